@@ -1,0 +1,48 @@
+"""`tidegate` console entry point. Subcommands import their package lazily, so that
+`tidegate sim` and `tidegate serve` never load torch unless a backend runs in-process."""
+from __future__ import annotations
+
+import importlib
+import sys
+
+# name -> (module with a `main(argv) -> int`, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("gateway.serve", "run the OpenAI-compatible HTTP gateway (and, by default, an embedded backend)"),
+    "backend": ("backend.cli", "run a model backend process over ZeroMQ (also: backend profile)"),
+    "sim": ("sims.cli", "discrete-event simulation: run, sweep, fit, search, plan, validate"),
+    "bench": ("bench.cli", "load generator against a live service (also: bench engine on a GPU)"),
+    "eval": ("backend.eval", "model quality through our engine: perplexity, agreement"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: tidegate <command> [options]", "", "commands:"]
+    for name, (_, doc) in SUBCOMMANDS.items():
+        lines.append(f"  {name:<9} {doc}")
+    lines.append("")
+    lines.append("Run `tidegate <command> --help` for a command's options.")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(f"tidegate: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module_name, _ = SUBCOMMANDS[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith(module_name.split(".")[0]):
+            print(f"tidegate {name}: not built yet ({module_name} is missing)", file=sys.stderr)
+            return 3
+        raise
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
