@@ -1,0 +1,25 @@
+"""Shared pytest fixtures. `@pytest.mark.gpu` tests are skipped when CUDA is unavailable."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+
+def _cuda_available() -> bool:
+    # Only look at torch when it is installed and only when a gpu test is collected, so that
+    # torch-free test modules (scheduler, gateway) never import it.
+    if importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items or _cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in gpu_items:
+        item.add_marker(skip)
