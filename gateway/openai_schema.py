@@ -1,0 +1,68 @@
+"""Frozen records for validated OpenAI requests (the output of `gateway.validation`).
+
+A request body is parsed once into these records; nothing downstream looks at the raw JSON.
+Prompts are kept as given (text or token ids); tokenization happens later, against the
+tokenizer of the backend that serves the model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# One prompt: text, or token ids.
+Prompt = str | tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """What the backend needs to generate one sequence (plus the gateway-side stop strings)."""
+
+    max_tokens: int | None = None  # None: fill the context (chat default, as vLLM does)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 or 0: disabled
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None  # number of top logprobs requested; None: none
+
+    def resolved_max_tokens(self, prompt_len: int, max_model_len: int) -> int:
+        if self.max_tokens is not None:
+            return self.max_tokens
+        return max(1, max_model_len - prompt_len)
+
+
+@dataclass(frozen=True, slots=True)
+class ServingOptions:
+    """Request options that are about serving, not sampling."""
+
+    stream: bool = False
+    include_usage: bool = False
+    user: str | None = None
+    priority: int = 0
+    deadline_ms: float | None = None
+    return_token_ids: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionRequest:
+    model: str | None
+    prompts: tuple[Prompt, ...]
+    sampling: SamplingParams
+    options: ServingOptions
+    echo: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: str  # system | user | assistant
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    model: str | None
+    messages: tuple[ChatMessage, ...]
+    sampling: SamplingParams
+    options: ServingOptions
+    add_generation_prompt: bool = True
+    top_logprobs_requested: bool = field(default=False)
