@@ -1,0 +1,116 @@
+"""Paged attention, torch reference. The oracle for `backend/kernels/` and the CPU path.
+
+Three functions with kernel-shaped signatures (a Triton kernel replaces each one 1:1):
+
+    write_kv(k, v, k_cache, v_cache, slot_mapping)
+        k, v:      [num_tokens, num_kv_heads, head_dim]
+        k_cache:   [num_blocks, block_size, num_kv_heads, head_dim] (written in place)
+        slot_mapping: [num_tokens] int64, -1 = skip (padding)
+
+    prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc_host,
+                      context_lens_host, scale) -> [num_prefill_tokens, num_heads, head_dim]
+        q: [num_prefill_tokens, num_heads, head_dim], packed sequences, no padding.
+        Sequence i's queries are the last `query_len_i` tokens of its `context_lens_host[i]`
+        tokens of context (cached prefix | this chunk); causal within the context.
+
+    decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
+        -> [num_decodes, num_heads, head_dim]
+        q: [num_decodes, num_heads, head_dim], one query token per sequence, attending to its
+        whole context (device tensors only: no host sync, so it can be captured in a CUDA graph).
+
+K/V are written before attention reads, so a sequence's new tokens attend to themselves.
+GQA: query head h reads KV head h // (num_heads // num_kv_heads).
+"""
+from __future__ import annotations
+
+import torch
+
+from backend.context import ForwardContext
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    num_blocks, block_size = k_cache.shape[:2]
+    valid = slot_mapping >= 0
+    slots = slot_mapping[valid]
+    k_flat = k_cache.view(num_blocks * block_size, *k_cache.shape[2:])
+    v_flat = v_cache.view(num_blocks * block_size, *v_cache.shape[2:])
+    k_flat.index_copy_(0, slots, k[: slot_mapping.shape[0]][valid].to(k_cache.dtype))
+    v_flat.index_copy_(0, slots, v[: slot_mapping.shape[0]][valid].to(v_cache.dtype))
+
+
+def _gather_context(cache: torch.Tensor, block_table: torch.Tensor, context_len: int) -> torch.Tensor:
+    """[context_len, num_kv_heads, head_dim] of one sequence, read through its block table."""
+    block_size = cache.shape[1]
+    num_blocks = -(-context_len // block_size)
+    pages = cache.index_select(0, block_table[:num_blocks].long())  # [nb, bs, Hkv, D]
+    return pages.reshape(-1, *cache.shape[2:])[:context_len]
+
+
+def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      block_tables: torch.Tensor, query_start_loc_host: list[int],
+                      context_lens_host: list[int], scale: float) -> torch.Tensor:
+    num_heads = q.shape[1]
+    out = torch.empty_like(q)
+    for i, context_len in enumerate(context_lens_host):
+        start, end = query_start_loc_host[i], query_start_loc_host[i + 1]
+        query_len = end - start
+        k = _gather_context(k_cache, block_tables[i], context_len)  # [C, Hkv, D]
+        v = _gather_context(v_cache, block_tables[i], context_len)
+        rep = num_heads // k.shape[1]
+        k = k.repeat_interleave(rep, dim=1).transpose(0, 1).to(q.dtype)  # [H, C, D]
+        v = v.repeat_interleave(rep, dim=1).transpose(0, 1).to(q.dtype)
+        qi = q[start:end].transpose(0, 1)  # [H, Q, D]
+        scores = torch.matmul(qi.float(), k.float().transpose(1, 2)) * scale  # [H, Q, C]
+        # query j sits at position context_len - query_len + j; it sees keys at <= that
+        q_pos = torch.arange(context_len - query_len, context_len, device=q.device)
+        k_pos = torch.arange(context_len, device=q.device)
+        scores.masked_fill_(k_pos[None, :] > q_pos[:, None], float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out[start:end] = torch.matmul(probs, v.float()).transpose(0, 1).to(q.dtype)
+    return out
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    num_seqs, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    max_blocks = block_tables.shape[1]
+    idx = block_tables.long()
+    # [B, max_blocks * block_size, Hkv, D]: every page in the table, masked past context_len
+    k = k_cache[idx].reshape(num_seqs, max_blocks * block_size, num_kv_heads, head_dim)
+    v = v_cache[idx].reshape(num_seqs, max_blocks * block_size, num_kv_heads, head_dim)
+    rep = num_heads // num_kv_heads
+    qg = q.view(num_seqs, num_kv_heads, rep, head_dim).float()  # [B, Hkv, rep, D]
+    scores = torch.einsum("bgrd,bcgd->bgrc", qg, k.float()) * scale  # [B, Hkv, rep, C]
+    k_pos = torch.arange(max_blocks * block_size, device=q.device)
+    mask = k_pos[None, :] >= context_lens[:, None].long()  # [B, C]
+    scores = scores.masked_fill(mask[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("bgrc,bcgd->bgrd", probs, v.float())
+    return out.reshape(num_seqs, num_heads, head_dim).to(q.dtype)
+
+
+class TorchAttention:
+    """Attention backend object injected into the model: paged write, then attention."""
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """q: [T, H, D], k/v: [T, Hkv, D] for all T tokens of the step (padding included).
+        Returns [T, H, D]; rows of padding tokens are zeros."""
+        write_kv(k, v, k_cache, v_cache, ctx.slot_mapping)
+        out = torch.zeros_like(q)
+        p, d = ctx.num_prefill_tokens, ctx.num_decode_tokens
+        n = ctx.num_prefills
+        if p:
+            out[:p] = prefill_attention(
+                q[:p], k_cache, v_cache, ctx.block_tables[:n], ctx.query_start_loc_host[: n + 1],
+                ctx.context_lens_host[:n], self.scale)
+        if d:
+            out[p:p + d] = decode_attention(
+                q[p:p + d], k_cache, v_cache, ctx.block_tables[n:n + d],
+                ctx.context_lens[n:n + d], self.scale)
+        return out

@@ -1,0 +1,47 @@
+"""Per-step forward metadata: one object, built by the runner, read by the attention backend.
+
+Token layout of one step (packed, no padding between sequences):
+
+    tokens:  | prefill seq 0 (q0 tokens) | prefill seq 1 | ... | decode 0 | decode 1 | ... | pad |
+             |<------------- num_prefill_tokens ------------->|<- num_decode_tokens ->|
+    seqs:    | 0 .. num_prefills-1                             | num_prefills .. num_seqs-1 |
+
+A sequence's query tokens are `query_start_loc[i] : query_start_loc[i+1]`; its context after
+this step is `context_lens[i]` tokens (cached prefix + the new ones), stored in the KV pages
+listed by `block_tables[i]`. The new tokens sit at the end of the context, so query token j of
+sequence i has absolute position `context_lens[i] - query_len_i + j` and attends causally to
+positions `<= ` its own. Padding tokens (the tail of a static buffer) have slot -1: nothing is
+written for them and their outputs are ignored.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ForwardContext:
+    # device tensors ----------------------------------------------------------------------
+    positions: torch.Tensor        # [num_tokens] int64 absolute position of each token
+    slot_mapping: torch.Tensor     # [num_tokens] int64 block * block_size + offset; -1 = skip
+    block_tables: torch.Tensor     # [num_seqs, max_blocks_per_seq] int32, padded with 0
+    context_lens: torch.Tensor     # [num_seqs] int32 tokens of context after this step
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32 cumulative query lengths (cu_seqlens)
+    # host values (python ints / lists; no device sync needed to read them) -----------------
+    num_prefills: int              # sequences with a prefill chunk (they come first)
+    num_prefill_tokens: int
+    num_decode_tokens: int         # == number of decode sequences (one token each)
+    query_start_loc_host: list[int]
+    context_lens_host: list[int]
+    max_context_len: int
+    block_size: int
+
+    @property
+    def num_seqs(self) -> int:
+        return self.num_prefills + self.num_decode_tokens
+
+    @property
+    def num_tokens(self) -> int:
+        """Real (unpadded) tokens in this step."""
+        return self.num_prefill_tokens + self.num_decode_tokens
