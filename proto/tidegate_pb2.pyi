@@ -1,0 +1,251 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class QueueClass(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FAST: _ClassVar[QueueClass]
+    NORMAL: _ClassVar[QueueClass]
+    SLOW: _ClassVar[QueueClass]
+FAST: QueueClass
+NORMAL: QueueClass
+SLOW: QueueClass
+
+class Envelope(_message.Message):
+    __slots__ = ("hello", "backend_info", "batch", "abort", "step_output", "load_report", "error", "health")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_INFO_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    ABORT_FIELD_NUMBER: _ClassVar[int]
+    STEP_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    LOAD_REPORT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    backend_info: BackendInfo
+    batch: Batch
+    abort: Abort
+    step_output: StepOutput
+    load_report: LoadReport
+    error: Error
+    health: Health
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., backend_info: _Optional[_Union[BackendInfo, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ..., step_output: _Optional[_Union[StepOutput, _Mapping]] = ..., load_report: _Optional[_Union[LoadReport, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., health: _Optional[_Union[Health, _Mapping]] = ...) -> None: ...
+
+class Hello(_message.Message):
+    __slots__ = ("protocol_version", "peer_name", "role")
+    class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        ROLE_UNSPECIFIED: _ClassVar[Hello.Role]
+        CLIENT: _ClassVar[Hello.Role]
+        GATEWAY: _ClassVar[Hello.Role]
+    ROLE_UNSPECIFIED: Hello.Role
+    CLIENT: Hello.Role
+    GATEWAY: Hello.Role
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PEER_NAME_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: str
+    peer_name: str
+    role: Hello.Role
+    def __init__(self, protocol_version: _Optional[str] = ..., peer_name: _Optional[str] = ..., role: _Optional[_Union[Hello.Role, str]] = ...) -> None: ...
+
+class BackendInfo(_message.Message):
+    __slots__ = ("protocol_version", "model", "max_model_len", "vocab_size", "block_size", "num_kv_blocks", "role", "tokenizer_json", "chat_template", "bos_token_id", "eos_token_ids", "backend_id")
+    class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        MIXED: _ClassVar[BackendInfo.Role]
+        PREFILL: _ClassVar[BackendInfo.Role]
+        DECODE: _ClassVar[BackendInfo.Role]
+    MIXED: BackendInfo.Role
+    PREFILL: BackendInfo.Role
+    DECODE: BackendInfo.Role
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NUM_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_JSON_FIELD_NUMBER: _ClassVar[int]
+    CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    BOS_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_ID_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: str
+    model: str
+    max_model_len: int
+    vocab_size: int
+    block_size: int
+    num_kv_blocks: int
+    role: BackendInfo.Role
+    tokenizer_json: str
+    chat_template: str
+    bos_token_id: int
+    eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    backend_id: str
+    def __init__(self, protocol_version: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., role: _Optional[_Union[BackendInfo.Role, str]] = ..., tokenizer_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., bos_token_id: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., backend_id: _Optional[str] = ...) -> None: ...
+
+class SamplingParams(_message.Message):
+    __slots__ = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop_token_ids", "ignore_eos", "logprobs", "stop")
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    ignore_eos: bool
+    logprobs: int
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("request_id", "prompt_frame", "prompt_text", "sampling", "queue_class", "priority", "arrival_time", "deadline")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FRAME_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TEXT_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    ARRIVAL_TIME_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    prompt_frame: int
+    prompt_text: str
+    sampling: SamplingParams
+    queue_class: QueueClass
+    priority: int
+    arrival_time: float
+    deadline: float
+    def __init__(self, request_id: _Optional[str] = ..., prompt_frame: _Optional[int] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., queue_class: _Optional[_Union[QueueClass, str]] = ..., priority: _Optional[int] = ..., arrival_time: _Optional[float] = ..., deadline: _Optional[float] = ...) -> None: ...
+
+class Batch(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[GenerateRequest]
+    def __init__(self, requests: _Optional[_Iterable[_Union[GenerateRequest, _Mapping]]] = ...) -> None: ...
+
+class Abort(_message.Message):
+    __slots__ = ("request_ids",)
+    REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    request_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TokenLogprobs(_message.Message):
+    __slots__ = ("logprob", "top_ids", "top_logprobs")
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    TOP_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    logprob: float
+    top_ids: _containers.RepeatedScalarFieldContainer[int]
+    top_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, logprob: _Optional[float] = ..., top_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class RequestOutput(_message.Message):
+    __slots__ = ("request_id", "tokens_frame", "logprobs", "finish_reason", "num_prompt_tokens", "num_completion_tokens", "num_cached_tokens")
+    class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        NONE: _ClassVar[RequestOutput.FinishReason]
+        STOP: _ClassVar[RequestOutput.FinishReason]
+        LENGTH: _ClassVar[RequestOutput.FinishReason]
+        ABORT: _ClassVar[RequestOutput.FinishReason]
+        ERROR: _ClassVar[RequestOutput.FinishReason]
+    NONE: RequestOutput.FinishReason
+    STOP: RequestOutput.FinishReason
+    LENGTH: RequestOutput.FinishReason
+    ABORT: RequestOutput.FinishReason
+    ERROR: RequestOutput.FinishReason
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FRAME_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    tokens_frame: int
+    logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprobs]
+    finish_reason: RequestOutput.FinishReason
+    num_prompt_tokens: int
+    num_completion_tokens: int
+    num_cached_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., tokens_frame: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprobs, _Mapping]]] = ..., finish_reason: _Optional[_Union[RequestOutput.FinishReason, str]] = ..., num_prompt_tokens: _Optional[int] = ..., num_completion_tokens: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ...) -> None: ...
+
+class StepOutput(_message.Message):
+    __slots__ = ("step", "outputs")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    outputs: _containers.RepeatedCompositeFieldContainer[RequestOutput]
+    def __init__(self, step: _Optional[int] = ..., outputs: _Optional[_Iterable[_Union[RequestOutput, _Mapping]]] = ...) -> None: ...
+
+class LoadReport(_message.Message):
+    __slots__ = ("num_running", "num_waiting", "num_free_blocks", "num_total_blocks", "recent_step_time_ms", "backend_id", "num_outstanding_tokens")
+    NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
+    NUM_FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    RECENT_STEP_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_OUTSTANDING_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    num_running: int
+    num_waiting: int
+    num_free_blocks: int
+    num_total_blocks: int
+    recent_step_time_ms: float
+    backend_id: str
+    num_outstanding_tokens: int
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., recent_step_time_ms: _Optional[float] = ..., backend_id: _Optional[str] = ..., num_outstanding_tokens: _Optional[int] = ...) -> None: ...
+
+class Error(_message.Message):
+    __slots__ = ("code", "message", "request_id")
+    class Code(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        UNKNOWN: _ClassVar[Error.Code]
+        BAD_MESSAGE: _ClassVar[Error.Code]
+        VERSION_MISMATCH: _ClassVar[Error.Code]
+        INVALID_REQUEST: _ClassVar[Error.Code]
+        CAPACITY: _ClassVar[Error.Code]
+        INTERNAL: _ClassVar[Error.Code]
+        ABORTED: _ClassVar[Error.Code]
+        SHUTTING_DOWN: _ClassVar[Error.Code]
+        DEADLINE: _ClassVar[Error.Code]
+    UNKNOWN: Error.Code
+    BAD_MESSAGE: Error.Code
+    VERSION_MISMATCH: Error.Code
+    INVALID_REQUEST: Error.Code
+    CAPACITY: Error.Code
+    INTERNAL: Error.Code
+    ABORTED: Error.Code
+    SHUTTING_DOWN: Error.Code
+    DEADLINE: Error.Code
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    code: Error.Code
+    message: str
+    request_id: str
+    def __init__(self, code: _Optional[_Union[Error.Code, str]] = ..., message: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class Health(_message.Message):
+    __slots__ = ("nonce", "time", "reply")
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    REPLY_FIELD_NUMBER: _ClassVar[int]
+    nonce: int
+    time: float
+    reply: bool
+    def __init__(self, nonce: _Optional[int] = ..., time: _Optional[float] = ..., reply: _Optional[bool] = ...) -> None: ...
