@@ -103,14 +103,14 @@ class TorchAttention:
         Returns [T, H, D]; rows of padding tokens are zeros."""
         write_kv(k, v, k_cache, v_cache, ctx.slot_mapping)
         out = torch.zeros_like(q)
-        p, d = ctx.num_prefill_tokens, ctx.num_decode_tokens
-        n = ctx.num_prefills
-        if p:
-            out[:p] = prefill_attention(
-                q[:p], k_cache, v_cache, ctx.block_tables[:n], ctx.query_start_loc_host[: n + 1],
-                ctx.context_lens_host[:n], self.scale)
+        d, p = ctx.num_decode_tokens, ctx.num_prefill_tokens
         if d:
-            out[p:p + d] = decode_attention(
-                q[p:p + d], k_cache, v_cache, ctx.block_tables[n:n + d],
-                ctx.context_lens[n:n + d], self.scale)
+            out[:d] = decode_attention(q[:d], k_cache, v_cache, ctx.block_tables[:d],
+                                       ctx.context_lens[:d], self.scale)
+        if p:
+            n = ctx.num_prefills
+            starts = [x - d for x in ctx.query_start_loc_host[d:d + n + 1]]
+            out[d:d + p] = prefill_attention(
+                q[d:d + p], k_cache, v_cache, ctx.block_tables[d:d + n], starts,
+                ctx.context_lens_host[d:d + n], self.scale)
         return out

@@ -1,17 +1,18 @@
 """Per-step forward metadata: one object, built by the runner, read by the attention backend.
 
-Token layout of one step (packed, no padding between sequences):
+Token layout of one step (packed, no padding between sequences; the step plan's order):
 
-    tokens:  | prefill seq 0 (q0 tokens) | prefill seq 1 | ... | decode 0 | decode 1 | ... | pad |
-             |<------------- num_prefill_tokens ------------->|<- num_decode_tokens ->|
-    seqs:    | 0 .. num_prefills-1                             | num_prefills .. num_seqs-1 |
+    tokens:  | decode 0 | decode 1 | ... | prefill seq 0 (q0 tokens) | prefill seq 1 | ... | pad |
+             |<- num_decode_tokens ->|<------------ num_prefill_tokens ------------->|
+    seqs:    | 0 .. num_decodes-1    | num_decodes .. num_seqs-1                     |
 
 A sequence's query tokens are `query_start_loc[i] : query_start_loc[i+1]`; its context after
 this step is `context_lens[i]` tokens (cached prefix + the new ones), stored in the KV pages
 listed by `block_tables[i]`. The new tokens sit at the end of the context, so query token j of
 sequence i has absolute position `context_lens[i] - query_len_i + j` and attends causally to
-positions `<= ` its own. Padding tokens (the tail of a static buffer) have slot -1: nothing is
-written for them and their outputs are ignored.
+positions `<=` its own. Padding tokens (the tail of a static buffer) have slot -1: nothing is
+written for them and their outputs are ignored. Decodes come first so that a decode-only step
+is a prefix of the static buffers (the shape a CUDA graph replays).
 """
 from __future__ import annotations
 
@@ -29,17 +30,21 @@ class ForwardContext:
     context_lens: torch.Tensor     # [num_seqs] int32 tokens of context after this step
     query_start_loc: torch.Tensor  # [num_seqs + 1] int32 cumulative query lengths (cu_seqlens)
     # host values (python ints / lists; no device sync needed to read them) -----------------
-    num_prefills: int              # sequences with a prefill chunk (they come first)
+    num_decode_tokens: int         # == number of decode sequences (one token each; first)
+    num_prefills: int              # sequences with a prefill chunk (after the decodes)
     num_prefill_tokens: int
-    num_decode_tokens: int         # == number of decode sequences (one token each)
     query_start_loc_host: list[int]
     context_lens_host: list[int]
     max_context_len: int
     block_size: int
 
     @property
+    def num_decodes(self) -> int:
+        return self.num_decode_tokens
+
+    @property
     def num_seqs(self) -> int:
-        return self.num_prefills + self.num_decode_tokens
+        return self.num_decode_tokens + self.num_prefills
 
     @property
     def num_tokens(self) -> int:

@@ -1,0 +1,176 @@
+"""ModelRunner: a step plan's chunks -> static input buffers -> model -> sampled tokens.
+
+The per-step inputs live in one named set of preallocated device buffers sized by
+`max_num_batched_tokens` / `max_num_seqs` / `max_model_len` (the shapes CUDA graphs capture);
+each step fills a prefix of them from pinned host staging arrays and runs the model on views
+of that prefix. Only the rows that sample (each decode, the last chunk of a prefill) go
+through the LM head and the sampler.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol, Sequence
+
+import numpy as np
+import torch
+
+from backend.context import ForwardContext
+from backend.kv_cache import KVCache
+from backend.model import LlamaModel
+from backend.sampler import Sampler, SamplingParams, TokenLogprobs
+
+
+class Chunk(Protocol):
+    """What the runner reads from `scheduler.step_scheduler.ScheduledChunk`."""
+    request_id: str
+    token_ids: list[int]
+    start_pos: int          # tokens already in the KV cache = position of token_ids[0]
+    block_table: list[int]  # the sequence's block table (covers start_pos + len(token_ids))
+    is_prefill: bool
+    sample: bool
+
+
+@dataclass
+class SampleSpec:
+    """How to sample one request this step."""
+    params: SamplingParams
+    seed: int
+    counter: int  # index of the token being generated (number generated so far)
+
+
+@dataclass
+class RunnerOutput:
+    token_ids: dict[str, int] = field(default_factory=dict)  # request id -> sampled token
+    logprobs: dict[str, TokenLogprobs | None] = field(default_factory=dict)
+    logits: torch.Tensor | None = None  # [num_sampled, vocab] fp32 when keep_logits
+
+
+class StaticBuffers:
+    """The named input buffers (device) and their host staging twins."""
+
+    def __init__(self, max_num_tokens: int, max_num_seqs: int, max_blocks_per_seq: int,
+                 device: torch.device) -> None:
+        pin = device.type == "cuda"
+
+        def pair(shape, dtype):
+            host = torch.zeros(shape, dtype=dtype, pin_memory=pin)
+            return torch.zeros(shape, dtype=dtype, device=device), host
+
+        self.input_ids, self.input_ids_host = pair(max_num_tokens, torch.int64)
+        self.positions, self.positions_host = pair(max_num_tokens, torch.int64)
+        self.slot_mapping, self.slot_mapping_host = pair(max_num_tokens, torch.int64)
+        self.block_tables, self.block_tables_host = pair((max_num_seqs, max_blocks_per_seq), torch.int32)
+        self.context_lens, self.context_lens_host = pair(max_num_seqs, torch.int32)
+        self.query_start_loc, self.query_start_loc_host = pair(max_num_seqs + 1, torch.int32)
+        self.slot_mapping.fill_(-1)
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, kv: KVCache, max_num_batched_tokens: int,
+                 max_num_seqs: int, max_model_len: int, sampler: Sampler | None = None) -> None:
+        self.model = model
+        self.kv = kv
+        self.device = model.embed_tokens.weight.device
+        self.block_size = kv.block_size
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self.max_blocks_per_seq = -(-max_model_len // kv.block_size)
+        self.buffers = StaticBuffers(max_num_batched_tokens, max_num_seqs, self.max_blocks_per_seq,
+                                     self.device)
+        self.sampler = sampler or Sampler(model.config.vocab_size, self.device)
+
+    # ---- inputs ----------------------------------------------------------------------------
+    def prepare(self, chunks: Sequence[Chunk]) -> tuple[int, ForwardContext, list[int]]:
+        """Fill the static buffers for `chunks` (decodes first, then prefills, as planned).
+        Returns (num_tokens, context, indices of the chunks' last tokens)."""
+        b, bs = self.buffers, self.block_size
+        num_seqs = len(chunks)
+        lens = [len(c.token_ids) for c in chunks]
+        num_tokens = sum(lens)
+        if num_tokens > self.max_num_batched_tokens or num_seqs > self.max_num_seqs:
+            raise ValueError(f"step of {num_tokens} tokens / {num_seqs} seqs exceeds the runner's "
+                             f"{self.max_num_batched_tokens} / {self.max_num_seqs}")
+        num_decodes = 0
+        for c in chunks:
+            if c.is_prefill:
+                break
+            num_decodes += 1
+        if any(not c.is_prefill for c in chunks[num_decodes:]) or any(n != 1 for n in lens[:num_decodes]):
+            raise ValueError("step chunks must be one-token decodes first, then prefills")
+
+        ids = b.input_ids_host.numpy()
+        pos = b.positions_host.numpy()
+        slots = b.slot_mapping_host.numpy()
+        tables = b.block_tables_host.numpy()
+        ctx_lens = b.context_lens_host.numpy()
+        qsl = b.query_start_loc_host.numpy()
+        width = 1
+        t = 0
+        qsl[0] = 0
+        for i, c in enumerate(chunks):
+            n = lens[i]
+            end = c.start_pos + n
+            if end > self.max_model_len:
+                raise ValueError(f"request {c.request_id!r} reaches position {end} > max_model_len")
+            nb = -(-end // bs)
+            table = np.asarray(c.block_table[:nb], dtype=np.int64)
+            p = np.arange(c.start_pos, end, dtype=np.int64)
+            ids[t:t + n] = c.token_ids
+            pos[t:t + n] = p
+            slots[t:t + n] = table[p // bs] * bs + p % bs
+            tables[i, :nb] = table
+            tables[i, nb:] = 0
+            width = max(width, nb)
+            ctx_lens[i] = end
+            t += n
+            qsl[i + 1] = t
+
+        # host -> device into prefixes of the static buffers
+        b.input_ids[:t].copy_(b.input_ids_host[:t], non_blocking=True)
+        b.positions[:t].copy_(b.positions_host[:t], non_blocking=True)
+        b.slot_mapping[:t].copy_(b.slot_mapping_host[:t], non_blocking=True)
+        b.block_tables[:num_seqs].copy_(b.block_tables_host[:num_seqs], non_blocking=True)
+        b.context_lens[:num_seqs].copy_(b.context_lens_host[:num_seqs], non_blocking=True)
+        b.query_start_loc[:num_seqs + 1].copy_(b.query_start_loc_host[:num_seqs + 1], non_blocking=True)
+        qsl_list = qsl[:num_seqs + 1].tolist()
+        ctx = ForwardContext(
+            positions=b.positions[:t], slot_mapping=b.slot_mapping[:t],
+            block_tables=b.block_tables[:num_seqs, :width], context_lens=b.context_lens[:num_seqs],
+            query_start_loc=b.query_start_loc[:num_seqs + 1],
+            num_decode_tokens=num_decodes, num_prefills=num_seqs - num_decodes,
+            num_prefill_tokens=t - num_decodes, query_start_loc_host=qsl_list,
+            context_lens_host=ctx_lens[:num_seqs].tolist(),
+            max_context_len=int(ctx_lens[:num_seqs].max()) if num_seqs else 0, block_size=bs)
+        last = [q - 1 for q in qsl_list[1:]]
+        return t, ctx, last
+
+    # ---- one step --------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, chunks: Sequence[Chunk], block_copies: Sequence[tuple[int, int]] = (),
+                sampling: Mapping[str, SampleSpec] | None = None,
+                keep_logits: bool = False) -> RunnerOutput:
+        """Run one step. `sampling[request_id]` is needed for every chunk with `sample` set."""
+        self.kv.copy_blocks(list(block_copies))
+        out = RunnerOutput()
+        if not chunks:
+            return out
+        num_tokens, ctx, last = self.prepare(chunks)
+        b = self.buffers
+        hidden = self.model(b.input_ids[:num_tokens], b.positions[:num_tokens], ctx, self.kv)
+        rows = [last[i] for i, c in enumerate(chunks) if c.sample]
+        if not rows:
+            return out
+        sampled = [c for c in chunks if c.sample]
+        row_index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        logits = self.model.compute_logits(hidden.index_select(0, row_index))  # [S, V]
+        specs = [sampling[c.request_id] for c in sampled] if sampling is not None else \
+            [SampleSpec(SamplingParams(), 0, 0) for _ in sampled]
+        ids, logprobs = self.sampler(logits, [s.params for s in specs], [s.seed for s in specs],
+                                     [s.counter for s in specs])
+        for c, tok, lp in zip(sampled, ids, logprobs):
+            out.token_ids[c.request_id] = tok
+            out.logprobs[c.request_id] = lp
+        if keep_logits:
+            out.logits = logits
+        return out
