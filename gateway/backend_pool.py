@@ -1,0 +1,330 @@
+"""The gateway's backends: one ZMQ DEALER per backend, their health, and the token fan-out.
+
+    BackendPool ── BackendConn(addr) ── DEALER ──► backend ROUTER
+                     │ reader task: BackendInfo / LoadReport / StepOutput / Error / Health
+                     └ inflight: request_id -> RequestSink (the request's asyncio side)
+
+A backend is *healthy* from its `BackendInfo` until no message arrived from it for
+`heartbeat_timeout_s` (backends send a `LoadReport` at least every second). A backend marked
+down has its in-flight requests failed at once (never a hang) and gets a fresh `Hello` every
+`hello_interval_s`, so a restarted backend rejoins. Malformed messages are dropped and counted.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+import zmq
+import zmq.asyncio
+
+from gateway.errors import APIError, backend_error, deadline_exceeded, unavailable
+from proto import codec
+from proto import tidegate_pb2 as pb
+
+log = logging.getLogger("tidegate.gateway.pool")
+
+FINISH_REASONS = {
+    pb.RequestOutput.STOP: "stop",
+    pb.RequestOutput.LENGTH: "length",
+    pb.RequestOutput.ABORT: "abort",
+}
+
+
+class RequestSink(Protocol):
+    """Where a request's outputs go (implemented by `gateway.core.RequestHandle`)."""
+
+    def on_tokens(self, token_ids: list[int], finish_reason: str | None,
+                  logprobs: list[float] | None, now: float) -> None: ...
+
+    def on_error(self, error: APIError) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PoolConfig:
+    heartbeat_timeout_s: float = 3.0  # no message for this long: the backend is down
+    hello_interval_s: float = 0.5  # Hello retry period while a backend is not up
+    max_inflight_per_backend: int = 256  # requests the gateway keeps on one backend at most
+    name: str = "tidegate-gateway"
+
+
+@dataclass(slots=True)
+class Dispatch:
+    """One request on its way to a backend."""
+
+    request_id: str
+    prompt_ids: list[int]
+    sampling: pb.SamplingParams
+    queue_class: int
+    priority: int
+    arrival_time: float
+    sink: RequestSink
+
+
+def error_from_backend(err: pb.Error) -> APIError:
+    if err.code == pb.Error.INVALID_REQUEST:
+        return APIError(400, f"Backend refused the request: {err.message}", code="invalid_request")
+    if err.code == pb.Error.DEADLINE:
+        return deadline_exceeded(f"Backend: {err.message}")
+    if err.code in (pb.Error.CAPACITY, pb.Error.SHUTTING_DOWN):
+        return unavailable(f"Backend unavailable: {err.message}")
+    return backend_error(f"Backend error: {err.message}")
+
+
+class BackendConn:
+    """One backend: its socket, what it told us, and the requests it holds for us."""
+
+    def __init__(self, address: str, ctx: zmq.asyncio.Context) -> None:
+        self.address = address
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(address)
+        self.info: pb.BackendInfo | None = None
+        self.load = pb.LoadReport()
+        self.healthy = False
+        self.last_seen = 0.0
+        self.last_hello = 0.0
+        self.inflight: dict[str, tuple[Dispatch, int]] = {}  # id -> (dispatch, tokens so far)
+        self.outstanding_tokens = 0
+
+    @property
+    def num_inflight(self) -> int:
+        return len(self.inflight)
+
+    @property
+    def kv_cache_usage(self) -> float:
+        total = self.load.num_total_blocks
+        return 1.0 - self.load.num_free_blocks / total if total else 0.0
+
+    def send(self, envelope: pb.Envelope, arrays: Iterable = ()) -> bool:
+        """Queue one message without waiting; False if the socket would block or is closed."""
+        try:
+            fut = self.sock.send_multipart(codec.encode(envelope, arrays), flags=zmq.DONTWAIT)
+        except zmq.ZMQError:
+            return False
+        if fut.done() and fut.exception() is not None:
+            return False
+        return True
+
+
+class BackendPool:
+    def __init__(self, addresses: list[str], config: PoolConfig = PoolConfig(),
+                 on_idle: Callable[[], None] | None = None,
+                 on_dropped: Callable[[str], None] | None = None) -> None:
+        if not addresses:
+            raise ValueError("a BackendPool needs at least one backend address")
+        self.config = config
+        self._ctx = zmq.asyncio.Context()
+        self.backends = [BackendConn(a, self._ctx) for a in addresses]
+        self._owner: dict[str, BackendConn] = {}
+        self._tasks: list[asyncio.Task] = []
+        self._ready = asyncio.Event()
+        self._on_idle = on_idle or (lambda: None)
+        self._on_dropped = on_dropped or (lambda socket: None)
+        self._nonce = itertools.count(1)
+        self.num_dropped = 0
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        for b in self.backends:
+            self._hello(b, time.monotonic())
+            self._tasks.append(asyncio.create_task(self._reader(b), name=f"pool-read {b.address}"))
+        self._tasks.append(asyncio.create_task(self._monitor(), name="pool-monitor"))
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        for b in self.backends:
+            self._fail_all(b, unavailable("The gateway is shutting down."))
+            b.sock.close(linger=0)
+        self._ctx.destroy(linger=0)
+
+    async def wait_ready(self, timeout: float) -> bool:
+        """True once some backend has sent its BackendInfo (within `timeout` seconds)."""
+        try:
+            await asyncio.wait_for(self._ready.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    # --- state ----------------------------------------------------------------------------------
+    @property
+    def info(self) -> pb.BackendInfo | None:
+        """The BackendInfo of the first backend that answered (all serve one model)."""
+        return next((b.info for b in self.backends if b.info is not None), None)
+
+    def healthy_backends(self) -> list[BackendConn]:
+        return [b for b in self.backends if b.healthy]
+
+    def free_slots(self) -> int:
+        cap = self.config.max_inflight_per_backend
+        return sum(max(0, cap - b.num_inflight) for b in self.healthy_backends())
+
+    def pick(self) -> BackendConn | None:
+        """The healthy backend with room and the fewest outstanding tokens."""
+        cap = self.config.max_inflight_per_backend
+        options = [b for b in self.healthy_backends() if b.num_inflight < cap]
+        return min(options, key=lambda b: (b.outstanding_tokens, b.num_inflight), default=None)
+
+    # --- sending --------------------------------------------------------------------------------
+    def send_batch(self, backend: BackendConn, items: list[Dispatch]) -> bool:
+        """Send one Batch; on success the requests are in flight on `backend`."""
+        arrays: list[list[int]] = []
+        batch = pb.Batch()
+        for d in items:
+            req = batch.requests.add(request_id=d.request_id, prompt_frame=len(arrays),
+                                     queue_class=d.queue_class, priority=d.priority,
+                                     arrival_time=d.arrival_time)
+            req.sampling.CopyFrom(d.sampling)
+            arrays.append(d.prompt_ids)
+        if not backend.send(pb.Envelope(batch=batch), arrays):
+            return False
+        for d in items:
+            backend.inflight[d.request_id] = (d, 0)
+            backend.outstanding_tokens += d.sampling.max_tokens
+            self._owner[d.request_id] = backend
+        return True
+
+    def abort(self, request_ids: Iterable[str]) -> None:
+        """Cancel requests on their backends; their later outputs are ignored."""
+        by_backend: dict[int, list[str]] = {}
+        for rid in request_ids:
+            backend = self._owner.pop(rid, None)
+            if backend is None:
+                continue
+            self._forget(backend, rid)
+            by_backend.setdefault(id(backend), []).append(rid)
+        for backend in self.backends:
+            ids = by_backend.get(id(backend))
+            if ids:
+                backend.send(codec.make_abort(ids))
+
+    def owner_of(self, request_id: str) -> BackendConn | None:
+        return self._owner.get(request_id)
+
+    def _forget(self, backend: BackendConn, rid: str) -> Dispatch | None:
+        entry = backend.inflight.pop(rid, None)
+        if entry is None:
+            return None
+        dispatch, generated = entry
+        backend.outstanding_tokens -= max(0, dispatch.sampling.max_tokens - generated)
+        return dispatch
+
+    def _fail_all(self, backend: BackendConn, error: APIError) -> None:
+        for rid in list(backend.inflight):
+            self._owner.pop(rid, None)
+            dispatch = self._forget(backend, rid)
+            if dispatch is not None:
+                dispatch.sink.on_error(error)
+
+    def _hello(self, backend: BackendConn, now: float) -> None:
+        backend.last_hello = now
+        backend.send(codec.make_hello(self.config.name, pb.Hello.GATEWAY))
+
+    # --- receiving ------------------------------------------------------------------------------
+    async def _reader(self, backend: BackendConn) -> None:
+        while True:
+            frames = await backend.sock.recv_multipart(copy=False)
+            try:
+                decoded = codec.decode(frames)
+                self._handle(backend, decoded)
+            except codec.DecodeError as exc:
+                self.num_dropped += 1
+                self._on_dropped("backend")
+                log.warning("dropped a malformed message from %s: %s", backend.address, exc)
+            except Exception:  # a bug here must not stop the reader
+                self.num_dropped += 1
+                log.exception("error handling a message from %s", backend.address)
+
+    def _handle(self, backend: BackendConn, decoded: codec.Decoded) -> None:
+        now = time.monotonic()
+        env, kind = decoded.envelope, decoded.kind
+        if kind == "backend_info":
+            codec.check_version(env.backend_info.protocol_version)
+            backend.info = env.backend_info
+            self._mark_up(backend, now)
+            self._ready.set()
+            log.info("backend %s up: model %s", backend.address, backend.info.model)
+        elif backend.info is None:
+            if kind != "error":
+                return  # not introduced yet (e.g. reports from before our Hello)
+        else:
+            self._mark_up(backend, now)
+        if kind == "step_output":
+            self._on_step(backend, decoded, now)
+        elif kind == "load_report":
+            backend.load = env.load_report
+            if env.load_report.num_running == 0 and env.load_report.num_waiting == 0:
+                self._on_idle()
+        elif kind == "error":
+            self._on_error(backend, env.error)
+        elif kind == "health" and not env.health.reply:
+            backend.send(codec.make_health(env.health.nonce, time.time(), reply=True))
+
+    def _mark_up(self, backend: BackendConn, now: float) -> None:
+        backend.last_seen = now
+        if not backend.healthy:
+            backend.healthy = True
+            self._on_idle()
+
+    def _on_step(self, backend: BackendConn, decoded: codec.Decoded, now: float) -> None:
+        for out in decoded.envelope.step_output.outputs:
+            entry = backend.inflight.get(out.request_id)
+            if entry is None:
+                continue  # aborted or unknown: ignore
+            dispatch, generated = entry
+            arr = codec.array_of(decoded, out.tokens_frame)
+            ids = arr.tolist() if arr is not None else []
+            if out.finish_reason == pb.RequestOutput.ERROR:
+                self._owner.pop(out.request_id, None)
+                self._forget(backend, out.request_id)
+                dispatch.sink.on_error(backend_error("The backend failed the request."))
+                continue
+            backend.inflight[out.request_id] = (dispatch, generated + len(ids))
+            backend.outstanding_tokens -= min(len(ids), max(0, dispatch.sampling.max_tokens -
+                                                            generated))
+            finish = FINISH_REASONS.get(out.finish_reason)
+            if finish is not None:
+                self._owner.pop(out.request_id, None)
+                self._forget(backend, out.request_id)
+            lps = [lp.logprob for lp in out.logprobs] if out.logprobs else None
+            dispatch.sink.on_tokens(ids, finish, lps, now)
+
+    def _on_error(self, backend: BackendConn, err: pb.Error) -> None:
+        if err.request_id:
+            self._owner.pop(err.request_id, None)
+            dispatch = self._forget(backend, err.request_id)
+            if dispatch is not None:
+                dispatch.sink.on_error(error_from_backend(err))
+            return
+        log.warning("backend %s reports: %s (%s)", backend.address, err.message,
+                    pb.Error.Code.Name(err.code))
+        if err.code == pb.Error.VERSION_MISMATCH:
+            self._mark_down(backend, f"protocol version mismatch: {err.message}")
+
+    # --- heartbeats -----------------------------------------------------------------------------
+    async def _monitor(self) -> None:
+        period = min(self.config.heartbeat_timeout_s / 4, self.config.hello_interval_s)
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for b in self.backends:
+                if b.healthy and now - b.last_seen > self.config.heartbeat_timeout_s:
+                    self._mark_down(b, f"no message for {now - b.last_seen:.1f} s")
+                if not b.healthy and now - b.last_hello >= self.config.hello_interval_s:
+                    self._hello(b, now)
+                elif b.healthy and now - b.last_seen > self.config.heartbeat_timeout_s / 2:
+                    b.send(codec.make_health(next(self._nonce), time.time()))
+
+    def _mark_down(self, backend: BackendConn, reason: str) -> None:
+        if backend.healthy:
+            log.warning("backend %s down: %s", backend.address, reason)
+        backend.healthy = False
+        self._fail_all(backend, backend_error(f"Backend {backend.address} stopped answering "
+                                              f"({reason}).", code="backend_down"))

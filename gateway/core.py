@@ -1,0 +1,228 @@
+"""The gateway core shared by the HTTP routes and the ZMQ front door.
+
+`Gateway` owns the backend pool, the dispatcher (queues + batcher) and the metrics; `submit`
+turns token ids and sampling parameters into a `RequestHandle`, whose `deltas()` yields the
+detokenized, stop-matched output as it arrives. Closing a handle early (client gone, stop
+string, timeout) aborts the request wherever it is: in a class queue or on a backend.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from backend.tokenizer import TokenizerBundle
+from gateway.backend_pool import BackendPool, PoolConfig
+from gateway.dispatcher import CLASS_NAMES, Dispatcher
+from gateway.errors import APIError, deadline_exceeded, shutting_down, unavailable
+from gateway.metrics import GatewayMetrics, SLOConfig
+from gateway.openai_schema import SamplingParams, ServingOptions
+from gateway.output import OutputAssembler, OutputDelta
+from proto import tidegate_pb2 as pb
+from scheduler.batcher import BatcherConfig
+from scheduler.queues import QueueConfig
+
+log = logging.getLogger("tidegate.gateway")
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    backends: tuple[str, ...]
+    served_model_name: str | None = None  # None: the backend's model name
+    api_key: str | None = None
+    max_body_bytes: int = 1 << 20
+    request_timeout_s: float = 600.0
+    stream_interval: int = 1  # send every N tokens while streaming
+    log_prompts: bool = False
+    drain_timeout_s: float = 30.0
+    slo: SLOConfig = SLOConfig()
+    pool: PoolConfig = PoolConfig()
+    batcher: BatcherConfig = BatcherConfig()
+    queues: QueueConfig = field(default_factory=QueueConfig)
+
+
+class RequestHandle:
+    """One sequence in flight. Implements `backend_pool.RequestSink`."""
+
+    def __init__(self, gateway: "Gateway", request_id: str, prompt_ids: list[int],
+                 sampling: SamplingParams, max_tokens: int, options: ServingOptions) -> None:
+        self.gateway = gateway
+        self.request_id = request_id
+        self.prompt_ids = prompt_ids
+        self.sampling = sampling
+        self.max_tokens = max_tokens
+        self.options = options
+        self.priority = options.priority
+        self.arrival_time = time.monotonic()
+        self.queue_deadline = (self.arrival_time + options.deadline_ms / 1000
+                               if options.deadline_ms is not None else None)
+        self.timeout_at = self.arrival_time + gateway.config.request_timeout_s
+        self.queue_class = 0
+        self.dispatched_at: float | None = None
+        self.assembler = OutputAssembler(gateway.bundle.decode, prompt_ids, sampling.stop)
+        self.error: APIError | None = None
+        self.closed = False
+        self._events: asyncio.Queue = asyncio.Queue()
+
+    # --- RequestSink ------------------------------------------------------------------------------
+    def on_tokens(self, token_ids, finish_reason, logprobs, now) -> None:
+        self._events.put_nowait((token_ids, finish_reason, logprobs, now))
+        if finish_reason is not None:
+            self.gateway.dispatcher.on_capacity()
+
+    def on_error(self, error: APIError) -> None:
+        self._events.put_nowait(error)
+        self.gateway.dispatcher.on_capacity()
+
+    def on_dispatched(self, now: float) -> None:
+        self.dispatched_at = now
+
+    def wire_sampling(self) -> pb.SamplingParams:
+        s = self.sampling
+        wire = pb.SamplingParams(max_tokens=self.max_tokens, temperature=s.temperature,
+                                 top_p=s.top_p, top_k=max(s.top_k, 0), ignore_eos=s.ignore_eos,
+                                 logprobs=s.logprobs or 0)
+        if s.seed is not None:
+            wire.seed = s.seed
+        return wire
+
+    # --- consuming --------------------------------------------------------------------------------
+    @property
+    def queue_class_name(self) -> str:
+        return CLASS_NAMES[self.queue_class]
+
+    async def deltas(self, stream_interval: int = 1) -> AsyncIterator[OutputDelta]:
+        """Output deltas until the sequence finishes; raises APIError on failure or timeout.
+        With `stream_interval` N, tokens are gathered until N are pending (or it finishes)."""
+        pending: OutputDelta | None = None
+        asm = self.assembler
+        while not asm.finished:
+            event = await self._next_event()
+            if isinstance(event, APIError):
+                self.error = event
+                self.closed = True
+                raise event
+            ids, finish, lps, now = event
+            delta = asm.add(ids, now, finish, lps)
+            if asm.stopped_by_string:
+                self.gateway.abort(self)
+            pending = delta if pending is None else _merge(pending, delta)
+            if asm.finished or len(pending.token_ids) >= stream_interval:
+                yield pending
+                pending = None
+        self.closed = True
+
+    async def _next_event(self):
+        remaining = self.timeout_at - time.monotonic()
+        try:
+            return await asyncio.wait_for(self._events.get(), max(remaining, 0.0))
+        except asyncio.TimeoutError:
+            self.gateway.abort(self)
+            return deadline_exceeded(
+                f"The request did not finish within {self.gateway.config.request_timeout_s:g} s.")
+
+    def close(self) -> None:
+        """The consumer is gone: abort unless already finished."""
+        if not self.closed:
+            self.closed = True
+            self.gateway.abort(self)
+
+
+def _merge(a: OutputDelta, b: OutputDelta) -> OutputDelta:
+    lps = a.logprobs + b.logprobs if a.logprobs is not None and b.logprobs is not None else None
+    return OutputDelta(a.text + b.text, a.token_ids + b.token_ids, lps, b.finish_reason)
+
+
+class Gateway:
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.metrics = GatewayMetrics(config.served_model_name or "unknown", config.slo)
+        self.pool = BackendPool(list(config.backends), config.pool, on_idle=self._on_idle,
+                                on_dropped=lambda s: self.metrics.dropped_frames.labels(s).inc())
+        self.dispatcher = Dispatcher(self.pool, self.metrics, config.batcher, config.queues)
+        self.draining = False
+        self.num_active = 0
+        self._ids = itertools.count()
+        self._id_prefix = os.urandom(4).hex()
+
+    async def start(self) -> None:
+        await self.pool.start()
+
+    async def close(self) -> None:
+        self.dispatcher.close()
+        await self.pool.close()
+
+    def _on_idle(self) -> None:
+        self.dispatcher.on_idle()
+
+    # --- what the backends told us --------------------------------------------------------------
+    @property
+    def healthy(self) -> bool:
+        return bool(self.pool.healthy_backends())
+
+    @property
+    def info(self) -> pb.BackendInfo:
+        info = self.pool.info
+        if info is None:
+            raise unavailable("No backend has introduced itself yet.")
+        return info
+
+    @property
+    def model_name(self) -> str:
+        return self.config.served_model_name or self.info.model
+
+    @cached_property
+    def bundle(self) -> TokenizerBundle:
+        info = self.info
+        return TokenizerBundle.from_parts(
+            info.tokenizer_json, info.chat_template or None,
+            info.bos_token_id if info.HasField("bos_token_id") else None,
+            tuple(info.eos_token_ids), info.model)
+
+    def new_request_id(self, prefix: str = "cmpl") -> str:
+        return f"{prefix}-{self._id_prefix}{next(self._ids):08x}"
+
+    # --- requests ---------------------------------------------------------------------------------
+    def check_admission(self) -> None:
+        if self.draining:
+            raise shutting_down()
+        if not self.healthy:
+            raise unavailable()
+
+    def submit(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
+               max_tokens: int, options: ServingOptions) -> RequestHandle:
+        """Queue one sequence (APIError 503 / 429 when it cannot be)."""
+        self.check_admission()
+        handle = RequestHandle(self, request_id, prompt_ids, sampling, max_tokens, options)
+        self.dispatcher.submit(handle)
+        return handle
+
+    def abort(self, handle: RequestHandle) -> None:
+        if not self.dispatcher.cancel(handle.request_id):
+            self.pool.abort([handle.request_id])
+            self.dispatcher.on_capacity()
+
+    def record(self, handle: RequestHandle, status: int) -> None:
+        """Metrics for one finished sequence (status: the HTTP status it ended with)."""
+        self.metrics.observe_request(status, handle.queue_class_name)
+        asm = handle.assembler
+        if status == 200 and asm.finished:
+            self.metrics.observe_finished(
+                num_prompt_tokens=len(handle.prompt_ids), token_times=asm.token_times,
+                arrival=handle.arrival_time, finished=time.monotonic(),
+                finish_reason=asm.finish_reason)
+
+    def refresh_metrics(self) -> None:
+        from gateway.metrics import BackendLoad
+
+        depth, age = self.dispatcher.depth_and_age()
+        loads = [BackendLoad(b.address, b.healthy, b.load.num_running, b.load.num_waiting,
+                             b.kv_cache_usage, b.outstanding_tokens) for b in self.pool.backends]
+        if self.pool.info is not None:
+            self.metrics.model_name = self.model_name
+        self.metrics.refresh(depth, age, loads)

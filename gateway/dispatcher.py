@@ -1,0 +1,144 @@
+"""The batching path: ClassQueues + DynamicWindowBatcher on the wall clock, with ONE timer.
+
+    submit(handle) ─► batcher.push ─► Decision ─┬─ flush_now ─► take_batch ─► pool.send_batch
+                                                └─ deadline ──► loop.call_at(...) ─► poll()
+
+Other wake-ups: a backend reports spare capacity (`on_idle`: idle flush), a request finishes
+(`on_capacity`: a held flush may go now), a queued request is cancelled. A flush is held while
+no healthy backend has a free slot (`PoolConfig.max_inflight_per_backend`), so under overload
+requests wait in the class queues (where Fast goes first and 429 protects memory) rather than
+in a backend. With no healthy backend at all, due requests fail with 503 instead of waiting.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from gateway.backend_pool import BackendPool, Dispatch
+from gateway.errors import deadline_exceeded, queue_full, unavailable
+from gateway.metrics import GatewayMetrics
+from scheduler.batcher import BatcherConfig, DynamicWindowBatcher
+from scheduler.clock import Clock, WallClock
+from scheduler.queues import ClassQueues, PendingRequest, QueueConfig
+
+if TYPE_CHECKING:
+    from gateway.core import RequestHandle
+
+log = logging.getLogger("tidegate.gateway.dispatch")
+CLASS_NAMES = ("fast", "normal", "slow")
+
+
+class Dispatcher:
+    def __init__(self, pool: BackendPool, metrics: GatewayMetrics,
+                 batcher_config: BatcherConfig = BatcherConfig(),
+                 queue_config: QueueConfig = QueueConfig(), clock: Clock = WallClock()) -> None:
+        self.pool = pool
+        self.metrics = metrics
+        self.clock = clock
+        self.queues = ClassQueues(queue_config)
+        self.batcher = DynamicWindowBatcher(batcher_config, clock, self.queues)
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_deadline: float | None = None
+
+    # --- events ---------------------------------------------------------------------------------
+    def submit(self, handle: "RequestHandle") -> None:
+        """Queue a request, or raise APIError(429) when its class queue is full."""
+        req = PendingRequest(
+            request_id=handle.request_id, num_prompt_tokens=len(handle.prompt_ids),
+            max_tokens=handle.max_tokens, arrival_time=handle.arrival_time,
+            queue_class=self.queues.config.classify(handle.max_tokens),
+            priority=handle.priority, deadline=handle.queue_deadline, payload=handle)
+        handle.queue_class = int(req.queue_class)
+        dec = self.batcher.push(req)
+        if dec.rejected is not None:
+            raise queue_full(CLASS_NAMES[int(req.queue_class)])
+        self._act(dec.flush_now, dec.deadline)
+
+    def cancel(self, request_id: str) -> bool:
+        """Take a queued request out; False when it was not queued (already sent or done)."""
+        if self.batcher.cancel(request_id) is None:
+            return False
+        self._poll()
+        return True
+
+    def on_idle(self) -> None:
+        dec = self.batcher.notify_idle(True)
+        self._act(dec.flush_now, dec.deadline)
+
+    def on_capacity(self) -> None:
+        if self.queues.size:
+            self._poll()
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def depth_and_age(self) -> tuple[dict[str, int], dict[str, float]]:
+        now = self.clock.now()
+        depth, age = {}, {}
+        for cls, name in enumerate(CLASS_NAMES):
+            depth[name] = self.queues.depth(cls)
+            oldest = self.queues.oldest_arrival(cls)
+            age[name] = 0.0 if oldest is None else now - oldest
+        return depth, age
+
+    # --- the loop body --------------------------------------------------------------------------
+    def _poll(self) -> None:
+        dec = self.batcher.poll()
+        self._act(dec.flush_now, dec.deadline)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_deadline = None
+        self._poll()
+
+    def _act(self, flush_now: bool, deadline: float | None) -> None:
+        while flush_now:
+            if not self.pool.healthy_backends():
+                self._fail_due()
+                break
+            if self.pool.free_slots() <= 0:
+                deadline = self.queues.next_expiry()  # held: only expiry needs the timer now
+                break
+            self._send(self.batcher.take_batch())
+            dec = self.batcher.poll()
+            flush_now, deadline = dec.flush_now, dec.deadline
+        for req in self.batcher.take_expired():
+            self.metrics.observe_request(504, CLASS_NAMES[int(req.queue_class)])
+            req.payload.on_error(deadline_exceeded())
+        self._arm(deadline)
+
+    def _fail_due(self) -> None:
+        for req in self.batcher.take_batch():
+            req.payload.on_error(unavailable())
+
+    def _send(self, batch: list[PendingRequest]) -> None:
+        if not batch:
+            return
+        backend = self.pool.pick()
+        now = self.clock.now()
+        items = [Dispatch(r.request_id, r.payload.prompt_ids, r.payload.wire_sampling(),
+                          int(r.queue_class), r.priority, r.arrival_time, r.payload)
+                 for r in batch]
+        if backend is None or not self.pool.send_batch(backend, items):
+            for r in batch:
+                r.payload.on_error(unavailable("Could not send the request to a backend."))
+            return
+        for r in batch:
+            r.payload.on_dispatched(now)
+        self.metrics.observe_batch(len(batch), [now - r.arrival_time for r in batch])
+
+    def _arm(self, deadline: float | None) -> None:
+        if deadline == self._timer_deadline and self._timer is not None:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_deadline = deadline
+        if deadline is None:
+            return
+        loop = asyncio.get_running_loop()
+        delay = max(0.0, deadline - self.clock.now())
+        self._timer = loop.call_at(loop.time() + delay, self._on_timer)

@@ -1,0 +1,73 @@
+"""Per-request output assembly: token ids in, text deltas out.
+
+One `OutputAssembler` per generated sequence. It owns the incremental detokenizer and the stop
+matcher, counts tokens and records when each arrived (for TTFT/ITL), and decides the finish
+reason: the backend's (`stop` on EOS, `length` at max_tokens) or `stop` when a stop string
+matched in the text — then the caller must abort the request on its backend.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gateway.detokenizer import Decode, IncrementalDetokenizer, StopMatcher
+
+
+@dataclass(slots=True)
+class OutputDelta:
+    """What one batch of tokens adds to the response."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[float] | None
+    finish_reason: str | None  # None while the sequence goes on
+
+
+class OutputAssembler:
+    __slots__ = ("_detok", "_stop", "text", "token_ids", "logprobs", "token_times",
+                 "finish_reason", "stopped_by_string")
+
+    def __init__(self, decode: Decode, prompt_ids: Sequence[int], stop: Sequence[str]) -> None:
+        self._detok = IncrementalDetokenizer(decode, prompt_ids)
+        self._stop = StopMatcher(stop)
+        self.text = ""
+        self.token_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.token_times: list[float] = []
+        self.finish_reason: str | None = None
+        self.stopped_by_string = False
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def add(self, token_ids: Sequence[int], now: float, finish_reason: str | None = None,
+            logprobs: Sequence[float] | None = None) -> OutputDelta:
+        """Tokens from one StepOutput (possibly none, with only a finish reason)."""
+        if self.finished:
+            return OutputDelta("", [], None, None)
+        ids = list(token_ids)
+        self.token_ids.extend(ids)
+        self.token_times.extend([now] * len(ids))
+        lps = list(logprobs) if logprobs is not None and len(logprobs) == len(ids) else None
+        if lps is not None:
+            self.logprobs.extend(lps)
+        text = self._stop.feed(self._detok.add(ids))
+        if self._stop.stopped:
+            self.stopped_by_string = True
+            self.finish_reason = "stop"
+        elif finish_reason is not None:
+            text += self._stop.feed(self._detok.flush())
+            if self._stop.stopped:
+                self.stopped_by_string = True
+                self.finish_reason = "stop"
+            else:
+                text += self._stop.flush()
+                self.finish_reason = finish_reason
+        self.text += text
+        return OutputDelta(text, ids, lps, self.finish_reason)
+
+    @property
+    def tpot(self) -> float | None:
+        t = self.token_times
+        return (t[-1] - t[0]) / (len(t) - 1) if len(t) > 1 else None

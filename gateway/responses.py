@@ -1,0 +1,83 @@
+"""OpenAI response bodies: completions, chat completions, and their streaming chunks."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gateway.core import RequestHandle
+
+
+def usage(handles: list[RequestHandle]) -> dict[str, int]:
+    prompt = sum(len(h.prompt_ids) for h in handles)
+    completion = sum(len(h.assembler.token_ids) for h in handles)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+def completion_logprobs(handle: RequestHandle, token_ids: list[int],
+                        logprobs: list[float] | None, offset: int) -> dict[str, Any] | None:
+    if handle.sampling.logprobs is None or logprobs is None:
+        return None
+    decode = handle.gateway.bundle.decode
+    tokens = [decode([t]) for t in token_ids]
+    offsets, pos = [], offset
+    for t in tokens:
+        offsets.append(pos)
+        pos += len(t)
+    return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": None,
+            "text_offset": offsets}
+
+
+def completion_choice(index: int, handle: RequestHandle, prompt_text: str | None) -> dict:
+    asm = handle.assembler
+    text = (prompt_text or "") + asm.text if prompt_text is not None else asm.text
+    choice: dict[str, Any] = {
+        "index": index, "text": text,
+        "logprobs": completion_logprobs(handle, asm.token_ids, asm.logprobs or None, 0),
+        "finish_reason": asm.finish_reason,
+    }
+    if handle.options.return_token_ids:
+        choice["prompt_token_ids"] = list(handle.prompt_ids)
+        choice["token_ids"] = list(asm.token_ids)
+    return choice
+
+
+def completion_body(request_id: str, created: int, model: str, choices: list[dict],
+                    handles: list[RequestHandle]) -> dict:
+    return {"id": request_id, "object": "text_completion", "created": created, "model": model,
+            "choices": choices, "usage": usage(handles)}
+
+
+def chat_body(request_id: str, created: int, model: str, handle: RequestHandle) -> dict:
+    asm = handle.assembler
+    choice: dict[str, Any] = {
+        "index": 0, "message": {"role": "assistant", "content": asm.text},
+        "logprobs": chat_logprobs(handle, asm.token_ids, asm.logprobs or None),
+        "finish_reason": asm.finish_reason,
+    }
+    if handle.options.return_token_ids:
+        choice["prompt_token_ids"] = list(handle.prompt_ids)
+        choice["token_ids"] = list(asm.token_ids)
+    return {"id": request_id, "object": "chat.completion", "created": created, "model": model,
+            "choices": [choice], "usage": usage([handle])}
+
+
+def chat_logprobs(handle: RequestHandle, token_ids: list[int],
+                  logprobs: list[float] | None) -> dict[str, Any] | None:
+    if handle.sampling.logprobs is None or logprobs is None:
+        return None
+    decode = handle.gateway.bundle.decode
+    content = []
+    for t, lp in zip(token_ids, logprobs):
+        text = decode([t])
+        content.append({"token": text, "logprob": lp, "bytes": list(text.encode()),
+                        "top_logprobs": []})
+    return {"content": content}
+
+
+def sse(data: dict | str) -> bytes:
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    return f"data: {payload}\n\n".encode()
+
+
+DONE = b"data: [DONE]\n\n"

@@ -1,0 +1,272 @@
+"""POST /v1/completions and /v1/chat/completions: validate → tokenize → submit → respond.
+
+Non-streaming answers wait for every sequence; streaming answers are SSE (`data: {...}` per
+chunk, `data: [DONE]` at the end; a failure after the first byte becomes a final
+`data: {"error": ...}` event). Whatever way a handler ends — finished, failed, client gone —
+its handles are closed, which aborts any sequence still running on a backend.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from gateway.app import ACTIVE_KEY, GATEWAY_KEY, QUEUE_CLASS_KEY
+from gateway.core import Gateway, RequestHandle
+from gateway.errors import APIError, bad_request, internal_error, not_found
+from gateway.openai_schema import ChatRequest, CompletionRequest, Prompt
+from gateway.output import OutputDelta
+from gateway.responses import (
+    DONE,
+    chat_body,
+    chat_logprobs,
+    completion_body,
+    completion_choice,
+    completion_logprobs,
+    sse,
+    usage,
+)
+from gateway.validation import (
+    check_context_length,
+    parse_chat_request,
+    parse_completion_request,
+    parse_json_body,
+)
+
+log = logging.getLogger("tidegate.gateway.requests")
+
+
+def check_model(gw: Gateway, model: str | None) -> None:
+    if model is not None and model != gw.model_name and model != gw.info.model:
+        raise not_found(f"The model '{model}' does not exist; this server serves "
+                        f"'{gw.model_name}'.", "model", "model_not_found")
+
+
+def tokenize(gw: Gateway, prompt: Prompt) -> list[int]:
+    if isinstance(prompt, str):
+        return gw.bundle.encode(prompt)
+    vocab = gw.info.vocab_size
+    if vocab and max(prompt) >= vocab:
+        raise bad_request(f"Token id {max(prompt)} in 'prompt' is out of range (vocabulary "
+                          f"size {vocab}).", "prompt")
+    return list(prompt)
+
+
+def submit_all(gw: Gateway, base_id: str, prompts: list[list[int]], sampling, options,
+               max_tokens_param: str) -> list[RequestHandle]:
+    max_len = gw.info.max_model_len
+    for ids in prompts:
+        check_context_length(len(ids), sampling.max_tokens, max_len, max_tokens_param)
+    handles: list[RequestHandle] = []
+    try:
+        for i, ids in enumerate(prompts):
+            rid = base_id if len(prompts) == 1 else f"{base_id}-{i}"
+            max_tokens = sampling.resolved_max_tokens(len(ids), max_len)
+            handles.append(gw.submit(rid, ids, sampling, max_tokens, options))
+    except APIError:
+        for h in handles:
+            h.close()
+        raise
+    return handles
+
+
+def log_request(gw: Gateway, request_id: str, handles: list[RequestHandle], prompt) -> None:
+    h = handles[0]
+    if gw.config.log_prompts:
+        log.info("%s: %d prompt(s), %d prompt tokens, max_tokens=%d, class=%s, prompt=%r",
+                 request_id, len(handles), sum(len(x.prompt_ids) for x in handles),
+                 h.max_tokens, h.queue_class_name, prompt)
+    else:
+        log.info("%s: %d prompt(s), %d prompt tokens, max_tokens=%d, class=%s", request_id,
+                 len(handles), sum(len(x.prompt_ids) for x in handles), h.max_tokens,
+                 h.queue_class_name)
+
+
+async def merged(handles: list[RequestHandle], interval: int
+                 ) -> AsyncIterator[tuple[int, OutputDelta]]:
+    """Deltas of several sequences as they come, tagged with the sequence's index."""
+    if len(handles) == 1:
+        async for d in handles[0].deltas(interval):
+            yield 0, d
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, h: RequestHandle) -> None:
+        try:
+            async for d in h.deltas(interval):
+                queue.put_nowait((i, d))
+        except APIError as err:
+            queue.put_nowait((i, err))
+        queue.put_nowait((i, None))
+
+    tasks = [asyncio.create_task(pump(i, h)) for i, h in enumerate(handles)]
+    try:
+        remaining = len(handles)
+        while remaining:
+            i, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, APIError):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def serve_handles(request: web.Request, handles: list[RequestHandle], respond):
+    """Run `respond` with the handles registered as active; close them and record metrics."""
+    gw = request.app[GATEWAY_KEY]
+    active = request.app[ACTIVE_KEY]
+    request[QUEUE_CLASS_KEY] = handles[0].queue_class_name
+    active.update(handles)
+    status = 499  # client closed the connection, unless we learn otherwise
+    try:
+        result, status = await respond()
+        return result
+    except APIError as err:
+        status = err.status
+        raise
+    finally:
+        for h in handles:
+            h.close()
+            active.discard(h)
+            gw.record(h, status)
+
+
+async def start_sse(request: web.Request) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                       "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    await resp.prepare(request)
+    return resp
+
+
+async def stream_events(request: web.Request, make_chunks, first_chunks, final_chunk):
+    """SSE loop shared by both routes; returns (response, status for the metrics)."""
+    resp = await start_sse(request)
+    try:
+        for chunk in first_chunks:
+            await resp.write(sse(chunk))
+        async for chunk in make_chunks():
+            await resp.write(sse(chunk))
+        if final_chunk is not None:
+            await resp.write(sse(final_chunk()))
+        await resp.write(DONE)
+        status = 200
+    except APIError as err:
+        await resp.write(sse(err.to_dict()))
+        status = err.status
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception("stream failed")
+        err = internal_error()
+        await resp.write(sse(err.to_dict()))
+        status = err.status
+    await resp.write_eof()
+    return resp, status
+
+
+# --- /v1/completions ---------------------------------------------------------------------------
+async def completions(request: web.Request) -> web.StreamResponse:
+    gw = request.app[GATEWAY_KEY]
+    req: CompletionRequest = parse_completion_request(parse_json_body(await request.read()))
+    gw.check_admission()
+    check_model(gw, req.model)
+    prompts = [tokenize(gw, p) for p in req.prompts]
+    request_id = gw.new_request_id("cmpl")
+    handles = submit_all(gw, request_id, prompts, req.sampling, req.options, "max_tokens")
+    log_request(gw, request_id, handles, req.prompts)
+    created, model = int(time.time()), gw.model_name
+    echo = [(p if isinstance(p, str) else gw.bundle.decode(list(p))) if req.echo else None
+            for p in req.prompts]
+
+    async def respond():
+        if not req.options.stream:
+            async for _ in merged(handles, 1 << 30):
+                pass
+            choices = [completion_choice(i, h, echo[i]) for i, h in enumerate(handles)]
+            return web.json_response(completion_body(request_id, created, model, choices,
+                                                     handles)), 200
+        offsets = [len(e or "") for e in echo]
+
+        def chunk(choices, **extra):
+            return {"id": request_id, "object": "text_completion", "created": created,
+                    "model": model, "choices": choices, **extra}
+
+        first = []
+        for i, h in enumerate(handles):
+            if echo[i] or req.options.return_token_ids:
+                c = {"index": i, "text": echo[i] or "", "logprobs": None, "finish_reason": None}
+                if req.options.return_token_ids:
+                    c["prompt_token_ids"] = list(h.prompt_ids)
+                first.append(chunk([c]))
+
+        async def chunks():
+            async for i, d in merged(handles, gw.config.stream_interval):
+                c = {"index": i, "text": d.text,
+                     "logprobs": completion_logprobs(handles[i], d.token_ids, d.logprobs,
+                                                     offsets[i]),
+                     "finish_reason": d.finish_reason}
+                offsets[i] += len(d.text)
+                if req.options.return_token_ids:
+                    c["token_ids"] = d.token_ids
+                yield chunk([c])
+
+        final = (lambda: chunk([], usage=usage(handles))) if req.options.include_usage else None
+        return await stream_events(request, chunks, first, final)
+
+    return await serve_handles(request, handles, respond)
+
+
+# --- /v1/chat/completions ----------------------------------------------------------------------
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    gw = request.app[GATEWAY_KEY]
+    req: ChatRequest = parse_chat_request(parse_json_body(await request.read()))
+    gw.check_admission()
+    check_model(gw, req.model)
+    messages = [{"role": m.role, "content": m.content} for m in req.messages]
+    try:
+        prompt_ids = gw.bundle.encode_chat(messages, req.add_generation_prompt)
+    except Exception as exc:  # template errors (raise_exception in the template, bad roles)
+        raise bad_request(f"The chat template could not render the messages: {exc}",
+                          "messages") from None
+    request_id = gw.new_request_id("chatcmpl")
+    param = "max_tokens"
+    handles = submit_all(gw, request_id, [prompt_ids], req.sampling, req.options, param)
+    log_request(gw, request_id, handles, messages)
+    handle = handles[0]
+    created, model = int(time.time()), gw.model_name
+
+    async def respond():
+        if not req.options.stream:
+            async for _ in handle.deltas(1 << 30):
+                pass
+            return web.json_response(chat_body(request_id, created, model, handle)), 200
+
+        def chunk(choices, **extra):
+            return {"id": request_id, "object": "chat.completion.chunk", "created": created,
+                    "model": model, "choices": choices, **extra}
+
+        role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                "finish_reason": None}
+        if req.options.return_token_ids:
+            role["prompt_token_ids"] = list(handle.prompt_ids)
+
+        async def chunks():
+            async for d in handle.deltas(gw.config.stream_interval):
+                c = {"index": 0, "delta": {"content": d.text} if d.text else {},
+                     "logprobs": chat_logprobs(handle, d.token_ids, d.logprobs),
+                     "finish_reason": d.finish_reason}
+                if req.options.return_token_ids:
+                    c["token_ids"] = d.token_ids
+                yield chunk([c])
+
+        final = (lambda: chunk([], usage=usage(handles))) if req.options.include_usage else None
+        return await stream_events(request, chunks, [chunk([role])], final)
+
+    return await serve_handles(request, handles, respond)
