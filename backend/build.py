@@ -1,0 +1,84 @@
+"""From a `BackendConfig` (the CLI's options) to a ready `Engine`: load, size the KV pool, wire."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from backend.engine import Engine, EngineConfig
+from backend.errors import ModelLoadError
+from backend.kv_cache import KVCache, block_bytes, dtype_name, num_blocks_for_memory
+from backend.loader import LoadedModel, available_memory, load
+from backend.runner import ModelRunner
+
+DEFAULT_KV_FRACTION = {"cpu": 0.1, "cuda": 0.85}
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    model: str = "tiny"                  # HF directory or preset name
+    load_format: str = "auto"            # auto | dummy | safetensors
+    device: str = "cpu"                  # cpu | cuda | cuda:N
+    dtype: str = "auto"                  # auto | float32 | bfloat16 | float16
+    max_model_len: int | None = None     # default: the model's max_position_embeddings
+    block_size: int = 16                 # tokens per KV block
+    num_blocks: int | None = None        # KV blocks; default: from kv_memory_fraction
+    kv_memory_fraction: float | None = None  # share of free memory (after weights) for KV
+    max_num_seqs: int = 256              # running sequences per step at most
+    max_num_batched_tokens: int = 2048   # tokens per step at most
+    enable_prefix_caching: bool = True
+    seed: int = 0                        # dummy-weight seed
+
+    def validate(self) -> None:
+        if self.block_size < 1 or (self.num_blocks is not None and self.num_blocks < 1):
+            raise ModelLoadError("--block-size and --num-blocks must be >= 1")
+        if self.kv_memory_fraction is not None and not 0 < self.kv_memory_fraction <= 1:
+            raise ModelLoadError(f"--kv-memory-fraction must be in (0, 1], got {self.kv_memory_fraction}")
+        if self.num_blocks is not None and self.kv_memory_fraction is not None:
+            raise ModelLoadError("give --num-blocks or --kv-memory-fraction, not both")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ModelLoadError(f"--max-num-batched-tokens ({self.max_num_batched_tokens}) must be "
+                                 f">= --max-num-seqs ({self.max_num_seqs})")
+
+
+def size_kv_pool(cfg: BackendConfig, loaded: LoadedModel, max_model_len: int) -> int:
+    """Number of KV blocks: as given, or a share of the free memory left after the weights,
+    never more than max_num_seqs full-length sequences need."""
+    c = loaded.config
+    dname = dtype_name(loaded.dtype)
+    cap = cfg.max_num_seqs * -(-max_model_len // cfg.block_size) + 1
+    if cfg.num_blocks is not None:
+        num_blocks = cfg.num_blocks
+        need = num_blocks * block_bytes(c, cfg.block_size, dname)
+        free = available_memory(loaded.device)
+        if need > free:
+            raise ModelLoadError(f"--num-blocks {num_blocks} needs {need / 2**30:.1f} GiB of KV cache "
+                                 f"but {loaded.device} has {free / 2**30:.1f} GiB free")
+        return num_blocks
+    fraction = cfg.kv_memory_fraction or DEFAULT_KV_FRACTION[loaded.device.type]
+    num_blocks = min(cap, num_blocks_for_memory(
+        c, cfg.block_size, dname, int(fraction * available_memory(loaded.device))))
+    if num_blocks < 1:
+        raise ModelLoadError("no memory left for the KV cache after loading the weights")
+    return num_blocks
+
+
+def create_engine(cfg: BackendConfig) -> tuple[Engine, LoadedModel]:
+    cfg.validate()
+    loaded = load(cfg.model, cfg.load_format, cfg.dtype, cfg.device, cfg.seed, cfg.max_model_len)
+    max_model_len = cfg.max_model_len or loaded.config.max_position_embeddings
+    num_blocks = size_kv_pool(cfg, loaded, max_model_len)
+    kv = KVCache.allocate(loaded.config, num_blocks, cfg.block_size, loaded.dtype, loaded.device)
+    runner = ModelRunner(loaded.model, kv, cfg.max_num_batched_tokens, cfg.max_num_seqs, max_model_len)
+    engine_cfg = EngineConfig(max_model_len=max_model_len, num_blocks=num_blocks,
+                              block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
+                              max_num_batched_tokens=cfg.max_num_batched_tokens,
+                              enable_prefix_caching=cfg.enable_prefix_caching)
+    engine = Engine(runner, engine_cfg, eos_token_ids=_eos_ids(loaded))
+    return engine, loaded
+
+
+def _eos_ids(loaded: LoadedModel) -> tuple[int, ...]:
+    ids = list(loaded.tokenizer.eos_token_ids)
+    for e in loaded.config.eos_token_ids:
+        if e not in ids:
+            ids.append(e)
+    return tuple(i for i in ids if 0 <= i < loaded.config.vocab_size)

@@ -1,0 +1,146 @@
+"""Engine: continuous batching around the shared scheduler.
+
+    step():  plan = scheduler.schedule()       # scheduler.StepScheduler (+ BlockManager)
+             out = runner.execute(plan)        # backend.runner.ModelRunner
+             finished = scheduler.update(plan, result)
+
+The engine adds what the policy core does not know: sampling parameters and seeds per request,
+stop-token decisions, and the per-step report of new tokens (`RequestOutput` records).
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from backend.runner import ModelRunner, SampleSpec
+from backend.sampler import SamplingParams, TokenLogprobs
+from scheduler.step_scheduler import SchedulerConfig, StepPlan, StepResult, StepScheduler
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Capacity of one engine; `num_blocks` is fixed once the KV pool is allocated."""
+    max_model_len: int
+    num_blocks: int
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    enable_prefix_caching: bool = True
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(
+            max_model_len=self.max_model_len, num_blocks=self.num_blocks,
+            max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+            block_size=self.block_size, enable_prefix_caching=self.enable_prefix_caching)
+
+
+@dataclass
+class RequestOutput:
+    """What one request gained in one step (new tokens may be empty for a finish-only record)."""
+    request_id: str
+    new_token_ids: list[int]
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | None
+    num_prompt_tokens: int = 0
+    num_completion_tokens: int = 0
+    num_cached_tokens: int = 0
+
+
+@dataclass
+class _RequestState:
+    params: SamplingParams
+    seed: int
+    num_prompt_tokens: int
+    num_generated: int = 0
+
+
+class Engine:
+    def __init__(self, runner: ModelRunner, config: EngineConfig,
+                 eos_token_ids: tuple[int, ...] = ()) -> None:
+        if config.num_blocks != runner.kv.num_blocks or config.block_size != runner.kv.block_size:
+            raise ValueError("engine config and KV pool disagree on num_blocks / block_size")
+        self.runner = runner
+        self.config = config
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.scheduler = StepScheduler(config.scheduler_config())
+        self.states: dict[str, _RequestState] = {}
+        self._seed_rng = random.Random()
+
+    # ---- requests ------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    arrival_time: float = 0.0, priority: int = 0) -> str | None:
+        """Queue a request; returns the reason it was refused, or None."""
+        vocab = self.runner.model.config.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_token_ids):
+            return f"prompt has token ids outside [0, {vocab})"
+        if not 0.0 <= params.top_p <= 1.0 or params.temperature < 0:
+            return "temperature must be >= 0 and top_p in [0, 1]"
+        rejection = self.scheduler.add_request(request_id, list(prompt_token_ids), params.max_tokens,
+                                               arrival_time, priority)
+        if rejection is not None:
+            return rejection.reason
+        seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(62)
+        self.states[request_id] = _RequestState(params, seed & ((1 << 62) - 1), len(prompt_token_ids))
+        return None
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Drop a request and free its blocks; its final record, or None if unknown."""
+        done = self.scheduler.abort(request_id)
+        state = self.states.pop(request_id, None)
+        if done is None or state is None:
+            return None
+        return RequestOutput(request_id, [], [], "abort", done.num_prompt_tokens,
+                             len(done.output_token_ids), done.num_cached_tokens)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    @property
+    def request_ids(self) -> list[str]:
+        return list(self.states)
+
+    # ---- the step ------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        plan = self.scheduler.schedule()
+        result, logprobs = self._execute(plan)
+        finished = self.scheduler.update(plan, result)
+        return self._outputs(plan, result, logprobs, finished)
+
+    def _execute(self, plan: StepPlan) -> tuple[StepResult, dict[str, TokenLogprobs | None]]:
+        specs = {c.request_id: self._spec(c.request_id) for c in plan.chunks if c.sample}
+        out = self.runner.execute(plan.chunks, plan.block_copies, specs)
+        stopped = set()
+        for rid, token in out.token_ids.items():
+            p = self.states[rid].params
+            if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
+                stopped.add(rid)
+        return StepResult(sampled=out.token_ids, stopped=stopped), out.logprobs
+
+    def _spec(self, request_id: str) -> SampleSpec:
+        s = self.states[request_id]
+        return SampleSpec(s.params, s.seed, s.num_generated)
+
+    def _outputs(self, plan: StepPlan, result: StepResult, logprobs: dict,
+                 finished: list) -> list[RequestOutput]:
+        outputs: dict[str, RequestOutput] = {}
+        requests = self.scheduler.requests
+        for rid, token in result.sampled.items():
+            state = self.states[rid]
+            state.num_generated += 1
+            seq = requests.get(rid)
+            lp = logprobs.get(rid)
+            outputs[rid] = RequestOutput(
+                rid, [token], [lp] if lp is not None else [], None, state.num_prompt_tokens,
+                state.num_generated, seq.num_cached_tokens if seq is not None else 0)
+        for f in finished:
+            out = outputs[f.request_id]
+            out.finish_reason = f.finish_reason
+            out.num_cached_tokens = f.num_cached_tokens
+            del self.states[f.request_id]
+        return list(outputs.values())
+
+    # ---- idle checks ---------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """Scheduler and block-manager invariants, and the engine's own request map."""
+        self.scheduler.check_integrity()
+        assert set(self.states) == set(self.scheduler.requests), "engine/scheduler requests differ"
