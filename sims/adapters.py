@@ -1,0 +1,195 @@
+"""The one seam between the simulator and `scheduler/`: thin adapters over the real objects.
+
+`GatewayAdapter` drives the real `ClassQueues` + `DynamicWindowBatcher` on the simulator's
+`ManualClock`; `BackendAdapter` drives the real `StepScheduler` (and its `BlockManager`) and plays the
+runner: it turns a `StepPlan` into the three numbers a cost model needs, and hands back a synthetic
+`StepResult` (token 0 for every sampling chunk; no stop tokens, so requests end by length, as with
+`ignore_eos`). No policy lives here: admission, batching, ordering, preemption and KV allocation are
+all the scheduler's.
+
+Request i of the workload is request id ``str(i)``. Its prompt token ids are distinct per request
+(``i·2^20 + position``), except that a request in prefix group g starts with that group's prefix
+(negative ids), so the block manager's prefix cache sees real sharing.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from scheduler.batcher import BatcherConfig, DynamicWindowBatcher
+from scheduler.classes import QueueClass
+from scheduler.clock import ManualClock
+from scheduler.queues import ClassQueues, PendingRequest, QueueConfig
+from scheduler.step_scheduler import SchedulerConfig, StepResult, StepScheduler
+from sims.workload import Workload
+
+_TOKEN_STRIDE = 1 << 20
+
+
+@dataclass(frozen=True)
+class SimSchedulerConfig:
+    """The scheduler-side settings of a simulated deployment (per backend where it applies)."""
+    batcher: BatcherConfig = field(default_factory=BatcherConfig)
+    queue: QueueConfig = field(default_factory=QueueConfig)
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    max_model_len: int = 16384
+    enable_prefix_caching: bool = True
+
+    def scheduler_config(self, num_blocks: int) -> SchedulerConfig:
+        return SchedulerConfig(max_model_len=self.max_model_len, num_blocks=num_blocks,
+                               max_num_seqs=self.max_num_seqs,
+                               max_num_batched_tokens=self.max_num_batched_tokens,
+                               block_size=self.block_size,
+                               enable_prefix_caching=self.enable_prefix_caching,
+                               class_bounds=self.queue.class_bounds)
+
+
+class GatewayAdapter:
+    """Queues + batcher. `push`/`poll` return (flush_now, deadline); `spare` is the backends' load."""
+
+    def __init__(self, config: SimSchedulerConfig, clock: ManualClock, workload: Workload):
+        self.queues = ClassQueues(config.queue)
+        self.batcher = DynamicWindowBatcher(config.batcher, clock, self.queues)
+        self.idle_flush = config.batcher.idle_flush
+        self._reported = False           # the spare-capacity state last told to the batcher
+        self._w = workload
+        self._classify = config.queue.classify
+        self._class = np.empty(len(workload), dtype=np.int8)
+
+    @property
+    def num_pending(self) -> int:
+        return self.queues.size
+
+    def _report(self, spare: bool) -> None:
+        if self.idle_flush and spare != self._reported:
+            self.batcher.notify_idle(spare)
+            self._reported = spare
+
+    def push(self, i: int, now: float, spare: bool):
+        w = self._w
+        cls = int(w.queue_class[i])
+        max_tokens = int(w.output_len[i])
+        qclass = QueueClass(cls) if cls >= 0 else self._classify(max_tokens)
+        self._class[i] = qclass
+        self._report(spare)
+        return self.batcher.push(PendingRequest(str(i), int(w.prompt_len[i]), max_tokens, now, qclass,
+                                                int(w.priority[i]), None, i))
+
+    def poll(self, spare: bool):
+        self._report(spare)
+        return self.batcher.poll()
+
+    def take_batch(self) -> list[int]:
+        batch = self.batcher.take_batch()
+        self._reported = False           # a flush consumes the batcher's spare report
+        return [r.payload for r in batch]
+
+    def classes(self) -> np.ndarray:
+        return self._class
+
+
+class BackendAdapter:
+    """One backend's StepScheduler; the simulator's stand-in runner."""
+
+    def __init__(self, config: SimSchedulerConfig, num_blocks: int, workload: Workload):
+        if num_blocks < 1:
+            raise ValueError("the model's weights leave no memory for the KV cache on this GPU")
+        self.sched = StepScheduler(config.scheduler_config(num_blocks))
+        self.bm = self.sched.block_manager
+        self.max_num_seqs = config.max_num_seqs
+        self._w = workload
+        self._prefixes: dict[int, list[int]] = {}
+        self.num_rejected = 0
+
+    # ---- load, as a LoadReport would carry it ------------------------------------------------
+    @property
+    def num_waiting(self) -> int:
+        return len(self.sched.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.sched.running)
+
+    @property
+    def has_room(self) -> bool:
+        return len(self.sched.running) < self.max_num_seqs
+
+    @property
+    def kv_usage(self) -> float:
+        return self.bm.usage
+
+    def fragmentation(self) -> float:
+        return self.bm.internal_fragmentation()
+
+    # ---- requests ----------------------------------------------------------------------------
+    def prompt_tokens(self, i: int) -> list[int]:
+        w = self._w
+        n = int(w.prompt_len[i])
+        base = (i + 1) * _TOKEN_STRIDE
+        g = int(w.prefix_group[i])
+        if g < 0:
+            return list(range(base, base + n))
+        plen = int(w.prefix_len[i])
+        prefix = self._prefixes.get(g)
+        if prefix is None or len(prefix) < plen:
+            prefix = self._prefixes[g] = list(range(-(g + 1) * _TOKEN_STRIDE,
+                                                    -(g + 1) * _TOKEN_STRIDE + plen))
+        return prefix[:plen] + list(range(base + plen, base + n))
+
+    def add(self, i: int, now: float) -> bool:
+        w = self._w
+        rej = self.sched.add_request(str(i), self.prompt_tokens(i), int(w.output_len[i]), now,
+                                     int(w.priority[i]))
+        if rej is not None:
+            self.num_rejected += 1
+            return False
+        return True
+
+    # ---- steps -------------------------------------------------------------------------------
+    def schedule(self):
+        """Plan one step; None when there is nothing to run. Returns the plan's cost arguments."""
+        plan = self.sched.schedule()
+        if not plan.chunks:
+            return None
+        num_decode = num_prefill = num_ctx = 0
+        for c in plan.chunks:
+            n = len(c.token_ids)
+            num_ctx += c.start_pos + n
+            if c.is_prefill:
+                num_prefill += n
+            else:
+                num_decode += 1
+        self._plan = plan
+        return num_decode, num_prefill, num_ctx
+
+    def complete_step(self, _costs) -> tuple[list[int], list[int]]:
+        """Feed back the step's synthetic result -> (requests with a first token, finished)."""
+        plan, self._plan = self._plan, None
+        sampled = {}
+        firsts = []
+        for c in plan.chunks:
+            if c.sample:
+                sampled[c.request_id] = 0
+                if c.is_prefill:
+                    firsts.append(int(c.request_id))
+        done = self.sched.update(plan, StepResult(sampled))
+        return firsts, [int(f.request_id) for f in done]
+
+    def max_pure_decode_steps(self) -> tuple[int, int, int]:
+        """(k, decoding sequences, KV tokens read by the first of the k steps)."""
+        k = self.sched.max_pure_decode_steps()
+        if k < 2:
+            return k, 0, 0
+        running = self.sched.running
+        return k, len(running), sum(s.num_computed_tokens for s in running) + len(running)
+
+    def advance(self, k: int) -> list[int]:
+        return [int(f.request_id) for f in self.sched.advance_decode_steps(k)]
+
+    def stats(self) -> dict:
+        out = asdict(self.sched.stats())
+        out["num_rejected"] = self.num_rejected
+        return out
