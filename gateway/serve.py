@@ -1,0 +1,204 @@
+"""`tidegate serve`: the OpenAI-compatible HTTP gateway on uvloop.
+
+    tidegate serve                                   # embedded: one tiny backend on the CPU
+    tidegate serve --backend tcp://10.0.0.5:5555 --backend tcp://10.0.0.6:5555
+
+`--backend embedded` (the default) starts `tidegate backend` as a subprocess on an `ipc://`
+socket in a private temp dir (`--model/--device/--load-format/--dtype` are passed through),
+waits for its BackendInfo, and stops it with the gateway. SIGTERM/SIGINT: new requests get 503,
+in-flight ones get `--drain-timeout` seconds to finish, then the process exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from aiohttp import web
+
+from gateway.app import GATEWAY_KEY, create_app, drain
+from gateway.backend_pool import PoolConfig
+from gateway.core import GatewayConfig
+from gateway.metrics import SLOConfig
+from scheduler.batcher import BatcherConfig
+from scheduler.queues import QueueConfig
+
+log = logging.getLogger("tidegate.serve")
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def default_model() -> str:
+    tiny_coder = REPO_ROOT / "models" / "tiny-coder"
+    return str(tiny_coder) if (tiny_coder / "config.json").is_file() else "tiny"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tidegate serve", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port (0: any free port)")
+    p.add_argument("--backend", action="append", default=None, metavar="ADDR",
+                   help="backend address (tcp://… or ipc://…), repeatable; or 'embedded'")
+    p.add_argument("--model", default=None, help="embedded backend: HF directory or preset "
+                   "(default: models/tiny-coder if present, else the tiny preset)")
+    p.add_argument("--device", default=None, help="embedded backend: cpu or cuda[:N]")
+    p.add_argument("--load-format", default=None, help="embedded backend: auto|dummy|safetensors")
+    p.add_argument("--dtype", default=None, help="embedded backend: auto|float32|bfloat16|float16")
+    p.add_argument("--served-model-name", default=None, help="model name in the API "
+                   "(default: the backend's)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' "
+                   "(every route but /health)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-prompts", action="store_true", help="include prompt text in request logs")
+    p.add_argument("--slo-ttft-ms", type=float, default=None, help="goodput: TTFT objective")
+    p.add_argument("--slo-tpot-ms", type=float, default=None, help="goodput: TPOT objective")
+    p.add_argument("--stream-interval", type=int, default=1, help="stream every N tokens")
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger bodies get 413")
+    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds; then 504")
+    p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds on SIGTERM")
+    p.add_argument("--startup-timeout", type=float, default=120.0,
+                   help="seconds to wait for the embedded backend")
+    p.add_argument("--heartbeat-timeout", type=float, default=3.0,
+                   help="a backend silent this long is marked down")
+    p.add_argument("--max-inflight-per-backend", type=int, default=256,
+                   help="requests in flight on one backend; more wait in the class queues")
+    p.add_argument("--max-batch-size", type=int, default=128, help="requests per Batch (1..128)")
+    p.add_argument("--min-latency-ms", type=float, default=5.0, help="longest batching window")
+    p.add_argument("--target-throughput", type=float, default=8000.0, help="requests/s")
+    p.add_argument("--hysteresis", type=float, default=0.8)
+    p.add_argument("--no-idle-flush", action="store_true",
+                   help="keep the window open even when a backend is idle")
+    p.add_argument("--max-queue-requests", type=int, default=8192,
+                   help="per class queue; more get 429")
+    p.add_argument("--queue-policy", default="fifo", choices=["fifo", "priority"])
+    p.add_argument("--zmq-listen", default=None,
+                   help="also serve the ZMQ front door here (e.g. tcp://127.0.0.1:5556)")
+    return p
+
+
+def gateway_config(args: argparse.Namespace, backends: list[str]) -> GatewayConfig:
+    q = args.max_queue_requests
+    return GatewayConfig(
+        backends=tuple(backends), served_model_name=args.served_model_name,
+        api_key=args.api_key, max_body_bytes=args.max_body_bytes,
+        request_timeout_s=args.request_timeout, stream_interval=max(1, args.stream_interval),
+        log_prompts=args.log_prompts, drain_timeout_s=args.drain_timeout,
+        slo=SLOConfig(args.slo_ttft_ms, args.slo_tpot_ms),
+        pool=PoolConfig(heartbeat_timeout_s=args.heartbeat_timeout,
+                        max_inflight_per_backend=args.max_inflight_per_backend),
+        batcher=BatcherConfig(max_batch_size=args.max_batch_size,
+                              min_latency_ms=args.min_latency_ms,
+                              target_throughput=args.target_throughput,
+                              hysteresis=args.hysteresis, idle_flush=not args.no_idle_flush),
+        queues=QueueConfig(max_requests=(q, q, q), policy=args.queue_policy))
+
+
+class EmbeddedBackend:
+    """`tidegate backend` as a child process on a private ipc:// socket."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.tmpdir = tempfile.mkdtemp(prefix="tidegate-")
+        self.address = f"ipc://{self.tmpdir}/backend.sock"
+        self.model = args.model or default_model()
+        cmd = [sys.executable, "-m", "gateway.cli", "backend", "--listen", self.address,
+               "--model", self.model]
+        for flag, value in (("--device", args.device), ("--load-format", args.load_format),
+                            ("--dtype", args.dtype)):
+            if value is not None:
+                cmd += [flag, value]
+        log.info("starting embedded backend: %s", " ".join(cmd))
+        self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+async def _wait_for_backend(app: web.Application, embedded: EmbeddedBackend,
+                            timeout: float) -> bool:
+    pool = app[GATEWAY_KEY].pool
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        if await pool.wait_ready(0.2):
+            return True
+        if embedded.proc.poll() is not None:
+            return False
+    return False
+
+
+async def serve(args: argparse.Namespace) -> int:
+    backends = args.backend or ["embedded"]
+    embedded = None
+    if "embedded" in backends:
+        embedded = EmbeddedBackend(args)
+        backends = [b for b in backends if b != "embedded"] + [embedded.address]
+    config = gateway_config(args, backends)
+    extra = []
+    if args.zmq_listen:
+        from gateway.frontdoor import frontdoor_ctx
+
+        extra.append(frontdoor_ctx(args.zmq_listen))
+    app = create_app(config, extra_cleanup_ctx=extra)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    try:
+        await runner.setup()
+        gw = app[GATEWAY_KEY]
+        if embedded is None:  # remote backends: give them a moment, never fail on it
+            await gw.pool.wait_ready(min(args.startup_timeout, 5.0))
+        elif not await _wait_for_backend(app, embedded, args.startup_timeout):
+            code = embedded.proc.poll()
+            print(f"tidegate serve: error: the embedded backend did not start "
+                  f"({'exit code ' + str(code) if code is not None else 'timed out'})",
+                  file=sys.stderr)
+            return 1
+        site = web.TCPSite(runner, args.host, args.port)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1] if site._server else args.port
+        model = gw.model_name if gw.pool.info is not None else "(waiting for a backend)"
+        print(f"tidegate serving model {model} on http://{args.host}:{port} "
+              f"(backends: {', '.join(backends)})", flush=True)
+        if args.zmq_listen:
+            print(f"tidegate ZMQ front door on {args.zmq_listen}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("stopping: draining for up to %.1f s", args.drain_timeout)
+        if not await drain(app, args.drain_timeout):
+            log.warning("drain timeout: ending the remaining requests")
+        return 0
+    finally:
+        await runner.cleanup()
+        if embedded is not None:
+            embedded.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        import uvloop
+    except ImportError:  # not on Windows
+        uvloop = None
+    if uvloop is not None:
+        return uvloop.run(serve(args))
+    return asyncio.run(serve(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""`tidegate serve` as a process: startup line, SIGTERM drain, prompt-free logs."""
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from test_gateway_http import ipc_address
+from test_gateway_limits import start_fake_process
+
+ROOT = Path(__file__).parents[1]
+
+
+class ServeProcess:
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", *args],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        m = re.search(r"serving model (.+?) on (http://\S+)", line)
+        assert m, line + self.proc.stderr.read() if self.proc.poll() is not None else line
+        self.model, self.url = m.group(1), m.group(2)
+
+    def post(self, path: str, body: dict, timeout: float = 30) -> tuple[int, dict | str]:
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                raw = resp.read().decode()
+                return resp.status, (json.loads(raw) if not body.get("stream") else raw)
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
+    def stop(self) -> tuple[int, str]:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        _, err = self.proc.communicate(timeout=30)
+        return self.proc.returncode, err
+
+
+@pytest.fixture
+def fake_backend():
+    address = ipc_address()
+    proc = start_fake_process(address)
+    yield address
+    proc.kill()
+    proc.wait()
+
+
+def test_startup_line_and_prompt_free_logs(fake_backend):
+    server = ServeProcess("--backend", fake_backend)
+    assert server.model == "tiny"
+    status, body = server.post("/v1/completions", {"prompt": "SECRET-PROMPT-42", "max_tokens": 3})
+    assert status == 200, body
+    code, logs = server.stop()
+    assert code == 0
+    assert "cmpl-" in logs and "SECRET-PROMPT-42" not in logs
+
+    server = ServeProcess("--backend", fake_backend, "--log-prompts")
+    server.post("/v1/completions", {"prompt": "SECRET-PROMPT-42", "max_tokens": 3})
+    code, logs = server.stop()
+    assert code == 0 and "SECRET-PROMPT-42" in logs
+
+
+def test_sigterm_drains_in_flight_refuses_new_and_exits_0(fake_backend):
+    server = ServeProcess("--backend", fake_backend, "--drain-timeout", "20")
+    result = {}
+
+    def long_request():
+        result["long"] = server.post("/v1/completions", {"prompt": "a", "max_tokens": 400,
+                                                         "ignore_eos": True, "stream": True})
+
+    t = threading.Thread(target=long_request)
+    t.start()
+    time.sleep(0.3)  # the long request is streaming now (400 tokens at ~2 ms)
+    server.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.1)
+    status, body = server.post("/v1/completions", {"prompt": "b", "max_tokens": 2})
+    assert status == 503 and body["error"]["code"] == "shutting_down"
+    t.join(30)
+    status, raw = result["long"]
+    assert status == 200 and raw.rstrip().endswith("data: [DONE]")
+    assert raw.count('"finish_reason": "length"') == 1
+    code, _ = server.stop()
+    assert code == 0
+
+
+def test_unknown_backend_serves_503_until_one_answers():
+    address = ipc_address()
+    server = ServeProcess("--backend", address, "--heartbeat-timeout", "1", "--startup-timeout", "0.5")
+    assert "waiting" in server.model
+    status, body = server.post("/v1/completions", {"prompt": "a"})
+    assert status == 503
+    proc = start_fake_process(address)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            status, body = server.post("/v1/completions", {"prompt": "a", "max_tokens": 2})
+            if status == 200:
+                break
+            time.sleep(0.1)
+        assert status == 200, body
+    finally:
+        proc.kill()
+        proc.wait()
+        assert server.stop()[0] == 0
