@@ -1,0 +1,142 @@
+"""bench.metrics: hand-computed values, and identity with sims.metrics on the same timings."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench.metrics import RequestRecord, class_of, summarize
+
+
+def rec(i, send, chunks, max_tokens=None, usage=None, error=None, prompt_len=10):
+    times = [t for t, _ in chunks]
+    counts = [k for _, k in chunks]
+    out = usage if usage is not None else sum(counts)
+    return RequestRecord(i, prompt_len, max_tokens if max_tokens is not None else out, send,
+                         times, counts, out, error)
+
+
+def hand_records():
+    return [
+        rec(0, 0.0, [(0.10, 1), (0.15, 1), (0.25, 1)]),            # fast, 3 tokens
+        rec(1, 1.0, [(1.20, 1)]),                                   # fast, 1 token: no TPOT
+        rec(2, 2.0, [(2.05, 1), (2.45, 3)], max_tokens=40),         # normal; a 3-token chunk
+        rec(3, 2.1, [], max_tokens=100, error="http_503"),          # slow, failed
+    ]
+
+
+def approx_stats(d, mean, p50, p90, p99):
+    assert d == pytest.approx({"mean": mean, "p50": p50, "p90": p90, "p99": p99}, rel=1e-9)
+
+
+def test_hand_computed_summary():
+    s = summarize(hand_records(), start_time=0.0, slo_ttft_ms=150, slo_tpot_ms=100)
+    assert s["duration_s"] == pytest.approx(2.45)
+    assert s["num_requests"] == 4 and s["num_completed"] == 3 and s["num_errors"] == 1
+    assert s["errors"] == {"http_503": 1}
+    assert s["request_throughput"] == pytest.approx(3 / 2.45)
+    assert s["output_throughput"] == pytest.approx(8 / 2.45)
+    assert s["total_output_tokens"] == 8 and s["total_input_tokens"] == 30
+    assert s["total_token_throughput"] == pytest.approx(38 / 2.45)
+    assert s["num_output_mismatch"] == 1                       # request 2 asked 40, got 4
+    # TTFT [100, 200, 50] ms; sorted [50, 100, 200]; p90 at position 1.8
+    approx_stats(s["ttft_ms"], 350 / 3, 100, 180, 198)
+    # TPOT: 150/2 = 75 and 400/3; the 1-token request is left out
+    approx_stats(s["tpot_ms"], (75 + 400 / 3) / 2, (75 + 400 / 3) / 2,
+                 75 + 0.9 * (400 / 3 - 75), 75 + 0.99 * (400 / 3 - 75))
+    # ITL: one gap per token-carrying chunk: [50, 100] and [400]
+    approx_stats(s["itl_ms"], 550 / 3, 100, 340, 394)
+    # E2EL [250, 200, 450]
+    approx_stats(s["e2el_ms"], 300, 250, 410, 446)
+    g = s["goodput"]
+    # request 0 meets both SLOs; 1 misses TTFT (200 > 150); 2 misses TPOT (133 > 100); 3 failed
+    assert g["num_good"] == 1
+    assert g["fraction"] == pytest.approx(0.25)
+    assert g["rate"] == pytest.approx(1 / 2.45)
+    assert g["slo_ttft_ms"] == 150 and g["slo_tpot_ms"] == 100
+    assert set(s["by_class"]) == {"fast", "normal", "slow"}
+    fast = s["by_class"]["fast"]
+    assert fast["num_requests"] == 2 and fast["num_completed"] == 2
+    approx_stats(fast["ttft_ms"], 150, 150, 190, 199)
+    assert fast["request_throughput"] == pytest.approx(2 / 2.45)
+    slow = s["by_class"]["slow"]
+    assert slow["num_errors"] == 1 and slow["num_completed"] == 0
+    assert slow["ttft_ms"] == {"mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0}
+
+
+def test_no_slo_means_every_completed_request_is_good():
+    s = summarize(hand_records(), start_time=0.0)
+    assert s["goodput"]["num_good"] == 3
+    assert s["goodput"]["rate"] == pytest.approx(s["request_throughput"])
+
+
+def test_usage_overrides_chunk_count_for_tpot():
+    # Server said 5 completion tokens though only 2 token-carrying chunks were seen.
+    s = summarize([rec(0, 0.0, [(0.1, 1), (0.5, 1)], usage=5)], start_time=0.0)
+    assert s["total_output_tokens"] == 5
+    assert s["tpot_ms"]["mean"] == pytest.approx(100.0)
+    assert s["itl_ms"]["mean"] == pytest.approx(400.0)
+
+
+def test_start_time_defaults_to_first_send_and_all_failed_is_zero():
+    rs = [rec(0, 5.0, [(5.5, 1)]), rec(1, 6.0, [(7.0, 1)])]
+    assert summarize(rs)["duration_s"] == pytest.approx(2.0)
+    failed = [rec(0, 1.0, [], max_tokens=4, error="timeout"), rec(1, 1.0, [], max_tokens=4)]
+    s = summarize(failed)
+    assert s["duration_s"] == 0.0 and s["request_throughput"] == 0.0
+    assert s["errors"] == {"timeout": 1, "no_tokens": 1}
+    assert s["goodput"]["num_good"] == 0
+
+
+def test_class_bounds_match_the_scheduler():
+    from scheduler.classes import QueueClass, classify
+    names = {QueueClass.FAST: "fast", QueueClass.NORMAL: "normal", QueueClass.SLOW: "slow"}
+    for n in range(1, 300):
+        assert class_of(n) == names[classify(n)]
+
+
+def synthetic(n=400, seed=7):
+    rng = np.random.default_rng(seed)
+    records = []
+    send = np.sort(rng.uniform(0, 30, n))
+    for i in range(n):
+        num_chunks = int(rng.integers(1, 40))
+        tokens = rng.integers(1, 4, num_chunks).tolist() if i % 3 == 0 else [1] * num_chunks
+        gaps = rng.exponential(0.02, num_chunks)
+        gaps[0] += rng.exponential(0.3)
+        times = (send[i] + np.cumsum(gaps)).tolist()
+        records.append(RequestRecord(i, int(rng.integers(1, 600)), int(sum(tokens)), float(send[i]),
+                                     times, tokens, int(sum(tokens)),
+                                     "http_429" if i % 17 == 5 else None))
+    return records
+
+
+def test_identical_to_sims_metrics():
+    sm = pytest.importorskip("sims.metrics")
+    records = synthetic()
+    slo_ttft_ms, slo_tpot_ms = 400.0, 30.0
+    start = min(r.send_time for r in records)
+    got = summarize(records, start_time=start, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
+
+    done = [r for r in records if r.ok]
+    arrival = np.array([r.send_time for r in done])
+    first = np.array([r.chunk_times[0] for r in done])
+    finish = np.array([r.chunk_times[-1] for r in done])
+    num_out = np.array([r.output_tokens for r in done])
+    ttft, tpot, e2el, good, multi = sm.request_metrics(
+        arrival, first, finish, num_out, slo_ttft_s=slo_ttft_ms / 1e3, slo_tpot_s=slo_tpot_ms / 1e3)
+    itl = np.concatenate([np.diff(r.chunk_times) for r in done])
+    assert got["ttft_ms"] == sm.stats_ms(ttft)
+    assert got["tpot_ms"] == sm.stats_ms(tpot[multi])
+    assert got["e2el_ms"] == sm.stats_ms(e2el)
+    assert got["itl_ms"] == sm.stats_ms(itl)
+    # The simulator's ITL is a weighted sample (a step's duration once per decoding sequence):
+    # the same values with their multiplicities give the same statistics.
+    vals, counts = np.unique(np.round(itl, 15), return_counts=True)
+    assert got["itl_ms"] == pytest.approx(sm.weighted_stats_ms(vals, counts), rel=1e-9)
+    # sims docstring: throughput and goodput over (last completion − first arrival)
+    duration = finish.max() - arrival.min()
+    assert got["duration_s"] == duration
+    assert got["request_throughput"] == len(done) / duration
+    assert got["output_throughput"] == num_out.sum() / duration
+    assert got["goodput"]["num_good"] == int(good.sum()) > 0
+    assert got["goodput"]["rate"] == good.sum() / duration
