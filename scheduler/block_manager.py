@@ -1,0 +1,304 @@
+"""Paged KV block allocation: block tables, ref counts, prefix cache, copy-on-write, LRU eviction.
+
+One sequence's slots (block_size = 4 in this picture)::
+
+    block table  [ b7          | b2          | b9            ]
+    slots         t0 t1 t2 t3  | t4 t5 t6 t7 | t8 t9 __ __
+                  full, cached | full        | partly filled: 2 unused slots
+
+A *slot* is reserved for every token whose K/V is (or will be, this step) written. Only full
+blocks whose K/V has been computed are put in the prefix cache (`cache_blocks`, called after a
+step), so a request can never hit a block whose K/V does not exist yet.
+
+Free list: an ``OrderedDict`` of the blocks with ref count 0, and its order *is* the eviction
+order: fresh blocks are taken from the front. A freed block that holds no cached prefix goes to
+the front (it is worth nothing); a freed cached block goes to the back (most recently used), the
+blocks of one sequence in reverse so that its tail is evicted before its head. Taking a cached
+block from the front evicts it (its cache entry is dropped). All of this is O(1) per block.
+
+Prefix hashing: full block i of a sequence has the key ``(parent_hash, tuple(its tokens))``
+where ``parent_hash`` is ``hash(key of block i-1)`` and ``ROOT_HASH`` for block 0. Python's
+hash of a tuple of ints is the same in every process (PYTHONHASHSEED salts only str/bytes).
+The cache maps the key tuple itself to a block, so a match compares the tokens exactly; a false
+hit needs two different prefixes with equal 64-bit parent hashes.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+ROOT_HASH = 0x7469646567617465  # parent hash of a sequence's first block ("tidegate")
+
+BlockKey = tuple[int, tuple[int, ...]]
+
+
+class NoFreeBlocksError(RuntimeError):
+    """Raised by allocate/append_slots when the pool is short; call can_* first."""
+
+
+class BlockManager:
+    """Paged KV allocator. Sequences are named by an id (any hashable, usually the request id)."""
+
+    def __init__(self, num_blocks: int, block_size: int = 16,
+                 enable_prefix_caching: bool = True) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self._ref_counts = [0] * num_blocks
+        self._block_keys: list[BlockKey | None] = [None] * num_blocks
+        self._cached: dict[BlockKey, int] = {}  # key -> block holding those tokens' K/V
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._tables: dict[object, list[int]] = {}
+        self._num_tokens: dict[object, int] = {}  # slots reserved per sequence
+        self._hashes: dict[object, list[int]] = {}  # hash of each full block registered so far
+        self.num_query_tokens = 0  # prompt tokens looked up in the prefix cache
+        self.num_hit_tokens = 0  # of which found cached
+        self.num_evictions = 0  # cached blocks dropped to make room
+
+    # ---- queries -------------------------------------------------------------------------
+    def num_blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks with ref count 0 (cached or not): what allocation can take."""
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks registered in the prefix cache, referenced or not."""
+        return len(self._cached)
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.num_hit_tokens / self.num_query_tokens if self.num_query_tokens else 0.0
+
+    @property
+    def usage(self) -> float:
+        return self.num_used_blocks / self.num_blocks
+
+    def internal_fragmentation(self) -> float:
+        """Unused slots in allocated blocks / allocated slots (0.0 when nothing is allocated)."""
+        if self.num_used_blocks == 0:
+            return 0.0
+        bs = self.block_size
+        seen: set[int] = set()
+        unused = 0
+        for seq_id, table in self._tables.items():
+            rem = self._num_tokens[seq_id] % bs
+            if rem and table[-1] not in seen:
+                seen.add(table[-1])
+                unused += bs - rem
+        return unused / (self.num_used_blocks * bs)
+
+    def __contains__(self, seq_id: object) -> bool:
+        return seq_id in self._tables
+
+    def block_table(self, seq_id: object) -> list[int]:
+        """The live table (read-only for callers; it changes on append_slots/free)."""
+        return self._tables[seq_id]
+
+    def num_tokens(self, seq_id: object) -> int:
+        """Slots reserved for the sequence."""
+        return self._num_tokens[seq_id]
+
+    def ref_count(self, block: int) -> int:
+        return self._ref_counts[block]
+
+    def free_list(self) -> list[int]:
+        """Free blocks in eviction order (front is taken first)."""
+        return list(self._free)
+
+    # ---- prefix cache lookup -------------------------------------------------------------
+    def _match(self, token_ids: Sequence[int]) -> tuple[list[int], list[int]]:
+        """Cached blocks for the longest full-block prefix, leaving >= 1 token to compute."""
+        if not self.enable_prefix_caching:
+            return [], []
+        bs, cached = self.block_size, self._cached
+        blocks: list[int] = []
+        hashes: list[int] = []
+        parent = ROOT_HASH
+        for i in range((len(token_ids) - 1) // bs):
+            key = (parent, tuple(token_ids[i * bs:(i + 1) * bs]))
+            block = cached.get(key)
+            if block is None:
+                break
+            blocks.append(block)
+            parent = hash(key)
+            hashes.append(parent)
+        return blocks, hashes
+
+    def num_blocks_needed(self, token_ids: Sequence[int]) -> int:
+        """Free-list entries `allocate(token_ids)` would take now (hits on used blocks are free)."""
+        blocks, _ = self._match(token_ids)
+        ref = self._ref_counts
+        return self.num_blocks_for(len(token_ids)) - sum(1 for b in blocks if ref[b] > 0)
+
+    def can_allocate(self, token_ids: Sequence[int]) -> bool:
+        return len(token_ids) > 0 and self.num_blocks_needed(token_ids) <= len(self._free)
+
+    # ---- mutation --------------------------------------------------------------------------
+    def _take_free(self) -> int:
+        block, _ = self._free.popitem(last=False)
+        key = self._block_keys[block]
+        if key is not None:  # evict: the cached K/V is about to be overwritten
+            del self._cached[key]
+            self._block_keys[block] = None
+            self.num_evictions += 1
+        self._ref_counts[block] = 1
+        return block
+
+    def allocate(self, seq_id: object, token_ids: Sequence[int]) -> int:
+        """Reserve slots for `token_ids` of a new sequence, reusing cached full blocks.
+
+        Returns the number of leading tokens already cached (a multiple of block_size, at most
+        len(token_ids) - 1): the prefill starts there.
+        """
+        if seq_id in self._tables:
+            raise ValueError(f"sequence {seq_id!r} already has blocks")
+        if not token_ids:
+            raise ValueError(f"sequence {seq_id!r}: cannot allocate an empty sequence")
+        hit_blocks, hashes = self._match(token_ids)
+        ref = self._ref_counts
+        num_needed = self.num_blocks_for(len(token_ids)) - sum(1 for b in hit_blocks if ref[b])
+        if num_needed > len(self._free):
+            raise NoFreeBlocksError(f"sequence {seq_id!r} needs {num_needed} free blocks, "
+                                    f"{len(self._free)} free")
+        for block in hit_blocks:
+            if ref[block] == 0:
+                del self._free[block]
+            ref[block] += 1
+        table = hit_blocks + [self._take_free()
+                              for _ in range(self.num_blocks_for(len(token_ids)) - len(hit_blocks))]
+        self._tables[seq_id] = table
+        self._num_tokens[seq_id] = len(token_ids)
+        self._hashes[seq_id] = hashes
+        num_cached = len(hit_blocks) * self.block_size
+        if self.enable_prefix_caching:
+            self.num_query_tokens += len(token_ids)
+            self.num_hit_tokens += num_cached
+        return num_cached
+
+    def num_append_blocks_needed(self, seq_id: object, num_new_tokens: int) -> int:
+        """Free blocks `append_slots(seq_id, num_new_tokens)` would take (CoW included)."""
+        n = self._num_tokens[seq_id]
+        table = self._tables[seq_id]
+        cow = n % self.block_size != 0 and self._ref_counts[table[-1]] > 1
+        return self.num_blocks_for(n + num_new_tokens) - len(table) + cow
+
+    def can_append_slots(self, seq_id: object, num_new_tokens: int) -> bool:
+        return self.num_append_blocks_needed(seq_id, num_new_tokens) <= len(self._free)
+
+    def append_slots(self, seq_id: object, num_new_tokens: int) -> list[tuple[int, int]]:
+        """Grow a sequence by `num_new_tokens` slots; returns CoW copies (src, dst) to perform.
+
+        Copy-on-write: when the last block is partly filled and shared (after `fork`), the
+        sequence gets a private copy first; the runner must copy block src into dst (all of
+        its filled slots) before writing the new K/V.
+        """
+        table = self._tables[seq_id]
+        n = self._num_tokens[seq_id]
+        bs = self.block_size
+        if n + num_new_tokens <= len(table) * bs and (n % bs == 0 or self._ref_counts[table[-1]] == 1):
+            self._num_tokens[seq_id] = n + num_new_tokens  # fast path: room in a private block
+            return []
+        num_needed = self.num_append_blocks_needed(seq_id, num_new_tokens)
+        if num_needed > len(self._free):
+            raise NoFreeBlocksError(f"sequence {seq_id!r} needs {num_needed} free blocks, "
+                                    f"{len(self._free)} free")
+        copies: list[tuple[int, int]] = []
+        if n % bs and self._ref_counts[table[-1]] > 1:
+            src = table[-1]
+            self._ref_counts[src] -= 1
+            table[-1] = self._take_free()
+            copies.append((src, table[-1]))
+        for _ in range(self.num_blocks_for(n + num_new_tokens) - len(table)):
+            table.append(self._take_free())
+        self._num_tokens[seq_id] = n + num_new_tokens
+        return copies
+
+    def cache_blocks(self, seq_id: object, token_ids: Sequence[int], num_computed_tokens: int) -> None:
+        """Register the sequence's full blocks among its first `num_computed_tokens` tokens.
+
+        Call after the step that computed them; `token_ids` is the sequence's whole token list.
+        A block whose key is already cached (another block holds the same prefix) stays private.
+        """
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        hashes = self._hashes[seq_id]
+        num_full = min(num_computed_tokens, self._num_tokens[seq_id]) // bs
+        if len(hashes) >= num_full:
+            return
+        table = self._tables[seq_id]
+        parent = hashes[-1] if hashes else ROOT_HASH
+        for i in range(len(hashes), num_full):
+            key = (parent, tuple(token_ids[i * bs:(i + 1) * bs]))
+            if key not in self._cached:
+                block = table[i]
+                assert self._block_keys[block] is None, f"block {block} registered twice"
+                self._cached[key] = block
+                self._block_keys[block] = key
+            parent = hash(key)
+            hashes.append(parent)
+
+    def fork(self, parent_id: object, child_id: object) -> None:
+        """Give `child_id` the parent's blocks (shared, ref counted); CoW on the next append."""
+        if child_id in self._tables:
+            raise ValueError(f"sequence {child_id!r} already has blocks")
+        table = self._tables[parent_id]
+        for block in table:
+            self._ref_counts[block] += 1
+        self._tables[child_id] = list(table)
+        self._num_tokens[child_id] = self._num_tokens[parent_id]
+        self._hashes[child_id] = list(self._hashes[parent_id])
+
+    def free(self, seq_id: object) -> None:
+        """Drop the sequence's references; blocks reaching 0 go back to the free list."""
+        table = self._tables.pop(seq_id)
+        del self._num_tokens[seq_id]
+        del self._hashes[seq_id]
+        ref, free = self._ref_counts, self._free
+        for block in reversed(table):
+            ref[block] -= 1
+            if ref[block] == 0:
+                free[block] = None
+                if self._block_keys[block] is None:
+                    free.move_to_end(block, last=False)
+
+    # ---- integrity ---------------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """Raise AssertionError naming the first inconsistency found."""
+        bs = self.block_size
+        counts = [0] * self.num_blocks
+        for seq_id, table in self._tables.items():
+            assert len(set(table)) == len(table), f"seq {seq_id!r}: a block twice in {table}"
+            n = self._num_tokens[seq_id]
+            assert self.num_blocks_for(n) == len(table), (
+                f"seq {seq_id!r}: {n} slots but {len(table)} blocks")
+            assert len(self._hashes[seq_id]) <= n // bs, f"seq {seq_id!r}: hashes past its full blocks"
+            for block in table:
+                assert 0 <= block < self.num_blocks, f"seq {seq_id!r}: bad block id {block}"
+                counts[block] += 1
+        assert self._tables.keys() == self._num_tokens.keys() == self._hashes.keys(), \
+            "per-sequence maps disagree"
+        for block, (want, have) in enumerate(zip(counts, self._ref_counts)):
+            assert want == have, f"block {block}: ref count {have} but held by {want} tables"
+            assert (have == 0) == (block in self._free), (
+                f"block {block}: ref count {have} but {'in' if block in self._free else 'not in'} "
+                "the free list")
+        assert len(self._free) + sum(1 for c in counts if c) == self.num_blocks, "blocks unaccounted"
+        for key, block in self._cached.items():
+            assert self._block_keys[block] == key, f"cache entry points at block {block} with another key"
+        num_keyed = sum(1 for k in self._block_keys if k is not None)
+        assert num_keyed == len(self._cached), f"{num_keyed} keyed blocks, {len(self._cached)} cached"
+        if not self.enable_prefix_caching:
+            assert not self._cached, "prefix caching is off but blocks are cached"

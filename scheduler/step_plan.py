@@ -1,0 +1,108 @@
+"""The step scheduler's records: its config, the plan it hands down, the result it takes back.
+
+Import these from `scheduler.step_scheduler`, which re-exports them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scheduler.classes import DEFAULT_CLASS_BOUNDS
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulerConfig:
+    """Limits of one backend's continuous batching."""
+
+    max_model_len: int  # prompt + max_tokens of any request is at most this
+    num_blocks: int  # KV blocks in the pool
+    max_num_seqs: int = 256  # running sequences (decoding or mid-prefill) at most
+    max_num_batched_tokens: int = 2048  # tokens fed per step (decodes count 1 each)
+    block_size: int = 16  # tokens per KV block
+    enable_prefix_caching: bool = True
+    class_bounds: tuple[int, int] = DEFAULT_CLASS_BOUNDS  # Fast <= a < Normal <= b < Slow
+
+    def __post_init__(self) -> None:
+        for name in ("max_model_len", "num_blocks", "max_num_seqs", "block_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                             f"max_num_seqs ({self.max_num_seqs}): every running decode must fit")
+        fast_max, normal_max = self.class_bounds
+        if not 0 <= fast_max <= normal_max:
+            raise ValueError(f"class_bounds must satisfy 0 <= fast <= normal, got {self.class_bounds}")
+
+
+@dataclass(slots=True)
+class ScheduledChunk:
+    """One sequence's share of a step: feed `token_ids` at positions start_pos, start_pos+1, ..."""
+
+    request_id: str
+    token_ids: list[int]  # the tokens fed this step (one for a decode)
+    start_pos: int  # tokens already in the KV cache = position of token_ids[0]
+    block_table: list[int]  # the sequence's full block table (a copy)
+    is_prefill: bool
+    sample: bool  # a token is sampled after this chunk: every decode and the last prefill chunk
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """What the runner executes this step. Chunks: decodes first (Fast class first), then prefills."""
+
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # CoW (src, dst), do first
+    preempted: list[str] = field(default_factory=list)  # request ids sent back to waiting
+    num_batched_tokens: int = 0
+
+    @property
+    def num_decodes(self) -> int:
+        return sum(1 for c in self.chunks if not c.is_prefill)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(len(c.token_ids) for c in self.chunks if c.is_prefill)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+@dataclass(slots=True)
+class StepResult:
+    """What the runner hands back: one token per sampling chunk, and who hit a stop token."""
+
+    sampled: dict[str, int] = field(default_factory=dict)
+    stopped: set[str] = field(default_factory=set)  # the sampled token is eos/stop: finish
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedSequence:
+    request_id: str
+    finish_reason: str  # "stop" | "length" | "abort"
+    output_token_ids: list[int]  # generated tokens (a stop token included)
+    num_prompt_tokens: int
+    num_cached_tokens: int  # prompt tokens found in the prefix cache at first admission
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """A request refused at admission; it was never queued."""
+
+    request_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStats:
+    num_running: int
+    num_waiting: int
+    num_preemptions: int
+    num_steps: int
+    num_used_blocks: int
+    num_free_blocks: int
+    num_cached_blocks: int
+    kv_usage: float  # used blocks / all blocks
+    internal_fragmentation: float
+    num_prefix_query_tokens: int
+    num_prefix_hit_tokens: int
+    prefix_hit_rate: float

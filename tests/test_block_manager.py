@@ -1,0 +1,306 @@
+"""BlockManager: unit cases and a hypothesis state machine with named invariant helpers."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from scheduler.block_manager import BlockManager, NoFreeBlocksError
+
+
+# ---- named invariant helpers -----------------------------------------------------------------
+def assert_no_leak(bm: BlockManager) -> None:
+    """Every block is either free or held by a table."""
+    held = {b for seq in list(bm._tables) for b in bm.block_table(seq)}
+    assert len(held) + bm.num_free_blocks == bm.num_blocks
+    assert not held & set(bm.free_list())
+
+
+def assert_shared_blocks_counted(bm: BlockManager) -> None:
+    """A block in k tables has ref count k."""
+    holders: dict[int, int] = {}
+    for seq in bm._tables:
+        for b in bm.block_table(seq):
+            holders[b] = holders.get(b, 0) + 1
+    for b in range(bm.num_blocks):
+        assert bm.ref_count(b) == holders.get(b, 0), f"block {b}"
+
+
+def assert_all_returned(bm: BlockManager) -> None:
+    """With no sequence left, every block is free (cached or not)."""
+    assert bm.num_used_blocks == 0
+    assert sorted(bm.free_list()) == list(range(bm.num_blocks))
+    assert bm.internal_fragmentation() == 0.0
+
+
+def assert_cache_points_at_computed_prefixes(bm: BlockManager, contents: dict[int, tuple]) -> None:
+    """Every cached block holds exactly the tokens its key names (as the model would have them)."""
+    for key, block in bm._cached.items():
+        assert contents.get(block) == key[1], f"cached block {block} holds other tokens"
+
+
+# ---- unit cases ----------------------------------------------------------------------------------
+def test_import_is_pure():
+    code = ("import sys, scheduler.block_manager, scheduler.step_scheduler;"
+            "bad = {'torch', 'asyncio', 'zmq', 'numpy'} & set(sys.modules); assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_allocate_and_free_roundtrip():
+    bm = BlockManager(8, block_size=4)
+    assert bm.can_allocate(list(range(10)))
+    assert bm.allocate("a", list(range(10))) == 0
+    assert bm.block_table("a") == [0, 1, 2]
+    assert bm.num_used_blocks == 3 and bm.num_free_blocks == 5
+    assert bm.internal_fragmentation() == pytest.approx(2 / 12)
+    bm.free("a")
+    bm.check_integrity()
+    assert_all_returned(bm)
+
+
+def test_prefix_hit_needs_computed_blocks_and_leaves_last_token():
+    bm = BlockManager(16, block_size=4)
+    prompt = list(range(12))
+    bm.allocate("a", prompt)
+    assert bm.allocate("b", prompt) == 0  # nothing computed yet: no hit
+    bm.cache_blocks("a", prompt, 12)
+    # full prompt cached, but the last token must be computed: 2 blocks hit, not 3
+    assert bm.allocate("c", prompt) == 8
+    assert bm.block_table("c")[:2] == bm.block_table("a")[:2]
+    assert bm.ref_count(bm.block_table("a")[0]) == 2
+    assert bm.allocate("d", prompt + [99]) == 12
+    assert bm.num_hit_tokens == 20 and bm.num_query_tokens == 12 * 3 + 13
+    bm.check_integrity()
+
+
+def test_hit_on_free_cached_block_takes_it_back_from_free_list():
+    bm = BlockManager(4, block_size=2)
+    bm.allocate("a", [1, 2, 3, 4, 5])
+    bm.cache_blocks("a", [1, 2, 3, 4, 5], 5)
+    bm.free("a")
+    assert bm.num_cached_blocks == 2 and bm.num_free_blocks == 4
+    # needs 3 blocks; 2 are free cached hits -> 3 free entries needed
+    assert bm.num_blocks_needed([1, 2, 3, 4, 9]) == 3
+    assert bm.allocate("b", [1, 2, 3, 4, 9]) == 4
+    assert bm.num_free_blocks == 1
+    bm.check_integrity()
+
+
+def test_different_prefix_same_block_tokens_do_not_hit():
+    bm = BlockManager(8, block_size=2)
+    bm.allocate("a", [1, 2, 3, 4, 5])
+    bm.cache_blocks("a", [1, 2, 3, 4, 5], 5)
+    assert bm.allocate("b", [9, 9, 3, 4, 5]) == 0  # block 2 equal, parent differs
+
+
+def test_lru_eviction_order():
+    bm = BlockManager(4, block_size=2)
+    for name, toks in (("a", [1, 1, 0]), ("b", [2, 2, 0])):
+        bm.allocate(name, toks)
+        bm.cache_blocks(name, toks, 3)
+    a0, b0 = bm.block_table("a")[0], bm.block_table("b")[0]
+    bm.free("a")  # a's cached block: back of the list; its partial block: front
+    bm.free("b")
+    order = bm.free_list()
+    assert order.index(a0) < order.index(b0)  # a freed first: evicted first
+    assert a0 not in order[:2] and b0 not in order[:2]  # uncached blocks are taken first
+    # taking 3 fresh blocks uses the two uncached ones, then evicts a's block, keeps b's
+    bm.allocate("c", [7, 7, 7, 7, 7, 7])
+    assert a0 in bm.block_table("c") and b0 not in bm.block_table("c")
+    assert bm.num_evictions == 1
+    bm.free("c")
+    assert bm.allocate("d", [2, 2, 5]) == 2  # b's prefix survived
+    bm.check_integrity()
+
+
+def test_fork_and_copy_on_write():
+    bm = BlockManager(8, block_size=4)
+    bm.allocate("p", list(range(6)))  # blocks [x (full), y (2 of 4)]
+    bm.fork("p", "c")
+    x, y = bm.block_table("p")
+    assert bm.ref_count(x) == 2 and bm.ref_count(y) == 2
+    bm.check_integrity()
+    copies = bm.append_slots("c", 1)
+    assert len(copies) == 1 and copies[0][0] == y
+    new = copies[0][1]
+    assert bm.block_table("c") == [x, new] and bm.block_table("p") == [x, y]
+    assert bm.ref_count(y) == 1 and bm.ref_count(new) == 1
+    assert bm.append_slots("p", 1) == []  # now private
+    bm.check_integrity()
+    bm.free("p")
+    bm.free("c")
+    assert_all_returned(bm)
+
+
+def test_append_on_full_shared_block_needs_no_copy():
+    bm = BlockManager(8, block_size=4)
+    bm.allocate("p", list(range(8)))
+    bm.fork("p", "c")
+    assert bm.append_slots("c", 1) == []
+    assert bm.block_table("c")[:2] == bm.block_table("p")
+    bm.check_integrity()
+
+
+def test_shortage_raises_and_changes_nothing():
+    bm = BlockManager(2, block_size=4)
+    bm.allocate("a", list(range(8)))
+    assert not bm.can_allocate([1])
+    with pytest.raises(NoFreeBlocksError):
+        bm.allocate("b", [1])
+    assert not bm.can_append_slots("a", 1)
+    with pytest.raises(NoFreeBlocksError):
+        bm.append_slots("a", 1)
+    assert bm.num_tokens("a") == 8 and "b" not in bm
+    bm.check_integrity()
+
+
+def test_prefix_caching_off():
+    bm = BlockManager(8, block_size=2, enable_prefix_caching=False)
+    bm.allocate("a", [1, 2, 3])
+    bm.cache_blocks("a", [1, 2, 3], 3)
+    assert bm.num_cached_blocks == 0 and bm.allocate("b", [1, 2, 3]) == 0
+    assert bm.prefix_hit_rate == 0.0
+
+
+def test_check_integrity_catches_corruption():
+    bm = BlockManager(4, block_size=2)
+    bm.allocate("a", [1, 2, 3])
+    bm._ref_counts[bm.block_table("a")[0]] += 1
+    with pytest.raises(AssertionError, match="ref count 2 but held by 1"):
+        bm.check_integrity()
+    bm = BlockManager(4, block_size=2)
+    bm.allocate("a", [1, 2, 3])
+    bm._free[bm.block_table("a")[0]] = None
+    with pytest.raises(AssertionError, match="free list"):
+        bm.check_integrity()
+    bm = BlockManager(4, block_size=2)
+    bm.allocate("a", [1, 2, 3])
+    bm.cache_blocks("a", [1, 2, 3], 3)
+    bm._block_keys[bm.block_table("a")[0]] = None
+    with pytest.raises(AssertionError, match="cache entry"):
+        bm.check_integrity()
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError):
+        BlockManager(0)
+    bm = BlockManager(4, block_size=2)
+    with pytest.raises(ValueError, match="empty"):
+        bm.allocate("a", [])
+    assert not bm.can_allocate([])
+    bm.allocate("a", [1])
+    with pytest.raises(ValueError, match="already"):
+        bm.allocate("a", [1])
+    with pytest.raises(ValueError, match="already"):
+        bm.fork("a", "a")
+
+
+# ---- hypothesis state machine --------------------------------------------------------------------
+TOKENS = st.lists(st.integers(0, 2), min_size=1, max_size=14)  # tiny alphabet: many shared prefixes
+
+
+class BlockManagerMachine(RuleBasedStateMachine):
+    """Random allocate / append / compute / fork / free against a model of the token contents."""
+
+    @initialize(num_blocks=st.integers(1, 12), block_size=st.integers(1, 4), caching=st.booleans())
+    def setup(self, num_blocks, block_size, caching):
+        self.bm = BlockManager(num_blocks, block_size, caching)
+        self.tokens: dict[str, list[int]] = {}  # slots' tokens per sequence
+        self.contents: dict[int, tuple] = {}  # block -> tokens "written" there (computed)
+        self.n = 0
+
+    def _write(self, seq: str) -> None:
+        """Pretend the runner computed every slot: record what each full block now holds."""
+        bs = self.bm.block_size
+        toks = self.tokens[seq]
+        for i, b in enumerate(self.bm.block_table(seq)):
+            chunk = tuple(toks[i * bs:(i + 1) * bs])  # partly filled for the last block
+            if self.bm.ref_count(b) > 1:  # a shared block must never change (CoW)
+                assert self.contents[b] == chunk, f"shared block {b} overwritten"
+            self.contents[b] = chunk
+
+    @rule(tokens=TOKENS)
+    def allocate(self, tokens):
+        seq = f"s{self.n}"
+        self.n += 1
+        can = self.bm.can_allocate(tokens)
+        free_before = self.bm.num_free_blocks
+        if not can:
+            with pytest.raises(NoFreeBlocksError):
+                self.bm.allocate(seq, tokens)
+            assert self.bm.num_free_blocks == free_before
+            return
+        cached = self.bm.allocate(seq, tokens)
+        bs = self.bm.block_size
+        assert cached % bs == 0 and 0 <= cached <= len(tokens) - 1
+        for i in range(cached // bs):  # hits really hold these tokens
+            assert self.contents[self.bm.block_table(seq)[i]] == tuple(tokens[i * bs:(i + 1) * bs])
+        self.tokens[seq] = list(tokens)
+        self._write(seq)
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data(), new=TOKENS)
+    def append(self, data, new):
+        seq = data.draw(st.sampled_from(sorted(self.tokens)))
+        if not self.bm.can_append_slots(seq, len(new)):
+            with pytest.raises(NoFreeBlocksError):
+                self.bm.append_slots(seq, len(new))
+            return
+        before = list(self.bm.block_table(seq))
+        copies = self.bm.append_slots(seq, len(new))
+        for src, dst in copies:  # the runner's copy
+            assert before[-1] == src and self.bm.block_table(seq)[len(before) - 1] == dst
+            if src in self.contents:
+                self.contents[dst] = self.contents[src]
+        self.tokens[seq].extend(new)
+        self._write(seq)
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data())
+    def cache(self, data):
+        seq = data.draw(st.sampled_from(sorted(self.tokens)))
+        self.bm.cache_blocks(seq, self.tokens[seq], len(self.tokens[seq]))
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data())
+    def fork(self, data):
+        parent = data.draw(st.sampled_from(sorted(self.tokens)))
+        child = f"s{self.n}"
+        self.n += 1
+        self.bm.fork(parent, child)
+        self.tokens[child] = list(self.tokens[parent])
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data())
+    def free(self, data):
+        seq = data.draw(st.sampled_from(sorted(self.tokens)))
+        self.bm.free(seq)
+        del self.tokens[seq]
+
+    @invariant()
+    def integrity(self):
+        if not hasattr(self, "bm"):
+            return
+        self.bm.check_integrity()
+        assert_no_leak(self.bm)
+        assert_shared_blocks_counted(self.bm)
+        assert_cache_points_at_computed_prefixes(self.bm, self.contents)
+        for seq, toks in self.tokens.items():
+            assert self.bm.num_tokens(seq) == len(toks)
+        assert 0.0 <= self.bm.internal_fragmentation() < 1.0
+
+    def teardown(self):
+        if not hasattr(self, "bm"):
+            return
+        for seq in list(self.tokens):
+            self.bm.free(seq)
+        self.bm.check_integrity()
+        assert_all_returned(self.bm)
+
+
+TestBlockManagerMachine = BlockManagerMachine.TestCase
+TestBlockManagerMachine.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
