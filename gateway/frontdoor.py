@@ -1,0 +1,238 @@
+"""The gateway's ZMQ front door: a ROUTER speaking the backend protocol to `gateway.client`.
+
+    client DEALER ── Hello ──────────────► BackendInfo (model, limits, tokenizer)
+                  ── Batch(GenerateRequest: prompt_frame ids | prompt_text, sampling) ─►
+                  ◄─ StepOutput(RequestOutput: new token ids, finish_reason) ... ─────
+                  ── Abort(request_ids) ─► the request leaves the queue / its backend
+                  ◄─ Error(code, message, request_id) for refused or failed requests
+
+Requests take the same path as HTTP ones (validation, class queues, batcher, backend pool);
+ids are the client's own, namespaced per connection inside the gateway. Outputs for one client
+are coalesced into one StepOutput per event-loop turn. Hello is optional, so a client whose
+gateway restarted just carries on. Malformed messages are answered with Error{BAD_MESSAGE}
+and counted; nothing is ever unpickled.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+
+import zmq
+import zmq.asyncio
+from aiohttp import web
+
+from gateway.app import GATEWAY_KEY
+from gateway.core import Gateway, RequestHandle
+from gateway.errors import APIError, bad_request
+from gateway.openai_schema import SamplingParams, ServingOptions
+from gateway.validation import MAX_LOGPROBS, MAX_STOP_STRINGS, check_context_length
+from proto import codec
+from proto import tidegate_pb2 as pb
+
+log = logging.getLogger("tidegate.gateway.frontdoor")
+
+FINISH = {"stop": pb.RequestOutput.STOP, "length": pb.RequestOutput.LENGTH,
+          "abort": pb.RequestOutput.ABORT}
+
+
+def error_code(err: APIError) -> int:
+    if err.status == 400:
+        return pb.Error.INVALID_REQUEST
+    if err.status == 504:
+        return pb.Error.DEADLINE
+    if err.code == "shutting_down":
+        return pb.Error.SHUTTING_DOWN
+    if err.status in (429, 503):
+        return pb.Error.CAPACITY
+    return pb.Error.INTERNAL
+
+
+def sampling_from_wire(s: pb.SamplingParams) -> SamplingParams:
+    if s.max_tokens < 1:
+        raise bad_request("max_tokens must be at least 1.", "max_tokens")
+    if not (math.isfinite(s.temperature) and 0.0 <= s.temperature <= 2.0):
+        raise bad_request(f"temperature must be in [0, 2], got {s.temperature}.", "temperature")
+    top_p = s.top_p or 1.0
+    if not 0.0 < top_p <= 1.0:
+        raise bad_request(f"top_p must be in (0, 1], got {s.top_p}.", "top_p")
+    if len(s.stop) > MAX_STOP_STRINGS or any(not x for x in s.stop):
+        raise bad_request(f"at most {MAX_STOP_STRINGS} non-empty stop strings.", "stop")
+    if s.logprobs > MAX_LOGPROBS:
+        raise bad_request(f"logprobs must be at most {MAX_LOGPROBS}.", "logprobs")
+    return SamplingParams(
+        max_tokens=s.max_tokens, temperature=s.temperature, top_p=top_p,
+        top_k=s.top_k if s.top_k > 0 else -1, seed=s.seed if s.HasField("seed") else None,
+        stop=tuple(s.stop), ignore_eos=s.ignore_eos, logprobs=s.logprobs or None)
+
+
+class FrontDoor:
+    def __init__(self, gateway: Gateway, address: str) -> None:
+        self.gateway = gateway
+        self._ctx = zmq.asyncio.Context()
+        self.sock = self._ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        self.sock.bind(address)
+        self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.num_dropped = 0
+        self._handles: dict[str, RequestHandle] = {}  # internal id -> handle
+        self._tasks: set[asyncio.Task] = set()
+        self._outbox: dict[bytes, tuple[pb.StepOutput, list]] = {}
+        self._flush_scheduled = False
+        self._reader: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._reader = asyncio.create_task(self._read_loop(), name="frontdoor-read")
+
+    async def close(self) -> None:
+        tasks = [t for t in (self._reader, *self._tasks) if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.sock.close(linger=0)
+        self._ctx.destroy(linger=0)
+
+    # --- sending ----------------------------------------------------------------------------------
+    def _send(self, peer: bytes, env: pb.Envelope, arrays=()) -> None:
+        try:
+            self.sock.send_multipart([peer, *codec.encode(env, arrays)], flags=zmq.DONTWAIT)
+        except zmq.ZMQError as exc:
+            log.debug("could not send to a client: %s", exc)
+
+    def _queue_output(self, peer: bytes, out: pb.RequestOutput, token_ids: list[int]) -> None:
+        step, arrays = self._outbox.setdefault(peer, (pb.StepOutput(), []))
+        entry = step.outputs.add()
+        entry.CopyFrom(out)
+        entry.tokens_frame = len(arrays)
+        arrays.append(token_ids)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        outbox, self._outbox = self._outbox, {}
+        for peer, (step, arrays) in outbox.items():
+            self._send(peer, pb.Envelope(step_output=step), arrays)
+
+    # --- receiving --------------------------------------------------------------------------------
+    async def _read_loop(self) -> None:
+        while True:
+            peer, *frames = await self.sock.recv_multipart(copy=False)
+            peer = peer.bytes
+            try:
+                self._handle(peer, codec.decode(frames))
+            except codec.DecodeError as exc:
+                self.num_dropped += 1
+                self.gateway.metrics.dropped_frames.labels("frontdoor").inc()
+                self._send(peer, codec.error_for(exc))
+            except Exception:
+                self.num_dropped += 1
+                log.exception("error handling a front-door message")
+                self._send(peer, codec.make_error(pb.Error.INTERNAL, "internal error"))
+
+    def _handle(self, peer: bytes, decoded: codec.Decoded) -> None:
+        env, kind = decoded.envelope, decoded.kind
+        if kind == "hello":
+            codec.check_version(env.hello.protocol_version)
+            self._send(peer, self._info_envelope())
+        elif kind == "batch":
+            for req in env.batch.requests:
+                self._submit(peer, req, decoded)
+        elif kind == "abort":
+            for rid in env.abort.request_ids:
+                handle = self._handles.get(self._internal_id(peer, rid))
+                if handle is not None:
+                    handle.close()
+        elif kind == "health":
+            if not env.health.reply:
+                self._send(peer, codec.make_health(env.health.nonce, env.health.time, True))
+        else:
+            self._send(peer, codec.make_error(pb.Error.BAD_MESSAGE,
+                                              f"unexpected message {kind!r} at the front door"))
+
+    def _info_envelope(self) -> pb.Envelope:
+        gw = self.gateway
+        if gw.pool.info is None:
+            return codec.make_error(pb.Error.CAPACITY, "no backend has introduced itself yet")
+        info = pb.BackendInfo()
+        info.CopyFrom(gw.info)
+        info.model = gw.model_name
+        info.protocol_version = codec.PROTOCOL_VERSION
+        return pb.Envelope(backend_info=info)
+
+    @staticmethod
+    def _internal_id(peer: bytes, request_id: str) -> str:
+        return f"zmq-{peer.hex()}-{request_id}"
+
+    def _submit(self, peer: bytes, req: pb.GenerateRequest, decoded: codec.Decoded) -> None:
+        gw = self.gateway
+        try:
+            if not req.request_id:
+                raise bad_request("request_id is required.", "request_id")
+            sampling = sampling_from_wire(req.sampling)
+            gw.check_admission()
+            ids = codec.array_of(decoded, req.prompt_frame)
+            if ids is not None and len(ids):
+                prompt_ids = ids.tolist()
+                vocab = gw.info.vocab_size
+                if min(prompt_ids) < 0 or (vocab and max(prompt_ids) >= vocab):
+                    raise bad_request("prompt token id out of range.", "prompt")
+            elif req.prompt_text:
+                prompt_ids = gw.bundle.encode(req.prompt_text)
+            else:
+                raise bad_request("the prompt is empty.", "prompt")
+            check_context_length(len(prompt_ids), sampling.max_tokens, gw.info.max_model_len)
+            internal = self._internal_id(peer, req.request_id)
+            if internal in self._handles:
+                raise bad_request(f"request id {req.request_id!r} is already in use.",
+                                  "request_id")
+            options = ServingOptions(priority=req.priority)
+            handle = gw.submit(internal, prompt_ids, sampling, sampling.max_tokens, options)
+        except APIError as err:
+            gw.metrics.observe_request(err.status, "none")
+            self._send(peer, codec.make_error(error_code(err), err.message, req.request_id))
+            return
+        self._handles[internal] = handle
+        task = asyncio.create_task(self._pump(peer, req.request_id, handle))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _pump(self, peer: bytes, request_id: str, handle: RequestHandle) -> None:
+        """Forward one request's outputs to its client (token ids; the client detokenizes)."""
+        gw = self.gateway
+        status = 499
+        num_prompt = len(handle.prompt_ids)
+        try:
+            async for delta in handle.deltas(1):
+                out = pb.RequestOutput(
+                    request_id=request_id, num_prompt_tokens=num_prompt,
+                    num_completion_tokens=len(handle.assembler.token_ids),
+                    finish_reason=FINISH.get(delta.finish_reason, pb.RequestOutput.NONE))
+                if delta.logprobs is not None:
+                    for lp in delta.logprobs:
+                        out.logprobs.add(logprob=lp)
+                self._queue_output(peer, out, delta.token_ids)
+            status = 200
+        except APIError as err:
+            status = err.status
+            self._send(peer, codec.make_error(error_code(err), err.message, request_id))
+        finally:
+            self._handles.pop(self._internal_id(peer, request_id), None)
+            handle.close()
+            gw.record(handle, status)
+
+
+def frontdoor_ctx(address: str):
+    """A cleanup_ctx entry that runs the front door with the app (after the gateway core)."""
+    async def ctx(app: web.Application):
+        door = FrontDoor(app[GATEWAY_KEY], address)
+        door.start()
+        app[FRONTDOOR_KEY] = door
+        yield
+        await door.close()
+    return ctx
+
+
+FRONTDOOR_KEY = web.AppKey("frontdoor", FrontDoor)
