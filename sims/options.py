@@ -1,0 +1,154 @@
+"""Command-line options shared by `sim run`, `sweep` and `search`, and the TOML config file.
+
+A TOML file (`--config FILE`) gives defaults for any option, by its long name with `-` or `_`,
+at the top level or inside any table (tables are only for grouping)::
+
+    model = "deepseek-coder-33b"
+    [workload]
+    rate = 20
+    input-len = "lognormal:512:0.6"
+    [batcher]
+    min-latency-ms = 2.0
+
+Flags given on the command line win over the file.
+"""
+from __future__ import annotations
+
+import argparse
+import tomllib
+
+from scheduler.batcher import BatcherConfig
+from scheduler.queues import QueueConfig
+from sims.adapters import SimSchedulerConfig
+from sims.cost import RooflineConfig
+from sims.engine import EngineConfig
+from sims.runner import CostSpec, RunSpec
+from sims.workload import LengthSpec, WorkloadConfig, load_trace
+
+
+def add_run_args(p: argparse.ArgumentParser, *, num_requests: int = 1000) -> None:
+    p.add_argument("--config", help="TOML file with defaults for any of these options")
+    g = p.add_argument_group("model and hardware")
+    g.add_argument("--model", default="deepseek-coder-6.7b", help="preset name or config.json path")
+    g.add_argument("--gpu", default="h200", help="h200 | h100 | a100")
+    g.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per backend")
+    g.add_argument("--weight-dtype", default="bf16", help="bf16 | fp8 | fp16 | fp32")
+    g.add_argument("--kv-dtype", default="bf16", help="bf16 | fp8 | int4-fp8 | fp32")
+    g.add_argument("--overhead-ms", type=float, default=0.5, help="fixed cost per step")
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    g.add_argument("--interconnect", default="nvlink", help="nvlink | pcie (TP all-reduces)")
+    g.add_argument("--profile", help="measured cost model: a `tidegate backend profile` JSON")
+    g.add_argument("--step-ms", type=float, help="constant step time instead of a cost model")
+    g.add_argument("--num-blocks", type=int, help="KV blocks per backend (default: from memory)")
+    g = p.add_argument_group("workload")
+    g.add_argument("--backends", type=int, default=1, help="number of backends")
+    g.add_argument("--rate", type=float, default=10.0, help="arrival rate, requests/s")
+    g.add_argument("--num-requests", type=int, default=num_requests)
+    g.add_argument("--arrival", default="poisson", help="poisson | gamma | trace")
+    g.add_argument("--cv", type=float, default=1.0, help="gamma inter-arrival coefficient of variation")
+    g.add_argument("--input-len", default="512", help="N | uniform:LO:HI | lognormal:MEDIAN:SIGMA | trace")
+    g.add_argument("--output-len", default="128", help="as --input-len")
+    g.add_argument("--trace", help="JSONL trace (arrival_time, prompt_tokens, output_tokens, class)")
+    g.add_argument("--shared-prefix-fraction", type=float, default=0.0)
+    g.add_argument("--shared-prefix-len", type=int, default=0)
+    g.add_argument("--num-prefix-groups", type=int, default=1)
+    g.add_argument("--seed", type=int, default=0)
+    g = p.add_argument_group("gateway batcher")
+    d = BatcherConfig()
+    g.add_argument("--max-batch-size", type=int, default=d.max_batch_size)
+    g.add_argument("--min-latency-ms", type=float, default=d.min_latency_ms)
+    g.add_argument("--target-throughput", type=float, default=d.target_throughput)
+    g.add_argument("--hysteresis", type=float, default=d.hysteresis)
+    g.add_argument("--no-idle-flush", dest="idle_flush", action="store_false", default=True)
+    g = p.add_argument_group("backend scheduler")
+    g.add_argument("--max-num-seqs", type=int, default=256)
+    g.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--max-model-len", type=int, help="default: the model's max positions")
+    g.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false", default=True)
+    g.add_argument("--network-delay-ms", type=float, default=0.0)
+    g.add_argument("--max-stretch-steps", type=int, default=1 << 30,
+                   help="cap on steps advanced in one event (1: step by step)")
+    g = p.add_argument_group("output")
+    g.add_argument("--slo-ttft-ms", type=float, help="goodput SLO on time to first token")
+    g.add_argument("--slo-tpot-ms", type=float, help="goodput SLO on time per output token")
+    g.add_argument("--json", dest="json_out", metavar="OUT", help="write the report as JSON")
+    g.add_argument("--plot", metavar="DIR", help="write PNG+SVG plots into DIR")
+
+
+def parse_with_config(p: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    pre, _ = p.parse_known_args(argv)
+    if getattr(pre, "config", None):
+        with open(pre.config, "rb") as fh:
+            doc = tomllib.load(fh)
+        known = {a.dest for a in p._actions}
+        flat: dict = {}
+
+        def walk(d):
+            for k, v in d.items():
+                if isinstance(v, dict):
+                    walk(v)
+                else:
+                    flat[k.replace("-", "_")] = v
+        walk(doc)
+        aliases = {"no_idle_flush": ("idle_flush", lambda v: not v),
+                   "no_prefix_caching": ("prefix_caching", lambda v: not v)}
+        for k, (dest, f) in aliases.items():
+            if k in flat:
+                flat[dest] = f(flat.pop(k))
+        unknown = sorted(set(flat) - known)
+        if unknown:
+            p.error(f"{pre.config}: unknown option(s) {', '.join(unknown)}")
+        p.set_defaults(**flat)
+    return p.parse_args(argv)
+
+
+def spec_from_args(a: argparse.Namespace) -> RunSpec:
+    trace = load_trace(a.trace) if a.trace else None
+    trace_in = tuple(int(x) for x in trace.prompt_len) if trace is not None else ()
+    trace_out = tuple(int(x) for x in trace.output_len) if trace is not None else ()
+    cost = CostSpec(model=a.model, gpu=a.gpu, profile=a.profile, step_ms=a.step_ms,
+                    num_blocks=a.num_blocks,
+                    roofline=RooflineConfig(weight_dtype=a.weight_dtype, kv_dtype=a.kv_dtype, tp=a.tp,
+                                            interconnect=a.interconnect, overhead_s=a.overhead_ms / 1e3,
+                                            gpu_memory_utilization=a.gpu_memory_utilization))
+    workload = WorkloadConfig(
+        num_requests=a.num_requests, rate=a.rate,
+        arrival=a.arrival,
+        cv=a.cv, input_len=LengthSpec.parse(a.input_len, trace_in),
+        output_len=LengthSpec.parse(a.output_len, trace_out),
+        shared_prefix_fraction=a.shared_prefix_fraction, shared_prefix_len=a.shared_prefix_len,
+        num_prefix_groups=a.num_prefix_groups, seed=a.seed)
+    max_model_len = a.max_model_len or cost.max_model_len()
+    batcher = BatcherConfig(max_batch_size=a.max_batch_size, min_latency_ms=a.min_latency_ms,
+                            target_throughput=a.target_throughput, hysteresis=a.hysteresis,
+                            idle_flush=a.idle_flush)
+    sched = SimSchedulerConfig(batcher=batcher, queue=QueueConfig(), max_num_seqs=a.max_num_seqs,
+                               max_num_batched_tokens=a.max_num_batched_tokens,
+                               block_size=a.block_size, max_model_len=max_model_len,
+                               enable_prefix_caching=a.prefix_caching)
+    engine = EngineConfig(num_backends=a.backends, network_delay_s=a.network_delay_ms / 1e3,
+                          max_stretch_steps=a.max_stretch_steps)
+    return RunSpec(cost=cost, workload=workload, scheduler=sched, engine=engine, trace=a.trace,
+                   slo_ttft_ms=a.slo_ttft_ms, slo_tpot_ms=a.slo_tpot_ms)
+
+
+def parse_list(text: str | None, kind=float) -> list:
+    """'1,2,4' -> [1, 2, 4]; 'geom:LO:HI:N' -> N geometric points; 'lin:LO:HI:N' -> linear."""
+    if text is None:
+        return []
+    if isinstance(text, (list, tuple)):
+        return [kind(x) for x in text]
+    if str(text).startswith(("geom:", "lin:")):
+        import numpy as np
+        how, lo, hi, n = str(text).split(":")
+        f = np.geomspace if how == "geom" else np.linspace
+        return [kind(x) for x in f(float(lo), float(hi), int(n))]
+    out = []
+    for part in str(text).split(","):
+        part = part.strip().lower()
+        if kind is bool:
+            out.append(part in ("1", "on", "true", "yes"))
+        else:
+            out.append(kind(part))
+    return out

@@ -1,0 +1,99 @@
+"""One simulated configuration as a picklable record, and the function that runs it.
+
+`RunSpec` is what `sim run` builds from flags/TOML and what `sweep`/`search` vary; `run_spec` is
+the unit of work the multiprocessing pool maps.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from scheduler.batcher import BatcherConfig
+from sims.adapters import SimSchedulerConfig
+from sims.cost import ConstantCost, CostModel, RooflineConfig, RooflineCost
+from sims.engine import EngineConfig, SimResult, simulate
+from sims.hardware import get_gpu
+from sims.model_shape import load_model_shape
+from sims.workload import WorkloadConfig, generate, load_trace
+
+
+@dataclass(frozen=True)
+class CostSpec:
+    model: str = "deepseek-coder-6.7b"
+    gpu: str = "h200"
+    roofline: RooflineConfig = field(default_factory=RooflineConfig)
+    profile: str | None = None          # a `tidegate backend profile` JSON: measured cost model
+    step_ms: float | None = None        # constant step time (closed-form checks)
+    num_blocks: int | None = None       # override the KV capacity
+
+    def build(self) -> CostModel:
+        if self.step_ms is not None:
+            return ConstantCost(self.step_ms / 1e3, self.num_blocks or (1 << 20))
+        if self.profile:
+            from sims.profile_cost import ProfileCost
+            cost = ProfileCost.from_json(self.profile)
+        else:
+            cost = RooflineCost(load_model_shape(self.model), get_gpu(self.gpu), self.roofline)
+        if self.num_blocks:
+            return _FixedBlocks(cost, self.num_blocks)
+        return cost
+
+    def max_model_len(self) -> int:
+        try:
+            return load_model_shape(self.model).max_model_len
+        except (ValueError, OSError):
+            return 16384
+
+
+class _FixedBlocks:
+    """A cost model with its KV capacity overridden."""
+
+    def __init__(self, inner: CostModel, num_blocks: int):
+        self.inner, self.blocks = inner, num_blocks
+        self.step_time, self.decode_times = inner.step_time, inner.decode_times
+
+    def num_kv_blocks(self, block_size: int) -> int:
+        return self.blocks
+
+    def describe(self) -> dict:
+        return {**getattr(self.inner, "describe", dict)(), "num_blocks": self.blocks}
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    cost: CostSpec = field(default_factory=CostSpec)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    scheduler: SimSchedulerConfig = field(default_factory=SimSchedulerConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    trace: str | None = None
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
+
+    def with_batcher(self, **changes) -> "RunSpec":
+        batcher: BatcherConfig = replace(self.scheduler.batcher, **changes)
+        return replace(self, scheduler=replace(self.scheduler, batcher=batcher))
+
+    def describe(self) -> dict:
+        b, s, w = self.scheduler.batcher, self.scheduler, self.workload
+        return {"model": self.cost.model, "gpu": self.cost.gpu, "tp": self.cost.roofline.tp,
+                "backends": self.engine.num_backends, "rate": w.rate, "num_requests": w.num_requests,
+                "arrival": w.arrival, "cv": w.cv, "seed": w.seed,
+                "max_batch_size": b.max_batch_size, "min_latency_ms": b.min_latency_ms,
+                "target_throughput": b.target_throughput, "hysteresis": b.hysteresis,
+                "idle_flush": b.idle_flush, "max_num_seqs": s.max_num_seqs,
+                "max_num_batched_tokens": s.max_num_batched_tokens, "block_size": s.block_size,
+                "enable_prefix_caching": s.enable_prefix_caching}
+
+
+def simulate_spec(spec: RunSpec) -> SimResult:
+    trace = load_trace(spec.trace) if spec.trace else None
+    workload = generate(spec.workload, trace)
+    return simulate(workload, spec.cost.build(), spec.scheduler, spec.engine)
+
+
+def run_spec(spec: RunSpec) -> dict:
+    """Simulate and summarize; the report carries its configuration under "config"."""
+    from sims.report import summarize
+    result = simulate_spec(spec)
+    rep = summarize(result, slo_ttft_ms=spec.slo_ttft_ms, slo_tpot_ms=spec.slo_tpot_ms)
+    rep["config"] = spec.describe()
+    return rep
