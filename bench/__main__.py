@@ -1,0 +1,6 @@
+"""`python -m bench` = `tidegate bench`."""
+import sys
+
+from bench.cli import main
+
+sys.exit(main())
