@@ -234,23 +234,25 @@ def cmd_plan(argv: list[str]) -> int:
     print(f"{shape.name} on {gpu.name}: batch {a.batch}/replica, context {a.context_len}, "
           f"weights {a.weight_dtype}, KV {a.kv_dtype}, stages over {a.interconnect}")
     print(f"{'GPUs':>4} {'goal':<10}{'tp':>3}{'pp':>3}{'dp':>3}  {'stage layers':<22}{'mem GB':>7}"
-          f"{'TPOT ms':>9}{'TTFT ms':>9}{'tok/s':>10}")
+          f"{'TPOT ms':>9}{'TTFT ms':>9}{'tok/s':>10}{'max batch':>10}")
     for n in counts:
         plans = enumerate_plans(shape, gpu, n, cfg)
         best = best_plans(plans)
         out.append({"num_gpus": n, "best_throughput": best["throughput"] and best["throughput"].to_dict(),
                     "best_latency": best["latency"] and best["latency"].to_dict(),
                     "plans": [pl.to_dict() for pl in plans]})
-        shown = plans if a.all else [x for x in (best["throughput"], best["latency"]) if x]
+        bt, bl = best["throughput"], best["latency"]
+        shown = plans if a.all else [x for x in (bt, None if bl is bt else bl) if x]
         if not shown:
             print(f"{n:>4} no plan fits ({plans[0].reason})")
         for i, pl in enumerate(shown):
-            goal = ("throughput" if pl is best["throughput"] else "latency") if not a.all else (
+            goal = ("both" if pl is best["throughput"] is best["latency"] else "throughput"
+                    if pl is best["throughput"] else "latency") if not a.all else (
                 "fits" if pl.fits else "NO FIT")
             split = ",".join(map(str, pl.stage_layers))
             print(f"{n:>4} {goal:<10}{pl.tp:>3}{pl.pp:>3}{pl.dp:>3}  {split[:21]:<22}"
                   f"{pl.mem_per_gpu_gb:>7.1f}{pl.tpot_ms:>9.2f}{pl.ttft_ms:>9.2f}"
-                  f"{pl.throughput_tok_s:>10.0f}")
+                  f"{pl.throughput_tok_s:>10.0f}{pl.max_tokens_kv // a.context_len:>10}")
     if a.json_out:
         _write_json({"model": shape.name, "gpu": gpu.name, "config": vars(a), "results": out}, a.json_out)
     return 0
