@@ -16,13 +16,15 @@ Service order (what `ClassQueues.pop` / `take` hand out next, at time `now`):
 Requests whose `deadline` has passed while queued are never handed out: `pop`/`take` first move
 them to an expired buffer that `take_expired(now)` drains (the gateway answers them with 504).
 
-Complexities: push, remove-by-id, pop are O(1) (FIFO) or O(log n) (priority). The FIFO queue is an
-`OrderedDict` keyed by request id — a C doubly linked list, so removing from the middle is exact
-O(1) with no tombstones, and taking a whole class is one `list(values)` + `clear`. The expiry heap
-and the priority heap use lazy deletion: an entry is live iff the queue still maps its id to that
-very object *and* the object's `seq` equals the entry's seq (re-pushing an object gives it a new
-seq, so stale entries can never resurrect it); the heaps are rebuilt when dead entries outnumber
-live ones, which keeps every operation O(1) amortized on top of the heap cost.
+Complexities: push, remove-by-id and pop are O(1) (FIFO) or O(log n) (priority). `ClassQueues`
+keeps one dict id -> request (dedup, cancellation); each FIFO class queue is an `OrderedDict` keyed
+by the request object — a C doubly linked list, so removal from the middle is exact O(1) with no
+tombstones, and a batch that empties a class is one `list(od)` + `clear()`. The expiry heap and the
+priority heap use lazy deletion: an entry is live iff the request is still queued *and* its `seq`
+equals the entry's seq (re-pushing an object gives it a new seq, so a stale entry can never
+resurrect it); a heap is rebuilt when dead entries outnumber live ones (plus slack), which keeps
+every operation O(1) amortized on top of the heap cost, and the expiry heap is simply cleared
+whenever the queues become empty.
 
 Arrival order is push order: callers push in arrival order (the gateway stamps `arrival_time` when
 it pushes). "Oldest" for a class means its earliest-pushed request still queued.
@@ -33,13 +35,15 @@ import heapq
 import math
 from abc import ABC, abstractmethod
 from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Callable, Iterator, NamedTuple
+from typing import NamedTuple
 
 from scheduler.classes import DEFAULT_CLASS_BOUNDS, QueueClass, classify
 
 NUM_CLASSES = len(QueueClass)
+_MISSING = object()
 _consume = deque(maxlen=0).extend  # run an iterator to its end at C speed
 _request_id = attrgetter("request_id")
 _num_prompt_tokens = attrgetter("num_prompt_tokens")
@@ -104,7 +108,11 @@ class QueueConfig:
 
 
 class RequestQueue(ABC):
-    """One class's waiting requests, kept in the order its policy serves them."""
+    """One class's waiting requests, kept in the order its policy serves them.
+
+    `ClassQueues` owns the id index, caps and deadlines; a RequestQueue only orders. Requests are
+    handed in and out as objects (identity, not id), and each is in at most one queue at a time.
+    """
 
     @abstractmethod
     def push(self, req: PendingRequest) -> None: ...
@@ -117,9 +125,8 @@ class RequestQueue(ABC):
     def take(self, n: int) -> list[PendingRequest]:
         """Up to n requests in service order."""
     @abstractmethod
-    def remove(self, request_id: str) -> PendingRequest | None: ...
-    @abstractmethod
-    def get(self, request_id: str) -> PendingRequest | None: ...
+    def remove(self, req: PendingRequest) -> bool:
+        """Take `req` out wherever it is; False when it is not here."""
     @abstractmethod
     def oldest_arrival(self) -> float | None:
         """Arrival time of the earliest-pushed request still queued."""
@@ -129,63 +136,67 @@ class RequestQueue(ABC):
     def __iter__(self) -> Iterator[PendingRequest]:
         """Queued requests in push order."""
 
+    def push_fn(self) -> Callable[[PendingRequest], object]:
+        """The callable ClassQueues caches for `push` (a queue may hand out a C-level one)."""
+        return self.push
+
 
 class FifoRequestQueue(RequestQueue):
-    """Push order. An OrderedDict id -> request: O(1) push, pop, remove from anywhere."""
+    """Push order. An OrderedDict keyed by the request object (identity hash; value unused):
+    a C doubly linked list, so push, pop and remove-from-anywhere are exact O(1)."""
 
     __slots__ = ("_od",)
 
     def __init__(self) -> None:
-        self._od: OrderedDict[str, PendingRequest] = OrderedDict()
+        self._od: OrderedDict[PendingRequest, None] = OrderedDict()
 
     def push(self, req: PendingRequest) -> None:
-        self._od[req.request_id] = req
+        self._od[req] = None
+
+    def push_fn(self) -> Callable[[PendingRequest], object]:
+        return self._od.setdefault  # od.setdefault(req) == od[req] = None, without a Python frame
 
     def peek(self) -> PendingRequest | None:
-        od = self._od
-        return od[next(iter(od))] if od else None
+        return next(iter(self._od)) if self._od else None
 
     def pop(self) -> PendingRequest | None:
-        return self._od.popitem(last=False)[1] if self._od else None
+        return self._od.popitem(last=False)[0] if self._od else None
 
     def take(self, n: int) -> list[PendingRequest]:
         od = self._od
         if n >= len(od):  # the common case under load: the whole class leaves in one batch
-            out = list(od.values())
+            out = list(od)
             od.clear()
             return out
         popitem = od.popitem
-        return [popitem(False)[1] for _ in range(n)]
+        return [popitem(False)[0] for _ in range(n)]
 
-    def remove(self, request_id: str) -> PendingRequest | None:
-        return self._od.pop(request_id, None)
-
-    def get(self, request_id: str) -> PendingRequest | None:
-        return self._od.get(request_id)
+    def remove(self, req: PendingRequest) -> bool:
+        return self._od.pop(req, _MISSING) is not _MISSING
 
     def oldest_arrival(self) -> float | None:
-        od = self._od
-        return od[next(iter(od))].arrival_time if od else None
+        return next(iter(self._od)).arrival_time if self._od else None
 
     def __len__(self) -> int:
         return len(self._od)
 
     def __iter__(self) -> Iterator[PendingRequest]:
-        return iter(list(self._od.values()))
+        return iter(list(self._od))
 
 
 class PriorityRequestQueue(RequestQueue):
-    """Lowest `priority` first, ties by (arrival_time, seq). Heap with lazy deletion."""
+    """Lowest `priority` first, ties by (arrival_time, seq). A heap with lazy deletion beside an
+    OrderedDict of members in push order (for `oldest_arrival` and O(1) removal)."""
 
-    __slots__ = ("_od", "_heap")
+    __slots__ = ("_heap", "_od")
 
     def __init__(self) -> None:
-        self._od: OrderedDict[str, PendingRequest] = OrderedDict()  # membership, push order
-        self._heap: list[tuple[int, float, int, PendingRequest]] = []
+        self._od: OrderedDict[PendingRequest, None] = OrderedDict()
+        self._heap: list[tuple[int, float, int, PendingRequest]] = []  # (priority, arrival, seq, req)
 
     def _live(self, entry: tuple[int, float, int, PendingRequest]) -> bool:
         req = entry[3]
-        return req.seq == entry[2] and self._od.get(req.request_id) is req
+        return req.seq == entry[2] and req in self._od
 
     def _prune(self) -> None:
         heap = self._heap
@@ -193,7 +204,7 @@ class PriorityRequestQueue(RequestQueue):
             heapq.heappop(heap)
 
     def push(self, req: PendingRequest) -> None:
-        self._od[req.request_id] = req
+        self._od[req] = None
         heapq.heappush(self._heap, (req.priority, req.arrival_time, req.seq, req))
 
     def peek(self) -> PendingRequest | None:
@@ -205,7 +216,7 @@ class PriorityRequestQueue(RequestQueue):
         if not self._heap:
             return None
         req = heapq.heappop(self._heap)[3]
-        del self._od[req.request_id]
+        del self._od[req]
         return req
 
     def take(self, n: int) -> list[PendingRequest]:
@@ -214,25 +225,22 @@ class PriorityRequestQueue(RequestQueue):
             out.append(self.pop())
         return out
 
-    def remove(self, request_id: str) -> PendingRequest | None:
-        req = self._od.pop(request_id, None)
-        if req is not None and len(self._heap) > 2 * len(self._od) + 16:
-            self._heap = [e for e in self._heap if self._live(e)]  # O(n), paid for by n removals
+    def remove(self, req: PendingRequest) -> bool:
+        if self._od.pop(req, _MISSING) is _MISSING:
+            return False
+        if len(self._heap) > 2 * len(self._od) + 16:  # O(n) rebuild, paid for by n removals
+            self._heap = [e for e in self._heap if self._live(e)]
             heapq.heapify(self._heap)
-        return req
-
-    def get(self, request_id: str) -> PendingRequest | None:
-        return self._od.get(request_id)
+        return True
 
     def oldest_arrival(self) -> float | None:
-        od = self._od
-        return od[next(iter(od))].arrival_time if od else None
+        return next(iter(self._od)).arrival_time if self._od else None
 
     def __len__(self) -> int:
         return len(self._od)
 
     def __iter__(self) -> Iterator[PendingRequest]:
-        return iter(list(self._od.values()))
+        return iter(list(self._od))
 
 
 REQUEST_QUEUES: dict[str, Callable[[], RequestQueue]] = {
@@ -248,22 +256,33 @@ def create_request_queue(name: str) -> RequestQueue:
         raise ValueError(f"unknown queue policy {name!r}; known: {sorted(REQUEST_QUEUES)}") from None
 
 
+class _ClassState:
+    """One class's queue, counters and limits together: one subscript per push, then slot reads."""
+
+    __slots__ = ("count", "max_requests", "max_tokens", "max_wait", "push", "queue", "tokens")
+
+    def __init__(self, queue: RequestQueue, max_requests: int, max_tokens: int, max_wait: float) -> None:
+        self.queue = queue
+        self.push = queue.push_fn()
+        self.count = 0
+        self.tokens = 0  # prompt tokens queued
+        self.max_requests = max_requests
+        self.max_tokens = max_tokens
+        self.max_wait = max_wait
+
+
 class ClassQueues:
     """FAST / NORMAL / SLOW queues with caps, aging, cancellation and deadlines (see module doc)."""
 
-    __slots__ = ("config", "size", "expiry_heap", "_queues", "_push_fns", "_index", "_counts", "_tokens",
-                 "_max_requests", "_max_tokens", "_next_seq", "_expired")
+    __slots__ = ("_classes", "_expired", "_index", "_next_seq", "config", "expiry_heap", "size")
 
     def __init__(self, config: QueueConfig | None = None) -> None:
-        self.config = config or QueueConfig()
+        cfg = self.config = config or QueueConfig()
         self.size = 0  # total queued; read-only outside this class
-        self._queues = tuple(create_request_queue(self.config.policy) for _ in QueueClass)
-        self._push_fns = tuple(q.push for q in self._queues)
-        self._index: dict[str, PendingRequest] = {}  # every queued request by id: dedup, routing
-        self._counts = [0] * NUM_CLASSES
-        self._tokens = [0] * NUM_CLASSES
-        self._max_requests = self.config.max_requests
-        self._max_tokens = self.config.max_prompt_tokens
+        self._classes = tuple(
+            _ClassState(create_request_queue(cfg.policy), cfg.max_requests[c], cfg.max_prompt_tokens[c],
+                        cfg.max_wait_s[c]) for c in QueueClass)
+        self._index: dict[str, PendingRequest] = {}  # every queued request by id: dedup, removal
         self._next_seq = 0
         # (deadline, seq, req) min-heap of requests pushed with a deadline; entries of requests that
         # already left stay until popped or compacted. Read-only outside (the batcher peeks [0]).
@@ -272,15 +291,15 @@ class ClassQueues:
 
     # -- admission ---------------------------------------------------------------------------
     def push(self, req: PendingRequest, now: float) -> PushResult:
-        """Queue `req`, or refuse it when its class is at a cap (expired requests are purged first)."""
-        cls = req.queue_class
-        tokens = self._tokens
-        num_tokens = tokens[cls] + req.num_prompt_tokens
-        if self._counts[cls] >= self._max_requests[cls] or num_tokens > self._max_tokens[cls]:
+        """Queue `req`, or refuse it when its class is at a cap (expired requests are purged first).
+        Raises ValueError if a request with the same id is already queued."""
+        cs = self._classes[req.queue_class]
+        num_tokens = cs.tokens + req.num_prompt_tokens
+        if cs.count >= cs.max_requests or num_tokens > cs.max_tokens:
             refusal = self._refusal(req, now)
             if refusal is not None:
                 return refusal
-            num_tokens = tokens[cls] + req.num_prompt_tokens
+            num_tokens = cs.tokens + req.num_prompt_tokens
         index = self._index
         request_id = req.request_id
         if request_id in index:
@@ -288,28 +307,29 @@ class ClassQueues:
         index[request_id] = req
         req.seq = seq = self._next_seq
         self._next_seq = seq + 1
-        self._push_fns[cls](req)
-        self._counts[cls] += 1
-        tokens[cls] = num_tokens
+        cs.push(req)
+        cs.count += 1
+        cs.tokens = num_tokens
         self.size += 1
         if req.deadline is not None:
             self._push_deadline(req)
         return ACCEPTED
 
     def _refusal(self, req: PendingRequest, now: float) -> PushResult | None:
-        cls = req.queue_class
+        cs = self._classes[req.queue_class]
         self.collect_expired(now)  # a full queue of dead requests must not refuse live ones
-        if self._counts[cls] >= self._max_requests[cls]:
-            return PushResult(False, "queue_full", QueueClass(cls))
-        if self._tokens[cls] + req.num_prompt_tokens > self._max_tokens[cls]:
-            return PushResult(False, "too_many_prompt_tokens", QueueClass(cls))
+        if cs.count >= cs.max_requests:
+            return PushResult(False, "queue_full", QueueClass(req.queue_class))
+        if cs.tokens + req.num_prompt_tokens > cs.max_tokens:
+            return PushResult(False, "too_many_prompt_tokens", QueueClass(req.queue_class))
         return None
 
     def _push_deadline(self, req: PendingRequest) -> None:
         expiry = self.expiry_heap
         heapq.heappush(expiry, (req.deadline, req.seq, req))
         if len(expiry) > 2 * self.size + 1024:  # served requests leave stale entries behind
-            self.expiry_heap = [e for e in expiry if self._is_queued(e[2], e[1])]
+            get = self._index.get
+            self.expiry_heap = [e for e in expiry if e[2].seq == e[1] and get(e[2].request_id) is e[2]]
             heapq.heapify(self.expiry_heap)
 
     # -- removal -----------------------------------------------------------------------------
@@ -318,16 +338,16 @@ class ClassQueues:
 
     def _forget(self, req: PendingRequest) -> None:
         del self._index[req.request_id]
-        cls = req.queue_class
-        self._counts[cls] -= 1
-        self._tokens[cls] -= req.num_prompt_tokens
+        cs = self._classes[req.queue_class]
+        cs.count -= 1
+        cs.tokens -= req.num_prompt_tokens
         self.size -= 1
 
     def remove(self, request_id: str) -> PendingRequest | None:
         """Take a request out by id (cancellation). O(1); None when it is not queued."""
         req = self._index.get(request_id)
         if req is not None:
-            self._queues[req.queue_class].remove(request_id)
+            self._classes[req.queue_class].queue.remove(req)
             self._forget(req)
         return req
 
@@ -338,7 +358,7 @@ class ClassQueues:
         while expiry and expiry[0][0] <= now:
             _, seq, req = heapq.heappop(expiry)
             if self._is_queued(req, seq):
-                self._queues[req.queue_class].remove(req.request_id)
+                self._classes[req.queue_class].queue.remove(req)
                 self._forget(req)
                 self._expired.append(req)
                 moved += 1
@@ -364,38 +384,37 @@ class ClassQueues:
         if self.expiry_heap and self.expiry_heap[0][0] <= now:
             self.collect_expired(now)
         out: list[PendingRequest] = []
-        queues = self._queues
         index = self._index
-        max_wait = self.config.max_wait_s
         while n > 0 and self.size:
-            top = -1
-            aged = -1  # the aged head with the least (arrival_time, class, seq)
+            top = None  # the highest non-empty class
+            aged = best = None  # the aged head with the least (arrival_time, class, seq)
             num_aged = 0
-            for cls in range(NUM_CLASSES):
-                if self._counts[cls]:
-                    head = queues[cls].peek()
-                    if top < 0:
-                        top = cls
-                    if now - head.arrival_time > max_wait[cls]:
+            for cs in self._classes:  # in class order
+                if cs.count:
+                    head = cs.queue.peek()
+                    if top is None:
+                        top = cs
+                    if now - head.arrival_time > cs.max_wait:
                         num_aged += 1
-                        if aged < 0 or head.arrival_time < best.arrival_time:  # classes scanned in order
-                            aged, best = cls, head
-            if num_aged == 0 or (num_aged == 1 and aged == top):
-                # no other class is aged, so order cannot change during a run from `top`
-                got = queues[top].take(n)
+                        if aged is None or head.arrival_time < best.arrival_time:
+                            aged, best = cs, head
+            if num_aged == 0 or (num_aged == 1 and aged is top):
+                # no other class is aged, so the order cannot change during a run from `top`
+                got = top.queue.take(n)
                 out += got
                 k = len(got)
                 _consume(map(index.__delitem__, map(_request_id, got)))
-                self._counts[top] -= k
-                self._tokens[top] = (0 if not self._counts[top]
-                                     else self._tokens[top] - sum(map(_num_prompt_tokens, got)))
+                top.count -= k
+                top.tokens = top.tokens - sum(map(_num_prompt_tokens, got)) if top.count else 0
                 self.size -= k
                 n -= k
             else:
-                req = queues[aged].pop()
+                req = aged.queue.pop()
                 self._forget(req)
                 out.append(req)
                 n -= 1
+        if not self.size and self.expiry_heap:
+            self.expiry_heap.clear()  # nothing queued: every entry is stale
         return out
 
     # -- inspection --------------------------------------------------------------------------
@@ -406,19 +425,19 @@ class ClassQueues:
         return self._index.get(request_id)
 
     def depth(self, cls: QueueClass) -> int:
-        return self._counts[cls]
+        return self._classes[cls].count
 
     def num_prompt_tokens(self, cls: QueueClass) -> int:
-        return self._tokens[cls]
+        return self._classes[cls].tokens
 
     def oldest_arrival(self, cls: QueueClass | None = None) -> float | None:
         """Earliest arrival still queued, in `cls` or over all classes."""
         if cls is not None:
-            return self._queues[cls].oldest_arrival()
-        times = [t for q in self._queues if (t := q.oldest_arrival()) is not None]
+            return self._classes[cls].queue.oldest_arrival()
+        times = [cs.queue.oldest_arrival() for cs in self._classes if cs.count]
         return min(times) if times else None
 
     def __iter__(self) -> Iterator[PendingRequest]:
         """Everything queued, class by class in push order (not service order)."""
-        for q in self._queues:
-            yield from q
+        for cs in self._classes:
+            yield from cs.queue

@@ -190,7 +190,7 @@ def test_aging_in_batches():
 
 # -- idle flush --------------------------------------------------------------------------------
 def test_idle_flush():
-    b, clock = make()
+    b, _ = make()
     assert b.push(req("a", 0.0)).deadline is not None
     assert b.notify_idle(True) is FLUSH
     assert len(b.take_batch()) == 1
@@ -214,7 +214,7 @@ def test_idle_flush_off():
 
 # -- cancel, expiry, rejection -----------------------------------------------------------------
 def test_cancel():
-    b, clock = make()
+    b, _ = make()
     b.push(req("a", 0.0))
     b.push(req("b", 0.0))
     assert b.poll().deadline == 2 / RATE

@@ -6,8 +6,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.classes import QueueClass
-from scheduler.queues import (ACCEPTED, ClassQueues, FifoRequestQueue, PendingRequest,
-                              PriorityRequestQueue, QueueConfig, create_request_queue)
+from scheduler.queues import (
+    ACCEPTED,
+    ClassQueues,
+    FifoRequestQueue,
+    PendingRequest,
+    PriorityRequestQueue,
+    QueueConfig,
+    create_request_queue,
+)
 
 F, N, S = QueueClass.FAST, QueueClass.NORMAL, QueueClass.SLOW
 
@@ -191,10 +198,15 @@ def test_take_expired_in_deadline_order_and_counters():
 
 def test_expiry_heap_stays_bounded_when_requests_are_served():
     q = ClassQueues()
+    q.push(req("keeper", S, deadline=5.0), 0.0)  # the queue never empties: compaction, not clear()
     for i in range(5000):
         q.push(req(f"r{i}", F, deadline=1e9), 0.0)
-        q.take(1, 0.0)
-    assert len(q.expiry_heap) <= 2 * q.size + 1025
+        assert q.take(1, 0.0)[0].request_id == f"r{i}"
+        assert len(q.expiry_heap) <= 2 * (q.size + 1) + 1025  # checked on push, before the take
+    assert ids(q.take_expired(5.0)) == ["keeper"]
+    q.push(req("x", F, deadline=1e9), 0.0)
+    q.take(1, 0.0)
+    assert q.expiry_heap == []  # nothing queued: all entries were stale
 
 
 def test_inspection():
@@ -243,7 +255,7 @@ def test_matches_reference_model(ops):
             n += 1
             res = q.push(r, now)
 
-            def over(reqs):
+            def over(reqs, cls=cls, tokens=tokens):
                 mine = [m for m in reqs if m.queue_class == cls]
                 if len(mine) >= 6:
                     return "queue_full"
