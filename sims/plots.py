@@ -38,7 +38,13 @@ def latency_throughput(points: list[dict], outdir, fit: dict | None = None,
         grid = np.geomspace(L.min(), L.max(), 200)
         ax.plot(grid, predict_spec(grid, fit["alpha"], fit["beta"], fit["block_size"],
                                    fit["bandwidth_gbps"]), "--", color="C3",
-                label=f"fit α={fit['alpha']:.3g} β={fit['beta']:.3g} (R²={fit['r2']:.2f})")
+                label=f"spec fit α={fit['alpha']:.3g} β={fit['beta']:.3g} (R²={fit['r2']:.2f})")
+        for alt in fit.get("alternatives", []):
+            p = alt["params"]
+            if "t_max" in p and np.isfinite(p["t_max"]) and np.isfinite(p["l_half_ms"]):
+                ax.plot(grid, p["t_max"] * grid / (grid + p["l_half_ms"]), ":", color="C2",
+                        label=f"T = Tmax·L/(L+L½): Tmax={p['t_max']:.3g} L½={p['l_half_ms']:.3g} ms "
+                              f"(R²={alt['r2_log']:.2f})")
     ax.set_xscale("log")
     ax.set_xlabel(f"TTFT {stat} (ms)")
     ax.set_ylabel("output throughput (tokens/s)")
