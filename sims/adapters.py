@@ -103,6 +103,7 @@ class BackendAdapter:
         self._w = workload
         self._prefixes: dict[int, list[int]] = {}
         self.num_rejected = 0
+        self._still_prefilling = False
 
     # ---- load, as a LoadReport would carry it ------------------------------------------------
     @property
@@ -155,14 +156,19 @@ class BackendAdapter:
         if not plan.chunks:
             return None
         num_decode = num_prefill = num_ctx = 0
+        partial = False
         for c in plan.chunks:
             n = len(c.token_ids)
             num_ctx += c.start_pos + n
             if c.is_prefill:
                 num_prefill += n
+                partial = partial or not c.sample
             else:
                 num_decode += 1
         self._plan = plan
+        # A prefill chunk that does not end its prompt leaves that sequence prefilling after the
+        # step, and then max_pure_decode_steps() is 0 by definition: skip the O(running) call.
+        self._still_prefilling = partial
         return num_decode, num_prefill, num_ctx
 
     def complete_step(self, _costs) -> tuple[list[int], list[int]]:
@@ -180,6 +186,8 @@ class BackendAdapter:
 
     def max_pure_decode_steps(self) -> tuple[int, int, int]:
         """(k, decoding sequences, KV tokens read by the first of the k steps)."""
+        if self._still_prefilling:
+            return 0, 0, 0
         k = self.sched.max_pure_decode_steps()
         if k < 2:
             return k, 0, 0
