@@ -97,7 +97,7 @@ class RooflineCost:
         t_mem = self._t_weights + self._t_kv_per_ctx * num_context_tokens + self._t_kv_per_tok * tokens
         t_flop = (self._f_per_tok * tokens + self._f_per_ctx * num_context_tokens
                   + self._f_per_prefill_sq * num_prefill_tokens * num_prefill_tokens)
-        return (t_mem if t_mem > t_flop else t_flop) + self._c_fixed + self._c_per_tok * tokens \
+        return (max(t_flop, t_mem)) + self._c_fixed + self._c_per_tok * tokens \
             + self._overhead
 
     def decode_times(self, num_decode_seqs: int, num_context_tokens: int, k: int) -> np.ndarray:

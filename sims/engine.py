@@ -72,8 +72,20 @@ class SimResult:
 
 
 class _Backend:
-    __slots__ = ("idx", "sched", "inbox", "busy", "end_time", "version", "stretch_start",
-                 "stretch_times", "stretch_cum", "stretch_n", "plan", "outstanding")
+    __slots__ = (
+        "busy",
+        "end_time",
+        "idx",
+        "inbox",
+        "outstanding",
+        "plan",
+        "sched",
+        "stretch_cum",
+        "stretch_n",
+        "stretch_start",
+        "stretch_times",
+        "version",
+    )
 
     def __init__(self, idx: int, sched: BackendAdapter):
         self.idx, self.sched = idx, sched

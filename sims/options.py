@@ -15,6 +15,7 @@ Flags given on the command line win over the file.
 from __future__ import annotations
 
 import argparse
+
 import tomllib
 
 from scheduler.batcher import BatcherConfig

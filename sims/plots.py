@@ -6,10 +6,10 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-from scheduler.classes import QueueClass  # noqa: E402
+from scheduler.classes import QueueClass
 
 
 def _save(fig, outdir: str | Path, name: str) -> list[str]:

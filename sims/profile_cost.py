@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 from scipy.optimize import nnls
+from scipy.spatial import QhullError
 
 from sims.cost import decode_times_by_steps
 
@@ -70,13 +71,13 @@ class ProfileCost:
                     lin = LinearNDInterpolator(points[:, dims] / span[dims], resid, fill_value=0.0)
                     self._resid = lambda q, lin=lin, dims=dims, span=span: float(
                         lin(np.asarray(q, dtype=np.float64)[dims] / span[dims]).ravel()[0])
-            except Exception as exc:  # degenerate (coplanar) points: keep the regression only
+            except (QhullError, ValueError) as exc:  # degenerate (coplanar) points: regression only
                 warnings.warn(f"profile: residual interpolation disabled ({exc.__class__.__name__})")
         self.ctx_quantum = max(1, int(ctx_quantum))
         self._memo: dict[tuple[int, int, int], float] = {}
 
     @classmethod
-    def from_json(cls, path: str | Path, **kwargs) -> "ProfileCost":
+    def from_json(cls, path: str | Path, **kwargs) -> ProfileCost:
         doc = json.loads(Path(path).read_text())
         raw = doc if isinstance(doc, list) else (doc.get("points") or doc.get("steps") or [])
         pts, times = [], []

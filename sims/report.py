@@ -61,7 +61,7 @@ def summarize(r: SimResult, *, slo_ttft_ms: float | None = None,
         "goodput_fraction": float(good.mean()) if n_done else 0.0,
         "slo": {"ttft_ms": slo_ttft_ms, "tpot_ms": slo_tpot_ms},
         "by_class": by_class,
-        "batch_size": {"num_batches": int(len(bs)), "mean": float(bs.mean()) if len(bs) else 0.0,
+        "batch_size": {"num_batches": len(bs), "mean": float(bs.mean()) if len(bs) else 0.0,
                        "p50": float(np.percentile(bs, 50)) if len(bs) else 0.0,
                        "p99": float(np.percentile(bs, 99)) if len(bs) else 0.0,
                        "max": int(bs.max()) if len(bs) else 0,
@@ -105,32 +105,32 @@ def format_table(rep: dict) -> str:
              f"{'duration (s)':<26}{rep['duration_s']:>12.2f}",
              f"{'request throughput (/s)':<26}{rep['request_throughput']:>12.2f}",
              f"{'output throughput (tok/s)':<26}{rep['output_throughput']:>12.1f}",
-             f"{'goodput (req/s)':<26}{rep['goodput']:>12.2f}   ({100 * rep['goodput_fraction']:.1f}% "
-             f"of requests met the SLO)", "",
+             (f"{'goodput (req/s)':<26}{rep['goodput']:>12.2f}   ({100 * rep['goodput_fraction']:.1f}% "
+             f"of requests met the SLO)"), "",
              f"{'latency (ms)':<16}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}"]
     for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"),
                        ("e2el_ms", "E2E"), ("queue_wait_ms", "gateway wait")):
         s = rep[key]
         lines.append(f"{label:<16}{s['mean']:>10.2f}{s['p50']:>10.2f}{s['p90']:>10.2f}{s['p99']:>10.2f}")
     if len(rep["by_class"]) > 1:
-        lines += ["", f"{'by class':<10}{'n':>9}{'TTFT p50':>10}{'TTFT p99':>10}{'TPOT p50':>10}"
-                  f"{'wait p99':>10}"]
+        lines += ["", (f"{'by class':<10}{'n':>9}{'TTFT p50':>10}{'TTFT p99':>10}{'TPOT p50':>10}"
+                  f"{'wait p99':>10}")]
         for name, c in rep["by_class"].items():
             lines.append(f"{name:<10}{c['completed']:>9}{c['ttft_ms']['p50']:>10.2f}"
                          f"{c['ttft_ms']['p99']:>10.2f}{c['tpot_ms']['p50']:>10.2f}"
                          f"{c['queue_wait_ms']['p99']:>10.2f}")
     b, st, kv = rep["batch_size"], rep["steps"], rep["kv"]
     lines += ["",
-              f"gateway batches {b['num_batches']}, size mean {b['mean']:.1f} p99 {b['p99']:.0f} "
-              f"max {b['max']}",
-              f"steps {st['num_steps']}: decode-only {100 * st['frac_decode_only']:.0f}%, "
+              (f"gateway batches {b['num_batches']}, size mean {b['mean']:.1f} p99 {b['p99']:.0f} "
+              f"max {b['max']}"),
+              (f"steps {st['num_steps']}: decode-only {100 * st['frac_decode_only']:.0f}%, "
               f"mixed {100 * st['frac_mixed']:.0f}%, prefill-only {100 * st['frac_prefill_only']:.0f}%; "
               f"mean {st['mean_decode_seqs']:.1f} decodes + {st['mean_prefill_tokens']:.0f} prefill "
-              f"tokens, {st['mean_step_ms']:.2f} ms; backends busy {100 * st['backend_busy_fraction']:.0f}%",
-              f"KV: {kv['num_blocks_per_backend']} blocks/backend, use mean {100 * kv['mean_usage']:.1f}% "
+              f"tokens, {st['mean_step_ms']:.2f} ms; backends busy {100 * st['backend_busy_fraction']:.0f}%"),
+              (f"KV: {kv['num_blocks_per_backend']} blocks/backend, use mean {100 * kv['mean_usage']:.1f}% "
               f"max {100 * kv['max_usage']:.1f}%, fragmentation {100 * kv['internal_fragmentation']:.1f}%, "
-              f"prefix hit rate {100 * kv['prefix_hit_rate']:.1f}%, preemptions {rep['preemptions']}",
-              f"simulator: {rep['sim']['events']} events in {rep['sim']['wall_s']:.2f} s "
+              f"prefix hit rate {100 * kv['prefix_hit_rate']:.1f}%, preemptions {rep['preemptions']}"),
+              (f"simulator: {rep['sim']['events']} events in {rep['sim']['wall_s']:.2f} s "
               f"({rep['sim']['events_per_s']:.0f} events/s, "
-              f"{rep['sim']['requests_per_wall_s']:.0f} requests/s)"]
+              f"{rep['sim']['requests_per_wall_s']:.0f} requests/s)")]
     return "\n".join(lines)

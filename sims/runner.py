@@ -68,7 +68,7 @@ class RunSpec:
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
 
-    def with_batcher(self, **changes) -> "RunSpec":
+    def with_batcher(self, **changes) -> RunSpec:
         batcher: BatcherConfig = replace(self.scheduler.batcher, **changes)
         return replace(self, scheduler=replace(self.scheduler, batcher=batcher))
 

@@ -4,10 +4,10 @@ request is flushed the moment it arrives)."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 from sims.runner import RunSpec
 from sims.sweep import run_many
-from dataclasses import replace
 
 
 def build_grid(base: RunSpec, backends: list[int], max_batch_size: list[int],

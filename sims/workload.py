@@ -35,7 +35,7 @@ class LengthSpec:
     max_len: int = 1 << 20
 
     @classmethod
-    def parse(cls, text: str | int, trace_lengths: tuple[int, ...] = ()) -> "LengthSpec":
+    def parse(cls, text: str | int, trace_lengths: tuple[int, ...] = ()) -> LengthSpec:
         """'512' | 'uniform:256:768' | 'lognormal:512:0.5' (median, sigma) | 'trace'."""
         if isinstance(text, (int, float)):
             return cls("fixed", value=int(text))

@@ -100,7 +100,7 @@ def test_plan_33b_on_1_to_8_h200(tmp_path, capsys):
     assert r8["best_latency"]["tp"] == 8  # all-reduces over NVLink beat pipeline bubbles
     assert r8["best_throughput"]["throughput_tok_s"] >= doc["results"][0]["best_throughput"]["throughput_tok_s"]
     # 56 heads: tp=3 cannot split them
-    three = [p for p in doc["results"][2]["plans"] if p["tp"] == 3][0]
+    three = next(p for p in doc["results"][2]["plans"] if p["tp"] == 3)
     assert not three["fits"] and "heads" in three["reason"]
 
 

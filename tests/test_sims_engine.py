@@ -83,8 +83,8 @@ def test_k_step_advance_equivalence_under_preemption():
 
 def test_deterministic_by_seed():
     cost = RooflineCost(load_model_shape("deepseek-coder-1.3b"), get_gpu("h200"))
-    wl = dict(num_requests=400, rate=200.0, arrival="gamma", cv=2.0,
-              input_len=LengthSpec.parse("lognormal:200:0.5"), output_len=LengthSpec.parse("uniform:1:64"))
+    wl = {"num_requests": 400, "rate": 200.0, "arrival": "gamma", "cv": 2.0,
+              "input_len": LengthSpec.parse("lognormal:200:0.5"), "output_len": LengthSpec.parse("uniform:1:64")}
     runs = [summarize(simulate(generate(WorkloadConfig(seed=s, **wl)), cost, SimSchedulerConfig(),
                                EngineConfig(num_backends=2))) for s in (7, 7, 8)]
     for rep in runs:
