@@ -225,6 +225,28 @@ class BlockManager:
         self._num_tokens[seq_id] = n + num_new_tokens
         return copies
 
+    def _append_block(self, seq_id: object, num_tokens: int) -> None:
+        """For decode_stretch: add one fresh block, set the slot count. The caller has checked
+        that a block is free and the last block is full or private (no CoW)."""
+        self._tables[seq_id].append(self._take_free())
+        self._num_tokens[seq_id] = num_tokens
+
+    def append_one_slot_each(self, seq_ids: Sequence[object]) -> list[int]:
+        """`append_slots(seq, 1)` for every sequence whose last block has room and is private.
+
+        Returns the indices (into seq_ids) of the others, untouched: those need `append_slots`
+        (a new block, or a copy-on-write). One call per step instead of one per decode.
+        """
+        bs, ref, tables, num_tokens = self.block_size, self._ref_counts, self._tables, self._num_tokens
+        rest: list[int] = []
+        for i, seq_id in enumerate(seq_ids):
+            n = num_tokens[seq_id]
+            if n % bs and ref[tables[seq_id][-1]] == 1:
+                num_tokens[seq_id] = n + 1
+            else:
+                rest.append(i)
+        return rest
+
     def cache_blocks(self, seq_id: object, token_ids: Sequence[int], num_computed_tokens: int) -> None:
         """Register the sequence's full blocks among its first `num_computed_tokens` tokens.
 
@@ -235,18 +257,22 @@ class BlockManager:
             return
         bs = self.block_size
         hashes = self._hashes[seq_id]
-        num_full = min(num_computed_tokens, self._num_tokens[seq_id]) // bs
+        num_full = num_computed_tokens // bs
         if len(hashes) >= num_full:
             return
         table = self._tables[seq_id]
+        if num_full > len(table):
+            raise ValueError(f"sequence {seq_id!r}: {num_computed_tokens} tokens computed but "
+                             f"{len(table)} blocks")
         parent = hashes[-1] if hashes else ROOT_HASH
+        cached, block_keys = self._cached, self._block_keys
         for i in range(len(hashes), num_full):
             key = (parent, tuple(token_ids[i * bs:(i + 1) * bs]))
-            if key not in self._cached:
-                block = table[i]
-                assert self._block_keys[block] is None, f"block {block} registered twice"
-                self._cached[key] = block
-                self._block_keys[block] = key
+            block = table[i]
+            # a fork may share a block its parent already registered; a key another block
+            # holds stays with that block (setdefault leaves it)
+            if block_keys[block] is None and cached.setdefault(key, block) == block:
+                block_keys[block] = key
             parent = hash(key)
             hashes.append(parent)
 

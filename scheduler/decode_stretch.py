@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from scheduler.classes import classify
 from scheduler.sequence import SequenceStatus
 from scheduler.step_plan import FinishedSequence
 
@@ -101,44 +100,55 @@ def advance_decode_steps(s: StepScheduler, num_steps: int, token_id: int = 0) ->
     allowed = max_pure_decode_steps(s)
     if num_steps > allowed:
         raise ValueError(f"cannot advance {num_steps} pure decode steps; at most {allowed}")
-    bm, cfg = s.block_manager, s.config
-    bs, bounds, k = cfg.block_size, cfg.class_bounds, num_steps
-    events: list[tuple] = []  # (step, phase, sort key at that step, 0 register / 1 finish, seq)
-    for seq in s.running:
+    bm, cfg, running = s.block_manager, s.config, s.running
+    bs, k, num = cfg.block_size, num_steps, len(running)
+    fast_max, normal_max = cfg.class_bounds
+    caching = bm.enable_prefix_caching
+    # One int per event, sorting as (step, phase, class at that step, index in running, what);
+    # running is in (priority, arrival, admission) order, so the index stands for that tail.
+    events: list[int] = []
+    push = events.append
+    for idx, seq in enumerate(running):
         n = seq.num_computed_tokens
-        remaining = seq.max_tokens - seq.num_output_tokens
-        tail = seq.order_key()
+        rem = seq.max_tokens - len(seq.token_ids) + seq.num_prompt_tokens
         for t in range((-n) % bs, k, bs):  # steps whose slot starts a block
-            events.append((t, _ALLOC, classify(remaining - t, bounds), tail, 0, seq))
-        for t in range((-n - 1) % bs, k, bs):  # steps after which a block is full
-            events.append((t, _AFTER, classify(remaining - t, bounds), tail, 0, seq))
-        if remaining == k or cfg.max_model_len - len(seq.token_ids) == k:
-            events.append((k - 1, _AFTER, classify(remaining - k + 1, bounds), tail, 1, seq))
-    events.sort(key=lambda e: e[:5])
+            cls = 0 if rem - t <= fast_max else 1 if rem - t <= normal_max else 2
+            push((((t * 2 + _ALLOC) * 3 + cls) * num + idx) * 2)
+        if caching:  # without the cache, update()'s registrations do nothing
+            for t in range((-n - 1) % bs, k, bs):  # steps after which a block is full
+                cls = 0 if rem - t <= fast_max else 1 if rem - t <= normal_max else 2
+                push((((t * 2 + _AFTER) * 3 + cls) * num + idx) * 2)
+        if rem == k or cfg.max_model_len - len(seq.token_ids) == k:
+            t = k - 1
+            cls = 0 if rem - t <= fast_max else 1 if rem - t <= normal_max else 2
+            push((((t * 2 + _AFTER) * 3 + cls) * num + idx) * 2 + 1)
+    events.sort()
 
-    for seq in s.running:
-        seq.token_ids.extend([token_id] * k)
+    dummy = [token_id] * k
+    for seq in running:
+        seq.token_ids.extend(dummy)
     finished: list[FinishedSequence] = []
-    for t, phase, _, _, what, seq in events:
+    for e in events:
+        finish = e & 1
+        step_phase, idx = divmod(e >> 1, num)
+        step_phase //= 3
+        seq = running[idx]
         rid = seq.request_id
-        target = seq.num_computed_tokens + t + 1  # slots after step t
-        grow = target - bm.num_tokens(rid)
-        if grow > 0:
-            bm.append_slots(rid, grow)
-        if phase == _AFTER and what == 0:
-            bm.cache_blocks(rid, seq.token_ids, target)
-        elif what == 1:
+        target = seq.num_computed_tokens + (step_phase >> 1) + 1  # computed after that step
+        if finish:
             seq.num_computed_tokens += k
             finished.append(s._finish(seq, "length"))
-    for seq in s.running:
+        elif step_phase & 1:
+            bm.cache_blocks(rid, seq.token_ids, target)
+        else:  # the slot at position target - 1 starts a block; room was checked above
+            bm._append_block(rid, target)
+    for seq in running:
         if seq.status is SequenceStatus.RUNNING:
-            rid = seq.request_id
             seq.num_computed_tokens += k
-            grow = seq.num_computed_tokens - bm.num_tokens(rid)
-            if grow > 0:
-                bm.append_slots(rid, grow)
+            grow = seq.num_computed_tokens - bm.num_tokens(seq.request_id)
+            if grow:
+                bm.append_slots(seq.request_id, grow)
     if finished:
-        s.running = [x for x in s.running if x.status is SequenceStatus.RUNNING]
+        s.running = [x for x in running if x.status is SequenceStatus.RUNNING]
     s.num_steps += k
     return finished
-

@@ -23,9 +23,20 @@ class SequenceStatus(Enum):
 
 
 class Sequence:
-    __slots__ = ("request_id", "token_ids", "num_prompt_tokens", "max_tokens", "arrival_time",
-                 "priority", "seq_no", "num_computed_tokens", "num_prefill_tokens",
-                 "num_cached_tokens", "status", "admitted")
+    __slots__ = (
+        "admitted",
+        "arrival_time",
+        "max_tokens",
+        "num_cached_tokens",
+        "num_computed_tokens",
+        "num_prefill_tokens",
+        "num_prompt_tokens",
+        "priority",
+        "request_id",
+        "seq_no",
+        "status",
+        "token_ids",
+    )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], max_tokens: int,
                  arrival_time: float, priority: int, seq_no: int) -> None:

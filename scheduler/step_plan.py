@@ -40,7 +40,10 @@ class ScheduledChunk:
     request_id: str
     token_ids: list[int]  # the tokens fed this step (one for a decode)
     start_pos: int  # tokens already in the KV cache = position of token_ids[0]
-    block_table: list[int]  # the sequence's full block table (a copy)
+    # The sequence's full block table: the block manager's live list, not a copy (copying 256
+    # tables cost more than the rest of a step). Read it before the next schedule(); never
+    # mutate it. Later steps only append to it, so entries covering this chunk stay valid.
+    block_table: list[int]
     is_prefill: bool
     sample: bool  # a token is sampled after this chunk: every decode and the last prefill chunk
 

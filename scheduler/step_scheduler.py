@@ -18,8 +18,12 @@ Policy, in order, each step (budget = max_num_batched_tokens tokens, max_num_seq
    Admission reserves blocks for the whole prompt, reusing prefix-cache hits, and schedules a
    first chunk of at most the remaining budget (chunked prefill).
 
-Per-step cost, 256 decoding sequences, CPython 3.11 on this machine (scripts are not timed
-tests; measure with ``python -m scheduler.step_scheduler``): see ``_bench`` below.
+Cost (``python -m scheduler.step_bench``; a command, not a timed test): schedule() + update()
+for 256 decoding sequences (512-token prompts), CPython 3.11, a shared 2-core AMD EPYC VM:
+min 292 us/step at load ~3, 484-566 us at load ~9, where the first version (a block-table copy
+and a block-manager call per decode) took 880-1115 us in the same runs. A pure-decode stretch
+via advance_decode_steps costs ~0.3-0.6 us per sequence-step, mostly prefix-cache hashing of the
+blocks that fill (one per block_size steps; ~3x less with prefix caching off).
 """
 from __future__ import annotations
 
@@ -30,11 +34,26 @@ from scheduler import decode_stretch
 from scheduler.block_manager import BlockManager, NoFreeBlocksError
 from scheduler.classes import classify
 from scheduler.sequence import Sequence, SequenceStatus
-from scheduler.step_plan import (FinishedSequence, Rejection, ScheduledChunk, SchedulerConfig,
-                                 SchedulerStats, StepPlan, StepResult)
+from scheduler.step_plan import (
+    FinishedSequence,
+    Rejection,
+    ScheduledChunk,
+    SchedulerConfig,
+    SchedulerStats,
+    StepPlan,
+    StepResult,
+)
 
-__all__ = ["SchedulerConfig", "StepScheduler", "StepPlan", "ScheduledChunk", "StepResult",
-           "FinishedSequence", "Rejection", "SchedulerStats"]
+__all__ = [
+    "FinishedSequence",
+    "Rejection",
+    "ScheduledChunk",
+    "SchedulerConfig",
+    "SchedulerStats",
+    "StepPlan",
+    "StepResult",
+    "StepScheduler",
+]
 
 RUNNING, WAITING, FINISHED = SequenceStatus.RUNNING, SequenceStatus.WAITING, SequenceStatus.FINISHED
 
@@ -117,20 +136,25 @@ class StepScheduler:
             (fast if remaining <= fast_max else normal if remaining <= normal_max else slow).append(seq)
         decodes = fast + normal + slow
 
-        for i, seq in enumerate(decodes):
-            if seq.status is not RUNNING:  # preempted as a victim earlier in this loop
+        # Slots first (one pass; only block-starting decodes allocate, in plan order), then chunks.
+        rids = [seq.request_id for seq in decodes]
+        for i in bm.append_one_slot_each(rids):
+            seq = decodes[i]
+            if seq.status is not RUNNING:  # preempted as a victim for an earlier decode
                 continue
-            rid = seq.request_id
             try:
-                copies = bm.append_slots(rid, 1)
+                copies = bm.append_slots(rids[i], 1)
             except NoFreeBlocksError:
                 if not self._preempt_for(seq, decodes[i:] + prefilling, plan):
                     continue
-                copies = bm.append_slots(rid, 1)
-            if copies:
-                plan.block_copies.extend(copies)
-            chunks.append(ScheduledChunk(rid, [seq.token_ids[-1]], seq.num_computed_tokens,
-                                         bm.block_table(rid)[:], False, True))
+                copies = bm.append_slots(rids[i], 1)
+            plan.block_copies.extend(copies)
+        tables = bm._tables  # live lists, read-only for the runner (see ScheduledChunk)
+        for seq in decodes:
+            if seq.status is RUNNING:
+                rid = seq.request_id
+                chunks.append(ScheduledChunk(rid, [seq.token_ids[-1]], seq.num_computed_tokens,
+                                             tables[rid], False, True))
         budget -= len(chunks)
 
         for seq in prefilling:
@@ -163,7 +187,7 @@ class StepScheduler:
         start = seq.num_computed_tokens
         n = min(seq.num_prefill_tokens - start, budget)
         chunks.append(ScheduledChunk(seq.request_id, seq.token_ids[start:start + n], start,
-                                     self.block_manager.block_table(seq.request_id)[:], True,
+                                     self.block_manager.block_table(seq.request_id), True,
                                      start + n == seq.num_prefill_tokens))
         return n
 
@@ -197,34 +221,38 @@ class StepScheduler:
         bm, bs = self.block_manager, self.config.block_size
         max_model_len = self.config.max_model_len
         sampled, stopped = result.sampled, result.stopped
-        requests = self.requests
+        get_seq = self.requests.get
         finished: list[FinishedSequence] = []
         for chunk in plan.chunks:
             rid = chunk.request_id
-            seq = requests.get(rid)
+            seq = get_seq(rid)
             if seq is None or seq.status is not RUNNING:
                 continue  # aborted while the step ran
-            if chunk.start_pos != seq.num_computed_tokens:
+            computed = seq.num_computed_tokens
+            if chunk.start_pos != computed:
                 raise ValueError(f"stale plan for {rid!r}: chunk starts at {chunk.start_pos}, "
-                                 f"{seq.num_computed_tokens} tokens computed")
-            seq.num_computed_tokens += len(chunk.token_ids)
-            if chunk.is_prefill or seq.num_computed_tokens % bs == 0:
-                bm.cache_blocks(rid, seq.token_ids, seq.num_computed_tokens)
-            if not chunk.sample:
-                continue
+                                 f"{computed} tokens computed")
+            tokens = seq.token_ids
+            if chunk.is_prefill:
+                computed += len(chunk.token_ids)
+                seq.num_computed_tokens = computed
+                bm.cache_blocks(rid, tokens, computed)
+                if not chunk.sample:
+                    continue
+            else:
+                computed += 1
+                seq.num_computed_tokens = computed
+                if computed % bs == 0:
+                    bm.cache_blocks(rid, tokens, computed)
             token = sampled.get(rid)
             if token is None:
                 raise ValueError(f"step result has no sampled token for {rid!r}")
-            tokens = seq.token_ids
             tokens.append(token)
             if rid in stopped:
-                reason = "stop"
+                finished.append(self._finish(seq, "stop"))
             elif (len(tokens) - seq.num_prompt_tokens >= seq.max_tokens
                   or len(tokens) >= max_model_len):
-                reason = "length"
-            else:
-                continue
-            finished.append(self._finish(seq, reason))
+                finished.append(self._finish(seq, "length"))
         if finished:
             self.running = [s for s in self.running if s.status is RUNNING]
         return finished

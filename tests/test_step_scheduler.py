@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from scheduler.step_scheduler import (SchedulerConfig, StepPlan, StepResult, StepScheduler)
+from scheduler.step_scheduler import SchedulerConfig, StepPlan, StepResult, StepScheduler
 
 
 def make(num_blocks=64, block_size=4, max_model_len=256, **kw) -> StepScheduler:
