@@ -10,6 +10,7 @@ from backend.loader import LoadedModel, available_memory, load
 from backend.runner import ModelRunner
 
 DEFAULT_KV_FRACTION = {"cpu": 0.1, "cuda": 0.85}
+DEFAULT_CPU_KV_BYTES = 256 << 20  # CPU default: at most 256 MiB of KV unless asked for more
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,10 @@ def size_kv_pool(cfg: BackendConfig, loaded: LoadedModel, max_model_len: int) ->
                                  f"but {loaded.device} has {free / 2**30:.1f} GiB free")
         return num_blocks
     fraction = cfg.kv_memory_fraction or DEFAULT_KV_FRACTION[loaded.device.type]
-    num_blocks = min(cap, num_blocks_for_memory(
-        c, cfg.block_size, dname, int(fraction * available_memory(loaded.device))))
+    kv_bytes = int(fraction * available_memory(loaded.device))
+    if cfg.kv_memory_fraction is None and loaded.device.type == "cpu":
+        kv_bytes = min(kv_bytes, DEFAULT_CPU_KV_BYTES)
+    num_blocks = min(cap, num_blocks_for_memory(c, cfg.block_size, dname, kv_bytes))
     if num_blocks < 1:
         raise ModelLoadError("no memory left for the KV cache after loading the weights")
     return num_blocks

@@ -74,3 +74,123 @@ class BlockAllocator:
             t.append(self.next_block)
             self.next_block += 1
         return list(t)
+
+
+# ---- a worker subprocess and a DEALER client -------------------------------------------------
+
+class WorkerProcess:
+    """`tidegate backend ...` in a subprocess, ready when it prints its ready line."""
+
+    def __init__(self, args: list[str], endpoint: str, timeout: float = 60.0) -> None:
+        import subprocess
+        import sys
+        import time
+
+        self.endpoint = endpoint
+        cmd = [sys.executable, "-m", "gateway.cli", "backend", "--listen", endpoint, *args]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + timeout
+        line = self.proc.stdout.readline()
+        if "ready" not in line or time.monotonic() > deadline:
+            self.proc.kill()
+            raise RuntimeError(f"worker did not start: {line!r} {self.proc.stderr.read()}")
+        self.ready_line = line
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        import signal
+
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class DealerClient:
+    def __init__(self, endpoint: str) -> None:
+        import zmq
+
+        self.zmq = zmq
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+        self.load_reports = []
+        self.errors = []
+
+    def send(self, envelope, arrays=()) -> None:
+        from proto import codec
+
+        self.sock.send_multipart(codec.encode(envelope, arrays))
+
+    def recv(self, timeout_s: float = 30.0):
+        from proto import codec
+
+        if not self.sock.poll(int(timeout_s * 1000)):
+            raise TimeoutError("no message from the worker")
+        return codec.decode(self.sock.recv_multipart())
+
+    def hello(self):
+        from proto import codec
+        from proto import tidegate_pb2 as pb
+
+        self.send(codec.make_hello("test", pb.Hello.GATEWAY))
+        while True:
+            m = self.recv()
+            if m.kind == "backend_info":
+                return m.envelope.backend_info
+
+    def batch(self, requests: dict, **sampling) -> None:
+        """requests: id -> prompt ids; same sampling for all."""
+        from proto import tidegate_pb2 as pb
+
+        env = pb.Envelope(batch=pb.Batch())
+        arrays = []
+        for rid, prompt in requests.items():
+            r = env.batch.requests.add(request_id=rid, prompt_frame=len(arrays))
+            arrays.append(prompt)
+            for k, v in sampling.items():
+                if k == "stop_token_ids":
+                    r.sampling.stop_token_ids.extend(v)
+                else:
+                    setattr(r.sampling, k, v)
+        self.send(env, arrays)
+
+    def collect(self, request_ids, timeout_s: float = 120.0):
+        """Read until every id finished (or errored). Returns (tokens, finals, step outputs seen)."""
+        import time
+
+        pending = set(request_ids)
+        tokens = {rid: [] for rid in request_ids}
+        finals = {}
+        num_step_outputs = 0
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            m = self.recv(max(0.1, deadline - time.monotonic()))
+            if m.kind == "load_report":
+                self.load_reports.append((time.monotonic(), m.envelope.load_report))
+            elif m.kind == "error":
+                self.errors.append(m.envelope.error)
+                pending.discard(m.envelope.error.request_id)
+            elif m.kind == "step_output":
+                num_step_outputs += 1
+                for o in m.envelope.step_output.outputs:
+                    if o.tokens_frame >= 0:
+                        tokens[o.request_id].extend(m.arrays[o.tokens_frame].tolist())
+                    if o.finish_reason:
+                        finals[o.request_id] = o
+                        pending.discard(o.request_id)
+        return tokens, finals, num_step_outputs
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def hf_greedy(hf, prompt: list[int], num_new: int) -> list[int]:
+    """transformers' greedy generation (KV cache on, EOS off): the reference token stream."""
+    hf.generation_config.eos_token_id = None
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                          max_new_tokens=num_new, do_sample=False, pad_token_id=0)
+    return out[0, len(prompt):].tolist()

@@ -4,7 +4,7 @@ import torch
 
 from backend.build import BackendConfig, create_engine
 from backend.sampler import SamplingParams
-from tests.backend_helpers import hf_model, make_checkpoint
+from tests.backend_helpers import hf_greedy, hf_model, make_checkpoint
 
 NUM_NEW = 32
 
@@ -13,14 +13,6 @@ NUM_NEW = 32
 def ckpt(tmp_path_factory):
     path = make_checkpoint(tmp_path_factory.mktemp("engine"), "gqa4_tied_rope4")
     return path, hf_model(path)
-
-
-def hf_greedy(hf, prompt, n=NUM_NEW):
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(n):
-            ids.append(int(hf(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt):]
 
 
 def prompts(vocab, lens, seed=0):
@@ -58,7 +50,7 @@ def test_greedy_matches_transformers_with_chunked_prefill(ckpt):
     reqs = dict(zip("abcd", prompts(loaded.config.vocab_size, [5, 40, 17, 61])))
     out, fin = run_all(engine, reqs, GREEDY)
     for rid, prompt in reqs.items():
-        assert out[rid] == hf_greedy(hf, prompt), rid
+        assert out[rid] == hf_greedy(hf, prompt, NUM_NEW), rid
         assert fin[rid].finish_reason == "length" and fin[rid].num_completion_tokens == NUM_NEW
 
 
@@ -77,7 +69,7 @@ def test_prefix_cache_hits_and_preemption(ckpt):
     assert stats.num_preemptions > 0
     assert stats.num_prefix_hit_tokens > 0 and max(f.num_cached_tokens for f in fin.values()) >= 20
     for rid, prompt in reqs.items():
-        assert out[rid] == hf_greedy(hf, prompt), rid
+        assert out[rid] == hf_greedy(hf, prompt, NUM_NEW), rid
     engine.check_integrity()
     assert engine.scheduler.block_manager.num_used_blocks == 0
 

@@ -1,0 +1,267 @@
+"""The backend worker: one ZMQ ROUTER socket in front of one `Engine`.
+
+Loop (single thread): drain every queued message (Hello, Batch, Abort, Health) -> one engine
+step if there is work -> one `StepOutput` per gateway holding all its requests' new tokens ->
+a `LoadReport` when due (<= 100 ms apart while busy, 1 s while idle). Messages that arrive while
+a step runs wait in the socket and are handled before the next step.
+
+Replies (the gateway side of the contract):
+- `Hello` -> `BackendInfo` (tokenizer JSON and chat template included); another MAJOR
+  protocol version -> `Error{VERSION_MISMATCH}`.
+- `Batch` request refused (invalid, can never fit) -> `Error{INVALID_REQUEST, request_id}`;
+  after SIGTERM -> `Error{SHUTTING_DOWN, request_id}`.
+- `Abort` -> the request's final `RequestOutput{finish_reason: ABORT}` in the next StepOutput
+  (sent at once when idle); unknown ids are ignored.
+- anything malformed or unexpected -> `Error{BAD_MESSAGE}`; the worker carries on.
+- SIGTERM / SIGINT: finish the running step, send its outputs, answer every in-flight request
+  with `Error{SHUTTING_DOWN, request_id}`, exit 0.
+
+Request ids are per gateway: internally a request is keyed by (gateway identity, request id).
+"""
+from __future__ import annotations
+
+import signal
+import sys
+import time
+import uuid
+from collections import defaultdict
+
+import zmq
+
+from backend.engine import Engine, RequestOutput
+from backend.loader import LoadedModel
+from backend.sampler import SamplingParams
+from proto import codec
+from proto import tidegate_pb2 as pb
+
+BUSY_REPORT_S = 0.1
+IDLE_REPORT_S = 1.0
+MAX_MESSAGES_PER_DRAIN = 1024
+FINISH = {None: pb.RequestOutput.NONE, "stop": pb.RequestOutput.STOP,
+          "length": pb.RequestOutput.LENGTH, "abort": pb.RequestOutput.ABORT}
+
+
+def _key(identity: bytes, request_id: str) -> str:
+    return f"{identity.hex()}/{request_id}"
+
+
+class Worker:
+    def __init__(self, engine: Engine, loaded: LoadedModel, listen: str,
+                 backend_id: str | None = None, model_name: str | None = None) -> None:
+        self.engine = engine
+        self.loaded = loaded
+        self.backend_id = backend_id or f"backend-{uuid.uuid4().hex[:8]}"
+        self.model_name = model_name or loaded.config.name
+        self.ctx = zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 2000)
+        self.sock.bind(listen)
+        self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.gateways: set[bytes] = set()
+        self.owner: dict[str, tuple[bytes, str]] = {}  # engine key -> (identity, request id)
+        self.pending: dict[bytes, list[RequestOutput]] = defaultdict(list)
+        self.num_steps = 0
+        self.step_time_ema_ms = 0.0
+        self._last_report = 0.0
+        self._idle_checked = True
+        self._stopping = False
+
+    # ---- lifecycle -----------------------------------------------------------------------
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def _on_signal(self, signum, frame) -> None:
+        self._stopping = True
+
+    def serve_forever(self) -> int:
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        while not self._stopping:
+            busy = self.engine.has_unfinished()
+            if busy:
+                wait_ms = 0
+            else:
+                wait_ms = max(0, int((self._last_report + IDLE_REPORT_S - time.monotonic()) * 1000))
+            try:
+                ready = poller.poll(wait_ms)
+            except zmq.ZMQError:  # interrupted by a signal
+                continue
+            if ready:
+                self._drain()
+            if self.engine.has_unfinished() and not self._stopping:
+                self._step()
+            elif not self._idle_checked:
+                self._check_idle()
+            self._flush_pending()
+            self._maybe_report()
+        self._shutdown()
+        return 0
+
+    def _shutdown(self) -> None:
+        for key in self.engine.request_ids:
+            self.engine.abort(key)
+            identity, rid = self.owner.pop(key, (None, None))
+            if identity is not None:
+                self._send(identity, codec.make_error(
+                    pb.Error.SHUTTING_DOWN, "backend is shutting down", rid))
+        self.sock.close()
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+    # ---- receiving -----------------------------------------------------------------------
+    def _drain(self) -> None:
+        for _ in range(MAX_MESSAGES_PER_DRAIN):
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            identity = frames[0].bytes
+            try:
+                self._handle(identity, frames[1:])
+            except codec.DecodeError as exc:
+                self._send(identity, codec.error_for(exc))
+            except Exception as exc:  # a bug must not take the backend down
+                print(f"tidegate backend: internal error handling a message: {exc!r}", file=sys.stderr)
+                self._send(identity, codec.make_error(pb.Error.INTERNAL, f"internal error: {exc}"))
+
+    def _handle(self, identity: bytes, frames) -> None:
+        msg = codec.decode(frames)
+        kind = msg.kind
+        if kind == "hello":
+            codec.check_version(msg.envelope.hello.protocol_version)
+            self.gateways.add(identity)
+            self._send(identity, pb.Envelope(backend_info=self.backend_info()))
+        elif kind == "batch":
+            self.gateways.add(identity)
+            for req in msg.envelope.batch.requests:
+                self._add(identity, req, codec.array_of(msg, req.prompt_frame))
+        elif kind == "abort":
+            for rid in msg.envelope.abort.request_ids:
+                key = _key(identity, rid)
+                record = self.engine.abort(key)
+                if record is not None:
+                    self.owner.pop(key, None)
+                    record.request_id = rid
+                    self.pending[identity].append(record)
+        elif kind == "health":
+            h = msg.envelope.health
+            if not h.reply:
+                self._send(identity, codec.make_health(h.nonce, time.time(), reply=True))
+        else:
+            self._send(identity, codec.make_error(
+                pb.Error.BAD_MESSAGE, f"a backend does not accept {kind} messages"))
+
+    def _add(self, identity: bytes, req: pb.GenerateRequest, prompt) -> None:
+        rid = req.request_id
+        if self._stopping:
+            self._send(identity, codec.make_error(pb.Error.SHUTTING_DOWN, "backend is shutting down", rid))
+            return
+        if prompt is None or len(prompt) == 0:
+            self._send(identity, codec.make_error(pb.Error.INVALID_REQUEST, "request has no prompt tokens", rid))
+            return
+        s = req.sampling
+        params = SamplingParams(
+            max_tokens=int(s.max_tokens), temperature=float(s.temperature),
+            top_p=float(s.top_p) if s.top_p > 0 else 1.0, top_k=int(s.top_k),
+            seed=int(s.seed) if s.HasField("seed") else None,
+            stop_token_ids=tuple(int(t) for t in s.stop_token_ids), ignore_eos=bool(s.ignore_eos),
+            logprobs=int(s.logprobs))
+        key = _key(identity, rid)
+        if key in self.owner:
+            reason = f"duplicate request id {rid!r}"
+        else:
+            reason = self.engine.add_request(key, prompt.tolist(), params, req.arrival_time, req.priority)
+        if reason is not None:
+            self._send(identity, codec.make_error(pb.Error.INVALID_REQUEST, reason, rid))
+            return
+        self.owner[key] = (identity, rid)
+        self._idle_checked = False
+
+    # ---- stepping and sending --------------------------------------------------------------
+    def _step(self) -> None:
+        t0 = time.perf_counter()
+        outputs = self.engine.step()
+        dt_ms = (time.perf_counter() - t0) * 1000
+        self.step_time_ema_ms = dt_ms if self.num_steps == 0 else 0.8 * self.step_time_ema_ms + 0.2 * dt_ms
+        self.num_steps += 1
+        for out in outputs:
+            identity, rid = self.owner[out.request_id]
+            if out.finish_reason is not None:
+                del self.owner[out.request_id]
+            out.request_id = rid
+            self.pending[identity].append(out)
+        self._idle_checked = False
+
+    def _flush_pending(self) -> None:
+        for identity, outs in self.pending.items():
+            if outs:
+                self._send_step_output(identity, outs)
+        self.pending.clear()
+
+    def _send_step_output(self, identity: bytes, outs: list[RequestOutput]) -> None:
+        arrays: list[list[int]] = []
+        step = pb.StepOutput(step=self.num_steps)
+        for o in outs:
+            ro = step.outputs.add(
+                request_id=o.request_id, finish_reason=FINISH[o.finish_reason],
+                num_prompt_tokens=o.num_prompt_tokens, num_completion_tokens=o.num_completion_tokens,
+                num_cached_tokens=o.num_cached_tokens)
+            if o.new_token_ids:
+                ro.tokens_frame = len(arrays)
+                arrays.append(o.new_token_ids)
+            else:
+                ro.tokens_frame = codec.NO_FRAME
+            for lp in o.logprobs:
+                ro.logprobs.add(logprob=lp.logprob, top_ids=lp.top_ids, top_logprobs=lp.top_logprobs)
+        self._send(identity, pb.Envelope(step_output=step), arrays)
+
+    def _send(self, identity: bytes, envelope: pb.Envelope, arrays=()) -> None:
+        try:
+            self.sock.send_multipart([identity, *codec.encode(envelope, arrays)], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:  # peer gone or its queue full: drop, never block the loop
+            print(f"tidegate backend: dropped a message to a gateway: {exc}", file=sys.stderr)
+
+    def _maybe_report(self) -> None:
+        now = time.monotonic()
+        interval = BUSY_REPORT_S if self.engine.has_unfinished() else IDLE_REPORT_S
+        if now - self._last_report < interval:
+            return
+        self._last_report = now
+        if not self.gateways:
+            return
+        env = pb.Envelope(load_report=self.load_report())
+        for identity in self.gateways:
+            self._send(identity, env)
+
+    def _check_idle(self) -> None:
+        self._idle_checked = True
+        try:
+            self.engine.check_integrity()
+        except AssertionError as exc:
+            print(f"tidegate backend: integrity check failed while idle: {exc}", file=sys.stderr)
+
+    # ---- messages ------------------------------------------------------------------------
+    def backend_info(self) -> pb.BackendInfo:
+        tok = self.loaded.tokenizer
+        cfg = self.engine.config
+        info = pb.BackendInfo(
+            protocol_version=codec.PROTOCOL_VERSION, model=self.model_name,
+            max_model_len=cfg.max_model_len, vocab_size=self.loaded.config.vocab_size,
+            block_size=cfg.block_size, num_kv_blocks=cfg.num_blocks, role=pb.BackendInfo.MIXED,
+            tokenizer_json=tok.tokenizer_json, chat_template=tok.chat_template or "",
+            eos_token_ids=list(self.engine.eos_token_ids), backend_id=self.backend_id)
+        if tok.bos_token_id is not None:
+            info.bos_token_id = tok.bos_token_id
+        return info
+
+    def load_report(self) -> pb.LoadReport:
+        sched = self.engine.scheduler
+        outstanding = sum(s.params.max_tokens - s.num_generated for s in self.engine.states.values())
+        return pb.LoadReport(
+            num_running=sched.num_running, num_waiting=sched.num_waiting,
+            num_free_blocks=sched.block_manager.num_free_blocks,
+            num_total_blocks=self.engine.config.num_blocks,
+            recent_step_time_ms=self.step_time_ema_ms, backend_id=self.backend_id,
+            num_outstanding_tokens=outstanding)

@@ -1,0 +1,159 @@
+"""The real worker process over its ZMQ socket, with a DEALER in the test (CPU, float32)."""
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from proto import codec
+from proto import tidegate_pb2 as pb
+from tests.backend_helpers import DealerClient, WorkerProcess, hf_greedy, hf_model, make_checkpoint
+
+NUM_NEW = 32
+
+
+def prompts(vocab, lens, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lens]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    path = make_checkpoint(tmp_path_factory.mktemp("worker"), "gqa7_sharded")
+    return path, hf_model(path)
+
+
+@pytest.fixture
+def worker_factory(tmp_path):
+    started = []
+
+    def start(*args):
+        w = WorkerProcess(list(args), f"ipc://{tmp_path}/w{len(started)}.sock")
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        w.kill()
+
+
+def test_greedy_continuous_batching_matches_transformers(ckpt, worker_factory):
+    path, hf = ckpt
+    w = worker_factory("--model", str(path), "--block-size", "4", "--num-blocks", "200",
+                       "--max-num-seqs", "8", "--max-num-batched-tokens", "32")
+    c = DealerClient(w.endpoint)
+    info = c.hello()
+    assert info.vocab_size == 261 and info.num_kv_blocks == 200 and info.block_size == 4
+    assert '"model"' in info.tokenizer_json and info.bos_token_id == 256 and info.chat_template
+    first = dict(zip(["a", "b", "c"], prompts(261, [3, 45, 20], seed=1)))
+    late = dict(zip(["d", "e"], prompts(261, [33, 8], seed=2)))
+    c.batch(first, max_tokens=NUM_NEW, ignore_eos=True)
+    # a second batch arrives while the first is running: continuous batching
+    m = c.recv()
+    while m.kind != "step_output":
+        m = c.recv()
+    c.batch(late, max_tokens=NUM_NEW, ignore_eos=True)
+    tokens, finals, num_step_outputs = c.collect(list(first) + list(late))
+    for o in m.envelope.step_output.outputs:  # the first step output we consumed above
+        tokens[o.request_id][:0] = m.arrays[o.tokens_frame].tolist()
+    assert not c.errors
+    for rid, prompt in {**first, **late}.items():
+        assert tokens[rid] == hf_greedy(hf, prompt, NUM_NEW), rid
+        assert finals[rid].finish_reason == pb.RequestOutput.LENGTH
+        assert finals[rid].num_completion_tokens == NUM_NEW
+    # one StepOutput per step carried several requests' tokens
+    assert num_step_outputs < 5 * NUM_NEW
+    assert w.terminate() == 0
+
+
+def test_prefix_hits_and_preemption_over_the_socket(ckpt, worker_factory):
+    path, hf = ckpt
+    shared = prompts(261, [24], seed=5)[0]
+    reqs = {f"p{i}": shared + t for i, t in enumerate(prompts(261, [3, 9, 1, 14], seed=6))}
+    # 40 blocks of 4 tokens for four ~60-token sequences: preemption by recompute is forced
+    # (test_backend_engine checks the same configuration counts preemptions)
+    w = worker_factory("--model", str(path), "--block-size", "4", "--num-blocks", "40",
+                       "--max-num-seqs", "4", "--max-num-batched-tokens", "64", "--max-model-len", "128")
+    c = DealerClient(w.endpoint)
+    c.hello()
+    c.batch(reqs, max_tokens=NUM_NEW, ignore_eos=True)
+    tokens, finals, _ = c.collect(list(reqs))
+    assert not c.errors
+    assert max(f.num_cached_tokens for f in finals.values()) >= 20
+    for rid, prompt in reqs.items():
+        assert tokens[rid] == hf_greedy(hf, prompt, NUM_NEW), rid
+
+
+def test_protocol_behaviour(worker_factory):
+    w = worker_factory("--model", "tiny", "--num-blocks", "64", "--max-num-seqs", "4",
+                       "--max-num-batched-tokens", "64")
+    c = DealerClient(w.endpoint)
+    # malformed message -> Error, and the worker carries on
+    c.sock.send_multipart([b"\xff\xfe garbage"])
+    m = c.recv()
+    assert m.kind == "error" and m.envelope.error.code == pb.Error.BAD_MESSAGE
+    c.send(pb.Envelope(hello=pb.Hello(protocol_version="9.0")))
+    m = c.recv()
+    assert m.kind == "error" and m.envelope.error.code == pb.Error.VERSION_MISMATCH
+    info = c.hello()
+    assert info.model == "tiny" and info.eos_token_ids == [257]
+    # health ping/pong
+    c.send(codec.make_health(42, time.time()))
+    m = c.recv()
+    while m.kind != "health":
+        m = c.recv()
+    assert m.envelope.health.reply and m.envelope.health.nonce == 42
+    # invalid requests -> Error with the request id
+    c.batch({"too-long": [1] * 3000}, max_tokens=4)
+    c.batch({"zero": [1, 2]}, max_tokens=0)
+    _, _, _ = c.collect(["too-long", "zero"])
+    assert {e.request_id for e in c.errors} == {"too-long", "zero"}
+    assert all(e.code == pb.Error.INVALID_REQUEST for e in c.errors)
+    # seeded sampling, twice, identical; logprobs carried
+    c.batch({"s1": [256, 10, 20, 30]}, max_tokens=12, temperature=1.0, seed=7, ignore_eos=True, logprobs=2)
+    t1, f1, _ = c.collect(["s1"])
+    c.batch({"s2": [256, 10, 20, 30]}, max_tokens=12, temperature=1.0, seed=7, ignore_eos=True, logprobs=2)
+    t2, _, _ = c.collect(["s2"])
+    assert t1["s1"] == t2["s2"] and len(t1["s1"]) == 12
+    # while busy: a LoadReport at least every 100 ms (between steps: a longer step delays it)
+    c.load_reports.clear()
+    c.batch({"long": [256, 1, 2]}, max_tokens=900, ignore_eos=True)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 1.5:
+        m = c.recv()
+        if m.kind == "load_report":
+            c.load_reports.append((time.monotonic(), m.envelope.load_report))
+    times = [t for t, _ in c.load_reports]
+    step_s = max(r.recent_step_time_ms for _, r in c.load_reports) / 1000
+    assert len(times) >= 3 and max(np.diff(times)) < 0.1 + 3 * step_s + 0.1
+    assert c.load_reports[-1][1].num_running == 1 and c.load_reports[-1][1].num_total_blocks == 64
+    # abort mid-flight -> ABORT record, blocks freed (the worker stays healthy)
+    c.send(codec.make_abort(["long", "unknown"]))
+    _, finals, _ = c.collect(["long"])
+    assert finals["long"].finish_reason == pb.RequestOutput.ABORT
+    # idle: about one per second
+    c.load_reports.clear()
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 2.5:
+        m = c.recv()
+        if m.kind == "load_report":
+            c.load_reports.append((time.monotonic(), m.envelope.load_report))
+    assert 2 <= len(c.load_reports) <= 4
+    assert c.load_reports[-1][1].num_running == 0
+    assert c.load_reports[-1][1].num_free_blocks == 64
+    assert w.terminate() == 0
+
+
+def test_sigterm_errors_in_flight_requests_and_exits_0(worker_factory):
+    w = worker_factory("--model", "tiny", "--num-blocks", "256")
+    c = DealerClient(w.endpoint)
+    c.hello()
+    c.batch({"x": [256, 1, 2, 3], "y": [256, 4]}, max_tokens=1000, ignore_eos=True)
+    m = c.recv()
+    while m.kind != "step_output":
+        m = c.recv()
+    assert w.terminate() == 0
+    _, finals, _ = c.collect(["x", "y"], timeout_s=10)
+    assert not finals
+    assert sorted(e.request_id for e in c.errors) == ["x", "y"]
+    assert all(e.code == pb.Error.SHUTTING_DOWN for e in c.errors)
