@@ -1,7 +1,10 @@
 """From a `BackendConfig` (the CLI's options) to a ready `Engine`: load, size the KV pool, wire."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+
+import torch
 
 from backend.engine import Engine, EngineConfig
 from backend.errors import ModelLoadError
@@ -27,6 +30,7 @@ class BackendConfig:
     max_num_batched_tokens: int = 2048   # tokens per step at most
     enable_prefix_caching: bool = True
     seed: int = 0                        # dummy-weight seed
+    cpu_threads: int | None = None       # torch intra-op threads on the CPU; default: half the cores
 
     def validate(self) -> None:
         if self.block_size < 1 or (self.num_blocks is not None and self.num_blocks < 1):
@@ -64,8 +68,16 @@ def size_kv_pool(cfg: BackendConfig, loaded: LoadedModel, max_model_len: int) ->
     return num_blocks
 
 
+def default_cpu_threads() -> int:
+    """Half the cores (at most 8): on a shared or small machine, OpenMP threads that wait for a
+    busy core make every small matmul dozens of times slower than one thread."""
+    return max(1, min(8, (os.cpu_count() or 2) // 2))
+
+
 def create_engine(cfg: BackendConfig) -> tuple[Engine, LoadedModel]:
     cfg.validate()
+    if not cfg.device.startswith("cuda"):
+        torch.set_num_threads(cfg.cpu_threads or default_cpu_threads())
     loaded = load(cfg.model, cfg.load_format, cfg.dtype, cfg.device, cfg.seed, cfg.max_model_len)
     max_model_len = cfg.max_model_len or loaded.config.max_position_embeddings
     num_blocks = size_kv_pool(cfg, loaded, max_model_len)

@@ -34,6 +34,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens per step at most")
     p.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
     p.add_argument("--seed", type=int, default=0, help="seed of random (dummy) weights")
+    p.add_argument("--cpu-threads", type=int, default=None,
+                   help="torch threads on the CPU (default: half the cores, at most 8)")
 
 
 def backend_config(args: argparse.Namespace):
@@ -44,7 +46,8 @@ def backend_config(args: argparse.Namespace):
         max_model_len=args.max_model_len, block_size=args.block_size, num_blocks=args.num_blocks,
         kv_memory_fraction=args.kv_memory_fraction, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
-        enable_prefix_caching=not args.no_prefix_caching, seed=args.seed)
+        enable_prefix_caching=not args.no_prefix_caching, seed=args.seed,
+        cpu_threads=args.cpu_threads)
 
 
 def serve_parser() -> argparse.ArgumentParser:

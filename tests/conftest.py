@@ -2,8 +2,13 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
+
+# One OpenMP thread per test process (and the worker subprocesses they start): on a small CI
+# machine, threads waiting for a busy core make tiny matmuls dozens of times slower.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def _cuda_available() -> bool:

@@ -1,0 +1,31 @@
+import json
+
+from backend.cli import main
+
+
+def test_profile_writes_the_documented_json(tmp_path):
+    out = tmp_path / "profile.json"
+    rc = main(["profile", "--model", "tiny", "--num-blocks", "64", "--max-num-seqs", "8",
+               "--max-num-batched-tokens", "64", "--max-model-len", "256",
+               "--decode-batch-sizes", "0,1,4", "--prefill-tokens", "0,32", "--context-lens", "16,100",
+               "--repeats", "1", "--warmup", "0", "--out", str(out)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert doc["format"] == "tidegate-profile/1" and doc["num_kv_blocks"] == 64 and doc["block_size"] == 16
+    pts = doc["points"]
+    assert {(p["num_decode_seqs"], p["num_prefill_tokens"], p["context_len"]) for p in pts} == {
+        (0, 32, 0), (1, 0, 16), (1, 32, 16), (4, 0, 16), (4, 32, 16), (1, 0, 100), (1, 32, 100),
+        (4, 0, 100), (4, 32, 100)}
+    for p in pts:
+        assert p["num_context_tokens"] == p["num_decode_seqs"] * p["context_len"] + p["num_prefill_tokens"]
+        assert p["step_ms"] > 0 and p["repeats"] == 1
+    from sims.profile_cost import ProfileCost
+
+    model = ProfileCost.from_json(out)
+    assert model.step_time(4, 0, 400) > 0 and model.num_kv_blocks(16) == 64
+
+
+def test_profile_error_is_one_line(tmp_path, capsys):
+    assert main(["profile", "--model", "nope", "--out", str(tmp_path / "x.json")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "neither a directory nor a preset" in err
