@@ -161,9 +161,14 @@ def serve_main(argv: list[str]) -> int:
     print(f"tidegate bench serve: {len(prompts)} requests to {target_name} "
           f"(rate {args.rate:g}/s, max concurrency {args.max_concurrency or 'none'})",
           file=sys.stderr)
+    import aiohttp
+    never_answered = (aiohttp.ClientError, OSError, RuntimeError, TimeoutError)
+    if args.backend == "zmq":
+        from gateway.client import TidegateError
+        never_answered += (TidegateError,)
     try:
         records, t0, model = asyncio.run(coro)
-    except Exception as exc:  # the target never answered (e.g. GET /v1/models failed)
+    except never_answered as exc:  # e.g. GET /v1/models failed, or no BackendInfo over ZMQ
         print(f"tidegate bench serve: {exc.__class__.__name__}: {exc}", file=sys.stderr)
         return 1
     result = summarize(records, start_time=t0, slo_ttft_ms=slo_ttft, slo_tpot_ms=slo_tpot)

@@ -112,7 +112,8 @@ async def _read_stream(resp: aiohttp.ClientResponse, rec: RequestRecord) -> None
             break
         data = json.loads(payload)
         if not isinstance(data, dict):
-            raise ValueError("an SSE event that is not a JSON object")
+            rec.error, rec.error_detail = "bad_response", "an SSE event that is not a JSON object"
+            return
         if "error" in data:
             rec.error, rec.error_detail = "stream_error", _error_message(payload)
             return
@@ -255,11 +256,18 @@ async def run_zmq(address: str, offsets, prompts: list[list[int]], output_lens,
 
     n = len(prompts)
     records = [RequestRecord(i, len(prompts[i]), int(output_lens[i])) for i in range(n)]
-    async with AsyncClient(address, timeout=timeout_s) as client:
+    # connect() and close() by hand: `async with` would leave the socket open (and the ZMQ
+    # context's teardown blocked) when the gateway never answers the Hello
+    client = AsyncClient(address, timeout=timeout_s, connect_timeout=min(10.0, timeout_s))
+    try:
+        await client.connect()
+
         async def send_one(i: int) -> None:
             await send_zmq(client, prompts[i], int(output_lens[i]), records[i], ignore_eos,
                            temperature)
 
         t0 = await run_schedule(offsets, send_one, records, max_concurrency, Progress(n, progress))
         model = client.model
+    finally:
+        await client.close()
     return records, t0, model

@@ -38,7 +38,7 @@ class LengthSpec:
     sigma: float = 0.5
 
     @classmethod
-    def parse(cls, text: str | int) -> "LengthSpec":
+    def parse(cls, text: str | int) -> LengthSpec:
         parts = str(text).split(":")
         try:
             if len(parts) == 1:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import time
 from dataclasses import dataclass, field
@@ -10,11 +11,12 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from bench.loadgen import HttpTarget, chunk_tokens, run_http, run_zmq
-from bench.metrics import summarize
+from bench.loadgen import HttpTarget, Progress, chunk_tokens, run_http, run_zmq
+from bench.metrics import RequestRecord, summarize
 
 MODEL = "fake-model"
-RATE_LIMITED, STREAM_ERROR, NO_DONE = 13, 14, 15     # max_tokens values that trigger failures
+# max_tokens values that trigger failures
+RATE_LIMITED, STREAM_ERROR, NO_DONE, NOT_AN_OBJECT, NOT_JSON = 501, 502, 503, 504, 505
 
 
 @dataclass
@@ -55,6 +57,9 @@ class FakeOpenAI:
                                                  "param": None, "code": 429}}, status=429)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
+        if n in (NOT_AN_OBJECT, NOT_JSON):
+            await resp.write(b"data: [1, 2]\n\n" if n == NOT_AN_OBJECT else b"data: {oops\n\n")
+            return resp
 
         async def send(obj):
             await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
@@ -77,11 +82,12 @@ class FakeOpenAI:
             if n == STREAM_ERROR and sent >= 2:
                 await send({"error": {"message": "backend died", "type": "server_error"}})
                 return resp
+            if n == NO_DONE and sent >= 2:
+                return resp          # the connection closes without [DONE]
         if body.get("stream_options", {}).get("include_usage"):
             await send({"choices": [], "usage": {"prompt_tokens": len(body["prompt"]),
                                                  "completion_tokens": n}})
-        if n != NO_DONE:
-            await resp.write(b"data: [DONE]\n\n")
+        await resp.write(b"data: [DONE]\n\n")
         return resp
 
 
@@ -108,10 +114,11 @@ async def test_ttft_itl_tpot_and_request_body(aiohttp_server):
     assert s["num_completed"] == 6 and s["num_errors"] == 0
     assert s["total_output_tokens"] == 60 and s["num_output_mismatch"] == 0
     assert all(r.chunk_tokens == [1] * 10 for r in records)      # the prompt-ids chunk is no token
-    within(s["ttft_ms"], 49, 75)
-    within(s["itl_ms"], 9, 20, keys=("mean", "p50"))
-    within(s["tpot_ms"], 9, 20)
-    within(s["e2el_ms"], 49 + 90, 75 + 120)
+    # lower bounds are tight (a sleep never ends early); upper ones leave room for a busy machine
+    within(s["ttft_ms"], 49, 120)
+    within(s["itl_ms"], 9, 30, keys=("mean", "p50"))
+    within(s["tpot_ms"], 9, 30)
+    within(s["e2el_ms"], 49 + 90, 400)
     b = fake.bodies[0]
     assert b["prompt"] == [1] * 5 and b["max_tokens"] == 10 and b["stream"] is True
     assert b["ignore_eos"] is True and b["return_token_ids"] is True
@@ -124,10 +131,12 @@ async def test_multi_token_chunks_one_itl_gap_each(aiohttp_server):
     records, t0, _ = await bench(server, fake, [10])
     r = records[0]
     assert r.chunk_tokens == [3, 3, 3, 1] and r.output_tokens == 10
-    gaps = np.diff(r.chunk_times) * 1e3
-    assert gaps == pytest.approx([30, 30, 10], abs=8)
+    gaps = np.diff(r.chunk_times) * 1e3          # sleeps end late under load, never early
+    assert np.all(gaps >= np.array([30, 30, 10]) - 1) and np.all(gaps <= np.array([30, 30, 10]) + 25)
     s = summarize(records, start_time=t0)
-    assert s["tpot_ms"]["mean"] == pytest.approx(70 / 9, abs=2)   # (e2el − ttft) / 9 tokens
+    assert s["itl_ms"]["mean"] == pytest.approx(gaps.mean())
+    tpot = (r.finish_time - r.first_token_time) / 9 * 1e3             # (e2el − ttft) / 9 tokens
+    assert s["tpot_ms"]["mean"] == pytest.approx(tpot) and 70 / 9 - 0.5 <= tpot <= 70 / 9 + 6
 
 
 async def test_server_without_token_ids_counts_a_token_per_chunk(aiohttp_server):
@@ -142,20 +151,20 @@ async def test_server_without_token_ids_counts_a_token_per_chunk(aiohttp_server)
 async def test_error_accounting(aiohttp_server):
     fake = FakeOpenAI(first_delay=0.01, gap=0.002)
     server = await aiohttp_server(fake.app())
-    max_tokens = [5, RATE_LIMITED, STREAM_ERROR, NO_DONE, 5, RATE_LIMITED]
+    max_tokens = [5, RATE_LIMITED, STREAM_ERROR, NO_DONE, 5, RATE_LIMITED, NOT_AN_OBJECT, NOT_JSON]
     records, t0, _ = await bench(server, fake, max_tokens)
     s = summarize(records, start_time=t0)
-    assert s["num_requests"] == 6 and s["num_completed"] == 2 and s["num_errors"] == 4
-    assert s["errors"] == {"http_429": 2, "stream_error": 1, "incomplete": 1}
+    assert s["num_requests"] == 8 and s["num_completed"] == 2 and s["num_errors"] == 6
+    assert s["errors"] == {"http_429": 2, "stream_error": 1, "incomplete": 1, "bad_response": 2}
     assert records[1].error_detail == "queue full"
     assert records[2].error_detail == "backend died"
-    assert s["goodput"]["num_good"] == 2 and s["goodput"]["fraction"] == pytest.approx(2 / 6)
-    assert s["by_class"]["normal"]["num_errors"] == 4 and s["by_class"]["fast"]["num_errors"] == 0
+    assert s["goodput"]["num_good"] == 2 and s["goodput"]["fraction"] == pytest.approx(2 / 8)
+    assert s["by_class"]["slow"]["num_errors"] == 6 and s["by_class"]["fast"]["num_errors"] == 0
 
 
 async def test_connection_refused_and_timeout(aiohttp_server, unused_tcp_port):
     target = HttpTarget(url=f"http://127.0.0.1:{unused_tcp_port}", model="m")
-    records, t0, _ = await run_http(target, np.zeros(2), [[1], [1]], [4, 4])
+    records, _, _ = await run_http(target, np.zeros(2), [[1], [1]], [4, 4])
     assert [r.error for r in records] == ["connection", "connection"]
     fake = FakeOpenAI(first_delay=1.0)
     server = await aiohttp_server(fake.app())
@@ -170,7 +179,7 @@ async def test_max_concurrency_caps_in_flight_and_send_time_is_real_send(aiohttp
     assert fake.max_in_flight == 2
     s = summarize(records, start_time=t0)
     assert s["num_completed"] == 6
-    within(s["ttft_ms"], 39, 65)         # the wait for a slot is not in TTFT (vLLM's convention)
+    within(s["ttft_ms"], 39, 120)        # the wait for a slot is not in TTFT (vLLM's convention)
     sends = sorted(r.send_time - t0 for r in records)
     assert sends[-1] > 0.08              # the last pair waited for two rounds
 
@@ -181,8 +190,19 @@ async def test_open_loop_sends_on_schedule(aiohttp_server):
     offsets = np.array([0.0, 0.03, 0.06, 0.09, 0.12])
     records, t0, _ = await bench(server, fake, [2] * 5, offsets=offsets)
     sent = np.array([r.send_time - t0 for r in records])
-    assert sent == pytest.approx(offsets, abs=0.015)
+    assert np.all(sent >= offsets - 0.002) and np.all(sent <= offsets + 0.05)
     assert fake.max_in_flight == 5
+
+
+def test_progress_bar():
+    out = io.StringIO()
+    bar = Progress(4, True, out)
+    for ok in (True, False, True, True):
+        bar.update(RequestRecord(0, 1, 1, 0.0, [1.0] if ok else [], [1] if ok else [], 1))
+    assert out.getvalue().endswith("] 4/4 1 failed    0.0 s\n")
+    quiet = io.StringIO()
+    Progress(1, False, quiet).update(RequestRecord(0, 1, 1))
+    assert quiet.getvalue() == ""
 
 
 def test_chunk_token_rules():
@@ -196,6 +216,7 @@ def test_chunk_token_rules():
 async def test_against_the_gateway_app(aiohttp_server):
     from test_gateway_fakes import FakeBackend
     from test_gateway_http import ipc_address, make_config
+
     from gateway.app import create_app
 
     backend = await FakeBackend(ipc_address(), step_s=0.005).start()
@@ -235,4 +256,4 @@ async def test_zmq_mode_against_a_fake_front_door():
     s = summarize(records, start_time=t0)
     assert s["num_errors"] == 0
     assert [r.output_tokens for r in records] == [5, 5, 30, 1]
-    within(s["itl_ms"], 5, 40, keys=("p50",))
+    within(s["itl_ms"], 5, 80, keys=("p50",))
