@@ -21,6 +21,7 @@ from typing import Protocol
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from gateway.errors import APIError, backend_error, deadline_exceeded, unavailable
 from proto import codec
@@ -46,7 +47,10 @@ class RequestSink(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class PoolConfig:
-    heartbeat_timeout_s: float = 3.0  # no message for this long: the backend is down
+    # No message for this long: the backend is down. Backends report between steps only, and a
+    # CPU step under load can take seconds; a dead process is noticed at once anyway (its
+    # connection drops, see _watch_connection), so this window only catches a hung one.
+    heartbeat_timeout_s: float = 10.0
     hello_interval_s: float = 0.5  # Hello retry period while a backend is not up
     max_inflight_per_backend: int = 256  # requests the gateway keeps on one backend at most
     name: str = "tidegate-gateway"
@@ -133,6 +137,8 @@ class BackendPool:
         for b in self.backends:
             self._hello(b, time.monotonic())
             self._tasks.append(asyncio.create_task(self._reader(b), name=f"pool-read {b.address}"))
+            self._tasks.append(asyncio.create_task(self._watch_connection(b),
+                                                   name=f"pool-watch {b.address}"))
         self._tasks.append(asyncio.create_task(self._monitor(), name="pool-monitor"))
 
     async def close(self) -> None:
@@ -247,10 +253,11 @@ class BackendPool:
         env, kind = decoded.envelope, decoded.kind
         if kind == "backend_info":
             codec.check_version(env.backend_info.protocol_version)
+            if not backend.healthy:
+                log.info("backend %s up: model %s", backend.address, env.backend_info.model)
             backend.info = env.backend_info
             self._mark_up(backend, now)
             self._ready.set()
-            log.info("backend %s up: model %s", backend.address, backend.info.model)
         elif backend.info is None:
             if kind != "error":
                 return  # not introduced yet (e.g. reports from before our Hello)
@@ -309,6 +316,21 @@ class BackendPool:
             self._mark_down(backend, f"protocol version mismatch: {err.message}")
 
     # --- heartbeats -----------------------------------------------------------------------------
+    async def _watch_connection(self, backend: BackendConn) -> None:
+        """ZMQ socket events: a dropped connection (the backend process died) marks the backend
+        down at once, without waiting for the heartbeat window; a new one gets a Hello."""
+        mon = backend.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        try:
+            while True:
+                event = parse_monitor_message(await mon.recv_multipart())["event"]
+                if event == zmq.EVENT_DISCONNECTED:
+                    self._mark_down(backend, "connection lost")
+                elif event == zmq.EVENT_CONNECTED and not backend.healthy:
+                    self._hello(backend, time.monotonic())
+        finally:
+            backend.sock.disable_monitor()
+            mon.close(linger=0)
+
     async def _monitor(self) -> None:
         period = min(self.config.heartbeat_timeout_s / 4, self.config.hello_interval_s)
         while True:
@@ -316,6 +338,8 @@ class BackendPool:
             now = time.monotonic()
             for b in self.backends:
                 if b.healthy and now - b.last_seen > self.config.heartbeat_timeout_s:
+                    if b.sock.get(zmq.EVENTS) & zmq.POLLIN:
+                        continue  # messages are waiting: we are slow, not the backend
                     self._mark_down(b, f"no message for {now - b.last_seen:.1f} s")
                 if not b.healthy and now - b.last_hello >= self.config.hello_interval_s:
                     self._hello(b, now)

@@ -209,6 +209,7 @@ class Gateway:
 
     def record(self, handle: RequestHandle, status: int) -> None:
         """Metrics for one finished sequence (status: the HTTP status it ended with)."""
+        self.metrics.model_name = self.model_name
         self.metrics.observe_request(status, handle.queue_class_name)
         asm = handle.assembler
         if status == 200 and asm.finished:

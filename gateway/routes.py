@@ -160,7 +160,9 @@ async def stream_events(request: web.Request, make_chunks, first_chunks, final_c
     except APIError as err:
         await resp.write(sse(err.to_dict()))
         status = err.status
-    except (asyncio.CancelledError, ConnectionResetError):
+    except ConnectionResetError:  # the client went away mid-stream: its handles get aborted
+        return resp, 499
+    except asyncio.CancelledError:
         raise
     except Exception:
         log.exception("stream failed")
@@ -182,6 +184,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     handles = submit_all(gw, request_id, prompts, req.sampling, req.options, "max_tokens")
     log_request(gw, request_id, handles, req.prompts)
     created, model = int(time.time()), gw.model_name
+    token_info = req.options.return_token_ids or req.sampling.logprobs is not None
     echo = [(p if isinstance(p, str) else gw.bundle.decode(list(p))) if req.echo else None
             for p in req.prompts]
 
@@ -208,6 +211,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
         async def chunks():
             async for i, d in merged(handles, gw.config.stream_interval):
+                if not (d.text or d.finish_reason or token_info):
+                    continue  # only held-back bytes so far: nothing to show
                 c = {"index": i, "text": d.text,
                      "logprobs": completion_logprobs(handles[i], d.token_ids, d.logprobs,
                                                      offsets[i]),
@@ -241,6 +246,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     log_request(gw, request_id, handles, messages)
     handle = handles[0]
     created, model = int(time.time()), gw.model_name
+    token_info = req.options.return_token_ids or req.sampling.logprobs is not None
 
     async def respond():
         if not req.options.stream:
@@ -259,6 +265,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
         async def chunks():
             async for d in handle.deltas(gw.config.stream_interval):
+                if not (d.text or d.finish_reason or token_info):
+                    continue
                 c = {"index": 0, "delta": {"content": d.text} if d.text else {},
                      "logprobs": chat_logprobs(handle, d.token_ids, d.logprobs),
                      "finish_reason": d.finish_reason}

@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds on SIGTERM")
     p.add_argument("--startup-timeout", type=float, default=120.0,
                    help="seconds to wait for the embedded backend")
-    p.add_argument("--heartbeat-timeout", type=float, default=3.0,
+    p.add_argument("--heartbeat-timeout", type=float, default=10.0,
                    help="a backend silent this long is marked down")
     p.add_argument("--max-inflight-per-backend", type=int, default=256,
                    help="requests in flight on one backend; more wait in the class queues")

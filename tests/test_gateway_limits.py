@@ -246,7 +246,8 @@ async def test_backend_sigkill_under_load(aiohttp_client):
     a, b = ipc_address(), ipc_address()
     procs = [start_fake_process(a), start_fake_process(b)]
     try:
-        app = create_app(make_config(a, b, pool=PoolConfig(heartbeat_timeout_s=1.0,
+        # A long heartbeat window: a killed process is noticed from its dropped connection.
+        app = create_app(make_config(a, b, pool=PoolConfig(heartbeat_timeout_s=30.0,
                                                            hello_interval_s=0.1)),
                          startup_wait_s=5.0)
         client = await aiohttp_client(app)
@@ -274,6 +275,7 @@ async def test_backend_sigkill_under_load(aiohttp_client):
         assert len(failed) == num_on_dead
         assert all((isinstance(r, int) and r >= 500) or r["code"] == "backend_down"
                    for r in failed)
+        assert time.monotonic() - t0 < 2.0  # no heartbeat wait
         resp = await client.get("/health")
         assert resp.status == 200  # one backend is still healthy
         assert [x.healthy for x in gw.pool.backends] == [False, True]
