@@ -175,3 +175,18 @@ async def test_goodput_counts_slo(gateway_client, backend):
     await post(client, "/v1/completions", {"prompt": "hi", "max_tokens": 3})
     text = await (await client.get("/metrics")).text()
     assert "tidegate_goodput_ratio 0.0" in text  # 20 ms per token misses a 1 ms TPOT SLO
+
+
+async def test_window_gathers_requests_when_idle_flush_is_off(aiohttp_client, backend):
+    from scheduler.batcher import BatcherConfig
+
+    # size / rate is huge at 1 req/s, so the window stays open for min_latency (80 ms).
+    config = make_config(backend.address, batcher=BatcherConfig(
+        min_latency_ms=80, target_throughput=1.0, idle_flush=False))
+    client = await aiohttp_client(create_app(config, startup_wait_s=5.0))
+    t0 = asyncio.get_running_loop().time()
+    results = await asyncio.gather(*(post(client, "/v1/completions",
+                                          {"prompt": "a", "max_tokens": 2}) for _ in range(5)))
+    assert [s for s, _ in results] == [200] * 5
+    assert backend.batch_sizes == [5]
+    assert asyncio.get_running_loop().time() - t0 >= 0.08

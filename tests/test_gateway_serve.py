@@ -113,3 +113,25 @@ def test_unknown_backend_serves_503_until_one_answers():
         proc.kill()
         proc.wait()
         assert server.stop()[0] == 0
+
+
+def test_drain_timeout_ends_remaining_streams_with_an_error_event(fake_backend):
+    server = ServeProcess("--backend", fake_backend, "--drain-timeout", "0.5")
+    result = {}
+
+    def long_request():
+        result["long"] = server.post("/v1/completions", {"prompt": "a", "max_tokens": 2000,
+                                                         "ignore_eos": True, "stream": True})
+
+    t = threading.Thread(target=long_request)
+    t.start()
+    time.sleep(0.3)
+    server.proc.send_signal(signal.SIGTERM)
+    t.join(30)
+    status, raw = result["long"]
+    assert isinstance(raw, str), (status, raw)
+    last = raw.strip().split("\n\n")[-1]
+    assert status == 200 and last.startswith("data: {\"error\"")
+    assert json.loads(last[len("data: "):])["error"]["code"] == "shutting_down"
+    code, _ = server.stop()
+    assert code == 0
