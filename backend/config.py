@@ -83,7 +83,7 @@ class ModelConfig:
 
     # ---- constructors --------------------------------------------------------------------
     @classmethod
-    def from_hf_dict(cls, d: dict[str, Any], name: str = "") -> "ModelConfig":
+    def from_hf_dict(cls, d: dict[str, Any], name: str = "") -> ModelConfig:
         archs = d.get("architectures") or []
         if not archs and d.get("model_type") == "llama":
             archs = ["LlamaForCausalLM"]
@@ -131,7 +131,7 @@ class ModelConfig:
             raise ConfigError(f"config.json lacks required field {exc.args[0]!r}") from None
 
     @classmethod
-    def from_json_file(cls, path: str | os.PathLike, name: str = "") -> "ModelConfig":
+    def from_json_file(cls, path: str | os.PathLike, name: str = "") -> ModelConfig:
         try:
             with open(path, encoding="utf-8") as f:
                 d = json.load(f)
@@ -142,7 +142,7 @@ class ModelConfig:
         return cls.from_hf_dict(d, name=name or Path(path).parent.name)
 
     @classmethod
-    def from_preset(cls, name: str) -> "ModelConfig":
+    def from_preset(cls, name: str) -> ModelConfig:
         if name not in PRESETS:
             raise ConfigError(f"unknown preset {name!r} (presets: {', '.join(PRESETS)})")
         return cls.from_json_file(preset_path(name), name=name)

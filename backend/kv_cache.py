@@ -25,7 +25,7 @@ class KVCache:
 
     @classmethod
     def allocate(cls, config: ModelConfig, num_blocks: int, block_size: int,
-                 dtype: torch.dtype, device: torch.device | str) -> "KVCache":
+                 dtype: torch.dtype, device: torch.device | str) -> KVCache:
         shape = (num_blocks, block_size, config.num_key_value_heads, config.head_dim)
         k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
         v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]

@@ -178,7 +178,7 @@ _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 def _target(net: LlamaModel, hf_name: str) -> tuple[str, int, int] | None:
     """(our parameter name, first row, number of rows) for an HF tensor name; None = ignore."""
     c = net.config
-    name = hf_name[len("model."):] if hf_name.startswith("model.") else hf_name
+    name = hf_name.removeprefix("model.")
     m = _LAYER.match(name)
     if m:
         i, rest = m.group(1), m.group(2)
@@ -212,7 +212,7 @@ def load_safetensors(net: LlamaModel, files: list[Path]) -> None:
         except (SafetensorError, OSError) as exc:
             raise ModelLoadError(f"cannot read {f}: {exc}") from None
         with handle:
-            for hf_name in handle.keys():
+            for hf_name in handle.keys():  # noqa: SIM118 -- safe_open is not iterable
                 target = _target(net, hf_name)
                 if target is None:
                     continue

@@ -8,8 +8,9 @@ through the LM head and the sampler.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 import torch

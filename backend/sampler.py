@@ -54,7 +54,7 @@ class SamplingTensors:
 
     @classmethod
     def build(cls, params: list[SamplingParams], seeds: list[int], counters: list[int],
-              vocab_size: int, device: torch.device) -> "SamplingTensors":
+              vocab_size: int, device: torch.device) -> SamplingTensors:
         top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
         top_p = [p.top_p if 0.0 < p.top_p < 1.0 else 1.0 for p in params]
         temps = [max(p.temperature, 0.0) for p in params]

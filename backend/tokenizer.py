@@ -47,7 +47,7 @@ class TokenizerBundle:
 
     @classmethod
     def from_parts(cls, tokenizer_json: str, chat_template: str | None, bos_token_id: int | None,
-                   eos_token_ids: tuple[int, ...] | list[int], name: str = "") -> "TokenizerBundle":
+                   eos_token_ids: tuple[int, ...] | list[int], name: str = "") -> TokenizerBundle:
         """Rebuild a bundle from the fields carried by `BackendInfo`."""
         b = cls(tokenizer_json, chat_template or None, bos_token_id, tuple(eos_token_ids), name)
         tok = b.tokenizer
@@ -197,7 +197,7 @@ def _load_hf_dir(path: Path) -> TokenizerBundle:
         from tokenizers import Tokenizer
 
         tok = Tokenizer.from_str(tokenizer_json)
-    except Exception as exc:  # tokenizers raises plain Exception subclasses
+    except Exception as exc:  # noqa: BLE001 -- tokenizers raises plain Exception subclasses
         raise ModelLoadError(f"{tj_path} cannot be parsed: {str(exc).splitlines()[0]}") from None
 
     bos_token = _token_str(tcfg.get("bos_token"))

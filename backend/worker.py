@@ -122,7 +122,7 @@ class Worker:
                 self._handle(identity, frames[1:])
             except codec.DecodeError as exc:
                 self._send(identity, codec.error_for(exc))
-            except Exception as exc:  # a bug must not take the backend down
+            except Exception as exc:  # noqa: BLE001 -- a bug must not take the backend down
                 print(f"tidegate backend: internal error handling a message: {exc!r}", file=sys.stderr)
                 self._send(identity, codec.make_error(pb.Error.INTERNAL, f"internal error: {exc}"))
 

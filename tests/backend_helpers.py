@@ -11,17 +11,17 @@ from backend.tokenizer import byte_level_bundle
 
 # name -> LlamaConfig kwargs. GQA ratios 1, 4, 7; linear rope x4; odd vocab; tied / untied.
 CHECKPOINTS = {
-    "gqa1_untied_oddvocab": dict(vocab_size=263, hidden_size=64, intermediate_size=96,
-                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-                                 tie_word_embeddings=False),
-    "gqa4_tied_rope4": dict(vocab_size=300, hidden_size=64, intermediate_size=128,
-                            num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
-                            head_dim=16, tie_word_embeddings=True,
-                            rope_scaling={"rope_type": "linear", "factor": 4.0}),
-    "gqa7_sharded": dict(vocab_size=261, hidden_size=112, intermediate_size=160,
-                         num_hidden_layers=3, num_attention_heads=7, num_key_value_heads=1,
-                         head_dim=16, tie_word_embeddings=False, rope_theta=100000.0,
-                         rope_scaling={"rope_type": "linear", "factor": 4.0}),
+    "gqa1_untied_oddvocab": {"vocab_size": 263, "hidden_size": 64, "intermediate_size": 96,
+                                 "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+                                 "tie_word_embeddings": False},
+    "gqa4_tied_rope4": {"vocab_size": 300, "hidden_size": 64, "intermediate_size": 128,
+                            "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2,
+                            "head_dim": 16, "tie_word_embeddings": True,
+                            "rope_scaling": {"rope_type": "linear", "factor": 4.0}},
+    "gqa7_sharded": {"vocab_size": 261, "hidden_size": 112, "intermediate_size": 160,
+                         "num_hidden_layers": 3, "num_attention_heads": 7, "num_key_value_heads": 1,
+                         "head_dim": 16, "tie_word_embeddings": False, "rope_theta": 100000.0,
+                         "rope_scaling": {"rope_type": "linear", "factor": 4.0}},
 }
 
 
@@ -118,6 +118,7 @@ class DealerClient:
         self.sock.connect(endpoint)
         self.load_reports = []
         self.errors = []
+        self.logprobs = {}  # request id -> [TokenLogprobs] over all outputs seen
 
     def send(self, envelope, arrays=()) -> None:
         from proto import codec
@@ -176,6 +177,7 @@ class DealerClient:
             elif m.kind == "step_output":
                 num_step_outputs += 1
                 for o in m.envelope.step_output.outputs:
+                    self.logprobs.setdefault(o.request_id, []).extend(o.logprobs)
                     if o.tokens_frame >= 0:
                         tokens[o.request_id].extend(m.arrays[o.tokens_frame].tolist())
                     if o.finish_reason:

@@ -29,7 +29,7 @@ def _prompt(n, seed, vocab):
 
 
 def test_logits_match_transformers(ckpt):
-    path, loaded, runner, hf = ckpt
+    _path, loaded, runner, hf = ckpt
     ids = _prompt(45, 1, loaded.config.vocab_size)
     alloc = BlockAllocator(BLOCK)
     n, ctx, _ = runner.prepare([Chunk("a", ids, 0, alloc.table("a", len(ids)))])
@@ -44,7 +44,7 @@ def test_logits_match_transformers(ckpt):
 def test_packed_prefills_chunked_prefill_and_decodes_match_one_shot(ckpt):
     """A step holding decodes and several packed prefill chunks gives the logits that a
     one-shot forward of each full sequence gives at the same positions (also: chunked == one-shot)."""
-    path, loaded, runner, hf = ckpt
+    _path, loaded, runner, hf = ckpt
     vocab = loaded.config.vocab_size
     prompts = {"a": _prompt(30, 2, vocab), "b": _prompt(11, 3, vocab), "c": _prompt(23, 4, vocab)}
     with torch.no_grad():

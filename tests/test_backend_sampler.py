@@ -2,8 +2,14 @@ import math
 
 import torch
 
-from backend.sampler import (Sampler, SamplingParams, SamplingTensors, finish_reason, sample,
-                             uniform_noise)
+from backend.sampler import (
+    Sampler,
+    SamplingParams,
+    SamplingTensors,
+    finish_reason,
+    sample,
+    uniform_noise,
+)
 
 
 def _tensors(n, vocab, **kw):

@@ -111,7 +111,10 @@ def test_protocol_behaviour(worker_factory):
     assert all(e.code == pb.Error.INVALID_REQUEST for e in c.errors)
     # seeded sampling, twice, identical; logprobs carried
     c.batch({"s1": [256, 10, 20, 30]}, max_tokens=12, temperature=1.0, seed=7, ignore_eos=True, logprobs=2)
-    t1, f1, _ = c.collect(["s1"])
+    t1, _, _ = c.collect(["s1"])
+    lps = c.logprobs["s1"]
+    assert len(lps) == 12 and all(len(lp.top_ids) == 2 and len(lp.top_logprobs) == 2 for lp in lps)
+    assert all(lp.logprob <= 0 and lp.top_logprobs[0] >= lp.top_logprobs[1] for lp in lps)
     c.batch({"s2": [256, 10, 20, 30]}, max_tokens=12, temperature=1.0, seed=7, ignore_eos=True, logprobs=2)
     t2, _, _ = c.collect(["s2"])
     assert t1["s1"] == t2["s2"] and len(t1["s1"]) == 12
