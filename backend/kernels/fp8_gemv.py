@@ -1,0 +1,289 @@
+"""Weight-only FP8 (E4M3, per-output-channel fp32 scales) linear layers.
+
+    w_fp8 [N, K] float8_e4m3fn, scale fp32 [N]:   w ~= w_fp8 * scale[:, None]
+    y [M, N] = (x [M, K] @ w_fp8.T) * scale        fp32 accumulation, rounded to x's dtype
+
+Small M (decode) is memory-bound on the weight: the Triton GEMV streams each fp8 weight byte once,
+converts it in registers and accumulates in fp32; the output tile is transposed (w is the left
+operand, [BLOCK_N, BLOCK_K] @ x^T [BLOCK_K, BLOCK_M]) so the wide weight tile feeds the tensor
+cores and a padded M of 16 costs nothing extra in memory. Where N alone gives too few programs to
+fill the chip, K is split and a second small kernel sums the fp32 partials:
+
+    grid (n tiles, k splits, m tiles);   partials [split_k, M, N] fp32 -> sum -> y
+
+Large M (prefill, big batches) goes to torch._scaled_mm with row-wise scales after a per-token
+fp8 quantization of x (W8A8: the activation rounding is that path's own small error). The switch
+is FP8_GEMV_MAX_M, set from the H200 measurement in scripts/gpu_kernels_check.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from backend.kernels.triton_utils import (
+    HAS_TRITON,
+    cdiv,
+    next_power_of_2,
+    num_sms,
+    tl,
+    triton,
+    use_triton,
+)
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0
+# The Triton GEMV serves M <= FP8_GEMV_MAX_M; larger M goes to torch._scaled_mm (measured).
+FP8_GEMV_MAX_M = 16
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    block_n: int = 64
+    block_k: int = 256
+    num_warps: int = 4
+    num_stages: int = 4
+    programs_per_sm: int = 4   # split K until n_tiles * split_k >= programs_per_sm * SMs
+    use_dot: bool = True       # False: FMA + row reduction (M == 1 only)
+
+
+DEFAULT_GEMV_CONFIG = GemvConfig()
+
+
+# ---- quantization ------------------------------------------------------------------------------
+
+def quantize_fp8_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] -> (w_fp8 [N, K] e4m3, scale fp32 [N]) with scale = amax(|w[n]|) / 448."""
+    amax = w.abs().amax(dim=1).to(torch.float32).clamp(min=1e-12)
+    scale = amax / FP8_MAX
+    w_fp8 = (w.to(torch.float32) / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return w_fp8.contiguous(), scale.contiguous()
+
+
+def dequantize_fp8_per_channel(w_fp8: torch.Tensor, scale: torch.Tensor,
+                               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return (w_fp8.to(torch.float32) * scale[:, None].to(torch.float32)).to(dtype)
+
+
+def quantize_fp8_per_token_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (x_fp8 [M, K], x_scale fp32 [M, 1]) with x_scale = amax(|x[m]|) / 448."""
+    amax = x.abs().amax(dim=1, keepdim=True).to(torch.float32).clamp(min=1e-12)
+    x_scale = amax / FP8_MAX
+    x_fp8 = (x.to(torch.float32) / x_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return x_fp8, x_scale
+
+
+def check_fp8_support(device: torch.device | str) -> None:
+    """Raise a clear error where E4M3 weights cannot run (needs CUDA compute capability >= 8.9)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise RuntimeError(f"fp8 quantization needs a CUDA GPU (compute capability >= 8.9); "
+                           f"device is {device}")
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < (8, 9):
+        raise RuntimeError(f"fp8 quantization needs compute capability >= 8.9 (Ada/Hopper); "
+                           f"{torch.cuda.get_device_name(device)} is {major}.{minor}")
+
+
+# ---- references --------------------------------------------------------------------------------
+
+def fp8_gemv_reference(x: torch.Tensor, w_fp8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Weight-only oracle: x @ (w_fp8 * scale).T in fp32 (float64 for float64 x) -> x.dtype."""
+    acc_dtype = torch.promote_types(x.dtype, torch.float32)
+    y = (x.to(acc_dtype) @ w_fp8.to(acc_dtype).T) * scale.to(acc_dtype)
+    return y.to(x.dtype)
+
+
+def fp8_scaled_mm_reference(x: torch.Tensor, w_fp8: torch.Tensor,
+                            scale: torch.Tensor) -> torch.Tensor:
+    """W8A8 oracle of the _scaled_mm path: x quantized per token, then both dequantized."""
+    x_fp8, x_scale = quantize_fp8_per_token_reference(x)
+    x_deq = x_fp8.to(torch.float32) * x_scale
+    return fp8_gemv_reference(x_deq, w_fp8, scale).to(x.dtype)
+
+
+# ---- Triton kernels ----------------------------------------------------------------------------
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _fp8_gemv_kernel(
+        x_ptr, w_ptr, scale_ptr, out_ptr, M, N, K, k_per_split,
+        stride_xm, stride_wn, stride_om,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        EVEN_K: tl.constexpr, PARTIALS: tl.constexpr, USE_DOT: tl.constexpr,
+    ):
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        pid_m = tl.program_id(2)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask_n = offs_n < N
+        mask_m = offs_m < M
+        k_start = pid_k * k_per_split
+        k_end = tl.minimum(k_start + k_per_split, K)
+
+        w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn          # [BLOCK_N, 1]
+        x_cols = x_ptr + offs_m.to(tl.int64)[None, :] * stride_xm          # [1, BLOCK_M]
+        if USE_DOT:
+            acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        else:
+            acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        for k0 in range(k_start, k_end, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            if EVEN_K:
+                w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None], other=0.0)
+            else:
+                mask_k = offs_k < k_end
+                w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :],
+                            other=0.0)
+            if USE_DOT:
+                if EVEN_K:
+                    xt = tl.load(x_cols + offs_k[:, None], mask=mask_m[None, :], other=0.0)
+                else:
+                    xt = tl.load(x_cols + offs_k[:, None],
+                                 mask=mask_m[None, :] & mask_k[:, None], other=0.0)
+                # [BLOCK_N, BLOCK_K] @ [BLOCK_K, BLOCK_M] -> [BLOCK_N, BLOCK_M]
+                acc += tl.dot(w.to(xt.dtype), xt)
+            else:  # M == 1: plain FMAs, one reduction over K after the loop
+                if EVEN_K:
+                    xr = tl.load(x_ptr + offs_k)
+                else:
+                    xr = tl.load(x_ptr + offs_k, mask=mask_k, other=0.0)
+                acc2 += w.to(tl.float32) * xr.to(tl.float32)[None, :]
+        if not USE_DOT:
+            acc = tl.sum(acc2, axis=1)[:, None]                              # [BLOCK_N, 1]
+
+        s = tl.load(scale_ptr + offs_n, mask=mask_n, other=0.0)
+        acc = acc * s[:, None]
+        mask = mask_n[:, None] & mask_m[None, :]
+        if PARTIALS:  # out_ptr: fp32 partials [split_k, M, N]
+            part = out_ptr + pid_k.to(tl.int64) * M * N
+            tl.store(part + offs_m[None, :] * N + offs_n[:, None], acc, mask=mask)
+        else:
+            tl.store(out_ptr + offs_m[None, :] * stride_om + offs_n[:, None],
+                     acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _splitk_reduce_kernel(part_ptr, out_ptr, M, N, split_k, stride_om,
+                              BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < M * N
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for s in range(split_k):
+            acc += tl.load(part_ptr + s * M * N + offs, mask=mask, other=0.0)
+        m = offs // N
+        n = offs % N
+        tl.store(out_ptr + m * stride_om + n, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _quant_per_token_kernel(x_ptr, out_ptr, scale_ptr, K, stride_x, stride_o,
+                                FP8_MAX: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        amax = tl.zeros([BLOCK], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK):
+            offs = k0 + tl.arange(0, BLOCK)
+            x = tl.load(x_ptr + row * stride_x + offs, mask=offs < K, other=0.0)
+            amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
+        scale = tl.maximum(tl.max(amax, axis=0), 1e-12) / FP8_MAX
+        tl.store(scale_ptr + row, scale)
+        for k0 in range(0, K, BLOCK):
+            offs = k0 + tl.arange(0, BLOCK)
+            x = tl.load(x_ptr + row * stride_x + offs, mask=offs < K, other=0.0)
+            q = tl.minimum(tl.maximum(x.to(tl.float32) / scale, -FP8_MAX), FP8_MAX)
+            tl.store(out_ptr + row * stride_o + offs, q.to(out_ptr.dtype.element_ty),
+                     mask=offs < K)
+
+
+def split_k_for(n: int, k: int, config: GemvConfig, sm_count: int) -> tuple[int, int]:
+    """(split_k, k_per_split): enough programs to fill the chip, each split a multiple of
+    block_k."""
+    n_tiles = cdiv(n, config.block_n)
+    k_blocks = cdiv(k, config.block_k)
+    wanted = cdiv(config.programs_per_sm * sm_count, n_tiles)
+    split = max(1, min(wanted, k_blocks))
+    k_per_split = cdiv(k_blocks, split) * config.block_k
+    return cdiv(k, k_per_split), k_per_split
+
+
+def fp8_gemv_triton(x: torch.Tensor, w_fp8: torch.Tensor, scale: torch.Tensor,
+                    config: GemvConfig | None = None) -> torch.Tensor:
+    """x [M, K] (contiguous rows) @ fp8 weight -> [M, N] in x's dtype."""
+    config = config or DEFAULT_GEMV_CONFIG
+    m, k = x.shape
+    n = w_fp8.shape[0]
+    assert w_fp8.shape[1] == k and w_fp8.stride(1) == 1 and x.stride(1) == 1
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    use_dot = config.use_dot or m != 1
+    block_m = min(64, max(16, next_power_of_2(m))) if use_dot else 1
+    split_k, k_per_split = split_k_for(n, k, config, num_sms(x.device))
+    partials = split_k > 1
+    target = (torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
+              if partials else out)
+    grid = (cdiv(n, config.block_n), split_k, cdiv(m, block_m))
+    _fp8_gemv_kernel[grid](
+        x, w_fp8, scale, target, m, n, k, k_per_split,
+        x.stride(0), w_fp8.stride(0), out.stride(0),
+        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        EVEN_K=k % config.block_k == 0, PARTIALS=partials, USE_DOT=use_dot,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    if partials:
+        block = 1024
+        _splitk_reduce_kernel[(cdiv(m * n, block),)](
+            target, out, m, n, split_k, out.stride(0), BLOCK=block, num_warps=4,
+        )
+    return out
+
+
+def quantize_fp8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token (row) E4M3 quantization of activations x [M, K] -> (x_fp8, x_scale [M, 1])."""
+    if not use_triton(x):
+        return quantize_fp8_per_token_reference(x)
+    m, k = x.shape
+    out = torch.empty((m, k), dtype=FP8_DTYPE, device=x.device)
+    x_scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
+    if m:
+        _quant_per_token_kernel[(m,)](x, out, x_scale, k, x.stride(0), out.stride(0),
+                                      FP8_MAX=FP8_MAX, BLOCK=2048, num_warps=8)
+    return out, x_scale
+
+
+def fp8_scaled_mm(x: torch.Tensor, w_fp8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """W8A8 through torch._scaled_mm with row-wise scales (per-token x, per-channel w)."""
+    x_fp8, x_scale = quantize_fp8_per_token(x)
+    return torch._scaled_mm(x_fp8, w_fp8.t(), scale_a=x_scale, scale_b=scale.view(1, -1),
+                            out_dtype=x.dtype)
+
+
+def _scaled_mm_ok(x: torch.Tensor, w_fp8: torch.Tensor) -> bool:
+    n, k = w_fp8.shape
+    return x.is_cuda and x.dtype == torch.bfloat16 and k % 16 == 0 and n % 16 == 0
+
+
+def fp8_gemv(x: torch.Tensor, w_fp8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Weight-only fp8 GEMV (any M) -> [M, N]: Triton on CUDA, the torch oracle elsewhere."""
+    if use_triton(x):
+        return fp8_gemv_triton(x if x.stride(-1) == 1 else x.contiguous(), w_fp8, scale)
+    return fp8_gemv_reference(x, w_fp8, scale)
+
+
+def fp8_linear(x: torch.Tensor, w_fp8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """y [..., N] = x [..., K] @ (w_fp8 * scale).T.
+
+    M <= FP8_GEMV_MAX_M (or no _scaled_mm for these shapes/dtype): weight-only Triton GEMV;
+    larger M: per-token fp8 x and torch._scaled_mm (W8A8). CPU: the weight-only oracle.
+    """
+    n, k = w_fp8.shape
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    if not use_triton(x2):
+        y = fp8_gemv_reference(x2, w_fp8, scale)
+    elif x2.shape[0] <= FP8_GEMV_MAX_M or not _scaled_mm_ok(x2, w_fp8):
+        y = fp8_gemv_triton(x2, w_fp8, scale)
+    else:
+        y = fp8_scaled_mm(x2, w_fp8, scale)
+    return y.view(*x.shape[:-1], n)

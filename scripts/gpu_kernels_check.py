@@ -1,0 +1,418 @@
+"""Check and time the Triton kernels on the GPU in one run (issue 7, sections 1 and 3).
+
+    PYTHONUNBUFFERED=1 python3 scripts/gpu_kernels_check.py --out $OUT 2>&1 | tee $OUT/log.txt
+
+1. `pytest -m gpu tests/test_kernels_gpu.py` (output in OUT/pytest.txt)
+2. the two ceilings measured here: device-to-device copy bandwidth, bf16 matmul TFLOP/s
+3. paged decode attention, 33B heads (56 q / 8 kv / 128), context 2048, batch 1/8/32/64:
+   KV bytes read / time vs the copy bandwidth; a small sweep of tile/split settings
+4. fp8 weight-only GEMV vs F.linear (bf16) vs torch._scaled_mm (row-wise) for the 33B projection
+   shapes at M = 1..64: achieved TB/s on the weight bytes, and the measured crossover M
+5. rmsnorm / silu_mul / rotary_kv at decode and prefill sizes (GB/s)
+
+Writes OUT/kernels.json after every section (so a timeout still leaves numbers) and prints a
+short table at the end. `--dry-run` runs the plumbing on the CPU at toy sizes (no timings that
+mean anything) to check the script itself.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from backend.kernels import fp8_gemv as fp8
+from backend.kernels import paged_decode_attention as attn
+from backend.kernels.rmsnorm import fused_add_rms_norm
+from backend.kernels.rotary_kv import build_rope_cache, rotary_kv_write
+from backend.kernels.silu_mul import silu_and_mul
+
+# 33B (deepseek-coder-33b) shapes
+HIDDEN, INTER, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 7168, 19200, 56, 8, 128
+PROJ_SHAPES = {  # name: (N out, K in)
+    "qkv": ((NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM, HIDDEN),
+    "o": (HIDDEN, NUM_HEADS * HEAD_DIM),
+    "gate_up": (2 * INTER, HIDDEN),
+    "down": (HIDDEN, INTER),
+}
+GEMV_MS = [1, 2, 4, 8, 16, 32, 64]
+ATTN_BATCHES = [1, 8, 32, 64]
+CONTEXT = 2048
+BLOCK_SIZE = 16
+
+
+class Runner:
+    def __init__(self, out_dir: Path, dry_run: bool, budget_s: float):
+        self.out_dir = out_dir
+        self.dry_run = dry_run
+        self.device = "cpu" if dry_run else "cuda"
+        self.t0 = time.time()
+        self.budget_s = budget_s
+        self.results: dict = {"meta": {}, "ceilings": {}, "tests": {}, "attention": [],
+                              "attention_sweep": [], "gemv": [], "gemv_sweep": [],
+                              "small_kernels": [], "summary": {}}
+
+    def elapsed(self) -> float:
+        return time.time() - self.t0
+
+    def time_left(self) -> float:
+        return self.budget_s - self.elapsed()
+
+    def save(self) -> None:
+        (self.out_dir / "kernels.json").write_text(json.dumps(self.results, indent=1))
+
+    def bench_ms(self, fn, rep_ms: int = 60) -> float:
+        """Median ms; triton's do_bench clears the L2 before every call (honest streaming)."""
+        if self.dry_run:
+            fn()
+            times = []
+            for _ in range(3):
+                t = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - t) * 1e3)
+            return statistics.median(times)
+        import triton.testing
+        return float(triton.testing.do_bench(fn, warmup=10, rep=rep_ms, return_mode="median"))
+
+    def randn(self, *shape, dtype=torch.bfloat16, scale=1.0):
+        return (torch.randn(*shape, device=self.device) * scale).to(dtype)
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+# ---- 1. tests ---------------------------------------------------------------------------------
+
+def run_tests(r: Runner) -> None:
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
+           "tests/test_kernels_gpu.py"]
+    log("$ " + " ".join(cmd))
+    t = time.time()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    text = proc.stdout + proc.stderr
+    (r.out_dir / "pytest.txt").write_text(text)
+    tail = [line for line in text.strip().splitlines() if line.strip()][-25:]
+    log("\n".join(tail))
+    r.results["tests"] = {"command": " ".join(cmd[1:]), "returncode": proc.returncode,
+                          "summary": tail[-1] if tail else "", "seconds": round(time.time() - t, 1)}
+    r.save()
+
+
+# ---- 2. ceilings ------------------------------------------------------------------------------
+
+def measure_ceilings(r: Runner) -> None:
+    n_bytes = (1 << 20) if r.dry_run else (2 << 30)
+    src = torch.randn(n_bytes // 4, device=r.device)
+    dst = torch.empty_like(src)
+    ms = r.bench_ms(partial(dst.copy_, src), rep_ms=200)
+    copy_tbs = 2 * n_bytes / ms / 1e9
+    size = 256 if r.dry_run else 8192
+    a, b = r.randn(size, size), r.randn(size, size)
+    ms_mm = r.bench_ms(partial(torch.matmul, a, b), rep_ms=300)
+    tflops = 2 * size**3 / ms_mm / 1e9
+    r.results["ceilings"] = {"copy_tb_s": copy_tbs, "copy_bytes": 2 * n_bytes,
+                             "bf16_matmul_tflop_s": tflops, "matmul_size": size}
+    log(f"ceilings: copy {copy_tbs:.2f} TB/s (read+write), bf16 matmul {tflops:.0f} TFLOP/s")
+    r.save()
+
+
+# ---- 3. paged decode attention ----------------------------------------------------------------
+
+def attention_inputs(r: Runner, batch: int, context: int):
+    blocks_per_seq = context // BLOCK_SIZE
+    num_blocks = batch * blocks_per_seq + 8
+    kv_heads, heads, head_dim = NUM_KV_HEADS, NUM_HEADS, HEAD_DIM
+    if r.dry_run:
+        kv_heads, heads, head_dim = 2, 14, 32
+    k_cache = r.randn(num_blocks, BLOCK_SIZE, kv_heads, head_dim)
+    v_cache = r.randn(num_blocks, BLOCK_SIZE, kv_heads, head_dim)
+    perm = torch.randperm(num_blocks, device=r.device)[: batch * blocks_per_seq]
+    block_tables = perm.view(batch, blocks_per_seq).to(torch.int32)
+    context_lens = torch.full((batch,), context, dtype=torch.int32, device=r.device)
+    q = r.randn(batch, heads, head_dim)
+    kv_bytes = 2 * k_cache[0, 0].numel() * k_cache.element_size() * context * batch
+    return q, k_cache, v_cache, block_tables, context_lens, kv_bytes
+
+
+def attention_call(args, scale):
+    q, k_cache, v_cache, block_tables, context_lens, _ = args
+    return partial(attn.paged_decode_attention, q, k_cache, v_cache, block_tables, context_lens,
+                   scale)
+
+
+ATTN_VARIANTS = [  # (BLOCK_N, NUM_WARPS, NUM_STAGES, PROGRAMS_PER_SM, MIN_TOKENS_PER_SPLIT)
+    (64, 4, 2, 2, 128), (32, 4, 2, 2, 128), (128, 4, 2, 2, 128), (64, 4, 3, 2, 128),
+    (64, 8, 2, 2, 128), (64, 4, 2, 4, 64), (64, 4, 2, 2, 256), (128, 8, 3, 2, 128),
+    (32, 2, 3, 4, 64),
+]
+
+
+def set_attn_variant(v) -> None:
+    attn.BLOCK_N, attn.NUM_WARPS, attn.NUM_STAGES, attn.PROGRAMS_PER_SM, \
+        attn.MIN_TOKENS_PER_SPLIT = v
+
+
+def bench_attention(r: Runner) -> None:
+    copy = r.results["ceilings"]["copy_tb_s"]
+    context = 256 if r.dry_run else CONTEXT
+    scale = HEAD_DIM ** -0.5
+    default = (attn.BLOCK_N, attn.NUM_WARPS, attn.NUM_STAGES, attn.PROGRAMS_PER_SM,
+               attn.MIN_TOKENS_PER_SPLIT)
+    best = {}
+    for batch in ATTN_BATCHES:
+        args = attention_inputs(r, batch, context)
+        kv_bytes = args[-1]
+        for variant in ATTN_VARIANTS:
+            if r.time_left() < 150 and variant != default:
+                continue
+            set_attn_variant(variant)
+            ms = r.bench_ms(attention_call(args, scale))
+            splits = attn.choose_num_splits(batch, args[1].shape[2], context,
+                                            132 if r.dry_run else attn.num_sms(args[0].device))
+            row = {"batch": batch, "context": context, "variant": list(variant),
+                   "splits": splits, "us": round(ms * 1e3, 2),
+                   "tb_s": round(kv_bytes / ms / 1e9, 3),
+                   "fraction_of_copy": round(kv_bytes / ms / 1e9 / copy, 3)}
+            r.results["attention_sweep"].append(row)
+            if batch not in best or row["us"] < best[batch]["us"]:
+                best[batch] = row
+        set_attn_variant(default)
+        ms = r.bench_ms(attention_call(args, scale))
+        row = {"batch": batch, "context": context, "kv_mb": round(kv_bytes / 1e6, 1),
+               "splits": attn.choose_num_splits(batch, args[1].shape[2], context,
+                                                132 if r.dry_run else
+                                                attn.num_sms(args[0].device)),
+               "us": round(ms * 1e3, 2), "tb_s": round(kv_bytes / ms / 1e9, 3),
+               "fraction_of_copy": round(kv_bytes / ms / 1e9 / copy, 3),
+               "best_variant": best[batch]["variant"], "best_us": best[batch]["us"],
+               "best_fraction_of_copy": best[batch]["fraction_of_copy"]}
+        r.results["attention"].append(row)
+        log(f"attention b={batch:3d} ctx={context}: {row['us']:8.1f} us  {row['tb_s']:.2f} TB/s "
+            f"({row['fraction_of_copy']:.0%} of copy), splits {row['splits']}; best variant "
+            f"{row['best_variant']} {row['best_us']:.1f} us ({row['best_fraction_of_copy']:.0%})")
+        r.save()
+
+
+# ---- 4. fp8 GEMV vs bf16 vs _scaled_mm --------------------------------------------------------
+
+GEMV_VARIANTS = [
+    fp8.GemvConfig(64, 256, 4, 4, 4), fp8.GemvConfig(32, 256, 4, 4, 4),
+    fp8.GemvConfig(64, 128, 4, 4, 4), fp8.GemvConfig(128, 128, 8, 3, 4),
+    fp8.GemvConfig(64, 512, 8, 3, 4), fp8.GemvConfig(64, 256, 4, 4, 8),
+    fp8.GemvConfig(32, 512, 4, 3, 4), fp8.GemvConfig(128, 256, 8, 3, 2),
+    fp8.GemvConfig(32, 256, 4, 4, 4, use_dot=False), fp8.GemvConfig(16, 512, 4, 3, 4, use_dot=False),
+]
+
+
+def bench_gemv(r: Runner) -> None:
+    copy = r.results["ceilings"]["copy_tb_s"]
+    shapes = ({k: (max(16, n // 64), max(16, kk // 64)) for k, (n, kk) in PROJ_SHAPES.items()}
+              if r.dry_run else PROJ_SHAPES)
+    has_scaled_mm = not r.dry_run
+    for name, (n, k) in shapes.items():
+        w = r.randn(n, k, scale=0.02)
+        w_fp8, scale = fp8.quantize_fp8_per_channel(w)
+        for m in GEMV_MS:
+            x = r.randn(m, k)
+            row = {"shape": name, "n": n, "k": k, "m": m}
+            row["bf16_us"] = r.bench_ms(partial(F.linear, x, w)) * 1e3
+            row["fp8_gemv_us"] = r.bench_ms(partial(fp8.fp8_gemv, x, w_fp8, scale)) * 1e3
+            if has_scaled_mm:
+                x_fp8, x_scale = fp8.quantize_fp8_per_token(x)
+                sb = scale.view(1, -1)
+                try:
+                    row["scaled_mm_us"] = r.bench_ms(partial(
+                        torch._scaled_mm, x_fp8, w_fp8.t(), scale_a=x_scale, scale_b=sb,
+                        out_dtype=torch.bfloat16)) * 1e3
+                    row["scaled_mm_with_quant_us"] = r.bench_ms(
+                        partial(fp8.fp8_scaled_mm, x, w_fp8, scale)) * 1e3
+                except RuntimeError as exc:   # record and keep the GEMV numbers
+                    log(f"_scaled_mm failed at M={m} {name}: {exc!r}"[:300])
+                    row["scaled_mm_us"] = row["scaled_mm_with_quant_us"] = float("inf")
+            act = 2 * m * (k + n)
+            row["bf16_tb_s"] = (2 * n * k + act) / row["bf16_us"] / 1e6
+            row["fp8_gemv_tb_s"] = (n * k + act) / row["fp8_gemv_us"] / 1e6
+            if has_scaled_mm:
+                row["scaled_mm_tb_s"] = (n * k + act) / row["scaled_mm_us"] / 1e6
+            row["fp8_gemv_fraction_of_copy"] = row["fp8_gemv_tb_s"] / copy
+            row["fp8_vs_bf16_speedup"] = row["bf16_us"] / row["fp8_gemv_us"]
+            r.results["gemv"].append({key: (round(v, 3) if isinstance(v, float) else v)
+                                      for key, v in row.items()})
+            log(f"gemv {name:8s} M={m:3d}: bf16 {row['bf16_us']:7.1f} us "
+                f"({row['bf16_tb_s']:.2f} TB/s)  fp8-gemv {row['fp8_gemv_us']:7.1f} us "
+                f"({row['fp8_gemv_tb_s']:.2f} TB/s, {row['fp8_vs_bf16_speedup']:.2f}x)"
+                + (f"  scaled_mm {row['scaled_mm_us']:7.1f} us (+quant "
+                   f"{row['scaled_mm_with_quant_us']:7.1f})" if has_scaled_mm else ""))
+        # tile sweep at decode sizes (Triton needed: on the CPU only under TRITON_INTERPRET=1)
+        sweep_ms = (1, 4, 16) if fp8.use_triton(w_fp8) else ()
+        for m in sweep_ms:
+            x = r.randn(m, k)
+            for cfg in GEMV_VARIANTS:
+                if r.time_left() < 100 or (not cfg.use_dot and m != 1):
+                    continue
+                us = r.bench_ms(partial(fp8.fp8_gemv_triton, x, w_fp8, scale, cfg)) * 1e3
+                r.results["gemv_sweep"].append({
+                    "shape": name, "m": m, "config": [cfg.block_n, cfg.block_k, cfg.num_warps,
+                                                      cfg.num_stages, cfg.programs_per_sm,
+                                                      cfg.use_dot],
+                    "split_k": fp8.split_k_for(n, k, cfg, 132)[0], "us": round(us, 2),
+                    "tb_s": round((n * k + 2 * m * (k + n)) / us / 1e6, 3)})
+        r.save()
+    summarize_gemv(r, has_scaled_mm)
+
+
+def summarize_gemv(r: Runner, has_scaled_mm: bool) -> None:
+    rows = r.results["gemv"]
+    per_m = {}
+    for m in GEMV_MS:
+        sel = [x for x in rows if x["m"] == m]
+        wbytes = sum(x["n"] * x["k"] for x in sel)
+        s = {"m": m,
+             "layer_bf16_us": round(sum(x["bf16_us"] for x in sel), 1),
+             "layer_fp8_gemv_us": round(sum(x["fp8_gemv_us"] for x in sel), 1)}
+        s["layer_bf16_tb_s"] = round(2 * wbytes / s["layer_bf16_us"] / 1e6, 3)
+        s["layer_fp8_gemv_tb_s"] = round(wbytes / s["layer_fp8_gemv_us"] / 1e6, 3)
+        s["fp8_gemv_vs_bf16"] = round(s["layer_bf16_us"] / s["layer_fp8_gemv_us"], 3)
+        if has_scaled_mm:
+            s["layer_scaled_mm_with_quant_us"] = round(
+                sum(x["scaled_mm_with_quant_us"] for x in sel), 1)
+            s["layer_scaled_mm_tb_s"] = round(wbytes / sum(x["scaled_mm_us"] for x in sel) / 1e6, 3)
+            s["scaled_mm_vs_bf16"] = round(s["layer_bf16_us"] / s["layer_scaled_mm_with_quant_us"], 3)
+        per_m[m] = s
+    crossover = None
+    if has_scaled_mm:  # largest M up to which the GEMV wins for the whole layer at every M
+        crossover = 0
+        for m in GEMV_MS:
+            if per_m[m]["layer_fp8_gemv_us"] <= per_m[m]["layer_scaled_mm_with_quant_us"]:
+                crossover = m
+            else:
+                break
+    r.results["summary"]["gemv_per_layer"] = list(per_m.values())
+    r.results["summary"]["fp8_gemv_max_m_measured"] = crossover
+    r.results["summary"]["fp8_gemv_max_m_in_code"] = fp8.FP8_GEMV_MAX_M
+    best = {}
+    for x in r.results["gemv_sweep"]:
+        key = f"{x['shape']}@{x['m']}"
+        if key not in best or x["us"] < best[key]["us"]:
+            best[key] = x
+    r.results["summary"]["gemv_best_configs"] = best
+    r.save()
+
+
+# ---- 5. small fused kernels -------------------------------------------------------------------
+
+def bench_small(r: Runner) -> None:
+    for rows in (1, 64, 2048):
+        hidden = 256 if r.dry_run else HIDDEN
+        inter = 688 if r.dry_run else INTER
+        x, res = r.randn(rows, hidden), r.randn(rows, hidden)
+        w = r.randn(hidden)
+        us = r.bench_ms(partial(fused_add_rms_norm, x, res, w, 1e-6)) * 1e3
+        r.results["small_kernels"].append({"kernel": "fused_add_rms_norm", "rows": rows,
+                                           "us": round(us, 2),
+                                           "gb_s": round(4 * x.numel() * 2 / us / 1e3, 1)})
+        gu = r.randn(rows, 2 * inter)
+        us = r.bench_ms(partial(silu_and_mul, gu)) * 1e3
+        r.results["small_kernels"].append({"kernel": "silu_and_mul", "rows": rows,
+                                           "us": round(us, 2),
+                                           "gb_s": round(3 * rows * inter * 2 / us / 1e3, 1)})
+        heads, kvh, hd = (14, 2, 32) if r.dry_run else (NUM_HEADS, NUM_KV_HEADS, HEAD_DIM)
+        qkv = r.randn(rows, (heads + 2 * kvh) * hd)
+        q = qkv[:, : heads * hd].view(rows, heads, hd)
+        k = qkv[:, heads * hd: (heads + kvh) * hd].view(rows, kvh, hd)
+        v = qkv[:, (heads + kvh) * hd:].view(rows, kvh, hd)
+        cos, sin = build_rope_cache(4096, hd, 100000.0, 4.0, device=r.device)
+        pos = torch.randint(0, 4096, (rows,), device=r.device)
+        nblk = rows // BLOCK_SIZE + 2
+        kc, vc = r.randn(nblk, BLOCK_SIZE, kvh, hd), r.randn(nblk, BLOCK_SIZE, kvh, hd)
+        slots = torch.randperm(nblk * BLOCK_SIZE, device=r.device)[:rows]
+        us = r.bench_ms(partial(rotary_kv_write, pos, q, k, v, cos, sin, kc, vc, slots)) * 1e3
+        moved = (2 * (heads + kvh) + 2 * kvh) * hd * rows * 2
+        r.results["small_kernels"].append({"kernel": "rotary_kv_write", "rows": rows,
+                                           "us": round(us, 2), "gb_s": round(moved / us / 1e3, 1)})
+    for x in r.results["small_kernels"]:
+        log(f"{x['kernel']:20s} rows={x['rows']:5d}: {x['us']:8.2f} us  {x['gb_s']:8.1f} GB/s")
+    r.save()
+
+
+def print_table(r: Runner) -> None:
+    res = r.results
+    log("\n==== summary ====")
+    log(f"tests: {res['tests'].get('summary')} (rc {res['tests'].get('returncode')})")
+    c = res["ceilings"]
+    log(f"ceilings: copy {c.get('copy_tb_s')} TB/s, bf16 matmul {c.get('bf16_matmul_tflop_s')} "
+        f"TFLOP/s")
+    for a in res["attention"]:
+        log(f"attn b={a['batch']:3d}: {a['us']:7.1f} us {a['fraction_of_copy']:.0%} of copy "
+            f"(best {a['best_variant']}: {a['best_fraction_of_copy']:.0%})")
+    for s in res["summary"].get("gemv_per_layer", []):
+        log(f"layer M={s['m']:3d}: bf16 {s['layer_bf16_us']:7.1f} us ({s['layer_bf16_tb_s']} TB/s)"
+            f"  fp8-gemv {s['layer_fp8_gemv_us']:7.1f} us ({s['layer_fp8_gemv_tb_s']} TB/s, "
+            f"{s['fp8_gemv_vs_bf16']}x)"
+            + (f"  scaled_mm+quant {s['layer_scaled_mm_with_quant_us']:7.1f} us "
+               f"({s['scaled_mm_vs_bf16']}x)" if "scaled_mm_vs_bf16" in s else ""))
+    log(f"measured crossover (GEMV wins up to M): {res['summary'].get('fp8_gemv_max_m_measured')}"
+        f"; in code FP8_GEMV_MAX_M = {fp8.FP8_GEMV_MAX_M}")
+    for key, b in res["summary"].get("gemv_best_configs", {}).items():
+        log(f"best gemv config {key:14s}: {b['config']} split {b['split_k']} {b['us']:.1f} us "
+            f"{b['tb_s']:.2f} TB/s")
+    log(f"elapsed {r.elapsed():.0f} s")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.environ.get("OUT", "out"))
+    parser.add_argument("--dry-run", action="store_true", help="CPU plumbing check, toy sizes")
+    parser.add_argument("--skip-tests", action="store_true")
+    parser.add_argument("--budget-s", type=float, default=330.0,
+                        help="skip optional sweeps when this much time has passed")
+    args = parser.parse_args()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not args.dry_run and not torch.cuda.is_available():
+        log("no CUDA device (use --dry-run on the CPU)")
+        return 2
+    r = Runner(out_dir, args.dry_run, args.budget_s)
+    meta = r.results["meta"]
+    meta["torch"] = torch.__version__
+    try:
+        import triton
+        meta["triton"] = triton.__version__
+    except ImportError:
+        meta["triton"] = None
+    if not args.dry_run:
+        props = torch.cuda.get_device_properties(0)
+        meta.update(gpu=props.name, sms=props.multi_processor_count,
+                    capability=list(torch.cuda.get_device_capability(0)))
+    log(json.dumps(meta))
+    r.save()
+    if not args.skip_tests:
+        run_tests(r)
+    steps = [measure_ceilings, bench_attention, bench_gemv, bench_small]
+    for step in steps:
+        try:
+            step(r)
+        except Exception as exc:  # noqa: BLE001 - keep going: later sections still report
+            import traceback
+            traceback.print_exc()
+            r.results.setdefault("errors", []).append(f"{step.__name__}: {exc!r}"[:500])
+            r.save()
+    print_table(r)
+    r.save()
+    return 0 if r.results["tests"].get("returncode", 0) == 0 and "errors" not in r.results else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
