@@ -13,6 +13,8 @@ Replies (the gateway side of the contract):
 - `Abort` -> the request's final `RequestOutput{finish_reason: ABORT}` in the next StepOutput
   (sent at once when idle); unknown ids are ignored.
 - anything malformed or unexpected -> `Error{BAD_MESSAGE}`; the worker carries on.
+- a step that raises (device OOM, a bug): every in-flight request gets `Error{INTERNAL, request_id}`,
+  the worker carries on.
 - SIGTERM / SIGINT: finish the running step, send its outputs, answer every in-flight request
   with `Error{SHUTTING_DOWN, request_id}`, exit 0.
 
@@ -99,13 +101,18 @@ class Worker:
         return 0
 
     def _shutdown(self) -> None:
+        self._fail_all("backend is shutting down", pb.Error.SHUTTING_DOWN)
+        self.sock.close()
+
+    def _fail_all(self, message: str, code: int = pb.Error.INTERNAL) -> None:
+        """Answer every in-flight request with an Error and drop it from the engine."""
+        if self.owner:
+            print(f"tidegate backend: failing {len(self.owner)} requests: {message}", file=sys.stderr)
         for key in self.engine.request_ids:
             self.engine.abort(key)
-            identity, rid = self.owner.pop(key, (None, None))
-            if identity is not None:
-                self._send(identity, codec.make_error(
-                    pb.Error.SHUTTING_DOWN, "backend is shutting down", rid))
-        self.sock.close()
+        for identity, rid in self.owner.values():
+            self._send(identity, codec.make_error(code, message, rid))
+        self.owner.clear()
 
     def close(self) -> None:
         self.sock.close(linger=0)
@@ -182,7 +189,12 @@ class Worker:
     # ---- stepping and sending --------------------------------------------------------------
     def _step(self) -> None:
         t0 = time.perf_counter()
-        outputs = self.engine.step()
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:  # noqa: BLE001 -- e.g. device OOM: fail the requests, not the process
+            first_line = (str(exc).splitlines() or [""])[0]
+            self._fail_all(f"step failed: {type(exc).__name__}: {first_line}")
+            return
         dt_ms = (time.perf_counter() - t0) * 1000
         self.step_time_ema_ms = dt_ms if self.num_steps == 0 else 0.8 * self.step_time_ema_ms + 0.2 * dt_ms
         self.num_steps += 1

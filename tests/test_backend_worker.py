@@ -160,3 +160,46 @@ def test_sigterm_errors_in_flight_requests_and_exits_0(worker_factory):
     assert not finals
     assert sorted(e.request_id for e in c.errors) == ["x", "y"]
     assert all(e.code == pb.Error.SHUTTING_DOWN for e in c.errors)
+
+
+def test_failed_step_errors_its_requests_and_the_worker_carries_on(tmp_path):
+    """In-process worker (a thread) whose runner fails once."""
+    import threading
+
+    from backend.build import BackendConfig, create_engine
+    from backend.worker import Worker
+
+    engine, loaded = create_engine(BackendConfig(model="tiny", num_blocks=64, max_num_seqs=4,
+                                                 max_num_batched_tokens=64))
+    real_execute = engine.runner.execute
+    calls = {"n": 0}
+
+    def flaky(*args, **kw):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("CUDA out of memory (simulated)\nsecond line")
+        return real_execute(*args, **kw)
+
+    engine.runner.execute = flaky
+    worker = Worker(engine, loaded, f"ipc://{tmp_path}/inproc.sock")
+    thread = threading.Thread(target=worker.serve_forever, daemon=True)
+    thread.start()
+    c = DealerClient(worker.endpoint)
+    try:
+        c.hello()
+        c.batch({"a": [256, 1, 2], "b": [256, 3]}, max_tokens=50, ignore_eos=True)
+        tokens, finals, _ = c.collect(["a", "b"])
+        assert not finals and {e.request_id for e in c.errors} == {"a", "b"}
+        assert all(e.code == pb.Error.INTERNAL and "out of memory" in e.message and "\n" not in e.message
+                   for e in c.errors)
+        assert len(tokens["a"]) == 2  # two good steps before the failure
+        c.errors.clear()
+        c.batch({"c": [256, 4]}, max_tokens=5, ignore_eos=True)
+        tokens, finals, _ = c.collect(["c"])
+        assert len(tokens["c"]) == 5 and finals["c"].finish_reason == pb.RequestOutput.LENGTH
+        engine.check_integrity()
+        assert engine.scheduler.block_manager.num_used_blocks == 0
+    finally:
+        worker._stopping = True
+        thread.join(10)
+        c.close()
