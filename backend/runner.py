@@ -64,6 +64,17 @@ class StaticBuffers:
         self.context_lens, self.context_lens_host = pair(max_num_seqs, torch.int32)
         self.query_start_loc, self.query_start_loc_host = pair(max_num_seqs + 1, torch.int32)
         self.slot_mapping.fill_(-1)
+        # CUDA: set once the last host->device copies are done; the host arrays are reused only
+        # after it (a step that samples nothing never synchronizes otherwise)
+        self.copy_done = torch.cuda.Event() if pin else None
+
+    def wait_host_free(self) -> None:
+        if self.copy_done is not None:
+            self.copy_done.synchronize()
+
+    def mark_copied(self) -> None:
+        if self.copy_done is not None:
+            self.copy_done.record()
 
 
 class ModelRunner:
@@ -100,6 +111,7 @@ class ModelRunner:
         if any(not c.is_prefill for c in chunks[num_decodes:]) or any(n != 1 for n in lens[:num_decodes]):
             raise ValueError("step chunks must be one-token decodes first, then prefills")
 
+        b.wait_host_free()
         ids = b.input_ids_host.numpy()
         pos = b.positions_host.numpy()
         slots = b.slot_mapping_host.numpy()
@@ -134,6 +146,7 @@ class ModelRunner:
         b.block_tables[:num_seqs].copy_(b.block_tables_host[:num_seqs], non_blocking=True)
         b.context_lens[:num_seqs].copy_(b.context_lens_host[:num_seqs], non_blocking=True)
         b.query_start_loc[:num_seqs + 1].copy_(b.query_start_loc_host[:num_seqs + 1], non_blocking=True)
+        b.mark_copied()
         qsl_list = qsl[:num_seqs + 1].tolist()
         ctx = ForwardContext(
             positions=b.positions[:t], slot_mapping=b.slot_mapping[:t],
