@@ -29,6 +29,9 @@ from proto import tidegate_pb2 as pb
 
 log = logging.getLogger("tidegate.gateway.pool")
 
+# (sampled token's logprob, top candidate ids, their logprobs)
+TokenLogprob = tuple[float, list[int], list[float]]
+
 FINISH_REASONS = {
     pb.RequestOutput.STOP: "stop",
     pb.RequestOutput.LENGTH: "length",
@@ -40,7 +43,7 @@ class RequestSink(Protocol):
     """Where a request's outputs go (implemented by `gateway.core.RequestHandle`)."""
 
     def on_tokens(self, token_ids: list[int], finish_reason: str | None,
-                  logprobs: list[float] | None, now: float) -> None: ...
+                  logprobs: list[TokenLogprob] | None, now: float) -> None: ...
 
     def on_error(self, error: APIError) -> None: ...
 
@@ -300,7 +303,8 @@ class BackendPool:
             if finish is not None:
                 self._owner.pop(out.request_id, None)
                 self._forget(backend, out.request_id)
-            lps = [lp.logprob for lp in out.logprobs] if out.logprobs else None
+            lps = [(lp.logprob, list(lp.top_ids), list(lp.top_logprobs)) for lp in out.logprobs] \
+                if out.logprobs else None
             dispatch.sink.on_tokens(ids, finish, lps, now)
 
     def _on_error(self, backend: BackendConn, err: pb.Error) -> None:

@@ -86,7 +86,7 @@ class RequestHandle:
         s = self.sampling
         wire = pb.SamplingParams(max_tokens=self.max_tokens, temperature=s.temperature,
                                  top_p=s.top_p, top_k=max(s.top_k, 0), ignore_eos=s.ignore_eos,
-                                 logprobs=s.logprobs or 0)
+                                 logprobs=0 if s.logprobs is None else max(1, s.logprobs))
         if s.seed is not None:
             wire.seed = s.seed
         return wire

@@ -211,8 +211,8 @@ class FrontDoor:
                     num_completion_tokens=len(handle.assembler.token_ids),
                     finish_reason=FINISH.get(delta.finish_reason, pb.RequestOutput.NONE))
                 if delta.logprobs is not None:
-                    for lp in delta.logprobs:
-                        out.logprobs.add(logprob=lp)
+                    for lp, top_ids, top_lps in delta.logprobs:
+                        out.logprobs.add(logprob=lp, top_ids=top_ids, top_logprobs=top_lps)
                 self._queue_output(peer, out, delta.token_ids)
             status = 200
         except APIError as err:

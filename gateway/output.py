@@ -19,7 +19,7 @@ class OutputDelta:
 
     text: str
     token_ids: list[int]
-    logprobs: list[float] | None
+    logprobs: list[tuple] | None  # (logprob, top ids, top logprobs) per token
     finish_reason: str | None  # None while the sequence goes on
 
 
@@ -32,7 +32,7 @@ class OutputAssembler:
         self._stop = StopMatcher(stop)
         self.text = ""
         self.token_ids: list[int] = []
-        self.logprobs: list[float] = []
+        self.logprobs: list[tuple] = []
         self.token_times: list[float] = []
         self.finish_reason: str | None = None
         self.stopped_by_string = False
@@ -42,7 +42,7 @@ class OutputAssembler:
         return self.finish_reason is not None
 
     def add(self, token_ids: Sequence[int], now: float, finish_reason: str | None = None,
-            logprobs: Sequence[float] | None = None) -> OutputDelta:
+            logprobs: Sequence[tuple] | None = None) -> OutputDelta:
         """Tokens from one StepOutput (possibly none, with only a finish reason)."""
         if self.finished:
             return OutputDelta("", [], None, None)

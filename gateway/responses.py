@@ -15,8 +15,10 @@ def usage(handles: list[RequestHandle]) -> dict[str, int]:
 
 
 def completion_logprobs(handle: RequestHandle, token_ids: list[int],
-                        logprobs: list[float] | None, offset: int) -> dict[str, Any] | None:
-    if handle.sampling.logprobs is None or logprobs is None:
+                        logprobs: list[tuple] | None, offset: int) -> dict[str, Any] | None:
+    """OpenAI completions logprobs: tokens, token_logprobs, top_logprobs, text_offset."""
+    num_top = handle.sampling.logprobs
+    if num_top is None or logprobs is None:
         return None
     decode = handle.gateway.bundle.decode
     tokens = [decode([t]) for t in token_ids]
@@ -24,8 +26,9 @@ def completion_logprobs(handle: RequestHandle, token_ids: list[int],
     for t in tokens:
         offsets.append(pos)
         pos += len(t)
-    return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": None,
-            "text_offset": offsets}
+    top = [{decode([i]): v for i, v in list(zip(ids, lps))[:num_top]} for _, ids, lps in logprobs]
+    return {"tokens": tokens, "token_logprobs": [lp for lp, _, _ in logprobs],
+            "top_logprobs": top if num_top > 0 else None, "text_offset": offsets}
 
 
 def completion_choice(index: int, handle: RequestHandle, prompt_text: str | None) -> dict:
@@ -63,15 +66,22 @@ def chat_body(request_id: str, created: int, model: str, handle: RequestHandle) 
 
 
 def chat_logprobs(handle: RequestHandle, token_ids: list[int],
-                  logprobs: list[float] | None) -> dict[str, Any] | None:
-    if handle.sampling.logprobs is None or logprobs is None:
+                  logprobs: list[tuple] | None) -> dict[str, Any] | None:
+    """OpenAI chat logprobs: {"content": [{token, logprob, bytes, top_logprobs}]}."""
+    num_top = handle.sampling.logprobs
+    if num_top is None or logprobs is None:
         return None
     decode = handle.gateway.bundle.decode
+
+    def entry(token_id: int, lp: float) -> dict[str, Any]:
+        text = decode([token_id])
+        return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+
     content = []
-    for t, lp in zip(token_ids, logprobs):
-        text = decode([t])
-        content.append({"token": text, "logprob": lp, "bytes": list(text.encode()),
-                        "top_logprobs": []})
+    for t, (lp, ids, lps) in zip(token_ids, logprobs):
+        e = entry(t, lp)
+        e["top_logprobs"] = [entry(i, v) for i, v in list(zip(ids, lps))[:num_top]]
+        content.append(e)
     return {"content": content}
 
 

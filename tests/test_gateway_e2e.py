@@ -173,3 +173,18 @@ async def test_async_zmq_client_concurrent(server):
         results = await asyncio.gather(*(client.generate(f"x{i}", max_tokens=4, ignore_eos=True)
                                          for i in range(16)))
     assert all(r.num_completion_tokens == 4 for r in results)
+
+
+def test_logprobs_through_the_sdk(sdk):
+    got = sdk.completions.create(model="tiny", prompt="x = ", max_tokens=4, temperature=0,
+                                 logprobs=2, extra_body={"ignore_eos": True})
+    lp = got.choices[0].logprobs
+    assert len(lp.token_logprobs) == 4 and all(v <= 0 for v in lp.token_logprobs)
+    assert all(1 <= len(top) <= 2 for top in lp.top_logprobs)
+    # greedy: the sampled token is the best candidate
+    assert all(abs(max(top.values()) - v) < 1e-4 for top, v in zip(lp.top_logprobs,
+                                                                    lp.token_logprobs))
+    chat = sdk.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+                                       max_tokens=3, temperature=0, logprobs=True,
+                                       top_logprobs=2)
+    assert len(chat.choices[0].logprobs.content) == 3

@@ -47,6 +47,7 @@ class FakeRequest:
     max_tokens: int
     ignore_eos: bool
     num_blocks: int
+    num_logprobs: int = 0
     pos: int = 0
 
 
@@ -135,7 +136,7 @@ class FakeBackend:
         self.num_free_blocks -= blocks
         self.running[r.request_id] = FakeRequest(
             peer, r.request_id, len(prompt_ids), list(self.script(prompt_ids, r.sampling)),
-            r.sampling.max_tokens, r.sampling.ignore_eos, blocks)
+            r.sampling.max_tokens, r.sampling.ignore_eos, blocks, r.sampling.logprobs)
 
     async def _steps(self) -> None:
         while True:
@@ -158,8 +159,13 @@ class FakeBackend:
                 finish = pb.RequestOutput.STOP
             elif req.pos >= req.max_tokens:
                 finish = pb.RequestOutput.LENGTH
-            step.outputs.add(request_id=rid, tokens_frame=len(arrays), finish_reason=finish,
-                             num_prompt_tokens=req.prompt_len, num_completion_tokens=req.pos)
+            out = step.outputs.add(request_id=rid, tokens_frame=len(arrays),
+                                   finish_reason=finish, num_prompt_tokens=req.prompt_len,
+                                   num_completion_tokens=req.pos)
+            if req.num_logprobs:  # scripted: the sampled token at -0.5, then its neighbours
+                top = [token, (token + 1) % 256, (token + 2) % 256][:req.num_logprobs]
+                out.logprobs.add(logprob=-0.5, top_ids=top,
+                                 top_logprobs=[-0.5, -2.0, -3.0][:len(top)])
             arrays.append([token])
             if finish != pb.RequestOutput.NONE:
                 del self.running[rid]

@@ -190,3 +190,30 @@ async def test_window_gathers_requests_when_idle_flush_is_off(aiohttp_client, ba
     assert [s for s, _ in results] == [200] * 5
     assert backend.batch_sizes == [5]
     assert asyncio.get_running_loop().time() - t0 >= 0.08
+
+
+async def test_logprobs_completions_and_chat(gateway_client):
+    client = await gateway_client()
+    status, body = await post(client, "/v1/completions",
+                              {"prompt": "a", "max_tokens": 3, "logprobs": 2})
+    lp = body["choices"][0]["logprobs"]
+    assert lp["tokens"] == ["H", "e", "l"] and lp["token_logprobs"] == [-0.5] * 3
+    assert lp["top_logprobs"][0] == {"H": -0.5, "I": -2.0}
+    assert lp["text_offset"] == [0, 1, 2]
+    status, body = await post(client, "/v1/completions",
+                              {"prompt": "a", "max_tokens": 2, "logprobs": 0})
+    lp = body["choices"][0]["logprobs"]
+    assert lp["token_logprobs"] == [-0.5, -0.5] and lp["top_logprobs"] is None
+    status, body = await post(client, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "logprobs": True,
+        "top_logprobs": 1})
+    content = body["choices"][0]["logprobs"]["content"]
+    assert [c["token"] for c in content] == ["H", "e"]
+    assert content[0]["top_logprobs"] == [{"token": "H", "logprob": -0.5, "bytes": [72]}]
+    status, body = await post(client, "/v1/completions", {"prompt": "a", "max_tokens": 2})
+    assert body["choices"][0]["logprobs"] is None
+    resp = await client.post("/v1/completions", json={"prompt": "a", "max_tokens": 3,
+                                                      "logprobs": 1, "stream": True})
+    events = await read_sse(resp)
+    streamed = [t for e in events[:-1] for t in e["choices"][0]["logprobs"]["tokens"]]
+    assert streamed == ["H", "e", "l"]
