@@ -183,7 +183,7 @@ def serve_main(argv: list[str]) -> int:
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=2)
             fh.write("\n")
-    return 0 if result["num_completed"] else 1
+    return 0 if result["completed"] else 1
 
 
 def engine_main(argv: list[str]) -> int:

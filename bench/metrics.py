@@ -15,8 +15,9 @@ here on purpose, expression for expression.
   duration  last completion (of a completed request) − first arrival (the run's start)
   request_throughput = completed requests / duration;  output_throughput = their output tokens / duration
   goodput   a completed request is good when TTFT ≤ --slo-ttft-ms and TPOT ≤ --slo-tpot-ms (each
-            only when given; TPOT of a 1-token request is 0). rate = good / duration;
-            fraction = good / all requests sent (a failed request is never good).
+            only when given; TPOT of a 1-token request is 0). goodput = good / duration (req/s);
+            goodput_fraction = good / completed requests (failed requests are counted in
+            num_errors, not here), as sims/report.py.
   percentiles p50/p90/p99 with numpy's default linear interpolation; every latency is reported in ms.
 """
 from __future__ import annotations
@@ -117,32 +118,37 @@ def _group(records: list[RequestRecord], duration: float, slo_ttft_ms, slo_tpot_
     done = [r for r in records if r.ok]
     lat, good, _, num_out = _latencies(done, _ms_to_s(slo_ttft_ms), _ms_to_s(slo_tpot_ms))
     num_good = int(good.sum())
+    rate = (lambda x: x / duration) if duration else (lambda x: 0.0)
     return {
         "num_requests": len(records),
-        "num_completed": len(done),
+        "completed": len(done),
         "num_errors": len(records) - len(done),
-        "request_throughput": len(done) / duration if duration > 0 else 0.0,
-        "output_throughput": float(num_out.sum()) / duration if duration > 0 else 0.0,
+        "request_throughput": rate(len(done)),
+        "output_throughput": rate(int(num_out.sum())),
         **lat,
-        "goodput": {"slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms, "num_good": num_good,
-                    "fraction": num_good / len(records) if records else 0.0,
-                    "rate": num_good / duration if duration > 0 else 0.0},
+        "goodput": rate(num_good),
+        "goodput_fraction": float(good.mean()) if done else 0.0,
+        "num_good": num_good,
     }
 
 
 def run_duration(records: list[RequestRecord], start_time: float | None = None) -> float:
-    """Last completion − first arrival (start_time, default the earliest send)."""
+    """Last completion − first arrival (start_time, default the earliest send); 0 when nothing
+    completed, and at least 1e-12 s otherwise (as sims.report)."""
     done = [r for r in records if r.ok]
     if not done:
         return 0.0
     if start_time is None:
         start_time = min(r.send_time for r in records if not math.isnan(r.send_time))
-    return max(r.finish_time for r in done) - start_time
+    return max(max(r.finish_time for r in done) - start_time, 1e-12)
 
 
 def summarize(records: list[RequestRecord], *, start_time: float | None = None,
               slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None) -> dict:
-    """The JSON report: throughput, latency stats, goodput, by_class, errors."""
+    """The JSON report: throughput, latency stats, goodput, by_class, errors. The keys it shares
+    with `sims.report.summarize` (completed, duration_s, request/output/total_token_throughput,
+    ttft/tpot/itl/e2el_ms, goodput, goodput_fraction, slo, by_class[c].completed/ttft_ms/
+    tpot_ms/e2el_ms/goodput_fraction) have the same meaning and values for the same timings."""
     duration = run_duration(records, start_time)
     out = _group(records, duration, slo_ttft_ms, slo_tpot_ms)
     done = [r for r in records if r.ok]
@@ -157,7 +163,8 @@ def summarize(records: list[RequestRecord], *, start_time: float | None = None,
         "duration_s": duration,
         "total_input_tokens": total_in,
         "total_output_tokens": total_out,
-        "total_token_throughput": (total_in + total_out) / duration if duration > 0 else 0.0,
+        "total_token_throughput": (total_in + total_out) / duration if duration else 0.0,
+        "slo": {"ttft_ms": slo_ttft_ms, "tpot_ms": slo_tpot_ms},
         "num_output_mismatch": sum(r.output_tokens != r.max_tokens for r in done),
         "errors": errors,
         "by_class": {},

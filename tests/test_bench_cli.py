@@ -64,8 +64,8 @@ def test_serve_end_to_end_json_and_table(tmp_path, capsys):
         assert key in r
     for key in LATENCY_KEYS:
         assert set(r[key]) == {"mean", "p50", "p90", "p99"}
-    assert r["num_errors"] == 0 and r["num_completed"] == 12 and r["model"] == "fake-model"
-    assert r["goodput"]["slo_ttft_ms"] == 500 and r["goodput"]["slo_tpot_ms"] == 50
+    assert r["num_errors"] == 0 and r["completed"] == 12 and r["model"] == "fake-model"
+    assert r["slo"] == {"ttft_ms": 500, "tpot_ms": 50}
     assert r["config"]["rate"] == 300 and r["config"]["max_concurrency"] == 8
     assert len(r["requests"]) == 12 and all(x["ttft_s"] > 0 for x in r["requests"])
     assert sum(c["num_requests"] for c in r["by_class"].values()) == 12
@@ -110,7 +110,7 @@ def test_serve_zmq_backend(tmp_path, capsys):
     assert rc == 0
     r = json.loads(out.read_text())
     assert r["backend"] == "zmq" and r["model"] == "tiny"
-    assert r["num_completed"] == 5 and r["total_output_tokens"] == 30
+    assert r["completed"] == 5 and r["total_output_tokens"] == 30
     assert r["itl_ms"]["p50"] > 0
     from test_gateway_http import ipc_address
     assert main(["serve", "--backend", "zmq", "--zmq-url", ipc_address(), "--timeout", "0.3",
