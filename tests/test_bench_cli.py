@@ -165,3 +165,13 @@ def test_engine_forwards_args_or_says_it_is_missing(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "backend.bench", None)      # import fails as if missing
     assert main(["engine"]) == 3
     assert "not built yet" in capsys.readouterr().err
+
+
+def test_bench_imports_neither_sims_nor_backend_nor_torch():
+    import subprocess
+    code = ("import sys, bench.cli, bench.loadgen, bench.metrics, bench.report, bench.workload; "
+            "bad = [m for m in ('sims', 'backend', 'torch', 'scheduler') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
