@@ -72,7 +72,7 @@ class Runner:
     def save(self) -> None:
         (self.out_dir / "kernels.json").write_text(json.dumps(self.results, indent=1))
 
-    def bench_ms(self, fn, rep_ms: int = 60) -> float:
+    def bench_ms(self, fn, rep_ms: int = 40) -> float:
         """Median ms; triton's do_bench clears the L2 before every call (honest streaming)."""
         if self.dry_run:
             fn()
@@ -178,7 +178,7 @@ def bench_attention(r: Runner) -> None:
             if r.time_left() < 150 and variant != default:
                 continue
             set_attn_variant(variant)
-            ms = r.bench_ms(attention_call(args, scale))
+            ms = r.bench_ms(attention_call(args, scale), rep_ms=25)
             splits = attn.choose_num_splits(batch, args[1].shape[2], context,
                                             132 if r.dry_run else attn.num_sms(args[0].device))
             row = {"batch": batch, "context": context, "variant": list(variant),
@@ -262,7 +262,7 @@ def bench_gemv(r: Runner) -> None:
             for cfg in GEMV_VARIANTS:
                 if r.time_left() < 100 or (not cfg.use_dot and m != 1):
                     continue
-                us = r.bench_ms(partial(fp8.fp8_gemv_triton, x, w_fp8, scale, cfg)) * 1e3
+                us = r.bench_ms(partial(fp8.fp8_gemv_triton, x, w_fp8, scale, cfg), rep_ms=25) * 1e3
                 r.results["gemv_sweep"].append({
                     "shape": name, "m": m, "config": [cfg.block_n, cfg.block_k, cfg.num_warps,
                                                       cfg.num_stages, cfg.programs_per_sm,
