@@ -6,6 +6,7 @@
     tidegate sim fit sweep.csv --block-size 16 --bandwidth-gbps 4280 --json
     tidegate sim search --rate 300 --slo-ttft-ms 300 --slo-tpot-ms 40 --backends-grid 2,4,8
     tidegate sim plan --model deepseek-coder-33b --gpu h200 --gpus 1-8
+    tidegate sim validate --profile out/validate_profile.json --seeds 0,1,2 --json validate.json
 """
 from __future__ import annotations
 
@@ -258,7 +259,14 @@ def cmd_plan(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "fit": cmd_fit, "search": cmd_search, "plan": cmd_plan}
+# ---- validate ------------------------------------------------------------------------------------
+def cmd_validate(argv: list[str]) -> int:
+    from sims.validate import main as validate_main
+    return validate_main(argv)
+
+
+COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "fit": cmd_fit, "search": cmd_search, "plan": cmd_plan,
+            "validate": cmd_validate}
 
 
 def main(argv: list[str] | None = None) -> int:
