@@ -150,4 +150,4 @@ def create_app(config: GatewayConfig, *, startup_wait_s: float = 0.0,
     return app
 
 
-__all__ = ["create_app", "drain", "GATEWAY_KEY", "CONFIG_KEY", "ACTIVE_KEY", "RequestHandle"]
+__all__ = ["ACTIVE_KEY", "CONFIG_KEY", "GATEWAY_KEY", "RequestHandle", "create_app", "drain"]

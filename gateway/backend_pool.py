@@ -113,9 +113,7 @@ class BackendConn:
             fut = self.sock.send_multipart(codec.encode(envelope, arrays), flags=zmq.DONTWAIT)
         except zmq.ZMQError:
             return False
-        if fut.done() and fut.exception() is not None:
-            return False
-        return True
+        return not (fut.done() and fut.exception() is not None)
 
 
 class BackendPool:

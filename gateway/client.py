@@ -166,7 +166,7 @@ class AsyncClient(_Base):
         self._info_waiter: asyncio.Future | None = None
         self._reader: asyncio.Task | None = None
 
-    async def connect(self) -> "AsyncClient":
+    async def connect(self) -> AsyncClient:
         """Say Hello and wait for the gateway's BackendInfo (model, limits, tokenizer)."""
         if self._reader is None:
             self._reader = asyncio.create_task(self._read_loop())
@@ -187,7 +187,7 @@ class AsyncClient(_Base):
         self._sock.close(linger=0)
         self._ctx.destroy(linger=0)
 
-    async def __aenter__(self) -> "AsyncClient":
+    async def __aenter__(self) -> AsyncClient:
         return await self.connect()
 
     async def __aexit__(self, *exc) -> None:
@@ -257,7 +257,7 @@ class Client(_Base):
         self._sock.connect(address)
         self.connect()
 
-    def connect(self) -> "Client":
+    def connect(self) -> Client:
         self._sock.send_multipart(codec.encode(codec.make_hello("client", pb.Hello.CLIENT)))
         deadline = time.monotonic() + self.connect_timeout
         while True:
@@ -273,7 +273,7 @@ class Client(_Base):
         self._sock.close(linger=0)
         self._ctx.term()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -40,16 +40,16 @@ class GatewayConfig:
     stream_interval: int = 1  # send every N tokens while streaming
     log_prompts: bool = False
     drain_timeout_s: float = 30.0
-    slo: SLOConfig = SLOConfig()
-    pool: PoolConfig = PoolConfig()
-    batcher: BatcherConfig = BatcherConfig()
+    slo: SLOConfig = field(default_factory=SLOConfig)
+    pool: PoolConfig = field(default_factory=PoolConfig)
+    batcher: BatcherConfig = field(default_factory=BatcherConfig)
     queues: QueueConfig = field(default_factory=QueueConfig)
 
 
 class RequestHandle:
     """One sequence in flight. Implements `backend_pool.RequestSink`."""
 
-    def __init__(self, gateway: "Gateway", request_id: str, prompt_ids: list[int],
+    def __init__(self, gateway: Gateway, request_id: str, prompt_ids: list[int],
                  sampling: SamplingParams, max_tokens: int, options: ServingOptions) -> None:
         self.gateway = gateway
         self.request_id = request_id

@@ -30,7 +30,7 @@ Decode = Callable[[Sequence[int]], str]
 class IncrementalDetokenizer:
     """Text deltas from token ids, correct across multi-byte characters split between tokens."""
 
-    __slots__ = ("_decode", "_ids", "_prefix_offset", "_read_offset", "_num_prompt")
+    __slots__ = ("_decode", "_ids", "_num_prompt", "_prefix_offset", "_read_offset")
 
     def __init__(self, decode: Decode, prompt_ids: Sequence[int] = ()) -> None:
         self._decode = decode
@@ -65,7 +65,7 @@ class IncrementalDetokenizer:
 class StopMatcher:
     """Stop strings over a stream of text deltas."""
 
-    __slots__ = ("_stops", "_held", "stopped", "matched")
+    __slots__ = ("_held", "_stops", "matched", "stopped")
 
     def __init__(self, stops: Sequence[str]) -> None:
         self._stops = tuple(s for s in stops if s)

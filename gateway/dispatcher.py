@@ -31,18 +31,19 @@ CLASS_NAMES = ("fast", "normal", "slow")
 
 class Dispatcher:
     def __init__(self, pool: BackendPool, metrics: GatewayMetrics,
-                 batcher_config: BatcherConfig = BatcherConfig(),
-                 queue_config: QueueConfig = QueueConfig(), clock: Clock = WallClock()) -> None:
+                 batcher_config: BatcherConfig | None = None,
+                 queue_config: QueueConfig | None = None, clock: Clock | None = None) -> None:
         self.pool = pool
         self.metrics = metrics
-        self.clock = clock
-        self.queues = ClassQueues(queue_config)
-        self.batcher = DynamicWindowBatcher(batcher_config, clock, self.queues)
+        self.clock = clock or WallClock()
+        self.queues = ClassQueues(queue_config or QueueConfig())
+        self.batcher = DynamicWindowBatcher(batcher_config or BatcherConfig(), self.clock,
+                                            self.queues)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_deadline: float | None = None
 
     # --- events ---------------------------------------------------------------------------------
-    def submit(self, handle: "RequestHandle") -> None:
+    def submit(self, handle: RequestHandle) -> None:
         """Queue a request, or raise APIError(429) when its class queue is full."""
         req = PendingRequest(
             request_id=handle.request_id, num_prompt_tokens=len(handle.prompt_ids),

@@ -7,6 +7,7 @@ Gauges that describe current state (queues, backend load) are refreshed at scrap
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -39,9 +40,8 @@ class SLOConfig:
     def met(self, ttft_s: float | None, tpot_s: float | None) -> bool:
         if self.ttft_ms is not None and (ttft_s is None or ttft_s * 1000 > self.ttft_ms):
             return False
-        if self.tpot_ms is not None and tpot_s is not None and tpot_s * 1000 > self.tpot_ms:
-            return False
-        return True
+        return not (self.tpot_ms is not None and tpot_s is not None
+                    and tpot_s * 1000 > self.tpot_ms)
 
 
 class GatewayMetrics:
@@ -145,7 +145,7 @@ class GatewayMetrics:
         if ttft is not None:
             self.ttft.observe(ttft)
             self.v_ttft.labels(m).observe(ttft)
-        for a, b in zip(token_times, token_times[1:]):
+        for a, b in itertools.pairwise(token_times):
             self.itl.observe(b - a)
             self.v_itl.labels(m).observe(b - a)
         tpot = None

@@ -24,8 +24,16 @@ class OutputDelta:
 
 
 class OutputAssembler:
-    __slots__ = ("_detok", "_stop", "text", "token_ids", "logprobs", "token_times",
-                 "finish_reason", "stopped_by_string")
+    __slots__ = (
+        "_detok",
+        "_stop",
+        "finish_reason",
+        "logprobs",
+        "stopped_by_string",
+        "text",
+        "token_ids",
+        "token_times",
+    )
 
     def __init__(self, decode: Decode, prompt_ids: Sequence[int], stop: Sequence[str]) -> None:
         self._detok = IncrementalDetokenizer(decode, prompt_ids)

@@ -153,6 +153,10 @@ async def serve(args: argparse.Namespace) -> int:
         extra.append(frontdoor_ctx(args.zmq_listen))
     app = create_app(config, extra_cleanup_ctx=extra)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # before anything can be waited for
+        loop.add_signal_handler(sig, stop.set)
     try:
         await runner.setup()
         gw = app[GATEWAY_KEY]
@@ -172,10 +176,6 @@ async def serve(args: argparse.Namespace) -> int:
               f"(backends: {', '.join(backends)})", flush=True)
         if args.zmq_listen:
             print(f"tidegate ZMQ front door on {args.zmq_listen}", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         log.info("stopping: draining for up to %.1f s", args.drain_timeout)
         if not await drain(app, args.drain_timeout):
@@ -185,6 +185,9 @@ async def serve(args: argparse.Namespace) -> int:
         await runner.cleanup()
         if embedded is not None:
             embedded.stop()
+        for sig in (signal.SIGTERM, signal.SIGINT):  # a late signal must not turn exit 0 into a kill
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def main(argv: list[str] | None = None) -> int:

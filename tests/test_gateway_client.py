@@ -6,8 +6,11 @@ import asyncio
 import pytest
 import zmq
 import zmq.asyncio
+from test_gateway_fakes import DEFAULT_TEXT, FakeBackend
+from test_gateway_http import ipc_address, make_config
+from test_gateway_limits import wait_for
 
-from gateway.app import GATEWAY_KEY, create_app
+from gateway.app import create_app
 from gateway.client import (
     AsyncClient,
     Client,
@@ -17,9 +20,6 @@ from gateway.client import (
 from gateway.frontdoor import FRONTDOOR_KEY, frontdoor_ctx
 from proto import codec
 from proto import tidegate_pb2 as pb
-from test_gateway_fakes import DEFAULT_TEXT, FakeBackend
-from test_gateway_http import ipc_address, make_config
-from test_gateway_limits import wait_for
 
 
 @pytest.fixture

@@ -62,7 +62,7 @@ def test_one_token_at_a_time_never_emits_a_broken_character(text):
 
 def test_random_chunking_against_a_real_byte_level_tokenizer():
     tok = byte_level_tokenizer()
-    decode = lambda ids: tok.decode(list(ids))  # noqa: E731
+    decode = lambda ids: tok.decode(list(ids))
     rng = random.Random(0)
     for text in TEXTS * 5:
         ids = tok.encode(text).ids

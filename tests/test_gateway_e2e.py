@@ -14,9 +14,9 @@ from pathlib import Path
 import aiohttp
 import openai
 import pytest
+from test_gateway_http import ipc_address
 
 from gateway.client import AsyncClient, Client
-from test_gateway_http import ipc_address
 
 ROOT = Path(__file__).parents[1]
 pytestmark = pytest.mark.slow
@@ -154,12 +154,11 @@ async def test_2000_requests_at_concurrency_64_lose_none(server):
         batches_before = await metric(session, url, "tidegate_batch_size_count")
 
         async def one(i):
-            async with sem:
-                async with session.post(url + "/v1/completions", json={
-                        "prompt": f"q{i}", "max_tokens": 2, "ignore_eos": True}) as resp:
-                    body = await resp.json()
-                    assert resp.status == 200, body
-                    return resp.status, body["usage"]["completion_tokens"]
+            async with sem, session.post(url + "/v1/completions", json={
+                    "prompt": f"q{i}", "max_tokens": 2, "ignore_eos": True}) as resp:
+                body = await resp.json()
+                assert resp.status == 200, body
+                return resp.status, body["usage"]["completion_tokens"]
 
         results = await asyncio.gather(*(one(i) for i in range(2000)))
         assert results == [(200, 2)] * 2000

@@ -76,7 +76,7 @@ class FakeBackend:
         self._tasks: list[asyncio.Task] = []
         self._step = 0
 
-    async def start(self) -> "FakeBackend":
+    async def start(self) -> FakeBackend:
         self._ctx = zmq.asyncio.Context()
         self.sock = self._ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)

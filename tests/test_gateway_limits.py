@@ -8,14 +8,13 @@ import sys
 import time
 from pathlib import Path
 
-import aiohttp
 import pytest
+from test_gateway_fakes import FakeBackend
+from test_gateway_http import ipc_address, make_config, post, read_sse
 
 from gateway.app import GATEWAY_KEY, create_app
 from gateway.backend_pool import PoolConfig
 from scheduler.queues import QueueConfig
-from test_gateway_fakes import FakeBackend
-from test_gateway_http import ipc_address, make_config, post, read_sse
 
 ERROR_KEYS = {"message", "type", "param", "code"}
 
@@ -283,7 +282,7 @@ async def test_backend_sigkill_under_load(aiohttp_client):
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         status, body = await post(client, "/v1/completions", {"prompt": "a", "max_tokens": 3})
-        assert status == 200
+        assert status == 200, body
         procs[1].kill()
         await wait_for(lambda: not gw.healthy, timeout=5)
         assert (await client.get("/health")).status == 503

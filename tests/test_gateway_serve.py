@@ -13,7 +13,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from test_gateway_http import ipc_address
 from test_gateway_limits import start_fake_process
 
