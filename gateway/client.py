@@ -188,7 +188,11 @@ class AsyncClient(_Base):
         self._ctx.destroy(linger=0)
 
     async def __aenter__(self) -> AsyncClient:
-        return await self.connect()
+        try:
+            return await self.connect()
+        except BaseException:
+            await self.close()  # no __aexit__ after a failed __aenter__: do not leak the socket
+            raise
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
@@ -255,7 +259,11 @@ class Client(_Base):
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.connect(address)
-        self.connect()
+        try:
+            self.connect()
+        except BaseException:
+            self.close()
+            raise
 
     def connect(self) -> Client:
         self._sock.send_multipart(codec.encode(codec.make_hello("client", pb.Hello.CLIENT)))

@@ -112,8 +112,10 @@ class Dispatcher:
         self._arm(deadline)
 
     def _fail_due(self) -> None:
-        for req in self.batcher.take_batch():
-            req.payload.on_error(unavailable())
+        """No healthy backend: everything queued fails now (503) rather than waiting."""
+        while self.queues.size:
+            for req in self.batcher.take_batch():
+                req.payload.on_error(unavailable())
 
     def _send(self, batch: list[PendingRequest]) -> None:
         if not batch:

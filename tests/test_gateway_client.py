@@ -140,3 +140,14 @@ async def test_garbage_at_the_front_door_is_answered_and_counted(gateway, door_a
         assert (await client.generate("a", max_tokens=2)).text == "He"
     text = await (await gateway.get("/metrics")).text()
     assert 'tidegate_dropped_frames_total{socket="frontdoor"} 2.0' in text
+
+
+async def test_connect_timeout_is_typed_and_closes_the_socket():
+    address = ipc_address()
+    client = AsyncClient(address, connect_timeout=0.2)
+    with pytest.raises(RequestTimeout):
+        async with client:
+            pass
+    assert client._sock.closed
+    with pytest.raises(RequestTimeout):
+        await asyncio.to_thread(Client, address, connect_timeout=0.2)
