@@ -290,3 +290,21 @@ async def test_backend_sigkill_under_load(aiohttp_client):
         for p in procs:
             p.kill()
             p.wait()
+
+
+async def test_queued_requests_fail_fast_when_the_last_backend_dies(gateway_client, backend):
+    client = await gateway_client(pool=PoolConfig(max_inflight_per_backend=1,
+                                                  heartbeat_timeout_s=30))
+    backend.go.clear()
+    tasks = [asyncio.create_task(post(client, "/v1/completions", {"prompt": "a",
+                                                                  "max_tokens": 2}))
+             for _ in range(4)]
+    gw = client.app[GATEWAY_KEY]
+    await wait_for(lambda: len(backend.received) == 1 and gw.dispatcher.queues.size == 3)
+    t0 = time.monotonic()
+    await backend.stop()  # its connection drops
+    results = await asyncio.wait_for(asyncio.gather(*tasks), 5.0)
+    assert time.monotonic() - t0 < 2.0
+    assert sorted(s for s, _ in results) == [502, 503, 503, 503]
+    assert gw.dispatcher.queues.size == 0
+    backend.stop = lambda: asyncio.sleep(0)  # already stopped for the fixture
