@@ -10,6 +10,17 @@ While ``num_computed_tokens < num_prefill_tokens`` the sequence is prefilling (i
 after that it decodes: ``num_computed_tokens == len(token_ids) - 1`` and each step feeds the last
 token. A sequence preempted by recompute keeps its tokens and is prefilled again over all of
 them (``num_prefill_tokens = P + G``), so its next sample is token G + 1.
+
+Lazy decode accounting: every running decoding sequence advances by exactly one token per step
+(the token budget always covers all decodes), so while ``decoding`` is set the sequence does not
+store its count but an offset against the scheduler's shared `DecodeClock`::
+
+    num_computed_tokens = _computed + clock.step        (decoding)
+    num_computed_tokens = _computed                     (waiting, prefilling, finished)
+
+A step that lists no decode chunks (the simulator's `schedule(list_decodes=False)`) appends no
+token either; `token_ids` fills the gap with `clock.fill_token` when read. A step that lists the
+decodes (the engine) appends the real tokens, so nothing is ever filled there.
 """
 from __future__ import annotations
 
@@ -22,36 +33,73 @@ class SequenceStatus(Enum):
     FINISHED = "finished"
 
 
+class DecodeClock:
+    """Decode steps applied so far (shared by a scheduler and its sequences)."""
+
+    __slots__ = ("fill_token", "step")
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.fill_token = 0  # token of decodes that were not listed (simulated steps)
+
+
 class Sequence:
     __slots__ = (
+        "_computed",
+        "_token_ids",
         "admitted",
         "arrival_time",
+        "boundary_step",
+        "clock",
+        "decoding",
+        "finish_step",
         "max_tokens",
         "num_cached_tokens",
-        "num_computed_tokens",
         "num_prefill_tokens",
         "num_prompt_tokens",
         "priority",
         "request_id",
         "seq_no",
         "status",
-        "token_ids",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], max_tokens: int,
-                 arrival_time: float, priority: int, seq_no: int) -> None:
+                 arrival_time: float, priority: int, seq_no: int,
+                 clock: DecodeClock | None = None) -> None:
         self.request_id = request_id
-        self.token_ids = list(prompt_token_ids)
+        self._token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.max_tokens = max_tokens
         self.arrival_time = arrival_time
         self.priority = priority
         self.seq_no = seq_no  # admission order: the last tie-break
-        self.num_computed_tokens = 0
+        self._computed = 0
         self.num_prefill_tokens = 0
         self.num_cached_tokens = 0
         self.status = SequenceStatus.WAITING
         self.admitted = False  # allocated at least once (num_cached_tokens is set then)
+        self.clock = clock if clock is not None else DecodeClock()
+        self.decoding = False
+        self.boundary_step = 0  # decoding: clock step whose slot starts a new block
+        self.finish_step = 0  # decoding: clock step after which it finishes by length
+
+    @property
+    def num_computed_tokens(self) -> int:
+        return self._computed + self.clock.step if self.decoding else self._computed
+
+    @num_computed_tokens.setter
+    def num_computed_tokens(self, value: int) -> None:
+        self._computed = value - self.clock.step if self.decoding else value
+
+    @property
+    def token_ids(self) -> list[int]:
+        """All tokens; a decoding sequence's unlisted decodes are filled in on the way."""
+        tokens = self._token_ids
+        if self.decoding:
+            missing = self._computed + self.clock.step + 1 - len(tokens)
+            if missing > 0:
+                tokens.extend([self.clock.fill_token] * missing)
+        return tokens
 
     @property
     def num_output_tokens(self) -> int:

@@ -56,10 +56,13 @@ class StepPlan:
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # CoW (src, dst), do first
     preempted: list[str] = field(default_factory=list)  # request ids sent back to waiting
     num_batched_tokens: int = 0
+    # schedule(list_decodes=False): every decoding sequence decodes but has no chunk (simulator)
+    num_unlisted_decodes: int = 0
+    decode_step: int | None = None  # the scheduler's clock when planned (stale-plan check)
 
     @property
     def num_decodes(self) -> int:
-        return sum(1 for c in self.chunks if not c.is_prefill)
+        return self.num_unlisted_decodes + sum(1 for c in self.chunks if not c.is_prefill)
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -76,6 +79,7 @@ class StepResult:
 
     sampled: dict[str, int] = field(default_factory=dict)
     stopped: set[str] = field(default_factory=set)  # the sampled token is eos/stop: finish
+    decode_token: int = 0  # sampled by every unlisted decode (schedule(list_decodes=False))
 
 
 @dataclass(frozen=True, slots=True)

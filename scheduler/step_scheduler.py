@@ -18,22 +18,27 @@ Policy, in order, each step (budget = max_num_batched_tokens tokens, max_num_seq
    Admission reserves blocks for the whole prompt, reusing prefix-cache hits, and schedules a
    first chunk of at most the remaining budget (chunked prefill).
 
-Cost (``python -m scheduler.step_bench``; a command, not a timed test): schedule() + update()
-for 256 decoding sequences (512-token prompts), CPython 3.11, a shared 2-core AMD EPYC VM:
-min 292 us/step at load ~3, 484-566 us at load ~9, where the first version (a block-table copy
-and a block-manager call per decode) took 880-1115 us in the same runs. A pure-decode stretch
-via advance_decode_steps costs ~0.3-0.6 us per sequence-step, mostly prefix-cache hashing of the
-blocks that fill (one per block_size steps; ~3x less with prefix caching off).
+Decode work is O(what changes), not O(running) (scheduler.decode_stretch): every decoding
+sequence advances one token per step, so its length is an offset against a shared step counter;
+the steps at which it starts a KV block or finishes by length are known when it starts decoding
+and kept in buckets keyed by step. A step allocates only for the sequences in its bucket (in plan
+order), registers only the blocks that just filled, finishes only the due sequences.
+`schedule()` still lists one chunk per decode for the engine (O(running), it needs the tokens);
+`schedule(list_decodes=False)` leaves them implicit (`plan.num_unlisted_decodes`) for the
+simulator, whose steps then cost O(prefill chunks + block boundaries + completions).
+
+Cost (``python -m scheduler.step_bench``; a command, not a timed test), 256 decoding sequences of
+512-token prompts on the shared 2-core VM: see the step_bench docstring for the figures.
 """
 from __future__ import annotations
 
 from bisect import insort
 from collections import deque
 
-from scheduler import decode_stretch
-from scheduler.block_manager import BlockManager, NoFreeBlocksError
+from scheduler import decode_stretch as lazy
+from scheduler.block_manager import BlockManager
 from scheduler.classes import classify
-from scheduler.sequence import Sequence, SequenceStatus
+from scheduler.sequence import DecodeClock, Sequence, SequenceStatus
 from scheduler.step_plan import (
     FinishedSequence,
     Rejection,
@@ -74,6 +79,14 @@ class StepScheduler:
         self.num_preemptions = 0
         self.num_steps = 0
         self._next_seq_no = 0
+        # lazy decode state (scheduler.decode_stretch)
+        self.clock = DecodeClock()
+        self.prefilling: list[Sequence] = []  # running and still prefilling, in running order
+        self.num_decoding = 0
+        self.offset_sum = 0  # sum of _computed over decoding sequences
+        self.boundaries: dict[int, dict[Sequence, None]] = {}  # step -> slot starts a block
+        self.finishing: dict[int, dict[Sequence, None]] = {}  # step -> finishes by length
+        self.finish_heap: list[int] = []  # keys of `finishing` (lazily cleaned)
 
     # ---- admission ---------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], max_tokens: int,
@@ -99,7 +112,7 @@ class StepScheduler:
         if reason is not None:
             return Rejection(request_id, reason)
         seq = Sequence(request_id, prompt_token_ids, max_tokens, arrival_time, priority,
-                       self._next_seq_no)
+                       self._next_seq_no, self.clock)
         self._next_seq_no += 1
         self.requests[request_id] = seq
         self.waiting.append(seq)
@@ -111,82 +124,84 @@ class StepScheduler:
         if seq is None:
             return None
         if seq.status is RUNNING:
-            self.block_manager.free(request_id)
-            self.running.remove(seq)
+            self._leave_running(seq)
         else:
             self.waiting.remove(seq)
         return self._finish_record(seq, "abort")
 
     # ---- the step ----------------------------------------------------------------------------
-    def schedule(self) -> StepPlan:
+    def schedule(self, list_decodes: bool = True) -> StepPlan:
+        """Plan one step. With `list_decodes=False` the decodes are not listed as chunks (every
+        decoding sequence still decodes: `plan.num_unlisted_decodes`); the simulator's mode."""
         cfg, bm = self.config, self.block_manager
-        plan = StepPlan()
+        step = self.clock.step
+        plan = StepPlan(decode_step=step)
         chunks = plan.chunks
         budget = cfg.max_num_batched_tokens
-        fast_max, normal_max = cfg.class_bounds
-        fast: list[Sequence] = []
-        normal: list[Sequence] = []
-        slow: list[Sequence] = []
-        prefilling: list[Sequence] = []
-        for seq in self.running:  # already in (priority, arrival, seq_no) order
-            if seq.num_computed_tokens < seq.num_prefill_tokens:
-                prefilling.append(seq)
-                continue
-            remaining = seq.max_tokens - len(seq.token_ids) + seq.num_prompt_tokens
-            (fast if remaining <= fast_max else normal if remaining <= normal_max else slow).append(seq)
-        decodes = fast + normal + slow
 
-        # Slots first (one pass; only block-starting decodes allocate, in plan order), then chunks.
-        rids = [seq.request_id for seq in decodes]
-        for i in bm.append_one_slot_each(rids):
-            seq = decodes[i]
-            if seq.status is not RUNNING:  # preempted as a victim for an earlier decode
-                continue
-            try:
-                copies = bm.append_slots(rids[i], 1)
-            except NoFreeBlocksError:
-                if not self._preempt_for(seq, decodes[i:] + prefilling, plan):
-                    continue
-                copies = bm.append_slots(rids[i], 1)
-            plan.block_copies.extend(copies)
-        tables = bm._tables  # live lists, read-only for the runner (see ScheduledChunk)
-        for seq in decodes:
-            if seq.status is RUNNING:
-                rid = seq.request_id
-                chunks.append(ScheduledChunk(rid, [seq.token_ids[-1]], seq.num_computed_tokens,
-                                             tables[rid], False, True))
-        budget -= len(chunks)
+        # 1. Slots: only decodes whose slot starts a block allocate, in plan order.
+        due = self.boundaries.pop(step, None)
+        if due:
+            lazy.allocate_due(self, due, step, plan)
+        if list_decodes:
+            self._list_decodes(step, chunks)
+            budget -= len(chunks)
+        else:
+            plan.num_unlisted_decodes = self.num_decoding
+            budget -= self.num_decoding
 
-        for seq in prefilling:
+        # 2. Running prefills, then 3. admission.
+        for seq in self.prefilling:
             if budget <= 0:
                 break
-            if seq.status is RUNNING:
-                budget -= self._schedule_prefill(seq, budget, chunks)
-
+            budget -= self._schedule_prefill(seq, budget, chunks)
         if not plan.preempted:
             while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
                 seq = self.waiting[0]
-                if not bm.can_allocate(seq.token_ids):
+                if not bm.can_allocate(seq._token_ids):
                     break  # FCFS: the head waits for blocks; nothing jumps it
                 self.waiting.popleft()
-                num_cached = bm.allocate(seq.request_id, seq.token_ids)
+                num_cached = bm.allocate(seq.request_id, seq._token_ids)
                 if not seq.admitted:
                     seq.admitted = True
                     seq.num_cached_tokens = num_cached
-                seq.num_computed_tokens = num_cached
-                seq.num_prefill_tokens = len(seq.token_ids)
+                seq._computed = num_cached
+                seq.num_prefill_tokens = len(seq._token_ids)
                 seq.status = RUNNING
                 insort(self.running, seq, key=Sequence.order_key)
+                insort(self.prefilling, seq, key=Sequence.order_key)
                 budget -= self._schedule_prefill(seq, budget, chunks)
 
         plan.num_batched_tokens = cfg.max_num_batched_tokens - budget
         self.num_steps += 1
         return plan
 
+    def _list_decodes(self, step: int, chunks: list[ScheduledChunk]) -> None:
+        """One decode chunk per decoding sequence, in plan order; keeps the slot counts exact."""
+        fast_max, normal_max = self.config.class_bounds
+        fast: list[Sequence] = []
+        normal: list[Sequence] = []
+        slow: list[Sequence] = []
+        for seq in self.running:  # already in (priority, arrival, seq_no) order
+            if seq.decoding:
+                remaining = seq.max_tokens - seq._computed - step + seq.num_prompt_tokens - 1
+                (fast if remaining <= fast_max else normal if remaining <= normal_max
+                 else slow).append(seq)
+        bm = self.block_manager
+        tables, num_tokens = bm._tables, bm._num_tokens  # live lists, read-only for the runner
+        fill = self.clock.fill_token
+        for group in (fast, normal, slow):
+            for seq in group:
+                rid, pos, tokens = seq.request_id, seq._computed + step, seq._token_ids
+                if len(tokens) <= pos:  # unlisted decodes before: fill them in
+                    tokens.extend([fill] * (pos + 1 - len(tokens)))
+                num_tokens[rid] = pos + 1
+                chunks.append(ScheduledChunk(rid, [tokens[pos]], pos, tables[rid], False, True))
+
     def _schedule_prefill(self, seq: Sequence, budget: int, chunks: list[ScheduledChunk]) -> int:
-        start = seq.num_computed_tokens
+        start = seq._computed
         n = min(seq.num_prefill_tokens - start, budget)
-        chunks.append(ScheduledChunk(seq.request_id, seq.token_ids[start:start + n], start,
+        chunks.append(ScheduledChunk(seq.request_id, seq._token_ids[start:start + n], start,
                                      self.block_manager.block_table(seq.request_id), True,
                                      start + n == seq.num_prefill_tokens))
         return n
@@ -196,52 +211,76 @@ class StepScheduler:
         remaining = seq.max_tokens - seq.num_output_tokens
         return (classify(remaining, self.config.class_bounds),) + seq.order_key()
 
-    def _preempt_for(self, seq: Sequence, candidates: list[Sequence], plan: StepPlan) -> bool:
-        """Preempt victims until `seq` can get a slot; False if `seq` itself was preempted."""
+    def preempt_for(self, seq: Sequence, plan: StepPlan) -> bool:
+        """Preempt victims until a block is free for `seq`; False if `seq` itself was preempted.
+
+        The victim is the running sequence with the highest sort_key: the sequences already given
+        a slot this step sort below `seq` (plan order), so this is the highest not in the plan."""
         bm = self.block_manager
-        while not bm.can_append_slots(seq.request_id, 1):
-            victim = max((s for s in candidates if s.status is RUNNING), key=self.sort_key)
+        while not bm.num_free_blocks:
+            victim = max(self.running, key=self.sort_key)
             self._preempt(victim, plan)
             if victim is seq:
                 return False
         return True
 
     def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
-        self.block_manager.free(seq.request_id)
-        self.running.remove(seq)
+        self._leave_running(seq)
         seq.status = WAITING
-        seq.num_computed_tokens = 0
+        seq._computed = 0
         seq.num_prefill_tokens = 0
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
         plan.preempted.append(seq.request_id)
 
+    def _leave_running(self, seq: Sequence) -> None:
+        if seq.decoding:
+            lazy.leave_decoding(self, seq)
+        else:
+            self.prefilling.remove(seq)
+        self.block_manager.free(seq.request_id)
+        self.running.remove(seq)
+
     def update(self, plan: StepPlan, result: StepResult) -> list[FinishedSequence]:
         """Apply a step's outcome; returns the sequences that finished (their blocks are freed)."""
+        if plan.decode_step is not None and plan.decode_step != self.clock.step:
+            raise ValueError(f"stale plan: made at step {plan.decode_step}, the scheduler is at "
+                             f"{self.clock.step}")
         bm, bs = self.block_manager, self.config.block_size
         max_model_len = self.config.max_model_len
         sampled, stopped = result.sampled, result.stopped
         get_seq = self.requests.get
         finished: list[FinishedSequence] = []
+        if plan.num_unlisted_decodes:
+            lazy.set_fill_token(self, result.decode_token)
+            step = self.clock.step = self.clock.step + 1
+            lazy.update_due(self, step, stopped, finished)
+        else:
+            step = self.clock.step = self.clock.step + 1
+        fill = self.clock.fill_token
         for chunk in plan.chunks:
             rid = chunk.request_id
             seq = get_seq(rid)
             if seq is None or seq.status is not RUNNING:
                 continue  # aborted while the step ran
-            computed = seq.num_computed_tokens
-            if chunk.start_pos != computed:
-                raise ValueError(f"stale plan for {rid!r}: chunk starts at {chunk.start_pos}, "
-                                 f"{computed} tokens computed")
-            tokens = seq.token_ids
+            tokens = seq._token_ids
             if chunk.is_prefill:
+                computed = seq._computed
+                if seq.decoding or chunk.start_pos != computed:
+                    raise ValueError(f"stale plan for {rid!r}: chunk starts at {chunk.start_pos}, "
+                                     f"{seq.num_computed_tokens} tokens computed")
                 computed += len(chunk.token_ids)
-                seq.num_computed_tokens = computed
+                seq._computed = computed
                 bm.cache_blocks(rid, tokens, computed)
                 if not chunk.sample:
                     continue
+                self.prefilling.remove(seq)
             else:
-                computed += 1
-                seq.num_computed_tokens = computed
+                computed = seq._computed + step  # after this step
+                if not seq.decoding or chunk.start_pos != computed - 1:
+                    raise ValueError(f"stale plan for {rid!r}: decode at {chunk.start_pos}")
+                if len(tokens) < computed:
+                    tokens.extend([fill] * (computed - len(tokens)))
                 if computed % bs == 0:
                     bm.cache_blocks(rid, tokens, computed)
             token = sampled.get(rid)
@@ -253,12 +292,15 @@ class StepScheduler:
             elif (len(tokens) - seq.num_prompt_tokens >= seq.max_tokens
                   or len(tokens) >= max_model_len):
                 finished.append(self._finish(seq, "length"))
-        if finished:
-            self.running = [s for s in self.running if s.status is RUNNING]
+            elif not seq.decoding:
+                lazy.join_decoding(self, seq, step)
         return finished
 
     def _finish(self, seq: Sequence, reason: str) -> FinishedSequence:
+        if seq.decoding:
+            lazy.leave_decoding(self, seq)
         self.block_manager.free(seq.request_id)
+        self.running.remove(seq)
         del self.requests[seq.request_id]
         return self._finish_record(seq, reason)
 
@@ -271,11 +313,11 @@ class StepScheduler:
     # ---- multi-step advance (the simulator) -----------------------------------------------------
     def max_pure_decode_steps(self) -> int:
         """How many next steps `advance_decode_steps` may apply at once; see scheduler.decode_stretch."""
-        return decode_stretch.max_pure_decode_steps(self)
+        return lazy.max_pure_decode_steps(self)
 
     def advance_decode_steps(self, num_steps: int, token_id: int = 0) -> list[FinishedSequence]:
         """Apply `num_steps` pure decode steps as one call (equal to that many schedule/update)."""
-        return decode_stretch.advance_decode_steps(self, num_steps, token_id)
+        return lazy.advance_decode_steps(self, num_steps, token_id)
 
     # ---- counters ---------------------------------------------------------------------------------
     @property
@@ -286,8 +328,17 @@ class StepScheduler:
     def num_waiting(self) -> int:
         return len(self.waiting)
 
+    @property
+    def num_decode_context_tokens(self) -> int:
+        """Sum of num_computed_tokens over the decoding sequences (O(1))."""
+        return self.offset_sum + self.num_decoding * self.clock.step
+
     def has_unfinished(self) -> bool:
         return bool(self.requests)
+
+    def internal_fragmentation(self) -> float:
+        lazy.sync_slot_counts(self)
+        return self.block_manager.internal_fragmentation()
 
     def stats(self) -> SchedulerStats:
         bm = self.block_manager
@@ -296,13 +347,14 @@ class StepScheduler:
             num_preemptions=self.num_preemptions, num_steps=self.num_steps,
             num_used_blocks=bm.num_used_blocks, num_free_blocks=bm.num_free_blocks,
             num_cached_blocks=bm.num_cached_blocks, kv_usage=bm.usage,
-            internal_fragmentation=bm.internal_fragmentation(),
+            internal_fragmentation=self.internal_fragmentation(),
             num_prefix_query_tokens=bm.num_query_tokens, num_prefix_hit_tokens=bm.num_hit_tokens,
             prefix_hit_rate=bm.prefix_hit_rate)
 
     def check_integrity(self) -> None:
         """The block manager's checks plus the scheduler's own; call between steps (after update)."""
         bm = self.block_manager
+        lazy.sync_slot_counts(self)
         bm.check_integrity()
         running_ids = {s.request_id for s in self.running}
         waiting_ids = {s.request_id for s in self.waiting}
@@ -313,13 +365,17 @@ class StepScheduler:
         assert len(self.running) <= self.config.max_num_seqs, "more running than max_num_seqs"
         keys = [s.order_key() for s in self.running]
         assert keys == sorted(keys), "running list out of order"
+        assert self.prefilling == [s for s in self.running if not s.decoding], "prefilling list"
         for seq in self.running:
             rid = seq.request_id
             assert seq.status is RUNNING and rid in bm, f"{rid!r}: running without blocks"
             want = seq.num_prefill_tokens if seq.is_prefilling else seq.num_computed_tokens
             assert bm.num_tokens(rid) == want, f"{rid!r}: {bm.num_tokens(rid)} slots, want {want}"
+            assert seq.decoding == (not seq.is_prefilling), f"{rid!r}: decoding flag"
             if not seq.is_prefilling:
                 assert seq.num_computed_tokens == len(seq.token_ids) - 1, f"{rid!r}: decode state"
         for seq in self.waiting:
             assert seq.status is WAITING and seq.request_id not in bm, f"{seq.request_id!r}: waiting"
             assert seq.num_computed_tokens == 0, f"{seq.request_id!r}: waiting with computed tokens"
+            assert not seq.decoding, f"{seq.request_id!r}: waiting but decoding"
+        lazy.check_buckets(self)

@@ -123,7 +123,7 @@ class BackendAdapter:
         return self.bm.usage
 
     def fragmentation(self) -> float:
-        return self.bm.internal_fragmentation()
+        return self.sched.internal_fragmentation()
 
     # ---- requests ----------------------------------------------------------------------------
     def prompt_tokens(self, i: int) -> list[int]:
@@ -151,23 +151,26 @@ class BackendAdapter:
 
     # ---- steps -------------------------------------------------------------------------------
     def schedule(self):
-        """Plan one step; None when there is nothing to run. Returns the plan's cost arguments."""
-        plan = self.sched.schedule()
-        if not plan.chunks:
+        """Plan one step; None when there is nothing to run. Returns the plan's cost arguments.
+
+        The decodes stay unlisted (`schedule(list_decodes=False)`): a step costs O(prefill
+        chunks + block boundaries + completions), not O(running)."""
+        sched = self.sched
+        plan = sched.schedule(list_decodes=False)
+        num_decode = plan.num_unlisted_decodes
+        if not num_decode and not plan.chunks:
             return None
-        num_decode = num_prefill = num_ctx = 0
+        num_prefill = 0
+        num_ctx = sched.num_decode_context_tokens + num_decode  # each decode reads its context + 1
         partial = False
         for c in plan.chunks:
             n = len(c.token_ids)
             num_ctx += c.start_pos + n
-            if c.is_prefill:
-                num_prefill += n
-                partial = partial or not c.sample
-            else:
-                num_decode += 1
+            num_prefill += n
+            partial = partial or not c.sample
         self._plan = plan
         # A prefill chunk that does not end its prompt leaves that sequence prefilling after the
-        # step, and then max_pure_decode_steps() is 0 by definition: skip the O(running) call.
+        # step, and then max_pure_decode_steps() is 0 by definition: skip the call.
         self._still_prefilling = partial
         return num_decode, num_prefill, num_ctx
 
@@ -176,11 +179,10 @@ class BackendAdapter:
         plan, self._plan = self._plan, None
         sampled = {}
         firsts = []
-        for c in plan.chunks:
+        for c in plan.chunks:  # prefill chunks only; the unlisted decodes sample token 0
             if c.sample:
                 sampled[c.request_id] = 0
-                if c.is_prefill:
-                    firsts.append(int(c.request_id))
+                firsts.append(int(c.request_id))
         done = self.sched.update(plan, StepResult(sampled))
         return firsts, [int(f.request_id) for f in done]
 
@@ -192,7 +194,7 @@ class BackendAdapter:
         if k < 2:
             return k, 0, 0
         running = self.sched.running
-        return k, len(running), sum(s.num_computed_tokens for s in running) + len(running)
+        return k, len(running), self.sched.num_decode_context_tokens + len(running)
 
     def advance(self, k: int) -> list[int]:
         return [int(f.request_id) for f in self.sched.advance_decode_steps(k)]
