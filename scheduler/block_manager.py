@@ -10,11 +10,18 @@ A *slot* is reserved for every token whose K/V is (or will be, this step) writte
 blocks whose K/V has been computed are put in the prefix cache (`cache_blocks`, called after a
 step), so a request can never hit a block whose K/V does not exist yet.
 
-Free list: an ``OrderedDict`` of the blocks with ref count 0, and its order *is* the eviction
-order: fresh blocks are taken from the front. A freed block that holds no cached prefix goes to
-the front (it is worth nothing); a freed cached block goes to the back (most recently used), the
-blocks of one sequence in reverse so that its tail is evicted before its head. Taking a cached
-block from the front evicts it (its cache entry is dropped). All of this is O(1) per block.
+Free list: the blocks with ref count 0, and its order *is* the eviction order: fresh blocks are
+taken from the front. A freed block that holds no cached prefix goes to the front (it is worth
+nothing); a freed cached block goes to the back (most recently used), the blocks of one sequence
+in reverse so that its tail is evicted before its head. Taking a cached block from the front
+evicts it (its cache entry is dropped). All of this is O(1) per block.
+
+A free block only gains a cache entry while referenced, so the free list is always
+``[uncached blocks] + [cached blocks, LRU first]`` and is kept as two parts::
+
+    _free_uncached  list used as a stack, its END is the front: taking n fresh blocks is one
+                    slice (allocate's batch path), freeing one is an append
+    _free_cached    OrderedDict, front = least recently used; a hit takes a block out of it
 
 Prefix hashing: full block i of a sequence has the key ``(parent_hash, tuple(its tokens))``
 where ``parent_hash`` is ``hash(key of block i-1)`` and ``ROOT_HASH`` for block 0. Python's
@@ -51,7 +58,8 @@ class BlockManager:
         self._ref_counts = [0] * num_blocks
         self._block_keys: list[BlockKey | None] = [None] * num_blocks
         self._cached: dict[BlockKey, int] = {}  # key -> block holding those tokens' K/V
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._free_uncached: list[int] = list(range(num_blocks - 1, -1, -1))
+        self._free_cached: OrderedDict[int, None] = OrderedDict()
         self._tables: dict[object, list[int]] = {}
         self._num_tokens: dict[object, int] = {}  # slots reserved per sequence
         self._hashes: dict[object, list[int]] = {}  # hash of each full block registered so far
@@ -66,11 +74,11 @@ class BlockManager:
     @property
     def num_free_blocks(self) -> int:
         """Blocks with ref count 0 (cached or not): what allocation can take."""
-        return len(self._free)
+        return len(self._free_uncached) + len(self._free_cached)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.num_blocks - len(self._free_uncached) - len(self._free_cached)
 
     @property
     def num_cached_blocks(self) -> int:
@@ -115,7 +123,7 @@ class BlockManager:
 
     def free_list(self) -> list[int]:
         """Free blocks in eviction order (front is taken first)."""
-        return list(self._free)
+        return self._free_uncached[::-1] + list(self._free_cached)
 
     # ---- prefix cache lookup -------------------------------------------------------------
     def _match(self, token_ids: Sequence[int]) -> tuple[list[int], list[int]]:
@@ -143,18 +151,32 @@ class BlockManager:
         return self.num_blocks_for(len(token_ids)) - sum(1 for b in blocks if ref[b] > 0)
 
     def can_allocate(self, token_ids: Sequence[int]) -> bool:
-        return len(token_ids) > 0 and self.num_blocks_needed(token_ids) <= len(self._free)
+        return len(token_ids) > 0 and self.num_blocks_needed(token_ids) <= self.num_free_blocks
 
     # ---- mutation --------------------------------------------------------------------------
     def _take_free(self) -> int:
-        block, _ = self._free.popitem(last=False)
-        key = self._block_keys[block]
-        if key is not None:  # evict: the cached K/V is about to be overwritten
-            del self._cached[key]
+        if self._free_uncached:
+            block = self._free_uncached.pop()
+        else:  # evict: the cached K/V is about to be overwritten
+            block, _ = self._free_cached.popitem(last=False)
+            del self._cached[self._block_keys[block]]
             self._block_keys[block] = None
             self.num_evictions += 1
         self._ref_counts[block] = 1
         return block
+
+    def _take_blocks(self, n: int) -> list[int]:
+        """`n` blocks from the front of the free list (the caller checked there are enough)."""
+        free = self._free_uncached
+        if n > len(free):
+            return [self._take_free() for _ in range(n)]
+        blocks = free[len(free) - n:]
+        del free[len(free) - n:]
+        blocks.reverse()
+        ref = self._ref_counts
+        for block in blocks:
+            ref[block] = 1
+        return blocks
 
     def allocate(self, seq_id: object, token_ids: Sequence[int]) -> int:
         """Reserve slots for `token_ids` of a new sequence, reusing cached full blocks.
@@ -169,15 +191,14 @@ class BlockManager:
         hit_blocks, hashes = self._match(token_ids)
         ref = self._ref_counts
         num_needed = self.num_blocks_for(len(token_ids)) - sum(1 for b in hit_blocks if ref[b])
-        if num_needed > len(self._free):
+        if num_needed > self.num_free_blocks:
             raise NoFreeBlocksError(f"sequence {seq_id!r} needs {num_needed} free blocks, "
-                                    f"{len(self._free)} free")
+                                    f"{self.num_free_blocks} free")
         for block in hit_blocks:
             if ref[block] == 0:
-                del self._free[block]
+                del self._free_cached[block]
             ref[block] += 1
-        table = hit_blocks + [self._take_free()
-                              for _ in range(self.num_blocks_for(len(token_ids)) - len(hit_blocks))]
+        table = hit_blocks + self._take_blocks(self.num_blocks_for(len(token_ids)) - len(hit_blocks))
         self._tables[seq_id] = table
         self._num_tokens[seq_id] = len(token_ids)
         self._hashes[seq_id] = hashes
@@ -195,7 +216,7 @@ class BlockManager:
         return self.num_blocks_for(n + num_new_tokens) - len(table) + cow
 
     def can_append_slots(self, seq_id: object, num_new_tokens: int) -> bool:
-        return self.num_append_blocks_needed(seq_id, num_new_tokens) <= len(self._free)
+        return self.num_append_blocks_needed(seq_id, num_new_tokens) <= self.num_free_blocks
 
     def append_slots(self, seq_id: object, num_new_tokens: int) -> list[tuple[int, int]]:
         """Grow a sequence by `num_new_tokens` slots; returns CoW copies (src, dst) to perform.
@@ -211,9 +232,9 @@ class BlockManager:
             self._num_tokens[seq_id] = n + num_new_tokens  # fast path: room in a private block
             return []
         num_needed = self.num_append_blocks_needed(seq_id, num_new_tokens)
-        if num_needed > len(self._free):
+        if num_needed > self.num_free_blocks:
             raise NoFreeBlocksError(f"sequence {seq_id!r} needs {num_needed} free blocks, "
-                                    f"{len(self._free)} free")
+                                    f"{self.num_free_blocks} free")
         copies: list[tuple[int, int]] = []
         if n % bs and self._ref_counts[table[-1]] > 1:
             src = table[-1]
@@ -292,13 +313,16 @@ class BlockManager:
         table = self._tables.pop(seq_id)
         del self._num_tokens[seq_id]
         del self._hashes[seq_id]
-        ref, free = self._ref_counts, self._free
+        ref, keys = self._ref_counts, self._block_keys
+        uncached, cached = self._free_uncached, self._free_cached
         for block in reversed(table):
-            ref[block] -= 1
-            if ref[block] == 0:
-                free[block] = None
-                if self._block_keys[block] is None:
-                    free.move_to_end(block, last=False)
+            n = ref[block] - 1
+            ref[block] = n
+            if n == 0:
+                if keys[block] is None:
+                    uncached.append(block)  # to the front
+                else:
+                    cached[block] = None  # to the back (most recently used)
 
     # ---- integrity ---------------------------------------------------------------------------
     def check_integrity(self) -> None:
@@ -316,12 +340,18 @@ class BlockManager:
                 counts[block] += 1
         assert self._tables.keys() == self._num_tokens.keys() == self._hashes.keys(), \
             "per-sequence maps disagree"
+        free = set(self._free_uncached) | self._free_cached.keys()
+        assert len(free) == self.num_free_blocks, "a block twice in the free list"
         for block, (want, have) in enumerate(zip(counts, self._ref_counts)):
             assert want == have, f"block {block}: ref count {have} but held by {want} tables"
-            assert (have == 0) == (block in self._free), (
-                f"block {block}: ref count {have} but {'in' if block in self._free else 'not in'} "
+            assert (have == 0) == (block in free), (
+                f"block {block}: ref count {have} but {'in' if block in free else 'not in'} "
                 "the free list")
-        assert len(self._free) + sum(1 for c in counts if c) == self.num_blocks, "blocks unaccounted"
+        for block in self._free_uncached:
+            assert self._block_keys[block] is None, f"block {block}: cached but in the uncached part"
+        for block in self._free_cached:
+            assert self._block_keys[block] is not None, f"block {block}: uncached in the LRU part"
+        assert len(free) + sum(1 for c in counts if c) == self.num_blocks, "blocks unaccounted"
         for key, block in self._cached.items():
             assert self._block_keys[block] == key, f"cache entry points at block {block} with another key"
         num_keyed = sum(1 for k in self._block_keys if k is not None)

@@ -53,7 +53,7 @@ def plan_key(seq: Sequence, step: int, bounds: tuple[int, int]) -> tuple:
     """A decode's position in the plan of the step scheduled at clock `step`."""
     remaining = seq.max_tokens + seq.num_prompt_tokens - 1 - seq._computed - step
     cls = 0 if remaining <= bounds[0] else 1 if remaining <= bounds[1] else 2
-    return (cls, seq.priority, seq.arrival_time, seq.seq_no)
+    return (cls, seq.rank)
 
 
 def join_decoding(s: StepScheduler, seq: Sequence, step: int) -> None:
@@ -105,7 +105,7 @@ def allocate_due(s: StepScheduler, due: dict[Sequence, None], step: int, plan: S
     for seq in seqs:
         if seq.status is not RUNNING:
             continue  # preempted as a victim for an earlier decode
-        if not bm._free and not s.preempt_for(seq, plan):
+        if not bm.num_free_blocks and not s.preempt_for(seq, plan):
             continue
         bm._append_block(seq.request_id, seq._computed + step + 1)
         seq.boundary_step = nxt

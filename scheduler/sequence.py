@@ -58,6 +58,7 @@ class Sequence:
         "num_prefill_tokens",
         "num_prompt_tokens",
         "priority",
+        "rank",
         "request_id",
         "seq_no",
         "status",
@@ -73,6 +74,7 @@ class Sequence:
         self.arrival_time = arrival_time
         self.priority = priority
         self.seq_no = seq_no  # admission order: the last tie-break
+        self.rank = (priority, arrival_time, seq_no)  # order_key(), built once
         self._computed = 0
         self.num_prefill_tokens = 0
         self.num_cached_tokens = 0
@@ -115,7 +117,7 @@ class Sequence:
 
     def order_key(self) -> tuple[float, int, int]:
         """Tie-break within a class: lower priority value first, then earlier arrival."""
-        return (self.priority, self.arrival_time, self.seq_no)
+        return self.rank
 
     def __repr__(self) -> str:
         return (f"Sequence({self.request_id!r}, {self.status.value}, prompt={self.num_prompt_tokens}, "

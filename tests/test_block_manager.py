@@ -174,7 +174,7 @@ def test_check_integrity_catches_corruption():
         bm.check_integrity()
     bm = BlockManager(4, block_size=2)
     bm.allocate("a", [1, 2, 3])
-    bm._free[bm.block_table("a")[0]] = None
+    bm._free_uncached.append(bm.block_table("a")[0])
     with pytest.raises(AssertionError, match="free list"):
         bm.check_integrity()
     bm = BlockManager(4, block_size=2)
