@@ -228,21 +228,21 @@ class AsyncClient(_Base):
         asm = self._assembler(prompt, sampling.get("stop"))
         q: asyncio.Queue = asyncio.Queue()
         self._queues[rid] = q
-        deadline = time.monotonic() + self.timeout
+        # A timer posts the timeout (asyncio.wait_for per item could swallow a cancellation).
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(self.timeout, q.put_nowait, RequestTimeout(
+            f"request {rid} timed out after {self.timeout:g} s", "TIMEOUT", rid))
         try:
             await self._sock.send_multipart(frames)
             while not asm.finished:
-                try:
-                    item = await asyncio.wait_for(q.get(), max(0.0, deadline - time.monotonic()))
-                except asyncio.TimeoutError:
-                    raise RequestTimeout(f"request {rid} timed out after {self.timeout:g} s",
-                                         "TIMEOUT", rid) from None
+                item = await q.get()
                 if isinstance(item, TidegateError):
                     raise item
                 delta = self._apply(asm, *item)
                 if delta.text or delta.token_ids or delta.finish_reason:
                     yield delta
         finally:
+            timer.cancel()
             self._queues.pop(rid, None)
             if not asm.finished or asm.stopped_by_string:
                 await self._sock.send_multipart(codec.encode(codec.make_abort([rid])))

@@ -68,6 +68,7 @@ class RequestHandle:
         self.error: APIError | None = None
         self.closed = False
         self._events: asyncio.Queue = asyncio.Queue()
+        self._timer: asyncio.TimerHandle | None = None
 
     # --- RequestSink ------------------------------------------------------------------------------
     def on_tokens(self, token_ids, finish_reason, logprobs, now) -> None:
@@ -106,6 +107,7 @@ class RequestHandle:
             if isinstance(event, APIError):
                 self.error = event
                 self.closed = True
+                self._cancel_timer()
                 raise event
             ids, finish, lps, now = event
             delta = asm.add(ids, now, finish, lps)
@@ -116,18 +118,33 @@ class RequestHandle:
                 yield pending
                 pending = None
         self.closed = True
+        self._cancel_timer()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     async def _next_event(self):
-        remaining = self.timeout_at - time.monotonic()
-        try:
-            return await asyncio.wait_for(self._events.get(), max(remaining, 0.0))
-        except asyncio.TimeoutError:
-            self.gateway.abort(self)
-            return deadline_exceeded(
-                f"The request did not finish within {self.gateway.config.request_timeout_s:g} s.")
+        # No asyncio.wait_for here: on Python 3.11 it swallows a cancellation that races with a
+        # result, and tokens arrive every few ms, so a gone client's handler would run on. The
+        # timeout is a timer that posts an error event instead.
+        if self._timer is None:
+            loop = asyncio.get_running_loop()
+            delay = max(0.0, self.timeout_at - time.monotonic())
+            self._timer = loop.call_at(loop.time() + delay, self._on_timeout)
+        return await self._events.get()
+
+    def _on_timeout(self) -> None:
+        if self.closed or self.assembler.finished:
+            return
+        self.gateway.abort(self)
+        self._events.put_nowait(deadline_exceeded(
+            f"The request did not finish within {self.gateway.config.request_timeout_s:g} s."))
 
     def close(self) -> None:
         """The consumer is gone: abort unless already finished."""
+        self._cancel_timer()
         if not self.closed:
             self.closed = True
             self.gateway.abort(self)

@@ -138,6 +138,7 @@ async def serve_handles(request: web.Request, handles: list[RequestHandle], resp
             gw.record(h, status)
 
 
+
 async def start_sse(request: web.Request) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                        "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
