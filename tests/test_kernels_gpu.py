@@ -201,6 +201,13 @@ def test_silu_and_mul(rows, inter):
 # ---- fp8 weight-only GEMV ---------------------------------------------------------------------
 
 GEMV_SHAPES = [(9216, 7168), (7168, 19200), (1000, 520), (48, 4096)]
+GEMV_TEST_CONFIGS = [
+    GemvConfig(block_n=32, block_k=256, use_dot=False),
+    GemvConfig(block_n=16, block_k=512, num_warps=4, num_stages=1, use_dot=False, prefetch=True),
+    GemvConfig(block_n=32, block_k=512, num_warps=8, num_stages=1, programs_per_sm=1,
+               use_dot=False, prefetch=True),
+    GemvConfig(block_n=128, block_k=128, num_warps=8, num_stages=3, programs_per_sm=8),
+]
 
 
 @pytest.mark.parametrize("n,k", GEMV_SHAPES)
@@ -212,9 +219,8 @@ def test_fp8_gemv(m, n, k):
     x = randn(m, k)
     ref = fp8_gemv_reference(x, w_fp8, scale)
     assert rel_err(fp8_gemv_triton(x, w_fp8, scale), ref) <= TOL
-    if m == 1:
-        fma = GemvConfig(block_n=32, block_k=256, use_dot=False)
-        assert rel_err(fp8_gemv_triton(x, w_fp8, scale, fma), ref) <= TOL
+    for config in GEMV_TEST_CONFIGS:     # FMA configs fall back to the dot kernel past M = 4
+        assert rel_err(fp8_gemv_triton(x, w_fp8, scale, config), ref) <= TOL, config
     if m <= 16:
         assert rel_err(fp8_linear(x, w_fp8, scale), ref) <= TOL
 

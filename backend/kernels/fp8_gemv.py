@@ -44,10 +44,26 @@ class GemvConfig:
     num_warps: int = 4
     num_stages: int = 4
     programs_per_sm: int = 4   # split K until n_tiles * split_k >= programs_per_sm * SMs
-    use_dot: bool = True       # False: FMA + row reduction (M == 1 only)
+    use_dot: bool = True       # False: the FMA kernel (M <= FMA_MAX_M, K % block_k == 0)
+    prefetch: bool = False     # FMA kernel: load the next K tile before using this one
 
 
-DEFAULT_GEMV_CONFIG = GemvConfig()
+# FMA kernel (no tensor cores) serves M <= FMA_MAX_M; rows beyond that need the dot kernel.
+FMA_MAX_M = 4
+# Per-M choice, first entry whose max_m >= M wins (set from the H200 sweep in
+# scripts/gpu_kernels_check.py; the last entry covers every larger M).
+GEMV_CONFIGS: tuple[tuple[int, GemvConfig], ...] = (
+    (1, GemvConfig(block_n=16, block_k=512, num_warps=4, num_stages=3, use_dot=False)),
+    (1 << 30, GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=4)),
+)
+DEFAULT_GEMV_CONFIG = GEMV_CONFIGS[-1][1]
+
+
+def gemv_config_for(m: int) -> GemvConfig:
+    for max_m, config in GEMV_CONFIGS:
+        if m <= max_m:
+            return config
+    return DEFAULT_GEMV_CONFIG
 
 
 # ---- quantization ------------------------------------------------------------------------------
@@ -111,8 +127,9 @@ if HAS_TRITON:
         x_ptr, w_ptr, scale_ptr, out_ptr, M, N, K, k_per_split,
         stride_xm, stride_wn, stride_om,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        EVEN_K: tl.constexpr, PARTIALS: tl.constexpr, USE_DOT: tl.constexpr,
+        EVEN_K: tl.constexpr, PARTIALS: tl.constexpr,
     ):
+        """Tensor-core path: acc[BLOCK_N, BLOCK_M] += w[BLOCK_N, BLOCK_K] @ x^T[BLOCK_K, BLOCK_M]."""
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         pid_m = tl.program_id(2)
@@ -125,34 +142,19 @@ if HAS_TRITON:
 
         w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn          # [BLOCK_N, 1]
         x_cols = x_ptr + offs_m.to(tl.int64)[None, :] * stride_xm          # [1, BLOCK_M]
-        if USE_DOT:
-            acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-        else:
-            acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         for k0 in range(k_start, k_end, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             if EVEN_K:
                 w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None], other=0.0)
+                xt = tl.load(x_cols + offs_k[:, None], mask=mask_m[None, :], other=0.0)
             else:
                 mask_k = offs_k < k_end
                 w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :],
                             other=0.0)
-            if USE_DOT:
-                if EVEN_K:
-                    xt = tl.load(x_cols + offs_k[:, None], mask=mask_m[None, :], other=0.0)
-                else:
-                    xt = tl.load(x_cols + offs_k[:, None],
-                                 mask=mask_m[None, :] & mask_k[:, None], other=0.0)
-                # [BLOCK_N, BLOCK_K] @ [BLOCK_K, BLOCK_M] -> [BLOCK_N, BLOCK_M]
-                acc += tl.dot(w.to(xt.dtype), xt)
-            else:  # M == 1: plain FMAs, one reduction over K after the loop
-                if EVEN_K:
-                    xr = tl.load(x_ptr + offs_k)
-                else:
-                    xr = tl.load(x_ptr + offs_k, mask=mask_k, other=0.0)
-                acc2 += w.to(tl.float32) * xr.to(tl.float32)[None, :]
-        if not USE_DOT:
-            acc = tl.sum(acc2, axis=1)[:, None]                              # [BLOCK_N, 1]
+                xt = tl.load(x_cols + offs_k[:, None], mask=mask_m[None, :] & mask_k[:, None],
+                             other=0.0)
+            acc += tl.dot(w.to(xt.dtype), xt)
 
         s = tl.load(scale_ptr + offs_n, mask=mask_n, other=0.0)
         acc = acc * s[:, None]
@@ -160,6 +162,66 @@ if HAS_TRITON:
         if PARTIALS:  # out_ptr: fp32 partials [split_k, M, N]
             part = out_ptr + pid_k.to(tl.int64) * M * N
             tl.store(part + offs_m[None, :] * N + offs_n[:, None], acc, mask=mask)
+        else:
+            tl.store(out_ptr + offs_m[None, :] * stride_om + offs_n[:, None],
+                     acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _fp8_gemv_fma_kernel(
+        x_ptr, w_ptr, scale_ptr, out_ptr, M, N, K, k_per_split,
+        stride_xm, stride_wn, stride_om,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        PARTIALS: tl.constexpr, PREFETCH: tl.constexpr,
+    ):
+        """CUDA-core path for M <= 4 (K % BLOCK_K == 0, k_per_split a multiple of BLOCK_K).
+
+        M == 1: acc2[BLOCK_N, BLOCK_K] += w * x, one row reduction after the loop.
+        M > 1:  each K tile is converted once and reduced per row into acc[BLOCK_N, BLOCK_M].
+        PREFETCH keeps the next tile's load in flight while this one is used (the last
+        iteration re-reads its own tile instead of running past the split).
+        """
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_m = tl.arange(0, BLOCK_M)
+        offs_kb = tl.arange(0, BLOCK_K)
+        mask_n = offs_n < N
+        k_start = pid_k * k_per_split
+        k_end = tl.minimum(k_start + k_per_split, K)
+        w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        if PREFETCH:
+            w_next = tl.load(w_rows + (k_start + offs_kb)[None, :], mask=mask_n[:, None],
+                             other=0.0)
+        for k0 in range(k_start, k_end, BLOCK_K):
+            offs_k = k0 + offs_kb
+            if PREFETCH:
+                w = w_next
+                k_nxt = tl.minimum(k0 + BLOCK_K, k_end - BLOCK_K)
+                w_next = tl.load(w_rows + (k_nxt + offs_kb)[None, :], mask=mask_n[:, None],
+                                 other=0.0)
+            else:
+                w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None], other=0.0)
+            wf = w.to(tl.float32)
+            if BLOCK_M == 1:
+                acc2 += wf * tl.load(x_ptr + offs_k).to(tl.float32)[None, :]
+            else:
+                for mm in tl.static_range(BLOCK_M):
+                    row = tl.minimum(mm, M - 1)   # rows >= M compute garbage that is not stored
+                    xr = tl.load(x_ptr + row * stride_xm + offs_k).to(tl.float32)
+                    part = tl.sum(wf * xr[None, :], axis=1)                       # [BLOCK_N]
+                    acc = tl.where(offs_m[None, :] == mm, acc + part[:, None], acc)
+        if BLOCK_M == 1:
+            acc = tl.sum(acc2, axis=1)[:, None]
+
+        s = tl.load(scale_ptr + offs_n, mask=mask_n, other=0.0)
+        acc = acc * s[:, None]
+        mask = mask_n[:, None] & (offs_m < M)[None, :]
+        if PARTIALS:
+            part_ptr = out_ptr + pid_k.to(tl.int64) * M * N
+            tl.store(part_ptr + offs_m[None, :] * N + offs_n[:, None], acc, mask=mask)
         else:
             tl.store(out_ptr + offs_m[None, :] * stride_om + offs_n[:, None],
                      acc.to(out_ptr.dtype.element_ty), mask=mask)
@@ -209,27 +271,36 @@ def split_k_for(n: int, k: int, config: GemvConfig, sm_count: int) -> tuple[int,
 def fp8_gemv_triton(x: torch.Tensor, w_fp8: torch.Tensor, scale: torch.Tensor,
                     config: GemvConfig | None = None) -> torch.Tensor:
     """x [M, K] (contiguous rows) @ fp8 weight -> [M, N] in x's dtype."""
-    config = config or DEFAULT_GEMV_CONFIG
     m, k = x.shape
     n = w_fp8.shape[0]
+    config = config or gemv_config_for(m)
+    if not config.use_dot and (m > FMA_MAX_M or k % config.block_k):
+        config = DEFAULT_GEMV_CONFIG          # the FMA kernel's preconditions do not hold
     assert w_fp8.shape[1] == k and w_fp8.stride(1) == 1 and x.stride(1) == 1
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    use_dot = config.use_dot or m != 1
-    block_m = min(64, max(16, next_power_of_2(m))) if use_dot else 1
     split_k, k_per_split = split_k_for(n, k, config, num_sms(x.device))
     partials = split_k > 1
     target = (torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
               if partials else out)
-    grid = (cdiv(n, config.block_n), split_k, cdiv(m, block_m))
-    _fp8_gemv_kernel[grid](
-        x, w_fp8, scale, target, m, n, k, k_per_split,
-        x.stride(0), w_fp8.stride(0), out.stride(0),
-        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        EVEN_K=k % config.block_k == 0, PARTIALS=partials, USE_DOT=use_dot,
-        num_warps=config.num_warps, num_stages=config.num_stages,
-    )
+    if config.use_dot:
+        block_m = min(64, max(16, next_power_of_2(m)))
+        _fp8_gemv_kernel[(cdiv(n, config.block_n), split_k, cdiv(m, block_m))](
+            x, w_fp8, scale, target, m, n, k, k_per_split,
+            x.stride(0), w_fp8.stride(0), out.stride(0),
+            BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+            EVEN_K=k % config.block_k == 0, PARTIALS=partials,
+            num_warps=config.num_warps, num_stages=config.num_stages,
+        )
+    else:
+        _fp8_gemv_fma_kernel[(cdiv(n, config.block_n), split_k)](
+            x, w_fp8, scale, target, m, n, k, k_per_split,
+            x.stride(0), w_fp8.stride(0), out.stride(0),
+            BLOCK_M=next_power_of_2(m), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+            PARTIALS=partials, PREFETCH=config.prefetch,
+            num_warps=config.num_warps, num_stages=config.num_stages,
+        )
     if partials:
         block = 1024
         _splitk_reduce_kernel[(cdiv(m * n, block),)](
