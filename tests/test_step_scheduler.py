@@ -385,3 +385,37 @@ def test_blocked_head_allows_stretch():
     step(s)
     s.add_request("b", [2] * 9, 3, 1.0)  # needs 3 blocks, 2 free: blocked
     assert s.max_pure_decode_steps() == 7  # a finishes on step 7
+
+
+# ---- unlisted decodes (the simulator's schedule(list_decodes=False)) equal listed ones ----------
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(reqs=st.lists(st.tuples(st.lists(st.integers(0, 1), min_size=1, max_size=20),
+                               st.integers(1, 40)), min_size=1, max_size=10),
+       num_blocks=st.integers(4, 40), block_size=st.integers(1, 4), caching=st.booleans(),
+       max_num_seqs=st.integers(1, 6), seed=st.randoms(use_true_random=False))
+def test_unlisted_decodes_equal_listed(reqs, num_blocks, block_size, caching, max_num_seqs, seed):
+    """Same workload, one scheduler listing its decodes, one not (token 0 everywhere): identical
+    plans (less the decode chunks), finishes, preemptions and state after every step."""
+    kw = dict(num_blocks=num_blocks, block_size=block_size, max_model_len=64,
+              max_num_seqs=max_num_seqs, max_num_batched_tokens=16, enable_prefix_caching=caching,
+              class_bounds=(3, 9))
+    listed, unlisted = make(**kw), make(**kw)
+    pending = list(enumerate(reqs))
+    for _ in range(400):
+        while pending and seed.random() < 0.4:
+            i, (prompt, max_tokens) = pending.pop(0)
+            for s in (listed, unlisted):
+                s.add_request(f"r{i}", prompt, max_tokens, float(i % 3), i % 2)
+        if not pending and not listed.has_unfinished():
+            break
+        plan_a, fin_a = step(listed, token=0)
+        plan_b = unlisted.schedule(list_decodes=False)
+        fin_b = unlisted.update(plan_b, StepResult({c.request_id: 0 for c in plan_b.chunks if c.sample}))
+        unlisted.check_integrity()
+        assert plan_b.num_decodes == plan_a.num_decodes
+        assert [c for c in plan_a.chunks if c.is_prefill] == plan_b.chunks
+        assert (plan_a.preempted, plan_a.num_batched_tokens) == (plan_b.preempted,
+                                                                 plan_b.num_batched_tokens)
+        assert fin_a == fin_b
+        assert snapshot(unlisted) == snapshot(listed)
+    assert not listed.has_unfinished() and not unlisted.has_unfinished()
