@@ -75,6 +75,10 @@ def default_cpu_threads() -> int:
 
 
 def create_engine(cfg: BackendConfig) -> tuple[Engine, LoadedModel]:
+    if cfg.model == "echo":  # no model: the serving path alone (backend/echo.py)
+        from backend.echo import create_echo_engine
+
+        return create_echo_engine(cfg)
     cfg.validate()
     if not cfg.device.startswith("cuda"):
         torch.set_num_threads(cfg.cpu_threads or default_cpu_threads())
