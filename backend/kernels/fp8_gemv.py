@@ -33,8 +33,11 @@ from backend.kernels.triton_utils import (
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
-# The Triton GEMV serves M <= FP8_GEMV_MAX_M; larger M goes to torch._scaled_mm (measured).
-FP8_GEMV_MAX_M = 16
+# The Triton GEMV serves M <= FP8_GEMV_MAX_M; larger M goes to torch._scaled_mm. Measured on the
+# H200 (scripts/gpu_kernels_check.py, CUDA-graph timing, 33B qkv+o+gate_up+down per layer): the
+# GEMV is faster than per-token quant + _scaled_mm up to M = 32 (280 vs 292 us), slower at 64
+# (351 vs 257 us).
+FP8_GEMV_MAX_M = 32
 
 
 @dataclass(frozen=True)
@@ -50,11 +53,14 @@ class GemvConfig:
 
 # FMA kernel (no tensor cores) serves M <= FMA_MAX_M; rows beyond that need the dot kernel.
 FMA_MAX_M = 4
-# Per-M choice, first entry whose max_m >= M wins (set from the H200 sweep in
-# scripts/gpu_kernels_check.py; the last entry covers every larger M).
+# Per-M choice, first entry whose max_m >= M wins; the last entry covers every larger M. Set from
+# the H200 sweep in scripts/gpu_kernels_check.py (each config checked against the oracle there),
+# layer = qkv+o+gate_up+down of the 33B model: M <= 2 FMA 32x256 (M=1: 219.8 us, next best
+# 16x512 228.5 us; register prefetch measured slower, 249-341 us); M 4..16 dot 128x128x8 warps
+# (261-266 us, 64x128 within 3%).
 GEMV_CONFIGS: tuple[tuple[int, GemvConfig], ...] = (
-    (1, GemvConfig(block_n=16, block_k=512, num_warps=4, num_stages=3, use_dot=False)),
-    (1 << 30, GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=4)),
+    (2, GemvConfig(block_n=32, block_k=256, num_warps=4, num_stages=3, use_dot=False)),
+    (1 << 30, GemvConfig(block_n=128, block_k=128, num_warps=8, num_stages=3)),
 )
 DEFAULT_GEMV_CONFIG = GEMV_CONFIGS[-1][1]
 
