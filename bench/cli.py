@@ -16,11 +16,12 @@ import json
 import math
 import sys
 
-USAGE = """usage: tidegate bench <serve|engine> [options]
+USAGE = """usage: tidegate bench <serve|engine|overhead> [options]
 
   serve    open-loop load generator against a live OpenAI-compatible server (or --backend zmq):
            TTFT, TPOT, ITL, end-to-end latency, throughput, goodput; a table and --json
   engine   the GPU engine benchmark (backend.bench); its options are its own
+  overhead the gateway's own cost: echo backend + gateway vs bare aiohttp and raw pyzmq
 
 Run `tidegate bench serve --help` for the load generator's options."""
 
@@ -207,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
         return serve_main(argv[1:])
     if argv[0] == "engine":
         return engine_main(argv[1:])
+    if argv[0] == "overhead":
+        from bench.overhead import main as overhead_main
+        return overhead_main(argv[1:])
     print(f"tidegate bench: unknown command {argv[0]!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 
