@@ -9,7 +9,7 @@ cost against it.
 It honors the `backend.engine.Engine` interface the worker uses: `add_request` (the same refusals:
 empty prompt, ids outside the vocabulary, prompt + max_tokens above max_model_len, more KV blocks
 than the pool has, bad sampling values), `abort`, `step`, `has_unfinished`, `check_integrity`,
-`request_ids`, `config`, `eos_token_ids`, and for `LoadReport`s `scheduler.num_running /
+`request_ids`, `config`, `eos_token_ids`, `runner` (no model, no graphs, the CPU), and for `LoadReport`s `scheduler.num_running /
 num_waiting / block_manager.num_free_blocks` and `states[...].params.max_tokens / num_generated`.
 KV blocks are only counted: a request holds ceil((prompt + max_tokens) / block_size) blocks from
 admission to its end, admitted FIFO while blocks and `max_num_seqs` allow. The tokenizer is the
@@ -21,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 from dataclasses import dataclass
+
+import torch
 
 from backend.config import ModelConfig
 from backend.engine import EngineConfig, RequestOutput
@@ -84,9 +86,19 @@ class _EchoScheduler:
         return bool(self.running or self.waiting)
 
 
+class EchoRunner:
+    """The runner-shaped view that serving-time hooks (`backend.cuda_graphs.configure_serving`,
+    called by `tidegate backend` for every engine) look at: no model to quantize, no CUDA graphs
+    to capture, the CPU."""
+    model = None
+    graphs = None
+    device = torch.device("cpu")
+
+
 class EchoEngine:
     def __init__(self, config: EngineConfig, vocab_size: int,
                  eos_token_ids: tuple[int, ...] = ()) -> None:
+        self.runner = EchoRunner()
         self.config = config
         self.vocab_size = vocab_size
         self.eos_token_ids = tuple(eos_token_ids)
