@@ -65,6 +65,7 @@ class Worker:
         self.num_steps = 0
         self.step_time_ema_ms = 0.0
         self._last_report = 0.0
+        self._was_busy = False
         self._idle_checked = True
         self._stopping = False
 
@@ -237,8 +238,13 @@ class Worker:
 
     def _maybe_report(self) -> None:
         now = time.monotonic()
-        interval = BUSY_REPORT_S if self.engine.has_unfinished() else IDLE_REPORT_S
-        if now - self._last_report < interval:
+        busy = self.engine.has_unfinished()
+        interval = BUSY_REPORT_S if busy else IDLE_REPORT_S
+        # A busy -> idle edge is reported at once: the gateway's idle flush waits for it, and a
+        # lone request would otherwise sit in the batching window until the next 1 s report.
+        became_idle = self._was_busy and not busy
+        self._was_busy = busy
+        if now - self._last_report < interval and not became_idle:
             return
         self._last_report = now
         if not self.gateways:

@@ -203,3 +203,20 @@ def test_failed_step_errors_its_requests_and_the_worker_carries_on(tmp_path):
         worker._stopping = True
         thread.join(10)
         c.close()
+
+
+def test_idle_edge_is_reported_at_once(worker_factory):
+    """When the last request finishes, a LoadReport with nothing running follows right away
+    (not after the 1 s idle interval): the gateway's idle flush depends on it."""
+    w = worker_factory("--model", "tiny", "--load-format", "dummy", "--num-blocks", "64")
+    c = DealerClient(w.endpoint)
+    c.hello()
+    time.sleep(1.2)  # let the first idle report go out, so the next periodic one is ~1 s away
+    c.batch({"x": [1, 2, 3]}, max_tokens=2, ignore_eos=True)
+    _, finals, _ = c.collect(["x"])
+    done = time.monotonic()
+    while True:
+        m = c.recv(timeout_s=0.5)  # raises TimeoutError if no report within 0.5 s
+        if m.kind == "load_report" and m.envelope.load_report.num_running == 0:
+            break
+    assert time.monotonic() - done < 0.5 and "x" in finals
