@@ -168,11 +168,21 @@ class BlockManager:
     def _take_blocks(self, n: int) -> list[int]:
         """`n` blocks from the front of the free list (the caller checked there are enough)."""
         free = self._free_uncached
-        if n > len(free):
-            return [self._take_free() for _ in range(n)]
-        blocks = free[len(free) - n:]
-        del free[len(free) - n:]
-        blocks.reverse()
+        if n > len(free):  # all the uncached blocks, then evict from the LRU front
+            blocks = free[::-1]
+            free.clear()
+            num_evict = n - len(blocks)
+            self.num_evictions += num_evict
+            lru, cached, keys = self._free_cached, self._cached, self._block_keys
+            for _ in range(num_evict):
+                block = lru.popitem(last=False)[0]
+                del cached[keys[block]]
+                keys[block] = None
+                blocks.append(block)
+        else:
+            blocks = free[len(free) - n:]
+            del free[len(free) - n:]
+            blocks.reverse()
         ref = self._ref_counts
         for block in blocks:
             ref[block] = 1

@@ -94,14 +94,32 @@ def leave_decoding(s: StepScheduler, seq: Sequence) -> None:
 
 def allocate_due(s: StepScheduler, due: dict[Sequence, None], step: int, plan: StepPlan) -> None:
     """schedule() at clock `step`: a block for each due decode in plan order (preempting when
-    the pool is short), then its next boundary is one block later."""
+    the pool is short), then its next boundary is one block later.
+
+    When the pool covers every due decode nobody is preempted, and which of the taken blocks goes
+    to which sequence changes nothing but the block ids (the same blocks leave the free list in
+    the same order, the same keys are evicted): the blocks are taken in one batch and handed out in
+    bucket order, with no plan-order sort. `due` itself (popped by the caller) becomes the next
+    bucket when there is none yet."""
     bm = s.block_manager
-    seqs = list(due)
-    if len(seqs) > 1:
-        bounds = s.config.class_bounds
-        seqs.sort(key=lambda q: plan_key(q, step, bounds))
     nxt = step + s.config.block_size
     bucket = s.boundaries.get(nxt)
+    if len(due) <= bm.num_free_blocks:
+        tables, num_tokens = bm._tables, bm._num_tokens
+        n = step + 1
+        for seq, block in zip(due, bm._take_blocks(len(due))):
+            rid = seq.request_id
+            tables[rid].append(block)
+            num_tokens[rid] = seq._computed + n
+            seq.boundary_step = nxt
+        if bucket is None:
+            s.boundaries[nxt] = due
+        else:
+            bucket.update(due)
+        return
+    seqs = list(due)
+    bounds = s.config.class_bounds
+    seqs.sort(key=lambda q: plan_key(q, step, bounds))
     for seq in seqs:
         if seq.status is not RUNNING:
             continue  # preempted as a victim for an earlier decode
@@ -125,7 +143,10 @@ def update_due(s: StepScheduler, step: int, stopped, finished: list[FinishedSequ
         stop = {q for q in map(get, stopped) if q is not None and q.decoding}
     if not (reg or fin or stop):
         return
-    seqs = set(reg or ()) | set(fin or ()) | (stop or set())
+    if stop or (reg and fin):
+        seqs = set(reg or ()) | set(fin or ()) | (stop or set())
+    else:
+        seqs = reg or fin
     bounds = s.config.class_bounds
     order = sorted(seqs, key=lambda q: plan_key(q, step - 1, bounds)) if len(seqs) > 1 else seqs
     bm = s.block_manager
