@@ -218,6 +218,28 @@ class BlockManager:
             self.num_hit_tokens += num_cached
         return num_cached
 
+    def can_allocate_n(self, num_tokens: int) -> bool:
+        """`can_allocate` by count: exact when prefix caching is off (nothing can hit)."""
+        return num_tokens > 0 and -(-num_tokens // self.block_size) <= self.num_free_blocks
+
+    def allocate_n(self, seq_id: object, num_tokens: int) -> int:
+        """`allocate` by count, for a pool with prefix caching off (then the token values never
+        matter: no lookup, no registration). Returns 0, as `allocate` does there."""
+        if self.enable_prefix_caching:
+            raise ValueError("allocate_n needs the token ids when prefix caching is on")
+        if seq_id in self._tables:
+            raise ValueError(f"sequence {seq_id!r} already has blocks")
+        if num_tokens < 1:
+            raise ValueError(f"sequence {seq_id!r}: cannot allocate an empty sequence")
+        num_needed = -(-num_tokens // self.block_size)
+        if num_needed > self.num_free_blocks:
+            raise NoFreeBlocksError(f"sequence {seq_id!r} needs {num_needed} free blocks, "
+                                    f"{self.num_free_blocks} free")
+        self._tables[seq_id] = self._take_blocks(num_needed)
+        self._num_tokens[seq_id] = num_tokens
+        self._hashes[seq_id] = []
+        return 0
+
     def num_append_blocks_needed(self, seq_id: object, num_new_tokens: int) -> int:
         """Free blocks `append_slots(seq_id, num_new_tokens)` would take (CoW included)."""
         n = self._num_tokens[seq_id]

@@ -156,12 +156,19 @@ class StepScheduler:
                 break
             budget -= self._schedule_prefill(seq, budget, chunks)
         if not plan.preempted:
+            by_count = not bm.enable_prefix_caching  # then only the token counts matter
             while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
                 seq = self.waiting[0]
-                if not bm.can_allocate(seq._token_ids):
+                tokens = seq._token_ids
+                if by_count:
+                    if not bm.can_allocate_n(len(tokens)):
+                        break
+                    num_cached = bm.allocate_n(seq.request_id, len(tokens))
+                elif bm.can_allocate(tokens):
+                    num_cached = bm.allocate(seq.request_id, tokens)
+                else:
                     break  # FCFS: the head waits for blocks; nothing jumps it
                 self.waiting.popleft()
-                num_cached = bm.allocate(seq.request_id, seq._token_ids)
                 if not seq.admitted:
                     seq.admitted = True
                     seq.num_cached_tokens = num_cached

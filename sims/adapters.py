@@ -7,9 +7,19 @@ runner: it turns a `StepPlan` into the three numbers a cost model needs, and han
 `ignore_eos`). No policy lives here: admission, batching, ordering, preemption and KV allocation are
 all the scheduler's.
 
-Request i of the workload is request id ``str(i)``. Its prompt token ids are distinct per request
-(``i·2^20 + position``), except that a request in prefix group g starts with that group's prefix
-(negative ids), so the block manager's prefix cache sees real sharing.
+Request i of the workload is request id ``str(i)``. With prefix caching on, its prompt token ids
+are distinct per request (``i·2^20 + position``), except that a request in prefix group g starts
+with that group's prefix (negative ids), so the block manager's prefix cache sees real sharing.
+With prefix caching off only the counts matter (the block manager allocates by count), so the
+prompt is ``[0] * n``: no per-request token objects.
+
+Prefix caching in the simulator (`SimSchedulerConfig.enable_prefix_caching`): True / False, or
+None = auto: on exactly when the workload has shared prefixes. Without shared prefixes the cache
+can only hit a preempted sequence's own blocks on its recompute (the simulator's generated tokens
+are dummies, so nothing else ever matches), and it costs ~40 hashed block registrations and ~40
+evictions per request: auto turns it off there. Under preemption that makes a recompute cost its
+whole prefill where the live engine (caching on) may reuse blocks still cached: set True to model
+that.
 """
 from __future__ import annotations
 
@@ -36,14 +46,23 @@ class SimSchedulerConfig:
     max_num_batched_tokens: int = 2048
     block_size: int = 16
     max_model_len: int = 16384
-    enable_prefix_caching: bool = True
+    # True | False | None = auto: on exactly when the workload has shared prefixes (module doc)
+    enable_prefix_caching: bool | None = True
 
-    def scheduler_config(self, num_blocks: int) -> SchedulerConfig:
+    def prefix_caching_for(self, workload: Workload) -> bool:
+        """The setting resolved for `workload` (auto: does any request have a shared prefix?)."""
+        if self.enable_prefix_caching is None:
+            return bool(len(workload) and (workload.prefix_group >= 0).any())
+        return self.enable_prefix_caching
+
+    def scheduler_config(self, num_blocks: int, enable_prefix_caching: bool | None = None
+                         ) -> SchedulerConfig:
+        caching = self.enable_prefix_caching if enable_prefix_caching is None else enable_prefix_caching
         return SchedulerConfig(max_model_len=self.max_model_len, num_blocks=num_blocks,
                                max_num_seqs=self.max_num_seqs,
                                max_num_batched_tokens=self.max_num_batched_tokens,
                                block_size=self.block_size,
-                               enable_prefix_caching=self.enable_prefix_caching,
+                               enable_prefix_caching=bool(caching),
                                class_bounds=self.queue.class_bounds)
 
 
@@ -97,7 +116,8 @@ class BackendAdapter:
     def __init__(self, config: SimSchedulerConfig, num_blocks: int, workload: Workload):
         if num_blocks < 1:
             raise ValueError("the model's weights leave no memory for the KV cache on this GPU")
-        self.sched = StepScheduler(config.scheduler_config(num_blocks))
+        self.prefix_caching = config.prefix_caching_for(workload)
+        self.sched = StepScheduler(config.scheduler_config(num_blocks, self.prefix_caching))
         self.bm = self.sched.block_manager
         self.max_num_seqs = config.max_num_seqs
         self._w = workload
@@ -129,6 +149,8 @@ class BackendAdapter:
     def prompt_tokens(self, i: int) -> list[int]:
         w = self._w
         n = int(w.prompt_len[i])
+        if not self.prefix_caching:
+            return [0] * n  # allocation is by count: the values never matter
         base = (i + 1) * _TOKEN_STRIDE
         g = int(w.prefix_group[i])
         if g < 0:

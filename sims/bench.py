@@ -1,7 +1,8 @@
 """Simulator speed: `python -m sims [--num-requests N] [--rate R] ...`.
 
 Default: one million requests (prompt 512, output 128 tokens, Poisson) through 4 backends of
-deepseek-coder-6.7b on H200 (roofline), the issue's speed target. Prints wall time, events/s,
+deepseek-coder-6.7b on H200 (roofline), the issue's speed target. Prefix caching is "auto": off
+here, as no prompts share a prefix (`--prefix-caching on` to time the cache's bookkeeping). Prints wall time, events/s,
 requests/s and the share of wall time spent inside the real scheduler objects.
 """
 from __future__ import annotations
@@ -29,7 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="deepseek-coder-6.7b")
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false", default=True)
+    p.add_argument("--prefix-caching", choices=("auto", "on", "off"), default="auto",
+                   help="auto (default): on only when the workload shares prefixes (this one "
+                        "does not), see sims.adapters")
+    p.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_const", const="off")
     p.add_argument("--max-stretch-steps", type=int, default=1 << 30)
     p.add_argument("--profile", action="store_true", help="cProfile: where the time goes")
     p.add_argument("--json", dest="json_out")
@@ -38,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
                                 input_len=LengthSpec("fixed", a.input_len),
                                 output_len=LengthSpec("fixed", a.output_len), seed=0))
     cost = RooflineCost(load_model_shape(a.model), get_gpu("h200"))
-    sched = SimSchedulerConfig(enable_prefix_caching=a.prefix_caching)
+    sched = SimSchedulerConfig(enable_prefix_caching={"auto": None, "on": True,
+                                                      "off": False}[a.prefix_caching])
     eng = EngineConfig(num_backends=a.backends, max_stretch_steps=a.max_stretch_steps, progress=True)
     prof = cProfile.Profile() if a.profile else None
     t0, c0 = time.perf_counter(), time.process_time()
@@ -54,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
            "wall_s": wall, "cpu_s": cpu, "events": r.events, "events_per_s": r.events / wall,
            "events_per_cpu_s": r.events / cpu, "requests_per_s": a.num_requests / wall,
            "requests_per_cpu_s": a.num_requests / cpu, "simulated_s": r.sim_end,
-           "steps": rep["steps"]["num_steps"], "mean_decode_seqs": rep["steps"]["mean_decode_seqs"],
+           "prefix_caching": sched.prefix_caching_for(w), "steps": rep["steps"]["num_steps"], "mean_decode_seqs": rep["steps"]["mean_decode_seqs"],
            "ttft_p50_ms": rep["ttft_ms"]["p50"], "output_throughput": rep["output_throughput"]}
     if prof:
         st = pstats.Stats(prof)

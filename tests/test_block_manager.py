@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -304,3 +304,43 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
 TestBlockManagerMachine = BlockManagerMachine.TestCase
 TestBlockManagerMachine.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=st.lists(st.tuples(st.booleans(), st.integers(1, 12)), max_size=40))
+def test_count_only_allocation_equals_token_allocation_when_caching_is_off(ops):
+    """allocate_n(seq, n) leaves the same tables, free list and counters as allocate(seq, tokens)."""
+    by_tokens = BlockManager(10, block_size=3, enable_prefix_caching=False)
+    by_count = BlockManager(10, block_size=3, enable_prefix_caching=False)
+    live: list[str] = []
+    for i, (alloc, n) in enumerate(ops):
+        if alloc or not live:
+            tokens = [i % 2] * n
+            assert by_count.can_allocate_n(n) == by_tokens.can_allocate(tokens)
+            if not by_tokens.can_allocate(tokens):
+                with pytest.raises(NoFreeBlocksError):
+                    by_count.allocate_n(f"s{i}", n)
+                continue
+            assert by_count.allocate_n(f"s{i}", n) == by_tokens.allocate(f"s{i}", tokens) == 0
+            live.append(f"s{i}")
+        else:
+            seq = live.pop(n % len(live))
+            by_tokens.free(seq)
+            by_count.free(seq)
+        by_count.check_integrity()
+        assert by_count.free_list() == by_tokens.free_list()
+        assert {s: by_count.block_table(s) for s in live} == {s: by_tokens.block_table(s) for s in live}
+        assert [by_count.num_tokens(s) for s in live] == [by_tokens.num_tokens(s) for s in live]
+        assert by_count.prefix_hit_rate == by_tokens.prefix_hit_rate == 0.0
+
+
+def test_allocate_n_needs_caching_off():
+    with pytest.raises(ValueError, match="token ids"):
+        BlockManager(4, block_size=2).allocate_n("a", 3)
+    bm = BlockManager(4, block_size=2, enable_prefix_caching=False)
+    assert not bm.can_allocate_n(0) and not bm.can_allocate_n(9) and bm.can_allocate_n(8)
+    with pytest.raises(ValueError, match="empty"):
+        bm.allocate_n("a", 0)
+    bm.allocate_n("a", 3)
+    with pytest.raises(ValueError, match="already"):
+        bm.allocate_n("a", 1)

@@ -115,3 +115,22 @@ def test_shared_prefix_hits_the_prefix_cache():
     rep = summarize(simulate(w, cost, SimSchedulerConfig(), EngineConfig()))
     # ~half the requests find 256 of 300 tokens cached (after the first of the group)
     assert 0.3 < rep["kv"]["prefix_hit_rate"] < 0.5
+
+
+def test_auto_prefix_caching_is_on_only_with_shared_prefixes_and_changes_nothing_else():
+    cost = RooflineCost(load_model_shape("deepseek-coder-1.3b"), get_gpu("h200"))
+    auto = SimSchedulerConfig(enable_prefix_caching=None)
+    shared = generate(WorkloadConfig(num_requests=300, rate=50.0, input_len=LengthSpec("fixed", 300),
+                                     output_len=LengthSpec("fixed", 8), shared_prefix_fraction=0.5,
+                                     shared_prefix_len=256, seed=0))
+    assert auto.prefix_caching_for(shared)
+    assert 0.3 < summarize(simulate(shared, cost, auto, EngineConfig()))["kv"]["prefix_hit_rate"] < 0.5
+    # no shared prefixes (and no preemption): the cache never hits, so off gives the same run
+    w = _workload(400, 300.0, prompt=200, output="uniform:1:60", seed=3)
+    assert not auto.prefix_caching_for(w)
+    on = simulate(w, cost, SimSchedulerConfig(enable_prefix_caching=True), EngineConfig(num_backends=2))
+    off = simulate(w, cost, auto, EngineConfig(num_backends=2))
+    for name in ("dispatch_time", "first_token_time", "finish_time", "step_time", "step_decode"):
+        np.testing.assert_array_equal(getattr(on, name), getattr(off, name))
+    assert [b["num_preemptions"] for b in on.backend_stats] == [0, 0]
+    assert [b["num_cached_blocks"] for b in off.backend_stats] == [0, 0]
