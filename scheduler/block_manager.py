@@ -66,6 +66,8 @@ class BlockManager:
         self.num_query_tokens = 0  # prompt tokens looked up in the prefix cache
         self.num_hit_tokens = 0  # of which found cached
         self.num_evictions = 0  # cached blocks dropped to make room
+        # no block can be shared (no prefix cache, never forked): every held block has ref 1
+        self._exclusive = not enable_prefix_caching
 
     # ---- queries -------------------------------------------------------------------------
     def num_blocks_for(self, num_tokens: int) -> int:
@@ -334,6 +336,7 @@ class BlockManager:
         if child_id in self._tables:
             raise ValueError(f"sequence {child_id!r} already has blocks")
         table = self._tables[parent_id]
+        self._exclusive = False
         for block in table:
             self._ref_counts[block] += 1
         self._tables[child_id] = list(table)
@@ -347,6 +350,11 @@ class BlockManager:
         del self._hashes[seq_id]
         ref, keys = self._ref_counts, self._block_keys
         uncached, cached = self._free_uncached, self._free_cached
+        if self._exclusive:  # every block drops to 0 and none is cached
+            for block in table:
+                ref[block] = 0
+            uncached += table[::-1]  # a copy: a plan may still hold the live table
+            return
         for block in reversed(table):
             n = ref[block] - 1
             ref[block] = n

@@ -344,3 +344,20 @@ def test_allocate_n_needs_caching_off():
     bm.allocate_n("a", 3)
     with pytest.raises(ValueError, match="already"):
         bm.allocate_n("a", 1)
+
+
+def test_free_without_sharing_matches_the_general_path():
+    """Caching off and never forked takes free's no-sharing path; a fork turns it off for good."""
+    fast, slow = BlockManager(12, block_size=2, enable_prefix_caching=False), BlockManager(12, block_size=2)
+    for bm in (fast, slow):
+        bm.allocate("a", [1, 2, 3, 4, 5])
+        bm.allocate("b", [6, 7, 8])
+        bm.free("a")
+    assert fast._exclusive and fast.free_list() == slow.free_list()
+    fast.fork("b", "c")
+    assert not fast._exclusive
+    fast.free("b")
+    assert fast.block_table("c") == [3, 4] and fast.ref_count(3) == 1
+    fast.free("c")
+    fast.check_integrity()
+    assert_all_returned(fast)
