@@ -1,0 +1,159 @@
+"""Evaluation data for `tidegate eval`: the held-out standard-library files and what is cut from them.
+
+The held-out set is the one `scripts/train_tiny_coder.py` kept out of training:
+`models/tiny-coder/heldout_files.txt` lists paths relative to the stdlib root of the
+interpreter that trained the model. They are looked up under THIS interpreter's stdlib
+(`sysconfig.get_paths()["stdlib"]`, or `--stdlib-root`); missing or non-UTF-8 files are skipped
+and counted, so a different Python version gives a (reported) subset.
+
+Documents and windows follow the training script's held-out protocol exactly:
+
+    doc      = <bos> + tokens(file text) + <eos>     (text read as bytes, decoded as UTF-8)
+    window i = inputs doc[i*L : i*L+L], targets doc[i*L+1 : i*L+L+1]   (the context restarts
+               at every window; every token after <bos> is predicted exactly once)
+
+A model without a bos token scores from its first token on; one without eos ends at the text.
+No torch here.
+"""
+from __future__ import annotations
+
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TINY_CODER_DIR = REPO_ROOT / "models" / "tiny-coder"
+HELDOUT_LIST_NAME = "heldout_files.txt"
+
+
+def default_stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def default_heldout_list(model: str) -> Path:
+    """The model directory's own list when it has one, else tiny-coder's (presets use it too)."""
+    own = Path(model) / HELDOUT_LIST_NAME
+    return own if own.is_file() else TINY_CODER_DIR / HELDOUT_LIST_NAME
+
+
+@dataclass
+class HeldoutSet:
+    root: Path
+    listed: int                                  # paths in the list
+    files: list[tuple[str, str]]                 # (relative path, text) found and readable
+    missing: list[str] = field(default_factory=list)     # not under root
+    unreadable: list[str] = field(default_factory=list)  # not UTF-8 / OS error
+
+    def describe(self) -> str:
+        skipped = len(self.missing) + len(self.unreadable)
+        return (f"{len(self.files)} of {self.listed} held-out files under {self.root}"
+                + (f" ({skipped} skipped: not found or not UTF-8)" if skipped else ""))
+
+
+def load_heldout(list_path: str | Path, root: str | Path | None = None,
+                 max_files: int | None = None) -> HeldoutSet:
+    """Read the listed files that exist under `root` (in list order); the first `max_files`
+    found when given. Raises FileNotFoundError for a missing list."""
+    list_path = Path(list_path)
+    if not list_path.is_file():
+        raise FileNotFoundError(f"held-out list {list_path} not found")
+    rels = [line.strip() for line in list_path.read_text(encoding="utf-8").splitlines()
+            if line.strip() and not line.startswith("#")]
+    root = Path(root) if root is not None else default_stdlib_root()
+    out = HeldoutSet(root=root, listed=len(rels), files=[])
+    for rel in rels:
+        if max_files is not None and len(out.files) >= max_files:
+            break
+        path = root / rel
+        if not path.is_file():
+            out.missing.append(rel)
+            continue
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except (OSError, UnicodeDecodeError):
+            out.unreadable.append(rel)
+            continue
+        if text.strip():
+            out.files.append((rel, text))
+    return out
+
+
+def encode_doc(tokenizer, text: str) -> list[int]:
+    """`<bos> text <eos>` with a `backend.tokenizer.TokenizerBundle` (specials added here, not
+    by the tokenizer's post-processor, as the training script did)."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    head = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    tail = [tokenizer.eos_token_ids[0]] if tokenizer.eos_token_ids else []
+    return head + ids + tail
+
+
+def encode_docs(tokenizer, texts: list[str]) -> list[list[int]]:
+    """`encode_doc` of many texts through the tokenizer's parallel batch path."""
+    encs = tokenizer.tokenizer.encode_batch(list(texts), add_special_tokens=False)
+    head = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    tail = [tokenizer.eos_token_ids[0]] if tokenizer.eos_token_ids else []
+    return [head + e.ids + tail for e in encs]
+
+
+def make_windows(doc: list[int], window: int) -> list[tuple[list[int], list[int]]]:
+    """(inputs, targets) per window, the training script's `make_windows` without padding."""
+    out = []
+    for s in range(0, len(doc) - 1, window):
+        chunk = doc[s:s + window + 1]
+        out.append((chunk[:-1], chunk[1:]))
+    return out
+
+
+def truncate_windows(windows: list[tuple[list[int], list[int]]],
+                     max_tokens: int | None) -> list[tuple[list[int], list[int]]]:
+    """The first `max_tokens` predicted tokens of a window list (the last window cut short)."""
+    if max_tokens is None:
+        return windows
+    out, left = [], max_tokens
+    for x, y in windows:
+        if left <= 0:
+            break
+        out.append((x[:left], y[:left]))
+        left -= len(y[:left])
+    return out
+
+
+def spaced_indices(total: int, n: int) -> list[int]:
+    """n indices evenly spaced over range(total): floor((k + 1/2) * total / n)."""
+    n = min(n, total)
+    return [int((k + 0.5) * total / n) for k in range(n)]
+
+
+# ---- agreement prompts ------------------------------------------------------------------------
+
+def _fractions():
+    """1/2, 1/4, 3/4, 1/8, 3/8, 5/8, 7/8, 1/16, ...: where in a file prompt rounds start."""
+    d = 2
+    while True:
+        for k in range(1, d, 2):
+            yield k / d
+        d *= 2
+
+
+def agreement_prompts(docs: list[list[int]], num_prompts: int, prompt_len: int,
+                      bos_token_id: int | None) -> list[list[int]]:
+    """`num_prompts` prompts of `prompt_len` held-out tokens (plus a leading bos when the model
+    has one, as the service's tokenizer adds it). Prompt i comes from document i mod F (F = the
+    documents long enough), round r = i div F starts at fraction 1/2, 1/4, 3/4, 1/8, ... of it."""
+    usable = [d for d in docs if len(d) > prompt_len + 2]
+    if not usable:
+        raise ValueError(f"no held-out document is longer than {prompt_len} tokens")
+    fracs = _fractions()
+    round_frac: list[float] = []
+    prompts = []
+    for i in range(num_prompts):
+        doc = usable[i % len(usable)]
+        r = i // len(usable)
+        while len(round_frac) <= r:
+            round_frac.append(next(fracs))
+        start = min(int(len(doc) * round_frac[r]), len(doc) - prompt_len)
+        body = doc[start:start + prompt_len]
+        if bos_token_id is not None and body[0] != bos_token_id:
+            body = [bos_token_id] + body
+        prompts.append(body)
+    return prompts

@@ -1,0 +1,228 @@
+"""models/tiny-coder through our engine: exact logits, held-out perplexity, greedy agreement, and
+code completion through the embedded gateway (CPU; about 30-40 s).
+
+(a) Logits. Our engine's float32 logits for a held-out snippet match transformers'
+    `LlamaForCausalLM` within 1e-4 *relative*: max |ours - hf| <= 1e-4 * max |hf| over the
+    compared rows. Checked for every row of a chunked prefill (the scheduler cuts it under a
+    96-token budget, later chunks read the earlier ones from the paged KV cache) and for the
+    rows of decode steps (teacher-forced, `runner.execute(keep_logits=True)`).
+
+(b) Perplexity. `tidegate eval perplexity --sample-windows 16` (16 of the 1,129 held-out
+    windows of <= 512 tokens, evenly spaced over all 91 held-out files: 7,704 predicted tokens
+    from 14 files; the first files alone are not typical, e.g. the first 3 give 10.8) must be
+    below THRESHOLD_FACTOR (1.5) x the held-out perplexity the training script recorded in
+    metrics.json (6.279 -> threshold 9.42). Measured: 5.479 on the sample; the full held-out
+    set through our engine gives 6.278802 against training's 6.278806. Single windows vary a
+    lot (8 windows: 9.10, 16: 5.48, 32: 5.26, 64: 6.15), hence 16 windows and the 1.5x margin,
+    which also absorbs a retrained model of the same quality; a wrong loader, shuffled or
+    untrained weights land far above it. The random `tiny` preset (its byte tokenizer, the same
+    rule over its own windows of the same files) must be at least 20x higher: it scores about
+    its vocabulary size, 259 (measured 234 on 8 windows).
+
+(c) Agreement. `agreement` of float32 with itself is exactly 1.0; float32 vs bfloat16
+    weights/activations (teacher-forced on the float32 tokens) is >= 0.9 (measured 0.997 with
+    32 prompts x 32 tokens; here 8 x 16).
+
+(d) Completion. `tidegate serve` with no model (the embedded default: models/tiny-coder on the
+    CPU) completes HEADERS greedily, max_tokens 64. A completion counts when `ast.parse`
+    accepts `function_snippet(header, text, finish_reason)`:
+      1. cut by max_tokens ("length"): drop the unfinished last line (keep up to the last
+         newline); a "stop" completion is kept whole;
+      2. dedent-aware: the function ends at the first non-blank line (after the header's own
+         line) that starts in column 0; that line and everything after it is dropped.
+    A snippet that is just the header (no body) does not parse, so it fails. Headers end
+    without a newline on purpose: the tokenizer merges a newline with the indentation after
+    it ("\\n   " + " return"), so a prompt ending in a bare "\\n" token is a boundary the
+    model never saw after a colon, and it then writes unindented code.
+    Recorded rate on this list: 6/8 = 0.75 (fibonacci and binary_search fail: an
+    unterminated docstring / an open parenthesis at the 64-token cut). Required: > 0.5.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import math
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ROOT / "models" / "tiny-coder"
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not (MODEL / "model.safetensors").is_file(),
+                       reason="models/tiny-coder is not in this checkout"),
+]
+
+THRESHOLD_FACTOR = 1.5
+SAMPLE_WINDOWS = 16
+HEADERS = [
+    "def fibonacci(n):",
+    "def is_prime(n):",
+    "def factorial(n):",
+    "def reverse_string(s):",
+    "def read_lines(path):",
+    "def flatten(items):",
+    "def gcd(a, b):",
+    "def binary_search(items, target):",
+]
+
+
+def metrics() -> dict:
+    return json.loads((MODEL / "metrics.json").read_text())
+
+
+# ---- (a) logits against transformers -------------------------------------------------------------
+
+def test_logits_match_transformers():
+    from transformers import LlamaForCausalLM
+
+    from backend.eval_data import default_heldout_list, encode_doc, load_heldout
+    from backend.eval_engine import (
+        EngineSettings,
+        EngineShape,
+        build_engine,
+        greedy_decode,
+        sequence_logits,
+    )
+
+    engine, loaded = build_engine(str(MODEL), EngineSettings(dtype="float32"),
+                                  EngineShape(max_num_batched_tokens=96))
+    heldout = load_heldout(default_heldout_list(str(MODEL)), max_files=3)
+    doc = encode_doc(loaded.tokenizer, heldout.files[-1][1])
+    prompt, forced = doc[:200], doc[200:216]
+    ours = sequence_logits(engine, prompt + forced)  # 216 rows: chunks of 96, 96, 24
+    decode_rows = torch.empty((len(forced), ours.shape[1]))
+
+    def keep(i, t, row):
+        decode_rows[t] = row.cpu()
+
+    greedy_decode(engine, [prompt], len(forced), forced=[forced], on_logits=keep)
+    hf = LlamaForCausalLM.from_pretrained(MODEL, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = hf(torch.tensor([prompt + forced])).logits[0].float()
+    scale = ref.abs().max()
+    assert (ours - ref).abs().max() <= 1e-4 * scale
+    # decode row t predicts position len(prompt) + t: hf row len(prompt) - 1 + t
+    ref_dec = ref[len(prompt) - 1:len(prompt) - 1 + len(forced)]
+    assert (decode_rows - ref_dec).abs().max() <= 1e-4 * scale
+    engine.check_integrity()
+
+
+# ---- (b) held-out perplexity ---------------------------------------------------------------------
+
+def test_heldout_perplexity_below_training_threshold():
+    from backend import eval as ev
+    from backend.eval_engine import EngineSettings
+
+    trained = metrics()["heldout_ppl"]
+    r = ev.perplexity(str(MODEL), EngineSettings(), sample_windows=SAMPLE_WINDOWS, progress=False)
+    assert r["windows"] == SAMPLE_WINDOWS and r["files_skipped"] == 0
+    print(f"\ntiny-coder held-out ppl, {SAMPLE_WINDOWS} spaced windows: {r['ppl']:.4f} "
+          f"(training, all files: {trained:.4f}; threshold {THRESHOLD_FACTOR * trained:.2f})")
+    assert r["ppl"] < THRESHOLD_FACTOR * trained
+    # the random preset on the same files' text, same sampling rule on its own windows
+    rnd = ev.perplexity("tiny", EngineSettings(), sample_windows=SAMPLE_WINDOWS, progress=False)
+    print(f"random tiny preset: {rnd['ppl']:.1f} (vocabulary 259)")
+    assert 100 < rnd["ppl"] < 1000
+    assert rnd["ppl"] > 20 * r["ppl"]
+    assert math.isfinite(r["nll"]) and r["nll"] > 0
+
+
+# ---- (c) agreement -------------------------------------------------------------------------------
+
+def test_agreement_self_and_bfloat16():
+    from backend import eval as ev
+    from backend.eval_engine import EngineSettings
+
+    f32, bf16 = EngineSettings(dtype="float32"), EngineSettings(dtype="bfloat16")
+    kw = {"num_prompts": 8, "prompt_len": 64, "max_tokens": 16, "progress": False}
+    same = ev.agreement(str(MODEL), f32, f32, **kw)
+    assert same["agreement"] == 1.0 and same["exact_continuations"] == 1.0
+    mixed = ev.agreement(str(MODEL), f32, bf16, **kw)
+    print(f"\nagreement float32 vs bfloat16: {mixed['agreement']:.4f} "
+          f"over {mixed['positions']} positions")
+    assert mixed["agreement"] >= 0.9
+
+
+# ---- (d) completions through the embedded gateway ------------------------------------------------
+
+def function_snippet(header: str, completion: str, finish_reason: str | None) -> str:
+    """header + completion cut by the module docstring's rule (last complete line, dedent)."""
+    text = completion
+    if finish_reason == "length":
+        text = text[:text.rfind("\n") + 1] if "\n" in text else ""
+    lines = text.split("\n")
+    keep = lines[:1]  # the rest of the header's own line
+    for line in lines[1:]:
+        if line.strip() and not line[0].isspace():
+            break
+        keep.append(line)
+    return header + "\n".join(keep)
+
+
+def parses(source: str) -> bool:
+    try:
+        ast.parse(source)
+    except SyntaxError:
+        return False
+    return True
+
+
+def test_snippet_rule():
+    assert function_snippet("def f(n):", "\n    return n\n\ndef g(", "length") == \
+        "def f(n):\n    return n\n\n"
+    assert function_snippet("def f(n):", "\n    x = 1\n    retu", "length") == \
+        "def f(n):\n    x = 1\n"
+    assert function_snippet("def f(n): return n", "", "stop") == "def f(n): return n"
+    assert not parses(function_snippet("def f(n):", "\nx = 1\n", "length"))  # no body
+    assert not parses(function_snippet("def f(n):", '\n    """doc\n    more', "length"))
+
+
+@pytest.fixture(scope="module")
+def gateway():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--log-level", "warning"],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    line = ""
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if "serving model" in line or not line:
+            break
+    m = re.search(r"serving model (\S+) on (http://\S+)", line)
+    if not m:
+        proc.kill()
+        pytest.fail(f"gateway did not start: {line!r}")
+    yield {"url": m.group(2), "model": m.group(1)}
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0
+
+
+def complete(url: str, model: str, prompt: str) -> dict:
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 64,
+                       "temperature": 0}).encode()
+    req = urllib.request.Request(url + "/v1/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        return json.loads(resp.read())["choices"][0]
+
+
+def test_embedded_default_completes_parsable_functions(gateway):
+    assert gateway["model"] == "tiny-coder"  # the embedded default picked the trained model
+    with ThreadPoolExecutor(len(HEADERS)) as pool:
+        choices = list(pool.map(lambda h: complete(gateway["url"], gateway["model"], h), HEADERS))
+    ok = [parses(function_snippet(h, c["text"], c["finish_reason"]))
+          for h, c in zip(HEADERS, choices)]
+    rate = sum(ok) / len(ok)
+    print(f"\nparse rate {sum(ok)}/{len(ok)} = {rate:.2f}; failed: "
+          f"{[h for h, good in zip(HEADERS, ok) if not good]}")
+    assert rate > 0.5, [(h, c["text"]) for h, c in zip(HEADERS, choices)]
