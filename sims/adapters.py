@@ -19,7 +19,8 @@ can only hit a preempted sequence's own blocks on its recompute (the simulator's
 are dummies, so nothing else ever matches), and it costs ~40 hashed block registrations and ~40
 evictions per request: auto turns it off there. Under preemption that makes a recompute cost its
 whole prefill where the live engine (caching on) may reuse blocks still cached: set True to model
-that.
+that (`tidegate sim validate` does, as it compares against the live engine). Auto is the default
+of the dataclass, `sim run`, `sweep`, `search` and `python -m sims`.
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ class SimSchedulerConfig:
     block_size: int = 16
     max_model_len: int = 16384
     # True | False | None = auto: on exactly when the workload has shared prefixes (module doc)
-    enable_prefix_caching: bool | None = True
+    enable_prefix_caching: bool | None = None
 
     def prefix_caching_for(self, workload: Workload) -> bool:
         """The setting resolved for `workload` (auto: does any request have a shared prefix?)."""

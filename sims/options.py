@@ -66,7 +66,10 @@ def add_run_args(p: argparse.ArgumentParser, *, num_requests: int = 1000) -> Non
     g.add_argument("--max-num-batched-tokens", type=int, default=2048)
     g.add_argument("--block-size", type=int, default=16)
     g.add_argument("--max-model-len", type=int, help="default: the model's max positions")
-    g.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false", default=True)
+    g.add_argument("--prefix-caching", choices=("auto", "on", "off"), default="auto",
+                   help="auto: on only when the workload shares prefixes (the simulator's generated "
+                        "tokens are dummies, so nothing else hits; see sims.adapters)")
+    g.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_const", const="off")
     g.add_argument("--network-delay-ms", type=float, default=0.0)
     g.add_argument("--max-stretch-steps", type=int, default=1 << 30,
                    help="cap on steps advanced in one event (1: step by step)")
@@ -93,7 +96,7 @@ def parse_with_config(p: argparse.ArgumentParser, argv: list[str]) -> argparse.N
                     flat[k.replace("-", "_")] = v
         walk(doc)
         aliases = {"no_idle_flush": ("idle_flush", lambda v: not v),
-                   "no_prefix_caching": ("prefix_caching", lambda v: not v)}
+                   "no_prefix_caching": ("prefix_caching", lambda v: "off" if v else "auto")}
         for k, (dest, f) in aliases.items():
             if k in flat:
                 flat[dest] = f(flat.pop(k))
@@ -102,6 +105,13 @@ def parse_with_config(p: argparse.ArgumentParser, argv: list[str]) -> argparse.N
             p.error(f"{pre.config}: unknown option(s) {', '.join(unknown)}")
         p.set_defaults(**flat)
     return p.parse_args(argv)
+
+
+def prefix_caching_arg(value) -> bool | None:
+    """'auto' | 'on' | 'off' (or a TOML bool) -> SimSchedulerConfig.enable_prefix_caching."""
+    if isinstance(value, bool):
+        return value
+    return {"auto": None, "on": True, "off": False}[str(value).lower()]
 
 
 def spec_from_args(a: argparse.Namespace) -> RunSpec:
@@ -127,7 +137,7 @@ def spec_from_args(a: argparse.Namespace) -> RunSpec:
     sched = SimSchedulerConfig(batcher=batcher, queue=QueueConfig(), max_num_seqs=a.max_num_seqs,
                                max_num_batched_tokens=a.max_num_batched_tokens,
                                block_size=a.block_size, max_model_len=max_model_len,
-                               enable_prefix_caching=a.prefix_caching)
+                               enable_prefix_caching=prefix_caching_arg(a.prefix_caching))
     engine = EngineConfig(num_backends=a.backends, network_delay_s=a.network_delay_ms / 1e3,
                           max_stretch_steps=a.max_stretch_steps)
     return RunSpec(cost=cost, workload=workload, scheduler=sched, engine=engine, trace=a.trace,

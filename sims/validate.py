@@ -189,7 +189,8 @@ def sim_spec(profile: Path, num_blocks: int, block_size: int, max_model_len: int
                                 output_len=LengthSpec("fixed", output_len), seed=seed),
         scheduler=SimSchedulerConfig(batcher=batcher, queue=queue, max_num_seqs=max_num_seqs,
                                      max_num_batched_tokens=max_num_batched_tokens,
-                                     block_size=block_size, max_model_len=max_model_len),
+                                     block_size=block_size, max_model_len=max_model_len,
+                                     enable_prefix_caching=True),  # as the live engine
         engine=EngineConfig(num_backends=1))
 
 

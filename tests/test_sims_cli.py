@@ -118,3 +118,28 @@ def test_unknown_command_and_bad_model(capsys):
     assert main(["nope"]) == 2
     assert main(["run", "--model", "no-such-model", "--num-requests", "5"]) == 2
     assert main([]) == 0
+
+
+def test_prefix_caching_flag_defaults_to_auto_and_validate_forces_on(tmp_path):
+    import argparse
+
+    from sims.options import add_run_args, parse_with_config, spec_from_args
+    from sims.validate import sim_spec
+
+    def spec(*argv):
+        p = argparse.ArgumentParser()
+        add_run_args(p)
+        return spec_from_args(parse_with_config(p, list(argv))).scheduler.enable_prefix_caching
+
+    assert spec() is None  # auto: on only when the workload shares prefixes
+    assert spec("--prefix-caching", "on") is True
+    assert spec("--prefix-caching", "off") is False
+    assert spec("--no-prefix-caching") is False
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("no-prefix-caching = true\n")
+    assert spec("--config", str(cfg)) is False
+    cfg.write_text("prefix-caching = \"on\"\n")
+    assert spec("--config", str(cfg)) is True
+    # the live comparison keeps caching on, as the live engine does
+    s = sim_spec(tmp_path / "p.json", 64, 16, 256, 8, 256, None, None, 4, 1.0, 16, 4, 0)
+    assert s.scheduler.enable_prefix_caching is True
