@@ -57,6 +57,13 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend-id", default=None, help="stable id for logs and LoadReports")
     p.add_argument("--served-model-name", default=None, help="model name in BackendInfo")
     add_engine_args(p)
+    g = p.add_argument_group("GPU (backend.cuda_graphs, backend.quantization)")
+    g.add_argument("--quantization", default="none", choices=["none", "fp8"],
+                   help="fp8: E4M3 weights, per-output-channel scales (CUDA, capability >= 8.9)")
+    g.add_argument("--enforce-eager", action="store_true",
+                   help="no CUDA graphs: decode steps run eagerly")
+    g.add_argument("--cuda-graph-buckets", default=None,
+                   help="decode batch sizes to capture (default 1,2,4,8,16,24,32,48,64,96,128)")
     return p
 
 
@@ -74,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         from backend.worker import Worker
 
         engine, loaded = create_engine(backend_config(args))
+        serving = _configure_serving(engine, args)
         try:
             worker = Worker(engine, loaded, args.listen, args.backend_id, args.served_model_name)
         except zmq.ZMQError as exc:
@@ -85,8 +93,23 @@ def main(argv: list[str] | None = None) -> int:
     cfg = engine.config
     print(f"tidegate backend ready on {worker.endpoint} (model {worker.model_name}, "
           f"{loaded.device}, {str(loaded.dtype).removeprefix('torch.')}, {cfg.num_blocks} KV blocks "
-          f"of {cfg.block_size}, max_model_len {cfg.max_model_len})", flush=True)
+          f"of {cfg.block_size}, max_model_len {cfg.max_model_len}{serving})", flush=True)
     return worker.serve_forever()
+
+
+def _configure_serving(engine, args: argparse.Namespace) -> str:
+    """--quantization, then CUDA graphs (captured now, at start-up); a note for the ready line."""
+    from backend.cuda_graphs import configure_serving, parse_buckets
+
+    try:
+        buckets = parse_buckets(args.cuda_graph_buckets) if args.cuda_graph_buckets else None
+        info = configure_serving(engine.runner, args.quantization, args.enforce_eager, buckets)
+    except ValueError as exc:  # QuantizationError included
+        raise ModelLoadError(str(exc)) from None
+    note = f", {info['quantization']} weights" if info["quantization"] != "none" else ""
+    if info["cuda_graphs"]:
+        note += f", {len(info['buckets'])} CUDA graphs captured in {info['capture_s']:.1f} s"
+    return note
 
 
 if __name__ == "__main__":

@@ -116,5 +116,6 @@ class LlamaModel(nn.Module):
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return torch.nn.functional.linear(hidden, weight).float()
+        if self.lm_head is not None:  # a module call, so a linear-layer transform applies
+            return self.lm_head(hidden).float()
+        return torch.nn.functional.linear(hidden, self.embed_tokens.weight).float()

@@ -79,7 +79,8 @@ class StaticBuffers:
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, kv: KVCache, max_num_batched_tokens: int,
-                 max_num_seqs: int, max_model_len: int, sampler: Sampler | None = None) -> None:
+                 max_num_seqs: int, max_model_len: int, sampler: Sampler | None = None,
+                 enforce_eager: bool = False, cuda_graph_buckets: Sequence[int] | None = None) -> None:
         self.model = model
         self.kv = kv
         self.device = model.embed_tokens.weight.device
@@ -91,6 +92,12 @@ class ModelRunner:
         self.buffers = StaticBuffers(max_num_batched_tokens, max_num_seqs, self.max_blocks_per_seq,
                                      self.device)
         self.sampler = sampler or Sampler(model.config.vocab_size, self.device)
+        # CUDA: Triton kernels in the model and decode CUDA graphs (backend.cuda_graphs)
+        self.graphs = None
+        if self.device.type == "cuda":
+            from backend.cuda_graphs import setup_cuda_runner
+
+            self.graphs = setup_cuda_runner(self, enforce_eager, cuda_graph_buckets)
 
     # ---- inputs ----------------------------------------------------------------------------
     def prepare(self, chunks: Sequence[Chunk]) -> tuple[int, ForwardContext, list[int]]:
@@ -165,6 +172,10 @@ class ModelRunner:
                 sampling: Mapping[str, SampleSpec] | None = None,
                 keep_logits: bool = False) -> RunnerOutput:
         """Run one step. `sampling[request_id]` is needed for every chunk with `sample` set."""
+        if self.graphs is not None:  # decode-only steps replay a CUDA graph
+            out = self.graphs.try_execute(chunks, block_copies, sampling, keep_logits)
+            if out is not None:
+                return out
         self.kv.copy_blocks(list(block_copies))
         out = RunnerOutput()
         if not chunks:
