@@ -31,6 +31,9 @@ plan exactly one decode for every running sequence and nothing else:
   hit; k stops at the first step where a running sequence whose hash chain agrees with the
   head's registers its next block;
 * no sequence finishes before step k (the next finishing key); the k-th step may finish some.
+  With `past_finishes` and nobody waiting, finishes do not end the stretch (a finish only frees
+  blocks and a running slot, which matter to no one when nothing waits): k is then bounded by the
+  last finishing key (all decoding sequences done) and by `max_steps`.
 
 `advance_decode_steps(s, k, token_id)` replays those k steps' allocations, registrations and
 finishes in the order single steps make them: O(k + events), not O(k * running).
@@ -208,7 +211,8 @@ def _head_hit_limit(s: StepScheduler, limit: int) -> int:
     return limit
 
 
-def max_pure_decode_steps(s: StepScheduler) -> int:
+def max_pure_decode_steps(s: StepScheduler, past_finishes: bool = False,
+                          max_steps: int | None = None) -> int:
     running, cfg, bm = s.running, s.config, s.block_manager
     if not running or s.prefilling:
         return 0
@@ -216,7 +220,11 @@ def max_pure_decode_steps(s: StepScheduler) -> int:
     heap, finishing = s.finish_heap, s.finishing
     while heap and heap[0] not in finishing:
         heappop(heap)
-    limit = min(cfg.max_model_len, heap[0] - step)  # decoding sequences always finish
+    # decoding sequences always finish
+    limit = (max(finishing) if past_finishes and not s.waiting else heap[0]) - step
+    limit = min(cfg.max_model_len, limit)
+    if max_steps is not None and max_steps < limit:
+        limit = max_steps
     if s.waiting and len(running) < cfg.max_num_seqs and cfg.max_num_batched_tokens > len(running):
         if bm.can_allocate(s.waiting[0]._token_ids):
             return 0
@@ -237,11 +245,13 @@ def max_pure_decode_steps(s: StepScheduler) -> int:
     return k
 
 
-def advance_decode_steps(s: StepScheduler, num_steps: int, token_id: int = 0) -> list[FinishedSequence]:
-    """Apply `num_steps` pure decode steps; raises ValueError past max_pure_decode_steps()."""
+def advance_decode_steps(s: StepScheduler, num_steps: int, token_id: int = 0,
+                         past_finishes: bool = False) -> list[FinishedSequence]:
+    """Apply `num_steps` pure decode steps; raises ValueError past max_pure_decode_steps().
+    Finished sequences come in the order single steps finish them (step, then plan order)."""
     if num_steps < 1:
         raise ValueError(f"num_steps must be >= 1, got {num_steps}")
-    allowed = max_pure_decode_steps(s)
+    allowed = max_pure_decode_steps(s, past_finishes, num_steps)
     if num_steps > allowed:
         raise ValueError(f"cannot advance {num_steps} pure decode steps; at most {allowed}")
     set_fill_token(s, token_id)

@@ -318,13 +318,16 @@ class StepScheduler:
                                 seq.num_prompt_tokens, seq.num_cached_tokens)
 
     # ---- multi-step advance (the simulator) -----------------------------------------------------
-    def max_pure_decode_steps(self) -> int:
-        """How many next steps `advance_decode_steps` may apply at once; see scheduler.decode_stretch."""
-        return lazy.max_pure_decode_steps(self)
+    def max_pure_decode_steps(self, past_finishes: bool = False, max_steps: int | None = None) -> int:
+        """How many next steps `advance_decode_steps` may apply at once (at most `max_steps`);
+        with `past_finishes`, length finishes need not end them when nothing waits. See
+        scheduler.decode_stretch."""
+        return lazy.max_pure_decode_steps(self, past_finishes, max_steps)
 
-    def advance_decode_steps(self, num_steps: int, token_id: int = 0) -> list[FinishedSequence]:
+    def advance_decode_steps(self, num_steps: int, token_id: int = 0,
+                             past_finishes: bool = False) -> list[FinishedSequence]:
         """Apply `num_steps` pure decode steps as one call (equal to that many schedule/update)."""
-        return lazy.advance_decode_steps(self, num_steps, token_id)
+        return lazy.advance_decode_steps(self, num_steps, token_id, past_finishes)
 
     # ---- counters ---------------------------------------------------------------------------------
     @property

@@ -209,18 +209,52 @@ class BackendAdapter:
         done = self.sched.update(plan, StepResult(sampled))
         return firsts, [int(f.request_id) for f in done]
 
-    def max_pure_decode_steps(self) -> tuple[int, int, int]:
-        """(k, decoding sequences, KV tokens read by the first of the k steps)."""
-        if self._still_prefilling:
-            return 0, 0, 0
-        k = self.sched.max_pure_decode_steps()
-        if k < 2:
-            return k, 0, 0
-        running = self.sched.running
-        return k, len(running), self.sched.num_decode_context_tokens + len(running)
+    def decode_stretch(self, max_steps: int, max_finishes: int) -> tuple[int, list[tuple]]:
+        """The next stretch of pure decode steps, as (k, segments), k = 0 when there is none.
 
-    def advance(self, k: int) -> list[int]:
-        return [int(f.request_id) for f in self.sched.advance_decode_steps(k)]
+        With `max_finishes` > 0 the stretch may run past up to that many finishing steps (it
+        may end on one more); otherwise it ends at the first. Segments cover the k steps in
+        order, one per run of steps with the same batch: ``(num_steps, num_decode_seqs,
+        num_context_tokens of the first, num_finishing after the last, their prompt + output
+        tokens)``; a segment's context grows by its batch each step."""
+        if self._still_prefilling:
+            return 0, []
+        sched = self.sched
+        past = max_finishes > 0
+        if past:
+            finishing = sched.finishing
+            step = sched.clock.step
+            keys = sorted(finishing)
+            if max_finishes < len(keys):
+                keys = keys[:max_finishes + 1]
+                max_steps = min(max_steps, keys[-1] - step)
+        k = sched.max_pure_decode_steps(past, max_steps)
+        if k < 1:
+            return 0, []
+        n = sched.num_decoding
+        off = sched.offset_sum
+        if not past:
+            return k, [(k, n, off + n * (sched.clock.step + 1), 0, 0)]
+        segs = []
+        a = 0
+        for f in keys:
+            b = f - step
+            if b > k:
+                break
+            bucket = finishing[f]
+            segs.append((b - a, n, off + n * (step + a + 1), len(bucket),
+                         sum(q.num_prompt_tokens + q.max_tokens for q in bucket)))
+            n -= len(bucket)
+            for q in bucket:
+                off -= q._computed
+            a = b
+        if a < k:
+            segs.append((k - a, n, off + n * (step + a + 1), 0, 0))
+        return k, segs
+
+    def advance(self, k: int, past_finishes: bool = False) -> list[int]:
+        return [int(f.request_id)
+                for f in self.sched.advance_decode_steps(k, past_finishes=past_finishes)]
 
     def stats(self) -> dict:
         out = asdict(self.sched.stats())

@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
                         "does not), see sims.adapters")
     p.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_const", const="off")
     p.add_argument("--max-stretch-steps", type=int, default=1 << 30)
+    p.add_argument("--max-stretch-finishes", type=int, default=EngineConfig.max_stretch_finishes,
+                   help="finishing steps one stretch may pass (0: a finish ends it)")
     p.add_argument("--profile", action="store_true", help="cProfile: where the time goes")
     p.add_argument("--json", dest="json_out")
     a = p.parse_args(argv)
@@ -44,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     cost = RooflineCost(load_model_shape(a.model), get_gpu("h200"))
     sched = SimSchedulerConfig(enable_prefix_caching={"auto": None, "on": True,
                                                       "off": False}[a.prefix_caching])
-    eng = EngineConfig(num_backends=a.backends, max_stretch_steps=a.max_stretch_steps, progress=True)
+    eng = EngineConfig(num_backends=a.backends, max_stretch_steps=a.max_stretch_steps,
+                       max_stretch_finishes=a.max_stretch_finishes, progress=True)
     prof = cProfile.Profile() if a.profile else None
     t0, c0 = time.perf_counter(), time.process_time()
     if prof:

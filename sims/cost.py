@@ -15,6 +15,7 @@ Step arguments, the same for both:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -37,6 +38,17 @@ class CostModel(Protocol):
     def num_kv_blocks(self, block_size: int) -> int:
         """KV blocks of `block_size` tokens that fit beside the weights (per backend)."""
         ...
+
+# Optional, for speed (the simulator falls back to `decode_times` without them):
+#   decode_span(num_decode_seqs, num_context_tokens, k) -> float   sum of decode_times(...), O(1)
+#   decode_step_times(num_decode_seqs: ndarray, num_context_tokens: ndarray) -> ndarray
+#       one pure-decode step per element, vectorized over many stretches
+
+
+def decode_span_by_times(cost: CostModel, num_decode_seqs: int, num_context_tokens: int,
+                         k: int) -> float:
+    """Generic `decode_span`: the sum of `decode_times` (a model without a closed form)."""
+    return float(np.sum(cost.decode_times(num_decode_seqs, num_context_tokens, k))) if k > 0 else 0.0
 
 
 def decode_times_by_steps(cost: CostModel, num_decode_seqs: int, num_context_tokens: int,
@@ -107,6 +119,35 @@ class RooflineCost:
         t_flop = self._f_per_tok * n + self._f_per_ctx * ctx
         return np.maximum(t_mem, t_flop) + (self._c_fixed + self._c_per_tok * n + self._overhead)
 
+    def decode_span(self, num_decode_seqs: int, num_context_tokens: int, k: int) -> float:
+        """sum(decode_times(n, ctx, k)) in closed form: each step is the max of two lines in the
+        step index (memory, compute), which cross at most once."""
+        if k <= 0:
+            return 0.0
+        n, ctx = num_decode_seqs, num_context_tokens
+        m0 = self._t_weights + self._t_kv_per_ctx * ctx + self._t_kv_per_tok * n
+        m1 = self._t_kv_per_ctx * n
+        f0 = self._f_per_tok * n + self._f_per_ctx * ctx
+        f1 = self._f_per_ctx * n
+        c = self._c_fixed + self._c_per_tok * n + self._overhead
+        last = k - 1
+        mem_first, mem_last = f0 <= m0, f0 + f1 * last <= m0 + m1 * last
+        if mem_first == mem_last:  # one line wins throughout
+            a0, a1 = (m0, m1) if mem_first else (f0, f1)
+            return k * (a0 + c) + a1 * (k * last * 0.5)
+        # the winner at step 0 wins below the crossing index x, the other from ceil(x) on
+        s = min(k, max(0, math.ceil((m0 - f0) / (f1 - m1))))
+        (a0, a1), (b0, b1) = ((m0, m1), (f0, f1)) if mem_first else ((f0, f1), (m0, m1))
+        return (k * c + s * a0 + a1 * (s * (s - 1) * 0.5)
+                + (k - s) * b0 + b1 * ((k * last - s * (s - 1)) * 0.5))
+
+    def decode_step_times(self, num_decode_seqs: np.ndarray, num_context_tokens: np.ndarray
+                          ) -> np.ndarray:
+        n, ctx = num_decode_seqs.astype(np.float64), num_context_tokens.astype(np.float64)
+        t_mem = self._t_weights + self._t_kv_per_ctx * ctx + self._t_kv_per_tok * n
+        t_flop = self._f_per_tok * n + self._f_per_ctx * ctx
+        return np.maximum(t_mem, t_flop) + (self._c_fixed + self._c_per_tok * n + self._overhead)
+
     def num_kv_blocks(self, block_size: int) -> int:
         c = self.config
         free = (self.gpu.memory_bytes * c.gpu_memory_utilization - self.weight_bytes_per_gpu
@@ -137,6 +178,13 @@ class ConstantCost:
 
     def decode_times(self, num_decode_seqs: int, num_context_tokens: int, k: int) -> np.ndarray:
         return np.full(k, self.seconds if num_decode_seqs else 0.0)
+
+    def decode_span(self, num_decode_seqs: int, num_context_tokens: int, k: int) -> float:
+        return k * self.seconds if num_decode_seqs and k > 0 else 0.0
+
+    def decode_step_times(self, num_decode_seqs: np.ndarray, num_context_tokens: np.ndarray
+                          ) -> np.ndarray:
+        return np.where(num_decode_seqs > 0, self.seconds, 0.0)
 
     def num_kv_blocks(self, block_size: int) -> int:
         return self.blocks

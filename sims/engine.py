@@ -16,8 +16,14 @@ Backends::
         ▼                                ▼
      STEP event → update(result)      STRETCH event → advance_decode_steps(j)
 
-A stretch's step times come from `CostModel.decode_times` (context grows by the batch each step);
-its tokens are recorded as ITL samples (each step's duration weighted by the number of sequences).
+A stretch runs past length finishes (up to `max_stretch_finishes` of them) when the backend has
+room for more sequences and is below the spare watermark at its start (then a finish changes
+nothing the gateway reads: the backend stays spare); otherwise it ends at the first finish. It
+is kept as segments, one per batch size between finishes: ``(steps, batch, first context,
+finishing at its end, cumulative end time)``; a segment's span is `CostModel.decode_span` (closed
+form for the roofline), and the requests finishing inside get the exact end time of their last
+step. Every step is recorded for the step and ITL figures (each step's duration weighted by the
+number of sequences), expanded once at the end with `decode_step_times`.
 """
 from __future__ import annotations
 
@@ -25,12 +31,13 @@ import heapq
 import math
 import time
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
 from scheduler.clock import ManualClock
 from sims.adapters import BackendAdapter, GatewayAdapter, SimSchedulerConfig
-from sims.cost import CostModel
+from sims.cost import CostModel, decode_span_by_times
 from sims.workload import Workload
 
 INF = math.inf
@@ -43,6 +50,7 @@ class EngineConfig:
     network_delay_s: float = 0.0        # gateway -> backend one-way delay of a batch
     spare_kv_watermark: float = 0.9     # a backend is "spare" below this KV use with nothing waiting
     max_stretch_steps: int = 1 << 30    # cap on one k-step advance (1 disables stretches)
+    max_stretch_finishes: int = 0       # finishing steps one stretch may pass (0: ends at the first)
     num_samples: int = 2000             # time-series samples (queue depth, KV use) over the run
     progress: bool = False
 
@@ -80,10 +88,9 @@ class _Backend:
         "outstanding",
         "plan",
         "sched",
-        "stretch_cum",
-        "stretch_n",
+        "stretch_past",
+        "stretch_segs",
         "stretch_start",
-        "stretch_times",
         "version",
     )
 
@@ -94,9 +101,8 @@ class _Backend:
         self.end_time = 0.0
         self.version = 0
         self.stretch_start = 0.0
-        self.stretch_times = None
-        self.stretch_cum = None
-        self.stretch_n = 0
+        self.stretch_segs = None    # [(steps, batch, context, num_finishing, cumulative end)]
+        self.stretch_past = False
         self.plan = None
         self.outstanding = 0
 
@@ -118,7 +124,7 @@ def simulate(workload: Workload, cost: CostModel, sched_config: SimSchedulerConf
     finish_t = np.full(n, np.nan)
     rejected = np.zeros(n, dtype=bool)
     step_rows: list[tuple] = []        # (num_decode, num_prefill_tokens, duration) per single step
-    stretch_rows: list[tuple] = []     # (num_decode, times array) per stretch
+    stretch_rows: list[tuple] = []     # (steps, num_decode, first context) per stretch segment
     batch_sizes: list[int] = []
     heap: list[tuple] = []
     seq = 0
@@ -133,7 +139,8 @@ def simulate(workload: Workload, cost: CostModel, sched_config: SimSchedulerConf
     series: dict[str, list] = {"t": [], "queue_depth": [], "kv_usage": [], "running": [],
                                "fragmentation": []}
     step_time_fn = cost.step_time
-    decode_times_fn = cost.decode_times
+    span_fn = getattr(cost, "decode_span", None) or partial(decode_span_by_times, cost)
+    max_fin = config.max_stretch_finishes
     progress_every = max(1, n // 50)
     next_progress = progress_every
 
@@ -150,7 +157,7 @@ def simulate(workload: Workload, cost: CostModel, sched_config: SimSchedulerConf
         if not batch:
             return
         batch_sizes.append(len(batch))
-        be = min(backends, key=lambda x: x.outstanding)
+        be = min(backends, key=lambda x: load(x, now))
         for i in batch:
             dispatch_t[i] = now
             be.outstanding += int(prompt_len[i] + output_len[i])
@@ -160,20 +167,58 @@ def simulate(workload: Workload, cost: CostModel, sched_config: SimSchedulerConf
         else:
             deliver(be, batch, now)
 
+    def load(be: _Backend, now: float) -> int:
+        """Outstanding tokens at `now`: a stretch past finishes has not yet taken off the
+        requests that finished inside it by `now` (as single steps would have)."""
+        if not be.stretch_past:
+            return be.outstanding
+        o, start = be.outstanding, be.stretch_start
+        for seg in be.stretch_segs:
+            if start + seg[4] > now:
+                break
+            o -= seg[5]
+        return o
+
     def deliver(be: _Backend, batch: list[int], now: float) -> None:
         nonlocal seq
         be.inbox.extend(batch)
         if not be.busy:
             start_step(be, now)
-        elif be.stretch_times is not None:
-            # truncate the stretch after the step in progress at `now`
-            j = int(np.searchsorted(be.stretch_cum, now - be.stretch_start, side="right")) + 1
-            if j < len(be.stretch_times):
-                be.stretch_times = be.stretch_times[:j]
-                be.end_time = be.stretch_start + float(be.stretch_cum[j - 1])
-                be.version += 1
-                seq += 1
-                heapq.heappush(heap, (be.end_time, seq, _STRETCH, (be.idx, be.version)))
+        elif be.stretch_segs is not None:
+            truncate(be, now)
+
+    def truncate(be: _Backend, now: float) -> None:
+        """End the stretch after the step in progress at `now` (a step ending at `now` is done)."""
+        nonlocal seq
+        segs = be.stretch_segs
+        e = now - be.stretch_start
+        t0 = 0.0
+        for idx, seg in enumerate(segs):
+            if e < seg[4]:
+                break
+            t0 = seg[4]
+        else:
+            return  # the last step ends at `now`: nothing in progress
+        ks, n, ctx, nfin, t1, tokens = seg
+        # c = steps of this segment done by `now`: the largest c < ks with span(c) <= e - t0;
+        # steps only lengthen, so e / (first step) is an upper bound and close
+        e -= t0
+        first = span_fn(n, ctx, 1)
+        c = min(ks - 1, int(e / first)) if first > 0 else ks - 1
+        while c > 0 and span_fn(n, ctx, c) > e:
+            c -= 1
+        while c + 1 < ks and span_fn(n, ctx, c + 1) <= e:
+            c += 1
+        j = c + 1  # with the one in progress
+        if j == ks and idx == len(segs) - 1:
+            return
+        end = t1 if j == ks else t0 + span_fn(n, ctx, j)
+        be.stretch_segs = segs[:idx] + [(j, n, ctx, nfin, end, tokens) if j == ks
+                                        else (j, n, ctx, 0, end, 0)]
+        be.end_time = be.stretch_start + end
+        be.version += 1
+        seq += 1
+        heapq.heappush(heap, (be.end_time, seq, _STRETCH, (be.idx, be.version)))
 
     def admit(be: _Backend, now: float) -> None:
         sched = be.sched
@@ -189,14 +234,19 @@ def simulate(workload: Workload, cost: CostModel, sched_config: SimSchedulerConf
             admit(be, now)
         sched = be.sched
         if max_k > 1 and sched.num_waiting == 0:
-            k, num_decode, num_ctx = sched.max_pure_decode_steps()
+            # past finishes only while they cannot change what spare() reads (module doc)
+            past = max_fin if sched.has_room and sched.kv_usage < watermark else 0
+            k, segs = sched.decode_stretch(max_k, past)
             if k > 1:
-                k = min(k, max_k)
-                times = decode_times_fn(num_decode, num_ctx, k)
-                be.stretch_times, be.stretch_cum = times, np.cumsum(times)
-                be.stretch_start, be.stretch_n = now, num_decode
+                t = 0.0
+                out = []
+                for ks, n_dec, ctx, nfin, tokens in segs:
+                    t += span_fn(n_dec, ctx, ks)
+                    out.append((ks, n_dec, ctx, nfin, t, tokens))
+                be.stretch_segs, be.stretch_past = out, past > 0
+                be.stretch_start = now
                 be.busy = True
-                be.end_time = now + float(be.stretch_cum[-1])
+                be.end_time = now + t
                 be.version += 1
                 seq += 1
                 heapq.heappush(heap, (be.end_time, seq, _STRETCH, (be.idx, be.version)))
@@ -263,11 +313,20 @@ def simulate(workload: Workload, cost: CostModel, sched_config: SimSchedulerConf
                 be = backends[b]
                 if version != be.version:
                     continue
-                times = be.stretch_times
-                be.stretch_times = be.stretch_cum = None
-                stretch_rows.append((be.stretch_n, times))
-                done = be.sched.advance(len(times))
-                finish_requests(be, done, now)
+                segs, past = be.stretch_segs, be.stretch_past
+                be.stretch_segs, be.stretch_past = None, False
+                done = be.sched.advance(sum(sg[0] for sg in segs), past)
+                if len(segs) == 1:
+                    stretch_rows.append(segs[0][:3])
+                    finish_requests(be, done, now)
+                else:  # finishes in step order: each segment's at its end
+                    start, d = be.stretch_start, 0
+                    for ks, n_dec, ctx, nfin, t, _ in segs:
+                        stretch_rows.append((ks, n_dec, ctx))
+                        if nfin:
+                            finish_requests(be, done[d:d + nfin], start + t)
+                            d += nfin
+                    finish_requests(be, done[d:], now)
                 after_step(be, now)
             elif kind == _TIMER:
                 if arg != timer_deadline:
@@ -307,10 +366,21 @@ def simulate(workload: Workload, cost: CostModel, sched_config: SimSchedulerConf
     sd = [np.array([r[0] for r in step_rows], dtype=np.int64)]
     sp = [np.array([r[1] for r in step_rows], dtype=np.int64)]
     st = [np.array([r[2] for r in step_rows], dtype=np.float64)]
-    for num, times in stretch_rows:
-        sd.append(np.full(len(times), num, dtype=np.int64))
-        sp.append(np.zeros(len(times), dtype=np.int64))
-        st.append(times)
+    if stretch_rows:
+        rows = np.array(stretch_rows, dtype=np.int64).reshape(-1, 3)
+        ks, nd = rows[:, 0], rows[:, 1]
+        total = int(ks.sum())
+        n_step = np.repeat(nd, ks)
+        # context of step i of a segment: its first context + i * batch
+        idx = np.arange(total) - np.repeat(np.cumsum(ks) - ks, ks)
+        ctx_step = np.repeat(rows[:, 2], ks) + idx * n_step
+        step_times_fn = getattr(cost, "decode_step_times", None)
+        if step_times_fn is not None:
+            st.append(step_times_fn(n_step, ctx_step))
+        else:
+            st.extend(cost.decode_times(int(n), int(c), int(k)) for k, n, c in rows)
+        sd.append(n_step)
+        sp.append(np.zeros(total, dtype=np.int64))
     step_decode, step_time = np.concatenate(sd), np.concatenate(st)
     # ITL: every sequence decoding in a step waited that step's duration for its token.
     itl_values, itl_weights = step_time, step_decode.astype(np.float64)

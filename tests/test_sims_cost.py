@@ -93,3 +93,27 @@ def test_profile_cost_exact_at_points_and_linear_outside(tmp_path):
         1e-3 + 2e-5 * 128 + 1e-8 * 65536, rel=0.05)
     assert cost.num_kv_blocks(16) == 1000 and cost.num_kv_blocks(32) == 500
     assert cost.step_time(0, 0, 0) == 0.0
+
+
+@pytest.mark.parametrize("flop_scale", [1.0, 1e3, 1e5])
+def test_decode_span_is_the_sum_of_decode_times_across_the_memory_compute_crossing(flop_scale):
+    cost = RooflineCost(load_model_shape("deepseek-coder-1.3b"), get_gpu("h200"))
+    # scale compute up so that some stretches cross from memory- to compute-bound and back
+    cost._f_per_ctx *= flop_scale
+    crossed = False
+    for n in (1, 7, 64, 512):
+        for ctx in (n, 300 * n, 4000 * n):
+            for k in (1, 2, 3, 50, 2000):
+                times = cost.decode_times(n, ctx, k)
+                assert cost.decode_span(n, ctx, k) == pytest.approx(times.sum(), rel=1e-12)
+                np.testing.assert_allclose(
+                    cost.decode_step_times(np.full(k, n), ctx + n * np.arange(k)), times, rtol=1e-12)
+                cx = ctx + n * np.arange(k)
+                mem = cost._t_weights + cost._t_kv_per_ctx * cx + cost._t_kv_per_tok * n
+                flop = cost._f_per_tok * n + cost._f_per_ctx * cx
+                crossed |= bool(len(set(flop > mem)) > 1)
+    assert cost.decode_span(5, 100, 0) == 0.0
+    assert crossed or flop_scale == 1.0
+    c = ConstantCost(0.004)
+    assert c.decode_span(3, 10, 7) == pytest.approx(c.decode_times(3, 10, 7).sum())
+    np.testing.assert_array_equal(c.decode_step_times(np.array([0, 2]), np.array([0, 5])), [0.0, 0.004])

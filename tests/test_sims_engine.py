@@ -134,3 +134,26 @@ def test_auto_prefix_caching_is_on_only_with_shared_prefixes_and_changes_nothing
         np.testing.assert_array_equal(getattr(on, name), getattr(off, name))
     assert [b["num_preemptions"] for b in on.backend_stats] == [0, 0]
     assert [b["num_cached_blocks"] for b in off.backend_stats] == [0, 0]
+
+
+@pytest.mark.parametrize("backends,rate,output", [(1, 20.0, "40"), (2, 300.0, "uniform:1:100"),
+                                                  (3, 80.0, "64")])
+def test_stretches_past_finishes_give_the_same_metrics_as_single_steps(backends, rate, output):
+    cost = RooflineCost(load_model_shape("deepseek-coder-1.3b"), get_gpu("h100"))
+    w = generate(WorkloadConfig(num_requests=300, rate=rate, input_len=LengthSpec.parse("uniform:16:300"),
+                                output_len=LengthSpec.parse(output), seed=3))
+    sched = SimSchedulerConfig(max_num_seqs=32)
+    past = simulate(w, cost, sched, EngineConfig(num_backends=backends, max_stretch_finishes=8))
+    stop = simulate(w, cost, sched, EngineConfig(num_backends=backends, max_stretch_finishes=0))
+    slow = simulate(w, cost, sched, EngineConfig(num_backends=backends, max_stretch_steps=1))
+    for name in ("first_token_time", "finish_time", "dispatch_time"):
+        np.testing.assert_allclose(getattr(past, name), getattr(slow, name), rtol=1e-9, atol=1e-12)
+    a, b = summarize(past), summarize(slow)
+    for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"):
+        for stat in ("mean", "p50", "p99"):
+            assert a[key][stat] == pytest.approx(b[key][stat], rel=1e-9)
+    assert a["steps"]["decode_batch_histogram"] == b["steps"]["decode_batch_histogram"]
+    assert a["steps"]["num_steps"] == b["steps"]["num_steps"]
+    assert a["steps"]["mean_step_ms"] == pytest.approx(b["steps"]["mean_step_ms"], rel=1e-9)
+    np.testing.assert_allclose(np.sort(past.step_time), np.sort(slow.step_time), rtol=1e-9)
+    assert past.events < stop.events  # finishes really were passed

@@ -318,8 +318,8 @@ def snapshot(s: StepScheduler) -> dict:
 @given(reqs=st.lists(st.tuples(st.lists(st.integers(0, 1), min_size=1, max_size=20),
                                st.integers(1, 40)), min_size=1, max_size=10),
        num_blocks=st.integers(4, 40), block_size=st.integers(1, 4), caching=st.booleans(),
-       max_num_seqs=st.integers(1, 6), seed=st.randoms(use_true_random=False))
-def test_advance_equals_single_steps(reqs, num_blocks, block_size, caching, max_num_seqs, seed):
+       max_num_seqs=st.integers(1, 6), seed=st.randoms(use_true_random=False), past=st.booleans())
+def test_advance_equals_single_steps(reqs, num_blocks, block_size, caching, max_num_seqs, seed, past):
     s = make(num_blocks=num_blocks, block_size=block_size, max_model_len=64,
              max_num_seqs=max_num_seqs, max_num_batched_tokens=16, enable_prefix_caching=caching,
              class_bounds=(3, 9))
@@ -330,7 +330,7 @@ def test_advance_equals_single_steps(reqs, num_blocks, block_size, caching, max_
             s.add_request(f"r{i}", prompt, max_tokens, float(seed.randint(0, 3)), seed.randint(0, 1))
         if not pending and not s.has_unfinished():
             break
-        k = s.max_pure_decode_steps()
+        k = s.max_pure_decode_steps(past_finishes=past)
         if k == 0 or seed.random() < 0.3:
             step(s, token=0)
             continue
@@ -342,17 +342,20 @@ def test_advance_equals_single_steps(reqs, num_blocks, block_size, caching, max_
         running = sorted(q.request_id for q in single.running)
         fin_single = []
         for _ in range(j):
-            assert not fin_single, "finished before the last step"
+            assert past or not fin_single, "finished before the last step"
             plan, fin = step(single, token=0)
             assert sorted(c.request_id for c in plan.chunks) == running
             assert not plan.preempted and not plan.block_copies
             assert all(not c.is_prefill for c in plan.chunks)
             fin_single += fin
-        fin_multi = multi.advance_decode_steps(j, token_id=0)
+            running = sorted(set(running) - {f.request_id for f in fin})
+            if past and fin and not s.waiting:
+                event("stretch passed a finish")
+        fin_multi = multi.advance_decode_steps(j, token_id=0, past_finishes=past)
         multi.check_integrity()
         assert fin_multi == fin_single
         assert snapshot(multi) == snapshot(single)
-        if j == k and reason == "blocks":  # the bound is tight: one more step would preempt
+        if j == k and reason == "blocks" and not past:  # tight: one more step would preempt
             assert step(copy.deepcopy(s), token=0)[0].preempted
     assert not s.has_unfinished()
 
@@ -377,6 +380,25 @@ def test_max_pure_decode_steps_cases():
     assert s2.max_pure_decode_steps() == 0  # b can be admitted
     step(s2)
     assert s2.max_pure_decode_steps() == 0 or not s2.requests["b"].is_prefilling
+
+
+def test_stretch_past_finishes_only_when_nothing_waits():
+    s = make(num_blocks=64, block_size=4, max_model_len=64)
+    s.add_request("a", [1] * 4, 10, 0.0)
+    s.add_request("b", [2] * 4, 20, 0.0)
+    step(s)
+    assert s.max_pure_decode_steps() == 9  # a finishes on the 9th step
+    assert s.max_pure_decode_steps(past_finishes=True) == 19  # b, the last, on the 19th
+    assert s.max_pure_decode_steps(past_finishes=True, max_steps=12) == 12
+    single, multi = copy.deepcopy(s), copy.deepcopy(s)
+    fins = [f for _ in range(19) for f in step(single, token=0)[1]]
+    assert multi.advance_decode_steps(19, past_finishes=True) == fins
+    assert [f.request_id for f in fins] == ["a", "b"] and not multi.requests
+    with pytest.raises(ValueError, match="at most 9"):
+        copy.deepcopy(s).advance_decode_steps(12)
+    s.add_request("c", [3] * 44, 1, 1.0)  # waits (blocked): a's finish would free its blocks
+    s.block_manager.allocate("hog", [0] * 4 * 52)
+    assert s.max_pure_decode_steps(past_finishes=True) == 9
 
 
 def test_blocked_head_allows_stretch():
