@@ -6,4 +6,4 @@ package file stays import-light on purpose.
 from scheduler.classes import DEFAULT_CLASS_BOUNDS, QueueClass, classify
 from scheduler.clock import Clock, ManualClock, WallClock
 
-__all__ = ["Clock", "ManualClock", "WallClock", "QueueClass", "classify", "DEFAULT_CLASS_BOUNDS"]
+__all__ = ["DEFAULT_CLASS_BOUNDS", "Clock", "ManualClock", "QueueClass", "WallClock", "classify"]
