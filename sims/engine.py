@@ -32,6 +32,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from functools import partial
+from operator import attrgetter
 
 import numpy as np
 
@@ -144,12 +145,19 @@ def simulate(workload: Workload, cost: CostModel, sched_config: SimSchedulerConf
     progress_every = max(1, n // 50)
     next_progress = progress_every
 
+    # spare(): what the adapters' num_waiting / has_room / kv_usage say, read without the
+    # property calls (it runs twice per arrival)
+    cores = [(be, be.sched.sched, be.sched.bm) for be in backends]
+    max_seqs = sched_config.max_num_seqs
+
     def spare() -> bool:
-        for be in backends:
-            s = be.sched
-            if not be.inbox and s.num_waiting == 0 and s.kv_usage < watermark and s.has_room:
+        for be, core, bm in cores:
+            if (not be.inbox and not core.waiting and len(core.running) < max_seqs
+                    and (num_blocks - bm.num_free_blocks) / num_blocks < watermark):
                 return True
         return False
+
+    by_outstanding = attrgetter("outstanding")
 
     def dispatch(now: float) -> None:
         nonlocal seq
@@ -157,7 +165,7 @@ def simulate(workload: Workload, cost: CostModel, sched_config: SimSchedulerConf
         if not batch:
             return
         batch_sizes.append(len(batch))
-        be = min(backends, key=lambda x: load(x, now))
+        be = min(backends, key=(lambda x: load(x, now)) if max_fin else by_outstanding)
         for i in batch:
             dispatch_t[i] = now
             be.outstanding += int(prompt_len[i] + output_len[i])
