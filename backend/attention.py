@@ -20,6 +20,10 @@ Three functions with kernel-shaped signatures (a Triton kernel replaces each one
 
 K/V are written before attention reads, so a sequence's new tokens attend to themselves.
 GQA: query head h reads KV head h // (num_heads // num_kv_heads).
+
+A cache may instead be a quantized pool (`backend.kv_quant.QuantizedPages`, `--kv-cache-dtype
+fp8|int4-fp8`) with the same logical shape: `write_kv` quantizes into it and the attention
+functions dequantize (to fp32) only the pages they read (`read_pages`).
 """
 from __future__ import annotations
 
@@ -33,17 +37,29 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     num_blocks, block_size = k_cache.shape[:2]
     valid = slot_mapping >= 0
     slots = slot_mapping[valid]
+    if not isinstance(k_cache, torch.Tensor):  # quantized pools: quantize on write
+        k_cache.write(slots, k[: slot_mapping.shape[0]][valid])
+        v_cache.write(slots, v[: slot_mapping.shape[0]][valid])
+        return
     k_flat = k_cache.view(num_blocks * block_size, *k_cache.shape[2:])
     v_flat = v_cache.view(num_blocks * block_size, *v_cache.shape[2:])
     k_flat.index_copy_(0, slots, k[: slot_mapping.shape[0]][valid].to(k_cache.dtype))
     v_flat.index_copy_(0, slots, v[: slot_mapping.shape[0]][valid].to(v_cache.dtype))
 
 
+def read_pages(cache, block_ids: torch.Tensor) -> torch.Tensor:
+    """Blocks `block_ids` (long, any shape) of a pool: [*block_ids.shape, block_size, Hkv, D].
+    A quantized pool dequantizes them here, inside attention (fp32)."""
+    if isinstance(cache, torch.Tensor):
+        return cache[block_ids]
+    return cache.pages(block_ids)
+
+
 def _gather_context(cache: torch.Tensor, block_table: torch.Tensor, context_len: int) -> torch.Tensor:
     """[context_len, num_kv_heads, head_dim] of one sequence, read through its block table."""
     block_size = cache.shape[1]
     num_blocks = -(-context_len // block_size)
-    pages = cache.index_select(0, block_table[:num_blocks].long())  # [nb, bs, Hkv, D]
+    pages = read_pages(cache, block_table[:num_blocks].long())  # [nb, bs, Hkv, D]
     return pages.reshape(-1, *cache.shape[2:])[:context_len]
 
 
@@ -78,8 +94,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     max_blocks = block_tables.shape[1]
     idx = block_tables.long()
     # [B, max_blocks * block_size, Hkv, D]: every page in the table, masked past context_len
-    k = k_cache[idx].reshape(num_seqs, max_blocks * block_size, num_kv_heads, head_dim)
-    v = v_cache[idx].reshape(num_seqs, max_blocks * block_size, num_kv_heads, head_dim)
+    k = read_pages(k_cache, idx).reshape(num_seqs, max_blocks * block_size, num_kv_heads, head_dim)
+    v = read_pages(v_cache, idx).reshape(num_seqs, max_blocks * block_size, num_kv_heads, head_dim)
     rep = num_heads // num_kv_heads
     qg = q.view(num_seqs, num_kv_heads, rep, head_dim).float()  # [B, Hkv, rep, D]
     scores = torch.einsum("bgrd,bcgd->bgrc", qg, k.float()) * scale  # [B, Hkv, rep, C]

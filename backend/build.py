@@ -1,6 +1,7 @@
 """From a `BackendConfig` (the CLI's options) to a ready `Engine`: load, size the KV pool, wire."""
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
@@ -8,9 +9,17 @@ import torch
 
 from backend.engine import Engine, EngineConfig
 from backend.errors import ModelLoadError
-from backend.kv_cache import KVCache, block_bytes, dtype_name, num_blocks_for_memory
+from backend.kv_cache import (
+    KV_CACHE_DTYPES,
+    KVCache,
+    block_bytes,
+    dtype_name,
+    num_blocks_for_memory,
+)
 from backend.loader import LoadedModel, available_memory, load
 from backend.runner import ModelRunner
+
+log = logging.getLogger("tidegate.backend")
 
 DEFAULT_KV_FRACTION = {"cpu": 0.1, "cuda": 0.85}
 DEFAULT_CPU_KV_BYTES = 256 << 20  # CPU default: at most 256 MiB of KV unless asked for more
@@ -26,6 +35,7 @@ class BackendConfig:
     block_size: int = 16                 # tokens per KV block
     num_blocks: int | None = None        # KV blocks; default: from kv_memory_fraction
     kv_memory_fraction: float | None = None  # share of free memory (after weights) for KV
+    kv_cache_dtype: str = "auto"         # auto (model dtype) | fp8 | int4-fp8 (backend.kv_quant)
     max_num_seqs: int = 256              # running sequences per step at most
     max_num_batched_tokens: int = 2048   # tokens per step at most
     enable_prefix_caching: bool = True
@@ -33,6 +43,9 @@ class BackendConfig:
     cpu_threads: int | None = None       # torch intra-op threads on the CPU; default: half the cores
 
     def validate(self) -> None:
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ModelLoadError(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                                 f"got {self.kv_cache_dtype!r}")
         if self.block_size < 1 or (self.num_blocks is not None and self.num_blocks < 1):
             raise ModelLoadError("--block-size and --num-blocks must be >= 1")
         if self.kv_memory_fraction is not None and not 0 < self.kv_memory_fraction <= 1:
@@ -52,7 +65,7 @@ def size_kv_pool(cfg: BackendConfig, loaded: LoadedModel, max_model_len: int) ->
     cap = cfg.max_num_seqs * -(-max_model_len // cfg.block_size) + 1
     if cfg.num_blocks is not None:
         num_blocks = cfg.num_blocks
-        need = num_blocks * block_bytes(c, cfg.block_size, dname)
+        need = num_blocks * block_bytes(c, cfg.block_size, dname, cfg.kv_cache_dtype)
         free = available_memory(loaded.device)
         if need > free:
             raise ModelLoadError(f"--num-blocks {num_blocks} needs {need / 2**30:.1f} GiB of KV cache "
@@ -62,7 +75,8 @@ def size_kv_pool(cfg: BackendConfig, loaded: LoadedModel, max_model_len: int) ->
     kv_bytes = int(fraction * available_memory(loaded.device))
     if cfg.kv_memory_fraction is None and loaded.device.type == "cpu":
         kv_bytes = min(kv_bytes, DEFAULT_CPU_KV_BYTES)
-    num_blocks = min(cap, num_blocks_for_memory(c, cfg.block_size, dname, kv_bytes))
+    num_blocks = min(cap, num_blocks_for_memory(c, cfg.block_size, dname, kv_bytes,
+                                                cfg.kv_cache_dtype))
     if num_blocks < 1:
         raise ModelLoadError("no memory left for the KV cache after loading the weights")
     return num_blocks
@@ -85,14 +99,38 @@ def create_engine(cfg: BackendConfig) -> tuple[Engine, LoadedModel]:
     loaded = load(cfg.model, cfg.load_format, cfg.dtype, cfg.device, cfg.seed, cfg.max_model_len)
     max_model_len = cfg.max_model_len or loaded.config.max_position_embeddings
     num_blocks = size_kv_pool(cfg, loaded, max_model_len)
-    kv = KVCache.allocate(loaded.config, num_blocks, cfg.block_size, loaded.dtype, loaded.device)
+    kv = KVCache.allocate(loaded.config, num_blocks, cfg.block_size, loaded.dtype, loaded.device,
+                          cfg.kv_cache_dtype)
     runner = ModelRunner(loaded.model, kv, cfg.max_num_batched_tokens, cfg.max_num_seqs, max_model_len)
+    if cfg.kv_cache_dtype != "auto":
+        use_reference_attention(runner, cfg.kv_cache_dtype)
     engine_cfg = EngineConfig(max_model_len=max_model_len, num_blocks=num_blocks,
                               block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
                               max_num_batched_tokens=cfg.max_num_batched_tokens,
                               enable_prefix_caching=cfg.enable_prefix_caching)
     engine = Engine(runner, engine_cfg, eos_token_ids=_eos_ids(loaded))
     return engine, loaded
+
+
+def use_reference_attention(runner: ModelRunner, kv_cache_dtype: str) -> None:
+    """A quantized KV pool is read by the torch reference attention (`backend.attention`), which
+    dequantizes the pages it reads. The Triton kernels (`backend.kernel_dispatch`) read only
+    model-dtype pages, so on CUDA the runner's kernels and decode graphs are swapped back out.
+    Future kernel work: fp8 / int4 page reads in `paged_decode_attention` and `rotary_kv_write`."""
+    from backend.attention import TorchAttention
+    from backend.ops import TORCH_OPS
+
+    model = runner.model
+    if isinstance(model.attn, TorchAttention) and runner.graphs is None:
+        return
+    log.warning("--kv-cache-dtype %s: the Triton attention kernels support only 'auto'; using the "
+                "torch reference attention (dequantize on read) and no CUDA graphs on %s",
+                kv_cache_dtype, runner.device)
+    if runner.graphs is not None:
+        runner.graphs.release()
+        runner.graphs = None
+    model.ops = TORCH_OPS
+    model.attn = TorchAttention(model.config.head_dim ** -0.5)
 
 
 def _eos_ids(loaded: LoadedModel) -> tuple[int, ...]:

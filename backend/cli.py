@@ -30,6 +30,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     kv.add_argument("--kv-memory-fraction", type=float, default=None,
                     help="share of free memory after the weights for the KV pool "
                          "(default 0.1 on the CPU, 0.85 on CUDA)")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "int4-fp8"],
+                   help="KV pool format: auto (the model dtype), fp8 (E4M3 K and V + scales), "
+                        "int4-fp8 (INT4 keys with per-group scales, E4M3 values); quantized "
+                        "formats use the torch reference attention (also on CUDA)")
     p.add_argument("--max-num-seqs", type=int, default=256, help="running sequences per step at most")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens per step at most")
     p.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
@@ -44,7 +48,8 @@ def backend_config(args: argparse.Namespace):
     return BackendConfig(
         model=args.model, load_format=args.load_format, device=args.device, dtype=args.dtype,
         max_model_len=args.max_model_len, block_size=args.block_size, num_blocks=args.num_blocks,
-        kv_memory_fraction=args.kv_memory_fraction, max_num_seqs=args.max_num_seqs,
+        kv_memory_fraction=args.kv_memory_fraction, kv_cache_dtype=args.kv_cache_dtype,
+        max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=not args.no_prefix_caching, seed=args.seed,
         cpu_threads=args.cpu_threads)

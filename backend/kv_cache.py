@@ -3,6 +3,13 @@
     k_caches[layer]: [num_blocks, block_size, num_kv_heads, head_dim]   (model dtype)
     v_caches[layer]: same
 
+`kv_cache_dtype` (`--kv-cache-dtype`) picks the pool format:
+    auto       plain tensors in the model dtype (above)
+    fp8        `backend.kv_quant.QuantizedPages`: E4M3 K and V + per-(token, kv-head) scales
+    int4-fp8   `QuantizedPages`: INT4 K (per-group scales, 2 channels a byte) + E4M3 V
+A quantized pool keeps the logical shape above; the attention reference quantizes on write and
+dequantizes the pages it reads (`backend.attention`). The model never sees the difference.
+
 Slot `s` of the pool is block `s // block_size`, offset `s % block_size`. Which blocks a
 sequence owns is decided by `scheduler.BlockManager`; this object only holds the memory and
 copies blocks when told (copy-on-write).
@@ -14,22 +21,38 @@ from dataclasses import dataclass
 import torch
 
 from backend.config import ModelConfig
+from backend.kv_quant import FORMATS, QuantizedPages, kv_bytes_per_token
+
+KV_CACHE_DTYPES = ("auto", *FORMATS)  # auto = the model dtype
 
 
 @dataclass
 class KVCache:
-    k_caches: list[torch.Tensor]
-    v_caches: list[torch.Tensor]
+    k_caches: list  # torch.Tensor per layer, or QuantizedPages for a quantized kv_cache_dtype
+    v_caches: list
     num_blocks: int
     block_size: int
+    kv_cache_dtype: str = "auto"
 
     @classmethod
     def allocate(cls, config: ModelConfig, num_blocks: int, block_size: int,
-                 dtype: torch.dtype, device: torch.device | str) -> KVCache:
+                 dtype: torch.dtype, device: torch.device | str,
+                 kv_cache_dtype: str = "auto") -> KVCache:
         shape = (num_blocks, block_size, config.num_key_value_heads, config.head_dim)
+        if kv_cache_dtype != "auto":
+            k_codec, v_codec = _formats(kv_cache_dtype)
+            n = config.num_hidden_layers
+            k = [QuantizedPages(k_codec, *shape, device) for _ in range(n)]
+            v = [QuantizedPages(v_codec, *shape, device) for _ in range(n)]
+            return cls(k, v, num_blocks, block_size, kv_cache_dtype)
         k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
         v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
         return cls(k, v, num_blocks, block_size)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the pools hold (codes and scales for a quantized format)."""
+        return sum(c.nbytes for c in (*self.k_caches, *self.v_caches))
 
     @property
     def num_slots(self) -> int:
@@ -42,18 +65,36 @@ class KVCache:
         device = self.k_caches[0].device
         src = torch.tensor([p[0] for p in pairs], dtype=torch.long, device=device)
         dst = torch.tensor([p[1] for p in pairs], dtype=torch.long, device=device)
+        if self.kv_cache_dtype != "auto":
+            for k, v in zip(self.k_caches, self.v_caches):
+                k.copy_blocks(src, dst)
+                v.copy_blocks(src, dst)
+            return
         for k, v in zip(self.k_caches, self.v_caches):
             k.index_copy_(0, dst, k.index_select(0, src))
             v.index_copy_(0, dst, v.index_select(0, src))
 
 
-def block_bytes(config: ModelConfig, block_size: int, dtype: str) -> int:
-    """Bytes one block takes across all layers, K and V."""
-    return block_size * config.kv_bytes_per_token(dtype)
+def _formats(kv_cache_dtype: str) -> tuple[str, str]:
+    if kv_cache_dtype not in FORMATS:
+        raise ValueError(f"unknown kv cache dtype {kv_cache_dtype!r} "
+                         f"(supported: {', '.join(KV_CACHE_DTYPES)})")
+    return FORMATS[kv_cache_dtype]
 
 
-def num_blocks_for_memory(config: ModelConfig, block_size: int, dtype: str, kv_bytes: int) -> int:
-    return max(0, kv_bytes // block_bytes(config, block_size, dtype))
+def block_bytes(config: ModelConfig, block_size: int, dtype: str, kv_cache_dtype: str = "auto") -> int:
+    """Bytes one block takes across all layers, K and V (`dtype`: the model dtype, which is the
+    KV dtype under `auto`; a quantized format counts its codes and scales)."""
+    if kv_cache_dtype == "auto":
+        return block_size * config.kv_bytes_per_token(dtype)
+    _formats(kv_cache_dtype)
+    return block_size * kv_bytes_per_token(kv_cache_dtype, config.num_hidden_layers,
+                                           config.num_key_value_heads, config.head_dim)
+
+
+def num_blocks_for_memory(config: ModelConfig, block_size: int, dtype: str, kv_bytes: int,
+                          kv_cache_dtype: str = "auto") -> int:
+    return max(0, kv_bytes // block_bytes(config, block_size, dtype, kv_cache_dtype))
 
 
 def dtype_name(dtype: torch.dtype) -> str:
