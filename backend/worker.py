@@ -196,6 +196,7 @@ class Worker:
             first_line = (str(exc).splitlines() or [""])[0]
             self._fail_all(f"step failed: {type(exc).__name__}: {first_line}")
             return
+        self._was_busy = True  # a request that finishes in its first step still makes an edge
         dt_ms = (time.perf_counter() - t0) * 1000
         self.step_time_ema_ms = dt_ms if self.num_steps == 0 else 0.8 * self.step_time_ema_ms + 0.2 * dt_ms
         self.num_steps += 1

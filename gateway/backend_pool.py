@@ -24,6 +24,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from gateway.errors import APIError, backend_error, deadline_exceeded, unavailable
+from gateway.zmqio import SocketReader
 from proto import codec
 from proto import tidegate_pb2 as pb
 
@@ -90,6 +91,7 @@ class BackendConn:
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(address)
+        self.io = SocketReader(self.sock, self._no_handler)  # the pool sets the handler
         self.info: pb.BackendInfo | None = None
         self.load = pb.LoadReport()
         self.healthy = False
@@ -107,13 +109,13 @@ class BackendConn:
         total = self.load.num_total_blocks
         return 1.0 - self.load.num_free_blocks / total if total else 0.0
 
+    @staticmethod
+    def _no_handler(frames) -> None:
+        pass
+
     def send(self, envelope: pb.Envelope, arrays: Iterable = ()) -> bool:
         """Queue one message without waiting; False if the socket would block or is closed."""
-        try:
-            fut = self.sock.send_multipart(codec.encode(envelope, arrays), flags=zmq.DONTWAIT)
-        except zmq.ZMQError:
-            return False
-        return not (fut.done() and fut.exception() is not None)
+        return self.io.send(codec.encode(envelope, arrays))
 
 
 class BackendPool:
@@ -136,8 +138,9 @@ class BackendPool:
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
         for b in self.backends:
+            b.io._on_message = self._reader_for(b)
+            b.io.start()
             self._hello(b, time.monotonic())
-            self._tasks.append(asyncio.create_task(self._reader(b), name=f"pool-read {b.address}"))
             self._tasks.append(asyncio.create_task(self._watch_connection(b),
                                                    name=f"pool-watch {b.address}"))
         self._tasks.append(asyncio.create_task(self._monitor(), name="pool-monitor"))
@@ -148,6 +151,7 @@ class BackendPool:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         for b in self.backends:
+            b.io.stop()
             self._fail_all(b, unavailable("The gateway is shutting down."))
             b.sock.close(linger=0)
         self._ctx.destroy(linger=0)
@@ -168,6 +172,13 @@ class BackendPool:
 
     def healthy_backends(self) -> list[BackendConn]:
         return [b for b in self.backends if b.healthy]
+
+    def has_idle_backend(self) -> bool:
+        """Some healthy backend holds none of this gateway's requests."""
+        for b in self.backends:
+            if b.healthy and not b.inflight:
+                return True
+        return False
 
     def free_slots(self) -> int:
         cap = self.config.max_inflight_per_backend
@@ -235,12 +246,13 @@ class BackendPool:
         backend.send(codec.make_hello(self.config.name, pb.Hello.GATEWAY))
 
     # --- receiving ------------------------------------------------------------------------------
-    async def _reader(self, backend: BackendConn) -> None:
-        while True:
-            frames = await backend.sock.recv_multipart(copy=False)
+    def _reader_for(self, backend: BackendConn) -> Callable[[list], None]:
+        """The message handler of `backend`'s socket reader (called from the event loop)."""
+        decode, handle = codec.decode, self._handle
+
+        def on_message(frames: list) -> None:
             try:
-                decoded = codec.decode(frames)
-                self._handle(backend, decoded)
+                handle(backend, decode(frames))
             except codec.DecodeError as exc:
                 self.num_dropped += 1
                 self._on_dropped("backend")
@@ -248,6 +260,7 @@ class BackendPool:
             except Exception:  # a bug here must not stop the reader
                 self.num_dropped += 1
                 log.exception("error handling a message from %s", backend.address)
+        return on_message
 
     def _handle(self, backend: BackendConn, decoded: codec.Decoded) -> None:
         now = time.monotonic()
@@ -282,6 +295,13 @@ class BackendPool:
             self._on_idle()
 
     def _on_step(self, backend: BackendConn, decoded: codec.Decoded, now: float) -> None:
+        if not backend.inflight:
+            return  # nothing of ours there (late outputs of aborted requests): ignore
+        self._fan_out(backend, decoded, now)
+        if not backend.inflight:
+            self._on_idle()  # its last request of ours finished: idle flush, no LoadReport wait
+
+    def _fan_out(self, backend: BackendConn, decoded: codec.Decoded, now: float) -> None:
         for out in decoded.envelope.step_output.outputs:
             entry = backend.inflight.get(out.request_id)
             if entry is None:
@@ -340,7 +360,9 @@ class BackendPool:
             now = time.monotonic()
             for b in self.backends:
                 if b.healthy and now - b.last_seen > self.config.heartbeat_timeout_s:
-                    if b.sock.get(zmq.EVENTS) & zmq.POLLIN:
+                    waiting = b.sock.get(zmq.EVENTS) & zmq.POLLIN
+                    b.io.check()  # reading EVENTS may have eaten the readable edge
+                    if waiting:
                         continue  # messages are waiting: we are slow, not the backend
                     self._mark_down(b, f"no message for {now - b.last_seen:.1f} s")
                 if not b.healthy and now - b.last_hello >= self.config.hello_interval_s:

@@ -51,7 +51,13 @@ class Dispatcher:
             queue_class=self.queues.config.classify(handle.max_tokens),
             priority=handle.priority, deadline=handle.queue_deadline, payload=handle)
         handle.queue_class = int(req.queue_class)
-        dec = self.batcher.push(req)
+        batcher = self.batcher
+        if not batcher.queues.size and self.pool.has_idle_backend():
+            # Idle flush without waiting for a LoadReport: a backend holding none of our
+            # requests has spare capacity (as far as this gateway can know), so a lone request
+            # goes out at once instead of on the batching window's timer.
+            batcher.notify_idle(True)
+        dec = batcher.push(req)
         if dec.rejected is not None:
             raise queue_full(CLASS_NAMES[int(req.queue_class)])
         self._act(dec.flush_now, dec.deadline)

@@ -27,6 +27,7 @@ from gateway.core import Gateway, RequestHandle
 from gateway.errors import APIError, bad_request
 from gateway.openai_schema import SamplingParams, ServingOptions
 from gateway.validation import MAX_LOGPROBS, MAX_STOP_STRINGS, check_context_length
+from gateway.zmqio import SocketReader
 from proto import codec
 from proto import tidegate_pb2 as pb
 
@@ -80,13 +81,14 @@ class FrontDoor:
         self._tasks: set[asyncio.Task] = set()
         self._outbox: dict[bytes, tuple[pb.StepOutput, list]] = {}
         self._flush_scheduled = False
-        self._reader: asyncio.Task | None = None
+        self._io = SocketReader(self.sock, self._on_message)
 
     def start(self) -> None:
-        self._reader = asyncio.create_task(self._read_loop(), name="frontdoor-read")
+        self._io.start()
 
     async def close(self) -> None:
-        tasks = [t for t in (self._reader, *self._tasks) if t is not None]
+        self._io.stop()
+        tasks = list(self._tasks)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -95,10 +97,10 @@ class FrontDoor:
 
     # --- sending ----------------------------------------------------------------------------------
     def _send(self, peer: bytes, env: pb.Envelope, arrays=()) -> None:
-        try:
-            self.sock.send_multipart([peer, *codec.encode(env, arrays)], flags=zmq.DONTWAIT)
-        except zmq.ZMQError as exc:
-            log.debug("could not send to a client: %s", exc)
+        frames = codec.encode(env, arrays)
+        frames.insert(0, peer)
+        if not self._io.send(frames):
+            log.debug("could not send to a client")
 
     def _queue_output(self, peer: bytes, out: pb.RequestOutput, token_ids: list[int]) -> None:
         step, arrays = self._outbox.setdefault(peer, (pb.StepOutput(), []))
@@ -117,20 +119,18 @@ class FrontDoor:
             self._send(peer, pb.Envelope(step_output=step), arrays)
 
     # --- receiving --------------------------------------------------------------------------------
-    async def _read_loop(self) -> None:
-        while True:
-            peer, *frames = await self.sock.recv_multipart(copy=False)
-            peer = peer.bytes
-            try:
-                self._handle(peer, codec.decode(frames))
-            except codec.DecodeError as exc:
-                self.num_dropped += 1
-                self.gateway.metrics.dropped_frames.labels("frontdoor").inc()
-                self._send(peer, codec.error_for(exc))
-            except Exception:
-                self.num_dropped += 1
-                log.exception("error handling a front-door message")
-                self._send(peer, codec.make_error(pb.Error.INTERNAL, "internal error"))
+    def _on_message(self, frames: list) -> None:
+        peer = frames[0].bytes
+        try:
+            self._handle(peer, codec.decode(frames[1:]))
+        except codec.DecodeError as exc:
+            self.num_dropped += 1
+            self.gateway.metrics.dropped_frames.labels("frontdoor").inc()
+            self._send(peer, codec.error_for(exc))
+        except Exception:
+            self.num_dropped += 1
+            log.exception("error handling a front-door message")
+            self._send(peer, codec.make_error(pb.Error.INTERNAL, "internal error"))
 
     def _handle(self, peer: bytes, decoded: codec.Decoded) -> None:
         env, kind = decoded.envelope, decoded.kind

@@ -8,6 +8,7 @@ Gauges that describe current state (queues, backend load) are refreshed at scrap
 from __future__ import annotations
 
 import itertools
+from bisect import bisect_left
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -44,10 +45,49 @@ class SLOConfig:
                     and tpot_s * 1000 > self.tpot_ms)
 
 
+FOLD_EVERY = 1024  # records kept before they are folded into the series between scrapes
+
+
+class _Hist:
+    """Bucket counts and a sum gathered for one or more histogram series with the same buckets
+    (added to the series in one increment per non-empty bucket by `flush_to`)."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, like: Histogram) -> None:
+        self.bounds = like._upper_bounds  # sorted, +Inf last
+        self.counts = [0] * len(self.bounds)
+        self.total = 0.0
+
+    def add(self, x: float) -> None:
+        self.counts[bisect_left(self.bounds, x)] += 1  # the first bound >= x: observe()'s rule
+        self.total += x
+
+    def extend(self, xs) -> None:
+        bounds, counts = self.bounds, self.counts
+        for x in xs:
+            counts[bisect_left(bounds, x)] += 1
+            self.total += x
+
+    def flush_to(self, *series: Histogram) -> None:
+        if not any(self.counts):
+            return
+        for h in series:
+            h._raise_if_not_observable()
+            h._sum.inc(self.total)
+            for i, n in enumerate(self.counts):
+                if n:
+                    h._buckets[i].inc(n)
+
+
 class GatewayMetrics:
     def __init__(self, model_name: str, slo: SLOConfig = SLOConfig()) -> None:
         self.registry = CollectorRegistry()
-        self.model_name = model_name
+        self._model_name = model_name
+        # events not folded into the series yet (see fold())
+        self._request_counts: dict[tuple[int, str], int] = {}
+        self._batches: list[tuple[int, list[float]]] = []
+        self._finished: list[tuple[int, list[float], float, float, str]] = []
         self.slo = slo
         r = self.registry
         self.requests = Counter("tidegate_requests", "Finished HTTP/ZMQ requests by status and "
@@ -118,50 +158,103 @@ class GatewayMetrics:
             self.queue_depth.labels(cls).set(0)
             self.queue_age.labels(cls).set(0)
 
-    # --- events -------------------------------------------------------------------------------
+    # --- events: recorded as plain tuples, folded into the Prometheus series in bulk --------
+    # A Prometheus observe() is a lock, a linear bucket scan and two value updates; a 1-token
+    # request made ~25 of them. The hot path now appends one tuple; `fold()` (at every scrape,
+    # and every FOLD_EVERY records) turns the records into a few bulk increments per series.
+    @property
+    def model_name(self) -> str:
+        return self._model_name
+
+    @model_name.setter
+    def model_name(self, name: str) -> None:
+        if name != self._model_name:
+            self.fold()  # what was recorded so far belongs to the old name
+            self._model_name = name
+
     def observe_batch(self, size: int, queue_times: list[float]) -> None:
-        self.batches.inc()
-        self.batch_size.observe(size)
-        for t in queue_times:
-            self.queue_time.observe(t)
-            self.v_queue.labels(self.model_name).observe(t)
+        self._batches.append((size, queue_times))
+        if len(self._batches) >= FOLD_EVERY:
+            self.fold()
 
     def observe_request(self, status: int, queue_class: str) -> None:
-        self.requests.labels(str(status), queue_class).inc()
+        key = (status, queue_class)
+        counts = self._request_counts
+        counts[key] = counts.get(key, 0) + 1
 
     def observe_finished(self, *, num_prompt_tokens: int, token_times: list[float],
                          arrival: float, finished: float, finish_reason: str) -> None:
-        """A successful request: `token_times` are the arrival times of its output tokens."""
-        m = self.model_name
-        e2e = finished - arrival
-        self.e2e.observe(e2e)
-        self.v_e2e.labels(m).observe(e2e)
-        self.prompt_tokens.inc(num_prompt_tokens)
-        self.v_prompt.labels(m).inc(num_prompt_tokens)
-        self.generation_tokens.inc(len(token_times))
-        self.v_gen.labels(m).inc(len(token_times))
-        self.v_success.labels(m, finish_reason).inc()
-        ttft = token_times[0] - arrival if token_times else None
-        if ttft is not None:
-            self.ttft.observe(ttft)
-            self.v_ttft.labels(m).observe(ttft)
-        for a, b in itertools.pairwise(token_times):
-            self.itl.observe(b - a)
-            self.v_itl.labels(m).observe(b - a)
-        tpot = None
-        if len(token_times) > 1:
-            tpot = (token_times[-1] - token_times[0]) / (len(token_times) - 1)
-            self.v_tpot.labels(m).observe(tpot)
-        self.slo_total.inc()
-        self._num_evaluated += 1
-        if self.slo.met(ttft, tpot):
-            self.slo_met.inc()
-            self._num_met += 1
+        """A successful request: `token_times` are the arrival times of its output tokens
+        (kept, not copied: the caller must not change the list afterwards)."""
+        self._finished.append((num_prompt_tokens, token_times, arrival, finished, finish_reason))
+        if len(self._finished) >= FOLD_EVERY:
+            self.fold()
+
+    def fold(self) -> None:
+        """Move the recorded events into the Prometheus series."""
+        m = self._model_name
+        if self._request_counts:
+            counts, self._request_counts = self._request_counts, {}
+            for (status, cls), n in counts.items():
+                self.requests.labels(str(status), cls).inc(n)
+        if self._batches:
+            batches, self._batches = self._batches, []
+            sizes = _Hist(self.batch_size)
+            queue = _Hist(self.queue_time)
+            for size, queue_times in batches:
+                sizes.add(size)
+                queue.extend(queue_times)
+            self.batches.inc(len(batches))
+            sizes.flush_to(self.batch_size)
+            queue.flush_to(self.queue_time, self.v_queue.labels(m))
+        if self._finished:
+            self._fold_finished(m)
+
+    def _fold_finished(self, m: str) -> None:
+        finished, self._finished = self._finished, []
+        e2e, ttft, itl, tpot = (_Hist(self.e2e), _Hist(self.ttft), _Hist(self.itl),
+                                _Hist(self.v_tpot))
+        prompt = gen = 0
+        reasons: dict[str, int] = {}
+        met = 0
+        slo = self.slo
+        for num_prompt, times, arrival, end, reason in finished:
+            e2e.add(end - arrival)
+            prompt += num_prompt
+            n = len(times)
+            gen += n
+            reasons[reason] = reasons.get(reason, 0) + 1
+            first = times[0] - arrival if n else None
+            if first is not None:
+                ttft.add(first)
+            per_token = None
+            if n > 1:
+                for a, b in itertools.pairwise(times):
+                    itl.add(b - a)
+                per_token = (times[-1] - times[0]) / (n - 1)
+                tpot.add(per_token)
+            if slo.met(first, per_token):
+                met += 1
+        e2e.flush_to(self.e2e, self.v_e2e.labels(m))
+        ttft.flush_to(self.ttft, self.v_ttft.labels(m))
+        itl.flush_to(self.itl, self.v_itl.labels(m))
+        tpot.flush_to(self.v_tpot.labels(m))
+        self.prompt_tokens.inc(prompt)
+        self.v_prompt.labels(m).inc(prompt)
+        self.generation_tokens.inc(gen)
+        self.v_gen.labels(m).inc(gen)
+        for reason, n in reasons.items():
+            self.v_success.labels(m, reason).inc(n)
+        self.slo_total.inc(len(finished))
+        self.slo_met.inc(met)
+        self._num_evaluated += len(finished)
+        self._num_met += met
         self.goodput.set(self._num_met / self._num_evaluated)
 
     # --- scrape -------------------------------------------------------------------------------
     def refresh(self, depth: dict[str, int], age: dict[str, float],
                 backends: list[BackendLoad]) -> None:
+        self.fold()
         for cls in QUEUE_CLASSES:
             self.queue_depth.labels(cls).set(depth.get(cls, 0))
             self.queue_age.labels(cls).set(age.get(cls, 0.0))
@@ -182,4 +275,5 @@ class GatewayMetrics:
         self.v_kv.labels(self.model_name).set(sum(kv) / len(kv) if kv else 0.0)
 
     def render(self) -> bytes:
+        self.fold()
         return generate_latest(self.registry)

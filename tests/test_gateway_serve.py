@@ -62,6 +62,12 @@ def test_startup_line_and_prompt_free_logs(fake_backend):
     assert status == 200, body
     code, logs = server.stop()
     assert code == 0
+    assert "cmpl-" not in logs  # no line per request at the default INFO level
+
+    server = ServeProcess("--backend", fake_backend, "--log-level", "debug")
+    server.post("/v1/completions", {"prompt": "SECRET-PROMPT-42", "max_tokens": 3})
+    code, logs = server.stop()
+    assert code == 0
     assert "cmpl-" in logs and "SECRET-PROMPT-42" not in logs
 
     server = ServeProcess("--backend", fake_backend, "--log-prompts")
