@@ -12,6 +12,7 @@ import itertools
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -67,17 +68,26 @@ class RequestHandle:
         self.assembler = OutputAssembler(gateway.bundle.decode, prompt_ids, sampling.stop)
         self.error: APIError | None = None
         self.closed = False
-        self._events: asyncio.Queue = asyncio.Queue()
+        # Events for the consumer: a deque and, while it waits, one future (an asyncio.Queue
+        # per request cost more than the rest of the hand-off).
+        self._events: deque = deque()
+        self._waiter: asyncio.Future | None = None
         self._timer: asyncio.TimerHandle | None = None
+
+    def _put(self, event) -> None:
+        self._events.append(event)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     # --- RequestSink ------------------------------------------------------------------------------
     def on_tokens(self, token_ids, finish_reason, logprobs, now) -> None:
-        self._events.put_nowait((token_ids, finish_reason, logprobs, now))
+        self._put((token_ids, finish_reason, logprobs, now))
         if finish_reason is not None:
             self.gateway.dispatcher.on_capacity()
 
     def on_error(self, error: APIError) -> None:
-        self._events.put_nowait(error)
+        self._put(error)
         self.gateway.dispatcher.on_capacity()
 
     def on_dispatched(self, now: float) -> None:
@@ -133,13 +143,20 @@ class RequestHandle:
             loop = asyncio.get_running_loop()
             delay = max(0.0, self.timeout_at - time.monotonic())
             self._timer = loop.call_at(loop.time() + delay, self._on_timeout)
-        return await self._events.get()
+        events = self._events
+        while not events:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return events.popleft()
 
     def _on_timeout(self) -> None:
         if self.closed or self.assembler.finished:
             return
         self.gateway.abort(self)
-        self._events.put_nowait(deadline_exceeded(
+        self._put(deadline_exceeded(
             f"The request did not finish within {self.gateway.config.request_timeout_s:g} s."))
 
     def close(self) -> None:

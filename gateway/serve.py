@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import shutil
 import signal
@@ -176,6 +177,11 @@ async def serve(args: argparse.Namespace) -> int:
               f"(backends: {', '.join(backends)})", flush=True)
         if args.zmq_listen:
             print(f"tidegate ZMQ front door on {args.zmq_listen}", flush=True)
+        # Everything built so far (modules, tokenizer, app) lives as long as the process: out of
+        # the cyclic collector's reach, so its full collections do not rescan it every few
+        # thousand requests.
+        gc.collect()
+        gc.freeze()
         await stop.wait()
         log.info("stopping: draining for up to %.1f s", args.drain_timeout)
         if not await drain(app, args.drain_timeout):
