@@ -128,6 +128,7 @@ class BackendPool:
         self._ctx = zmq.asyncio.Context()
         self.backends = [BackendConn(a, self._ctx) for a in addresses]
         self._owner: dict[str, BackendConn] = {}
+        self._info: pb.BackendInfo | None = None
         self._tasks: list[asyncio.Task] = []
         self._ready = asyncio.Event()
         self._on_idle = on_idle or (lambda: None)
@@ -168,7 +169,10 @@ class BackendPool:
     @property
     def info(self) -> pb.BackendInfo | None:
         """The BackendInfo of the first backend that answered (all serve one model)."""
-        return next((b.info for b in self.backends if b.info is not None), None)
+        info = self._info
+        if info is None:  # cached once known: read several times per request
+            info = self._info = next((b.info for b in self.backends if b.info is not None), None)
+        return info
 
     def healthy_backends(self) -> list[BackendConn]:
         return [b for b in self.backends if b.healthy]
@@ -270,6 +274,7 @@ class BackendPool:
             if not backend.healthy:
                 log.info("backend %s up: model %s", backend.address, env.backend_info.model)
             backend.info = env.backend_info
+            self._info = None  # recomputed on the next read
             self._mark_up(backend, now)
             self._ready.set()
         elif backend.info is None:
