@@ -66,7 +66,8 @@ class BlockManager:
         self.num_query_tokens = 0  # prompt tokens looked up in the prefix cache
         self.num_hit_tokens = 0  # of which found cached
         self.num_evictions = 0  # cached blocks dropped to make room
-        # no block can be shared (no prefix cache, never forked): every held block has ref 1
+        # no block can be shared (no prefix cache, never forked): every held block has ref 1, so
+        # the counts are not kept (`_ref_counts` stays all 0; `fork` rebuilds them on leaving)
         self._exclusive = not enable_prefix_caching
 
     # ---- queries -------------------------------------------------------------------------
@@ -121,6 +122,8 @@ class BlockManager:
         return self._num_tokens[seq_id]
 
     def ref_count(self, block: int) -> int:
+        if self._exclusive:  # counts not kept: a held block has 1
+            return 0 if block in self._free_uncached else 1
         return self._ref_counts[block]
 
     def free_list(self) -> list[int]:
@@ -164,7 +167,8 @@ class BlockManager:
             del self._cached[self._block_keys[block]]
             self._block_keys[block] = None
             self.num_evictions += 1
-        self._ref_counts[block] = 1
+        if not self._exclusive:
+            self._ref_counts[block] = 1
         return block
 
     def _take_blocks(self, n: int) -> list[int]:
@@ -185,9 +189,10 @@ class BlockManager:
             blocks = free[len(free) - n:]
             del free[len(free) - n:]
             blocks.reverse()
-        ref = self._ref_counts
-        for block in blocks:
-            ref[block] = 1
+        if not self._exclusive:
+            ref = self._ref_counts
+            for block in blocks:
+                ref[block] = 1
         return blocks
 
     def allocate(self, seq_id: object, token_ids: Sequence[int]) -> int:
@@ -246,7 +251,7 @@ class BlockManager:
         """Free blocks `append_slots(seq_id, num_new_tokens)` would take (CoW included)."""
         n = self._num_tokens[seq_id]
         table = self._tables[seq_id]
-        cow = n % self.block_size != 0 and self._ref_counts[table[-1]] > 1
+        cow = n % self.block_size != 0 and not self._exclusive and self._ref_counts[table[-1]] > 1
         return self.num_blocks_for(n + num_new_tokens) - len(table) + cow
 
     def can_append_slots(self, seq_id: object, num_new_tokens: int) -> bool:
@@ -262,7 +267,8 @@ class BlockManager:
         table = self._tables[seq_id]
         n = self._num_tokens[seq_id]
         bs = self.block_size
-        if n + num_new_tokens <= len(table) * bs and (n % bs == 0 or self._ref_counts[table[-1]] == 1):
+        if n + num_new_tokens <= len(table) * bs and (n % bs == 0 or self._exclusive
+                                                      or self._ref_counts[table[-1]] == 1):
             self._num_tokens[seq_id] = n + num_new_tokens  # fast path: room in a private block
             return []
         num_needed = self.num_append_blocks_needed(seq_id, num_new_tokens)
@@ -270,7 +276,7 @@ class BlockManager:
             raise NoFreeBlocksError(f"sequence {seq_id!r} needs {num_needed} free blocks, "
                                     f"{self.num_free_blocks} free")
         copies: list[tuple[int, int]] = []
-        if n % bs and self._ref_counts[table[-1]] > 1:
+        if n % bs and not self._exclusive and self._ref_counts[table[-1]] > 1:
             src = table[-1]
             self._ref_counts[src] -= 1
             table[-1] = self._take_free()
@@ -294,9 +300,10 @@ class BlockManager:
         """
         bs, ref, tables, num_tokens = self.block_size, self._ref_counts, self._tables, self._num_tokens
         rest: list[int] = []
+        excl = self._exclusive
         for i, seq_id in enumerate(seq_ids):
             n = num_tokens[seq_id]
-            if n % bs and ref[tables[seq_id][-1]] == 1:
+            if n % bs and (excl or ref[tables[seq_id][-1]] == 1):
                 num_tokens[seq_id] = n + 1
             else:
                 rest.append(i)
@@ -336,7 +343,12 @@ class BlockManager:
         if child_id in self._tables:
             raise ValueError(f"sequence {child_id!r} already has blocks")
         table = self._tables[parent_id]
-        self._exclusive = False
+        if self._exclusive:  # the counts were not kept: every held block has 1
+            self._exclusive = False
+            ref = self._ref_counts
+            for held in self._tables.values():
+                for block in held:
+                    ref[block] = 1
         for block in table:
             self._ref_counts[block] += 1
         self._tables[child_id] = list(table)
@@ -350,9 +362,7 @@ class BlockManager:
         del self._hashes[seq_id]
         ref, keys = self._ref_counts, self._block_keys
         uncached, cached = self._free_uncached, self._free_cached
-        if self._exclusive:  # every block drops to 0 and none is cached
-            for block in table:
-                ref[block] = 0
+        if self._exclusive:  # every block drops to 0 (counts not kept) and none is cached
             uncached += table[::-1]  # a copy: a plan may still hold the live table
             return
         for block in reversed(table):
@@ -382,7 +392,11 @@ class BlockManager:
             "per-sequence maps disagree"
         free = set(self._free_uncached) | self._free_cached.keys()
         assert len(free) == self.num_free_blocks, "a block twice in the free list"
-        for block, (want, have) in enumerate(zip(counts, self._ref_counts)):
+        refs = self._ref_counts
+        if self._exclusive:  # counts not kept: all 0 in the list, 1 for every held block
+            assert not any(refs), "ref counts kept while no block can be shared"
+            refs = [1 if c else 0 for c in counts]
+        for block, (want, have) in enumerate(zip(counts, refs)):
             assert want == have, f"block {block}: ref count {have} but held by {want} tables"
             assert (have == 0) == (block in free), (
                 f"block {block}: ref count {have} but {'in' if block in free else 'not in'} "

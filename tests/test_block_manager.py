@@ -361,3 +361,38 @@ def test_free_without_sharing_matches_the_general_path():
     fast.free("c")
     fast.check_integrity()
     assert_all_returned(fast)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from("aaxfk"), st.integers(0, 5), st.integers(1, 9)),
+                    max_size=40), block_size=st.integers(1, 4))
+def test_exclusive_pool_keeps_no_ref_counts_but_behaves_as_counted(ops, block_size):
+    """Caching off, never forked: the ref counts are not kept (all 0 in the list) yet ref_count,
+    CoW checks and integrity read as if every held block had 1; a fork rebuilds the counts."""
+    fast = BlockManager(24, block_size, enable_prefix_caching=False)
+    slow = BlockManager(24, block_size, enable_prefix_caching=False)
+    slow._exclusive = False  # the general path: counts kept from the start
+    n = 0
+    for op, s, k in ops:
+        sid = f"s{s}"
+        copies = []
+        for bm in (fast, slow):
+            if op == "a" and sid not in bm and bm.can_allocate_n(k):
+                bm.allocate_n(sid, k)
+            elif op == "x" and sid in bm and bm.can_append_slots(sid, k):
+                copies.append(bm.append_slots(sid, k))
+            elif op == "f" and sid in bm:
+                bm.free(sid)
+            elif op == "k" and sid in bm:
+                bm.fork(sid, f"c{n}")
+        if op == "k":
+            n += 1
+        assert not copies or copies[0] == copies[1]
+        if fast._exclusive:
+            assert not any(fast._ref_counts)
+        for bm in (fast, slow):
+            bm.check_integrity()
+        assert fast._tables == slow._tables and fast.free_list() == slow.free_list()
+        assert [fast.ref_count(b) for b in range(24)] == [slow.ref_count(b) for b in range(24)]
+        for sid in fast._tables:
+            assert fast.num_append_blocks_needed(sid, 3) == slow.num_append_blocks_needed(sid, 3)
