@@ -3,7 +3,10 @@
 Runs the real runner (model + sampler) on synthetic steps over a grid of
 (decode batch size d, prefill tokens p, context length c) and writes the profile JSON
 described in docs/contracts.md ("profile JSON"). Each point is one step holding d decodes whose
-context is c tokens each, plus (if p > 0) one prefill chunk of p tokens from position 0.
+context is c tokens each, plus (if p > 0) k prefill chunks of p / k tokens each, every one starting
+at position s (its cached prefix). The main grid has k = 1, s = 0; extra points measure packed
+prefills (k in --packed-prefill-seqs, several prompts in one step) and chunks with a cached prefix
+(s in --prefill-context-lens, chunked prefill), so the simulator can tell them from one long prompt.
 """
 from __future__ import annotations
 
@@ -47,13 +50,24 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-batch-sizes", default="0,1,8,32,64", help="comma-separated d values")
     p.add_argument("--prefill-tokens", default="0,128,512,2048", help="comma-separated p values")
     p.add_argument("--context-lens", default="128,1024", help="comma-separated decode context lengths c")
+    p.add_argument("--packed-prefill-seqs", default="2,4",
+                   help="comma-separated k > 1: extra points with the prefill tokens split into k "
+                        "equal prompts in one step ('' = none)")
+    p.add_argument("--prefill-context-lens", default="",
+                   help="comma-separated s > 0: extra points with one prefill chunk starting at "
+                        "position s (a cached prefix; '' = none)")
+    p.add_argument("--packed-decode-batch-sizes", default=None,
+                   help="d values of the packed / cached-prefix points (default: 0 and the largest "
+                        "grid d that fits)")
     p.add_argument("--repeats", type=int, default=5, help="timed repetitions per point")
     p.add_argument("--warmup", type=int, default=2, help="untimed repetitions per point")
     return p
 
 
-def make_step(d: int, p: int, c: int, block_size: int, num_blocks: int, vocab: int) -> list[_Chunk]:
-    """d decodes of context c, then one p-token prefill; block tables wrap around the pool."""
+def make_step(d: int, p: int, c: int, block_size: int, num_blocks: int, vocab: int,
+              k: int = 1, s: int = 0) -> list[_Chunk]:
+    """d decodes of context c, then k prefill chunks of p // k tokens each (p % k == 0), each
+    starting at position s; block tables wrap around the pool."""
     chunks: list[_Chunk] = []
     nb_dec = -(-c // block_size)
     next_block = 0
@@ -67,9 +81,46 @@ def make_step(d: int, p: int, c: int, block_size: int, num_blocks: int, vocab: i
     for i in range(d):
         chunks.append(_Chunk(f"d{i}", [(7 * i + 1) % vocab], c - 1, table(nb_dec), False))
     if p:
-        ids = [(13 * j + 5) % vocab for j in range(p)]
-        chunks.append(_Chunk("p", ids, 0, table(-(-p // block_size)), True))
+        if k < 1 or p % k:
+            raise ValueError(f"{p} prefill tokens do not split into {k} equal chunks")
+        n = p // k
+        for i in range(k):
+            ids = [(13 * j + 5 + i) % vocab for j in range(n)]
+            chunks.append(_Chunk(f"p{i}", ids, s, table(-(-(s + n) // block_size)), True))
     return chunks
+
+
+def step_shapes(ds: list[int], ps: list[int], cs: list[int], ks: list[int], ss: list[int],
+                packed_ds: list[int] | None, *, max_num_seqs: int, max_num_batched_tokens: int,
+                max_model_len: int) -> list[tuple[int, int, int, int, int]]:
+    """The measured step shapes, as (d, p, c, k, s): the (d, p, c) grid with k = 1, s = 0, then
+    packed prefills (k > 1, s = 0) and cached-prefix chunks (k = 1, s > 0) at the first context
+    length and the `packed_ds` decode batches (default: 0 and the largest grid d that fits)."""
+    def fits(d, p, c, k, s):
+        return (d + p > 0 and d + (k if p else 0) <= max_num_seqs and d + p <= max_num_batched_tokens
+                and max(c if d else 0, s + (p // k if p else 0)) <= max_model_len)
+
+    shapes = []
+    for c in cs:
+        for d in ds:
+            for p in ps:
+                if d == 0 and c != cs[0]:
+                    continue  # prefill-only points do not depend on c
+                if fits(d, p, c, 1, 0):
+                    shapes.append((d, p, c if d else 0, 1, 0))
+    if not cs:
+        return shapes
+    c = cs[0]
+    if packed_ds is None:
+        fit_ds = [d for d in ds if d and any(fits(d, p, c, 1, 0) for p in ps if p)]
+        packed_ds = [0] + ([max(fit_ds)] if fit_ds else [])
+    extra = [(k, 0) for k in ks if k > 1] + [(1, s) for s in ss if s > 0]
+    for d in packed_ds:
+        for k, s in extra:
+            for p in ps:
+                if p and p % k == 0 and fits(d, p, c, k, s):
+                    shapes.append((d, p, c if d else 0, k, s))
+    return shapes
 
 
 def measure(runner, chunks, repeats: int, warmup: int) -> list[float]:
@@ -85,28 +136,33 @@ def measure(runner, chunks, repeats: int, warmup: int) -> list[float]:
     return times
 
 
+def point(d: int, p: int, c: int, k: int, s: int, ms: list[float]) -> dict:
+    """One profile point (docs/contracts.md, "profile JSON")."""
+    k = k if p else 0
+    return {"num_decode_seqs": d, "num_prefill_tokens": p, "context_len": c if d else 0,
+            "num_prefill_seqs": k, "prefill_context_len": s if p else 0,
+            "num_context_tokens": d * c + p + k * (s if p else 0), "step_ms": statistics.fmean(ms),
+            "step_ms_min": min(ms), "step_ms_median": statistics.median(ms), "repeats": len(ms)}
+
+
 def run(args: argparse.Namespace) -> dict:
     from backend.build import create_engine
     from backend.cli import backend_config
 
     engine, loaded = create_engine(backend_config(args))
     runner, cfg = engine.runner, engine.config
+    packed_ds = None if args.packed_decode_batch_sizes is None else _ints(args.packed_decode_batch_sizes)
+    shapes = step_shapes(_ints(args.decode_batch_sizes), _ints(args.prefill_tokens),
+                         _ints(args.context_lens), _ints(args.packed_prefill_seqs),
+                         _ints(args.prefill_context_lens), packed_ds, max_num_seqs=cfg.max_num_seqs,
+                         max_num_batched_tokens=cfg.max_num_batched_tokens,
+                         max_model_len=cfg.max_model_len)
     points = []
-    for c in _ints(args.context_lens):
-        for d in _ints(args.decode_batch_sizes):
-            for p in _ints(args.prefill_tokens):
-                if d + p == 0 or d > cfg.max_num_seqs - (1 if p else 0) \
-                        or d + p > cfg.max_num_batched_tokens or max(c, p) > cfg.max_model_len:
-                    continue
-                if d == 0 and c != _ints(args.context_lens)[0]:
-                    continue  # prefill-only points do not depend on c
-                chunks = make_step(d, p, c, cfg.block_size, cfg.num_blocks, loaded.config.vocab_size)
-                ms = measure(runner, chunks, args.repeats, args.warmup)
-                points.append({
-                    "num_decode_seqs": d, "num_prefill_tokens": p, "context_len": c if d else 0,
-                    "num_context_tokens": d * c + p, "step_ms": statistics.fmean(ms),
-                    "step_ms_min": min(ms), "step_ms_median": statistics.median(ms), "repeats": len(ms)})
-                print(f"d={d:4d} p={p:6d} c={c:6d}  {statistics.fmean(ms):9.3f} ms", flush=True)
+    for d, p, c, k, s in shapes:
+        chunks = make_step(d, p, c, cfg.block_size, cfg.num_blocks, loaded.config.vocab_size, k, s)
+        ms = measure(runner, chunks, args.repeats, args.warmup)
+        points.append(point(d, p, c, k, s, ms))
+        print(f"d={d:4d} p={p:6d} c={c:6d} k={k:3d} s={s:6d}  {statistics.fmean(ms):9.3f} ms", flush=True)
     dev = loaded.device
     return {
         "format": FORMAT, "model": loaded.config.name, "device": str(dev),

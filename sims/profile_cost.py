@@ -1,10 +1,24 @@
 """Measured cost model: step times from a `tidegate backend profile` JSON, interpolated.
 
-Model: a non-negative least-squares fit ``t = a + b·d + c·p + e·ctx + f·p²`` over the measured
-points (d decode seqs, p prefill tokens, ctx context tokens), plus a piecewise-linear interpolation of
-its residuals inside the convex hull of the points (scipy `LinearNDInterpolator`), so the model is
-exact at measured points and extrapolates linearly outside them. Calls are memoized on
-(d, p, ctx rounded to `ctx_quantum`), so the event loop pays a dict lookup per step.
+Model: a non-negative least-squares fit ``t = a + b·d + c·p + e·ctx + f·Σp_i²`` over the measured
+points (d decode seqs, p = Σp_i prefill tokens over the step's prefill chunks, ctx context tokens),
+plus a piecewise-linear interpolation of its residuals inside the convex hull of the points (scipy
+`LinearNDInterpolator`), so the model is exact at measured points and extrapolates linearly outside
+them. Calls are memoized on (d, p, ctx rounded to `ctx_quantum`, the prefill chunks' shape), so the
+event loop pays a dict lookup per step.
+
+Packed and cached-prefix prefills: a profile point may carry `num_prefill_seqs` k (its p tokens are
+k chunks of p/k each) and `prefill_context_len` s (each chunk starts at position s); old profiles
+have neither (k = 1 when p > 0, s = 0). Attention within the chunks costs Σp_i² (not p²: k short
+prompts packed in one step are not one long prompt), attention of the chunks over their cached
+prefixes Σp_i·s_i. When the profile measured k > 1, a per-prefill-sequence term g·k joins the fit
+(and k-space joins the residual interpolation as Σp_i²); when it measured s > 0, a term h·Σp_i·s_i.
+A profile without those points fits and interpolates exactly as before.
+
+`step_time(d, p, ctx, prefill_chunks=None)`: without `prefill_chunks` a step's p tokens are one
+chunk from position 0 (today's `CostModel` interface); with them — the step's prefill chunks, each an
+int (tokens from position 0), an (num_tokens, start_pos) pair, or an object with `token_ids` and
+`start_pos` (the scheduler's chunks) — the model charges each chunk by its own length and prefix.
 """
 from __future__ import annotations
 
@@ -23,6 +37,10 @@ _TIME_KEYS = (("step_time_s", 1.0), ("step_s", 1.0), ("seconds", 1.0), ("step_ms
 _D_KEYS = ("num_decode_seqs", "decode_batch_size", "num_decode", "batch_size")
 _P_KEYS = ("num_prefill_tokens", "prefill_tokens")
 _C_KEYS = ("num_context_tokens", "context_tokens")
+_K_KEYS = ("num_prefill_seqs",)
+_S_KEYS = ("prefill_context_len",)
+_FEATURE_NAMES = ("a_s", "b_s_per_seq", "c_s_per_prefill_tok", "e_s_per_ctx_tok", "f_s_per_prefill_tok2",
+                  "g_s_per_prefill_seq", "h_s_per_prefill_tok_prefix_tok")
 
 
 def _pick(point: dict, keys: tuple, default=None):
@@ -34,22 +52,61 @@ def _pick(point: dict, keys: tuple, default=None):
     return default
 
 
-def _features(d, p, c) -> np.ndarray:
-    d, p, c = (np.asarray(x, dtype=np.float64) for x in (d, p, c))
-    return np.stack([np.ones_like(d), d, p, c, p * p], axis=-1)
+def _features(d, p, c, k=None, q=None, x=None, cols: tuple[bool, bool] = (False, False)) -> np.ndarray:
+    """[1, d, p, ctx, q = Σp_i² (p² by default)] + [k] + [x = Σp_i·s_i] as `cols` asks."""
+    d, p, c = (np.asarray(v, dtype=np.float64) for v in (d, p, c))
+    q = p * p if q is None else np.asarray(q, dtype=np.float64)
+    f = [np.ones_like(d), d, p, c, q]
+    if cols[0]:
+        f.append((p > 0).astype(np.float64) if k is None else np.asarray(k, dtype=np.float64))
+    if cols[1]:
+        f.append(np.zeros_like(d) if x is None else np.asarray(x, dtype=np.float64))
+    return np.stack(f, axis=-1)
+
+
+def _chunk_shape(chunks) -> tuple[int, int, int, int]:
+    """(Σ tokens, k, Σ tokens², Σ tokens·start) of prefill chunks (ints, pairs or chunk objects)."""
+    p = k = q = x = 0
+    for ch in chunks:
+        if isinstance(ch, (int, np.integer)):
+            n, s = int(ch), 0
+        elif isinstance(ch, (tuple, list)):
+            n, s = int(ch[0]), int(ch[1])
+        else:
+            n, s = len(ch.token_ids), int(ch.start_pos)
+        if n:
+            p, k, q, x = p + n, k + 1, q + n * n, x + n * s
+    return p, k, q, x
 
 
 class ProfileCost:
+    accepts_prefill_chunks = True  # step_time(..., prefill_chunks=...) charges each chunk by itself
+
     def __init__(self, points: np.ndarray, times_s: np.ndarray, *, num_blocks: int | None = None,
                  block_size: int | None = None, meta: dict | None = None, ctx_quantum: int = 64):
-        """points: (n, 3) of (num_decode_seqs, num_prefill_tokens, num_context_tokens)."""
-        points = np.asarray(points, dtype=np.float64).reshape(-1, 3)
+        """points: (n, 3) of (num_decode_seqs, num_prefill_tokens, num_context_tokens), or (n, 4) /
+        (n, 5) with num_prefill_seqs k (the p tokens are k chunks of p/k each; default 1 when p > 0)
+        and prefill_context_len s (each chunk starts at position s; default 0) appended."""
+        points = np.asarray(points, dtype=np.float64)
+        points = points.reshape(-1, points.shape[-1] if points.ndim == 2 else 3)
+        if points.shape[1] not in (3, 4, 5):
+            raise ValueError(f"profile points need 3-5 columns, not {points.shape[1]}")
         times_s = np.asarray(times_s, dtype=np.float64)
         if len(points) < 2:
             raise ValueError("a profile needs at least two measured points")
-        self.points, self.times_s, self.meta = points, times_s, dict(meta or {})
+        d, p, c = points[:, 0], points[:, 1], points[:, 2]
+        k = points[:, 3].copy() if points.shape[1] > 3 else (p > 0).astype(np.float64)
+        k[p <= 0] = 0.0
+        k[(p > 0) & (k < 1)] = 1.0
+        s = points[:, 4] * (p > 0) if points.shape[1] > 4 else np.zeros_like(p)
+        q = np.where(k > 0, p * p / np.maximum(k, 1.0), 0.0)  # k equal chunks: Σp_i² = p²/k
+        x = p * s                                               # Σp_i·s_i
+        self._cols = (bool((k > 1).any()), bool((s > 0).any()))
+        self.points = points[:, :3]
+        self.num_prefill_seqs, self.prefill_context_len = k, s
+        self.times_s, self.meta = times_s, dict(meta or {})
         self._blocks, self._block_size = num_blocks, block_size
-        feats = _features(points[:, 0], points[:, 1], points[:, 2])
+        feats = _features(d, p, c, k, q, x, self._cols)
         scale = np.maximum(np.abs(feats).max(axis=0), 1e-12)
         coef, _ = nnls(feats / scale, times_s)
         self.coef = coef / scale
@@ -57,6 +114,10 @@ class ProfileCost:
         ss_tot = float(((times_s - times_s.mean()) ** 2).sum())
         self.r2 = 1.0 - float((resid ** 2).sum()) / ss_tot if ss_tot > 0 else 1.0
         self._resid = None
+        # residuals live in (d, p, ctx), plus Σp_i² / Σp_i·s_i when the profile varies them apart
+        # from p (otherwise a packed step and one long prompt of the same p would be one point)
+        space = [d, p, c] + ([q] if self._cols[0] else []) + ([x] if self._cols[1] else [])
+        points = np.stack(space, axis=-1)
         span = points.max(axis=0) - points.min(axis=0)
         dims = np.flatnonzero(span > 0)
         if len(points) > len(dims) + 1 and len(dims) >= 1:
@@ -74,7 +135,7 @@ class ProfileCost:
             except (QhullError, ValueError) as exc:  # degenerate (coplanar) points: regression only
                 warnings.warn(f"profile: residual interpolation disabled ({exc.__class__.__name__})")
         self.ctx_quantum = max(1, int(ctx_quantum))
-        self._memo: dict[tuple[int, int, int], float] = {}
+        self._memo: dict[tuple, float] = {}
 
     @classmethod
     def from_json(cls, path: str | Path, **kwargs) -> ProfileCost:
@@ -88,26 +149,35 @@ class ProfileCost:
                     break
             else:
                 raise ValueError(f"profile point {point} has no step time")
-            pts.append((_pick(point, _D_KEYS), _pick(point, _P_KEYS, 0), _pick(point, _C_KEYS, 0)))
+            p = _pick(point, _P_KEYS, 0)
+            pts.append((_pick(point, _D_KEYS), p, _pick(point, _C_KEYS, 0),
+                        _pick(point, _K_KEYS, 1 if p else 0) if p else 0, _pick(point, _S_KEYS, 0)))
         meta = {} if isinstance(doc, list) else {k: v for k, v in doc.items() if k != "points"}
         return cls(np.array(pts), np.array(times), num_blocks=meta.get("num_kv_blocks"),
                    block_size=meta.get("block_size"), meta=meta, **kwargs)
 
-    def _eval(self, d: int, p: int, c: int) -> float:
-        t = float(_features(d, p, c) @ self.coef)
+    def _eval(self, d: int, p: int, c: int, k: int, q: int, x: int) -> float:
+        t = float(_features(d, p, c, k, q, x, self._cols) @ self.coef)
         if self._resid is not None:
-            t += self._resid((d, p, c))
+            t += self._resid((d, p, c) + ((q,) if self._cols[0] else ()) + ((x,) if self._cols[1] else ()))
         return max(t, 1e-7)
 
-    def step_time(self, num_decode_seqs: int, num_prefill_tokens: int,
-                  num_context_tokens: int) -> float:
+    def step_time(self, num_decode_seqs: int, num_prefill_tokens: int, num_context_tokens: int,
+                  prefill_chunks=None) -> float:
+        """Seconds of one step. `prefill_chunks` (optional): the step's prefill chunks, each an int
+        (tokens from position 0), a (num_tokens, start_pos) pair or an object with `token_ids` and
+        `start_pos`; without it the `num_prefill_tokens` are one chunk from position 0."""
         if num_decode_seqs + num_prefill_tokens == 0:
             return 0.0
-        key = (num_decode_seqs, num_prefill_tokens, num_context_tokens // self.ctx_quantum)
+        if prefill_chunks is None:
+            p = num_prefill_tokens
+            k, q, x = (1 if p else 0), p * p, 0
+        else:
+            p, k, q, x = _chunk_shape(prefill_chunks)
+        key = (num_decode_seqs, p, num_context_tokens // self.ctx_quantum, k, q, x)
         t = self._memo.get(key)
         if t is None:
-            t = self._memo[key] = self._eval(num_decode_seqs, num_prefill_tokens,
-                                             key[2] * self.ctx_quantum)
+            t = self._memo[key] = self._eval(num_decode_seqs, p, key[2] * self.ctx_quantum, k, q, x)
         return t
 
     def decode_times(self, num_decode_seqs: int, num_context_tokens: int, k: int) -> np.ndarray:
@@ -122,6 +192,8 @@ class ProfileCost:
 
     def describe(self) -> dict:
         return {"kind": "profile", "num_points": len(self.points), "r2_linear": round(self.r2, 4),
-                "coef": dict(zip(("a_s", "b_s_per_seq", "c_s_per_prefill_tok", "e_s_per_ctx_tok",
-                                  "f_s_per_prefill_tok2"), map(float, self.coef))),
+                "coef": dict(zip(_FEATURE_NAMES[:5] + (_FEATURE_NAMES[5:6] if self._cols[0] else ())
+                                 + (_FEATURE_NAMES[6:] if self._cols[1] else ()), map(float, self.coef))),
+                "packed_prefill_points": int((self.num_prefill_seqs > 1).sum()),
+                "prefix_prefill_points": int((self.prefill_context_len > 0).sum()),
                 **{k: v for k, v in self.meta.items() if isinstance(v, (str, int, float))}}
