@@ -115,14 +115,17 @@ def simulate(workload: Workload, cost: CostModel, sched_config: SimSchedulerConf
     clock = ManualClock(0.0)
     gateway = GatewayAdapter(sched_config, clock, workload)
     num_blocks = cost.num_kv_blocks(sched_config.block_size)
-    backends = [_Backend(b, BackendAdapter(sched_config, num_blocks, workload))
+    backends = [_Backend(b, BackendAdapter(sched_config, num_blocks, workload, gateway.lists))
                 for b in range(config.num_backends)]
 
-    arrival = workload.arrival_time
-    prompt_len, output_len = workload.prompt_len, workload.output_len
-    dispatch_t = np.full(n, np.nan)
-    first_t = np.full(n, np.nan)
-    finish_t = np.full(n, np.nan)
+    # lists, not arrays, in the loop: a numpy scalar read or write costs ~80 ns more per access
+    arrival = workload.arrival_time.tolist()
+    output_len = workload.output_len
+    num_tokens = (workload.prompt_len.astype(np.int64) + output_len).tolist()  # prompt + output
+    nan = math.nan
+    dispatch_t = [nan] * n
+    first_t = [nan] * n
+    finish_t = [nan] * n
     rejected = np.zeros(n, dtype=bool)
     step_rows: list[tuple] = []        # (num_decode, num_prefill_tokens, duration) per single step
     stretch_rows: list[tuple] = []     # (steps, num_decode, first context) per stretch segment
@@ -168,7 +171,7 @@ def simulate(workload: Workload, cost: CostModel, sched_config: SimSchedulerConf
         be = min(backends, key=(lambda x: load(x, now)) if max_fin else by_outstanding)
         for i in batch:
             dispatch_t[i] = now
-            be.outstanding += int(prompt_len[i] + output_len[i])
+            be.outstanding += num_tokens[i]
         if delay > 0:
             seq += 1
             heapq.heappush(heap, (now + delay, seq, _DELIVER, (be.idx, batch)))
@@ -233,7 +236,7 @@ def simulate(workload: Workload, cost: CostModel, sched_config: SimSchedulerConf
         for i in be.inbox:
             if not sched.add(i, now):
                 rejected[i] = True
-                be.outstanding -= int(prompt_len[i] + output_len[i])
+                be.outstanding -= num_tokens[i]
         be.inbox.clear()
 
     def start_step(be: _Backend, now: float) -> None:
@@ -275,7 +278,7 @@ def simulate(workload: Workload, cost: CostModel, sched_config: SimSchedulerConf
     def finish_requests(be: _Backend, done: list[int], now: float) -> None:
         for i in done:
             finish_t[i] = now
-            be.outstanding -= int(prompt_len[i] + output_len[i])
+            be.outstanding -= num_tokens[i]
 
     def after_step(be: _Backend, now: float) -> None:
         start_step(be, now)
@@ -345,7 +348,7 @@ def simulate(workload: Workload, cost: CostModel, sched_config: SimSchedulerConf
                 b, batch = arg
                 deliver(backends[b], batch, now)
         elif i < n:
-            now = float(t_arr)
+            now = t_arr
             clock.set(now)
             events += 1
             dec = gateway.push(i, now, spare())
@@ -393,7 +396,9 @@ def simulate(workload: Workload, cost: CostModel, sched_config: SimSchedulerConf
     # ITL: every sequence decoding in a step waited that step's duration for its token.
     itl_values, itl_weights = step_time, step_decode.astype(np.float64)
     return SimResult(
-        workload=workload, dispatch_time=dispatch_t, first_token_time=first_t, finish_time=finish_t,
+        workload=workload, dispatch_time=np.array(dispatch_t, dtype=np.float64),
+        first_token_time=np.array(first_t, dtype=np.float64),
+        finish_time=np.array(finish_t, dtype=np.float64),
         num_output=output_len.copy(), queue_class=gateway.classes(), rejected=rejected,
         itl_values=itl_values, itl_weights=itl_weights,
         batch_sizes=np.array(batch_sizes, dtype=np.int64),
