@@ -101,6 +101,9 @@ class BlockManager:
         if self.num_used_blocks == 0:
             return 0.0
         bs = self.block_size
+        if self._exclusive:  # no block is shared: each table's last block is its own
+            unused = sum(-n % bs for n in self._num_tokens.values())
+            return unused / (self.num_used_blocks * bs)
         seen: set[int] = set()
         unused = 0
         for seq_id, table in self._tables.items():

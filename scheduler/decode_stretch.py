@@ -107,7 +107,7 @@ def allocate_due(s: StepScheduler, due: dict[Sequence, None], step: int, plan: S
     bm = s.block_manager
     nxt = step + s.config.block_size
     bucket = s.boundaries.get(nxt)
-    if len(due) <= bm.num_free_blocks:
+    if len(due) <= len(bm._free_uncached) + len(bm._free_cached):  # bm.num_free_blocks
         tables, num_tokens = bm._tables, bm._num_tokens
         n = step + 1
         for seq, block in zip(due, bm._take_blocks(len(due))):

@@ -175,8 +175,13 @@ class StepScheduler:
                 seq._computed = num_cached
                 seq.num_prefill_tokens = len(seq._token_ids)
                 seq.status = RUNNING
-                insort(self.running, seq, key=Sequence.order_key)
-                insort(self.prefilling, seq, key=Sequence.order_key)
+                # arrivals come in rank order: the new sequence usually sorts last (insort's place)
+                rank = seq.rank
+                for lst in (self.running, self.prefilling):
+                    if not lst or lst[-1].rank <= rank:
+                        lst.append(seq)
+                    else:
+                        insort(lst, seq, key=Sequence.order_key)
                 budget -= self._schedule_prefill(seq, budget, chunks)
 
         plan.num_batched_tokens = cfg.max_num_batched_tokens - budget
@@ -209,7 +214,7 @@ class StepScheduler:
         start = seq._computed
         n = min(seq.num_prefill_tokens - start, budget)
         chunks.append(ScheduledChunk(seq.request_id, seq._token_ids[start:start + n], start,
-                                     self.block_manager.block_table(seq.request_id), True,
+                                     self.block_manager._tables[seq.request_id], True,
                                      start + n == seq.num_prefill_tokens))
         return n
 
@@ -257,6 +262,7 @@ class StepScheduler:
         max_model_len = self.config.max_model_len
         sampled, stopped = result.sampled, result.stopped
         get_seq = self.requests.get
+        caching = bm.enable_prefix_caching  # off: cache_blocks is a no-op, not called
         finished: list[FinishedSequence] = []
         if plan.num_unlisted_decodes:
             lazy.set_fill_token(self, result.decode_token)
@@ -278,7 +284,8 @@ class StepScheduler:
                                      f"{seq.num_computed_tokens} tokens computed")
                 computed += len(chunk.token_ids)
                 seq._computed = computed
-                bm.cache_blocks(rid, tokens, computed)
+                if caching:
+                    bm.cache_blocks(rid, tokens, computed)
                 if not chunk.sample:
                     continue
                 self.prefilling.remove(seq)
@@ -288,7 +295,7 @@ class StepScheduler:
                     raise ValueError(f"stale plan for {rid!r}: decode at {chunk.start_pos}")
                 if len(tokens) < computed:
                     tokens.extend([fill] * (computed - len(tokens)))
-                if computed % bs == 0:
+                if caching and computed % bs == 0:
                     bm.cache_blocks(rid, tokens, computed)
             token = sampled.get(rid)
             if token is None:

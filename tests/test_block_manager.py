@@ -394,5 +394,6 @@ def test_exclusive_pool_keeps_no_ref_counts_but_behaves_as_counted(ops, block_si
             bm.check_integrity()
         assert fast._tables == slow._tables and fast.free_list() == slow.free_list()
         assert [fast.ref_count(b) for b in range(24)] == [slow.ref_count(b) for b in range(24)]
+        assert fast.internal_fragmentation() == slow.internal_fragmentation()
         for sid in fast._tables:
             assert fast.num_append_blocks_needed(sid, 3) == slow.num_append_blocks_needed(sid, 3)
