@@ -214,6 +214,12 @@ class BackendAdapter:
         self._still_prefilling = partial
         return num_decode, num_prefill, num_ctx
 
+    @property
+    def prefill_chunks(self) -> list:
+        """The prefill chunks of the step `schedule()` just planned (decodes are unlisted): for cost
+        models that charge each packed prompt by itself (`accepts_prefill_chunks`)."""
+        return self._plan.chunks
+
     def complete_step(self, _costs) -> tuple[list[int], list[int]]:
         """Feed back the step's synthetic result -> (requests with a first token, finished)."""
         plan, self._plan = self._plan, None

@@ -143,6 +143,8 @@ def simulate(workload: Workload, cost: CostModel, sched_config: SimSchedulerConf
     series: dict[str, list] = {"t": [], "queue_depth": [], "kv_usage": [], "running": [],
                                "fragmentation": []}
     step_time_fn = cost.step_time
+    # A measured profile charges each packed prefill by itself (sum of p_i^2 attention, not (sum p_i)^2).
+    charges_chunks = getattr(cost, "accepts_prefill_chunks", False)
     span_fn = getattr(cost, "decode_span", None) or partial(decode_span_by_times, cost)
     max_fin = config.max_stretch_finishes
     progress_every = max(1, n // 50)
@@ -269,7 +271,10 @@ def simulate(workload: Workload, cost: CostModel, sched_config: SimSchedulerConf
             be.busy = False
             return
         num_decode, num_prefill, num_ctx = plan
-        dt = step_time_fn(num_decode, num_prefill, num_ctx)
+        if charges_chunks and num_prefill:
+            dt = step_time_fn(num_decode, num_prefill, num_ctx, sched.prefill_chunks)
+        else:
+            dt = step_time_fn(num_decode, num_prefill, num_ctx)
         step_rows.append((num_decode, num_prefill, dt))
         be.busy = True
         be.plan = plan

@@ -199,9 +199,14 @@ class ScaledCost:
 
     def __init__(self, inner, factor: float):
         self.inner, self.factor = inner, float(factor)
+        self.accepts_prefill_chunks = getattr(inner, "accepts_prefill_chunks", False)
 
-    def step_time(self, num_decode_seqs: int, num_prefill_tokens: int, num_context_tokens: int) -> float:
-        return self.factor * self.inner.step_time(num_decode_seqs, num_prefill_tokens, num_context_tokens)
+    def step_time(self, num_decode_seqs: int, num_prefill_tokens: int, num_context_tokens: int,
+                  prefill_chunks=None) -> float:
+        args = (num_decode_seqs, num_prefill_tokens, num_context_tokens)
+        if prefill_chunks is not None:
+            return self.factor * self.inner.step_time(*args, prefill_chunks=prefill_chunks)
+        return self.factor * self.inner.step_time(*args)
 
     def decode_times(self, num_decode_seqs: int, num_context_tokens: int, k: int) -> np.ndarray:
         return self.factor * self.inner.decode_times(num_decode_seqs, num_context_tokens, k)

@@ -157,3 +157,28 @@ def test_stretches_past_finishes_give_the_same_metrics_as_single_steps(backends,
     assert a["steps"]["mean_step_ms"] == pytest.approx(b["steps"]["mean_step_ms"], rel=1e-9)
     np.testing.assert_allclose(np.sort(past.step_time), np.sort(slow.step_time), rtol=1e-9)
     assert past.events < stop.events  # finishes really were passed
+
+
+class _ChunkRecordingCost(ConstantCost):
+    """A constant step time that records what the engine hands to a chunk-aware cost model."""
+
+    accepts_prefill_chunks = True
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.calls = []
+
+    def step_time(self, num_decode_seqs, num_prefill_tokens, num_context_tokens, prefill_chunks=None):
+        if prefill_chunks is not None:
+            self.calls.append((num_prefill_tokens, [len(c.token_ids) for c in prefill_chunks]))
+        return super().step_time(num_decode_seqs, num_prefill_tokens, num_context_tokens)
+
+
+def test_chunk_aware_cost_models_get_each_packed_prefill():
+    """A measured profile charges packed prompts one by one; the engine must hand it the chunks
+    of every step that prefills, and their lengths must add up to the step's prefill tokens."""
+    cost = _ChunkRecordingCost(0.002)
+    simulate(_workload(200, 2000.0, prompt=24, output=4), cost, SimSchedulerConfig(), EngineConfig())
+    assert cost.calls, "no step handed its prefill chunks to the cost model"
+    assert all(total == sum(lens) for total, lens in cost.calls)
+    assert any(len(lens) > 1 for _, lens in cost.calls)  # packed prompts really occur
