@@ -28,6 +28,7 @@ serve: $(STAMP)
 	$(VENV)/bin/tidegate serve $(ARGS)
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # Regenerate proto/tidegate_pb2.py from proto/tidegate.proto (checked in; a test compares).

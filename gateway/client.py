@@ -26,6 +26,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import zmq
 import zmq.asyncio
@@ -34,6 +35,9 @@ from backend.tokenizer import TokenizerBundle
 from gateway.output import OutputAssembler
 from proto import codec
 from proto import tidegate_pb2 as pb
+
+if TYPE_CHECKING:  # typing.Self is 3.11+; annotations are never evaluated at run time here
+    from typing_extensions import Self
 
 FINISH = {pb.RequestOutput.STOP: "stop", pb.RequestOutput.LENGTH: "length",
           pb.RequestOutput.ABORT: "abort"}
@@ -187,7 +191,7 @@ class AsyncClient(_Base):
         self._sock.close(linger=0)
         self._ctx.destroy(linger=0)
 
-    async def __aenter__(self) -> AsyncClient:
+    async def __aenter__(self) -> Self:
         try:
             return await self.connect()
         except BaseException:
@@ -281,7 +285,7 @@ class Client(_Base):
         self._sock.close(linger=0)
         self._ctx.term()
 
-    def __enter__(self) -> Client:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -23,7 +23,7 @@ print(json.dumps({"rc": [rc_help, rc_plan], "torch": "torch" in sys.modules,
 
 def _probe(args: list[str]) -> dict:
     code = PROBE.replace("ARGS", repr(args))
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -418,9 +418,9 @@ def test_blocked_head_allows_stretch():
 def test_unlisted_decodes_equal_listed(reqs, num_blocks, block_size, caching, max_num_seqs, seed):
     """Same workload, one scheduler listing its decodes, one not (token 0 everywhere): identical
     plans (less the decode chunks), finishes, preemptions and state after every step."""
-    kw = dict(num_blocks=num_blocks, block_size=block_size, max_model_len=64,
-              max_num_seqs=max_num_seqs, max_num_batched_tokens=16, enable_prefix_caching=caching,
-              class_bounds=(3, 9))
+    kw = {"num_blocks": num_blocks, "block_size": block_size, "max_model_len": 64,
+          "max_num_seqs": max_num_seqs, "max_num_batched_tokens": 16,
+          "enable_prefix_caching": caching, "class_bounds": (3, 9)}
     listed, unlisted = make(**kw), make(**kw)
     pending = list(enumerate(reqs))
     for _ in range(400):
