@@ -26,7 +26,6 @@ import signal
 import sys
 import time
 import uuid
-from array import array
 from collections import defaultdict
 
 import zmq
@@ -44,25 +43,6 @@ FINISH = {None: pb.RequestOutput.NONE, "stop": pb.RequestOutput.STOP,
           "length": pb.RequestOutput.LENGTH, "abort": pb.RequestOutput.ABORT}
 
 
-_FAST_ARRAYS = sys.byteorder == "little" and array("i").itemsize == 4
-
-
-def _encode(envelope: pb.Envelope, arrays=()) -> list[bytes]:
-    """`codec.encode` for the worker's own messages (a body set, array indices right by
-    construction): token lists packed by `array` rather than one numpy conversion per output,
-    which cost more than the rest of a step's serialization. Anything else (numpy arrays,
-    values outside int32) goes through `codec.encode` and its checks."""
-    if not _FAST_ARRAYS:
-        return codec.encode(envelope, arrays)
-    frames = [envelope.SerializeToString()]
-    try:
-        for tokens in arrays:
-            if type(tokens) is not list:
-                return codec.encode(envelope, arrays)
-            frames.append(array("i", tokens).tobytes())
-    except (OverflowError, TypeError):
-        return codec.encode(envelope, arrays)
-    return frames
 
 
 def _key(identity: bytes, request_id: str) -> str:
@@ -255,7 +235,7 @@ class Worker:
 
     def _send(self, identity: bytes, envelope: pb.Envelope, arrays=()) -> None:
         try:
-            self.sock.send_multipart([identity, *_encode(envelope, arrays)], zmq.NOBLOCK)
+            self.sock.send_multipart([identity, *codec.encode_trusted(envelope, arrays)], zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # peer gone or its queue full: drop, never block the loop
             print(f"tidegate backend: dropped a message to a gateway: {exc}", file=sys.stderr)
 

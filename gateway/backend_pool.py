@@ -24,7 +24,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from gateway.errors import APIError, backend_error, deadline_exceeded, unavailable
-from gateway.zmqio import SocketReader, encode
+from gateway.zmqio import SocketReader
 from proto import codec
 from proto import tidegate_pb2 as pb
 
@@ -115,7 +115,7 @@ class BackendConn:
 
     def send(self, envelope: pb.Envelope, arrays: Iterable = ()) -> bool:
         """Queue one message without waiting; False if the socket would block or is closed."""
-        return self.io.send(encode(envelope, arrays))
+        return self.io.send(codec.encode_trusted(envelope, arrays))
 
 
 class BackendPool:

@@ -27,7 +27,7 @@ from gateway.core import Gateway, RequestHandle
 from gateway.errors import APIError, bad_request
 from gateway.openai_schema import SamplingParams, ServingOptions
 from gateway.validation import MAX_LOGPROBS, MAX_STOP_STRINGS, check_context_length
-from gateway.zmqio import SocketReader, encode
+from gateway.zmqio import SocketReader
 from proto import codec
 from proto import tidegate_pb2 as pb
 
@@ -97,7 +97,7 @@ class FrontDoor:
 
     # --- sending ----------------------------------------------------------------------------------
     def _send(self, peer: bytes, env: pb.Envelope, arrays=()) -> None:
-        frames = encode(env, arrays)
+        frames = codec.encode_trusted(env, arrays)
         frames.insert(0, peer)
         if not self._io.send(frames):
             log.debug("could not send to a client")

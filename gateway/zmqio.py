@@ -16,14 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
-from array import array
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import zmq
-
-from proto import codec
-from proto import tidegate_pb2 as pb
 
 log = logging.getLogger("tidegate.gateway.zmqio")
 
@@ -36,24 +31,8 @@ MAX_PER_DRAIN = 256  # messages per reader callback before yielding to the loop
 # that cost more than the libzmq call (~3x for a two-frame send + receive).
 _BASE = zmq.Socket.__mro__[1]
 _send, _recv, _get = _BASE.send, _BASE.recv, _BASE.get
-_FAST_ARRAYS = sys.byteorder == "little" and array("i").itemsize == 4
 
 
-def encode(envelope: pb.Envelope, arrays: Iterable = ()) -> list:
-    """`codec.encode` for messages this gateway builds itself (a body set, every array index
-    right by construction): token lists packed by `array` instead of numpy. Anything else
-    (numpy arrays, values outside int32) goes through `codec.encode` and its checks."""
-    if not _FAST_ARRAYS:
-        return codec.encode(envelope, arrays)
-    frames = [envelope.SerializeToString()]
-    try:
-        for tokens in arrays:
-            if type(tokens) is not list:
-                return codec.encode(envelope, arrays)
-            frames.append(array("i", tokens).tobytes())
-    except (OverflowError, TypeError):
-        return codec.encode(envelope, arrays)  # raises its ValueError
-    return frames
 
 
 class SocketReader:

@@ -245,3 +245,19 @@ def test_queue_class_values_match_the_scheduler():
 
     for cls in QueueClass:
         assert pb.QueueClass.Value(cls.name) == int(cls)
+
+
+def test_encode_trusted_makes_the_same_frames_as_encode():
+    """The fast path for self-built messages must be byte-identical to `encode`, fall back to it
+    for numpy arrays, and keep its refusal of values outside int32."""
+    import numpy as np
+    import pytest
+
+    env = pb.Envelope(step_output=pb.StepOutput(step=3, outputs=[
+        pb.RequestOutput(request_id="a", tokens_frame=0), pb.RequestOutput(request_id="b", tokens_frame=1)]))
+    lists = [[1, 2, -3, 2**31 - 1], []]
+    assert codec.encode_trusted(env, lists) == codec.encode(env, lists)
+    as_numpy = [np.array(t, dtype=np.int64) for t in lists]
+    assert codec.encode_trusted(env, as_numpy) == codec.encode(env, lists)
+    with pytest.raises(ValueError):
+        codec.encode_trusted(env, [[2**31], []])
