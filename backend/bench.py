@@ -33,28 +33,20 @@ import statistics
 import sys
 import time
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from backend.cli import int_list
 from backend.config import ModelConfig
+from scheduler.step_plan import ScheduledChunk
 
 GOAL_HOST_MS = 0.2
 
 
-@dataclass
-class _Chunk:
-    request_id: str
-    token_ids: list[int]
-    start_pos: int
-    block_table: list[int]
-    is_prefill: bool
-    sample: bool = True
-
-
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
+def _chunk(request_id, token_ids, start_pos, block_table, is_prefill) -> ScheduledChunk:
+    """A step chunk for a synthetic step; every chunk samples (the runner reads all of them)."""
+    return ScheduledChunk(request_id, token_ids, start_pos, block_table, is_prefill, True)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -230,9 +222,9 @@ class Bench:
         from backend.runner import ModelRunner
 
         a, c = self.args, self.config
-        self.batches = _ints(a.decode_batches)
-        self.prefills = [p for p in _ints(a.prefill_tokens) if p <= c.max_position_embeddings]
-        contexts = [a.context] + _ints(a.profile_contexts)
+        self.batches = int_list(a.decode_batches)
+        self.prefills = [p for p in int_list(a.prefill_tokens) if p <= c.max_position_embeddings]
+        contexts = [a.context] + int_list(a.profile_contexts)
         self.max_model_len = min(c.max_position_embeddings, max(
             self.prefills + [x + a.warmup + a.steps + 8 for x in contexts]
             + [a.context + a.host_steps + 16]))
@@ -248,7 +240,7 @@ class Bench:
         bs = 16
         need = max(max(self.batches) * -(-(a.context + a.warmup + a.steps + 8) // bs),
                    a.host_batch * -(-(a.context + 64) // bs))
-        for ctx_len in _ints(a.profile_contexts):
+        for ctx_len in int_list(a.profile_contexts):
             need = max(need, 64 * -(-(ctx_len + a.warmup + a.steps + 8) // bs))
         need += -(-max(self.prefills + [1]) // bs) + 16
         block_bytes = bs * c.kv_bytes_per_token(str(self.dtype).removeprefix("torch."))
@@ -297,11 +289,11 @@ class Bench:
         self.log(f"captured {len(g.graphs)} {weights} decode graphs in {total:.1f} s")
 
     # ---- rows --------------------------------------------------------------------------------
-    def decode_chunks(self, batch: int, context: int) -> list[_Chunk]:
+    def decode_chunks(self, batch: int, context: int) -> list[ScheduledChunk]:
         bs = self.runner.block_size
         nb = -(-(context + self.args.warmup + self.args.steps + 2) // bs)
         vocab = self.config.vocab_size
-        return [_Chunk(f"d{i}", [(7 * i + 3) % vocab], context - 1, self.pool.take(nb), False)
+        return [_chunk(f"d{i}", [(7 * i + 3) % vocab], context - 1, self.pool.take(nb), False)
                 for i in range(batch)]
 
     def run_decode(self, weights: str, batch: int, graphs: bool, context: int | None = None,
@@ -361,7 +353,7 @@ class Bench:
         gen = torch.Generator().manual_seed(tokens)
         ids = torch.randint(0, self.config.vocab_size, (tokens,), generator=gen).tolist()
         table = self.pool.take(-(-tokens // bs))
-        chunk = _Chunk("p", ids, 0, table, True)
+        chunk = _chunk("p", ids, 0, table, True)
         reps = 2 if tokens >= 8192 else 3
         times = []
         for i in range(1 + reps):
@@ -395,7 +387,7 @@ class Bench:
         """One step of d decodes (context c) + a p-token prefill from position 0 (eager)."""
         bs = self.runner.block_size
         chunks = self.decode_chunks(d, c)
-        chunks.append(_Chunk("p", [(5 * j + 1) % self.config.vocab_size for j in range(p)], 0,
+        chunks.append(_chunk("p", [(5 * j + 1) % self.config.vocab_size for j in range(p)], 0,
                              self.pool.take(-(-p // bs)), True))
         times = []
         for i in range(3):
@@ -518,7 +510,7 @@ class Bench:
             if p != 2048:
                 self.section(f"prefill bf16 {p}", 10, self.run_prefill, "bf16", p)
         self.section("host_time", 10, self.host_time)
-        for ctx_len in _ints(a.profile_contexts):
+        for ctx_len in int_list(a.profile_contexts):
             for b in self.batches:
                 if b <= 64 and ctx_len + a.steps + a.warmup + 8 <= self.max_model_len:
                     self.section(f"profile decode b={b} c={ctx_len}", 15, self.run_decode,
@@ -624,7 +616,7 @@ class Bench:
         if self.prefills:
             tokens = 2048 if 2048 in self.prefills else max(self.prefills)
             self.section(f"peer prefill {tokens}", 10, self._peer_prefill, model, tokens)
-        for b in _ints(a.peer_batches):
+        for b in int_list(a.peer_batches):
             need = 15 + b * a.context / 2000
             self.section(f"peer decode b={b}", need, self._peer_decode, model, b)
 

@@ -15,6 +15,11 @@ from backend.errors import ModelLoadError
 DEFAULT_LISTEN = "tcp://127.0.0.1:5555"
 
 
+def int_list(text: str) -> list[int]:
+    """A comma-separated list of ints from a flag ("1,8,32"); empty items are skipped."""
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny", help="HF model directory or preset name (default: tiny)")
     p.add_argument("--load-format", default="auto", choices=["auto", "dummy", "safetensors"],

@@ -17,27 +17,19 @@ import platform
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 
 import torch
 
+from backend.cli import int_list
 from backend.errors import ModelLoadError
+from scheduler.step_plan import ScheduledChunk
 
 FORMAT = "tidegate-profile/1"
 
 
-@dataclass
-class _Chunk:
-    request_id: str
-    token_ids: list[int]
-    start_pos: int
-    block_table: list[int]
-    is_prefill: bool
-    sample: bool = True
-
-
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
+def _chunk(request_id, token_ids, start_pos, block_table, is_prefill) -> ScheduledChunk:
+    """A step chunk for a synthetic step; every chunk samples (the runner reads all of them)."""
+    return ScheduledChunk(request_id, token_ids, start_pos, block_table, is_prefill, True)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -65,10 +57,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def make_step(d: int, p: int, c: int, block_size: int, num_blocks: int, vocab: int,
-              k: int = 1, s: int = 0) -> list[_Chunk]:
+              k: int = 1, s: int = 0) -> list[ScheduledChunk]:
     """d decodes of context c, then k prefill chunks of p // k tokens each (p % k == 0), each
     starting at position s; block tables wrap around the pool."""
-    chunks: list[_Chunk] = []
+    chunks: list[ScheduledChunk] = []
     nb_dec = -(-c // block_size)
     next_block = 0
 
@@ -79,14 +71,14 @@ def make_step(d: int, p: int, c: int, block_size: int, num_blocks: int, vocab: i
         return t
 
     for i in range(d):
-        chunks.append(_Chunk(f"d{i}", [(7 * i + 1) % vocab], c - 1, table(nb_dec), False))
+        chunks.append(_chunk(f"d{i}", [(7 * i + 1) % vocab], c - 1, table(nb_dec), False))
     if p:
         if k < 1 or p % k:
             raise ValueError(f"{p} prefill tokens do not split into {k} equal chunks")
         n = p // k
         for i in range(k):
             ids = [(13 * j + 5 + i) % vocab for j in range(n)]
-            chunks.append(_Chunk(f"p{i}", ids, s, table(-(-(s + n) // block_size)), True))
+            chunks.append(_chunk(f"p{i}", ids, s, table(-(-(s + n) // block_size)), True))
     return chunks
 
 
@@ -151,10 +143,10 @@ def run(args: argparse.Namespace) -> dict:
 
     engine, loaded = create_engine(backend_config(args))
     runner, cfg = engine.runner, engine.config
-    packed_ds = None if args.packed_decode_batch_sizes is None else _ints(args.packed_decode_batch_sizes)
-    shapes = step_shapes(_ints(args.decode_batch_sizes), _ints(args.prefill_tokens),
-                         _ints(args.context_lens), _ints(args.packed_prefill_seqs),
-                         _ints(args.prefill_context_lens), packed_ds, max_num_seqs=cfg.max_num_seqs,
+    packed_ds = None if args.packed_decode_batch_sizes is None else int_list(args.packed_decode_batch_sizes)
+    shapes = step_shapes(int_list(args.decode_batch_sizes), int_list(args.prefill_tokens),
+                         int_list(args.context_lens), int_list(args.packed_prefill_seqs),
+                         int_list(args.prefill_context_lens), packed_ds, max_num_seqs=cfg.max_num_seqs,
                          max_num_batched_tokens=cfg.max_num_batched_tokens,
                          max_model_len=cfg.max_model_len)
     points = []
