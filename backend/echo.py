@@ -27,7 +27,8 @@ import torch
 from backend.config import ModelConfig
 from backend.engine import EngineConfig, RequestOutput
 from backend.sampler import SamplingParams, TokenLogprobs
-from backend.tokenizer import TokenizerBundle, byte_level_bundle
+from tokenizer.bundle import TokenizerBundle
+from tokenizer.byte_level import byte_level_bundle
 
 ECHO_MODEL = "echo"
 DEFAULT_MAX_MODEL_LEN = 2048   # the tiny preset's context

@@ -79,7 +79,7 @@ def load_heldout(list_path: str | Path, root: str | Path | None = None,
 
 
 def encode_doc(tokenizer, text: str) -> list[int]:
-    """`<bos> text <eos>` with a `backend.tokenizer.TokenizerBundle` (specials added here, not
+    """`<bos> text <eos>` with a `tokenizer.bundle.TokenizerBundle` (specials added here, not
     by the tokenizer's post-processor, as the training script did)."""
     ids = tokenizer.encode(text, add_special_tokens=False)
     head = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []

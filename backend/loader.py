@@ -23,7 +23,8 @@ import torch
 from backend.config import PRESETS, ConfigError, ModelConfig
 from backend.errors import ModelLoadError
 from backend.model import LlamaModel
-from backend.tokenizer import TokenizerBundle, load_tokenizer_bundle
+from backend.tokenizer_loader import check_vocab, load_tokenizer_bundle
+from tokenizer.bundle import TokenizerBundle
 
 LOAD_FORMATS = ("auto", "dummy", "safetensors")
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -106,7 +107,7 @@ def load(model: str, load_format: str = "auto", dtype: str = "auto", device: str
     """Config, tokenizer (checked against the vocabulary) and weights, in that order."""
     config, path = read_config(model)
     tokenizer = load_tokenizer_bundle(model)
-    tokenizer.check_vocab(config.vocab_size)
+    check_vocab(tokenizer, config.vocab_size)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, config, dev)
     if max_model_len is not None and max_model_len <= 0:

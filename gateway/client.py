@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING
 import zmq
 import zmq.asyncio
 
-from backend.tokenizer import TokenizerBundle
 from gateway.output import OutputAssembler
 from proto import codec
 from proto import tidegate_pb2 as pb
+from tokenizer.bundle import TokenizerBundle
 
 if TYPE_CHECKING:  # typing.Self is 3.11+; annotations are never evaluated at run time here
     from typing_extensions import Self

@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from backend.tokenizer import TokenizerBundle
 from gateway.backend_pool import BackendPool, PoolConfig
 from gateway.dispatcher import CLASS_NAMES, Dispatcher
 from gateway.errors import APIError, deadline_exceeded, shutting_down, unavailable
@@ -27,6 +26,7 @@ from gateway.output import OutputAssembler, OutputDelta
 from proto import tidegate_pb2 as pb
 from scheduler.batcher import BatcherConfig
 from scheduler.queues import QueueConfig
+from tokenizer.bundle import TokenizerBundle
 
 log = logging.getLogger("tidegate.gateway")
 

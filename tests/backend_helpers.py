@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from backend.tokenizer import byte_level_bundle
+from tokenizer.byte_level import byte_level_bundle
 
 # name -> LlamaConfig kwargs. GQA ratios 1, 4, 7; linear rope x4; odd vocab; tied / untied.
 CHECKPOINTS = {

@@ -5,7 +5,9 @@ import sys
 import pytest
 
 from backend.errors import ModelLoadError
-from backend.tokenizer import TokenizerBundle, byte_level_bundle, load_tokenizer_bundle
+from backend.tokenizer_loader import check_vocab, load_tokenizer_bundle
+from tokenizer.bundle import TokenizerBundle
+from tokenizer.byte_level import byte_level_bundle
 
 DEEPSEEK_LIKE_TEMPLATE = (
     "{% if not add_generation_prompt is defined %}{% set add_generation_prompt = false %}{% endif %}"
@@ -81,12 +83,12 @@ def test_errors(tmp_path):
     with pytest.raises(ModelLoadError, match="cannot be parsed"):
         load_tokenizer_bundle(tmp_path)
     with pytest.raises(ModelLoadError, match="has 259 tokens but the model's vocab_size is 100"):
-        byte_level_bundle().check_vocab(100)
-    byte_level_bundle().check_vocab(259)
-    byte_level_bundle().check_vocab(32256)
+        check_vocab(byte_level_bundle(), 100)
+    check_vocab(byte_level_bundle(), 259)
+    check_vocab(byte_level_bundle(), 32256)
 
 
 def test_tokenizer_module_imports_no_torch():
-    code = "import sys, backend.tokenizer as t; t.load_tokenizer_bundle('tiny').encode('x'); " \
+    code = "import sys, backend.tokenizer_loader as t; t.load_tokenizer_bundle('tiny').encode('x'); " \
            "assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

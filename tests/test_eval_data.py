@@ -13,7 +13,7 @@ from backend.eval_data import (
     spaced_indices,
     truncate_windows,
 )
-from backend.tokenizer import byte_level_bundle
+from tokenizer.byte_level import byte_level_bundle
 
 
 def test_windows_predict_every_token_after_bos_once():

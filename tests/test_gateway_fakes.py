@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 import zmq
 import zmq.asyncio
 
-from backend.tokenizer import SIMPLE_CHAT_TEMPLATE, build_byte_level_tokenizer_json
 from proto import codec
 from proto import tidegate_pb2 as pb
+from tokenizer.byte_level import SIMPLE_CHAT_TEMPLATE, build_byte_level_tokenizer_json
 
 EOS = 257
 DEFAULT_TEXT = "Hello, wörld! €5 😀 done."

@@ -1,0 +1,1 @@
+"""Torch-free tokenizer leaf shared by gateway/ and backend/ (imports nothing of ours)."""
