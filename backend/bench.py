@@ -432,7 +432,7 @@ class Bench:
             if i:
                 plan = sched.schedule()
             t1 = time.perf_counter()
-            launched = g.launch(plan.chunks, plan.block_copies)
+            launched = g.launch(plan.chunks)
             t2 = time.perf_counter()
             _sync(self.device)
             t3 = time.perf_counter()

@@ -224,7 +224,7 @@ class DecodeGraphs:
             rows[num:bucket, :_TABLE] = (0, 0, -1, 0)
 
     @torch.inference_mode()
-    def launch(self, chunks: Sequence, block_copies: Sequence[tuple[int, int]] = ()) -> Launched:
+    def launch(self, chunks: Sequence) -> Launched:
         """Fill the static inputs and replay (asynchronously) the step's graph."""
         num = len(chunks)
         bucket = int(self._bucket_of[num])
@@ -232,8 +232,6 @@ class DecodeGraphs:
         if captured is None:
             self.capture(bucket)
             captured = self.graphs[bucket]
-        if block_copies:
-            self.runner.kv.copy_blocks(list(block_copies))
         self._fill(chunks, bucket)
         self.packed[:bucket].copy_(self.packed_host[:bucket], non_blocking=True)
         captured.graph.replay()
@@ -278,13 +276,13 @@ class DecodeGraphs:
             out.logits = logits
         return out
 
-    def try_execute(self, chunks: Sequence, block_copies: Sequence[tuple[int, int]] = (),
-                    sampling: Mapping | None = None, keep_logits: bool = False):
+    def try_execute(self, chunks: Sequence, sampling: Mapping | None = None,
+                    keep_logits: bool = False):
         """The step's `RunnerOutput` if it is a graph step, else None (run it eagerly)."""
         if not self.can_replay(chunks):
             self.forget_rows()
             return None
-        return self.finish(self.launch(chunks, block_copies), chunks, sampling, keep_logits)
+        return self.finish(self.launch(chunks), chunks, sampling, keep_logits)
 
 
 def setup_cuda_runner(runner, enforce_eager: bool = False,

@@ -108,7 +108,7 @@ class Engine:
 
     def _execute(self, plan: StepPlan) -> tuple[StepResult, dict[str, TokenLogprobs | None]]:
         specs = {c.request_id: self._spec(c.request_id) for c in plan.chunks if c.sample}
-        out = self.runner.execute(plan.chunks, plan.block_copies, specs)
+        out = self.runner.execute(plan.chunks, specs)
         stopped = set()
         for rid, token in out.token_ids.items():
             p = self.states[rid].params

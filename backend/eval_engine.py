@@ -202,7 +202,6 @@ def score_all_rows(engine, requests: Sequence[tuple[str, list[int]]], on_rows: R
         plan = sched.schedule()
         if not plan.chunks:
             raise RuntimeError("the scheduler planned an empty step with requests pending")
-        runner.kv.copy_blocks(list(plan.block_copies))
         num_tokens, ctx, _ = runner.prepare(plan.chunks)
         b = runner.buffers
         hidden = runner.model(b.input_ids[:num_tokens], b.positions[:num_tokens], ctx, runner.kv)
@@ -266,7 +265,7 @@ def greedy_decode(engine, prompts: Sequence[list[int]], max_tokens: int,
         plan = sched.schedule()
         specs = {c.request_id: SampleSpec(params, 0, len(own[index[c.request_id]]))
                  for c in plan.chunks if c.sample}
-        out = runner.execute(plan.chunks, plan.block_copies, specs,
+        out = runner.execute(plan.chunks, specs,
                              keep_logits=on_logits is not None)
         sampled = {}
         for row, (rid, tok) in enumerate(out.token_ids.items()):

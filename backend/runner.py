@@ -168,15 +168,13 @@ class ModelRunner:
 
     # ---- one step --------------------------------------------------------------------------
     @torch.inference_mode()
-    def execute(self, chunks: Sequence[Chunk], block_copies: Sequence[tuple[int, int]] = (),
-                sampling: Mapping[str, SampleSpec] | None = None,
+    def execute(self, chunks: Sequence[Chunk], sampling: Mapping[str, SampleSpec] | None = None,
                 keep_logits: bool = False) -> RunnerOutput:
         """Run one step. `sampling[request_id]` is needed for every chunk with `sample` set."""
         if self.graphs is not None:  # decode-only steps replay a CUDA graph
-            out = self.graphs.try_execute(chunks, block_copies, sampling, keep_logits)
+            out = self.graphs.try_execute(chunks, sampling, keep_logits)
             if out is not None:
                 return out
-        self.kv.copy_blocks(list(block_copies))
         out = RunnerOutput()
         if not chunks:
             return out

@@ -129,13 +129,22 @@ class BlockManager:
             return 0 if block in self._free_uncached else 1
         return self._ref_counts[block]
 
+    def seq_ids(self) -> list[object]:
+        """The sequences that hold blocks."""
+        return list(self._tables)
+
+    def cached_prefixes(self) -> dict[BlockKey, int]:
+        """A copy of the prefix cache: block key -> the block holding those tokens' K/V."""
+        return dict(self._cached)
+
     def free_list(self) -> list[int]:
         """Free blocks in eviction order (front is taken first)."""
         return self._free_uncached[::-1] + list(self._free_cached)
 
     # ---- prefix cache lookup -------------------------------------------------------------
-    def _match(self, token_ids: Sequence[int]) -> tuple[list[int], list[int]]:
-        """Cached blocks for the longest full-block prefix, leaving >= 1 token to compute."""
+    def match_prefix(self, token_ids: Sequence[int]) -> tuple[list[int], list[int]]:
+        """Cached blocks for the longest full-block prefix, leaving >= 1 token to compute, and
+        their hashes (changes nothing)."""
         if not self.enable_prefix_caching:
             return [], []
         bs, cached = self.block_size, self._cached
@@ -154,7 +163,7 @@ class BlockManager:
 
     def num_blocks_needed(self, token_ids: Sequence[int]) -> int:
         """Free-list entries `allocate(token_ids)` would take now (hits on used blocks are free)."""
-        blocks, _ = self._match(token_ids)
+        blocks, _ = self.match_prefix(token_ids)
         ref = self._ref_counts
         return self.num_blocks_for(len(token_ids)) - sum(1 for b in blocks if ref[b] > 0)
 
@@ -208,7 +217,7 @@ class BlockManager:
             raise ValueError(f"sequence {seq_id!r} already has blocks")
         if not token_ids:
             raise ValueError(f"sequence {seq_id!r}: cannot allocate an empty sequence")
-        hit_blocks, hashes = self._match(token_ids)
+        hit_blocks, hashes = self.match_prefix(token_ids)
         ref = self._ref_counts
         num_needed = self.num_blocks_for(len(token_ids)) - sum(1 for b in hit_blocks if ref[b])
         if num_needed > self.num_free_blocks:
@@ -289,28 +298,34 @@ class BlockManager:
         self._num_tokens[seq_id] = n + num_new_tokens
         return copies
 
-    def _append_block(self, seq_id: object, num_tokens: int) -> None:
-        """For decode_stretch: add one fresh block, set the slot count. The caller has checked
-        that a block is free and the last block is full or private (no CoW)."""
+    # ---- the step scheduler's lazy decodes (scheduler.lazy_decodes) ----------------------------
+    # Decoding sequences never share their last block (the scheduler never forks), so these
+    # skip the copy-on-write checks of append_slots; the caller has checked the free count.
+    def append_block(self, seq_id: object, num_tokens: int) -> None:
+        """Add one fresh block to the sequence and set its slot count."""
         self._tables[seq_id].append(self._take_free())
         self._num_tokens[seq_id] = num_tokens
 
-    def append_one_slot_each(self, seq_ids: Sequence[object]) -> list[int]:
-        """`append_slots(seq, 1)` for every sequence whose last block has room and is private.
+    def append_block_each(self, seq_ids: Sequence[object], num_tokens: Sequence[int]) -> None:
+        """`append_block` for every sequence, the blocks taken from the free list in one batch."""
+        tables, counts = self._tables, self._num_tokens
+        for seq_id, n, block in zip(seq_ids, num_tokens, self._take_blocks(len(seq_ids))):
+            tables[seq_id].append(block)
+            counts[seq_id] = n
 
-        Returns the indices (into seq_ids) of the others, untouched: those need `append_slots`
-        (a new block, or a copy-on-write). One call per step instead of one per decode.
-        """
-        bs, ref, tables, num_tokens = self.block_size, self._ref_counts, self._tables, self._num_tokens
-        rest: list[int] = []
-        excl = self._exclusive
-        for i, seq_id in enumerate(seq_ids):
-            n = num_tokens[seq_id]
-            if n % bs and (excl or ref[tables[seq_id][-1]] == 1):
-                num_tokens[seq_id] = n + 1
-            else:
-                rest.append(i)
-        return rest
+    def set_slot_counts(self, seq_ids: Sequence[object], num_tokens: Sequence[int]) -> list[list[int]]:
+        """Set each sequence's slot count (already covered by its blocks); returns their live
+        block tables, in order."""
+        tables, counts = self._tables, self._num_tokens
+        out = []
+        for seq_id, n in zip(seq_ids, num_tokens):
+            counts[seq_id] = n
+            out.append(tables[seq_id])
+        return out
+
+    def block_hashes(self, seq_id: object) -> list[int]:
+        """Hashes of the sequence's registered full blocks (read-only)."""
+        return self._hashes[seq_id]
 
     def cache_blocks(self, seq_id: object, token_ids: Sequence[int], num_computed_tokens: int) -> None:
         """Register the sequence's full blocks among its first `num_computed_tokens` tokens.

@@ -13,18 +13,21 @@ them (``num_prefill_tokens = P + G``), so its next sample is token G + 1.
 
 Lazy decode accounting: every running decoding sequence advances by exactly one token per step
 (the token budget always covers all decodes), so while ``decoding`` is set the sequence does not
-store its count but an offset against the scheduler's shared `DecodeClock`::
+store its count but an offset against the scheduler's shared clock (`LazyDecodes`, which owns
+all of this bookkeeping and is the only writer of the lazy fields below)::
 
     num_computed_tokens = _computed + clock.step        (decoding)
     num_computed_tokens = _computed                     (waiting, prefilling, finished)
 
 A step that lists no decode chunks (the simulator's `schedule(list_decodes=False)`) appends no
-token either; `token_ids` fills the gap with `clock.fill_token` when read. A step that lists the
+token either; `token_ids` shows the gap filled with `clock.fill_token` (a copy: reading never
+changes the sequence), and `materialize_tokens()` appends them for real. A step that lists the
 decodes (the engine) appends the real tokens, so nothing is ever filled there.
 """
 from __future__ import annotations
 
 from enum import Enum
+from typing import Protocol
 
 
 class SequenceStatus(Enum):
@@ -33,14 +36,19 @@ class SequenceStatus(Enum):
     FINISHED = "finished"
 
 
-class DecodeClock:
-    """Decode steps applied so far (shared by a scheduler and its sequences)."""
+class DecodeClock(Protocol):
+    """What a sequence reads of its scheduler's shared clock (scheduler.lazy_decodes)."""
 
+    step: int  # decode steps applied so far
+    fill_token: int  # token of decodes that were not listed (simulated steps)
+
+
+class _StandaloneClock:
     __slots__ = ("fill_token", "step")
 
     def __init__(self) -> None:
         self.step = 0
-        self.fill_token = 0  # token of decodes that were not listed (simulated steps)
+        self.fill_token = 0
 
 
 class Sequence:
@@ -80,7 +88,7 @@ class Sequence:
         self.num_cached_tokens = 0
         self.status = SequenceStatus.WAITING
         self.admitted = False  # allocated at least once (num_cached_tokens is set then)
-        self.clock = clock if clock is not None else DecodeClock()
+        self.clock = clock if clock is not None else _StandaloneClock()
         self.decoding = False
         self.boundary_step = 0  # decoding: clock step whose slot starts a new block
         self.finish_step = 0  # decoding: clock step after which it finishes by length
@@ -93,19 +101,31 @@ class Sequence:
     def num_computed_tokens(self, value: int) -> None:
         self._computed = value - self.clock.step if self.decoding else value
 
+    def _num_missing(self) -> int:
+        """Unlisted decodes not yet appended to `_token_ids`."""
+        if not self.decoding:
+            return 0
+        return max(0, self._computed + self.clock.step + 1 - len(self._token_ids))
+
     @property
     def token_ids(self) -> list[int]:
-        """All tokens; a decoding sequence's unlisted decodes are filled in on the way."""
-        tokens = self._token_ids
-        if self.decoding:
-            missing = self._computed + self.clock.step + 1 - len(tokens)
-            if missing > 0:
-                tokens.extend([self.clock.fill_token] * missing)
-        return tokens
+        """All tokens, unlisted decodes shown filled in. Reading changes nothing: when some are
+        missing this is a new list; otherwise it is the live list (do not mutate it)."""
+        missing = self._num_missing()
+        if missing:
+            return self._token_ids + [self.clock.fill_token] * missing
+        return self._token_ids
+
+    def materialize_tokens(self) -> list[int]:
+        """Append the unlisted decodes' tokens (the clock's fill token); returns the live list."""
+        missing = self._num_missing()
+        if missing:
+            self._token_ids.extend([self.clock.fill_token] * missing)
+        return self._token_ids
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.token_ids) - self.num_prompt_tokens
+        return len(self._token_ids) + self._num_missing() - self.num_prompt_tokens
 
     @property
     def output_token_ids(self) -> list[int]:

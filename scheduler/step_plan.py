@@ -53,7 +53,6 @@ class StepPlan:
     """What the runner executes this step. Chunks: decodes first (Fast class first), then prefills."""
 
     chunks: list[ScheduledChunk] = field(default_factory=list)
-    block_copies: list[tuple[int, int]] = field(default_factory=list)  # CoW (src, dst), do first
     preempted: list[str] = field(default_factory=list)  # request ids sent back to waiting
     num_batched_tokens: int = 0
     # schedule(list_decodes=False): every decoding sequence decodes but has no chunk (simulator)
@@ -67,10 +66,6 @@ class StepPlan:
     @property
     def num_prefill_tokens(self) -> int:
         return sum(len(c.token_ids) for c in self.chunks if c.is_prefill)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.chunks
 
 
 @dataclass(slots=True)

@@ -18,7 +18,7 @@ Policy, in order, each step (budget = max_num_batched_tokens tokens, max_num_seq
    Admission reserves blocks for the whole prompt, reusing prefix-cache hits, and schedules a
    first chunk of at most the remaining budget (chunked prefill).
 
-Decode work is O(what changes), not O(running) (scheduler.decode_stretch): every decoding
+Decode work is O(what changes), not O(running) (scheduler.lazy_decodes): every decoding
 sequence advances one token per step, so its length is an offset against a shared step counter;
 the steps at which it starts a KV block or finishes by length are known when it starts decoding
 and kept in buckets keyed by step. A step allocates only for the sequences in its bucket (in plan
@@ -35,10 +35,10 @@ from __future__ import annotations
 from bisect import insort
 from collections import deque
 
-from scheduler import decode_stretch as lazy
 from scheduler.block_manager import BlockManager
-from scheduler.classes import classify
-from scheduler.sequence import DecodeClock, Sequence, SequenceStatus
+from scheduler.classes import class_index
+from scheduler.lazy_decodes import LazyDecodes
+from scheduler.sequence import Sequence, SequenceStatus
 from scheduler.step_plan import (
     FinishedSequence,
     Rejection,
@@ -79,14 +79,9 @@ class StepScheduler:
         self.num_preemptions = 0
         self.num_steps = 0
         self._next_seq_no = 0
-        # lazy decode state (scheduler.decode_stretch)
-        self.clock = DecodeClock()
         self.prefilling: list[Sequence] = []  # running and still prefilling, in running order
-        self.num_decoding = 0
-        self.offset_sum = 0  # sum of _computed over decoding sequences
-        self.boundaries: dict[int, dict[Sequence, None]] = {}  # step -> slot starts a block
-        self.finishing: dict[int, dict[Sequence, None]] = {}  # step -> finishes by length
-        self.finish_heap: list[int] = []  # keys of `finishing` (lazily cleaned)
+        # lazy decode state: the clock every sequence reads, its buckets and counts
+        self.decodes = LazyDecodes(config, block_manager)
 
     # ---- admission ---------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], max_tokens: int,
@@ -112,7 +107,7 @@ class StepScheduler:
         if reason is not None:
             return Rejection(request_id, reason)
         seq = Sequence(request_id, prompt_token_ids, max_tokens, arrival_time, priority,
-                       self._next_seq_no, self.clock)
+                       self._next_seq_no, self.decodes)
         self._next_seq_no += 1
         self.requests[request_id] = seq
         self.waiting.append(seq)
@@ -134,21 +129,20 @@ class StepScheduler:
         """Plan one step. With `list_decodes=False` the decodes are not listed as chunks (every
         decoding sequence still decodes: `plan.num_unlisted_decodes`); the simulator's mode."""
         cfg, bm = self.config, self.block_manager
-        step = self.clock.step
+        decodes = self.decodes
+        step = decodes.step
         plan = StepPlan(decode_step=step)
         chunks = plan.chunks
         budget = cfg.max_num_batched_tokens
 
         # 1. Slots: only decodes whose slot starts a block allocate, in plan order.
-        due = self.boundaries.pop(step, None)
-        if due:
-            lazy.allocate_due(self, due, step, plan)
+        decodes.allocate_due(step, plan, self.preempt_for)
         if list_decodes:
             self._list_decodes(step, chunks)
             budget -= len(chunks)
         else:
-            plan.num_unlisted_decodes = self.num_decoding
-            budget -= self.num_decoding
+            plan.num_unlisted_decodes = decodes.num_decoding
+            budget -= decodes.num_decoding
 
         # 2. Running prefills, then 3. admission.
         for seq in self.prefilling:
@@ -190,38 +184,36 @@ class StepScheduler:
 
     def _list_decodes(self, step: int, chunks: list[ScheduledChunk]) -> None:
         """One decode chunk per decoding sequence, in plan order; keeps the slot counts exact."""
-        fast_max, normal_max = self.config.class_bounds
-        fast: list[Sequence] = []
-        normal: list[Sequence] = []
-        slow: list[Sequence] = []
+        bounds = self.config.class_bounds
+        groups: tuple[list[Sequence], ...] = ([], [], [])  # fast, normal, slow
         for seq in self.running:  # already in (priority, arrival, seq_no) order
             if seq.decoding:
                 remaining = seq.max_tokens - seq._computed - step + seq.num_prompt_tokens - 1
-                (fast if remaining <= fast_max else normal if remaining <= normal_max
-                 else slow).append(seq)
-        bm = self.block_manager
-        tables, num_tokens = bm._tables, bm._num_tokens  # live lists, read-only for the runner
-        fill = self.clock.fill_token
-        for group in (fast, normal, slow):
-            for seq in group:
-                rid, pos, tokens = seq.request_id, seq._computed + step, seq._token_ids
-                if len(tokens) <= pos:  # unlisted decodes before: fill them in
-                    tokens.extend([fill] * (pos + 1 - len(tokens)))
-                num_tokens[rid] = pos + 1
-                chunks.append(ScheduledChunk(rid, [tokens[pos]], pos, tables[rid], False, True))
+                groups[class_index(remaining, bounds)].append(seq)
+        seqs = groups[0] + groups[1] + groups[2]
+        positions = [seq._computed + step for seq in seqs]
+        # live block tables, read-only for the runner
+        tables = self.block_manager.set_slot_counts([q.request_id for q in seqs],
+                                                    [p + 1 for p in positions])
+        fill = self.decodes.fill_token
+        for seq, pos, table in zip(seqs, positions, tables):
+            tokens = seq._token_ids
+            if len(tokens) <= pos:  # unlisted decodes before: fill them in
+                tokens.extend([fill] * (pos + 1 - len(tokens)))
+            chunks.append(ScheduledChunk(seq.request_id, [tokens[pos]], pos, table, False, True))
 
     def _schedule_prefill(self, seq: Sequence, budget: int, chunks: list[ScheduledChunk]) -> int:
         start = seq._computed
         n = min(seq.num_prefill_tokens - start, budget)
         chunks.append(ScheduledChunk(seq.request_id, seq._token_ids[start:start + n], start,
-                                     self.block_manager._tables[seq.request_id], True,
+                                     self.block_manager.block_table(seq.request_id), True,
                                      start + n == seq.num_prefill_tokens))
         return n
 
     def sort_key(self, seq: Sequence) -> tuple[int, float, float, int]:
         """Service order: lowest first; preemption takes the highest."""
         remaining = seq.max_tokens - seq.num_output_tokens
-        return (classify(remaining, self.config.class_bounds),) + seq.order_key()
+        return (class_index(remaining, self.config.class_bounds),) + seq.order_key()
 
     def preempt_for(self, seq: Sequence, plan: StepPlan) -> bool:
         """Preempt victims until a block is free for `seq`; False if `seq` itself was preempted.
@@ -247,7 +239,7 @@ class StepScheduler:
 
     def _leave_running(self, seq: Sequence) -> None:
         if seq.decoding:
-            lazy.leave_decoding(self, seq)
+            self.decodes.leave(seq)
         else:
             self.prefilling.remove(seq)
         self.block_manager.free(seq.request_id)
@@ -255,9 +247,10 @@ class StepScheduler:
 
     def update(self, plan: StepPlan, result: StepResult) -> list[FinishedSequence]:
         """Apply a step's outcome; returns the sequences that finished (their blocks are freed)."""
-        if plan.decode_step is not None and plan.decode_step != self.clock.step:
+        decodes = self.decodes
+        if plan.decode_step is not None and plan.decode_step != decodes.step:
             raise ValueError(f"stale plan: made at step {plan.decode_step}, the scheduler is at "
-                             f"{self.clock.step}")
+                             f"{decodes.step}")
         bm, bs = self.block_manager, self.config.block_size
         max_model_len = self.config.max_model_len
         sampled, stopped = result.sampled, result.stopped
@@ -265,12 +258,15 @@ class StepScheduler:
         caching = bm.enable_prefix_caching  # off: cache_blocks is a no-op, not called
         finished: list[FinishedSequence] = []
         if plan.num_unlisted_decodes:
-            lazy.set_fill_token(self, result.decode_token)
-            step = self.clock.step = self.clock.step + 1
-            lazy.update_due(self, step, stopped, finished)
+            decodes.set_fill_token(result.decode_token, self.running)
+            step = decodes.step = decodes.step + 1
+            stop = None
+            if stopped:
+                stop = {q for q in map(get_seq, stopped) if q is not None and q.decoding}
+            decodes.update_due(step, stop, finished, self._finish)
         else:
-            step = self.clock.step = self.clock.step + 1
-        fill = self.clock.fill_token
+            step = decodes.step = decodes.step + 1
+        fill = decodes.fill_token
         for chunk in plan.chunks:
             rid = chunk.request_id
             seq = get_seq(rid)
@@ -307,12 +303,12 @@ class StepScheduler:
                   or len(tokens) >= max_model_len):
                 finished.append(self._finish(seq, "length"))
             elif not seq.decoding:
-                lazy.join_decoding(self, seq, step)
+                decodes.join(seq, step)
         return finished
 
     def _finish(self, seq: Sequence, reason: str) -> FinishedSequence:
         if seq.decoding:
-            lazy.leave_decoding(self, seq)
+            self.decodes.leave(seq)
         self.block_manager.free(seq.request_id)
         self.running.remove(seq)
         del self.requests[seq.request_id]
@@ -328,13 +324,33 @@ class StepScheduler:
     def max_pure_decode_steps(self, past_finishes: bool = False, max_steps: int | None = None) -> int:
         """How many next steps `advance_decode_steps` may apply at once (at most `max_steps`);
         with `past_finishes`, length finishes need not end them when nothing waits. See
-        scheduler.decode_stretch."""
-        return lazy.max_pure_decode_steps(self, past_finishes, max_steps)
+        scheduler.lazy_decodes."""
+        return self.decodes.max_pure_decode_steps(self.running, len(self.prefilling), self.waiting,
+                                                  past_finishes, max_steps)
 
     def advance_decode_steps(self, num_steps: int, token_id: int = 0,
                              past_finishes: bool = False) -> list[FinishedSequence]:
-        """Apply `num_steps` pure decode steps as one call (equal to that many schedule/update)."""
-        return lazy.advance_decode_steps(self, num_steps, token_id, past_finishes)
+        """Apply `num_steps` pure decode steps as one call (equal to that many schedule/update);
+        raises ValueError past max_pure_decode_steps(). Finished sequences come in the order
+        single steps finish them (step, then plan order): O(k + events), not O(k * running)."""
+        if num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+        allowed = self.max_pure_decode_steps(past_finishes, num_steps)
+        if num_steps > allowed:
+            raise ValueError(f"cannot advance {num_steps} pure decode steps; at most {allowed}")
+        decodes = self.decodes
+        decodes.set_fill_token(token_id, self.running)
+        plan = StepPlan()  # never used: the pool covers every block (checked above)
+        finished: list[FinishedSequence] = []
+        allocate_due, update_due, finish = decodes.allocate_due, decodes.update_due, self._finish
+        preempt_for = self.preempt_for
+        for _ in range(num_steps):
+            step = decodes.step
+            allocate_due(step, plan, preempt_for)
+            decodes.step = step + 1
+            update_due(step + 1, None, finished, finish)
+        self.num_steps += num_steps
+        return finished
 
     # ---- counters ---------------------------------------------------------------------------------
     @property
@@ -348,13 +364,13 @@ class StepScheduler:
     @property
     def num_decode_context_tokens(self) -> int:
         """Sum of num_computed_tokens over the decoding sequences (O(1))."""
-        return self.offset_sum + self.num_decoding * self.clock.step
+        return self.decodes.num_context_tokens
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
     def internal_fragmentation(self) -> float:
-        lazy.sync_slot_counts(self)
+        self.decodes.sync_slot_counts(self.running)
         return self.block_manager.internal_fragmentation()
 
     def stats(self) -> SchedulerStats:
@@ -371,7 +387,7 @@ class StepScheduler:
     def check_integrity(self) -> None:
         """The block manager's checks plus the scheduler's own; call between steps (after update)."""
         bm = self.block_manager
-        lazy.sync_slot_counts(self)
+        self.decodes.sync_slot_counts(self.running)
         bm.check_integrity()
         running_ids = {s.request_id for s in self.running}
         waiting_ids = {s.request_id for s in self.waiting}
@@ -395,4 +411,4 @@ class StepScheduler:
             assert seq.status is WAITING and seq.request_id not in bm, f"{seq.request_id!r}: waiting"
             assert seq.num_computed_tokens == 0, f"{seq.request_id!r}: waiting with computed tokens"
             assert not seq.decoding, f"{seq.request_id!r}: waiting but decoding"
-        lazy.check_buckets(self)
+        self.decodes.check(self.running)

@@ -243,10 +243,11 @@ class BackendAdapter:
         if self._still_prefilling:
             return 0, []
         sched = self.sched
+        decodes = sched.decodes
         past = max_finishes > 0
         if past:
-            finishing = sched.finishing
-            step = sched.clock.step
+            finishing = decodes.finishing
+            step = decodes.step
             keys = sorted(finishing)
             if max_finishes < len(keys):
                 keys = keys[:max_finishes + 1]
@@ -254,10 +255,10 @@ class BackendAdapter:
         k = sched.max_pure_decode_steps(past, max_steps)
         if k < 1:
             return 0, []
-        n = sched.num_decoding
-        off = sched.offset_sum
+        n = decodes.num_decoding
+        off = decodes.offset_sum
         if not past:
-            return k, [(k, n, off + n * (sched.clock.step + 1), 0, 0)]
+            return k, [(k, n, off + n * (decodes.step + 1), 0, 0)]
         segs = []
         a = 0
         for f in keys:

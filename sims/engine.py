@@ -151,16 +151,14 @@ def simulate(workload: Workload, cost: CostModel, sched_config: SimSchedulerConf
     next_progress = progress_every
 
     # spare(): what the adapters' num_waiting / has_room / kv_usage say, read without the
-    # property calls (it runs twice per arrival)
-    # (bm.num_free_blocks = len(_free_uncached) + len(_free_cached), read without the property)
-    cores = [(be, be.sched.sched, be.sched.bm._free_uncached, be.sched.bm._free_cached)
-             for be in backends]
+    # adapters' property calls (it runs twice per arrival)
+    cores = [(be, be.sched.sched, be.sched.bm) for be in backends]
     max_seqs = sched_config.max_num_seqs
 
     def spare() -> bool:
-        for be, core, free_a, free_b in cores:
+        for be, core, bm in cores:
             if (not be.inbox and not core.waiting and len(core.running) < max_seqs
-                    and (num_blocks - (len(free_a) + len(free_b))) / num_blocks < watermark):
+                    and (num_blocks - bm.num_free_blocks) / num_blocks < watermark):
                 return True
         return False
 

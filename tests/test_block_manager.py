@@ -15,7 +15,7 @@ from scheduler.block_manager import BlockManager, NoFreeBlocksError
 # ---- named invariant helpers -----------------------------------------------------------------
 def assert_no_leak(bm: BlockManager) -> None:
     """Every block is either free or held by a table."""
-    held = {b for seq in list(bm._tables) for b in bm.block_table(seq)}
+    held = {b for seq in bm.seq_ids() for b in bm.block_table(seq)}
     assert len(held) + bm.num_free_blocks == bm.num_blocks
     assert not held & set(bm.free_list())
 
@@ -23,7 +23,7 @@ def assert_no_leak(bm: BlockManager) -> None:
 def assert_shared_blocks_counted(bm: BlockManager) -> None:
     """A block in k tables has ref count k."""
     holders: dict[int, int] = {}
-    for seq in bm._tables:
+    for seq in bm.seq_ids():
         for b in bm.block_table(seq):
             holders[b] = holders.get(b, 0) + 1
     for b in range(bm.num_blocks):
@@ -39,7 +39,7 @@ def assert_all_returned(bm: BlockManager) -> None:
 
 def assert_cache_points_at_computed_prefixes(bm: BlockManager, contents: dict[int, tuple]) -> None:
     """Every cached block holds exactly the tokens its key names (as the model would have them)."""
-    for key, block in bm._cached.items():
+    for key, block in bm.cached_prefixes().items():
         assert contents.get(block) == key[1], f"cached block {block} holds other tokens"
 
 
@@ -392,8 +392,9 @@ def test_exclusive_pool_keeps_no_ref_counts_but_behaves_as_counted(ops, block_si
             assert not any(fast._ref_counts)
         for bm in (fast, slow):
             bm.check_integrity()
-        assert fast._tables == slow._tables and fast.free_list() == slow.free_list()
+        assert ({s: fast.block_table(s) for s in fast.seq_ids()}
+                == {s: slow.block_table(s) for s in slow.seq_ids()}) and fast.free_list() == slow.free_list()
         assert [fast.ref_count(b) for b in range(24)] == [slow.ref_count(b) for b in range(24)]
         assert fast.internal_fragmentation() == slow.internal_fragmentation()
-        for sid in fast._tables:
+        for sid in fast.seq_ids():
             assert fast.num_append_blocks_needed(sid, 3) == slow.num_append_blocks_needed(sid, 3)
