@@ -308,7 +308,7 @@ def profile_gateway(out: str, argv: list[str]) -> int:
     shared machine a wall-clock profile charges preemption to whatever call was running."""
     import cProfile
 
-    from gateway.cli import main as tidegate_main
+    from gateway.tidegate_cli import main as tidegate_main
 
     prof = cProfile.Profile(time.thread_time)
     prof.enable()
@@ -439,7 +439,7 @@ class Servers:
         self.children: list[Child] = []
         if paths & {"http_gateway", "zmq_client"}:
             prof = ["-m", "bench.overhead", "_profile", os.path.abspath(args.profile_gateway)] \
-                if args.profile_gateway else ["-m", "gateway.cli"]
+                if args.profile_gateway else ["-m", "gateway.tidegate_cli"]
             self.gateway = Child("gateway", [
                 py, *prof, "serve", "--backend", "embedded", "--model", "echo",
                 "--port", str(self.http_port), "--zmq-listen", self.zmq_addr, *args.gateway_arg],

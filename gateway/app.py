@@ -16,18 +16,19 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from gateway.core import Gateway, GatewayConfig, RequestHandle
+from gateway.app_keys import (
+    ACTIVE_KEY,
+    CONFIG_KEY,
+    GATEWAY_KEY,
+    QUEUE_CLASS_KEY,
+    STARTED_KEY,
+    STARTUP_WAIT_KEY,
+)
+from gateway.core import Gateway, GatewayConfig
 from gateway.errors import APIError, internal_error, shutting_down, too_large, unauthorized
+from gateway.routes import chat_completions, completions
 
 log = logging.getLogger("tidegate.gateway.http")
-
-CONFIG_KEY = web.AppKey("config", GatewayConfig)
-GATEWAY_KEY = web.AppKey("gateway", Gateway)
-ACTIVE_KEY = web.AppKey("active_handles", set)  # set[RequestHandle] being served
-STARTUP_WAIT_KEY = web.AppKey("startup_wait_s", float)
-STARTED_KEY = web.AppKey("started", float)
-QUEUE_CLASS_KEY = web.RequestKey("queue_class", str)  # for the metrics of a refused request
-
 
 def error_response(err: APIError) -> web.Response:
     return web.json_response(err.to_dict(), status=err.status, headers=err.headers)
@@ -130,8 +131,6 @@ async def drain(app: web.Application, timeout_s: float) -> bool:
 
 def create_app(config: GatewayConfig, *, startup_wait_s: float = 0.0,
                extra_cleanup_ctx: list | None = None) -> web.Application:
-    from gateway.routes import chat_completions, completions
-
     app = web.Application(client_max_size=config.max_body_bytes,
                           middlewares=[error_middleware, auth_middleware])
     app[CONFIG_KEY] = config
@@ -150,4 +149,4 @@ def create_app(config: GatewayConfig, *, startup_wait_s: float = 0.0,
     return app
 
 
-__all__ = ["ACTIVE_KEY", "CONFIG_KEY", "GATEWAY_KEY", "RequestHandle", "create_app", "drain"]
+__all__ = ["create_app", "drain"]

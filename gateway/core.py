@@ -20,9 +20,9 @@ from functools import cached_property
 from gateway.backend_pool import BackendPool, PoolConfig
 from gateway.dispatcher import CLASS_NAMES, Dispatcher
 from gateway.errors import APIError, deadline_exceeded, shutting_down, unavailable
-from gateway.metrics import GatewayMetrics, SLOConfig
 from gateway.openai_schema import SamplingParams, ServingOptions
 from gateway.output import OutputAssembler, OutputDelta
+from gateway.prometheus_metrics import GatewayMetrics, SLOConfig
 from proto import tidegate_pb2 as pb
 from scheduler.batcher import BatcherConfig
 from scheduler.queues import QueueConfig
@@ -253,7 +253,7 @@ class Gateway:
                 finish_reason=asm.finish_reason)
 
     def refresh_metrics(self) -> None:
-        from gateway.metrics import BackendLoad
+        from gateway.prometheus_metrics import BackendLoad
 
         depth, age = self.dispatcher.depth_and_age()
         loads = [BackendLoad(b.address, b.healthy, b.load.num_running, b.load.num_waiting,

@@ -13,20 +13,35 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from gateway.backend_pool import BackendPool, Dispatch
+from gateway.backend_pool import BackendPool, Dispatch, RequestSink
 from gateway.errors import deadline_exceeded, queue_full, unavailable
-from gateway.metrics import GatewayMetrics
+from gateway.prometheus_metrics import GatewayMetrics
+from proto import tidegate_pb2 as pb
 from scheduler.batcher import BatcherConfig, DynamicWindowBatcher
 from scheduler.clock import Clock, WallClock
 from scheduler.queues import ClassQueues, PendingRequest, QueueConfig
 
-if TYPE_CHECKING:
-    from gateway.core import RequestHandle
-
 log = logging.getLogger("tidegate.gateway.dispatch")
 CLASS_NAMES = ("fast", "normal", "slow")
+
+
+class QueuedRequest(RequestSink, Protocol):
+    """What the dispatcher reads of a request (implemented by `gateway.core.RequestHandle`);
+    a protocol, so that the dispatcher does not import the core that owns it."""
+
+    request_id: str
+    prompt_ids: list[int]
+    max_tokens: int
+    arrival_time: float
+    priority: int
+    queue_deadline: float | None
+    queue_class: int
+
+    def wire_sampling(self) -> pb.SamplingParams: ...
+
+    def on_dispatched(self, now: float) -> None: ...
 
 
 class Dispatcher:
@@ -43,7 +58,7 @@ class Dispatcher:
         self._timer_deadline: float | None = None
 
     # --- events ---------------------------------------------------------------------------------
-    def submit(self, handle: RequestHandle) -> None:
+    def submit(self, handle: QueuedRequest) -> None:
         """Queue a request, or raise APIError(429) when its class queue is full."""
         req = PendingRequest(
             request_id=handle.request_id, num_prompt_tokens=len(handle.prompt_ids),

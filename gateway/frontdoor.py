@@ -22,7 +22,7 @@ import zmq
 import zmq.asyncio
 from aiohttp import web
 
-from gateway.app import GATEWAY_KEY
+from gateway.app_keys import GATEWAY_KEY
 from gateway.core import Gateway, RequestHandle
 from gateway.errors import APIError, bad_request
 from gateway.openai_schema import SamplingParams, ServingOptions

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from gateway.app import ACTIVE_KEY, GATEWAY_KEY, QUEUE_CLASS_KEY
+from gateway.app_keys import ACTIVE_KEY, GATEWAY_KEY, QUEUE_CLASS_KEY
 from gateway.core import Gateway, RequestHandle
 from gateway.errors import APIError, bad_request, internal_error, not_found
 from gateway.openai_schema import ChatRequest, CompletionRequest, Prompt

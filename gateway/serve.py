@@ -23,10 +23,11 @@ from pathlib import Path
 
 from aiohttp import web
 
-from gateway.app import GATEWAY_KEY, create_app, drain
+from gateway.app import create_app, drain
+from gateway.app_keys import GATEWAY_KEY
 from gateway.backend_pool import PoolConfig
 from gateway.core import GatewayConfig
-from gateway.metrics import SLOConfig
+from gateway.prometheus_metrics import SLOConfig
 from scheduler.batcher import BatcherConfig
 from scheduler.queues import QueueConfig
 
@@ -107,7 +108,7 @@ class EmbeddedBackend:
         self.tmpdir = tempfile.mkdtemp(prefix="tidegate-")
         self.address = f"ipc://{self.tmpdir}/backend.sock"
         self.model = args.model or default_model()
-        cmd = [sys.executable, "-m", "gateway.cli", "backend", "--listen", self.address,
+        cmd = [sys.executable, "-m", "gateway.tidegate_cli", "backend", "--listen", self.address,
                "--model", self.model]
         for flag, value in (("--device", args.device), ("--load-format", args.load_format),
                             ("--dtype", args.dtype)):

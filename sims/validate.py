@@ -78,7 +78,7 @@ def ensure_profile(a: argparse.Namespace) -> tuple[Path, bool]:
                                  f"use --reprofile or another --profile path")
         return path, False
     grid = profile_grid(a.input_len, a.output_len)
-    cmd = [sys.executable, "-m", "gateway.cli", "backend", "profile", "--model", a.model,
+    cmd = [sys.executable, "-m", "gateway.tidegate_cli", "backend", "profile", "--model", a.model,
            "--device", a.device, "--out", str(path), "--repeats", str(a.profile_repeats),
            "--warmup", str(a.profile_warmup),
            "--decode-batch-sizes", a.decode_batch_sizes or grid["decode_batch_sizes"],
@@ -124,7 +124,7 @@ class LiveServer:
     max_model_len: int | None = None
 
     def __enter__(self) -> Self:
-        cmd = [sys.executable, "-m", "gateway.cli", "serve", *self.argv]
+        cmd = [sys.executable, "-m", "gateway.tidegate_cli", "serve", *self.argv]
         self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, start_new_session=True)
         ready = threading.Event()

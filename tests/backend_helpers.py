@@ -87,7 +87,7 @@ class WorkerProcess:
         import time
 
         self.endpoint = endpoint
-        cmd = [sys.executable, "-m", "gateway.cli", "backend", "--listen", endpoint, *args]
+        cmd = [sys.executable, "-m", "gateway.tidegate_cli", "backend", "--listen", endpoint, *args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + timeout
         line = self.proc.stdout.readline()

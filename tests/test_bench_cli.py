@@ -148,7 +148,7 @@ def test_serve_unreachable_and_bad_args(unused_tcp_port, capsys):
 
 
 def test_usage_and_dispatch_from_tidegate(capsys):
-    from gateway.cli import main as tidegate
+    from gateway.tidegate_cli import main as tidegate
     assert main([]) == 0 and "serve" in capsys.readouterr().out
     assert main(["nope"]) == 2
     assert tidegate(["bench", "--help"]) == 0

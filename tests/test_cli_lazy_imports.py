@@ -9,7 +9,7 @@ import sys
 
 PROBE = r"""
 import contextlib, io, json, sys
-from gateway.cli import main
+from gateway.tidegate_cli import main
 out = io.StringIO()
 with contextlib.redirect_stdout(out):
     rc_help = main(["--help"])

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 def server():
     door = ipc_address()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--model", "tiny",
+        [sys.executable, "-m", "gateway.tidegate_cli", "serve", "--port", "0", "--model", "tiny",
          "--zmq-listen", door, "--log-level", "warning"],
         cwd=ROOT, stdout=subprocess.PIPE, text=True)
     line = ""

@@ -169,7 +169,7 @@ async def test_models_health_metrics(gateway_client):
 
 async def test_goodput_counts_slo(gateway_client, backend):
     backend.step_s = 0.02
-    client = await gateway_client(slo=__import__("gateway.metrics").metrics.SLOConfig(
+    client = await gateway_client(slo=__import__("gateway.prometheus_metrics").prometheus_metrics.SLOConfig(
         ttft_ms=10_000, tpot_ms=1))
     await post(client, "/v1/completions", {"prompt": "hi", "max_tokens": 3})
     text = await (await client.get("/metrics")).text()

@@ -12,7 +12,8 @@ import pytest
 from test_gateway_fakes import FakeBackend
 from test_gateway_http import ipc_address, make_config, post, read_sse
 
-from gateway.app import GATEWAY_KEY, create_app
+from gateway.app import create_app
+from gateway.app_keys import GATEWAY_KEY
 from gateway.backend_pool import PoolConfig
 from scheduler.queues import QueueConfig
 

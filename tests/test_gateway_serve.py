@@ -22,7 +22,7 @@ ROOT = Path(__file__).parents[1]
 class ServeProcess:
     def __init__(self, *args: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", *args],
+            [sys.executable, "-m", "gateway.tidegate_cli", "serve", "--port", "0", *args],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()
         m = re.search(r"serving model (.+?) on (http://\S+)", line)

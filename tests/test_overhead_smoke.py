@@ -15,7 +15,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.timeout(60)
 def test_overhead_bench_smoke(tmp_path):
     out_path = tmp_path / "overhead.json"
-    cmd = [sys.executable, "-m", "gateway.cli", "bench", "overhead", "--duration", "0.4",
+    cmd = [sys.executable, "-m", "gateway.tidegate_cli", "bench", "overhead", "--duration", "0.4",
            "--warmup", "0.05", "--requests", "150", "--concurrency", "1", "8",
            "--json", str(out_path)]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=55,

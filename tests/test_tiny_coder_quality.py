@@ -190,7 +190,7 @@ def test_snippet_rule():
 @pytest.fixture(scope="module")
 def gateway():
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--log-level", "warning"],
+        [sys.executable, "-m", "gateway.tidegate_cli", "serve", "--port", "0", "--log-level", "warning"],
         cwd=ROOT, stdout=subprocess.PIPE, text=True)
     line = ""
     deadline = time.monotonic() + 180

@@ -1,5 +1,10 @@
-"""`tidegate` console entry point. Subcommands import their package lazily, so that
-`tidegate sim` and `tidegate serve` never load torch unless a backend runs in-process."""
+"""The whole `tidegate` command: a thin dispatcher to each package's own `main(argv)`.
+
+Subcommands import their package lazily (by module name), so that `tidegate sim` and
+`tidegate serve` never load torch unless a backend runs in-process. It lives in gateway/
+because the gateway is the torch-free package every install has; naming the other packages
+only as strings keeps it from importing backend/ (the design's rule).
+"""
 from __future__ import annotations
 
 import importlib
