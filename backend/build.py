@@ -18,6 +18,7 @@ from backend.kv_cache import (
 )
 from backend.loader import LoadedModel, available_memory, load
 from backend.runner import ModelRunner
+from scheduler.capacity import DEFAULT_CAPACITY
 
 log = logging.getLogger("tidegate.backend")
 
@@ -32,12 +33,12 @@ class BackendConfig:
     device: str = "cpu"                  # cpu | cuda | cuda:N
     dtype: str = "auto"                  # auto | float32 | bfloat16 | float16
     max_model_len: int | None = None     # default: the model's max_position_embeddings
-    block_size: int = 16                 # tokens per KV block
+    block_size: int = DEFAULT_CAPACITY.block_size  # tokens per KV block
     num_blocks: int | None = None        # KV blocks; default: from kv_memory_fraction
     kv_memory_fraction: float | None = None  # share of free memory (after weights) for KV
     kv_cache_dtype: str = "auto"         # auto (model dtype) | fp8 | int4-fp8 (backend.kv_quant)
-    max_num_seqs: int = 256              # running sequences per step at most
-    max_num_batched_tokens: int = 2048   # tokens per step at most
+    max_num_seqs: int = DEFAULT_CAPACITY.max_num_seqs  # running sequences per step at most
+    max_num_batched_tokens: int = DEFAULT_CAPACITY.max_num_batched_tokens  # tokens per step
     enable_prefix_caching: bool = True
     seed: int = 0                        # dummy-weight seed
     cpu_threads: int | None = None       # torch intra-op threads on the CPU; default: half the cores

@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from backend.errors import ModelLoadError
+from scheduler.capacity import add_capacity_arguments
 
 DEFAULT_LISTEN = "tcp://127.0.0.1:5555"
 
@@ -29,7 +30,6 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="auto: float32 on the CPU, the checkpoint's dtype on CUDA")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="max prompt + completion tokens (default: the model's max positions)")
-    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     kv = p.add_mutually_exclusive_group()
     kv.add_argument("--num-blocks", type=int, default=None, help="KV blocks in the pool")
     kv.add_argument("--kv-memory-fraction", type=float, default=None,
@@ -39,8 +39,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="KV pool format: auto (the model dtype), fp8 (E4M3 K and V + scales), "
                         "int4-fp8 (INT4 keys with per-group scales, E4M3 values); quantized "
                         "formats use the torch reference attention (also on CUDA)")
-    p.add_argument("--max-num-seqs", type=int, default=256, help="running sequences per step at most")
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens per step at most")
+    add_capacity_arguments(p)
     p.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
     p.add_argument("--seed", type=int, default=0, help="seed of random (dummy) weights")
     p.add_argument("--cpu-threads", type=int, default=None,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from backend.runner import ModelRunner, SampleSpec
 from backend.sampler import SamplingParams, TokenLogprobs
+from scheduler.capacity import DEFAULT_CAPACITY
 from scheduler.step_scheduler import SchedulerConfig, StepPlan, StepResult, StepScheduler
 
 
@@ -22,9 +23,9 @@ class EngineConfig:
     """Capacity of one engine; `num_blocks` is fixed once the KV pool is allocated."""
     max_model_len: int
     num_blocks: int
-    block_size: int = 16
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
+    block_size: int = DEFAULT_CAPACITY.block_size
+    max_num_seqs: int = DEFAULT_CAPACITY.max_num_seqs
+    max_num_batched_tokens: int = DEFAULT_CAPACITY.max_num_batched_tokens
     enable_prefix_caching: bool = True
 
     def scheduler_config(self) -> SchedulerConfig:

@@ -25,6 +25,7 @@ import torch
 from backend.errors import ModelLoadError
 from backend.runner import SampleSpec
 from backend.sampler import SamplingParams
+from scheduler.capacity import DEFAULT_CAPACITY
 from scheduler.step_scheduler import StepResult
 
 SETTING_KEYS = ("dtype", "kv-cache-dtype", "quantization", "device")
@@ -119,9 +120,9 @@ class EngineShape:
     """Capacity options shared by both sides of a comparison."""
     load_format: str = "auto"
     seed: int = 0
-    block_size: int = 16
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 256
+    block_size: int = DEFAULT_CAPACITY.block_size
+    max_num_batched_tokens: int = DEFAULT_CAPACITY.max_num_batched_tokens
+    max_num_seqs: int = DEFAULT_CAPACITY.max_num_seqs
     max_model_len: int | None = None
     cpu_threads: int | None = None
 

@@ -34,6 +34,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from scheduler.capacity import DEFAULT_CAPACITY
+
 ROOT_HASH = 0x7469646567617465  # parent hash of a sequence's first block ("tidegate")
 
 BlockKey = tuple[int, tuple[int, ...]]
@@ -46,7 +48,7 @@ class NoFreeBlocksError(RuntimeError):
 class BlockManager:
     """Paged KV allocator. Sequences are named by an id (any hashable, usually the request id)."""
 
-    def __init__(self, num_blocks: int, block_size: int = 16,
+    def __init__(self, num_blocks: int, block_size: int = DEFAULT_CAPACITY.block_size,
                  enable_prefix_caching: bool = True) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")

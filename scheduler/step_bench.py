@@ -16,13 +16,15 @@ from __future__ import annotations
 import argparse
 import time
 
+from scheduler.capacity import DEFAULT_CAPACITY
 from scheduler.step_scheduler import SchedulerConfig, StepResult, StepScheduler
 
 
 def _filled(num_seqs: int, prompt_len: int, max_tokens: int) -> StepScheduler:
-    blocks_per_seq = -(-(prompt_len + max_tokens) // 16)
+    blocks_per_seq = -(-(prompt_len + max_tokens) // DEFAULT_CAPACITY.block_size)
     cfg = SchedulerConfig(max_model_len=prompt_len + max_tokens, num_blocks=num_seqs * blocks_per_seq,
-                          max_num_seqs=num_seqs, max_num_batched_tokens=max(2048, num_seqs))
+                          max_num_seqs=num_seqs, max_num_batched_tokens=max(DEFAULT_CAPACITY.max_num_batched_tokens,
+                                                                 num_seqs))
     s = StepScheduler(cfg)
     for i in range(num_seqs):
         s.add_request(f"req-{i}", [(i * 7 + j) % 32000 for j in range(prompt_len)],

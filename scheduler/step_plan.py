@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from scheduler.capacity import DEFAULT_CAPACITY
 from scheduler.classes import DEFAULT_CLASS_BOUNDS
 
 
@@ -15,9 +16,11 @@ class SchedulerConfig:
 
     max_model_len: int  # prompt + max_tokens of any request is at most this
     num_blocks: int  # KV blocks in the pool
-    max_num_seqs: int = 256  # running sequences (decoding or mid-prefill) at most
-    max_num_batched_tokens: int = 2048  # tokens fed per step (decodes count 1 each)
-    block_size: int = 16  # tokens per KV block
+    # scheduler.capacity: running sequences, tokens fed per step (decodes count 1 each),
+    # tokens per KV block
+    max_num_seqs: int = DEFAULT_CAPACITY.max_num_seqs
+    max_num_batched_tokens: int = DEFAULT_CAPACITY.max_num_batched_tokens
+    block_size: int = DEFAULT_CAPACITY.block_size
     enable_prefix_caching: bool = True
     class_bounds: tuple[int, int] = DEFAULT_CLASS_BOUNDS  # Fast <= a < Normal <= b < Slow
 

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from scheduler.batcher import BatcherConfig, DynamicWindowBatcher
+from scheduler.capacity import DEFAULT_CAPACITY
 from scheduler.classes import QueueClass
 from scheduler.clock import ManualClock
 from scheduler.queues import ClassQueues, PendingRequest, QueueConfig
@@ -54,9 +55,9 @@ class SimSchedulerConfig:
     """The scheduler-side settings of a simulated deployment (per backend where it applies)."""
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
     queue: QueueConfig = field(default_factory=QueueConfig)
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    block_size: int = 16
+    max_num_seqs: int = DEFAULT_CAPACITY.max_num_seqs
+    max_num_batched_tokens: int = DEFAULT_CAPACITY.max_num_batched_tokens
+    block_size: int = DEFAULT_CAPACITY.block_size
     max_model_len: int = 16384
     # True | False | None = auto: on exactly when the workload has shared prefixes (module doc)
     enable_prefix_caching: bool | None = None

@@ -19,6 +19,7 @@ import argparse
 import tomllib
 
 from scheduler.batcher import BatcherConfig
+from scheduler.capacity import add_capacity_arguments
 from scheduler.queues import QueueConfig
 from sims.adapters import SimSchedulerConfig
 from sims.cost import RooflineConfig
@@ -62,9 +63,7 @@ def add_run_args(p: argparse.ArgumentParser, *, num_requests: int = 1000) -> Non
     g.add_argument("--hysteresis", type=float, default=d.hysteresis)
     g.add_argument("--no-idle-flush", dest="idle_flush", action="store_false", default=True)
     g = p.add_argument_group("backend scheduler")
-    g.add_argument("--max-num-seqs", type=int, default=256)
-    g.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    g.add_argument("--block-size", type=int, default=16)
+    add_capacity_arguments(g)
     g.add_argument("--max-model-len", type=int, help="default: the model's max positions")
     g.add_argument("--prefix-caching", choices=("auto", "on", "off"), default="auto",
                    help="auto: on only when the workload shares prefixes (the simulator's generated "
