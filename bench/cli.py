@@ -56,7 +56,7 @@ def _goodput(items: list[str]) -> dict[str, float]:
 def serve_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tidegate bench serve",
                                 description="Open-loop load generator (vLLM benchmark_serving "
-                                            "definitions; see bench/metrics.py).")
+                                            "definitions; see sims/metrics.py).")
     t = p.add_argument_group("target")
     t.add_argument("--backend", choices=("http", "zmq"), default="http",
                    help="http: /v1/completions with SSE; zmq: gateway.client.AsyncClient")
@@ -127,9 +127,9 @@ def _detail_rows(records, t0: float) -> list[dict]:
 
 def serve_main(argv: list[str]) -> int:
     from bench import loadgen
-    from bench.metrics import summarize
     from bench.report import format_table
     from bench.workload import make_prompts
+    from sims.metrics import summarize
 
     p = serve_parser()
     args = p.parse_args(argv)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from bench.metrics import RequestRecord
+from sims.metrics import RequestRecord
 
 
 @dataclass(frozen=True)

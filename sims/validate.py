@@ -7,7 +7,7 @@
    over a grid sized for the workload; written to --profile and reused while it exists
    (--reprofile measures again). This is the measured cost model (`sims.profile_cost.ProfileCost`).
 2. Live: `tidegate serve` with its embedded backend (a subprocess on a free port), driven by the
-   `bench` load generator (`bench.loadgen.run_http`, `bench.metrics.summarize`: what
+   `bench` load generator (`bench.loadgen.run_http`, `sims.metrics.summarize`: what
    `tidegate bench serve` runs) with a Poisson schedule of fixed lengths. One untimed warm-up run first.
 3. Sim: the same workload (`sims.workload.generate` with the same seed gives the same arrivals and
    lengths as `bench.workload.make_schedule`) through `sims.engine.simulate` + `sims.report.summarize`
@@ -162,8 +162,8 @@ def run_live(url: str, model: str, n: int, rate: float, input_len: int, output_l
              timeout_s: float = 600.0) -> dict:
     """One bench run (the same calls as `tidegate bench serve`); returns bench's summary."""
     from bench import loadgen
-    from bench.metrics import summarize
     from bench.workload import LengthSpec, ScheduleConfig, make_prompts, make_schedule
+    from sims.metrics import summarize
 
     sched = make_schedule(ScheduleConfig(num_requests=n, rate=rate, input_len=LengthSpec.parse(input_len),
                                          output_len=LengthSpec.parse(output_len), seed=seed))

@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 
 from bench.loadgen import HttpTarget, Progress, chunk_tokens, run_http, run_zmq
-from bench.metrics import RequestRecord, summarize
+from sims.metrics import RequestRecord, summarize
 
 MODEL = "fake-model"
 # max_tokens values that trigger failures

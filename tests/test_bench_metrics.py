@@ -1,10 +1,11 @@
-"""bench.metrics: hand-computed values, and identity with sims.metrics on the same timings."""
+"""sims.metrics for the live client (bench): hand-computed values, and the same report as the
+simulator's for the same timings."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from bench.metrics import RequestRecord, class_of, summarize
+from sims.metrics import RequestRecord, class_of, summarize
 
 
 def rec(i, send, chunks, max_tokens=None, usage=None, error=None, prompt_len=10):
@@ -107,38 +108,6 @@ def synthetic(n=400, seed=7):
                                      times, tokens, int(sum(tokens)),
                                      "http_429" if i % 17 == 5 else None))
     return records
-
-
-def test_identical_to_sims_metrics():
-    sm = pytest.importorskip("sims.metrics")
-    records = synthetic()
-    slo_ttft_ms, slo_tpot_ms = 400.0, 30.0
-    start = min(r.send_time for r in records)
-    got = summarize(records, start_time=start, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
-
-    done = [r for r in records if r.ok]
-    arrival = np.array([r.send_time for r in done])
-    first = np.array([r.chunk_times[0] for r in done])
-    finish = np.array([r.chunk_times[-1] for r in done])
-    num_out = np.array([r.output_tokens for r in done])
-    ttft, tpot, e2el, good, multi = sm.request_metrics(
-        arrival, first, finish, num_out, slo_ttft_s=slo_ttft_ms / 1e3, slo_tpot_s=slo_tpot_ms / 1e3)
-    itl = np.concatenate([np.diff(r.chunk_times) for r in done])
-    assert got["ttft_ms"] == sm.stats_ms(ttft)
-    assert got["tpot_ms"] == sm.stats_ms(tpot[multi])
-    assert got["e2el_ms"] == sm.stats_ms(e2el)
-    assert got["itl_ms"] == sm.stats_ms(itl)
-    # The simulator's ITL is a weighted sample (a step's duration once per decoding sequence):
-    # the same values with their multiplicities give the same statistics.
-    vals, counts = np.unique(np.round(itl, 15), return_counts=True)
-    assert got["itl_ms"] == pytest.approx(sm.weighted_stats_ms(vals, counts), rel=1e-9)
-    # sims docstring: throughput and goodput over (last completion − first arrival)
-    duration = finish.max() - arrival.min()
-    assert got["duration_s"] == duration
-    assert got["request_throughput"] == len(done) / duration
-    assert got["output_throughput"] == num_out.sum() / duration
-    assert got["num_good"] == int(good.sum()) > 0
-    assert got["goodput"] == good.sum() / duration
 
 
 def sim_result_from(records):
