@@ -66,7 +66,7 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend-id", default=None, help="stable id for logs and LoadReports")
     p.add_argument("--served-model-name", default=None, help="model name in BackendInfo")
     add_engine_args(p)
-    g = p.add_argument_group("GPU (backend.cuda_graphs, backend.quantization)")
+    g = p.add_argument_group("GPU (backend.serving_setup, backend.cuda_graphs, backend.quantization)")
     g.add_argument("--quantization", default="none", choices=["none", "fp8"],
                    help="fp8: E4M3 weights, per-output-channel scales (CUDA, capability >= 8.9)")
     g.add_argument("--enforce-eager", action="store_true",
@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _configure_serving(engine, args: argparse.Namespace) -> str:
     """--quantization, then CUDA graphs (captured now, at start-up); a note for the ready line."""
-    from backend.cuda_graphs import configure_serving, parse_buckets
+    from backend.cuda_graphs import parse_buckets
+    from backend.serving_setup import configure_serving
 
     try:
         buckets = parse_buckets(args.cuda_graph_buckets) if args.cuda_graph_buckets else None

@@ -40,6 +40,8 @@ import numpy as np
 import torch
 
 from backend.context import ForwardContext
+from backend.sampler import SamplingParams
+from backend.step_io import RunnerOutput, SampleSpec
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 NUM_WARMUPS = 2
@@ -241,9 +243,6 @@ class DecodeGraphs:
     def finish(self, launched: Launched, chunks: Sequence, sampling: Mapping | None = None,
                keep_logits: bool = False):
         """Read the launched step's tokens (synchronizes) into a `RunnerOutput`."""
-        from backend.runner import RunnerOutput, SampleSpec
-        from backend.sampler import SamplingParams
-
         out = RunnerOutput()
         num = launched.num_seqs
         cap = launched.captured
@@ -283,45 +282,3 @@ class DecodeGraphs:
             self.forget_rows()
             return None
         return self.finish(self.launch(chunks), chunks, sampling, keep_logits)
-
-
-def setup_cuda_runner(runner, enforce_eager: bool = False,
-                      buckets: Sequence[int] | None = None) -> DecodeGraphs | None:
-    """The CUDA defaults for a new runner: Triton kernels in the model and (unless
-    `enforce_eager`) decode graphs, captured lazily per bucket or by `capture_all()`.
-    Returns the graphs object, or None when the step stays eager."""
-    from backend.kernel_dispatch import install_kernels, kernels_available
-
-    if not kernels_available(runner.device):
-        return None  # torch reference path: host-synchronizing, so never captured
-    install_kernels(runner.model)
-    if enforce_eager:
-        return None
-    return DecodeGraphs(runner, buckets)
-
-
-def configure_serving(runner, quantization: str | None = None, enforce_eager: bool = False,
-                      buckets: Sequence[int] | None = None, capture: bool = True) -> dict:
-    """Serving-time transforms of a built runner, in order: quantize the weights, then set up
-    and capture the decode graphs (CUDA). Returns timings for the start-up log."""
-    from backend.quantization import quantize_model
-
-    info: dict = {"quantization": quantization or "none", "cuda_graphs": False}
-    if runner.graphs is not None:
-        runner.graphs.release()
-    if quantization and quantization != "none":
-        t0 = time.perf_counter()
-        quantize_model(runner.model, quantization)
-        info["quantize_s"] = time.perf_counter() - t0
-    if runner.device.type != "cuda":
-        return info
-    if enforce_eager:
-        runner.graphs = None
-    elif runner.graphs is not None:  # None: kernels unavailable, the step stays eager
-        runner.graphs = DecodeGraphs(runner, buckets)
-    if runner.graphs is not None:
-        info["cuda_graphs"] = True
-        info["buckets"] = list(runner.graphs.buckets)
-        if capture:
-            info["capture_s"] = runner.graphs.capture_all()
-    return info

@@ -88,7 +88,7 @@ class _EchoScheduler:
 
 
 class EchoRunner:
-    """The runner-shaped view that serving-time hooks (`backend.cuda_graphs.configure_serving`,
+    """The runner-shaped view that serving-time hooks (`backend.serving_setup.configure_serving`,
     called by `tidegate backend` for every engine) look at: no model to quantize, no CUDA graphs
     to capture, the CPU."""
     model = None

@@ -12,8 +12,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from backend.runner import ModelRunner, SampleSpec
+from backend.runner import ModelRunner
 from backend.sampler import SamplingParams, TokenLogprobs
+from backend.step_io import SampleSpec
 from scheduler.capacity import DEFAULT_CAPACITY
 from scheduler.step_scheduler import SchedulerConfig, StepPlan, StepResult, StepScheduler
 

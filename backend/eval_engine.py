@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from backend.errors import ModelLoadError
-from backend.runner import SampleSpec
 from backend.sampler import SamplingParams
+from backend.step_io import SampleSpec
 from scheduler.capacity import DEFAULT_CAPACITY
 from scheduler.step_scheduler import StepResult
 
@@ -154,11 +154,11 @@ def build_engine(model: str, s: EngineSettings, shape: EngineShape):
 
 
 def configure_like_backend(engine, quantization: str) -> None:
-    """What `tidegate backend` does to a built engine: `backend.cuda_graphs.configure_serving`
+    """What `tidegate backend` does to a built engine: `backend.serving_setup.configure_serving`
     (weight quantization, then the decode CUDA graphs on CUDA) where this build has it, else
     the quantization transform alone."""
     try:
-        from backend.cuda_graphs import configure_serving
+        from backend.serving_setup import configure_serving
     except ImportError:
         configure_serving = None
     try:

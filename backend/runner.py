@@ -9,8 +9,6 @@ through the LM head and the sampler.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 import torch
@@ -18,32 +16,8 @@ import torch
 from backend.context import ForwardContext
 from backend.kv_cache import KVCache
 from backend.model import LlamaModel
-from backend.sampler import Sampler, SamplingParams, TokenLogprobs
-
-
-class Chunk(Protocol):
-    """What the runner reads from `scheduler.step_scheduler.ScheduledChunk`."""
-    request_id: str
-    token_ids: list[int]
-    start_pos: int          # tokens already in the KV cache = position of token_ids[0]
-    block_table: list[int]  # the sequence's block table (covers start_pos + len(token_ids))
-    is_prefill: bool
-    sample: bool
-
-
-@dataclass
-class SampleSpec:
-    """How to sample one request this step."""
-    params: SamplingParams
-    seed: int
-    counter: int  # index of the token being generated (number generated so far)
-
-
-@dataclass
-class RunnerOutput:
-    token_ids: dict[str, int] = field(default_factory=dict)  # request id -> sampled token
-    logprobs: dict[str, TokenLogprobs | None] = field(default_factory=dict)
-    logits: torch.Tensor | None = None  # [num_sampled, vocab] fp32 when keep_logits
+from backend.sampler import Sampler, SamplingParams
+from backend.step_io import Chunk, RunnerOutput, SampleSpec
 
 
 class StaticBuffers:
@@ -92,10 +66,10 @@ class ModelRunner:
         self.buffers = StaticBuffers(max_num_batched_tokens, max_num_seqs, self.max_blocks_per_seq,
                                      self.device)
         self.sampler = sampler or Sampler(model.config.vocab_size, self.device)
-        # CUDA: Triton kernels in the model and decode CUDA graphs (backend.cuda_graphs)
+        # CUDA: Triton kernels in the model and decode CUDA graphs (backend.serving_setup)
         self.graphs = None
         if self.device.type == "cuda":
-            from backend.cuda_graphs import setup_cuda_runner
+            from backend.serving_setup import setup_cuda_runner
 
             self.graphs = setup_cuda_runner(self, enforce_eager, cuda_graph_buckets)
 

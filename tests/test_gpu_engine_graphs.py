@@ -1,4 +1,4 @@
-"""Decode CUDA graphs and the kernel path (backend.cuda_graphs, backend.kernel_dispatch).
+"""Decode CUDA graphs and the kernel path (backend.cuda_graphs, serving_setup, kernel_dispatch).
 
 CPU: the graph runner with its CPU stand-in (re-runs the captured function on the same static
 buffers) and the kernel path through the kernels' torch references must give the engine's
@@ -131,8 +131,8 @@ def test_kernel_path_prefill_with_cached_prefix_matches_reference():
 
 
 def test_configure_serving_on_cpu_quantizes_and_keeps_eager():
-    from backend.cuda_graphs import configure_serving
     from backend.quantization import QuantizationError
+    from backend.serving_setup import configure_serving
 
     engine, _ = _engine()
     assert engine.runner.graphs is None  # the CPU path is unchanged

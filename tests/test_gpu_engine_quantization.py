@@ -207,7 +207,8 @@ def test_fp8_quality_on_tiny_coder_gpu():
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 def test_fp8_on_gpu_matches_bf16_and_graphs_match_eager():
-    from backend.cuda_graphs import DecodeGraphs, configure_serving
+    from backend.cuda_graphs import DecodeGraphs
+    from backend.serving_setup import configure_serving
 
     engine, _ = create_engine(BackendConfig(model="tiny", device="cuda", dtype="bfloat16",
                                             num_blocks=128, block_size=16, max_num_seqs=32,
