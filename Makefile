@@ -39,7 +39,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 bench-scheduler: $(STAMP)
-	$(PY) -m scheduler.bench
+	$(PY) -m scheduler.batcher_bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

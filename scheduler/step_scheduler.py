@@ -27,8 +27,8 @@ order), registers only the blocks that just filled, finishes only the due sequen
 `schedule(list_decodes=False)` leaves them implicit (`plan.num_unlisted_decodes`) for the
 simulator, whose steps then cost O(prefill chunks + block boundaries + completions).
 
-Cost (``python -m scheduler.step_bench``; a command, not a timed test), 256 decoding sequences of
-512-token prompts on the shared 2-core VM: see the step_bench docstring for the figures.
+Cost (``python -m scheduler.step_scheduler_bench``; a command, not a timed test), 256 decoding sequences of
+512-token prompts on the shared 2-core VM: see the step_scheduler_bench docstring for the figures.
 """
 from __future__ import annotations
 

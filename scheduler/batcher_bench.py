@@ -1,6 +1,6 @@
 """Micro-benchmark of the gateway's policy core: admissions + flushes per second on one core.
 
-    python -m scheduler.bench [--num-requests 1000000] [--rate 1e6] [--deadline-frac 0]
+    python -m scheduler.batcher_bench [--num-requests 1000000] [--rate 1e6] [--deadline-frac 0]
 
 Drives `ClassQueues` + `DynamicWindowBatcher` on a `ManualClock` exactly as the gateway does
 (push -> flush now or a deadline -> take_batch -> poll), with N pre-built requests arriving at
@@ -126,7 +126,7 @@ def time_push_flush(reqs: list[PendingRequest]) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m scheduler.bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m scheduler.batcher_bench", description=__doc__.split("\n")[0])
     parser.add_argument("--num-requests", type=int, default=1_000_000)
     parser.add_argument("--rate", type=float, default=1e6, help="arrivals per second of virtual time")
     parser.add_argument("--deadline-frac", type=float, default=0.0,

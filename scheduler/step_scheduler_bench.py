@@ -1,6 +1,6 @@
 """Per-step cost of the step scheduler (a command, not a timed test).
 
-    python -m scheduler.step_bench [--num-seqs 256] [--prompt-len 512] [--steps 1000] [--repeat 3]
+    python -m scheduler.step_scheduler_bench [--num-seqs 256] [--prompt-len 512] [--steps 1000] [--repeat 3]
 
 Fills the running set with `num_seqs` decoding sequences, then times (a) schedule() + update()
 per step, listed (the engine) and unlisted (the simulator), (b) max_pure_decode_steps() +
