@@ -37,8 +37,8 @@ from pathlib import Path
 
 import torch
 
-from backend.cli import int_list
 from backend.config import ModelConfig
+from backend.engine_args import int_list
 from scheduler.step_plan import ScheduledChunk
 
 GOAL_HOST_MS = 0.2

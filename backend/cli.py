@@ -10,53 +10,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from backend.engine_args import add_engine_args, backend_config
 from backend.errors import ModelLoadError
-from scheduler.capacity import add_capacity_arguments
 
 DEFAULT_LISTEN = "tcp://127.0.0.1:5555"
-
-
-def int_list(text: str) -> list[int]:
-    """A comma-separated list of ints from a flag ("1,8,32"); empty items are skipped."""
-    return [int(x) for x in text.split(",") if x.strip()]
-
-
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="tiny", help="HF model directory or preset name (default: tiny)")
-    p.add_argument("--load-format", default="auto", choices=["auto", "dummy", "safetensors"],
-                   help="auto: safetensors for a directory, random weights for a preset")
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="auto: float32 on the CPU, the checkpoint's dtype on CUDA")
-    p.add_argument("--max-model-len", type=int, default=None,
-                   help="max prompt + completion tokens (default: the model's max positions)")
-    kv = p.add_mutually_exclusive_group()
-    kv.add_argument("--num-blocks", type=int, default=None, help="KV blocks in the pool")
-    kv.add_argument("--kv-memory-fraction", type=float, default=None,
-                    help="share of free memory after the weights for the KV pool "
-                         "(default 0.1 on the CPU, 0.85 on CUDA)")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "int4-fp8"],
-                   help="KV pool format: auto (the model dtype), fp8 (E4M3 K and V + scales), "
-                        "int4-fp8 (INT4 keys with per-group scales, E4M3 values); quantized "
-                        "formats use the torch reference attention (also on CUDA)")
-    add_capacity_arguments(p)
-    p.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
-    p.add_argument("--seed", type=int, default=0, help="seed of random (dummy) weights")
-    p.add_argument("--cpu-threads", type=int, default=None,
-                   help="torch threads on the CPU (default: half the cores, at most 8)")
-
-
-def backend_config(args: argparse.Namespace):
-    from backend.build import BackendConfig
-
-    return BackendConfig(
-        model=args.model, load_format=args.load_format, device=args.device, dtype=args.dtype,
-        max_model_len=args.max_model_len, block_size=args.block_size, num_blocks=args.num_blocks,
-        kv_memory_fraction=args.kv_memory_fraction, kv_cache_dtype=args.kv_cache_dtype,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        enable_prefix_caching=not args.no_prefix_caching, seed=args.seed,
-        cpu_threads=args.cpu_threads)
 
 
 def serve_parser() -> argparse.ArgumentParser:

@@ -276,7 +276,7 @@ def decode_speed(argv_engine: list[str], *, max_tokens: int = 128, batch: int = 
     import torch
 
     from backend.build import create_engine
-    from backend.cli import add_engine_args, backend_config
+    from backend.engine_args import add_engine_args, backend_config
     from backend.sampler import SamplingParams
 
     p = argparse.ArgumentParser(prog="tidegate eval speed", add_help=False)

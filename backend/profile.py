@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from backend.cli import int_list
+from backend.engine_args import int_list
 from backend.errors import ModelLoadError
 from scheduler.step_plan import ScheduledChunk
 
@@ -33,7 +33,7 @@ def _chunk(request_id, token_ids, start_pos, block_table, is_prefill) -> Schedul
 
 
 def parser() -> argparse.ArgumentParser:
-    from backend.cli import add_engine_args
+    from backend.engine_args import add_engine_args
 
     p = argparse.ArgumentParser(prog="tidegate backend profile",
                                 description="Measure step times over (decode batch, prefill tokens, context).")
@@ -139,7 +139,7 @@ def point(d: int, p: int, c: int, k: int, s: int, ms: list[float]) -> dict:
 
 def run(args: argparse.Namespace) -> dict:
     from backend.build import create_engine
-    from backend.cli import backend_config
+    from backend.engine_args import backend_config
 
     engine, loaded = create_engine(backend_config(args))
     runner, cfg = engine.runner, engine.config

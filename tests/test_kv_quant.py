@@ -202,7 +202,8 @@ def test_config_rejects_unknown_format(ckpt):
 
 
 def test_eval_and_cli_accept_the_formats():
-    from backend.cli import backend_config, serve_parser
+    from backend.cli import serve_parser
+    from backend.engine_args import backend_config
     from backend.eval_engine import EngineSettings, check_settings, supported_kv_cache_dtypes
 
     assert supported_kv_cache_dtypes() == ("auto", "fp8", "int4-fp8")
