@@ -157,12 +157,12 @@ def test_usage_and_dispatch_from_tidegate(capsys):
 
 def test_engine_forwards_args_or_says_it_is_missing(monkeypatch, capsys):
     seen = []
-    fake = types.ModuleType("backend.bench")
+    fake = types.ModuleType("backend.engine_bench")
     fake.main = lambda argv: seen.append(argv) or 0
-    monkeypatch.setitem(sys.modules, "backend.bench", fake)
+    monkeypatch.setitem(sys.modules, "backend.engine_bench", fake)
     assert main(["engine", "--model", "tiny", "--batch", "8"]) == 0
     assert seen == [["--model", "tiny", "--batch", "8"]]
-    monkeypatch.setitem(sys.modules, "backend.bench", None)      # import fails as if missing
+    monkeypatch.setitem(sys.modules, "backend.engine_bench", None)      # import fails as if missing
     assert main(["engine"]) == 3
     assert "not built yet" in capsys.readouterr().err
 

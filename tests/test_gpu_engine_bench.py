@@ -1,4 +1,4 @@
-"""`python -m backend.bench` end to end on the CPU (tiny preset): every section runs, the JSON has
+"""`python -m backend.engine_bench` end to end on the CPU (tiny preset): every section runs, the JSON has
 the documented keys, the profile JSON loads into the simulator's measured cost model."""
 from __future__ import annotations
 

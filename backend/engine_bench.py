@@ -1,8 +1,8 @@
-"""`python -m backend.bench` (also `tidegate bench engine`): the engine on one GPU, against its
+"""`python -m backend.engine_bench` (also `tidegate bench engine`): the engine on one GPU, against its
 measured ceilings and against transformers' eager `generate` of the same config.
 
-    python -m backend.bench --out engine_bench.json --profile-out profile_h200.json
-    python -m backend.bench --device cpu --preset tiny ...        # the code path, end to end
+    python -m backend.engine_bench --out engine_bench.json --profile-out profile_h200.json
+    python -m backend.engine_bench --device cpu --preset tiny ...        # the code path, end to end
 
 Sections, in this order (JSON rewritten after every row, so a cut-off run keeps what it had):
 
@@ -50,7 +50,7 @@ def _chunk(request_id, token_ids, start_pos, block_table, is_prefill) -> Schedul
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m backend.bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m backend.engine_bench", description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (code-path check only)")
     p.add_argument("--preset", default="deepseek-coder-33b", help="model preset (dummy weights)")
     p.add_argument("--layers", type=int, default=None,
@@ -530,7 +530,7 @@ class Bench:
             "max_num_batched_tokens": self.runner.max_num_batched_tokens,
             "max_model_len": self.max_model_len, "torch_version": torch.__version__,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
-            "source": "python -m backend.bench (bf16 weights, CUDA graphs for pure decode)",
+            "source": "python -m backend.engine_bench (bf16 weights, CUDA graphs for pure decode)",
             "num_layers": self.config.num_hidden_layers,
             "reduced_depth": self.results["meta"]["reduced_depth"],
             "points": self.profile_points,
@@ -640,7 +640,7 @@ class Bench:
         print(format_table(self.results), flush=True)
 
     def run(self) -> dict:
-        self.log(f"backend.bench on {self._device_name()}: {self.config.name} "
+        self.log(f"backend.engine_bench on {self._device_name()}: {self.config.name} "
                  f"({self.config.num_hidden_layers} layers), {self.dtype}")
         if self.results["meta"]["reduced_depth"]:
             self.log(f"REDUCED DEPTH: {self.config.num_hidden_layers} of "
@@ -816,7 +816,7 @@ def goals(res: dict) -> list[dict]:
 
 def format_table(res: dict) -> str:
     m, c = res["meta"], res.get("ceilings", {})
-    lines = [f"== backend.bench: {m['preset']} x{m['num_layers']} layers"
+    lines = [f"== backend.engine_bench: {m['preset']} x{m['num_layers']} layers"
              + (" (REDUCED DEPTH)" if m.get("reduced_depth") else "")
              + f" on {m['device_name']}, context {m['context_len']}"]
     if c:
@@ -867,7 +867,7 @@ def format_table(res: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        print("backend.bench: error: CUDA is not available here (use --device cpu for a "
+        print("backend.engine_bench: error: CUDA is not available here (use --device cpu for a "
               "code-path check)", file=sys.stderr)
         return 1
     if args.out:
