@@ -7,12 +7,12 @@ import json
 import pytest
 import torch
 
-from backend import bench
+from backend import engine_bench
 
 
 def test_bench_cpu_end_to_end(tmp_path):
     out, prof = tmp_path / "engine.json", tmp_path / "profile.json"
-    rc = bench.main(["--device", "cpu", "--preset", "tiny", "--layers", "2", "--context", "16",
+    rc = engine_bench.main(["--device", "cpu", "--preset", "tiny", "--layers", "2", "--context", "16",
                      "--decode-batches", "1,3", "--prefill-tokens", "32,64",
                      "--profile-contexts", "40", "--steps", "2", "--warmup", "1",
                      "--host-batch", "3", "--host-steps", "3", "--buckets", "1,2,4",
@@ -56,7 +56,7 @@ def test_bench_cpu_end_to_end(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
 def test_bench_refuses_cuda_without_a_gpu(capsys):
-    assert bench.main(["--device", "cuda"]) == 1
+    assert engine_bench.main(["--device", "cuda"]) == 1
     assert "CUDA is not available" in capsys.readouterr().err
 
 
