@@ -1,0 +1,238 @@
+"""Placement: which backend gets which request. Pure policy, driven with a time argument by the
+gateway (wall clock) and by the simulator (virtual clock) — the same objects in both.
+
+The caller's loop::
+
+    policy = create_placement(PlacementConfig(policy="prefix"))
+    policy.add_backend(b)                        # ids are the caller's small ints
+    items = [PlacementItem(cost=prompt_len + max_tokens, prefix=prefix_hashes(ids, 16))]
+    policy.place(items, now)                     # sets item.backend (-1: none accepts) and
+                                                 # charges item.charged to that backend's load
+    policy.release(item.backend, n)              # as work is done: prefill, each token, finish
+    policy.report(b, hashes, now)                # facts from the backend's LoadReport
+    policy.set_accepting(b, False)               # draining / at its in-flight cap / down
+
+Policies (`PlacementConfig.policy`):
+
+- ``least-tokens``: each request to the backend with the fewest outstanding tokens.
+- ``prefix``: prefix affinity with a load bound. A request goes to the least-loaded backend that
+  holds its longest sampled prefix (`scheduler.prefix_index`), unless that backend's load exceeds
+  ``bound = min_load * load_factor + load_slack_tokens``; then to the least-loaded backend. The
+  bound is what keeps one hot prefix from making one hot backend: the spill-over backend caches
+  the prefix too and becomes a holder, so a hot prefix spreads over as many backends as its load
+  needs. A request placed where its prefix is held is charged its cost minus the held tokens
+  (they will not be prefilled again).
+- ``window``: the whole flushed window at once, which only a batching gateway can do: requests
+  sharing a prefix are placed one after the other (the first one's guess pulls the rest to the
+  same backend, where they share one prefill in the same step), groups and then loners in order
+  of decreasing token cost (longest-processing-time-first packing), each with the rule above.
+
+Every pick is O(log backends): the least-loaded backend comes from a lazy heap (`LoadIndex`), and
+a holder set is scanned only up to `max_holders_scanned` entries after the least-loaded backend
+itself was checked.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from scheduler.load_index import LoadIndex
+from scheduler.prefix_index import DEPTHS, PrefixIndex, prefix_hashes
+
+POLICIES = ("least-tokens", "prefix", "window")
+
+__all__ = ["DEPTHS", "POLICIES", "LeastTokensPlacement", "PlacementConfig", "PlacementItem",
+           "PrefixAffinityPlacement", "WindowPlacement", "create_placement", "prefix_hashes"]
+
+
+@dataclass(frozen=True)
+class PlacementConfig:
+    policy: str = "prefix"             # least-tokens | prefix | window
+    block_size: int = 16               # tokens per KV block (the backends'): prefix hashing unit
+    load_factor: float = 1.25          # a holder may carry this many times the least load ...
+    load_slack_tokens: int = 8192      # ... plus this many tokens, before requests spill over
+    guess_ttl_s: float = 2.0           # see scheduler.prefix_index
+    max_guesses: int = 4096            # per backend, when it reports no facts
+    max_holders_scanned: int = 8       # bound on the work of one affinity lookup
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown placement policy {self.policy!r}; one of {', '.join(POLICIES)}")
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if not self.load_factor >= 1.0:
+            raise ValueError(f"load_factor must be >= 1, got {self.load_factor}")
+        if self.load_slack_tokens < 0:
+            raise ValueError(f"load_slack_tokens must be >= 0, got {self.load_slack_tokens}")
+
+    @property
+    def uses_prefixes(self) -> bool:
+        return self.policy != "least-tokens"
+
+
+class PlacementItem:
+    """One request to place: its token cost and its prompt's prefix hashes (shallowest first)."""
+
+    __slots__ = ("backend", "charged", "cost", "payload", "prefix")
+
+    def __init__(self, cost: int, prefix: Sequence[int] = (), payload: object = None) -> None:
+        self.cost = cost
+        self.prefix = prefix
+        self.payload = payload
+        self.backend = -1       # set by place(); -1 = no backend accepts requests
+        self.charged = 0        # tokens added to the backend's load by place()
+
+
+class LeastTokensPlacement:
+    """Each request to the accepting backend with the fewest outstanding tokens."""
+
+    name = "least-tokens"
+
+    def __init__(self, config: PlacementConfig = PlacementConfig()) -> None:
+        self.config = config
+        self.loads = LoadIndex()
+
+    # ---- membership ------------------------------------------------------------------------
+    def add_backend(self, b: int) -> None:
+        self.loads.add(b)
+
+    def remove_backend(self, b: int) -> None:
+        self.loads.remove(b)
+
+    def set_accepting(self, b: int, accepting: bool) -> None:
+        self.loads.set_accepting(b, accepting)
+
+    # ---- load and facts --------------------------------------------------------------------
+    def load(self, b: int) -> int:
+        return self.loads.load[b]
+
+    def release(self, b: int, tokens: int) -> None:
+        """`tokens` of work charged to `b` are done (or will never be done)."""
+        self.loads.add_load(b, -tokens)
+
+    def report(self, b: int, hashes: Iterable[int], now: float) -> None:
+        """Facts from `b`'s LoadReport; least-tokens has no use for them."""
+
+    # ---- decisions -------------------------------------------------------------------------
+    def place(self, items: Sequence[PlacementItem], now: float) -> None:
+        loads = self.loads
+        for it in items:
+            b = loads.least()
+            it.backend = -1 if b is None else b
+            if b is not None:
+                it.charged = it.cost
+                loads.add_load(b, it.cost)
+
+
+class PrefixAffinityPlacement(LeastTokensPlacement):
+    """Least-loaded holder of the longest prefix within the load bound, else least-loaded."""
+
+    name = "prefix"
+
+    def __init__(self, config: PlacementConfig = PlacementConfig(policy="prefix")) -> None:
+        super().__init__(config)
+        self.index = PrefixIndex(config.guess_ttl_s, config.max_guesses)
+        self.num_affinity = 0       # placed on a holder of their prefix
+        self.num_spilled = 0        # had a holder, all over the bound
+        self.num_cold = 0           # no backend held any of their prefix
+
+    def add_backend(self, b: int) -> None:
+        super().add_backend(b)
+        self.index.add_backend(b)
+
+    def remove_backend(self, b: int) -> None:
+        super().remove_backend(b)
+        self.index.remove_backend(b)
+
+    def report(self, b: int, hashes: Iterable[int], now: float) -> None:
+        self.index.report(b, hashes, now)
+
+    def place(self, items: Sequence[PlacementItem], now: float) -> None:
+        for it in items:
+            self._place_one(it, now)
+
+    def _place_one(self, it: PlacementItem, now: float) -> None:
+        loads = self.loads
+        least = loads.least()
+        if least is None:
+            it.backend = -1
+            return
+        b, depth = least, 0
+        prefix = it.prefix
+        if prefix:
+            b, depth = self._holder(prefix, least)
+        held = 0
+        if depth:
+            held = min(it.cost - 1, DEPTHS[depth - 1] * self.config.block_size)
+        charged = it.cost - held
+        it.backend, it.charged = b, charged
+        loads.add_load(b, charged)
+        if prefix:
+            self.index.guess(b, prefix, now)
+
+    def _holder(self, prefix: Sequence[int], least: int) -> tuple[int, int]:
+        """(backend, matched depth index + 1): the deepest prefix some accepting backend within
+        the load bound holds; (least, 0) when none."""
+        load, accepting = self.loads.load, self.loads.accepting
+        cfg = self.config
+        bound = load[least] * cfg.load_factor + cfg.load_slack_tokens
+        holders = self.index.holders
+        spilled = False
+        for d in range(len(prefix) - 1, -1, -1):
+            s = holders.get(prefix[d])
+            if not s:
+                continue
+            if least in s:
+                self.num_affinity += 1
+                return least, d + 1
+            best, best_load = -1, 0
+            for scanned, b in enumerate(s, 1):
+                if accepting[b]:
+                    lb = load[b]
+                    if lb <= bound and (best < 0 or lb < best_load or (lb == best_load and b < best)):
+                        best, best_load = b, lb
+                if scanned >= cfg.max_holders_scanned:
+                    break
+            if best >= 0:
+                self.num_affinity += 1
+                return best, d + 1
+            spilled = True
+        if spilled:
+            self.num_spilled += 1
+        else:
+            self.num_cold += 1
+        return least, 0
+
+
+class WindowPlacement(PrefixAffinityPlacement):
+    """A flushed window at once: same-prefix groups together, larger costs first."""
+
+    name = "window"
+
+    def place(self, items: Sequence[PlacementItem], now: float) -> None:
+        if len(items) == 1:
+            self._place_one(items[0], now)
+            return
+        groups: dict[int, list[PlacementItem]] = {}
+        loners: list[PlacementItem] = []
+        for it in items:
+            if it.prefix:
+                # the shallowest hash: requests that share their first block go together; the
+                # deeper ones decide where (the longest match) once the group is placed
+                groups.setdefault(it.prefix[0], []).append(it)
+            else:
+                loners.append(it)
+        ordered = sorted(groups.values(), key=lambda g: -sum(it.cost for it in g))
+        for g in ordered:
+            g.sort(key=lambda it: (-len(it.prefix), -it.cost))
+            for it in g:
+                self._place_one(it, now)
+        loners.sort(key=lambda it: -it.cost)
+        for it in loners:
+            self._place_one(it, now)
+
+
+def create_placement(config: PlacementConfig) -> LeastTokensPlacement:
+    cls = {"least-tokens": LeastTokensPlacement, "prefix": PrefixAffinityPlacement,
+           "window": WindowPlacement}[config.policy]
+    return cls(config)

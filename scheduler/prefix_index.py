@@ -1,0 +1,143 @@
+"""Which backends hold which prompt prefixes: the placement policy's picture of the caches.
+
+Prefix hashes are the block manager's own chain hashes (`scheduler.block_manager`): block i of a
+prompt has the key ``(parent, tuple(its block_size tokens))``, ``parent`` = hash of block i-1's
+key (``ROOT_HASH`` for block 0), and the *prefix hash at depth d* is the hash of block d-1's key —
+the same 64-bit number in the gateway, the backend and the simulator, for the same tokens.
+
+Only a few depths are sampled (`DEPTHS`: 1, 2, 4, ... 32 blocks): enough to tell "shares the
+first block" from "shares the first 512 tokens", and a backend's summary stays small (a handful
+of hashes per distinct prompt head instead of one per cached block). The longest match is found
+at sampled depths, so it is rounded down to a power of two blocks.
+
+Two sources, kept apart:
+
+    facts    the hashes a backend reported holding (its last LoadReport): replaced per report
+    guesses  what the policy itself sent there since: the report lags, and a backend that
+             reports nothing (an HTTP server) has only guesses. A guess older than `guess_ttl_s`
+             is dropped at the backend's next report (by then a fact or evicted); without
+             reports, each backend keeps its `max_guesses` most recent guesses (an LRU, a
+             stand-in for the cache's own eviction).
+
+``holders[h]`` is the set of backends with h as a fact or a guess; a lookup is O(depths).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+from scheduler.block_manager import ROOT_HASH
+
+DEPTHS = (1, 2, 4, 8, 16, 32)
+
+
+def prefix_hashes(token_ids: Sequence[int], block_size: int,
+                  depths: Sequence[int] = DEPTHS) -> tuple[int, ...]:
+    """The prompt's chain hashes at the sampled depths it reaches, shallowest first.
+
+    A depth counts only if its blocks can be a cache hit: at least one prompt token must be left
+    to compute (as in `BlockManager._match`)."""
+    num_full = (len(token_ids) - 1) // block_size
+    out = []
+    parent = ROOT_HASH
+    want = iter(depths)
+    d = next(want, None)
+    for i in range(min(num_full, depths[-1] if depths else 0)):
+        parent = hash((parent, tuple(token_ids[i * block_size:(i + 1) * block_size])))
+        if i + 1 == d:
+            out.append(parent)
+            d = next(want, None)
+    return tuple(out)
+
+
+class PrefixIndex:
+    """Facts and guesses of which backend holds which sampled-depth prefix hash."""
+
+    __slots__ = ("_facts", "_guesses", "_reports", "guess_ttl_s", "holders", "max_guesses")
+
+    def __init__(self, guess_ttl_s: float = 2.0, max_guesses: int = 4096) -> None:
+        self.guess_ttl_s = guess_ttl_s
+        self.max_guesses = max_guesses
+        self.holders: dict[int, set[int]] = {}
+        self._facts: dict[int, set[int]] = {}
+        self._guesses: dict[int, OrderedDict[int, float]] = {}  # oldest first
+        self._reports: set[int] = set()       # backends that have reported facts
+
+    def add_backend(self, b: int) -> None:
+        self._facts.setdefault(b, set())
+        self._guesses.setdefault(b, OrderedDict())
+
+    def remove_backend(self, b: int) -> None:
+        for h in self._facts.pop(b, ()):
+            self._drop(h, b)
+        for h in self._guesses.pop(b, ()):
+            self._drop(h, b)
+        self._reports.discard(b)
+
+    def holds(self, b: int, h: int) -> bool:
+        s = self.holders.get(h)
+        return s is not None and b in s
+
+    # ---- updates -----------------------------------------------------------------------------
+    def guess(self, b: int, hashes: Sequence[int], now: float) -> None:
+        """`b` was just sent a prompt with these prefix hashes: it will hold them."""
+        g = self._guesses.get(b)
+        if g is None:
+            return
+        holders = self.holders
+        for h in hashes:
+            if h in g:
+                g.move_to_end(h)
+            s = holders.get(h)
+            if s is None:
+                holders[h] = {b}
+            else:
+                s.add(b)
+            g[h] = now
+        while len(g) > self.max_guesses:
+            h, _ = g.popitem(last=False)
+            if h not in self._facts[b]:
+                self._drop(h, b)
+
+    def report(self, b: int, hashes: Iterable[int], now: float) -> None:
+        """`b` holds exactly these sampled-depth hashes (a snapshot from its LoadReport)."""
+        old = self._facts.get(b)
+        if old is None:
+            return
+        new = set(hashes)
+        self._reports.add(b)
+        g = self._guesses[b]
+        holders = self.holders
+        for h in new - old:
+            s = holders.get(h)
+            if s is None:
+                holders[h] = {b}
+            else:
+                s.add(b)
+        self._facts[b] = new
+        for h in old - new:
+            if h not in g:
+                self._drop(h, b)
+        # guesses older than the TTL are either facts by now or not worth keeping
+        horizon = now - self.guess_ttl_s
+        while g:
+            h, t = next(iter(g.items()))
+            if t > horizon:
+                break
+            del g[h]
+            if h not in new:
+                self._drop(h, b)
+
+    def _drop(self, h: int, b: int) -> None:
+        s = self.holders.get(h)
+        if s is not None:
+            s.discard(b)
+            if not s:
+                del self.holders[h]
+
+    # ---- reading -----------------------------------------------------------------------------
+    def num_facts(self, b: int) -> int:
+        return len(self._facts.get(b, ()))
+
+    def num_guesses(self, b: int) -> int:
+        return len(self._guesses.get(b, ()))
