@@ -24,30 +24,68 @@ Two sources, kept apart:
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 
-from scheduler.block_manager import ROOT_HASH
+from scheduler.block_manager import ROOT_HASH, BlockKey
 
 DEPTHS = (1, 2, 4, 8, 16, 32)
 
 
-def prefix_hashes(token_ids: Sequence[int], block_size: int,
-                  depths: Sequence[int] = DEPTHS) -> tuple[int, ...]:
-    """The prompt's chain hashes at the sampled depths it reaches, shallowest first.
-
-    A depth counts only if its blocks can be a cache hit: at least one prompt token must be left
-    to compute (as in `BlockManager._match`)."""
+def prefix_keys(token_ids: Sequence[int], block_size: int,
+                depths: Sequence[int] = DEPTHS) -> list[tuple[int, BlockKey]]:
+    """``(chain hash, block key)`` of the prompt at each sampled depth it reaches, shallowest
+    first. A depth counts only if its blocks can be a cache hit: at least one prompt token must
+    be left to compute (as in `BlockManager.match_prefix`)."""
     num_full = (len(token_ids) - 1) // block_size
     out = []
     parent = ROOT_HASH
     want = iter(depths)
     d = next(want, None)
     for i in range(min(num_full, depths[-1] if depths else 0)):
-        parent = hash((parent, tuple(token_ids[i * block_size:(i + 1) * block_size])))
+        key = (parent, tuple(token_ids[i * block_size:(i + 1) * block_size]))
+        parent = hash(key)
         if i + 1 == d:
-            out.append(parent)
+            out.append((parent, key))
             d = next(want, None)
-    return tuple(out)
+    return out
+
+
+def prefix_hashes(token_ids: Sequence[int], block_size: int,
+                  depths: Sequence[int] = DEPTHS) -> tuple[int, ...]:
+    """The prompt's chain hashes at the sampled depths it reaches, shallowest first."""
+    return tuple(h for h, _ in prefix_keys(token_ids, block_size, depths))
+
+
+class PrefixSummary:
+    """The backend's side: which sampled-depth prefixes of the prompts it was given are still in
+    its prefix cache — what a LoadReport carries (`snapshot`). Keeps the `max_entries` most
+    recently admitted; a key found evicted is forgotten (it only returns with a new prompt)."""
+
+    __slots__ = ("_keys", "block_size", "max_entries")
+
+    def __init__(self, block_size: int, max_entries: int = 1024) -> None:
+        self.block_size = block_size
+        self.max_entries = max_entries
+        self._keys: OrderedDict[int, BlockKey] = OrderedDict()  # hash -> key, oldest first
+
+    def add_prompt(self, token_ids: Sequence[int]) -> None:
+        keys = self._keys
+        for h, key in prefix_keys(token_ids, self.block_size):
+            if h in keys:
+                keys.move_to_end(h)
+            else:
+                keys[h] = key
+        while len(keys) > self.max_entries:
+            keys.popitem(last=False)
+
+    def snapshot(self, cached: Container[BlockKey]) -> list[int]:
+        """Hashes of the recorded prefixes whose block is cached (`cached`: the block manager's
+        cached keys), most recent first."""
+        keys = self._keys
+        gone = [h for h, key in keys.items() if key not in cached]
+        for h in gone:
+            del keys[h]
+        return list(reversed(keys))
 
 
 class PrefixIndex:

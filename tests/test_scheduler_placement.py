@@ -238,3 +238,24 @@ def test_config_rejects_unknown_policy_and_bad_bounds():
         PlacementConfig(policy="random")
     with pytest.raises(ValueError):
         PlacementConfig(load_factor=0.5)
+
+
+# ---- the backend's summary -------------------------------------------------------------------
+def test_summary_reports_what_the_block_manager_still_caches():
+    from scheduler.prefix_index import PrefixSummary
+    bs = 4
+    bm = BlockManager(num_blocks=12, block_size=bs, enable_prefix_caching=True)
+    summary = PrefixSummary(bs)
+    a = list(range(100, 121))             # 21 tokens: 5 usable full blocks -> depths 1, 2, 4
+    summary.add_prompt(a)
+    bm.allocate("a", a)
+    bm.cache_blocks("a", a, len(a))
+    want_a = list(reversed(prefix_hashes(a, bs)))
+    assert summary.snapshot(bm.cached_prefixes) == want_a
+    bm.free("a")                          # freed but cached: still held
+    assert summary.snapshot(bm.cached_prefixes) == want_a
+    b = list(range(500, 545))             # 45 tokens = 12 blocks: evicts every cached block of a
+    summary.add_prompt(b)
+    bm.allocate("b", b)
+    bm.cache_blocks("b", b, len(b))
+    assert summary.snapshot(bm.cached_prefixes) == list(reversed(prefix_hashes(b, bs)))
