@@ -139,6 +139,10 @@ class BlockManager:
         """A copy of the prefix cache: block key -> the block holding those tokens' K/V."""
         return dict(self._cached)
 
+    def is_cached(self, key: BlockKey) -> bool:
+        """Whether some block holds the K/V of `key` (in use, or free and not yet evicted)."""
+        return key in self._cached
+
     def free_list(self) -> list[int]:
         """Free blocks in eviction order (front is taken first)."""
         return self._free_uncached[::-1] + list(self._free_cached)

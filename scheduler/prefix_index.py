@@ -24,7 +24,7 @@ Two sources, kept apart:
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from scheduler.block_manager import ROOT_HASH, BlockKey
 
@@ -78,11 +78,11 @@ class PrefixSummary:
         while len(keys) > self.max_entries:
             keys.popitem(last=False)
 
-    def snapshot(self, cached: Container[BlockKey]) -> list[int]:
-        """Hashes of the recorded prefixes whose block is cached (`cached`: the block manager's
-        cached keys), most recent first."""
+    def snapshot(self, is_cached: Callable[[BlockKey], bool]) -> list[int]:
+        """Hashes of the recorded prefixes whose block is still cached (`is_cached`: the block
+        manager's `is_cached`), most recent first."""
         keys = self._keys
-        gone = [h for h, key in keys.items() if key not in cached]
+        gone = [h for h, key in keys.items() if not is_cached(key)]
         for h in gone:
             del keys[h]
         return list(reversed(keys))

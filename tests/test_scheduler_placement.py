@@ -81,7 +81,7 @@ def test_prefix_hashes_are_the_block_managers_chain_hashes(n):
     bm = BlockManager(num_blocks=64, block_size=bs, enable_prefix_caching=True)
     bm.allocate("s", toks)
     bm.cache_blocks("s", toks, n)
-    chain = bm._hashes["s"]              # hash of every full block's key, in order
+    chain = bm.block_hashes("s")            # hash of every full block's key, in order
     got = prefix_hashes(toks, bs)
     usable = (n - 1) // bs               # a cache hit leaves >= 1 token to compute
     want = tuple(chain[d - 1] for d in DEPTHS if d <= usable)
@@ -251,11 +251,11 @@ def test_summary_reports_what_the_block_manager_still_caches():
     bm.allocate("a", a)
     bm.cache_blocks("a", a, len(a))
     want_a = list(reversed(prefix_hashes(a, bs)))
-    assert summary.snapshot(bm.cached_prefixes) == want_a
+    assert summary.snapshot(bm.is_cached) == want_a
     bm.free("a")                          # freed but cached: still held
-    assert summary.snapshot(bm.cached_prefixes) == want_a
+    assert summary.snapshot(bm.is_cached) == want_a
     b = list(range(500, 545))             # 45 tokens = 12 blocks: evicts every cached block of a
     summary.add_prompt(b)
     bm.allocate("b", b)
     bm.cache_blocks("b", b, len(b))
-    assert summary.snapshot(bm.cached_prefixes) == list(reversed(prefix_hashes(b, bs)))
+    assert summary.snapshot(bm.is_cached) == list(reversed(prefix_hashes(b, bs)))
