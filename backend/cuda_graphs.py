@@ -252,7 +252,8 @@ class DecodeGraphs:
             greedy = True
         else:
             specs = [sampling[chunks[i].request_id] for i in rows]
-            greedy = all(s.params.greedy and not s.params.logprobs for s in specs)
+            greedy = all(s.params.greedy and not s.params.logprobs and not s.params.changes_logits
+                         for s in specs)
         if greedy and len(rows) == num:  # the in-graph argmax: one device->host read
             ids = [c.request_id for c in chunks]
             out.token_ids = dict(zip(ids, cap.token_ids[:num].tolist()))
@@ -264,9 +265,7 @@ class DecodeGraphs:
             specs = [SampleSpec(SamplingParams(), 0, 0) for _ in rows]
         index = torch.tensor(rows, dtype=torch.long, device=self.device)
         logits = cap.logits[:num].index_select(0, index)
-        tokens, logprobs = self.runner.sampler(logits, [s.params for s in specs],
-                                               [s.seed for s in specs],
-                                               [s.counter for s in specs])
+        tokens, logprobs = self.runner.sampler.sample_specs(logits, specs)
         for i, tok, lp in zip(rows, tokens, logprobs):
             rid = chunks[i].request_id
             out.token_ids[rid] = tok

@@ -9,6 +9,7 @@ stop-token decisions, and the per-step report of new tokens (`RequestOutput` rec
 """
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 
@@ -54,6 +55,10 @@ class _RequestState:
     seed: int
     num_prompt_tokens: int
     num_generated: int = 0
+    # token history, kept only for requests with penalties (the sampler reads it)
+    prompt_ids: list[int] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)
+    min_tokens_banned: tuple[int, ...] = ()  # ids masked while num_generated < min_tokens
 
 
 class Engine:
@@ -77,12 +82,21 @@ class Engine:
             return f"prompt has token ids outside [0, {vocab})"
         if not 0.0 <= params.top_p <= 1.0 or params.temperature < 0:
             return "temperature must be >= 0 and top_p in [0, 1]"
+        reason = _check_processors(params, vocab)
+        if reason is not None:
+            return reason
         rejection = self.scheduler.add_request(request_id, list(prompt_token_ids), params.max_tokens,
                                                arrival_time, priority)
         if rejection is not None:
             return rejection.reason
         seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(62)
-        self.states[request_id] = _RequestState(params, seed & ((1 << 62) - 1), len(prompt_token_ids))
+        state = _RequestState(params, seed & ((1 << 62) - 1), len(prompt_token_ids))
+        if params.uses_penalties:
+            state.prompt_ids = list(prompt_token_ids)
+        if params.min_tokens > 0:
+            eos = () if params.ignore_eos else self.eos_token_ids
+            state.min_tokens_banned = tuple(dict.fromkeys(params.stop_token_ids + eos))
+        self.states[request_id] = state
         return None
 
     def abort(self, request_id: str) -> RequestOutput | None:
@@ -120,7 +134,8 @@ class Engine:
 
     def _spec(self, request_id: str) -> SampleSpec:
         s = self.states[request_id]
-        return SampleSpec(s.params, s.seed, s.num_generated)
+        banned = s.min_tokens_banned if s.num_generated < s.params.min_tokens else ()
+        return SampleSpec(s.params, s.seed, s.num_generated, s.prompt_ids, s.output_ids, banned)
 
     def _outputs(self, plan: StepPlan, result: StepResult, logprobs: dict,
                  finished: list) -> list[RequestOutput]:
@@ -129,6 +144,8 @@ class Engine:
         for rid, token in result.sampled.items():
             state = self.states[rid]
             state.num_generated += 1
+            if state.params.uses_penalties:
+                state.output_ids.append(token)
             seq = requests.get(rid)
             lp = logprobs.get(rid)
             outputs[rid] = RequestOutput(
@@ -146,3 +163,22 @@ class Engine:
         """Scheduler and block-manager invariants, and the engine's own request map."""
         self.scheduler.check_integrity()
         assert set(self.states) == set(self.scheduler.requests), "engine/scheduler requests differ"
+
+
+def _check_processors(params: SamplingParams, vocab_size: int) -> str | None:
+    """The logit processors' fields, checked again here (the gateway checks them first)."""
+    values = (params.min_p, params.repetition_penalty, params.presence_penalty,
+              params.frequency_penalty, *(b for _, b in params.logit_bias))
+    if not all(math.isfinite(v) for v in values):
+        return "sampling parameters must be finite numbers"
+    if not 0.0 <= params.min_p <= 1.0:
+        return "min_p must be in [0, 1]"
+    if not params.repetition_penalty > 0.0:
+        return "repetition_penalty must be > 0"
+    if params.min_tokens < 0 or params.min_tokens > params.max_tokens:
+        return "min_tokens must be in [0, max_tokens]"
+    if any(not 0 <= i < vocab_size for i, _ in params.logit_bias):
+        return f"logit_bias has token ids outside [0, {vocab_size})"
+    if any(not 0 <= i < vocab_size for i in params.stop_token_ids):
+        return f"stop_token_ids has ids outside [0, {vocab_size})"
+    return None

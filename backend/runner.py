@@ -163,8 +163,7 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden.index_select(0, row_index))  # [S, V]
         specs = [sampling[c.request_id] for c in sampled] if sampling is not None else \
             [SampleSpec(SamplingParams(), 0, 0) for _ in sampled]
-        ids, logprobs = self.sampler(logits, [s.params for s in specs], [s.seed for s in specs],
-                                     [s.counter for s in specs])
+        ids, logprobs = self.sampler.sample_specs(logits, specs)
         for c, tok, lp in zip(sampled, ids, logprobs):
             out.token_ids[c.request_id] = tok
             out.logprobs[c.request_id] = lp

@@ -5,12 +5,24 @@ vocab id) is a hash of those three integers. A seeded request therefore draws th
 whatever else shares its batch, after a preemption, and on a CUDA-graph replay (no generator
 state to carry). Unseeded requests get a random seed at admission.
 
-Sampling one row = argmax over the allowed ids of `p_i / E_i`, E_i ~ Exp(1) (the exponential
-race, equivalent to drawing from p): greedy rows (temperature 0) take the plain argmax.
-Top-k and top-p masks are computed on the sorted logits, only when some row uses them.
+One step, every stage a batched tensor op over [B, V] (no loop over rows or the vocabulary,
+no device->host read), each stage only when some row of the step uses it:
+
+    logits (model, fp32)
+      + logit_bias                      sparse (id, bias) pairs scattered into the row
+      banned ids -> -inf                min_tokens: EOS and stop ids until enough tokens
+      penalties                         repetition (prompt + output), presence, frequency
+      / temperature                     0 = greedy: argmax of the processed logits
+      min_p, top-k, top-p masks         min_p on the probabilities; top-k/p on sorted logits
+      argmax p_i / E_i, E_i ~ Exp(1)    the exponential race, equivalent to drawing from p
+
+Ragged per-row inputs (token histories, bias pairs, banned ids) are padded with the id V and
+scattered into V + 1 columns, the last one dropped: the padding never touches a real token.
+Logprobs are those of the unmodified model distribution (vLLM's default, `raw_logprobs`).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -28,10 +40,38 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int = 0           # top-n logprobs per generated token; 0 = none
+    min_p: float = 0.0          # keep tokens with p >= min_p * p_max; 0 = off
+    repetition_penalty: float = 1.0  # > 1 discourages tokens seen in prompt or output; 1 = off
+    presence_penalty: float = 0.0    # subtracted once from tokens seen in the output
+    frequency_penalty: float = 0.0   # subtracted per occurrence in the output
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
+    min_tokens: int = 0         # EOS and stop ids cannot end the output before this many tokens
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @property
+    def uses_penalties(self) -> bool:
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                or self.frequency_penalty != 0.0)
+
+    @property
+    def changes_logits(self) -> bool:
+        """The processed logits differ from the model's (a plain argmax is then wrong)."""
+        return bool(self.uses_penalties or self.logit_bias or self.min_tokens)
+
+
+@dataclass
+class SampleSpec:
+    """How to sample one request this step."""
+    params: SamplingParams
+    seed: int
+    counter: int  # index of the token being generated (number generated so far)
+    # token history for the penalties (read, never copied or changed here)
+    prompt_ids: Sequence[int] = ()
+    output_ids: Sequence[int] = ()
+    banned_ids: Sequence[int] = ()  # ids masked out this step (min_tokens)
 
 
 @dataclass
@@ -43,7 +83,8 @@ class TokenLogprobs:
 
 @dataclass
 class SamplingTensors:
-    """Per-row sampling parameters as device tensors (the runner keeps them in static buffers)."""
+    """Per-row sampling parameters as device tensors. Optional groups are None when no row of the
+    step uses them (the host flags that pick which stages run)."""
     temperature: torch.Tensor  # [B] fp32, 0 = greedy
     top_k: torch.Tensor        # [B] int64, vocab_size = off
     top_p: torch.Tensor        # [B] fp32, 1 = off
@@ -51,21 +92,68 @@ class SamplingTensors:
     counters: torch.Tensor     # [B] int64: index of the token being generated
     needs_sort: bool           # host flag: some row uses top-k or top-p
     all_greedy: bool
+    min_p: torch.Tensor | None = None          # [B] fp32, 0 = off
+    bias_ids: torch.Tensor | None = None       # [B, K] int64, padded with V
+    bias_values: torch.Tensor | None = None    # [B, K] fp32
+    banned_ids: torch.Tensor | None = None     # [B, S] int64, padded with V
+    prompt_ids: torch.Tensor | None = None     # [B, Lp] int64, padded with V
+    output_ids: torch.Tensor | None = None     # [B, Lo] int64, padded with V
+    repetition_penalty: torch.Tensor | None = None  # [B] fp32, 1 = off
+    presence_penalty: torch.Tensor | None = None    # [B] fp32
+    frequency_penalty: torch.Tensor | None = None   # [B] fp32
 
     @classmethod
     def build(cls, params: list[SamplingParams], seeds: list[int], counters: list[int],
-              vocab_size: int, device: torch.device) -> SamplingTensors:
+              vocab_size: int, device: torch.device,
+              specs: Sequence[SampleSpec] | None = None) -> SamplingTensors:
+        """`specs` (same rows as `params`) carry the histories and banned ids; without them no
+        row is penalized or banned."""
         top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
         top_p = [p.top_p if 0.0 < p.top_p < 1.0 else 1.0 for p in params]
         temps = [max(p.temperature, 0.0) for p in params]
         needs_sort = any(k < vocab_size for k in top_k) or any(p < 1.0 for p in top_p)
-        return cls(
-            temperature=torch.tensor(temps, dtype=torch.float32, device=device),
-            top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
-            top_p=torch.tensor(top_p, dtype=torch.float32, device=device),
-            seeds=torch.tensor(seeds, dtype=torch.int64, device=device),
-            counters=torch.tensor(counters, dtype=torch.int64, device=device),
-            needs_sort=needs_sort, all_greedy=all(t == 0.0 for t in temps))
+
+        def f32(values):
+            return torch.tensor(values, dtype=torch.float32, device=device)
+
+        def padded(rows: list[Sequence[int]]) -> torch.Tensor:
+            return _pad_ids(rows, vocab_size, device)
+
+        t = cls(temperature=f32(temps),
+                top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
+                top_p=f32(top_p),
+                seeds=torch.tensor(seeds, dtype=torch.int64, device=device),
+                counters=torch.tensor(counters, dtype=torch.int64, device=device),
+                needs_sort=needs_sort, all_greedy=all(x == 0.0 for x in temps))
+        if any(p.min_p > 0.0 for p in params):
+            t.min_p = f32([min(max(p.min_p, 0.0), 1.0) for p in params])
+        if any(p.logit_bias for p in params):
+            t.bias_ids = padded([[i for i, _ in p.logit_bias] for p in params])
+            width = t.bias_ids.shape[1]
+            t.bias_values = f32([[b for _, b in p.logit_bias] + [0.0] * (width - len(p.logit_bias))
+                                 for p in params])
+        if specs is not None:
+            if any(s.banned_ids for s in specs):
+                t.banned_ids = padded([s.banned_ids for s in specs])
+            if any(p.uses_penalties for p in params):
+                # rows without penalties send no history (their neutral values ignore it)
+                use = [p.uses_penalties for p in params]
+                t.prompt_ids = padded([s.prompt_ids if u else () for s, u in zip(specs, use)])
+                t.output_ids = padded([s.output_ids if u else () for s, u in zip(specs, use)])
+                t.repetition_penalty = f32([p.repetition_penalty for p in params])
+                t.presence_penalty = f32([p.presence_penalty for p in params])
+                t.frequency_penalty = f32([p.frequency_penalty for p in params])
+        return t
+
+
+def _pad_ids(rows: Sequence[Sequence[int]], pad: int, device: torch.device) -> torch.Tensor:
+    """[B, max len] int64 (at least one column), short rows padded with `pad`."""
+    width = max(1, max((len(r) for r in rows), default=0))
+    out = torch.full((len(rows), width), pad, dtype=torch.int64)
+    for i, r in enumerate(rows):
+        if len(r):
+            out[i, :len(r)] = torch.as_tensor(r, dtype=torch.int64)
+    return out.to(device, non_blocking=True)
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
@@ -89,6 +177,52 @@ def uniform_noise(seeds: torch.Tensor, counters: torch.Tensor, vocab_size: int) 
     return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
 
 
+def token_counts(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Padded ids [B, L] (pad = vocab_size) -> occurrences [B, V] fp32."""
+    counts = torch.zeros(ids.shape[0], vocab_size + 1, dtype=torch.float32, device=ids.device)
+    counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.float32))
+    return counts[:, :vocab_size]
+
+
+def apply_logit_bias(logits: torch.Tensor, ids: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """logits [B, V] + bias scattered at ids [B, K] (pad = V)."""
+    vocab = logits.shape[1]
+    bias = torch.zeros(logits.shape[0], vocab + 1, dtype=logits.dtype, device=logits.device)
+    bias.scatter_add_(1, ids, values.to(logits.dtype))
+    return logits + bias[:, :vocab]
+
+
+def apply_banned(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """-inf at ids [B, S] (pad = V)."""
+    vocab = logits.shape[1]
+    banned = torch.zeros(logits.shape[0], vocab + 1, dtype=torch.bool, device=logits.device)
+    banned.scatter_(1, ids, True)
+    return logits.masked_fill(banned[:, :vocab], float("-inf"))
+
+
+def apply_penalties(logits: torch.Tensor, prompt_ids: torch.Tensor, output_ids: torch.Tensor,
+                    repetition: torch.Tensor, presence: torch.Tensor,
+                    frequency: torch.Tensor) -> torch.Tensor:
+    """The penalties as vLLM and the OpenAI API define them:
+    repetition (CTRL paper): a token seen in the prompt or the output has a positive logit
+    divided by r, a negative one multiplied by r; presence: minus `presence` once if the token is
+    in the output; frequency: minus `frequency` times its number of occurrences in the output."""
+    vocab = logits.shape[1]
+    out_counts = token_counts(output_ids, vocab)
+    in_output = out_counts > 0
+    seen = in_output | (token_counts(prompt_ids, vocab) > 0)
+    r = repetition[:, None]
+    logits = torch.where(seen, torch.where(logits > 0, logits / r, logits * r), logits)
+    return logits - frequency[:, None] * out_counts - presence[:, None] * in_output
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """-inf where p < min_p * p_max (min_p = 0 keeps every token)."""
+    probs = logits.softmax(dim=-1)
+    threshold = min_p[:, None] * probs.amax(dim=-1, keepdim=True)
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
 def _apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     sorted_logits, order = logits.sort(dim=-1, descending=True)  # [B, V]
     vocab = logits.shape[-1]
@@ -102,13 +236,28 @@ def _apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
+def process_logits(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
+    """The logit processors that apply to greedy rows too: bias, bans, penalties."""
+    if t.bias_ids is not None:
+        logits = apply_logit_bias(logits, t.bias_ids, t.bias_values)
+    if t.banned_ids is not None:
+        logits = apply_banned(logits, t.banned_ids)
+    if t.repetition_penalty is not None:
+        logits = apply_penalties(logits, t.prompt_ids, t.output_ids, t.repetition_penalty,
+                                 t.presence_penalty, t.frequency_penalty)
+    return logits
+
+
 def sample(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
     """logits [B, V] fp32 -> token ids [B] int64 (on the logits' device)."""
+    logits = process_logits(logits, t)
     greedy_ids = logits.argmax(dim=-1)
     if t.all_greedy:
         return greedy_ids
     temp = torch.where(t.temperature > 0, t.temperature, torch.ones_like(t.temperature))
     scaled = logits / temp[:, None]
+    if t.min_p is not None:
+        scaled = apply_min_p(scaled, t.min_p)
     if t.needs_sort:
         scaled = _apply_top_k_top_p(scaled, t.top_k, t.top_p)
     probs = scaled.softmax(dim=-1)
@@ -132,17 +281,25 @@ def compute_logprobs(logits: torch.Tensor, token_ids: torch.Tensor,
 
 
 class Sampler:
-    """`sampler(logits, params, seeds, counters) -> (token ids, logprobs per row)`."""
+    """`sampler.sample_specs(logits, specs) -> (token ids, logprobs per row)`."""
 
     def __init__(self, vocab_size: int, device: torch.device | str) -> None:
         self.vocab_size = vocab_size
         self.device = torch.device(device)
 
-    def __call__(self, logits: torch.Tensor, params: list[SamplingParams], seeds: list[int],
-                 counters: list[int]) -> tuple[list[int], list[TokenLogprobs | None]]:
-        t = SamplingTensors.build(params, seeds, counters, self.vocab_size, self.device)
+    def sample_specs(self, logits: torch.Tensor, specs: Sequence[SampleSpec]
+                     ) -> tuple[list[int], list[TokenLogprobs | None]]:
+        params = [s.params for s in specs]
+        t = SamplingTensors.build(params, [s.seed for s in specs], [s.counter for s in specs],
+                                  self.vocab_size, self.device, specs)
         ids = sample(logits, t)
         return ids.tolist(), compute_logprobs(logits, ids, [p.logprobs for p in params])
+
+    def __call__(self, logits: torch.Tensor, params: list[SamplingParams], seeds: list[int],
+                 counters: list[int]) -> tuple[list[int], list[TokenLogprobs | None]]:
+        """Rows without histories or banned ids (no penalties, no min_tokens)."""
+        return self.sample_specs(logits, [SampleSpec(p, s, c) for p, s, c in
+                                          zip(params, seeds, counters)])
 
 
 def finish_reason(token_id: int, num_generated: int, params: SamplingParams,

@@ -8,7 +8,9 @@ from typing import Protocol
 
 import torch
 
-from backend.sampler import SamplingParams, TokenLogprobs
+from backend.sampler import SampleSpec, TokenLogprobs
+
+__all__ = ["Chunk", "RunnerOutput", "SampleSpec"]  # SampleSpec lives with the sampler
 
 
 class Chunk(Protocol):
@@ -19,14 +21,6 @@ class Chunk(Protocol):
     block_table: list[int]  # the sequence's block table (covers start_pos + len(token_ids))
     is_prefill: bool
     sample: bool
-
-
-@dataclass
-class SampleSpec:
-    """How to sample one request this step."""
-    params: SamplingParams
-    seed: int
-    counter: int  # index of the token being generated (number generated so far)
 
 
 @dataclass
