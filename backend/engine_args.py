@@ -4,8 +4,19 @@ entry module; none imports another's)."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from scheduler.capacity import add_capacity_arguments
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def default_model() -> str:
+    """The repo's trained tiny coder when it is there, else the `tiny` preset (what
+    `tidegate serve` and `tidegate eval speed` run when no --model is given; the gateway
+    keeps the same rule in `gateway.serve.default_model`, since it may not import backend/)."""
+    tiny_coder = REPO_ROOT / "models" / "tiny-coder"
+    return str(tiny_coder) if (tiny_coder / "config.json").is_file() else "tiny"
 
 
 def int_list(text: str) -> list[int]:

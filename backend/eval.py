@@ -460,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"A [{a.label()}]  B [{b.label()}]")
         else:
             if "--model" not in engine_argv and not any(x.startswith("--model=") for x in engine_argv):
-                from gateway.serve import default_model
+                from backend.engine_args import default_model
 
                 engine_argv = ["--model", default_model(), *engine_argv]
             r = decode_speed(engine_argv, max_tokens=args.max_tokens, batch=args.batch,

@@ -36,6 +36,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def default_model() -> str:
+    # the same rule as backend.engine_args.default_model (the gateway may not import backend/)
     tiny_coder = REPO_ROOT / "models" / "tiny-coder"
     return str(tiny_coder) if (tiny_coder / "config.json").is_file() else "tiny"
 
