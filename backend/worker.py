@@ -35,6 +35,7 @@ from backend.loader import LoadedModel
 from backend.sampler import SamplingParams
 from proto import codec
 from proto import tidegate_pb2 as pb
+from scheduler.prefix_index import PrefixSummary
 
 BUSY_REPORT_S = 0.1
 IDLE_REPORT_S = 1.0
@@ -70,6 +71,13 @@ class Worker:
         self._was_busy = False
         self._idle_checked = True
         self._stopping = False
+        # What our prefix cache holds, for the gateway's placement (LoadReport.prefix_hashes);
+        # only an engine with a real block manager and its prefix cache on can answer.
+        bm = getattr(engine.scheduler, "block_manager", None)
+        self._is_cached = getattr(bm, "is_cached", None) if getattr(
+            bm, "enable_prefix_caching", False) else None
+        self.prefix_summary = (PrefixSummary(engine.config.block_size)
+                               if self._is_cached is not None else None)
 
     # ---- lifecycle -----------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -182,11 +190,14 @@ class Worker:
         if key in self.owner:
             reason = f"duplicate request id {rid!r}"
         else:
-            reason = self.engine.add_request(key, prompt.tolist(), params, req.arrival_time, req.priority)
+            ids = prompt.tolist()
+            reason = self.engine.add_request(key, ids, params, req.arrival_time, req.priority)
         if reason is not None:
             self._send(identity, codec.make_error(pb.Error.INVALID_REQUEST, reason, rid))
             return
         self.owner[key] = (identity, rid)
+        if self.prefix_summary is not None:
+            self.prefix_summary.add_prompt(ids)
         self._idle_checked = False
 
     # ---- stepping and sending --------------------------------------------------------------
@@ -280,9 +291,16 @@ class Worker:
     def load_report(self) -> pb.LoadReport:
         sched = self.engine.scheduler
         outstanding = sum(s.params.max_tokens - s.num_generated for s in self.engine.states.values())
-        return pb.LoadReport(
+        report = pb.LoadReport(
             num_running=sched.num_running, num_waiting=sched.num_waiting,
             num_free_blocks=sched.block_manager.num_free_blocks,
             num_total_blocks=self.engine.config.num_blocks,
             recent_step_time_ms=self.step_time_ema_ms, backend_id=self.backend_id,
             num_outstanding_tokens=outstanding)
+        if self.prefix_summary is not None:
+            bm = sched.block_manager
+            report.prefix_hashes.extend(self.prefix_summary.snapshot(self._is_cached))
+            report.prefix_block_size = self.engine.config.block_size
+            report.num_prompt_tokens = bm.num_query_tokens
+            report.num_cached_prompt_tokens = bm.num_hit_tokens
+        return report

@@ -220,3 +220,30 @@ def test_idle_edge_is_reported_at_once(worker_factory):
         if m.kind == "load_report" and m.envelope.load_report.num_running == 0:
             break
     assert time.monotonic() - done < 0.5 and "x" in finals
+
+
+def test_load_report_says_which_prefixes_are_cached(worker_factory):
+    """LoadReport.prefix_hashes: the sampled-depth chain hashes of the prompts whose blocks are
+    still cached, the same numbers the gateway's placement computes from the token ids."""
+    from scheduler.prefix_index import prefix_hashes
+    w = worker_factory("--model", "tiny", "--load-format", "dummy", "--num-blocks", "64",
+                       "--block-size", "4")
+    c = DealerClient(w.endpoint)
+    c.hello()
+    shared = list(range(10, 46))                       # 36 tokens = 9 blocks of 4
+    reqs = {"a": shared + [7, 8], "b": shared + [9]}
+    c.batch({"a": reqs["a"]}, max_tokens=2, ignore_eos=True)
+    c.collect(["a"])
+    c.batch({"b": reqs["b"]}, max_tokens=2, ignore_eos=True)
+    c.collect(["b"])
+    while True:
+        m = c.recv(timeout_s=2.0)
+        if m.kind == "load_report" and m.envelope.load_report.num_running == 0:
+            report = m.envelope.load_report
+            if report.num_cached_prompt_tokens:
+                break
+    want = prefix_hashes(reqs["b"], 4)                 # depths 1, 2, 4, 8
+    assert len(want) == 4 and set(want) <= set(report.prefix_hashes)
+    assert report.prefix_block_size == 4
+    assert report.num_prompt_tokens == len(reqs["a"]) + len(reqs["b"])
+    assert report.num_cached_prompt_tokens == 36       # b hit all 9 shared blocks
