@@ -23,7 +23,7 @@ from scheduler.capacity import add_capacity_arguments
 from scheduler.queues import QueueConfig
 from sims.adapters import SimSchedulerConfig
 from sims.cost import RooflineConfig
-from sims.engine import EngineConfig
+from sims.event_loop import EngineConfig
 from sims.runner import CostSpec, RunSpec
 from sims.workload import LengthSpec, WorkloadConfig, load_trace
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from scheduler.classes import QueueClass
-from sims.engine import SimResult
+from sims.event_loop import SimResult
 from sims.metrics import request_metrics, stats_ms, weighted_stats_ms
 
 LATENCY_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")

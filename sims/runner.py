@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from scheduler.batcher import BatcherConfig
 from sims.adapters import SimSchedulerConfig
 from sims.cost import ConstantCost, CostModel, RooflineConfig, RooflineCost
-from sims.engine import EngineConfig, SimResult, simulate
+from sims.event_loop import EngineConfig, SimResult, simulate
 from sims.hardware import get_gpu
 from sims.model_shape import load_model_shape
 from sims.workload import WorkloadConfig, generate, load_trace

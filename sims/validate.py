@@ -10,7 +10,7 @@
    `bench` load generator (`bench.loadgen.run_http`, `sims.metrics.summarize`: what
    `tidegate bench serve` runs) with a Poisson schedule of fixed lengths. One untimed warm-up run first.
 3. Sim: the same workload (`sims.workload.generate` with the same seed gives the same arrivals and
-   lengths as `bench.workload.make_schedule`) through `sims.engine.simulate` + `sims.report.summarize`
+   lengths as `bench.workload.make_schedule`) through `sims.event_loop.simulate` + `sims.report.summarize`
    (what `tidegate sim run --profile` does), one backend, the live
    backend's KV blocks / block size / max_model_len (read from its start-up line), the profile's
    max_num_seqs / max_num_batched_tokens (the engine defaults it ran with), and the batcher and queue
@@ -178,7 +178,7 @@ def sim_spec(profile: Path, num_blocks: int, block_size: int, max_model_len: int
              max_num_batched_tokens: int, batcher, queue, n: int, rate: float, input_len: int,
              output_len: int, seed: int):
     from sims.adapters import SimSchedulerConfig
-    from sims.engine import EngineConfig
+    from sims.event_loop import EngineConfig
     from sims.runner import CostSpec, RunSpec
     from sims.workload import LengthSpec, WorkloadConfig
 
@@ -217,7 +217,7 @@ class ScaledCost:
 
 def run_sim(spec, scale: float = 1.0) -> dict:
     """`sims.runner.run_spec`, optionally with the cost model's step times scaled by `scale`."""
-    from sims.engine import simulate
+    from sims.event_loop import simulate
     from sims.report import summarize
     from sims.workload import generate
 

@@ -112,7 +112,7 @@ def synthetic(n=400, seed=7):
 
 def sim_result_from(records):
     """The same timings as the simulator's raw outcome (a failed request: rejected, NaN times)."""
-    se = pytest.importorskip("sims.engine")
+    se = pytest.importorskip("sims.event_loop")
     from scheduler.classes import classify
     from sims.workload import Workload
 

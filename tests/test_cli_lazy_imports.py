@@ -15,7 +15,7 @@ with contextlib.redirect_stdout(out):
     rc_help = main(["--help"])
     rc_plan = main(ARGS)
 import gateway.serve, gateway.app, gateway.backend_pool, gateway.frontdoor, gateway.client  # noqa
-import sims.engine, sims.cli  # noqa
+import sims.event_loop, sims.cli  # noqa
 print(json.dumps({"rc": [rc_help, rc_plan], "torch": "torch" in sys.modules,
                   "backend": sorted(m for m in sys.modules if m.startswith("backend."))}))
 """

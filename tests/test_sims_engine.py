@@ -5,7 +5,7 @@ import pytest
 from scheduler.batcher import BatcherConfig
 from sims.adapters import SimSchedulerConfig
 from sims.cost import ConstantCost, RooflineCost
-from sims.engine import EngineConfig, simulate
+from sims.event_loop import EngineConfig, simulate
 from sims.hardware import get_gpu
 from sims.model_shape import load_model_shape
 from sims.report import summarize

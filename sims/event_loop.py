@@ -1,0 +1,466 @@
+"""The discrete-event loop: workload → gateway (queues + batcher) → N backends → metrics.
+
+Time lives in one `ManualClock`; the scheduler objects read it through the adapters, never the
+loop's entities. Events are kept in a heap ``(time, seq, kind, arg)``; arrivals are not pushed but
+read from the sorted workload arrays (the next event is the earlier of the two), which keeps the
+heap small. Ties: a heap event at time t runs before an arrival at t, so a backend that frees up at
+t is seen by the batcher's idle check for that arrival.
+
+Backends::
+
+      inbox (requests delivered during a step; admitted at the next step boundary)
+        │
+        ▼  start_step ──────────────── pure decode, nothing waiting, k = max_pure_decode_steps() ≥ 2?
+     schedule()                          │ yes: one STRETCH event at the end of the k steps; a batch
+        │ step_time(plan)                │ delivered meanwhile truncates it to the step in progress
+        ▼                                ▼
+     STEP event → update(result)      STRETCH event → advance_decode_steps(j)
+
+A stretch runs past length finishes (up to `max_stretch_finishes` of them) when the backend has
+room for more sequences and is below the spare watermark at its start (then a finish changes
+nothing the gateway reads: the backend stays spare); otherwise it ends at the first finish. It
+is kept as segments, one per batch size between finishes: ``(steps, batch, first context,
+finishing at its end, cumulative end time)``; a segment's span is `CostModel.decode_span` (closed
+form for the roofline), and the requests finishing inside get the exact end time of their last
+step. Every step is recorded for the step and ITL figures (each step's duration weighted by the
+number of sequences), expanded once at the end with `decode_step_times`.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from operator import attrgetter
+
+import numpy as np
+
+from scheduler.clock import ManualClock
+from sims.adapters import BackendAdapter, GatewayAdapter, SimSchedulerConfig
+from sims.cost import CostModel, decode_span_by_times
+from sims.workload import Workload
+
+INF = math.inf
+_STEP, _STRETCH, _TIMER, _DELIVER = 0, 1, 2, 3  # event kinds: indices into EventLoop.run's handlers
+_by_outstanding = attrgetter("outstanding")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    num_backends: int = 1
+    network_delay_s: float = 0.0        # gateway -> backend one-way delay of a batch
+    spare_kv_watermark: float = 0.9     # a backend is "spare" below this KV use with nothing waiting
+    max_stretch_steps: int = 1 << 30    # cap on one k-step advance (1 disables stretches)
+    max_stretch_finishes: int = 0       # finishing steps one stretch may pass (0: ends at the first)
+    num_samples: int = 2000             # time-series samples (queue depth, KV use) over the run
+    progress: bool = False
+
+
+@dataclass
+class SimResult:
+    """Raw outcome; `sims.report.summarize` turns it into the JSON report."""
+    workload: Workload
+    dispatch_time: np.ndarray          # batch flush time per request (NaN: never dispatched)
+    first_token_time: np.ndarray
+    finish_time: np.ndarray
+    num_output: np.ndarray
+    queue_class: np.ndarray
+    rejected: np.ndarray               # bool: refused at the gateway or the backend
+    itl_values: np.ndarray
+    itl_weights: np.ndarray
+    batch_sizes: np.ndarray            # gateway flushes
+    step_decode: np.ndarray            # per step (stretches expanded): decode sequences
+    step_prefill: np.ndarray           # per step: prefill tokens
+    step_time: np.ndarray
+    series: dict[str, np.ndarray]      # t, queue_depth, kv_usage, running
+    backend_stats: list[dict]
+    events: int
+    wall_s: float
+    sim_end: float
+    extra: dict = field(default_factory=dict)
+
+
+class _Backend:
+    __slots__ = (
+        "busy",
+        "end_time",
+        "idx",
+        "inbox",
+        "outstanding",
+        "plan",
+        "sched",
+        "stretch_past",
+        "stretch_segs",
+        "stretch_start",
+        "version",
+    )
+
+    def __init__(self, idx: int, sched: BackendAdapter):
+        self.idx, self.sched = idx, sched
+        self.inbox: list[int] = []
+        self.busy = False
+        self.end_time = 0.0
+        self.version = 0
+        self.stretch_start = 0.0
+        self.stretch_segs = None    # [(steps, batch, context, num_finishing, cumulative end)]
+        self.stretch_past = False
+        self.plan = None
+        self.outstanding = 0
+
+
+def simulate(workload: Workload, cost: CostModel, sched_config: SimSchedulerConfig,
+             config: EngineConfig = EngineConfig()) -> SimResult:
+    return EventLoop(workload, cost, sched_config, config).run()
+
+
+class EventLoop:
+    """One simulation run: the state of the loop, and one handler per event kind
+    (`on_step`, `on_stretch`, `on_timer`, `on_deliver`, and `on_arrival` for the workload)."""
+
+    def __init__(self, workload: Workload, cost: CostModel, sched_config: SimSchedulerConfig,
+                 config: EngineConfig) -> None:
+        self.wall0 = time.perf_counter()
+        self.workload, self.cost, self.config = workload, cost, config
+        self.n = n = len(workload)
+        self.clock = ManualClock(0.0)
+        self.gateway = gateway = GatewayAdapter(sched_config, self.clock, workload)
+        self.num_blocks = num_blocks = cost.num_kv_blocks(sched_config.block_size)
+        self.backends = backends = [
+            _Backend(b, BackendAdapter(sched_config, num_blocks, workload, gateway.lists))
+            for b in range(config.num_backends)]
+
+        # lists, not arrays, in the loop: a numpy scalar read or write costs ~80 ns more per access
+        self.arrival = workload.arrival_time.tolist()
+        # prompt + output
+        self.num_tokens = (workload.prompt_len.astype(np.int64) + workload.output_len).tolist()
+        nan = math.nan
+        self.dispatch_t = [nan] * n
+        self.first_t = [nan] * n
+        self.finish_t = [nan] * n
+        self.rejected = np.zeros(n, dtype=bool)
+        self.step_rows: list[tuple] = []     # (num_decode, num_prefill_tokens, duration) per single step
+        self.stretch_rows: list[tuple] = []  # (steps, num_decode, first context) per stretch segment
+        self.batch_sizes: list[int] = []
+        self.heap: list[tuple] = []
+        self.seq = 0
+        self.events = 0
+        self.timer_deadline = INF
+        self.watermark = config.spare_kv_watermark
+        self.delay = config.network_delay_s
+        self.max_k = config.max_stretch_steps
+        horizon = float(self.arrival[-1]) if n else 0.0
+        self.sample_dt = horizon / config.num_samples if horizon > 0 else INF
+        self.next_sample = 0.0
+        self.series: dict[str, list] = {"t": [], "queue_depth": [], "kv_usage": [], "running": [],
+                                        "fragmentation": []}
+        self.step_time_fn = cost.step_time
+        # A measured profile charges each packed prefill by itself (sum of p_i^2 attention, not
+        # (sum p_i)^2).
+        self.charges_chunks = getattr(cost, "accepts_prefill_chunks", False)
+        self.span_fn = getattr(cost, "decode_span", None) or partial(decode_span_by_times, cost)
+        self.max_fin = config.max_stretch_finishes
+        self.progress_every = max(1, n // 50)
+        self.next_progress = self.progress_every
+        # spare(): what the adapters' num_waiting / has_room / kv_usage say, read without the
+        # adapters' property calls (it runs twice per arrival)
+        self.cores = [(be, be.sched.sched, be.sched.bm) for be in backends]
+        self.max_seqs = sched_config.max_num_seqs
+        self.now = 0.0
+
+    # ---- helpers ---------------------------------------------------------------------------
+    def push(self, t: float, kind: int, arg) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, kind, arg))
+
+    def spare(self) -> bool:
+        num_blocks, watermark, max_seqs = self.num_blocks, self.watermark, self.max_seqs
+        for be, core, bm in self.cores:
+            if (not be.inbox and not core.waiting and len(core.running) < max_seqs
+                    and (num_blocks - bm.num_free_blocks) / num_blocks < watermark):
+                return True
+        return False
+
+    def dispatch(self, now: float) -> None:
+        batch = self.gateway.take_batch()
+        if not batch:
+            return
+        self.batch_sizes.append(len(batch))
+        be = min(self.backends, key=(lambda x: self.load(x, now)) if self.max_fin else _by_outstanding)
+        dispatch_t, num_tokens = self.dispatch_t, self.num_tokens
+        for i in batch:
+            dispatch_t[i] = now
+            be.outstanding += num_tokens[i]
+        if self.delay > 0:
+            self.push(now + self.delay, _DELIVER, (be.idx, batch))
+        else:
+            self.deliver(be, batch, now)
+
+    @staticmethod
+    def load(be: _Backend, now: float) -> int:
+        """Outstanding tokens at `now`: a stretch past finishes has not yet taken off the
+        requests that finished inside it by `now` (as single steps would have)."""
+        if not be.stretch_past:
+            return be.outstanding
+        o, start = be.outstanding, be.stretch_start
+        for seg in be.stretch_segs:
+            if start + seg[4] > now:
+                break
+            o -= seg[5]
+        return o
+
+    def deliver(self, be: _Backend, batch: list[int], now: float) -> None:
+        be.inbox.extend(batch)
+        if not be.busy:
+            self.start_step(be, now)
+        elif be.stretch_segs is not None:
+            self.truncate(be, now)
+
+    def truncate(self, be: _Backend, now: float) -> None:
+        """End the stretch after the step in progress at `now` (a step ending at `now` is done)."""
+        span_fn = self.span_fn
+        segs = be.stretch_segs
+        e = now - be.stretch_start
+        t0 = 0.0
+        for idx, seg in enumerate(segs):
+            if e < seg[4]:
+                break
+            t0 = seg[4]
+        else:
+            return  # the last step ends at `now`: nothing in progress
+        ks, n, ctx, nfin, t1, tokens = seg
+        # c = steps of this segment done by `now`: the largest c < ks with span(c) <= e - t0;
+        # steps only lengthen, so e / (first step) is an upper bound and close
+        e -= t0
+        first = span_fn(n, ctx, 1)
+        c = min(ks - 1, int(e / first)) if first > 0 else ks - 1
+        while c > 0 and span_fn(n, ctx, c) > e:
+            c -= 1
+        while c + 1 < ks and span_fn(n, ctx, c + 1) <= e:
+            c += 1
+        j = c + 1  # with the one in progress
+        if j == ks and idx == len(segs) - 1:
+            return
+        end = t1 if j == ks else t0 + span_fn(n, ctx, j)
+        be.stretch_segs = segs[:idx] + [(j, n, ctx, nfin, end, tokens) if j == ks
+                                        else (j, n, ctx, 0, end, 0)]
+        be.end_time = be.stretch_start + end
+        be.version += 1
+        self.push(be.end_time, _STRETCH, (be.idx, be.version))
+
+    def admit(self, be: _Backend, now: float) -> None:
+        sched = be.sched
+        for i in be.inbox:
+            if not sched.add(i, now):
+                self.rejected[i] = True
+                be.outstanding -= self.num_tokens[i]
+        be.inbox.clear()
+
+    def start_step(self, be: _Backend, now: float) -> None:
+        if be.inbox:
+            self.admit(be, now)
+        sched = be.sched
+        max_k = self.max_k
+        if max_k > 1 and sched.num_waiting == 0:
+            # past finishes only while they cannot change what spare() reads (module doc)
+            past = self.max_fin if sched.has_room and sched.kv_usage < self.watermark else 0
+            k, segs = sched.decode_stretch(max_k, past)
+            if k > 1:
+                span_fn = self.span_fn
+                t = 0.0
+                out = []
+                for ks, n_dec, ctx, nfin, tokens in segs:
+                    t += span_fn(n_dec, ctx, ks)
+                    out.append((ks, n_dec, ctx, nfin, t, tokens))
+                be.stretch_segs, be.stretch_past = out, past > 0
+                be.stretch_start = now
+                be.busy = True
+                be.end_time = now + t
+                be.version += 1
+                self.push(be.end_time, _STRETCH, (be.idx, be.version))
+                return
+        plan = sched.schedule()
+        if plan is None:
+            be.busy = False
+            return
+        num_decode, num_prefill, num_ctx = plan
+        if self.charges_chunks and num_prefill:
+            dt = self.step_time_fn(num_decode, num_prefill, num_ctx, sched.prefill_chunks)
+        else:
+            dt = self.step_time_fn(num_decode, num_prefill, num_ctx)
+        self.step_rows.append((num_decode, num_prefill, dt))
+        be.busy = True
+        be.plan = plan
+        be.end_time = now + dt
+        self.push(be.end_time, _STEP, be.idx)
+
+    def finish_requests(self, be: _Backend, done: list[int], now: float) -> None:
+        finish_t, num_tokens = self.finish_t, self.num_tokens
+        for i in done:
+            finish_t[i] = now
+            be.outstanding -= num_tokens[i]
+
+    def after_step(self, be: _Backend, now: float) -> None:
+        self.start_step(be, now)
+        gateway = self.gateway
+        if gateway.num_pending and gateway.idle_flush:
+            self.set_timer(now)  # the backend's new load may allow an idle flush
+
+    def handle(self, dec, now: float) -> None:
+        """Act on a batcher decision: flush while due, then arm the one timer."""
+        while dec.flush_now:
+            self.dispatch(now)
+            dec = self.gateway.poll(self.spare())
+        deadline = dec.deadline
+        if deadline is None:
+            self.timer_deadline = INF
+        elif deadline != self.timer_deadline:
+            self.timer_deadline = deadline
+            self.push(deadline, _TIMER, deadline)
+
+    def set_timer(self, now: float) -> None:
+        self.handle(self.gateway.poll(self.spare()), now)
+
+    # ---- one handler per event kind ---------------------------------------------------------
+    # A handler returns True for a stale event: it counts, but takes no time-series sample.
+    def on_step(self, arg: int, now: float) -> None:
+        be = self.backends[arg]
+        plan, be.plan = be.plan, None
+        firsts, done = be.sched.complete_step(plan)
+        first_t = self.first_t
+        for r in firsts:
+            if first_t[r] != first_t[r]:  # NaN: not a re-prefill after preemption
+                first_t[r] = now
+        self.finish_requests(be, done, now)
+        self.after_step(be, now)
+
+    def on_stretch(self, arg: tuple[int, int], now: float) -> bool | None:
+        b, version = arg
+        be = self.backends[b]
+        if version != be.version:
+            return True  # stale: superseded by a truncation
+        segs, past = be.stretch_segs, be.stretch_past
+        be.stretch_segs, be.stretch_past = None, False
+        done = be.sched.advance(sum(sg[0] for sg in segs), past)
+        if len(segs) == 1:
+            self.stretch_rows.append(segs[0][:3])
+            self.finish_requests(be, done, now)
+        else:  # finishes in step order: each segment's at its end
+            start, d = be.stretch_start, 0
+            for ks, n_dec, ctx, nfin, t, _ in segs:
+                self.stretch_rows.append((ks, n_dec, ctx))
+                if nfin:
+                    self.finish_requests(be, done[d:d + nfin], start + t)
+                    d += nfin
+            self.finish_requests(be, done[d:], now)
+        self.after_step(be, now)
+
+    def on_timer(self, arg: float, now: float) -> bool | None:
+        if arg != self.timer_deadline:
+            return True  # stale: superseded by a later deadline
+        self.timer_deadline = INF
+        self.set_timer(now)
+
+    def on_deliver(self, arg: tuple[int, list[int]], now: float) -> None:
+        b, batch = arg
+        self.deliver(self.backends[b], batch, now)
+
+    def on_arrival(self, i: int, now: float) -> None:
+        dec = self.gateway.push(i, now, self.spare())
+        if dec.rejected is not None:
+            self.rejected[i] = True
+        self.handle(dec, now)
+
+    def sample(self, now: float) -> None:
+        backends, series = self.backends, self.series
+        series["t"].append(now)
+        series["queue_depth"].append(self.gateway.num_pending + sum(len(b.inbox) + b.sched.num_waiting
+                                                                    for b in backends))
+        series["kv_usage"].append(sum(b.sched.kv_usage for b in backends) / len(backends))
+        series["running"].append(sum(b.sched.num_running for b in backends))
+        series["fragmentation"].append(
+            sum(b.sched.fragmentation() for b in backends) / len(backends))
+
+    # ---- the loop --------------------------------------------------------------------------------
+    def run(self) -> SimResult:
+        handlers = (self.on_step, self.on_stretch, self.on_timer, self.on_deliver)  # by kind
+        arrival, heap, clock, n = self.arrival, self.heap, self.clock, self.n
+        on_arrival, heappop = self.on_arrival, heapq.heappop
+        progress = self.config.progress
+        sample_dt, next_sample = self.sample_dt, self.next_sample
+        events = 0
+        i = 0
+        now = 0.0
+        while True:
+            t_arr = arrival[i] if i < n else INF
+            if heap and heap[0][0] <= t_arr:
+                now, _, kind, arg = heappop(heap)
+                clock.set(now)
+                events += 1
+                if handlers[kind](arg, now):
+                    continue
+            elif i < n:
+                now = t_arr
+                clock.set(now)
+                events += 1
+                on_arrival(i, now)
+                i += 1
+                if progress and i >= self.next_progress:
+                    self.next_progress += self.progress_every
+                    _progress(i, n, self.wall0)
+            else:
+                break
+            if now >= next_sample:
+                next_sample = now + sample_dt
+                self.sample(now)
+        if progress:
+            _progress(n, n, self.wall0, end="\n")
+        self.events, self.now = events, now
+        return self.result()
+
+    def result(self) -> SimResult:
+        """Expand per-step records (single steps and stretches) and build the outcome."""
+        cost, step_rows, stretch_rows = self.cost, self.step_rows, self.stretch_rows
+        sd = [np.array([r[0] for r in step_rows], dtype=np.int64)]
+        sp = [np.array([r[1] for r in step_rows], dtype=np.int64)]
+        st = [np.array([r[2] for r in step_rows], dtype=np.float64)]
+        if stretch_rows:
+            rows = np.array(stretch_rows, dtype=np.int64).reshape(-1, 3)
+            ks, nd = rows[:, 0], rows[:, 1]
+            total = int(ks.sum())
+            n_step = np.repeat(nd, ks)
+            # context of step i of a segment: its first context + i * batch
+            idx = np.arange(total) - np.repeat(np.cumsum(ks) - ks, ks)
+            ctx_step = np.repeat(rows[:, 2], ks) + idx * n_step
+            step_times_fn = getattr(cost, "decode_step_times", None)
+            if step_times_fn is not None:
+                st.append(step_times_fn(n_step, ctx_step))
+            else:
+                st.extend(cost.decode_times(int(n), int(c), int(k)) for k, n, c in rows)
+            sd.append(n_step)
+            sp.append(np.zeros(total, dtype=np.int64))
+        step_decode, step_time = np.concatenate(sd), np.concatenate(st)
+        # ITL: every sequence decoding in a step waited that step's duration for its token.
+        itl_values, itl_weights = step_time, step_decode.astype(np.float64)
+        backends = self.backends
+        return SimResult(
+            workload=self.workload, dispatch_time=np.array(self.dispatch_t, dtype=np.float64),
+            first_token_time=np.array(self.first_t, dtype=np.float64),
+            finish_time=np.array(self.finish_t, dtype=np.float64),
+            num_output=self.workload.output_len.copy(), queue_class=self.gateway.classes(),
+            rejected=self.rejected, itl_values=itl_values, itl_weights=itl_weights,
+            batch_sizes=np.array(self.batch_sizes, dtype=np.int64),
+            step_decode=step_decode, step_prefill=np.concatenate(sp), step_time=step_time,
+            series={k: np.array(v) for k, v in self.series.items()},
+            backend_stats=[b.sched.stats() for b in backends], events=self.events,
+            wall_s=time.perf_counter() - self.wall0, sim_end=self.now,
+            extra={"num_kv_blocks": self.num_blocks})
+
+
+def _progress(done: int, total: int, wall0: float, end: str = "") -> None:
+    import sys
+    width = 30
+    frac = done / total if total else 1.0
+    bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
+    sys.stderr.write(f"\r[{bar}] {done}/{total} requests  {time.perf_counter() - wall0:.1f}s{end}")
+    sys.stderr.flush()
