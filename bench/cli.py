@@ -100,9 +100,9 @@ def serve_parser() -> argparse.ArgumentParser:
 
 
 def _schedule(args):
-    from bench.workload import LengthSpec, ScheduleConfig, load_trace, make_schedule
+    from sims.workload import LengthSpec, ScheduleConfig, make_schedule, trace_schedule
     if args.trace:
-        return load_trace(args.trace, args.num_requests)
+        return trace_schedule(args.trace, args.num_requests)
     return make_schedule(ScheduleConfig(
         num_requests=args.num_requests or 100, rate=args.rate, burstiness=args.burstiness,
         input_len=LengthSpec.parse(args.input_len), output_len=LengthSpec.parse(args.output_len),
@@ -128,8 +128,8 @@ def _detail_rows(records, t0: float) -> list[dict]:
 def serve_main(argv: list[str]) -> int:
     from bench import loadgen
     from bench.report import format_table
-    from bench.workload import make_prompts
     from sims.metrics import summarize
+    from sims.workload import make_prompts
 
     p = serve_parser()
     args = p.parse_args(argv)

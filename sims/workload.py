@@ -1,4 +1,10 @@
-"""Workloads: arrival times and prompt/output lengths as numpy arrays, deterministic by seed.
+"""Workloads: arrival times and prompt/output lengths as numpy arrays, deterministic by seed,
+for the simulator (`WorkloadConfig` -> `Workload`) and the live load generator (`bench`:
+`ScheduleConfig` -> `Schedule` of send offsets, `make_prompts`). Both draw from one
+`np.random.default_rng(seed)` through the same helpers in the same order (inter-arrivals, prompt
+lengths, output lengths, shared-prefix draws), so `tidegate bench serve` and `tidegate sim run`
+given the same seed, rate, length specs and request count use the same lengths at the same
+relative times. bench's --burstiness K is the gamma shape (coefficient of variation 1/sqrt(K)).
 
 Arrivals: Poisson at rate R, gamma inter-arrivals with coefficient of variation `cv` (cv=1 is Poisson,
 cv>1 burstier), or the times of a JSONL trace. Lengths: `LengthSpec` — fixed, uniform, lognormal, or
@@ -12,6 +18,7 @@ Trace lines (JSONL): {"arrival_time": s, "prompt_tokens": n, "output_tokens": n,
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -103,17 +110,35 @@ class Workload:
 
 
 def inter_arrivals(rng: np.random.Generator, n: int, rate: float, arrival: str,
-                   cv: float = 1.0) -> np.ndarray:
-    if rate <= 0:
+                   cv: float = 1.0, shape: float | None = None) -> np.ndarray:
+    """Gaps between arrivals; gamma takes its shape, or 1 / cv**2 when no shape is given."""
+    if not rate > 0:
         raise ValueError(f"rate must be positive, got {rate}")
     if arrival == "poisson":
         return rng.exponential(1.0 / rate, size=n)
     if arrival == "gamma":
-        if cv <= 0:
-            raise ValueError(f"cv must be positive, got {cv}")
-        shape = 1.0 / (cv * cv)
+        if shape is None:
+            if cv <= 0:
+                raise ValueError(f"cv must be positive, got {cv}")
+            shape = 1.0 / (cv * cv)
+        elif not shape > 0:
+            raise ValueError(f"burstiness must be positive, got {shape}")
         return rng.gamma(shape, 1.0 / (rate * shape), size=n)
     raise ValueError(f"unknown arrival process {arrival!r} (poisson | gamma | trace)")
+
+
+def _lengths_and_prefixes(rng: np.random.Generator, n: int, config: WorkloadConfig | ScheduleConfig):
+    """Prompt lengths, output lengths, then the shared-prefix draws: (prompt, output, group, len)."""
+    prompt = config.input_len.sample(rng, n)
+    output = config.output_len.sample(rng, n)
+    group = np.full(n, -1, dtype=np.int32)
+    plen = np.zeros(n, dtype=np.int64)
+    if config.shared_prefix_fraction > 0 and config.shared_prefix_len > 0:
+        shared = rng.random(n) < config.shared_prefix_fraction
+        group[shared] = rng.integers(0, max(1, config.num_prefix_groups), size=int(shared.sum()))
+        plen[shared] = config.shared_prefix_len
+        prompt = np.where(shared, np.maximum(prompt, config.shared_prefix_len + 1), prompt)
+    return prompt, output, group, plen
 
 
 def generate(config: WorkloadConfig, trace: Workload | None = None) -> Workload:
@@ -132,15 +157,7 @@ def generate(config: WorkloadConfig, trace: Workload | None = None) -> Workload:
         qclass, prio = trace.queue_class[idx].copy(), trace.priority[idx].copy()
     else:
         arrival = np.cumsum(inter_arrivals(rng, n, config.rate, config.arrival, config.cv))
-    prompt = config.input_len.sample(rng, n)
-    output = config.output_len.sample(rng, n)
-    group = np.full(n, -1, dtype=np.int32)
-    plen = np.zeros(n, dtype=np.int64)
-    if config.shared_prefix_fraction > 0 and config.shared_prefix_len > 0:
-        shared = rng.random(n) < config.shared_prefix_fraction
-        group[shared] = rng.integers(0, max(1, config.num_prefix_groups), size=int(shared.sum()))
-        plen[shared] = config.shared_prefix_len
-        prompt = np.where(shared, np.maximum(prompt, config.shared_prefix_len + 1), prompt)
+    prompt, output, group, plen = _lengths_and_prefixes(rng, n, config)
     return Workload(arrival.astype(np.float64), prompt, output, group, plen, qclass, prio)
 
 
@@ -155,7 +172,7 @@ def load_trace(path: str | Path) -> Workload:
                 t = next(float(row[k]) for k in _ARRIVAL_KEYS if k in row)
                 p = next(int(row[k]) for k in _PROMPT_KEYS if k in row)
                 o = next(int(row[k]) for k in _OUTPUT_KEYS if k in row)
-            except (ValueError, StopIteration) as exc:
+            except (ValueError, TypeError, StopIteration) as exc:
                 raise ValueError(f"{path}:{lineno}: not a trace line ({exc.__class__.__name__})") from None
             c = row.get("class", row.get("queue_class", -1))
             c = _CLASS_NAMES.get(str(c).lower(), c) if isinstance(c, str) else int(c)
@@ -181,3 +198,83 @@ def write_trace(workload: Workload, path: str | Path) -> None:
             if workload.priority[i]:
                 row["priority"] = int(workload.priority[i])
             fh.write(json.dumps(row) + "\n")
+
+
+# ---- the live load generator's schedule (bench) ---------------------------------------------------
+@dataclass(frozen=True)
+class ScheduleConfig:
+    num_requests: int = 100
+    rate: float = math.inf           # requests/s; inf sends everything at once
+    burstiness: float = 1.0          # gamma shape K (vLLM's --burstiness); 1.0 = Poisson
+    input_len: LengthSpec = field(default_factory=lambda: LengthSpec("fixed", 512))
+    output_len: LengthSpec = field(default_factory=lambda: LengthSpec("fixed", 128))
+    shared_prefix_fraction: float = 0.0
+    shared_prefix_len: int = 0
+    num_prefix_groups: int = 1
+    seed: int = 0
+
+
+@dataclass
+class Schedule:
+    """Request i is sent offset[i] s after the start (the first at 0) with prompt_len[i] prompt
+    tokens (of which the first prefix_len[i] are shared prefix `prefix_group[i]` when that is
+    >= 0), asking for output_len[i] tokens."""
+    offset: np.ndarray
+    prompt_len: np.ndarray
+    output_len: np.ndarray
+    prefix_group: np.ndarray
+    prefix_len: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.offset)
+
+
+def make_schedule(config: ScheduleConfig) -> Schedule:
+    rng = np.random.default_rng(config.seed)
+    n = config.num_requests
+    if n < 1:
+        raise ValueError("num_requests must be >= 1")
+    k = config.burstiness
+    gaps = inter_arrivals(rng, n, config.rate, "poisson" if k == 1.0 else "gamma", shape=k)
+    arrival = np.cumsum(gaps)
+    prompt, output, group, plen = _lengths_and_prefixes(rng, n, config)
+    offset = np.nan_to_num(arrival - arrival[0], nan=0.0)     # rate inf: all zeros
+    return Schedule(offset, prompt, output, group, plen)
+
+
+def trace_schedule(path: str | Path, num_requests: int | None = None) -> Schedule:
+    """A schedule replaying a JSONL trace's arrivals and lengths in order; more requests than
+    lines cycle it, as the simulator's arrival='trace' does."""
+    w = load_trace(path)
+    m = len(w)
+    n = m if num_requests is None else num_requests
+    idx = np.arange(n) % m
+    t = w.arrival_time
+    duration = t[-1] - t[0]
+    span = duration + duration / max(m - 1, 1)
+    offset = t[idx] - t[0] + (np.arange(n) // m) * span
+    return Schedule(offset, w.prompt_len[idx], w.output_len[idx],
+                    np.full(n, -1, dtype=np.int32), np.zeros(n, dtype=np.int64))
+
+
+def make_prompts(schedule: Schedule | Workload, seed: int,
+                 token_range: tuple[int, int]) -> list[list[int]]:
+    """Random token-id prompts of exactly prompt_len[i] tokens; the generator is seeded
+    (seed, 1), so prompt content never shifts the schedule; shared prefixes come from
+    (seed, 2, group)."""
+    lo, hi = token_range
+    if not 0 <= lo < hi:
+        raise ValueError(f"bad token id range {lo}:{hi}")
+    rng = np.random.default_rng([seed, 1])
+    prefixes: dict[int, np.ndarray] = {}
+    prompts = []
+    for i in range(len(schedule)):
+        n, g = int(schedule.prompt_len[i]), int(schedule.prefix_group[i])
+        head = np.empty(0, dtype=np.int64)
+        if g >= 0:
+            k = int(schedule.prefix_len[i])
+            if g not in prefixes:
+                prefixes[g] = np.random.default_rng([seed, 2, g]).integers(lo, hi, size=k)
+            head = prefixes[g][:k]
+        prompts.append(np.concatenate([head, rng.integers(lo, hi, size=n - len(head))]).tolist())
+    return prompts

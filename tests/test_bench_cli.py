@@ -170,7 +170,7 @@ def test_engine_forwards_args_or_says_it_is_missing(monkeypatch, capsys):
 def test_bench_imports_neither_backend_nor_torch():
     """bench may import sims (shared metrics and workloads), never backend or torch."""
     import subprocess
-    code = ("import sys, bench.cli, bench.loadgen, sims.metrics, bench.report, bench.workload; "
+    code = ("import sys, bench.cli, bench.loadgen, sims.metrics, bench.report, sims.workload; "
             "bad = [m for m in ('backend', 'torch', 'gateway.core') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,

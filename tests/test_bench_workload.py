@@ -1,4 +1,5 @@
-"""bench.workload: schedules equal to sims.workload's for the same seed, traces, prompts."""
+"""sims.workload for the live load generator: schedules equal to the simulator's workloads for the
+same seed, traces, prompts."""
 from __future__ import annotations
 
 import math
@@ -6,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from bench.workload import LengthSpec, ScheduleConfig, load_trace, make_prompts, make_schedule
-
-sw = pytest.importorskip("sims.workload")
+import sims.workload as sw
+from sims.workload import LengthSpec, ScheduleConfig, make_prompts, make_schedule
+from sims.workload import trace_schedule as load_trace
 
 CASES = [
     # bench config kwargs, sims config kwargs
