@@ -19,6 +19,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("backend.eval", "model quality through our engine: perplexity, agreement"),
 }
 
+# (command, first argument) -> module, for subcommands that live outside their command's package:
+# the live-vs-simulator comparison imports the gateway and the simulator, so it is bench's, while
+# users find it under `tidegate sim`.
+ROUTES: dict[tuple[str, str], str] = {("sim", "validate"): "bench.sim_validate"}
+
 
 def _usage() -> str:
     lines = ["usage: tidegate <command> [options]", "", "commands:"]
@@ -39,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tidegate: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     module_name, _ = SUBCOMMANDS[name]
+    if rest and (name, rest[0]) in ROUTES:
+        module_name, rest = ROUTES[name, rest[0]], rest[1:]
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:

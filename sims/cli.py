@@ -1,4 +1,4 @@
-"""`tidegate sim`: run, sweep, fit, search, plan.
+"""`tidegate sim`: run, sweep, fit, search, plan (and validate, which `tidegate` runs from bench/).
 
     tidegate sim run --model deepseek-coder-6.7b --gpu h200 --backends 4 --rate 200 \\
         --num-requests 20000 --slo-ttft-ms 200 --slo-tpot-ms 50 --json out.json --plot plots/
@@ -259,23 +259,21 @@ def cmd_plan(argv: list[str]) -> int:
     return 0
 
 
-# ---- validate ------------------------------------------------------------------------------------
-def cmd_validate(argv: list[str]) -> int:
-    from sims.validate import main as validate_main
-    return validate_main(argv)
-
-
-COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "fit": cmd_fit, "search": cmd_search, "plan": cmd_plan,
-            "validate": cmd_validate}
+COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "fit": cmd_fit, "search": cmd_search, "plan": cmd_plan}
+# `tidegate sim validate` (the simulator against the live service) is bench.sim_validate: it needs
+# the gateway, which sims/ may not import; the `tidegate` command routes it there.
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip())
-        print("\ncommands: " + ", ".join(COMMANDS) + "   (`tidegate sim CMD --help` for options)")
+        print("\ncommands: " + ", ".join([*COMMANDS, "validate"]) + "   (`tidegate sim CMD --help` for options)")
         return 0
     cmd = COMMANDS.get(argv[0])
+    if argv[0] == "validate":  # reached only through `python -m sims`
+        print("tidegate sim validate: run it as `tidegate sim validate` (bench.sim_validate)", file=sys.stderr)
+        return 2
     if cmd is None:
         print(f"tidegate sim: unknown command {argv[0]!r}; one of {', '.join(COMMANDS)}", file=sys.stderr)
         return 2

@@ -19,7 +19,7 @@ import math
 import numpy as np
 import pytest
 
-from sims import validate
+from bench import sim_validate as validate
 from sims.profile_cost import ProfileCost
 
 
@@ -102,3 +102,15 @@ def test_validate_small_live_run(tmp_path):
     args = validate.parser().parse_args(["--profile", str(tmp_path / "profile.json"), "--model", "x"])
     with pytest.raises(ValueError, match="profiled model"):
         validate.ensure_profile(args)
+
+
+def test_tidegate_sim_validate_reaches_bench_sim_validate(capsys):
+    from gateway.tidegate_cli import main as tidegate
+
+    with pytest.raises(SystemExit) as exc:
+        tidegate(["sim", "validate", "--help"])
+    assert exc.value.code == 0
+    assert "tidegate sim validate" in capsys.readouterr().out
+    from sims.cli import main as sim_main
+
+    assert sim_main(["validate"]) == 2  # python -m sims points to the tidegate command

@@ -1,4 +1,6 @@
 """`tidegate sim validate`: the simulator against the live gateway + engine (issue 5, section 7).
+In bench/ because it drives the live service and the simulator both (sims/ imports neither
+the gateway nor bench/).
 
     tidegate sim validate --profile out/validate_profile.json --seeds 0,1,2 \\
         --loads 0.25,0.8,1.2 --num-requests 120 --input-len 64 --output-len 32 --json validate.json
@@ -10,7 +12,7 @@
    `bench` load generator (`bench.loadgen.run_http`, `sims.metrics.summarize`: what
    `tidegate bench serve` runs) with a Poisson schedule of fixed lengths. One untimed warm-up run first.
 3. Sim: the same workload (`sims.workload.generate` with the same seed gives the same arrivals and
-   lengths as `bench.workload.make_schedule`) through `sims.event_loop.simulate` + `sims.report.summarize`
+   lengths as `sims.workload.make_schedule`) through `sims.event_loop.simulate` + `sims.report.summarize`
    (what `tidegate sim run --profile` does), one backend, the live
    backend's KV blocks / block size / max_model_len (read from its start-up line), the profile's
    max_num_seqs / max_num_batched_tokens (the engine defaults it ran with), and the batcher and queue
@@ -162,8 +164,8 @@ def run_live(url: str, model: str, n: int, rate: float, input_len: int, output_l
              timeout_s: float = 600.0) -> dict:
     """One bench run (the same calls as `tidegate bench serve`); returns bench's summary."""
     from bench import loadgen
-    from bench.workload import LengthSpec, ScheduleConfig, make_prompts, make_schedule
     from sims.metrics import summarize
+    from sims.workload import LengthSpec, ScheduleConfig, make_prompts, make_schedule
 
     sched = make_schedule(ScheduleConfig(num_requests=n, rate=rate, input_len=LengthSpec.parse(input_len),
                                          output_len=LengthSpec.parse(output_len), seed=seed))
