@@ -105,12 +105,25 @@ def create_engine(cfg: BackendConfig) -> tuple[Engine, LoadedModel]:
     runner = ModelRunner(loaded.model, kv, cfg.max_num_batched_tokens, cfg.max_num_seqs, max_model_len)
     if cfg.kv_cache_dtype != "auto":
         use_reference_attention(runner, cfg.kv_cache_dtype)
+    elif loaded.device.type == "cpu":
+        use_cpu_attention(runner)
     engine_cfg = EngineConfig(max_model_len=max_model_len, num_blocks=num_blocks,
                               block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
                               max_num_batched_tokens=cfg.max_num_batched_tokens,
                               enable_prefix_caching=cfg.enable_prefix_caching)
     engine = Engine(runner, engine_cfg, eos_token_ids=_eos_ids(loaded))
     return engine, loaded
+
+
+def use_cpu_attention(runner: ModelRunner) -> None:
+    """On the CPU, attention runs in the C paged kernel (`backend.cpu_attention`) where it
+    builds; it falls back to the reference by itself for what it does not take."""
+    from backend.cpu_attention import CpuAttention
+
+    model = runner.model
+    model.attn = CpuAttention(model.config.head_dim ** -0.5)
+    if not model.attn.uses_kernel:
+        log.info("CPU attention kernel unavailable: torch reference attention")
 
 
 def use_reference_attention(runner: ModelRunner, kv_cache_dtype: str) -> None:
