@@ -106,7 +106,7 @@ def create_engine(cfg: BackendConfig) -> tuple[Engine, LoadedModel]:
     if cfg.kv_cache_dtype != "auto":
         use_reference_attention(runner, cfg.kv_cache_dtype)
     elif loaded.device.type == "cpu":
-        use_cpu_attention(runner)
+        use_cpu_kernels(runner)
     engine_cfg = EngineConfig(max_model_len=max_model_len, num_blocks=num_blocks,
                               block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
                               max_num_batched_tokens=cfg.max_num_batched_tokens,
@@ -115,15 +115,18 @@ def create_engine(cfg: BackendConfig) -> tuple[Engine, LoadedModel]:
     return engine, loaded
 
 
-def use_cpu_attention(runner: ModelRunner) -> None:
-    """On the CPU, attention runs in the C paged kernel (`backend.cpu_attention`) where it
-    builds; it falls back to the reference by itself for what it does not take."""
+def use_cpu_kernels(runner: ModelRunner) -> None:
+    """On the CPU, attention and the elementwise ops run in C (`backend.cpu_attention`,
+    `backend.cpu_ops`) where the kernels build; each falls back to the torch reference by
+    itself for what it does not take."""
     from backend.cpu_attention import CpuAttention
+    from backend.cpu_ops import CpuOps
 
     model = runner.model
     model.attn = CpuAttention(model.config.head_dim ** -0.5)
+    model.ops = CpuOps()
     if not model.attn.uses_kernel:
-        log.info("CPU attention kernel unavailable: torch reference attention")
+        log.info("CPU kernels unavailable: torch reference attention and ops")
 
 
 def use_reference_attention(runner: ModelRunner, kv_cache_dtype: str) -> None:

@@ -2,7 +2,8 @@
  * straight from their pages (no gathered copy of the context, no dtype conversion).
  *
  * Layout (backend/context.py, backend/kv_cache.py):
- *   q, out        [num_tokens, num_heads, head_dim]           packed sequences, step order
+ *   q, out        [num_tokens, num_heads, head_dim]           packed sequences, step order;
+ *                 q's rows may be strided (q_stride floats apart: a slice of the qkv output)
  *   k/v_cache     [num_blocks, block_size, num_kv_heads, head_dim]
  *   block_tables  [num_seqs, table_width] int32
  *   query_start   [num_seqs + 1] int32: sequence i's queries are rows query_start[i] .. [i+1]
@@ -32,7 +33,7 @@ static inline float dot(const float *restrict a, const float *restrict b, int n)
     return s;
 }
 
-int paged_attention_f32(const float *restrict q, const float *restrict k_cache,
+int paged_attention_f32(const float *restrict q, long q_stride, const float *restrict k_cache,
                         const float *restrict v_cache, const int32_t *restrict block_tables,
                         int table_width, const int32_t *restrict query_start,
                         const int32_t *restrict context_lens, int num_seqs, int num_heads,
@@ -53,7 +54,7 @@ int paged_attention_f32(const float *restrict q, const float *restrict k_cache,
             const int pos = ctx - q_len + j;  /* attends to keys 0 .. pos */
             const int n_keys = pos + 1;
             for (int g = 0; g < num_kv_heads; g++) {
-                const float *qg = q + ((long)(q0 + j) * num_heads + (long)g * group) * head_dim;
+                const float *qg = q + (long)(q0 + j) * q_stride + (long)g * group * head_dim;
                 for (int r = 0; r < group; r++) {
                     m[r] = -1e30f;
                     l[r] = 0.f;

@@ -1,0 +1,95 @@
+"""C kernels for the CPU engine, built at first use for the CPU they run on.
+
+Every `*.c` file here is compiled together with the host's C compiler (`-O3 -march=native`, so
+the loops vectorize to whatever the CPU has: AVX2, AVX-512, NEON) into one shared library in a
+cache directory keyed by the sources, the flags and the CPU model; a later start loads it in
+milliseconds. No compiler, a failed build, or `TIDEGATE_CPU_KERNELS=off`: `load_library()`
+returns None and the callers keep the torch reference.
+
+Functions are called through ctypes with raw data pointers; callers check dtype, device and
+layout before calling (fp32, CPU, unit stride in the last dimension).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger("tidegate.backend")
+
+SOURCES = sorted(Path(__file__).parent.glob("*.c"))
+CFLAGS = ("-O3", "-march=native", "-ffast-math", "-fno-math-errno", "-fPIC", "-shared", "-std=c11")
+
+P, I, L, F = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
+SIGNATURES = {
+    "paged_attention_f32": [P, L, P, P, P, I, P, P, I, I, I, I, I, F, P],
+    "rms_norm_f32": [P, L, P, I, I, F, P],
+    "add_rms_norm_f32": [P, P, P, I, I, F, P, P],
+    "rotary_f32": [P, L, I, P, L, I, P, P, I, I],
+    "silu_and_mul_f32": [P, I, I, P],
+}
+_lib: ctypes.CDLL | None | bool = False  # False: not tried yet; None: unavailable
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "flags")):
+                return line
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("TIDEGATE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tidegate")
+    return Path(root) / "cpu_kernels"
+
+
+def build_library() -> Path | None:
+    """Compile the kernels (once per sources/flags/CPU); the .so path, or None."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None
+    h = hashlib.sha256(" ".join(CFLAGS).encode() + _cpu_model().encode())
+    for src in SOURCES:
+        h.update(src.read_bytes())
+    out = _cache_dir() / f"tidegate_cpu-{h.hexdigest()[:16]}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # compile to a private name, then rename: concurrent starts never load a half-written file
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    try:
+        subprocess.run([cc, *CFLAGS, "-o", tmp, *map(str, SOURCES), "-lm"], check=True,
+                       capture_output=True, timeout=300)
+        os.replace(tmp, out)
+    except (subprocess.SubprocessError, OSError) as exc:
+        log.warning("CPU kernels did not build (%s); using the torch reference", exc)
+        Path(tmp).unlink(missing_ok=True)
+        return None
+    return out
+
+
+def load_library() -> ctypes.CDLL | None:
+    global _lib
+    if _lib is False:
+        _lib = None
+        if os.environ.get("TIDEGATE_CPU_KERNELS", "") != "off":
+            path = build_library()
+            if path is not None:
+                lib = ctypes.CDLL(str(path))
+                for name, argtypes in SIGNATURES.items():
+                    fn = getattr(lib, name)
+                    fn.argtypes = argtypes
+                    fn.restype = ctypes.c_int if name == "paged_attention_f32" else None
+                _lib = lib
+    return _lib

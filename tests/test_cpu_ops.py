@@ -1,0 +1,50 @@
+"""The CPU elementwise kernels against the torch reference ops (fp32), and the fallbacks."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backend.cpu_kernels import load_library
+from backend.cpu_ops import CpuOps
+from backend.ops import TorchOps, rope_cos_sin
+
+pytestmark = pytest.mark.skipif(load_library() is None, reason="no C compiler for the CPU kernels")
+OPS = CpuOps()
+
+
+def test_rms_norm_and_fused_add():
+    g = torch.Generator().manual_seed(0)
+    x, res = torch.randn(37, 96, generator=g) * 3, torch.randn(37, 96, generator=g)
+    w = torch.randn(96, generator=g)
+    torch.testing.assert_close(OPS.rms_norm(x, w, 1e-5), TorchOps.rms_norm(x, w, 1e-5))
+    got, got_res = OPS.add_rms_norm(x, res, w, 1e-6)
+    want, want_res = TorchOps.add_rms_norm(x, res, w, 1e-6)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got_res, want_res)
+
+
+def test_rotary_on_slices_of_a_fused_qkv_output_in_place():
+    g = torch.Generator().manual_seed(1)
+    tokens, hq, hkv, d = 11, 6, 2, 32
+    qkv = torch.randn(tokens, (hq + 2 * hkv) * d, generator=g)
+    q, k, _ = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    q, k = q.reshape(tokens, hq, d), k.reshape(tokens, hkv, d)  # strided views
+    positions = torch.tensor([0, 1, 2, 100, 7, 5, 3, 2047, 9, 1000, 4])
+    cos_sin = rope_cos_sin(d, 2048, 10000.0, 4.0)
+    want_q, want_k = TorchOps.rotary(q.clone(), k.clone(), positions, cos_sin)
+    got_q, got_k = OPS.rotary(q, k, positions, cos_sin)
+    torch.testing.assert_close(got_q, want_q)
+    torch.testing.assert_close(got_k, want_k)
+    assert got_q.data_ptr() == q.data_ptr()  # rotated where it lies
+
+
+def test_silu_and_mul():
+    x = torch.randn(13, 2 * 40, generator=torch.Generator().manual_seed(2)) * 4
+    torch.testing.assert_close(OPS.silu_and_mul(x), TorchOps.silu_and_mul(x))
+
+
+def test_other_dtypes_use_the_reference():
+    x = torch.randn(4, 16).bfloat16()
+    w = torch.randn(16).bfloat16()
+    assert torch.equal(OPS.rms_norm(x, w, 1e-5), TorchOps.rms_norm(x, w, 1e-5))
+    assert torch.equal(OPS.silu_and_mul(x), TorchOps.silu_and_mul(x))
