@@ -35,13 +35,12 @@ from backend.loader import LoadedModel
 from backend.sampler import SamplingParams
 from proto import codec
 from proto import tidegate_pb2 as pb
+from proto.convert import FINISH_REASON_TO_WIRE
 from scheduler.prefix_index import PrefixSummary
 
 BUSY_REPORT_S = 0.1
 IDLE_REPORT_S = 1.0
 MAX_MESSAGES_PER_DRAIN = 1024
-FINISH = {None: pb.RequestOutput.NONE, "stop": pb.RequestOutput.STOP,
-          "length": pb.RequestOutput.LENGTH, "abort": pb.RequestOutput.ABORT}
 
 
 
@@ -232,7 +231,7 @@ class Worker:
         step = pb.StepOutput(step=self.num_steps)
         for o in outs:
             ro = step.outputs.add(
-                request_id=o.request_id, finish_reason=FINISH[o.finish_reason],
+                request_id=o.request_id, finish_reason=FINISH_REASON_TO_WIRE[o.finish_reason],
                 num_prompt_tokens=o.num_prompt_tokens, num_completion_tokens=o.num_completion_tokens,
                 num_cached_tokens=o.num_cached_tokens)
             if o.new_token_ids:

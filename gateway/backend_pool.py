@@ -27,17 +27,13 @@ from gateway.errors import APIError, backend_error, deadline_exceeded, unavailab
 from gateway.zmqio import SocketReader
 from proto import codec
 from proto import tidegate_pb2 as pb
+from proto.convert import FINISH_REASON_FROM_WIRE
 
 log = logging.getLogger("tidegate.gateway.pool")
 
 # (sampled token's logprob, top candidate ids, their logprobs)
 TokenLogprob = tuple[float, list[int], list[float]]
 
-FINISH_REASONS = {
-    pb.RequestOutput.STOP: "stop",
-    pb.RequestOutput.LENGTH: "length",
-    pb.RequestOutput.ABORT: "abort",
-}
 
 
 class RequestSink(Protocol):
@@ -322,7 +318,7 @@ class BackendPool:
             backend.inflight[out.request_id] = (dispatch, generated + len(ids))
             backend.outstanding_tokens -= min(len(ids), max(0, dispatch.sampling.max_tokens -
                                                             generated))
-            finish = FINISH_REASONS.get(out.finish_reason)
+            finish = FINISH_REASON_FROM_WIRE.get(out.finish_reason)
             if finish is not None:
                 self._owner.pop(out.request_id, None)
                 self._forget(backend, out.request_id)

@@ -34,13 +34,12 @@ import zmq.asyncio
 from gateway.output import OutputAssembler
 from proto import codec
 from proto import tidegate_pb2 as pb
+from proto.convert import FINISH_REASON_FROM_WIRE
 from tokenizer.bundle import TokenizerBundle
 
 if TYPE_CHECKING:  # typing.Self is 3.11+; annotations are never evaluated at run time here
     from typing_extensions import Self
 
-FINISH = {pb.RequestOutput.STOP: "stop", pb.RequestOutput.LENGTH: "length",
-          pb.RequestOutput.ABORT: "abort"}
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "ignore_eos",
                    "logprobs", "stop")
 
@@ -146,7 +145,7 @@ class _Base:
     def _apply(asm: OutputAssembler, decoded: codec.Decoded, out: pb.RequestOutput) -> Delta:
         arr = codec.array_of(decoded, out.tokens_frame)
         ids = arr.tolist() if arr is not None else []
-        d = asm.add(ids, time.monotonic(), FINISH.get(out.finish_reason))
+        d = asm.add(ids, time.monotonic(), FINISH_REASON_FROM_WIRE.get(out.finish_reason))
         return Delta(d.text, d.token_ids, d.finish_reason, out.request_id, out.num_prompt_tokens)
 
     @staticmethod

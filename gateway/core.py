@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from gateway.backend_pool import BackendPool, PoolConfig
-from gateway.dispatcher import CLASS_NAMES, Dispatcher
+from gateway.dispatcher import Dispatcher
 from gateway.errors import APIError, deadline_exceeded, shutting_down, unavailable
 from gateway.openai_schema import SamplingParams, ServingOptions
 from gateway.output import OutputAssembler, OutputDelta
 from gateway.prometheus_metrics import GatewayMetrics, SLOConfig
 from proto import tidegate_pb2 as pb
 from scheduler.batcher import BatcherConfig
+from scheduler.classes import CLASS_NAMES
 from scheduler.queues import QueueConfig
 from tokenizer.bundle import TokenizerBundle
 

@@ -20,11 +20,11 @@ from gateway.errors import deadline_exceeded, queue_full, unavailable
 from gateway.prometheus_metrics import GatewayMetrics
 from proto import tidegate_pb2 as pb
 from scheduler.batcher import BatcherConfig, DynamicWindowBatcher
+from scheduler.classes import CLASS_NAMES
 from scheduler.clock import Clock, WallClock
 from scheduler.queues import ClassQueues, PendingRequest, QueueConfig
 
 log = logging.getLogger("tidegate.gateway.dispatch")
-CLASS_NAMES = ("fast", "normal", "slow")
 
 
 class QueuedRequest(RequestSink, Protocol):

@@ -30,12 +30,9 @@ from gateway.validation import MAX_LOGPROBS, MAX_STOP_STRINGS, check_context_len
 from gateway.zmqio import SocketReader
 from proto import codec
 from proto import tidegate_pb2 as pb
+from proto.convert import FINISH_REASON_TO_WIRE
 
 log = logging.getLogger("tidegate.gateway.frontdoor")
-
-FINISH = {"stop": pb.RequestOutput.STOP, "length": pb.RequestOutput.LENGTH,
-          "abort": pb.RequestOutput.ABORT}
-
 
 def error_code(err: APIError) -> int:
     if err.status == 400:
@@ -209,7 +206,7 @@ class FrontDoor:
                 out = pb.RequestOutput(
                     request_id=request_id, num_prompt_tokens=num_prompt,
                     num_completion_tokens=len(handle.assembler.token_ids),
-                    finish_reason=FINISH.get(delta.finish_reason, pb.RequestOutput.NONE))
+                    finish_reason=FINISH_REASON_TO_WIRE.get(delta.finish_reason, pb.RequestOutput.NONE))
                 if delta.logprobs is not None:
                     for lp, top_ids, top_lps in delta.logprobs:
                         out.logprobs.add(logprob=lp, top_ids=top_ids, top_logprobs=top_lps)

@@ -13,12 +13,13 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from scheduler.classes import CLASS_NAMES
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
                    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
                0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 96, 128)
-QUEUE_CLASSES = ("fast", "normal", "slow")
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +155,7 @@ class GatewayMetrics:
                              registry=r)
         self.goodput.set(1.0)
         self._num_met = self._num_evaluated = 0
-        for cls in QUEUE_CLASSES:
+        for cls in CLASS_NAMES:
             self.queue_depth.labels(cls).set(0)
             self.queue_age.labels(cls).set(0)
 
@@ -255,7 +256,7 @@ class GatewayMetrics:
     def refresh(self, depth: dict[str, int], age: dict[str, float],
                 backends: list[BackendLoad]) -> None:
         self.fold()
-        for cls in QUEUE_CLASSES:
+        for cls in CLASS_NAMES:
             self.queue_depth.labels(cls).set(depth.get(cls, 0))
             self.queue_age.labels(cls).set(age.get(cls, 0.0))
         running = waiting = 0

@@ -1,0 +1,21 @@
+"""Between the wire enums and the strings the Python side uses, written once for the gateway,
+its client front door and the backend worker. protobuf only (proto/ imports nothing of ours).
+
+Sampling parameters are not here: each side's Python type is its own (the gateway's validated
+OpenAI fields, the backend sampler's), and proto/ may import neither.
+"""
+from __future__ import annotations
+
+from proto import tidegate_pb2 as pb
+
+# OpenAI finish_reason (None: still running) -> RequestOutput.FinishReason
+FINISH_REASON_TO_WIRE: dict[str | None, int] = {
+    None: pb.RequestOutput.NONE,
+    "stop": pb.RequestOutput.STOP,
+    "length": pb.RequestOutput.LENGTH,
+    "abort": pb.RequestOutput.ABORT,
+}
+# RequestOutput.FinishReason -> OpenAI finish_reason; NONE, ERROR (an error, not a finish) and
+# unknown values are absent
+FINISH_REASON_FROM_WIRE: dict[int, str] = {
+    wire: reason for reason, wire in FINISH_REASON_TO_WIRE.items() if reason is not None}
