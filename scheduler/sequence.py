@@ -117,11 +117,14 @@ class Sequence:
         return self._token_ids
 
     def materialize_tokens(self) -> list[int]:
-        """Append the unlisted decodes' tokens (the clock's fill token); returns the live list."""
-        missing = self._num_missing()
-        if missing:
-            self._token_ids.extend([self.clock.fill_token] * missing)
-        return self._token_ids
+        """Append the unlisted decodes' tokens (the clock's fill token); returns the live list.
+        (Inlined, not through _num_missing: it runs for every registration in simulated steps.)"""
+        tokens = self._token_ids
+        if self.decoding:
+            missing = self._computed + self.clock.step + 1 - len(tokens)
+            if missing > 0:
+                tokens.extend([self.clock.fill_token] * missing)
+        return tokens
 
     @property
     def num_output_tokens(self) -> int:
