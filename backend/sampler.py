@@ -273,7 +273,7 @@ def compute_logprobs(logits: torch.Tensor, token_ids: torch.Tensor,
         return [None] * len(num_top)
     logp = logits.log_softmax(dim=-1)
     chosen = logp.gather(-1, token_ids[:, None])[:, 0].tolist()
-    n_max = max(num_top)
+    n_max = min(max(num_top), logits.shape[-1])  # topk past the vocabulary would raise
     top_vals, top_ids = logp.topk(n_max, dim=-1)
     top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
     return [TokenLogprobs(chosen[i], top_ids[i][:n], top_vals[i][:n]) if n else None

@@ -22,11 +22,13 @@ Request ids are per gateway: internally a request is keyed by (gateway identity,
 """
 from __future__ import annotations
 
+import errno
+import math
 import signal
 import sys
 import time
 import uuid
-from collections import defaultdict
+from collections import defaultdict, deque
 
 import zmq
 
@@ -41,7 +43,11 @@ from scheduler.prefix_index import PrefixSummary
 BUSY_REPORT_S = 0.1
 IDLE_REPORT_S = 1.0
 MAX_MESSAGES_PER_DRAIN = 1024
-
+# Messages held for one gateway whose socket queue is full (ROUTER_MANDATORY says so instead of
+# dropping them). Past this the gateway is not reading: its requests are aborted (KV freed) and
+# it is forgotten; it will mark this backend down by heartbeat and fail them on its side.
+MAX_OUTBOX_MESSAGES = 4096
+MAX_LOGPROBS = 64  # top-n logprobs per token a backend computes at most
 
 
 
@@ -51,7 +57,8 @@ def _key(identity: bytes, request_id: str) -> str:
 
 class Worker:
     def __init__(self, engine: Engine, loaded: LoadedModel, listen: str,
-                 backend_id: str | None = None, model_name: str | None = None) -> None:
+                 backend_id: str | None = None, model_name: str | None = None,
+                 security=None) -> None:
         self.engine = engine
         self.loaded = loaded
         self.backend_id = backend_id or f"backend-{uuid.uuid4().hex[:8]}"
@@ -59,9 +66,17 @@ class Worker:
         self.ctx = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 2000)
+        # A full or vanished peer is an error we handle (see _send), never a silent drop.
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, codec.MAX_FRAME_BYTES)
+        if security is not None:
+            security.apply_server(self.sock)
         self.sock.bind(listen)
         self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.gateways: set[bytes] = set()
+        self.outbox: dict[bytes, deque[list]] = {}  # identity -> frames waiting for room
+        self.num_backpressured = 0  # messages that had to wait in an outbox
+        self.num_gateways_dropped = 0  # gateways forgotten (gone, or not reading)
         self.owner: dict[str, tuple[bytes, str]] = {}  # engine key -> (identity, request id)
         self.pending: dict[bytes, list[RequestOutput]] = defaultdict(list)
         self.num_steps = 0
@@ -95,6 +110,8 @@ class Worker:
                 wait_ms = 0
             else:
                 wait_ms = max(0, int((self._last_report + IDLE_REPORT_S - time.monotonic()) * 1000))
+                if self.outbox:
+                    wait_ms = min(wait_ms, 5)  # retry held messages soon
             try:
                 ready = poller.poll(wait_ms)
             except zmq.ZMQError:  # interrupted by a signal
@@ -105,6 +122,7 @@ class Worker:
                 self._step()
             elif not self._idle_checked:
                 self._check_idle()
+            self._flush_outboxes()
             self._flush_pending()
             self._maybe_report()
         self._shutdown()
@@ -112,6 +130,7 @@ class Worker:
 
     def _shutdown(self) -> None:
         self._fail_all("backend is shutting down", pb.Error.SHUTTING_DOWN)
+        self._flush_outboxes()
         self.sock.close()
 
     def _fail_all(self, message: str, code: int = pb.Error.INTERNAL) -> None:
@@ -120,9 +139,10 @@ class Worker:
             print(f"tidegate backend: failing {len(self.owner)} requests: {message}", file=sys.stderr)
         for key in self.engine.request_ids:
             self.engine.abort(key)
-        for identity, rid in self.owner.values():
-            self._send(identity, codec.make_error(code, message, rid))
+        owners = list(self.owner.values())
         self.owner.clear()
+        for identity, rid in owners:
+            self._send(identity, codec.make_error(code, message, rid))
 
     def close(self) -> None:
         self.sock.close(linger=0)
@@ -138,7 +158,13 @@ class Worker:
             try:
                 self._handle(identity, frames[1:])
             except codec.DecodeError as exc:
-                self._send(identity, codec.error_for(exc))
+                # Whatever request ids can still be read are answered one by one, so the
+                # gateway fails exactly those requests (not a whole connection's worth).
+                ids = codec.peek_request_ids(frames[1:])
+                for rid in ids:
+                    self._send(identity, codec.make_error(pb.Error.BAD_MESSAGE, str(exc), rid))
+                if not ids:
+                    self._send(identity, codec.error_for(exc))
             except Exception as exc:  # noqa: BLE001 -- a bug must not take the backend down
                 print(f"tidegate backend: internal error handling a message: {exc!r}", file=sys.stderr)
                 self._send(identity, codec.make_error(pb.Error.INTERNAL, f"internal error: {exc}"))
@@ -153,7 +179,16 @@ class Worker:
         elif kind == "batch":
             self.gateways.add(identity)
             for req in msg.envelope.batch.requests:
-                self._add(identity, req, codec.array_of(msg, req.prompt_frame))
+                try:
+                    self._add(identity, req, codec.array_of(msg, req.prompt_frame))
+                except Exception as exc:  # noqa: BLE001 -- fail this request, admit the rest
+                    print(f"tidegate backend: request {req.request_id!r} failed on admission: "
+                          f"{exc!r}", file=sys.stderr)
+                    key = _key(identity, req.request_id)
+                    if key not in self.owner:
+                        self.engine.abort(key)
+                        self._send(identity, codec.make_error(
+                            pb.Error.INTERNAL, f"admission failed: {exc}", req.request_id))
         elif kind == "abort":
             for rid in msg.envelope.abort.request_ids:
                 key = _key(identity, rid)
@@ -170,6 +205,22 @@ class Worker:
             self._send(identity, codec.make_error(
                 pb.Error.BAD_MESSAGE, f"a backend does not accept {kind} messages"))
 
+    def _invalid_sampling(self, s: pb.SamplingParams) -> str | None:
+        """The backend's own check of the fields the gateway should have bounded already: a
+        value outside the model's range fails its request here, not the sampler's step."""
+        vocab = self.loaded.config.vocab_size
+        if s.max_tokens < 1:
+            return "max_tokens must be at least 1"
+        if not (math.isfinite(s.temperature) and s.temperature >= 0):
+            return f"temperature must be finite and >= 0, got {s.temperature}"
+        if not (math.isfinite(s.top_p) and 0 <= s.top_p <= 1):
+            return f"top_p must be in [0, 1], got {s.top_p}"
+        if s.logprobs > min(MAX_LOGPROBS, vocab):
+            return f"logprobs must be at most {min(MAX_LOGPROBS, vocab)}, got {s.logprobs}"
+        if any(not 0 <= t < vocab for t in s.stop_token_ids):
+            return f"stop_token_ids must be in [0, {vocab})"
+        return None
+
     def _add(self, identity: bytes, req: pb.GenerateRequest, prompt) -> None:
         rid = req.request_id
         if self._stopping:
@@ -179,6 +230,10 @@ class Worker:
             self._send(identity, codec.make_error(pb.Error.INVALID_REQUEST, "request has no prompt tokens", rid))
             return
         s = req.sampling
+        invalid = self._invalid_sampling(s)
+        if invalid is not None:
+            self._send(identity, codec.make_error(pb.Error.INVALID_REQUEST, invalid, rid))
+            return
         params = SamplingParams(
             max_tokens=int(s.max_tokens), temperature=float(s.temperature),
             top_p=float(s.top_p) if s.top_p > 0 else 1.0, top_k=int(s.top_k),
@@ -221,10 +276,10 @@ class Worker:
         self._idle_checked = False
 
     def _flush_pending(self) -> None:
-        for identity, outs in self.pending.items():
+        pending, self.pending = self.pending, defaultdict(list)  # a send may drop a gateway
+        for identity, outs in pending.items():
             if outs:
                 self._send_step_output(identity, outs)
-        self.pending.clear()
 
     def _send_step_output(self, identity: bytes, outs: list[RequestOutput]) -> None:
         arrays: list[list[int]] = []
@@ -244,10 +299,65 @@ class Worker:
         self._send(identity, pb.Envelope(step_output=step), arrays)
 
     def _send(self, identity: bytes, envelope: pb.Envelope, arrays=()) -> None:
+        frames = [identity, *codec.encode_trusted(envelope, arrays)]
+        box = self.outbox.get(identity)
+        if box is not None:  # keep the order: behind what already waits
+            self._hold(identity, box, frames)
+            return
+        self._send_now(identity, frames)
+
+    def _send_now(self, identity: bytes, frames: list) -> bool:
+        """True when sent; False when held back or the peer was dropped."""
         try:
-            self.sock.send_multipart([identity, *codec.encode_trusted(envelope, arrays)], zmq.NOBLOCK)
-        except zmq.ZMQError as exc:  # peer gone or its queue full: drop, never block the loop
-            print(f"tidegate backend: dropped a message to a gateway: {exc}", file=sys.stderr)
+            self.sock.send_multipart(frames, zmq.NOBLOCK)
+            return True
+        except zmq.Again:  # its queue is full (high-water mark): hold, send when there is room
+            self._hold(identity, self.outbox.setdefault(identity, deque()), frames)
+        except zmq.ZMQError as exc:
+            if exc.errno == errno.EHOSTUNREACH:  # the gateway disconnected
+                self._drop_gateway(identity, "disconnected")
+            else:
+                print(f"tidegate backend: could not send to a gateway: {exc}", file=sys.stderr)
+        return False
+
+    def _hold(self, identity: bytes, box: deque, frames: list) -> None:
+        self.num_backpressured += 1
+        if len(box) >= MAX_OUTBOX_MESSAGES:
+            self._drop_gateway(identity, f"not reading ({len(box)} messages held)")
+            return
+        box.append(frames)
+
+    def _flush_outboxes(self) -> None:
+        for identity in list(self.outbox):
+            box = self.outbox.get(identity)
+            while box:
+                frames = box.popleft()
+                try:
+                    self.sock.send_multipart(frames, zmq.NOBLOCK)
+                except zmq.Again:
+                    box.appendleft(frames)
+                    break
+                except zmq.ZMQError:
+                    self._drop_gateway(identity, "disconnected")
+                    break
+            if not box:
+                self.outbox.pop(identity, None)
+
+    def _drop_gateway(self, identity: bytes, reason: str) -> None:
+        """Forget a gateway that left or stopped reading: abort its requests (their KV blocks
+        return to the pool) and drop what was held for it."""
+        self.outbox.pop(identity, None)
+        self.pending.pop(identity, None)
+        if identity not in self.gateways and not any(i == identity for i, _ in self.owner.values()):
+            return
+        self.gateways.discard(identity)
+        self.num_gateways_dropped += 1
+        keys = [k for k, (i, _) in self.owner.items() if i == identity]
+        for key in keys:
+            self.engine.abort(key)
+            del self.owner[key]
+        print(f"tidegate backend: dropped gateway {identity.hex()} ({reason}); aborted "
+              f"{len(keys)} requests", file=sys.stderr)
 
     def _maybe_report(self) -> None:
         now = time.monotonic()
@@ -263,7 +373,7 @@ class Worker:
         if not self.gateways:
             return
         env = pb.Envelope(load_report=self.load_report())
-        for identity in self.gateways:
+        for identity in list(self.gateways):  # a send may drop a gateway that left
             self._send(identity, env)
 
     def _check_idle(self) -> None:

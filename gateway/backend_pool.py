@@ -67,6 +67,7 @@ class Dispatch:
     priority: int
     arrival_time: float
     sink: RequestSink
+    retried: bool = False  # re-dispatched once already after its backend died
 
 
 def error_from_backend(err: pb.Error) -> APIError:
@@ -117,7 +118,8 @@ class BackendConn:
 class BackendPool:
     def __init__(self, addresses: list[str], config: PoolConfig = PoolConfig(),
                  on_idle: Callable[[], None] | None = None,
-                 on_dropped: Callable[[str], None] | None = None) -> None:
+                 on_dropped: Callable[[str], None] | None = None,
+                 on_retry: Callable[[int], None] | None = None) -> None:
         if not addresses:
             raise ValueError("a BackendPool needs at least one backend address")
         self.config = config
@@ -129,8 +131,11 @@ class BackendPool:
         self._ready = asyncio.Event()
         self._on_idle = on_idle or (lambda: None)
         self._on_dropped = on_dropped or (lambda socket: None)
+        self._on_retry = on_retry or (lambda n: None)
+        self.num_retried = 0  # requests re-dispatched after their backend died
         self._nonce = itertools.count(1)
         self.num_dropped = 0
+        self.num_gaps = 0  # requests failed because their output sequence had a hole
 
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -191,23 +196,34 @@ class BackendPool:
         return min(options, key=lambda b: (b.outstanding_tokens, b.num_inflight), default=None)
 
     # --- sending --------------------------------------------------------------------------------
-    def send_batch(self, backend: BackendConn, items: list[Dispatch]) -> bool:
-        """Send one Batch; on success the requests are in flight on `backend`."""
+    def send_batch(self, backend: BackendConn, items: list[Dispatch]) -> list[Dispatch] | None:
+        """Send one Batch; returns the dispatches now in flight on `backend`, or None when the
+        message could not be queued (socket full or closed: nothing was sent). A request whose
+        fields do not fit its wire type fails alone (400) and the rest are sent."""
         arrays: list[list[int]] = []
         batch = pb.Batch()
+        sent: list[Dispatch] = []
         for d in items:
-            req = batch.requests.add(request_id=d.request_id, prompt_frame=len(arrays),
-                                     queue_class=d.queue_class, priority=d.priority,
-                                     arrival_time=d.arrival_time)
-            req.sampling.CopyFrom(d.sampling)
+            try:
+                req = pb.GenerateRequest(request_id=d.request_id, prompt_frame=len(arrays),
+                                         queue_class=d.queue_class, priority=d.priority,
+                                         arrival_time=d.arrival_time, sampling=d.sampling)
+            except (ValueError, TypeError, OverflowError) as exc:
+                d.sink.on_error(APIError(400, f"The request does not fit the wire: {exc}",
+                                         code="invalid_value"))
+                continue
+            batch.requests.append(req)
             arrays.append(d.prompt_ids)
+            sent.append(d)
+        if not sent:
+            return sent
         if not backend.send(pb.Envelope(batch=batch), arrays):
-            return False
-        for d in items:
+            return None
+        for d in sent:
             backend.inflight[d.request_id] = (d, 0)
             backend.outstanding_tokens += d.sampling.max_tokens
             self._owner[d.request_id] = backend
-        return True
+        return sent
 
     def abort(self, request_ids: Iterable[str]) -> None:
         """Cancel requests on their backends; their later outputs are ignored."""
@@ -257,6 +273,13 @@ class BackendPool:
                 self.num_dropped += 1
                 self._on_dropped("backend")
                 log.warning("dropped a malformed message from %s: %s", backend.address, exc)
+                # Its outputs (a finish among them, maybe) are lost: the requests it names fail
+                # now instead of waiting for their timeout.
+                for rid in codec.peek_request_ids(frames):
+                    if rid in backend.inflight:
+                        self._fail_one(backend, rid, backend_error(
+                            f"The backend sent a malformed message for this request: {exc}",
+                            code="bad_backend_output"))
             except Exception:  # a bug here must not stop the reader
                 self.num_dropped += 1
                 log.exception("error handling a message from %s", backend.address)
@@ -303,28 +326,60 @@ class BackendPool:
             self._on_idle()  # its last request of ours finished: idle flush, no LoadReport wait
 
     def _fan_out(self, backend: BackendConn, decoded: codec.Decoded, now: float) -> None:
+        """Hand each RequestOutput to its request. One output that cannot be read fails its own
+        request; the others of the StepOutput are delivered."""
         for out in decoded.envelope.step_output.outputs:
             entry = backend.inflight.get(out.request_id)
             if entry is None:
                 continue  # aborted or unknown: ignore
-            dispatch, generated = entry
-            arr = codec.array_of(decoded, out.tokens_frame)
-            ids = arr.tolist() if arr is not None else []
-            if out.finish_reason == pb.RequestOutput.ERROR:
-                self._owner.pop(out.request_id, None)
-                self._forget(backend, out.request_id)
-                dispatch.sink.on_error(backend_error("The backend failed the request."))
-                continue
-            backend.inflight[out.request_id] = (dispatch, generated + len(ids))
-            backend.outstanding_tokens -= min(len(ids), max(0, dispatch.sampling.max_tokens -
-                                                            generated))
-            finish = FINISH_REASON_FROM_WIRE.get(out.finish_reason)
-            if finish is not None:
-                self._owner.pop(out.request_id, None)
-                self._forget(backend, out.request_id)
-            lps = [(lp.logprob, list(lp.top_ids), list(lp.top_logprobs)) for lp in out.logprobs] \
-                if out.logprobs else None
-            dispatch.sink.on_tokens(ids, finish, lps, now)
+            try:
+                self._deliver(backend, decoded, out, entry, now)
+            except Exception as exc:
+                log.exception("output for %s from %s unreadable", out.request_id, backend.address)
+                self._fail_one(backend, out.request_id,
+                               backend_error(f"The backend sent an unreadable output: {exc}",
+                                             code="bad_backend_output"))
+
+    def _deliver(self, backend: BackendConn, decoded: codec.Decoded, out: pb.RequestOutput,
+                 entry: tuple[Dispatch, int], now: float) -> None:
+        dispatch, generated = entry
+        rid = out.request_id
+        if out.finish_reason == pb.RequestOutput.ERROR:
+            self._fail_one(backend, rid, backend_error("The backend failed the request."),
+                           abort=False)
+            return
+        arr = codec.array_of(decoded, out.tokens_frame)
+        ids = arr.tolist() if arr is not None else []
+        if out.num_completion_tokens != generated + len(ids):
+            # Outputs of one request travel in order on one connection; a count that does not
+            # add up means a StepOutput was lost (dropped by a full queue, or garbled): the
+            # text would silently miss tokens, so the request fails instead.
+            self.num_gaps += 1
+            self._fail_one(backend, rid, backend_error(
+                f"Lost output from backend {backend.address}: expected token "
+                f"{generated + len(ids)}, the backend reports {out.num_completion_tokens}.",
+                code="output_gap"))
+            return
+        backend.inflight[rid] = (dispatch, generated + len(ids))
+        backend.outstanding_tokens -= min(len(ids), max(0, dispatch.sampling.max_tokens -
+                                                        generated))
+        finish = FINISH_REASON_FROM_WIRE.get(out.finish_reason)
+        if finish is not None:
+            self._owner.pop(rid, None)
+            self._forget(backend, rid)
+        lps = [(lp.logprob, list(lp.top_ids), list(lp.top_logprobs)) for lp in out.logprobs] \
+            if out.logprobs else None
+        dispatch.sink.on_tokens(ids, finish, lps, now)
+
+    def _fail_one(self, backend: BackendConn, rid: str, error: APIError,
+                  abort: bool = True) -> None:
+        """Fail one in-flight request (and, unless the backend ended it, abort it there)."""
+        self._owner.pop(rid, None)
+        dispatch = self._forget(backend, rid)
+        if abort:
+            backend.send(codec.make_abort([rid]))
+        if dispatch is not None:
+            dispatch.sink.on_error(error)
 
     def _on_error(self, backend: BackendConn, err: pb.Error) -> None:
         if err.request_id:
@@ -337,6 +392,15 @@ class BackendPool:
                     pb.Error.Code.Name(err.code))
         if err.code == pb.Error.VERSION_MISMATCH:
             self._mark_down(backend, f"protocol version mismatch: {err.message}")
+        elif err.code in (pb.Error.BAD_MESSAGE, pb.Error.INTERNAL):
+            # An Error naming no request answers a message the backend could not read or
+            # handle. Batches are the only messages that start work, and the requests of
+            # that Batch are among those with no output yet: they fail (and are aborted, in
+            # case some were admitted) rather than wait for their timeout. Requests already
+            # producing tokens were clearly admitted and carry on.
+            unconfirmed = [rid for rid, (_, n) in backend.inflight.items() if n == 0]
+            for rid in unconfirmed:
+                self._fail_one(backend, rid, error_from_backend(err))
 
     # --- heartbeats -----------------------------------------------------------------------------
     async def _watch_connection(self, backend: BackendConn) -> None:
@@ -375,5 +439,51 @@ class BackendPool:
         if backend.healthy:
             log.warning("backend %s down: %s", backend.address, reason)
         backend.healthy = False
-        self._fail_all(backend, backend_error(f"Backend {backend.address} stopped answering "
-                                              f"({reason}).", code="backend_down"))
+        self._evacuate(backend, reason)
+
+    def _evacuate(self, backend: BackendConn, reason: str) -> None:
+        """A backend went down with requests of ours. They are aborted there (a hung process
+        that comes back frees their KV blocks; a dead one ignores it); one that has produced no
+        token yet is sent once more to another healthy backend, one that streamed tokens fails:
+        its text cannot be resumed elsewhere without repeating or skipping output."""
+        ids = list(backend.inflight)
+        if not ids:
+            return
+        backend.send(codec.make_abort(ids))
+        retry: list[Dispatch] = []
+        for rid in ids:
+            generated = backend.inflight[rid][1]
+            self._owner.pop(rid, None)
+            dispatch = self._forget(backend, rid)
+            if dispatch is None:
+                continue
+            if generated == 0 and not dispatch.retried:
+                retry.append(dispatch)
+            else:
+                dispatch.sink.on_error(backend_error(
+                    f"Backend {backend.address} stopped answering ({reason}) after {generated} "
+                    "tokens of this request were produced; it cannot be resumed.",
+                    code="backend_down"))
+        if retry:
+            self._retry(retry, backend, reason)
+
+    def _retry(self, items: list[Dispatch], failed: BackendConn, reason: str) -> None:
+        cap = self.config.max_inflight_per_backend
+        target = min((b for b in self.backends if b.healthy and b is not failed
+                      and b.num_inflight + len(items) <= cap),
+                     key=lambda b: (b.outstanding_tokens, b.num_inflight), default=None)
+        sent = None
+        if target is not None:
+            for d in items:
+                d.retried = True
+            sent = self.send_batch(target, items)
+        if sent is None:
+            for d in items:
+                d.sink.on_error(backend_error(
+                    f"Backend {failed.address} stopped answering ({reason}) and no other "
+                    "backend could take the request.", code="backend_down"))
+            return
+        self.num_retried += len(sent)
+        self._on_retry(len(sent))
+        log.info("re-dispatched %d requests from %s to %s", len(sent), failed.address,
+                 target.address)

@@ -19,10 +19,11 @@ from functools import cached_property
 
 from gateway.backend_pool import BackendPool, PoolConfig
 from gateway.dispatcher import Dispatcher
-from gateway.errors import APIError, deadline_exceeded, shutting_down, unavailable
+from gateway.errors import APIError, cancelled, deadline_exceeded, shutting_down, unavailable
 from gateway.openai_schema import SamplingParams, ServingOptions
 from gateway.output import OutputAssembler, OutputDelta
 from gateway.prometheus_metrics import GatewayMetrics, SLOConfig
+from gateway.validation import RequestLimits
 from proto import tidegate_pb2 as pb
 from scheduler.batcher import BatcherConfig
 from scheduler.classes import CLASS_NAMES
@@ -46,6 +47,7 @@ class GatewayConfig:
     pool: PoolConfig = field(default_factory=PoolConfig)
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
     queues: QueueConfig = field(default_factory=QueueConfig)
+    limits: RequestLimits = field(default_factory=RequestLimits)
 
 
 class RequestHandle:
@@ -161,11 +163,14 @@ class RequestHandle:
             f"The request did not finish within {self.gateway.config.request_timeout_s:g} s."))
 
     def close(self) -> None:
-        """The consumer is gone: abort unless already finished."""
+        """The consumer is gone: abort unless already finished. A consumer still waiting on
+        `deltas()` (a forwarding task) is woken with a `cancelled` error, so nothing waits on
+        a request whose outputs are now ignored."""
         self._cancel_timer()
         if not self.closed:
             self.closed = True
             self.gateway.abort(self)
+            self._put(cancelled())
 
 
 def _merge(a: OutputDelta, b: OutputDelta) -> OutputDelta:
@@ -178,7 +183,8 @@ class Gateway:
         self.config = config
         self.metrics = GatewayMetrics(config.served_model_name or "unknown", config.slo)
         self.pool = BackendPool(list(config.backends), config.pool, on_idle=self._on_idle,
-                                on_dropped=lambda s: self.metrics.dropped_frames.labels(s).inc())
+                                on_dropped=lambda s: self.metrics.dropped_frames.labels(s).inc(),
+                                on_retry=self.metrics.retried.inc)
         self.dispatcher = Dispatcher(self.pool, self.metrics, config.batcher, config.queues)
         self.draining = False
         self.num_active = 0

@@ -16,7 +16,13 @@ import logging
 from typing import Protocol
 
 from gateway.backend_pool import BackendPool, Dispatch, RequestSink
-from gateway.errors import deadline_exceeded, queue_full, unavailable
+from gateway.errors import (
+    bad_request,
+    deadline_exceeded,
+    internal_error,
+    queue_full,
+    unavailable,
+)
 from gateway.prometheus_metrics import GatewayMetrics
 from proto import tidegate_pb2 as pb
 from scheduler.batcher import BatcherConfig, DynamicWindowBatcher
@@ -38,6 +44,7 @@ class QueuedRequest(RequestSink, Protocol):
     priority: int
     queue_deadline: float | None
     queue_class: int
+    dispatched_at: float | None
 
     def wire_sampling(self) -> pb.SamplingParams: ...
 
@@ -139,20 +146,42 @@ class Dispatcher:
                 req.payload.on_error(unavailable())
 
     def _send(self, batch: list[PendingRequest]) -> None:
+        """Send one flushed window. The requests have left the queues already, so every one of
+        them is either in flight afterwards or failed: a request that cannot be put on the wire
+        fails alone, and a bug here fails the window rather than losing it."""
         if not batch:
             return
+        try:
+            self._send_window(batch)
+        except Exception:
+            log.exception("sending a batch failed")
+            for r in batch:
+                if r.payload.dispatched_at is None:
+                    r.payload.on_error(internal_error("The request could not be dispatched."))
+
+    def _send_window(self, batch: list[PendingRequest]) -> None:
         backend = self.pool.pick()
         now = self.clock.now()
-        items = [Dispatch(r.request_id, r.payload.prompt_ids, r.payload.wire_sampling(),
-                          int(r.queue_class), r.priority, r.arrival_time, r.payload)
-                 for r in batch]
-        if backend is None or not self.pool.send_batch(backend, items):
-            for r in batch:
-                r.payload.on_error(unavailable("Could not send the request to a backend."))
-            return
+        items = []
         for r in batch:
-            r.payload.on_dispatched(now)
-        self.metrics.observe_batch(len(batch), [now - r.arrival_time for r in batch])
+            try:
+                sampling = r.payload.wire_sampling()
+            except (ValueError, TypeError, OverflowError) as exc:
+                r.payload.on_error(bad_request(f"Sampling parameters do not fit the wire: {exc}",
+                                               None))
+                continue
+            items.append(Dispatch(r.request_id, r.payload.prompt_ids, sampling,
+                                  int(r.queue_class), r.priority, r.arrival_time, r.payload))
+        if not items:
+            return
+        sent = self.pool.send_batch(backend, items) if backend is not None else None
+        if sent is None:
+            for d in items:
+                d.sink.on_error(unavailable("Could not send the request to a backend."))
+            return
+        for d in sent:
+            d.sink.on_dispatched(now)
+        self.metrics.observe_batch(len(sent), [now - d.arrival_time for d in sent])
 
     def _arm(self, deadline: float | None) -> None:
         if deadline == self._timer_deadline and self._timer is not None:

@@ -90,6 +90,11 @@ def deadline_exceeded(message: str = "The request deadline passed before it was 
     return APIError(504, message, type="timeout_error", code="deadline_exceeded")
 
 
+def cancelled() -> APIError:
+    """The client abandoned the request (closed the connection or sent an Abort)."""
+    return APIError(499, "The request was cancelled by the client.", code="cancelled")
+
+
 def backend_error(message: str, code: str = "backend_error") -> APIError:
     return APIError(502, message, type="server_error", code=code)
 

@@ -15,8 +15,10 @@ and counted; nothing is ever unpickled.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import math
+from collections import deque
 
 import zmq
 import zmq.asyncio
@@ -26,13 +28,20 @@ from gateway.app_keys import GATEWAY_KEY
 from gateway.core import Gateway, RequestHandle
 from gateway.errors import APIError, bad_request
 from gateway.openai_schema import SamplingParams, ServingOptions
-from gateway.validation import MAX_LOGPROBS, MAX_STOP_STRINGS, check_context_length
+from gateway.validation import LIMITS, MAX_LOGPROBS, RequestLimits, check_context_length
 from gateway.zmqio import SocketReader
 from proto import codec
 from proto import tidegate_pb2 as pb
 from proto.convert import FINISH_REASON_TO_WIRE
 
 log = logging.getLogger("tidegate.gateway.frontdoor")
+MAX_CLIENT_MESSAGE_BYTES = 16 << 20  # a larger message from a client closes its connection
+
+# Messages held for a client whose socket queue is full; past this it is not reading, and its
+# requests are aborted (see _hold).
+MAX_HELD_PER_CLIENT = 4096
+RETRY_HELD_S = 0.005
+
 
 def error_code(err: APIError) -> int:
     if err.status == 400:
@@ -46,7 +55,7 @@ def error_code(err: APIError) -> int:
     return pb.Error.INTERNAL
 
 
-def sampling_from_wire(s: pb.SamplingParams) -> SamplingParams:
+def sampling_from_wire(s: pb.SamplingParams, limits: RequestLimits = LIMITS) -> SamplingParams:
     if s.max_tokens < 1:
         raise bad_request("max_tokens must be at least 1.", "max_tokens")
     if not (math.isfinite(s.temperature) and 0.0 <= s.temperature <= 2.0):
@@ -54,8 +63,10 @@ def sampling_from_wire(s: pb.SamplingParams) -> SamplingParams:
     top_p = s.top_p or 1.0
     if not 0.0 < top_p <= 1.0:
         raise bad_request(f"top_p must be in (0, 1], got {s.top_p}.", "top_p")
-    if len(s.stop) > MAX_STOP_STRINGS or any(not x for x in s.stop):
-        raise bad_request(f"at most {MAX_STOP_STRINGS} non-empty stop strings.", "stop")
+    if len(s.stop) > limits.max_stop_strings or any(
+            not 0 < len(x) <= limits.max_stop_len for x in s.stop):
+        raise bad_request(f"at most {limits.max_stop_strings} non-empty stop strings of at most "
+                          f"{limits.max_stop_len} characters.", "stop")
     if s.logprobs > MAX_LOGPROBS:
         raise bad_request(f"logprobs must be at most {MAX_LOGPROBS}.", "logprobs")
     return SamplingParams(
@@ -70,7 +81,10 @@ class FrontDoor:
         self._ctx = zmq.asyncio.Context()
         self.sock = self._ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        # A full or vanished client is reported (EAGAIN / EHOSTUNREACH) instead of its
+        # messages being dropped in silence; see _send.
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_CLIENT_MESSAGE_BYTES)
         self.sock.bind(address)
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.num_dropped = 0
@@ -78,12 +92,16 @@ class FrontDoor:
         self._tasks: set[asyncio.Task] = set()
         self._outbox: dict[bytes, tuple[pb.StepOutput, list]] = {}
         self._flush_scheduled = False
+        self._held: dict[bytes, deque[list]] = {}  # client -> frames waiting for room
+        self._retry_timer: asyncio.TimerHandle | None = None
         self._io = SocketReader(self.sock, self._on_message)
 
     def start(self) -> None:
         self._io.start()
 
     async def close(self) -> None:
+        if self._retry_timer is not None:
+            self._retry_timer.cancel()
         self._io.stop()
         tasks = list(self._tasks)
         for t in tasks:
@@ -96,8 +114,57 @@ class FrontDoor:
     def _send(self, peer: bytes, env: pb.Envelope, arrays=()) -> None:
         frames = codec.encode_trusted(env, arrays)
         frames.insert(0, peer)
-        if not self._io.send(frames):
-            log.debug("could not send to a client")
+        held = self._held.get(peer)
+        if held is not None:  # keep the order: behind what already waits
+            self._hold(peer, held, frames)
+        elif not self._io.send(frames):
+            self._send_failed(peer, frames)
+
+    def _send_failed(self, peer: bytes, frames: list) -> None:
+        if self._io.last_errno == errno.EAGAIN:  # the client's queue is full: hold and retry
+            self._hold(peer, self._held.setdefault(peer, deque()), frames)
+        elif self._io.last_errno == errno.EHOSTUNREACH:
+            self._drop_client(peer, "disconnected")
+        else:
+            log.debug("could not send to a client (errno %d)", self._io.last_errno)
+
+    def _hold(self, peer: bytes, held: deque, frames: list) -> None:
+        self.gateway.metrics.frontdoor_backpressure.inc()
+        if len(held) >= MAX_HELD_PER_CLIENT:
+            self._drop_client(peer, "not reading")
+            return
+        held.append(frames)
+        if self._retry_timer is None:
+            loop = asyncio.get_running_loop()
+            self._retry_timer = loop.call_later(RETRY_HELD_S, self._send_held)
+
+    def _send_held(self) -> None:
+        self._retry_timer = None
+        for peer in list(self._held):
+            held = self._held.get(peer)
+            while held:
+                if not self._io.send(held[0]):
+                    if self._io.last_errno != errno.EAGAIN:
+                        self._drop_client(peer, "disconnected")
+                    break
+                held.popleft()
+            if held is not None and not held:
+                self._held.pop(peer, None)
+        if self._held and self._retry_timer is None:
+            self._retry_timer = asyncio.get_running_loop().call_later(RETRY_HELD_S,
+                                                                      self._send_held)
+
+    def _drop_client(self, peer: bytes, reason: str) -> None:
+        """A client left or stopped reading: abort its requests (their KV is freed)."""
+        self._held.pop(peer, None)
+        self._outbox.pop(peer, None)
+        prefix = self._internal_id(peer, "")
+        handles = [h for rid, h in self._handles.items() if rid.startswith(prefix)]
+        self.gateway.metrics.frontdoor_dropped_clients.labels(reason).inc()
+        log.info("front door: client %s %s; aborting %d requests", peer.hex(), reason,
+                 len(handles))
+        for h in handles:
+            h.close()
 
     def _queue_output(self, peer: bytes, out: pb.RequestOutput, token_ids: list[int]) -> None:
         step, arrays = self._outbox.setdefault(peer, (pb.StepOutput(), []))
@@ -168,7 +235,7 @@ class FrontDoor:
         try:
             if not req.request_id:
                 raise bad_request("request_id is required.", "request_id")
-            sampling = sampling_from_wire(req.sampling)
+            sampling = sampling_from_wire(req.sampling, gw.config.limits)
             gw.check_admission()
             ids = codec.array_of(decoded, req.prompt_frame)
             if ids is not None and len(ids):
@@ -192,6 +259,7 @@ class FrontDoor:
             self._send(peer, codec.make_error(error_code(err), err.message, req.request_id))
             return
         self._handles[internal] = handle
+        gw.metrics.frontdoor_open.inc()
         task = asyncio.create_task(self._pump(peer, req.request_id, handle))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -214,9 +282,11 @@ class FrontDoor:
             status = 200
         except APIError as err:
             status = err.status
-            self._send(peer, codec.make_error(error_code(err), err.message, request_id))
+            if err.code != "cancelled":  # an aborted request's client has stopped listening
+                self._send(peer, codec.make_error(error_code(err), err.message, request_id))
         finally:
             self._handles.pop(self._internal_id(peer, request_id), None)
+            gw.metrics.frontdoor_open.dec()
             handle.close()
             gw.record(handle, status)
 

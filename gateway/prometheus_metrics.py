@@ -130,6 +130,16 @@ class GatewayMetrics:
                                          registry=r)
         self.dropped_frames = Counter("tidegate_dropped_frames", "Malformed ZMQ messages dropped.",
                                       ["socket"], registry=r)
+        self.retried = Counter("tidegate_retried_requests", "Requests re-dispatched to another "
+                               "backend after theirs died before producing a token.", registry=r)
+        self.frontdoor_open = Gauge("tidegate_frontdoor_open_requests", "Requests the ZMQ front "
+                                    "door is serving (each has one forwarding task).", registry=r)
+        self.frontdoor_backpressure = Counter("tidegate_frontdoor_backpressure", "Front-door "
+                                              "messages held because a client's queue was full.",
+                                              registry=r)
+        self.frontdoor_dropped_clients = Counter("tidegate_frontdoor_dropped_clients", "Clients "
+                                                 "whose requests were aborted because they left "
+                                                 "or stopped reading.", ["reason"], registry=r)
         # vLLM's names, for routers that scrape vLLM.
         self.v_running = Gauge("vllm:num_requests_running", "Requests running on the backends.",
                                ["model_name"], registry=r)

@@ -99,11 +99,20 @@ async def merged(handles: list[RequestHandle], interval: int
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(i: int, h: RequestHandle) -> None:
+        # Every pump ends with exactly one item that tells merged() it is done (None or an
+        # error): one that died silently would leave merged() waiting forever.
         try:
             async for d in h.deltas(interval):
                 queue.put_nowait((i, d))
         except APIError as err:
             queue.put_nowait((i, err))
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("output stream %d failed", i)
+            queue.put_nowait((i, internal_error()))
+            return
         queue.put_nowait((i, None))
 
     tasks = [asyncio.create_task(pump(i, h)) for i, h in enumerate(handles)]
@@ -181,7 +190,8 @@ async def stream_events(request: web.Request, make_chunks, first_chunks, final_c
 # --- /v1/completions ---------------------------------------------------------------------------
 async def completions(request: web.Request) -> web.StreamResponse:
     gw = request.app[GATEWAY_KEY]
-    req: CompletionRequest = parse_completion_request(parse_json_body(await request.read()))
+    req: CompletionRequest = parse_completion_request(parse_json_body(await request.read()),
+                                                      gw.config.limits)
     gw.check_admission()
     check_model(gw, req.model)
     prompts = [tokenize(gw, p) for p in req.prompts]
@@ -236,7 +246,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 # --- /v1/chat/completions ----------------------------------------------------------------------
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     gw = request.app[GATEWAY_KEY]
-    req: ChatRequest = parse_chat_request(parse_json_body(await request.read()))
+    req: ChatRequest = parse_chat_request(parse_json_body(await request.read()), gw.config.limits)
     gw.check_admission()
     check_model(gw, req.model)
     messages = [{"role": m.role, "content": m.content} for m in req.messages]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.errors import APIError, bad_request
@@ -21,6 +22,24 @@ from gateway.openai_schema import (
 
 MAX_STOP_STRINGS = 4
 MAX_LOGPROBS = 20
+# Wire-type bounds (proto/tidegate.proto): a value that does not fit its field must be a 400
+# here, never an exception while the Batch is built.
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """Per-request size limits (each a 400 when exceeded). Stop strings are matched against the
+    held-back text after every token, so their number and length bound that cost; prompts per
+    request bound the work one body can start (and the event-loop time it takes)."""
+
+    max_stop_strings: int = MAX_STOP_STRINGS
+    max_stop_len: int = 256  # characters per stop string
+    max_prompts: int = 256  # prompts in one /v1/completions request
+
+
+LIMITS = RequestLimits()
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 # Parameters we accept only at their neutral value (the sampler does not implement them).
 NEUTRAL_ONLY = {"frequency_penalty": 0, "presence_penalty": 0, "best_of": 1}
@@ -39,6 +58,9 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
                           f"column {exc.colno}).", "body", "invalid_json") from None
     except RecursionError:
         raise bad_request("Request body is nested too deeply.", "body", "invalid_json") from None
+    except ValueError as exc:  # e.g. an integer literal over sys.get_int_max_str_digits()
+        raise bad_request(f"Request body is not valid JSON: {exc}.", "body",
+                          "invalid_json") from None
     if not isinstance(body, dict):
         raise bad_request(f"Request body must be a JSON object, not {_json_type(body)}.", "body",
                           "invalid_type")
@@ -64,13 +86,22 @@ def _type_error(param: str, expected: str, value: Any) -> APIError:
                        "invalid_type")
 
 
-def _get_int(body: dict, name: str, default: int | None) -> int | None:
+def _get_int(body: dict, name: str, default: int | None, lo: int = INT32_MIN,
+             hi: int = INT32_MAX) -> int | None:
+    """An integer in [lo, hi] (by default the int32 range, the widest most wire fields hold)."""
     value = body.get(name)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
         raise _type_error(name, "an integer", value)
+    if not lo <= value <= hi:
+        raise bad_request(f"'{name}' must be in [{lo}, {hi}], got {_short(value)}.", name)
     return value
+
+
+def _short(value: int) -> str:
+    text = str(value)
+    return text if len(text) <= 24 else f"{text[:10]}...({len(text)} digits)"
 
 
 def _get_float(body: dict, name: str, default: float | None) -> float | None:
@@ -79,7 +110,10 @@ def _get_float(body: dict, name: str, default: float | None) -> float | None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _type_error(name, "a number", value)
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an integer beyond the float range (~1.8e308)
+        raise bad_request(f"'{name}' is out of range.", name) from None
     if math.isnan(value) or math.isinf(value):
         raise bad_request(f"'{name}' must be a finite number, not {value}.", name)
     return value
@@ -100,10 +134,20 @@ def _get_str(body: dict, name: str) -> str | None:
         return None
     if not isinstance(value, str):
         raise _type_error(name, "a string", value)
+    return _check_text(value, name)
+
+
+def _check_text(value: str, param: str) -> str:
+    """JSON may carry lone surrogates ("\\ud800") that no UTF-8 tokenizer or writer accepts."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise bad_request(f"'{param}' is not valid Unicode (a lone surrogate at character "
+                          f"{exc.start}).", param, "invalid_encoding") from None
     return value
 
 
-def _parse_stop(body: dict) -> tuple[str, ...]:
+def _parse_stop(body: dict, limits: RequestLimits) -> tuple[str, ...]:
     value = body.get("stop")
     if value is None:
         return ()
@@ -111,17 +155,23 @@ def _parse_stop(body: dict) -> tuple[str, ...]:
         value = [value]
     if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
         raise _type_error("stop", "a string or an array of strings", value)
-    if len(value) > MAX_STOP_STRINGS:
-        raise bad_request(f"'stop' has {len(value)} strings; at most {MAX_STOP_STRINGS} are "
-                          "allowed.", "stop")
+    if len(value) > limits.max_stop_strings:
+        raise bad_request(f"'stop' has {len(value)} strings; at most {limits.max_stop_strings} "
+                          "are allowed.", "stop")
     if any(s == "" for s in value):
         raise bad_request("'stop' strings must not be empty.", "stop")
+    if any(len(s) > limits.max_stop_len for s in value):
+        raise bad_request(f"'stop' strings must be at most {limits.max_stop_len} characters.",
+                          "stop")
+    for s in value:
+        _check_text(s, "stop")
     return tuple(dict.fromkeys(value))
 
 
 def _parse_sampling(body: dict, logprobs: int | None, max_tokens_default: int | None,
-                    max_tokens_name: str = "max_tokens") -> SamplingParams:
-    max_tokens = _get_int(body, max_tokens_name, max_tokens_default)
+                    max_tokens_name: str = "max_tokens",
+                    limits: RequestLimits = LIMITS) -> SamplingParams:
+    max_tokens = _get_int(body, max_tokens_name, max_tokens_default, hi=(1 << 32) - 1)
     if max_tokens is not None and max_tokens < 1:
         raise bad_request(f"'{max_tokens_name}' must be at least 1, got {max_tokens}.",
                           max_tokens_name)
@@ -149,8 +199,8 @@ def _parse_sampling(body: dict, logprobs: int | None, max_tokens_default: int | 
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,
-        seed=_get_int(body, "seed", None),
-        stop=_parse_stop(body),
+        seed=_get_int(body, "seed", None, INT64_MIN, INT64_MAX),
+        stop=_parse_stop(body, limits),
         ignore_eos=_get_bool(body, "ignore_eos", False),
         logprobs=logprobs,
     )
@@ -185,7 +235,7 @@ def _is_token_list(value: Any) -> bool:
         isinstance(t, int) and not isinstance(t, bool) for t in value)
 
 
-def _parse_prompts(body: dict) -> tuple[Prompt, ...]:
+def _parse_prompts(body: dict, limits: RequestLimits) -> tuple[Prompt, ...]:
     if "prompt" not in body or body["prompt"] is None:
         raise bad_request("'prompt' is required.", "prompt", "missing_required_parameter")
     value = body["prompt"]
@@ -202,23 +252,29 @@ def _parse_prompts(body: dict) -> tuple[Prompt, ...]:
     else:
         raise _type_error("prompt", "a string, an array of strings, an array of token ids or an "
                           "array of token-id arrays", value)
+    if len(prompts) > limits.max_prompts:
+        raise bad_request(f"'prompt' has {len(prompts)} prompts; at most {limits.max_prompts} "
+                          "are allowed in one request.", "prompt")
     for p in prompts:
         if len(p) == 0:
             raise bad_request("'prompt' must not be empty.", "prompt")
-        if isinstance(p, tuple) and any(t < 0 for t in p):
-            raise bad_request("Token ids in 'prompt' must be non-negative.", "prompt")
+        if isinstance(p, str):
+            _check_text(p, "prompt")
+        elif any(not 0 <= t <= INT32_MAX for t in p):
+            raise bad_request(f"Token ids in 'prompt' must be in [0, {INT32_MAX}].", "prompt")
     return tuple(prompts)
 
 
-def parse_completion_request(body: dict[str, Any]) -> CompletionRequest:
+def parse_completion_request(body: dict[str, Any],
+                             limits: RequestLimits = LIMITS) -> CompletionRequest:
     logprobs = _get_int(body, "logprobs", None)
     if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
         raise bad_request(f"'logprobs' must be in [0, {MAX_LOGPROBS}], got {logprobs}.",
                           "logprobs")
     return CompletionRequest(
         model=_get_str(body, "model"),
-        prompts=_parse_prompts(body),
-        sampling=_parse_sampling(body, logprobs, max_tokens_default=16),
+        prompts=_parse_prompts(body, limits),
+        sampling=_parse_sampling(body, logprobs, max_tokens_default=16, limits=limits),
         options=_parse_options(body),
         echo=_get_bool(body, "echo", False),
     )
@@ -265,7 +321,7 @@ def _parse_messages(body: dict) -> tuple[ChatMessage, ...]:
     return tuple(out)
 
 
-def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
+def parse_chat_request(body: dict[str, Any], limits: RequestLimits = LIMITS) -> ChatRequest:
     want_logprobs = _get_bool(body, "logprobs", False)
     top_logprobs = _get_int(body, "top_logprobs", None)
     if top_logprobs is not None:
@@ -280,7 +336,8 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
     return ChatRequest(
         model=_get_str(body, "model"),
         messages=_parse_messages(body),
-        sampling=_parse_sampling(body, logprobs, max_tokens_default=None, max_tokens_name=name),
+        sampling=_parse_sampling(body, logprobs, max_tokens_default=None, max_tokens_name=name,
+                                 limits=limits),
         options=_parse_options(body),
         add_generation_prompt=_get_bool(body, "add_generation_prompt", True),
         top_logprobs_requested=want_logprobs,

@@ -46,6 +46,7 @@ class SocketReader:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._fd: int | None = None
         self._scheduled = False
+        self.last_errno = 0  # errno of the last failed send (EAGAIN: full; EHOSTUNREACH: gone)
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -68,7 +69,8 @@ class SocketReader:
         try:
             for i, frame in enumerate(frames):
                 _send(sock, frame, _SNDMORE if i < last else _NOBLOCK)
-        except zmq.ZMQError:
+        except zmq.ZMQError as exc:
+            self.last_errno = exc.errno
             return False
         finally:
             self.check()

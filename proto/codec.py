@@ -183,6 +183,27 @@ def _check_refs(envelope: pb.Envelope, num_arrays: int) -> str | None:
     return None
 
 
+def peek_request_ids(frames: Sequence) -> list[str]:
+    """The request ids a message names, read from its envelope alone (for a message that
+    failed to ``decode``, e.g. a dangling array index): the receiver can then fail exactly those
+    requests. ``[]`` when even the envelope is unreadable; never raises."""
+    try:
+        envelope = pb.Envelope()
+        envelope.ParseFromString(_view(frames[0], 0, MAX_FRAME_BYTES))
+        kind = envelope.WhichOneof("body")
+        if kind == "batch":
+            return [r.request_id for r in envelope.batch.requests if r.request_id]
+        if kind == "step_output":
+            return [o.request_id for o in envelope.step_output.outputs if o.request_id]
+        if kind == "abort":
+            return []  # nothing to fail: the requests are being cancelled anyway
+        if kind == "error" and envelope.error.request_id:
+            return [envelope.error.request_id]
+    except Exception:  # noqa: BLE001 -- best effort by contract; the caller logs
+        return []
+    return []
+
+
 def array_of(decoded: Decoded, index: int) -> np.ndarray | None:
     """The token array at ``index``; ``None`` for ``NO_FRAME``; ``DecodeError`` if out of range."""
     if index == NO_FRAME:

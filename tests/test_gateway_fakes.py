@@ -71,7 +71,7 @@ class FakeBackend:
         self.num_free_blocks = self.num_total_blocks
         self.go = asyncio.Event()  # cleared: steps pause (requests stay in flight)
         self.go.set()
-        self.reporting = True
+        self.reporting = True  # False: no LoadReports, no pongs (a hung process, as seen)
         self._peers: set[bytes] = set()
         self._tasks: list[asyncio.Task] = []
         self._step = 0
@@ -126,7 +126,7 @@ class FakeBackend:
                     if req is not None:
                         self.aborted.append(rid)
                         self.num_free_blocks += req.num_blocks
-            elif decoded.kind == "health" and not env.health.reply:
+            elif decoded.kind == "health" and not env.health.reply and self.reporting:
                 self._send(peer, codec.make_health(env.health.nonce, 0.0, reply=True))
 
     def _admit(self, peer: bytes, r: pb.GenerateRequest, prompt) -> None:
