@@ -42,8 +42,9 @@ def make_gqa_rope_checkpoint(path: Path) -> Path:
     if (path / "config.json").is_file():
         return path
     import torch
-    from tokenizer.byte_level import byte_level_bundle
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tokenizer.byte_level import byte_level_bundle
 
     torch.manual_seed(0)
     cfg = LlamaConfig(initializer_range=0.05, bos_token_id=256, eos_token_id=257,
