@@ -61,7 +61,7 @@ def instrument(engine, timer: _Timer) -> None:
     engine.scheduler.schedule = timer.wrap("schedule", engine.scheduler.schedule)
     engine.scheduler.update = timer.wrap("update", engine.scheduler.update)
     runner.prepare = timer.wrap("prepare", runner.prepare)
-    runner.sampler = timer.wrap("sampler", runner.sampler)
+    runner.sampler.sample_specs = timer.wrap("sampler", runner.sampler.sample_specs)
     model.attn = timer.wrap("attention", model.attn)
     model.compute_logits = timer.wrap("logits", model.compute_logits)
     # model forward (total) -- patched on the instance so runner's call goes through it

@@ -167,6 +167,15 @@ class EchoEngine:
             state.running = True
             sched.running[rid] = state
 
+    # the worker's step seam (backend.engine.Engine): no device, so nothing to overlap
+    overlaps_device = False
+
+    def begin_step(self) -> None:
+        return None
+
+    def finish_step(self, step: None) -> list[RequestOutput]:
+        return self.step()
+
     def step(self) -> list[RequestOutput]:
         """One token for every running request (admitting waiting ones first)."""
         sched = self.scheduler

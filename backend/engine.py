@@ -4,6 +4,18 @@
              out = runner.execute(plan)        # backend.runner.ModelRunner
              finished = scheduler.update(plan, result)
 
+The step splits at the device: `begin_step()` schedules and launches (on CUDA it returns while
+the device runs), `finish_step()` reads the tokens back and updates. `step()` is the two back to
+back. The worker does its host work for the previous step (sending outputs, reading new
+messages) between the two when `overlaps_device` is set, so that work is off the step's critical
+path:
+
+    worker:  begin_step(k) | send outputs(k-1), drain socket | finish_step(k) -> outputs(k)
+    device:        [=========== step k ===========]
+
+While a step is in flight, new requests only join the waiting queue and an abort of a request in
+the in-flight plan is applied after that step's update (its blocks are being written).
+
 The engine adds what the policy core does not know: sampling parameters and seeds per request,
 stop-token decisions, and the per-step report of new tokens (`RequestOutput` records).
 """
@@ -13,7 +25,7 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from backend.runner import ModelRunner
+from backend.runner import LaunchedStep, ModelRunner
 from backend.sampler import SamplingParams, TokenLogprobs
 from backend.step_io import SampleSpec
 from scheduler.capacity import DEFAULT_CAPACITY
@@ -49,6 +61,15 @@ class RequestOutput:
     num_cached_tokens: int = 0
 
 
+@dataclass(slots=True)
+class InFlightStep:
+    """A step between `Engine.begin_step` and `Engine.finish_step`."""
+    plan: StepPlan
+    launched: LaunchedStep
+    request_ids: set[str]  # every request with a chunk in the plan
+    aborts: set[str] = field(default_factory=set)  # aborted while in flight: drop after update
+
+
 @dataclass
 class _RequestState:
     params: SamplingParams
@@ -72,6 +93,7 @@ class Engine:
         self.scheduler = StepScheduler(config.scheduler_config())
         self.states: dict[str, _RequestState] = {}
         self._seed_rng = random.Random()
+        self._inflight: InFlightStep | None = None
 
     # ---- requests ------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -100,7 +122,13 @@ class Engine:
         return None
 
     def abort(self, request_id: str) -> RequestOutput | None:
-        """Drop a request and free its blocks; its final record, or None if unknown."""
+        """Drop a request and free its blocks; its final record, or None if unknown. A request
+        in the plan of the step in flight is dropped when that step finishes; its record then
+        comes out of `finish_step` instead."""
+        if self._inflight is not None and request_id in self._inflight.request_ids:
+            if request_id in self.states:
+                self._inflight.aborts.add(request_id)
+            return None
         done = self.scheduler.abort(request_id)
         state = self.states.pop(request_id, None)
         if done is None or state is None:
@@ -117,14 +145,42 @@ class Engine:
 
     # ---- the step ------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        plan = self.scheduler.schedule()
-        result, logprobs = self._execute(plan)
-        finished = self.scheduler.update(plan, result)
-        return self._outputs(plan, result, logprobs, finished)
+        return self.finish_step(self.begin_step())
 
-    def _execute(self, plan: StepPlan) -> tuple[StepResult, dict[str, TokenLogprobs | None]]:
+    @property
+    def overlaps_device(self) -> bool:
+        """True where `begin_step` returns before the device is done (CUDA), so host work put
+        between it and `finish_step` runs in the device's shadow. On the CPU the forward pass
+        runs inside `begin_step` and there is no shadow to use."""
+        return self.runner.device.type != "cpu"
+
+    def begin_step(self) -> InFlightStep:
+        """Schedule the next step and launch it (see the module docstring)."""
+        if self._inflight is not None:
+            raise RuntimeError("begin_step while a step is in flight: finish_step it first")
+        plan = self.scheduler.schedule()
         specs = {c.request_id: self._spec(c.request_id) for c in plan.chunks if c.sample}
-        out = self.runner.execute(plan.chunks, specs)
+        step = InFlightStep(plan, self.runner.launch(plan.chunks, specs),
+                            {c.request_id for c in plan.chunks})
+        self._inflight = step
+        return step
+
+    def finish_step(self, step: InFlightStep) -> list[RequestOutput]:
+        """Read the launched step's tokens back, update the scheduler; the step's records."""
+        self._inflight = None
+        plan = step.plan
+        result, logprobs = self._stop_checks(self.runner.finish(step.launched))
+        finished = self.scheduler.update(plan, result)
+        outputs = self._outputs(plan, result, logprobs, finished)
+        if step.aborts:
+            done = {o.request_id for o in outputs if o.finish_reason is not None}
+            outputs = [o for o in outputs if o.request_id not in step.aborts or
+                       o.request_id in done]
+            outputs += [r for rid in step.aborts if rid not in done
+                        for r in [self.abort(rid)] if r is not None]
+        return outputs
+
+    def _stop_checks(self, out) -> tuple[StepResult, dict[str, TokenLogprobs | None]]:
         stopped = set()
         for rid, token in out.token_ids.items():
             p = self.states[rid].params

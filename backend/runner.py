@@ -145,28 +145,62 @@ class ModelRunner:
     def execute(self, chunks: Sequence[Chunk], sampling: Mapping[str, SampleSpec] | None = None,
                 keep_logits: bool = False) -> RunnerOutput:
         """Run one step. `sampling[request_id]` is needed for every chunk with `sample` set."""
-        if self.graphs is not None:  # decode-only steps replay a CUDA graph
-            out = self.graphs.try_execute(chunks, sampling, keep_logits)
-            if out is not None:
-                return out
-        out = RunnerOutput()
+        return self.finish(self.launch(chunks, sampling, keep_logits))
+
+    @torch.inference_mode()
+    def launch(self, chunks: Sequence[Chunk], sampling: Mapping[str, SampleSpec] | None = None,
+               keep_logits: bool = False) -> LaunchedStep:
+        """Start one step: inputs in, the model queued up to the logits. On CUDA this returns
+        while the device still runs (nothing here waits for it); `finish` reads the tokens.
+        On the CPU the forward pass runs here, to the end."""
+        step = LaunchedStep(chunks, sampling, keep_logits)
+        if self.graphs is not None and self.graphs.can_replay(chunks):  # decode graphs
+            step.graph_launch = self.graphs.launch(chunks)
+            return step
+        if self.graphs is not None:
+            self.graphs.forget_rows()
         if not chunks:
-            return out
+            return step
         num_tokens, ctx, last = self.prepare(chunks)
         b = self.buffers
         hidden = self.model(b.input_ids[:num_tokens], b.positions[:num_tokens], ctx, self.kv)
         rows = [last[i] for i, c in enumerate(chunks) if c.sample]
-        if not rows:
+        if rows:
+            row_index = torch.tensor(rows, dtype=torch.long, device=self.device)
+            step.logits = self.model.compute_logits(hidden.index_select(0, row_index))  # [S, V]
+        return step
+
+    @torch.inference_mode()
+    def finish(self, step: LaunchedStep) -> RunnerOutput:
+        """Sample the launched step's rows and read the tokens back (waits for the device)."""
+        if step.graph_launch is not None:
+            return self.graphs.finish(step.graph_launch, step.chunks, step.sampling, step.keep_logits)
+        out = RunnerOutput()
+        if step.logits is None:
             return out
-        sampled = [c for c in chunks if c.sample]
-        row_index = torch.tensor(rows, dtype=torch.long, device=self.device)
-        logits = self.model.compute_logits(hidden.index_select(0, row_index))  # [S, V]
+        sampled = [c for c in step.chunks if c.sample]
+        sampling = step.sampling
         specs = [sampling[c.request_id] for c in sampled] if sampling is not None else \
             [SampleSpec(SamplingParams(), 0, 0) for _ in sampled]
-        ids, logprobs = self.sampler.sample_specs(logits, specs)
+        ids, logprobs = self.sampler.sample_specs(step.logits, specs)
         for c, tok, lp in zip(sampled, ids, logprobs):
             out.token_ids[c.request_id] = tok
             out.logprobs[c.request_id] = lp
-        if keep_logits:
-            out.logits = logits
+        if step.keep_logits:
+            out.logits = step.logits
         return out
+
+
+class LaunchedStep:
+    """A step between `ModelRunner.launch` and `ModelRunner.finish`: what finish needs, and the
+    device-side results it will read (a graph replay's handle, or the sampled rows' logits)."""
+
+    __slots__ = ("chunks", "graph_launch", "keep_logits", "logits", "sampling")
+
+    def __init__(self, chunks: Sequence[Chunk], sampling: Mapping[str, SampleSpec] | None,
+                 keep_logits: bool) -> None:
+        self.chunks = chunks
+        self.sampling = sampling
+        self.keep_logits = keep_logits
+        self.graph_launch = None
+        self.logits: torch.Tensor | None = None

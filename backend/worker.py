@@ -3,7 +3,10 @@
 Loop (single thread): drain every queued message (Hello, Batch, Abort, Health) -> one engine
 step if there is work -> one `StepOutput` per gateway holding all its requests' new tokens ->
 a `LoadReport` when due (<= 100 ms apart while busy, 1 s while idle). Messages that arrive while
-a step runs wait in the socket and are handled before the next step.
+a step runs wait in the socket and are handled before the next step. On a device that runs
+asynchronously (CUDA) a step's outputs are sent, and the socket drained, while the next step
+runs on the device (`Engine.begin_step` / `finish_step`), so that host work is off the step's
+critical path; the last step's outputs before going idle are sent at once.
 
 Replies (the gateway side of the contract):
 - `Hello` -> `BackendInfo` (tokenizer JSON and chat template included); another MAJOR
@@ -123,7 +126,8 @@ class Worker:
             elif not self._idle_checked:
                 self._check_idle()
             self._flush_outboxes()
-            self._flush_pending()
+            if not (self.engine.overlaps_device and self.engine.has_unfinished()):
+                self._flush_pending()  # else the next step's device shadow sends them
             self._maybe_report()
         self._shutdown()
         return 0
@@ -258,7 +262,12 @@ class Worker:
     def _step(self) -> None:
         t0 = time.perf_counter()
         try:
-            outputs = self.engine.step()
+            step = self.engine.begin_step()
+            if self.engine.overlaps_device:
+                # in the device's shadow: the previous step's outputs go out, new messages come in
+                self._flush_pending()
+                self._drain()
+            outputs = self.engine.finish_step(step)
         except Exception as exc:  # noqa: BLE001 -- e.g. device OOM: fail the requests, not the process
             first_line = (str(exc).splitlines() or [""])[0]
             self._fail_all(f"step failed: {type(exc).__name__}: {first_line}")

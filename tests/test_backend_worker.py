@@ -171,16 +171,16 @@ def test_failed_step_errors_its_requests_and_the_worker_carries_on(tmp_path):
 
     engine, loaded = create_engine(BackendConfig(model="tiny", num_blocks=64, max_num_seqs=4,
                                                  max_num_batched_tokens=64))
-    real_execute = engine.runner.execute
+    real_launch = engine.runner.launch  # the engine's step: runner.launch, then runner.finish
     calls = {"n": 0}
 
     def flaky(*args, **kw):
         calls["n"] += 1
         if calls["n"] == 3:
             raise RuntimeError("CUDA out of memory (simulated)\nsecond line")
-        return real_execute(*args, **kw)
+        return real_launch(*args, **kw)
 
-    engine.runner.execute = flaky
+    engine.runner.launch = flaky
     worker = Worker(engine, loaded, f"ipc://{tmp_path}/inproc.sock")
     thread = threading.Thread(target=worker.serve_forever, daemon=True)
     thread.start()
