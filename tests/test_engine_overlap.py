@@ -69,7 +69,7 @@ def serve_and_collect(tmp_path, overlap: bool, monkeypatch) -> dict:
         assert {r: f.finish_reason for r, f in finals.items()} == dict.fromkeys("abc", pb.RequestOutput.LENGTH)
         c.batch({"d": [3, 4]}, max_tokens=50, ignore_eos=True)
         c.send(pb.Envelope(abort=pb.Abort(request_ids=["d"])))
-        t2, f2, _ = c.collect(["d"])
+        _, f2, _ = c.collect(["d"])
         assert f2["d"].finish_reason in (pb.RequestOutput.ABORT, pb.RequestOutput.LENGTH)
         return tokens
     finally:
