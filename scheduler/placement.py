@@ -33,6 +33,7 @@ itself was checked.
 """
 from __future__ import annotations
 
+import argparse
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -230,6 +231,25 @@ class WindowPlacement(PrefixAffinityPlacement):
         loners.sort(key=lambda it: -it.cost)
         for it in loners:
             self._place_one(it, now)
+
+
+def add_placement_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+                            defaults: PlacementConfig = PlacementConfig()) -> None:
+    """--placement, --placement-load-factor, --placement-slack-tokens (gateway and simulator)."""
+    parser.add_argument("--placement", choices=POLICIES, default=defaults.policy,
+                        help=f"which backend gets which request (default {defaults.policy}; "
+                             "see scheduler.placement)")
+    parser.add_argument("--placement-load-factor", type=float, default=defaults.load_factor,
+                        help="prefix affinity yields once a holder's load passes this many times "
+                             f"the least load plus the slack (default {defaults.load_factor})")
+    parser.add_argument("--placement-slack-tokens", type=int, default=defaults.load_slack_tokens,
+                        help=f"the slack of that bound, in tokens (default {defaults.load_slack_tokens})")
+
+
+def placement_config_from_args(a: argparse.Namespace, block_size: int) -> PlacementConfig:
+    return PlacementConfig(policy=a.placement, block_size=block_size,
+                           load_factor=a.placement_load_factor,
+                           load_slack_tokens=a.placement_slack_tokens)
 
 
 def create_placement(config: PlacementConfig) -> LeastTokensPlacement:

@@ -32,6 +32,7 @@ from scheduler.batcher import BatcherConfig, DynamicWindowBatcher
 from scheduler.capacity import DEFAULT_CAPACITY
 from scheduler.classes import QueueClass
 from scheduler.clock import ManualClock
+from scheduler.prefix_index import DEPTHS, PrefixSummary, prefix_hashes
 from scheduler.queues import ClassQueues, PendingRequest, QueueConfig
 from scheduler.step_scheduler import SchedulerConfig, StepResult, StepScheduler
 from sims.workload import Workload
@@ -144,6 +145,10 @@ class BackendAdapter:
         self._prefixes: dict[int, list[int]] = {}
         self.num_rejected = 0
         self._still_prefilling = False
+        self.block_size = config.block_size
+        # what a LoadReport would say this backend's prefix cache holds (as the live worker does)
+        self.prefix_summary = PrefixSummary(config.block_size) if self.prefix_caching else None
+        self._group_hashes: dict[int, tuple[int, ...]] = {}
 
     # ---- load, as a LoadReport would carry it ------------------------------------------------
     @property
@@ -182,12 +187,35 @@ class BackendAdapter:
                                                     -(g + 1) * _TOKEN_STRIDE + plen))
         return prefix[:plen] + list(range(base + plen, base + n))
 
+    def prefix_hashes(self, i: int) -> tuple[int, ...]:
+        """Request i's prompt prefix hashes, as the gateway computes them for placement (() with
+        prefix caching off: nothing can be reused, so nothing is hashed). A shared prefix that
+        covers every sampled depth hashes the same for its whole group: computed once."""
+        if not self.prefix_caching:
+            return ()
+        g = int(self._w.prefix_group[i])
+        deep = g >= 0 and int(self._w.prefix_len[i]) > DEPTHS[-1] * self.block_size
+        if deep:
+            h = self._group_hashes.get(g)
+            if h is not None:
+                return h
+        h = prefix_hashes(self.prompt_tokens(i), self.block_size)
+        if deep:
+            self._group_hashes[g] = h
+        return h
+
+    def prefix_report(self) -> list[int]:
+        """The LoadReport's prefix summary: sampled-depth hashes this backend still caches."""
+        return self.prefix_summary.snapshot(self.bm.is_cached) if self.prefix_summary else []
+
     def add(self, i: int, now: float) -> bool:
-        rej = self.sched.add_request(str(i), self.prompt_tokens(i), self._output_len[i], now,
-                                     self._priority[i])
+        tokens = self.prompt_tokens(i)
+        rej = self.sched.add_request(str(i), tokens, self._output_len[i], now, self._priority[i])
         if rej is not None:
             self.num_rejected += 1
             return False
+        if self.prefix_summary is not None:
+            self.prefix_summary.add_prompt(tokens)
         return True
 
     # ---- steps -------------------------------------------------------------------------------

@@ -30,20 +30,19 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
-from operator import attrgetter
 
 import numpy as np
 
 from scheduler.clock import ManualClock
+from scheduler.placement import PlacementConfig, PlacementItem, create_placement
 from sims.adapters import BackendAdapter, GatewayAdapter, SimSchedulerConfig
 from sims.cost import CostModel, decode_span_by_times
 from sims.workload import Workload
 
 INF = math.inf
 _STEP, _STRETCH, _TIMER, _DELIVER = 0, 1, 2, 3  # event kinds: indices into EventLoop.run's handlers
-_by_outstanding = attrgetter("outstanding")
 
 
 @dataclass(frozen=True)
@@ -55,6 +54,9 @@ class EngineConfig:
     max_stretch_finishes: int = 0       # finishing steps one stretch may pass (0: ends at the first)
     num_samples: int = 2000             # time-series samples (queue depth, KV use) over the run
     progress: bool = False
+    # which backend gets which request: the gateway's policy objects (scheduler.placement)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    report_interval_s: float = 0.1      # a busy backend's LoadReport period (prefix facts)
 
 
 @dataclass
@@ -84,15 +86,20 @@ class SimResult:
 class _Backend:
     __slots__ = (
         "busy",
+        "busy_s",
         "end_time",
         "idx",
         "inbox",
-        "outstanding",
+        "last_report",
+        "num_placed",
         "plan",
+        "released_early",
         "sched",
+        "step_start",
         "stretch_past",
         "stretch_segs",
         "stretch_start",
+        "tokens_placed",
         "version",
     )
 
@@ -106,7 +113,12 @@ class _Backend:
         self.stretch_segs = None    # [(steps, batch, context, num_finishing, cumulative end)]
         self.stretch_past = False
         self.plan = None
-        self.outstanding = 0
+        self.step_start = 0.0
+        self.released_early = 0     # tokens of a stretch's past finishes released before its end
+        self.busy_s = 0.0           # time spent in steps
+        self.last_report = -INF
+        self.num_placed = 0         # requests placed here
+        self.tokens_placed = 0      # their prompt + output tokens
 
 
 def simulate(workload: Workload, cost: CostModel, sched_config: SimSchedulerConfig,
@@ -167,6 +179,16 @@ class EventLoop:
         self.cores = [(be, be.sched.sched, be.sched.bm) for be in backends]
         self.max_seqs = sched_config.max_num_seqs
         self.now = 0.0
+        # placement: the gateway's own policy object; load = prompt + output tokens charged at
+        # dispatch (less what the policy expects cached), released when the request finishes
+        self.placement = create_placement(replace(config.placement,
+                                                  block_size=sched_config.block_size))
+        for be in backends:
+            self.placement.add_backend(be.idx)
+        self.charged = [0] * n
+        self.prefix_of = backends[0].sched.prefix_hashes if (
+            config.placement.uses_prefixes and backends and backends[0].sched.prefix_caching) else None
+        self.report_s = config.report_interval_s
 
     # ---- helpers ---------------------------------------------------------------------------
     def push(self, t: float, kind: int, arg) -> None:
@@ -182,32 +204,56 @@ class EventLoop:
         return False
 
     def dispatch(self, now: float) -> None:
+        """Flush one window: the placement policy splits it over backends (one batch each)."""
         batch = self.gateway.take_batch()
         if not batch:
             return
         self.batch_sizes.append(len(batch))
-        be = min(self.backends, key=(lambda x: self.load(x, now)) if self.max_fin else _by_outstanding)
-        dispatch_t, num_tokens = self.dispatch_t, self.num_tokens
-        for i in batch:
-            dispatch_t[i] = now
-            be.outstanding += num_tokens[i]
-        if self.delay > 0:
-            self.push(now + self.delay, _DELIVER, (be.idx, batch))
+        if self.max_fin:
+            self.release_stretch_finishes(now)
+        dispatch_t, num_tokens, charged = self.dispatch_t, self.num_tokens, self.charged
+        prefix_of = self.prefix_of
+        if prefix_of is None:
+            items = [PlacementItem(num_tokens[i], (), i) for i in batch]
         else:
-            self.deliver(be, batch, now)
+            items = [PlacementItem(num_tokens[i], prefix_of(i), i) for i in batch]
+        self.placement.place(items, now)
+        parts: dict[int, list[int]] = {}
+        for it in items:
+            i = it.payload
+            dispatch_t[i] = now
+            charged[i] = it.charged
+            part = parts.get(it.backend)
+            if part is None:
+                parts[it.backend] = [i]
+            else:
+                part.append(i)
+        backends = self.backends
+        for b, part in parts.items():
+            be = backends[b]
+            be.num_placed += len(part)
+            be.tokens_placed += sum(num_tokens[i] for i in part)
+            if self.delay > 0:
+                self.push(now + self.delay, _DELIVER, (b, part))
+            else:
+                self.deliver(be, part, now)
 
-    @staticmethod
-    def load(be: _Backend, now: float) -> int:
-        """Outstanding tokens at `now`: a stretch past finishes has not yet taken off the
-        requests that finished inside it by `now` (as single steps would have)."""
-        if not be.stretch_past:
-            return be.outstanding
-        o, start = be.outstanding, be.stretch_start
-        for seg in be.stretch_segs:
-            if start + seg[4] > now:
-                break
-            o -= seg[5]
-        return o
+    def release_stretch_finishes(self, now: float) -> None:
+        """A stretch past finishes ends later than the requests finishing inside it: release
+        the tokens of those finished by `now` (as single steps would have), so placement sees
+        the load at `now`; `on_stretch` settles the difference at the stretch's end."""
+        release = self.placement.release
+        for be in self.backends:
+            if not be.stretch_past:
+                continue
+            o, start = 0, be.stretch_start
+            for seg in be.stretch_segs:
+                if start + seg[4] > now:
+                    break
+                o += seg[5]
+            if o > be.released_early:
+                release(be.idx, o - be.released_early)
+                be.released_early = o
 
     def deliver(self, be: _Backend, batch: list[int], now: float) -> None:
         be.inbox.extend(batch)
@@ -253,7 +299,7 @@ class EventLoop:
         for i in be.inbox:
             if not sched.add(i, now):
                 self.rejected[i] = True
-                be.outstanding -= self.num_tokens[i]
+                self.placement.release(be.idx, self.charged[i])
         be.inbox.clear()
 
     def start_step(self, be: _Backend, now: float) -> None:
@@ -273,7 +319,7 @@ class EventLoop:
                     t += span_fn(n_dec, ctx, ks)
                     out.append((ks, n_dec, ctx, nfin, t, tokens))
                 be.stretch_segs, be.stretch_past = out, past > 0
-                be.stretch_start = now
+                be.stretch_start = be.step_start = now
                 be.busy = True
                 be.end_time = now + t
                 be.version += 1
@@ -291,16 +337,22 @@ class EventLoop:
         self.step_rows.append((num_decode, num_prefill, dt))
         be.busy = True
         be.plan = plan
+        be.step_start = now
         be.end_time = now + dt
         self.push(be.end_time, _STEP, be.idx)
 
     def finish_requests(self, be: _Backend, done: list[int], now: float) -> None:
-        finish_t, num_tokens = self.finish_t, self.num_tokens
+        finish_t, charged = self.finish_t, self.charged
+        release, b = self.placement.release, be.idx
         for i in done:
             finish_t[i] = now
-            be.outstanding -= num_tokens[i]
+            release(b, charged[i])
 
     def after_step(self, be: _Backend, now: float) -> None:
+        be.busy_s += now - be.step_start
+        if self.prefix_of is not None and now - be.last_report >= self.report_s:
+            be.last_report = now  # a LoadReport: what the prefix cache holds now
+            self.placement.report(be.idx, be.sched.prefix_report(), now)
         self.start_step(be, now)
         gateway = self.gateway
         if gateway.num_pending and gateway.idle_flush:
@@ -353,6 +405,9 @@ class EventLoop:
                     self.finish_requests(be, done[d:d + nfin], start + t)
                     d += nfin
             self.finish_requests(be, done[d:], now)
+        if be.released_early:
+            self.placement.release(be.idx, -be.released_early)  # released twice: take one back
+            be.released_early = 0
         self.after_step(be, now)
 
     def on_timer(self, arg: float, now: float) -> bool | None:
@@ -454,7 +509,18 @@ class EventLoop:
             series={k: np.array(v) for k, v in self.series.items()},
             backend_stats=[b.sched.stats() for b in backends], events=self.events,
             wall_s=time.perf_counter() - self.wall0, sim_end=self.now,
-            extra={"num_kv_blocks": self.num_blocks})
+            extra={"num_kv_blocks": self.num_blocks, "placement": self.placement_stats()})
+
+    def placement_stats(self) -> dict:
+        p = self.placement
+        out = {"policy": p.name,
+               "backend_busy_s": [be.busy_s for be in self.backends],
+               "backend_requests": [be.num_placed for be in self.backends],
+               "backend_tokens": [be.tokens_placed for be in self.backends]}
+        for k in ("num_affinity", "num_spilled", "num_cold"):
+            if hasattr(p, k):
+                out[k] = getattr(p, k)
+        return out
 
 
 def _progress(done: int, total: int, wall0: float, end: str = "") -> None:

@@ -20,6 +20,7 @@ import tomllib
 
 from scheduler.batcher import BatcherConfig
 from scheduler.capacity import add_capacity_arguments
+from scheduler.placement import add_placement_arguments, placement_config_from_args
 from scheduler.queues import QueueConfig
 from sims.adapters import SimSchedulerConfig
 from sims.cost import RooflineConfig
@@ -70,6 +71,7 @@ def add_run_args(p: argparse.ArgumentParser, *, num_requests: int = 1000) -> Non
                         "tokens are dummies, so nothing else hits; see sims.adapters)")
     g.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_const", const="off")
     g.add_argument("--network-delay-ms", type=float, default=0.0)
+    add_placement_arguments(g)
     g.add_argument("--max-stretch-steps", type=int, default=1 << 30,
                    help="cap on steps advanced in one event (1: step by step)")
     g = p.add_argument_group("output")
@@ -138,7 +140,8 @@ def spec_from_args(a: argparse.Namespace) -> RunSpec:
                                block_size=a.block_size, max_model_len=max_model_len,
                                enable_prefix_caching=prefix_caching_arg(a.prefix_caching))
     engine = EngineConfig(num_backends=a.backends, network_delay_s=a.network_delay_ms / 1e3,
-                          max_stretch_steps=a.max_stretch_steps)
+                          max_stretch_steps=a.max_stretch_steps,
+                          placement=placement_config_from_args(a, a.block_size))
     return RunSpec(cost=cost, workload=workload, scheduler=sched, engine=engine, trace=a.trace,
                    slo_ttft_ms=a.slo_ttft_ms, slo_tpot_ms=a.slo_tpot_ms)
 

@@ -113,3 +113,31 @@ def timeseries(result, outdir, name: str = "queue_kv") -> list[str]:
     ax2.set_ylim(0, 100)
     ax.set_title("queue depth and KV use")
     return _save(fig, outdir, name)
+
+
+def placement_latency(points: list[dict], outdir, name: str = "placement",
+                      title: str = "") -> list[str]:
+    """TTFT p50/p99, TPOT p50 and the goodput fraction against the arrival rate, one line per
+    placement policy (points from `sims.placement_study`)."""
+    policies = list(dict.fromkeys(p["policy"] for p in points))
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for k, pol in enumerate(policies):
+        pts = sorted((p for p in points if p["policy"] == pol), key=lambda p: p["rate"])
+        r = [p["rate"] for p in pts]
+        color = f"C{k}"
+        axes[0].plot(r, [p["ttft_ms"]["p50"] for p in pts], "o-", color=color, label=f"{pol} p50")
+        axes[0].plot(r, [p["ttft_ms"]["p99"] for p in pts], "x--", color=color, label=f"{pol} p99")
+        axes[1].plot(r, [p["tpot_ms"]["p50"] for p in pts], "o-", color=color, label=pol)
+        axes[2].plot(r, [p["goodput_fraction"] for p in pts], "o-", color=color, label=pol)
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel("TTFT (ms)")
+    axes[1].set_ylabel("TPOT p50 (ms)")
+    axes[2].set_ylabel("fraction meeting TTFT<=500 ms, TPOT<=50 ms")
+    axes[2].axhline(0.9, color="0.5", lw=0.8, ls=":")
+    for ax in axes:
+        ax.set_xlabel("arrival rate (requests/s)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
+    return _save(fig, outdir, name)

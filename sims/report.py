@@ -80,9 +80,22 @@ def summarize(r: SimResult, *, slo_ttft_ms: float | None = None,
                if len(series["fragmentation"]) else 0.0,
                "prefix_hit_rate": hit_tok / q_tok if q_tok else 0.0},
         "preemptions": sum(s["num_preemptions"] for s in stats),
+        "placement": _placement(r, stats),
         "sim": {"events": r.events, "wall_s": r.wall_s, "events_per_s": r.events / r.wall_s,
                 "requests_per_wall_s": len(w) / r.wall_s, "simulated_s": r.sim_end},
     }
+
+
+def _placement(r, stats: list[dict]) -> dict:
+    """Per-backend load under the placement policy: busy time, requests, prefix hit rates, and
+    the busiest/idlest ratio of busy time (the hot-spot figure)."""
+    p = dict(r.extra.get("placement", {}))
+    busy = p.get("backend_busy_s", [])
+    if busy:
+        p["busy_max_over_min"] = max(busy) / min(busy) if min(busy) > 0 else float("inf")
+    p["backend_prefix_hit_rate"] = [s["num_prefix_hit_tokens"] / s["num_prefix_query_tokens"]
+                                    if s["num_prefix_query_tokens"] else 0.0 for s in stats]
+    return p
 
 
 def _histogram(values: np.ndarray) -> dict[str, int]:

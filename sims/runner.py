@@ -82,7 +82,8 @@ class RunSpec:
                 "idle_flush": b.idle_flush, "max_num_seqs": s.max_num_seqs,
                 "max_num_batched_tokens": s.max_num_batched_tokens, "block_size": s.block_size,
                 "enable_prefix_caching": ("auto" if s.enable_prefix_caching is None
-                                          else s.enable_prefix_caching)}
+                                          else s.enable_prefix_caching),
+                "placement": self.engine.placement.policy}
 
 
 def simulate_spec(spec: RunSpec) -> SimResult:
