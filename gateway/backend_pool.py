@@ -16,7 +16,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import zmq
@@ -28,6 +28,7 @@ from gateway.zmqio import SocketReader
 from proto import codec
 from proto import tidegate_pb2 as pb
 from proto.convert import FINISH_REASON_FROM_WIRE
+from scheduler.placement import PlacementConfig, PlacementItem, create_placement, prefix_hashes
 
 log = logging.getLogger("tidegate.gateway.pool")
 
@@ -53,6 +54,7 @@ class PoolConfig:
     heartbeat_timeout_s: float = 10.0
     hello_interval_s: float = 0.5  # Hello retry period while a backend is not up
     max_inflight_per_backend: int = 256  # requests the gateway keeps on one backend at most
+    placement: PlacementConfig = field(default_factory=PlacementConfig)  # who gets which request
     name: str = "tidegate-gateway"
 
 
@@ -68,6 +70,10 @@ class Dispatch:
     arrival_time: float
     sink: RequestSink
     retried: bool = False  # re-dispatched once already after its backend died
+    # tokens of this request still charged to its backend's load (scheduler.placement): the
+    # prompt share leaves with the first output, then one per generated token, the rest at the end
+    charged_left: int = 0
+    prompt_charge: int = 0
 
 
 def error_from_backend(err: pb.Error) -> APIError:
@@ -95,11 +101,18 @@ class BackendConn:
         self.last_seen = 0.0
         self.last_hello = 0.0
         self.inflight: dict[str, tuple[Dispatch, int]] = {}  # id -> (dispatch, tokens so far)
-        self.outstanding_tokens = 0
+        self.pid = -1                   # this backend's id in the placement policy
+        self.placement = None           # the pool's policy (reads this backend's load)
 
     @property
     def num_inflight(self) -> int:
         return len(self.inflight)
+
+    @property
+    def outstanding_tokens(self) -> int:
+        """Tokens still to process for us here: prompts not yet prefilled (less what the policy
+        expects cached) and outputs not yet generated."""
+        return self.placement.load(self.pid) if self.placement is not None else 0
 
     @property
     def kv_cache_usage(self) -> float:
@@ -125,6 +138,11 @@ class BackendPool:
         self.config = config
         self._ctx = zmq.asyncio.Context()
         self.backends = [BackendConn(a, self._ctx) for a in addresses]
+        self.placement = create_placement(config.placement)
+        for pid, b in enumerate(self.backends):
+            b.pid, b.placement = pid, self.placement
+            self.placement.add_backend(pid)
+            self.placement.set_accepting(pid, False)  # until its BackendInfo arrives
         self._owner: dict[str, BackendConn] = {}
         self._info: pb.BackendInfo | None = None
         self._tasks: list[asyncio.Task] = []
@@ -189,11 +207,40 @@ class BackendPool:
         cap = self.config.max_inflight_per_backend
         return sum(max(0, cap - b.num_inflight) for b in self.healthy_backends())
 
-    def pick(self) -> BackendConn | None:
-        """The healthy backend with room and the fewest outstanding tokens."""
-        cap = self.config.max_inflight_per_backend
-        options = [b for b in self.healthy_backends() if b.num_inflight < cap]
-        return min(options, key=lambda b: (b.outstanding_tokens, b.num_inflight), default=None)
+    def place(self, items: list[Dispatch], now: float) -> tuple[list[tuple[BackendConn, list[Dispatch]]],
+                                                                list[Dispatch]]:
+        """Split a flushed window over the backends with the placement policy: ([(backend, its
+        requests)], requests no backend accepts). Each pick is O(log backends)."""
+        policy = self.placement
+        info = self.info
+        hashing = policy.config.uses_prefixes and info is not None
+        block_size = info.block_size if hashing else 0
+        placed = [PlacementItem(len(d.prompt_ids) + d.sampling.max_tokens,
+                                prefix_hashes(d.prompt_ids, block_size) if hashing else (), d)
+                  for d in items]
+        policy.place(placed, now)
+        parts: dict[int, list[Dispatch]] = {}
+        unplaced: list[Dispatch] = []
+        for it in placed:
+            d = it.payload
+            if it.backend < 0:
+                unplaced.append(d)
+                continue
+            d.charged_left = it.charged
+            d.prompt_charge = max(0, it.charged - d.sampling.max_tokens)
+            parts.setdefault(it.backend, []).append(d)
+        return [(self.backends[b], ds) for b, ds in parts.items()], unplaced
+
+    def _release(self, backend: BackendConn, d: Dispatch, tokens: int) -> None:
+        n = min(tokens, d.charged_left)
+        if n > 0:
+            d.charged_left -= n
+            self.placement.release(backend.pid, n)
+
+    def _update_accepting(self, backend: BackendConn) -> None:
+        """The policy picks only healthy backends below their in-flight cap."""
+        self.placement.set_accepting(backend.pid, backend.healthy and
+                                     backend.num_inflight < self.config.max_inflight_per_backend)
 
     # --- sending --------------------------------------------------------------------------------
     def send_batch(self, backend: BackendConn, items: list[Dispatch]) -> list[Dispatch] | None:
@@ -216,13 +263,20 @@ class BackendPool:
             arrays.append(d.prompt_ids)
             sent.append(d)
         if not sent:
+            for d in items:
+                self._release(backend, d, d.charged_left)
             return sent
         if not backend.send(pb.Envelope(batch=batch), arrays):
+            for d in items:
+                self._release(backend, d, d.charged_left)
             return None
         for d in sent:
             backend.inflight[d.request_id] = (d, 0)
-            backend.outstanding_tokens += d.sampling.max_tokens
             self._owner[d.request_id] = backend
+        for d in items:  # those refused by the wire check are not in flight
+            if d.request_id not in backend.inflight:
+                self._release(backend, d, d.charged_left)
+        self._update_accepting(backend)
         return sent
 
     def abort(self, request_ids: Iterable[str]) -> None:
@@ -246,8 +300,9 @@ class BackendPool:
         entry = backend.inflight.pop(rid, None)
         if entry is None:
             return None
-        dispatch, generated = entry
-        backend.outstanding_tokens -= max(0, dispatch.sampling.max_tokens - generated)
+        dispatch, _ = entry
+        self._release(backend, dispatch, dispatch.charged_left)
+        self._update_accepting(backend)
         return dispatch
 
     def _fail_all(self, backend: BackendConn, error: APIError) -> None:
@@ -305,6 +360,8 @@ class BackendPool:
             self._on_step(backend, decoded, now)
         elif kind == "load_report":
             backend.load = env.load_report
+            if env.load_report.prefix_block_size:  # the backend keeps a prefix cache: facts
+                self.placement.report(backend.pid, env.load_report.prefix_hashes, now)
             if env.load_report.num_running == 0 and env.load_report.num_waiting == 0:
                 self._on_idle()
         elif kind == "error":
@@ -316,6 +373,7 @@ class BackendPool:
         backend.last_seen = now
         if not backend.healthy:
             backend.healthy = True
+            self._update_accepting(backend)
             self._on_idle()
 
     def _on_step(self, backend: BackendConn, decoded: codec.Decoded, now: float) -> None:
@@ -361,8 +419,9 @@ class BackendPool:
                 code="output_gap"))
             return
         backend.inflight[rid] = (dispatch, generated + len(ids))
-        backend.outstanding_tokens -= min(len(ids), max(0, dispatch.sampling.max_tokens -
-                                                        generated))
+        if ids:
+            self._release(backend, dispatch,
+                          len(ids) + (dispatch.prompt_charge if generated == 0 else 0))
         finish = FINISH_REASON_FROM_WIRE.get(out.finish_reason)
         if finish is not None:
             self._owner.pop(rid, None)
@@ -439,6 +498,7 @@ class BackendPool:
         if backend.healthy:
             log.warning("backend %s down: %s", backend.address, reason)
         backend.healthy = False
+        self._update_accepting(backend)
         self._evacuate(backend, reason)
 
     def _evacuate(self, backend: BackendConn, reason: str) -> None:
@@ -476,6 +536,9 @@ class BackendPool:
         if target is not None:
             for d in items:
                 d.retried = True
+                d.charged_left = len(d.prompt_ids) + d.sampling.max_tokens  # uncached there
+                d.prompt_charge = len(d.prompt_ids)
+                self.placement.charge(target.pid, d.charged_left)
             sent = self.send_batch(target, items)
         if sent is None:
             for d in items:

@@ -160,7 +160,8 @@ class Dispatcher:
                     r.payload.on_error(internal_error("The request could not be dispatched."))
 
     def _send_window(self, batch: list[PendingRequest]) -> None:
-        backend = self.pool.pick()
+        """Place the window over the backends (`PoolConfig.placement`): one Batch per backend
+        that got requests."""
         now = self.clock.now()
         items = []
         for r in batch:
@@ -174,14 +175,18 @@ class Dispatcher:
                                   int(r.queue_class), r.priority, r.arrival_time, r.payload))
         if not items:
             return
-        sent = self.pool.send_batch(backend, items) if backend is not None else None
-        if sent is None:
-            for d in items:
-                d.sink.on_error(unavailable("Could not send the request to a backend."))
-            return
-        for d in sent:
-            d.sink.on_dispatched(now)
-        self.metrics.observe_batch(len(sent), [now - d.arrival_time for d in sent])
+        parts, unplaced = self.pool.place(items, now)
+        for backend, part in parts:
+            sent = self.pool.send_batch(backend, part)
+            if sent is None:
+                unplaced.extend(part)
+                continue
+            for d in sent:
+                d.sink.on_dispatched(now)
+            if sent:
+                self.metrics.observe_batch(len(sent), [now - d.arrival_time for d in sent])
+        for d in unplaced:
+            d.sink.on_error(unavailable("Could not send the request to a backend."))
 
     def _arm(self, deadline: float | None) -> None:
         if deadline == self._timer_deadline and self._timer is not None:

@@ -29,6 +29,8 @@ from gateway.backend_pool import PoolConfig
 from gateway.core import GatewayConfig
 from gateway.prometheus_metrics import SLOConfig
 from scheduler.batcher import BatcherConfig
+from scheduler.capacity import DEFAULT_CAPACITY
+from scheduler.placement import add_placement_arguments, placement_config_from_args
 from scheduler.queues import QueueConfig
 
 log = logging.getLogger("tidegate.serve")
@@ -71,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a backend silent this long is marked down")
     p.add_argument("--max-inflight-per-backend", type=int, default=256,
                    help="requests in flight on one backend; more wait in the class queues")
+    add_placement_arguments(p)
     p.add_argument("--max-batch-size", type=int, default=128, help="requests per Batch (1..128)")
     p.add_argument("--min-latency-ms", type=float, default=5.0, help="longest batching window")
     p.add_argument("--target-throughput", type=float, default=8000.0, help="requests/s")
@@ -94,7 +97,9 @@ def gateway_config(args: argparse.Namespace, backends: list[str]) -> GatewayConf
         log_prompts=args.log_prompts, drain_timeout_s=args.drain_timeout,
         slo=SLOConfig(args.slo_ttft_ms, args.slo_tpot_ms),
         pool=PoolConfig(heartbeat_timeout_s=args.heartbeat_timeout,
-                        max_inflight_per_backend=args.max_inflight_per_backend),
+                        max_inflight_per_backend=args.max_inflight_per_backend,
+                        # block size: the backends' own, read from their BackendInfo when hashing
+                        placement=placement_config_from_args(args, DEFAULT_CAPACITY.block_size)),
         batcher=BatcherConfig(max_batch_size=args.max_batch_size,
                               min_latency_ms=args.min_latency_ms,
                               target_throughput=args.target_throughput,

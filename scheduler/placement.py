@@ -107,6 +107,10 @@ class LeastTokensPlacement:
     def load(self, b: int) -> int:
         return self.loads.load[b]
 
+    def charge(self, b: int, tokens: int) -> None:
+        """`tokens` of work were given to `b` outside `place` (e.g. a retry after a failure)."""
+        self.loads.add_load(b, tokens)
+
     def release(self, b: int, tokens: int) -> None:
         """`tokens` of work charged to `b` are done (or will never be done)."""
         self.loads.add_load(b, -tokens)

@@ -66,6 +66,7 @@ class FakeBackend:
     aborted: list[str] = field(default_factory=list)
     num_bad_messages: int = 0
     running: dict = field(default_factory=dict)
+    prefix_hashes: list = field(default_factory=list)  # reported as held (LoadReport facts)
 
     def __post_init__(self) -> None:
         self.num_free_blocks = self.num_total_blocks
@@ -182,6 +183,9 @@ class FakeBackend:
                 num_running=len(self.running), num_waiting=0, num_free_blocks=self.num_free_blocks,
                 num_total_blocks=self.num_total_blocks, backend_id=f"fake-{self.address}",
                 num_outstanding_tokens=sum(r.max_tokens - r.pos for r in self.running.values()))
+            if self.prefix_hashes:
+                report.prefix_hashes.extend(self.prefix_hashes)
+                report.prefix_block_size = self.block_size
             for peer in self._peers:
                 self._send(peer, pb.Envelope(load_report=report))
 
