@@ -69,6 +69,7 @@ class _BlockCount:
 class _EchoScheduler:
     """The scheduler-shaped view the worker's LoadReport reads."""
     __slots__ = ("block_manager", "running", "waiting")
+    num_preemptions = 0
 
     def __init__(self, num_blocks: int) -> None:
         self.block_manager = _BlockCount(num_blocks)

@@ -26,6 +26,7 @@ Request ids are per gateway: internally a request is keyed by (gateway identity,
 from __future__ import annotations
 
 import errno
+import importlib.metadata
 import math
 import signal
 import sys
@@ -43,6 +44,10 @@ from proto import tidegate_pb2 as pb
 from proto.convert import FINISH_REASON_TO_WIRE
 from scheduler.prefix_index import PrefixSummary
 
+try:
+    ENGINE_VERSION = importlib.metadata.version("tidegate")
+except importlib.metadata.PackageNotFoundError:  # run from a source tree
+    ENGINE_VERSION = "0+unknown"
 BUSY_REPORT_S = 0.1
 IDLE_REPORT_S = 1.0
 MAX_MESSAGES_PER_DRAIN = 1024
@@ -243,7 +248,12 @@ class Worker:
             top_p=float(s.top_p) if s.top_p > 0 else 1.0, top_k=int(s.top_k),
             seed=int(s.seed) if s.HasField("seed") else None,
             stop_token_ids=tuple(int(t) for t in s.stop_token_ids), ignore_eos=bool(s.ignore_eos),
-            logprobs=int(s.logprobs))
+            logprobs=int(s.logprobs), min_p=float(s.min_p),
+            repetition_penalty=float(s.repetition_penalty) if s.repetition_penalty else 1.0,
+            presence_penalty=float(s.presence_penalty),
+            frequency_penalty=float(s.frequency_penalty),
+            logit_bias=tuple(sorted((int(i), float(b)) for i, b in s.logit_bias.items())),
+            min_tokens=int(s.min_tokens))
         key = _key(identity, rid)
         if key in self.owner:
             reason = f"duplicate request id {rid!r}"
@@ -401,7 +411,9 @@ class Worker:
             max_model_len=cfg.max_model_len, vocab_size=self.loaded.config.vocab_size,
             block_size=cfg.block_size, num_kv_blocks=cfg.num_blocks, role=pb.BackendInfo.MIXED,
             tokenizer_json=tok.tokenizer_json, chat_template=tok.chat_template or "",
-            eos_token_ids=list(self.engine.eos_token_ids), backend_id=self.backend_id)
+            eos_token_ids=list(self.engine.eos_token_ids), backend_id=self.backend_id,
+            kv_cache_dtype=getattr(getattr(self.engine.runner, "kv", None), "kv_cache_dtype", "auto"),
+            enable_prefix_caching=cfg.enable_prefix_caching, engine=f"tidegate {ENGINE_VERSION}")
         if tok.bos_token_id is not None:
             info.bos_token_id = tok.bos_token_id
         return info
@@ -414,7 +426,7 @@ class Worker:
             num_free_blocks=sched.block_manager.num_free_blocks,
             num_total_blocks=self.engine.config.num_blocks,
             recent_step_time_ms=self.step_time_ema_ms, backend_id=self.backend_id,
-            num_outstanding_tokens=outstanding)
+            num_outstanding_tokens=outstanding, num_preemptions=sched.num_preemptions)
         if self.prefix_summary is not None:
             bm = sched.block_manager
             report.prefix_hashes.extend(self.prefix_summary.snapshot(self._is_cached))

@@ -55,7 +55,7 @@ class Hello(_message.Message):
     def __init__(self, protocol_version: _Optional[str] = ..., peer_name: _Optional[str] = ..., role: _Optional[_Union[Hello.Role, str]] = ...) -> None: ...
 
 class BackendInfo(_message.Message):
-    __slots__ = ("protocol_version", "model", "max_model_len", "vocab_size", "block_size", "num_kv_blocks", "role", "tokenizer_json", "chat_template", "bos_token_id", "eos_token_ids", "backend_id")
+    __slots__ = ("protocol_version", "model", "max_model_len", "vocab_size", "block_size", "num_kv_blocks", "role", "tokenizer_json", "chat_template", "bos_token_id", "eos_token_ids", "backend_id", "kv_cache_dtype", "enable_prefix_caching", "engine")
     class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         MIXED: _ClassVar[BackendInfo.Role]
@@ -76,6 +76,9 @@ class BackendInfo(_message.Message):
     BOS_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     BACKEND_ID_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    ENABLE_PREFIX_CACHING_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
     protocol_version: str
     model: str
     max_model_len: int
@@ -88,10 +91,20 @@ class BackendInfo(_message.Message):
     bos_token_id: int
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
     backend_id: str
-    def __init__(self, protocol_version: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., role: _Optional[_Union[BackendInfo.Role, str]] = ..., tokenizer_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., bos_token_id: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., backend_id: _Optional[str] = ...) -> None: ...
+    kv_cache_dtype: str
+    enable_prefix_caching: bool
+    engine: str
+    def __init__(self, protocol_version: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., role: _Optional[_Union[BackendInfo.Role, str]] = ..., tokenizer_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., bos_token_id: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., backend_id: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ..., enable_prefix_caching: _Optional[bool] = ..., engine: _Optional[str] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
-    __slots__ = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop_token_ids", "ignore_eos", "logprobs", "stop")
+    __slots__ = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop_token_ids", "ignore_eos", "logprobs", "stop", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias", "min_tokens", "include_stop_str_in_output", "skip_special_tokens", "n")
+    class LogitBiasEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: float
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +114,15 @@ class SamplingParams(_message.Message):
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
+    MIN_P_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
+    MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_STOP_STR_IN_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    SKIP_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
     max_tokens: int
     temperature: float
     top_p: float
@@ -110,10 +132,19 @@ class SamplingParams(_message.Message):
     ignore_eos: bool
     logprobs: int
     stop: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ...) -> None: ...
+    min_p: float
+    repetition_penalty: float
+    presence_penalty: float
+    frequency_penalty: float
+    logit_bias: _containers.ScalarMap[int, float]
+    min_tokens: int
+    include_stop_str_in_output: bool
+    skip_special_tokens: bool
+    n: int
+    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., min_tokens: _Optional[int] = ..., include_stop_str_in_output: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., n: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_frame", "prompt_text", "sampling", "queue_class", "priority", "arrival_time", "deadline")
+    __slots__ = ("request_id", "prompt_frame", "prompt_text", "sampling", "queue_class", "priority", "arrival_time", "deadline", "suffix")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FRAME_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +153,7 @@ class GenerateRequest(_message.Message):
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     ARRIVAL_TIME_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    SUFFIX_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_frame: int
     prompt_text: str
@@ -130,7 +162,8 @@ class GenerateRequest(_message.Message):
     priority: int
     arrival_time: float
     deadline: float
-    def __init__(self, request_id: _Optional[str] = ..., prompt_frame: _Optional[int] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., queue_class: _Optional[_Union[QueueClass, str]] = ..., priority: _Optional[int] = ..., arrival_time: _Optional[float] = ..., deadline: _Optional[float] = ...) -> None: ...
+    suffix: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt_frame: _Optional[int] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., queue_class: _Optional[_Union[QueueClass, str]] = ..., priority: _Optional[int] = ..., arrival_time: _Optional[float] = ..., deadline: _Optional[float] = ..., suffix: _Optional[str] = ...) -> None: ...
 
 class Batch(_message.Message):
     __slots__ = ("requests",)
@@ -155,7 +188,7 @@ class TokenLogprobs(_message.Message):
     def __init__(self, logprob: _Optional[float] = ..., top_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class RequestOutput(_message.Message):
-    __slots__ = ("request_id", "tokens_frame", "logprobs", "finish_reason", "num_prompt_tokens", "num_completion_tokens", "num_cached_tokens")
+    __slots__ = ("request_id", "tokens_frame", "logprobs", "finish_reason", "num_prompt_tokens", "num_completion_tokens", "num_cached_tokens", "index")
     class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         NONE: _ClassVar[RequestOutput.FinishReason]
@@ -175,6 +208,7 @@ class RequestOutput(_message.Message):
     NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tokens_frame: int
     logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprobs]
@@ -182,7 +216,8 @@ class RequestOutput(_message.Message):
     num_prompt_tokens: int
     num_completion_tokens: int
     num_cached_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., tokens_frame: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprobs, _Mapping]]] = ..., finish_reason: _Optional[_Union[RequestOutput.FinishReason, str]] = ..., num_prompt_tokens: _Optional[int] = ..., num_completion_tokens: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ...) -> None: ...
+    index: int
+    def __init__(self, request_id: _Optional[str] = ..., tokens_frame: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprobs, _Mapping]]] = ..., finish_reason: _Optional[_Union[RequestOutput.FinishReason, str]] = ..., num_prompt_tokens: _Optional[int] = ..., num_completion_tokens: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...
 
 class StepOutput(_message.Message):
     __slots__ = ("step", "outputs")
@@ -193,7 +228,7 @@ class StepOutput(_message.Message):
     def __init__(self, step: _Optional[int] = ..., outputs: _Optional[_Iterable[_Union[RequestOutput, _Mapping]]] = ...) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "num_free_blocks", "num_total_blocks", "recent_step_time_ms", "backend_id", "num_outstanding_tokens", "prefix_hashes", "prefix_block_size", "num_prompt_tokens", "num_cached_prompt_tokens")
+    __slots__ = ("num_running", "num_waiting", "num_free_blocks", "num_total_blocks", "recent_step_time_ms", "backend_id", "num_outstanding_tokens", "prefix_hashes", "prefix_block_size", "num_prompt_tokens", "num_cached_prompt_tokens", "num_preemptions")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -205,6 +240,7 @@ class LoadReport(_message.Message):
     PREFIX_BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
     num_free_blocks: int
@@ -216,7 +252,8 @@ class LoadReport(_message.Message):
     prefix_block_size: int
     num_prompt_tokens: int
     num_cached_prompt_tokens: int
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., recent_step_time_ms: _Optional[float] = ..., backend_id: _Optional[str] = ..., num_outstanding_tokens: _Optional[int] = ..., prefix_hashes: _Optional[_Iterable[int]] = ..., prefix_block_size: _Optional[int] = ..., num_prompt_tokens: _Optional[int] = ..., num_cached_prompt_tokens: _Optional[int] = ...) -> None: ...
+    num_preemptions: int
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., recent_step_time_ms: _Optional[float] = ..., backend_id: _Optional[str] = ..., num_outstanding_tokens: _Optional[int] = ..., prefix_hashes: _Optional[_Iterable[int]] = ..., prefix_block_size: _Optional[int] = ..., num_prompt_tokens: _Optional[int] = ..., num_cached_prompt_tokens: _Optional[int] = ..., num_preemptions: _Optional[int] = ...) -> None: ...
 
 class Error(_message.Message):
     __slots__ = ("code", "message", "request_id")
