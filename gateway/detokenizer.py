@@ -63,48 +63,84 @@ class IncrementalDetokenizer:
 
 
 class StopMatcher:
-    """Stop strings over a stream of text deltas."""
+    """Stop strings over a stream of text deltas, linear in the text: an Aho-Corasick automaton
+    over the stop strings, advanced one character at a time and kept between deltas.
 
-    __slots__ = ("_held", "_stops", "matched", "stopped")
+    The output ends where a stop string is first completed (the longest one, when several end
+    at the same character) and is cut at its start, or after it with `include_stop`. That is
+    where a generation checked after every token stops too. The automaton's state is the
+    longest suffix of the text that is a prefix of some stop: exactly what must be held back.
+    """
 
-    def __init__(self, stops: Sequence[str]) -> None:
-        self._stops = tuple(s for s in stops if s)
+    __slots__ = ("_depth", "_fail", "_goto", "_held", "_include", "_match", "_state", "matched",
+                 "stopped")
+
+    def __init__(self, stops: Sequence[str], include_stop: bool = False) -> None:
+        self._include = include_stop
+        self._goto: list[dict[str, int]] = [{}]
+        self._depth = [0]
+        self._match: list[str | None] = [None]  # longest stop that ends at this state
+        for stop in dict.fromkeys(s for s in stops if s):
+            state = 0
+            for ch in stop:
+                nxt = self._goto[state].get(ch)
+                if nxt is None:
+                    nxt = len(self._goto)
+                    self._goto[state][ch] = nxt
+                    self._goto.append({})
+                    self._depth.append(self._depth[state] + 1)
+                    self._match.append(None)
+                state = nxt
+            self._match[state] = stop
+        self._fail = [0] * len(self._goto)
+        queue = list(self._goto[0].values())
+        for state in queue:  # breadth first: a state's fail link is shallower, so already set
+            for ch, nxt in self._goto[state].items():
+                f = self._fail[state]
+                while f and ch not in self._goto[f]:
+                    f = self._fail[f]
+                self._fail[nxt] = self._goto[f].get(ch, 0) if self._goto[f].get(ch) != nxt else 0
+                if self._match[nxt] is None:
+                    self._match[nxt] = self._match[self._fail[nxt]]
+                queue.append(nxt)
+        self._state = 0
         self._held = ""
         self.stopped = False
         self.matched: str | None = None
 
     def feed(self, delta: str) -> str:
         """Text that can be sent now. After a stop string is found, `stopped` is True and
-        everything from the stop string on is dropped."""
+        everything from the stop string on (after it, with include_stop) is dropped."""
         if self.stopped:
             return ""
-        if not self._stops:
+        if len(self._goto) == 1:
             return delta
+        goto, fail, match = self._goto, self._fail, self._match
+        state = self._state
         text = self._held + delta
-        best = -1
-        for stop in self._stops:
-            idx = text.find(stop)
-            if idx != -1 and (best == -1 or idx < best):
-                best, self.matched = idx, stop
-        if best != -1:
-            self.stopped = True
-            self._held = ""
-            return text[:best]
-        hold = self._partial_suffix_len(text)
+        base = len(self._held)
+        for i, ch in enumerate(delta):
+            while state and ch not in goto[state]:
+                state = fail[state]
+            state = goto[state].get(ch, 0)
+            stop = match[state]
+            if stop is not None:
+                self.stopped, self.matched, self._held = True, stop, ""
+                end = base + i + 1
+                return text[:end] if self._include else text[:end - len(stop)]
+        self._state = state
+        hold = self._depth[state]
         self._held = text[len(text) - hold:] if hold else ""
         return text[:len(text) - hold]
 
+    def skip(self, delta: str) -> str:
+        """Text that stop strings must not end (vLLM's min_tokens): passed through, unmatched."""
+        if self.stopped:
+            return ""
+        held, self._held, self._state = self._held, "", 0
+        return held + delta
+
     def flush(self) -> str:
         """At the end of the sequence: the held text was not a stop after all."""
-        held, self._held = self._held, ""
+        held, self._held, self._state = self._held, "", 0
         return "" if self.stopped else held
-
-    def _partial_suffix_len(self, text: str) -> int:
-        """Length of the longest suffix of `text` that is a proper prefix of a stop string."""
-        best = 0
-        for stop in self._stops:
-            for n in range(min(len(stop) - 1, len(text)), best, -1):
-                if text.endswith(stop[:n]):
-                    best = n
-                    break
-        return best

@@ -134,7 +134,47 @@ def test_stop_matching_equals_truncation_for_any_chunking(seed):
     cuts = sorted(rng.sample(range(1, len(text)), 10))
     deltas = [text[i:j] for i, j in zip([0] + cuts, cuts + [len(text)])]
     out, m = feed_all(stops, deltas)
-    positions = [text.find(s) for s in stops if s in text]
-    expected = text[:min(positions)] if positions else text
+    expected, matched = reference_stop(text, stops)
     assert "".join(out) == expected
-    assert m.stopped == bool(positions)
+    assert m.stopped == (matched is not None) and m.matched == matched
+
+
+def reference_stop(text, stops, include=False):
+    """Scan every end position; the first where a stop ends (the longest one) cuts the text."""
+    for end in range(1, len(text) + 1):
+        ending = [s for s in stops if s and text[:end].endswith(s)]
+        if ending:
+            stop = max(ending, key=len)
+            return (text[:end] if include else text[:end - len(stop)]), stop
+    return text, None
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_many_overlapping_stops_one_char_at_a_time(seed):
+    rng = random.Random(100 + seed)
+    alphabet = "abc"
+    text = "".join(rng.choice(alphabet) for _ in range(80))
+    stops = ["".join(rng.choice(alphabet) for _ in range(rng.randint(2, 7))) for _ in range(16)]
+    include = seed % 2 == 1
+    m = StopMatcher(stops, include_stop=include)
+    out = "".join(m.feed(ch) for ch in text) + m.flush()
+    expected, matched = reference_stop(text, stops, include)
+    assert out == expected and m.matched == matched
+
+
+def test_a_stop_that_starts_earlier_but_ends_later_loses():
+    # generation stops at the first completed stop: "bc" ends before "abcd" does
+    out, m = feed_all(["abcd", "bc"], ["xabcd"])
+    assert "".join(out) == "xa" and m.matched == "bc"
+
+
+def test_include_stop_str_keeps_the_stop():
+    m = StopMatcher(["STOP"], include_stop=True)
+    out = [m.feed("abc S"), m.feed("TOP and more"), m.flush()]
+    assert out == ["abc ", "STOP", ""] and m.stopped
+
+
+def test_skip_passes_text_through_unmatched_then_matching_resumes():
+    m = StopMatcher(["\n"])
+    assert m.skip("a\nb") == "a\nb" and not m.stopped
+    assert m.feed("c\nd") == "c" and m.stopped
