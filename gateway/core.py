@@ -19,8 +19,15 @@ from functools import cached_property
 
 from gateway.backend_pool import BackendPool, PoolConfig
 from gateway.dispatcher import Dispatcher
-from gateway.errors import APIError, cancelled, deadline_exceeded, shutting_down, unavailable
-from gateway.openai_schema import SamplingParams, ServingOptions
+from gateway.errors import (
+    APIError,
+    bad_request,
+    cancelled,
+    deadline_exceeded,
+    shutting_down,
+    unavailable,
+)
+from gateway.openai_schema import Prompt, SamplingParams, ServingOptions
 from gateway.output import OutputAssembler, OutputDelta
 from gateway.prometheus_metrics import GatewayMetrics, SLOConfig
 from gateway.validation import RequestLimits
@@ -29,6 +36,7 @@ from scheduler.batcher import BatcherConfig
 from scheduler.classes import CLASS_NAMES
 from scheduler.queues import QueueConfig
 from tokenizer.bundle import TokenizerBundle
+from tokenizer.fim import FimTemplate, find_fim_template
 
 log = logging.getLogger("tidegate.gateway")
 
@@ -48,6 +56,8 @@ class GatewayConfig:
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
     queues: QueueConfig = field(default_factory=QueueConfig)
     limits: RequestLimits = field(default_factory=RequestLimits)
+    fim_template: str | None = None  # None: the model family's, found in its tokenizer
+    protect_metrics: bool = False  # /metrics behind the API key too
 
 
 class RequestHandle:
@@ -68,7 +78,11 @@ class RequestHandle:
         self.timeout_at = self.arrival_time + gateway.config.request_timeout_s
         self.queue_class = 0
         self.dispatched_at: float | None = None
-        self.assembler = OutputAssembler(gateway.bundle.decode, prompt_ids, sampling.stop)
+        decode = gateway.bundle.decode if sampling.skip_special_tokens else gateway.decode_special
+        eos = () if sampling.ignore_eos else gateway.info.eos_token_ids
+        self.assembler = OutputAssembler(decode, prompt_ids, sampling.stop,
+                                         sampling.include_stop_str_in_output, sampling.min_tokens,
+                                         (*eos, *sampling.stop_token_ids))
         self.error: APIError | None = None
         self.closed = False
         # Events for the consumer: a deque and, while it waits, one future (an asyncio.Queue
@@ -103,6 +117,20 @@ class RequestHandle:
                                  logprobs=0 if s.logprobs is None else max(1, s.logprobs))
         if s.seed is not None:
             wire.seed = s.seed
+        if s.stop_token_ids:
+            wire.stop_token_ids.extend(s.stop_token_ids)
+        if s.min_p:
+            wire.min_p = s.min_p
+        if s.repetition_penalty != 1.0:
+            wire.repetition_penalty = s.repetition_penalty
+        if s.presence_penalty:
+            wire.presence_penalty = s.presence_penalty
+        if s.frequency_penalty:
+            wire.frequency_penalty = s.frequency_penalty
+        if s.logit_bias:
+            wire.logit_bias.update(dict(s.logit_bias))
+        if s.min_tokens:
+            wire.min_tokens = s.min_tokens
         return wire
 
     # --- consuming --------------------------------------------------------------------------------
@@ -224,6 +252,36 @@ class Gateway:
             info.tokenizer_json, info.chat_template or None,
             info.bos_token_id if info.HasField("bos_token_id") else None,
             tuple(info.eos_token_ids), info.model)
+
+    @cached_property
+    def fim_template(self) -> FimTemplate | None:
+        """The fill-in-the-middle template: the operator's, else the model family's."""
+        return find_fim_template(self.bundle, self.config.fim_template)
+
+    def fim_prompt(self, prefix: Prompt, suffix: str) -> list[int]:
+        """The fill-in-the-middle prompt around the hole between `prefix` and `suffix`."""
+        if not isinstance(prefix, str):
+            raise bad_request("'suffix' needs text prompts (the FIM template is applied to "
+                              "text).", "suffix")
+        template = self.fim_template
+        if template is None:
+            raise bad_request(f"The model '{self.model_name}' has no fill-in-the-middle tokens in "
+                              "its tokenizer, so 'suffix' cannot be used (an operator may set "
+                              "--fim-template).", "suffix", "fim_not_supported")
+        return template.encode(self.bundle, prefix, suffix)
+
+    def check_token_params(self, sampling: SamplingParams) -> None:
+        """Token ids in the sampling parameters must exist in the vocabulary (400 otherwise)."""
+        vocab = self.info.vocab_size
+        for name, ids in (("stop_token_ids", sampling.stop_token_ids),
+                          ("logit_bias", [t for t, _ in sampling.logit_bias])):
+            if vocab and ids and max(ids) >= vocab:
+                raise bad_request(f"Token id {max(ids)} in '{name}' is out of range (vocabulary "
+                                  f"size {vocab}).", name)
+
+    def decode_special(self, ids) -> str:
+        """Decode keeping special tokens (skip_special_tokens = false)."""
+        return self.bundle.decode(ids, skip_special_tokens=False)
 
     def new_request_id(self, prefix: str = "cmpl") -> str:
         return f"{prefix}-{self._id_prefix}{next(self._ids):08x}"

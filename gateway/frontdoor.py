@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-import math
 from collections import deque
 
 import zmq
@@ -28,7 +27,13 @@ from gateway.app_keys import GATEWAY_KEY
 from gateway.core import Gateway, RequestHandle
 from gateway.errors import APIError, bad_request
 from gateway.openai_schema import SamplingParams, ServingOptions
-from gateway.validation import LIMITS, MAX_LOGPROBS, RequestLimits, check_context_length
+from gateway.validation import (
+    LIMITS,
+    MAX_LOGPROBS,
+    RequestLimits,
+    check_context_length,
+    parse_sampling_fields,
+)
 from gateway.zmqio import SocketReader
 from proto import codec
 from proto import tidegate_pb2 as pb
@@ -55,24 +60,26 @@ def error_code(err: APIError) -> int:
     return pb.Error.INTERNAL
 
 
-def sampling_from_wire(s: pb.SamplingParams, limits: RequestLimits = LIMITS) -> SamplingParams:
-    if s.max_tokens < 1:
-        raise bad_request("max_tokens must be at least 1.", "max_tokens")
-    if not (math.isfinite(s.temperature) and 0.0 <= s.temperature <= 2.0):
-        raise bad_request(f"temperature must be in [0, 2], got {s.temperature}.", "temperature")
-    top_p = s.top_p or 1.0
-    if not 0.0 < top_p <= 1.0:
-        raise bad_request(f"top_p must be in (0, 1], got {s.top_p}.", "top_p")
-    if len(s.stop) > limits.max_stop_strings or any(
-            not 0 < len(x) <= limits.max_stop_len for x in s.stop):
-        raise bad_request(f"at most {limits.max_stop_strings} non-empty stop strings of at most "
-                          f"{limits.max_stop_len} characters.", "stop")
+def sampling_from_wire(s: pb.SamplingParams, limits: RequestLimits = LIMITS
+                       ) -> SamplingParams:
+    """The wire's sampling parameters, checked by the same code as an HTTP body's."""
     if s.logprobs > MAX_LOGPROBS:
         raise bad_request(f"logprobs must be at most {MAX_LOGPROBS}.", "logprobs")
-    return SamplingParams(
-        max_tokens=s.max_tokens, temperature=s.temperature, top_p=top_p,
-        top_k=s.top_k if s.top_k > 0 else -1, seed=s.seed if s.HasField("seed") else None,
-        stop=tuple(s.stop), ignore_eos=s.ignore_eos, logprobs=s.logprobs or None)
+    if s.n > 1:
+        raise bad_request("n > 1 is not served at the ZMQ front door; send n requests.", "n")
+    body = {
+        "max_tokens": s.max_tokens, "temperature": s.temperature, "top_p": s.top_p or 1.0,
+        "top_k": s.top_k if s.top_k > 0 else -1, "seed": s.seed if s.HasField("seed") else None,
+        "stop": list(s.stop), "ignore_eos": s.ignore_eos, "min_p": s.min_p,
+        "repetition_penalty": s.repetition_penalty or 1.0,
+        "presence_penalty": s.presence_penalty, "frequency_penalty": s.frequency_penalty,
+        "logit_bias": {str(k): v for k, v in s.logit_bias.items()}, "min_tokens": s.min_tokens,
+        "stop_token_ids": list(s.stop_token_ids),
+        "skip_special_tokens": s.skip_special_tokens if s.HasField("skip_special_tokens")
+        else True,
+        "include_stop_str_in_output": s.include_stop_str_in_output,
+    }
+    return parse_sampling_fields(body, s.logprobs or None, limits)
 
 
 class FrontDoor:
@@ -243,11 +250,14 @@ class FrontDoor:
                 vocab = gw.info.vocab_size
                 if min(prompt_ids) < 0 or (vocab and max(prompt_ids) >= vocab):
                     raise bad_request("prompt token id out of range.", "prompt")
+            elif req.prompt_text and req.suffix:
+                prompt_ids = gw.fim_prompt(req.prompt_text, req.suffix)
             elif req.prompt_text:
                 prompt_ids = gw.bundle.encode(req.prompt_text)
             else:
                 raise bad_request("the prompt is empty.", "prompt")
             check_context_length(len(prompt_ids), sampling.max_tokens, gw.info.max_model_len)
+            gw.check_token_params(sampling)
             internal = self._internal_id(peer, req.request_id)
             if internal in self._handles:
                 raise bad_request(f"request id {req.request_id!r} is already in use.",

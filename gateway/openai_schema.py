@@ -24,6 +24,18 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top logprobs requested; None: none
+    # logit processors (backend.sampler), neutral by default
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    # output shaping at the gateway
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    n: int = 1  # choices per prompt
 
     def resolved_max_tokens(self, prompt_len: int, max_model_len: int) -> int:
         if self.max_tokens is not None:
@@ -50,6 +62,9 @@ class CompletionRequest:
     sampling: SamplingParams
     options: ServingOptions
     echo: bool = False
+    suffix: str | None = None  # fill-in-the-middle: the text after the hole
+    add_special_tokens: bool = True  # BOS etc. when tokenizing text prompts
+    request_id: str | None = None  # the caller's id, shown in the response's "id"
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,3 +81,6 @@ class ChatRequest:
     options: ServingOptions
     add_generation_prompt: bool = True
     top_logprobs_requested: bool = field(default=False)
+    echo: bool = False  # prepend the last message's content when it is the assistant's
+    add_special_tokens: bool = False  # the template places the special tokens itself
+    request_id: str | None = None

@@ -26,7 +26,9 @@ class OutputDelta:
 class OutputAssembler:
     __slots__ = (
         "_detok",
+        "_min_tokens",
         "_stop",
+        "_stop_ids",
         "finish_reason",
         "logprobs",
         "stopped_by_string",
@@ -35,9 +37,13 @@ class OutputAssembler:
         "token_times",
     )
 
-    def __init__(self, decode: Decode, prompt_ids: Sequence[int], stop: Sequence[str]) -> None:
+    def __init__(self, decode: Decode, prompt_ids: Sequence[int], stop: Sequence[str],
+                 include_stop: bool = False, min_tokens: int = 0,
+                 stop_token_ids: Sequence[int] = ()) -> None:
         self._detok = IncrementalDetokenizer(decode, prompt_ids)
-        self._stop = StopMatcher(stop)
+        self._stop_ids = frozenset(stop_token_ids)  # EOS (unless ignored) and stop_token_ids
+        self._stop = StopMatcher(stop, include_stop)
+        self._min_tokens = min_tokens
         self.text = ""
         self.token_ids: list[int] = []
         self.logprobs: list[tuple] = []
@@ -60,7 +66,12 @@ class OutputAssembler:
         lps = list(logprobs) if logprobs is not None and len(logprobs) == len(ids) else None
         if lps is not None:
             self.logprobs.extend(lps)
-        text = self._stop.feed(self._detok.add(ids))
+        # no stop string ends the output before min_tokens tokens (vLLM's rule)
+        match = self._stop.feed if len(self.token_ids) >= self._min_tokens else self._stop.skip
+        # the token that stopped the backend (EOS, a stop token id) is not part of the text
+        text_ids = ids[:-1] if finish_reason == "stop" and ids and ids[-1] in self._stop_ids \
+            else ids
+        text = match(self._detok.add(text_ids))
         if self._stop.stopped:
             self.stopped_by_string = True
             self.finish_reason = "stop"

@@ -7,8 +7,10 @@ from typing import Any
 from gateway.core import RequestHandle
 
 
-def usage(handles: list[RequestHandle]) -> dict[str, int]:
-    prompt = sum(len(h.prompt_ids) for h in handles)
+def usage(handles: list[RequestHandle], n: int = 1) -> dict[str, int]:
+    """OpenAI's count: each prompt once (handles are prompt-major, n choices per prompt), every
+    choice's completion tokens."""
+    prompt = sum(len(h.prompt_ids) for h in handles[::n])
     completion = sum(len(h.assembler.token_ids) for h in handles)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion}
@@ -36,7 +38,9 @@ def completion_choice(index: int, handle: RequestHandle, prompt_text: str | None
     text = (prompt_text or "") + asm.text if prompt_text is not None else asm.text
     choice: dict[str, Any] = {
         "index": index, "text": text,
-        "logprobs": completion_logprobs(handle, asm.token_ids, asm.logprobs or None, 0),
+        # with echo the text starts with the prompt: offsets count from the start of `text`
+        "logprobs": completion_logprobs(handle, asm.token_ids, asm.logprobs or None,
+                                        len(prompt_text or "")),
         "finish_reason": asm.finish_reason,
     }
     if handle.options.return_token_ids:
@@ -46,23 +50,29 @@ def completion_choice(index: int, handle: RequestHandle, prompt_text: str | None
 
 
 def completion_body(request_id: str, created: int, model: str, choices: list[dict],
-                    handles: list[RequestHandle]) -> dict:
+                    handles: list[RequestHandle], n: int = 1) -> dict:
     return {"id": request_id, "object": "text_completion", "created": created, "model": model,
-            "choices": choices, "usage": usage(handles)}
+            "choices": choices, "usage": usage(handles, n)}
 
 
-def chat_body(request_id: str, created: int, model: str, handle: RequestHandle) -> dict:
+def chat_choice(index: int, handle: RequestHandle, echo: str = "") -> dict[str, Any]:
     asm = handle.assembler
     choice: dict[str, Any] = {
-        "index": 0, "message": {"role": "assistant", "content": asm.text},
+        "index": index, "message": {"role": "assistant", "content": echo + asm.text},
         "logprobs": chat_logprobs(handle, asm.token_ids, asm.logprobs or None),
         "finish_reason": asm.finish_reason,
     }
     if handle.options.return_token_ids:
         choice["prompt_token_ids"] = list(handle.prompt_ids)
         choice["token_ids"] = list(asm.token_ids)
+    return choice
+
+
+def chat_body(request_id: str, created: int, model: str, handles: list[RequestHandle],
+              n: int = 1, echo: str = "") -> dict:
     return {"id": request_id, "object": "chat.completion", "created": created, "model": model,
-            "choices": [choice], "usage": usage([handle])}
+            "choices": [chat_choice(i, h, echo) for i, h in enumerate(handles)],
+            "usage": usage(handles, n)}
 
 
 def chat_logprobs(handle: RequestHandle, token_ids: list[int],

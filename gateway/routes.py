@@ -11,13 +11,14 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from aiohttp import web
 
 from gateway.app_keys import ACTIVE_KEY, GATEWAY_KEY, QUEUE_CLASS_KEY
 from gateway.core import Gateway, RequestHandle
 from gateway.errors import APIError, bad_request, internal_error, not_found
-from gateway.openai_schema import ChatRequest, CompletionRequest, Prompt
+from gateway.openai_schema import ChatRequest, CompletionRequest, Prompt, SamplingParams
 from gateway.output import OutputDelta
 from gateway.responses import (
     DONE,
@@ -45,9 +46,9 @@ def check_model(gw: Gateway, model: str | None) -> None:
                         f"'{gw.model_name}'.", "model", "model_not_found")
 
 
-def tokenize(gw: Gateway, prompt: Prompt) -> list[int]:
+def tokenize(gw: Gateway, prompt: Prompt, add_special_tokens: bool = True) -> list[int]:
     if isinstance(prompt, str):
-        return gw.bundle.encode(prompt)
+        return gw.bundle.encode(prompt, add_special_tokens=add_special_tokens)
     vocab = gw.info.vocab_size
     if vocab and max(prompt) >= vocab:
         raise bad_request(f"Token id {max(prompt)} in 'prompt' is out of range (vocabulary "
@@ -55,17 +56,25 @@ def tokenize(gw: Gateway, prompt: Prompt) -> list[int]:
     return list(prompt)
 
 
-def submit_all(gw: Gateway, base_id: str, prompts: list[list[int]], sampling, options,
-               max_tokens_param: str) -> list[RequestHandle]:
+def submit_all(gw: Gateway, base_id: str, prompts: list[list[int]], sampling: SamplingParams,
+               options, max_tokens_param: str) -> list[RequestHandle]:
+    """One handle per (prompt, choice), prompt-major: choice index = prompt * n + j. With a
+    seed, choice j samples with seed + j (the n choices differ, reproducibly)."""
     max_len = gw.info.max_model_len
+    gw.check_token_params(sampling)
     for ids in prompts:
         check_context_length(len(ids), sampling.max_tokens, max_len, max_tokens_param)
+    n = sampling.n
+    single = len(prompts) * n == 1
     handles: list[RequestHandle] = []
     try:
         for i, ids in enumerate(prompts):
-            rid = base_id if len(prompts) == 1 else f"{base_id}-{i}"
             max_tokens = sampling.resolved_max_tokens(len(ids), max_len)
-            handles.append(gw.submit(rid, ids, sampling, max_tokens, options))
+            for j in range(n):
+                rid = base_id if single else f"{base_id}-{i * n + j}"
+                s = sampling if j == 0 or sampling.seed is None else \
+                    replace(sampling, seed=(sampling.seed + j) % (1 << 63))
+                handles.append(gw.submit(rid, ids, s, max_tokens, options))
     except APIError:
         for h in handles:
             h.close()
@@ -194,14 +203,19 @@ async def completions(request: web.Request) -> web.StreamResponse:
                                                       gw.config.limits)
     gw.check_admission()
     check_model(gw, req.model)
-    prompts = [tokenize(gw, p) for p in req.prompts]
-    request_id = gw.new_request_id("cmpl")
-    handles = submit_all(gw, request_id, prompts, req.sampling, req.options, "max_tokens")
+    if req.suffix is not None:
+        prompts = [gw.fim_prompt(p, req.suffix) for p in req.prompts]
+    else:
+        prompts = [tokenize(gw, p, req.add_special_tokens) for p in req.prompts]
+    internal_id = gw.new_request_id("cmpl")
+    request_id = f"cmpl-{req.request_id}" if req.request_id else internal_id
+    handles = submit_all(gw, internal_id, prompts, req.sampling, req.options, "max_tokens")
     log_request(gw, request_id, handles, req.prompts)
     created, model = int(time.time()), gw.model_name
+    n = req.sampling.n
     token_info = req.options.return_token_ids or req.sampling.logprobs is not None
     echo = [(p if isinstance(p, str) else gw.bundle.decode(list(p))) if req.echo else None
-            for p in req.prompts]
+            for p in req.prompts for _ in range(n)]
 
     async def respond():
         if not req.options.stream:
@@ -209,7 +223,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
                 pass
             choices = [completion_choice(i, h, echo[i]) for i, h in enumerate(handles)]
             return web.json_response(completion_body(request_id, created, model, choices,
-                                                     handles)), 200
+                                                     handles, n)), 200
         offsets = [len(e or "") for e in echo]
 
         def chunk(choices, **extra):
@@ -237,7 +251,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
                     c["token_ids"] = d.token_ids
                 yield chunk([c])
 
-        final = (lambda: chunk([], usage=usage(handles))) if req.options.include_usage else None
+        final = (lambda: chunk([], usage=usage(handles, n))) if req.options.include_usage \
+            else None
         return await stream_events(request, chunks, first, final)
 
     return await serve_handles(request, handles, respond)
@@ -251,45 +266,57 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     check_model(gw, req.model)
     messages = [{"role": m.role, "content": m.content} for m in req.messages]
     try:
-        prompt_ids = gw.bundle.encode_chat(messages, req.add_generation_prompt)
+        prompt_ids = gw.bundle.encode(
+            gw.bundle.apply_chat_template(messages, req.add_generation_prompt),
+            add_special_tokens=req.add_special_tokens)
     except Exception as exc:  # noqa: BLE001 - jinja templates raise anything (raise_exception)
         raise bad_request(f"The chat template could not render the messages: {exc}",
                           "messages") from None
-    request_id = gw.new_request_id("chatcmpl")
+    internal_id = gw.new_request_id("chatcmpl")
+    request_id = f"chatcmpl-{req.request_id}" if req.request_id else internal_id
     param = "max_tokens"
-    handles = submit_all(gw, request_id, [prompt_ids], req.sampling, req.options, param)
+    handles = submit_all(gw, internal_id, [prompt_ids], req.sampling, req.options, param)
     log_request(gw, request_id, handles, messages)
-    handle = handles[0]
     created, model = int(time.time()), gw.model_name
     token_info = req.options.return_token_ids or req.sampling.logprobs is not None
+    # echo (vLLM's): the reply starts with the last message when it is the assistant's
+    echo = req.messages[-1].content if req.echo and req.messages[-1].role == "assistant" else ""
 
     async def respond():
         if not req.options.stream:
-            async for _ in handle.deltas(1 << 30):
+            async for _ in merged(handles, 1 << 30):
                 pass
-            return web.json_response(chat_body(request_id, created, model, handle)), 200
+            return web.json_response(chat_body(request_id, created, model, handles,
+                                               req.sampling.n, echo)), 200
 
         def chunk(choices, **extra):
             return {"id": request_id, "object": "chat.completion.chunk", "created": created,
                     "model": model, "choices": choices, **extra}
 
-        role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                "finish_reason": None}
-        if req.options.return_token_ids:
-            role["prompt_token_ids"] = list(handle.prompt_ids)
+        first = []
+        for i, h in enumerate(handles):
+            role = {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                    "finish_reason": None}
+            if req.options.return_token_ids:
+                role["prompt_token_ids"] = list(h.prompt_ids)
+            first.append(chunk([role]))
+            if echo:
+                first.append(chunk([{"index": i, "delta": {"content": echo}, "logprobs": None,
+                                     "finish_reason": None}]))
 
         async def chunks():
-            async for d in handle.deltas(gw.config.stream_interval):
+            async for i, d in merged(handles, gw.config.stream_interval):
                 if not (d.text or d.finish_reason or token_info):
                     continue
-                c = {"index": 0, "delta": {"content": d.text} if d.text else {},
-                     "logprobs": chat_logprobs(handle, d.token_ids, d.logprobs),
+                c = {"index": i, "delta": {"content": d.text} if d.text else {},
+                     "logprobs": chat_logprobs(handles[i], d.token_ids, d.logprobs),
                      "finish_reason": d.finish_reason}
                 if req.options.return_token_ids:
                     c["token_ids"] = d.token_ids
                 yield chunk([c])
 
-        final = (lambda: chunk([], usage=usage(handles))) if req.options.include_usage else None
-        return await stream_events(request, chunks, [chunk([role])], final)
+        final = (lambda: chunk([], usage=usage(handles, req.sampling.n))) \
+            if req.options.include_usage else None
+        return await stream_events(request, chunks, first, final)
 
     return await serve_handles(request, handles, respond)

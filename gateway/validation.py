@@ -6,6 +6,7 @@ anything else for bad input, whatever the bytes are.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,10 @@ from gateway.openai_schema import (
     ServingOptions,
 )
 
-MAX_STOP_STRINGS = 4
+log = logging.getLogger("tidegate.gateway.validation")
+
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
 MAX_LOGPROBS = 20
 # Wire-type bounds (proto/tidegate.proto): a value that does not fit its field must be a 400
 # here, never an exception while the Batch is built.
@@ -35,14 +39,16 @@ class RequestLimits:
     request bound the work one body can start (and the event-loop time it takes)."""
 
     max_stop_strings: int = MAX_STOP_STRINGS
-    max_stop_len: int = 256  # characters per stop string
+    max_stop_len: int = MAX_STOP_STRING_CHARS  # characters per stop string
     max_prompts: int = 256  # prompts in one /v1/completions request
+    max_n: int = 16  # choices per prompt
+    max_logit_bias: int = 1024  # logit_bias entries
+    max_stop_token_ids: int = 256
+    strict_api: bool = False  # unknown request fields: 400 instead of a warning (--strict-api)
 
 
 LIMITS = RequestLimits()
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-# Parameters we accept only at their neutral value (the sampler does not implement them).
-NEUTRAL_ONLY = {"frequency_penalty": 0, "presence_penalty": 0, "best_of": 1}
 
 
 def parse_json_body(raw: bytes) -> dict[str, Any]:
@@ -184,16 +190,7 @@ def _parse_sampling(body: dict, logprobs: int | None, max_tokens_default: int | 
     top_k = _get_int(body, "top_k", -1)
     if top_k < -1:
         raise bad_request(f"'top_k' must be -1 (disabled) or at least 0, got {top_k}.", "top_k")
-    n = _get_int(body, "n", 1)
-    if n != 1:
-        raise bad_request(f"Only 'n' = 1 is supported, got {n}.", "n", "unsupported_value")
-    for name, neutral in NEUTRAL_ONLY.items():
-        value = _get_float(body, name, neutral)
-        if value != neutral:
-            raise bad_request(f"'{name}' is not supported (only {neutral}).", name,
-                              "unsupported_value")
-    if body.get("logit_bias"):
-        raise bad_request("'logit_bias' is not supported.", "logit_bias", "unsupported_value")
+    processors = _parse_processors(body, max_tokens, limits)
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=temperature,
@@ -203,7 +200,14 @@ def _parse_sampling(body: dict, logprobs: int | None, max_tokens_default: int | 
         stop=_parse_stop(body, limits),
         ignore_eos=_get_bool(body, "ignore_eos", False),
         logprobs=logprobs,
+        **processors,
     )
+
+
+def parse_sampling_fields(body: dict, logprobs: int | None,
+                          limits: RequestLimits = LIMITS) -> SamplingParams:
+    """Sampling fields given as a request body would give them (the ZMQ front door's path)."""
+    return _parse_sampling(body, logprobs, max_tokens_default=16, limits=limits)
 
 
 def _parse_options(body: dict) -> ServingOptions:
@@ -267,6 +271,7 @@ def _parse_prompts(body: dict, limits: RequestLimits) -> tuple[Prompt, ...]:
 
 def parse_completion_request(body: dict[str, Any],
                              limits: RequestLimits = LIMITS) -> CompletionRequest:
+    check_fields(body, COMPLETION_FIELDS, limits, "/v1/completions")
     logprobs = _get_int(body, "logprobs", None)
     if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
         raise bad_request(f"'logprobs' must be in [0, {MAX_LOGPROBS}], got {logprobs}.",
@@ -277,6 +282,9 @@ def parse_completion_request(body: dict[str, Any],
         sampling=_parse_sampling(body, logprobs, max_tokens_default=16, limits=limits),
         options=_parse_options(body),
         echo=_get_bool(body, "echo", False),
+        suffix=_check_text(_get_str(body, "suffix") or "", "suffix") or None,
+        add_special_tokens=_get_bool(body, "add_special_tokens", True),
+        request_id=_get_str(body, "request_id"),
     )
 
 
@@ -322,6 +330,7 @@ def _parse_messages(body: dict) -> tuple[ChatMessage, ...]:
 
 
 def parse_chat_request(body: dict[str, Any], limits: RequestLimits = LIMITS) -> ChatRequest:
+    check_fields(body, CHAT_FIELDS, limits, "/v1/chat/completions")
     want_logprobs = _get_bool(body, "logprobs", False)
     top_logprobs = _get_int(body, "top_logprobs", None)
     if top_logprobs is not None:
@@ -341,6 +350,9 @@ def parse_chat_request(body: dict[str, Any], limits: RequestLimits = LIMITS) -> 
         options=_parse_options(body),
         add_generation_prompt=_get_bool(body, "add_generation_prompt", True),
         top_logprobs_requested=want_logprobs,
+        echo=_get_bool(body, "echo", False),
+        add_special_tokens=_get_bool(body, "add_special_tokens", False),
+        request_id=_get_str(body, "request_id"),
     )
 
 
@@ -354,3 +366,176 @@ def check_context_length(prompt_len: int, max_tokens: int | None, max_model_len:
         raise bad_request(f"This model's maximum context length is {max_model_len} tokens; you "
                           f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the prompt, "
                           f"{max_tokens} for the completion).", param, "context_length_exceeded")
+
+
+# --- sampling processors, n, and the fields of vLLM's requests we do not implement ------------
+def _parse_processors(body: dict, max_tokens: int | None, limits: RequestLimits) -> dict[str, Any]:
+    """The logit processors and output options beyond OpenAI's basics (as vLLM names them)."""
+    out: dict[str, Any] = {}
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = _get_float(body, name, 0.0)
+        if not -2.0 <= value <= 2.0:
+            raise bad_request(f"'{name}' must be in [-2, 2], got {value}.", name)
+        out[name] = value
+    rep = _get_float(body, "repetition_penalty", 1.0)
+    if not 0.0 < rep <= 10.0:
+        raise bad_request(f"'repetition_penalty' must be in (0, 10], got {rep}.",
+                          "repetition_penalty")
+    out["repetition_penalty"] = rep
+    min_p = _get_float(body, "min_p", 0.0)
+    if not 0.0 <= min_p <= 1.0:
+        raise bad_request(f"'min_p' must be in [0, 1], got {min_p}.", "min_p")
+    out["min_p"] = min_p
+    min_tokens = _get_int(body, "min_tokens", 0)
+    if min_tokens < 0 or (max_tokens is not None and min_tokens > max_tokens):
+        raise bad_request(f"'min_tokens' must be in [0, max_tokens], got {min_tokens}.",
+                          "min_tokens")
+    out["min_tokens"] = min_tokens
+    out["logit_bias"] = _parse_logit_bias(body, limits)
+    out["stop_token_ids"] = _parse_token_ids(body, "stop_token_ids", limits.max_stop_token_ids)
+    out["skip_special_tokens"] = _get_bool(body, "skip_special_tokens", True)
+    out["include_stop_str_in_output"] = _get_bool(body, "include_stop_str_in_output", False)
+    n = _get_int(body, "n", 1)
+    if not 1 <= n <= limits.max_n:
+        raise bad_request(f"'n' must be in [1, {limits.max_n}], got {n}.", "n")
+    best_of = _get_int(body, "best_of", None)
+    # vLLM V1 dropped best_of: only the value that changes nothing (== n) is taken
+    if best_of is not None and best_of != n:
+        raise bad_request(f"'best_of' is not supported (as in vLLM V1); got {best_of}, only "
+                          f"best_of = n ({n}) is accepted.", "best_of", "unsupported_value")
+    out["n"] = n
+    return out
+
+
+def _parse_logit_bias(body: dict, limits: RequestLimits) -> tuple[tuple[int, float], ...]:
+    value = body.get("logit_bias")
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise _type_error("logit_bias", "an object mapping token ids to biases", value)
+    if len(value) > limits.max_logit_bias:
+        raise bad_request(f"'logit_bias' has {len(value)} entries; at most "
+                          f"{limits.max_logit_bias} are allowed.", "logit_bias")
+    pairs = []
+    for key, bias in value.items():
+        try:
+            token = int(key)  # JSON keys are strings: "50256"
+        except ValueError:
+            raise bad_request(f"'logit_bias' keys must be token ids, got {key!r}.",
+                              "logit_bias") from None
+        if not 0 <= token <= INT32_MAX:
+            raise bad_request(f"'logit_bias' token ids must be in [0, {INT32_MAX}], got "
+                              f"{_short(token)}.", "logit_bias")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
+            raise bad_request(f"'logit_bias' values must be finite numbers, got {bias!r}.",
+                              "logit_bias")
+        if not -100.0 <= bias <= 100.0:
+            raise bad_request(f"'logit_bias' values must be in [-100, 100], got {bias}.",
+                              "logit_bias")
+        pairs.append((token, float(bias)))
+    return tuple(sorted(pairs))
+
+
+def _parse_token_ids(body: dict, name: str, max_len: int) -> tuple[int, ...]:
+    value = body.get(name)
+    if value is None:
+        return ()
+    if not _is_token_list(value):
+        raise _type_error(name, "an array of token ids", value)
+    if len(value) > max_len:
+        raise bad_request(f"'{name}' has {len(value)} ids; at most {max_len} are allowed.", name)
+    if any(not 0 <= t <= INT32_MAX for t in value):
+        raise bad_request(f"'{name}' ids must be in [0, {INT32_MAX}].", name)
+    return tuple(dict.fromkeys(value))
+
+
+# Fields of vLLM's request bodies, by what we do with them. Every field not listed anywhere is
+# unknown: a warning once per name (as vLLM logs "ignored fields"), a 400 under --strict-api.
+COMMON_FIELDS = frozenset({
+    "model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
+    "stream_options", "user", "priority", "ignore_eos", "n", "best_of", "presence_penalty",
+    "frequency_penalty", "repetition_penalty", "min_p", "min_tokens", "logit_bias",
+    "stop_token_ids", "skip_special_tokens", "include_stop_str_in_output", "return_token_ids",
+    "deadline_ms", "logprobs", "spaces_between_special_tokens", "add_special_tokens",
+    "request_id",
+})
+COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "echo", "suffix"}
+CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "top_logprobs",
+                               "add_generation_prompt", "echo", "parallel_tool_calls",
+                               "tool_choice", "tools", "response_format"}
+
+
+def _is_neutral(value: Any, neutral: Any) -> bool:
+    if value is None:
+        return True
+    if callable(neutral):
+        return neutral(value)
+    return value == neutral
+
+
+# Known fields we do not implement: accepted at their neutral value, else a 400 naming them.
+# name -> the neutral value (or a predicate that says a value is neutral)
+UNSUPPORTED_FIELDS: dict[str, Any] = {
+    "use_beam_search": False,
+    "length_penalty": 1.0,
+    "allowed_token_ids": lambda v: v == [],
+    "bad_words": lambda v: v == [],
+    "prompt_logprobs": 0,
+    "truncate_prompt_tokens": None,
+    "guided_json": None, "guided_regex": None, "guided_choice": None, "guided_grammar": None,
+    "guided_decoding_backend": None, "guided_whitespace_pattern": None,
+    "structured_outputs": None,
+    "logits_processors": lambda v: v == [],
+    "return_tokens_as_token_ids": False,
+    "prompt_embeds": None,
+    "cache_salt": None,
+    "kv_transfer_params": None,
+    "vllm_xargs": None,
+    "continue_final_message": False,
+    "chat_template": None,
+    "chat_template_kwargs": lambda v: v == {},
+    "documents": None,
+    "mm_processor_kwargs": None,
+    "reasoning_effort": None,
+    "include_reasoning": lambda v: True,  # nothing to include: no reasoning parser
+    "functions": lambda v: v == [],
+    "function_call": lambda v: v in ("none", "auto"),
+    "logprobs_mode": None,
+    "thinking_token_budget": None,
+}
+_warned_unknown: set[str] = set()
+
+
+def check_fields(body: dict, known: frozenset, limits: RequestLimits, endpoint: str) -> None:
+    """400 for a known field we do not implement set to a non-neutral value; unknown fields are
+    logged once per name (400 under `strict_api`)."""
+    for name, value in body.items():
+        if name in UNSUPPORTED_FIELDS:
+            if not _is_neutral(value, UNSUPPORTED_FIELDS[name]):
+                raise bad_request(f"'{name}' is not supported by this server.", name,
+                                  "unsupported_parameter")
+        elif name not in known:
+            if limits.strict_api:
+                raise bad_request(f"Unknown parameter '{name}' for {endpoint} (--strict-api).",
+                                  name, "unknown_parameter")
+            if name not in _warned_unknown and len(_warned_unknown) < 1024:
+                _warned_unknown.add(name)
+                log.warning("%s: ignoring unknown request field %r (logged once per name)",
+                            endpoint, name)
+    if "response_format" in body:
+        fmt = body["response_format"]
+        if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+            raise bad_request("'response_format' other than {\"type\": \"text\"} is not "
+                              "supported (no structured output).", "response_format",
+                              "unsupported_parameter")
+    tools = body.get("tools")
+    if tools:
+        raise bad_request("'tools' are not supported (no tool calling).", "tools",
+                          "unsupported_parameter")
+    choice = body.get("tool_choice")
+    if choice not in (None, "none", "auto"):
+        raise bad_request("'tool_choice' is not supported (no tool calling).", "tool_choice",
+                          "unsupported_parameter")
+    if body.get("spaces_between_special_tokens") is False:
+        raise bad_request("'spaces_between_special_tokens' = false is not supported.",
+                          "spaces_between_special_tokens", "unsupported_value")

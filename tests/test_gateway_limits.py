@@ -56,8 +56,13 @@ BAD_BODIES = [
     (b'{"prompt": "a", "temperature": NaN}', "temperature"),
     (b'{"prompt": "a", "top_p": 0}', "top_p"),
     (b'{"prompt": "a", "top_k": -5}', "top_k"),
-    (b'{"prompt": "a", "n": 2}', "n"),
-    (b'{"prompt": "a", "stop": ["1","2","3","4","5"]}', "stop"),
+    (b'{"prompt": "a", "n": 99}', "n"),
+    (b'{"prompt": "a", "stop": ["1","2","3","4","5","6","7","8","9","a","b","c","d","e","f","g","h"]}',
+     "stop"),
+    (b'{"prompt": "a", "logit_bias": {"99999": 1}}', "logit_bias"),
+    (b'{"prompt": "a", "stop_token_ids": [99999]}', "stop_token_ids"),
+    (b'{"prompt": "a", "suffix": "b"}', "suffix"),
+    (b'{"prompt": "a", "use_beam_search": true}', "use_beam_search"),
     (b'{"prompt": [99999]}', "prompt"),
 ]
 

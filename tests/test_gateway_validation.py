@@ -61,15 +61,17 @@ def test_body_level_errors(raw, param):
     ({"top_p": 0}, "top_p"),
     ({"top_p": 1.5}, "top_p"),
     ({"top_k": -2}, "top_k"),
-    ({"n": 2}, "n"),
-    ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"n": 0}, "n"),
+    ({"n": 17}, "n"),
+    ({"stop": [str(i) for i in range(17)]}, "stop"),
+    ({"stop": ["x" * 257]}, "stop"),
     ({"stop": [1]}, "stop"),
     ({"stop": [""]}, "stop"),
     ({"stream": "yes"}, "stream"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"logprobs": 21}, "logprobs"),
     ({"seed": 1.5}, "seed"),
-    ({"frequency_penalty": 0.5}, "frequency_penalty"),
+    ({"frequency_penalty": 2.5}, "frequency_penalty"),
     ({"deadline_ms": -5}, "deadline_ms"),
     ({"priority": "high"}, "priority"),
     ({"model": 3}, "model"),
@@ -125,7 +127,10 @@ def chat(**fields):
     ({"max_tokens": 0}, "max_tokens"),
     ({"max_completion_tokens": 0}, "max_completion_tokens"),
     ({"top_logprobs": 2}, "top_logprobs"),
-    ({"n": 3}, "n"),
+    ({"n": -1}, "n"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"tool_choice": "required"}, "tool_choice"),
 ])
 def test_chat_param_errors(fields, param):
     assert error_of(chat, **fields).param == param
@@ -151,7 +156,7 @@ def test_context_length_message_has_the_numbers():
 
 
 def test_error_json_shape():
-    err = error_of(completion, n=2)
+    err = error_of(completion, best_of=3)
     assert json.loads(err.to_json()) == {"error": {"message": err.message,
                                                    "type": "invalid_request_error",
-                                                   "param": "n", "code": "unsupported_value"}}
+                                                   "param": "best_of", "code": "unsupported_value"}}
