@@ -22,6 +22,15 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", default=DEFAULT_LISTEN, help=f"ZMQ endpoint to bind (default {DEFAULT_LISTEN})")
     p.add_argument("--backend-id", default=None, help="stable id for logs and LoadReports")
     p.add_argument("--served-model-name", default=None, help="model name in BackendInfo")
+    sec = p.add_argument_group("security (proto.security)")
+    sec.add_argument("--curve-key", default=None, metavar="FILE",
+                     help="CURVE key pair (a .key_secret file from `tidegate keys generate`): "
+                     "encrypt and authenticate a tcp:// listen address")
+    sec.add_argument("--curve-allow", default=None, metavar="DIR",
+                     help="directory of client public keys allowed to connect (default: any "
+                     "client that knows this backend's public key)")
+    sec.add_argument("--insecure", action="store_true",
+                     help="allow a non-loopback tcp:// listen address without CURVE keys")
     add_engine_args(p)
     g = p.add_argument_group("GPU (backend.serving_setup, backend.cuda_graphs, backend.quantization)")
     g.add_argument("--quantization", default="none", choices=["none", "fp8"],
@@ -45,11 +54,18 @@ def main(argv: list[str] | None = None) -> int:
 
         from backend.build import create_engine
         from backend.worker import Worker
+        from proto.security import SecurityError, check_bind, keys_from_args
 
+        try:
+            keys = keys_from_args(args.curve_key, None, args.curve_allow)
+            check_bind(args.listen, keys, args.insecure)
+        except SecurityError as exc:
+            raise ModelLoadError(str(exc)) from None
         engine, loaded = create_engine(backend_config(args))
         serving = _configure_serving(engine, args)
         try:
-            worker = Worker(engine, loaded, args.listen, args.backend_id, args.served_model_name)
+            worker = Worker(engine, loaded, args.listen, args.backend_id, args.served_model_name,
+                            security=keys)
         except zmq.ZMQError as exc:
             raise ModelLoadError(f"cannot listen on {args.listen}: {exc}") from None
     except ModelLoadError as exc:

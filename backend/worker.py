@@ -42,6 +42,7 @@ from backend.sampler import SamplingParams
 from proto import codec
 from proto import tidegate_pb2 as pb
 from proto.convert import FINISH_REASON_TO_WIRE
+from proto.security import CurveKeys, start_authenticator
 from scheduler.prefix_index import PrefixSummary
 
 try:
@@ -66,7 +67,7 @@ def _key(identity: bytes, request_id: str) -> str:
 class Worker:
     def __init__(self, engine: Engine, loaded: LoadedModel, listen: str,
                  backend_id: str | None = None, model_name: str | None = None,
-                 security=None) -> None:
+                 security: CurveKeys | None = None) -> None:
         self.engine = engine
         self.loaded = loaded
         self.backend_id = backend_id or f"backend-{uuid.uuid4().hex[:8]}"
@@ -77,7 +78,9 @@ class Worker:
         # A full or vanished peer is an error we handle (see _send), never a silent drop.
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.sock.setsockopt(zmq.MAXMSGSIZE, codec.MAX_FRAME_BYTES)
-        if security is not None:
+        self._auth = None
+        if security is not None and listen.startswith("tcp://"):
+            self._auth = start_authenticator(self.ctx, security.allow_dir)
             security.apply_server(self.sock)
         self.sock.bind(listen)
         self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -141,6 +144,12 @@ class Worker:
         self._fail_all("backend is shutting down", pb.Error.SHUTTING_DOWN)
         self._flush_outboxes()
         self.sock.close()
+        self._stop_auth()
+
+    def _stop_auth(self) -> None:
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
 
     def _fail_all(self, message: str, code: int = pb.Error.INTERNAL) -> None:
         """Answer every in-flight request with an Error and drop it from the engine."""
@@ -155,6 +164,7 @@ class Worker:
 
     def close(self) -> None:
         self.sock.close(linger=0)
+        self._stop_auth()
 
     # ---- receiving -----------------------------------------------------------------------
     def _drain(self) -> None:

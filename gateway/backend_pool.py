@@ -28,6 +28,7 @@ from gateway.zmqio import SocketReader
 from proto import codec
 from proto import tidegate_pb2 as pb
 from proto.convert import FINISH_REASON_FROM_WIRE
+from proto.security import CurveKeys
 from scheduler.placement import PlacementConfig, PlacementItem, create_placement, prefix_hashes
 
 log = logging.getLogger("tidegate.gateway.pool")
@@ -56,6 +57,8 @@ class PoolConfig:
     max_inflight_per_backend: int = 256  # requests the gateway keeps on one backend at most
     placement: PlacementConfig = field(default_factory=PlacementConfig)  # who gets which request
     name: str = "tidegate-gateway"
+    # CURVE for tcp:// backends: our key pair and the backends' public key (proto.security).
+    curve: CurveKeys | None = None
 
 
 @dataclass(slots=True)
@@ -89,10 +92,16 @@ def error_from_backend(err: pb.Error) -> APIError:
 class BackendConn:
     """One backend: its socket, what it told us, and the requests it holds for us."""
 
-    def __init__(self, address: str, ctx: zmq.asyncio.Context) -> None:
+    def __init__(self, address: str, ctx: zmq.asyncio.Context,
+                 curve: CurveKeys | None = None) -> None:
         self.address = address
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        # BackendInfo carries the tokenizer (MBs); anything past the codec's frame limit is
+        # refused by libzmq before it is buffered.
+        self.sock.setsockopt(zmq.MAXMSGSIZE, codec.MAX_FRAME_BYTES)
+        if curve is not None and address.startswith("tcp://"):
+            curve.apply_client(self.sock)
         self.sock.connect(address)
         self.io = SocketReader(self.sock, self._no_handler)  # the pool sets the handler
         self.info: pb.BackendInfo | None = None
@@ -137,7 +146,7 @@ class BackendPool:
             raise ValueError("a BackendPool needs at least one backend address")
         self.config = config
         self._ctx = zmq.asyncio.Context()
-        self.backends = [BackendConn(a, self._ctx) for a in addresses]
+        self.backends = [BackendConn(a, self._ctx, config.curve) for a in addresses]
         self.placement = create_placement(config.placement)
         for pid, b in enumerate(self.backends):
             b.pid, b.placement = pid, self.placement

@@ -35,6 +35,7 @@ from gateway.output import OutputAssembler
 from proto import codec
 from proto import tidegate_pb2 as pb
 from proto.convert import FINISH_REASON_FROM_WIRE
+from proto.security import SecurityError, keys_from_args
 from tokenizer.bundle import TokenizerBundle
 
 if TYPE_CHECKING:  # typing.Self is 3.11+; annotations are never evaluated at run time here
@@ -61,8 +62,12 @@ class ServerError(TidegateError): ...
 class RequestTimeout(TidegateError, TimeoutError): ...
 
 
+class AuthenticationError(TidegateError): ...
+
+
 ERRORS = {pb.Error.INVALID_REQUEST: InvalidRequestError, pb.Error.CAPACITY: CapacityError,
-          pb.Error.DEADLINE: DeadlineError, pb.Error.SHUTTING_DOWN: ShuttingDownError}
+          pb.Error.DEADLINE: DeadlineError, pb.Error.SHUTTING_DOWN: ShuttingDownError,
+          pb.Error.UNAUTHENTICATED: AuthenticationError}
 
 
 def error_from_wire(err: pb.Error) -> TidegateError:
@@ -92,8 +97,16 @@ class Completion:
 class _Base:
     """What both clients share: the request message, the tokenizer, the output assembly."""
 
-    def __init__(self, address: str, timeout: float, connect_timeout: float) -> None:
+    def __init__(self, address: str, timeout: float, connect_timeout: float,
+                 curve_key: str | None = None, server_key: str | None = None,
+                 api_key: str | None = None) -> None:
         self.address = address
+        # CURVE for a tcp:// front door: our key pair (.key_secret file) and the gateway's public
+        # key file; the API key goes in the Hello (never in a log or an exception message).
+        self._curve = keys_from_args(curve_key, server_key) if curve_key else None
+        if self._curve is None and server_key:
+            raise SecurityError("server_key needs curve_key (this client's key pair) as well")
+        self._api_key = api_key or ""
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.info: pb.BackendInfo | None = None
@@ -107,6 +120,20 @@ class _Base:
             info.tokenizer_json, info.chat_template or None,
             info.bos_token_id if info.HasField("bos_token_id") else None,
             tuple(info.eos_token_ids), info.model)
+
+    def _socket(self, ctx) -> zmq.Socket:
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, codec.MAX_FRAME_BYTES)
+        if self._curve is not None and self.address.startswith("tcp://"):
+            self._curve.apply_client(sock)
+        sock.connect(self.address)
+        return sock
+
+    def _hello(self) -> list[bytes]:
+        env = codec.make_hello("client", pb.Hello.CLIENT)
+        env.hello.api_key = self._api_key
+        return codec.encode(env)
 
     @property
     def model(self) -> str:
@@ -159,12 +186,12 @@ class _Base:
 
 # --- asyncio ---------------------------------------------------------------------------------------
 class AsyncClient(_Base):
-    def __init__(self, address: str, *, timeout: float = 60.0, connect_timeout: float = 10.0):
-        super().__init__(address, timeout, connect_timeout)
+    def __init__(self, address: str, *, timeout: float = 60.0, connect_timeout: float = 10.0,
+                 curve_key: str | None = None, server_key: str | None = None,
+                 api_key: str | None = None):
+        super().__init__(address, timeout, connect_timeout, curve_key, server_key, api_key)
         self._ctx = zmq.asyncio.Context()
-        self._sock = self._ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.connect(address)
+        self._sock = self._socket(self._ctx)
         self._queues: dict[str, asyncio.Queue] = {}
         self._info_waiter: asyncio.Future | None = None
         self._reader: asyncio.Task | None = None
@@ -174,7 +201,7 @@ class AsyncClient(_Base):
         if self._reader is None:
             self._reader = asyncio.create_task(self._read_loop())
         self._info_waiter = asyncio.get_running_loop().create_future()
-        await self._sock.send_multipart(codec.encode(codec.make_hello("client", pb.Hello.CLIENT)))
+        await self._sock.send_multipart(self._hello())
         try:
             info = await asyncio.wait_for(self._info_waiter, self.connect_timeout)
         except asyncio.TimeoutError:
@@ -237,8 +264,17 @@ class AsyncClient(_Base):
             f"request {rid} timed out after {self.timeout:g} s", "TIMEOUT", rid))
         try:
             await self._sock.send_multipart(frames)
+            reauthenticated = False
             while not asm.finished:
                 item = await q.get()
+                if isinstance(item, AuthenticationError) and self._api_key and \
+                        not reauthenticated:
+                    # A restarted gateway has not seen our Hello on this connection yet: say it
+                    # again, then the request (one connection keeps the order), once.
+                    reauthenticated = True
+                    await self._sock.send_multipart(self._hello())
+                    await self._sock.send_multipart(frames)
+                    continue
                 if isinstance(item, TidegateError):
                     raise item
                 delta = self._apply(asm, *item)
@@ -256,12 +292,12 @@ class AsyncClient(_Base):
 
 # --- blocking ---------------------------------------------------------------------------------------
 class Client(_Base):
-    def __init__(self, address: str, *, timeout: float = 60.0, connect_timeout: float = 10.0):
-        super().__init__(address, timeout, connect_timeout)
+    def __init__(self, address: str, *, timeout: float = 60.0, connect_timeout: float = 10.0,
+                 curve_key: str | None = None, server_key: str | None = None,
+                 api_key: str | None = None):
+        super().__init__(address, timeout, connect_timeout, curve_key, server_key, api_key)
         self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.connect(address)
+        self._sock = self._socket(self._ctx)
         try:
             self.connect()
         except BaseException:
@@ -269,7 +305,7 @@ class Client(_Base):
             raise
 
     def connect(self) -> Client:
-        self._sock.send_multipart(codec.encode(codec.make_hello("client", pb.Hello.CLIENT)))
+        self._sock.send_multipart(self._hello())
         deadline = time.monotonic() + self.connect_timeout
         while True:
             decoded = self._recv(deadline, f"no answer from {self.address} within "
@@ -308,12 +344,19 @@ class Client(_Base):
         asm = self._assembler(prompt, sampling.get("stop"))
         deadline = time.monotonic() + self.timeout
         self._sock.send_multipart(frames)
+        reauthenticated = False
         try:
             while not asm.finished:
                 decoded = self._recv(deadline, f"request {rid} timed out after "
                                                f"{self.timeout:g} s", rid)
                 env = decoded.envelope
                 if decoded.kind == "error" and env.error.request_id == rid:
+                    if env.error.code == pb.Error.UNAUTHENTICATED and self._api_key and \
+                            not reauthenticated:  # a restarted gateway: Hello again, once
+                        reauthenticated = True
+                        self._sock.send_multipart(self._hello())
+                        self._sock.send_multipart(frames)
+                        continue
                     raise error_from_wire(env.error)
                 if decoded.kind != "step_output":
                     continue

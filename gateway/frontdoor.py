@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import hmac
 import logging
 from collections import deque
 
@@ -38,6 +39,7 @@ from gateway.zmqio import SocketReader
 from proto import codec
 from proto import tidegate_pb2 as pb
 from proto.convert import FINISH_REASON_TO_WIRE
+from proto.security import CurveKeys, check_bind, start_authenticator
 
 log = logging.getLogger("tidegate.gateway.frontdoor")
 MAX_CLIENT_MESSAGE_BYTES = 16 << 20  # a larger message from a client closes its connection
@@ -83,11 +85,20 @@ def sampling_from_wire(s: pb.SamplingParams, limits: RequestLimits = LIMITS
 
 
 class FrontDoor:
-    def __init__(self, gateway: Gateway, address: str) -> None:
+    def __init__(self, gateway: Gateway, address: str, curve: CurveKeys | None = None,
+                 insecure: bool = False) -> None:
+        check_bind(address, curve, insecure)
         self.gateway = gateway
         self._ctx = zmq.asyncio.Context()
         self.sock = self._ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        self._auth = None
+        if curve is not None and address.startswith("tcp://"):
+            self._auth = start_authenticator(self._ctx, curve.allow_dir)
+            curve.apply_server(self.sock)
+        # With --api-key, a connection must say Hello with the key before it may submit.
+        self._api_key = gateway.config.api_key
+        self._authenticated: set[bytes] = set()
         # A full or vanished client is reported (EAGAIN / EHOSTUNREACH) instead of its
         # messages being dropped in silence; see _send.
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -115,6 +126,8 @@ class FrontDoor:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self.sock.close(linger=0)
+        if self._auth is not None:
+            self._auth.stop()
         self._ctx.destroy(linger=0)
 
     # --- sending ----------------------------------------------------------------------------------
@@ -164,6 +177,7 @@ class FrontDoor:
     def _drop_client(self, peer: bytes, reason: str) -> None:
         """A client left or stopped reading: abort its requests (their KV is freed)."""
         self._held.pop(peer, None)
+        self._authenticated.discard(peer)
         self._outbox.pop(peer, None)
         prefix = self._internal_id(peer, "")
         handles = [h for rid, h in self._handles.items() if rid.startswith(prefix)]
@@ -207,8 +221,21 @@ class FrontDoor:
         env, kind = decoded.envelope, decoded.kind
         if kind == "hello":
             codec.check_version(env.hello.protocol_version)
+            if self._api_key is not None:
+                if not hmac.compare_digest(env.hello.api_key.encode(), self._api_key.encode()):
+                    self._authenticated.discard(peer)
+                    self._send(peer, codec.make_error(pb.Error.UNAUTHENTICATED,
+                                                      "Invalid or missing API key."))
+                    return
+                self._authenticated.add(peer)
             self._send(peer, self._info_envelope())
         elif kind == "batch":
+            if self._api_key is not None and peer not in self._authenticated:
+                for req in env.batch.requests:
+                    self._send(peer, codec.make_error(
+                        pb.Error.UNAUTHENTICATED, "Say Hello with the API key first.",
+                        req.request_id))
+                return
             for req in env.batch.requests:
                 self._submit(peer, req, decoded)
         elif kind == "abort":
@@ -301,10 +328,10 @@ class FrontDoor:
             gw.record(handle, status)
 
 
-def frontdoor_ctx(address: str):
+def frontdoor_ctx(address: str, curve: CurveKeys | None = None, insecure: bool = False):
     """A cleanup_ctx entry that runs the front door with the app (after the gateway core)."""
     async def ctx(app: web.Application):
-        door = FrontDoor(app[GATEWAY_KEY], address)
+        door = FrontDoor(app[GATEWAY_KEY], address, curve, insecure)
         door.start()
         app[FRONTDOOR_KEY] = door
         yield

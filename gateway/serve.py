@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import gc
 import logging
+import os
 import shutil
 import signal
 import subprocess
@@ -28,6 +29,7 @@ from gateway.app_keys import GATEWAY_KEY
 from gateway.backend_pool import PoolConfig
 from gateway.core import GatewayConfig
 from gateway.prometheus_metrics import SLOConfig
+from proto.security import SecurityError, check_bind, keys_from_args
 from scheduler.batcher import BatcherConfig
 from scheduler.capacity import DEFAULT_CAPACITY
 from scheduler.placement import add_placement_arguments, placement_config_from_args
@@ -58,7 +60,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", default=None, help="model name in the API "
                    "(default: the backend's)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' "
-                   "(every route but /health)")
+                   "(every route but /health; the front door's Hello too). Visible in `ps`: "
+                   "prefer --api-key-file or the TIDEGATE_API_KEY environment variable")
+    p.add_argument("--api-key-file", default=None, metavar="FILE",
+                   help="read the API key from FILE (first line)")
+    sec = p.add_argument_group("ZeroMQ security (proto.security; keys from `tidegate keys "
+                               "generate`)")
+    sec.add_argument("--curve-key", default=None, metavar="FILE",
+                     help="this gateway's CURVE key pair (.key_secret): its identity towards "
+                     "tcp:// backends and the front door's server key")
+    sec.add_argument("--backend-key", default=None, metavar="FILE",
+                     help="public key file of the tcp:// backends (needs --curve-key)")
+    sec.add_argument("--curve-allow", default=None, metavar="DIR",
+                     help="front door: directory of client public keys allowed to connect")
+    sec.add_argument("--insecure", action="store_true",
+                     help="allow a non-loopback tcp:// front door without CURVE keys")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--log-prompts", action="store_true", help="include prompt text in request logs")
     p.add_argument("--slo-ttft-ms", type=float, default=None, help="goodput: TTFT objective")
@@ -88,16 +104,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def api_key(args: argparse.Namespace) -> str | None:
+    """--api-key-file, then TIDEGATE_API_KEY, then --api-key (key material stays out of argv
+    unless the operator puts it there)."""
+    if args.api_key_file:
+        with open(args.api_key_file, encoding="utf-8") as f:
+            key = f.readline().strip()
+        if not key:
+            raise SystemExit(f"tidegate serve: error: {args.api_key_file} holds no key")
+        return key
+    return os.environ.get("TIDEGATE_API_KEY") or args.api_key
+
+
 def gateway_config(args: argparse.Namespace, backends: list[str]) -> GatewayConfig:
     q = args.max_queue_requests
+    curve = keys_from_args(args.curve_key, args.backend_key, args.curve_allow)
     return GatewayConfig(
         backends=tuple(backends), served_model_name=args.served_model_name,
-        api_key=args.api_key, max_body_bytes=args.max_body_bytes,
+        api_key=api_key(args), max_body_bytes=args.max_body_bytes,
         request_timeout_s=args.request_timeout, stream_interval=max(1, args.stream_interval),
         log_prompts=args.log_prompts, drain_timeout_s=args.drain_timeout,
         slo=SLOConfig(args.slo_ttft_ms, args.slo_tpot_ms),
         pool=PoolConfig(heartbeat_timeout_s=args.heartbeat_timeout,
-                        max_inflight_per_backend=args.max_inflight_per_backend,
+                        max_inflight_per_backend=args.max_inflight_per_backend, curve=curve,
                         # block size: the backends' own, read from their BackendInfo when hashing
                         placement=placement_config_from_args(args, DEFAULT_CAPACITY.block_size)),
         batcher=BatcherConfig(max_batch_size=args.max_batch_size,
@@ -153,12 +182,20 @@ async def serve(args: argparse.Namespace) -> int:
     if "embedded" in backends:
         embedded = EmbeddedBackend(args)
         backends = [b for b in backends if b != "embedded"] + [embedded.address]
-    config = gateway_config(args, backends)
+    try:
+        config = gateway_config(args, backends)
+        if args.zmq_listen:
+            check_bind(args.zmq_listen, config.pool.curve, args.insecure)
+    except SecurityError as exc:
+        print(f"tidegate serve: error: {exc}", file=sys.stderr)
+        if embedded is not None:
+            embedded.stop()
+        return 2
     extra = []
     if args.zmq_listen:
         from gateway.frontdoor import frontdoor_ctx
 
-        extra.append(frontdoor_ctx(args.zmq_listen))
+        extra.append(frontdoor_ctx(args.zmq_listen, config.pool.curve, args.insecure))
     app = create_app(config, extra_cleanup_ctx=extra)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     stop = asyncio.Event()

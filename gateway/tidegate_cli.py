@@ -16,6 +16,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "backend": ("backend.cli", "run a model backend process over ZeroMQ (also: backend profile)"),
     "sim": ("sims.cli", "discrete-event simulation: run, sweep, fit, search, plan, validate"),
     "bench": ("bench.cli", "load generator against a live service (also: bench engine on a GPU)"),
+    "keys": ("proto.keys_cli", "CURVE key pairs for the ZeroMQ sockets: keys generate DIR"),
     "eval": ("backend.eval", "model quality through our engine: perplexity, agreement"),
 }
 

@@ -37,7 +37,7 @@ class Envelope(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., backend_info: _Optional[_Union[BackendInfo, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ..., step_output: _Optional[_Union[StepOutput, _Mapping]] = ..., load_report: _Optional[_Union[LoadReport, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., health: _Optional[_Union[Health, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("protocol_version", "peer_name", "role")
+    __slots__ = ("protocol_version", "peer_name", "role", "api_key")
     class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         ROLE_UNSPECIFIED: _ClassVar[Hello.Role]
@@ -49,10 +49,12 @@ class Hello(_message.Message):
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     PEER_NAME_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
+    API_KEY_FIELD_NUMBER: _ClassVar[int]
     protocol_version: str
     peer_name: str
     role: Hello.Role
-    def __init__(self, protocol_version: _Optional[str] = ..., peer_name: _Optional[str] = ..., role: _Optional[_Union[Hello.Role, str]] = ...) -> None: ...
+    api_key: str
+    def __init__(self, protocol_version: _Optional[str] = ..., peer_name: _Optional[str] = ..., role: _Optional[_Union[Hello.Role, str]] = ..., api_key: _Optional[str] = ...) -> None: ...
 
 class BackendInfo(_message.Message):
     __slots__ = ("protocol_version", "model", "max_model_len", "vocab_size", "block_size", "num_kv_blocks", "role", "tokenizer_json", "chat_template", "bos_token_id", "eos_token_ids", "backend_id", "kv_cache_dtype", "enable_prefix_caching", "engine")
@@ -268,6 +270,7 @@ class Error(_message.Message):
         ABORTED: _ClassVar[Error.Code]
         SHUTTING_DOWN: _ClassVar[Error.Code]
         DEADLINE: _ClassVar[Error.Code]
+        UNAUTHENTICATED: _ClassVar[Error.Code]
     UNKNOWN: Error.Code
     BAD_MESSAGE: Error.Code
     VERSION_MISMATCH: Error.Code
@@ -277,6 +280,7 @@ class Error(_message.Message):
     ABORTED: Error.Code
     SHUTTING_DOWN: Error.Code
     DEADLINE: Error.Code
+    UNAUTHENTICATED: Error.Code
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
