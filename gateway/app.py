@@ -3,12 +3,14 @@ batcher timer) started and stopped in `cleanup_ctx`, open streams ended in `on_s
 
 Middlewares, outermost first: `error_middleware` (every failure leaves in the OpenAI error
 shape, aiohttp's own 4xx included; never a 500 for bad input), then `auth_middleware`
-(Bearer key on every route but /health, constant-time compare).
+(Bearer key on every route but /health, /ping, /version and, unless --protect-metrics,
+/metrics; constant-time compare).
 """
 from __future__ import annotations
 
 import asyncio
 import hmac
+import importlib.metadata
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -27,6 +29,7 @@ from gateway.app_keys import (
 from gateway.core import Gateway, GatewayConfig
 from gateway.errors import APIError, internal_error, shutting_down, too_large, unauthorized
 from gateway.routes import chat_completions, completions
+from gateway.tokenize_routes import detokenize, tokenize
 
 log = logging.getLogger("tidegate.gateway.http")
 
@@ -67,14 +70,32 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler) -> web.StreamResponse:
-    key = request.app[CONFIG_KEY].api_key
-    if key and request.path != "/health":
+    config = request.app[CONFIG_KEY]
+    key = config.api_key
+    if key and request.path not in OPEN_PATHS and not (
+            request.path == "/metrics" and not config.protect_metrics):
         header = request.headers.get("Authorization", "")
         scheme, _, given = header.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(),
                                                                  key.encode()):
             raise unauthorized()
     return await handler(request)
+
+
+# Paths that need no API key (as vLLM's: liveness and version); /metrics too unless
+# --protect-metrics, because routers and Prometheus scrape it without the clients' key.
+OPEN_PATHS = frozenset({"/health", "/ping", "/version"})
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("tidegate")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree
+        return "0+unknown"
+
+
+async def version(request: web.Request) -> web.Response:
+    return web.json_response({"version": _version()})
 
 
 async def health(request: web.Request) -> web.Response:
@@ -145,6 +166,11 @@ def create_app(config: GatewayConfig, *, startup_wait_s: float = 0.0,
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
+    app.router.add_get("/ping", health)  # SageMaker's and vLLM's name for it
+    app.router.add_post("/ping", health)
+    app.router.add_get("/version", version)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", detokenize)
     app.router.add_get("/metrics", metrics)
     return app
 

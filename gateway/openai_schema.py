@@ -84,3 +84,14 @@ class ChatRequest:
     echo: bool = False  # prepend the last message's content when it is the assistant's
     add_special_tokens: bool = False  # the template places the special tokens itself
     request_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizeRequest:
+    """POST /tokenize (vLLM's shape): a text prompt, or chat messages rendered by the template."""
+    model: str | None
+    prompt: str | None
+    messages: tuple[ChatMessage, ...] | None
+    add_special_tokens: bool
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False

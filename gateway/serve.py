@@ -29,11 +29,13 @@ from gateway.app_keys import GATEWAY_KEY
 from gateway.backend_pool import PoolConfig
 from gateway.core import GatewayConfig
 from gateway.prometheus_metrics import SLOConfig
+from gateway.validation import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, RequestLimits
 from proto.security import SecurityError, check_bind, keys_from_args
 from scheduler.batcher import BatcherConfig
 from scheduler.capacity import DEFAULT_CAPACITY
 from scheduler.placement import add_placement_arguments, placement_config_from_args
 from scheduler.queues import QueueConfig
+from tokenizer.fim import FimTemplate
 
 log = logging.getLogger("tidegate.serve")
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -101,6 +103,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queue-policy", default="fifo", choices=["fifo", "priority"])
     p.add_argument("--zmq-listen", default=None,
                    help="also serve the ZMQ front door here (e.g. tcp://127.0.0.1:5556)")
+    p.add_argument("--max-stop-strings", type=int, default=MAX_STOP_STRINGS,
+                   help="stop strings per request")
+    p.add_argument("--max-stop-len", type=int, default=MAX_STOP_STRING_CHARS,
+                   help="characters per stop string")
+    p.add_argument("--max-n", type=int, default=16, help="choices per prompt ('n')")
+    p.add_argument("--strict-api", action="store_true",
+                   help="unknown request fields are a 400 (default: logged once per name)")
+    p.add_argument("--fim-template", default=None,
+                   help="fill-in-the-middle prompt with {prefix} and {suffix} (default: the "
+                        "model family's, found among the tokenizer's special tokens)")
+    p.add_argument("--protect-metrics", action="store_true",
+                   help="/metrics needs the API key too (default: open, as vLLM's)")
     return p
 
 
@@ -119,6 +133,8 @@ def api_key(args: argparse.Namespace) -> str | None:
 def gateway_config(args: argparse.Namespace, backends: list[str]) -> GatewayConfig:
     q = args.max_queue_requests
     curve = keys_from_args(args.curve_key, args.backend_key, args.curve_allow)
+    if args.fim_template:
+        FimTemplate(args.fim_template)  # a bad template fails at start-up, not per request
     return GatewayConfig(
         backends=tuple(backends), served_model_name=args.served_model_name,
         api_key=api_key(args), max_body_bytes=args.max_body_bytes,
@@ -133,7 +149,11 @@ def gateway_config(args: argparse.Namespace, backends: list[str]) -> GatewayConf
                               min_latency_ms=args.min_latency_ms,
                               target_throughput=args.target_throughput,
                               hysteresis=args.hysteresis, idle_flush=not args.no_idle_flush),
-        queues=QueueConfig(max_requests=(q, q, q), policy=args.queue_policy))
+        queues=QueueConfig(max_requests=(q, q, q), policy=args.queue_policy),
+        limits=RequestLimits(max_stop_strings=args.max_stop_strings,
+                             max_stop_len=args.max_stop_len, max_n=args.max_n,
+                             strict_api=args.strict_api),
+        fim_template=args.fim_template, protect_metrics=args.protect_metrics)
 
 
 class EmbeddedBackend:

@@ -19,6 +19,7 @@ from gateway.openai_schema import (
     Prompt,
     SamplingParams,
     ServingOptions,
+    TokenizeRequest,
 )
 
 log = logging.getLogger("tidegate.gateway.validation")
@@ -539,3 +540,32 @@ def check_fields(body: dict, known: frozenset, limits: RequestLimits, endpoint: 
     if body.get("spaces_between_special_tokens") is False:
         raise bad_request("'spaces_between_special_tokens' = false is not supported.",
                           "spaces_between_special_tokens", "unsupported_value")
+
+
+# --- /tokenize, /detokenize (vLLM's request shapes) ------------------------------------------
+def parse_tokenize_request(body: dict[str, Any]) -> TokenizeRequest:
+    chat = "messages" in body
+    if chat:
+        messages, prompt = _parse_messages(body), None
+    else:
+        prompt = _get_str(body, "prompt")
+        if prompt is None:
+            raise bad_request("'prompt' (or 'messages') is required.", "prompt",
+                              "missing_required_parameter")
+        messages = None
+        _check_text(prompt, "prompt")
+    return TokenizeRequest(
+        model=_get_str(body, "model"), prompt=prompt, messages=messages,
+        add_special_tokens=_get_bool(body, "add_special_tokens", not chat),
+        add_generation_prompt=_get_bool(body, "add_generation_prompt", True),
+        return_token_strs=_get_bool(body, "return_token_strs", False))
+
+
+def parse_detokenize_request(body: dict[str, Any]) -> tuple[str | None, tuple[int, ...]]:
+    """(model, token ids)."""
+    tokens = body.get("tokens")
+    if tokens is None:
+        raise bad_request("'tokens' is required.", "tokens", "missing_required_parameter")
+    if not _is_token_list(tokens) or any(not 0 <= t <= INT32_MAX for t in tokens):
+        raise _type_error("tokens", "an array of token ids", tokens)
+    return _get_str(body, "model"), tuple(tokens)

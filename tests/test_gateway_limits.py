@@ -109,14 +109,15 @@ async def test_body_too_large_is_413_in_openai_shape(gateway_client):
     assert "1024" in body["error"]["message"]
 
 
-async def test_api_key_on_every_route_but_health(gateway_client):
+async def test_api_key_on_every_route_but_health_and_metrics(gateway_client):
     client = await gateway_client(api_key="sekrit")
     for method, path in [("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
-                         ("GET", "/v1/models"), ("GET", "/metrics")]:
+                         ("GET", "/v1/models"), ("POST", "/tokenize"), ("POST", "/detokenize")]:
         for headers in [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekrit"}]:
             resp = await client.request(method, path, json={"prompt": "a"}, headers=headers)
             assert_error(resp.status, await resp.json(), 401)
     assert (await client.get("/health")).status == 200
+    assert (await client.get("/metrics")).status == 200  # open unless --protect-metrics
     status, body = await post(client, "/v1/completions", {"prompt": "a", "max_tokens": 2},
                               headers={"Authorization": "Bearer sekrit"})
     assert status == 200, body
