@@ -12,6 +12,7 @@ HF tensor names map onto our fused modules:
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from backend.config import PRESETS, ConfigError, ModelConfig
 from backend.errors import ModelLoadError
@@ -102,6 +104,19 @@ def read_config(model: str) -> tuple[ModelConfig, Path | None]:
     raise ModelLoadError(f"model {model!r} is neither a directory nor a preset ({', '.join(PRESETS)})")
 
 
+@contextlib.contextmanager
+def _no_default_init():
+    """Skip the modules' default init while the model is built on the meta device: the weights
+    are loaded or dummy-initialized right after. On meta, nn.Embedding's `normal_` runs torch's
+    Python reference, whose first use imports torch._dynamo: 2-9 s of CPU at every start-up."""
+    saved = nn.Embedding.reset_parameters, nn.Linear.reset_parameters
+    nn.Embedding.reset_parameters = nn.Linear.reset_parameters = lambda self: None
+    try:
+        yield
+    finally:
+        nn.Embedding.reset_parameters, nn.Linear.reset_parameters = saved
+
+
 def load(model: str, load_format: str = "auto", dtype: str = "auto", device: str = "cpu",
          seed: int = 0, max_model_len: int | None = None) -> LoadedModel:
     """Config, tokenizer (checked against the vocabulary) and weights, in that order."""
@@ -121,7 +136,7 @@ def load(model: str, load_format: str = "auto", dtype: str = "auto", device: str
     files = _safetensors_files(path) if load_format == "safetensors" else []
     check_fits(config, torch_dtype, dev)
 
-    with torch.device("meta"):
+    with torch.device("meta"), _no_default_init():
         net = LlamaModel(config, max_model_len=max_model_len)
     net = net.to(torch_dtype).to_empty(device=dev)
     if load_format == "dummy":
