@@ -111,10 +111,10 @@ class Vllm:
         self.peers = Path(args.peers)
 
     def start(self, model: Path, served: str, port: int, log: Path) -> float:
-        env = dict(os.environ, SERVED_NAME=served)
+        env = dict(os.environ, SERVED_NAME=served, READY_TIMEOUT=os.environ.get("READY_TIMEOUT", "1800"))
         t0 = time.monotonic()
         r = subprocess.run(["bash", str(self.peers / "serve.sh"), str(port), str(model)], env=env,
-                           capture_output=True, text=True, timeout=900, check=False)
+                           capture_output=True, text=True, timeout=2000, check=False)
         log.write_text(r.stdout + r.stderr)
         if r.returncode != 0:
             raise RuntimeError(f"vLLM did not start: {r.stderr[-2000:]}")
