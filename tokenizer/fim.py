@@ -38,7 +38,8 @@ class FimTemplate:
 
     def encode(self, bundle: TokenizerBundle, prefix: str, suffix: str) -> list[int]:
         """Prompt ids: BOS (when the tokenizer adds one), then the template with the two texts
-        tokenized on their own (so no text can form a sentinel with its neighbours)."""
+        tokenized on their own (no text merges into a sentinel; special-token text inside
+        them is matched as in any prompt)."""
         texts = {"prefix": prefix, "suffix": suffix}
         ids = [bundle.bos_token_id] if _adds_bos(bundle) else []
         pos = 0
