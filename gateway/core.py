@@ -31,6 +31,7 @@ from gateway.openai_schema import Prompt, SamplingParams, ServingOptions
 from gateway.output import OutputAssembler, OutputDelta
 from gateway.prometheus_metrics import GatewayMetrics, SLOConfig
 from gateway.validation import RequestLimits
+from gateway.vllm_metrics import EngineReport
 from proto import tidegate_pb2 as pb
 from scheduler.batcher import BatcherConfig
 from scheduler.classes import CLASS_NAMES
@@ -78,6 +79,7 @@ class RequestHandle:
         self.timeout_at = self.arrival_time + gateway.config.request_timeout_s
         self.queue_class = 0
         self.dispatched_at: float | None = None
+        self.backend = ""
         decode = gateway.bundle.decode if sampling.skip_special_tokens else gateway.decode_special
         eos = () if sampling.ignore_eos else gateway.info.eos_token_ids
         self.assembler = OutputAssembler(decode, prompt_ids, sampling.stop,
@@ -107,7 +109,8 @@ class RequestHandle:
         self._put(error)
         self.gateway.dispatcher.on_capacity()
 
-    def on_dispatched(self, now: float) -> None:
+    def on_dispatched(self, now: float, backend: str = "") -> None:
+        self.backend = backend  # the last backend it was sent to (vLLM's "engine" label)
         self.dispatched_at = now
 
     def wire_sampling(self) -> pb.SamplingParams:
@@ -298,6 +301,8 @@ class Gateway:
         """Queue one sequence (APIError 503 / 429 when it cannot be)."""
         self.check_admission()
         handle = RequestHandle(self, request_id, prompt_ids, sampling, max_tokens, options)
+        # before the dispatch records anything: its queue time belongs to the served name
+        self.metrics.model_name = self.model_name
         self.dispatcher.submit(handle)
         return handle
 
@@ -315,7 +320,7 @@ class Gateway:
             self.metrics.observe_finished(
                 num_prompt_tokens=len(handle.prompt_ids), token_times=asm.token_times,
                 arrival=handle.arrival_time, finished=time.monotonic(),
-                finish_reason=asm.finish_reason)
+                finish_reason=asm.finish_reason, engine=handle.backend)
 
     def refresh_metrics(self) -> None:
         from gateway.prometheus_metrics import BackendLoad
@@ -323,6 +328,21 @@ class Gateway:
         depth, age = self.dispatcher.depth_and_age()
         loads = [BackendLoad(b.address, b.healthy, b.load.num_running, b.load.num_waiting,
                              b.kv_cache_usage, b.outstanding_tokens) for b in self.pool.backends]
+        engines = [engine_report(b) for b in self.pool.backends]
         if self.pool.info is not None:
             self.metrics.model_name = self.model_name
-        self.metrics.refresh(depth, age, loads)
+        self.metrics.refresh(depth, age, loads, engines)
+
+
+def engine_report(b) -> EngineReport:
+    """One backend (`backend_pool.BackendConn`) as vLLM's per-engine metrics see it."""
+    load, info = b.load, b.info
+    return EngineReport(
+        engine=b.address, healthy=b.healthy, num_running=load.num_running,
+        num_waiting=load.num_waiting, kv_cache_usage=b.kv_cache_usage,
+        num_prefix_queries=load.num_prompt_tokens, num_prefix_hits=load.num_cached_prompt_tokens,
+        num_preemptions=load.num_preemptions,
+        block_size=info.block_size if info is not None else 0,
+        cache_dtype=(info.kv_cache_dtype or "auto") if info is not None else "auto",
+        enable_prefix_caching=bool(info.enable_prefix_caching) if info is not None else False,
+        num_blocks=info.num_kv_blocks if info is not None else 0)

@@ -48,7 +48,7 @@ class QueuedRequest(RequestSink, Protocol):
 
     def wire_sampling(self) -> pb.SamplingParams: ...
 
-    def on_dispatched(self, now: float) -> None: ...
+    def on_dispatched(self, now: float, backend: str) -> None: ...
 
 
 class Dispatcher:
@@ -182,9 +182,10 @@ class Dispatcher:
                 unplaced.extend(part)
                 continue
             for d in sent:
-                d.sink.on_dispatched(now)
+                d.sink.on_dispatched(now, backend.address)
             if sent:
-                self.metrics.observe_batch(len(sent), [now - d.arrival_time for d in sent])
+                self.metrics.observe_batch(len(sent), [now - d.arrival_time for d in sent],
+                                           backend.address)
         for d in unplaced:
             d.sink.on_error(unavailable("Could not send the request to a backend."))
 

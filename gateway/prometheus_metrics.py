@@ -1,7 +1,8 @@
 """Prometheus metrics of one gateway app, in its own `CollectorRegistry`.
 
 Our series are `tidegate_*`; the ones routers scrape from vLLM are mirrored under vLLM's
-names (`vllm:*`, labelled `model_name`) so a vLLM-aware router can scrape us unchanged.
+names (`vllm:*`, labelled `model_name` and `engine`: `gateway.vllm_metrics`) so a vLLM-aware
+router can scrape us unchanged.
 Gauges that describe current state (queues, backend load) are refreshed at scrape time by
 `refresh()`, so they are never stale and cost nothing between scrapes.
 """
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from gateway.vllm_metrics import EngineReport, VllmMetrics
 from scheduler.classes import CLASS_NAMES
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
@@ -81,14 +83,26 @@ class _Hist:
                     h._buckets[i].inc(n)
 
 
+class _EngineFold:
+    """One engine's share of a fold of finished requests."""
+
+    __slots__ = ("e2e", "gen", "itl", "prompt", "reasons", "tpot", "ttft")
+
+    def __init__(self, m: GatewayMetrics) -> None:
+        self.e2e, self.ttft, self.itl = _Hist(m.e2e), _Hist(m.ttft), _Hist(m.itl)
+        self.tpot = _Hist(m.vllm.tpot)
+        self.prompt = self.gen = 0
+        self.reasons: dict[str, int] = {}
+
+
 class GatewayMetrics:
     def __init__(self, model_name: str, slo: SLOConfig = SLOConfig()) -> None:
         self.registry = CollectorRegistry()
         self._model_name = model_name
         # events not folded into the series yet (see fold())
         self._request_counts: dict[tuple[int, str], int] = {}
-        self._batches: list[tuple[int, list[float]]] = []
-        self._finished: list[tuple[int, list[float], float, float, str]] = []
+        self._batches: list[tuple[int, list[float], str]] = []
+        self._finished: list[tuple[int, list[float], float, float, str, str]] = []
         self.slo = slo
         r = self.registry
         self.requests = Counter("tidegate_requests", "Finished HTTP/ZMQ requests by status and "
@@ -140,29 +154,8 @@ class GatewayMetrics:
         self.frontdoor_dropped_clients = Counter("tidegate_frontdoor_dropped_clients", "Clients "
                                                  "whose requests were aborted because they left "
                                                  "or stopped reading.", ["reason"], registry=r)
-        # vLLM's names, for routers that scrape vLLM.
-        self.v_running = Gauge("vllm:num_requests_running", "Requests running on the backends.",
-                               ["model_name"], registry=r)
-        self.v_waiting = Gauge("vllm:num_requests_waiting", "Requests waiting (gateway queues and "
-                               "backends).", ["model_name"], registry=r)
-        self.v_kv = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage (0..1), mean over healthy "
-                          "backends.", ["model_name"], registry=r)
-        self.v_ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token.",
-                                ["model_name"], buckets=LATENCY_BUCKETS, registry=r)
-        self.v_itl = Histogram("vllm:inter_token_latency_seconds", "Inter-token latency.",
-                               ["model_name"], buckets=ITL_BUCKETS, registry=r)
-        self.v_tpot = Histogram("vllm:time_per_output_token_seconds", "Mean time per output "
-                                "token of a request.", ["model_name"], buckets=ITL_BUCKETS,
-                                registry=r)
-        self.v_e2e = Histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency.",
-                               ["model_name"], buckets=LATENCY_BUCKETS, registry=r)
-        self.v_queue = Histogram("vllm:request_queue_time_seconds", "Time in the gateway queue.",
-                                 ["model_name"], buckets=LATENCY_BUCKETS, registry=r)
-        self.v_success = Counter("vllm:request_success", "Successful requests by finish reason.",
-                                 ["model_name", "finished_reason"], registry=r)
-        self.v_prompt = Counter("vllm:prompt_tokens", "Prompt tokens.", ["model_name"], registry=r)
-        self.v_gen = Counter("vllm:generation_tokens", "Generated tokens.", ["model_name"],
-                             registry=r)
+        # vLLM's names, per engine (backend), for routers that scrape vLLM
+        self.vllm = VllmMetrics(r, LATENCY_BUCKETS, ITL_BUCKETS)
         self.goodput.set(1.0)
         self._num_met = self._num_evaluated = 0
         for cls in CLASS_NAMES:
@@ -183,8 +176,8 @@ class GatewayMetrics:
             self.fold()  # what was recorded so far belongs to the old name
             self._model_name = name
 
-    def observe_batch(self, size: int, queue_times: list[float]) -> None:
-        self._batches.append((size, queue_times))
+    def observe_batch(self, size: int, queue_times: list[float], engine: str = "") -> None:
+        self._batches.append((size, queue_times, engine))
         if len(self._batches) >= FOLD_EVERY:
             self.fold()
 
@@ -194,10 +187,13 @@ class GatewayMetrics:
         counts[key] = counts.get(key, 0) + 1
 
     def observe_finished(self, *, num_prompt_tokens: int, token_times: list[float],
-                         arrival: float, finished: float, finish_reason: str) -> None:
+                         arrival: float, finished: float, finish_reason: str,
+                         engine: str = "") -> None:
         """A successful request: `token_times` are the arrival times of its output tokens
-        (kept, not copied: the caller must not change the list afterwards)."""
-        self._finished.append((num_prompt_tokens, token_times, arrival, finished, finish_reason))
+        (kept, not copied: the caller must not change the list afterwards); `engine` is the
+        backend that served it."""
+        self._finished.append((num_prompt_tokens, token_times, arrival, finished, finish_reason,
+                               engine))
         if len(self._finished) >= FOLD_EVERY:
             self.fold()
 
@@ -212,50 +208,71 @@ class GatewayMetrics:
             batches, self._batches = self._batches, []
             sizes = _Hist(self.batch_size)
             queue = _Hist(self.queue_time)
-            for size, queue_times in batches:
+            per_engine: dict[str, _Hist] = {}
+            for size, queue_times, engine in batches:
                 sizes.add(size)
                 queue.extend(queue_times)
+                h = per_engine.get(engine)
+                if h is None:
+                    h = per_engine[engine] = _Hist(self.queue_time)
+                h.extend(queue_times)
             self.batches.inc(len(batches))
             sizes.flush_to(self.batch_size)
-            queue.flush_to(self.queue_time, self.v_queue.labels(m))
+            queue.flush_to(self.queue_time)
+            for engine, h in per_engine.items():
+                h.flush_to(self.vllm.queue.labels(m, engine))
         if self._finished:
             self._fold_finished(m)
 
     def _fold_finished(self, m: str) -> None:
         finished, self._finished = self._finished, []
-        e2e, ttft, itl, tpot = (_Hist(self.e2e), _Hist(self.ttft), _Hist(self.itl),
-                                _Hist(self.v_tpot))
+        e2e, ttft, itl = _Hist(self.e2e), _Hist(self.ttft), _Hist(self.itl)
+        v = self.vllm
+        engines: dict[str, _EngineFold] = {}
         prompt = gen = 0
-        reasons: dict[str, int] = {}
         met = 0
         slo = self.slo
-        for num_prompt, times, arrival, end, reason in finished:
-            e2e.add(end - arrival)
+        for num_prompt, times, arrival, end, reason, engine in finished:
+            f = engines.get(engine)
+            if f is None:
+                f = engines[engine] = _EngineFold(self)
+            latency = end - arrival
+            e2e.add(latency)
+            f.e2e.add(latency)
             prompt += num_prompt
+            f.prompt += num_prompt
             n = len(times)
             gen += n
-            reasons[reason] = reasons.get(reason, 0) + 1
+            f.gen += n
+            f.reasons[reason] = f.reasons.get(reason, 0) + 1
             first = times[0] - arrival if n else None
             if first is not None:
                 ttft.add(first)
+                f.ttft.add(first)
             per_token = None
             if n > 1:
-                for a, b in itertools.pairwise(times):
-                    itl.add(b - a)
+                gaps = [b - a for a, b in itertools.pairwise(times)]
+                itl.extend(gaps)
+                f.itl.extend(gaps)
                 per_token = (times[-1] - times[0]) / (n - 1)
-                tpot.add(per_token)
+                f.tpot.add(per_token)
             if slo.met(first, per_token):
                 met += 1
-        e2e.flush_to(self.e2e, self.v_e2e.labels(m))
-        ttft.flush_to(self.ttft, self.v_ttft.labels(m))
-        itl.flush_to(self.itl, self.v_itl.labels(m))
-        tpot.flush_to(self.v_tpot.labels(m))
+        e2e.flush_to(self.e2e)
+        ttft.flush_to(self.ttft)
+        itl.flush_to(self.itl)
+        for engine, f in engines.items():
+            labels = (m, engine)
+            f.e2e.flush_to(v.e2e.labels(*labels))
+            f.ttft.flush_to(v.ttft.labels(*labels))
+            f.itl.flush_to(v.itl.labels(*labels))
+            f.tpot.flush_to(v.tpot.labels(*labels))
+            v.prompt_tokens.labels(*labels).inc(f.prompt)
+            v.generation_tokens.labels(*labels).inc(f.gen)
+            for reason, k in f.reasons.items():
+                v.success.labels(m, engine, reason).inc(k)
         self.prompt_tokens.inc(prompt)
-        self.v_prompt.labels(m).inc(prompt)
         self.generation_tokens.inc(gen)
-        self.v_gen.labels(m).inc(gen)
-        for reason, n in reasons.items():
-            self.v_success.labels(m, reason).inc(n)
         self.slo_total.inc(len(finished))
         self.slo_met.inc(met)
         self._num_evaluated += len(finished)
@@ -264,26 +281,18 @@ class GatewayMetrics:
 
     # --- scrape -------------------------------------------------------------------------------
     def refresh(self, depth: dict[str, int], age: dict[str, float],
-                backends: list[BackendLoad]) -> None:
+                backends: list[BackendLoad], engines: list[EngineReport] = ()) -> None:
         self.fold()
         for cls in CLASS_NAMES:
             self.queue_depth.labels(cls).set(depth.get(cls, 0))
             self.queue_age.labels(cls).set(age.get(cls, 0.0))
-        running = waiting = 0
-        kv: list[float] = []
         for b in backends:
             self.backend_up.labels(b.address).set(1 if b.healthy else 0)
             self.backend_running.labels(b.address).set(b.num_running)
             self.backend_waiting.labels(b.address).set(b.num_waiting)
             self.backend_kv.labels(b.address).set(b.kv_cache_usage)
             self.backend_outstanding.labels(b.address).set(b.outstanding_tokens)
-            if b.healthy:
-                running += b.num_running
-                waiting += b.num_waiting
-                kv.append(b.kv_cache_usage)
-        self.v_running.labels(self.model_name).set(running)
-        self.v_waiting.labels(self.model_name).set(waiting + sum(depth.values()))
-        self.v_kv.labels(self.model_name).set(sum(kv) / len(kv) if kv else 0.0)
+        self.vllm.refresh(self.model_name, list(engines), sum(depth.values()))
 
     def render(self) -> bytes:
         self.fold()

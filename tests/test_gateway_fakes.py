@@ -66,6 +66,8 @@ class FakeBackend:
     aborted: list[str] = field(default_factory=list)
     num_bad_messages: int = 0
     running: dict = field(default_factory=dict)
+    report_extra: dict = field(default_factory=dict)  # more LoadReport fields to send
+    info_extra: dict = field(default_factory=dict)    # more BackendInfo fields to send
     prefix_hashes: list = field(default_factory=list)  # reported as held (LoadReport facts)
 
     def __post_init__(self) -> None:
@@ -102,7 +104,7 @@ class FakeBackend:
             max_model_len=self.max_model_len, vocab_size=259, block_size=self.block_size,
             num_kv_blocks=self.num_total_blocks, tokenizer_json=tokenizer_json(),
             chat_template=SIMPLE_CHAT_TEMPLATE, bos_token_id=256, eos_token_ids=[EOS],
-            backend_id=f"fake-{self.address}")
+            backend_id=f"fake-{self.address}", **self.info_extra)
 
     async def _recv_loop(self) -> None:
         while True:
@@ -182,7 +184,8 @@ class FakeBackend:
             report = pb.LoadReport(
                 num_running=len(self.running), num_waiting=0, num_free_blocks=self.num_free_blocks,
                 num_total_blocks=self.num_total_blocks, backend_id=f"fake-{self.address}",
-                num_outstanding_tokens=sum(r.max_tokens - r.pos for r in self.running.values()))
+                num_outstanding_tokens=sum(r.max_tokens - r.pos for r in self.running.values()),
+                **self.report_extra)
             if self.prefix_hashes:
                 report.prefix_hashes.extend(self.prefix_hashes)
                 report.prefix_block_size = self.block_size

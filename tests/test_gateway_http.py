@@ -161,7 +161,7 @@ async def test_models_health_metrics(gateway_client):
                  "tidegate_inter_token_latency_seconds_count", "tidegate_e2e_request_latency",
                  'tidegate_queue_depth{queue_class="fast"}', "tidegate_queue_oldest_age_seconds",
                  "tidegate_goodput_ratio", "tidegate_backend_kv_cache_usage_perc",
-                 'vllm:num_requests_running{model_name="tiny"}', "vllm:num_requests_waiting",
+                 'vllm:num_requests_running{engine="', "vllm:num_requests_waiting",
                  "vllm:kv_cache_usage_perc", "vllm:time_to_first_token_seconds_bucket",
                  "vllm:e2e_request_latency_seconds", "vllm:inter_token_latency_seconds"]:
         assert name in text, name
