@@ -24,7 +24,14 @@ from pathlib import Path
 log = logging.getLogger("tidegate.backend")
 
 SOURCES = sorted(Path(__file__).parent.glob("*.c"))
-CFLAGS = ("-O3", "-march=native", "-ffast-math", "-fno-math-errno", "-fPIC", "-shared", "-std=c11")
+# Not -ffast-math: linking a shared library with it pulls in crtfastmath.o, whose constructor
+# turns on flush-to-zero/denormals-are-zero for the whole process when the library loads —
+# every later float op of the backend (and numpy, and hypothesis) would then lose subnormals.
+# These are the parts of -ffast-math the loops need to vectorize (reassociated reductions,
+# fused multiply-add, no errno/traps), without touching the process's floating-point state.
+CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math",
+          "-fno-signed-zeros", "-freciprocal-math", "-ffinite-math-only", "-ffp-contract=fast",
+          "-fPIC", "-shared", "-std=c11")
 
 P, I, L, F = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
 SIGNATURES = {

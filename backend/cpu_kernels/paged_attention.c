@@ -25,7 +25,7 @@
 #define MAX_GROUP 64   /* query heads per kv head */
 #define MAX_DIM 512    /* head_dim */
 #define MAX_BLOCK 256  /* block_size */
-/* -ffast-math assumes no infinities: "no score yet" is a large finite negative number */
+/* -ffinite-math-only assumes no infinities: "no score yet" is a large finite negative number */
 
 static inline float dot(const float *restrict a, const float *restrict b, int n) {
     float s = 0.f;
