@@ -16,7 +16,12 @@ The gateway sends token ids; the client detokenizes them with the tokenizer from
 BackendInfo (incrementally, UTF-8 safe, stop strings applied exactly as the HTTP API does).
 Errors are typed (`InvalidRequestError`, `CapacityError`, `DeadlineError`, ...) and carry the
 server's error code. ZMQ reconnects by itself, so a client outlives a gateway restart.
-`Client` is for one thread; `AsyncClient` for one event loop.
+`Client` is for one thread; `AsyncClient` for one event loop. Both have the same surface:
+`generate(prompt, **params) -> Completion` and `stream(prompt, **params)` yielding `Delta`s
+(`await` / `async for` on the AsyncClient). `params` are the HTTP API's names
+(`REQUEST_FIELDS`: sampling controls, `stop`, `logprobs`, `echo`, `suffix` for FIM, ...);
+`Completion` carries what an HTTP completion choice and its usage carry, logprobs and their
+text offsets included. `n > 1` is HTTP-only (send n requests over ZMQ).
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import zmq
@@ -41,8 +47,12 @@ from tokenizer.bundle import TokenizerBundle
 if TYPE_CHECKING:  # typing.Self is 3.11+; annotations are never evaluated at run time here
     from typing_extensions import Self
 
+# What stream()/generate() take, as the HTTP API names them (README: supported parameters).
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "ignore_eos",
-                   "logprobs", "stop")
+                   "logprobs", "stop", "min_p", "repetition_penalty", "presence_penalty",
+                   "frequency_penalty", "logit_bias", "min_tokens", "stop_token_ids",
+                   "skip_special_tokens", "include_stop_str_in_output")
+REQUEST_FIELDS = SAMPLING_FIELDS + ("suffix", "echo")
 
 
 class TidegateError(Exception):
@@ -76,22 +86,44 @@ def error_from_wire(err: pb.Error) -> TidegateError:
 
 
 @dataclass(slots=True)
+class TopLogprob:
+    token_id: int
+    token: str  # the token decoded alone
+    logprob: float
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    """One generated token's logprob and the top alternatives (`logprobs=N`), as HTTP's."""
+    token_id: int
+    token: str
+    logprob: float
+    top_logprobs: list[TopLogprob]
+
+
+@dataclass(slots=True)
 class Delta:
     text: str
     token_ids: list[int]
     finish_reason: str | None
     request_id: str = ""
     num_prompt_tokens: int = 0
+    logprobs: list[TokenLogprob] | None = None  # one per token in token_ids, with logprobs=N
 
 
 @dataclass(slots=True)
 class Completion:
+    """What HTTP's completion choice + usage carry: text (with the prompt first under echo),
+    token ids, finish reason, token counts, logprobs with text offsets into `text`."""
     request_id: str
     text: str
     token_ids: list[int]
     finish_reason: str
     num_prompt_tokens: int
     num_completion_tokens: int
+    logprobs: list[TokenLogprob] | None = None
+    text_offsets: list[int] | None = None  # where each token's text starts in `text`
+    prompt_token_ids: list[int] | None = None  # None for a FIM (suffix) request
 
 
 class _Base:
@@ -140,20 +172,31 @@ class _Base:
         return self.info.model if self.info else ""
 
     def _request(self, prompt: str | list[int], sampling: dict) -> tuple[str, list[bytes]]:
-        unknown = set(sampling) - set(SAMPLING_FIELDS)
+        unknown = set(sampling) - set(REQUEST_FIELDS)
         if unknown:
             raise TypeError(f"unknown sampling parameter(s): {', '.join(sorted(unknown))}")
         rid = f"{self._prefix}-{next(self._ids)}"
-        sp = pb.SamplingParams(max_tokens=sampling.get("max_tokens", 16),
-                               temperature=sampling.get("temperature", 1.0),
-                               top_p=sampling.get("top_p", 1.0), top_k=sampling.get("top_k", 0),
-                               ignore_eos=sampling.get("ignore_eos", False),
-                               logprobs=sampling.get("logprobs") or 0)
-        if sampling.get("seed") is not None:
+        get = sampling.get
+        sp = pb.SamplingParams(max_tokens=get("max_tokens", 16),
+                               temperature=get("temperature", 1.0),
+                               top_p=get("top_p", 1.0), top_k=get("top_k", 0),
+                               ignore_eos=get("ignore_eos", False),
+                               logprobs=get("logprobs") or 0, min_p=get("min_p", 0.0),
+                               repetition_penalty=get("repetition_penalty", 1.0),
+                               presence_penalty=get("presence_penalty", 0.0),
+                               frequency_penalty=get("frequency_penalty", 0.0),
+                               min_tokens=get("min_tokens", 0),
+                               include_stop_str_in_output=get("include_stop_str_in_output", False))
+        if get("seed") is not None:
             sp.seed = sampling["seed"]
-        stop = sampling.get("stop") or []
+        if get("skip_special_tokens") is not None:
+            sp.skip_special_tokens = sampling["skip_special_tokens"]
+        sp.stop_token_ids.extend(get("stop_token_ids") or [])
+        sp.logit_bias.update({int(k): float(v) for k, v in (get("logit_bias") or {}).items()})
+        stop = get("stop") or []
         sp.stop.extend([stop] if isinstance(stop, str) else stop)
-        req = pb.GenerateRequest(request_id=rid, sampling=sp, prompt_frame=codec.NO_FRAME)
+        req = pb.GenerateRequest(request_id=rid, sampling=sp, prompt_frame=codec.NO_FRAME,
+                                 suffix=get("suffix") or "")
         arrays = []
         if isinstance(prompt, str):
             req.prompt_text = prompt
@@ -163,25 +206,64 @@ class _Base:
         env = pb.Envelope(batch=pb.Batch(requests=[req]))
         return rid, codec.encode(env, arrays)
 
-    def _assembler(self, prompt: str | list[int], stop) -> OutputAssembler:
+    def _assembler(self, prompt: str | list[int], sampling: dict) -> OutputAssembler:
+        """The same output assembly as the gateway's (stop strings, min_tokens, special
+        tokens, the stop token left out of the text)."""
+        stop = sampling.get("stop")
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         context = [] if isinstance(prompt, str) else list(prompt)
-        return OutputAssembler(self.bundle.decode, context, stops)
+        bundle = self.bundle
+        skip = sampling.get("skip_special_tokens", True)
+        decode = bundle.decode if skip else partial(bundle.decode, skip_special_tokens=False)
+        eos = () if sampling.get("ignore_eos") else bundle.eos_token_ids
+        return OutputAssembler(decode, context, stops,
+                               sampling.get("include_stop_str_in_output", False),
+                               sampling.get("min_tokens", 0),
+                               (*eos, *(sampling.get("stop_token_ids") or ())))
 
-    @staticmethod
-    def _apply(asm: OutputAssembler, decoded: codec.Decoded, out: pb.RequestOutput) -> Delta:
+    def _echo(self, prompt: str | list[int], sampling: dict) -> Delta | None:
+        """With echo: the prompt's text as a first delta (as HTTP's echo does)."""
+        if not sampling.get("echo"):
+            return None
+        text = prompt if isinstance(prompt, str) else self.bundle.decode(list(prompt))
+        return Delta(text, [], None)
+
+    def _apply(self, asm: OutputAssembler, decoded: codec.Decoded,
+               out: pb.RequestOutput) -> Delta:
         arr = codec.array_of(decoded, out.tokens_frame)
         ids = arr.tolist() if arr is not None else []
-        d = asm.add(ids, time.monotonic(), FINISH_REASON_FROM_WIRE.get(out.finish_reason))
-        return Delta(d.text, d.token_ids, d.finish_reason, out.request_id, out.num_prompt_tokens)
+        lps = [(lp.logprob, list(lp.top_ids), list(lp.top_logprobs)) for lp in out.logprobs]
+        d = asm.add(ids, time.monotonic(), FINISH_REASON_FROM_WIRE.get(out.finish_reason),
+                    lps or None)
+        logprobs = None
+        if d.logprobs is not None:
+            decode = self.bundle.decode
+            logprobs = [TokenLogprob(t, decode([t]), lp, [TopLogprob(i, decode([i]), v)
+                                                          for i, v in zip(top_ids, top_lps)])
+                        for t, (lp, top_ids, top_lps) in zip(d.token_ids, d.logprobs)]
+        return Delta(d.text, d.token_ids, d.finish_reason, out.request_id, out.num_prompt_tokens,
+                     logprobs)
 
-    @staticmethod
-    def _completion(deltas: list[Delta]) -> Completion:
+    def _completion(self, prompt: str | list[int], sampling: dict,
+                    deltas: list[Delta]) -> Completion:
         ids = [t for d in deltas for t in d.token_ids]
         finish = next((d.finish_reason for d in reversed(deltas) if d.finish_reason), "stop")
-        return Completion(deltas[-1].request_id if deltas else "", "".join(d.text for d in deltas),
-                          ids, finish, max((d.num_prompt_tokens for d in deltas), default=0),
-                          len(ids))
+        text = "".join(d.text for d in deltas)
+        logprobs = offsets = None
+        if sampling.get("logprobs") is not None:
+            logprobs = [lp for d in deltas for lp in (d.logprobs or [])]
+            echo = deltas[0].text if sampling.get("echo") and deltas else ""
+            offsets, pos = [], len(echo)
+            for lp in logprobs:
+                offsets.append(pos)
+                pos += len(lp.token)
+        if isinstance(prompt, str):
+            prompt_ids = None if sampling.get("suffix") else self.bundle.encode(prompt)
+        else:
+            prompt_ids = list(prompt)
+        return Completion(next((d.request_id for d in deltas if d.request_id), ""), text, ids,
+                          finish, max((d.num_prompt_tokens for d in deltas), default=0),
+                          len(ids), logprobs, offsets, prompt_ids)
 
 
 # --- asyncio ---------------------------------------------------------------------------------------
@@ -255,7 +337,7 @@ class AsyncClient(_Base):
         if self.bundle is None:
             await self.connect()
         rid, frames = self._request(prompt, sampling)
-        asm = self._assembler(prompt, sampling.get("stop"))
+        asm = self._assembler(prompt, sampling)
         q: asyncio.Queue = asyncio.Queue()
         self._queues[rid] = q
         # A timer posts the timeout (asyncio.wait_for per item could swallow a cancellation).
@@ -264,6 +346,10 @@ class AsyncClient(_Base):
             f"request {rid} timed out after {self.timeout:g} s", "TIMEOUT", rid))
         try:
             await self._sock.send_multipart(frames)
+            echo = self._echo(prompt, sampling)
+            if echo is not None:
+                echo.request_id = rid
+                yield echo
             reauthenticated = False
             while not asm.finished:
                 item = await q.get()
@@ -287,7 +373,8 @@ class AsyncClient(_Base):
                 await self._sock.send_multipart(codec.encode(codec.make_abort([rid])))
 
     async def generate(self, prompt: str | list[int], **sampling) -> Completion:
-        return self._completion([d async for d in self.stream(prompt, **sampling)])
+        return self._completion(prompt, sampling,
+                                [d async for d in self.stream(prompt, **sampling)])
 
 
 # --- blocking ---------------------------------------------------------------------------------------
@@ -341,11 +428,15 @@ class Client(_Base):
     def stream(self, prompt: str | list[int], **sampling) -> Iterator[Delta]:
         """Deltas as they come; closing the generator early (break, close()) aborts it."""
         rid, frames = self._request(prompt, sampling)
-        asm = self._assembler(prompt, sampling.get("stop"))
+        asm = self._assembler(prompt, sampling)
         deadline = time.monotonic() + self.timeout
         self._sock.send_multipart(frames)
         reauthenticated = False
         try:
+            echo = self._echo(prompt, sampling)
+            if echo is not None:
+                echo.request_id = rid
+                yield echo
             while not asm.finished:
                 decoded = self._recv(deadline, f"request {rid} timed out after "
                                                f"{self.timeout:g} s", rid)
@@ -370,4 +461,4 @@ class Client(_Base):
                 self._sock.send_multipart(codec.encode(codec.make_abort([rid])))
 
     def generate(self, prompt: str | list[int], **sampling) -> Completion:
-        return self._completion(list(self.stream(prompt, **sampling)))
+        return self._completion(prompt, sampling, list(self.stream(prompt, **sampling)))
