@@ -42,6 +42,7 @@ class BackendConfig:
     enable_prefix_caching: bool = True
     seed: int = 0                        # dummy-weight seed
     cpu_threads: int | None = None       # torch intra-op threads on the CPU; default: half the cores
+    echo_step_ms: float = 0.0            # --model echo: sleep per step (a slow, idle-CPU backend)
 
     def validate(self) -> None:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:

@@ -19,6 +19,7 @@ Stop tokens and EOS are not honored: the output length is always max_tokens (fin
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -99,7 +100,8 @@ class EchoRunner:
 
 class EchoEngine:
     def __init__(self, config: EngineConfig, vocab_size: int,
-                 eos_token_ids: tuple[int, ...] = ()) -> None:
+                 eos_token_ids: tuple[int, ...] = (), step_delay_s: float = 0.0) -> None:
+        self.step_delay_s = step_delay_s  # a slow backend that leaves the CPU to others
         self.runner = EchoRunner()
         self.config = config
         self.vocab_size = vocab_size
@@ -182,6 +184,8 @@ class EchoEngine:
         sched = self.scheduler
         if sched.waiting:
             self._admit()
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)
         self.num_steps += 1
         outputs = []
         finished = []
@@ -232,5 +236,6 @@ def create_echo_engine(cfg) -> tuple[EchoEngine, EchoLoaded]:
                               block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
                               max_num_batched_tokens=cfg.max_num_batched_tokens,
                               enable_prefix_caching=cfg.enable_prefix_caching)
-    engine = EchoEngine(engine_cfg, model_config.vocab_size, tokenizer.eos_token_ids)
+    engine = EchoEngine(engine_cfg, model_config.vocab_size, tokenizer.eos_token_ids,
+                        cfg.echo_step_ms / 1000)
     return engine, EchoLoaded(model_config, tokenizer)

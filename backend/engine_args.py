@@ -47,6 +47,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of random (dummy) weights")
     p.add_argument("--cpu-threads", type=int, default=None,
                    help="torch threads on the CPU (default: half the cores, at most 8)")
+    p.add_argument("--echo-step-ms", type=float, default=0.0,
+                   help="--model echo only: sleep this long per step (a backend that is slow "
+                   "without burning a core: chaos and soak tests)")
 
 
 def backend_config(args: argparse.Namespace):
@@ -59,4 +62,4 @@ def backend_config(args: argparse.Namespace):
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=not args.no_prefix_caching, seed=args.seed,
-        cpu_threads=args.cpu_threads)
+        cpu_threads=args.cpu_threads, echo_step_ms=args.echo_step_ms)
