@@ -363,8 +363,13 @@ class BackendPool:
         elif backend.info is None:
             if kind != "error":
                 return  # not introduced yet (e.g. reports from before our Hello)
+        elif backend.healthy:
+            backend.last_seen = now
         else:
-            self._mark_up(backend, now)
+            # Marked down: only a BackendInfo (its answer to our Hello) brings it back. Messages
+            # still buffered from a process that died, or from a hung one, would otherwise mark
+            # a dead backend up with a stale load (its requests were already failed or moved).
+            return
         if kind == "step_output":
             self._on_step(backend, decoded, now)
         elif kind == "load_report":
