@@ -9,7 +9,7 @@ PIP    := $(PY) -m pip
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: all install serve test proto lint bench-scheduler clean
+.PHONY: all install serve test test-vllm proto lint bench-scheduler clean
 
 all: test
 
@@ -30,6 +30,14 @@ serve: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# vLLM as an engine (backend/vllm_engine.py) against vLLM's own outputs, in the environment of
+# vLLM's CPU build (made by ../shared/peers/vllm-cpu/setup.sh when missing: ~3.4 GB, minutes).
+PEERS_DIR   ?= $(HOME)/.cache/tidegate-peers
+VLLM_PYTHON ?= $(PEERS_DIR)/vllm-venv/bin/python
+test-vllm: $(STAMP)
+	@test -x $(VLLM_PYTHON) || PEERS_DIR=$(PEERS_DIR) bash ../shared/peers/vllm-cpu/setup.sh
+	TIDEGATE_VLLM_PYTHON=$(VLLM_PYTHON) $(PY) -m pytest -q -m vllm tests/test_vllm_engine.py $(PYTEST_ARGS)
 
 # Regenerate proto/tidegate_pb2.py from proto/tidegate.proto (checked in; a test compares).
 proto: $(STAMP)

@@ -32,6 +32,12 @@ def serve_parser() -> argparse.ArgumentParser:
     sec.add_argument("--insecure", action="store_true",
                      help="allow a non-loopback tcp:// listen address without CURVE keys")
     add_engine_args(p)
+    p.add_argument("--engine", default="tidegate", choices=["tidegate", "vllm"],
+                   help="whose engine steps the model: ours, or vLLM's in this process "
+                        "(pip install tidegate[vllm]; --model must be a HF directory)")
+    p.add_argument("--vllm-kv-gib", type=float, default=None,
+                   help="--engine vllm on the CPU: its KV space in GiB (VLLM_CPU_KVCACHE_SPACE; "
+                        "default 1)")
     g = p.add_argument_group("GPU (backend.serving_setup, backend.cuda_graphs, backend.quantization)")
     g.add_argument("--quantization", default="none", choices=["none", "fp8"],
                    help="fp8: E4M3 weights, per-output-channel scales (CUDA, capability >= 8.9)")
@@ -61,8 +67,15 @@ def main(argv: list[str] | None = None) -> int:
             check_bind(args.listen, keys, args.insecure)
         except SecurityError as exc:
             raise ModelLoadError(str(exc)) from None
-        engine, loaded = create_engine(backend_config(args))
-        serving = _configure_serving(engine, args)
+        if args.engine == "vllm":
+            from backend.vllm_engine import create_vllm_engine
+
+            engine, loaded = create_vllm_engine(backend_config(args), args.vllm_kv_gib,
+                                                args.enforce_eager)
+            serving = ", vLLM's engine"
+        else:
+            engine, loaded = create_engine(backend_config(args))
+            serving = _configure_serving(engine, args)
         try:
             worker = Worker(engine, loaded, args.listen, args.backend_id, args.served_model_name,
                             security=keys)

@@ -437,10 +437,10 @@ class Worker:
             num_total_blocks=self.engine.config.num_blocks,
             recent_step_time_ms=self.step_time_ema_ms, backend_id=self.backend_id,
             num_outstanding_tokens=outstanding, num_preemptions=sched.num_preemptions)
+        bm = sched.block_manager
         if self.prefix_summary is not None:
-            bm = sched.block_manager
             report.prefix_hashes.extend(self.prefix_summary.snapshot(self._is_cached))
             report.prefix_block_size = self.engine.config.block_size
-            report.num_prompt_tokens = bm.num_query_tokens
-            report.num_cached_prompt_tokens = bm.num_hit_tokens
+        report.num_prompt_tokens = getattr(bm, "num_query_tokens", 0)
+        report.num_cached_prompt_tokens = getattr(bm, "num_hit_tokens", 0)
         return report

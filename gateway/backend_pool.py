@@ -56,6 +56,9 @@ class PoolConfig:
     hello_interval_s: float = 0.5  # Hello retry period while a backend is not up
     max_inflight_per_backend: int = 256  # requests the gateway keeps on one backend at most
     placement: PlacementConfig = field(default_factory=PlacementConfig)  # who gets which request
+    # for http:// backends (gateway.http_backend): the tokenizer their BackendInfo carries
+    # (a tokenizer.bundle.TokenizerBundle; None: a ZMQ backend's is used)
+    http_tokenizer: object = None
     name: str = "tidegate-gateway"
     # CURVE for tcp:// backends: our key pair and the backends' public key (proto.security).
     curve: CurveKeys | None = None
@@ -146,7 +149,7 @@ class BackendPool:
             raise ValueError("a BackendPool needs at least one backend address")
         self.config = config
         self._ctx = zmq.asyncio.Context()
-        self.backends = [BackendConn(a, self._ctx, config.curve) for a in addresses]
+        self.backends = [self._connect(a) for a in addresses]
         self.placement = create_placement(config.placement)
         for pid, b in enumerate(self.backends):
             b.pid, b.placement = pid, self.placement
@@ -164,14 +167,22 @@ class BackendPool:
         self.num_dropped = 0
         self.num_gaps = 0  # requests failed because their output sequence had a hole
 
+    def _connect(self, address: str):
+        """A ZMQ backend (tcp://, ipc://) or an OpenAI-compatible server (http://, https://)."""
+        if address.startswith(("http://", "https://")):
+            from gateway.http_backend import HttpBackendConn
+            return HttpBackendConn(address, self.config.http_tokenizer)
+        return BackendConn(address, self._ctx, self.config.curve)
+
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
         for b in self.backends:
             b.io._on_message = self._reader_for(b)
             b.io.start()
             self._hello(b, time.monotonic())
-            self._tasks.append(asyncio.create_task(self._watch_connection(b),
-                                                   name=f"pool-watch {b.address}"))
+            if b.sock is not None:  # an HTTP backend has no socket to watch
+                self._tasks.append(asyncio.create_task(self._watch_connection(b),
+                                                       name=f"pool-watch {b.address}"))
         self._tasks.append(asyncio.create_task(self._monitor(), name="pool-monitor"))
 
     async def close(self) -> None:
@@ -182,7 +193,8 @@ class BackendPool:
         for b in self.backends:
             b.io.stop()
             self._fail_all(b, unavailable("The gateway is shutting down."))
-            b.sock.close(linger=0)
+            if b.sock is not None:
+                b.sock.close(linger=0)
         self._ctx.destroy(linger=0)
 
     async def wait_ready(self, timeout: float) -> bool:
@@ -196,10 +208,13 @@ class BackendPool:
     # --- state ----------------------------------------------------------------------------------
     @property
     def info(self) -> pb.BackendInfo | None:
-        """The BackendInfo of the first backend that answered (all serve one model)."""
+        """The BackendInfo of the first backend that answered (all serve one model), one that
+        carries a tokenizer first (an HTTP backend may have none to give)."""
         info = self._info
         if info is None:  # cached once known: read several times per request
-            info = self._info = next((b.info for b in self.backends if b.info is not None), None)
+            infos = [b.info for b in self.backends if b.info is not None]
+            info = self._info = next((i for i in infos if i.tokenizer_json),
+                                     infos[0] if infos else None)
         return info
 
     def healthy_backends(self) -> list[BackendConn]:
@@ -498,7 +513,7 @@ class BackendPool:
             now = time.monotonic()
             for b in self.backends:
                 if b.healthy and now - b.last_seen > self.config.heartbeat_timeout_s:
-                    waiting = b.sock.get(zmq.EVENTS) & zmq.POLLIN
+                    waiting = b.sock is not None and b.sock.get(zmq.EVENTS) & zmq.POLLIN
                     b.io.check()  # reading EVENTS may have eaten the readable edge
                     if waiting:
                         continue  # messages are waiting: we are slow, not the backend

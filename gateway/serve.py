@@ -53,7 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
     p.add_argument("--port", type=int, default=8000, help="HTTP port (0: any free port)")
     p.add_argument("--backend", action="append", default=None, metavar="ADDR",
-                   help="backend address (tcp://… or ipc://…), repeatable; or 'embedded'")
+                   help="backend address, repeatable: tcp://… or ipc://… (our wire), http://… (any "
+                        "OpenAI-compatible server: vllm serve, SGLang, tidegate), or 'embedded'")
+    p.add_argument("--tokenizer", default=None, metavar="DIR",
+                   help="HF model directory whose tokenizer http:// backends are given (a ZMQ "
+                        "backend sends its own; an HTTP server cannot)")
     p.add_argument("--model", default=None, help="embedded backend: HF directory or preset "
                    "(default: models/tiny-coder if present, else the tiny preset)")
     p.add_argument("--device", default=None, help="embedded backend: cpu or cuda[:N]")
@@ -130,6 +134,18 @@ def api_key(args: argparse.Namespace) -> str | None:
     return os.environ.get("TIDEGATE_API_KEY") or args.api_key
 
 
+def _http_tokenizer(args: argparse.Namespace):
+    if not getattr(args, "tokenizer", None):
+        return None
+    from pathlib import Path
+
+    from tokenizer.hf_dir import TokenizerFileError, load_hf_dir
+    try:
+        return load_hf_dir(Path(args.tokenizer))
+    except (TokenizerFileError, OSError) as exc:
+        raise SystemExit(f"tidegate serve: error: --tokenizer {args.tokenizer}: {exc}") from None
+
+
 def gateway_config(args: argparse.Namespace, backends: list[str]) -> GatewayConfig:
     q = args.max_queue_requests
     curve = keys_from_args(args.curve_key, args.backend_key, args.curve_allow)
@@ -144,7 +160,8 @@ def gateway_config(args: argparse.Namespace, backends: list[str]) -> GatewayConf
         pool=PoolConfig(heartbeat_timeout_s=args.heartbeat_timeout,
                         max_inflight_per_backend=args.max_inflight_per_backend, curve=curve,
                         # block size: the backends' own, read from their BackendInfo when hashing
-                        placement=placement_config_from_args(args, DEFAULT_CAPACITY.block_size)),
+                        placement=placement_config_from_args(args, DEFAULT_CAPACITY.block_size),
+                        http_tokenizer=_http_tokenizer(args)),
         batcher=BatcherConfig(max_batch_size=args.max_batch_size,
                               min_latency_ms=args.min_latency_ms,
                               target_throughput=args.target_throughput,
