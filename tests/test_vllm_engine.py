@@ -68,10 +68,15 @@ def vllm_backend():
          "--max-num-seqs", "8", "--enforce-eager"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=REPO)
     try:
-        line = proc.stdout.readline()
-        if "ready" not in line:
+        lines = []
+        for line in proc.stdout:          # vLLM logs on stdout too: read up to our ready line
+            lines.append(line)
+            if line.startswith("tidegate backend ready"):
+                break
+        else:
             proc.kill()
-            pytest.fail(f"vLLM backend did not start: {line!r} {proc.stderr.read()[-3000:]}")
+            pytest.fail(f"vLLM backend did not start: {''.join(lines)[-3000:]} "
+                        f"{proc.stderr.read()[-3000:]}")
         yield endpoint
     finally:
         if proc.poll() is None:
