@@ -22,8 +22,13 @@ from gateway.validation import CHAT_FIELDS, COMPLETION_FIELDS
 
 NUM_BODIES = int(os.environ.get("FUZZ_HTTP_BODIES", "1000"))
 CONCURRENCY = 16
-ROUTES = [("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("GET", "/v1/models"),
-          ("GET", "/health"), ("GET", "/metrics"), ("POST", "/v1/models"), ("GET", "/nope")]
+# every route of gateway.app (plus a wrong method and an unknown path); the first four take
+# bodies with the completions (0, 2) or chat (1, 3) fields
+ROUTES = [("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("POST", "/tokenize"),
+          ("POST", "/tokenize"), ("POST", "/detokenize"), ("GET", "/v1/models"),
+          ("GET", "/health"), ("GET", "/ping"), ("POST", "/ping"), ("GET", "/version"),
+          ("GET", "/metrics"), ("POST", "/v1/models"), ("GET", "/nope")]
+CHAT_ROUTES = (1, 3)
 
 surrogate = st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)
 texts = st.one_of(st.text(max_size=12), st.text(alphabet=surrogate, min_size=1, max_size=2),
@@ -46,6 +51,7 @@ messages = st.lists(st.one_of(
 FIELD_VALUES = {
     "prompt": st.one_of(texts, token_lists, st.lists(texts, max_size=3),
                         st.lists(token_lists, max_size=3), json_values),
+    "tokens": st.one_of(token_lists, json_values),  # /detokenize
     "messages": messages,
     "stop": st.one_of(texts, st.lists(texts, max_size=20), json_values),
     "stream_options": st.one_of(st.fixed_dictionaries({"include_usage": st.booleans()}),
@@ -59,9 +65,10 @@ VALUES = st.one_of(ints, floats, st.booleans(), texts, st.none(), json_values)
 @st.composite
 def bodies(draw):
     route = draw(st.sampled_from(range(len(ROUTES))))
-    fields = sorted(CHAT_FIELDS if route == 1 else COMPLETION_FIELDS)
+    chat = route in CHAT_ROUTES
+    fields = sorted(CHAT_FIELDS if chat else COMPLETION_FIELDS | {"tokens"})
     names = draw(st.lists(st.sampled_from(fields), max_size=8, unique=True))
-    body = {"prompt": "hi", "max_tokens": 4} if route != 1 else {
+    body = {"prompt": "hi", "max_tokens": 4} if not chat else {
         "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     if draw(st.booleans()):
         body = {}
