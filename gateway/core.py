@@ -92,6 +92,8 @@ class RequestHandle:
         self._events: deque = deque()
         self._waiter: asyncio.Future | None = None
         self._timer: asyncio.TimerHandle | None = None
+        # n > 1: the other choices of this prompt, sent once this one has been prefilled
+        self.followers: list[RequestHandle] = []
 
     def _put(self, event) -> None:
         self._events.append(event)
@@ -102,12 +104,23 @@ class RequestHandle:
     # --- RequestSink ------------------------------------------------------------------------------
     def on_tokens(self, token_ids, finish_reason, logprobs, now) -> None:
         self._put((token_ids, finish_reason, logprobs, now))
+        if self.followers:
+            self._release_followers()
         if finish_reason is not None:
             self.gateway.dispatcher.on_capacity()
 
     def on_error(self, error: APIError) -> None:
         self._put(error)
+        if self.followers:
+            self._release_followers()
         self.gateway.dispatcher.on_capacity()
+
+    def _release_followers(self) -> None:
+        """First output: the prompt's full KV blocks are in the backend's prefix cache now, so
+        the other choices find them there instead of prefilling the prompt again. Queued on
+        the next loop turn (this runs inside the backend socket's reader)."""
+        followers, self.followers = self.followers, []
+        asyncio.get_running_loop().call_soon(self.gateway.dispatch_followers, followers)
 
     def on_dispatched(self, now: float, backend: str = "") -> None:
         self.backend = backend  # the last backend it was sent to (vLLM's "engine" label)
@@ -305,6 +318,26 @@ class Gateway:
         self.metrics.model_name = self.model_name
         self.dispatcher.submit(handle)
         return handle
+
+    def submit_follower(self, leader: RequestHandle, request_id: str, prompt_ids: list[int],
+                        sampling: SamplingParams, max_tokens: int,
+                        options: ServingOptions) -> RequestHandle:
+        """Another choice of `leader`'s prompt (n > 1), queued once the leader's first output
+        arrives (see RequestHandle._release_followers)."""
+        self.check_admission()
+        handle = RequestHandle(self, request_id, prompt_ids, sampling, max_tokens, options)
+        leader.followers.append(handle)
+        return handle
+
+    def dispatch_followers(self, followers: list[RequestHandle]) -> None:
+        for handle in followers:
+            if handle.closed:
+                continue  # its client left while it waited
+            try:
+                self.check_admission()
+                self.dispatcher.submit(handle)
+            except APIError as err:
+                handle.on_error(err)
 
     def abort(self, handle: RequestHandle) -> None:
         if not self.dispatcher.cancel(handle.request_id):

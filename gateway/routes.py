@@ -59,7 +59,9 @@ def tokenize(gw: Gateway, prompt: Prompt, add_special_tokens: bool = True) -> li
 def submit_all(gw: Gateway, base_id: str, prompts: list[list[int]], sampling: SamplingParams,
                options, max_tokens_param: str) -> list[RequestHandle]:
     """One handle per (prompt, choice), prompt-major: choice index = prompt * n + j. With a
-    seed, choice j samples with seed + j (the n choices differ, reproducibly)."""
+    seed, choice j samples with seed + j (the n choices differ, reproducibly). Choices 1..n-1
+    follow choice 0: queued when its first token arrives, so they find the prompt's full KV
+    blocks in the prefix cache instead of prefilling them again."""
     max_len = gw.info.max_model_len
     gw.check_token_params(sampling)
     for ids in prompts:
@@ -70,11 +72,16 @@ def submit_all(gw: Gateway, base_id: str, prompts: list[list[int]], sampling: Sa
     try:
         for i, ids in enumerate(prompts):
             max_tokens = sampling.resolved_max_tokens(len(ids), max_len)
+            leader = None
             for j in range(n):
                 rid = base_id if single else f"{base_id}-{i * n + j}"
                 s = sampling if j == 0 or sampling.seed is None else \
                     replace(sampling, seed=(sampling.seed + j) % (1 << 63))
-                handles.append(gw.submit(rid, ids, s, max_tokens, options))
+                if leader is None:
+                    leader = gw.submit(rid, ids, s, max_tokens, options)
+                    handles.append(leader)
+                else:  # sent after the leader's prefill: its prompt blocks are cached then
+                    handles.append(gw.submit_follower(leader, rid, ids, s, max_tokens, options))
     except APIError:
         for h in handles:
             h.close()

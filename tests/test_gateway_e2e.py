@@ -345,3 +345,24 @@ def test_sdk_chat_params(sdk):
         model="tiny", messages=msgs + [{"role": "assistant", "content": "So "}], max_tokens=2,
         extra_body={"echo": True, "add_generation_prompt": False})
     assert echo.choices[0].message.content.startswith("So ")
+
+
+async def test_n_choices_reuse_the_prompt_blocks_of_the_first(server):
+    """Choices 1..n-1 are sent after choice 0's prefill: the backend finds the prompt's full
+    blocks in its prefix cache (counted in vllm:prefix_cache_hits) instead of computing them."""
+    url = server["url"]
+    prompt = "".join(f"line_{i} = {i * 7}\n" for i in range(12))  # 12 x ~12 bytes, unseen before
+    async with aiohttp.ClientSession() as session:
+        await settled_usage(session, url)
+        hits_before = await metric(session, url, "vllm:prefix_cache_hits_total")
+        async with session.post(url + "/v1/completions", json={
+                "prompt": prompt, "n": 4, "max_tokens": 3, "ignore_eos": True,
+                "return_token_ids": True}) as resp:
+            body = await resp.json()
+        assert resp.status == 200, body
+        prompt_len = len(body["choices"][0]["prompt_token_ids"])
+        assert body["usage"]["prompt_tokens"] == prompt_len
+        await settled_usage(session, url)  # a LoadReport after the request carries the counters
+        hits = await metric(session, url, "vllm:prefix_cache_hits_total") - hits_before
+    full_blocks = (prompt_len // 16) * 16
+    assert hits >= 3 * full_blocks, (hits, full_blocks)
