@@ -126,18 +126,22 @@ class Vllm:
 
 
 def bench(args, model: Path, served: str, port: int, label: str, out: Path) -> list[dict]:
-    env = dict(os.environ, MODEL=str(model), SERVED_NAME=served, RESULT_DIR=str(out),
-               NUM_PROMPTS=str(args.num_prompts), IN_LEN=str(args.in_len), OUT_LEN=str(args.out_len))
-    r = subprocess.run(["bash", str(Path(args.peers) / "bench.sh"), str(port), label, *args.rates],
-                       env=env, capture_output=True, text=True, timeout=1800, check=False)
-    print(r.stdout, end="", flush=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"bench failed: {r.stderr[-2000:]}")
+    """One `bench.sh` call per rate; a rate may carry its own request count (`1:60`)."""
     runs = []
-    for rate in args.rates:
+    for spec in args.rates:
+        rate, _, num = spec.partition(":")
+        env = dict(os.environ, MODEL=str(model), SERVED_NAME=served, RESULT_DIR=str(out),
+                   NUM_PROMPTS=num or str(args.num_prompts), IN_LEN=str(args.in_len),
+                   OUT_LEN=str(args.out_len))
+        r = subprocess.run(["bash", str(Path(args.peers) / "bench.sh"), str(port), label, rate],
+                           env=env, capture_output=True, text=True, timeout=1800, check=False)
+        print(r.stdout, end="", flush=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"bench failed: {r.stderr[-2000:]}")
         d = json.loads((out / f"{label}_rate{rate}_r1.json").read_text())
         runs.append({"rate": rate, **{k: d.get(k) for k, _, _ in METRICS},
-                     "completed": d.get("completed"), "failed": d.get("failed", 0)})
+                     "num_prompts": d.get("num_prompts"), "completed": d.get("completed"),
+                     "failed": d.get("failed", 0)})
     return runs
 
 
@@ -155,7 +159,7 @@ def table(records: list[dict]) -> str:
                 v = [r[key] for r in by["vllm"] if r[key] is not None]
                 if not t or not v:
                     continue
-                ratios = [a / b for a, b in zip(t, v) if b]
+                ratios = [a / b for a, b in zip(t, v) if b]  # pairs in run order
                 ratio = statistics.median(ratios) if ratios else float("nan")
                 better = "tidegate" if (ratio > 1) == higher else "vLLM"
                 lines.append(f"| {label} | {statistics.median(t):.2f} | {statistics.median(v):.2f} "
@@ -177,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", default="models/tiny-coder,gqa-rope",
                    help="checkpoint dirs; 'gqa-rope' = the GQA + linear-rope checkpoint made here")
-    p.add_argument("--rates", nargs="+", default=["inf", "20"])
+    p.add_argument("--rates", nargs="+", default=["inf", "20"],
+                   help="request rates; RATE:N runs N requests at that rate (default --num-prompts)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--num-prompts", type=int, default=200)
     p.add_argument("--in-len", type=int, default=128)
@@ -187,9 +192,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tidegate-args", default="", help="extra `tidegate serve` flags")
     p.add_argument("--servers", default="tidegate,vllm")
     p.add_argument("--out", default="bench/results/compare_vllm")
+    p.add_argument("--table-from", nargs="+", default=None, metavar="RUNS_JSON",
+                   help="no runs: write the table of earlier runs.json files (rounds pooled)")
     a = p.parse_args(argv)
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    if a.table_from:
+        records = [r for f in a.table_from for r in json.loads(Path(f).read_text())]
+        text = table(records)
+        (out / "table.md").write_text(text)
+        print(text)
+        return 0
     servers = {"tidegate": Tidegate(a), "vllm": Vllm(a)}
     order = [servers[s] for s in a.servers.split(",")]
     records = []
