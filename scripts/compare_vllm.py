@@ -44,6 +44,7 @@ def make_gqa_rope_checkpoint(path: Path) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    sys.path.insert(0, str(REPO))  # run as a script: the repository's packages
     from tokenizer.byte_level import byte_level_bundle
 
     torch.manual_seed(0)
