@@ -12,6 +12,7 @@ import sys
 
 from backend.engine_args import add_engine_args, backend_config
 from backend.errors import ModelLoadError
+from engine_flags import add_engine_kind_args, add_serving_args
 
 DEFAULT_LISTEN = "tcp://127.0.0.1:5555"
 
@@ -32,19 +33,9 @@ def serve_parser() -> argparse.ArgumentParser:
     sec.add_argument("--insecure", action="store_true",
                      help="allow a non-loopback tcp:// listen address without CURVE keys")
     add_engine_args(p)
-    p.add_argument("--engine", default="tidegate", choices=["tidegate", "vllm"],
-                   help="whose engine steps the model: ours, or vLLM's in this process "
-                        "(pip install tidegate[vllm]; --model must be a HF directory)")
-    p.add_argument("--vllm-kv-gib", type=float, default=None,
-                   help="--engine vllm on the CPU: its KV space in GiB (VLLM_CPU_KVCACHE_SPACE; "
-                        "default 1)")
-    g = p.add_argument_group("GPU (backend.serving_setup, backend.cuda_graphs, backend.quantization)")
-    g.add_argument("--quantization", default="none", choices=["none", "fp8"],
-                   help="fp8: E4M3 weights, per-output-channel scales (CUDA, capability >= 8.9)")
-    g.add_argument("--enforce-eager", action="store_true",
-                   help="no CUDA graphs: decode steps run eagerly")
-    g.add_argument("--cuda-graph-buckets", default=None,
-                   help="decode batch sizes to capture (default 1,2,4,8,16,24,32,48,64,96,128)")
+    add_engine_kind_args(p)
+    add_serving_args(p.add_argument_group(
+        "serving (backend.serving_setup, backend.cuda_graphs, backend.quantization)"))
     return p
 
 
@@ -59,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         import zmq
 
         from backend.build import create_engine
+        from backend.step_log import StepLog
         from backend.worker import Worker
         from proto.security import SecurityError, check_bind, keys_from_args
 
@@ -77,8 +69,9 @@ def main(argv: list[str] | None = None) -> int:
             engine, loaded = create_engine(backend_config(args))
             serving = _configure_serving(engine, args)
         try:
+            step_log = StepLog(args.step_log) if args.step_log else None
             worker = Worker(engine, loaded, args.listen, args.backend_id, args.served_model_name,
-                            security=keys)
+                            security=keys, step_log=step_log)
         except zmq.ZMQError as exc:
             raise ModelLoadError(f"cannot listen on {args.listen}: {exc}") from None
     except ModelLoadError as exc:

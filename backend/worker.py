@@ -39,6 +39,7 @@ import zmq
 from backend.engine import Engine, RequestOutput
 from backend.loader import LoadedModel
 from backend.sampler import SamplingParams
+from backend.step_log import StepLog
 from proto import codec
 from proto import tidegate_pb2 as pb
 from proto.convert import FINISH_REASON_TO_WIRE
@@ -67,8 +68,10 @@ def _key(identity: bytes, request_id: str) -> str:
 class Worker:
     def __init__(self, engine: Engine, loaded: LoadedModel, listen: str,
                  backend_id: str | None = None, model_name: str | None = None,
-                 security: CurveKeys | None = None) -> None:
+                 security: CurveKeys | None = None,
+                 step_log: StepLog | None = None) -> None:
         self.engine = engine
+        self.step_log = step_log
         self.loaded = loaded
         self.backend_id = backend_id or f"backend-{uuid.uuid4().hex[:8]}"
         self.model_name = model_name or loaded.config.name
@@ -144,6 +147,8 @@ class Worker:
         self._fail_all("backend is shutting down", pb.Error.SHUTTING_DOWN)
         self._flush_outboxes()
         self.sock.close()
+        if self.step_log is not None:
+            self.step_log.write()
         self._stop_auth()
 
     def _stop_auth(self) -> None:
@@ -280,6 +285,7 @@ class Worker:
 
     # ---- stepping and sending --------------------------------------------------------------
     def _step(self) -> None:
+        start_wall = time.time() if self.step_log is not None else 0.0
         t0 = time.perf_counter()
         try:
             step = self.engine.begin_step()
@@ -293,7 +299,10 @@ class Worker:
             self._fail_all(f"step failed: {type(exc).__name__}: {first_line}")
             return
         self._was_busy = True  # a request that finishes in its first step still makes an edge
-        dt_ms = (time.perf_counter() - t0) * 1000
+        dt_s = time.perf_counter() - t0
+        if self.step_log is not None:
+            self.step_log.record(start_wall, dt_s, step.plan)
+        dt_ms = dt_s * 1000
         self.step_time_ema_ms = dt_ms if self.num_steps == 0 else 0.8 * self.step_time_ema_ms + 0.2 * dt_ms
         self.num_steps += 1
         for out in outputs:

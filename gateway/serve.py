@@ -4,8 +4,10 @@
     tidegate serve --backend tcp://10.0.0.5:5555 --backend tcp://10.0.0.6:5555
 
 `--backend embedded` (the default) starts `tidegate backend` as a subprocess on an `ipc://`
-socket in a private temp dir (`--model/--device/--load-format/--dtype` are passed through),
-waits for its BackendInfo, and stops it with the gateway. SIGTERM/SIGINT: new requests get 503,
+socket in a private temp dir, waits for its BackendInfo, and stops it with the gateway. Every
+engine flag of `tidegate backend` (`engine_flags`: model, device, dtype, KV pool, capacity,
+quantization, CUDA graphs, ...) is a flag of `serve` too and is passed to it as given; the
+backend applies its own defaults to the rest. SIGTERM/SIGINT: new requests get 503,
 in-flight ones get `--drain-timeout` seconds to finish, then the process exits 0.
 """
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from engine_flags import add_forwarded_engine_args, default_model, forwarded_argv
 from gateway.app import create_app, drain
 from gateway.app_keys import GATEWAY_KEY
 from gateway.backend_pool import PoolConfig
@@ -41,12 +44,6 @@ log = logging.getLogger("tidegate.serve")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def default_model() -> str:
-    # the same rule as backend.engine_args.default_model (the gateway may not import backend/)
-    tiny_coder = REPO_ROOT / "models" / "tiny-coder"
-    return str(tiny_coder) if (tiny_coder / "config.json").is_file() else "tiny"
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tidegate serve", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -58,11 +55,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", default=None, metavar="DIR",
                    help="HF model directory whose tokenizer http:// backends are given (a ZMQ "
                         "backend sends its own; an HTTP server cannot)")
-    p.add_argument("--model", default=None, help="embedded backend: HF directory or preset "
-                   "(default: models/tiny-coder if present, else the tiny preset)")
-    p.add_argument("--device", default=None, help="embedded backend: cpu or cuda[:N]")
-    p.add_argument("--load-format", default=None, help="embedded backend: auto|dummy|safetensors")
-    p.add_argument("--dtype", default=None, help="embedded backend: auto|float32|bfloat16|float16")
     p.add_argument("--served-model-name", default=None, help="model name in the API "
                    "(default: the backend's)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' "
@@ -119,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "model family's, found among the tokenizer's special tokens)")
     p.add_argument("--protect-metrics", action="store_true",
                    help="/metrics needs the API key too (default: open, as vLLM's)")
+    add_forwarded_engine_args(p, "embedded backend (the flags of `tidegate backend`, passed to it "
+                                 "as given; --model defaults to models/tiny-coder if present, "
+                                 "else the tiny preset)")
     return p
 
 
@@ -144,6 +139,15 @@ def _http_tokenizer(args: argparse.Namespace):
         return load_hf_dir(Path(args.tokenizer))
     except (TokenizerFileError, OSError) as exc:
         raise SystemExit(f"tidegate serve: error: --tokenizer {args.tokenizer}: {exc}") from None
+
+
+def embedded_backend_argv(args: argparse.Namespace, listen: str) -> list[str]:
+    """The `tidegate backend` command line for the embedded backend: its socket, the model, then
+    every engine flag the user gave to `serve`."""
+    model = getattr(args, "model", None) or default_model()
+    engine = add_forwarded_engine_args(argparse.ArgumentParser(add_help=False), "engine")
+    rest = forwarded_argv(args, [a for a in engine if a.dest != "model"])
+    return ["backend", "--listen", listen, "--model", model, *rest]
 
 
 def gateway_config(args: argparse.Namespace, backends: list[str]) -> GatewayConfig:
@@ -179,13 +183,8 @@ class EmbeddedBackend:
     def __init__(self, args: argparse.Namespace) -> None:
         self.tmpdir = tempfile.mkdtemp(prefix="tidegate-")
         self.address = f"ipc://{self.tmpdir}/backend.sock"
-        self.model = args.model or default_model()
-        cmd = [sys.executable, "-m", "gateway.tidegate_cli", "backend", "--listen", self.address,
-               "--model", self.model]
-        for flag, value in (("--device", args.device), ("--load-format", args.load_format),
-                            ("--dtype", args.dtype)):
-            if value is not None:
-                cmd += [flag, value]
+        cmd = [sys.executable, "-m", "gateway.tidegate_cli",
+               *embedded_backend_argv(args, self.address)]
         log.info("starting embedded backend: %s", " ".join(cmd))
         self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT)
 

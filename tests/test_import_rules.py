@@ -12,7 +12,8 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("scheduler", "sims", "gateway", "backend", "tokenizer", "proto", "bench")
+PACKAGES = ("scheduler", "sims", "gateway", "backend", "tokenizer", "proto", "bench",
+            "engine_flags")
 GENERATED = {"proto/tidegate_pb2.py"}
 TORCH = {"torch", "triton"}
 
@@ -105,6 +106,14 @@ def test_gateway_never_imports_backend_or_torch():
 def test_backend_never_imports_gateway():
     _, tops = import_graph()
     assert _violations(tops, "backend", {"gateway", "sims", "bench"}) == []
+
+
+def test_engine_flags_is_a_torch_free_leaf():
+    # `tidegate serve` (the gateway process) and `tidegate backend` both read the engine's flags
+    _, tops = import_graph()
+    assert _package_imports(tops, "engine_flags"), "engine_flags not found"
+    forbidden = _ours_except({"engine_flags", "scheduler"}) | TORCH | {"zmq", "aiohttp"}
+    assert _violations(tops, "engine_flags", forbidden) == []
 
 
 def test_tokenizer_and_proto_are_leaves():

@@ -1,0 +1,121 @@
+"""The engine's command-line flags, defined once for every command that builds or starts an engine.
+
+`tidegate backend` adds them to its parser; `tidegate serve` adds the same definitions for its
+embedded backend and hands back, as argv, exactly the ones the user gave (`forwarded_argv`), so
+the backend applies its own defaults and a flag added here reaches both commands at once. The
+engine benchmark, `tidegate backend profile` and `tidegate eval` take the engine part
+(`add_engine_args`).
+
+A torch-free leaf (stdlib and `scheduler.capacity` only): the gateway process may import it, and
+turning the parsed flags into a `BackendConfig` stays in `backend.engine_args`.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from scheduler.capacity import add_capacity_arguments
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CUDA_GRAPH_BUCKETS = "1,2,4,8,16,24,32,48,64,96,128"
+
+
+def default_model() -> str:
+    """The repo's trained tiny coder when it is there, else the `tiny` preset (what
+    `tidegate serve` and `tidegate eval speed` run when no --model is given)."""
+    tiny_coder = REPO_ROOT / "models" / "tiny-coder"
+    return str(tiny_coder) if (tiny_coder / "config.json").is_file() else "tiny"
+
+
+def int_list(text: str) -> list[int]:
+    """A comma-separated list of ints from a flag ("1,8,32"); empty items are skipped."""
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def add_engine_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """Model, dtype, device, KV pool and batching capacity: what `backend.engine_args.backend_config`
+    reads."""
+    p.add_argument("--model", default="tiny", help="HF model directory or preset name (default: tiny)")
+    p.add_argument("--load-format", default="auto", choices=["auto", "dummy", "safetensors"],
+                   help="auto: safetensors for a directory, random weights for a preset")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="auto: float32 on the CPU, the checkpoint's dtype on CUDA")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="max prompt + completion tokens (default: the model's max positions)")
+    kv = p.add_mutually_exclusive_group()
+    kv.add_argument("--num-blocks", type=int, default=None, help="KV blocks in the pool")
+    kv.add_argument("--kv-memory-fraction", type=float, default=None,
+                    help="share of free memory after the weights for the KV pool "
+                         "(default 0.1 on the CPU, 0.85 on CUDA)")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "int4-fp8"],
+                   help="KV pool format: auto (the model dtype), fp8 (E4M3 K and V + scales), "
+                        "int4-fp8 (INT4 keys with per-group scales, E4M3 values); quantized "
+                        "formats use the torch reference attention (also on CUDA)")
+    add_capacity_arguments(p)
+    p.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
+    p.add_argument("--seed", type=int, default=0, help="seed of random (dummy) weights")
+    p.add_argument("--cpu-threads", type=int, default=None,
+                   help="torch threads on the CPU (default: half the cores, at most 8)")
+    p.add_argument("--echo-step-ms", type=float, default=0.0,
+                   help="--model echo only: sleep this long per step (a backend that is slow "
+                   "without burning a core: chaos and soak tests)")
+
+
+def add_engine_kind_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """Whose engine steps the model in a serving backend."""
+    p.add_argument("--engine", default="tidegate", choices=["tidegate", "vllm"],
+                   help="whose engine steps the model: ours, or vLLM's in this process "
+                        "(pip install tidegate[vllm]; --model must be a HF directory)")
+    p.add_argument("--vllm-kv-gib", type=float, default=None,
+                   help="--engine vllm on the CPU: its KV space in GiB (VLLM_CPU_KVCACHE_SPACE; "
+                        "default 1)")
+
+
+def add_serving_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """What a serving backend does to its engine after building it (`backend.serving_setup`:
+    weight quantization, CUDA graphs) and what it records while it serves."""
+    p.add_argument("--quantization", default="none", choices=["none", "fp8"],
+                   help="fp8: E4M3 weights, per-output-channel scales (CUDA, capability >= 8.9)")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="no CUDA graphs: every step runs eagerly")
+    p.add_argument("--cuda-graph-buckets", default=None,
+                   help=f"decode batch sizes to capture (default {DEFAULT_CUDA_GRAPH_BUCKETS})")
+    p.add_argument("--step-log", default=None, metavar="PATH",
+                   help="write one JSON line per engine step (wall start, duration, decodes, "
+                        "prefill tokens) to PATH when the backend stops (benchmarks)")
+
+
+def add_backend_engine_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """Every engine flag of `tidegate backend`."""
+    add_engine_args(p)
+    add_engine_kind_args(p)
+    add_serving_args(p)
+
+
+def add_forwarded_engine_args(parser: argparse.ArgumentParser,
+                              title: str) -> list[argparse.Action]:
+    """Every engine flag of `tidegate backend`, in a group of `parser` whose flags default to
+    absent: the parsed namespace holds only what the user gave (see `forwarded_argv`)."""
+    group = parser.add_argument_group(title)
+    add_backend_engine_args(group)
+    actions = list(group._group_actions)
+    for action in actions:
+        action.default = argparse.SUPPRESS
+    return actions
+
+
+def forwarded_argv(args: argparse.Namespace, actions: list[argparse.Action]) -> list[str]:
+    """The flags among `actions` present in `args`, written back as `tidegate backend` argv."""
+    argv: list[str] = []
+    for action in actions:
+        if not hasattr(args, action.dest):
+            continue
+        value = getattr(args, action.dest)
+        flag = action.option_strings[0]
+        if action.nargs == 0:  # store_true: present means on
+            if value:
+                argv.append(flag)
+        else:
+            argv += [flag, str(value)]
+    return argv
