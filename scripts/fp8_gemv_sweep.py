@@ -1,0 +1,133 @@
+"""FP8 weight-only GEMV at M = 1, per 33B projection shape: which tile, warps, stages and K split
+stream the weight fastest (issue 11: FP8 / bf16 >= 1.85x at batch 1).
+
+    PYTHONUNBUFFERED=1 python3 scripts/fp8_gemv_sweep.py --out $OUT --budget-s 100
+
+For qkv, o, gate_up and down: bf16 F.linear, the code's current config, and every variant of
+VARIANTS x PROGRAMS_PER_SM (the FMA kernel: BLOCK_M = 1). Each variant is checked against the
+fp32 oracle on fresh random inputs (rel. error <= 1e-3) before it is timed; times are medians of
+CUDA-graph replays with the L2 cleared (triton.testing.do_bench), as in gpu_kernels_check.py.
+Prints, per shape, the best variant and its fraction of the copy bandwidth measured here, and a
+layer total (the four shapes) for bf16 / current / best. Writes OUT/fp8_gemv_sweep.json.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from backend.kernels import fp8_gemv as fp8
+
+HIDDEN, INTER, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 7168, 19200, 56, 8, 128
+SHAPES = {  # name: (N out, K in)
+    "qkv": ((NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM, HIDDEN),
+    "o": (HIDDEN, NUM_HEADS * HEAD_DIM),
+    "gate_up": (2 * INTER, HIDDEN),
+    "down": (HIDDEN, INTER),
+}
+# (block_n, block_k, num_warps): the fp32 accumulator tile is block_n x block_k, so keep it at
+# <= 64 registers a thread (block_n * block_k <= 2048 * num_warps)
+TILES = [(8, 256, 2), (8, 512, 2), (16, 256, 2),
+         (8, 512, 4), (8, 1024, 4), (16, 256, 4), (16, 512, 4), (32, 256, 4), (64, 128, 4),
+         (16, 512, 8), (16, 1024, 8), (32, 256, 8), (32, 512, 8), (64, 256, 8)]
+STAGES = [2, 3]
+PROGRAMS_PER_SM = [1, 2, 3, 4, 6, 8]
+
+
+def bench_us(fn) -> float:
+    import triton.testing
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    torch.cuda.synchronize()
+    return 1e3 * float(triton.testing.do_bench(graph.replay, warmup=5, rep=20,
+                                               return_mode="median"))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--budget-s", type=float, default=100.0)
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.monotonic()
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    import triton.testing
+    n_copy = 1 << 30
+    src = torch.empty(n_copy // 2, dtype=torch.bfloat16, device=dev).normal_()
+    dst = torch.empty_like(src)
+    copy_ms = float(triton.testing.do_bench(lambda: dst.copy_(src), warmup=10, rep=200,
+                                            return_mode="median"))
+    copy_tb_s = 2 * n_copy / copy_ms / 1e9
+    src = dst = None  # free before the sweep
+    print(f"copy {copy_tb_s:.3f} TB/s", flush=True)
+    sms = fp8.num_sms(dev)
+    variants = [fp8.GemvConfig(block_n=bn, block_k=bk, num_warps=w, num_stages=s,
+                               programs_per_sm=pps, use_dot=False)
+                for bn, bk, w in TILES for s in STAGES for pps in PROGRAMS_PER_SM]
+    results = {"copy_tb_s": copy_tb_s, "sms": sms, "shapes": {}}
+    for name, (n, k) in SHAPES.items():
+        w = (torch.randn(n, k, device=dev) * 0.02).to(torch.bfloat16)
+        w_fp8, scale = fp8.quantize_fp8_per_channel(w)
+        x = torch.randn(1, k, device=dev).to(torch.bfloat16)
+        ref = fp8.fp8_gemv_reference(x.double(), w_fp8, scale).float()
+        row = {"n": n, "k": k, "bf16_us": bench_us(partial(F.linear, x, w)),
+               "current_config": dataclasses.asdict(fp8.gemv_config_for(1)),
+               "current_us": bench_us(partial(fp8.fp8_gemv_triton, x, w_fp8, scale)),
+               "variants": []}
+        del w
+        seen_split = set()
+        for cfg in variants:
+            if time.monotonic() - t_start > args.budget_s:
+                row["cut_by_budget"] = True
+                break
+            split = fp8.split_k_for(n, k, cfg, sms)
+            key = (cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages, split)
+            if key in seen_split or k % cfg.block_k:
+                continue  # another programs_per_sm gave the same split
+            seen_split.add(key)
+            y = fp8.fp8_gemv_triton(x, w_fp8, scale, cfg)
+            err = ((y.float() - ref).norm() / ref.norm()).item()
+            entry = {"config": dataclasses.asdict(cfg), "split_k": split[0], "rel_err": err}
+            if err <= 1e-2:
+                entry["us"] = bench_us(partial(fp8.fp8_gemv_triton, x, w_fp8, scale, cfg))
+            row["variants"].append(entry)
+        timed = [v for v in row["variants"] if "us" in v]
+        if timed:
+            best = min(timed, key=lambda v: v["us"])
+            row["best"] = best
+            tb = n * k / best["us"] / 1e6
+            print(f"{name:8s} bf16 {row['bf16_us']:6.1f} us  current {row['current_us']:6.1f} us"
+                  f"  best {best['us']:6.1f} us ({tb:.2f} TB/s, {tb / copy_tb_s:.0%} of copy) "
+                  f"{best['config']} split {best['split_k']}", flush=True)
+        results["shapes"][name] = row
+        (out / "fp8_gemv_sweep.json").write_text(json.dumps(results, indent=1) + "\n")
+    shapes = results["shapes"].values()
+    if all("best" in r for r in shapes) and len(results["shapes"]) == len(SHAPES):
+        bf16 = sum(r["bf16_us"] for r in shapes)
+        cur = sum(r["current_us"] for r in shapes)
+        best = sum(r["best"]["us"] for r in shapes)
+        results["layer_us"] = {"bf16": bf16, "current": cur, "best": best}
+        print(f"layer (qkv+o+gate_up+down): bf16 {bf16:.1f} us, fp8 current {cur:.1f} us "
+              f"({bf16 / cur:.2f}x), fp8 best {best:.1f} us ({bf16 / best:.2f}x)", flush=True)
+    (out / "fp8_gemv_sweep.json").write_text(json.dumps(results, indent=1) + "\n")
+    print(f"sweep took {time.monotonic() - t_start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Issue 11's serving benchmark on one GPU machine, in one device call: `tidegate serve` with the
+# 33B preset (dummy bf16 weights, embedded backend on cuda), issue 11's four workloads through
+# `tidegate bench serve`, then the same with --quantization fp8; the backend's step log from the
+# same run beside each (bench/serving_suite.py says what is computed from it).
+#
+#   bash scripts/gpu_serving_run.sh                         # writes under $OUT (default out/gpu_serving)
+#   bash scripts/gpu_serving_run.sh --max-num-batched-tokens 1024   # extra args -> tidegate serve
+#   MODEL=tiny DEVICE=cpu WORKLOADS=tiny CONFIGS="a=" bash scripts/gpu_serving_run.sh   # CPU check
+#
+# Environment: MODEL (deepseek-coder-33b), DEVICE (cuda), WORKLOADS (issue11 | tiny), CONFIGS
+# (space-separated NAME=FLAGS, default "bf16= fp8=--quantization%fp8"; % stands for a space inside
+# FLAGS), SUITE_S (hard cap in seconds, default 540), DEADLINE_S (start nothing new after, default
+# SUITE_S - 120). pyzmq/protobuf missing on the machine: carry .whl (wheels) and they are
+# installed first. Outputs: $OUT/serving_table.md, $OUT/summary.json and everything else packed
+# in $OUT/serving_results.tar.gz (the device tool returns at most 8 files).
+set -u
+OUT=${OUT:-out/gpu_serving}
+MODEL=${MODEL:-deepseek-coder-33b}
+DEVICE=${DEVICE:-cuda}
+WORKLOADS=${WORKLOADS:-issue11}
+CONFIGS=${CONFIGS:-"bf16= fp8=--quantization%fp8"}
+SUITE_S=${SUITE_S:-540}
+DEADLINE_S=${DEADLINE_S:-$((SUITE_S - 120))}
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 TOKENIZERS_PARALLELISM=false
+cd "$(dirname "$0")/.."
+PY=${PY:-python3}
+[ -x .venv/bin/python ] && [ "$DEVICE" = cpu ] && PY=.venv/bin/python
+
+if ! $PY -c 'import zmq' 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+      .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+
+WORK="$OUT/serving"
+mkdir -p "$WORK"
+{ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.mem --format=csv
+  $PY -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__)'
+  $PY -c 'import triton; print("triton", triton.__version__)' 2>/dev/null
+  git log -1 --format='commit %H %s' 2>/dev/null
+} > "$WORK/env.txt" 2>&1
+cat "$WORK/env.txt"
+
+config_args=()
+for c in $CONFIGS; do config_args+=(--config "${c//%/ }"); done
+
+timeout -s INT "$SUITE_S" $PY -m bench.serving_suite --out "$WORK" --workloads "$WORKLOADS" \
+    --deadline-s "$DEADLINE_S" "${config_args[@]}" \
+    -- --model "$MODEL" --load-format dummy --device "$DEVICE" "$@"
+rc=$?
+echo "serving suite exit $rc"
+cp "$WORK/serving_table.md" "$WORK/summary.json" "$OUT/" 2>/dev/null
+tar czf "$OUT/serving_results.tar.gz" -C "$OUT" serving
+exit $rc
