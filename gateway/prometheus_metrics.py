@@ -8,11 +8,20 @@ Gauges that describe current state (queues, backend load) are refreshed at scrap
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 
 from gateway.vllm_metrics import EngineReport, VllmMetrics
 from scheduler.classes import CLASS_NAMES
@@ -146,6 +155,11 @@ class GatewayMetrics:
                                       ["socket"], registry=r)
         self.retried = Counter("tidegate_retried_requests", "Requests re-dispatched to another "
                                "backend after theirs died before producing a token.", registry=r)
+        self.loop_tasks = Gauge("tidegate_event_loop_tasks", "asyncio tasks alive in the gateway "
+                                "process (a leak shows as growth; see scripts/soak.py).",
+                                registry=r)
+        # RSS, open file descriptors, CPU of this process (Linux), for the same reason.
+        ProcessCollector(registry=r)
         self.frontdoor_open = Gauge("tidegate_frontdoor_open_requests", "Requests the ZMQ front "
                                     "door is serving (each has one forwarding task).", registry=r)
         self.frontdoor_backpressure = Counter("tidegate_frontdoor_backpressure", "Front-door "
@@ -283,6 +297,8 @@ class GatewayMetrics:
     def refresh(self, depth: dict[str, int], age: dict[str, float],
                 backends: list[BackendLoad], engines: list[EngineReport] = ()) -> None:
         self.fold()
+        with contextlib.suppress(RuntimeError):  # no running loop: nothing to count
+            self.loop_tasks.set(len(asyncio.all_tasks()))
         for cls in CLASS_NAMES:
             self.queue_depth.labels(cls).set(depth.get(cls, 0))
             self.queue_age.labels(cls).set(age.get(cls, 0.0))
