@@ -6,7 +6,8 @@ of k and v into their KV pages.
     positions    int64 [num_tokens]
     cos, sin     fp32 [max_positions, head_dim // 2]       (build_rope_cache)
     slot_mapping int64 [num_tokens]   slot = block * block_size + offset; < 0 -> not written
-    k_cache/v_cache [num_blocks, block_size, num_kv_heads, head_dim]
+    k_cache/v_cache [num_blocks, block_size, num_kv_heads, head_dim] pool tensors, or
+                    `backend.kv_quant.QuantizedPages` (fp8 / int4): quantized on write, here
 
 Rotate-half, per head, with x = [x1 | x2] split at head_dim // 2 and angle pos * inv_freq[i]:
 
@@ -15,6 +16,14 @@ Rotate-half, per head, with x = [x1 | x2] split at head_dim // 2 and angle pos *
 
 Triton: one program per token does all q heads, all k heads (rotated, then stored both in place
 and into the page), and copies v into its page: q/k/v are read once and written once.
+
+Quantized pages are encoded in the same program, from the registers that hold the rotated k
+(rounded to the model dtype first, as the reference stores k before quantizing it) and v:
+    fp8   per (token, kv head): scale = max(amax / 448, 1e-12), codes = x / scale in E4M3
+    int4  per (token, kv head, G channels): scale = max(amax_G / 7, 1e-12), q = rint(x / scale)
+          in [-7, 7], byte j = (q[2j+1] + 8) << 4 | (q[2j] + 8). Each rotary half splits into
+          its even / odd channels (a reshape), so bytes and group scales come out per half.
+The formats are those of `backend.kv_quant` (the reference codecs this kernel is tested against).
 """
 from __future__ import annotations
 
@@ -45,9 +54,15 @@ def apply_rotary_reference(x: torch.Tensor, positions: torch.Tensor, cos: torch.
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
 
 
-def write_kv_reference(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                       v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """k/v rows -> their slots in the pages; rows whose slot is negative are skipped."""
+def write_kv_reference(k: torch.Tensor, v: torch.Tensor, k_cache, v_cache,
+                       slot_mapping: torch.Tensor) -> None:
+    """k/v rows -> their slots in the pages; rows whose slot is negative are skipped. Quantized
+    pools encode with `backend.kv_quant` (through `backend.attention.write_kv`)."""
+    if not isinstance(k_cache, torch.Tensor):
+        from backend.attention import write_kv
+
+        write_kv(k, v, k_cache, v_cache, slot_mapping)
+        return
     block_size = k_cache.shape[1]
     valid = slot_mapping >= 0
     slots = slot_mapping[valid].long()
@@ -78,13 +93,66 @@ if HAS_TRITON:
         return o1, o2
 
     @triton.jit
+    def _rint(x):
+        # round half to even for |x| < 2^22: adding 1.5 * 2^23 leaves no fraction bits
+        return (x + 12582912.0) - 12582912.0
+
+    @triton.jit
+    def _round_e4m3(x):
+        """x fp32 rounded (half to even) onto the E4M3 grid, saturated at +-448: then the cast
+        to float8 is exact. Done by hand because Triton's interpreter rounds a value that
+        carries into the next binade wrong (-125.6 -> -64); on the GPU it matches the hardware
+        conversion, for a few ALU operations per element of a memory-bound kernel."""
+        exp = (x.to(tl.int32, bitcast=True) >> 23) & 0xFF       # biased fp32 exponent
+        exp = tl.maximum(exp, 127 - 6)                          # E4M3 subnormals: ulp 2^-9
+        ulp = ((exp - 3) << 23).to(tl.float32, bitcast=True)    # 3 mantissa bits
+        inv_ulp = ((254 - (exp - 3)) << 23).to(tl.float32, bitcast=True)  # exact 1 / ulp
+        return tl.clamp(_rint(x * inv_ulp) * ulp, -448.0, 448.0)
+
+    @triton.jit
+    def _store_fp8(x1, x2, data_ptr, scale_ptr, mask, heads, HALF: tl.constexpr):
+        """x1 | x2 [heads, HALF] fp32 -> E4M3 codes at data_ptr (+ r, + HALF + r) and one scale
+        per head at scale_ptr + heads (pointers already at this token's slot)."""
+        amax = tl.maximum(tl.max(tl.abs(x1), axis=1), tl.max(tl.abs(x2), axis=1))
+        # div_rn: correctly rounded like torch (Triton's `/` on fp32 is the approximate div.full)
+        scale = tl.maximum(tl.math.div_rn(amax, 448.0), 1.0e-12)
+        c1 = _round_e4m3(tl.math.div_rn(x1, scale[:, None]))
+        c2 = _round_e4m3(tl.math.div_rn(x2, scale[:, None]))
+        tl.store(data_ptr, c1.to(data_ptr.dtype.element_ty), mask=mask)
+        tl.store(data_ptr + HALF, c2.to(data_ptr.dtype.element_ty), mask=mask)
+        return scale
+
+    @triton.jit
+    def _int4_half(x, scale, HEADS_P2: tl.constexpr, HALF: tl.constexpr, SUB: tl.constexpr):
+        """One rotary half x [heads, HALF] fp32 with its group scales [heads, HALF // SUB] ->
+        packed bytes [heads, HALF // 2] (low nibble: even channel)."""
+        even, odd = tl.split(tl.reshape(x, (HEADS_P2, HALF // 2, 2)))
+        s = scale[:, :, None]
+        even = tl.reshape(even, (HEADS_P2, HALF // SUB, SUB // 2))
+        odd = tl.reshape(odd, (HEADS_P2, HALF // SUB, SUB // 2))
+        qe = tl.clamp(_rint(tl.math.div_rn(even, s)), -7.0, 7.0)
+        qo = tl.clamp(_rint(tl.math.div_rn(odd, s)), -7.0, 7.0)
+        lo = (qe + 8.0).to(tl.int32)
+        hi = (qo + 8.0).to(tl.int32)
+        return tl.reshape(lo | (hi << 4), (HEADS_P2, HALF // 2)).to(tl.uint8)
+
+    @triton.jit
+    def _int4_amax(x, HEADS_P2: tl.constexpr, HALF: tl.constexpr, SUB: tl.constexpr):
+        """amax over each SUB consecutive channels of x [heads, HALF] -> [heads, HALF // SUB]."""
+        return tl.max(tl.reshape(tl.abs(x), (HEADS_P2, HALF // SUB, SUB)), axis=2)
+
+    @triton.jit
     def _rotary_kv_kernel(
-        positions_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+        positions_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, slot_ptr,
+        kc_ptr, ks_ptr, vc_ptr, vs_ptr,
         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cos,
-        stride_kcb, stride_kct, stride_kch, stride_vcb, stride_vct, stride_vch,
+        stride_kcb, stride_kct, stride_kch, stride_ksb, stride_kst, stride_ksh,
+        stride_vcb, stride_vct, stride_vch, stride_vsb, stride_vst, stride_vsh,
         NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
         HEADS_P2: tl.constexpr, KV_HEADS_P2: tl.constexpr,
         HALF: tl.constexpr, HALF_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+        K_CODEC: tl.constexpr, V_CODEC: tl.constexpr, INT4_SUB: tl.constexpr,
+        INT4_WHOLE_HEAD: tl.constexpr,
     ):
         t = tl.program_id(0).to(tl.int64)
         pos = tl.load(positions_ptr + t).to(tl.int64)
@@ -103,43 +171,104 @@ if HAS_TRITON:
         if slot >= 0:
             block = slot // BLOCK_SIZE
             offset = slot % BLOCK_SIZE
-            mask = (kv_heads < NUM_KV_HEADS)[:, None] & (r < HALF)[None, :]
-            kc = (k_cache_ptr + block * stride_kcb + offset * stride_kct
-                  + kv_heads[:, None] * stride_kch + r[None, :])
-            tl.store(kc, k1.to(k_cache_ptr.dtype.element_ty), mask=mask)
-            tl.store(kc + HALF, k2.to(k_cache_ptr.dtype.element_ty), mask=mask)
+            head_ok = kv_heads < NUM_KV_HEADS
+            mask = head_ok[:, None] & (r < HALF)[None, :]
+            # ---- keys ----
+            kc = kc_ptr + block * stride_kcb + offset * stride_kct + kv_heads[:, None] * stride_kch
+            ks = ks_ptr + block * stride_ksb + offset * stride_kst + kv_heads * stride_ksh
+            if K_CODEC == 0:
+                tl.store(kc + r[None, :], k1.to(kc_ptr.dtype.element_ty), mask=mask)
+                tl.store(kc + HALF + r[None, :], k2.to(kc_ptr.dtype.element_ty), mask=mask)
+            elif K_CODEC == 1:
+                k_scale = _store_fp8(k1.to(tl.float32), k2.to(tl.float32), kc + r[None, :],
+                                     ks, mask, kv_heads, HALF)
+                tl.store(ks, k_scale, mask=head_ok)
+            else:
+                k1f = k1.to(tl.float32)
+                k2f = k2.to(tl.float32)
+                a1 = _int4_amax(k1f, KV_HEADS_P2, HALF, INT4_SUB)     # [heads, HALF // SUB]
+                a2 = _int4_amax(k2f, KV_HEADS_P2, HALF, INT4_SUB)
+                if INT4_WHOLE_HEAD:  # one group spans both halves (head_dim <= 32)
+                    a1 = tl.maximum(a1, a2)
+                    a2 = a1
+                s1 = tl.maximum(tl.math.div_rn(a1, 7.0), 1.0e-12)
+                s2 = tl.maximum(tl.math.div_rn(a2, 7.0), 1.0e-12)
+                j = tl.arange(0, HALF // 2)
+                bmask = head_ok[:, None] & (j < HALF // 2)[None, :]
+                tl.store(kc + j[None, :], _int4_half(k1f, s1, KV_HEADS_P2, HALF, INT4_SUB),
+                         mask=bmask)
+                tl.store(kc + HALF // 2 + j[None, :],
+                         _int4_half(k2f, s2, KV_HEADS_P2, HALF, INT4_SUB), mask=bmask)
+                gs = tl.arange(0, HALF // INT4_SUB)
+                smask = head_ok[:, None] & (gs < HALF // INT4_SUB)[None, :]
+                if INT4_WHOLE_HEAD:
+                    tl.store(ks[:, None] + gs[None, :], s1, mask=smask)
+                else:
+                    tl.store(ks[:, None] + gs[None, :], s1, mask=smask)
+                    tl.store(ks[:, None] + HALF // INT4_SUB + gs[None, :], s2, mask=smask)
+            # ---- values ----
             vp = v_ptr + t * stride_vt + kv_heads[:, None] * stride_vh + r[None, :]
             v1 = tl.load(vp, mask=mask, other=0.0)
             v2 = tl.load(vp + HALF, mask=mask, other=0.0)
-            vc = (v_cache_ptr + block * stride_vcb + offset * stride_vct
+            vc = (vc_ptr + block * stride_vcb + offset * stride_vct
                   + kv_heads[:, None] * stride_vch + r[None, :])
-            tl.store(vc, v1.to(v_cache_ptr.dtype.element_ty), mask=mask)
-            tl.store(vc + HALF, v2.to(v_cache_ptr.dtype.element_ty), mask=mask)
+            if V_CODEC == 0:
+                tl.store(vc, v1.to(vc_ptr.dtype.element_ty), mask=mask)
+                tl.store(vc + HALF, v2.to(vc_ptr.dtype.element_ty), mask=mask)
+            else:
+                vs = vs_ptr + block * stride_vsb + offset * stride_vst + kv_heads * stride_vsh
+                v_scale = _store_fp8(v1.to(tl.float32), v2.to(tl.float32), vc, vs, mask,
+                                     kv_heads, HALF)
+                tl.store(vs, v_scale, mask=head_ok)
+
+
+def _pool_parts(cache) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """(codes, scales or None, codec id: 0 model dtype, 1 fp8, 2 int4) of a KV pool."""
+    if isinstance(cache, torch.Tensor):
+        return cache, None, 0
+    return cache.data, cache.scale, {"fp8": 1, "int4": 2}[cache.codec]
+
+
+def _strides3(t: torch.Tensor | None) -> tuple[int, int, int]:
+    return (0, 0, 0) if t is None else (t.stride(0), t.stride(1), t.stride(2))
 
 
 def rotary_kv_write(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                    v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Rotate q and k in place and store k, v into the pages at slot_mapping (one launch)."""
+                    cos: torch.Tensor, sin: torch.Tensor, k_cache, v_cache,
+                    slot_mapping: torch.Tensor) -> None:
+    """Rotate q and k in place and store k, v into the pages at slot_mapping (one launch);
+    quantized pools (`QuantizedPages`) are encoded in the same launch."""
     if not use_triton(q):
         rotary_kv_write_reference(positions, q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
         return
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
+    kc, ks, k_codec = _pool_parts(k_cache)
+    vc, vs, v_codec = _pool_parts(v_cache)
     assert head_dim % 2 == 0 and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
     assert cos.stride() == sin.stride() and cos.stride(-1) == 1
-    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    assert kc.stride(-1) == 1 and vc.stride(-1) == 1 and v_codec != 2
     if num_tokens == 0:
         return
     half = head_dim // 2
+    int4_sub, whole_head = 2, False
+    if k_codec == 2:
+        group = 2 * kc.shape[-1] // ks.shape[-1]          # channels per int4 scale
+        if next_power_of_2(head_dim) != head_dim or (group != head_dim and half % group):
+            raise ValueError(f"int4 keys in the Triton write need a power-of-2 head_dim whose "
+                             f"halves hold whole groups (head_dim {head_dim}, group {group})")
+        whole_head = group == head_dim
+        int4_sub = min(group, half)
     _rotary_kv_kernel[(num_tokens,)](
-        positions, q, k, v, cos, sin, k_cache, v_cache, slot_mapping,
+        positions, q, k, v, cos, sin, slot_mapping,
+        kc, kc if ks is None else ks, vc, vc if vs is None else vs,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         cos.stride(0),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        kc.stride(0), kc.stride(1), kc.stride(2), *_strides3(ks),
+        vc.stride(0), vc.stride(1), vc.stride(2), *_strides3(vs),
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads,
         HEADS_P2=next_power_of_2(num_heads), KV_HEADS_P2=next_power_of_2(num_kv_heads),
-        HALF=half, HALF_P2=next_power_of_2(half), BLOCK_SIZE=k_cache.shape[1],
+        HALF=half, HALF_P2=next_power_of_2(half), BLOCK_SIZE=kc.shape[1],
+        K_CODEC=k_codec, V_CODEC=v_codec, INT4_SUB=int4_sub, INT4_WHOLE_HEAD=whole_head,
         num_warps=4,
     )

@@ -1,0 +1,404 @@
+"""Paged attention for one whole step: prefill chunks and decodes together, in one launch, over
+bf16 / fp8 / int4-fp8 KV pages. GQA; causal within a chunk against its cached prefix.
+
+Layout (backend.context / backend.kv_cache / backend.kv_quant):
+
+    q               [num_tokens, num_heads, head_dim]     query head h reads kv head h // group
+    query_start_loc int32 [num_seqs + 1]   sequence i's query tokens: qsl[i] .. qsl[i+1]
+    context_lens    int32 [num_seqs]       tokens of context after this step (cached + new)
+    block_tables    int32 [num_seqs, W]    logical block j of sequence i -> physical block
+    k_cache/v_cache a pool tensor [num_blocks, block_size, num_kv_heads, head_dim] (model dtype)
+                    or a `QuantizedPages` with that logical shape:
+                      fp8   data fp8 [.., head_dim],        scale fp32 [nb, bs, Hkv]
+                      int4  data uint8 [.., head_dim // 2], scale fp32 [nb, bs, Hkv, head_dim // G]
+
+A sequence's new tokens are the last `q_len` of its context: query token j sits at position
+`ctx - q_len + j` and sees keys `<=` that position (a decode is q_len = 1: the whole context).
+Every query token must belong to a sequence (qsl[num_seqs] == num_tokens); a sequence of
+context 0 gets zero rows (the graph path puts its padding tokens in such a sequence).
+
+Triton plan (one partial launch, plus a merge launch when the context is split):
+
+    grid (q_blocks, num_kv_heads, num_splits). A program serves BLOCK_Q query tokens of ONE
+    sequence times all `group` query heads of one KV head: an M = BLOCK_Q * GROUP_P2 row tile,
+
+        row r -> token tok0 + r // GROUP_P2, query head kv_head * group + r % GROUP_P2
+
+    so each K/V tile read from the pages serves every query head that shares it. Sequence i
+    owns the q-blocks starting at qsl[i] // BLOCK_Q + i (strictly increasing in i, so a binary
+    search maps a program to its sequence); q_blocks = num_tokens // BLOCK_Q + num_seqs bounds
+    the total from host shapes alone, and programs past a sequence's tokens exit at once.
+    Decode-only steps use BLOCK_Q = 1 (a program is a sequence; no search).
+
+    The program's keys [0, kv_end) (kv_end: the last token of the block's causal horizon) are
+    cut into num_splits slices of whole BLOCK_N tiles; each tile gathers its rows page by page
+    through the block table, dequantizes in registers, and runs an online softmax in fp32
+    (log2 domain). One split writes the output directly; several write (o, lse) partials that
+    the merge kernel combines per (token, head).
+
+Dequantization costs nothing extra in the inner products where the scale factors out:
+    fp8 K  (per-token scale s_t):    q . (c_t s_t)      = (q . c_t) s_t     -> scale the score column
+    fp8 V  (per-token scale s_t):    sum_t p_t c_t s_t  = sum_t (p_t s_t) c_t -> scale p's column
+    int4 K (per-32-channel scales):  codes * scale in registers; the even and odd channels of a
+        byte are two dots of head_dim / 2 each against q's even / odd channels (no interleave).
+An E4M3 code converts to bf16 exactly, so the fp8 dots run on bf16 tensor cores.
+
+num_splits and q_blocks depend only on host values (shapes and host bounds), never on device
+data, so a launch is CUDA-graph safe for any contents of the metadata tensors.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from backend.kernels.triton_utils import (
+    HAS_TRITON,
+    cdiv,
+    next_power_of_2,
+    num_sms,
+    tl,
+    triton,
+    triton_interpreting,
+    use_triton,
+)
+
+# Split-K sizing: aim for PROGRAMS_PER_SM programs per multiprocessor, but give each split at
+# least MIN_TOKENS_PER_SPLIT tokens of context (fewer makes the merge traffic dominate).
+PROGRAMS_PER_SM = 2
+MIN_TOKENS_PER_SPLIT = 128
+MAX_SPLITS = 64
+BLOCK_N = 64            # context tokens per inner tile
+PREFILL_ROWS = 64       # M rows of a program when the step has prefill chunks
+NUM_WARPS = 8           # 4 spills at 255 registers (sm_90 compile of every codec); 8 does not
+MERGE_TILE = 8192     # fp32 elements of one merge program's [heads, splits, head_dim] tile
+NUM_STAGES = 2
+_LOG2E = 1.4426950408889634
+
+CODEC_NATIVE, CODEC_FP8, CODEC_INT4 = 0, 1, 2
+_CODEC_IDS = {"fp8": CODEC_FP8, "int4": CODEC_INT4}
+
+
+# ---- torch reference (the oracle) ------------------------------------------------------------
+
+def paged_attention_reference(
+    q: torch.Tensor, k_cache, v_cache, block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float,
+) -> torch.Tensor:
+    """`backend.attention.prefill_attention` over every sequence (a decode is a one-token
+    chunk); quantized pools are dequantized by their `pages`. fp32 math, q's dtype out."""
+    from backend.attention import prefill_attention
+
+    return prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc.tolist(),
+                             context_lens.tolist(), scale)
+
+
+# ---- host-side sizing ------------------------------------------------------------------------
+
+def choose_block_q(max_query_len: int, group: int) -> int:
+    """Query tokens per program: 1 for decode-only steps (the row tile is the group, padded to
+    16), else enough tokens to make PREFILL_ROWS rows of the tile."""
+    if max_query_len <= 1:
+        return 1
+    return max(1, PREFILL_ROWS // next_power_of_2(group))
+
+
+def choose_num_splits(num_programs: int, max_context_len: int, sm_count: int = 132) -> int:
+    """Splits so that num_programs * splits >= PROGRAMS_PER_SM * sm_count, each split keeping
+    >= MIN_TOKENS_PER_SPLIT tokens of the longest context."""
+    wanted = cdiv(PROGRAMS_PER_SM * sm_count, max(1, num_programs))
+    useful = max(1, cdiv(max(1, max_context_len), MIN_TOKENS_PER_SPLIT))
+    return max(1, min(wanted, useful, MAX_SPLITS))
+
+
+def _pool_parts(cache) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """(codes tensor, scales or None, codec id) of a pool tensor or a `QuantizedPages`."""
+    if isinstance(cache, torch.Tensor):
+        return cache, None, CODEC_NATIVE
+    return cache.data, cache.scale, _CODEC_IDS[cache.codec]
+
+
+def _strides3(t: torch.Tensor | None) -> tuple[int, int, int]:
+    return (0, 0, 0) if t is None else (t.stride(0), t.stride(1), t.stride(2))
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _paged_attention_kernel(
+        q_ptr, out_ptr, part_o_ptr, part_lse_ptr,
+        k_ptr, ks_ptr, v_ptr, vs_ptr,
+        block_tables_ptr, qsl_ptr, context_lens_ptr,
+        qk_scale,                       # softmax scale * log2(e): scores live in the log2 domain
+        num_seqs, num_splits,
+        stride_qt, stride_qh, stride_ot, stride_oh,
+        stride_kb, stride_kt, stride_kh, stride_ksb, stride_kst, stride_ksh,
+        stride_vb, stride_vt, stride_vh, stride_vsb, stride_vst, stride_vsh,
+        stride_bt,
+        NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_P2: tl.constexpr,
+        HEAD_DIM: tl.constexpr, D_P2: tl.constexpr, DH_P2: tl.constexpr,
+        K_CODEC: tl.constexpr, V_CODEC: tl.constexpr, INT4_GROUP: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr,
+        SINGLE_SPLIT: tl.constexpr, FP32_DOT: tl.constexpr,
+    ):
+        qb = tl.program_id(0)
+        kv_head = tl.program_id(1)
+        split = tl.program_id(2)
+        M: tl.constexpr = BLOCK_Q * GROUP_P2
+
+        # ---- which sequence and which of its query tokens ---------------------------------
+        if BLOCK_Q == 1:
+            seq = qb
+        else:  # largest seq with qsl[seq] // BLOCK_Q + seq <= qb
+            lo = qb * 0
+            hi = lo + num_seqs - 1   # (a tensor even when num_seqs is specialized to 1)
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                ok = tl.load(qsl_ptr + mid) // BLOCK_Q + mid <= qb
+                lo = tl.where(ok, mid, lo)
+                hi = tl.where(ok, hi, mid - 1)
+            seq = lo
+        q_start = tl.load(qsl_ptr + seq)
+        q_len = tl.load(qsl_ptr + seq + 1) - q_start
+        if BLOCK_Q == 1:
+            tok0 = 0
+        else:
+            tok0 = (qb - (q_start // BLOCK_Q + seq)) * BLOCK_Q
+        if tok0 < q_len:
+            context_len = tl.load(context_lens_ptr + seq)
+            offs_m = tl.arange(0, M)
+            tok = tok0 + offs_m // GROUP_P2                      # [M] token within the chunk
+            g = offs_m % GROUP_P2
+            heads = kv_head * GROUP + g
+            row_ok = (g < GROUP) & (tok < q_len)
+            q_pos = context_len - q_len + tok                    # [M] absolute position
+            kv_end = context_len - q_len + tl.minimum(tok0 + BLOCK_Q, q_len)
+            per_split = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
+            start = split * per_split
+            end = tl.minimum(start + per_split, kv_end)
+
+            q_rows = q_ptr + (q_start + tok).to(tl.int64) * stride_qt + heads * stride_qh
+            if K_CODEC == 2:  # int4 keys: q's even and odd channels meet the low / high nibbles
+                offs_j = tl.arange(0, DH_P2)
+                mask_j = offs_j < HEAD_DIM // 2
+                qm = row_ok[:, None] & mask_j[None, :]
+                q_even = tl.load(q_rows[:, None] + 2 * offs_j[None, :], mask=qm, other=0.0)
+                q_odd = tl.load(q_rows[:, None] + 2 * offs_j[None, :] + 1, mask=qm, other=0.0)
+                if FP32_DOT:
+                    q_even = q_even.to(tl.float32)
+                    q_odd = q_odd.to(tl.float32)
+            offs_d = tl.arange(0, D_P2)
+            mask_d = offs_d < HEAD_DIM
+            if K_CODEC != 2:
+                q = tl.load(q_rows[:, None] + offs_d[None, :],
+                            mask=row_ok[:, None] & mask_d[None, :], other=0.0)   # [M, D]
+                if FP32_DOT:
+                    q = q.to(tl.float32)
+            dot_dtype = q_ptr.dtype.element_ty
+            if FP32_DOT:
+                dot_dtype = tl.float32
+
+            m_i = tl.full([M], -1.0e30, dtype=tl.float32)
+            l_i = tl.zeros([M], dtype=tl.float32)
+            acc = tl.zeros([M, D_P2], dtype=tl.float32)
+            bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+            for tile in range(start, end, BLOCK_N):
+                offs_n = tile + tl.arange(0, BLOCK_N)
+                mask_n = offs_n < end
+                page = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=mask_n, other=0).to(tl.int64)
+                row_in_page = offs_n % BLOCK_SIZE
+                # ---- scores [M, N] ----
+                k_rows = k_ptr + page * stride_kb + row_in_page * stride_kt + kv_head * stride_kh
+                if K_CODEC == 2:
+                    ks_rows = (ks_ptr + page * stride_ksb + row_in_page * stride_kst
+                               + kv_head * stride_ksh)
+                    km = mask_n[:, None] & mask_j[None, :]
+                    packed = tl.load(k_rows[:, None] + offs_j[None, :], mask=km, other=0)
+                    # channel 2j is in group 2j // INT4_GROUP = j // (INT4_GROUP // 2)
+                    ksc = tl.load(ks_rows[:, None] + offs_j[None, :] // (INT4_GROUP // 2),
+                                  mask=km, other=0.0)                              # [N, D/2]
+                    lo_nib = ((packed & 15).to(tl.int32) - 8).to(tl.float32) * ksc
+                    hi_nib = ((packed >> 4).to(tl.int32) - 8).to(tl.float32) * ksc
+                    if FP32_DOT:
+                        s = tl.dot(q_even, tl.trans(lo_nib), input_precision="ieee")
+                        s += tl.dot(q_odd, tl.trans(hi_nib), input_precision="ieee")
+                    else:
+                        s = tl.dot(q_even, tl.trans(lo_nib.to(dot_dtype)))
+                        s += tl.dot(q_odd, tl.trans(hi_nib.to(dot_dtype)))
+                else:
+                    k = tl.load(k_rows[:, None] + offs_d[None, :],
+                                mask=mask_n[:, None] & mask_d[None, :], other=0.0)   # [N, D]
+                    if FP32_DOT:
+                        s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+                    else:
+                        s = tl.dot(q, tl.trans(k.to(dot_dtype)))
+                    if K_CODEC == 1:  # per-token scale factors out of the dot
+                        k_scale = tl.load(ks_ptr + page * stride_ksb + row_in_page * stride_kst
+                                          + kv_head * stride_ksh, mask=mask_n, other=0.0)
+                        s = s * k_scale[None, :]
+                visible = mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None])
+                s = tl.where(visible, s * qk_scale, float("-inf"))
+                # ---- online softmax ----
+                m_new = tl.maximum(m_i, tl.max(s, axis=1))
+                alpha = tl.exp2(m_i - m_new)
+                p = tl.exp2(s - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, axis=1)
+                # ---- values ----
+                v_rows = v_ptr + page * stride_vb + row_in_page * stride_vt + kv_head * stride_vh
+                v = tl.load(v_rows[:, None] + offs_d[None, :],
+                            mask=mask_n[:, None] & mask_d[None, :], other=0.0)       # [N, D]
+                if V_CODEC == 1:
+                    v_scale = tl.load(vs_ptr + page * stride_vsb + row_in_page * stride_vst
+                                      + kv_head * stride_vsh, mask=mask_n, other=0.0)
+                    pv = p * v_scale[None, :]
+                else:
+                    pv = p
+                if FP32_DOT:
+                    acc = acc * alpha[:, None] + tl.dot(pv, v.to(tl.float32),
+                                                        input_precision="ieee")
+                else:
+                    acc = acc * alpha[:, None] + tl.dot(pv.to(dot_dtype), v.to(dot_dtype))
+                m_i = m_new
+
+            nonempty = l_i > 0.0
+            o = acc / tl.where(nonempty, l_i, 1.0)[:, None]
+            store_mask = row_ok[:, None] & mask_d[None, :]
+            token = (q_start + tok).to(tl.int64)
+            if SINGLE_SPLIT:
+                tl.store(out_ptr + token[:, None] * stride_ot + heads[:, None] * stride_oh
+                         + offs_d[None, :], o.to(out_ptr.dtype.element_ty), mask=store_mask)
+            else:
+                # part_o [num_tokens, num_heads, num_splits, HEAD_DIM] fp32; part_lse [.., .., S]
+                prow = (token * NUM_HEADS + heads) * num_splits + split                # [M]
+                tl.store(part_o_ptr + prow[:, None] * HEAD_DIM + offs_d[None, :], o,
+                         mask=store_mask)
+                lse = tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)),
+                               float("-inf"))
+                tl.store(part_lse_ptr + prow, lse, mask=row_ok)
+
+    @triton.jit
+    def _merge_splits_kernel(
+        part_o_ptr, part_lse_ptr, out_ptr, stride_ot, stride_oh, num_splits,
+        NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, D_P2: tl.constexpr,
+        SPLITS_P2: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
+    ):
+        """out[token, heads] = sum_s w_s o_s / sum_s w_s with w_s = 2^(lse_s - max lse)."""
+        token = tl.program_id(0).to(tl.int64)
+        heads = tl.program_id(1) * HEADS_PER_PROGRAM + tl.arange(0, HEADS_PER_PROGRAM)
+        offs_s = tl.arange(0, SPLITS_P2)
+        offs_d = tl.arange(0, D_P2)
+        mask_h = heads < NUM_HEADS
+        mask_hs = mask_h[:, None] & (offs_s < num_splits)[None, :]
+        row = (token * NUM_HEADS + heads[:, None]) * num_splits + offs_s[None, :]   # [Hb, S]
+        lse = tl.load(part_lse_ptr + row, mask=mask_hs, other=float("-inf"))
+        m = tl.max(lse, axis=1)
+        m = tl.where(m == float("-inf"), 0.0, m)            # all splits empty: weights all 0
+        w = tl.exp2(lse - m[:, None])                        # [Hb, S]
+        den = tl.sum(w, axis=1)
+        o = tl.load(part_o_ptr + row[:, :, None] * HEAD_DIM + offs_d[None, None, :],
+                    mask=mask_hs[:, :, None] & (offs_d < HEAD_DIM)[None, None, :],
+                    other=0.0)                                                   # [Hb, S, D]
+        o = tl.sum(o * w[:, :, None], axis=1) / tl.where(den > 0.0, den, 1.0)[:, None]
+        tl.store(out_ptr + token * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+                 o.to(out_ptr.dtype.element_ty),
+                 mask=mask_h[:, None] & (offs_d < HEAD_DIM)[None, :])
+
+
+def paged_attention_triton(
+    q: torch.Tensor, k_cache, v_cache, block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float,
+    max_query_len: int, max_context_len: int | None = None, num_splits: int | None = None,
+    out: torch.Tensor | None = None, block_q: int | None = None,
+    num_warps: int = NUM_WARPS, block_n: int = BLOCK_N,
+) -> torch.Tensor:
+    num_tokens, num_heads, head_dim = q.shape
+    num_seqs = context_lens.shape[0]
+    k_data, k_scale, k_codec = _pool_parts(k_cache)
+    v_data, v_scale, v_codec = _pool_parts(v_cache)
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    if v_codec == CODEC_INT4:
+        raise ValueError("int4 values are not a KV format (int4 keys pair with fp8 values)")
+    assert q.stride(-1) == 1 and k_data.stride(-1) == 1 and v_data.stride(-1) == 1
+    assert num_heads % num_kv_heads == 0 and head_dim >= 16
+    assert query_start_loc.shape[0] == num_seqs + 1 and block_tables.shape[0] >= num_seqs
+    group = num_heads // num_kv_heads
+    int4_group = 2 * k_data.shape[-1] // k_scale.shape[-1] if k_codec == CODEC_INT4 else 1
+    if out is None:
+        out = torch.empty_like(q)
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+    if block_q is None:
+        block_q = choose_block_q(max_query_len, group)
+    group_p2 = max(16, next_power_of_2(group)) if block_q == 1 else next_power_of_2(group)
+    if block_q * group_p2 < 16:
+        block_q = 16 // group_p2
+    num_q_blocks = num_seqs if block_q == 1 else num_tokens // block_q + num_seqs
+    if max_context_len is None:  # an upper bound without a device sync
+        max_context_len = block_tables.shape[1] * block_size
+    if num_splits is None:
+        busy_blocks = num_seqs if block_q == 1 else max(1, cdiv(num_tokens, block_q))
+        num_splits = choose_num_splits(busy_blocks * num_kv_heads, max_context_len,
+                                       num_sms(q.device))
+    if num_splits > 1:
+        part_o = torch.empty((num_tokens, num_heads, num_splits, head_dim),
+                             dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((num_tokens, num_heads, num_splits), dtype=torch.float32,
+                               device=q.device)
+    else:
+        part_o = part_lse = out  # unused
+    d_p2 = max(16, next_power_of_2(head_dim))
+    _paged_attention_kernel[(num_q_blocks, num_kv_heads, num_splits)](
+        q, out, part_o, part_lse,
+        k_data, k_data if k_scale is None else k_scale,
+        v_data, v_data if v_scale is None else v_scale,
+        block_tables, query_start_loc, context_lens,
+        scale * _LOG2E, num_seqs, num_splits,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_data.stride(0), k_data.stride(1), k_data.stride(2), *_strides3(k_scale),
+        v_data.stride(0), v_data.stride(1), v_data.stride(2), *_strides3(v_scale),
+        block_tables.stride(0),
+        NUM_HEADS=num_heads, GROUP=group, GROUP_P2=group_p2,
+        HEAD_DIM=head_dim, D_P2=d_p2, DH_P2=max(16, next_power_of_2(head_dim // 2)),
+        K_CODEC=k_codec, V_CODEC=v_codec, INT4_GROUP=int4_group,
+        BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_Q=block_q,
+        SINGLE_SPLIT=num_splits == 1,
+        FP32_DOT=q.dtype == torch.float32 or triton_interpreting(),
+        num_warps=num_warps, num_stages=NUM_STAGES,
+    )
+    if num_splits > 1:
+        splits_p2 = next_power_of_2(num_splits)
+        # heads per merge program: a [heads, splits, head_dim] fp32 tile of <= 8K elements
+        hpp = min(next_power_of_2(num_heads), max(1, MERGE_TILE // (splits_p2 * d_p2)))
+        _merge_splits_kernel[(num_tokens, cdiv(num_heads, hpp))](
+            part_o, part_lse, out, out.stride(0), out.stride(1), num_splits,
+            NUM_HEADS=num_heads, HEAD_DIM=head_dim, D_P2=d_p2,
+            SPLITS_P2=splits_p2, HEADS_PER_PROGRAM=hpp,
+            num_warps=4,
+        )
+    return out
+
+
+def paged_attention(
+    q: torch.Tensor, k_cache, v_cache, block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float | None = None,
+    *, max_query_len: int, max_context_len: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attention of every query token of a step over the paged cache -> [num_tokens, H, D].
+
+    Host bounds, never read from the device: `max_query_len` (1 = a decode-only step, which
+    takes the one-sequence-per-program tiling) and `max_context_len` (split sizing; default the
+    block-table width). `out` (optional) receives the result (a static buffer under graphs).
+    """
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    if use_triton(q):
+        return paged_attention_triton(q, k_cache, v_cache, block_tables, query_start_loc,
+                                      context_lens, scale, max_query_len, max_context_len,
+                                      out=out)
+    ref = paged_attention_reference(q, k_cache, v_cache, block_tables, query_start_loc,
+                                    context_lens, scale)
+    if out is None:
+        return ref
+    out.copy_(ref)
+    return out
