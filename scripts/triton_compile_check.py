@@ -39,7 +39,7 @@ def _usage(kernel) -> str:
         f.write(kernel.asm["cubin"])
         f.flush()
         out = subprocess.run([cuobjdump, "--dump-resource-usage", f.name],
-                             capture_output=True, text=True).stdout
+                             capture_output=True, text=True, check=False).stdout
     line = next(x for x in out.splitlines() if "REG:" in x)
     regs = line.split("REG:")[1].split()[0]
     stack = line.split("STACK:")[1].split()[0]
@@ -53,9 +53,9 @@ def attention(k_codec: int, v_codec: int, block_q: int, single: bool, warps: int
              "ks_ptr": "*fp32", "v_ptr": "*" + _KV_DTYPE[v_codec], "vs_ptr": "*fp32",
              "block_tables_ptr": "*i32", "qsl_ptr": "*i32", "context_lens_ptr": "*i32",
              "qk_scale": "fp32"}
-    const = dict(NUM_HEADS=56, GROUP=7, GROUP_P2=group_p2, HEAD_DIM=128, D_P2=128, DH_P2=64,
-                 K_CODEC=k_codec, V_CODEC=v_codec, INT4_GROUP=32, BLOCK_SIZE=16,
-                 BLOCK_N=pa.BLOCK_N, BLOCK_Q=block_q, SINGLE_SPLIT=single, FP32_DOT=False)
+    const = {"NUM_HEADS": 56, "GROUP": 7, "GROUP_P2": group_p2, "HEAD_DIM": 128, "D_P2": 128, "DH_P2": 64,
+                 "K_CODEC": k_codec, "V_CODEC": v_codec, "INT4_GROUP": 32, "BLOCK_SIZE": 16,
+                 "BLOCK_N": pa.BLOCK_N, "BLOCK_Q": block_q, "SINGLE_SPLIT": single, "FP32_DOT": False}
     return _usage(_compile(pa._paged_attention_kernel, types, const, warps, pa.NUM_STAGES))
 
 
@@ -64,9 +64,9 @@ def rotary(k_codec: int, v_codec: int) -> str:
              "cos_ptr": "*fp32", "sin_ptr": "*fp32", "slot_ptr": "*i64",
              "kc_ptr": "*" + _KV_DTYPE[k_codec], "ks_ptr": "*fp32",
              "vc_ptr": "*" + _KV_DTYPE[v_codec], "vs_ptr": "*fp32"}
-    const = dict(NUM_HEADS=56, NUM_KV_HEADS=8, HEADS_P2=64, KV_HEADS_P2=8, HALF=64, HALF_P2=64,
-                 BLOCK_SIZE=16, K_CODEC=k_codec, V_CODEC=v_codec, INT4_SUB=32,
-                 INT4_WHOLE_HEAD=False)
+    const = {"NUM_HEADS": 56, "NUM_KV_HEADS": 8, "HEADS_P2": 64, "KV_HEADS_P2": 8, "HALF": 64, "HALF_P2": 64,
+                 "BLOCK_SIZE": 16, "K_CODEC": k_codec, "V_CODEC": v_codec, "INT4_SUB": 32,
+                 "INT4_WHOLE_HEAD": False}
     return _usage(_compile(rk._rotary_kv_kernel, types, const, 4))
 
 

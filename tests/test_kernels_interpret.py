@@ -1,0 +1,224 @@
+"""The Triton attention and rotary/KV-write kernels run on the CPU through Triton's interpreter
+(TRITON_INTERPRET=1), checked against their torch references: all three KV formats, decode-only
+and mixed prefill + decode steps, cached prefixes, random block tables, split contexts, a
+context-0 padding sequence, GQA 7 padded to 8/16 rows, outputs poisoned with NaN first.
+
+Runs wherever `triton` imports (CI installs it on Linux x86-64). The interpreter computes the
+dots in fp32 (its bf16 dot is broken), so the bf16 tensor-core path is checked on the GPU
+(tests/test_kernels_gpu.py); everything else (indexing, masking, splits, dequantization,
+quantize-on-write) is the same code.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from backend.kv_quant import QuantizedPages
+
+FORMATS = {"auto": None, "fp8": ("fp8", "fp8"), "int4-fp8": ("int4", "fp8")}
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+
+# Triton picks interpreted or compiled functions (its own library's too) when `@triton.jit`
+# runs, i.e. at import; so this file runs itself in a fresh interpreter-mode process.
+if not INTERPRETING:
+
+    def test_kernels_in_triton_interpreter():
+        env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                            __file__], env=env, capture_output=True, text=True, timeout=600,
+                           check=False)
+        assert r.returncode == 0, r.stdout[-8000:] + r.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    from backend.kernels import paged_attention, rotary_kv
+
+    return paged_attention, rotary_kv
+
+
+def _pools(fmt, num_blocks, block_size, kv_heads, head_dim, dtype, gen):
+    """K and V pools of `fmt` filled with random (never zero) content."""
+    if FORMATS[fmt] is None:
+        k = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen).to(dtype)
+        v = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen).to(dtype)
+        return k, v
+    kc, vc = FORMATS[fmt]
+    k = QuantizedPages(kc, num_blocks, block_size, kv_heads, head_dim, "cpu")
+    v = QuantizedPages(vc, num_blocks, block_size, kv_heads, head_dim, "cpu")
+    slots = torch.arange(num_blocks * block_size)
+    k.write(slots, 2 * torch.randn(len(slots), kv_heads, head_dim, generator=gen))
+    v.write(slots, torch.randn(len(slots), kv_heads, head_dim, generator=gen))
+    return k, v
+
+
+def _step(query_lens, context_lens, num_blocks, block_size, gen):
+    """Metadata of one step: per-sequence query starts, contexts and random block tables."""
+    width = max(1, max(-(-c // block_size) for c in context_lens)) + 1
+    perm = torch.randperm(num_blocks, generator=gen)[: len(context_lens) * width]
+    tables = perm.view(len(context_lens), width).to(torch.int32)
+    qsl = torch.zeros(len(query_lens) + 1, dtype=torch.int32)
+    qsl[1:] = torch.tensor(query_lens).cumsum(0)
+    return tables, qsl, torch.tensor(context_lens, dtype=torch.int32)
+
+
+ATTN_CASES = [
+    # (heads, kv heads, head_dim, block, query lens, context lens, splits)
+    # decode-only: one sequence per program; split context; a context-0 padding row
+    (8, 2, 32, 4, [1, 1, 1], [5, 37, 0], 1),
+    (8, 2, 32, 4, [1, 1], [29, 64], 3),
+    # mixed: 2 decodes, a chunk on a cached prefix, a fresh prompt, an empty trailing sequence
+    (8, 2, 32, 4, [1, 1, 9, 6, 0], [17, 3, 30, 6, 0], 1),
+    (8, 2, 32, 4, [1, 9], [40, 12], 2),
+    # GQA 7 (the 33B ratio), head_dim 16; padding tokens in a context-0 sequence
+    (7, 1, 16, 8, [1, 5, 3], [12, 21, 0], 1),
+]
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("case", ATTN_CASES, ids=lambda c: f"q{c[4]}-ctx{c[5]}-s{c[6]}")
+def test_paged_attention_matches_reference(kernels, fmt, case):
+    pa, _ = kernels
+    heads, kv_heads, head_dim, block_size, qlens, ctxs, splits = case
+    gen = torch.Generator().manual_seed(hash((fmt, str(case))) % 2**31)
+    num_blocks = 3 * len(ctxs) * (max(ctxs) // block_size + 2)
+    k, v = _pools(fmt, num_blocks, block_size, kv_heads, head_dim, torch.float32, gen)
+    tables, qsl, lens = _step(qlens, ctxs, num_blocks, block_size, gen)
+    q = torch.randn(sum(qlens), heads, head_dim, generator=gen)
+    out = torch.full_like(q, float("nan"))  # poisoned: every row must be written
+    pa.paged_attention_triton(q, k, v, tables, qsl, lens, 0.3, max_query_len=max(qlens),
+                              num_splits=splits, out=out)
+    ref = pa.paged_attention_reference(q, k, v, tables, qsl, lens, 0.3)
+    assert torch.isfinite(out).all()
+    err = ((out - ref).norm() / ref.norm()).item()
+    assert err < 1e-5, err
+    # a context-0 sequence (padding) reads nothing and comes out zero
+    for i, c in enumerate(ctxs):
+        if c == 0:
+            assert out[qsl[i]:qsl[i + 1]].abs().max().item() == 0.0 if qsl[i] < qsl[i + 1] else True
+
+
+def test_paged_attention_bf16_io_and_dispatch(kernels):
+    """bf16 q/out and pages through the public dispatcher (default tiling and split choice)."""
+    pa, _ = kernels
+    gen = torch.Generator().manual_seed(7)
+    k, v = _pools("auto", 40, 4, 2, 32, torch.bfloat16, gen)
+    tables, qsl, lens = _step([1, 4], [21, 11], 40, 4, gen)
+    q = torch.randn(5, 8, 32, generator=gen).to(torch.bfloat16)
+    out = pa.paged_attention(q, k, v, tables, qsl, lens, max_query_len=4)
+    ref = pa.paged_attention_reference(q, k, v, tables, qsl, lens, 32 ** -0.5)
+    err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+    assert out.dtype == torch.bfloat16 and err < 1e-2, err
+
+
+def _qkv(tokens, heads, kv_heads, head_dim, gen):
+    qkv = 3 * torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen)
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1)
+    return qkv, (q.view(tokens, heads, head_dim), k.view(tokens, kv_heads, head_dim),
+                 v.view(tokens, kv_heads, head_dim))
+
+
+def _raw(pool, slots):
+    """(code bytes, scales) of `slots` of a pool (a plain tensor: its values, no scales)."""
+    if isinstance(pool, torch.Tensor):
+        return pool.reshape(-1, *pool.shape[2:])[slots], None
+    n = pool.shape[0] * pool.shape[1]
+    data = pool.data.view(torch.uint8)
+    return (data.view(n, *data.shape[2:])[slots], pool.scale.view(n, *pool.scale.shape[2:])[slots])
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("head_dim", [32, 128])
+def test_rotary_kv_write_quantizes_like_reference(kernels, fmt, head_dim):
+    """Rotated q/k in place, and the page contents (codes and scales, bit for bit) equal the
+    reference rotary followed by `backend.kv_quant`'s encoders; a slot of -1 writes nothing."""
+    _, rk = kernels
+    heads, kv_heads, block_size, num_blocks, tokens = 4, 2, 4, 8, 6
+    gen = torch.Generator().manual_seed(head_dim + len(fmt))
+    cos, sin = rk.build_rope_cache(64, head_dim, 10000.0)
+    positions = torch.randint(0, 64, (tokens,), generator=gen)
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:tokens]
+    slots[2] = -1
+    qkv, _ = _qkv(tokens, heads, kv_heads, head_dim, gen)
+    results = []
+    for write in (rk.rotary_kv_write, rk.rotary_kv_write_reference):
+        x = qkv.clone()
+        q, k, v = x.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1)
+        views = (q.view(tokens, heads, head_dim), k.view(tokens, kv_heads, head_dim),
+                 v.view(tokens, kv_heads, head_dim))
+        if FORMATS[fmt] is None:
+            pools = [torch.full((num_blocks, block_size, kv_heads, head_dim), float("nan"))
+                     for _ in range(2)]
+        else:
+            pools = [QuantizedPages(c, num_blocks, block_size, kv_heads, head_dim, "cpu")
+                     for c in FORMATS[fmt]]
+            for p in pools:  # poison: unwritten slots keep it
+                p.data.view(torch.uint8).fill_(0x55)
+                p.scale.fill_(-1.0)
+        write(positions, *views, cos, sin, pools[0], pools[1], slots)
+        results.append((x, pools))
+    (x_kernel, pools_kernel), (x_ref, pools_ref) = results
+    torch.testing.assert_close(x_kernel, x_ref, rtol=1e-6, atol=1e-6)
+    written = slots[slots >= 0]
+    for pk, pr in zip(pools_kernel, pools_ref):
+        (ck, sk), (cr, sr) = _raw(pk, written), _raw(pr, written)
+        assert torch.equal(ck, cr)
+        if sk is not None:
+            assert torch.equal(sk, sr)
+        # the skipped token's slot stays poisoned
+        all_slots = torch.arange(num_blocks * block_size)
+        untouched = all_slots[~torch.isin(all_slots, written)]
+        raw_untouched, _ = _raw(pk, untouched)
+        if isinstance(pk, torch.Tensor):
+            assert torch.isnan(raw_untouched).all()
+        else:
+            assert (raw_untouched == 0x55).all()
+
+
+def test_kernel_write_then_kernel_attention_reads_it(kernels):
+    """A mixed step end to end on int4-fp8 pages: the fused write quantizes, the attention
+    kernel dequantizes what it wrote, and both equal the reference write + reference attention."""
+    pa, rk = kernels
+    heads, kv_heads, head_dim, block_size, num_blocks = 8, 2, 32, 4, 24
+    gen = torch.Generator().manual_seed(11)
+    cos, sin = rk.build_rope_cache(64, head_dim, 10000.0)
+    qlens, ctxs = [1, 7], [10, 7]
+    tables, qsl, lens = _step(qlens, ctxs, num_blocks, block_size, gen)
+    positions = torch.tensor([9] + list(range(7)))
+    slots = torch.stack([tables[0, 9 // block_size] * block_size + 9 % block_size] +
+                        [tables[1, p // block_size] * block_size + p % block_size
+                         for p in range(7)]).long()
+    base_k, base_v = _pools("int4-fp8", num_blocks, block_size, kv_heads, head_dim,
+                            torch.float32, gen)
+    qkv, _ = _qkv(8, heads, kv_heads, head_dim, gen)
+    outs = []
+    for write, attend in ((rk.rotary_kv_write, pa.paged_attention_triton),
+                          (rk.rotary_kv_write_reference, None)):
+        k_pool = QuantizedPages("int4", num_blocks, block_size, kv_heads, head_dim, "cpu")
+        v_pool = QuantizedPages("fp8", num_blocks, block_size, kv_heads, head_dim, "cpu")
+        for dst, src in ((k_pool, base_k), (v_pool, base_v)):
+            dst.data.copy_(src.data)
+            dst.scale.copy_(src.scale)
+        x = qkv.clone()
+        q, k, v = x.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1)
+        q = q.view(8, heads, head_dim)
+        write(positions, q, k.view(8, kv_heads, head_dim), v.view(8, kv_heads, head_dim),
+              cos, sin, k_pool, v_pool, slots)
+        if attend is None:
+            outs.append(pa.paged_attention_reference(q, k_pool, v_pool, tables, qsl, lens, 0.2))
+        else:
+            outs.append(attend(q, k_pool, v_pool, tables, qsl, lens, 0.2, max_query_len=7))
+    err = ((outs[0] - outs[1]).norm() / outs[1].norm()).item()
+    assert err < 1e-5, err
+
+
+if not INTERPRETING:  # the cases are collected only inside test_kernels_in_triton_interpreter
+    del (test_paged_attention_matches_reference, test_paged_attention_bf16_io_and_dispatch,
+         test_rotary_kv_write_quantizes_like_reference,
+         test_kernel_write_then_kernel_attention_reads_it)
