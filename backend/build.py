@@ -104,9 +104,10 @@ def create_engine(cfg: BackendConfig) -> tuple[Engine, LoadedModel]:
     kv = KVCache.allocate(loaded.config, num_blocks, cfg.block_size, loaded.dtype, loaded.device,
                           cfg.kv_cache_dtype)
     runner = ModelRunner(loaded.model, kv, cfg.max_num_batched_tokens, cfg.max_num_seqs, max_model_len)
-    if cfg.kv_cache_dtype != "auto":
-        use_reference_attention(runner, cfg.kv_cache_dtype)
-    elif loaded.device.type == "cpu":
+    # CUDA: the Triton kernels read and write every KV format (`backend.kernel_dispatch`). CPU:
+    # the C kernels take fp32 model-dtype pages; quantized pools keep the torch reference
+    # attention, which dequantizes the pages it reads (`backend.attention`).
+    if loaded.device.type == "cpu" and cfg.kv_cache_dtype == "auto":
         use_cpu_kernels(runner)
     engine_cfg = EngineConfig(max_model_len=max_model_len, num_blocks=num_blocks,
                               block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
@@ -128,27 +129,6 @@ def use_cpu_kernels(runner: ModelRunner) -> None:
     model.ops = CpuOps()
     if not model.attn.uses_kernel:
         log.info("CPU kernels unavailable: torch reference attention and ops")
-
-
-def use_reference_attention(runner: ModelRunner, kv_cache_dtype: str) -> None:
-    """A quantized KV pool is read by the torch reference attention (`backend.attention`), which
-    dequantizes the pages it reads. The Triton kernels (`backend.kernel_dispatch`) read only
-    model-dtype pages, so on CUDA the runner's kernels and decode graphs are swapped back out.
-    Future kernel work: fp8 / int4 page reads in `paged_decode_attention` and `rotary_kv_write`."""
-    from backend.attention import TorchAttention
-    from backend.ops import TORCH_OPS
-
-    model = runner.model
-    if isinstance(model.attn, TorchAttention) and runner.graphs is None:
-        return
-    log.warning("--kv-cache-dtype %s: the Triton attention kernels support only 'auto'; using the "
-                "torch reference attention (dequantize on read) and no CUDA graphs on %s",
-                kv_cache_dtype, runner.device)
-    if runner.graphs is not None:
-        runner.graphs.release()
-        runner.graphs = None
-    model.ops = TORCH_OPS
-    model.attn = TorchAttention(model.config.head_dim ** -0.5)
 
 
 def _eos_ids(loaded: LoadedModel) -> tuple[int, ...]:

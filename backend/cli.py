@@ -91,13 +91,20 @@ def _configure_serving(engine, args: argparse.Namespace) -> str:
     from backend.serving_setup import configure_serving
 
     try:
-        buckets = parse_buckets(args.cuda_graph_buckets) if args.cuda_graph_buckets else None
-        info = configure_serving(engine.runner, args.quantization, args.enforce_eager, buckets)
+        buckets = parse_buckets(args.cuda_graph_buckets) \
+            if args.cuda_graph_buckets is not None else None
+        token_buckets = parse_buckets(args.cuda_graph_token_buckets) \
+            if args.cuda_graph_token_buckets is not None else None
+        info = configure_serving(engine.runner, args.quantization, args.enforce_eager, buckets,
+                                 token_buckets=token_buckets)
     except ValueError as exc:  # QuantizationError included
         raise ModelLoadError(str(exc)) from None
     note = f", {info['quantization']} weights" if info["quantization"] != "none" else ""
     if info["cuda_graphs"]:
-        note += f", {len(info['buckets'])} CUDA graphs captured in {info['capture_s']:.1f} s"
+        mem = info.get("capture_mem", {}).get("free_bytes_used")
+        note += (f", {len(info['buckets'])} decode + {len(info['token_buckets'])} mixed-step "
+                 f"CUDA graphs captured in {info['capture_s']:.1f} s"
+                 + (f" ({mem / 2**20:.0f} MiB)" if mem is not None else ""))
     return note
 
 

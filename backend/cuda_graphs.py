@@ -1,34 +1,51 @@
-"""CUDA-graph decode: one captured graph per batch-size bucket, replayed on padded batches.
+"""CUDA graphs for every step: decode steps bucketed by batch size, mixed steps (prefill chunks
+and decodes together) bucketed by scheduled tokens. Replayed on padded inputs.
 
 A graph runner from outside the model (the model and the eager runner know nothing of it). The
-runner hands a step here first (`try_execute`); a decode-only step of at most the largest bucket
-replays the graph of the smallest bucket >= its batch size, anything else runs eagerly.
+runner hands a step here first (`try_execute`):
 
-Static inputs: one pinned host array and its device twin, one row per sequence slot, so a step
-is a single host->device copy of `bucket` rows (int32):
+    decode-only, batch <= the largest decode bucket      -> decode graph of the smallest bucket
+                                                            >= the batch (default up to 256)
+    any other step of <= the largest token bucket tokens  -> mixed graph of the smallest token
+                                                            bucket >= its tokens (default 1024)
+    anything larger                                       -> None: the runner runs it eagerly
+
+Both kinds run the same model code with the Triton kernels; what a graph fixes is the shapes
+(tokens, sequence rows) and the attention tiling (decode: a program per sequence; mixed: a
+program per BLOCK_Q tokens of a sequence, `backend.kernels.paged_attention`). Nothing the
+kernels launch depends on device data, so one capture serves any contents.
+
+Decode graphs. Static inputs: one pinned host array and its device twin, one row per sequence
+slot, so a step is a single host->device copy of `bucket` rows (int32):
 
     row r:  | token id | position | slot | context len | block table (max_blocks_per_seq) |
             |    0     |    1     |  2   |      3      | 4 ...                            |
 
 Rows [batch, bucket) are padding: context len 0 (attention writes zeros), slot -1 (nothing is
 written to the KV pool), token 0 at position 0. Inside the graph the columns are cast to the
-dtypes the model reads (int64 ids/positions/slots, contiguous int32 context lens), the model
-runs on all `bucket` rows, then the LM head and a greedy argmax:
+dtypes the model reads (int64 ids/positions/slots, contiguous int32 context lens). Block-table
+rows are rewritten only where they changed (a row that kept its request since the last decode
+graph step gets its new and last entries; any other step forgets that, since preemption
+re-prefills).
 
-    packed [bucket, 4 + W] --graph--> logits [bucket, vocab] fp32, greedy ids [bucket] int64
+Mixed graphs (bucket T tokens, S = min(T, max_num_seqs) + 1 sequence rows) read the runner's
+own static buffers, filled by `runner.prepare(chunks, pad_to=(T, S))`: the real tokens and
+sequences first, then the padding tokens as one extra sequence of context 0 (slot -1, zero
+attention rows), then empty sequences. Logits are taken at each sequence row's last token
+(`last_token`), so a graph's outputs are per sequence row like a decode graph's.
+
+    inputs --graph--> logits [rows, vocab] fp32, greedy ids [rows] int64
 
 All-greedy steps read the ids (one device->host copy, which also synchronizes); other steps
 sample from the static logits with the runner's `Sampler`. Per step there is no device
-allocation: one copy, one graph launch. Block-table rows are rewritten only where they changed
-(a row that kept its request since the last graph step gets its new and last entries; every
-eager step forgets that, since preemption re-prefills eagerly).
+allocation: host->device copies and one graph launch. The pinned staging rows are rewritten by
+the next step only after this step's copies are done (token read-back or the runner's copy
+event), so an in-flight copy never sees them change.
 
-The pinned staging rows are rewritten by the next step only after this step synchronized (the
-token read-back), so an in-flight copy never sees them change.
-
-Graphs share one memory pool and are captured largest first. On the CPU (tests) a stand-in
-"graph" re-runs the captured function on the same static buffers, which checks everything here
-but the capture itself.
+Graphs share one memory pool and are captured largest first (mixed, then decode); capture
+time and the memory they took are kept (`capture_s`, `capture_mem`). On the CPU (tests) a
+stand-in "graph" re-runs the captured function on the same static buffers, which checks
+everything here but the capture itself.
 """
 from __future__ import annotations
 
@@ -43,7 +60,13 @@ from backend.context import ForwardContext
 from backend.sampler import SamplingParams
 from backend.step_io import RunnerOutput, SampleSpec
 
-DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
+# decode batch sizes; the runner drops those above max_num_seqs (256 by default)
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
+# scheduled tokens of a mixed step. Up to ~640 tokens an eager 33B step is host-bound (~60 ms
+# of launches against ~0.09 ms of GPU time per token), so that is where graphs pay; 1024 keeps
+# a 512-token chunk plus a few hundred decodes in a graph. Fine steps below 128, since short
+# prompts arriving one by one are the common mixed step. Dropped above max_num_batched_tokens.
+DEFAULT_TOKEN_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 320, 384, 512, 640, 768, 1024)
 NUM_WARMUPS = 2
 _ID, _POS, _SLOT, _CTX, _TABLE = 0, 1, 2, 3, 4
 
@@ -76,36 +99,57 @@ class Launched:
     num_seqs: int
 
 
-def parse_buckets(text: str | Sequence[int] | None) -> tuple[int, ...]:
+def parse_buckets(text: str | Sequence[int] | None,
+                  default: tuple[int, ...] = DEFAULT_BUCKETS) -> tuple[int, ...]:
+    """"1,2,4" or a sequence -> sorted distinct positive ints; None -> `default`; "" or
+    "none" -> () (no graphs of that kind)."""
     if text is None:
-        return DEFAULT_BUCKETS
+        return default
+    if isinstance(text, str) and text.strip().lower() in ("", "none"):
+        return ()
     items = text.split(",") if isinstance(text, str) else text
     buckets = tuple(sorted({int(x) for x in items if str(x).strip()}))
-    if not buckets or buckets[0] < 1:
+    if buckets and buckets[0] < 1:
         raise ValueError(f"CUDA-graph buckets must be positive integers, got {text!r}")
     return buckets
 
 
-class DecodeGraphs:
-    """Decode graphs for `runner` (a `backend.runner.ModelRunner`). `use_cuda_graphs=False`
-    gives the CPU stand-in (tests)."""
+class StepGraphs:
+    """Decode and mixed-step graphs for `runner` (a `backend.runner.ModelRunner`).
+    `buckets`: decode batch sizes; `token_buckets`: mixed-step token counts (either may be
+    empty). `use_cuda_graphs=False` gives the CPU stand-in (tests)."""
 
     def __init__(self, runner, buckets: Sequence[int] | None = None,
-                 use_cuda_graphs: bool | None = None) -> None:
+                 use_cuda_graphs: bool | None = None,
+                 token_buckets: Sequence[int] | None = None) -> None:
         self.runner = runner
         self.model = runner.model
         self.device = runner.device
         self.use_cuda_graphs = self.device.type == "cuda" if use_cuda_graphs is None \
             else use_cuda_graphs
         self.buckets = tuple(b for b in parse_buckets(buckets) if b <= runner.max_num_seqs)
-        if not self.buckets:
-            raise ValueError(f"no CUDA-graph bucket fits max_num_seqs={runner.max_num_seqs}")
-        self.max_bucket = self.buckets[-1]
+        self.token_buckets = tuple(
+            t for t in parse_buckets(token_buckets, DEFAULT_TOKEN_BUCKETS)
+            if t <= runner.max_num_batched_tokens)
+        if not self.buckets and not self.token_buckets:
+            raise ValueError(f"no CUDA-graph bucket fits max_num_seqs={runner.max_num_seqs} / "
+                             f"max_num_batched_tokens={runner.max_num_batched_tokens}")
+        self.max_bucket = self.buckets[-1] if self.buckets else 0
+        self.max_token_bucket = self.token_buckets[-1] if self.token_buckets else 0
+        self._token_bucket_of = np.zeros(self.max_token_bucket + 1, dtype=np.int64)
+        b = 0
+        for n in range(1, self.max_token_bucket + 1):
+            while self.token_buckets[b] < n:
+                b += 1
+            self._token_bucket_of[n] = self.token_buckets[b]
+        self.mixed_graphs: dict[int, _Captured] = {}     # token bucket -> graph
+        self.mixed_capture_s: dict[int, float] = {}
+        self.capture_mem: dict[str, int] = {}
         self.block_size = runner.block_size
         self.width = runner.max_blocks_per_seq
         self.max_model_len = runner.max_model_len
         pin = self.device.type == "cuda"
-        shape = (self.max_bucket, _TABLE + self.width)
+        shape = (max(1, self.max_bucket), _TABLE + self.width)
         self.packed_host = torch.zeros(shape, dtype=torch.int32, pin_memory=pin)
         self.rows = self.packed_host.numpy()
         self.packed = torch.zeros(shape, dtype=torch.int32, device=self.device)
@@ -152,44 +196,110 @@ class DecodeGraphs:
         """Capture (or recapture) one bucket; returns the seconds it took (warm-ups included)."""
         t0 = time.perf_counter()
         self._fill_dummy(bucket)
-        if not self.use_cuda_graphs:
-            graph = EagerGraph(lambda: self._forward(bucket))
-            logits, ids = graph.outputs
-        else:
-            for _ in range(NUM_WARMUPS):  # compiles the kernels, sets up cuBLAS, outside capture
-                self._forward(bucket)
-            torch.cuda.synchronize(self.device)
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                logits, ids = self._forward(bucket)
-            torch.cuda.synchronize(self.device)
-        self.graphs[bucket] = _Captured(graph, logits, ids)
+        self.graphs[bucket] = self._record(lambda: self._forward(bucket))
         self.capture_s[bucket] = time.perf_counter() - t0
         return self.capture_s[bucket]
 
-    def capture_all(self, buckets: Sequence[int] | None = None) -> float:
-        """Capture every bucket (largest first, so smaller ones reuse its pool); total seconds."""
+    def seq_rows(self, token_bucket: int) -> int:
+        """Sequence rows of a mixed graph: every sequence has >= 1 token, plus the padding one."""
+        return min(token_bucket, self.runner.max_num_seqs) + 1
+
+    def _forward_mixed(self, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        b = self.runner.buffers
+        seqs = self.seq_rows(tokens)
+        qsl, lens = b.query_start_loc[:seqs + 1], b.context_lens[:seqs]
+        # host copies of the metadata only for the CPU stand-in, whose attention backends read
+        # them; the Triton kernels read the device tensors alone
+        cpu = self.device.type == "cpu"
+        ctx = ForwardContext(
+            positions=b.positions[:tokens], slot_mapping=b.slot_mapping[:tokens],
+            block_tables=b.block_tables[:seqs], context_lens=lens, query_start_loc=qsl,
+            num_decode_tokens=0, num_prefills=seqs, num_prefill_tokens=tokens,
+            query_start_loc_host=qsl.tolist() if cpu else [],
+            context_lens_host=lens.tolist() if cpu else [],
+            max_context_len=self.max_model_len, block_size=self.block_size)
+        hidden = self.model(b.input_ids[:tokens], b.positions[:tokens], ctx, self.runner.kv)
+        logits = self.model.compute_logits(hidden.index_select(0, b.last_token[:seqs]))
+        return logits, logits.argmax(dim=-1)
+
+    def _fill_dummy_mixed(self, tokens: int) -> None:
+        """All `tokens` padding (context 0, slot -1): reads and writes no KV."""
+        self.runner.prepare([], pad_to=(tokens, self.seq_rows(tokens)))
+
+    def _record(self, fn: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> _Captured:
+        if not self.use_cuda_graphs:
+            graph = EagerGraph(fn)
+            return _Captured(graph, *graph.outputs)
+        for _ in range(NUM_WARMUPS):  # compiles the kernels, sets up cuBLAS, outside capture
+            fn()
+        torch.cuda.synchronize(self.device)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            logits, ids = fn()
+        torch.cuda.synchronize(self.device)
+        return _Captured(graph, logits, ids)
+
+    @torch.inference_mode()
+    def capture_mixed(self, tokens: int) -> float:
+        """Capture (or recapture) one token bucket; returns the seconds it took."""
         t0 = time.perf_counter()
-        for b in sorted(buckets or self.buckets, reverse=True):
+        self._fill_dummy_mixed(tokens)
+        self.mixed_graphs[tokens] = self._record(lambda: self._forward_mixed(tokens))
+        self.mixed_capture_s[tokens] = time.perf_counter() - t0
+        return self.mixed_capture_s[tokens]
+
+    def capture_all(self, buckets: Sequence[int] | None = None,
+                    token_buckets: Sequence[int] | None = None) -> float:
+        """Capture every bucket, mixed then decode, each largest first (smaller graphs reuse
+        the pool the larger one grew); total seconds. `capture_mem` records the device memory
+        the graphs took (free memory before - after, and the caching allocator's reserve)."""
+        t0 = time.perf_counter()
+        cuda = self.use_cuda_graphs
+        if cuda:
+            torch.cuda.synchronize(self.device)
+            free0 = torch.cuda.mem_get_info(self.device)[0]
+            reserved0 = torch.cuda.memory_reserved(self.device)
+        for t in sorted(self.token_buckets if token_buckets is None else token_buckets,
+                        reverse=True):
+            if t not in self.mixed_graphs:
+                self.capture_mixed(t)
+        for b in sorted(self.buckets if buckets is None else buckets, reverse=True):
             if b not in self.graphs:
                 self.capture(b)
+        if cuda:
+            self.capture_mem = {
+                "free_bytes_used": free0 - torch.cuda.mem_get_info(self.device)[0],
+                "reserved_bytes_added": torch.cuda.memory_reserved(self.device) - reserved0}
         return time.perf_counter() - t0
 
     def release(self) -> None:
         """Drop every graph and its memory pool (e.g. before transforming the model)."""
         self.graphs.clear()
+        self.mixed_graphs.clear()
         self._pool = None
 
     # ---- replay ----------------------------------------------------------------------------
     def can_replay(self, chunks: Sequence) -> bool:
+        """A decode-only step that a decode graph serves."""
         if not chunks or len(chunks) > self.max_bucket:
             return False
         for c in chunks:
             if c.is_prefill:
                 return False
         return True
+
+    def token_bucket(self, chunks: Sequence) -> int:
+        """The mixed graph's token bucket for this step, or 0 (too many tokens: eager)."""
+        if not chunks:
+            return 0
+        num_tokens = 0
+        for c in chunks:
+            num_tokens += len(c.token_ids)
+        if num_tokens > self.max_token_bucket or len(chunks) > self.runner.max_num_seqs:
+            return 0
+        return int(self._token_bucket_of[num_tokens])
 
     def forget_rows(self) -> None:
         """Called for every eager step: block tables may have been rebuilt (preemption)."""
@@ -247,6 +357,8 @@ class DecodeGraphs:
         num = launched.num_seqs
         cap = launched.captured
         rows = [i for i, c in enumerate(chunks) if c.sample]
+        if not rows:  # a step of mid-prompt chunks: nothing to read
+            return out
         if sampling is None:  # defaults: greedy, no logprobs
             specs = None
             greedy = True
@@ -274,10 +386,24 @@ class DecodeGraphs:
             out.logits = logits
         return out
 
+    @torch.inference_mode()
+    def launch_mixed(self, chunks: Sequence, tokens: int) -> Launched:
+        """Fill the runner's static buffers padded to the bucket and replay its graph."""
+        captured = self.mixed_graphs.get(tokens)
+        if captured is None:
+            self.capture_mixed(tokens)
+            captured = self.mixed_graphs[tokens]
+        self.runner.prepare(chunks, pad_to=(tokens, self.seq_rows(tokens)))
+        captured.graph.replay()
+        return Launched(captured, len(chunks))
+
     def try_execute(self, chunks: Sequence, sampling: Mapping | None = None,
                     keep_logits: bool = False):
         """The step's `RunnerOutput` if it is a graph step, else None (run it eagerly)."""
-        if not self.can_replay(chunks):
-            self.forget_rows()
+        if self.can_replay(chunks):
+            return self.finish(self.launch(chunks), chunks, sampling, keep_logits)
+        self.forget_rows()
+        tokens = self.token_bucket(chunks)
+        if not tokens:
             return None
-        return self.finish(self.launch(chunks), chunks, sampling, keep_logits)
+        return self.finish(self.launch_mixed(chunks, tokens), chunks, sampling, keep_logits)

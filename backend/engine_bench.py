@@ -214,7 +214,7 @@ class Bench:
 
     # ---- building ----------------------------------------------------------------------------
     def build(self) -> None:
-        from backend.cuda_graphs import DecodeGraphs, parse_buckets
+        from backend.cuda_graphs import StepGraphs, parse_buckets
         from backend.kernel_dispatch import install_kernels
         from backend.kv_cache import KVCache
         from backend.loader import init_dummy_weights
@@ -262,8 +262,8 @@ class Bench:
                                   cuda_graph_buckets=parse_buckets(a.buckets))
         if self.device.type != "cuda":  # CPU: kernel references + emulated graphs (code path)
             install_kernels(model)
-            self.runner.graphs = DecodeGraphs(self.runner, parse_buckets(a.buckets),
-                                              use_cuda_graphs=False)
+            self.runner.graphs = StepGraphs(self.runner, parse_buckets(a.buckets),
+                                            use_cuda_graphs=False)
         self.results["meta"].update({
             "num_kv_blocks": num_blocks, "block_size": bs, "max_model_len": self.max_model_len,
             "kernels": type(model.attn).__name__, "weight_bytes_bf16": self.weight_bytes()})
@@ -285,8 +285,13 @@ class Bench:
         self.results["cuda_graphs"][weights] = {
             "enabled": True, "emulated": not g.use_cuda_graphs, "capture_s": round(total, 3),
             "buckets": sorted(g.graphs), "per_bucket_s": {str(b): round(s, 3) for b, s in
-                                                          sorted(g.capture_s.items())}}
-        self.log(f"captured {len(g.graphs)} {weights} decode graphs in {total:.1f} s")
+                                                          sorted(g.capture_s.items())},
+            "token_buckets": sorted(g.mixed_graphs),
+            "per_token_bucket_s": {str(b): round(s, 3) for b, s in
+                                   sorted(g.mixed_capture_s.items())},
+            "capture_mem": dict(g.capture_mem)}
+        self.log(f"captured {len(g.graphs)} decode + {len(g.mixed_graphs)} mixed {weights} "
+                 f"graphs in {total:.1f} s; memory {g.capture_mem}")
 
     # ---- rows --------------------------------------------------------------------------------
     def decode_chunks(self, batch: int, context: int) -> list[ScheduledChunk]:
@@ -452,7 +457,7 @@ class Bench:
             "read_back_ms": med["read_back"], "update_ms": med["update"], "host_ms": host,
             "step_ms": med["step"], "goal_ms": GOAL_HOST_MS,
             "method": "median over steps of host clocks around StepScheduler.schedule, "
-                      "DecodeGraphs.launch (fill static rows, one H2D copy, replay), token "
+                      "StepGraphs.launch (fill static rows, one H2D copy, replay), token "
                       "read-back after a synchronize, and StepScheduler.update"}
         self.log(f"host time per decode step at batch {batch}: {host:.3f} ms (schedule "
                  f"{med['schedule']:.3f}, prep+copy+launch {med['launch']:.3f}, read-back "
@@ -542,7 +547,7 @@ class Bench:
             self.log(f"wrote {len(self.profile_points)} profile points to {self.args.profile_out}")
 
     def quantize(self) -> None:
-        from backend.cuda_graphs import DecodeGraphs
+        from backend.cuda_graphs import StepGraphs
         from backend.quantization import quantize_model
 
         r = self.runner
@@ -561,7 +566,8 @@ class Bench:
         self.results["meta"]["fp8_quantize_s"] = round(time.perf_counter() - t0, 2)
         self.results["meta"]["weight_bytes_fp8"] = self.weight_bytes()
         if r.graphs is not None:
-            r.graphs = DecodeGraphs(r, r.graphs.buckets, use_cuda_graphs=not emulated)
+            r.graphs = StepGraphs(r, r.graphs.buckets, use_cuda_graphs=not emulated,
+                                  token_buckets=r.graphs.token_buckets)
         self.log(f"fp8: {n} linear layers quantized in {self.results['meta']['fp8_quantize_s']} s; "
                  f"{self.weight_bytes() / 1e9:.2f} GB of weights per step")
 

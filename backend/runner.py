@@ -34,9 +34,14 @@ class StaticBuffers:
         self.input_ids, self.input_ids_host = pair(max_num_tokens, torch.int64)
         self.positions, self.positions_host = pair(max_num_tokens, torch.int64)
         self.slot_mapping, self.slot_mapping_host = pair(max_num_tokens, torch.int64)
-        self.block_tables, self.block_tables_host = pair((max_num_seqs, max_blocks_per_seq), torch.int32)
-        self.context_lens, self.context_lens_host = pair(max_num_seqs, torch.int32)
-        self.query_start_loc, self.query_start_loc_host = pair(max_num_seqs + 1, torch.int32)
+        # one sequence row more than max_num_seqs: a padded (graph) step puts its padding
+        # tokens in an extra sequence of context 0 (backend.cuda_graphs)
+        rows = max_num_seqs + 1
+        self.block_tables, self.block_tables_host = pair((rows, max_blocks_per_seq), torch.int32)
+        self.context_lens, self.context_lens_host = pair(rows, torch.int32)
+        self.query_start_loc, self.query_start_loc_host = pair(rows + 1, torch.int32)
+        # per sequence: the index of its last token (the row its logits come from)
+        self.last_token, self.last_token_host = pair(rows, torch.int64)
         self.slot_mapping.fill_(-1)
         # CUDA: set once the last host->device copies are done; the host arrays are reused only
         # after it (a step that samples nothing never synchronizes otherwise)
@@ -54,7 +59,8 @@ class StaticBuffers:
 class ModelRunner:
     def __init__(self, model: LlamaModel, kv: KVCache, max_num_batched_tokens: int,
                  max_num_seqs: int, max_model_len: int, sampler: Sampler | None = None,
-                 enforce_eager: bool = False, cuda_graph_buckets: Sequence[int] | None = None) -> None:
+                 enforce_eager: bool = False, cuda_graph_buckets: Sequence[int] | None = None,
+                 cuda_graph_token_buckets: Sequence[int] | None = None) -> None:
         self.model = model
         self.kv = kv
         self.device = model.embed_tokens.weight.device
@@ -66,17 +72,24 @@ class ModelRunner:
         self.buffers = StaticBuffers(max_num_batched_tokens, max_num_seqs, self.max_blocks_per_seq,
                                      self.device)
         self.sampler = sampler or Sampler(model.config.vocab_size, self.device)
-        # CUDA: Triton kernels in the model and decode CUDA graphs (backend.serving_setup)
+        # CUDA: Triton kernels in the model and step CUDA graphs (backend.serving_setup)
         self.graphs = None
         if self.device.type == "cuda":
             from backend.serving_setup import setup_cuda_runner
 
-            self.graphs = setup_cuda_runner(self, enforce_eager, cuda_graph_buckets)
+            self.graphs = setup_cuda_runner(self, enforce_eager, cuda_graph_buckets,
+                                            cuda_graph_token_buckets)
 
     # ---- inputs ----------------------------------------------------------------------------
-    def prepare(self, chunks: Sequence[Chunk]) -> tuple[int, ForwardContext, list[int]]:
+    def prepare(self, chunks: Sequence[Chunk], pad_to: tuple[int, int] | None = None,
+                ) -> tuple[int, ForwardContext, list[int]]:
         """Fill the static buffers for `chunks` (decodes first, then prefills, as planned).
-        Returns (num_tokens, context, indices of the chunks' last tokens)."""
+        Returns (num_tokens, context, indices of the chunks' last tokens).
+
+        `pad_to=(tokens, seqs)` (a captured mixed-step graph's shape) also fills the rows up to
+        those sizes: padding tokens write no KV (slot -1), sit at position 0 and form one extra
+        sequence of context 0 (attention gives them zero rows); the sequences after it are
+        empty. `last_token` is filled for every sequence row (0 for padding)."""
         b, bs = self.buffers, self.block_size
         num_seqs = len(chunks)
         lens = [len(c.token_ids) for c in chunks]
@@ -120,13 +133,28 @@ class ModelRunner:
             t += n
             qsl[i + 1] = t
 
+        rows_t, rows_s = t, num_seqs  # rows copied to the device
+        if pad_to is not None:
+            rows_t, rows_s = pad_to
+            if rows_t < t or not num_seqs < rows_s <= self.max_num_seqs + 1:
+                raise ValueError(f"cannot pad {t} tokens / {num_seqs} seqs to {pad_to}")
+            ids[t:rows_t] = 0
+            pos[t:rows_t] = 0
+            slots[t:rows_t] = -1
+            ctx_lens[num_seqs:rows_s] = 0
+            qsl[num_seqs + 1:rows_s + 1] = rows_t   # seq num_seqs holds every padding token
+            last = b.last_token_host.numpy()
+            last[:num_seqs] = qsl[1:num_seqs + 1] - 1
+            last[num_seqs:rows_s] = 0
+            b.last_token[:rows_s].copy_(b.last_token_host[:rows_s], non_blocking=True)
+
         # host -> device into prefixes of the static buffers
-        b.input_ids[:t].copy_(b.input_ids_host[:t], non_blocking=True)
-        b.positions[:t].copy_(b.positions_host[:t], non_blocking=True)
-        b.slot_mapping[:t].copy_(b.slot_mapping_host[:t], non_blocking=True)
-        b.block_tables[:num_seqs].copy_(b.block_tables_host[:num_seqs], non_blocking=True)
-        b.context_lens[:num_seqs].copy_(b.context_lens_host[:num_seqs], non_blocking=True)
-        b.query_start_loc[:num_seqs + 1].copy_(b.query_start_loc_host[:num_seqs + 1], non_blocking=True)
+        b.input_ids[:rows_t].copy_(b.input_ids_host[:rows_t], non_blocking=True)
+        b.positions[:rows_t].copy_(b.positions_host[:rows_t], non_blocking=True)
+        b.slot_mapping[:rows_t].copy_(b.slot_mapping_host[:rows_t], non_blocking=True)
+        b.block_tables[:rows_s].copy_(b.block_tables_host[:rows_s], non_blocking=True)
+        b.context_lens[:rows_s].copy_(b.context_lens_host[:rows_s], non_blocking=True)
+        b.query_start_loc[:rows_s + 1].copy_(b.query_start_loc_host[:rows_s + 1], non_blocking=True)
         b.mark_copied()
         qsl_list = qsl[:num_seqs + 1].tolist()
         ctx = ForwardContext(
@@ -154,11 +182,15 @@ class ModelRunner:
         while the device still runs (nothing here waits for it); `finish` reads the tokens.
         On the CPU the forward pass runs here, to the end."""
         step = LaunchedStep(chunks, sampling, keep_logits)
-        if self.graphs is not None and self.graphs.can_replay(chunks):  # decode graphs
-            step.graph_launch = self.graphs.launch(chunks)
-            return step
-        if self.graphs is not None:
+        if self.graphs is not None:  # steps that fit a captured bucket replay a CUDA graph
+            if self.graphs.can_replay(chunks):  # decode-only
+                step.graph_launch = self.graphs.launch(chunks)
+                return step
             self.graphs.forget_rows()
+            tokens = self.graphs.token_bucket(chunks)
+            if tokens:  # prefill chunks (+ decodes) of at most the largest token bucket
+                step.graph_launch = self.graphs.launch_mixed(chunks, tokens)
+                return step
         if not chunks:
             return step
         num_tokens, ctx, last = self.prepare(chunks)

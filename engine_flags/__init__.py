@@ -17,7 +17,9 @@ from pathlib import Path
 from scheduler.capacity import add_capacity_arguments
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_CUDA_GRAPH_BUCKETS = "1,2,4,8,16,24,32,48,64,96,128"
+# backend.cuda_graphs.DEFAULT_BUCKETS / DEFAULT_TOKEN_BUCKETS (a test keeps them equal)
+DEFAULT_CUDA_GRAPH_BUCKETS = "1,2,4,8,16,24,32,48,64,96,128,160,192,224,256"
+DEFAULT_CUDA_GRAPH_TOKEN_BUCKETS = "16,32,48,64,96,128,192,256,320,384,512,640,768,1024"
 
 
 def default_model() -> str:
@@ -80,7 +82,12 @@ def add_serving_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> No
     p.add_argument("--enforce-eager", action="store_true",
                    help="no CUDA graphs: every step runs eagerly")
     p.add_argument("--cuda-graph-buckets", default=None,
-                   help=f"decode batch sizes to capture (default {DEFAULT_CUDA_GRAPH_BUCKETS})")
+                   help=f"decode batch sizes to capture (default {DEFAULT_CUDA_GRAPH_BUCKETS}; "
+                        "those above --max-num-seqs are dropped; 'none': decode steps eager)")
+    p.add_argument("--cuda-graph-token-buckets", default=None,
+                   help="scheduled-token counts of the mixed prefill+decode step graphs "
+                        f"(default {DEFAULT_CUDA_GRAPH_TOKEN_BUCKETS}; those above "
+                        "--max-num-batched-tokens are dropped; 'none': mixed steps eager)")
     p.add_argument("--step-log", default=None, metavar="PATH",
                    help="write one JSON line per engine step (wall start, duration, decodes, "
                         "prefill tokens) to PATH when the backend stops (benchmarks)")

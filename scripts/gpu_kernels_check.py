@@ -4,8 +4,10 @@
 
 1. `pytest -m gpu tests/test_kernels_gpu.py` (output in OUT/pytest.txt)
 2. the two ceilings measured here: device-to-device copy bandwidth, bf16 matmul TFLOP/s
-3. paged decode attention, 33B heads (56 q / 8 kv / 128), context 2048, batch 1/8/32/64:
-   KV bytes read / time vs the copy bandwidth; a small sweep of tile/split settings
+3. paged attention (backend.kernels.paged_attention), 33B heads (56 q / 8 kv / 128), block 16:
+   decode time per KV format (bf16 / fp8 / int4-fp8) at batch 1/8/64 x context 2k/8k/16k
+   (KV bytes read / time vs the copy bandwidth), a warps sweep, and mixed steps (decodes
+   plus a prefill chunk in one launch)
 4. fp8 weight-only GEMV vs F.linear (bf16) vs torch._scaled_mm (row-wise) for the 33B projection
    shapes at M = 1..64: achieved TB/s on the weight bytes, and the measured crossover M
 5. rmsnorm / silu_mul / rotary_kv at decode and prefill sizes (GB/s)
@@ -33,10 +35,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from backend.kernels import fp8_gemv as fp8
-from backend.kernels import paged_decode_attention as attn
+from backend.kernels import paged_attention as attn
 from backend.kernels.rmsnorm import fused_add_rms_norm
 from backend.kernels.rotary_kv import build_rope_cache, rotary_kv_write
 from backend.kernels.silu_mul import silu_and_mul
+from backend.kv_quant import QuantizedPages
 
 # 33B (deepseek-coder-33b) shapes
 HIDDEN, INTER, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 7168, 19200, 56, 8, 128
@@ -112,9 +115,8 @@ def log(msg: str) -> None:
 
 # ---- 1. tests ---------------------------------------------------------------------------------
 
-def run_tests(r: Runner) -> None:
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
-           "tests/test_kernels_gpu.py"]
+def run_tests(r: Runner, paths: list[str]) -> None:
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", *paths]
     log("$ " + " ".join(cmd))
     t = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
@@ -147,81 +149,113 @@ def measure_ceilings(r: Runner) -> None:
     r.save()
 
 
-# ---- 3. paged decode attention ----------------------------------------------------------------
+# ---- 3. paged attention ------------------------------------------------------------------------
 
-def attention_inputs(r: Runner, batch: int, context: int):
-    blocks_per_seq = context // BLOCK_SIZE
-    num_blocks = batch * blocks_per_seq + 8
+ATTN_FORMATS = {"bf16": None, "fp8": ("fp8", "fp8"), "int4-fp8": ("int4", "fp8")}
+ATTN_DECODE_BATCHES = [1, 8, 64]
+ATTN_CONTEXTS = [2048, 8192, 16384]
+# mixed steps: (decodes, their context, prefill chunk tokens, the chunk's cached prefix)
+ATTN_MIXED = [(64, 2048, 512, 0), (64, 2048, 512, 2048), (16, 8192, 256, 0), (0, 0, 2048, 0)]
+
+
+def _pools(r: Runner, fmt: str, num_blocks: int, heads_kv: int, head_dim: int):
+    if ATTN_FORMATS[fmt] is None:
+        return (r.randn(num_blocks, BLOCK_SIZE, heads_kv, head_dim),
+                r.randn(num_blocks, BLOCK_SIZE, heads_kv, head_dim))
+    pools = []
+    for codec, scale in zip(ATTN_FORMATS[fmt], (2.0, 1.0)):
+        p = QuantizedPages(codec, num_blocks, BLOCK_SIZE, heads_kv, head_dim, r.device)
+        step = 1 << 20  # encode in slices (the fp32 source of a 16k x 64 pool is large)
+        n = num_blocks * BLOCK_SIZE
+        for s0 in range(0, n, step):
+            slots = torch.arange(s0, min(n, s0 + step), device=r.device)
+            p.write(slots, r.randn(len(slots), heads_kv, head_dim, dtype=torch.float32,
+                                   scale=scale))
+        pools.append(p)
+    return pools
+
+
+def _kv_bytes(pool, tokens: int) -> int:
+    """Bytes of `tokens` tokens of one pool (codes + scales)."""
+    if isinstance(pool, torch.Tensor):
+        return pool[0, 0].numel() * pool.element_size() * tokens
+    per = pool.data[0, 0].numel() * pool.data.element_size() \
+        + pool.scale[0, 0].numel() * pool.scale.element_size()
+    return per * tokens
+
+
+def attention_step(r: Runner, fmt: str, qlens: list[int], ctxs: list[int]):
+    """Inputs of one step: random block tables over a pool just large enough."""
     kv_heads, heads, head_dim = NUM_KV_HEADS, NUM_HEADS, HEAD_DIM
     if r.dry_run:
         kv_heads, heads, head_dim = 2, 14, 32
-    k_cache = r.randn(num_blocks, BLOCK_SIZE, kv_heads, head_dim)
-    v_cache = r.randn(num_blocks, BLOCK_SIZE, kv_heads, head_dim)
-    perm = torch.randperm(num_blocks, device=r.device)[: batch * blocks_per_seq]
-    block_tables = perm.view(batch, blocks_per_seq).to(torch.int32)
-    context_lens = torch.full((batch,), context, dtype=torch.int32, device=r.device)
-    q = r.randn(batch, heads, head_dim)
-    kv_bytes = 2 * k_cache[0, 0].numel() * k_cache.element_size() * context * batch
-    return q, k_cache, v_cache, block_tables, context_lens, kv_bytes
-
-
-def attention_call(args, scale):
-    q, k_cache, v_cache, block_tables, context_lens, _ = args
-    return partial(attn.paged_decode_attention, q, k_cache, v_cache, block_tables, context_lens,
-                   scale)
-
-
-ATTN_VARIANTS = [  # (BLOCK_N, NUM_WARPS, NUM_STAGES, PROGRAMS_PER_SM, MIN_TOKENS_PER_SPLIT)
-    (64, 4, 2, 2, 128), (32, 4, 2, 2, 128), (128, 4, 2, 2, 128), (64, 4, 3, 2, 128),
-    (64, 8, 2, 2, 128), (64, 4, 2, 4, 64), (64, 4, 2, 2, 256), (128, 8, 3, 2, 128),
-    (32, 2, 3, 4, 64),
-]
-
-
-def set_attn_variant(v) -> None:
-    attn.BLOCK_N, attn.NUM_WARPS, attn.NUM_STAGES, attn.PROGRAMS_PER_SM, \
-        attn.MIN_TOKENS_PER_SPLIT = v
+    width = max(-(-c // BLOCK_SIZE) for c in ctxs)
+    num_blocks = len(ctxs) * width + 8
+    k, v = _pools(r, fmt, num_blocks, kv_heads, head_dim)
+    perm = torch.randperm(num_blocks, device=r.device)[: len(ctxs) * width]
+    tables = perm.view(len(ctxs), width).to(torch.int32)
+    qsl = torch.zeros(len(qlens) + 1, dtype=torch.int32)
+    qsl[1:] = torch.tensor(qlens).cumsum(0)
+    q = r.randn(sum(qlens), heads, head_dim)
+    lens = torch.tensor(ctxs, dtype=torch.int32, device=r.device)
+    kv_bytes = sum(_kv_bytes(k, c) + _kv_bytes(v, c) for c in ctxs)
+    call = partial(attn.paged_attention_triton, q, k, v, tables, qsl.to(r.device), lens,
+                   head_dim ** -0.5, max(qlens), max(ctxs))
+    return call, kv_bytes
 
 
 def bench_attention(r: Runner) -> None:
     copy = r.results["ceilings"]["copy_tb_s"]
-    context = 256 if r.dry_run else CONTEXT
-    scale = HEAD_DIM ** -0.5
-    default = (attn.BLOCK_N, attn.NUM_WARPS, attn.NUM_STAGES, attn.PROGRAMS_PER_SM,
-               attn.MIN_TOKENS_PER_SPLIT)
-    best = {}
-    for batch in ATTN_BATCHES:
-        args = attention_inputs(r, batch, context)
-        kv_bytes = args[-1]
-        for variant in ATTN_VARIANTS:
-            if r.time_left() < 150 and variant != default:
-                continue
-            set_attn_variant(variant)
-            ms = r.bench_ms(attention_call(args, scale), rep_ms=25)
-            splits = attn.choose_num_splits(batch, args[1].shape[2], context,
-                                            132 if r.dry_run else attn.num_sms(args[0].device))
-            row = {"batch": batch, "context": context, "variant": list(variant),
-                   "splits": splits, "us": round(ms * 1e3, 2),
-                   "tb_s": round(kv_bytes / ms / 1e9, 3),
-                   "fraction_of_copy": round(kv_bytes / ms / 1e9 / copy, 3)}
-            r.results["attention_sweep"].append(row)
-            if batch not in best or row["us"] < best[batch]["us"]:
-                best[batch] = row
-        set_attn_variant(default)
-        ms = r.bench_ms(attention_call(args, scale))
-        row = {"batch": batch, "context": context, "kv_mb": round(kv_bytes / 1e6, 1),
-               "splits": attn.choose_num_splits(batch, args[1].shape[2], context,
-                                                132 if r.dry_run else
-                                                attn.num_sms(args[0].device)),
-               "us": round(ms * 1e3, 2), "tb_s": round(kv_bytes / ms / 1e9, 3),
-               "fraction_of_copy": round(kv_bytes / ms / 1e9 / copy, 3),
-               "best_variant": best[batch]["variant"], "best_us": best[batch]["us"],
-               "best_fraction_of_copy": best[batch]["fraction_of_copy"]}
-        r.results["attention"].append(row)
-        log(f"attention b={batch:3d} ctx={context}: {row['us']:8.1f} us  {row['tb_s']:.2f} TB/s "
-            f"({row['fraction_of_copy']:.0%} of copy), splits {row['splits']}; best variant "
-            f"{row['best_variant']} {row['best_us']:.1f} us ({row['best_fraction_of_copy']:.0%})")
-        r.save()
+    contexts = [256, 512] if r.dry_run else ATTN_CONTEXTS
+    batches = [1, 4] if r.dry_run else ATTN_DECODE_BATCHES
+    for ctx in contexts:
+        for batch in batches:
+            for fmt in ATTN_FORMATS:
+                call, kv_bytes = attention_step(r, fmt, [1] * batch, [ctx] * batch)
+                us = r.bench_ms(call) * 1e3
+                row = {"kind": "decode", "format": fmt, "batch": batch, "context": ctx,
+                       "kv_mb": round(kv_bytes / 1e6, 1), "us": round(us, 2),
+                       "tb_s": round(kv_bytes / us / 1e6, 3),
+                       "fraction_of_copy": round(kv_bytes / us / 1e6 / copy, 3)}
+                if fmt == "bf16" and batch in (8, 64) and ctx == contexts[0] \
+                        and r.time_left() > 200:
+                    row["warps_sweep_us"] = {
+                        str(w): round(r.bench_ms(partial(call, num_warps=w)) * 1e3, 2)
+                        for w in (4, 8)}
+                r.results["attention"].append(row)
+                log(f"attention decode {fmt:8s} b={batch:3d} ctx={ctx:5d}: {us:8.1f} us "
+                    f"{row['tb_s']:.2f} TB/s ({row['fraction_of_copy']:.0%} of copy) "
+                    f"KV {row['kv_mb']} MB" + (f" warps {row['warps_sweep_us']}"
+                                               if "warps_sweep_us" in row else ""))
+                r.save()
+    for d, dctx, p, prefix in ([(4, 256, 64, 0), (0, 0, 128, 64)] if r.dry_run else ATTN_MIXED):
+        for fmt in ATTN_FORMATS:
+            qlens = [1] * d + [p]
+            ctxs = [dctx] * d + [prefix + p]
+            call, kv_bytes = attention_step(r, fmt, qlens, ctxs)
+            us = r.bench_ms(call) * 1e3
+            # causal chunk: queries x visible keys, 2 matmuls of 2 flops per MAC
+            pairs = d * dctx + sum(prefix + j + 1 for j in range(p))
+            tflops = 4 * pairs * NUM_HEADS * HEAD_DIM / us / 1e6
+            row = {"kind": "mixed", "format": fmt, "decodes": d, "decode_context": dctx,
+                   "chunk": p, "prefix": prefix, "us": round(us, 2), "tflop_s": round(tflops, 1),
+                   "kv_mb": round(kv_bytes / 1e6, 1)}
+            if fmt == "bf16" and not r.dry_run and d == 0:
+                row["sdpa_flash_us"] = round(_sdpa_us(r, p) * 1e3, 2)
+            r.results["attention"].append(row)
+            log(f"attention mixed {fmt:8s} {d} decodes (ctx {dctx}) + chunk {p} on prefix "
+                f"{prefix}: {us:8.1f} us, {tflops:.0f} TFLOP/s"
+                + (f"; torch SDPA (flash, contiguous K/V) {row['sdpa_flash_us']} us"
+                   if "sdpa_flash_us" in row else ""))
+            r.save()
+
+
+def _sdpa_us(r: Runner, p: int) -> float:
+    """A whole causal prompt of p tokens through torch SDPA (what the old prefill path ran)."""
+    q = r.randn(1, NUM_HEADS, p, HEAD_DIM)
+    k = r.randn(1, NUM_HEADS, p, HEAD_DIM)
+    v = r.randn(1, NUM_HEADS, p, HEAD_DIM)
+    return r.bench_ms(partial(F.scaled_dot_product_attention, q, k, v, is_causal=True))
 
 
 # ---- 4. fp8 GEMV vs bf16 vs _scaled_mm --------------------------------------------------------
@@ -256,7 +290,9 @@ def bench_gemv(r: Runner) -> None:
     for name, (n, k) in shapes.items():
         w = r.randn(n, k, scale=0.02)
         weights[name] = (w, *fp8.quantize_fp8_per_channel(w))
-    sm_count = 132 if r.dry_run else attn.num_sms(torch.device("cuda"))
+    from backend.kernels.triton_utils import num_sms
+
+    sm_count = 132 if r.dry_run else num_sms(torch.device("cuda"))
 
     # 4a. tile sweep (each config also checked against the oracle); best config per M by the
     # time of a whole layer (the four shapes summed)
@@ -412,8 +448,12 @@ def print_table(r: Runner) -> None:
     log(f"ceilings: copy {c.get('copy_tb_s')} TB/s, bf16 matmul {c.get('bf16_matmul_tflop_s')} "
         f"TFLOP/s")
     for a in res["attention"]:
-        log(f"attn b={a['batch']:3d}: {a['us']:7.1f} us {a['fraction_of_copy']:.0%} of copy "
-            f"(best {a['best_variant']}: {a['best_fraction_of_copy']:.0%})")
+        if a["kind"] == "decode":
+            log(f"attn decode {a['format']:8s} b={a['batch']:3d} ctx={a['context']:5d}: "
+                f"{a['us']:8.1f} us {a['fraction_of_copy']:.0%} of copy")
+        else:
+            log(f"attn mixed {a['format']:8s} d={a['decodes']} c={a['decode_context']} + "
+                f"{a['chunk']} on {a['prefix']}: {a['us']:8.1f} us {a['tflop_s']} TFLOP/s")
     for s in res["summary"].get("gemv_per_layer", []):
         log(f"layer M={s['m']:3d}: bf16 {s['layer_bf16_us']:7.1f} us ({s['layer_bf16_tb_s']} TB/s)"
             f"  fp8-gemv {s['layer_fp8_gemv_us']:7.1f} us ({s['layer_fp8_gemv_tb_s']} TB/s, "
@@ -432,6 +472,10 @@ def main() -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "out"))
     parser.add_argument("--dry-run", action="store_true", help="CPU plumbing check, toy sizes")
     parser.add_argument("--skip-tests", action="store_true")
+    parser.add_argument("--tests", default="tests/test_kernels_gpu.py",
+                        help="pytest paths run with -m gpu (space separated)")
+    parser.add_argument("--sections", default="ceilings,attention,gemv,small",
+                        help="which timing sections to run")
     parser.add_argument("--budget-s", type=float, default=330.0,
                         help="skip optional sweeps when this much time has passed")
     args = parser.parse_args()
@@ -455,8 +499,12 @@ def main() -> int:
     log(json.dumps(meta))
     r.save()
     if not args.skip_tests:
-        run_tests(r)
-    steps = [measure_ceilings, bench_attention, bench_gemv, bench_small]
+        run_tests(r, args.tests.split())
+    named = {"ceilings": measure_ceilings, "attention": bench_attention, "gemv": bench_gemv,
+             "small": bench_small}
+    steps = [named[x] for x in args.sections.split(",")]
+    if measure_ceilings not in steps:
+        steps.insert(0, measure_ceilings)
     for step in steps:
         try:
             step(r)

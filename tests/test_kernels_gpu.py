@@ -30,10 +30,10 @@ from backend.kernels.fp8_gemv import (
     quantize_fp8_per_token,
     quantize_fp8_per_token_reference,
 )
-from backend.kernels.paged_decode_attention import (
-    paged_decode_attention,
-    paged_decode_attention_reference,
-    paged_decode_attention_triton,
+from backend.kernels.paged_attention import (
+    paged_attention,
+    paged_attention_reference,
+    paged_attention_triton,
 )
 from backend.kernels.rmsnorm import (
     fused_add_rms_norm,
@@ -45,8 +45,10 @@ from backend.kernels.rotary_kv import (
     build_rope_cache,
     rotary_kv_write,
     rotary_kv_write_reference,
+    write_kv_reference,
 )
 from backend.kernels.silu_mul import silu_and_mul, silu_and_mul_reference
+from backend.kv_quant import QuantizedPages
 
 DEV = "cuda"
 BF16 = torch.bfloat16
@@ -73,65 +75,109 @@ def make_paged(num_seqs, num_kv_heads, head_dim, block_size, lens, dtype, extra_
     return k_cache, v_cache, block_tables, torch.tensor(lens, dtype=torch.int32, device=DEV)
 
 
-# ---- paged decode attention --------------------------------------------------------------------
+# ---- paged attention (decodes and prefill chunks; bf16 / fp8 / int4-fp8 pages) --------------
 
+KV_FORMATS = {"auto": None, "fp8": ("fp8", "fp8"), "int4-fp8": ("int4", "fp8")}
+
+
+def make_pools(fmt, num_blocks, block_size, num_kv_heads, head_dim, dtype):
+    """Random pools of `fmt` (quantized ones encoded by the reference codecs)."""
+    if KV_FORMATS[fmt] is None:
+        return (randn(num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype),
+                randn(num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype))
+    pools = [QuantizedPages(c, num_blocks, block_size, num_kv_heads, head_dim, DEV)
+             for c in KV_FORMATS[fmt]]
+    slots = torch.arange(num_blocks * block_size, device=DEV)
+    for p, scale in zip(pools, (2.0, 1.0)):
+        p.write(slots, randn(len(slots), num_kv_heads, head_dim, dtype=torch.float32,
+                             scale=scale))
+    return pools
+
+
+def make_step(query_lens, context_lens, block_size, extra_blocks=3):
+    """Metadata of one step with random block tables (device tensors) and the pool size."""
+    max_blocks = max(1, max(-(-n // block_size) for n in context_lens)) + extra_blocks
+    num_blocks = len(context_lens) * max_blocks + 7
+    perm = torch.randperm(num_blocks, device=DEV)[: len(context_lens) * max_blocks]
+    tables = perm.view(len(context_lens), max_blocks).to(torch.int32)
+    qsl = torch.zeros(len(query_lens) + 1, dtype=torch.int32)
+    qsl[1:] = torch.tensor(query_lens).cumsum(0)
+    return (num_blocks, tables, qsl.to(DEV),
+            torch.tensor(context_lens, dtype=torch.int32, device=DEV))
+
+
+_G = torch.Generator().manual_seed(13)
 ATTN_CASES = [
-    # (num_heads, num_kv_heads, head_dim, block_size, context_lens, dtype)
-    (56, 8, 128, 16, [1], BF16),                                   # 33B shape, batch 1
-    (56, 8, 128, 16, [2047], BF16),
-    (56, 8, 128, 16, [17, 300, 1, 2049, 0, 65, 128], BF16),       # batch 7, one padding row
-    (56, 8, 128, 16, torch.randint(1, 3000, (13,), generator=torch.Generator().manual_seed(13))
-     .tolist(), BF16),
-    (56, 8, 128, 32, [33, 1000, 4097], BF16),
-    (8, 2, 32, 16, [5, 70, 33], torch.float32),                    # tiny preset (fp32)
-    (32, 32, 128, 16, [100, 513], torch.float16),                  # MHA, fp16
+    # (num_heads, num_kv_heads, head_dim, block_size, query_lens, context_lens, dtype)
+    (56, 8, 128, 16, [1], [1], BF16),                                   # 33B shape, batch 1
+    (56, 8, 128, 16, [1], [2047], BF16),
+    (56, 8, 128, 16, [1] * 7, [17, 300, 1, 2049, 0, 65, 128], BF16),     # a padding row
+    (56, 8, 128, 16, [1] * 13, torch.randint(1, 3000, (13,), generator=_G).tolist(), BF16),
+    (56, 8, 128, 32, [1] * 3, [33, 1000, 4097], BF16),
+    # mixed: decodes, a chunk on a cached prefix, a fresh prompt, a context-0 padding sequence
+    (56, 8, 128, 16, [1, 1, 1, 200, 37, 9], [50, 1800, 3, 1224, 37, 0], BF16),
+    (56, 8, 128, 16, [513], [513], BF16),                               # one whole prompt
+    (56, 8, 128, 16, [1] * 5 + [64] * 3, [700] * 5 + [64, 2112, 999], BF16),
+    (8, 2, 32, 16, [1, 1, 20], [5, 70, 33], torch.float32),              # tiny preset (fp32)
+    (32, 32, 128, 16, [1, 30], [100, 513], torch.float16),               # MHA, fp16
+    (7, 1, 16, 16, [1, 12, 1], [40, 12, 9], torch.float32),              # GQA 7, head_dim 16
 ]
 
 
+@pytest.mark.parametrize("fmt", list(KV_FORMATS))
 @pytest.mark.parametrize("case", ATTN_CASES, ids=lambda c: f"h{c[0]}kv{c[1]}d{c[2]}bs{c[3]}"
-                         f"n{len(c[4])}{str(c[5])[6:]}")
+                         f"q{max(c[4])}n{len(c[4])}{str(c[6])[6:]}")
 @pytest.mark.parametrize("num_splits", [None, 1, 5])
-def test_paged_decode_attention(case, num_splits):
-    num_heads, num_kv_heads, head_dim, block_size, lens, dtype = case
-    torch.manual_seed(hash((tuple(lens), num_splits)) % 2**31)
-    k_cache, v_cache, block_tables, context_lens = make_paged(
-        len(lens), num_kv_heads, head_dim, block_size, lens, dtype)
-    q = randn(len(lens), num_heads, head_dim, dtype=dtype)
+def test_paged_attention(case, fmt, num_splits):
+    num_heads, num_kv_heads, head_dim, block_size, qlens, lens, dtype = case
+    torch.manual_seed(hash((tuple(lens), tuple(qlens), num_splits, fmt)) % 2**31)
+    num_blocks, tables, qsl, context_lens = make_step(qlens, lens, block_size)
+    k_cache, v_cache = make_pools(fmt, num_blocks, block_size, num_kv_heads, head_dim, dtype)
+    q = randn(sum(qlens), num_heads, head_dim, dtype=dtype)
     scale = head_dim ** -0.5
     out = torch.full_like(q, float("nan"))
-    paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale,
-                                  num_splits=num_splits, out=out)
-    ref = paged_decode_attention_reference(q, k_cache, v_cache, block_tables, context_lens, scale)
+    paged_attention_triton(q, k_cache, v_cache, tables, qsl, context_lens, scale,
+                           max_query_len=max(qlens), num_splits=num_splits, out=out)
+    ref = paged_attention_reference(q, k_cache, v_cache, tables, qsl, context_lens, scale)
     assert rel_err(out, ref) <= TOL
-    for s, n in enumerate(lens):
+    starts = qsl.tolist()
+    for s, n in enumerate(lens):   # per sequence too, so a short one cannot hide
+        rows = slice(starts[s], starts[s + 1])
         if n == 0:
-            assert (out[s] == 0).all()
-        else:   # per sequence too, so a short one cannot hide behind a long one
-            assert rel_err(out[s], ref[s]) <= TOL
+            assert (out[rows] == 0).all()
+        elif starts[s + 1] > starts[s]:
+            assert rel_err(out[rows], ref[rows]) <= TOL
 
 
-def test_paged_decode_attention_dispatch_and_graph_capture():
+@pytest.mark.parametrize("fmt", list(KV_FORMATS))
+def test_paged_attention_dispatch_and_graph_capture(fmt):
+    """Captured once, replayed with new contents of every metadata tensor (decode and mixed
+    tilings): the launch depends on nothing on the device."""
     torch.manual_seed(11)
-    lens = [40, 1500, 9]
-    k_cache, v_cache, block_tables, context_lens = make_paged(3, 8, 128, 16, lens, BF16)
-    q = randn(3, 56, 128)
-    ref = paged_decode_attention_reference(q, k_cache, v_cache, block_tables, context_lens,
-                                           128 ** -0.5)
-    out = paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens)
-    assert rel_err(out, ref) <= TOL
-    # CUDA-graph capture: no host sync inside; replay with new context lengths
-    static_out = torch.empty_like(q)
-    paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, out=static_out)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, out=static_out)
-    context_lens.copy_(torch.tensor([41, 1200, 10], dtype=torch.int32))
-    q.copy_(randn(3, 56, 128))
-    graph.replay()
-    ref = paged_decode_attention_reference(q, k_cache, v_cache, block_tables, context_lens,
-                                           128 ** -0.5)
-    assert rel_err(static_out, ref) <= TOL
+    for qlens, lens, new_lens in (([1, 1, 1], [40, 1500, 9], [41, 1200, 10]),
+                                  ([1, 30, 2], [40, 1500, 9], [700, 30, 2])):
+        num_blocks, tables, qsl, context_lens = make_step(qlens, lens, 16)
+        k_cache, v_cache = make_pools(fmt, num_blocks, 16, 8, 128, BF16)
+        q = randn(sum(qlens), 56, 128)
+        mq = max(qlens)
+        ref = paged_attention_reference(q, k_cache, v_cache, tables, qsl, context_lens,
+                                        128 ** -0.5)
+        out = paged_attention(q, k_cache, v_cache, tables, qsl, context_lens, max_query_len=mq,
+                              max_context_len=2048)
+        assert rel_err(out, ref) <= TOL
+        static_out = torch.empty_like(q)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            paged_attention(q, k_cache, v_cache, tables, qsl, context_lens, max_query_len=mq,
+                            max_context_len=2048, out=static_out)
+        context_lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+        tables.copy_(tables[torch.randperm(len(lens), device=DEV)])
+        q.copy_(randn(sum(qlens), 56, 128))
+        graph.replay()
+        ref = paged_attention_reference(q, k_cache, v_cache, tables, qsl, context_lens,
+                                        128 ** -0.5)
+        assert rel_err(static_out, ref) <= TOL
 
 
 # ---- rmsnorm ----------------------------------------------------------------------------------
@@ -187,6 +233,47 @@ def test_rotary_kv_write(num_tokens, num_heads, num_kv_heads, head_dim):
     kc_ref = k_cache_ref.view(-1, num_kv_heads, head_dim)[written]
     if written.numel():
         assert rel_err(kc, kc_ref) <= TOL
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int4-fp8"])
+@pytest.mark.parametrize("num_tokens,num_heads,num_kv_heads,head_dim",
+                         [(5, 56, 8, 128), (37, 56, 8, 128), (9, 8, 2, 32), (6, 7, 1, 16)])
+def test_rotary_kv_write_quantized(fmt, num_tokens, num_heads, num_kv_heads, head_dim):
+    """Quantize-on-write: the page codes and scales equal the reference encoders' (bit for
+    bit: correctly rounded divisions, round-half-even), q/k rotated as in bf16."""
+    torch.manual_seed(num_tokens * 7 + head_dim)
+    block_size, num_blocks = 16, 11
+    nq, nkv = num_heads * head_dim, num_kv_heads * head_dim
+    qkv = randn(num_tokens, nq + 2 * nkv, scale=3.0)
+    cos, sin = build_rope_cache(16384, head_dim, 100000.0, 4.0, device=DEV)
+    positions = torch.randint(0, 16384, (num_tokens,), device=DEV)
+    slots = torch.randperm(num_blocks * block_size, device=DEV)[:num_tokens]
+    slots[::4] = -1
+    x, x_ref = qkv.clone(), qkv.clone()
+
+    def views(t):
+        q, k, v = t.split([nq, nkv, nkv], -1)
+        return (q.view(num_tokens, num_heads, head_dim), k.view(num_tokens, num_kv_heads, head_dim),
+                v.view(num_tokens, num_kv_heads, head_dim))
+
+    pools = [QuantizedPages(c, num_blocks, block_size, num_kv_heads, head_dim, DEV)
+             for c in KV_FORMATS[fmt]]
+    rotary_kv_write(positions, *views(x), cos, sin, pools[0], pools[1], slots)
+    rotary_kv_write_reference(positions, *views(x_ref), cos, sin,
+                              *[QuantizedPages(c, num_blocks, block_size, num_kv_heads, head_dim,
+                                               DEV) for c in KV_FORMATS[fmt]], slots)
+    assert rel_err(x, x_ref) <= TOL
+    # the pages hold exactly the reference encoding of the k (rotated, in the model dtype) and
+    # v the kernel produced; fp32 rotary math may round k differently in its last bit
+    _, k_rot, v = views(x)
+    pools_ref = [QuantizedPages(c, num_blocks, block_size, num_kv_heads, head_dim, DEV)
+                 for c in KV_FORMATS[fmt]]
+    write_kv_reference(k_rot, v, pools_ref[0], pools_ref[1], slots)
+    n = num_blocks * block_size
+    for p, pr in zip(pools, pools_ref):
+        assert torch.equal(p.data.view(torch.uint8).view(n, -1),
+                           pr.data.view(torch.uint8).view(n, -1))
+        assert torch.equal(p.scale.view(n, -1), pr.scale.view(n, -1))
 
 
 # ---- silu * mul -------------------------------------------------------------------------------

@@ -21,11 +21,11 @@ from backend.kernels.fp8_gemv import (
     quantize_fp8_per_token_reference,
     split_k_for,
 )
-from backend.kernels.paged_decode_attention import (
+from backend.kernels.paged_attention import (
     MIN_TOKENS_PER_SPLIT,
     choose_num_splits,
-    paged_decode_attention,
-    paged_decode_attention_reference,
+    paged_attention,
+    paged_attention_reference,
 )
 from backend.kernels.rmsnorm import (
     fused_add_rms_norm,
@@ -85,10 +85,13 @@ def naive_paged_attention(q, k_cache, v_cache, block_tables, context_lens, scale
     return out
 
 
-# ---- paged decode attention ---------------------------------------------------------------------
+# ---- paged attention (decode rows: one query token per sequence) --------------------------------
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5),
-                                       (torch.bfloat16, 1e-2)])
+def _decode_qsl(n: int) -> torch.Tensor:
+    return torch.arange(n + 1, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
 def test_paged_attention_reference_matches_naive(dtype, tol):
     gen = torch.Generator().manual_seed(1)
     num_heads, num_kv_heads, head_dim, block_size = 14, 2, 16, 4   # group 7, like the 33B model
@@ -97,7 +100,8 @@ def test_paged_attention_reference_matches_naive(dtype, tol):
         len(lens), num_kv_heads, head_dim, block_size, lens, dtype, gen)
     q = torch.randn(len(lens), num_heads, head_dim, generator=gen, dtype=torch.float64).to(dtype)
     scale = head_dim ** -0.5
-    out = paged_decode_attention_reference(q, k_cache, v_cache, block_tables, context_lens, scale)
+    out = paged_attention_reference(q, k_cache, v_cache, block_tables, _decode_qsl(len(lens)),
+                                    context_lens, scale)
     ref = naive_paged_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
     assert out.dtype == dtype
     assert rel_err(out, ref) <= tol
@@ -109,16 +113,17 @@ def test_paged_attention_dispatch_on_cpu_is_reference():
     k_cache, v_cache, block_tables, context_lens = make_paged_kv(
         3, 2, 32, 16, [5, 40, 17], torch.float32, gen)
     q = torch.randn(3, 8, 32, generator=gen)
-    out = paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens)
-    ref = paged_decode_attention_reference(q, k_cache, v_cache, block_tables, context_lens,
-                                           32 ** -0.5)
+    out = paged_attention(q, k_cache, v_cache, block_tables, _decode_qsl(3), context_lens,
+                          max_query_len=1)
+    ref = paged_attention_reference(q, k_cache, v_cache, block_tables, _decode_qsl(3),
+                                    context_lens, 32 ** -0.5)
     torch.testing.assert_close(out, ref)
 
 
 @pytest.mark.parametrize("num_seqs", [1, 3, 8, 24, 64, 128])
 @pytest.mark.parametrize("max_context_len", [1, 100, 2048, 16384])
 def test_choose_num_splits_fills_the_chip(num_seqs, max_context_len):
-    splits = choose_num_splits(num_seqs, 8, max_context_len, 132)
+    splits = choose_num_splits(num_seqs * 8, max_context_len, 132)
     assert splits >= 1
     programs = num_seqs * 8 * splits
     enough_tokens = -(-max_context_len // splits) >= MIN_TOKENS_PER_SPLIT or splits == 1

@@ -11,13 +11,12 @@ Documented tolerances (fixed seeds; what the formats guarantee, with margin wher
   attention over quantized pages vs over a float pool holding the *dequantized* values: 1e-5
       (dequantize-on-read is the only difference)
 """
-import logging
 
 import pytest
 import torch
 
 from backend.attention import TorchAttention, decode_attention, prefill_attention, write_kv
-from backend.build import BackendConfig, create_engine, size_kv_pool, use_reference_attention
+from backend.build import BackendConfig, create_engine, size_kv_pool
 from backend.config import ModelConfig
 from backend.errors import ModelLoadError
 from backend.kv_cache import KV_CACHE_DTYPES, KVCache, block_bytes
@@ -244,18 +243,19 @@ def test_engine_greedy_end_to_end(ckpt, fmt):
     assert bm.num_used_blocks == 0 and bm.num_free_blocks == engine.config.num_blocks
 
 
-def test_quantized_kv_swaps_out_the_kernels(ckpt, caplog):
-    """On CUDA the runner starts with the Triton attention; a quantized pool swaps the torch
-    reference back in (exercised here on the CPU, where the kernel objects run their references)."""
-    from backend.kernel_dispatch import KernelAttention, install_kernels
+def test_quantized_kv_on_the_kernel_path_matches_reference(ckpt):
+    """On CUDA a quantized pool stays on the Triton kernels (they read and write fp8 / int4-fp8
+    pages); on the CPU the same kernel objects run their references and must serve the tokens
+    the reference attention serves."""
+    from backend.kernel_dispatch import install_kernels
 
-    engine, _ = create_engine(BackendConfig(model=str(ckpt), kv_cache_dtype="fp8", num_blocks=16))
-    runner = engine.runner
-    install_kernels(runner.model)
-    assert isinstance(runner.model.attn, KernelAttention)
-    with caplog.at_level(logging.WARNING, logger="tidegate.backend"):
-        use_reference_attention(runner, "fp8")
-    assert type(runner.model.attn) is TorchAttention and runner.graphs is None
-    assert "torch reference attention" in caplog.text
-    out = _serve(engine, {"a": [1, 2, 3, 4, 5]}, SamplingParams(max_tokens=4, ignore_eos=True))
-    assert len(out["a"]) == 4
+    outs = []
+    for kernels in (False, True):
+        engine, _ = create_engine(BackendConfig(model=str(ckpt), kv_cache_dtype="int4-fp8",
+                                                num_blocks=16))
+        assert type(engine.runner.model.attn) is TorchAttention  # the CPU default
+        if kernels:
+            install_kernels(engine.runner.model)
+        outs.append(_serve(engine, {"a": [1, 2, 3, 4, 5], "b": [9, 8, 7]},
+                           SamplingParams(max_tokens=6, ignore_eos=True)))
+    assert outs[0] == outs[1] and len(outs[0]["a"]) == 6
