@@ -207,7 +207,7 @@ def test_fp8_quality_on_tiny_coder_gpu():
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 def test_fp8_on_gpu_matches_bf16_and_graphs_match_eager():
-    from backend.cuda_graphs import DecodeGraphs
+    from backend.cuda_graphs import StepGraphs
     from backend.serving_setup import configure_serving
 
     engine, _ = create_engine(BackendConfig(model="tiny", device="cuda", dtype="bfloat16",
@@ -221,7 +221,7 @@ def test_fp8_on_gpu_matches_bf16_and_graphs_match_eager():
     assert info["quantization"] == "fp8" and info["cuda_graphs"] and info["capture_s"] < 60
     out = _prefill_logits(runner, prompts)
     assert _rel(out, ref) < 0.12  # W8A8 for the prompts' M > 16
-    assert isinstance(runner.graphs, DecodeGraphs)
+    assert isinstance(runner.graphs, StepGraphs)
     alloc = BlockAllocator(runner.block_size)
     for batch in (1, 5, 20):  # GEMV (M <= 16) and _scaled_mm (M > 16) inside the graphs
         chunks = [Chunk(f"b{batch}_{i}", [i + 3], 30 + i, alloc.table(f"b{batch}_{i}", 31 + i),
