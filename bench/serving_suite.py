@@ -24,6 +24,7 @@ The serving overhead is then client / allowed (TPOT, ITL) or allowed / client (t
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -94,6 +95,9 @@ def step_summary(rows: list[dict], t0: float, t1: float) -> dict:
         "prefill_step_ms_p50": _pct([r["ms"] for r in with_prefill], 50),
         "prefill_tokens_per_step_mean": (statistics.fmean(r["prefill_tokens"] for r in with_prefill)
                                          if with_prefill else 0.0),
+        "decode_b1_ms_p50": _pct([r["ms"] for r in steps
+                                  if r["prefill_tokens"] == 0 and r["decodes"] == 1], 50),
+        "num_decode_b1_steps": sum(1 for r in steps if r["prefill_tokens"] == 0 and r["decodes"] == 1),
         "step_ms_p50": _pct([r["ms"] for r in steps], 50),
         "step_ms_p99": _pct([r["ms"] for r in steps], 99),
         "step_ms_max": max((r["ms"] for r in steps), default=float("nan")),
@@ -101,6 +105,34 @@ def step_summary(rows: list[dict], t0: float, t1: float) -> dict:
         "allowed_tpot_ms": weighted / sampled if sampled else float("nan"),
     }
     return out
+
+
+PREFILL_BINS = (1, 65, 129, 257, 513, 1025, 2049, 1 << 30)
+
+
+def step_model(rows: list[dict]) -> dict:
+    """Over every logged step of one server: mean step time by prefill tokens per step (bins),
+    and the least-squares line ms = a + b * prefill_tokens + c * decodes, for the chunk-size
+    arithmetic (how long a step with a chunk of N prompt tokens makes every stream wait)."""
+    import numpy as np
+
+    bins = {}
+    for lo, hi in itertools.pairwise(PREFILL_BINS):
+        ms = [r["ms"] for r in rows if lo <= r["prefill_tokens"] < hi]
+        if ms:
+            toks = [r["prefill_tokens"] for r in rows if lo <= r["prefill_tokens"] < hi]
+            bins[f"{lo}-{hi - 1}"] = {"steps": len(ms), "ms_mean": statistics.fmean(ms),
+                                      "ms_p50": _pct(ms, 50),
+                                      "prefill_tokens_mean": statistics.fmean(toks)}
+    used = [r for r in rows if r["prefill_tokens"] + r["decodes"] > 0]
+    fit = None
+    if len(used) >= 3:
+        a = np.array([[1.0, r["prefill_tokens"], r["decodes"]] for r in used])
+        y = np.array([r["ms"] for r in used])
+        coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+        fit = {"a_ms": float(coef[0]), "ms_per_prefill_token": float(coef[1]),
+               "ms_per_decode": float(coef[2]), "num_steps": len(used)}
+    return {"by_prefill_tokens": bins, "fit": fit}
 
 
 def read_step_log(path: Path) -> list[dict]:
@@ -194,9 +226,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--out", required=True, help="folder for the JSONs, step logs and the table")
     p.add_argument("--workloads", default="issue11", choices=sorted(WORKLOADS))
     p.add_argument("--only", default=None, help="comma-separated workload names to run (default all)")
-    p.add_argument("--config", action="append", default=None, metavar="NAME=SERVE_ARGS",
-                   help="a server configuration: its name and extra `tidegate serve` flags "
-                        "(repeatable; default: bf16=)")
+    p.add_argument("--config", action="append", default=None, metavar="NAME=SERVE_ARGS[@W1,W2]",
+                   help="a server configuration: its name, extra `tidegate serve` flags and, "
+                        "after @, the only workloads it runs (repeatable; default: bf16=)")
     p.add_argument("--startup-timeout", type=float, default=300.0)
     p.add_argument("--bench-arg", action="append", default=[],
                    help="extra flag for every `tidegate bench serve` (repeatable)")
@@ -218,10 +250,11 @@ def main(argv: list[str] | None = None) -> int:
     configs = []
     for item in args.config or ["bf16="]:
         name, _, extra = item.partition("=")
-        configs.append((name, shlex.split(extra)))
+        extra, _, only = extra.partition("@")
+        configs.append((name, shlex.split(extra), set(only.split(",")) if only else None))
     summary: dict = {"serve_args": serve_args, "configs": {}, "skipped": []}
     rows = []
-    for name, extra in configs:
+    for name, extra, only in configs:
         if args.deadline_s is not None and time.monotonic() - began > args.deadline_s:
             summary["skipped"].append(name)
             continue
@@ -237,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{name}] server ready in {startup_s:.1f} s at {server.url}", flush=True)
         windows = []
         for w in workloads:
+            if only is not None and w.name not in only:
+                continue
             if args.deadline_s is not None and time.monotonic() - began > args.deadline_s:
                 summary["skipped"].append(f"{name}/{w.name}")
                 continue
@@ -247,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         rc = server.stop()
         steps = read_step_log(step_log) if step_log.exists() else []
         summary["configs"][name] = {"startup_s": startup_s, "server_exit": rc,
-                                    "serve_extra": extra, "num_logged_steps": len(steps)}
+                                    "serve_extra": extra, "num_logged_steps": len(steps),
+                                    "step_model": step_model(steps) if steps else None}
         for w, path, t0, t1, rc in windows:
             if not path.exists():
                 summary["skipped"].append(f"{name}/{w.name} (bench exit {rc})")

@@ -42,6 +42,20 @@ mkdir -p "$WORK"
 } > "$WORK/env.txt" 2>&1
 cat "$WORK/env.txt"
 
+if [ "$DEVICE" != cpu ]; then  # the two ceilings, measured in this run (prefill's fraction of them)
+  timeout 60 $PY - > "$WORK/ceilings.json" <<'PYEOF'
+import json, torch, triton.testing as tt
+n = 1 << 30
+src = torch.empty(n // 2, dtype=torch.bfloat16, device="cuda").normal_(); dst = torch.empty_like(src)
+copy_ms = tt.do_bench(lambda: dst.copy_(src), warmup=10, rep=200, return_mode="median")
+src = dst = None
+a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda"); b = torch.randn_like(a)
+mm_ms = tt.do_bench(lambda: a @ b, warmup=10, rep=200, return_mode="median")
+print(json.dumps({"copy_tb_s": 2 * n / copy_ms / 1e9, "bf16_matmul_tflop_s": 2 * 8192**3 / mm_ms / 1e9}))
+PYEOF
+  cat "$WORK/ceilings.json"
+fi
+
 config_args=()
 for c in $CONFIGS; do config_args+=(--config "${c//%/ }"); done
 
