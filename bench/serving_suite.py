@@ -217,6 +217,45 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def issue11_goals(rows: list[dict]) -> str:
+    """Issue 11's serving goals, met or not, for every configuration that ran the workload."""
+    lines = ["| config | goal | measured | met |", "|---|---|---|---|"]
+
+    def add(r, goal, measured, ok):
+        lines.append(f"| {r['config']} | {goal} | {measured} | {'yes' if ok else 'no'} |")
+
+    for r in rows:
+        c, e, w = r["client"], r["engine"], r["workload"]
+        allowed_tps = r["total_output_tokens"] / (e["busy_ms"] / 1000) if e["busy_ms"] else 0.0
+        if w == "short_2rps":
+            add(r, "16/32 at 2 req/s: TTFT p50 <= 30 ms", f"{c['ttft_p50']:.1f} ms",
+                c["ttft_p50"] <= 30)
+            add(r, "16/32 at 2 req/s: ITL p99 <= 1.3 x ITL p50",
+                f"{c['itl_p99']:.1f} / {c['itl_p50']:.1f} = {c['itl_p99'] / c['itl_p50']:.2f}x",
+                c["itl_p99"] <= 1.3 * c["itl_p50"])
+        elif w == "short_burst":
+            add(r, "16/32, 256 at once: >= 5,000 output tok/s",
+                f"{c['output_throughput']:,.0f} tok/s", c["output_throughput"] >= 5000)
+            add(r, "16/32, 256 at once: TPOT p50 <= 35 ms", f"{c['tpot_p50']:.1f} ms",
+                c["tpot_p50"] <= 35)
+        elif w == "long_8rps":
+            add(r, "512/128 at 8 req/s: TPOT p50 within 10% of what the step times allow",
+                f"{c['tpot_p50']:.1f} ms vs {e['allowed_tpot_ms']:.1f} ms allowed = "
+                f"{c['tpot_p50'] / e['allowed_tpot_ms']:.2f}x",
+                c["tpot_p50"] <= 1.1 * e["allowed_tpot_ms"])
+            add(r, "512/128 at 8 req/s: ITL p99 <= 2.5 x ITL p50",
+                f"{c['itl_p99']:.1f} / {c['itl_p50']:.1f} = {c['itl_p99'] / c['itl_p50']:.2f}x",
+                c["itl_p99"] <= 2.5 * c["itl_p50"])
+        elif w == "long_burst":
+            add(r, "512/128, 400 at once: >= 1,700 output tok/s",
+                f"{c['output_throughput']:,.0f} tok/s", c["output_throughput"] >= 1700)
+            add(r, "512/128, 400 at once: >= 85% of what the step times allow",
+                f"{c['output_throughput']:,.0f} / {allowed_tps:,.0f} = "
+                f"{c['output_throughput'] / allowed_tps:.0%}" if allowed_tps else "–",
+                bool(allowed_tps) and c["output_throughput"] >= 0.85 * allowed_tps)
+    return "\n".join(lines)
+
+
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     serve_args: list[str] = []
     if "--" in argv:
@@ -306,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     summary["wall_s"] = time.monotonic() - began
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     text = table(rows)
+    if args.workloads == "issue11":
+        text += "\n\n" + issue11_goals(rows)
     (out / "serving_table.md").write_text(text + "\n")
     print(text)
     return 0 if rows and not summary["skipped"] else 1
