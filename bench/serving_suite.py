@@ -308,16 +308,20 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"[{name}] server ready in {startup_s:.1f} s at {server.url}", flush=True)
         windows = []
-        for w in workloads:
-            if only is not None and w.name not in only:
-                continue
-            if args.deadline_s is not None and time.monotonic() - began > args.deadline_s:
-                summary["skipped"].append(f"{name}/{w.name}")
-                continue
-            path = out / f"{name}_{w.name}.json"
-            t0, t1, rc = run_workload(server.url, w, path, args.bench_arg)
-            windows.append((w, path, t0, t1, rc))
-            print(f"[{name}] {w.name}: {t1 - t0:.1f} s, exit {rc}", flush=True)
+        try:
+            for w in workloads:
+                if only is not None and w.name not in only:
+                    continue
+                if args.deadline_s is not None and time.monotonic() - began > args.deadline_s:
+                    summary["skipped"].append(f"{name}/{w.name}")
+                    continue
+                path = out / f"{name}_{w.name}.json"
+                t0, t1, rc = run_workload(server.url, w, path, args.bench_arg)
+                windows.append((w, path, t0, t1, rc))
+                print(f"[{name}] {w.name}: {t1 - t0:.1f} s, exit {rc}", flush=True)
+        except BaseException:  # cut off (SIGINT from a time cap): stop the server all the same
+            server.stop()
+            raise
         rc = server.stop()
         steps = read_step_log(step_log) if step_log.exists() else []
         summary["configs"][name] = {"startup_s": startup_s, "server_exit": rc,

@@ -10,8 +10,9 @@
 #
 # Environment: MODEL (deepseek-coder-33b), DEVICE (cuda), WORKLOADS (issue11 | tiny), CONFIGS
 # (space-separated NAME=FLAGS, default "bf16= fp8=--quantization%fp8"; % stands for a space inside
-# FLAGS), SUITE_S (hard cap in seconds, default 540), DEADLINE_S (start nothing new after, default
-# SUITE_S - 120). pyzmq/protobuf missing on the machine: carry .whl (wheels) and they are
+# FLAGS; NAME=FLAGS@w1,w2 runs only those workloads), SUITE_S (hard cap in seconds, default 540),
+# DEADLINE_S (start nothing new after, default SUITE_S - 120), WORK (working folder, default
+# $OUT/serving). pyzmq/protobuf missing on the machine: carry .whl (wheels) and they are
 # installed first. Outputs: $OUT/serving_table.md, $OUT/summary.json and everything else packed
 # in $OUT/serving_results.tar.gz (the device tool returns at most 8 files).
 set -u
@@ -33,7 +34,8 @@ if ! $PY -c 'import zmq' 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 
-WORK="$OUT/serving"
+WORK=${WORK:-$OUT/serving}  # on the device machine: outside $OUT (only 8 files come back)
+mkdir -p "$OUT"
 mkdir -p "$WORK"
 { command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.mem --format=csv
   $PY -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__)'
@@ -65,5 +67,5 @@ timeout -s INT "$SUITE_S" $PY -m bench.serving_suite --out "$WORK" --workloads "
 rc=$?
 echo "serving suite exit $rc"
 cp "$WORK/serving_table.md" "$WORK/summary.json" "$OUT/" 2>/dev/null
-tar czf "$OUT/serving_results.tar.gz" -C "$OUT" serving
+tar czf "$OUT/serving_results.tar.gz" -C "$(dirname "$WORK")" "$(basename "$WORK")"
 exit $rc
