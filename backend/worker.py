@@ -69,8 +69,10 @@ class Worker:
     def __init__(self, engine: Engine, loaded: LoadedModel, listen: str,
                  backend_id: str | None = None, model_name: str | None = None,
                  security: CurveKeys | None = None,
-                 step_log: StepLog | None = None) -> None:
+                 step_log: StepLog | None = None,
+                 max_held_messages: int = MAX_OUTBOX_MESSAGES) -> None:
         self.engine = engine
+        self.max_held_messages = max_held_messages
         self.step_log = step_log
         self.loaded = loaded
         self.backend_id = backend_id or f"backend-{uuid.uuid4().hex[:8]}"
@@ -360,7 +362,7 @@ class Worker:
 
     def _hold(self, identity: bytes, box: deque, frames: list) -> None:
         self.num_backpressured += 1
-        if len(box) >= MAX_OUTBOX_MESSAGES:
+        if len(box) >= self.max_held_messages:
             self._drop_gateway(identity, f"not reading ({len(box)} messages held)")
             return
         box.append(frames)

@@ -100,3 +100,45 @@ def test_a_message_over_the_size_limit_closes_only_that_connection(worker):
     assert len(tokens["x"]) == 2
     big.close()
     other.close()
+
+
+def test_a_gateway_that_stops_reading_is_held_then_dropped_not_silently_dropped(tmp_path):
+    # The echo engine makes one message per step; a peer that never reads fills the socket
+    # queue, then the worker's own bounded hold queue, then is dropped with its requests.
+    w = WorkerProcess(["--model", "echo", "--max-model-len", "4096", "--num-blocks", "512",
+                       "--max-held-messages", "50"], f"ipc://{tmp_path}/held.sock")
+    try:
+        import zmq
+
+        stuck = zmq.Context.instance().socket(zmq.DEALER)
+        stuck.setsockopt(zmq.RCVHWM, 1)
+        stuck.setsockopt(zmq.LINGER, 0)
+        stuck.connect(w.endpoint)
+        env = pb.Envelope(batch=pb.Batch())
+        env.batch.requests.add(request_id="slow-reader", prompt_frame=0,
+                               sampling=pb.SamplingParams(max_tokens=4000))
+        stuck.send_multipart(codec.encode(env, [[1, 2, 3]]))
+        watcher = DealerClient(w.endpoint)
+        info = watcher.hello()
+        deadline = time.monotonic() + 30
+        report = None
+        while time.monotonic() < deadline:  # until the stuck peer's request is gone
+            m = watcher.recv()
+            if m.kind == "load_report":
+                report = m.envelope.load_report
+                if report.num_running == 0 and report.num_free_blocks == info.num_kv_blocks:
+                    break
+        assert report is not None and report.num_running == 0
+        assert report.num_free_blocks == info.num_kv_blocks
+        # the peer only ever got what fit in the queues: far fewer than 4000 steps' outputs
+        got = 0
+        while stuck.poll(200):
+            stuck.recv_multipart()
+            got += 1
+        assert 0 < got < 4000
+        stuck.close(linger=0)
+        watcher.close()
+        assert w.terminate() == 0
+        assert "not reading" in w.proc.stderr.read()
+    finally:
+        w.kill()
