@@ -447,7 +447,9 @@ class Worker:
             num_free_blocks=sched.block_manager.num_free_blocks,
             num_total_blocks=self.engine.config.num_blocks,
             recent_step_time_ms=self.step_time_ema_ms, backend_id=self.backend_id,
-            num_outstanding_tokens=outstanding, num_preemptions=sched.num_preemptions)
+            num_outstanding_tokens=outstanding, num_preemptions=sched.num_preemptions,
+            num_held_messages=self.num_backpressured,
+            num_dropped_peers=self.num_gateways_dropped)
         bm = sched.block_manager
         if self.prefix_summary is not None:
             report.prefix_hashes.extend(self.prefix_summary.snapshot(self._is_cached))

@@ -360,7 +360,8 @@ class Gateway:
 
         depth, age = self.dispatcher.depth_and_age()
         loads = [BackendLoad(b.address, b.healthy, b.load.num_running, b.load.num_waiting,
-                             b.kv_cache_usage, b.outstanding_tokens) for b in self.pool.backends]
+                             b.kv_cache_usage, b.outstanding_tokens, b.load.num_held_messages,
+                             b.load.num_dropped_peers) for b in self.pool.backends]
         engines = [engine_report(b) for b in self.pool.backends]
         if self.pool.info is not None:
             self.metrics.model_name = self.model_name

@@ -43,6 +43,8 @@ class BackendLoad:
     num_waiting: int
     kv_cache_usage: float  # 0..1
     outstanding_tokens: int
+    held_messages: int = 0  # the backend's back-pressure: messages that waited for room
+    dropped_peers: int = 0  # peers it dropped (gone or not reading) with their requests
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +157,12 @@ class GatewayMetrics:
                                       ["socket"], registry=r)
         self.retried = Counter("tidegate_retried_requests", "Requests re-dispatched to another "
                                "backend after theirs died before producing a token.", registry=r)
+        self.backend_held = Gauge("tidegate_backend_held_messages", "Messages the backend held "
+                                  "for a full peer queue (cumulative, as it reports).",
+                                  ["backend"], registry=r)
+        self.backend_dropped_peers = Gauge("tidegate_backend_dropped_peers", "Peers the backend "
+                                           "dropped with their requests (cumulative).",
+                                           ["backend"], registry=r)
         self.loop_tasks = Gauge("tidegate_event_loop_tasks", "asyncio tasks alive in the gateway "
                                 "process (a leak shows as growth; see scripts/soak.py).",
                                 registry=r)
@@ -308,6 +316,8 @@ class GatewayMetrics:
             self.backend_waiting.labels(b.address).set(b.num_waiting)
             self.backend_kv.labels(b.address).set(b.kv_cache_usage)
             self.backend_outstanding.labels(b.address).set(b.outstanding_tokens)
+            self.backend_held.labels(b.address).set(b.held_messages)
+            self.backend_dropped_peers.labels(b.address).set(b.dropped_peers)
         self.vllm.refresh(self.model_name, list(engines), sum(depth.values()))
 
     def render(self) -> bytes:

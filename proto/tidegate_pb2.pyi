@@ -230,7 +230,7 @@ class StepOutput(_message.Message):
     def __init__(self, step: _Optional[int] = ..., outputs: _Optional[_Iterable[_Union[RequestOutput, _Mapping]]] = ...) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "num_free_blocks", "num_total_blocks", "recent_step_time_ms", "backend_id", "num_outstanding_tokens", "prefix_hashes", "prefix_block_size", "num_prompt_tokens", "num_cached_prompt_tokens", "num_preemptions")
+    __slots__ = ("num_running", "num_waiting", "num_free_blocks", "num_total_blocks", "recent_step_time_ms", "backend_id", "num_outstanding_tokens", "prefix_hashes", "prefix_block_size", "num_prompt_tokens", "num_cached_prompt_tokens", "num_preemptions", "num_held_messages", "num_dropped_peers")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -243,6 +243,8 @@ class LoadReport(_message.Message):
     NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
+    NUM_HELD_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    NUM_DROPPED_PEERS_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
     num_free_blocks: int
@@ -255,7 +257,9 @@ class LoadReport(_message.Message):
     num_prompt_tokens: int
     num_cached_prompt_tokens: int
     num_preemptions: int
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., recent_step_time_ms: _Optional[float] = ..., backend_id: _Optional[str] = ..., num_outstanding_tokens: _Optional[int] = ..., prefix_hashes: _Optional[_Iterable[int]] = ..., prefix_block_size: _Optional[int] = ..., num_prompt_tokens: _Optional[int] = ..., num_cached_prompt_tokens: _Optional[int] = ..., num_preemptions: _Optional[int] = ...) -> None: ...
+    num_held_messages: int
+    num_dropped_peers: int
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., recent_step_time_ms: _Optional[float] = ..., backend_id: _Optional[str] = ..., num_outstanding_tokens: _Optional[int] = ..., prefix_hashes: _Optional[_Iterable[int]] = ..., prefix_block_size: _Optional[int] = ..., num_prompt_tokens: _Optional[int] = ..., num_cached_prompt_tokens: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_held_messages: _Optional[int] = ..., num_dropped_peers: _Optional[int] = ...) -> None: ...
 
 class Error(_message.Message):
     __slots__ = ("code", "message", "request_id")

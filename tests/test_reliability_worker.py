@@ -130,6 +130,8 @@ def test_a_gateway_that_stops_reading_is_held_then_dropped_not_silently_dropped(
                     break
         assert report is not None and report.num_running == 0
         assert report.num_free_blocks == info.num_kv_blocks
+        # observable: the LoadReport (and the gateway's /metrics) carry the back-pressure
+        assert report.num_held_messages >= 50 and report.num_dropped_peers == 1
         # the peer only ever got what fit in the queues: far fewer than 4000 steps' outputs
         got = 0
         while stuck.poll(200):
