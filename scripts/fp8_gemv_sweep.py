@@ -60,7 +60,12 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--budget-s", type=float, default=100.0)
+    p.add_argument("--tiles", default=None, help="BN,BK,WARPS;... instead of TILES")
+    p.add_argument("--stages", default=None, help="comma-separated, instead of STAGES")
     args = p.parse_args()
+    tiles = [tuple(int(v) for v in t.split(",")) for t in args.tiles.split(";")] \
+        if args.tiles else TILES
+    stages = [int(v) for v in args.stages.split(",")] if args.stages else STAGES
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
@@ -78,7 +83,7 @@ def main() -> int:
     sms = fp8.num_sms(dev)
     variants = [fp8.GemvConfig(block_n=bn, block_k=bk, num_warps=w, num_stages=s,
                                programs_per_sm=pps, use_dot=False)
-                for bn, bk, w in TILES for s in STAGES for pps in PROGRAMS_PER_SM]
+                for bn, bk, w in tiles for s in stages for pps in PROGRAMS_PER_SM]
     results = {"copy_tb_s": copy_tb_s, "sms": sms, "shapes": {}}
     for name, (n, k) in SHAPES.items():
         w = (torch.randn(n, k, device=dev) * 0.02).to(torch.bfloat16)
