@@ -19,6 +19,7 @@ pytestmark = [
 from backend.kernels.fp8_gemv import (
     FP8_GEMV_MAX_M,
     FP8_MAX,
+    GEMV_M1_SHAPE_CONFIGS,
     GemvConfig,
     check_fp8_support,
     fp8_gemv_reference,
@@ -294,6 +295,7 @@ GEMV_TEST_CONFIGS = [
     GemvConfig(block_n=32, block_k=512, num_warps=8, num_stages=1, programs_per_sm=1,
                use_dot=False, prefetch=True),
     GemvConfig(block_n=128, block_k=128, num_warps=8, num_stages=3, programs_per_sm=8),
+    *GEMV_M1_SHAPE_CONFIGS.values(),  # thin tiles, one warp (the 33B shapes' M = 1 configs)
 ]
 
 
