@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from gateway.admin import ADMIN_PREFIX, add_admin_routes
 from gateway.app_keys import (
     ACTIVE_KEY,
     CONFIG_KEY,
@@ -72,7 +73,8 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
 async def auth_middleware(request: web.Request, handler) -> web.StreamResponse:
     config = request.app[CONFIG_KEY]
     key = config.api_key
-    if key and request.path not in OPEN_PATHS and not (
+    # /admin/ checks its own key (gateway.admin); the clients' key opens nothing there
+    if key and request.path not in OPEN_PATHS and not request.path.startswith(ADMIN_PREFIX) and not (
             request.path == "/metrics" and not config.protect_metrics):
         header = request.headers.get("Authorization", "")
         scheme, _, given = header.partition(" ")
@@ -172,6 +174,7 @@ def create_app(config: GatewayConfig, *, startup_wait_s: float = 0.0,
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/detokenize", detokenize)
     app.router.add_get("/metrics", metrics)
+    add_admin_routes(app)
     return app
 
 

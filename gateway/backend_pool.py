@@ -115,6 +115,7 @@ class BackendConn:
         self.inflight: dict[str, tuple[Dispatch, int]] = {}  # id -> (dispatch, tokens so far)
         self.pid = -1                   # this backend's id in the placement policy
         self.placement = None           # the pool's policy (reads this backend's load)
+        self.draining = False           # takes no new requests; leaves when its last one ends
 
     @property
     def num_inflight(self) -> int:
@@ -149,12 +150,13 @@ class BackendPool:
             raise ValueError("a BackendPool needs at least one backend address")
         self.config = config
         self._ctx = zmq.asyncio.Context()
-        self.backends = [self._connect(a) for a in addresses]
+        self.backends = []
         self.placement = create_placement(config.placement)
-        for pid, b in enumerate(self.backends):
-            b.pid, b.placement = pid, self.placement
-            self.placement.add_backend(pid)
-            self.placement.set_accepting(pid, False)  # until its BackendInfo arrives
+        self._by_pid: dict[int, BackendConn] = {}
+        self._next_pid = 0
+        self._started = False
+        for a in addresses:
+            self._register(self._connect(a))
         self._owner: dict[str, BackendConn] = {}
         self._info: pb.BackendInfo | None = None
         self._tasks: list[asyncio.Task] = []
@@ -167,6 +169,79 @@ class BackendPool:
         self.num_dropped = 0
         self.num_gaps = 0  # requests failed because their output sequence had a hole
 
+    def _register(self, b) -> None:
+        b.pid, b.placement = self._next_pid, self.placement
+        self._next_pid += 1
+        self._by_pid[b.pid] = b
+        self.backends.append(b)
+        self.placement.add_backend(b.pid)
+        self.placement.set_accepting(b.pid, False)  # until its BackendInfo arrives
+
+    def _start_backend(self, b) -> None:
+        b.io._on_message = self._reader_for(b)
+        b.io.start()
+        self._hello(b, time.monotonic())
+        if b.sock is not None:  # an HTTP backend has no socket to watch
+            b.watch_task = asyncio.create_task(self._watch_connection(b),
+                                               name=f"pool-watch {b.address}")
+            self._tasks.append(b.watch_task)
+
+    # --- membership (admin endpoint) -------------------------------------------------------
+    def find(self, address: str):
+        return next((b for b in self.backends if b.address == address), None)
+
+    def add_backend(self, address: str):
+        """A new backend, placed on from its BackendInfo on (while serving)."""
+        if self.find(address) is not None:
+            raise ValueError(f"backend {address} is already in the pool")
+        b = self._connect(address)
+        self._register(b)
+        if self._started:
+            self._start_backend(b)
+        log.info("backend %s added", address)
+        return b
+
+    def drain_backend(self, address: str) -> None:
+        """Take no new requests there; the backend leaves when its last request finishes."""
+        b = self.find(address)
+        if b is None:
+            raise KeyError(address)
+        b.draining = True
+        self._update_accepting(b)
+        log.info("backend %s draining (%d requests left)", address, b.num_inflight)
+        if not b.inflight:
+            self._leave_soon(b)
+
+    def remove_backend(self, address: str) -> None:
+        """Out now: requests not yet started there go to another backend (once), those that
+        streamed tokens fail (as when a backend dies)."""
+        b = self.find(address)
+        if b is None:
+            raise KeyError(address)
+        b.draining = True
+        self._update_accepting(b)
+        self._evacuate(b, "removed by the operator")
+        self._leave(b)
+
+    def _leave_soon(self, b) -> None:
+        # not while a caller iterates the pool's backends
+        asyncio.get_running_loop().call_soon(self._leave, b)
+
+    def _leave(self, b) -> None:
+        if b not in self.backends:
+            return
+        self.backends.remove(b)
+        self._by_pid.pop(b.pid, None)
+        self.placement.remove_backend(b.pid)
+        self._info = None
+        b.io.stop()
+        task = getattr(b, "watch_task", None)
+        if task is not None:
+            task.cancel()
+        if b.sock is not None:
+            b.sock.close(linger=0)
+        log.info("backend %s left the pool", b.address)
+
     def _connect(self, address: str):
         """A ZMQ backend (tcp://, ipc://) or an OpenAI-compatible server (http://, https://)."""
         if address.startswith(("http://", "https://")):
@@ -176,13 +251,9 @@ class BackendPool:
 
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
+        self._started = True
         for b in self.backends:
-            b.io._on_message = self._reader_for(b)
-            b.io.start()
-            self._hello(b, time.monotonic())
-            if b.sock is not None:  # an HTTP backend has no socket to watch
-                self._tasks.append(asyncio.create_task(self._watch_connection(b),
-                                                       name=f"pool-watch {b.address}"))
+            self._start_backend(b)
         self._tasks.append(asyncio.create_task(self._monitor(), name="pool-monitor"))
 
     async def close(self) -> None:
@@ -223,13 +294,14 @@ class BackendPool:
     def has_idle_backend(self) -> bool:
         """Some healthy backend holds none of this gateway's requests."""
         for b in self.backends:
-            if b.healthy and not b.inflight:
+            if b.healthy and not b.inflight and not b.draining:
                 return True
         return False
 
     def free_slots(self) -> int:
         cap = self.config.max_inflight_per_backend
-        return sum(max(0, cap - b.num_inflight) for b in self.healthy_backends())
+        return sum(max(0, cap - b.num_inflight) for b in self.healthy_backends()
+                   if not b.draining)
 
     def place(self, items: list[Dispatch], now: float) -> tuple[list[tuple[BackendConn, list[Dispatch]]],
                                                                 list[Dispatch]]:
@@ -253,7 +325,7 @@ class BackendPool:
             d.charged_left = it.charged
             d.prompt_charge = max(0, it.charged - d.sampling.max_tokens)
             parts.setdefault(it.backend, []).append(d)
-        return [(self.backends[b], ds) for b, ds in parts.items()], unplaced
+        return [(self._by_pid[b], ds) for b, ds in parts.items()], unplaced
 
     def _release(self, backend: BackendConn, d: Dispatch, tokens: int) -> None:
         n = min(tokens, d.charged_left)
@@ -263,7 +335,7 @@ class BackendPool:
 
     def _update_accepting(self, backend: BackendConn) -> None:
         """The policy picks only healthy backends below their in-flight cap."""
-        self.placement.set_accepting(backend.pid, backend.healthy and
+        self.placement.set_accepting(backend.pid, backend.healthy and not backend.draining and
                                      backend.num_inflight < self.config.max_inflight_per_backend)
 
     # --- sending --------------------------------------------------------------------------------
@@ -327,6 +399,8 @@ class BackendPool:
         dispatch, _ = entry
         self._release(backend, dispatch, dispatch.charged_left)
         self._update_accepting(backend)
+        if backend.draining and not backend.inflight:
+            self._leave_soon(backend)  # its last request is done
         return dispatch
 
     def _fail_all(self, backend: BackendConn, error: APIError) -> None:
@@ -559,7 +633,7 @@ class BackendPool:
     def _retry(self, items: list[Dispatch], failed: BackendConn, reason: str) -> None:
         cap = self.config.max_inflight_per_backend
         target = min((b for b in self.backends if b.healthy and b is not failed
-                      and b.num_inflight + len(items) <= cap),
+                      and not b.draining and b.num_inflight + len(items) <= cap),
                      key=lambda b: (b.outstanding_tokens, b.num_inflight), default=None)
         sent = None
         if target is not None:

@@ -59,6 +59,7 @@ class GatewayConfig:
     limits: RequestLimits = field(default_factory=RequestLimits)
     fim_template: str | None = None  # None: the model family's, found in its tokenizer
     protect_metrics: bool = False  # /metrics behind the API key too
+    admin_key: str | None = None  # /admin/backends (gateway.admin); None: no admin endpoint
 
 
 class RequestHandle:
@@ -361,7 +362,8 @@ class Gateway:
         depth, age = self.dispatcher.depth_and_age()
         loads = [BackendLoad(b.address, b.healthy, b.load.num_running, b.load.num_waiting,
                              b.kv_cache_usage, b.outstanding_tokens, b.load.num_held_messages,
-                             b.load.num_dropped_peers) for b in self.pool.backends]
+                             b.load.num_dropped_peers, b.draining)
+                 for b in self.pool.backends]
         engines = [engine_report(b) for b in self.pool.backends]
         if self.pool.info is not None:
             self.metrics.model_name = self.model_name

@@ -78,6 +78,7 @@ class HttpBackendConn:
         self.inflight: dict = {}
         self.pid = -1
         self.placement = None
+        self.draining = False
         self._session: aiohttp.ClientSession | None = None
         self._streams: dict[str, asyncio.Task] = {}
         self._tasks: set[asyncio.Task] = set()

@@ -45,6 +45,7 @@ class BackendLoad:
     outstanding_tokens: int
     held_messages: int = 0  # the backend's back-pressure: messages that waited for room
     dropped_peers: int = 0  # peers it dropped (gone or not reading) with their requests
+    draining: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +143,10 @@ class GatewayMetrics:
                                  "against the SLOs.", registry=r)
         self.goodput = Gauge("tidegate_goodput_ratio", "Share of successful requests that met the "
                              "SLOs (1 when none finished yet).", registry=r)
+        self.backend_draining = Gauge("tidegate_backend_draining", "1 while the backend takes no "
+                                      "new requests and leaves after its last one.", ["backend"],
+                                      registry=r)
+        self._backend_addresses: set[str] = set()
         self.backend_up = Gauge("tidegate_backend_healthy", "1 while the backend answers within "
                                 "the heartbeat window.", ["backend"], registry=r)
         self.backend_running = Gauge("tidegate_backend_num_requests_running", "Requests running "
@@ -310,7 +315,18 @@ class GatewayMetrics:
         for cls in CLASS_NAMES:
             self.queue_depth.labels(cls).set(depth.get(cls, 0))
             self.queue_age.labels(cls).set(age.get(cls, 0.0))
+        gone = self._backend_addresses - {b.address for b in backends}
+        for address in gone:  # removed from the pool: its series go too
+            for g in (self.backend_up, self.backend_running, self.backend_waiting, self.backend_kv,
+                      self.backend_outstanding, self.backend_draining, self.backend_held,
+                      self.backend_dropped_peers):
+                try:
+                    g.remove(address)
+                except KeyError:
+                    pass
+        self._backend_addresses = {b.address for b in backends}
         for b in backends:
+            self.backend_draining.labels(b.address).set(1 if b.draining else 0)
             self.backend_up.labels(b.address).set(1 if b.healthy else 0)
             self.backend_running.labels(b.address).set(b.num_running)
             self.backend_waiting.labels(b.address).set(b.num_waiting)

@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", action="append", default=None, metavar="ADDR",
                    help="backend address, repeatable: tcp://… or ipc://… (our wire), http://… (any "
                         "OpenAI-compatible server: vllm serve, SGLang, tidegate), or 'embedded'")
+    p.add_argument("--admin-key", default=None,
+                   help="enables /admin/backends (add, drain, remove backends while serving) "
+                        "behind 'Authorization: Bearer KEY' (or TIDEGATE_ADMIN_KEY)")
     p.add_argument("--tokenizer", default=None, metavar="DIR",
                    help="HF model directory whose tokenizer http:// backends are given (a ZMQ "
                         "backend sends its own; an HTTP server cannot)")
@@ -158,6 +161,7 @@ def gateway_config(args: argparse.Namespace, backends: list[str]) -> GatewayConf
     return GatewayConfig(
         backends=tuple(backends), served_model_name=args.served_model_name,
         api_key=api_key(args), max_body_bytes=args.max_body_bytes,
+        admin_key=os.environ.get("TIDEGATE_ADMIN_KEY") or args.admin_key,
         request_timeout_s=args.request_timeout, stream_interval=max(1, args.stream_interval),
         log_prompts=args.log_prompts, drain_timeout_s=args.drain_timeout,
         slo=SLOConfig(args.slo_ttft_ms, args.slo_tpot_ms),
