@@ -344,11 +344,31 @@ class StepScheduler:
         finished: list[FinishedSequence] = []
         allocate_due, update_due, finish = decodes.allocate_due, decodes.update_due, self._finish
         preempt_for = self.preempt_for
-        for _ in range(num_steps):
+        # Only steps where something is due do any work: step t allocates when t is a boundary,
+        # and its update (clock t + 1) registers blocks when t + 1 is a boundary (prefix cache
+        # on) or finishes sequences when t + 1 is a finishing step. Every other step changes
+        # nothing but the clock, so the clock jumps to the next step with work — the same calls
+        # in the same order as stepping one by one, without O(k) no-op calls when few sequences
+        # decode for many steps (e.g. one request per backend in a many-backend simulation).
+        end = decodes.step + num_steps
+        boundaries, reg = decodes.boundaries, self.block_manager.enable_prefix_caching
+        fin_steps = sorted(f - 1 for f in decodes.finishing if decodes.step < f <= end)
+        fi = 0
+        while True:
             step = decodes.step
-            allocate_due(step, plan, preempt_for)
-            decodes.step = step + 1
-            update_due(step + 1, None, finished, finish)
+            t = min((b for b in boundaries if b >= step), default=end)
+            if reg and t - 1 >= step:
+                t -= 1  # the update before a boundary registers the blocks that just filled
+            while fi < len(fin_steps) and fin_steps[fi] < step:
+                fi += 1
+            if fi < len(fin_steps) and fin_steps[fi] < t:
+                t = fin_steps[fi]
+            if t >= end:
+                decodes.step = end
+                break
+            allocate_due(t, plan, preempt_for)
+            decodes.step = t + 1
+            update_due(t + 1, None, finished, finish)
         self.num_steps += num_steps
         return finished
 
