@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", action="append", default=None, metavar="ADDR",
                    help="backend address, repeatable: tcp://… or ipc://… (our wire), http://… (any "
                         "OpenAI-compatible server: vllm serve, SGLang, tidegate), or 'embedded'")
+    p.add_argument("--workers", type=int, default=1,
+                   help="gateway processes sharing the port (SO_REUSEPORT), each with its own "
+                        "window, queues and placement (gateway.workers)")
     p.add_argument("--admin-key", default=None,
                    help="enables /admin/backends (add, drain, remove backends while serving) "
                         "behind 'Authorization: Bearer KEY' (or TIDEGATE_ADMIN_KEY)")
@@ -253,7 +256,8 @@ async def serve(args: argparse.Namespace) -> int:
                   f"({'exit code ' + str(code) if code is not None else 'timed out'})",
                   file=sys.stderr)
             return 1
-        site = web.TCPSite(runner, args.host, args.port)
+        site = web.TCPSite(runner, args.host, args.port,
+                           reuse_port=getattr(args, "reuse_port", False) or None)
         await site.start()
         port = site._server.sockets[0].getsockname()[1] if site._server else args.port
         model = gw.model_name if gw.pool.info is not None else "(waiting for a backend)"
@@ -284,6 +288,15 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.workers > 1:
+        from gateway.workers import serve_workers
+        return serve_workers(args, _run_one, EmbeddedBackend)
+    if args.workers < 1:
+        raise SystemExit("tidegate serve: error: --workers must be >= 1")
+    return _run_one(args)
+
+
+def _run_one(args: argparse.Namespace) -> int:
     try:
         import uvloop
     except ImportError:  # not on Windows
