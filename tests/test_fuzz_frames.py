@@ -20,6 +20,7 @@ from test_gateway_fakes import DEFAULT_TEXT, FakeBackend
 from test_gateway_http import ipc_address, make_config
 
 from gateway.app import create_app
+from gateway.backend_pool import PoolConfig
 from gateway.client import AsyncClient
 from gateway.frontdoor import FRONTDOOR_KEY, frontdoor_ctx
 from proto import tidegate_pb2 as pb
@@ -121,7 +122,9 @@ async def backend():
 
 async def test_fuzzed_frames_at_the_front_door(aiohttp_client, backend):
     door = ipc_address()
-    app = create_app(make_config(backend.address), startup_wait_s=5.0,
+    # a wide heartbeat window: the fake backend shares this (busy) event loop; see test_fuzz_http
+    pool = PoolConfig(heartbeat_timeout_s=60.0, hello_interval_s=0.1)
+    app = create_app(make_config(backend.address, pool=pool), startup_wait_s=5.0,
                      extra_cleanup_ctx=[frontdoor_ctx(door)])
     await aiohttp_client(app)
     messages = generate(NUM_FRAMES)
