@@ -5,7 +5,7 @@ keeps the pool's *logical* shape `[num_blocks, block_size, num_kv_heads, head_di
 attention functions read off `cache.shape`), but memory holds only the quantized codes and their
 fp32 scales, in two tensors indexed by the same (block, offset, kv head):
 
-  fp8 (K and V alike; E4M3, per-(token, kv-head) scale = amax / 448):
+  fp8 (K and V alike; E4M3, per-(token, kv-head) scale = amax * (1/448)):
 
       data   [num_blocks, block_size, Hkv, D]         float8_e4m3fn   D bytes / token-head
       scale  [num_blocks, block_size, Hkv]            float32         4 bytes / token-head
@@ -15,7 +15,7 @@ fp32 scales, in two tensors indexed by the same (block, offset, kv head):
                        └─ offset 1 ─ ...
 
   int4 (keys of int4-fp8; symmetric, q in [-7, 7], per-(token, kv-head, group of G channels)
-  scale = amax_group / 7; two channels per byte, stored offset-binary (q + 8)):
+  scale = amax_group * (1/7); two channels per byte, stored offset-binary (q + 8)):
 
       data   [num_blocks, block_size, Hkv, D // 2]    uint8           D/2 bytes / token-head
       scale  [num_blocks, block_size, Hkv, D // G]    float32         4 D/G bytes / token-head
@@ -48,6 +48,11 @@ INT4_MAX = 7                 # symmetric: codes -7..7 (offset-binary 1..15 in a 
 INT4_GROUP = 32              # channels of head_dim per int4 scale
 SCALE_DTYPE = torch.float32
 _TINY = 1e-12                # scale floor: an all-zero vector quantizes to zeros, not NaNs
+# Scales are amax times these reciprocals (not amax / max): torch on CUDA turns a division by a
+# Python number into that product anyway, so CPU, CUDA and the Triton write kernel
+# (backend/kernels/rotary_kv.py) all compute the same fp32 scale, bit for bit.
+INV_FP8_MAX = 1.0 / FP8_MAX
+INV_INT4_MAX = 1.0 / INT4_MAX
 
 # format -> (key codec, value codec)
 FORMATS: dict[str, tuple[str, str]] = {"fp8": ("fp8", "fp8"), "int4-fp8": ("int4", "fp8")}
@@ -65,7 +70,7 @@ def int4_group_size(head_dim: int) -> int:
 def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., D] -> (codes [..., D] float8_e4m3fn, scale [...] fp32), x ~= codes * scale."""
     xf = x.float()
-    scale = (xf.abs().amax(dim=-1) / FP8_MAX).clamp_min(_TINY)
+    scale = (xf.abs().amax(dim=-1) * INV_FP8_MAX).clamp_min(_TINY)
     codes = (xf / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return codes, scale
 
@@ -78,7 +83,7 @@ def quantize_int4(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tens
     """x [..., D] -> (packed [..., D/2] uint8, scale [..., D/group] fp32)."""
     d = x.shape[-1]
     xg = x.float().reshape(*x.shape[:-1], d // group, group)
-    scale = (xg.abs().amax(dim=-1) / INT4_MAX).clamp_min(_TINY)
+    scale = (xg.abs().amax(dim=-1) * INV_INT4_MAX).clamp_min(_TINY)
     q = torch.round(xg / scale[..., None]).clamp_(-INT4_MAX, INT4_MAX).reshape(x.shape)
     u = (q + 8).to(torch.uint8)
     return u[..., 0::2] | (u[..., 1::2] << 4), scale

@@ -210,7 +210,7 @@ def bench_attention(r: Runner) -> None:
     batches = [1, 4] if r.dry_run else ATTN_DECODE_BATCHES
     for ctx in contexts:
         for batch in batches:
-            for fmt in ATTN_FORMATS:
+            for fmt in r.attn_formats:
                 call, kv_bytes = attention_step(r, fmt, [1] * batch, [ctx] * batch)
                 us = r.bench_ms(call) * 1e3
                 row = {"kind": "decode", "format": fmt, "batch": batch, "context": ctx,
@@ -229,7 +229,7 @@ def bench_attention(r: Runner) -> None:
                                                if "warps_sweep_us" in row else ""))
                 r.save()
     for d, dctx, p, prefix in ([(4, 256, 64, 0), (0, 0, 128, 64)] if r.dry_run else ATTN_MIXED):
-        for fmt in ATTN_FORMATS:
+        for fmt in r.attn_formats:
             qlens = [1] * d + [p]
             ctxs = [dctx] * d + [prefix + p]
             call, kv_bytes = attention_step(r, fmt, qlens, ctxs)
@@ -248,6 +248,52 @@ def bench_attention(r: Runner) -> None:
                 + (f"; torch SDPA (flash, contiguous K/V) {row['sdpa_flash_us']} us"
                    if "sdpa_flash_us" in row else ""))
             r.save()
+
+
+# (num_warps, block_n, num_stages) for decode; (block_q, num_warps, block_n) for a prefill chunk
+SWEEP_DECODE = [(8, 64, 2), (4, 64, 2), (4, 32, 2), (8, 32, 3), (8, 128, 2), (4, 128, 3)]
+SWEEP_PREFILL = [(8, 8, 64), (8, 4, 64), (16, 8, 64), (16, 8, 128), (8, 8, 128), (16, 4, 64)]
+
+
+def bench_attention_sweep(r: Runner) -> None:
+    """Tile settings per KV format (decode b=64, ctx 8k) and for a 2048-token prompt (bf16),
+    each checked against the reference before it is timed."""
+    batch, ctx = (4, 256) if r.dry_run else (64, 8192)
+    for fmt in ATTN_FORMATS:
+        call, kv_bytes = attention_step(r, fmt, [1] * batch, [ctx] * batch)
+        ref = None
+        for warps, block_n, stages in SWEEP_DECODE:
+            kw = {"num_warps": warps, "block_n": block_n, "num_stages": stages}
+            out = call(**kw)
+            if ref is None:
+                ref = _reference_of(call)
+            err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+            us = r.bench_ms(partial(call, **kw)) * 1e3
+            row = {"kind": "sweep_decode", "format": fmt, "batch": batch, "context": ctx,
+                   **kw, "us": round(us, 2), "rel_err": err,
+                   "tb_s": round(kv_bytes / us / 1e6, 3)}
+            r.results["attention_sweep"].append(row)
+            log(f"sweep decode {fmt:8s} b={batch} ctx={ctx} warps {warps} block_n {block_n} "
+                f"stages {stages}: {us:8.1f} us {row['tb_s']:.2f} TB/s err {err:.1e}")
+            r.save()
+    p = 128 if r.dry_run else 2048
+    call, _ = attention_step(r, "bf16", [p], [p])
+    ref = _reference_of(call)
+    for block_q, warps, block_n in SWEEP_PREFILL:
+        kw = {"block_q": block_q, "num_warps": warps, "block_n": block_n}
+        out = call(**kw)
+        err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+        us = r.bench_ms(partial(call, **kw)) * 1e3
+        row = {"kind": "sweep_prefill", "tokens": p, **kw, "us": round(us, 2), "rel_err": err}
+        r.results["attention_sweep"].append(row)
+        log(f"sweep prefill {p} block_q {block_q} warps {warps} block_n {block_n}: {us:8.1f} us"
+            f" err {err:.1e}")
+        r.save()
+
+
+def _reference_of(call):
+    a = call.args
+    return attn.paged_attention_reference(a[0], a[1], a[2], a[3], a[4], a[5], a[6])
 
 
 def _sdpa_us(r: Runner, p: int) -> float:
@@ -475,7 +521,9 @@ def main() -> int:
     parser.add_argument("--tests", default="tests/test_kernels_gpu.py",
                         help="pytest paths run with -m gpu (space separated)")
     parser.add_argument("--sections", default="ceilings,attention,gemv,small",
-                        help="which timing sections to run")
+                        help="which timing sections to run (also: sweep)")
+    parser.add_argument("--attn-formats", default=",".join(ATTN_FORMATS),
+                        help="KV formats of the attention section")
     parser.add_argument("--budget-s", type=float, default=330.0,
                         help="skip optional sweeps when this much time has passed")
     args = parser.parse_args()
@@ -485,6 +533,7 @@ def main() -> int:
         log("no CUDA device (use --dry-run on the CPU)")
         return 2
     r = Runner(out_dir, args.dry_run, args.budget_s)
+    r.attn_formats = args.attn_formats.split(",")
     meta = r.results["meta"]
     meta["torch"] = torch.__version__
     try:
@@ -500,8 +549,8 @@ def main() -> int:
     r.save()
     if not args.skip_tests:
         run_tests(r, args.tests.split())
-    named = {"ceilings": measure_ceilings, "attention": bench_attention, "gemv": bench_gemv,
-             "small": bench_small}
+    named = {"ceilings": measure_ceilings, "attention": bench_attention,
+             "sweep": bench_attention_sweep, "gemv": bench_gemv, "small": bench_small}
     steps = [named[x] for x in args.sections.split(",")]
     if measure_ceilings not in steps:
         steps.insert(0, measure_ceilings)

@@ -54,7 +54,7 @@ def attention(k_codec: int, v_codec: int, block_q: int, single: bool, warps: int
              "block_tables_ptr": "*i32", "qsl_ptr": "*i32", "context_lens_ptr": "*i32",
              "qk_scale": "fp32"}
     const = {"NUM_HEADS": 56, "GROUP": 7, "GROUP_P2": group_p2, "HEAD_DIM": 128, "D_P2": 128, "DH_P2": 64,
-                 "K_CODEC": k_codec, "V_CODEC": v_codec, "INT4_GROUP": 32, "BLOCK_SIZE": 16,
+                 "K_CODEC": k_codec, "V_CODEC": v_codec, "NUM_GROUPS": 4, "BLOCK_SIZE": 16,
                  "BLOCK_N": pa.BLOCK_N, "BLOCK_Q": block_q, "SINGLE_SPLIT": single, "FP32_DOT": False}
     return _usage(_compile(pa._paged_attention_kernel, types, const, warps, pa.NUM_STAGES))
 

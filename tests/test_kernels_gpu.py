@@ -272,9 +272,13 @@ def test_rotary_kv_write_quantized(fmt, num_tokens, num_heads, num_kv_heads, hea
     write_kv_reference(k_rot, v, pools_ref[0], pools_ref[1], slots)
     n = num_blocks * block_size
     for p, pr in zip(pools, pools_ref):
-        assert torch.equal(p.data.view(torch.uint8).view(n, -1),
-                           pr.data.view(torch.uint8).view(n, -1))
-        assert torch.equal(p.scale.view(n, -1), pr.scale.view(n, -1))
+        codes, codes_ref = p.data.view(torch.uint8).view(n, -1), pr.data.view(torch.uint8).view(n, -1)
+        bad = (codes != codes_ref).nonzero()
+        assert not len(bad), (p.codec, len(bad), codes.numel(), bad[:4].tolist(),
+                              codes[tuple(bad[:4].T)].tolist(), codes_ref[tuple(bad[:4].T)].tolist(),
+                              (p.scale.view(n, -1) - pr.scale.view(n, -1)).abs().max().item())
+        assert torch.equal(p.scale.view(n, -1), pr.scale.view(n, -1)), \
+            (p.codec, (p.scale.view(n, -1) - pr.scale.view(n, -1)).abs().max().item())
 
 
 # ---- silu * mul -------------------------------------------------------------------------------

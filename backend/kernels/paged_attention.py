@@ -39,8 +39,9 @@ Triton plan (one partial launch, plus a merge launch when the context is split):
 Dequantization costs nothing extra in the inner products where the scale factors out:
     fp8 K  (per-token scale s_t):    q . (c_t s_t)      = (q . c_t) s_t     -> scale the score column
     fp8 V  (per-token scale s_t):    sum_t p_t c_t s_t  = sum_t (p_t s_t) c_t -> scale p's column
-    int4 K (per-32-channel scales):  codes * scale in registers; the even and odd channels of a
-        byte are two dots of head_dim / 2 each against q's even / odd channels (no interleave).
+    int4 K (per-32-channel scales):  codes * scale in registers (the tile's [N, groups] scales
+        loaded once, widened in registers); the even and odd channels of a byte are two dots
+        of head_dim / 2 each against q's even / odd channels (no interleave).
 An E4M3 code converts to bf16 exactly, so the fp8 dots run on bf16 tensor cores.
 
 num_splits and q_blocks depend only on host values (shapes and host bounds), never on device
@@ -137,7 +138,7 @@ if HAS_TRITON:
         stride_bt,
         NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_P2: tl.constexpr,
         HEAD_DIM: tl.constexpr, D_P2: tl.constexpr, DH_P2: tl.constexpr,
-        K_CODEC: tl.constexpr, V_CODEC: tl.constexpr, INT4_GROUP: tl.constexpr,
+        K_CODEC: tl.constexpr, V_CODEC: tl.constexpr, NUM_GROUPS: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr,
         SINGLE_SPLIT: tl.constexpr, FP32_DOT: tl.constexpr,
     ):
@@ -214,9 +215,14 @@ if HAS_TRITON:
                                + kv_head * stride_ksh)
                     km = mask_n[:, None] & mask_j[None, :]
                     packed = tl.load(k_rows[:, None] + offs_j[None, :], mask=km, other=0)
-                    # channel 2j is in group 2j // INT4_GROUP = j // (INT4_GROUP // 2)
-                    ksc = tl.load(ks_rows[:, None] + offs_j[None, :] // (INT4_GROUP // 2),
-                                  mask=km, other=0.0)                              # [N, D/2]
+                    # channel 2j is in group 2j // INT4_GROUP = j // (INT4_GROUP // 2): load the
+                    # [N, groups] scales once and widen them in registers to [N, D/2]
+                    offs_g = tl.arange(0, NUM_GROUPS)
+                    ksc = tl.load(ks_rows[:, None] + offs_g[None, :], mask=mask_n[:, None],
+                                  other=0.0)                                       # [N, G]
+                    ksc = tl.reshape(tl.broadcast_to(ksc[:, :, None],
+                                                     (BLOCK_N, NUM_GROUPS, DH_P2 // NUM_GROUPS)),
+                                     (BLOCK_N, DH_P2))                             # [N, D/2]
                     lo_nib = ((packed & 15).to(tl.int32) - 8).to(tl.float32) * ksc
                     hi_nib = ((packed >> 4).to(tl.int32) - 8).to(tl.float32) * ksc
                     if FP32_DOT:
@@ -309,7 +315,7 @@ def paged_attention_triton(
     query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float,
     max_query_len: int, max_context_len: int | None = None, num_splits: int | None = None,
     out: torch.Tensor | None = None, block_q: int | None = None,
-    num_warps: int = NUM_WARPS, block_n: int = BLOCK_N,
+    num_warps: int = NUM_WARPS, block_n: int = BLOCK_N, num_stages: int = NUM_STAGES,
 ) -> torch.Tensor:
     num_tokens, num_heads, head_dim = q.shape
     num_seqs = context_lens.shape[0]
@@ -322,7 +328,9 @@ def paged_attention_triton(
     assert num_heads % num_kv_heads == 0 and head_dim >= 16
     assert query_start_loc.shape[0] == num_seqs + 1 and block_tables.shape[0] >= num_seqs
     group = num_heads // num_kv_heads
-    int4_group = 2 * k_data.shape[-1] // k_scale.shape[-1] if k_codec == CODEC_INT4 else 1
+    num_groups = k_scale.shape[-1] if k_codec == CODEC_INT4 else 1   # int4 scales per head
+    if k_codec == CODEC_INT4 and next_power_of_2(head_dim) != head_dim:
+        raise ValueError(f"int4 keys need a power-of-2 head_dim, got {head_dim}")
     if out is None:
         out = torch.empty_like(q)
     if num_tokens == 0 or num_seqs == 0:
@@ -359,11 +367,11 @@ def paged_attention_triton(
         block_tables.stride(0),
         NUM_HEADS=num_heads, GROUP=group, GROUP_P2=group_p2,
         HEAD_DIM=head_dim, D_P2=d_p2, DH_P2=max(16, next_power_of_2(head_dim // 2)),
-        K_CODEC=k_codec, V_CODEC=v_codec, INT4_GROUP=int4_group,
+        K_CODEC=k_codec, V_CODEC=v_codec, NUM_GROUPS=num_groups,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_Q=block_q,
         SINGLE_SPLIT=num_splits == 1,
         FP32_DOT=q.dtype == torch.float32 or triton_interpreting(),
-        num_warps=num_warps, num_stages=NUM_STAGES,
+        num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
         splits_p2 = next_power_of_2(num_splits)

@@ -19,8 +19,8 @@ and into the page), and copies v into its page: q/k/v are read once and written 
 
 Quantized pages are encoded in the same program, from the registers that hold the rotated k
 (rounded to the model dtype first, as the reference stores k before quantizing it) and v:
-    fp8   per (token, kv head): scale = max(amax / 448, 1e-12), codes = x / scale in E4M3
-    int4  per (token, kv head, G channels): scale = max(amax_G / 7, 1e-12), q = rint(x / scale)
+    fp8   per (token, kv head): scale = max(amax * (1/448), 1e-12), codes = x / scale in E4M3
+    int4  per (token, kv head, G channels): scale = max(amax_G * (1/7), 1e-12), q = rint(x / scale)
           in [-7, 7], byte j = (q[2j+1] + 8) << 4 | (q[2j] + 8). Each rotary half splits into
           its even / odd channels (a reshape), so bytes and group scales come out per half.
 The formats are those of `backend.kv_quant` (the reference codecs this kernel is tested against).
@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from backend.kernels.triton_utils import HAS_TRITON, next_power_of_2, tl, triton, use_triton
+from backend.kv_quant import INV_FP8_MAX, INV_INT4_MAX
 
 
 def build_rope_cache(max_positions: int, head_dim: int, base: float,
@@ -78,6 +79,8 @@ def rotary_kv_write_reference(positions, q, k, v, cos, sin, k_cache, v_cache, sl
 
 
 if HAS_TRITON:
+    _INV_FP8 = tl.constexpr(INV_FP8_MAX)     # the codecs' reciprocals (fp32 in the kernel)
+    _INV_INT4 = tl.constexpr(INV_INT4_MAX)
 
     @triton.jit
     def _rotate_half_in_place(base_ptr, stride_h, heads, half_offs, cos, sin,
@@ -94,8 +97,12 @@ if HAS_TRITON:
 
     @triton.jit
     def _rint(x):
-        # round half to even for |x| < 2^22: adding 1.5 * 2^23 leaves no fraction bits
-        return (x + 12582912.0) - 12582912.0
+        """Round half to even (torch.round), for |x| < 2^20 (callers: |x| <= 16). Built on
+        floor: the (x + 1.5 * 2^23) - 1.5 * 2^23 trick was folded to x by the compiler on the
+        GPU (H200, Triton 3.6) though not by the interpreter."""
+        r = tl.floor(x + 0.5)                      # exact: x has few enough fraction bits
+        tie_odd = ((r - x) == 0.5) & ((r - 2.0 * tl.floor(r * 0.5)) != 0.0)
+        return tl.where(tie_odd, r - 1.0, r)
 
     @triton.jit
     def _round_e4m3(x):
@@ -114,8 +121,9 @@ if HAS_TRITON:
         """x1 | x2 [heads, HALF] fp32 -> E4M3 codes at data_ptr (+ r, + HALF + r) and one scale
         per head at scale_ptr + heads (pointers already at this token's slot)."""
         amax = tl.maximum(tl.max(tl.abs(x1), axis=1), tl.max(tl.abs(x2), axis=1))
-        # div_rn: correctly rounded like torch (Triton's `/` on fp32 is the approximate div.full)
-        scale = tl.maximum(tl.math.div_rn(amax, 448.0), 1.0e-12)
+        # scale: amax * fp32(1/448) as backend.kv_quant; codes: a correctly rounded division
+        # like torch's (Triton's `/` on fp32 is the approximate div.full)
+        scale = tl.maximum(amax * _INV_FP8, 1.0e-12)
         c1 = _round_e4m3(tl.math.div_rn(x1, scale[:, None]))
         c2 = _round_e4m3(tl.math.div_rn(x2, scale[:, None]))
         tl.store(data_ptr, c1.to(data_ptr.dtype.element_ty), mask=mask)
@@ -191,8 +199,8 @@ if HAS_TRITON:
                 if INT4_WHOLE_HEAD:  # one group spans both halves (head_dim <= 32)
                     a1 = tl.maximum(a1, a2)
                     a2 = a1
-                s1 = tl.maximum(tl.math.div_rn(a1, 7.0), 1.0e-12)
-                s2 = tl.maximum(tl.math.div_rn(a2, 7.0), 1.0e-12)
+                s1 = tl.maximum(a1 * _INV_INT4, 1.0e-12)
+                s2 = tl.maximum(a2 * _INV_INT4, 1.0e-12)
                 j = tl.arange(0, HALF // 2)
                 bmask = head_ok[:, None] & (j < HALF // 2)[None, :]
                 tl.store(kc + j[None, :], _int4_half(k1f, s1, KV_HEADS_P2, HALF, INT4_SUB),
