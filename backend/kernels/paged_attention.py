@@ -71,7 +71,10 @@ MIN_TOKENS_PER_SPLIT = 128
 MAX_SPLITS = 64
 BLOCK_N = 64            # context tokens per inner tile
 PREFILL_ROWS = 64       # M rows of a program when the step has prefill chunks
-NUM_WARPS = 8           # 4 spills at 255 registers (sm_90 compile of every codec); 8 does not
+# warps per program, decode tiling (BLOCK_Q = 1) and chunk tiling: see NOTES.md (4 warps spill
+# at 255 registers in an sm_90 compile of every codec, 8 do not; timings decide)
+DECODE_WARPS = 8
+PREFILL_WARPS = 8
 MERGE_TILE = 8192     # fp32 elements of one merge program's [heads, splits, head_dim] tile
 NUM_STAGES = 2
 _LOG2E = 1.4426950408889634
@@ -315,7 +318,7 @@ def paged_attention_triton(
     query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float,
     max_query_len: int, max_context_len: int | None = None, num_splits: int | None = None,
     out: torch.Tensor | None = None, block_q: int | None = None,
-    num_warps: int = NUM_WARPS, block_n: int = BLOCK_N, num_stages: int = NUM_STAGES,
+    num_warps: int | None = None, block_n: int = BLOCK_N, num_stages: int = NUM_STAGES,
 ) -> torch.Tensor:
     num_tokens, num_heads, head_dim = q.shape
     num_seqs = context_lens.shape[0]
@@ -340,6 +343,8 @@ def paged_attention_triton(
     group_p2 = max(16, next_power_of_2(group)) if block_q == 1 else next_power_of_2(group)
     if block_q * group_p2 < 16:
         block_q = 16 // group_p2
+    if num_warps is None:
+        num_warps = DECODE_WARPS if block_q == 1 else PREFILL_WARPS
     num_q_blocks = num_seqs if block_q == 1 else num_tokens // block_q + num_seqs
     if max_context_len is None:  # an upper bound without a device sync
         max_context_len = block_tables.shape[1] * block_size
