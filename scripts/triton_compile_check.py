@@ -72,7 +72,7 @@ def rotary(k_codec: int, v_codec: int) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--warps", default=f"{pa.DECODE_WARPS},{pa.PREFILL_WARPS}")
+    ap.add_argument("--warps", default="4,8")
     args = ap.parse_args()
     formats = {"bf16": (0, 0), "fp8": (1, 1), "int4-fp8": (2, 1)}
     for name, (kc, vc) in formats.items():

@@ -71,10 +71,12 @@ MIN_TOKENS_PER_SPLIT = 128
 MAX_SPLITS = 64
 BLOCK_N = 64            # context tokens per inner tile
 PREFILL_ROWS = 64       # M rows of a program when the step has prefill chunks
-# warps per program, decode tiling (BLOCK_Q = 1) and chunk tiling: see NOTES.md (4 warps spill
-# at 255 registers in an sm_90 compile of every codec, 8 do not; timings decide)
-DECODE_WARPS = 8
-PREFILL_WARPS = 8
+# Tile settings from the H200 sweep (NOTES.md): 4 warps beat 8 everywhere though an sm_90
+# compile shows them at 255 registers with some stack; quantized pages prefer 128-token tiles
+# (more bytes in flight per program: a tile of fp8 codes is half a bf16 tile).
+DECODE_WARPS = 4
+PREFILL_WARPS = 4
+QUANT_BLOCK_N, QUANT_NUM_STAGES = 128, 3   # decode tiling over fp8 / int4-fp8 pages
 MERGE_TILE = 8192     # fp32 elements of one merge program's [heads, splits, head_dim] tile
 NUM_STAGES = 2
 _LOG2E = 1.4426950408889634
@@ -318,7 +320,7 @@ def paged_attention_triton(
     query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float,
     max_query_len: int, max_context_len: int | None = None, num_splits: int | None = None,
     out: torch.Tensor | None = None, block_q: int | None = None,
-    num_warps: int | None = None, block_n: int = BLOCK_N, num_stages: int = NUM_STAGES,
+    num_warps: int | None = None, block_n: int | None = None, num_stages: int | None = None,
 ) -> torch.Tensor:
     num_tokens, num_heads, head_dim = q.shape
     num_seqs = context_lens.shape[0]
@@ -345,6 +347,11 @@ def paged_attention_triton(
         block_q = 16 // group_p2
     if num_warps is None:
         num_warps = DECODE_WARPS if block_q == 1 else PREFILL_WARPS
+    quant_decode = block_q == 1 and k_codec != CODEC_NATIVE
+    if block_n is None:
+        block_n = QUANT_BLOCK_N if quant_decode else BLOCK_N
+    if num_stages is None:
+        num_stages = QUANT_NUM_STAGES if quant_decode else NUM_STAGES
     num_q_blocks = num_seqs if block_q == 1 else num_tokens // block_q + num_seqs
     if max_context_len is None:  # an upper bound without a device sync
         max_context_len = block_tables.shape[1] * block_size
