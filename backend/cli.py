@@ -8,6 +8,7 @@ Errors a user can cause (bad model, no memory, socket in use) print one line and
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 
 from backend.engine_args import add_engine_args, backend_config
@@ -82,6 +83,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tidegate backend: error: {exc}", file=sys.stderr)
         return 1
     worker.install_signal_handlers()
+    # Everything built so far (modules, parameters, graphs: ~300k objects for the 33B preset) lives
+    # as long as the process: out of the cyclic collector's reach, so that a full collection
+    # during serving does not rescan it (one took ~0.34 s of CPU here, on a loaded core; the H200
+    # serving run logged lone 133 and 181 ms decode steps at batch 256).
+    gc.collect()
+    gc.freeze()
     cfg = engine.config
     print(f"tidegate backend ready on {worker.endpoint} (model {worker.model_name}, "
           f"{loaded.device}, {str(loaded.dtype).removeprefix('torch.')}, {cfg.num_blocks} KV blocks "
