@@ -28,6 +28,12 @@ where ``parent_hash`` is ``hash(key of block i-1)`` and ``ROOT_HASH`` for block 
 hash of a tuple of ints is the same in every process (PYTHONHASHSEED salts only str/bytes).
 The cache maps the key tuple itself to a block, so a match compares the tokens exactly; a false
 hit needs two different prefixes with equal 64-bit parent hashes.
+
+Host tier (`num_host_blocks > 0`, scheduler.host_tier): an evicted cached block is saved to host
+memory, a prefix walk that ends on the GPU continues there (a host hit takes a fresh GPU block and
+an h2d copy), and `swap_out` keeps a preempted sequence's blocks pinned on the host until it is
+allocated again. The copies queue on `host.take_copies()`; the runner performs them, in order,
+before the next forward pass.
 """
 from __future__ import annotations
 
@@ -35,6 +41,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from scheduler.capacity import DEFAULT_CAPACITY
+from scheduler.host_tier import HostTier
 
 ROOT_HASH = 0x7469646567617465  # parent hash of a sequence's first block ("tidegate")
 
@@ -49,7 +56,9 @@ class BlockManager:
     """Paged KV allocator. Sequences are named by an id (any hashable, usually the request id)."""
 
     def __init__(self, num_blocks: int, block_size: int = DEFAULT_CAPACITY.block_size,
-                 enable_prefix_caching: bool = True) -> None:
+                 enable_prefix_caching: bool = True, num_host_blocks: int = 0) -> None:
+        if num_host_blocks and not enable_prefix_caching:
+            raise ValueError("the host KV tier holds prefix-cache blocks: it needs prefix caching")
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         if block_size < 1:
@@ -71,6 +80,8 @@ class BlockManager:
         # no block can be shared (no prefix cache, never forked): every held block has ref 1, so
         # the counts are not kept (`_ref_counts` stays all 0; `fork` rebuilds them on leaving)
         self._exclusive = not enable_prefix_caching
+        self.host = HostTier(num_host_blocks) if num_host_blocks else None
+        self.num_host_hit_tokens = 0  # of num_hit_tokens, found in host memory
 
     # ---- queries -------------------------------------------------------------------------
     def num_blocks_for(self, num_tokens: int) -> int:
@@ -182,6 +193,8 @@ class BlockManager:
             block = self._free_uncached.pop()
         else:  # evict: the cached K/V is about to be overwritten
             block, _ = self._free_cached.popitem(last=False)
+            if self.host is not None:
+                self.host.save(self._block_keys[block], block)
             del self._cached[self._block_keys[block]]
             self._block_keys[block] = None
             self.num_evictions += 1
@@ -198,8 +211,11 @@ class BlockManager:
             num_evict = n - len(blocks)
             self.num_evictions += num_evict
             lru, cached, keys = self._free_cached, self._cached, self._block_keys
+            host = self.host
             for _ in range(num_evict):
                 block = lru.popitem(last=False)[0]
+                if host is not None:
+                    host.save(keys[block], block)
                 del cached[keys[block]]
                 keys[block] = None
                 blocks.append(block)
@@ -233,15 +249,78 @@ class BlockManager:
             if ref[block] == 0:
                 del self._free_cached[block]
             ref[block] += 1
+        host = self.host
+        host_hits = [] if host is None else self._match_host(token_ids, len(hit_blocks), hashes)
+        if host_hits:
+            host.hold([h for _, h in host_hits])  # the fresh blocks below may evict to the host
         table = hit_blocks + self._take_blocks(self.num_blocks_for(len(token_ids)) - len(hit_blocks))
+        if host_hits:
+            self._load_host_hits(table, len(hit_blocks), host_hits, hashes)
+            host.unhold([h for _, h in host_hits])
+        if host is not None:
+            host.release(seq_id)  # a swapped-out sequence is back: its pins are not needed
         self._tables[seq_id] = table
         self._num_tokens[seq_id] = len(token_ids)
         self._hashes[seq_id] = hashes
-        num_cached = len(hit_blocks) * self.block_size
+        num_cached = (len(hit_blocks) + len(host_hits)) * self.block_size
         if self.enable_prefix_caching:
             self.num_query_tokens += len(token_ids)
             self.num_hit_tokens += num_cached
+            self.num_host_hit_tokens += len(host_hits) * self.block_size
         return num_cached
+
+    # ---- the host tier ---------------------------------------------------------------------------
+    def _match_host(self, token_ids: Sequence[int], start: int,
+                    hashes: list[int]) -> list[tuple[BlockKey, int]]:
+        """Host blocks continuing the GPU hit chain at full block `start`, leaving >= 1 token to
+        compute. Stops at a key the GPU holds (that block is not a hit on the GPU chain, and a
+        key has one GPU block)."""
+        bs, host, gpu = self.block_size, self.host, self._cached
+        parent = hashes[-1] if hashes else ROOT_HASH
+        hits = []
+        for i in range(start, (len(token_ids) - 1) // bs):
+            key = (parent, tuple(token_ids[i * bs:(i + 1) * bs]))
+            block = host.lookup(key)
+            if block is None or key in gpu:
+                break
+            hits.append((key, block))
+            parent = hash(key)
+        return hits
+
+    def _load_host_hits(self, table: list[int], start: int, host_hits: list[tuple[BlockKey, int]],
+                        hashes: list[int]) -> None:
+        """Queue the h2d copies of host hits into table[start:], and register those blocks: their
+        K/V is there before any forward pass reads them (copies run first)."""
+        keys, cached, host = self._block_keys, self._cached, self.host
+        for (key, host_block), block in zip(host_hits, table[start:]):
+            host.load(host_block, block)
+            keys[block] = key
+            cached[key] = block
+            hashes.append(hash(key))
+
+    def swap_out(self, seq_id: object, token_ids: Sequence[int]) -> int:
+        """Free a preempted sequence, first saving its registered full blocks to host memory,
+        pinned until `allocate(seq_id, ...)` takes them back or `release_swapped(seq_id)`.
+        `token_ids`: its tokens (at least its registered blocks' worth). Returns the number of
+        blocks saved (a prefix of them: host memory full of pins stops it)."""
+        if self.host is None:
+            raise ValueError("swap_out needs a host tier (num_host_blocks > 0)")
+        bs, table = self.block_size, self._tables[seq_id]
+        parent = ROOT_HASH
+        num_saved = 0
+        for i in range(len(self._hashes[seq_id])):
+            key = (parent, tuple(token_ids[i * bs:(i + 1) * bs]))
+            if self.host.save(key, table[i], pin_for=seq_id) is None:
+                break
+            num_saved += 1
+            parent = hash(key)
+        self.free(seq_id)
+        return num_saved
+
+    def release_swapped(self, seq_id: object) -> None:
+        """A swapped-out sequence left without resuming (aborted): unpin its host blocks."""
+        if self.host is not None:
+            self.host.release(seq_id)
 
     def can_allocate_n(self, num_tokens: int) -> bool:
         """`can_allocate` by count: exact when prefix caching is off (nothing can hit)."""
@@ -436,3 +515,11 @@ class BlockManager:
         assert num_keyed == len(self._cached), f"{num_keyed} keyed blocks, {len(self._cached)} cached"
         if not self.enable_prefix_caching:
             assert not self._cached, "prefix caching is off but blocks are cached"
+        if self.host is not None:
+            self.host.check_integrity()
+            swapped = set(self.host.swapped_seq_ids()) & self._tables.keys()
+            assert not swapped, f"sequences both swapped out and holding GPU blocks: {swapped}"
+            for kind, src, dst in self.host.pending_copies():
+                gpu, host = (src, dst) if kind == "d2h" else (dst, src)
+                assert 0 <= gpu < self.num_blocks and 0 <= host < self.host.num_blocks, (
+                    f"copy {kind} {src}->{dst} out of range")

@@ -111,3 +111,7 @@ class SchedulerStats:
     num_prefix_query_tokens: int
     num_prefix_hit_tokens: int
     prefix_hit_rate: float
+    # host KV tier (0 without one)
+    num_swap_preemptions: int = 0  # preemptions swapped to host memory instead of recomputed
+    num_host_hit_tokens: int = 0  # of num_prefix_hit_tokens, copied back from host memory
+    num_host_used_blocks: int = 0

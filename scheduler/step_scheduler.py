@@ -10,7 +10,9 @@ Policy, in order, each step (budget = max_num_batched_tokens tokens, max_num_seq
    Each needs one KV slot; when the pool is short, the running sequence with the highest such key
    (lowest class, latest arrival) that is not already in this step's plan is preempted by
    recompute: its blocks are freed and it goes to the front of the waiting queue with its tokens
-   kept. It may be the decoding sequence itself.
+   kept. It may be the decoding sequence itself. With a host tier and a `swap_cost` rule, a
+   victim whose copy out and back is cheaper than its recompute is *swapped* instead: its full
+   blocks are saved (pinned) in host memory and its re-admission hits them (scheduler.host_tier).
 2. Running sequences still prefilling get their next chunk (all their blocks were reserved at
    admission, so they never need new ones).
 3. Waiting requests in FCFS order (preempted ones at the front), while the budget, max_num_seqs
@@ -32,11 +34,13 @@ Cost (``python -m scheduler.step_scheduler_bench``; a command, not a timed test)
 """
 from __future__ import annotations
 
+import logging
 from bisect import insort
 from collections import deque
 
 from scheduler.block_manager import BlockManager
 from scheduler.classes import class_index
+from scheduler.host_tier import SwapCostModel
 from scheduler.lazy_decodes import LazyDecodes
 from scheduler.sequence import Sequence, SequenceStatus
 from scheduler.step_plan import (
@@ -61,6 +65,7 @@ __all__ = [
 ]
 
 RUNNING, WAITING, FINISHED = SequenceStatus.RUNNING, SequenceStatus.WAITING, SequenceStatus.FINISHED
+logger = logging.getLogger("tidegate.scheduler")
 
 
 class StepScheduler:
@@ -77,6 +82,11 @@ class StepScheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # sorted by Sequence.order_key
         self.num_preemptions = 0
+        self.num_swap_preemptions = 0  # of which swapped to host memory (the rest recompute)
+        self.num_swapped_blocks = 0
+        # swap-or-recompute rule for preemption victims; None: always recompute. Set by the owner
+        # (the engine from its measurements, the simulator from its cost model).
+        self.swap_cost: SwapCostModel | None = None
         self.num_steps = 0
         self._next_seq_no = 0
         self.prefilling: list[Sequence] = []  # running and still prefilling, in running order
@@ -122,6 +132,7 @@ class StepScheduler:
             self._leave_running(seq)
         else:
             self.waiting.remove(seq)
+            self.block_manager.release_swapped(request_id)
         return self._finish_record(seq, "abort")
 
     # ---- the step ----------------------------------------------------------------------------
@@ -229,7 +240,7 @@ class StepScheduler:
         return True
 
     def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
-        self._leave_running(seq)
+        self._leave_running(seq, swap=self.swap_cost is not None and self.block_manager.host is not None)
         seq.status = WAITING
         seq._computed = 0
         seq.num_prefill_tokens = 0
@@ -237,12 +248,31 @@ class StepScheduler:
         self.num_preemptions += 1
         plan.preempted.append(seq.request_id)
 
-    def _leave_running(self, seq: Sequence) -> None:
+    def _leave_running(self, seq: Sequence, swap: bool = False) -> None:
         if seq.decoding:
-            self.decodes.leave(seq)
+            self.decodes.leave(seq)  # fills in its tokens: swap_out keys blocks by them
         else:
             self.prefilling.remove(seq)
-        self.block_manager.free(seq.request_id)
+        bm, rid = self.block_manager, seq.request_id
+        if swap:
+            num_blocks = len(bm.block_hashes(rid))
+            cost = self.swap_cost
+            # a prefilling victim recomputes what it computed so far
+            num_tokens = seq._computed
+            if cost.should_swap(num_blocks, num_tokens):
+                num_saved = bm.swap_out(rid, seq._token_ids)
+                self.num_swap_preemptions += 1
+                self.num_swapped_blocks += num_saved
+                logger.info("preempt %s: swap %d blocks to host (copy %.3g s < recompute %.3g s)",
+                            rid, num_saved, cost.swap_seconds(num_blocks),
+                            cost.recompute_seconds(num_tokens))
+            else:
+                bm.free(rid)
+                logger.info("preempt %s: recompute %d tokens (%.3g s <= copy %.3g s)", rid,
+                            num_tokens, cost.recompute_seconds(num_tokens),
+                            cost.swap_seconds(num_blocks))
+        else:
+            bm.free(rid)
         self.running.remove(seq)
 
     def update(self, plan: StepPlan, result: StepResult) -> list[FinishedSequence]:
@@ -402,7 +432,9 @@ class StepScheduler:
             num_cached_blocks=bm.num_cached_blocks, kv_usage=bm.usage,
             internal_fragmentation=self.internal_fragmentation(),
             num_prefix_query_tokens=bm.num_query_tokens, num_prefix_hit_tokens=bm.num_hit_tokens,
-            prefix_hit_rate=bm.prefix_hit_rate)
+            prefix_hit_rate=bm.prefix_hit_rate, num_swap_preemptions=self.num_swap_preemptions,
+            num_host_hit_tokens=bm.num_host_hit_tokens,
+            num_host_used_blocks=bm.host.num_used_blocks if bm.host is not None else 0)
 
     def check_integrity(self) -> None:
         """The block manager's checks plus the scheduler's own; call between steps (after update)."""
@@ -427,6 +459,9 @@ class StepScheduler:
             assert seq.decoding == (not seq.is_prefilling), f"{rid!r}: decoding flag"
             if not seq.is_prefilling:
                 assert seq.num_computed_tokens == len(seq.token_ids) - 1, f"{rid!r}: decode state"
+        if bm.host is not None:
+            swapped = set(bm.host.swapped_seq_ids())
+            assert swapped <= waiting_ids, f"swapped out but not waiting: {swapped - waiting_ids}"
         for seq in self.waiting:
             assert seq.status is WAITING and seq.request_id not in bm, f"{seq.request_id!r}: waiting"
             assert seq.num_computed_tokens == 0, f"{seq.request_id!r}: waiting with computed tokens"

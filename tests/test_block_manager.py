@@ -398,3 +398,183 @@ def test_exclusive_pool_keeps_no_ref_counts_but_behaves_as_counted(ops, block_si
         assert fast.internal_fragmentation() == slow.internal_fragmentation()
         for sid in fast.seq_ids():
             assert fast.num_append_blocks_needed(sid, 3) == slow.num_append_blocks_needed(sid, 3)
+
+
+# ---- two tiers: GPU pool + host tier ---------------------------------------------------------------
+def apply_copies(bm: BlockManager, gpu: dict[int, tuple], host: dict[int, tuple]) -> None:
+    """The runner's part: perform the queued tier copies in order on a model of the contents."""
+    for kind, src, dst in bm.host.take_copies():
+        if kind == "d2h":
+            host[dst] = gpu[src]
+        else:
+            gpu[dst] = host[src]
+
+
+def assert_host_holds_its_keys(bm: BlockManager, host: dict[int, tuple]) -> None:
+    """Every host block named in the host cache holds the tokens of its key."""
+    for key, block in bm.host._cached.items():
+        assert host.get(block) == key[1], f"host block {block} holds other tokens"
+
+
+def test_evicted_prefix_comes_back_from_host():
+    bm = BlockManager(3, block_size=2, num_host_blocks=4)
+    gpu: dict[int, tuple] = {}
+    host: dict[int, tuple] = {}
+    bm.allocate("a", [1, 2, 3, 4, 5])
+    for i, b in enumerate(bm.block_table("a")):
+        gpu[b] = tuple([1, 2, 3, 4, 5][2 * i:2 * i + 2])
+    bm.cache_blocks("a", [1, 2, 3, 4, 5], 5)
+    bm.free("a")
+    assert bm.allocate("b", [9, 9, 9, 9, 9]) == 0  # evicts a's two cached blocks -> host
+    assert [c[0] for c in bm.host.pending_copies()] == ["d2h", "d2h"]
+    apply_copies(bm, gpu, host)
+    bm.free("b")
+    assert bm.allocate("c", [1, 2, 3, 4, 7]) == 4  # both blocks back from the host
+    copies = bm.host.take_copies()
+    assert [c[0] for c in copies] == ["h2d", "h2d"]
+    for _, src, dst in copies:
+        gpu[dst] = host[src]
+    assert [gpu[b] for b in bm.block_table("c")[:2]] == [(1, 2), (3, 4)]
+    assert bm.num_host_hit_tokens == 4
+    bm.check_integrity()
+
+
+def test_swapped_sequence_resumes_with_its_blocks_pinned():
+    bm = BlockManager(4, block_size=2, num_host_blocks=2)
+    toks = [1, 2, 3, 4, 5]
+    bm.allocate("a", toks)
+    bm.cache_blocks("a", toks, 5)
+    assert bm.swap_out("a", toks) == 2
+    assert bm.host.num_pinned_blocks == 2 and "a" not in bm
+    bm.check_integrity()
+    # other traffic evicts everything on the GPU, and cannot take the pinned host blocks
+    bm.allocate("b", [7, 7, 7, 7, 7, 7, 7, 7])
+    bm.free("b")
+    assert bm.allocate("a", toks) == 4  # resumed: only the last token is computed
+    assert bm.host.num_pinned_blocks == 0
+    bm.check_integrity()
+
+
+def test_host_tier_needs_prefix_caching():
+    with pytest.raises(ValueError):
+        BlockManager(4, 2, enable_prefix_caching=False, num_host_blocks=2)
+
+
+class TwoTierMachine(RuleBasedStateMachine):
+    """Allocate / append / compute / free / swap out / resume / abort, with evictions to a host
+    tier and copies performed in queue order, against a model of both tiers' contents."""
+
+    @initialize(num_blocks=st.integers(1, 10), block_size=st.integers(1, 3),
+                num_host_blocks=st.integers(1, 8))
+    def setup(self, num_blocks, block_size, num_host_blocks):
+        self.bm = BlockManager(num_blocks, block_size, True, num_host_blocks)
+        self.tokens: dict[str, list[int]] = {}  # running sequences
+        self.swapped: dict[str, tuple[list[int], int]] = {}  # id -> (tokens, blocks saved)
+        self.gpu: dict[int, tuple] = {}
+        self.host: dict[int, tuple] = {}
+        self.n = 0
+
+    def _write(self, seq: str) -> None:
+        bs, toks = self.bm.block_size, self.tokens[seq]
+        for i, b in enumerate(self.bm.block_table(seq)):
+            self.gpu[b] = tuple(toks[i * bs:(i + 1) * bs])
+
+    def _admit(self, seq: str, tokens: list[int]) -> int | None:
+        if not self.bm.can_allocate(tokens):
+            with pytest.raises(NoFreeBlocksError):
+                self.bm.allocate(seq, tokens)
+            return None
+        cached = self.bm.allocate(seq, tokens)
+        apply_copies(self.bm, self.gpu, self.host)  # before the forward pass writes
+        bs = self.bm.block_size
+        for i in range(cached // bs):  # hits (GPU or host) really hold these tokens
+            assert self.gpu[self.bm.block_table(seq)[i]] == tuple(tokens[i * bs:(i + 1) * bs])
+        self.tokens[seq] = list(tokens)
+        self._write(seq)
+        return cached
+
+    @rule(tokens=TOKENS)
+    def allocate(self, tokens):
+        self.n += 1
+        self._admit(f"s{self.n}", tokens)
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data(), new=TOKENS)
+    def append(self, data, new):
+        seq = data.draw(st.sampled_from(sorted(self.tokens)))
+        if not self.bm.can_append_slots(seq, len(new)):
+            return
+        assert self.bm.append_slots(seq, len(new)) == []  # never forked: no CoW
+        apply_copies(self.bm, self.gpu, self.host)
+        self.tokens[seq].extend(new)
+        self._write(seq)
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data())
+    def cache(self, data):
+        seq = data.draw(st.sampled_from(sorted(self.tokens)))
+        self.bm.cache_blocks(seq, self.tokens[seq], len(self.tokens[seq]))
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data())
+    def free(self, data):
+        seq = data.draw(st.sampled_from(sorted(self.tokens)))
+        self.bm.free(seq)
+        del self.tokens[seq]
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data())
+    def swap_out(self, data):
+        seq = data.draw(st.sampled_from(sorted(self.tokens)))
+        toks = self.tokens.pop(seq)
+        saved = self.bm.swap_out(seq, toks)
+        assert 0 <= saved <= len(toks) // self.bm.block_size
+        apply_copies(self.bm, self.gpu, self.host)
+        if saved:
+            self.swapped[seq] = (toks, saved)
+
+    @precondition(lambda self: self.swapped)
+    @rule(data=st.data())
+    def resume(self, data):
+        seq = data.draw(st.sampled_from(sorted(self.swapped)))
+        toks, saved = self.swapped[seq]
+        cached = self._admit(seq, toks)
+        if cached is None:
+            return  # still waiting; its pins hold
+        del self.swapped[seq]
+        bs = self.bm.block_size
+        # pinned blocks cannot have been dropped: the resume hits all of them
+        assert cached >= min(saved, (len(toks) - 1) // bs) * bs
+
+    @precondition(lambda self: self.swapped)
+    @rule(data=st.data())
+    def abort_swapped(self, data):
+        seq = data.draw(st.sampled_from(sorted(self.swapped)))
+        self.bm.release_swapped(seq)
+        del self.swapped[seq]
+
+    @invariant()
+    def integrity(self):
+        if not hasattr(self, "bm"):
+            return
+        self.bm.check_integrity()
+        assert not self.bm.host.pending_copies()  # every rule ran its copies
+        assert_no_leak(self.bm)
+        assert_cache_points_at_computed_prefixes(self.bm, self.gpu)
+        assert_host_holds_its_keys(self.bm, self.host)
+        assert set(self.bm.host.swapped_seq_ids()) == set(self.swapped)
+
+    def teardown(self):
+        if not hasattr(self, "bm"):
+            return
+        for seq in list(self.tokens):
+            self.bm.free(seq)
+        for seq in list(self.swapped):
+            self.bm.release_swapped(seq)
+        self.bm.check_integrity()
+        assert_all_returned(self.bm)
+        assert self.bm.host.num_pinned_blocks == 0
+
+
+TestTwoTierMachine = TwoTierMachine.TestCase
+TestTwoTierMachine.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
