@@ -40,6 +40,7 @@ class BackendConfig:
     max_num_seqs: int = DEFAULT_CAPACITY.max_num_seqs  # running sequences per step at most
     max_num_batched_tokens: int = DEFAULT_CAPACITY.max_num_batched_tokens  # tokens per step
     enable_prefix_caching: bool = True
+    host_kv_gib: float = 0.0             # host-memory KV tier (backend.host_kv); 0: none
     seed: int = 0                        # dummy-weight seed
     cpu_threads: int | None = None       # torch intra-op threads on the CPU; default: half the cores
     echo_step_ms: float = 0.0            # --model echo: sleep per step (a slow, idle-CPU backend)
@@ -54,6 +55,9 @@ class BackendConfig:
             raise ModelLoadError(f"--kv-memory-fraction must be in (0, 1], got {self.kv_memory_fraction}")
         if self.num_blocks is not None and self.kv_memory_fraction is not None:
             raise ModelLoadError("give --num-blocks or --kv-memory-fraction, not both")
+        if self.host_kv_gib < 0 or (self.host_kv_gib and not self.enable_prefix_caching):
+            raise ModelLoadError("--host-kv-gib must be >= 0 and needs prefix caching "
+                                 "(the host tier holds prefix-cache blocks)")
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ModelLoadError(f"--max-num-batched-tokens ({self.max_num_batched_tokens}) must be "
                                  f">= --max-num-seqs ({self.max_num_seqs})")
@@ -109,12 +113,33 @@ def create_engine(cfg: BackendConfig) -> tuple[Engine, LoadedModel]:
     # attention, which dequantizes the pages it reads (`backend.attention`).
     if loaded.device.type == "cpu" and cfg.kv_cache_dtype == "auto":
         use_cpu_kernels(runner)
+    host_kv = create_host_kv(kv, cfg.host_kv_gib)
     engine_cfg = EngineConfig(max_model_len=max_model_len, num_blocks=num_blocks,
                               block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
                               max_num_batched_tokens=cfg.max_num_batched_tokens,
-                              enable_prefix_caching=cfg.enable_prefix_caching)
-    engine = Engine(runner, engine_cfg, eos_token_ids=_eos_ids(loaded))
+                              enable_prefix_caching=cfg.enable_prefix_caching,
+                              num_host_blocks=host_kv.num_blocks if host_kv is not None else 0)
+    engine = Engine(runner, engine_cfg, eos_token_ids=_eos_ids(loaded), host_kv=host_kv)
+    if host_kv is not None:
+        log.info("host KV tier: %d blocks (%.2f GiB%s), copies at %.2f GB/s measured",
+                 host_kv.num_blocks, host_kv.nbytes / 2**30,
+                 ", pinned" if loaded.device.type == "cuda" else "",
+                 engine.scheduler.swap_cost.copy_bytes_per_s / 1e9)
     return engine, loaded
+
+
+def create_host_kv(kv: KVCache, host_kv_gib: float):
+    """The host tier's pool: as many blocks of the GPU pool's layout as `host_kv_gib` holds."""
+    if not host_kv_gib:
+        return None
+    from backend.host_kv import HostKVCache
+
+    per_block = kv.nbytes // kv.num_blocks
+    num_host_blocks = int(host_kv_gib * 2**30) // per_block
+    if num_host_blocks < 1:
+        raise ModelLoadError(f"--host-kv-gib {host_kv_gib} holds no block ({per_block} bytes each)")
+    return HostKVCache(kv, num_host_blocks)
+
 
 
 def use_cpu_kernels(runner: ModelRunner) -> None:

@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 
+from backend.host_kv import HostKVCache
 from backend.runner import LaunchedStep, ModelRunner
 from backend.sampler import SamplingParams, TokenLogprobs
 from backend.step_io import SampleSpec
 from scheduler.capacity import DEFAULT_CAPACITY
+from scheduler.host_tier import SwapCostModel
 from scheduler.step_scheduler import SchedulerConfig, StepPlan, StepResult, StepScheduler
 
 
@@ -41,12 +44,14 @@ class EngineConfig:
     max_num_seqs: int = DEFAULT_CAPACITY.max_num_seqs
     max_num_batched_tokens: int = DEFAULT_CAPACITY.max_num_batched_tokens
     enable_prefix_caching: bool = True
+    num_host_blocks: int = 0  # host-memory KV tier (backend.host_kv); 0: none
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(
             max_model_len=self.max_model_len, num_blocks=self.num_blocks,
             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
-            block_size=self.block_size, enable_prefix_caching=self.enable_prefix_caching)
+            block_size=self.block_size, enable_prefix_caching=self.enable_prefix_caching,
+            num_host_blocks=self.num_host_blocks)
 
 
 @dataclass
@@ -68,6 +73,7 @@ class InFlightStep:
     launched: LaunchedStep
     request_ids: set[str]  # every request with a chunk in the plan
     aborts: set[str] = field(default_factory=set)  # aborted while in flight: drop after update
+    start: float = 0.0  # perf_counter at launch (the prefill-rate measurement)
 
 
 @dataclass
@@ -84,9 +90,12 @@ class _RequestState:
 
 class Engine:
     def __init__(self, runner: ModelRunner, config: EngineConfig,
-                 eos_token_ids: tuple[int, ...] = ()) -> None:
+                 eos_token_ids: tuple[int, ...] = (), host_kv: HostKVCache | None = None) -> None:
         if config.num_blocks != runner.kv.num_blocks or config.block_size != runner.kv.block_size:
             raise ValueError("engine config and KV pool disagree on num_blocks / block_size")
+        if config.num_host_blocks != (host_kv.num_blocks if host_kv is not None else 0):
+            raise ValueError("engine config and host KV pool disagree on num_host_blocks")
+        self.host_kv = host_kv
         self.runner = runner
         self.config = config
         self.eos_token_ids = tuple(eos_token_ids)
@@ -94,6 +103,11 @@ class Engine:
         self.states: dict[str, _RequestState] = {}
         self._seed_rng = random.Random()
         self._inflight: InFlightStep | None = None
+        if host_kv is not None:
+            # the swap rule's copy rate, measured now; its prefill rate is measured as steps run
+            # (until then every preemption with full blocks swaps)
+            self.scheduler.swap_cost = SwapCostModel(host_kv.block_bytes,
+                                                     host_kv.measure_bandwidth(), float("inf"))
 
     # ---- requests ------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -159,9 +173,12 @@ class Engine:
         if self._inflight is not None:
             raise RuntimeError("begin_step while a step is in flight: finish_step it first")
         plan = self.scheduler.schedule()
+        if self.host_kv is not None:  # tier copies first: this step reads and overwrites them
+            self.host_kv.run(self.scheduler.block_manager.host.take_copies())
         specs = {c.request_id: self._spec(c.request_id) for c in plan.chunks if c.sample}
+        start = time.perf_counter()
         step = InFlightStep(plan, self.runner.launch(plan.chunks, specs),
-                            {c.request_id for c in plan.chunks})
+                            {c.request_id for c in plan.chunks}, start=start)
         self._inflight = step
         return step
 
@@ -170,6 +187,8 @@ class Engine:
         self._inflight = None
         plan = step.plan
         result, logprobs = self._stop_checks(self.runner.finish(step.launched))
+        if self.host_kv is not None:
+            self._measure_prefill(plan, time.perf_counter() - step.start)
         finished = self.scheduler.update(plan, result)
         outputs = self._outputs(plan, result, logprobs, finished)
         if step.aborts:
@@ -179,6 +198,19 @@ class Engine:
             outputs += [r for rid in step.aborts if rid not in done
                         for r in [self.abort(rid)] if r is not None]
         return outputs
+
+    def _measure_prefill(self, plan: StepPlan, seconds: float) -> None:
+        """Keep the swap rule's recompute rate: a running mean of seconds per token over steps
+        that are mostly prefill (a recompute is a prefill). Decodes in the step count against
+        it, so it overestimates a little."""
+        num_prefill = sum(len(c.token_ids) for c in plan.chunks if c.is_prefill)
+        if num_prefill < 32 or num_prefill < plan.num_batched_tokens // 2:
+            return
+        rate = seconds / plan.num_batched_tokens
+        cost = self.scheduler.swap_cost
+        old = cost.prefill_s_per_token
+        new = rate if not math.isfinite(old) else 0.8 * old + 0.2 * rate
+        self.scheduler.swap_cost = replace(cost, prefill_s_per_token=new)
 
     def _stop_checks(self, out) -> tuple[StepResult, dict[str, TokenLogprobs | None]]:
         stopped = set()

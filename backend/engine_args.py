@@ -20,5 +20,6 @@ def backend_config(args: argparse.Namespace):
         kv_memory_fraction=args.kv_memory_fraction, kv_cache_dtype=args.kv_cache_dtype,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
-        enable_prefix_caching=not args.no_prefix_caching, seed=args.seed,
+        enable_prefix_caching=not args.no_prefix_caching, host_kv_gib=args.host_kv_gib,
+        seed=args.seed,
         cpu_threads=args.cpu_threads, echo_step_ms=args.echo_step_ms)

@@ -56,6 +56,9 @@ def add_engine_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> Non
                         "formats use the torch reference attention (also on CUDA)")
     add_capacity_arguments(p)
     p.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
+    p.add_argument("--host-kv-gib", type=float, default=0.0,
+                   help="host memory (GiB) for a second KV tier: evicted prefix blocks and "
+                        "swapped-out preempted sequences (pinned on CUDA); 0: none (default)")
     p.add_argument("--seed", type=int, default=0, help="seed of random (dummy) weights")
     p.add_argument("--cpu-threads", type=int, default=None,
                    help="torch threads on the CPU (default: half the cores, at most 8)")

@@ -22,6 +22,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = DEFAULT_CAPACITY.max_num_batched_tokens
     block_size: int = DEFAULT_CAPACITY.block_size
     enable_prefix_caching: bool = True
+    num_host_blocks: int = 0  # host-memory KV tier (scheduler.host_tier); 0: none
     class_bounds: tuple[int, int] = DEFAULT_CLASS_BOUNDS  # Fast <= a < Normal <= b < Slow
 
     def __post_init__(self) -> None:

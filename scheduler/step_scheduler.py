@@ -72,7 +72,7 @@ class StepScheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager | None = None) -> None:
         if block_manager is None:
             block_manager = BlockManager(config.num_blocks, config.block_size,
-                                         config.enable_prefix_caching)
+                                         config.enable_prefix_caching, config.num_host_blocks)
         if (block_manager.num_blocks, block_manager.block_size) != (config.num_blocks,
                                                                    config.block_size):
             raise ValueError("block manager and config disagree on num_blocks / block_size")
