@@ -115,8 +115,7 @@ class HostTier:
             self._copies.append(("d2h", gpu_block, host))
             self.num_saved_blocks += 1
             used = self.num_blocks - len(self._free)
-            if used > self.max_used_blocks:
-                self.max_used_blocks = used
+            self.max_used_blocks = max(self.max_used_blocks, used)
             if pin_for is None:
                 self._lru[host] = None
         elif host in self._lru:

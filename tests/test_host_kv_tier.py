@@ -7,7 +7,7 @@ from backend.build import BackendConfig, create_engine
 from backend.sampler import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=24, ignore_eos=True)
-SMALL = dict(model="tiny", block_size=4, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=128)
+SMALL = {"model": "tiny", "block_size": 4, "max_num_seqs": 4, "max_num_batched_tokens": 64, "max_model_len": 128}
 
 
 def prompts(lens, seed=0, vocab=256):
