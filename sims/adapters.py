@@ -24,7 +24,7 @@ of the dataclass, `sim run`, `sweep`, `search` and `python -m sims`.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from scheduler.batcher import BatcherConfig, DynamicWindowBatcher
 from scheduler.capacity import DEFAULT_CAPACITY
 from scheduler.classes import QueueClass
 from scheduler.clock import ManualClock
+from scheduler.host_tier import SwapCostModel
 from scheduler.prefix_index import DEPTHS, PrefixSummary, prefix_hashes
 from scheduler.queues import ClassQueues, PendingRequest, QueueConfig
 from scheduler.step_scheduler import SchedulerConfig, StepResult, StepScheduler
@@ -62,6 +63,10 @@ class SimSchedulerConfig:
     max_model_len: int = 16384
     # True | False | None = auto: on exactly when the workload has shared prefixes (module doc)
     enable_prefix_caching: bool | None = None
+    # host-memory KV tier (scheduler.host_tier): GiB of host memory per backend (0: none), and
+    # the host<->GPU copy bandwidth its copies are charged at (GB/s, one direction)
+    host_kv_gib: float = 0.0
+    host_copy_gbps: float = 25.0
 
     def prefix_caching_for(self, workload: Workload) -> bool:
         """The setting resolved for `workload` (auto: does any request have a shared prefix?)."""
@@ -131,12 +136,20 @@ class BackendAdapter:
     """One backend's StepScheduler; the simulator's stand-in runner."""
 
     def __init__(self, config: SimSchedulerConfig, num_blocks: int, workload: Workload,
-                 lists: WorkloadLists | None = None):
+                 lists: WorkloadLists | None = None, host: HostTierCost | None = None):
         if num_blocks < 1:
             raise ValueError("the model's weights leave no memory for the KV cache on this GPU")
         self.prefix_caching = config.prefix_caching_for(workload)
-        self.sched = StepScheduler(config.scheduler_config(num_blocks, self.prefix_caching))
+        sched_config = config.scheduler_config(num_blocks, self.prefix_caching)
+        if host is not None:
+            if not self.prefix_caching:
+                raise ValueError("the host KV tier needs prefix caching (--prefix-caching on)")
+            sched_config = replace(sched_config, num_host_blocks=host.num_blocks)
+        self.sched = StepScheduler(sched_config)
         self.bm = self.sched.block_manager
+        self.host = host
+        if host is not None:
+            self.sched.swap_cost = host.swap_cost
         self.max_num_seqs = config.max_num_seqs
         self._w = workload
         lists = lists if lists is not None else WorkloadLists(workload)
@@ -309,7 +322,54 @@ class BackendAdapter:
         return [int(f.request_id)
                 for f in self.sched.advance_decode_steps(k, past_finishes=past_finishes)]
 
+    def take_copy_seconds(self) -> float:
+        """Time of the tier copies queued since the last call (the engine runs them before the
+        step's forward pass, on their own stream but not overlapped with it: charged in full)."""
+        if self.host is None:
+            return 0.0
+        return len(self.bm.host.take_copies()) * self.host.copy_s_per_block
+
     def stats(self) -> dict:
         out = asdict(self.sched.stats())
         out["num_rejected"] = self.num_rejected
+        if self.host is not None:
+            tier = self.bm.host
+            out["host_kv_peak_gib"] = tier.max_used_blocks * self.host.block_bytes / 2**30
+            out["host_kv_blocks"] = tier.num_blocks
+            out["host_saved_blocks"] = tier.num_saved_blocks
+            out["host_loaded_blocks"] = tier.num_loaded_blocks
+            out["host_dropped_blocks"] = tier.num_dropped_blocks
         return out
+
+
+@dataclass(frozen=True)
+class HostTierCost:
+    """The host tier of one simulated backend: its size and what its copies cost."""
+    num_blocks: int
+    block_bytes: int
+    copy_bytes_per_s: float
+    prefill_s_per_token: float  # what a recompute costs per token (the swap rule's other side)
+
+    @property
+    def copy_s_per_block(self) -> float:
+        return self.block_bytes / self.copy_bytes_per_s
+
+    @property
+    def swap_cost(self) -> SwapCostModel:
+        return SwapCostModel(self.block_bytes, self.copy_bytes_per_s, self.prefill_s_per_token)
+
+    @classmethod
+    def for_cost_model(cls, config: SimSchedulerConfig, cost, prefill_tokens: int = 2048
+                       ) -> HostTierCost | None:
+        """From the run's settings and cost model (None without a tier): block bytes from the
+        cost model's KV bytes per token, the recompute rate from its step time of a prefill."""
+        if config.host_kv_gib <= 0:
+            return None
+        per_token = getattr(cost, "kv_bytes_per_token", None)
+        if per_token is None:
+            raise ValueError("the host KV tier needs a cost model that knows the KV bytes per "
+                             "token (the roofline model)")
+        block_bytes = int(per_token * config.block_size)
+        prefill_s = cost.step_time(0, prefill_tokens, prefill_tokens) / prefill_tokens
+        return cls(int(config.host_kv_gib * 2**30) // block_bytes, block_bytes,
+                   config.host_copy_gbps * 1e9, prefill_s)

@@ -37,7 +37,7 @@ import numpy as np
 
 from scheduler.clock import ManualClock
 from scheduler.placement import PlacementConfig, PlacementItem, create_placement
-from sims.adapters import BackendAdapter, GatewayAdapter, SimSchedulerConfig
+from sims.adapters import BackendAdapter, GatewayAdapter, HostTierCost, SimSchedulerConfig
 from sims.cost import CostModel, decode_span_by_times
 from sims.workload import Workload
 
@@ -142,8 +142,9 @@ class EventLoop:
         self.clock = ManualClock(0.0)
         self.gateway = gateway = GatewayAdapter(sched_config, self.clock, workload)
         self.num_blocks = num_blocks = cost.num_kv_blocks(sched_config.block_size)
+        host = HostTierCost.for_cost_model(sched_config, cost)
         self.backends = backends = [
-            _Backend(b, BackendAdapter(sched_config, num_blocks, workload, gateway.lists))
+            _Backend(b, BackendAdapter(sched_config, num_blocks, workload, gateway.lists, host))
             for b in range(config.num_backends)]
 
         # lists, not arrays, in the loop: a numpy scalar read or write costs ~80 ns more per access
@@ -318,7 +319,7 @@ class EventLoop:
             k, segs = sched.decode_stretch(max_k, past)
             if k > 1:
                 span_fn = self.span_fn
-                t = 0.0
+                t = sched.take_copy_seconds()  # host tier copies queued since the last step
                 out = []
                 for ks, n_dec, ctx, nfin, tokens in segs:
                     t += span_fn(n_dec, ctx, ks)
@@ -339,6 +340,7 @@ class EventLoop:
             dt = self.step_time_fn(num_decode, num_prefill, num_ctx, sched.prefill_chunks)
         else:
             dt = self.step_time_fn(num_decode, num_prefill, num_ctx)
+        dt += sched.take_copy_seconds()
         self.step_rows.append((num_decode, num_prefill, dt))
         be.busy = True
         be.plan = plan

@@ -70,6 +70,12 @@ def add_run_args(p: argparse.ArgumentParser, *, num_requests: int = 1000) -> Non
                    help="auto: on only when the workload shares prefixes (the simulator's generated "
                         "tokens are dummies, so nothing else hits; see sims.adapters)")
     g.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_const", const="off")
+    g.add_argument("--host-kv-gib", type=float, default=0.0,
+                   help="host-memory KV tier per backend, GiB (0: none): evicted prefix blocks and "
+                        "swapped preempted sequences; needs prefix caching")
+    g.add_argument("--host-copy-gbps", type=float, default=SimSchedulerConfig.host_copy_gbps,
+                   help="host<->GPU copy bandwidth the tier's copies are charged at, GB/s one way "
+                        "(the backend logs its measured figure at start)")
     g.add_argument("--network-delay-ms", type=float, default=0.0)
     add_placement_arguments(g)
     g.add_argument("--max-stretch-steps", type=int, default=1 << 30,
@@ -138,7 +144,8 @@ def spec_from_args(a: argparse.Namespace) -> RunSpec:
     sched = SimSchedulerConfig(batcher=batcher, queue=QueueConfig(), max_num_seqs=a.max_num_seqs,
                                max_num_batched_tokens=a.max_num_batched_tokens,
                                block_size=a.block_size, max_model_len=max_model_len,
-                               enable_prefix_caching=prefix_caching_arg(a.prefix_caching))
+                               enable_prefix_caching=prefix_caching_arg(a.prefix_caching),
+                               host_kv_gib=a.host_kv_gib, host_copy_gbps=a.host_copy_gbps)
     engine = EngineConfig(num_backends=a.backends, network_delay_s=a.network_delay_ms / 1e3,
                           max_stretch_steps=a.max_stretch_steps,
                           placement=placement_config_from_args(a, a.block_size))

@@ -80,10 +80,27 @@ def summarize(r: SimResult, *, slo_ttft_ms: float | None = None,
                if len(series["fragmentation"]) else 0.0,
                "prefix_hit_rate": hit_tok / q_tok if q_tok else 0.0},
         "preemptions": sum(s["num_preemptions"] for s in stats),
+        "host_tier": _host_tier(stats),
         "placement": _placement(r, stats),
         "sim": {"events": r.events, "wall_s": r.wall_s, "events_per_s": r.events / r.wall_s,
                 "requests_per_wall_s": len(w) / r.wall_s, "simulated_s": r.sim_end},
     }
+
+
+def _host_tier(stats: list[dict]) -> dict:
+    """The host KV tier over all backends ({} without one). `peak_gib_per_backend` is the host
+    memory the workload used at its peak: with a tier large enough never to drop a block, the
+    host memory this workload needs."""
+    if not stats or "host_kv_blocks" not in stats[0]:
+        return {}
+    hit = sum(s["num_prefix_hit_tokens"] for s in stats)
+    return {"peak_gib_per_backend": max(s["host_kv_peak_gib"] for s in stats),
+            "swap_preemptions": sum(s["num_swap_preemptions"] for s in stats),
+            "host_hit_tokens": sum(s["num_host_hit_tokens"] for s in stats),
+            "host_share_of_hits": sum(s["num_host_hit_tokens"] for s in stats) / hit if hit else 0.0,
+            "saved_blocks": sum(s["host_saved_blocks"] for s in stats),
+            "loaded_blocks": sum(s["host_loaded_blocks"] for s in stats),
+            "dropped_blocks": sum(s["host_dropped_blocks"] for s in stats)}
 
 
 def _placement(r, stats: list[dict]) -> dict:
@@ -143,6 +160,11 @@ def format_table(rep: dict) -> str:
               (f"KV: {kv['num_blocks_per_backend']} blocks/backend, use mean {100 * kv['mean_usage']:.1f}% "
               f"max {100 * kv['max_usage']:.1f}%, fragmentation {100 * kv['internal_fragmentation']:.1f}%, "
               f"prefix hit rate {100 * kv['prefix_hit_rate']:.1f}%, preemptions {rep['preemptions']}"),
+              *([] if not rep.get("host_tier") else [
+                  (f"host tier: peak {rep['host_tier']['peak_gib_per_backend']:.2f} GiB/backend, "
+                   f"{100 * rep['host_tier']['host_share_of_hits']:.1f}% of hit tokens from host, "
+                   f"{rep['host_tier']['swap_preemptions']} swapped preemptions, "
+                   f"{rep['host_tier']['dropped_blocks']} blocks dropped")]),
               (f"simulator: {rep['sim']['events']} events in {rep['sim']['wall_s']:.2f} s "
               f"({rep['sim']['events_per_s']:.0f} events/s, "
               f"{rep['sim']['requests_per_wall_s']:.0f} requests/s)")]
