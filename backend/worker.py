@@ -449,7 +449,13 @@ class Worker:
             recent_step_time_ms=self.step_time_ema_ms, backend_id=self.backend_id,
             num_outstanding_tokens=outstanding, num_preemptions=sched.num_preemptions,
             num_held_messages=self.num_backpressured,
-            num_dropped_peers=self.num_gateways_dropped)
+            num_dropped_peers=self.num_gateways_dropped,
+            num_swap_preemptions=getattr(sched, "num_swap_preemptions", 0))
+        host = getattr(sched.block_manager, "host", None)  # the echo engine keeps no tiers
+        if host is not None:
+            report.num_host_hit_tokens = sched.block_manager.num_host_hit_tokens
+            report.num_host_blocks = host.num_blocks
+            report.num_host_used_blocks = host.num_used_blocks
         bm = sched.block_manager
         if self.prefix_summary is not None:
             report.prefix_hashes.extend(self.prefix_summary.snapshot(self._is_cached))

@@ -362,7 +362,12 @@ class Gateway:
         depth, age = self.dispatcher.depth_and_age()
         loads = [BackendLoad(b.address, b.healthy, b.load.num_running, b.load.num_waiting,
                              b.kv_cache_usage, b.outstanding_tokens, b.load.num_held_messages,
-                             b.load.num_dropped_peers, b.draining)
+                             b.load.num_dropped_peers, b.draining,
+                             preemptions=b.load.num_preemptions,
+                             swap_preemptions=b.load.num_swap_preemptions,
+                             host_hit_tokens=b.load.num_host_hit_tokens,
+                             host_kv_usage=b.load.num_host_used_blocks / b.load.num_host_blocks
+                             if b.load.num_host_blocks else 0.0)
                  for b in self.pool.backends]
         engines = [engine_report(b) for b in self.pool.backends]
         if self.pool.info is not None:

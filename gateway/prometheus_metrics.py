@@ -46,6 +46,10 @@ class BackendLoad:
     held_messages: int = 0  # the backend's back-pressure: messages that waited for room
     dropped_peers: int = 0  # peers it dropped (gone or not reading) with their requests
     draining: bool = False
+    preemptions: int = 0  # cumulative, as it reports
+    swap_preemptions: int = 0  # of which swapped to its host KV tier
+    host_hit_tokens: int = 0  # prompt tokens found in its host KV tier
+    host_kv_usage: float = 0.0  # 0..1 of its host tier (0 without one)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +172,15 @@ class GatewayMetrics:
         self.backend_dropped_peers = Gauge("tidegate_backend_dropped_peers", "Peers the backend "
                                            "dropped with their requests (cumulative).",
                                            ["backend"], registry=r)
+        self.backend_preemptions = Gauge("tidegate_backend_preemptions", "Sequences the backend "
+                                         "preempted (cumulative, as it reports), by how: "
+                                         "recompute or swap (to its host KV tier).",
+                                         ["backend", "mode"], registry=r)
+        self.backend_host_hits = Gauge("tidegate_backend_host_kv_hit_tokens", "Prompt tokens "
+                                       "found in the backend's host KV tier (cumulative).",
+                                       ["backend"], registry=r)
+        self.backend_host_kv = Gauge("tidegate_backend_host_kv_usage_perc", "Host KV tier usage "
+                                     "(0..1; 0 without a tier).", ["backend"], registry=r)
         self.loop_tasks = Gauge("tidegate_event_loop_tasks", "asyncio tasks alive in the gateway "
                                 "process (a leak shows as growth; see scripts/soak.py).",
                                 registry=r)
@@ -334,6 +347,11 @@ class GatewayMetrics:
             self.backend_outstanding.labels(b.address).set(b.outstanding_tokens)
             self.backend_held.labels(b.address).set(b.held_messages)
             self.backend_dropped_peers.labels(b.address).set(b.dropped_peers)
+            self.backend_preemptions.labels(b.address, "recompute").set(
+                b.preemptions - b.swap_preemptions)
+            self.backend_preemptions.labels(b.address, "swap").set(b.swap_preemptions)
+            self.backend_host_hits.labels(b.address).set(b.host_hit_tokens)
+            self.backend_host_kv.labels(b.address).set(b.host_kv_usage)
         self.vllm.refresh(self.model_name, list(engines), sum(depth.values()))
 
     def render(self) -> bytes:

@@ -1,5 +1,7 @@
 """The host KV tier end to end on the CPU (tiny preset): swapped-out sequences and prefix blocks
 evicted to host memory come back with the K/V the model computed, and nothing leaks."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -104,3 +106,33 @@ def test_host_tier_needs_prefix_caching():
 
     with pytest.raises(ModelLoadError):
         BackendConfig(host_kv_gib=1.0, enable_prefix_caching=False).validate()
+
+
+def test_tier_counters_reach_the_load_report_and_metrics(reference):
+    """What /metrics shows: the worker's LoadReport carries the tier's counters, and the gateway
+    turns them into per-backend gauges (recompute vs swap preemptions, host hits, host usage)."""
+    from backend.worker import Worker
+    from gateway.prometheus_metrics import BackendLoad, GatewayMetrics
+    from proto import tidegate_pb2 as pb
+
+    reqs, _ = reference
+    engine, _ = create_engine(BackendConfig(num_blocks=40, host_kv_gib=0.002, **SMALL))
+    serve(engine, reqs)
+    sched, bm = engine.scheduler, engine.scheduler.block_manager
+    worker = SimpleNamespace(engine=engine, step_time_ema_ms=0.0, backend_id="b0",
+                             num_backpressured=0, num_gateways_dropped=0, prefix_summary=None)
+    load = Worker.load_report(worker)  # the worker's own report, without its sockets
+    load = pb.LoadReport.FromString(load.SerializeToString())
+    assert load.num_host_blocks == bm.host.num_blocks and load.num_host_hit_tokens > 0
+    assert load.num_swap_preemptions == sched.num_swap_preemptions > 0
+    metrics = GatewayMetrics("m")
+    metrics.refresh({}, {}, [BackendLoad(
+        "b0", True, 0, 0, 0.0, 0, preemptions=load.num_preemptions,
+        swap_preemptions=load.num_swap_preemptions, host_hit_tokens=load.num_host_hit_tokens,
+        host_kv_usage=load.num_host_used_blocks / load.num_host_blocks)])
+    text = metrics.render().decode()
+    swaps = sched.num_swap_preemptions
+    assert f'tidegate_backend_preemptions{{backend="b0",mode="swap"}} {float(swaps)}' in text
+    assert (f'tidegate_backend_preemptions{{backend="b0",mode="recompute"}} '
+            f'{float(sched.num_preemptions - swaps)}') in text
+    assert f'tidegate_backend_host_kv_hit_tokens{{backend="b0"}} {float(bm.num_host_hit_tokens)}' in text
