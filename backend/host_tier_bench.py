@@ -41,7 +41,8 @@ def make_workload(a: argparse.Namespace) -> list[tuple[float, str, list[int]]]:
 
 def run_once(a: argparse.Namespace, host_kv_gib: float, workload) -> dict:
     engine, _ = create_engine(BackendConfig(
-        model=a.model, num_blocks=a.num_blocks, block_size=a.block_size,
+        model=a.model, device=a.device, dtype=a.dtype, num_blocks=a.num_blocks,
+        block_size=a.block_size,
         max_model_len=a.prefix_len + a.suffix_len + a.max_tokens + 16, max_num_seqs=a.max_num_seqs,
         max_num_batched_tokens=a.max_num_batched_tokens, host_kv_gib=host_kv_gib))
     params = SamplingParams(max_tokens=a.max_tokens, ignore_eos=True)
@@ -101,12 +102,16 @@ def run_once(a: argparse.Namespace, host_kv_gib: float, workload) -> dict:
         "output_tok_per_s": sum(num_tokens.values()) / makespan,
         "requests_per_s": (len(finish) - len(aborted)) / makespan,
         "steps": step,
+        "copy_gb_per_s": (engine.scheduler.swap_cost.copy_bytes_per_s / 1e9
+                          if engine.scheduler.swap_cost is not None else None),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="tiny")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="auto")
     p.add_argument("--num-blocks", type=int, default=1100, help="GPU pool blocks (the small pool)")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--host-kv-gib", type=float, default=0.25, help="the tier-on run's host tier")
