@@ -24,9 +24,6 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", default=DEFAULT_LISTEN, help=f"ZMQ endpoint to bind (default {DEFAULT_LISTEN})")
     p.add_argument("--backend-id", default=None, help="stable id for logs and LoadReports")
     p.add_argument("--served-model-name", default=None, help="model name in BackendInfo")
-    p.add_argument("--max-held-messages", type=int, default=4096,
-                   help="messages held for a gateway whose socket queue is full; past this it "
-                   "is not reading: its requests are aborted and it is forgotten")
     sec = p.add_argument_group("security (proto.security)")
     sec.add_argument("--curve-key", default=None, metavar="FILE",
                      help="CURVE key pair (a .key_secret file from `tidegate keys generate`): "

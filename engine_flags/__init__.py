@@ -91,6 +91,9 @@ def add_serving_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> No
                    help="scheduled-token counts of the mixed prefill+decode step graphs "
                         f"(default {DEFAULT_CUDA_GRAPH_TOKEN_BUCKETS}; those above "
                         "--max-num-batched-tokens are dropped; 'none': mixed steps eager)")
+    p.add_argument("--max-held-messages", type=int, default=4096,
+                   help="messages held for a gateway whose socket queue is full; past this it "
+                   "is not reading: its requests are aborted and it is forgotten")
     p.add_argument("--step-log", default=None, metavar="PATH",
                    help="write one JSON line per engine step (wall start, duration, decodes, "
                         "prefill tokens) to PATH when the backend stops (benchmarks)")
