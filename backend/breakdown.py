@@ -14,6 +14,7 @@ objects the engine already calls (nothing in the engine changes for it):
     update      StepScheduler.update
     engine rest Engine.step - everything above (stop checks, RequestOutput records, specs)
     serialize   the worker's StepOutput build + protobuf/frames encode for the step's outputs
+    host        schedule + prepare + sampler + update + engine rest + serialize
 
 Times are this thread's CPU time by default (`--clock cpu`): on a shared machine wall time is
 mostly waiting for a core. Prefill steps (any chunk is a prefill) and decode steps are reported apart. Wrapping adds a
@@ -33,7 +34,9 @@ from collections import defaultdict
 import torch
 
 PHASES = ("schedule", "prepare", "attention", "linears", "other_model", "logits", "sampler",
-          "update", "engine_rest", "serialize")
+          "update", "engine_rest", "serialize", "host")
+# the engine's and worker's own work around the model (what async scheduling would hide)
+HOST_PHASES = ("schedule", "prepare", "sampler", "update", "engine_rest", "serialize")
 
 
 class _Timer:
@@ -113,6 +116,7 @@ def run_batch(engine, timer: _Timer, batch: int, prompt_len: int, output_len: in
         a["other_model"] = model_t - a.get("attention", 0.0) - a.get("linears", 0.0)
         a["engine_rest"] = a["step"] - sum(a.get(k, 0.0) for k in (
             "schedule", "prepare", "update", "sampler", "logits")) - model_t
+        a["host"] = sum(a.get(k, 0.0) for k in HOST_PHASES)
         kind = "prefill" if _last_plan_had_prefill(engine) else "decode"
         a["num_outputs"] = len(outs)
         steps[kind].append(a)
