@@ -40,7 +40,6 @@ mkdir -p "$WORK"
 { command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.mem --format=csv
   $PY -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__)'
   $PY -c 'import triton; print("triton", triton.__version__)' 2>/dev/null
-  git log -1 --format='commit %H %s' 2>/dev/null
 } > "$WORK/env.txt" 2>&1
 cat "$WORK/env.txt"
 
