@@ -455,6 +455,32 @@ def test_swapped_sequence_resumes_with_its_blocks_pinned():
     bm.check_integrity()
 
 
+def test_host_hits_are_not_dropped_by_the_evictions_of_their_own_allocation():
+    """A full host tier: the GPU blocks taken for a host hit evict cached GPU blocks, whose saves
+    must not take the very host blocks the hit is about to copy back."""
+    bm = BlockManager(3, block_size=2, num_host_blocks=2)
+    gpu: dict[int, tuple] = {}
+    host: dict[int, tuple] = {}
+
+    def run(seq, toks):
+        cached = bm.allocate(seq, toks)
+        apply_copies(bm, gpu, host)
+        for i, b in enumerate(bm.block_table(seq)):
+            if i >= cached // 2:  # the forward pass writes what was not a hit
+                gpu[b] = tuple(toks[2 * i:2 * i + 2])
+        bm.cache_blocks(seq, toks, len(toks))
+        return cached
+
+    run("a", [1, 2, 3, 4, 5])
+    bm.free("a")
+    run("b", [6, 7, 8, 9, 10])  # evicts a's prefix to the host, which is then full
+    bm.free("b")
+    assert run("c", [1, 2, 3, 4, 9]) == 4  # a's prefix from the host, b's blocks evicted meanwhile
+    assert [gpu[b] for b in bm.block_table("c")[:2]] == [(1, 2), (3, 4)]
+    assert_host_holds_its_keys(bm, host)
+    bm.check_integrity()
+
+
 def test_host_tier_needs_prefix_caching():
     with pytest.raises(ValueError):
         BlockManager(4, 2, enable_prefix_caching=False, num_host_blocks=2)
