@@ -151,8 +151,9 @@ class BlockManager:
         return dict(self._cached)
 
     def is_cached(self, key: BlockKey) -> bool:
-        """Whether some block holds the K/V of `key` (in use, or free and not yet evicted)."""
-        return key in self._cached
+        """Whether some block holds the K/V of `key`: on the GPU (in use, or free and not yet
+        evicted) or in the host tier (a hit there is a copy, not a prefill: placement counts it)."""
+        return key in self._cached or (self.host is not None and self.host.lookup(key) is not None)
 
     def free_list(self) -> list[int]:
         """Free blocks in eviction order (front is taken first)."""

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from scheduler.block_manager import BlockManager, NoFreeBlocksError
+from scheduler.block_manager import ROOT_HASH, BlockManager, NoFreeBlocksError
 
 
 # ---- named invariant helpers -----------------------------------------------------------------
@@ -428,6 +428,8 @@ def test_evicted_prefix_comes_back_from_host():
     assert bm.allocate("b", [9, 9, 9, 9, 9]) == 0  # evicts a's two cached blocks -> host
     assert [c[0] for c in bm.host.pending_copies()] == ["d2h", "d2h"]
     apply_copies(bm, gpu, host)
+    assert bm.is_cached((ROOT_HASH, (1, 2)))  # placement still sees the prefix (in host memory)
+    assert (ROOT_HASH, (1, 2)) not in bm.cached_prefixes()
     bm.free("b")
     assert bm.allocate("c", [1, 2, 3, 4, 7]) == 4  # both blocks back from the host
     copies = bm.host.take_copies()
