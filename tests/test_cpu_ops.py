@@ -48,3 +48,17 @@ def test_other_dtypes_use_the_reference():
     w = torch.randn(16).bfloat16()
     assert torch.equal(OPS.rms_norm(x, w, 1e-5), TorchOps.rms_norm(x, w, 1e-5))
     assert torch.equal(OPS.silu_and_mul(x), TorchOps.silu_and_mul(x))
+
+
+def test_an_unwritable_cache_falls_back_to_the_temp_dir(tmp_path, monkeypatch):
+    import tempfile
+
+    from backend import cpu_kernels
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("TIDEGATE_CACHE", str(blocker / "cache"))  # mkdir under a file fails
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    path = cpu_kernels.build_library()
+    assert path is not None and path.is_relative_to(tmp_path / "tmp") and path.stat().st_size > 0

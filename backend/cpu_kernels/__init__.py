@@ -68,22 +68,29 @@ def build_library() -> Path | None:
     h = hashlib.sha256(" ".join(CFLAGS).encode() + _cpu_model().encode())
     for src in SOURCES:
         h.update(src.read_bytes())
-    out = _cache_dir() / f"tidegate_cpu-{h.hexdigest()[:16]}.so"
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # compile to a private name, then rename: concurrent starts never load a half-written file
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-    os.close(fd)
-    try:
-        subprocess.run([cc, *CFLAGS, "-o", tmp, *map(str, SOURCES), "-lm"], check=True,
-                       capture_output=True, timeout=300)
-        os.replace(tmp, out)
-    except (subprocess.SubprocessError, OSError) as exc:
-        log.warning("CPU kernels did not build (%s); using the torch reference", exc)
-        Path(tmp).unlink(missing_ok=True)
-        return None
-    return out
+    name = f"tidegate_cpu-{h.hexdigest()[:16]}.so"
+    # the user's cache, else the temp dir (a read-only home must not stop the engine)
+    for folder in (_cache_dir(), Path(tempfile.gettempdir()) / f"tidegate-{os.getuid()}"):
+        out = folder / name
+        if out.exists():
+            return out
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            # compile to a private name, then rename: concurrent starts never load a half file
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
+        except OSError:
+            continue
+        os.close(fd)
+        try:
+            subprocess.run([cc, *CFLAGS, "-o", tmp, *map(str, SOURCES), "-lm"], check=True,
+                           capture_output=True, timeout=300)
+            os.replace(tmp, out)
+            return out
+        except (subprocess.SubprocessError, OSError) as exc:
+            log.warning("CPU kernels did not build (%s); using the torch reference", exc)
+            Path(tmp).unlink(missing_ok=True)
+            return None
+    return None
 
 
 def load_library() -> ctypes.CDLL | None:
@@ -92,8 +99,12 @@ def load_library() -> ctypes.CDLL | None:
         _lib = None
         if os.environ.get("TIDEGATE_CPU_KERNELS", "") != "off":
             path = build_library()
-            if path is not None:
-                lib = ctypes.CDLL(str(path))
+            try:
+                lib = ctypes.CDLL(str(path)) if path is not None else None
+            except OSError as exc:  # e.g. a noexec temp dir
+                log.warning("CPU kernels did not load (%s); using the torch reference", exc)
+                lib = None
+            if lib is not None:
                 for name, argtypes in SIGNATURES.items():
                     fn = getattr(lib, name)
                     fn.argtypes = argtypes
