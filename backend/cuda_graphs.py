@@ -2,7 +2,8 @@
 and decodes together) bucketed by scheduled tokens. Replayed on padded inputs.
 
 A graph runner from outside the model (the model and the eager runner know nothing of it). The
-runner hands a step here first (`try_execute`):
+runner's `launch` asks here first (`can_replay`, then `token_bucket`) and `finish` reads back
+through `finish`:
 
     decode-only, batch <= the largest decode bucket      -> decode graph of the smallest bucket
                                                             >= the batch (default up to 256)
@@ -396,14 +397,3 @@ class StepGraphs:
         self.runner.prepare(chunks, pad_to=(tokens, self.seq_rows(tokens)))
         captured.graph.replay()
         return Launched(captured, len(chunks))
-
-    def try_execute(self, chunks: Sequence, sampling: Mapping | None = None,
-                    keep_logits: bool = False):
-        """The step's `RunnerOutput` if it is a graph step, else None (run it eagerly)."""
-        if self.can_replay(chunks):
-            return self.finish(self.launch(chunks), chunks, sampling, keep_logits)
-        self.forget_rows()
-        tokens = self.token_bucket(chunks)
-        if not tokens:
-            return None
-        return self.finish(self.launch_mixed(chunks, tokens), chunks, sampling, keep_logits)
