@@ -47,6 +47,7 @@ MAX_CLIENT_MESSAGE_BYTES = 16 << 20  # a larger message from a client closes its
 # Messages held for a client whose socket queue is full; past this it is not reading, and its
 # requests are aborted (see _hold).
 MAX_HELD_PER_CLIENT = 4096
+CLIENT_QUEUE_MESSAGES = 1000  # libzmq's per-client send queue (SNDHWM) before EAGAIN
 RETRY_HELD_S = 0.005
 
 
@@ -102,6 +103,7 @@ class FrontDoor:
         # A full or vanished client is reported (EAGAIN / EHOSTUNREACH) instead of its
         # messages being dropped in silence; see _send.
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.sock.setsockopt(zmq.SNDHWM, CLIENT_QUEUE_MESSAGES)  # read at bind time
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_CLIENT_MESSAGE_BYTES)
         self.sock.bind(address)
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
