@@ -1,5 +1,6 @@
 """The host KV tier end to end on the CPU (tiny preset): swapped-out sequences and prefix blocks
 evicted to host memory come back with the K/V the model computed, and nothing leaks."""
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -46,12 +47,15 @@ def reference():
     return reqs, out
 
 
-def test_swapped_sequences_produce_the_greedy_tokens_of_unpreempted_ones(reference):
+def test_swapped_sequences_produce_the_greedy_tokens_of_unpreempted_ones(reference, caplog):
     reqs, want = reference
     engine, _ = create_engine(BackendConfig(num_blocks=40, host_kv_gib=0.002, **SMALL))
+    caplog.set_level(logging.INFO, logger="tidegate.scheduler")
     out = serve(engine, reqs)
     sched = engine.scheduler
     assert sched.num_swap_preemptions > 0, "the small pool should have swapped"
+    choices = [r.getMessage() for r in caplog.records if r.name == "tidegate.scheduler"]
+    assert sum(": swap " in m for m in choices) == sched.num_swap_preemptions  # each one logged
     assert engine.scheduler.block_manager.num_host_hit_tokens > 0, "swapped blocks came back"
     assert out == want
     bm = sched.block_manager
