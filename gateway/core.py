@@ -35,6 +35,7 @@ from gateway.vllm_metrics import EngineReport
 from proto import tidegate_pb2 as pb
 from scheduler.batcher import BatcherConfig
 from scheduler.classes import CLASS_NAMES
+from scheduler.decisions import DecisionLog
 from scheduler.queues import QueueConfig
 from tokenizer.bundle import TokenizerBundle
 from tokenizer.fim import FimTemplate, find_fim_template
@@ -60,6 +61,7 @@ class GatewayConfig:
     fim_template: str | None = None  # None: the model family's, found in its tokenizer
     protect_metrics: bool = False  # /metrics behind the API key too
     admin_key: str | None = None  # /admin/backends (gateway.admin); None: no admin endpoint
+    decision_log_path: str | None = None  # JSONL record of arrivals + flushed windows; None: off
 
 
 class RequestHandle:
@@ -230,7 +232,10 @@ class Gateway:
         self.pool = BackendPool(list(config.backends), config.pool, on_idle=self._on_idle,
                                 on_dropped=lambda s: self.metrics.dropped_frames.labels(s).inc(),
                                 on_retry=self.metrics.retried.inc)
-        self.dispatcher = Dispatcher(self.pool, self.metrics, config.batcher, config.queues)
+        decisions = (DecisionLog.open(config.decision_log_path)
+                     if config.decision_log_path else None)
+        self.dispatcher = Dispatcher(self.pool, self.metrics, config.batcher, config.queues,
+                                     decision_log=decisions)
         self.draining = False
         self.num_active = 0
         self._ids = itertools.count()

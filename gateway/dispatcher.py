@@ -28,6 +28,7 @@ from proto import tidegate_pb2 as pb
 from scheduler.batcher import BatcherConfig, DynamicWindowBatcher
 from scheduler.classes import CLASS_NAMES
 from scheduler.clock import Clock, WallClock
+from scheduler.decisions import DecisionLog
 from scheduler.queues import ClassQueues, PendingRequest, QueueConfig
 
 log = logging.getLogger("tidegate.gateway.dispatch")
@@ -54,8 +55,11 @@ class QueuedRequest(RequestSink, Protocol):
 class Dispatcher:
     def __init__(self, pool: BackendPool, metrics: GatewayMetrics,
                  batcher_config: BatcherConfig | None = None,
-                 queue_config: QueueConfig | None = None, clock: Clock | None = None) -> None:
+                 queue_config: QueueConfig | None = None, clock: Clock | None = None,
+                 decision_log: DecisionLog | None = None) -> None:
         self.pool = pool
+        # opt-in record of arrivals and flushed windows (scheduler.decisions); None: off
+        self.decision_log = decision_log
         self.metrics = metrics
         self.clock = clock or WallClock()
         self.queues = ClassQueues(queue_config or QueueConfig())
@@ -73,6 +77,9 @@ class Dispatcher:
             queue_class=self.queues.config.classify(handle.max_tokens),
             priority=handle.priority, deadline=handle.queue_deadline, payload=handle)
         handle.queue_class = int(req.queue_class)
+        if self.decision_log is not None:
+            self.decision_log.arrival(req.request_id, req.arrival_time, req.num_prompt_tokens,
+                                      req.max_tokens, req.queue_class)
         batcher = self.batcher
         if not batcher.queues.size and self.pool.has_idle_backend():
             # Idle flush without waiting for a LoadReport: a backend holding none of our
@@ -100,6 +107,8 @@ class Dispatcher:
             self._poll()
 
     def close(self) -> None:
+        if self.decision_log is not None:
+            self.decision_log.close()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -131,7 +140,13 @@ class Dispatcher:
             if self.pool.free_slots() <= 0:
                 deadline = self.queues.next_expiry()  # held: only expiry needs the timer now
                 break
-            self._send(self.batcher.take_batch())
+            batch = self.batcher.take_batch()
+            if self.decision_log is not None and batch:
+                # the batcher's decision, before placement (a request that then fails to go on
+                # the wire was still in this window)
+                self.decision_log.batch(self.clock.now(), [r.request_id for r in batch],
+                                        [r.queue_class for r in batch])
+            self._send(batch)
             dec = self.batcher.poll()
             flush_now, deadline = dec.flush_now, dec.deadline
         for req in self.batcher.take_expired():

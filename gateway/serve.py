@@ -103,6 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue-requests", type=int, default=8192,
                    help="per class queue; more get 429")
     p.add_argument("--queue-policy", default="fifo", choices=["fifo", "priority"])
+    p.add_argument("--decision-log", default=None, metavar="FILE",
+                   help="append each arrival and each flushed batch window to FILE as JSON lines "
+                        "(scheduler.decisions; replayed by `sims.decision_replay`); meant for --workers 1 "
+                        "(each worker has its own batcher)")
     p.add_argument("--zmq-listen", default=None,
                    help="also serve the ZMQ front door here (e.g. tcp://127.0.0.1:5556)")
     p.add_argument("--max-stop-strings", type=int, default=MAX_STOP_STRINGS,
@@ -181,7 +185,8 @@ def gateway_config(args: argparse.Namespace, backends: list[str]) -> GatewayConf
         limits=RequestLimits(max_stop_strings=args.max_stop_strings,
                              max_stop_len=args.max_stop_len, max_n=args.max_n,
                              strict_api=args.strict_api),
-        fim_template=args.fim_template, protect_metrics=args.protect_metrics)
+        fim_template=args.fim_template, protect_metrics=args.protect_metrics,
+        decision_log_path=getattr(args, "decision_log", None))
 
 
 class EmbeddedBackend:

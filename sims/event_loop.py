@@ -61,6 +61,9 @@ class EngineConfig:
     # which backend gets which request: the gateway's policy objects (scheduler.placement)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     report_interval_s: float = 0.1      # a busy backend's LoadReport period (prefix facts)
+    # keep every flushed window, (time, request indices), in SimResult.extra["batches"]
+    # (sims.decision_replay compares them with the live gateway's; off: no cost)
+    record_batches: bool = False
 
 
 @dataclass
@@ -159,6 +162,7 @@ class EventLoop:
         self.step_rows: list[tuple] = []     # (num_decode, num_prefill_tokens, duration) per single step
         self.stretch_rows: list[tuple] = []  # (steps, num_decode, first context) per stretch segment
         self.batch_sizes: list[int] = []
+        self.batch_log: list[tuple[float, list[int]]] | None = [] if config.record_batches else None
         self.heap: list[tuple] = []
         self.seq = 0
         self.events = 0
@@ -215,6 +219,8 @@ class EventLoop:
         if not batch:
             return
         self.batch_sizes.append(len(batch))
+        if self.batch_log is not None:
+            self.batch_log.append((now, batch))
         if self.max_fin:
             self.release_stretch_finishes(now)
         dispatch_t, num_tokens, charged = self.dispatch_t, self.num_tokens, self.charged
@@ -522,7 +528,8 @@ class EventLoop:
             series={k: np.array(v) for k, v in self.series.items()},
             backend_stats=[b.sched.stats() for b in backends], events=self.events,
             wall_s=time.perf_counter() - self.wall0, sim_end=self.now,
-            extra={"num_kv_blocks": self.num_blocks, "placement": self.placement_stats()})
+            extra={"num_kv_blocks": self.num_blocks, "placement": self.placement_stats(),
+                   **({"batches": self.batch_log} if self.batch_log is not None else {})})
 
     def placement_stats(self) -> dict:
         p = self.placement

@@ -1,0 +1,113 @@
+"""A record of the batching decisions: which requests arrived when, and which left in which window.
+
+Both sides write the same records, so that a live run and a simulated replay of its arrivals can
+be compared decision by decision (`bench.decision_fidelity`):
+
+    {"kind": "arrival", "id": "r7", "t": 12.5, "prompt": 512, "max_tokens": 128, "class": 1}
+    {"kind": "batch", "t": 12.505, "size": 2, "ids": ["r6", "r7"], "classes": [1, 1]}
+
+The arrival records are the trace the simulator replays (`sims.decision_replay`); the batch
+records are the decisions. Times are the writer's clock (the gateway's monotonic clock, or the
+simulator's virtual one). The log is opt-in: callers hold `None` when it is off, so the cost of
+"off" is one `is None` test per arrival and per flushed window.
+
+Stdlib only (scheduler/ stays pure); a log may keep its records in memory or append them to a
+text file as JSON lines.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TextIO
+
+
+@dataclass(frozen=True, slots=True)
+class ArrivalRecord:
+    request_id: str
+    t: float
+    num_prompt_tokens: int
+    max_tokens: int
+    queue_class: int
+
+    def to_json(self) -> dict:
+        return {"kind": "arrival", "id": self.request_id, "t": self.t,
+                "prompt": self.num_prompt_tokens, "max_tokens": self.max_tokens,
+                "class": self.queue_class}
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRecord:
+    t: float  # when the window was flushed
+    request_ids: tuple[str, ...]  # in the order the batcher handed them out
+    classes: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.request_ids)
+
+    def to_json(self) -> dict:
+        return {"kind": "batch", "t": self.t, "size": self.size,
+                "ids": list(self.request_ids), "classes": list(self.classes)}
+
+
+class DecisionLog:
+    """Collects arrival and batch records; with `sink`, also writes each as one JSON line."""
+
+    def __init__(self, sink: TextIO | None = None, keep: bool = True) -> None:
+        self.sink = sink
+        self.keep = keep  # False: only write (a long live run need not hold every record)
+        self.arrivals: list[ArrivalRecord] = []
+        self.batches: list[BatchRecord] = []
+
+    @classmethod
+    def open(cls, path: str) -> DecisionLog:
+        """Append to `path` (line-buffered: a crashed gateway still leaves whole lines)."""
+        return cls(open(path, "a", buffering=1, encoding="utf-8"), keep=False)  # noqa: SIM115
+
+    def arrival(self, request_id: str, t: float, num_prompt_tokens: int, max_tokens: int,
+                queue_class: int) -> None:
+        self._add(self.arrivals, ArrivalRecord(request_id, float(t), int(num_prompt_tokens),
+                                               int(max_tokens), int(queue_class)))
+
+    def batch(self, t: float, request_ids: Iterable[str], classes: Iterable[int]) -> None:
+        self._add(self.batches, BatchRecord(float(t), tuple(request_ids),
+                                            tuple(int(c) for c in classes)))
+
+    def _add(self, into: list, rec: ArrivalRecord | BatchRecord) -> None:
+        if self.keep:
+            into.append(rec)
+        if self.sink is not None:
+            self.sink.write(json.dumps(rec.to_json(), separators=(",", ":")) + "\n")
+
+    def close(self) -> None:
+        if self.sink is not None:
+            self.sink.close()
+            self.sink = None
+
+
+def parse_records(lines: Iterable[str]) -> tuple[list[ArrivalRecord], list[BatchRecord]]:
+    """Read JSON lines back (blank lines skipped); raises ValueError on a record it cannot read."""
+    arrivals: list[ArrivalRecord] = []
+    batches: list[BatchRecord] = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+            if d["kind"] == "arrival":
+                arrivals.append(ArrivalRecord(str(d["id"]), float(d["t"]), int(d["prompt"]),
+                                              int(d["max_tokens"]), int(d["class"])))
+            elif d["kind"] == "batch":
+                batches.append(BatchRecord(float(d["t"]), tuple(str(i) for i in d["ids"]),
+                                           tuple(int(c) for c in d["classes"])))
+            else:
+                raise ValueError(f"unknown kind {d['kind']!r}")
+        except (KeyError, TypeError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
+            raise ValueError(f"decision log line {n}: {exc}") from exc
+    return arrivals, batches
+
+
+def read_log(path: str) -> tuple[list[ArrivalRecord], list[BatchRecord]]:
+    with open(path, encoding="utf-8") as f:
+        return parse_records(f)
