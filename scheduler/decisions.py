@@ -63,7 +63,7 @@ class DecisionLog:
     @classmethod
     def open(cls, path: str) -> DecisionLog:
         """Append to `path` (line-buffered: a crashed gateway still leaves whole lines)."""
-        return cls(open(path, "a", buffering=1, encoding="utf-8"), keep=False)  # noqa: SIM115
+        return cls(open(path, "a", buffering=1, encoding="utf-8"), keep=False)
 
     def arrival(self, request_id: str, t: float, num_prompt_tokens: int, max_tokens: int,
                 queue_class: int) -> None:

@@ -21,7 +21,7 @@ from bench.decision_fidelity import compare
 from gateway.dispatcher import Dispatcher
 from scheduler.batcher import BatcherConfig
 from scheduler.clock import ManualClock
-from scheduler.decisions import ArrivalRecord, DecisionLog, parse_records
+from scheduler.decisions import ArrivalRecord, DecisionLog, parse_records, read_log
 from scheduler.queues import QueueConfig
 from sims.adapters import SimSchedulerConfig
 from sims.decision_replay import replay
@@ -136,10 +136,18 @@ def test_gateway_and_simulator_flush_identical_windows():
     assert r["num_requests"] == [300, 300]
 
 
-def test_log_round_trips_as_json_lines():
+def test_log_round_trips_as_json_lines(tmp_path):
     log = run_gateway(trace(40, seed=3))
     arrivals, batches = parse_records(io.StringIO(log.sink.getvalue()))
     assert arrivals == log.arrivals and batches == log.batches
+    path = str(tmp_path / "decisions.jsonl")  # the file the gateway's --decision-log appends to
+    on_disk = DecisionLog.open(path)
+    for a in arrivals:
+        on_disk.arrival(a.request_id, a.t, a.num_prompt_tokens, a.max_tokens, a.queue_class)
+    for b in batches:
+        on_disk.batch(b.t, b.request_ids, b.classes)
+    on_disk.close()
+    assert read_log(path) == (arrivals, batches)
     assert [a.request_id for a in arrivals] == [f"req-{i}" for i in range(40)]
     assert sorted(r for b in batches for r in b.request_ids) == sorted(a.request_id for a in arrivals)
     with pytest.raises(ValueError, match="line 1"):
