@@ -329,14 +329,8 @@ class GatewayMetrics:
             self.queue_depth.labels(cls).set(depth.get(cls, 0))
             self.queue_age.labels(cls).set(age.get(cls, 0.0))
         gone = self._backend_addresses - {b.address for b in backends}
-        for address in gone:  # removed from the pool: its series go too
-            for g in (self.backend_up, self.backend_running, self.backend_waiting, self.backend_kv,
-                      self.backend_outstanding, self.backend_draining, self.backend_held,
-                      self.backend_dropped_peers):
-                try:
-                    g.remove(address)
-                except KeyError:
-                    pass
+        if gone:
+            self._forget_backends(gone)
         self._backend_addresses = {b.address for b in backends}
         for b in backends:
             self.backend_draining.labels(b.address).set(1 if b.draining else 0)
@@ -353,6 +347,19 @@ class GatewayMetrics:
             self.backend_host_hits.labels(b.address).set(b.host_hit_tokens)
             self.backend_host_kv.labels(b.address).set(b.host_kv_usage)
         self.vllm.refresh(self.model_name, list(engines), sum(depth.values()))
+
+    def _forget_backends(self, addresses: set[str]) -> None:
+        """A backend removed from the pool: every series labelled with it goes (whatever other
+        labels the series has). prometheus_client has no public way to list a metric's label
+        sets, so this reads its `_labelnames` / `_metrics`."""
+        for collector in list(self.registry._collector_to_names):
+            names = getattr(collector, "_labelnames", ())
+            if "backend" not in names:
+                continue
+            k = names.index("backend")
+            for key in list(getattr(collector, "_metrics", {})):
+                if key[k] in addresses:
+                    collector.remove(*key)
 
     def render(self) -> bytes:
         self.fold()
