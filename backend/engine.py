@@ -210,7 +210,9 @@ class Engine:
         cost = self.scheduler.swap_cost
         old = cost.prefill_s_per_token
         new = rate if not math.isfinite(old) else 0.8 * old + 0.2 * rate
-        self.scheduler.swap_cost = replace(cost, prefill_s_per_token=new)
+        cost = self.scheduler.swap_cost = replace(cost, prefill_s_per_token=new)
+        bm = self.scheduler.block_manager
+        bm.load_host_hits = cost.should_load(bm.block_size)
 
     def _stop_checks(self, out) -> tuple[StepResult, dict[str, TokenLogprobs | None]]:
         stopped = set()

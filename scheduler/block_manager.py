@@ -82,6 +82,9 @@ class BlockManager:
         self._exclusive = not enable_prefix_caching
         self.host = HostTier(num_host_blocks) if num_host_blocks else None
         self.num_host_hit_tokens = 0  # of num_hit_tokens, found in host memory
+        # whether a host hit is copied back (True) or recomputed: set by the owner from the same
+        # measured rates as the swap rule (copying one block back vs prefilling its tokens)
+        self.load_host_hits = True
 
     # ---- queries -------------------------------------------------------------------------
     def num_blocks_for(self, num_tokens: int) -> int:
@@ -251,7 +254,8 @@ class BlockManager:
                 del self._free_cached[block]
             ref[block] += 1
         host = self.host
-        host_hits = [] if host is None else self._match_host(token_ids, len(hit_blocks), hashes)
+        host_hits = ([] if host is None or not self.load_host_hits
+                     else self._match_host(token_ids, len(hit_blocks), hashes))
         if host_hits:
             host.hold([h for _, h in host_hits])  # the fresh blocks below may evict to the host
         table = hit_blocks + self._take_blocks(self.num_blocks_for(len(token_ids)) - len(hit_blocks))

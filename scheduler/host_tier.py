@@ -59,6 +59,12 @@ class SwapCostModel:
     def should_swap(self, num_blocks: int, num_tokens: int) -> bool:
         return num_blocks > 0 and self.swap_seconds(num_blocks) < self.recompute_seconds(num_tokens)
 
+    def should_load(self, block_size: int) -> bool:
+        """Whether copying a host block back beats prefilling its tokens (one way, not two: the
+        block is already in host memory). False for models whose K/V is large per FLOP (no GQA)
+        on a slow link."""
+        return self.swap_seconds(1) / 2 < self.recompute_seconds(block_size)
+
 
 class HostTier:
     def __init__(self, num_blocks: int) -> None:

@@ -150,6 +150,7 @@ class BackendAdapter:
         self.host = host
         if host is not None:
             self.sched.swap_cost = host.swap_cost
+            self.bm.load_host_hits = host.swap_cost.should_load(config.block_size)
         self.max_num_seqs = config.max_num_seqs
         self._w = workload
         lists = lists if lists is not None else WorkloadLists(workload)

@@ -483,6 +483,20 @@ def test_host_hits_are_not_dropped_by_the_evictions_of_their_own_allocation():
     bm.check_integrity()
 
 
+def test_host_hits_recomputed_when_the_rule_says_so():
+    bm = BlockManager(3, block_size=2, num_host_blocks=4)
+    bm.allocate("a", [1, 2, 3, 4, 5])
+    bm.cache_blocks("a", [1, 2, 3, 4, 5], 5)
+    bm.free("a")
+    bm.allocate("b", [9, 9, 9, 9, 9])  # a's prefix to the host
+    bm.free("b")
+    bm.host.take_copies()
+    bm.load_host_hits = False  # copying back costs more than prefilling (SwapCostModel.should_load)
+    assert bm.allocate("c", [1, 2, 3, 4, 7]) == 0
+    assert all(kind == "d2h" for kind, _, _ in bm.host.take_copies())
+    bm.check_integrity()
+
+
 def test_host_tier_needs_prefix_caching():
     with pytest.raises(ValueError):
         BlockManager(4, 2, enable_prefix_caching=False, num_host_blocks=2)

@@ -16,7 +16,7 @@ class KVConstantCost(ConstantCost):
     kv_bytes_per_token = 1000  # what the tier needs to size its blocks
 
 
-def _run(host_kv_gib, gbps=1e-3):
+def _run(host_kv_gib, gbps=100.0):
     # prefix groups of 4 blocks, 6 groups: 24 blocks of prefixes for a 12-block pool; requests far
     # 0.5 s apart (each is one prefill step, done before the next arrives)
     w = generate(WorkloadConfig(num_requests=60, rate=2.0, arrival="gamma", cv=0.01,
@@ -46,10 +46,17 @@ def test_copies_are_charged_at_the_bandwidth_and_prefixes_hit_from_host():
     assert on["kv"]["prefix_hit_rate"] > off["kv"]["prefix_hit_rate"]
     # every request is one step taken at once: S, plus its step's tier copies
     np.testing.assert_allclose(off_r.first_token_time - off_r.dispatch_time, S, rtol=1e-9)
-    copy_s = 16000 / 1e6  # one block at 1 MB/s
+    copy_s = 16000 / 100e9  # one block at 100 GB/s
     extra = (on_r.first_token_time - on_r.dispatch_time - S).sum()
     assert extra == pytest.approx((tier["saved_blocks"] + tier["loaded_blocks"]) * copy_s)
     # the host memory the workload needed: every prefix block it saved, never dropped
     assert tier["dropped_blocks"] == 0
     # (host blocks are only ever reused by dropping: the peak is every block saved)
     assert tier["peak_gib_per_backend"] * 2**30 == pytest.approx(tier["saved_blocks"] * 16000)
+
+
+def test_a_slow_link_recomputes_host_hits():
+    """At 1 MB/s a block takes 16 ms to copy back and 8 us to prefill (S / 2048 per token): the
+    rule (SwapCostModel.should_load) recomputes; evicted blocks are still saved."""
+    _, rep = _run(0.01, gbps=1e-3)
+    assert rep["host_tier"]["host_hit_tokens"] == 0 and rep["host_tier"]["saved_blocks"] > 0
