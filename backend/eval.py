@@ -97,7 +97,7 @@ class Progress:
 def perplexity(model: str, settings: EngineSettings, shape: EngineShape | None = None, *,
                window: int = 512, max_files: int | None = None, max_tokens: int | None = None,
                sample_windows: int | None = None, heldout_list: str | Path | None = None,
-               stdlib_root: str | Path | None = None,
+               stdlib_root: str | Path | None = None, site_root: str | Path | None = None,
                progress: bool = True) -> dict:
     """Held-out perplexity through the engine (see the module docstring). Returns a report dict:
     ppl, nll, tokens, files, files_listed, files_skipped, windows, chunked_windows, seconds, ...
@@ -113,7 +113,8 @@ def perplexity(model: str, settings: EngineSettings, shape: EngineShape | None =
                     ("--max-tokens", max_tokens), ("--sample-windows", sample_windows)):
         if v is not None and v < 1:
             raise EvalError(f"{name} must be >= 1, got {v}")
-    heldout = load_heldout(heldout_list or default_heldout_list(model), stdlib_root, max_files)
+    heldout = load_heldout(heldout_list or default_heldout_list(model), stdlib_root, max_files,
+                           site_root=site_root)
     if not heldout.files:
         raise EvalError(f"no held-out file found: {heldout.describe()}")
     config, _ = read_config(model)
@@ -204,7 +205,8 @@ def _release_memory(device) -> None:
 def agreement(model: str, a: EngineSettings, b: EngineSettings, shape: EngineShape | None = None,
               *, num_prompts: int = 32, prompt_len: int = 64, max_tokens: int = 32,
               heldout_list: str | Path | None = None, stdlib_root: str | Path | None = None,
-              prompts: list[list[int]] | None = None, progress: bool = True) -> dict:
+              prompts: list[list[int]] | None = None, site_root: str | Path | None = None,
+              progress: bool = True) -> dict:
     """Greedy agreement of settings B with A, teacher-forced on A (see the module docstring).
     `prompts` (token ids) replaces the held-out prompts when given."""
     shape = shape or EngineShape()
@@ -218,7 +220,7 @@ def agreement(model: str, a: EngineSettings, b: EngineSettings, shape: EngineSha
     if prompts is None:
         # the first num_prompts files found are enough: prompt i comes from file i mod F
         heldout = load_heldout(heldout_list or default_heldout_list(model), stdlib_root,
-                               max_files=num_prompts)
+                               max_files=num_prompts, site_root=site_root)
         docs = encode_docs(loaded.tokenizer, [text for _, text in heldout.files])
         try:
             prompts = agreement_prompts(docs, num_prompts, prompt_len,
@@ -349,6 +351,9 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stdlib-root", default=None,
                    help="where the listed paths are looked up (default: this interpreter's "
                         "stdlib, sysconfig.get_paths()['stdlib'])")
+    p.add_argument("--site-root", default=None,
+                   help="where 'site-packages/...' held-out paths are looked up (default: this "
+                        "environment's site-packages)")
 
 
 def _shape(args) -> EngineShape:
@@ -364,7 +369,8 @@ def _settings(args) -> EngineSettings:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tidegate eval", description=__doc__.split("\n")[0])
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="{perplexity,agreement,speed}")
+    sub = p.add_subparsers(dest="cmd", required=True,
+                           metavar="{perplexity,agreement,speed,code}")
 
     pp = sub.add_parser("perplexity", help="held-out perplexity through the engine",
                         description="Token-level perplexity of the held-out stdlib files "
@@ -398,6 +404,24 @@ def build_parser() -> argparse.ArgumentParser:
     _add_shape_args(pa, 2048)
     pa.add_argument("--json", default=None, metavar="OUT")
     pa.add_argument("--quiet", action="store_true")
+
+    pc = sub.add_parser("code", help="bits per byte vs gzip/xz, FIM exact-line match, header "
+                        "completions that parse (see `backend/eval_code.py`)",
+                        description="What a code model has learned, through our engine, on its "
+                                    "held-out packages (see `backend/eval_code.py`).")
+    pc.add_argument("--model", required=True, help="HF model directory")
+    _add_setting_args(pc)
+    _add_data_args(pc)
+    pc.add_argument("--files-sample", type=int, default=None,
+                    help="bits per byte on N held-out files evenly spaced over the list (quick)")
+    pc.add_argument("--chunk-len", type=int, default=1024,
+                    help="predicted tokens per window (the training script's --seq-len)")
+    pc.add_argument("--fim-cases", type=int, default=64)
+    pc.add_argument("--fim-max-tokens", type=int, default=32)
+    pc.add_argument("--parts", default="bpb,fim,headers", help="comma list of bpb, fim, headers")
+    _add_shape_args(pc, 2048)
+    pc.add_argument("--json", default=None, metavar="OUT")
+    pc.add_argument("--quiet", action="store_true")
 
     ps = sub.add_parser("speed", help="greedy decode tokens/s of a backend configuration",
                         description="Decode throughput of an engine built like `tidegate "
@@ -442,18 +466,39 @@ def main(argv: list[str] | None = None) -> int:
             r = perplexity(args.model, _settings(args), _shape(args), window=args.chunk_len,
                            max_files=args.max_files, max_tokens=args.max_tokens,
                            sample_windows=args.sample_windows, heldout_list=args.heldout_list,
-                           stdlib_root=args.stdlib_root,
+                           stdlib_root=args.stdlib_root, site_root=args.site_root,
                            progress=not args.quiet)
             print(f"ppl {r['ppl']:.4f}  tokens {r['tokens']}  files {r['files']}"
                   f"{' (' + str(r['files_skipped']) + ' listed files not found)' if r['files_skipped'] else ''}"
                   f"  seconds {r['seconds']:.1f}")
+        elif args.cmd == "code":
+            from backend import eval_code
+
+            r = eval_code.run(args.model, _settings(args), _shape(args), window=args.chunk_len,
+                              files_sample=args.files_sample, fim_n=args.fim_cases,
+                              fim_max_tokens=args.fim_max_tokens,
+                              heldout_list=args.heldout_list, site_root=args.site_root,
+                              stdlib_root=args.stdlib_root,
+                              parts=tuple(x for x in args.parts.split(",") if x),
+                              progress=not args.quiet)
+            line = []
+            if "bpb" in r:
+                b = r["bpb"]
+                line.append(f"bits/byte {b['bits_per_byte']:.4f} (gzip -9 "
+                            f"{b['gzip9_bits_per_byte']:.4f}, xz -9 {b['xz9_bits_per_byte']:.4f}; "
+                            f"{b['files']} files, {b['tokens']} tokens)")
+            if "fim" in r:
+                line.append(f"fim exact line {r['fim']['exact']}/{r['fim']['total']}")
+            if "headers" in r:
+                line.append(f"headers parse {r['headers']['parsed']}/{r['headers']['total']}")
+            print("  ".join(line))
         elif args.cmd == "agreement":
             base = _settings(args)
             a, b = parse_settings(args.a, base), parse_settings(args.b, base)
             r = agreement(args.model, a, b, _shape(args), num_prompts=args.num_prompts,
                           prompt_len=args.prompt_len, max_tokens=args.max_tokens,
                           heldout_list=args.heldout_list, stdlib_root=args.stdlib_root,
-                          progress=not args.quiet)
+                          site_root=args.site_root, progress=not args.quiet)
             print(f"agreement {r['agreement']:.4f}  positions {r['positions']}  "
                   f"first_token {r['first_token_agreement']:.4f}  "
                   f"exact_continuations {r['exact_continuations']:.4f}  "

@@ -1,10 +1,11 @@
 """Evaluation data for `tidegate eval`: the held-out standard-library files and what is cut from them.
 
 The held-out set is the one `scripts/train_tiny_coder.py` kept out of training:
-`models/tiny-coder/heldout_files.txt` lists paths relative to the stdlib root of the
-interpreter that trained the model. They are looked up under THIS interpreter's stdlib
-(`sysconfig.get_paths()["stdlib"]`, or `--stdlib-root`); missing or non-UTF-8 files are skipped
-and counted, so a different Python version gives a (reported) subset.
+`models/tiny-coder/heldout_files.txt` lists whole held-out packages as paths
+`site-packages/<path>`, looked up in THIS environment's site-packages (the `.venv` that
+`make install` made, or `--site-root`); a plain relative path is looked up under this
+interpreter's stdlib (`sysconfig.get_paths()["stdlib"]`, or `--stdlib-root`). Missing or
+non-UTF-8 files are skipped and counted, so other package versions give a (reported) subset.
 
 Documents and windows follow the training script's held-out protocol exactly:
 
@@ -24,6 +25,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TINY_CODER_DIR = REPO_ROOT / "models" / "tiny-coder"
 HELDOUT_LIST_NAME = "heldout_files.txt"
+SITE_PREFIX = "site-packages/"
 
 
 def default_stdlib_root() -> Path:
@@ -50,21 +52,29 @@ class HeldoutSet:
                 + (f" ({skipped} skipped: not found or not UTF-8)" if skipped else ""))
 
 
+def default_site_root() -> Path:
+    return Path(sysconfig.get_paths()["purelib"])
+
+
 def load_heldout(list_path: str | Path, root: str | Path | None = None,
-                 max_files: int | None = None) -> HeldoutSet:
-    """Read the listed files that exist under `root` (in list order); the first `max_files`
-    found when given. Raises FileNotFoundError for a missing list."""
+                 max_files: int | None = None, site_root: str | Path | None = None) -> HeldoutSet:
+    """Read the listed files that exist (in list order); the first `max_files` found when given.
+    A path `site-packages/REL` is REL under `site_root` (default: this environment's
+    site-packages, where `make install` put the held-out packages); any other path is under
+    `root` (default: this interpreter's stdlib). Raises FileNotFoundError for a missing list."""
     list_path = Path(list_path)
     if not list_path.is_file():
         raise FileNotFoundError(f"held-out list {list_path} not found")
     rels = [line.strip() for line in list_path.read_text(encoding="utf-8").splitlines()
             if line.strip() and not line.startswith("#")]
     root = Path(root) if root is not None else default_stdlib_root()
-    out = HeldoutSet(root=root, listed=len(rels), files=[])
+    site = Path(site_root) if site_root is not None else default_site_root()
+    out = HeldoutSet(root=site if rels and rels[0].startswith(SITE_PREFIX) else root,
+                     listed=len(rels), files=[])
     for rel in rels:
         if max_files is not None and len(out.files) >= max_files:
             break
-        path = root / rel
+        path = site / rel[len(SITE_PREFIX):] if rel.startswith(SITE_PREFIX) else root / rel
         if not path.is_file():
             out.missing.append(rel)
             continue

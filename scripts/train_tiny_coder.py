@@ -1,95 +1,100 @@
 #!/usr/bin/env python3
-r"""Train ``tiny-coder``: a ~12.6M-parameter LLaMA-architecture code model on the Python stdlib.
+r"""Train ``tiny-coder``: a small LLaMA-architecture Python model, with fill-in-the-middle.
 
-Everything happens in one process, with no downloads:
+Three steps, each deterministic from ``--seed``, none of them downloading anything:
 
-1. **Corpus.** Every ``.py`` file under ``sysconfig.get_paths()['stdlib']`` of the interpreter
-   running this script (``site-packages``/``dist-packages``/``__pycache__`` skipped, files that
-   are not valid UTF-8 or are empty skipped). Each file is assigned to a split by the SHA-1 of its
-   path *relative to the stdlib root* (POSIX separators)::
+``prepare`` (CPU) reads the corpus that ``scripts/build_tiny_coder_corpus.py`` made (the standard
+library plus the permissively licensed packages installed in the development ``.venv``,
+de-duplicated, split by whole packages into training / validation / held-out), trains the
+tokenizer on training text only and writes token ids:
 
-       bucket = int(hashlib.sha1(relpath.encode("utf-8")).hexdigest(), 16) % 20
-       bucket == 0  -> held-out test (5%): never trained on, never used for any decision;
-                       listed in ``heldout_files.txt`` and scored once at the end
-       bucket == 1  -> validation (5%): periodic loss, best-checkpoint selection
-       otherwise    -> training (90%): also the only text the tokenizer is trained on
+  * **Tokenizer.** Byte-level BPE (``tokenizers``) of ``--vocab-size`` ids including the special
+    tokens ``<|pad|>`` (0), ``<|bos|>`` (1), ``<|eos|>`` (2), ``<|system|>``, ``<|user|>``,
+    ``<|assistant|>`` and DeepSeek-Coder's fill-in-the-middle tokens ``<｜fim▁begin｜>``,
+    ``<｜fim▁hole｜>``, ``<｜fim▁end｜>``. Trained on the training files whose path hash puts
+    them in the first ``--tokenizer-sample`` share (a fixed subset, for time). Encoding
+    prepends ``<|bos|>``.
+  * **Documents.** Each training file is cut at line boundaries into segments of at most
+    ``--fim-segment-chars`` characters. Each segment independently becomes, with probability
+    ``--fim-rate``, a fill-in-the-middle document in prefix-suffix-middle order::
 
-2. **Tokenizer.** Byte-level BPE (``tokenizers``), vocabulary 4096 including the special tokens
-   ``<|pad|>`` (0), ``<|bos|>`` (1), ``<|eos|>`` (2), ``<|system|>``, ``<|user|>``,
-   ``<|assistant|>``. Encoding adds ``<|bos|>`` in front (like LLaMA tokenizers).
+        <|bos|> <｜fim▁begin｜> prefix <｜fim▁hole｜> suffix <｜fim▁end｜> middle <|eos|>
 
-3. **Model.** LLaMA (GQA, RoPE, RMSNorm, SwiGLU), written here in plain PyTorch with the
-   parameter names of ``transformers``' ``LlamaForCausalLM`` so that the saved weights load there
-   unchanged (checked at the end: the logits of the two implementations are compared).
+    where the middle is, with equal probability, 1-3 whole lines (newline included) or the
+    characters between two uniformly random points of the segment. Runs of consecutive
+    segments that were not chosen stay one plain document ``<|bos|> text <|eos|>``. The
+    documents are shuffled and concatenated into one token stream (uint16).
+  * Validation and held-out files are plain documents ``<|bos|> text <|eos|>`` (whole files).
+    ``gzip -9`` and ``xz -9`` sizes of every held-out/validation file are recorded beside them.
 
-4. **Training.** Documents are ``<|bos|> text <|eos|>``, shuffled and packed into one stream,
-   cut into sequences of ``--seq-len`` tokens (a new random offset each epoch). AdamW, bf16
-   autocast, gradient clipping, residual dropout. Learning rate: linear warm-up, held at the peak
-   while the validation loss improves, then -- once it stalls (the corpus is small: a 12M model
-   starts to memorise it after a few epochs) or at 75% of the budget at the latest -- rewound to
-   the best validation point and decayed along a half cosine. The checkpoint with the best
-   validation loss is shipped. The hard budget ``--time-budget-s`` covers the whole training loop
-   (periodic evaluations included), timed on the device with synchronisation; training usually
-   ends earlier, when the decay is done.
+``train`` (one GPU) trains the model on the stream and evaluates it:
 
-5. **Held-out perplexity.** Token-level, over all held-out files, with the *saved* bf16 weights
-   computed in float32: each file is ``<|bos|> text <|eos|>``; it is cut into windows of
-   ``--seq-len`` predicted tokens (window ``i`` reads tokens ``[i*L, i*L+L)`` and predicts tokens
-   ``[i*L+1, i*L+L]``, the context restarting at every window); every token after ``<|bos|>``
-   (``<|eos|>`` included) is predicted exactly once. ppl = exp(sum NLL / number of predicted tokens).
+  * **Model.** LLaMA (GQA, RoPE, RMSNorm, SwiGLU), written here in plain PyTorch with the
+    parameter names of ``transformers``' ``LlamaForCausalLM`` so that the saved weights load
+    there unchanged (checked at the end: the logits of the two implementations are compared).
+  * **Schedule.** Sequences of ``--seq-len`` tokens at random offsets of the stream (a
+    permutation per epoch), AdamW, bf16 autocast, gradient clipping, dropout. The number of
+    steps is fixed after ``--probe-steps`` steps from the measured step time so that training
+    and its periodic validation fit ``--time-budget-s`` (or given with ``--steps``: a rerun with
+    the recorded step count repeats the run). Learning rate: linear warm-up, constant, then a
+    half-cosine decay to ``--min-lr`` over the last ``--decay-frac`` of the steps. The weights
+    with the best validation loss (whole validation packages) are shipped.
+  * **Held-out bits per byte.** With the *saved* bf16 weights computed in float32, over every
+    held-out file: each file is ``<|bos|> text <|eos|>`` cut into windows of ``--seq-len``
+    predicted tokens (the context restarts at every window); every token after ``<|bos|>``
+    (``<|eos|>`` included) is predicted exactly once. bits/byte = sum NLL / ln 2 / UTF-8 bytes
+    of the text. Compared with ``gzip -9`` and ``xz -9`` of each file on its own (the model
+    also sees each file on its own).
 
-Output: a Hugging Face directory (config.json, model.safetensors in bf16, tokenizer files,
-generation_config.json) plus train_log.jsonl, loss.png, heldout_files.txt, metrics.json and a
-README.md model card.
+``card`` renders ``README.md`` (the model card) from ``metrics.json`` and, when present,
+``eval.json`` (the engine's evaluation: ``tidegate eval code``).
 
-Quick CPU smoke test (a subset of files, so that the final held-out pass stays short)::
+    python scripts/build_tiny_coder_corpus.py --out /tmp/tiny-corpus
+    python scripts/train_tiny_coder.py prepare --corpus /tmp/tiny-corpus --out /tmp/tiny-prep
+    python scripts/train_tiny_coder.py train --prep /tmp/tiny-prep --out models/tiny-coder
+    python scripts/train_tiny_coder.py card --model models/tiny-coder
 
-    python scripts/train_tiny_coder.py --out /tmp/tc --device cpu --time-budget-s 30 --max-steps 20 \
-        --max-files 100 --batch-size 4 --eval-windows 16
+Quick CPU smoke test::
 
-Full run (one H200; at most 7 min of training, ~2 min in practice)::
-
-    python scripts/train_tiny_coder.py --out models/tiny-coder
-
-The shipped ``models/tiny-coder`` was trained on an H200 machine whose own python3 (Ubuntu's
-3.12) has no test suite in its stdlib (10.7 MB instead of ~31 MB), so the development
-interpreter's stdlib (CPython 3.11.7) was copied there and read with ``--stdlib-root``::
-
-    (cd "$(python -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')" &&
-     find . \( -name site-packages -o -name __pycache__ \) -prune -o -name '*.py' -print0 |
-     xargs -0 cp --parents -t "$REPO/out/tiny-coder-stdlib")
-    python3 scripts/train_tiny_coder.py --out /tmp/tiny-coder --stdlib-root out/tiny-coder-stdlib \
-        --corpus-label "CPython 3.11.7 (...)" --corpus-note "..."
+    python scripts/train_tiny_coder.py prepare --corpus /tmp/tiny-corpus --out /tmp/p \
+        --max-files 300 --vocab-size 1024
+    python scripts/train_tiny_coder.py train --prep /tmp/p --out /tmp/m --device cpu --steps 20 \
+        --batch-size 4 --seq-len 128 --layers 2 --hidden-size 64 --intermediate-size 128 \
+        --heads 2 --kv-heads 1 --eval-windows 16
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import gzip
 import hashlib
 import json
+import lzma
 import math
 import os
 import platform
 import random
 import shutil
 import sys
-import sysconfig
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+# cuBLAS needs this before its first use for deterministic GEMMs
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|system|>", "<|user|>", "<|assistant|>"]
 PAD, BOS, EOS = "<|pad|>", "<|bos|>", "<|eos|>"
-SPLIT_MODULUS = 20
-HELDOUT_BUCKET = 0
-VAL_BUCKET = 1
-SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__"}
+ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>"]
+# DeepSeek-Coder's fill-in-the-middle tokens (U+FF5C fullwidth bar, U+2581 lower one-eighth block)
+FIM_BEGIN, FIM_HOLE, FIM_END = "<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"
+FIM_TOKENS = [FIM_BEGIN, FIM_HOLE, FIM_END]
+SPECIAL_TOKENS = [PAD, BOS, EOS, *ROLE_TOKENS, *FIM_TOKENS]
 
 # A plain chat template: <|bos|><|role|>\ncontent<|eos|>\n ... ending with <|assistant|>\n.
 CHAT_TEMPLATE = (
@@ -105,49 +110,28 @@ CHAT_TEMPLATE = (
 
 
 # --------------------------------------------------------------------------------------------
-# corpus
+# prepare: corpus -> tokenizer + token ids
 
 
-def split_of(relpath: str) -> str:
-    """Return 'heldout', 'val' or 'train' for a path relative to the stdlib root."""
-    bucket = int(hashlib.sha1(relpath.encode("utf-8")).hexdigest(), 16) % SPLIT_MODULUS
-    if bucket == HELDOUT_BUCKET:
-        return "heldout"
-    if bucket == VAL_BUCKET:
-        return "val"
-    return "train"
-
-
-def load_stdlib_corpus(root: Path, max_files: int | None = None) -> dict:
-    """Read the stdlib's .py files; return {'train'|'val'|'heldout': [(relpath, text)], 'skipped': [...]}."""
-    root = Path(root)
+def read_corpus(corpus_dir: Path, max_files: int | None = None) -> dict:
+    """{'train'|'val'|'heldout': [(path, text)]} from the builder's corpus.jsonl (or .jsonl.xz)."""
     splits: dict[str, list[tuple[str, str]]] = {"train": [], "val": [], "heldout": []}
-    skipped: list[str] = []
-    paths: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
-        for fn in sorted(filenames):
-            if fn.endswith(".py"):
-                paths.append(Path(dirpath) / fn)
-    paths.sort(key=lambda p: p.relative_to(root).as_posix())
-    if max_files is not None:
-        # keep a deterministic subset for smoke tests, always including some of each split
-        paths = paths[:: max(1, len(paths) // max_files)]
-    for p in paths:
-        rel = p.relative_to(root).as_posix()
-        try:
-            text = p.read_bytes().decode("utf-8")
-        except (UnicodeDecodeError, OSError):
-            skipped.append(rel)
-            continue
-        if not text.strip():
-            continue
-        splits[split_of(rel)].append((rel, text))
-    return {**splits, "skipped": skipped}
+    plain = corpus_dir / "corpus.jsonl"
+    opener = open if plain.is_file() else lzma.open
+    with opener(plain if plain.is_file() else corpus_dir / "corpus.jsonl.xz", "rt",
+                encoding="utf-8") as f:
+        for line in f:
+            r = json.loads(line)
+            splits[r["split"]].append((r["path"], r["text"]))
+    if max_files:  # smoke tests: an evenly spaced subset of each split
+        for k, v in splits.items():
+            n = max(2, max_files * len(v) // max(1, sum(map(len, splits.values()))))
+            splits[k] = v[:: max(1, len(v) // n)][:n]
+    return splits
 
 
-# --------------------------------------------------------------------------------------------
-# tokenizer
+def path_fraction(path: str) -> float:
+    return int(hashlib.sha1(path.encode()).hexdigest()[:12], 16) / 16**12
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):
@@ -174,18 +158,141 @@ def train_tokenizer(texts: list[str], vocab_size: int):
     return tok
 
 
-def encode_docs(tok, texts: list[str]) -> list[np.ndarray]:
-    """<|bos|> text <|eos|> per document, through the parallel encode_batch fast path."""
-    bos, eos = tok.token_to_id(BOS), tok.token_to_id(EOS)
-    encs = tok.encode_batch(texts, add_special_tokens=False)
-    out = []
-    for e in encs:
-        ids = np.empty(len(e.ids) + 2, dtype=np.int32)
-        ids[0] = bos
-        ids[1:-1] = e.ids
-        ids[-1] = eos
-        out.append(ids)
+def split_segments(text: str, max_chars: int) -> list[str]:
+    """Cut text at line boundaries into pieces of at most max_chars (a longer line is its own piece)."""
+    out, cur, n = [], [], 0
+    for line in text.splitlines(keepends=True):
+        if cur and n + len(line) > max_chars:
+            out.append("".join(cur))
+            cur, n = [], 0
+        cur.append(line)
+        n += len(line)
+    if cur:
+        out.append("".join(cur))
     return out
+
+
+def fim_split(seg: str, rng: random.Random) -> tuple[str, str, str]:
+    """(prefix, middle, suffix) of a segment: 1-3 whole lines, or a random character span."""
+    lines = seg.splitlines(keepends=True)
+    if len(lines) >= 2 and rng.random() < 0.5:
+        k = rng.randint(1, min(3, len(lines)))
+        i = rng.randrange(0, len(lines) - k + 1)
+        return "".join(lines[:i]), "".join(lines[i : i + k]), "".join(lines[i + k :])
+    a, b = sorted((rng.randint(0, len(seg)), rng.randint(0, len(seg))))
+    return seg[:a], seg[a:b], seg[b:]
+
+
+def build_documents(files: list[tuple[str, str]], fim_rate: float, seg_chars: int, seed: int):
+    """Training documents as lists of pieces: str (text to tokenize) or int (special token id)."""
+    rng = random.Random(seed)
+    ids = {s: i for i, s in enumerate(SPECIAL_TOKENS)}
+    docs, n_fim, n_plain = [], 0, 0
+    for _, text in files:
+        plain: list[str] = []
+        for seg in split_segments(text, seg_chars):
+            if rng.random() < fim_rate:
+                if plain:
+                    docs.append([ids[BOS], "".join(plain), ids[EOS]])
+                    n_plain += 1
+                    plain = []
+                pre, mid, suf = fim_split(seg, rng)
+                docs.append([ids[BOS], ids[FIM_BEGIN], pre, ids[FIM_HOLE], suf, ids[FIM_END],
+                             mid, ids[EOS]])
+                n_fim += 1
+            else:
+                plain.append(seg)
+        if plain:
+            docs.append([ids[BOS], "".join(plain), ids[EOS]])
+            n_plain += 1
+    return docs, {"fim_documents": n_fim, "plain_documents": n_plain}
+
+
+def encode_pieces(tok, docs: list[list]) -> list[np.ndarray]:
+    """Token ids of piece-lists (texts encoded through the parallel batch path, without specials)."""
+    texts = [p for d in docs for p in d if isinstance(p, str)]
+    encs = iter(tok.encode_batch(texts, add_special_tokens=False))
+    out = []
+    for d in docs:
+        parts = []
+        for p in d:
+            parts.append(np.asarray(next(encs).ids if isinstance(p, str) else [p], dtype=np.uint16))
+        out.append(np.concatenate(parts))
+    return out
+
+
+def compressed_bits(text: str) -> dict:
+    """Sizes in bits of gzip -9 (no name, mtime 0: `gzip -9 -n`) and xz -9 (lzma preset 9)."""
+    raw = text.encode("utf-8")
+    return {"gzip9": 8 * len(gzip.compress(raw, compresslevel=9, mtime=0)),
+            "xz9": 8 * len(lzma.compress(raw, preset=9))}
+
+
+def prepare(args) -> int:
+    t_start = time.time()
+
+    def say(msg):
+        print(f"[{time.time() - t_start:7.1f}s] {msg}", flush=True)
+
+    corpus = read_corpus(args.corpus, args.max_files)
+    nbytes = {k: sum(len(t.encode()) for _, t in v) for k, v in corpus.items()}
+    say(", ".join(f"{k} {len(v)} files {nbytes[k] / 1e6:.1f} MB" for k, v in corpus.items()))
+    sample = [t for p, t in corpus["train"] if path_fraction(p) < args.tokenizer_sample]
+    t0 = time.time()
+    if args.tokenizer:  # one trained earlier by this same rule (its own prepare run)
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(args.tokenizer))
+        for i, s in enumerate(SPECIAL_TOKENS):
+            assert tok.token_to_id(s) == i, (s, tok.token_to_id(s))
+        say(f"tokenizer: vocab {tok.get_vocab_size()} from {args.tokenizer}")
+    else:
+        tok = train_tokenizer(sample, args.vocab_size)
+        say(f"tokenizer: vocab {tok.get_vocab_size()} from {len(sample)} files "
+            f"({sum(map(len, sample)) / 1e6:.1f} M chars) in {time.time() - t0:.1f}s")
+    if args.tokenizer_only:
+        args.out.mkdir(parents=True, exist_ok=True)
+        tok.save(str(args.out / "tokenizer.json"))
+        return 0
+    docs, fim_stats = build_documents(corpus["train"], args.fim_rate, args.fim_segment_chars,
+                                      args.seed)
+    t0 = time.time()
+    enc = encode_pieces(tok, docs)
+    order = np.random.default_rng(args.seed).permutation(len(enc))
+    stream = np.concatenate([enc[i] for i in order])
+    say(f"training stream: {len(stream):,} tokens from {len(enc)} documents {fim_stats} "
+        f"in {time.time() - t0:.1f}s")
+    out = args.out
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    tok.save(str(out / "tokenizer.json"))
+    np.save(out / "train.npy", stream)
+    meta = {"vocab_size": tok.get_vocab_size(), "seed": args.seed, "fim_rate": args.fim_rate,
+            "fim_segment_chars": args.fim_segment_chars, "tokenizer_sample": args.tokenizer_sample,
+            "tokenizer_sample_files": len(sample), "max_files": args.max_files,
+            "train_tokens": len(stream), "train_documents": len(enc), **fim_stats,
+            "files": {k: len(v) for k, v in corpus.items()}, "bytes": nbytes}
+    bos, eos = tok.token_to_id(BOS), tok.token_to_id(EOS)
+    for split in ("val", "heldout"):
+        files = corpus[split]
+        ids = encode_pieces(tok, [[bos, t, eos] for _, t in files])
+        comp = [compressed_bits(t) for _, t in files]
+        np.save(out / f"{split}_ids.npy", np.concatenate(ids))
+        np.save(out / f"{split}_lens.npy", np.array([len(x) for x in ids], dtype=np.int64))
+        (out / f"{split}_files.json").write_text(json.dumps(
+            [{"path": p, "bytes": len(t.encode()), "tokens": len(x), **c}
+             for (p, t), x, c in zip(files, ids, comp)]) + "\n")
+        meta[f"{split}_tokens"] = int(sum(len(x) for x in ids))
+        say(f"{split}: {len(files)} files, {meta[f'{split}_tokens']:,} tokens, "
+            f"gzip -9 {sum(c['gzip9'] for c in comp) / nbytes[split] / 8:.4f} of the bytes")
+    manifest = args.corpus / "manifest.json"
+    if manifest.is_file():
+        shutil.copy(manifest, out / "manifest.json")
+    meta["bytes_per_token_train"] = nbytes["train"] / max(1, len(stream))
+    (out / "prep.json").write_text(json.dumps(meta, indent=2) + "\n")
+    say(f"wrote {out}")
+    return 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -336,8 +443,19 @@ def count_params(model: nn.Module) -> dict:
     return {"total": total, "embedding": emb, "lm_head": head, "non_embedding": total - emb - head}
 
 
+
+
 # --------------------------------------------------------------------------------------------
-# data
+# data + evaluation
+
+
+def load_split(prep: Path, split: str, max_windows_files: int | None = None):
+    """(documents as int64 arrays, per-file records) of a plain split written by prepare."""
+    ids = np.load(prep / f"{split}_ids.npy").astype(np.int64)
+    lens = np.load(prep / f"{split}_lens.npy")
+    files = json.loads((prep / f"{split}_files.json").read_text())
+    docs = np.split(ids, np.cumsum(lens)[:-1])
+    return docs, files
 
 
 def make_windows(docs: list[np.ndarray], seq_len: int, pad_id: int):
@@ -360,22 +478,20 @@ def eval_loss(model, x, y, batch_size: int, device, autocast: bool) -> tuple[flo
     """Sum-NLL / count over windows (x, y); returns (mean nll, number of predicted tokens)."""
     was_training = model.training
     model.eval()
-    total, count = 0.0, 0
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    count = 0
     for i in range(0, len(x), batch_size):
         xb = x[i : i + batch_size].to(device, non_blocking=True)
         yb = y[i : i + batch_size].to(device, non_blocking=True)
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=autocast):
             logits = model(xb)
-        nll = F.cross_entropy(
-            logits.float().view(-1, logits.shape[-1]),
-            yb.view(-1),
-            ignore_index=-100,
+        total += F.cross_entropy(
+            logits.float().view(-1, logits.shape[-1]), yb.view(-1), ignore_index=-100,
             reduction="sum",
-        )
-        total += nll.item()
+        ).double()
         count += int((yb != -100).sum().item())
     model.train(was_training)
-    return total / max(count, 1), count
+    return total.item() / max(count, 1), count
 
 
 class Batcher:
@@ -454,16 +570,11 @@ def save_hf_dir(out: Path, model: TinyLlama, tok, c: ModelConfig, max_len: int):
     tok.save(str(out / "tokenizer.json"))
     ids = {s: tok.token_to_id(s) for s in SPECIAL_TOKENS}
     added = {
-        str(ids[s]): {
-            "content": s,
-            "lstrip": False,
-            "normalized": False,
-            "rstrip": False,
-            "single_word": False,
-            "special": True,
-        }
+        str(ids[s]): {"content": s, "lstrip": False, "normalized": False, "rstrip": False,
+                      "single_word": False, "special": True}
         for s in SPECIAL_TOKENS
     }
+    extra = ROLE_TOKENS + FIM_TOKENS
     tok_cfg = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": BOS,
@@ -472,72 +583,53 @@ def save_hf_dir(out: Path, model: TinyLlama, tok, c: ModelConfig, max_len: int):
         "unk_token": None,
         "add_bos_token": True,
         "add_eos_token": False,
-        "additional_special_tokens": ["<|system|>", "<|user|>", "<|assistant|>"],
+        "additional_special_tokens": extra,
         "added_tokens_decoder": added,
         "chat_template": CHAT_TEMPLATE,
         "clean_up_tokenization_spaces": False,
         "model_max_length": max_len,
         "padding_side": "left",
     }
-    (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
-    stm = {
-        "bos_token": BOS,
-        "eos_token": EOS,
-        "pad_token": PAD,
-        "additional_special_tokens": ["<|system|>", "<|user|>", "<|assistant|>"],
-    }
-    (out / "special_tokens_map.json").write_text(json.dumps(stm, indent=2) + "\n")
-    gen = {
-        "bos_token_id": ids[BOS],
-        "eos_token_id": ids[EOS],
-        "pad_token_id": ids[PAD],
-        "do_sample": False,
-        "max_new_tokens": 128,
-    }
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(tok_cfg, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    stm = {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD,
+           "additional_special_tokens": extra}
+    (out / "special_tokens_map.json").write_text(
+        json.dumps(stm, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    gen = {"bos_token_id": ids[BOS], "eos_token_id": ids[EOS], "pad_token_id": ids[PAD],
+           "do_sample": False, "max_new_tokens": 128}
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
 
 
-def check_with_transformers(
-    out: Path, model: TinyLlama, device, prompt: str, new_tokens: int
-) -> dict:
+def check_with_transformers(out: Path, model: TinyLlama, device, prompt: str, new_tokens: int) -> dict:
     """Load the saved dir with transformers; compare logits with ours and greedy-complete a prompt."""
     from transformers import AutoTokenizer, LlamaForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-
     hf = LlamaForCausalLM.from_pretrained(str(out), dtype=torch.float32).to(device).eval()
     tk = AutoTokenizer.from_pretrained(str(out))
     ours = copy.deepcopy(model).float().eval()
     with torch.no_grad():  # our model with the same bf16-rounded weights
         for p in ours.parameters():
             p.copy_(p.to(torch.bfloat16).float())
-    enc = tk(prompt, return_tensors="pt")
-    ids = enc["input_ids"].to(device)
+    ids = tk(prompt, return_tensors="pt")["input_ids"].to(device)
     with torch.no_grad():
         a = hf(ids).logits.float()
         b = ours(ids).float()
-    diff = (a - b).abs().max().item()
-    with torch.no_grad():
-        gen = hf.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=new_tokens,
-            do_sample=False,
-            pad_token_id=tk.pad_token_id,
-            eos_token_id=tk.eos_token_id,
-        )
-    completion = tk.decode(gen[0][ids.shape[1] :], skip_special_tokens=True)
-    chat = tk.apply_chat_template(
-        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
-    )
-    del hf, ours
+        gen = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                          do_sample=False, pad_token_id=tk.pad_token_id,
+                          eos_token_id=tk.eos_token_id)
+    fim_ids = tk(FIM_BEGIN + "def add(a, b):\n" + FIM_HOLE + "\n    return c\n" + FIM_END,
+                 return_tensors="pt")["input_ids"]
+    assert int((fim_ids == tk.convert_tokens_to_ids(FIM_HOLE)).sum()) == 1, "FIM tokens split"
     return {
-        "hf_logits_max_abs_diff": diff,
+        "hf_logits_max_abs_diff": (a - b).abs().max().item(),
         "hf_logits_scale": a.abs().max().item(),
         "prompt": prompt,
-        "completion": completion,
-        "chat_template_example": chat,
+        "completion": tk.decode(gen[0][ids.shape[1]:], skip_special_tokens=True),
+        "chat_template_example": tk.apply_chat_template(
+            [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True),
     }
 
 
@@ -550,42 +642,16 @@ def plot_losses(log: list[dict], path: Path, title: str):
     tr = [r for r in log if r["type"] == "train"]
     ev = [r for r in log if r["type"] == "eval"]
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
-    ax.plot(
-        [r["tokens"] / 1e6 for r in tr], [r["loss"] for r in tr], lw=0.8, label="train (batch mean)"
-    )
+    ax.plot([r["tokens"] / 1e6 for r in tr], [r["loss"] for r in tr], lw=0.8,
+            label="train (batch mean; FIM documents included)")
     if ev:
-        ax.plot(
-            [r["tokens"] / 1e6 for r in ev],
-            [r["val_loss"] for r in ev],
-            "o-",
-            ms=3,
-            label="validation files",
-        )
-        ax.plot(
-            [r["tokens"] / 1e6 for r in ev],
-            [r["heldout_loss"] for r in ev],
-            "s-",
-            ms=3,
-            label="held-out files",
-        )
-    for r in log:
-        if r["type"] == "schedule":
-            ax.axvline(r["tokens"] / 1e6, color="gray", ls="--", lw=0.8)
-            ax.annotate(
-                f"cosine decay from step {r['rewound_to_step']}",
-                (r["tokens"] / 1e6, 0.98),
-                xycoords=("data", "axes fraction"),
-                fontsize=8,
-                ha="right",
-                va="top",
-                rotation=90,
-                color="gray",
-            )
+        ax.plot([r["tokens"] / 1e6 for r in ev], [r["val_loss"] for r in ev], "o-", ms=3,
+                label="validation packages")
     ax.set_xlabel("tokens processed (millions)")
     ax.set_ylabel("cross-entropy (nats/token)")
     ax.set_title(title, fontsize=10)
     lo = min([r["loss"] for r in tr] + [r["val_loss"] for r in ev] or [0.0])
-    ax.set_ylim(max(0.0, lo - 0.2), min(8.5, max(r["loss"] for r in tr) + 0.2) if tr else None)
+    ax.set_ylim(max(0.0, lo - 0.2), min(9.5, max(r["loss"] for r in tr) + 0.2) if tr else None)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -593,230 +659,29 @@ def plot_losses(log: list[dict], path: Path, title: str):
     plt.close(fig)
 
 
-def write_card(out: Path, m: dict):
-    cfg = m["model_config"]
-    hp = m["hyperparameters"]
-    text = f"""---
-license: other
-license_name: psf-2.0
-tags: [code, python, llama, tiny]
-pipeline_tag: text-generation
----
-
-# tiny-coder
-
-A {m["params"]["total"] / 1e6:.1f}M-parameter LLaMA-architecture causal language model trained from
-scratch on the Python standard library's own source, by `scripts/train_tiny_coder.py` in the
-tidegate repository. It exists so that tidegate's embedded default prints Python-looking code and
-so that KV-cache and weight quantization can be judged on weights that were actually trained.
-It is **not** a useful coding assistant.
-
-## Data
-
-- Source: every `.py` file of the standard library of {m["corpus_label"]}, test suite included
-  (`site-packages` excluded, files that are not valid UTF-8 skipped: {m["corpus"]["skipped_files"]}).
-  {m["corpus_note"]}
-  {m["corpus"]["files"]["train"] + m["corpus"]["files"]["val"] + m["corpus"]["files"]["heldout"]} files, {m["corpus"]["bytes_total"] / 1e6:.1f} MB.
-- License of the data: the Python standard library is distributed under the
-  [PSF License Agreement (PSF-2.0)](https://docs.python.org/3/license.html); the weights are a
-  derivative of that text.
-- Split by file, fixed: `bucket = int(sha1(relpath).hexdigest(), 16) % 20` where `relpath` is the
-  path relative to the stdlib root with `/` separators. Bucket 0 is the **held-out** test set
-  ({m["corpus"]["files"]["heldout"]} files, {m["corpus"]["tokens"]["heldout"]:,} tokens; listed in
-  `heldout_files.txt`; never trained on, never used for a decision), bucket 1 is the validation
-  set ({m["corpus"]["files"]["val"]} files; periodic loss, choice of the checkpoint), the rest
-  ({m["corpus"]["files"]["train"]} files, {m["corpus"]["tokens"]["train"]:,} tokens) is training data.
-  The tokenizer saw the training files only.
-
-## Model
-
-| | |
-|---|---|
-| architecture | `LlamaForCausalLM` (RoPE θ={cfg["rope_theta"]:g}, RMSNorm, SwiGLU, GQA) |
-| parameters | {m["params"]["total"]:,} ({m["params"]["non_embedding"]:,} without embeddings and head) |
-| layers / hidden / intermediate | {cfg["num_hidden_layers"]} / {cfg["hidden_size"]} / {cfg["intermediate_size"]} |
-| heads / KV heads / head dim | {cfg["num_attention_heads"]} / {cfg["num_key_value_heads"]} / {cfg["hidden_size"] // cfg["num_attention_heads"]} |
-| vocabulary | {cfg["vocab_size"]} (byte-level BPE) |
-| max positions | {cfg["max_position_embeddings"]} (trained on {hp["seq_len"]}-token sequences) |
-| tied embeddings | {cfg["tie_word_embeddings"]} |
-| weights | bf16, `model.safetensors` |
-
-Tokenizer: byte-level BPE trained with `tokenizers`; special tokens `<|pad|>`=0, `<|bos|>`=1,
-`<|eos|>`=2, `<|system|>`, `<|user|>`, `<|assistant|>`. Encoding prepends `<|bos|>`. Training
-documents are `<|bos|> file text <|eos|>`. The chat template (`tokenizer_config.json`) is
-`<|bos|><|role|>\\ncontent<|eos|>\\n…<|assistant|>\\n`; the model never saw chat data, so it is there
-for the plumbing only.
-
-## Training
-
-| | |
-|---|---|
-| device | {m["device_name"]} |
-| time budget / training time | {hp["time_budget_s"]} s / {m["train_time_s"]:.1f} s (training loop incl. periodic evals) |
-| steps / tokens seen | {m["steps"]:,} / {m["tokens_seen"]:,} ({m["epochs"]:.1f} epochs of the training split), all processed tokens |
-| shipped weights | after {m["best_step"]:,} steps along their own trajectory, {m["tokens_in_final_weights"]:,} tokens ({m["epochs_in_final_weights"]:.1f} epochs) |
-| throughput | {m["tokens_per_s"]:,.0f} tokens/s |
-| batch | {hp["batch_size"]} × {hp["seq_len"]} tokens, packed |
-| optimizer | AdamW β=({hp["beta1"]}, {hp["beta2"]}), weight decay {hp["weight_decay"]} (matrices only), grad clip {hp["grad_clip"]} |
-| learning rate | linear warm-up ({hp["warmup_steps"]} steps) to {hp["lr"]:g}, held while the validation loss improves, then (trigger: {m["schedule"]["trigger"]}, after {m["schedule"]["peak_steps"]:,} steps, rewound to the best validation point) a half-cosine decay to {hp["min_lr"]:g} over {m["schedule"]["decay_steps"]:,} steps |
-| precision | bf16 autocast, fp32 master weights |
-| regularisation | residual/embedding dropout {hp["dropout"]}; the checkpoint with the best validation loss is shipped |
-| evaluation during training | validation and held-out loss every {hp["eval_every"]} steps; decisions use the validation files only |
-| seed | {m["seed"]} |
-| software | torch {m["torch_version"]}, tokenizers {m["tokenizers_version"]} |
-
-![loss curves](loss.png)
-
-`train_log.jsonl` has every logged point; `metrics.json` every number on this page.
-Re-running the script with the same seed reproduces a model of the same quality, not the same bits.
-
-## Held-out evaluation
-
-Token-level perplexity over all {m["corpus"]["files"]["heldout"]} held-out files, with the saved
-bf16 weights computed in float32: each file is `<|bos|> text <|eos|>`, cut into windows of
-{hp["seq_len"]} predicted tokens (the context restarts at each window); every token after
-`<|bos|>` is predicted exactly once.
-
-| | |
-|---|---|
-| held-out perplexity | **{m["heldout_ppl"]:.3f}** ({m["heldout_nll"]:.4f} nats/token over {m["heldout_tokens"]:,} tokens) |
-| held-out bits per byte | {m["heldout_bits_per_byte"]:.4f} |
-| best validation loss | {m["best_val_loss"]:.4f} nats/token |
-
-Greedy completion of `{m["sample"]["prompt"]}` ({m["sample"]["new_tokens"]} new tokens):
-
-```python
-{m["sample"]["prompt"]}{m["sample"]["completion"]}
-```
-
-## Intended use
-
-Testing and benchmarking LLM-serving code (tidegate's embedded default, perplexity and greedy
-agreement checks for KV-cache and weight quantization, kernel correctness on real weight
-statistics). Small enough for a CPU.
-
-## Limitations
-
-- Tiny and trained on one small corpus ({m["epochs"]:.0f} passes over ~{m["corpus"]["tokens"]["train"] / 1e6:.0f}M tokens): it
-  imitates the look of stdlib code, often repeats itself, invents names, and its code is usually
-  wrong. It does not follow instructions and was never trained on chat data.
-- Knows only Python as written in the CPython standard library (no third-party libraries,
-  little non-Python text except comments and docstrings).
-- It may reproduce passages of the standard library verbatim (PSF-licensed).
-- The held-out files are other files of the same library, so the perplexity above flatters it
-  relative to code in the wild.
-"""
-    (out / "README.md").write_text(text)
 
 
 # --------------------------------------------------------------------------------------------
-# main
+# train
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--out", type=Path, required=True, help="output Hugging Face directory")
-    p.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda if available)")
-    p.add_argument(
-        "--time-budget-s",
-        type=float,
-        default=420.0,
-        help="hard wall-clock budget of the training loop",
-    )
-    p.add_argument(
-        "--max-steps", type=int, default=None, help="stop after this many steps (smoke tests)"
-    )
-    p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--vocab-size", type=int, default=4096)
-    p.add_argument("--hidden-size", type=int, default=384)
-    p.add_argument("--intermediate-size", type=int, default=1024)
-    p.add_argument("--layers", type=int, default=6)
-    p.add_argument("--heads", type=int, default=6)
-    p.add_argument("--kv-heads", type=int, default=2)
-    p.add_argument("--max-position-embeddings", type=int, default=2048)
-    p.add_argument("--tie-embeddings", action="store_true")
-    p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--min-lr", type=float, default=2e-4)
-    p.add_argument("--warmup-steps", type=int, default=300)
-    p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--dropout", type=float, default=0.1)
-    p.add_argument("--grad-clip", type=float, default=1.0)
-    p.add_argument("--log-every", type=int, default=50, help="log the training loss every N steps")
-    p.add_argument(
-        "--eval-every",
-        type=int,
-        default=100,
-        help="validation (and logged held-out) loss every N steps",
-    )
-    p.add_argument(
-        "--eval-windows", type=int, default=0, help="windows per periodic evaluation (0: all)"
-    )
-    p.add_argument(
-        "--patience",
-        type=int,
-        default=4,
-        help="evaluations without improvement before the decay starts",
-    )
-    p.add_argument(
-        "--min-delta",
-        type=float,
-        default=1e-3,
-        help="improvement of the validation loss that counts",
-    )
-    p.add_argument(
-        "--decay-frac",
-        type=float,
-        default=0.3,
-        help="decay length as a share of the steps before it",
-    )
-    p.add_argument("--min-decay-steps", type=int, default=200)
-    p.add_argument(
-        "--decay-at",
-        type=float,
-        default=0.75,
-        help="start the decay at this share of the budget at the latest",
-    )
-    p.add_argument(
-        "--stdlib-root",
-        type=Path,
-        default=None,
-        help="stdlib directory to read (default: sysconfig.get_paths()['stdlib'] of this interpreter)",
-    )
-    p.add_argument(
-        "--corpus-label",
-        default=None,
-        help="what --stdlib-root is, for the card (default: this interpreter)",
-    )
-    p.add_argument(
-        "--corpus-note", default="", help="a sentence for the card about where the corpus came from"
-    )
-    p.add_argument(
-        "--max-files",
-        type=int,
-        default=None,
-        help="use a deterministic subset of files (smoke tests)",
-    )
-    p.add_argument("--sample-prompt", default="def fibonacci(n):")
-    p.add_argument("--sample-tokens", type=int, default=64)
-    return p.parse_args(argv)
+def bits_per_byte(nll: float, n_pred: int, nbytes: int) -> float:
+    return nll * n_pred / math.log(2) / nbytes
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def train(args) -> int:
     t_start = time.time()
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     use_cuda = device.type == "cuda"
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
+    # deterministic kernels where torch has them; the rest are reported (warn_only)
+    torch.use_deterministic_algorithms(True, warn_only=True)
     if use_cuda:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    autocast = use_cuda or device.type == "cpu"
+    autocast = use_cuda  # bf16 autocast on a CPU without bf16 units is slower than fp32, by far
     out: Path = args.out
     if out.exists():
         shutil.rmtree(out)
@@ -832,58 +697,29 @@ def main(argv=None) -> int:
     def say(msg: str):
         print(f"[{time.time() - t_start:7.1f}s] {msg}", flush=True)
 
-    # 1. corpus ------------------------------------------------------------------------------
-    stdlib = Path(args.stdlib_root or sysconfig.get_paths()["stdlib"])
-    corpus_label = (
-        args.corpus_label or f"{platform.python_implementation()} {platform.python_version()}"
-    )
-    corpus = load_stdlib_corpus(stdlib, args.max_files)
-    nbytes = {
-        k: sum(len(t.encode("utf-8")) for _, t in corpus[k]) for k in ("train", "val", "heldout")
-    }
-    say(
-        f"corpus {stdlib}: "
-        + ", ".join(f"{k} {len(corpus[k])} files {nbytes[k] / 1e6:.2f} MB" for k in nbytes)
-        + f", skipped {len(corpus['skipped'])} non-UTF-8"
-    )
-    (out / "heldout_files.txt").write_text("".join(rel + "\n" for rel, _ in corpus["heldout"]))
+    from tokenizers import Tokenizer
 
-    # 2. tokenizer ---------------------------------------------------------------------------
-    t0 = time.time()
-    tok = train_tokenizer([t for _, t in corpus["train"]], args.vocab_size)
-    say(f"tokenizer trained in {time.time() - t0:.1f}s, vocab {tok.get_vocab_size()}")
-    t0 = time.time()
-    docs = {k: encode_docs(tok, [t for _, t in corpus[k]]) for k in ("train", "val", "heldout")}
-    ntok = {k: int(sum(len(d) for d in docs[k])) for k in docs}
-    say(
-        f"encoded in {time.time() - t0:.1f}s: "
-        + ", ".join(f"{k} {ntok[k]:,} tokens" for k in ntok)
-        + f" ({nbytes['train'] / ntok['train']:.2f} bytes/token)"
-    )
-
-    rng = np.random.default_rng(args.seed)
-    order = rng.permutation(len(docs["train"]))
-    stream = (
-        torch.from_numpy(np.concatenate([docs["train"][i] for i in order]))
-        .to(torch.int32)
-        .to(device)
-    )
+    prep: Path = args.prep
+    pmeta = json.loads((prep / "prep.json").read_text())
+    tok = Tokenizer.from_file(str(prep / "tokenizer.json"))
+    stream = torch.from_numpy(np.load(prep / "train.npy").astype(np.int32)).to(device)
+    val_docs, val_files = load_split(prep, "val")
+    ho_docs, ho_files = load_split(prep, "heldout")
+    (out / "heldout_files.txt").write_text("".join(f["path"] + "\n" for f in ho_files))
     pad_id = tok.token_to_id(PAD)
-    val_x, val_y = make_windows(docs["val"], args.seq_len, pad_id)
-    ho_x, ho_y = make_windows(docs["heldout"], args.seq_len, pad_id)
+    val_x, val_y = make_windows(val_docs, args.seq_len, pad_id)
+    ho_x, ho_y = make_windows(ho_docs, args.seq_len, pad_id)
+    val_bytes = sum(f["bytes"] for f in val_files)
+    say(f"stream {len(stream):,} tokens; val {len(val_x)} windows, held-out {len(ho_x)} windows")
 
-    # periodic evaluations: all windows, or a fixed seeded subset of --eval-windows (smoke tests)
-    def sub(x, y):
+    def sub(x, y):  # periodic evaluations: all windows, or a fixed seeded subset
         if args.eval_windows:
-            i = torch.randperm(len(x), generator=torch.Generator().manual_seed(args.seed))[
-                : args.eval_windows
-            ]
-            x, y = x[i], y[i]
+            i = torch.randperm(len(x), generator=torch.Generator().manual_seed(args.seed))
+            x, y = x[i[: args.eval_windows]], y[i[: args.eval_windows]]
         return x.to(device), y.to(device)
 
-    val_set, ho_set = sub(val_x, val_y), sub(ho_x, ho_y)
+    val_set = sub(val_x, val_y)
 
-    # 3. model -------------------------------------------------------------------------------
     mc = ModelConfig(
         vocab_size=tok.get_vocab_size(),
         hidden_size=args.hidden_size,
@@ -900,235 +736,172 @@ def main(argv=None) -> int:
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
-        [
-            {"params": decay, "weight_decay": args.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ],
-        lr=args.lr,
-        betas=(0.9, 0.95),
-        eps=1e-8,
-        fused=use_cuda,
+        [{"params": decay, "weight_decay": args.weight_decay},
+         {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=use_cuda,
     )
     batcher = Batcher(stream, args.seq_len, args.batch_size, args.seed, device)
-    device_name = (
-        torch.cuda.get_device_name(device)
-        if use_cuda
-        else (platform.processor() or platform.machine() or "cpu")
-    )
+    device_name = (torch.cuda.get_device_name(device) if use_cuda
+                   else (platform.processor() or platform.machine() or "cpu"))
 
     def sync():
         if use_cuda:
             torch.cuda.synchronize(device)
 
-    # 4. training ----------------------------------------------------------------------------
-    # LR schedule ("warm-up, hold, cosine decay"): linear warm-up to the peak, held there while the
-    # validation loss improves. When it has not improved by --min-delta for --patience evaluations
-    # (or --decay-at of the budget is used up), the weights and optimizer state are rewound to the
-    # best validation point and the LR follows a half cosine from the peak to --min-lr over a decay
-    # phase of --decay-frac times the steps that led to that point (at least --min-decay-steps),
-    # cut short so that it ends within the budget. The exported weights are those with the best
-    # validation loss seen at any evaluation. The held-out files play no part in any of this.
-    budget = args.time_budget_s
-    best = {"val_loss": float("inf"), "step": 0, "path_tokens": 0, "state": None}
-    sched = {
-        "phase": "warmup",
-        "snap": None,
-        "bad": 0,
-        "decay_start_step": None,
-        "decay_steps": None,
-        "f0": None,
-        "trigger": None,
-        "rewound_to_step": None,
-        "peak_steps": None,
-    }
-    # path_step / path_tokens: counted along the trajectory of the final weights (rewinds undo them)
-    step, tokens, path_step, path_tokens = 0, 0, 0, 0
-    model.train()
-    sync()
-    t_train = time.perf_counter()
-    loss_acc = torch.zeros((), device=device)
-    n_acc = 0
-    t_last, tok_last = t_train, 0
+    fwd = model
+    compiled = False
+    if args.compile:
+        try:
+            fwd = torch.compile(model)
+            compiled = True
+        except Exception as exc:  # noqa: BLE001 - an unusable compiler: eager is only slower
+            say(f"torch.compile unavailable ({exc!r}); eager")
 
-    def used() -> float:
-        f = (time.perf_counter() - t_train) / budget
-        if args.max_steps:
-            f = max(f, step / args.max_steps)
-        return f
-
-    def lr_now() -> float:
-        if sched["phase"] != "decay":
-            return args.lr * min(1.0, (path_step + 1) / max(1, args.warmup_steps))
-        p = decay_progress()
-        return args.min_lr + (args.lr - args.min_lr) * 0.5 * (1 + math.cos(math.pi * min(1.0, p)))
-
-    def decay_progress() -> float:
-        by_steps = (step - sched["decay_start_step"]) / sched["decay_steps"]
-        by_budget = (used() - sched["f0"]) / max(1e-9, 1.0 - sched["f0"])
-        return max(by_steps, by_budget)
-
-    def start_decay(reason: str):
-        nonlocal path_step, path_tokens
-        snap = sched["snap"]
-        if snap is not None:  # rewind to the best validation point of the constant-LR phase
-            model.load_state_dict(snap["model"])
-            opt.load_state_dict(snap["opt"])
-            path_step, path_tokens = snap["path_step"], snap["path_tokens"]
-        sched.update(
-            phase="decay",
-            trigger=reason,
-            decay_start_step=step,
-            f0=used(),
-            peak_steps=path_step,
-            rewound_to_step=path_step,
-            decay_steps=max(args.min_decay_steps, round(args.decay_frac * path_step)),
-        )
-        sched["snap"] = None
-        emit(
-            {
-                "type": "schedule",
-                "step": step,
-                "tokens": tokens,
-                "event": "decay",
-                "trigger": reason,
-                "rewound_to_step": path_step,
-                "decay_steps": sched["decay_steps"],
-                "elapsed_s": round(time.perf_counter() - t_train, 2),
-            }
-        )
-        say(
-            f"cosine decay starts ({reason}): rewound to step {path_step}, {sched['decay_steps']} decay steps"
-        )
-
-    def periodic_eval():
-        elapsed = time.perf_counter() - t_train
-        vl, _ = eval_loss(model, *val_set, 64, device, autocast)
-        hl, _ = eval_loss(model, *ho_set, 64, device, autocast)  # logged for the plot only
-        emit(
-            {
-                "type": "eval",
-                "step": step,
-                "path_step": path_step,
-                "tokens": tokens,
-                "elapsed_s": round(elapsed, 2),
-                "val_loss": vl,
-                "heldout_loss": hl,
-                "phase": sched["phase"],
-            }
-        )
-        say(
-            f"eval step {step} ({sched['phase']}, epoch {batcher.epoch}): val {vl:.4f} held-out {hl:.4f}"
-        )
-        improved = vl < best["val_loss"] - args.min_delta
-        if vl < best["val_loss"]:
-            best.update(
-                val_loss=vl,
-                step=path_step,
-                path_tokens=path_tokens,
-                state={k: v.detach().clone() for k, v in model.state_dict().items()},
-            )
-            if sched["phase"] != "decay":
-                sched["snap"] = {
-                    "model": best["state"],
-                    "opt": copy.deepcopy(opt.state_dict()),
-                    "path_step": path_step,
-                    "path_tokens": path_tokens,
-                }
-        if sched["phase"] == "warmup" and path_step >= args.warmup_steps:
-            sched["phase"] = "hold"
-        if sched["phase"] == "hold":
-            sched["bad"] = 0 if improved else sched["bad"] + 1
-            if sched["bad"] >= args.patience:
-                start_decay("validation plateau")
-
-    while True:
-        f = used()
-        if f >= 1.0:
-            break
-        if sched["phase"] == "decay" and decay_progress() >= 1.0:
-            break
-        if sched["phase"] != "decay" and f >= args.decay_at:
-            start_decay("budget")
-        lr = lr_now()
+    def train_step(lr: float):
+        nonlocal fwd, compiled
         for g in opt.param_groups:
             g["lr"] = lr
         x, y = batcher.next()
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=autocast):
-            logits = model(x)
-        loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
+
+        def forward_backward():
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=autocast):
+                logits = fwd(x)
+            loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
+            loss.backward()
+            return loss
+
+        try:
+            loss = forward_backward()
+        except Exception as exc:
+            if not compiled:
+                raise
+            say(f"compiled step failed ({type(exc).__name__}: {exc}); eager from now on")
+            fwd, compiled = model, False
+            loss = forward_backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
         opt.step()
+        return loss.detach(), x.numel()
+
+    # Schedule: warm-up, constant, half-cosine decay over the last decay_frac of total_steps.
+    # total_steps comes from --steps, or from the step time measured over probe steps so that
+    # the rest of the run (its periodic validation included) fits the time budget.
+    total_steps = args.steps
+
+    def lr_at(step: int) -> float:
+        if step < args.warmup_steps:
+            return args.lr * (step + 1) / args.warmup_steps
+        n = total_steps or 10**9
+        start = int(n * (1 - args.decay_frac))
+        if step < start:
+            return args.lr
+        p = min(1.0, (step - start) / max(1, n - start))
+        return args.min_lr + (args.lr - args.min_lr) * 0.5 * (1 + math.cos(math.pi * p))
+
+    best = {"val_loss": float("inf"), "step": 0, "state": None}
+    step, tokens = 0, 0
+    loss_acc, n_acc = torch.zeros((), device=device), 0
+    eval_s: list[float] = []
+
+    def periodic_eval():
+        sync()
+        t0 = time.perf_counter()
+        vl, _ = eval_loss(model, *val_set, args.eval_batch_size, device, autocast)
+        eval_s.append(time.perf_counter() - t0)
+        emit({"type": "eval", "step": step, "tokens": tokens,
+              "elapsed_s": round(time.perf_counter() - t_train, 2), "val_loss": vl,
+              "lr": lr_at(max(0, step - 1)), "epoch": batcher.epoch})
+        say(f"eval step {step}/{total_steps}: val {vl:.4f} (epoch {batcher.epoch}, "
+            f"{eval_s[-1]:.1f}s)")
+        if vl < best["val_loss"]:
+            best.update(val_loss=vl, step=step,
+                        state={k: v.detach().clone() for k, v in model.state_dict().items()})
+
+    model.train()
+    sync()
+    t_train = time.perf_counter()
+    t_last, tok_last = t_train, 0
+    probe_t0 = None
+    while total_steps is None or step < total_steps:
+        loss, n = train_step(lr_at(step))
         step += 1
-        path_step += 1
-        tokens += x.numel()
-        path_tokens += x.numel()
-        loss_acc += loss.detach()
+        tokens += n
+        loss_acc += loss
         n_acc += 1
+        if total_steps is None and step == args.probe_skip:
+            sync()
+            probe_t0 = time.perf_counter()
+        if total_steps is None and step == args.probe_steps:
+            sync()
+            step_s = (time.perf_counter() - probe_t0) / (args.probe_steps - args.probe_skip)
+            periodic_eval()  # also measures what one validation pass costs
+            left = args.time_budget_s - (time.perf_counter() - t_train)
+            per_step = step_s + eval_s[-1] / args.eval_every
+            total_steps = step + max(0, int(left / per_step))
+            emit({"type": "schedule", "step": step, "step_s": step_s, "eval_s": eval_s[-1],
+                  "total_steps": total_steps, "compiled": compiled})
+            say(f"{step_s * 1e3:.1f} ms/step, validation {eval_s[-1]:.1f}s: "
+                f"{total_steps} steps fit the budget (compiled: {compiled})")
         if step % args.log_every == 0 or step == 1:
             sync()
             now = time.perf_counter()
             mean_loss = (loss_acc / n_acc).item()
             tps = (tokens - tok_last) / max(now - t_last, 1e-9)
-            emit(
-                {
-                    "type": "train",
-                    "step": step,
-                    "path_step": path_step,
-                    "tokens": tokens,
-                    "loss": mean_loss,
-                    "lr": lr,
-                    "elapsed_s": round(now - t_train, 2),
-                    "tokens_per_s": round(tps),
-                    "epoch": batcher.epoch,
-                }
-            )
+            emit({"type": "train", "step": step, "tokens": tokens, "loss": mean_loss,
+                  "lr": lr_at(step - 1), "elapsed_s": round(now - t_train, 2),
+                  "tokens_per_s": round(tps), "epoch": batcher.epoch})
             if step % (args.log_every * 10) == 0 or step == 1:
-                say(
-                    f"step {step} loss {mean_loss:.4f} lr {lr:.2e} {tps:,.0f} tok/s epoch {batcher.epoch}"
-                )
+                say(f"step {step} loss {mean_loss:.4f} lr {lr_at(step - 1):.2e} {tps:,.0f} tok/s "
+                    f"epoch {batcher.epoch}")
             loss_acc.zero_()
             n_acc = 0
             t_last, tok_last = now, tokens
-        if step % args.eval_every == 0 or step == 1:
+        if step % args.eval_every == 0 and step != args.probe_steps:
             periodic_eval()
+        if time.perf_counter() - t_train > args.time_budget_s * 1.05 + 30:
+            say("over the time budget: stopping early")  # a guard; the step count should fit
+            break
     sync()
     train_time = time.perf_counter() - t_train
-    if step % args.eval_every != 0:
+    if not log or log[-1]["type"] != "eval":
         periodic_eval()
-    sched.pop("snap", None)
-    say(
-        f"training done: {step} steps, {tokens:,} tokens in {train_time:.1f}s; best val {best['val_loss']:.4f} "
-        f"(trajectory step {best['step']}, {best['path_tokens']:,} tokens)"
-    )
+    say(f"training done: {step} steps, {tokens:,} tokens in {train_time:.1f}s; best val "
+        f"{best['val_loss']:.4f} at step {best['step']}")
     model.load_state_dict(best["state"])
     model.eval()
 
-    # 5. export + held-out perplexity with the saved (bf16) weights ----------------------------
+    # export + evaluation with the saved (bf16) weights computed in float32
     save_hf_dir(out, model, tok, mc, args.max_position_embeddings)
     from safetensors.torch import load_file
 
     ev = TinyLlama(mc).to(device)
-    ev.load_state_dict(
-        {k: v.float() for k, v in load_file(str(out / "model.safetensors")).items()},
-        strict=not mc.tie_word_embeddings,
-    )
+    ev.load_state_dict({k: v.float() for k, v in load_file(str(out / "model.safetensors")).items()},
+                       strict=not mc.tie_word_embeddings)
+    if mc.tie_word_embeddings:
+        ev.lm_head.weight = ev.model.embed_tokens.weight
     if use_cuda:
         torch.backends.cuda.matmul.allow_tf32 = False
     t0 = time.time()
-    nll, n_pred = eval_loss(ev, ho_x, ho_y, 64, device, autocast=False)
-    ppl = math.exp(nll)
-    # bits per byte of the held-out text; <|bos|> and <|eos|> count as one byte each per file
-    bpb = nll * n_pred / math.log(2) / (nbytes["heldout"] + 2 * len(corpus["heldout"]))
-    say(
-        f"held-out: {n_pred:,} tokens, nll {nll:.4f}, ppl {ppl:.3f}, {bpb:.4f} bits/byte ({time.time() - t0:.1f}s)"
-    )
+    nll, n_pred = eval_loss(ev, ho_x, ho_y, args.eval_batch_size, device, autocast=False)
+    ho_bytes = sum(f["bytes"] for f in ho_files)
+    bpb = bits_per_byte(nll, n_pred, ho_bytes)
+    gz = sum(f["gzip9"] for f in ho_files) / ho_bytes
+    xz = sum(f["xz9"] for f in ho_files) / ho_bytes
+    vnll, vn = eval_loss(ev, val_x, val_y, args.eval_batch_size, device, autocast=False)
+    vbpb = bits_per_byte(vnll, vn, val_bytes)
+    say(f"held-out: {n_pred:,} tokens, {bpb:.4f} bits/byte (gzip -9 {gz:.4f}, xz -9 {xz:.4f}; "
+        f"ratio to gzip {bpb / gz:.3f}), ppl {math.exp(nll):.3f}; validation {vbpb:.4f} bits/byte "
+        f"({time.time() - t0:.1f}s)")
     del ev
-
-    check = check_with_transformers(out, model, device, args.sample_prompt, args.sample_tokens)
-    say(f"transformers check: max |logit diff| {check['hf_logits_max_abs_diff']:.2e}")
-    say("sample:\n" + args.sample_prompt + check["completion"])
+    try:  # a failure here must not lose the trained weights and their numbers
+        check = check_with_transformers(out, model, device, args.sample_prompt,
+                                        args.sample_tokens)
+        say(f"transformers check: max |logit diff| {check['hf_logits_max_abs_diff']:.2e}")
+        say("sample:\n" + args.sample_prompt + check["completion"])
+    except Exception as exc:  # noqa: BLE001 - reported in metrics.json
+        say(f"transformers check failed: {type(exc).__name__}: {exc}")
+        check = {"hf_logits_max_abs_diff": float("nan"), "hf_logits_scale": float("nan"),
+                 "completion": f"(failed: {exc})", "chat_template_example": ""}
 
     import tokenizers
 
@@ -1136,86 +909,312 @@ def main(argv=None) -> int:
         "params": params,
         "tokens_seen": tokens,
         "steps": step,
-        "epochs": tokens / max(1, (len(stream) - 1)),
+        "epochs": tokens / max(1, len(stream) - 1),
         "train_time_s": train_time,
         "tokens_per_s": tokens / train_time,
-        "time_budget_s": budget,
-        "heldout_ppl": ppl,
-        "heldout_nll": nll,
-        "heldout_tokens": n_pred,
-        "heldout_bits_per_byte": bpb,
+        "time_budget_s": args.time_budget_s,
+        "compiled": compiled,
+        "heldout": {
+            "bits_per_byte": bpb, "gzip9_bits_per_byte": gz, "xz9_bits_per_byte": xz,
+            "ratio_to_gzip9": bpb / gz, "nll": nll, "ppl": math.exp(nll), "tokens": n_pred,
+            "bytes": ho_bytes, "files": len(ho_files),
+        },
+        "validation": {
+            "bits_per_byte": vbpb, "nll": vnll, "tokens": vn, "bytes": val_bytes,
+            "files": len(val_files),
+            "gzip9_bits_per_byte": sum(f["gzip9"] for f in val_files) / val_bytes,
+        },
         "heldout_protocol": (
-            f"per file <|bos|> text <|eos|>; windows of {args.seq_len} predicted tokens, context reset per "
-            "window; every token after <|bos|> predicted once; saved bf16 weights computed in float32"
+            f"per file <|bos|> text <|eos|>; windows of {args.seq_len} predicted tokens, context "
+            "reset per window; every token after <|bos|> predicted once (<|eos|> included); "
+            "bits/byte = sum NLL / ln 2 / UTF-8 bytes of the text; saved bf16 weights in float32"
         ),
         "best_val_loss": best["val_loss"],
         "best_step": best["step"],
-        "tokens_in_final_weights": best["path_tokens"],
-        "epochs_in_final_weights": best["path_tokens"] / max(1, (len(stream) - 1)),
-        "schedule": sched,
-        "final_train_loss": next((r["loss"] for r in reversed(log) if r["type"] == "train"), None),
         "seed": args.seed,
         "device": str(device),
         "device_name": device_name,
         "python_version": platform.python_version(),
-        "stdlib_root": str(stdlib),
-        "corpus_label": corpus_label,
-        "corpus_note": args.corpus_note,
         "torch_version": torch.__version__,
         "tokenizers_version": tokenizers.__version__,
-        "split_rule": "bucket = int(sha1(relpath_posix.encode()).hexdigest(), 16) % 20; 0 = held-out, 1 = validation, else train",
-        "corpus": {
-            "files": {k: len(corpus[k]) for k in ("train", "val", "heldout")},
-            "bytes": nbytes,
-            "bytes_total": sum(nbytes.values()),
-            "tokens": ntok,
-            "skipped_files": len(corpus["skipped"]),
-        },
-        "model_config": {**asdict(mc)},
-        "hyperparameters": {
-            "time_budget_s": budget,
-            "max_steps": args.max_steps,
-            "seq_len": args.seq_len,
-            "batch_size": args.batch_size,
-            "lr": args.lr,
-            "min_lr": args.min_lr,
-            "warmup_steps": args.warmup_steps,
-            "weight_decay": args.weight_decay,
-            "beta1": 0.9,
-            "beta2": 0.95,
-            "grad_clip": args.grad_clip,
-            "dropout": args.dropout,
-            "autocast": "bf16" if autocast else "none",
-            "torch_compile": False,
-            "max_files": args.max_files,
-            "eval_every": args.eval_every,
-            "patience": args.patience,
-            "min_delta": args.min_delta,
-            "decay_frac": args.decay_frac,
-            "min_decay_steps": args.min_decay_steps,
-            "decay_at": args.decay_at,
-        },
+        "prep": pmeta,
+        "model_config": asdict(mc),
+        "hyperparameters": {k: (str(v) if isinstance(v, Path) else v)
+                            for k, v in vars(args).items() if k != "func"},
+        "total_steps": total_steps,
         "transformers_check": {k: check[k] for k in ("hf_logits_max_abs_diff", "hf_logits_scale")},
-        "sample": {
-            "prompt": args.sample_prompt,
-            "new_tokens": args.sample_tokens,
-            "completion": check["completion"],
-        },
+        "sample": {"prompt": args.sample_prompt, "new_tokens": args.sample_tokens,
+                   "completion": check["completion"]},
         "chat_template_example": check["chat_template_example"],
-        "total_wall_s": time.time() - t_start,
     }
-    plot_losses(
-        log,
-        out / "loss.png",
-        f"tiny-coder {params['total'] / 1e6:.1f}M on {device_name}: held-out ppl {ppl:.2f}",
-    )
-    write_card(out, metrics)
+    if (prep / "manifest.json").is_file():
+        shutil.copy(prep / "manifest.json", out / "corpus_manifest.json")
     metrics["total_wall_s"] = time.time() - t_start
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    try:
+        plot_losses(log, out / "loss.png",
+                    f"tiny-coder {params['total'] / 1e6:.1f}M on {device_name}: held-out "
+                    f"{bpb:.3f} bits/byte")
+        write_card(out)
+    except Exception as exc:  # noqa: BLE001 - the card can be rendered again (`card`)
+        say(f"plot/card failed: {type(exc).__name__}: {exc}")
     log_f.close()
     size = sum(f.stat().st_size for f in out.iterdir())
     say(f"wrote {out} ({size / 1e6:.2f} MB): " + ", ".join(sorted(f.name for f in out.iterdir())))
     return 0
+
+
+
+
+# --------------------------------------------------------------------------------------------
+# card
+
+
+def _licence_table(manifest: dict) -> str:
+    rows = ["| source | version | licence (as its METADATA states it) | use | files kept | MB kept |",
+            "|---|---|---|---|---|---|"]
+    for s in sorted(manifest["sources"], key=lambda s: (-s["bytes"], s["name"].lower())):
+        lic = (s["licence"] or "").replace("|", "/")
+        if len(lic) > 60:
+            lic = lic[:57] + "..."
+        rows.append(f"| {s['name']} | {s['version']} | {lic} | {s['role']} | {s['files']} | "
+                    f"{s['bytes'] / 1e6:.2f} |")
+    return "\n".join(rows)
+
+
+def write_card(out: Path) -> None:
+    """README.md from metrics.json, corpus_manifest.json and (when present) eval.json."""
+    m = json.loads((out / "metrics.json").read_text())
+    man_path = out / "corpus_manifest.json"
+    man = json.loads(man_path.read_text()) if man_path.is_file() else None
+    ev_path = out / "eval.json"
+    ev = json.loads(ev_path.read_text()) if ev_path.is_file() else None
+    cfg, hp, p, ho = m["model_config"], m["hyperparameters"], m["prep"], m["heldout"]
+    tot = man["totals"] if man else {}
+    gb = lambda k: tot.get(k, {}).get("bytes", 0) / 1e6
+    gf = lambda k: tot.get(k, {}).get("files", 0)
+    heldout_pk = ", ".join(man["heldout_packages"]) if man else "?"
+    val_pk = ", ".join(man["validation_packages"]) if man else "?"
+    excluded = [s["name"] for s in man["sources"] if s["role"].startswith("excluded")] if man else []
+    engine = ""
+    if ev:
+        b, f, h = ev["bpb"], ev["fim"], ev["headers"]
+        engine = f"""
+### Through tidegate's engine (`tidegate eval code`)
+
+Reproduces the numbers above through the serving engine (scheduler, paged KV cache, chunked
+prefill), on {ev.get("machine", "the CPU")}:
+
+| | |
+|---|---|
+| bits per byte, {b["files"]} held-out files ({b["scope"]}) | **{b["bits_per_byte"]:.4f}** (gzip -9 {b["gzip9_bits_per_byte"]:.4f}, xz -9 {b["xz9_bits_per_byte"]:.4f}; {b["bits_per_byte"] / b["gzip9_bits_per_byte"]:.3f} × gzip) |
+| perplexity on those files | {b["ppl"]:.3f} ({b["tokens"]:,} tokens) |
+| FIM exact-line match | **{f["exact"]}/{f["total"]} = {f["rate"]:.3f}** ({f["definition"]}) |
+| function headers whose greedy completion parses | **{h["parsed"]}/{h["total"]}** ({h["definition"]}) |
+| greedy agreement bf16 vs fp8 weights | {ev.get("agreement_bf16_fp8", {}).get("agreement", float("nan")):.4f} ({ev.get("agreement_bf16_fp8", {}).get("note", "not measured")}) |
+| CPU decode, embedded default, single stream | {ev.get("speed", {}).get("decode_tok_s", float("nan")):.1f} tokens/s ({ev.get("speed", {}).get("note", "not measured")}) |
+
+Commands: `{ev.get("command", "")}`
+"""
+    text = f"""---
+license: other
+license_name: mixed-permissive
+tags: [code, python, llama, tiny, fill-in-the-middle]
+pipeline_tag: text-generation
+---
+
+# tiny-coder
+
+A {m["params"]["total"] / 1e6:.1f}M-parameter LLaMA-architecture causal language model for Python,
+trained from scratch by `scripts/train_tiny_coder.py` in the tidegate repository on the Python
+standard library plus the permissively licensed Python packages that tidegate's `make install`
+puts in its `.venv`, with fill-in-the-middle (FIM). It is tidegate's embedded default (`make
+serve`) and the model that KV-cache and weight quantization are judged on. It is small: it writes
+plausible-looking Python and fills single lines, but it is **not** a useful coding assistant.
+
+## Data
+
+- Built by `scripts/build_tiny_coder_corpus.py` (no download): every `.py` file of the standard
+  library of Python {man["python"] if man else "?"} (test suite included) and of each installed
+  distribution (the files its `RECORD` lists; vendored copies of other projects --
+  `_vendor/`, `vendor/` directories -- left out because their licences are not the
+  distribution's own). Files not UTF-8, empty, over {man["limits"]["max_file_bytes"] if man else "?"} bytes or with a
+  line over {man["limits"]["max_line_chars"] if man else "?"} characters are skipped ({man["skipped_files"] if man else "?"}).
+- Licences: read from each distribution's `METADATA` and mapped to SPDX identifiers; a
+  distribution is trained on only when all of them are permissive
+  ({", ".join(man["permissive_spdx"]) if man else "?"}). Left out of training for their licence:
+  {", ".join(excluded) or "none"}. The weights are a derivative of the training text; see the table
+  for each source's licence.
+- De-duplication ({man["dedupe"]["rule"] if man else "?"}): {man["dedupe"]["exact"] if man else "?"} exact and
+  {man["dedupe"]["near"] if man else "?"} near duplicates dropped.
+- Split by **whole packages**, fixed in the corpus builder before any training:
+  **held-out** (test; never trained on, never used for a decision): {heldout_pk} --
+  {gf("heldout")} files, {gb("heldout"):.1f} MB, listed in `heldout_files.txt`;
+  **validation** (checkpoint choice and the proxy runs that chose the model's shape):
+  {val_pk} -- {gf("val")} files, {gb("val"):.1f} MB; **training**: the rest,
+  {gf("train")} files, {gb("train"):.1f} MB, {p["train_tokens"]:,} tokens with FIM.
+  The held-out paths are relative to the `.venv`'s `site-packages`; their versions are in the table.
+- Fill-in-the-middle: files are cut at line boundaries into segments of at most
+  {p["fim_segment_chars"]} characters; each segment becomes, with probability {p["fim_rate"]}, a document
+  `<|bos|><｜fim▁begin｜>prefix<｜fim▁hole｜>suffix<｜fim▁end｜>middle<|eos|>` (middle: 1-3 whole
+  lines or a random character span, equally often); the other segments stay plain text
+  `<|bos|>text<|eos|>`. {p["fim_documents"]:,} FIM and {p["plain_documents"]:,} plain documents.
+
+<details><summary>Sources and licences</summary>
+
+{_licence_table(man) if man else "(no manifest)"}
+
+</details>
+
+## Model
+
+| | |
+|---|---|
+| architecture | `LlamaForCausalLM` (RoPE θ={cfg["rope_theta"]:g}, RMSNorm, SwiGLU, GQA) |
+| parameters | {m["params"]["total"]:,} ({m["params"]["non_embedding"]:,} without embeddings and head) |
+| layers / hidden / intermediate | {cfg["num_hidden_layers"]} / {cfg["hidden_size"]} / {cfg["intermediate_size"]} |
+| heads / KV heads / head dim | {cfg["num_attention_heads"]} / {cfg["num_key_value_heads"]} / {cfg["hidden_size"] // cfg["num_attention_heads"]} |
+| vocabulary | {cfg["vocab_size"]} (byte-level BPE, {p["bytes_per_token_train"]:.2f} bytes/token on the training text) |
+| max positions | {cfg["max_position_embeddings"]} (trained on {hp["seq_len"]}-token sequences) |
+| tied embeddings | {cfg["tie_word_embeddings"]} |
+| weights | bf16, `model.safetensors` (the engine's `--quantization fp8` quantizes them at load) |
+
+Tokenizer: byte-level BPE trained with `tokenizers` on the training split only; special tokens
+`<|pad|>`=0, `<|bos|>`=1, `<|eos|>`=2, `<|system|>`, `<|user|>`, `<|assistant|>`,
+`<｜fim▁begin｜>`=6, `<｜fim▁hole｜>`=7, `<｜fim▁end｜>`=8 (DeepSeek-Coder's FIM tokens, so
+an OpenAI-style `suffix` becomes `<｜fim▁begin｜>prompt<｜fim▁hole｜>suffix<｜fim▁end｜>`).
+Encoding prepends `<|bos|>`. The chat template is there for the plumbing only (no chat data).
+
+## Training
+
+| | |
+|---|---|
+| device | {m["device_name"]} |
+| time budget / training time | {m["time_budget_s"]:.0f} s / {m["train_time_s"]:.1f} s (training loop incl. periodic validation) |
+| steps / tokens processed | {m["steps"]:,} / {m["tokens_seen"]:,} ({m["epochs"]:.2f} epochs of the training stream) |
+| shipped weights | best validation loss, at step {m["best_step"]:,} |
+| throughput | {m["tokens_per_s"]:,.0f} tokens/s (torch.compile: {m["compiled"]}) |
+| batch | {hp["batch_size"]} × {hp["seq_len"]} tokens, packed |
+| optimizer | AdamW β=(0.9, 0.95), weight decay {hp["weight_decay"]} (matrices only), grad clip {hp["grad_clip"]} |
+| learning rate | linear warm-up ({hp["warmup_steps"]} steps) to {hp["lr"]:g}, constant, half-cosine decay to {hp["min_lr"]:g} over the last {hp["decay_frac"]:.0%} of the steps |
+| precision | bf16 autocast, fp32 master weights |
+| regularisation | dropout {hp["dropout"]} |
+| seed | {m["seed"]} (data order, FIM choices, initialisation; `--steps {m["steps"]}` repeats the step count) |
+| software | torch {m["torch_version"]}, tokenizers {m["tokenizers_version"]} |
+
+![loss curves](loss.png)
+
+`train_log.jsonl` has every logged point; `metrics.json` every number on this page;
+`corpus_manifest.json` the corpus (sources, licences, versions, de-duplication).
+
+## Held-out evaluation
+
+Bits per byte over all {ho["files"]} held-out files ({ho["bytes"]:,} bytes), with the saved bf16
+weights computed in float32: each file is `<|bos|> text <|eos|>`, cut into windows of
+{hp["seq_len"]} predicted tokens (the context restarts at each window); every token after
+`<|bos|>` (`<|eos|>` included) is predicted once; bits/byte = total NLL / ln 2 / UTF-8 bytes.
+Compressors get each file on its own as well (`gzip -9 -n`, `xz -9`, via Python's `gzip`/`lzma`).
+
+| | |
+|---|---|
+| held-out bits per byte | **{ho["bits_per_byte"]:.4f}** |
+| `gzip -9`, same files | {ho["gzip9_bits_per_byte"]:.4f} (model / gzip = **{ho["ratio_to_gzip9"]:.3f}**) |
+| `xz -9`, same files | {ho["xz9_bits_per_byte"]:.4f} |
+| held-out perplexity (this tokenizer) | {ho["ppl"]:.3f} over {ho["tokens"]:,} tokens |
+| validation bits per byte | {m["validation"]["bits_per_byte"]:.4f} (gzip -9 {m["validation"]["gzip9_bits_per_byte"]:.4f}) |
+{engine}
+Greedy completion of `{m["sample"]["prompt"]}` ({m["sample"]["new_tokens"]} new tokens, transformers):
+
+```python
+{m["sample"]["prompt"]}{m["sample"]["completion"]}
+```
+
+## Intended use
+
+Testing and benchmarking LLM-serving code (tidegate's embedded default, perplexity and greedy
+agreement checks for KV-cache and weight quantization, FIM plumbing). Small enough for a CPU.
+
+## Limitations
+
+- Tiny: it imitates the look of library code, repeats itself, invents names, and its code is
+  usually wrong. It does not follow instructions and was never trained on chat data.
+- Python only, as written in the standard library and a few dozen scientific, web and tooling
+  packages; little natural language beyond comments and docstrings.
+- It may reproduce passages of its training text verbatim (see the licence table).
+"""
+    (out / "README.md").write_text(text, encoding="utf-8")
+
+
+# --------------------------------------------------------------------------------------------
+# main
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    pp = sub.add_parser("prepare", help="corpus -> tokenizer + token ids (CPU)")
+    pp.add_argument("--corpus", type=Path, required=True, help="build_tiny_coder_corpus.py output")
+    pp.add_argument("--out", type=Path, required=True)
+    pp.add_argument("--seed", type=int, default=1234)
+    pp.add_argument("--vocab-size", type=int, default=8192)
+    pp.add_argument("--tokenizer-sample", type=float, default=0.25,
+                    help="share of training files (by path hash) the tokenizer is trained on")
+    pp.add_argument("--fim-rate", type=float, default=0.5)
+    pp.add_argument("--fim-segment-chars", type=int, default=3000)
+    pp.add_argument("--max-files", type=int, default=None, help="subset (smoke tests)")
+    pp.add_argument("--tokenizer", type=Path, default=None,
+                    help="use this tokenizer.json (trained by an earlier prepare) instead")
+    pp.add_argument("--tokenizer-only", action="store_true",
+                    help="train and save the tokenizer, nothing else")
+    pp.set_defaults(func=prepare)
+
+    pt = sub.add_parser("train", help="train and evaluate (one GPU)")
+    pt.add_argument("--prep", type=Path, required=True, help="prepare's output")
+    pt.add_argument("--out", type=Path, required=True, help="output Hugging Face directory")
+    pt.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda if available)")
+    pt.add_argument("--time-budget-s", type=float, default=420.0,
+                    help="wall-clock budget of the training loop (sets the step count)")
+    pt.add_argument("--steps", type=int, default=None, help="fixed step count (else from the budget)")
+    pt.add_argument("--probe-steps", type=int, default=60)
+    pt.add_argument("--probe-skip", type=int, default=20, help="probe steps not timed (compile)")
+    pt.add_argument("--compile", action="store_true", help="torch.compile the training forward")
+    pt.add_argument("--seed", type=int, default=1234)
+    pt.add_argument("--hidden-size", type=int, default=384)
+    pt.add_argument("--intermediate-size", type=int, default=1024)
+    pt.add_argument("--layers", type=int, default=8)
+    pt.add_argument("--heads", type=int, default=6)
+    pt.add_argument("--kv-heads", type=int, default=2)
+    pt.add_argument("--max-position-embeddings", type=int, default=2048)
+    pt.add_argument("--tie-embeddings", action="store_true")
+    pt.add_argument("--seq-len", type=int, default=1024)
+    pt.add_argument("--batch-size", type=int, default=64)
+    pt.add_argument("--eval-batch-size", type=int, default=64)
+    pt.add_argument("--lr", type=float, default=2e-3)
+    pt.add_argument("--min-lr", type=float, default=1e-4)
+    pt.add_argument("--warmup-steps", type=int, default=200)
+    pt.add_argument("--decay-frac", type=float, default=0.3)
+    pt.add_argument("--weight-decay", type=float, default=0.1)
+    pt.add_argument("--dropout", type=float, default=0.0)
+    pt.add_argument("--grad-clip", type=float, default=1.0)
+    pt.add_argument("--log-every", type=int, default=25)
+    pt.add_argument("--eval-every", type=int, default=250)
+    pt.add_argument("--eval-windows", type=int, default=0,
+                    help="validation windows per periodic evaluation (0: all)")
+    pt.add_argument("--sample-prompt", default="def fibonacci(n):")
+    pt.add_argument("--sample-tokens", type=int, default=64)
+    pt.set_defaults(func=train)
+
+    pc = sub.add_parser("card", help="render README.md from metrics.json (+ eval.json)")
+    pc.add_argument("--model", type=Path, required=True)
+    pc.set_defaults(func=lambda a: write_card(a.model) or 0)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    return args.func(args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,100 @@
+"""tiny-coder's corpus rules and FIM documents (scripts/build_tiny_coder_corpus.py,
+scripts/train_tiny_coder.py prepare): licences, de-duplication, held-out packages, FIM layout."""
+from __future__ import annotations
+
+import email.message
+import importlib.util
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _module(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def builder():
+    return _module("build_tiny_coder_corpus")
+
+
+@pytest.fixture(scope="module")
+def trainer():
+    pytest.importorskip("tokenizers")
+    return _module("train_tiny_coder")
+
+
+def _meta(**fields) -> email.message.Message:
+    m = email.message.Message()
+    for k, v in fields.items():
+        if isinstance(v, list):
+            for x in v:
+                m[k.replace("_", "-")] = x
+        else:
+            m[k.replace("_", "-")] = v
+    return m
+
+
+def test_licence_rule(builder):
+    ok = lambda meta: builder.permissive(builder.licence_of(meta)[1])
+    assert ok(_meta(License_Expression="Apache-2.0 AND (MIT OR BSD-3-Clause)"))
+    assert ok(_meta(License_Expression="Apache-2.0 WITH LLVM-exception"))
+    assert not ok(_meta(License_Expression="MPL-2.0"))
+    assert not ok(_meta(License_Expression="MPL-2.0 AND MIT"))  # every part must be permissive
+    assert not ok(_meta(License_Expression="GPL-3.0-or-later"))
+    assert ok(_meta(License="", Classifier=["License :: OSI Approved :: BSD License"]))
+    assert ok(_meta(License="Apache 2.0 License"))
+    assert not ok(_meta(License="Some custom terms"))  # unknown: left out
+    assert not ok(_meta())
+
+
+def test_heldout_and_validation_are_disjoint_packages(builder):
+    assert not set(builder.HELDOUT) & set(builder.VALIDATION)
+
+
+def test_near_duplicates_dropped_in_priority_order(builder):
+    rng = random.Random(0)
+    words = [f"name{i}" for i in range(300)]
+    base = "\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(200))
+    lines = base.split("\n")
+    near = "\n".join(lines[:-3] + ["changed line one", "changed two"])  # ~98% the same
+    other = "\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(200))
+    items = [{"path": "heldout.py", "text": base}, {"path": "exact.py", "text": base + "  \n"},
+             {"path": "near.py", "text": near}, {"path": "other.py", "text": other}]
+    stats = builder.dedupe(items, lambda msg: None)
+    assert items[0]["dup"] is None and items[3]["dup"] is None
+    assert items[1]["dup"] == "exact: heldout.py"
+    assert items[2]["dup"] == "near: heldout.py"
+    assert stats["exact"] == 1 and stats["near"] == 1
+
+
+def test_fim_documents(trainer):
+    text = "".join(f"line {i} = {i * i}\n" for i in range(400))
+    ids = {s: i for i, s in enumerate(trainer.SPECIAL_TOKENS)}
+    docs, stats = trainer.build_documents([("a.py", text)], fim_rate=0.5, seg_chars=500, seed=3)
+    assert stats["fim_documents"] > 0 and stats["plain_documents"] > 0
+    rebuilt = []
+    for d in docs:
+        assert d[0] == ids[trainer.BOS] and d[-1] == ids[trainer.EOS]
+        if d[1] == ids[trainer.FIM_BEGIN]:
+            _, _, pre, hole, suf, end, mid, _ = d
+            assert (hole, end) == (ids[trainer.FIM_HOLE], ids[trainer.FIM_END])
+            rebuilt.append(pre + mid + suf)  # prefix-suffix-middle of one contiguous segment
+        else:
+            rebuilt.append(d[1])
+    assert "".join(rebuilt) == text  # every character once, in order
+    # same seed, same documents
+    assert trainer.build_documents([("a.py", text)], 0.5, 500, 3)[0] == docs
+
+
+def test_fim_tokens_are_deepseek_coders(trainer):
+    assert trainer.FIM_TOKENS == ["<\uff5cfim\u2581begin\uff5c>", "<\uff5cfim\u2581hole\uff5c>",
+                                  "<\uff5cfim\u2581end\uff5c>"]
