@@ -1050,7 +1050,7 @@ plausible-looking Python and fills single lines, but it is **not** a useful codi
 - Split by **whole packages**, fixed in the corpus builder before any training:
   **held-out** (test; never trained on, never used for a decision): {heldout_pk} --
   {gf("heldout")} files, {gb("heldout"):.1f} MB, listed in `heldout_files.txt`;
-  **validation** (checkpoint choice and the proxy runs that chose the model's shape):
+  **validation** (periodic loss and the choice of the shipped checkpoint):
   {val_pk} -- {gf("val")} files, {gb("val"):.1f} MB; **training**: the rest,
   {gf("train")} files, {gb("train"):.1f} MB, {p["train_tokens"]:,} tokens with FIM.
   The held-out paths are relative to the `.venv`'s `site-packages`; their versions are in the table.
@@ -1085,13 +1085,21 @@ Tokenizer: byte-level BPE trained with `tokenizers` on the training split only; 
 an OpenAI-style `suffix` becomes `<｜fim▁begin｜>prompt<｜fim▁hole｜>suffix<｜fim▁end｜>`).
 Encoding prepends `<|bos|>`. The chat template is there for the plumbing only (no chat data).
 
+How the shape was chosen: the repository limit (30 MB, bf16) caps the model at about 14.2M
+parameters; tying the embeddings lets an 8192-entry vocabulary ({p["bytes_per_token_train"]:.2f} bytes/token, so a
+{hp["seq_len"]}-token window holds ~{hp["seq_len"] * p["bytes_per_token_train"] / 1000:.1f} KB of code) cost 3.1M of them, and the rest went to
+depth ({cfg["num_hidden_layers"]} layers of width {cfg["hidden_size"]}). **No validation-loss sweep over width, depth or
+vocabulary was run**: the planned CPU proxies could not run on the shared 2-core development
+machine (load average 12-18 during the session; one step of a 1.4M-parameter proxy took over two
+minutes), and the GPU grant was one training run. The choice rests on the arithmetic above.
+
 ## Training
 
 | | |
 |---|---|
 | device | {m["device_name"]} |
 | time budget / training time | {m["time_budget_s"]:.0f} s / {m["train_time_s"]:.1f} s (training loop incl. periodic validation) |
-| steps / tokens processed | {m["steps"]:,} / {m["tokens_seen"]:,} ({m["epochs"]:.2f} epochs of the training stream) |
+| steps / tokens processed | {m["steps"]:,} / {m["tokens_seen"]:,} ({m["epochs"]:.1f} epochs of the {p["train_tokens"] / 1e6:.1f}M-token training stream) |
 | shipped weights | best validation loss, at step {m["best_step"]:,} |
 | throughput | {m["tokens_per_s"]:,.0f} tokens/s (torch.compile: {m["compiled"]}) |
 | batch | {hp["batch_size"]} × {hp["seq_len"]} tokens, packed |
@@ -1099,7 +1107,7 @@ Encoding prepends `<|bos|>`. The chat template is there for the plumbing only (n
 | learning rate | linear warm-up ({hp["warmup_steps"]} steps) to {hp["lr"]:g}, constant, half-cosine decay to {hp["min_lr"]:g} over the last {hp["decay_frac"]:.0%} of the steps |
 | precision | bf16 autocast, fp32 master weights |
 | regularisation | dropout {hp["dropout"]} |
-| seed | {m["seed"]} (data order, FIM choices, initialisation; `--steps {m["steps"]}` repeats the step count) |
+| seed | {m["seed"]}: data order, FIM choices, initialisation; `--steps {m["steps"]}` repeats the step count. Not bit-exact on the GPU: cuDNN's attention backward is non-deterministic (torch warns) |
 | software | torch {m["torch_version"]}, tokenizers {m["tokenizers_version"]} |
 
 ![loss curves](loss.png)
@@ -1136,6 +1144,9 @@ agreement checks for KV-cache and weight quantization, FIM plumbing). Small enou
 
 ## Limitations
 
+- The budget bought {m["epochs"]:.0f} passes over the training text (the previous model: 16 over 8.4M
+  stdlib tokens); validation loss was still falling at the end, so it is not yet over-fitted,
+  but more distinct data, not more passes, is what would help next.
 - Tiny: it imitates the look of library code, repeats itself, invents names, and its code is
   usually wrong. It does not follow instructions and was never trained on chat data.
 - Python only, as written in the standard library and a few dozen scientific, web and tooling
