@@ -187,16 +187,19 @@ def fim_exact_line(engine, tokenizer, cases: list[FimCase], max_tokens: int,
     prompts = [tokenizer.encode(fim_prompt(c)) for c in cases]
     outs = greedy_decode(engine, prompts, max_tokens)
     eos = set(tokenizer.eos_token_ids)
-    exact, shown = 0, []
+    exact, stripped, stopped, shown = 0, 0, 0, []
     for c, ids in zip(cases, outs):
         cut = next((k for k, t in enumerate(ids) if t in eos), len(ids))
+        stopped += cut < len(ids)
         got = first_line(tokenizer.decode(ids[:cut], skip_special_tokens=True))
         ok = got.rstrip() == c.middle.rstrip()
         exact += ok
+        stripped += got.strip() == c.middle.strip()
         if len(shown) < examples:
             shown.append({"path": c.path, "function": c.function, "expected": c.middle,
                           "got": got, "match": ok})
     return {"exact": exact, "total": len(cases), "rate": exact / max(1, len(cases)),
+            "exact_ignoring_indentation": stripped, "stopped_with_eos": stopped,
             "max_tokens": max_tokens, "examples": shown,
             "definition": "one single-line statement removed from a held-out function of 4-40 "
                           "lines; greedy middle up to eos/newline equals it (indentation "

@@ -999,23 +999,26 @@ def write_card(out: Path) -> None:
     engine = ""
     if ev:
         b, f, h = ev["bpb"], ev["fim"], ev["headers"]
-        engine = f"""
-### Through tidegate's engine (`tidegate eval code`)
-
-Reproduces the numbers above through the serving engine (scheduler, paged KV cache, chunked
-prefill), on {ev.get("machine", "the CPU")}:
-
-| | |
-|---|---|
-| bits per byte, {b["files"]} held-out files ({b["scope"]}) | **{b["bits_per_byte"]:.4f}** (gzip -9 {b["gzip9_bits_per_byte"]:.4f}, xz -9 {b["xz9_bits_per_byte"]:.4f}; {b["bits_per_byte"] / b["gzip9_bits_per_byte"]:.3f} × gzip) |
-| perplexity on those files | {b["ppl"]:.3f} ({b["tokens"]:,} tokens) |
-| FIM exact-line match | **{f["exact"]}/{f["total"]} = {f["rate"]:.3f}** ({f["definition"]}) |
-| function headers whose greedy completion parses | **{h["parsed"]}/{h["total"]}** ({h["definition"]}) |
-| greedy agreement bf16 vs fp8 weights | {ev.get("agreement_bf16_fp8", {}).get("agreement", float("nan")):.4f} ({ev.get("agreement_bf16_fp8", {}).get("note", "not measured")}) |
-| CPU decode, embedded default, single stream | {ev.get("speed", {}).get("decode_tok_s", float("nan")):.1f} tokens/s ({ev.get("speed", {}).get("note", "not measured")}) |
-
-Commands: `{ev.get("command", "")}`
-"""
+        rows = [
+            (f"| bits per byte, {b['files']} held-out files ({b['scope']}) | **{b['bits_per_byte']:.4f}** "
+            f"(gzip -9 {b['gzip9_bits_per_byte']:.4f}, xz -9 {b['xz9_bits_per_byte']:.4f}; "
+            f"{b['bits_per_byte'] / b['gzip9_bits_per_byte']:.3f} × gzip) |"),
+            f"| perplexity on those files | {b['ppl']:.3f} ({b['tokens']:,} tokens) |",
+            f"| FIM exact-line match | **{f['exact']}/{f['total']}** ({f['definition']}) |",
+            (f"| function headers whose greedy completion parses | **{h['parsed']}/{h['total']}** "
+            f"({h['definition']}) |"),
+        ]
+        for key, label in (("agreement_f32_bf16", "greedy agreement float32 vs bf16"),
+                           ("agreement_bf16_fp8", "bf16 vs fp8 weights"),
+                           ("speed", "CPU decode, embedded default, single stream"),
+                           ("serve_start", "`make serve` until it serves")):
+            if key in ev:
+                rows.append(f"| {label} | {ev[key]['value']} ({ev[key]['note']}) |")
+        engine = (
+            "\n### Through tidegate's engine (`tidegate eval code`)\n\n"
+            f"The serving engine (scheduler, paged KV cache, chunked prefill) on {ev['machine']}; "
+            f"commands: `{ev['command']}`.\n\n| | |\n|---|---|\n" + "\n".join(rows) + "\n"
+        )
     text = f"""---
 license: other
 license_name: mixed-permissive
