@@ -1000,9 +1000,12 @@ def write_card(out: Path) -> None:
     if ev:
         b, f, h = ev["bpb"], ev["fim"], ev["headers"]
         rows = [
-            (f"| bits per byte, {b['files']} held-out files ({b['scope']}) | **{b['bits_per_byte']:.4f}** "
+            (f"| bits per byte, {b['files']} held-out files ({b['scope']}) | **{b['bits_per_byte']:.6f}** "
             f"(gzip -9 {b['gzip9_bits_per_byte']:.4f}, xz -9 {b['xz9_bits_per_byte']:.4f}; "
-            f"{b['bits_per_byte'] / b['gzip9_bits_per_byte']:.3f} × gzip) |"),
+            f"{b['bits_per_byte'] / b['gzip9_bits_per_byte']:.3f} × gzip)"
+             + (f"; this script's protocol (its own model code) on the same files: "
+                f"{ev['bpb_script_same_files']['bits_per_byte']:.6f}"
+                if "bpb_script_same_files" in ev else "") + " |"),
             f"| perplexity on those files | {b['ppl']:.3f} ({b['tokens']:,} tokens) |",
             f"| FIM exact-line match | **{f['exact']}/{f['total']}** ({f['definition']}) |",
             (f"| function headers whose greedy completion parses | **{h['parsed']}/{h['total']}** "
