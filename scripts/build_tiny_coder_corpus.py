@@ -29,6 +29,10 @@ training file that duplicates a held-out or validation file is the one dropped):
     permutations (estimated Jaccard similarity) is a duplicate, and the lower-priority file of
     the pair is dropped.
 
+Then at most ``MAX_SOURCE_BYTES`` (20 MB) of training text per installed distribution, files in
+sha1(path) order (the standard library is exempt): transformers and torch would otherwise be ~40%
+of the corpus, and the compressed corpus must fit one ~35 MB transfer to the training machine.
+
 Files that are not UTF-8, empty, larger than ``MAX_FILE_BYTES`` or look generated (a line longer
 than ``MAX_LINE_CHARS``) are skipped and counted.
 

@@ -1118,6 +1118,19 @@ minutes), and the GPU grant was one training run. The choice rests on the arithm
 
 ![loss curves](loss.png)
 
+Reproduce (the corpus on the development machine; the rest on one H200, whose whole call --
+unpacking, tokenizing, training, evaluation, export -- took 422 s):
+
+```sh
+python scripts/build_tiny_coder_corpus.py --out CORPUS            # .venv's python
+python scripts/train_tiny_coder.py prepare --corpus CORPUS --out TOK --tokenizer-only
+python scripts/train_tiny_coder.py prepare --corpus CORPUS --out PREP --tokenizer TOK/tokenizer.json
+python scripts/train_tiny_coder.py train --prep PREP --out OUT --time-budget-s {hp["time_budget_s"]:g} --compile \\
+    --tie-embeddings --layers {cfg["num_hidden_layers"]} --hidden-size {cfg["hidden_size"]} --intermediate-size {cfg["intermediate_size"]} --heads {cfg["num_attention_heads"]} --kv-heads {cfg["num_key_value_heads"]} \\
+    --seq-len {hp["seq_len"]} --batch-size {hp["batch_size"]} --lr {hp["lr"]:g} --min-lr {hp["min_lr"]:g} --warmup-steps {hp["warmup_steps"]} --dropout {hp["dropout"]} \\
+    --eval-every {hp["eval_every"]}            # add --steps {m["steps"]} to repeat the step count
+```
+
 `train_log.jsonl` has every logged point; `metrics.json` every number on this page;
 `corpus_manifest.json` the corpus (sources, licences, versions, de-duplication).
 
