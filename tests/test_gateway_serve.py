@@ -55,6 +55,33 @@ def fake_backend():
     proc.wait()
 
 
+def stream_in_background(server: ServeProcess, body: dict) -> tuple[threading.Thread,
+                                                                     threading.Event, dict]:
+    """Start a streamed request in a thread; the event is set once its first event arrived.
+
+    Waiting on the first streamed bytes (not a fixed sleep) is what makes the drain tests
+    mean "SIGTERM while a stream is in flight" on a slow or loaded machine too.
+    """
+    started, result = threading.Event(), {}
+
+    def run() -> None:
+        req = urllib.request.Request(server.url + "/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                first = resp.readline()
+                started.set()
+                result["long"] = (resp.status, (first + resp.read()).decode())
+        except urllib.error.HTTPError as err:
+            result["long"] = (err.code, err.read().decode())
+        finally:
+            started.set()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, started, result
+
+
 def test_startup_line_and_prompt_free_logs(fake_backend):
     server = ServeProcess("--backend", fake_backend)
     assert server.model == "tiny"
@@ -78,18 +105,17 @@ def test_startup_line_and_prompt_free_logs(fake_backend):
 
 def test_sigterm_drains_in_flight_refuses_new_and_exits_0(fake_backend):
     server = ServeProcess("--backend", fake_backend, "--drain-timeout", "20")
-    result = {}
-
-    def long_request():
-        result["long"] = server.post("/v1/completions", {"prompt": "a", "max_tokens": 400,
-                                                         "ignore_eos": True, "stream": True})
-
-    t = threading.Thread(target=long_request)
-    t.start()
-    time.sleep(0.3)  # the long request is streaming now (400 tokens at ~2 ms)
+    t, started, result = stream_in_background(
+        server, {"prompt": "a", "max_tokens": 400, "ignore_eos": True, "stream": True})
+    assert started.wait(30)  # the long request is streaming now (400 tokens at ~2 ms)
     server.proc.send_signal(signal.SIGTERM)
-    time.sleep(0.1)
-    status, body = server.post("/v1/completions", {"prompt": "b", "max_tokens": 2})
+    # a request that lands before the signal is handled is still served; once it is, 503
+    deadline = time.monotonic() + 10
+    while True:
+        time.sleep(0.1)
+        status, body = server.post("/v1/completions", {"prompt": "b", "max_tokens": 2})
+        if status != 200 or time.monotonic() > deadline:
+            break
     assert status == 503 and body["error"]["code"] == "shutting_down"
     t.join(30)
     status, raw = result["long"]
@@ -122,15 +148,9 @@ def test_unknown_backend_serves_503_until_one_answers():
 
 def test_drain_timeout_ends_remaining_streams_with_an_error_event(fake_backend):
     server = ServeProcess("--backend", fake_backend, "--drain-timeout", "0.5")
-    result = {}
-
-    def long_request():
-        result["long"] = server.post("/v1/completions", {"prompt": "a", "max_tokens": 2000,
-                                                         "ignore_eos": True, "stream": True})
-
-    t = threading.Thread(target=long_request)
-    t.start()
-    time.sleep(0.3)
+    t, started, result = stream_in_background(
+        server, {"prompt": "a", "max_tokens": 2000, "ignore_eos": True, "stream": True})
+    assert started.wait(30)
     server.proc.send_signal(signal.SIGTERM)
     t.join(30)
     status, raw = result["long"]
