@@ -7,6 +7,12 @@ Triton versions from `backend/kernels/` have the same call signatures).
 
 Weights are fused: `qkv_proj` = [q; k; v] rows, `gate_up_proj` = [gate; up] rows (the loader
 maps the separate HF tensors into them).
+
+Tensor parallelism (`backend.tensor_parallel`): one rank's model is this same module built from a
+shard config (its heads, KV heads and MLP columns) with `tp` set to the rank's group. The model
+then makes the three calls Megatron sharding needs and nothing else: a vocabulary-parallel
+embedding lookup, an all-reduce of the row-parallel o_proj and down_proj partial sums, and an
+all-gather of the vocabulary-parallel logits.
 """
 from __future__ import annotations
 
@@ -88,6 +94,7 @@ class LlamaModel(nn.Module):
             nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         # fp32 [max_model_len, head_dim] cos|sin table; rebuilt on the right device by `init_rope`
         self.register_buffer("cos_sin", torch.empty(0), persistent=False)
+        self.tp = None  # backend.tensor_parallel.TPGroup when this model is one rank's shard
 
     def init_rope(self) -> None:
         """(Re)compute the rotary table on the model's device; call after moving the model."""
@@ -98,8 +105,9 @@ class LlamaModel(nn.Module):
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
                 kv: KVCache) -> torch.Tensor:
-        ops, eps = self.ops, self.config.rms_norm_eps
-        h = self.embed_tokens(input_ids)  # [T, hidden]
+        ops, eps, tp = self.ops, self.config.rms_norm_eps, self.tp
+        # [T, hidden]; a rank holds a slice of the vocabulary: the lookup is summed over ranks
+        h = self.embed_tokens(input_ids) if tp is None else tp.embed(self.embed_tokens, input_ids)
         residual = None
         for i, layer in enumerate(self.layers):
             if residual is None:
@@ -109,13 +117,21 @@ class LlamaModel(nn.Module):
                 h, residual = ops.add_rms_norm(h, residual, layer.input_layernorm.weight, eps)
             h = layer.self_attn(h, positions, self.cos_sin, kv.k_caches[i], kv.v_caches[i], ctx,
                                 ops, self.attn)
+            if tp is not None:  # row-parallel o_proj: each rank holds a partial sum
+                h = tp.all_reduce(h)
             h, residual = ops.add_rms_norm(h, residual, layer.post_attention_layernorm.weight, eps)
             h = layer.mlp(h, ops)
+            if tp is not None:  # row-parallel down_proj
+                h = tp.all_reduce(h)
         h, _ = ops.add_rms_norm(h, residual, self.norm.weight, eps)
         return h
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lm_head is not None:  # a module call, so a linear-layer transform applies
-            return self.lm_head(hidden).float()
-        return torch.nn.functional.linear(hidden, self.embed_tokens.weight).float()
+            logits = self.lm_head(hidden)
+        else:
+            logits = torch.nn.functional.linear(hidden, self.embed_tokens.weight)
+        if self.tp is not None:  # each rank computed its vocabulary slice's columns
+            logits = self.tp.gather_vocab(logits)
+        return logits.float()
