@@ -336,6 +336,17 @@ class StepScheduler:
                 decodes.join(seq, step)
         return finished
 
+    def set_token(self, request_id: str, position: int, token: int) -> bool:
+        """Overwrite the token at `position` of a live request; False if it is gone. Async
+        scheduling (backend.engine) applies a step's update with placeholder tokens so that the
+        next step can be planned while this one runs on the device, then sets the real tokens
+        here once they are read back (before any later update hashes a block holding them)."""
+        seq = self.requests.get(request_id)
+        if seq is None or position >= len(seq._token_ids):
+            return False
+        seq._token_ids[position] = token
+        return True
+
     def _finish(self, seq: Sequence, reason: str) -> FinishedSequence:
         if seq.decoding:
             self.decodes.leave(seq)
