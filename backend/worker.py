@@ -15,7 +15,9 @@ Replies (the gateway side of the contract):
   after SIGTERM -> `Error{SHUTTING_DOWN, request_id}`.
 - `Abort` -> the request's final `RequestOutput{finish_reason: ABORT}` in the next StepOutput
   (sent at once when idle); unknown ids are ignored.
-- anything malformed or unexpected -> `Error{BAD_MESSAGE}`; the worker carries on.
+- anything malformed or unexpected -> `Error{BAD_MESSAGE}`; the worker carries on. An Error about a
+  Batch names its requests (`request_id`) when they can be read, and the Batch (`batch_id`, read
+  from the head of the message even when the rest does not parse) always.
 - a step that raises (device OOM, a bug): every in-flight request gets `Error{INTERNAL, request_id}`,
   the worker carries on.
 - SIGTERM / SIGINT: finish the running step, send its outputs, answer every in-flight request
@@ -187,13 +189,16 @@ class Worker:
                 # Whatever request ids can still be read are answered one by one, so the
                 # gateway fails exactly those requests (not a whole connection's worth).
                 ids = codec.peek_request_ids(frames[1:])
+                batch_id = codec.peek_batch_id(frames[1:])
                 for rid in ids:
-                    self._send(identity, codec.make_error(pb.Error.BAD_MESSAGE, str(exc), rid))
+                    self._send(identity, codec.make_error(pb.Error.BAD_MESSAGE, str(exc), rid,
+                                                          batch_id))
                 if not ids:
-                    self._send(identity, codec.error_for(exc))
+                    self._send(identity, codec.error_for(exc, batch_id))
             except Exception as exc:  # noqa: BLE001 -- a bug must not take the backend down
                 print(f"tidegate backend: internal error handling a message: {exc!r}", file=sys.stderr)
-                self._send(identity, codec.make_error(pb.Error.INTERNAL, f"internal error: {exc}"))
+                self._send(identity, codec.make_error(pb.Error.INTERNAL, f"internal error: {exc}",
+                                                      batch_id=codec.peek_batch_id(frames[1:])))
 
     def _handle(self, identity: bytes, frames) -> None:
         msg = codec.decode(frames)

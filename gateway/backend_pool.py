@@ -32,6 +32,9 @@ from proto.security import CurveKeys
 from scheduler.placement import PlacementConfig, PlacementItem, create_placement, prefix_hashes
 
 log = logging.getLogger("tidegate.gateway.pool")
+# An Abort that found its backend's socket full is sent again this often until it is queued:
+# dropping it would leave the request running there to max_tokens, holding its KV blocks.
+ABORT_RETRY_S = 0.05
 
 # (sampled token's logprob, top candidate ids, their logprobs)
 TokenLogprob = tuple[float, list[int], list[float]]
@@ -76,6 +79,7 @@ class Dispatch:
     arrival_time: float
     sink: RequestSink
     retried: bool = False  # re-dispatched once already after its backend died
+    batch_id: int = 0  # the Batch that carried it to its backend (an Error may name it)
     # tokens of this request still charged to its backend's load (scheduler.placement): the
     # prompt share leaves with the first output, then one per generated token, the rest at the end
     charged_left: int = 0
@@ -166,8 +170,13 @@ class BackendPool:
         self._on_retry = on_retry or (lambda n: None)
         self.num_retried = 0  # requests re-dispatched after their backend died
         self._nonce = itertools.count(1)
+        self._batch_ids = itertools.count(1)  # Batch.batch_id: unique per gateway, never 0
         self.num_dropped = 0
         self.num_gaps = 0  # requests failed because their output sequence had a hole
+        # request ids whose Abort could not be queued yet, per backend (see _send_abort)
+        self._unsent_aborts: dict[BackendConn, dict[str, None]] = {}
+        self._abort_timer: asyncio.TimerHandle | None = None
+        self.num_abort_retries = 0  # Abort messages that had to be sent again
 
     def _register(self, b) -> None:
         b.pid, b.placement = self._next_pid, self.placement
@@ -257,6 +266,9 @@ class BackendPool:
         self._tasks.append(asyncio.create_task(self._monitor(), name="pool-monitor"))
 
     async def close(self) -> None:
+        if self._abort_timer is not None:
+            self._abort_timer.cancel()
+            self._abort_timer = None
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -344,7 +356,7 @@ class BackendPool:
         message could not be queued (socket full or closed: nothing was sent). A request whose
         fields do not fit its wire type fails alone (400) and the rest are sent."""
         arrays: list[list[int]] = []
-        batch = pb.Batch()
+        batch = pb.Batch(batch_id=next(self._batch_ids))
         sent: list[Dispatch] = []
         for d in items:
             try:
@@ -367,6 +379,7 @@ class BackendPool:
                 self._release(backend, d, d.charged_left)
             return None
         for d in sent:
+            d.batch_id = batch.batch_id
             backend.inflight[d.request_id] = (d, 0)
             self._owner[d.request_id] = backend
         for d in items:  # those refused by the wire check are not in flight
@@ -387,7 +400,42 @@ class BackendPool:
         for backend in self.backends:
             ids = by_backend.get(id(backend))
             if ids:
-                backend.send(codec.make_abort(ids))
+                self._send_abort(backend, ids)
+
+    @property
+    def num_unsent_aborts(self) -> int:
+        """Requests whose Abort waits for room in their backend's socket."""
+        return sum(map(len, self._unsent_aborts.values()))
+
+    def _send_abort(self, backend: BackendConn, ids: list[str]) -> None:
+        """Abort `ids` on `backend`. When its socket is full (the backend is slow to read, or
+        its connection is gone) the ids are kept and sent again every ABORT_RETRY_S until
+        queued: the request must not run on there to max_tokens holding its KV blocks."""
+        if backend.send(codec.make_abort(ids)):
+            return
+        waiting = self._unsent_aborts.setdefault(backend, {})
+        if not waiting:
+            log.warning("backend %s: socket full, %d aborts wait to be sent", backend.address,
+                        len(ids))
+        waiting.update(dict.fromkeys(ids))
+        if self._abort_timer is None:
+            self._abort_timer = asyncio.get_running_loop().call_later(ABORT_RETRY_S,
+                                                                      self._retry_aborts)
+
+    def _retry_aborts(self) -> None:
+        self._abort_timer = None
+        for backend, waiting in list(self._unsent_aborts.items()):
+            if backend not in self.backends:  # left the pool: its socket is closed
+                log.warning("backend %s left with %d aborts unsent", backend.address,
+                            len(waiting))
+                del self._unsent_aborts[backend]
+                continue
+            self.num_abort_retries += 1
+            if backend.send(codec.make_abort(list(waiting))):
+                del self._unsent_aborts[backend]
+        if self._unsent_aborts:
+            self._abort_timer = asyncio.get_running_loop().call_later(ABORT_RETRY_S,
+                                                                      self._retry_aborts)
 
     def owner_of(self, request_id: str) -> BackendConn | None:
         return self._owner.get(request_id)
@@ -539,7 +587,7 @@ class BackendPool:
         self._owner.pop(rid, None)
         dispatch = self._forget(backend, rid)
         if abort:
-            backend.send(codec.make_abort([rid]))
+            self._send_abort(backend, [rid])
         if dispatch is not None:
             dispatch.sink.on_error(error)
 
@@ -556,12 +604,20 @@ class BackendPool:
             self._mark_down(backend, f"protocol version mismatch: {err.message}")
         elif err.code in (pb.Error.BAD_MESSAGE, pb.Error.INTERNAL):
             # An Error naming no request answers a message the backend could not read or
-            # handle. Batches are the only messages that start work, and the requests of
-            # that Batch are among those with no output yet: they fail (and are aborted, in
-            # case some were admitted) rather than wait for their timeout. Requests already
-            # producing tokens were clearly admitted and carry on.
-            unconfirmed = [rid for rid, (_, n) in backend.inflight.items() if n == 0]
-            for rid in unconfirmed:
+            # handle. Batches are the only messages that start work. Its requests that have
+            # no output yet fail (and are aborted, in case some were admitted) rather than
+            # wait for their timeout; those producing tokens were admitted and carry on.
+            if err.batch_id:  # the backend names the Batch: exactly its requests
+                named = [rid for rid, (d, n) in backend.inflight.items()
+                         if n == 0 and d.batch_id == err.batch_id]
+            elif backend.info is not None and codec.echoes_batch_ids(
+                    backend.info.protocol_version):
+                # A 1.1 backend names the Batch whenever the message was one (the id leads
+                # the message): this one was not, and no request of ours is concerned.
+                named = []
+            else:  # a 1.0 backend cannot say which Batch: every one not yet confirmed
+                named = [rid for rid, (_, n) in backend.inflight.items() if n == 0]
+            for rid in named:
                 self._fail_one(backend, rid, error_from_backend(err))
 
     # --- heartbeats -----------------------------------------------------------------------------
@@ -612,7 +668,7 @@ class BackendPool:
         ids = list(backend.inflight)
         if not ids:
             return
-        backend.send(codec.make_abort(ids))
+        self._send_abort(backend, ids)
         retry: list[Dispatch] = []
         for rid in ids:
             generated = backend.inflight[rid][1]

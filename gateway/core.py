@@ -378,6 +378,7 @@ class Gateway:
         if self.pool.info is not None:
             self.metrics.model_name = self.model_name
         self.metrics.refresh(depth, age, loads, engines)
+        self.metrics.unsent_aborts.set(self.pool.num_unsent_aborts)
 
 
 def engine_report(b) -> EngineReport:

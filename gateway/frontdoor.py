@@ -213,7 +213,13 @@ class FrontDoor:
         except codec.DecodeError as exc:
             self.num_dropped += 1
             self.gateway.metrics.dropped_frames.labels("frontdoor").inc()
-            self._send(peer, codec.error_for(exc))
+            # Named where it can be read, so a client stops waiting for exactly those requests.
+            ids = codec.peek_request_ids(frames[1:])
+            batch_id = codec.peek_batch_id(frames[1:])
+            for rid in ids:
+                self._send(peer, codec.make_error(pb.Error.BAD_MESSAGE, str(exc), rid, batch_id))
+            if not ids:
+                self._send(peer, codec.error_for(exc, batch_id))
         except Exception:
             self.num_dropped += 1
             log.exception("error handling a front-door message")

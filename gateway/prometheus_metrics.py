@@ -166,6 +166,8 @@ class GatewayMetrics:
                                       ["socket"], registry=r)
         self.retried = Counter("tidegate_retried_requests", "Requests re-dispatched to another "
                                "backend after theirs died before producing a token.", registry=r)
+        self.unsent_aborts = Gauge("tidegate_unsent_aborts", "Aborts waiting for room in their "
+                                   "backend's socket (re-sent until queued).", registry=r)
         self.backend_held = Gauge("tidegate_backend_held_messages", "Messages the backend held "
                                   "for a full peer queue (cumulative, as it reports).",
                                   ["backend"], registry=r)

@@ -29,7 +29,8 @@ import numpy as np
 
 from proto import tidegate_pb2 as pb
 
-PROTOCOL_VERSION = "1.0"  # "MAJOR.MINOR"; peers with another MAJOR are refused
+PROTOCOL_VERSION = "1.1"  # "MAJOR.MINOR"; peers with another MAJOR are refused
+BATCH_IDS_SINCE = (1, 1)  # first version whose receivers echo Batch.batch_id in Error.batch_id
 MAX_FRAME_BYTES = 64 << 20  # largest frame accepted (64 MiB)
 MAX_FRAMES = 8192  # envelope + token arrays
 NO_FRAME = -1  # array index meaning "no array"
@@ -66,7 +67,7 @@ def encode(envelope: pb.Envelope, arrays: Iterable[Sequence[int] | np.ndarray] =
     """
     if envelope.WhichOneof("body") is None:
         raise ValueError("envelope has no body set")
-    frames = [envelope.SerializeToString()]
+    frames = [_serialize(envelope)]
     for i, tokens in enumerate(arrays):
         frames.append(_to_int32(tokens, i).tobytes())
     problem = _check_refs(envelope, len(frames) - 1)
@@ -91,6 +92,60 @@ def _to_int32(tokens: Sequence[int] | np.ndarray, i: int) -> np.ndarray:
     return arr
 
 
+# A Batch's id leads frame 0, so that it can be read when nothing after it parses:
+#
+#   0x1a <varint n>  0x10 <varint batch_id>   <the whole envelope, batch_id included>
+#   \__ Envelope.batch (field 3), a 2-field-long Batch __/
+#
+# Protobuf merges repeated occurrences of a message field, so the receiver's parser sees one
+# Batch (batch_id written twice, same value). Every receiver parses this; 1.0 ones ignore the id.
+_BATCH_TAG, _BATCH_ID_TAG = 0x1A, 0x10
+
+
+def _serialize(envelope: pb.Envelope) -> bytes:
+    data = envelope.SerializeToString()
+    if envelope.WhichOneof("body") == "batch" and envelope.batch.batch_id:
+        head = _varint(envelope.batch.batch_id)
+        data = bytes((_BATCH_TAG, len(head) + 1, _BATCH_ID_TAG)) + head + data
+    return data
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def peek_batch_id(frames: Sequence) -> int:
+    """The ``Batch.batch_id`` at the head of a message's frame 0 (see ``_serialize``), read
+    without parsing the rest: a receiver that cannot decode the message still names the Batch
+    in its ``Error``. 0 when the message does not start with one; never raises."""
+    try:
+        head = bytes(memoryview(frames[0])[:13])  # tag, length, tag, a 10-byte varint at most
+    except Exception:  # noqa: BLE001 -- best effort by contract
+        return 0
+    if len(head) < 4 or head[0] != _BATCH_TAG or head[2] != _BATCH_ID_TAG:
+        return 0
+    value = shift = 0
+    for byte in head[3:2 + head[1]]:
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value if value < 1 << 64 else 0
+    return 0
+
+
+def echoes_batch_ids(peer_version: str) -> bool:
+    """Whether a peer of this protocol version names the Batch in its Errors (1.1 on)."""
+    try:
+        return parse_version(peer_version) >= BATCH_IDS_SINCE
+    except VersionMismatch:
+        return False
+
+
 # ---- decode -------------------------------------------------------------------------------
 
 # `array("i")` is little-endian int32 exactly when the host is little-endian with 4-byte ints.
@@ -104,7 +159,7 @@ def encode_trusted(envelope: pb.Envelope, arrays: Iterable = ()) -> list[bytes]:
     (numpy arrays, values outside int32, a big-endian host) goes through `encode` and its checks."""
     if not _ARRAY_IS_WIRE_FORMAT:
         return encode(envelope, arrays)
-    frames = [envelope.SerializeToString()]
+    frames = [_serialize(envelope)]
     try:
         for tokens in arrays:
             if type(tokens) is not list:
@@ -237,15 +292,16 @@ def make_hello(peer_name: str, role: int) -> pb.Envelope:
     return pb.Envelope(hello=pb.Hello(protocol_version=PROTOCOL_VERSION, peer_name=peer_name, role=role))
 
 
-def make_error(code: int, message: str, request_id: str = "") -> pb.Envelope:
+def make_error(code: int, message: str, request_id: str = "", batch_id: int = 0) -> pb.Envelope:
     """An ``Error`` envelope; ``code`` is a ``pb.Error.Code`` value."""
-    return pb.Envelope(error=pb.Error(code=code, message=message, request_id=request_id))
+    return pb.Envelope(error=pb.Error(code=code, message=message, request_id=request_id,
+                                      batch_id=batch_id))
 
 
-def error_for(exc: DecodeError) -> pb.Envelope:
+def error_for(exc: DecodeError, batch_id: int = 0) -> pb.Envelope:
     """The ``Error`` to answer a message that failed to decode or a refused ``Hello``."""
     code = pb.Error.VERSION_MISMATCH if isinstance(exc, VersionMismatch) else pb.Error.BAD_MESSAGE
-    return make_error(code, str(exc))
+    return make_error(code, str(exc), batch_id=batch_id)
 
 
 def make_abort(request_ids: Iterable[str]) -> pb.Envelope:

@@ -168,10 +168,12 @@ class GenerateRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_frame: _Optional[int] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., queue_class: _Optional[_Union[QueueClass, str]] = ..., priority: _Optional[int] = ..., arrival_time: _Optional[float] = ..., deadline: _Optional[float] = ..., suffix: _Optional[str] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("requests",)
+    __slots__ = ("requests", "batch_id")
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     requests: _containers.RepeatedCompositeFieldContainer[GenerateRequest]
-    def __init__(self, requests: _Optional[_Iterable[_Union[GenerateRequest, _Mapping]]] = ...) -> None: ...
+    batch_id: int
+    def __init__(self, requests: _Optional[_Iterable[_Union[GenerateRequest, _Mapping]]] = ..., batch_id: _Optional[int] = ...) -> None: ...
 
 class Abort(_message.Message):
     __slots__ = ("request_ids",)
@@ -270,7 +272,7 @@ class LoadReport(_message.Message):
     def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., recent_step_time_ms: _Optional[float] = ..., backend_id: _Optional[str] = ..., num_outstanding_tokens: _Optional[int] = ..., prefix_hashes: _Optional[_Iterable[int]] = ..., prefix_block_size: _Optional[int] = ..., num_prompt_tokens: _Optional[int] = ..., num_cached_prompt_tokens: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_held_messages: _Optional[int] = ..., num_dropped_peers: _Optional[int] = ..., num_swap_preemptions: _Optional[int] = ..., num_host_hit_tokens: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., num_host_used_blocks: _Optional[int] = ...) -> None: ...
 
 class Error(_message.Message):
-    __slots__ = ("code", "message", "request_id")
+    __slots__ = ("code", "message", "request_id", "batch_id")
     class Code(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         UNKNOWN: _ClassVar[Error.Code]
@@ -296,10 +298,12 @@ class Error(_message.Message):
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     code: Error.Code
     message: str
     request_id: str
-    def __init__(self, code: _Optional[_Union[Error.Code, str]] = ..., message: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+    batch_id: int
+    def __init__(self, code: _Optional[_Union[Error.Code, str]] = ..., message: _Optional[str] = ..., request_id: _Optional[str] = ..., batch_id: _Optional[int] = ...) -> None: ...
 
 class Health(_message.Message):
     __slots__ = ("nonce", "time", "reply")

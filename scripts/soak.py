@@ -117,6 +117,7 @@ async def sample(url: str, gw_pid: int, backends: list[tuple[str, subprocess.Pop
     async with aiohttp.ClientSession() as s, s.get(f"{url}/metrics") as r:
         text = await r.text()
     row = {"t_s": round(time.monotonic() - t0, 1),
+           "loadavg_1m": os.getloadavg()[0],  # the machine is shared: what the others ran
            "gateway_rss_mib": metric(text, "process_resident_memory_bytes") / 2**20,
            "gateway_fds": metric(text, "process_open_fds"),
            "gateway_tasks": metric(text, "tidegate_event_loop_tasks"),
@@ -207,9 +208,12 @@ async def run_soak(minutes: float, interval_s: float, out: Path | None, http_wor
             if final["frontdoor_open"] == 0 and all(final[f"b{i}_kv_usage"] == 0
                                                     for i in range(2)):
                 break
+        num_requests = sum(load.counts.values())
         summary = {
             "minutes": minutes, "interval_s": interval_s, "samples": len(rows),
-            "requests": load.counts, "baseline": baseline, "final_idle": final,
+            "http_workers": http_workers, "zmq_workers": zmq_workers,
+            "requests": load.counts, "requests_per_s": num_requests / (minutes * 60),
+            "baseline": baseline, "final_idle": final,
             "drift": {k: drift(rows, k) for k in rows[0] if k != "t_s"},
         }
         if out is not None:
@@ -219,8 +223,9 @@ async def run_soak(minutes: float, interval_s: float, out: Path | None, http_wor
                 w.writeheader()
                 w.writerows(rows)
             (out / "summary.json").write_text(json.dumps(summary, indent=2))
-            plot(rows, out / "soak.png", f"tidegate soak: {minutes:g} min, "
-                 f"{sum(load.counts.values())} requests, sampled every {interval_s:g} s")
+            plot(rows, out / "soak.png", f"tidegate soak: {minutes:g} min, {num_requests} "
+                 f"requests ({num_requests / (minutes * 60):.1f}/s), sampled every "
+                 f"{interval_s:g} s")
         return summary
     finally:
         gw.send_signal(signal.SIGTERM)
@@ -245,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = asyncio.run(run_soak(args.minutes, args.interval,
                                    Path(args.out) if args.out else None, args.http_workers,
                                    args.zmq_workers, args.step_ms))
-    print(json.dumps({k: summary[k] for k in ("samples", "requests", "final_idle")}, indent=2))
+    print(json.dumps({k: summary[k] for k in ("samples", "requests", "requests_per_s",
+                                              "final_idle")}, indent=2))
     for key, d in summary["drift"].items():
         print(f"{key:>18}: first {d['first']:9.2f}  last {d['last']:9.2f}  "
               f"slope {d['slope_per_hour']:+9.2f}/h")

@@ -63,6 +63,7 @@ class FakeBackend:
     script: object = default_script
     received: list[str] = field(default_factory=list)
     batch_sizes: list[int] = field(default_factory=list)
+    batch_ids: list[int] = field(default_factory=list)  # Batch.batch_id of each Batch
     aborted: list[str] = field(default_factory=list)
     num_bad_messages: int = 0
     running: dict = field(default_factory=dict)
@@ -121,6 +122,7 @@ class FakeBackend:
                 self._send(peer, pb.Envelope(backend_info=self.info()))
             elif decoded.kind == "batch":
                 self.batch_sizes.append(len(env.batch.requests))
+                self.batch_ids.append(env.batch.batch_id)
                 for r in env.batch.requests:
                     self._admit(peer, r, codec.array_of(decoded, r.prompt_frame))
             elif decoded.kind == "abort":

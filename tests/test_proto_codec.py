@@ -219,7 +219,7 @@ def test_version_check():
     for bad in ("", "1", "1.x", "v1.0", "1.0.0", " 1.0"):
         with pytest.raises(VersionMismatch, match="malformed"):
             codec.check_version(bad)
-    assert codec.parse_version(codec.PROTOCOL_VERSION) == (1, 0)
+    assert codec.parse_version(codec.PROTOCOL_VERSION) == (1, 1)  # 1.1: Batch.batch_id
 
 
 def test_hello_with_another_major_is_refused_with_a_clear_error():
@@ -261,3 +261,29 @@ def test_encode_trusted_makes_the_same_frames_as_encode():
     assert codec.encode_trusted(env, as_numpy) == codec.encode(env, lists)
     with pytest.raises(ValueError):
         codec.encode_trusted(env, [[2**31], []])
+
+
+@pytest.mark.parametrize("batch_id", [1, 127, 128, 2**35 + 3, 2**64 - 1])
+def test_batch_id_leads_the_message_and_survives_a_garbled_rest(batch_id):
+    env = pb.Envelope(batch=pb.Batch(batch_id=batch_id))
+    env.batch.requests.add(request_id="r", prompt_frame=0)
+    frames = codec.encode(env, [[1, 2, 3]])
+    assert codec.encode_trusted(env, [[1, 2, 3]]) == frames
+    decoded = codec.decode(frames)  # the repeated head merges into the one Batch
+    assert decoded.envelope.batch.batch_id == batch_id
+    assert [r.request_id for r in decoded.envelope.batch.requests] == ["r"]
+    assert codec.peek_batch_id(frames) == batch_id
+    head = frames[0][:3 + len(codec._varint(batch_id))]
+    garbled = [head + b"\xff" * 12]
+    with pytest.raises(codec.DecodeError):
+        codec.decode(garbled)
+    assert codec.peek_batch_id(garbled) == batch_id  # what the receiver can still name
+
+
+def test_peek_batch_id_is_zero_for_anything_else():
+    assert codec.peek_batch_id(codec.encode(pb.Envelope(batch=pb.Batch()))) == 0  # a 1.0 sender
+    assert codec.peek_batch_id(codec.encode(codec.make_abort(["a"]))) == 0
+    for frames in ([], [b""], [b"\x1a"], [b"\x1a\x0b\x10" + b"\xff" * 10], [object()]):
+        assert codec.peek_batch_id(frames) == 0
+    assert codec.echoes_batch_ids(codec.PROTOCOL_VERSION)
+    assert not codec.echoes_batch_ids("1.0") and not codec.echoes_batch_ids("junk")

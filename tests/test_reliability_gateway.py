@@ -198,8 +198,14 @@ async def test_a_gap_in_a_requests_output_fails_it(aiohttp_client):
         await backend.stop()
 
 
-class ErrorWithoutIdBackend(FakeBackend):
-    """Answers every Batch with one Error that names no request (a backend's catch-all)."""
+class OldErrorWithoutIdBackend(FakeBackend):
+    """A protocol 1.0 backend (no batch ids) answering every Batch with one Error that names no
+    request (a backend's catch-all)."""
+
+    def info(self):
+        info = super().info()
+        info.protocol_version = "1.0"
+        return info
 
     def _admit(self, peer, r, prompt):
         if not self.received:
@@ -207,8 +213,8 @@ class ErrorWithoutIdBackend(FakeBackend):
         self.received.append(r.request_id)
 
 
-async def test_an_error_without_request_id_fails_the_batch_it_answers(aiohttp_client):
-    backend = await ErrorWithoutIdBackend(ipc_address()).start()
+async def test_an_error_without_request_id_from_a_1_0_backend_fails_the_batch(aiohttp_client):
+    backend = await OldErrorWithoutIdBackend(ipc_address()).start()
     try:
         app = create_app(make_config(backend.address, request_timeout_s=TIMEOUT_S),
                          startup_wait_s=5)
@@ -217,6 +223,52 @@ async def test_an_error_without_request_id_fails_the_batch_it_answers(aiohttp_cl
         status, body = await post(client, "/v1/completions", {"prompt": "a", "max_tokens": 4})
         assert status == 502 and time.monotonic() - t0 < TIMEOUT_S / 2, body
         assert "boom" in body["error"]["message"]
+    finally:
+        await backend.stop()
+
+
+class FailsOneBatchBackend(FakeBackend):
+    """Cannot handle a Batch that carries request "doomed": answers it with one Error naming the
+    Batch (not its requests), as the worker does for a Batch it cannot read."""
+
+    def _admit(self, peer, r, prompt):
+        if r.request_id == "doomed":
+            self._send(peer, codec.make_error(pb.Error.INTERNAL, "internal error: boom",
+                                              batch_id=self.batch_ids[-1]))
+        if r.request_id in ("doomed", "doomed-too"):
+            return
+        super()._admit(peer, r, prompt)
+
+
+async def test_an_error_naming_a_batch_fails_only_that_batchs_requests(aiohttp_client):
+    backend = await FailsOneBatchBackend(ipc_address()).start()
+    try:
+        app = create_app(make_config(backend.address, request_timeout_s=TIMEOUT_S,
+                                     batcher=BatcherConfig(idle_flush=False, min_latency_ms=50,
+                                                           target_throughput=1.0)),
+                         startup_wait_s=5)
+        await aiohttp_client(app)
+        gw = app[GATEWAY_KEY]
+        backend.go.clear()  # no step runs: every request below stays without output
+        opts, sp = ServingOptions(), SamplingParams(max_tokens=4)
+        earlier = [gw.submit(f"ok{i}", [1, 2], sp, 4, opts) for i in range(2)]
+        await wait_for(lambda: len(backend.running) == 2)
+        doomed = [gw.submit(rid, [1, 2], sp, 4, opts) for rid in ("doomed", "doomed-too")]
+        await wait_for(lambda: len(backend.batch_ids) == 2)
+        assert len(set(backend.batch_ids)) == 2 and 0 not in backend.batch_ids
+        t0 = time.monotonic()
+        for h in doomed:
+            with pytest.raises(APIError) as info:
+                await _text(h)
+            assert info.value.status == 502 and "boom" in info.value.message
+        assert time.monotonic() - t0 < TIMEOUT_S / 2
+        # An Error naming neither a request nor a Batch (a 1.1 backend answering a message
+        # that was no Batch, an unreadable Health say) concerns no request.
+        for peer in backend._peers:
+            backend._send(peer, codec.make_error(pb.Error.BAD_MESSAGE, "garbled health"))
+        await asyncio.sleep(0.2)
+        backend.go.set()  # the earlier Batch's requests were never touched
+        assert [await asyncio.wait_for(_text(h), 3) for h in earlier] == [DEFAULT_TEXT[:4]] * 2
     finally:
         await backend.stop()
 
@@ -398,3 +450,34 @@ async def test_front_door_client_that_disconnects_has_its_requests_aborted(aioht
     ctx.term()
     await wait_for(lambda: not backend.running and not front._handles)
     assert len(backend.aborted) == 1
+
+
+# --- an Abort that cannot be queued is sent again, not dropped -----------------------------------
+async def test_an_abort_that_finds_the_socket_full_is_retried(gateway_client, backend):
+    import errno
+
+    client = await gateway_client()
+    gw = client.app[GATEWAY_KEY]
+    b = gw.pool.backends[0]
+    backend.go.clear()  # steps stop: the request stays in flight
+    handle = gw.submit("held", [1, 2], SamplingParams(max_tokens=50), 50, ServingOptions())
+    await wait_for(lambda: "held" in backend.running)
+    send = b.io.send
+    full = True
+
+    def send_or_eagain(frames):  # the DEALER at its high-water mark refuses every message
+        if full:
+            b.io.last_errno = errno.EAGAIN
+            return False
+        return send(frames)
+
+    b.io.send = send_or_eagain
+    handle.close()  # the client went away: the gateway aborts the request
+    await asyncio.sleep(0.3)
+    assert "held" in backend.running and gw.pool.num_unsent_aborts == 1
+    metrics = await (await client.get("/metrics")).text()
+    assert "tidegate_unsent_aborts 1.0" in metrics
+    full = False  # room again: the Abort goes out and the backend frees the request
+    await wait_for(lambda: "held" in backend.aborted, 3)
+    assert not backend.running and gw.pool.num_unsent_aborts == 0
+    assert gw.pool.num_abort_retries >= 2

@@ -59,10 +59,29 @@ def test_a_batch_that_cannot_be_decoded_is_answered_per_request(worker):
     for rid in ("a", "b"):
         env.batch.requests.add(request_id=rid, prompt_frame=5,  # no such array
                                sampling=pb.SamplingParams(max_tokens=2))
-    c.sock.send_multipart([env.SerializeToString()])
+    env.batch.batch_id = 41
+    c.sock.send_multipart(codec.encode(env, [[1]] * 6)[:1])  # the arrays are missing
     c.collect(["a", "b"], timeout_s=10)
-    assert sorted((e.request_id, e.code) for e in c.errors) == [
-        ("a", pb.Error.BAD_MESSAGE), ("b", pb.Error.BAD_MESSAGE)]
+    assert sorted((e.request_id, e.code, e.batch_id) for e in c.errors) == [
+        ("a", pb.Error.BAD_MESSAGE, 41), ("b", pb.Error.BAD_MESSAGE, 41)]
+    c.close()
+
+
+def test_a_batch_whose_envelope_does_not_parse_is_answered_with_its_batch_id(worker):
+    # Nothing past the Batch's head parses (no request id can be read), yet the Error names the
+    # Batch, so the gateway fails exactly its requests and no others.
+    c = DealerClient(worker.endpoint)
+    c.hello()
+    env = pb.Envelope(batch=pb.Batch(batch_id=2**40 + 7))
+    env.batch.requests.add(request_id="lost", prompt_frame=0, sampling=pb.SamplingParams(max_tokens=2))
+    frame = codec.encode(env, [[1, 2]])[0]
+    head = frame[:3 + len(codec._varint(2**40 + 7))]
+    c.sock.send_multipart([head + b"\xff" * 12, b"\0" * 8])  # a tag that never ends
+    m = c.recv()
+    while m.kind != "error":
+        m = c.recv()
+    err = m.envelope.error
+    assert (err.code, err.request_id, err.batch_id) == (pb.Error.BAD_MESSAGE, "", 2**40 + 7)
     c.close()
 
 
