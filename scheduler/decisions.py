@@ -3,12 +3,15 @@
 Both sides write the same records, so that a live run and a simulated replay of its arrivals can
 be compared decision by decision (`bench.decision_fidelity`):
 
-    {"kind": "arrival", "id": "r7", "t": 12.5, "prompt": 512, "max_tokens": 128, "class": 1}
+    {"kind": "arrival", "id": "r7", "t": 12.5, "prompt": 512, "max_tokens": 128, "class": 1,
+     "received": 12.4997}
     {"kind": "batch", "t": 12.505, "size": 2, "ids": ["r6", "r7"], "classes": [1, 1]}
 
 The arrival records are the trace the simulator replays (`sims.decision_replay`); the batch
 records are the decisions. Times are the writer's clock (the gateway's monotonic clock, or the
-simulator's virtual one). The log is opt-in: callers hold `None` when it is off, so the cost of
+simulator's virtual one). An arrival's `t` is when the batcher took the request (the push, which
+opens a window); `received` (optional) is the gateway's earlier stamp of the HTTP request, so the
+log also shows what the front end (body, tokenizer, handle) took before the batcher saw it. The log is opt-in: callers hold `None` when it is off, so the cost of
 "off" is one `is None` test per arrival and per flushed window.
 
 Stdlib only (scheduler/ stays pure); a log may keep its records in memory or append them to a
@@ -29,11 +32,15 @@ class ArrivalRecord:
     num_prompt_tokens: int
     max_tokens: int
     queue_class: int
+    received: float | None = None  # the gateway's HTTP stamp, <= t (None: not recorded)
 
     def to_json(self) -> dict:
-        return {"kind": "arrival", "id": self.request_id, "t": self.t,
-                "prompt": self.num_prompt_tokens, "max_tokens": self.max_tokens,
-                "class": self.queue_class}
+        d = {"kind": "arrival", "id": self.request_id, "t": self.t,
+             "prompt": self.num_prompt_tokens, "max_tokens": self.max_tokens,
+             "class": self.queue_class}
+        if self.received is not None:
+            d["received"] = self.received
+        return d
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +73,10 @@ class DecisionLog:
         return cls(open(path, "a", buffering=1, encoding="utf-8"), keep=False)
 
     def arrival(self, request_id: str, t: float, num_prompt_tokens: int, max_tokens: int,
-                queue_class: int) -> None:
-        self._add(self.arrivals, ArrivalRecord(request_id, float(t), int(num_prompt_tokens),
-                                               int(max_tokens), int(queue_class)))
+                queue_class: int, received: float | None = None) -> None:
+        self._add(self.arrivals, ArrivalRecord(
+            request_id, float(t), int(num_prompt_tokens), int(max_tokens), int(queue_class),
+            None if received is None else float(received)))
 
     def batch(self, t: float, request_ids: Iterable[str], classes: Iterable[int]) -> None:
         self._add(self.batches, BatchRecord(float(t), tuple(request_ids),
@@ -96,8 +104,10 @@ def parse_records(lines: Iterable[str]) -> tuple[list[ArrivalRecord], list[Batch
         try:
             d = json.loads(line)
             if d["kind"] == "arrival":
+                received = d.get("received")
                 arrivals.append(ArrivalRecord(str(d["id"]), float(d["t"]), int(d["prompt"]),
-                                              int(d["max_tokens"]), int(d["class"])))
+                                              int(d["max_tokens"]), int(d["class"]),
+                                              None if received is None else float(received)))
             elif d["kind"] == "batch":
                 batches.append(BatchRecord(float(d["t"]), tuple(str(i) for i in d["ids"]),
                                            tuple(int(c) for c in d["classes"])))

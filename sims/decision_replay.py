@@ -12,10 +12,11 @@ to the last bit, which is what makes the deterministic part of the comparison ex
 
 What is deterministic: with idle flush off (`BatcherConfig.idle_flush=False`) and no flush held
 for lack of backend slots, a window's membership depends only on the arrivals and the batcher
-settings, so live and replay must agree exactly. With idle flush on, the live gateway flushes
-when a backend holds none of its requests, the simulator when a simulated backend is below the
-spare watermark; those differ wherever the cost model's step times differ from the live ones,
-and the comparison measures by how much.
+settings, so live and replay must agree exactly. With idle flush on, both sides flush when a
+backend holds none of the gateway's requests (the same rule; `EventLoop.spare`), but when that
+happens depends on step times: the live engine's and the cost model's differ, and the comparison
+measures by how much. The arrival times are the pushes into the batcher (`Dispatcher.submit`),
+which is where the simulator pushes them too.
 """
 from __future__ import annotations
 

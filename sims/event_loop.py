@@ -49,7 +49,8 @@ _STEP, _STRETCH, _TIMER, _DELIVER = 0, 1, 2, 3  # event kinds: indices into Even
 class EngineConfig:
     num_backends: int = 1
     network_delay_s: float = 0.0        # gateway -> backend one-way delay of a batch
-    spare_kv_watermark: float = 0.9     # a backend is "spare" below this KV use with nothing waiting
+    # a stretch may run past finishes only below this KV use (with room for more sequences)
+    spare_kv_watermark: float = 0.9
     max_stretch_steps: int = 1 << 30    # cap on one k-step advance (1 disables stretches)
     max_stretch_finishes: int = 0       # finishing steps one stretch may pass (0: ends at the first)
     num_samples: int = 2000             # time-series samples (queue depth, KV use) over the run
@@ -99,6 +100,7 @@ class _Backend:
         "inbox",
         "last_report",
         "num_placed",
+        "outstanding",
         "plan",
         "released_early",
         "sched",
@@ -125,6 +127,7 @@ class _Backend:
         self.busy_s = 0.0           # time spent in steps
         self.last_report = -INF
         self.num_placed = 0         # requests placed here
+        self.outstanding = 0        # placed here and not finished (the gateway's in-flight count)
         self.tokens_placed = 0      # their prompt + output tokens
 
 
@@ -168,6 +171,8 @@ class EventLoop:
         self.events = 0
         self.timer_deadline = INF
         self.watermark = config.spare_kv_watermark
+        # backends holding none of the gateway's requests: what idle flush reads (spare())
+        self.num_idle = config.num_backends
         self.delay = config.network_delay_s
         self.max_k = config.max_stretch_steps
         horizon = float(self.arrival[-1]) if n else 0.0
@@ -183,10 +188,6 @@ class EventLoop:
         self.max_fin = config.max_stretch_finishes
         self.progress_every = max(1, n // 50)
         self.next_progress = self.progress_every
-        # spare(): what the adapters' num_waiting / has_room / kv_usage say, read without the
-        # adapters' property calls (it runs twice per arrival)
-        self.cores = [(be, be.sched.sched, be.sched.bm) for be in backends]
-        self.max_seqs = sched_config.max_num_seqs
         self.now = 0.0
         # placement: the gateway's own policy object; load = prompt + output tokens charged at
         # dispatch (less what the policy expects cached), released when the request finishes
@@ -206,12 +207,11 @@ class EventLoop:
         heapq.heappush(self.heap, (t, self.seq, kind, arg))
 
     def spare(self) -> bool:
-        num_blocks, watermark, max_seqs = self.num_blocks, self.watermark, self.max_seqs
-        for be, core, bm in self.cores:
-            if (not be.inbox and not core.waiting and len(core.running) < max_seqs
-                    and (num_blocks - bm.num_free_blocks) / num_blocks < watermark):
-                return True
-        return False
+        """Idle flush's test, the live gateway's (`BackendPool.has_idle_backend` and its
+        busy->idle edge): some backend holds none of the requests placed on it. It once read
+        the simulated backend's room and KV use instead, which the gateway cannot see, so the
+        simulator flushed windows at once that the live gateway kept open (issue 18)."""
+        return self.num_idle > 0
 
     def dispatch(self, now: float) -> None:
         """Flush one window: the placement policy splits it over backends (one batch each)."""
@@ -243,6 +243,9 @@ class EventLoop:
         backends = self.backends
         for b, part in parts.items():
             be = backends[b]
+            if not be.outstanding:
+                self.num_idle -= 1
+            be.outstanding += len(part)
             be.num_placed += len(part)
             be.tokens_placed += sum(num_tokens[i] for i in part)
             if self.delay > 0:
@@ -308,11 +311,15 @@ class EventLoop:
 
     def admit(self, be: _Backend, now: float) -> None:
         sched = be.sched
+        refused = 0
         for i in be.inbox:
             if not sched.add(i, now):
                 self.rejected[i] = True
                 self.placement.release(be.idx, self.charged[i])
+                refused += 1
         be.inbox.clear()
+        if refused:
+            self.settle(be, refused)
 
     def start_step(self, be: _Backend, now: float) -> None:
         if be.inbox:
@@ -360,6 +367,14 @@ class EventLoop:
         for i in done:
             finish_t[i] = now
             release(b, charged[i])
+        if done:
+            self.settle(be, len(done))
+
+    def settle(self, be: _Backend, num: int) -> None:
+        """`num` of the backend's requests left it (finished or refused)."""
+        be.outstanding -= num
+        if not be.outstanding:
+            self.num_idle += 1
 
     def after_step(self, be: _Backend, now: float) -> None:
         be.busy_s += now - be.step_start

@@ -143,7 +143,8 @@ def test_log_round_trips_as_json_lines(tmp_path):
     path = str(tmp_path / "decisions.jsonl")  # the file the gateway's --decision-log appends to
     on_disk = DecisionLog.open(path)
     for a in arrivals:
-        on_disk.arrival(a.request_id, a.t, a.num_prompt_tokens, a.max_tokens, a.queue_class)
+        on_disk.arrival(a.request_id, a.t, a.num_prompt_tokens, a.max_tokens, a.queue_class,
+                        a.received)
     for b in batches:
         on_disk.batch(b.t, b.request_ids, b.classes)
     on_disk.close()
@@ -203,3 +204,50 @@ def test_cli_replays_a_live_log(tmp_path, capsys):
                  "--no-idle-flush"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert not r["sequence_identical"] and r["same_membership_share"] < 1.0
+
+
+def test_window_opens_when_the_request_reaches_the_batcher_not_at_its_http_stamp():
+    """The gateway stamps a request on receipt and pushes it after setting it up; a lone request's
+    window (1 / (2000 * 0.8) = 0.625 ms here) must run from the push, as it does in the simulator,
+    which pushes at the arrival. Stamped 1 ms before the push, the window was due at once."""
+    clock = ManualClock(100.0)
+    log = DecisionLog(io.StringIO())
+    d = _VirtualDispatcher(_Pool(), _Metrics(), BATCHER, QueueConfig(), clock, decision_log=log)
+    a = ArrivalRecord("r0", 100.0, 16, 8, -1)
+    h = _Handle(a)  # HTTP stamp 100.000
+    clock.set(100.001)  # pushed 1 ms later
+    d.submit(h)
+    assert h.dispatched_at is None  # not flushed at the push
+    assert d._timer_deadline == pytest.approx(100.001 + 1 / BATCHER.flush_rate)
+    assert log.arrivals[0].t == 100.001 and log.arrivals[0].received == 100.0
+    b = ArrivalRecord("r1", 100.0012, 16, 8, -1)  # joins the open window
+    clock.set(100.0012)
+    d.submit(_Handle(b))
+    clock.set(d._timer_deadline)
+    d._on_timer()
+    assert [r.request_ids for r in log.batches] == [("r0", "r1")]
+    # the replay of what the log says decides the same
+    sim = replay(log.arrivals, SimSchedulerConfig(batcher=BATCHER))
+    assert [r.request_ids for r in sim] == [("r0", "r1")] and sim[0].t == log.batches[0].t
+    assert h.arrival_time == 100.0  # the handle keeps its receipt stamp for latency figures
+
+
+def test_simulated_idle_flush_reads_what_the_gateway_knows():
+    """Idle flush in the simulator follows the live gateway's rule: a backend is idle while it
+    holds none of the gateway's requests (BackendPool.has_idle_backend, and the busy->idle edge
+    when its last one finishes). A backend with room and little KV in use, but still running a
+    request, is not idle: the next window stays open."""
+    from scheduler.decisions import ArrivalRecord as A
+    from sims.cost import ConstantCost
+    from sims.event_loop import EngineConfig
+
+    idle = BatcherConfig(max_batch_size=8, min_latency_ms=5.0, target_throughput=2000.0,
+                         hysteresis=0.8, idle_flush=True)
+    arrivals = [A("r0", 10.0, 16, 4, -1),     # idle backend: out at once
+                A("r1", 10.001, 16, 4, -1),   # backend runs r0 (4 steps x 10 ms): window opens
+                A("r2", 10.0012, 16, 4, -1),  # joins it (deadline 10.001 + 2 / 1600)
+                A("r3", 10.2, 16, 4, -1)]     # everything done by then: idle again, out at once
+    sim = replay(arrivals, SimSchedulerConfig(batcher=idle), ConstantCost(0.010),
+                 EngineConfig(num_samples=1))
+    assert [b.request_ids for b in sim] == [("r0",), ("r1", "r2"), ("r3",)]
+    assert [b.t for b in sim] == [10.0, 10.001 + 2 / idle.flush_rate, 10.2]
