@@ -33,12 +33,13 @@ def configure_serving(runner, quantization: str | None = None, enforce_eager: bo
     """Serving-time transforms of a built runner, in order: quantize the weights, then set up
     and capture the step graphs (CUDA). Returns timings (and graph memory) for the start-up
     log."""
-    from backend.quantization import quantize_model
-
     info: dict = {"quantization": quantization or "none", "cuda_graphs": False}
     if runner.graphs is not None:
         runner.graphs.release()
     if quantization and quantization != "none":
+        # imported only when asked for: it loads Triton (~0.9 s), which a CPU backend never needs
+        from backend.quantization import quantize_model
+
         t0 = time.perf_counter()
         quantize_model(runner.model, quantization)
         info["quantize_s"] = time.perf_counter() - t0

@@ -23,22 +23,21 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from aiohttp import web
-
+# Only what parsing the command line needs is imported here: `main` starts the embedded backend
+# (whose `import torch` is the long pole of start-up) before the gateway's own modules (aiohttp,
+# the app, the pool: ~0.9 s) are imported, so the two overlap on a multi-core machine.
 from engine_flags import add_forwarded_engine_args, default_model, forwarded_argv
-from gateway.app import create_app, drain
-from gateway.app_keys import GATEWAY_KEY
-from gateway.backend_pool import PoolConfig
-from gateway.core import GatewayConfig
-from gateway.prometheus_metrics import SLOConfig
 from gateway.validation import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, RequestLimits
-from proto.security import SecurityError, check_bind, keys_from_args
-from scheduler.batcher import BatcherConfig
 from scheduler.capacity import DEFAULT_CAPACITY
 from scheduler.placement import add_placement_arguments, placement_config_from_args
-from scheduler.queues import QueueConfig
 from tokenizer.fim import FimTemplate
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from gateway.core import GatewayConfig
 
 log = logging.getLogger("tidegate.serve")
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -161,6 +160,13 @@ def embedded_backend_argv(args: argparse.Namespace, listen: str) -> list[str]:
 
 
 def gateway_config(args: argparse.Namespace, backends: list[str]) -> GatewayConfig:
+    from gateway.backend_pool import PoolConfig
+    from gateway.core import GatewayConfig
+    from gateway.prometheus_metrics import SLOConfig
+    from proto.security import keys_from_args
+    from scheduler.batcher import BatcherConfig
+    from scheduler.queues import QueueConfig
+
     q = args.max_queue_requests
     curve = keys_from_args(args.curve_key, args.backend_key, args.curve_allow)
     if args.fim_template:
@@ -213,6 +219,8 @@ class EmbeddedBackend:
 
 async def _wait_for_backend(app: web.Application, embedded: EmbeddedBackend,
                             timeout: float) -> bool:
+    from gateway.app_keys import GATEWAY_KEY
+
     pool = app[GATEWAY_KEY].pool
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -224,11 +232,19 @@ async def _wait_for_backend(app: web.Application, embedded: EmbeddedBackend,
     return False
 
 
-async def serve(args: argparse.Namespace) -> int:
+async def serve(args: argparse.Namespace, embedded: EmbeddedBackend | None = None) -> int:
+    """Run the gateway until SIGTERM/SIGINT. `embedded`: the embedded backend if the caller
+    already started it (`_run_one` does, to overlap its start-up with these imports)."""
+    from aiohttp import web
+
+    from gateway.app import create_app, drain
+    from gateway.app_keys import GATEWAY_KEY
+    from proto.security import SecurityError, check_bind
+
     backends = args.backend or ["embedded"]
-    embedded = None
     if "embedded" in backends:
-        embedded = EmbeddedBackend(args)
+        if embedded is None:
+            embedded = EmbeddedBackend(args)
         backends = [b for b in backends if b != "embedded"] + [embedded.address]
     try:
         config = gateway_config(args, backends)
@@ -302,13 +318,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_one(args: argparse.Namespace) -> int:
+    # The embedded backend first: it starts (torch, weights) while this process imports the rest.
+    embedded = EmbeddedBackend(args) if "embedded" in (args.backend or ["embedded"]) else None
     try:
         import uvloop
     except ImportError:  # not on Windows
         uvloop = None
-    if uvloop is not None:
-        return uvloop.run(serve(args))
-    return asyncio.run(serve(args))
+    try:
+        if uvloop is not None:
+            return uvloop.run(serve(args, embedded))
+        return asyncio.run(serve(args, embedded))
+    finally:
+        if embedded is not None:  # serve() stops it; this covers a failure before serve() ran
+            embedded.stop()
 
 
 if __name__ == "__main__":

@@ -140,3 +140,20 @@ def test_cli_style_error_is_one_line():
             "try:\n    load('nope')\nexcept ModelLoadError as e:\n    print(e)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.count("\n") == 1 and "neither a directory nor a preset" in out.stdout
+
+
+def test_cpu_backend_start_up_imports_neither_sympy_nor_triton():
+    """Start-up time (issue 16: ready in <= 5 s): a CPU engine built and configured the way
+    `tidegate backend` does it must not pull in torch's symbolic-shapes machinery (sympy, ~1.3 s:
+    `Module.to_empty` on meta tensors did) or Triton (~0.9 s: the FP8 kernels, only needed with
+    --quantization fp8 on CUDA)."""
+    code = (
+        "import sys\n"
+        "from backend.build import BackendConfig, create_engine\n"
+        "from backend.serving_setup import configure_serving\n"
+        "engine, loaded = create_engine(BackendConfig(model='tiny', num_blocks=64))\n"
+        "configure_serving(engine.runner)\n"
+        "print(sorted(m for m in ('sympy', 'triton') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
