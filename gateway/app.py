@@ -29,6 +29,7 @@ from gateway.app_keys import (
 )
 from gateway.core import Gateway, GatewayConfig
 from gateway.errors import APIError, internal_error, shutting_down, too_large, unauthorized
+from gateway.openapi import openapi_handler
 from gateway.routes import chat_completions, completions
 from gateway.tokenize_routes import detokenize, tokenize
 
@@ -174,6 +175,7 @@ def create_app(config: GatewayConfig, *, startup_wait_s: float = 0.0,
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/detokenize", detokenize)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/openapi.json", openapi_handler(_version()))  # behind the API key
     add_admin_routes(app)
     return app
 

@@ -13,7 +13,7 @@ from gateway.validation import parse_detokenize_request, parse_json_body, parse_
 async def tokenize(request: web.Request) -> web.Response:
     """{"prompt"} or {"messages"} -> {"count", "max_model_len", "tokens", "token_strs"}."""
     gw = request.app[GATEWAY_KEY]
-    req = parse_tokenize_request(parse_json_body(await request.read()))
+    req = parse_tokenize_request(parse_json_body(await request.read()), gw.config.limits)
     check_model(gw, req.model)
     bundle = gw.bundle
     if req.messages is not None:
@@ -34,7 +34,8 @@ async def tokenize(request: web.Request) -> web.Response:
 async def detokenize(request: web.Request) -> web.Response:
     """{"tokens"} -> {"prompt"} (special tokens kept, as vLLM's /detokenize does)."""
     gw = request.app[GATEWAY_KEY]
-    model, tokens = parse_detokenize_request(parse_json_body(await request.read()))
+    model, tokens = parse_detokenize_request(parse_json_body(await request.read()),
+                                             gw.config.limits)
     check_model(gw, model)
     vocab = gw.info.vocab_size
     if vocab and tokens and max(tokens) >= vocab:

@@ -1,7 +1,9 @@
 """Parse and validate OpenAI request bodies into the frozen records of `openai_schema`.
 
 Every failure is an `APIError(400)` naming the offending parameter; nothing here raises
-anything else for bad input, whatever the bytes are.
+anything else for bad input, whatever the bytes are. Which endpoint takes which field, and each
+scalar's type, bounds and meaning, come from `gateway.request_fields` (the table GET
+/openapi.json is generated from too).
 """
 from __future__ import annotations
 
@@ -21,16 +23,28 @@ from gateway.openai_schema import (
     ServingOptions,
     TokenizeRequest,
 )
+from gateway.request_fields import (  # noqa: F401 -- re-exported: the names other modules use
+    CHAT_FIELDS,
+    CHAT_LOGPROBS,
+    COMMON_FIELDS,
+    COMPLETION_FIELDS,
+    COMPLETION_LOGPROBS,
+    DETOKENIZE_FIELDS,
+    INT32_MAX,
+    INT32_MIN,
+    INT64_MAX,
+    INT64_MIN,
+    MAX_LOGPROBS,
+    SCALARS,
+    TOKENIZE_FIELDS,
+    UNSUPPORTED_FIELDS,
+    Scalar,
+)
 
 log = logging.getLogger("tidegate.gateway.validation")
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
-MAX_LOGPROBS = 20
-# Wire-type bounds (proto/tidegate.proto): a value that does not fit its field must be a 400
-# here, never an exception while the Batch is built.
-INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
-INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,20 +107,45 @@ def _type_error(param: str, expected: str, value: Any) -> APIError:
                        "invalid_type")
 
 
-def _get_int(body: dict, name: str, default: int | None, lo: int = INT32_MIN,
-             hi: int = INT32_MAX) -> int | None:
-    """An integer in [lo, hi] (by default the int32 range, the widest most wire fields hold)."""
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _type_error(name, "an integer", value)
-    if not lo <= value <= hi:
-        raise bad_request(f"'{name}' must be in [{lo}, {hi}], got {_short(value)}.", name)
+def _scalar(body: dict, name: str, default: Any, limits: RequestLimits = LIMITS,
+            spec: Scalar | None = None) -> Any:
+    """Field `name` of `body` checked against its row of `request_fields.SCALARS` (type, then
+    bounds); `default` when absent or null."""
+    spec = spec or SCALARS[name]
+    if spec.kind == "boolean":
+        return _get_bool(body, name, default)
+    if spec.kind == "string":
+        value = _get_str(body, name)
+        return default if value is None else value
+    if spec.kind == "integer":
+        value = body.get(name)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _type_error(name, "an integer", value)
+    else:
+        value = _get_float(body, name, None)
+        if value is None:
+            return default
+    lo, hi = spec.bounds(limits)
+    low_ok = lo is None or (value > lo if spec.exclusive_minimum else value >= lo)
+    if not (low_ok and (hi is None or value <= hi)):
+        raise bad_request(f"'{name}' must be {_range_text(spec, lo, hi)}, got {_short(value)}.",
+                          name)
     return value
 
 
-def _short(value: int) -> str:
+def _range_text(spec: Scalar, lo: float | None, hi: float | None) -> str:
+    if hi is None:
+        return f"{'>' if spec.exclusive_minimum else '>='} {_num(lo)}"
+    return f"in {'(' if spec.exclusive_minimum else '['}{_num(lo)}, {_num(hi)}]"
+
+
+def _num(value: float) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _short(value: float) -> str:
     text = str(value)
     return text if len(text) <= 24 else f"{text[:10]}...({len(text)} digits)"
 
@@ -178,28 +217,16 @@ def _parse_stop(body: dict, limits: RequestLimits) -> tuple[str, ...]:
 def _parse_sampling(body: dict, logprobs: int | None, max_tokens_default: int | None,
                     max_tokens_name: str = "max_tokens",
                     limits: RequestLimits = LIMITS) -> SamplingParams:
-    max_tokens = _get_int(body, max_tokens_name, max_tokens_default, hi=(1 << 32) - 1)
-    if max_tokens is not None and max_tokens < 1:
-        raise bad_request(f"'{max_tokens_name}' must be at least 1, got {max_tokens}.",
-                          max_tokens_name)
-    temperature = _get_float(body, "temperature", 1.0)
-    if not 0.0 <= temperature <= 2.0:
-        raise bad_request(f"'temperature' must be in [0, 2], got {temperature}.", "temperature")
-    top_p = _get_float(body, "top_p", 1.0)
-    if not 0.0 < top_p <= 1.0:
-        raise bad_request(f"'top_p' must be in (0, 1], got {top_p}.", "top_p")
-    top_k = _get_int(body, "top_k", -1)
-    if top_k < -1:
-        raise bad_request(f"'top_k' must be -1 (disabled) or at least 0, got {top_k}.", "top_k")
+    max_tokens = _scalar(body, max_tokens_name, max_tokens_default, limits)
     processors = _parse_processors(body, max_tokens, limits)
     return SamplingParams(
         max_tokens=max_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        seed=_get_int(body, "seed", None, INT64_MIN, INT64_MAX),
+        temperature=_scalar(body, "temperature", 1.0, limits),
+        top_p=_scalar(body, "top_p", 1.0, limits),
+        top_k=_scalar(body, "top_k", -1, limits),
+        seed=_scalar(body, "seed", None, limits),
         stop=_parse_stop(body, limits),
-        ignore_eos=_get_bool(body, "ignore_eos", False),
+        ignore_eos=_scalar(body, "ignore_eos", False, limits),
         logprobs=logprobs,
         **processors,
     )
@@ -211,8 +238,8 @@ def parse_sampling_fields(body: dict, logprobs: int | None,
     return _parse_sampling(body, logprobs, max_tokens_default=16, limits=limits)
 
 
-def _parse_options(body: dict) -> ServingOptions:
-    stream = _get_bool(body, "stream", False)
+def _parse_options(body: dict, limits: RequestLimits) -> ServingOptions:
+    stream = _scalar(body, "stream", False, limits)
     include_usage = False
     stream_options = body.get("stream_options")
     if stream_options is not None:
@@ -222,16 +249,13 @@ def _parse_options(body: dict) -> ServingOptions:
             raise bad_request("'stream_options' is only allowed when 'stream' is true.",
                               "stream_options")
         include_usage = _get_bool(stream_options, "include_usage", False)
-    deadline_ms = _get_float(body, "deadline_ms", None)
-    if deadline_ms is not None and deadline_ms <= 0:
-        raise bad_request(f"'deadline_ms' must be positive, got {deadline_ms}.", "deadline_ms")
     return ServingOptions(
         stream=stream,
         include_usage=include_usage,
-        user=_get_str(body, "user"),
-        priority=_get_int(body, "priority", 0),
-        deadline_ms=deadline_ms,
-        return_token_ids=_get_bool(body, "return_token_ids", False),
+        user=_scalar(body, "user", None, limits),
+        priority=_scalar(body, "priority", 0, limits),
+        deadline_ms=_scalar(body, "deadline_ms", None, limits),
+        return_token_ids=_scalar(body, "return_token_ids", False, limits),
     )
 
 
@@ -273,19 +297,16 @@ def _parse_prompts(body: dict, limits: RequestLimits) -> tuple[Prompt, ...]:
 def parse_completion_request(body: dict[str, Any],
                              limits: RequestLimits = LIMITS) -> CompletionRequest:
     check_fields(body, COMPLETION_FIELDS, limits, "/v1/completions")
-    logprobs = _get_int(body, "logprobs", None)
-    if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
-        raise bad_request(f"'logprobs' must be in [0, {MAX_LOGPROBS}], got {logprobs}.",
-                          "logprobs")
+    logprobs = _scalar(body, "logprobs", None, limits, COMPLETION_LOGPROBS)
     return CompletionRequest(
-        model=_get_str(body, "model"),
+        model=_scalar(body, "model", None, limits),
         prompts=_parse_prompts(body, limits),
         sampling=_parse_sampling(body, logprobs, max_tokens_default=16, limits=limits),
-        options=_parse_options(body),
-        echo=_get_bool(body, "echo", False),
-        suffix=_check_text(_get_str(body, "suffix") or "", "suffix") or None,
-        add_special_tokens=_get_bool(body, "add_special_tokens", True),
-        request_id=_get_str(body, "request_id"),
+        options=_parse_options(body, limits),
+        echo=_scalar(body, "echo", False, limits),
+        suffix=_scalar(body, "suffix", None, limits) or None,
+        add_special_tokens=_scalar(body, "add_special_tokens", True, limits),
+        request_id=_scalar(body, "request_id", None, limits),
     )
 
 
@@ -332,28 +353,25 @@ def _parse_messages(body: dict) -> tuple[ChatMessage, ...]:
 
 def parse_chat_request(body: dict[str, Any], limits: RequestLimits = LIMITS) -> ChatRequest:
     check_fields(body, CHAT_FIELDS, limits, "/v1/chat/completions")
-    want_logprobs = _get_bool(body, "logprobs", False)
-    top_logprobs = _get_int(body, "top_logprobs", None)
-    if top_logprobs is not None:
-        if not want_logprobs:
-            raise bad_request("'top_logprobs' requires 'logprobs' to be true.", "top_logprobs")
-        if not 0 <= top_logprobs <= MAX_LOGPROBS:
-            raise bad_request(f"'top_logprobs' must be in [0, {MAX_LOGPROBS}], got "
-                              f"{top_logprobs}.", "top_logprobs")
+    want_logprobs = _scalar(body, "logprobs", False, limits, CHAT_LOGPROBS)
+    top_logprobs = _scalar(body, "top_logprobs", None, limits)
+    if top_logprobs is not None and not want_logprobs:
+        raise bad_request("'top_logprobs' requires 'logprobs' to be true.", "top_logprobs")
+    _scalar(body, "parallel_tool_calls", None, limits)  # checked, then ignored: no tools
     logprobs = (top_logprobs or 0) if want_logprobs else None
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else \
         "max_tokens"
     return ChatRequest(
-        model=_get_str(body, "model"),
+        model=_scalar(body, "model", None, limits),
         messages=_parse_messages(body),
         sampling=_parse_sampling(body, logprobs, max_tokens_default=None, max_tokens_name=name,
                                  limits=limits),
-        options=_parse_options(body),
-        add_generation_prompt=_get_bool(body, "add_generation_prompt", True),
+        options=_parse_options(body, limits),
+        add_generation_prompt=_scalar(body, "add_generation_prompt", True, limits),
         top_logprobs_requested=want_logprobs,
-        echo=_get_bool(body, "echo", False),
-        add_special_tokens=_get_bool(body, "add_special_tokens", False),
-        request_id=_get_str(body, "request_id"),
+        echo=_scalar(body, "echo", False, limits),
+        add_special_tokens=_scalar(body, "add_special_tokens", False, limits),
+        request_id=_scalar(body, "request_id", None, limits),
     )
 
 
@@ -373,33 +391,20 @@ def check_context_length(prompt_len: int, max_tokens: int | None, max_model_len:
 def _parse_processors(body: dict, max_tokens: int | None, limits: RequestLimits) -> dict[str, Any]:
     """The logit processors and output options beyond OpenAI's basics (as vLLM names them)."""
     out: dict[str, Any] = {}
-    for name in ("presence_penalty", "frequency_penalty"):
-        value = _get_float(body, name, 0.0)
-        if not -2.0 <= value <= 2.0:
-            raise bad_request(f"'{name}' must be in [-2, 2], got {value}.", name)
-        out[name] = value
-    rep = _get_float(body, "repetition_penalty", 1.0)
-    if not 0.0 < rep <= 10.0:
-        raise bad_request(f"'repetition_penalty' must be in (0, 10], got {rep}.",
-                          "repetition_penalty")
-    out["repetition_penalty"] = rep
-    min_p = _get_float(body, "min_p", 0.0)
-    if not 0.0 <= min_p <= 1.0:
-        raise bad_request(f"'min_p' must be in [0, 1], got {min_p}.", "min_p")
-    out["min_p"] = min_p
-    min_tokens = _get_int(body, "min_tokens", 0)
-    if min_tokens < 0 or (max_tokens is not None and min_tokens > max_tokens):
+    for name, default in (("presence_penalty", 0.0), ("frequency_penalty", 0.0),
+                          ("repetition_penalty", 1.0), ("min_p", 0.0)):
+        out[name] = _scalar(body, name, default, limits)
+    min_tokens = _scalar(body, "min_tokens", 0, limits)
+    if max_tokens is not None and min_tokens > max_tokens:
         raise bad_request(f"'min_tokens' must be in [0, max_tokens], got {min_tokens}.",
                           "min_tokens")
     out["min_tokens"] = min_tokens
     out["logit_bias"] = _parse_logit_bias(body, limits)
     out["stop_token_ids"] = _parse_token_ids(body, "stop_token_ids", limits.max_stop_token_ids)
-    out["skip_special_tokens"] = _get_bool(body, "skip_special_tokens", True)
-    out["include_stop_str_in_output"] = _get_bool(body, "include_stop_str_in_output", False)
-    n = _get_int(body, "n", 1)
-    if not 1 <= n <= limits.max_n:
-        raise bad_request(f"'n' must be in [1, {limits.max_n}], got {n}.", "n")
-    best_of = _get_int(body, "best_of", None)
+    out["skip_special_tokens"] = _scalar(body, "skip_special_tokens", True, limits)
+    out["include_stop_str_in_output"] = _scalar(body, "include_stop_str_in_output", False, limits)
+    n = _scalar(body, "n", 1, limits)
+    best_of = _scalar(body, "best_of", None, limits)
     # vLLM V1 dropped best_of: only the value that changes nothing (== n) is taken
     if best_of is not None and best_of != n:
         raise bad_request(f"'best_of' is not supported (as in vLLM V1); got {best_of}, only "
@@ -450,22 +455,6 @@ def _parse_token_ids(body: dict, name: str, max_len: int) -> tuple[int, ...]:
     return tuple(dict.fromkeys(value))
 
 
-# Fields of vLLM's request bodies, by what we do with them. Every field not listed anywhere is
-# unknown: a warning once per name (as vLLM logs "ignored fields"), a 400 under --strict-api.
-COMMON_FIELDS = frozenset({
-    "model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
-    "stream_options", "user", "priority", "ignore_eos", "n", "best_of", "presence_penalty",
-    "frequency_penalty", "repetition_penalty", "min_p", "min_tokens", "logit_bias",
-    "stop_token_ids", "skip_special_tokens", "include_stop_str_in_output", "return_token_ids",
-    "deadline_ms", "logprobs", "spaces_between_special_tokens", "add_special_tokens",
-    "request_id",
-})
-COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "echo", "suffix"}
-CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "top_logprobs",
-                               "add_generation_prompt", "echo", "parallel_tool_calls",
-                               "tool_choice", "tools", "response_format"}
-
-
 def _is_neutral(value: Any, neutral: Any) -> bool:
     if value is None:
         return True
@@ -474,55 +463,14 @@ def _is_neutral(value: Any, neutral: Any) -> bool:
     return value == neutral
 
 
-# Known fields we do not implement: accepted at their neutral value, else a 400 naming them.
-# name -> the neutral value (or a predicate that says a value is neutral)
-UNSUPPORTED_FIELDS: dict[str, Any] = {
-    "use_beam_search": False,
-    "length_penalty": 1.0,
-    "allowed_token_ids": lambda v: v == [],
-    "bad_words": lambda v: v == [],
-    "prompt_logprobs": 0,
-    "truncate_prompt_tokens": None,
-    "guided_json": None, "guided_regex": None, "guided_choice": None, "guided_grammar": None,
-    "guided_decoding_backend": None, "guided_whitespace_pattern": None,
-    "structured_outputs": None,
-    "logits_processors": lambda v: v == [],
-    "return_tokens_as_token_ids": False,
-    "prompt_embeds": None,
-    "cache_salt": None,
-    "kv_transfer_params": None,
-    "vllm_xargs": None,
-    "continue_final_message": False,
-    "chat_template": None,
-    "chat_template_kwargs": lambda v: v == {},
-    "documents": None,
-    "mm_processor_kwargs": None,
-    "reasoning_effort": None,
-    "include_reasoning": lambda v: True,  # nothing to include: no reasoning parser
-    "functions": lambda v: v == [],
-    "function_call": lambda v: v in ("none", "auto"),
-    "logprobs_mode": None,
-    "thinking_token_budget": None,
-}
 _warned_unknown: set[str] = set()
 
 
 def check_fields(body: dict, known: frozenset, limits: RequestLimits, endpoint: str) -> None:
     """400 for a known field we do not implement set to a non-neutral value; unknown fields are
-    logged once per name (400 under `strict_api`)."""
-    for name, value in body.items():
-        if name in UNSUPPORTED_FIELDS:
-            if not _is_neutral(value, UNSUPPORTED_FIELDS[name]):
-                raise bad_request(f"'{name}' is not supported by this server.", name,
-                                  "unsupported_parameter")
-        elif name not in known:
-            if limits.strict_api:
-                raise bad_request(f"Unknown parameter '{name}' for {endpoint} (--strict-api).",
-                                  name, "unknown_parameter")
-            if name not in _warned_unknown and len(_warned_unknown) < 1024:
-                _warned_unknown.add(name)
-                log.warning("%s: ignoring unknown request field %r (logged once per name)",
-                            endpoint, name)
+    logged once per name (400 under `strict_api`); 400 for the values of the fields we accept
+    only in part (no tools, no structured output)."""
+    _check_unknown(body, known, limits, endpoint)
     if "response_format" in body:
         fmt = body["response_format"]
         if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
@@ -537,13 +485,31 @@ def check_fields(body: dict, known: frozenset, limits: RequestLimits, endpoint: 
     if choice not in (None, "none", "auto"):
         raise bad_request("'tool_choice' is not supported (no tool calling).", "tool_choice",
                           "unsupported_parameter")
-    if body.get("spaces_between_special_tokens") is False:
+    if _scalar(body, "spaces_between_special_tokens", True, limits) is False:
         raise bad_request("'spaces_between_special_tokens' = false is not supported.",
                           "spaces_between_special_tokens", "unsupported_value")
 
 
+def _check_unknown(body: dict, known: frozenset, limits: RequestLimits, endpoint: str) -> None:
+    for name, value in body.items():
+        if name in UNSUPPORTED_FIELDS:
+            if not _is_neutral(value, UNSUPPORTED_FIELDS[name]):
+                raise bad_request(f"'{name}' is not supported by this server.", name,
+                                  "unsupported_parameter")
+        elif name not in known:
+            if limits.strict_api:
+                raise bad_request(f"Unknown parameter '{name}' for {endpoint} (--strict-api).",
+                                  name, "unknown_parameter")
+            if name not in _warned_unknown and len(_warned_unknown) < 1024:
+                _warned_unknown.add(name)
+                log.warning("%s: ignoring unknown request field %r (logged once per name)",
+                            endpoint, name)
+
+
 # --- /tokenize, /detokenize (vLLM's request shapes) ------------------------------------------
-def parse_tokenize_request(body: dict[str, Any]) -> TokenizeRequest:
+def parse_tokenize_request(body: dict[str, Any], limits: RequestLimits = LIMITS
+                           ) -> TokenizeRequest:
+    _check_unknown(body, TOKENIZE_FIELDS, limits, "/tokenize")
     chat = "messages" in body
     if chat:
         messages, prompt = _parse_messages(body), None
@@ -555,17 +521,19 @@ def parse_tokenize_request(body: dict[str, Any]) -> TokenizeRequest:
         messages = None
         _check_text(prompt, "prompt")
     return TokenizeRequest(
-        model=_get_str(body, "model"), prompt=prompt, messages=messages,
-        add_special_tokens=_get_bool(body, "add_special_tokens", not chat),
-        add_generation_prompt=_get_bool(body, "add_generation_prompt", True),
-        return_token_strs=_get_bool(body, "return_token_strs", False))
+        model=_scalar(body, "model", None, limits), prompt=prompt, messages=messages,
+        add_special_tokens=_scalar(body, "add_special_tokens", not chat, limits),
+        add_generation_prompt=_scalar(body, "add_generation_prompt", True, limits),
+        return_token_strs=_scalar(body, "return_token_strs", False, limits))
 
 
-def parse_detokenize_request(body: dict[str, Any]) -> tuple[str | None, tuple[int, ...]]:
+def parse_detokenize_request(body: dict[str, Any], limits: RequestLimits = LIMITS
+                             ) -> tuple[str | None, tuple[int, ...]]:
     """(model, token ids)."""
+    _check_unknown(body, DETOKENIZE_FIELDS, limits, "/detokenize")
     tokens = body.get("tokens")
     if tokens is None:
         raise bad_request("'tokens' is required.", "tokens", "missing_required_parameter")
     if not _is_token_list(tokens) or any(not 0 <= t <= INT32_MAX for t in tokens):
         raise _type_error("tokens", "an array of token ids", tokens)
-    return _get_str(body, "model"), tuple(tokens)
+    return _scalar(body, "model", None, limits), tuple(tokens)

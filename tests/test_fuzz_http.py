@@ -1,6 +1,8 @@
-"""Fuzz the HTTP API (issue 13): random and mutated JSON bodies against every endpoint, from a
-property-based generator (hypothesis) that knows our fields. Zero 5xx, every error in the
-OpenAI shape, and the service healthy afterwards with every KV block back in the pool.
+"""Fuzz the HTTP API (issue 13): random and mutated JSON bodies against every endpoint, generated
+(hypothesis) from the OpenAPI description the gateway serves at GET /openapi.json: values inside
+each field's schema (edges included), just outside it (one past a bound, one item too many), of
+the wrong type, or random JSON; then byte mutations. Zero 5xx, every error in the OpenAI shape,
+and the service healthy afterwards with every KV block back in the pool.
 
 CI runs FUZZ_HTTP_BODIES (default 1,000) bodies; `scripts/fuzz_long.sh` runs 10,000.
 """
@@ -19,17 +21,10 @@ from test_gateway_http import ipc_address, make_config
 
 from gateway.app import create_app
 from gateway.backend_pool import PoolConfig
-from gateway.validation import CHAT_FIELDS, COMPLETION_FIELDS
 
 NUM_BODIES = int(os.environ.get("FUZZ_HTTP_BODIES", "1000"))
 CONCURRENCY = 16
-# every route of gateway.app (plus a wrong method and an unknown path); the first four take
-# bodies with the completions (0, 2) or chat (1, 3) fields
-ROUTES = [("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("POST", "/tokenize"),
-          ("POST", "/tokenize"), ("POST", "/detokenize"), ("GET", "/v1/models"),
-          ("GET", "/health"), ("GET", "/ping"), ("POST", "/ping"), ("GET", "/version"),
-          ("GET", "/metrics"), ("POST", "/v1/models"), ("GET", "/nope")]
-CHAT_ROUTES = (1, 3)
+MAX_ITEMS = 4  # arrays drawn inside a schema are this long at most (its edge aside, if small)
 
 surrogate = st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)
 texts = st.one_of(st.text(max_size=12), st.text(alphabet=surrogate, min_size=1, max_size=2),
@@ -40,45 +35,91 @@ floats = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.floats(-3,
 scalars = st.one_of(st.none(), st.booleans(), ints, floats, texts)
 json_values = st.recursive(scalars, lambda inner: st.one_of(
     st.lists(inner, max_size=4), st.dictionaries(texts, inner, max_size=4)), max_leaves=8)
-token_lists = st.lists(ints, min_size=0, max_size=6)
-messages = st.lists(st.one_of(
-    st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant", "tool",
-                                                    "bogus"]),
-                           "content": st.one_of(texts, json_values, st.lists(
-                               st.fixed_dictionaries({"type": st.just("text"), "text": texts}),
-                               max_size=2))}),
-    json_values), max_size=3)
 
-FIELD_VALUES = {
-    "prompt": st.one_of(texts, token_lists, st.lists(texts, max_size=3),
-                        st.lists(token_lists, max_size=3), json_values),
-    "tokens": st.one_of(token_lists, json_values),  # /detokenize
-    "messages": messages,
-    "stop": st.one_of(texts, st.lists(texts, max_size=20), json_values),
-    "stream_options": st.one_of(st.fixed_dictionaries({"include_usage": st.booleans()}),
-                                json_values),
-    "logit_bias": st.one_of(st.dictionaries(st.sampled_from(["1", "2", "x", "-1", "99999"]),
-                                            floats, max_size=3), json_values),
-}
-VALUES = st.one_of(ints, floats, st.booleans(), texts, st.none(), json_values)
+
+def inside(schema: dict) -> st.SearchStrategy:
+    """Values the schema allows, its edges among them."""
+    if "const" in schema:
+        return st.just(schema["const"])
+    if "enum" in schema:
+        return st.sampled_from(schema["enum"])
+    if "anyOf" in schema:
+        return st.one_of(*(inside(s) for s in schema["anyOf"]))
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        return st.one_of(*(inside({**schema, "type": k}) for k in kind))
+    if kind in ("integer", "number"):
+        lo = schema.get("minimum", schema.get("exclusiveMinimum"))
+        hi = schema.get("maximum")
+        exclusive = "exclusiveMinimum" in schema
+        if kind == "integer":
+            lo = None if lo is None else lo + exclusive
+            edges = [v for v in (lo, hi) if v is not None]
+            return st.one_of(st.integers(lo, hi), st.sampled_from(edges or [0]))
+        edges = [v for v in (None if exclusive else lo, hi) if v is not None]
+        values = st.floats(lo, hi, exclude_min=exclusive, allow_nan=False, allow_infinity=False)
+        return st.one_of(values, st.sampled_from(edges)) if edges else values
+    if kind == "boolean":
+        return st.booleans()
+    if kind == "null":
+        return st.none()
+    if kind == "string":
+        lo, hi = schema.get("minLength", 0), schema.get("maxLength")
+        short = st.text(min_size=lo, max_size=max(lo, min(hi or 12, 12)))
+        return st.one_of(short, st.just("x" * hi)) if hi else short
+    if kind == "array":
+        lo, hi = schema.get("minItems", 0), schema.get("maxItems")
+        items = inside(schema.get("items", {}))
+        lists = st.lists(items, min_size=lo, max_size=max(lo, min(hi if hi is not None else
+                                                                  MAX_ITEMS, MAX_ITEMS)))
+        if hi is not None and MAX_ITEMS < hi <= 16:
+            lists = st.one_of(lists, st.lists(items, min_size=hi, max_size=hi))
+        return lists
+    if kind == "object":
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):  # a map: keys by propertyNames (digit strings here)
+            return st.dictionaries(st.integers(0, 300).map(str), inside(extra), max_size=3)
+        return st.fixed_dictionaries({}, optional={k: inside(v) for k, v in
+                                                   schema.get("properties", {}).items()})
+    return json_values  # no type: anything (a field we accept only at its neutral value)
+
+
+def outside(schema: dict) -> st.SearchStrategy:
+    """Values just past the schema: one beyond a bound, one item or character too many, the
+    wrong type."""
+    options = [json_values]
+    lo = schema.get("minimum", schema.get("exclusiveMinimum"))
+    step = 1 if schema.get("type") == "integer" else 1e-9
+    if lo is not None:
+        options.append(st.just(lo if "exclusiveMinimum" in schema else lo - step))
+    if schema.get("maximum") is not None:
+        options.append(st.just(schema["maximum"] + step))
+    if schema.get("maxLength") is not None:
+        options.append(st.just("y" * (schema["maxLength"] + 1)))
+    if schema.get("maxItems") is not None and schema["maxItems"] <= 1024:
+        options.append(st.just([1] * (schema["maxItems"] + 1)))
+    for sub in schema.get("anyOf", ()):
+        options.append(outside(sub))
+    return st.one_of(*options)
 
 
 @st.composite
-def bodies(draw):
-    route = draw(st.sampled_from(range(len(ROUTES))))
-    chat = route in CHAT_ROUTES
-    fields = sorted(CHAT_FIELDS if chat else COMPLETION_FIELDS | {"tokens"})
-    names = draw(st.lists(st.sampled_from(fields), max_size=8, unique=True))
-    body = {"prompt": "hi", "max_tokens": 4} if not chat else {
-        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-    if draw(st.booleans()):
-        body = {}
-    for name in names:
-        body[name] = draw(FIELD_VALUES.get(name, VALUES))
+def bodies(draw, operations: list[tuple[str, str, dict | None]]):
+    """(method, path, raw body) for one of `operations` (with its body schema, or None)."""
+    method, path, schema = draw(st.sampled_from(operations))
+    body: dict = {}
+    if schema is not None:
+        props = schema["properties"]
+        names = draw(st.lists(st.sampled_from(sorted(props)), max_size=8, unique=True))
+        for name in [*schema["required"], *names]:
+            if name in schema["required"] and draw(st.integers(0, 9)) == 0:
+                continue  # a required field left out, now and then
+            how = draw(st.integers(0, 9))
+            body[name] = draw(inside(props[name]) if how < 7 else outside(props[name]))
     body.update(draw(st.dictionaries(texts, json_values, max_size=2)))
     raw = json.dumps(body, ensure_ascii=draw(st.booleans()), allow_nan=True).encode("utf-8",
                                                                                     "surrogatepass")
-    mutation = draw(st.sampled_from(["none", "none", "flip", "cut", "insert", "wrap"]))
+    mutation = draw(st.sampled_from(["none", "none", "none", "flip", "cut", "insert", "wrap"]))
     if mutation == "flip" and raw:
         i = draw(st.integers(0, len(raw) - 1))
         raw = raw[:i] + bytes([draw(st.integers(0, 255))]) + raw[i + 1:]
@@ -89,17 +130,29 @@ def bodies(draw):
         raw = raw[:i] + draw(st.binary(max_size=4)) + raw[i:]
     elif mutation == "wrap":
         raw = json.dumps([json.loads(raw)] if draw(st.booleans()) else "x").encode()
-    return route, raw
+    return method, path, raw
 
 
-def generate(n: int) -> list[tuple[int, bytes]]:
+def operations_of(doc: dict) -> list[tuple[str, str, dict | None]]:
+    """Every operation the description lists (with its JSON body schema), and less often each
+    route with a method it does not take, and a path that does not exist."""
+    ops, wrong = [], [("GET", "/nope", None)]
+    for path, methods in sorted(doc["paths"].items()):
+        for method, op in sorted(methods.items()):
+            body = op.get("requestBody", {}).get("content", {}).get("application/json")
+            ops.append((method.upper(), path, body["schema"] if body else None))
+        wrong.append(("DELETE" if "delete" not in methods else "PATCH", path, None))
+    return ops * 4 + wrong  # mostly the real operations
+
+
+def generate(n: int, doc: dict) -> list[tuple[str, str, bytes]]:
     """n examples from the hypothesis strategy (generation only; each is checked below)."""
-    out: list[tuple[int, bytes]] = []
+    out: list[tuple[str, str, bytes]] = []
 
     @seed(int(os.environ.get("FUZZ_SEED", "13")))
     @settings(max_examples=n, database=None, deadline=None, derandomize=False,
               suppress_health_check=list(HealthCheck))
-    @given(bodies())
+    @given(bodies(operations_of(doc)))
     def collect(example):
         out.append(example)
 
@@ -123,13 +176,14 @@ async def test_fuzzed_bodies_never_get_a_5xx(aiohttp_client, backend):
     client = await aiohttp_client(create_app(make_config(backend.address, pool=pool,
                                                          request_timeout_s=60.0),
                                              startup_wait_s=5.0))
-    examples = generate(NUM_BODIES)
+    resp = await client.get("/openapi.json")  # what we fuzz is what the gateway describes
+    assert resp.status == 200
+    examples = generate(NUM_BODIES, await resp.json())
     rng = random.Random(13)
     statuses: dict[int, int] = {}
     failures = []
 
-    async def one(route: int, raw: bytes) -> None:
-        method, path = ROUTES[route]
+    async def one(method: str, path: str, raw: bytes) -> None:
         headers = {"Content-Type": rng.choice(["application/json", "text/plain", ""])}
         resp = await client.request(method, path, data=raw, headers=headers)
         body = await resp.read()
@@ -147,7 +201,9 @@ async def test_fuzzed_bodies_never_get_a_5xx(aiohttp_client, backend):
             await one(*ex)
 
     await asyncio.gather(*(bounded(ex) for ex in examples))
-    print(f"\nfuzzed {len(examples)} bodies; statuses {dict(sorted(statuses.items()))}")
+    routes = {(m, p) for m, p, _ in examples}
+    print(f"\nfuzzed {len(examples)} bodies over {len(routes)} routes/methods; statuses "
+          f"{dict(sorted(statuses.items()))}")
     for failure in failures[:5]:
         print("5xx:", failure)
     assert len(examples) >= NUM_BODIES * 0.95  # hypothesis may stop early on a tiny space
