@@ -22,7 +22,13 @@ the gateway nor bench/).
    seeds (95% by default) of the live value, the simulated value and the relative error
    (sim − live) / live, for P50/P99 TTFT, P50/P99 TPOT, output throughput — and ITL P50, the live
    per-step time seen by the client, as a diagnostic of the cost model itself.
-5. Diagnostic (`summary_scaled`, second table): each simulation again with the profile's step times
+5. Replay (`summary_replay`, third table; issue 18): the gateway runs with `--decision-log`; each
+   run's recorded arrivals (the pushes into the batcher, with the exact prompt and max_tokens)
+   are simulated again (`sims.decision_replay`), so the load generator's send jitter and the
+   front end's time are out of the comparison, and the gateway's flushed windows are compared
+   with the simulator's (`bench.decision_fidelity.compare`: the share of windows with the same
+   membership; idle flush makes it depend on step times, so it is a distance, not an identity).
+6. Diagnostic (`summary_scaled`, second table): each simulation again with the profile's step times
    multiplied by live ITL P50 / simulated ITL P50 of that run. This feeds one live number back, so it
    is not a validation; it separates the error of the cost model's level (profile measured alone,
    live backend sharing the cores) from the rest (gateway, batching, IPC, step composition).
@@ -41,6 +47,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -161,14 +168,15 @@ class LiveServer:
 
 
 def run_live(url: str, model: str, n: int, rate: float, input_len: int, output_len: int, seed: int,
-             timeout_s: float = 600.0) -> dict:
+             timeout_s: float = 600.0, burstiness: float = 1.0) -> dict:
     """One bench run (the same calls as `tidegate bench serve`); returns bench's summary."""
     from bench import loadgen
     from sims.metrics import summarize
     from sims.workload import LengthSpec, ScheduleConfig, make_prompts, make_schedule
 
     sched = make_schedule(ScheduleConfig(num_requests=n, rate=rate, input_len=LengthSpec.parse(input_len),
-                                         output_len=LengthSpec.parse(output_len), seed=seed))
+                                         output_len=LengthSpec.parse(output_len), seed=seed,
+                                         burstiness=burstiness))
     prompts = make_prompts(sched, seed, (0, 256))
     target = loadgen.HttpTarget(url, model=model, timeout_s=timeout_s)
     records, t0, _ = asyncio.run(loadgen.run_http(target, sched.offset, prompts, sched.output_len))
@@ -178,7 +186,7 @@ def run_live(url: str, model: str, n: int, rate: float, input_len: int, output_l
 # ---- 3. the simulator -----------------------------------------------------------------------------
 def sim_spec(profile: Path, num_blocks: int, block_size: int, max_model_len: int, max_num_seqs: int,
              max_num_batched_tokens: int, batcher, queue, n: int, rate: float, input_len: int,
-             output_len: int, seed: int):
+             output_len: int, seed: int, burstiness: float = 1.0):
     from sims.adapters import SimSchedulerConfig
     from sims.event_loop import EngineConfig
     from sims.runner import CostSpec, RunSpec
@@ -186,7 +194,10 @@ def sim_spec(profile: Path, num_blocks: int, block_size: int, max_model_len: int
 
     return RunSpec(
         cost=CostSpec(model="tiny", profile=str(profile), num_blocks=num_blocks),
-        workload=WorkloadConfig(num_requests=n, rate=rate, arrival="poisson",
+        # burstiness K: gamma inter-arrivals of shape K (cv 1/sqrt(K)), as the live schedule's
+        workload=WorkloadConfig(num_requests=n, rate=rate,
+                                arrival="poisson" if burstiness == 1.0 else "gamma",
+                                cv=1.0 / math.sqrt(burstiness),
                                 input_len=LengthSpec("fixed", input_len),
                                 output_len=LengthSpec("fixed", output_len), seed=seed),
         scheduler=SimSchedulerConfig(batcher=batcher, queue=queue, max_num_seqs=max_num_seqs,
@@ -227,6 +238,36 @@ def run_sim(spec, scale: float = 1.0) -> dict:
     if scale != 1.0:
         cost = ScaledCost(cost, scale)
     return summarize(simulate(generate(spec.workload), cost, spec.scheduler, spec.engine))
+
+
+def read_decisions(path: Path, offset: int):
+    """The decision-log records appended at `path` after byte `offset` (one live run's)."""
+    from scheduler.decisions import parse_records
+    with open(path, encoding="utf-8") as fh:
+        fh.seek(offset)
+        return parse_records(fh)
+
+
+def run_replay(spec, arrivals) -> tuple[dict, list]:
+    """The recorded arrivals through the simulator (same cost model, scheduler, engine):
+    its summary and its flushed windows."""
+    from sims.decision_replay import replay_run
+    from sims.report import summarize
+
+    result, batches = replay_run(arrivals, spec.scheduler, spec.cost.build(), spec.engine)
+    return summarize(result), batches
+
+
+def decisions_summary(runs: list[dict], confidence: float) -> dict:
+    """Per load: the same-membership share, mean ± CI over the runs and pooled over all windows."""
+    shares = [r["decisions"]["same_membership_share"] for r in runs]
+    denom = [max(r["decisions"]["num_batches"]) for r in runs]
+    return {"same_membership_share": mean_ci(shares, confidence),
+            "same_membership_pooled": (sum(s * d for s, d in zip(shares, denom, strict=True))
+                                       / sum(denom)) if sum(denom) else math.nan,
+            "num_batches_live": sum(r["decisions"]["num_batches"][0] for r in runs),
+            "requests_regrouped": sum(r["decisions"]["requests_regrouped"] for r in runs),
+            "frontend_ms_mean": float(np.mean([r["frontend_ms"]["mean"] for r in runs]))}
 
 
 # ---- 4. statistics --------------------------------------------------------------------------------
@@ -316,6 +357,10 @@ def parser() -> argparse.ArgumentParser:
                    help="arrival rates as fractions of the profile's capacity estimate")
     p.add_argument("--rates", help="absolute arrival rates (req/s) instead of --loads")
     p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--burstiness", type=float, default=1.0,
+                   help="gamma shape of inter-arrivals, live and simulated (1: Poisson, <1 burstier)")
+    p.add_argument("--decision-log", metavar="PATH",
+                   help="the gateway's decision log (default: a temporary file); replayed per run")
     p.add_argument("--confidence", type=float, default=0.95)
     p.add_argument("--warmup-requests", type=int, default=20, help="untimed live run first (0: none)")
     p.add_argument("--settle-s", type=float, default=1.0, help="pause between live runs")
@@ -335,12 +380,19 @@ def _log(a, msg: str) -> None:
 
 
 def validate(a: argparse.Namespace) -> dict:
+    from bench.decision_fidelity import compare as decision_compare
     from gateway.serve import build_parser as serve_parser
     from gateway.serve import gateway_config
     from sims.profile_cost import ProfileCost
 
+    if a.burstiness <= 0:
+        raise ValueError(f"--burstiness must be > 0, got {a.burstiness}")
+    dec_path = Path(a.decision_log) if a.decision_log else Path(
+        tempfile.mkdtemp(prefix="tidegate-validate-")) / "decisions.jsonl"
+    dec_path.parent.mkdir(parents=True, exist_ok=True)
+    dec_path.unlink(missing_ok=True)
     serve_argv = ["--port", "0", "--model", a.model, "--device", a.device, "--log-level", "warning",
-                  *a.serve_arg]
+                  "--decision-log", str(dec_path), *a.serve_arg]
     gw = gateway_config(serve_parser().parse_args(serve_argv), ["live"])
     load_profile = os.getloadavg()
     t_prof = time.perf_counter()
@@ -381,19 +433,25 @@ def validate(a: argparse.Namespace) -> dict:
         if a.warmup_requests:
             run_live(srv.url, srv.model, a.warmup_requests, max(rates[0], 1.0), a.input_len,
                      a.output_len, 10_000, a.request_timeout)
+        result["decision_log"] = str(dec_path)
         for seed in seeds:
             for li, rate in enumerate(rates):
                 time.sleep(a.settle_s)
                 la = os.getloadavg()
+                offset = dec_path.stat().st_size if dec_path.exists() else 0
                 t0 = time.perf_counter()
                 live = run_live(srv.url, srv.model, a.num_requests, rate, a.input_len, a.output_len,
-                                seed, a.request_timeout)
+                                seed, a.request_timeout, a.burstiness)
                 wall = time.perf_counter() - t0
                 spec = sim_spec(profile, num_blocks, block_size, max_model_len, max_num_seqs, max_nbt,
                                 gw.batcher, gw.queues, a.num_requests, rate, a.input_len,
-                                a.output_len, seed)
+                                a.output_len, seed, a.burstiness)
                 sim = run_sim(spec)
                 cmp_ = compare(live, sim)
+                arrivals, live_batches = read_decisions(dec_path, offset)
+                sim_replay, sim_batches = run_replay(spec, arrivals)
+                decisions = decision_compare(live_batches, sim_batches)
+                front = [1e3 * (x.t - x.received) for x in arrivals if x.received is not None]
                 # Diagnostic, not validation: the same simulation with the profile's step times
                 # scaled so that the simulated ITL P50 equals the live one (one live statistic fed
                 # back); what remains is the error of everything but the cost model's level.
@@ -406,17 +464,26 @@ def validate(a: argparse.Namespace) -> dict:
                                     "live_completed": live["completed"], "live_errors": live["errors"],
                                     "sim_completed": sim["completed"], "compare": cmp_,
                                     "scale": scale, "compare_scaled": cmp_scaled,
+                                    "compare_replay": compare(live, sim_replay),
+                                    "decisions": decisions,
+                                    "frontend_ms": {"mean": float(np.mean(front)) if front else math.nan,
+                                                    "max": max(front, default=math.nan)},
                                     "live": _slim(live), "sim": _slim(sim),
                                     "sim_steps": sim.get("steps"), "sim_batch_size": sim.get("batch_size")})
                 _log(a, f"  load {labels[li]} rate {rate:.2f} seed {seed}: "
                         + ", ".join(f"{k} {v['live']:.2f}/{v['sim']:.2f} ({100 * v['rel_err']:+.0f}%)"
-                                    for k, v in cmp_.items()) + f"  [loadavg {la[0]:.2f}]")
+                                    for k, v in cmp_.items()) + f"  [loadavg {la[0]:.2f}]; windows "
+                        f"same {100 * decisions['same_membership_share']:.1f}% of "
+                        f"{decisions['num_batches']}")
     for li, rate in enumerate(rates):
         result["loads"].append({"load_label": labels[li], "rate": rate,
                                 "load_fraction": rate / cap["request_rate"], "runs": by_load[li],
                                 "summary": summarize_load(by_load[li], a.confidence),
                                 "summary_scaled": summarize_load(
                                     [{"compare": r["compare_scaled"]} for r in by_load[li]], a.confidence),
+                                "summary_replay": summarize_load(
+                                    [{"compare": r["compare_replay"]} for r in by_load[li]], a.confidence),
+                                "decisions": decisions_summary(by_load[li], a.confidence),
                                 "scale": mean_ci([r["scale"] for r in by_load[li]], a.confidence)})
     result["loadavg_after"] = os.getloadavg()
     return result
@@ -453,6 +520,16 @@ def main(argv: list[str] | None = None) -> int:
           "simulated ITL P50 equals the live one (scale = live/sim ITL P50: "
           + ", ".join(f"{ld['load_label']} {ld['scale']['mean']:.2f}" for ld in result["loads"]) + ")")
     print(format_table(result, "summary_scaled"))
+    print("\nreplay: the gateway's recorded arrivals simulated again (no send jitter, no front end)")
+    print(format_table(result, "summary_replay"))
+    for ld in result["loads"]:
+        d = ld["decisions"]
+        s = d["same_membership_share"]
+        ci = "" if not np.isfinite(s["ci"]) else f" ±{100 * s['ci']:.1f}"
+        print(f"decisions {ld['load_label']}: windows with the same membership {100 * s['mean']:.1f}%{ci} "
+              f"(pooled {100 * d['same_membership_pooled']:.1f}% of {d['num_batches_live']} live windows; "
+              f"{d['requests_regrouped']} requests regrouped; front end {d['frontend_ms_mean']:.2f} ms "
+              f"before the batcher)")
     cap = result["capacity_estimate"]
     print(f"capacity estimate (profile): {cap['request_rate']:.2f} req/s; seeds {a.seeds}; "
           f"{a.num_requests} requests of {a.input_len}+{a.output_len} tokens per run; goal ±{100 * GOAL:.0f}%; "

@@ -71,28 +71,37 @@ class Dispatcher:
     # --- events ---------------------------------------------------------------------------------
     def submit(self, handle: QueuedRequest) -> None:
         """Queue a request, or raise APIError(429) when its class queue is full."""
+        batcher = self.batcher
+        if batcher.queues.size:
+            # A window past its deadline (its timer is late: the loop was busy, by up to 69 ms
+            # measured at load average 8 on 2 cores) leaves first, without this request, as it
+            # did at its deadline in the simulator; otherwise late arrivals joined it (issue 18).
+            dec = batcher.poll()
+            if dec.flush_now:
+                self._act(True, dec.deadline)
+        if not batcher.queues.size and self.pool.has_idle_backend():
+            # Idle flush without waiting for a LoadReport: a backend holding none of our
+            # requests has spare capacity (as far as this gateway can know), so a lone request
+            # goes out at once instead of on the batching window's timer.
+            batcher.notify_idle(True)
         # The batcher's arrival is now, the push (scheduler.queues: "the gateway stamps
         # arrival_time when it pushes"), not the handle's HTTP stamp: that one precedes the push
         # by the handle's set-up (~0.2 ms on a loaded CPU, more than a lone request's 0.16 ms
         # window), so a window opened at it was due before it was pushed, and windows came out
         # otherwise than the simulator's, which pushes at the arrival (issue 18). The handle's
-        # own stamp still measures the request's latency and goes on the wire.
+        # own stamp still measures the request's latency and goes on the wire. Stamped right
+        # before the push (the log's write comes after it), so that the batcher decides at
+        # about the instant the log records.
         req = PendingRequest(
             request_id=handle.request_id, num_prompt_tokens=len(handle.prompt_ids),
             max_tokens=handle.max_tokens, arrival_time=self.clock.now(),
             queue_class=self.queues.config.classify(handle.max_tokens),
             priority=handle.priority, deadline=handle.queue_deadline, payload=handle)
         handle.queue_class = int(req.queue_class)
+        dec = batcher.push(req)
         if self.decision_log is not None:
             self.decision_log.arrival(req.request_id, req.arrival_time, req.num_prompt_tokens,
                                       req.max_tokens, req.queue_class, handle.arrival_time)
-        batcher = self.batcher
-        if not batcher.queues.size and self.pool.has_idle_backend():
-            # Idle flush without waiting for a LoadReport: a backend holding none of our
-            # requests has spare capacity (as far as this gateway can know), so a lone request
-            # goes out at once instead of on the batching window's timer.
-            batcher.notify_idle(True)
-        dec = batcher.push(req)
         if dec.rejected is not None:
             raise queue_full(CLASS_NAMES[int(req.queue_class)])
         self._act(dec.flush_now, dec.deadline)

@@ -28,7 +28,7 @@ import numpy as np
 from scheduler.decisions import ArrivalRecord, BatchRecord
 from sims.adapters import SimSchedulerConfig
 from sims.cost import ConstantCost, CostModel
-from sims.event_loop import EngineConfig, simulate
+from sims.event_loop import EngineConfig, SimResult, simulate
 from sims.workload import Workload
 
 
@@ -52,8 +52,15 @@ def replay(arrivals: Sequence[ArrivalRecord], sched_config: SimSchedulerConfig,
 
     `cost` defaults to a 10 ms constant step (it matters only through idle flush); `engine`
     defaults to one backend; `record_batches` is forced on."""
+    return replay_run(arrivals, sched_config, cost, engine)[1]
+
+
+def replay_run(arrivals: Sequence[ArrivalRecord], sched_config: SimSchedulerConfig,
+               cost: CostModel | None = None, engine: EngineConfig | None = None
+               ) -> tuple[SimResult | None, list[BatchRecord]]:
+    """`replay`, with the simulation's result too (for its latency figures; None: no arrivals)."""
     if not arrivals:
-        return []
+        return None, []
     ordered = sorted(arrivals, key=lambda a: a.t)
     workload = workload_from_arrivals(ordered)
     engine = engine or EngineConfig(num_samples=1)
@@ -61,5 +68,6 @@ def replay(arrivals: Sequence[ArrivalRecord], sched_config: SimSchedulerConfig,
     result = simulate(workload, cost or ConstantCost(0.010, num_blocks=1 << 14), sched_config, engine)
     ids = [a.request_id for a in ordered]
     classes = result.queue_class.tolist()
-    return [BatchRecord(float(t), tuple(ids[i] for i in batch), tuple(classes[i] for i in batch))
-            for t, batch in result.extra["batches"]]
+    return result, [BatchRecord(float(t), tuple(ids[i] for i in batch),
+                                tuple(classes[i] for i in batch))
+                    for t, batch in result.extra["batches"]]

@@ -251,3 +251,23 @@ def test_simulated_idle_flush_reads_what_the_gateway_knows():
                  EngineConfig(num_samples=1))
     assert [b.request_ids for b in sim] == [("r0",), ("r1", "r2"), ("r3",)]
     assert [b.t for b in sim] == [10.0, 10.001 + 2 / idle.flush_rate, 10.2]
+
+
+def test_a_late_timer_does_not_let_later_arrivals_into_an_overdue_window():
+    """On a busy event loop the window's timer fires late; a request pushed after the deadline
+    must start the next window (as in the simulator, where the timer is never late), not join
+    the overdue one."""
+    clock = ManualClock(50.0)
+    log = DecisionLog(io.StringIO())
+    d = _VirtualDispatcher(_Pool(), _Metrics(), BATCHER, QueueConfig(), clock, decision_log=log)
+    arrivals = [ArrivalRecord("r0", 50.0, 16, 8, -1), ArrivalRecord("r1", 50.0003, 16, 8, -1),
+                ArrivalRecord("r2", 50.004, 16, 8, -1)]  # r0+r1's window was due at 50.00125
+    for a in arrivals:  # the timer never fires in between: it is late
+        clock.set(a.t)
+        d.submit(_Handle(a))
+    clock.set(d._timer_deadline)
+    d._on_timer()
+    assert [r.request_ids for r in log.batches] == [("r0", "r1"), ("r2",)]
+    sim = replay(log.arrivals, SimSchedulerConfig(batcher=BATCHER))
+    assert [r.request_ids for r in sim] == [("r0", "r1"), ("r2",)]
+    assert log.batches[0].t == 50.004  # late (flushed at r2's push), but the same members
