@@ -87,9 +87,16 @@ def sampling_from_wire(s: pb.SamplingParams, limits: RequestLimits = LIMITS
 
 class FrontDoor:
     def __init__(self, gateway: Gateway, address: str, curve: CurveKeys | None = None,
-                 insecure: bool = False) -> None:
+                 insecure: bool = False, *, max_held_per_client: int = MAX_HELD_PER_CLIENT,
+                 client_queue_messages: int = CLIENT_QUEUE_MESSAGES,
+                 send_buffer_bytes: int = 0) -> None:
+        """`max_held_per_client`: messages held for a client whose queue is full before it is
+        dropped as not reading; `client_queue_messages`: libzmq's queue per client (SNDHWM);
+        `send_buffer_bytes`: the kernel's TCP send buffer per client (0: the OS default, which
+        grows to MiBs: that much is buffered before back-pressure shows)."""
         check_bind(address, curve, insecure)
         self.gateway = gateway
+        self.max_held_per_client = max_held_per_client
         self._ctx = zmq.asyncio.Context()
         self.sock = self._ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -103,7 +110,9 @@ class FrontDoor:
         # A full or vanished client is reported (EAGAIN / EHOSTUNREACH) instead of its
         # messages being dropped in silence; see _send.
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.sock.setsockopt(zmq.SNDHWM, CLIENT_QUEUE_MESSAGES)  # read at bind time
+        self.sock.setsockopt(zmq.SNDHWM, client_queue_messages)  # read at bind time
+        if send_buffer_bytes:
+            self.sock.setsockopt(zmq.SNDBUF, send_buffer_bytes)
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_CLIENT_MESSAGE_BYTES)
         self.sock.bind(address)
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -152,7 +161,7 @@ class FrontDoor:
 
     def _hold(self, peer: bytes, held: deque, frames: list) -> None:
         self.gateway.metrics.frontdoor_backpressure.inc()
-        if len(held) >= MAX_HELD_PER_CLIENT:
+        if len(held) >= self.max_held_per_client:
             self._drop_client(peer, "not reading")
             return
         held.append(frames)
@@ -336,10 +345,12 @@ class FrontDoor:
             gw.record(handle, status)
 
 
-def frontdoor_ctx(address: str, curve: CurveKeys | None = None, insecure: bool = False):
-    """A cleanup_ctx entry that runs the front door with the app (after the gateway core)."""
+def frontdoor_ctx(address: str, curve: CurveKeys | None = None, insecure: bool = False,
+                  **limits):
+    """A cleanup_ctx entry that runs the front door with the app (after the gateway core);
+    `limits`: FrontDoor's keyword arguments."""
     async def ctx(app: web.Application):
-        door = FrontDoor(app[GATEWAY_KEY], address, curve, insecure)
+        door = FrontDoor(app[GATEWAY_KEY], address, curve, insecure, **limits)
         door.start()
         app[FRONTDOOR_KEY] = door
         yield

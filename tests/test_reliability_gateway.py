@@ -481,3 +481,67 @@ async def test_an_abort_that_finds_the_socket_full_is_retried(gateway_client, ba
     await wait_for(lambda: "held" in backend.aborted, 3)
     assert not backend.running and gw.pool.num_unsent_aborts == 0
     assert gw.pool.num_abort_retries >= 2
+
+
+async def test_front_door_client_that_stops_reading_is_dropped_while_others_are_served(
+        aiohttp_client, backend):
+    import socket
+
+    import zmq
+
+    from gateway.client import AsyncClient
+    from gateway.frontdoor import FRONTDOOR_KEY, frontdoor_ctx
+
+    with socket.socket() as s:  # TCP with small kernel buffers: the queue fills in ~100 steps
+        s.bind(("127.0.0.1", 0))
+        door = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    max_held = 20
+    app = create_app(make_config(backend.address, request_timeout_s=60), startup_wait_s=5.0,
+                     extra_cleanup_ctx=[frontdoor_ctx(door, max_held_per_client=max_held,
+                                                      client_queue_messages=5,
+                                                      send_buffer_bytes=4096)])
+    client = await aiohttp_client(app)
+    front = app[FRONTDOOR_KEY]
+    ctx = zmq.Context()
+    stuck = ctx.socket(zmq.DEALER)  # sends 8 long requests, then never reads
+    stuck.setsockopt(zmq.RCVHWM, 1)
+    stuck.setsockopt(zmq.RCVBUF, 4096)
+    stuck.setsockopt(zmq.LINGER, 0)
+    stuck.connect(door)
+    env = pb.Envelope(batch=pb.Batch())
+    for i in range(8):
+        env.batch.requests.add(request_id=f"s{i}", prompt_frame=0, sampling=pb.SamplingParams(
+            max_tokens=2000, ignore_eos=True))
+    stuck.send_multipart(codec.encode(env, [[1, 2, 3]]))
+    await wait_for(lambda: len(backend.running) == 8)
+    stuck_ids = set(backend.running)
+    peak = 0
+
+    async def watch_held():  # memory stays bounded: never more held than the limit
+        nonlocal peak
+        while True:
+            peak = max(peak, *(len(q) for q in front._held.values()), 0)
+            await asyncio.sleep(0.002)
+
+    watcher = asyncio.create_task(watch_held())
+    served = 0
+    try:
+        async with AsyncClient(door, timeout=10) as zc:  # another client, served all along
+            while stuck_ids & set(backend.running) or served < 3:
+                c = await zc.generate("hi", max_tokens=5)
+                assert c.text == DEFAULT_TEXT[:5]
+                served += 1
+                assert served < 2000, "the client that stopped reading was never dropped"
+    finally:
+        watcher.cancel()
+        stuck.close(linger=0)
+        ctx.term()
+    print(f"served {served} while the stuck client filled its queue; peak held {peak}")
+    # dropped as not reading, its requests aborted at the backend (KV back), nothing kept
+    assert stuck_ids <= set(backend.aborted)
+    await wait_for(lambda: not backend.running)
+    assert backend.num_free_blocks == backend.num_total_blocks
+    assert 0 < peak <= max_held and not front._held and not front._handles
+    metrics = await (await client.get("/metrics")).text()
+    assert 'tidegate_frontdoor_dropped_clients_total{reason="not reading"} 1.0' in metrics
+    assert "tidegate_frontdoor_open_requests 0.0" in metrics
