@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return profile_main(argv[1:])
     args = serve_parser().parse_args(argv)
+    ranks = None  # the other tensor-parallel ranks (backend.tensor_parallel.ranks)
     try:
         import zmq
 
@@ -60,12 +61,21 @@ def main(argv: list[str] | None = None) -> int:
             check_bind(args.listen, keys, args.insecure)
         except SecurityError as exc:
             raise ModelLoadError(str(exc)) from None
+        if args.engine == "vllm" and args.tensor_parallel_size != 1:
+            raise ModelLoadError("--engine vllm with --tensor-parallel-size: not supported "
+                                 "(vLLM's engine has its own tensor parallelism)")
         if args.engine == "vllm":
             from backend.vllm_engine import create_vllm_engine
 
             engine, loaded = create_vllm_engine(backend_config(args), args.vllm_kv_gib,
                                                 args.enforce_eager)
             serving = ", vLLM's engine"
+        elif args.tensor_parallel_size != 1:
+            from backend.tensor_parallel.ranks import start_tp_engine
+
+            engine, loaded, info, ranks = start_tp_engine(
+                backend_config(args), _serving_options(args), args.tensor_parallel_size)
+            serving = _serving_note(info) + f", tensor-parallel {info['tensor_parallel']}"
         else:
             engine, loaded = create_engine(backend_config(args))
             serving = _configure_serving(engine, args)
@@ -78,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ModelLoadError(f"cannot listen on {args.listen}: {exc}") from None
     except ModelLoadError as exc:
         print(f"tidegate backend: error: {exc}", file=sys.stderr)
+        if ranks is not None:
+            ranks.stop()
         return 1
     worker.install_signal_handlers()
     # Everything built so far (modules, parameters, graphs: ~300k objects for the 33B preset) lives
@@ -90,7 +102,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tidegate backend ready on {worker.endpoint} (model {worker.model_name}, "
           f"{loaded.device}, {str(loaded.dtype).removeprefix('torch.')}, {cfg.num_blocks} KV blocks "
           f"of {cfg.block_size}, max_model_len {cfg.max_model_len}{serving})", flush=True)
-    return worker.serve_forever()
+    rc = worker.serve_forever()
+    if ranks is not None:  # 1 when a rank died (its requests were answered with errors)
+        rc = ranks.stop() or rc
+    return rc
+
+
+def _serving_options(args: argparse.Namespace):
+    from backend.tensor_parallel.ranks import ServingOptions
+
+    return ServingOptions(args.quantization, args.enforce_eager, args.cuda_graph_buckets,
+                          args.cuda_graph_token_buckets)
 
 
 def _configure_serving(engine, args: argparse.Namespace) -> str:
@@ -107,6 +129,10 @@ def _configure_serving(engine, args: argparse.Namespace) -> str:
                                  token_buckets=token_buckets)
     except ValueError as exc:  # QuantizationError included
         raise ModelLoadError(str(exc)) from None
+    return _serving_note(info)
+
+
+def _serving_note(info: dict) -> str:
     note = f", {info['quantization']} weights" if info["quantization"] != "none" else ""
     if info["cuda_graphs"]:
         mem = info.get("capture_mem", {}).get("free_bytes_used")

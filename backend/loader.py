@@ -9,6 +9,11 @@ HF tensor names map onto our fused modules:
     model.layers.N.self_attn.{q,k,v}_proj.weight -> layers.N.self_attn.qkv_proj.weight rows [q | k | v]
     model.layers.N.mlp.{gate,up}_proj.weight     -> layers.N.mlp.gate_up_proj.weight rows [gate | up]
     everything else: the same name without the leading `model.`
+
+Tensor parallelism (`load(..., tp=group)`): the rank builds the model of its shard
+(`backend.tensor_parallel.sharding`) and reads only its piece of each tensor (safetensors
+slices); random weights are the full tensors' pieces, so TP=N with a seed is TP=1 with it, split.
+`LoadedModel.config` is then the rank's config (its heads, KV heads, MLP columns).
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from torch import nn
 from backend.config import PRESETS, ConfigError, ModelConfig
 from backend.errors import ModelLoadError
 from backend.model import LlamaModel
+from backend.tensor_parallel.sharding import Shard
 from backend.tokenizer_loader import check_vocab, load_tokenizer_bundle
 from tokenizer.bundle import TokenizerBundle
 
@@ -118,8 +124,9 @@ def _no_default_init():
 
 
 def load(model: str, load_format: str = "auto", dtype: str = "auto", device: str = "cpu",
-         seed: int = 0, max_model_len: int | None = None) -> LoadedModel:
-    """Config, tokenizer (checked against the vocabulary) and weights, in that order."""
+         seed: int = 0, max_model_len: int | None = None, tp=None) -> LoadedModel:
+    """Config, tokenizer (checked against the vocabulary) and weights, in that order. `tp`: this
+    rank's `backend.tensor_parallel.TPGroup` (load its shard only)."""
     config, path = read_config(model)
     tokenizer = load_tokenizer_bundle(model)
     check_vocab(tokenizer, config.vocab_size)
@@ -134,15 +141,28 @@ def load(model: str, load_format: str = "auto", dtype: str = "auto", device: str
     if load_format == "safetensors" and path is None:
         raise ModelLoadError(f"preset {model!r} has no weights on disk: use --load-format dummy")
     files = _safetensors_files(path) if load_format == "safetensors" else []
+    shard = None
+    if tp is not None:
+        try:
+            shard = Shard(config, tp.rank, tp.size)
+        except ConfigError as exc:
+            raise ModelLoadError(str(exc)) from None
+        tp.attach(shard)
+        config = shard.local_config()
     check_fits(config, torch_dtype, dev)
 
     with torch.device("meta"), _no_default_init():
         net = LlamaModel(config, max_model_len=max_model_len)
+        if shard is not None:  # vocabulary-parallel: Vp rows each (backend.tensor_parallel)
+            net.embed_tokens = nn.Embedding(shard.vocab_rows, config.hidden_size)
+            if net.lm_head is not None:
+                net.lm_head = nn.Linear(config.hidden_size, shard.vocab_rows, bias=False)
     _materialize(net.to(torch_dtype), dev)
+    net.tp = tp
     if load_format == "dummy":
-        init_dummy_weights(net, seed)
+        init_dummy_weights(net, seed, shard)
     else:
-        load_safetensors(net, files)
+        load_safetensors(net, files, shard)
     net.init_rope()
     net.eval()
     return LoadedModel(config, net, tokenizer, torch_dtype, dev)
@@ -170,17 +190,18 @@ def load_model(model: str, load_format: str = "auto", dtype: str = "auto", devic
 
 
 @torch.no_grad()
-def init_dummy_weights(net: LlamaModel, seed: int) -> None:
+def init_dummy_weights(net: LlamaModel, seed: int, shard: Shard | None = None) -> None:
     """Random weights, deterministic by seed (per device), never zeros: N(0, 0.02) matrices,
-    norm weights 1 + N(0, 0.02)."""
+    norm weights 1 + N(0, 0.02). With a `shard`, the rank's piece of the full tensors."""
     for i, (name, p) in enumerate(sorted(net.named_parameters())):
+        shape = tuple(p.shape) if shard is None else shard.full_shape(name, tuple(p.shape))
         gen = torch.Generator(device=p.device).manual_seed(seed * 1_000_003 + i)
-        noise = torch.empty(p.shape, dtype=torch.float32, device=p.device) if p.device.type == "cpu" \
-            else torch.empty(p.shape, dtype=p.dtype, device=p.device)
+        noise = torch.empty(shape, dtype=torch.float32, device=p.device) if p.device.type == "cpu" \
+            else torch.empty(shape, dtype=p.dtype, device=p.device)
         noise.normal_(0.0, DUMMY_STD, generator=gen)
         if p.dim() == 1:  # norm weights
             noise += 1.0
-        p.copy_(noise)
+        p.copy_(noise if shard is None else shard.take(name, noise))
 
 
 # ---- safetensors ---------------------------------------------------------------------------
@@ -232,7 +253,7 @@ def _target(net: LlamaModel, hf_name: str) -> tuple[str, int, int] | None:
 
 
 @torch.no_grad()
-def load_safetensors(net: LlamaModel, files: list[Path]) -> None:
+def load_safetensors(net: LlamaModel, files: list[Path], shard: Shard | None = None) -> None:
     from safetensors import SafetensorError, safe_open
 
     params = dict(net.named_parameters())
@@ -252,6 +273,10 @@ def load_safetensors(net: LlamaModel, files: list[Path]) -> None:
                     raise ModelLoadError(f"{f.name}: unexpected tensor {hf_name!r} (not a LLaMA weight)")
                 p = params[name]
                 expected = tuple(p.shape) if rows < 0 else (rows, *p.shape[1:])
+                piece = None
+                if shard is not None:  # the checkpoint holds the full tensor; we read our piece
+                    expected = shard.hf_full_shape(hf_name, expected)
+                    piece = shard.hf_piece(hf_name)
                 sl = handle.get_slice(hf_name)
                 shape = tuple(sl.get_shape())
                 if shape != expected:
@@ -261,9 +286,14 @@ def load_safetensors(net: LlamaModel, files: list[Path]) -> None:
                 if dtype not in ("F32", "BF16", "F16"):
                     raise ModelLoadError(f"{f.name}: tensor {hf_name!r} has dtype {dtype}, "
                                          "expected F32, BF16 or F16")
-                t = handle.get_tensor(hf_name)
+                if piece is None:
+                    t = handle.get_tensor(hf_name)
+                else:
+                    dim, start, stop = piece
+                    t = sl[start:stop] if dim == 0 else sl[:, start:stop]
                 if rows < 0:
-                    p.copy_(t)
+                    p[:t.shape[0]].copy_(t)
+                    p[t.shape[0]:].zero_()  # the vocabulary padding of the last rank
                     filled[name] = p.shape[0]
                 else:
                     p[row:row + rows].copy_(t)

@@ -91,6 +91,10 @@ def add_serving_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> No
                    help="scheduled-token counts of the mixed prefill+decode step graphs "
                         f"(default {DEFAULT_CUDA_GRAPH_TOKEN_BUCKETS}; those above "
                         "--max-num-batched-tokens are dropped; 'none': mixed steps eager)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                   help="split the model over N devices (cuda:0..N-1 for --device cuda; N "
+                   "processes over gloo on the CPU): one process per rank, the scheduler on "
+                   "rank 0 (backend.tensor_parallel; default 1)")
     p.add_argument("--max-held-messages", type=int, default=4096,
                    help="messages held for a gateway whose socket queue is full; past this it "
                    "is not reading: its requests are aborted and it is forgotten")

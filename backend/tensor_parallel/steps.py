@@ -1,0 +1,166 @@
+"""Rank 0's step plan, sent to the other ranks, and the loop in which they follow it.
+
+The scheduler runs once, on rank 0. Before each step runs, rank 0 broadcasts its chunks (over
+the group's gloo control group: host data) and every rank then runs the same
+`ModelRunner.launch` on them, so all ranks take the same path (eager, decode graph, mixed graph)
+and call the same collectives in the same order. Only rank 0 samples; the logits it samples from
+are the gathered ones (`TPGroup.gather_vocab`), the same on every rank.
+
+Wire format (int64, no pickle): a header `[op, n]`, then for a STEP op n values:
+
+    per chunk:  n_tokens, start_pos, request serial, flags (1 prefill | 2 sample), n_blocks,
+                token ids (n_tokens), block ids (n_blocks: only the blocks the step reaches)
+
+Request serials stand in for request ids: the decode graphs rewrite a block-table row only when
+the request in it changed (`backend.cuda_graphs`), so a follower needs to know "same request".
+A serial is given at a request's first chunk and forgotten once it is not in a step; one that
+comes back gets a new serial, which at worst rewrites a row that did not need it.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from backend.tensor_parallel.group import TPGroup
+
+STEP, STOP = 1, 2
+VERDICT_WAIT_S = 1.0  # a failed collective waits this long for the watchdog to name the rank
+_PREFILL, _SAMPLE = 1, 2
+
+
+class RankFailure(RuntimeError):
+    """Another rank of the group died or stopped answering: this backend cannot step."""
+
+
+@dataclass
+class FollowedChunk:
+    """A chunk as a follower sees it (`backend.step_io.Chunk`)."""
+    request_id: str
+    token_ids: list[int]
+    start_pos: int
+    block_table: list[int]
+    is_prefill: bool
+    sample: bool
+
+
+def encode_chunks(chunks: Sequence, serials: Mapping[str, int], block_size: int) -> list[int]:
+    out: list[int] = []
+    for c in chunks:
+        n = len(c.token_ids)
+        nb = -(-(c.start_pos + n) // block_size)
+        flags = (_PREFILL if c.is_prefill else 0) | (_SAMPLE if c.sample else 0)
+        out += (n, c.start_pos, serials[c.request_id], flags, nb)
+        out += c.token_ids
+        out += c.block_table[:nb]
+    return out
+
+
+def decode_chunks(values: list[int]) -> list[FollowedChunk]:
+    chunks, i = [], 0
+    while i < len(values):
+        n, start, serial, flags, nb = values[i:i + 5]
+        i += 5
+        tokens = values[i:i + n]
+        i += n
+        table = values[i:i + nb]
+        i += nb
+        chunks.append(FollowedChunk(f"r{serial}", tokens, start, table, bool(flags & _PREFILL),
+                                    bool(flags & _SAMPLE)))
+    return chunks
+
+
+class StepSender:
+    """Rank 0's end: one header and one payload broadcast per step."""
+
+    def __init__(self, group: TPGroup, block_size: int) -> None:
+        self.group, self.block_size = group, block_size
+        self._serials: dict[str, int] = {}
+        self._next = itertools.count()
+
+    def send(self, chunks: Sequence) -> None:
+        serials = {}
+        for c in chunks:
+            s = self._serials.get(c.request_id)
+            serials[c.request_id] = next(self._next) if s is None else s
+        self._serials = serials  # forget requests that are not in this step
+        payload = encode_chunks(chunks, serials, self.block_size)
+        self.group.broadcast_ints(torch.tensor([STEP, len(payload)], dtype=torch.int64))
+        if payload:
+            self.group.broadcast_ints(torch.tensor(payload, dtype=torch.int64))
+
+    def stop(self) -> None:
+        self.group.broadcast_ints(torch.tensor([STOP, 0], dtype=torch.int64))
+
+
+def receive(group: TPGroup) -> list[FollowedChunk] | None:
+    """A follower's end: the next step's chunks, or None when rank 0 stops the group."""
+    header = group.broadcast_ints(torch.zeros(2, dtype=torch.int64))
+    op, n = int(header[0]), int(header[1])
+    if op == STOP:
+        return None
+    if op != STEP:
+        raise RankFailure(f"unknown step op {op} from rank 0")
+    if not n:
+        return []
+    payload = group.broadcast_ints(torch.zeros(n, dtype=torch.int64))
+    return decode_chunks(payload.tolist())
+
+
+def follow(runner, group: TPGroup) -> int:
+    """Run rank 0's steps until it stops the group; returns the number of steps run."""
+    steps = 0
+    while (chunks := receive(group)) is not None:
+        with torch.inference_mode():
+            runner.launch(chunks)
+        if runner.device.type == "cuda":
+            # the staging buffers are reused by the next step only after this one's copies;
+            # rank 0 waits on its token read-back, a follower here
+            torch.cuda.current_stream(runner.device).synchronize()
+        steps += 1
+    return steps
+
+
+class LeaderRunner:
+    """Rank 0's runner: sends each step's chunks to the other ranks, then runs it. Everything
+    else is the wrapped `ModelRunner`'s (attributes read and `graphs` set go through)."""
+
+    def __init__(self, runner, group: TPGroup, failure=lambda: None) -> None:
+        object.__setattr__(self, "inner", runner)
+        object.__setattr__(self, "sender", StepSender(group, runner.block_size))
+        # -> str | None: why a rank is gone (the watchdog's verdict), checked before each step
+        object.__setattr__(self, "failure", failure)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def __setattr__(self, name: str, value) -> None:
+        setattr(self.inner, name, value)
+
+    def launch(self, chunks: Sequence, sampling=None, keep_logits: bool = False):
+        reason = self.failure()
+        if reason is not None:
+            raise RankFailure(reason)
+        try:
+            self.sender.send(chunks)
+            return self.inner.launch(chunks, sampling, keep_logits)
+        except RuntimeError as exc:  # a collective failed: say which rank, if it is known
+            if isinstance(exc, RankFailure):
+                raise
+            deadline = time.monotonic() + VERDICT_WAIT_S
+            while self.failure() is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            raise RankFailure(self.failure() or f"tensor-parallel collective failed: "
+                              f"{(str(exc).splitlines() or [''])[0]}") from exc
+
+    def finish(self, step):
+        return self.inner.finish(step)
+
+    def execute(self, chunks: Sequence, sampling=None, keep_logits: bool = False):
+        return self.finish(self.launch(chunks, sampling, keep_logits))
+
+    def stop(self) -> None:
+        self.sender.stop()
