@@ -12,6 +12,7 @@ GPUs.
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -105,6 +106,40 @@ class TPGroup:
         t = torch.tensor([value], dtype=torch.int64)
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.control)
         return int(t.item())
+
+    def time_all_reduce(self, tokens: int, hidden: int, dtype: torch.dtype, repeats: int,
+                        graph: bool = False) -> float:
+        """Mean seconds per all-reduce of a [tokens, hidden] tensor over `repeats`
+        back-to-back calls (every rank must call this). `graph`: the calls captured in one CUDA
+        graph and replayed, as the step graphs run them."""
+        x = torch.ones(tokens, hidden, dtype=dtype, device=self.device)
+        cuda = self.device.type == "cuda"
+
+        def calls():
+            for _ in range(repeats):
+                dist.all_reduce(x)
+
+        for _ in range(3):  # warm-up: NCCL connects and picks its algorithm outside capture
+            calls()
+        run = calls
+        if cuda and graph:
+            torch.cuda.synchronize(self.device)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                calls()
+            g.replay()
+            run = g.replay
+        if cuda:
+            torch.cuda.synchronize(self.device)
+        self.barrier()
+        t0 = time.perf_counter()
+        run()
+        if cuda:
+            torch.cuda.synchronize(self.device)
+        return (time.perf_counter() - t0) / repeats
+
+    def barrier(self) -> None:
+        dist.barrier(group=self.control)
 
     def abort(self) -> None:
         """Make collectives blocked on a dead rank return (NCCL; gloo fails by itself when a

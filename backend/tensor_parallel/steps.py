@@ -6,7 +6,9 @@ the group's gloo control group: host data) and every rank then runs the same
 and call the same collectives in the same order. Only rank 0 samples; the logits it samples from
 are the gathered ones (`TPGroup.gather_vocab`), the same on every rank.
 
-Wire format (int64, no pickle): a header `[op, n]`, then for a STEP op n values:
+Wire format (int64, no pickle): a header `[op, n]`, then n values. STOP ends the group; PROBE
+`[tokens, repeats, graph]` times the model's all-reduce on every rank (`TPGroup.time_all_reduce`,
+for `backend.tensor_parallel.bench`); STEP:
 
     per chunk:  n_tokens, start_pos, request serial, flags (1 prefill | 2 sample), n_blocks,
                 token ids (n_tokens), block ids (n_blocks: only the blocks the step reaches)
@@ -27,7 +29,7 @@ import torch
 
 from backend.tensor_parallel.group import TPGroup
 
-STEP, STOP = 1, 2
+STEP, STOP, PROBE = 1, 2, 3
 VERDICT_WAIT_S = 1.0  # a failed collective waits this long for the watchdog to name the rank
 _PREFILL, _SAMPLE = 1, 2
 
@@ -95,33 +97,44 @@ class StepSender:
     def stop(self) -> None:
         self.group.broadcast_ints(torch.tensor([STOP, 0], dtype=torch.int64))
 
+    def probe(self, tokens: int, repeats: int, graph: bool) -> None:
+        self.group.broadcast_ints(torch.tensor([PROBE, 3], dtype=torch.int64))
+        self.group.broadcast_ints(torch.tensor([tokens, repeats, int(graph)], dtype=torch.int64))
 
-def receive(group: TPGroup) -> list[FollowedChunk] | None:
-    """A follower's end: the next step's chunks, or None when rank 0 stops the group."""
+
+def receive(group: TPGroup) -> tuple[int, list[int]]:
+    """A follower's end: the next (op, payload) from rank 0."""
     header = group.broadcast_ints(torch.zeros(2, dtype=torch.int64))
     op, n = int(header[0]), int(header[1])
-    if op == STOP:
-        return None
-    if op != STEP:
+    if op not in (STEP, STOP, PROBE):
         raise RankFailure(f"unknown step op {op} from rank 0")
     if not n:
-        return []
-    payload = group.broadcast_ints(torch.zeros(n, dtype=torch.int64))
-    return decode_chunks(payload.tolist())
+        return op, []
+    return op, group.broadcast_ints(torch.zeros(n, dtype=torch.int64)).tolist()
+
+
+def _probe(runner, group: TPGroup, tokens: int, repeats: int, graph: bool) -> float:
+    w = runner.model.embed_tokens.weight
+    return group.time_all_reduce(tokens, w.shape[1], w.dtype, repeats, graph)
 
 
 def follow(runner, group: TPGroup) -> int:
     """Run rank 0's steps until it stops the group; returns the number of steps run."""
     steps = 0
-    while (chunks := receive(group)) is not None:
+    while True:
+        op, payload = receive(group)
+        if op == STOP:
+            return steps
+        if op == PROBE:
+            _probe(runner, group, payload[0], payload[1], bool(payload[2]))
+            continue
         with torch.inference_mode():
-            runner.launch(chunks)
+            runner.launch(decode_chunks(payload))
         if runner.device.type == "cuda":
             # the staging buffers are reused by the next step only after this one's copies;
             # rank 0 waits on its token read-back, a follower here
             torch.cuda.current_stream(runner.device).synchronize()
         steps += 1
-    return steps
 
 
 class LeaderRunner:
@@ -164,3 +177,9 @@ class LeaderRunner:
 
     def stop(self) -> None:
         self.sender.stop()
+
+    def time_all_reduce(self, tokens: int, repeats: int = 50, graph: bool = False) -> float:
+        """Seconds per all-reduce of the model's [tokens, hidden] activations, every rank
+        taking part (benchmarks; not while serving)."""
+        self.sender.probe(tokens, repeats, graph)
+        return _probe(self.inner, self.sender.group, tokens, repeats, graph)
