@@ -84,8 +84,10 @@ class RooflineCost:
         # Time terms per GPU, as coefficients so that step_time is a few float ops.
         bw, peak = gpu.bandwidth, gpu.peak_flops(config.weight_dtype)
         self._t_weights = self.weight_bytes_per_gpu / bw
-        self._t_kv_per_ctx = self.kv_bytes_per_token / tp / bw          # read
-        self._t_kv_per_tok = self.kv_bytes_per_token / tp / bw          # write of new K/V
+        # KV heads split over the GPUs; with fewer KV heads than GPUs each holds a copy of one
+        self.kv_shards = min(tp, shape.num_kv_heads)
+        self._t_kv_per_ctx = self.kv_bytes_per_token / self.kv_shards / bw  # read
+        self._t_kv_per_tok = self.kv_bytes_per_token / self.kv_shards / bw  # write of new K/V
         self._f_per_tok = 2.0 * shape.matmul_params_per_token / tp / peak
         attn = 4.0 * shape.num_layers * shape.q_size / tp / gpu.peak_flops("bf16")
         self._f_per_ctx = attn                                            # QK^T and PV per pair
@@ -152,7 +154,7 @@ class RooflineCost:
         c = self.config
         free = (self.gpu.memory_bytes * c.gpu_memory_utilization - self.weight_bytes_per_gpu
                 - c.activation_reserve_bytes)
-        per_block = block_size * self.kv_bytes_per_token / c.tp
+        per_block = block_size * self.kv_bytes_per_token / self.kv_shards
         return max(0, int(free // per_block))
 
     def describe(self) -> dict:

@@ -7,13 +7,16 @@ exceed its memory. For decode at `batch` sequences of `context_len` tokens per r
 pp micro-batches so the pipeline stays full:
 
   stage time t_s(m) = max(bytes_s / bandwidth, flops_s / peak) + 2·layers_s all-reduces (tp > 1)
+                      (+ the embedding's all-reduce on the first stage, the logits' all-gather
+                      on the last: what backend.tensor_parallel runs)
   pipeline tick τ   = max_s t_s(m) + send/recv of m×hidden activations (pp > 1)
   TPOT              = pp · τ                 (a token visits every stage)
   throughput        = dp · batch / TPOT      (tokens/s)
   TTFT (idle)       = Σ_s t_s(prefill of prompt_len) + (pp−1) sends
 
 Bytes and FLOPs as in `sims.cost.RooflineCost`; all-reduce: ring over NVLink (tp groups live in one
-node); send/recv over `interconnect` (NVLink or PCIe).
+node); send/recv over `interconnect` (NVLink or PCIe). With fewer KV heads than tp, each GPU holds
+a copy of one KV head (its k/v projection rows and its KV cache), as backend.tensor_parallel does.
 """
 from __future__ import annotations
 
@@ -80,9 +83,11 @@ class _StageCost:
     def __init__(self, shape: ModelShape, gpu: GpuSpec, cfg: PlanConfig, tp: int):
         self.shape, self.gpu, self.cfg, self.tp = shape, gpu, cfg, tp
         wb = dtype_bytes(cfg.weight_dtype)
-        self.layer_bytes = shape.layer_params * wb / tp
+        kv_shards = min(tp, shape.num_kv_heads)  # KV heads are replicated past this
+        kv_proj = 2 * shape.hidden_size * shape.kv_size
+        self.layer_bytes = ((shape.layer_params - kv_proj) / tp + kv_proj / kv_shards) * wb
         self.head_bytes = shape.vocab_size * shape.hidden_size * wb / tp
-        self.kv_tok_layer = 2 * shape.kv_size * dtype_bytes(cfg.kv_dtype) / tp
+        self.kv_tok_layer = 2 * shape.kv_size * dtype_bytes(cfg.kv_dtype) / kv_shards
         self.peak = gpu.peak_flops(cfg.weight_dtype)
         self.ar_bw, self.ar_lat = link(gpu, "nvlink") if gpu.nvlink_bandwidth else link(gpu, "pcie")
 
@@ -92,7 +97,8 @@ class _StageCost:
             else 0.0
         return layers * self.layer_bytes + emb + head
 
-    def time(self, layers: int, last: bool, tokens: int, ctx_tokens: float, prefill: int = 0) -> float:
+    def time(self, layers: int, last: bool, tokens: int, ctx_tokens: float, prefill: int = 0,
+             first: bool = True, sampled: int | None = None) -> float:
         s = self.shape
         bytes_ = layers * self.layer_bytes + (self.head_bytes if last else 0.0) \
             + layers * self.kv_tok_layer * (ctx_tokens + tokens)
@@ -100,8 +106,11 @@ class _StageCost:
                  + 4 * layers * s.q_size * (ctx_tokens + prefill * prefill / 2)) / self.tp
         t = max(bytes_ / self.gpu.bandwidth, flops / self.peak) + self.cfg.overhead_s
         if self.tp > 1:
-            t += 2 * layers * allreduce_time(tokens * s.hidden_size * 2.0, self.tp, self.ar_bw,
-                                             self.ar_lat)
+            ar = allreduce_time(tokens * s.hidden_size * 2.0, self.tp, self.ar_bw, self.ar_lat)
+            t += (2 * layers + (1 if first else 0)) * ar  # o, down (+ the embedding lookup)
+            if last:  # the sampled rows' logits, each GPU's vocabulary slice gathered
+                rows = tokens if sampled is None else sampled
+                t += self.ar_lat + (self.tp - 1) / self.tp * rows * s.vocab_size * 2.0 / self.ar_bw
         return t
 
 
@@ -110,6 +119,9 @@ def evaluate(shape: ModelShape, gpu: GpuSpec, num_gpus: int, tp: int, pp: int,
     dp = num_gpus // (tp * pp)
     if shape.num_heads % tp or shape.num_kv_heads % tp and tp % shape.num_kv_heads:
         return Plan(num_gpus, tp, pp, dp, (), False, 0, 0, 0, 0, 0, f"tp={tp} does not divide the heads")
+    if shape.intermediate_size % tp:
+        return Plan(num_gpus, tp, pp, dp, (), False, 0, 0, 0, 0, 0,
+                    f"tp={tp} does not divide intermediate_size")
     if pp > shape.num_layers:
         return Plan(num_gpus, tp, pp, dp, (), False, 0, 0, 0, 0, 0, "more stages than layers")
     sc = _StageCost(shape, gpu, cfg, tp)
@@ -128,10 +140,12 @@ def evaluate(shape: ModelShape, gpu: GpuSpec, num_gpus: int, tp: int, pp: int,
     send_bw, send_lat = link(gpu, cfg.interconnect) if cfg.interconnect == "pcie" or gpu.nvlink_bandwidth \
         else link(gpu, "pcie")
     act = m * shape.hidden_size * 2.0
-    stage_t = [sc.time(layers, i == pp - 1, m, m * cfg.context_len) for i, layers in enumerate(split)]
+    stage_t = [sc.time(layers, i == pp - 1, m, m * cfg.context_len, first=i == 0)
+               for i, layers in enumerate(split)]
     tau = max(stage_t) + (send_recv_time(act, send_bw, send_lat) if pp > 1 else 0.0)
     tpot = pp * tau
-    ttft = sum(sc.time(layers, i == pp - 1, cfg.prompt_len, cfg.prompt_len, cfg.prompt_len)
+    ttft = sum(sc.time(layers, i == pp - 1, cfg.prompt_len, cfg.prompt_len, cfg.prompt_len,
+                       first=i == 0, sampled=1)
                for i, layers in enumerate(split))
     ttft += (pp - 1) * send_recv_time(cfg.prompt_len * shape.hidden_size * 2.0, send_bw, send_lat)
     return Plan(num_gpus, tp, pp, dp, split, fits, worst_mem / 1e9, kv_cap, tpot * 1e3, ttft * 1e3,
