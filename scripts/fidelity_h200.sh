@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Issue 18 on the H200, in one device call: `tidegate sim validate` (profile, live service with a
+# decision log and the backend's step log, simulation of the schedule and replay of the recorded
+# arrivals) on one preset. Results under $OUT (at most 8 files come back): validate JSON, its
+# log, the profile, the decision log, the step log. Scaled to the session's device grant.
+#   MODEL=deepseek-coder-33b LOADS=0.5,0.8,0.95 SEEDS=0,1,2 N=100 BUDGET_S=330 bash scripts/fidelity_h200.sh
+# The same on the CPU (checks the command, not the numbers):
+#   OUT=/tmp/fid MODEL=tiny DEVICE=cpu IN=16 OUTLEN=8 N=20 RATES=4 SEEDS=0 bash scripts/fidelity_h200.sh
+set -uo pipefail
+: "${OUT:?}"
+MODEL=${MODEL:-deepseek-coder-33b}
+DEVICE=${DEVICE:-cuda}
+IN=${IN:-512}
+OUTLEN=${OUTLEN:-128}
+N=${N:-100}
+SEEDS=${SEEDS:-0,1,2}
+LOADS=${LOADS:-0.5,0.8,0.95}
+BUDGET_S=${BUDGET_S:-330}
+TAG=${TAG:-$(echo "$MODEL" | sed 's/deepseek-coder-//')}
+if [ -d .whl ] && ! python3 -c 'import zmq, google.protobuf' 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-} || exit 1
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+load_args=(--loads "$LOADS")
+[ -n "${RATES:-}" ] && load_args=(--rates "$RATES")
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv 2>/dev/null | tee "$OUT/gpu_$TAG.txt"
+timeout "$BUDGET_S" python3 -m gateway.tidegate_cli sim validate --model "$MODEL" --device "$DEVICE" \
+  --input-len "$IN" --output-len "$OUTLEN" --num-requests "$N" --seeds "$SEEDS" "${load_args[@]}" \
+  --profile "$OUT/profile_$TAG.json" --reprofile --profile-repeats 3 --profile-warmup 1 \
+  --warmup-requests 10 --settle-s 0.5 \
+  --decision-log "$OUT/decisions_$TAG.jsonl" --serve-arg=--step-log="$OUT/steps_$TAG.jsonl" \
+  --json "$OUT/validate_$TAG.json" 2>&1 | tee "$OUT/validate_$TAG.log"
+echo "rc ${PIPESTATUS[0]}"
