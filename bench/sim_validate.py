@@ -167,9 +167,18 @@ class LiveServer:
                 self.proc.wait()
 
 
+def prompt_seed(seed: int, load_index: int) -> int:
+    """The prompts' seed of one (seed, load) run: a different one per run (and never the warm-up's
+    0). One live backend serves every run and keeps earlier prompts in its prefix cache; with one
+    prompt seed per seed, a seed's second load found 496 of each 512-token prompt cached (issue 18:
+    17-18 prefill tokens per prefill step in the H200 step log) and measured that, not the load."""
+    return (seed + 1) * 1000 + load_index
+
+
 def run_live(url: str, model: str, n: int, rate: float, input_len: int, output_len: int, seed: int,
-             timeout_s: float = 600.0, burstiness: float = 1.0) -> dict:
-    """One bench run (the same calls as `tidegate bench serve`); returns bench's summary."""
+             timeout_s: float = 600.0, burstiness: float = 1.0, prompts_seed: int | None = None) -> dict:
+    """One bench run (the same calls as `tidegate bench serve`); returns bench's summary. The
+    schedule comes from `seed`, the prompts' token ids from `prompts_seed` (default `seed`)."""
     from bench import loadgen
     from sims.metrics import summarize
     from sims.workload import LengthSpec, ScheduleConfig, make_prompts, make_schedule
@@ -177,7 +186,7 @@ def run_live(url: str, model: str, n: int, rate: float, input_len: int, output_l
     sched = make_schedule(ScheduleConfig(num_requests=n, rate=rate, input_len=LengthSpec.parse(input_len),
                                          output_len=LengthSpec.parse(output_len), seed=seed,
                                          burstiness=burstiness))
-    prompts = make_prompts(sched, seed, (0, 256))
+    prompts = make_prompts(sched, seed if prompts_seed is None else prompts_seed, (0, 256))
     target = loadgen.HttpTarget(url, model=model, timeout_s=timeout_s)
     records, t0, _ = asyncio.run(loadgen.run_http(target, sched.offset, prompts, sched.output_len))
     return summarize(records, start_time=t0)
@@ -432,7 +441,7 @@ def validate(a: argparse.Namespace) -> dict:
                                   "profile_num_kv_blocks_match": srv.num_blocks == doc["num_kv_blocks"]}
         if a.warmup_requests:
             run_live(srv.url, srv.model, a.warmup_requests, max(rates[0], 1.0), a.input_len,
-                     a.output_len, 10_000, a.request_timeout)
+                     a.output_len, 10_000, a.request_timeout, prompts_seed=0)
         result["decision_log"] = str(dec_path)
         for seed in seeds:
             for li, rate in enumerate(rates):
@@ -441,7 +450,7 @@ def validate(a: argparse.Namespace) -> dict:
                 offset = dec_path.stat().st_size if dec_path.exists() else 0
                 t0 = time.perf_counter()
                 live = run_live(srv.url, srv.model, a.num_requests, rate, a.input_len, a.output_len,
-                                seed, a.request_timeout, a.burstiness)
+                                seed, a.request_timeout, a.burstiness, prompt_seed(seed, li))
                 wall = time.perf_counter() - t0
                 spec = sim_spec(profile, num_blocks, block_size, max_model_len, max_num_seqs, max_nbt,
                                 gw.batcher, gw.queues, a.num_requests, rate, a.input_len,

@@ -19,6 +19,7 @@ text file as JSON lines.
 """
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -119,5 +120,7 @@ def parse_records(lines: Iterable[str]) -> tuple[list[ArrivalRecord], list[Batch
 
 
 def read_log(path: str) -> tuple[list[ArrivalRecord], list[BatchRecord]]:
-    with open(path, encoding="utf-8") as f:
+    """A log file, or a gzip of one (name ending .gz: how committed results keep them)."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
         return parse_records(f)

@@ -114,3 +114,20 @@ def test_tidegate_sim_validate_reaches_bench_sim_validate(capsys):
     from sims.cli import main as sim_main
 
     assert sim_main(["validate"]) == 2  # python -m sims points to the tidegate command
+
+
+def test_every_run_sends_its_own_prompts():
+    """One live backend serves every (seed, load) run and its prefix cache keeps what it saw:
+    runs must not share prompts (issue 18: a seed's second load found its prompts cached)."""
+    from sims.workload import LengthSpec, ScheduleConfig, make_prompts, make_schedule
+
+    sched = make_schedule(ScheduleConfig(num_requests=20, rate=5.0, input_len=LengthSpec.parse(64),
+                                         output_len=LengthSpec.parse(8), seed=0))
+    seen: dict[tuple, tuple] = {}
+    runs = [(s, li) for s in (0, 1, 2) for li in range(4)]
+    for s, li in runs:
+        for p in make_prompts(sched, validate.prompt_seed(s, li), (0, 256)):
+            first_block = tuple(p[:16])
+            assert first_block not in seen, (s, li, seen.get(first_block))
+            seen[first_block] = (s, li)
+    assert 0 not in {validate.prompt_seed(s, li) for s, li in runs}  # the warm-up's
