@@ -53,6 +53,10 @@ class GatewayConfig:
     stream_interval: int = 1  # send every N tokens while streaming
     log_prompts: bool = False
     drain_timeout_s: float = 30.0
+    # A streaming client that takes no bytes for this long (its connection's buffers full) is
+    # treated as gone: its requests are aborted (KV freed) and the connection closed, instead
+    # of the handler waiting on it for ever.
+    stream_stall_timeout_s: float = 30.0
     slo: SLOConfig = field(default_factory=SLOConfig)
     pool: PoolConfig = field(default_factory=PoolConfig)
     batcher: BatcherConfig = field(default_factory=BatcherConfig)

@@ -175,21 +175,49 @@ async def start_sse(request: web.Request) -> web.StreamResponse:
     return resp
 
 
+class _Stalled(ConnectionResetError):
+    """The client took no bytes for `stream_stall_timeout_s`."""
+
+
+def _writer(request: web.Request, resp: web.StreamResponse):
+    """`resp.write`, bounded in time: a write that has to wait for the client (bytes still
+    unsent in the transport) waits at most `stream_stall_timeout_s`, then the client counts as
+    gone (`_Stalled`). Writes with an empty buffer, the usual case, take the plain path."""
+    transport = request.transport
+    timeout_s = request.app[GATEWAY_KEY].config.stream_stall_timeout_s
+
+    async def write(data: bytes) -> None:
+        if transport is None or not transport.get_write_buffer_size():
+            await resp.write(data)
+            return
+        try:
+            await asyncio.wait_for(resp.write(data), timeout_s)
+        except asyncio.TimeoutError:
+            raise _Stalled(f"the client took no bytes for {timeout_s:g} s") from None
+    return write
+
+
 async def stream_events(request: web.Request, make_chunks, first_chunks, final_chunk):
     """SSE loop shared by both routes; returns (response, status for the metrics)."""
     resp = await start_sse(request)
+    write = _writer(request, resp)
     try:
         for chunk in first_chunks:
-            await resp.write(sse(chunk))
+            await write(sse(chunk))
         async for chunk in make_chunks():
-            await resp.write(sse(chunk))
+            await write(sse(chunk))
         if final_chunk is not None:
-            await resp.write(sse(final_chunk()))
-        await resp.write(DONE)
+            await write(sse(final_chunk()))
+        await write(DONE)
         status = 200
     except APIError as err:
-        await resp.write(sse(err.to_dict()))
+        await write(sse(err.to_dict()))
         status = err.status
+    except _Stalled as exc:  # not reading: its handles get aborted, the connection is closed
+        log.info("stream to %s stopped: %s", request.remote, exc)
+        if request.transport is not None:
+            request.transport.abort()  # what is buffered for it goes too
+        return resp, 499
     except ConnectionResetError:  # the client went away mid-stream: its handles get aborted
         return resp, 499
     except asyncio.CancelledError:

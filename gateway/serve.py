@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger bodies get 413")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds; then 504")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds on SIGTERM")
+    p.add_argument("--stream-stall-timeout", type=float, default=30.0,
+                   help="seconds a streaming client may take no bytes before it counts as gone "
+                        "(its requests aborted, the connection closed)")
     p.add_argument("--startup-timeout", type=float, default=120.0,
                    help="seconds to wait for the embedded backend")
     p.add_argument("--heartbeat-timeout", type=float, default=10.0,
@@ -177,6 +180,7 @@ def gateway_config(args: argparse.Namespace, backends: list[str]) -> GatewayConf
         admin_key=os.environ.get("TIDEGATE_ADMIN_KEY") or args.admin_key,
         request_timeout_s=args.request_timeout, stream_interval=max(1, args.stream_interval),
         log_prompts=args.log_prompts, drain_timeout_s=args.drain_timeout,
+        stream_stall_timeout_s=args.stream_stall_timeout,
         slo=SLOConfig(args.slo_ttft_ms, args.slo_tpot_ms),
         pool=PoolConfig(heartbeat_timeout_s=args.heartbeat_timeout,
                         max_inflight_per_backend=args.max_inflight_per_backend, curve=curve,

@@ -11,6 +11,7 @@ from test_gateway_fakes import DEFAULT_TEXT, FakeBackend
 from test_gateway_http import ipc_address, make_config, post
 
 from gateway.app import GATEWAY_KEY, create_app
+from gateway.app_keys import ACTIVE_KEY
 from gateway.backend_pool import BackendPool, Dispatch, PoolConfig
 from gateway.errors import APIError
 from gateway.openai_schema import SamplingParams, ServingOptions
@@ -545,3 +546,42 @@ async def test_front_door_client_that_stops_reading_is_dropped_while_others_are_
     metrics = await (await client.get("/metrics")).text()
     assert 'tidegate_frontdoor_dropped_clients_total{reason="not reading"} 1.0' in metrics
     assert "tidegate_frontdoor_open_requests 0.0" in metrics
+
+
+async def test_http_stream_client_that_stops_reading_is_aborted_while_others_are_served(
+        aiohttp_client, backend):
+    import json
+    import socket
+
+    app = create_app(make_config(backend.address, request_timeout_s=60,
+                                 stream_stall_timeout_s=0.5), startup_wait_s=5.0)
+
+    async def small_send_buffer(request, response):
+        # Loopback TCP autotunes the kernel's send buffer to MiBs: a whole stream would fit.
+        sock = request.transport.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+
+    app.on_response_prepare.append(small_send_buffer)
+    client = await aiohttp_client(app)
+    body = json.dumps({"prompt": "a", "max_tokens": 2000, "ignore_eos": True, "stream": True,
+                       "request_id": "stuck"}).encode()
+    stuck = socket.socket()
+    stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a small window
+    stuck.connect((client.server.host, client.server.port))
+    stuck.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)  # and never reads
+    try:
+        await wait_for(lambda: backend.running)
+        rid = next(iter(backend.running))
+        served = 0
+        while rid not in backend.aborted:  # its 2,000 tokens take ~4 s; the stall ends it first
+            status, out = await post(client, "/v1/completions", {"prompt": "b", "max_tokens": 5})
+            assert status == 200 and out["choices"][0]["text"] == DEFAULT_TEXT[:5]
+            served += 1
+            assert rid in backend.running or rid in backend.aborted, "it ran to its end"
+        print(f"served {served} while the stuck stream filled its buffers")
+        await wait_for(lambda: not backend.running)
+        assert backend.num_free_blocks == backend.num_total_blocks
+        assert not client.app[ACTIVE_KEY]
+    finally:
+        stuck.close()
