@@ -95,6 +95,35 @@ def test_sizes_that_do_not_split_the_model_are_refused():
         check_tp_size(_config(intermediate_size=6), 4)
 
 
+def test_the_step_plan_reaches_a_follower_as_sent():
+    """Block tables travel as deltas; what a follower rebuilds is what rank 0 planned, through
+    growth, a request leaving and coming back, and a table rebuilt after preemption."""
+    from backend.tensor_parallel.steps import PlanDecoder, PlanEncoder
+
+    enc, dec = PlanEncoder(block_size=4), PlanDecoder()
+    tables = {"a": [7, 3], "b": [9]}
+
+    def step(*chunks):
+        got = dec.decode(enc.encode(chunks).tolist())
+        for c, g in zip(chunks, got):
+            nb = -(-(c.start_pos + len(c.token_ids)) // 4)
+            assert (g.token_ids, g.start_pos, g.block_table, g.is_prefill, g.sample) == \
+                (c.token_ids, c.start_pos, c.block_table[:nb], c.is_prefill, c.sample)
+        return [g.request_id for g in got]
+
+    first = step(Chunk("a", [1, 2, 3, 4, 5], 0, tables["a"]), Chunk("b", [6], 0, tables["b"]))
+    tables["a"].append(11)  # a's decode starts its third block
+    assert step(Chunk("a", [8], 8, tables["a"], False), Chunk("b", [9], 1, tables["b"], False)) \
+        == first  # same requests, same serials
+    assert step(Chunk("b", [9], 2, tables["b"], False))[0] == first[1]
+    # a was out of a step: a new serial and its whole table
+    again = step(Chunk("a", [5], 9, tables["a"], False))
+    assert again[0] != first[0]
+    # preempted and scheduled again with other blocks: a new serial too
+    tables["a"] = [4, 5]
+    assert step(Chunk("a", [1, 2, 3, 4, 5], 0, tables["a"]))[0] not in (first[0], again[0])
+
+
 # ---- two ranks over gloo: logits -------------------------------------------------------------
 
 # name -> (checkpoint, BackendConfig overrides, quantize weights to fp8)

@@ -96,12 +96,13 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _decode_ms(runner, batch: int, a: argparse.Namespace) -> list[float]:
+def _decode_ms(runner, batch: int, a: argparse.Namespace) -> tuple[list[float], list[float]]:
+    """ms per step, and ms of each step's plan broadcast (rank 0's host time; TP > 1)."""
     bs, vocab = runner.block_size, runner.model.config.vocab_size
     per_seq = -(-(a.context + a.warmup + a.steps + 2) // bs)
     chunks = [_Chunk(f"d{i}", [(7 * i + 3) % vocab], a.context - 1,
                      list(range(i * per_seq, (i + 1) * per_seq))) for i in range(batch)]
-    times = []
+    times, sends = [], []
     for i in range(a.warmup + a.steps):
         _sync(runner.device)
         t0 = time.perf_counter()
@@ -109,9 +110,10 @@ def _decode_ms(runner, batch: int, a: argparse.Namespace) -> list[float]:
         _sync(runner.device)
         if i >= a.warmup:
             times.append((time.perf_counter() - t0) * 1e3)
+            sends.append(getattr(runner, "last_send_s", 0.0) * 1e3)
         chunks = [dataclasses.replace(c, token_ids=[out.token_ids[c.request_id]],
                                       start_pos=c.start_pos + 1) for c in chunks]
-    return times
+    return times, sends
 
 
 def _plan_tpot_ms(a: argparse.Namespace, batch: int) -> float | None:
@@ -151,7 +153,7 @@ def run(a: argparse.Namespace) -> dict:
                 ar["eager_s"] = runner.time_all_reduce(batch, 50, graph=False)
                 ar["graph_s"] = runner.time_all_reduce(batch, 50, graph=device.type == "cuda")
             res["all_reduce"].append(ar)
-            times = _decode_ms(runner, batch, a)
+            times, sends = _decode_ms(runner, batch, a)
             ms = statistics.median(times)
             mean_ctx = a.context + a.warmup + (a.steps - 1) / 2
             kv = batch * mean_ctx * cfg.kv_bytes_per_token(dname)
@@ -159,13 +161,15 @@ def run(a: argparse.Namespace) -> dict:
             floor_ms = ((wbytes + kv) / bw + collectives * ar["graph_s"]) * 1e3
             plan = _plan_tpot_ms(a, batch) if device.type == "cuda" else None
             row = {"batch": batch, "ms_per_step": ms, "tokens_per_s": batch / ms * 1e3,
-                   "step_ms_min": min(times), "floor_ms": floor_ms,
+                   "step_ms_min": min(times), "plan_send_ms": statistics.median(sends),
+                   "floor_ms": floor_ms,
                    "fraction_of_floor": floor_ms / ms, "weight_bytes_per_rank": wbytes,
                    "kv_bytes_per_rank": kv, "collectives_per_step": collectives,
                    "plan_tpot_ms": plan, "plan_error": None if plan is None else plan / ms - 1}
             res["decode"].append(row)
             print(f"tp={a.tp} batch={batch:4d}: {ms:8.3f} ms/step {row['tokens_per_s']:9.1f} tok/s "
-                  f"floor {floor_ms:7.3f} ms ({row['fraction_of_floor']:.1%}); all-reduce "
+                  f"floor {floor_ms:7.3f} ms ({row['fraction_of_floor']:.1%}); plan sent in "
+                  f"{row['plan_send_ms']:.3f} ms; all-reduce "
                   f"{ar['eager_s'] * 1e6:.1f} us eager / {ar['graph_s'] * 1e6:.1f} us graph"
                   + (f"; plan {plan:.3f} ms ({row['plan_error']:+.1%})" if plan else ""),
                   file=sys.stderr, flush=True)
