@@ -3,8 +3,11 @@
 One record per worker step: when it started (wall clock, so that a benchmark can cut the log at
 its workloads' start and end times), how long the step took on the worker's loop (schedule,
 launch, device, read-back and update: the cadence a stream of tokens sees), how many decodes it
-carried and how many prefill tokens in how many chunks. Records stay in memory (four numbers a
-step) and are written as JSON lines when the backend stops, so logging costs the loop no I/O.
+carried and how many prefill tokens in how many chunks — and which: each prefill chunk as
+(request id, tokens, first position) and the ids preempted, the fields of
+`scheduler.decisions.StepRecord`, so that the simulator's steps can be compared with these
+(issue 18). Records stay in memory and are written as JSON lines when the backend stops, so
+logging costs the loop no I/O; with the log off, nothing is recorded.
 """
 from __future__ import annotations
 
@@ -17,27 +20,35 @@ from scheduler.step_plan import StepPlan
 class StepLog:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.rows: list[tuple[float, float, int, int, int]] = []
+        self.rows: list[tuple] = []
 
     def record(self, start_wall_s: float, duration_s: float, plan: StepPlan) -> None:
         # prefill chunks come after the decodes in a plan: walk them from the end
-        num_prefill_tokens = num_prefill_chunks = 0
+        prefill = []
         for chunk in reversed(plan.chunks):
             if not chunk.is_prefill:
                 break
-            num_prefill_tokens += len(chunk.token_ids)
-            num_prefill_chunks += 1
-        num_decodes = len(plan.chunks) - num_prefill_chunks + plan.num_unlisted_decodes
-        self.rows.append((start_wall_s, duration_s, num_decodes, num_prefill_tokens,
-                          num_prefill_chunks))
+            prefill.append((_request_id(chunk.request_id), len(chunk.token_ids), chunk.start_pos))
+        prefill.reverse()
+        num_decodes = len(plan.chunks) - len(prefill) + plan.num_unlisted_decodes
+        self.rows.append((start_wall_s, duration_s, num_decodes, prefill,
+                          [_request_id(r) for r in plan.preempted]))
 
     def write(self) -> int:
         """Write every record (one JSON object a line); returns how many."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "w") as fh:
             fh.writelines(json.dumps({"t": round(t, 6), "ms": round(dt * 1000, 4), "decodes": d,
-                                     "prefill_tokens": p, "prefill_chunks": k}) + "\n" for t, dt, d, p, k in self.rows)
+                                      "prefill_tokens": sum(c[1] for c in p), "prefill_chunks": len(p),
+                                      "prefill": p, "preempted": pre}) + "\n"
+                          for t, dt, d, p, pre in self.rows)
         return len(self.rows)
+
+
+def _request_id(key: str) -> str:
+    """The gateway's request id of an engine key ("<gateway identity hex>/<request id>", as the
+    worker names requests); a key without an identity is returned as it is."""
+    return key.split("/", 1)[1] if "/" in key else key
 
 
 def read_step_log(path: str | Path) -> list[dict]:

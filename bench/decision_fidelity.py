@@ -25,7 +25,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 
-from scheduler.decisions import BatchRecord
+from scheduler.decisions import BatchRecord, StepRecord
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -69,6 +69,46 @@ def compare(a: Sequence[BatchRecord], b: Sequence[BatchRecord]) -> dict:
         "flush_dt_p99_s": _pct(dt, 0.99),
         "flush_dt_max_s": max(dt, default=0.0),
         "matched_window_dt_max_s": max(window_dt, default=0.0),
+    }
+
+
+def compare_steps(a: Sequence[StepRecord], b: Sequence[StepRecord]) -> dict:
+    """Step-level decision distance between two backends' step sequences (live vs simulated):
+
+    - `sequence_identical`: every step the same (decode count, prefill chunks, preemptions);
+    - `prefill_sequence_identical`: the steps that prefill, in order, the same chunks (decode-only
+      steps between them may differ in number where step times differ);
+    - `same_prefill_step_share`: prefill steps whose chunk set (request, tokens, position) occurs
+      as a step on the other side (one to one, over the larger count);
+    - `requests_chunked_alike`: the share of requests prefilled in the same chunks on both sides;
+    - `preemptions`: ids preempted on each side (counts)."""
+    pre_a = [frozenset(r.prefill) for r in a if r.prefill]
+    pre_b = [frozenset(r.prefill) for r in b if r.prefill]
+    matched = sum((Counter(pre_a) & Counter(pre_b)).values())
+    denom = max(len(pre_a), len(pre_b))
+
+    def chunking(steps):
+        out: dict[str, list] = {}
+        for r in steps:
+            for rid, n, pos in r.prefill:
+                out.setdefault(rid, []).append((n, pos))
+        return out
+
+    ca, cb = chunking(a), chunking(b)
+    both = ca.keys() | cb.keys()
+
+    def key(r):
+        return (r.num_decodes, r.prefill, r.preempted)
+
+    return {
+        "num_steps": [len(a), len(b)],
+        "num_prefill_steps": [len(pre_a), len(pre_b)],
+        "sequence_identical": [key(r) for r in a] == [key(r) for r in b],
+        "prefill_sequence_identical": [r.prefill for r in a if r.prefill] == [r.prefill for r in b if r.prefill],
+        "same_prefill_step_share": matched / denom if denom else 1.0,
+        "requests_chunked_alike": (sum(1 for r in both if ca.get(r) == cb.get(r)) / len(both)
+                                   if both else 1.0),
+        "preemptions": [sum(len(r.preempted) for r in a), sum(len(r.preempted) for r in b)],
     }
 
 

@@ -6,6 +6,8 @@ be compared decision by decision (`bench.decision_fidelity`):
     {"kind": "arrival", "id": "r7", "t": 12.5, "prompt": 512, "max_tokens": 128, "class": 1,
      "received": 12.4997}
     {"kind": "batch", "t": 12.505, "size": 2, "ids": ["r6", "r7"], "classes": [1, 1]}
+    {"kind": "step", "t": 12.52, "ms": 20.1, "decodes": 14, "prefill": [["r6", 512, 0]],
+     "preempted": []}
 
 The arrival records are the trace the simulator replays (`sims.decision_replay`); the batch
 records are the decisions. Times are the writer's clock (the gateway's monotonic clock, or the
@@ -16,6 +18,11 @@ log also shows what the front end (body, tokenizer, handle) took before the batc
 
 Stdlib only (scheduler/ stays pure); a log may keep its records in memory or append them to a
 text file as JSON lines.
+
+Step records are the backend's decisions: each step's prefill chunks (request, tokens, first
+position), how many sequences decoded, which were preempted. The live backend writes them with
+`--step-log` (backend.step_log, the same fields), the simulator with `EngineConfig.record_steps`;
+`bench.decision_fidelity.compare_steps` sets them side by side.
 """
 from __future__ import annotations
 
@@ -57,6 +64,31 @@ class BatchRecord:
     def to_json(self) -> dict:
         return {"kind": "batch", "t": self.t, "size": self.size,
                 "ids": list(self.request_ids), "classes": list(self.classes)}
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    t: float  # when the step started (the writer's clock)
+    num_decodes: int
+    prefill: tuple[tuple[str, int, int], ...]  # (request id, tokens, first position) per chunk
+    preempted: tuple[str, ...] = ()
+    ms: float | None = None  # its duration, where measured
+
+    def to_json(self) -> dict:
+        d = {"kind": "step", "t": self.t, "decodes": self.num_decodes,
+             "prefill": [list(c) for c in self.prefill], "preempted": list(self.preempted)}
+        if self.ms is not None:
+            d["ms"] = self.ms
+        return d
+
+
+def step_from_json(d: dict) -> StepRecord:
+    """A step record from its JSON (a `--step-log` line: `kind` may be absent there)."""
+    ms = d.get("ms")
+    return StepRecord(float(d["t"]), int(d["decodes"]),
+                      tuple((str(r), int(n), int(p)) for r, n, p in d.get("prefill", ())),
+                      tuple(str(r) for r in d.get("preempted", ())),
+                      None if ms is None else float(ms))
 
 
 class DecisionLog:
@@ -112,11 +144,32 @@ def parse_records(lines: Iterable[str]) -> tuple[list[ArrivalRecord], list[Batch
             elif d["kind"] == "batch":
                 batches.append(BatchRecord(float(d["t"]), tuple(str(i) for i in d["ids"]),
                                            tuple(int(c) for c in d["classes"])))
+            elif d["kind"] == "step":
+                continue  # read_steps reads these
             else:
                 raise ValueError(f"unknown kind {d['kind']!r}")
         except (KeyError, TypeError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
             raise ValueError(f"decision log line {n}: {exc}") from exc
     return arrivals, batches
+
+
+def read_steps(path: str) -> list[StepRecord]:
+    """The step records of a file: a decision log's "step" lines, or a backend `--step-log`
+    (one step a line, no `kind`); gzip when the name ends .gz. Lines without request ids (an
+    older step log) give steps with no prefill ids: raises ValueError, as they cannot be compared."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    out = []
+    with opener(path, "rt", encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            d = json.loads(line)
+            if d.get("kind", "step") != "step":
+                continue
+            if d.get("prefill_tokens") and "prefill" not in d:
+                raise ValueError(f"{path} line {n}: a step log without request ids")
+            out.append(step_from_json(d))
+    return out
 
 
 def read_log(path: str) -> tuple[list[ArrivalRecord], list[BatchRecord]]:

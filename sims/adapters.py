@@ -263,6 +263,11 @@ class BackendAdapter:
         models that charge each packed prompt by itself (`accepts_prefill_chunks`)."""
         return self._plan.chunks
 
+    @property
+    def preempted(self) -> list[str]:
+        """The request ids the step `schedule()` just planned sent back to waiting."""
+        return self._plan.preempted
+
     def complete_step(self, _costs) -> tuple[list[int], list[int]]:
         """Feed back the step's synthetic result -> (requests with a first token, finished)."""
         plan, self._plan = self._plan, None

@@ -25,7 +25,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from scheduler.decisions import ArrivalRecord, BatchRecord
+from scheduler.decisions import ArrivalRecord, BatchRecord, StepRecord
 from sims.adapters import SimSchedulerConfig
 from sims.cost import ConstantCost, CostModel
 from sims.event_loop import EngineConfig, SimResult, simulate
@@ -56,18 +56,31 @@ def replay(arrivals: Sequence[ArrivalRecord], sched_config: SimSchedulerConfig,
 
 
 def replay_run(arrivals: Sequence[ArrivalRecord], sched_config: SimSchedulerConfig,
-               cost: CostModel | None = None, engine: EngineConfig | None = None
-               ) -> tuple[SimResult | None, list[BatchRecord]]:
-    """`replay`, with the simulation's result too (for its latency figures; None: no arrivals)."""
+               cost: CostModel | None = None, engine: EngineConfig | None = None,
+               record_steps: bool = False) -> tuple[SimResult | None, list[BatchRecord]]:
+    """`replay`, with the simulation's result too (for its latency figures; None: no arrivals).
+    `record_steps`: every step is simulated alone and recorded (`step_records` reads them)."""
     if not arrivals:
         return None, []
     ordered = sorted(arrivals, key=lambda a: a.t)
     workload = workload_from_arrivals(ordered)
     engine = engine or EngineConfig(num_samples=1)
     engine = replace(engine, record_batches=True)
+    if record_steps:
+        engine = replace(engine, record_steps=True, max_stretch_steps=1)
     result = simulate(workload, cost or ConstantCost(0.010, num_blocks=1 << 14), sched_config, engine)
     ids = [a.request_id for a in ordered]
     classes = result.queue_class.tolist()
     return result, [BatchRecord(float(t), tuple(ids[i] for i in batch),
                                 tuple(classes[i] for i in batch))
                     for t, batch in result.extra["batches"]]
+
+
+def step_records(result: SimResult, arrivals: Sequence[ArrivalRecord], backend: int = 0
+                 ) -> list[StepRecord]:
+    """One backend's simulated steps (`replay_run(..., record_steps=True)`) as StepRecords with
+    the live request ids (`arrivals` as given to replay_run)."""
+    ids = [a.request_id for a in sorted(arrivals, key=lambda a: a.t)]
+    return [StepRecord(float(t), int(d), tuple((ids[i], int(n), int(p)) for i, n, p in chunks),
+                       tuple(ids[i] for i in pre))
+            for t, b, d, chunks, pre in result.extra["steps"] if b == backend]

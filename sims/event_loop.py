@@ -65,6 +65,10 @@ class EngineConfig:
     # keep every flushed window, (time, request indices), in SimResult.extra["batches"]
     # (sims.decision_replay compares them with the live gateway's; off: no cost)
     record_batches: bool = False
+    # every single step's composition (start, backend, decodes, prefill chunks as (request,
+    # tokens, start position), preempted): `extra["steps"]`; stretches are recorded as one row
+    # each, so set max_stretch_steps=1 to see every step (sims.decision_replay does)
+    record_steps: bool = False
 
 
 @dataclass
@@ -166,6 +170,7 @@ class EventLoop:
         self.stretch_rows: list[tuple] = []  # (steps, num_decode, first context) per stretch segment
         self.batch_sizes: list[int] = []
         self.batch_log: list[tuple[float, list[int]]] | None = [] if config.record_batches else None
+        self.step_log: list[tuple] | None = [] if config.record_steps else None
         self.heap: list[tuple] = []
         self.seq = 0
         self.events = 0
@@ -355,6 +360,11 @@ class EventLoop:
             dt = self.step_time_fn(num_decode, num_prefill, num_ctx)
         dt += sched.take_copy_seconds()
         self.step_rows.append((num_decode, num_prefill, dt))
+        if self.step_log is not None:
+            self.step_log.append((now, be.idx, num_decode,
+                                  [(int(c.request_id), len(c.token_ids), c.start_pos)
+                                   for c in sched.prefill_chunks],
+                                  [int(r) for r in sched.preempted]))
         be.busy = True
         be.plan = plan
         be.step_start = now
@@ -544,7 +554,8 @@ class EventLoop:
             backend_stats=[b.sched.stats() for b in backends], events=self.events,
             wall_s=time.perf_counter() - self.wall0, sim_end=self.now,
             extra={"num_kv_blocks": self.num_blocks, "placement": self.placement_stats(),
-                   **({"batches": self.batch_log} if self.batch_log is not None else {})})
+                   **({"batches": self.batch_log} if self.batch_log is not None else {}),
+                   **({"steps": self.step_log} if self.step_log is not None else {})})
 
     def placement_stats(self) -> dict:
         p = self.placement
