@@ -367,6 +367,29 @@ def test_backend_tp2_serves_transformers_greedy_tokens_until_a_rank_dies(checkpo
         w.kill()
 
 
+def test_the_other_ranks_exit_when_rank_0_is_killed(checkpoints, tmp_path):
+    """No orphans: SIGKILL of the backend (rank 0) leaves no follower running."""
+    path = checkpoints["gqa4_tied_rope4"]
+    w = WorkerProcess(["--model", str(path), "--tensor-parallel-size", "2", "--num-blocks", "64",
+                       "--cpu-threads", "1"], f"ipc://{tmp_path}/tp.sock")
+    try:
+        (rank1,) = _children(w.proc.pid)
+        w.proc.kill()
+        w.proc.wait()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:  # reaped by init, or a zombie: gone either way
+                with open(f"/proc/{rank1}/stat") as f:
+                    if f.read().split(")")[-1].split()[0] == "Z":
+                        break
+            except FileNotFoundError:
+                break
+            time.sleep(0.1)
+        assert time.monotonic() < deadline, "rank 1 outlived rank 0"
+    finally:
+        w.kill()
+
+
 def test_a_model_the_size_does_not_split_fails_start_up_cleanly(tmp_path):
     path = make_checkpoint(tmp_path, "gqa7_sharded")  # 7 heads
     import subprocess

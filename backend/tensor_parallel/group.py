@@ -147,8 +147,11 @@ class TPGroup:
         if self.device.type != "cuda":
             return
         try:
-            backend = dist.distributed_c10d._get_default_group()._get_backend(self.device)
-            backend.abort()
+            abort_all = getattr(dist.distributed_c10d, "_abort_process_group", None)  # torch >= 2.6
+            if abort_all is not None:
+                abort_all()
+            else:
+                dist.distributed_c10d._get_default_group()._get_backend(self.device).abort()
         except Exception as exc:  # noqa: BLE001 -- best effort: the watchdog exits the process next
             print(f"tidegate backend: could not abort the NCCL group: {exc!r}", file=sys.stderr)
 

@@ -120,6 +120,7 @@ class Ranks:
         self.procs, self.group = procs, group
         self.leader: LeaderRunner | None = None
         self.stopping = False
+        self.armed = False  # SIGTERM ourselves on a death only once the worker handles it
         self.reason: str | None = None  # why the group is broken (a rank died)
         self._lock = threading.Lock()
         for rank, proc in procs.items():
@@ -137,7 +138,19 @@ class Ranks:
             self.reason = f"tensor-parallel rank {rank} (pid {proc.pid}) exited with code {code}"
         print(f"tidegate backend: {self.reason}; stopping", file=sys.stderr, flush=True)
         self.group.abort()
-        os.kill(os.getpid(), signal.SIGTERM)  # the worker's SIGTERM path fails what is in flight
+        with self._lock:
+            armed = self.armed
+        if armed:  # else start-up fails by itself (its next collective), or `arm` sends it
+            os.kill(os.getpid(), signal.SIGTERM)  # the worker's SIGTERM path fails what is in flight
+
+    def arm(self) -> None:
+        """Called once the worker's SIGTERM handler is installed: from now on a rank's death
+        stops the worker through it (a death before this is acted on now)."""
+        with self._lock:
+            self.armed = True
+            dead = self.reason is not None and not self.stopping
+        if dead:
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def stop(self) -> int:
         """Stop the followers (tell them, wait, then kill); 1 if a rank had failed, else 0."""
