@@ -192,6 +192,14 @@ def _rank_main(rank: int, port: int, cases: dict, results, device: str = "cpu") 
                 quantize_model(runner.model, "fp8", check_device=False)
             if rank == 0:
                 leader = LeaderRunner(runner, group)
+                # a step every rank refuses before its first collective (decodes must come
+                # first): refused here, skipped by the follower, and the group carries on
+                bad = [Chunk("x", [1, 2], 0, [0]), Chunk("y", [3], 4, [1, 2], is_prefill=False)]
+                try:
+                    leader.execute(bad)
+                    raise AssertionError("a prefill before a decode was accepted")
+                except ValueError:
+                    pass
                 logits = _run(leader, _steps(loaded.config.vocab_size))
                 leader.stop()
                 results.put((name, [t.cpu().clone() for t in logits]))

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import array
 import itertools
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -166,8 +167,15 @@ def follow(runner, group: TPGroup) -> int:
         if op == PROBE:
             _probe(runner, group, payload[0], payload[1], bool(payload[2]))
             continue
-        with torch.inference_mode():
-            runner.launch(decoder.decode(payload))
+        try:
+            with torch.inference_mode():
+                runner.launch(decoder.decode(payload))
+        except ValueError as exc:
+            # a step the runner refuses while preparing it, before any collective: rank 0 refused
+            # the same step the same way (its worker fails those requests and carries on)
+            print(f"tidegate backend: rank {group.rank}: step refused: {exc}", file=sys.stderr,
+                  flush=True)
+            continue
         if runner.device.type == "cuda":
             # the staging buffers are reused by the next step only after this one's copies;
             # rank 0 waits on its token read-back, a follower here
