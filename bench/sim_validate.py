@@ -257,14 +257,32 @@ def read_decisions(path: Path, offset: int):
         return parse_records(fh)
 
 
-def run_replay(spec, arrivals) -> tuple[dict, list]:
+def run_replay(spec, arrivals) -> tuple[dict, list, list]:
     """The recorded arrivals through the simulator (same cost model, scheduler, engine):
-    its summary and its flushed windows."""
-    from sims.decision_replay import replay_run
+    its summary, its flushed windows and its steps (StepRecords with the live ids)."""
+    from sims.decision_replay import replay_run, step_records
     from sims.report import summarize
 
-    result, batches = replay_run(arrivals, spec.scheduler, spec.cost.build(), spec.engine)
-    return summarize(result), batches
+    result, batches = replay_run(arrivals, spec.scheduler, spec.cost.build(), spec.engine,
+                                 record_steps=True)
+    return summarize(result), batches, step_records(result, arrivals)
+
+
+def prefill_steps_of(steps, ids: set) -> list:
+    """The steps that prefill any of `ids` (one run's requests; runs do not overlap in time)."""
+    return [s for s in steps if s.prefill and any(c[0] in ids for c in s.prefill)]
+
+
+def steps_summary(runs: list[dict], confidence: float) -> dict:
+    """Per load: how alike the live and simulated prefill steps were (bench.decision_fidelity
+    .compare_steps over each run's prefill steps)."""
+    have = [r["steps"] for r in runs if r.get("steps")]
+    if not have:
+        return {}
+    return {"same_prefill_step_share": mean_ci([s["same_prefill_step_share"] for s in have], confidence),
+            "requests_chunked_alike": mean_ci([s["requests_chunked_alike"] for s in have], confidence),
+            "num_prefill_steps": [sum(s["num_prefill_steps"][i] for s in have) for i in (0, 1)],
+            "preemptions": [sum(s["preemptions"][i] for s in have) for i in (0, 1)]}
 
 
 def decisions_summary(runs: list[dict], confidence: float) -> dict:
@@ -370,6 +388,9 @@ def parser() -> argparse.ArgumentParser:
                    help="gamma shape of inter-arrivals, live and simulated (1: Poisson, <1 burstier)")
     p.add_argument("--decision-log", metavar="PATH",
                    help="the gateway's decision log (default: a temporary file); replayed per run")
+    p.add_argument("--step-log", metavar="PATH",
+                   help="the backend's step log (default: steps.jsonl beside the decision log); "
+                        "each run's prefill steps are compared with the replay's")
     p.add_argument("--confidence", type=float, default=0.95)
     p.add_argument("--warmup-requests", type=int, default=20, help="untimed live run first (0: none)")
     p.add_argument("--settle-s", type=float, default=1.0, help="pause between live runs")
@@ -400,8 +421,11 @@ def validate(a: argparse.Namespace) -> dict:
         tempfile.mkdtemp(prefix="tidegate-validate-")) / "decisions.jsonl"
     dec_path.parent.mkdir(parents=True, exist_ok=True)
     dec_path.unlink(missing_ok=True)
+    # the backend's step log (written when it stops), beside the decision log
+    step_path = Path(a.step_log) if a.step_log else dec_path.with_name("steps.jsonl")
+    step_path.unlink(missing_ok=True)
     serve_argv = ["--port", "0", "--model", a.model, "--device", a.device, "--log-level", "warning",
-                  "--decision-log", str(dec_path), *a.serve_arg]
+                  "--decision-log", str(dec_path), "--step-log", str(step_path), *a.serve_arg]
     gw = gateway_config(serve_parser().parse_args(serve_argv), ["live"])
     load_profile = os.getloadavg()
     t_prof = time.perf_counter()
@@ -431,6 +455,7 @@ def validate(a: argparse.Namespace) -> dict:
                           "num_points": len(doc["points"]), "cost_model": cost.describe()},
               "capacity_estimate": cap, "loads": []}
     by_load: dict[int, list] = {i: [] for i in range(len(rates))}
+    run_steps: list[tuple] = []  # (load index, run index, its request ids, simulated prefill steps)
     with LiveServer(serve_argv, a.startup_timeout) as srv:
         _log(a, f"live: {srv.url} (model {srv.model}, {srv.num_blocks} KV blocks of {srv.block_size})")
         num_blocks = srv.num_blocks or int(doc["num_kv_blocks"])
@@ -458,7 +483,9 @@ def validate(a: argparse.Namespace) -> dict:
                 sim = run_sim(spec)
                 cmp_ = compare(live, sim)
                 arrivals, live_batches = read_decisions(dec_path, offset)
-                sim_replay, sim_batches = run_replay(spec, arrivals)
+                sim_replay, sim_batches, sim_steps = run_replay(spec, arrivals)
+                run_steps.append((li, len(by_load[li]), {x.request_id for x in arrivals},
+                                  prefill_steps_of(sim_steps, {x.request_id for x in arrivals})))
                 decisions = decision_compare(live_batches, sim_batches)
                 front = [1e3 * (x.t - x.received) for x in arrivals if x.received is not None]
                 # Diagnostic, not validation: the same simulation with the profile's step times
@@ -484,6 +511,19 @@ def validate(a: argparse.Namespace) -> dict:
                                     for k, v in cmp_.items()) + f"  [loadavg {la[0]:.2f}]; windows "
                         f"same {100 * decisions['same_membership_share']:.1f}% of "
                         f"{decisions['num_batches']}")
+    # the backend wrote its step log when it stopped: compare each run's prefill steps
+    if step_path.exists():
+        from bench.decision_fidelity import compare_steps
+        from scheduler.decisions import read_steps
+        try:
+            live_steps = read_steps(str(step_path))
+        except ValueError as exc:
+            live_steps = None
+            _log(a, f"step log not compared: {exc}")
+        if live_steps is not None:
+            for li, ri, ids, sim_pre in run_steps:
+                by_load[li][ri]["steps"] = compare_steps(prefill_steps_of(live_steps, ids), sim_pre)
+        result["step_log"] = str(step_path)
     for li, rate in enumerate(rates):
         result["loads"].append({"load_label": labels[li], "rate": rate,
                                 "load_fraction": rate / cap["request_rate"], "runs": by_load[li],
@@ -493,6 +533,7 @@ def validate(a: argparse.Namespace) -> dict:
                                 "summary_replay": summarize_load(
                                     [{"compare": r["compare_replay"]} for r in by_load[li]], a.confidence),
                                 "decisions": decisions_summary(by_load[li], a.confidence),
+                                "steps": steps_summary(by_load[li], a.confidence),
                                 "scale": mean_ci([r["scale"] for r in by_load[li]], a.confidence)})
     result["loadavg_after"] = os.getloadavg()
     return result
@@ -539,6 +580,13 @@ def main(argv: list[str] | None = None) -> int:
               f"(pooled {100 * d['same_membership_pooled']:.1f}% of {d['num_batches_live']} live windows; "
               f"{d['requests_regrouped']} requests regrouped; front end {d['frontend_ms_mean']:.2f} ms "
               f"before the batcher)")
+        st = ld.get("steps")
+        if st:
+            print(f"steps {ld['load_label']}: prefill steps with the same chunks "
+                  f"{100 * st['same_prefill_step_share']['mean']:.1f}%, requests chunked alike "
+                  f"{100 * st['requests_chunked_alike']['mean']:.1f}% (prefill steps live/sim "
+                  f"{st['num_prefill_steps'][0]}/{st['num_prefill_steps'][1]}, preemptions "
+                  f"{st['preemptions'][0]}/{st['preemptions'][1]})")
     cap = result["capacity_estimate"]
     print(f"capacity estimate (profile): {cap['request_rate']:.2f} req/s; seeds {a.seeds}; "
           f"{a.num_requests} requests of {a.input_len}+{a.output_len} tokens per run; goal ±{100 * GOAL:.0f}%; "

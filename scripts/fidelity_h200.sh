@@ -29,6 +29,6 @@ timeout "$BUDGET_S" python3 -m gateway.tidegate_cli sim validate --model "$MODEL
   --input-len "$IN" --output-len "$OUTLEN" --num-requests "$N" --seeds "$SEEDS" "${load_args[@]}" \
   --profile "$OUT/profile_$TAG.json" --reprofile --profile-repeats 3 --profile-warmup 1 \
   --warmup-requests 10 --settle-s 0.5 \
-  --decision-log "$OUT/decisions_$TAG.jsonl" --serve-arg=--step-log="$OUT/steps_$TAG.jsonl" \
+  --decision-log "$OUT/decisions_$TAG.jsonl" --step-log "$OUT/steps_$TAG.jsonl" \
   --json "$OUT/validate_$TAG.json" 2>&1 | tee "$OUT/validate_$TAG.log"
 echo "rc ${PIPESTATUS[0]}"

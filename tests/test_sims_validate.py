@@ -86,6 +86,12 @@ def test_validate_small_live_run(tmp_path):
     (load,) = res["loads"]
     (run,) = load["runs"]
     assert run["live_completed"] == 8 and run["sim_completed"] == 8 and not run["live_errors"]
+    # issue 18: the gateway's windows against the replay's, the backend's steps against its steps
+    assert run["decisions"]["num_requests"] == [8, 8]
+    assert 0.0 <= run["decisions"]["same_membership_share"] <= 1.0
+    assert run["steps"]["num_prefill_steps"][0] >= 1  # the step log's ids are the gateway's
+    assert 0.0 <= run["steps"]["same_prefill_step_share"] <= 1.0
+    assert run["steps"]["requests_chunked_alike"] > 0.0  # 16-token prompts: one chunk each
     for name, m in run["compare"].items():
         assert math.isfinite(m["live"]) and math.isfinite(m["sim"]) and m["live"] > 0, name
     tpot = run["compare"]["tpot_p50"]
