@@ -17,7 +17,8 @@ rank 0 with the other ranks following as in serving (`LeaderRunner`):
                  + (2 x layers + 1) all-reduces at that batch (graph figure) + the logits gather
                  (not measured apart: counted as one more all-reduce)
 
-  and the plan's TPOT for the same layout (`sims.plan.evaluate`, tp = gpus, pp = 1) beside it.
+  (the simulator's plan for the same layout is put beside it by `scripts/gpu_tp_run.sh`: the
+  backend does not import sims).
 
 On the CPU (gloo, a small model) it runs the same code: a smoke test of the path, not a speed.
 """
@@ -59,7 +60,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--enforce-eager", action="store_true")
-    p.add_argument("--gpu", default="h200", help="sims.hardware GPU for the plan's prediction")
     p.add_argument("--cpu-threads", type=int, default=None)
     p.add_argument("--out", default=None, help="write the results as JSON here")
     return p
@@ -116,21 +116,6 @@ def _decode_ms(runner, batch: int, a: argparse.Namespace) -> tuple[list[float], 
     return times, sends
 
 
-def _plan_tpot_ms(a: argparse.Namespace, batch: int) -> float | None:
-    try:
-        from sims.hardware import get_gpu
-        from sims.model_shape import load_model_shape
-        from sims.plan import PlanConfig, evaluate
-    except ImportError:
-        return None
-    try:
-        shape, gpu = load_model_shape(a.model), get_gpu(a.gpu)
-    except (KeyError, ValueError, OSError):
-        return None
-    plan = evaluate(shape, gpu, a.tp, a.tp, 1, PlanConfig(batch=batch, context_len=a.context))
-    return plan.tpot_ms
-
-
 def run(a: argparse.Namespace) -> dict:
     from backend.engine_bench import measure_ceilings
     from backend.quantization import weight_bytes
@@ -159,19 +144,16 @@ def run(a: argparse.Namespace) -> dict:
             kv = batch * mean_ctx * cfg.kv_bytes_per_token(dname)
             collectives = 2 * cfg.num_hidden_layers + 2 if a.tp > 1 else 0
             floor_ms = ((wbytes + kv) / bw + collectives * ar["graph_s"]) * 1e3
-            plan = _plan_tpot_ms(a, batch) if device.type == "cuda" else None
             row = {"batch": batch, "ms_per_step": ms, "tokens_per_s": batch / ms * 1e3,
                    "step_ms_min": min(times), "plan_send_ms": statistics.median(sends),
                    "floor_ms": floor_ms,
                    "fraction_of_floor": floor_ms / ms, "weight_bytes_per_rank": wbytes,
-                   "kv_bytes_per_rank": kv, "collectives_per_step": collectives,
-                   "plan_tpot_ms": plan, "plan_error": None if plan is None else plan / ms - 1}
+                   "kv_bytes_per_rank": kv, "collectives_per_step": collectives}
             res["decode"].append(row)
             print(f"tp={a.tp} batch={batch:4d}: {ms:8.3f} ms/step {row['tokens_per_s']:9.1f} tok/s "
                   f"floor {floor_ms:7.3f} ms ({row['fraction_of_floor']:.1%}); plan sent in "
                   f"{row['plan_send_ms']:.3f} ms; all-reduce "
-                  f"{ar['eager_s'] * 1e6:.1f} us eager / {ar['graph_s'] * 1e6:.1f} us graph"
-                  + (f"; plan {plan:.3f} ms ({row['plan_error']:+.1%})" if plan else ""),
+                  f"{ar['eager_s'] * 1e6:.1f} us eager / {ar['graph_s'] * 1e6:.1f} us graph",
                   file=sys.stderr, flush=True)
     finally:
         if ranks is not None:
