@@ -71,6 +71,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--peer-new-tokens", type=int, default=12)
     p.add_argument("--deadline-s", type=float, default=0.0,
                    help="stop starting sections after this many seconds (0: none)")
+    p.add_argument("--kernel-profile", action="store_true",
+                   help="per-kernel GPU times (torch profiler) of the batch-1 decode graph "
+                        "replay and the 2048-token prefill, bf16 and fp8")
+    p.add_argument("--pdl-ab", action="store_true",
+                   help="batch-1 decode graphs captured with and without programmatic dependent "
+                        "launch, alternating (off, on, off, on), bf16 and fp8")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="JSON results path")
     p.add_argument("--profile-out", default=None, help="the simulator's profile JSON path")
@@ -164,6 +170,7 @@ class Bench:
             },
             "ceilings": {}, "cuda_graphs": {}, "prefill": [], "decode": [], "host_time": {},
             "checks": {}, "peer": {}, "goals": [], "skipped": [], "errors": [],
+            "kernel_profile": {}, "pdl_ab": {},
         }
         self.profile_points: list[dict] = []
         self.runner = None
@@ -302,7 +309,7 @@ class Bench:
                 for i in range(batch)]
 
     def run_decode(self, weights: str, batch: int, graphs: bool, context: int | None = None,
-                   record: bool = True) -> dict:
+                   record: bool = True, profile_point: bool = True) -> dict:
         a, r = self.args, self.runner
         context = context or a.context
         saved = r.graphs
@@ -340,7 +347,7 @@ class Bench:
             self.log(f"decode {weights} b={batch:3d} graphs={graphs!s:5} ctx={context}: "
                      f"{ms:8.3f} ms/token  {row['tokens_per_s']:9.1f} tok/s  "
                      f"floor {floor_ms:7.3f} ms ({row['fraction_of_floor']:.1%})")
-        if weights == "bf16" and graphs:
+        if weights == "bf16" and graphs and profile_point:
             self.profile_points.append(self._point(batch, 0, context + a.warmup + a.steps // 2,
                                                    times))
         return row
@@ -404,6 +411,81 @@ class Bench:
                 times.append((time.perf_counter() - t0) * 1e3)
         self.profile_points.append(self._point(d, p, c, times))
         self.log(f"profile point d={d} p={p} c={c}: {statistics.fmean(times):.2f} ms")
+
+    # ---- per-kernel profile --------------------------------------------------------------------
+    def profile_kernels(self, weights: str, batch: int, prefill_tokens: int = 0,
+                        steps: int = 3) -> None:
+        """GPU time per kernel of `steps` steps (decode `batch` through the graphs, or one
+        prefill of `prefill_tokens`) from the torch profiler; steps are separated by a 20 ms
+        host sleep so that the kernels split into steps by that gap."""
+        from torch.profiler import ProfilerActivity, profile
+
+        if self.device.type != "cuda":
+            self.log("kernel profile: CUDA only (skipped)")
+            return
+        r, bs = self.runner, self.runner.block_size
+        if prefill_tokens:
+            ids = [(11 * j + 5) % self.config.vocab_size for j in range(prefill_tokens)]
+            chunks = [_chunk("pp", ids, 0, self.pool.take(-(-prefill_tokens // bs)), True)]
+        else:
+            chunks = self.decode_chunks(batch, self.args.context)
+        r.execute(chunks)  # warm (first use of any new shape)
+        _sync(self.device)
+        walls = []
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                time.sleep(0.02)
+                t0 = time.perf_counter()
+                out = r.execute(chunks)
+                _sync(self.device)
+                walls.append((time.perf_counter() - t0) * 1e3)
+                if not prefill_tokens:
+                    chunks = [dataclasses.replace(c, token_ids=[out.token_ids[c.request_id]],
+                                                  start_pos=c.start_pos + 1) for c in chunks]
+        kernels = [(e.name, e.time_range.start, e.time_range.end - e.time_range.start)
+                   for e in prof.events() if str(e.device_type).endswith("CUDA")]
+        key = f"{weights} " + (f"prefill {prefill_tokens}" if prefill_tokens else
+                               f"decode b={batch}")
+        bd = kernel_breakdown(kernels, walls)
+        bd["weight_bytes"] = self.weight_bytes()
+        mm = bd["categories"].get("matmul (cuBLAS)", {}).get("us", 0.0) \
+            + bd["categories"].get("fp8 gemv", {}).get("us", 0.0) \
+            + bd["categories"].get("split-k reduce", {}).get("us", 0.0)
+        if mm and not prefill_tokens:  # decode: the matmuls stream (almost) all weight bytes
+            bd["matmul_tb_per_s"] = self.weight_bytes() / (mm * 1e-6) / 1e12
+        self.results["kernel_profile"][key] = bd
+        self.log(f"kernel profile {key}: wall {bd['wall_ms']:.3f} ms, kernels busy "
+                 f"{bd['busy_us'] / 1e3:.3f} ms, span {bd['span_us'] / 1e3:.3f} ms, gaps "
+                 f"{bd['gap_us'] / 1e3:.3f} ms, {bd['kernels_per_step']} kernels/step")
+        for name, c in sorted(bd["categories"].items(), key=lambda kv: -kv[1]["us"]):
+            self.log(f"    {name:26s} {c['us'] / 1e3:8.3f} ms  {c['count']:5d} launches  "
+                     f"{c['share']:6.1%}")
+
+    def pdl_ab(self, weights: str) -> None:
+        """Batch-1 decode with the bucket-1 graph recaptured with PDL off / on, alternating
+        twice (paired in time); the graph is left captured with the default."""
+        from backend.kernels import triton_utils
+
+        g = self.runner.graphs
+        if g is None or not g.use_cuda_graphs:
+            self.log("pdl a/b: needs CUDA graphs (skipped)")
+            return
+        default = triton_utils._PDL["enabled"]
+        ms: dict[str, list[float]] = {"off": [], "on": []}
+        try:
+            for on in (False, True, False, True):
+                triton_utils.set_pdl(on)
+                g.capture(1)
+                row = self.run_decode(weights, 1, True, record=False, profile_point=False)
+                ms["on" if on else "off"].append(row["ms_per_token"])
+        finally:
+            triton_utils.set_pdl(default)
+            g.capture(1)
+        off, on = statistics.median(ms["off"]), statistics.median(ms["on"])
+        self.results["pdl_ab"][weights] = {"batch": 1, "ms_off": ms["off"], "ms_on": ms["on"],
+                                           "saving_ms": off - on, "saving_fraction": 1 - on / off}
+        self.log(f"pdl a/b {weights} b=1: off {ms['off']} ms, on {ms['on']} ms "
+                 f"(saves {off - on:.3f} ms, {1 - on / off:.1%})")
 
     # ---- host time ---------------------------------------------------------------------------
     def host_time(self) -> None:
@@ -504,8 +586,15 @@ class Bench:
         self.section("check_paths", 20, self.check_paths)
         for graphs in (True, False):
             self.section(f"decode bf16 b=1 graphs={graphs}", 10, self.run_decode, "bf16", 1, graphs)
+        if a.kernel_profile:
+            self.section("kernel profile bf16 decode b=1", 15, self.profile_kernels, "bf16", 1)
+        if a.pdl_ab:
+            self.section("pdl a/b bf16 b=1", 15, self.pdl_ab, "bf16")
         if 2048 in self.prefills:
             self.section("prefill bf16 2048", 10, self.run_prefill, "bf16", 2048)
+            if a.kernel_profile:
+                self.section("kernel profile bf16 prefill 2048", 15, self.profile_kernels,
+                             "bf16", 0, 2048)
         for b in self.batches:
             for graphs in (True, False):
                 if b != 1:
@@ -579,6 +668,10 @@ class Bench:
         self.section("capture_fp8", 20, self.capture, "fp8", buckets)
         for graphs in (True, False):
             self.section(f"decode fp8 b=1 graphs={graphs}", 10, self.run_decode, "fp8", 1, graphs)
+        if self.args.kernel_profile:
+            self.section("kernel profile fp8 decode b=1", 15, self.profile_kernels, "fp8", 1)
+        if self.args.pdl_ab:
+            self.section("pdl a/b fp8 b=1", 15, self.pdl_ab, "fp8")
         if 2048 in self.prefills:
             self.section("prefill fp8 2048", 10, self.run_prefill, "fp8", 2048)
         for b in self.batches:
@@ -669,6 +762,84 @@ class Bench:
         c = self.results["ceilings"]
         self.log(f"ceilings: copy {c['copy_tb_per_s']:.3f} TB/s, bf16 matmul "
                  f"{c['matmul_tflops']:.1f} TFLOP/s")
+
+
+# ---- per-kernel breakdown ---------------------------------------------------------------------
+
+# Kernel name (lower case) -> category; the first matching entry wins.
+KERNEL_CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("fp8 gemv", ("_fp8_gemv",)),
+    ("split-k reduce", ("_splitk_reduce", "splitkreduce", "splitk_reduce")),
+    ("fp8 activation quant", ("_quant_per_token",)),
+    ("rms norm", ("_rms_norm",)),
+    ("silu*mul", ("silu",)),
+    ("rotary + KV write", ("rotary",)),
+    ("paged attention", ("_paged_attention",)),
+    ("attention split merge", ("_merge_splits",)),
+    ("sdpa (flash / cudnn)", ("flash", "fmha", "cudnn", "attention")),
+    ("matmul (cuBLAS)", ("gemm", "gemv", "nvjet", "xmma", "cutlass", "cublas", "matmul")),
+    ("memcpy / memset", ("memcpy", "memset")),
+    ("sampling / logits", ("argmax", "softmax", "sort", "topk", "reduce", "max", "exponential")),
+    ("elementwise / copy", ("elementwise", "copy", "fill", "index", "cat", "embedding")),
+)
+STEP_GAP_US = 5000.0   # kernels further apart than this belong to different steps
+
+
+def kernel_category(name: str) -> str:
+    low = name.lower()
+    for cat, keys in KERNEL_CATEGORIES:
+        if any(k in low for k in keys):
+            return cat
+    return "other"
+
+
+def kernel_breakdown(kernels: list[tuple[str, float, float]], walls_ms: list[float],
+                     timeline: int = 40) -> dict:
+    """Per-step GPU time by kernel category from (name, start us, duration us) records of
+    several steps (split where the device idled > STEP_GAP_US). `gap_us` is the step's span
+    minus the time some kernel ran (launch gaps and ramp-up on one stream); `timeline` lists
+    the first kernels of one step with the idle time before each (one layer and a bit)."""
+    kernels = sorted(kernels, key=lambda k: k[1])
+    steps: list[list[tuple[str, float, float]]] = []
+    last_end = -math.inf
+    for k in kernels:
+        if k[1] - last_end > STEP_GAP_US:
+            steps.append([])
+        steps[-1].append(k)
+        last_end = max(last_end, k[1] + k[2])
+    n = max(1, len(steps))
+    cats: dict[str, dict] = {}
+    names: dict[str, list[float]] = {}
+    busy = span = 0.0
+    for st in steps:
+        end = st[0][1]
+        for name, start, dur in st:
+            c = cats.setdefault(kernel_category(name), {"us": 0.0, "count": 0})
+            c["us"] += dur
+            c["count"] += 1
+            names.setdefault(name, []).append(dur)
+            busy += max(0.0, start + dur - max(start, end))  # union of busy intervals
+            end = max(end, start + dur)
+        span += end - st[0][1]
+    total = sum(c["us"] for c in cats.values()) or 1.0
+    for c in cats.values():
+        c["share"] = c["us"] / total
+        c["us"] /= n
+        c["count"] //= n
+    top = sorted(names.items(), key=lambda kv: -sum(kv[1]))[:25]
+    one = steps[len(steps) // 2] if steps else []
+    line, prev_end = [], one[0][1] if one else 0.0
+    for name, start, dur in one[:timeline]:
+        line.append({"name": name[:100], "category": kernel_category(name),
+                     "us": round(dur, 2), "idle_before_us": round(max(0.0, start - prev_end), 2)})
+        prev_end = max(prev_end, start + dur)
+    return {"steps": len(steps), "wall_ms": statistics.median(walls_ms) if walls_ms else None,
+            "busy_us": busy / n, "span_us": span / n, "gap_us": (span - busy) / n,
+            "kernels_per_step": len(kernels) // n, "categories": cats,
+            "top_kernels": [{"name": k[:120], "category": kernel_category(k),
+                             "count_per_step": len(v) // n, "mean_us": statistics.fmean(v),
+                             "us_per_step": sum(v) / n} for k, v in top],
+            "timeline": line}
 
 
 # ---- the peer: transformers' eager generate ---------------------------------------------------

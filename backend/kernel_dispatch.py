@@ -117,16 +117,29 @@ class KernelAttention:
         return all(lens[i] == qsl[i + 1] - qsl[i] for i in range(ctx.num_seqs))
 
 
+# SDPA's own GQA (torch >= 2.5: `enable_gqa`) reads the shared kv heads instead of a copy
+# expanded to every query head (2 x tokens x q_size x 2 bytes written and read again per layer).
+SDPA_ENABLE_GQA = False
+
+
 def fresh_prompts_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        query_start_loc_host: list[int], scale: float,
                        out: torch.Tensor) -> torch.Tensor:
     """Causal attention of each whole prompt over its own (rotated) k/v with torch SDPA (flash
-    on CUDA); GQA by expanding the kv heads. Rows past the last prompt are zeroed."""
+    on CUDA); GQA by SDPA's `enable_gqa` or by expanding the kv heads (SDPA_ENABLE_GQA). Rows
+    past the last prompt are zeroed."""
     num_heads, head_dim = q.shape[1], q.shape[2]
     rep = num_heads // k.shape[1]
     for i in range(len(query_start_loc_host) - 1):
         start, end = query_start_loc_host[i], query_start_loc_host[i + 1]
         if end == start:
+            continue
+        if SDPA_ENABLE_GQA and rep > 1:
+            o = F.scaled_dot_product_attention(
+                q[start:end].transpose(0, 1)[None], k[start:end].transpose(0, 1)[None],
+                v[start:end].transpose(0, 1)[None], is_causal=True, scale=scale,
+                enable_gqa=True)
+            out[start:end] = o[0].transpose(0, 1)
             continue
         ki = k[start:end, :, None, :].expand(-1, -1, rep, -1).reshape(-1, num_heads, head_dim)
         vi = v[start:end, :, None, :].expand(-1, -1, rep, -1).reshape(-1, num_heads, head_dim)

@@ -63,7 +63,8 @@ class Runner:
         self.t0 = time.time()
         self.budget_s = budget_s
         self.results: dict = {"meta": {}, "ceilings": {}, "tests": {}, "attention": [],
-                              "attention_sweep": [], "gemv": [], "gemv_sweep": [],
+                              "attention_sweep": [], "attention_dots": [], "sdpa": [],
+                              "gemv": [], "gemv_sweep": [],
                               "small_kernels": [], "summary": {}}
 
     def elapsed(self) -> float:
@@ -288,6 +289,96 @@ def bench_attention_sweep(r: Runner) -> None:
         r.results["attention_sweep"].append(row)
         log(f"sweep prefill {p} block_q {block_q} warps {warps} block_n {block_n}: {us:8.1f} us"
             f" err {err:.1e}")
+        r.save()
+
+
+# decode shapes (batch, context) and tiles (num_warps, block_n, num_stages) of the dot-dtype A/B
+DOTS_SHAPES = [(1, 8192), (8, 2048), (64, 2048), (8, 8192), (64, 8192), (8, 16384)]
+DOTS_TILES = [(4, 128, 3), (4, 64, 2), (8, 128, 2), (4, 128, 2)]
+
+
+def bench_attention_dots(r: Runner) -> None:
+    """Quantized pages, fp16 dots (codes dequantized to fp16; the new default) against the bf16
+    dots (the earlier default) at the earlier default tiles, decode only, next to bf16 pages at
+    its default tiles: each variant checked against the reference first."""
+    shapes = [(2, 256), (4, 512)] if r.dry_run else DOTS_SHAPES
+    for batch, ctx in shapes:
+        base, kv_bf16 = attention_step(r, "bf16", [1] * batch, [ctx] * batch)
+        bf16_us = r.bench_ms(base) * 1e3
+        row = {"kind": "dots", "format": "bf16", "batch": batch, "context": ctx,
+               "us": round(bf16_us, 2), "tb_s": round(kv_bf16 / bf16_us / 1e6, 3)}
+        r.results["attention_dots"].append(row)
+        log(f"dots bf16 pages b={batch} ctx={ctx}: {bf16_us:8.1f} us {row['tb_s']:.2f} TB/s")
+        del base
+        for fmt in ("fp8", "int4-fp8"):
+            call, kv_bytes = attention_step(r, fmt, [1] * batch, [ctx] * batch)
+            ref = _reference_of(call)
+            variants = [(False, (4, attn.QUANT_BLOCK_N, attn.QUANT_NUM_STAGES))]
+            variants += [(True, t) for t in DOTS_TILES]
+            for f16, (warps, block_n, stages) in variants:
+                kw = {"num_warps": warps, "block_n": block_n, "num_stages": stages,
+                      "quant_f16": f16}
+                err = ((call(**kw).float() - ref.float()).norm() / ref.float().norm()).item()
+                us = r.bench_ms(partial(call, **kw)) * 1e3
+                row = {"kind": "dots", "format": fmt, "batch": batch, "context": ctx,
+                       "quant_f16": f16, "num_warps": warps, "block_n": block_n,
+                       "num_stages": stages, "us": round(us, 2), "rel_err": err,
+                       "tb_s": round(kv_bytes / us / 1e6, 3),
+                       "vs_bf16_pages": round(us / bf16_us, 3)}
+                r.results["attention_dots"].append(row)
+                log(f"dots {fmt:8s} b={batch} ctx={ctx} f16 {f16!s:5} tiles {warps}/{block_n}/"
+                    f"{stages}: {us:8.1f} us ({us / bf16_us:.2f}x bf16) {row['tb_s']:.2f} TB/s "
+                    f"err {err:.1e}")
+                r.save()
+            del call, ref
+
+
+def bench_sdpa_gqa(r: Runner) -> None:
+    """A whole 2048-token causal prompt with 33B heads (56 q / 8 kv): the engine's eager
+    prompt path (kv heads expanded to 56, then SDPA) against SDPA's own GQA and the cuDNN
+    backend, each checked against the expanded math result."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    p = 128 if r.dry_run else 2048
+    heads, kv_heads, d = (14, 2, 32) if r.dry_run else (NUM_HEADS, NUM_KV_HEADS, HEAD_DIM)
+    q = r.randn(1, heads, p, d)
+    k = r.randn(1, kv_heads, p, d)
+    v = r.randn(1, kv_heads, p, d)
+    rep = heads // kv_heads
+
+    def expanded(backends=None):
+        ke = k[:, :, None].expand(-1, -1, rep, -1, -1).reshape(1, heads, p, d)
+        ve = v[:, :, None].expand(-1, -1, rep, -1, -1).reshape(1, heads, p, d)
+        if backends is None:
+            return F.scaled_dot_product_attention(q, ke, ve, is_causal=True)
+        with sdpa_kernel(backends):
+            return F.scaled_dot_product_attention(q, ke, ve, is_causal=True)
+
+    def gqa(backends=None):
+        if backends is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        with sdpa_kernel(backends):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    ref = expanded().float()
+    flops = 4 * p * (p + 1) / 2 * heads * d
+    cases = {"expand + default (engine today)": partial(expanded),
+             "enable_gqa, default backend": partial(gqa),
+             "enable_gqa, flash only": partial(gqa, [SDPBackend.FLASH_ATTENTION]),
+             "expand + cudnn": partial(expanded, [SDPBackend.CUDNN_ATTENTION]),
+             "enable_gqa, cudnn only": partial(gqa, [SDPBackend.CUDNN_ATTENTION])}
+    for name, fn in cases.items():
+        try:
+            err = ((fn().float() - ref).norm() / ref.norm()).item()
+            us = r.bench_ms(fn) * 1e3
+        except Exception as exc:  # noqa: BLE001 - a backend may refuse these shapes
+            r.results["sdpa"].append({"case": name, "error": repr(exc)[:300]})
+            log(f"sdpa {name}: not available ({exc!r:.150})")
+            continue
+        row = {"case": name, "tokens": p, "us": round(us, 2), "rel_err": err,
+               "tflop_s": round(flops / us / 1e6, 1)}
+        r.results["sdpa"].append(row)
+        log(f"sdpa {name:34s}: {us:8.1f} us {row['tflop_s']:6.1f} TFLOP/s err {err:.1e}")
         r.save()
 
 
@@ -521,7 +612,7 @@ def main() -> int:
     parser.add_argument("--tests", default="tests/test_kernels_gpu.py",
                         help="pytest paths run with -m gpu (space separated)")
     parser.add_argument("--sections", default="ceilings,attention,gemv,small",
-                        help="which timing sections to run (also: sweep)")
+                        help="which timing sections to run (also: sweep, dots, sdpa)")
     parser.add_argument("--attn-formats", default=",".join(ATTN_FORMATS),
                         help="KV formats of the attention section")
     parser.add_argument("--budget-s", type=float, default=330.0,
@@ -550,7 +641,8 @@ def main() -> int:
     if not args.skip_tests:
         run_tests(r, args.tests.split())
     named = {"ceilings": measure_ceilings, "attention": bench_attention,
-             "sweep": bench_attention_sweep, "gemv": bench_gemv, "small": bench_small}
+             "sweep": bench_attention_sweep, "gemv": bench_gemv, "small": bench_small,
+             "dots": bench_attention_dots, "sdpa": bench_sdpa_gqa}
     steps = [named[x] for x in args.sections.split(",")]
     if measure_ceilings not in steps:
         steps.insert(0, measure_ceilings)

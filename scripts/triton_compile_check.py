@@ -17,8 +17,11 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from backend.kernels import fp8_gemv as fg
 from backend.kernels import paged_attention as pa
+from backend.kernels import rmsnorm as rn
 from backend.kernels import rotary_kv as rk
+from backend.kernels import silu_mul as sm
 
 TARGET = GPUTarget("cuda", 90, 32)
 _KV_DTYPE = {0: "bf16", 1: "fp8e4nv", 2: "u8"}
@@ -46,7 +49,8 @@ def _usage(kernel) -> str:
     return f"regs {regs:>3}  stack {stack:>4} B  smem {kernel.metadata.shared} B"
 
 
-def attention(k_codec: int, v_codec: int, block_q: int, single: bool, warps: int) -> str:
+def attention(k_codec: int, v_codec: int, block_q: int, single: bool, warps: int,
+              quant_f16: bool = True, pdl: bool = True) -> str:
     group_p2 = 16 if block_q == 1 else 8
     types = {"q_ptr": "*bf16", "out_ptr": "*bf16", "part_o_ptr": "*fp32",
              "part_lse_ptr": "*fp32", "k_ptr": "*" + _KV_DTYPE[k_codec],
@@ -55,8 +59,43 @@ def attention(k_codec: int, v_codec: int, block_q: int, single: bool, warps: int
              "qk_scale": "fp32"}
     const = {"NUM_HEADS": 56, "GROUP": 7, "GROUP_P2": group_p2, "HEAD_DIM": 128, "D_P2": 128, "DH_P2": 64,
                  "K_CODEC": k_codec, "V_CODEC": v_codec, "NUM_GROUPS": 4, "BLOCK_SIZE": 16,
-                 "BLOCK_N": pa.BLOCK_N, "BLOCK_Q": block_q, "SINGLE_SPLIT": single, "FP32_DOT": False}
+                 "BLOCK_N": pa.BLOCK_N, "BLOCK_Q": block_q, "SINGLE_SPLIT": single, "FP32_DOT": False,
+             "QUANT_F16": quant_f16, "USE_PDL": pdl}
     return _usage(_compile(pa._paged_attention_kernel, types, const, warps, pa.NUM_STAGES))
+
+
+def small_kernels(pdl: bool) -> list[str]:
+    """The norm, silu*mul, merge and fp8 GEMV (FMA at M = 1, dot, split-K reduce) kernels."""
+    out = []
+    k = _compile(rn._rms_norm_kernel, {"x_ptr": "*bf16", "residual_ptr": "*bf16",
+                                       "weight_ptr": "*bf16", "out_ptr": "*bf16",
+                                       "new_residual_ptr": "*bf16", "eps": "fp32"},
+                 {"HAS_RESIDUAL": True, "BLOCK": 8192, "USE_PDL": pdl}, 8)
+    out.append(f"rms_norm (add)         {_usage(k)}")
+    k = _compile(sm._silu_and_mul_kernel, {"in_ptr": "*bf16", "out_ptr": "*bf16"},
+                 {"BLOCK": 1024, "USE_PDL": pdl}, 4)
+    out.append(f"silu_and_mul           {_usage(k)}")
+    k = _compile(pa._merge_splits_kernel, {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32",
+                                           "out_ptr": "*bf16"},
+                 {"NUM_HEADS": 56, "HEAD_DIM": 128, "D_P2": 128, "SPLITS_P2": 8,
+                  "HEADS_PER_PROGRAM": 8, "USE_PDL": pdl}, 4)
+    out.append(f"merge_splits           {_usage(k)}")
+    gemv_types = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "scale_ptr": "*fp32",
+                  "out_ptr": "*bf16"}
+    for cfg in fg.GEMV_M1_SHAPE_CONFIGS.values():
+        k = _compile(fg._fp8_gemv_fma_kernel, gemv_types,
+                     {"BLOCK_M": 1, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
+                      "PARTIALS": False, "PREFETCH": False, "USE_PDL": pdl},
+                     cfg.num_warps, cfg.num_stages)
+        out.append(f"fp8 gemv fma {cfg.block_n}x{cfg.block_k} w{cfg.num_warps} {_usage(k)}")
+    k = _compile(fg._fp8_gemv_kernel, gemv_types,
+                 {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "EVEN_K": True,
+                  "PARTIALS": True, "USE_PDL": pdl}, 8, 3)
+    out.append(f"fp8 gemv dot 128x128    {_usage(k)}")
+    k = _compile(fg._splitk_reduce_kernel, {"part_ptr": "*fp32", "out_ptr": "*bf16"},
+                 {"BLOCK": 1024, "USE_PDL": pdl}, 4)
+    out.append(f"split-k reduce         {_usage(k)}")
+    return out
 
 
 def rotary(k_codec: int, v_codec: int) -> str:
@@ -66,7 +105,7 @@ def rotary(k_codec: int, v_codec: int) -> str:
              "vc_ptr": "*" + _KV_DTYPE[v_codec], "vs_ptr": "*fp32"}
     const = {"NUM_HEADS": 56, "NUM_KV_HEADS": 8, "HEADS_P2": 64, "KV_HEADS_P2": 8, "HALF": 64, "HALF_P2": 64,
                  "BLOCK_SIZE": 16, "K_CODEC": k_codec, "V_CODEC": v_codec, "INT4_SUB": 32,
-                 "INT4_WHOLE_HEAD": False}
+                 "INT4_WHOLE_HEAD": False, "USE_PDL": True}
     return _usage(_compile(rk._rotary_kv_kernel, types, const, 4))
 
 
@@ -75,6 +114,14 @@ def main() -> None:
     ap.add_argument("--warps", default="4,8")
     args = ap.parse_args()
     formats = {"bf16": (0, 0), "fp8": (1, 1), "int4-fp8": (2, 1)}
+    for pdl in (True, False):
+        for line in small_kernels(pdl):
+            print(f"{line}  pdl {pdl}", flush=True)
+    for name, (kc, vc) in formats.items():
+        if kc:
+            for f16 in (True, False):
+                print(f"paged_attention {name:9s} decode quant_f16 {f16!s:5}  "
+                      f"{attention(kc, vc, 1, False, 4, f16)}", flush=True)
     for name, (kc, vc) in formats.items():
         print(f"rotary_kv_write {name:9s} {rotary(kc, vc)}", flush=True)
     for warps in (int(w) for w in args.warps.split(",")):

@@ -67,3 +67,20 @@ def test_tidegate_bench_engine_forwards(capsys):
         main(["engine", "--help"])
     assert exc.value.code == 0
     assert "--quantization" not in capsys.readouterr().out  # the bench's own options
+
+
+def test_kernel_breakdown_splits_steps_and_counts_gaps():
+    """Two steps of three kernels (a cuBLAS GEMV, our norm, our attention) 10 ms apart: the
+    per-step busy time, idle gaps and category totals follow from the records."""
+    step = [("gemv2T_kernel_val<int, 128>", 0.0, 10.0), ("_rms_norm_kernel", 12.0, 3.0),
+            ("_paged_attention_kernel", 16.0, 4.0)]
+    recs = [(n, s + off, d) for off in (0.0, 10_000.0) for n, s, d in step]
+    bd = engine_bench.kernel_breakdown(recs, [0.5, 0.7])
+    assert bd["steps"] == 2 and bd["kernels_per_step"] == 3 and bd["wall_ms"] == 0.6
+    assert bd["busy_us"] == 17.0 and bd["span_us"] == 20.0 and bd["gap_us"] == 3.0
+    cats = bd["categories"]
+    assert cats["matmul (cuBLAS)"] == {"us": 10.0, "count": 1, "share": 10 / 17}
+    assert cats["rms norm"]["us"] == 3.0 and cats["paged attention"]["count"] == 1
+    assert [t["idle_before_us"] for t in bd["timeline"]] == [0.0, 2.0, 1.0]
+    assert engine_bench.kernel_category("_fp8_gemv_fma_kernel") == "fp8 gemv"
+    assert engine_bench.kernel_category("_splitk_reduce_kernel") == "split-k reduce"

@@ -344,3 +344,67 @@ def test_quantize_fp8_per_token_kernel():
     mismatched = (x_fp8.float() != ref_fp8.float()).float().mean().item()
     assert mismatched <= 1e-3, mismatched     # fp32 division rounding may flip a rare tie
     assert rel_err(x_fp8.float() * x_scale, x) <= 0.04
+
+
+# ---- programmatic dependent launch and the fp16 dots over quantized pages -----------------------
+
+def test_pdl_chain_in_a_graph_equals_plain_launches():
+    """A decode layer's chain of our kernels (norm -> fp8 GEMV -> silu*mul -> fp8 GEMV with a
+    split-K reduce -> add+norm), captured with PDL and replayed on fresh inputs, equals plain
+    launches bit for bit every time: each kernel waits for its predecessor before reading."""
+    from backend.kernels.triton_utils import _PDL, set_pdl, use_pdl
+
+    default = _PDL["enabled"]
+    torch.manual_seed(5)
+    w_up, s_up = quantize_fp8_per_channel(randn(2 * 2048, 1024, scale=0.02))
+    w_down, s_down = quantize_fp8_per_channel(randn(1024, 2048, scale=0.02))
+    norm_w = randn(1024)
+    split_down = GemvConfig(block_n=16, block_k=256, num_warps=4, num_stages=3,
+                            programs_per_sm=8, use_dot=False)
+
+    def layer(x, residual):
+        h = rms_norm(x, norm_w, 1e-5)
+        g = fp8_gemv_triton(h, w_up, s_up)
+        d = fp8_gemv_triton(silu_and_mul(g), w_down, s_down, split_down)
+        return fused_add_rms_norm(d, residual, norm_w, 1e-5)
+
+    x, res = randn(1, 1024), randn(1, 1024)
+    try:
+        set_pdl(True)
+        assert use_pdl(x) == (torch.cuda.get_device_capability() >= (9, 0))
+        layer(x, res)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = layer(x, res)
+        for i in range(20):
+            x.copy_(randn(1, 1024))
+            res.copy_(randn(1, 1024))
+            graph.replay()
+            set_pdl(False)
+            ref = layer(x, res)
+            set_pdl(True)
+            torch.cuda.synchronize()
+            for o, r in zip(outs, ref):
+                assert torch.equal(o, r), i
+    finally:
+        set_pdl(default)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int4-fp8"])
+@pytest.mark.parametrize("quant_f16", [True, False])
+def test_paged_attention_quantized_dot_dtypes(fmt, quant_f16):
+    """Both dot variants over quantized pages (fp16: the default; bf16: the earlier one) match
+    the reference, decode and mixed tilings."""
+    torch.manual_seed(17)
+    for qlens, lens in (([1] * 9, [3000, 17, 640, 1, 2049, 77, 900, 16, 1500]),
+                        ([1, 40, 1], [700, 40, 1200])):
+        num_blocks, tables, qsl, context_lens = make_step(qlens, lens, 16)
+        k_cache, v_cache = make_pools(fmt, num_blocks, 16, 8, 128, BF16)
+        q = randn(sum(qlens), 56, 128)
+        out = torch.full_like(q, float("nan"))
+        paged_attention_triton(q, k_cache, v_cache, tables, qsl, context_lens, 128 ** -0.5,
+                               max_query_len=max(qlens), out=out, quant_f16=quant_f16)
+        ref = paged_attention_reference(q, k_cache, v_cache, tables, qsl, context_lens,
+                                        128 ** -0.5)
+        assert rel_err(out, ref) <= TOL

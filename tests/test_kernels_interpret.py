@@ -104,6 +104,30 @@ def test_paged_attention_matches_reference(kernels, fmt, case):
             assert out[qsl[i]:qsl[i + 1]].abs().max().item() == 0.0 if qsl[i] < qsl[i + 1] else True
 
 
+@pytest.mark.parametrize("fmt", ["fp8", "int4-fp8"])
+@pytest.mark.parametrize("case", [ATTN_CASES[1], ATTN_CASES[2], ATTN_CASES[4]],
+                         ids=lambda c: f"q{c[4]}-ctx{c[5]}-s{c[6]}")
+def test_paged_attention_quantized_fp16_dots(kernels, fmt, case):
+    """The GPU default for quantized pages: codes dequantized to fp16 (int4 nibbles through
+    their fp16 bit pattern) and fp16 dots, here with fp16 dots in the interpreter. Its error
+    against the fp32 reference is fp16 rounding of q and p (codes are exact in fp16)."""
+    pa, _ = kernels
+    heads, kv_heads, head_dim, block_size, qlens, ctxs, splits = case
+    gen = torch.Generator().manual_seed(hash(("f16", fmt, str(case))) % 2**31)
+    num_blocks = 3 * len(ctxs) * (max(ctxs) // block_size + 2)
+    k, v = _pools(fmt, num_blocks, block_size, kv_heads, head_dim, torch.float32, gen)
+    tables, qsl, lens = _step(qlens, ctxs, num_blocks, block_size, gen)
+    q = torch.randn(sum(qlens), heads, head_dim, generator=gen)
+    out = torch.full_like(q, float("nan"))
+    pa.paged_attention_triton(q, k, v, tables, qsl, lens, 0.3, max_query_len=max(qlens),
+                              num_splits=splits, out=out, quant_f16=True, fp32_dot=False)
+    ref = pa.paged_attention_reference(q, k, v, tables, qsl, lens, 0.3)
+    real = torch.tensor([c > 0 for c, n in zip(ctxs, qlens) for _ in range(n)])
+    assert torch.isfinite(out).all()
+    err = ((out[real] - ref[real]).norm() / ref[real].norm()).item()
+    assert 0 < err < 3e-3, err   # > 0: the fp16 path really ran (fp32 dots would be ~1e-7)
+
+
 def test_paged_attention_bf16_io_and_dispatch(kernels):
     """bf16 q/out and pages through the public dispatcher (default tiling and split choice)."""
     pa, _ = kernels
@@ -220,5 +244,6 @@ def test_kernel_write_then_kernel_attention_reads_it(kernels):
 
 if not INTERPRETING:  # the cases are collected only inside test_kernels_in_triton_interpreter
     del (test_paged_attention_matches_reference, test_paged_attention_bf16_io_and_dispatch,
+         test_paged_attention_quantized_fp16_dots,
          test_rotary_kv_write_quantizes_like_reference,
          test_kernel_write_then_kernel_attention_reads_it)

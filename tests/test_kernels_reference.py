@@ -303,11 +303,16 @@ def test_split_k_covers_k_exactly(n, k):
     assert n_tiles * split_k * 2 >= wanted
 
 
-def test_fresh_prompts_sdpa_matches_paged_reference():
+@pytest.mark.parametrize("enable_gqa", [False, True])
+def test_fresh_prompts_sdpa_matches_paged_reference(monkeypatch, enable_gqa):
     """Whole prompts over their own k/v (the eager flash path of the CUDA kernels) equal the
-    paged reference reading the same k/v back from the pages; GQA 7; padding rows zero."""
+    paged reference reading the same k/v back from the pages; GQA 7 (kv heads expanded, or
+    SDPA's own GQA); padding rows zero."""
+    from backend import kernel_dispatch
     from backend.attention import write_kv
     from backend.kernel_dispatch import fresh_prompts_sdpa
+
+    monkeypatch.setattr(kernel_dispatch, "SDPA_ENABLE_GQA", enable_gqa)
 
     gen = torch.Generator().manual_seed(5)
     heads, kv_heads, head_dim, block_size = 14, 2, 16, 4

@@ -26,6 +26,8 @@ from backend.kernels.triton_utils import (
     cdiv,
     next_power_of_2,
     num_sms,
+    pdl_args,
+    pdl_enter,
     tl,
     triton,
     use_triton,
@@ -153,9 +155,10 @@ if HAS_TRITON:
         x_ptr, w_ptr, scale_ptr, out_ptr, M, N, K, k_per_split,
         stride_xm, stride_wn, stride_om,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        EVEN_K: tl.constexpr, PARTIALS: tl.constexpr,
+        EVEN_K: tl.constexpr, PARTIALS: tl.constexpr, USE_PDL: tl.constexpr,
     ):
         """Tensor-core path: acc[BLOCK_N, BLOCK_M] += w[BLOCK_N, BLOCK_K] @ x^T[BLOCK_K, BLOCK_M]."""
+        pdl_enter(USE_PDL)
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         pid_m = tl.program_id(2)
@@ -197,7 +200,7 @@ if HAS_TRITON:
         x_ptr, w_ptr, scale_ptr, out_ptr, M, N, K, k_per_split,
         stride_xm, stride_wn, stride_om,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        PARTIALS: tl.constexpr, PREFETCH: tl.constexpr,
+        PARTIALS: tl.constexpr, PREFETCH: tl.constexpr, USE_PDL: tl.constexpr,
     ):
         """CUDA-core path for M <= 4 (K % BLOCK_K == 0, k_per_split a multiple of BLOCK_K).
 
@@ -205,7 +208,10 @@ if HAS_TRITON:
         M > 1:  each K tile is converted once and reduced per row into acc[BLOCK_N, BLOCK_M].
         PREFETCH keeps the next tile's load in flight while this one is used (the last
         iteration re-reads its own tile instead of running past the split).
+        Under PDL (M == 1, no PREFETCH) the first weight tile is loaded before waiting for the
+        previous kernel: weights are constant, so their stream starts in that kernel's tail.
         """
+        EARLY_W: tl.constexpr = USE_PDL and BLOCK_M == 1 and not PREFETCH
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -215,13 +221,22 @@ if HAS_TRITON:
         k_start = pid_k * k_per_split
         k_end = tl.minimum(k_start + k_per_split, K)
         w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+        if EARLY_W:
+            w_first = tl.load(w_rows + (k_start + offs_kb)[None, :], mask=mask_n[:, None],
+                              other=0.0)
+        pdl_enter(USE_PDL)
 
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        loop_start = k_start
+        if EARLY_W:  # (every split holds >= 1 whole tile: K % BLOCK_K == 0 here)
+            acc2 += w_first.to(tl.float32) * tl.load(x_ptr + k_start + offs_kb).to(
+                tl.float32)[None, :]
+            loop_start = k_start + BLOCK_K
         if PREFETCH:
             w_next = tl.load(w_rows + (k_start + offs_kb)[None, :], mask=mask_n[:, None],
                              other=0.0)
-        for k0 in range(k_start, k_end, BLOCK_K):
+        for k0 in range(loop_start, k_end, BLOCK_K):
             offs_k = k0 + offs_kb
             if PREFETCH:
                 w = w_next
@@ -254,7 +269,8 @@ if HAS_TRITON:
 
     @triton.jit
     def _splitk_reduce_kernel(part_ptr, out_ptr, M, N, split_k, stride_om,
-                              BLOCK: tl.constexpr):
+                              BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+        pdl_enter(USE_PDL)
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < M * N
         acc = tl.zeros([BLOCK], dtype=tl.float32)
@@ -266,7 +282,8 @@ if HAS_TRITON:
 
     @triton.jit
     def _quant_per_token_kernel(x_ptr, out_ptr, scale_ptr, K, stride_x, stride_o,
-                                FP8_MAX: tl.constexpr, BLOCK: tl.constexpr):
+                                FP8_MAX: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+        pdl_enter(USE_PDL)
         row = tl.program_id(0).to(tl.int64)
         amax = tl.zeros([BLOCK], dtype=tl.float32)
         for k0 in range(0, K, BLOCK):
@@ -317,7 +334,7 @@ def fp8_gemv_triton(x: torch.Tensor, w_fp8: torch.Tensor, scale: torch.Tensor,
             x.stride(0), w_fp8.stride(0), out.stride(0),
             BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
             EVEN_K=k % config.block_k == 0, PARTIALS=partials,
-            num_warps=config.num_warps, num_stages=config.num_stages,
+            num_warps=config.num_warps, num_stages=config.num_stages, **pdl_args(x),
         )
     else:
         _fp8_gemv_fma_kernel[(cdiv(n, config.block_n), split_k)](
@@ -325,12 +342,12 @@ def fp8_gemv_triton(x: torch.Tensor, w_fp8: torch.Tensor, scale: torch.Tensor,
             x.stride(0), w_fp8.stride(0), out.stride(0),
             BLOCK_M=next_power_of_2(m), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
             PARTIALS=partials, PREFETCH=config.prefetch,
-            num_warps=config.num_warps, num_stages=config.num_stages,
+            num_warps=config.num_warps, num_stages=config.num_stages, **pdl_args(x),
         )
     if partials:
         block = 1024
         _splitk_reduce_kernel[(cdiv(m * n, block),)](
-            target, out, m, n, split_k, out.stride(0), BLOCK=block, num_warps=4,
+            target, out, m, n, split_k, out.stride(0), BLOCK=block, num_warps=4, **pdl_args(x),
         )
     return out
 
@@ -344,7 +361,7 @@ def quantize_fp8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     x_scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
     if m:
         _quant_per_token_kernel[(m,)](x, out, x_scale, k, x.stride(0), out.stride(0),
-                                      FP8_MAX=FP8_MAX, BLOCK=2048, num_warps=8)
+                                      FP8_MAX=FP8_MAX, BLOCK=2048, num_warps=8, **pdl_args(x))
     return out, x_scale
 
 

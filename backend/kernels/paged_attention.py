@@ -58,6 +58,8 @@ from backend.kernels.triton_utils import (
     cdiv,
     next_power_of_2,
     num_sms,
+    pdl_args,
+    pdl_enter,
     tl,
     triton,
     triton_interpreting,
@@ -77,6 +79,11 @@ PREFILL_ROWS = 64       # M rows of a program when the step has prefill chunks
 DECODE_WARPS = 4
 PREFILL_WARPS = 4
 QUANT_BLOCK_N, QUANT_NUM_STAGES = 128, 3   # decode tiling over fp8 / int4-fp8 pages
+# fp8 / int4-fp8 pages: dequantize to fp16 and run fp16 dots (E4M3 -> f16 is one cvt per pair
+# on sm_90, an int4 nibble two integer/half ops; bf16 needs a detour through f32). The codes are
+# exact in fp16; q (bf16 -> fp16) and p (fp32 -> fp16) lose nothing bf16 would keep, except that
+# q is clamped to fp16's range.
+QUANT_DOT_F16 = True
 MERGE_TILE = 8192     # fp32 elements of one merge program's [heads, splits, head_dim] tile
 NUM_STAGES = 2
 _LOG2E = 1.4426950408889634
@@ -145,8 +152,10 @@ if HAS_TRITON:
         HEAD_DIM: tl.constexpr, D_P2: tl.constexpr, DH_P2: tl.constexpr,
         K_CODEC: tl.constexpr, V_CODEC: tl.constexpr, NUM_GROUPS: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr,
-        SINGLE_SPLIT: tl.constexpr, FP32_DOT: tl.constexpr,
+        SINGLE_SPLIT: tl.constexpr, FP32_DOT: tl.constexpr, QUANT_F16: tl.constexpr,
+        USE_PDL: tl.constexpr,
     ):
+        pdl_enter(USE_PDL)
         qb = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
@@ -193,6 +202,9 @@ if HAS_TRITON:
                 if FP32_DOT:
                     q_even = q_even.to(tl.float32)
                     q_odd = q_odd.to(tl.float32)
+                elif QUANT_F16:  # clamped: a bf16 q beyond fp16's range must not become inf
+                    q_even = tl.clamp(q_even.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+                    q_odd = tl.clamp(q_odd.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
             offs_d = tl.arange(0, D_P2)
             mask_d = offs_d < HEAD_DIM
             if K_CODEC != 2:
@@ -200,9 +212,19 @@ if HAS_TRITON:
                             mask=row_ok[:, None] & mask_d[None, :], other=0.0)   # [M, D]
                 if FP32_DOT:
                     q = q.to(tl.float32)
+                elif QUANT_F16 and K_CODEC == 1:
+                    q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
             dot_dtype = q_ptr.dtype.element_ty
             if FP32_DOT:
                 dot_dtype = tl.float32
+            # quantized pages: codes dequantize exactly to fp16 (fewer instructions than bf16)
+            k_dot_dtype = dot_dtype
+            v_dot_dtype = dot_dtype
+            if QUANT_F16 and not FP32_DOT:
+                if K_CODEC != 0:
+                    k_dot_dtype = tl.float16
+                if V_CODEC != 0:
+                    v_dot_dtype = tl.float16
 
             m_i = tl.full([M], -1.0e30, dtype=tl.float32)
             l_i = tl.zeros([M], dtype=tl.float32)
@@ -228,12 +250,24 @@ if HAS_TRITON:
                     ksc = tl.reshape(tl.broadcast_to(ksc[:, :, None],
                                                      (BLOCK_N, NUM_GROUPS, DH_P2 // NUM_GROUPS)),
                                      (BLOCK_N, DH_P2))                             # [N, D/2]
-                    lo_nib = ((packed & 15).to(tl.int32) - 8).to(tl.float32) * ksc
-                    hi_nib = ((packed >> 4).to(tl.int32) - 8).to(tl.float32) * ksc
                     if FP32_DOT:
+                        lo_nib = ((packed & 15).to(tl.int32) - 8).to(tl.float32) * ksc
+                        hi_nib = ((packed >> 4).to(tl.int32) - 8).to(tl.float32) * ksc
                         s = tl.dot(q_even, tl.trans(lo_nib), input_precision="ieee")
                         s += tl.dot(q_odd, tl.trans(hi_nib), input_precision="ieee")
+                    elif QUANT_F16:
+                        # nibble n -> fp16 by its bits: 0x6400 | n is 1024 + n exactly, so
+                        # (1024 + n) - 1032 = n - 8 with two cheap integer/half ops, no cvt
+                        ksc16 = ksc.to(tl.float16)
+                        lo16 = ((packed & 15).to(tl.int16) | 0x6400).to(tl.float16, bitcast=True)
+                        hi16 = ((packed >> 4).to(tl.int16) | 0x6400).to(tl.float16, bitcast=True)
+                        lo_nib = (lo16 - 1032.0) * ksc16
+                        hi_nib = (hi16 - 1032.0) * ksc16
+                        s = tl.dot(q_even, tl.trans(lo_nib))
+                        s += tl.dot(q_odd, tl.trans(hi_nib))
                     else:
+                        lo_nib = ((packed & 15).to(tl.int32) - 8).to(tl.float32) * ksc
+                        hi_nib = ((packed >> 4).to(tl.int32) - 8).to(tl.float32) * ksc
                         s = tl.dot(q_even, tl.trans(lo_nib.to(dot_dtype)))
                         s += tl.dot(q_odd, tl.trans(hi_nib.to(dot_dtype)))
                 else:
@@ -242,7 +276,7 @@ if HAS_TRITON:
                     if FP32_DOT:
                         s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
                     else:
-                        s = tl.dot(q, tl.trans(k.to(dot_dtype)))
+                        s = tl.dot(q, tl.trans(k.to(k_dot_dtype)))
                     if K_CODEC == 1:  # per-token scale factors out of the dot
                         k_scale = tl.load(ks_ptr + page * stride_ksb + row_in_page * stride_kst
                                           + kv_head * stride_ksh, mask=mask_n, other=0.0)
@@ -268,7 +302,7 @@ if HAS_TRITON:
                     acc = acc * alpha[:, None] + tl.dot(pv, v.to(tl.float32),
                                                         input_precision="ieee")
                 else:
-                    acc = acc * alpha[:, None] + tl.dot(pv.to(dot_dtype), v.to(dot_dtype))
+                    acc = acc * alpha[:, None] + tl.dot(pv.to(v_dot_dtype), v.to(v_dot_dtype))
                 m_i = m_new
 
             nonempty = l_i > 0.0
@@ -291,9 +325,10 @@ if HAS_TRITON:
     def _merge_splits_kernel(
         part_o_ptr, part_lse_ptr, out_ptr, stride_ot, stride_oh, num_splits,
         NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, D_P2: tl.constexpr,
-        SPLITS_P2: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
+        SPLITS_P2: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, USE_PDL: tl.constexpr,
     ):
         """out[token, heads] = sum_s w_s o_s / sum_s w_s with w_s = 2^(lse_s - max lse)."""
+        pdl_enter(USE_PDL)
         token = tl.program_id(0).to(tl.int64)
         heads = tl.program_id(1) * HEADS_PER_PROGRAM + tl.arange(0, HEADS_PER_PROGRAM)
         offs_s = tl.arange(0, SPLITS_P2)
@@ -321,6 +356,7 @@ def paged_attention_triton(
     max_query_len: int, max_context_len: int | None = None, num_splits: int | None = None,
     out: torch.Tensor | None = None, block_q: int | None = None,
     num_warps: int | None = None, block_n: int | None = None, num_stages: int | None = None,
+    quant_f16: bool | None = None, fp32_dot: bool | None = None,
 ) -> torch.Tensor:
     num_tokens, num_heads, head_dim = q.shape
     num_seqs = context_lens.shape[0]
@@ -382,8 +418,10 @@ def paged_attention_triton(
         K_CODEC=k_codec, V_CODEC=v_codec, NUM_GROUPS=num_groups,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_Q=block_q,
         SINGLE_SPLIT=num_splits == 1,
-        FP32_DOT=q.dtype == torch.float32 or triton_interpreting(),
-        num_warps=num_warps, num_stages=num_stages,
+        FP32_DOT=(q.dtype == torch.float32 or triton_interpreting()) if fp32_dot is None
+        else fp32_dot,
+        QUANT_F16=QUANT_DOT_F16 if quant_f16 is None else quant_f16,
+        num_warps=num_warps, num_stages=num_stages, **pdl_args(q),
     )
     if num_splits > 1:
         splits_p2 = next_power_of_2(num_splits)
@@ -393,7 +431,7 @@ def paged_attention_triton(
             part_o, part_lse, out, out.stride(0), out.stride(1), num_splits,
             NUM_HEADS=num_heads, HEAD_DIM=head_dim, D_P2=d_p2,
             SPLITS_P2=splits_p2, HEADS_PER_PROGRAM=hpp,
-            num_warps=4,
+            num_warps=4, **pdl_args(q),
         )
     return out
 

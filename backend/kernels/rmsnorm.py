@@ -13,7 +13,15 @@ from __future__ import annotations
 
 import torch
 
-from backend.kernels.triton_utils import HAS_TRITON, next_power_of_2, tl, triton, use_triton
+from backend.kernels.triton_utils import (
+    HAS_TRITON,
+    next_power_of_2,
+    pdl_args,
+    pdl_enter,
+    tl,
+    triton,
+    use_triton,
+)
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -36,8 +44,9 @@ if HAS_TRITON:
     def _rms_norm_kernel(
         x_ptr, residual_ptr, weight_ptr, out_ptr, new_residual_ptr, eps,
         stride_x, stride_r, stride_o, stride_nr, hidden,
-        HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+        HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
     ):
+        pdl_enter(USE_PDL)
         row = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK)
         mask = offs < hidden
@@ -61,7 +70,7 @@ def _launch(x2, r2, weight, eps, out, new_r):
         x2, r2 if r2 is not None else x2, weight, out, new_r if new_r is not None else out, eps,
         x2.stride(0), r2.stride(0) if r2 is not None else 0, out.stride(0),
         new_r.stride(0) if new_r is not None else 0, hidden,
-        HAS_RESIDUAL=r2 is not None, BLOCK=block, num_warps=num_warps,
+        HAS_RESIDUAL=r2 is not None, BLOCK=block, num_warps=num_warps, **pdl_args(x2),
     )
 
 

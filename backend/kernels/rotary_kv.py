@@ -29,7 +29,15 @@ from __future__ import annotations
 
 import torch
 
-from backend.kernels.triton_utils import HAS_TRITON, next_power_of_2, tl, triton, use_triton
+from backend.kernels.triton_utils import (
+    HAS_TRITON,
+    next_power_of_2,
+    pdl_args,
+    pdl_enter,
+    tl,
+    triton,
+    use_triton,
+)
 from backend.kv_quant import INV_FP8_MAX, INV_INT4_MAX
 
 
@@ -160,8 +168,9 @@ if HAS_TRITON:
         HEADS_P2: tl.constexpr, KV_HEADS_P2: tl.constexpr,
         HALF: tl.constexpr, HALF_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         K_CODEC: tl.constexpr, V_CODEC: tl.constexpr, INT4_SUB: tl.constexpr,
-        INT4_WHOLE_HEAD: tl.constexpr,
+        INT4_WHOLE_HEAD: tl.constexpr, USE_PDL: tl.constexpr,
     ):
+        pdl_enter(USE_PDL)
         t = tl.program_id(0).to(tl.int64)
         pos = tl.load(positions_ptr + t).to(tl.int64)
         r = tl.arange(0, HALF_P2)
@@ -278,5 +287,5 @@ def rotary_kv_write(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
         HEADS_P2=next_power_of_2(num_heads), KV_HEADS_P2=next_power_of_2(num_kv_heads),
         HALF=half, HALF_P2=next_power_of_2(half), BLOCK_SIZE=kc.shape[1],
         K_CODEC=k_codec, V_CODEC=v_codec, INT4_SUB=int4_sub, INT4_WHOLE_HEAD=whole_head,
-        num_warps=4,
+        num_warps=4, **pdl_args(q),
     )

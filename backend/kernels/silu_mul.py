@@ -10,7 +10,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from backend.kernels.triton_utils import HAS_TRITON, cdiv, tl, triton, use_triton
+from backend.kernels.triton_utils import (
+    HAS_TRITON,
+    cdiv,
+    pdl_args,
+    pdl_enter,
+    tl,
+    triton,
+    use_triton,
+)
 
 BLOCK = 1024
 
@@ -26,7 +34,8 @@ if HAS_TRITON:
 
     @triton.jit
     def _silu_and_mul_kernel(in_ptr, out_ptr, stride_in, stride_out, inter,
-                             BLOCK: tl.constexpr):
+                             BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+        pdl_enter(USE_PDL)
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < inter
@@ -48,5 +57,6 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if x2.shape[0]:
         _silu_and_mul_kernel[(x2.shape[0], cdiv(inter, BLOCK))](
             x2, out, x2.stride(0), out.stride(0), inter, BLOCK=BLOCK, num_warps=4,
+            **pdl_args(x2),
         )
     return out.view(*gate_up.shape[:-1], inter)

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Issue 11's engine goals and issue 12's GPU half on one H200, in one device call:
+#
+#   HELD=path/to/heldout bash scripts/gpu_kern_run.sh     # results under $OUT (default out/gpu_kern)
+#
+# 1. `pytest -m gpu tests/test_kernels_gpu.py -k "$TESTS_K"` (PDL chains in graphs, fp16 / bf16
+#    dots over quantized pages, the fp8 GEMVs, norms, rotary) under a TEST_S cap.
+# 2. `python3 -m backend.engine_bench` on the 33B preset (dummy weights): batch 1 and 64 decode,
+#    prefill 2048, bf16 and fp8, with per-kernel profiles (--kernel-profile) and the PDL on/off
+#    A/B at batch 1 (--pdl-ab); BENCH_S deadline.
+# 3. `scripts/gpu_kernels_check.py --sections dots,sdpa`: quantized-page decode attention with
+#    fp16 vs bf16 dots and tile variants, against bf16 pages; SDPA GQA variants for a 2048 prompt.
+# 4. KV-format quality on tiny-coder through the CUDA kernel path (bf16 model): perplexity per
+#    format and greedy agreement vs the bf16 cache. HELD holds stdlib/ and site/ copies of
+#    models/tiny-coder/heldout_files.txt (the GPU machine's python lacks some of them).
+# Everything lands in $OUT/r and is packed into $OUT/results.tar.gz; the log is $OUT/log.txt.
+set -u
+OUT=${OUT:-out/gpu_kern}
+TEST_S=${TEST_S:-60}
+BENCH_S=${BENCH_S:-150}
+KERN_S=${KERN_S:-70}
+Q_S=${Q_S:-70}
+SECTIONS=${SECTIONS:-tests,engine,kernels,quality}
+TESTS_K=${TESTS_K:-pdl or quantized_dot or dispatch_and_graph or fp8_gemv or rms_norm or silu or rotary}
+ENGINE_ARGS=${ENGINE_ARGS:---decode-batches 1,64 --prefill-tokens 2048 --profile-contexts "" --no-peer --kernel-profile --pdl-ab}
+HELD=${HELD:-heldout}
+R="$OUT/r"
+mkdir -p "$R"
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 TOKENIZERS_PARALLELISM=false
+cd "$(dirname "$0")/.."
+has() { case ",$SECTIONS," in *",$1,"*) return 0 ;; esac; return 1; }
+
+{ nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.mem,power.draw --format=csv
+  python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
+} > "$R/env.txt" 2>&1
+cat "$R/env.txt"
+
+if has tests; then
+  timeout -s INT "$TEST_S" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
+      tests/test_kernels_gpu.py -k "$TESTS_K" > "$R/pytest_gpu.txt" 2>&1
+  echo "pytest exit $?"
+  grep -E "passed|failed|error|FAILED|ERROR" "$R/pytest_gpu.txt" | tail -n 12
+fi
+
+if has engine; then
+  eval "timeout -s INT $((BENCH_S + 25)) python3 -m backend.engine_bench --deadline-s $BENCH_S \
+      --out $R/engine_bench.json $ENGINE_ARGS" > "$R/engine_log.txt" 2>&1
+  echo "engine bench exit $?"
+  grep -E "kernel profile|^\[.*\]     |pdl a/b|decode|prefill|ERROR|SKIP|MET" "$R/engine_log.txt" | tail -n 60
+fi
+
+if has kernels; then
+  timeout -s INT "$KERN_S" python3 scripts/gpu_kernels_check.py --skip-tests --sections dots,sdpa \
+      --out "$R" > "$R/kernels_log.txt" 2>&1
+  echo "kernels check exit $?"
+  grep -E "^dots|^sdpa|ceilings" "$R/kernels_log.txt" | tail -n 60
+fi
+
+if has quality; then
+  t0=$(date +%s)
+  common="--model models/tiny-coder --device cuda --stdlib-root $HELD/stdlib --site-root $HELD/site --quiet"
+  for fmt in auto fp8 int4-fp8; do
+    [ $(( $(date +%s) - t0 )) -lt "$Q_S" ] || break
+    python3 -m backend.eval perplexity $common --kv-cache-dtype "$fmt" --sample-windows 32 \
+        --json "$R/ppl_$fmt.json" > "$R/ppl_$fmt.txt" 2>&1
+    echo "perplexity $fmt exit $?: $(tail -n 3 "$R/ppl_$fmt.txt" | tr '\n' ' ')"
+  done
+  for fmt in fp8 int4-fp8; do
+    [ $(( $(date +%s) - t0 )) -lt "$Q_S" ] || break
+    python3 -m backend.eval agreement $common --a kv-cache-dtype=auto --b "kv-cache-dtype=$fmt" \
+        --num-prompts 32 --max-tokens 32 --json "$R/agree_$fmt.json" > "$R/agree_$fmt.txt" 2>&1
+    echo "agreement $fmt exit $?: $(tail -n 3 "$R/agree_$fmt.txt" | tr '\n' ' ')"
+  done
+fi
+
+tar czf "$OUT/results.tar.gz" -C "$R" .
+echo "packed $(du -h "$OUT/results.tar.gz" | cut -f1)"
