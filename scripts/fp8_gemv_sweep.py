@@ -8,7 +8,8 @@ VARIANTS x PROGRAMS_PER_SM (the FMA kernel: BLOCK_M = 1). Each variant is checke
 fp32 oracle on fresh random inputs (rel. error <= 1e-3) before it is timed; times are medians of
 CUDA-graph replays with the L2 cleared (triton.testing.do_bench), as in gpu_kernels_check.py.
 Prints, per shape, the best variant and its fraction of the copy bandwidth measured here, and a
-layer total (the four shapes) for bf16 / current / best. Writes OUT/fp8_gemv_sweep.json.
+layer total (the four shapes) for bf16 / current / best. Writes OUT/gemv_sweep_fp8.json
+(`--weights bf16`: the same kernel over bf16 weights, OUT/gemv_sweep_bf16.json).
 """
 from __future__ import annotations
 
@@ -62,7 +63,13 @@ def main() -> int:
     p.add_argument("--budget-s", type=float, default=100.0)
     p.add_argument("--tiles", default=None, help="BN,BK,WARPS;... instead of TILES")
     p.add_argument("--stages", default=None, help="comma-separated, instead of STAGES")
+    p.add_argument("--programs", default=None, help="comma-separated, instead of PROGRAMS_PER_SM")
+    p.add_argument("--shapes", default=",".join(SHAPES), help="which of qkv,o,gate_up,down")
+    p.add_argument("--weights", default="fp8", choices=["fp8", "bf16"],
+                   help="bf16: the same FMA kernel over bf16 weights (scale 1), i.e. our own "
+                        "bf16 GEMV, against F.linear (cuBLAS)")
     args = p.parse_args()
+    programs = [int(v) for v in args.programs.split(",")] if args.programs else PROGRAMS_PER_SM
     tiles = [tuple(int(v) for v in t.split(",")) for t in args.tiles.split(";")] \
         if args.tiles else TILES
     stages = [int(v) for v in args.stages.split(",")] if args.stages else STAGES
@@ -83,18 +90,24 @@ def main() -> int:
     sms = fp8.num_sms(dev)
     variants = [fp8.GemvConfig(block_n=bn, block_k=bk, num_warps=w, num_stages=s,
                                programs_per_sm=pps, use_dot=False)
-                for bn, bk, w in tiles for s in stages for pps in PROGRAMS_PER_SM]
-    results = {"copy_tb_s": copy_tb_s, "sms": sms, "shapes": {}}
-    for name, (n, k) in SHAPES.items():
+                for bn, bk, w in tiles for s in stages for pps in programs]
+    results = {"copy_tb_s": copy_tb_s, "sms": sms, "weights": args.weights, "shapes": {}}
+    wbytes = 1 if args.weights == "fp8" else 2
+    for name in args.shapes.split(","):
+        n, k = SHAPES[name]
         w = (torch.randn(n, k, device=dev) * 0.02).to(torch.bfloat16)
-        w_fp8, scale = fp8.quantize_fp8_per_channel(w)
+        if args.weights == "fp8":
+            w_fp8, scale = fp8.quantize_fp8_per_channel(w)
+        else:  # the kernel is dtype-generic: bf16 rows, unit scales
+            w_fp8, scale = w, torch.ones(n, device=dev, dtype=torch.float32)
         x = torch.randn(1, k, device=dev).to(torch.bfloat16)
         ref = fp8.fp8_gemv_reference(x.double(), w_fp8, scale).float()
         row = {"n": n, "k": k, "bf16_us": bench_us(partial(F.linear, x, w)),
                "current_config": dataclasses.asdict(fp8.gemv_config_for(1)),
                "current_us": bench_us(partial(fp8.fp8_gemv_triton, x, w_fp8, scale)),
                "variants": []}
-        del w
+        if args.weights == "fp8":
+            del w
         seen_split = set()
         for cfg in variants:
             if time.monotonic() - t_start > args.budget_s:
@@ -115,21 +128,22 @@ def main() -> int:
         if timed:
             best = min(timed, key=lambda v: v["us"])
             row["best"] = best
-            tb = n * k / best["us"] / 1e6
+            tb = wbytes * n * k / best["us"] / 1e6
             print(f"{name:8s} bf16 {row['bf16_us']:6.1f} us  current {row['current_us']:6.1f} us"
                   f"  best {best['us']:6.1f} us ({tb:.2f} TB/s, {tb / copy_tb_s:.0%} of copy) "
                   f"{best['config']} split {best['split_k']}", flush=True)
         results["shapes"][name] = row
-        (out / "fp8_gemv_sweep.json").write_text(json.dumps(results, indent=1) + "\n")
+        (out / f"gemv_sweep_{args.weights}.json").write_text(json.dumps(results, indent=1) + "\n")
     shapes = results["shapes"].values()
-    if all("best" in r for r in shapes) and len(results["shapes"]) == len(SHAPES):
+    if all("best" in r for r in shapes) and len(results["shapes"]) == len(SHAPES) \
+            and args.weights == "fp8":
         bf16 = sum(r["bf16_us"] for r in shapes)
         cur = sum(r["current_us"] for r in shapes)
         best = sum(r["best"]["us"] for r in shapes)
         results["layer_us"] = {"bf16": bf16, "current": cur, "best": best}
         print(f"layer (qkv+o+gate_up+down): bf16 {bf16:.1f} us, fp8 current {cur:.1f} us "
               f"({bf16 / cur:.2f}x), fp8 best {best:.1f} us ({bf16 / best:.2f}x)", flush=True)
-    (out / "fp8_gemv_sweep.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / f"gemv_sweep_{args.weights}.json").write_text(json.dumps(results, indent=1) + "\n")
     print(f"sweep took {time.monotonic() - t_start:.0f} s")
     return 0
 

@@ -10,6 +10,8 @@
 #    A/B at batch 1 (--pdl-ab); BENCH_S deadline.
 # 3. `scripts/gpu_kernels_check.py --sections dots,sdpa`: quantized-page decode attention with
 #    fp16 vs bf16 dots and tile variants, against bf16 pages; SDPA GQA variants for a 2048 prompt.
+# 3b. `scripts/fp8_gemv_sweep.py`: the FMA GEMV over bf16 weights (our own bf16 GEMV) against
+#    cuBLAS per 33B shape, and un-split thin tiles for the fp8 down projection; GEMV_S cap.
 # 4. KV-format quality on tiny-coder through the CUDA kernel path (bf16 model): perplexity per
 #    format and greedy agreement vs the bf16 cache. HELD holds stdlib/ and site/ copies of
 #    models/tiny-coder/heldout_files.txt (the GPU machine's python lacks some of them).
@@ -20,11 +22,12 @@ TEST_S=${TEST_S:-60}
 BENCH_S=${BENCH_S:-150}
 KERN_S=${KERN_S:-70}
 Q_S=${Q_S:-70}
-SECTIONS=${SECTIONS:-tests,engine,kernels,quality}
+GEMV_S=${GEMV_S:-40}
+SECTIONS=${SECTIONS:-tests,engine,kernels,gemv,quality}
 TESTS_K=${TESTS_K:-pdl or quantized_dot or dispatch_and_graph or fp8_gemv or rms_norm or silu or rotary}
 ENGINE_ARGS=${ENGINE_ARGS:---decode-batches 1,64 --prefill-tokens 2048 --profile-contexts "" --no-peer --kernel-profile --pdl-ab}
 HELD=${HELD:-heldout}
-R="$OUT/r"
+R=${R:-$OUT/r}
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 TOKENIZERS_PARALLELISM=false
 cd "$(dirname "$0")/.."
@@ -54,6 +57,17 @@ if has kernels; then
       --out "$R" > "$R/kernels_log.txt" 2>&1
   echo "kernels check exit $?"
   grep -E "^dots|^sdpa|ceilings" "$R/kernels_log.txt" | tail -n 60
+fi
+
+if has gemv; then
+  timeout -s INT "$GEMV_S" python3 scripts/fp8_gemv_sweep.py --out "$R" --weights bf16 \
+      --tiles "2,1024,1;4,512,1;8,512,2;16,256,4" --stages 2,3 --programs 1 --budget-s 25 \
+      > "$R/gemv_bf16_log.txt" 2>&1
+  echo "gemv bf16 sweep exit $?"; grep -E "bf16|copy" "$R/gemv_bf16_log.txt" | tail -n 8
+  timeout -s INT 20 python3 scripts/fp8_gemv_sweep.py --out "$R" --weights fp8 --shapes down \
+      --tiles "4,256,1;2,256,1;8,256,2" --stages 2,3 --programs 1,4 --budget-s 12 \
+      > "$R/gemv_fp8_down_log.txt" 2>&1
+  echo "gemv fp8 down sweep exit $?"; grep -E "down|copy" "$R/gemv_fp8_down_log.txt" | tail -n 4
 fi
 
 if has quality; then
