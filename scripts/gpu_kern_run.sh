@@ -61,10 +61,10 @@ fi
 
 if has gemv; then
   timeout -s INT "$GEMV_S" python3 scripts/fp8_gemv_sweep.py --out "$R" --weights bf16 \
-      --tiles "2,1024,1;4,512,1;8,512,2;16,256,4" --stages 2,3 --programs 1 --budget-s 25 \
+      --tiles "2,1024,1;4,512,1;8,512,2;16,256,4" --stages 2,3 --programs 1 --budget-s 20 \
       > "$R/gemv_bf16_log.txt" 2>&1
   echo "gemv bf16 sweep exit $?"; grep -E "bf16|copy" "$R/gemv_bf16_log.txt" | tail -n 8
-  timeout -s INT 20 python3 scripts/fp8_gemv_sweep.py --out "$R" --weights fp8 --shapes down \
+  [ -n "${GEMV_DOWN:-}" ] && timeout -s INT 20 python3 scripts/fp8_gemv_sweep.py --out "$R" --weights fp8 --shapes down \
       --tiles "4,256,1;2,256,1;8,256,2" --stages 2,3 --programs 1,4 --budget-s 12 \
       > "$R/gemv_fp8_down_log.txt" 2>&1
   echo "gemv fp8 down sweep exit $?"; grep -E "down|copy" "$R/gemv_fp8_down_log.txt" | tail -n 4

@@ -293,7 +293,7 @@ def bench_attention_sweep(r: Runner) -> None:
 
 
 # decode shapes (batch, context) and tiles (num_warps, block_n, num_stages) of the dot-dtype A/B
-DOTS_SHAPES = [(1, 8192), (8, 2048), (64, 2048), (8, 8192), (64, 8192), (8, 16384)]
+DOTS_SHAPES = [(1, 8192), (8, 2048), (64, 2048), (8, 8192), (64, 8192)]
 DOTS_TILES = [(4, 128, 3), (4, 64, 2), (8, 128, 2), (4, 128, 2)]
 
 
