@@ -74,9 +74,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kernel-profile", action="store_true",
                    help="per-kernel GPU times (torch profiler) of the batch-1 decode graph "
                         "replay and the 2048-token prefill, bf16 and fp8")
-    p.add_argument("--pdl-ab", action="store_true",
-                   help="batch-1 decode graphs captured with and without programmatic dependent "
-                        "launch, alternating (off, on, off, on), bf16 and fp8")
+    p.add_argument("--ab", action="store_true",
+                   help="batch-1 decode graphs recaptured with programmatic dependent launch "
+                        "off/on and (bf16) our GEMV off/on, every combination twice, "
+                        "interleaved; bf16 and fp8")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="JSON results path")
     p.add_argument("--profile-out", default=None, help="the simulator's profile JSON path")
@@ -170,7 +171,7 @@ class Bench:
             },
             "ceilings": {}, "cuda_graphs": {}, "prefill": [], "decode": [], "host_time": {},
             "checks": {}, "peer": {}, "goals": [], "skipped": [], "errors": [],
-            "kernel_profile": {}, "pdl_ab": {},
+            "kernel_profile": {}, "ab": {},
         }
         self.profile_points: list[dict] = []
         self.runner = None
@@ -461,31 +462,42 @@ class Bench:
             self.log(f"    {name:26s} {c['us'] / 1e3:8.3f} ms  {c['count']:5d} launches  "
                      f"{c['share']:6.1%}")
 
-    def pdl_ab(self, weights: str) -> None:
-        """Batch-1 decode with the bucket-1 graph recaptured with PDL off / on, alternating
-        twice (paired in time); the graph is left captured with the default."""
+    def ab_variants(self, weights: str) -> None:
+        """Batch-1 decode with the bucket-1 graph recaptured under each combination of PDL
+        off/on and (bf16 weights) our GEMV off/on; two interleaved rounds (paired in time).
+        The graph is left captured with the defaults."""
+        from backend import kernel_dispatch
         from backend.kernels import triton_utils
 
         g = self.runner.graphs
         if g is None or not g.use_cuda_graphs:
-            self.log("pdl a/b: needs CUDA graphs (skipped)")
+            self.log("a/b: needs CUDA graphs (skipped)")
             return
-        default = triton_utils._PDL["enabled"]
-        ms: dict[str, list[float]] = {"off": [], "on": []}
+        pdl0, gemv0 = triton_utils._PDL["enabled"], kernel_dispatch.BF16_GEMV["enabled"]
+        combos = [(p, gm) for gm in ((False, True) if weights == "bf16" else (gemv0,))
+                  for p in (False, True)]
+        ms: dict[str, list[float]] = {}
         try:
-            for on in (False, True, False, True):
-                triton_utils.set_pdl(on)
-                g.capture(1)
-                row = self.run_decode(weights, 1, True, record=False, profile_point=False)
-                ms["on" if on else "off"].append(row["ms_per_token"])
+            for _ in range(2):
+                for pdl, gemv in combos:
+                    triton_utils.set_pdl(pdl)
+                    kernel_dispatch.BF16_GEMV["enabled"] = gemv
+                    g.capture(1)
+                    row = self.run_decode(weights, 1, True, record=False, profile_point=False)
+                    key = f"pdl={'on' if pdl else 'off'}" + (
+                        f" gemv={'ours' if gemv else 'cublas'}" if weights == "bf16" else "")
+                    ms.setdefault(key, []).append(row["ms_per_token"])
         finally:
-            triton_utils.set_pdl(default)
+            triton_utils.set_pdl(pdl0)
+            kernel_dispatch.BF16_GEMV["enabled"] = gemv0
             g.capture(1)
-        off, on = statistics.median(ms["off"]), statistics.median(ms["on"])
-        self.results["pdl_ab"][weights] = {"batch": 1, "ms_off": ms["off"], "ms_on": ms["on"],
-                                           "saving_ms": off - on, "saving_fraction": 1 - on / off}
-        self.log(f"pdl a/b {weights} b=1: off {ms['off']} ms, on {ms['on']} ms "
-                 f"(saves {off - on:.3f} ms, {1 - on / off:.1%})")
+        floor = row["floor_ms"]
+        out = {k: {"ms": v, "median_ms": statistics.median(v),
+                   "fraction_of_floor": floor / statistics.median(v)} for k, v in ms.items()}
+        self.results["ab"][weights] = {"batch": 1, "floor_ms": floor, "variants": out}
+        for k, v in out.items():
+            self.log(f"a/b {weights} b=1 {k:24s}: {v['ms']} ms -> {v['median_ms']:.3f} ms "
+                     f"({v['fraction_of_floor']:.1%} of floor)")
 
     # ---- host time ---------------------------------------------------------------------------
     def host_time(self) -> None:
@@ -588,8 +600,8 @@ class Bench:
             self.section(f"decode bf16 b=1 graphs={graphs}", 10, self.run_decode, "bf16", 1, graphs)
         if a.kernel_profile:
             self.section("kernel profile bf16 decode b=1", 15, self.profile_kernels, "bf16", 1)
-        if a.pdl_ab:
-            self.section("pdl a/b bf16 b=1", 15, self.pdl_ab, "bf16")
+        if a.ab:
+            self.section("a/b bf16 b=1", 20, self.ab_variants, "bf16")
         if 2048 in self.prefills:
             self.section("prefill bf16 2048", 10, self.run_prefill, "bf16", 2048)
             if a.kernel_profile:
@@ -670,8 +682,8 @@ class Bench:
             self.section(f"decode fp8 b=1 graphs={graphs}", 10, self.run_decode, "fp8", 1, graphs)
         if self.args.kernel_profile:
             self.section("kernel profile fp8 decode b=1", 15, self.profile_kernels, "fp8", 1)
-        if self.args.pdl_ab:
-            self.section("pdl a/b fp8 b=1", 15, self.pdl_ab, "fp8")
+        if self.args.ab:
+            self.section("a/b fp8 b=1", 15, self.ab_variants, "fp8")
         if 2048 in self.prefills:
             self.section("prefill fp8 2048", 10, self.run_prefill, "fp8", 2048)
         for b in self.batches:

@@ -4,6 +4,10 @@
 has no kernel branches):
 
     ops   KernelOps:        rms_norm, fused add + rms_norm, silu_and_mul (Triton)
+    linears GemvLinear:     the decoder projections whose shape has a measured config in
+                              `fp8_gemv.BF16_GEMV_M1_CONFIGS` run one-row products (batch-1
+                              decode) through our GEMV instead of cuBLAS (faster there, and a
+                              Triton kernel takes part in programmatic dependent launch)
     attn  KernelAttention:  two launches per layer, for every KV format (bf16 / fp8 / int4-fp8)
             rotary_kv_write:  rotate q, k in place + write K/V into their pages, quantizing
                               for a quantized pool
@@ -22,12 +26,14 @@ import os
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from backend.kernels.fp8_gemv import BF16_GEMV_M1_CONFIGS, bf16_gemv
 from backend.kernels.paged_attention import paged_attention
 from backend.kernels.rmsnorm import fused_add_rms_norm, rms_norm
 from backend.kernels.rotary_kv import rotary_kv_write
 from backend.kernels.silu_mul import silu_and_mul
-from backend.kernels.triton_utils import HAS_TRITON
+from backend.kernels.triton_utils import HAS_TRITON, use_triton
 from backend.ops import TorchOps
 
 
@@ -119,7 +125,10 @@ class KernelAttention:
 
 # SDPA's own GQA (torch >= 2.5: `enable_gqa`) reads the shared kv heads instead of a copy
 # expanded to every query head (2 x tokens x q_size x 2 bytes written and read again per layer).
-SDPA_ENABLE_GQA = False
+# H200, 2048-token prompt, 33B heads (scripts/gpu_kernels_check.py --sections sdpa,
+# 2026-12-02): expanded + SDPA 197.9 us, enable_gqa 132.5 us (default backend; cuDNN alone
+# 132.8, flash alone 242.2).
+SDPA_ENABLE_GQA = True
 
 
 def fresh_prompts_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -152,8 +161,42 @@ def fresh_prompts_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return out
 
 
+# Read at call time (so a graph captured after a change follows it): TIDEGATE_BF16_GEMV=0 keeps
+# every bf16 product on cuBLAS.
+BF16_GEMV = {"enabled": os.environ.get("TIDEGATE_BF16_GEMV", "1") != "0"}
+
+
+class GemvLinear(nn.Linear):
+    """An `nn.Linear` (same parameters; a class swap, see `install_gemv`) whose one-row products
+    run `fp8_gemv.bf16_gemv` with the config measured for its shape; everything else is
+    F.linear. A later `quantize_model` replaces it like any other linear layer."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k = self.in_features
+        if (x.numel() == k and BF16_GEMV["enabled"] and self.bias is None
+                and x.dtype == self.weight.dtype and use_triton(x)):
+            config = BF16_GEMV_M1_CONFIGS[self.out_features, k]
+            return bf16_gemv(x.reshape(1, k), self.weight, config).view(
+                *x.shape[:-1], self.out_features)
+        return F.linear(x, self.weight, self.bias)
+
+
+def install_gemv(model) -> int:
+    """Turn the model's bias-free `nn.Linear`s of a shape in BF16_GEMV_M1_CONFIGS into
+    `GemvLinear`s in place; returns how many."""
+    n = 0
+    for module in model.modules():
+        if (type(module) is nn.Linear and module.bias is None
+                and (module.out_features, module.in_features) in BF16_GEMV_M1_CONFIGS):
+            module.__class__ = GemvLinear
+            n += 1
+    return n
+
+
 def install_kernels(model) -> None:
-    """Swap `model.ops` / `model.attn` for the kernel versions (one fused pair)."""
+    """Swap `model.ops` / `model.attn` for the kernel versions (one fused pair), and the
+    measured projection shapes to `GemvLinear`."""
     ops = KernelOps()
     model.ops = ops
     model.attn = KernelAttention(model.config.head_dim ** -0.5, ops)
+    install_gemv(model)

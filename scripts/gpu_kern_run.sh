@@ -25,7 +25,7 @@ Q_S=${Q_S:-70}
 GEMV_S=${GEMV_S:-40}
 SECTIONS=${SECTIONS:-tests,engine,kernels,gemv,quality}
 TESTS_K=${TESTS_K:-pdl or quantized_dot or dispatch_and_graph or fp8_gemv or rms_norm or silu or rotary}
-ENGINE_ARGS=${ENGINE_ARGS:---decode-batches 1,64 --prefill-tokens 2048 --profile-contexts "" --no-peer --kernel-profile --pdl-ab}
+ENGINE_ARGS=${ENGINE_ARGS:---decode-batches 1,64 --prefill-tokens 2048 --profile-contexts= --no-peer --kernel-profile --ab}
 HELD=${HELD:-heldout}
 R=${R:-$OUT/r}
 mkdir -p "$R"
@@ -71,19 +71,23 @@ if has gemv; then
 fi
 
 if has quality; then
+  # each run: kind:format[:ENV=VALUE] (kind ppl = perplexity, agree = greedy agreement vs auto)
+  RUNS=${QUALITY_RUNS:-ppl:auto ppl:fp8 ppl:int4-fp8 agree:fp8 agree:int4-fp8}
   t0=$(date +%s)
   common="--model models/tiny-coder --device cuda --stdlib-root $HELD/stdlib --site-root $HELD/site --quiet"
-  for fmt in auto fp8 int4-fp8; do
-    [ $(( $(date +%s) - t0 )) -lt "$Q_S" ] || break
-    python3 -m backend.eval perplexity $common --kv-cache-dtype "$fmt" --sample-windows 32 \
-        --json "$R/ppl_$fmt.json" > "$R/ppl_$fmt.txt" 2>&1
-    echo "perplexity $fmt exit $?: $(tail -n 3 "$R/ppl_$fmt.txt" | tr '\n' ' ')"
-  done
-  for fmt in fp8 int4-fp8; do
-    [ $(( $(date +%s) - t0 )) -lt "$Q_S" ] || break
-    python3 -m backend.eval agreement $common --a kv-cache-dtype=auto --b "kv-cache-dtype=$fmt" \
-        --num-prompts 32 --max-tokens 32 --json "$R/agree_$fmt.json" > "$R/agree_$fmt.txt" 2>&1
-    echo "agreement $fmt exit $?: $(tail -n 3 "$R/agree_$fmt.txt" | tr '\n' ' ')"
+  for run in $RUNS; do
+    [ $(( $(date +%s) - t0 )) -lt "$Q_S" ] || { echo "quality: out of time before $run"; break; }
+    IFS=: read -r kind fmt envset <<< "$run"
+    tag="${kind}_${fmt}${envset:+_${envset//[^A-Za-z0-9]/_}}"
+    if [ "$kind" = ppl ]; then
+      env $envset python3 -m backend.eval perplexity $common --kv-cache-dtype "$fmt" \
+          --sample-windows 32 --json "$R/$tag.json" > "$R/$tag.txt" 2>&1
+    else
+      env $envset python3 -m backend.eval agreement $common --a kv-cache-dtype=auto \
+          --b "kv-cache-dtype=$fmt" --num-prompts 32 --max-tokens 32 --json "$R/$tag.json" \
+          > "$R/$tag.txt" 2>&1
+    fi
+    echo "$tag exit $?: $(tail -n 2 "$R/$tag.txt" | tr '\n' ' ' | cut -c1-220)"
   done
 fi
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from backend.kernels.triton_utils import HAS_TRITON
 
@@ -17,10 +18,12 @@ pytestmark = [
 ]
 
 from backend.kernels.fp8_gemv import (
+    BF16_GEMV_M1_CONFIGS,
     FP8_GEMV_MAX_M,
     FP8_MAX,
     GEMV_M1_SHAPE_CONFIGS,
     GemvConfig,
+    bf16_gemv,
     check_fp8_support,
     fp8_gemv_reference,
     fp8_gemv_triton,
@@ -238,7 +241,8 @@ def test_rotary_kv_write(num_tokens, num_heads, num_kv_heads, head_dim):
 
 @pytest.mark.parametrize("fmt", ["fp8", "int4-fp8"])
 @pytest.mark.parametrize("num_tokens,num_heads,num_kv_heads,head_dim",
-                         [(5, 56, 8, 128), (37, 56, 8, 128), (9, 8, 2, 32), (6, 7, 1, 16)])
+                         [(5, 56, 8, 128), (37, 56, 8, 128), (9, 8, 2, 32), (6, 7, 1, 16),
+                          (11, 6, 2, 64)])   # tiny-coder's heads: one int4 group per half
 def test_rotary_kv_write_quantized(fmt, num_tokens, num_heads, num_kv_heads, head_dim):
     """Quantize-on-write: the page codes and scales equal the reference encoders' (bit for
     bit: correctly rounded divisions, round-half-even), q/k rotated as in bf16."""
@@ -393,18 +397,53 @@ def test_pdl_chain_in_a_graph_equals_plain_launches():
 
 @pytest.mark.parametrize("fmt", ["fp8", "int4-fp8"])
 @pytest.mark.parametrize("quant_f16", [True, False])
-def test_paged_attention_quantized_dot_dtypes(fmt, quant_f16):
+@pytest.mark.parametrize("heads", [(56, 8, 128), (6, 2, 64)], ids=["33b", "tiny-coder"])
+def test_paged_attention_quantized_dot_dtypes(fmt, quant_f16, heads):
     """Both dot variants over quantized pages (fp16: the default; bf16: the earlier one) match
-    the reference, decode and mixed tilings."""
+    the reference, decode and mixed tilings, for the 33B's heads and tiny-coder's."""
+    num_heads, num_kv_heads, head_dim = heads
     torch.manual_seed(17)
     for qlens, lens in (([1] * 9, [3000, 17, 640, 1, 2049, 77, 900, 16, 1500]),
-                        ([1, 40, 1], [700, 40, 1200])):
+                        ([1, 40, 1], [700, 40, 1200]), ([300], [300])):
         num_blocks, tables, qsl, context_lens = make_step(qlens, lens, 16)
-        k_cache, v_cache = make_pools(fmt, num_blocks, 16, 8, 128, BF16)
-        q = randn(sum(qlens), 56, 128)
+        k_cache, v_cache = make_pools(fmt, num_blocks, 16, num_kv_heads, head_dim, BF16)
+        q = randn(sum(qlens), num_heads, head_dim)
         out = torch.full_like(q, float("nan"))
-        paged_attention_triton(q, k_cache, v_cache, tables, qsl, context_lens, 128 ** -0.5,
-                               max_query_len=max(qlens), out=out, quant_f16=quant_f16)
+        paged_attention_triton(q, k_cache, v_cache, tables, qsl, context_lens,
+                               head_dim ** -0.5, max_query_len=max(qlens), out=out,
+                               quant_f16=quant_f16)
         ref = paged_attention_reference(q, k_cache, v_cache, tables, qsl, context_lens,
-                                        128 ** -0.5)
-        assert rel_err(out, ref) <= TOL
+                                        head_dim ** -0.5)
+        assert rel_err(out, ref) <= TOL, (qlens, rel_err(out, ref))
+
+
+@pytest.mark.parametrize("shape", list(BF16_GEMV_M1_CONFIGS), ids=lambda s: f"{s[0]}x{s[1]}")
+def test_bf16_gemv_measured_configs(shape):
+    """Our GEMV over bf16 rows (no scale), with each config the engine uses for a 33B shape."""
+    n, k = shape
+    torch.manual_seed(n + k)
+    w = randn(n, k, scale=0.02)
+    x = randn(1, k)
+    out = torch.full((1, n), float("nan"), device=DEV, dtype=BF16)
+    out.copy_(bf16_gemv(x, w, BF16_GEMV_M1_CONFIGS[shape]))
+    assert rel_err(out, x.float() @ w.float().T) <= TOL
+
+
+def test_gemv_linear_dispatch():
+    """`install_gemv` turns a measured-shape linear into a GemvLinear: one row goes to our
+    GEMV (close to F.linear), several rows stay on F.linear (bit for bit)."""
+    from torch import nn
+
+    from backend.kernel_dispatch import GemvLinear, install_gemv
+
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Linear(7168, 7168, bias=False), nn.Linear(100, 7168, bias=False))
+    model = model.to(DEV, BF16)
+    assert install_gemv(model) == 1 and type(model[0]) is GemvLinear
+    assert type(model[1]) is nn.Linear
+    x = randn(1, 1, 7168)
+    y = model[0](x)
+    assert y.shape == (1, 1, 7168)
+    assert rel_err(y, F.linear(x, model[0].weight)) <= TOL
+    xs = randn(3, 7168)
+    assert torch.equal(model[0](xs), F.linear(xs, model[0].weight))

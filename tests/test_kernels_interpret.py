@@ -158,7 +158,7 @@ def _raw(pool, slots):
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
-@pytest.mark.parametrize("head_dim", [32, 128])
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
 def test_rotary_kv_write_quantizes_like_reference(kernels, fmt, head_dim):
     """Rotated q/k in place, and the page contents (codes and scales, bit for bit) equal the
     reference rotary followed by `backend.kv_quant`'s encoders; a slot of -1 writes nothing."""

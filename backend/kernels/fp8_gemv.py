@@ -85,6 +85,28 @@ GEMV_M1_SHAPE_CONFIGS: dict[tuple[int, int], GemvConfig] = {
 }
 
 
+# Our bf16 GEMV (the FMA kernel over bf16 rows, no scale) per 33B shape at M = 1, against
+# cuBLAS (F.linear), from `scripts/fp8_gemv_sweep.py --weights bf16` (H200, 2026-12-02, graph
+# replays with the L2 cleared): qkv 44.9 vs 48.8 us, o 36.7 vs 39.7, gate_up 136.4 vs 152.2
+# (95% of copy bandwidth), down 77.2 vs 81.2 (the fp8 down tiles, split 2): a layer 295 vs 322 us.
+# Shapes not listed stay on cuBLAS.
+BF16_GEMV_M1_CONFIGS: dict[tuple[int, int], GemvConfig] = {
+    (9216, 7168): GemvConfig(block_n=16, block_k=256, num_warps=4, num_stages=3,
+                             programs_per_sm=1, use_dot=False),     # qkv
+    (7168, 7168): GemvConfig(block_n=8, block_k=512, num_warps=2, num_stages=3,
+                             programs_per_sm=1, use_dot=False),     # o
+    (38400, 7168): GemvConfig(block_n=8, block_k=512, num_warps=2, num_stages=3,
+                              programs_per_sm=1, use_dot=False),    # gate_up
+    (7168, 19200): GemvConfig(block_n=16, block_k=256, num_warps=4, num_stages=3,
+                              programs_per_sm=4, use_dot=False),    # down (split 2)
+}
+
+
+def bf16_gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig) -> torch.Tensor:
+    """x [1, K] @ w [N, K].T -> [1, N] (model-dtype weights) through the FMA GEMV kernel."""
+    return fp8_gemv_triton(x if x.stride(-1) == 1 else x.contiguous(), w, None, config)
+
+
 def gemv_config_for(m: int, n: int | None = None, k: int | None = None) -> GemvConfig:
     if m == 1 and (n, k) in GEMV_M1_SHAPE_CONFIGS:
         return GEMV_M1_SHAPE_CONFIGS[n, k]
@@ -156,6 +178,7 @@ if HAS_TRITON:
         stride_xm, stride_wn, stride_om,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         EVEN_K: tl.constexpr, PARTIALS: tl.constexpr, USE_PDL: tl.constexpr,
+        HAS_SCALE: tl.constexpr = True,
     ):
         """Tensor-core path: acc[BLOCK_N, BLOCK_M] += w[BLOCK_N, BLOCK_K] @ x^T[BLOCK_K, BLOCK_M]."""
         pdl_enter(USE_PDL)
@@ -185,8 +208,9 @@ if HAS_TRITON:
                              other=0.0)
             acc += tl.dot(w.to(xt.dtype), xt)
 
-        s = tl.load(scale_ptr + offs_n, mask=mask_n, other=0.0)
-        acc = acc * s[:, None]
+        if HAS_SCALE:
+            s = tl.load(scale_ptr + offs_n, mask=mask_n, other=0.0)
+            acc = acc * s[:, None]
         mask = mask_n[:, None] & mask_m[None, :]
         if PARTIALS:  # out_ptr: fp32 partials [split_k, M, N]
             part = out_ptr + pid_k.to(tl.int64) * M * N
@@ -201,6 +225,7 @@ if HAS_TRITON:
         stride_xm, stride_wn, stride_om,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         PARTIALS: tl.constexpr, PREFETCH: tl.constexpr, USE_PDL: tl.constexpr,
+        HAS_SCALE: tl.constexpr = True,
     ):
         """CUDA-core path for M <= 4 (K % BLOCK_K == 0, k_per_split a multiple of BLOCK_K).
 
@@ -257,8 +282,9 @@ if HAS_TRITON:
         if BLOCK_M == 1:
             acc = tl.sum(acc2, axis=1)[:, None]
 
-        s = tl.load(scale_ptr + offs_n, mask=mask_n, other=0.0)
-        acc = acc * s[:, None]
+        if HAS_SCALE:
+            s = tl.load(scale_ptr + offs_n, mask=mask_n, other=0.0)
+            acc = acc * s[:, None]
         mask = mask_n[:, None] & (offs_m < M)[None, :]
         if PARTIALS:
             part_ptr = out_ptr + pid_k.to(tl.int64) * M * N
@@ -311,9 +337,11 @@ def split_k_for(n: int, k: int, config: GemvConfig, sm_count: int) -> tuple[int,
     return cdiv(k, k_per_split), k_per_split
 
 
-def fp8_gemv_triton(x: torch.Tensor, w_fp8: torch.Tensor, scale: torch.Tensor,
+def fp8_gemv_triton(x: torch.Tensor, w_fp8: torch.Tensor, scale: torch.Tensor | None,
                     config: GemvConfig | None = None) -> torch.Tensor:
-    """x [M, K] (contiguous rows) @ fp8 weight -> [M, N] in x's dtype."""
+    """x [M, K] (contiguous rows) @ fp8 weight -> [M, N] in x's dtype. The kernels convert
+    whatever the weight's dtype is to fp32, so `scale=None` with bf16 rows is a plain bf16 GEMV
+    (`bf16_gemv`)."""
     m, k = x.shape
     n = w_fp8.shape[0]
     config = config or gemv_config_for(m, n, k)
@@ -330,18 +358,18 @@ def fp8_gemv_triton(x: torch.Tensor, w_fp8: torch.Tensor, scale: torch.Tensor,
     if config.use_dot:
         block_m = min(64, max(16, next_power_of_2(m)))
         _fp8_gemv_kernel[(cdiv(n, config.block_n), split_k, cdiv(m, block_m))](
-            x, w_fp8, scale, target, m, n, k, k_per_split,
+            x, w_fp8, w_fp8 if scale is None else scale, target, m, n, k, k_per_split,
             x.stride(0), w_fp8.stride(0), out.stride(0),
             BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-            EVEN_K=k % config.block_k == 0, PARTIALS=partials,
+            EVEN_K=k % config.block_k == 0, PARTIALS=partials, HAS_SCALE=scale is not None,
             num_warps=config.num_warps, num_stages=config.num_stages, **pdl_args(x),
         )
     else:
         _fp8_gemv_fma_kernel[(cdiv(n, config.block_n), split_k)](
-            x, w_fp8, scale, target, m, n, k, k_per_split,
+            x, w_fp8, w_fp8 if scale is None else scale, target, m, n, k, k_per_split,
             x.stride(0), w_fp8.stride(0), out.stride(0),
             BLOCK_M=next_power_of_2(m), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-            PARTIALS=partials, PREFETCH=config.prefetch,
+            PARTIALS=partials, PREFETCH=config.prefetch, HAS_SCALE=scale is not None,
             num_warps=config.num_warps, num_stages=config.num_stages, **pdl_args(x),
         )
     if partials:

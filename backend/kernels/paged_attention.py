@@ -50,6 +50,7 @@ data, so a launch is CUDA-graph safe for any contents of the metadata tensors.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -82,8 +83,8 @@ QUANT_BLOCK_N, QUANT_NUM_STAGES = 128, 3   # decode tiling over fp8 / int4-fp8 p
 # fp8 / int4-fp8 pages: dequantize to fp16 and run fp16 dots (E4M3 -> f16 is one cvt per pair
 # on sm_90, an int4 nibble two integer/half ops; bf16 needs a detour through f32). The codes are
 # exact in fp16; q (bf16 -> fp16) and p (fp32 -> fp16) lose nothing bf16 would keep, except that
-# q is clamped to fp16's range.
-QUANT_DOT_F16 = True
+# q is clamped to fp16's range. TIDEGATE_QUANT_DOTS=bf16 keeps the bf16 dots (A/B).
+QUANT_DOT_F16 = os.environ.get("TIDEGATE_QUANT_DOTS", "f16") != "bf16"
 MERGE_TILE = 8192     # fp32 elements of one merge program's [heads, splits, head_dim] tile
 NUM_STAGES = 2
 _LOG2E = 1.4426950408889634
