@@ -153,6 +153,17 @@ if HAS_TRITON:
         return tl.reshape(lo | (hi << 4), (HEADS_P2, HALF // 2)).to(tl.uint8)
 
     @triton.jit
+    def _int4_half_one_group(x, scale, HEADS_P2: tl.constexpr, HALF: tl.constexpr):
+        """`_int4_half` when the half is exactly one group: scale [heads], no group axis."""
+        even, odd = tl.split(tl.reshape(x, (HEADS_P2, HALF // 2, 2)))
+        s = scale[:, None]
+        qe = tl.clamp(_rint(tl.math.div_rn(even, s)), -7.0, 7.0)
+        qo = tl.clamp(_rint(tl.math.div_rn(odd, s)), -7.0, 7.0)
+        lo = (qe + 8.0).to(tl.int32)
+        hi = (qo + 8.0).to(tl.int32)
+        return (lo | (hi << 4)).to(tl.uint8)
+
+    @triton.jit
     def _int4_amax(x, HEADS_P2: tl.constexpr, HALF: tl.constexpr, SUB: tl.constexpr):
         """amax over each SUB consecutive channels of x [heads, HALF] -> [heads, HALF // SUB]."""
         return tl.max(tl.reshape(tl.abs(x), (HEADS_P2, HALF // SUB, SUB)), axis=2)
@@ -169,6 +180,7 @@ if HAS_TRITON:
         HALF: tl.constexpr, HALF_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         K_CODEC: tl.constexpr, V_CODEC: tl.constexpr, INT4_SUB: tl.constexpr,
         INT4_WHOLE_HEAD: tl.constexpr, USE_PDL: tl.constexpr,
+        INT4_HALF_IS_GROUP: tl.constexpr = False,
     ):
         pdl_enter(USE_PDL)
         t = tl.program_id(0).to(tl.int64)
@@ -200,6 +212,23 @@ if HAS_TRITON:
                 k_scale = _store_fp8(k1.to(tl.float32), k2.to(tl.float32), kc + r[None, :],
                                      ks, mask, kv_heads, HALF)
                 tl.store(ks, k_scale, mask=head_ok)
+            elif INT4_HALF_IS_GROUP:
+                # head_dim 64 with groups of 32 (tiny-coder): the grouped path's [heads, 1]
+                # scale tiles wrote wrong keys on the H200 (bit-exact test failed, perplexity
+                # +44%) though Triton's interpreter agreed with the reference; this form has
+                # no group axis, like the fp8 scales (one [heads] vector per half)
+                k1f = k1.to(tl.float32)
+                k2f = k2.to(tl.float32)
+                s1 = tl.maximum(tl.max(tl.abs(k1f), axis=1) * _INV_INT4, 1.0e-12)
+                s2 = tl.maximum(tl.max(tl.abs(k2f), axis=1) * _INV_INT4, 1.0e-12)
+                j = tl.arange(0, HALF // 2)
+                bmask = head_ok[:, None] & (j < HALF // 2)[None, :]
+                tl.store(kc + j[None, :], _int4_half_one_group(k1f, s1, KV_HEADS_P2, HALF),
+                         mask=bmask)
+                tl.store(kc + HALF // 2 + j[None, :],
+                         _int4_half_one_group(k2f, s2, KV_HEADS_P2, HALF), mask=bmask)
+                tl.store(ks, s1, mask=head_ok)
+                tl.store(ks + 1, s2, mask=head_ok)
             else:
                 k1f = k1.to(tl.float32)
                 k2f = k2.to(tl.float32)
@@ -287,5 +316,6 @@ def rotary_kv_write(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
         HEADS_P2=next_power_of_2(num_heads), KV_HEADS_P2=next_power_of_2(num_kv_heads),
         HALF=half, HALF_P2=next_power_of_2(half), BLOCK_SIZE=kc.shape[1],
         K_CODEC=k_codec, V_CODEC=v_codec, INT4_SUB=int4_sub, INT4_WHOLE_HEAD=whole_head,
+        INT4_HALF_IS_GROUP=k_codec == 2 and not whole_head and int4_sub == half,
         num_warps=4, **pdl_args(q),
     )
