@@ -12,6 +12,7 @@ logging costs the loop no I/O; with the log off, nothing is recorded.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from scheduler.step_plan import StepPlan
@@ -31,17 +32,19 @@ class StepLog:
             prefill.append((_request_id(chunk.request_id), len(chunk.token_ids), chunk.start_pos))
         prefill.reverse()
         num_decodes = len(plan.chunks) - len(prefill) + plan.num_unlisted_decodes
-        self.rows.append((start_wall_s, duration_s, num_decodes, prefill,
-                          [_request_id(r) for r in plan.preempted]))
+        # the start on the monotonic clock too (the clock of the gateway's decision log and of
+        # bench's records on Linux), so a request's path can be followed across the processes
+        self.rows.append((start_wall_s, time.monotonic() - duration_s, duration_s, num_decodes,
+                          prefill, [_request_id(r) for r in plan.preempted]))
 
     def write(self) -> int:
         """Write every record (one JSON object a line); returns how many."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "w") as fh:
-            fh.writelines(json.dumps({"t": round(t, 6), "ms": round(dt * 1000, 4), "decodes": d,
-                                      "prefill_tokens": sum(c[1] for c in p), "prefill_chunks": len(p),
-                                      "prefill": p, "preempted": pre}) + "\n"
-                          for t, dt, d, p, pre in self.rows)
+            fh.writelines(json.dumps({"t": round(t, 6), "mono": round(m, 6), "ms": round(dt * 1000, 4),
+                                      "decodes": d, "prefill_tokens": sum(c[1] for c in p),
+                                      "prefill_chunks": len(p), "prefill": p, "preempted": pre}) + "\n"
+                          for t, m, dt, d, p, pre in self.rows)
         return len(self.rows)
 
 

@@ -176,7 +176,8 @@ def prompt_seed(seed: int, load_index: int) -> int:
 
 
 def run_live(url: str, model: str, n: int, rate: float, input_len: int, output_len: int, seed: int,
-             timeout_s: float = 600.0, burstiness: float = 1.0, prompts_seed: int | None = None) -> dict:
+             timeout_s: float = 600.0, burstiness: float = 1.0, prompts_seed: int | None = None,
+             records_out: list | None = None) -> dict:
     """One bench run (the same calls as `tidegate bench serve`); returns bench's summary. The
     schedule comes from `seed`, the prompts' token ids from `prompts_seed` (default `seed`)."""
     from bench import loadgen
@@ -189,6 +190,8 @@ def run_live(url: str, model: str, n: int, rate: float, input_len: int, output_l
     prompts = make_prompts(sched, seed if prompts_seed is None else prompts_seed, (0, 256))
     target = loadgen.HttpTarget(url, model=model, timeout_s=timeout_s)
     records, t0, _ = asyncio.run(loadgen.run_http(target, sched.offset, prompts, sched.output_len))
+    if records_out is not None:
+        records_out.extend(records)
     return summarize(records, start_time=t0)
 
 
@@ -283,6 +286,15 @@ def steps_summary(runs: list[dict], confidence: float) -> dict:
             "requests_chunked_alike": mean_ci([s["requests_chunked_alike"] for s in have], confidence),
             "num_prefill_steps": [sum(s["num_prefill_steps"][i] for s in have) for i in (0, 1)],
             "preemptions": [sum(s["preemptions"][i] for s in have) for i in (0, 1)]}
+
+
+def _mean_parts(parts: list[dict | None]) -> dict:
+    """Per load: the runs' median TTFT parts (bench.ttft_path), averaged over the runs."""
+    have = [p for p in parts if p and p.get("num_requests")]
+    if not have:
+        return {}
+    return {k: float(np.mean([p[k] for p in have])) for k in have[0] if k != "mismatched"} | {
+        "mismatched": sum(p["mismatched"] for p in have)}
 
 
 def decisions_summary(runs: list[dict], confidence: float) -> dict:
@@ -474,8 +486,9 @@ def validate(a: argparse.Namespace) -> dict:
                 la = os.getloadavg()
                 offset = dec_path.stat().st_size if dec_path.exists() else 0
                 t0 = time.perf_counter()
+                records: list = []
                 live = run_live(srv.url, srv.model, a.num_requests, rate, a.input_len, a.output_len,
-                                seed, a.request_timeout, a.burstiness, prompt_seed(seed, li))
+                                seed, a.request_timeout, a.burstiness, prompt_seed(seed, li), records)
                 wall = time.perf_counter() - t0
                 spec = sim_spec(profile, num_blocks, block_size, max_model_len, max_num_seqs, max_nbt,
                                 gw.batcher, gw.queues, a.num_requests, rate, a.input_len,
@@ -485,7 +498,8 @@ def validate(a: argparse.Namespace) -> dict:
                 arrivals, live_batches = read_decisions(dec_path, offset)
                 sim_replay, sim_batches, sim_steps = run_replay(spec, arrivals)
                 run_steps.append((li, len(by_load[li]), {x.request_id for x in arrivals},
-                                  prefill_steps_of(sim_steps, {x.request_id for x in arrivals})))
+                                  prefill_steps_of(sim_steps, {x.request_id for x in arrivals}),
+                                  (records, arrivals, live_batches)))
                 decisions = decision_compare(live_batches, sim_batches)
                 front = [1e3 * (x.t - x.received) for x in arrivals if x.received is not None]
                 # Diagnostic, not validation: the same simulation with the profile's step times
@@ -514,6 +528,7 @@ def validate(a: argparse.Namespace) -> dict:
     # the backend wrote its step log when it stopped: compare each run's prefill steps
     if step_path.exists():
         from bench.decision_fidelity import compare_steps
+        from bench.ttft_path import decompose
         from scheduler.decisions import read_steps
         try:
             live_steps = read_steps(str(step_path))
@@ -521,8 +536,10 @@ def validate(a: argparse.Namespace) -> dict:
             live_steps = None
             _log(a, f"step log not compared: {exc}")
         if live_steps is not None:
-            for li, ri, ids, sim_pre in run_steps:
+            step_rows = [json.loads(x) for x in step_path.read_text().splitlines() if x.strip()]
+            for li, ri, ids, sim_pre, (records, arrivals, live_batches) in run_steps:
                 by_load[li][ri]["steps"] = compare_steps(prefill_steps_of(live_steps, ids), sim_pre)
+                by_load[li][ri]["ttft_path_ms"] = decompose(records, arrivals, live_batches, step_rows)
         result["step_log"] = str(step_path)
     for li, rate in enumerate(rates):
         result["loads"].append({"load_label": labels[li], "rate": rate,
@@ -534,6 +551,7 @@ def validate(a: argparse.Namespace) -> dict:
                                     [{"compare": r["compare_replay"]} for r in by_load[li]], a.confidence),
                                 "decisions": decisions_summary(by_load[li], a.confidence),
                                 "steps": steps_summary(by_load[li], a.confidence),
+                                "ttft_path_ms": _mean_parts([r.get("ttft_path_ms") for r in by_load[li]]),
                                 "scale": mean_ci([r["scale"] for r in by_load[li]], a.confidence)})
     result["loadavg_after"] = os.getloadavg()
     return result
@@ -587,6 +605,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"{100 * st['requests_chunked_alike']['mean']:.1f}% (prefill steps live/sim "
                   f"{st['num_prefill_steps'][0]}/{st['num_prefill_steps'][1]}, preemptions "
                   f"{st['preemptions'][0]}/{st['preemptions'][1]})")
+        tp = ld.get("ttft_path_ms")
+        if tp:
+            print(f"TTFT path {ld['load_label']} (live medians, ms; bench.ttft_path): "
+                  + ", ".join(f"{k} {tp[k]:.2f}" for k in ("http_in", "front", "window", "to_step",
+                                                          "prefill", "out", "ttft"))
+                  + f" ({tp['num_requests']:.0f} requests a run, {tp['mismatched']} unmatched)")
     cap = result["capacity_estimate"]
     print(f"capacity estimate (profile): {cap['request_rate']:.2f} req/s; seeds {a.seeds}; "
           f"{a.num_requests} requests of {a.input_len}+{a.output_len} tokens per run; goal ±{100 * GOAL:.0f}%; "

@@ -1,0 +1,36 @@
+"""bench.ttft_path: one request's TTFT split across the client, gateway and backend logs."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench.ttft_path import decompose
+from scheduler.decisions import ArrivalRecord, BatchRecord
+from sims.metrics import RequestRecord
+
+
+def test_parts_add_up_to_the_client_ttft():
+    # client sends at 10.000, gateway stamps 10.002, pushes 10.0021, window flushes 10.004, the
+    # prefill runs in two chunks 10.010-10.030 and 10.030-10.045, the client sees the token at 10.050
+    rec = RequestRecord(index=0, prompt_len=40, max_tokens=4, send_time=10.0, chunk_times=[10.05],
+                        chunk_tokens=[1], output_tokens=4)
+    arr = ArrivalRecord("a", 10.0021, 40, 4, 0, received=10.002)
+    batch = BatchRecord(10.004, ("a",), (0,))
+    steps = [{"mono": 10.010, "ms": 20.0, "prefill": [["a", 24, 0]]},
+             {"mono": 10.030, "ms": 15.0, "prefill": [["a", 16, 24]]},
+             {"mono": 10.045, "ms": 5.0, "prefill": []}]
+    p = decompose([rec], [arr], [batch], steps)
+    assert p["num_requests"] == 1 and p["mismatched"] == 0
+    assert p["http_in"] == pytest.approx(2.0) and p["front"] == pytest.approx(0.1)
+    assert p["window"] == pytest.approx(1.9) and p["to_step"] == pytest.approx(6.0)
+    assert p["prefill"] == pytest.approx(35.0) and p["out"] == pytest.approx(5.0)
+    assert p["ttft"] == pytest.approx(50.0)
+
+
+def test_a_request_missing_from_a_log_is_counted_not_guessed():
+    rec = RequestRecord(index=0, prompt_len=8, max_tokens=2, send_time=1.0, chunk_times=[1.1],
+                        chunk_tokens=[1], output_tokens=2)
+    arr = ArrivalRecord("a", 1.01, 8, 2, 0, received=1.005)
+    p = decompose([rec], [arr], [BatchRecord(1.02, ("a",), (0,))], [])  # no step log rows
+    assert p["num_requests"] == 0 and p["mismatched"] == 1 and math.isnan(p["out"])
