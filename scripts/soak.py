@@ -152,18 +152,26 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     t = [r["t_s"] / 60 for r in rows]
-    fig, ax = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
-    panels = [("gateway RSS (MiB)", ["gateway_rss_mib", "b0_rss_mib", "b1_rss_mib"]),
+    fig, ax = plt.subplots(3, 2, figsize=(11, 10), sharex=True)
+    # each process's RSS on its own scale: a MiB of drift must be visible
+    panels = [("gateway RSS (MiB)", ["gateway_rss_mib"]),
+              ("backend RSS (MiB)", ["b0_rss_mib", "b1_rss_mib"]),
               ("open file descriptors", ["gateway_fds", "b0_fds", "b1_fds"]),
               ("asyncio tasks / open front-door requests", ["gateway_tasks", "frontdoor_open"]),
-              ("KV cache usage (0..1)", ["b0_kv_usage", "b1_kv_usage"])]
+              ("KV cache usage (0..1)", ["b0_kv_usage", "b1_kv_usage"]),
+              ("machine load average, 1 min (2 cores, shared)", ["loadavg_1m"])]
     for a, (name, keys) in zip(ax.flat, panels):
+        keys = [k for k in keys if k in rows[0]]
+        top = 0.0
         for key in keys:
-            a.plot(t, [r[key] for r in rows], label=key, lw=1.2)
+            ys = [float(r[key]) for r in rows]
+            top = max(top, *ys)
+            a.plot(t, ys, label=key, lw=1.2)
         a.set_title(name, fontsize=10)
-        a.legend(fontsize=7)
-        a.set_ylim(bottom=0)
-    for a in ax[1]:
+        if keys:
+            a.legend(fontsize=7, loc="lower right")
+        a.set_ylim(0, top * 1.15 or 1.0)  # from 0, so the drift is seen to scale
+    for a in ax[2]:
         a.set_xlabel("minutes")
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
@@ -246,7 +254,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--http-workers", type=int, default=6)
     p.add_argument("--zmq-workers", type=int, default=2)
     p.add_argument("--step-ms", type=float, default=10.0)
+    p.add_argument("--replot", default=None, help="only redraw soak.png from DIR/samples.csv")
     args = p.parse_args(argv)
+    if args.replot:
+        out = Path(args.replot)
+        with open(out / "samples.csv") as f:
+            rows = [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+        s = json.loads((out / "summary.json").read_text())
+        n = sum(s["requests"].values())
+        plot(rows, out / "soak.png", f"tidegate soak: {s['minutes']:g} min, {n} requests "
+             f"({n / (s['minutes'] * 60):.1f}/s), sampled every {s['interval_s']:g} s")
+        return 0
     summary = asyncio.run(run_soak(args.minutes, args.interval,
                                    Path(args.out) if args.out else None, args.http_workers,
                                    args.zmq_workers, args.step_ms))
