@@ -79,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             engine, loaded = create_engine(backend_config(args))
             serving = _configure_serving(engine, args)
+            if getattr(args, "no_async_scheduling", False):
+                engine.async_scheduling = False
+            if getattr(engine, "async_scheduling", False):
+                serving += ", async scheduling"
         try:
             step_log = StepLog(args.step_log) if args.step_log else None
             worker = Worker(engine, loaded, args.listen, args.backend_id, args.served_model_name,

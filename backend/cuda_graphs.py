@@ -19,8 +19,11 @@ kernels launch depends on device data, so one capture serves any contents.
 Decode graphs. Static inputs: one pinned host array and its device twin, one row per sequence
 slot, so a step is a single host->device copy of `bucket` rows (int32):
 
-    row r:  | token id | position | slot | context len | block table (max_blocks_per_seq) |
-            |    0     |    1     |  2   |      3      | 4 ...                            |
+    row r:  | token id | position | slot | context len | block table (max_blocks_per_seq) | src |
+            |    0     |    1     |  2   |      3      | 4 ...                            | last|
+
+`src` >= 0: the token id is the previous step's greedy output in that row of the runner's
+`buffers.sampled` (async scheduling: not read back yet), gathered inside the graph; -1: `token id`.
 
 Rows [batch, bucket) are padding: context len 0 (attention writes zeros), slot -1 (nothing is
 written to the KV pool), token 0 at position 0. Inside the graph the columns are cast to the
@@ -35,7 +38,8 @@ sequences first, then the padding tokens as one extra sequence of context 0 (slo
 attention rows), then empty sequences. Logits are taken at each sequence row's last token
 (`last_token`), so a graph's outputs are per sequence row like a decode graph's.
 
-    inputs --graph--> logits [rows, vocab] fp32, greedy ids [rows] int64
+    inputs --graph--> logits [rows, vocab] fp32, greedy ids [rows] int64 (also copied into
+                      the runner's buffers.sampled: the next step's device-side inputs)
 
 All-greedy steps read the ids (one device->host copy, which also synchronizes); other steps
 sample from the static logits with the runner's `Sampler`. Per step there is no device
@@ -52,6 +56,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,10 +69,16 @@ from backend.step_io import RunnerOutput, SampleSpec
 # decode batch sizes; the runner drops those above max_num_seqs (256 by default)
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 # scheduled tokens of a mixed step. Up to ~640 tokens an eager 33B step is host-bound (~60 ms
-# of launches against ~0.09 ms of GPU time per token), so that is where graphs pay; 1024 keeps
-# a 512-token chunk plus a few hundred decodes in a graph. Fine steps below 128, since short
-# prompts arriving one by one are the common mixed step. Dropped above max_num_batched_tokens.
-DEFAULT_TOKEN_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 320, 384, 512, 640, 768, 1024)
+# of launches against ~0.09 ms of GPU time per token), so that is where graphs pay most. The
+# buckets go on to the default max_num_batched_tokens (2,048) so that every step the scheduler
+# can plan replays a graph: an eager step of a new token count compiled Triton specializations
+# on first use (a 1,501-token step took 671 ms cold vs ~180 warm on the H200), and an eager step
+# has no device-side input ids (async scheduling). Above 1,024 a whole-prompt step loses flash
+# SDPA (the paged kernel: 2,048-token prompt 302 vs 134 µs a layer, ~1% of a 4 x 512-token step).
+# Fine steps below 128, since short prompts arriving one by one are the common mixed step.
+# Dropped above max_num_batched_tokens.
+DEFAULT_TOKEN_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 320, 384, 512, 640, 768, 1024,
+                         1280, 1536, 1792, 2048)
 NUM_WARMUPS = 2
 _ID, _POS, _SLOT, _CTX, _TABLE = 0, 1, 2, 3, 4
 
@@ -150,7 +161,8 @@ class StepGraphs:
         self.width = runner.max_blocks_per_seq
         self.max_model_len = runner.max_model_len
         pin = self.device.type == "cuda"
-        shape = (max(1, self.max_bucket), _TABLE + self.width)
+        self.src_col = _TABLE + self.width  # last column: see the module docstring
+        shape = (max(1, self.max_bucket), _TABLE + self.width + 1)
         self.packed_host = torch.zeros(shape, dtype=torch.int32, pin_memory=pin)
         self.rows = self.packed_host.numpy()
         self.packed = torch.zeros(shape, dtype=torch.int32, device=self.device)
@@ -172,23 +184,29 @@ class StepGraphs:
     # ---- capture ---------------------------------------------------------------------------
     def _forward(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
         rows = self.packed[:bucket]
-        input_ids = rows[:, _ID].long()
+        sampled = self.runner.buffers.sampled
+        src = rows[:, self.src_col].long()
+        input_ids = torch.where(src >= 0, sampled.index_select(0, src.clamp(min=0)),
+                                rows[:, _ID].long())
         positions = rows[:, _POS].long()
         ctx = ForwardContext(
             positions=positions, slot_mapping=rows[:, _SLOT].long(),
-            block_tables=rows[:, _TABLE:], context_lens=rows[:, _CTX].contiguous(),
+            block_tables=rows[:, _TABLE:self.src_col], context_lens=rows[:, _CTX].contiguous(),
             query_start_loc=self.query_start_loc[:bucket + 1],
             num_decode_tokens=bucket, num_prefills=0, num_prefill_tokens=0,
             query_start_loc_host=list(range(bucket + 1)), context_lens_host=[],
             max_context_len=self.max_model_len, block_size=self.block_size)
         hidden = self.model(input_ids, positions, ctx, self.runner.kv)   # [bucket, hidden]
         logits = self.model.compute_logits(hidden)                      # [bucket, vocab] fp32
-        return logits, logits.argmax(dim=-1)
+        ids = logits.argmax(dim=-1)
+        sampled[:bucket].copy_(ids)
+        return logits, ids
 
     def _fill_dummy(self, bucket: int) -> None:
         """Padding-like rows that read one token of block 0 and write nothing."""
         self.rows[:bucket, :_TABLE] = (0, 0, -1, 1)
         self.rows[:bucket, _TABLE:] = 0
+        self.rows[:bucket, self.src_col] = -1
         self._row_req[:bucket] = [None] * bucket
         self.packed[:bucket].copy_(self.packed_host[:bucket])
 
@@ -196,8 +214,10 @@ class StepGraphs:
     def capture(self, bucket: int) -> float:
         """Capture (or recapture) one bucket; returns the seconds it took (warm-ups included)."""
         t0 = time.perf_counter()
+        self.runner.buffers.wait_host_free()
         self._fill_dummy(bucket)
-        self.graphs[bucket] = self._record(lambda: self._forward(bucket))
+        with self._keep_sampled():
+            self.graphs[bucket] = self._record(lambda: self._forward(bucket))
         self.capture_s[bucket] = time.perf_counter() - t0
         return self.capture_s[bucket]
 
@@ -219,13 +239,27 @@ class StepGraphs:
             query_start_loc_host=qsl.tolist() if cpu else [],
             context_lens_host=lens.tolist() if cpu else [],
             max_context_len=self.max_model_len, block_size=self.block_size)
-        hidden = self.model(b.input_ids[:tokens], b.positions[:tokens], ctx, self.runner.kv)
+        hidden = self.model(b.device_input_ids(tokens), b.positions[:tokens], ctx, self.runner.kv)
         logits = self.model.compute_logits(hidden.index_select(0, b.last_token[:seqs]))
-        return logits, logits.argmax(dim=-1)
+        ids = logits.argmax(dim=-1)
+        b.sampled[:seqs].copy_(ids)
+        return logits, ids
 
     def _fill_dummy_mixed(self, tokens: int) -> None:
         """All `tokens` padding (context 0, slot -1): reads and writes no KV."""
         self.runner.prepare([], pad_to=(tokens, self.seq_rows(tokens)))
+
+    @contextmanager
+    def _keep_sampled(self):
+        """A capture (its warm-ups run the model on dummy inputs) must not clobber the ids a
+        step launched before it left in `buffers.sampled` for the next one (a bucket captured
+        lazily while async scheduling runs)."""
+        sampled = self.runner.buffers.sampled
+        kept = sampled.clone()
+        try:
+            yield
+        finally:
+            sampled.copy_(kept)
 
     def _record(self, fn: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> _Captured:
         if not self.use_cuda_graphs:
@@ -247,7 +281,8 @@ class StepGraphs:
         """Capture (or recapture) one token bucket; returns the seconds it took."""
         t0 = time.perf_counter()
         self._fill_dummy_mixed(tokens)
-        self.mixed_graphs[tokens] = self._record(lambda: self._forward_mixed(tokens))
+        with self._keep_sampled():
+            self.mixed_graphs[tokens] = self._record(lambda: self._forward_mixed(tokens))
         self.mixed_capture_s[tokens] = time.perf_counter() - t0
         return self.mixed_capture_s[tokens]
 
@@ -306,7 +341,8 @@ class StepGraphs:
         """Called for every eager step: block tables may have been rebuilt (preemption)."""
         self._row_req = [None] * self.max_bucket
 
-    def _fill(self, chunks: Sequence, bucket: int) -> None:
+    def _fill(self, chunks: Sequence, bucket: int, gpu_src: Mapping[str, int] | None = None,
+              ) -> None:
         rows, bs = self.rows, self.block_size
         row_req, row_blocks = self._row_req, self._row_blocks
         num = len(chunks)
@@ -333,20 +369,31 @@ class StepGraphs:
         rows[:num, _CTX] = p + 1
         blocks = rows[np.arange(num), _TABLE + p // bs].astype(np.int64)
         rows[:num, _SLOT] = blocks * bs + p % bs
+        src = rows[:bucket, self.src_col]
+        src[:] = -1
+        if gpu_src:
+            get = gpu_src.get
+            src[:num] = [get(c.request_id, -1) for c in chunks]
         if bucket > num:
             rows[num:bucket, :_TABLE] = (0, 0, -1, 0)
 
     @torch.inference_mode()
-    def launch(self, chunks: Sequence) -> Launched:
-        """Fill the static inputs and replay (asynchronously) the step's graph."""
+    def launch(self, chunks: Sequence, gpu_src: Mapping[str, int] | None = None) -> Launched:
+        """Fill the static inputs and replay (asynchronously) the step's graph. `gpu_src`:
+        requests whose input id is in that row of `buffers.sampled` (async scheduling)."""
         num = len(chunks)
         bucket = int(self._bucket_of[num])
         captured = self.graphs.get(bucket)
         if captured is None:
             self.capture(bucket)
             captured = self.graphs[bucket]
-        self._fill(chunks, bucket)
+        # the staging rows are reused only once the last step's copy of them is done (with
+        # async scheduling that step may still be queued behind the one running)
+        buffers = self.runner.buffers
+        buffers.wait_host_free()
+        self._fill(chunks, bucket, gpu_src)
         self.packed[:bucket].copy_(self.packed_host[:bucket], non_blocking=True)
+        buffers.mark_copied()
         captured.graph.replay()
         return Launched(captured, num)
 
@@ -388,12 +435,13 @@ class StepGraphs:
         return out
 
     @torch.inference_mode()
-    def launch_mixed(self, chunks: Sequence, tokens: int) -> Launched:
+    def launch_mixed(self, chunks: Sequence, tokens: int,
+                     gpu_src: Mapping[str, int] | None = None) -> Launched:
         """Fill the runner's static buffers padded to the bucket and replay its graph."""
         captured = self.mixed_graphs.get(tokens)
         if captured is None:
             self.capture_mixed(tokens)
             captured = self.mixed_graphs[tokens]
-        self.runner.prepare(chunks, pad_to=(tokens, self.seq_rows(tokens)))
+        self.runner.prepare(chunks, pad_to=(tokens, self.seq_rows(tokens)), gpu_src=gpu_src)
         captured.graph.replay()
         return Launched(captured, len(chunks))

@@ -5,6 +5,14 @@ The per-step inputs live in one named set of preallocated device buffers sized b
 each step fills a prefix of them from pinned host staging arrays and runs the model on views
 of that prefix. Only the rows that sample (each decode, the last chunk of a prefill) go
 through the LM head and the sampler.
+
+Greedy steps (every sampling row greedy, no logprobs, no logit processors) keep their token ids
+on the device: every step path writes the argmax of each sequence row into `buffers.sampled`
+and the runner queues one device->host copy of them into a pinned array (two, used in turn, so
+the next step's copy never overwrites one not read yet). A step launched before the previous
+step's tokens are read back (async scheduling, `backend.engine`) names, per request, the row of
+`sampled` its input token is in (`gpu_src`); the step reads it there on the device
+(`input_src`: -1 = the host-provided id). So the host never waits between two greedy steps.
 """
 from __future__ import annotations
 
@@ -42,6 +50,22 @@ class StaticBuffers:
         self.query_start_loc, self.query_start_loc_host = pair(rows + 1, torch.int32)
         # per sequence: the index of its last token (the row its logits come from)
         self.last_token, self.last_token_host = pair(rows, torch.int64)
+        # per token: the row of `sampled` holding its id (the previous step's output, not read
+        # back yet), or -1: the id in input_ids
+        self.input_src, self.input_src_host = pair(max_num_tokens, torch.int64)
+        self.input_src.fill_(-1)
+        # per sequence row: the greedy id the last step sampled (written on the device)
+        self.sampled = torch.zeros(rows, dtype=torch.int64, device=device)
+        # its host copies, used in turn (a step's copy is read while the next one is queued)
+        self.sampled_host = [torch.zeros(rows, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        # timing events: a step's device time is the interval from its start (recorded before its
+        # input copies) to its read-back copy, as the device saw it (backend.engine's launch
+        # deadline needs the device time, which the host observes late when it is late itself)
+        self.sampled_ready = [torch.cuda.Event(enable_timing=True) if pin else None
+                              for _ in range(2)]
+        self.step_started = [torch.cuda.Event(enable_timing=True) if pin else None
+                             for _ in range(2)]
+        self._next_readback = 0
         self.slot_mapping.fill_(-1)
         # CUDA: set once the last host->device copies are done; the host arrays are reused only
         # after it (a step that samples nothing never synchronizes otherwise)
@@ -54,6 +78,41 @@ class StaticBuffers:
     def mark_copied(self) -> None:
         if self.copy_done is not None:
             self.copy_done.record()
+
+    def mark_step_start(self) -> None:
+        """Record the start of a step whose ids will be read back (the next read-back slot)."""
+        event = self.step_started[self._next_readback]
+        if event is not None:
+            event.record()
+
+    def device_seconds(self, slot: int) -> float | None:
+        """Device time of the step read back through `slot` (after `read_sampled`), or None."""
+        start, end = self.step_started[slot], self.sampled_ready[slot]
+        if start is None:
+            return None
+        return start.elapsed_time(end) / 1e3
+
+    def queue_readback(self, num_rows: int) -> int:
+        """Queue the copy of `sampled[:num_rows]` to a pinned host array; returns its slot."""
+        slot = self._next_readback
+        self._next_readback ^= 1
+        self.sampled_host[slot][:num_rows].copy_(self.sampled[:num_rows], non_blocking=True)
+        if self.sampled_ready[slot] is not None:
+            self.sampled_ready[slot].record()
+        return slot
+
+    def read_sampled(self, slot: int, num_rows: int) -> list[int]:
+        """The ids a queued read-back copied (waits for that copy only)."""
+        if self.sampled_ready[slot] is not None:
+            self.sampled_ready[slot].synchronize()
+        return self.sampled_host[slot][:num_rows].tolist()
+
+    def device_input_ids(self, num_tokens: int) -> torch.Tensor:
+        """Input ids with the device-sourced ones (`input_src` >= 0) taken from `sampled`:
+        no host read, so a graph captures it."""
+        src = self.input_src[:num_tokens]
+        from_device = self.sampled.index_select(0, src.clamp(min=0))
+        return torch.where(src >= 0, from_device, self.input_ids[:num_tokens])
 
 
 class ModelRunner:
@@ -82,12 +141,14 @@ class ModelRunner:
 
     # ---- inputs ----------------------------------------------------------------------------
     def prepare(self, chunks: Sequence[Chunk], pad_to: tuple[int, int] | None = None,
+                gpu_src: Mapping[str, int] | None = None,
                 ) -> tuple[int, ForwardContext, list[int]]:
         """Fill the static buffers for `chunks` (decodes first, then prefills, as planned).
         Returns (num_tokens, context, indices of the chunks' last tokens).
 
-        `pad_to=(tokens, seqs)` (a captured mixed-step graph's shape) also fills the rows up to
-        those sizes: padding tokens write no KV (slot -1), sit at position 0 and form one extra
+        `gpu_src[request_id]`: the row of `buffers.sampled` holding that decode's input token
+        (its chunk carries a placeholder). `pad_to=(tokens, seqs)` (a captured mixed-step
+        graph's shape) also fills the rows up to those sizes: padding tokens write no KV (slot -1), sit at position 0 and form one extra
         sequence of context 0 (attention gives them zero rows); the sequences after it are
         empty. `last_token` is filled for every sequence row (0 for padding)."""
         b, bs = self.buffers, self.block_size
@@ -133,6 +194,13 @@ class ModelRunner:
             t += n
             qsl[i + 1] = t
 
+        src = b.input_src_host.numpy()
+        src[:t if pad_to is None else max(t, pad_to[0])] = -1
+        if gpu_src:  # decodes are the first num_decodes tokens, one each
+            for i in range(num_decodes):
+                row = gpu_src.get(chunks[i].request_id)
+                if row is not None:
+                    src[i] = row
         rows_t, rows_s = t, num_seqs  # rows copied to the device
         if pad_to is not None:
             rows_t, rows_s = pad_to
@@ -150,6 +218,7 @@ class ModelRunner:
 
         # host -> device into prefixes of the static buffers
         b.input_ids[:rows_t].copy_(b.input_ids_host[:rows_t], non_blocking=True)
+        b.input_src[:rows_t].copy_(b.input_src_host[:rows_t], non_blocking=True)
         b.positions[:rows_t].copy_(b.positions_host[:rows_t], non_blocking=True)
         b.slot_mapping[:rows_t].copy_(b.slot_mapping_host[:rows_t], non_blocking=True)
         b.block_tables[:rows_s].copy_(b.block_tables_host[:rows_s], non_blocking=True)
@@ -177,34 +246,57 @@ class ModelRunner:
 
     @torch.inference_mode()
     def launch(self, chunks: Sequence[Chunk], sampling: Mapping[str, SampleSpec] | None = None,
-               keep_logits: bool = False) -> LaunchedStep:
+               keep_logits: bool = False, gpu_src: Mapping[str, int] | None = None,
+               ) -> LaunchedStep:
         """Start one step: inputs in, the model queued up to the logits. On CUDA this returns
         while the device still runs (nothing here waits for it); `finish` reads the tokens.
-        On the CPU the forward pass runs here, to the end."""
+        On the CPU the forward pass runs here, to the end. `sampling=None`: every row greedy.
+        `gpu_src`: requests whose input token is still on the device (see `prepare`)."""
         step = LaunchedStep(chunks, sampling, keep_logits)
+        step.greedy = not keep_logits and (sampling is None or all(
+            s.params.greedy and not s.params.logprobs and not s.params.changes_logits
+            for s in sampling.values()))
+        if step.greedy:
+            self.buffers.mark_step_start()
         if self.graphs is not None:  # steps that fit a captured bucket replay a CUDA graph
             if self.graphs.can_replay(chunks):  # decode-only
-                step.graph_launch = self.graphs.launch(chunks)
-                return step
-            self.graphs.forget_rows()
-            tokens = self.graphs.token_bucket(chunks)
-            if tokens:  # prefill chunks (+ decodes) of at most the largest token bucket
-                step.graph_launch = self.graphs.launch_mixed(chunks, tokens)
+                step.graph_launch = self.graphs.launch(chunks, gpu_src)
+            else:
+                self.graphs.forget_rows()
+                tokens = self.graphs.token_bucket(chunks)
+                if tokens:  # prefill chunks (+ decodes) of at most the largest token bucket
+                    step.graph_launch = self.graphs.launch_mixed(chunks, tokens, gpu_src)
+            if step.graph_launch is not None:
+                if step.greedy:  # the graph wrote its argmax ids into buffers.sampled
+                    step.readback = self.buffers.queue_readback(len(chunks))
                 return step
         if not chunks:
             return step
-        num_tokens, ctx, last = self.prepare(chunks)
+        num_tokens, ctx, last = self.prepare(chunks, gpu_src=gpu_src)
         b = self.buffers
-        hidden = self.model(b.input_ids[:num_tokens], b.positions[:num_tokens], ctx, self.kv)
-        rows = [last[i] for i, c in enumerate(chunks) if c.sample]
+        ids = b.device_input_ids(num_tokens) if gpu_src else b.input_ids[:num_tokens]
+        hidden = self.model(ids, b.positions[:num_tokens], ctx, self.kv)
+        rows = [i for i, c in enumerate(chunks) if c.sample]
         if rows:
-            row_index = torch.tensor(rows, dtype=torch.long, device=self.device)
+            row_index = torch.tensor([last[i] for i in rows], dtype=torch.long, device=self.device)
             step.logits = self.model.compute_logits(hidden.index_select(0, row_index))  # [S, V]
+            if step.greedy:
+                seq_rows = torch.tensor(rows, dtype=torch.long, device=self.device)
+                b.sampled.index_copy_(0, seq_rows, step.logits.argmax(dim=-1))
+                step.readback = b.queue_readback(len(chunks))
         return step
 
     @torch.inference_mode()
     def finish(self, step: LaunchedStep) -> RunnerOutput:
         """Sample the launched step's rows and read the tokens back (waits for the device)."""
+        if step.readback >= 0:  # greedy: the ids are on their way to the host already
+            out = RunnerOutput()
+            ids = self.buffers.read_sampled(step.readback, len(step.chunks))
+            for c, tok in zip(step.chunks, ids):
+                if c.sample:
+                    out.token_ids[c.request_id] = tok
+                    out.logprobs[c.request_id] = None
+            return out
         if step.graph_launch is not None:
             return self.graphs.finish(step.graph_launch, step.chunks, step.sampling, step.keep_logits)
         out = RunnerOutput()
@@ -227,7 +319,8 @@ class LaunchedStep:
     """A step between `ModelRunner.launch` and `ModelRunner.finish`: what finish needs, and the
     device-side results it will read (a graph replay's handle, or the sampled rows' logits)."""
 
-    __slots__ = ("chunks", "graph_launch", "keep_logits", "logits", "sampling")
+    __slots__ = ("chunks", "graph_launch", "greedy", "keep_logits", "logits", "readback",
+                 "sampling")
 
     def __init__(self, chunks: Sequence[Chunk], sampling: Mapping[str, SampleSpec] | None,
                  keep_logits: bool) -> None:
@@ -236,3 +329,7 @@ class LaunchedStep:
         self.keep_logits = keep_logits
         self.graph_launch = None
         self.logits: torch.Tensor | None = None
+        # every sampling row greedy: its ids are in buffers.sampled after the step (rows by
+        # chunk index), the device source of the next step's inputs
+        self.greedy = False
+        self.readback = -1  # the read-back slot queued for those ids; -1: none

@@ -1,8 +1,9 @@
 """The engine's own step times while it serves (`tidegate backend --step-log PATH`).
 
 One record per worker step: when it started (wall clock, so that a benchmark can cut the log at
-its workloads' start and end times), how long the step took on the worker's loop (schedule,
-launch, device, read-back and update: the cadence a stream of tokens sees), how many decodes it
+its workloads' start and end times), how long the step took on the worker's loop (from the later
+of its planning and the previous step's read-back to its own read-back: the cadence a stream of
+tokens sees; with async scheduling, back-to-back steps' device time), how many decodes it
 carried and how many prefill tokens in how many chunks — and which: each prefill chunk as
 (request id, tokens, first position) and the ids preempted, the fields of
 `scheduler.decisions.StepRecord`, so that the simulator's steps can be compared with these

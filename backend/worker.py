@@ -4,9 +4,10 @@ Loop (single thread): drain every queued message (Hello, Batch, Abort, Health) -
 step if there is work -> one `StepOutput` per gateway holding all its requests' new tokens ->
 a `LoadReport` when due (<= 100 ms apart while busy, 1 s while idle). Messages that arrive while
 a step runs wait in the socket and are handled before the next step. On a device that runs
-asynchronously (CUDA) a step's outputs are sent, and the socket drained, while the next step
-runs on the device (`Engine.begin_step` / `finish_step`), so that host work is off the step's
-critical path; the last step's outputs before going idle are sent at once.
+asynchronously (CUDA) each turn is `Engine.advance()`: the next step is launched (with async
+scheduling, before the previous one is read back) and the previous step's tokens come back, so
+that sending them, draining the socket and planning the step after run while the device works
+on the launched one; the host's work is off the steps' critical path.
 
 Replies (the gateway side of the contract):
 - `Hello` -> `BackendInfo` (tokenizer JSON and chat template included); another MAJOR
@@ -99,6 +100,7 @@ class Worker:
         self.pending: dict[bytes, list[RequestOutput]] = defaultdict(list)
         self.num_steps = 0
         self.step_time_ema_ms = 0.0
+        self._last_read_back = 0.0  # perf_counter of the last step read back
         self._last_report = 0.0
         self._was_busy = False
         self._idle_checked = True
@@ -122,10 +124,15 @@ class Worker:
     def serve_forever(self) -> int:
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
+        launch_deadline = getattr(self.engine, "launch_deadline", lambda: None)
         while not self._stopping:
             busy = self.engine.has_unfinished()
+            deadline = launch_deadline() if busy else None
             if busy:
-                wait_ms = 0
+                # async scheduling: take messages until the next step must be launched, so that
+                # requests arriving now join it (Engine.launch_deadline)
+                wait_ms = 0 if deadline is None else \
+                    max(0, int((deadline - time.perf_counter()) * 1000))
             else:
                 wait_ms = max(0, int((self._last_report + IDLE_REPORT_S - time.monotonic()) * 1000))
                 if self.outbox:
@@ -137,17 +144,24 @@ class Worker:
             if ready:
                 self._drain()
             if self.engine.has_unfinished() and not self._stopping:
-                self._step()
+                if deadline is None or time.perf_counter() >= deadline:
+                    self._step()
             elif not self._idle_checked:
                 self._check_idle()
             self._flush_outboxes()
-            if not (self.engine.overlaps_device and self.engine.has_unfinished()):
-                self._flush_pending()  # else the next step's device shadow sends them
+            self._flush_pending()  # CUDA: while the step launched by _step runs
             self._maybe_report()
         self._shutdown()
         return 0
 
     def _shutdown(self) -> None:
+        try:  # the step in flight (async loop) finishes and its tokens go out first
+            settle = getattr(self.engine, "settle", None)
+            if settle is not None:
+                self._deliver(settle())
+        except Exception as exc:  # noqa: BLE001 -- still answer every request below
+            print(f"tidegate backend: last step failed: {exc!r}", file=sys.stderr)
+        self._flush_pending()
         self._fail_all("backend is shutting down", pb.Error.SHUTTING_DOWN)
         self._flush_outboxes()
         self.sock.close()
@@ -292,26 +306,39 @@ class Worker:
 
     # ---- stepping and sending --------------------------------------------------------------
     def _step(self) -> None:
-        start_wall = time.time() if self.step_log is not None else 0.0
+        engine = self.engine
         t0 = time.perf_counter()
         try:
-            step = self.engine.begin_step()
-            if self.engine.overlaps_device:
-                # in the device's shadow: the previous step's outputs go out, new messages come in
-                self._flush_pending()
-                self._drain()
-            outputs = self.engine.finish_step(step)
+            # CUDA: launch the next step, read back the previous one (Engine.advance); else
+            # one whole step
+            outputs = engine.advance() if engine.overlaps_device else engine.step()
         except Exception as exc:  # noqa: BLE001 -- e.g. device OOM: fail the requests, not the process
             first_line = (str(exc).splitlines() or [""])[0]
             self._fail_all(f"step failed: {type(exc).__name__}: {first_line}")
             return
         self._was_busy = True  # a request that finishes in its first step still makes an edge
-        dt_s = time.perf_counter() - t0
-        if self.step_log is not None:
-            self.step_log.record(start_wall, dt_s, step.plan)
-        dt_ms = dt_s * 1000
-        self.step_time_ema_ms = dt_ms if self.num_steps == 0 else 0.8 * self.step_time_ema_ms + 0.2 * dt_ms
-        self.num_steps += 1
+        self._deliver(outputs, time.perf_counter() - t0)
+
+    def _deliver(self, outputs: list[RequestOutput], turn_s: float | None = None) -> None:
+        """Account for the step just read back (step log, step-time average) and queue its
+        records for their gateways. `turn_s`: the turn's time, for engines that do not say
+        which step they read back (echo, vLLM: one whole step a turn)."""
+        step = getattr(self.engine, "last_step", None)
+        dt_s = None
+        if step is not None:
+            # the cadence tokens come out at: from the later of its launch and the last
+            # read-back to its own read-back (back-to-back steps: their device time)
+            dt_s = step.end - max(step.start, self._last_read_back)
+            self._last_read_back = step.end
+            if self.step_log is not None:
+                self.step_log.record(step.start_wall, dt_s, step.plan)
+        elif not hasattr(self.engine, "last_step"):
+            dt_s = turn_s
+        if dt_s is not None:
+            dt_ms = dt_s * 1000
+            self.step_time_ema_ms = dt_ms if self.num_steps == 0 else \
+                0.8 * self.step_time_ema_ms + 0.2 * dt_ms
+            self.num_steps += 1
         for out in outputs:
             identity, rid = self.owner[out.request_id]
             if out.finish_reason is not None:

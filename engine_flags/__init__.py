@@ -19,7 +19,7 @@ from scheduler.capacity import add_capacity_arguments
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # backend.cuda_graphs.DEFAULT_BUCKETS / DEFAULT_TOKEN_BUCKETS (a test keeps them equal)
 DEFAULT_CUDA_GRAPH_BUCKETS = "1,2,4,8,16,24,32,48,64,96,128,160,192,224,256"
-DEFAULT_CUDA_GRAPH_TOKEN_BUCKETS = "16,32,48,64,96,128,192,256,320,384,512,640,768,1024"
+DEFAULT_CUDA_GRAPH_TOKEN_BUCKETS = "16,32,48,64,96,128,192,256,320,384,512,640,768,1024,1280,1536,1792,2048"
 
 
 def default_model() -> str:
@@ -95,6 +95,10 @@ def add_serving_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> No
                    help="split the model over N devices (cuda:0..N-1 for --device cuda; N "
                    "processes over gloo on the CPU): one process per rank, the scheduler on "
                    "rank 0 (backend.tensor_parallel; default 1)")
+    p.add_argument("--no-async-scheduling", action="store_true",
+                   help="plan each step only after the previous one's tokens are read back "
+                        "(default on CUDA: the next step is planned and launched while the "
+                        "device runs the current one; backend.engine)")
     p.add_argument("--max-held-messages", type=int, default=4096,
                    help="messages held for a gateway whose socket queue is full; past this it "
                    "is not reading: its requests are aborted and it is forgotten")

@@ -3,6 +3,13 @@ decodes fed from step k's sampled ids on the device, placeholder tokens set righ
 back. Greedy outputs must equal the synchronous loop's."""
 from __future__ import annotations
 
+import pytest
+import torch
+
+from backend.attention import TorchAttention
+from backend.build import BackendConfig, create_engine
+from backend.cuda_graphs import StepGraphs
+from backend.sampler import SamplingParams
 from scheduler.step_scheduler import SchedulerConfig, StepResult, StepScheduler
 
 
@@ -18,3 +25,176 @@ def test_set_token_overwrites_a_placeholder_and_ignores_unknown_requests():
     assert not s.set_token("a", 9, 1)  # not sampled yet
     assert not s.set_token("gone", 0, 1)
     s.check_integrity()
+
+
+# ---- the engine: async turns give the synchronous loop's tokens ---------------------------------
+
+
+def _engine(graphs: bool, num_blocks: int = 22):
+    engine, _ = create_engine(BackendConfig(model="tiny", num_blocks=num_blocks, block_size=4,
+                                            max_num_seqs=6, max_num_batched_tokens=40,
+                                            max_model_len=256))
+    # torch attention: the same op order on every path, so greedy ids compare exactly
+    engine.runner.model.attn = TorchAttention(engine.runner.model.config.head_dim ** -0.5)
+    if graphs:  # the CPU stand-in of the CUDA graphs (decode buckets, mixed token buckets)
+        engine.runner.graphs = StepGraphs(engine.runner, (1, 2, 4, 8), use_cuda_graphs=False,
+                                          token_buckets=(8, 16, 32))
+    return engine
+
+
+def _requests(vocab: int, stops: dict[str, int] | None = None, sampled: bool = False):
+    g = torch.Generator().manual_seed(3)
+    reqs = {}
+    for i, n in enumerate((5, 17, 3, 30, 9, 12, 7, 4)):
+        prompt = torch.randint(0, vocab, (n,), generator=g).tolist()
+        stop = (stops or {}).get(f"r{i}")
+        params = SamplingParams(max_tokens=6 + 3 * i, ignore_eos=True,
+                                stop_token_ids=(stop,) if stop is not None else (),
+                                temperature=0.7 if sampled and i == 2 else 0.0, seed=i)
+        reqs[f"r{i}"] = (prompt, params)
+    return reqs
+
+
+def _run(engine, reqs, turn, late: int = 3):
+    """Serve `reqs` (the last `late` of them added a few turns in); id -> (tokens, reason).
+    `turn` is engine.step (synchronous) or engine.advance (async turns)."""
+    out = {rid: [[], None] for rid in reqs}
+    items = list(reqs.items())
+    for rid, (prompt, params) in items[:-late]:
+        assert engine.add_request(rid, prompt, params) is None
+    turns = 0
+    while engine.has_unfinished() or turns < 4:
+        if turns == 3:
+            for rid, (prompt, params) in items[-late:]:
+                assert engine.add_request(rid, prompt, params) is None
+        for o in turn():
+            assert out[o.request_id][1] is None, f"{o.request_id} got tokens after finishing"
+            out[o.request_id][0].extend(o.new_token_ids)
+            out[o.request_id][1] = o.finish_reason
+        turns += 1
+        if not engine.has_unfinished():
+            engine.check_integrity()
+    return {rid: (tuple(t), r) for rid, (t, r) in out.items()}
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph-standin"])
+def test_async_turns_equal_the_synchronous_loop(graphs):
+    """Greedy tokens and finish reasons identical to engine.step(): length finishes, stop tokens
+    hit mid-stream (their sequence was already planned into the next step), preemption in a
+    small pool, requests arriving while steps are in flight, mixed prefill+decode steps; and
+    the async path really ran (steps launched before the previous read-back, decodes fed from
+    the device rows)."""
+    ref_engine = _engine(graphs)
+    vocab = ref_engine.runner.model.config.vocab_size
+    plain = _run(ref_engine, _requests(vocab), ref_engine.step)
+    assert ref_engine.scheduler.num_preemptions >= 1
+    # stop tokens that greedy decoding really reaches, at different points of the streams
+    stops = {rid: toks[k] for (rid, (toks, _)), k in zip(plain.items(), (2, 0, 4, 1, 3, 5, 1, 2))}
+    ref_engine = _engine(graphs)
+    with_stops = _run(ref_engine, _requests(vocab, stops), ref_engine.step)
+    assert sum(r == "stop" for _, r in with_stops.values()) >= 6
+
+    for reqs, ref, preempts in ((_requests(vocab), plain, True),
+                                (_requests(vocab, stops), with_stops, False)):
+        engine = _engine(graphs)
+        engine.async_scheduling = True
+        launches = []
+        real_launch = engine.runner.launch
+
+        def spy(chunks, sampling=None, keep_logits=False, gpu_src=None, real_launch=real_launch,
+                launches=launches):
+            launches.append(sum(1 for c in chunks if gpu_src and c.request_id in gpu_src))
+            return real_launch(chunks, sampling, keep_logits, gpu_src)
+
+        engine.runner.launch = spy
+        assert _run(engine, reqs, engine.advance) == ref
+        assert engine.scheduler.num_preemptions >= 1 or not preempts
+        assert sum(1 for n in launches if n) >= len(launches) // 2, launches  # mostly device-fed
+        engine.check_integrity()
+        assert engine.scheduler.block_manager.num_used_blocks == 0
+
+
+def test_async_turns_with_a_sampled_request_fall_back_and_still_agree():
+    """A seeded non-greedy request: the turns after its steps read back before planning (its
+    token is the sampler's, not the in-step argmax); every token still equals the sync loop's."""
+    ref_engine = _engine(True)
+    vocab = ref_engine.runner.model.config.vocab_size
+    ref = _run(ref_engine, _requests(vocab, sampled=True), ref_engine.step)
+    engine = _engine(True)
+    engine.async_scheduling = True
+    assert _run(engine, _requests(vocab, sampled=True), engine.advance) == ref
+
+
+def test_abort_under_async_turns_lands_at_once_and_frees_every_block():
+    engine = _engine(True, num_blocks=64)
+    engine.async_scheduling = True
+    bm = engine.scheduler.block_manager
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    for rid, prompt in (("a", [5, 6, 7]), ("b", [8, 9]), ("c", [1, 2, 3, 4, 5])):
+        assert engine.add_request(rid, prompt, params) is None
+    engine.advance()
+    engine.advance()
+    engine.advance()  # a step launched before the last read-back is in flight now
+    assert engine._inflight is not None and engine._inflight.pipelined
+    rec = engine.abort("a")
+    assert rec is not None and rec.finish_reason == "abort" and rec.num_completion_tokens == 2
+    got = {}
+    while engine.has_unfinished():
+        for o in engine.advance():
+            got.setdefault(o.request_id, []).extend(o.new_token_ids)
+    assert "a" not in got  # its in-flight token was dropped
+    assert len(got["b"]) == 10 and len(got["c"]) == 10
+    engine.check_integrity()
+    assert bm.num_used_blocks == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("stops", [False, True], ids=["lengths", "stop-tokens"])
+def test_async_turns_equal_the_synchronous_loop_on_cuda(stops):
+    """The CUDA default (Triton kernels, captured decode and mixed graphs, device-side inputs
+    from the previous replay): async turns give the synchronous loop's greedy tokens. fp32, so
+    that a stop-token run (whose async plans carry a dead row for a step) cannot flip a near-tie
+    through a different batch shape."""
+    from backend.serving_setup import configure_serving
+
+    def engine_():
+        engine, _ = create_engine(BackendConfig(model="tiny", device="cuda", dtype="float32",
+                                                num_blocks=40, block_size=16, max_num_seqs=6,
+                                                max_num_batched_tokens=64, max_model_len=256))
+        configure_serving(engine.runner, buckets=(1, 2, 4, 8), token_buckets=(16, 32, 64))
+        return engine
+
+    ref_engine = engine_()
+    vocab = ref_engine.runner.model.config.vocab_size
+    ref = _run(ref_engine, _requests(vocab), ref_engine.step)
+    if stops:
+        stops_ = {rid: t[k] for (rid, (t, _)), k in zip(ref.items(), (2, 0, 4, 1, 3, 5, 1, 2))}
+        ref_engine = engine_()
+        ref = _run(ref_engine, _requests(vocab, stops_), ref_engine.step)
+    engine = engine_()
+    assert engine.async_scheduling  # the CUDA default
+    out = _run(engine, _requests(vocab, stops_ if stops else None), engine.advance)
+    assert out == ref
+    engine.check_integrity()
+    assert engine.scheduler.block_manager.num_used_blocks == 0
+
+
+def test_launch_deadline_only_for_measured_decode_graph_steps():
+    """The worker waits for messages until `launch_deadline()`: known once a decode-only graph
+    shape has run, None while a prefill-bearing step is in flight or without async turns."""
+    import time
+
+    engine = _engine(True, num_blocks=64)
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    for rid, prompt in (("a", [5, 6, 7]), ("b", [8, 9])):
+        assert engine.add_request(rid, prompt, params) is None
+    engine.advance()  # the prefill step is in flight
+    assert engine.launch_deadline() is None
+    engine.async_scheduling = True
+    seen = []
+    while engine.has_unfinished():
+        engine.advance()
+        seen.append(engine.launch_deadline())
+    known = [d for d in seen if d is not None]
+    assert known and all(d < time.perf_counter() for d in known)  # the CPU: nothing to wait for
+    assert seen[-1] is None  # nothing in flight at the end

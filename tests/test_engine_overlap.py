@@ -1,6 +1,7 @@
 """The engine's split step (begin_step / finish_step) and the worker's use of it: what may
 happen while a step is in flight (new requests, aborts), and the worker's overlapped loop
-(outputs sent in the next step's device shadow) delivering the same tokens as the plain loop."""
+(Engine.advance: the next step launched before the previous one's outputs go out; with async
+scheduling also before its read-back) delivering the same tokens as the plain loop."""
 from __future__ import annotations
 
 import threading
@@ -51,13 +52,14 @@ def test_begin_step_twice_is_refused():
     engine.finish_step(step)
 
 
-def serve_and_collect(tmp_path, overlap: bool, monkeypatch) -> dict:
+def serve_and_collect(tmp_path, overlap: bool, monkeypatch, async_scheduling: bool = False) -> dict:
     from backend.worker import Worker
 
-    if overlap:  # the CUDA loop, on the CPU: outputs go out during the next step
+    if overlap:  # the CUDA loop, on the CPU: Engine.advance turns
         monkeypatch.setattr(Engine, "overlaps_device", property(lambda self: True))
     engine, loaded = small_engine()
-    worker = Worker(engine, loaded, f"ipc://{tmp_path}/overlap-{overlap}.sock")
+    engine.async_scheduling = async_scheduling  # plan step k+1 before step k is read back
+    worker = Worker(engine, loaded, f"ipc://{tmp_path}/overlap-{overlap}-{async_scheduling}.sock")
     thread = threading.Thread(target=worker.serve_forever, daemon=True)
     thread.start()
     c = DealerClient(worker.endpoint)
@@ -84,3 +86,5 @@ def test_overlapped_worker_loop_sends_the_same_tokens(tmp_path, monkeypatch):
     plain = serve_and_collect(tmp_path, False, monkeypatch)
     overlapped = serve_and_collect(tmp_path, True, monkeypatch)
     assert overlapped == plain and all(len(t) == 7 for t in plain.values())
+    pipelined = serve_and_collect(tmp_path, True, monkeypatch, async_scheduling=True)
+    assert pipelined == plain
