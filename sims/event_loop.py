@@ -49,6 +49,10 @@ _STEP, _STRETCH, _TIMER, _DELIVER = 0, 1, 2, 3  # event kinds: indices into Even
 class EngineConfig:
     num_backends: int = 1
     network_delay_s: float = 0.0        # gateway -> backend one-way delay of a batch
+    # backend -> client delay of every token (read-back, wire, detokenizer, HTTP stream): added
+    # to each request's first-token and finish times, so TTFT and E2E grow by it and TPOT does
+    # not; measured live by bench.ttft_path ("http_in" + "out"), ~4.5 ms on the H200 (issue 18)
+    delivery_delay_s: float = 0.0
     # a stretch may run past finishes only below this KV use (with room for more sequences)
     spare_kv_watermark: float = 0.9
     max_stretch_steps: int = 1 << 30    # cap on one k-step advance (1 disables stretches)
@@ -544,8 +548,8 @@ class EventLoop:
         backends = self.backends
         return SimResult(
             workload=self.workload, dispatch_time=np.array(self.dispatch_t, dtype=np.float64),
-            first_token_time=np.array(self.first_t, dtype=np.float64),
-            finish_time=np.array(self.finish_t, dtype=np.float64),
+            first_token_time=np.array(self.first_t, dtype=np.float64) + self.config.delivery_delay_s,
+            finish_time=np.array(self.finish_t, dtype=np.float64) + self.config.delivery_delay_s,
             num_output=self.workload.output_len.copy(), queue_class=self.gateway.classes(),
             rejected=self.rejected, itl_values=itl_values, itl_weights=itl_weights,
             batch_sizes=np.array(self.batch_sizes, dtype=np.int64),

@@ -15,6 +15,7 @@ Flags given on the command line win over the file.
 from __future__ import annotations
 
 import argparse
+import math
 
 import tomllib
 
@@ -77,6 +78,9 @@ def add_run_args(p: argparse.ArgumentParser, *, num_requests: int = 1000) -> Non
                    help="host<->GPU copy bandwidth the tier's copies are charged at, GB/s one way "
                         "(the backend logs its measured figure at start)")
     g.add_argument("--network-delay-ms", type=float, default=0.0)
+    g.add_argument("--delivery-delay-ms", type=float, default=0.0,
+                   help="backend -> client delay of every token (TTFT and E2E grow by it, TPOT "
+                        "does not); `tidegate sim validate` prints the live figure (HTTP in + out)")
     add_placement_arguments(g)
     g.add_argument("--max-stretch-steps", type=int, default=1 << 30,
                    help="cap on steps advanced in one event (1: step by step)")
@@ -146,7 +150,10 @@ def spec_from_args(a: argparse.Namespace) -> RunSpec:
                                block_size=a.block_size, max_model_len=max_model_len,
                                enable_prefix_caching=prefix_caching_arg(a.prefix_caching),
                                host_kv_gib=a.host_kv_gib, host_copy_gbps=a.host_copy_gbps)
+    if not (math.isfinite(a.delivery_delay_ms) and a.delivery_delay_ms >= 0):
+        raise ValueError(f"--delivery-delay-ms must be >= 0, got {a.delivery_delay_ms}")
     engine = EngineConfig(num_backends=a.backends, network_delay_s=a.network_delay_ms / 1e3,
+                          delivery_delay_s=a.delivery_delay_ms / 1e3,
                           max_stretch_steps=a.max_stretch_steps,
                           placement=placement_config_from_args(a, a.block_size))
     return RunSpec(cost=cost, workload=workload, scheduler=sched, engine=engine, trace=a.trace,

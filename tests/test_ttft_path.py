@@ -34,3 +34,24 @@ def test_a_request_missing_from_a_log_is_counted_not_guessed():
     arr = ArrivalRecord("a", 1.01, 8, 2, 0, received=1.005)
     p = decompose([rec], [arr], [BatchRecord(1.02, ("a",), (0,))], [])  # no step log rows
     assert p["num_requests"] == 0 and p["mismatched"] == 1 and math.isnan(p["out"])
+
+
+def test_delivery_delay_moves_every_token_by_the_same_time():
+    """EngineConfig.delivery_delay_s: TTFT and E2E grow by exactly the delay, TPOT and the
+    simulated decisions do not change (closed form)."""
+    import numpy as np
+
+    from sims.adapters import SimSchedulerConfig
+    from sims.cost import ConstantCost
+    from sims.event_loop import EngineConfig, simulate
+    from sims.workload import LengthSpec, WorkloadConfig, generate
+
+    w = generate(WorkloadConfig(num_requests=60, rate=40.0, input_len=LengthSpec("fixed", 64),
+                                output_len=LengthSpec.parse("uniform:2:20"), seed=3))
+    base = simulate(w, ConstantCost(0.01), SimSchedulerConfig(), EngineConfig(num_samples=1))
+    late = simulate(w, ConstantCost(0.01), SimSchedulerConfig(),
+                    EngineConfig(num_samples=1, delivery_delay_s=0.0045))
+    np.testing.assert_allclose(late.first_token_time - base.first_token_time, 0.0045, atol=1e-12)
+    np.testing.assert_allclose(late.finish_time - base.finish_time, 0.0045, atol=1e-12)
+    np.testing.assert_array_equal(late.dispatch_time, base.dispatch_time)
+    np.testing.assert_array_equal(late.step_time, base.step_time)
