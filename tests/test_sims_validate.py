@@ -92,6 +92,14 @@ def test_validate_small_live_run(tmp_path):
     assert run["steps"]["num_prefill_steps"][0] >= 1  # the step log's ids are the gateway's
     assert 0.0 <= run["steps"]["same_prefill_step_share"] <= 1.0
     assert run["steps"]["requests_chunked_alike"] > 0.0  # 16-token prompts: one chunk each
+    # the live path outside the model, measured and put back as the delivery delay
+    assert run["ttft_path_ms"]["num_requests"] == 8 and run["ttft_path_ms"]["mismatched"] == 0
+    assert 0.0 < res["delivery_delay_ms"] < run["compare"]["ttft_p50"]["live"]
+    d = res["delivery_delay_ms"]
+    plain, path = run["compare_replay"]["ttft_p50"]["sim"], run["compare_replay_path"]["ttft_p50"]["sim"]
+    assert path == pytest.approx(plain + d, rel=0.05)  # every TTFT later by the same delay
+    assert run["compare_replay_path"]["tpot_p50"]["sim"] == pytest.approx(
+        run["compare_replay"]["tpot_p50"]["sim"])
     for name, m in run["compare"].items():
         assert math.isfinite(m["live"]) and math.isfinite(m["sim"]) and m["live"] > 0, name
     tpot = run["compare"]["tpot_p50"]
