@@ -186,8 +186,11 @@ def _rank_main(rank: int, port: int, cases: dict, results, device: str = "cpu") 
         dev = torch.device("cpu") if device == "cpu" else torch.device("cuda", rank)
         group = TPGroup.join(rank, Rendezvous("127.0.0.1", port, 2), dev)
         for name, (path, overrides, fp8) in cases.items():
-            runner, loaded, _ = build_rank(_backend_config(path, overrides, device),
-                                           ServingOptions(**GPU_SERVING_KW), group)
+            if name == "host_tier":
+                _host_tier_rank(rank, group, results, path)
+                continue
+            runner, loaded, _, _ = build_rank(_backend_config(path, overrides, device),
+                                              ServingOptions(**GPU_SERVING_KW), group)
             if fp8:  # the FP8 oracle (the kernels need CUDA >= 8.9)
                 quantize_model(runner.model, "fp8", check_device=False)
             if rank == 0:
@@ -209,6 +212,35 @@ def _rank_main(rank: int, port: int, cases: dict, results, device: str = "cpu") 
     except BaseException as exc:
         results.put(("error", f"rank {rank}: {exc!r}"))
         raise
+
+
+def _tier_config(path: Path, **kw) -> BackendConfig:
+    # an HF checkpoint, not the `tiny` preset: its sharper attention makes the greedy tokens
+    # depend on the swapped-in K/V (zeroing those blocks changes them; on `tiny` it did not)
+    return BackendConfig(model=str(path), block_size=4, max_num_seqs=4, max_num_batched_tokens=64,
+                         max_model_len=128, cpu_threads=1, **kw)
+
+
+def _host_tier_rank(rank: int, group, results, path: Path) -> None:
+    """The host tier's scenario of tests/test_host_kv_tier.py at TP=2: a pool small enough that
+    sequences are swapped out to host memory and come back."""
+    from backend.tensor_parallel.ranks import ServingOptions, build_rank, leader_engine
+    from backend.tensor_parallel.steps import follow
+    from tests.test_host_kv_tier import prompts, serve
+
+    cfg = _tier_config(path, num_blocks=40, host_kv_gib=0.0005)
+    runner, loaded, _, host_kv = build_rank(cfg, ServingOptions(), group)
+    if rank:
+        follow(runner, group, host_kv)
+        return
+    engine = leader_engine(cfg, runner, loaded, host_kv, group)
+    reqs = {f"r{i}": p for i, p in enumerate(prompts([40, 52, 33, 61, 45, 38]))}
+    out = serve(engine, reqs)
+    engine.runner.stop()
+    bm = engine.scheduler.block_manager
+    results.put(("host_tier", {"tokens": out, "swaps": engine.scheduler.num_swap_preemptions,
+                               "host_hit_tokens": bm.num_host_hit_tokens,
+                               "copies": engine.host_kv.num_copies}))
 
 
 def _tp1_logits(path: Path, overrides: dict, fp8: bool, device: str = "cpu") -> list[torch.Tensor]:
@@ -260,7 +292,23 @@ def _tp2_job(cases: dict, device: str = "cpu") -> dict:
 
 @pytest.fixture(scope="module")
 def tp2_logits(checkpoints):
-    return _tp2_job({n: (checkpoints[c], o, q) for n, (c, o, q) in CASES.items()})
+    cases = {n: (checkpoints[c], o, q) for n, (c, o, q) in CASES.items()}
+    cases["host_tier"] = (checkpoints["gqa1_untied_oddvocab"], {}, False)
+    return _tp2_job(cases)
+
+
+def test_tp2_host_tier_swaps_and_gives_the_unpreempted_greedy_tokens(checkpoints, tp2_logits):
+    """Every rank copies its slice of the same blocks (a follower that skipped the copies, or
+    zeroed the blocks it brought back, fails this)."""
+    from backend.build import create_engine
+    from tests.test_host_kv_tier import prompts, serve
+
+    engine, _ = create_engine(_tier_config(checkpoints["gqa1_untied_oddvocab"], num_blocks=256))
+    reqs = {f"r{i}": p for i, p in enumerate(prompts([40, 52, 33, 61, 45, 38]))}
+    want = serve(engine, reqs)
+    got = tp2_logits["host_tier"]
+    assert got["swaps"] > 0 and got["host_hit_tokens"] > 0 and got["copies"] > 0
+    assert got["tokens"] == want
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c != "fp8_weights"])

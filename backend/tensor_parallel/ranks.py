@@ -35,13 +35,19 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from backend.build import BackendConfig, default_cpu_threads, size_kv_pool, use_cpu_kernels
+from backend.build import (
+    BackendConfig,
+    create_host_kv,
+    default_cpu_threads,
+    size_kv_pool,
+    use_cpu_kernels,
+)
 from backend.errors import ModelLoadError
 from backend.kv_cache import KVCache
 from backend.loader import LoadedModel, load
 from backend.runner import ModelRunner
 from backend.tensor_parallel.group import Rendezvous, TPGroup
-from backend.tensor_parallel.steps import LeaderRunner, follow
+from backend.tensor_parallel.steps import LeaderHostKV, LeaderRunner, follow
 
 log = logging.getLogger("tidegate.backend")
 STOP_TIMEOUT_S = 30.0
@@ -74,14 +80,13 @@ def check_options(cfg: BackendConfig, size: int) -> None:
         raise ModelLoadError(f"--tensor-parallel-size must be >= 1, got {size}")
     if cfg.model == "echo":
         raise ModelLoadError("--model echo has no weights to split: --tensor-parallel-size 1")
-    if cfg.host_kv_gib:
-        raise ModelLoadError("--host-kv-gib is not supported with --tensor-parallel-size > 1 "
-                             "(the host tier's copies are not sent to the other ranks yet)")
 
 
 def build_rank(cfg: BackendConfig, serving: ServingOptions, group: TPGroup,
-               ) -> tuple[ModelRunner, LoadedModel, dict]:
-    """One rank's shard, KV pool, runner and serving transforms (every rank runs this)."""
+               ) -> tuple[ModelRunner, LoadedModel, dict, object]:
+    """One rank's shard, KV pool, host KV tier (`--host-kv-gib`, per rank: a rank's host blocks
+    hold its slice of the KV), runner and serving transforms (every rank runs this). Returns
+    (runner, loaded, serving info, HostKVCache or None)."""
     from backend.cuda_graphs import parse_buckets
     from backend.serving_setup import configure_serving
 
@@ -99,6 +104,7 @@ def build_rank(cfg: BackendConfig, serving: ServingOptions, group: TPGroup,
                           cfg.kv_cache_dtype)
     runner = ModelRunner(loaded.model, kv, cfg.max_num_batched_tokens, cfg.max_num_seqs,
                          max_model_len)
+    host_kv = create_host_kv(kv, cfg.host_kv_gib)  # the same block count on every rank
     if device.type == "cpu" and cfg.kv_cache_dtype == "auto":
         use_cpu_kernels(runner)
     try:
@@ -110,7 +116,24 @@ def build_rank(cfg: BackendConfig, serving: ServingOptions, group: TPGroup,
                                  token_buckets=token_buckets)
     except ValueError as exc:  # QuantizationError included
         raise ModelLoadError(str(exc)) from None
-    return runner, loaded, info
+    return runner, loaded, info, host_kv
+
+
+def leader_engine(cfg: BackendConfig, runner: ModelRunner, loaded: LoadedModel, host_kv,
+                  group: TPGroup, failure=lambda: None):
+    """Rank 0's engine: the scheduler over a `LeaderRunner` (and the host tier's copies sent
+    to the other ranks before its own)."""
+    from backend.build import _eos_ids
+    from backend.engine import Engine, EngineConfig
+
+    leader = LeaderRunner(runner, group, failure)
+    engine_cfg = EngineConfig(max_model_len=runner.max_model_len, num_blocks=runner.kv.num_blocks,
+                              block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
+                              max_num_batched_tokens=cfg.max_num_batched_tokens,
+                              enable_prefix_caching=cfg.enable_prefix_caching,
+                              num_host_blocks=host_kv.num_blocks if host_kv is not None else 0)
+    tier = LeaderHostKV(host_kv, leader.sender) if host_kv is not None else None
+    return Engine(leader, engine_cfg, eos_token_ids=_eos_ids(loaded), host_kv=tier)
 
 
 class Ranks:
@@ -185,9 +208,6 @@ class Ranks:
 def start_tp_engine(cfg: BackendConfig, serving: ServingOptions, size: int):
     """Rank 0: start the followers, build this rank, and the engine that serves.
     Returns (engine, loaded, serving info, ranks)."""
-    from backend.build import _eos_ids
-    from backend.engine import Engine, EngineConfig
-
     check_options(cfg, size)
     device = rank_device(cfg.device, 0, size)
     rdv, store = TPGroup.host_store(size)
@@ -200,20 +220,14 @@ def start_tp_engine(cfg: BackendConfig, serving: ServingOptions, size: int):
     group = TPGroup.join(0, rdv, device, store=store)
     ranks = Ranks(procs, group)
     try:
-        runner, loaded, info = build_rank(cfg, serving, group)
+        runner, loaded, info, host_kv = build_rank(cfg, serving, group)
     except BaseException as exc:
         ranks.kill()
         if ranks.reason is not None and not isinstance(exc, ModelLoadError):
             raise ModelLoadError(f"{ranks.reason} while starting (see its error above)") from None
         raise
-    leader = LeaderRunner(runner, group, ranks.failure)
-    ranks.leader = leader
-    max_model_len = runner.max_model_len
-    engine_cfg = EngineConfig(max_model_len=max_model_len, num_blocks=runner.kv.num_blocks,
-                              block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
-                              max_num_batched_tokens=cfg.max_num_batched_tokens,
-                              enable_prefix_caching=cfg.enable_prefix_caching)
-    engine = Engine(leader, engine_cfg, eos_token_ids=_eos_ids(loaded))
+    engine = leader_engine(cfg, runner, loaded, host_kv, group, ranks.failure)
+    ranks.leader = engine.runner
     info["tensor_parallel"] = f"{size} ({'nccl' if device.type == 'cuda' else 'gloo'})"
     return engine, loaded, info, ranks
 
@@ -235,12 +249,12 @@ def follower_main(argv: list[str]) -> int:
     try:
         device = rank_device(cfg.device, rank, int(size))
         group = TPGroup.join(rank, Rendezvous(host, int(port), int(size)), device)
-        runner, _, _ = build_rank(cfg, serving, group)
+        runner, _, _, host_kv = build_rank(cfg, serving, group)
     except ModelLoadError as exc:
         print(f"tidegate backend: rank {rank}: error: {exc}", file=sys.stderr, flush=True)
         return 1
     try:
-        follow(runner, group)
+        follow(runner, group, host_kv)
     except RuntimeError as exc:  # rank 0 died or aborted the group
         print(f"tidegate backend: rank {rank}: stopping: {(str(exc).splitlines() or [''])[0]}",
               file=sys.stderr, flush=True)

@@ -8,7 +8,8 @@ are the gathered ones (`TPGroup.gather_vocab`), the same on every rank.
 
 Wire format (int64, no pickle): a header `[op, n]`, then n values. STOP ends the group; PROBE
 `[tokens, repeats, graph]` times the model's all-reduce on every rank (`TPGroup.time_all_reduce`,
-for `backend.tensor_parallel.bench`); STEP:
+for `backend.tensor_parallel.bench`); COPIES `[kind, src, dst] * k` runs the host KV tier's block
+copies on every rank before the step that needs them (`LeaderHostKV`); STEP:
 
     per chunk:  n_tokens, start_pos, request serial, flags (1 prefill | 2 sample),
                 n_kept, n_new, token ids (n_tokens), new block ids (n_new)
@@ -39,7 +40,8 @@ import torch
 
 from backend.tensor_parallel.group import TPGroup
 
-STEP, STOP, PROBE = 1, 2, 3
+STEP, STOP, PROBE, COPIES = 1, 2, 3, 4
+_COPY_KINDS = ("d2h", "h2d")  # the host tier's copies (backend.host_kv), as 0 / 1
 VERDICT_WAIT_S = 1.0  # a failed collective waits this long for the watchdog to name the rank
 _PREFILL, _SAMPLE = 1, 2
 
@@ -135,6 +137,11 @@ class StepSender:
     def stop(self) -> None:
         self.group.broadcast_ints(torch.tensor([STOP, 0], dtype=torch.int64))
 
+    def copies(self, copies: Sequence[tuple[str, int, int]]) -> None:
+        payload = [x for kind, src, dst in copies for x in (_COPY_KINDS.index(kind), src, dst)]
+        self.group.broadcast_ints(torch.tensor([COPIES, len(payload)], dtype=torch.int64))
+        self.group.broadcast_ints(torch.tensor(payload, dtype=torch.int64))
+
     def probe(self, tokens: int, repeats: int, graph: bool) -> None:
         self.group.broadcast_ints(torch.tensor([PROBE, 3], dtype=torch.int64))
         self.group.broadcast_ints(torch.tensor([tokens, repeats, int(graph)], dtype=torch.int64))
@@ -144,7 +151,7 @@ def receive(group: TPGroup) -> tuple[int, list[int]]:
     """A follower's end: the next (op, payload) from rank 0."""
     header = group.broadcast_ints(torch.zeros(2, dtype=torch.int64))
     op, n = int(header[0]), int(header[1])
-    if op not in (STEP, STOP, PROBE):
+    if op not in (STEP, STOP, PROBE, COPIES):
         raise RankFailure(f"unknown step op {op} from rank 0")
     if not n:
         return op, []
@@ -156,8 +163,9 @@ def _probe(runner, group: TPGroup, tokens: int, repeats: int, graph: bool) -> fl
     return group.time_all_reduce(tokens, w.shape[1], w.dtype, repeats, graph)
 
 
-def follow(runner, group: TPGroup) -> int:
-    """Run rank 0's steps until it stops the group; returns the number of steps run."""
+def follow(runner, group: TPGroup, host_kv=None) -> int:
+    """Run rank 0's steps (and host-tier copies) until it stops the group; returns the number
+    of steps run."""
     steps = 0
     decoder = PlanDecoder()
     while True:
@@ -166,6 +174,12 @@ def follow(runner, group: TPGroup) -> int:
             return steps
         if op == PROBE:
             _probe(runner, group, payload[0], payload[1], bool(payload[2]))
+            continue
+        if op == COPIES:
+            if host_kv is None:
+                raise RankFailure("rank 0 sent host-tier copies to a rank without a host tier")
+            host_kv.run([(_COPY_KINDS[payload[i]], payload[i + 1], payload[i + 2])
+                         for i in range(0, len(payload), 3)])
             continue
         try:
             with torch.inference_mode():
@@ -232,3 +246,20 @@ class LeaderRunner:
         taking part (benchmarks; not while serving)."""
         self.sender.probe(tokens, repeats, graph)
         return _probe(self.inner, self.sender.group, tokens, repeats, graph)
+
+
+class LeaderHostKV:
+    """Rank 0's host KV tier: each batch of block copies goes to the other ranks (which copy
+    their slices of the same blocks), then runs here. Everything else is the wrapped
+    `backend.host_kv.HostKVCache`'s (its bandwidth is measured on rank 0 alone)."""
+
+    def __init__(self, host_kv, sender: StepSender) -> None:
+        self.inner, self.sender = host_kv, sender
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def run(self, copies) -> None:
+        if copies:
+            self.sender.copies(copies)
+        self.inner.run(copies)
