@@ -103,6 +103,7 @@ class InFlightStep:
     start_wall: float = 0.0  # time.time() at launch (the step log)
     end: float = 0.0  # perf_counter when its tokens were read back
     launched_at: float = 0.0  # perf_counter once its work was queued (pipelined steps)
+    device_s: float | None = None  # its device time (CUDA timing events; greedy steps)
     # async scheduling: the update was applied with placeholder tokens right after launch
     pipelined: bool = False
     finished: list = field(default_factory=list)  # what that update finished (by length)
@@ -317,13 +318,15 @@ class Engine:
         key = _shape_key(step)
         if key is None:
             return
-        seconds = None
-        if step.launched.readback >= 0:
-            seconds = self.runner.buffers.device_seconds(step.launched.readback)
+        seconds = step.device_s
         if seconds is None:
             seconds = end - max(step.launched_at, last)
         old = self._device_s.get(key)
         self._device_s[key] = seconds if old is None else 0.7 * old + 0.3 * seconds
+
+    def _device_seconds(self, step: InFlightStep) -> float | None:
+        slot = step.launched.readback
+        return self.runner.buffers.device_seconds(slot) if slot >= 0 else None
 
     @property
     def last_step(self) -> InFlightStep | None:
@@ -343,6 +346,7 @@ class Engine:
         result, logprobs = self._stop_checks(self.runner.finish(step.launched))
         step.end = time.perf_counter()
         self._last_end = step.end
+        step.device_s = self._device_seconds(step)
         if self.host_kv is not None:
             self._measure_prefill(plan, time.perf_counter() - step.start)
         finished = self.scheduler.update(plan, result)
@@ -360,6 +364,7 @@ class Engine:
         the requests that sampled a stop token, build the records (see the module docstring)."""
         out = self.runner.finish(step.launched)
         step.end = time.perf_counter()
+        step.device_s = self._device_seconds(step)
         self._measure_device(step)
         states, scheduler = self.states, self.scheduler
         live = {rid: tok for rid, tok in out.token_ids.items() if rid in states}  # not aborted

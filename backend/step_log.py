@@ -24,7 +24,10 @@ class StepLog:
         self.path = Path(path)
         self.rows: list[tuple] = []
 
-    def record(self, start_wall_s: float, duration_s: float, plan: StepPlan) -> None:
+    def record(self, start_wall_s: float, duration_s: float, plan: StepPlan,
+               device_s: float | None = None) -> None:
+        """`device_s`: the step's own device time (CUDA timing events), when known: a step's
+        duration here is the read-back cadence, which also holds any time the device waited."""
         # prefill chunks come after the decodes in a plan: walk them from the end
         prefill = []
         for chunk in reversed(plan.chunks):
@@ -36,7 +39,7 @@ class StepLog:
         # the start on the monotonic clock too (the clock of the gateway's decision log and of
         # bench's records on Linux), so a request's path can be followed across the processes
         self.rows.append((start_wall_s, time.monotonic() - duration_s, duration_s, num_decodes,
-                          prefill, [_request_id(r) for r in plan.preempted]))
+                          prefill, [_request_id(r) for r in plan.preempted], device_s))
 
     def write(self) -> int:
         """Write every record (one JSON object a line); returns how many."""
@@ -44,8 +47,9 @@ class StepLog:
         with open(self.path, "w") as fh:
             fh.writelines(json.dumps({"t": round(t, 6), "mono": round(m, 6), "ms": round(dt * 1000, 4),
                                       "decodes": d, "prefill_tokens": sum(c[1] for c in p),
-                                      "prefill_chunks": len(p), "prefill": p, "preempted": pre}) + "\n"
-                          for t, m, dt, d, p, pre in self.rows)
+                                      "prefill_chunks": len(p), "prefill": p, "preempted": pre}
+                                     | ({} if dev is None else {"device_ms": round(dev * 1000, 4)}))
+                          + "\n" for t, m, dt, d, p, pre, dev in self.rows)
         return len(self.rows)
 
 

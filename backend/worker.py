@@ -331,7 +331,7 @@ class Worker:
             dt_s = step.end - max(step.start, self._last_read_back)
             self._last_read_back = step.end
             if self.step_log is not None:
-                self.step_log.record(step.start_wall, dt_s, step.plan)
+                self.step_log.record(step.start_wall, dt_s, step.plan, step.device_s)
         elif not hasattr(self.engine, "last_step"):
             dt_s = turn_s
         if dt_s is not None:
