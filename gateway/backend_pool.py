@@ -437,9 +437,6 @@ class BackendPool:
             self._abort_timer = asyncio.get_running_loop().call_later(ABORT_RETRY_S,
                                                                       self._retry_aborts)
 
-    def owner_of(self, request_id: str) -> BackendConn | None:
-        return self._owner.get(request_id)
-
     def _forget(self, backend: BackendConn, rid: str) -> Dispatch | None:
         entry = backend.inflight.pop(rid, None)
         if entry is None:

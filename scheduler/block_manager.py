@@ -17,10 +17,13 @@ in reverse so that its tail is evicted before its head. Taking a cached block fr
 evicts it (its cache entry is dropped). All of this is O(1) per block.
 
 A free block only gains a cache entry while referenced, so the free list is always
-``[uncached blocks] + [cached blocks, LRU first]`` and is kept as two parts::
+``[freed uncached blocks] + [never used blocks, ascending] + [cached blocks, LRU first]`` and
+is kept as three parts::
 
     _free_uncached  list used as a stack, its END is the front: taking n fresh blocks is one
                     slice (allocate's batch path), freeing one is an append
+    _num_fresh      the never used blocks are the last _num_fresh ids: a count, not a list, so
+                    a pool costs O(1) to create (a simulation builds hundreds of 10k-block pools)
     _free_cached    OrderedDict, front = least recently used; a hit takes a block out of it
 
 Prefix hashing: full block i of a sequence has the key ``(parent_hash, tuple(its tokens))``
@@ -38,7 +41,7 @@ before the next forward pass.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from scheduler.capacity import DEFAULT_CAPACITY
 from scheduler.host_tier import HostTier
@@ -69,7 +72,8 @@ class BlockManager:
         self._ref_counts = [0] * num_blocks
         self._block_keys: list[BlockKey | None] = [None] * num_blocks
         self._cached: dict[BlockKey, int] = {}  # key -> block holding those tokens' K/V
-        self._free_uncached: list[int] = list(range(num_blocks - 1, -1, -1))
+        self._free_uncached: list[int] = []
+        self._num_fresh = num_blocks  # blocks num_blocks - _num_fresh ... num_blocks - 1
         self._free_cached: OrderedDict[int, None] = OrderedDict()
         self._tables: dict[object, list[int]] = {}
         self._num_tokens: dict[object, int] = {}  # slots reserved per sequence
@@ -93,11 +97,11 @@ class BlockManager:
     @property
     def num_free_blocks(self) -> int:
         """Blocks with ref count 0 (cached or not): what allocation can take."""
-        return len(self._free_uncached) + len(self._free_cached)
+        return len(self._free_uncached) + self._num_fresh + len(self._free_cached)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free_uncached) - len(self._free_cached)
+        return self.num_blocks - len(self._free_uncached) - self._num_fresh - len(self._free_cached)
 
     @property
     def num_cached_blocks(self) -> int:
@@ -142,7 +146,7 @@ class BlockManager:
 
     def ref_count(self, block: int) -> int:
         if self._exclusive:  # counts not kept: a held block has 1
-            return 0 if block in self._free_uncached else 1
+            return 0 if block in self._free_uncached or block >= self._first_fresh else 1
         return self._ref_counts[block]
 
     def seq_ids(self) -> list[object]:
@@ -160,7 +164,12 @@ class BlockManager:
 
     def free_list(self) -> list[int]:
         """Free blocks in eviction order (front is taken first)."""
-        return self._free_uncached[::-1] + list(self._free_cached)
+        return (self._free_uncached[::-1] + list(range(self._first_fresh, self.num_blocks))
+                + list(self._free_cached))
+
+    @property
+    def _first_fresh(self) -> int:
+        return self.num_blocks - self._num_fresh
 
     # ---- prefix cache lookup -------------------------------------------------------------
     def match_prefix(self, token_ids: Sequence[int]) -> tuple[list[int], list[int]]:
@@ -195,6 +204,9 @@ class BlockManager:
     def _take_free(self) -> int:
         if self._free_uncached:
             block = self._free_uncached.pop()
+        elif self._num_fresh:
+            block = self.num_blocks - self._num_fresh
+            self._num_fresh -= 1
         else:  # evict: the cached K/V is about to be overwritten
             block, _ = self._free_cached.popitem(last=False)
             if self.host is not None:
@@ -209,10 +221,16 @@ class BlockManager:
     def _take_blocks(self, n: int) -> list[int]:
         """`n` blocks from the front of the free list (the caller checked there are enough)."""
         free = self._free_uncached
-        if n > len(free):  # all the uncached blocks, then evict from the LRU front
+        if n > len(free):  # all the freed uncached blocks, never used ones, then the LRU front
             blocks = free[::-1]
             free.clear()
             num_evict = n - len(blocks)
+            num_fresh = min(num_evict, self._num_fresh)
+            if num_fresh:
+                first = self.num_blocks - self._num_fresh
+                blocks += range(first, first + num_fresh)
+                self._num_fresh -= num_fresh
+                num_evict -= num_fresh
             self.num_evictions += num_evict
             lru, cached, keys = self._free_cached, self._cached, self._block_keys
             host = self.host
@@ -403,15 +421,9 @@ class BlockManager:
             tables[seq_id].append(block)
             counts[seq_id] = n
 
-    def set_slot_counts(self, seq_ids: Sequence[object], num_tokens: Sequence[int]) -> list[list[int]]:
-        """Set each sequence's slot count (already covered by its blocks); returns their live
-        block tables, in order."""
-        tables, counts = self._tables, self._num_tokens
-        out = []
-        for seq_id, n in zip(seq_ids, num_tokens):
-            counts[seq_id] = n
-            out.append(tables[seq_id])
-        return out
+    def set_slot_counts(self, num_tokens: Mapping[object, int]) -> None:
+        """Set sequences' slot counts (each already covered by its blocks): seq id -> slots."""
+        self._num_tokens.update(num_tokens)
 
     def block_hashes(self, seq_id: object) -> list[int]:
         """Hashes of the sequence's registered full blocks (read-only)."""
@@ -498,7 +510,8 @@ class BlockManager:
                 counts[block] += 1
         assert self._tables.keys() == self._num_tokens.keys() == self._hashes.keys(), \
             "per-sequence maps disagree"
-        free = set(self._free_uncached) | self._free_cached.keys()
+        fresh = range(self._first_fresh, self.num_blocks)
+        free = set(self._free_uncached) | set(fresh) | self._free_cached.keys()
         assert len(free) == self.num_free_blocks, "a block twice in the free list"
         refs = self._ref_counts
         if self._exclusive:  # counts not kept: all 0 in the list, 1 for every held block
@@ -509,7 +522,7 @@ class BlockManager:
             assert (have == 0) == (block in free), (
                 f"block {block}: ref count {have} but {'in' if block in free else 'not in'} "
                 "the free list")
-        for block in self._free_uncached:
+        for block in [*self._free_uncached, *fresh]:
             assert self._block_keys[block] is None, f"block {block}: cached but in the uncached part"
         for block in self._free_cached:
             assert self._block_keys[block] is not None, f"block {block}: uncached in the LRU part"

@@ -19,8 +19,8 @@ step is O(sequences due at that step), always applied in plan order: (queue clas
 remaining tokens at that step's schedule, priority, arrival, admission). A sequence that leaves
 decoding (finish, preemption, abort) is taken out of both dicts at once, so they hold no stale
 entries. The block manager's slot count of a decoding sequence is only refreshed by
-`sync_slot_counts` (check_integrity, stats) and by a listed schedule(); its block tables, free
-list, prefix cache and counters are always exact.
+`sync_slot_counts` (check_integrity, stats), listed steps included; its block tables, free list,
+prefix cache and counters are always exact.
 
 Assumption: the scheduler never forks, so a decoding sequence's last partly filled block is
 private and a decode never needs a copy-on-write.
@@ -159,6 +159,47 @@ class LazyDecodes:
                 self.boundaries[nxt] = bucket = {}
             bucket[seq] = None
 
+    def allocate_until(self, end: int) -> None:
+        """`allocate_due(t)` for every step t from the clock to `end` - 1, as one batch. Only when
+        nothing else happens in between (no registrations, no finishes, no joins) and the pool
+        covers every block (the caller checked both: a stretch of pure decode steps, prefix
+        caching off, not past finishes): then the same blocks go to the same sequences in the
+        same order as step by step, but the free list is read once.
+
+        Every boundary key lies in [step, step + block_size), so the keys are distinct modulo
+        block_size and stay so: bucket b gets a block at b, b + bs, ... < end, and its next
+        boundary is the first of those at or past `end` (no other bucket is there)."""
+        boundaries = self.boundaries
+        due = sorted(b for b in boundaries if b < end)
+        if not due:
+            return
+        bs = self.config.block_size
+        seq_ids: list[object] = []
+        counts: list[int] = []
+        if end - due[0] <= bs:  # one block each (a stretch shorter than a block)
+            for b in due:
+                bucket = boundaries[b]
+                n = b + 1  # the slots after the schedule() at clock b
+                seq_ids += [q.request_id for q in bucket]
+                counts += [q._computed + n for q in bucket]
+        else:  # round after round, each bucket's sequences every block_size steps
+            rounds = [(b, [q.request_id for q in boundaries[b]], [q._computed for q in boundaries[b]])
+                      for b in due]
+            for shift in range(0, end - due[0], bs):
+                for b, ids, offsets in rounds:
+                    n = b + shift + 1
+                    if n > end:
+                        break
+                    seq_ids += ids
+                    counts += [c + n for c in offsets]
+        self.block_manager.append_block_each(seq_ids, counts)
+        for b in due:
+            bucket = boundaries.pop(b)
+            nxt = b + -(-(end - b) // bs) * bs
+            for q in bucket:
+                q.boundary_step = nxt
+            boundaries[nxt] = bucket
+
     def update_due(self, step: int, stop: Collection[Sequence] | None, finished: list,
                    finish: Callable[[Sequence, str], FinishedSequence]) -> None:
         """update() of an unlisted-decode step, now at clock `step`: registrations of blocks that
@@ -182,6 +223,23 @@ class LazyDecodes:
             elif fin and seq in fin:
                 finished.append(finish(seq, "length"))
 
+    def next_due_step(self, end: int, registers: bool) -> int:
+        """The first clock step t >= step whose schedule() (`allocate_due(t)`) or following
+        update() (`update_due(t + 1)`) has work — t is a boundary, or t + 1 is a boundary and
+        `registers` (prefix caching: the update registers the blocks that just filled), or t + 1
+        a finishing step — or `end` when there is none before it. O(block_size + log heap): every
+        boundary key lies in [step, step + block_size), finishing keys are > step."""
+        step = self.step
+        t = min(self.boundaries, default=end)
+        if registers and t > step:
+            t -= 1
+        heap, finishing = self.finish_heap, self.finishing
+        while heap and heap[0] not in finishing:
+            heappop(heap)
+        if heap and heap[0] <= t:
+            t = heap[0] - 1
+        return min(end, t)
+
     def set_fill_token(self, token: int, running: Seq[Sequence]) -> None:
         if token != self.fill_token:
             for seq in running:
@@ -191,9 +249,8 @@ class LazyDecodes:
     def sync_slot_counts(self, running: Seq[Sequence]) -> None:
         """Bring the block manager's slot count of every decoding sequence up to date."""
         step = self.step
-        decoding = [q for q in running if q.decoding]
-        self.block_manager.set_slot_counts([q.request_id for q in decoding],
-                                           [q._computed + step for q in decoding])
+        self.block_manager.set_slot_counts({q.request_id: q._computed + step
+                                            for q in running if q.decoding})
 
     def check(self, running: Seq[Sequence]) -> None:
         step, bs = self.step, self.config.block_size

@@ -75,8 +75,11 @@ class LoadIndex:
             return  # removed meanwhile: its late releases change nothing
         load = self.load[b] + delta
         self.load[b] = load
-        if self.accepting[b]:
-            self._push(load, b)
+        if self.accepting[b]:  # _push, inlined: this runs at every placement and release
+            heap = self._heap
+            heapq.heappush(heap, (load, b))
+            if len(heap) > 4 * len(self._live) + 64:
+                self._rebuild()
 
     def _push(self, load: int, b: int) -> None:
         heap = self._heap

@@ -57,6 +57,7 @@ class Sequence:
         "_token_ids",
         "admitted",
         "arrival_time",
+        "block_table",
         "boundary_step",
         "clock",
         "decoding",
@@ -92,6 +93,10 @@ class Sequence:
         self.decoding = False
         self.boundary_step = 0  # decoding: clock step whose slot starts a new block
         self.finish_step = 0  # decoding: clock step after which it finishes by length
+        # running: the block manager's live table for it (read-only here; set at each admission,
+        # the same list until the sequence frees its blocks), so a step lists its chunks
+        # without a lookup per sequence
+        self.block_table: list[int] = []
 
     @property
     def num_computed_tokens(self) -> int:

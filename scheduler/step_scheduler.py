@@ -179,6 +179,7 @@ class StepScheduler:
                     seq.num_cached_tokens = num_cached
                 seq._computed = num_cached
                 seq.num_prefill_tokens = len(seq._token_ids)
+                seq.block_table = bm.block_table(seq.request_id)
                 seq.status = RUNNING
                 # arrivals come in rank order: the new sequence usually sorts last (insort's place)
                 rank = seq.rank
@@ -194,31 +195,31 @@ class StepScheduler:
         return plan
 
     def _list_decodes(self, step: int, chunks: list[ScheduledChunk]) -> None:
-        """One decode chunk per decoding sequence, in plan order; keeps the slot counts exact."""
+        """One decode chunk per decoding sequence, in plan order. The block manager's slot counts
+        of decoding sequences stay lazy here too (scheduler.lazy_decodes): the chunk's position
+        says where the token goes, and nothing reads the counts before a sync."""
         bounds = self.config.class_bounds
         groups: tuple[list[Sequence], ...] = ([], [], [])  # fast, normal, slow
         for seq in self.running:  # already in (priority, arrival, seq_no) order
             if seq.decoding:
-                remaining = seq.max_tokens - seq._computed - step + seq.num_prompt_tokens - 1
-                groups[class_index(remaining, bounds)].append(seq)
-        seqs = groups[0] + groups[1] + groups[2]
-        positions = [seq._computed + step for seq in seqs]
-        # live block tables, read-only for the runner
-        tables = self.block_manager.set_slot_counts([q.request_id for q in seqs],
-                                                    [p + 1 for p in positions])
+                groups[class_index(seq.max_tokens + seq.num_prompt_tokens - 1 - seq._computed - step,
+                                   bounds)].append(seq)
+        fast, normal, slow = groups
+        seqs = fast + normal + slow if fast or normal else slow
         fill = self.decodes.fill_token
-        for seq, pos, table in zip(seqs, positions, tables):
+        append = chunks.append
+        for seq in seqs:
             tokens = seq._token_ids
+            pos = seq._computed + step
             if len(tokens) <= pos:  # unlisted decodes before: fill them in
                 tokens.extend([fill] * (pos + 1 - len(tokens)))
-            chunks.append(ScheduledChunk(seq.request_id, [tokens[pos]], pos, table, False, True))
+            append(ScheduledChunk(seq.request_id, [tokens[pos]], pos, seq.block_table, False, True))
 
     def _schedule_prefill(self, seq: Sequence, budget: int, chunks: list[ScheduledChunk]) -> int:
         start = seq._computed
         n = min(seq.num_prefill_tokens - start, budget)
         chunks.append(ScheduledChunk(seq.request_id, seq._token_ids[start:start + n], start,
-                                     self.block_manager.block_table(seq.request_id), True,
-                                     start + n == seq.num_prefill_tokens))
+                                     seq.block_table, True, start + n == seq.num_prefill_tokens))
         return n
 
     def sort_key(self, seq: Sequence) -> tuple[int, float, float, int]:
@@ -385,25 +386,24 @@ class StepScheduler:
         finished: list[FinishedSequence] = []
         allocate_due, update_due, finish = decodes.allocate_due, decodes.update_due, self._finish
         preempt_for = self.preempt_for
-        # Only steps where something is due do any work: step t allocates when t is a boundary,
-        # and its update (clock t + 1) registers blocks when t + 1 is a boundary (prefix cache
-        # on) or finishes sequences when t + 1 is a finishing step. Every other step changes
-        # nothing but the clock, so the clock jumps to the next step with work — the same calls
-        # in the same order as stepping one by one, without O(k) no-op calls when few sequences
-        # decode for many steps (e.g. one request per backend in a many-backend simulation).
+        # Only steps where something is due do any work (LazyDecodes.next_due_step); every other
+        # step changes nothing but the clock, so the clock jumps to the next step with work — the
+        # same calls in the same order as stepping one by one, without O(k) no-op calls when few
+        # sequences decode for many steps (e.g. one request per backend in a many-backend
+        # simulation).
         end = decodes.step + num_steps
-        boundaries, reg = decodes.boundaries, self.block_manager.enable_prefix_caching
-        fin_steps = sorted(f - 1 for f in decodes.finishing if decodes.step < f <= end)
-        fi = 0
+        registers = self.block_manager.enable_prefix_caching
+        if not registers and not past_finishes:
+            # nothing but allocations before the last update (no registrations; the first
+            # finish is at `end` at the earliest): all of them at once, then that update
+            decodes.allocate_until(end)
+            decodes.step = end
+            update_due(end, None, finished, finish)
+            self.num_steps += num_steps
+            return finished
+        next_due_step = decodes.next_due_step
         while True:
-            step = decodes.step
-            t = min((b for b in boundaries if b >= step), default=end)
-            if reg and t - 1 >= step:
-                t -= 1  # the update before a boundary registers the blocks that just filled
-            while fi < len(fin_steps) and fin_steps[fi] < step:
-                fi += 1
-            if fi < len(fin_steps) and fin_steps[fi] < t:
-                t = fin_steps[fi]
+            t = next_due_step(end, registers)
             if t >= end:
                 decodes.step = end
                 break

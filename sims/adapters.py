@@ -317,8 +317,8 @@ class BackendAdapter:
             segs.append((b - a, n, off + n * (step + a + 1), len(bucket),
                          sum(q.num_prompt_tokens + q.max_tokens for q in bucket)))
             n -= len(bucket)
-            for q in bucket:
-                off -= q._computed
+            for q in bucket:  # a decoding sequence's offset against the clock
+                off -= q.num_computed_tokens - step
             a = b
         if a < k:
             segs.append((k - a, n, off + n * (step + a + 1), 0, 0))

@@ -234,6 +234,23 @@ class EventLoop:
             self.release_stretch_finishes(now)
         dispatch_t, num_tokens, charged = self.dispatch_t, self.num_tokens, self.charged
         prefix_of = self.prefix_of
+        if len(batch) == 1:  # the common window (idle flush): no split to build
+            i = batch[0]
+            it = PlacementItem(num_tokens[i], () if prefix_of is None else prefix_of(i), i)
+            self.placement.place((it,), now)
+            dispatch_t[i] = now
+            charged[i] = it.charged
+            be = self.backends[it.backend]
+            if not be.outstanding:
+                self.num_idle -= 1
+            be.outstanding += 1
+            be.num_placed += 1
+            be.tokens_placed += num_tokens[i]
+            if self.delay > 0:
+                self.push(now + self.delay, _DELIVER, (be.idx, batch))
+            else:
+                self.deliver(be, batch, now)
+            return
         if prefix_of is None:
             items = [PlacementItem(num_tokens[i], (), i) for i in batch]
         else:
@@ -376,13 +393,15 @@ class EventLoop:
         self.push(be.end_time, _STEP, be.idx)
 
     def finish_requests(self, be: _Backend, done: list[int], now: float) -> None:
+        if not done:
+            return
         finish_t, charged = self.finish_t, self.charged
-        release, b = self.placement.release, be.idx
+        tokens = 0
         for i in done:
             finish_t[i] = now
-            release(b, charged[i])
-        if done:
-            self.settle(be, len(done))
+            tokens += charged[i]
+        self.placement.release(be.idx, tokens)  # one release for all: placement reads the sum
+        self.settle(be, len(done))
 
     def settle(self, be: _Backend, num: int) -> None:
         """`num` of the backend's requests left it (finished or refused)."""
@@ -435,7 +454,7 @@ class EventLoop:
             return True  # stale: superseded by a truncation
         segs, past = be.stretch_segs, be.stretch_past
         be.stretch_segs, be.stretch_past = None, False
-        done = be.sched.advance(sum(sg[0] for sg in segs), past)
+        done = be.sched.advance(segs[0][0] if len(segs) == 1 else sum(sg[0] for sg in segs), past)
         if len(segs) == 1:
             self.stretch_rows.append(segs[0][:3])
             self.finish_requests(be, done, now)
