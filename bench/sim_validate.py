@@ -65,6 +65,29 @@ _READY = re.compile(r"tidegate serving model (\S+) on (http://\S+)")
 _BACKEND = re.compile(r"(\d+) KV blocks of (\d+), max_model_len (\d+)")
 
 
+# ---- lengths --------------------------------------------------------------------------------------
+def length_spec(text: str | int):
+    """A --input-len / --output-len value ('512', 'uniform:LO:HI', 'lognormal:MEDIAN:SIGMA'), its
+    draws capped at 4x its typical length (a lognormal's tail past the model's length would be
+    refused live; the profile grid reaches 4x too)."""
+    from sims.workload import LengthSpec
+    spec = LengthSpec.parse(text)
+    return replace(spec, max_len=4 * typical_len(spec)) if spec.kind != "fixed" else spec
+
+
+def typical_len(spec) -> int:
+    """The length the profile grid and the capacity estimate are sized for: the value, the
+    uniform's middle, the lognormal's mean."""
+    from sims.workload import LengthSpec
+    if not isinstance(spec, LengthSpec):
+        spec = LengthSpec.parse(spec)
+    if spec.kind == "uniform":
+        return (spec.low + spec.high) // 2
+    if spec.kind == "lognormal":
+        return max(1, round(spec.value * math.exp(spec.sigma ** 2 / 2)))
+    return int(spec.value)
+
+
 # ---- 1. profile -----------------------------------------------------------------------------------
 def profile_grid(input_len: int, output_len: int, max_num_seqs: int = 256) -> dict[str, str]:
     """A grid covering the workload: decode batches up to 64 (capped by max_num_seqs), prefills of
@@ -86,13 +109,13 @@ def ensure_profile(a: argparse.Namespace) -> tuple[Path, bool]:
                 raise ValueError(f"{path}: profiled {key} {doc.get(key)!r}, not {want!r}; "
                                  f"use --reprofile or another --profile path")
         return path, False
-    grid = profile_grid(a.input_len, a.output_len)
+    grid = profile_grid(typical_len(a.input_len), typical_len(a.output_len))
     cmd = [sys.executable, "-m", "gateway.tidegate_cli", "backend", "profile", "--model", a.model,
            "--device", a.device, "--out", str(path), "--repeats", str(a.profile_repeats),
            "--warmup", str(a.profile_warmup),
            "--decode-batch-sizes", a.decode_batch_sizes or grid["decode_batch_sizes"],
            "--prefill-tokens", a.prefill_tokens or grid["prefill_tokens"],
-           "--context-lens", a.context_lens or grid["context_lens"]]
+           "--context-lens", a.context_lens or grid["context_lens"], *a.engine_arg]
     path.parent.mkdir(parents=True, exist_ok=True)
     _log(a, f"profiling: {' '.join(cmd[1:])}")
     out = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, check=False)
@@ -175,7 +198,7 @@ def prompt_seed(seed: int, load_index: int) -> int:
     return (seed + 1) * 1000 + load_index
 
 
-def run_live(url: str, model: str, n: int, rate: float, input_len: int, output_len: int, seed: int,
+def run_live(url: str, model: str, n: int, rate: float, input_len, output_len, seed: int,
              timeout_s: float = 600.0, burstiness: float = 1.0, prompts_seed: int | None = None,
              records_out: list | None = None) -> dict:
     """One bench run (the same calls as `tidegate bench serve`); returns bench's summary. The
@@ -184,8 +207,11 @@ def run_live(url: str, model: str, n: int, rate: float, input_len: int, output_l
     from sims.metrics import summarize
     from sims.workload import LengthSpec, ScheduleConfig, make_prompts, make_schedule
 
-    sched = make_schedule(ScheduleConfig(num_requests=n, rate=rate, input_len=LengthSpec.parse(input_len),
-                                         output_len=LengthSpec.parse(output_len), seed=seed,
+    def spec(x):
+        return x if isinstance(x, LengthSpec) else LengthSpec.parse(x)
+
+    sched = make_schedule(ScheduleConfig(num_requests=n, rate=rate, input_len=spec(input_len),
+                                         output_len=spec(output_len), seed=seed,
                                          burstiness=burstiness))
     prompts = make_prompts(sched, seed if prompts_seed is None else prompts_seed, (0, 256))
     target = loadgen.HttpTarget(url, model=model, timeout_s=timeout_s)
@@ -197,12 +223,15 @@ def run_live(url: str, model: str, n: int, rate: float, input_len: int, output_l
 
 # ---- 3. the simulator -----------------------------------------------------------------------------
 def sim_spec(profile: Path, num_blocks: int, block_size: int, max_model_len: int, max_num_seqs: int,
-             max_num_batched_tokens: int, batcher, queue, n: int, rate: float, input_len: int,
-             output_len: int, seed: int, burstiness: float = 1.0):
+             max_num_batched_tokens: int, batcher, queue, n: int, rate: float, input_len,
+             output_len, seed: int, burstiness: float = 1.0):
     from sims.adapters import SimSchedulerConfig
     from sims.event_loop import EngineConfig
     from sims.runner import CostSpec, RunSpec
     from sims.workload import LengthSpec, WorkloadConfig
+
+    def _spec(x):
+        return x if isinstance(x, LengthSpec) else LengthSpec("fixed", int(x))
 
     return RunSpec(
         cost=CostSpec(model="tiny", profile=str(profile), num_blocks=num_blocks),
@@ -210,8 +239,8 @@ def sim_spec(profile: Path, num_blocks: int, block_size: int, max_model_len: int
         workload=WorkloadConfig(num_requests=n, rate=rate,
                                 arrival="poisson" if burstiness == 1.0 else "gamma",
                                 cv=1.0 / math.sqrt(burstiness),
-                                input_len=LengthSpec("fixed", input_len),
-                                output_len=LengthSpec("fixed", output_len), seed=seed),
+                                input_len=_spec(input_len), output_len=_spec(output_len),
+                                seed=seed),
         scheduler=SimSchedulerConfig(batcher=batcher, queue=queue, max_num_seqs=max_num_seqs,
                                      max_num_batched_tokens=max_num_batched_tokens,
                                      block_size=block_size, max_model_len=max_model_len,
@@ -390,8 +419,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill-tokens", help="profile grid")
     p.add_argument("--context-lens", help="profile grid")
     p.add_argument("--num-requests", type=int, default=120, help="per (load, seed) run")
-    p.add_argument("--input-len", type=int, default=64)
-    p.add_argument("--output-len", type=int, default=32)
+    p.add_argument("--input-len", default="64",
+                   help="N | uniform:LO:HI | lognormal:MEDIAN:SIGMA (draws capped at 4x the typical)")
+    p.add_argument("--output-len", default="32", help="as --input-len; sent as max_tokens")
     p.add_argument("--loads", default="0.25,0.8,1.2",
                    help="arrival rates as fractions of the profile's capacity estimate")
     p.add_argument("--rates", help="absolute arrival rates (req/s) instead of --loads")
@@ -411,6 +441,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
                    help="extra `tidegate serve` flag (repeat; e.g. --serve-arg=--min-latency-ms=2): "
                         "batcher flags reach the simulator too, through gateway_config")
+    p.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
+                   help="engine flag for the profile and the live backend both (repeat; e.g. "
+                        "--engine-arg=--quantization=fp8); a cached --profile is not checked "
+                        "against these: use --reprofile when they change")
     p.add_argument("--json", dest="json_out", metavar="OUT")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     return p
@@ -437,7 +471,8 @@ def validate(a: argparse.Namespace) -> dict:
     step_path = Path(a.step_log) if a.step_log else dec_path.with_name("steps.jsonl")
     step_path.unlink(missing_ok=True)
     serve_argv = ["--port", "0", "--model", a.model, "--device", a.device, "--log-level", "warning",
-                  "--decision-log", str(dec_path), "--step-log", str(step_path), *a.serve_arg]
+                  "--decision-log", str(dec_path), "--step-log", str(step_path), *a.engine_arg,
+                  *a.serve_arg]
     gw = gateway_config(serve_parser().parse_args(serve_argv), ["live"])
     load_profile = os.getloadavg()
     t_prof = time.perf_counter()
@@ -447,7 +482,8 @@ def validate(a: argparse.Namespace) -> dict:
     cost = ProfileCost.from_json(profile)
     max_num_seqs, max_nbt = int(doc["max_num_seqs"]), int(doc["max_num_batched_tokens"])
     max_d = max(pt["num_decode_seqs"] for pt in doc["points"])
-    cap = capacity_estimate(cost, a.input_len, a.output_len, max_num_seqs, max(1, max_d))
+    in_spec, out_spec = length_spec(a.input_len), length_spec(a.output_len)
+    cap = capacity_estimate(cost, typical_len(in_spec), typical_len(out_spec), max_num_seqs, max(1, max_d))
     if a.rates:
         rates = [float(x) for x in a.rates.split(",")]
         labels = [f"{r / cap['request_rate']:.2f}x" for r in rates]
@@ -477,8 +513,8 @@ def validate(a: argparse.Namespace) -> dict:
                                   "max_model_len": srv.max_model_len, "url": srv.url,
                                   "profile_num_kv_blocks_match": srv.num_blocks == doc["num_kv_blocks"]}
         if a.warmup_requests:
-            run_live(srv.url, srv.model, a.warmup_requests, max(rates[0], 1.0), a.input_len,
-                     a.output_len, 10_000, a.request_timeout, prompts_seed=0)
+            run_live(srv.url, srv.model, a.warmup_requests, max(rates[0], 1.0), in_spec,
+                     out_spec, 10_000, a.request_timeout, prompts_seed=0)
         result["decision_log"] = str(dec_path)
         for seed in seeds:
             for li, rate in enumerate(rates):
@@ -487,12 +523,12 @@ def validate(a: argparse.Namespace) -> dict:
                 offset = dec_path.stat().st_size if dec_path.exists() else 0
                 t0 = time.perf_counter()
                 records: list = []
-                live = run_live(srv.url, srv.model, a.num_requests, rate, a.input_len, a.output_len,
+                live = run_live(srv.url, srv.model, a.num_requests, rate, in_spec, out_spec,
                                 seed, a.request_timeout, a.burstiness, prompt_seed(seed, li), records)
                 wall = time.perf_counter() - t0
                 spec = sim_spec(profile, num_blocks, block_size, max_model_len, max_num_seqs, max_nbt,
-                                gw.batcher, gw.queues, a.num_requests, rate, a.input_len,
-                                a.output_len, seed, a.burstiness)
+                                gw.batcher, gw.queues, a.num_requests, rate, in_spec,
+                                out_spec, seed, a.burstiness)
                 sim = run_sim(spec)
                 cmp_ = compare(live, sim)
                 arrivals, live_batches = read_decisions(dec_path, offset)

@@ -4,6 +4,9 @@
 # arrivals) on one preset. Results under $OUT (at most 8 files come back): validate JSON, its
 # log, the profile, the decision log, the step log. Scaled to the session's device grant.
 #   MODEL=deepseek-coder-33b LOADS=0.5,0.8,0.95 SEEDS=0,1,2 N=100 BUDGET_S=330 bash scripts/fidelity_h200.sh
+# The mixed chat/code shape (lengths as `sim validate --input-len` takes them):
+#   MODEL=deepseek-coder-6.7b IN=lognormal:512:0.8 OUTLEN=lognormal:128:0.7 TAG=6.7b-mixed ...
+# FP8 weights (profile and live backend both): SERVE_ARGS=--engine-arg=--quantization=fp8 TAG=33b-fp8 ...
 # The same on the CPU (checks the command, not the numbers):
 #   OUT=/tmp/fid MODEL=tiny DEVICE=cpu IN=16 OUTLEN=8 N=20 RATES=4 SEEDS=0 bash scripts/fidelity_h200.sh
 set -uo pipefail
@@ -29,6 +32,6 @@ timeout "$BUDGET_S" python3 -m gateway.tidegate_cli sim validate --model "$MODEL
   --input-len "$IN" --output-len "$OUTLEN" --num-requests "$N" --seeds "$SEEDS" "${load_args[@]}" \
   --profile "$OUT/profile_$TAG.json" --reprofile --profile-repeats 3 --profile-warmup 1 \
   --warmup-requests 10 --settle-s 0.5 \
-  --decision-log "$OUT/decisions_$TAG.jsonl" --step-log "$OUT/steps_$TAG.jsonl" \
+  --decision-log "$OUT/decisions_$TAG.jsonl" --step-log "$OUT/steps_$TAG.jsonl" ${SERVE_ARGS:-} \
   --json "$OUT/validate_$TAG.json" 2>&1 | tee "$OUT/validate_$TAG.log"
 echo "rc ${PIPESTATUS[0]}"

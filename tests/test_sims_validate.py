@@ -145,3 +145,25 @@ def test_every_run_sends_its_own_prompts():
             assert first_block not in seen, (s, li, seen.get(first_block))
             seen[first_block] = (s, li)
     assert 0 not in {validate.prompt_seed(s, li) for s, li in runs}  # the warm-up's
+
+
+def test_mixed_shape_lengths_are_the_same_live_and_simulated():
+    """--input-len/--output-len take lognormal (and uniform) shapes; the live schedule and the
+    simulated workload draw the same lengths for a seed, capped at 4x the typical length."""
+    from scheduler.batcher import BatcherConfig
+    from scheduler.queues import QueueConfig
+    from sims.workload import ScheduleConfig, generate, make_schedule
+
+    i, o = validate.length_spec("lognormal:512:0.8"), validate.length_spec("lognormal:128:0.7")
+    assert validate.typical_len(i) == round(512 * math.exp(0.32)) and i.max_len == 4 * validate.typical_len(i)
+    assert validate.typical_len(validate.length_spec("uniform:100:300")) == 200
+    assert validate.length_spec("512").max_len == 1 << 20  # fixed lengths are not capped
+    live = make_schedule(ScheduleConfig(num_requests=200, rate=5, input_len=i, output_len=o, seed=3))
+    spec = validate.sim_spec("p.json", 100, 16, 16384, 256, 2048, BatcherConfig(), QueueConfig(),
+                             200, 5.0, i, o, 3)
+    sim = generate(spec.workload)
+    np.testing.assert_array_equal(live.prompt_len, sim.prompt_len)
+    np.testing.assert_array_equal(live.output_len, sim.output_len)
+    assert live.prompt_len.max() <= i.max_len and len(set(live.prompt_len.tolist())) > 50
+    with pytest.raises(ValueError, match="bad length spec"):
+        validate.length_spec("gaussian:5")
