@@ -179,28 +179,38 @@ class _Stalled(ConnectionResetError):
     """The client took no bytes for `stream_stall_timeout_s`."""
 
 
-def _writer(request: web.Request, resp: web.StreamResponse):
-    """`resp.write`, bounded in time: a write that has to wait for the client (bytes still
-    unsent in the transport) waits at most `stream_stall_timeout_s`, then the client counts as
-    gone (`_Stalled`). Writes with an empty buffer, the usual case, take the plain path."""
+def _bounded(request: web.Request):
+    """`io(*args)` (a write to the response), bounded in time: one that has to wait for the
+    client (bytes still unsent in the transport) waits at most `stream_stall_timeout_s`, then the
+    client counts as gone (`_Stalled`). With an empty buffer, the usual case, no timer is set."""
     transport = request.transport
     timeout_s = request.app[GATEWAY_KEY].config.stream_stall_timeout_s
 
-    async def write(data: bytes) -> None:
+    async def run(io, *args) -> None:
         if transport is None or not transport.get_write_buffer_size():
-            await resp.write(data)
+            await io(*args)
             return
         try:
-            await asyncio.wait_for(resp.write(data), timeout_s)
+            await asyncio.wait_for(io(*args), timeout_s)
         except asyncio.TimeoutError:
             raise _Stalled(f"the client took no bytes for {timeout_s:g} s") from None
-    return write
+    return run
+
+
+def _drop_stalled(request: web.Request, exc: _Stalled) -> None:
+    log.info("stream to %s stopped: %s", request.remote, exc)
+    if request.transport is not None:
+        request.transport.abort()  # what is buffered for it goes too
 
 
 async def stream_events(request: web.Request, make_chunks, first_chunks, final_chunk):
     """SSE loop shared by both routes; returns (response, status for the metrics)."""
     resp = await start_sse(request)
-    write = _writer(request, resp)
+    bounded = _bounded(request)
+
+    async def write(data: bytes) -> None:
+        await bounded(resp.write, data)
+
     try:
         for chunk in first_chunks:
             await write(sse(chunk))
@@ -214,9 +224,7 @@ async def stream_events(request: web.Request, make_chunks, first_chunks, final_c
         await write(sse(err.to_dict()))
         status = err.status
     except _Stalled as exc:  # not reading: its handles get aborted, the connection is closed
-        log.info("stream to %s stopped: %s", request.remote, exc)
-        if request.transport is not None:
-            request.transport.abort()  # what is buffered for it goes too
+        _drop_stalled(request, exc)
         return resp, 499
     except ConnectionResetError:  # the client went away mid-stream: its handles get aborted
         return resp, 499
@@ -227,7 +235,10 @@ async def stream_events(request: web.Request, make_chunks, first_chunks, final_c
         err = internal_error()
         await resp.write(sse(err.to_dict()))
         status = err.status
-    await resp.write_eof()
+    try:
+        await bounded(resp.write_eof)
+    except _Stalled as exc:  # everything was produced; the client did not take the tail
+        _drop_stalled(request, exc)
     return resp, status
 
 
