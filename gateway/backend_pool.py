@@ -23,6 +23,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from gateway.abort_outbox import AbortOutbox
 from gateway.errors import APIError, backend_error, deadline_exceeded, unavailable
 from gateway.zmqio import SocketReader
 from proto import codec
@@ -32,9 +33,6 @@ from proto.security import CurveKeys
 from scheduler.placement import PlacementConfig, PlacementItem, create_placement, prefix_hashes
 
 log = logging.getLogger("tidegate.gateway.pool")
-# An Abort that found its backend's socket full is sent again this often until it is queued:
-# dropping it would leave the request running there to max_tokens, holding its KV blocks.
-ABORT_RETRY_S = 0.05
 
 # (sampled token's logprob, top candidate ids, their logprobs)
 TokenLogprob = tuple[float, list[int], list[float]]
@@ -173,10 +171,7 @@ class BackendPool:
         self._batch_ids = itertools.count(1)  # Batch.batch_id: unique per gateway, never 0
         self.num_dropped = 0
         self.num_gaps = 0  # requests failed because their output sequence had a hole
-        # request ids whose Abort could not be queued yet, per backend (see _send_abort)
-        self._unsent_aborts: dict[BackendConn, dict[str, None]] = {}
-        self._abort_timer: asyncio.TimerHandle | None = None
-        self.num_abort_retries = 0  # Abort messages that had to be sent again
+        self._aborts = AbortOutbox(lambda b: b in self.backends)  # never dropped when full
 
     def _register(self, b) -> None:
         b.pid, b.placement = self._next_pid, self.placement
@@ -266,9 +261,7 @@ class BackendPool:
         self._tasks.append(asyncio.create_task(self._monitor(), name="pool-monitor"))
 
     async def close(self) -> None:
-        if self._abort_timer is not None:
-            self._abort_timer.cancel()
-            self._abort_timer = None
+        self._aborts.close()
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -405,37 +398,14 @@ class BackendPool:
     @property
     def num_unsent_aborts(self) -> int:
         """Requests whose Abort waits for room in their backend's socket."""
-        return sum(map(len, self._unsent_aborts.values()))
+        return self._aborts.num_waiting
+
+    @property
+    def num_abort_retries(self) -> int:
+        return self._aborts.num_retries
 
     def _send_abort(self, backend: BackendConn, ids: list[str]) -> None:
-        """Abort `ids` on `backend`. When its socket is full (the backend is slow to read, or
-        its connection is gone) the ids are kept and sent again every ABORT_RETRY_S until
-        queued: the request must not run on there to max_tokens holding its KV blocks."""
-        if backend.send(codec.make_abort(ids)):
-            return
-        waiting = self._unsent_aborts.setdefault(backend, {})
-        if not waiting:
-            log.warning("backend %s: socket full, %d aborts wait to be sent", backend.address,
-                        len(ids))
-        waiting.update(dict.fromkeys(ids))
-        if self._abort_timer is None:
-            self._abort_timer = asyncio.get_running_loop().call_later(ABORT_RETRY_S,
-                                                                      self._retry_aborts)
-
-    def _retry_aborts(self) -> None:
-        self._abort_timer = None
-        for backend, waiting in list(self._unsent_aborts.items()):
-            if backend not in self.backends:  # left the pool: its socket is closed
-                log.warning("backend %s left with %d aborts unsent", backend.address,
-                            len(waiting))
-                del self._unsent_aborts[backend]
-                continue
-            self.num_abort_retries += 1
-            if backend.send(codec.make_abort(list(waiting))):
-                del self._unsent_aborts[backend]
-        if self._unsent_aborts:
-            self._abort_timer = asyncio.get_running_loop().call_later(ABORT_RETRY_S,
-                                                                      self._retry_aborts)
+        self._aborts.send(backend, ids)
 
     def _forget(self, backend: BackendConn, rid: str) -> Dispatch | None:
         entry = backend.inflight.pop(rid, None)
