@@ -343,7 +343,13 @@ class Engine:
         if step.pipelined:
             return self._finish_pipelined(step)
         plan = step.plan
-        result, logprobs = self._stop_checks(self.runner.finish(step.launched))
+        out = self.runner.finish(step.launched)
+        states = self.states
+        # a request finished while this step ran (a stop token read back from the pipelined
+        # step before it) has no state any more: its token here is dropped
+        live = out.token_ids if all(rid in states for rid in out.token_ids) else \
+            {rid: tok for rid, tok in out.token_ids.items() if rid in states}
+        result, logprobs = self._stop_checks(out, live)
         step.end = time.perf_counter()
         self._last_end = step.end
         step.device_s = self._device_seconds(step)

@@ -42,7 +42,8 @@ def _engine(graphs: bool, num_blocks: int = 22):
     return engine
 
 
-def _requests(vocab: int, stops: dict[str, int] | None = None, sampled: bool = False):
+def _requests(vocab: int, stops: dict[str, int] | None = None, sampled: bool = False,
+              sampled_index: int = 2):
     g = torch.Generator().manual_seed(3)
     reqs = {}
     for i, n in enumerate((5, 17, 3, 30, 9, 12, 7, 4)):
@@ -50,7 +51,8 @@ def _requests(vocab: int, stops: dict[str, int] | None = None, sampled: bool = F
         stop = (stops or {}).get(f"r{i}")
         params = SamplingParams(max_tokens=6 + 3 * i, ignore_eos=True,
                                 stop_token_ids=(stop,) if stop is not None else (),
-                                temperature=0.7 if sampled and i == 2 else 0.0, seed=i)
+                                temperature=0.7 if sampled and i == sampled_index else 0.0,
+                                seed=i)
         reqs[f"r{i}"] = (prompt, params)
     return reqs
 
@@ -123,6 +125,50 @@ def test_async_turns_with_a_sampled_request_fall_back_and_still_agree():
     engine = _engine(True)
     engine.async_scheduling = True
     assert _run(engine, _requests(vocab, sampled=True), engine.advance) == ref
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph-standin"])
+def test_stop_read_back_while_a_synchronous_step_is_in_flight(graphs):
+    """A's stop token (its 3rd token, step 3) is read back by the turn that launches step 4, which
+    carries a sampled request's first sample and so is synchronous: A is finished then, and step
+    4's token for A is dropped when step 4 is read back (A has no state any more)."""
+    greedy = SamplingParams(max_tokens=8, ignore_eos=True)
+    prompt_a = [150, 211, 243, 107, 148, 70, 115, 126]  # greedy: a 3rd token unlike the first two
+    ref = _engine(graphs, num_blocks=64)
+    for rid, prompt in (("a", prompt_a), ("b", [8, 9])):
+        assert ref.add_request(rid, prompt, greedy) is None
+    want: dict[str, list[int]] = {"a": [], "b": []}
+    while ref.has_unfinished():
+        for o in ref.step():
+            want[o.request_id] += o.new_token_ids
+    stop = want["a"][2]
+    assert stop not in want["a"][:2]
+
+    engine = _engine(graphs, num_blocks=64)
+    engine.async_scheduling = True
+    assert engine.add_request("a", prompt_a, SamplingParams(
+        max_tokens=8, ignore_eos=True, stop_token_ids=(stop,))) is None
+    assert engine.add_request("b", [8, 9], greedy) is None
+    got: dict[str, list[int]] = {}
+    reasons = {}
+
+    def turn():
+        for o in engine.advance():
+            got.setdefault(o.request_id, []).extend(o.new_token_ids)
+            reasons[o.request_id] = o.finish_reason
+
+    for _ in range(3):  # steps 1-3 launched, 1-2 read back: every step so far pipelined
+        turn()
+    assert engine._inflight.pipelined and reasons.get("a") is None
+    assert engine.add_request("c", [1, 2, 3], SamplingParams(
+        max_tokens=3, temperature=0.7, seed=1, ignore_eos=True)) is None
+    turn()  # launches step 4 (c's sampled prefill: synchronous), reads back step 3: a stops
+    assert reasons.get("a") == "stop" and not engine._inflight.pipelined
+    while engine.has_unfinished():
+        turn()  # reads back step 4: its token for a is dropped
+    assert got["a"] == want["a"][:3] and got["b"] == want["b"] and len(got["c"]) == 3
+    engine.check_integrity()
+    assert engine.scheduler.block_manager.num_used_blocks == 0
 
 
 def test_abort_under_async_turns_lands_at_once_and_frees_every_block():
