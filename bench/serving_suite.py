@@ -12,8 +12,9 @@ backend writes the log as it stops), then cut the log at each workload's start a
 under OUT: `CONFIG_WORKLOAD.json` (the load generator's JSON plus an "engine" section), the step
 logs, `summary.json` and `serving_table.md`.
 
-What the step times allow, per workload (the "engine" section; steps are the worker loop's, so a
-step's time holds scheduling, launch, device time and read-back):
+What the step times allow, per workload (the "engine" section; a step's time is the worker's
+read-back cadence (backend.step_log): its device time plus whatever the device waited for the
+host — with async scheduling on CUDA, about its device time alone):
 - allowed output tok/s = output tokens / the sum of step times in the window: the rate if steps ran
   back to back with no time between them;
 - allowed TPOT = the decode-weighted mean step time, sum(ms x decodes) / sum(decodes): the mean gap
