@@ -423,6 +423,20 @@ def test_backend_tp2_serves_transformers_greedy_tokens_until_a_rank_dies(checkpo
         w.kill()
 
 
+def test_an_idle_backend_whose_rank_dies_exits_1(checkpoints, tmp_path):
+    """No request in flight: the watchdog alone stops the backend (nothing waits for a step)."""
+    path = checkpoints["gqa4_tied_rope4"]
+    w = WorkerProcess(["--model", str(path), "--tensor-parallel-size", "2", "--num-blocks", "64",
+                       "--cpu-threads", "1"], f"ipc://{tmp_path}/tp.sock")
+    try:
+        (rank1,) = _children(w.proc.pid)
+        os.kill(rank1, signal.SIGKILL)
+        assert w.proc.wait(30) == 1
+        assert f"tensor-parallel rank 1 (pid {rank1}) exited" in w.proc.stderr.read()
+    finally:
+        w.kill()
+
+
 def test_the_other_ranks_exit_when_rank_0_is_killed(checkpoints, tmp_path):
     """No orphans: SIGKILL of the backend (rank 0) leaves no follower running."""
     path = checkpoints["gqa4_tied_rope4"]
