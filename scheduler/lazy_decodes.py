@@ -176,7 +176,13 @@ class LazyDecodes:
         bs = self.config.block_size
         seq_ids: list[object] = []
         counts: list[int] = []
-        if end - due[0] <= bs:  # one block each (a stretch shorter than a block)
+        if len(due) == 1:  # one bucket (e.g. one sequence per backend): its steps in order
+            b = due[0]
+            bucket = boundaries[b]
+            slots = range(b + 1, end + 1, bs)  # the slots after each schedule() at b, b + bs, ...
+            seq_ids = [q.request_id for q in bucket] * len(slots)
+            counts = [q._computed + n for n in slots for q in bucket]
+        elif end - due[0] <= bs:  # one block each (a stretch shorter than a block)
             for b in due:
                 bucket = boundaries[b]
                 n = b + 1  # the slots after the schedule() at clock b

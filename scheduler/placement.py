@@ -120,13 +120,18 @@ class LeastTokensPlacement:
 
     # ---- decisions -------------------------------------------------------------------------
     def place(self, items: Sequence[PlacementItem], now: float) -> None:
-        loads = self.loads
         for it in items:
-            b = loads.least()
-            it.backend = -1 if b is None else b
-            if b is not None:
-                it.charged = it.cost
-                loads.add_load(b, it.cost)
+            it.backend, it.charged = self.place_one(it.cost, it.prefix, now)
+
+    def place_one(self, cost: int, prefix: Sequence[int], now: float) -> tuple[int, int]:
+        """`place` for a window of one request, without an item: (backend or -1, tokens
+        charged to it)."""
+        loads = self.loads
+        b = loads.least()
+        if b is None:
+            return -1, 0
+        loads.add_load(b, cost)
+        return b, cost
 
 
 class PrefixAffinityPlacement(LeastTokensPlacement):
@@ -152,28 +157,25 @@ class PrefixAffinityPlacement(LeastTokensPlacement):
     def report(self, b: int, hashes: Iterable[int], now: float) -> None:
         self.index.report(b, hashes, now)
 
-    def place(self, items: Sequence[PlacementItem], now: float) -> None:
-        for it in items:
-            self._place_one(it, now)
-
     def _place_one(self, it: PlacementItem, now: float) -> None:
+        it.backend, it.charged = self.place_one(it.cost, it.prefix, now)
+
+    def place_one(self, cost: int, prefix: Sequence[int], now: float) -> tuple[int, int]:
         loads = self.loads
         least = loads.least()
         if least is None:
-            it.backend = -1
-            return
+            return -1, 0
         b, depth = least, 0
-        prefix = it.prefix
         if prefix:
             b, depth = self._holder(prefix, least)
         held = 0
         if depth:
-            held = min(it.cost - 1, DEPTHS[depth - 1] * self.config.block_size)
-        charged = it.cost - held
-        it.backend, it.charged = b, charged
+            held = min(cost - 1, DEPTHS[depth - 1] * self.config.block_size)
+        charged = cost - held
         loads.add_load(b, charged)
         if prefix:
             self.index.guess(b, prefix, now)
+        return b, charged
 
     def _holder(self, prefix: Sequence[int], least: int) -> tuple[int, int]:
         """(backend, matched depth index + 1): the deepest prefix some accepting backend within

@@ -244,7 +244,8 @@ class BackendAdapter:
         if not num_decode and not plan.chunks:
             return None
         num_prefill = 0
-        num_ctx = sched.num_decode_context_tokens + num_decode  # each decode reads its context + 1
+        d = sched.decodes  # num_decode_context_tokens, read without two property calls
+        num_ctx = d.offset_sum + d.num_decoding * d.step + num_decode  # each reads its context + 1
         partial = False
         for c in plan.chunks:
             n = len(c.token_ids)

@@ -236,11 +236,10 @@ class EventLoop:
         prefix_of = self.prefix_of
         if len(batch) == 1:  # the common window (idle flush): no split to build
             i = batch[0]
-            it = PlacementItem(num_tokens[i], () if prefix_of is None else prefix_of(i), i)
-            self.placement.place((it,), now)
+            b, charged[i] = self.placement.place_one(
+                num_tokens[i], () if prefix_of is None else prefix_of(i), now)
             dispatch_t[i] = now
-            charged[i] = it.charged
-            be = self.backends[it.backend]
+            be = self.backends[b]
             if not be.outstanding:
                 self.num_idle -= 1
             be.outstanding += 1
@@ -351,6 +350,9 @@ class EventLoop:
         if be.inbox:
             self.admit(be, now)
         sched = be.sched
+        if not sched.sched.requests:  # nothing running or waiting: no step (as the engine)
+            be.busy = False
+            return
         max_k = self.max_k
         if max_k > 1 and sched.num_waiting == 0:
             # past finishes only while they cannot change what spare() reads (module doc)
@@ -358,7 +360,8 @@ class EventLoop:
             k, segs = sched.decode_stretch(max_k, past)
             if k > 1:
                 span_fn = self.span_fn
-                t = sched.take_copy_seconds()  # host tier copies queued since the last step
+                # host tier copies queued since the last step
+                t = sched.take_copy_seconds() if sched.host is not None else 0.0
                 out = []
                 for ks, n_dec, ctx, nfin, tokens in segs:
                     t += span_fn(n_dec, ctx, ks)
@@ -379,7 +382,8 @@ class EventLoop:
             dt = self.step_time_fn(num_decode, num_prefill, num_ctx, sched.prefill_chunks)
         else:
             dt = self.step_time_fn(num_decode, num_prefill, num_ctx)
-        dt += sched.take_copy_seconds()
+        if sched.host is not None:
+            dt += sched.take_copy_seconds()
         self.step_rows.append((num_decode, num_prefill, dt))
         if self.step_log is not None:
             self.step_log.append((now, be.idx, num_decode,
