@@ -555,9 +555,12 @@ class EventLoop:
             ks, nd = rows[:, 0], rows[:, 1]
             total = int(ks.sum())
             n_step = np.repeat(nd, ks)
-            # context of step i of a segment: its first context + i * batch
-            idx = np.arange(total) - np.repeat(np.cumsum(ks) - ks, ks)
-            ctx_step = np.repeat(rows[:, 2], ks) + idx * n_step
+            # context of step i of a segment: its first context + i * batch, with i = (global step
+            # index) - (the segment's first index): one repeat of (first context - first index *
+            # batch) plus arange * batch (a 100k-request, 512-backend run expands 12.8M steps)
+            first = np.cumsum(ks) - ks
+            ctx_step = np.repeat(rows[:, 2] - first * nd, ks)
+            ctx_step += np.arange(total) * n_step
             step_times_fn = getattr(cost, "decode_step_times", None)
             if step_times_fn is not None:
                 st.append(step_times_fn(n_step, ctx_step))
