@@ -32,6 +32,7 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 from functools import partial
+from heapq import heappush
 
 import numpy as np
 
@@ -371,7 +372,8 @@ class EventLoop:
                 be.busy = True
                 be.end_time = now + t
                 be.version += 1
-                self.push(be.end_time, _STRETCH, (be.idx, be.version))
+                self.seq = seq = self.seq + 1  # push(), inlined: once per event
+                heappush(self.heap, (be.end_time, seq, _STRETCH, (be.idx, be.version)))
                 return
         plan = sched.schedule()
         if plan is None:
@@ -394,7 +396,8 @@ class EventLoop:
         be.plan = plan
         be.step_start = now
         be.end_time = now + dt
-        self.push(be.end_time, _STEP, be.idx)
+        self.seq = seq = self.seq + 1  # push(), inlined: once per event
+        heappush(self.heap, (be.end_time, seq, _STEP, be.idx))
 
     def finish_requests(self, be: _Backend, done: list[int], now: float) -> None:
         if not done:
@@ -433,7 +436,8 @@ class EventLoop:
             self.timer_deadline = INF
         elif deadline != self.timer_deadline:
             self.timer_deadline = deadline
-            self.push(deadline, _TIMER, deadline)
+            self.seq = seq = self.seq + 1  # push(), inlined: once per window
+            heappush(self.heap, (deadline, seq, _TIMER, deadline))
 
     def set_timer(self, now: float) -> None:
         self.handle(self.gateway.poll(self.spare()), now)
