@@ -153,9 +153,9 @@ if HAS_TRITON:
         return tl.reshape(lo | (hi << 4), (HEADS_P2, HALF // 2)).to(tl.uint8)
 
     @triton.jit
-    def _int4_half_one_group(x, scale, HEADS_P2: tl.constexpr, HALF: tl.constexpr):
-        """`_int4_half` when the half is exactly one group: scale [heads], no group axis."""
-        even, odd = tl.split(tl.reshape(x, (HEADS_P2, HALF // 2, 2)))
+    def _int4_pack(even, odd, scale):
+        """Even and odd channels [heads, n] fp32 with one scale per head [heads] -> packed bytes
+        [heads, n] (low nibble: even channel)."""
         s = scale[:, None]
         qe = tl.clamp(_rint(tl.math.div_rn(even, s)), -7.0, 7.0)
         qo = tl.clamp(_rint(tl.math.div_rn(odd, s)), -7.0, 7.0)
@@ -213,22 +213,30 @@ if HAS_TRITON:
                                      ks, mask, kv_heads, HALF)
                 tl.store(ks, k_scale, mask=head_ok)
             elif INT4_HALF_IS_GROUP:
-                # head_dim 64 with groups of 32 (tiny-coder): the grouped path's [heads, 1]
-                # scale tiles wrote wrong keys on the H200 (bit-exact test failed, perplexity
-                # +44%) though Triton's interpreter agreed with the reference; this form has
-                # no group axis, like the fp8 scales (one [heads] vector per half)
-                k1f = k1.to(tl.float32)
-                k2f = k2.to(tl.float32)
-                s1 = tl.maximum(tl.max(tl.abs(k1f), axis=1) * _INV_INT4, 1.0e-12)
-                s2 = tl.maximum(tl.max(tl.abs(k2f), axis=1) * _INV_INT4, 1.0e-12)
+                # head_dim 64 with groups of 32 (tiny-coder). Both in-register forms (the
+                # grouped [heads, groups] tiles, then one [heads] scale per half) wrote wrong
+                # codes for some tokens' second head on the H200, differently run to run, while
+                # Triton's interpreter agreed with the reference bit for bit; both pair even and
+                # odd channels with reshape + split on a [2, 16, 2] tile, smaller than the
+                # program's 128 threads (replicated layout). Here nothing is reshaped: the
+                # rotated keys this program just stored are read back as even and odd channels
+                # (a barrier makes the block's stores visible to all its threads first).
+                tl.debug_barrier()
                 j = tl.arange(0, HALF // 2)
                 bmask = head_ok[:, None] & (j < HALF // 2)[None, :]
-                tl.store(kc + j[None, :], _int4_half_one_group(k1f, s1, KV_HEADS_P2, HALF),
-                         mask=bmask)
-                tl.store(kc + HALF // 2 + j[None, :],
-                         _int4_half_one_group(k2f, s2, KV_HEADS_P2, HALF), mask=bmask)
-                tl.store(ks, s1, mask=head_ok)
-                tl.store(ks + 1, s2, mask=head_ok)
+                kr = k_ptr + t * stride_kt + kv_heads[:, None] * stride_kh + 2 * j[None, :]
+                ke1 = tl.load(kr, mask=bmask, other=0.0).to(tl.float32)
+                ko1 = tl.load(kr + 1, mask=bmask, other=0.0).to(tl.float32)
+                ke2 = tl.load(kr + HALF, mask=bmask, other=0.0).to(tl.float32)
+                ko2 = tl.load(kr + HALF + 1, mask=bmask, other=0.0).to(tl.float32)
+                hs1 = tl.maximum(tl.maximum(tl.max(tl.abs(ke1), axis=1),
+                                            tl.max(tl.abs(ko1), axis=1)) * _INV_INT4, 1.0e-12)
+                hs2 = tl.maximum(tl.maximum(tl.max(tl.abs(ke2), axis=1),
+                                            tl.max(tl.abs(ko2), axis=1)) * _INV_INT4, 1.0e-12)
+                tl.store(kc + j[None, :], _int4_pack(ke1, ko1, hs1), mask=bmask)
+                tl.store(kc + HALF // 2 + j[None, :], _int4_pack(ke2, ko2, hs2), mask=bmask)
+                tl.store(ks, hs1, mask=head_ok)
+                tl.store(ks + 1, hs2, mask=head_ok)
             else:
                 k1f = k1.to(tl.float32)
                 k2f = k2.to(tl.float32)
