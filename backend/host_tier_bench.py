@@ -13,6 +13,13 @@ Measured in-process on the engine (no HTTP), wall clock: TTFT = arrival -> the s
 the first token; throughput = output tokens / makespan. Both runs are checked for losses: every
 request not aborted finishes with all its tokens, and afterwards no GPU block is held and no host
 block is pinned. One run each, tier off first, alternating when `--repeats` > 1.
+
+`--copy-rate` measures only the tier's copies, without a model: the preset's KV pools (every
+format) and a host twin, `--copy-blocks` blocks saved and loaded back, batched (the tier's
+`HostKVCache.run`) against one copy per layer tensor per block (how the tier copied before),
+paired in the same process:
+
+    python -m backend.host_tier_bench --copy-rate --model deepseek-coder-33b --device cuda
 """
 from __future__ import annotations
 
@@ -22,8 +29,12 @@ import random
 import time
 
 import numpy as np
+import torch
 
 from backend.build import BackendConfig, create_engine
+from backend.config import ModelConfig
+from backend.host_kv import HostKVCache
+from backend.kv_cache import KV_CACHE_DTYPES, KVCache
 from backend.sampler import SamplingParams
 
 
@@ -107,6 +118,51 @@ def run_once(a: argparse.Namespace, host_kv_gib: float, workload) -> dict:
     }
 
 
+def _per_tensor_copies(host: HostKVCache, views, copies) -> None:
+    """The tier's copies as they were before batching: one copy per layer tensor per block
+    (`views[host_block][tensor]`: the host rows, made beforehand)."""
+    with torch.cuda.stream(host.stream):
+        for kind, src, dst in copies:
+            for t, dev in enumerate(host.device_tensors):
+                if kind == "d2h":
+                    views[dst][t].copy_(dev[src], non_blocking=True)
+                else:
+                    dev[dst].copy_(views[src][t], non_blocking=True)
+
+
+def copy_rate(a: argparse.Namespace) -> list[dict]:
+    """GB/s of the tier's d2h + h2d copies (one direction), batched vs per tensor, per format."""
+    config = ModelConfig.from_preset(a.model)
+    n = a.copy_blocks
+    rows = []
+    for fmt in KV_CACHE_DTYPES:
+        kv = KVCache.allocate(config, n + 1, a.block_size, torch.bfloat16, a.device,
+                              kv_cache_dtype=fmt)
+        host = HostKVCache(kv, n)
+        copies = [("d2h", i, i) for i in range(n)] + [("h2d", i, i) for i in range(n)]
+        views = [[host.host_block(b, t) for t in range(len(host.device_tensors))]
+                 for b in range(n)]
+        row = {"format": fmt, "blocks": n, "block_bytes": host.block_bytes,
+               "tensors": len(host.device_tensors)}
+        for name, fn in (("batched", host.run), ("per_tensor", None), ("batched", host.run),
+                         ("per_tensor", None)):   # interleaved: each keeps its best of 2 x 3
+            best = float("inf")
+            for _ in range(4):  # the first round warms up (kernel compile, page faults)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                fn(copies) if fn is not None else _per_tensor_copies(host, views, copies)
+                torch.cuda.synchronize()
+                best = min(best, time.perf_counter() - t0)
+            gbps = 2 * n * host.block_bytes / best / 1e9
+            row[f"{name}_gb_s"] = max(row.get(f"{name}_gb_s", 0.0), round(gbps, 2))
+        row["staging_blocks"] = host.staging.shape[0]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del kv, host, views
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="tiny")
@@ -127,8 +183,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--abort-after", type=int, default=2, help="... this many steps after arrival")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--copy-rate", action="store_true",
+                   help="only time the tier's copies (CUDA), batched vs per tensor, per format")
+    p.add_argument("--copy-blocks", type=int, default=64, help="blocks per --copy-rate round")
     p.add_argument("--json", help="write the rows here")
     a = p.parse_args(argv)
+    if a.copy_rate:
+        rows = copy_rate(a)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"args": vars(a), "rows": rows}, f, indent=1)
+        return 0
     workload = make_workload(a)
     rows = []
     for _ in range(a.repeats):
