@@ -63,7 +63,7 @@ class Runner:
         self.t0 = time.time()
         self.budget_s = budget_s
         self.results: dict = {"meta": {}, "ceilings": {}, "tests": {}, "attention": [],
-                              "attention_sweep": [], "attention_dots": [], "sdpa": [],
+                              "attention_sweep": [], "attention_dots": [], "attention_splits": [], "sdpa": [],
                               "gemv": [], "gemv_sweep": [],
                               "small_kernels": [], "summary": {}}
 
@@ -331,6 +331,72 @@ def bench_attention_dots(r: Runner) -> None:
                     f"err {err:.1e}")
                 r.save()
             del call, ref
+
+
+SPLITS_SHAPES = [(1, 8192), (8, 2048), (8, 8192), (8, 16384), (64, 2048), (64, 8192)]
+SPLITS_CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+def split_candidates(batch: int, ctx: int, default: int, sms: int) -> list[int]:
+    """Context splits worth timing for a decode of `batch` sequences: the policy's own choice
+    first, then every candidate from half to 4x it, up to 8 programs per SM, each split >= 64
+    tokens."""
+    programs = batch * NUM_KV_HEADS
+    return [default] + [s for s in SPLITS_CANDIDATES
+                        if s != default and default / 2 <= s <= 4 * default
+                        and s * programs <= 8 * sms and s * 64 <= ctx]
+
+
+def bench_attention_splits(r: Runner) -> None:
+    """Decode attention per KV format at every candidate context split (split-K), default tiles;
+    each setting checked against the reference first. The split policy is chosen from this."""
+    sms = 132 if r.dry_run else torch.cuda.get_device_properties(0).multi_processor_count
+    shapes = [(2, 256), (4, 512)] if r.dry_run else SPLITS_SHAPES
+    fmts = ("bf16", "fp8", "int4-fp8")
+    for batch, ctx in shapes:
+        base_us = None
+        for fmt in fmts:
+            call, kv_bytes = attention_step(r, fmt, [1] * batch, [ctx] * batch)
+            ref = _reference_of(call)
+            default = attn.choose_num_splits(batch * NUM_KV_HEADS, ctx, sms,
+                                             quantized=fmt != "bf16")
+            variants = [{"num_splits": s} for s in split_candidates(batch, ctx, default, sms)]
+            if fmt != "bf16":  # the thinner tile (int4 at 8 x 8k liked it) at 1x / 2x splits
+                variants += [{"num_splits": s, "block_n": 64, "num_stages": 2}
+                             for s in (default, 2 * default)]
+            if fmt == "int4-fp8":  # the group scale applied after per-group dots
+                variants += [{"num_splits": default, "int4_scale_after": True}]
+                variants += [{"num_splits": s, "int4_scale_after": True}
+                             for s in split_candidates(batch, ctx, default, sms)[1:]
+                             if s > default]
+            best = None
+            for kw in variants:
+                if r.time_left() < 0:
+                    log("splits: out of time")
+                    return
+                try:
+                    err = ((call(**kw).float() - ref.float()).norm() / ref.float().norm()).item()
+                    us = r.bench_ms(partial(call, **kw), rep_ms=25) * 1e3
+                except Exception as exc:  # noqa: BLE001 - record and go on
+                    log(f"splits {fmt} b={batch} ctx={ctx} {kw}: {exc!r:.200}")
+                    continue
+                if fmt == "bf16" and kw["num_splits"] == default:
+                    base_us = us
+                row = {"kind": "splits", "format": fmt, "batch": batch, "context": ctx, **kw,
+                       "default_splits": default, "us": round(us, 2), "rel_err": err,
+                       "tb_s": round(kv_bytes / us / 1e6, 3),
+                       "vs_bf16_default": round(us / base_us, 3) if base_us else None}
+                r.results["attention_splits"].append(row)
+                if err < 2e-2 and (best is None or us < best[0]):
+                    best = (us, kw)
+                log(f"splits {fmt:8s} b={batch:2d} ctx={ctx:5d} {kw}: {us:8.1f} us "
+                    f"({row['vs_bf16_default']}x bf16) {row['tb_s']:.2f} TB/s err {err:.1e}"
+                    f"{' (default)' if kw == {'num_splits': default} else ''}")
+                r.save()
+            if best:
+                log(f"splits best {fmt} b={batch} ctx={ctx}: {best[1]} {best[0]:.1f} us")
+            del call, ref
+            torch.cuda.empty_cache() if not r.dry_run else None
 
 
 def bench_sdpa_gqa(r: Runner) -> None:
@@ -612,7 +678,7 @@ def main() -> int:
     parser.add_argument("--tests", default="tests/test_kernels_gpu.py",
                         help="pytest paths run with -m gpu (space separated)")
     parser.add_argument("--sections", default="ceilings,attention,gemv,small",
-                        help="which timing sections to run (also: sweep, dots, sdpa)")
+                        help="which timing sections to run (also: sweep, dots, sdpa, splits)")
     parser.add_argument("--attn-formats", default=",".join(ATTN_FORMATS),
                         help="KV formats of the attention section")
     parser.add_argument("--budget-s", type=float, default=330.0,
@@ -642,7 +708,8 @@ def main() -> int:
         run_tests(r, args.tests.split())
     named = {"ceilings": measure_ceilings, "attention": bench_attention,
              "sweep": bench_attention_sweep, "gemv": bench_gemv, "small": bench_small,
-             "dots": bench_attention_dots, "sdpa": bench_sdpa_gqa}
+             "dots": bench_attention_dots, "sdpa": bench_sdpa_gqa,
+             "splits": bench_attention_splits}
     steps = [named[x] for x in args.sections.split(",")]
     if measure_ceilings not in steps:
         steps.insert(0, measure_ceilings)

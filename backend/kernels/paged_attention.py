@@ -72,6 +72,8 @@ from backend.kernels.triton_utils import (
 PROGRAMS_PER_SM = 2
 MIN_TOKENS_PER_SPLIT = 128
 MAX_SPLITS = 64
+QUANT_PROGRAMS_PER_SM = PROGRAMS_PER_SM       # decode over quantized pages
+QUANT_MIN_TOKENS_PER_SPLIT = MIN_TOKENS_PER_SPLIT
 BLOCK_N = 64            # context tokens per inner tile
 PREFILL_ROWS = 64       # M rows of a program when the step has prefill chunks
 # Tile settings from the H200 sweep (NOTES.md): 4 warps beat 8 everywhere though an sm_90
@@ -85,6 +87,10 @@ QUANT_BLOCK_N, QUANT_NUM_STAGES = 128, 3   # decode tiling over fp8 / int4-fp8 p
 # exact in fp16; q (bf16 -> fp16) and p (fp32 -> fp16) lose nothing bf16 would keep, except that
 # q is clamped to fp16's range. TIDEGATE_QUANT_DOTS=bf16 keeps the bf16 dots (A/B).
 QUANT_DOT_F16 = os.environ.get("TIDEGATE_QUANT_DOTS", "f16") != "bf16"
+# int4 keys with fp16 dots: one [G, M, N] batched dot per nibble half over the codes as fp16
+# (1024 + n), the group scale and the -1032 offset applied to the [G, M, N] scores after it,
+# instead of dequantizing every [N, D] code in registers (TIDEGATE_INT4_SCALE_AFTER=1).
+INT4_SCALE_AFTER = os.environ.get("TIDEGATE_INT4_SCALE_AFTER", "0") == "1"
 MERGE_TILE = 8192     # fp32 elements of one merge program's [heads, splits, head_dim] tile
 NUM_STAGES = 2
 _LOG2E = 1.4426950408889634
@@ -117,11 +123,15 @@ def choose_block_q(max_query_len: int, group: int) -> int:
     return max(1, PREFILL_ROWS // next_power_of_2(group))
 
 
-def choose_num_splits(num_programs: int, max_context_len: int, sm_count: int = 132) -> int:
+def choose_num_splits(num_programs: int, max_context_len: int, sm_count: int = 132,
+                      quantized: bool = False) -> int:
     """Splits so that num_programs * splits >= PROGRAMS_PER_SM * sm_count, each split keeping
-    >= MIN_TOKENS_PER_SPLIT tokens of the longest context."""
-    wanted = cdiv(PROGRAMS_PER_SM * sm_count, max(1, num_programs))
-    useful = max(1, cdiv(max(1, max_context_len), MIN_TOKENS_PER_SPLIT))
+    >= MIN_TOKENS_PER_SPLIT tokens of the longest context (`quantized`: a decode over fp8 /
+    int4-fp8 pages, which has its own targets)."""
+    per_sm = QUANT_PROGRAMS_PER_SM if quantized else PROGRAMS_PER_SM
+    min_tokens = QUANT_MIN_TOKENS_PER_SPLIT if quantized else MIN_TOKENS_PER_SPLIT
+    wanted = cdiv(per_sm * sm_count, max(1, num_programs))
+    useful = max(1, cdiv(max(1, max_context_len), min_tokens))
     return max(1, min(wanted, useful, MAX_SPLITS))
 
 
@@ -154,7 +164,7 @@ if HAS_TRITON:
         K_CODEC: tl.constexpr, V_CODEC: tl.constexpr, NUM_GROUPS: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr,
         SINGLE_SPLIT: tl.constexpr, FP32_DOT: tl.constexpr, QUANT_F16: tl.constexpr,
-        USE_PDL: tl.constexpr,
+        INT4_SCALE_AFTER: tl.constexpr, USE_PDL: tl.constexpr,
     ):
         pdl_enter(USE_PDL)
         qb = tl.program_id(0)
@@ -206,6 +216,19 @@ if HAS_TRITON:
                 elif QUANT_F16:  # clamped: a bf16 q beyond fp16's range must not become inf
                     q_even = tl.clamp(q_even.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
                     q_odd = tl.clamp(q_odd.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+                if INT4_SCALE_AFTER:
+                    # q's even / odd channels per scale group: [G, M, HALF] (HALF = 16 channels
+                    # of a 32-channel group), and their sums (the nibbles' +1032 offset, below)
+                    HALF: tl.constexpr = DH_P2 // NUM_GROUPS
+                    jj = tl.arange(0, NUM_GROUPS)[:, None] * HALF + tl.arange(0, HALF)[None, :]
+                    qm3 = row_ok[None, :, None] & (jj < HEAD_DIM // 2)[:, None, :]
+                    q3_even = tl.load(q_rows[None, :, None] + 2 * jj[:, None, :], mask=qm3,
+                                      other=0.0)
+                    q3_odd = tl.load(q_rows[None, :, None] + 2 * jj[:, None, :] + 1, mask=qm3,
+                                     other=0.0)
+                    q3_even = tl.clamp(q3_even.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+                    q3_odd = tl.clamp(q3_odd.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+                    q3_sum = tl.sum(q3_even.to(tl.float32) + q3_odd.to(tl.float32), axis=2)
             offs_d = tl.arange(0, D_P2)
             mask_d = offs_d < HEAD_DIM
             if K_CODEC != 2:
@@ -238,7 +261,22 @@ if HAS_TRITON:
                 row_in_page = offs_n % BLOCK_SIZE
                 # ---- scores [M, N] ----
                 k_rows = k_ptr + page * stride_kb + row_in_page * stride_kt + kv_head * stride_kh
-                if K_CODEC == 2:
+                if K_CODEC == 2 and INT4_SCALE_AFTER:
+                    # per group g: scores += (q_g . (1024 + n) - 1032 sum(q_g)) * scale_g, with
+                    # the nibbles n read transposed [G, HALF, N] straight from the pages: no
+                    # widened scale tile and no per-element subtract or multiply
+                    ks_rows = (ks_ptr + page * stride_ksb + row_in_page * stride_kst
+                               + kv_head * stride_ksh)
+                    kt_ptrs = k_rows[None, None, :] + jj[:, :, None]
+                    kt_mask = mask_n[None, None, :] & (jj < HEAD_DIM // 2)[:, :, None]
+                    packed3 = tl.load(kt_ptrs, mask=kt_mask, other=0)              # [G, HALF, N]
+                    lo3 = ((packed3 & 15).to(tl.int16) | 0x6400).to(tl.float16, bitcast=True)
+                    hi3 = ((packed3 >> 4).to(tl.int16) | 0x6400).to(tl.float16, bitcast=True)
+                    d3 = tl.dot(q3_even, lo3) + tl.dot(q3_odd, hi3)                # [G, M, N]
+                    ksc3 = tl.load(ks_rows[None, :] + tl.arange(0, NUM_GROUPS)[:, None],
+                                   mask=mask_n[None, :], other=0.0)                # [G, N]
+                    s = tl.sum((d3 - 1032.0 * q3_sum[:, :, None]) * ksc3[:, None, :], axis=0)
+                elif K_CODEC == 2:
                     ks_rows = (ks_ptr + page * stride_ksb + row_in_page * stride_kst
                                + kv_head * stride_ksh)
                     km = mask_n[:, None] & mask_j[None, :]
@@ -358,6 +396,7 @@ def paged_attention_triton(
     out: torch.Tensor | None = None, block_q: int | None = None,
     num_warps: int | None = None, block_n: int | None = None, num_stages: int | None = None,
     quant_f16: bool | None = None, fp32_dot: bool | None = None,
+    int4_scale_after: bool | None = None,
 ) -> torch.Tensor:
     num_tokens, num_heads, head_dim = q.shape
     num_seqs = context_lens.shape[0]
@@ -373,6 +412,15 @@ def paged_attention_triton(
     num_groups = k_scale.shape[-1] if k_codec == CODEC_INT4 else 1   # int4 scales per head
     if k_codec == CODEC_INT4 and next_power_of_2(head_dim) != head_dim:
         raise ValueError(f"int4 keys need a power-of-2 head_dim, got {head_dim}")
+    if fp32_dot is None:
+        fp32_dot = q.dtype == torch.float32 or triton_interpreting()
+    if quant_f16 is None:
+        quant_f16 = QUANT_DOT_F16
+    if int4_scale_after is None:
+        int4_scale_after = INT4_SCALE_AFTER
+    # the group-scale-after form: fp16 dots only, and K = 16 channels per group half at least
+    int4_scale_after = (int4_scale_after and k_codec == CODEC_INT4 and quant_f16
+                        and not fp32_dot and head_dim // 2 // num_groups >= 16)
     if out is None:
         out = torch.empty_like(q)
     if num_tokens == 0 or num_seqs == 0:
@@ -395,7 +443,7 @@ def paged_attention_triton(
     if num_splits is None:
         busy_blocks = num_seqs if block_q == 1 else max(1, cdiv(num_tokens, block_q))
         num_splits = choose_num_splits(busy_blocks * num_kv_heads, max_context_len,
-                                       num_sms(q.device))
+                                       num_sms(q.device), quantized=quant_decode)
     if num_splits > 1:
         part_o = torch.empty((num_tokens, num_heads, num_splits, head_dim),
                              dtype=torch.float32, device=q.device)
@@ -418,10 +466,8 @@ def paged_attention_triton(
         HEAD_DIM=head_dim, D_P2=d_p2, DH_P2=max(16, next_power_of_2(head_dim // 2)),
         K_CODEC=k_codec, V_CODEC=v_codec, NUM_GROUPS=num_groups,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_Q=block_q,
-        SINGLE_SPLIT=num_splits == 1,
-        FP32_DOT=(q.dtype == torch.float32 or triton_interpreting()) if fp32_dot is None
-        else fp32_dot,
-        QUANT_F16=QUANT_DOT_F16 if quant_f16 is None else quant_f16,
+        SINGLE_SPLIT=num_splits == 1, FP32_DOT=fp32_dot, QUANT_F16=quant_f16,
+        INT4_SCALE_AFTER=int4_scale_after,
         num_warps=num_warps, num_stages=num_stages, **pdl_args(q),
     )
     if num_splits > 1:
