@@ -77,8 +77,11 @@ DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 # SDPA (the paged kernel: 2,048-token prompt 302 vs 134 µs a layer, ~1% of a 4 x 512-token step).
 # Fine steps below 128, since short prompts arriving one by one are the common mixed step.
 # Dropped above max_num_batched_tokens.
-DEFAULT_TOKEN_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 320, 384, 512, 640, 768, 1024,
-                         1280, 1536, 1792, 2048)
+# Above 512 every 64-128 tokens: a graph's matmuls run at its bucket's size, ~0.1 ms a token
+# for the 33B preset, so a 512-token prompt with 20-60 decodes padded to 640 paid ~10 ms of a
+# ~70 ms step (576 now), and the 256-prompt burst's 1,083-token step ~20 ms (1,152 now: ~7).
+DEFAULT_TOKEN_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 320, 384, 512, 576, 640, 768, 896,
+                         1024, 1152, 1280, 1408, 1536, 1664, 1792, 1920, 2048)
 NUM_WARMUPS = 2
 _ID, _POS, _SLOT, _CTX, _TABLE = 0, 1, 2, 3, 4
 
@@ -102,6 +105,10 @@ class _Captured:
     graph: object            # torch.cuda.CUDAGraph | EagerGraph
     logits: torch.Tensor     # [bucket, vocab] fp32
     token_ids: torch.Tensor  # [bucket] int64 (greedy)
+    # one replay's device time right after capture, on the dummy inputs (CUDA; None for the
+    # stand-in): the engine's launch deadline before a real step of this graph has been timed.
+    # The dummy rows attend to nothing, so it is the matmuls' time, a little under a real step's
+    device_s: float | None = None
 
 
 @dataclass
@@ -274,7 +281,14 @@ class StepGraphs:
         with torch.cuda.graph(graph, pool=self._pool):
             logits, ids = fn()
         torch.cuda.synchronize(self.device)
-        return _Captured(graph, logits, ids)
+        # time the second replay (the first may include the graph's upload to the device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        graph.replay()
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        return _Captured(graph, logits, ids, start.elapsed_time(end) / 1e3)
 
     @torch.inference_mode()
     def capture_mixed(self, tokens: int) -> float:

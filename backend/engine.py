@@ -143,8 +143,8 @@ class Engine:
         self._inflight: InFlightStep | None = None
         self._last_step: InFlightStep | None = None
         self._last_end = 0.0  # perf_counter of the last read-back
-        # device seconds of each decode graph's steps (CUDA timing events) and the host's
-        # seconds to plan and launch a step: `launch_deadline`
+        # device seconds of each graph's steps (CUDA timing events), by id of the captured
+        # graph, and the host's seconds to plan and launch a step: `launch_deadline`
         self._device_s: dict[int, float] = {}
         self._launch_s = 0.0
         # plan step k+1 before step k is read back (`advance`); default where the device runs
@@ -299,30 +299,43 @@ class Engine:
         idle after the step in flight, or None (launch at once). Launching later than "at once"
         but before this lets requests that arrive meanwhile join the next step, as they would in
         the synchronous loop (planning right after a read-back would leave them a step behind).
-        Known only for a pipelined step of a shape measured before (its graph)."""
+        Known only for a pipelined step that replays a graph: decode-only or mixed (prefill
+        chunks too, so that a request arriving during a long prefill step joins the step right
+        after it, not the one after that), from that graph's measured device time (or, before
+        it ran, the time it took when captured)."""
         step = self._inflight
         if step is None or not step.pipelined or not self.scheduler.has_unfinished():
             return None
-        device_s = self._device_s.get(_shape_key(step))
-        if device_s is None:
+        launch = step.launched.graph_launch
+        if launch is None:
             return None
+        device_s = self._device_s.get(id(launch.captured))
+        if device_s is None:  # not run yet: the graph's own time at capture (CUDA), if any
+            device_s = launch.captured.device_s
+            if device_s is None:
+                return None
         begins = max(step.start, self._last_end)  # on the device: after the step before it
         return begins + device_s - 2 * self._launch_s - LAUNCH_SLACK_S
 
     def _measure_device(self, step: InFlightStep) -> None:
-        """Its device time (kept per captured shape): CUDA's timing events around it; else (the
+        """Its device time (kept per captured graph): CUDA's timing events around it; else (the
         CPU) from when it could start (queued, and the step before it read back) to its
-        read-back."""
+        read-back. The estimate follows a shorter step at once and a longer one slowly: one
+        graph serves steps of different attention work (a mixed bucket: chunks at different
+        contexts), and an estimate above the real time idles the device until the deadline,
+        while one below it only lets fewer late arrivals join (see `launch_deadline`)."""
         end, last = step.end, self._last_end
         self._last_end = end
-        key = _shape_key(step)
-        if key is None:
+        launch = step.launched.graph_launch
+        if launch is None or not step.plan.chunks:
             return
+        key = id(launch.captured)
         seconds = step.device_s
         if seconds is None:
             seconds = end - max(step.launched_at, last)
         old = self._device_s.get(key)
-        self._device_s[key] = seconds if old is None else 0.7 * old + 0.3 * seconds
+        self._device_s[key] = seconds if old is None or seconds < old else \
+            0.7 * old + 0.3 * seconds
 
     def _device_seconds(self, step: InFlightStep) -> float | None:
         slot = step.launched.readback
@@ -450,16 +463,6 @@ class Engine:
         """Scheduler and block-manager invariants, and the engine's own request map."""
         self.scheduler.check_integrity()
         assert set(self.states) == set(self.scheduler.requests), "engine/scheduler requests differ"
-
-
-def _shape_key(step: InFlightStep) -> int | None:
-    """The decode graph a decode-only step replayed (its device time changes slowly: the
-    batch's context grows a token a step), or None (prefill-bearing steps vary with their
-    chunks: no deadline for them)."""
-    launch, chunks = step.launched.graph_launch, step.plan.chunks
-    if launch is None or not chunks or chunks[-1].is_prefill:
-        return None
-    return id(launch.captured)
 
 
 def _check_processors(params: SamplingParams, vocab_size: int) -> str | None:

@@ -53,6 +53,11 @@ def parser() -> argparse.ArgumentParser:
                         "grid d that fits)")
     p.add_argument("--repeats", type=int, default=5, help="timed repetitions per point")
     p.add_argument("--warmup", type=int, default=2, help="untimed repetitions per point")
+    p.add_argument("--pause-ms", type=float, default=0.0,
+                   help="idle time before each repetition of a step with prefill tokens (0: "
+                        "back to back). On the H200 a compute-bound step measured back to back "
+                        "runs at the lower clocks of sustained full load, which the serving loop, "
+                        "interleaving prefills with memory-bound decode steps, rarely reaches")
     return p
 
 
@@ -115,26 +120,52 @@ def step_shapes(ds: list[int], ps: list[int], cs: list[int], ks: list[int], ss: 
     return shapes
 
 
-def measure(runner, chunks, repeats: int, warmup: int) -> list[float]:
+def measure(runner, chunks, repeats: int, warmup: int, pause_s: float = 0.0,
+            launch_ms: list[float] | None = None) -> list[float]:
+    """Wall milliseconds of each timed repetition (host launch + device, synchronized).
+    `launch_ms` (if given) also gets the host's part of each: `runner.launch` until it returns
+    (inputs filled, graph queued), which the serving loop overlaps with the step before."""
     sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
     times = []
     for i in range(warmup + repeats):
         sync()
+        if pause_s > 0:
+            time.sleep(pause_s)
         t0 = time.perf_counter()
-        runner.execute(chunks)
+        step = runner.launch(chunks)
+        t1 = time.perf_counter()
+        runner.finish(step)
         sync()
         if i >= warmup:
             times.append((time.perf_counter() - t0) * 1000)
+            if launch_ms is not None:
+                launch_ms.append((t1 - t0) * 1000)
     return times
 
 
-def point(d: int, p: int, c: int, k: int, s: int, ms: list[float]) -> dict:
+def sm_clock_mhz(device) -> int | None:
+    """The SM clock now (NVML through torch), or None where it cannot be read."""
+    if device.type != "cuda":
+        return None
+    try:
+        return int(torch.cuda.clock_rate(device))
+    except Exception:  # noqa: BLE001 -- no NVML on this machine: the profile goes on without it
+        return None
+
+
+def point(d: int, p: int, c: int, k: int, s: int, ms: list[float],
+          launch_ms: list[float] | None = None, clock_mhz: int | None = None) -> dict:
     """One profile point (docs/contracts.md, "profile JSON")."""
     k = k if p else 0
-    return {"num_decode_seqs": d, "num_prefill_tokens": p, "context_len": c if d else 0,
-            "num_prefill_seqs": k, "prefill_context_len": s if p else 0,
-            "num_context_tokens": d * c + p + k * (s if p else 0), "step_ms": statistics.fmean(ms),
-            "step_ms_min": min(ms), "step_ms_median": statistics.median(ms), "repeats": len(ms)}
+    doc = {"num_decode_seqs": d, "num_prefill_tokens": p, "context_len": c if d else 0,
+           "num_prefill_seqs": k, "prefill_context_len": s if p else 0,
+           "num_context_tokens": d * c + p + k * (s if p else 0), "step_ms": statistics.fmean(ms),
+           "step_ms_min": min(ms), "step_ms_median": statistics.median(ms), "repeats": len(ms)}
+    if launch_ms:
+        doc["launch_ms_median"] = statistics.median(launch_ms)
+    if clock_mhz is not None:
+        doc["sm_clock_mhz"] = clock_mhz
+    return doc
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -152,9 +183,14 @@ def run(args: argparse.Namespace) -> dict:
     points = []
     for d, p, c, k, s in shapes:
         chunks = make_step(d, p, c, cfg.block_size, cfg.num_blocks, loaded.config.vocab_size, k, s)
-        ms = measure(runner, chunks, args.repeats, args.warmup)
-        points.append(point(d, p, c, k, s, ms))
-        print(f"d={d:4d} p={p:6d} c={c:6d} k={k:3d} s={s:6d}  {statistics.fmean(ms):9.3f} ms", flush=True)
+        launch_ms: list[float] = []
+        ms = measure(runner, chunks, args.repeats, args.warmup,
+                     args.pause_ms / 1000 if p else 0.0, launch_ms)
+        clock = sm_clock_mhz(runner.device)
+        points.append(point(d, p, c, k, s, ms, launch_ms, clock))
+        print(f"d={d:4d} p={p:6d} c={c:6d} k={k:3d} s={s:6d}  {statistics.fmean(ms):9.3f} ms"
+              + f"  launch {statistics.median(launch_ms):7.3f} ms"
+              + (f"  sm {clock} MHz" if clock is not None else ""), flush=True)
     dev = loaded.device
     return {
         "format": FORMAT, "model": loaded.config.name, "device": str(dev),
@@ -162,7 +198,7 @@ def run(args: argparse.Namespace) -> dict:
         "dtype": str(loaded.dtype).removeprefix("torch."), "block_size": cfg.block_size,
         "num_kv_blocks": cfg.num_blocks, "max_num_seqs": cfg.max_num_seqs,
         "max_num_batched_tokens": cfg.max_num_batched_tokens, "max_model_len": cfg.max_model_len,
-        "torch_version": torch.__version__,
+        "torch_version": torch.__version__, "pause_ms": args.pause_ms,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "points": points,
     }

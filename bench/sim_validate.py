@@ -112,7 +112,7 @@ def ensure_profile(a: argparse.Namespace) -> tuple[Path, bool]:
     grid = profile_grid(typical_len(a.input_len), typical_len(a.output_len))
     cmd = [sys.executable, "-m", "gateway.tidegate_cli", "backend", "profile", "--model", a.model,
            "--device", a.device, "--out", str(path), "--repeats", str(a.profile_repeats),
-           "--warmup", str(a.profile_warmup),
+           "--warmup", str(a.profile_warmup), "--pause-ms", str(a.profile_pause_ms),
            "--decode-batch-sizes", a.decode_batch_sizes or grid["decode_batch_sizes"],
            "--prefill-tokens", a.prefill_tokens or grid["prefill_tokens"],
            "--context-lens", a.context_lens or grid["context_lens"], *a.engine_arg]
@@ -415,6 +415,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.add_argument("--profile-repeats", type=int, default=5)
     p.add_argument("--profile-warmup", type=int, default=2)
+    p.add_argument("--profile-pause-ms", type=float, default=0.0,
+                   help="`backend profile --pause-ms`: idle before each timed prefill step")
     p.add_argument("--decode-batch-sizes", help="profile grid (default: sized for the workload)")
     p.add_argument("--prefill-tokens", help="profile grid")
     p.add_argument("--context-lens", help="profile grid")

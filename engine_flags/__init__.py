@@ -19,7 +19,8 @@ from scheduler.capacity import add_capacity_arguments
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # backend.cuda_graphs.DEFAULT_BUCKETS / DEFAULT_TOKEN_BUCKETS (a test keeps them equal)
 DEFAULT_CUDA_GRAPH_BUCKETS = "1,2,4,8,16,24,32,48,64,96,128,160,192,224,256"
-DEFAULT_CUDA_GRAPH_TOKEN_BUCKETS = "16,32,48,64,96,128,192,256,320,384,512,640,768,1024,1280,1536,1792,2048"
+DEFAULT_CUDA_GRAPH_TOKEN_BUCKETS = ("16,32,48,64,96,128,192,256,320,384,512,576,640,768,896,1024,"
+                                    "1152,1280,1408,1536,1664,1792,1920,2048")
 
 
 def default_model() -> str:

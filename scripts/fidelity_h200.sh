@@ -19,6 +19,9 @@ N=${N:-100}
 SEEDS=${SEEDS:-0,1,2}
 LOADS=${LOADS:-0.5,0.8,0.95}
 BUDGET_S=${BUDGET_S:-330}
+# idle before each timed prefill step of the profile: measured back to back, compute-bound steps
+# ran at sustained-load clocks, 7-12% slower than the serving loop runs them (issue 18)
+PAUSE_MS=${PAUSE_MS:-60}
 TAG=${TAG:-$(echo "$MODEL" | sed 's/deepseek-coder-//')}
 if [ -d .whl ] && ! python3 -c 'import zmq, google.protobuf' 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -28,10 +31,20 @@ export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 load_args=(--loads "$LOADS")
 [ -n "${RATES:-}" ] && load_args=(--rates "$RATES")
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv 2>/dev/null | tee "$OUT/gpu_$TAG.txt"
+# SM clock and power every 100 ms, for the whole command: which clocks the profile's steps and the
+# live steps ran at (the step log's "t" is the same wall clock)
+smi_pid=
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu \
+    --format=csv,noheader,nounits -lms 100 >"$OUT/smi_$TAG.csv" 2>&1 &
+  smi_pid=$!
+fi
 timeout "$BUDGET_S" python3 -m gateway.tidegate_cli sim validate --model "$MODEL" --device "$DEVICE" \
   --input-len "$IN" --output-len "$OUTLEN" --num-requests "$N" --seeds "$SEEDS" "${load_args[@]}" \
   --profile "$OUT/profile_$TAG.json" --reprofile --profile-repeats 3 --profile-warmup 1 \
+  --profile-pause-ms "$PAUSE_MS" \
   --warmup-requests 10 --settle-s 0.5 \
   --decision-log "$OUT/decisions_$TAG.jsonl" --step-log "$OUT/steps_$TAG.jsonl" ${SERVE_ARGS:-} \
   --json "$OUT/validate_$TAG.json" 2>&1 | tee "$OUT/validate_$TAG.log"
 echo "rc ${PIPESTATUS[0]}"
+[ -n "$smi_pid" ] && kill "$smi_pid" 2>/dev/null

@@ -29,3 +29,27 @@ def test_profile_error_is_one_line(tmp_path, capsys):
     assert main(["profile", "--model", "nope", "--out", str(tmp_path / "x.json")]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "neither a directory nor a preset" in err
+
+
+def test_profile_pause_idles_before_prefill_steps_only(tmp_path, monkeypatch):
+    """--pause-ms sleeps before each repetition of a step with prefill tokens (the serving loop
+    rarely runs compute-bound steps back to back), not before decode-only ones, and each point
+    records the host's launch part of its step time."""
+    from backend import profile
+
+    slept = []
+    monkeypatch.setattr(profile.time, "sleep", lambda s: slept.append(s))
+    out = tmp_path / "profile.json"
+    rc = main(["profile", "--model", "tiny", "--num-blocks", "64", "--max-num-seqs", "8",
+               "--max-num-batched-tokens", "64", "--max-model-len", "256",
+               "--decode-batch-sizes", "0,1", "--prefill-tokens", "0,32", "--context-lens", "16",
+               "--packed-prefill-seqs", "", "--repeats", "2", "--warmup", "1",
+               "--pause-ms", "40", "--out", str(out)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert doc["pause_ms"] == 40.0
+    prefill_points = [p for p in doc["points"] if p["num_prefill_tokens"]]
+    assert len(prefill_points) == 2 and len(doc["points"]) == 3
+    assert slept == [0.04] * (2 * 3)  # 2 prefill points x (1 warmup + 2 repeats)
+    for p in doc["points"]:
+        assert 0 < p["launch_ms_median"] <= p["step_ms_median"]

@@ -225,16 +225,18 @@ def test_async_turns_equal_the_synchronous_loop_on_cuda(stops):
     assert engine.scheduler.block_manager.num_used_blocks == 0
 
 
-def test_launch_deadline_only_for_measured_decode_graph_steps():
-    """The worker waits for messages until `launch_deadline()`: known once a decode-only graph
-    shape has run, None while a prefill-bearing step is in flight or without async turns."""
+def test_launch_deadline_for_decode_and_prefill_graph_steps():
+    """The worker waits for messages until `launch_deadline()`: known for a pipelined step that
+    replays a graph (decode-only or mixed: prefill-bearing steps too) once that graph's device
+    time is known, from a step that ran or from its capture; None without async turns and when
+    nothing is left to plan."""
     import time
 
     engine = _engine(True, num_blocks=64)
     params = SamplingParams(max_tokens=10, ignore_eos=True)
     for rid, prompt in (("a", [5, 6, 7]), ("b", [8, 9])):
         assert engine.add_request(rid, prompt, params) is None
-    engine.advance()  # the prefill step is in flight
+    engine.advance()  # the prefill step is in flight, synchronous order
     assert engine.launch_deadline() is None
     engine.async_scheduling = True
     seen = []
@@ -244,3 +246,79 @@ def test_launch_deadline_only_for_measured_decode_graph_steps():
     known = [d for d in seen if d is not None]
     assert known and all(d < time.perf_counter() for d in known)  # the CPU: nothing to wait for
     assert seen[-1] is None  # nothing in flight at the end
+
+    # a prefill-bearing step: its mixed graph's time from a step that ran, else from capture
+    engine = _engine(True, num_blocks=64)
+    engine.async_scheduling = True
+    assert engine.add_request("c", [1, 2, 3, 4, 5], params) is None
+    engine.advance()
+    step = engine._inflight
+    assert step.pipelined and step.plan.chunks[-1].is_prefill
+    captured = step.launched.graph_launch.captured
+    assert engine.launch_deadline() is None  # bucket 8 never timed, no capture time (CPU)
+    captured.device_s = 5.0  # as CUDA measures it at capture
+    assert engine.launch_deadline() == pytest.approx(step.start + 5.0 - 2 * engine._launch_s - 0.001)
+    assert engine.add_request("d", [6, 7, 8, 9, 10, 11], params) is None
+    engine.advance()  # launches c's decode with d's prefill (bucket 8), reads back c's prefill
+    nxt = engine._inflight
+    assert nxt.launched.graph_launch.captured is captured
+    assert {ch.request_id for ch in nxt.plan.chunks} == {"c", "d"}
+    # the step read back was timed (the CPU: from its launch to its read-back, which took in
+    # the next step's forward pass); a shorter time than the estimate replaces it at once
+    measured = step.end - step.launched_at
+    assert measured < 5.0 and engine._device_s[id(captured)] == measured
+    assert engine.launch_deadline() == pytest.approx(
+        max(nxt.start, engine._last_end) + measured - 2 * engine._launch_s - 0.001)
+    while engine.has_unfinished():
+        engine.advance()
+    engine.check_integrity()
+
+
+def test_worker_holds_the_next_step_for_arrivals_during_a_prefill_step(tmp_path, monkeypatch):
+    """Issue 11: with async scheduling the step after a prefill-bearing step used to be planned
+    as soon as that step launched, so a request arriving while it ran (a 512-token prefill:
+    ~70 ms on the H200) waited a whole extra step for its first token. The worker now waits
+    for messages until the prefill step's launch deadline too (here its graph's capture time,
+    2 s): a request sent while the first one's prefill step runs is prefilled in the very next
+    step."""
+    import threading
+
+    from backend.engine import Engine
+    from backend.step_log import StepLog
+    from backend.worker import Worker
+    from tests.backend_helpers import DealerClient
+
+    monkeypatch.setattr(Engine, "overlaps_device", property(lambda self: True))  # the CUDA loop
+    engine, loaded = create_engine(BackendConfig(model="tiny", num_blocks=64, block_size=4,
+                                                 max_num_seqs=6, max_num_batched_tokens=40,
+                                                 max_model_len=256))
+    engine.runner.graphs = StepGraphs(engine.runner, (1, 2, 4, 8), use_cuda_graphs=False,
+                                      token_buckets=(8, 16, 32))
+    engine.runner.graphs.capture_all()
+    for captured in engine.runner.graphs.mixed_graphs.values():
+        captured.device_s = 2.0  # what CUDA would have timed at capture
+    engine.async_scheduling = True
+    log = StepLog(tmp_path / "steps.jsonl")
+    worker = Worker(engine, loaded, f"ipc://{tmp_path}/deadline.sock", step_log=log)
+    thread = threading.Thread(target=worker.serve_forever, daemon=True)
+    thread.start()
+    c = DealerClient(worker.endpoint)
+    try:
+        c.hello()
+        c.batch({"a": [5, 6, 7, 8, 9]}, max_tokens=3, ignore_eos=True, temperature=0.0)
+        waited = 0
+        while engine._inflight is None and waited < 2000:  # a's prefill step launched
+            threading.Event().wait(0.005)
+            waited += 1
+        c.batch({"b": [10, 11, 12, 13, 14, 15]}, max_tokens=3, ignore_eos=True, temperature=0.0)
+        tokens, _, _ = c.collect(["a", "b"])
+        assert all(len(t) == 3 for t in tokens.values()), tokens
+    finally:
+        worker._stopping = True
+        thread.join(10)
+        c.close()
+        worker.close()
+    engine.check_integrity()
+    prefilled = [[rid for rid, _, _ in row[4]] for row in log.rows]
+    assert prefilled[0] == ["a"] and prefilled[1] == ["b"], prefilled
+    assert log.rows[1][3] == 1  # and a's first decode rode in that step
