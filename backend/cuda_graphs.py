@@ -107,7 +107,8 @@ class _Captured:
     token_ids: torch.Tensor  # [bucket] int64 (greedy)
     # one replay's device time right after capture, on the dummy inputs (CUDA; None for the
     # stand-in): the engine's launch deadline before a real step of this graph has been timed.
-    # The dummy rows attend to nothing, so it is the matmuls' time, a little under a real step's
+    # The dummy rows attend to nothing (a little under a real step's time; the replay may also
+    # carry the graph's upload, a little over)
     device_s: float | None = None
 
 
@@ -281,9 +282,9 @@ class StepGraphs:
         with torch.cuda.graph(graph, pool=self._pool):
             logits, ids = fn()
         torch.cuda.synchronize(self.device)
-        # time the second replay (the first may include the graph's upload to the device)
+        # one timed replay (the first real step's time replaces a higher estimate at once:
+        # backend.engine)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        graph.replay()
         start.record()
         graph.replay()
         end.record()

@@ -9,8 +9,9 @@
 #   MODEL=tiny DEVICE=cpu WORKLOADS=tiny CONFIGS="a=" bash scripts/gpu_serving_run.sh   # CPU check
 #
 # Environment: MODEL (deepseek-coder-33b), DEVICE (cuda), WORKLOADS (issue11 | tiny), CONFIGS
-# (space-separated NAME=FLAGS, default "bf16= fp8=--quantization%fp8"; % stands for a space inside
-# FLAGS; NAME=FLAGS@w1,w2 runs only those workloads), SUITE_S (hard cap in seconds, default 540),
+# (space-separated NAME=FLAGS; % stands for a space inside FLAGS; NAME=FLAGS@w1,w2 runs only those
+# workloads; default: bf16 weights and KV, then the 512/128 workloads with each quantized KV
+# format (issue 12), then fp8 weights), SUITE_S (hard cap in seconds, default 540),
 # DEADLINE_S (start nothing new after, default SUITE_S - 120), WORK (working folder, default
 # $OUT/serving). pyzmq/protobuf missing on the machine: carry .whl (wheels) and they are
 # installed first. Outputs: $OUT/serving_table.md, $OUT/summary.json and everything else packed
@@ -20,7 +21,7 @@ OUT=${OUT:-out/gpu_serving}
 MODEL=${MODEL:-deepseek-coder-33b}
 DEVICE=${DEVICE:-cuda}
 WORKLOADS=${WORKLOADS:-issue11}
-CONFIGS=${CONFIGS:-"bf16= fp8=--quantization%fp8"}
+CONFIGS=${CONFIGS:-"bf16= kvfp8=--kv-cache-dtype%fp8@long_8rps,long_burst kvint4=--kv-cache-dtype%int4-fp8@long_8rps,long_burst fp8=--quantization%fp8"}
 SUITE_S=${SUITE_S:-540}
 DEADLINE_S=${DEADLINE_S:-$((SUITE_S - 120))}
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 TOKENIZERS_PARALLELISM=false
@@ -57,6 +58,19 @@ PYEOF
   cat "$WORK/ceilings.json"
 fi
 
+# SM clock, power and temperature every 20 ms for the whole suite, on the step log's wall clock
+# (a step that runs slower on the device at the same shape: clocks or not). The throttle reasons
+# in a second sampler: a field this driver does not know must not cost the first one.
+smi_pids=()
+if [ "$DEVICE" != cpu ] && command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu \
+    --format=csv,noheader,nounits -lms 20 > "$WORK/gpu_clocks.csv" 2>&1 &
+  smi_pids+=($!)
+  nvidia-smi --query-gpu=timestamp,clocks_event_reasons.active \
+    --format=csv,noheader -lms 100 > "$WORK/gpu_clock_reasons.csv" 2>&1 &
+  smi_pids+=($!)
+fi
+
 config_args=()
 for c in $CONFIGS; do config_args+=(--config "${c//%/ }"); done
 
@@ -65,6 +79,7 @@ timeout -s INT "$SUITE_S" $PY -m bench.serving_suite --out "$WORK" --workloads "
     -- --model "$MODEL" --load-format dummy --device "$DEVICE" "$@"
 rc=$?
 echo "serving suite exit $rc"
+for pid in "${smi_pids[@]}"; do kill "$pid" 2>/dev/null; done
 cp "$WORK/serving_table.md" "$WORK/summary.json" "$OUT/" 2>/dev/null
 tar czf "$OUT/serving_results.tar.gz" -C "$(dirname "$WORK")" "$(basename "$WORK")"
 exit $rc

@@ -36,6 +36,19 @@ def test_step_summary_closed_forms():
     assert math.isnan(s["decode_b1_ms_p50"]) and s["num_decode_b1_steps"] == 0
 
 
+def test_device_time_beside_the_cadence():
+    # two decode steps timed on the device at 20 and 30 ms whose cadence was 21 and 30 (the first
+    # waited 1 ms for the host), a prefill step timed at 60 ms, and a step with no device time
+    rows = [_row(1.0, 21, 4) | {"device_ms": 20}, _row(1.1, 30, 4) | {"device_ms": 30},
+            _row(1.2, 60, 4, 100, 1) | {"device_ms": 60}, _row(1.3, 25, 4)]
+    s = step_summary(rows, 0.0, 2.0)
+    assert s["num_device_timed_steps"] == 3 and s["device_ms_sum"] == 110
+    assert s["host_wait_ms_sum"] == pytest.approx(1.0)
+    assert s["decode_only_device_ms_p50"] == 20 and s["decode_only_device_ms_max"] == 30
+    assert s["prefill_step_device_ms_mean"] == 60
+    assert step_summary([_row(1.0, 21, 4)], 0.0, 2.0)["num_device_timed_steps"] == 0
+
+
 def test_step_model_recovers_a_linear_cost():
     rows = [_row(i, 18 + 0.1 * p + 0.2 * d, d, p, 1 if p else 0)
             for i, (p, d) in enumerate([(0, 1), (0, 30), (512, 3), (256, 20), (2000, 0), (16, 7)])]
