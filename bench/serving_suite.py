@@ -359,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
             result["engine"] = engine
             result["workload"] = w.__dict__ | {"rate": "inf" if math.isinf(w.rate) else w.rate}
             path.write_text(json.dumps(result, indent=2) + "\n")
-            rows.append({"config": name, "workload": w.name,
+            rows.append({"config": name, "workload": w.name, "window_wall_s": [t0, t1],
                          "total_output_tokens": result["total_output_tokens"],
                          "completed": result["completed"], "engine": engine,
                          "client": {"ttft_p50": result["ttft_ms"]["p50"],
