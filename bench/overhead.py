@@ -18,8 +18,8 @@ sends every message straight back. Then, one path at a time, a closed loop of C 
 Reported per path and concurrency: requests/s, latency mean/P50/P90/P99/max, the latency added
 over the matching baseline (http_gateway - bare_aiohttp, zmq_client - raw_zmq, at the same C), and
 the CPU each process spent per request (from /proc; the gateway's backend counted separately).
-The goals of issue 4 section 7 are checked: zmq_client P99 at C=1 <= 0.5 ms, and the HTTP
-gateway's request rate >= 40% of bare aiohttp's (at the highest concurrency; C=1 is reported too).
+The goals of issue 16 are checked: zmq_client P99 at C=1 <= 0.5 ms, and the HTTP gateway's
+request rate >= 50% of bare aiohttp's (at the highest concurrency; C=1 is reported too).
 Everything shares this machine's cores with the client, so the load average is recorded.
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 PATHS = ("http_gateway", "bare_aiohttp", "zmq_client", "raw_zmq")
 BASELINE = {"http_gateway": "bare_aiohttp", "zmq_client": "raw_zmq"}
 GOAL_ZMQ_P99_MS = 0.5
-GOAL_HTTP_RATIO = 0.4
+GOAL_HTTP_RATIO = 0.5  # issue 16 (issue 4 section 7 asked for 0.4)
 PROMPT = [104, 101, 108, 108, 111, 32, 119, 111]  # 8 byte-level ids ("hello wo")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -305,13 +305,15 @@ def serve_zmq_echo(address: str) -> int:
 
 def profile_gateway(out: str, argv: list[str]) -> int:
     """`tidegate <argv>` under cProfile on the main thread's CPU clock (time.thread_time): on a
-    shared machine a wall-clock profile charges preemption to whatever call was running."""
+    shared machine a wall-clock profile charges preemption to whatever call was running.
+    The profiler runs only between SIGUSR1 (sent once the servers are ready) and the end, so
+    start-up (imports, the app's set-up) does not drown the per-request path."""
     import cProfile
 
     from gateway.tidegate_cli import main as tidegate_main
 
     prof = cProfile.Profile(time.thread_time)
-    prof.enable()
+    signal.signal(signal.SIGUSR1, lambda *_: prof.enable())
     try:
         return tidegate_main(argv)
     finally:
@@ -570,6 +572,8 @@ def run(args) -> dict:
     try:
         servers.wait_ready(args.startup_timeout)
         startup_s = time.monotonic() - t0
+        if args.profile_gateway:
+            servers.gateway.proc.send_signal(signal.SIGUSR1)  # start profiling now
         for c in args.concurrency:
             for path in PATHS:
                 if path in args.paths:

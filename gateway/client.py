@@ -204,7 +204,9 @@ class _Base:
             req.prompt_frame = 0
             arrays.append(list(prompt))
         env = pb.Envelope(batch=pb.Batch(requests=[req]))
-        return rid, codec.encode(env, arrays)
+        # encode_trusted packs a list of ids with `array` (a numpy conversion per request cost
+        # half of building it); ids outside int32 or an oversized message still raise ValueError
+        return rid, codec.encode_trusted(env, arrays)
 
     def _assembler(self, prompt: str | list[int], sampling: dict) -> OutputAssembler:
         """The same output assembly as the gateway's (stop strings, min_tokens, special
@@ -385,6 +387,9 @@ class Client(_Base):
         super().__init__(address, timeout, connect_timeout, curve_key, server_key, api_key)
         self._ctx = zmq.Context()
         self._sock = self._socket(self._ctx)
+        # one poller for the client's life (Socket.poll builds and registers one per call)
+        self._poller = zmq.Poller()
+        self._poller.register(self._sock, zmq.POLLIN)
         try:
             self.connect()
         except BaseException:
@@ -416,7 +421,7 @@ class Client(_Base):
     def _recv(self, deadline: float, what: str, rid: str = "") -> codec.Decoded:
         while True:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not self._sock.poll(int(remaining * 1000) + 1):
+            if remaining <= 0 or not self._poller.poll(int(remaining * 1000) + 1):
                 if time.monotonic() >= deadline:
                     raise RequestTimeout(what, "TIMEOUT", rid)
                 continue

@@ -111,6 +111,8 @@ def _scalar(body: dict, name: str, default: Any, limits: RequestLimits = LIMITS,
             spec: Scalar | None = None) -> Any:
     """Field `name` of `body` checked against its row of `request_fields.SCALARS` (type, then
     bounds); `default` when absent or null."""
+    if body.get(name) is None:  # absent or null: the default, for every kind (the common case)
+        return default
     spec = spec or SCALARS[name]
     if spec.kind == "boolean":
         return _get_bool(body, name, default)

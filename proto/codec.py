@@ -167,6 +167,8 @@ def encode_trusted(envelope: pb.Envelope, arrays: Iterable = ()) -> list[bytes]:
             frames.append(array("i", tokens).tobytes())
     except (OverflowError, TypeError):
         return encode(envelope, arrays)  # raises its ValueError
+    if len(frames) > MAX_FRAMES or max(map(len, frames)) > MAX_FRAME_BYTES:
+        return encode(envelope, arrays)  # raises its ValueError
     return frames
 
 

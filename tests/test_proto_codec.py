@@ -263,6 +263,18 @@ def test_encode_trusted_makes_the_same_frames_as_encode():
         codec.encode_trusted(env, [[2**31], []])
 
 
+def test_encode_trusted_refuses_an_oversized_message_as_encode_does(monkeypatch):
+    """The client builds its requests with encode_trusted: a prompt over the frame limit must
+    still fail at the client (ValueError), not be sent for the server to drop unanswered."""
+    import pytest
+
+    monkeypatch.setattr(codec, "MAX_FRAME_BYTES", 64)
+    env = pb.Envelope(batch=pb.Batch(requests=[pb.GenerateRequest(request_id="r", prompt_frame=0)]))
+    assert len(codec.encode_trusted(env, [list(range(16))])[1]) == 64  # at the limit: sent
+    with pytest.raises(ValueError, match="exceeds limits"):
+        codec.encode_trusted(env, [list(range(17))])
+
+
 @pytest.mark.parametrize("batch_id", [1, 127, 128, 2**35 + 3, 2**64 - 1])
 def test_batch_id_leads_the_message_and_survives_a_garbled_rest(batch_id):
     env = pb.Envelope(batch=pb.Batch(batch_id=batch_id))
