@@ -416,11 +416,6 @@ def paged_attention_triton(
         fp32_dot = q.dtype == torch.float32 or triton_interpreting()
     if quant_f16 is None:
         quant_f16 = QUANT_DOT_F16
-    if int4_scale_after is None:
-        int4_scale_after = INT4_SCALE_AFTER
-    # the group-scale-after form: fp16 dots only, and K = 16 channels per group half at least
-    int4_scale_after = (int4_scale_after and k_codec == CODEC_INT4 and quant_f16
-                        and not fp32_dot and head_dim // 2 // num_groups >= 16)
     if out is None:
         out = torch.empty_like(q)
     if num_tokens == 0 or num_seqs == 0:
@@ -433,6 +428,11 @@ def paged_attention_triton(
     if num_warps is None:
         num_warps = DECODE_WARPS if block_q == 1 else PREFILL_WARPS
     quant_decode = block_q == 1 and k_codec != CODEC_NATIVE
+    if int4_scale_after is None:   # by default for decodes (the form measured there)
+        int4_scale_after = INT4_SCALE_AFTER and block_q == 1
+    # the group-scale-after form: fp16 dots only, and K = 16 channels per group half at least
+    int4_scale_after = (int4_scale_after and k_codec == CODEC_INT4 and quant_f16
+                        and not fp32_dot and head_dim // 2 // num_groups >= 16)
     if block_n is None:
         block_n = QUANT_BLOCK_N if quant_decode else BLOCK_N
     if num_stages is None:
