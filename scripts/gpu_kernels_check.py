@@ -348,8 +348,10 @@ def split_candidates(batch: int, ctx: int, default: int, sms: int) -> list[int]:
 
 
 def bench_attention_splits(r: Runner) -> None:
-    """Decode attention per KV format at every candidate context split (split-K), default tiles;
-    each setting checked against the reference first. The split policy is chosen from this."""
+    """Decode attention per KV format at every candidate context split (split-K), default tiles
+    (and quantized pages at the 64-token tile); each setting checked against the reference
+    first. The split policy (`choose_num_splits`) was chosen from this; its own choice is the
+    first row of each shape and format."""
     sms = 132 if r.dry_run else torch.cuda.get_device_properties(0).multi_processor_count
     shapes = [(2, 256), (4, 512)] if r.dry_run else SPLITS_SHAPES
     fmts = ("bf16", "fp8", "int4-fp8")
@@ -358,17 +360,15 @@ def bench_attention_splits(r: Runner) -> None:
         for fmt in fmts:
             call, kv_bytes = attention_step(r, fmt, [1] * batch, [ctx] * batch)
             ref = _reference_of(call)
-            default = attn.choose_num_splits(batch * NUM_KV_HEADS, ctx, sms,
-                                             quantized=fmt != "bf16")
+            quant = fmt != "bf16"
+            default = attn.choose_num_splits(
+                batch * NUM_KV_HEADS, ctx, sms,
+                attn.QUANT_DECODE_RESIDENT_PER_SM if quant else attn.DECODE_RESIDENT_PER_SM,
+                attn.QUANT_BLOCK_N if quant else attn.BLOCK_N)
             variants = [{"num_splits": s} for s in split_candidates(batch, ctx, default, sms)]
             if fmt != "bf16":  # the thinner tile (int4 at 8 x 8k liked it) at 1x / 2x splits
                 variants += [{"num_splits": s, "block_n": 64, "num_stages": 2}
                              for s in (default, 2 * default)]
-            if fmt == "int4-fp8":  # the group scale applied after per-group dots
-                variants += [{"num_splits": default, "int4_scale_after": True}]
-                variants += [{"num_splits": s, "int4_scale_after": True}
-                             for s in split_candidates(batch, ctx, default, sms)[1:]
-                             if s > default]
             best = None
             for kw in variants:
                 if r.time_left() < 0:

@@ -64,9 +64,11 @@ class SimSchedulerConfig:
     # True | False | None = auto: on exactly when the workload has shared prefixes (module doc)
     enable_prefix_caching: bool | None = None
     # host-memory KV tier (scheduler.host_tier): GiB of host memory per backend (0: none), and
-    # the host<->GPU copy bandwidth its copies are charged at (GB/s, one direction)
+    # the host<->GPU copy bandwidth its copies are charged at (GB/s, one direction): measured
+    # on the H200 with the tier's batched copies, 33B pools, 64 blocks each way: 51.3 (bf16),
+    # 49.4 (fp8), 48.1 (int4-fp8) (`python -m backend.host_tier_bench --copy-rate`)
     host_kv_gib: float = 0.0
-    host_copy_gbps: float = 25.0
+    host_copy_gbps: float = 50.0
 
     def prefix_caching_for(self, workload: Workload) -> bool:
         """The setting resolved for `workload` (auto: does any request have a shared prefix?)."""

@@ -76,7 +76,8 @@ def add_run_args(p: argparse.ArgumentParser, *, num_requests: int = 1000) -> Non
                         "swapped preempted sequences; needs prefix caching")
     g.add_argument("--host-copy-gbps", type=float, default=SimSchedulerConfig.host_copy_gbps,
                    help="host<->GPU copy bandwidth the tier's copies are charged at, GB/s one way "
-                        "(the backend logs its measured figure at start)")
+                        "(default: measured on the H200 with batched copies; the backend logs "
+                        "its own figure at start)")
     g.add_argument("--network-delay-ms", type=float, default=0.0)
     g.add_argument("--delivery-delay-ms", type=float, default=0.0,
                    help="backend -> client delay of every token (TTFT and E2E grow by it, TPOT "

@@ -419,9 +419,9 @@ def test_paged_attention_quantized_dot_dtypes(fmt, quant_f16, heads):
 
 @pytest.mark.parametrize("heads", [(56, 8, 128), (6, 2, 64)], ids=["33b", "tiny-coder"])
 @pytest.mark.parametrize("splits", [None, 1, 12])
-def test_paged_attention_int4_scale_after_and_more_splits(heads, splits):
-    """int4 keys with the group scale after per-group fp16 dots, and quantized decodes at more
-    context splits than the default: both match the reference (decode and mixed tilings)."""
+def test_paged_attention_quantized_decode_at_more_splits(heads, splits):
+    """Quantized pages at the decode split policy's choice (None), unsplit, and at more context
+    splits than the default: all match the reference (decode and mixed tilings)."""
     num_heads, num_kv_heads, head_dim = heads
     torch.manual_seed(23)
     for qlens, lens in (([1] * 9, [3000, 17, 640, 1, 2049, 77, 900, 16, 1500]),
@@ -432,12 +432,11 @@ def test_paged_attention_int4_scale_after_and_more_splits(heads, splits):
             q = randn(sum(qlens), num_heads, head_dim)
             ref = paged_attention_reference(q, k_cache, v_cache, tables, qsl, context_lens,
                                             head_dim ** -0.5)
-            for after in ((False, True) if fmt == "int4-fp8" else (False,)):
-                out = torch.full_like(q, float("nan"))
-                paged_attention_triton(q, k_cache, v_cache, tables, qsl, context_lens,
-                                       head_dim ** -0.5, max_query_len=max(qlens), out=out,
-                                       num_splits=splits, int4_scale_after=after)
-                assert rel_err(out, ref) <= TOL, (fmt, after, qlens, rel_err(out, ref))
+            out = torch.full_like(q, float("nan"))
+            paged_attention_triton(q, k_cache, v_cache, tables, qsl, context_lens,
+                                   head_dim ** -0.5, max_query_len=max(qlens), out=out,
+                                   num_splits=splits)
+            assert rel_err(out, ref) <= TOL, (fmt, qlens, rel_err(out, ref))
 
 
 @pytest.mark.parametrize("shape", list(BF16_GEMV_M1_CONFIGS), ids=lambda s: f"{s[0]}x{s[1]}")

@@ -128,32 +128,6 @@ def test_paged_attention_quantized_fp16_dots(kernels, fmt, case):
     assert 0 < err < 3e-3, err   # > 0: the fp16 path really ran (fp32 dots would be ~1e-7)
 
 
-@pytest.mark.parametrize("head_dim", [32, 64, 128])
-@pytest.mark.parametrize("case", [([1, 1, 1], [40, 7, 100], 3), ([1, 9, 1], [33, 20, 61], 1)],
-                         ids=["decode-split", "mixed"])
-def test_paged_attention_int4_group_scale_after_the_dot(kernels, head_dim, case):
-    """int4 keys with the group scale and the nibble offset applied after per-group dots
-    (`int4_scale_after`): as close to the fp32 reference as the in-register dequantization,
-    and really a different path (not bit-equal to it)."""
-    pa, _ = kernels
-    qlens, ctxs, splits = case
-    gen = torch.Generator().manual_seed(head_dim)
-    k, v = _pools("int4-fp8", 40, 16, 2, head_dim, torch.float32, gen)
-    tables, qsl, lens = _step(qlens, ctxs, 40, 16, gen)
-    q = torch.randn(sum(qlens), 14, head_dim, generator=gen)
-    ref = pa.paged_attention_reference(q, k, v, tables, qsl, lens, 0.3)
-    outs = []
-    for after in (False, True):
-        out = torch.full_like(q, float("nan"))
-        pa.paged_attention_triton(q, k, v, tables, qsl, lens, 0.3, max_query_len=max(qlens),
-                                  num_splits=splits, out=out, quant_f16=True, fp32_dot=False,
-                                  int4_scale_after=after)
-        assert torch.isfinite(out).all()
-        assert ((out - ref).norm() / ref.norm()).item() < 2e-3
-        outs.append(out)
-    assert not torch.equal(*outs)
-
-
 def test_paged_attention_bf16_io_and_dispatch(kernels):
     """bf16 q/out and pages through the public dispatcher (default tiling and split choice)."""
     pa, _ = kernels

@@ -123,14 +123,46 @@ def test_paged_attention_dispatch_on_cpu_is_reference():
 @pytest.mark.parametrize("num_seqs", [1, 3, 8, 24, 64, 128])
 @pytest.mark.parametrize("max_context_len", [1, 100, 2048, 16384])
 def test_choose_num_splits_fills_the_chip(num_seqs, max_context_len):
+    """Mixed steps: at least PROGRAMS_PER_SM programs per SM unless splits run out of work."""
     splits = choose_num_splits(num_seqs * 8, max_context_len, 132)
     assert splits >= 1
     programs = num_seqs * 8 * splits
     enough_tokens = -(-max_context_len // splits) >= MIN_TOKENS_PER_SPLIT or splits == 1
     assert enough_tokens
-    # either the chip is filled or more splits would leave splits without enough work
-    assert programs >= 2 * 132 or -(-max_context_len // (splits + 1)) < MIN_TOKENS_PER_SPLIT \
-        or splits == 64
+    # either the chip is filled or more splits would leave splits without enough work (or
+    # one of them empty: the kernel cuts the context in whole 64-token tiles)
+    more = splits + 1
+    per_split = math.ceil(math.ceil(max_context_len / more) / 64) * 64
+    assert programs >= 2 * 132 or -(-max_context_len // more) < MIN_TOKENS_PER_SPLIT \
+        or splits == 64 or splits * per_split >= max_context_len
+
+
+@pytest.mark.parametrize("num_seqs", [1, 3, 8, 24, 32, 64, 128])
+@pytest.mark.parametrize("max_context_len", [1, 100, 2048, 8192, 16384])
+@pytest.mark.parametrize("resident, block_n", [(4, 64), (2, 128)], ids=["bf16", "quantized"])
+def test_decode_splits_fill_one_wave_and_none_is_empty(num_seqs, max_context_len, resident,
+                                                       block_n):
+    """Decodes: the most splits whose programs fit one wave of `resident` programs per SM
+    (or 1), each split >= MIN_TOKENS_PER_SPLIT tokens, and every split gets a tile."""
+    programs = num_seqs * 8
+    splits = choose_num_splits(programs, max_context_len, 132, resident, block_n)
+    assert splits == 1 or programs * splits <= resident * 132
+    assert splits == 1 or -(-max_context_len // splits) >= MIN_TOKENS_PER_SPLIT
+    per_split = math.ceil(math.ceil(max_context_len / splits) / block_n) * block_n
+    assert (splits - 1) * per_split < max_context_len          # the last split is not empty
+    more = splits + 1   # one more would overfill the wave, starve a split, or leave one empty
+    more_per_split = math.ceil(math.ceil(max_context_len / more) / block_n) * block_n
+    assert (programs * more > resident * 132 or -(-max_context_len // more) < MIN_TOKENS_PER_SPLIT
+            or more > 64 or splits * more_per_split >= max_context_len)
+
+
+def test_decode_split_choices_measured_on_the_h200():
+    """The choices the H200 sweep found best (NOTES.md "Split policy"; 33B: 8 KV heads)."""
+    assert choose_num_splits(8 * 8, 8192, 132, 2, 128) == 4      # quantized, 8 x 8k: 75 vs 101 us
+    assert choose_num_splits(8 * 8, 16384, 132, 2, 128) == 4
+    assert choose_num_splits(8 * 8, 8192, 132, 4, 64) == 8       # bf16, 8 x 8k: 83 vs 90 us
+    assert choose_num_splits(1 * 8, 8192, 132, 2, 128) == 32     # not 33 (one would be empty)
+    assert choose_num_splits(64 * 8, 8192, 132, 2, 128) == 1
 
 
 # ---- rmsnorm ----------------------------------------------------------------------------------

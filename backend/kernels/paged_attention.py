@@ -67,13 +67,20 @@ from backend.kernels.triton_utils import (
     use_triton,
 )
 
-# Split-K sizing: aim for PROGRAMS_PER_SM programs per multiprocessor, but give each split at
-# least MIN_TOKENS_PER_SPLIT tokens of context (fewer makes the merge traffic dominate).
+# Split-K sizing. A decode takes as many context splits as put its programs in ONE wave of
+# resident programs: DECODE_RESIDENT_PER_SM per SM over bf16 pages (64-token tiles, 2 stages),
+# QUANT_DECODE_RESIDENT_PER_SM over quantized pages (128-token tiles, 3 stages). Measured on the
+# H200 (33B heads, NOTES.md "Split policy"): a second, partial wave cost 10-35% (fp8 at 8 x 8k:
+# 5 splits = 320 programs 100.6 us, 4 splits = 256 programs 75.1 us; bf16: 5 splits 89.9, 8
+# splits 82.8). Mixed steps keep the earlier rule (at least PROGRAMS_PER_SM programs per SM;
+# not re-measured). Every split keeps >= MIN_TOKENS_PER_SPLIT tokens (fewer makes the merge
+# traffic dominate), and splits the longest context leaves empty are dropped (33 splits of 8k
+# at 128-token tiles: 32 real ones and a merge over 64 slots; int4 23.2 us, 32 splits 21.5).
 PROGRAMS_PER_SM = 2
+DECODE_RESIDENT_PER_SM = 4
+QUANT_DECODE_RESIDENT_PER_SM = 2
 MIN_TOKENS_PER_SPLIT = 128
 MAX_SPLITS = 64
-QUANT_PROGRAMS_PER_SM = PROGRAMS_PER_SM       # decode over quantized pages
-QUANT_MIN_TOKENS_PER_SPLIT = MIN_TOKENS_PER_SPLIT
 BLOCK_N = 64            # context tokens per inner tile
 PREFILL_ROWS = 64       # M rows of a program when the step has prefill chunks
 # Tile settings from the H200 sweep (NOTES.md): 4 warps beat 8 everywhere though an sm_90
@@ -87,10 +94,6 @@ QUANT_BLOCK_N, QUANT_NUM_STAGES = 128, 3   # decode tiling over fp8 / int4-fp8 p
 # exact in fp16; q (bf16 -> fp16) and p (fp32 -> fp16) lose nothing bf16 would keep, except that
 # q is clamped to fp16's range. TIDEGATE_QUANT_DOTS=bf16 keeps the bf16 dots (A/B).
 QUANT_DOT_F16 = os.environ.get("TIDEGATE_QUANT_DOTS", "f16") != "bf16"
-# int4 keys with fp16 dots: one [G, M, N] batched dot per nibble half over the codes as fp16
-# (1024 + n), the group scale and the -1032 offset applied to the [G, M, N] scores after it,
-# instead of dequantizing every [N, D] code in registers (TIDEGATE_INT4_SCALE_AFTER=1).
-INT4_SCALE_AFTER = os.environ.get("TIDEGATE_INT4_SCALE_AFTER", "0") == "1"
 MERGE_TILE = 8192     # fp32 elements of one merge program's [heads, splits, head_dim] tile
 NUM_STAGES = 2
 _LOG2E = 1.4426950408889634
@@ -124,15 +127,22 @@ def choose_block_q(max_query_len: int, group: int) -> int:
 
 
 def choose_num_splits(num_programs: int, max_context_len: int, sm_count: int = 132,
-                      quantized: bool = False) -> int:
-    """Splits so that num_programs * splits >= PROGRAMS_PER_SM * sm_count, each split keeping
-    >= MIN_TOKENS_PER_SPLIT tokens of the longest context (`quantized`: a decode over fp8 /
-    int4-fp8 pages, which has its own targets)."""
-    per_sm = QUANT_PROGRAMS_PER_SM if quantized else PROGRAMS_PER_SM
-    min_tokens = QUANT_MIN_TOKENS_PER_SPLIT if quantized else MIN_TOKENS_PER_SPLIT
-    wanted = cdiv(per_sm * sm_count, max(1, num_programs))
-    useful = max(1, cdiv(max(1, max_context_len), min_tokens))
-    return max(1, min(wanted, useful, MAX_SPLITS))
+                      resident_per_sm: int | None = None, block_n: int = BLOCK_N) -> int:
+    """Context splits of a launch of `num_programs` programs per split (see "Split-K sizing").
+
+    `resident_per_sm` None (mixed steps): num_programs * splits >= PROGRAMS_PER_SM * sm_count.
+    Else (decodes): the most splits with num_programs * splits <= resident_per_sm * sm_count.
+    Both capped so each split keeps >= MIN_TOKENS_PER_SPLIT tokens of the longest context, at
+    MAX_SPLITS, and to the splits that get at least one `block_n` tile of that context."""
+    programs = max(1, num_programs)
+    context = max(1, max_context_len)
+    if resident_per_sm is None:
+        wanted = cdiv(PROGRAMS_PER_SM * sm_count, programs)
+    else:
+        wanted = resident_per_sm * sm_count // programs
+    splits = max(1, min(wanted, cdiv(context, MIN_TOKENS_PER_SPLIT), MAX_SPLITS))
+    per_split = cdiv(cdiv(context, splits), block_n) * block_n   # as the kernel cuts it
+    return cdiv(context, per_split)
 
 
 def _pool_parts(cache) -> tuple[torch.Tensor, torch.Tensor | None, int]:
@@ -164,7 +174,7 @@ if HAS_TRITON:
         K_CODEC: tl.constexpr, V_CODEC: tl.constexpr, NUM_GROUPS: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr,
         SINGLE_SPLIT: tl.constexpr, FP32_DOT: tl.constexpr, QUANT_F16: tl.constexpr,
-        INT4_SCALE_AFTER: tl.constexpr, USE_PDL: tl.constexpr,
+        USE_PDL: tl.constexpr,
     ):
         pdl_enter(USE_PDL)
         qb = tl.program_id(0)
@@ -216,19 +226,6 @@ if HAS_TRITON:
                 elif QUANT_F16:  # clamped: a bf16 q beyond fp16's range must not become inf
                     q_even = tl.clamp(q_even.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
                     q_odd = tl.clamp(q_odd.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
-                if INT4_SCALE_AFTER:
-                    # q's even / odd channels per scale group: [G, M, HALF] (HALF = 16 channels
-                    # of a 32-channel group), and their sums (the nibbles' +1032 offset, below)
-                    HALF: tl.constexpr = DH_P2 // NUM_GROUPS
-                    jj = tl.arange(0, NUM_GROUPS)[:, None] * HALF + tl.arange(0, HALF)[None, :]
-                    qm3 = row_ok[None, :, None] & (jj < HEAD_DIM // 2)[:, None, :]
-                    q3_even = tl.load(q_rows[None, :, None] + 2 * jj[:, None, :], mask=qm3,
-                                      other=0.0)
-                    q3_odd = tl.load(q_rows[None, :, None] + 2 * jj[:, None, :] + 1, mask=qm3,
-                                     other=0.0)
-                    q3_even = tl.clamp(q3_even.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
-                    q3_odd = tl.clamp(q3_odd.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
-                    q3_sum = tl.sum(q3_even.to(tl.float32) + q3_odd.to(tl.float32), axis=2)
             offs_d = tl.arange(0, D_P2)
             mask_d = offs_d < HEAD_DIM
             if K_CODEC != 2:
@@ -261,22 +258,7 @@ if HAS_TRITON:
                 row_in_page = offs_n % BLOCK_SIZE
                 # ---- scores [M, N] ----
                 k_rows = k_ptr + page * stride_kb + row_in_page * stride_kt + kv_head * stride_kh
-                if K_CODEC == 2 and INT4_SCALE_AFTER:
-                    # per group g: scores += (q_g . (1024 + n) - 1032 sum(q_g)) * scale_g, with
-                    # the nibbles n read transposed [G, HALF, N] straight from the pages: no
-                    # widened scale tile and no per-element subtract or multiply
-                    ks_rows = (ks_ptr + page * stride_ksb + row_in_page * stride_kst
-                               + kv_head * stride_ksh)
-                    kt_ptrs = k_rows[None, None, :] + jj[:, :, None]
-                    kt_mask = mask_n[None, None, :] & (jj < HEAD_DIM // 2)[:, :, None]
-                    packed3 = tl.load(kt_ptrs, mask=kt_mask, other=0)              # [G, HALF, N]
-                    lo3 = ((packed3 & 15).to(tl.int16) | 0x6400).to(tl.float16, bitcast=True)
-                    hi3 = ((packed3 >> 4).to(tl.int16) | 0x6400).to(tl.float16, bitcast=True)
-                    d3 = tl.dot(q3_even, lo3) + tl.dot(q3_odd, hi3)                # [G, M, N]
-                    ksc3 = tl.load(ks_rows[None, :] + tl.arange(0, NUM_GROUPS)[:, None],
-                                   mask=mask_n[None, :], other=0.0)                # [G, N]
-                    s = tl.sum((d3 - 1032.0 * q3_sum[:, :, None]) * ksc3[:, None, :], axis=0)
-                elif K_CODEC == 2:
+                if K_CODEC == 2:
                     ks_rows = (ks_ptr + page * stride_ksb + row_in_page * stride_kst
                                + kv_head * stride_ksh)
                     km = mask_n[:, None] & mask_j[None, :]
@@ -396,7 +378,6 @@ def paged_attention_triton(
     out: torch.Tensor | None = None, block_q: int | None = None,
     num_warps: int | None = None, block_n: int | None = None, num_stages: int | None = None,
     quant_f16: bool | None = None, fp32_dot: bool | None = None,
-    int4_scale_after: bool | None = None,
 ) -> torch.Tensor:
     num_tokens, num_heads, head_dim = q.shape
     num_seqs = context_lens.shape[0]
@@ -428,11 +409,6 @@ def paged_attention_triton(
     if num_warps is None:
         num_warps = DECODE_WARPS if block_q == 1 else PREFILL_WARPS
     quant_decode = block_q == 1 and k_codec != CODEC_NATIVE
-    if int4_scale_after is None:   # by default for decodes (the form measured there)
-        int4_scale_after = INT4_SCALE_AFTER and block_q == 1
-    # the group-scale-after form: fp16 dots only, and K = 16 channels per group half at least
-    int4_scale_after = (int4_scale_after and k_codec == CODEC_INT4 and quant_f16
-                        and not fp32_dot and head_dim // 2 // num_groups >= 16)
     if block_n is None:
         block_n = QUANT_BLOCK_N if quant_decode else BLOCK_N
     if num_stages is None:
@@ -442,8 +418,11 @@ def paged_attention_triton(
         max_context_len = block_tables.shape[1] * block_size
     if num_splits is None:
         busy_blocks = num_seqs if block_q == 1 else max(1, cdiv(num_tokens, block_q))
+        resident = None
+        if block_q == 1:
+            resident = QUANT_DECODE_RESIDENT_PER_SM if quant_decode else DECODE_RESIDENT_PER_SM
         num_splits = choose_num_splits(busy_blocks * num_kv_heads, max_context_len,
-                                       num_sms(q.device), quantized=quant_decode)
+                                       num_sms(q.device), resident, block_n)
     if num_splits > 1:
         part_o = torch.empty((num_tokens, num_heads, num_splits, head_dim),
                              dtype=torch.float32, device=q.device)
@@ -467,7 +446,6 @@ def paged_attention_triton(
         K_CODEC=k_codec, V_CODEC=v_codec, NUM_GROUPS=num_groups,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_Q=block_q,
         SINGLE_SPLIT=num_splits == 1, FP32_DOT=fp32_dot, QUANT_F16=quant_f16,
-        INT4_SCALE_AFTER=int4_scale_after,
         num_warps=num_warps, num_stages=num_stages, **pdl_args(q),
     )
     if num_splits > 1:
