@@ -5,11 +5,11 @@
 #   bash scripts/gpu_kvq_run.sh
 #
 # 1. `gpu_kernels_check.py --sections splits`: decode attention per KV format (bf16 / fp8 /
-#    int4-fp8) at each candidate context split, and int4 keys with the group scale after the dot.
+#    int4-fp8) at each candidate context split (the split policy's source).
 # 2. `backend.host_tier_bench --copy-rate`: the tier's block copies on the 33B preset's pools,
 #    batched vs one copy per layer tensor, per KV format.
-# 3. `pytest -m gpu`: the tier's copies byte-exact on the GPU, and the attention kernel at more
-#    splits and with the int4 scale after the dot (33B and tiny-coder heads).
+# 3. `pytest -m gpu`: the tier's copies byte-exact on the GPU, and quantized decode attention at
+#    more splits (33B and tiny-coder heads).
 # 4. `backend.host_tier_bench` end to end on the 33B preset (if time is left).
 set -u
 OUT=${OUT:-out/gpu_kvq}
@@ -26,7 +26,7 @@ timeout -s INT "${COPY_S:-40}" python3 -m backend.host_tier_bench --copy-rate --
     --device cuda --copy-blocks 64 --json "$OUT/copy_rate.json" > "$OUT/copy_rate_log.txt" 2>&1
 echo "copy rate exit $? at $(( $(date +%s) - t0 )) s"; tail -n 5 "$OUT/copy_rate_log.txt"
 timeout -s INT "${TEST_S:-60}" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/test_host_kv_copies.py \
-    tests/test_kernels_gpu.py -k "host_kv or gpu_tier or int4_scale_after_and_more_splits or quantized_dot_dtypes" \
+    tests/test_kernels_gpu.py -k "host_kv or gpu_tier or quantized_decode_at_more_splits or quantized_dot_dtypes" \
     > "$OUT/pytest_gpu.txt" 2>&1
 echo "pytest exit $? at $(( $(date +%s) - t0 )) s"; grep -E "passed|failed|FAILED|ERROR" "$OUT/pytest_gpu.txt" | tail -n 12
 if [ -n "${BENCH_S:-}" ]; then
