@@ -153,6 +153,25 @@ def sm_clock_mhz(device) -> int | None:
         return None
 
 
+def compare_pause(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int = 10) -> dict | None:
+    """The first prefill-only point again, paused / back to back / paused, `repeats` each: how
+    much of a compute-bound step's time the idle before it changes, in the same process (so a
+    profile says what its --pause-ms did)."""
+    shape = next(((d, p, c, k, s) for d, p, c, k, s in shapes if d == 0 and p), None)
+    if shape is None:
+        return None
+    d, p, c, k, s = shape
+    chunks = make_step(d, p, c, cfg.block_size, cfg.num_blocks, vocab, k, s)
+    runs = []
+    for label, pause in (("paused", pause_s), ("back_to_back", 0.0), ("paused_again", pause_s)):
+        ms = measure(runner, chunks, repeats, 1, pause)
+        runs.append({"run": label, "pause_ms": pause * 1000, "step_ms_median": statistics.median(ms),
+                     "step_ms_min": min(ms), "step_ms_max": max(ms),
+                     "sm_clock_mhz": sm_clock_mhz(runner.device)})
+        print(f"pause check d=0 p={p}: {label:12s} median {runs[-1]['step_ms_median']:9.3f} ms", flush=True)
+    return {"num_prefill_tokens": p, "num_prefill_seqs": k, "runs": runs}
+
+
 def point(d: int, p: int, c: int, k: int, s: int, ms: list[float],
           launch_ms: list[float] | None = None, clock_mhz: int | None = None) -> dict:
     """One profile point (docs/contracts.md, "profile JSON")."""
@@ -191,6 +210,9 @@ def run(args: argparse.Namespace) -> dict:
         print(f"d={d:4d} p={p:6d} c={c:6d} k={k:3d} s={s:6d}  {statistics.fmean(ms):9.3f} ms"
               + f"  launch {statistics.median(launch_ms):7.3f} ms"
               + (f"  sm {clock} MHz" if clock is not None else ""), flush=True)
+    pause_check = None
+    if args.pause_ms > 0:
+        pause_check = compare_pause(runner, shapes, cfg, loaded.config.vocab_size, args.pause_ms / 1000)
     dev = loaded.device
     return {
         "format": FORMAT, "model": loaded.config.name, "device": str(dev),
@@ -201,6 +223,7 @@ def run(args: argparse.Namespace) -> dict:
         "torch_version": torch.__version__, "pause_ms": args.pause_ms,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "points": points,
+        **({"pause_check": pause_check} if pause_check else {}),
     }
 
 

@@ -35,8 +35,13 @@ nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv 2>/dev/null | 
 # live steps ran at (the step log's "t" is the same wall clock)
 smi_pid=
 if command -v nvidia-smi >/dev/null; then
-  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu \
-    --format=csv,noheader,nounits -lms 100 >"$OUT/smi_$TAG.csv" 2>&1 &
+  q=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu
+  # why the clock is below its maximum (power cap, thermal...), where this driver names it
+  for f in clocks_event_reasons.active clocks_throttle_reasons.active; do
+    nvidia-smi --query-gpu=$f --format=csv,noheader >/dev/null 2>&1 && { q=$q,$f; break; }
+  done
+  echo "# $q" >"$OUT/smi_$TAG.csv"
+  nvidia-smi --query-gpu=$q --format=csv,noheader,nounits -lms 100 >>"$OUT/smi_$TAG.csv" 2>&1 &
   smi_pid=$!
 fi
 timeout "$BUDGET_S" python3 -m gateway.tidegate_cli sim validate --model "$MODEL" --device "$DEVICE" \
