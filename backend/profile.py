@@ -221,6 +221,9 @@ def run(args: argparse.Namespace) -> dict:
         "num_kv_blocks": cfg.num_blocks, "max_num_seqs": cfg.max_num_seqs,
         "max_num_batched_tokens": cfg.max_num_batched_tokens, "max_model_len": cfg.max_model_len,
         "torch_version": torch.__version__, "pause_ms": args.pause_ms,
+        # the mixed-step CUDA-graph token buckets steps ran as ([]: eager), so the cost model
+        # charges a step for its bucket (sims.profile_cost)
+        "cuda_graph_token_buckets": list(runner.graphs.token_buckets) if runner.graphs is not None else [],
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "points": points,
         **({"pause_check": pause_check} if pause_check else {}),

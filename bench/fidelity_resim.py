@@ -54,11 +54,12 @@ def prompt_identity(config: dict, num_arrivals: int) -> tuple[list[int], list[tu
 
 
 def resimulate(validate: dict, arrivals, profile: str, prompt_identity_on: bool = True,
-               delivery_delay_s: float = 0.0) -> dict:
+               delivery_delay_s: float = 0.0, async_plan_lead_s: float | None = None) -> dict:
     """`prompt_identity_on=False`: every prompt distinct (what `sim validate` itself simulated,
     but in one continuous run): the control that isolates the prefix cache's part.
     `delivery_delay_s`: `EngineConfig.delivery_delay_s` (the path from the backend to the client,
-    measured live, e.g. by scripts/fidelity_h200_path.py)."""
+    measured live, e.g. by scripts/fidelity_h200_path.py). `async_plan_lead_s`:
+    `EngineConfig.async_plan_lead_s` (None: the synchronous loop)."""
     from bench.sim_validate import compare, summarize_load
     from gateway.serve import build_parser as serve_parser
     from gateway.serve import gateway_config
@@ -87,7 +88,8 @@ def resimulate(validate: dict, arrivals, profile: str, prompt_identity_on: bool 
                                max_model_len=int(live_be["max_model_len"]), enable_prefix_caching=True)
     cost = ProfileCost.from_json(profile)
     res = simulate(w, cost, sched, EngineConfig(num_backends=1, num_samples=1,
-                                                delivery_delay_s=delivery_delay_s))
+                                                delivery_delay_s=delivery_delay_s,
+                                                async_plan_lead_s=async_plan_lead_s))
     run_of = np.array([si * 1000 + li if si >= 0 else -1 for si, li in runs])
     loads = []
     for li, ld in enumerate(validate["loads"]):
@@ -154,14 +156,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", dest="json_out")
     p.add_argument("--delivery-ms", type=float, default=0.0,
                    help="backend -> client delay of every token (EngineConfig.delivery_delay_s)")
+    p.add_argument("--async-plan-lead-ms", type=float, default=None,
+                   help="model the engine's async loop (EngineConfig.async_plan_lead_s; default: "
+                        "the synchronous loop)")
     p.add_argument("--no-prompt-identity", action="store_true",
                    help="control: treat every prompt as distinct (no prefix-cache hits across runs)")
     a = p.parse_args(argv)
     validate = json.loads(Path(a.validate).read_text())
     arrivals, _ = read_log(a.decisions)
     try:
+        lead = None if a.async_plan_lead_ms is None else a.async_plan_lead_ms / 1e3
         result = resimulate(validate, arrivals, a.profile, not a.no_prompt_identity,
-                            a.delivery_ms / 1e3)
+                            a.delivery_ms / 1e3, lead)
     except ValueError as exc:
         print(f"fidelity_resim: {exc}", file=sys.stderr)
         return 1

@@ -224,7 +224,7 @@ def run_live(url: str, model: str, n: int, rate: float, input_len, output_len, s
 # ---- 3. the simulator -----------------------------------------------------------------------------
 def sim_spec(profile: Path, num_blocks: int, block_size: int, max_model_len: int, max_num_seqs: int,
              max_num_batched_tokens: int, batcher, queue, n: int, rate: float, input_len,
-             output_len, seed: int, burstiness: float = 1.0):
+             output_len, seed: int, burstiness: float = 1.0, async_plan_lead_s: float | None = None):
     from sims.adapters import SimSchedulerConfig
     from sims.event_loop import EngineConfig
     from sims.runner import CostSpec, RunSpec
@@ -245,7 +245,23 @@ def sim_spec(profile: Path, num_blocks: int, block_size: int, max_model_len: int
                                      max_num_batched_tokens=max_num_batched_tokens,
                                      block_size=block_size, max_model_len=max_model_len,
                                      enable_prefix_caching=True),  # as the live engine
-        engine=EngineConfig(num_backends=1))
+        engine=EngineConfig(num_backends=1, async_plan_lead_s=async_plan_lead_s))
+
+
+def async_plan_lead(profile_doc: dict, device: str) -> float | None:
+    """`EngineConfig.async_plan_lead_s` for the live engine: None on the CPU (its loop is
+    synchronous: `Engine.overlaps_device`); on CUDA the launch deadline's lead before a decode
+    step's end, twice the host's launch time + `backend.engine.LAUNCH_SLACK_S`, the launch time
+    being the profile's median `launch_ms_median` over its decode-only points (0.5 ms, about what
+    the H200 measured, for profiles from before that was recorded)."""
+    if not str(device).startswith("cuda"):
+        return None
+    from backend.engine import LAUNCH_SLACK_S
+
+    launch = [pt["launch_ms_median"] for pt in profile_doc.get("points", [])
+              if not pt.get("num_prefill_tokens") and "launch_ms_median" in pt]
+    launch_s = float(np.median(launch)) / 1e3 if launch else 0.0005
+    return 2 * launch_s + LAUNCH_SLACK_S
 
 
 class ScaledCost:
@@ -482,6 +498,7 @@ def validate(a: argparse.Namespace) -> dict:
     t_prof = time.perf_counter() - t_prof
     doc = json.loads(profile.read_text())
     cost = ProfileCost.from_json(profile)
+    plan_lead = async_plan_lead(doc, a.device)
     max_num_seqs, max_nbt = int(doc["max_num_seqs"]), int(doc["max_num_batched_tokens"])
     max_d = max(pt["num_decode_seqs"] for pt in doc["points"])
     in_spec, out_spec = length_spec(a.input_len), length_spec(a.output_len)
@@ -502,7 +519,8 @@ def validate(a: argparse.Namespace) -> dict:
               "profile": {"path": str(profile), "measured_now": measured, "seconds": t_prof,
                           "loadavg_before": load_profile,
                           **{k: v for k, v in doc.items() if k != "points"},
-                          "num_points": len(doc["points"]), "cost_model": cost.describe()},
+                          "num_points": len(doc["points"]), "cost_model": cost.describe(),
+                          "async_plan_lead_ms": None if plan_lead is None else plan_lead * 1e3},
               "capacity_estimate": cap, "loads": []}
     by_load: dict[int, list] = {i: [] for i in range(len(rates))}
     run_steps: list[tuple] = []  # (load index, run index, its request ids, simulated prefill steps)
@@ -530,7 +548,7 @@ def validate(a: argparse.Namespace) -> dict:
                 wall = time.perf_counter() - t0
                 spec = sim_spec(profile, num_blocks, block_size, max_model_len, max_num_seqs, max_nbt,
                                 gw.batcher, gw.queues, a.num_requests, rate, in_spec,
-                                out_spec, seed, a.burstiness)
+                                out_spec, seed, a.burstiness, plan_lead)
                 sim = run_sim(spec)
                 cmp_ = compare(live, sim)
                 arrivals, live_batches = read_decisions(dec_path, offset)

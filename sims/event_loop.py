@@ -74,6 +74,15 @@ class EngineConfig:
     # tokens, start position), preempted): `extra["steps"]`; stretches are recorded as one row
     # each, so set max_stretch_steps=1 to see every step (sims.decision_replay does)
     record_steps: bool = False
+    # the engine's async loop (CUDA, backend.engine): each step is planned while the one before
+    # it still runs, so a request delivered after that plan waits a step more. None: the
+    # synchronous loop (CPU), planned at the step boundary. Otherwise a decode-only step's
+    # successor is planned this long before its end (`Engine.launch_deadline`: twice the host's
+    # launch time + 1 ms), and a step carrying prefill tokens has its successor planned when it
+    # starts (no launch deadline for those: its successor is launched straight after it). On
+    # the H200 (33B, 0.8-0.95x) 55-60% of requests landed a step later than the synchronous
+    # loop would put them (issue 18)
+    async_plan_lead_s: float | None = None
 
 
 @dataclass
@@ -107,10 +116,12 @@ class _Backend:
         "end_time",
         "idx",
         "inbox",
+        "inbox_t",
         "last_report",
         "num_placed",
         "outstanding",
         "plan",
+        "plan_prefill",
         "released_early",
         "sched",
         "step_start",
@@ -124,6 +135,8 @@ class _Backend:
     def __init__(self, idx: int, sched: BackendAdapter):
         self.idx, self.sched = idx, sched
         self.inbox: list[int] = []
+        self.inbox_t: list[float] = []  # when each inbox request was delivered
+        self.plan_prefill = False       # the step in progress carries prefill tokens
         self.busy = False
         self.end_time = 0.0
         self.version = 0
@@ -185,6 +198,7 @@ class EventLoop:
         self.num_idle = config.num_backends
         self.delay = config.network_delay_s
         self.max_k = config.max_stretch_steps
+        self.plan_lead = config.async_plan_lead_s
         horizon = float(self.arrival[-1]) if n else 0.0
         self.sample_dt = horizon / config.num_samples if horizon > 0 else INF
         self.next_sample = 0.0
@@ -298,8 +312,9 @@ class EventLoop:
 
     def deliver(self, be: _Backend, batch: list[int], now: float) -> None:
         be.inbox.extend(batch)
+        be.inbox_t.extend([now] * len(batch))
         if not be.busy:
-            self.start_step(be, now)
+            self.start_step(be, now, after_step=False)
         elif be.stretch_segs is not None:
             self.truncate(be, now)
 
@@ -335,27 +350,44 @@ class EventLoop:
         be.version += 1
         self.push(be.end_time, _STRETCH, (be.idx, be.version))
 
-    def admit(self, be: _Backend, now: float) -> None:
+    def admit(self, be: _Backend, now: float, cutoff: float = INF) -> None:
+        """Admit the inbox's requests delivered by `cutoff` (the step's plan time); the rest
+        stay for the next step."""
         sched = be.sched
         refused = 0
-        for i in be.inbox:
+        inbox, inbox_t = be.inbox, be.inbox_t
+        late = len(inbox)
+        if cutoff < inbox_t[-1]:
+            late = next(j for j, t in enumerate(inbox_t) if t > cutoff)
+        for i in inbox[:late]:
             if not sched.add(i, now):
                 self.rejected[i] = True
                 self.placement.release(be.idx, self.charged[i])
                 refused += 1
-        be.inbox.clear()
+        del inbox[:late], inbox_t[:late]
         if refused:
             self.settle(be, refused)
 
-    def start_step(self, be: _Backend, now: float) -> None:
+    def plan_cutoff(self, be: _Backend, now: float, after_step: bool) -> float:
+        """When the engine planned the step starting at `now` (see `async_plan_lead_s`)."""
+        lead = self.plan_lead
+        if lead is None or not after_step:
+            return now
+        return be.step_start if be.plan_prefill else now - lead
+
+    def start_step(self, be: _Backend, now: float, after_step: bool = True) -> None:
         if be.inbox:
-            self.admit(be, now)
+            self.admit(be, now, self.plan_cutoff(be, now, after_step))
         sched = be.sched
         if not sched.sched.requests:  # nothing running or waiting: no step (as the engine)
-            be.busy = False
-            return
+            if be.inbox:  # delivered after the plan that found nothing: it starts at once
+                self.admit(be, now)
+            if not sched.sched.requests:
+                be.busy = False
+                return
         max_k = self.max_k
-        if max_k > 1 and sched.num_waiting == 0:
+        # a stretch is not truncated for requests already in the inbox: one step, then admit
+        if max_k > 1 and sched.num_waiting == 0 and not be.inbox:
             # past finishes only while they cannot change what spare() reads (module doc)
             past = self.max_fin if sched.has_room and sched.kv_usage < self.watermark else 0
             k, segs = sched.decode_stretch(max_k, past)
@@ -369,6 +401,7 @@ class EventLoop:
                     out.append((ks, n_dec, ctx, nfin, t, tokens))
                 be.stretch_segs, be.stretch_past = out, past > 0
                 be.stretch_start = be.step_start = now
+                be.plan_prefill = False
                 be.busy = True
                 be.end_time = now + t
                 be.version += 1
@@ -394,6 +427,7 @@ class EventLoop:
                                   [int(r) for r in sched.preempted]))
         be.busy = True
         be.plan = plan
+        be.plan_prefill = num_prefill > 0
         be.step_start = now
         be.end_time = now + dt
         self.seq = seq = self.seq + 1  # push(), inlined: once per event

@@ -15,6 +15,15 @@ prefixes Σp_i·s_i. When the profile measured k > 1, a per-prefill-sequence ter
 (and k-space joins the residual interpolation as Σp_i²); when it measured s > 0, a term h·Σp_i·s_i.
 A profile without those points fits and interpolates exactly as before.
 
+CUDA-graph padding: on CUDA the engine runs a step holding prefill tokens as the captured graph of
+the smallest token bucket >= its d + p tokens (`backend.cuda_graphs`); the pad tokens go through
+every matrix product as a prefill token does, and through no attention. When the profile names its
+buckets (`cuda_graph_token_buckets`, written by `backend profile`; profiles measured on CUDA before
+that with the engine's defaults get `DEFAULT_CUDA_TOKEN_BUCKETS`), the prefill-token term is charged
+for p + pad, so a step is charged for the bucket it runs as. Without that a 2 x 512-token step plus
+16 decodes (bucket 1,280) was predicted 112 ms against 129-133 measured: the Σp_i² term had taken
+up the buckets' steps as if they were attention, and a packed step "saved" most of it.
+
 `step_time(d, p, ctx, prefill_chunks=None)`: without `prefill_chunks` a step's p tokens are one
 chunk from position 0 (today's `CostModel` interface); with them — the step's prefill chunks, each an
 int (tokens from position 0), an (num_tokens, start_pos) pair, or an object with `token_ids` and
@@ -39,6 +48,10 @@ _P_KEYS = ("num_prefill_tokens", "prefill_tokens")
 _C_KEYS = ("num_context_tokens", "context_tokens")
 _K_KEYS = ("num_prefill_seqs",)
 _S_KEYS = ("prefill_context_len",)
+# the engine's default mixed-step graph buckets (backend.cuda_graphs.DEFAULT_TOKEN_BUCKETS; a test
+# keeps the two equal), for CUDA profiles measured before they were written into the profile
+DEFAULT_CUDA_TOKEN_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 320, 384, 512, 640, 768, 1024,
+                              1280, 1536, 1792, 2048)
 _FEATURE_NAMES = ("a_s", "b_s_per_seq", "c_s_per_prefill_tok", "e_s_per_ctx_tok", "f_s_per_prefill_tok2",
                   "g_s_per_prefill_seq", "h_s_per_prefill_tok_prefix_tok")
 
@@ -52,11 +65,14 @@ def _pick(point: dict, keys: tuple, default=None):
     return default
 
 
-def _features(d, p, c, k=None, q=None, x=None, cols: tuple[bool, bool] = (False, False)) -> np.ndarray:
-    """[1, d, p, ctx, q = Σp_i² (p² by default)] + [k] + [x = Σp_i·s_i] as `cols` asks."""
+def _features(d, p, c, k=None, q=None, x=None, cols: tuple[bool, bool] = (False, False),
+              pad=None) -> np.ndarray:
+    """[1, d, p + pad (the graph's pad tokens), ctx, q = Σp_i² (p² by default)] + [k] +
+    [x = Σp_i·s_i] as `cols` asks."""
     d, p, c = (np.asarray(v, dtype=np.float64) for v in (d, p, c))
     q = p * p if q is None else np.asarray(q, dtype=np.float64)
-    f = [np.ones_like(d), d, p, c, q]
+    gemm_p = p if pad is None else p + np.asarray(pad, dtype=np.float64)
+    f = [np.ones_like(d), d, gemm_p, c, q]
     if cols[0]:
         f.append((p > 0).astype(np.float64) if k is None else np.asarray(k, dtype=np.float64))
     if cols[1]:
@@ -79,14 +95,30 @@ def _chunk_shape(chunks) -> tuple[int, int, int, int]:
     return p, k, q, x
 
 
+def _pad_tokens(d, p, buckets: np.ndarray | None):
+    """Pad tokens of steps of d decodes and p prefill tokens run as the graph of the smallest
+    token bucket >= d + p: 0 for decode-only steps (their graphs pad sequence rows: decode
+    buckets, not modelled), for steps over the largest bucket (eager) and without buckets."""
+    d, p = np.asarray(d, dtype=np.float64), np.asarray(p, dtype=np.float64)
+    if buckets is None or not len(buckets):
+        return np.zeros_like(p)
+    t = d + p
+    i = np.searchsorted(buckets, t)  # first bucket >= t
+    b = buckets[np.minimum(i, len(buckets) - 1)]
+    return np.where((p > 0) & (i < len(buckets)), b - t, 0.0)
+
+
 class ProfileCost:
     accepts_prefill_chunks = True  # step_time(..., prefill_chunks=...) charges each chunk by itself
 
     def __init__(self, points: np.ndarray, times_s: np.ndarray, *, num_blocks: int | None = None,
-                 block_size: int | None = None, meta: dict | None = None, ctx_quantum: int = 64):
+                 block_size: int | None = None, meta: dict | None = None, ctx_quantum: int = 64,
+                 token_buckets=None):
         """points: (n, 3) of (num_decode_seqs, num_prefill_tokens, num_context_tokens), or (n, 4) /
         (n, 5) with num_prefill_seqs k (the p tokens are k chunks of p/k each; default 1 when p > 0)
-        and prefill_context_len s (each chunk starts at position s; default 0) appended."""
+        and prefill_context_len s (each chunk starts at position s; default 0) appended.
+        `token_buckets`: the engine's mixed-step CUDA-graph token buckets (a step with prefill
+        tokens is charged for the bucket it runs as; None or empty: for its own tokens)."""
         points = np.asarray(points, dtype=np.float64)
         points = points.reshape(-1, points.shape[-1] if points.ndim == 2 else 3)
         if points.shape[1] not in (3, 4, 5):
@@ -102,11 +134,13 @@ class ProfileCost:
         q = np.where(k > 0, p * p / np.maximum(k, 1.0), 0.0)  # k equal chunks: Σp_i² = p²/k
         x = p * s                                               # Σp_i·s_i
         self._cols = (bool((k > 1).any()), bool((s > 0).any()))
+        self.token_buckets = np.array(sorted(token_buckets), dtype=np.float64) if token_buckets else None
+        pad = _pad_tokens(d, p, self.token_buckets)
         self.points = points[:, :3]
         self.num_prefill_seqs, self.prefill_context_len = k, s
         self.times_s, self.meta = times_s, dict(meta or {})
         self._blocks, self._block_size = num_blocks, block_size
-        feats = _features(d, p, c, k, q, x, self._cols)
+        feats = _features(d, p, c, k, q, x, self._cols, pad)
         scale = np.maximum(np.abs(feats).max(axis=0), 1e-12)
         coef, _ = nnls(feats / scale, times_s)
         self.coef = coef / scale
@@ -153,11 +187,18 @@ class ProfileCost:
             pts.append((_pick(point, _D_KEYS), p, _pick(point, _C_KEYS, 0),
                         _pick(point, _K_KEYS, 1 if p else 0) if p else 0, _pick(point, _S_KEYS, 0)))
         meta = {} if isinstance(doc, list) else {k: v for k, v in doc.items() if k != "points"}
+        if "token_buckets" not in kwargs:
+            buckets = meta.get("cuda_graph_token_buckets")
+            if buckets is None and str(meta.get("device", "")).startswith("cuda"):
+                mnbt = meta.get("max_num_batched_tokens") or max(DEFAULT_CUDA_TOKEN_BUCKETS)
+                buckets = [b for b in DEFAULT_CUDA_TOKEN_BUCKETS if b <= mnbt]
+            kwargs["token_buckets"] = buckets
         return cls(np.array(pts), np.array(times), num_blocks=meta.get("num_kv_blocks"),
                    block_size=meta.get("block_size"), meta=meta, **kwargs)
 
     def _eval(self, d: int, p: int, c: int, k: int, q: int, x: int) -> float:
-        t = float(_features(d, p, c, k, q, x, self._cols) @ self.coef)
+        pad = _pad_tokens(d, p, self.token_buckets)
+        t = float(_features(d, p, c, k, q, x, self._cols, pad) @ self.coef)
         if self._resid is not None:
             t += self._resid((d, p, c) + ((q,) if self._cols[0] else ()) + ((x,) if self._cols[1] else ()))
         return max(t, 1e-7)
@@ -196,4 +237,5 @@ class ProfileCost:
                                  + (_FEATURE_NAMES[6:] if self._cols[1] else ()), map(float, self.coef))),
                 "packed_prefill_points": int((self.num_prefill_seqs > 1).sum()),
                 "prefix_prefill_points": int((self.prefill_context_len > 0).sum()),
+                "token_buckets": [] if self.token_buckets is None else [int(b) for b in self.token_buckets],
                 **{k: v for k, v in self.meta.items() if isinstance(v, (str, int, float))}}

@@ -153,3 +153,73 @@ def test_tiny_profile_on_cpu_writes_the_new_axis(tmp_path):
                               (0, 32, 1, 32), (2, 32, 1, 32)}
     cost = ProfileCost.from_json(out)
     assert cost.step_time(2, 32, 2 * 16 + 32, [8] * 4) > 0
+
+
+def _bucket_profile_points():
+    """A step's time by the CUDA-graph bucket it runs as: 5 ms + 0.1 ms per token of the bucket
+    >= d + p for steps with prefill tokens (no attention term at all), 5 ms + 0.05 ms per decode
+    for decode-only steps."""
+    import numpy as np
+
+    from sims.profile_cost import DEFAULT_CUDA_TOKEN_BUCKETS
+
+    buckets = np.array(DEFAULT_CUDA_TOKEN_BUCKETS)
+
+    def true_ms(d, p):
+        if not p:
+            return 5.0 + 0.05 * d
+        return 5.0 + 0.1 * buckets[np.searchsorted(buckets, d + p)]
+
+    pts, times = [], []
+    for d in (0, 1, 8, 16, 32):
+        for p in (0, 512, 1024):
+            if d + p:
+                pts.append((d, p, d * 600 + p, 1 if p else 0, 0))
+                times.append(true_ms(d, p) / 1e3)
+    for d in (0, 32):  # packed points: 2 x 256
+        pts.append((d, 512, d * 600 + 512, 2, 0))
+        times.append(true_ms(d, 512) / 1e3)
+    return np.array(pts, dtype=np.float64), np.array(times), true_ms
+
+
+def test_profile_charges_a_mixed_step_for_its_cuda_graph_bucket():
+    """Issue 18: two 512-token prompts and 16 decodes run as the 1,280-token graph. Fitted without
+    the buckets the Σp_i² term took up the buckets' steps and charged that step 112 ms against
+    129-133 measured on the H200; with them it is charged for its bucket."""
+    from sims.profile_cost import DEFAULT_CUDA_TOKEN_BUCKETS, ProfileCost
+
+    pts, times, true_ms = _bucket_profile_points()
+    with_b = ProfileCost(pts, times, token_buckets=DEFAULT_CUDA_TOKEN_BUCKETS)
+    without = ProfileCost(pts, times)
+    want = true_ms(16, 1024)  # bucket 1280: 133 ms
+    packed = [(512, 0), (512, 0)]
+    assert with_b.step_time(16, 1024, 16 * 600 + 1024, packed) * 1e3 == pytest.approx(want, rel=0.02)
+    assert abs(without.step_time(16, 1024, 16 * 600 + 1024, packed) * 1e3 / want - 1) > 0.05
+    # an unmeasured 3 x 300-token step + 20 decodes (920 tokens): bucket 1024
+    three = [(300, 0)] * 3
+    assert with_b.step_time(20, 900, 20 * 600 + 900, three) * 1e3 == pytest.approx(true_ms(20, 900), rel=0.02)
+
+
+def test_cuda_profile_without_buckets_gets_the_engines_defaults(tmp_path):
+    """Profiles measured on CUDA before `cuda_graph_token_buckets` was written get the engine's
+    default buckets (kept equal to backend.cuda_graphs'); CPU profiles get none."""
+    import json
+
+    from backend.cuda_graphs import DEFAULT_TOKEN_BUCKETS
+    from sims.profile_cost import DEFAULT_CUDA_TOKEN_BUCKETS, ProfileCost
+
+    assert tuple(DEFAULT_CUDA_TOKEN_BUCKETS) == tuple(DEFAULT_TOKEN_BUCKETS)
+    pts, times, _ = _bucket_profile_points()
+    points = [{"num_decode_seqs": int(d), "num_prefill_tokens": int(p), "num_context_tokens": int(c),
+               "num_prefill_seqs": int(k), "step_ms": float(t * 1e3)}
+              for (d, p, c, k, _), t in zip(pts, times)]
+    for device, mnbt, want in (("cuda:0", 1024, [b for b in DEFAULT_TOKEN_BUCKETS if b <= 1024]),
+                               ("cpu", 1024, None)):
+        path = tmp_path / f"{device[:3]}.json"
+        path.write_text(json.dumps({"device": device, "max_num_batched_tokens": mnbt, "points": points}))
+        got = ProfileCost.from_json(path).token_buckets
+        assert (got is None) if want is None else (list(got) == want)
+    path = tmp_path / "named.json"
+    path.write_text(json.dumps({"device": "cuda:0", "cuda_graph_token_buckets": [640, 1280],
+                                "points": points}))
+    assert list(ProfileCost.from_json(path).token_buckets) == [640, 1280]

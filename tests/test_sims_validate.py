@@ -167,3 +167,17 @@ def test_mixed_shape_lengths_are_the_same_live_and_simulated():
     assert live.prompt_len.max() <= i.max_len and len(set(live.prompt_len.tolist())) > 50
     with pytest.raises(ValueError, match="bad length spec"):
         validate.length_spec("gaussian:5")
+
+
+def test_async_plan_lead_follows_the_engines_loop():
+    """CPU: the synchronous loop (None). CUDA: the launch deadline's lead, twice the profile's
+    decode launch time + the engine's 1 ms slack (issue 18)."""
+    from backend.engine import LAUNCH_SLACK_S
+    from bench.sim_validate import async_plan_lead
+
+    pts = [{"num_decode_seqs": d, "num_prefill_tokens": p, "launch_ms_median": ms}
+           for d, p, ms in ((1, 0, 0.4), (8, 0, 0.6), (16, 0, 0.5), (0, 512, 3.0))]
+    assert async_plan_lead({"points": pts}, "cpu") is None
+    assert async_plan_lead({"points": pts}, "cuda") == pytest.approx(2 * 0.0005 + LAUNCH_SLACK_S)
+    assert async_plan_lead({"points": [{"num_decode_seqs": 1, "num_prefill_tokens": 0}]},
+                           "cuda:0") == pytest.approx(0.001 + LAUNCH_SLACK_S)

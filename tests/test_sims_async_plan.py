@@ -1,0 +1,82 @@
+"""The simulator's model of the engine's async loop (`EngineConfig.async_plan_lead_s`, issue 18):
+on CUDA the engine plans each step while the one before it runs, so a request delivered after that
+plan waits one step more than in the synchronous loop. Closed-form timings on a cost model with
+fixed prefill / decode step times."""
+import numpy as np
+import pytest
+
+from sims.adapters import SimSchedulerConfig
+from sims.cost import ConstantCost
+from sims.event_loop import EngineConfig, simulate
+from sims.workload import Workload
+
+PREFILL_S, DECODE_S = 0.100, 0.020
+
+
+class TwoSpeedCost(ConstantCost):
+    """A step with prefill tokens takes PREFILL_S, a decode-only one DECODE_S."""
+
+    def __init__(self):
+        super().__init__(DECODE_S)
+
+    def step_time(self, num_decode_seqs, num_prefill_tokens, num_context_tokens):
+        if not num_decode_seqs + num_prefill_tokens:
+            return 0.0
+        return PREFILL_S if num_prefill_tokens else DECODE_S
+
+
+def workload(arrivals, outputs):
+    n = len(arrivals)
+    return Workload(arrival_time=np.array(arrivals, dtype=np.float64),
+                    prompt_len=np.full(n, 64, dtype=np.int64),
+                    output_len=np.array(outputs, dtype=np.int64),
+                    prefix_group=np.full(n, -1, dtype=np.int64), prefix_len=np.zeros(n, dtype=np.int64),
+                    queue_class=np.full(n, -1, dtype=np.int64), priority=np.zeros(n, dtype=np.int64))
+
+
+def run(w, lead):
+    return simulate(w, TwoSpeedCost(), SimSchedulerConfig(),
+                    EngineConfig(num_samples=1, max_stretch_steps=1, async_plan_lead_s=lead))
+
+
+def test_request_delivered_during_a_prefill_step_waits_a_step_more_in_the_async_loop():
+    # A's prefill step runs [dA, dA + 0.1]; B is delivered 50 ms into it
+    w = workload([0.0, 0.05], [20, 3])
+    sync, asyn = run(w, None), run(w, 0.002)
+    d_a, d_b = sync.dispatch_time
+    assert d_a < d_b < d_a + PREFILL_S
+    np.testing.assert_array_equal(asyn.dispatch_time, sync.dispatch_time)
+    # synchronous: B's prefill is the next step (planned at the prefill step's end)
+    assert sync.first_token_time[1] == pytest.approx(d_a + 2 * PREFILL_S)
+    # async: the next step was planned when A's prefill step started (A's decode only), B the one after
+    assert asyn.first_token_time[1] == pytest.approx(d_a + PREFILL_S + DECODE_S + PREFILL_S)
+    assert asyn.first_token_time[0] == sync.first_token_time[0] == pytest.approx(d_a + PREFILL_S)
+
+
+def test_request_delivered_within_the_lead_of_a_decode_step_waits_a_step_more():
+    lead = 0.005
+    # A decodes alone from dA + 0.1 in 20 ms steps; C arrives 2.5 ms before one ends (inside the
+    # lead: missed), D 10 ms before the next one ends (before the lead: taken)
+    base = run(workload([0.0], [40]), None).dispatch_time[0]
+    c_at = base + PREFILL_S + 2 * DECODE_S - 0.0025
+    w = workload([0.0, c_at], [40, 3])
+    sync, asyn = run(w, None), run(w, lead)
+    d_a, d_c = sync.dispatch_time
+    step_end = d_a + PREFILL_S + 2 * DECODE_S
+    assert d_a == base and step_end - lead < d_c < step_end
+    assert sync.first_token_time[1] == pytest.approx(step_end + PREFILL_S)
+    assert asyn.first_token_time[1] == pytest.approx(step_end + DECODE_S + PREFILL_S)
+
+    d_at = base + PREFILL_S + 2 * DECODE_S - 0.010
+    w = workload([0.0, d_at], [40, 3])
+    sync, asyn = run(w, None), run(w, lead)
+    assert sync.first_token_time[1] == pytest.approx(step_end + PREFILL_S)
+    assert asyn.first_token_time[1] == pytest.approx(sync.first_token_time[1])
+
+
+def test_the_async_loop_model_changes_nothing_for_an_idle_backend():
+    """A request reaching an idle backend starts at once in both loops."""
+    w = workload([0.0, 1.0, 2.0], [4, 4, 4])
+    sync, asyn = run(w, None), run(w, 0.002)
+    np.testing.assert_array_equal(asyn.first_token_time, sync.first_token_time)
+    np.testing.assert_array_equal(asyn.finish_time, sync.finish_time)
