@@ -4,7 +4,7 @@ log (wall-clock start `t` and length `ms` of each step) and the profile JSON, an
 during the live prefill steps (by the step's size and by the prefill work in the 0.5 s before it)
 and during the profile's measurement. No device time: it reads the committed files.
 
-    python scripts/fidelity_h200_clocks.py smi_33b.csv steps_33b.jsonl[.gz] profile_33b.json
+    python scripts/fidelity_h200_clocks.py smi_33b.csv[.gz] steps_33b.jsonl[.gz] profile_33b.json
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import sys
 def read_smi(path: str) -> tuple[list[float], list[dict]]:
     """(epoch seconds, row) sorted by time; columns named by the '# ' header line."""
     times, rows, cols = [], [], None
-    with open(path) as fh:
+    with open_text(path) as fh:
         for line in fh:
             if line.startswith("#"):
                 cols = [c.strip() for c in line[1:].strip().split(",")]

@@ -19,7 +19,7 @@ CUDA-graph padding: on CUDA the engine runs a step holding prefill tokens as the
 the smallest token bucket >= its d + p tokens (`backend.cuda_graphs`); the pad tokens go through
 every matrix product as a prefill token does, and through no attention. When the profile names its
 buckets (`cuda_graph_token_buckets`, written by `backend profile`; profiles measured on CUDA before
-that with the engine's defaults get `DEFAULT_CUDA_TOKEN_BUCKETS`), the prefill-token term is charged
+that get `LEGACY_CUDA_TOKEN_BUCKETS`, the engine's defaults then), the prefill-token term is charged
 for p + pad, so a step is charged for the bucket it runs as. Without that a 2 x 512-token step plus
 16 decodes (bucket 1,280) was predicted 112 ms against 129-133 measured: the Σp_i² term had taken
 up the buckets' steps as if they were attention, and a packed step "saved" most of it.
@@ -48,9 +48,10 @@ _P_KEYS = ("num_prefill_tokens", "prefill_tokens")
 _C_KEYS = ("num_context_tokens", "context_tokens")
 _K_KEYS = ("num_prefill_seqs",)
 _S_KEYS = ("prefill_context_len",)
-# the engine's default mixed-step graph buckets (backend.cuda_graphs.DEFAULT_TOKEN_BUCKETS; a test
-# keeps the two equal), for CUDA profiles measured before they were written into the profile
-DEFAULT_CUDA_TOKEN_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 320, 384, 512, 640, 768, 1024,
+# the engine's default mixed-step graph buckets up to deaece6 (backend.cuda_graphs), which CUDA
+# profiles written before the profile named its buckets were measured with (the H200 profiles of
+# issue 18 among them); later profiles name theirs
+LEGACY_CUDA_TOKEN_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 320, 384, 512, 640, 768, 1024,
                               1280, 1536, 1792, 2048)
 _FEATURE_NAMES = ("a_s", "b_s_per_seq", "c_s_per_prefill_tok", "e_s_per_ctx_tok", "f_s_per_prefill_tok2",
                   "g_s_per_prefill_seq", "h_s_per_prefill_tok_prefix_tok")
@@ -190,8 +191,8 @@ class ProfileCost:
         if "token_buckets" not in kwargs:
             buckets = meta.get("cuda_graph_token_buckets")
             if buckets is None and str(meta.get("device", "")).startswith("cuda"):
-                mnbt = meta.get("max_num_batched_tokens") or max(DEFAULT_CUDA_TOKEN_BUCKETS)
-                buckets = [b for b in DEFAULT_CUDA_TOKEN_BUCKETS if b <= mnbt]
+                mnbt = meta.get("max_num_batched_tokens") or max(LEGACY_CUDA_TOKEN_BUCKETS)
+                buckets = [b for b in LEGACY_CUDA_TOKEN_BUCKETS if b <= mnbt]
             kwargs["token_buckets"] = buckets
         return cls(np.array(pts), np.array(times), num_blocks=meta.get("num_kv_blocks"),
                    block_size=meta.get("block_size"), meta=meta, **kwargs)

@@ -161,9 +161,9 @@ def _bucket_profile_points():
     for decode-only steps."""
     import numpy as np
 
-    from sims.profile_cost import DEFAULT_CUDA_TOKEN_BUCKETS
+    from sims.profile_cost import LEGACY_CUDA_TOKEN_BUCKETS
 
-    buckets = np.array(DEFAULT_CUDA_TOKEN_BUCKETS)
+    buckets = np.array(LEGACY_CUDA_TOKEN_BUCKETS)
 
     def true_ms(d, p):
         if not p:
@@ -186,10 +186,10 @@ def test_profile_charges_a_mixed_step_for_its_cuda_graph_bucket():
     """Issue 18: two 512-token prompts and 16 decodes run as the 1,280-token graph. Fitted without
     the buckets the Σp_i² term took up the buckets' steps and charged that step 112 ms against
     129-133 measured on the H200; with them it is charged for its bucket."""
-    from sims.profile_cost import DEFAULT_CUDA_TOKEN_BUCKETS, ProfileCost
+    from sims.profile_cost import LEGACY_CUDA_TOKEN_BUCKETS, ProfileCost
 
     pts, times, true_ms = _bucket_profile_points()
-    with_b = ProfileCost(pts, times, token_buckets=DEFAULT_CUDA_TOKEN_BUCKETS)
+    with_b = ProfileCost(pts, times, token_buckets=LEGACY_CUDA_TOKEN_BUCKETS)
     without = ProfileCost(pts, times)
     want = true_ms(16, 1024)  # bucket 1280: 133 ms
     packed = [(512, 0), (512, 0)]
@@ -202,18 +202,16 @@ def test_profile_charges_a_mixed_step_for_its_cuda_graph_bucket():
 
 def test_cuda_profile_without_buckets_gets_the_engines_defaults(tmp_path):
     """Profiles measured on CUDA before `cuda_graph_token_buckets` was written get the engine's
-    default buckets (kept equal to backend.cuda_graphs'); CPU profiles get none."""
+    default buckets of then; CPU profiles get none; a profile that names its buckets, those."""
     import json
 
-    from backend.cuda_graphs import DEFAULT_TOKEN_BUCKETS
-    from sims.profile_cost import DEFAULT_CUDA_TOKEN_BUCKETS, ProfileCost
+    from sims.profile_cost import LEGACY_CUDA_TOKEN_BUCKETS, ProfileCost
 
-    assert tuple(DEFAULT_CUDA_TOKEN_BUCKETS) == tuple(DEFAULT_TOKEN_BUCKETS)
     pts, times, _ = _bucket_profile_points()
     points = [{"num_decode_seqs": int(d), "num_prefill_tokens": int(p), "num_context_tokens": int(c),
                "num_prefill_seqs": int(k), "step_ms": float(t * 1e3)}
               for (d, p, c, k, _), t in zip(pts, times)]
-    for device, mnbt, want in (("cuda:0", 1024, [b for b in DEFAULT_TOKEN_BUCKETS if b <= 1024]),
+    for device, mnbt, want in (("cuda:0", 1024, [b for b in LEGACY_CUDA_TOKEN_BUCKETS if b <= 1024]),
                                ("cpu", 1024, None)):
         path = tmp_path / f"{device[:3]}.json"
         path.write_text(json.dumps({"device": device, "max_num_batched_tokens": mnbt, "points": points}))
