@@ -54,12 +54,14 @@ def prompt_identity(config: dict, num_arrivals: int) -> tuple[list[int], list[tu
 
 
 def resimulate(validate: dict, arrivals, profile: str, prompt_identity_on: bool = True,
-               delivery_delay_s: float = 0.0, async_plan_lead_s: float | None = None) -> dict:
+               delivery_delay_s: float = 0.0, async_plan_lead_s: float | None = None,
+               hide_launch: bool = False) -> dict:
     """`prompt_identity_on=False`: every prompt distinct (what `sim validate` itself simulated,
     but in one continuous run): the control that isolates the prefix cache's part.
     `delivery_delay_s`: `EngineConfig.delivery_delay_s` (the path from the backend to the client,
     measured live, e.g. by scripts/fidelity_h200_path.py). `async_plan_lead_s`:
-    `EngineConfig.async_plan_lead_s` (None: the synchronous loop)."""
+    `EngineConfig.async_plan_lead_s` (None: the synchronous loop). `hide_launch`: the profile's
+    steps charged without the host's launch (`ProfileCost(hide_launch=True)`)."""
     from bench.sim_validate import compare, summarize_load
     from gateway.serve import build_parser as serve_parser
     from gateway.serve import gateway_config
@@ -86,7 +88,7 @@ def resimulate(validate: dict, arrivals, profile: str, prompt_identity_on: bool 
                                max_num_batched_tokens=int(doc["max_num_batched_tokens"]),
                                block_size=int(live_be["block_size"]),
                                max_model_len=int(live_be["max_model_len"]), enable_prefix_caching=True)
-    cost = ProfileCost.from_json(profile)
+    cost = ProfileCost.from_json(profile, hide_launch=hide_launch)
     res = simulate(w, cost, sched, EngineConfig(num_backends=1, num_samples=1,
                                                 delivery_delay_s=delivery_delay_s,
                                                 async_plan_lead_s=async_plan_lead_s))
@@ -159,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--async-plan-lead-ms", type=float, default=None,
                    help="model the engine's async loop (EngineConfig.async_plan_lead_s; default: "
                         "the synchronous loop)")
+    p.add_argument("--hide-launch", action="store_true",
+                   help="charge the profile's steps without the host's launch, as the async loop "
+                        "runs them back to back (sims.profile_cost)")
     p.add_argument("--no-prompt-identity", action="store_true",
                    help="control: treat every prompt as distinct (no prefix-cache hits across runs)")
     a = p.parse_args(argv)
@@ -167,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         lead = None if a.async_plan_lead_ms is None else a.async_plan_lead_ms / 1e3
         result = resimulate(validate, arrivals, a.profile, not a.no_prompt_identity,
-                            a.delivery_ms / 1e3, lead)
+                            a.delivery_ms / 1e3, lead, a.hide_launch)
     except ValueError as exc:
         print(f"fidelity_resim: {exc}", file=sys.stderr)
         return 1

@@ -199,6 +199,7 @@ class EventLoop:
         self.delay = config.network_delay_s
         self.max_k = config.max_stretch_steps
         self.plan_lead = config.async_plan_lead_s
+        self.idle_launch_fn = cost.launch_time if getattr(cost, "hides_launch", False) else None
         horizon = float(self.arrival[-1]) if n else 0.0
         self.sample_dt = horizon / config.num_samples if horizon > 0 else INF
         self.next_sample = 0.0
@@ -419,6 +420,10 @@ class EventLoop:
             dt = self.step_time_fn(num_decode, num_prefill, num_ctx)
         if sched.host is not None:
             dt += sched.take_copy_seconds()
+        if self.idle_launch_fn is not None and not after_step:
+            # the async loop hides a step's launch behind the step before it; after an idle
+            # spell nothing runs before it (a cost model that hides launches charges it here)
+            dt += self.idle_launch_fn(num_decode, num_prefill)
         self.step_rows.append((num_decode, num_prefill, dt))
         if self.step_log is not None:
             self.step_log.append((now, be.idx, num_decode,

@@ -24,6 +24,14 @@ for p + pad, so a step is charged for the bucket it runs as. Without that a 2 x 
 16 decodes (bucket 1,280) was predicted 112 ms against 129-133 measured: the Σp_i² term had taken
 up the buckets' steps as if they were attention, and a packed step "saved" most of it.
 
+Host launch: a point's step time is wall time from the host's launch to the tokens read back; the
+engine's async loop launches a step while the one before it still runs, so back to back a step
+costs its device part alone. When the profile has `launch_ms_median` per point and the model is
+built with `hide_launch=True` (the async loop: `sims.event_loop.EngineConfig.async_plan_lead_s`),
+the fit is of step time minus launch time, and `launch_time(d, p)` (a least-squares line in d and
+p over the points' launch times) is what a step starting on an idle engine adds. On the H200 the
+profile's decode steps were 2.5% over the live ones by that launch (0.53 ms of ~20).
+
 `step_time(d, p, ctx, prefill_chunks=None)`: without `prefill_chunks` a step's p tokens are one
 chunk from position 0 (today's `CostModel` interface); with them — the step's prefill chunks, each an
 int (tokens from position 0), an (num_tokens, start_pos) pair, or an object with `token_ids` and
@@ -114,17 +122,28 @@ class ProfileCost:
 
     def __init__(self, points: np.ndarray, times_s: np.ndarray, *, num_blocks: int | None = None,
                  block_size: int | None = None, meta: dict | None = None, ctx_quantum: int = 64,
-                 token_buckets=None):
+                 token_buckets=None, launch_times_s=None, hide_launch: bool = False):
         """points: (n, 3) of (num_decode_seqs, num_prefill_tokens, num_context_tokens), or (n, 4) /
         (n, 5) with num_prefill_seqs k (the p tokens are k chunks of p/k each; default 1 when p > 0)
         and prefill_context_len s (each chunk starts at position s; default 0) appended.
         `token_buckets`: the engine's mixed-step CUDA-graph token buckets (a step with prefill
-        tokens is charged for the bucket it runs as; None or empty: for its own tokens)."""
+        tokens is charged for the bucket it runs as; None or empty: for its own tokens).
+        `launch_times_s`: the host's launch part of each point's time; with `hide_launch` the
+        model charges steps without it (see the module doc)."""
         points = np.asarray(points, dtype=np.float64)
         points = points.reshape(-1, points.shape[-1] if points.ndim == 2 else 3)
         if points.shape[1] not in (3, 4, 5):
             raise ValueError(f"profile points need 3-5 columns, not {points.shape[1]}")
         times_s = np.asarray(times_s, dtype=np.float64)
+        self.hides_launch = bool(hide_launch and launch_times_s is not None)
+        self._launch_coef = None
+        if launch_times_s is not None:
+            launch = np.asarray(launch_times_s, dtype=np.float64)
+            lf = np.stack([np.ones_like(launch), points[:, 0], points[:, 1]], axis=-1)
+            lscale = np.maximum(np.abs(lf).max(axis=0), 1e-12)
+            self._launch_coef = nnls(lf / lscale, launch)[0] / lscale
+            if self.hides_launch:
+                times_s = times_s - launch
         if len(points) < 2:
             raise ValueError("a profile needs at least two measured points")
         d, p, c = points[:, 0], points[:, 1], points[:, 2]
@@ -176,8 +195,9 @@ class ProfileCost:
     def from_json(cls, path: str | Path, **kwargs) -> ProfileCost:
         doc = json.loads(Path(path).read_text())
         raw = doc if isinstance(doc, list) else (doc.get("points") or doc.get("steps") or [])
-        pts, times = [], []
+        pts, times, launch = [], [], []
         for point in raw:
+            launch.append(point.get("launch_ms_median"))
             for key, scale in _TIME_KEYS:
                 if key in point:
                     times.append(float(point[key]) * scale)
@@ -194,6 +214,8 @@ class ProfileCost:
                 mnbt = meta.get("max_num_batched_tokens") or max(LEGACY_CUDA_TOKEN_BUCKETS)
                 buckets = [b for b in LEGACY_CUDA_TOKEN_BUCKETS if b <= mnbt]
             kwargs["token_buckets"] = buckets
+        if "launch_times_s" not in kwargs and launch and all(x is not None for x in launch):
+            kwargs["launch_times_s"] = np.array(launch, dtype=np.float64) * 1e-3
         return cls(np.array(pts), np.array(times), num_blocks=meta.get("num_kv_blocks"),
                    block_size=meta.get("block_size"), meta=meta, **kwargs)
 
@@ -222,6 +244,13 @@ class ProfileCost:
             t = self._memo[key] = self._eval(num_decode_seqs, p, key[2] * self.ctx_quantum, k, q, x)
         return t
 
+    def launch_time(self, num_decode_seqs: int, num_prefill_tokens: int) -> float:
+        """Seconds of the host's launch of such a step (0 where the profile did not measure it)."""
+        if self._launch_coef is None:
+            return 0.0
+        a, b, c = self._launch_coef
+        return float(a + b * num_decode_seqs + c * num_prefill_tokens)
+
     def decode_times(self, num_decode_seqs: int, num_context_tokens: int, k: int) -> np.ndarray:
         return decode_times_by_steps(self, num_decode_seqs, num_context_tokens, k)
 
@@ -239,4 +268,5 @@ class ProfileCost:
                 "packed_prefill_points": int((self.num_prefill_seqs > 1).sum()),
                 "prefix_prefill_points": int((self.prefill_context_len > 0).sum()),
                 "token_buckets": [] if self.token_buckets is None else [int(b) for b in self.token_buckets],
+                "hides_launch": self.hides_launch,
                 **{k: v for k, v in self.meta.items() if isinstance(v, (str, int, float))}}

@@ -24,13 +24,16 @@ class CostSpec:
     profile: str | None = None          # a `tidegate backend profile` JSON: measured cost model
     step_ms: float | None = None        # constant step time (closed-form checks)
     num_blocks: int | None = None       # override the KV capacity
+    # a profile's steps charged without the host's launch (the engine's async loop hides it;
+    # sims.profile_cost): set with EngineConfig.async_plan_lead_s
+    hide_launch: bool = False
 
     def build(self) -> CostModel:
         if self.step_ms is not None:
             return ConstantCost(self.step_ms / 1e3, self.num_blocks or (1 << 20))
         if self.profile:
             from sims.profile_cost import ProfileCost
-            cost = ProfileCost.from_json(self.profile)
+            cost = ProfileCost.from_json(self.profile, hide_launch=self.hide_launch)
         else:
             cost = RooflineCost(load_model_shape(self.model), get_gpu(self.gpu), self.roofline)
         if self.num_blocks:
@@ -50,6 +53,13 @@ class _FixedBlocks:
     def __init__(self, inner: CostModel, num_blocks: int):
         self.inner, self.blocks = inner, num_blocks
         self.step_time, self.decode_times = inner.step_time, inner.decode_times
+
+    def __getattr__(self, name):
+        # the rest of the inner model's interface (accepts_prefill_chunks, launch_time, ...):
+        # without it a measured profile behind a KV override lost its per-chunk charging
+        if name == "inner" or name.startswith("__"):  # unpickling: no inner yet
+            raise AttributeError(name)
+        return getattr(self.inner, name)
 
     def num_kv_blocks(self, block_size: int) -> int:
         return self.blocks

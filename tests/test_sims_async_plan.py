@@ -80,3 +80,33 @@ def test_the_async_loop_model_changes_nothing_for_an_idle_backend():
     sync, asyn = run(w, None), run(w, 0.002)
     np.testing.assert_array_equal(asyn.first_token_time, sync.first_token_time)
     np.testing.assert_array_equal(asyn.finish_time, sync.finish_time)
+
+
+def test_hidden_launch_is_charged_only_after_an_idle_spell():
+    """ProfileCost(hide_launch=True) charges steps without the host's launch (the async loop
+    runs it behind the step before); a step that starts on an idle engine pays it."""
+    from sims.profile_cost import ProfileCost
+
+    pts = np.array([(d, p, d * c + p) for c in (100, 300) for d in (0, 1, 4, 8) for p in (0, 64)
+                    if d + p and (d or c == 100)],
+                   dtype=np.float64)
+    device = 0.010 + 0.001 * pts[:, 0] + 0.0001 * pts[:, 1]
+    launch = 0.002 + 0.0 * pts[:, 0]
+    plain = ProfileCost(pts, device + launch, launch_times_s=launch, num_blocks=4096)
+    hidden = ProfileCost(pts, device + launch, launch_times_s=launch, hide_launch=True,
+                         num_blocks=4096)
+    assert plain.step_time(4, 0, 400) == pytest.approx(0.016)
+    assert hidden.step_time(4, 0, 400) == pytest.approx(0.014)
+    assert hidden.launch_time(4, 0) == pytest.approx(0.002)
+
+    # one request on an idle engine, then decodes back to back: only its first step pays the launch
+    w = workload([0.0], [4])
+    cfg = EngineConfig(num_samples=1, max_stretch_steps=1, async_plan_lead_s=0.002)
+    a = simulate(w, plain, SimSchedulerConfig(), cfg)
+    b = simulate(w, hidden, SimSchedulerConfig(), cfg)
+    d = a.dispatch_time[0]
+    assert a.first_token_time[0] - d == pytest.approx(plain.step_time(0, 64, 64, [64]))
+    assert b.first_token_time[0] - d == pytest.approx(hidden.step_time(0, 64, 64, [64]) + 0.002)
+    # 3 decode steps after it, each 2 ms cheaper
+    assert (a.finish_time[0] - a.first_token_time[0]) - (b.finish_time[0] - b.first_token_time[0]) \
+        == pytest.approx(3 * 0.002)
