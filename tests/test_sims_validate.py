@@ -181,3 +181,15 @@ def test_async_plan_lead_follows_the_engines_loop():
     assert async_plan_lead({"points": pts}, "cuda") == pytest.approx(2 * 0.0005 + LAUNCH_SLACK_S)
     assert async_plan_lead({"points": [{"num_decode_seqs": 1, "num_prefill_tokens": 0}]},
                            "cuda:0") == pytest.approx(0.001 + LAUNCH_SLACK_S)
+
+
+def test_profile_pause_defaults_to_the_device():
+    """sim validate profiles CUDA with a pause before each prefill step (back to back they ran
+    power-capped on the H200), the CPU without; an explicit value wins."""
+    from types import SimpleNamespace
+
+    from bench.sim_validate import CUDA_PROFILE_PAUSE_MS, profile_pause_ms
+
+    assert profile_pause_ms(SimpleNamespace(profile_pause_ms=None, device="cuda")) == CUDA_PROFILE_PAUSE_MS
+    assert profile_pause_ms(SimpleNamespace(profile_pause_ms=None, device="cpu")) == 0.0
+    assert profile_pause_ms(SimpleNamespace(profile_pause_ms=5.0, device="cuda:0")) == 5.0
