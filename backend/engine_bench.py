@@ -78,6 +78,11 @@ def parser() -> argparse.ArgumentParser:
                    help="batch-1 decode graphs recaptured with programmatic dependent launch "
                         "off/on and (bf16) our GEMV off/on, every combination twice, "
                         "interleaved; bf16 and fp8")
+    p.add_argument("--gemv-configs", default=None,
+                   help="JSON of swept one-row GEMV configs (scripts/fp8_gemv_sweep.py "
+                        "--tuned-out; several comma-separated, later ones win) applied before "
+                        "the run; --ab then compares them with the committed tables, each with "
+                        "the silu-fused down projection off and on")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="JSON results path")
     p.add_argument("--profile-out", default=None, help="the simulator's profile JSON path")
@@ -175,6 +180,21 @@ class Bench:
         }
         self.profile_points: list[dict] = []
         self.runner = None
+        self.committed_tables = self.swept_tables = None
+        if args.gemv_configs:
+            from backend.kernels import fp8_gemv
+
+            self.committed_tables = fp8_gemv.config_tables()
+            swept: dict = {}
+            for path in args.gemv_configs.split(","):
+                with open(path) as f:
+                    for name, table in fp8_gemv.tables_from_json(json.load(f)).items():
+                        swept.setdefault(name, {}).update(table)
+            self.swept_tables = swept
+            fp8_gemv.set_config_tables(swept)
+            self.results["meta"]["gemv_configs"] = {
+                name: {f"{n}x{k}": dataclasses.asdict(c) for (n, k), c in table.items()}
+                for name, table in swept.items()}
 
     def _device_name(self) -> str:
         if self.device.type == "cuda":
@@ -460,7 +480,11 @@ class Bench:
                  f"{bd['gap_us'] / 1e3:.3f} ms, {bd['kernels_per_step']} kernels/step")
         for name, c in sorted(bd["categories"].items(), key=lambda kv: -kv[1]["us"]):
             self.log(f"    {name:26s} {c['us'] / 1e3:8.3f} ms  {c['count']:5d} launches  "
-                     f"{c['share']:6.1%}")
+                     f"{c['share']:6.1%}  chain {c['chain_us'] / 1e3:8.3f} ms")
+        for t in bd["top_kernels"][:6]:
+            if t["early_mean_us"] and t["late_mean_us"]:
+                self.log(f"    {t['name'][:40]:40s} mean {t['mean_us']:8.2f} us, first quarter "
+                         f"{t['early_mean_us']:8.2f}, last quarter {t['late_mean_us']:8.2f}")
 
     def ab_variants(self, weights: str) -> None:
         """Batch-1 decode with the bucket-1 graph recaptured under each combination of PDL
@@ -473,23 +497,45 @@ class Bench:
         if g is None or not g.use_cuda_graphs:
             self.log("a/b: needs CUDA graphs (skipped)")
             return
+        from backend.kernels import fp8_gemv
+
         pdl0, gemv0 = triton_utils._PDL["enabled"], kernel_dispatch.BF16_GEMV["enabled"]
-        combos = [(p, gm) for gm in ((False, True) if weights == "bf16" else (gemv0,))
-                  for p in (False, True)]
+        fused0 = kernel_dispatch.FUSED_SILU_DOWN["enabled"]
+        tables0 = fp8_gemv.config_tables()
+        if self.swept_tables is not None:
+            # PDL and our GEMV on (measured last session); committed vs swept tables x the
+            # silu-fused down projection off / on
+            combos = [(True, gemv0, name, tables, fused)
+                      for name, tables in (("committed", self.committed_tables),
+                                           ("swept", self.swept_tables))
+                      for fused in (False, True)]
+        else:
+            combos = [(p, gm, None, None, fused0)
+                      for gm in ((False, True) if weights == "bf16" else (gemv0,))
+                      for p in (False, True)]
         ms: dict[str, list[float]] = {}
         try:
             for _ in range(2):
-                for pdl, gemv in combos:
+                for pdl, gemv, name, tables, fused in combos:
                     triton_utils.set_pdl(pdl)
                     kernel_dispatch.BF16_GEMV["enabled"] = gemv
+                    kernel_dispatch.FUSED_SILU_DOWN["enabled"] = fused
+                    if tables is not None:
+                        fp8_gemv.set_config_tables(tables)
                     g.capture(1)
                     row = self.run_decode(weights, 1, True, record=False, profile_point=False)
-                    key = f"pdl={'on' if pdl else 'off'}" + (
-                        f" gemv={'ours' if gemv else 'cublas'}" if weights == "bf16" else "")
+                    if name is not None:
+                        key = f"configs={name} down={'silu-fused' if fused else 'separate'}"
+                    else:
+                        key = f"pdl={'on' if pdl else 'off'}" + (
+                            f" gemv={'ours' if gemv else 'cublas'}" if weights == "bf16"
+                            else "")
                     ms.setdefault(key, []).append(row["ms_per_token"])
         finally:
             triton_utils.set_pdl(pdl0)
             kernel_dispatch.BF16_GEMV["enabled"] = gemv0
+            kernel_dispatch.FUSED_SILU_DOWN["enabled"] = fused0
+            fp8_gemv.set_config_tables(tables0)
             g.capture(1)
         floor = row["floor_ms"]
         out = {k: {"ms": v, "median_ms": statistics.median(v),
@@ -780,7 +826,7 @@ class Bench:
 
 # Kernel name (lower case) -> category; the first matching entry wins.
 KERNEL_CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("fp8 gemv", ("_fp8_gemv",)),
+    ("fp8 gemv", ("_fp8_gemv", "_gemv_row")),   # our GEMVs, fp8 and bf16 weights
     ("split-k reduce", ("_splitk_reduce", "splitkreduce", "splitk_reduce")),
     ("fp8 activation quant", ("_quant_per_token",)),
     ("rms norm", ("_rms_norm",)),
@@ -810,7 +856,14 @@ def kernel_breakdown(kernels: list[tuple[str, float, float]], walls_ms: list[flo
     """Per-step GPU time by kernel category from (name, start us, duration us) records of
     several steps (split where the device idled > STEP_GAP_US). `gap_us` is the step's span
     minus the time some kernel ran (launch gaps and ramp-up on one stream); `timeline` lists
-    the first kernels of one step with the idle time before each (one layer and a bit)."""
+    the first kernels of one step with the idle time before each (one layer and a bit).
+
+    Under programmatic dependent launch a kernel starts before its predecessor ends and its
+    recorded duration includes that wait, so durations overlap. Each category therefore also
+    gets `chain_us`: the time from each of its kernels' start to the next kernel's start (the
+    step's span split without overlap: what a kernel adds to the chain). Top kernels carry
+    `early_mean_us` / `late_mean_us`, their mean duration in the first and last quarter of a
+    step (a drift between them is the clock, not the kernel)."""
     kernels = sorted(kernels, key=lambda k: k[1])
     steps: list[list[tuple[str, float, float]]] = []
     last_end = -math.inf
@@ -823,13 +876,21 @@ def kernel_breakdown(kernels: list[tuple[str, float, float]], walls_ms: list[flo
     cats: dict[str, dict] = {}
     names: dict[str, list[float]] = {}
     busy = span = 0.0
+    quarters: dict[str, tuple[list[float], list[float]]] = {}
     for st in steps:
         end = st[0][1]
-        for name, start, dur in st:
-            c = cats.setdefault(kernel_category(name), {"us": 0.0, "count": 0})
+        for i, (name, start, dur) in enumerate(st):
+            c = cats.setdefault(kernel_category(name),
+                                {"us": 0.0, "count": 0, "chain_us": 0.0})
             c["us"] += dur
             c["count"] += 1
+            c["chain_us"] += (st[i + 1][1] if i + 1 < len(st) else start + dur) - start
             names.setdefault(name, []).append(dur)
+            q = quarters.setdefault(name, ([], []))
+            if 4 * i < len(st):
+                q[0].append(dur)
+            elif 4 * i >= 3 * len(st):
+                q[1].append(dur)
             busy += max(0.0, start + dur - max(start, end))  # union of busy intervals
             end = max(end, start + dur)
         span += end - st[0][1]
@@ -837,20 +898,26 @@ def kernel_breakdown(kernels: list[tuple[str, float, float]], walls_ms: list[flo
     for c in cats.values():
         c["share"] = c["us"] / total
         c["us"] /= n
+        c["chain_us"] /= n
         c["count"] //= n
     top = sorted(names.items(), key=lambda kv: -sum(kv[1]))[:25]
     one = steps[len(steps) // 2] if steps else []
     line, prev_end = [], one[0][1] if one else 0.0
     for name, start, dur in one[:timeline]:
         line.append({"name": name[:100], "category": kernel_category(name),
-                     "us": round(dur, 2), "idle_before_us": round(max(0.0, start - prev_end), 2)})
+                     "us": round(dur, 2), "idle_before_us": round(max(0.0, start - prev_end), 2),
+                     "start_us": round(start - one[0][1], 2)})
         prev_end = max(prev_end, start + dur)
     return {"steps": len(steps), "wall_ms": statistics.median(walls_ms) if walls_ms else None,
             "busy_us": busy / n, "span_us": span / n, "gap_us": (span - busy) / n,
             "kernels_per_step": len(kernels) // n, "categories": cats,
             "top_kernels": [{"name": k[:120], "category": kernel_category(k),
                              "count_per_step": len(v) // n, "mean_us": statistics.fmean(v),
-                             "us_per_step": sum(v) / n} for k, v in top],
+                             "us_per_step": sum(v) / n,
+                             "early_mean_us": statistics.fmean(quarters[k][0])
+                             if quarters[k][0] else None,
+                             "late_mean_us": statistics.fmean(quarters[k][1])
+                             if quarters[k][1] else None} for k, v in top],
             "timeline": line}
 
 

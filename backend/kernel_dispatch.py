@@ -28,7 +28,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backend.kernels.fp8_gemv import BF16_GEMV_M1_CONFIGS, bf16_gemv
+from backend.kernels.fp8_gemv import (
+    BF16_GEMV_M1_CONFIGS,
+    SILU_DOWN_M1_CONFIGS,
+    bf16_gemv,
+    gemv_silu_mul_triton,
+)
 from backend.kernels.paged_attention import paged_attention
 from backend.kernels.rmsnorm import fused_add_rms_norm, rms_norm
 from backend.kernels.rotary_kv import rotary_kv_write
@@ -71,6 +76,40 @@ class KernelOps(TorchOps):
     @staticmethod
     def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return silu_and_mul(x)
+
+    def silu_mul_linear(self, x: torch.Tensor, linear) -> torch.Tensor:
+        """The MLP's down projection of silu*mul. One row (batch-1 decode) through a GEMV with
+        a measured fused config: one launch that computes the activation while it streams the
+        weight (`fp8_gemv.gemv_silu_mul_triton`); anything else: silu_and_mul, then linear."""
+        fused = _silu_down_args(x, linear)
+        if fused is None:
+            return linear(silu_and_mul(x))
+        weight, scale, config = fused
+        return gemv_silu_mul_triton(x.reshape(1, x.shape[-1]), weight, scale, config).view(
+            *x.shape[:-1], linear.out_features)
+
+
+# Read at call time (a graph captured after a change follows it): TIDEGATE_FUSED_SILU_DOWN=0
+# runs silu_and_mul and the down projection as two kernels again.
+FUSED_SILU_DOWN = {"enabled": os.environ.get("TIDEGATE_FUSED_SILU_DOWN", "1") != "0"}
+
+
+def _silu_down_args(x: torch.Tensor, linear):
+    """(weight, scale or None, config) where `linear(silu_and_mul(x))` can run fused: one row,
+    the Triton path, and a fused config for the layer's kind and shape; else None."""
+    k = getattr(linear, "in_features", None)
+    if (not FUSED_SILU_DOWN["enabled"] or k is None or x.numel() != 2 * k
+            or x.stride(-1) != 1 or not use_triton(x)):
+        return None
+    shape = (linear.out_features, k)
+    if hasattr(linear, "weight_fp8"):  # quantization.Fp8Linear
+        config = SILU_DOWN_M1_CONFIGS["fp8"].get(shape)
+        return None if config is None else (linear.weight_fp8, linear.weight_scale, config)
+    if (isinstance(linear, GemvLinear) and BF16_GEMV["enabled"] and linear.bias is None
+            and x.dtype == linear.weight.dtype):
+        config = SILU_DOWN_M1_CONFIGS["bf16"].get(shape)
+        return None if config is None else (linear.weight, None, config)
+    return None
 
 
 class KernelAttention:
@@ -147,8 +186,13 @@ def fresh_prompts_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             o = F.scaled_dot_product_attention(
                 q[start:end].transpose(0, 1)[None], k[start:end].transpose(0, 1)[None],
                 v[start:end].transpose(0, 1)[None], is_causal=True, scale=scale,
-                enable_gqa=True)
-            out[start:end] = o[0].transpose(0, 1)
+                enable_gqa=True)[0].transpose(0, 1)
+            if (start, end) == (0, out.shape[0]) and o.is_contiguous():
+                # one prompt fills the step and SDPA wrote [T, H, D] rows (flash and cuDNN
+                # give the output q's layout): return it, no copy (2048 tokens of the 33B:
+                # a 14 us device copy per layer, H200)
+                return o
+            out[start:end] = o
             continue
         ki = k[start:end, :, None, :].expand(-1, -1, rep, -1).reshape(-1, num_heads, head_dim)
         vi = v[start:end, :, None, :].expand(-1, -1, rep, -1).reshape(-1, num_heads, head_dim)

@@ -64,7 +64,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, ops) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+        return ops.silu_mul_linear(self.gate_up_proj(x), self.down_proj)
 
 
 class DecoderLayer(nn.Module):

@@ -9,6 +9,8 @@ The model receives an `Ops` object; `backend/kernels/` provides one with the sam
         cos_sin[p] = [cos(p * inv_freq) | sin(p * inv_freq)] (each D/2); rotate-half (NeoX/HF
         LLaMA) layout. A kernel may rotate in place and return its inputs.
     silu_and_mul(x [T, 2 * I]) -> [T, I]: silu(x[:, :I]) * x[:, I:]
+    silu_mul_linear(x [T, 2 * I], linear) -> [T, out]: linear(silu_and_mul(x)) (the MLP's down
+        projection; a kernel ops object may run both in one launch)
 
 Numerics follow transformers' LLaMA: norms in fp32, the result cast back to the input dtype
 before the weight multiply.
@@ -67,6 +69,9 @@ class TorchOps:
     def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         half = x.shape[-1] // 2
         return F.silu(x[..., :half]) * x[..., half:]
+
+    def silu_mul_linear(self, x: torch.Tensor, linear) -> torch.Tensor:
+        return linear(self.silu_and_mul(x))
 
 
 TORCH_OPS = TorchOps()

@@ -10,6 +10,14 @@ CUDA-graph replays with the L2 cleared (triton.testing.do_bench), as in gpu_kern
 Prints, per shape, the best variant and its fraction of the copy bandwidth measured here, and a
 layer total (the four shapes) for bf16 / current / best. Writes OUT/gemv_sweep_fp8.json
 (`--weights bf16`: the same kernel over bf16 weights, OUT/gemv_sweep_bf16.json).
+
+A tile is BN,BK,WARPS or BN,BK,WARPS,R: R = 1 sums each product tile over K at once
+(`GemvConfig.row_sum_each`, fewer registers), R = 0 keeps the [BN, BK] accumulator; without R
+both are tried; R = 2 / 3 is the tensor-core kernel (x padded to 16 rows) with fp16 dots
+(`dot_f16`) / dots in x's dtype, once per --stages value. The shape `down_silu` is the down projection with silu*mul fused in
+(`gemv_silu_mul_triton`, input: the [1, 2 x 19200] gate_up row), checked against the unfused
+oracle. `--tuned-out PATH` writes, per shape, the fastest variant where it beat the committed
+config in this run (else the committed one) in the form `engine_bench --gemv-configs` reads.
 """
 from __future__ import annotations
 
@@ -28,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from backend.kernels import fp8_gemv as fp8
+from backend.kernels.silu_mul import silu_and_mul
 
 HIDDEN, INTER, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 7168, 19200, 56, 8, 128
 SHAPES = {  # name: (N out, K in)
@@ -35,6 +44,7 @@ SHAPES = {  # name: (N out, K in)
     "o": (HIDDEN, NUM_HEADS * HEAD_DIM),
     "gate_up": (2 * INTER, HIDDEN),
     "down": (HIDDEN, INTER),
+    "down_silu": (HIDDEN, INTER),
 }
 # (block_n, block_k, num_warps): the fp32 accumulator tile is block_n x block_k, so keep it at
 # <= 64 registers a thread (block_n * block_k <= 2048 * num_warps)
@@ -57,22 +67,64 @@ def bench_us(fn) -> float:
                                                return_mode="median"))
 
 
+def unfused_pair(gate_up, w, scale, cfg):
+    return fp8.fp8_gemv_triton(silu_and_mul(gate_up), w, scale, cfg)
+
+
+def cublas_pair(gate_up, w):
+    return F.linear(silu_and_mul(gate_up), w)
+
+
+def committed_config(weights: str, name: str, n: int, k: int) -> fp8.GemvConfig:
+    """The config the engine uses today for this one-row shape."""
+    if name == "down_silu":
+        return fp8.SILU_DOWN_M1_CONFIGS[weights][n, k]
+    if weights == "bf16":
+        return fp8.BF16_GEMV_M1_CONFIGS[n, k]
+    return fp8.gemv_config_for(1, n, k)
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--budget-s", type=float, default=100.0)
-    p.add_argument("--tiles", default=None, help="BN,BK,WARPS;... instead of TILES")
+    p.add_argument("--tiles", default=None, help="BN,BK,WARPS[,R];... instead of TILES")
     p.add_argument("--stages", default=None, help="comma-separated, instead of STAGES")
     p.add_argument("--programs", default=None, help="comma-separated, instead of PROGRAMS_PER_SM")
-    p.add_argument("--shapes", default=",".join(SHAPES), help="which of qkv,o,gate_up,down")
+    p.add_argument("--shapes", default=",".join(SHAPES),
+                   help="which of qkv,o,gate_up,down,down_silu")
+    p.add_argument("--shape-tiles", action="append", default=[],
+                   help="NAME=BN,BK,WARPS[,R];...: tiles for one shape only (repeatable)")
     p.add_argument("--weights", default="fp8", choices=["fp8", "bf16"],
                    help="bf16: the same FMA kernel over bf16 weights (scale 1), i.e. our own "
                         "bf16 GEMV, against F.linear (cuBLAS)")
+    p.add_argument("--tuned-out", default=None, help="JSON of the best config per shape")
     args = p.parse_args()
     programs = [int(v) for v in args.programs.split(",")] if args.programs else PROGRAMS_PER_SM
-    tiles = [tuple(int(v) for v in t.split(",")) for t in args.tiles.split(";")] \
-        if args.tiles else TILES
     stages = [int(v) for v in args.stages.split(",")] if args.stages else STAGES
+
+    def parse_tiles(text: str) -> list[tuple[int, int, int, int]]:
+        tiles = []
+        for t in text.split(";"):
+            v = [int(x) for x in t.split(",")]
+            tiles += [(v[0], v[1], v[2], r) for r in ((v[3],) if len(v) > 3 else (0, 1))]
+        return tiles
+
+    def configs_of(tile: tuple[int, int, int, int]) -> list[fp8.GemvConfig]:
+        """R: 0 / 1 the row kernel (row_sum_each off / on; the loop is not pipelined, so one
+        stage count); 2 / 3 the tensor-core kernel with fp16 / x-dtype dots, per stage count."""
+        bn, bk, w, r = tile
+        if r < 2:
+            return [fp8.GemvConfig(block_n=bn, block_k=bk, num_warps=w, num_stages=2,
+                                   programs_per_sm=pps, use_dot=False, row_sum_each=bool(r))
+                    for pps in programs]
+        return [fp8.GemvConfig(block_n=bn, block_k=bk, num_warps=w, num_stages=st,
+                               programs_per_sm=pps, use_dot=True, dot_f16=r == 2)
+                for st in stages for pps in programs]
+
+    default_tiles = parse_tiles(args.tiles) if args.tiles else \
+        [(bn, bk, w, r) for bn, bk, w in TILES for r in (0, 1)]
+    shape_tiles = dict(kv.split("=", 1) for kv in args.shape_tiles)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
@@ -88,24 +140,40 @@ def main() -> int:
     src = dst = None  # free before the sweep
     print(f"copy {copy_tb_s:.3f} TB/s", flush=True)
     sms = fp8.num_sms(dev)
-    variants = [fp8.GemvConfig(block_n=bn, block_k=bk, num_warps=w, num_stages=s,
-                               programs_per_sm=pps, use_dot=False)
-                for bn, bk, w in tiles for s in stages for pps in programs]
     results = {"copy_tb_s": copy_tb_s, "sms": sms, "weights": args.weights, "shapes": {}}
+    tuned: dict[str, dict] = {}
     wbytes = 1 if args.weights == "fp8" else 2
     for name in args.shapes.split(","):
         n, k = SHAPES[name]
+        gated = name == "down_silu"
+        tiles = parse_tiles(shape_tiles[name]) if name in shape_tiles else default_tiles
+        variants = [cfg for tile in tiles for cfg in configs_of(tile)
+                    if not (gated and cfg.use_dot)]
         w = (torch.randn(n, k, device=dev) * 0.02).to(torch.bfloat16)
         if args.weights == "fp8":
             w_fp8, scale = fp8.quantize_fp8_per_channel(w)
-        else:  # the kernel is dtype-generic: bf16 rows, unit scales
-            w_fp8, scale = w, torch.ones(n, device=dev, dtype=torch.float32)
-        x = torch.randn(1, k, device=dev).to(torch.bfloat16)
-        ref = fp8.fp8_gemv_reference(x.double(), w_fp8, scale).float()
-        row = {"n": n, "k": k, "bf16_us": bench_us(partial(F.linear, x, w)),
-               "current_config": dataclasses.asdict(fp8.gemv_config_for(1)),
-               "current_us": bench_us(partial(fp8.fp8_gemv_triton, x, w_fp8, scale)),
-               "variants": []}
+        else:  # the kernel is dtype-generic: bf16 rows, no scale
+            w_fp8, scale = w, None
+        if gated:
+            x = (2 * torch.randn(1, 2 * k, device=dev)).to(torch.bfloat16)
+            ref = fp8.gemv_silu_mul_reference(x, w_fp8, scale).float()
+            run = partial(fp8.gemv_silu_mul_triton, x, w_fp8, scale)
+            unfused = partial(unfused_pair, x, w_fp8, scale)
+            baseline = partial(cublas_pair, x, w)
+        else:
+            x = torch.randn(1, k, device=dev).to(torch.bfloat16)
+            ones = torch.ones(n, device=dev, dtype=torch.float32)
+            ref = fp8.fp8_gemv_reference(x.double(), w_fp8, ones if scale is None else scale)
+            ref = ref.float()
+            run = partial(fp8.fp8_gemv_triton, x, w_fp8, scale)
+            baseline = partial(F.linear, x, w)
+        current = committed_config(args.weights, name, n, k)
+        row = {"n": n, "k": k, "bf16_us": bench_us(baseline),
+               "current_config": dataclasses.asdict(current),
+               "current_us": bench_us(partial(run, current)), "variants": []}
+        if gated:  # the committed path today: silu_and_mul, then the down GEMV (two launches)
+            row["unfused_current_us"] = bench_us(partial(unfused, committed_config(
+                args.weights, "down", n, k)))
         if args.weights == "fp8":
             del w
         seen_split = set()
@@ -114,35 +182,43 @@ def main() -> int:
                 row["cut_by_budget"] = True
                 break
             split = fp8.split_k_for(n, k, cfg, sms)
-            key = (cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages, split)
+            key = (cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages, cfg.row_sum_each,
+                   cfg.use_dot, cfg.dot_f16, split)
             if key in seen_split or k % cfg.block_k:
                 continue  # another programs_per_sm gave the same split
             seen_split.add(key)
-            y = fp8.fp8_gemv_triton(x, w_fp8, scale, cfg)
+            y = run(cfg)
             err = ((y.float() - ref).norm() / ref.norm()).item()
             entry = {"config": dataclasses.asdict(cfg), "split_k": split[0], "rel_err": err}
             if err <= 1e-2:
-                entry["us"] = bench_us(partial(fp8.fp8_gemv_triton, x, w_fp8, scale, cfg))
+                entry["us"] = bench_us(partial(run, cfg))
             row["variants"].append(entry)
         timed = [v for v in row["variants"] if "us" in v]
         if timed:
             best = min(timed, key=lambda v: v["us"])
             row["best"] = best
             tb = wbytes * n * k / best["us"] / 1e6
-            print(f"{name:8s} bf16 {row['bf16_us']:6.1f} us  current {row['current_us']:6.1f} us"
-                  f"  best {best['us']:6.1f} us ({tb:.2f} TB/s, {tb / copy_tb_s:.0%} of copy) "
-                  f"{best['config']} split {best['split_k']}", flush=True)
+            extra = f"  unfused pair {row['unfused_current_us']:6.1f} us" if gated else ""
+            print(f"{name:9s} bf16 {row['bf16_us']:6.1f} us  current {row['current_us']:6.1f} us"
+                  f"{extra}  best {best['us']:6.1f} us ({tb:.2f} TB/s, {tb / copy_tb_s:.0%} of "
+                  f"copy) {best['config']} split {best['split_k']}", flush=True)
+            win = best["config"] if best["us"] < row["current_us"] else row["current_config"]
+            table = (f"silu_down_{args.weights}" if gated else args.weights)
+            tuned.setdefault(table, {})[f"{n}x{k}"] = win
         results["shapes"][name] = row
         (out / f"gemv_sweep_{args.weights}.json").write_text(json.dumps(results, indent=1) + "\n")
-    shapes = results["shapes"].values()
-    if all("best" in r for r in shapes) and len(results["shapes"]) == len(SHAPES) \
-            and args.weights == "fp8":
+        if args.tuned_out:
+            Path(args.tuned_out).write_text(json.dumps(tuned, indent=1) + "\n")
+    shapes = [results["shapes"][s] for s in ("qkv", "o", "gate_up", "down")
+              if s in results["shapes"]]
+    if len(shapes) == 4 and all("best" in r for r in shapes):
         bf16 = sum(r["bf16_us"] for r in shapes)
         cur = sum(r["current_us"] for r in shapes)
         best = sum(r["best"]["us"] for r in shapes)
         results["layer_us"] = {"bf16": bf16, "current": cur, "best": best}
-        print(f"layer (qkv+o+gate_up+down): bf16 {bf16:.1f} us, fp8 current {cur:.1f} us "
-              f"({bf16 / cur:.2f}x), fp8 best {best:.1f} us ({bf16 / best:.2f}x)", flush=True)
+        print(f"layer (qkv+o+gate_up+down): bf16 {bf16:.1f} us, {args.weights} current "
+              f"{cur:.1f} us ({bf16 / cur:.2f}x), best {best:.1f} us ({bf16 / best:.2f}x)",
+              flush=True)
     (out / f"gemv_sweep_{args.weights}.json").write_text(json.dumps(results, indent=1) + "\n")
     print(f"sweep took {time.monotonic() - t_start:.0f} s")
     return 0

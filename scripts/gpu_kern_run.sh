@@ -8,6 +8,10 @@
 # 2. `python3 -m backend.engine_bench` on the 33B preset (dummy weights): batch 1 and 64 decode,
 #    prefill 2048, bf16 and fp8, with per-kernel profiles (--kernel-profile) and the PDL on/off
 #    A/B at batch 1 (--pdl-ab); BENCH_S deadline.
+# 1b. (section sweep) `scripts/fp8_gemv_sweep.py` for fp8 and bf16 weights over the one-row
+#    kernel variants (row sums per tile, tensor-core fp16 dots, the silu-fused down projection);
+#    each writes the fastest config per shape to $R/tuned_{fp8,bf16}.json, which the engine
+#    section then runs with (`--gemv-configs`; --ab compares them with the committed tables).
 # 3. `scripts/gpu_kernels_check.py --sections dots,sdpa`: quantized-page decode attention with
 #    fp16 vs bf16 dots and tile variants, against bf16 pages; SDPA GQA variants for a 2048 prompt.
 # 3b. `scripts/fp8_gemv_sweep.py`: the FMA GEMV over bf16 weights (our own bf16 GEMV) against
@@ -23,6 +27,8 @@ BENCH_S=${BENCH_S:-150}
 KERN_S=${KERN_S:-70}
 Q_S=${Q_S:-70}
 GEMV_S=${GEMV_S:-40}
+SWEEP_S=${SWEEP_S:-75}
+SWEEP_BF16_S=${SWEEP_BF16_S:-35}
 SECTIONS=${SECTIONS:-tests,engine,kernels,gemv,quality}
 TESTS_K=${TESTS_K:-pdl or quantized_dot or dispatch_and_graph or fp8_gemv or rms_norm or silu or rotary}
 ENGINE_ARGS=${ENGINE_ARGS:---decode-batches 1,64 --prefill-tokens 2048 --profile-contexts= --no-peer --kernel-profile --ab}
@@ -45,11 +51,37 @@ if has tests; then
   grep -E "passed|failed|error|FAILED|ERROR" "$R/pytest_gpu.txt" | tail -n 12
 fi
 
+if has sweep; then
+  # tiles: BN,BK,WARPS,R (R 0/1: row kernel, per-tile row sums off/on; 2: fp16 tensor-core dots;
+  # 3: dots in the weights' dtype); the first tile of a shape is close to its committed config
+  ROW7168="4,1024,1,1;8,512,1,1;8,1024,2,1;16,256,1,2;32,512,2,2;64,256,4,2"
+  timeout -s INT "$SWEEP_S" python3 scripts/fp8_gemv_sweep.py --out "$R" --weights fp8 \
+      --shapes down_silu,qkv,o,gate_up,down --stages 3 --programs 1,4 --budget-s $((SWEEP_S - 15)) \
+      --shape-tiles "down_silu=4,256,1,1;8,256,1,1;8,256,2,1;16,256,2,1;16,256,4,0" \
+      --shape-tiles "qkv=2,1024,1,1;$ROW7168" --shape-tiles "o=4,512,1,1;$ROW7168" \
+      --shape-tiles "gate_up=4,512,1,1;16,512,2,1;$ROW7168" \
+      --shape-tiles "down=4,256,1,1;8,256,1,1;8,256,2,1;16,256,2,1;16,256,1,2;32,256,2,2;64,256,4,2" \
+      --tuned-out "$R/tuned_fp8.json" > "$R/sweep_fp8_log.txt" 2>&1
+  echo "fp8 sweep exit $?"; grep -E "copy|us |layer|took" "$R/sweep_fp8_log.txt" | tail -n 9
+  timeout -s INT "$SWEEP_BF16_S" python3 scripts/fp8_gemv_sweep.py --out "$R" --weights bf16 \
+      --shapes down_silu,qkv,o,gate_up,down --stages 3 --programs 1,4 \
+      --budget-s $((SWEEP_BF16_S - 10)) \
+      --shape-tiles "down_silu=8,256,2,1;16,256,2,1;16,256,4,0" \
+      --shape-tiles "qkv=16,256,4,1;8,512,2,1;16,512,2,1;64,256,4,3" \
+      --shape-tiles "o=8,512,2,1;16,512,2,1;64,256,4,3" \
+      --shape-tiles "gate_up=8,512,2,1;16,512,2,1;64,256,4,3" \
+      --shape-tiles "down=8,256,2,1;16,256,2,1;64,256,4,3" \
+      --tuned-out "$R/tuned_bf16.json" > "$R/sweep_bf16_log.txt" 2>&1
+  echo "bf16 sweep exit $?"; grep -E "copy|us |layer|took" "$R/sweep_bf16_log.txt" | tail -n 9
+  TUNED=$(ls "$R"/tuned_fp8.json "$R"/tuned_bf16.json 2>/dev/null | paste -sd, -)
+  [ -n "$TUNED" ] && ENGINE_ARGS="$ENGINE_ARGS --gemv-configs $TUNED"
+fi
+
 if has engine; then
   eval "timeout -s INT $((BENCH_S + 25)) python3 -m backend.engine_bench --deadline-s $BENCH_S \
       --out $R/engine_bench.json $ENGINE_ARGS" > "$R/engine_log.txt" 2>&1
   echo "engine bench exit $?"
-  grep -E "kernel profile|^\[.*\]     |pdl a/b|decode|prefill|ERROR|SKIP|MET" "$R/engine_log.txt" | tail -n 60
+  grep -E "kernel profile|^\[.*\]     |a/b|decode|prefill|ERROR|SKIP|MET" "$R/engine_log.txt" | tail -n 90
 fi
 
 if has kernels; then

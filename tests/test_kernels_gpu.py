@@ -22,6 +22,7 @@ from backend.kernels.fp8_gemv import (
     FP8_GEMV_MAX_M,
     FP8_MAX,
     GEMV_M1_SHAPE_CONFIGS,
+    SILU_DOWN_M1_CONFIGS,
     GemvConfig,
     bf16_gemv,
     check_fp8_support,
@@ -30,6 +31,8 @@ from backend.kernels.fp8_gemv import (
     fp8_linear,
     fp8_scaled_mm,
     fp8_scaled_mm_reference,
+    gemv_silu_mul_reference,
+    gemv_silu_mul_triton,
     quantize_fp8_per_channel,
     quantize_fp8_per_token,
     quantize_fp8_per_token_reference,
@@ -320,6 +323,118 @@ def test_fp8_gemv(m, n, k):
         assert rel_err(fp8_gemv_triton(x, w_fp8, scale, config), ref) <= TOL, config
     if m <= 16:
         assert rel_err(fp8_linear(x, w_fp8, scale), ref) <= TOL
+
+
+# one-row kernel: thin one-warp tiles with and without per-tile row sums, wider tiles, a split
+ROW_TEST_CONFIGS = [
+    GemvConfig(block_n=bn, block_k=bk, num_warps=w, num_stages=2, programs_per_sm=pps,
+               use_dot=False, row_sum_each=r)
+    for bn, bk, w, pps, r in ((2, 1024, 1, 1, False), (4, 256, 1, 1, True),
+                              (8, 512, 2, 1, True), (16, 256, 4, 4, False), (32, 128, 4, 8, True))
+]
+
+
+@pytest.mark.parametrize("weights", ["fp8", "bf16"])
+@pytest.mark.parametrize("n,k", [(9216, 7168), (7168, 19200), (1000, 512)])
+def test_row_gemv_configs(weights, n, k):
+    """The M = 1 kernel (`_gemv_row_kernel`) over fp8 or bf16 rows for each test tile."""
+    torch.manual_seed(n + k + len(weights))
+    w = randn(n, k, scale=0.02)
+    scale = None
+    if weights == "fp8":
+        w, scale = quantize_fp8_per_channel(w)
+    x = randn(1, k)
+    ones = torch.ones(n, device=DEV)
+    ref = fp8_gemv_reference(x.double(), w, ones if scale is None else scale)
+    for config in ROW_TEST_CONFIGS:
+        if k % config.block_k == 0:
+            out = torch.full((1, n), float("nan"), device=DEV, dtype=BF16)
+            out.copy_(fp8_gemv_triton(x, w, scale, config))
+            assert rel_err(out, ref) <= 4e-3, config
+
+
+DOT_F16_TEST_CONFIGS = [
+    GemvConfig(block_n=bn, block_k=bk, num_warps=w, num_stages=st, programs_per_sm=pps,
+               use_dot=True, dot_f16=True)
+    for bn, bk, w, st, pps in ((16, 256, 1, 3, 1), (32, 512, 2, 3, 1), (64, 256, 4, 3, 4),
+                               (128, 128, 4, 4, 4))
+]
+
+
+@pytest.mark.parametrize("m", [1, 5])
+@pytest.mark.parametrize("n,k", [(9216, 7168), (7168, 19200), (1000, 512)])
+def test_dot_f16_gemv(m, n, k):
+    """The tensor-core GEMV with fp16 dots over fp8 weights (x padded to 16 rows)."""
+    torch.manual_seed(n + k + m)
+    w, scale = quantize_fp8_per_channel(randn(n, k, scale=0.02))
+    x = randn(m, k)
+    ref = fp8_gemv_reference(x.double(), w, scale)
+    for config in DOT_F16_TEST_CONFIGS:
+        out = torch.full((m, n), float("nan"), device=DEV, dtype=BF16)
+        out.copy_(fp8_gemv_triton(x, w, scale, config))
+        assert rel_err(out, ref) <= 4e-3, config
+
+
+@pytest.mark.parametrize("weights", ["fp8", "bf16"])
+def test_fused_silu_down_33b(weights):
+    """The down projection with silu*mul fused in, on the 33B shape: the oracle's numbers,
+    and the unfused pair's (same rounded activation, same tile) for every test tile and the
+    committed fused config."""
+    n, k = 7168, 19200
+    torch.manual_seed(11)
+    w = randn(n, k, scale=0.02)
+    scale = None
+    if weights == "fp8":
+        w, scale = quantize_fp8_per_channel(w)
+    gate_up = randn(1, 2 * k) * 2
+    ref = gemv_silu_mul_reference(gate_up, w, scale)
+    configs = [c for c in ROW_TEST_CONFIGS if k % c.block_k == 0]
+    for config in [SILU_DOWN_M1_CONFIGS[weights][n, k], *configs]:
+        fused = gemv_silu_mul_triton(gate_up, w, scale, config)
+        pair = fp8_gemv_triton(silu_and_mul(gate_up), w, scale, config)
+        assert rel_err(fused, ref) <= 4e-3, config
+        assert rel_err(fused, pair) <= 1e-3, config
+
+
+def test_pdl_chain_with_fused_silu_down_in_a_graph():
+    """norm -> fp8 gate_up GEMV -> silu-fused fp8 down GEMV -> add+norm, captured with PDL and
+    replayed on fresh inputs, equals plain launches bit for bit (the fused kernel loads its
+    first weight tile before waiting for the gate_up GEMV, never the activation)."""
+    from backend.kernels.triton_utils import _PDL, set_pdl
+
+    default = _PDL["enabled"]
+    torch.manual_seed(6)
+    w_up, s_up = quantize_fp8_per_channel(randn(2 * 2048, 1024, scale=0.02))
+    w_down, s_down = quantize_fp8_per_channel(randn(1024, 2048, scale=0.02))
+    norm_w = randn(1024)
+    down = GemvConfig(block_n=4, block_k=256, num_warps=1, num_stages=2, programs_per_sm=1,
+                      use_dot=False, row_sum_each=True)
+
+    def layer(x, residual):
+        g = fp8_gemv_triton(rms_norm(x, norm_w, 1e-5), w_up, s_up)
+        return fused_add_rms_norm(gemv_silu_mul_triton(g, w_down, s_down, down), residual,
+                                  norm_w, 1e-5)
+
+    x, res = randn(1, 1024), randn(1, 1024)
+    try:
+        set_pdl(True)
+        layer(x, res)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = layer(x, res)
+        for i in range(20):
+            x.copy_(randn(1, 1024))
+            res.copy_(randn(1, 1024))
+            graph.replay()
+            set_pdl(False)
+            ref = layer(x, res)
+            set_pdl(True)
+            torch.cuda.synchronize()
+            for o, r in zip(outs, ref):
+                assert torch.equal(o, r), i
+    finally:
+        set_pdl(default)
 
 
 @pytest.mark.parametrize("m", [1, 64, 200])

@@ -335,11 +335,13 @@ def test_split_k_covers_k_exactly(n, k):
     assert n_tiles * split_k * 2 >= wanted
 
 
+@pytest.mark.parametrize("qlens,pad", [([7, 1, 12], 2), ([20], 0)], ids=["3-prompts", "one"])
 @pytest.mark.parametrize("enable_gqa", [False, True])
-def test_fresh_prompts_sdpa_matches_paged_reference(monkeypatch, enable_gqa):
+def test_fresh_prompts_sdpa_matches_paged_reference(monkeypatch, enable_gqa, qlens, pad):
     """Whole prompts over their own k/v (the eager flash path of the CUDA kernels) equal the
     paged reference reading the same k/v back from the pages; GQA 7 (kv heads expanded, or
-    SDPA's own GQA); padding rows zero."""
+    SDPA's own GQA); padding rows zero; one prompt filling the step (SDPA's own output may be
+    returned without a copy)."""
     from backend import kernel_dispatch
     from backend.attention import write_kv
     from backend.kernel_dispatch import fresh_prompts_sdpa
@@ -348,20 +350,20 @@ def test_fresh_prompts_sdpa_matches_paged_reference(monkeypatch, enable_gqa):
 
     gen = torch.Generator().manual_seed(5)
     heads, kv_heads, head_dim, block_size = 14, 2, 16, 4
-    qlens = [7, 1, 12]
     total = sum(qlens)
-    q = torch.randn(total + 2, heads, head_dim, generator=gen)
-    k = torch.randn(total + 2, kv_heads, head_dim, generator=gen)
-    v = torch.randn(total + 2, kv_heads, head_dim, generator=gen)
+    q = torch.randn(total + pad, heads, head_dim, generator=gen)
+    k = torch.randn(total + pad, kv_heads, head_dim, generator=gen)
+    v = torch.randn(total + pad, kv_heads, head_dim, generator=gen)
     k_cache = torch.zeros(16, block_size, kv_heads, head_dim)
     v_cache = torch.zeros_like(k_cache)
     tables = torch.arange(15).view(3, 5).to(torch.int32)
     slots = torch.tensor([int(tables[i, p // block_size]) * block_size + p % block_size
                           for i, n in enumerate(qlens) for p in range(n)])
     write_kv(k[:total], v[:total], k_cache, v_cache, slots)
-    qsl = [0, 7, 8, 20]
+    qsl = [0, *torch.tensor(qlens).cumsum(0).tolist()]
     out = fresh_prompts_sdpa(q, k, v, qsl, 0.3, torch.full_like(q, float("nan")))
-    ref = paged_attention_reference(q[:total], k_cache, v_cache, tables,
+    assert out.shape == q.shape
+    ref = paged_attention_reference(q[:total], k_cache, v_cache, tables[:len(qlens)],
                                     torch.tensor(qsl, dtype=torch.int32),
                                     torch.tensor(qlens, dtype=torch.int32), 0.3)
     torch.testing.assert_close(out[:total], ref, rtol=1e-5, atol=1e-5)

@@ -50,7 +50,15 @@ class GemvConfig:
     num_stages: int = 4
     programs_per_sm: int = 4   # split K until n_tiles * split_k >= programs_per_sm * SMs
     use_dot: bool = True       # False: the FMA kernel (M <= FMA_MAX_M, K % block_k == 0)
-    prefetch: bool = False     # FMA kernel: load the next K tile before using this one
+    prefetch: bool = False     # FMA kernel, M > 1: load the next K tile before using this one
+    # M = 1 (the row kernel): sum each [block_n, block_k] product tile over K at once into a
+    # [block_n] accumulator instead of keeping a [block_n, block_k] fp32 one to the end: the
+    # registers then do not grow with the tile, so more programs fit on an SM (more weight
+    # bytes in flight), at the price of a warp reduction per tile
+    row_sum_each: bool = False
+    # dot kernel, fp8 weights: the dot in fp16 (E4M3 -> fp16 is one convert per pair) instead
+    # of converting the weight to x's dtype (bf16: no direct convert on sm_90)
+    dot_f16: bool = False
 
 
 # FMA kernel (no tensor cores) serves M <= FMA_MAX_M; rows beyond that need the dot kernel.
@@ -100,6 +108,39 @@ BF16_GEMV_M1_CONFIGS: dict[tuple[int, int], GemvConfig] = {
     (7168, 19200): GemvConfig(block_n=16, block_k=256, num_warps=4, num_stages=3,
                               programs_per_sm=4, use_dot=False),    # down (split 2)
 }
+
+
+# The down projection with silu*mul fused in (`gemv_silu_mul_triton`), one row, per weight kind
+# and shape. Before an H200 measurement these are the plain down tiles (split 2).
+SILU_DOWN_M1_CONFIGS: dict[str, dict[tuple[int, int], GemvConfig]] = {
+    "fp8": {(7168, 19200): GEMV_M1_SHAPE_CONFIGS[7168, 19200]},
+    "bf16": {(7168, 19200): BF16_GEMV_M1_CONFIGS[7168, 19200]},
+}
+
+
+def config_tables() -> dict:
+    """The per-shape M = 1 tables (copies), in the form `set_config_tables` and
+    `tables_from_json` use: {"fp8" | "bf16" | "silu_down_fp8" | "silu_down_bf16":
+    {(N, K): GemvConfig}}."""
+    return {"fp8": dict(GEMV_M1_SHAPE_CONFIGS), "bf16": dict(BF16_GEMV_M1_CONFIGS),
+            "silu_down_fp8": dict(SILU_DOWN_M1_CONFIGS["fp8"]),
+            "silu_down_bf16": dict(SILU_DOWN_M1_CONFIGS["bf16"])}
+
+
+def set_config_tables(tables: dict) -> None:
+    """Replace entries of the M = 1 tables in place (the dispatchers read them at call time, so
+    a graph captured afterwards uses them): for A/B runs of swept configs."""
+    for name, table in (("fp8", GEMV_M1_SHAPE_CONFIGS), ("bf16", BF16_GEMV_M1_CONFIGS),
+                        ("silu_down_fp8", SILU_DOWN_M1_CONFIGS["fp8"]),
+                        ("silu_down_bf16", SILU_DOWN_M1_CONFIGS["bf16"])):
+        table.update(tables.get(name, {}))
+
+
+def tables_from_json(doc: dict) -> dict:
+    """{"fp8": {"9216x7168": {GemvConfig fields}}, ...} (scripts/fp8_gemv_sweep.py --tuned-out)
+    -> the form of `config_tables`."""
+    return {name: {tuple(int(v) for v in shape.split("x")): GemvConfig(**cfg)
+                   for shape, cfg in table.items()} for name, table in doc.items()}
 
 
 def bf16_gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig) -> torch.Tensor:
@@ -178,9 +219,14 @@ if HAS_TRITON:
         stride_xm, stride_wn, stride_om,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         EVEN_K: tl.constexpr, PARTIALS: tl.constexpr, USE_PDL: tl.constexpr,
-        HAS_SCALE: tl.constexpr = True,
+        HAS_SCALE: tl.constexpr = True, DOT_F16: tl.constexpr = False,
     ):
-        """Tensor-core path: acc[BLOCK_N, BLOCK_M] += w[BLOCK_N, BLOCK_K] @ x^T[BLOCK_K, BLOCK_M]."""
+        """Tensor-core path: acc[BLOCK_N, BLOCK_M] += w[BLOCK_N, BLOCK_K] @ x^T[BLOCK_K, BLOCK_M].
+
+        DOT_F16 (fp8 weights, bf16 x): the dot runs in fp16, fp32 accumulation. E4M3 -> fp16 is
+        one convert per pair and exact (there is no direct E4M3 -> bf16 convert on sm_90), and
+        bf16 -> fp16 is exact inside fp16's normal range; x is clamped to +-65504 so an outlier
+        saturates instead of becoming inf."""
         pdl_enter(USE_PDL)
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -206,7 +252,10 @@ if HAS_TRITON:
                             other=0.0)
                 xt = tl.load(x_cols + offs_k[:, None], mask=mask_m[None, :] & mask_k[:, None],
                              other=0.0)
-            acc += tl.dot(w.to(xt.dtype), xt)
+            if DOT_F16:
+                acc += tl.dot(w.to(tl.float16), _to_f16(xt))
+            else:
+                acc += tl.dot(w.to(xt.dtype), xt)
 
         if HAS_SCALE:
             s = tl.load(scale_ptr + offs_n, mask=mask_n, other=0.0)
@@ -220,6 +269,10 @@ if HAS_TRITON:
                      acc.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
+    def _to_f16(x):
+        return tl.minimum(tl.maximum(x.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
+
+    @triton.jit
     def _fp8_gemv_fma_kernel(
         x_ptr, w_ptr, scale_ptr, out_ptr, M, N, K, k_per_split,
         stride_xm, stride_wn, stride_om,
@@ -227,16 +280,12 @@ if HAS_TRITON:
         PARTIALS: tl.constexpr, PREFETCH: tl.constexpr, USE_PDL: tl.constexpr,
         HAS_SCALE: tl.constexpr = True,
     ):
-        """CUDA-core path for M <= 4 (K % BLOCK_K == 0, k_per_split a multiple of BLOCK_K).
-
-        M == 1: acc2[BLOCK_N, BLOCK_K] += w * x, one row reduction after the loop.
-        M > 1:  each K tile is converted once and reduced per row into acc[BLOCK_N, BLOCK_M].
-        PREFETCH keeps the next tile's load in flight while this one is used (the last
-        iteration re-reads its own tile instead of running past the split).
-        Under PDL (M == 1, no PREFETCH) the first weight tile is loaded before waiting for the
-        previous kernel: weights are constant, so their stream starts in that kernel's tail.
-        """
-        EARLY_W: tl.constexpr = USE_PDL and BLOCK_M == 1 and not PREFETCH
+        """CUDA-core path for 2 <= M <= 4 (K % BLOCK_K == 0, k_per_split a multiple of
+        BLOCK_K; one row goes to `_gemv_row_kernel`): each K tile is converted once and reduced
+        per row into acc[BLOCK_N, BLOCK_M]. PREFETCH keeps the next tile's load in flight while
+        this one is used (the last iteration re-reads its own tile instead of running past the
+        split)."""
+        pdl_enter(USE_PDL)
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -246,22 +295,12 @@ if HAS_TRITON:
         k_start = pid_k * k_per_split
         k_end = tl.minimum(k_start + k_per_split, K)
         w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
-        if EARLY_W:
-            w_first = tl.load(w_rows + (k_start + offs_kb)[None, :], mask=mask_n[:, None],
-                              other=0.0)
-        pdl_enter(USE_PDL)
 
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-        acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        loop_start = k_start
-        if EARLY_W:  # (every split holds >= 1 whole tile: K % BLOCK_K == 0 here)
-            acc2 += w_first.to(tl.float32) * tl.load(x_ptr + k_start + offs_kb).to(
-                tl.float32)[None, :]
-            loop_start = k_start + BLOCK_K
         if PREFETCH:
             w_next = tl.load(w_rows + (k_start + offs_kb)[None, :], mask=mask_n[:, None],
                              other=0.0)
-        for k0 in range(loop_start, k_end, BLOCK_K):
+        for k0 in range(k_start, k_end, BLOCK_K):
             offs_k = k0 + offs_kb
             if PREFETCH:
                 w = w_next
@@ -271,16 +310,11 @@ if HAS_TRITON:
             else:
                 w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None], other=0.0)
             wf = w.to(tl.float32)
-            if BLOCK_M == 1:
-                acc2 += wf * tl.load(x_ptr + offs_k).to(tl.float32)[None, :]
-            else:
-                for mm in tl.static_range(BLOCK_M):
-                    row = tl.minimum(mm, M - 1)   # rows >= M compute garbage that is not stored
-                    xr = tl.load(x_ptr + row * stride_xm + offs_k).to(tl.float32)
-                    part = tl.sum(wf * xr[None, :], axis=1)                       # [BLOCK_N]
-                    acc = tl.where(offs_m[None, :] == mm, acc + part[:, None], acc)
-        if BLOCK_M == 1:
-            acc = tl.sum(acc2, axis=1)[:, None]
+            for mm in tl.static_range(BLOCK_M):
+                row = tl.minimum(mm, M - 1)   # rows >= M compute garbage that is not stored
+                xr = tl.load(x_ptr + row * stride_xm + offs_k).to(tl.float32)
+                part = tl.sum(wf * xr[None, :], axis=1)                       # [BLOCK_N]
+                acc = tl.where(offs_m[None, :] == mm, acc + part[:, None], acc)
 
         if HAS_SCALE:
             s = tl.load(scale_ptr + offs_n, mask=mask_n, other=0.0)
@@ -292,6 +326,67 @@ if HAS_TRITON:
         else:
             tl.store(out_ptr + offs_m[None, :] * stride_om + offs_n[:, None],
                      acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _row_activation(x_ptr, offs_k, K, GATED: tl.constexpr):
+        """fp32 [BLOCK_K] activation tile: x[offs_k], or with GATED (x = [gate | up], 2K wide)
+        silu(gate) * up rounded once to x's dtype, the numbers `silu_mul` would have stored."""
+        if GATED:
+            g = tl.load(x_ptr + offs_k).to(tl.float32)
+            u = tl.load(x_ptr + K + offs_k).to(tl.float32)
+            a = (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty).to(tl.float32)
+        else:
+            a = tl.load(x_ptr + offs_k).to(tl.float32)
+        return a
+
+    @triton.jit
+    def _gemv_row_kernel(
+        x_ptr, w_ptr, scale_ptr, out_ptr, N, K, k_per_split, stride_wn,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROW_SUM_EACH: tl.constexpr,
+        GATED: tl.constexpr, PARTIALS: tl.constexpr, HAS_SCALE: tl.constexpr,
+        USE_PDL: tl.constexpr,
+    ):
+        """One row (M = 1) on CUDA cores: out[n] = sum_k w[n, k] a[k] (* scale[n]).
+
+        a = x, or with GATED silu(x[:K]) * x[K:] (`_row_activation`): the down projection then
+        reads the gate_up output itself and the silu*mul launch and its [1, K] round trip go.
+        K % BLOCK_K == 0 and k_per_split a multiple of BLOCK_K. The first weight tile is loaded
+        before `pdl_enter`: weights are constant, so their stream starts in the previous
+        kernel's tail (only the activation waits for it).
+        """
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_kb = tl.arange(0, BLOCK_K)
+        mask_n = offs_n < N
+        k_start = pid_k * k_per_split
+        k_end = tl.minimum(k_start + k_per_split, K)
+        w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+        w = tl.load(w_rows + (k_start + offs_kb)[None, :], mask=mask_n[:, None], other=0.0)
+        pdl_enter(USE_PDL)
+
+        prod = w.to(tl.float32) * _row_activation(x_ptr, k_start + offs_kb, K, GATED)[None, :]
+        if ROW_SUM_EACH:
+            acc = tl.sum(prod, axis=1)
+        else:
+            acc2 = prod
+        for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
+            offs_k = k0 + offs_kb
+            w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None], other=0.0)
+            prod = w.to(tl.float32) * _row_activation(x_ptr, offs_k, K, GATED)[None, :]
+            if ROW_SUM_EACH:
+                acc += tl.sum(prod, axis=1)
+            else:
+                acc2 += prod
+        if not ROW_SUM_EACH:
+            acc = tl.sum(acc2, axis=1)
+
+        if HAS_SCALE:
+            acc = acc * tl.load(scale_ptr + offs_n, mask=mask_n, other=0.0)
+        if PARTIALS:
+            tl.store(out_ptr + pid_k.to(tl.int64) * N + offs_n, acc, mask=mask_n)
+        else:
+            tl.store(out_ptr + offs_n, acc.to(out_ptr.dtype.element_ty), mask=mask_n)
 
     @triton.jit
     def _splitk_reduce_kernel(part_ptr, out_ptr, M, N, split_k, stride_om,
@@ -362,7 +457,16 @@ def fp8_gemv_triton(x: torch.Tensor, w_fp8: torch.Tensor, scale: torch.Tensor | 
             x.stride(0), w_fp8.stride(0), out.stride(0),
             BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
             EVEN_K=k % config.block_k == 0, PARTIALS=partials, HAS_SCALE=scale is not None,
+            DOT_F16=config.dot_f16 and w_fp8.dtype == FP8_DTYPE,
             num_warps=config.num_warps, num_stages=config.num_stages, **pdl_args(x),
+        )
+    elif m == 1:
+        _gemv_row_kernel[(cdiv(n, config.block_n), split_k)](
+            x, w_fp8, w_fp8 if scale is None else scale, target, n, k, k_per_split,
+            w_fp8.stride(0), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+            ROW_SUM_EACH=config.row_sum_each, GATED=False, PARTIALS=partials,
+            HAS_SCALE=scale is not None, num_warps=config.num_warps,
+            num_stages=config.num_stages, **pdl_args(x),
         )
     else:
         _fp8_gemv_fma_kernel[(cdiv(n, config.block_n), split_k)](
@@ -378,6 +482,47 @@ def fp8_gemv_triton(x: torch.Tensor, w_fp8: torch.Tensor, scale: torch.Tensor | 
             target, out, m, n, split_k, out.stride(0), BLOCK=block, num_warps=4, **pdl_args(x),
         )
     return out
+
+
+def gemv_silu_mul_triton(gate_up: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
+                         config: GemvConfig) -> torch.Tensor:
+    """silu(gate_up[:, :K]) * gate_up[:, K:] @ w [N, K].T (* scale) -> [1, N] in one kernel
+    (plus the split-K reduce when the config splits K): the down projection of a one-row step
+    with the activation fused in. w is fp8 with per-channel `scale`, or model-dtype rows with
+    `scale=None`; config must be an FMA config whose block_k divides K."""
+    n, k = w.shape
+    assert gate_up.shape == (1, 2 * k) and gate_up.stride(1) == 1 and w.stride(1) == 1
+    assert not config.use_dot and k % config.block_k == 0, config
+    out = torch.empty((1, n), dtype=gate_up.dtype, device=gate_up.device)
+    split_k, k_per_split = split_k_for(n, k, config, num_sms(gate_up.device))
+    partials = split_k > 1
+    target = (torch.empty((split_k, 1, n), dtype=torch.float32, device=gate_up.device)
+              if partials else out)
+    _gemv_row_kernel[(cdiv(n, config.block_n), split_k)](
+        gate_up, w, w if scale is None else scale, target, n, k, k_per_split, w.stride(0),
+        BLOCK_N=config.block_n, BLOCK_K=config.block_k, ROW_SUM_EACH=config.row_sum_each,
+        GATED=True, PARTIALS=partials, HAS_SCALE=scale is not None,
+        num_warps=config.num_warps, num_stages=config.num_stages, **pdl_args(gate_up),
+    )
+    if partials:
+        _splitk_reduce_kernel[(cdiv(n, 1024),)](
+            target, out, 1, n, split_k, out.stride(0), BLOCK=1024, num_warps=4,
+            **pdl_args(gate_up),
+        )
+    return out
+
+
+def gemv_silu_mul_reference(gate_up: torch.Tensor, w: torch.Tensor,
+                            scale: torch.Tensor | None) -> torch.Tensor:
+    """The unfused numbers: silu_and_mul's activation rounded to gate_up's dtype, then the
+    weight-only oracle in float64 (returned in float64)."""
+    k = w.shape[1]
+    acc_dtype = torch.promote_types(gate_up.dtype, torch.float32)
+    g, u = gate_up[:, :k].to(acc_dtype), gate_up[:, k:].to(acc_dtype)
+    act = (torch.nn.functional.silu(g) * u).to(gate_up.dtype)
+    if scale is None:
+        scale = torch.ones(w.shape[0], dtype=torch.float32, device=w.device)
+    return fp8_gemv_reference(act.double(), w, scale)
 
 
 def quantize_fp8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
