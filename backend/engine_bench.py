@@ -381,7 +381,10 @@ class Bench:
         return 2 * tokens * per_layer * c.num_hidden_layers + attn * c.num_hidden_layers \
             + 2 * c.vocab_size * h
 
-    def run_prefill(self, weights: str, tokens: int) -> dict:
+    def run_prefill(self, weights: str, tokens: int, graphs: bool = True) -> dict:
+        """One prompt of `tokens` from position 0, the engine's own path (a mixed-step graph
+        where a token bucket holds it), or with `graphs=False` eager (whole prompts over
+        model-dtype pages then take flash SDPA instead of the paged kernel)."""
         r, bs = self.runner, self.runner.block_size
         gen = torch.Generator().manual_seed(tokens)
         ids = torch.randint(0, self.config.vocab_size, (tokens,), generator=gen).tolist()
@@ -389,24 +392,33 @@ class Bench:
         chunk = _chunk("p", ids, 0, table, True)
         reps = 2 if tokens >= 8192 else 3
         times = []
-        for i in range(1 + reps):
-            _sync(self.device)
-            t0 = time.perf_counter()
-            r.execute([chunk])
-            _sync(self.device)
-            if i:
-                times.append((time.perf_counter() - t0) * 1e3)
+        saved = r.graphs
+        via_graph = saved is not None and bool(saved.token_bucket([chunk]))
+        if not graphs:
+            r.graphs = None
+        try:
+            for i in range(1 + reps):
+                _sync(self.device)
+                t0 = time.perf_counter()
+                r.execute([chunk])
+                _sync(self.device)
+                if i:
+                    times.append((time.perf_counter() - t0) * 1e3)
+        finally:
+            r.graphs = saved
         ms = statistics.median(times)
         flops = self.prefill_flops(tokens)
         rate = self.results["ceilings"]["matmul_flops_per_s"]
         row = {"weights": weights, "tokens": tokens, "batch": 1, "ms": ms,
+               "path": "graph" if graphs and via_graph else "eager",
                "fraction_of_ceiling": flops / (ms / 1e3) / rate, "flops": flops,
                "tflops": flops / (ms / 1e3) / 1e12, "floor_ms": flops / rate * 1e3,
                "step_ms_min": min(times), "repeats": len(times)}
         self.results["prefill"].append(row)
-        self.log(f"prefill {weights} {tokens:5d} tokens: {ms:9.2f} ms  {row['tflops']:7.1f} "
-                 f"TFLOP/s ({row['fraction_of_ceiling']:.1%} of the matmul ceiling)")
-        if weights == "bf16":
+        self.log(f"prefill {weights} {tokens:5d} tokens ({row['path']}): {ms:9.2f} ms  "
+                 f"{row['tflops']:7.1f} TFLOP/s ({row['fraction_of_ceiling']:.1%} of the matmul "
+                 f"ceiling)")
+        if weights == "bf16" and row["path"] == ("graph" if via_graph else "eager"):
             self.profile_points.append(self._point(0, tokens, 0, times))
         return row
 
@@ -650,6 +662,11 @@ class Bench:
             self.section("a/b bf16 b=1", 20, self.ab_variants, "bf16")
         if 2048 in self.prefills:
             self.section("prefill bf16 2048", 10, self.run_prefill, "bf16", 2048)
+            if self.runner.graphs is not None and self.runner.graphs.token_bucket(
+                    [_chunk("p", [0] * 2048, 0, [], True)]):
+                # the engine replays a mixed graph (paged attention kernel); eager takes SDPA
+                self.section("prefill bf16 2048 eager", 10, self.run_prefill, "bf16", 2048,
+                             False)
             if a.kernel_profile:
                 self.section("kernel profile bf16 prefill 2048", 15, self.profile_kernels,
                              "bf16", 0, 2048)
@@ -1094,10 +1111,10 @@ def format_table(res: dict) -> str:
     for b, p in sorted(peer.items()):
         lines.append(f"{'peer':8} {b:5d} {'-':>6} {p['ms_per_token']:9.3f} "
                      f"{p['tokens_per_s']:9.1f}")
-    lines.append(f"{'prefill':8} {'tokens':>6} {'ms':>9} {'TFLOP/s':>8} {'%ceiling':>8}")
+    lines.append(f"{'prefill':8} {'tokens':>6} {'ms':>9} {'TFLOP/s':>8} {'%ceiling':>8}  path")
     for r in res["prefill"]:
         lines.append(f"{r['weights']:8} {r['tokens']:6d} {r['ms']:9.2f} {r['tflops']:8.1f} "
-                     f"{r['fraction_of_ceiling']:8.1%}")
+                     f"{r['fraction_of_ceiling']:8.1%}  {r.get('path', '')}")
     for r in res.get("peer", {}).get("prefill", []):
         lines.append(f"{'peer':8} {r['tokens']:6d} {r['ms']:9.2f}")
     ht = res.get("host_time")

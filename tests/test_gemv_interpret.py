@@ -178,3 +178,27 @@ def test_fma_gemv_few_rows_matches_oracle(m, prefetch):
                            programs_per_sm=1, use_dot=False, prefetch=prefetch)
     y = fg.fp8_gemv_triton(x, w, scale, config)
     assert rel_err(y, fg.fp8_gemv_reference(x.double(), w, scale)) <= 4e-3
+
+
+@pytest.mark.skipif(not INTERPRETING, reason="runs inside test_gemv_kernels_in_triton_interpreter")
+@pytest.mark.parametrize("kind", ["fp8", "bf16"])
+@pytest.mark.parametrize("n,block_k,rse,split", [(600, 128, True, 1), (600, 128, False, 1),
+                                                 (37, 256, True, 2), (37, 128, True, 3)])
+def test_row_gemv_uneven_k(kind, n, block_k, rse, split):
+    """K = 320 is not a multiple of the tile: a masked tail after whole tiles (one split), a
+    split that holds only a partial tile; plain and silu-fused."""
+    from backend.kernels import fp8_gemv as fg
+
+    gen = torch.Generator().manual_seed(6)
+    k = 320
+    w, scale = _weights(kind, n, k, gen)
+    config = fg.GemvConfig(block_n=4, block_k=block_k, num_warps=1, num_stages=2,
+                           programs_per_sm=1, use_dot=False, row_sum_each=rse)
+    assert fg.split_k_for(n, k, config, 132)[0] == split
+    x = torch.randn(1, k, generator=gen).to(torch.bfloat16)
+    ones = torch.ones(n, dtype=torch.float32)
+    ref = fg.fp8_gemv_reference(x.double(), w, ones if scale is None else scale)
+    assert rel_err(fg.fp8_gemv_triton(x, w, scale, config), ref) <= 4e-3
+    gate_up = (2 * torch.randn(1, 2 * k, generator=gen)).to(torch.bfloat16)
+    fused = fg.gemv_silu_mul_triton(gate_up, w, scale, config)
+    assert rel_err(fused, fg.gemv_silu_mul_reference(gate_up, w, scale)) <= 1e-2

@@ -73,21 +73,22 @@ GEMV_CONFIGS: tuple[tuple[int, GemvConfig], ...] = (
     (1 << 30, GemvConfig(block_n=128, block_k=128, num_warps=8, num_stages=3)),
 )
 DEFAULT_GEMV_CONFIG = GEMV_CONFIGS[-1][1]
-# Per weight shape (N, K) at M = 1 (one decoding sequence, where FP8 must beat bf16 most). The
-# per-M table above picks one config for all four projections; the H200 sweep of
-# scripts/fp8_gemv_sweep.py (2026-12-02, two runs, graph replays with the L2 cleared) found each
-# 33B projection faster with thin tiles, one warp and no K split: many small programs keep more
-# loads in flight and skip the split-K reduce launch. us at M = 1, old config -> this one:
-# qkv 37.1 -> 31.3, o 28.9 -> 24.6, gate_up 91.7 -> 83.1, down 60.4 -> 50.0 (layer 218 -> 189 us;
-# bf16 F.linear 323 us). qkv and o still reach only ~50% of copy bandwidth in this measurement,
-# in which a lone kernel also pays the graph launch.
+# Per weight shape (N, K) at M = 1 (one decoding sequence, where FP8 must beat bf16 most), run by
+# `_gemv_row_kernel`. From the H200 sweeps of scripts/fp8_gemv_sweep.py (graph replays with the
+# L2 cleared). 2026-12-02: thin tiles, one warp, no K split beat the per-M config (layer 218 ->
+# 189 us). 2026-12-03 (bench/results/kern_h200_s3/): per-tile row sums (`row_sum_each`: 124 -> 64
+# registers for a 2 x 1024 tile) let 1-2 warp programs take 4-8 rows of 1024: qkv 31.3 -> 27.2
+# us, o 24.6 -> 23.1, gate_up 83.1 -> 77.1 (84% of copy); down keeps its tile (no power-of-two
+# block_k above 256 divides K = 19200; the row-sum variants measured 55-78 us against 49.2).
+# Isolated layer 176.6 us (bf16 F.linear 323 us). In the 33B engine (batch-1 graphs, A/B in one
+# process): 10.24-10.30 ms/token against 13.9 ms for the old tiles in this kernel.
 GEMV_M1_SHAPE_CONFIGS: dict[tuple[int, int], GemvConfig] = {
-    (9216, 7168): GemvConfig(block_n=2, block_k=1024, num_warps=1, num_stages=2,
-                             programs_per_sm=1, use_dot=False),     # qkv
-    (7168, 7168): GemvConfig(block_n=4, block_k=512, num_warps=1, num_stages=3,
-                             programs_per_sm=1, use_dot=False),     # o
-    (38400, 7168): GemvConfig(block_n=4, block_k=512, num_warps=1, num_stages=2,
-                              programs_per_sm=1, use_dot=False),    # gate_up
+    (9216, 7168): GemvConfig(block_n=8, block_k=1024, num_warps=2, num_stages=2,
+                             programs_per_sm=1, use_dot=False, row_sum_each=True),   # qkv
+    (7168, 7168): GemvConfig(block_n=8, block_k=1024, num_warps=2, num_stages=2,
+                             programs_per_sm=1, use_dot=False, row_sum_each=True),   # o
+    (38400, 7168): GemvConfig(block_n=4, block_k=1024, num_warps=1, num_stages=2,
+                              programs_per_sm=1, use_dot=False, row_sum_each=True),  # gate_up
     (7168, 19200): GemvConfig(block_n=16, block_k=256, num_warps=4, num_stages=3,
                               programs_per_sm=4, use_dot=False),    # down (split 2)
 }
@@ -97,10 +98,11 @@ GEMV_M1_SHAPE_CONFIGS: dict[tuple[int, int], GemvConfig] = {
 # cuBLAS (F.linear), from `scripts/fp8_gemv_sweep.py --weights bf16` (H200, 2026-12-02, graph
 # replays with the L2 cleared): qkv 44.9 vs 48.8 us, o 36.7 vs 39.7, gate_up 136.4 vs 152.2
 # (95% of copy bandwidth), down 77.2 vs 81.2 (the fp8 down tiles, split 2): a layer 295 vs 322 us.
-# Shapes not listed stay on cuBLAS.
+# 2026-12-03: qkv with per-tile row sums 44.2 vs 44.7 us; the others stay (row sums, wider tiles
+# and the tensor-core kernel measured 1-4% slower there). Shapes not listed stay on cuBLAS.
 BF16_GEMV_M1_CONFIGS: dict[tuple[int, int], GemvConfig] = {
-    (9216, 7168): GemvConfig(block_n=16, block_k=256, num_warps=4, num_stages=3,
-                             programs_per_sm=1, use_dot=False),     # qkv
+    (9216, 7168): GemvConfig(block_n=8, block_k=512, num_warps=2, num_stages=2,
+                             programs_per_sm=1, use_dot=False, row_sum_each=True),   # qkv
     (7168, 7168): GemvConfig(block_n=8, block_k=512, num_warps=2, num_stages=3,
                              programs_per_sm=1, use_dot=False),     # o
     (38400, 7168): GemvConfig(block_n=8, block_k=512, num_warps=2, num_stages=3,
@@ -328,15 +330,24 @@ if HAS_TRITON:
                      acc.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _row_activation(x_ptr, offs_k, K, GATED: tl.constexpr):
+    def _row_activation(x_ptr, offs_k, K, mask, MASKED: tl.constexpr, GATED: tl.constexpr):
         """fp32 [BLOCK_K] activation tile: x[offs_k], or with GATED (x = [gate | up], 2K wide)
-        silu(gate) * up rounded once to x's dtype, the numbers `silu_mul` would have stored."""
-        if GATED:
-            g = tl.load(x_ptr + offs_k).to(tl.float32)
-            u = tl.load(x_ptr + K + offs_k).to(tl.float32)
-            a = (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty).to(tl.float32)
+        silu(gate) * up rounded once to x's dtype, the numbers `silu_mul` would have stored.
+        MASKED: columns where `mask` is False read 0 (else `mask` is not used)."""
+        if MASKED:
+            if GATED:
+                g = tl.load(x_ptr + offs_k, mask=mask, other=0.0).to(tl.float32)
+                u = tl.load(x_ptr + K + offs_k, mask=mask, other=0.0).to(tl.float32)
+            else:
+                a = tl.load(x_ptr + offs_k, mask=mask, other=0.0).to(tl.float32)
         else:
-            a = tl.load(x_ptr + offs_k).to(tl.float32)
+            if GATED:
+                g = tl.load(x_ptr + offs_k).to(tl.float32)
+                u = tl.load(x_ptr + K + offs_k).to(tl.float32)
+            else:
+                a = tl.load(x_ptr + offs_k).to(tl.float32)
+        if GATED:
+            a = (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty).to(tl.float32)
         return a
 
     @triton.jit
@@ -344,15 +355,17 @@ if HAS_TRITON:
         x_ptr, w_ptr, scale_ptr, out_ptr, N, K, k_per_split, stride_wn,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROW_SUM_EACH: tl.constexpr,
         GATED: tl.constexpr, PARTIALS: tl.constexpr, HAS_SCALE: tl.constexpr,
-        USE_PDL: tl.constexpr,
+        USE_PDL: tl.constexpr, EVEN_K: tl.constexpr = True,
     ):
         """One row (M = 1) on CUDA cores: out[n] = sum_k w[n, k] a[k] (* scale[n]).
 
         a = x, or with GATED silu(x[:K]) * x[K:] (`_row_activation`): the down projection then
         reads the gate_up output itself and the silu*mul launch and its [1, K] round trip go.
-        K % BLOCK_K == 0 and k_per_split a multiple of BLOCK_K. The first weight tile is loaded
-        before `pdl_enter`: weights are constant, so their stream starts in the previous
-        kernel's tail (only the activation waits for it).
+        k_per_split is a multiple of BLOCK_K; EVEN_K (K % BLOCK_K == 0) leaves every load
+        unmasked in K, else the first and the last tile of a split are masked (K = 19200 takes
+        no power-of-two tile above 256 evenly). The first weight tile is loaded before
+        `pdl_enter`: weights are constant, so their stream starts in the previous kernel's tail
+        (only the activation waits for it).
         """
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -362,22 +375,45 @@ if HAS_TRITON:
         k_start = pid_k * k_per_split
         k_end = tl.minimum(k_start + k_per_split, K)
         w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
-        w = tl.load(w_rows + (k_start + offs_kb)[None, :], mask=mask_n[:, None], other=0.0)
+        if EVEN_K:
+            k_full = k_end
+            mask_k0 = offs_kb < BLOCK_K   # (not used)
+            w = tl.load(w_rows + (k_start + offs_kb)[None, :], mask=mask_n[:, None], other=0.0)
+        else:
+            k_full = k_start + (k_end - k_start) // BLOCK_K * BLOCK_K   # end of whole tiles
+            mask_k0 = k_start + offs_kb < k_end
+            w = tl.load(w_rows + (k_start + offs_kb)[None, :],
+                        mask=mask_n[:, None] & mask_k0[None, :], other=0.0)
         pdl_enter(USE_PDL)
 
-        prod = w.to(tl.float32) * _row_activation(x_ptr, k_start + offs_kb, K, GATED)[None, :]
+        prod = w.to(tl.float32) * _row_activation(x_ptr, k_start + offs_kb, K, mask_k0,
+                                                  not EVEN_K, GATED)[None, :]
         if ROW_SUM_EACH:
             acc = tl.sum(prod, axis=1)
         else:
             acc2 = prod
-        for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
+        for k0 in range(k_start + BLOCK_K, k_full, BLOCK_K):
             offs_k = k0 + offs_kb
             w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None], other=0.0)
-            prod = w.to(tl.float32) * _row_activation(x_ptr, offs_k, K, GATED)[None, :]
+            prod = w.to(tl.float32) * _row_activation(x_ptr, offs_k, K, mask_k0, False,
+                                                      GATED)[None, :]
             if ROW_SUM_EACH:
                 acc += tl.sum(prod, axis=1)
             else:
                 acc2 += prod
+        if not EVEN_K:
+            k_tail = tl.maximum(k_full, k_start + BLOCK_K)
+            if k_tail < k_end:  # a partial last tile after at least one whole one
+                offs_k = k_tail + offs_kb
+                mask_k = offs_k < k_end
+                w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :],
+                            other=0.0)
+                prod = w.to(tl.float32) * _row_activation(x_ptr, offs_k, K, mask_k, True,
+                                                          GATED)[None, :]
+                if ROW_SUM_EACH:
+                    acc += tl.sum(prod, axis=1)
+                else:
+                    acc2 += prod
         if not ROW_SUM_EACH:
             acc = tl.sum(acc2, axis=1)
 
@@ -440,7 +476,7 @@ def fp8_gemv_triton(x: torch.Tensor, w_fp8: torch.Tensor, scale: torch.Tensor | 
     m, k = x.shape
     n = w_fp8.shape[0]
     config = config or gemv_config_for(m, n, k)
-    if not config.use_dot and (m > FMA_MAX_M or k % config.block_k):
+    if not config.use_dot and (m > FMA_MAX_M or (m > 1 and k % config.block_k)):
         config = DEFAULT_GEMV_CONFIG          # the FMA kernel's preconditions do not hold
     assert w_fp8.shape[1] == k and w_fp8.stride(1) == 1 and x.stride(1) == 1
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -465,7 +501,8 @@ def fp8_gemv_triton(x: torch.Tensor, w_fp8: torch.Tensor, scale: torch.Tensor | 
             x, w_fp8, w_fp8 if scale is None else scale, target, n, k, k_per_split,
             w_fp8.stride(0), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
             ROW_SUM_EACH=config.row_sum_each, GATED=False, PARTIALS=partials,
-            HAS_SCALE=scale is not None, num_warps=config.num_warps,
+            HAS_SCALE=scale is not None, EVEN_K=k % config.block_k == 0,
+            num_warps=config.num_warps,
             num_stages=config.num_stages, **pdl_args(x),
         )
     else:
@@ -489,10 +526,10 @@ def gemv_silu_mul_triton(gate_up: torch.Tensor, w: torch.Tensor, scale: torch.Te
     """silu(gate_up[:, :K]) * gate_up[:, K:] @ w [N, K].T (* scale) -> [1, N] in one kernel
     (plus the split-K reduce when the config splits K): the down projection of a one-row step
     with the activation fused in. w is fp8 with per-channel `scale`, or model-dtype rows with
-    `scale=None`; config must be an FMA config whose block_k divides K."""
+    `scale=None`; config must be an FMA config."""
     n, k = w.shape
     assert gate_up.shape == (1, 2 * k) and gate_up.stride(1) == 1 and w.stride(1) == 1
-    assert not config.use_dot and k % config.block_k == 0, config
+    assert not config.use_dot, config
     out = torch.empty((1, n), dtype=gate_up.dtype, device=gate_up.device)
     split_k, k_per_split = split_k_for(n, k, config, num_sms(gate_up.device))
     partials = split_k > 1
@@ -502,7 +539,7 @@ def gemv_silu_mul_triton(gate_up: torch.Tensor, w: torch.Tensor, scale: torch.Te
         gate_up, w, w if scale is None else scale, target, n, k, k_per_split, w.stride(0),
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, ROW_SUM_EACH=config.row_sum_each,
         GATED=True, PARTIALS=partials, HAS_SCALE=scale is not None,
-        num_warps=config.num_warps, num_stages=config.num_stages, **pdl_args(gate_up),
+        EVEN_K=k % config.block_k == 0, num_warps=config.num_warps, num_stages=config.num_stages, **pdl_args(gate_up),
     )
     if partials:
         _splitk_reduce_kernel[(cdiv(n, 1024),)](
