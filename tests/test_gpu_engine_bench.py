@@ -79,8 +79,12 @@ def test_kernel_breakdown_splits_steps_and_counts_gaps():
     assert bd["steps"] == 2 and bd["kernels_per_step"] == 3 and bd["wall_ms"] == 0.6
     assert bd["busy_us"] == 17.0 and bd["span_us"] == 20.0 and bd["gap_us"] == 3.0
     cats = bd["categories"]
-    assert cats["matmul (cuBLAS)"] == {"us": 10.0, "count": 1, "share": 10 / 17}
+    assert cats["matmul (cuBLAS)"] == {"us": 10.0, "count": 1, "share": 10 / 17,
+                                       "chain_us": 12.0}   # start to the next kernel's start
     assert cats["rms norm"]["us"] == 3.0 and cats["paged attention"]["count"] == 1
+    assert cats["rms norm"]["chain_us"] == 4.0 and cats["paged attention"]["chain_us"] == 4.0
     assert [t["idle_before_us"] for t in bd["timeline"]] == [0.0, 2.0, 1.0]
+    assert [t["start_us"] for t in bd["timeline"]] == [0.0, 12.0, 16.0]
     assert engine_bench.kernel_category("_fp8_gemv_fma_kernel") == "fp8 gemv"
+    assert engine_bench.kernel_category("_gemv_row_kernel") == "fp8 gemv"
     assert engine_bench.kernel_category("_splitk_reduce_kernel") == "split-k reduce"
