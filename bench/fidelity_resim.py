@@ -55,13 +55,14 @@ def prompt_identity(config: dict, num_arrivals: int) -> tuple[list[int], list[tu
 
 def resimulate(validate: dict, arrivals, profile: str, prompt_identity_on: bool = True,
                delivery_delay_s: float = 0.0, async_plan_lead_s: float | None = None,
-               hide_launch: bool = False) -> dict:
+               hide_launch: bool = False, power_cap: bool = False) -> dict:
     """`prompt_identity_on=False`: every prompt distinct (what `sim validate` itself simulated,
     but in one continuous run): the control that isolates the prefix cache's part.
     `delivery_delay_s`: `EngineConfig.delivery_delay_s` (the path from the backend to the client,
     measured live, e.g. by scripts/fidelity_h200_path.py). `async_plan_lead_s`:
     `EngineConfig.async_plan_lead_s` (None: the synchronous loop). `hide_launch`: the profile's
-    steps charged without the host's launch (`ProfileCost(hide_launch=True)`)."""
+    steps charged without the host's launch (`ProfileCost(hide_launch=True)`); `power_cap`: the
+    profile's power-cap model (`ProfileCost(power_cap=True)`)."""
     from bench.sim_validate import compare, summarize_load
     from gateway.serve import build_parser as serve_parser
     from gateway.serve import gateway_config
@@ -88,7 +89,7 @@ def resimulate(validate: dict, arrivals, profile: str, prompt_identity_on: bool 
                                max_num_batched_tokens=int(doc["max_num_batched_tokens"]),
                                block_size=int(live_be["block_size"]),
                                max_model_len=int(live_be["max_model_len"]), enable_prefix_caching=True)
-    cost = ProfileCost.from_json(profile, hide_launch=hide_launch)
+    cost = ProfileCost.from_json(profile, hide_launch=hide_launch, power_cap=power_cap)
     res = simulate(w, cost, sched, EngineConfig(num_backends=1, num_samples=1,
                                                 delivery_delay_s=delivery_delay_s,
                                                 async_plan_lead_s=async_plan_lead_s))
@@ -164,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hide-launch", action="store_true",
                    help="charge the profile's steps without the host's launch, as the async loop "
                         "runs them back to back (sims.profile_cost)")
+    p.add_argument("--power-cap", action="store_true",
+                   help="slow prefill steps by the prefill share of the 100 ms before them, as the "
+                        "profile's pause check measured (sims.profile_cost)")
     p.add_argument("--no-prompt-identity", action="store_true",
                    help="control: treat every prompt as distinct (no prefix-cache hits across runs)")
     a = p.parse_args(argv)
@@ -172,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         lead = None if a.async_plan_lead_ms is None else a.async_plan_lead_ms / 1e3
         result = resimulate(validate, arrivals, a.profile, not a.no_prompt_identity,
-                            a.delivery_ms / 1e3, lead, a.hide_launch)
+                            a.delivery_ms / 1e3, lead, a.hide_launch, a.power_cap)
     except ValueError as exc:
         print(f"fidelity_resim: {exc}", file=sys.stderr)
         return 1

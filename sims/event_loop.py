@@ -122,6 +122,7 @@ class _Backend:
         "outstanding",
         "plan",
         "plan_prefill",
+        "prefill_spans",
         "released_early",
         "sched",
         "step_start",
@@ -137,6 +138,7 @@ class _Backend:
         self.inbox: list[int] = []
         self.inbox_t: list[float] = []  # when each inbox request was delivered
         self.plan_prefill = False       # the step in progress carries prefill tokens
+        self.prefill_spans: list[tuple[float, float]] = []  # recent prefill steps (power cap)
         self.busy = False
         self.end_time = 0.0
         self.version = 0
@@ -200,6 +202,7 @@ class EventLoop:
         self.max_k = config.max_stretch_steps
         self.plan_lead = config.async_plan_lead_s
         self.idle_launch_fn = cost.launch_time if getattr(cost, "hides_launch", False) else None
+        self.cap_window = getattr(cost, "power_cap_window_s", None)
         horizon = float(self.arrival[-1]) if n else 0.0
         self.sample_dt = horizon / config.num_samples if horizon > 0 else INF
         self.next_sample = 0.0
@@ -369,6 +372,15 @@ class EventLoop:
         if refused:
             self.settle(be, refused)
 
+    def prefill_share(self, be: _Backend, now: float) -> float:
+        """Share of the power-cap window before `now` that ran steps with prefill tokens."""
+        t0 = now - self.cap_window
+        spans = be.prefill_spans
+        while spans and spans[0][1] <= t0:
+            spans.pop(0)
+        busy = sum(min(b, now) - max(a, t0) for a, b in spans if b > t0)
+        return busy / self.cap_window
+
     def plan_cutoff(self, be: _Backend, now: float, after_step: bool) -> float:
         """When the engine planned the step starting at `now` (see `async_plan_lead_s`)."""
         lead = self.plan_lead
@@ -420,6 +432,9 @@ class EventLoop:
             dt = self.step_time_fn(num_decode, num_prefill, num_ctx)
         if sched.host is not None:
             dt += sched.take_copy_seconds()
+        if self.cap_window is not None and num_prefill:
+            dt *= self.cost.prefill_slowdown(self.prefill_share(be, now))
+            be.prefill_spans.append((now, now + dt))
         if self.idle_launch_fn is not None and not after_step:
             # the async loop hides a step's launch behind the step before it; after an idle
             # spell nothing runs before it (a cost model that hides launches charges it here)

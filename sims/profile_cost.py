@@ -32,6 +32,17 @@ the fit is of step time minus launch time, and `launch_time(d, p)` (a least-squa
 p over the points' launch times) is what a step starting on an idle engine adds. On the H200 the
 profile's decode steps were 2.5% over the live ones by that launch (0.53 ms of ~20).
 
+Power cap (opt-in, `power_cap=True`; needs the profile's `pause_check`): on the H200 a
+compute-bound step runs slower when compute-bound steps filled the time just before it (the
+software power cap lowers the clock within a step's time). The pause check measures two duty
+points of one prefill step: after a `pause_ms` idle (prefill busy for a fraction f_ref = 1 -
+pause / W of the window W = `POWER_CAP_WINDOW_S` before it) and back to back (f = 1), slower by r.
+`prefill_slowdown(f)` = 1 + (r - 1)·max(0, f - f_ref) / (1 - f_ref), applied by the event loop to a
+step with prefill tokens, f being the prefill-busy share of the W before it. The profile's points
+were measured paused (f_ref), so at f <= f_ref nothing changes. Live on the H200 (33B, 2026-12-03)
+prefill steps ran 1.005 / 1.040 / 1.05-1.09 x the profile at f = 0 / 0.5 / 1 over 100 ms; this
+model, from the pause check alone, gives 1.0 / 1.018 / 1.106.
+
 `step_time(d, p, ctx, prefill_chunks=None)`: without `prefill_chunks` a step's p tokens are one
 chunk from position 0 (today's `CostModel` interface); with them — the step's prefill chunks, each an
 int (tokens from position 0), an (num_tokens, start_pos) pair, or an object with `token_ids` and
@@ -61,6 +72,9 @@ _S_KEYS = ("prefill_context_len",)
 # issue 18 among them); later profiles name theirs
 LEGACY_CUDA_TOKEN_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 320, 384, 512, 640, 768, 1024,
                               1280, 1536, 1792, 2048)
+# the window of the power-cap model (module doc): the H200's clock followed the prefill share of
+# about the last 100 ms (a prefill step ran 1.005 / 1.04 / 1.05-1.09 x at shares 0 / 0.5 / 1)
+POWER_CAP_WINDOW_S = 0.1
 _FEATURE_NAMES = ("a_s", "b_s_per_seq", "c_s_per_prefill_tok", "e_s_per_ctx_tok", "f_s_per_prefill_tok2",
                   "g_s_per_prefill_seq", "h_s_per_prefill_tok_prefix_tok")
 
@@ -122,7 +136,8 @@ class ProfileCost:
 
     def __init__(self, points: np.ndarray, times_s: np.ndarray, *, num_blocks: int | None = None,
                  block_size: int | None = None, meta: dict | None = None, ctx_quantum: int = 64,
-                 token_buckets=None, launch_times_s=None, hide_launch: bool = False):
+                 token_buckets=None, launch_times_s=None, hide_launch: bool = False,
+                 power_cap: bool = False):
         """points: (n, 3) of (num_decode_seqs, num_prefill_tokens, num_context_tokens), or (n, 4) /
         (n, 5) with num_prefill_seqs k (the p tokens are k chunks of p/k each; default 1 when p > 0)
         and prefill_context_len s (each chunk starts at position s; default 0) appended.
@@ -136,6 +151,18 @@ class ProfileCost:
             raise ValueError(f"profile points need 3-5 columns, not {points.shape[1]}")
         times_s = np.asarray(times_s, dtype=np.float64)
         self.hides_launch = bool(hide_launch and launch_times_s is not None)
+        # power cap (module doc): (f_ref, r) from the pause check, or None (off)
+        self.power_cap_window_s = None
+        self._cap = None
+        check = (meta or {}).get("pause_check") if power_cap else None
+        if check:
+            runs = {r["run"]: r["step_ms_median"] for r in check.get("runs", [])}
+            paused = [runs[k] for k in ("paused", "paused_again") if k in runs]
+            pause_s = float((meta or {}).get("pause_ms", 0.0)) / 1e3
+            if paused and "back_to_back" in runs and 0 < pause_s < POWER_CAP_WINDOW_S:
+                r = runs["back_to_back"] / (sum(paused) / len(paused))
+                self._cap = (1.0 - pause_s / POWER_CAP_WINDOW_S, max(r, 1.0))
+                self.power_cap_window_s = POWER_CAP_WINDOW_S
         self._launch_coef = None
         if launch_times_s is not None:
             launch = np.asarray(launch_times_s, dtype=np.float64)
@@ -244,6 +271,14 @@ class ProfileCost:
             t = self._memo[key] = self._eval(num_decode_seqs, p, key[2] * self.ctx_quantum, k, q, x)
         return t
 
+    def prefill_slowdown(self, busy_share: float) -> float:
+        """The power-cap factor of a step with prefill tokens after `busy_share` of the last
+        `power_cap_window_s` ran such steps (1.0 with the model off)."""
+        if self._cap is None:
+            return 1.0
+        f_ref, r = self._cap
+        return 1.0 + (r - 1.0) * max(0.0, busy_share - f_ref) / (1.0 - f_ref)
+
     def launch_time(self, num_decode_seqs: int, num_prefill_tokens: int) -> float:
         """Seconds of the host's launch of such a step (0 where the profile did not measure it)."""
         if self._launch_coef is None:
@@ -269,4 +304,6 @@ class ProfileCost:
                 "prefix_prefill_points": int((self.prefill_context_len > 0).sum()),
                 "token_buckets": [] if self.token_buckets is None else [int(b) for b in self.token_buckets],
                 "hides_launch": self.hides_launch,
+                "power_cap": None if self._cap is None else {"f_ref": self._cap[0], "back_to_back": self._cap[1],
+                                                              "window_s": self.power_cap_window_s},
                 **{k: v for k, v in self.meta.items() if isinstance(v, (str, int, float))}}

@@ -110,3 +110,35 @@ def test_hidden_launch_is_charged_only_after_an_idle_spell():
     # 3 decode steps after it, each 2 ms cheaper
     assert (a.finish_time[0] - a.first_token_time[0]) - (b.finish_time[0] - b.first_token_time[0]) \
         == pytest.approx(3 * 0.002)
+
+
+def test_power_cap_slows_a_prefill_step_by_the_prefill_share_before_it():
+    """ProfileCost(power_cap=True), from the profile's pause check: paused 50 ms, back to back
+    55 ms (r = 1.1) with a 60 ms pause, so f_ref = 1 - 0.06 / 0.1 = 0.4; a prefill step after
+    a prefill-busy share f of the last 100 ms takes 1 + 0.1 (f - 0.4) / 0.6 times longer."""
+    from sims.profile_cost import ProfileCost
+
+    pts = np.array([(d, p, d * c + p) for c in (100, 300) for d in (0, 1, 4, 8) for p in (0, 64)
+                    if d + p and (d or c == 100)], dtype=np.float64)
+    times = np.where(pts[:, 1] > 0, PREFILL_S, DECODE_S)
+    meta = {"pause_ms": 60.0, "pause_check": {"runs": [
+        {"run": "paused", "step_ms_median": 50.0}, {"run": "back_to_back", "step_ms_median": 55.0},
+        {"run": "paused_again", "step_ms_median": 50.0}]}}
+    cost = ProfileCost(pts, times, num_blocks=4096, meta=meta, power_cap=True)
+    assert ProfileCost(pts, times, num_blocks=4096, meta=meta).prefill_slowdown(1.0) == 1.0
+    assert cost.prefill_slowdown(0.0) == cost.prefill_slowdown(0.4) == 1.0
+    assert cost.prefill_slowdown(1.0) == pytest.approx(1.1)
+    assert cost.prefill_slowdown(0.7) == pytest.approx(1.05)
+
+    # A's prefill [d, d + 0.1]; B arrives during it and is prefilled in the step right after A's
+    # first decode step (async loop): that step starts 20 ms after A's prefill ended, so the 100 ms
+    # before it held 80 ms of prefill (f = 0.8) -> x (1 + 0.1 * 0.4 / 0.6)
+    w = workload([0.0, 0.05], [20, 3])
+    cfg = EngineConfig(num_samples=1, max_stretch_steps=1, async_plan_lead_s=0.002)
+    plain = simulate(w, ProfileCost(pts, times, num_blocks=4096, meta=meta), SimSchedulerConfig(), cfg)
+    capped = simulate(w, cost, SimSchedulerConfig(), cfg)
+    d = plain.dispatch_time[0]
+    assert capped.first_token_time[0] == pytest.approx(plain.first_token_time[0])  # idle before A
+    b_start = d + PREFILL_S + DECODE_S
+    assert plain.first_token_time[1] == pytest.approx(b_start + PREFILL_S)
+    assert capped.first_token_time[1] == pytest.approx(b_start + PREFILL_S * (1 + 0.1 * 0.4 / 0.6))
