@@ -79,7 +79,7 @@ class Dispatch:
     retried: bool = False  # re-dispatched once already after its backend died
     batch_id: int = 0  # the Batch that carried it to its backend (an Error may name it)
     # tokens of this request still charged to its backend's load (scheduler.placement): the
-    # prompt share leaves with the first output, then one per generated token, the rest at the end
+    # prompt share leaves with the first output, the output share at the end
     charged_left: int = 0
     prompt_charge: int = 0
 
@@ -477,10 +477,13 @@ class BackendPool:
         if kind == "step_output":
             self._on_step(backend, decoded, now)
         elif kind == "load_report":
-            backend.load = env.load_report
-            if env.load_report.prefix_block_size:  # the backend keeps a prefix cache: facts
-                self.placement.report(backend.pid, env.load_report.prefix_hashes, now)
-            if env.load_report.num_running == 0 and env.load_report.num_waiting == 0:
+            report = backend.load = env.load_report
+            if report.prefix_block_size:  # the backend keeps a prefix cache: facts
+                self.placement.report(backend.pid, report.prefix_hashes, now)
+            if backend.sock is not None:  # an HTTP server's blocks are a usage scale, not blocks
+                self.placement.set_capacity(backend.pid,
+                                            report.num_total_blocks * backend.info.block_size)
+            if report.num_running == 0 and report.num_waiting == 0:
                 self._on_idle()
         elif kind == "error":
             self._on_error(backend, env.error)
@@ -537,9 +540,11 @@ class BackendPool:
                 code="output_gap"))
             return
         backend.inflight[rid] = (dispatch, generated + len(ids))
-        if ids:
-            self._release(backend, dispatch,
-                          len(ids) + (dispatch.prompt_charge if generated == 0 else 0))
+        if ids and generated == 0:
+            # The prompt's share of the charge leaves with the first token, the output's at the
+            # finish (`_forget`), as in the simulator: releasing one per token here while the
+            # simulator released at the finish made least-loaded picks differ between the two
+            self._release(backend, dispatch, dispatch.prompt_charge)
         finish = FINISH_REASON_FROM_WIRE.get(out.finish_reason)
         if finish is not None:
             self._owner.pop(rid, None)

@@ -10,6 +10,7 @@ The caller's loop::
                                                  # charges item.charged to that backend's load
     policy.release(item.backend, n)              # as work is done: prefill, each token, finish
     policy.report(b, hashes, now)                # facts from the backend's LoadReport
+    policy.set_capacity(b, kv_tokens)            # its KV cache in tokens (0: unknown)
     policy.set_accepting(b, False)               # draining / at its in-flight cap / down
 
 Policies (`PlacementConfig.policy`):
@@ -17,7 +18,12 @@ Policies (`PlacementConfig.policy`):
 - ``least-tokens``: each request to the backend with the fewest outstanding tokens.
 - ``prefix``: prefix affinity with a load bound. A request goes to the least-loaded backend that
   holds its longest sampled prefix (`scheduler.prefix_index`), unless that backend's load exceeds
-  ``bound = min_load * load_factor + load_slack_tokens``; then to the least-loaded backend. The
+  ``bound = min_load * load_factor + slack``; then to the least-loaded backend. The slack is
+  ``load_slack_fraction`` of the least-loaded backend's KV capacity in tokens (as its LoadReports
+  give it; ``load_slack_tokens`` when it reports none, or when set): a fixed number of tokens
+  meant one thing on an H200 (8,192 = 4 % of a 6.7B model's 212k-token cache) and another on a
+  CPU backend of 44k tokens, where it was never reached and one hot prefix stayed on one
+  backend. The
   bound is what keeps one hot prefix from making one hot backend: the spill-over backend caches
   the prefix too and becomes a holder, so a hot prefix spreads over as many backends as its load
   needs. A request placed where its prefix is held is charged its cost minus the held tokens
@@ -51,7 +57,11 @@ class PlacementConfig:
     policy: str = "prefix"             # least-tokens | prefix | window
     block_size: int = 16               # tokens per KV block (the backends'): prefix hashing unit
     load_factor: float = 1.25          # a holder may carry this many times the least load ...
-    load_slack_tokens: int = 8192      # ... plus this many tokens, before requests spill over
+    # ... plus a slack before requests spill over: this fraction of the least-loaded backend's
+    # KV capacity in tokens, or `load_slack_tokens` when its capacity is unknown (HTTP servers)
+    load_slack_fraction: float = 0.04
+    load_slack_tokens: int = 8192
+    fixed_slack: bool = False          # True: always `load_slack_tokens` (`--placement-slack-tokens`)
     guess_ttl_s: float = 2.0           # see scheduler.prefix_index
     max_guesses: int = 4096            # per backend, when it reports no facts
     max_holders_scanned: int = 8       # bound on the work of one affinity lookup
@@ -65,6 +75,8 @@ class PlacementConfig:
             raise ValueError(f"load_factor must be >= 1, got {self.load_factor}")
         if self.load_slack_tokens < 0:
             raise ValueError(f"load_slack_tokens must be >= 0, got {self.load_slack_tokens}")
+        if not 0.0 <= self.load_slack_fraction <= 1.0:
+            raise ValueError(f"load_slack_fraction must be in [0, 1], got {self.load_slack_fraction}")
 
     @property
     def uses_prefixes(self) -> bool:
@@ -92,10 +104,22 @@ class LeastTokensPlacement:
     def __init__(self, config: PlacementConfig = PlacementConfig()) -> None:
         self.config = config
         self.loads = LoadIndex()
+        self.slack: list[int] = []  # by backend id: the load bound's slack when it is least loaded
 
     # ---- membership ------------------------------------------------------------------------
     def add_backend(self, b: int) -> None:
         self.loads.add(b)
+        while len(self.slack) <= b:
+            self.slack.append(self.config.load_slack_tokens)
+        self.slack[b] = self.config.load_slack_tokens
+
+    def set_capacity(self, b: int, kv_tokens: int) -> None:
+        """`b`'s KV cache holds `kv_tokens` tokens (0: unknown): the slack of the load bound
+        when `b` is the least-loaded backend scales with it."""
+        cfg = self.config
+        if b < len(self.slack) and not cfg.fixed_slack:
+            self.slack[b] = (int(kv_tokens * cfg.load_slack_fraction) if kv_tokens > 0
+                             else cfg.load_slack_tokens)
 
     def remove_backend(self, b: int) -> None:
         self.loads.remove(b)
@@ -182,7 +206,7 @@ class PrefixAffinityPlacement(LeastTokensPlacement):
         the load bound holds; (least, 0) when none."""
         load, accepting = self.loads.load, self.loads.accepting
         cfg = self.config
-        bound = load[least] * cfg.load_factor + cfg.load_slack_tokens
+        bound = load[least] * cfg.load_factor + self.slack[least]
         holders = self.index.holders
         spilled = False
         for d in range(len(prefix) - 1, -1, -1):
@@ -248,14 +272,19 @@ def add_placement_arguments(parser: argparse.ArgumentParser | argparse._Argument
     parser.add_argument("--placement-load-factor", type=float, default=defaults.load_factor,
                         help="prefix affinity yields once a holder's load passes this many times "
                              f"the least load plus the slack (default {defaults.load_factor})")
-    parser.add_argument("--placement-slack-tokens", type=int, default=defaults.load_slack_tokens,
-                        help=f"the slack of that bound, in tokens (default {defaults.load_slack_tokens})")
+    parser.add_argument("--placement-slack-tokens", type=int, default=None,
+                        help="the slack of that bound, in tokens, for every backend (default: "
+                             f"{defaults.load_slack_fraction:g} of the least-loaded backend's KV "
+                             f"tokens, {defaults.load_slack_tokens} when it reports none)")
 
 
 def placement_config_from_args(a: argparse.Namespace, block_size: int) -> PlacementConfig:
+    fixed = a.placement_slack_tokens is not None
     return PlacementConfig(policy=a.placement, block_size=block_size,
                            load_factor=a.placement_load_factor,
-                           load_slack_tokens=a.placement_slack_tokens)
+                           load_slack_tokens=(a.placement_slack_tokens if fixed
+                                              else PlacementConfig.load_slack_tokens),
+                           fixed_slack=fixed)
 
 
 def create_placement(config: PlacementConfig) -> LeastTokensPlacement:

@@ -59,30 +59,54 @@ def prefix_hashes(token_ids: Sequence[int], block_size: int,
 class PrefixSummary:
     """The backend's side: which sampled-depth prefixes of the prompts it was given are still in
     its prefix cache — what a LoadReport carries (`snapshot`). Keeps the `max_entries` most
-    recently admitted; a key found evicted is forgotten (it only returns with a new prompt)."""
+    recently admitted; a key found evicted is forgotten (it only returns with a new prompt).
 
-    __slots__ = ("_keys", "block_size", "max_entries")
+    A prompt's blocks are cached only once it is prefilled, which on a busy backend can be many
+    steps after it was admitted. Until then its keys are *pending* and reported as held (they
+    will be) for up to `pending_snapshots` reports: otherwise the first report after admission
+    would forget them, the gateway's guess would lapse with its TTL, and the next request of
+    the same prefix would go elsewhere — a split that depended on how slow the steps were, so
+    the simulator and the live system placed alike only when their step times matched."""
 
-    def __init__(self, block_size: int, max_entries: int = 1024) -> None:
+    __slots__ = ("_keys", "_pending", "block_size", "max_entries", "pending_snapshots")
+
+    def __init__(self, block_size: int, max_entries: int = 1024,
+                 pending_snapshots: int = 64) -> None:
         self.block_size = block_size
         self.max_entries = max_entries
+        self.pending_snapshots = pending_snapshots
         self._keys: OrderedDict[int, BlockKey] = OrderedDict()  # hash -> key, oldest first
+        self._pending: dict[int, int] = {}  # hash -> reports it may still be uncached
 
     def add_prompt(self, token_ids: Sequence[int]) -> None:
-        keys = self._keys
+        keys, pending = self._keys, self._pending
         for h, key in prefix_keys(token_ids, self.block_size):
             if h in keys:
                 keys.move_to_end(h)
             else:
                 keys[h] = key
+            pending[h] = self.pending_snapshots
         while len(keys) > self.max_entries:
-            keys.popitem(last=False)
+            h, _ = keys.popitem(last=False)
+            pending.pop(h, None)
 
     def snapshot(self, is_cached: Callable[[BlockKey], bool]) -> list[int]:
         """Hashes of the recorded prefixes whose block is still cached (`is_cached`: the block
-        manager's `is_cached`), most recent first."""
-        keys = self._keys
-        gone = [h for h, key in keys.items() if not is_cached(key)]
+        manager's `is_cached`) or whose prompt is not prefilled yet, most recent first."""
+        keys, pending = self._keys, self._pending
+        gone = []
+        for h, key in keys.items():
+            if is_cached(key):
+                if pending:
+                    pending.pop(h, None)
+                continue
+            left = pending.get(h, 0)
+            if left > 1:
+                pending[h] = left - 1
+            elif left == 1:
+                del pending[h]
+            else:
+                gone.append(h)
         for h in gone:
             del keys[h]
         return list(reversed(keys))

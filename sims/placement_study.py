@@ -82,15 +82,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backends", type=int, default=4)
     ap.add_argument("--model", default="deepseek-coder-6.7b")
     ap.add_argument("--gpu", default="h200")
+    ap.add_argument("--num-blocks", type=int, default=None,
+                    help="KV blocks per backend (default: what the model leaves on the GPU); "
+                         "smaller pools test how much affinity saves when prefixes do not fit")
     ap.add_argument("--load-factor", type=float, default=PlacementConfig.load_factor)
-    ap.add_argument("--slack-tokens", type=int, default=PlacementConfig.load_slack_tokens)
+    ap.add_argument("--slack-tokens", type=int, default=None,
+                    help="a fixed slack for the load bound (default: a fraction of each "
+                         "backend's KV tokens, scheduler.placement)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int)
     ap.add_argument("--json", dest="json_out")
     ap.add_argument("--plot", metavar="DIR")
     a = ap.parse_args(argv)
     policies = a.policies.split(",")
-    base = RunSpec(cost=CostSpec(model=a.model, gpu=a.gpu), slo_ttft_ms=SLO_TTFT_MS,
+    base = RunSpec(cost=CostSpec(model=a.model, gpu=a.gpu, num_blocks=a.num_blocks), slo_ttft_ms=SLO_TTFT_MS,
                    slo_tpot_ms=SLO_TPOT_MS)
     specs, keys = [], []
     for wname in a.workloads.split(","):
@@ -98,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         for rate in (float(x) for x in getattr(a, f"rates_{wname}").split(",")):
             for pol in policies:
                 pc = PlacementConfig(policy=pol, load_factor=a.load_factor,
-                                     load_slack_tokens=a.slack_tokens)
+                                     **({} if a.slack_tokens is None else
+                                        {"load_slack_tokens": a.slack_tokens,
+                                         "fixed_slack": True}))
                 specs.append(replace(base, workload=replace(wl, rate=rate),
                                      engine=replace(base.engine, num_backends=a.backends,
                                                     placement=pc)))
@@ -106,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     reports = run_many(specs, a.jobs)
     out: dict = {"config": {"backends": a.backends, "model": a.model, "gpu": a.gpu,
                             "num_requests": a.num_requests, "tenants": a.tenants,
+                            "num_blocks": a.num_blocks,
                             "load_factor": a.load_factor, "slack_tokens": a.slack_tokens,
                             "slo_ttft_ms": SLO_TTFT_MS, "slo_tpot_ms": SLO_TPOT_MS},
                  "workloads": {}}

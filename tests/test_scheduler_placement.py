@@ -151,6 +151,32 @@ def test_load_bound_spills_a_hot_prefix_and_keeps_backends_within_it():
     assert p.num_spilled >= 3
 
 
+def test_slack_scales_with_the_least_loaded_backends_kv_capacity():
+    """One hot prefix on two small backends (tiny-coder's 2,730 blocks of 16 on the CPU): with
+    the H200-sized fixed slack (8,192 tokens) it never spills and one backend takes everything;
+    with the slack at 4 % of the reported 43,680 KV tokens (1,747) it spreads evenly."""
+    def run(capacity: int | None, **kw) -> list[int]:
+        p = _policy("prefix", 2, **kw)
+        if capacity is not None:
+            for b in range(2):
+                p.set_capacity(b, capacity)
+        hot = prefix_hashes(_tokens(5, 288), 16)
+        counts = [0, 0]
+        for i in range(150):  # never released: the load only grows (to 7,200 tokens)
+            it = PlacementItem(288 + 16, hot)
+            p.place([it], i * 0.01)
+            counts[it.backend] += 1
+        return counts
+
+    assert run(None) == [150, 0]                   # capacity unknown: the fixed 8,192 tokens
+    spread = run(2730 * 16)
+    assert max(spread) <= 1.5 * min(spread), spread
+    assert run(2730 * 16, load_slack_tokens=8192, fixed_slack=True) == [150, 0]
+    assert run(0) == [150, 0]                      # reported unknown again: the fixed slack
+    with pytest.raises(ValueError):
+        PlacementConfig(load_slack_fraction=1.5)
+
+
 def test_affinity_ignores_a_holder_that_does_not_accept():
     p = _policy("prefix", 3)
     pre = prefix_hashes(_tokens(1, 300), 16)
@@ -259,3 +285,29 @@ def test_summary_reports_what_the_block_manager_still_caches():
     bm.allocate("b", b)
     bm.cache_blocks("b", b, len(b))
     assert summary.snapshot(bm.is_cached) == list(reversed(prefix_hashes(b, bs)))
+
+
+def test_summary_reports_a_prompt_until_it_is_prefilled_then_only_while_cached():
+    """A prompt admitted but not yet prefilled has no cached block: it is reported anyway (for
+    up to `pending_snapshots` reports), so the gateway's guess does not lapse while it waits;
+    once its blocks were cached, an eviction forgets it at the next report."""
+    from scheduler.prefix_index import PrefixSummary
+    bs = 4
+    bm = BlockManager(num_blocks=12, block_size=bs, enable_prefix_caching=True)
+    summary = PrefixSummary(bs, pending_snapshots=3)
+    a = list(range(100, 121))
+    want_a = list(reversed(prefix_hashes(a, bs)))
+    summary.add_prompt(a)                        # admitted, waiting: nothing cached yet
+    assert summary.snapshot(bm.is_cached) == want_a
+    assert summary.snapshot(bm.is_cached) == want_a
+    assert summary.snapshot(bm.is_cached) == want_a
+    assert summary.snapshot(bm.is_cached) == []  # never prefilled within 3 reports: dropped
+    summary.add_prompt(a)                        # again, and this time it runs
+    bm.allocate("a", a)
+    bm.cache_blocks("a", a, len(a))
+    bm.free("a")
+    assert summary.snapshot(bm.is_cached) == want_a
+    b = list(range(500, 545))                    # evicts a's blocks
+    bm.allocate("b", b)
+    bm.cache_blocks("b", b, len(b))
+    assert summary.snapshot(bm.is_cached) == []  # a was confirmed cached: gone at once
