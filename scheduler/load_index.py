@@ -21,13 +21,14 @@ import heapq
 class LoadIndex:
     """Loads of backends named by small non-negative ints (ids are the caller's)."""
 
-    __slots__ = ("_heap", "_live", "accepting", "load")
+    __slots__ = ("_heap", "_live", "_ordered", "accepting", "load")
 
     def __init__(self) -> None:
         self.load: list[int] = []          # by backend id; ids not in use hold 0
         self.accepting: list[bool] = []    # False: draining, full, down or removed
         self._live: set[int] = set()       # ids added and not removed
         self._heap: list[tuple[int, int]] = []
+        self._ordered: list[int] | None = []  # sorted live ids; None: rebuild at next read
 
     # ---- membership --------------------------------------------------------------------------
     def add(self, b: int) -> None:
@@ -39,12 +40,14 @@ class LoadIndex:
             self.load.append(0)
             self.accepting.append(False)
         self._live.add(b)
+        self._ordered = None
         self.load[b] = 0
         self.accepting[b] = True
         self._push(0, b)
 
     def remove(self, b: int) -> None:
         self._live.discard(b)
+        self._ordered = None
         if b < len(self.accepting):
             self.accepting[b] = False
             self.load[b] = 0
@@ -63,7 +66,10 @@ class LoadIndex:
 
     @property
     def backends(self) -> list[int]:
-        return sorted(self._live)
+        """Live ids in increasing order (kept between membership changes: O(1) to read)."""
+        if self._ordered is None:
+            self._ordered = sorted(self._live)
+        return self._ordered
 
     @property
     def num_accepting(self) -> int:

@@ -18,7 +18,13 @@ Policies (`PlacementConfig.policy`):
 - ``least-tokens``: each request to the backend with the fewest outstanding tokens.
 - ``prefix``: prefix affinity with a load bound. A request goes to the least-loaded backend that
   holds its longest sampled prefix (`scheduler.prefix_index`), unless that backend's load exceeds
-  ``bound = min_load * load_factor + slack``; then to the least-loaded backend. The slack is
+  ``bound = min_load * load_factor + slack``; then to the least-loaded backend. A request whose
+  prefix no backend holds (cold) goes to its prefix's *home* — a backend chosen by the hash of
+  its first block — when the home's load is less than half this request's cost above the least,
+  else to the least-loaded backend. Which backend a new tenant lands on thus depends on its
+  prompt, not on which backend happened to have finished a few tokens sooner: with
+  least-loaded picks alone, near-ties decided it, so the live gateway and the simulator (whose
+  step times differ slightly) assigned whole tenants differently. The slack is
   ``load_slack_fraction`` of the least-loaded backend's KV capacity in tokens (as its LoadReports
   give it; ``load_slack_tokens`` when it reports none, or when set): a fixed number of tokens
   meant one thing on an H200 (8,192 = 4 % of a 6.7B model's 212k-token cache) and another on a
@@ -169,6 +175,7 @@ class PrefixAffinityPlacement(LeastTokensPlacement):
         self.num_affinity = 0       # placed on a holder of their prefix
         self.num_spilled = 0        # had a holder, all over the bound
         self.num_cold = 0           # no backend held any of their prefix
+        self.num_home = 0           # of those, placed on their prefix's home backend
 
     def add_backend(self, b: int) -> None:
         super().add_backend(b)
@@ -192,6 +199,14 @@ class PrefixAffinityPlacement(LeastTokensPlacement):
         b, depth = least, 0
         if prefix:
             b, depth = self._holder(prefix, least)
+            if b < 0:  # cold: its home, unless that is half a request or more busier
+                b = least
+                ids = loads.backends
+                home = ids[prefix[0] % len(ids)]
+                if home == least or (loads.accepting[home] and
+                                     loads.load[home] < loads.load[least] + cost // 2):
+                    b = home
+                    self.num_home += 1
         held = 0
         if depth:
             held = min(cost - 1, DEPTHS[depth - 1] * self.config.block_size)
@@ -203,7 +218,8 @@ class PrefixAffinityPlacement(LeastTokensPlacement):
 
     def _holder(self, prefix: Sequence[int], least: int) -> tuple[int, int]:
         """(backend, matched depth index + 1): the deepest prefix some accepting backend within
-        the load bound holds; (least, 0) when none."""
+        the load bound holds; (least, 0) when holders exist but all are over the bound (spill:
+        to the least-loaded), (-1, 0) when no backend holds any of it (cold)."""
         load, accepting = self.loads.load, self.loads.accepting
         cfg = self.config
         bound = load[least] * cfg.load_factor + self.slack[least]
@@ -230,9 +246,9 @@ class PrefixAffinityPlacement(LeastTokensPlacement):
             spilled = True
         if spilled:
             self.num_spilled += 1
-        else:
-            self.num_cold += 1
-        return least, 0
+            return least, 0
+        self.num_cold += 1
+        return -1, 0
 
 
 class WindowPlacement(PrefixAffinityPlacement):

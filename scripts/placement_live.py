@@ -160,7 +160,8 @@ def simulate(a: argparse.Namespace, wl: list[str], tmp: str, nbackends: int) -> 
     out = Path(tmp) / "sim.json"
     cmd = [PY, "-m", "sims", "run", "--backends", str(nbackends), "--placement", a.placement,
            "--placement-slack-tokens", str(a.slack_tokens), "--num-blocks", str(a.num_blocks),
-           "--block-size", "16", "--json", str(out)] + wl
+           "--block-size", "16", "--prefix-caching", "on",  # as the live backends
+           "--json", str(out)] + wl
     if a.load_factor is not None:
         cmd += ["--placement-load-factor", str(a.load_factor)]
     cmd += ["--profile", a.profile] if a.profile else ["--step-ms", str(a.step_ms)]

@@ -663,7 +663,7 @@ class EventLoop:
                "backend_busy_s": [be.busy_s for be in self.backends],
                "backend_requests": [be.num_placed for be in self.backends],
                "backend_tokens": [be.tokens_placed for be in self.backends]}
-        for k in ("num_affinity", "num_spilled", "num_cold"):
+        for k in ("num_affinity", "num_spilled", "num_cold", "num_home"):
             if hasattr(p, k):
                 out[k] = getattr(p, k)
         return out
