@@ -117,7 +117,9 @@ def live(a: argparse.Namespace, wl: list[str], tmp: str) -> dict:
                 addrs.append(addr)
             port = free_port()
             serve = cli + ["serve", "--port", str(port), "--placement", a.placement,
-                           "--placement-slack-tokens", str(a.slack_tokens), "--tokenizer", a.model]
+                           "--tokenizer", a.model]
+            if a.slack_tokens is not None:
+                serve += ["--placement-slack-tokens", str(a.slack_tokens)]
             if a.load_factor is not None:
                 serve += ["--placement-load-factor", str(a.load_factor)]
             for addr in addrs:
@@ -159,11 +161,13 @@ def per_engine_up(url: str) -> list[str]:
 def simulate(a: argparse.Namespace, wl: list[str], tmp: str, nbackends: int) -> dict:
     out = Path(tmp) / "sim.json"
     cmd = [PY, "-m", "sims", "run", "--backends", str(nbackends), "--placement", a.placement,
-           "--placement-slack-tokens", str(a.slack_tokens), "--num-blocks", str(a.num_blocks),
+           "--num-blocks", str(a.num_blocks),
            "--block-size", "16", "--prefix-caching", "on",  # as the live backends
            "--json", str(out)] + wl
     if a.load_factor is not None:
         cmd += ["--placement-load-factor", str(a.load_factor)]
+    if a.slack_tokens is not None:
+        cmd += ["--placement-slack-tokens", str(a.slack_tokens)]
     cmd += ["--profile", a.profile] if a.profile else ["--step-ms", str(a.step_ms)]
     subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True,
                    stdout=subprocess.DEVNULL)
@@ -184,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="a backend started elsewhere (repeatable; live run only)")
     ap.add_argument("--num-blocks", type=int, default=2730)
     ap.add_argument("--placement", default="prefix")
-    ap.add_argument("--slack-tokens", type=int, default=8192)
+    ap.add_argument("--slack-tokens", type=int, default=None,
+                    help="a fixed load-bound slack (default: the policy's, scaled by KV capacity)")
     ap.add_argument("--load-factor", type=float, default=None)
     ap.add_argument("--profile", help="the simulator's cost model (tidegate backend profile JSON)")
     ap.add_argument("--step-ms", type=float, default=50.0, help="without --profile")
