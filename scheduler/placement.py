@@ -19,12 +19,14 @@ Policies (`PlacementConfig.policy`):
 - ``prefix``: prefix affinity with a load bound. A request goes to the least-loaded backend that
   holds its longest sampled prefix (`scheduler.prefix_index`), unless that backend's load exceeds
   ``bound = min_load * load_factor + slack``; then to the least-loaded backend. A request whose
-  prefix no backend holds (cold) goes to its prefix's *home* — a backend chosen by the hash of
-  its first block — when the home's load is less than half this request's cost above the least,
-  else to the least-loaded backend. Which backend a new tenant lands on thus depends on its
-  prompt, not on which backend happened to have finished a few tokens sooner: with
-  least-loaded picks alone, near-ties decided it, so the live gateway and the simulator (whose
-  step times differ slightly) assigned whole tenants differently. The slack is
+  prefix no backend holds (cold) goes to the next backend in turn (a round-robin over the
+  backends, advanced by each cold request placed so) when that backend's load is less than half
+  the request's cost above the least, else to the least-loaded backend. Which backend a new
+  tenant lands on thus depends on the order new prefixes arrive in, not on which backend
+  happened to have finished a few tokens sooner: with least-loaded picks alone, near-ties
+  decided it, so the live gateway and the simulator (whose step times differ slightly) assigned
+  whole tenants differently. (Not a hash of the prompt: the simulator's token ids are not the
+  live trace's, only its prefix structure is.) The slack is
   ``load_slack_fraction`` of the least-loaded backend's KV capacity in tokens (as its LoadReports
   give it; ``load_slack_tokens`` when it reports none, or when set): a fixed number of tokens
   meant one thing on an H200 (8,192 = 4 % of a 6.7B model's 212k-token cache) and another on a
@@ -175,7 +177,8 @@ class PrefixAffinityPlacement(LeastTokensPlacement):
         self.num_affinity = 0       # placed on a holder of their prefix
         self.num_spilled = 0        # had a holder, all over the bound
         self.num_cold = 0           # no backend held any of their prefix
-        self.num_home = 0           # of those, placed on their prefix's home backend
+        self.num_home = 0           # of those, placed on the backend whose turn it was
+        self._turn = 0              # the round-robin's cursor over `loads.backends`
 
     def add_backend(self, b: int) -> None:
         super().add_backend(b)
@@ -199,13 +202,14 @@ class PrefixAffinityPlacement(LeastTokensPlacement):
         b, depth = least, 0
         if prefix:
             b, depth = self._holder(prefix, least)
-            if b < 0:  # cold: its home, unless that is half a request or more busier
+            if b < 0:  # cold: the next in turn, unless that is half a request or more busier
                 b = least
                 ids = loads.backends
-                home = ids[prefix[0] % len(ids)]
-                if home == least or (loads.accepting[home] and
-                                     loads.load[home] < loads.load[least] + cost // 2):
-                    b = home
+                turn = ids[self._turn % len(ids)]
+                if turn == least or (loads.accepting[turn] and
+                                     loads.load[turn] < loads.load[least] + cost // 2):
+                    b = turn
+                    self._turn += 1
                     self.num_home += 1
         held = 0
         if depth:

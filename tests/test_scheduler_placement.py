@@ -177,22 +177,25 @@ def test_slack_scales_with_the_least_loaded_backends_kv_capacity():
         PlacementConfig(load_slack_fraction=1.5)
 
 
-def test_a_new_prefix_goes_to_its_home_unless_it_is_half_a_request_busier():
-    """Cold prefixes land by their first block's hash when loads are near-equal, so which
-    backend takes a new tenant does not hinge on who finished a few tokens sooner."""
-    p = _policy("prefix", 4)
-    pre = prefix_hashes(_tokens(7, 300), 16)
-    home = pre[0] % 4
-    p.charge(home, 100)                         # home a little busier than the others
-    it = PlacementItem(300, pre)
-    p.place([it], 0.0)
-    assert it.backend == home and p.num_home == 1
-    other = next(t for t in range(8, 64)
-                 if prefix_hashes(_tokens(t, 300), 16)[0] % 4 == home)
-    it2 = PlacementItem(300, prefix_hashes(_tokens(other, 300), 16))
-    p.place([it2], 0.1)                         # home now 400 above the least: too busy
-    assert it2.backend != home and p.load(it2.backend) == 300
-    assert p.num_cold == 2 and p.num_home == 1
+def test_new_prefixes_take_turns_unless_the_next_backend_is_half_a_request_busier():
+    """Cold prefixes go round the backends when loads are near-equal, so which backend takes a
+    new tenant does not hinge on who finished a few tokens sooner."""
+    p = _policy("prefix", 3)
+    p.charge(0, 100)                            # backend 0 a little busier than the others
+    firsts = []
+    for t in range(3):
+        it = PlacementItem(300, prefix_hashes(_tokens(t, 300), 16))
+        p.place([it], 0.1 * t)
+        firsts.append(it.backend)
+        p.release(it.backend, it.charged)       # done at once: only the 100 remain
+    assert firsts == [0, 1, 2] and p.num_home == 3
+    p.charge(0, 200)                            # now 300 above the others: past half a request
+    it = PlacementItem(300, prefix_hashes(_tokens(3, 300), 16))
+    p.place([it], 1.0)
+    assert it.backend == 1 and p.num_home == 3  # least-loaded (ties: lowest id), no turn taken
+    it = PlacementItem(300, prefix_hashes(_tokens(1, 300), 16))
+    p.place([it], 1.1)                          # tenant 1 is held by backend 1: affinity
+    assert it.backend == 1 and p.num_cold == 4
 
 
 def test_affinity_ignores_a_holder_that_does_not_accept():
