@@ -89,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slack-tokens", type=int, default=None,
                     help="a fixed slack for the load bound (default: a fraction of each "
                          "backend's KV tokens, scheduler.placement)")
+    ap.add_argument("--prefix-caching", choices=("auto", "on"), default="auto",
+                    help="auto: on when the workload shares prefixes (c: off, so every policy "
+                         "places as least-tokens); on: as live backends run, prompts are hashed")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int)
     ap.add_argument("--json", dest="json_out")
@@ -97,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     policies = a.policies.split(",")
     base = RunSpec(cost=CostSpec(model=a.model, gpu=a.gpu, num_blocks=a.num_blocks), slo_ttft_ms=SLO_TTFT_MS,
                    slo_tpot_ms=SLO_TPOT_MS)
+    if a.prefix_caching == "on":
+        base = replace(base, scheduler=replace(base.scheduler, enable_prefix_caching=True))
     specs, keys = [], []
     for wname in a.workloads.split(","):
         wl = workload(wname, a.num_requests, a.tenants, a.seed)
@@ -113,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     reports = run_many(specs, a.jobs)
     out: dict = {"config": {"backends": a.backends, "model": a.model, "gpu": a.gpu,
                             "num_requests": a.num_requests, "tenants": a.tenants,
-                            "num_blocks": a.num_blocks,
+                            "num_blocks": a.num_blocks, "prefix_caching": a.prefix_caching,
                             "load_factor": a.load_factor, "slack_tokens": a.slack_tokens,
                             "slo_ttft_ms": SLO_TTFT_MS, "slo_tpot_ms": SLO_TPOT_MS},
                  "workloads": {}}
