@@ -480,9 +480,9 @@ class BackendPool:
             report = backend.load = env.load_report
             if report.prefix_block_size:  # the backend keeps a prefix cache: facts
                 self.placement.report(backend.pid, report.prefix_hashes, now)
-            if backend.sock is not None:  # an HTTP server's blocks are a usage scale, not blocks
-                self.placement.set_capacity(backend.pid,
-                                            report.num_total_blocks * backend.info.block_size)
+            # an HTTP server's blocks are a usage scale, not blocks: it gives its size apart
+            self.placement.set_capacity(backend.pid, getattr(
+                backend, "kv_capacity_tokens", report.num_total_blocks * backend.info.block_size))
             if report.num_running == 0 and report.num_waiting == 0:
                 self._on_idle()
         elif kind == "error":

@@ -37,6 +37,7 @@ FINISH = {"stop": pb.RequestOutput.STOP, "length": pb.RequestOutput.LENGTH,
 _VLLM_GAUGES = {"vllm:num_requests_running": "num_running",
                 "vllm:num_requests_waiting": "num_waiting",
                 "vllm:kv_cache_usage_perc": "kv_usage"}
+_KV_TOKENS = re.compile(r'^vllm:cache_config_info\{[^}]*\bkv_cache_size_tokens="(\d+)"', re.MULTILINE)
 _METRIC_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eE]+|NaN)\s*$")
 REPORT_BLOCKS = 1000  # a LoadReport's KV figures are usage * this many (the server hides its blocks)
 
@@ -79,6 +80,7 @@ class HttpBackendConn:
         self.pid = -1
         self.placement = None
         self.draining = False
+        self.kv_capacity_tokens = 0  # from vLLM's cache_config_info (placement's slack); 0: unknown
         self._session: aiohttp.ClientSession | None = None
         self._streams: dict[str, asyncio.Task] = {}
         self._tasks: set[asyncio.Task] = set()
@@ -187,6 +189,7 @@ class HttpBackendConn:
                 continue
             report = pb.LoadReport(backend_id=self.address)
             gauges = await self._metrics()
+            self.kv_capacity_tokens = int(gauges.pop("kv_tokens", 0))
             if gauges:
                 report.num_running = int(gauges.get("num_running", 0))
                 report.num_waiting = int(gauges.get("num_waiting", 0))
@@ -279,8 +282,12 @@ async def sse_json(content: aiohttp.StreamReader):
 
 
 def parse_vllm_gauges(text: str) -> dict[str, float]:
-    """vLLM's Prometheus gauges we read (summed over label sets: one per engine)."""
+    """vLLM's Prometheus gauges we read (summed over label sets: one per engine), and its KV
+    cache size in tokens as ``kv_tokens`` (a label of `vllm:cache_config_info`) when given."""
     out: dict[str, float] = {}
+    kv = _KV_TOKENS.findall(text)
+    if kv:
+        out["kv_tokens"] = float(sum(int(x) for x in kv))
     for line in text.splitlines():
         m = _METRIC_LINE.match(line)
         if m and m.group(1) in _VLLM_GAUGES:

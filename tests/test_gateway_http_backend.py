@@ -135,3 +135,7 @@ def test_body_and_gauges():
     g = parse_vllm_gauges('# HELP x\nvllm:num_requests_waiting{a="b"} 3\n'
                           'vllm:num_requests_running 1\nother 5\n')
     assert g == {"num_waiting": 3.0, "num_running": 1.0}
+    # vLLM 0.32's KV size, as its /metrics gives it (the placement's slack scales with it)
+    g = parse_vllm_gauges('vllm:cache_config_info{block_size="128",engine="0",'
+                          'kv_cache_size_tokens="149760",num_gpu_blocks="1170"} 1.0\n')
+    assert g == {"kv_tokens": 149760.0}
