@@ -20,14 +20,16 @@ Policies (`PlacementConfig.policy`):
   holds its longest sampled prefix (`scheduler.prefix_index`), unless that backend's load exceeds
   ``bound = min_load * load_factor + slack``; then to the least-loaded backend. A request whose
   prefix no backend holds (cold) goes to the next backend in turn (a round-robin over the
-  backends, advanced by each cold request placed so) when that backend's load is within one
-  request (this one's cost, at most the slack below) of the least load, else to the
+  backends, advanced by each cold request placed so) when that backend's load is within two
+  requests (twice this one's cost, at most the slack below) of the least load, else to the
   least-loaded backend. Which backend a new tenant lands on thus depends on the order new
   prefixes arrive in, not on which backend finished a few tokens sooner: with least-loaded
   picks, near-ties decided it, so the live gateway and the simulator, whose step times differ
-  by tens of percent on a shared CPU, assigned whole tenants differently. Beyond one request
-  the load decides, so a faster backend in a mixed pool still gets more of the new prompts
-  (with the slack as the tolerance, a vLLM + tidegate pool split unique prompts 48/48). (Not a hash of the prompt: the simulator's token ids are not the
+  by tens of percent on a shared CPU, assigned whole tenants differently (with one request as
+  the tolerance, still so once: a tenant arriving while the next backend held one unprefilled
+  new prompt and one more). Beyond that the load decides, so a faster backend in a mixed pool
+  still gets more of the new prompts (with the slack as the tolerance, a vLLM + tidegate pool
+  split unique prompts 48/48). (Not a hash of the prompt: the simulator's token ids are not the
   live trace's, only its prefix structure is.) The slack is
   ``load_slack_fraction`` of the least-loaded backend's KV capacity in tokens (as its LoadReports
   give it; ``load_slack_tokens`` when it reports none, or when set): a fixed number of tokens
@@ -204,12 +206,12 @@ class PrefixAffinityPlacement(LeastTokensPlacement):
         b, depth = least, 0
         if prefix:
             b, depth = self._holder(prefix, least)
-            if b < 0:  # cold: the next in turn, unless that is busier by more than a request
+            if b < 0:  # cold: the next in turn, unless that is two requests busier or more
                 b = least
                 ids = loads.backends
                 turn = ids[self._turn % len(ids)]
-                if turn == least or (loads.accepting[turn] and loads.load[turn] <=
-                                     loads.load[least] + min(cost, self.slack[least])):
+                if turn == least or (loads.accepting[turn] and loads.load[turn] <
+                                     loads.load[least] + min(2 * cost, self.slack[least])):
                     b = turn
                     self._turn += 1
                     self.num_home += 1

@@ -177,19 +177,19 @@ def test_slack_scales_with_the_least_loaded_backends_kv_capacity():
         PlacementConfig(load_slack_fraction=1.5)
 
 
-def test_new_prefixes_take_turns_unless_the_next_backend_is_a_request_busier():
-    """Cold prefixes go round the backends while loads are within one request of each other,
+def test_new_prefixes_take_turns_unless_the_next_backend_is_two_requests_busier():
+    """Cold prefixes go round the backends while loads are within two requests of each other,
     so which backend takes a new tenant does not hinge on who finished a little sooner."""
-    p = _policy("prefix", 3, load_slack_tokens=500)
-    p.charge(0, 250)                            # backend 0 busier, but by less than a request
+    p = _policy("prefix", 3, load_slack_tokens=1000)
+    p.charge(0, 550)                            # backend 0 busier, but by less than 2 requests
     firsts = []
     for t in range(3):
         it = PlacementItem(300, prefix_hashes(_tokens(t, 300), 16))
         p.place([it], 0.1 * t)
         firsts.append(it.backend)
-        p.release(it.backend, it.charged)       # done at once: only the 250 remain
+        p.release(it.backend, it.charged)       # done at once: only the 550 remain
     assert firsts == [0, 1, 2] and p.num_home == 3
-    p.charge(0, 100)                            # now 350 above the others: past one request
+    p.charge(0, 100)                            # now 650 above the others: past two requests
     it = PlacementItem(300, prefix_hashes(_tokens(3, 300), 16))
     p.place([it], 1.0)
     assert it.backend == 1 and p.num_home == 3  # least-loaded (ties: lowest id), no turn taken
