@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from scheduler.batcher import BatcherConfig
+from scheduler.placement import PlacementConfig
 from sims.adapters import SimSchedulerConfig
 from sims.cost import ConstantCost, RooflineCost
 from sims.event_loop import EngineConfig, simulate
@@ -128,8 +129,11 @@ def test_auto_prefix_caching_is_on_only_with_shared_prefixes_and_changes_nothing
     # no shared prefixes (and no preemption): the cache never hits, so off gives the same run
     w = _workload(400, 300.0, prompt=200, output="uniform:1:60", seed=3)
     assert not auto.prefix_caching_for(w)
-    on = simulate(w, cost, SimSchedulerConfig(enable_prefix_caching=True), EngineConfig(num_backends=2))
-    off = simulate(w, cost, auto, EngineConfig(num_backends=2))
+    # least-tokens placement: with the prefix policy, hashed prompts that no backend holds take
+    # turns over the backends (scheduler.placement), which is placement, not caching
+    two = EngineConfig(num_backends=2, placement=PlacementConfig(policy="least-tokens"))
+    on = simulate(w, cost, SimSchedulerConfig(enable_prefix_caching=True), two)
+    off = simulate(w, cost, auto, two)
     for name in ("dispatch_time", "first_token_time", "finish_time", "step_time", "step_decode"):
         np.testing.assert_array_equal(getattr(on, name), getattr(off, name))
     assert [b["num_preemptions"] for b in on.backend_stats] == [0, 0]
