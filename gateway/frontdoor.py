@@ -25,16 +25,13 @@ import zmq.asyncio
 from aiohttp import web
 
 from gateway.app_keys import GATEWAY_KEY
+from gateway.body_checks import LIMITS, RequestLimits
 from gateway.core import Gateway, RequestHandle
 from gateway.errors import APIError, bad_request
 from gateway.openai_schema import SamplingParams, ServingOptions
-from gateway.validation import (
-    LIMITS,
-    MAX_LOGPROBS,
-    RequestLimits,
-    check_context_length,
-    parse_sampling_fields,
-)
+from gateway.request_fields import MAX_LOGPROBS
+from gateway.sampling_fields import parse_sampling_fields
+from gateway.validation import check_context_length
 from gateway.zmqio import SocketReader
 from proto import codec
 from proto import tidegate_pb2 as pb

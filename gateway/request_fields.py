@@ -4,7 +4,7 @@ and the 400s) and `gateway.openapi` (the description served at GET /openapi.json
 fuzzer generates bodies from). A bound that names a `RequestLimits` field (e.g. "max_n") is the
 gateway's configured limit.
 
-Scalars are checked by `validation._scalar` from `SCALARS` alone; composite fields (prompt,
+Scalars are checked by `body_checks.scalar` from `SCALARS` alone; composite fields (prompt,
 messages, stop, ...) have a hand-written parser in `validation` and their schema here, next to
 the limits that parser applies.
 """
