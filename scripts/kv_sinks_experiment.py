@@ -9,6 +9,13 @@ torch reference attention, CPU or GPU), int4-fp8 KV cache, with the key pools wr
   current chunk's own block is the last block of its context: in serving, the tokens of a
   decode's last, partly filled block would be kept in bf16 until the block is full.
 
+Two more int4 key layouts, quantized by the torch reference only (the kernels are not changed):
+
+- `gN`: a scale per N channels instead of 32 (more scales: the bytes change);
+- `h`: the scales stored in fp16 instead of fp32 (rounded before the codes are computed), so
+  `g16+h` takes exactly the bytes of today's int4 keys (64 code + 8 x 2 scale bytes per
+  token-head at D = 128, as 64 + 4 x 4).
+
 Values stay fp8 (near lossless: +0.3% alone). This is an experiment on the read side only — the
 pools keep a full-precision shadow of every slot, so it measures the quality a real format
 (sink/fill keys stored in bf16 beside the int4 pages) would give, not its memory or speed.
@@ -19,6 +26,7 @@ pools keep a full-precision shadow of every slot, so it measures the quality a r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
@@ -30,7 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backend import eval as tg_eval
-from backend import eval_engine
+from backend import eval_engine, kv_quant
 from backend.eval_engine import EngineSettings, EngineShape
 
 
@@ -68,28 +76,59 @@ class ShadowedKeyPages:
         self.shadow.index_copy_(0, dst, self.shadow.index_select(0, src))
 
 
-def parse_variant(name: str) -> tuple[str, int, bool]:
-    """'auto' | 'int4' [+sinksN] [+fill] -> (kv_cache_dtype, sinks, fill)."""
+def parse_variant(name: str) -> tuple[str, int, bool, int, bool]:
+    """'auto' | 'int4' [+sinksN] [+fill] [+gN] [+h] -> (kv_cache_dtype, sinks, fill, group,
+    fp16 scales)."""
     parts = name.split("+")
     if parts[0] == "auto":
         if len(parts) > 1:
-            raise SystemExit(f"variant {name!r}: sinks/fill apply to int4 only")
-        return "auto", 0, False
+            raise SystemExit(f"variant {name!r}: sinks/fill/gN/h apply to int4 only")
+        return "auto", 0, False, kv_quant.INT4_GROUP, False
     if parts[0] != "int4":
-        raise SystemExit(f"unknown variant {name!r} (auto, int4[+sinksN][+fill])")
-    sinks, fill = 0, False
+        raise SystemExit(f"unknown variant {name!r} (auto, int4[+sinksN][+fill][+gN][+h])")
+    sinks, fill, group, half = 0, False, kv_quant.INT4_GROUP, False
     for p in parts[1:]:
         if p == "fill":
             fill = True
+        elif p == "h":
+            half = True
         elif m := re.fullmatch(r"sinks(\d+)", p):
             sinks = int(m.group(1))
+        elif m := re.fullmatch(r"g(\d+)", p):
+            group = int(m.group(1))
         else:
             raise SystemExit(f"variant {name!r}: unknown part {p!r}")
-    return "int4-fp8", sinks, fill
+    return "int4-fp8", sinks, fill, group, half
+
+
+@contextlib.contextmanager
+def int4_layout(group: int, half_scales: bool):
+    """The torch reference's int4 keys with `group` channels per scale and (optionally) the
+    scales rounded to fp16, for the duration of one run."""
+    saved = kv_quant.INT4_GROUP, kv_quant.quantize_int4
+    original = kv_quant.quantize_int4
+
+    def quantize_int4_half(x: torch.Tensor, g: int):
+        d = x.shape[-1]
+        xg = x.float().reshape(*x.shape[:-1], d // g, g)
+        scale = (xg.abs().amax(dim=-1) * kv_quant.INV_INT4_MAX).clamp_min(1e-7)
+        scale = scale.half().float()          # what an fp16 scale field would hold
+        q = torch.round(xg / scale[..., None]).clamp_(-kv_quant.INT4_MAX, kv_quant.INT4_MAX)
+        u = (q.reshape(x.shape) + 8).to(torch.uint8)
+        return u[..., 0::2] | (u[..., 1::2] << 4), scale
+
+    kv_quant.INT4_GROUP = group
+    if half_scales:
+        kv_quant.quantize_int4 = quantize_int4_half
+    try:
+        yield
+    finally:
+        kv_quant.INT4_GROUP, kv_quant.quantize_int4 = saved
+    assert kv_quant.quantize_int4 is original
 
 
 def run(args: argparse.Namespace, variant: str) -> dict:
-    kv_dtype, sinks, fill = parse_variant(variant)
+    kv_dtype, sinks, fill, group, half = parse_variant(variant)
     original = eval_engine.build_engine
 
     def build_and_wrap(model, settings, shape):
@@ -104,12 +143,14 @@ def run(args: argparse.Namespace, variant: str) -> dict:
         settings = EngineSettings(device=args.device, dtype=args.dtype, kv_cache_dtype=kv_dtype)
         shape = EngineShape(max_num_batched_tokens=args.max_num_batched_tokens)
         t0 = time.perf_counter()
-        report = tg_eval.perplexity(args.model, settings, shape, window=args.window,
-                                    sample_windows=args.sample_windows, progress=False,
-                                    site_root=args.site_root)
+        with int4_layout(group, half):
+            report = tg_eval.perplexity(args.model, settings, shape, window=args.window,
+                                        sample_windows=args.sample_windows, progress=False,
+                                        site_root=args.site_root)
     finally:
         tg_eval.build_engine = original
     return {"variant": variant, "kv_cache_dtype": kv_dtype, "sinks": sinks, "fill": fill,
+            "int4_group": group, "fp16_scales": half,
             "ppl": report["ppl"], "tokens": report["tokens"],
             "seconds": round(time.perf_counter() - t0, 1)}
 

@@ -34,3 +34,30 @@ def test_all_keys_kept_equals_the_unquantized_cache():
     assert abs(plain / auto - 1) > 3 * abs(all_kept / auto - 1)
     with pytest.raises(SystemExit):
         exp.parse_variant("auto+fill")
+
+
+def test_int4_layouts_change_the_reference_codec_for_one_run_only():
+    import torch
+
+    from backend import kv_quant
+    from backend.kv_quant import QuantizedPages
+
+    exp = _experiment()
+    assert exp.parse_variant("int4+g16+h")[3:] == (16, True)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 2, 128, generator=gen)
+    x[..., 5] *= 20                                   # an outlier channel, as keys have
+    slots = torch.arange(64)
+
+    def error(pages):
+        pages.write(slots, x)
+        return (pages.pages(torch.arange(4)).reshape(x.shape) - x).norm().item()
+
+    plain = QuantizedPages("int4", 4, 16, 2, 128, "cpu")
+    with exp.int4_layout(16, True):
+        finer = QuantizedPages("int4", 4, 16, 2, 128, "cpu")
+        assert finer.scale.shape[-1] == 8
+        err_finer = error(finer)
+        assert torch.equal(finer.scale, finer.scale.half().float())   # fp16-representable
+    assert error(plain) > 1.2 * err_finer        # the outlier spoils fewer channels' scale
+    assert kv_quant.INT4_GROUP == 32 and QuantizedPages("int4", 1, 16, 2, 128, "cpu").scale.shape[-1] == 4
