@@ -103,28 +103,16 @@ def parse_variant(name: str) -> tuple[str, int, bool, int, bool]:
 
 @contextlib.contextmanager
 def int4_layout(group: int, half_scales: bool):
-    """The torch reference's int4 keys with `group` channels per scale and (optionally) the
-    scales rounded to fp16, for the duration of one run."""
-    saved = kv_quant.INT4_GROUP, kv_quant.quantize_int4
-    original = kv_quant.quantize_int4
-
-    def quantize_int4_half(x: torch.Tensor, g: int):
-        d = x.shape[-1]
-        xg = x.float().reshape(*x.shape[:-1], d // g, g)
-        scale = (xg.abs().amax(dim=-1) * kv_quant.INV_INT4_MAX).clamp_min(1e-7)
-        scale = scale.half().float()          # what an fp16 scale field would hold
-        q = torch.round(xg / scale[..., None]).clamp_(-kv_quant.INT4_MAX, kv_quant.INT4_MAX)
-        u = (q.reshape(x.shape) + 8).to(torch.uint8)
-        return u[..., 0::2] | (u[..., 1::2] << 4), scale
-
+    """int4 keys with `group` channels per scale and (optionally) fp16 scales for the duration
+    of one run: `backend.kv_quant`'s layout constants, which every path reads (the reference
+    codec here; the Triton write and attention take the layout from the pools' shapes)."""
+    saved = kv_quant.INT4_GROUP, kv_quant.INT4_SCALE_DTYPE
     kv_quant.INT4_GROUP = group
-    if half_scales:
-        kv_quant.quantize_int4 = quantize_int4_half
+    kv_quant.INT4_SCALE_DTYPE = torch.float16 if half_scales else torch.float32
     try:
         yield
     finally:
-        kv_quant.INT4_GROUP, kv_quant.quantize_int4 = saved
-    assert kv_quant.quantize_int4 is original
+        kv_quant.INT4_GROUP, kv_quant.INT4_SCALE_DTYPE = saved
 
 
 def run(args: argparse.Namespace, variant: str) -> dict:

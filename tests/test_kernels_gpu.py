@@ -552,6 +552,23 @@ def test_paged_attention_quantized_decode_at_more_splits(heads, splits):
             assert rel_err(out, ref) <= TOL, (fmt, qlens, rel_err(out, ref))
 
 
+@pytest.mark.parametrize("heads", [(56, 8, 128), (6, 2, 64)], ids=["33b", "tiny-coder"])
+def test_int4_fp16_scale_layout_on_the_gpu(heads, monkeypatch):
+    """int4 keys in 16-channel groups with fp16 scales (kv_quant.INT4_SCALE_DTYPE, not the
+    default yet): the fused write is bit-exact against the reference encoders, and both dot
+    variants of the attention kernel read the pages like the reference."""
+    from backend import kv_quant
+
+    monkeypatch.setattr(kv_quant, "INT4_GROUP", 16)
+    monkeypatch.setattr(kv_quant, "INT4_SCALE_DTYPE", torch.float16)
+    num_heads, num_kv_heads, head_dim = heads
+    for num_tokens in (5, 37):
+        test_rotary_kv_write_quantized("int4-fp8", num_tokens, num_heads, num_kv_heads,
+                                       head_dim)
+    for quant_f16 in (True, False):
+        test_paged_attention_quantized_dot_dtypes("int4-fp8", quant_f16, heads)
+
+
 @pytest.mark.parametrize("shape", list(BF16_GEMV_M1_CONFIGS), ids=lambda s: f"{s[0]}x{s[1]}")
 def test_bf16_gemv_measured_configs(shape):
     """Our GEMV over bf16 rows (no scale), with each config the engine uses for a 33B shape."""

@@ -205,6 +205,32 @@ def test_rotary_kv_write_quantizes_like_reference(kernels, fmt, head_dim):
             assert (raw_untouched == 0x55).all()
 
 
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+def test_int4_fp16_scale_layout_write_and_attention(kernels, head_dim, monkeypatch):
+    """int4 keys in 16-channel groups with fp16 scales (kv_quant.INT4_SCALE_DTYPE): the fused
+    write encodes them bit for bit like the reference, and the attention kernel reads them
+    (fp32 and fp16 dots, decode split and mixed steps) like the reference."""
+    from backend import kv_quant
+
+    monkeypatch.setattr(kv_quant, "INT4_GROUP", 16)
+    monkeypatch.setattr(kv_quant, "INT4_SCALE_DTYPE", torch.float16)
+    assert QuantizedPages("int4", 1, 4, 2, head_dim, "cpu").scale.dtype == torch.float16
+    test_rotary_kv_write_quantizes_like_reference(kernels, "int4-fp8", head_dim)
+    pa, _ = kernels
+    for qlens, ctxs, splits in (([1, 1, 1], [40, 7, 100], 3), ([1, 9, 1], [33, 20, 61], 1)):
+        gen = torch.Generator().manual_seed(head_dim + splits)
+        k, v = _pools("int4-fp8", 40, 16, 2, head_dim, torch.float32, gen)
+        tables, qsl, lens = _step(qlens, ctxs, 40, 16, gen)
+        q = torch.randn(sum(qlens), 14, head_dim, generator=gen)
+        ref = pa.paged_attention_reference(q, k, v, tables, qsl, lens, 0.3)
+        for kw, tol in (({}, 1e-5), ({"quant_f16": True, "fp32_dot": False}, 3e-3)):
+            out = torch.full_like(q, float("nan"))
+            pa.paged_attention_triton(q, k, v, tables, qsl, lens, 0.3, out=out,
+                                      max_query_len=max(qlens), num_splits=splits, **kw)
+            assert torch.isfinite(out).all()
+            assert ((out - ref).norm() / ref.norm()).item() < tol, kw
+
+
 def test_kernel_write_then_kernel_attention_reads_it(kernels):
     """A mixed step end to end on int4-fp8 pages: the fused write quantizes, the attention
     kernel dequantizes what it wrote, and both equal the reference write + reference attention."""

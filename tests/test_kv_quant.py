@@ -74,6 +74,32 @@ def test_int4_round_trip_bound(d):
     assert ((yn - xn).norm() / xn.norm()) < 0.15
 
 
+@pytest.mark.parametrize("d", [32, 64, 128])
+def test_int4_fp16_scales_in_16_channel_groups(d, monkeypatch):
+    """The finer int4 key layout (16-channel groups, fp16 scales): the bytes of today's layout,
+    scales exactly fp16 and floored at fp16's smallest normal, codes computed from the rounded
+    scale (so the half-step error bound holds for it), and a smaller error with outliers."""
+    from backend import kv_quant
+
+    x = _data((257, 4, d), seed=3)
+    coarse_bytes = kv_quant.token_head_bytes("int4", d)
+    y32 = dequantize_int4(*quantize_int4(x, 32))
+    packed, scale = quantize_int4(x, 16, torch.float16)
+    assert scale.dtype == torch.float16 and scale.shape == (257, 4, d // 16)
+    assert scale.float().min().item() >= kv_quant.TINY_F16
+    y = dequantize_int4(packed, scale)
+    bound = (scale.float() / 2).repeat_interleave(16, dim=-1)
+    assert torch.all((y - x).abs() <= bound * (1 + 1e-6))
+    assert (y - x).norm() < 0.9 * (y32 - x).norm()
+    monkeypatch.setattr(kv_quant, "INT4_GROUP", 16)
+    monkeypatch.setattr(kv_quant, "INT4_SCALE_DTYPE", torch.float16)
+    assert kv_quant.token_head_bytes("int4", d) == coarse_bytes
+    pages = QuantizedPages("int4", 2, 4, 4, d, "cpu")
+    assert pages.scale.dtype == torch.float16 and pages.nbytes == 2 * 4 * 4 * coarse_bytes
+    pages.write(torch.arange(8), x[:8])
+    assert torch.equal(pages.pages(torch.arange(2)).reshape(8, 4, d), y[:8])
+
+
 def test_int4_packing_layout_and_zeros():
     x = torch.zeros(1, 1, 4)
     x[0, 0] = torch.tensor([7.0, -7.0, 1.0, 0.0])  # one group of 4, scale 1

@@ -58,6 +58,7 @@ def test_int4_layouts_change_the_reference_codec_for_one_run_only():
         finer = QuantizedPages("int4", 4, 16, 2, 128, "cpu")
         assert finer.scale.shape[-1] == 8
         err_finer = error(finer)
-        assert torch.equal(finer.scale, finer.scale.half().float())   # fp16-representable
+        assert finer.scale.dtype == torch.float16
     assert error(plain) > 1.2 * err_finer        # the outlier spoils fewer channels' scale
-    assert kv_quant.INT4_GROUP == 32 and QuantizedPages("int4", 1, 16, 2, 128, "cpu").scale.shape[-1] == 4
+    after = QuantizedPages("int4", 1, 16, 2, 128, "cpu").scale
+    assert kv_quant.INT4_GROUP == 32 and after.shape[-1] == 4 and after.dtype == torch.float32

@@ -23,6 +23,8 @@ Quantized pages are encoded in the same program, from the registers that hold th
     int4  per (token, kv head, G channels): scale = max(amax_G * (1/7), 1e-12), q = rint(x / scale)
           in [-7, 7], byte j = (q[2j+1] + 8) << 4 | (q[2j] + 8). Each rotary half splits into
           its even / odd channels (a reshape), so bytes and group scales come out per half.
+          With fp16 scales (kv_quant.INT4_SCALE_DTYPE) the scale is rounded to fp16 first and
+          the halves are read back from memory as [heads, groups, channels] tiles instead.
 The formats are those of `backend.kv_quant` (the reference codecs this kernel is tested against).
 """
 from __future__ import annotations
@@ -38,7 +40,7 @@ from backend.kernels.triton_utils import (
     triton,
     use_triton,
 )
-from backend.kv_quant import INV_FP8_MAX, INV_INT4_MAX
+from backend.kv_quant import INV_FP8_MAX, INV_INT4_MAX, TINY_F16
 
 
 def build_rope_cache(max_positions: int, head_dim: int, base: float,
@@ -89,6 +91,7 @@ def rotary_kv_write_reference(positions, q, k, v, cos, sin, k_cache, v_cache, sl
 if HAS_TRITON:
     _INV_FP8 = tl.constexpr(INV_FP8_MAX)     # the codecs' reciprocals (fp32 in the kernel)
     _INV_INT4 = tl.constexpr(INV_INT4_MAX)
+    _TINY_F16 = tl.constexpr(TINY_F16)       # the floor of fp16 int4 scales
 
     @triton.jit
     def _rotate_half_in_place(base_ptr, stride_h, heads, half_offs, cos, sin,
@@ -164,6 +167,24 @@ if HAS_TRITON:
         return (lo | (hi << 4)).to(tl.uint8)
 
     @triton.jit
+    def _int4_groups_f16(kr, kc, ks, mask, TINY: tl.constexpr):
+        """One rotary half of the fp16-scale layout: even channels at kr, odd at kr + 1 (both
+        [heads, groups, channels-per-group // 2] pointers into the stored rotated keys), bytes
+        to kc (same shape), one scale per group to ks ([heads, groups]). The scale is rounded
+        to fp16 before the codes are computed, as `backend.kv_quant.quantize_int4`."""
+        even = tl.load(kr, mask=mask, other=0.0).to(tl.float32)
+        odd = tl.load(kr + 1, mask=mask, other=0.0).to(tl.float32)
+        amax = tl.maximum(tl.max(tl.abs(even), axis=2), tl.max(tl.abs(odd), axis=2))
+        scale = tl.maximum(amax * _INV_INT4, TINY).to(tl.float16).to(tl.float32)
+        s = scale[:, :, None]
+        qe = tl.clamp(_rint(tl.math.div_rn(even, s)), -7.0, 7.0)
+        qo = tl.clamp(_rint(tl.math.div_rn(odd, s)), -7.0, 7.0)
+        lo = (qe + 8.0).to(tl.int32)
+        hi = (qo + 8.0).to(tl.int32)
+        tl.store(kc, (lo | (hi << 4)).to(tl.uint8), mask=mask)
+        tl.store(ks, scale.to(tl.float16), mask=tl.max(mask.to(tl.int32), axis=2) > 0)
+
+    @triton.jit
     def _int4_amax(x, HEADS_P2: tl.constexpr, HALF: tl.constexpr, SUB: tl.constexpr):
         """amax over each SUB consecutive channels of x [heads, HALF] -> [heads, HALF // SUB]."""
         return tl.max(tl.reshape(tl.abs(x), (HEADS_P2, HALF // SUB, SUB)), axis=2)
@@ -180,7 +201,7 @@ if HAS_TRITON:
         HALF: tl.constexpr, HALF_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         K_CODEC: tl.constexpr, V_CODEC: tl.constexpr, INT4_SUB: tl.constexpr,
         INT4_WHOLE_HEAD: tl.constexpr, USE_PDL: tl.constexpr,
-        INT4_HALF_IS_GROUP: tl.constexpr = False,
+        INT4_HALF_IS_GROUP: tl.constexpr = False, INT4_SCALE_F16: tl.constexpr = False,
     ):
         pdl_enter(USE_PDL)
         t = tl.program_id(0).to(tl.int64)
@@ -212,6 +233,21 @@ if HAS_TRITON:
                 k_scale = _store_fp8(k1.to(tl.float32), k2.to(tl.float32), kc + r[None, :],
                                      ks, mask, kv_heads, HALF)
                 tl.store(ks, k_scale, mask=head_ok)
+            elif INT4_SCALE_F16:
+                # int4 keys with fp16 group scales (kv_quant.INT4_SCALE_DTYPE): no reshape at
+                # all, as below: the rotated keys just stored are read back as [heads, groups,
+                # channels // 2] even / odd tiles straight from memory, per rotary half
+                tl.debug_barrier()
+                HG: tl.constexpr = INT4_SUB // 2           # a group's channels per nibble side
+                NG: tl.constexpr = HALF // INT4_SUB        # groups per rotary half
+                j3 = (tl.arange(0, NG)[None, :, None] * HG
+                      + tl.arange(0, HG)[None, None, :])    # [1, NG, HG] byte index in a half
+                m3 = head_ok[:, None, None] & (j3 < HALF // 2)
+                kr3 = k_ptr + t * stride_kt + kv_heads[:, None, None] * stride_kh + 2 * j3
+                kc3 = kc[:, :, None] + j3
+                ks2 = ks[:, None] + tl.arange(0, NG)[None, :]
+                _int4_groups_f16(kr3, kc3, ks2, m3, _TINY_F16)
+                _int4_groups_f16(kr3 + HALF, kc3 + HALF // 2, ks2 + NG, m3, _TINY_F16)
             elif INT4_HALF_IS_GROUP:
                 # head_dim 64 with groups of 32 (tiny-coder). Both in-register forms (the
                 # grouped [heads, groups] tiles, then one [heads] scale per half) wrote wrong
@@ -305,7 +341,7 @@ def rotary_kv_write(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
     if num_tokens == 0:
         return
     half = head_dim // 2
-    int4_sub, whole_head = 2, False
+    int4_sub, whole_head, scale_f16 = 2, False, False
     if k_codec == 2:
         group = 2 * kc.shape[-1] // ks.shape[-1]          # channels per int4 scale
         if next_power_of_2(head_dim) != head_dim or (group != head_dim and half % group):
@@ -313,6 +349,10 @@ def rotary_kv_write(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
                              f"halves hold whole groups (head_dim {head_dim}, group {group})")
         whole_head = group == head_dim
         int4_sub = min(group, half)
+        scale_f16 = ks.dtype == torch.float16
+        if scale_f16 and (whole_head or group < 4):
+            raise ValueError(f"int4 keys with fp16 scales in the Triton write need groups "
+                             f"inside a rotary half (head_dim {head_dim}, group {group})")
     _rotary_kv_kernel[(num_tokens,)](
         positions, q, k, v, cos, sin, slot_mapping,
         kc, kc if ks is None else ks, vc, vc if vs is None else vs,
@@ -325,5 +365,6 @@ def rotary_kv_write(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
         HALF=half, HALF_P2=next_power_of_2(half), BLOCK_SIZE=kc.shape[1],
         K_CODEC=k_codec, V_CODEC=v_codec, INT4_SUB=int4_sub, INT4_WHOLE_HEAD=whole_head,
         INT4_HALF_IS_GROUP=k_codec == 2 and not whole_head and int4_sub == half,
+        INT4_SCALE_F16=scale_f16,
         num_warps=4, **pdl_args(q),
     )
