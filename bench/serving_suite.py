@@ -290,7 +290,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--only", default=None, help="comma-separated workload names to run (default all)")
     p.add_argument("--config", action="append", default=None, metavar="NAME=SERVE_ARGS[@W1,W2]",
                    help="a server configuration: its name, extra `tidegate serve` flags and, "
-                        "after @, the only workloads it runs (repeatable; default: bf16=)")
+                        "after @, the only workloads it runs, a name given twice running twice "
+                        "(the second as NAME_2; repeatable; default: bf16=)")
     p.add_argument("--startup-timeout", type=float, default=300.0)
     p.add_argument("--bench-arg", action="append", default=[],
                    help="extra flag for every `tidegate bench serve` (repeatable)")
@@ -313,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     for item in args.config or ["bf16="]:
         name, _, extra = item.partition("=")
         extra, _, only = extra.partition("@")
-        configs.append((name, shlex.split(extra), set(only.split(",")) if only else None))
+        configs.append((name, shlex.split(extra), only.split(",") if only else None))
     summary: dict = {"serve_args": serve_args, "configs": {}, "skipped": []}
     rows = []
     for name, extra, only in configs:
@@ -332,16 +333,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{name}] server ready in {startup_s:.1f} s at {server.url}", flush=True)
         windows = []
         try:
-            for w in workloads:
-                if only is not None and w.name not in only:
-                    continue
+            runs = [(w, k) for w in workloads
+                    for k in range(1, 2 if only is None else only.count(w.name) + 1)]
+            for w, k in runs:
+                label = w.name if k == 1 else f"{w.name}_{k}"
                 if args.deadline_s is not None and time.monotonic() - began > args.deadline_s:
-                    summary["skipped"].append(f"{name}/{w.name}")
+                    summary["skipped"].append(f"{name}/{label}")
                     continue
-                path = out / f"{name}_{w.name}.json"
+                path = out / f"{name}_{label}.json"
                 t0, t1, rc = run_workload(server.url, w, path, args.bench_arg)
                 windows.append((w, path, t0, t1, rc))
-                print(f"[{name}] {w.name}: {t1 - t0:.1f} s, exit {rc}", flush=True)
+                print(f"[{name}] {label}: {t1 - t0:.1f} s, exit {rc}", flush=True)
         except BaseException:  # cut off (SIGINT from a time cap): stop the server all the same
             server.stop()
             raise
@@ -359,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
             result["engine"] = engine
             result["workload"] = w.__dict__ | {"rate": "inf" if math.isinf(w.rate) else w.rate}
             path.write_text(json.dumps(result, indent=2) + "\n")
-            rows.append({"config": name, "workload": w.name, "window_wall_s": [t0, t1],
+            rows.append({"config": name, "workload": w.name, "json": path.name,
+                         "window_wall_s": [t0, t1],
                          "total_output_tokens": result["total_output_tokens"],
                          "completed": result["completed"], "engine": engine,
                          "client": {"ttft_p50": result["ttft_ms"]["p50"],

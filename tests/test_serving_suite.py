@@ -79,7 +79,7 @@ def test_issue11_goals_compare_with_the_issue_bounds():
 def test_suite_end_to_end_on_the_cpu(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "bench.serving_suite", "--out", str(tmp_path), "--workloads", "tiny",
-         "--config", "a=@short_burst", "--startup-timeout", "120",
+         "--config", "a=@short_burst,short_burst", "--startup-timeout", "120",
          "--", "--model", "tiny", "--load-format", "dummy", "--device", "cpu",
          "--cpu-threads", "1"], cwd=ROOT, capture_output=True, text=True, timeout=400,
         check=False)
@@ -94,3 +94,9 @@ def test_suite_end_to_end_on_the_cpu(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["skipped"] == [] and summary["configs"]["a"]["num_logged_steps"] >= 8
     assert "| a | short_burst |" in (tmp_path / "serving_table.md").read_text()
+    # a workload named twice runs twice, the second under its own name and window
+    again = json.loads((tmp_path / "a_short_burst_2.json").read_text())
+    assert again["completed"] == 12 and again["engine"]["num_steps"] >= 8
+    rows = summary["rows"]
+    assert [r["json"] for r in rows] == ["a_short_burst.json", "a_short_burst_2.json"]
+    assert rows[0]["window_wall_s"][1] <= rows[1]["window_wall_s"][0]
