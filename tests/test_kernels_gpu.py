@@ -552,7 +552,8 @@ def test_paged_attention_quantized_decode_at_more_splits(heads, splits):
             assert rel_err(out, ref) <= TOL, (fmt, qlens, rel_err(out, ref))
 
 
-@pytest.mark.parametrize("heads", [(56, 8, 128), (6, 2, 64)], ids=["33b", "tiny-coder"])
+@pytest.mark.parametrize("heads", [(56, 8, 128), (6, 2, 64), (7, 1, 16)],
+                         ids=["33b", "tiny-coder", "whole-head-16"])
 def test_int4_fp16_scale_layout_on_the_gpu(heads, monkeypatch):
     """int4 keys in 16-channel groups with fp16 scales (kv_quant.INT4_SCALE_DTYPE, not the
     default yet): the fused write is bit-exact against the reference encoders, and both dot

@@ -205,7 +205,7 @@ def test_rotary_kv_write_quantizes_like_reference(kernels, fmt, head_dim):
             assert (raw_untouched == 0x55).all()
 
 
-@pytest.mark.parametrize("head_dim", [32, 64, 128])
+@pytest.mark.parametrize("head_dim", [16, 32, 64, 128])
 def test_int4_fp16_scale_layout_write_and_attention(kernels, head_dim, monkeypatch):
     """int4 keys in 16-channel groups with fp16 scales (kv_quant.INT4_SCALE_DTYPE): the fused
     write encodes them bit for bit like the reference, and the attention kernel reads them

@@ -185,6 +185,27 @@ if HAS_TRITON:
         tl.store(ks, scale.to(tl.float16), mask=tl.max(mask.to(tl.int32), axis=2) > 0)
 
     @triton.jit
+    def _int4_scale_f16(kr, mask, TINY: tl.constexpr):
+        """`_int4_groups_f16`'s scales alone -> [heads, groups] fp32 (for head_dim 16, whose one
+        group spans both rotary halves)."""
+        even = tl.load(kr, mask=mask, other=0.0).to(tl.float32)
+        odd = tl.load(kr + 1, mask=mask, other=0.0).to(tl.float32)
+        amax = tl.maximum(tl.max(tl.abs(even), axis=2), tl.max(tl.abs(odd), axis=2))
+        return tl.maximum(amax * _INV_INT4, TINY).to(tl.float16).to(tl.float32)
+
+    @triton.jit
+    def _int4_pack_groups(kr, kc, mask, scale):
+        """`_int4_groups_f16`'s bytes alone, with given scales [heads, groups]."""
+        even = tl.load(kr, mask=mask, other=0.0).to(tl.float32)
+        odd = tl.load(kr + 1, mask=mask, other=0.0).to(tl.float32)
+        s = scale[:, :, None]
+        qe = tl.clamp(_rint(tl.math.div_rn(even, s)), -7.0, 7.0)
+        qo = tl.clamp(_rint(tl.math.div_rn(odd, s)), -7.0, 7.0)
+        lo = (qe + 8.0).to(tl.int32)
+        hi = (qo + 8.0).to(tl.int32)
+        tl.store(kc, (lo | (hi << 4)).to(tl.uint8), mask=mask)
+
+    @triton.jit
     def _int4_amax(x, HEADS_P2: tl.constexpr, HALF: tl.constexpr, SUB: tl.constexpr):
         """amax over each SUB consecutive channels of x [heads, HALF] -> [heads, HALF // SUB]."""
         return tl.max(tl.reshape(tl.abs(x), (HEADS_P2, HALF // SUB, SUB)), axis=2)
@@ -246,8 +267,15 @@ if HAS_TRITON:
                 kr3 = k_ptr + t * stride_kt + kv_heads[:, None, None] * stride_kh + 2 * j3
                 kc3 = kc[:, :, None] + j3
                 ks2 = ks[:, None] + tl.arange(0, NG)[None, :]
-                _int4_groups_f16(kr3, kc3, ks2, m3, _TINY_F16)
-                _int4_groups_f16(kr3 + HALF, kc3 + HALF // 2, ks2 + NG, m3, _TINY_F16)
+                if INT4_WHOLE_HEAD:  # head_dim 16: one group spans both halves
+                    s = tl.maximum(_int4_scale_f16(kr3, m3, _TINY_F16),
+                                   _int4_scale_f16(kr3 + HALF, m3, _TINY_F16))
+                    tl.store(ks2, s.to(tl.float16), mask=head_ok[:, None])
+                    _int4_pack_groups(kr3, kc3, m3, s)
+                    _int4_pack_groups(kr3 + HALF, kc3 + HALF // 2, m3, s)
+                else:   # (this form was checked on the H200)
+                    _int4_groups_f16(kr3, kc3, ks2, m3, _TINY_F16)
+                    _int4_groups_f16(kr3 + HALF, kc3 + HALF // 2, ks2 + NG, m3, _TINY_F16)
             elif INT4_HALF_IS_GROUP:
                 # head_dim 64 with groups of 32 (tiny-coder). Both in-register forms (the
                 # grouped [heads, groups] tiles, then one [heads] scale per half) wrote wrong
@@ -350,9 +378,9 @@ def rotary_kv_write(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
         whole_head = group == head_dim
         int4_sub = min(group, half)
         scale_f16 = ks.dtype == torch.float16
-        if scale_f16 and (whole_head or group < 4):
-            raise ValueError(f"int4 keys with fp16 scales in the Triton write need groups "
-                             f"inside a rotary half (head_dim {head_dim}, group {group})")
+        if scale_f16 and int4_sub < 4:
+            raise ValueError(f"int4 keys with fp16 scales in the Triton write need >= 4 "
+                             f"channels per group and rotary half (head_dim {head_dim})")
     _rotary_kv_kernel[(num_tokens,)](
         positions, q, k, v, cos, sin, slot_mapping,
         kc, kc if ks is None else ks, vc, vc if vs is None else vs,
