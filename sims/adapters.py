@@ -289,7 +289,7 @@ class BackendAdapter:
         With `max_finishes` > 0 the stretch may run past up to that many finishing steps (it
         may end on one more); otherwise it ends at the first. Segments cover the k steps in
         order, one per run of steps with the same batch: ``(num_steps, num_decode_seqs,
-        num_context_tokens of the first, num_finishing after the last, their output
+        num_context_tokens of the first, num_finishing after the last, their prompt + output
         tokens)``; a segment's context grows by its batch each step."""
         if self._still_prefilling:
             return 0, []
@@ -317,10 +317,8 @@ class BackendAdapter:
             if b > k:
                 break
             bucket = finishing[f]
-            # what placement still charges them: their output (the prompt's share left with
-            # their first token, `EventLoop.on_step`)
             segs.append((b - a, n, off + n * (step + a + 1), len(bucket),
-                         sum(q.max_tokens for q in bucket)))
+                         sum(q.num_prompt_tokens + q.max_tokens for q in bucket)))
             n -= len(bucket)
             for q in bucket:  # a decoding sequence's offset against the clock
                 off -= q.num_computed_tokens - step

@@ -181,7 +181,6 @@ class EventLoop:
         self.arrival = workload.arrival_time.tolist()
         # prompt + output
         self.num_tokens = (workload.prompt_len.astype(np.int64) + workload.output_len).tolist()
-        self.output_len = workload.output_len.tolist()
         nan = math.nan
         self.dispatch_t = [nan] * n
         self.first_t = [nan] * n
@@ -219,8 +218,8 @@ class EventLoop:
         self.next_progress = self.progress_every
         self.now = 0.0
         # placement: the gateway's own policy object; load = prompt + output tokens charged at
-        # dispatch (less what the policy expects cached), the prompt's share released with the
-        # first token and the rest when the request finishes (as the gateway does)
+        # dispatch (less what the policy expects cached), released when the request finishes
+        # (as the gateway does, gateway.backend_pool._deliver)
         self.placement = create_placement(replace(config.placement,
                                                   block_size=sched_config.block_size))
         for be in backends:
@@ -505,19 +504,10 @@ class EventLoop:
         be = self.backends[arg]
         plan, be.plan = be.plan, None
         firsts, done = be.sched.complete_step(plan)
-        first_t, charged, output_len = self.first_t, self.charged, self.output_len
-        prefilled = 0
+        first_t = self.first_t
         for r in firsts:
             if first_t[r] != first_t[r]:  # NaN: not a re-prefill after preemption
                 first_t[r] = now
-                # the prompt's share of the charge leaves with the first token, as in the
-                # gateway (gateway.backend_pool); the output share leaves at the finish
-                p = charged[r] - output_len[r]
-                if p > 0:
-                    charged[r] -= p
-                    prefilled += p
-        if prefilled:
-            self.placement.release(be.idx, prefilled)
         self.finish_requests(be, done, now)
         self.after_step(be, now)
 
