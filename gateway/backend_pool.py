@@ -8,6 +8,10 @@ A backend is *healthy* from its `BackendInfo` until no message arrived from it f
 `heartbeat_timeout_s` (backends send a `LoadReport` at least every second). A backend marked
 down has its in-flight requests failed at once (never a hang) and gets a fresh `Hello` every
 `hello_interval_s`, so a restarted backend rejoins. Malformed messages are dropped and counted.
+
+Split by concern: this module holds the pool's membership, lifecycle, placement and sending;
+`gateway.backend_conn` one backend's connection, `gateway.pool_receive` the receiving side (the
+token fan-out), `gateway.pool_failover` heartbeats, marking down and re-dispatch.
 """
 from __future__ import annotations
 
@@ -17,36 +21,32 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import zmq
 import zmq.asyncio
-from zmq.utils.monitor import parse_monitor_message
 
 from gateway.abort_outbox import AbortOutbox
-from gateway.errors import APIError, backend_error, deadline_exceeded, unavailable
-from gateway.zmqio import SocketReader
+
+# one backend's connection and a request on its way: re-exported, callers import them from here
+from gateway.backend_conn import (
+    BackendConn,
+    Dispatch,
+    RequestSink,
+    TokenLogprob,
+    error_from_backend,
+)
+from gateway.errors import APIError, unavailable
+from gateway.pool_failover import PoolFailover
+from gateway.pool_receive import PoolReceiver
 from proto import codec
 from proto import tidegate_pb2 as pb
-from proto.convert import FINISH_REASON_FROM_WIRE
 from proto.security import CurveKeys
 from scheduler.placement import PlacementConfig, PlacementItem, create_placement, prefix_hashes
 
+__all__ = ["BackendConn", "BackendPool", "Dispatch", "PoolConfig", "RequestSink", "TokenLogprob",
+           "error_from_backend"]
+
 log = logging.getLogger("tidegate.gateway.pool")
-
-# (sampled token's logprob, top candidate ids, their logprobs)
-TokenLogprob = tuple[float, list[int], list[float]]
-
-
-
-class RequestSink(Protocol):
-    """Where a request's outputs go (implemented by `gateway.core.RequestHandle`)."""
-
-    def on_tokens(self, token_ids: list[int], finish_reason: str | None,
-                  logprobs: list[TokenLogprob] | None, now: float) -> None: ...
-
-    def on_error(self, error: APIError) -> None: ...
-
 
 @dataclass(frozen=True, slots=True)
 class PoolConfig:
@@ -65,84 +65,8 @@ class PoolConfig:
     curve: CurveKeys | None = None
 
 
-@dataclass(slots=True)
-class Dispatch:
-    """One request on its way to a backend."""
 
-    request_id: str
-    prompt_ids: list[int]
-    sampling: pb.SamplingParams
-    queue_class: int
-    priority: int
-    arrival_time: float
-    sink: RequestSink
-    retried: bool = False  # re-dispatched once already after its backend died
-    batch_id: int = 0  # the Batch that carried it to its backend (an Error may name it)
-    # tokens of this request still charged to its backend's load (scheduler.placement), all
-    # released when it ends
-    charged_left: int = 0
-
-
-def error_from_backend(err: pb.Error) -> APIError:
-    if err.code == pb.Error.INVALID_REQUEST:
-        return APIError(400, f"Backend refused the request: {err.message}", code="invalid_request")
-    if err.code == pb.Error.DEADLINE:
-        return deadline_exceeded(f"Backend: {err.message}")
-    if err.code in (pb.Error.CAPACITY, pb.Error.SHUTTING_DOWN):
-        return unavailable(f"Backend unavailable: {err.message}")
-    return backend_error(f"Backend error: {err.message}")
-
-
-class BackendConn:
-    """One backend: its socket, what it told us, and the requests it holds for us."""
-
-    def __init__(self, address: str, ctx: zmq.asyncio.Context,
-                 curve: CurveKeys | None = None) -> None:
-        self.address = address
-        self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        # BackendInfo carries the tokenizer (MBs); anything past the codec's frame limit is
-        # refused by libzmq before it is buffered.
-        self.sock.setsockopt(zmq.MAXMSGSIZE, codec.MAX_FRAME_BYTES)
-        if curve is not None and address.startswith("tcp://"):
-            curve.apply_client(self.sock)
-        self.sock.connect(address)
-        self.io = SocketReader(self.sock, self._no_handler)  # the pool sets the handler
-        self.info: pb.BackendInfo | None = None
-        self.load = pb.LoadReport()
-        self.healthy = False
-        self.last_seen = 0.0
-        self.last_hello = 0.0
-        self.inflight: dict[str, tuple[Dispatch, int]] = {}  # id -> (dispatch, tokens so far)
-        self.pid = -1                   # this backend's id in the placement policy
-        self.placement = None           # the pool's policy (reads this backend's load)
-        self.draining = False           # takes no new requests; leaves when its last one ends
-
-    @property
-    def num_inflight(self) -> int:
-        return len(self.inflight)
-
-    @property
-    def outstanding_tokens(self) -> int:
-        """Tokens still to process for us here: prompts not yet prefilled (less what the policy
-        expects cached) and outputs not yet generated."""
-        return self.placement.load(self.pid) if self.placement is not None else 0
-
-    @property
-    def kv_cache_usage(self) -> float:
-        total = self.load.num_total_blocks
-        return 1.0 - self.load.num_free_blocks / total if total else 0.0
-
-    @staticmethod
-    def _no_handler(frames) -> None:
-        pass
-
-    def send(self, envelope: pb.Envelope, arrays: Iterable = ()) -> bool:
-        """Queue one message without waiting; False if the socket would block or is closed."""
-        return self.io.send(codec.encode_trusted(envelope, arrays))
-
-
-class BackendPool:
+class BackendPool(PoolReceiver, PoolFailover):
     def __init__(self, addresses: list[str], config: PoolConfig = PoolConfig(),
                  on_idle: Callable[[], None] | None = None,
                  on_dropped: Callable[[str], None] | None = None,
@@ -427,255 +351,3 @@ class BackendPool:
         backend.last_hello = now
         backend.send(codec.make_hello(self.config.name, pb.Hello.GATEWAY))
 
-    # --- receiving ------------------------------------------------------------------------------
-    def _reader_for(self, backend: BackendConn) -> Callable[[list], None]:
-        """The message handler of `backend`'s socket reader (called from the event loop)."""
-        decode, handle = codec.decode, self._handle
-
-        def on_message(frames: list) -> None:
-            try:
-                handle(backend, decode(frames))
-            except codec.DecodeError as exc:
-                self.num_dropped += 1
-                self._on_dropped("backend")
-                log.warning("dropped a malformed message from %s: %s", backend.address, exc)
-                # Its outputs (a finish among them, maybe) are lost: the requests it names fail
-                # now instead of waiting for their timeout.
-                for rid in codec.peek_request_ids(frames):
-                    if rid in backend.inflight:
-                        self._fail_one(backend, rid, backend_error(
-                            f"The backend sent a malformed message for this request: {exc}",
-                            code="bad_backend_output"))
-            except Exception:  # a bug here must not stop the reader
-                self.num_dropped += 1
-                log.exception("error handling a message from %s", backend.address)
-        return on_message
-
-    def _handle(self, backend: BackendConn, decoded: codec.Decoded) -> None:
-        now = time.monotonic()
-        env, kind = decoded.envelope, decoded.kind
-        if kind == "backend_info":
-            codec.check_version(env.backend_info.protocol_version)
-            if not backend.healthy:
-                log.info("backend %s up: model %s", backend.address, env.backend_info.model)
-            backend.info = env.backend_info
-            self._info = None  # recomputed on the next read
-            self._mark_up(backend, now)
-            self._ready.set()
-        elif backend.info is None:
-            if kind != "error":
-                return  # not introduced yet (e.g. reports from before our Hello)
-        elif backend.healthy:
-            backend.last_seen = now
-        else:
-            # Marked down: only a BackendInfo (its answer to our Hello) brings it back. Messages
-            # still buffered from a process that died, or from a hung one, would otherwise mark
-            # a dead backend up with a stale load (its requests were already failed or moved).
-            return
-        if kind == "step_output":
-            self._on_step(backend, decoded, now)
-        elif kind == "load_report":
-            report = backend.load = env.load_report
-            if report.prefix_block_size:  # the backend keeps a prefix cache: facts
-                self.placement.report(backend.pid, report.prefix_hashes, now)
-            # an HTTP server's blocks are a usage scale, not blocks: it gives its size apart
-            self.placement.set_capacity(backend.pid, getattr(
-                backend, "kv_capacity_tokens", report.num_total_blocks * backend.info.block_size))
-            if report.num_running == 0 and report.num_waiting == 0:
-                self._on_idle()
-        elif kind == "error":
-            self._on_error(backend, env.error)
-        elif kind == "health" and not env.health.reply:
-            backend.send(codec.make_health(env.health.nonce, time.time(), reply=True))
-
-    def _mark_up(self, backend: BackendConn, now: float) -> None:
-        backend.last_seen = now
-        if not backend.healthy:
-            backend.healthy = True
-            self._update_accepting(backend)
-            self._on_idle()
-
-    def _on_step(self, backend: BackendConn, decoded: codec.Decoded, now: float) -> None:
-        if not backend.inflight:
-            return  # nothing of ours there (late outputs of aborted requests): ignore
-        self._fan_out(backend, decoded, now)
-        if not backend.inflight:
-            self._on_idle()  # its last request of ours finished: idle flush, no LoadReport wait
-
-    def _fan_out(self, backend: BackendConn, decoded: codec.Decoded, now: float) -> None:
-        """Hand each RequestOutput to its request. One output that cannot be read fails its own
-        request; the others of the StepOutput are delivered."""
-        for out in decoded.envelope.step_output.outputs:
-            entry = backend.inflight.get(out.request_id)
-            if entry is None:
-                continue  # aborted or unknown: ignore
-            try:
-                self._deliver(backend, decoded, out, entry, now)
-            except Exception as exc:
-                log.exception("output for %s from %s unreadable", out.request_id, backend.address)
-                self._fail_one(backend, out.request_id,
-                               backend_error(f"The backend sent an unreadable output: {exc}",
-                                             code="bad_backend_output"))
-
-    def _deliver(self, backend: BackendConn, decoded: codec.Decoded, out: pb.RequestOutput,
-                 entry: tuple[Dispatch, int], now: float) -> None:
-        dispatch, generated = entry
-        rid = out.request_id
-        if out.finish_reason == pb.RequestOutput.ERROR:
-            self._fail_one(backend, rid, backend_error("The backend failed the request."),
-                           abort=False)
-            return
-        arr = codec.array_of(decoded, out.tokens_frame)
-        ids = arr.tolist() if arr is not None else []
-        if out.num_completion_tokens != generated + len(ids):
-            # Outputs of one request travel in order on one connection; a count that does not
-            # add up means a StepOutput was lost (dropped by a full queue, or garbled): the
-            # text would silently miss tokens, so the request fails instead.
-            self.num_gaps += 1
-            self._fail_one(backend, rid, backend_error(
-                f"Lost output from backend {backend.address}: expected token "
-                f"{generated + len(ids)}, the backend reports {out.num_completion_tokens}.",
-                code="output_gap"))
-            return
-        backend.inflight[rid] = (dispatch, generated + len(ids))
-        # The charge is released at the finish (`_forget`), as in the simulator: a running
-        # request holds a batch slot and its KV until then, so counting it whole is a stand-in
-        # for what slows the backend's steps. Releasing one per token here (until the third
-        # session) made least-loaded picks differ from the simulator's; releasing the prompt's
-        # share at the first token made a hot prefix's holder look idle while it decoded a
-        # batch 4x the others' (simulated 6.7B on H200: TPOT 13.6 vs 5.9 ms at 80 req/s).
-        finish = FINISH_REASON_FROM_WIRE.get(out.finish_reason)
-        if finish is not None:
-            self._owner.pop(rid, None)
-            self._forget(backend, rid)
-        lps = [(lp.logprob, list(lp.top_ids), list(lp.top_logprobs)) for lp in out.logprobs] \
-            if out.logprobs else None
-        dispatch.sink.on_tokens(ids, finish, lps, now)
-
-    def _fail_one(self, backend: BackendConn, rid: str, error: APIError,
-                  abort: bool = True) -> None:
-        """Fail one in-flight request (and, unless the backend ended it, abort it there)."""
-        self._owner.pop(rid, None)
-        dispatch = self._forget(backend, rid)
-        if abort:
-            self._send_abort(backend, [rid])
-        if dispatch is not None:
-            dispatch.sink.on_error(error)
-
-    def _on_error(self, backend: BackendConn, err: pb.Error) -> None:
-        if err.request_id:
-            self._owner.pop(err.request_id, None)
-            dispatch = self._forget(backend, err.request_id)
-            if dispatch is not None:
-                dispatch.sink.on_error(error_from_backend(err))
-            return
-        log.warning("backend %s reports: %s (%s)", backend.address, err.message,
-                    pb.Error.Code.Name(err.code))
-        if err.code == pb.Error.VERSION_MISMATCH:
-            self._mark_down(backend, f"protocol version mismatch: {err.message}")
-        elif err.code in (pb.Error.BAD_MESSAGE, pb.Error.INTERNAL):
-            # An Error naming no request answers a message the backend could not read or
-            # handle. Batches are the only messages that start work. Its requests that have
-            # no output yet fail (and are aborted, in case some were admitted) rather than
-            # wait for their timeout; those producing tokens were admitted and carry on.
-            if err.batch_id:  # the backend names the Batch: exactly its requests
-                named = [rid for rid, (d, n) in backend.inflight.items()
-                         if n == 0 and d.batch_id == err.batch_id]
-            elif backend.info is not None and codec.echoes_batch_ids(
-                    backend.info.protocol_version):
-                # A 1.1 backend names the Batch whenever the message was one (the id leads
-                # the message): this one was not, and no request of ours is concerned.
-                named = []
-            else:  # a 1.0 backend cannot say which Batch: every one not yet confirmed
-                named = [rid for rid, (_, n) in backend.inflight.items() if n == 0]
-            for rid in named:
-                self._fail_one(backend, rid, error_from_backend(err))
-
-    # --- heartbeats -----------------------------------------------------------------------------
-    async def _watch_connection(self, backend: BackendConn) -> None:
-        """ZMQ socket events: a dropped connection (the backend process died) marks the backend
-        down at once, without waiting for the heartbeat window; a new one gets a Hello."""
-        mon = backend.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-        try:
-            while True:
-                event = parse_monitor_message(await mon.recv_multipart())["event"]
-                if event == zmq.EVENT_DISCONNECTED:
-                    self._mark_down(backend, "connection lost")
-                elif event == zmq.EVENT_CONNECTED and not backend.healthy:
-                    self._hello(backend, time.monotonic())
-        finally:
-            backend.sock.disable_monitor()
-            mon.close(linger=0)
-
-    async def _monitor(self) -> None:
-        period = min(self.config.heartbeat_timeout_s / 4, self.config.hello_interval_s)
-        while True:
-            await asyncio.sleep(period)
-            now = time.monotonic()
-            for b in self.backends:
-                if b.healthy and now - b.last_seen > self.config.heartbeat_timeout_s:
-                    waiting = b.sock is not None and b.sock.get(zmq.EVENTS) & zmq.POLLIN
-                    b.io.check()  # reading EVENTS may have eaten the readable edge
-                    if waiting:
-                        continue  # messages are waiting: we are slow, not the backend
-                    self._mark_down(b, f"no message for {now - b.last_seen:.1f} s")
-                if not b.healthy and now - b.last_hello >= self.config.hello_interval_s:
-                    self._hello(b, now)
-                elif b.healthy and now - b.last_seen > self.config.heartbeat_timeout_s / 2:
-                    b.send(codec.make_health(next(self._nonce), time.time()))
-
-    def _mark_down(self, backend: BackendConn, reason: str) -> None:
-        if backend.healthy:
-            log.warning("backend %s down: %s", backend.address, reason)
-        backend.healthy = False
-        self._update_accepting(backend)
-        self._evacuate(backend, reason)
-
-    def _evacuate(self, backend: BackendConn, reason: str) -> None:
-        """A backend went down with requests of ours. They are aborted there (a hung process
-        that comes back frees their KV blocks; a dead one ignores it); one that has produced no
-        token yet is sent once more to another healthy backend, one that streamed tokens fails:
-        its text cannot be resumed elsewhere without repeating or skipping output."""
-        ids = list(backend.inflight)
-        if not ids:
-            return
-        self._send_abort(backend, ids)
-        retry: list[Dispatch] = []
-        for rid in ids:
-            generated = backend.inflight[rid][1]
-            self._owner.pop(rid, None)
-            dispatch = self._forget(backend, rid)
-            if dispatch is None:
-                continue
-            if generated == 0 and not dispatch.retried:
-                retry.append(dispatch)
-            else:
-                dispatch.sink.on_error(backend_error(
-                    f"Backend {backend.address} stopped answering ({reason}) after {generated} "
-                    "tokens of this request were produced; it cannot be resumed.",
-                    code="backend_down"))
-        if retry:
-            self._retry(retry, backend, reason)
-
-    def _retry(self, items: list[Dispatch], failed: BackendConn, reason: str) -> None:
-        cap = self.config.max_inflight_per_backend
-        target = min((b for b in self.backends if b.healthy and b is not failed
-                      and not b.draining and b.num_inflight + len(items) <= cap),
-                     key=lambda b: (b.outstanding_tokens, b.num_inflight), default=None)
-        sent = None
-        if target is not None:
-            for d in items:
-                d.retried = True
-                d.charged_left = len(d.prompt_ids) + d.sampling.max_tokens  # uncached there
-                self.placement.charge(target.pid, d.charged_left)
-            sent = self.send_batch(target, items)
-        if sent is None:
-            for d in items:
-                d.sink.on_error(backend_error(
-                    f"Backend {failed.address} stopped answering ({reason}) and no other "
-                    "backend could take the request.", code="backend_down"))
-            return
-        self.num_retried += len(sent)
-        self._on_retry(len(sent))
-        log.info("re-dispatched %d requests from %s to %s", len(sent), failed.address,
-                 target.address)
