@@ -33,7 +33,6 @@ import time
 
 import torch
 
-from backend.kernels.block_gather import BlockGather
 from backend.kv_cache import KVCache
 
 STAGING_BYTES = 64 << 20   # device staging buffer of the GPU path (whole blocks, at least one)
@@ -82,6 +81,9 @@ class HostKVCache:
         self.num_blocks = num_host_blocks
         self.device_tensors = [t for pool in (*kv.k_caches, *kv.v_caches) for t in _block_tensors(pool)]
         self.device = self.device_tensors[0].device
+        # imported here: it imports Triton (~0.9 s), which a CPU backend without a tier never needs
+        from backend.kernels.block_gather import BlockGather
+
         self.gather = BlockGather(self.device_tensors)
         pin = self.device.type == "cuda"
         self.host_blocks = torch.zeros((num_host_blocks, self.gather.block_bytes),

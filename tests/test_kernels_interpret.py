@@ -272,4 +272,5 @@ if not INTERPRETING:  # the cases are collected only inside test_kernels_in_trit
     del (test_paged_attention_matches_reference, test_paged_attention_bf16_io_and_dispatch,
          test_paged_attention_quantized_fp16_dots,
          test_rotary_kv_write_quantizes_like_reference,
-         test_kernel_write_then_kernel_attention_reads_it)
+         test_kernel_write_then_kernel_attention_reads_it,
+         test_int4_fp16_scale_layout_write_and_attention)
