@@ -55,14 +55,17 @@ def prompt_identity(config: dict, num_arrivals: int) -> tuple[list[int], list[tu
 
 def resimulate(validate: dict, arrivals, profile: str, prompt_identity_on: bool = True,
                delivery_delay_s: float = 0.0, async_plan_lead_s: float | None = None,
-               hide_launch: bool = False, power_cap: bool = False) -> dict:
+               hide_launch: bool = False, power_cap: bool = False,
+               prefill_launch_deadline: bool = False) -> dict:
     """`prompt_identity_on=False`: every prompt distinct (what `sim validate` itself simulated,
     but in one continuous run): the control that isolates the prefix cache's part.
     `delivery_delay_s`: `EngineConfig.delivery_delay_s` (the path from the backend to the client,
     measured live, e.g. by scripts/fidelity_h200_path.py). `async_plan_lead_s`:
     `EngineConfig.async_plan_lead_s` (None: the synchronous loop). `hide_launch`: the profile's
     steps charged without the host's launch (`ProfileCost(hide_launch=True)`); `power_cap`: the
-    profile's power-cap model (`ProfileCost(power_cap=True)`)."""
+    profile's power-cap model (`ProfileCost(power_cap=True)`). `prefill_launch_deadline`:
+    `EngineConfig.prefill_launch_deadline`; False by default because the live runs this
+    re-simulates (bench/results/fidelity_h200_2) were recorded on the engine before it."""
     from bench.sim_validate import compare, summarize_load
     from gateway.serve import build_parser as serve_parser
     from gateway.serve import gateway_config
@@ -92,7 +95,8 @@ def resimulate(validate: dict, arrivals, profile: str, prompt_identity_on: bool 
     cost = ProfileCost.from_json(profile, hide_launch=hide_launch, power_cap=power_cap)
     res = simulate(w, cost, sched, EngineConfig(num_backends=1, num_samples=1,
                                                 delivery_delay_s=delivery_delay_s,
-                                                async_plan_lead_s=async_plan_lead_s))
+                                                async_plan_lead_s=async_plan_lead_s,
+                                                prefill_launch_deadline=prefill_launch_deadline))
     run_of = np.array([si * 1000 + li if si >= 0 else -1 for si, li in runs])
     loads = []
     for li, ld in enumerate(validate["loads"]):

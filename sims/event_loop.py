@@ -76,13 +76,16 @@ class EngineConfig:
     record_steps: bool = False
     # the engine's async loop (CUDA, backend.engine): each step is planned while the one before
     # it still runs, so a request delivered after that plan waits a step more. None: the
-    # synchronous loop (CPU), planned at the step boundary. Otherwise a decode-only step's
-    # successor is planned this long before its end (`Engine.launch_deadline`: twice the host's
-    # launch time + 1 ms), and a step carrying prefill tokens has its successor planned when it
-    # starts (no launch deadline for those: its successor is launched straight after it). On
-    # the H200 (33B, 0.8-0.95x) 55-60% of requests landed a step later than the synchronous
-    # loop would put them (issue 18)
+    # synchronous loop (CPU), planned at the step boundary. Otherwise a step's successor is
+    # planned this long before its end (`Engine.launch_deadline`: twice the host's launch time
+    # + 1 ms). On the H200 (33B, 0.8-0.95x) 55-60% of requests landed a step later than the
+    # synchronous loop would put them (issue 18)
     async_plan_lead_s: float | None = None
+    # whether a step carrying prefill tokens has that deadline too (the engine since the third
+    # session: every graph-replayed step does). False models the engine before it, which
+    # launched a prefill step's successor as soon as the prefill step started (the H200
+    # fidelity runs recorded before then: bench.fidelity_resim)
+    prefill_launch_deadline: bool = True
 
 
 @dataclass
@@ -201,6 +204,7 @@ class EventLoop:
         self.delay = config.network_delay_s
         self.max_k = config.max_stretch_steps
         self.plan_lead = config.async_plan_lead_s
+        self.plan_at_prefill_start = not config.prefill_launch_deadline
         self.idle_launch_fn = cost.launch_time if getattr(cost, "hides_launch", False) else None
         self.cap_window = getattr(cost, "power_cap_window_s", None)
         horizon = float(self.arrival[-1]) if n else 0.0
@@ -388,7 +392,7 @@ class EventLoop:
         lead = self.plan_lead
         if lead is None or not after_step:
             return now
-        return be.step_start if be.plan_prefill else now - lead
+        return be.step_start if be.plan_prefill and self.plan_at_prefill_start else now - lead
 
     def start_step(self, be: _Backend, now: float, after_step: bool = True) -> None:
         if be.inbox:

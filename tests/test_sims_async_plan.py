@@ -34,12 +34,13 @@ def workload(arrivals, outputs):
                     queue_class=np.full(n, -1, dtype=np.int64), priority=np.zeros(n, dtype=np.int64))
 
 
-def run(w, lead):
+def run(w, lead, prefill_deadline=True):
     return simulate(w, TwoSpeedCost(), SimSchedulerConfig(),
-                    EngineConfig(num_samples=1, max_stretch_steps=1, async_plan_lead_s=lead))
+                    EngineConfig(num_samples=1, max_stretch_steps=1, async_plan_lead_s=lead,
+                                 prefill_launch_deadline=prefill_deadline))
 
 
-def test_request_delivered_during_a_prefill_step_waits_a_step_more_in_the_async_loop():
+def test_request_delivered_during_a_prefill_step_joins_the_next_step_before_the_deadline():
     # A's prefill step runs [dA, dA + 0.1]; B is delivered 50 ms into it
     w = workload([0.0, 0.05], [20, 3])
     sync, asyn = run(w, None), run(w, 0.002)
@@ -48,9 +49,25 @@ def test_request_delivered_during_a_prefill_step_waits_a_step_more_in_the_async_
     np.testing.assert_array_equal(asyn.dispatch_time, sync.dispatch_time)
     # synchronous: B's prefill is the next step (planned at the prefill step's end)
     assert sync.first_token_time[1] == pytest.approx(d_a + 2 * PREFILL_S)
-    # async: the next step was planned when A's prefill step started (A's decode only), B the one after
+    # async with a launch deadline for prefill steps (the engine now): planned 2 ms before the
+    # prefill step's end, after B's delivery, so the same step as in the synchronous loop
+    np.testing.assert_allclose(asyn.first_token_time, sync.first_token_time)
+    # the engine before it planned the next step when A's prefill step started (A's decode
+    # only): B waits for the step after that
+    old = run(w, 0.002, prefill_deadline=False)
+    assert old.first_token_time[1] == pytest.approx(d_a + PREFILL_S + DECODE_S + PREFILL_S)
+    assert old.first_token_time[0] == sync.first_token_time[0] == pytest.approx(d_a + PREFILL_S)
+
+
+def test_request_delivered_within_the_lead_of_a_prefill_step_waits_a_step_more():
+    w = workload([0.0], [20])
+    d_a = run(w, None).dispatch_time[0]
+    lead = 0.005
+    w = workload([0.0, d_a + PREFILL_S - 0.002], [20, 3])  # inside the last 5 ms of A's prefill
+    sync, asyn = run(w, None), run(w, lead)
+    assert sync.dispatch_time[1] > d_a + PREFILL_S - lead
+    assert sync.first_token_time[1] == pytest.approx(d_a + 2 * PREFILL_S)
     assert asyn.first_token_time[1] == pytest.approx(d_a + PREFILL_S + DECODE_S + PREFILL_S)
-    assert asyn.first_token_time[0] == sync.first_token_time[0] == pytest.approx(d_a + PREFILL_S)
 
 
 def test_request_delivered_within_the_lead_of_a_decode_step_waits_a_step_more():
@@ -134,7 +151,8 @@ def test_power_cap_slows_a_prefill_step_by_the_prefill_share_before_it():
     # first decode step (async loop): that step starts 20 ms after A's prefill ended, so the 100 ms
     # before it held 80 ms of prefill (f = 0.8) -> x (1 + 0.1 * 0.4 / 0.6)
     w = workload([0.0, 0.05], [20, 3])
-    cfg = EngineConfig(num_samples=1, max_stretch_steps=1, async_plan_lead_s=0.002)
+    cfg = EngineConfig(num_samples=1, max_stretch_steps=1, async_plan_lead_s=0.002,
+                       prefill_launch_deadline=False)  # the engine the pause check ran on
     plain = simulate(w, ProfileCost(pts, times, num_blocks=4096, meta=meta), SimSchedulerConfig(), cfg)
     capped = simulate(w, cost, SimSchedulerConfig(), cfg)
     d = plain.dispatch_time[0]
