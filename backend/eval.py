@@ -418,6 +418,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="predicted tokens per window (the training script's --seq-len)")
     pc.add_argument("--fim-cases", type=int, default=64)
     pc.add_argument("--fim-max-tokens", type=int, default=32)
+    pc.add_argument("--heldout-headers", type=int, default=8,
+                    help="also complete the signature lines of N held-out functions (0: none)")
     pc.add_argument("--parts", default="bpb,fim,headers", help="comma list of bpb, fim, headers")
     _add_shape_args(pc, 2048)
     pc.add_argument("--json", default=None, metavar="OUT")
@@ -479,6 +481,7 @@ def main(argv: list[str] | None = None) -> int:
                               fim_max_tokens=args.fim_max_tokens,
                               heldout_list=args.heldout_list, site_root=args.site_root,
                               stdlib_root=args.stdlib_root,
+                              heldout_header_n=args.heldout_headers,
                               parts=tuple(x for x in args.parts.split(",") if x),
                               progress=not args.quiet)
             line = []
@@ -488,9 +491,16 @@ def main(argv: list[str] | None = None) -> int:
                             f"{b['gzip9_bits_per_byte']:.4f}, xz -9 {b['xz9_bits_per_byte']:.4f}; "
                             f"{b['files']} files, {b['tokens']} tokens)")
             if "fim" in r:
-                line.append(f"fim exact line {r['fim']['exact']}/{r['fim']['total']}")
-            if "headers" in r:
-                line.append(f"headers parse {r['headers']['parsed']}/{r['headers']['total']}")
+                f = r["fim"]
+                line.append(f"fim exact line {f['exact']}/{f['total']} (ignoring whitespace "
+                            f"{f['exact_ignoring_whitespace']}, line similarity "
+                            f"{f['mean_line_similarity']:.3f}, token accuracy "
+                            f"{f['token_accuracy']:.3f})")
+            for key, name in (("headers", "headers"), ("heldout_headers", "held-out headers")):
+                if key in r:
+                    h = r[key]
+                    line.append(f"{name} parse {h['parsed']}/{h['total']} (old protocol "
+                                f"{h['parsed_old_protocol']}/{h['total']})")
             print("  ".join(line))
         elif args.cmd == "agreement":
             base = _settings(args)

@@ -12,34 +12,53 @@ every token after `<bos>` is predicted once, `<eos>` included. bits/byte = sum N
 UTF-8 bytes of the texts. Beside it, the same files compressed one by one with `gzip -9 -n`
 and `xz -9` (Python's `gzip`/`lzma` at the same settings), in bits per byte of the same text.
 
-**FIM exact-line match**: functions of the held-out files (ast `FunctionDef`s of 4-40 lines),
+**FIM lines**: functions of the held-out files (ast `FunctionDef`s of 4-40 lines),
 `--fim-cases` of them evenly spaced over all found; in each, one single-line statement of its
-body (chosen by a seeded RNG) is removed. The prompt is the model's fill-in-the-middle format
+body (chosen by a seeded RNG) is removed. The prompt is the model's fill-in-the-middle format,
+token for token what `scripts/train_tiny_coder.py` trained on (prefix-suffix-middle order, each
+text tokenized on its own between the special tokens, which the tokenizer matches first):
 `<bos><fim_begin>{function before the line}<fim_hole>{function after the line}<fim_end>`;
-the greedy continuation (at most `--fim-max-tokens`) is cut at `<eos>` or the first newline,
-and it matches when it equals the removed line (indentation included, trailing spaces
-ignored). Needs the tokenizer's FIM special tokens (DeepSeek-Coder's names).
+the greedy continuation (at most `--fim-max-tokens`) is cut at `<eos>` and its first line is
+compared with the removed one (`backend.eval_completion`): exactly (indentation included,
+trailing spaces ignored), ignoring all whitespace, and as an edit similarity. Beside them, the
+teacher-forced token accuracy of the removed line: fed the prompt and the line's true tokens
+(the line, its newline and the closing `<eos>`, as trained), the share of those tokens the model
+ranks first. Needs the tokenizer's FIM special tokens (DeepSeek-Coder's names).
 
-**Header completions**: each of HEADERS is completed greedily (64 tokens, as the embedded
-gateway would with temperature 0); the completion counts when `ast.parse` accepts
-`function_snippet(header, completion, finish_reason)` (cut at the last complete line when the
-64 tokens ran out, and at the first line that dedents to column 0).
+**Header completions** (HumanEval-style, `backend.eval_completion`): each of HEADERS, and the
+signature lines of `--heldout-headers` held-out functions, completed greedily with 256 new
+tokens, cut at `<eos>`, a stop string or the first line back at the header's indentation; it
+counts when the header + that completion parses. The old protocol's figure (64 tokens, cut at the
+last complete line and the first dedent to column 0) is computed from the first 64 tokens of the
+same greedy run and reported beside it.
 """
 from __future__ import annotations
 
-import ast
 import dataclasses
 import gzip
 import lzma
 import math
-import random
 import sys
 import time
 from pathlib import Path
 
+from backend.eval_completion import (
+    HEADER_TOKENS,
+    OLD_HEADER_TOKENS,
+    first_line,
+    function_snippet,
+    judge_header,
+    line_exact,
+    line_exact_ignoring_whitespace,
+    line_similarity,
+    parse_error,
+)
 from backend.eval_data import (
+    FimCase,
     default_heldout_list,
     encode_docs,
+    fim_cases,
+    heldout_headers,
     load_heldout,
     make_windows,
     spaced_indices,
@@ -65,7 +84,7 @@ HEADERS = [
     "def gcd(a, b):",
     "def binary_search(items, target):",
 ]
-HEADER_TOKENS = 64
+HELDOUT_HEADERS = 8
 
 
 def _say(progress: bool, msg: str) -> None:
@@ -120,87 +139,56 @@ def bits_per_byte(engine, tokenizer, files: list[tuple[str, str]], window: int,
     }
 
 
-# ---- FIM exact-line match ---------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class FimCase:
-    path: str
-    function: str
-    prefix: str
-    middle: str   # the removed line, without its newline
-    suffix: str
-
-
-def fim_cases(files: list[tuple[str, str]], n: int, seed: int = 0,
-              min_lines: int = 4, max_lines: int = 40) -> list[FimCase]:
-    """`n` cases from functions spaced over all usable functions of `files` (module docstring)."""
-    funcs = []
-    for path, text in files:
-        try:
-            tree = ast.parse(text)
-        except SyntaxError:
-            continue
-        lines = text.splitlines(keepends=True)
-        for node in ast.walk(tree):
-            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                continue
-            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-            if not (min_lines <= node.end_lineno - first + 1 <= max_lines):
-                continue
-            # single-line statements of the body (any depth), not the docstring
-            body_first = node.body[0]
-            doc = (isinstance(body_first, ast.Expr) and isinstance(body_first.value, ast.Constant)
-                   and isinstance(body_first.value.value, str))
-            cands = sorted({s.lineno for s in ast.walk(node)
-                            if isinstance(s, ast.stmt) and s is not node
-                            and s.lineno == s.end_lineno and not (doc and s is body_first)
-                            and lines[s.lineno - 1].strip()})
-            if cands:
-                funcs.append((path, node.name, first, node.end_lineno, cands, lines))
-    if not funcs:
-        return []
-    out = []
-    for i in spaced_indices(len(funcs), n):
-        path, name, first, last, cands, lines = funcs[i]
-        rng = random.Random(f"{seed}:{path}:{name}:{first}")
-        ln = rng.choice(cands)
-        out.append(FimCase(path=path, function=name,
-                           prefix="".join(lines[first - 1:ln - 1]),
-                           middle=lines[ln - 1].rstrip("\r\n"),
-                           suffix="".join(lines[ln:last])))
-    return out
-
+# ---- FIM lines --------------------------------------------------------------------------------
 
 def fim_prompt(case: FimCase) -> str:
     return f"{FIM_BEGIN}{case.prefix}{FIM_HOLE}{case.suffix}{FIM_END}"
 
 
-def first_line(text: str) -> str:
-    return text.split("\n", 1)[0]
+def _last_line(text: str) -> str:
+    lines = text.rstrip("\n").rsplit("\n", 1)
+    return lines[-1].strip()
 
 
-def fim_exact_line(engine, tokenizer, cases: list[FimCase], max_tokens: int,
-                   examples: int = 3) -> dict:
+def fim_lines(engine, tokenizer, cases: list[FimCase], max_tokens: int) -> dict:
+    """Greedy middles against the removed lines, and the teacher-forced token accuracy of the
+    removed lines (module docstring)."""
     for t in (FIM_BEGIN, FIM_HOLE, FIM_END):
         if tokenizer.tokenizer.token_to_id(t) is None:
             raise EvalError(f"the tokenizer has no {t} token: the model was not trained for FIM")
     prompts = [tokenizer.encode(fim_prompt(c)) for c in cases]
     outs = greedy_decode(engine, prompts, max_tokens)
     eos = set(tokenizer.eos_token_ids)
-    exact, stripped, stopped, shown = 0, 0, 0, []
+    # the middle as it was trained: its own tokens (line + newline), then <eos>
+    truth = [tokenizer.encode(c.middle + "\n", add_special_tokens=False)
+             + list(tokenizer.eos_token_ids[:1]) for c in cases]
+    width = max(map(len, truth))
+    forced = [t + [t[-1]] * (width - len(t)) for t in truth]  # padding is fed, never scored
+    ranked_first = greedy_decode(engine, prompts, width, forced=forced)
+    exact = loose = stopped = copied = 0
+    similarity, shown = [], []
     for c, ids in zip(cases, outs):
         cut = next((k for k, t in enumerate(ids) if t in eos), len(ids))
         stopped += cut < len(ids)
         got = first_line(tokenizer.decode(ids[:cut], skip_special_tokens=True))
-        ok = got.rstrip() == c.middle.rstrip()
+        ok = line_exact(got, c.middle)
         exact += ok
-        stripped += got.strip() == c.middle.strip()
-        if len(shown) < examples:
-            shown.append({"path": c.path, "function": c.function, "expected": c.middle,
-                          "got": got, "match": ok})
+        loose += line_exact_ignoring_whitespace(got, c.middle)
+        similarity.append(line_similarity(got, c.middle))
+        # the commonest miss of a small FIM model: repeating the line just before or after
+        neighbour = got.strip() and got.strip() in (_last_line(c.prefix), first_line(c.suffix).strip())
+        copied += bool(neighbour)
+        shown.append({"path": c.path, "function": c.function, "expected": c.middle,
+                      "got": got, "match": ok, "similarity": round(similarity[-1], 3),
+                      "copies_a_neighbour": bool(neighbour)})
+    hits = sum(int(p == t) for tr, pr in zip(truth, ranked_first) for p, t in zip(pr, tr))
+    n_truth = sum(map(len, truth))
     return {"exact": exact, "total": len(cases), "rate": exact / max(1, len(cases)),
-            "exact_ignoring_indentation": stripped, "stopped_with_eos": stopped,
-            "max_tokens": max_tokens, "examples": shown,
+            "exact_ignoring_whitespace": loose,
+            "mean_line_similarity": sum(similarity) / max(1, len(similarity)),
+            "token_accuracy": hits / max(1, n_truth), "tokens_scored": n_truth,
+            "stopped_with_eos": stopped, "copies_a_neighbour": copied,
+            "max_tokens": max_tokens, "cases": shown,
             "definition": "one single-line statement removed from a held-out function of 4-40 "
                           "lines; greedy middle up to eos/newline equals it (indentation "
                           "included, trailing spaces ignored)"}
@@ -208,43 +196,32 @@ def fim_exact_line(engine, tokenizer, cases: list[FimCase], max_tokens: int,
 
 # ---- header completions -----------------------------------------------------------------------
 
-def function_snippet(header: str, completion: str, finish_reason: str | None) -> str:
-    """header + completion, cut at the last complete line when the token budget ran out
-    ("length") and at the first non-blank line (after the header's own) in column 0."""
-    text = completion
-    if finish_reason == "length":
-        text = text[:text.rfind("\n") + 1] if "\n" in text else ""
-    lines = text.split("\n")
-    keep = lines[:1]  # the rest of the header's own line
-    for line in lines[1:]:
-        if line.strip() and not line[0].isspace():
-            break
-        keep.append(line)
-    return header + "\n".join(keep)
-
-
-def parses(source: str) -> bool:
-    try:
-        ast.parse(source)
-    except SyntaxError:
-        return False
-    return True
-
-
 def header_completions(engine, tokenizer, headers: list[str] = HEADERS,
-                       max_tokens: int = HEADER_TOKENS) -> dict:
+                       max_tokens: int = HEADER_TOKENS,
+                       old_tokens: int = OLD_HEADER_TOKENS) -> dict:
+    """Greedy completions of `headers` judged HumanEval-style, with the old protocol's verdict
+    on the first `old_tokens` tokens of the same greedy run (module docstring)."""
     outs = greedy_decode(engine, [tokenizer.encode(h) for h in headers], max_tokens)
     eos = set(tokenizer.eos_token_ids)
     rows = []
     for h, ids in zip(headers, outs):
         cut = next((k for k, t in enumerate(ids) if t in eos), None)
         text = tokenizer.decode(ids[:cut] if cut is not None else ids, skip_special_tokens=True)
-        finish = "stop" if cut is not None else "length"
-        rows.append({"header": h, "completion": text, "finish_reason": finish,
-                     "parses": parses(function_snippet(h, text, finish))})
-    return {"parsed": sum(r["parses"] for r in rows), "total": len(rows), "rows": rows,
-            "definition": f"greedy, {max_tokens} tokens; ast.parse of the function cut at its "
-                          "last complete line and at the first dedent to column 0"}
+        row = {"header": h, **judge_header(h, text, cut is not None),
+               "tokens": cut if cut is not None else len(ids)}
+        old_stop = cut is not None and cut < old_tokens
+        old_text = tokenizer.decode(ids[:cut] if old_stop else ids[:old_tokens],
+                                    skip_special_tokens=True)
+        row["old_parses"] = parse_error(function_snippet(
+            h, old_text, "stop" if old_stop else "length")) is None
+        rows.append(row)
+    return {"parsed": sum(r["parses"] for r in rows), "total": len(rows),
+            "parsed_old_protocol": sum(r["old_parses"] for r in rows), "rows": rows,
+            "max_tokens": max_tokens,
+            "definition": f"greedy, {max_tokens} tokens, cut at eos, a stop string or the first "
+                          "line back at the header's indentation; ast.parse of header + that",
+            "old_definition": f"greedy, {old_tokens} tokens; ast.parse of the function cut at "
+                              "its last complete line and at the first dedent to column 0"}
 
 
 # ---- the command --------------------------------------------------------------------------------
@@ -254,6 +231,7 @@ def run(model: str, settings: EngineSettings, shape: EngineShape | None = None, 
         fim_max_tokens: int = 32, heldout_list: str | Path | None = None,
         site_root: str | Path | None = None, stdlib_root: str | Path | None = None,
         seed: int = 0, parts: tuple[str, ...] = ("bpb", "fim", "headers"),
+        heldout_header_n: int = HELDOUT_HEADERS,
         progress: bool = True) -> dict:
     shape = shape or EngineShape()
     heldout = load_heldout(heldout_list or default_heldout_list(model), stdlib_root,
@@ -280,10 +258,20 @@ def run(model: str, settings: EngineSettings, shape: EngineShape | None = None, 
     if "fim" in parts:
         cases = fim_cases(heldout.files, fim_n, seed)
         _say(progress, f"FIM: {len(cases)} cases")
-        report["fim"] = fim_exact_line(engine, tok, cases, fim_max_tokens)
-        _say(progress, f"FIM exact line {report['fim']['exact']}/{report['fim']['total']}")
+        report["fim"] = f = fim_lines(engine, tok, cases, fim_max_tokens)
+        _say(progress, f"FIM exact line {f['exact']}/{f['total']}, ignoring whitespace "
+                       f"{f['exact_ignoring_whitespace']}, token accuracy {f['token_accuracy']:.3f}")
     if "headers" in parts:
-        report["headers"] = header_completions(engine, tok)
-        _say(progress, f"headers parsed {report['headers']['parsed']}/{report['headers']['total']}")
+        report["headers"] = h = header_completions(engine, tok)
+        _say(progress, f"headers parsed {h['parsed']}/{h['total']} (old protocol "
+                       f"{h['parsed_old_protocol']})")
+        chosen = heldout_headers(heldout.files, heldout_header_n) if heldout_header_n else []
+        if chosen:
+            r = header_completions(engine, tok, [c["header"] for c in chosen])
+            for row, c in zip(r["rows"], chosen):
+                row.update(path=c["path"], function=c["function"])
+            report["heldout_headers"] = r
+            _say(progress, f"held-out headers parsed {r['parsed']}/{r['total']} (old protocol "
+                           f"{r['parsed_old_protocol']})")
     report["seconds"] = time.perf_counter() - t0
     return report

@@ -1,4 +1,4 @@
-"""Evaluation data for `tidegate eval`: the held-out standard-library files and what is cut from them.
+"""Evaluation data for `tidegate eval`: the held-out files and what is cut from them.
 
 The held-out set is the one `scripts/train_tiny_coder.py` kept out of training:
 `models/tiny-coder/heldout_files.txt` lists whole held-out packages as paths
@@ -14,10 +14,13 @@ Documents and windows follow the training script's held-out protocol exactly:
                at every window; every token after <bos> is predicted exactly once)
 
 A model without a bos token scores from its first token on; one without eos ends at the text.
-No torch here.
+The FIM cases and the held-out headers of `tidegate eval code` (`backend.eval_code`) are cut
+from the held-out functions here too. No torch here.
 """
 from __future__ import annotations
 
+import ast
+import random
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,3 +170,78 @@ def agreement_prompts(docs: list[list[int]], num_prompts: int, prompt_len: int,
             body = [bos_token_id] + body
         prompts.append(body)
     return prompts
+
+
+# ---- held-out functions ---------------------------------------------------------------------
+
+def heldout_functions(files: list[tuple[str, str]], min_lines: int = 4, max_lines: int = 40):
+    """(path, function node, the file's lines) of every (async) function of 4-40 lines (decorators
+    counted) in `files`, in file order, then ast.walk order."""
+    for path, text in files:
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        lines = text.splitlines(keepends=True)
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            if min_lines <= node.end_lineno - first + 1 <= max_lines:
+                yield path, node, lines
+
+
+@dataclass(frozen=True)
+class FimCase:
+    path: str
+    function: str
+    prefix: str
+    middle: str   # the removed line, without its newline
+    suffix: str
+
+
+def fim_cases(files: list[tuple[str, str]], n: int, seed: int = 0,
+              min_lines: int = 4, max_lines: int = 40) -> list[FimCase]:
+    """`n` FIM cases (`backend.eval_code`'s docstring): in each of `n` functions evenly spaced
+    over those with a usable line, one single-line statement of the body (not the docstring),
+    chosen by a RNG seeded with the seed, path, name and line, is the middle."""
+    funcs = []
+    for path, node, lines in heldout_functions(files, min_lines, max_lines):
+        first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+        # single-line statements of the body (any depth), not the docstring
+        body_first = node.body[0]
+        doc = (isinstance(body_first, ast.Expr) and isinstance(body_first.value, ast.Constant)
+               and isinstance(body_first.value.value, str))
+        cands = sorted({s.lineno for s in ast.walk(node)
+                        if isinstance(s, ast.stmt) and s is not node
+                        and s.lineno == s.end_lineno and not (doc and s is body_first)
+                        and lines[s.lineno - 1].strip()})
+        if cands:
+            funcs.append((path, node.name, first, node.end_lineno, cands, lines))
+    if not funcs:
+        return []
+    out = []
+    for i in spaced_indices(len(funcs), n):
+        path, name, first, last, cands, lines = funcs[i]
+        rng = random.Random(f"{seed}:{path}:{name}:{first}")
+        ln = rng.choice(cands)
+        out.append(FimCase(path=path, function=name,
+                           prefix="".join(lines[first - 1:ln - 1]),
+                           middle=lines[ln - 1].rstrip("\r\n"),
+                           suffix="".join(lines[ln:last])))
+    return out
+
+
+def heldout_headers(files: list[tuple[str, str]], n: int) -> list[dict]:
+    """The signature lines (decorators left out) of `n` held-out functions evenly spaced over
+    every function of 4-40 lines with a body on lines of its own."""
+    found = []
+    for path, node, lines in heldout_functions(files):
+        if node.body[0].lineno <= node.lineno:
+            continue  # `def f(): return x` has no header of its own
+        sig = lines[node.lineno - 1:node.body[0].lineno - 1]
+        while sig and (not sig[-1].strip() or sig[-1].lstrip().startswith("#")):
+            sig.pop()  # a comment or blank line before the body belongs to the body
+        if sig and sig[-1].rstrip().endswith(":"):
+            found.append({"path": path, "function": node.name, "header": "".join(sig).rstrip()})
+    return [found[i] for i in spaced_indices(len(found), n)] if found else []

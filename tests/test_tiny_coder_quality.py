@@ -14,20 +14,23 @@ agreement, and code completion through the embedded gateway (CPU; a few minutes)
     the 8: 0.8065 against gzip -9 2.3123). The random `tiny` preset scores ~8 bits/byte.
 
 (c) FIM. 16 held-out functions with one single-line statement removed, prompted in the
-    DeepSeek-Coder FIM format: the model must close the middle with <|eos|> within 32 tokens in
-    at least FIM_MIN_STOPPED of them (it learned the format). Exact-line matches are printed,
-    not required: measured 0 of 32 (`tidegate eval code --fim-cases 32`); this model fills a
-    plausible line, rarely the removed one.
+    DeepSeek-Coder FIM format (token for token the training documents' format): the model must
+    close the middle with <|eos|> within 32 tokens in at least FIM_MIN_STOPPED of them (it
+    learned the format). Exact-line matches and the softer figures are printed, not required:
+    measured 0 of 32 exact, 1 ignoring whitespace, token accuracy 0.60 (`tidegate eval code
+    --fim-cases 32`); this model fills a plausible line, rarely the removed one.
 
 (d) Agreement. `agreement` of float32 with itself is exactly 1.0; float32 vs bfloat16
     weights/activations (teacher-forced on the float32 tokens) is >= 0.9.
 
 (e) Completion. `tidegate serve` with no model (the embedded default: models/tiny-coder on the
-    CPU) completes HEADERS greedily, max_tokens 64; a completion counts when `ast.parse`
-    accepts `backend.eval_code.function_snippet(header, text, finish_reason)` (cut at the last
-    complete line when 64 tokens ran out, and at the first dedent to column 0). Measured 1/8
-    (v1 of the model: 6/8): the model opens most functions with a long reStructuredText
-    docstring, learned from sympy/scipy, that 64 tokens do not close. Required: >= MIN_PARSED.
+    CPU) completes HEADERS greedily as a code-completion client would (HumanEval-style:
+    max_tokens 256, the API's `stop` = the usual stop strings); a completion counts when
+    `backend.eval_completion.judge_header` parses it (cut at the first line back at the
+    header's indentation). Measured 2/8 through the engine (`tidegate eval code`; old protocol,
+    64 tokens: 1/8; v1 of the model: 6/8 on the old one): five of the six failures are
+    reStructuredText docstrings that fall into a repeating doctest loop and never close.
+    Required: >= MIN_PARSED. The rule itself is pinned in tests/test_eval_completion.py.
 """
 from __future__ import annotations
 
@@ -133,9 +136,9 @@ def test_fim_exact_line():
 
     r = eval_code.run(str(MODEL), EngineSettings(dtype="float32"), fim_n=FIM_CASES,
                       parts=("fim",), progress=False)["fim"]
-    print(f"\nFIM exact line {r['exact']}/{r['total']}, ignoring indentation "
-          f"{r['exact_ignoring_indentation']}, stopped with eos {r['stopped_with_eos']}: "
-          f"{r['examples']}")
+    print(f"\nFIM exact line {r['exact']}/{r['total']}, ignoring whitespace "
+          f"{r['exact_ignoring_whitespace']}, line similarity {r['mean_line_similarity']:.3f}, "
+          f"token accuracy {r['token_accuracy']:.3f}, stopped with eos {r['stopped_with_eos']}")
     assert r["total"] == FIM_CASES
     assert r["stopped_with_eos"] >= FIM_MIN_STOPPED
 
@@ -158,18 +161,6 @@ def test_agreement_self_and_bfloat16():
 
 # ---- (d) completions through the embedded gateway ------------------------------------------------
 
-def test_snippet_rule():
-    from backend.eval_code import function_snippet, parses
-
-    assert function_snippet("def f(n):", "\n    return n\n\ndef g(", "length") == \
-        "def f(n):\n    return n\n\n"
-    assert function_snippet("def f(n):", "\n    x = 1\n    retu", "length") == \
-        "def f(n):\n    x = 1\n"
-    assert function_snippet("def f(n): return n", "", "stop") == "def f(n): return n"
-    assert not parses(function_snippet("def f(n):", "\nx = 1\n", "length"))  # no body
-    assert not parses(function_snippet("def f(n):", '\n    """doc\n    more', "length"))
-
-
 @pytest.fixture(scope="module")
 def gateway():
     proc = subprocess.Popen(
@@ -191,8 +182,10 @@ def gateway():
 
 
 def complete(url: str, model: str, prompt: str) -> dict:
-    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 64,
-                       "temperature": 0}).encode()
+    from backend.eval_completion import HEADER_TOKENS, STOP_STRINGS
+
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": HEADER_TOKENS,
+                       "stop": list(STOP_STRINGS), "temperature": 0}).encode()
     req = urllib.request.Request(url + "/v1/completions", data=body,
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=120) as resp:
@@ -200,12 +193,13 @@ def complete(url: str, model: str, prompt: str) -> dict:
 
 
 def test_embedded_default_completes_parsable_functions(gateway):
-    from backend.eval_code import HEADERS, function_snippet, parses
+    from backend.eval_code import HEADERS
+    from backend.eval_completion import judge_header
 
     assert gateway["model"] == "tiny-coder"  # the embedded default picked the trained model
     with ThreadPoolExecutor(len(HEADERS)) as pool:
         choices = list(pool.map(lambda h: complete(gateway["url"], gateway["model"], h), HEADERS))
-    ok = [parses(function_snippet(h, c["text"], c["finish_reason"]))
+    ok = [judge_header(h, c["text"], c["finish_reason"] == "stop")["parses"]
           for h, c in zip(HEADERS, choices)]
     rate = sum(ok) / len(ok)
     print(f"\nparse rate {sum(ok)}/{len(ok)} = {rate:.2f}; failed: "
