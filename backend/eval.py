@@ -499,7 +499,8 @@ def main(argv: list[str] | None = None) -> int:
             for key, name in (("headers", "headers"), ("heldout_headers", "held-out headers")):
                 if key in r:
                     h = r[key]
-                    line.append(f"{name} parse {h['parsed']}/{h['total']} (old protocol "
+                    line.append(f"{name} parse {h['parsed']}/{h['total']} (finished within "
+                                f"the budget {h['parsed_and_finished']}; old protocol "
                                 f"{h['parsed_old_protocol']}/{h['total']})")
             print("  ".join(line))
         elif args.cmd == "agreement":

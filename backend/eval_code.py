@@ -28,7 +28,8 @@ ranks first. Needs the tokenizer's FIM special tokens (DeepSeek-Coder's names).
 **Header completions** (HumanEval-style, `backend.eval_completion`): each of HEADERS, and the
 signature lines of `--heldout-headers` held-out functions, completed greedily with 256 new
 tokens, cut at `<eos>`, a stop string or the first line back at the header's indentation; it
-counts when the header + that completion parses. The old protocol's figure (64 tokens, cut at the
+counts when the header + that completion parses (reported too: how many of those ended before
+the budget, since a loop of whole lines cut by it can parse). The old protocol's figure (64 tokens, cut at the
 last complete line and the first dedent to column 0) is computed from the first 64 tokens of the
 same greedy run and reported beside it.
 """
@@ -207,8 +208,8 @@ def header_completions(engine, tokenizer, headers: list[str] = HEADERS,
     for h, ids in zip(headers, outs):
         cut = next((k for k, t in enumerate(ids) if t in eos), None)
         text = tokenizer.decode(ids[:cut] if cut is not None else ids, skip_special_tokens=True)
-        row = {"header": h, **judge_header(h, text, cut is not None),
-               "tokens": cut if cut is not None else len(ids)}
+        row = {"header": h, **judge_header(h, text, cut is not None)}
+        row["lines"] = row["body"].count("\n")
         old_stop = cut is not None and cut < old_tokens
         old_text = tokenizer.decode(ids[:cut] if old_stop else ids[:old_tokens],
                                     skip_special_tokens=True)
@@ -216,6 +217,8 @@ def header_completions(engine, tokenizer, headers: list[str] = HEADERS,
             h, old_text, "stop" if old_stop else "length")) is None
         rows.append(row)
     return {"parsed": sum(r["parses"] for r in rows), "total": len(rows),
+            # a function cut by the budget can still parse (a loop of whole lines)
+            "parsed_and_finished": sum(r["parses"] and r["finish"] != "length" for r in rows),
             "parsed_old_protocol": sum(r["old_parses"] for r in rows), "rows": rows,
             "max_tokens": max_tokens,
             "definition": f"greedy, {max_tokens} tokens, cut at eos, a stop string or the first "

@@ -1,7 +1,14 @@
 """`tidegate eval code`'s rules for cutting and judging a completion (backend/eval_completion.py),
 on small hand-written completions: where a function ends, what parses, the old protocol, the FIM
-line comparisons, and the held-out headers chosen from source. No model, no torch."""
+line comparisons, and the held-out headers chosen from source; and the FIM prompt against the
+training script's documents (the shipped tokenizer, no weights)."""
 from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
 
 from backend.eval_completion import (
     cut_at_function_end,
@@ -12,7 +19,10 @@ from backend.eval_completion import (
     line_similarity,
     parses,
 )
-from backend.eval_data import heldout_headers
+from backend.eval_data import FimCase, heldout_headers
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKENIZER_DIR = ROOT / "models" / "tiny-coder"
 
 BODY = '\n    """Doc.\n\n    More.\n    """\n    x = n + 1\n\n    return x\n'
 
@@ -98,3 +108,34 @@ def test_heldout_headers_are_signature_lines_of_real_functions():
         ("first", "def first(a,\n          b) -> int:"),
         ("method", "    def method(self):"),
     ]
+
+
+@pytest.mark.skipif(not (TOKENIZER_DIR / "tokenizer.json").is_file(),
+                    reason="models/tiny-coder is not in this checkout")
+def test_fim_prompt_is_the_training_documents_prefix():
+    """The eval's prompt is, token for token, a training FIM document up to <fim_end>, and the
+    token accuracy's truth (line, newline, <eos>) is the rest of that document."""
+    pytest.importorskip("tokenizers")
+    from backend.eval_code import fim_prompt
+    from tokenizer.hf_dir import load_hf_dir
+
+    spec = importlib.util.spec_from_file_location("train_tiny_coder",
+                                                  ROOT / "scripts" / "train_tiny_coder.py")
+    trainer = importlib.util.module_from_spec(spec)
+    sys.modules["train_tiny_coder"] = trainer
+    spec.loader.exec_module(trainer)
+    bundle = load_hf_dir(TOKENIZER_DIR)
+    text = "def f(a, b):\n    c = a + b\n    if c:\n        return c\n    return -1\n"
+    found = 0
+    for seed in range(40):  # whole-line middles of one line, as the eval removes
+        (doc,), _ = trainer.build_documents([("m.py", text)], 1.0, 3000, seed)
+        _, _, pre, _, suf, _, mid, _ = doc
+        if mid.count("\n") != 1 or not mid.endswith("\n") or (pre and not pre.endswith("\n")):
+            continue
+        found += 1
+        trained = trainer.encode_pieces(bundle.tokenizer, [doc])[0].tolist()
+        prompt = bundle.encode(fim_prompt(FimCase("m.py", "f", pre, mid[:-1], suf)))
+        assert trained[:len(prompt)] == prompt
+        assert trained[len(prompt):] == bundle.encode(mid, add_special_tokens=False) + \
+            [bundle.eos_token_ids[0]]
+    assert found >= 3
