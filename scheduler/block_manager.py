@@ -69,7 +69,11 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self._ref_counts = [0] * num_blocks
+        # no block can be shared (no prefix cache, never forked): every held block has ref 1, so
+        # the counts are not kept (`_ref_counts` stays empty; `fork` makes them on leaving):
+        # a simulation builds hundreds of 10k-block pools
+        self._exclusive = not enable_prefix_caching
+        self._ref_counts = [] if self._exclusive else [0] * num_blocks
         self._block_keys: list[BlockKey | None] = [None] * num_blocks
         self._cached: dict[BlockKey, int] = {}  # key -> block holding those tokens' K/V
         self._free_uncached: list[int] = []
@@ -81,9 +85,6 @@ class BlockManager:
         self.num_query_tokens = 0  # prompt tokens looked up in the prefix cache
         self.num_hit_tokens = 0  # of which found cached
         self.num_evictions = 0  # cached blocks dropped to make room
-        # no block can be shared (no prefix cache, never forked): every held block has ref 1, so
-        # the counts are not kept (`_ref_counts` stays all 0; `fork` rebuilds them on leaving)
-        self._exclusive = not enable_prefix_caching
         self.host = HostTier(num_host_blocks) if num_host_blocks else None
         self.num_host_hit_tokens = 0  # of num_hit_tokens, found in host memory
         # whether a host hit is copied back (True) or recomputed: set by the owner from the same
@@ -414,6 +415,12 @@ class BlockManager:
         self._tables[seq_id].append(self._take_free())
         self._num_tokens[seq_id] = num_tokens
 
+    def append_blocks(self, seq_id: object, num_blocks: int, num_tokens: int) -> None:
+        """`append_block` `num_blocks` times for one sequence (the blocks taken in one batch),
+        ending at `num_tokens` slots."""
+        self._tables[seq_id] += self._take_blocks(num_blocks)
+        self._num_tokens[seq_id] = num_tokens
+
     def append_block_each(self, seq_ids: Sequence[object], num_tokens: Sequence[int]) -> None:
         """`append_block` for every sequence, the blocks taken from the free list in one batch."""
         tables, counts = self._tables, self._num_tokens
@@ -465,7 +472,7 @@ class BlockManager:
         table = self._tables[parent_id]
         if self._exclusive:  # the counts were not kept: every held block has 1
             self._exclusive = False
-            ref = self._ref_counts
+            ref = self._ref_counts = [0] * self.num_blocks
             for held in self._tables.values():
                 for block in held:
                     ref[block] = 1
@@ -515,7 +522,7 @@ class BlockManager:
         assert len(free) == self.num_free_blocks, "a block twice in the free list"
         refs = self._ref_counts
         if self._exclusive:  # counts not kept: all 0 in the list, 1 for every held block
-            assert not any(refs), "ref counts kept while no block can be shared"
+            assert not refs, "ref counts kept while no block can be shared"
             refs = [1 if c else 0 for c in counts]
         for block, (want, have) in enumerate(zip(counts, refs)):
             assert want == have, f"block {block}: ref count {have} but held by {want} tables"

@@ -111,10 +111,15 @@ class LazyDecodes:
     def leave(self, seq: Sequence) -> None:
         """Back to an absolute count (finish, preemption, abort), tokens filled in."""
         seq.materialize_tokens()
-        for buckets, key in ((self.boundaries, seq.boundary_step), (self.finishing, seq.finish_step)):
-            bucket = buckets.get(key)
-            if bucket is not None and bucket.pop(seq, 0) is None and not bucket:
-                del buckets[key]
+        # out of its two buckets (written out twice, not looped: once per finished request)
+        boundaries, key = self.boundaries, seq.boundary_step
+        bucket = boundaries.get(key)
+        if bucket is not None and bucket.pop(seq, 0) is None and not bucket:
+            del boundaries[key]
+        finishing, key = self.finishing, seq.finish_step
+        bucket = finishing.get(key)
+        if bucket is not None and bucket.pop(seq, 0) is None and not bucket:
+            del finishing[key]
         self.num_decoding -= 1
         self.offset_sum -= seq._computed
         seq._computed += self.step
@@ -170,7 +175,7 @@ class LazyDecodes:
         block_size and stay so: bucket b gets a block at b, b + bs, ... < end, and its next
         boundary is the first of those at or past `end` (no other bucket is there)."""
         boundaries = self.boundaries
-        due = sorted(b for b in boundaries if b < end)
+        due = [b for b in boundaries if b < end]
         if not due:
             return
         bs = self.config.block_size
@@ -178,11 +183,22 @@ class LazyDecodes:
         counts: list[int] = []
         if len(due) == 1:  # one bucket (e.g. one sequence per backend): its steps in order
             b = due[0]
-            bucket = boundaries[b]
+            bucket = boundaries.pop(b)
             slots = range(b + 1, end + 1, bs)  # the slots after each schedule() at b, b + bs, ...
-            seq_ids = [q.request_id for q in bucket] * len(slots)
-            counts = [q._computed + n for n in slots for q in bucket]
-        elif end - due[0] <= bs:  # one block each (a stretch shorter than a block)
+            if len(bucket) == 1:  # one sequence (one request per backend): one call
+                (q,) = bucket
+                self.block_manager.append_blocks(q.request_id, len(slots), q._computed + slots[-1])
+            else:
+                self.block_manager.append_block_each(
+                    [q.request_id for q in bucket] * len(slots),
+                    [q._computed + n for n in slots for q in bucket])
+            nxt = b + len(slots) * bs  # the first of b, b + bs, ... at or past `end`
+            for q in bucket:
+                q.boundary_step = nxt
+            boundaries[nxt] = bucket
+            return
+        due.sort()
+        if end - due[0] <= bs:  # one block each (a stretch shorter than a block)
             for b in due:
                 bucket = boundaries[b]
                 n = b + 1  # the slots after the schedule() at clock b

@@ -359,7 +359,8 @@ class StepScheduler:
     @staticmethod
     def _finish_record(seq: Sequence, reason: str) -> FinishedSequence:
         seq.status = FINISHED
-        return FinishedSequence(seq.request_id, reason, seq.output_token_ids,
+        # not decoding any more (left), so its token list is complete: output_token_ids, direct
+        return FinishedSequence(seq.request_id, reason, seq._token_ids[seq.num_prompt_tokens:],
                                 seq.num_prompt_tokens, seq.num_cached_tokens)
 
     # ---- multi-step advance (the simulator) -----------------------------------------------------
@@ -371,21 +372,24 @@ class StepScheduler:
                                                   past_finishes, max_steps)
 
     def advance_decode_steps(self, num_steps: int, token_id: int = 0,
-                             past_finishes: bool = False) -> list[FinishedSequence]:
+                             past_finishes: bool = False, allowed: int | None = None
+                             ) -> list[FinishedSequence]:
         """Apply `num_steps` pure decode steps as one call (equal to that many schedule/update);
         raises ValueError past max_pure_decode_steps(). Finished sequences come in the order
-        single steps finish them (step, then plan order): O(k + events), not O(k * running)."""
+        single steps finish them (step, then plan order): O(k + events), not O(k * running).
+
+        `allowed`: what max_pure_decode_steps(past_finishes, ...) answered the caller, with no
+        change to the scheduler since (the simulator asks at a stretch's start and advances at
+        its end): then it is not computed twice."""
         if num_steps < 1:
             raise ValueError(f"num_steps must be >= 1, got {num_steps}")
-        allowed = self.max_pure_decode_steps(past_finishes, num_steps)
+        if allowed is None:
+            allowed = self.max_pure_decode_steps(past_finishes, num_steps)
         if num_steps > allowed:
             raise ValueError(f"cannot advance {num_steps} pure decode steps; at most {allowed}")
         decodes = self.decodes
         decodes.set_fill_token(token_id, self.running)
-        plan = StepPlan()  # never used: the pool covers every block (checked above)
         finished: list[FinishedSequence] = []
-        allocate_due, update_due, finish = decodes.allocate_due, decodes.update_due, self._finish
-        preempt_for = self.preempt_for
         # Only steps where something is due do any work (LazyDecodes.next_due_step); every other
         # step changes nothing but the clock, so the clock jumps to the next step with work — the
         # same calls in the same order as stepping one by one, without O(k) no-op calls when few
@@ -398,9 +402,12 @@ class StepScheduler:
             # finish is at `end` at the earliest): all of them at once, then that update
             decodes.allocate_until(end)
             decodes.step = end
-            update_due(end, None, finished, finish)
+            decodes.update_due(end, None, finished, self._finish)
             self.num_steps += num_steps
             return finished
+        plan = StepPlan()  # never used: the pool covers every block (checked above)
+        allocate_due, update_due, finish = decodes.allocate_due, decodes.update_due, self._finish
+        preempt_for = self.preempt_for
         next_due_step = decodes.next_due_step
         while True:
             t = next_due_step(end, registers)

@@ -97,11 +97,12 @@ class GatewayAdapter:
         self.idle_flush = config.batcher.idle_flush
         self._reported = False           # the spare-capacity state last told to the batcher
         self._w = workload
-        self._classify = config.queue.classify
         self._class = bytearray(len(workload))  # int8 values; classes() views it
         self.lists = lists = lists if lists is not None else WorkloadLists(workload)
-        self._queue_class, self._prompt_len = lists.queue_class, lists.prompt_len
+        self._prompt_len = lists.prompt_len
         self._output_len, self._priority = lists.output_len, lists.priority
+        # each request's queue class, worked out once: the trace's, else by its max_tokens
+        self._queue_class = _queue_classes(workload, config.queue.class_bounds)
 
     @property
     def num_pending(self) -> int:
@@ -113,13 +114,13 @@ class GatewayAdapter:
             self._reported = spare
 
     def push(self, i: int, now: float, spare: bool):
-        cls = self._queue_class[i]
-        max_tokens = self._output_len[i]
-        qclass = QueueClass(cls) if cls >= 0 else self._classify(max_tokens)
+        qclass = self._queue_class[i]
         self._class[i] = qclass
-        self._report(spare)
-        return self.batcher.push(PendingRequest(str(i), self._prompt_len[i], max_tokens, now, qclass,
-                                                self._priority[i], None, i))
+        if self.idle_flush and spare != self._reported:  # _report(spare), inlined
+            self.batcher.notify_idle(spare)
+            self._reported = spare
+        return self.batcher.push(PendingRequest(str(i), self._prompt_len[i], self._output_len[i],
+                                                now, qclass, self._priority[i], None, i))
 
     def poll(self, spare: bool):
         self._report(spare)
@@ -132,6 +133,19 @@ class GatewayAdapter:
 
     def classes(self) -> np.ndarray:
         return np.frombuffer(self._class, dtype=np.int8).copy()
+
+
+def _queue_classes(workload: Workload, bounds: tuple[int, int]) -> list[QueueClass]:
+    """Each request's QueueClass: the trace's when it gives one (>= 0), else the class of its
+    max_tokens (`QueueConfig.classify`)."""
+    given = workload.queue_class.astype(np.int64)
+    if len(given) and given.max() > max(QueueClass):
+        raise ValueError(f"queue class {int(given.max())} is not one of "
+                         f"{', '.join(str(int(c)) for c in QueueClass)}")
+    by_tokens = np.where(workload.output_len <= bounds[0], 0,
+                         np.where(workload.output_len <= bounds[1], 1, 2))
+    members = tuple(QueueClass)
+    return [members[c] for c in np.where(given >= 0, given, by_tokens).tolist()]
 
 
 class BackendAdapter:
@@ -159,8 +173,12 @@ class BackendAdapter:
         self._prompt_len, self._output_len, self._priority = (lists.prompt_len, lists.output_len,
                                                               lists.priority)
         self._prefixes: dict[int, list[int]] = {}
+        self._zeros: dict[int, list[int]] = {}  # prompt_tokens with prefix caching off
         self.num_rejected = 0
         self._still_prefilling = False
+        # (past_finishes, k) of the last decode_stretch(): advance() passes k on as what
+        # max_pure_decode_steps allows, as long as nothing reached the scheduler in between
+        self._stretch_allowed: tuple[bool, int] | None = None
         self.block_size = config.block_size
         # what a LoadReport would say this backend's prefix cache holds (as the live worker does)
         self.prefix_summary = PrefixSummary(config.block_size) if self.prefix_caching else None
@@ -188,10 +206,15 @@ class BackendAdapter:
 
     # ---- requests ----------------------------------------------------------------------------
     def prompt_tokens(self, i: int) -> list[int]:
+        """Request i's prompt token ids. With prefix caching off, one shared list per length
+        (the scheduler copies a prompt, never changes it): do not mutate the result."""
         w = self._w
         n = self._prompt_len[i]
-        if not self.prefix_caching:
-            return [0] * n  # allocation is by count: the values never matter
+        if not self.prefix_caching:  # allocation is by count: the values never matter
+            zeros = self._zeros.get(n)
+            if zeros is None:
+                zeros = self._zeros[n] = [0] * n
+            return zeros
         base = (i + 1) * _TOKEN_STRIDE
         g = int(w.prefix_group[i])
         if g < 0:
@@ -225,6 +248,7 @@ class BackendAdapter:
         return self.prefix_summary.snapshot(self.bm.is_cached) if self.prefix_summary else []
 
     def add(self, i: int, now: float) -> bool:
+        self._stretch_allowed = None
         tokens = self.prompt_tokens(i)
         rej = self.sched.add_request(str(i), tokens, self._output_len[i], now, self._priority[i])
         if rej is not None:
@@ -241,6 +265,7 @@ class BackendAdapter:
         The decodes stay unlisted (`schedule(list_decodes=False)`): a step costs O(prefill
         chunks + block boundaries + completions), not O(running)."""
         sched = self.sched
+        self._stretch_allowed = None
         plan = sched.schedule(list_decodes=False)
         num_decode = plan.num_unlisted_decodes
         if not num_decode and not plan.chunks:
@@ -306,6 +331,7 @@ class BackendAdapter:
         k = sched.max_pure_decode_steps(past, max_steps)
         if k < 1:
             return 0, []
+        self._stretch_allowed = (past, k)
         n = decodes.num_decoding
         off = decodes.offset_sum
         if not past:
@@ -328,8 +354,10 @@ class BackendAdapter:
         return k, segs
 
     def advance(self, k: int, past_finishes: bool = False) -> list[int]:
-        return [int(f.request_id)
-                for f in self.sched.advance_decode_steps(k, past_finishes=past_finishes)]
+        known, self._stretch_allowed = self._stretch_allowed, None
+        allowed = known[1] if known is not None and known[0] == past_finishes else None
+        return [int(f.request_id) for f in self.sched.advance_decode_steps(
+            k, past_finishes=past_finishes, allowed=allowed)]
 
     def take_copy_seconds(self) -> float:
         """Time of the tier copies queued since the last call (the engine runs them before the

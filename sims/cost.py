@@ -145,10 +145,23 @@ class RooflineCost:
 
     def decode_step_times(self, num_decode_seqs: np.ndarray, num_context_tokens: np.ndarray
                           ) -> np.ndarray:
+        """`decode_times` of many steps at once, the same float operations in the same order
+        (so the same bits), done in place: three arrays of the input's length instead of ten
+        (a 512-backend run passes 12.8M steps here)."""
         n, ctx = num_decode_seqs.astype(np.float64), num_context_tokens.astype(np.float64)
-        t_mem = self._t_weights + self._t_kv_per_ctx * ctx + self._t_kv_per_tok * n
-        t_flop = self._f_per_tok * n + self._f_per_ctx * ctx
-        return np.maximum(t_mem, t_flop) + (self._c_fixed + self._c_per_tok * n + self._overhead)
+        t_mem = ctx * self._t_kv_per_ctx
+        t_mem += self._t_weights
+        t_flop = n * self._t_kv_per_tok
+        t_mem += t_flop                          # t_weights + kv_per_ctx * ctx + kv_per_tok * n
+        np.multiply(n, self._f_per_tok, out=t_flop)
+        ctx *= self._f_per_ctx
+        t_flop += ctx                            # f_per_tok * n + f_per_ctx * ctx
+        np.maximum(t_mem, t_flop, out=t_mem)
+        n *= self._c_per_tok
+        n += self._c_fixed
+        n += self._overhead                      # c_fixed + c_per_tok * n + overhead
+        t_mem += n
+        return t_mem
 
     def num_kv_blocks(self, block_size: int) -> int:
         c = self.config

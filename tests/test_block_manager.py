@@ -367,11 +367,11 @@ def test_free_without_sharing_matches_the_general_path():
 @given(ops=st.lists(st.tuples(st.sampled_from("aaxfk"), st.integers(0, 5), st.integers(1, 9)),
                     max_size=40), block_size=st.integers(1, 4))
 def test_exclusive_pool_keeps_no_ref_counts_but_behaves_as_counted(ops, block_size):
-    """Caching off, never forked: the ref counts are not kept (all 0 in the list) yet ref_count,
+    """Caching off, never forked: the ref counts are not kept (an empty list) yet ref_count,
     CoW checks and integrity read as if every held block had 1; a fork rebuilds the counts."""
     fast = BlockManager(24, block_size, enable_prefix_caching=False)
     slow = BlockManager(24, block_size, enable_prefix_caching=False)
-    slow._exclusive = False  # the general path: counts kept from the start
+    slow._exclusive, slow._ref_counts = False, [0] * 24  # the general path: counts kept from the start
     n = 0
     for op, s, k in ops:
         sid = f"s{s}"
