@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -18,7 +18,7 @@ from backend.kv_cache import (
 )
 from backend.loader import LoadedModel, available_memory, load
 from backend.runner import ModelRunner
-from scheduler.capacity import DEFAULT_CAPACITY
+from scheduler.capacity import DEFAULT_CAPACITY, PrefillCap
 
 log = logging.getLogger("tidegate.backend")
 
@@ -39,6 +39,7 @@ class BackendConfig:
     kv_cache_dtype: str = "auto"         # auto (model dtype) | fp8 | int4-fp8 (backend.kv_quant)
     max_num_seqs: int = DEFAULT_CAPACITY.max_num_seqs  # running sequences per step at most
     max_num_batched_tokens: int = DEFAULT_CAPACITY.max_num_batched_tokens  # tokens per step
+    prefill_cap: PrefillCap = field(default_factory=PrefillCap)  # prefill per step while decoding
     enable_prefix_caching: bool = True
     host_kv_gib: float = 0.0             # host-memory KV tier (backend.host_kv); 0: none
     seed: int = 0                        # dummy-weight seed
@@ -117,6 +118,7 @@ def create_engine(cfg: BackendConfig) -> tuple[Engine, LoadedModel]:
     engine_cfg = EngineConfig(max_model_len=max_model_len, num_blocks=num_blocks,
                               block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
                               max_num_batched_tokens=cfg.max_num_batched_tokens,
+                              prefill_cap=cfg.prefill_cap,
                               enable_prefix_caching=cfg.enable_prefix_caching,
                               num_host_blocks=host_kv.num_blocks if host_kv is not None else 0)
     engine = Engine(runner, engine_cfg, eos_token_ids=_eos_ids(loaded), host_kv=host_kv)

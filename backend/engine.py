@@ -49,7 +49,7 @@ from backend.host_kv import HostKVCache
 from backend.runner import LaunchedStep, ModelRunner
 from backend.sampler import SamplingParams, TokenLogprobs
 from backend.step_io import SampleSpec
-from scheduler.capacity import DEFAULT_CAPACITY
+from scheduler.capacity import DEFAULT_CAPACITY, PrefillCap
 from scheduler.host_tier import SwapCostModel
 from scheduler.step_scheduler import SchedulerConfig, StepPlan, StepResult, StepScheduler
 
@@ -70,13 +70,14 @@ class EngineConfig:
     max_num_batched_tokens: int = DEFAULT_CAPACITY.max_num_batched_tokens
     enable_prefix_caching: bool = True
     num_host_blocks: int = 0  # host-memory KV tier (backend.host_kv); 0: none
+    prefill_cap: PrefillCap = field(default_factory=PrefillCap)  # prefill per step while decoding
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(
             max_model_len=self.max_model_len, num_blocks=self.num_blocks,
             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
             block_size=self.block_size, enable_prefix_caching=self.enable_prefix_caching,
-            num_host_blocks=self.num_host_blocks)
+            num_host_blocks=self.num_host_blocks, prefill_cap=self.prefill_cap)
 
 
 @dataclass

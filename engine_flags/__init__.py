@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from scheduler.capacity import add_capacity_arguments
+from scheduler.capacity import add_capacity_arguments, add_prefill_cap_arguments
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # backend.cuda_graphs.DEFAULT_BUCKETS / DEFAULT_TOKEN_BUCKETS (a test keeps them equal)
@@ -56,6 +56,7 @@ def add_engine_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> Non
                         "int4-fp8 (INT4 keys with per-group scales, E4M3 values); quantized "
                         "formats use the torch reference attention (also on CUDA)")
     add_capacity_arguments(p)
+    add_prefill_cap_arguments(p)
     p.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
     p.add_argument("--host-kv-gib", type=float, default=0.0,
                    help="host memory (GiB) for a second KV tier: evicted prefix blocks and "

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from scheduler.capacity import DEFAULT_CAPACITY
+from scheduler.capacity import DEFAULT_CAPACITY, PrefillCap
 from scheduler.classes import DEFAULT_CLASS_BOUNDS
 
 
@@ -24,6 +24,8 @@ class SchedulerConfig:
     enable_prefix_caching: bool = True
     num_host_blocks: int = 0  # host-memory KV tier (scheduler.host_tier); 0: none
     class_bounds: tuple[int, int] = DEFAULT_CLASS_BOUNDS  # Fast <= a < Normal <= b < Slow
+    # prefill budget by backlog (scheduler.capacity.PrefillCap; off by default)
+    prefill_cap: PrefillCap = field(default_factory=PrefillCap)
 
     def __post_init__(self) -> None:
         for name in ("max_model_len", "num_blocks", "max_num_seqs", "block_size"):

@@ -20,6 +20,15 @@ Policy, in order, each step (budget = max_num_batched_tokens tokens, max_num_seq
    Admission reserves blocks for the whole prompt, reusing prefix-cache hits, and schedules a
    first chunk of at most the remaining budget (chunked prefill).
 
+Prefill budget by backlog (`SchedulerConfig.prefill_cap`, a `PrefillCap`; off by default): while
+sequences decode and the prefill backlog — prompt tokens not yet computed, of the waiting queue
+and of the running prefills — is small (by default at most one full budget in at most 4
+requests), steps 2 and 3 share at most `max_tokens` tokens, so a lone arrival is prefilled in chunks that each stall the
+running streams for a short step (ITL) instead of one long one. A deeper backlog (a burst) gets the
+whole budget: there every step re-reads the weights whatever its size, and short steps would cost
+throughput. No decodes: the whole budget (nobody's next token waits for the step). Every step with
+a backlog still schedules prefill tokens, so capped prompts progress every step.
+
 Decode work is O(what changes), not O(running) (scheduler.lazy_decodes): every decoding
 sequence advances one token per step, so its length is an offset against a shared step counter;
 the steps at which it starts a KV block or finishes by length are known when it starts decoding
@@ -39,6 +48,7 @@ from bisect import insort
 from collections import deque
 
 from scheduler.block_manager import BlockManager
+from scheduler.capacity import PrefillCap
 from scheduler.classes import class_index
 from scheduler.host_tier import SwapCostModel
 from scheduler.lazy_decodes import LazyDecodes
@@ -55,6 +65,7 @@ from scheduler.step_plan import (
 
 __all__ = [
     "FinishedSequence",
+    "PrefillCap",
     "Rejection",
     "ScheduledChunk",
     "SchedulerConfig",
@@ -80,6 +91,10 @@ class StepScheduler:
         self.block_manager = block_manager
         self.requests: dict[str, Sequence] = {}  # waiting + running
         self.waiting: deque[Sequence] = deque()
+        # prompt tokens of the waiting queue (a preempted sequence's whole recompute included):
+        # the prefill backlog of the budget-by-backlog rule, kept as a count so that the rule
+        # costs O(running prefills) a step, not O(waiting)
+        self.num_waiting_tokens = 0
         self.running: list[Sequence] = []  # sorted by Sequence.order_key
         self.num_preemptions = 0
         self.num_swap_preemptions = 0  # of which swapped to host memory (the rest recompute)
@@ -121,6 +136,7 @@ class StepScheduler:
         self._next_seq_no += 1
         self.requests[request_id] = seq
         self.waiting.append(seq)
+        self.num_waiting_tokens += num_prompt
         return None
 
     def abort(self, request_id: str) -> FinishedSequence | None:
@@ -132,6 +148,7 @@ class StepScheduler:
             self._leave_running(seq)
         else:
             self.waiting.remove(seq)
+            self.num_waiting_tokens -= len(seq._token_ids)
             self.block_manager.release_swapped(request_id)
         return self._finish_record(seq, "abort")
 
@@ -155,6 +172,19 @@ class StepScheduler:
             plan.num_unlisted_decodes = decodes.num_decoding
             budget -= decodes.num_decoding
 
+        # Prefill budget by backlog (module doc): the tokens withheld from this step's prefills.
+        withheld = 0
+        rule = cfg.prefill_cap
+        cap = rule.max_tokens
+        if (cap and budget > cap and decodes.num_decoding
+                and len(self.waiting) + len(self.prefilling) <= rule.backlog_seqs):
+            limit = rule.backlog_tokens
+            if limit is None:
+                limit = cfg.max_num_batched_tokens
+            if self.prefill_backlog(limit) <= limit:
+                withheld = budget - cap
+                budget = cap
+
         # 2. Running prefills, then 3. admission.
         for seq in self.prefilling:
             if budget <= 0:
@@ -174,6 +204,7 @@ class StepScheduler:
                 else:
                     break  # FCFS: the head waits for blocks; nothing jumps it
                 self.waiting.popleft()
+                self.num_waiting_tokens -= len(tokens)
                 if not seq.admitted:
                     seq.admitted = True
                     seq.num_cached_tokens = num_cached
@@ -190,9 +221,19 @@ class StepScheduler:
                         insort(lst, seq, key=Sequence.order_key)
                 budget -= self._schedule_prefill(seq, budget, chunks)
 
-        plan.num_batched_tokens = cfg.max_num_batched_tokens - budget
+        plan.num_batched_tokens = cfg.max_num_batched_tokens - budget - withheld
         self.num_steps += 1
         return plan
+
+    def prefill_backlog(self, stop_above: int | None = None) -> int:
+        """Prompt tokens still to prefill: the waiting queue's plus the running prefills' rest.
+        With `stop_above`, the count may stop early once it is past that (the rule only compares)."""
+        total = self.num_waiting_tokens
+        for seq in self.prefilling:
+            total += seq.num_prefill_tokens - seq._computed
+            if stop_above is not None and total > stop_above:
+                break
+        return total
 
     def _list_decodes(self, step: int, chunks: list[ScheduledChunk]) -> None:
         """One decode chunk per decoding sequence, in plan order. The block manager's slot counts
@@ -246,6 +287,7 @@ class StepScheduler:
         seq._computed = 0
         seq.num_prefill_tokens = 0
         self.waiting.appendleft(seq)
+        self.num_waiting_tokens += len(seq._token_ids)
         self.num_preemptions += 1
         plan.preempted.append(seq.request_id)
 
@@ -463,6 +505,8 @@ class StepScheduler:
         waiting_ids = {s.request_id for s in self.waiting}
         assert len(running_ids) == len(self.running), "a sequence twice in running"
         assert len(waiting_ids) == len(self.waiting), "a sequence twice in waiting"
+        assert self.num_waiting_tokens == sum(len(s._token_ids) for s in self.waiting), \
+            "waiting token count out of sync"
         assert not running_ids & waiting_ids, f"both running and waiting: {running_ids & waiting_ids}"
         assert running_ids | waiting_ids == self.requests.keys(), "requests map out of sync"
         assert len(self.running) <= self.config.max_num_seqs, "more running than max_num_seqs"

@@ -35,7 +35,7 @@ from scheduler.clock import ManualClock
 from scheduler.host_tier import SwapCostModel
 from scheduler.prefix_index import DEPTHS, PrefixSummary, prefix_hashes
 from scheduler.queues import ClassQueues, PendingRequest, QueueConfig
-from scheduler.step_scheduler import SchedulerConfig, StepResult, StepScheduler
+from scheduler.step_scheduler import PrefillCap, SchedulerConfig, StepResult, StepScheduler
 from sims.workload import Workload
 
 _TOKEN_STRIDE = 1 << 20
@@ -69,6 +69,8 @@ class SimSchedulerConfig:
     # 49.4 (fp8), 48.1 (int4-fp8) (`python -m backend.host_tier_bench --copy-rate`)
     host_kv_gib: float = 0.0
     host_copy_gbps: float = 50.0
+    # prefill budget by backlog (scheduler.step_plan.PrefillCap; off by default)
+    prefill_cap: PrefillCap = field(default_factory=PrefillCap)
 
     def prefix_caching_for(self, workload: Workload) -> bool:
         """The setting resolved for `workload` (auto: does any request have a shared prefix?)."""
@@ -84,7 +86,8 @@ class SimSchedulerConfig:
                                max_num_batched_tokens=self.max_num_batched_tokens,
                                block_size=self.block_size,
                                enable_prefix_caching=bool(caching),
-                               class_bounds=self.queue.class_bounds)
+                               class_bounds=self.queue.class_bounds,
+                               prefill_cap=self.prefill_cap)
 
 
 class GatewayAdapter:

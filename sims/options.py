@@ -20,7 +20,11 @@ import math
 import tomllib
 
 from scheduler.batcher import BatcherConfig
-from scheduler.capacity import add_capacity_arguments
+from scheduler.capacity import (
+    add_capacity_arguments,
+    add_prefill_cap_arguments,
+    prefill_cap_from_args,
+)
 from scheduler.placement import add_placement_arguments, placement_config_from_args
 from scheduler.queues import QueueConfig
 from sims.adapters import SimSchedulerConfig
@@ -66,6 +70,7 @@ def add_run_args(p: argparse.ArgumentParser, *, num_requests: int = 1000) -> Non
     g.add_argument("--no-idle-flush", dest="idle_flush", action="store_false", default=True)
     g = p.add_argument_group("backend scheduler")
     add_capacity_arguments(g)
+    add_prefill_cap_arguments(g)
     g.add_argument("--max-model-len", type=int, help="default: the model's max positions")
     g.add_argument("--prefix-caching", choices=("auto", "on", "off"), default="auto",
                    help="auto: on only when the workload shares prefixes (the simulator's generated "
@@ -150,7 +155,8 @@ def spec_from_args(a: argparse.Namespace) -> RunSpec:
                                max_num_batched_tokens=a.max_num_batched_tokens,
                                block_size=a.block_size, max_model_len=max_model_len,
                                enable_prefix_caching=prefix_caching_arg(a.prefix_caching),
-                               host_kv_gib=a.host_kv_gib, host_copy_gbps=a.host_copy_gbps)
+                               host_kv_gib=a.host_kv_gib, host_copy_gbps=a.host_copy_gbps,
+                               prefill_cap=prefill_cap_from_args(a))
     if not (math.isfinite(a.delivery_delay_ms) and a.delivery_delay_ms >= 0):
         raise ValueError(f"--delivery-delay-ms must be >= 0, got {a.delivery_delay_ms}")
     engine = EngineConfig(num_backends=a.backends, network_delay_s=a.network_delay_ms / 1e3,

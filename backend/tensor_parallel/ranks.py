@@ -130,6 +130,7 @@ def leader_engine(cfg: BackendConfig, runner: ModelRunner, loaded: LoadedModel, 
     engine_cfg = EngineConfig(max_model_len=runner.max_model_len, num_blocks=runner.kv.num_blocks,
                               block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
                               max_num_batched_tokens=cfg.max_num_batched_tokens,
+                              prefill_cap=cfg.prefill_cap,
                               enable_prefix_caching=cfg.enable_prefix_caching,
                               num_host_blocks=host_kv.num_blocks if host_kv is not None else 0)
     tier = LeaderHostKV(host_kv, leader.sender) if host_kv is not None else None
