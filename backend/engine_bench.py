@@ -78,6 +78,10 @@ def parser() -> argparse.ArgumentParser:
                    help="batch-1 decode graphs recaptured with programmatic dependent launch "
                         "off/on and (bf16) our GEMV off/on, every combination twice, "
                         "interleaved; bf16 and fp8")
+    p.add_argument("--ab-fused-norm", action="store_true",
+                   help="with --ab: instead of the PDL / GEMV combinations, the decoder norms "
+                        "as their own kernels vs folded into the qkv / gate_up GEMVs "
+                        "(TIDEGATE_FUSED_NORM_GEMV), on the current defaults")
     p.add_argument("--gemv-configs", default=None,
                    help="JSON of swept one-row GEMV configs (scripts/fp8_gemv_sweep.py "
                         "--tuned-out; several comma-separated, later ones win) applied before "
@@ -500,7 +504,8 @@ class Bench:
 
     def ab_variants(self, weights: str) -> None:
         """Batch-1 decode with the bucket-1 graph recaptured under each combination of PDL
-        off/on and (bf16 weights) our GEMV off/on; two interleaved rounds (paired in time).
+        off/on and (bf16 weights) our GEMV off/on (--ab-fused-norm: the norms separate vs
+        folded into the qkv / gate_up GEMVs); two interleaved rounds (paired in time).
         The graph is left captured with the defaults."""
         from backend import kernel_dispatch
         from backend.kernels import triton_utils
@@ -513,30 +518,37 @@ class Bench:
 
         pdl0, gemv0 = triton_utils._PDL["enabled"], kernel_dispatch.BF16_GEMV["enabled"]
         fused0 = kernel_dispatch.FUSED_SILU_DOWN["enabled"]
+        norm0 = kernel_dispatch.FUSED_NORM_GEMV["enabled"]
         tables0 = fp8_gemv.config_tables()
-        if self.swept_tables is not None:
+        norm_ab = getattr(self.args, "ab_fused_norm", False)
+        if norm_ab:
+            combos = [(pdl0, gemv0, None, None, fused0, norm) for norm in (False, True)]
+        elif self.swept_tables is not None:
             # PDL and our GEMV on (measured last session); committed vs swept tables x the
             # silu-fused down projection off / on
-            combos = [(True, gemv0, name, tables, fused)
+            combos = [(True, gemv0, name, tables, fused, norm0)
                       for name, tables in (("committed", self.committed_tables),
                                            ("swept", self.swept_tables))
                       for fused in (False, True)]
         else:
-            combos = [(p, gm, None, None, fused0)
+            combos = [(p, gm, None, None, fused0, norm0)
                       for gm in ((False, True) if weights == "bf16" else (gemv0,))
                       for p in (False, True)]
         ms: dict[str, list[float]] = {}
         try:
             for _ in range(2):
-                for pdl, gemv, name, tables, fused in combos:
+                for pdl, gemv, name, tables, fused, norm in combos:
                     triton_utils.set_pdl(pdl)
                     kernel_dispatch.BF16_GEMV["enabled"] = gemv
                     kernel_dispatch.FUSED_SILU_DOWN["enabled"] = fused
+                    kernel_dispatch.FUSED_NORM_GEMV["enabled"] = norm
                     if tables is not None:
                         fp8_gemv.set_config_tables(tables)
                     g.capture(1)
                     row = self.run_decode(weights, 1, True, record=False, profile_point=False)
-                    if name is not None:
+                    if norm_ab:
+                        key = f"norm={'fused-into-gemv' if norm else 'separate'}"
+                    elif name is not None:
                         key = f"configs={name} down={'silu-fused' if fused else 'separate'}"
                     else:
                         key = f"pdl={'on' if pdl else 'off'}" + (
@@ -547,6 +559,7 @@ class Bench:
             triton_utils.set_pdl(pdl0)
             kernel_dispatch.BF16_GEMV["enabled"] = gemv0
             kernel_dispatch.FUSED_SILU_DOWN["enabled"] = fused0
+            kernel_dispatch.FUSED_NORM_GEMV["enabled"] = norm0
             fp8_gemv.set_config_tables(tables0)
             g.capture(1)
         floor = row["floor_ms"]

@@ -3,7 +3,9 @@
 `install_kernels(model)` swaps the model's injected `ops` and `attn` objects (the model itself
 has no kernel branches):
 
-    ops   KernelOps:        rms_norm, fused add + rms_norm, silu_and_mul (Triton)
+    ops   KernelOps:        rms_norm, fused add + rms_norm, silu_and_mul (Triton); on one
+                              row the silu*mul folded into the down GEMV, and (opt-in,
+                              TIDEGATE_FUSED_NORM_GEMV=1) the norms into the qkv / gate_up GEMVs
     linears GemvLinear:     the decoder projections whose shape has a measured config in
                               `fp8_gemv.BF16_GEMV_M1_CONFIGS` run one-row products (batch-1
                               decode) through our GEMV instead of cuBLAS (faster there, and a
@@ -30,8 +32,10 @@ from torch import nn
 
 from backend.kernels.fp8_gemv import (
     BF16_GEMV_M1_CONFIGS,
+    NORM_GEMV_M1_CONFIGS,
     SILU_DOWN_M1_CONFIGS,
     bf16_gemv,
+    gemv_rms_norm_triton,
     gemv_silu_mul_triton,
 )
 from backend.kernels.paged_attention import paged_attention
@@ -68,6 +72,24 @@ class KernelOps(TorchOps):
                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         return fused_add_rms_norm(x, residual, weight, eps)
 
+    def add_rms_norm_linear(self, x: torch.Tensor, residual: torch.Tensor | None,
+                            weight: torch.Tensor, eps: float,
+                            linear) -> tuple[torch.Tensor, torch.Tensor]:
+        """The norm and the projection after it. One row (batch-1 decode) through a GEMV with
+        a fused-norm config, with TIDEGATE_FUSED_NORM_GEMV=1: one launch that computes the
+        (add +) RMSNorm in its prologue while the first weight tile streams
+        (`fp8_gemv.gemv_rms_norm_triton`); anything else: the norm kernel, then linear."""
+        fused = _norm_gemv_args(x, residual, weight, linear)
+        if fused is None:
+            return TorchOps.add_rms_norm_linear(self, x, residual, weight, eps, linear)
+        w, scale, config = fused
+        k = linear.in_features
+        y, new_residual = gemv_rms_norm_triton(
+            x.reshape(1, k), None if residual is None else residual.reshape(1, k), weight, eps,
+            w, scale, config)
+        return (y.view(*x.shape[:-1], linear.out_features),
+                x if residual is None else new_residual.view(x.shape))
+
     def rotary(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
                cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self.cos_sin = cos_sin  # deferred to KernelAttention (rotary + K/V write, one launch)
@@ -101,15 +123,43 @@ def _silu_down_args(x: torch.Tensor, linear):
     if (not FUSED_SILU_DOWN["enabled"] or k is None or x.numel() != 2 * k
             or x.stride(-1) != 1 or not use_triton(x)):
         return None
-    shape = (linear.out_features, k)
+    return _gemv_weight(linear, SILU_DOWN_M1_CONFIGS, x)
+
+
+# Read at call time (a graph captured after a change follows it). Off by default until the
+# H200 A/B (engine_bench --ab-fused-norm) measures it: TIDEGATE_FUSED_NORM_GEMV=1 folds the
+# decoder layers' two norms into the qkv / gate_up GEMVs of one-row steps.
+FUSED_NORM_GEMV = {"enabled": os.environ.get("TIDEGATE_FUSED_NORM_GEMV", "0") == "1"}
+
+
+def _gemv_weight(linear, table: dict, x: torch.Tensor):
+    """(weight, scale or None, config) of `linear` for a fused one-row GEMV whose per-kind
+    table (fp8 / bf16) has a config for its shape; else None. bf16 weights run our GEMV only
+    where `GemvLinear` would (BF16_GEMV on, no bias, x in the weight's dtype)."""
+    shape = (linear.out_features, linear.in_features)
     if hasattr(linear, "weight_fp8"):  # quantization.Fp8Linear
-        config = SILU_DOWN_M1_CONFIGS["fp8"].get(shape)
+        config = table["fp8"].get(shape)
         return None if config is None else (linear.weight_fp8, linear.weight_scale, config)
     if (isinstance(linear, GemvLinear) and BF16_GEMV["enabled"] and linear.bias is None
             and x.dtype == linear.weight.dtype):
-        config = SILU_DOWN_M1_CONFIGS["bf16"].get(shape)
+        config = table["bf16"].get(shape)
         return None if config is None else (linear.weight, None, config)
     return None
+
+
+def _norm_gemv_args(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                    linear):
+    """(weight, scale or None, config) where `linear(add_rms_norm(x, residual))` can run as
+    one fused GEMV: the switch on, one row, the Triton path, contiguous rows, a norm weight
+    in x's dtype, and a fused config for the layer's kind and shape; else None."""
+    k = getattr(linear, "in_features", None)
+    if (not FUSED_NORM_GEMV["enabled"] or k is None or x.numel() != k or x.stride(-1) != 1
+            or weight.dtype != x.dtype or not weight.is_contiguous() or not use_triton(x)):
+        return None
+    if residual is not None and (residual.numel() != k or residual.stride(-1) != 1
+                                 or residual.dtype != x.dtype):
+        return None
+    return _gemv_weight(linear, NORM_GEMV_M1_CONFIGS, x)
 
 
 class KernelAttention:

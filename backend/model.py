@@ -46,8 +46,14 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: ForwardContext,
                 ops, attn) -> torch.Tensor:
-        num_tokens = x.shape[0]
-        qkv = self.qkv_proj(x)  # [T, q + 2 kv]
+        return self.attend(self.qkv_proj(x), positions, cos_sin, k_cache, v_cache, ctx, ops,
+                           attn)
+
+    def attend(self, qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+               k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: ForwardContext,
+               ops, attn) -> torch.Tensor:
+        """Everything after the qkv projection: qkv [T, q + 2 kv] -> o_proj output [T, hidden]."""
+        num_tokens = qkv.shape[0]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
@@ -64,7 +70,10 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, ops) -> torch.Tensor:
-        return ops.silu_mul_linear(self.gate_up_proj(x), self.down_proj)
+        return self.down(self.gate_up_proj(x), ops)
+
+    def down(self, gate_up: torch.Tensor, ops) -> torch.Tensor:
+        return ops.silu_mul_linear(gate_up, self.down_proj)
 
 
 class DecoderLayer(nn.Module):
@@ -110,17 +119,17 @@ class LlamaModel(nn.Module):
         h = self.embed_tokens(input_ids) if tp is None else tp.embed(self.embed_tokens, input_ids)
         residual = None
         for i, layer in enumerate(self.layers):
-            if residual is None:
-                residual = h
-                h = ops.rms_norm(h, layer.input_layernorm.weight, eps)
-            else:
-                h, residual = ops.add_rms_norm(h, residual, layer.input_layernorm.weight, eps)
-            h = layer.self_attn(h, positions, self.cos_sin, kv.k_caches[i], kv.v_caches[i], ctx,
-                                ops, self.attn)
+            # each norm goes with the projection after it, so a kernel ops object can run the
+            # pair as one GEMV (KernelOps, TIDEGATE_FUSED_NORM_GEMV=1, one-row steps)
+            qkv, residual = ops.add_rms_norm_linear(h, residual, layer.input_layernorm.weight,
+                                                    eps, layer.self_attn.qkv_proj)
+            h = layer.self_attn.attend(qkv, positions, self.cos_sin, kv.k_caches[i],
+                                       kv.v_caches[i], ctx, ops, self.attn)
             if tp is not None:  # row-parallel o_proj: each rank holds a partial sum
                 h = tp.all_reduce(h)
-            h, residual = ops.add_rms_norm(h, residual, layer.post_attention_layernorm.weight, eps)
-            h = layer.mlp(h, ops)
+            gate_up, residual = ops.add_rms_norm_linear(
+                h, residual, layer.post_attention_layernorm.weight, eps, layer.mlp.gate_up_proj)
+            h = layer.mlp.down(gate_up, ops)
             if tp is not None:  # row-parallel down_proj
                 h = tp.all_reduce(h)
         h, _ = ops.add_rms_norm(h, residual, self.norm.weight, eps)

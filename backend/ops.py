@@ -8,6 +8,10 @@ The model receives an `Ops` object; `backend/kernels/` provides one with the sam
     rotary(q [T, Hq, D], k [T, Hkv, D], positions [T], cos_sin [max_len, D]) -> (q, k) rotated
         cos_sin[p] = [cos(p * inv_freq) | sin(p * inv_freq)] (each D/2); rotate-half (NeoX/HF
         LLaMA) layout. A kernel may rotate in place and return its inputs.
+    add_rms_norm_linear(x [T, H], residual [T, H] | None, weight, eps, linear) ->
+        (linear(normed) [T, out], new_residual): the norm and the projection after it (qkv,
+        gate_up); residual None is the first layer's plain rms_norm (new_residual = x). A
+        kernel ops object may fold the norm into the projection's GEMV
     silu_and_mul(x [T, 2 * I]) -> [T, I]: silu(x[:, :I]) * x[:, I:]
     silu_mul_linear(x [T, 2 * I], linear) -> [T, out]: linear(silu_and_mul(x)) (the MLP's down
         projection; a kernel ops object may run both in one launch)
@@ -49,6 +53,14 @@ class TorchOps:
                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         residual = x + residual
         return cls.rms_norm(residual, weight, eps), residual
+
+    def add_rms_norm_linear(self, x: torch.Tensor, residual: torch.Tensor | None,
+                            weight: torch.Tensor, eps: float,
+                            linear) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            return linear(self.rms_norm(x, weight, eps)), x
+        normed, residual = self.add_rms_norm(x, residual, weight, eps)
+        return linear(normed), residual
 
     @staticmethod
     def rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,

@@ -1,7 +1,9 @@
 """The one-row GEMV kernel (`fp8_gemv._gemv_row_kernel`) and the down projection with silu*mul
 fused in run on the CPU through Triton's interpreter (TRITON_INTERPRET=1), against the fp64
 weight-only oracle: fp8 and bf16 weights, per-tile and end-of-loop row sums, K splits, a ragged
-last row tile, and the engine's dispatch of `silu_mul_linear` (fused or not, same numbers).
+last row tile, and the engine's dispatch of `silu_mul_linear` (fused or not, same numbers); the
+qkv / gate_up GEMVs with the (add +) RMSNorm before them folded in (`gemv_rms_norm_triton`) and
+the dispatch of `add_rms_norm_linear`.
 
 The fused kernel rounds silu(gate) * up to the activation dtype before the products, as
 `silu_and_mul` stores it, so it is checked against the unfused pair at the same tolerance.
@@ -202,3 +204,205 @@ def test_row_gemv_uneven_k(kind, n, block_k, rse, split):
     gate_up = (2 * torch.randn(1, 2 * k, generator=gen)).to(torch.bfloat16)
     fused = fg.gemv_silu_mul_triton(gate_up, w, scale, config)
     assert rel_err(fused, fg.gemv_silu_mul_reference(gate_up, w, scale)) <= 1e-2
+
+
+# ---- the RMSNorm folded into the GEMV after it (qkv, gate_up) --------------------------------
+
+# (n, k, block_n, block_k, programs_per_sm, row_sum_each, K splits); 33B shapes scaled down
+# (hidden 7168 -> 256: qkv 9216 -> 36 rows at 9:7, gate_up 38400 -> 40 rows with a ragged last
+# tile), tiny-coder's hidden 384 (no tile of 512 or 256 divides it: one masked tile, or a
+# second split holding only half a tile)
+# and an odd K of 200 (a masked tail of 8 columns after three whole tiles in a split of four)
+NORM_CASES = [(36, 256, 8, 256, 1, True, 1), (40, 256, 4, 64, 64, False, 4),
+              (40, 384, 8, 512, 1, True, 1), (40, 384, 8, 256, 1, True, 2),
+              (29, 384, 4, 128, 64, True, 3), (12, 200, 4, 64, 1, False, 4)]
+
+
+def _norm_inputs(k: int, gen: torch.Generator, scale: float = 1.0):
+    x = (scale * torch.randn(1, k, generator=gen)).to(torch.bfloat16)
+    residual = (scale * 3 * torch.randn(1, k, generator=gen)).to(torch.bfloat16)
+    norm_w = (1 + 0.2 * torch.randn(k, generator=gen)).to(torch.bfloat16)
+    return x, residual, norm_w
+
+
+@pytest.mark.skipif(not INTERPRETING, reason="runs inside test_gemv_kernels_in_triton_interpreter")
+@pytest.mark.parametrize("kind", ["fp8", "bf16"])
+@pytest.mark.parametrize("case", NORM_CASES, ids=lambda c: "x".join(map(str, c)))
+@pytest.mark.parametrize("with_residual", [True, False], ids=["add-norm", "norm"])
+def test_norm_gemv_matches_unfused(kind, case, with_residual):
+    """gemv_rms_norm_triton = fused_add_rms_norm (or rms_norm) then the GEMV: the same numbers
+    as the two kernels, the fp64 oracle within the interpreter's bf16 rounding, and the new
+    residual x + residual stored over every column (masked tails included) with the inputs
+    left as they were."""
+    from backend.kernels import fp8_gemv as fg
+    from backend.kernels.rmsnorm import fused_add_rms_norm, rms_norm
+
+    n, k, bn, bk, pps, rse, split = case
+    gen = torch.Generator().manual_seed(7)
+    w, scale = _weights(kind, n, k, gen)
+    x, residual, norm_w = _norm_inputs(k, gen)
+    residual = residual if with_residual else None
+    x0, r0 = x.clone(), None if residual is None else residual.clone()
+    config = fg.GemvConfig(block_n=bn, block_k=bk, num_warps=1, num_stages=2,
+                           programs_per_sm=pps, use_dot=False, row_sum_each=rse)
+    assert fg.split_k_for(n, k, config, 132)[0] == split   # split and unsplit paths
+    eps = 1e-5
+    y, new_res = fg.gemv_rms_norm_triton(x, residual, norm_w, eps, w, scale, config)
+    assert y.shape == (1, n) and y.dtype == torch.bfloat16 and new_res.shape == (1, k)
+    ref, ref_res = fg.gemv_rms_norm_reference(x, residual, norm_w, eps, w, scale)
+    if residual is None:
+        normed, pair_res = rms_norm(x, norm_w, eps), x
+        assert new_res is x
+    else:
+        normed, pair_res = fused_add_rms_norm(x, residual, norm_w, eps)
+        assert torch.equal(residual, r0)
+        # torch rounds x + residual to nearest, the interpreter's cast truncates: one ulp
+        assert (new_res.float() - ref_res.float()).abs().max() <= ref_res.float().abs().max() / 64
+    assert torch.equal(x, x0)
+    assert torch.equal(new_res, pair_res)   # every column, written once by program (0, 0)
+    unfused = fg.fp8_gemv_triton(normed, w, scale, config)
+    # same rounded activation, same tile order: the fused launch gives the pair's numbers
+    assert rel_err(y, unfused) <= 1e-6
+    # 1.5e-2: three bf16 roundings (residual, normed, times the norm weight) and the output,
+    # each truncated by the interpreter's casts (the GPU rounds to nearest)
+    assert rel_err(y, ref) <= 1.5e-2
+    # a wrong norm weight (or none) is far off: the check can fail
+    y_nw1, _ = fg.gemv_rms_norm_triton(x, residual, torch.ones_like(norm_w), eps, w, scale,
+                                       config)
+    assert rel_err(y_nw1, ref) > 0.05
+
+
+@pytest.mark.skipif(not INTERPRETING, reason="runs inside test_gemv_kernels_in_triton_interpreter")
+@pytest.mark.parametrize("kind", ["fp8", "bf16"])
+def test_norm_gemv_eps(kind):
+    """eps enters the rms as the reference has it: with mean(h^2) ~ 1e-6 an eps of 1e-5 or
+    1e-3 gives different outputs, each equal to its own oracle."""
+    from backend.kernels import fp8_gemv as fg
+
+    n, k = 20, 192
+    gen = torch.Generator().manual_seed(8)
+    w, scale = _weights(kind, n, k, gen)
+    x, residual, norm_w = _norm_inputs(k, gen, scale=3e-4)
+    config = fg.GemvConfig(block_n=4, block_k=64, num_warps=1, num_stages=2,
+                           programs_per_sm=1, use_dot=False, row_sum_each=True)
+    ys = {}
+    for eps in (1e-5, 1e-3):
+        ys[eps], _ = fg.gemv_rms_norm_triton(x, residual, norm_w, eps, w, scale, config)
+        ref, _ = fg.gemv_rms_norm_reference(x, residual, norm_w, eps, w, scale)
+        assert rel_err(ys[eps], ref) <= 1.5e-2
+    assert rel_err(ys[1e-3], ys[1e-5]) > 0.5
+
+
+@pytest.mark.skipif(not INTERPRETING, reason="runs inside test_gemv_kernels_in_triton_interpreter")
+@pytest.mark.parametrize("kind", ["fp8", "bf16"])
+def test_kernel_ops_add_rms_norm_linear_dispatch(kind, monkeypatch):
+    """`KernelOps.add_rms_norm_linear` on one row takes the fused kernel only with
+    TIDEGATE_FUSED_NORM_GEMV on and a fused config for the layer's kind and shape, with and
+    without a residual, and gives the unfused pair's numbers; two rows, the switch off and a
+    shape without a config take the pair."""
+    from torch import nn
+
+    from backend import kernel_dispatch as kd
+    from backend.kernels import fp8_gemv as fg
+    from backend.quantization import Fp8Linear
+
+    n, k = 24, 128
+    torch.manual_seed(9)
+    linear = nn.Linear(k, n, bias=False).to(torch.bfloat16)
+    with torch.no_grad():
+        linear.weight.normal_(0, 0.02)
+    if kind == "fp8":
+        linear = Fp8Linear.from_linear(linear)
+    else:
+        linear.__class__ = kd.GemvLinear
+    config = fg.GemvConfig(block_n=4, block_k=64, num_warps=1, num_stages=2,
+                           programs_per_sm=1, use_dot=False, row_sum_each=True)
+    monkeypatch.setitem(fg.BF16_GEMV_M1_CONFIGS, (n, k), config)
+    monkeypatch.setitem(fg.GEMV_M1_SHAPE_CONFIGS, (n, k), config)
+    calls = []
+    real = fg.gemv_rms_norm_triton
+    monkeypatch.setattr(kd, "gemv_rms_norm_triton",
+                        lambda *a: calls.append(a[-1]) or real(*a))
+    ops = kd.KernelOps()
+    gen = torch.Generator().manual_seed(10)
+    x, residual, norm_w = _norm_inputs(k, gen)
+    eps = 1e-6
+
+    monkeypatch.setitem(kd.FUSED_NORM_GEMV, "enabled", True)
+    ops.add_rms_norm_linear(x, residual, norm_w, eps, linear)
+    assert calls == []                     # no fused config for this shape yet
+    monkeypatch.setitem(fg.NORM_GEMV_M1_CONFIGS[kind], (n, k), config)
+    for res in (residual, None):
+        y, new_res = ops.add_rms_norm_linear(x, res, norm_w, eps, linear)
+        assert calls[-1] == config
+        if res is None:
+            want, want_res = linear(ops.rms_norm(x, norm_w, eps)), x
+        else:
+            normed, want_res = ops.add_rms_norm(x, res, norm_w, eps)
+            want = linear(normed)
+        assert y.shape == (1, n) and rel_err(y, want) <= 1e-6
+        assert torch.equal(new_res, want_res)
+    assert len(calls) == 2
+    two = torch.cat([x, x])
+    y2, r2 = ops.add_rms_norm_linear(two, torch.cat([residual, residual]), norm_w, eps, linear)
+    assert len(calls) == 2 and y2.shape == (2, n) and r2.shape == (2, k)
+    monkeypatch.setitem(kd.FUSED_NORM_GEMV, "enabled", False)
+    y_off, r_off = ops.add_rms_norm_linear(x, residual, norm_w, eps, linear)
+    assert len(calls) == 2
+    normed, want_res = ops.add_rms_norm(x, residual, norm_w, eps)
+    assert rel_err(y_off, linear(normed)) <= 1e-6 and torch.equal(r_off, want_res)
+
+
+@pytest.mark.skipif(not INTERPRETING, reason="runs inside test_gemv_kernels_in_triton_interpreter")
+@pytest.mark.parametrize("kind", ["bf16", "fp8"])
+def test_model_decode_with_fused_norm_gemv(kind, monkeypatch, tmp_path):
+    """A bf16 model (hidden 64, two layers) on the kernel ops, every kernel in the interpreter:
+    a one-row decode step with TIDEGATE_FUSED_NORM_GEMV on runs 2 fused GEMVs a layer and gives
+    the hidden states of the switch off (same numbers); the prefill step never takes them."""
+    from backend import kernel_dispatch as kd
+    from backend.kernels import fp8_gemv as fg
+    from backend.kv_cache import KVCache
+    from backend.loader import load
+    from backend.quantization import quantize_model
+    from backend.runner import ModelRunner
+    from tests.backend_helpers import BlockAllocator, Chunk, make_checkpoint
+
+    loaded = load(str(make_checkpoint(tmp_path, "gqa4_tied_rope4")), dtype="bfloat16")
+    model, config = loaded.model, loaded.config
+    tile = fg.GemvConfig(block_n=16, block_k=64, num_warps=1, num_stages=2,
+                         programs_per_sm=1, use_dot=False, row_sum_each=True)
+    qkv = (config.q_size + 2 * config.kv_size, config.hidden_size)
+    gate_up = (2 * config.intermediate_size, config.hidden_size)
+    shapes = [qkv, (config.hidden_size, config.q_size), gate_up,
+              (config.hidden_size, config.intermediate_size)]
+    for shape in shapes:
+        monkeypatch.setitem(fg.BF16_GEMV_M1_CONFIGS, shape, tile)
+        monkeypatch.setitem(fg.GEMV_M1_SHAPE_CONFIGS, shape, tile)
+    for shape in (qkv, gate_up):
+        monkeypatch.setitem(fg.NORM_GEMV_M1_CONFIGS[kind], shape, tile)
+    kd.install_kernels(model)
+    if kind == "fp8":
+        quantize_model(model, check_device=False)
+    calls = []
+    real = fg.gemv_rms_norm_triton
+    monkeypatch.setattr(kd, "gemv_rms_norm_triton", lambda *a: calls.append(1) or real(*a))
+
+    ids = torch.randint(0, config.vocab_size, (6,), generator=torch.Generator().manual_seed(11))
+    outs = {}
+    for on in (False, True):
+        monkeypatch.setitem(kd.FUSED_NORM_GEMV, "enabled", on)
+        kv = KVCache.allocate(config, 8, 4, torch.bfloat16, "cpu")
+        runner = ModelRunner(model, kv, max_num_batched_tokens=16, max_num_seqs=2,
+                             max_model_len=32)
+        alloc = BlockAllocator(4)
+        steps = [[Chunk("a", ids[:5].tolist(), 0, alloc.table("a", 5))],
+                 [Chunk("a", ids[5:].tolist(), 5, alloc.table("a", 6), is_prefill=False)]]
+        outs[on] = []
+        for chunks in steps:
+            n, ctx, _ = runner.prepare(chunks)
+            outs[on].append(model(runner.buffers.input_ids[:n], runner.buffers.positions[:n],
+                                  ctx, kv).clone())
+    assert len(calls) == 2 * config.num_hidden_layers   # the decode step only
+    assert torch.equal(outs[True][0], outs[False][0])
+    assert outs[True][1].shape == (1, config.hidden_size)
+    assert rel_err(outs[True][1], outs[False][1]) <= 1e-6

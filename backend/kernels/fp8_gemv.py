@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from backend.kernels.rmsnorm import fused_add_rms_norm_reference, rms_norm_reference
 from backend.kernels.triton_utils import (
     HAS_TRITON,
     cdiv,
@@ -120,13 +121,24 @@ SILU_DOWN_M1_CONFIGS: dict[str, dict[tuple[int, int], GemvConfig]] = {
 }
 
 
+# The qkv and gate_up projections with the RMSNorm before them folded in
+# (`gemv_rms_norm_triton`, TIDEGATE_FUSED_NORM_GEMV=1), one row, per weight kind and shape.
+# Before an H200 measurement these are the plain one-row tiles of each table.
+NORM_GEMV_M1_CONFIGS: dict[str, dict[tuple[int, int], GemvConfig]] = {
+    "fp8": {shape: GEMV_M1_SHAPE_CONFIGS[shape] for shape in ((9216, 7168), (38400, 7168))},
+    "bf16": {shape: BF16_GEMV_M1_CONFIGS[shape] for shape in ((9216, 7168), (38400, 7168))},
+}
+
+
 def config_tables() -> dict:
     """The per-shape M = 1 tables (copies), in the form `set_config_tables` and
-    `tables_from_json` use: {"fp8" | "bf16" | "silu_down_fp8" | "silu_down_bf16":
-    {(N, K): GemvConfig}}."""
+    `tables_from_json` use: {"fp8" | "bf16" | "silu_down_fp8" | "silu_down_bf16" |
+    "norm_fp8" | "norm_bf16": {(N, K): GemvConfig}}."""
     return {"fp8": dict(GEMV_M1_SHAPE_CONFIGS), "bf16": dict(BF16_GEMV_M1_CONFIGS),
             "silu_down_fp8": dict(SILU_DOWN_M1_CONFIGS["fp8"]),
-            "silu_down_bf16": dict(SILU_DOWN_M1_CONFIGS["bf16"])}
+            "silu_down_bf16": dict(SILU_DOWN_M1_CONFIGS["bf16"]),
+            "norm_fp8": dict(NORM_GEMV_M1_CONFIGS["fp8"]),
+            "norm_bf16": dict(NORM_GEMV_M1_CONFIGS["bf16"])}
 
 
 def set_config_tables(tables: dict) -> None:
@@ -134,7 +146,9 @@ def set_config_tables(tables: dict) -> None:
     a graph captured afterwards uses them): for A/B runs of swept configs."""
     for name, table in (("fp8", GEMV_M1_SHAPE_CONFIGS), ("bf16", BF16_GEMV_M1_CONFIGS),
                         ("silu_down_fp8", SILU_DOWN_M1_CONFIGS["fp8"]),
-                        ("silu_down_bf16", SILU_DOWN_M1_CONFIGS["bf16"])):
+                        ("silu_down_bf16", SILU_DOWN_M1_CONFIGS["bf16"]),
+                        ("norm_fp8", NORM_GEMV_M1_CONFIGS["fp8"]),
+                        ("norm_bf16", NORM_GEMV_M1_CONFIGS["bf16"])):
         table.update(tables.get(name, {}))
 
 
@@ -330,37 +344,79 @@ if HAS_TRITON:
                      acc.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _row_activation(x_ptr, offs_k, K, mask, MASKED: tl.constexpr, GATED: tl.constexpr):
+    def _row_activation(x_ptr, offs_k, K, mask, MASKED: tl.constexpr, GATED: tl.constexpr,
+                        r_ptr, nw_ptr, rstd, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
         """fp32 [BLOCK_K] activation tile: x[offs_k], or with GATED (x = [gate | up], 2K wide)
-        silu(gate) * up rounded once to x's dtype, the numbers `silu_mul` would have stored.
+        silu(gate) * up rounded once to x's dtype, the numbers `silu_mul` would have stored, or
+        with NORM the RMSNorm output `rmsnorm` would have stored: h = x (+ r[offs_k], rounded to
+        x's dtype with HAS_RESIDUAL), then (h * rstd) rounded, times nw[offs_k], rounded again.
         MASKED: columns where `mask` is False read 0 (else `mask` is not used)."""
         if MASKED:
             if GATED:
                 g = tl.load(x_ptr + offs_k, mask=mask, other=0.0).to(tl.float32)
                 u = tl.load(x_ptr + K + offs_k, mask=mask, other=0.0).to(tl.float32)
             else:
-                a = tl.load(x_ptr + offs_k, mask=mask, other=0.0).to(tl.float32)
+                a = tl.load(x_ptr + offs_k, mask=mask, other=0.0)
+            if NORM:
+                nw = tl.load(nw_ptr + offs_k, mask=mask, other=0.0)
+                if HAS_RESIDUAL:
+                    r = tl.load(r_ptr + offs_k, mask=mask, other=0.0)
         else:
             if GATED:
                 g = tl.load(x_ptr + offs_k).to(tl.float32)
                 u = tl.load(x_ptr + K + offs_k).to(tl.float32)
             else:
-                a = tl.load(x_ptr + offs_k).to(tl.float32)
+                a = tl.load(x_ptr + offs_k)
+            if NORM:
+                nw = tl.load(nw_ptr + offs_k)
+                if HAS_RESIDUAL:
+                    r = tl.load(r_ptr + offs_k)
         if GATED:
-            a = (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty).to(tl.float32)
-        return a
+            a = (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty)
+        elif NORM:
+            if HAS_RESIDUAL:
+                a = (a.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+            a = (a.to(tl.float32) * rstd).to(x_ptr.dtype.element_ty)
+            a = (a.to(tl.float32) * nw.to(tl.float32)).to(x_ptr.dtype.element_ty)
+        return a.to(tl.float32)
+
+    @triton.jit
+    def _norm_prologue(x_ptr, r_ptr, new_r_ptr, K, eps, write_end, BLOCK_K: tl.constexpr,
+                       HAS_RESIDUAL: tl.constexpr):
+        """1 / rms of h = x (+ r, rounded to x's dtype) over all K columns (as `rmsnorm`
+        computes it). With HAS_RESIDUAL, h's columns below `write_end` (K for the one
+        writing program, 0 for the others) are stored to new_r, the new residual stream."""
+        offs_kb = tl.arange(0, BLOCK_K)
+        ss = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs = k0 + offs_kb
+            mask = offs < K
+            h = tl.load(x_ptr + offs, mask=mask, other=0.0)
+            if HAS_RESIDUAL:
+                r = tl.load(r_ptr + offs, mask=mask, other=0.0)
+                h = (h.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+                tl.store(new_r_ptr + offs, h, mask=offs < write_end)
+            hf = h.to(tl.float32)
+            ss += hf * hf
+        return 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
 
     @triton.jit
     def _gemv_row_kernel(
         x_ptr, w_ptr, scale_ptr, out_ptr, N, K, k_per_split, stride_wn,
+        r_ptr, nw_ptr, new_r_ptr, eps,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROW_SUM_EACH: tl.constexpr,
         GATED: tl.constexpr, PARTIALS: tl.constexpr, HAS_SCALE: tl.constexpr,
-        USE_PDL: tl.constexpr, EVEN_K: tl.constexpr = True,
+        USE_PDL: tl.constexpr, EVEN_K: tl.constexpr = True, NORM: tl.constexpr = False,
+        HAS_RESIDUAL: tl.constexpr = False,
     ):
         """One row (M = 1) on CUDA cores: out[n] = sum_k w[n, k] a[k] (* scale[n]).
 
         a = x, or with GATED silu(x[:K]) * x[K:] (`_row_activation`): the down projection then
-        reads the gate_up output itself and the silu*mul launch and its [1, K] round trip go.
+        reads the gate_up output itself and the silu*mul launch and its [1, K] round trip go;
+        or with NORM the RMSNorm (HAS_RESIDUAL: add + RMSNorm) of x with weight nw: every
+        program first sums h^2 over all of K (`_norm_prologue`; x and r are small and sit in
+        L2), program (0, 0) writes the new residual h, then the stream applies the norm per
+        tile, rounded as `rmsnorm` stores it: the norm launch and its [1, K] round trip go.
         k_per_split is a multiple of BLOCK_K; EVEN_K (K % BLOCK_K == 0) leaves every load
         unmasked in K, else the first and the last tile of a split are masked (K = 19200 takes
         no power-of-two tile above 256 evenly). The first weight tile is loaded before
@@ -385,9 +441,16 @@ if HAS_TRITON:
             w = tl.load(w_rows + (k_start + offs_kb)[None, :],
                         mask=mask_n[:, None] & mask_k0[None, :], other=0.0)
         pdl_enter(USE_PDL)
+        if NORM:
+            writer = ((pid_n == 0) & (pid_k == 0)).to(tl.int32)
+            rstd = _norm_prologue(x_ptr, r_ptr, new_r_ptr, K, eps, K * writer, BLOCK_K,
+                                  HAS_RESIDUAL)
+        else:
+            rstd = 1.0
 
         prod = w.to(tl.float32) * _row_activation(x_ptr, k_start + offs_kb, K, mask_k0,
-                                                  not EVEN_K, GATED)[None, :]
+                                                  not EVEN_K, GATED, r_ptr, nw_ptr, rstd, NORM,
+                                                  HAS_RESIDUAL)[None, :]
         if ROW_SUM_EACH:
             acc = tl.sum(prod, axis=1)
         else:
@@ -396,7 +459,8 @@ if HAS_TRITON:
             offs_k = k0 + offs_kb
             w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None], other=0.0)
             prod = w.to(tl.float32) * _row_activation(x_ptr, offs_k, K, mask_k0, False,
-                                                      GATED)[None, :]
+                                                      GATED, r_ptr, nw_ptr, rstd, NORM,
+                                                      HAS_RESIDUAL)[None, :]
             if ROW_SUM_EACH:
                 acc += tl.sum(prod, axis=1)
             else:
@@ -409,7 +473,8 @@ if HAS_TRITON:
                 w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :],
                             other=0.0)
                 prod = w.to(tl.float32) * _row_activation(x_ptr, offs_k, K, mask_k, True,
-                                                          GATED)[None, :]
+                                                          GATED, r_ptr, nw_ptr, rstd, NORM,
+                                                          HAS_RESIDUAL)[None, :]
                 if ROW_SUM_EACH:
                     acc += tl.sum(prod, axis=1)
                 else:
@@ -499,7 +564,7 @@ def fp8_gemv_triton(x: torch.Tensor, w_fp8: torch.Tensor, scale: torch.Tensor | 
     elif m == 1:
         _gemv_row_kernel[(cdiv(n, config.block_n), split_k)](
             x, w_fp8, w_fp8 if scale is None else scale, target, n, k, k_per_split,
-            w_fp8.stride(0), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+            w_fp8.stride(0), x, x, x, 0.0, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
             ROW_SUM_EACH=config.row_sum_each, GATED=False, PARTIALS=partials,
             HAS_SCALE=scale is not None, EVEN_K=k % config.block_k == 0,
             num_warps=config.num_warps,
@@ -537,7 +602,7 @@ def gemv_silu_mul_triton(gate_up: torch.Tensor, w: torch.Tensor, scale: torch.Te
               if partials else out)
     _gemv_row_kernel[(cdiv(n, config.block_n), split_k)](
         gate_up, w, w if scale is None else scale, target, n, k, k_per_split, w.stride(0),
-        BLOCK_N=config.block_n, BLOCK_K=config.block_k, ROW_SUM_EACH=config.row_sum_each,
+        gate_up, gate_up, gate_up, 0.0, BLOCK_N=config.block_n, BLOCK_K=config.block_k, ROW_SUM_EACH=config.row_sum_each,
         GATED=True, PARTIALS=partials, HAS_SCALE=scale is not None,
         EVEN_K=k % config.block_k == 0, num_warps=config.num_warps, num_stages=config.num_stages, **pdl_args(gate_up),
     )
@@ -560,6 +625,61 @@ def gemv_silu_mul_reference(gate_up: torch.Tensor, w: torch.Tensor,
     if scale is None:
         scale = torch.ones(w.shape[0], dtype=torch.float32, device=w.device)
     return fp8_gemv_reference(act.double(), w, scale)
+
+
+def gemv_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor | None,
+                         norm_weight: torch.Tensor, eps: float, w: torch.Tensor,
+                         scale: torch.Tensor | None,
+                         config: GemvConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(h) @ w [N, K].T (* scale) -> [1, N], h) with h = x + residual (or x where
+    residual is None) in one kernel (plus the split-K reduce when the config splits K): the
+    projection after a decoder layer's norm (qkv, gate_up) with the norm folded into its
+    prologue, for one row. The activation is rounded as `fused_add_rms_norm` stores it, so
+    the numbers are the pair's. h is a new [1, K] tensor written by one program (x itself
+    where there is no residual). w is fp8 with per-channel `scale`, or model-dtype rows with
+    `scale=None`; config must be an FMA config."""
+    n, k = w.shape
+    assert x.shape == (1, k) and x.stride(1) == 1 and w.stride(1) == 1, (x.shape, w.shape)
+    assert norm_weight.shape == (k,) and norm_weight.stride(0) == 1
+    assert not config.use_dot, config
+    if residual is not None:
+        assert residual.shape == (1, k) and residual.stride(1) == 1
+        new_residual = torch.empty((1, k), dtype=x.dtype, device=x.device)
+    else:
+        new_residual = x
+    out = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    split_k, k_per_split = split_k_for(n, k, config, num_sms(x.device))
+    partials = split_k > 1
+    target = (torch.empty((split_k, 1, n), dtype=torch.float32, device=x.device)
+              if partials else out)
+    r = residual if residual is not None else x
+    _gemv_row_kernel[(cdiv(n, config.block_n), split_k)](
+        x, w, w if scale is None else scale, target, n, k, k_per_split, w.stride(0),
+        r, norm_weight, new_residual, float(eps),
+        BLOCK_N=config.block_n, BLOCK_K=config.block_k, ROW_SUM_EACH=config.row_sum_each,
+        GATED=False, PARTIALS=partials, HAS_SCALE=scale is not None,
+        EVEN_K=k % config.block_k == 0, NORM=True, HAS_RESIDUAL=residual is not None,
+        num_warps=config.num_warps, num_stages=config.num_stages, **pdl_args(x),
+    )
+    if partials:
+        _splitk_reduce_kernel[(cdiv(n, 1024),)](
+            target, out, 1, n, split_k, out.stride(0), BLOCK=1024, num_warps=4, **pdl_args(x),
+        )
+    return out, new_residual
+
+
+def gemv_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor | None,
+                            norm_weight: torch.Tensor, eps: float, w: torch.Tensor,
+                            scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The unfused numbers: (add +) RMSNorm as `rmsnorm`'s reference rounds it, then the
+    weight-only oracle in float64 (returned in float64), and the new residual."""
+    if residual is None:
+        normed, new_residual = rms_norm_reference(x, norm_weight, eps), x
+    else:
+        normed, new_residual = fused_add_rms_norm_reference(x, residual, norm_weight, eps)
+    if scale is None:
+        scale = torch.ones(w.shape[0], dtype=torch.float32, device=w.device)
+    return fp8_gemv_reference(normed.double(), w, scale), new_residual
 
 
 def quantize_fp8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
