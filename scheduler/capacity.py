@@ -71,15 +71,16 @@ def add_prefill_cap_arguments(parser: argparse.ArgumentParser | argparse._Argume
                         help="while sequences decode and the prefill backlog is small (the two "
                         "flags below), a step carries at most N prefill tokens: an arrival stalls "
                         "the running streams for short steps, not one long one (ITL); a deeper "
-                        "backlog gets the whole --max-num-batched-tokens (default 0: off)")
+                        "backlog gets the whole --max-num-batched-tokens (default 0: off; 256 for "
+                        "the 33B preset on an H200, simulated: BENCHMARKS, issue 11)")
     parser.add_argument("--prefill-backlog-tokens", type=int, default=defaults.backlog_tokens,
                         metavar="N",
                         help="the backlog is small at <= N prompt tokens not yet computed "
                         "(default: --max-num-batched-tokens)")
     parser.add_argument("--prefill-backlog-seqs", type=int, default=defaults.backlog_seqs,
                         metavar="N",
-                        help="... held by <= N requests, waiting or mid-prefill (default "
-                        f"{defaults.backlog_seqs})")
+                        help="the backlog is small only in <= N requests, waiting or "
+                        f"mid-prefill (default {defaults.backlog_seqs})")
 
 
 def prefill_cap_from_args(args: argparse.Namespace) -> PrefillCap:
