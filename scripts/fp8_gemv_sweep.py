@@ -16,7 +16,9 @@ A tile is BN,BK,WARPS or BN,BK,WARPS,R: R = 1 sums each product tile over K at o
 both are tried; R = 2 / 3 is the tensor-core kernel (x padded to 16 rows) with fp16 dots
 (`dot_f16`) / dots in x's dtype, once per --stages value. The shape `down_silu` is the down projection with silu*mul fused in
 (`gemv_silu_mul_triton`, input: the [1, 2 x 19200] gate_up row), checked against the unfused
-oracle. `--tuned-out PATH` writes, per shape, the fastest variant where it beat the committed
+oracle; `qkv_norm` / `gate_up_norm` are those projections with the add + RMSNorm before them
+folded in (`gemv_rms_norm_triton`, TIDEGATE_FUSED_NORM_GEMV=1; inputs: the [1, 7168] x and
+residual rows), timed beside the unfused pair (norm kernel + the committed GEMV). `--tuned-out PATH` writes, per shape, the fastest variant where it beat the committed
 config in this run (else the committed one) in the form `engine_bench --gemv-configs` reads.
 """
 from __future__ import annotations
@@ -36,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from backend.kernels import fp8_gemv as fp8
+from backend.kernels.rmsnorm import fused_add_rms_norm
 from backend.kernels.silu_mul import silu_and_mul
 
 HIDDEN, INTER, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 7168, 19200, 56, 8, 128
@@ -45,7 +48,10 @@ SHAPES = {  # name: (N out, K in)
     "gate_up": (2 * INTER, HIDDEN),
     "down": (HIDDEN, INTER),
     "down_silu": (HIDDEN, INTER),
+    "qkv_norm": ((NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM, HIDDEN),
+    "gate_up_norm": (2 * INTER, HIDDEN),
 }
+NORM_EPS = 1e-5
 # (block_n, block_k, num_warps): the fp32 accumulator tile is block_n x block_k, so keep it at
 # <= 64 registers a thread (block_n * block_k <= 2048 * num_warps)
 TILES = [(8, 256, 2), (8, 512, 2), (16, 256, 2),
@@ -75,10 +81,25 @@ def cublas_pair(gate_up, w):
     return F.linear(silu_and_mul(gate_up), w)
 
 
+def unfused_norm_pair(x, residual, norm_w, w, scale, cfg):
+    return fp8.fp8_gemv_triton(fused_add_rms_norm(x, residual, norm_w, NORM_EPS)[0], w, scale,
+                               cfg)
+
+
+def fused_norm_out(x, residual, norm_w, w, scale, cfg):
+    return fp8.gemv_rms_norm_triton(x, residual, norm_w, NORM_EPS, w, scale, cfg)[0]
+
+
+def cublas_norm_pair(x, residual, norm_w, w):
+    return F.linear(fused_add_rms_norm(x, residual, norm_w, NORM_EPS)[0], w)
+
+
 def committed_config(weights: str, name: str, n: int, k: int) -> fp8.GemvConfig:
     """The config the engine uses today for this one-row shape."""
     if name == "down_silu":
         return fp8.SILU_DOWN_M1_CONFIGS[weights][n, k]
+    if name.endswith("_norm"):
+        return fp8.NORM_GEMV_M1_CONFIGS[weights][n, k]
     if weights == "bf16":
         return fp8.BF16_GEMV_M1_CONFIGS[n, k]
     return fp8.gemv_config_for(1, n, k)
@@ -92,7 +113,7 @@ def main() -> int:
     p.add_argument("--stages", default=None, help="comma-separated, instead of STAGES")
     p.add_argument("--programs", default=None, help="comma-separated, instead of PROGRAMS_PER_SM")
     p.add_argument("--shapes", default=",".join(SHAPES),
-                   help="which of qkv,o,gate_up,down,down_silu")
+                   help="which of qkv,o,gate_up,down,down_silu,qkv_norm,gate_up_norm")
     p.add_argument("--shape-tiles", action="append", default=[],
                    help="NAME=BN,BK,WARPS[,R];...: tiles for one shape only (repeatable)")
     p.add_argument("--weights", default="fp8", choices=["fp8", "bf16"],
@@ -146,9 +167,10 @@ def main() -> int:
     for name in args.shapes.split(","):
         n, k = SHAPES[name]
         gated = name == "down_silu"
+        normed = name.endswith("_norm")
         tiles = parse_tiles(shape_tiles[name]) if name in shape_tiles else default_tiles
         variants = [cfg for tile in tiles for cfg in configs_of(tile)
-                    if not (gated and cfg.use_dot)]
+                    if not ((gated or normed) and cfg.use_dot)]
         w = (torch.randn(n, k, device=dev) * 0.02).to(torch.bfloat16)
         if args.weights == "fp8":
             w_fp8, scale = fp8.quantize_fp8_per_channel(w)
@@ -160,6 +182,15 @@ def main() -> int:
             run = partial(fp8.gemv_silu_mul_triton, x, w_fp8, scale)
             unfused = partial(unfused_pair, x, w_fp8, scale)
             baseline = partial(cublas_pair, x, w)
+        elif normed:
+            x = torch.randn(1, k, device=dev).to(torch.bfloat16)
+            residual = (3 * torch.randn(1, k, device=dev)).to(torch.bfloat16)
+            norm_w = (1 + 0.2 * torch.randn(k, device=dev)).to(torch.bfloat16)
+            ref = fp8.gemv_rms_norm_reference(x, residual, norm_w, NORM_EPS, w_fp8,
+                                              scale)[0].float()
+            run = partial(fused_norm_out, x, residual, norm_w, w_fp8, scale)
+            unfused = partial(unfused_norm_pair, x, residual, norm_w, w_fp8, scale)
+            baseline = partial(cublas_norm_pair, x, residual, norm_w, w)
         else:
             x = torch.randn(1, k, device=dev).to(torch.bfloat16)
             ones = torch.ones(n, device=dev, dtype=torch.float32)
@@ -174,6 +205,9 @@ def main() -> int:
         if gated:  # the committed path today: silu_and_mul, then the down GEMV (two launches)
             row["unfused_current_us"] = bench_us(partial(unfused, committed_config(
                 args.weights, "down", n, k)))
+        if normed:  # the default path: the add + norm kernel, then the plain GEMV
+            row["unfused_current_us"] = bench_us(partial(unfused, committed_config(
+                args.weights, name[:-len("_norm")], n, k)))
         if args.weights == "fp8":
             del w
         seen_split = set()
@@ -198,12 +232,14 @@ def main() -> int:
             best = min(timed, key=lambda v: v["us"])
             row["best"] = best
             tb = wbytes * n * k / best["us"] / 1e6
-            extra = f"  unfused pair {row['unfused_current_us']:6.1f} us" if gated else ""
+            extra = (f"  unfused pair {row['unfused_current_us']:6.1f} us"
+                     if gated or normed else "")
             print(f"{name:9s} bf16 {row['bf16_us']:6.1f} us  current {row['current_us']:6.1f} us"
                   f"{extra}  best {best['us']:6.1f} us ({tb:.2f} TB/s, {tb / copy_tb_s:.0%} of "
                   f"copy) {best['config']} split {best['split_k']}", flush=True)
             win = best["config"] if best["us"] < row["current_us"] else row["current_config"]
-            table = (f"silu_down_{args.weights}" if gated else args.weights)
+            table = (f"silu_down_{args.weights}" if gated else
+                     f"norm_{args.weights}" if normed else args.weights)
             tuned.setdefault(table, {})[f"{n}x{k}"] = win
         results["shapes"][name] = row
         (out / f"gemv_sweep_{args.weights}.json").write_text(json.dumps(results, indent=1) + "\n")
