@@ -206,11 +206,22 @@ class Server:
         return self.proc.returncode
 
 
-def run_workload(url: str, w: Workload, json_path: Path, extra: list[str]) -> tuple[float, float, int]:
+def run_seed(workloads: tuple[Workload, ...], w: Workload, k: int) -> int:
+    """The prompt seed of the k-th run of workload w: its own per workload and per run. With one
+    seed for all, a later workload's first prompts were an earlier one's (the same random tokens),
+    so one server's prefix cache served them: the fourth session's 400-burst reused the 200
+    prompts of the 8 req/s run before it (200 chunks starting at token 496)."""
+    return 1000 * (workloads.index(w) + 1) + k
+
+
+def run_workload(url: str, w: Workload, json_path: Path, extra: list[str],
+                 seed: int = 0) -> tuple[float, float, int]:
     """`tidegate bench serve` for one workload (in a child process, so each run has a fresh
-    event loop and its CPU time is its own); returns its wall start, end and exit code."""
+    event loop and its CPU time is its own); returns its wall start, end and exit code.
+    `extra` comes after the seed, so a `--seed` in it wins."""
     argv = [sys.executable, "-m", "gateway.tidegate_cli", "bench", "serve", "--url", url,
-            *w.bench_argv(), "--json", str(json_path), "--no-progress", *extra]
+            *w.bench_argv(), "--seed", str(seed), "--json", str(json_path), "--no-progress",
+            *extra]
     t0 = time.time()
     done = subprocess.run(argv, cwd=ROOT, check=False)
     return t0, time.time(), done.returncode
@@ -341,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
                     summary["skipped"].append(f"{name}/{label}")
                     continue
                 path = out / f"{name}_{label}.json"
-                t0, t1, rc = run_workload(server.url, w, path, args.bench_arg)
+                t0, t1, rc = run_workload(server.url, w, path, args.bench_arg,
+                                          seed=run_seed(workloads, w, k))
                 windows.append((w, path, t0, t1, rc))
                 print(f"[{name}] {label}: {t1 - t0:.1f} s, exit {rc}", flush=True)
         except BaseException:  # cut off (SIGINT from a time cap): stop the server all the same

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.serving_suite import issue11_goals, step_model, step_summary
+from bench.serving_suite import WORKLOADS, issue11_goals, run_seed, step_model, step_summary
 
 ROOT = Path(__file__).parents[1]
 
@@ -97,6 +97,15 @@ def test_suite_end_to_end_on_the_cpu(tmp_path):
     # a workload named twice runs twice, the second under its own name and window
     again = json.loads((tmp_path / "a_short_burst_2.json").read_text())
     assert again["completed"] == 12 and again["engine"]["num_steps"] >= 8
+    assert again["config"]["seed"] != result["config"]["seed"]  # its own prompts
     rows = summary["rows"]
     assert [r["json"] for r in rows] == ["a_short_burst.json", "a_short_burst_2.json"]
     assert rows[0]["window_wall_s"][1] <= rows[1]["window_wall_s"][0]
+
+
+def test_every_run_gets_its_own_prompts():
+    """Each workload and each repeat draws its prompts from its own seed: with one seed, the
+    400-burst's first 200 prompts were the 8 req/s run's and hit the server's prefix cache."""
+    for suite in WORKLOADS.values():
+        seeds = [run_seed(suite, w, k) for w in suite for k in (1, 2)]
+        assert len(set(seeds)) == len(seeds)
