@@ -17,5 +17,8 @@ can share a name):
                             (quantizes on write into fp8 / int4 pools)
     silu_mul                silu_and_mul(gate_up)
     fp8_gemv                quantize_fp8_per_channel(w); fp8_gemv(x, w_fp8, scale);
-                            fp8_linear(x, w_fp8, scale); check_fp8_support(device)
+                            fp8_linear(x, w_fp8, scale); check_fp8_support(device);
+                            one row with the op before it folded in (Triton only):
+                            gemv_silu_mul_triton(gate_up, w, scale, config),
+                            gemv_rms_norm_triton(x, residual, norm_w, eps, w, scale, config)
 """
