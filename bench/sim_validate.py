@@ -90,11 +90,9 @@ def typical_len(spec) -> int:
 
 # ---- 1. profile -----------------------------------------------------------------------------------
 def profile_grid(input_len: int, output_len: int, max_num_seqs: int = 256) -> dict[str, str]:
-    """A grid covering the workload: decode batches up to max_num_seqs (past 64 the steps are
-    compute-bound and the simulator must not extrapolate them: a grid stopping at 64 put a
-    batch-256 step of the 33B preset at 52.8 ms against 29-39 ms served), prefills of 1-4 prompts
-    (as one chunk, the profile's shape), contexts from the prompt to prompt + output."""
-    d = [x for x in (0, 1, 2, 4, 8, 16, 32, 64, 128, 256) if x <= max_num_seqs]
+    """A grid covering the workload: decode batches up to 64 (capped by max_num_seqs), prefills of
+    1-4 prompts (as one chunk, the profile's shape), contexts from the prompt to prompt + output."""
+    d = [x for x in (0, 1, 2, 4, 8, 16, 32, 64) if x <= max_num_seqs]
     p = sorted({0, input_len, 2 * input_len, 4 * input_len})
     c = sorted({input_len, input_len + output_len // 2, input_len + output_len})
     return {"decode_batch_sizes": ",".join(map(str, d)), "prefill_tokens": ",".join(map(str, p)),

@@ -74,7 +74,9 @@ class BlockManager:
         # a simulation builds hundreds of 10k-block pools
         self._exclusive = not enable_prefix_caching
         self._ref_counts = [] if self._exclusive else [0] * num_blocks
-        self._block_keys: list[BlockKey | None] = [None] * num_blocks
+        # each block's cache key (None: uncached); empty while nothing can be cached (prefix
+        # caching off and never forked, as `_ref_counts`): every entry would stay None
+        self._block_keys: list[BlockKey | None] = [None] * num_blocks if not self._exclusive else []
         self._cached: dict[BlockKey, int] = {}  # key -> block holding those tokens' K/V
         self._free_uncached: list[int] = []
         self._num_fresh = num_blocks  # blocks num_blocks - _num_fresh ... num_blocks - 1
@@ -470,17 +472,24 @@ class BlockManager:
         if child_id in self._tables:
             raise ValueError(f"sequence {child_id!r} already has blocks")
         table = self._tables[parent_id]
-        if self._exclusive:  # the counts were not kept: every held block has 1
-            self._exclusive = False
-            ref = self._ref_counts = [0] * self.num_blocks
-            for held in self._tables.values():
-                for block in held:
-                    ref[block] = 1
+        if self._exclusive:
+            self._leave_exclusive()
         for block in table:
             self._ref_counts[block] += 1
         self._tables[child_id] = list(table)
         self._num_tokens[child_id] = self._num_tokens[parent_id]
         self._hashes[child_id] = list(self._hashes[parent_id])
+
+    def _leave_exclusive(self) -> None:
+        """Keep ref counts and block keys from now on (blocks are about to be shared). The counts
+        were not kept: every held block has 1; no block was keyed."""
+        self._exclusive = False
+        ref = self._ref_counts = [0] * self.num_blocks
+        if not self._block_keys:
+            self._block_keys = [None] * self.num_blocks
+        for held in self._tables.values():
+            for block in held:
+                ref[block] = 1
 
     def free(self, seq_id: object) -> None:
         """Drop the sequence's references; blocks reaching 0 go back to the free list."""
@@ -529,8 +538,9 @@ class BlockManager:
             assert (have == 0) == (block in free), (
                 f"block {block}: ref count {have} but {'in' if block in free else 'not in'} "
                 "the free list")
+        keys = self._block_keys or [None] * self.num_blocks  # empty: nothing is keyed
         for block in [*self._free_uncached, *fresh]:
-            assert self._block_keys[block] is None, f"block {block}: cached but in the uncached part"
+            assert keys[block] is None, f"block {block}: cached but in the uncached part"
         for block in self._free_cached:
             assert self._block_keys[block] is not None, f"block {block}: uncached in the LRU part"
         assert len(free) + sum(1 for c in counts if c) == self.num_blocks, "blocks unaccounted"

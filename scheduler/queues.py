@@ -383,6 +383,14 @@ class ClassQueues:
         """Up to n requests in service order (aging, then class order, then the class policy)."""
         if self.expiry_heap and self.expiry_heap[0][0] <= now:
             self.collect_expired(now)
+        if self.size == 1 and n > 0:  # one queued (an idle flush's window): no order to work out
+            for cs in self._classes:
+                if cs.count:
+                    req = cs.queue.pop()
+                    del self._index[req.request_id]
+                    cs.count = cs.tokens = self.size = 0
+                    self.expiry_heap.clear()  # nothing queued: every entry is stale
+                    return [req]
         out: list[PendingRequest] = []
         index = self._index
         while n > 0 and self.size:

@@ -39,6 +39,7 @@ from scheduler.step_scheduler import PrefillCap, SchedulerConfig, StepResult, St
 from sims.workload import Workload
 
 _TOKEN_STRIDE = 1 << 20
+_NO_STOPS: frozenset[str] = frozenset()  # no simulated request samples a stop token
 
 
 class WorkloadLists:
@@ -308,7 +309,7 @@ class BackendAdapter:
             if c.sample:
                 sampled[c.request_id] = 0
                 firsts.append(int(c.request_id))
-        done = self.sched.update(plan, StepResult(sampled))
+        done = self.sched.update(plan, StepResult(sampled, _NO_STOPS))
         return firsts, [int(f.request_id) for f in done]
 
     def decode_stretch(self, max_steps: int, max_finishes: int) -> tuple[int, list[tuple]]:

@@ -411,7 +411,7 @@ class EventLoop:
                 return
         max_k = self.max_k
         # a stretch is not truncated for requests already in the inbox: one step, then admit
-        if max_k > 1 and sched.num_waiting == 0 and not be.inbox:
+        if max_k > 1 and not sched.sched.waiting and not be.inbox:  # num_waiting == 0
             # past finishes only while they cannot change what spare() reads (module doc)
             past = (self.max_fin if self.max_fin and sched.has_room
                     and sched.kv_usage < self.watermark else 0)
@@ -575,13 +575,21 @@ class EventLoop:
             self.sample_cursor = (start + k) % len(backends)
             backends = [backends[(start + j) % len(backends)] for j in range(k)]
         scale = len(self.backends) / len(backends)
+        # one pass, the scheduler's own fields (the adapter's properties cost a call each);
+        # the sums stay sum()s over the same values in the same order
+        waiting, kv_usage, running, fragmentation = [], [], [], []
+        for b in backends:
+            adapter = b.sched
+            sched = adapter.sched
+            waiting.append(len(b.inbox) + len(sched.waiting))
+            kv_usage.append(adapter.bm.usage)
+            running.append(len(sched.running))
+            fragmentation.append(sched.internal_fragmentation())
         series["t"].append(now)
-        series["queue_depth"].append(self.gateway.num_pending + scale * sum(
-            len(b.inbox) + b.sched.num_waiting for b in backends))
-        series["kv_usage"].append(sum(b.sched.kv_usage for b in backends) / len(backends))
-        series["running"].append(scale * sum(b.sched.num_running for b in backends))
-        series["fragmentation"].append(
-            sum(b.sched.fragmentation() for b in backends) / len(backends))
+        series["queue_depth"].append(self.gateway.num_pending + scale * sum(waiting))
+        series["kv_usage"].append(sum(kv_usage) / len(backends))
+        series["running"].append(scale * sum(running))
+        series["fragmentation"].append(sum(fragmentation) / len(backends))
 
     # ---- the loop --------------------------------------------------------------------------------
     def run(self) -> SimResult:
@@ -687,22 +695,52 @@ def expand_steps(cost: CostModel, step_rows: list[tuple], stretch_rows: list[tup
         step_time[:m] = single[:, 2]
     if total == m:
         return step_decode, step_prefill, step_time
-    n_step = step_decode[m:]
-    n_step[:] = np.repeat(nd, ks)
+    step_decode[m:] = np.repeat(nd, ks)
+    # Segments repeat (one request alone on each of many backends: one kind of segment): when
+    # the distinct (steps, batch, first context) are few, each is computed once and the run's
+    # steps are gathered from them — the same values (the same formula on the same inputs)
+    # for a gather instead of a dozen arithmetic passes over every step
+    kinds, kind_of = _segment_kinds(rows)
+    if kinds is not None and 4 * len(kinds) <= len(rows):
+        kind_times = _segment_step_times(cost, kinds)
+        kind_first = np.cumsum(kinds[:, 0]) - kinds[:, 0]  # a kind's first step in kind_times
+        first = np.cumsum(ks) - ks                          # a segment's first stretch step
+        src = np.arange(total - m, dtype=np.int64)
+        src += np.repeat(kind_first[kind_of] - first, ks)
+        np.take(kind_times, src, out=step_time[m:])
+        return step_decode, step_prefill, step_time
+    step_time[m:] = _segment_step_times(cost, rows)
+    return step_decode, step_prefill, step_time
+
+
+def _segment_kinds(rows: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The distinct rows and each row's index among them (np.unique's), through one int64 key
+    per row (a 1-D sort: np.unique over rows costs ~20x more); (None, None) when the values are
+    too large to pack."""
+    hi = rows.max(axis=0) + 1
+    if rows.min() < 0 or float(hi[0]) * float(hi[1]) * float(hi[2]) >= 2.0**62:
+        return None, None
+    key = (rows[:, 0] * hi[1] + rows[:, 1]) * hi[2] + rows[:, 2]
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    return rows[first], inv
+
+
+def _segment_step_times(cost: CostModel, rows: np.ndarray) -> np.ndarray:
+    """The duration of every step of stretch segments ``(steps, batch, first context)``, in
+    order: a segment's context grows by its batch each step."""
+    ks, nd = rows[:, 0], rows[:, 1]
+    n_step = np.repeat(nd, ks)
     # context of step i of a segment: its first context + i * batch, with i = (index among the
     # stretch steps) - (the segment's first index): one repeat of (first context - first index *
     # batch) plus arange * batch
     first = np.cumsum(ks) - ks
-    ctx_step = np.arange(total - m, dtype=np.int64)
+    ctx_step = np.arange(len(n_step), dtype=np.int64)
     ctx_step *= n_step
     ctx_step += np.repeat(rows[:, 2] - first * nd, ks)
     step_times_fn = getattr(cost, "decode_step_times", None)
     if step_times_fn is not None:
-        step_time[m:] = step_times_fn(n_step, ctx_step)
-    else:
-        step_time[m:] = np.concatenate([cost.decode_times(int(n), int(c), int(k))
-                                        for k, n, c in rows])
-    return step_decode, step_prefill, step_time
+        return step_times_fn(n_step, ctx_step)
+    return np.concatenate([cost.decode_times(int(n), int(c), int(k)) for k, n, c in rows])
 
 
 def _progress(done: int, total: int, wall0: float, end: str = "") -> None:

@@ -371,7 +371,7 @@ def test_exclusive_pool_keeps_no_ref_counts_but_behaves_as_counted(ops, block_si
     CoW checks and integrity read as if every held block had 1; a fork rebuilds the counts."""
     fast = BlockManager(24, block_size, enable_prefix_caching=False)
     slow = BlockManager(24, block_size, enable_prefix_caching=False)
-    slow._exclusive, slow._ref_counts = False, [0] * 24  # the general path: counts kept from the start
+    slow._leave_exclusive()  # the general path: counts kept from the start
     n = 0
     for op, s, k in ops:
         sid = f"s{s}"
