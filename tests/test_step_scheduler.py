@@ -352,7 +352,9 @@ def test_advance_equals_single_steps(reqs, num_blocks, block_size, caching, max_
             running = sorted(set(running) - {f.request_id for f in fin})
             if past and fin and not s.waiting:
                 event("stretch passed a finish")
-        fin_multi = multi.advance_decode_steps(j, token_id=0, past_finishes=past)
+        # half the time with the bound the caller already has (nothing changed since k)
+        fin_multi = multi.advance_decode_steps(j, token_id=0, past_finishes=past,
+                                               allowed=k if j % 2 else None)
         multi.check_integrity()
         assert fin_multi == fin_single
         assert snapshot(multi) == snapshot(single)
@@ -375,8 +377,11 @@ def test_max_pure_decode_steps_cases():
     step(s2)
     assert s2.max_pure_decode_steps() == 9  # finishes on the 9th step
     assert len(copy.deepcopy(s2).advance_decode_steps(9)) == 1
+    assert len(copy.deepcopy(s2).advance_decode_steps(9, allowed=9)) == 1
     with pytest.raises(ValueError, match="at most 9"):
         s2.advance_decode_steps(10)
+    with pytest.raises(ValueError, match="at most 9"):  # the caller's bound is still enforced
+        s2.advance_decode_steps(10, allowed=9)
     s2.add_request("b", [2] * 5, 5, 1.0)
     assert s2.max_pure_decode_steps() == 0  # b can be admitted
     step(s2)
