@@ -40,6 +40,8 @@ Bytes per token per layer (K + V), head_dim D, Hkv kv heads:
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -53,6 +55,14 @@ SCALE_DTYPE = torch.float32
 # Triton write and attention) takes either layout from the pool's own shapes and dtypes, but
 # the default stays 32 / fp32 until the Triton write of the other is checked on the GPU.
 INT4_SCALE_DTYPE = torch.float32
+# TIDEGATE_INT4_LAYOUT=g16 selects the 16-channel / fp16-scale layout in this process (g32, the
+# default, the one above): for the GPU perplexity and speed runs that decide the default, without
+# editing code. Read once at import, as the constants it sets are.
+INT4_LAYOUTS = {"g32": (32, torch.float32), "g16": (16, torch.float16)}
+_layout = os.environ.get("TIDEGATE_INT4_LAYOUT", "g32")
+if _layout not in INT4_LAYOUTS:
+    raise ValueError(f"TIDEGATE_INT4_LAYOUT={_layout!r}: expected one of {sorted(INT4_LAYOUTS)}")
+INT4_GROUP, INT4_SCALE_DTYPE = INT4_LAYOUTS[_layout]
 _TINY = 1e-12                # scale floor: an all-zero vector quantizes to zeros, not NaNs
 TINY_F16 = 2.0 ** -14        # the floor of fp16 scales (fp16's smallest normal: no subnormals)
 # Scales are amax times these reciprocals (not amax / max): torch on CUDA turns a division by a

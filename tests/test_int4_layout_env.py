@@ -1,0 +1,38 @@
+"""`TIDEGATE_INT4_LAYOUT` picks the int4 keys' layout for a whole process (the GPU runs that
+decide the default set it instead of editing `backend.kv_quant`): g16 gives 16-channel groups
+with fp16 scales in the same bytes as the default g32; anything else fails at import, loudly."""
+import os
+import subprocess
+import sys
+
+CODE = (
+    "from backend.kv_quant import QuantizedPages, INT4_GROUP\n"
+    "p = QuantizedPages('int4', 2, 16, 2, 128, 'cpu')\n"
+    "print(INT4_GROUP, str(p.scale.dtype), tuple(p.scale.shape), p.data.nbytes + p.scale.nbytes,\n"
+    "      sep='|')\n"
+)
+
+
+def run(layout):
+    env = {**os.environ}
+    env.pop("TIDEGATE_INT4_LAYOUT", None)
+    if layout is not None:
+        env["TIDEGATE_INT4_LAYOUT"] = layout
+    return subprocess.run([sys.executable, "-c", CODE], env=env, capture_output=True, text=True,
+                          check=False)
+
+
+def test_default_and_g16_layouts_take_the_same_bytes():
+    default, g16 = run(None), run("g16")
+    assert default.returncode == 0 and g16.returncode == 0, default.stderr + g16.stderr
+    group_a, dtype_a, shape_a, bytes_a = default.stdout.strip().split("|")
+    group_b, dtype_b, shape_b, bytes_b = g16.stdout.strip().split("|")
+    assert (group_a, dtype_a) == ("32", "torch.float32")
+    assert (group_b, dtype_b) == ("16", "torch.float16")
+    assert shape_a != shape_b and bytes_a == bytes_b
+    assert run("g32").stdout == default.stdout
+
+
+def test_an_unknown_layout_fails_at_import():
+    bad = run("g8")
+    assert bad.returncode != 0 and "TIDEGATE_INT4_LAYOUT='g8'" in bad.stderr
