@@ -46,6 +46,14 @@ tokenizer on training text only and writes token ids:
     of the text. Compared with ``gzip -9`` and ``xz -9`` of each file on its own (the model
     also sees each file on its own).
 
+``sweep`` (one GPU) is ``train`` that first chooses the shape: each ``--candidates`` shape
+(``LAYERSxHIDDENxINTERMEDIATE/HEADS/KV_HEADS``, each within ``--max-params``: bf16 weights in the
+repository's 30 MB) trains for an equal share (``--sweep-frac`` of ``--time-budget-s``, split
+evenly; or ``--candidate-steps``) from the same seed with the same schedule shape, and is scored
+by its loss over every window of the validation packages; the lowest loss wins and is trained
+afresh for the rest of the budget. Every candidate's numbers are in ``metrics.json["sweep"]``.
+The vocabulary is not swept: it is fixed by ``prepare`` (one tokenization per size).
+
 ``card`` renders ``README.md`` (the model card) from ``metrics.json`` and, when present,
 ``eval.json`` (the engine's evaluation: ``tidegate eval code``).
 
@@ -53,6 +61,8 @@ tokenizer on training text only and writes token ids:
     python scripts/train_tiny_coder.py prepare --corpus /tmp/tiny-corpus --out /tmp/tiny-prep
     python scripts/train_tiny_coder.py train --prep /tmp/tiny-prep --out models/tiny-coder
     python scripts/train_tiny_coder.py card --model models/tiny-coder
+
+    python scripts/train_tiny_coder.py sweep --prep /tmp/tiny-prep --out models/tiny-coder --compile
 
 Quick CPU smoke test::
 
@@ -75,6 +85,7 @@ import math
 import os
 import platform
 import random
+import re
 import shutil
 import sys
 import time
@@ -443,8 +454,6 @@ def count_params(model: nn.Module) -> dict:
     return {"total": total, "embedding": emb, "lm_head": head, "non_embedding": total - emb - head}
 
 
-
-
 # --------------------------------------------------------------------------------------------
 # data + evaluation
 
@@ -639,8 +648,9 @@ def plot_losses(log: list[dict], path: Path, title: str):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    tr = [r for r in log if r["type"] == "train"]
-    ev = [r for r in log if r["type"] == "eval"]
+    final = [r for r in log if "candidate" not in r]  # the shipped model's run, not the sweep's
+    tr = [r for r in final if r["type"] == "train"]
+    ev = [r for r in final if r["type"] == "eval"]
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
     ax.plot([r["tokens"] / 1e6 for r in tr], [r["loss"] for r in tr], lw=0.8,
             label="train (batch mean; FIM documents included)")
@@ -659,8 +669,6 @@ def plot_losses(log: list[dict], path: Path, title: str):
     plt.close(fig)
 
 
-
-
 # --------------------------------------------------------------------------------------------
 # train
 
@@ -669,67 +677,20 @@ def bits_per_byte(nll: float, n_pred: int, nbytes: int) -> float:
     return nll * n_pred / math.log(2) / nbytes
 
 
-def train(args) -> int:
-    t_start = time.time()
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+def fit(args, mc: ModelConfig, stream, val_set, device, budget_s: float, steps: int | None,
+        emit, say, charge_compile: bool = True) -> tuple[TinyLlama, dict]:
+    """Train one shape on the stream; return it with the weights of its best validation loss.
+
+    The step count is `steps`, or fixed after the probe steps so that training and its periodic
+    validation fit `budget_s` seconds. `charge_compile=False` (sweep candidates) starts that clock
+    after the warm-up steps, charging them at the measured step time instead of what they took:
+    torch.compile's one-off cost differs by shape and would otherwise decide the comparison.
+    """
     use_cuda = device.type == "cuda"
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    # deterministic kernels where torch has them; the rest are reported (warn_only)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    if use_cuda:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
     autocast = use_cuda  # bf16 autocast on a CPU without bf16 units is slower than fp32, by far
-    out: Path = args.out
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    log_f = open(out / "train_log.jsonl", "w")  # noqa: SIM115 - appended to for the whole run
-    log: list[dict] = []
-
-    def emit(rec: dict):
-        log.append(rec)
-        log_f.write(json.dumps(rec) + "\n")
-        log_f.flush()
-
-    def say(msg: str):
-        print(f"[{time.time() - t_start:7.1f}s] {msg}", flush=True)
-
-    from tokenizers import Tokenizer
-
-    prep: Path = args.prep
-    pmeta = json.loads((prep / "prep.json").read_text())
-    tok = Tokenizer.from_file(str(prep / "tokenizer.json"))
-    stream = torch.from_numpy(np.load(prep / "train.npy").astype(np.int32)).to(device)
-    val_docs, val_files = load_split(prep, "val")
-    ho_docs, ho_files = load_split(prep, "heldout")
-    (out / "heldout_files.txt").write_text("".join(f["path"] + "\n" for f in ho_files))
-    pad_id = tok.token_to_id(PAD)
-    val_x, val_y = make_windows(val_docs, args.seq_len, pad_id)
-    ho_x, ho_y = make_windows(ho_docs, args.seq_len, pad_id)
-    val_bytes = sum(f["bytes"] for f in val_files)
-    say(f"stream {len(stream):,} tokens; val {len(val_x)} windows, held-out {len(ho_x)} windows")
-
-    def sub(x, y):  # periodic evaluations: all windows, or a fixed seeded subset
-        if args.eval_windows:
-            i = torch.randperm(len(x), generator=torch.Generator().manual_seed(args.seed))
-            x, y = x[i[: args.eval_windows]], y[i[: args.eval_windows]]
-        return x.to(device), y.to(device)
-
-    val_set = sub(val_x, val_y)
-
-    mc = ModelConfig(
-        vocab_size=tok.get_vocab_size(),
-        hidden_size=args.hidden_size,
-        intermediate_size=args.intermediate_size,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads,
-        max_position_embeddings=args.max_position_embeddings,
-        tie_word_embeddings=args.tie_embeddings,
-    )
+    # every shape starts from the same seeded state: initialisation, dropout and data order do
+    # not depend on which shapes were trained before it in the same process
+    torch.manual_seed(args.seed)
     model = TinyLlama(mc, dropout=args.dropout).to(device)
     params = count_params(model)
     say(f"model: {params['total']:,} parameters ({params['non_embedding']:,} non-embedding)")
@@ -741,9 +702,6 @@ def train(args) -> int:
         lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=use_cuda,
     )
     batcher = Batcher(stream, args.seq_len, args.batch_size, args.seed, device)
-    device_name = (torch.cuda.get_device_name(device) if use_cuda
-                   else (platform.processor() or platform.machine() or "cpu"))
-
     def sync():
         if use_cuda:
             torch.cuda.synchronize(device)
@@ -786,7 +744,7 @@ def train(args) -> int:
     # Schedule: warm-up, constant, half-cosine decay over the last decay_frac of total_steps.
     # total_steps comes from --steps, or from the step time measured over probe steps so that
     # the rest of the run (its periodic validation included) fits the time budget.
-    total_steps = args.steps
+    total_steps = steps
 
     def lr_at(step: int) -> float:
         if step < args.warmup_steps:
@@ -822,6 +780,8 @@ def train(args) -> int:
     t_train = time.perf_counter()
     t_last, tok_last = t_train, 0
     probe_t0 = None
+    t_budget = t_train  # where the budget's clock starts (moved past compilation: see below)
+    last_was_eval = False
     while total_steps is None or step < total_steps:
         loss, n = train_step(lr_at(step))
         step += 1
@@ -835,7 +795,9 @@ def train(args) -> int:
             sync()
             step_s = (time.perf_counter() - probe_t0) / (args.probe_steps - args.probe_skip)
             periodic_eval()  # also measures what one validation pass costs
-            left = args.time_budget_s - (time.perf_counter() - t_train)
+            if not charge_compile:  # the warm-up steps are charged at the measured step time
+                t_budget = probe_t0 - args.probe_skip * step_s
+            left = budget_s - (time.perf_counter() - t_budget)
             per_step = step_s + eval_s[-1] / args.eval_every
             total_steps = step + max(0, int(left / per_step))
             emit({"type": "schedule", "step": step, "step_s": step_s, "eval_s": eval_s[-1],
@@ -856,19 +818,206 @@ def train(args) -> int:
             loss_acc.zero_()
             n_acc = 0
             t_last, tok_last = now, tokens
+        last_was_eval = step == args.probe_steps and steps is None
         if step % args.eval_every == 0 and step != args.probe_steps:
             periodic_eval()
-        if time.perf_counter() - t_train > args.time_budget_s * 1.05 + 30:
+            last_was_eval = True
+        if time.perf_counter() - t_budget > budget_s * 1.05 + 30:
             say("over the time budget: stopping early")  # a guard; the step count should fit
             break
     sync()
     train_time = time.perf_counter() - t_train
-    if not log or log[-1]["type"] != "eval":
+    if not last_was_eval:
         periodic_eval()
     say(f"training done: {step} steps, {tokens:,} tokens in {train_time:.1f}s; best val "
         f"{best['val_loss']:.4f} at step {best['step']}")
     model.load_state_dict(best["state"])
     model.eval()
+    return model, {"params": params, "steps": step, "tokens": tokens, "train_time_s": train_time,
+                   "compiled": compiled, "total_steps": total_steps,
+                   "best_val_loss": best["val_loss"], "best_step": best["step"]}
+
+
+# --------------------------------------------------------------------------------------------
+# shape sweep: candidate shapes compared by validation loss, the winner trained for the rest
+
+
+# 30 MB in the repository, minus ~0.7 MB of tokenizer, card, logs and plot, at 2 bytes (bf16) a
+# parameter. FP8 checkpoints would double it, but backend/loader.py loads only F32/BF16/F16
+# tensors (the engine quantizes bf16 weights to fp8 at load), so weights ship in bf16.
+MAX_PARAMS = 14_600_000
+
+# Three shapes of ~14.1M parameters (tied 8192-entry vocabulary, head dim 64): wide and shallow,
+# the shipped v2 shape, narrow and deep.
+DEFAULT_CANDIDATES = ("5x448x1216/7/1", "7x384x1024/6/2", "11x320x832/5/1")
+
+
+@dataclass(frozen=True)
+class Shape:
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+
+    @classmethod
+    def parse(cls, spec: str) -> Shape:
+        """`LAYERSxHIDDENxINTERMEDIATE/HEADS/KV_HEADS`, e.g. `7x384x1024/6/2`."""
+        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)/(\d+)/(\d+)", spec.strip())
+        if not m:
+            raise argparse.ArgumentTypeError(
+                f"candidate {spec!r}: expected LAYERSxHIDDENxINTERMEDIATE/HEADS/KV_HEADS, "
+                "e.g. 7x384x1024/6/2")
+        s = cls(*map(int, m.groups()))
+        if min(m.groups(), key=int) == "0" or s.hidden % s.heads or s.heads % s.kv_heads \
+                or (s.hidden // s.heads) % 2:
+            raise argparse.ArgumentTypeError(
+                f"candidate {spec!r}: need hidden divisible by heads, heads by KV heads, an even "
+                "head dimension and no zero")
+        return s
+
+    def __str__(self) -> str:
+        return f"{self.layers}x{self.hidden}x{self.intermediate}/{self.heads}/{self.kv_heads}"
+
+
+def model_config(args, vocab_size: int, s: Shape) -> ModelConfig:
+    return ModelConfig(
+        vocab_size=vocab_size, hidden_size=s.hidden, intermediate_size=s.intermediate,
+        num_hidden_layers=s.layers, num_attention_heads=s.heads, num_key_value_heads=s.kv_heads,
+        max_position_embeddings=args.max_position_embeddings,
+        tie_word_embeddings=args.tie_embeddings)
+
+
+def param_count(c: ModelConfig) -> int:
+    """Parameters of TinyLlama(c) in closed form (the size check runs before any model exists)."""
+    h, kv_dim = c.hidden_size, c.num_key_value_heads * c.head_dim
+    per_layer = 2 * h * h + 2 * h * kv_dim + 3 * h * c.intermediate_size + 2 * h
+    head = 0 if c.tie_word_embeddings else c.vocab_size * h
+    return c.vocab_size * h + head + c.num_hidden_layers * per_layer + h
+
+
+def run_sweep(args, vocab_size: int, stream, val_set, val_all, val_bytes: int, device, emit,
+              say) -> tuple[ModelConfig, dict]:
+    """Train every candidate for an equal share of the budget; the winner's config and a record.
+
+    Each candidate gets `--sweep-frac` x `--time-budget-s` / n seconds (or `--candidate-steps`),
+    the same seed and the same schedule shape (warm-up, constant, decay over its last
+    `--decay-frac`), and is then scored by its loss over every window of the validation packages
+    (not the periodic subset). The lowest loss wins; a tie goes to the earlier candidate.
+    """
+    t0 = time.perf_counter()
+    shapes = list(args.candidates)
+    configs = [model_config(args, vocab_size, s) for s in shapes]
+    for s, c in zip(shapes, configs):
+        n = param_count(c)
+        if n > args.max_params:
+            raise SystemExit(
+                f"candidate {s}: {n:,} parameters (vocabulary {vocab_size}, tied embeddings: "
+                f"{c.tie_word_embeddings}) is over --max-params {args.max_params:,.0f} "
+                "(bf16 weights, 2 bytes each, within the repository's 30 MB)")
+    share = args.time_budget_s * args.sweep_frac / len(shapes)
+    say(f"sweep: {len(shapes)} candidates, {share:.0f}s each"
+        + (f" ({args.candidate_steps} steps each)" if args.candidate_steps else ""))
+    val_x, val_y = val_all
+    rows = []
+    for s, c in zip(shapes, configs):
+        name = str(s)
+        model, info = fit(args, c, stream, val_set, device, share, args.candidate_steps,
+                          lambda rec, name=name: emit({**rec, "candidate": name}),
+                          lambda msg, name=name: say(f"[{name}] {msg}"), charge_compile=False)
+        vl, vn = eval_loss(model, val_x, val_y, args.eval_batch_size, device,
+                           autocast=device.type == "cuda")
+        rows.append({"shape": name, "params": info["params"]["total"],
+                     "model_config": asdict(c), "steps": info["steps"], "tokens": info["tokens"],
+                     "train_time_s": info["train_time_s"], "compiled": info["compiled"],
+                     "best_step": info["best_step"], "val_loss": vl, "val_tokens": vn,
+                     "val_bits_per_byte": bits_per_byte(vl, vn, val_bytes)})
+        emit({"type": "candidate", **{k: v for k, v in rows[-1].items() if k != "model_config"}})
+        say(f"[{name}] {info['params']['total']:,} parameters, {info['steps']} steps, "
+            f"{info['tokens']:,} tokens: validation loss {vl:.4f} "
+            f"({rows[-1]['val_bits_per_byte']:.4f} bits/byte)")
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    win = min(range(len(rows)), key=lambda i: (rows[i]["val_loss"], i))
+    return configs[win], {
+        "rule": ("equal share of the time budget each (warm-up steps charged at the measured "
+                 "step time, not torch.compile's), same seed and schedule shape; lowest loss over "
+                 "every validation window wins; the winner is then trained afresh"),
+        "share_s": share, "candidate_steps": args.candidate_steps,
+        "candidates": rows, "winner": rows[win]["shape"],
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def train(args) -> int:
+    t_start = time.time()
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    use_cuda = device.type == "cuda"
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    # deterministic kernels where torch has them; the rest are reported (warn_only)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    if use_cuda:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    out: Path = args.out
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    log_f = open(out / "train_log.jsonl", "w")  # noqa: SIM115 - appended to for the whole run
+    log: list[dict] = []
+
+    def emit(rec: dict):
+        log.append(rec)
+        log_f.write(json.dumps(rec) + "\n")
+        log_f.flush()
+
+    def say(msg: str):
+        print(f"[{time.time() - t_start:7.1f}s] {msg}", flush=True)
+
+    from tokenizers import Tokenizer
+
+    prep: Path = args.prep
+    pmeta = json.loads((prep / "prep.json").read_text())
+    tok = Tokenizer.from_file(str(prep / "tokenizer.json"))
+    stream = torch.from_numpy(np.load(prep / "train.npy").astype(np.int32)).to(device)
+    val_docs, val_files = load_split(prep, "val")
+    ho_docs, ho_files = load_split(prep, "heldout")
+    (out / "heldout_files.txt").write_text("".join(f["path"] + "\n" for f in ho_files))
+    pad_id = tok.token_to_id(PAD)
+    val_x, val_y = make_windows(val_docs, args.seq_len, pad_id)
+    ho_x, ho_y = make_windows(ho_docs, args.seq_len, pad_id)
+    val_bytes = sum(f["bytes"] for f in val_files)
+    say(f"stream {len(stream):,} tokens; val {len(val_x)} windows, held-out {len(ho_x)} windows")
+
+    def sub(x, y):  # periodic evaluations: all windows, or a fixed seeded subset
+        if args.eval_windows:
+            i = torch.randperm(len(x), generator=torch.Generator().manual_seed(args.seed))
+            x, y = x[i[: args.eval_windows]], y[i[: args.eval_windows]]
+        return x.to(device), y.to(device)
+
+    val_set = sub(val_x, val_y)
+
+
+    device_name = (torch.cuda.get_device_name(device) if use_cuda
+                   else (platform.processor() or platform.machine() or "cpu"))
+    vocab = tok.get_vocab_size()
+    sweep = None
+    budget_s = args.time_budget_s
+    if getattr(args, "candidates", None):
+        mc, sweep = run_sweep(args, vocab, stream, val_set, (val_x, val_y), val_bytes, device,
+                              emit, say)
+        budget_s = args.time_budget_s - sweep["seconds"]
+        say(f"sweep: {sweep['winner']} wins; {budget_s:.0f}s of the budget left to train it")
+    else:
+        mc = model_config(args, vocab, Shape(args.layers, args.hidden_size,
+                                             args.intermediate_size, args.heads, args.kv_heads))
+    model, info = fit(args, mc, stream, val_set, device, budget_s, args.steps, emit, say)
+    params, step, tokens = info["params"], info["steps"], info["tokens"]
+    train_time, compiled, total_steps = info["train_time_s"], info["compiled"], info["total_steps"]
+    best = {"val_loss": info["best_val_loss"], "step": info["best_step"]}
 
     # export + evaluation with the saved (bf16) weights computed in float32
     save_hf_dir(out, model, tok, mc, args.max_position_embeddings)
@@ -939,9 +1088,12 @@ def train(args) -> int:
         "tokenizers_version": tokenizers.__version__,
         "prep": pmeta,
         "model_config": asdict(mc),
-        "hyperparameters": {k: (str(v) if isinstance(v, Path) else v)
+        "hyperparameters": {k: (str(v) if isinstance(v, Path) else
+                                [str(x) for x in v] if k == "candidates" and v else v)
                             for k, v in vars(args).items() if k != "func"},
         "total_steps": total_steps,
+        "final_budget_s": budget_s,
+        "sweep": sweep,
         "transformers_check": {k: check[k] for k in ("hf_logits_max_abs_diff", "hf_logits_scale")},
         "sample": {"prompt": args.sample_prompt, "new_tokens": args.sample_tokens,
                    "completion": check["completion"]},
@@ -964,8 +1116,6 @@ def train(args) -> int:
     return 0
 
 
-
-
 # --------------------------------------------------------------------------------------------
 # card
 
@@ -982,6 +1132,168 @@ def _licence_table(manifest: dict) -> str:
     return "\n".join(rows)
 
 
+def _cell(text) -> str:
+    """Text safe inside a Markdown table cell (pipes escaped, one line)."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _header_rows(rows: list[dict], with_file: bool) -> str:
+    """The header-completion table: each header, what ended it, and both protocols' verdicts."""
+    head = "| header |" + (" file |" if with_file else "") + " ends by | lines | HumanEval-style | old protocol |"
+    out = [head, "|---|" + ("---|" if with_file else "") + "---|---|---|---|"]
+    for r in rows:
+        verdict = "**parses**" if r["parses"] else f"fails: {_cell(r.get('error') or '?')}"
+        file = f" `{_cell(r['path'].removeprefix('site-packages/'))}` |" if with_file else ""
+        out.append(f"| `{_cell(r['header'].strip())}` |{file} {r['finish']} | {r['lines']} | "
+                   f"{verdict} | {'parses' if r.get('old_parses') else 'fails'} |")
+    return "\n".join(out)
+
+
+def engine_section(ev: dict) -> str:
+    """The card's "Through tidegate's engine" section from `tidegate eval code --json`'s report.
+
+    Reads the fields the evaluation writes now: bits per byte, FIM (exact, ignoring whitespace,
+    edit similarity, teacher-forced token accuracy, eos, neighbour copies), HumanEval-style
+    header completions with the old protocol's verdict beside them, the held-out signatures, and
+    the measurements added by hand (agreement, speed, start time). Older reports, without the
+    newer fields, get the rows they have.
+    """
+    b, f, h = ev["bpb"], ev["fim"], ev["headers"]
+    n = f["total"]
+    same = ev.get("bpb_script_same_files")
+    rows = [
+        f"| bits per byte, {b['files']} held-out files ({b['scope']}) | **{b['bits_per_byte']:.6f}** "
+        f"(gzip -9 {b['gzip9_bits_per_byte']:.4f}, xz -9 {b['xz9_bits_per_byte']:.4f}; "
+        f"{b['bits_per_byte'] / b['gzip9_bits_per_byte']:.3f} × gzip)"
+        + (f"; this script's protocol (its own model code) on the same files: "
+           f"{same['bits_per_byte']:.6f}" if same else "") + " |",
+        f"| perplexity on those files | {b['ppl']:.3f} ({b['tokens']:,} tokens) |",
+    ]
+    fim = [f"exact line **{f['exact']}/{n}** ({_cell(f['definition'])})"]
+    if "exact_ignoring_whitespace" in f:
+        fim.append(f"ignoring all whitespace {f['exact_ignoring_whitespace']}/{n}")
+    if "mean_line_similarity" in f:
+        fim.append(f"mean edit similarity of the line {f['mean_line_similarity']:.3f} (difflib ratio)")
+    if "token_accuracy" in f:
+        fim.append(f"teacher-forced token accuracy of the removed line **{f['token_accuracy']:.3f}** "
+                   f"({f['tokens_scored']:,} tokens: the line, its newline and `<\\|eos\\|>`)")
+    if "stopped_with_eos" in f:
+        fim.append(f"{f['stopped_with_eos']}/{n} middles closed with `<\\|eos\\|>` within "
+                   f"{f['max_tokens']} tokens")
+    if "copies_a_neighbour" in f:
+        fim.append(f"{f['copies_a_neighbour']}/{n} repeat the line just before or after the hole")
+    rows.append(f"| FIM, {n} held-out functions with one line removed | " + "; ".join(fim) + " |")
+    finished = (f" ({h['parsed_and_finished']} of them ended within the budget)"
+                if "parsed_and_finished" in h else "")
+    rows.append(f"| function headers whose completion parses, HumanEval-style (the goal: ≥ 7/8) | "
+                f"**{h['parsed']}/{h['total']}**{finished} — {_cell(h['definition'])} |")
+    if "parsed_old_protocol" in h:
+        rows.append(f"| same, old protocol ({_cell(h['old_definition'])}) | "
+                    f"{h['parsed_old_protocol']}/{h['total']} (the same greedy runs) |")
+    hh = ev.get("heldout_headers")
+    if hh:
+        rows.append(f"| signature lines of {hh['total']} held-out functions (listed below) | "
+                    f"{hh['parsed']}/{hh['total']} parse"
+                    + (f" ({hh['parsed_and_finished']} ended within the budget)"
+                       if "parsed_and_finished" in hh else "")
+                    + (f"; old protocol {hh['parsed_old_protocol']}/{hh['total']}"
+                       if "parsed_old_protocol" in hh else "") + " |")
+    for key, label in (("agreement_f32_bf16", "greedy agreement float32 vs bf16"),
+                       ("agreement_bf16_fp8", "bf16 vs fp8 weights"),
+                       ("speed", "CPU decode, embedded default, single stream"),
+                       ("serve_start", "`make serve` until it answers")):
+        if key in ev:
+            rows.append(f"| {label} | {_cell(ev[key]['value'])} ({_cell(ev[key]['note'])}) |")
+    text = (
+        "\n### Through tidegate's engine (`tidegate eval code`)\n\n"
+        f"The serving engine (scheduler, paged KV cache, chunked prefill) on {ev['machine']}. "
+        "Command (`eval.json` is its `--json` report, every completion and FIM case included):\n\n"
+        f"```sh\n{ev['command']}\n```\n\n| | |\n|---|---|\n" + "\n".join(rows) + "\n"
+    )
+    if h.get("rows"):
+        text += (f"\n#### The {h['total']} header completions\n\n"
+                 + _header_rows(h["rows"], with_file=False) + "\n")
+        # a digest: the first completion that parses and the first that fails, as generated
+        shown = [r for r in (next((r for r in h["rows"] if r["parses"]), None),
+                             next((r for r in h["rows"] if not r["parses"]), None)) if r]
+        for r in shown:
+            lines = (r["header"] + r["body"]).splitlines()
+            cut = lines[:20] + ([f"# ... {len(lines) - 20} more lines"] if len(lines) > 20 else [])
+            text += "\n```python\n" + "\n".join(cut) + "\n```\n"
+    if hh and hh.get("rows"):
+        text += (f"\n#### The {hh['total']} held-out function headers\n\n"
+                 "The signature lines (decorators left out) of functions evenly spaced over the "
+                 "held-out files (`backend.eval_data.heldout_headers`); methods are dedented "
+                 "before parsing.\n\n" + _header_rows(hh["rows"], with_file=True) + "\n")
+    return text
+
+
+def shape_and_reproduce(m: dict, p: dict) -> tuple[str, str]:
+    """The card's "how the shape was chosen" paragraph and "Reproduce" block, from metrics.json."""
+    cfg, hp = m["model_config"], m["hyperparameters"]
+    sw = m.get("sweep")
+    common = (f'    --seq-len {hp["seq_len"]} --batch-size {hp["batch_size"]} --lr {hp["lr"]:g} '
+              f'--min-lr {hp["min_lr"]:g} --warmup-steps {hp["warmup_steps"]} '
+              f'--dropout {hp["dropout"]} \\\n    --eval-every {hp["eval_every"]}')
+    prelude = (
+        "python scripts/build_tiny_coder_corpus.py --out CORPUS            # .venv's python\n"
+        "python scripts/train_tiny_coder.py prepare --corpus CORPUS --out TOK --tokenizer-only\n"
+        "python scripts/train_tiny_coder.py prepare --corpus CORPUS --out PREP "
+        "--tokenizer TOK/tokenizer.json\n")
+    if not sw:
+        shape = (
+            "How the shape was chosen: the repository limit (30 MB, bf16) caps the model at about "
+            "14.2M\nparameters; tying the embeddings lets an "
+            f'{cfg["vocab_size"]}-entry vocabulary ({p["bytes_per_token_train"]:.2f} bytes/token, '
+            f'so a\n{hp["seq_len"]}-token window holds '
+            f'~{hp["seq_len"] * p["bytes_per_token_train"] / 1000:.1f} KB of code) cost 3.1M of '
+            "them, and the rest went to\ndepth "
+            f'({cfg["num_hidden_layers"]} layers of width {cfg["hidden_size"]}). '
+            "**No validation-loss sweep over width, depth or\nvocabulary was run**: the planned "
+            "CPU proxies could not run on the shared 2-core development\nmachine (load average "
+            "12-18 during the session; one step of a 1.4M-parameter proxy took over two\nminutes), "
+            "and the GPU grant was one training run. The choice rests on the arithmetic above.")
+        repro = (
+            "Reproduce (the corpus on the development machine; the rest on one H200, whose whole "
+            "call --\nunpacking, tokenizing, training, evaluation, export -- took 422 s):\n\n```sh\n"
+            + prelude
+            + f'python scripts/train_tiny_coder.py train --prep PREP --out OUT '
+            f'--time-budget-s {hp["time_budget_s"]:g} --compile \\\n    --tie-embeddings '
+            f'--layers {cfg["num_hidden_layers"]} --hidden-size {cfg["hidden_size"]} '
+            f'--intermediate-size {cfg["intermediate_size"]} --heads {cfg["num_attention_heads"]} '
+            f'--kv-heads {cfg["num_key_value_heads"]} \\\n' + common
+            + f'            # add --steps {m["steps"]} to repeat the step count\n```')
+        return shape, repro
+    rows = [("| candidate (layers x hidden x intermediate / heads / KV heads) | parameters | steps "
+             "| tokens | validation loss | validation bits/byte |"), "|---|---|---|---|---|---|"]
+    for c in sw["candidates"]:
+        mark = "**" if c["shape"] == sw["winner"] else ""
+        rows.append(f'| {mark}{c["shape"]}{mark} | {c["params"]:,} | {c["steps"]:,} | '
+                    f'{c["tokens"]:,} | {mark}{c["val_loss"]:.4f}{mark} | '
+                    f'{c["val_bits_per_byte"]:.4f} |')
+    share = (f'{sw["candidate_steps"]} steps' if sw.get("candidate_steps")
+             else f'{sw["share_s"]:.0f} s of training')
+    shape = (
+        f"How the shape was chosen: by validation loss. {len(sw['candidates'])} candidate shapes, "
+        f"each under the size limit (bf16 weights in 30 MB), were trained for {share} each "
+        f"({sw['rule']}); the sweep took "
+        f"{sw['seconds']:.0f} s of the {m['time_budget_s']:.0f} s budget and "
+        f"**{sw['winner']}** was then trained with the remaining {m['final_budget_s']:.0f} s. The "
+        f"vocabulary ({cfg['vocab_size']}, {p['bytes_per_token_train']:.2f} bytes/token) is fixed "
+        "by `prepare` and was not swept (each size needs its own tokenization of the corpus). "
+        "A short run favours shapes that learn fast early, so the ranking is of short-budget "
+        "loss.\n\n" + "\n".join(rows))
+    cands = " ".join(c["shape"] for c in sw["candidates"])
+    repro = (
+        "Reproduce (the corpus on the development machine; the rest on one H200):\n\n```sh\n"
+        + prelude
+        + f'python scripts/train_tiny_coder.py sweep --prep PREP --out OUT '
+        f'--time-budget-s {hp["time_budget_s"]:g} --compile \\\n    --candidates {cands} '
+        f'--sweep-frac {hp["sweep_frac"]:g} \\\n' + common
+        + f'            # add --steps {m["steps"]} to repeat the final step count\n```')
+    return shape, repro
+
+
 def write_card(out: Path) -> None:
     """README.md from metrics.json, corpus_manifest.json and (when present) eval.json."""
     m = json.loads((out / "metrics.json").read_text())
@@ -996,32 +1308,8 @@ def write_card(out: Path) -> None:
     heldout_pk = ", ".join(man["heldout_packages"]) if man else "?"
     val_pk = ", ".join(man["validation_packages"]) if man else "?"
     excluded = [s["name"] for s in man["sources"] if s["role"].startswith("excluded")] if man else []
-    engine = ""
-    if ev:
-        b, f, h = ev["bpb"], ev["fim"], ev["headers"]
-        rows = [
-            (f"| bits per byte, {b['files']} held-out files ({b['scope']}) | **{b['bits_per_byte']:.6f}** "
-            f"(gzip -9 {b['gzip9_bits_per_byte']:.4f}, xz -9 {b['xz9_bits_per_byte']:.4f}; "
-            f"{b['bits_per_byte'] / b['gzip9_bits_per_byte']:.3f} × gzip)"
-             + (f"; this script's protocol (its own model code) on the same files: "
-                f"{ev['bpb_script_same_files']['bits_per_byte']:.6f}"
-                if "bpb_script_same_files" in ev else "") + " |"),
-            f"| perplexity on those files | {b['ppl']:.3f} ({b['tokens']:,} tokens) |",
-            f"| FIM exact-line match | **{f['exact']}/{f['total']}** ({f['definition']}) |",
-            (f"| function headers whose greedy completion parses | **{h['parsed']}/{h['total']}** "
-            f"({h['definition']}) |"),
-        ]
-        for key, label in (("agreement_f32_bf16", "greedy agreement float32 vs bf16"),
-                           ("agreement_bf16_fp8", "bf16 vs fp8 weights"),
-                           ("speed", "CPU decode, embedded default, single stream"),
-                           ("serve_start", "`make serve` until it serves")):
-            if key in ev:
-                rows.append(f"| {label} | {ev[key]['value']} ({ev[key]['note']}) |")
-        engine = (
-            "\n### Through tidegate's engine (`tidegate eval code`)\n\n"
-            f"The serving engine (scheduler, paged KV cache, chunked prefill) on {ev['machine']}; "
-            f"commands: `{ev['command']}`.\n\n| | |\n|---|---|\n" + "\n".join(rows) + "\n"
-        )
+    shape_text, reproduce = shape_and_reproduce(m, p)
+    engine = engine_section(ev) if ev else ""
     text = f"""---
 license: other
 license_name: mixed-permissive
@@ -1091,13 +1379,7 @@ Tokenizer: byte-level BPE trained with `tokenizers` on the training split only; 
 an OpenAI-style `suffix` becomes `<｜fim▁begin｜>prompt<｜fim▁hole｜>suffix<｜fim▁end｜>`).
 Encoding prepends `<|bos|>`. The chat template is there for the plumbing only (no chat data).
 
-How the shape was chosen: the repository limit (30 MB, bf16) caps the model at about 14.2M
-parameters; tying the embeddings lets an 8192-entry vocabulary ({p["bytes_per_token_train"]:.2f} bytes/token, so a
-{hp["seq_len"]}-token window holds ~{hp["seq_len"] * p["bytes_per_token_train"] / 1000:.1f} KB of code) cost 3.1M of them, and the rest went to
-depth ({cfg["num_hidden_layers"]} layers of width {cfg["hidden_size"]}). **No validation-loss sweep over width, depth or
-vocabulary was run**: the planned CPU proxies could not run on the shared 2-core development
-machine (load average 12-18 during the session; one step of a 1.4M-parameter proxy took over two
-minutes), and the GPU grant was one training run. The choice rests on the arithmetic above.
+{shape_text}
 
 ## Training
 
@@ -1118,18 +1400,7 @@ minutes), and the GPU grant was one training run. The choice rests on the arithm
 
 ![loss curves](loss.png)
 
-Reproduce (the corpus on the development machine; the rest on one H200, whose whole call --
-unpacking, tokenizing, training, evaluation, export -- took 422 s):
-
-```sh
-python scripts/build_tiny_coder_corpus.py --out CORPUS            # .venv's python
-python scripts/train_tiny_coder.py prepare --corpus CORPUS --out TOK --tokenizer-only
-python scripts/train_tiny_coder.py prepare --corpus CORPUS --out PREP --tokenizer TOK/tokenizer.json
-python scripts/train_tiny_coder.py train --prep PREP --out OUT --time-budget-s {hp["time_budget_s"]:g} --compile \\
-    --tie-embeddings --layers {cfg["num_hidden_layers"]} --hidden-size {cfg["hidden_size"]} --intermediate-size {cfg["intermediate_size"]} --heads {cfg["num_attention_heads"]} --kv-heads {cfg["num_key_value_heads"]} \\
-    --seq-len {hp["seq_len"]} --batch-size {hp["batch_size"]} --lr {hp["lr"]:g} --min-lr {hp["min_lr"]:g} --warmup-steps {hp["warmup_steps"]} --dropout {hp["dropout"]} \\
-    --eval-every {hp["eval_every"]}            # add --steps {m["steps"]} to repeat the step count
-```
+{reproduce}
 
 `train_log.jsonl` has every logged point; `metrics.json` every number on this page;
 `corpus_manifest.json` the corpus (sources, licences, versions, de-duplication).
@@ -1179,33 +1450,15 @@ agreement checks for KV-cache and weight quantization, FIM plumbing). Small enou
 # main
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
-
-    pp = sub.add_parser("prepare", help="corpus -> tokenizer + token ids (CPU)")
-    pp.add_argument("--corpus", type=Path, required=True, help="build_tiny_coder_corpus.py output")
-    pp.add_argument("--out", type=Path, required=True)
-    pp.add_argument("--seed", type=int, default=1234)
-    pp.add_argument("--vocab-size", type=int, default=8192)
-    pp.add_argument("--tokenizer-sample", type=float, default=0.25,
-                    help="share of training files (by path hash) the tokenizer is trained on")
-    pp.add_argument("--fim-rate", type=float, default=0.5)
-    pp.add_argument("--fim-segment-chars", type=int, default=3000)
-    pp.add_argument("--max-files", type=int, default=None, help="subset (smoke tests)")
-    pp.add_argument("--tokenizer", type=Path, default=None,
-                    help="use this tokenizer.json (trained by an earlier prepare) instead")
-    pp.add_argument("--tokenizer-only", action="store_true",
-                    help="train and save the tokenizer, nothing else")
-    pp.set_defaults(func=prepare)
-
-    pt = sub.add_parser("train", help="train and evaluate (one GPU)")
+def add_train_args(pt: argparse.ArgumentParser, sweep: bool) -> None:
+    """The options of `train` and `sweep` (they differ only in the candidate defaults)."""
     pt.add_argument("--prep", type=Path, required=True, help="prepare's output")
     pt.add_argument("--out", type=Path, required=True, help="output Hugging Face directory")
     pt.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda if available)")
     pt.add_argument("--time-budget-s", type=float, default=420.0,
-                    help="wall-clock budget of the training loop (sets the step count)")
+                    help="wall-clock budget of the training loops, a sweep's candidates "
+                         "included (sets the step counts); 420 s leaves room in one 10-minute "
+                         "H200 call for tokenizing, the held-out evaluation and export")
     pt.add_argument("--steps", type=int, default=None, help="fixed step count (else from the budget)")
     pt.add_argument("--probe-steps", type=int, default=60)
     pt.add_argument("--probe-skip", type=int, default=20, help="probe steps not timed (compile)")
@@ -1234,7 +1487,47 @@ def parse_args(argv=None):
                     help="validation windows per periodic evaluation (0: all)")
     pt.add_argument("--sample-prompt", default="def fibonacci(n):")
     pt.add_argument("--sample-tokens", type=int, default=64)
+    pt.add_argument("--candidates", type=Shape.parse, nargs="+",
+                    default=list(map(Shape.parse, DEFAULT_CANDIDATES)) if sweep else None,
+                    help="shapes LAYERSxHIDDENxINTERMEDIATE/HEADS/KV_HEADS to compare by "
+                         "validation loss before training the best one (replaces --layers, "
+                         "--hidden-size, --intermediate-size, --heads, --kv-heads)"
+                         + (f"; default {' '.join(DEFAULT_CANDIDATES)}" if sweep else ""))
+    pt.add_argument("--sweep-frac", type=float, default=0.3,
+                    help="share of --time-budget-s the candidates get together (equal parts)")
+    pt.add_argument("--candidate-steps", type=int, default=None,
+                    help="fixed step count per candidate (else from its share of the budget)")
+    pt.add_argument("--max-params", type=float, default=MAX_PARAMS,
+                    help="refuse a candidate with more parameters (bf16 in 30 MB)")
     pt.set_defaults(func=train)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    pp = sub.add_parser("prepare", help="corpus -> tokenizer + token ids (CPU)")
+    pp.add_argument("--corpus", type=Path, required=True, help="build_tiny_coder_corpus.py output")
+    pp.add_argument("--out", type=Path, required=True)
+    pp.add_argument("--seed", type=int, default=1234)
+    pp.add_argument("--vocab-size", type=int, default=8192)
+    pp.add_argument("--tokenizer-sample", type=float, default=0.25,
+                    help="share of training files (by path hash) the tokenizer is trained on")
+    pp.add_argument("--fim-rate", type=float, default=0.5)
+    pp.add_argument("--fim-segment-chars", type=int, default=3000)
+    pp.add_argument("--max-files", type=int, default=None, help="subset (smoke tests)")
+    pp.add_argument("--tokenizer", type=Path, default=None,
+                    help="use this tokenizer.json (trained by an earlier prepare) instead")
+    pp.add_argument("--tokenizer-only", action="store_true",
+                    help="train and save the tokenizer, nothing else")
+    pp.set_defaults(func=prepare)
+
+    pt = sub.add_parser("train", help="train and evaluate (one GPU)")
+    add_train_args(pt, sweep=False)
+    ps = sub.add_parser("sweep", help="train candidate shapes briefly, then the best one (one GPU)")
+    add_train_args(ps, sweep=True)
+    ps.set_defaults(tie_embeddings=True)  # the default candidates are sized with tied embeddings
 
     pc = sub.add_parser("card", help="render README.md from metrics.json (+ eval.json)")
     pc.add_argument("--model", type=Path, required=True)
