@@ -286,6 +286,37 @@ def cap_sources(items: list[dict], max_bytes: int) -> int:
     return capped
 
 
+def doctest_bytes(text: str) -> int:
+    """UTF-8 bytes of the lines that are doctest prompts (`>>>` after the indentation)."""
+    return sum(len(line.encode()) for line in text.splitlines(keepends=True)
+               if line.lstrip().startswith(">>>"))
+
+
+def training_shares(items: list[dict], top: int = 10) -> dict:
+    """Training text still kept, by source: the `top` largest sources' bytes and share of all
+    training bytes, and how much of it is doctest prompt lines (the sympy-style `>>>` examples
+    that the v2 model's greedy completions fall into)."""
+    by: dict[str, list[int]] = {}
+    for it in items:
+        if it["dup"] is None and it["split"] == "train":
+            b = by.setdefault(it["source"], [0, 0])
+            b[0] += len(it["text"].encode())
+            b[1] += doctest_bytes(it["text"])
+    total = sum(b for b, _ in by.values()) or 1
+    doc = sum(d for _, d in by.values())
+    largest = sorted(by.items(), key=lambda kv: (-kv[1][0], kv[0]))[:top]
+    return {"bytes": total, "doctest_bytes": doc, "doctest_share": doc / total,
+            "sources": [{"name": n, "bytes": b, "share": b / total, "doctest_bytes": d,
+                         "share_of_doctest_bytes": d / max(1, doc)} for n, (b, d) in largest]}
+
+
+def say_shares(say, when: str, sh: dict) -> None:
+    say(f"training text {when}: {sh['bytes'] / 1e6:.1f} MB, doctest prompt lines "
+        f"{sh['doctest_share']:.1%}; largest: " + ", ".join(
+            f"{s['name']} {s['share']:.1%} (doctests {s['share_of_doctest_bytes']:.0%})"
+            for s in sh["sources"][:8]))
+
+
 # ---- main ----------------------------------------------------------------------------------
 
 def main(argv=None) -> int:
@@ -293,6 +324,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--site-packages", type=Path, default=Path(sysconfig.get_paths()["purelib"]))
     ap.add_argument("--stdlib", type=Path, default=Path(sysconfig.get_paths()["stdlib"]))
+    ap.add_argument("--max-source-bytes", type=float, default=MAX_SOURCE_BYTES,
+                    help="training text kept per installed distribution (the standard library "
+                         "is exempt); lower it to dilute the largest sources, e.g. sympy's "
+                         "doctests (manifest.json's training_shares: before / after the cap)")
     args = ap.parse_args(argv)
     t_start = time.time()
 
@@ -329,13 +364,17 @@ def main(argv=None) -> int:
     say(f"{len(items)} files read; skipped {skipped}")
     items.sort(key=lambda it: (SPLIT_RANK[it["split"]], it["path"]))
     dd = dedupe(items, say)
-    dd["capped"] = cap_sources(items, MAX_SOURCE_BYTES)
-    say(f"over the {MAX_SOURCE_BYTES / 1e6:.0f} MB per-source cap: {dd['capped']} files")
-    finish(args, sources, items, skipped, dd, say)
+    before = training_shares(items)
+    dd["capped"] = cap_sources(items, int(args.max_source_bytes))
+    say(f"over the {args.max_source_bytes / 1e6:g} MB per-source cap: {dd['capped']} files")
+    shares = {"before_cap": before, "after_cap": training_shares(items)}
+    say_shares(say, "before the cap", shares["before_cap"])
+    say_shares(say, "after the cap", shares["after_cap"])
+    finish(args, sources, items, skipped, dd, say, shares)
     return 0
 
 
-def finish(args, sources, items, skipped, dd, say) -> None:
+def finish(args, sources, items, skipped, dd, say, shares: dict | None = None) -> None:
     """Write corpus.jsonl and manifest.json for the files still marked dup=None."""
     by_source = {s["name"]: s for s in sources}
     kept = [it for it in items if it["dup"] is None]
@@ -368,7 +407,8 @@ def finish(args, sources, items, skipped, dd, say) -> None:
         "dedupe": {**dd, "rule": f"exact: sha256 of rstripped lines; near: MinHash {NUM_PERM} "
                    f"permutations over word {SHINGLE}-grams, LSH {BANDS}x{ROWS}, estimated "
                    f"Jaccard >= {NEAR_DUP_JACCARD}; priority held-out > validation > training"},
-        "max_source_bytes": MAX_SOURCE_BYTES,
+        "max_source_bytes": int(getattr(args, "max_source_bytes", MAX_SOURCE_BYTES)),
+        "training_shares": shares,
         "skipped_files": skipped,
         "limits": {"max_file_bytes": MAX_FILE_BYTES, "max_line_chars": MAX_LINE_CHARS},
         "totals": totals,

@@ -76,6 +76,35 @@ def test_near_duplicates_dropped_in_priority_order(builder):
     assert stats["exact"] == 1 and stats["near"] == 1
 
 
+def test_a_lower_source_cap_dilutes_the_largest_source(builder):
+    doc = "def f(x):\n    \"\"\"\n    >>> f(1)\n    2\n    \"\"\"\n    return x + 1\n"
+    plain = "x = 1\n" * 12
+    d, p, prompt = len(doc), len(plain), len("    >>> f(1)\n")
+    items = ([{"split": "train", "source": "big", "path": f"big/{i}.py", "text": doc, "dup": None}
+              for i in range(8)]
+             + [{"split": "train", "source": "small", "path": "small/a.py", "text": plain,
+                 "dup": None},
+                {"split": "train", "source": builder.STDLIB, "path": "std/a.py", "text": plain,
+                 "dup": None},
+                {"split": "heldout", "source": "h", "path": "h/a.py", "text": doc, "dup": None},
+                {"split": "train", "source": "big", "path": "big/dup.py", "text": doc,
+                 "dup": "exact: big/0.py"}])
+    assert builder.doctest_bytes(doc) == prompt
+    before = builder.training_shares(items)
+    assert before["bytes"] == 8 * d + 2 * p  # held-out and dropped files do not count
+    assert before["sources"][0]["name"] == "big"
+    assert before["sources"][0]["share"] == pytest.approx(8 * d / (8 * d + 2 * p))
+    assert before["doctest_share"] == pytest.approx(8 * prompt / (8 * d + 2 * p))
+    assert before["sources"][0]["share_of_doctest_bytes"] == 1.0
+    # a cap of 4.5 files keeps 4 of big's 8 (path-hash order); the standard library is exempt
+    assert builder.cap_sources(items, 4 * d + d // 2) == 4
+    after = builder.training_shares(items)
+    assert after["bytes"] == 4 * d + 2 * p
+    assert after["sources"][0]["share"] == pytest.approx(4 * d / (4 * d + 2 * p))
+    assert after["sources"][0]["share"] < before["sources"][0]["share"]
+    assert {it["path"] for it in items if it["dup"] == "cap"} <= {f"big/{i}.py" for i in range(8)}
+
+
 def test_fim_documents(trainer):
     text = "".join(f"line {i} = {i * i}\n" for i in range(400))
     ids = {s: i for i, s in enumerate(trainer.SPECIAL_TOKENS)}
