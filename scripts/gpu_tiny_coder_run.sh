@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Issue 17: retrain tiny-coder in one H200 device call: tokenize, choose the shape by validation
+# loss (`train_tiny_coder.py sweep`), train the winner, evaluate it on the held-out packages and
+# export it. NOT YET RUN: written in a session without device time.
+#
+# Before the call, on the development machine (CPU; the corpus and tokenizer are made here so the
+# call spends its time on the GPU):
+#
+#   .venv/bin/python scripts/build_tiny_coder_corpus.py --out /tmp/tc-corpus   # [--max-source-bytes 8e6]
+#   .venv/bin/python scripts/train_tiny_coder.py prepare --corpus /tmp/tc-corpus --out /tmp/tc-tok \
+#       --tokenizer-only
+#   rm -rf .carry-tc && mkdir -p .carry-tc/corpus
+#   xz -T2 -6 -c /tmp/tc-corpus/corpus.jsonl > .carry-tc/corpus/corpus.jsonl.xz   # must fit 64 MiB
+#   cp /tmp/tc-corpus/manifest.json .carry-tc/corpus/ && cp /tmp/tc-tok/tokenizer.json .carry-tc/
+#   git -C . archive HEAD scripts | tar x -C .carry-tc                          # this script + trainer
+#
+# The call (device tool `run`, carry [".carry-tc"], limit 600 s):
+#
+#   cd .carry-tc && bash scripts/gpu_tiny_coder_run.sh
+#
+# Under $OUT: train_log.txt (stdout), metrics.json, tiny-coder.tar.part-aa, -ab (the model
+# directory, split because a returned file is at most 16 MiB). Afterwards, here:
+#
+#   cat OUT/tiny-coder.tar.part-* | tar x -C /tmp && cp /tmp/tiny-coder/* models/tiny-coder/
+#   tidegate eval code --model models/tiny-coder --dtype float32 --files-sample 8 --fim-cases 32 \
+#       --cpu-threads 2 --json models/tiny-coder/eval.json      # the engine's figures, on the CPU
+#   .venv/bin/python scripts/train_tiny_coder.py card --model models/tiny-coder
+#
+# The engine's evaluation runs on the development CPU, not here: it reads the held-out packages
+# from the .venv's site-packages (their versions are the corpus's), which the GPU machine lacks.
+set -u
+OUT=${OUT:-out/gpu_tiny_coder}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+cd "$(dirname "$0")/.."
+t0=$(date +%s)
+python3 -c 'import torch, tokenizers, transformers; print("torch", torch.__version__, "tokenizers",
+tokenizers.__version__, "transformers", transformers.__version__, torch.cuda.get_device_name())'
+python3 scripts/train_tiny_coder.py prepare --corpus corpus --out /tmp/tc-prep \
+    --tokenizer tokenizer.json 2>&1 | tee "$OUT/train_log.txt"
+echo "prepare exit ${PIPESTATUS[0]} at $(( $(date +%s) - t0 )) s"
+# 420 s of sweep + training leave ~100 s of the 600-s call for prepare (above), the held-out
+# evaluation, the transformers check and export; BUDGET_S shortens it if prepare ran long.
+left=$(( 540 - ($(date +%s) - t0) - 60 ))
+budget=${BUDGET_S:-$(( left < 420 ? left : 420 ))}
+echo "sweep budget ${budget} s"
+python3 scripts/train_tiny_coder.py sweep --prep /tmp/tc-prep --out /tmp/tiny-coder --compile \
+    --time-budget-s "$budget" --sweep-frac 0.3 \
+    --seq-len 1024 --batch-size 64 --lr 2e-3 --min-lr 1e-4 --warmup-steps 200 --dropout 0.05 \
+    --eval-every 250 2>&1 | tee -a "$OUT/train_log.txt"
+echo "sweep exit ${PIPESTATUS[0]} at $(( $(date +%s) - t0 )) s"
+cp /tmp/tiny-coder/metrics.json "$OUT/" 2>/dev/null
+tar c -C /tmp tiny-coder | split -b 15m - "$OUT/tiny-coder.tar.part-"
+ls -l "$OUT"
+echo "done at $(( $(date +%s) - t0 )) s"
