@@ -10,7 +10,7 @@
 #   .venv/bin/python scripts/train_tiny_coder.py prepare --corpus /tmp/tc-corpus --out /tmp/tc-tok \
 #       --tokenizer-only
 #   rm -rf .carry-tc && mkdir -p .carry-tc/corpus
-#   xz -T2 -6 -c /tmp/tc-corpus/corpus.jsonl > .carry-tc/corpus/corpus.jsonl.xz   # must fit 64 MiB
+#   xz -T2 -6 -c /tmp/tc-corpus/corpus.jsonl > .carry-tc/corpus/corpus.jsonl.xz   # 8 MB cap: 19.7 MB
 #   cp /tmp/tc-corpus/manifest.json .carry-tc/corpus/ && cp /tmp/tc-tok/tokenizer.json .carry-tc/
 #   git -C . archive HEAD scripts | tar x -C .carry-tc                          # this script + trainer
 #
