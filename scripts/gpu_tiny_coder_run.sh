@@ -28,6 +28,10 @@
 #
 # The engine's evaluation runs on the development CPU, not here: it reads the held-out packages
 # from the .venv's site-packages (their versions are the corpus's), which the GPU machine lacks.
+# CPU dry run of this script's plumbing (tiny corpus in .carry-tc, 16 s here):
+#   OUT=/tmp/dry/out TMPDIR=/tmp/dry COMPILE= SWEEP_ARGS="--device cpu --candidates 1x32x64/2/1 \
+#     2x32x64/2/1 --candidate-steps 4 --steps 6 --seq-len 32 --batch-size 2 --warmup-steps 2 \
+#     --eval-every 4" bash scripts/gpu_tiny_coder_run.sh
 set -u
 OUT=${OUT:-out/gpu_tiny_coder}
 mkdir -p "$OUT"
@@ -35,8 +39,9 @@ export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 cd "$(dirname "$0")/.."
 t0=$(date +%s)
 python3 -c 'import torch, tokenizers, transformers; print("torch", torch.__version__, "tokenizers",
-tokenizers.__version__, "transformers", transformers.__version__, torch.cuda.get_device_name())'
-python3 scripts/train_tiny_coder.py prepare --corpus corpus --out /tmp/tc-prep \
+tokenizers.__version__, "transformers", transformers.__version__,
+torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU")'
+python3 scripts/train_tiny_coder.py prepare --corpus corpus --out "${TMPDIR:-/tmp}/tc-prep" \
     --tokenizer tokenizer.json 2>&1 | tee "$OUT/train_log.txt"
 echo "prepare exit ${PIPESTATUS[0]} at $(( $(date +%s) - t0 )) s"
 # 420 s of sweep + training leave ~100 s of the 600-s call for prepare (above), the held-out
@@ -44,12 +49,13 @@ echo "prepare exit ${PIPESTATUS[0]} at $(( $(date +%s) - t0 )) s"
 left=$(( 540 - ($(date +%s) - t0) - 60 ))
 budget=${BUDGET_S:-$(( left < 420 ? left : 420 ))}
 echo "sweep budget ${budget} s"
-python3 scripts/train_tiny_coder.py sweep --prep /tmp/tc-prep --out /tmp/tiny-coder --compile \
+# SWEEP_ARGS (appended, so they override) and COMPILE= are for a CPU dry run of this script
+python3 scripts/train_tiny_coder.py sweep --prep "${TMPDIR:-/tmp}/tc-prep" --out "${TMPDIR:-/tmp}/tiny-coder" ${COMPILE---compile} \
     --time-budget-s "$budget" --sweep-frac 0.3 \
     --seq-len 1024 --batch-size 64 --lr 2e-3 --min-lr 1e-4 --warmup-steps 200 --dropout 0.05 \
-    --eval-every 250 2>&1 | tee -a "$OUT/train_log.txt"
+    --eval-every 250 ${SWEEP_ARGS:-} 2>&1 | tee -a "$OUT/train_log.txt"
 echo "sweep exit ${PIPESTATUS[0]} at $(( $(date +%s) - t0 )) s"
-cp /tmp/tiny-coder/metrics.json "$OUT/" 2>/dev/null
-tar c -C /tmp tiny-coder | split -b 15m - "$OUT/tiny-coder.tar.part-"
+cp "${TMPDIR:-/tmp}/tiny-coder/metrics.json" "$OUT/" 2>/dev/null
+tar c -C "${TMPDIR:-/tmp}" tiny-coder | split -b 15m - "$OUT/tiny-coder.tar.part-"
 ls -l "$OUT"
 echo "done at $(( $(date +%s) - t0 )) s"
