@@ -209,3 +209,40 @@ def test_card_renders_the_engine_section_from_eval_json(swept):
     assert f"**{sw['winner']}**" in card
     assert "train_tiny_coder.py sweep --prep PREP" in card
     assert "No validation-loss sweep" not in card
+
+
+def test_the_gpu_call_script_runs_end_to_end_on_the_cpu(prep, tmp_path):
+    """scripts/gpu_tiny_coder_run.sh's plumbing (the next session has one call to get it right):
+    an xz corpus and a carried tokenizer in, a model directory back in <= 15 MiB parts."""
+    import lzma
+    import shutil
+    import tarfile
+
+    carry = tmp_path / "carry"
+    (carry / "corpus").mkdir(parents=True)
+    shutil.copytree(ROOT / "scripts", carry / "scripts")
+    raw = (prep.parent / "corpus" / "corpus.jsonl").read_bytes()
+    (carry / "corpus" / "corpus.jsonl.xz").write_bytes(lzma.compress(raw))
+    shutil.copy(prep / "tokenizer.json", carry / "tokenizer.json")
+    out, scratch = tmp_path / "out", tmp_path / "scratch"
+    scratch.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "OUT": str(out),
+           "TMPDIR": str(scratch), "COMPILE": "",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+           "SWEEP_ARGS": "--device cpu --candidates 1x32x64/2/1 2x32x64/2/1 --candidate-steps 4 "
+                         "--steps 6 --seq-len 32 --batch-size 2 --warmup-steps 2 --eval-every 4 "
+                         "--sample-tokens 4"}
+    r = subprocess.run(["bash", str(carry / "scripts" / "gpu_tiny_coder_run.sh")], env=env,
+                       capture_output=True, text=True, timeout=600, check=False)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "prepare exit 0" in r.stdout and "sweep exit 0" in r.stdout
+    parts = sorted(out.glob("tiny-coder.tar.part-*"))
+    assert parts and all(p.stat().st_size <= 15 * 2**20 for p in parts)
+    back = tmp_path / "back"
+    (tmp_path / "model.tar").write_bytes(b"".join(p.read_bytes() for p in parts))
+    with tarfile.open(tmp_path / "model.tar") as tf:
+        tf.extractall(back, filter="data")
+    m = json.loads((back / "tiny-coder" / "metrics.json").read_text())
+    assert m["sweep"]["winner"] in ("1x32x64/2/1", "2x32x64/2/1")
+    assert (back / "tiny-coder" / "model.safetensors").stat().st_size > 0
+    assert json.loads((out / "metrics.json").read_text()) == m
