@@ -1003,7 +1003,6 @@ def train(args) -> int:
 
     val_set = sub(val_x, val_y)
 
-
     device_name = (torch.cuda.get_device_name(device) if use_cuda
                    else (platform.processor() or platform.machine() or "cpu"))
     vocab = tok.get_vocab_size()
