@@ -384,13 +384,10 @@ class ClassQueues:
         if self.expiry_heap and self.expiry_heap[0][0] <= now:
             self.collect_expired(now)
         if self.size == 1 and n > 0:  # one queued (an idle flush's window): no order to work out
-            for cs in self._classes:
-                if cs.count:
-                    req = cs.queue.pop()
-                    del self._index[req.request_id]
-                    cs.count = cs.tokens = self.size = 0
-                    self.expiry_heap.clear()  # nothing queued: every entry is stale
-                    return [req]
+            req = next(cs for cs in self._classes if cs.count).queue.pop()
+            self._forget(req)
+            self.expiry_heap.clear()  # nothing queued: every entry is stale
+            return [req]
         out: list[PendingRequest] = []
         index = self._index
         while n > 0 and self.size:
