@@ -53,8 +53,8 @@ def add_engine_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> Non
                          "(default 0.1 on the CPU, 0.85 on CUDA)")
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "int4-fp8"],
                    help="KV pool format: auto (the model dtype), fp8 (E4M3 K and V + scales), "
-                        "int4-fp8 (INT4 keys with per-group scales, E4M3 values); quantized "
-                        "formats use the torch reference attention (also on CUDA)")
+                        "int4-fp8 (INT4 keys with per-group scales, E4M3 values); on CUDA the "
+                        "Triton attention kernels and graphs read quantized pages directly")
     add_capacity_arguments(p)
     add_prefill_cap_arguments(p)
     p.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
