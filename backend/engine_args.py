@@ -17,7 +17,7 @@ def backend_config(args: argparse.Namespace):
     from backend.errors import ModelLoadError
 
     try:
-        prefill_cap = prefill_cap_from_args(args)
+        prefill_cap = prefill_cap_from_args(args, args.device)
     except ValueError as exc:
         raise ModelLoadError(f"--max-prefill-tokens-while-decoding / --prefill-backlog-*: {exc}") from None
 

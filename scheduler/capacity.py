@@ -63,16 +63,26 @@ class PrefillCap:
             raise ValueError(f"prefill backlog requests must be >= 0, got {self.backlog_seqs}")
 
 
+# The cap a CUDA backend takes when --max-prefill-tokens-while-decoding is not given. Why 256:
+# at 8 req/s of 512-token prompts ~25 streams decode, so a 256-token chunk makes a step of the
+# 320-token graph bucket, ~1.9x a decode step (issue 11's ITL p99 goal is 2.5x), while 320 goes
+# to bucket 384 (2.07x) and 192 prefills slower than prompts arrive (BENCHMARKS, issue 11,
+# "prefill budget by backlog"). On the CPU a step's cost grows with its tokens from zero, so a
+# long prefill step has no fixed cost to amortize there and the cap is left off.
+CUDA_PREFILL_CAP_TOKENS = 256
+
+
 def add_prefill_cap_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """--max-prefill-tokens-while-decoding, --prefill-backlog-tokens, --prefill-backlog-seqs."""
     defaults = PrefillCap()
-    parser.add_argument("--max-prefill-tokens-while-decoding", type=int, default=defaults.max_tokens,
+    parser.add_argument("--max-prefill-tokens-while-decoding", type=int, default=None,
                         metavar="N",
                         help="while sequences decode and the prefill backlog is small (the two "
                         "flags below), a step carries at most N prefill tokens: an arrival stalls "
                         "the running streams for short steps, not one long one (ITL); a deeper "
-                        "backlog gets the whole --max-num-batched-tokens (default 0: off; 256 for "
-                        "the 33B preset on an H200, simulated: BENCHMARKS, issue 11)")
+                        "backlog gets the whole --max-num-batched-tokens. 0: off. Default: "
+                        f"{CUDA_PREFILL_CAP_TOKENS} on a CUDA backend, off on the CPU and in the "
+                        "simulator unless given (BENCHMARKS, issue 11)")
     parser.add_argument("--prefill-backlog-tokens", type=int, default=defaults.backlog_tokens,
                         metavar="N",
                         help="the backlog is small at <= N prompt tokens not yet computed "
@@ -83,7 +93,10 @@ def add_prefill_cap_arguments(parser: argparse.ArgumentParser | argparse._Argume
                         f"mid-prefill (default {defaults.backlog_seqs})")
 
 
-def prefill_cap_from_args(args: argparse.Namespace) -> PrefillCap:
-    """The `PrefillCap` of the flags above (ValueError on a negative value)."""
-    return PrefillCap(args.max_prefill_tokens_while_decoding, args.prefill_backlog_tokens,
-                      args.prefill_backlog_seqs)
+def prefill_cap_from_args(args: argparse.Namespace, device: str = "cpu") -> PrefillCap:
+    """The `PrefillCap` of the flags above for a backend on `device` (an absent cap: see
+    `CUDA_PREFILL_CAP_TOKENS`); ValueError on a negative value."""
+    max_tokens = args.max_prefill_tokens_while_decoding
+    if max_tokens is None:
+        max_tokens = CUDA_PREFILL_CAP_TOKENS if device.startswith("cuda") else 0
+    return PrefillCap(max_tokens, args.prefill_backlog_tokens, args.prefill_backlog_seqs)

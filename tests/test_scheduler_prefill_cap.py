@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from scheduler.capacity import PrefillCap
+from scheduler.capacity import CUDA_PREFILL_CAP_TOKENS, PrefillCap
 from scheduler.step_scheduler import SchedulerConfig, StepResult, StepScheduler
 
 BUDGET = 512
@@ -165,6 +165,11 @@ def test_backend_flags_reach_the_engine_config():
                                     "--prefill-backlog-seqs", "6"])
     assert backend_config(ns).prefill_cap == PrefillCap(256, None, 6)
     assert backend_config(serve_parser().parse_args([])).prefill_cap == PrefillCap()
+    # a CUDA backend caps at 256 unless told otherwise; 0 turns it off there too
+    cuda = serve_parser().parse_args(["--device", "cuda"])
+    assert backend_config(cuda).prefill_cap == PrefillCap(CUDA_PREFILL_CAP_TOKENS) == PrefillCap(256)
+    off = serve_parser().parse_args(["--device", "cuda:1", "--max-prefill-tokens-while-decoding", "0"])
+    assert backend_config(off).prefill_cap == PrefillCap()
     ns = serve_parser().parse_args(["--prefill-backlog-tokens", "-3"])
     with pytest.raises(ModelLoadError, match="backlog"):
         backend_config(ns)
