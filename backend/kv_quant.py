@@ -47,20 +47,19 @@ import torch
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0              # largest finite E4M3 value
 INT4_MAX = 7                 # symmetric: codes -7..7 (offset-binary 1..15 in a nibble)
+INT4_GROUP = 32              # channels of head_dim per int4 scale
 SCALE_DTYPE = torch.float32
-# The int4 keys' layout: channels of head_dim per scale (INT4_GROUP) and the scales' dtype.
-# 16-channel groups with fp16 scales take exactly the bytes of 32-channel groups with fp32 scales
-# and measured +1.14% perplexity on tiny-coder v2 against +2.06% (BENCHMARKS, "Attention sinks
-# and the block being filled"); the Triton write is bit-exact and the attention equals the
-# reference for it on the H200 (tests/test_kernels_gpu.py, int4_fp16_scale_layout). Every path
-# (reference, CPU, Triton write and attention) takes the layout from the pool's own shapes and
-# dtypes, so it is the default since 2026-12-03 (session 5); g32 stays selectable.
-# TIDEGATE_INT4_LAYOUT=g32 selects the older 32-channel / fp32-scale layout in this process (for
-# the GPU runs that compare the two without editing code). Read once at import, as the
-# constants it sets are.
-INT4_LAYOUTS = {"g16": (16, torch.float16), "g32": (32, torch.float32)}
-DEFAULT_INT4_LAYOUT = "g16"
-_layout = os.environ.get("TIDEGATE_INT4_LAYOUT", DEFAULT_INT4_LAYOUT)
+# The int4 keys' scale dtype. fp16 scales with 16-channel groups take exactly the bytes of fp32
+# scales with 32-channel groups and measured +1.14% perplexity on tiny-coder v2 against +2.06%
+# (BENCHMARKS, "Attention sinks and the block being filled"); every path (reference, CPU,
+# Triton write and attention) takes either layout from the pool's own shapes and dtypes, but
+# the default stays 32 / fp32 until the Triton write of the other is checked on the GPU.
+INT4_SCALE_DTYPE = torch.float32
+# TIDEGATE_INT4_LAYOUT=g16 selects the 16-channel / fp16-scale layout in this process (g32, the
+# default, the one above): for the GPU perplexity and speed runs that decide the default, without
+# editing code. Read once at import, as the constants it sets are.
+INT4_LAYOUTS = {"g32": (32, torch.float32), "g16": (16, torch.float16)}
+_layout = os.environ.get("TIDEGATE_INT4_LAYOUT", "g32")
 if _layout not in INT4_LAYOUTS:
     raise ValueError(f"TIDEGATE_INT4_LAYOUT={_layout!r}: expected one of {sorted(INT4_LAYOUTS)}")
 INT4_GROUP, INT4_SCALE_DTYPE = INT4_LAYOUTS[_layout]

@@ -76,22 +76,17 @@ class ShadowedKeyPages:
         self.shadow.index_copy_(0, dst, self.shadow.index_select(0, src))
 
 
-BASE_GROUP = 32   # plain 'int4': 32 channels per scale, fp32 scales (parse_variant)
-
-
 def parse_variant(name: str) -> tuple[str, int, bool, int, bool]:
     """'auto' | 'int4' [+sinksN] [+fill] [+gN] [+h] -> (kv_cache_dtype, sinks, fill, group,
-    fp16 scales). Plain 'int4' is the 32-channel, fp32-scale layout whatever the engine's
-    default (the layout of the first measurements, so that their commands give the same rows);
-    the engine's default since 2026-12-03 is 'int4+g16+h'."""
+    fp16 scales)."""
     parts = name.split("+")
     if parts[0] == "auto":
         if len(parts) > 1:
             raise SystemExit(f"variant {name!r}: sinks/fill/gN/h apply to int4 only")
-        return "auto", 0, False, BASE_GROUP, False
+        return "auto", 0, False, kv_quant.INT4_GROUP, False
     if parts[0] != "int4":
         raise SystemExit(f"unknown variant {name!r} (auto, int4[+sinksN][+fill][+gN][+h])")
-    sinks, fill, group, half = 0, False, BASE_GROUP, False
+    sinks, fill, group, half = 0, False, kv_quant.INT4_GROUP, False
     for p in parts[1:]:
         if p == "fill":
             fill = True

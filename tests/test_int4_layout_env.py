@@ -1,7 +1,6 @@
 """`TIDEGATE_INT4_LAYOUT` picks the int4 keys' layout for a whole process (the GPU runs that
-compare the layouts set it instead of editing `backend.kv_quant`): the default g16 gives
-16-channel groups with fp16 scales in the same bytes as g32's 32-channel groups with fp32
-scales; anything else fails at import, loudly."""
+decide the default set it instead of editing `backend.kv_quant`): g16 gives 16-channel groups
+with fp16 scales in the same bytes as the default g32; anything else fails at import, loudly."""
 import os
 import subprocess
 import sys
@@ -23,15 +22,15 @@ def run(layout):
                           check=False)
 
 
-def test_default_g16_and_g32_layouts_take_the_same_bytes():
-    default, g32 = run(None), run("g32")
-    assert default.returncode == 0 and g32.returncode == 0, default.stderr + g32.stderr
+def test_default_and_g16_layouts_take_the_same_bytes():
+    default, g16 = run(None), run("g16")
+    assert default.returncode == 0 and g16.returncode == 0, default.stderr + g16.stderr
     group_a, dtype_a, shape_a, bytes_a = default.stdout.strip().split("|")
-    group_b, dtype_b, shape_b, bytes_b = g32.stdout.strip().split("|")
-    assert (group_a, dtype_a) == ("16", "torch.float16")
-    assert (group_b, dtype_b) == ("32", "torch.float32")
+    group_b, dtype_b, shape_b, bytes_b = g16.stdout.strip().split("|")
+    assert (group_a, dtype_a) == ("32", "torch.float32")
+    assert (group_b, dtype_b) == ("16", "torch.float16")
     assert shape_a != shape_b and bytes_a == bytes_b
-    assert run("g16").stdout == default.stdout
+    assert run("g32").stdout == default.stdout
 
 
 def test_an_unknown_layout_fails_at_import():

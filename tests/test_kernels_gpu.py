@@ -552,19 +552,16 @@ def test_paged_attention_quantized_decode_at_more_splits(heads, splits):
             assert rel_err(out, ref) <= TOL, (fmt, qlens, rel_err(out, ref))
 
 
-@pytest.mark.parametrize("layout", ["g16", "g32"])
 @pytest.mark.parametrize("heads", [(56, 8, 128), (6, 2, 64), (7, 1, 16)],
                          ids=["33b", "tiny-coder", "whole-head-16"])
-def test_int4_layouts_on_the_gpu(heads, layout, monkeypatch):
-    """int4 keys in each layout (`kv_quant.INT4_LAYOUTS`: 16-channel groups with fp16 scales,
-    the default, and 32-channel groups with fp32 scales): the fused write is bit-exact against
-    the reference encoders, and both dot variants of the attention kernel read the pages like
-    the reference."""
+def test_int4_fp16_scale_layout_on_the_gpu(heads, monkeypatch):
+    """int4 keys in 16-channel groups with fp16 scales (kv_quant.INT4_SCALE_DTYPE, not the
+    default yet): the fused write is bit-exact against the reference encoders, and both dot
+    variants of the attention kernel read the pages like the reference."""
     from backend import kv_quant
 
-    group, scale_dtype = kv_quant.INT4_LAYOUTS[layout]
-    monkeypatch.setattr(kv_quant, "INT4_GROUP", group)
-    monkeypatch.setattr(kv_quant, "INT4_SCALE_DTYPE", scale_dtype)
+    monkeypatch.setattr(kv_quant, "INT4_GROUP", 16)
+    monkeypatch.setattr(kv_quant, "INT4_SCALE_DTYPE", torch.float16)
     num_heads, num_kv_heads, head_dim = heads
     for num_tokens in (5, 37):
         test_rotary_kv_write_quantized("int4-fp8", num_tokens, num_heads, num_kv_heads,

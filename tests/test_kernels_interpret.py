@@ -206,18 +206,15 @@ def test_rotary_kv_write_quantizes_like_reference(kernels, fmt, head_dim):
 
 
 @pytest.mark.parametrize("head_dim", [16, 32, 64, 128])
-def test_int4_g32_layout_write_and_attention(kernels, head_dim, monkeypatch):
-    """int4 keys in the layout that is not the default (32-channel groups with fp32 scales,
-    `TIDEGATE_INT4_LAYOUT=g32`; every other int4 case runs the default 16 / fp16): the fused
+def test_int4_fp16_scale_layout_write_and_attention(kernels, head_dim, monkeypatch):
+    """int4 keys in 16-channel groups with fp16 scales (kv_quant.INT4_SCALE_DTYPE): the fused
     write encodes them bit for bit like the reference, and the attention kernel reads them
     (fp32 and fp16 dots, decode split and mixed steps) like the reference."""
     from backend import kv_quant
 
-    group, scale_dtype = kv_quant.INT4_LAYOUTS["g32"]
-    assert (group, scale_dtype) != (kv_quant.INT4_GROUP, kv_quant.INT4_SCALE_DTYPE)
-    monkeypatch.setattr(kv_quant, "INT4_GROUP", group)
-    monkeypatch.setattr(kv_quant, "INT4_SCALE_DTYPE", scale_dtype)
-    assert QuantizedPages("int4", 1, 4, 2, head_dim, "cpu").scale.dtype == scale_dtype
+    monkeypatch.setattr(kv_quant, "INT4_GROUP", 16)
+    monkeypatch.setattr(kv_quant, "INT4_SCALE_DTYPE", torch.float16)
+    assert QuantizedPages("int4", 1, 4, 2, head_dim, "cpu").scale.dtype == torch.float16
     test_rotary_kv_write_quantizes_like_reference(kernels, "int4-fp8", head_dim)
     pa, _ = kernels
     for qlens, ctxs, splits in (([1, 1, 1], [40, 7, 100], 3), ([1, 9, 1], [33, 20, 61], 1)):
@@ -276,4 +273,4 @@ if not INTERPRETING:  # the cases are collected only inside test_kernels_in_trit
          test_paged_attention_quantized_fp16_dots,
          test_rotary_kv_write_quantizes_like_reference,
          test_kernel_write_then_kernel_attention_reads_it,
-         test_int4_g32_layout_write_and_attention)
+         test_int4_fp16_scale_layout_write_and_attention)
