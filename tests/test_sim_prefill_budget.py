@@ -94,3 +94,13 @@ def test_the_study_runs_and_the_cap_lowers_itl_p99(tmp_path, capsys):
     assert rows["cap256"]["itl_p99"] < 0.5 * rows["default"]["itl_p99"]
     assert rows["cap256"]["completed"] == rows["default"]["completed"] == 200
     assert "| cap256 | long_8rps |" in capsys.readouterr().out
+
+
+def test_config_specs_name_every_knob_and_refuse_unknown_ones():
+    study = _study()
+    name, kw = study.parse_config("big=mns:400,mnbt:4096,cap:256,seqs:2")
+    assert name == "big" and kw["max_num_seqs"] == 400 and kw["max_num_batched_tokens"] == 4096
+    assert kw["prefill_cap"].max_tokens == 256 and kw["prefill_cap"].backlog_seqs == 2
+    assert study.parse_config("default=") == ("default", {})
+    with pytest.raises(SystemExit, match="unknown key"):
+        study.parse_config("x=seq:3")
