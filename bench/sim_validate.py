@@ -233,7 +233,9 @@ def run_live(url: str, model: str, n: int, rate: float, input_len, output_len, s
 # ---- 3. the simulator -----------------------------------------------------------------------------
 def sim_spec(profile: Path, num_blocks: int, block_size: int, max_model_len: int, max_num_seqs: int,
              max_num_batched_tokens: int, batcher, queue, n: int, rate: float, input_len,
-             output_len, seed: int, burstiness: float = 1.0, async_plan_lead_s: float | None = None):
+             output_len, seed: int, burstiness: float = 1.0, async_plan_lead_s: float | None = None,
+             prefill_cap=None):
+    from scheduler.capacity import PrefillCap
     from sims.adapters import SimSchedulerConfig
     from sims.event_loop import EngineConfig
     from sims.runner import CostSpec, RunSpec
@@ -253,8 +255,22 @@ def sim_spec(profile: Path, num_blocks: int, block_size: int, max_model_len: int
         scheduler=SimSchedulerConfig(batcher=batcher, queue=queue, max_num_seqs=max_num_seqs,
                                      max_num_batched_tokens=max_num_batched_tokens,
                                      block_size=block_size, max_model_len=max_model_len,
-                                     enable_prefix_caching=True),  # as the live engine
+                                     enable_prefix_caching=True,  # as the live engine
+                                     prefill_cap=prefill_cap or PrefillCap()),
         engine=EngineConfig(num_backends=1, async_plan_lead_s=async_plan_lead_s))
+
+
+def live_prefill_cap(device: str, engine_args: list[str]):
+    """The `PrefillCap` the live backend runs with: its engine flags on `device` (a CUDA backend
+    caps prefill while decoding by default, the CPU does not; the simulator's own default is
+    off, so it is handed the live one)."""
+    from engine_flags import add_engine_args
+    from scheduler.capacity import prefill_cap_from_args
+
+    p = argparse.ArgumentParser(add_help=False)
+    add_engine_args(p)
+    ns, _ = p.parse_known_args(["--device", device, *engine_args])
+    return prefill_cap_from_args(ns, ns.device)
 
 
 def async_plan_lead(profile_doc: dict, device: str) -> float | None:
@@ -511,6 +527,7 @@ def validate(a: argparse.Namespace) -> dict:
     cost = ProfileCost.from_json(profile)
     plan_lead = async_plan_lead(doc, a.device)
     max_num_seqs, max_nbt = int(doc["max_num_seqs"]), int(doc["max_num_batched_tokens"])
+    live_cap = live_prefill_cap(a.device, a.engine_arg)
     max_d = max(pt["num_decode_seqs"] for pt in doc["points"])
     in_spec, out_spec = length_spec(a.input_len), length_spec(a.output_len)
     cap = capacity_estimate(cost, typical_len(in_spec), typical_len(out_spec), max_num_seqs, max(1, max_d))
@@ -559,7 +576,7 @@ def validate(a: argparse.Namespace) -> dict:
                 wall = time.perf_counter() - t0
                 spec = sim_spec(profile, num_blocks, block_size, max_model_len, max_num_seqs, max_nbt,
                                 gw.batcher, gw.queues, a.num_requests, rate, in_spec,
-                                out_spec, seed, a.burstiness, plan_lead)
+                                out_spec, seed, a.burstiness, plan_lead, live_cap)
                 sim = run_sim(spec)
                 cmp_ = compare(live, sim)
                 arrivals, live_batches = read_decisions(dec_path, offset)

@@ -193,3 +193,19 @@ def test_profile_pause_defaults_to_the_device():
     assert profile_pause_ms(SimpleNamespace(profile_pause_ms=None, device="cuda")) == CUDA_PROFILE_PAUSE_MS
     assert profile_pause_ms(SimpleNamespace(profile_pause_ms=None, device="cpu")) == 0.0
     assert profile_pause_ms(SimpleNamespace(profile_pause_ms=5.0, device="cuda:0")) == 5.0
+
+
+def test_the_simulator_gets_the_live_backends_prefill_cap():
+    """A CUDA backend caps prefill while decoding by default (the simulator's default is off):
+    `sim validate` hands the simulator the cap the live backend runs with."""
+    from bench import sim_validate as validate
+    from scheduler.capacity import CUDA_PREFILL_CAP_TOKENS, PrefillCap
+
+    assert validate.live_prefill_cap("cpu", []) == PrefillCap()
+    assert validate.live_prefill_cap("cuda", []) == PrefillCap(CUDA_PREFILL_CAP_TOKENS)
+    assert validate.live_prefill_cap("cuda", ["--max-prefill-tokens-while-decoding=0"]) == PrefillCap()
+    assert validate.live_prefill_cap("cpu", ["--max-prefill-tokens-while-decoding", "64",
+                                             "--quantization=fp8"]) == PrefillCap(64)
+    spec = validate.sim_spec("p.json", 100, 16, 16384, 256, 2048, None, None, 10, 1.0, 16, 4, 0,
+                             prefill_cap=PrefillCap(256))
+    assert spec.scheduler.prefill_cap == PrefillCap(256)
