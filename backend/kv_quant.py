@@ -55,7 +55,7 @@ SCALE_DTYPE = torch.float32
 # Triton write and attention) takes either layout from the pool's own shapes and dtypes. The
 # default stays 32 / fp32 for speed: on the H200 (session 5, BENCHMARKS issue 12) the 16-channel
 # layout measured +1.33% through the CUDA kernels (32: +2.08%) but its decode attention is
-# 1.12-1.25x bf16's at 8 x 8k, 8 x 16k and batch 64 (32: 0.98-1.05x). Not profiled: widening
+# 1.12-1.25x bf16's at 8 x 8k, 8 x 16k and batch 64 (32: 0.92-1.05x). Not profiled: widening
 # 8 scales a row (not 4) to the codes' layout is the one difference in the kernel's loop.
 INT4_SCALE_DTYPE = torch.float32
 # TIDEGATE_INT4_LAYOUT=g16 selects the 16-channel / fp16-scale layout in this process (g32, the

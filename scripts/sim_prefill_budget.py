@@ -10,10 +10,9 @@ p99 and their ratio, TPOT p50, output tok/s, steps (with prefill), the longest s
     PYTHONPATH=$PWD python scripts/sim_prefill_budget.py --seeds 0,1,2 \\
         --configs "default= fixed256=mnbt:256 cap256=cap:256" [--json out.json]
 
-A configuration is NAME=SPEC, SPEC a comma-separated list of mnbt:N (max_num_batched_tokens), mns:N
-(max_num_seqs),
-cap:N (max_prefill_tokens_while_decoding), backlog:N (prefill_backlog_tokens). The engine model
-is the CUDA engine's: async loop (each step planned while the one before runs, launch deadline on
+A configuration is NAME=SPEC, SPEC a comma-separated list of mnbt:N (max_num_batched_tokens),
+mns:N (max_num_seqs), cap:N (max_prefill_tokens_while_decoding), backlog:N
+(prefill_backlog_tokens). The engine model is the CUDA engine's: async loop (each step planned while the one before runs, launch deadline on
 every graph step; lead 2.06 ms = 2 x the profile's median decode launch + 1 ms), the host's launch
 hidden behind the step before (`hide_launch`), the delivery path measured live on the H200 (3.26
 ms, issue 18), and the H200's power-cap model (`power_cap`; off with --no-power-cap).
@@ -185,18 +184,18 @@ class StepLogCost:
 def parse_config(spec: str) -> tuple[str, dict]:
     """NAME=mnbt:N,mns:N,cap:N,backlog:N,seqs:N -> (NAME, SimSchedulerConfig keywords)."""
     name, _, body = spec.partition("=")
-    mnbt, cap = {}, {}
+    capacity, cap = {}, {}
     for item in filter(None, body.split(",")):
         k, _, v = item.partition(":")
         if k == "mnbt":
-            mnbt["max_num_batched_tokens"] = int(v)
+            capacity["max_num_batched_tokens"] = int(v)
         elif k == "mns":
-            mnbt["max_num_seqs"] = int(v)
+            capacity["max_num_seqs"] = int(v)
         elif k in ("cap", "backlog", "seqs"):
             cap[{"cap": "max_tokens", "backlog": "backlog_tokens", "seqs": "backlog_seqs"}[k]] = int(v)
         else:
             raise SystemExit(f"unknown key {k!r} in {spec!r} (mnbt, mns, cap, backlog, seqs)")
-    return name, {**mnbt, **({"prefill_cap": PrefillCap(**cap)} if cap else {})}
+    return name, {**capacity, **({"prefill_cap": PrefillCap(**cap)} if cap else {})}
 
 
 def run_one(cost, w: ServingWorkload, sched_kw: dict, seed: int) -> dict:
