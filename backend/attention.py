@@ -23,7 +23,10 @@ GQA: query head h reads KV head h // (num_heads // num_kv_heads).
 
 A cache may instead be a quantized pool (`backend.kv_quant.QuantizedPages`, `--kv-cache-dtype
 fp8|int4-fp8`) with the same logical shape: `write_kv` quantizes into it and the attention
-functions dequantize (to fp32) only the pages they read (`read_pages`).
+functions dequantize (to fp32) only the pages they read (`read_pages`). An int4 key pool with a
+fill buffer (`backend.fill_slots`) also takes each step's last-block keys at full precision
+(`write_kv(..., fill_index)`) and the attention functions read a sequence's positions >= its
+`fill_lo` from there (`fill_slot`, `fill_lo`: per sequence, as in `backend.context`).
 """
 from __future__ import annotations
 
@@ -33,13 +36,17 @@ from backend.context import ForwardContext
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+             slot_mapping: torch.Tensor, fill_index: torch.Tensor | None = None) -> None:
     num_blocks, block_size = k_cache.shape[:2]
     valid = slot_mapping >= 0
     slots = slot_mapping[valid]
     if not isinstance(k_cache, torch.Tensor):  # quantized pools: quantize on write
         k_cache.write(slots, k[: slot_mapping.shape[0]][valid])
         v_cache.write(slots, v[: slot_mapping.shape[0]][valid])
+        if fill_index is not None and getattr(k_cache, "fill", None) is not None:
+            rows = fill_index[: slot_mapping.shape[0]]
+            keep = rows >= 0
+            k_cache.write_fill(rows[keep], k[: slot_mapping.shape[0]][keep])
         return
     k_flat = k_cache.view(num_blocks * block_size, *k_cache.shape[2:])
     v_flat = v_cache.view(num_blocks * block_size, *v_cache.shape[2:])
@@ -55,23 +62,41 @@ def read_pages(cache, block_ids: torch.Tensor) -> torch.Tensor:
     return cache.pages(block_ids)
 
 
-def _gather_context(cache: torch.Tensor, block_table: torch.Tensor, context_len: int) -> torch.Tensor:
-    """[context_len, num_kv_heads, head_dim] of one sequence, read through its block table."""
+def _gather_context(cache: torch.Tensor, block_table: torch.Tensor, context_len: int,
+                    fill_slot: int = -1, fill_lo: int = 0) -> torch.Tensor:
+    """[context_len, num_kv_heads, head_dim] of one sequence, read through its block table;
+    positions fill_lo .. context_len - 1 from fill slot `fill_slot` when it is >= 0."""
     block_size = cache.shape[1]
     num_blocks = -(-context_len // block_size)
     pages = read_pages(cache, block_table[:num_blocks].long())  # [nb, bs, Hkv, D]
-    return pages.reshape(-1, *cache.shape[2:])[:context_len]
+    k = pages.reshape(-1, *cache.shape[2:])[:context_len]
+    if fill_slot >= 0 and fill_lo < context_len:
+        offsets = torch.arange(fill_lo, context_len, device=k.device) % block_size
+        k = k.clone()
+        k[fill_lo:] = cache.fill[fill_slot, offsets].to(k.dtype)
+    return k
+
+
+def _fill_args(cache, fill_slot: torch.Tensor | None, fill_lo: torch.Tensor | None):
+    """Host lists of the fill slots / first fill positions, or None where nothing is filled."""
+    if fill_slot is None or getattr(cache, "fill", None) is None:
+        return None
+    return fill_slot.tolist(), fill_lo.tolist()
 
 
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                       block_tables: torch.Tensor, query_start_loc_host: list[int],
-                      context_lens_host: list[int], scale: float) -> torch.Tensor:
+                      context_lens_host: list[int], scale: float,
+                      fill_slot: torch.Tensor | None = None,
+                      fill_lo: torch.Tensor | None = None) -> torch.Tensor:
     num_heads = q.shape[1]
     out = torch.empty_like(q)
+    fill = _fill_args(k_cache, fill_slot, fill_lo)
     for i, context_len in enumerate(context_lens_host):
         start, end = query_start_loc_host[i], query_start_loc_host[i + 1]
         query_len = end - start
-        k = _gather_context(k_cache, block_tables[i], context_len)  # [C, Hkv, D]
+        slot_lo = (fill[0][i], fill[1][i]) if fill is not None else ()
+        k = _gather_context(k_cache, block_tables[i], context_len, *slot_lo)  # [C, Hkv, D]
         v = _gather_context(v_cache, block_tables[i], context_len)
         rep = num_heads // k.shape[1]
         k = k.repeat_interleave(rep, dim=1).transpose(0, 1).to(q.dtype)  # [H, C, D]
@@ -88,13 +113,21 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                     block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                     fill_slot: torch.Tensor | None = None,
+                     fill_lo: torch.Tensor | None = None) -> torch.Tensor:
     num_seqs, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     max_blocks = block_tables.shape[1]
     idx = block_tables.long()
     # [B, max_blocks * block_size, Hkv, D]: every page in the table, masked past context_len
     k = read_pages(k_cache, idx).reshape(num_seqs, max_blocks * block_size, num_kv_heads, head_dim)
+    if fill_slot is not None and getattr(k_cache, "fill", None) is not None:
+        # positions >= fill_lo (of a sequence with a slot) from its fill rows; no host sync
+        pos = torch.arange(max_blocks * block_size, device=q.device)
+        rows = k_cache.fill[fill_slot.long().clamp(min=0)][:, pos % block_size]  # [B, C, Hkv, D]
+        use = (pos[None, :] >= fill_lo[:, None].long()) & (fill_slot[:, None] >= 0)
+        k = torch.where(use[:, :, None, None], rows.to(k.dtype), k)
     v = read_pages(v_cache, idx).reshape(num_seqs, max_blocks * block_size, num_kv_heads, head_dim)
     rep = num_heads // num_kv_heads
     qg = q.view(num_seqs, num_kv_heads, rep, head_dim).float()  # [B, Hkv, rep, D]
@@ -117,16 +150,19 @@ class TorchAttention:
                  k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """q: [T, H, D], k/v: [T, Hkv, D] for all T tokens of the step (padding included).
         Returns [T, H, D]; rows of padding tokens are zeros."""
-        write_kv(k, v, k_cache, v_cache, ctx.slot_mapping)
+        write_kv(k, v, k_cache, v_cache, ctx.slot_mapping, ctx.fill_index)
         out = torch.zeros_like(q)
         d, p = ctx.num_decode_tokens, ctx.num_prefill_tokens
+        fs, fl = ctx.fill_slot, ctx.fill_lo
         if d:
             out[:d] = decode_attention(q[:d], k_cache, v_cache, ctx.block_tables[:d],
-                                       ctx.context_lens[:d], self.scale)
+                                       ctx.context_lens[:d], self.scale,
+                                       *((fs[:d], fl[:d]) if fs is not None else ()))
         if p:
             n = ctx.num_prefills
             starts = [x - d for x in ctx.query_start_loc_host[d:d + n + 1]]
             out[d:d + p] = prefill_attention(
                 q[d:d + p], k_cache, v_cache, ctx.block_tables[d:d + n], starts,
-                ctx.context_lens_host[d:d + n], self.scale)
+                ctx.context_lens_host[d:d + n], self.scale,
+                *((fs[d:d + n], fl[d:d + n]) if fs is not None else ()))
         return out

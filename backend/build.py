@@ -14,7 +14,9 @@ from backend.kv_cache import (
     KVCache,
     block_bytes,
     dtype_name,
+    fill_bytes,
     num_blocks_for_memory,
+    uses_fill_block,
 )
 from backend.loader import LoadedModel, available_memory, load
 from backend.runner import ModelRunner
@@ -70,9 +72,10 @@ def size_kv_pool(cfg: BackendConfig, loaded: LoadedModel, max_model_len: int) ->
     c = loaded.config
     dname = dtype_name(loaded.dtype)
     cap = cfg.max_num_seqs * -(-max_model_len // cfg.block_size) + 1
+    fill = fill_bytes(c, cfg.block_size, dname, fill_slots_for(cfg))
     if cfg.num_blocks is not None:
         num_blocks = cfg.num_blocks
-        need = num_blocks * block_bytes(c, cfg.block_size, dname, cfg.kv_cache_dtype)
+        need = num_blocks * block_bytes(c, cfg.block_size, dname, cfg.kv_cache_dtype) + fill
         free = available_memory(loaded.device)
         if need > free:
             raise ModelLoadError(f"--num-blocks {num_blocks} needs {need / 2**30:.1f} GiB of KV cache "
@@ -82,11 +85,18 @@ def size_kv_pool(cfg: BackendConfig, loaded: LoadedModel, max_model_len: int) ->
     kv_bytes = int(fraction * available_memory(loaded.device))
     if cfg.kv_memory_fraction is None and loaded.device.type == "cpu":
         kv_bytes = min(kv_bytes, DEFAULT_CPU_KV_BYTES)
+    kv_bytes -= fill
     num_blocks = min(cap, num_blocks_for_memory(c, cfg.block_size, dname, kv_bytes,
                                                 cfg.kv_cache_dtype))
     if num_blocks < 1:
         raise ModelLoadError("no memory left for the KV cache after loading the weights")
     return num_blocks
+
+
+def fill_slots_for(cfg: BackendConfig) -> int:
+    """Fill-row slots for the KV pools: one more than the sequences of a step (the runner's
+    least recently used slot is then never one the step uses), for int4 keys; else 0."""
+    return cfg.max_num_seqs + 1 if uses_fill_block(cfg.kv_cache_dtype) else 0
 
 
 def default_cpu_threads() -> int:
@@ -107,7 +117,7 @@ def create_engine(cfg: BackendConfig) -> tuple[Engine, LoadedModel]:
     max_model_len = cfg.max_model_len or loaded.config.max_position_embeddings
     num_blocks = size_kv_pool(cfg, loaded, max_model_len)
     kv = KVCache.allocate(loaded.config, num_blocks, cfg.block_size, loaded.dtype, loaded.device,
-                          cfg.kv_cache_dtype)
+                          cfg.kv_cache_dtype, fill_slots=fill_slots_for(cfg))
     runner = ModelRunner(loaded.model, kv, cfg.max_num_batched_tokens, cfg.max_num_seqs, max_model_len)
     # CUDA: the Triton kernels read and write every KV format (`backend.kernel_dispatch`). CPU:
     # the C kernels take fp32 model-dtype pages; quantized pools keep the torch reference

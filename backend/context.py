@@ -13,6 +13,11 @@ sequence i has absolute position `context_lens[i] - query_len_i + j` and attends
 positions `<=` its own. Padding tokens (the tail of a static buffer) have slot -1: nothing is
 written for them and their outputs are ignored. Decodes come first so that a decode-only step
 is a prefix of the static buffers (the shape a CUDA graph replays).
+
+With a fill buffer (int4-fp8 keys, `backend.fill_slots`), sequence i's keys at positions
+`fill_lo[i] .. context_lens[i] - 1` (inside its last block) are read from rows
+`fill_slot[i] * block_size + position % block_size` of the buffer at full precision, and each
+token whose `fill_index` is >= 0 writes its key there as well as into the pages.
 """
 from __future__ import annotations
 
@@ -37,6 +42,11 @@ class ForwardContext:
     context_lens_host: list[int]
     max_context_len: int
     block_size: int
+    # the block being filled at full precision (int4 keys with a fill buffer,
+    # `backend.fill_slots`); None: every key read from the pages --------------------------
+    fill_index: torch.Tensor | None = None  # [num_tokens] int64 fill row of each token; -1 none
+    fill_slot: torch.Tensor | None = None   # [num_seqs] int32 the sequence's fill slot; -1 none
+    fill_lo: torch.Tensor | None = None     # [num_seqs] int32 first position read from its slot
 
     @property
     def num_decodes(self) -> int:

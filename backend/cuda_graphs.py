@@ -20,7 +20,10 @@ Decode graphs. Static inputs: one pinned host array and its device twin, one row
 slot, so a step is a single host->device copy of `bucket` rows (int32):
 
     row r:  | token id | position | slot | context len | block table (max_blocks_per_seq) | src |
-            |    0     |    1     |  2   |      3      | 4 ...                            | last|
+            |    0     |    1     |  2   |      3      | 4 ...                            |     |
+
+followed by three fill columns (fill index, fill slot, fill lo: `backend.fill_slots`), used
+only when the key pools keep the block being filled at full precision.
 
 `src` >= 0: the token id is the previous step's greedy output in that row of the runner's
 `buffers.sampled` (async scheduling: not read back yet), gathered inside the graph; -1: `token id`.
@@ -169,8 +172,9 @@ class StepGraphs:
         self.width = runner.max_blocks_per_seq
         self.max_model_len = runner.max_model_len
         pin = self.device.type == "cuda"
-        self.src_col = _TABLE + self.width  # last column: see the module docstring
-        shape = (max(1, self.max_bucket), _TABLE + self.width + 1)
+        self.src_col = _TABLE + self.width  # see the module docstring
+        self.fill_col = self.src_col + 1    # fill index, fill slot, fill lo (3 columns)
+        shape = (max(1, self.max_bucket), self.fill_col + 3)
         self.packed_host = torch.zeros(shape, dtype=torch.int32, pin_memory=pin)
         self.rows = self.packed_host.numpy()
         self.packed = torch.zeros(shape, dtype=torch.int32, device=self.device)
@@ -197,13 +201,18 @@ class StepGraphs:
         input_ids = torch.where(src >= 0, sampled.index_select(0, src.clamp(min=0)),
                                 rows[:, _ID].long())
         positions = rows[:, _POS].long()
+        fill = {}
+        if self.runner.fill_slots is not None:
+            f = self.src_col + 1
+            fill = {"fill_index": rows[:, f].long(), "fill_slot": rows[:, f + 1].contiguous(),
+                    "fill_lo": rows[:, f + 2].contiguous()}
         ctx = ForwardContext(
             positions=positions, slot_mapping=rows[:, _SLOT].long(),
             block_tables=rows[:, _TABLE:self.src_col], context_lens=rows[:, _CTX].contiguous(),
             query_start_loc=self.query_start_loc[:bucket + 1],
             num_decode_tokens=bucket, num_prefills=0, num_prefill_tokens=0,
             query_start_loc_host=list(range(bucket + 1)), context_lens_host=[],
-            max_context_len=self.max_model_len, block_size=self.block_size)
+            max_context_len=self.max_model_len, block_size=self.block_size, **fill)
         hidden = self.model(input_ids, positions, ctx, self.runner.kv)   # [bucket, hidden]
         logits = self.model.compute_logits(hidden)                      # [bucket, vocab] fp32
         ids = logits.argmax(dim=-1)
@@ -215,6 +224,7 @@ class StepGraphs:
         self.rows[:bucket, :_TABLE] = (0, 0, -1, 1)
         self.rows[:bucket, _TABLE:] = 0
         self.rows[:bucket, self.src_col] = -1
+        self.rows[:bucket, self.fill_col:self.fill_col + 2] = -1
         self._row_req[:bucket] = [None] * bucket
         self.packed[:bucket].copy_(self.packed_host[:bucket])
 
@@ -246,7 +256,8 @@ class StepGraphs:
             num_decode_tokens=0, num_prefills=seqs, num_prefill_tokens=tokens,
             query_start_loc_host=qsl.tolist() if cpu else [],
             context_lens_host=lens.tolist() if cpu else [],
-            max_context_len=self.max_model_len, block_size=self.block_size)
+            max_context_len=self.max_model_len, block_size=self.block_size,
+            **self.runner.fill_context(tokens, seqs))
         hidden = self.model(b.device_input_ids(tokens), b.positions[:tokens], ctx, self.runner.kv)
         logits = self.model.compute_logits(hidden.index_select(0, b.last_token[:seqs]))
         ids = logits.argmax(dim=-1)
@@ -389,6 +400,14 @@ class StepGraphs:
         if gpu_src:
             get = gpu_src.get
             src[:num] = [get(c.request_id, -1) for c in chunks]
+        fills = self.runner.fill_slots
+        if fills is not None:  # a decode's one token is always in its last block
+            fills.begin_step()
+            fc = self.fill_col
+            for i, c in enumerate(chunks):
+                slot, lo = fills.assign(c.request_id, c.start_pos, 1)
+                rows[i, fc:fc + 3] = (slot * bs + c.start_pos % bs, slot, lo)
+            rows[num:bucket, fc:fc + 3] = (-1, -1, 0)
         if bucket > num:
             rows[num:bucket, :_TABLE] = (0, 0, -1, 0)
 

@@ -181,8 +181,9 @@ class KernelAttention:
             k_cache, v_cache, ctx = rest
             positions, cos_sin = ctx.positions[:num_tokens], self.ops.cos_sin
         half = cos_sin.shape[-1] // 2
+        fill_index = None if ctx.fill_index is None else ctx.fill_index[:num_tokens]
         rotary_kv_write(positions, q, k, v, cos_sin[:, :half], cos_sin[:, half:], k_cache,
-                        v_cache, ctx.slot_mapping[:num_tokens])
+                        v_cache, ctx.slot_mapping[:num_tokens], fill_index)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         n = ctx.num_tokens
         if self._fresh_prompts(ctx, k_cache):
@@ -191,7 +192,8 @@ class KernelAttention:
         paged_attention(q[:n], k_cache, v_cache, ctx.block_tables, ctx.query_start_loc,
                         ctx.context_lens, self.scale,
                         max_query_len=1 if ctx.num_prefills == 0 else 2,
-                        max_context_len=max(1, ctx.max_context_len), out=out[:n])
+                        max_context_len=max(1, ctx.max_context_len), out=out[:n],
+                        fill_slot=ctx.fill_slot, fill_lo=ctx.fill_lo)
         if num_tokens > n:  # rows past the step's tokens (not read; zero like the reference)
             out[n:].zero_()
         return out

@@ -16,6 +16,7 @@ copies blocks when told (copy-on-write).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +25,21 @@ from backend.config import ModelConfig
 from backend.kv_quant import FORMATS, QuantizedPages, kv_bytes_per_token
 
 KV_CACHE_DTYPES = ("auto", *FORMATS)  # auto = the model dtype
+# int4 keys keep the block being filled at full precision by default (`backend.fill_slots`);
+# TIDEGATE_KV_FILL_BLOCK=0 turns it off in this process (A/B runs, read at allocation)
+FILL_BLOCK_ENV = "TIDEGATE_KV_FILL_BLOCK"
+
+
+def uses_fill_block(kv_cache_dtype: str) -> bool:
+    """Whether pools of this format get fill rows: int4 keys, unless turned off by the env."""
+    return (kv_cache_dtype in FORMATS and FORMATS[kv_cache_dtype][0] == "int4"
+            and os.environ.get(FILL_BLOCK_ENV, "1") != "0")
+
+
+def fill_bytes(config: ModelConfig, block_size: int, dtype: str, num_slots: int) -> int:
+    """Bytes of the fill rows across all layers: one block of keys in the model dtype a slot."""
+    per_token = config.kv_bytes_per_token(dtype) // 2   # keys only
+    return num_slots * block_size * per_token
 
 
 @dataclass
@@ -37,13 +53,18 @@ class KVCache:
     @classmethod
     def allocate(cls, config: ModelConfig, num_blocks: int, block_size: int,
                  dtype: torch.dtype, device: torch.device | str,
-                 kv_cache_dtype: str = "auto") -> KVCache:
+                 kv_cache_dtype: str = "auto", fill_slots: int = 0) -> KVCache:
+        """`fill_slots` > 0: int4 key pools also keep that many sequences' block being filled
+        in `dtype` (`QuantizedPages.attach_fill`); other formats ignore it."""
         shape = (num_blocks, block_size, config.num_key_value_heads, config.head_dim)
         if kv_cache_dtype != "auto":
             k_codec, v_codec = _formats(kv_cache_dtype)
             n = config.num_hidden_layers
             k = [QuantizedPages(k_codec, *shape, device) for _ in range(n)]
             v = [QuantizedPages(v_codec, *shape, device) for _ in range(n)]
+            if fill_slots > 0 and k_codec == "int4":
+                for pages in k:
+                    pages.attach_fill(fill_slots, dtype)
             return cls(k, v, num_blocks, block_size, kv_cache_dtype)
         k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
         v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
@@ -51,8 +72,14 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the pools hold (codes and scales for a quantized format)."""
+        """Bytes the pools hold (codes and scales for a quantized format; not the fill rows)."""
         return sum(c.nbytes for c in (*self.k_caches, *self.v_caches))
+
+    @property
+    def fill_nbytes(self) -> int:
+        """Bytes of the fill rows (the block being filled, int4 keys), 0 without them."""
+        return sum(getattr(c, "fill", None).nbytes for c in self.k_caches
+                   if getattr(c, "fill", None) is not None)
 
     @property
     def num_slots(self) -> int:

@@ -150,6 +150,8 @@ class QuantizedPages:
     def __init__(self, codec: str, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, device: torch.device | str) -> None:
         self.codec = codec
+        # the block being filled at full precision (int4 keys; see `attach_fill`): None = off
+        self.fill: torch.Tensor | None = None
         self.shape = torch.Size((num_blocks, block_size, num_kv_heads, head_dim))
         lead = (num_blocks, block_size, num_kv_heads)
         if codec == "fp8":
@@ -169,7 +171,20 @@ class QuantizedPages:
 
     @property
     def nbytes(self) -> int:
+        """The pages' bytes (codes and scales; the fill rows are per sequence, not per block)."""
         return self.data.nbytes + self.scale.nbytes
+
+    def attach_fill(self, num_slots: int, dtype: torch.dtype) -> None:
+        """Keep the block being filled at full precision: `fill [num_slots, block_size, Hkv, D]`
+        in the model dtype, one block-sized row set per fill slot (a running sequence's, see
+        `backend.fill_slots`). The writer still stores every key's codes (a token's int4 scales
+        are its own, so its codes never change) and also its key here; attention reads a
+        sequence's keys at positions >= its `fill_lo` from this copy instead of the codes."""
+        self.fill = torch.zeros((num_slots, *self.shape[1:]), dtype=dtype, device=self.device)
+
+    def write_fill(self, rows: torch.Tensor, x: torch.Tensor) -> None:
+        """x [n, Hkv, D] into flat fill rows [n] (slot * block_size + offset; all valid)."""
+        self.fill.view(-1, *self.shape[2:]).index_copy_(0, rows, x.to(self.fill.dtype))
 
     def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.codec == "fp8":

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from backend.context import ForwardContext
+from backend.fill_slots import FillSlots
 from backend.kv_cache import KVCache
 from backend.model import LlamaModel
 from backend.sampler import Sampler, SamplingParams
@@ -67,6 +68,13 @@ class StaticBuffers:
                              for _ in range(2)]
         self._next_readback = 0
         self.slot_mapping.fill_(-1)
+        # the block being filled at full precision (backend.fill_slots): per token its fill row
+        # (-1 none), per sequence row its slot (-1 none) and first position read from it
+        self.fill_index, self.fill_index_host = pair(max_num_tokens, torch.int64)
+        self.fill_slot, self.fill_slot_host = pair(rows, torch.int32)
+        self.fill_lo, self.fill_lo_host = pair(rows, torch.int32)
+        self.fill_index.fill_(-1)
+        self.fill_slot.fill_(-1)
         # CUDA: set once the last host->device copies are done; the host arrays are reused only
         # after it (a step that samples nothing never synchronizes otherwise)
         self.copy_done = torch.cuda.Event() if pin else None
@@ -131,6 +139,13 @@ class ModelRunner:
         self.buffers = StaticBuffers(max_num_batched_tokens, max_num_seqs, self.max_blocks_per_seq,
                                      self.device)
         self.sampler = sampler or Sampler(model.config.vocab_size, self.device)
+        # int4 keys with fill rows (KVCache.allocate(fill_slots=...)): which rows each
+        # sequence's last block lives in
+        fill = getattr(kv.k_caches[0], "fill", None) if kv.k_caches else None
+        self.fill_slots = None if fill is None else FillSlots(fill.shape[0], kv.block_size)
+        if self.fill_slots is not None and self.fill_slots.num_slots <= max_num_seqs:
+            raise ValueError(f"{self.fill_slots.num_slots} fill slots for max_num_seqs "
+                             f"{max_num_seqs}: needs more slots than sequences in a step")
         # CUDA: Triton kernels in the model and step CUDA graphs (backend.serving_setup)
         self.graphs = None
         if self.device.type == "cuda":
@@ -176,6 +191,12 @@ class ModelRunner:
         width = 1
         t = 0
         qsl[0] = 0
+        fills = self.fill_slots
+        if fills is not None:
+            fills.begin_step()
+            f_index = b.fill_index_host.numpy()
+            f_slot = b.fill_slot_host.numpy()
+            f_lo = b.fill_lo_host.numpy()
         for i, c in enumerate(chunks):
             n = lens[i]
             end = c.start_pos + n
@@ -191,6 +212,10 @@ class ModelRunner:
             tables[i, nb:] = 0
             width = max(width, nb)
             ctx_lens[i] = end
+            if fills is not None:
+                slot, lo = fills.assign(c.request_id, c.start_pos, n)
+                f_slot[i], f_lo[i] = slot, lo
+                f_index[t:t + n] = fills.rows(slot, lo, c.start_pos, n)
             t += n
             qsl[i + 1] = t
 
@@ -210,6 +235,10 @@ class ModelRunner:
             pos[t:rows_t] = 0
             slots[t:rows_t] = -1
             ctx_lens[num_seqs:rows_s] = 0
+            if fills is not None:
+                f_index[t:rows_t] = -1
+                f_slot[num_seqs:rows_s] = -1
+                f_lo[num_seqs:rows_s] = 0
             qsl[num_seqs + 1:rows_s + 1] = rows_t   # seq num_seqs holds every padding token
             last = b.last_token_host.numpy()
             last[:num_seqs] = qsl[1:num_seqs + 1] - 1
@@ -224,6 +253,10 @@ class ModelRunner:
         b.block_tables[:rows_s].copy_(b.block_tables_host[:rows_s], non_blocking=True)
         b.context_lens[:rows_s].copy_(b.context_lens_host[:rows_s], non_blocking=True)
         b.query_start_loc[:rows_s + 1].copy_(b.query_start_loc_host[:rows_s + 1], non_blocking=True)
+        if fills is not None:
+            b.fill_index[:rows_t].copy_(b.fill_index_host[:rows_t], non_blocking=True)
+            b.fill_slot[:rows_s].copy_(b.fill_slot_host[:rows_s], non_blocking=True)
+            b.fill_lo[:rows_s].copy_(b.fill_lo_host[:rows_s], non_blocking=True)
         b.mark_copied()
         qsl_list = qsl[:num_seqs + 1].tolist()
         ctx = ForwardContext(
@@ -233,9 +266,19 @@ class ModelRunner:
             num_decode_tokens=num_decodes, num_prefills=num_seqs - num_decodes,
             num_prefill_tokens=t - num_decodes, query_start_loc_host=qsl_list,
             context_lens_host=ctx_lens[:num_seqs].tolist(),
-            max_context_len=int(ctx_lens[:num_seqs].max()) if num_seqs else 0, block_size=bs)
+            max_context_len=int(ctx_lens[:num_seqs].max()) if num_seqs else 0, block_size=bs,
+            **self.fill_context(t, num_seqs))
         last = [q - 1 for q in qsl_list[1:]]
         return t, ctx, last
+
+    def fill_context(self, num_tokens: int, num_seqs: int) -> dict:
+        """The ForwardContext fill fields over prefixes of the static buffers ({} without
+        fill rows)."""
+        if self.fill_slots is None:
+            return {}
+        b = self.buffers
+        return {"fill_index": b.fill_index[:num_tokens], "fill_slot": b.fill_slot[:num_seqs],
+                "fill_lo": b.fill_lo[:num_seqs]}
 
     # ---- one step --------------------------------------------------------------------------
     @torch.inference_mode()

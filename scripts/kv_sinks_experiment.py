@@ -16,6 +16,11 @@ Two more int4 key layouts, quantized by the torch reference only (the kernels ar
   `g16+h` takes exactly the bytes of today's int4 keys (64 code + 8 x 2 scale bytes per
   token-head at D = 128, as 64 + 4 x 4).
 
+`+built` runs a variant with the engine's own fill rows (`backend.fill_slots`: the block being
+filled kept in the model dtype, as serving does) instead of this wrapper; every other variant
+runs with them off (TIDEGATE_KV_FILL_BLOCK=0), so `int4` is the plain format. `int4+built` must
+equal `int4+fill`: the test that the built format gives the quality this experiment measured.
+
 Values stay fp8 (near lossless: +0.3% alone). This is an experiment on the read side only — the
 pools keep a full-precision shadow of every slot, so it measures the quality a real format
 (sink/fill keys stored in bf16 beside the int4 pages) would give, not its memory or speed.
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import re
 import sys
 import time
@@ -40,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from backend import eval as tg_eval
 from backend import eval_engine, kv_quant
 from backend.eval_engine import EngineSettings, EngineShape
+from backend.kv_cache import FILL_BLOCK_ENV
 
 
 class ShadowedKeyPages:
@@ -51,7 +58,7 @@ class ShadowedKeyPages:
     first, current block last) is specialised; decode reads (2-d) stay fully quantized."""
 
     def __init__(self, inner, sinks: int, fill: bool) -> None:
-        self.inner, self.sinks, self.fill = inner, sinks, fill
+        self.inner, self.sinks, self.keep_fill = inner, sinks, fill
         self.shadow = torch.zeros(inner.shape, dtype=torch.float32, device=inner.device)
 
     def __getattr__(self, name):
@@ -67,7 +74,7 @@ class ShadowedKeyPages:
         if block_ids.dim() == 1 and block_ids.numel():
             if self.sinks:
                 out[0, : self.sinks] = self.shadow[block_ids[0], : self.sinks]
-            if self.fill:
+            if self.keep_fill:
                 out[-1] = self.shadow[block_ids[-1]]
         return out
 
@@ -116,7 +123,8 @@ def int4_layout(group: int, half_scales: bool):
 
 
 def run(args: argparse.Namespace, variant: str) -> dict:
-    kv_dtype, sinks, fill, group, half = parse_variant(variant)
+    built = variant.endswith("+built")
+    kv_dtype, sinks, fill, group, half = parse_variant(variant.removesuffix("+built"))
     original = eval_engine.build_engine
 
     def build_and_wrap(model, settings, shape):
@@ -127,6 +135,8 @@ def run(args: argparse.Namespace, variant: str) -> dict:
         return engine, loaded
 
     tg_eval.build_engine = build_and_wrap  # the perplexity driver looks it up in its module
+    saved_env = os.environ.get(FILL_BLOCK_ENV)
+    os.environ[FILL_BLOCK_ENV] = "1" if built else "0"
     try:
         settings = EngineSettings(device=args.device, dtype=args.dtype, kv_cache_dtype=kv_dtype)
         shape = EngineShape(max_num_batched_tokens=args.max_num_batched_tokens)
@@ -137,7 +147,12 @@ def run(args: argparse.Namespace, variant: str) -> dict:
                                         site_root=args.site_root)
     finally:
         tg_eval.build_engine = original
+        if saved_env is None:
+            os.environ.pop(FILL_BLOCK_ENV)
+        else:
+            os.environ[FILL_BLOCK_ENV] = saved_env
     return {"variant": variant, "kv_cache_dtype": kv_dtype, "sinks": sinks, "fill": fill,
+            "built_fill": built,
             "int4_group": group, "fp16_scales": half,
             "ppl": report["ppl"], "tokens": report["tokens"],
             "seconds": round(time.perf_counter() - t0, 1)}

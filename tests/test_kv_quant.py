@@ -19,7 +19,7 @@ from backend.attention import TorchAttention, decode_attention, prefill_attentio
 from backend.build import BackendConfig, create_engine, size_kv_pool
 from backend.config import ModelConfig
 from backend.errors import ModelLoadError
-from backend.kv_cache import KV_CACHE_DTYPES, KVCache, block_bytes
+from backend.kv_cache import FILL_BLOCK_ENV, KV_CACHE_DTYPES, KVCache, block_bytes, fill_bytes
 from backend.kv_quant import (
     FORMATS,
     QuantizedPages,
@@ -212,6 +212,7 @@ def test_pool_sizing_by_format(ckpt, monkeypatch):
 
     loaded = load(str(ckpt), "auto", "bfloat16", "cpu", 0, None)
     monkeypatch.setattr(build, "available_memory", lambda device: 64 << 20)
+    monkeypatch.setenv(FILL_BLOCK_ENV, "0")   # the pages alone (fill rows: the test below)
     n = {f: size_kv_pool(BackendConfig(model=str(ckpt), kv_cache_dtype=f, kv_memory_fraction=0.5,
                                        max_num_seqs=1 << 20), loaded, 512)
          for f in KV_CACHE_DTYPES}
@@ -219,6 +220,25 @@ def test_pool_sizing_by_format(ckpt, monkeypatch):
     # head_dim 16 (int4 group 16): per token-head bf16 64 B, fp8 40 B, int4-fp8 8 + 4 + 20 = 32 B
     assert n["fp8"] == (32 << 20) // block_bytes(loaded.config, 16, "bfloat16", "fp8")
     assert 1.55 < n["fp8"] / n["auto"] < 1.65 and 1.95 < n["int4-fp8"] / n["auto"] < 2.05
+
+
+def test_pool_sizing_leaves_room_for_the_fill_rows(ckpt, monkeypatch):
+    """int4 keys keep each running sequence's block being filled in the model dtype (one slot
+    per sequence, plus one): that memory comes out of the pool, and nothing else does."""
+    from backend import build
+    from backend.loader import load
+
+    loaded = load(str(ckpt), "auto", "bfloat16", "cpu", 0, None)
+    monkeypatch.setattr(build, "available_memory", lambda device: 64 << 20)
+    cfg = BackendConfig(model=str(ckpt), kv_cache_dtype="int4-fp8", kv_memory_fraction=0.5,
+                        max_num_seqs=64)
+    fill = fill_bytes(loaded.config, 16, "bfloat16", 65)
+    # keys of one 16-token block in bf16: 2 layers x 2 kv heads x 16 channels x 2 bytes x 16
+    assert fill == 65 * 16 * 2 * 2 * 16 * 2
+    per_block = block_bytes(loaded.config, 16, "bfloat16", "int4-fp8")
+    assert size_kv_pool(cfg, loaded, 1 << 20) == ((32 << 20) - fill) // per_block
+    monkeypatch.setenv(FILL_BLOCK_ENV, "0")
+    assert size_kv_pool(cfg, loaded, 1 << 20) == (32 << 20) // per_block
 
 
 def test_config_rejects_unknown_format(ckpt):

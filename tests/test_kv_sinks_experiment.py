@@ -36,6 +36,21 @@ def test_all_keys_kept_equals_the_unquantized_cache():
         exp.parse_variant("auto+fill")
 
 
+@pytest.mark.skipif(not (TINY_CODER / "config.json").exists(), reason="needs models/tiny-coder")
+def test_the_built_fill_rows_give_the_quality_the_experiment_measured():
+    """The engine's own fill rows (backend.fill_slots, on by default for int4-fp8) against the
+    experiment's wrapper that put full-precision keys back for the current block: the same
+    perplexity (fp32 model: the same keys), and better than plain int4-fp8."""
+    exp = _experiment()
+    args = Namespace(model=str(TINY_CODER), device="cpu", dtype="auto", window=48,
+                     sample_windows=2, max_num_batched_tokens=16, site_root=None)
+    wrapped = exp.run(args, "int4+fill")["ppl"]
+    built = exp.run(args, "int4+built")
+    plain = exp.run(args, "int4")["ppl"]
+    assert built["built_fill"] and abs(built["ppl"] / wrapped - 1) < 1e-5
+    assert built["ppl"] < plain
+
+
 def test_int4_layouts_change_the_reference_codec_for_one_run_only():
     import torch
 

@@ -107,13 +107,15 @@ _CODEC_IDS = {"fp8": CODEC_FP8, "int4": CODEC_INT4}
 def paged_attention_reference(
     q: torch.Tensor, k_cache, v_cache, block_tables: torch.Tensor,
     query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float,
+    fill_slot: torch.Tensor | None = None, fill_lo: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`backend.attention.prefill_attention` over every sequence (a decode is a one-token
-    chunk); quantized pools are dequantized by their `pages`. fp32 math, q's dtype out."""
+    chunk); quantized pools are dequantized by their `pages`, fill rows read where given.
+    fp32 math, q's dtype out."""
     from backend.attention import prefill_attention
 
     return prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc.tolist(),
-                             context_lens.tolist(), scale)
+                             context_lens.tolist(), scale, fill_slot, fill_lo)
 
 
 # ---- host-side sizing ------------------------------------------------------------------------
@@ -159,10 +161,37 @@ def _strides3(t: torch.Tensor | None) -> tuple[int, int, int]:
 if HAS_TRITON:
 
     @triton.jit
+    def _attend_tile(s, m_i, l_i, acc, v_ptr, vs_ptr, page, row_in_page, kv_head, mask_n,
+                     offs_d, mask_d, stride_vb, stride_vt, stride_vh, stride_vsb, stride_vst,
+                     stride_vsh, V_CODEC: tl.constexpr, FP32_DOT: tl.constexpr,
+                     V_DOT_DTYPE: tl.constexpr):
+        """One tile's online-softmax update: scores s [M, N] (log2 domain, -inf where not
+        visible) and the tile's values read from the pages -> the new (m_i, l_i, acc)."""
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v_rows = v_ptr + page * stride_vb + row_in_page * stride_vt + kv_head * stride_vh
+        v = tl.load(v_rows[:, None] + offs_d[None, :],
+                    mask=mask_n[:, None] & mask_d[None, :], other=0.0)           # [N, D]
+        if V_CODEC == 1:
+            v_scale = tl.load(vs_ptr + page * stride_vsb + row_in_page * stride_vst
+                              + kv_head * stride_vsh, mask=mask_n, other=0.0)
+            pv = p * v_scale[None, :]
+        else:
+            pv = p
+        if FP32_DOT:
+            acc = acc * alpha[:, None] + tl.dot(pv, v.to(tl.float32), input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(pv.to(V_DOT_DTYPE), v.to(V_DOT_DTYPE))
+        return m_new, l_i, acc
+
+    @triton.jit
     def _paged_attention_kernel(
         q_ptr, out_ptr, part_o_ptr, part_lse_ptr,
         k_ptr, ks_ptr, v_ptr, vs_ptr,
         block_tables_ptr, qsl_ptr, context_lens_ptr,
+        fill_ptr, fill_slot_ptr, fill_lo_ptr, stride_fs, stride_ft, stride_fh,
         qk_scale,                       # softmax scale * log2(e): scores live in the log2 domain
         num_seqs, num_splits,
         stride_qt, stride_qh, stride_ot, stride_oh,
@@ -174,7 +203,7 @@ if HAS_TRITON:
         K_CODEC: tl.constexpr, V_CODEC: tl.constexpr, NUM_GROUPS: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr,
         SINGLE_SPLIT: tl.constexpr, FP32_DOT: tl.constexpr, QUANT_F16: tl.constexpr,
-        USE_PDL: tl.constexpr,
+        USE_PDL: tl.constexpr, HAS_FILL: tl.constexpr = False, FILL_N: tl.constexpr = 16,
     ):
         pdl_enter(USE_PDL)
         qb = tl.program_id(0)
@@ -202,6 +231,9 @@ if HAS_TRITON:
             tok0 = (qb - (q_start // BLOCK_Q + seq)) * BLOCK_Q
         if tok0 < q_len:
             context_len = tl.load(context_lens_ptr + seq)
+            if HAS_FILL:  # keys at positions >= f_lo come from the fill rows, after the loop
+                f_slot = tl.load(fill_slot_ptr + seq)
+                f_lo = tl.where(f_slot >= 0, tl.load(fill_lo_ptr + seq), context_len)
             offs_m = tl.arange(0, M)
             tok = tok0 + offs_m // GROUP_P2                      # [M] token within the chunk
             g = offs_m % GROUP_P2
@@ -303,28 +335,47 @@ if HAS_TRITON:
                                           + kv_head * stride_ksh, mask=mask_n, other=0.0)
                         s = s * k_scale[None, :]
                 visible = mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None])
+                if HAS_FILL:
+                    visible = visible & (offs_n < f_lo)[None, :]
                 s = tl.where(visible, s * qk_scale, float("-inf"))
-                # ---- online softmax ----
-                m_new = tl.maximum(m_i, tl.max(s, axis=1))
-                alpha = tl.exp2(m_i - m_new)
-                p = tl.exp2(s - m_new[:, None])
-                l_i = l_i * alpha + tl.sum(p, axis=1)
-                # ---- values ----
-                v_rows = v_ptr + page * stride_vb + row_in_page * stride_vt + kv_head * stride_vh
-                v = tl.load(v_rows[:, None] + offs_d[None, :],
-                            mask=mask_n[:, None] & mask_d[None, :], other=0.0)       # [N, D]
-                if V_CODEC == 1:
-                    v_scale = tl.load(vs_ptr + page * stride_vsb + row_in_page * stride_vst
-                                      + kv_head * stride_vsh, mask=mask_n, other=0.0)
-                    pv = p * v_scale[None, :]
-                else:
-                    pv = p
-                if FP32_DOT:
-                    acc = acc * alpha[:, None] + tl.dot(pv, v.to(tl.float32),
-                                                        input_precision="ieee")
-                else:
-                    acc = acc * alpha[:, None] + tl.dot(pv.to(v_dot_dtype), v.to(v_dot_dtype))
-                m_i = m_new
+                # ---- online softmax, values ----
+                m_i, l_i, acc = _attend_tile(
+                    s, m_i, l_i, acc, v_ptr, vs_ptr, page, row_in_page, kv_head, mask_n,
+                    offs_d, mask_d, stride_vb, stride_vt, stride_vh, stride_vsb, stride_vst,
+                    stride_vsh, V_CODEC, FP32_DOT, v_dot_dtype)
+
+            if HAS_FILL:  # noqa: SIM102 (a constexpr, then a runtime test: Triton)
+                # the block being filled (int4 keys only): positions f_lo .. context_len - 1
+                # (<= one block) of this split's range, keys from the fill rows at full
+                # precision, values from the pages as above
+                if tl.maximum(f_lo, start) < end:
+                    offs_n = f_lo + tl.arange(0, FILL_N)
+                    mask_n = (offs_n >= start) & (offs_n < end)
+                    page = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=mask_n,
+                                   other=0).to(tl.int64)
+                    row_in_page = offs_n % BLOCK_SIZE
+                    f_rows = (fill_ptr + f_slot.to(tl.int64) * stride_fs
+                              + row_in_page * stride_ft + kv_head * stride_fh)
+                    fm = mask_n[:, None] & mask_j[None, :]
+                    fe = tl.load(f_rows[:, None] + 2 * offs_j[None, :], mask=fm, other=0.0)
+                    fo = tl.load(f_rows[:, None] + 2 * offs_j[None, :] + 1, mask=fm, other=0.0)
+                    if FP32_DOT:
+                        fe = fe.to(tl.float32)
+                        fo = fo.to(tl.float32)
+                        s = tl.dot(q_even, tl.trans(fe), input_precision="ieee")
+                        s += tl.dot(q_odd, tl.trans(fo), input_precision="ieee")
+                    else:
+                        if QUANT_F16:
+                            fe = tl.clamp(fe.to(tl.float32), -65504.0, 65504.0)
+                            fo = tl.clamp(fo.to(tl.float32), -65504.0, 65504.0)
+                        s = tl.dot(q_even, tl.trans(fe.to(k_dot_dtype)))
+                        s += tl.dot(q_odd, tl.trans(fo.to(k_dot_dtype)))
+                    visible = mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None])
+                    s = tl.where(visible, s * qk_scale, float("-inf"))
+                    m_i, l_i, acc = _attend_tile(
+                        s, m_i, l_i, acc, v_ptr, vs_ptr, page, row_in_page, kv_head, mask_n,
+                        offs_d, mask_d, stride_vb, stride_vt, stride_vh, stride_vsb,
+                        stride_vst, stride_vsh, V_CODEC, FP32_DOT, v_dot_dtype)
 
             nonempty = l_i > 0.0
             o = acc / tl.where(nonempty, l_i, 1.0)[:, None]
@@ -378,6 +429,7 @@ def paged_attention_triton(
     out: torch.Tensor | None = None, block_q: int | None = None,
     num_warps: int | None = None, block_n: int | None = None, num_stages: int | None = None,
     quant_f16: bool | None = None, fp32_dot: bool | None = None,
+    fill_slot: torch.Tensor | None = None, fill_lo: torch.Tensor | None = None,
 ) -> torch.Tensor:
     num_tokens, num_heads, head_dim = q.shape
     num_seqs = context_lens.shape[0]
@@ -386,6 +438,11 @@ def paged_attention_triton(
     _, block_size, num_kv_heads, _ = k_cache.shape
     if v_codec == CODEC_INT4:
         raise ValueError("int4 values are not a KV format (int4 keys pair with fp8 values)")
+    fill = getattr(k_cache, "fill", None) if fill_slot is not None else None
+    if fill is not None:
+        if k_codec != CODEC_INT4:
+            raise ValueError("fill rows (the block being filled) are read for int4 keys only")
+        assert fill.stride(-1) == 1 and fill_lo is not None
     assert q.stride(-1) == 1 and k_data.stride(-1) == 1 and v_data.stride(-1) == 1
     assert num_heads % num_kv_heads == 0 and head_dim >= 16
     assert query_start_loc.shape[0] == num_seqs + 1 and block_tables.shape[0] >= num_seqs
@@ -436,6 +493,9 @@ def paged_attention_triton(
         k_data, k_data if k_scale is None else k_scale,
         v_data, v_data if v_scale is None else v_scale,
         block_tables, query_start_loc, context_lens,
+        k_data if fill is None else fill,
+        context_lens if fill is None else fill_slot, context_lens if fill is None else fill_lo,
+        *((0, 0, 0) if fill is None else (fill.stride(0), fill.stride(1), fill.stride(2))),
         scale * _LOG2E, num_seqs, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_data.stride(0), k_data.stride(1), k_data.stride(2), *_strides3(k_scale),
@@ -446,6 +506,7 @@ def paged_attention_triton(
         K_CODEC=k_codec, V_CODEC=v_codec, NUM_GROUPS=num_groups,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_Q=block_q,
         SINGLE_SPLIT=num_splits == 1, FP32_DOT=fp32_dot, QUANT_F16=quant_f16,
+        HAS_FILL=fill is not None, FILL_N=max(16, next_power_of_2(block_size)),
         num_warps=num_warps, num_stages=num_stages, **pdl_args(q),
     )
     if num_splits > 1:
@@ -466,21 +527,24 @@ def paged_attention(
     query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float | None = None,
     *, max_query_len: int, max_context_len: int | None = None,
     out: torch.Tensor | None = None,
+    fill_slot: torch.Tensor | None = None, fill_lo: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of every query token of a step over the paged cache -> [num_tokens, H, D].
 
     Host bounds, never read from the device: `max_query_len` (1 = a decode-only step, which
     takes the one-sequence-per-program tiling) and `max_context_len` (split sizing; default the
     block-table width). `out` (optional) receives the result (a static buffer under graphs).
+    `fill_slot` / `fill_lo` (per sequence, `backend.context`): an int4 key pool's fill rows are
+    read for positions >= fill_lo of sequences with a slot (`backend.fill_slots`).
     """
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     if use_triton(q):
         return paged_attention_triton(q, k_cache, v_cache, block_tables, query_start_loc,
                                       context_lens, scale, max_query_len, max_context_len,
-                                      out=out)
+                                      out=out, fill_slot=fill_slot, fill_lo=fill_lo)
     ref = paged_attention_reference(q, k_cache, v_cache, block_tables, query_start_loc,
-                                    context_lens, scale)
+                                    context_lens, scale, fill_slot, fill_lo)
     if out is None:
         return ref
     out.copy_(ref)

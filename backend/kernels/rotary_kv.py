@@ -26,6 +26,8 @@ Quantized pages are encoded in the same program, from the registers that hold th
           With fp16 scales (kv_quant.INT4_SCALE_DTYPE) the scale is rounded to fp16 first and
           the halves are read back from memory as [heads, groups, channels] tiles instead.
 The formats are those of `backend.kv_quant` (the reference codecs this kernel is tested against).
+An int4 key pool with fill rows (`QuantizedPages.fill`, `backend.fill_slots`) also gets each
+token's rotated key, in the model dtype, at row `fill_index[t]` when that is >= 0.
 """
 from __future__ import annotations
 
@@ -66,13 +68,14 @@ def apply_rotary_reference(x: torch.Tensor, positions: torch.Tensor, cos: torch.
 
 
 def write_kv_reference(k: torch.Tensor, v: torch.Tensor, k_cache, v_cache,
-                       slot_mapping: torch.Tensor) -> None:
+                       slot_mapping: torch.Tensor, fill_index: torch.Tensor | None = None) -> None:
     """k/v rows -> their slots in the pages; rows whose slot is negative are skipped. Quantized
-    pools encode with `backend.kv_quant` (through `backend.attention.write_kv`)."""
+    pools encode with `backend.kv_quant` (through `backend.attention.write_kv`), and an int4
+    key pool with fill rows also stores the keys of rows whose `fill_index` is >= 0 there."""
     if not isinstance(k_cache, torch.Tensor):
         from backend.attention import write_kv
 
-        write_kv(k, v, k_cache, v_cache, slot_mapping)
+        write_kv(k, v, k_cache, v_cache, slot_mapping, fill_index)
         return
     block_size = k_cache.shape[1]
     valid = slot_mapping >= 0
@@ -82,10 +85,11 @@ def write_kv_reference(k: torch.Tensor, v: torch.Tensor, k_cache, v_cache,
     v_cache[blocks, offsets] = v[valid].to(v_cache.dtype)
 
 
-def rotary_kv_write_reference(positions, q, k, v, cos, sin, k_cache, v_cache, slot_mapping) -> None:
+def rotary_kv_write_reference(positions, q, k, v, cos, sin, k_cache, v_cache, slot_mapping,
+                              fill_index=None) -> None:
     q.copy_(apply_rotary_reference(q, positions, cos, sin))
     k.copy_(apply_rotary_reference(k, positions, cos, sin))
-    write_kv_reference(k, v, k_cache, v_cache, slot_mapping)
+    write_kv_reference(k, v, k_cache, v_cache, slot_mapping, fill_index)
 
 
 if HAS_TRITON:
@@ -213,7 +217,7 @@ if HAS_TRITON:
     @triton.jit
     def _rotary_kv_kernel(
         positions_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, slot_ptr,
-        kc_ptr, ks_ptr, vc_ptr, vs_ptr,
+        kc_ptr, ks_ptr, vc_ptr, vs_ptr, fill_ptr, fill_index_ptr, stride_fr, stride_fh,
         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cos,
         stride_kcb, stride_kct, stride_kch, stride_ksb, stride_kst, stride_ksh,
         stride_vcb, stride_vct, stride_vch, stride_vsb, stride_vst, stride_vsh,
@@ -223,6 +227,7 @@ if HAS_TRITON:
         K_CODEC: tl.constexpr, V_CODEC: tl.constexpr, INT4_SUB: tl.constexpr,
         INT4_WHOLE_HEAD: tl.constexpr, USE_PDL: tl.constexpr,
         INT4_HALF_IS_GROUP: tl.constexpr = False, INT4_SCALE_F16: tl.constexpr = False,
+        HAS_FILL: tl.constexpr = False,
     ):
         pdl_enter(USE_PDL)
         t = tl.program_id(0).to(tl.int64)
@@ -237,6 +242,13 @@ if HAS_TRITON:
         kv_heads = tl.arange(0, KV_HEADS_P2)
         k1, k2 = _rotate_half_in_place(k_ptr + t * stride_kt, stride_kh, kv_heads, r, cos, sin,
                                        NUM_KV_HEADS, HALF)
+        if HAS_FILL:  # the block being filled: the rotated key at full precision as well
+            frow = tl.load(fill_index_ptr + t).to(tl.int64)
+            if frow >= 0:
+                fmask = (kv_heads < NUM_KV_HEADS)[:, None] & (r < HALF)[None, :]
+                fp = fill_ptr + frow * stride_fr + kv_heads[:, None] * stride_fh + r[None, :]
+                tl.store(fp, k1.to(fill_ptr.dtype.element_ty), mask=fmask)
+                tl.store(fp + HALF, k2.to(fill_ptr.dtype.element_ty), mask=fmask)
 
         slot = tl.load(slot_ptr + t).to(tl.int64)
         if slot >= 0:
@@ -353,11 +365,13 @@ def _strides3(t: torch.Tensor | None) -> tuple[int, int, int]:
 
 def rotary_kv_write(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     cos: torch.Tensor, sin: torch.Tensor, k_cache, v_cache,
-                    slot_mapping: torch.Tensor) -> None:
+                    slot_mapping: torch.Tensor, fill_index: torch.Tensor | None = None) -> None:
     """Rotate q and k in place and store k, v into the pages at slot_mapping (one launch);
-    quantized pools (`QuantizedPages`) are encoded in the same launch."""
+    quantized pools (`QuantizedPages`) are encoded in the same launch. `fill_index` (int64 per
+    token, -1 = none): an int4 key pool's fill rows also take those tokens' rotated keys."""
     if not use_triton(q):
-        rotary_kv_write_reference(positions, q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
+        rotary_kv_write_reference(positions, q, k, v, cos, sin, k_cache, v_cache, slot_mapping,
+                                  fill_index)
         return
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
@@ -368,6 +382,9 @@ def rotary_kv_write(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
     assert kc.stride(-1) == 1 and vc.stride(-1) == 1 and v_codec != 2
     if num_tokens == 0:
         return
+    fill = getattr(k_cache, "fill", None) if fill_index is not None else None
+    if fill is not None:
+        assert fill.is_contiguous() and fill_index.dtype == torch.int64
     half = head_dim // 2
     int4_sub, whole_head, scale_f16 = 2, False, False
     if k_codec == 2:
@@ -384,6 +401,8 @@ def rotary_kv_write(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
     _rotary_kv_kernel[(num_tokens,)](
         positions, q, k, v, cos, sin, slot_mapping,
         kc, kc if ks is None else ks, vc, vc if vs is None else vs,
+        kc if fill is None else fill, slot_mapping if fill is None else fill_index,
+        0 if fill is None else fill.stride(1), 0 if fill is None else fill.stride(2),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         cos.stride(0),
         kc.stride(0), kc.stride(1), kc.stride(2), *_strides3(ks),
@@ -393,6 +412,6 @@ def rotary_kv_write(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
         HALF=half, HALF_P2=next_power_of_2(half), BLOCK_SIZE=kc.shape[1],
         K_CODEC=k_codec, V_CODEC=v_codec, INT4_SUB=int4_sub, INT4_WHOLE_HEAD=whole_head,
         INT4_HALF_IS_GROUP=k_codec == 2 and not whole_head and int4_sub == half,
-        INT4_SCALE_F16=scale_f16,
+        INT4_SCALE_F16=scale_f16, HAS_FILL=fill is not None,
         num_warps=4, **pdl_args(q),
     )
