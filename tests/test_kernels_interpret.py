@@ -268,9 +268,101 @@ def test_kernel_write_then_kernel_attention_reads_it(kernels):
     assert err < 1e-5, err
 
 
+def _fill_meta(ctxs, block_size, num_slots, gen):
+    """Fill slots (-1 for every third sequence and for context 0) and first fill positions
+    inside each sequence's last block."""
+    slots = torch.randperm(num_slots, generator=gen)[: len(ctxs)].to(torch.int32)
+    lo = torch.zeros(len(ctxs), dtype=torch.int32)
+    for i, c in enumerate(ctxs):
+        if c == 0 or i % 3 == 2:
+            slots[i] = -1
+            continue
+        last = (c - 1) // block_size * block_size
+        lo[i] = last + int(torch.randint(0, c - last, (1,), generator=gen))
+    return slots, lo
+
+
+@pytest.mark.parametrize("quant_f16", [False, True], ids=["fp32-dots", "fp16-dots"])
+@pytest.mark.parametrize("case", ATTN_CASES, ids=lambda c: f"q{c[4]}-ctx{c[5]}-s{c[6]}")
+def test_paged_attention_reads_the_block_being_filled(kernels, case, quant_f16):
+    """int4 keys with fill rows (backend.fill_slots): positions >= fill_lo of a sequence with a
+    slot come from its rows at full precision (here different from the codes, so reading the
+    wrong one shows), the others from the codes: kernel = reference, split or not."""
+    pa, _ = kernels
+    heads, kv_heads, head_dim, block_size, qlens, ctxs, splits = case
+    gen = torch.Generator().manual_seed(hash(("fill", str(case))) % 2**31)
+    num_blocks = 3 * len(ctxs) * (max(ctxs) // block_size + 2)
+    k, v = _pools("int4-fp8", num_blocks, block_size, kv_heads, head_dim, torch.float32, gen)
+    k.attach_fill(len(ctxs) + 2, torch.float32)
+    k.fill.copy_(3 * torch.randn(k.fill.shape, generator=gen))
+    tables, qsl, lens = _step(qlens, ctxs, num_blocks, block_size, gen)
+    fill_slot, fill_lo = _fill_meta(ctxs, block_size, len(ctxs) + 2, gen)
+    q = torch.randn(sum(qlens), heads, head_dim, generator=gen)
+    out = torch.full_like(q, float("nan"))
+    pa.paged_attention_triton(q, k, v, tables, qsl, lens, 0.3, max_query_len=max(qlens),
+                              num_splits=splits, out=out, quant_f16=quant_f16,
+                              fp32_dot=not quant_f16, fill_slot=fill_slot, fill_lo=fill_lo)
+    ref = pa.paged_attention_reference(q, k, v, tables, qsl, lens, 0.3, fill_slot, fill_lo)
+    codes_only = pa.paged_attention_reference(q, k, v, tables, qsl, lens, 0.3)
+    assert torch.isfinite(out).all()
+    err = ((out - ref).norm() / ref.norm()).item()
+    assert err < (2e-3 if quant_f16 else 1e-5), err
+    assert ((codes_only - ref).norm() / ref.norm()).item() > 20 * err
+
+
+def test_kernel_write_stores_the_fill_rows(kernels):
+    """The fused rotary/KV write also stores the rotated keys of tokens with a fill row (and
+    only those), as the reference does; attention over what it wrote equals the reference."""
+    pa, rk = kernels
+    heads, kv_heads, head_dim, block_size, num_blocks = 8, 2, 32, 4, 24
+    gen = torch.Generator().manual_seed(12)
+    cos, sin = rk.build_rope_cache(64, head_dim, 10000.0)
+    qlens, ctxs = [1, 7], [10, 7]
+    tables, qsl, lens = _step(qlens, ctxs, num_blocks, block_size, gen)
+    positions = torch.tensor([9] + list(range(7)))
+    slots = torch.stack([tables[0, 9 // block_size] * block_size + 9 % block_size] +
+                        [tables[1, p // block_size] * block_size + p % block_size
+                         for p in range(7)]).long()
+    # sequence 0 (slot 2) reads 8..9 from its rows, sequence 1 (slot 0) 4..6; tokens of
+    # sequence 1 before its last block write no row
+    fill_slot = torch.tensor([2, 0], dtype=torch.int32)
+    fill_lo = torch.tensor([8, 4], dtype=torch.int32)
+    fill_index = torch.tensor([2 * 4 + 1, -1, -1, -1, -1, 0, 1, 2])
+    base_k, base_v = _pools("int4-fp8", num_blocks, block_size, kv_heads, head_dim,
+                            torch.float32, gen)
+    qkv, _ = _qkv(8, heads, kv_heads, head_dim, gen)
+    fills, outs = [], []
+    for write, attend in ((rk.rotary_kv_write, pa.paged_attention_triton),
+                          (rk.rotary_kv_write_reference, None)):
+        k_pool = QuantizedPages("int4", num_blocks, block_size, kv_heads, head_dim, "cpu")
+        v_pool = QuantizedPages("fp8", num_blocks, block_size, kv_heads, head_dim, "cpu")
+        for dst, src in ((k_pool, base_k), (v_pool, base_v)):
+            dst.data.copy_(src.data)
+            dst.scale.copy_(src.scale)
+        k_pool.attach_fill(3, torch.float32)
+        k_pool.fill.fill_(0.5)   # row 8 (slot 2, offset 0) keeps this: position 8 is earlier
+        x = qkv.clone()
+        q, k, v = x.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1)
+        q = q.view(8, heads, head_dim)
+        write(positions, q, k.view(8, kv_heads, head_dim), v.view(8, kv_heads, head_dim),
+              cos, sin, k_pool, v_pool, slots, fill_index)
+        fills.append(k_pool.fill.clone())
+        if attend is None:
+            outs.append(pa.paged_attention_reference(q, k_pool, v_pool, tables, qsl, lens, 0.2,
+                                                     fill_slot, fill_lo))
+        else:
+            outs.append(attend(q, k_pool, v_pool, tables, qsl, lens, 0.2, max_query_len=7,
+                               fill_slot=fill_slot, fill_lo=fill_lo))
+    assert torch.equal(fills[0], fills[1])
+    assert (fills[0].view(-1, kv_heads, head_dim)[[3, 4, 5, 6, 7, 8, 10, 11]] == 0.5).all()
+    err = ((outs[0] - outs[1]).norm() / outs[1].norm()).item()
+    assert err < 1e-5, err
+
+
 if not INTERPRETING:  # the cases are collected only inside test_kernels_in_triton_interpreter
     del (test_paged_attention_matches_reference, test_paged_attention_bf16_io_and_dispatch,
          test_paged_attention_quantized_fp16_dots,
          test_rotary_kv_write_quantizes_like_reference,
          test_kernel_write_then_kernel_attention_reads_it,
-         test_int4_fp16_scale_layout_write_and_attention)
+         test_int4_fp16_scale_layout_write_and_attention,
+         test_paged_attention_reads_the_block_being_filled, test_kernel_write_stores_the_fill_rows)

@@ -1,0 +1,161 @@
+"""int4-fp8 keeps the block being filled at full precision (backend.fill_slots): which rows a
+sequence's last block lives in, and that a served decode reads exactly what the sinks
+experiment measured (scripts/kv_sinks_experiment.py, `int4+fill`)."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from backend.attention import TorchAttention
+from backend.build import BackendConfig, create_engine
+from backend.cuda_graphs import StepGraphs
+from backend.eval_engine import sequence_logits
+from backend.fill_slots import FillSlots
+from backend.kv_cache import FILL_BLOCK_ENV
+from backend.sampler import SamplingParams
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---- the slot rules ------------------------------------------------------------------------------
+
+def test_a_continuing_sequence_keeps_its_slot_and_reads_its_last_block():
+    fs = FillSlots(3, block_size=4)
+    fs.begin_step()
+    slot, lo = fs.assign("a", 0, 6)            # a 6-token prompt: block 1 (4, 5) is the last
+    assert lo == 4
+    assert fs.rows(slot, lo, 0, 6).tolist() == [-1, -1, -1, -1, slot * 4, slot * 4 + 1]
+    fs.begin_step()
+    assert fs.assign("a", 6, 1) == (slot, 4)   # decode at 6: positions 4..6 from the slot
+    fs.begin_step()
+    assert fs.assign("a", 7, 1) == (slot, 4)
+    fs.begin_step()
+    assert fs.assign("a", 8, 1) == (slot, 8)   # a new block: its first row is rewritten
+    assert fs.rows(slot, 8, 8, 1).tolist() == [slot * 4]
+
+
+def test_a_restart_or_a_late_start_reads_nothing_it_did_not_write():
+    fs = FillSlots(3, block_size=4)
+    fs.begin_step()
+    slot, _ = fs.assign("a", 0, 6)
+    fs.begin_step()
+    # recomputed after a preemption, from a cached prefix of 5 tokens: 4 is codes only
+    assert fs.assign("a", 5, 2) == (slot, 5)
+    fs.begin_step()
+    assert fs.assign("a", 7, 1) == (slot, 5)
+    fs.begin_step()
+    # a new request whose first chunk starts mid-block (prefix-cache hit, or a swap-in)
+    b_slot, lo = fs.assign("b", 9, 1)
+    assert b_slot != slot and lo == 9
+
+
+def test_the_least_recently_used_slot_is_taken_and_its_owner_starts_over():
+    fs = FillSlots(2, block_size=4)
+    fs.begin_step()
+    sa, _ = fs.assign("a", 0, 3)
+    fs.begin_step()
+    sb, _ = fs.assign("b", 0, 3)
+    assert sb != sa
+    fs.begin_step()
+    fs.assign("b", 3, 1)
+    sc, _ = fs.assign("c", 0, 2)               # "a" (finished, or waiting) loses its slot
+    assert sc == sa
+    fs.begin_step()
+    fs.assign("c", 2, 1)
+    sa2, lo = fs.assign("a", 3, 1)             # "a" comes back: new slot, nothing before 3
+    assert sa2 == sb and lo == 3
+    fs.begin_step()
+    fs.assign("x", 0, 1)
+    fs.assign("y", 0, 1)
+    with pytest.raises(RuntimeError, match="fill slots"):
+        fs.assign("z", 0, 1)                   # more sequences in a step than slots
+
+
+# ---- served decodes read what the experiment measured ----------------------------------------------
+
+def _engine(monkeypatch, fill: bool, graphs: bool = True, num_blocks: int = 64,
+            max_num_seqs: int = 1, budget: int = 4):
+    monkeypatch.setenv(FILL_BLOCK_ENV, "1" if fill else "0")
+    engine, _ = create_engine(BackendConfig(
+        model="tiny", kv_cache_dtype="int4-fp8", num_blocks=num_blocks, block_size=4,
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=128,
+        enable_prefix_caching=False))
+    engine.runner.model.attn = TorchAttention(engine.runner.model.config.head_dim ** -0.5)
+    if graphs:  # the CPU stand-in of the CUDA graphs: decode steps take the packed fill columns
+        engine.runner.graphs = StepGraphs(engine.runner, (1, 2, 4), use_cuda_graphs=False,
+                                          token_buckets=(4,))
+    return engine
+
+
+def _generate(engine, prompt, n):
+    assert engine.add_request("r", prompt, SamplingParams(max_tokens=n, ignore_eos=True,
+                                                          logprobs=1)) is None
+    tokens, logprobs = [], []
+    while engine.has_unfinished():
+        for o in engine.step():
+            tokens += o.new_token_ids
+            logprobs += [lp.logprob for lp in o.logprobs]
+    return tokens, logprobs
+
+
+def _teacher_forced(engine, tokens, first):
+    """log p(tokens[i]) for i >= first, scored in one-block chunks."""
+    logits = sequence_logits(engine, tokens[:-1])
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    return [lp[i - 1, tokens[i]].item() for i in range(first, len(tokens))]
+
+
+def _experiment():
+    spec = importlib.util.spec_from_file_location("kv_sinks_experiment",
+                                                  ROOT / "scripts" / "kv_sinks_experiment.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_served_decodes_read_the_last_block_at_full_precision(monkeypatch):
+    """Greedy decode through the runner (decode-graph stand-in) with fill rows gives, token for
+    token, the log-probabilities of teacher-forced scoring whose current block is read at full
+    precision (the experiment's wrapper, one-block chunks); without fill rows it gives plain
+    int4-fp8's, and the two differ."""
+    prompt = list(range(3, 11))                 # 8 tokens: two whole one-block chunks
+    served, lp_fill = _generate(_engine(monkeypatch, fill=True), prompt, 18)
+    seq = prompt + served
+
+    ref = _engine(monkeypatch, fill=False, graphs=False)
+    kv = ref.runner.kv
+    kv.k_caches = [_experiment().ShadowedKeyPages(c, 0, True) for c in kv.k_caches]
+    want = _teacher_forced(ref, seq, len(prompt))
+    assert np.allclose(lp_fill, want, atol=2e-4), np.abs(np.array(lp_fill) - want).max()
+
+    served_plain, lp_plain = _generate(_engine(monkeypatch, fill=False), prompt, 18)
+    plain_ref = _teacher_forced(_engine(monkeypatch, fill=False, graphs=False),
+                                prompt + served_plain, len(prompt))
+    assert np.allclose(lp_plain, plain_ref, atol=2e-4)
+    assert served_plain != served or np.abs(np.array(lp_plain) - lp_fill).max() > 1e-3
+
+
+def test_graph_steps_equal_eager_steps_with_fill_rows_under_preemption(monkeypatch):
+    """Several requests in a pool too small for all of them (preempted, recomputed), decode and
+    mixed graph stand-ins against eager steps: the same greedy tokens, and every block back."""
+    def run(graphs):
+        engine = _engine(monkeypatch, fill=True, graphs=graphs, num_blocks=14, max_num_seqs=4,
+                         budget=16)
+        g = torch.Generator().manual_seed(5)
+        for i, n in enumerate((5, 11, 3, 9)):
+            prompt = torch.randint(0, 200, (n,), generator=g).tolist()
+            assert engine.add_request(f"r{i}", prompt, SamplingParams(
+                max_tokens=14 + 2 * i, ignore_eos=True)) is None
+        out: dict[str, list[int]] = {}
+        while engine.has_unfinished():
+            for o in engine.step():
+                out.setdefault(o.request_id, []).extend(o.new_token_ids)
+        engine.check_integrity()
+        assert engine.scheduler.num_preemptions >= 1
+        return out
+
+    assert run(graphs=True) == run(graphs=False)
