@@ -19,6 +19,8 @@
 # 4. KV-format quality on tiny-coder through the CUDA kernel path (bf16 model): perplexity per
 #    format and greedy agreement vs the bf16 cache. HELD holds stdlib/ and site/ copies of
 #    models/tiny-coder/heldout_files.txt (the GPU machine's python lacks some of them).
+#    PPL_ARGS: extra perplexity flags, e.g. "--max-num-batched-tokens 16" (one-block chunks:
+#    each token's own block is the one being filled, as in a decode; issue 12's fill rows).
 # Everything lands in $OUT/r and is packed into $OUT/results.tar.gz; the log is $OUT/log.txt.
 set -u
 OUT=${OUT:-out/gpu_kern}
@@ -113,7 +115,7 @@ if has quality; then
     tag="${kind}_${fmt}${envset:+_${envset//[^A-Za-z0-9]/_}}"
     if [ "$kind" = ppl ]; then
       env $envset python3 -m backend.eval perplexity $common --kv-cache-dtype "$fmt" \
-          --sample-windows 32 --json "$R/$tag.json" > "$R/$tag.txt" 2>&1
+          --sample-windows 32 ${PPL_ARGS:-} --json "$R/$tag.json" > "$R/$tag.txt" 2>&1
     else
       env $envset python3 -m backend.eval agreement $common --a kv-cache-dtype=auto \
           --b "kv-cache-dtype=$fmt" --num-prompts 32 --max-tokens 32 --json "$R/$tag.json" \

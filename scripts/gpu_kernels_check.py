@@ -152,7 +152,9 @@ def measure_ceilings(r: Runner) -> None:
 
 # ---- 3. paged attention ------------------------------------------------------------------------
 
-ATTN_FORMATS = {"bf16": None, "fp8": ("fp8", "fp8"), "int4-fp8": ("int4", "fp8")}
+ATTN_FORMATS = {"bf16": None, "fp8": ("fp8", "fp8"), "int4-fp8": ("int4", "fp8"),
+                # int4-fp8 as served: each decode's block being filled read from its fill rows
+                "int4-fp8+fill": ("int4", "fp8")}
 ATTN_DECODE_BATCHES = [1, 8, 64]
 ATTN_CONTEXTS = [2048, 8192, 16384]
 # mixed steps: (decodes, their context, prefill chunk tokens, the chunk's cached prefix)
@@ -200,8 +202,15 @@ def attention_step(r: Runner, fmt: str, qlens: list[int], ctxs: list[int]):
     q = r.randn(sum(qlens), heads, head_dim)
     lens = torch.tensor(ctxs, dtype=torch.int32, device=r.device)
     kv_bytes = sum(_kv_bytes(k, c) + _kv_bytes(v, c) for c in ctxs)
+    fill = {}
+    if fmt.endswith("+fill"):  # every sequence a slot, read from its last block's start
+        k.attach_fill(len(ctxs) + 1, torch.bfloat16)
+        k.fill.copy_(r.randn(*k.fill.shape, scale=2.0))
+        fill = {"fill_slot": torch.arange(len(ctxs), dtype=torch.int32, device=r.device),
+                "fill_lo": torch.tensor([(c - 1) // BLOCK_SIZE * BLOCK_SIZE for c in ctxs],
+                                        dtype=torch.int32, device=r.device)}
     call = partial(attn.paged_attention_triton, q, k, v, tables, qsl.to(r.device), lens,
-                   head_dim ** -0.5, max(qlens), max(ctxs))
+                   head_dim ** -0.5, max(qlens), max(ctxs), **fill)
     return call, kv_bytes
 
 
@@ -355,7 +364,7 @@ def bench_attention_splits(r: Runner) -> None:
     sms = 132 if r.dry_run else torch.cuda.get_device_properties(0).multi_processor_count
     shapes = [(2, 256), (4, 512)] if r.dry_run else SPLITS_SHAPES
     # --attn-formats narrows it (bf16 first: the other rows are relative to it)
-    fmts = tuple(f for f in ("bf16", "fp8", "int4-fp8") if f in r.attn_formats)
+    fmts = tuple(f for f in ("bf16", "fp8", "int4-fp8", "int4-fp8+fill") if f in r.attn_formats)
     for batch, ctx in shapes:
         base_us = None
         for fmt in fmts:
@@ -450,8 +459,9 @@ def bench_sdpa_gqa(r: Runner) -> None:
 
 
 def _reference_of(call):
-    a = call.args
-    return attn.paged_attention_reference(a[0], a[1], a[2], a[3], a[4], a[5], a[6])
+    a, kw = call.args, call.keywords
+    return attn.paged_attention_reference(a[0], a[1], a[2], a[3], a[4], a[5], a[6],
+                                          kw.get("fill_slot"), kw.get("fill_lo"))
 
 
 def _sdpa_us(r: Runner, p: int) -> float:

@@ -600,3 +600,79 @@ def test_gemv_linear_dispatch():
     assert rel_err(y, F.linear(x, model[0].weight)) <= TOL
     xs = randn(3, 7168)
     assert torch.equal(model[0](xs), F.linear(xs, model[0].weight))
+
+
+@pytest.mark.parametrize("heads", [(56, 8, 128), (6, 2, 64)], ids=["33b", "tiny-coder"])
+@pytest.mark.parametrize("quant_f16", [True, False])
+@pytest.mark.parametrize("splits", [None, 1, 12])
+def test_int4_fill_rows_on_the_gpu(heads, quant_f16, splits):
+    """int4 keys with the block being filled in bf16 fill rows (backend.fill_slots): the
+    attention kernel reads positions >= fill_lo from the rows, the rest from the codes, like
+    the reference (decode and mixed tilings, split or not; rows unlike the codes, so the wrong
+    source shows); the fused write stores exactly the rows the reference stores; a captured
+    graph replays with new fill metadata."""
+    num_heads, num_kv_heads, head_dim = heads
+    torch.manual_seed(29)
+    for qlens, lens in (([1] * 9, [3000, 17, 640, 1, 2049, 77, 900, 16, 1500]),
+                        ([1, 40, 1], [70, 40, 120])):
+        num_blocks, tables, qsl, context_lens = make_step(qlens, lens, 16)
+        k_cache, v_cache = make_pools("int4-fp8", num_blocks, 16, num_kv_heads, head_dim, BF16)
+        k_cache.attach_fill(len(lens) + 3, BF16)
+        k_cache.fill.copy_(randn(*k_cache.fill.shape, scale=2.0))
+        fill_slot = torch.randperm(len(lens) + 3, device=DEV)[:len(lens)].to(torch.int32)
+        fill_slot[1] = -1
+        fill_lo = torch.tensor([(n - 1) // 16 * 16 + (i % 3 if (n - 1) % 16 >= 2 else 0)
+                                for i, n in enumerate(lens)], dtype=torch.int32, device=DEV)
+        q = randn(sum(qlens), num_heads, head_dim)
+        ref = paged_attention_reference(q, k_cache, v_cache, tables, qsl, context_lens,
+                                        head_dim ** -0.5, fill_slot, fill_lo)
+        codes = paged_attention_reference(q, k_cache, v_cache, tables, qsl, context_lens,
+                                          head_dim ** -0.5)
+        out = torch.full_like(q, float("nan"))
+        paged_attention_triton(q, k_cache, v_cache, tables, qsl, context_lens,
+                               head_dim ** -0.5, max_query_len=max(qlens), out=out,
+                               num_splits=splits, quant_f16=quant_f16,
+                               fill_slot=fill_slot, fill_lo=fill_lo)
+        assert rel_err(out, ref) <= TOL, (qlens, rel_err(out, ref))
+        assert rel_err(codes, ref) > 3 * rel_err(out, ref)
+    # the write: tokens with a fill row store their rotated key (as written back into k, in
+    # the model dtype) there, bit for bit; the other rows stay as they were
+    n = 37
+    cos, sin = build_rope_cache(4096, head_dim, 10000.0, device=DEV)
+    positions = torch.randint(0, 4096, (n,), device=DEV)
+    slots = torch.randperm(64 * 16, device=DEV)[:n]
+    fill_index = torch.where(torch.arange(n, device=DEV) % 3 == 0,
+                             torch.randperm(8 * 16, device=DEV)[:n], -1)
+    k_pool, v_pool = make_pools("int4-fp8", 64, 16, num_kv_heads, head_dim, BF16)
+    k_pool.attach_fill(8, BF16)
+    q = randn(n, num_heads, head_dim)
+    k = randn(n, num_kv_heads, head_dim)
+    v = randn(n, num_kv_heads, head_dim)
+    rotary_kv_write(positions, q, k, v, cos, sin, k_pool, v_pool, slots, fill_index)
+    rows = k_pool.fill.view(-1, num_kv_heads, head_dim)
+    written = fill_index >= 0
+    assert torch.equal(rows[fill_index[written]], k[written])
+    untouched = torch.ones(rows.shape[0], dtype=torch.bool, device=DEV)
+    untouched[fill_index[written]] = False
+    assert (rows[untouched] == 0).all()
+    # graph capture: new fill slots / first positions at replay
+    static = torch.empty_like(q := randn(3, num_heads, head_dim))
+    num_blocks, tables, qsl, context_lens = make_step([1, 1, 1], [40, 1500, 9], 16)
+    k_cache, v_cache = make_pools("int4-fp8", num_blocks, 16, num_kv_heads, head_dim, BF16)
+    k_cache.attach_fill(4, BF16)
+    k_cache.fill.copy_(randn(*k_cache.fill.shape, scale=2.0))
+    fill_slot = torch.tensor([0, 1, 2], dtype=torch.int32, device=DEV)
+    fill_lo = torch.tensor([32, 1488, 0], dtype=torch.int32, device=DEV)
+    paged_attention(q, k_cache, v_cache, tables, qsl, context_lens, max_query_len=1,
+                    max_context_len=2048, out=static, fill_slot=fill_slot, fill_lo=fill_lo)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        paged_attention(q, k_cache, v_cache, tables, qsl, context_lens, max_query_len=1,
+                        max_context_len=2048, out=static, fill_slot=fill_slot, fill_lo=fill_lo)
+    fill_slot.copy_(torch.tensor([3, -1, 1], dtype=torch.int32))
+    fill_lo.copy_(torch.tensor([38, 0, 4], dtype=torch.int32))
+    graph.replay()
+    ref = paged_attention_reference(q, k_cache, v_cache, tables, qsl, context_lens,
+                                    head_dim ** -0.5, fill_slot, fill_lo)
+    assert rel_err(static, ref) <= TOL
