@@ -15,7 +15,13 @@ from dataclasses import dataclass
 
 from backend.build import DEFAULT_KV_FRACTION
 from backend.config import ModelConfig
-from backend.kv_cache import KV_CACHE_DTYPES, block_bytes, num_blocks_for_memory
+from backend.kv_cache import (
+    KV_CACHE_DTYPES,
+    block_bytes,
+    fill_bytes,
+    num_blocks_for_memory,
+    uses_fill_block,
+)
 from scheduler.capacity import DEFAULT_CAPACITY
 
 
@@ -23,6 +29,7 @@ from scheduler.capacity import DEFAULT_CAPACITY
 class KVCapacity:
     kv_cache_dtype: str
     kv_bytes: int  # the pool's share of memory
+    fill_bytes: int  # of it, the int4 keys' fill rows (the block being filled, per sequence)
     block_bytes: int
     num_blocks: int
     blocks_per_seq: int
@@ -32,15 +39,20 @@ class KVCapacity:
 def kv_capacity(config: ModelConfig, gpu_memory_bytes: int, context_len: int,
                 kv_cache_dtype: str = "auto", dtype: str = "bfloat16",
                 block_size: int = DEFAULT_CAPACITY.block_size,
-                kv_memory_fraction: float = DEFAULT_KV_FRACTION["cuda"]) -> KVCapacity:
+                kv_memory_fraction: float = DEFAULT_KV_FRACTION["cuda"],
+                max_num_seqs: int = DEFAULT_CAPACITY.max_num_seqs) -> KVCapacity:
     free = gpu_memory_bytes - config.weight_bytes(dtype)
     if free <= 0:
         raise ValueError(f"the {dtype} weights ({config.weight_bytes(dtype) / 2**30:.1f} GiB) do "
                          f"not fit in {gpu_memory_bytes / 2**30:.1f} GiB")
     kv_bytes = int(kv_memory_fraction * free)
-    num_blocks = num_blocks_for_memory(config, block_size, dtype, kv_bytes, kv_cache_dtype)
+    # as `backend.build.fill_slots_for`: a slot per sequence of a step, and one more
+    fill = fill_bytes(config, block_size, dtype, max_num_seqs + 1) \
+        if uses_fill_block(kv_cache_dtype) else 0
+    num_blocks = num_blocks_for_memory(config, block_size, dtype, kv_bytes - fill, kv_cache_dtype)
     per_seq = -(-context_len // block_size)
-    return KVCapacity(kv_cache_dtype, kv_bytes, block_bytes(config, block_size, dtype, kv_cache_dtype),
+    return KVCapacity(kv_cache_dtype, kv_bytes, fill,
+                      block_bytes(config, block_size, dtype, kv_cache_dtype),
                       num_blocks, per_seq, num_blocks // per_seq)
 
 
@@ -51,20 +63,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context-len", type=int, default=16384)
     p.add_argument("--block-size", type=int, default=DEFAULT_CAPACITY.block_size)
     p.add_argument("--kv-memory-fraction", type=float, default=DEFAULT_KV_FRACTION["cuda"])
+    p.add_argument("--max-num-seqs", type=int, default=DEFAULT_CAPACITY.max_num_seqs,
+                   help="sizes the int4 keys' fill rows (one block of bf16 keys a sequence)")
     a = p.parse_args(argv)
     config = ModelConfig.from_preset(a.model)
     mem = int(a.gpu_memory_gib * 2**30)
     rows = [kv_capacity(config, mem, a.context_len, fmt, "bfloat16", a.block_size,
-                        a.kv_memory_fraction) for fmt in KV_CACHE_DTYPES]
+                        a.kv_memory_fraction, a.max_num_seqs) for fmt in KV_CACHE_DTYPES]
     print(f"{a.model}: bf16 weights {config.weight_bytes('bfloat16') / 2**30:.1f} GiB of "
           f"{a.gpu_memory_gib} GiB; KV pool {rows[0].kv_bytes / 2**30:.1f} GiB "
           f"({a.kv_memory_fraction} of the rest); context {a.context_len}, block {a.block_size}")
-    print("| KV format | bytes/block | blocks | tokens | sequences at full context | × bf16 |")
-    print("|---|---|---|---|---|---|")
+    print("| KV format | bytes/block | fill rows GiB | blocks | tokens | sequences at full context "
+          "| × bf16 |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         name = "auto (bf16)" if r.kv_cache_dtype == "auto" else r.kv_cache_dtype
-        print(f"| {name} | {r.block_bytes:,} | {r.num_blocks:,} | {r.num_blocks * a.block_size:,} | "
-              f"{r.num_seqs} | {r.num_seqs / rows[0].num_seqs:.2f} |")
+        print(f"| {name} | {r.block_bytes:,} | {r.fill_bytes / 2**30:.2f} | {r.num_blocks:,} | "
+              f"{r.num_blocks * a.block_size:,} | {r.num_seqs} | "
+              f"{r.num_seqs / rows[0].num_seqs:.2f} |")
     return 0
 
 
