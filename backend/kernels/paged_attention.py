@@ -94,10 +94,6 @@ QUANT_BLOCK_N, QUANT_NUM_STAGES = 128, 3   # decode tiling over fp8 / int4-fp8 p
 # exact in fp16; q (bf16 -> fp16) and p (fp32 -> fp16) lose nothing bf16 would keep, except that
 # q is clamped to fp16's range. TIDEGATE_QUANT_DOTS=bf16 keeps the bf16 dots (A/B).
 QUANT_DOT_F16 = os.environ.get("TIDEGATE_QUANT_DOTS", "f16") != "bf16"
-# int4 keys, fp16 dots: convert the [N, groups] scale tile to fp16 before widening it to the
-# codes' [N, D/2] layout (one conversion per group, not per byte pair). Same values; an A/B
-# switch while the H200 measures it (TIDEGATE_INT4_NARROW_SCALES=0: convert after widening).
-INT4_NARROW_SCALES = os.environ.get("TIDEGATE_INT4_NARROW_SCALES", "1") != "0"
 MERGE_TILE = 8192     # fp32 elements of one merge program's [heads, splits, head_dim] tile
 NUM_STAGES = 2
 _LOG2E = 1.4426950408889634
@@ -208,7 +204,6 @@ if HAS_TRITON:
         BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr,
         SINGLE_SPLIT: tl.constexpr, FP32_DOT: tl.constexpr, QUANT_F16: tl.constexpr,
         USE_PDL: tl.constexpr, HAS_FILL: tl.constexpr = False, FILL_N: tl.constexpr = 16,
-        INT4_NARROW_SCALES: tl.constexpr = False,
     ):
         pdl_enter(USE_PDL)
         qb = tl.program_id(0)
@@ -305,8 +300,6 @@ if HAS_TRITON:
                     offs_g = tl.arange(0, NUM_GROUPS)
                     ksc = tl.load(ks_rows[:, None] + offs_g[None, :], mask=mask_n[:, None],
                                   other=0.0)                                       # [N, G]
-                    if QUANT_F16 and not FP32_DOT and INT4_NARROW_SCALES:
-                        ksc = ksc.to(tl.float16)   # G conversions a row, not D / 2
                     ksc = tl.reshape(tl.broadcast_to(ksc[:, :, None],
                                                      (BLOCK_N, NUM_GROUPS, DH_P2 // NUM_GROUPS)),
                                      (BLOCK_N, DH_P2))                             # [N, D/2]
@@ -514,7 +507,6 @@ def paged_attention_triton(
         BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_Q=block_q,
         SINGLE_SPLIT=num_splits == 1, FP32_DOT=fp32_dot, QUANT_F16=quant_f16,
         HAS_FILL=fill is not None, FILL_N=max(16, next_power_of_2(block_size)),
-        INT4_NARROW_SCALES=INT4_NARROW_SCALES,
         num_warps=num_warps, num_stages=num_stages, **pdl_args(q),
     )
     if num_splits > 1:
