@@ -26,6 +26,10 @@ fp32 scales, in two tensors indexed by the same (block, offset, kv head):
   int4-fp8 = int4 keys + fp8 values (values carry no outlier channels worth a group scale; keys
   do, and the group scale bounds each group's error by its own amax, not the head's).
 
+  int4 key pools may also carry fill rows (`attach_fill`): each running sequence's current, partly
+  filled block of keys in the model dtype, read instead of the codes for that block (most of
+  int4's perplexity loss is a query reading its nearest keys quantized; `backend.fill_slots`).
+
 Why per token (not per block) scales: a block fills one token at a time (decode), so a per-block
 scale would have to be fixed in advance (clipping) or the block re-quantized whenever a larger
 value arrives (read-modify-write of up to block_size tokens per step, and a race with prefix
@@ -57,6 +61,9 @@ SCALE_DTYPE = torch.float32
 # layout measured +1.33% through the CUDA kernels (32: +2.08%) but its decode attention is
 # 1.12-1.25x bf16's at 8 x 8k, 8 x 16k and batch 64 (32: 0.92-1.05x). Not profiled: widening
 # 8 scales a row (not 4) to the codes' layout is the one difference in the kernel's loop.
+# Session 6: with the block being filled kept in bf16 (`attach_fill`, `backend.fill_slots`, on
+# by default) g32 measures +1.13% through the CUDA kernels (one-block chunks, as a decode reads)
+# and greedy agreement 0.954: inside the quality goal at g32's speed.
 INT4_SCALE_DTYPE = torch.float32
 # TIDEGATE_INT4_LAYOUT=g16 selects the 16-channel / fp16-scale layout in this process (g32, the
 # default, the one above): for the GPU perplexity and speed runs that decide the default, without
