@@ -3,9 +3,6 @@ sequence's last block lives in, and that a served decode reads exactly what the 
 experiment measured (scripts/kv_sinks_experiment.py, `int4+fill`)."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -17,9 +14,7 @@ from backend.eval_engine import sequence_logits
 from backend.fill_slots import FillSlots
 from backend.kv_cache import FILL_BLOCK_ENV
 from backend.sampler import SamplingParams
-
-ROOT = Path(__file__).resolve().parents[1]
-
+from tests.backend_helpers import load_script
 
 # ---- the slot rules ------------------------------------------------------------------------------
 
@@ -110,11 +105,7 @@ def _teacher_forced(engine, tokens, first):
 
 
 def _experiment():
-    spec = importlib.util.spec_from_file_location("kv_sinks_experiment",
-                                                  ROOT / "scripts" / "kv_sinks_experiment.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("kv_sinks_experiment")
 
 
 def test_served_decodes_read_the_last_block_at_full_precision(monkeypatch):

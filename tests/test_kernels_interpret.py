@@ -231,9 +231,12 @@ def test_int4_fp16_scale_layout_write_and_attention(kernels, head_dim, monkeypat
             assert ((out - ref).norm() / ref.norm()).item() < tol, kw
 
 
-def test_kernel_write_then_kernel_attention_reads_it(kernels):
+@pytest.mark.parametrize("fill", [False, True], ids=["codes", "fill-rows"])
+def test_kernel_write_then_kernel_attention_reads_it(kernels, fill):
     """A mixed step end to end on int4-fp8 pages: the fused write quantizes, the attention
-    kernel dequantizes what it wrote, and both equal the reference write + reference attention."""
+    kernel dequantizes what it wrote, and both equal the reference write + reference attention.
+    With fill rows the write also stores the rotated keys of the tokens that have one (and only
+    those: the others keep the rows' old contents), bit for bit as the reference."""
     pa, rk = kernels
     heads, kv_heads, head_dim, block_size, num_blocks = 8, 2, 32, 4, 24
     gen = torch.Generator().manual_seed(11)
@@ -244,10 +247,18 @@ def test_kernel_write_then_kernel_attention_reads_it(kernels):
     slots = torch.stack([tables[0, 9 // block_size] * block_size + 9 % block_size] +
                         [tables[1, p // block_size] * block_size + p % block_size
                          for p in range(7)]).long()
+    # sequence 0 (slot 2) reads 8..9 from its rows, sequence 1 (slot 0) 4..6; tokens of
+    # sequence 1 before its last block write no row; row 8 (position 8) keeps its old 0.5
+    fill_kw = {}
+    fill_index = None
+    if fill:
+        fill_kw = {"fill_slot": torch.tensor([2, 0], dtype=torch.int32),
+                   "fill_lo": torch.tensor([8, 4], dtype=torch.int32)}
+        fill_index = torch.tensor([2 * block_size + 1, -1, -1, -1, -1, 0, 1, 2])
     base_k, base_v = _pools("int4-fp8", num_blocks, block_size, kv_heads, head_dim,
                             torch.float32, gen)
     qkv, _ = _qkv(8, heads, kv_heads, head_dim, gen)
-    outs = []
+    outs, rows = [], []
     for write, attend in ((rk.rotary_kv_write, pa.paged_attention_triton),
                           (rk.rotary_kv_write_reference, None)):
         k_pool = QuantizedPages("int4", num_blocks, block_size, kv_heads, head_dim, "cpu")
@@ -255,15 +266,26 @@ def test_kernel_write_then_kernel_attention_reads_it(kernels):
         for dst, src in ((k_pool, base_k), (v_pool, base_v)):
             dst.data.copy_(src.data)
             dst.scale.copy_(src.scale)
+        if fill:
+            k_pool.attach_fill(3, torch.float32)
+            k_pool.fill.fill_(0.5)
         x = qkv.clone()
         q, k, v = x.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1)
         q = q.view(8, heads, head_dim)
         write(positions, q, k.view(8, kv_heads, head_dim), v.view(8, kv_heads, head_dim),
-              cos, sin, k_pool, v_pool, slots)
+              cos, sin, k_pool, v_pool, slots, fill_index)
+        if fill:
+            rows.append(k_pool.fill.clone())
         if attend is None:
-            outs.append(pa.paged_attention_reference(q, k_pool, v_pool, tables, qsl, lens, 0.2))
+            outs.append(pa.paged_attention_reference(q, k_pool, v_pool, tables, qsl, lens, 0.2,
+                                                     fill_kw.get("fill_slot"),
+                                                     fill_kw.get("fill_lo")))
         else:
-            outs.append(attend(q, k_pool, v_pool, tables, qsl, lens, 0.2, max_query_len=7))
+            outs.append(attend(q, k_pool, v_pool, tables, qsl, lens, 0.2, max_query_len=7,
+                               **fill_kw))
+    if fill:
+        assert torch.equal(rows[0], rows[1])
+        assert (rows[0].view(-1, kv_heads, head_dim)[[3, 4, 5, 6, 7, 8, 10, 11]] == 0.5).all()
     err = ((outs[0] - outs[1]).norm() / outs[1].norm()).item()
     assert err < 1e-5, err
 
@@ -310,59 +332,10 @@ def test_paged_attention_reads_the_block_being_filled(kernels, case, quant_f16):
     assert ((codes_only - ref).norm() / ref.norm()).item() > 20 * err
 
 
-def test_kernel_write_stores_the_fill_rows(kernels):
-    """The fused rotary/KV write also stores the rotated keys of tokens with a fill row (and
-    only those), as the reference does; attention over what it wrote equals the reference."""
-    pa, rk = kernels
-    heads, kv_heads, head_dim, block_size, num_blocks = 8, 2, 32, 4, 24
-    gen = torch.Generator().manual_seed(12)
-    cos, sin = rk.build_rope_cache(64, head_dim, 10000.0)
-    qlens, ctxs = [1, 7], [10, 7]
-    tables, qsl, lens = _step(qlens, ctxs, num_blocks, block_size, gen)
-    positions = torch.tensor([9] + list(range(7)))
-    slots = torch.stack([tables[0, 9 // block_size] * block_size + 9 % block_size] +
-                        [tables[1, p // block_size] * block_size + p % block_size
-                         for p in range(7)]).long()
-    # sequence 0 (slot 2) reads 8..9 from its rows, sequence 1 (slot 0) 4..6; tokens of
-    # sequence 1 before its last block write no row
-    fill_slot = torch.tensor([2, 0], dtype=torch.int32)
-    fill_lo = torch.tensor([8, 4], dtype=torch.int32)
-    fill_index = torch.tensor([2 * 4 + 1, -1, -1, -1, -1, 0, 1, 2])
-    base_k, base_v = _pools("int4-fp8", num_blocks, block_size, kv_heads, head_dim,
-                            torch.float32, gen)
-    qkv, _ = _qkv(8, heads, kv_heads, head_dim, gen)
-    fills, outs = [], []
-    for write, attend in ((rk.rotary_kv_write, pa.paged_attention_triton),
-                          (rk.rotary_kv_write_reference, None)):
-        k_pool = QuantizedPages("int4", num_blocks, block_size, kv_heads, head_dim, "cpu")
-        v_pool = QuantizedPages("fp8", num_blocks, block_size, kv_heads, head_dim, "cpu")
-        for dst, src in ((k_pool, base_k), (v_pool, base_v)):
-            dst.data.copy_(src.data)
-            dst.scale.copy_(src.scale)
-        k_pool.attach_fill(3, torch.float32)
-        k_pool.fill.fill_(0.5)   # row 8 (slot 2, offset 0) keeps this: position 8 is earlier
-        x = qkv.clone()
-        q, k, v = x.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1)
-        q = q.view(8, heads, head_dim)
-        write(positions, q, k.view(8, kv_heads, head_dim), v.view(8, kv_heads, head_dim),
-              cos, sin, k_pool, v_pool, slots, fill_index)
-        fills.append(k_pool.fill.clone())
-        if attend is None:
-            outs.append(pa.paged_attention_reference(q, k_pool, v_pool, tables, qsl, lens, 0.2,
-                                                     fill_slot, fill_lo))
-        else:
-            outs.append(attend(q, k_pool, v_pool, tables, qsl, lens, 0.2, max_query_len=7,
-                               fill_slot=fill_slot, fill_lo=fill_lo))
-    assert torch.equal(fills[0], fills[1])
-    assert (fills[0].view(-1, kv_heads, head_dim)[[3, 4, 5, 6, 7, 8, 10, 11]] == 0.5).all()
-    err = ((outs[0] - outs[1]).norm() / outs[1].norm()).item()
-    assert err < 1e-5, err
-
-
 if not INTERPRETING:  # the cases are collected only inside test_kernels_in_triton_interpreter
     del (test_paged_attention_matches_reference, test_paged_attention_bf16_io_and_dispatch,
          test_paged_attention_quantized_fp16_dots,
          test_rotary_kv_write_quantizes_like_reference,
          test_kernel_write_then_kernel_attention_reads_it,
          test_int4_fp16_scale_layout_write_and_attention,
-         test_paged_attention_reads_the_block_being_filled, test_kernel_write_stores_the_fill_rows)
+         test_paged_attention_reads_the_block_being_filled)

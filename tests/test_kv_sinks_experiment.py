@@ -1,22 +1,19 @@
 """scripts/kv_sinks_experiment.py (issue 12's attention-sinks question) measures what it says:
 keeping every key at full precision through its wrapper must give the unquantized cache's
 perplexity, and keeping none must give plain int4-fp8's."""
-import importlib.util
 from argparse import Namespace
 from pathlib import Path
 
 import pytest
+
+from tests.backend_helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CODER = ROOT / "models" / "tiny-coder"
 
 
 def _experiment():
-    spec = importlib.util.spec_from_file_location("kv_sinks_experiment",
-                                                  ROOT / "scripts" / "kv_sinks_experiment.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("kv_sinks_experiment")
 
 
 @pytest.mark.skipif(not (TINY_CODER / "config.json").exists(), reason="needs models/tiny-coder")
