@@ -123,11 +123,16 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     # [B, max_blocks * block_size, Hkv, D]: every page in the table, masked past context_len
     k = read_pages(k_cache, idx).reshape(num_seqs, max_blocks * block_size, num_kv_heads, head_dim)
     if fill_slot is not None and getattr(k_cache, "fill", None) is not None:
-        # positions >= fill_lo (of a sequence with a slot) from its fill rows; no host sync
-        pos = torch.arange(max_blocks * block_size, device=q.device)
-        rows = k_cache.fill[fill_slot.long().clamp(min=0)][:, pos % block_size]  # [B, C, Hkv, D]
-        use = (pos[None, :] >= fill_lo[:, None].long()) & (fill_slot[:, None] >= 0)
-        k = torch.where(use[:, :, None, None], rows.to(k.dtype), k)
+        # positions >= fill_lo (of a sequence with a slot) from its fill rows: only the block
+        # holding fill_lo can have any, so only that block is rewritten; no host sync
+        lo = fill_lo.long()
+        first = lo // block_size * block_size
+        pos = first[:, None] + torch.arange(block_size, device=q.device)        # [B, bs]
+        use = (pos >= lo[:, None]) & (fill_slot[:, None] >= 0)
+        pos = pos.clamp(max=max_blocks * block_size - 1)
+        seq = torch.arange(num_seqs, device=q.device)[:, None]
+        rows = k_cache.fill[fill_slot.long().clamp(min=0)].to(k.dtype)         # [B, bs, Hkv, D]
+        k[seq, pos] = torch.where(use[:, :, None, None], rows, k[seq, pos])
     v = read_pages(v_cache, idx).reshape(num_seqs, max_blocks * block_size, num_kv_heads, head_dim)
     rep = num_heads // num_kv_heads
     qg = q.view(num_seqs, num_kv_heads, rep, head_dim).float()  # [B, Hkv, rep, D]
