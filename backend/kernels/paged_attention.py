@@ -79,6 +79,13 @@ from backend.kernels.triton_utils import (
 PROGRAMS_PER_SM = 2
 DECODE_RESIDENT_PER_SM = 4
 QUANT_DECODE_RESIDENT_PER_SM = 2
+# Quantized decode programs take 196 registers (233 with fill rows) at 4 warps in an offline
+# sm_90 compile (scripts/triton_compile_check.py): two programs per SM by registers alone.
+# Under A/B on the H200: TIDEGATE_QUANT_DECODE_MAXNREG=168 caps them (3 per SM; 120-520 B of
+# spills), and the split policy then counts that many resident programs.
+QUANT_DECODE_MAXNREG = int(os.environ.get("TIDEGATE_QUANT_DECODE_MAXNREG", "0")) or None
+if QUANT_DECODE_MAXNREG:
+    QUANT_DECODE_RESIDENT_PER_SM = 65536 // (QUANT_DECODE_MAXNREG * 128)
 MIN_TOKENS_PER_SPLIT = 128
 MAX_SPLITS = 64
 BLOCK_N = 64            # context tokens per inner tile
@@ -430,6 +437,7 @@ def paged_attention_triton(
     num_warps: int | None = None, block_n: int | None = None, num_stages: int | None = None,
     quant_f16: bool | None = None, fp32_dot: bool | None = None,
     fill_slot: torch.Tensor | None = None, fill_lo: torch.Tensor | None = None,
+    maxnreg: int | None = None,
 ) -> torch.Tensor:
     num_tokens, num_heads, head_dim = q.shape
     num_seqs = context_lens.shape[0]
@@ -470,6 +478,9 @@ def paged_attention_triton(
         block_n = QUANT_BLOCK_N if quant_decode else BLOCK_N
     if num_stages is None:
         num_stages = QUANT_NUM_STAGES if quant_decode else NUM_STAGES
+    if maxnreg is None and quant_decode and not triton_interpreting():
+        maxnreg = QUANT_DECODE_MAXNREG
+    launch_opts = {} if maxnreg is None else {"maxnreg": maxnreg}
     num_q_blocks = num_seqs if block_q == 1 else num_tokens // block_q + num_seqs
     if max_context_len is None:  # an upper bound without a device sync
         max_context_len = block_tables.shape[1] * block_size
@@ -507,7 +518,7 @@ def paged_attention_triton(
         BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_Q=block_q,
         SINGLE_SPLIT=num_splits == 1, FP32_DOT=fp32_dot, QUANT_F16=quant_f16,
         HAS_FILL=fill is not None, FILL_N=max(16, next_power_of_2(block_size)),
-        num_warps=num_warps, num_stages=num_stages, **pdl_args(q),
+        num_warps=num_warps, num_stages=num_stages, **launch_opts, **pdl_args(q),
     )
     if num_splits > 1:
         splits_p2 = next_power_of_2(num_splits)
