@@ -36,3 +36,23 @@ def test_default_and_g16_layouts_take_the_same_bytes():
 def test_an_unknown_layout_fails_at_import():
     bad = run("g8")
     assert bad.returncode != 0 and "TIDEGATE_INT4_LAYOUT='g8'" in bad.stderr
+
+
+def test_register_cap_switch_sets_the_resident_programs_the_split_policy_counts():
+    """TIDEGATE_QUANT_DECODE_MAXNREG (the H200 A/B of issue 12's sixth session): 168 registers a
+    program leave room for three per SM, and a batch-8 decode of the 33B (64 programs) then
+    takes 6 context splits instead of 4; unset, nothing is capped."""
+    code = ("from backend.kernels import paged_attention as pa\n"
+            "print(pa.QUANT_DECODE_MAXNREG, pa.QUANT_DECODE_RESIDENT_PER_SM, pa.choose_num_splits("
+            "64, 8192, 132, pa.QUANT_DECODE_RESIDENT_PER_SM, pa.QUANT_BLOCK_N), sep='|')\n")
+    outs = []
+    for value in (None, "168"):
+        env = {**os.environ}
+        env.pop("TIDEGATE_QUANT_DECODE_MAXNREG", None)
+        if value is not None:
+            env["TIDEGATE_QUANT_DECODE_MAXNREG"] = value
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                           check=False)
+        assert r.returncode == 0, r.stderr
+        outs.append(r.stdout.strip())
+    assert outs == ["None|2|4", "168|3|6"]
