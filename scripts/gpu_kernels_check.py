@@ -371,10 +371,12 @@ def bench_attention_splits(r: Runner) -> None:
             call, kv_bytes = attention_step(r, fmt, [1] * batch, [ctx] * batch)
             ref = _reference_of(call)
             quant = fmt != "bf16"
-            default = attn.choose_num_splits(
-                batch * NUM_KV_HEADS, ctx, sms,
-                attn.QUANT_DECODE_RESIDENT_PER_SM if quant else attn.DECODE_RESIDENT_PER_SM,
-                attn.QUANT_BLOCK_N if quant else attn.BLOCK_N)
+            if quant:   # the kernel's own plan (int4 keys may take a register cap)
+                default = attn.quant_decode_plan(batch * NUM_KV_HEADS, ctx, sms,
+                                                 int4_keys=fmt.startswith("int4"))[0]
+            else:
+                default = attn.choose_num_splits(batch * NUM_KV_HEADS, ctx, sms,
+                                                 attn.DECODE_RESIDENT_PER_SM, attn.BLOCK_N)
             variants = [{"num_splits": s} for s in split_candidates(batch, ctx, default, sms)]
             if fmt != "bf16":  # the thinner tile (int4 at 8 x 8k liked it) at 1x / 2x splits
                 variants += [{"num_splits": s, "block_n": 64, "num_stages": 2}

@@ -38,15 +38,14 @@ def test_an_unknown_layout_fails_at_import():
     assert bad.returncode != 0 and "TIDEGATE_INT4_LAYOUT='g8'" in bad.stderr
 
 
-def test_register_cap_switch_sets_the_resident_programs_the_split_policy_counts():
-    """TIDEGATE_QUANT_DECODE_MAXNREG (the H200 A/B of issue 12's sixth session): 168 registers a
-    program leave room for three per SM, and a batch-8 decode of the 33B (64 programs) then
-    takes 6 context splits instead of 4; unset, nothing is capped."""
+def test_register_cap_switch_forces_or_forbids_the_cap():
+    """TIDEGATE_QUANT_DECODE_MAXNREG (A/B of the quantized decode's register cap): unset, the
+    policy caps a batch-8 int4 decode of the 33B (64 programs: 6 splits at 168 registers instead
+    of 4); 0 never caps; N always caps at N (and counts the programs N registers leave room for)."""
     code = ("from backend.kernels import paged_attention as pa\n"
-            "print(pa.QUANT_DECODE_MAXNREG, pa.QUANT_DECODE_RESIDENT_PER_SM, pa.choose_num_splits("
-            "64, 8192, 132, pa.QUANT_DECODE_RESIDENT_PER_SM, pa.QUANT_BLOCK_N), sep='|')\n")
+            "print(*pa.quant_decode_plan(64, 8192), *pa.quant_decode_plan(512, 8192), sep='|')\n")
     outs = []
-    for value in (None, "168"):
+    for value in (None, "0", "128"):
         env = {**os.environ}
         env.pop("TIDEGATE_QUANT_DECODE_MAXNREG", None)
         if value is not None:
@@ -55,4 +54,4 @@ def test_register_cap_switch_sets_the_resident_programs_the_split_policy_counts(
                            check=False)
         assert r.returncode == 0, r.stderr
         outs.append(r.stdout.strip())
-    assert outs == ["None|2|4", "168|3|6"]
+    assert outs == ["6|168|1|None", "4|None|1|None", "8|128|1|128"]

@@ -305,3 +305,18 @@ def test_quantized_kv_on_the_kernel_path_matches_reference(ckpt):
         outs.append(_serve(engine, {"a": [1, 2, 3, 4, 5], "b": [9, 8, 7]},
                            SamplingParams(max_tokens=6, ignore_eos=True)))
     assert outs[0] == outs[1] and len(outs[0]["a"]) == 6
+
+
+def test_quantized_decode_plan_takes_the_register_cap_where_it_measured_faster(monkeypatch):
+    """The H200 A/B of issue 12's sixth session, as a policy (33B: 8 kv heads, 132 SMs): batch
+    8 caps (6 splits instead of 4: faster at 2k, 8k, 16k), batch 1 and batch 64 do not (the cap
+    cost there without buying splits); fp8 keys are never capped (not measured)."""
+    from backend.kernels import paged_attention as pa
+
+    monkeypatch.setattr(pa, "QUANT_DECODE_MAXNREG", None)
+    assert pa.quant_decode_plan(8, 8192) == (32, None)
+    for ctx in (2048, 8192, 16384):
+        assert pa.quant_decode_plan(64, ctx) == (6, 168)
+        assert pa.quant_decode_plan(64, ctx, int4_keys=False) == (4, None)
+    assert pa.quant_decode_plan(512, 2048) == (1, None)
+    assert pa.quant_decode_plan(512, 8192) == (1, None)

@@ -79,13 +79,18 @@ from backend.kernels.triton_utils import (
 PROGRAMS_PER_SM = 2
 DECODE_RESIDENT_PER_SM = 4
 QUANT_DECODE_RESIDENT_PER_SM = 2
-# Quantized decode programs take 196 registers (233 with fill rows) at 4 warps in an offline
-# sm_90 compile (scripts/triton_compile_check.py): two programs per SM by registers alone.
-# Under A/B on the H200: TIDEGATE_QUANT_DECODE_MAXNREG=168 caps them (3 per SM; 120-520 B of
-# spills), and the split policy then counts that many resident programs.
-QUANT_DECODE_MAXNREG = int(os.environ.get("TIDEGATE_QUANT_DECODE_MAXNREG", "0")) or None
-if QUANT_DECODE_MAXNREG:
-    QUANT_DECODE_RESIDENT_PER_SM = 65536 // (QUANT_DECODE_MAXNREG * 128)
+# Register cap for quantized decode (`quant_decode_plan`). The program takes 196 registers (233
+# with fill rows) at 4 warps in an offline sm_90 compile (scripts/triton_compile_check.py): two
+# programs per SM by registers alone. Capped at 168 (Triton's maxnreg; 120-520 B of spills) three
+# fit. H200, 33B heads, int4-fp8 + fill rows (BENCHMARKS, issue 12 "Sixth session"): the third
+# program pays where it buys more splits (batch 8: 6 splits instead of 4, 4.5-6% faster at 2k,
+# 8k and 16k) and costs where the split count stays (batch 1: +4%; batch 64, one split:
+# +6-8%). So a decode of >= QUANT_DECODE_CAP_MIN_PROGRAMS programs is capped when the cap raises
+# its split count. TIDEGATE_QUANT_DECODE_MAXNREG (A/B): 0 = never cap, N = always cap at N.
+QUANT_DECODE_CAP_REGS = 168
+QUANT_DECODE_CAP_MIN_PROGRAMS = 64     # batch 8 of the 33B; batch 1 (8 programs) was slower
+_maxnreg_env = os.environ.get("TIDEGATE_QUANT_DECODE_MAXNREG")
+QUANT_DECODE_MAXNREG = None if _maxnreg_env is None else (int(_maxnreg_env) or 0)
 MIN_TOKENS_PER_SPLIT = 128
 MAX_SPLITS = 64
 BLOCK_N = 64            # context tokens per inner tile
@@ -152,6 +157,27 @@ def choose_num_splits(num_programs: int, max_context_len: int, sm_count: int = 1
     splits = max(1, min(wanted, cdiv(context, MIN_TOKENS_PER_SPLIT), MAX_SPLITS))
     per_split = cdiv(cdiv(context, splits), block_n) * block_n   # as the kernel cuts it
     return cdiv(context, per_split)
+
+
+def quant_decode_plan(num_programs: int, max_context_len: int, sm_count: int = 132,
+                      block_n: int = QUANT_BLOCK_N, int4_keys: bool = True,
+                      ) -> tuple[int, int | None]:
+    """(context splits, register cap or None) of a decode over quantized pages with
+    `num_programs` programs per split (sequences x kv heads); see QUANT_DECODE_CAP_REGS. Only
+    int4 keys are capped by default (fp8 pages were not measured capped)."""
+    def splits(regs: int | None) -> int:
+        resident = QUANT_DECODE_RESIDENT_PER_SM if regs is None else 65536 // (regs * 128)
+        return choose_num_splits(num_programs, max_context_len, sm_count, resident, block_n)
+
+    if QUANT_DECODE_MAXNREG is not None:   # forced (A/B): 0 never caps
+        cap = QUANT_DECODE_MAXNREG or None
+        return splits(cap), cap
+    base = splits(None)
+    if int4_keys and num_programs >= QUANT_DECODE_CAP_MIN_PROGRAMS:
+        capped = splits(QUANT_DECODE_CAP_REGS)
+        if capped > base:
+            return capped, QUANT_DECODE_CAP_REGS
+    return base, None
 
 
 def _pool_parts(cache) -> tuple[torch.Tensor, torch.Tensor | None, int]:
@@ -478,12 +504,18 @@ def paged_attention_triton(
         block_n = QUANT_BLOCK_N if quant_decode else BLOCK_N
     if num_stages is None:
         num_stages = QUANT_NUM_STAGES if quant_decode else NUM_STAGES
-    if maxnreg is None and quant_decode and not triton_interpreting():
-        maxnreg = QUANT_DECODE_MAXNREG
-    launch_opts = {} if maxnreg is None else {"maxnreg": maxnreg}
     num_q_blocks = num_seqs if block_q == 1 else num_tokens // block_q + num_seqs
     if max_context_len is None:  # an upper bound without a device sync
         max_context_len = block_tables.shape[1] * block_size
+    if quant_decode:
+        plan_splits, plan_cap = quant_decode_plan(num_seqs * num_kv_heads, max_context_len,
+                                                  num_sms(q.device), block_n,
+                                                  k_codec == CODEC_INT4)
+        if num_splits is None:
+            num_splits = plan_splits
+        if maxnreg is None and not triton_interpreting():
+            maxnreg = plan_cap
+    launch_opts = {} if maxnreg is None else {"maxnreg": maxnreg}
     if num_splits is None:
         busy_blocks = num_seqs if block_q == 1 else max(1, cdiv(num_tokens, block_q))
         resident = None
