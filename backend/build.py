@@ -66,13 +66,17 @@ class BackendConfig:
                                  f">= --max-num-seqs ({self.max_num_seqs})")
 
 
-def size_kv_pool(cfg: BackendConfig, loaded: LoadedModel, max_model_len: int) -> int:
-    """Number of KV blocks: as given, or a share of the free memory left after the weights,
-    never more than max_num_seqs full-length sequences need."""
+def size_kv_pool(cfg: BackendConfig, loaded: LoadedModel, max_model_len: int,
+                 fill_slots: int | None = None) -> int:
+    """Number of KV blocks: as given, or a share of the free memory left after the weights
+    and the int4 keys' fill rows (`fill_slots`, default `fill_slots_for(cfg)`), never more
+    than max_num_seqs full-length sequences need."""
     c = loaded.config
     dname = dtype_name(loaded.dtype)
     cap = cfg.max_num_seqs * -(-max_model_len // cfg.block_size) + 1
-    fill = fill_bytes(c, cfg.block_size, dname, fill_slots_for(cfg))
+    if fill_slots is None:
+        fill_slots = fill_slots_for(cfg)
+    fill = fill_bytes(c, cfg.block_size, dname, fill_slots)
     if cfg.num_blocks is not None:
         num_blocks = cfg.num_blocks
         need = num_blocks * block_bytes(c, cfg.block_size, dname, cfg.kv_cache_dtype) + fill

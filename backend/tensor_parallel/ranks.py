@@ -98,8 +98,9 @@ def build_rank(cfg: BackendConfig, serving: ServingOptions, group: TPGroup,
     loaded = load(cfg.model, cfg.load_format, cfg.dtype, str(device), cfg.seed, cfg.max_model_len,
                   tp=group)
     max_model_len = cfg.max_model_len or loaded.config.max_position_embeddings
-    # every rank's pool has the blocks the smallest one can hold (block ids are shared)
-    num_blocks = group.min_int(size_kv_pool(cfg, loaded, max_model_len))
+    # every rank's pool has the blocks the smallest one can hold (block ids are shared); no
+    # fill rows under tensor parallelism (not built), so none are set aside
+    num_blocks = group.min_int(size_kv_pool(cfg, loaded, max_model_len, fill_slots=0))
     kv = KVCache.allocate(loaded.config, num_blocks, cfg.block_size, loaded.dtype, loaded.device,
                           cfg.kv_cache_dtype)
     runner = ModelRunner(loaded.model, kv, cfg.max_num_batched_tokens, cfg.max_num_seqs,
