@@ -203,7 +203,7 @@ class StepGraphs:
         positions = rows[:, _POS].long()
         fill = {}
         if self.runner.fill_slots is not None:
-            f = self.src_col + 1
+            f = self.fill_col
             fill = {"fill_index": rows[:, f].long(), "fill_slot": rows[:, f + 1].contiguous(),
                     "fill_lo": rows[:, f + 2].contiguous()}
         ctx = ForwardContext(

@@ -76,12 +76,6 @@ class KVCache:
         return sum(c.nbytes for c in (*self.k_caches, *self.v_caches))
 
     @property
-    def fill_nbytes(self) -> int:
-        """Bytes of the fill rows (the block being filled, int4 keys), 0 without them."""
-        return sum(getattr(c, "fill", None).nbytes for c in self.k_caches
-                   if getattr(c, "fill", None) is not None)
-
-    @property
     def num_slots(self) -> int:
         return self.num_blocks * self.block_size
 

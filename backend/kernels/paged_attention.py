@@ -516,11 +516,9 @@ def paged_attention_triton(
         if maxnreg is None and not triton_interpreting():
             maxnreg = plan_cap
     launch_opts = {} if maxnreg is None else {"maxnreg": maxnreg}
-    if num_splits is None:
+    if num_splits is None:  # (a quantized decode took its plan's splits above)
         busy_blocks = num_seqs if block_q == 1 else max(1, cdiv(num_tokens, block_q))
-        resident = None
-        if block_q == 1:
-            resident = QUANT_DECODE_RESIDENT_PER_SM if quant_decode else DECODE_RESIDENT_PER_SM
+        resident = DECODE_RESIDENT_PER_SM if block_q == 1 else None
         num_splits = choose_num_splits(busy_blocks * num_kv_heads, max_context_len,
                                        num_sms(q.device), resident, block_n)
     if num_splits > 1:
