@@ -11,7 +11,7 @@ business: a ROUTER strips them before ``decode`` and prepends them after ``encod
     array:                      0                 1                    N-1
 
 Messages name a token array by its array index (``GenerateRequest.prompt_frame``,
-``RequestOutput.tokens_frame``); ``NO_FRAME`` (-1) means none. ``decode`` checks
+``GenerateRequest.prediction_frame``, ``RequestOutput.tokens_frame``); ``NO_FRAME`` (-1) means none. ``decode`` checks
 that every such index is in range, so ``decoded.arrays[i]`` is safe afterwards.
 
 ``decode`` raises ``DecodeError`` (a ``ValueError``) and nothing else, whatever
@@ -29,7 +29,7 @@ import numpy as np
 
 from proto import tidegate_pb2 as pb
 
-PROTOCOL_VERSION = "1.1"  # "MAJOR.MINOR"; peers with another MAJOR are refused
+PROTOCOL_VERSION = "1.2"  # "MAJOR.MINOR"; peers with another MAJOR are refused
 BATCH_IDS_SINCE = (1, 1)  # first version whose receivers echo Batch.batch_id in Error.batch_id
 MAX_FRAME_BYTES = 64 << 20  # largest frame accepted (64 MiB)
 MAX_FRAMES = 8192  # envelope + token arrays
@@ -229,7 +229,9 @@ def _check_refs(envelope: pb.Envelope, num_arrays: int) -> str | None:
     """Describe the first array index in ``envelope`` that is out of range, if any."""
     kind = envelope.WhichOneof("body")
     if kind == "batch":
-        refs = ((r.request_id, "prompt_frame", r.prompt_frame) for r in envelope.batch.requests)
+        refs = [(r.request_id, "prompt_frame", r.prompt_frame) for r in envelope.batch.requests]
+        refs += [(r.request_id, "prediction_frame", r.prediction_frame)
+                 for r in envelope.batch.requests if r.HasField("prediction_frame")]
     elif kind == "step_output":
         refs = ((o.request_id, "tokens_frame", o.tokens_frame) for o in envelope.step_output.outputs)
     else:

@@ -146,7 +146,7 @@ class SamplingParams(_message.Message):
     def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., min_tokens: _Optional[int] = ..., include_stop_str_in_output: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., n: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_frame", "prompt_text", "sampling", "queue_class", "priority", "arrival_time", "deadline", "suffix")
+    __slots__ = ("request_id", "prompt_frame", "prompt_text", "sampling", "queue_class", "priority", "arrival_time", "deadline", "suffix", "prediction_frame", "prediction_text", "speculation")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FRAME_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -156,6 +156,9 @@ class GenerateRequest(_message.Message):
     ARRIVAL_TIME_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_FIELD_NUMBER: _ClassVar[int]
     SUFFIX_FIELD_NUMBER: _ClassVar[int]
+    PREDICTION_FRAME_FIELD_NUMBER: _ClassVar[int]
+    PREDICTION_TEXT_FIELD_NUMBER: _ClassVar[int]
+    SPECULATION_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_frame: int
     prompt_text: str
@@ -165,7 +168,18 @@ class GenerateRequest(_message.Message):
     arrival_time: float
     deadline: float
     suffix: str
-    def __init__(self, request_id: _Optional[str] = ..., prompt_frame: _Optional[int] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., queue_class: _Optional[_Union[QueueClass, str]] = ..., priority: _Optional[int] = ..., arrival_time: _Optional[float] = ..., deadline: _Optional[float] = ..., suffix: _Optional[str] = ...) -> None: ...
+    prediction_frame: int
+    prediction_text: str
+    speculation: SpeculationParams
+    def __init__(self, request_id: _Optional[str] = ..., prompt_frame: _Optional[int] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., queue_class: _Optional[_Union[QueueClass, str]] = ..., priority: _Optional[int] = ..., arrival_time: _Optional[float] = ..., deadline: _Optional[float] = ..., suffix: _Optional[str] = ..., prediction_frame: _Optional[int] = ..., prediction_text: _Optional[str] = ..., speculation: _Optional[_Union[SpeculationParams, _Mapping]] = ...) -> None: ...
+
+class SpeculationParams(_message.Message):
+    __slots__ = ("off", "max_draft_tokens")
+    OFF_FIELD_NUMBER: _ClassVar[int]
+    MAX_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    off: bool
+    max_draft_tokens: int
+    def __init__(self, off: _Optional[bool] = ..., max_draft_tokens: _Optional[int] = ...) -> None: ...
 
 class Batch(_message.Message):
     __slots__ = ("requests", "batch_id")
@@ -192,7 +206,7 @@ class TokenLogprobs(_message.Message):
     def __init__(self, logprob: _Optional[float] = ..., top_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class RequestOutput(_message.Message):
-    __slots__ = ("request_id", "tokens_frame", "logprobs", "finish_reason", "num_prompt_tokens", "num_completion_tokens", "num_cached_tokens", "index")
+    __slots__ = ("request_id", "tokens_frame", "logprobs", "finish_reason", "num_prompt_tokens", "num_completion_tokens", "num_cached_tokens", "index", "num_draft_tokens", "num_accepted_prediction_tokens", "num_rejected_prediction_tokens", "num_accepted_draft_tokens")
     class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         NONE: _ClassVar[RequestOutput.FinishReason]
@@ -213,6 +227,10 @@ class RequestOutput(_message.Message):
     NUM_COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
+    NUM_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_ACCEPTED_PREDICTION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_REJECTED_PREDICTION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_ACCEPTED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tokens_frame: int
     logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprobs]
@@ -221,7 +239,11 @@ class RequestOutput(_message.Message):
     num_completion_tokens: int
     num_cached_tokens: int
     index: int
-    def __init__(self, request_id: _Optional[str] = ..., tokens_frame: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprobs, _Mapping]]] = ..., finish_reason: _Optional[_Union[RequestOutput.FinishReason, str]] = ..., num_prompt_tokens: _Optional[int] = ..., num_completion_tokens: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...
+    num_draft_tokens: int
+    num_accepted_prediction_tokens: int
+    num_rejected_prediction_tokens: int
+    num_accepted_draft_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., tokens_frame: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprobs, _Mapping]]] = ..., finish_reason: _Optional[_Union[RequestOutput.FinishReason, str]] = ..., num_prompt_tokens: _Optional[int] = ..., num_completion_tokens: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., index: _Optional[int] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_prediction_tokens: _Optional[int] = ..., num_rejected_prediction_tokens: _Optional[int] = ..., num_accepted_draft_tokens: _Optional[int] = ...) -> None: ...
 
 class StepOutput(_message.Message):
     __slots__ = ("step", "outputs")

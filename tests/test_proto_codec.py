@@ -219,7 +219,7 @@ def test_version_check():
     for bad in ("", "1", "1.x", "v1.0", "1.0.0", " 1.0"):
         with pytest.raises(VersionMismatch, match="malformed"):
             codec.check_version(bad)
-    assert codec.parse_version(codec.PROTOCOL_VERSION) == (1, 1)  # 1.1: Batch.batch_id
+    assert codec.parse_version(codec.PROTOCOL_VERSION) == (1, 2)  # 1.1: batch_id; 1.2: speculation
 
 
 def test_hello_with_another_major_is_refused_with_a_clear_error():
@@ -299,3 +299,34 @@ def test_peek_batch_id_is_zero_for_anything_else():
         assert codec.peek_batch_id(frames) == 0
     assert codec.echoes_batch_ids(codec.PROTOCOL_VERSION)
     assert not codec.echoes_batch_ids("1.0") and not codec.echoes_batch_ids("junk")
+
+
+def test_prediction_frame_and_speculation_fields_round_trip():
+    req = pb.GenerateRequest(request_id="r", prompt_frame=0, prediction_frame=1,
+                             speculation=pb.SpeculationParams(off=False, max_draft_tokens=5))
+    frames = encode(pb.Envelope(batch=pb.Batch(requests=[req])), [[1, 2, 3], [7, 8]])
+    decoded = decode(frames)
+    got = decoded.envelope.batch.requests[0]
+    assert got.HasField("prediction_frame") and got.speculation.max_draft_tokens == 5
+    np.testing.assert_array_equal(codec.array_of(decoded, got.prediction_frame), [7, 8])
+    # unset prediction_frame means "no prediction" (not array 0)
+    plain = decode(encode(pb.Envelope(batch=pb.Batch(requests=[pb.GenerateRequest(
+        request_id="p", prompt_frame=0)])), [[1]])).envelope.batch.requests[0]
+    assert not plain.HasField("prediction_frame") and not plain.speculation.off
+    out = pb.RequestOutput(request_id="r", tokens_frame=-1, num_draft_tokens=9,
+                           num_accepted_prediction_tokens=4, num_rejected_prediction_tokens=2,
+                           num_accepted_draft_tokens=6)
+    back = decode(encode(pb.Envelope(step_output=pb.StepOutput(outputs=[out])))).envelope
+    o = back.step_output.outputs[0]
+    assert (o.num_draft_tokens, o.num_accepted_prediction_tokens, o.num_rejected_prediction_tokens,
+            o.num_accepted_draft_tokens) == (9, 4, 2, 6)
+
+
+def test_dangling_prediction_frame_is_a_decode_error():
+    req = pb.GenerateRequest(request_id="r", prompt_frame=0, prediction_frame=3)
+    envelope = pb.Envelope(batch=pb.Batch(requests=[req]))
+    with pytest.raises(ValueError, match="prediction_frame=3"):
+        encode(envelope, [[1, 2, 3]])
+    frames = [envelope.SerializeToString(), np.array([1, 2, 3], "<i4").tobytes()]
+    with pytest.raises(DecodeError, match="prediction_frame=3"):
+        decode(frames)
