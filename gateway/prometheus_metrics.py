@@ -23,6 +23,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from gateway.gie_metrics import GieMetrics, pod_totals
 from gateway.vllm_metrics import EngineReport, VllmMetrics
 from scheduler.classes import CLASS_NAMES
 
@@ -184,7 +185,7 @@ class GatewayMetrics:
         self.backend_host_kv = Gauge("tidegate_backend_host_kv_usage_perc", "Host KV tier usage "
                                      "(0..1; 0 without a tier).", ["backend"], registry=r)
         self.loop_tasks = Gauge("tidegate_event_loop_tasks", "asyncio tasks alive in the gateway "
-                                "process (a leak shows as growth; see scripts/soak.py).",
+                                "process (a leak shows as growth; see bench/reliability/soak.py).",
                                 registry=r)
         # RSS, open file descriptors, CPU of this process (Linux), for the same reason.
         ProcessCollector(registry=r)
@@ -198,6 +199,7 @@ class GatewayMetrics:
                                                  "or stopped reading.", ["reason"], registry=r)
         # vLLM's names, per engine (backend), for routers that scrape vLLM
         self.vllm = VllmMetrics(r, LATENCY_BUCKETS, ITL_BUCKETS)
+        self.gie = GieMetrics(r)  # the pod's totals, as GIE's endpoint picker reads them
         self.goodput.set(1.0)
         self._num_met = self._num_evaluated = 0
         for cls in CLASS_NAMES:
@@ -348,7 +350,11 @@ class GatewayMetrics:
             self.backend_preemptions.labels(b.address, "swap").set(b.swap_preemptions)
             self.backend_host_hits.labels(b.address).set(b.host_hit_tokens)
             self.backend_host_kv.labels(b.address).set(b.host_kv_usage)
-        self.vllm.refresh(self.model_name, list(engines), sum(depth.values()))
+        engines = list(engines)
+        self.vllm.refresh(self.model_name, engines, sum(depth.values()))
+        self.gie.refresh(self.model_name, pod_totals(
+            engines, sum(depth.values()),
+            accepting=[b.address for b in backends if b.healthy and not b.draining]))
 
     def _forget_backends(self, addresses: set[str]) -> None:
         """A backend removed from the pool: every series labelled with it goes (whatever other
