@@ -31,7 +31,7 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-# vLLM as an engine (backend/vllm_engine.py) against vLLM's own outputs, in the environment of
+# vLLM as an engine (backend/engine/vllm.py) against vLLM's own outputs, in the environment of
 # vLLM's CPU build (made by ../shared/peers/vllm-cpu/setup.sh when missing: ~3.4 GB, minutes).
 PEERS_DIR   ?= $(HOME)/.cache/tidegate-peers
 VLLM_PYTHON ?= $(PEERS_DIR)/vllm-venv/bin/python
@@ -47,7 +47,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 bench-scheduler: $(STAMP)
-	$(PY) -m scheduler.batcher_bench
+	$(PY) -m bench.scheduler.batcher
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

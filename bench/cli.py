@@ -4,7 +4,7 @@
         --input-len 512 --output-len uniform:16:256 --slo-ttft-ms 200 --slo-tpot-ms 50 --json out.json
     tidegate bench serve --backend zmq --zmq-url tcp://127.0.0.1:5556 --rate inf --max-concurrency 64
     tidegate bench serve --trace requests.jsonl            # the JSONL format `tidegate sim` reads
-    tidegate bench engine ...                              # forwarded to `python -m backend.engine_bench`
+    tidegate bench engine ...                              # forwarded to `python -m bench.engine.steps`
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ USAGE = """usage: tidegate bench <serve|engine|overhead> [options]
 
   serve    open-loop load generator against a live OpenAI-compatible server (or --backend zmq):
            TTFT, TPOT, ITL, end-to-end latency, throughput, goodput; a table and --json
-  engine   the GPU engine benchmark (backend.engine_bench); its options are its own
+  engine   the GPU engine benchmark (bench.engine.steps); its options are its own
   overhead the gateway's own cost: echo backend + gateway vs bare aiohttp and raw pyzmq
 
 Run `tidegate bench serve --help` for the load generator's options."""
@@ -126,8 +126,8 @@ def _detail_rows(records, t0: float) -> list[dict]:
 
 
 def serve_main(argv: list[str]) -> int:
-    from bench import loadgen
-    from bench.report import format_table
+    from bench.serving import loadgen
+    from bench.serving.report import format_table
     from sims.metrics import summarize
     from sims.workload import make_prompts
 
@@ -189,10 +189,10 @@ def serve_main(argv: list[str]) -> int:
 
 def engine_main(argv: list[str]) -> int:
     try:
-        module = importlib.import_module("backend.engine_bench")
+        module = importlib.import_module("bench.engine.steps")
     except ModuleNotFoundError as exc:
-        if exc.name in ("backend", "backend.engine_bench"):
-            print("tidegate bench engine: the engine benchmark (backend/engine_bench.py) is not built yet; "
+        if exc.name in ("backend", "bench.engine.steps"):
+            print("tidegate bench engine: the engine benchmark (bench/engine/steps.py) is not built yet; "
                   "nothing to run", file=sys.stderr)
             return 3
         raise
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] == "engine":
         return engine_main(argv[1:])
     if argv[0] == "overhead":
-        from bench.overhead import main as overhead_main
+        from bench.serving.overhead import main as overhead_main
         return overhead_main(argv[1:])
     print(f"tidegate bench: unknown command {argv[0]!r}\n\n{USAGE}", file=sys.stderr)
     return 2

@@ -7,7 +7,7 @@ engine benchmark, `tidegate backend profile` and `tidegate eval` take the engine
 (`add_engine_args`).
 
 A torch-free leaf (stdlib and `scheduler.capacity` only): the gateway process may import it, and
-turning the parsed flags into a `BackendConfig` stays in `backend.engine_args`.
+turning the parsed flags into a `BackendConfig` stays in `backend.engine.args`.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from scheduler.capacity import add_capacity_arguments, add_prefill_cap_arguments
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# backend.cuda_graphs.DEFAULT_BUCKETS / DEFAULT_TOKEN_BUCKETS (a test keeps them equal)
+# backend.runner.cuda_graphs.DEFAULT_BUCKETS / DEFAULT_TOKEN_BUCKETS (a test keeps them equal)
 DEFAULT_CUDA_GRAPH_BUCKETS = "1,2,4,8,16,24,32,48,64,96,128,160,192,224,256"
 DEFAULT_CUDA_GRAPH_TOKEN_BUCKETS = ("16,32,48,64,96,128,192,256,320,384,512,576,640,768,896,1024,"
                                     "1152,1280,1408,1536,1664,1792,1920,2048")
@@ -36,7 +36,7 @@ def int_list(text: str) -> list[int]:
 
 
 def add_engine_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """Model, dtype, device, KV pool and batching capacity: what `backend.engine_args.backend_config`
+    """Model, dtype, device, KV pool and batching capacity: what `backend.engine.args.backend_config`
     reads."""
     p.add_argument("--model", default="tiny", help="HF model directory or preset name (default: tiny)")
     p.add_argument("--load-format", default="auto", choices=["auto", "dummy", "safetensors"],
@@ -80,7 +80,7 @@ def add_engine_kind_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -
 
 
 def add_serving_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """What a serving backend does to its engine after building it (`backend.serving_setup`:
+    """What a serving backend does to its engine after building it (`backend.runner.serving`:
     weight quantization, CUDA graphs) and what it records while it serves."""
     p.add_argument("--quantization", default="none", choices=["none", "fp8"],
                    help="fp8: E4M3 weights, per-output-channel scales (CUDA, capability >= 8.9)")
@@ -96,11 +96,11 @@ def add_serving_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> No
     p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
                    help="split the model over N devices (cuda:0..N-1 for --device cuda; N "
                    "processes over gloo on the CPU): one process per rank, the scheduler on "
-                   "rank 0 (backend.tensor_parallel; default 1)")
+                   "rank 0 (backend.server.ranks; default 1)")
     p.add_argument("--no-async-scheduling", action="store_true",
                    help="plan each step only after the previous one's tokens are read back "
                         "(default on CUDA: the next step is planned and launched while the "
-                        "device runs the current one; backend.engine)")
+                        "device runs the current one; backend.engine.continuous)")
     p.add_argument("--max-held-messages", type=int, default=4096,
                    help="messages held for a gateway whose socket queue is full; past this it "
                    "is not reading: its requests are aborted and it is forgotten")

@@ -24,7 +24,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top logprobs requested; None: none
-    # logit processors (backend.sampler), neutral by default
+    # logit processors (backend.runner.sampler), neutral by default
     min_p: float = 0.0
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0

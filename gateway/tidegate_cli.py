@@ -13,17 +13,17 @@ import sys
 # name -> (module with a `main(argv) -> int`, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("gateway.serve", "run the OpenAI-compatible HTTP gateway (and, by default, an embedded backend)"),
-    "backend": ("backend.cli", "run a model backend process over ZeroMQ (also: backend profile)"),
+    "backend": ("backend.server.cli", "run a model backend process over ZeroMQ (also: backend profile)"),
     "sim": ("sims.cli", "discrete-event simulation: run, sweep, fit, search, plan, validate"),
     "bench": ("bench.cli", "load generator against a live service (also: bench engine on a GPU)"),
     "keys": ("proto.keys_cli", "CURVE key pairs for the ZeroMQ sockets: keys generate DIR"),
-    "eval": ("backend.eval", "model quality through our engine: perplexity, agreement"),
+    "eval": ("evals.cli", "model quality through our engine: perplexity, agreement"),
 }
 
 # (command, first argument) -> module, for subcommands that live outside their command's package:
 # the live-vs-simulator comparison imports the gateway and the simulator, so it is bench's, while
 # users find it under `tidegate sim`.
-ROUTES: dict[tuple[str, str], str] = {("sim", "validate"): "bench.sim_validate"}
+ROUTES: dict[tuple[str, str], str] = {("sim", "validate"): "bench.simulator.validate"}
 
 
 def _usage() -> str:

@@ -1,6 +1,6 @@
 """The capacity of one backend's continuous batching, with its defaults written once.
 
-The backend (`backend.build.BackendConfig`, `backend.engine.EngineConfig`, its CLI), the
+The backend (`backend.engine.assemble.BackendConfig`, `backend.engine.continuous.EngineConfig`, its CLI), the
 step scheduler (`SchedulerConfig`) and the simulator (`sims.adapters.SimSchedulerConfig`,
 its CLI) all take these three numbers; their defaults and their command-line flags come from
 here so that a simulated deployment and a real one start from the same limits. The same holds

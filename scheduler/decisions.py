@@ -1,7 +1,7 @@
 """A record of the batching decisions: which requests arrived when, and which left in which window.
 
 Both sides write the same records, so that a live run and a simulated replay of its arrivals can
-be compared decision by decision (`bench.decision_fidelity`):
+be compared decision by decision (`bench.simulator.decision_fidelity`):
 
     {"kind": "arrival", "id": "r7", "t": 12.5, "prompt": 512, "max_tokens": 128, "class": 1,
      "received": 12.4997}
@@ -21,8 +21,8 @@ text file as JSON lines.
 
 Step records are the backend's decisions: each step's prefill chunks (request, tokens, first
 position), how many sequences decoded, which were preempted. The live backend writes them with
-`--step-log` (backend.step_log, the same fields), the simulator with `EngineConfig.record_steps`;
-`bench.decision_fidelity.compare_steps` sets them side by side.
+`--step-log` (backend.server.step_log, the same fields), the simulator with `EngineConfig.record_steps`;
+`bench.simulator.decision_fidelity.compare_steps` sets them side by side.
 """
 from __future__ import annotations
 

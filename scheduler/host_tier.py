@@ -1,7 +1,7 @@
 """The host-memory tier of the paged KV cache: which host block holds which prefix block.
 
 The GPU pool (scheduler.block_manager) is tier 0; this is tier 1, a pool of host blocks of the
-same size. Pure bookkeeping: the bytes are moved by the backend (backend.host_kv), in the order
+same size. Pure bookkeeping: the bytes are moved by the backend (backend.kv.host_tier), in the order
 the copies were queued here (`take_copies`).
 
 Host blocks hold *prefix-cache* blocks only, named by the same key as on the GPU

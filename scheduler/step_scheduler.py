@@ -38,7 +38,7 @@ order), registers only the blocks that just filled, finishes only the due sequen
 `schedule(list_decodes=False)` leaves them implicit (`plan.num_unlisted_decodes`) for the
 simulator, whose steps then cost O(prefill chunks + block boundaries + completions).
 
-Cost (``python -m scheduler.step_scheduler_bench``; a command, not a timed test), 256 decoding sequences of
+Cost (``python -m bench.scheduler.step_scheduler``; a command, not a timed test), 256 decoding sequences of
 512-token prompts on the shared 2-core VM: see the step_scheduler_bench docstring for the figures.
 """
 from __future__ import annotations
@@ -381,7 +381,7 @@ class StepScheduler:
 
     def set_token(self, request_id: str, position: int, token: int) -> bool:
         """Overwrite the token at `position` of a live request; False if it is gone. Async
-        scheduling (backend.engine) applies a step's update with placeholder tokens so that the
+        scheduling (backend.engine.continuous) applies a step's update with placeholder tokens so that the
         next step can be planned while this one runs on the device, then sets the real tokens
         here once they are read back (before any later update hashes a block holding them)."""
         seq = self.requests.get(request_id)

@@ -2,12 +2,12 @@
 # Issue 7 on one H200, in one device call: the engine's GPU tests, then the engine benchmark.
 #
 #   bash scripts/gpu_engine_run.sh                 # writes under $OUT (default out/gpu_engine)
-#   TEST_S=75 BENCH_S=280 bash scripts/gpu_engine_run.sh --layers 16   # extra args -> backend.engine_bench
+#   TEST_S=75 BENCH_S=280 bash scripts/gpu_engine_run.sh --layers 16   # extra args -> bench.engine.steps
 #
 # 1. `pytest -m gpu` on tests/test_gpu_engine_*.py (graphs vs eager, kernel path vs torch path,
 #    no allocation per graph step, fp8 quality and graphs) then tests/test_kernels_gpu.py, under a
 #    TEST_S cap (SIGINT: pytest still prints what ran). Output: $OUT/pytest_gpu.txt.
-# 2. `python3 -m backend.engine_bench` with a BENCH_S deadline (sections that would not fit are skipped
+# 2. `python3 -m bench.engine.steps` with a BENCH_S deadline (sections that would not fit are skipped
 #    and listed); the JSON is rewritten after every row: $OUT/engine_bench.json, the simulator's
 #    profile $OUT/profile_h200.json, the log $OUT/bench_log.txt. The table prints last.
 # Needs only torch, triton, transformers, tokenizers, safetensors, pytest (no pyzmq).
@@ -34,7 +34,7 @@ else
   echo "pytest not installed: gpu tests skipped" | tee "$OUT/pytest_gpu.txt"
 fi
 
-timeout -s INT $((BENCH_S + 25)) python3 -m backend.engine_bench --deadline-s "$BENCH_S" \
+timeout -s INT $((BENCH_S + 25)) python3 -m bench.engine.steps --deadline-s "$BENCH_S" \
     --out "$OUT/engine_bench.json" --profile-out "$OUT/profile_h200.json" "$@" \
     > "$OUT/bench_log.txt" 2>&1
 echo "bench exit $?"

@@ -5,16 +5,16 @@
 #
 # 1. `pytest -m gpu tests/test_kernels_gpu.py -k "$TESTS_K"` (PDL chains in graphs, fp16 / bf16
 #    dots over quantized pages, the fp8 GEMVs, norms, rotary) under a TEST_S cap.
-# 2. `python3 -m backend.engine_bench` on the 33B preset (dummy weights): batch 1 and 64 decode,
+# 2. `python3 -m bench.engine.steps` on the 33B preset (dummy weights): batch 1 and 64 decode,
 #    prefill 2048, bf16 and fp8, with per-kernel profiles (--kernel-profile) and the PDL on/off
 #    A/B at batch 1 (--pdl-ab); BENCH_S deadline.
-# 1b. (section sweep) `scripts/fp8_gemv_sweep.py` for fp8 and bf16 weights over the one-row
+# 1b. (section sweep) `bench/kernels/fp8_gemv_sweep.py` for fp8 and bf16 weights over the one-row
 #    kernel variants (row sums per tile, tensor-core fp16 dots, the silu-fused down projection);
 #    each writes the fastest config per shape to $R/tuned_{fp8,bf16}.json, which the engine
 #    section then runs with (`--gemv-configs`; --ab compares them with the committed tables).
-# 3. `scripts/gpu_kernels_check.py --sections dots,sdpa`: quantized-page decode attention with
+# 3. `bench/kernels/gpu_check.py --sections dots,sdpa`: quantized-page decode attention with
 #    fp16 vs bf16 dots and tile variants, against bf16 pages; SDPA GQA variants for a 2048 prompt.
-# 3b. `scripts/fp8_gemv_sweep.py`: the FMA GEMV over bf16 weights (our own bf16 GEMV) against
+# 3b. `bench/kernels/fp8_gemv_sweep.py`: the FMA GEMV over bf16 weights (our own bf16 GEMV) against
 #    cuBLAS per 33B shape, and un-split thin tiles for the fp8 down projection; GEMV_S cap.
 # 4. KV-format quality on tiny-coder through the CUDA kernel path (bf16 model): perplexity per
 #    format and greedy agreement vs the bf16 cache. HELD holds stdlib/ and site/ copies of
@@ -57,7 +57,7 @@ if has sweep; then
   # tiles: BN,BK,WARPS,R (R 0/1: row kernel, per-tile row sums off/on; 2: fp16 tensor-core dots;
   # 3: dots in the weights' dtype); the first tile of a shape is close to its committed config
   ROW7168="4,1024,1,1;8,512,1,1;8,1024,2,1;16,256,1,2;32,512,2,2;64,256,4,2"
-  timeout -s INT "$SWEEP_S" python3 scripts/fp8_gemv_sweep.py --out "$R" --weights fp8 \
+  timeout -s INT "$SWEEP_S" python3 -m bench.kernels.fp8_gemv_sweep --out "$R" --weights fp8 \
       --shapes down_silu,qkv,o,gate_up,down --stages 3 --programs 1,4 --budget-s $((SWEEP_S - 15)) \
       --shape-tiles "down_silu=4,256,1,1;8,256,1,1;8,256,2,1;16,256,2,1;16,256,4,0" \
       --shape-tiles "qkv=2,1024,1,1;$ROW7168" --shape-tiles "o=4,512,1,1;$ROW7168" \
@@ -65,7 +65,7 @@ if has sweep; then
       --shape-tiles "down=4,256,1,1;8,256,1,1;8,256,2,1;16,256,2,1;16,256,1,2;32,256,2,2;64,256,4,2" \
       --tuned-out "$R/tuned_fp8.json" > "$R/sweep_fp8_log.txt" 2>&1
   echo "fp8 sweep exit $?"; grep -E "copy|us |layer|took" "$R/sweep_fp8_log.txt" | tail -n 9
-  timeout -s INT "$SWEEP_BF16_S" python3 scripts/fp8_gemv_sweep.py --out "$R" --weights bf16 \
+  timeout -s INT "$SWEEP_BF16_S" python3 -m bench.kernels.fp8_gemv_sweep --out "$R" --weights bf16 \
       --shapes down_silu,qkv,o,gate_up,down --stages 3 --programs 1,4 \
       --budget-s $((SWEEP_BF16_S - 10)) \
       --shape-tiles "down_silu=8,256,2,1;16,256,2,1;16,256,4,0" \
@@ -80,25 +80,25 @@ if has sweep; then
 fi
 
 if has engine; then
-  eval "timeout -s INT $((BENCH_S + 25)) python3 -m backend.engine_bench --deadline-s $BENCH_S \
+  eval "timeout -s INT $((BENCH_S + 25)) python3 -m bench.engine.steps --deadline-s $BENCH_S \
       --out $R/engine_bench.json $ENGINE_ARGS" > "$R/engine_log.txt" 2>&1
   echo "engine bench exit $?"
   grep -E "kernel profile|^\[.*\]     |a/b|decode|prefill|ERROR|SKIP|MET" "$R/engine_log.txt" | tail -n 90
 fi
 
 if has kernels; then
-  timeout -s INT "$KERN_S" python3 scripts/gpu_kernels_check.py --skip-tests --sections dots,sdpa \
+  timeout -s INT "$KERN_S" python3 -m bench.kernels.gpu_check --skip-tests --sections dots,sdpa \
       --out "$R" > "$R/kernels_log.txt" 2>&1
   echo "kernels check exit $?"
   grep -E "^dots|^sdpa|ceilings" "$R/kernels_log.txt" | tail -n 60
 fi
 
 if has gemv; then
-  timeout -s INT "$GEMV_S" python3 scripts/fp8_gemv_sweep.py --out "$R" --weights bf16 \
+  timeout -s INT "$GEMV_S" python3 -m bench.kernels.fp8_gemv_sweep --out "$R" --weights bf16 \
       --tiles "2,1024,1;4,512,1;8,512,2;16,256,4" --stages 2,3 --programs 1 --budget-s 20 \
       > "$R/gemv_bf16_log.txt" 2>&1
   echo "gemv bf16 sweep exit $?"; grep -E "bf16|copy" "$R/gemv_bf16_log.txt" | tail -n 8
-  [ -n "${GEMV_DOWN:-}" ] && timeout -s INT 20 python3 scripts/fp8_gemv_sweep.py --out "$R" --weights fp8 --shapes down \
+  [ -n "${GEMV_DOWN:-}" ] && timeout -s INT 20 python3 -m bench.kernels.fp8_gemv_sweep --out "$R" --weights fp8 --shapes down \
       --tiles "4,256,1;2,256,1;8,256,2" --stages 2,3 --programs 1,4 --budget-s 12 \
       > "$R/gemv_fp8_down_log.txt" 2>&1
   echo "gemv fp8 down sweep exit $?"; grep -E "down|copy" "$R/gemv_fp8_down_log.txt" | tail -n 4
@@ -114,10 +114,10 @@ if has quality; then
     IFS=: read -r kind fmt envset <<< "$run"
     tag="${kind}_${fmt}${envset:+_${envset//[^A-Za-z0-9]/_}}"
     if [ "$kind" = ppl ]; then
-      env $envset python3 -m backend.eval perplexity $common --kv-cache-dtype "$fmt" \
+      env $envset python3 -m evals.cli perplexity $common --kv-cache-dtype "$fmt" \
           --sample-windows 32 ${PPL_ARGS:-} --json "$R/$tag.json" > "$R/$tag.txt" 2>&1
     else
-      env $envset python3 -m backend.eval agreement $common --a kv-cache-dtype=auto \
+      env $envset python3 -m evals.cli agreement $common --a kv-cache-dtype=auto \
           --b "kv-cache-dtype=$fmt" --num-prompts 32 --max-tokens 32 --json "$R/$tag.json" \
           > "$R/$tag.txt" 2>&1
     fi

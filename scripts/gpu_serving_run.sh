@@ -2,7 +2,7 @@
 # Issue 11's serving benchmark on one GPU machine, in one device call: `tidegate serve` with the
 # 33B preset (dummy bf16 weights, embedded backend on cuda), issue 11's four workloads through
 # `tidegate bench serve`, then the same with --quantization fp8; the backend's step log from the
-# same run beside each (bench/serving_suite.py says what is computed from it).
+# same run beside each (bench/serving/suite.py says what is computed from it).
 #
 #   bash scripts/gpu_serving_run.sh                         # writes under $OUT (default out/gpu_serving)
 #   bash scripts/gpu_serving_run.sh --max-num-batched-tokens 1024   # extra args -> tidegate serve
@@ -76,7 +76,7 @@ fi
 config_args=()
 for c in $CONFIGS; do config_args+=(--config "${c//%/ }"); done
 
-timeout -s INT "$SUITE_S" $PY -m bench.serving_suite --out "$WORK" --workloads "$WORKLOADS" \
+timeout -s INT "$SUITE_S" $PY -m bench.serving.suite --out "$WORK" --workloads "$WORKLOADS" \
     --deadline-s "$DEADLINE_S" "${config_args[@]}" \
     -- --model "$MODEL" --load-format dummy --device "$DEVICE" "$@"
 rc=$?

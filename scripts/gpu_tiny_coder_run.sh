@@ -6,8 +6,8 @@
 # Before the call, on the development machine (CPU; the corpus and tokenizer are made here so the
 # call spends its time on the GPU):
 #
-#   .venv/bin/python scripts/build_tiny_coder_corpus.py --out /tmp/tc-corpus   # [--max-source-bytes 8e6]
-#   .venv/bin/python scripts/train_tiny_coder.py prepare --corpus /tmp/tc-corpus --out /tmp/tc-tok \
+#   .venv/bin/python -m training.corpus --out /tmp/tc-corpus   # [--max-source-bytes 8e6]
+#   .venv/bin/python -m training.train prepare --corpus /tmp/tc-corpus --out /tmp/tc-tok \
 #       --tokenizer-only
 #   rm -rf .carry-tc && mkdir -p .carry-tc/corpus
 #   xz -T2 -6 -c /tmp/tc-corpus/corpus.jsonl > .carry-tc/corpus/corpus.jsonl.xz   # 8 MB cap: 19.7 MB
@@ -24,7 +24,7 @@
 #   cat OUT/tiny-coder.tar.part-* | tar x -C /tmp && cp /tmp/tiny-coder/* models/tiny-coder/
 #   tidegate eval code --model models/tiny-coder --dtype float32 --files-sample 8 --fim-cases 32 \
 #       --cpu-threads 2 --json models/tiny-coder/eval.json      # the engine's figures, on the CPU
-#   .venv/bin/python scripts/train_tiny_coder.py card --model models/tiny-coder
+#   .venv/bin/python -m training.train card --model models/tiny-coder
 #
 # The engine's evaluation runs on the development CPU, not here: it reads the held-out packages
 # from the .venv's site-packages (their versions are the corpus's), which the GPU machine lacks.
@@ -41,7 +41,7 @@ t0=$(date +%s)
 python3 -c 'import torch, tokenizers, transformers; print("torch", torch.__version__, "tokenizers",
 tokenizers.__version__, "transformers", transformers.__version__,
 torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU")'
-python3 scripts/train_tiny_coder.py prepare --corpus corpus --out "${TMPDIR:-/tmp}/tc-prep" \
+python3 -m training.train prepare --corpus corpus --out "${TMPDIR:-/tmp}/tc-prep" \
     --tokenizer tokenizer.json 2>&1 | tee "$OUT/train_log.txt"
 echo "prepare exit ${PIPESTATUS[0]} at $(( $(date +%s) - t0 )) s"
 # 420 s of sweep + training leave ~100 s of the 600-s call for prepare (above), the held-out
@@ -50,7 +50,7 @@ left=$(( 540 - ($(date +%s) - t0) - 60 ))
 budget=${BUDGET_S:-$(( left < 420 ? left : 420 ))}
 echo "sweep budget ${budget} s"
 # SWEEP_ARGS (appended, so they override) and COMPILE= are for a CPU dry run of this script
-python3 scripts/train_tiny_coder.py sweep --prep "${TMPDIR:-/tmp}/tc-prep" --out "${TMPDIR:-/tmp}/tiny-coder" ${COMPILE---compile} \
+python3 -m training.train sweep --prep "${TMPDIR:-/tmp}/tc-prep" --out "${TMPDIR:-/tmp}/tiny-coder" ${COMPILE---compile} \
     --time-budget-s "$budget" --sweep-frac 0.3 \
     --seq-len 1024 --batch-size 64 --lr 2e-3 --min-lr 1e-4 --warmup-steps 200 --dropout 0.05 \
     --eval-every 250 ${SWEEP_ARGS:-} 2>&1 | tee -a "$OUT/train_log.txt"

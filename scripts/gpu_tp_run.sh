@@ -9,7 +9,7 @@
 #
 # 1. tests on the GPUs: tests/test_tensor_parallel.py -m gpu (TP=2 over NCCL with CUDA graphs
 #    equals TP=1; greedy tokens through `tidegate backend --tensor-parallel-size 2`);
-# 2. `python -m backend.tensor_parallel.bench` at each TP size: decode ms/step at each batch
+# 2. `python -m bench.engine.tensor_parallel` at each TP size: decode ms/step at each batch
 #    (33B preset, dummy bf16 weights, CUDA graphs), its floor (weights/tp + KV/tp over the copy
 #    bandwidth measured in the same run + the all-reduces measured in the same run, in a graph),
 #    and the simulator's plan for the same layout;
@@ -57,7 +57,7 @@ fi
 
 for tp in $TPS; do
   if [ "$DEVICE" != cpu ] && [ "$tp" -gt "$NGPU" ]; then echo "skip tp=$tp ($NGPU GPUs)"; continue; fi
-  timeout 300 $PY -m backend.tensor_parallel.bench --model "$MODEL" --device "$DEVICE" --tp "$tp" \
+  timeout 300 $PY -m bench.engine.tensor_parallel --model "$MODEL" --device "$DEVICE" --tp "$tp" \
       --batches "$BATCHES" --context "$CONTEXT" --out "$OUT/tp$tp.json" ${BENCH_ARGS:-}
   echo "bench tp=$tp exit $?"
 done

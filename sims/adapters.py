@@ -67,7 +67,7 @@ class SimSchedulerConfig:
     # host-memory KV tier (scheduler.host_tier): GiB of host memory per backend (0: none), and
     # the host<->GPU copy bandwidth its copies are charged at (GB/s, one direction): measured
     # on the H200 with the tier's batched copies, 33B pools, 64 blocks each way: 51.3 (bf16),
-    # 49.4 (fp8), 48.1 (int4-fp8) (`python -m backend.host_tier_bench --copy-rate`)
+    # 49.4 (fp8), 48.1 (int4-fp8) (`python -m bench.engine.host_tier --copy-rate`)
     host_kv_gib: float = 0.0
     host_copy_gbps: float = 50.0
     # prefill budget by backlog (scheduler.step_plan.PrefillCap; off by default)

@@ -260,7 +260,7 @@ def cmd_plan(argv: list[str]) -> int:
 
 
 COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "fit": cmd_fit, "search": cmd_search, "plan": cmd_plan}
-# `tidegate sim validate` (the simulator against the live service) is bench.sim_validate: it needs
+# `tidegate sim validate` (the simulator against the live service) is bench.simulator.validate: it needs
 # the gateway, which sims/ may not import; the `tidegate` command routes it there.
 
 
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cmd = COMMANDS.get(argv[0])
     if argv[0] == "validate":  # reached only through `python -m sims`
-        print("tidegate sim validate: run it as `tidegate sim validate` (bench.sim_validate)", file=sys.stderr)
+        print("tidegate sim validate: run it as `tidegate sim validate` (bench.simulator.validate)", file=sys.stderr)
         return 2
     if cmd is None:
         print(f"tidegate sim: unknown command {argv[0]!r}; one of {', '.join(COMMANDS)}", file=sys.stderr)

@@ -4,7 +4,7 @@ The live gateway's `--decision-log` (scheduler.decisions) writes each arrival (i
 length, max_tokens, class) and each flushed window. `replay` turns the arrivals into a
 `Workload` (output length = max_tokens: the replay cannot know where EOS came), runs the event
 loop with `record_batches` on, and answers the simulator's windows as the same `BatchRecord`s,
-with the live request ids, so that `bench.decision_fidelity.compare` can set them side by side.
+with the live request ids, so that `bench.simulator.decision_fidelity.compare` can set them side by side.
 
 Arrival times are kept as recorded (the gateway's clock, not shifted to zero): the window
 deadlines are `arrival + size / rate`, and the same floats on both sides give the same deadlines

@@ -53,7 +53,7 @@ class EngineConfig:
     network_delay_s: float = 0.0        # gateway -> backend one-way delay of a batch
     # backend -> client delay of every token (read-back, wire, detokenizer, HTTP stream): added
     # to each request's first-token and finish times, so TTFT and E2E grow by it and TPOT does
-    # not; measured live by bench.ttft_path ("http_in" + "out"), ~4.5 ms on the H200 (issue 18)
+    # not; measured live by bench.serving.ttft_path ("http_in" + "out"), ~4.5 ms on the H200 (issue 18)
     delivery_delay_s: float = 0.0
     # a stretch may run past finishes only below this KV use (with room for more sequences)
     spare_kv_watermark: float = 0.9
@@ -75,7 +75,7 @@ class EngineConfig:
     # tokens, start position), preempted): `extra["steps"]`; stretches are recorded as one row
     # each, so set max_stretch_steps=1 to see every step (sims.decision_replay does)
     record_steps: bool = False
-    # the engine's async loop (CUDA, backend.engine): each step is planned while the one before
+    # the engine's async loop (CUDA, backend.engine.continuous): each step is planned while the one before
     # it still runs, so a request delivered after that plan waits a step more. None: the
     # synchronous loop (CPU), planned at the step boundary. Otherwise a step's successor is
     # planned this long before its end (`Engine.launch_deadline`: twice the host's launch time
@@ -85,7 +85,7 @@ class EngineConfig:
     # whether a step carrying prefill tokens has that deadline too (the engine since the third
     # session: every graph-replayed step does). False models the engine before it, which
     # launched a prefill step's successor as soon as the prefill step started (the H200
-    # fidelity runs recorded before then: bench.fidelity_resim)
+    # fidelity runs recorded before then: bench.simulator.fidelity_resim)
     prefill_launch_deadline: bool = True
 
 

@@ -8,7 +8,7 @@ pp micro-batches so the pipeline stays full:
 
   stage time t_s(m) = max(bytes_s / bandwidth, flops_s / peak) + 2·layers_s all-reduces (tp > 1)
                       (+ the embedding's all-reduce on the first stage, the logits' all-gather
-                      on the last: what backend.tensor_parallel runs)
+                      on the last: what backend.server.ranks runs)
   pipeline tick τ   = max_s t_s(m) + send/recv of m×hidden activations (pp > 1)
   TPOT              = pp · τ                 (a token visits every stage)
   throughput        = dp · batch / TPOT      (tokens/s)
@@ -16,7 +16,7 @@ pp micro-batches so the pipeline stays full:
 
 Bytes and FLOPs as in `sims.cost.RooflineCost`; all-reduce: ring over NVLink (tp groups live in one
 node); send/recv over `interconnect` (NVLink or PCIe). With fewer KV heads than tp, each GPU holds
-a copy of one KV head (its k/v projection rows and its KV cache), as backend.tensor_parallel does.
+a copy of one KV head (its k/v projection rows and its KV cache), as backend.server.ranks does.
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ prefixes Σp_i·s_i. When the profile measured k > 1, a per-prefill-sequence ter
 A profile without those points fits and interpolates exactly as before.
 
 CUDA-graph padding: on CUDA the engine runs a step holding prefill tokens as the captured graph of
-the smallest token bucket >= its d + p tokens (`backend.cuda_graphs`); the pad tokens go through
+the smallest token bucket >= its d + p tokens (`backend.runner.cuda_graphs`); the pad tokens go through
 every matrix product as a prefill token does, and through no attention. When the profile names its
 buckets (`cuda_graph_token_buckets`, written by `backend profile`; profiles measured on CUDA before
 that get `LEGACY_CUDA_TOKEN_BUCKETS`, the engine's defaults then), the prefill-token term is charged
@@ -67,7 +67,7 @@ _P_KEYS = ("num_prefill_tokens", "prefill_tokens")
 _C_KEYS = ("num_context_tokens", "context_tokens")
 _K_KEYS = ("num_prefill_seqs",)
 _S_KEYS = ("prefill_context_len",)
-# the engine's default mixed-step graph buckets up to deaece6 (backend.cuda_graphs), which CUDA
+# the engine's default mixed-step graph buckets up to deaece6 (backend.runner.cuda_graphs), which CUDA
 # profiles written before the profile named its buckets were measured with (the H200 profiles of
 # issue 18 among them); later profiles name theirs
 LEGACY_CUDA_TOKEN_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 320, 384, 512, 640, 768, 1024,

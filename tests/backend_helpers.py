@@ -196,14 +196,3 @@ def hf_greedy(hf, prompt: list[int], num_new: int) -> list[int]:
         out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                           max_new_tokens=num_new, do_sample=False, pad_token_id=0)
     return out[0, len(prompt):].tolist()
-
-
-def load_script(name: str):
-    """A module from scripts/ (not a package), e.g. the KV sinks experiment its tests drive."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod

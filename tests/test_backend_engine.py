@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from backend.build import BackendConfig, create_engine
-from backend.sampler import SamplingParams
+from backend.engine.assemble import BackendConfig, create_engine
+from backend.runner.sampler import SamplingParams
 from tests.backend_helpers import hf_greedy, hf_model, make_checkpoint
 
 NUM_NEW = 32

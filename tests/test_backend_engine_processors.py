@@ -3,8 +3,8 @@ logits + the reference processor, min_tokens against stop tokens and EOS."""
 import pytest
 import torch
 
-from backend.build import BackendConfig, create_engine
-from backend.sampler import SamplingParams
+from backend.engine.assemble import BackendConfig, create_engine
+from backend.runner.sampler import SamplingParams
 from tests.backend_helpers import hf_model, make_checkpoint
 from tests.test_backend_engine import prompts, run_all
 from tests.test_backend_sampler_processors import reference_process

@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 
 from backend.config import ModelConfig
 from backend.errors import ModelLoadError
-from backend.loader import check_fits, load
+from backend.model.loader import check_fits, load
 from tests.backend_helpers import make_checkpoint
 
 
@@ -136,7 +136,7 @@ def test_bad_dtype_and_device():
 
 
 def test_cli_style_error_is_one_line():
-    code = ("from backend.loader import load\nfrom backend.errors import ModelLoadError\n"
+    code = ("from backend.model.loader import load\nfrom backend.errors import ModelLoadError\n"
             "try:\n    load('nope')\nexcept ModelLoadError as e:\n    print(e)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.count("\n") == 1 and "neither a directory nor a preset" in out.stdout
@@ -149,8 +149,8 @@ def test_cpu_backend_start_up_imports_neither_sympy_nor_triton():
     --quantization fp8 on CUDA)."""
     code = (
         "import sys\n"
-        "from backend.build import BackendConfig, create_engine\n"
-        "from backend.serving_setup import configure_serving\n"
+        "from backend.engine.assemble import BackendConfig, create_engine\n"
+        "from backend.runner.serving import configure_serving\n"
         "engine, loaded = create_engine(BackendConfig(model='tiny', num_blocks=64))\n"
         "configure_serving(engine.runner)\n"
         "print(sorted(m for m in ('sympy', 'triton') if m in sys.modules))\n"

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from backend.kv_cache import KVCache
-from backend.loader import load
-from backend.runner import ModelRunner
+from backend.kv.pools import KVCache
+from backend.model.loader import load
+from backend.runner.step import ModelRunner
 from tests.backend_helpers import CHECKPOINTS, BlockAllocator, Chunk, hf_model, make_checkpoint
 
 BLOCK = 4  # small blocks: contexts cross many block boundaries

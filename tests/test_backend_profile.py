@@ -1,6 +1,6 @@
 import json
 
-from backend.cli import main
+from backend.server.cli import main
 
 
 def test_profile_writes_the_documented_json(tmp_path):
@@ -35,7 +35,7 @@ def test_profile_pause_idles_before_prefill_steps_only(tmp_path, monkeypatch):
     """--pause-ms sleeps before each repetition of a step with prefill tokens (the serving loop
     rarely runs compute-bound steps back to back), not before decode-only ones, and each point
     records the host's launch part of its step time."""
-    from backend import profile
+    from bench.engine import profile
 
     slept = []
     monkeypatch.setattr(profile.time, "sleep", lambda s: slept.append(s))

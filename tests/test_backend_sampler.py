@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from backend.sampler import (
+from backend.runner.sampler import (
     Sampler,
     SamplingParams,
     SamplingTensors,

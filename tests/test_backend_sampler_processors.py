@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from backend.sampler import (
+from backend.runner.sampler import (
     Sampler,
     SampleSpec,
     SamplingParams,

@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from backend.errors import ModelLoadError
-from backend.tokenizer_loader import check_vocab, load_tokenizer_bundle
+from backend.model.tokenizer import check_vocab, load_tokenizer_bundle
 from tokenizer.bundle import TokenizerBundle
 from tokenizer.byte_level import byte_level_bundle
 
@@ -89,6 +89,6 @@ def test_errors(tmp_path):
 
 
 def test_tokenizer_module_imports_no_torch():
-    code = "import sys, backend.tokenizer_loader as t; t.load_tokenizer_bundle('tiny').encode('x'); " \
+    code = "import sys, backend.model.tokenizer as t; t.load_tokenizer_bundle('tiny').encode('x'); " \
            "assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

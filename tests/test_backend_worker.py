@@ -166,8 +166,8 @@ def test_failed_step_errors_its_requests_and_the_worker_carries_on(tmp_path):
     """In-process worker (a thread) whose runner fails once."""
     import threading
 
-    from backend.build import BackendConfig, create_engine
-    from backend.worker import Worker
+    from backend.engine.assemble import BackendConfig, create_engine
+    from backend.server.worker import Worker
 
     engine, loaded = create_engine(BackendConfig(model="tiny", num_blocks=64, max_num_seqs=4,
                                                  max_num_batched_tokens=64))

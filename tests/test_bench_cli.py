@@ -157,12 +157,12 @@ def test_usage_and_dispatch_from_tidegate(capsys):
 
 def test_engine_forwards_args_or_says_it_is_missing(monkeypatch, capsys):
     seen = []
-    fake = types.ModuleType("backend.engine_bench")
+    fake = types.ModuleType("bench.engine.steps")
     fake.main = lambda argv: seen.append(argv) or 0
-    monkeypatch.setitem(sys.modules, "backend.engine_bench", fake)
+    monkeypatch.setitem(sys.modules, "bench.engine.steps", fake)
     assert main(["engine", "--model", "tiny", "--batch", "8"]) == 0
     assert seen == [["--model", "tiny", "--batch", "8"]]
-    monkeypatch.setitem(sys.modules, "backend.engine_bench", None)      # import fails as if missing
+    monkeypatch.setitem(sys.modules, "bench.engine.steps", None)      # import fails as if missing
     assert main(["engine"]) == 3
     assert "not built yet" in capsys.readouterr().err
 
@@ -170,7 +170,7 @@ def test_engine_forwards_args_or_says_it_is_missing(monkeypatch, capsys):
 def test_bench_imports_neither_backend_nor_torch():
     """bench may import sims (shared metrics and workloads), never backend or torch."""
     import subprocess
-    code = ("import sys, bench.cli, bench.loadgen, sims.metrics, bench.report, sims.workload; "
+    code = ("import sys, bench.cli, bench.serving.loadgen, sims.metrics, bench.serving.report, sims.workload; "
             "bad = [m for m in ('backend', 'torch', 'gateway.core') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,

@@ -1,4 +1,4 @@
-"""bench.loadgen against a fake OpenAI SSE server (known delays), and against the real gateway app."""
+"""bench.serving.loadgen against a fake OpenAI SSE server (known delays), and against the real gateway app."""
 from __future__ import annotations
 
 import asyncio
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from bench.loadgen import HttpTarget, Progress, chunk_tokens, run_http, run_zmq
+from bench.serving.loadgen import HttpTarget, Progress, chunk_tokens, run_http, run_zmq
 from sims.metrics import RequestRecord, summarize
 
 MODEL = "fake-model"

@@ -1,23 +1,15 @@
-"""Chaos under load (issue 13), CI form of scripts/chaos.py: 64 streams through `tidegate
+"""Chaos under load (issue 13), CI form of bench/reliability/chaos.py: 64 streams through `tidegate
 serve` over three echo backends while one is killed with SIGKILL (then restarted) and another
 is frozen with SIGSTOP for 3 s. Every request ends exactly once (its finish or a clear error),
 no request is lost, the survivors hold no KV block afterwards, and the restarted backend rejoins
 (healthy, reporting its own empty pool) and serves a burst."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "chaos.py"
-
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("tidegate_chaos", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    from bench.reliability import chaos
+
+    return chaos
 
 
 async def test_every_request_is_answered_once_through_kills_freezes_and_a_restart():

@@ -7,9 +7,9 @@ import random
 import pytest
 import torch
 
-from backend.attention import TorchAttention
-from backend.context import ForwardContext
-from backend.cpu_attention import CpuAttention, load_library
+from backend.kernels.cpu.attention import CpuAttention, load_library
+from backend.kernels.forward_context import ForwardContext
+from backend.kernels.reference.attention import TorchAttention
 
 pytestmark = pytest.mark.skipif(load_library() is None, reason="no C compiler for the CPU kernel")
 

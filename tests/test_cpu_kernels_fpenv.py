@@ -11,7 +11,7 @@ import pytest
 
 CHECK = r"""
 import numpy as np
-from backend import cpu_kernels
+from backend.kernels import cpu as cpu_kernels
 lib = cpu_kernels.load_library()
 if lib is None:
     print("SKIP")

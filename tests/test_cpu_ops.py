@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.cpu_kernels import load_library
-from backend.cpu_ops import CpuOps
-from backend.ops import TorchOps, rope_cos_sin
+from backend.kernels.cpu import load_library
+from backend.kernels.cpu.ops import CpuOps
+from backend.kernels.reference.ops import TorchOps, rope_cos_sin
 
 pytestmark = pytest.mark.skipif(load_library() is None, reason="no C compiler for the CPU kernels")
 OPS = CpuOps()
@@ -53,7 +53,7 @@ def test_other_dtypes_use_the_reference():
 def test_an_unwritable_cache_falls_back_to_the_temp_dir(tmp_path, monkeypatch):
     import tempfile
 
-    from backend import cpu_kernels
+    from backend.kernels import cpu as cpu_kernels
 
     blocker = tmp_path / "a-file"
     blocker.write_text("")

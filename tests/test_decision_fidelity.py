@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.decision_fidelity import compare
+from bench.simulator.decision_fidelity import compare
 from gateway.dispatcher import Dispatcher
 from scheduler.batcher import BatcherConfig
 from scheduler.clock import ManualClock
@@ -190,7 +190,7 @@ def test_comparison_counts_a_split_window():
 def test_cli_replays_a_live_log(tmp_path, capsys):
     import json
 
-    from bench.decision_fidelity import main
+    from bench.simulator.decision_fidelity import main
     log = run_gateway(trace(120, seed=5))
     path = tmp_path / "live.jsonl"
     path.write_text(log.sink.getvalue())

@@ -1,4 +1,4 @@
-"""Async scheduling (backend.engine): step k+1 planned and launched while step k runs, its
+"""Async scheduling (backend.engine.continuous): step k+1 planned and launched while step k runs, its
 decodes fed from step k's sampled ids on the device, placeholder tokens set right once read
 back. Greedy outputs must equal the synchronous loop's."""
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.attention import TorchAttention
-from backend.build import BackendConfig, create_engine
-from backend.cuda_graphs import StepGraphs
-from backend.sampler import SamplingParams
+from backend.engine.assemble import BackendConfig, create_engine
+from backend.kernels.reference.attention import TorchAttention
+from backend.runner.cuda_graphs import StepGraphs
+from backend.runner.sampler import SamplingParams
 from scheduler.step_scheduler import SchedulerConfig, StepResult, StepScheduler
 
 
@@ -201,7 +201,7 @@ def test_async_turns_equal_the_synchronous_loop_on_cuda(stops):
     from the previous replay): async turns give the synchronous loop's greedy tokens. fp32, so
     that a stop-token run (whose async plans carry a dead row for a step) cannot flip a near-tie
     through a different batch shape."""
-    from backend.serving_setup import configure_serving
+    from backend.runner.serving import configure_serving
 
     def engine_():
         engine, _ = create_engine(BackendConfig(model="tiny", device="cuda", dtype="float32",
@@ -283,9 +283,9 @@ def test_worker_holds_the_next_step_for_arrivals_during_a_prefill_step(tmp_path,
     step."""
     import threading
 
-    from backend.engine import Engine
-    from backend.step_log import StepLog
-    from backend.worker import Worker
+    from backend.engine.continuous import Engine
+    from backend.server.step_log import StepLog
+    from backend.server.worker import Worker
     from tests.backend_helpers import DealerClient
 
     monkeypatch.setattr(Engine, "overlaps_device", property(lambda self: True))  # the CUDA loop

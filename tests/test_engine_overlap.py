@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from backend.build import BackendConfig, create_engine
-from backend.engine import Engine
-from backend.sampler import SamplingParams
+from backend.engine.assemble import BackendConfig, create_engine
+from backend.engine.continuous import Engine
+from backend.runner.sampler import SamplingParams
 from proto import tidegate_pb2 as pb
 from tests.backend_helpers import DealerClient
 
@@ -53,7 +53,7 @@ def test_begin_step_twice_is_refused():
 
 
 def serve_and_collect(tmp_path, overlap: bool, monkeypatch, async_scheduling: bool = False) -> dict:
-    from backend.worker import Worker
+    from backend.server.worker import Worker
 
     if overlap:  # the CUDA loop, on the CPU: Engine.advance turns
         monkeypatch.setattr(Engine, "overlaps_device", property(lambda self: True))

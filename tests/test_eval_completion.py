@@ -1,16 +1,14 @@
-"""`tidegate eval code`'s rules for cutting and judging a completion (backend/eval_completion.py),
+"""`tidegate eval code`'s rules for cutting and judging a completion (evals/completion.py),
 on small hand-written completions: where a function ends, what parses, the old protocol, the FIM
 line comparisons, and the held-out headers chosen from source; and the FIM prompt against the
 training script's documents (the shipped tokenizer, no weights)."""
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
-from backend.eval_completion import (
+from evals.completion import (
     cut_at_function_end,
     function_snippet,
     judge_header,
@@ -19,7 +17,7 @@ from backend.eval_completion import (
     line_similarity,
     parses,
 )
-from backend.eval_data import FimCase, heldout_headers
+from evals.data import FimCase, heldout_headers
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER_DIR = ROOT / "models" / "tiny-coder"
@@ -116,14 +114,10 @@ def test_fim_prompt_is_the_training_documents_prefix():
     """The eval's prompt is, token for token, a training FIM document up to <fim_end>, and the
     token accuracy's truth (line, newline, <eos>) is the rest of that document."""
     pytest.importorskip("tokenizers")
-    from backend.eval_code import fim_prompt
+    from evals.code import fim_prompt
     from tokenizer.hf_dir import load_hf_dir
+    from training import train as trainer
 
-    spec = importlib.util.spec_from_file_location("train_tiny_coder",
-                                                  ROOT / "scripts" / "train_tiny_coder.py")
-    trainer = importlib.util.module_from_spec(spec)
-    sys.modules["train_tiny_coder"] = trainer
-    spec.loader.exec_module(trainer)
     bundle = load_hf_dir(TOKENIZER_DIR)
     text = "def f(a, b):\n    c = a + b\n    if c:\n        return c\n    return -1\n"
     found = 0

@@ -1,9 +1,9 @@
-"""backend.eval_data: held-out file lookup, the training script's window protocol, prompts."""
+"""evals.data: held-out file lookup, the training script's window protocol, prompts."""
 from __future__ import annotations
 
 import pytest
 
-from backend.eval_data import (
+from evals.data import (
     agreement_prompts,
     default_heldout_list,
     encode_doc,

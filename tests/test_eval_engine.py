@@ -1,4 +1,4 @@
-"""backend.eval_engine / backend.eval: settings, the all-rows and teacher-forced drivers, and the
+"""evals.engine / evals.cli: settings, the all-rows and teacher-forced drivers, and the
 `tidegate eval` commands on small random models (CPU, seconds)."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 from backend_helpers import hf_model, make_checkpoint
 
-from backend import eval as ev
-from backend.eval_engine import (
+from evals import cli as ev
+from evals.engine import (
     EngineSettings,
     EngineShape,
     EvalError,

@@ -1,4 +1,4 @@
-"""bench.fidelity_resim on the committed H200 session (issue 18): the simulator, given the prompts'
+"""bench.simulator.fidelity_resim on the committed H200 session (issue 18): the simulator, given the prompts'
 identity across runs, reproduces what the live engine's prefix cache did; without it, it cannot.
 
 The data is the first H200 `sim validate` run (bench/results/fidelity_h200, 33B preset, 512/128,
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.fidelity_resim import prompt_identity, resimulate
+from bench.simulator.fidelity_resim import prompt_identity, resimulate
 from scheduler.decisions import read_log
 
 RES = Path(__file__).resolve().parents[1] / "bench" / "results" / "fidelity_h200"

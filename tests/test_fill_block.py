@@ -1,20 +1,21 @@
-"""int4-fp8 keeps the block being filled at full precision (backend.fill_slots): which rows a
+"""int4-fp8 keeps the block being filled at full precision (backend.kv.fill_slots): which rows a
 sequence's last block lives in, and that a served decode reads exactly what the sinks
-experiment measured (scripts/kv_sinks_experiment.py, `int4+fill`)."""
+experiment measured (evals/kv_sinks.py, `int4+fill`)."""
 from __future__ import annotations
+
+import importlib
 
 import numpy as np
 import pytest
 import torch
 
-from backend.attention import TorchAttention
-from backend.build import BackendConfig, create_engine
-from backend.cuda_graphs import StepGraphs
-from backend.eval_engine import sequence_logits
-from backend.fill_slots import FillSlots
-from backend.kv_cache import FILL_BLOCK_ENV
-from backend.sampler import SamplingParams
-from tests.backend_helpers import load_script
+from backend.engine.assemble import BackendConfig, create_engine
+from backend.kernels.reference.attention import TorchAttention
+from backend.kv.fill_slots import FillSlots
+from backend.kv.pools import FILL_BLOCK_ENV
+from backend.runner.cuda_graphs import StepGraphs
+from backend.runner.sampler import SamplingParams
+from evals.engine import sequence_logits
 
 # ---- the slot rules ------------------------------------------------------------------------------
 
@@ -105,7 +106,7 @@ def _teacher_forced(engine, tokens, first):
 
 
 def _experiment():
-    return load_script("kv_sinks_experiment")
+    return importlib.import_module("evals.kv_sinks")
 
 
 def test_served_decodes_read_the_last_block_at_full_precision(monkeypatch):

@@ -109,9 +109,9 @@ def test_kernel_ops_silu_mul_linear_dispatch(kind, monkeypatch):
     and a disabled switch take the unfused pair."""
     from torch import nn
 
-    from backend import kernel_dispatch as kd
+    from backend.kernels import dispatch as kd
     from backend.kernels import fp8_gemv as fg
-    from backend.quantization import Fp8Linear
+    from backend.model.quantization import Fp8Linear
 
     n, k = 24, 128
     torch.manual_seed(3)
@@ -302,9 +302,9 @@ def test_kernel_ops_add_rms_norm_linear_dispatch(kind, monkeypatch):
     shape without a config take the pair."""
     from torch import nn
 
-    from backend import kernel_dispatch as kd
+    from backend.kernels import dispatch as kd
     from backend.kernels import fp8_gemv as fg
-    from backend.quantization import Fp8Linear
+    from backend.model.quantization import Fp8Linear
 
     n, k = 24, 128
     torch.manual_seed(9)
@@ -359,12 +359,12 @@ def test_model_decode_with_fused_norm_gemv(kind, monkeypatch, tmp_path):
     """A bf16 model (hidden 64, two layers) on the kernel ops, every kernel in the interpreter:
     a one-row decode step with TIDEGATE_FUSED_NORM_GEMV on runs 2 fused GEMVs a layer and gives
     the hidden states of the switch off (same numbers); the prefill step never takes them."""
-    from backend import kernel_dispatch as kd
+    from backend.kernels import dispatch as kd
     from backend.kernels import fp8_gemv as fg
-    from backend.kv_cache import KVCache
-    from backend.loader import load
-    from backend.quantization import quantize_model
-    from backend.runner import ModelRunner
+    from backend.kv.pools import KVCache
+    from backend.model.loader import load
+    from backend.model.quantization import quantize_model
+    from backend.runner.step import ModelRunner
     from tests.backend_helpers import BlockAllocator, Chunk, make_checkpoint
 
     loaded = load(str(make_checkpoint(tmp_path, "gqa4_tied_rope4")), dtype="bfloat16")

@@ -1,4 +1,4 @@
-"""`python -m backend.engine_bench` end to end on the CPU (tiny preset): every section runs, the JSON has
+"""`python -m bench.engine.steps` end to end on the CPU (tiny preset): every section runs, the JSON has
 the documented keys, the profile JSON loads into the simulator's measured cost model."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from backend import engine_bench
+from bench.engine import steps as engine_bench
 
 
 def test_bench_cpu_end_to_end(tmp_path):

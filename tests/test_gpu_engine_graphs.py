@@ -1,4 +1,4 @@
-"""Decode CUDA graphs and the kernel path (backend.cuda_graphs, serving_setup, kernel_dispatch).
+"""Decode CUDA graphs and the kernel path (backend.runner.cuda_graphs, serving_setup, kernel_dispatch).
 
 CPU: the graph runner with its CPU stand-in (re-runs the captured function on the same static
 buffers) and the kernel path through the kernels' torch references must give the engine's
@@ -13,10 +13,15 @@ import dataclasses
 import pytest
 import torch
 
-from backend.build import BackendConfig, create_engine
-from backend.cuda_graphs import DEFAULT_BUCKETS, DEFAULT_TOKEN_BUCKETS, StepGraphs, parse_buckets
-from backend.kernel_dispatch import KernelAttention, install_kernels
-from backend.sampler import SamplingParams
+from backend.engine.assemble import BackendConfig, create_engine
+from backend.kernels.dispatch import KernelAttention, install_kernels
+from backend.runner.cuda_graphs import (
+    DEFAULT_BUCKETS,
+    DEFAULT_TOKEN_BUCKETS,
+    StepGraphs,
+    parse_buckets,
+)
+from backend.runner.sampler import SamplingParams
 from tests.backend_helpers import BlockAllocator, Chunk
 
 CUDA = torch.cuda.is_available()
@@ -134,7 +139,7 @@ def test_emulated_graphs_and_kernel_path_match_torch_engine(kv_cache_dtype):
     sampling, logprobs, batch sizes padded to decode buckets and mixed prefill+decode steps
     padded to token buckets (every step but those over 32 tokens replays a stand-in graph),
     for every KV format. Torch attention throughout (the C kernel's float sums differ)."""
-    from backend.attention import TorchAttention
+    from backend.kernels.reference.attention import TorchAttention
 
     def engine_():
         engine, _ = _engine(kv_cache_dtype=kv_cache_dtype)
@@ -187,8 +192,8 @@ def test_kernel_path_prefill_with_cached_prefix_matches_reference():
 
 
 def test_configure_serving_on_cpu_quantizes_and_keeps_eager():
-    from backend.quantization import QuantizationError
-    from backend.serving_setup import configure_serving
+    from backend.model.quantization import QuantizationError
+    from backend.runner.serving import configure_serving
 
     engine, _ = _engine()
     assert engine.runner.graphs is None  # the CPU path is unchanged
@@ -279,8 +284,8 @@ def gqa7_ckpt(tmp_path_factory):
 
 
 def _torch_path(runner):
-    from backend.attention import TorchAttention
-    from backend.ops import TORCH_OPS
+    from backend.kernels.reference.attention import TorchAttention
+    from backend.kernels.reference.ops import TORCH_OPS
 
     runner.graphs = None
     runner.model.ops = TORCH_OPS
@@ -399,7 +404,7 @@ def test_mixed_step_graph_logits_match_eager_bf16(gqa7_ckpt, kv_cache_dtype):
             Chunk("c", p[2][50:], 50, alloc.table("c", 70), True),
             Chunk("d", p[3], 0, alloc.table("d", 29), True)]
     # the same step twice: int4 keys' fill slots must see it as the same continuation both
-    # times (a repeated step is no continuation to them: backend.fill_slots)
+    # times (a repeated step is no continuation to them: backend.kv.fill_slots)
     fill_state = copy.deepcopy(runner.fill_slots)
     eager = runner.execute(step, keep_logits=True)
     runner.graphs = graphs

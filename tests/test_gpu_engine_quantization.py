@@ -1,4 +1,4 @@
-"""FP8 (E4M3, per-output-channel scales) weights as a model transform (backend.quantization).
+"""FP8 (E4M3, per-output-channel scales) weights as a model transform (backend.model.quantization).
 
 CPU: quantize/dequantize accuracy with torch's float8 dtype, the transform itself (every linear
 replaced, the bf16 weights gone), logits through the weight-only oracle, the clear error where
@@ -15,15 +15,15 @@ import pytest
 import torch
 from torch import nn
 
-from backend.build import BackendConfig, create_engine
+from backend.engine.assemble import BackendConfig, create_engine
 from backend.kernels.fp8_gemv import FP8_DTYPE, FP8_MAX
-from backend.quantization import (
+from backend.model.quantization import (
     Fp8Linear,
     QuantizationError,
     quantize_model,
     weight_bytes,
 )
-from backend.sampler import SamplingParams
+from backend.runner.sampler import SamplingParams
 from tests.backend_helpers import BlockAllocator, Chunk
 
 CUDA = torch.cuda.is_available()
@@ -96,8 +96,8 @@ def test_quantize_model_replaces_every_linear_and_tracks_bf16():
 
 def test_untied_lm_head_is_quantized_and_engine_serves():
     from backend.config import ModelConfig
-    from backend.loader import init_dummy_weights
-    from backend.model import LlamaModel
+    from backend.model.llama import LlamaModel
+    from backend.model.loader import init_dummy_weights
 
     cfg = dataclasses.replace(ModelConfig.from_preset("tiny"), tie_word_embeddings=False)
     model = LlamaModel(cfg, max_model_len=256)
@@ -139,9 +139,9 @@ MIN_FP8_AGREEMENT = 0.96
 def _heldout_sequences(tokenizer_path: Path, max_files: int = 10, max_len: int = 512):
     from tokenizers import Tokenizer
 
-    from backend.eval_data import load_heldout
+    from evals.data import load_heldout
 
-    # tiny-coder's held-out packages, where this environment has them (backend.eval_data)
+    # tiny-coder's held-out packages, where this environment has them (evals.data)
     heldout = load_heldout(TINY_CODER / "heldout_files.txt")
     tok = Tokenizer.from_file(str(tokenizer_path))
     seqs = []
@@ -212,8 +212,8 @@ def test_fp8_quality_on_tiny_coder_gpu():
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 def test_fp8_on_gpu_matches_bf16_and_graphs_match_eager():
-    from backend.cuda_graphs import StepGraphs
-    from backend.serving_setup import configure_serving
+    from backend.runner.cuda_graphs import StepGraphs
+    from backend.runner.serving import configure_serving
 
     engine, _ = create_engine(BackendConfig(model="tiny", device="cuda", dtype="bfloat16",
                                             num_blocks=128, block_size=16, max_num_seqs=32,
@@ -243,7 +243,7 @@ def test_fp8_on_gpu_matches_bf16_and_graphs_match_eager():
 
 @pytest.mark.skipif(CUDA, reason="checks the CPU refusal")
 def test_backend_cli_quantization_error_is_one_line(capsys):
-    from backend.cli import main
+    from backend.server.cli import main
 
     assert main(["--model", "tiny", "--quantization", "fp8", "--listen", "tcp://127.0.0.1:0"]) == 1
     err = capsys.readouterr().err

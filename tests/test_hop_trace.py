@@ -1,7 +1,7 @@
-"""bench.hop_trace's matching of per-process stamps to client requests (pure functions)."""
+"""bench.serving.hop_trace's matching of per-process stamps to client requests (pure functions)."""
 from __future__ import annotations
 
-from bench.hop_trace import HOPS, match, report
+from bench.serving.hop_trace import HOPS, match, report
 
 INNER = HOPS[1:-1]
 

@@ -1,4 +1,4 @@
-"""The host tier's block copies (backend.host_kv, backend.kernels.block_gather): whole blocks of
+"""The host tier's block copies (backend.kv.host_tier, backend.kernels.block_gather): whole blocks of
 every layer move as one batch, in queue order, bytes exact, for every KV format."""
 import os
 import subprocess
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from backend.config import ModelConfig
-from backend.host_kv import HostKVCache, copy_batches, host_runs
 from backend.kernels import block_gather as bg
-from backend.kv_cache import KVCache
+from backend.kv.host_tier import HostKVCache, copy_batches, host_runs
+from backend.kv.pools import KVCache
 
 TINY = ModelConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=64, rms_norm_eps=1e-6,
@@ -61,7 +61,7 @@ def test_runs_of_consecutive_host_blocks():
 def test_blocks_saved_and_loaded_back_are_byte_exact(fmt):
     kv = filled_cache(fmt, 12, "cpu")
     before = {b: block_bytes_of(kv, b) for b in range(12)}
-    host = HostKVCache(kv, 8)
+    host = HostKVCache(kv, 8, bg.BlockGather)
     # save 3, 7, 1 to host 5, 6, 0; then, in the same queue, load host 6 and 5 into 9 and 2 and
     # save 9 (now block 7's bytes) to host 3
     host.run([("d2h", 3, 5), ("d2h", 7, 6), ("d2h", 1, 0), ("h2d", 6, 9), ("h2d", 5, 2),
@@ -77,7 +77,7 @@ def test_blocks_saved_and_loaded_back_are_byte_exact(fmt):
 def _interpreted_gather_check():
     """Run in a TRITON_INTERPRET=1 process (Triton binds interpreted kernels at import)."""
     kv = filled_cache("int4-fp8", 6, "cpu", seed=1)
-    pools = HostKVCache(kv, 2).device_tensors
+    pools = HostKVCache(kv, 2, bg.BlockGather).device_tensors
     g = bg.BlockGather(pools)
     assert g.use_kernel
     ids = torch.tensor([4, 0, 5])
@@ -104,7 +104,7 @@ def test_gather_kernel_equals_the_reference_in_the_interpreter():
 def test_gpu_tier_round_trip_is_byte_exact_and_batched(fmt):
     kv = filled_cache(fmt, 40, "cuda")
     before = {b: block_bytes_of(kv, b) for b in range(40)}
-    host = HostKVCache(kv, 64)
+    host = HostKVCache(kv, 64, bg.BlockGather)
     assert host.gather.use_kernel
     # 20 blocks out (host 30..49, one run), back into 20..39 in reverse order
     host.run([("d2h", b, 30 + b) for b in range(20)])

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from backend.build import BackendConfig, create_engine
-from backend.sampler import SamplingParams
+from backend.engine.assemble import BackendConfig, create_engine
+from backend.runner.sampler import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=24, ignore_eos=True)
 SMALL = {"model": "tiny", "block_size": 4, "max_num_seqs": 4, "max_num_batched_tokens": 64, "max_model_len": 128}
@@ -115,7 +115,7 @@ def test_host_tier_needs_prefix_caching():
 def test_tier_counters_reach_the_load_report_and_metrics(reference):
     """What /metrics shows: the worker's LoadReport carries the tier's counters, and the gateway
     turns them into per-backend gauges (recompute vs swap preemptions, host hits, host usage)."""
-    from backend.worker import Worker
+    from backend.server.worker import Worker
     from gateway.prometheus_metrics import BackendLoad, GatewayMetrics
     from proto import tidegate_pb2 as pb
 

@@ -1,12 +1,12 @@
 """`TIDEGATE_INT4_LAYOUT` picks the int4 keys' layout for a whole process (the GPU runs that
-decide the default set it instead of editing `backend.kv_quant`): g16 gives 16-channel groups
+decide the default set it instead of editing `backend.kv.formats`): g16 gives 16-channel groups
 with fp16 scales in the same bytes as the default g32; anything else fails at import, loudly."""
 import os
 import subprocess
 import sys
 
 CODE = (
-    "from backend.kv_quant import QuantizedPages, INT4_GROUP\n"
+    "from backend.kv.formats import QuantizedPages, INT4_GROUP\n"
     "p = QuantizedPages('int4', 2, 16, 2, 128, 'cpu')\n"
     "print(INT4_GROUP, str(p.scale.dtype), tuple(p.scale.shape), p.data.nbytes + p.scale.nbytes,\n"
     "      sep='|')\n"

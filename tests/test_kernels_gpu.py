@@ -1,6 +1,6 @@
 """Triton kernels against their torch references on fresh random inputs (never zeros), odd sizes.
 
-Run on the H200: `pytest -m gpu tests/test_kernels_gpu.py` (scripts/gpu_kernels_check.py does).
+Run on the H200: `pytest -m gpu tests/test_kernels_gpu.py` (bench/kernels/gpu_check.py does).
 bf16 tolerance: ||out - ref|| / ||ref|| <= 1e-2 with fp32 accumulation on both sides.
 """
 from __future__ import annotations
@@ -55,7 +55,7 @@ from backend.kernels.rotary_kv import (
     write_kv_reference,
 )
 from backend.kernels.silu_mul import silu_and_mul, silu_and_mul_reference
-from backend.kv_quant import QuantizedPages
+from backend.kv.formats import QuantizedPages
 
 DEV = "cuda"
 BF16 = torch.bfloat16
@@ -558,7 +558,7 @@ def test_int4_fp16_scale_layout_on_the_gpu(heads, monkeypatch):
     """int4 keys in 16-channel groups with fp16 scales (kv_quant.INT4_SCALE_DTYPE, not the
     default yet): the fused write is bit-exact against the reference encoders, and both dot
     variants of the attention kernel read the pages like the reference."""
-    from backend import kv_quant
+    from backend.kv import formats as kv_quant
 
     monkeypatch.setattr(kv_quant, "INT4_GROUP", 16)
     monkeypatch.setattr(kv_quant, "INT4_SCALE_DTYPE", torch.float16)
@@ -587,7 +587,7 @@ def test_gemv_linear_dispatch():
     GEMV (close to F.linear), several rows stay on F.linear (bit for bit)."""
     from torch import nn
 
-    from backend.kernel_dispatch import GemvLinear, install_gemv
+    from backend.kernels.dispatch import GemvLinear, install_gemv
 
     torch.manual_seed(2)
     model = nn.Sequential(nn.Linear(7168, 7168, bias=False), nn.Linear(100, 7168, bias=False))
@@ -606,7 +606,7 @@ def test_gemv_linear_dispatch():
 @pytest.mark.parametrize("quant_f16", [True, False])
 @pytest.mark.parametrize("splits", [None, 1, 12])
 def test_int4_fill_rows_on_the_gpu(heads, quant_f16, splits):
-    """int4 keys with the block being filled in bf16 fill rows (backend.fill_slots): the
+    """int4 keys with the block being filled in bf16 fill rows (backend.kv.fill_slots): the
     attention kernel reads positions >= fill_lo from the rows, the rest from the codes, like
     the reference (decode and mixed tilings, split or not; rows unlike the codes, so the wrong
     source shows); the fused write stores exactly the rows the reference stores; a captured

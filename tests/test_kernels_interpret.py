@@ -19,7 +19,7 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from backend.kv_quant import QuantizedPages
+from backend.kv.formats import QuantizedPages
 
 FORMATS = {"auto": None, "fp8": ("fp8", "fp8"), "int4-fp8": ("int4", "fp8")}
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
@@ -161,7 +161,7 @@ def _raw(pool, slots):
 @pytest.mark.parametrize("head_dim", [32, 64, 128])
 def test_rotary_kv_write_quantizes_like_reference(kernels, fmt, head_dim):
     """Rotated q/k in place, and the page contents (codes and scales, bit for bit) equal the
-    reference rotary followed by `backend.kv_quant`'s encoders; a slot of -1 writes nothing."""
+    reference rotary followed by `backend.kv.formats`'s encoders; a slot of -1 writes nothing."""
     _, rk = kernels
     heads, kv_heads, block_size, num_blocks, tokens = 4, 2, 4, 8, 6
     gen = torch.Generator().manual_seed(head_dim + len(fmt))
@@ -210,7 +210,7 @@ def test_int4_fp16_scale_layout_write_and_attention(kernels, head_dim, monkeypat
     """int4 keys in 16-channel groups with fp16 scales (kv_quant.INT4_SCALE_DTYPE): the fused
     write encodes them bit for bit like the reference, and the attention kernel reads them
     (fp32 and fp16 dots, decode split and mixed steps) like the reference."""
-    from backend import kv_quant
+    from backend.kv import formats as kv_quant
 
     monkeypatch.setattr(kv_quant, "INT4_GROUP", 16)
     monkeypatch.setattr(kv_quant, "INT4_SCALE_DTYPE", torch.float16)
@@ -307,7 +307,7 @@ def _fill_meta(ctxs, block_size, num_slots, gen):
 @pytest.mark.parametrize("quant_f16", [False, True], ids=["fp32-dots", "fp16-dots"])
 @pytest.mark.parametrize("case", ATTN_CASES, ids=lambda c: f"q{c[4]}-ctx{c[5]}-s{c[6]}")
 def test_paged_attention_reads_the_block_being_filled(kernels, case, quant_f16):
-    """int4 keys with fill rows (backend.fill_slots): positions >= fill_lo of a sequence with a
+    """int4 keys with fill rows (backend.kv.fill_slots): positions >= fill_lo of a sequence with a
     slot come from its rows at full precision (here different from the codes, so reading the
     wrong one shows), the others from the codes: kernel = reference, split or not."""
     pa, _ = kernels

@@ -342,9 +342,9 @@ def test_fresh_prompts_sdpa_matches_paged_reference(monkeypatch, enable_gqa, qle
     paged reference reading the same k/v back from the pages; GQA 7 (kv heads expanded, or
     SDPA's own GQA); padding rows zero; one prompt filling the step (SDPA's own output may be
     returned without a copy)."""
-    from backend import kernel_dispatch
-    from backend.attention import write_kv
-    from backend.kernel_dispatch import fresh_prompts_sdpa
+    from backend.kernels import dispatch as kernel_dispatch
+    from backend.kernels.dispatch import fresh_prompts_sdpa
+    from backend.kernels.reference.attention import write_kv
 
     monkeypatch.setattr(kernel_dispatch, "SDPA_ENABLE_GQA", enable_gqa)
 

@@ -1,8 +1,8 @@
-"""Capacity per KV format (backend.kv_capacity) against the closed form of the pool arithmetic."""
+"""Capacity per KV format (backend.kv.sizing) against the closed form of the pool arithmetic."""
 import pytest
 
 from backend.config import ModelConfig
-from backend.kv_capacity import kv_capacity
+from backend.kv.sizing import kv_capacity
 
 
 def test_bf16_capacity_is_the_closed_form():

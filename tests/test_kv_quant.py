@@ -15,12 +15,16 @@ Documented tolerances (fixed seeds; what the formats guarantee, with margin wher
 import pytest
 import torch
 
-from backend.attention import TorchAttention, decode_attention, prefill_attention, write_kv
-from backend.build import BackendConfig, create_engine, size_kv_pool
 from backend.config import ModelConfig
+from backend.engine.assemble import BackendConfig, create_engine, size_kv_pool
 from backend.errors import ModelLoadError
-from backend.kv_cache import FILL_BLOCK_ENV, KV_CACHE_DTYPES, KVCache, block_bytes, fill_bytes
-from backend.kv_quant import (
+from backend.kernels.reference.attention import (
+    TorchAttention,
+    decode_attention,
+    prefill_attention,
+    write_kv,
+)
+from backend.kv.formats import (
     FORMATS,
     QuantizedPages,
     dequantize_fp8,
@@ -29,7 +33,8 @@ from backend.kv_quant import (
     quantize_fp8,
     quantize_int4,
 )
-from backend.sampler import SamplingParams
+from backend.kv.pools import FILL_BLOCK_ENV, KV_CACHE_DTYPES, KVCache, block_bytes, fill_bytes
+from backend.runner.sampler import SamplingParams
 from tests.backend_helpers import make_checkpoint
 
 QUANT = ("fp8", "int4-fp8")
@@ -79,7 +84,7 @@ def test_int4_fp16_scales_in_16_channel_groups(d, monkeypatch):
     """The finer int4 key layout (16-channel groups, fp16 scales): the bytes of today's layout,
     scales exactly fp16 and floored at fp16's smallest normal, codes computed from the rounded
     scale (so the half-step error bound holds for it), and a smaller error with outliers."""
-    from backend import kv_quant
+    from backend.kv import formats as kv_quant
 
     x = _data((257, 4, d), seed=3)
     coarse_bytes = kv_quant.token_head_bytes("int4", d)
@@ -207,8 +212,8 @@ def ckpt(tmp_path_factory):
 
 
 def test_pool_sizing_by_format(ckpt, monkeypatch):
-    from backend import build
-    from backend.loader import load
+    from backend.engine import assemble as build
+    from backend.model.loader import load
 
     loaded = load(str(ckpt), "auto", "bfloat16", "cpu", 0, None)
     monkeypatch.setattr(build, "available_memory", lambda device: 64 << 20)
@@ -225,8 +230,8 @@ def test_pool_sizing_by_format(ckpt, monkeypatch):
 def test_pool_sizing_leaves_room_for_the_fill_rows(ckpt, monkeypatch):
     """int4 keys keep each running sequence's block being filled in the model dtype (one slot
     per sequence, plus one): that memory comes out of the pool, and nothing else does."""
-    from backend import build
-    from backend.loader import load
+    from backend.engine import assemble as build
+    from backend.model.loader import load
 
     loaded = load(str(ckpt), "auto", "bfloat16", "cpu", 0, None)
     monkeypatch.setattr(build, "available_memory", lambda device: 64 << 20)
@@ -247,9 +252,9 @@ def test_config_rejects_unknown_format(ckpt):
 
 
 def test_eval_and_cli_accept_the_formats():
-    from backend.cli import serve_parser
-    from backend.engine_args import backend_config
-    from backend.eval_engine import EngineSettings, check_settings, supported_kv_cache_dtypes
+    from backend.engine.args import backend_config
+    from backend.server.cli import serve_parser
+    from evals.engine import EngineSettings, check_settings, supported_kv_cache_dtypes
 
     assert supported_kv_cache_dtypes() == ("auto", "fp8", "int4-fp8")
     for f in QUANT:
@@ -293,7 +298,7 @@ def test_quantized_kv_on_the_kernel_path_matches_reference(ckpt):
     """On CUDA a quantized pool stays on the Triton kernels (they read and write fp8 / int4-fp8
     pages); on the CPU the same kernel objects run their references and must serve the tokens
     the reference attention serves."""
-    from backend.kernel_dispatch import install_kernels
+    from backend.kernels.dispatch import install_kernels
 
     outs = []
     for kernels in (False, True):

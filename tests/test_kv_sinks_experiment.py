@@ -1,4 +1,6 @@
-"""scripts/kv_sinks_experiment.py (issue 12's attention-sinks question) measures what it says:
+import importlib
+
+"""evals/kv_sinks.py (issue 12's attention-sinks question) measures what it says:
 keeping every key at full precision through its wrapper must give the unquantized cache's
 perplexity, and keeping none must give plain int4-fp8's."""
 from argparse import Namespace
@@ -6,14 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.backend_helpers import load_script
-
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CODER = ROOT / "models" / "tiny-coder"
 
 
 def _experiment():
-    return load_script("kv_sinks_experiment")
+    return importlib.import_module("evals.kv_sinks")
 
 
 @pytest.mark.skipif(not (TINY_CODER / "config.json").exists(), reason="needs models/tiny-coder")
@@ -35,7 +35,7 @@ def test_all_keys_kept_equals_the_unquantized_cache():
 
 @pytest.mark.skipif(not (TINY_CODER / "config.json").exists(), reason="needs models/tiny-coder")
 def test_the_built_fill_rows_give_the_quality_the_experiment_measured():
-    """The engine's own fill rows (backend.fill_slots, on by default for int4-fp8) against the
+    """The engine's own fill rows (backend.kv.fill_slots, on by default for int4-fp8) against the
     experiment's wrapper that put full-precision keys back for the current block: the same
     perplexity (fp32 model: the same keys), and better than plain int4-fp8."""
     exp = _experiment()
@@ -51,8 +51,8 @@ def test_the_built_fill_rows_give_the_quality_the_experiment_measured():
 def test_int4_layouts_change_the_reference_codec_for_one_run_only():
     import torch
 
-    from backend import kv_quant
-    from backend.kv_quant import QuantizedPages
+    from backend.kv import formats as kv_quant
+    from backend.kv.formats import QuantizedPages
 
     exp = _experiment()
     assert exp.parse_variant("int4+g16+h")[3:] == (16, True)

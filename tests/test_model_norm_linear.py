@@ -6,9 +6,9 @@ one-row steps on the Triton path; tests/test_gemv_interpret.py checks it there).
 import pytest
 import torch
 
-from backend.kv_cache import KVCache
-from backend.loader import load
-from backend.runner import ModelRunner
+from backend.kv.pools import KVCache
+from backend.model.loader import load
+from backend.runner.step import ModelRunner
 from tests.backend_helpers import BlockAllocator, Chunk, make_checkpoint
 
 BLOCK = 4
@@ -68,7 +68,7 @@ def test_forward_equals_the_unfused_loop(loaded):
 
 
 def test_kernel_ops_fused_norm_switch_is_inert_on_cpu(loaded, monkeypatch):
-    from backend import kernel_dispatch as kd
+    from backend.kernels import dispatch as kd
 
     model, config = loaded.model, loaded.config
     ops0, attn0 = model.ops, model.attn

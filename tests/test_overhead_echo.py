@@ -8,11 +8,11 @@ import threading
 import pytest
 from test_gateway_http import ipc_address, make_config
 
-from backend.build import BackendConfig, create_engine
-from backend.echo import EchoEngine, EchoLoaded
-from backend.engine import EngineConfig
-from backend.sampler import SamplingParams
-from backend.worker import Worker
+from backend.engine.assemble import BackendConfig, create_engine
+from backend.engine.continuous import EngineConfig
+from backend.engine.echo import EchoEngine, EchoLoaded
+from backend.runner.sampler import SamplingParams
+from backend.server.worker import Worker
 from gateway.app import create_app
 from gateway.client import AsyncClient, InvalidRequestError
 from gateway.frontdoor import frontdoor_ctx

@@ -157,9 +157,9 @@ def test_bad_values_are_refused():
 
 
 def test_backend_flags_reach_the_engine_config():
-    from backend.cli import serve_parser
-    from backend.engine_args import backend_config
+    from backend.engine.args import backend_config
     from backend.errors import ModelLoadError
+    from backend.server.cli import serve_parser
 
     ns = serve_parser().parse_args(["--max-prefill-tokens-while-decoding", "256",
                                     "--prefill-backlog-seqs", "6"])
@@ -207,10 +207,10 @@ def test_engine_with_the_cap_gives_the_same_greedy_tokens(graphs):
     whole budget)."""
     import torch
 
-    from backend.attention import TorchAttention
-    from backend.build import BackendConfig, create_engine
-    from backend.cuda_graphs import StepGraphs
-    from backend.sampler import SamplingParams
+    from backend.engine.assemble import BackendConfig, create_engine
+    from backend.kernels.reference.attention import TorchAttention
+    from backend.runner.cuda_graphs import StepGraphs
+    from backend.runner.sampler import SamplingParams
 
     def engine(cap: PrefillCap):
         e, _ = create_engine(BackendConfig(model="tiny", num_blocks=64, block_size=4, max_num_seqs=6,

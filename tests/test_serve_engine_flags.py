@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.cli import serve_parser as backend_parser
-from backend.engine_args import backend_config
+from backend.engine.args import backend_config
+from backend.server.cli import serve_parser as backend_parser
 from gateway.serve import build_parser as serve_parser
 from gateway.serve import embedded_backend_argv
 

@@ -1,4 +1,4 @@
-"""The serving benchmark (`bench/serving_suite.py`): what it computes from a step log is checked
+"""The serving benchmark (`bench/serving/suite.py`): what it computes from a step log is checked
 against hand-made logs with known answers, and one tiny end-to-end run on the CPU checks that the
 client's numbers and the backend's step log come out of the same run."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.serving_suite import WORKLOADS, issue11_goals, run_seed, step_model, step_summary
+from bench.serving.suite import WORKLOADS, issue11_goals, run_seed, step_model, step_summary
 
 ROOT = Path(__file__).parents[1]
 
@@ -78,7 +78,7 @@ def test_issue11_goals_compare_with_the_issue_bounds():
 @pytest.mark.slow
 def test_suite_end_to_end_on_the_cpu(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "bench.serving_suite", "--out", str(tmp_path), "--workloads", "tiny",
+        [sys.executable, "-m", "bench.serving.suite", "--out", str(tmp_path), "--workloads", "tiny",
          "--config", "a=@short_burst,short_burst", "--startup-timeout", "120",
          "--", "--model", "tiny", "--load-format", "dummy", "--device", "cpu",
          "--cpu-threads", "1"], cwd=ROOT, capture_output=True, text=True, timeout=400,

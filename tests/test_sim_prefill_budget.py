@@ -1,10 +1,8 @@
-"""scripts/sim_prefill_budget.py (issue 11's prefill-cap study): its cost model from live step
+"""bench/simulator/prefill_budget.py (issue 11's prefill-cap study): its cost model from live step
 logs recovers a known step-time law exactly (closed form), charges a step for its graph bucket,
 and takes decode steps from the window it is given; the study runs end to end."""
 import gzip
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,13 +12,9 @@ BUCKETS = [16, 32, 64, 128, 256, 320, 384, 512]
 
 
 def _study():
-    name = "sim_prefill_budget_script"
-    if name not in sys.modules:  # its dataclasses look their module up by name
-        spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / "sim_prefill_budget.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
+    from bench.simulator import prefill_budget
+
+    return prefill_budget
 
 
 def _bucket_ms(b: int) -> float:  # a weight-bound floor, then compute-bound

@@ -123,7 +123,7 @@ def test_unknown_command_and_bad_model(capsys):
 def test_prefix_caching_flag_defaults_to_auto_and_validate_forces_on(tmp_path):
     import argparse
 
-    from bench.sim_validate import sim_spec
+    from bench.simulator.validate import sim_spec
     from sims.options import add_run_args, parse_with_config, spec_from_args
 
     def spec(*argv):

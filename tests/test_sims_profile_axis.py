@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from backend import profile as bprofile
+from bench.engine import profile as bprofile
 from sims.profile_cost import ProfileCost
 
 # "true" step time of the synthetic backend, seconds: fixed + per decode + per token + KV read
@@ -139,7 +139,7 @@ def test_step_shapes_and_points():
 
 @pytest.mark.filterwarnings("ignore:profile. residual interpolation disabled")  # 7 points in 5-d
 def test_tiny_profile_on_cpu_writes_the_new_axis(tmp_path):
-    from backend.cli import main
+    from backend.server.cli import main
 
     out = tmp_path / "profile.json"
     rc = main(["profile", "--model", "tiny", "--device", "cpu", "--num-blocks", "64", "--max-num-seqs", "8",

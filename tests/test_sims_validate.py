@@ -19,7 +19,7 @@ import math
 import numpy as np
 import pytest
 
-from bench import sim_validate as validate
+from bench.simulator import validate
 from sims.profile_cost import ProfileCost
 
 
@@ -172,8 +172,8 @@ def test_mixed_shape_lengths_are_the_same_live_and_simulated():
 def test_async_plan_lead_follows_the_engines_loop():
     """CPU: the synchronous loop (None). CUDA: the launch deadline's lead, twice the profile's
     decode launch time + the engine's 1 ms slack (issue 18)."""
-    from backend.engine import LAUNCH_SLACK_S
-    from bench.sim_validate import async_plan_lead
+    from backend.engine.continuous import LAUNCH_SLACK_S
+    from bench.simulator.validate import async_plan_lead
 
     pts = [{"num_decode_seqs": d, "num_prefill_tokens": p, "launch_ms_median": ms}
            for d, p, ms in ((1, 0, 0.4), (8, 0, 0.6), (16, 0, 0.5), (0, 512, 3.0))]
@@ -188,7 +188,7 @@ def test_profile_pause_defaults_to_the_device():
     power-capped on the H200), the CPU without; an explicit value wins."""
     from types import SimpleNamespace
 
-    from bench.sim_validate import CUDA_PROFILE_PAUSE_MS, profile_pause_ms
+    from bench.simulator.validate import CUDA_PROFILE_PAUSE_MS, profile_pause_ms
 
     assert profile_pause_ms(SimpleNamespace(profile_pause_ms=None, device="cuda")) == CUDA_PROFILE_PAUSE_MS
     assert profile_pause_ms(SimpleNamespace(profile_pause_ms=None, device="cpu")) == 0.0
@@ -198,7 +198,7 @@ def test_profile_pause_defaults_to_the_device():
 def test_the_simulator_gets_the_live_backends_prefill_cap():
     """A CUDA backend caps prefill while decoding by default (the simulator's default is off):
     `sim validate` hands the simulator the cap the live backend runs with."""
-    from bench import sim_validate as validate
+    from bench.simulator import validate
     from scheduler.capacity import CUDA_PREFILL_CAP_TOKENS, PrefillCap
 
     assert validate.live_prefill_cap("cpu", []) == PrefillCap()

@@ -1,23 +1,15 @@
-"""The soak's CI form (issue 13): two minutes of scripts/soak.py's mixed load (HTTP streams,
+"""The soak's CI form (issue 13): two minutes of bench/reliability/soak.py's mixed load (HTTP streams,
 plain requests, client drops, 400s, ZMQ generate and abort) through `tidegate serve`. Once the
 load stops the gateway must be back where it started: the same asyncio tasks and file
 descriptors, no front-door request open, every backend KV block free; and its memory must not
 have grown over the run. The 30-minute run and its plot: RELIABILITY.md."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "soak.py"
-
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("tidegate_soak", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    from bench.reliability import soak
+
+    return soak
 
 
 async def test_two_minute_soak_leaves_nothing_behind():

@@ -2,9 +2,9 @@
 requests before the same steps, run the same steps — which requests prefill in which chunks at
 which step, how many decode, who is preempted.
 
-The live side is the real `backend.engine.Engine` (a small random checkpoint on the CPU, its own
+The live side is the real `backend.engine.continuous.Engine` (a small random checkpoint on the CPU, its own
 StepScheduler, KV pool and sampler; `ignore_eos`, so lengths are max_tokens), its plans recorded by
-`backend.step_log.StepLog` (what `--step-log` writes). The simulated side is the whole event loop
+`backend.server.step_log.StepLog` (what `--step-log` writes). The simulated side is the whole event loop
 (`sims.decision_replay.replay_run` with `record_steps`): batcher with no window, a 10 ms constant
 step, each request arriving half a step before the step the engine admitted it at; the backend
 never idles, so step k starts at t0 + k * 10 ms, which the test checks first. The pool is small
@@ -16,10 +16,10 @@ import random
 
 import pytest
 
-from backend.build import BackendConfig, create_engine
-from backend.sampler import SamplingParams
-from backend.step_log import StepLog
-from bench.decision_fidelity import compare_steps
+from backend.engine.assemble import BackendConfig, create_engine
+from backend.runner.sampler import SamplingParams
+from backend.server.step_log import StepLog
+from bench.simulator.decision_fidelity import compare_steps
 from scheduler.batcher import BatcherConfig
 from scheduler.decisions import ArrivalRecord, StepRecord, read_steps
 from sims.adapters import SimSchedulerConfig

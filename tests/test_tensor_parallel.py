@@ -1,4 +1,4 @@
-"""Tensor parallelism on the CPU: 2 processes over gloo (backend.tensor_parallel).
+"""Tensor parallelism on the CPU: 2 processes over gloo (backend.server.ranks).
 
 TP=2 must give the TP=1 logits (fp32, up to summation order) on test checkpoints that cover
 split KV heads, replicated KV heads (one KV head, two ranks), tied and untied LM heads, an odd
@@ -19,9 +19,9 @@ from unittest.mock import patch
 import pytest
 import torch
 
-from backend.build import BackendConfig
 from backend.config import ConfigError, ModelConfig
-from backend.tensor_parallel.sharding import Shard, check_tp_size
+from backend.distributed.sharding import Shard, check_tp_size
+from backend.engine.assemble import BackendConfig
 from tests.backend_helpers import (
     CHECKPOINTS,
     BlockAllocator,
@@ -98,7 +98,7 @@ def test_sizes_that_do_not_split_the_model_are_refused():
 def test_the_step_plan_reaches_a_follower_as_sent():
     """Block tables travel as deltas; what a follower rebuilds is what rank 0 planned, through
     growth, a request leaving and coming back, and a table rebuilt after preemption."""
-    from backend.tensor_parallel.steps import PlanDecoder, PlanEncoder
+    from backend.server.rank_steps import PlanDecoder, PlanEncoder
 
     enc, dec = PlanEncoder(block_size=4), PlanDecoder()
     tables = {"a": [7, 3], "b": [9]}
@@ -177,10 +177,10 @@ def _backend_config(path: Path, overrides: dict, device: str = "cpu") -> Backend
 def _rank_main(rank: int, port: int, cases: dict, results, device: str = "cpu") -> None:
     """One rank of the 2-rank job: every case in turn, rank 0 leading as in serving. On CUDA
     (NCCL) the runner captures decode and mixed-step graphs, collectives inside."""
-    from backend.quantization import quantize_model
-    from backend.tensor_parallel.group import Rendezvous, TPGroup
-    from backend.tensor_parallel.ranks import ServingOptions, build_rank
-    from backend.tensor_parallel.steps import LeaderRunner, follow
+    from backend.distributed.group import Rendezvous, TPGroup
+    from backend.model.quantization import quantize_model
+    from backend.server.rank_steps import LeaderRunner, follow
+    from backend.server.ranks import ServingOptions, build_rank
 
     try:
         dev = torch.device("cpu") if device == "cpu" else torch.device("cuda", rank)
@@ -224,8 +224,8 @@ def _tier_config(path: Path, **kw) -> BackendConfig:
 def _host_tier_rank(rank: int, group, results, path: Path) -> None:
     """The host tier's scenario of tests/test_host_kv_tier.py at TP=2: a pool small enough that
     sequences are swapped out to host memory and come back."""
-    from backend.tensor_parallel.ranks import ServingOptions, build_rank, leader_engine
-    from backend.tensor_parallel.steps import follow
+    from backend.server.rank_steps import follow
+    from backend.server.ranks import ServingOptions, build_rank, leader_engine
     from tests.test_host_kv_tier import prompts, serve
 
     cfg = _tier_config(path, num_blocks=40, host_kv_gib=0.0005)
@@ -244,9 +244,9 @@ def _host_tier_rank(rank: int, group, results, path: Path) -> None:
 
 
 def _tp1_logits(path: Path, overrides: dict, fp8: bool, device: str = "cpu") -> list[torch.Tensor]:
-    from backend.build import create_engine
-    from backend.quantization import quantize_model
-    from backend.serving_setup import configure_serving
+    from backend.engine.assemble import create_engine
+    from backend.model.quantization import quantize_model
+    from backend.runner.serving import configure_serving
 
     engine, loaded = create_engine(_backend_config(path, overrides, device))
     if device != "cpu":
@@ -300,7 +300,7 @@ def tp2_logits(checkpoints):
 def test_tp2_host_tier_swaps_and_gives_the_unpreempted_greedy_tokens(checkpoints, tp2_logits):
     """Every rank copies its slice of the same blocks (a follower that skipped the copies, or
     zeroed the blocks it brought back, fails this)."""
-    from backend.build import create_engine
+    from backend.engine.assemble import create_engine
     from tests.test_host_kv_tier import prompts, serve
 
     engine, _ = create_engine(_tier_config(checkpoints["gqa1_untied_oddvocab"], num_blocks=256))

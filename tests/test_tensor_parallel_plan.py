@@ -1,4 +1,4 @@
-"""The simulator's tensor-parallel terms match what backend.tensor_parallel runs (closed form):
+"""The simulator's tensor-parallel terms match what backend.server.ranks runs (closed form):
 per step 2 all-reduces per layer + 1 for the vocabulary-parallel embedding + the logits'
 all-gather; with fewer KV heads than GPUs each GPU holds a copy of one KV head."""
 from __future__ import annotations

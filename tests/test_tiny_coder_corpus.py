@@ -1,11 +1,10 @@
-"""tiny-coder's corpus rules and FIM documents (scripts/build_tiny_coder_corpus.py,
-scripts/train_tiny_coder.py prepare): licences, de-duplication, held-out packages, FIM layout."""
+"""tiny-coder's corpus rules and FIM documents (training/corpus.py,
+training/train.py prepare): licences, de-duplication, held-out packages, FIM layout."""
 from __future__ import annotations
 
 import email.message
 import importlib.util
 import random
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,11 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _module(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module({"build_tiny_coder_corpus": "training.corpus",
+                                    "train_tiny_coder": "training.train"}[name])
 
 
 @pytest.fixture(scope="module")

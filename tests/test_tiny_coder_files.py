@@ -1,4 +1,4 @@
-"""The shipped tiny-coder model directory (models/tiny-coder, made by scripts/train_tiny_coder.py)."""
+"""The shipped tiny-coder model directory (models/tiny-coder, made by training/train.py)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ agreement, and code completion through the embedded gateway (CPU; a few minutes)
     rows of decode steps (teacher-forced, `runner.execute(keep_logits=True)`).
 
 (b) Bits per byte. `tidegate eval code --files-sample 8` (8 of the 198 held-out files of the
-    held-out packages, evenly spaced over the list; see backend/eval_code.py) must be at most
+    held-out packages, evenly spaced over the list; see evals/code.py) must be at most
     GZIP_FACTOR (0.6, the issue's goal) x gzip -9 of the same 8 files, and within BPB_TOLERANCE
     (25%) of the training script's figure over all 198 files (metrics.json: 0.8242; measured on
     the 8: 0.8065 against gzip -9 2.3123). The random `tiny` preset scores ~8 bits/byte.
@@ -26,7 +26,7 @@ agreement, and code completion through the embedded gateway (CPU; a few minutes)
 (e) Completion. `tidegate serve` with no model (the embedded default: models/tiny-coder on the
     CPU) completes HEADERS greedily as a code-completion client would (HumanEval-style:
     max_tokens 256, the API's `stop` = the usual stop strings); a completion counts when
-    `backend.eval_completion.judge_header` parses it (cut at the first line back at the
+    `evals.completion.judge_header` parses it (cut at the first line back at the
     header's indentation). Measured 2/8 through the engine (`tidegate eval code`; old protocol,
     64 tokens: 1/8; v1 of the model: 6/8 on the old one): five of the six failures are
     reStructuredText docstrings that fall into a repeating doctest loop and never close.
@@ -72,8 +72,8 @@ def metrics() -> dict:
 def test_logits_match_transformers():
     from transformers import LlamaForCausalLM
 
-    from backend.eval_data import default_heldout_list, encode_doc, load_heldout
-    from backend.eval_engine import (
+    from evals.data import default_heldout_list, encode_doc, load_heldout
+    from evals.engine import (
         EngineSettings,
         EngineShape,
         build_engine,
@@ -107,8 +107,8 @@ def test_logits_match_transformers():
 # ---- (b) held-out bits per byte, FIM ---------------------------------------------------------
 
 def test_heldout_bits_per_byte_beats_gzip():
-    from backend import eval_code
-    from backend.eval_engine import EngineSettings
+    from evals import code as eval_code
+    from evals.engine import EngineSettings
 
     ho = metrics()["heldout"]
     r = eval_code.run(str(MODEL), EngineSettings(dtype="float32"), files_sample=SAMPLE_FILES,
@@ -121,8 +121,8 @@ def test_heldout_bits_per_byte_beats_gzip():
     assert abs(r["bits_per_byte"] - ho["bits_per_byte"]) <= BPB_TOLERANCE * ho["bits_per_byte"]
     # random weights (the byte-level `tiny` preset) predict ~uniformly over 259 ids: ~8 bits/byte
     # (on the first 1,000 characters of one held-out file: its tokens are bytes, and many)
-    from backend.eval_data import default_heldout_list, load_heldout
-    from backend.eval_engine import EngineShape, build_engine
+    from evals.data import default_heldout_list, load_heldout
+    from evals.engine import EngineShape, build_engine
 
     path, text = load_heldout(default_heldout_list(str(MODEL)), max_files=1).files[0]
     engine, loaded = build_engine("tiny", EngineSettings(), EngineShape(max_model_len=1100))
@@ -131,8 +131,8 @@ def test_heldout_bits_per_byte_beats_gzip():
 
 
 def test_fim_exact_line():
-    from backend import eval_code
-    from backend.eval_engine import EngineSettings
+    from evals import code as eval_code
+    from evals.engine import EngineSettings
 
     r = eval_code.run(str(MODEL), EngineSettings(dtype="float32"), fim_n=FIM_CASES,
                       parts=("fim",), progress=False)["fim"]
@@ -146,8 +146,8 @@ def test_fim_exact_line():
 # ---- (c) agreement -------------------------------------------------------------------------------
 
 def test_agreement_self_and_bfloat16():
-    from backend import eval as ev
-    from backend.eval_engine import EngineSettings
+    from evals import cli as ev
+    from evals.engine import EngineSettings
 
     f32, bf16 = EngineSettings(dtype="float32"), EngineSettings(dtype="bfloat16")
     kw = {"num_prompts": 8, "prompt_len": 64, "max_tokens": 16, "progress": False}
@@ -182,7 +182,7 @@ def gateway():
 
 
 def complete(url: str, model: str, prompt: str) -> dict:
-    from backend.eval_completion import HEADER_TOKENS, STOP_STRINGS
+    from evals.completion import HEADER_TOKENS, STOP_STRINGS
 
     body = json.dumps({"model": model, "prompt": prompt, "max_tokens": HEADER_TOKENS,
                        "stop": list(STOP_STRINGS), "temperature": 0}).encode()
@@ -193,8 +193,8 @@ def complete(url: str, model: str, prompt: str) -> dict:
 
 
 def test_embedded_default_completes_parsable_functions(gateway):
-    from backend.eval_code import HEADERS
-    from backend.eval_completion import judge_header
+    from evals.code import HEADERS
+    from evals.completion import judge_header
 
     assert gateway["model"] == "tiny-coder"  # the embedded default picked the trained model
     with ThreadPoolExecutor(len(HEADERS)) as pool:

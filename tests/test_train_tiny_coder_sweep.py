@@ -1,8 +1,7 @@
-"""scripts/train_tiny_coder.py `sweep` (candidate shapes chosen by validation loss) and `card`
+"""training/train.py `sweep` (candidate shapes chosen by validation loss) and `card`
 (the engine section rendered from eval.json), on the CPU with microscopic shapes and a few steps."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import random
@@ -16,16 +15,13 @@ pytest.importorskip("tokenizers")
 torch = pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "train_tiny_coder.py"
 CANDIDATES = ["1x32x64/2/1", "2x32x64/2/1", "1x48x96/2/1"]
 
 
 def _trainer():
-    spec = importlib.util.spec_from_file_location("train_tiny_coder", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["train_tiny_coder"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    from training import train
+
+    return train
 
 
 def _python_file(rng: random.Random, i: int) -> str:
@@ -43,7 +39,7 @@ def _python_file(rng: random.Random, i: int) -> str:
 
 def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "training.train", *args], capture_output=True, text=True,
                        env=env, timeout=600, check=False)
     if check:
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

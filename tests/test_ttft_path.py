@@ -1,11 +1,11 @@
-"""bench.ttft_path: one request's TTFT split across the client, gateway and backend logs."""
+"""bench.serving.ttft_path: one request's TTFT split across the client, gateway and backend logs."""
 from __future__ import annotations
 
 import math
 
 import pytest
 
-from bench.ttft_path import decompose
+from bench.serving.ttft_path import decompose
 from scheduler.decisions import ArrivalRecord, BatchRecord
 from sims.metrics import RequestRecord
 

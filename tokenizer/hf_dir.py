@@ -1,7 +1,7 @@
 """A Hugging Face model directory's tokenizer, read without torch: `tokenizer.json`,
 `tokenizer_config.json` (chat_template, bos/eos tokens; a `chat_template.jinja` file wins when
 present), `generation_config.json` / `config.json` eos ids. The backend loads its model's this way
-(`backend.tokenizer_loader`), and the gateway loads the one it gives HTTP backends
+(`backend.model.tokenizer`), and the gateway loads the one it gives HTTP backends
 (`tidegate serve --tokenizer DIR`). Problems raise `TokenizerFileError` (a ValueError).
 """
 from __future__ import annotations

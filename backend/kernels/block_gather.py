@@ -1,5 +1,5 @@
 """Whole KV blocks of every layer's pool tensors, gathered into one block-major staging buffer
-(and scattered back) in a single launch: the host tier's copies (backend.host_kv).
+(and scattered back) in a single launch: the host tier's copies (backend.kv.host_tier).
 
     pools   T tensors, each contiguous with the block index first (a layer's K or V pool, or a
             quantized pool's codes / scales); tensor t's block row is row_bytes[t] bytes

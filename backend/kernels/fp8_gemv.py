@@ -13,7 +13,7 @@ fill the chip, K is split and a second small kernel sums the fp32 partials:
 
 Large M (prefill, big batches) goes to torch._scaled_mm with row-wise scales after a per-token
 fp8 quantization of x (W8A8: the activation rounding is that path's own small error). The switch
-is FP8_GEMV_MAX_M, set from the H200 measurement in scripts/gpu_kernels_check.py.
+is FP8_GEMV_MAX_M, set from the H200 measurement in bench/kernels/gpu_check.py.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ from backend.kernels.triton_utils import (
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
 # The Triton GEMV serves M <= FP8_GEMV_MAX_M; larger M goes to torch._scaled_mm. Measured on the
-# H200 (scripts/gpu_kernels_check.py, CUDA-graph timing, 33B qkv+o+gate_up+down per layer): the
+# H200 (bench/kernels/gpu_check.py, CUDA-graph timing, 33B qkv+o+gate_up+down per layer): the
 # GEMV is faster than per-token quant + _scaled_mm up to M = 32 (280 vs 292 us), slower at 64
 # (351 vs 257 us).
 FP8_GEMV_MAX_M = 32
@@ -65,7 +65,7 @@ class GemvConfig:
 # FMA kernel (no tensor cores) serves M <= FMA_MAX_M; rows beyond that need the dot kernel.
 FMA_MAX_M = 4
 # Per-M choice, first entry whose max_m >= M wins; the last entry covers every larger M. Set from
-# the H200 sweep in scripts/gpu_kernels_check.py (each config checked against the oracle there),
+# the H200 sweep in bench/kernels/gpu_check.py (each config checked against the oracle there),
 # layer = qkv+o+gate_up+down of the 33B model: M <= 2 FMA 32x256 (M=1: 219.8 us, next best
 # 16x512 228.5 us; register prefetch measured slower, 249-341 us); M 4..16 dot 128x128x8 warps
 # (261-266 us, 64x128 within 3%).
@@ -75,7 +75,7 @@ GEMV_CONFIGS: tuple[tuple[int, GemvConfig], ...] = (
 )
 DEFAULT_GEMV_CONFIG = GEMV_CONFIGS[-1][1]
 # Per weight shape (N, K) at M = 1 (one decoding sequence, where FP8 must beat bf16 most), run by
-# `_gemv_row_kernel`. From the H200 sweeps of scripts/fp8_gemv_sweep.py (graph replays with the
+# `_gemv_row_kernel`. From the H200 sweeps of bench/kernels/fp8_gemv_sweep.py (graph replays with the
 # L2 cleared). 2026-12-02: thin tiles, one warp, no K split beat the per-M config (layer 218 ->
 # 189 us). 2026-12-03 (bench/results/kern_h200_s3/): per-tile row sums (`row_sum_each`: 124 -> 64
 # registers for a 2 x 1024 tile) let 1-2 warp programs take 4-8 rows of 1024: qkv 31.3 -> 27.2
@@ -96,7 +96,7 @@ GEMV_M1_SHAPE_CONFIGS: dict[tuple[int, int], GemvConfig] = {
 
 
 # Our bf16 GEMV (the FMA kernel over bf16 rows, no scale) per 33B shape at M = 1, against
-# cuBLAS (F.linear), from `scripts/fp8_gemv_sweep.py --weights bf16` (H200, 2026-12-02, graph
+# cuBLAS (F.linear), from `bench/kernels/fp8_gemv_sweep.py --weights bf16` (H200, 2026-12-02, graph
 # replays with the L2 cleared): qkv 44.9 vs 48.8 us, o 36.7 vs 39.7, gate_up 136.4 vs 152.2
 # (95% of copy bandwidth), down 77.2 vs 81.2 (the fp8 down tiles, split 2): a layer 295 vs 322 us.
 # 2026-12-03: qkv with per-tile row sums 44.2 vs 44.7 us; the others stay (row sums, wider tiles
@@ -153,7 +153,7 @@ def set_config_tables(tables: dict) -> None:
 
 
 def tables_from_json(doc: dict) -> dict:
-    """{"fp8": {"9216x7168": {GemvConfig fields}}, ...} (scripts/fp8_gemv_sweep.py --tuned-out)
+    """{"fp8": {"9216x7168": {GemvConfig fields}}, ...} (bench/kernels/fp8_gemv_sweep.py --tuned-out)
     -> the form of `config_tables`."""
     return {name: {tuple(int(v) for v in shape.split("x")): GemvConfig(**cfg)
                    for shape, cfg in table.items()} for name, table in doc.items()}

@@ -1,7 +1,7 @@
 """Paged attention for one whole step: prefill chunks and decodes together, in one launch, over
 bf16 / fp8 / int4-fp8 KV pages. GQA; causal within a chunk against its cached prefix.
 
-Layout (backend.context / backend.kv_cache / backend.kv_quant):
+Layout (backend.kernels.forward_context / backend.kv.pools / backend.kv.formats):
 
     q               [num_tokens, num_heads, head_dim]     query head h reads kv head h // group
     query_start_loc int32 [num_seqs + 1]   sequence i's query tokens: qsl[i] .. qsl[i+1]
@@ -80,7 +80,7 @@ PROGRAMS_PER_SM = 2
 DECODE_RESIDENT_PER_SM = 4
 QUANT_DECODE_RESIDENT_PER_SM = 2
 # Register cap for quantized decode (`quant_decode_plan`). The program takes 196 registers (233
-# with fill rows) at 4 warps in an offline sm_90 compile (scripts/triton_compile_check.py): two
+# with fill rows) at 4 warps in an offline sm_90 compile (bench/kernels/triton_compile.py): two
 # programs per SM by registers alone. Capped at 168 (Triton's maxnreg; 120-520 B of spills) three
 # fit. H200, 33B heads, int4-fp8 + fill rows (BENCHMARKS, issue 12 "Sixth session"): the third
 # program pays where it buys more splits (batch 8: 6 splits instead of 4, 4.5-6% faster at 2k,
@@ -121,10 +121,10 @@ def paged_attention_reference(
     query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float,
     fill_slot: torch.Tensor | None = None, fill_lo: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`backend.attention.prefill_attention` over every sequence (a decode is a one-token
+    """`backend.kernels.reference.attention.prefill_attention` over every sequence (a decode is a one-token
     chunk); quantized pools are dequantized by their `pages`, fill rows read where given.
     fp32 math, q's dtype out."""
-    from backend.attention import prefill_attention
+    from backend.kernels.reference.attention import prefill_attention
 
     return prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc.tolist(),
                              context_lens.tolist(), scale, fill_slot, fill_lo)
@@ -575,8 +575,8 @@ def paged_attention(
     Host bounds, never read from the device: `max_query_len` (1 = a decode-only step, which
     takes the one-sequence-per-program tiling) and `max_context_len` (split sizing; default the
     block-table width). `out` (optional) receives the result (a static buffer under graphs).
-    `fill_slot` / `fill_lo` (per sequence, `backend.context`): an int4 key pool's fill rows are
-    read for positions >= fill_lo of sequences with a slot (`backend.fill_slots`).
+    `fill_slot` / `fill_lo` (per sequence, `backend.kernels.forward_context`): an int4 key pool's fill rows are
+    read for positions >= fill_lo of sequences with a slot (`backend.kv.fill_slots`).
     """
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])

@@ -7,7 +7,7 @@ of k and v into their KV pages.
     cos, sin     fp32 [max_positions, head_dim // 2]       (build_rope_cache)
     slot_mapping int64 [num_tokens]   slot = block * block_size + offset; < 0 -> not written
     k_cache/v_cache [num_blocks, block_size, num_kv_heads, head_dim] pool tensors, or
-                    `backend.kv_quant.QuantizedPages` (fp8 / int4): quantized on write, here
+                    `backend.kv.formats.QuantizedPages` (fp8 / int4): quantized on write, here
 
 Rotate-half, per head, with x = [x1 | x2] split at head_dim // 2 and angle pos * inv_freq[i]:
 
@@ -25,8 +25,8 @@ Quantized pages are encoded in the same program, from the registers that hold th
           its even / odd channels (a reshape), so bytes and group scales come out per half.
           With fp16 scales (kv_quant.INT4_SCALE_DTYPE) the scale is rounded to fp16 first and
           the halves are read back from memory as [heads, groups, channels] tiles instead.
-The formats are those of `backend.kv_quant` (the reference codecs this kernel is tested against).
-An int4 key pool with fill rows (`QuantizedPages.fill`, `backend.fill_slots`) also gets each
+The formats are those of `backend.kv.formats` (the reference codecs this kernel is tested against).
+An int4 key pool with fill rows (`QuantizedPages.fill`, `backend.kv.fill_slots`) also gets each
 token's rotated key, in the model dtype, at row `fill_index[t]` when that is >= 0.
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ from backend.kernels.triton_utils import (
     triton,
     use_triton,
 )
-from backend.kv_quant import INV_FP8_MAX, INV_INT4_MAX, TINY_F16
+from backend.kv.formats import INV_FP8_MAX, INV_INT4_MAX, TINY_F16
 
 
 def build_rope_cache(max_positions: int, head_dim: int, base: float,
@@ -70,10 +70,10 @@ def apply_rotary_reference(x: torch.Tensor, positions: torch.Tensor, cos: torch.
 def write_kv_reference(k: torch.Tensor, v: torch.Tensor, k_cache, v_cache,
                        slot_mapping: torch.Tensor, fill_index: torch.Tensor | None = None) -> None:
     """k/v rows -> their slots in the pages; rows whose slot is negative are skipped. Quantized
-    pools encode with `backend.kv_quant` (through `backend.attention.write_kv`), and an int4
+    pools encode with `backend.kv.formats` (through `backend.kernels.reference.attention.write_kv`), and an int4
     key pool with fill rows also stores the keys of rows whose `fill_index` is >= 0 there."""
     if not isinstance(k_cache, torch.Tensor):
-        from backend.attention import write_kv
+        from backend.kernels.reference.attention import write_kv
 
         write_kv(k, v, k_cache, v_cache, slot_mapping, fill_index)
         return
@@ -136,7 +136,7 @@ if HAS_TRITON:
         """x1 | x2 [heads, HALF] fp32 -> E4M3 codes at data_ptr (+ r, + HALF + r) and one scale
         per head at scale_ptr + heads (pointers already at this token's slot)."""
         amax = tl.maximum(tl.max(tl.abs(x1), axis=1), tl.max(tl.abs(x2), axis=1))
-        # scale: amax * fp32(1/448) as backend.kv_quant; codes: a correctly rounded division
+        # scale: amax * fp32(1/448) as backend.kv.formats; codes: a correctly rounded division
         # like torch's (Triton's `/` on fp32 is the approximate div.full)
         scale = tl.maximum(amax * _INV_FP8, 1.0e-12)
         c1 = _round_e4m3(tl.math.div_rn(x1, scale[:, None]))
@@ -175,7 +175,7 @@ if HAS_TRITON:
         """One rotary half of the fp16-scale layout: even channels at kr, odd at kr + 1 (both
         [heads, groups, channels-per-group // 2] pointers into the stored rotated keys), bytes
         to kc (same shape), one scale per group to ks ([heads, groups]). The scale is rounded
-        to fp16 before the codes are computed, as `backend.kv_quant.quantize_int4`."""
+        to fp16 before the codes are computed, as `backend.kv.formats.quantize_int4`."""
         even = tl.load(kr, mask=mask, other=0.0).to(tl.float32)
         odd = tl.load(kr + 1, mask=mask, other=0.0).to(tl.float32)
         amax = tl.maximum(tl.max(tl.abs(even), axis=2), tl.max(tl.abs(odd), axis=2))

@@ -1,0 +1,485 @@
+"""Engine: continuous batching around the shared scheduler.
+
+    step():  plan = scheduler.schedule()       # scheduler.StepScheduler (+ BlockManager)
+             out = runner.execute(plan)        # backend.runner.step.ModelRunner
+             finished = scheduler.update(plan, result)
+
+The step splits at the device: `begin_step()` schedules and launches (on CUDA it returns while
+the device runs), `finish_step()` reads the tokens back and updates. `step()` is the two back to
+back. The worker does its host work for the previous step (sending outputs, reading new
+messages) between the two when `overlaps_device` is set, so that work is off the step's critical
+path:
+
+    worker:  begin_step(k) | send outputs(k-1), drain socket | finish_step(k) -> outputs(k)
+    device:        [=========== step k ===========]
+
+While a step is in flight, new requests only join the waiting queue and an abort of a request in
+the in-flight plan is applied after that step's update (its blocks are being written).
+
+Async scheduling (`advance()`, the serving loop on CUDA): step k+1 is planned and launched
+before step k's tokens are read back, so the host's schedule / input preparation / launch /
+update run while the device works and the device never waits for them:
+
+    advance():  schedule(k+1), launch(k+1)     # k+1's decodes read k's ids on the device
+                read back k: set the real tokens, stop checks -> outputs(k)
+                update(k+1) with placeholder tokens (so that k+2 can be planned next turn)
+    device:     [==== step k ====][==== step k+1 ====][==== step k+2 ...
+
+This needs step k's ids on the device: every sampling row of step k greedy, no logprobs, no
+logit processors (`_RequestState.plain_greedy`); otherwise, and with a host KV tier, the turn
+reads k back before planning k+1 (the synchronous order). The scheduler sees each step's update
+with placeholder tokens (length finishes are exact, since they do not depend on the token); the
+real tokens replace them (`StepScheduler.set_token`) before the next update can hash a block
+holding one. A sequence that hit a stop token in step k was planned into step k+1 anyway: it is
+finished when k is read back (blocks freed; the device writes the dead slot before any later
+step can reuse it, the stream being ordered) and its step-(k+1) token is dropped, so the tokens
+a client sees are those of the synchronous loop. An abort lands at once (same argument).
+
+The engine adds what the policy core does not know: sampling parameters and seeds per request,
+stop-token decisions, and the per-step report of new tokens (`RequestOutput` records).
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass, field, replace
+
+from backend.kv.host_tier import HostKVCache
+from backend.runner.sampler import SamplingParams, TokenLogprobs
+from backend.runner.step import LaunchedStep, ModelRunner
+from backend.runner.step_io import SampleSpec
+from scheduler.capacity import DEFAULT_CAPACITY, PrefillCap
+from scheduler.host_tier import SwapCostModel
+from scheduler.step_scheduler import SchedulerConfig, StepPlan, StepResult, StepScheduler
+
+# the token an update under async scheduling records until the real one is read back
+PLACEHOLDER_TOKEN = 0
+# `launch_deadline`: launch the next step this long (plus twice the host's launch time) before
+# the running step is expected to end on the device
+LAUNCH_SLACK_S = 0.001
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Capacity of one engine; `num_blocks` is fixed once the KV pool is allocated."""
+    max_model_len: int
+    num_blocks: int
+    block_size: int = DEFAULT_CAPACITY.block_size
+    max_num_seqs: int = DEFAULT_CAPACITY.max_num_seqs
+    max_num_batched_tokens: int = DEFAULT_CAPACITY.max_num_batched_tokens
+    enable_prefix_caching: bool = True
+    num_host_blocks: int = 0  # host-memory KV tier (backend.kv.host_tier); 0: none
+    prefill_cap: PrefillCap = field(default_factory=PrefillCap)  # prefill per step while decoding
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(
+            max_model_len=self.max_model_len, num_blocks=self.num_blocks,
+            max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+            block_size=self.block_size, enable_prefix_caching=self.enable_prefix_caching,
+            num_host_blocks=self.num_host_blocks, prefill_cap=self.prefill_cap)
+
+
+@dataclass
+class RequestOutput:
+    """What one request gained in one step (new tokens may be empty for a finish-only record)."""
+    request_id: str
+    new_token_ids: list[int]
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | None
+    num_prompt_tokens: int = 0
+    num_completion_tokens: int = 0
+    num_cached_tokens: int = 0
+
+
+@dataclass(slots=True)
+class InFlightStep:
+    """A step between its launch and its read-back (`begin_step` / `finish_step`, or two
+    `advance()` turns)."""
+    plan: StepPlan
+    launched: LaunchedStep
+    request_ids: set[str]  # every request with a chunk in the plan (synchronous steps)
+    aborts: set[str] = field(default_factory=set)  # aborted while in flight: drop after update
+    start: float = 0.0  # perf_counter at launch (the prefill-rate measurement)
+    start_wall: float = 0.0  # time.time() at launch (the step log)
+    end: float = 0.0  # perf_counter when its tokens were read back
+    launched_at: float = 0.0  # perf_counter once its work was queued (pipelined steps)
+    device_s: float | None = None  # its device time (CUDA timing events; greedy steps)
+    # async scheduling: the update was applied with placeholder tokens right after launch
+    pipelined: bool = False
+    finished: list = field(default_factory=list)  # what that update finished (by length)
+    sampled_rows: dict[str, int] = field(default_factory=dict)  # request -> row of its id
+
+
+@dataclass
+class _RequestState:
+    params: SamplingParams
+    seed: int
+    num_prompt_tokens: int
+    num_generated: int = 0
+    # token history, kept only for requests with penalties (the sampler reads it)
+    prompt_ids: list[int] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)
+    min_tokens_banned: tuple[int, ...] = ()  # ids masked while num_generated < min_tokens
+    # greedy without logprobs or logit processors: the in-step argmax is its token, so the
+    # next step may read it on the device (async scheduling)
+    plain_greedy: bool = False
+
+
+class Engine:
+    def __init__(self, runner: ModelRunner, config: EngineConfig,
+                 eos_token_ids: tuple[int, ...] = (), host_kv: HostKVCache | None = None,
+                 async_scheduling: bool | None = None) -> None:
+        if config.num_blocks != runner.kv.num_blocks or config.block_size != runner.kv.block_size:
+            raise ValueError("engine config and KV pool disagree on num_blocks / block_size")
+        if config.num_host_blocks != (host_kv.num_blocks if host_kv is not None else 0):
+            raise ValueError("engine config and host KV pool disagree on num_host_blocks")
+        self.host_kv = host_kv
+        self.runner = runner
+        self.config = config
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.scheduler = StepScheduler(config.scheduler_config())
+        self.states: dict[str, _RequestState] = {}
+        self._seed_rng = random.Random()
+        self._inflight: InFlightStep | None = None
+        self._last_step: InFlightStep | None = None
+        self._last_end = 0.0  # perf_counter of the last read-back
+        # device seconds of each graph's steps (CUDA timing events), by id of the captured
+        # graph, and the host's seconds to plan and launch a step: `launch_deadline`
+        self._device_s: dict[int, float] = {}
+        self._launch_s = 0.0
+        # plan step k+1 before step k is read back (`advance`); default where the device runs
+        # asynchronously to the host. Not with a host tier: its copies run at plan time. Not
+        # for a wrapped runner (tensor parallelism's LeaderRunner: the other ranks get the plan's
+        # token ids, not the device-side ones).
+        if async_scheduling is None:
+            async_scheduling = runner.device.type != "cpu" and isinstance(runner, ModelRunner)
+        self.async_scheduling = async_scheduling and host_kv is None
+        if host_kv is not None:
+            # the swap rule's copy rate, measured now; its prefill rate is measured as steps run
+            # (until then every preemption with full blocks swaps)
+            self.scheduler.swap_cost = SwapCostModel(host_kv.block_bytes,
+                                                     host_kv.measure_bandwidth(), float("inf"))
+
+    # ---- requests ------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    arrival_time: float = 0.0, priority: int = 0) -> str | None:
+        """Queue a request; returns the reason it was refused, or None."""
+        vocab = self.runner.model.config.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_token_ids):
+            return f"prompt has token ids outside [0, {vocab})"
+        if not 0.0 <= params.top_p <= 1.0 or params.temperature < 0:
+            return "temperature must be >= 0 and top_p in [0, 1]"
+        reason = _check_processors(params, vocab)
+        if reason is not None:
+            return reason
+        rejection = self.scheduler.add_request(request_id, list(prompt_token_ids), params.max_tokens,
+                                               arrival_time, priority)
+        if rejection is not None:
+            return rejection.reason
+        seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(62)
+        state = _RequestState(params, seed & ((1 << 62) - 1), len(prompt_token_ids))
+        state.plain_greedy = params.greedy and not params.logprobs and not params.changes_logits
+        if params.uses_penalties:
+            state.prompt_ids = list(prompt_token_ids)
+        if params.min_tokens > 0:
+            eos = () if params.ignore_eos else self.eos_token_ids
+            state.min_tokens_banned = tuple(dict.fromkeys(params.stop_token_ids + eos))
+        self.states[request_id] = state
+        return None
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Drop a request and free its blocks; its final record, or None if unknown. A request
+        in the plan of a synchronous step in flight is dropped when that step finishes; its
+        record then comes out of `finish_step` instead. Under async scheduling the in-flight
+        step's update is already applied: the abort lands at once and the step's token for it
+        is dropped at read-back (see the module docstring)."""
+        inflight = self._inflight
+        if inflight is not None and not inflight.pipelined and \
+                request_id in inflight.request_ids:
+            if request_id in self.states:
+                inflight.aborts.add(request_id)
+            return None
+        done = self.scheduler.abort(request_id)
+        state = self.states.pop(request_id, None)
+        if state is None:
+            return None
+        # done is None: finished by length in a pipelined update, not read back yet
+        return RequestOutput(request_id, [], [], "abort", state.num_prompt_tokens,
+                             state.num_generated, done.num_cached_tokens if done else 0)
+
+    def has_unfinished(self) -> bool:
+        """Requests left, or a step whose tokens are not read back yet."""
+        return self.scheduler.has_unfinished() or self._inflight is not None
+
+    @property
+    def request_ids(self) -> list[str]:
+        return list(self.states)
+
+    # ---- the step ------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        return self.finish_step(self.begin_step())
+
+    @property
+    def overlaps_device(self) -> bool:
+        """True where `begin_step` returns before the device is done (CUDA), so host work put
+        between it and `finish_step` runs in the device's shadow. On the CPU the forward pass
+        runs inside `begin_step` and there is no shadow to use."""
+        return self.runner.device.type != "cpu"
+
+    def begin_step(self) -> InFlightStep:
+        """Schedule the next step and launch it (see the module docstring)."""
+        if self._inflight is not None:
+            raise RuntimeError("begin_step while a step is in flight: finish_step it first")
+        step = self._launch(None, pipelined=False)
+        self._inflight = step
+        return step
+
+    def _launch(self, prev: InFlightStep | None, pipelined: bool) -> InFlightStep:
+        """Plan and launch one step. `prev`: a pipelined step not read back yet, whose sampled
+        ids this step's decodes read on the device. `pipelined`: this step may be followed
+        before its read-back (then it records its sampled rows, and `advance` applies its
+        update with placeholders)."""
+        start, start_wall = time.perf_counter(), time.time()
+        plan = self.scheduler.schedule()
+        if self.host_kv is not None:  # tier copies first: this step reads and overwrites them
+            self.host_kv.run(self.scheduler.block_manager.host.take_copies())
+        states = self.states
+        sampled = [c.request_id for c in plan.chunks if c.sample]
+        specs = None  # all plain greedy: the runner's in-step argmax, no per-request spec
+        if not all(states[rid].plain_greedy for rid in sampled):
+            specs = {rid: self._spec(rid) for rid in sampled}
+        if prev is None:
+            launched = self.runner.launch(plan.chunks, specs)
+        else:  # this step's decodes read prev's sampled ids on the device
+            launched = self.runner.launch(plan.chunks, specs, gpu_src=prev.sampled_rows)
+        launched_at = time.perf_counter()
+        self._launch_s = 0.8 * self._launch_s + 0.2 * (launched_at - start)
+        if pipelined and launched.greedy:
+            step = InFlightStep(plan, launched, set(), start=start, start_wall=start_wall,
+                                pipelined=True, launched_at=launched_at)
+            step.sampled_rows = {c.request_id: i for i, c in enumerate(plan.chunks) if c.sample}
+        else:
+            step = InFlightStep(plan, launched, {c.request_id for c in plan.chunks}, start=start,
+                                start_wall=start_wall)
+        return step
+
+    def advance(self) -> list[RequestOutput]:
+        """One turn of the serving loop: launch the next step (if there is work) and read back
+        the one launched before it; returns that step's records (none on the first turn).
+        With async scheduling the next step is launched before the read-back (see the module
+        docstring); otherwise after it. Either way a step is left in flight for the caller's
+        host work to overlap (`settle()` reads it back without launching another)."""
+        prev = self._inflight
+        self._inflight = None
+        self._last_step = None
+        outputs: list[RequestOutput] = []
+        if prev is not None and not prev.pipelined:
+            outputs = self._finish(prev)
+            prev = None
+        nxt = None
+        if self.scheduler.has_unfinished():
+            nxt = self._launch(prev, pipelined=self.async_scheduling)
+        if prev is not None:
+            outputs = self._finish(prev)
+        if nxt is not None:
+            if nxt.pipelined:  # so that the next turn can plan the step after it
+                placeholders = dict.fromkeys(nxt.sampled_rows, PLACEHOLDER_TOKEN)
+                nxt.finished = self.scheduler.update(nxt.plan, StepResult(sampled=placeholders))
+            self._inflight = nxt
+        return outputs
+
+    def settle(self) -> list[RequestOutput]:
+        """Read back the step in flight, if any, without launching another; its records."""
+        step, self._inflight = self._inflight, None
+        self._last_step = None
+        return self._finish(step) if step is not None else []
+
+    def launch_deadline(self) -> float | None:
+        """The perf_counter time by which the next step must be launched for the device not to
+        idle after the step in flight, or None (launch at once). Launching later than "at once"
+        but before this lets requests that arrive meanwhile join the next step, as they would in
+        the synchronous loop (planning right after a read-back would leave them a step behind).
+        Known only for a pipelined step that replays a graph: decode-only or mixed (prefill
+        chunks too, so that a request arriving during a long prefill step joins the step right
+        after it, not the one after that), from that graph's measured device time (or, before
+        it ran, the time it took when captured)."""
+        step = self._inflight
+        if step is None or not step.pipelined or not self.scheduler.has_unfinished():
+            return None
+        launch = step.launched.graph_launch
+        if launch is None:
+            return None
+        device_s = self._device_s.get(id(launch.captured))
+        if device_s is None:  # not run yet: the graph's own time at capture (CUDA), if any
+            device_s = launch.captured.device_s
+            if device_s is None:
+                return None
+        begins = max(step.start, self._last_end)  # on the device: after the step before it
+        return begins + device_s - 2 * self._launch_s - LAUNCH_SLACK_S
+
+    def _measure_device(self, step: InFlightStep) -> None:
+        """Its device time (kept per captured graph): CUDA's timing events around it; else (the
+        CPU) from when it could start (queued, and the step before it read back) to its
+        read-back. The estimate follows a shorter step at once and a longer one slowly: one
+        graph serves steps of different attention work (a mixed bucket: chunks at different
+        contexts), and an estimate above the real time idles the device until the deadline,
+        while one below it only lets fewer late arrivals join (see `launch_deadline`)."""
+        end, last = step.end, self._last_end
+        self._last_end = end
+        launch = step.launched.graph_launch
+        if launch is None or not step.plan.chunks:
+            return
+        key = id(launch.captured)
+        seconds = step.device_s
+        if seconds is None:
+            seconds = end - max(step.launched_at, last)
+        old = self._device_s.get(key)
+        self._device_s[key] = seconds if old is None or seconds < old else \
+            0.7 * old + 0.3 * seconds
+
+    def _device_seconds(self, step: InFlightStep) -> float | None:
+        slot = step.launched.readback
+        return self.runner.buffers.device_seconds(slot) if slot >= 0 else None
+
+    @property
+    def last_step(self) -> InFlightStep | None:
+        """The step whose records `advance` / `settle` / `finish_step` returned last."""
+        return self._last_step
+
+    def finish_step(self, step: InFlightStep) -> list[RequestOutput]:
+        """Read the launched step's tokens back, update the scheduler; the step's records."""
+        self._inflight = None
+        return self._finish(step)
+
+    def _finish(self, step: InFlightStep) -> list[RequestOutput]:
+        self._last_step = step
+        if step.pipelined:
+            return self._finish_pipelined(step)
+        plan = step.plan
+        out = self.runner.finish(step.launched)
+        states = self.states
+        # a request finished while this step ran (a stop token read back from the pipelined
+        # step before it) has no state any more: its token here is dropped
+        live = out.token_ids if all(rid in states for rid in out.token_ids) else \
+            {rid: tok for rid, tok in out.token_ids.items() if rid in states}
+        result, logprobs = self._stop_checks(out, live)
+        step.end = time.perf_counter()
+        self._last_end = step.end
+        step.device_s = self._device_seconds(step)
+        if self.host_kv is not None:
+            self._measure_prefill(plan, time.perf_counter() - step.start)
+        finished = self.scheduler.update(plan, result)
+        outputs = self._outputs(plan, result, logprobs, finished)
+        if step.aborts:
+            done = {o.request_id for o in outputs if o.finish_reason is not None}
+            outputs = [o for o in outputs if o.request_id not in step.aborts or
+                       o.request_id in done]
+            outputs += [r for rid in step.aborts if rid not in done
+                        for r in [self.abort(rid)] if r is not None]
+        return outputs
+
+    def _finish_pipelined(self, step: InFlightStep) -> list[RequestOutput]:
+        """Read back a step whose update ran with placeholders: set the real tokens, finish
+        the requests that sampled a stop token, build the records (see the module docstring)."""
+        out = self.runner.finish(step.launched)
+        step.end = time.perf_counter()
+        step.device_s = self._device_seconds(step)
+        self._measure_device(step)
+        states, scheduler = self.states, self.scheduler
+        live = {rid: tok for rid, tok in out.token_ids.items() if rid in states}  # not aborted
+        result, logprobs = self._stop_checks(out, live)
+        for c in step.plan.chunks:
+            if c.sample and c.request_id in live:
+                scheduler.set_token(c.request_id, c.start_pos + len(c.token_ids),
+                                    live[c.request_id])
+        finished = [f for f in step.finished if f.request_id in states]
+        if result.stopped:
+            by_length = {f.request_id: i for i, f in enumerate(finished)}
+            for rid in result.stopped:
+                if rid in by_length:  # a stop token on its last allowed token: "stop" wins
+                    i = by_length[rid]
+                    finished[i] = replace(finished[i], finish_reason="stop")
+                else:  # planned into the step in flight: freed now, its next token dropped
+                    done = scheduler.abort(rid)
+                    if done is not None:
+                        finished.append(replace(done, finish_reason="stop"))
+        return self._outputs(step.plan, result, logprobs, finished)
+
+    def _measure_prefill(self, plan: StepPlan, seconds: float) -> None:
+        """Keep the swap rule's recompute rate: a running mean of seconds per token over steps
+        that are mostly prefill (a recompute is a prefill). Decodes in the step count against
+        it, so it overestimates a little."""
+        num_prefill = sum(len(c.token_ids) for c in plan.chunks if c.is_prefill)
+        if num_prefill < 32 or num_prefill < plan.num_batched_tokens // 2:
+            return
+        rate = seconds / plan.num_batched_tokens
+        cost = self.scheduler.swap_cost
+        old = cost.prefill_s_per_token
+        new = rate if not math.isfinite(old) else 0.8 * old + 0.2 * rate
+        cost = self.scheduler.swap_cost = replace(cost, prefill_s_per_token=new)
+        bm = self.scheduler.block_manager
+        bm.load_host_hits = cost.should_load(bm.block_size)
+
+    def _stop_checks(self, out, token_ids: dict[str, int] | None = None,
+                     ) -> tuple[StepResult, dict[str, TokenLogprobs | None]]:
+        token_ids = out.token_ids if token_ids is None else token_ids
+        stopped = set()
+        states, eos = self.states, self.eos_token_ids
+        for rid, token in token_ids.items():
+            p = states[rid].params
+            if p.stop_token_ids and token in p.stop_token_ids or \
+                    (not p.ignore_eos and token in eos):
+                stopped.add(rid)
+        return StepResult(sampled=token_ids, stopped=stopped), out.logprobs
+
+    def _spec(self, request_id: str) -> SampleSpec:
+        s = self.states[request_id]
+        banned = s.min_tokens_banned if s.num_generated < s.params.min_tokens else ()
+        return SampleSpec(s.params, s.seed, s.num_generated, s.prompt_ids, s.output_ids, banned)
+
+    def _outputs(self, plan: StepPlan, result: StepResult, logprobs: dict,
+                 finished: list) -> list[RequestOutput]:
+        outputs: dict[str, RequestOutput] = {}
+        requests = self.scheduler.requests
+        for rid, token in result.sampled.items():
+            state = self.states[rid]
+            state.num_generated += 1
+            if state.params.uses_penalties:
+                state.output_ids.append(token)
+            seq = requests.get(rid)
+            lp = logprobs.get(rid)
+            outputs[rid] = RequestOutput(
+                rid, [token], [lp] if lp is not None else [], None, state.num_prompt_tokens,
+                state.num_generated, seq.num_cached_tokens if seq is not None else 0)
+        for f in finished:
+            out = outputs[f.request_id]
+            out.finish_reason = f.finish_reason
+            out.num_cached_tokens = f.num_cached_tokens
+            del self.states[f.request_id]
+        return list(outputs.values())
+
+    # ---- idle checks ---------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """Scheduler and block-manager invariants, and the engine's own request map."""
+        self.scheduler.check_integrity()
+        assert set(self.states) == set(self.scheduler.requests), "engine/scheduler requests differ"
+
+
+def _check_processors(params: SamplingParams, vocab_size: int) -> str | None:
+    """The logit processors' fields, checked again here (the gateway checks them first)."""
+    values = (params.min_p, params.repetition_penalty, params.presence_penalty,
+              params.frequency_penalty, *(b for _, b in params.logit_bias))
+    if not all(math.isfinite(v) for v in values):
+        return "sampling parameters must be finite numbers"
+    if not 0.0 <= params.min_p <= 1.0:
+        return "min_p must be in [0, 1]"
+    if not params.repetition_penalty > 0.0:
+        return "repetition_penalty must be > 0"
+    if params.min_tokens < 0 or params.min_tokens > params.max_tokens:
+        return "min_tokens must be in [0, max_tokens]"
+    if any(not 0 <= i < vocab_size for i, _ in params.logit_bias):
+        return f"logit_bias has token ids outside [0, {vocab_size})"
+    if any(not 0 <= i < vocab_size for i in params.stop_token_ids):
+        return f"stop_token_ids has ids outside [0, {vocab_size})"
+    return None

@@ -1,0 +1,241 @@
+"""The echo engine: `tidegate backend --model echo` serves the real worker loop with no model.
+
+Each request is answered with exactly `max_tokens` tokens (its prompt's tokens, repeated from
+the start), one token per request per step, and steps run as fast as the worker loop asks for
+them: no model, no sampler, no KV tensors. What is left is the serving path itself (the worker's
+ZMQ loop, the protocol, the gateway), so `tidegate bench overhead` can measure the gateway's own
+cost against it.
+
+It honors the `backend.engine.continuous.Engine` interface the worker uses: `add_request` (the same refusals:
+empty prompt, ids outside the vocabulary, prompt + max_tokens above max_model_len, more KV blocks
+than the pool has, bad sampling values), `abort`, `step`, `has_unfinished`, `check_integrity`,
+`request_ids`, `config`, `eos_token_ids`, `runner` (no model, no graphs, the CPU), and for `LoadReport`s `scheduler.num_running /
+num_waiting / block_manager.num_free_blocks` and `states[...].params.max_tokens / num_generated`.
+KV blocks are only counted: a request holds ceil((prompt + max_tokens) / block_size) blocks from
+admission to its end, admitted FIFO while blocks and `max_num_seqs` allow. The tokenizer is the
+tiny preset's byte-level one (vocabulary 259, BOS 256, EOS 257), so the gateway works unchanged.
+Stop tokens and EOS are not honored: the output length is always max_tokens (finish "length").
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from backend.config import ModelConfig
+from backend.engine.continuous import EngineConfig, RequestOutput
+from backend.runner.sampler import SamplingParams, TokenLogprobs
+from tokenizer.bundle import TokenizerBundle
+from tokenizer.byte_level import byte_level_bundle
+
+ECHO_MODEL = "echo"
+DEFAULT_MAX_MODEL_LEN = 2048   # the tiny preset's context
+DEFAULT_NUM_BLOCKS = 1 << 16   # counted, never allocated
+
+
+@dataclass
+class EchoLoaded:
+    """What the worker and the CLI read from a `backend.model.loader.LoadedModel`."""
+    config: ModelConfig
+    tokenizer: TokenizerBundle
+    model: None = None
+    dtype: str = "none"
+    device: str = "cpu (no model)"
+
+
+@dataclass(slots=True)
+class _EchoState:
+    params: SamplingParams
+    prompt: list[int]
+    num_blocks: int
+    num_generated: int = 0
+    running: bool = False
+
+
+class _BlockCount:
+    __slots__ = ("num_free_blocks", "num_total_blocks")
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_total_blocks = num_blocks
+        self.num_free_blocks = num_blocks
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_total_blocks - self.num_free_blocks
+
+
+class _EchoScheduler:
+    """The scheduler-shaped view the worker's LoadReport reads."""
+    __slots__ = ("block_manager", "running", "waiting")
+    num_preemptions = 0
+
+    def __init__(self, num_blocks: int) -> None:
+        self.block_manager = _BlockCount(num_blocks)
+        self.running: dict[str, _EchoState] = {}
+        self.waiting: deque[str] = deque()
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.running or self.waiting)
+
+
+class EchoRunner:
+    """The runner-shaped view that serving-time hooks (`backend.runner.serving.configure_serving`,
+    called by `tidegate backend` for every engine) look at: no model to quantize, no CUDA graphs
+    to capture, the CPU."""
+    model = None
+    graphs = None
+    device = torch.device("cpu")
+
+
+class EchoEngine:
+    def __init__(self, config: EngineConfig, vocab_size: int,
+                 eos_token_ids: tuple[int, ...] = (), step_delay_s: float = 0.0) -> None:
+        self.step_delay_s = step_delay_s  # a slow backend that leaves the CPU to others
+        self.runner = EchoRunner()
+        self.config = config
+        self.vocab_size = vocab_size
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.scheduler = _EchoScheduler(config.num_blocks)
+        self.states: dict[str, _EchoState] = {}
+        self.num_steps = 0
+
+    # ---- requests ------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    arrival_time: float = 0.0, priority: int = 0) -> str | None:
+        """Queue a request; returns the reason it was refused, or None."""
+        cfg = self.config
+        n = len(prompt_token_ids)
+        if n == 0:
+            return "request has no prompt tokens"
+        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= self.vocab_size:
+            return f"prompt has token ids outside [0, {self.vocab_size})"
+        if not 0.0 <= params.top_p <= 1.0 or params.temperature < 0:
+            return "temperature must be >= 0 and top_p in [0, 1]"
+        if params.max_tokens < 1:
+            return "max_tokens must be at least 1"
+        if n + params.max_tokens > cfg.max_model_len:
+            return (f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) exceeds "
+                    f"max_model_len {cfg.max_model_len}")
+        blocks = -(-(n + params.max_tokens) // cfg.block_size)
+        if blocks > cfg.num_blocks:
+            return f"needs {blocks} KV blocks but the pool has {cfg.num_blocks}"
+        if request_id in self.states:
+            return f"duplicate request id {request_id!r}"
+        self.states[request_id] = _EchoState(params, list(prompt_token_ids), blocks)
+        self.scheduler.waiting.append(request_id)
+        return None
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Drop a request and free its blocks; its final record, or None if unknown."""
+        state = self.states.pop(request_id, None)
+        if state is None:
+            return None
+        sched = self.scheduler
+        if state.running:
+            del sched.running[request_id]
+            sched.block_manager.num_free_blocks += state.num_blocks
+        else:
+            sched.waiting.remove(request_id)
+        return RequestOutput(request_id, [], [], "abort", len(state.prompt), state.num_generated, 0)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    @property
+    def request_ids(self) -> list[str]:
+        return list(self.states)
+
+    # ---- the step ------------------------------------------------------------------------
+    def _admit(self) -> None:
+        sched = self.scheduler
+        bm = sched.block_manager
+        max_seqs = self.config.max_num_seqs
+        while sched.waiting and len(sched.running) < max_seqs:
+            state = self.states[sched.waiting[0]]
+            if state.num_blocks > bm.num_free_blocks:
+                break
+            rid = sched.waiting.popleft()
+            bm.num_free_blocks -= state.num_blocks
+            state.running = True
+            sched.running[rid] = state
+
+    # the worker's step seam (backend.engine.continuous.Engine): no device, so nothing to overlap
+    overlaps_device = False
+
+    def begin_step(self) -> None:
+        return None
+
+    def finish_step(self, step: None) -> list[RequestOutput]:
+        return self.step()
+
+    def step(self) -> list[RequestOutput]:
+        """One token for every running request (admitting waiting ones first)."""
+        sched = self.scheduler
+        if sched.waiting:
+            self._admit()
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)
+        self.num_steps += 1
+        outputs = []
+        finished = []
+        for rid, s in sched.running.items():
+            prompt = s.prompt
+            token = prompt[s.num_generated % len(prompt)]
+            s.num_generated += 1
+            lps = [TokenLogprobs(0.0, [token], [0.0])] if s.params.logprobs else []
+            if s.num_generated >= s.params.max_tokens:
+                finished.append(rid)
+                outputs.append(RequestOutput(rid, [token], lps, "length", len(prompt),
+                                             s.num_generated, 0))
+            else:
+                outputs.append(RequestOutput(rid, [token], lps, None, len(prompt),
+                                             s.num_generated, 0))
+        for rid in finished:
+            s = sched.running.pop(rid)
+            sched.block_manager.num_free_blocks += s.num_blocks
+            del self.states[rid]
+        return outputs
+
+    # ---- idle checks ---------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        sched = self.scheduler
+        running, waiting = set(sched.running), set(sched.waiting)
+        assert not running & waiting, "a request is both running and waiting"
+        assert running | waiting == set(self.states), "engine requests and queues differ"
+        used = sum(self.states[r].num_blocks for r in running)
+        bm = sched.block_manager
+        assert bm.num_free_blocks == bm.num_total_blocks - used, (
+            f"free blocks {bm.num_free_blocks} != {bm.num_total_blocks} - {used}")
+
+
+def echo_model_config(max_model_len: int) -> ModelConfig:
+    return dataclasses.replace(ModelConfig.from_preset("tiny"), name=ECHO_MODEL,
+                               max_position_embeddings=max_model_len)
+
+
+def create_echo_engine(cfg) -> tuple[EchoEngine, EchoLoaded]:
+    """`backend.engine.assemble.create_engine` for `--model echo` (cfg: a `backend.engine.assemble.BackendConfig`;
+    --device/--dtype/--load-format/--seed/--cpu-threads have nothing to act on and are ignored)."""
+    cfg.validate()
+    max_model_len = cfg.max_model_len or DEFAULT_MAX_MODEL_LEN
+    num_blocks = cfg.num_blocks or DEFAULT_NUM_BLOCKS
+    model_config = echo_model_config(max_model_len)
+    tokenizer = byte_level_bundle(ECHO_MODEL)
+    engine_cfg = EngineConfig(max_model_len=max_model_len, num_blocks=num_blocks,
+                              block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
+                              max_num_batched_tokens=cfg.max_num_batched_tokens,
+                              enable_prefix_caching=cfg.enable_prefix_caching)
+    engine = EchoEngine(engine_cfg, model_config.vocab_size, tokenizer.eos_token_ids,
+                        cfg.echo_step_ms / 1000)
+    return engine, EchoLoaded(model_config, tokenizer)

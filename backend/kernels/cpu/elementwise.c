@@ -1,0 +1,67 @@
+/* The model's elementwise ops on the CPU, fp32, one pass over memory each (backend/kernels/reference/ops.py has
+ * the torch reference and the shapes). Torch runs each of these as 4-10 separate ops, every one
+ * a full pass over a [tokens, hidden] tensor plus a dispatch; on a small model at small batch
+ * that dispatch, not the arithmetic, is the cost.
+ *
+ * Rows may be strided (q and k are column slices of the fused qkv projection's output).
+ */
+#include <math.h>
+#include <stdint.h>
+
+static void norm_row(const float *restrict x, const float *restrict w, int h, float eps,
+                     float *restrict out) {
+    float ss = 0.f;
+    for (int i = 0; i < h; i++) ss += x[i] * x[i];
+    const float inv = 1.f / sqrtf(ss / (float)h + eps);
+    for (int i = 0; i < h; i++) out[i] = w[i] * (x[i] * inv);
+}
+
+/* out[t] = w * x[t] / sqrt(mean(x[t]^2) + eps) */
+void rms_norm_f32(const float *restrict x, long x_stride, const float *restrict w, int tokens,
+                  int h, float eps, float *restrict out) {
+    for (int t = 0; t < tokens; t++) norm_row(x + t * x_stride, w, h, eps, out + (long)t * h);
+}
+
+/* new_residual = x + residual; out = rms_norm(new_residual) */
+void add_rms_norm_f32(const float *restrict x, const float *restrict residual,
+                      const float *restrict w, int tokens, int h, float eps,
+                      float *restrict out, float *restrict new_residual) {
+    for (int t = 0; t < tokens; t++) {
+        const long o = (long)t * h;
+        for (int i = 0; i < h; i++) new_residual[o + i] = x[o + i] + residual[o + i];
+        norm_row(new_residual + o, w, h, eps, out + o);
+    }
+}
+
+/* Rotate-half rotary in place. cos_sin[p] = [cos(p f_0..f_{D/2-1}) | sin(...)]:
+ *   x1' = x1 cos - x2 sin,  x2' = x2 cos + x1 sin   (x1, x2 = the halves of a head) */
+static void rotate_heads(float *restrict x, int heads, const float *restrict cs, int d) {
+    const int half = d / 2;
+    for (int hh = 0; hh < heads; hh++) {
+        float *x1 = x + (long)hh * d, *x2 = x1 + half;
+        for (int i = 0; i < half; i++) {
+            const float c = cs[i], s = cs[half + i], a = x1[i], b = x2[i];
+            x1[i] = a * c - b * s;
+            x2[i] = b * c + a * s;
+        }
+    }
+}
+
+void rotary_f32(float *q, long q_stride, int q_heads, float *k, long k_stride, int k_heads,
+                const int64_t *restrict positions, const float *restrict cos_sin, int d,
+                int tokens) {
+    for (int t = 0; t < tokens; t++) {
+        const float *cs = cos_sin + positions[t] * d;
+        rotate_heads(q + t * q_stride, q_heads, cs, d);
+        rotate_heads(k + t * k_stride, k_heads, cs, d);
+    }
+}
+
+/* out[t] = silu(x[t, :i]) * x[t, i:] */
+void silu_and_mul_f32(const float *restrict x, int tokens, int i_size, float *restrict out) {
+    for (int t = 0; t < tokens; t++) {
+        const float *g = x + (long)t * 2 * i_size, *u = g + i_size;
+        float *o = out + (long)t * i_size;
+        for (int i = 0; i < i_size; i++) o[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+    }
+}

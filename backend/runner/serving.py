@@ -1,0 +1,59 @@
+"""Serving-time transforms of a built runner: install the Triton kernels in the model, quantize
+the weights, set up and capture the step CUDA graphs (`backend.runner.cuda_graphs`: decode and mixed
+prefill+decode steps, every KV format). Used when a runner is built on CUDA
+(`setup_cuda_runner`) and by `tidegate backend` / eval once the engine exists
+(`configure_serving`)."""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from backend.runner.cuda_graphs import StepGraphs
+
+
+def setup_cuda_runner(runner, enforce_eager: bool = False,
+                      buckets: Sequence[int] | None = None,
+                      token_buckets: Sequence[int] | None = None) -> StepGraphs | None:
+    """The CUDA defaults for a new runner: Triton kernels in the model and (unless
+    `enforce_eager`) decode and mixed-step graphs, captured lazily per bucket or by
+    `capture_all()`. Returns the graphs object, or None when the step stays eager."""
+    from backend.kernels.dispatch import install_kernels, kernels_available
+
+    if not kernels_available(runner.device):
+        return None  # torch reference path: host-synchronizing, so never captured
+    install_kernels(runner.model)
+    if enforce_eager:
+        return None
+    return StepGraphs(runner, buckets, token_buckets=token_buckets)
+
+
+def configure_serving(runner, quantization: str | None = None, enforce_eager: bool = False,
+                      buckets: Sequence[int] | None = None, capture: bool = True,
+                      token_buckets: Sequence[int] | None = None) -> dict:
+    """Serving-time transforms of a built runner, in order: quantize the weights, then set up
+    and capture the step graphs (CUDA). Returns timings (and graph memory) for the start-up
+    log."""
+    info: dict = {"quantization": quantization or "none", "cuda_graphs": False}
+    if runner.graphs is not None:
+        runner.graphs.release()
+    if quantization and quantization != "none":
+        # imported only when asked for: it loads Triton (~0.9 s), which a CPU backend never needs
+        from backend.model.quantization import quantize_model
+
+        t0 = time.perf_counter()
+        quantize_model(runner.model, quantization)
+        info["quantize_s"] = time.perf_counter() - t0
+    if runner.device.type != "cuda":
+        return info
+    if enforce_eager:
+        runner.graphs = None
+    elif runner.graphs is not None:  # None: kernels unavailable, the step stays eager
+        runner.graphs = StepGraphs(runner, buckets, token_buckets=token_buckets)
+    if runner.graphs is not None:
+        info["cuda_graphs"] = True
+        info["buckets"] = list(runner.graphs.buckets)
+        info["token_buckets"] = list(runner.graphs.token_buckets)
+        if capture:
+            info["capture_s"] = runner.graphs.capture_all()
+            info["capture_mem"] = dict(runner.graphs.capture_mem)
+    return info

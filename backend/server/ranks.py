@@ -1,0 +1,269 @@
+"""Starting the rank processes, building each rank's engine, watching the ranks.
+
+    tidegate backend --tensor-parallel-size N ...      (rank 0: this process)
+      -> N-1 x `python -m backend.server.ranks <rank> <rendezvous> <config JSON>`
+
+Rank 0 hosts the rendezvous store, starts the followers (plain subprocesses: the config travels
+as JSON in argv, nothing is pickled), and every rank then builds the same thing from the same
+config (`build_rank`): its shard of the model, a KV pool of the same number of blocks (the
+minimum over the ranks), a runner, the serving transforms (FP8 weights, CUDA graphs) in the same
+order, so that the collectives inside them line up. Rank 0 wraps its runner in a
+`LeaderRunner` and serves; the followers run `steps.follow`.
+
+Device: rank r uses `cuda:(i + r)` for `--device cuda:i` (cuda = cuda:0); on the CPU every rank
+shares the host (gloo over loopback), each with its own torch threads.
+
+A rank's death: rank 0's watchdog thread waits on each follower process. When one exits while
+serving, it records why, aborts the NCCL group (a collective blocked on the dead rank returns;
+gloo fails by itself when the peer's sockets close) and sends this process SIGTERM: the worker
+then stops the way SIGTERM stops it, answering every request in flight with an error (the step
+that was running fails with `RankFailure`, whose message names the rank), and `tidegate
+backend` exits 1. Followers exit when rank 0 goes: their next broadcast fails, and a thread
+watches the parent process as well (NCCL would block instead).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from backend.distributed.group import Rendezvous, TPGroup
+from backend.engine.assemble import (
+    BackendConfig,
+    create_host_kv,
+    default_cpu_threads,
+    size_kv_pool,
+    use_cpu_kernels,
+)
+from backend.errors import ModelLoadError
+from backend.kv.pools import KVCache
+from backend.model.loader import LoadedModel, load
+from backend.runner.step import ModelRunner
+from backend.server.rank_steps import LeaderHostKV, LeaderRunner, follow
+
+log = logging.getLogger("tidegate.backend")
+STOP_TIMEOUT_S = 30.0
+PARENT_WATCH_S = 0.5
+
+
+@dataclass(frozen=True)
+class ServingOptions:
+    """The serving transforms every rank applies (`backend.runner.serving.configure_serving`)."""
+    quantization: str = "none"
+    enforce_eager: bool = False
+    cuda_graph_buckets: str | None = None
+    cuda_graph_token_buckets: str | None = None
+
+
+def rank_device(device: str, rank: int, size: int) -> torch.device:
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return dev
+    first = dev.index or 0
+    have = torch.cuda.device_count()
+    if first + size > have:
+        raise ModelLoadError(f"--tensor-parallel-size {size} from {device} needs GPUs "
+                             f"{first}..{first + size - 1}; this machine has {have}")
+    return torch.device("cuda", first + rank)
+
+
+def check_options(cfg: BackendConfig, size: int) -> None:
+    if size < 1:
+        raise ModelLoadError(f"--tensor-parallel-size must be >= 1, got {size}")
+    if cfg.model == "echo":
+        raise ModelLoadError("--model echo has no weights to split: --tensor-parallel-size 1")
+
+
+def build_rank(cfg: BackendConfig, serving: ServingOptions, group: TPGroup,
+               ) -> tuple[ModelRunner, LoadedModel, dict, object]:
+    """One rank's shard, KV pool, host KV tier (`--host-kv-gib`, per rank: a rank's host blocks
+    hold its slice of the KV), runner and serving transforms (every rank runs this). Returns
+    (runner, loaded, serving info, HostKVCache or None)."""
+    from backend.runner.cuda_graphs import parse_buckets
+    from backend.runner.serving import configure_serving
+
+    cfg.validate()
+    device = group.device
+    if device.type == "cpu":
+        # the ranks share the host's cores: each takes its share of the default
+        torch.set_num_threads(cfg.cpu_threads or max(1, default_cpu_threads() // group.size))
+    loaded = load(cfg.model, cfg.load_format, cfg.dtype, str(device), cfg.seed, cfg.max_model_len,
+                  tp=group)
+    max_model_len = cfg.max_model_len or loaded.config.max_position_embeddings
+    # every rank's pool has the blocks the smallest one can hold (block ids are shared); no
+    # fill rows under tensor parallelism (not built), so none are set aside
+    num_blocks = group.min_int(size_kv_pool(cfg, loaded, max_model_len, fill_slots=0))
+    kv = KVCache.allocate(loaded.config, num_blocks, cfg.block_size, loaded.dtype, loaded.device,
+                          cfg.kv_cache_dtype)
+    runner = ModelRunner(loaded.model, kv, cfg.max_num_batched_tokens, cfg.max_num_seqs,
+                         max_model_len)
+    host_kv = create_host_kv(kv, cfg.host_kv_gib)  # the same block count on every rank
+    if device.type == "cpu" and cfg.kv_cache_dtype == "auto":
+        use_cpu_kernels(runner)
+    try:
+        buckets = parse_buckets(serving.cuda_graph_buckets) \
+            if serving.cuda_graph_buckets is not None else None
+        token_buckets = parse_buckets(serving.cuda_graph_token_buckets) \
+            if serving.cuda_graph_token_buckets is not None else None
+        info = configure_serving(runner, serving.quantization, serving.enforce_eager, buckets,
+                                 token_buckets=token_buckets)
+    except ValueError as exc:  # QuantizationError included
+        raise ModelLoadError(str(exc)) from None
+    return runner, loaded, info, host_kv
+
+
+def leader_engine(cfg: BackendConfig, runner: ModelRunner, loaded: LoadedModel, host_kv,
+                  group: TPGroup, failure=lambda: None):
+    """Rank 0's engine: the scheduler over a `LeaderRunner` (and the host tier's copies sent
+    to the other ranks before its own)."""
+    from backend.engine.assemble import _eos_ids
+    from backend.engine.continuous import Engine, EngineConfig
+
+    leader = LeaderRunner(runner, group, failure)
+    engine_cfg = EngineConfig(max_model_len=runner.max_model_len, num_blocks=runner.kv.num_blocks,
+                              block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
+                              max_num_batched_tokens=cfg.max_num_batched_tokens,
+                              prefill_cap=cfg.prefill_cap,
+                              enable_prefix_caching=cfg.enable_prefix_caching,
+                              num_host_blocks=host_kv.num_blocks if host_kv is not None else 0)
+    tier = LeaderHostKV(host_kv, leader.sender) if host_kv is not None else None
+    return Engine(leader, engine_cfg, eos_token_ids=_eos_ids(loaded), host_kv=tier)
+
+
+class Ranks:
+    """Rank 0's handle on the followers: the watchdog, and stopping them."""
+
+    def __init__(self, procs: dict[int, subprocess.Popen], group: TPGroup) -> None:
+        self.procs, self.group = procs, group
+        self.leader: LeaderRunner | None = None
+        self.stopping = False
+        self.armed = False  # SIGTERM ourselves on a death only once the worker handles it
+        self.reason: str | None = None  # why the group is broken (a rank died)
+        self._lock = threading.Lock()
+        for rank, proc in procs.items():
+            threading.Thread(target=self._watch, args=(rank, proc), daemon=True,
+                             name=f"tp-watch-{rank}").start()
+
+    def failure(self) -> str | None:
+        return self.reason
+
+    def _watch(self, rank: int, proc: subprocess.Popen) -> None:
+        code = proc.wait()
+        with self._lock:
+            if self.stopping or self.reason is not None:
+                return
+            self.reason = f"tensor-parallel rank {rank} (pid {proc.pid}) exited with code {code}"
+        print(f"tidegate backend: {self.reason}; stopping", file=sys.stderr, flush=True)
+        self.group.abort()
+        with self._lock:
+            armed = self.armed
+        if armed:  # else start-up fails by itself (its next collective), or `arm` sends it
+            os.kill(os.getpid(), signal.SIGTERM)  # the worker's SIGTERM path fails what is in flight
+
+    def arm(self) -> None:
+        """Called once the worker's SIGTERM handler is installed: from now on a rank's death
+        stops the worker through it (a death before this is acted on now)."""
+        with self._lock:
+            self.armed = True
+            dead = self.reason is not None and not self.stopping
+        if dead:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def stop(self) -> int:
+        """Stop the followers (tell them, wait, then kill); 1 if a rank had failed, else 0."""
+        with self._lock:
+            self.stopping = True
+        if self.reason is None and self.leader is not None:
+            try:
+                self.leader.stop()
+            except RuntimeError:
+                pass
+        if self.reason is not None:  # the group is broken: the others cannot stop cleanly
+            self.kill()
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.group.close()
+        return 1 if self.reason is not None else 0
+
+    def kill(self) -> None:
+        with self._lock:
+            self.stopping = True
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def start_tp_engine(cfg: BackendConfig, serving: ServingOptions, size: int):
+    """Rank 0: start the followers, build this rank, and the engine that serves.
+    Returns (engine, loaded, serving info, ranks)."""
+    check_options(cfg, size)
+    device = rank_device(cfg.device, 0, size)
+    rdv, store = TPGroup.host_store(size)
+    config_json = json.dumps({"backend": asdict(cfg), "serving": asdict(serving)})
+    procs = {}
+    for rank in range(1, size):
+        procs[rank] = subprocess.Popen(
+            [sys.executable, "-m", "backend.server.ranks", str(rank),
+             f"{rdv.host}:{rdv.port}:{rdv.size}", config_json])
+    group = TPGroup.join(0, rdv, device, store=store)
+    ranks = Ranks(procs, group)
+    try:
+        runner, loaded, info, host_kv = build_rank(cfg, serving, group)
+    except BaseException as exc:
+        ranks.kill()
+        if ranks.reason is not None and not isinstance(exc, ModelLoadError):
+            raise ModelLoadError(f"{ranks.reason} while starting (see its error above)") from None
+        raise
+    engine = leader_engine(cfg, runner, loaded, host_kv, group, ranks.failure)
+    ranks.leader = engine.runner
+    info["tensor_parallel"] = f"{size} ({'nccl' if device.type == 'cuda' else 'gloo'})"
+    return engine, loaded, info, ranks
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(PARENT_WATCH_S)
+    os._exit(1)  # rank 0 is gone: nothing left to follow
+
+
+def follower_main(argv: list[str]) -> int:
+    rank = int(argv[0])
+    host, port, size = argv[1].rsplit(":", 2)
+    spec = json.loads(argv[2])
+    cfg = BackendConfig(**spec["backend"])
+    serving = ServingOptions(**spec["serving"])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # ^C reaches the group: rank 0 stops us
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    try:
+        device = rank_device(cfg.device, rank, int(size))
+        group = TPGroup.join(rank, Rendezvous(host, int(port), int(size)), device)
+        runner, _, _, host_kv = build_rank(cfg, serving, group)
+    except ModelLoadError as exc:
+        print(f"tidegate backend: rank {rank}: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    try:
+        follow(runner, group, host_kv)
+    except RuntimeError as exc:  # rank 0 died or aborted the group
+        print(f"tidegate backend: rank {rank}: stopping: {(str(exc).splitlines() or [''])[0]}",
+              file=sys.stderr, flush=True)
+        return 1
+    group.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(follower_main(sys.argv[1:]))

@@ -1,0 +1,497 @@
+"""The backend worker: one ZMQ ROUTER socket in front of one `Engine`.
+
+Loop (single thread): drain every queued message (Hello, Batch, Abort, Health) -> one engine
+step if there is work -> one `StepOutput` per gateway holding all its requests' new tokens ->
+a `LoadReport` when due (<= 100 ms apart while busy, 1 s while idle). Messages that arrive while
+a step runs wait in the socket and are handled before the next step. On a device that runs
+asynchronously (CUDA) each turn is `Engine.advance()`: the next step is launched (with async
+scheduling, before the previous one is read back) and the previous step's tokens come back, so
+that sending them, draining the socket and planning the step after run while the device works
+on the launched one; the host's work is off the steps' critical path.
+
+Replies (the gateway side of the contract):
+- `Hello` -> `BackendInfo` (tokenizer JSON and chat template included); another MAJOR
+  protocol version -> `Error{VERSION_MISMATCH}`.
+- `Batch` request refused (invalid, can never fit) -> `Error{INVALID_REQUEST, request_id}`;
+  after SIGTERM -> `Error{SHUTTING_DOWN, request_id}`.
+- `Abort` -> the request's final `RequestOutput{finish_reason: ABORT}` in the next StepOutput
+  (sent at once when idle); unknown ids are ignored.
+- anything malformed or unexpected -> `Error{BAD_MESSAGE}`; the worker carries on. An Error about a
+  Batch names its requests (`request_id`) when they can be read, and the Batch (`batch_id`, read
+  from the head of the message even when the rest does not parse) always.
+- a step that raises (device OOM, a bug): every in-flight request gets `Error{INTERNAL, request_id}`,
+  the worker carries on.
+- SIGTERM / SIGINT: finish the running step, send its outputs, answer every in-flight request
+  with `Error{SHUTTING_DOWN, request_id}`, exit 0.
+
+Request ids are per gateway: internally a request is keyed by (gateway identity, request id).
+"""
+from __future__ import annotations
+
+import errno
+import importlib.metadata
+import math
+import signal
+import sys
+import time
+import uuid
+from collections import defaultdict, deque
+
+import zmq
+
+from backend.engine.continuous import Engine, RequestOutput
+from backend.model.loader import LoadedModel
+from backend.runner.sampler import SamplingParams
+from backend.server.step_log import StepLog
+from proto import codec
+from proto import tidegate_pb2 as pb
+from proto.convert import FINISH_REASON_TO_WIRE
+from proto.security import CurveKeys, start_authenticator
+from scheduler.prefix_index import PrefixSummary
+
+try:
+    ENGINE_VERSION = importlib.metadata.version("tidegate")
+except importlib.metadata.PackageNotFoundError:  # run from a source tree
+    ENGINE_VERSION = "0+unknown"
+BUSY_REPORT_S = 0.1
+IDLE_REPORT_S = 1.0
+MAX_MESSAGES_PER_DRAIN = 1024
+# Messages held for one gateway whose socket queue is full (ROUTER_MANDATORY says so instead of
+# dropping them). Past this the gateway is not reading: its requests are aborted (KV freed) and
+# it is forgotten; it will mark this backend down by heartbeat and fail them on its side.
+MAX_OUTBOX_MESSAGES = 4096
+MAX_LOGPROBS = 64  # top-n logprobs per token a backend computes at most
+
+
+
+def _key(identity: bytes, request_id: str) -> str:
+    return f"{identity.hex()}/{request_id}"
+
+
+class Worker:
+    def __init__(self, engine: Engine, loaded: LoadedModel, listen: str,
+                 backend_id: str | None = None, model_name: str | None = None,
+                 security: CurveKeys | None = None,
+                 step_log: StepLog | None = None,
+                 max_held_messages: int = MAX_OUTBOX_MESSAGES) -> None:
+        self.engine = engine
+        self.max_held_messages = max_held_messages
+        self.step_log = step_log
+        self.loaded = loaded
+        self.backend_id = backend_id or f"backend-{uuid.uuid4().hex[:8]}"
+        self.model_name = model_name or loaded.config.name
+        self.ctx = zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 2000)
+        # A full or vanished peer is an error we handle (see _send), never a silent drop.
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, codec.MAX_FRAME_BYTES)
+        self._auth = None
+        if security is not None and listen.startswith("tcp://"):
+            self._auth = start_authenticator(self.ctx, security.allow_dir)
+            security.apply_server(self.sock)
+        self.sock.bind(listen)
+        self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.gateways: set[bytes] = set()
+        self.outbox: dict[bytes, deque[list]] = {}  # identity -> frames waiting for room
+        self.num_backpressured = 0  # messages that had to wait in an outbox
+        self.num_gateways_dropped = 0  # gateways forgotten (gone, or not reading)
+        self.owner: dict[str, tuple[bytes, str]] = {}  # engine key -> (identity, request id)
+        self.pending: dict[bytes, list[RequestOutput]] = defaultdict(list)
+        self.num_steps = 0
+        self.step_time_ema_ms = 0.0
+        self._last_read_back = 0.0  # perf_counter of the last step read back
+        self._last_report = 0.0
+        self._was_busy = False
+        self._idle_checked = True
+        self._stopping = False
+        # What our prefix cache holds, for the gateway's placement (LoadReport.prefix_hashes);
+        # only an engine with a real block manager and its prefix cache on can answer.
+        bm = getattr(engine.scheduler, "block_manager", None)
+        self._is_cached = getattr(bm, "is_cached", None) if getattr(
+            bm, "enable_prefix_caching", False) else None
+        self.prefix_summary = (PrefixSummary(engine.config.block_size)
+                               if self._is_cached is not None else None)
+
+    # ---- lifecycle -----------------------------------------------------------------------
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def _on_signal(self, signum, frame) -> None:
+        self._stopping = True
+
+    def serve_forever(self) -> int:
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        launch_deadline = getattr(self.engine, "launch_deadline", lambda: None)
+        while not self._stopping:
+            busy = self.engine.has_unfinished()
+            deadline = launch_deadline() if busy else None
+            if busy:
+                # async scheduling: take messages until the next step must be launched, so that
+                # requests arriving now join it (Engine.launch_deadline)
+                wait_ms = 0 if deadline is None else \
+                    max(0, int((deadline - time.perf_counter()) * 1000))
+            else:
+                wait_ms = max(0, int((self._last_report + IDLE_REPORT_S - time.monotonic()) * 1000))
+                if self.outbox:
+                    wait_ms = min(wait_ms, 5)  # retry held messages soon
+            try:
+                ready = poller.poll(wait_ms)
+            except zmq.ZMQError:  # interrupted by a signal
+                continue
+            if ready:
+                self._drain()
+            if self.engine.has_unfinished() and not self._stopping:
+                if deadline is None or time.perf_counter() >= deadline:
+                    self._step()
+            elif not self._idle_checked:
+                self._check_idle()
+            self._flush_outboxes()
+            self._flush_pending()  # CUDA: while the step launched by _step runs
+            self._maybe_report()
+        self._shutdown()
+        return 0
+
+    def _shutdown(self) -> None:
+        try:  # the step in flight (async loop) finishes and its tokens go out first
+            settle = getattr(self.engine, "settle", None)
+            if settle is not None:
+                self._deliver(settle())
+        except Exception as exc:  # noqa: BLE001 -- still answer every request below
+            print(f"tidegate backend: last step failed: {exc!r}", file=sys.stderr)
+        self._flush_pending()
+        self._fail_all("backend is shutting down", pb.Error.SHUTTING_DOWN)
+        self._flush_outboxes()
+        self.sock.close()
+        if self.step_log is not None:
+            self.step_log.write()
+        self._stop_auth()
+
+    def _stop_auth(self) -> None:
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
+
+    def _fail_all(self, message: str, code: int = pb.Error.INTERNAL) -> None:
+        """Answer every in-flight request with an Error and drop it from the engine."""
+        if self.owner:
+            print(f"tidegate backend: failing {len(self.owner)} requests: {message}", file=sys.stderr)
+        for key in self.engine.request_ids:
+            self.engine.abort(key)
+        owners = list(self.owner.values())
+        self.owner.clear()
+        for identity, rid in owners:
+            self._send(identity, codec.make_error(code, message, rid))
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+        self._stop_auth()
+
+    # ---- receiving -----------------------------------------------------------------------
+    def _drain(self) -> None:
+        for _ in range(MAX_MESSAGES_PER_DRAIN):
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            identity = frames[0].bytes
+            try:
+                self._handle(identity, frames[1:])
+            except codec.DecodeError as exc:
+                # Whatever request ids can still be read are answered one by one, so the
+                # gateway fails exactly those requests (not a whole connection's worth).
+                ids = codec.peek_request_ids(frames[1:])
+                batch_id = codec.peek_batch_id(frames[1:])
+                for rid in ids:
+                    self._send(identity, codec.make_error(pb.Error.BAD_MESSAGE, str(exc), rid,
+                                                          batch_id))
+                if not ids:
+                    self._send(identity, codec.error_for(exc, batch_id))
+            except Exception as exc:  # noqa: BLE001 -- a bug must not take the backend down
+                print(f"tidegate backend: internal error handling a message: {exc!r}", file=sys.stderr)
+                self._send(identity, codec.make_error(pb.Error.INTERNAL, f"internal error: {exc}",
+                                                      batch_id=codec.peek_batch_id(frames[1:])))
+
+    def _handle(self, identity: bytes, frames) -> None:
+        msg = codec.decode(frames)
+        kind = msg.kind
+        if kind == "hello":
+            codec.check_version(msg.envelope.hello.protocol_version)
+            self.gateways.add(identity)
+            self._send(identity, pb.Envelope(backend_info=self.backend_info()))
+        elif kind == "batch":
+            self.gateways.add(identity)
+            for req in msg.envelope.batch.requests:
+                try:
+                    self._add(identity, req, codec.array_of(msg, req.prompt_frame))
+                except Exception as exc:  # noqa: BLE001 -- fail this request, admit the rest
+                    print(f"tidegate backend: request {req.request_id!r} failed on admission: "
+                          f"{exc!r}", file=sys.stderr)
+                    key = _key(identity, req.request_id)
+                    if key not in self.owner:
+                        self.engine.abort(key)
+                        self._send(identity, codec.make_error(
+                            pb.Error.INTERNAL, f"admission failed: {exc}", req.request_id))
+        elif kind == "abort":
+            for rid in msg.envelope.abort.request_ids:
+                key = _key(identity, rid)
+                record = self.engine.abort(key)
+                if record is not None:
+                    self.owner.pop(key, None)
+                    record.request_id = rid
+                    self.pending[identity].append(record)
+        elif kind == "health":
+            h = msg.envelope.health
+            if not h.reply:
+                self._send(identity, codec.make_health(h.nonce, time.time(), reply=True))
+        else:
+            self._send(identity, codec.make_error(
+                pb.Error.BAD_MESSAGE, f"a backend does not accept {kind} messages"))
+
+    def _invalid_sampling(self, s: pb.SamplingParams) -> str | None:
+        """The backend's own check of the fields the gateway should have bounded already: a
+        value outside the model's range fails its request here, not the sampler's step."""
+        vocab = self.loaded.config.vocab_size
+        if s.max_tokens < 1:
+            return "max_tokens must be at least 1"
+        if not (math.isfinite(s.temperature) and s.temperature >= 0):
+            return f"temperature must be finite and >= 0, got {s.temperature}"
+        if not (math.isfinite(s.top_p) and 0 <= s.top_p <= 1):
+            return f"top_p must be in [0, 1], got {s.top_p}"
+        if s.logprobs > min(MAX_LOGPROBS, vocab):
+            return f"logprobs must be at most {min(MAX_LOGPROBS, vocab)}, got {s.logprobs}"
+        if any(not 0 <= t < vocab for t in s.stop_token_ids):
+            return f"stop_token_ids must be in [0, {vocab})"
+        return None
+
+    def _add(self, identity: bytes, req: pb.GenerateRequest, prompt) -> None:
+        rid = req.request_id
+        if self._stopping:
+            self._send(identity, codec.make_error(pb.Error.SHUTTING_DOWN, "backend is shutting down", rid))
+            return
+        if prompt is None or len(prompt) == 0:
+            self._send(identity, codec.make_error(pb.Error.INVALID_REQUEST, "request has no prompt tokens", rid))
+            return
+        s = req.sampling
+        invalid = self._invalid_sampling(s)
+        if invalid is not None:
+            self._send(identity, codec.make_error(pb.Error.INVALID_REQUEST, invalid, rid))
+            return
+        params = SamplingParams(
+            max_tokens=int(s.max_tokens), temperature=float(s.temperature),
+            top_p=float(s.top_p) if s.top_p > 0 else 1.0, top_k=int(s.top_k),
+            seed=int(s.seed) if s.HasField("seed") else None,
+            stop_token_ids=tuple(int(t) for t in s.stop_token_ids), ignore_eos=bool(s.ignore_eos),
+            logprobs=int(s.logprobs), min_p=float(s.min_p),
+            repetition_penalty=float(s.repetition_penalty) if s.repetition_penalty else 1.0,
+            presence_penalty=float(s.presence_penalty),
+            frequency_penalty=float(s.frequency_penalty),
+            logit_bias=tuple(sorted((int(i), float(b)) for i, b in s.logit_bias.items())),
+            min_tokens=int(s.min_tokens))
+        key = _key(identity, rid)
+        if key in self.owner:
+            reason = f"duplicate request id {rid!r}"
+        else:
+            ids = prompt.tolist()
+            reason = self.engine.add_request(key, ids, params, req.arrival_time, req.priority)
+        if reason is not None:
+            self._send(identity, codec.make_error(pb.Error.INVALID_REQUEST, reason, rid))
+            return
+        self.owner[key] = (identity, rid)
+        if self.prefix_summary is not None:
+            self.prefix_summary.add_prompt(ids)
+        self._idle_checked = False
+
+    # ---- stepping and sending --------------------------------------------------------------
+    def _step(self) -> None:
+        engine = self.engine
+        t0 = time.perf_counter()
+        try:
+            # CUDA: launch the next step, read back the previous one (Engine.advance); else
+            # one whole step
+            outputs = engine.advance() if engine.overlaps_device else engine.step()
+        except Exception as exc:  # noqa: BLE001 -- e.g. device OOM: fail the requests, not the process
+            first_line = (str(exc).splitlines() or [""])[0]
+            self._fail_all(f"step failed: {type(exc).__name__}: {first_line}")
+            return
+        self._was_busy = True  # a request that finishes in its first step still makes an edge
+        self._deliver(outputs, time.perf_counter() - t0)
+
+    def _deliver(self, outputs: list[RequestOutput], turn_s: float | None = None) -> None:
+        """Account for the step just read back (step log, step-time average) and queue its
+        records for their gateways. `turn_s`: the turn's time, for engines that do not say
+        which step they read back (echo, vLLM: one whole step a turn)."""
+        step = getattr(self.engine, "last_step", None)
+        dt_s = None
+        if step is not None:
+            # the cadence tokens come out at: from the later of its launch and the last
+            # read-back to its own read-back (back-to-back steps: their device time)
+            dt_s = step.end - max(step.start, self._last_read_back)
+            self._last_read_back = step.end
+            if self.step_log is not None:
+                self.step_log.record(step.start_wall, dt_s, step.plan, step.device_s)
+        elif not hasattr(self.engine, "last_step"):
+            dt_s = turn_s
+        if dt_s is not None:
+            dt_ms = dt_s * 1000
+            self.step_time_ema_ms = dt_ms if self.num_steps == 0 else \
+                0.8 * self.step_time_ema_ms + 0.2 * dt_ms
+            self.num_steps += 1
+        for out in outputs:
+            identity, rid = self.owner[out.request_id]
+            if out.finish_reason is not None:
+                del self.owner[out.request_id]
+            out.request_id = rid
+            self.pending[identity].append(out)
+        self._idle_checked = False
+
+    def _flush_pending(self) -> None:
+        pending, self.pending = self.pending, defaultdict(list)  # a send may drop a gateway
+        for identity, outs in pending.items():
+            if outs:
+                self._send_step_output(identity, outs)
+
+    def _send_step_output(self, identity: bytes, outs: list[RequestOutput]) -> None:
+        arrays: list[list[int]] = []
+        step = pb.StepOutput(step=self.num_steps)
+        for o in outs:
+            ro = step.outputs.add(
+                request_id=o.request_id, finish_reason=FINISH_REASON_TO_WIRE[o.finish_reason],
+                num_prompt_tokens=o.num_prompt_tokens, num_completion_tokens=o.num_completion_tokens,
+                num_cached_tokens=o.num_cached_tokens)
+            if o.new_token_ids:
+                ro.tokens_frame = len(arrays)
+                arrays.append(o.new_token_ids)
+            else:
+                ro.tokens_frame = codec.NO_FRAME
+            for lp in o.logprobs:
+                ro.logprobs.add(logprob=lp.logprob, top_ids=lp.top_ids, top_logprobs=lp.top_logprobs)
+        self._send(identity, pb.Envelope(step_output=step), arrays)
+
+    def _send(self, identity: bytes, envelope: pb.Envelope, arrays=()) -> None:
+        frames = [identity, *codec.encode_trusted(envelope, arrays)]
+        box = self.outbox.get(identity)
+        if box is not None:  # keep the order: behind what already waits
+            self._hold(identity, box, frames)
+            return
+        self._send_now(identity, frames)
+
+    def _send_now(self, identity: bytes, frames: list) -> bool:
+        """True when sent; False when held back or the peer was dropped."""
+        try:
+            self.sock.send_multipart(frames, zmq.NOBLOCK)
+            return True
+        except zmq.Again:  # its queue is full (high-water mark): hold, send when there is room
+            self._hold(identity, self.outbox.setdefault(identity, deque()), frames)
+        except zmq.ZMQError as exc:
+            if exc.errno == errno.EHOSTUNREACH:  # the gateway disconnected
+                self._drop_gateway(identity, "disconnected")
+            else:
+                print(f"tidegate backend: could not send to a gateway: {exc}", file=sys.stderr)
+        return False
+
+    def _hold(self, identity: bytes, box: deque, frames: list) -> None:
+        self.num_backpressured += 1
+        if len(box) >= self.max_held_messages:
+            self._drop_gateway(identity, f"not reading ({len(box)} messages held)")
+            return
+        box.append(frames)
+
+    def _flush_outboxes(self) -> None:
+        for identity in list(self.outbox):
+            box = self.outbox.get(identity)
+            while box:
+                frames = box.popleft()
+                try:
+                    self.sock.send_multipart(frames, zmq.NOBLOCK)
+                except zmq.Again:
+                    box.appendleft(frames)
+                    break
+                except zmq.ZMQError:
+                    self._drop_gateway(identity, "disconnected")
+                    break
+            if not box:
+                self.outbox.pop(identity, None)
+
+    def _drop_gateway(self, identity: bytes, reason: str) -> None:
+        """Forget a gateway that left or stopped reading: abort its requests (their KV blocks
+        return to the pool) and drop what was held for it."""
+        self.outbox.pop(identity, None)
+        self.pending.pop(identity, None)
+        if identity not in self.gateways and not any(i == identity for i, _ in self.owner.values()):
+            return
+        self.gateways.discard(identity)
+        self.num_gateways_dropped += 1
+        keys = [k for k, (i, _) in self.owner.items() if i == identity]
+        for key in keys:
+            self.engine.abort(key)
+            del self.owner[key]
+        print(f"tidegate backend: dropped gateway {identity.hex()} ({reason}); aborted "
+              f"{len(keys)} requests", file=sys.stderr)
+
+    def _maybe_report(self) -> None:
+        now = time.monotonic()
+        busy = self.engine.has_unfinished()
+        interval = BUSY_REPORT_S if busy else IDLE_REPORT_S
+        # A busy -> idle edge is reported at once: the gateway's idle flush waits for it, and a
+        # lone request would otherwise sit in the batching window until the next 1 s report.
+        became_idle = self._was_busy and not busy
+        self._was_busy = busy
+        if now - self._last_report < interval and not became_idle:
+            return
+        self._last_report = now
+        if not self.gateways:
+            return
+        env = pb.Envelope(load_report=self.load_report())
+        for identity in list(self.gateways):  # a send may drop a gateway that left
+            self._send(identity, env)
+
+    def _check_idle(self) -> None:
+        self._idle_checked = True
+        try:
+            self.engine.check_integrity()
+        except AssertionError as exc:
+            print(f"tidegate backend: integrity check failed while idle: {exc}", file=sys.stderr)
+
+    # ---- messages ------------------------------------------------------------------------
+    def backend_info(self) -> pb.BackendInfo:
+        tok = self.loaded.tokenizer
+        cfg = self.engine.config
+        info = pb.BackendInfo(
+            protocol_version=codec.PROTOCOL_VERSION, model=self.model_name,
+            max_model_len=cfg.max_model_len, vocab_size=self.loaded.config.vocab_size,
+            block_size=cfg.block_size, num_kv_blocks=cfg.num_blocks, role=pb.BackendInfo.MIXED,
+            tokenizer_json=tok.tokenizer_json, chat_template=tok.chat_template or "",
+            eos_token_ids=list(self.engine.eos_token_ids), backend_id=self.backend_id,
+            kv_cache_dtype=getattr(getattr(self.engine.runner, "kv", None), "kv_cache_dtype", "auto"),
+            enable_prefix_caching=cfg.enable_prefix_caching, engine=f"tidegate {ENGINE_VERSION}")
+        if tok.bos_token_id is not None:
+            info.bos_token_id = tok.bos_token_id
+        return info
+
+    def load_report(self) -> pb.LoadReport:
+        sched = self.engine.scheduler
+        outstanding = sum(s.params.max_tokens - s.num_generated for s in self.engine.states.values())
+        report = pb.LoadReport(
+            num_running=sched.num_running, num_waiting=sched.num_waiting,
+            num_free_blocks=sched.block_manager.num_free_blocks,
+            num_total_blocks=self.engine.config.num_blocks,
+            recent_step_time_ms=self.step_time_ema_ms, backend_id=self.backend_id,
+            num_outstanding_tokens=outstanding, num_preemptions=sched.num_preemptions,
+            num_held_messages=self.num_backpressured,
+            num_dropped_peers=self.num_gateways_dropped,
+            num_swap_preemptions=getattr(sched, "num_swap_preemptions", 0))
+        host = getattr(sched.block_manager, "host", None)  # the echo engine keeps no tiers
+        if host is not None:
+            report.num_host_hit_tokens = sched.block_manager.num_host_hit_tokens
+            report.num_host_blocks = host.num_blocks
+            report.num_host_used_blocks = host.num_used_blocks
+        bm = sched.block_manager
+        if self.prefix_summary is not None:
+            report.prefix_hashes.extend(self.prefix_summary.snapshot(self._is_cached))
+            report.prefix_block_size = self.engine.config.block_size
+        report.num_prompt_tokens = getattr(bm, "num_query_tokens", 0)
+        report.num_cached_prompt_tokens = getattr(bm, "num_hit_tokens", 0)
+        return report

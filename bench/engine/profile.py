@@ -1,0 +1,247 @@
+"""`tidegate backend profile`: measure step times for the simulator's measured cost model.
+
+Runs the real runner (model + sampler) on synthetic steps over a grid of
+(decode batch size d, prefill tokens p, context length c) and writes the profile JSON
+described in docs/contracts.md ("profile JSON"). Each point is one step holding d decodes whose
+context is c tokens each, plus (if p > 0) k prefill chunks of p / k tokens each, every one starting
+at position s (its cached prefix). The main grid has k = 1, s = 0; extra points measure packed
+prefills (k in --packed-prefill-seqs, several prompts in one step) and chunks with a cached prefix
+(s in --prefill-context-lens, chunked prefill), so the simulator can tell them from one long prompt.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+from backend.engine.args import int_list
+from backend.errors import ModelLoadError
+from scheduler.step_plan import ScheduledChunk
+
+FORMAT = "tidegate-profile/1"
+
+
+def _chunk(request_id, token_ids, start_pos, block_table, is_prefill) -> ScheduledChunk:
+    """A step chunk for a synthetic step; every chunk samples (the runner reads all of them)."""
+    return ScheduledChunk(request_id, token_ids, start_pos, block_table, is_prefill, True)
+
+
+def parser() -> argparse.ArgumentParser:
+    from backend.engine.args import add_engine_args
+
+    p = argparse.ArgumentParser(prog="tidegate backend profile",
+                                description="Measure step times over (decode batch, prefill tokens, context).")
+    add_engine_args(p)
+    p.add_argument("--out", required=True, help="path of the profile JSON to write")
+    p.add_argument("--decode-batch-sizes", default="0,1,8,32,64", help="comma-separated d values")
+    p.add_argument("--prefill-tokens", default="0,128,512,2048", help="comma-separated p values")
+    p.add_argument("--context-lens", default="128,1024", help="comma-separated decode context lengths c")
+    p.add_argument("--packed-prefill-seqs", default="2,4",
+                   help="comma-separated k > 1: extra points with the prefill tokens split into k "
+                        "equal prompts in one step ('' = none)")
+    p.add_argument("--prefill-context-lens", default="",
+                   help="comma-separated s > 0: extra points with one prefill chunk starting at "
+                        "position s (a cached prefix; '' = none)")
+    p.add_argument("--packed-decode-batch-sizes", default=None,
+                   help="d values of the packed / cached-prefix points (default: 0 and the largest "
+                        "grid d that fits)")
+    p.add_argument("--repeats", type=int, default=5, help="timed repetitions per point")
+    p.add_argument("--warmup", type=int, default=2, help="untimed repetitions per point")
+    p.add_argument("--pause-ms", type=float, default=0.0,
+                   help="idle time before each repetition of a step with prefill tokens (0: "
+                        "back to back). On the H200 a compute-bound step measured back to back "
+                        "runs at the lower clocks of sustained full load, which the serving loop, "
+                        "interleaving prefills with memory-bound decode steps, rarely reaches")
+    return p
+
+
+def make_step(d: int, p: int, c: int, block_size: int, num_blocks: int, vocab: int,
+              k: int = 1, s: int = 0) -> list[ScheduledChunk]:
+    """d decodes of context c, then k prefill chunks of p // k tokens each (p % k == 0), each
+    starting at position s; block tables wrap around the pool."""
+    chunks: list[ScheduledChunk] = []
+    nb_dec = -(-c // block_size)
+    next_block = 0
+
+    def table(n: int) -> list[int]:
+        nonlocal next_block
+        t = [(next_block + i) % num_blocks for i in range(n)]
+        next_block += n
+        return t
+
+    for i in range(d):
+        chunks.append(_chunk(f"d{i}", [(7 * i + 1) % vocab], c - 1, table(nb_dec), False))
+    if p:
+        if k < 1 or p % k:
+            raise ValueError(f"{p} prefill tokens do not split into {k} equal chunks")
+        n = p // k
+        for i in range(k):
+            ids = [(13 * j + 5 + i) % vocab for j in range(n)]
+            chunks.append(_chunk(f"p{i}", ids, s, table(-(-(s + n) // block_size)), True))
+    return chunks
+
+
+def step_shapes(ds: list[int], ps: list[int], cs: list[int], ks: list[int], ss: list[int],
+                packed_ds: list[int] | None, *, max_num_seqs: int, max_num_batched_tokens: int,
+                max_model_len: int) -> list[tuple[int, int, int, int, int]]:
+    """The measured step shapes, as (d, p, c, k, s): the (d, p, c) grid with k = 1, s = 0, then
+    packed prefills (k > 1, s = 0) and cached-prefix chunks (k = 1, s > 0) at the first context
+    length and the `packed_ds` decode batches (default: 0 and the largest grid d that fits)."""
+    def fits(d, p, c, k, s):
+        return (d + p > 0 and d + (k if p else 0) <= max_num_seqs and d + p <= max_num_batched_tokens
+                and max(c if d else 0, s + (p // k if p else 0)) <= max_model_len)
+
+    shapes = []
+    for c in cs:
+        for d in ds:
+            for p in ps:
+                if d == 0 and c != cs[0]:
+                    continue  # prefill-only points do not depend on c
+                if fits(d, p, c, 1, 0):
+                    shapes.append((d, p, c if d else 0, 1, 0))
+    if not cs:
+        return shapes
+    c = cs[0]
+    if packed_ds is None:
+        fit_ds = [d for d in ds if d and any(fits(d, p, c, 1, 0) for p in ps if p)]
+        packed_ds = [0] + ([max(fit_ds)] if fit_ds else [])
+    extra = [(k, 0) for k in ks if k > 1] + [(1, s) for s in ss if s > 0]
+    for d in packed_ds:
+        for k, s in extra:
+            for p in ps:
+                if p and p % k == 0 and fits(d, p, c, k, s):
+                    shapes.append((d, p, c if d else 0, k, s))
+    return shapes
+
+
+def measure(runner, chunks, repeats: int, warmup: int, pause_s: float = 0.0,
+            launch_ms: list[float] | None = None) -> list[float]:
+    """Wall milliseconds of each timed repetition (host launch + device, synchronized).
+    `launch_ms` (if given) also gets the host's part of each: `runner.launch` until it returns
+    (inputs filled, graph queued), which the serving loop overlaps with the step before."""
+    sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
+    times = []
+    for i in range(warmup + repeats):
+        sync()
+        if pause_s > 0:
+            time.sleep(pause_s)
+        t0 = time.perf_counter()
+        step = runner.launch(chunks)
+        t1 = time.perf_counter()
+        runner.finish(step)
+        sync()
+        if i >= warmup:
+            times.append((time.perf_counter() - t0) * 1000)
+            if launch_ms is not None:
+                launch_ms.append((t1 - t0) * 1000)
+    return times
+
+
+def sm_clock_mhz(device) -> int | None:
+    """The SM clock now (NVML through torch), or None where it cannot be read."""
+    if device.type != "cuda":
+        return None
+    try:
+        return int(torch.cuda.clock_rate(device))
+    except Exception:  # noqa: BLE001 -- no NVML on this machine: the profile goes on without it
+        return None
+
+
+def compare_pause(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int = 10) -> dict | None:
+    """The first prefill-only point again, paused / back to back / paused, `repeats` each: how
+    much of a compute-bound step's time the idle before it changes, in the same process (so a
+    profile says what its --pause-ms did)."""
+    shape = next(((d, p, c, k, s) for d, p, c, k, s in shapes if d == 0 and p), None)
+    if shape is None:
+        return None
+    d, p, c, k, s = shape
+    chunks = make_step(d, p, c, cfg.block_size, cfg.num_blocks, vocab, k, s)
+    runs = []
+    for label, pause in (("paused", pause_s), ("back_to_back", 0.0), ("paused_again", pause_s)):
+        ms = measure(runner, chunks, repeats, 1, pause)
+        runs.append({"run": label, "pause_ms": pause * 1000, "step_ms_median": statistics.median(ms),
+                     "step_ms_min": min(ms), "step_ms_max": max(ms),
+                     "sm_clock_mhz": sm_clock_mhz(runner.device)})
+        print(f"pause check d=0 p={p}: {label:12s} median {runs[-1]['step_ms_median']:9.3f} ms", flush=True)
+    return {"num_prefill_tokens": p, "num_prefill_seqs": k, "runs": runs}
+
+
+def point(d: int, p: int, c: int, k: int, s: int, ms: list[float],
+          launch_ms: list[float] | None = None, clock_mhz: int | None = None) -> dict:
+    """One profile point (docs/contracts.md, "profile JSON")."""
+    k = k if p else 0
+    doc = {"num_decode_seqs": d, "num_prefill_tokens": p, "context_len": c if d else 0,
+           "num_prefill_seqs": k, "prefill_context_len": s if p else 0,
+           "num_context_tokens": d * c + p + k * (s if p else 0), "step_ms": statistics.fmean(ms),
+           "step_ms_min": min(ms), "step_ms_median": statistics.median(ms), "repeats": len(ms)}
+    if launch_ms:
+        doc["launch_ms_median"] = statistics.median(launch_ms)
+    if clock_mhz is not None:
+        doc["sm_clock_mhz"] = clock_mhz
+    return doc
+
+
+def run(args: argparse.Namespace) -> dict:
+    from backend.engine.args import backend_config
+    from backend.engine.assemble import create_engine
+
+    engine, loaded = create_engine(backend_config(args))
+    runner, cfg = engine.runner, engine.config
+    packed_ds = None if args.packed_decode_batch_sizes is None else int_list(args.packed_decode_batch_sizes)
+    shapes = step_shapes(int_list(args.decode_batch_sizes), int_list(args.prefill_tokens),
+                         int_list(args.context_lens), int_list(args.packed_prefill_seqs),
+                         int_list(args.prefill_context_lens), packed_ds, max_num_seqs=cfg.max_num_seqs,
+                         max_num_batched_tokens=cfg.max_num_batched_tokens,
+                         max_model_len=cfg.max_model_len)
+    points = []
+    for d, p, c, k, s in shapes:
+        chunks = make_step(d, p, c, cfg.block_size, cfg.num_blocks, loaded.config.vocab_size, k, s)
+        launch_ms: list[float] = []
+        ms = measure(runner, chunks, args.repeats, args.warmup,
+                     args.pause_ms / 1000 if p else 0.0, launch_ms)
+        clock = sm_clock_mhz(runner.device)
+        points.append(point(d, p, c, k, s, ms, launch_ms, clock))
+        print(f"d={d:4d} p={p:6d} c={c:6d} k={k:3d} s={s:6d}  {statistics.fmean(ms):9.3f} ms"
+              + f"  launch {statistics.median(launch_ms):7.3f} ms"
+              + (f"  sm {clock} MHz" if clock is not None else ""), flush=True)
+    pause_check = None
+    if args.pause_ms > 0:
+        pause_check = compare_pause(runner, shapes, cfg, loaded.config.vocab_size, args.pause_ms / 1000)
+    dev = loaded.device
+    return {
+        "format": FORMAT, "model": loaded.config.name, "device": str(dev),
+        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
+        "dtype": str(loaded.dtype).removeprefix("torch."), "block_size": cfg.block_size,
+        "num_kv_blocks": cfg.num_blocks, "max_num_seqs": cfg.max_num_seqs,
+        "max_num_batched_tokens": cfg.max_num_batched_tokens, "max_model_len": cfg.max_model_len,
+        "torch_version": torch.__version__, "pause_ms": args.pause_ms,
+        # the mixed-step CUDA-graph token buckets steps ran as ([]: eager), so the cost model
+        # charges a step for its bucket (sims.profile_cost)
+        "cuda_graph_token_buckets": list(runner.graphs.token_buckets) if runner.graphs is not None else [],
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "points": points,
+        **({"pause_check": pause_check} if pause_check else {}),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        doc = run(args)
+    except ModelLoadError as exc:
+        print(f"tidegate backend profile: error: {exc}", file=sys.stderr)
+        return 1
+    if len(doc["points"]) < 2:
+        print("tidegate backend profile: error: fewer than two grid points fit the limits", file=sys.stderr)
+        return 1
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    print(f"wrote {len(doc['points'])} points to {args.out}")
+    return 0

@@ -1,0 +1,234 @@
+"""tidegate next to vLLM's CPU build on the same checkpoints, measured by vLLM's own client.
+
+For each checkpoint and round, each server is started alone (the order alternates between
+rounds), timed to readiness, driven by `vllm bench serve` (through the peers' `bench.sh`: random
+prompts, IN_LEN in / OUT_LEN out, --ignore-eos, greedy) at every rate, then stopped. The load
+average is recorded before and after each run. The table gives medians over rounds and
+tidegate / vLLM ratios; ratios from one run are what to compare on a shared machine.
+
+    python -m bench.serving.compare_vllm --out bench/results/compare_vllm      # tiny-coder + gqa-rope
+    python -m bench.serving.compare_vllm --models models/tiny-coder --rounds 1 --rates inf
+
+Needs the vLLM CPU environment made by ../shared/peers/vllm-cpu/setup.sh (`--peers`); writes
+`<out>/table.md`, `<out>/runs.json` and vLLM's per-run result files. Leaves no server running.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+METRICS = (("request_throughput", "req/s", True), ("output_throughput", "out tok/s", True),
+           ("p50_ttft_ms", "TTFT p50 ms", False), ("p99_ttft_ms", "TTFT p99 ms", False),
+           ("p50_tpot_ms", "TPOT p50 ms", False), ("p50_itl_ms", "ITL p50 ms", False),
+           ("p50_e2el_ms", "E2E p50 ms", False))
+
+# A checkpoint shape of our own: GQA 4:1, linear rope x8 over 8k positions, head_dim 64
+# (vLLM's CPU attention takes 64), random weights, the byte-level tokenizer of the tests.
+GQA_ROPE = {"vocab_size": 512, "hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 4,
+            "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
+            "max_position_embeddings": 8192, "rope_theta": 10000.0,
+            "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "tie_word_embeddings": False}
+
+
+def make_gqa_rope_checkpoint(path: Path) -> Path:
+    if (path / "config.json").is_file():
+        return path
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    sys.path.insert(0, str(REPO))  # run as a script: the repository's packages
+    from tokenizer.byte_level import byte_level_bundle
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(initializer_range=0.05, bos_token_id=256, eos_token_id=257,
+                      torch_dtype="bfloat16", **GQA_ROPE)
+    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path)
+    bundle = byte_level_bundle()
+    (path / "tokenizer.json").write_text(bundle.tokenizer_json)
+    (path / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<|bos|>", "eos_token": "<|eos|>", "chat_template": bundle.chat_template,
+         "tokenizer_class": "PreTrainedTokenizerFast"}))
+    return path
+
+
+def load_average() -> float:
+    return os.getloadavg()[0]
+
+
+def wait_ready(port: int, proc: subprocess.Popen | None, timeout: float) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server on {port} exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2) as r:
+                if r.status == 200:
+                    return time.monotonic() - t0
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"server on {port} not ready after {timeout} s")
+
+
+class Tidegate:
+    name = "tidegate"
+
+    def __init__(self, args) -> None:
+        self.args = args
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, model: Path, served: str, port: int, log: Path) -> float:
+        cmd = [str(REPO / ".venv/bin/tidegate"), "serve", "--model", str(model), "--port", str(port),
+               "--served-model-name", served, *self.args.tidegate_args.split()]
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                                     cwd=REPO, start_new_session=True)
+        wait_ready(port, self.proc, 300)
+        return time.monotonic() - t0
+
+    def stop(self, port: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, 15)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, 9)
+                self.proc.wait()
+        self.proc = None
+
+
+class Vllm:
+    name = "vllm"
+
+    def __init__(self, args) -> None:
+        self.peers = Path(args.peers)
+
+    def start(self, model: Path, served: str, port: int, log: Path) -> float:
+        env = dict(os.environ, SERVED_NAME=served, READY_TIMEOUT=os.environ.get("READY_TIMEOUT", "1800"))
+        t0 = time.monotonic()
+        r = subprocess.run(["bash", str(self.peers / "serve.sh"), str(port), str(model)], env=env,
+                           capture_output=True, text=True, timeout=2000, check=False)
+        log.write_text(r.stdout + r.stderr)
+        if r.returncode != 0:
+            raise RuntimeError(f"vLLM did not start: {r.stderr[-2000:]}")
+        return time.monotonic() - t0
+
+    def stop(self, port: int) -> None:
+        subprocess.run(["bash", str(self.peers / "serve.sh"), "stop", str(port)],
+                       capture_output=True, timeout=120, check=False)
+
+
+def bench(args, model: Path, served: str, port: int, label: str, out: Path) -> list[dict]:
+    """One `bench.sh` call per rate; a rate may carry its own request count (`1:60`)."""
+    runs = []
+    for spec in args.rates:
+        rate, _, num = spec.partition(":")
+        env = dict(os.environ, MODEL=str(model), SERVED_NAME=served, RESULT_DIR=str(out),
+                   NUM_PROMPTS=num or str(args.num_prompts), IN_LEN=str(args.in_len),
+                   OUT_LEN=str(args.out_len))
+        r = subprocess.run(["bash", str(Path(args.peers) / "bench.sh"), str(port), label, rate],
+                           env=env, capture_output=True, text=True, timeout=1800, check=False)
+        print(r.stdout, end="", flush=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"bench failed: {r.stderr[-2000:]}")
+        d = json.loads((out / f"{label}_rate{rate}_r1.json").read_text())
+        runs.append({"rate": rate, **{k: d.get(k) for k, _, _ in METRICS},
+                     "num_prompts": d.get("num_prompts"), "completed": d.get("completed"),
+                     "failed": d.get("failed", 0)})
+    return runs
+
+
+def table(records: list[dict]) -> str:
+    lines = []
+    for model in dict.fromkeys(r["model"] for r in records):
+        for rate in dict.fromkeys(r["rate"] for r in records):
+            lines += [(f"\n**{model}, rate {rate}** (median over rounds; ratio = tidegate / vLLM, "
+                       "per round then median)\n"),
+                      "| metric | tidegate | vLLM | ratio | better |", "|---|---|---|---|---|"]
+            by = {s: [r for r in records if r["model"] == model and r["rate"] == rate
+                      and r["server"] == s] for s in ("tidegate", "vllm")}
+            for key, label, higher in METRICS:
+                t = [r[key] for r in by["tidegate"] if r[key] is not None]
+                v = [r[key] for r in by["vllm"] if r[key] is not None]
+                if not t or not v:
+                    continue
+                ratios = [a / b for a, b in zip(t, v) if b]  # pairs in run order
+                ratio = statistics.median(ratios) if ratios else float("nan")
+                better = "tidegate" if (ratio > 1) == higher else "vLLM"
+                lines.append(f"| {label} | {statistics.median(t):.2f} | {statistics.median(v):.2f} "
+                             f"| {ratio:.2f} | {better} |")
+    ready = {}
+    for r in records:
+        ready.setdefault((r["model"], r["server"]), set()).add(round(r["ready_s"], 1))
+    lines += ["\n| ready after start (s) | tidegate | vLLM |", "|---|---|---|"]
+    for model in dict.fromkeys(r["model"] for r in records):
+        lines.append(f"| {model} | {sorted(ready.get((model, 'tidegate'), []))} "
+                     f"| {sorted(ready.get((model, 'vllm'), []))} |")
+    loads = [(r["load_before"], r["load_after"]) for r in records]
+    lines.append("\nLoad average (1 min) before/after each run: "
+                 + ", ".join(f"{a:.1f}/{b:.1f}" for a, b in dict.fromkeys(loads)))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", default="models/tiny-coder,gqa-rope",
+                   help="checkpoint dirs; 'gqa-rope' = the GQA + linear-rope checkpoint made here")
+    p.add_argument("--rates", nargs="+", default=["inf", "20"],
+                   help="request rates; RATE:N runs N requests at that rate (default --num-prompts)")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--num-prompts", type=int, default=200)
+    p.add_argument("--in-len", type=int, default=128)
+    p.add_argument("--out-len", type=int, default=32)
+    p.add_argument("--port", type=int, default=18123)
+    p.add_argument("--peers", default=str(REPO.parent / "shared/peers/vllm-cpu"))
+    p.add_argument("--tidegate-args", default="", help="extra `tidegate serve` flags")
+    p.add_argument("--servers", default="tidegate,vllm")
+    p.add_argument("--out", default="bench/results/compare_vllm")
+    p.add_argument("--table-from", nargs="+", default=None, metavar="RUNS_JSON",
+                   help="no runs: write the table of earlier runs.json files (rounds pooled)")
+    a = p.parse_args(argv)
+    out = Path(a.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    if a.table_from:
+        records = [r for f in a.table_from for r in json.loads(Path(f).read_text())]
+        text = table(records)
+        (out / "table.md").write_text(text)
+        print(text)
+        return 0
+    servers = {"tidegate": Tidegate(a), "vllm": Vllm(a)}
+    order = [servers[s] for s in a.servers.split(",")]
+    records = []
+    for spec in a.models.split(","):
+        model = make_gqa_rope_checkpoint(out / "gqa-rope") if spec == "gqa-rope" else Path(spec).resolve()
+        served = model.name
+        for rnd in range(a.rounds):
+            for srv in (order if rnd % 2 == 0 else order[::-1]):
+                label = f"{served}_{srv.name}_round{rnd}"
+                before = load_average()
+                try:
+                    ready = srv.start(model, served, a.port, out / f"{label}.server.log")
+                    print(f"{label}: ready after {ready:.1f} s (load {before:.1f})", flush=True)
+                    runs = bench(a, model, served, a.port, label, out)
+                finally:
+                    srv.stop(a.port)
+                after = load_average()
+                records += [{"model": served, "server": srv.name, "round": rnd, "ready_s": ready,
+                             "load_before": before, "load_after": after, **r} for r in runs]
+                (out / "runs.json").write_text(json.dumps(records, indent=1))
+    text = table(records)
+    (out / "table.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""Where a request's time to first token goes, live, across the three processes (issue 18).
+
+The simulator models the batching window, the wait for the backend's step and the steps; the live
+service adds the path around them. With the logs `tidegate sim validate` collects — the client's
+records (`bench.serving.loadgen`, perf_counter), the gateway's decision log (monotonic) and the backend's
+step log (its `mono` start) — one request's TTFT splits into:
+
+    http_in   client send            -> gateway's HTTP stamp (`received`)
+    front     HTTP stamp             -> push into the batcher (body, tokens, handle)
+    window    push                   -> its window flushed                       (simulated)
+    to_step   flush                  -> start of its first prefill step          (simulated: the
+              wire to the backend, admission, the step in progress)            wait, not the wire)
+    prefill   first prefill step     -> end of its last prefill step             (simulated)
+    out       end of that step       -> the client's first token (read-back, wire, detokenizer,
+                                        SSE, client)
+
+perf_counter and monotonic are the same clock on Linux (CLOCK_MONOTONIC), so the times line up
+across processes on one machine. Client records are matched to the log's arrivals in order (the
+k-th send is the k-th HTTP stamp); a pair whose stamp precedes its send is reported as a mismatch.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+PARTS = ("http_in", "front", "window", "to_step", "prefill", "out")
+
+
+def decompose(records, arrivals, batches, step_rows) -> dict:
+    """Median ms of each part over the requests found in all three logs, and their count.
+    `records`: bench RequestRecords of one run (send_time, first_token_time); `arrivals`,
+    `batches`: that run's decision-log records; `step_rows`: the backend's step-log rows (dicts)."""
+    flush = {rid: b.t for b in batches for rid in b.request_ids}
+    first_start: dict[str, float] = {}
+    last_end: dict[str, float] = {}
+    for row in step_rows:
+        if "mono" not in row:
+            continue
+        for rid, _, _ in row.get("prefill", ()):
+            first_start.setdefault(rid, row["mono"])
+            last_end[rid] = row["mono"] + row["ms"] / 1e3
+    ok = sorted((r for r in records if r.ok and r.chunk_times), key=lambda r: r.send_time)
+    arr = sorted((a for a in arrivals if a.received is not None), key=lambda a: a.received)
+    parts: dict[str, list[float]] = {p: [] for p in PARTS}
+    mismatched = 0
+    for rec, a in zip(ok, arr, strict=False):
+        rid = a.request_id
+        if rid not in flush or rid not in first_start or a.received < rec.send_time:
+            mismatched += 1
+            continue
+        first = rec.first_token_time
+        vals = (a.received - rec.send_time, a.t - a.received, flush[rid] - a.t,
+                first_start[rid] - flush[rid], last_end[rid] - first_start[rid], first - last_end[rid])
+        for p, v in zip(PARTS, vals, strict=True):
+            parts[p].append(1e3 * v)
+    out = {p: (float(np.median(v)) if v else math.nan) for p, v in parts.items()}
+    out["ttft"] = float(np.median([sum(x) for x in zip(*parts.values(), strict=True)])) if parts["out"] else math.nan
+    out["num_requests"] = len(parts["out"])
+    out["mismatched"] = mismatched
+    return out

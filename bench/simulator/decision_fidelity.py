@@ -1,0 +1,143 @@
+"""Compare two sequences of batching decisions (live gateway vs simulated replay).
+
+Both sides are `scheduler.decisions.BatchRecord` lists over the same arrivals. Reported:
+
+- `sequence_identical`: the same windows, with the same members, in the same order;
+- `same_membership_share`: the share of windows whose member set also occurs as a window on the
+  other side (matched one to one; divided by the larger count, so an extra or missing window
+  counts against it): the issue-18 goal is >= 0.95 on a live comparison;
+- `requests_regrouped`: requests whose window (as a member set) differs between the sides;
+- flush-time distance, per request in both: |t_a - t_b| of the window that took it (mean, p99,
+  max), and over the matched windows; this is where timing differs even when membership agrees.
+
+Run on two decision logs (the live one and a replay written by `--replay`):
+
+    python -m bench.simulator.decision_fidelity LIVE.jsonl [SIM.jsonl]
+
+Without SIM.jsonl the live log's arrivals are replayed in the simulator with the default
+batcher settings (`--no-idle-flush` for the deterministic comparison).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections import Counter
+from collections.abc import Sequence
+
+from scheduler.decisions import BatchRecord, StepRecord
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
+
+
+def compare(a: Sequence[BatchRecord], b: Sequence[BatchRecord]) -> dict:
+    """Decision distance between two batch sequences (see the module doc)."""
+    mem_a = [frozenset(r.request_ids) for r in a]
+    mem_b = [frozenset(r.request_ids) for r in b]
+    matched = Counter(mem_a) & Counter(mem_b)
+    num_same = sum(matched.values())
+    denom = max(len(a), len(b))
+    # flush time of the window that took each request
+    t_a = {rid: r.t for r in a for rid in r.request_ids}
+    t_b = {rid: r.t for r in b for rid in r.request_ids}
+    win_a = {rid: m for m in mem_a for rid in m}
+    win_b = {rid: m for m in mem_b for rid in m}
+    both = t_a.keys() & t_b.keys()
+    dt = [abs(t_a[r] - t_b[r]) for r in both]
+    # matched windows: pair them in order of appearance on each side
+    times_a: dict[frozenset, list[float]] = {}
+    for m, r in zip(mem_a, a, strict=True):
+        times_a.setdefault(m, []).append(r.t)
+    window_dt = []
+    for m, r in zip(mem_b, b, strict=True):
+        ts = times_a.get(m)
+        if ts:
+            window_dt.append(abs(ts.pop(0) - r.t))
+    return {
+        "num_batches": [len(a), len(b)],
+        "num_requests": [len(t_a), len(t_b)],
+        "sequence_identical": [r.request_ids for r in a] == [r.request_ids for r in b],
+        "same_membership_share": num_same / denom if denom else 1.0,
+        "requests_regrouped": sum(1 for r in both if win_a[r] != win_b[r]),
+        "requests_only_one_side": len(t_a.keys() ^ t_b.keys()),
+        "flush_dt_mean_s": sum(dt) / len(dt) if dt else 0.0,
+        "flush_dt_p99_s": _pct(dt, 0.99),
+        "flush_dt_max_s": max(dt, default=0.0),
+        "matched_window_dt_max_s": max(window_dt, default=0.0),
+    }
+
+
+def compare_steps(a: Sequence[StepRecord], b: Sequence[StepRecord]) -> dict:
+    """Step-level decision distance between two backends' step sequences (live vs simulated):
+
+    - `sequence_identical`: every step the same (decode count, prefill chunks, preemptions);
+    - `prefill_sequence_identical`: the steps that prefill, in order, the same chunks (decode-only
+      steps between them may differ in number where step times differ);
+    - `same_prefill_step_share`: prefill steps whose chunk set (request, tokens, position) occurs
+      as a step on the other side (one to one, over the larger count);
+    - `requests_chunked_alike`: the share of requests prefilled in the same chunks on both sides;
+    - `preemptions`: ids preempted on each side (counts)."""
+    pre_a = [frozenset(r.prefill) for r in a if r.prefill]
+    pre_b = [frozenset(r.prefill) for r in b if r.prefill]
+    matched = sum((Counter(pre_a) & Counter(pre_b)).values())
+    denom = max(len(pre_a), len(pre_b))
+
+    def chunking(steps):
+        out: dict[str, list] = {}
+        for r in steps:
+            for rid, n, pos in r.prefill:
+                out.setdefault(rid, []).append((n, pos))
+        return out
+
+    ca, cb = chunking(a), chunking(b)
+    both = ca.keys() | cb.keys()
+
+    def key(r):
+        return (r.num_decodes, r.prefill, r.preempted)
+
+    return {
+        "num_steps": [len(a), len(b)],
+        "num_prefill_steps": [len(pre_a), len(pre_b)],
+        "sequence_identical": [key(r) for r in a] == [key(r) for r in b],
+        "prefill_sequence_identical": [r.prefill for r in a if r.prefill] == [r.prefill for r in b if r.prefill],
+        "same_prefill_step_share": matched / denom if denom else 1.0,
+        "requests_chunked_alike": (sum(1 for r in both if ca.get(r) == cb.get(r)) / len(both)
+                                   if both else 1.0),
+        "preemptions": [sum(len(r.preempted) for r in a), sum(len(r.preempted) for r in b)],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    from scheduler.batcher import BatcherConfig
+    from scheduler.decisions import read_log
+    from sims.adapters import SimSchedulerConfig
+    from sims.decision_replay import replay
+
+    p = argparse.ArgumentParser(prog="python -m bench.simulator.decision_fidelity", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("live", help="the gateway's --decision-log file")
+    p.add_argument("sim", nargs="?", help="a second log to compare (default: replay the live one)")
+    p.add_argument("--max-batch-size", type=int, default=128)
+    p.add_argument("--min-latency-ms", type=float, default=5.0)
+    p.add_argument("--target-throughput", type=float, default=8000.0)
+    p.add_argument("--hysteresis", type=float, default=0.8)
+    p.add_argument("--no-idle-flush", action="store_true")
+    args = p.parse_args(argv)
+    arrivals, live = read_log(args.live)
+    if args.sim:
+        _, sim = read_log(args.sim)
+    else:
+        batcher = BatcherConfig(args.max_batch_size, args.min_latency_ms, args.target_throughput,
+                                args.hysteresis, not args.no_idle_flush)
+        sim = replay(arrivals, SimSchedulerConfig(batcher=batcher))
+    print(json.dumps(compare(live, sim), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
