@@ -25,7 +25,8 @@ class RequestSink(Protocol):
     """Where a request's outputs go (implemented by `gateway.core.RequestHandle`)."""
 
     def on_tokens(self, token_ids: list[int], finish_reason: str | None,
-                  logprobs: list[TokenLogprob] | None, now: float) -> None: ...
+                  logprobs: list[TokenLogprob] | None, now: float,
+                  text: str | None = None) -> None: ...  # text: see RequestOutput.text
 
     def on_error(self, error: APIError) -> None: ...
 

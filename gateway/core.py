@@ -30,6 +30,7 @@ from gateway.errors import (
 from gateway.openai_schema import Prompt, SamplingParams, ServingOptions
 from gateway.output import OutputAssembler, OutputDelta
 from gateway.prometheus_metrics import GatewayMetrics, SLOConfig
+from gateway.remote_tokenizer import RemoteTokenizer
 from gateway.validation import RequestLimits
 from gateway.vllm_metrics import EngineReport
 from proto import tidegate_pb2 as pb
@@ -87,7 +88,8 @@ class RequestHandle:
         self.queue_class = 0
         self.dispatched_at: float | None = None
         self.backend = ""
-        decode = gateway.bundle.decode if sampling.skip_special_tokens else gateway.decode_special
+        decode = None if gateway.passes_text else \
+            gateway.bundle.decode if sampling.skip_special_tokens else gateway.decode_special
         eos = () if sampling.ignore_eos else gateway.info.eos_token_ids
         self.assembler = OutputAssembler(decode, prompt_ids, sampling.stop,
                                          sampling.include_stop_str_in_output, sampling.min_tokens,
@@ -109,8 +111,8 @@ class RequestHandle:
             waiter.set_result(None)
 
     # --- RequestSink ------------------------------------------------------------------------------
-    def on_tokens(self, token_ids, finish_reason, logprobs, now) -> None:
-        self._put((token_ids, finish_reason, logprobs, now))
+    def on_tokens(self, token_ids, finish_reason, logprobs, now, text=None) -> None:
+        self._put((token_ids, finish_reason, logprobs, now, text))
         if self.followers:
             self._release_followers()
         if finish_reason is not None:
@@ -154,6 +156,8 @@ class RequestHandle:
             wire.logit_bias.update(dict(s.logit_bias))
         if s.min_tokens:
             wire.min_tokens = s.min_tokens
+        if not s.skip_special_tokens:  # read by a backend that detokenizes (HTTP, no tokenizer)
+            wire.skip_special_tokens = False
         return wire
 
     # --- consuming --------------------------------------------------------------------------------
@@ -173,8 +177,8 @@ class RequestHandle:
                 self.closed = True
                 self._cancel_timer()
                 raise event
-            ids, finish, lps, now = event
-            delta = asm.add(ids, now, finish, lps)
+            ids, finish, lps, now, text = event
+            delta = asm.add(ids, now, finish, lps, text)
             if asm.stopped_by_string:
                 self.gateway.abort(self)
             pending = delta if pending is None else _merge(pending, delta)
@@ -271,9 +275,51 @@ class Gateway:
     def model_name(self) -> str:
         return self.config.served_model_name or self.info.model
 
+    @property
+    def passes_text(self) -> bool:
+        """No tokenizer here: the backends are OpenAI-compatible HTTP servers and the gateway was
+        given none (`--tokenizer`). Prompts are tokenized by the server's /tokenize
+        (`gateway.remote_tokenizer`), output text comes with the tokens."""
+        return not self.info.tokenizer_json
+
+    @cached_property
+    def remote_tokenizer(self) -> RemoteTokenizer:
+        return RemoteTokenizer(self.pool)
+
+    async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """A text prompt's token ids: this gateway's tokenizer, or its HTTP server's."""
+        if self.passes_text:
+            return await self.remote_tokenizer.encode(text, add_special_tokens)
+        return self.bundle.encode(text, add_special_tokens=add_special_tokens)
+
+    async def encode_chat(self, messages: list[dict], add_generation_prompt: bool,
+                          add_special_tokens: bool) -> list[int]:
+        """Chat messages through the chat template, tokenized (here, or by the HTTP server)."""
+        if self.passes_text:
+            return await self.remote_tokenizer.encode_chat(messages, add_generation_prompt,
+                                                           add_special_tokens)
+        bundle = self.bundle
+        try:
+            text = bundle.apply_chat_template(messages, add_generation_prompt)
+        except Exception as exc:  # noqa: BLE001 - jinja templates raise anything (raise_exception)
+            raise bad_request(f"The chat template could not render the messages: {exc}",
+                              "messages") from None
+        return bundle.encode(text, add_special_tokens=add_special_tokens)
+
+    async def decode_prompt(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        """Token ids as text (echo, /detokenize); the HTTP server's /detokenize keeps special
+        tokens whatever `skip_special_tokens` says."""
+        if self.passes_text:
+            return await self.remote_tokenizer.decode(ids)
+        return self.bundle.decode(ids, skip_special_tokens=skip_special_tokens)
+
     @cached_property
     def bundle(self) -> TokenizerBundle:
         info = self.info
+        if not info.tokenizer_json:
+            raise bad_request("This needs the model's tokenizer in the gateway, and its HTTP "
+                              "backend sends none: start the gateway with --tokenizer DIR (the "
+                              "model's Hugging Face directory).", None, "tokenizer_unavailable")
         return TokenizerBundle.from_parts(
             info.tokenizer_json, info.chat_template or None,
             info.bos_token_id if info.HasField("bos_token_id") else None,

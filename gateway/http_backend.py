@@ -14,8 +14,11 @@ model are the same in front of it:
     every `poll_s`       GET /health (and /metrics when it is vLLM's) → LoadReport
 
 An HTTP server does not hand out its tokenizer, so the BackendInfo carries the one the pool was
-given (`tokenizer`: a `TokenizerBundle` from `--tokenizer DIR`, or the one a ZMQ backend sent);
-the gateway still tokenizes, and the server receives token ids only.
+given (`tokenizer`: a `TokenizerBundle` from `--tokenizer DIR`), and the gateway tokenizes and
+detokenizes as in front of our own backends. Without one, the server does both: the gateway
+tokenizes prompts through its /tokenize (`gateway.remote_tokenizer`) and each StepOutput carries
+the chunk's text (`RequestOutput.text`), made with the request's `skip_special_tokens`. Either
+way the server receives token ids only.
 """
 from __future__ import annotations
 
@@ -87,6 +90,11 @@ class HttpBackendConn:
         self._poller: asyncio.Task | None = None
 
     # ---- what the pool reads ---------------------------------------------------------------
+    @property
+    def session(self) -> aiohttp.ClientSession | None:
+        """The connection pool to the server (None until started); the remote tokenizer's too."""
+        return self._session
+
     @property
     def num_inflight(self) -> int:
         return len(self.inflight)
@@ -213,7 +221,9 @@ class HttpBackendConn:
     # ---- one request ---------------------------------------------------------------------------
     async def _stream(self, req: pb.GenerateRequest, prompt: list[int]) -> None:
         rid = req.request_id
-        body = completion_body(self.info.model if self.info else "", prompt, req.sampling)
+        passes_text = self.tokenizer is None  # the gateway cannot detokenize: the server does
+        body = completion_body(self.info.model if self.info else "", prompt, req.sampling,
+                               passes_text)
         generated = 0
         try:
             async with self._session.post(f"{self.address}/v1/completions", json=body) as resp:
@@ -239,7 +249,8 @@ class HttpBackendConn:
                                     num_completion_tokens=generated,
                                     tokens_frame=0 if ids else codec.NO_FRAME,
                                     finish_reason=FINISH.get(finish, pb.RequestOutput.STOP)
-                                    if finish else pb.RequestOutput.NONE)
+                                    if finish else pb.RequestOutput.NONE,
+                                    text=str(choice.get("text") or "") if passes_text else "")
                     self._emit(pb.Envelope(step_output=out), [ids] if ids else [])
                     if finish:
                         return
@@ -251,11 +262,15 @@ class HttpBackendConn:
         self._emit(codec.make_error(pb.Error.INTERNAL, "the stream ended without a finish", rid))
 
 
-def completion_body(model: str, prompt: list[int], s: pb.SamplingParams) -> dict:
-    """Our SamplingParams as a `/v1/completions` body (vLLM's extra fields where OpenAI has none)."""
+def completion_body(model: str, prompt: list[int], s: pb.SamplingParams,
+                    passes_text: bool = False) -> dict:
+    """Our SamplingParams as a `/v1/completions` body (vLLM's extra fields where OpenAI has none).
+    The text the server streams is used only when it `passes_text`: then it is made with the
+    request's skip_special_tokens."""
+    skip = passes_text and (not s.HasField("skip_special_tokens") or s.skip_special_tokens)
     body = {"model": model, "prompt": prompt, "max_tokens": s.max_tokens,
             "temperature": s.temperature, "stream": True, "return_token_ids": True,
-            "skip_special_tokens": False}
+            "skip_special_tokens": skip}
     if s.top_p > 0:
         body["top_p"] = s.top_p
     if s.top_k > 0:

@@ -4,6 +4,10 @@ One `OutputAssembler` per generated sequence. It owns the incremental detokenize
 matcher, counts tokens and records when each arrived (for TTFT/ITL), and decides the finish
 reason: the backend's (`stop` on EOS, `length` at max_tokens) or `stop` when a stop string
 matched in the text — then the caller must abort the request on its backend.
+
+Without a decode function (`decode=None`) the text comes with the tokens: a backend that
+detokenizes for the gateway (an HTTP server the gateway has no tokenizer for) sends each chunk's
+text, and stop strings are matched in it the same way.
 """
 from __future__ import annotations
 
@@ -37,10 +41,10 @@ class OutputAssembler:
         "token_times",
     )
 
-    def __init__(self, decode: Decode, prompt_ids: Sequence[int], stop: Sequence[str],
+    def __init__(self, decode: Decode | None, prompt_ids: Sequence[int], stop: Sequence[str],
                  include_stop: bool = False, min_tokens: int = 0,
                  stop_token_ids: Sequence[int] = ()) -> None:
-        self._detok = IncrementalDetokenizer(decode, prompt_ids)
+        self._detok = IncrementalDetokenizer(decode, prompt_ids) if decode is not None else None
         self._stop_ids = frozenset(stop_token_ids)  # EOS (unless ignored) and stop_token_ids
         self._stop = StopMatcher(stop, include_stop)
         self._min_tokens = min_tokens
@@ -56,8 +60,9 @@ class OutputAssembler:
         return self.finish_reason is not None
 
     def add(self, token_ids: Sequence[int], now: float, finish_reason: str | None = None,
-            logprobs: Sequence[tuple] | None = None) -> OutputDelta:
-        """Tokens from one StepOutput (possibly none, with only a finish reason)."""
+            logprobs: Sequence[tuple] | None = None, text: str | None = None) -> OutputDelta:
+        """Tokens from one StepOutput (possibly none, with only a finish reason); `text`: their
+        text, when the backend detokenizes (the assembler has no decode function)."""
         if self.finished:
             return OutputDelta("", [], None, None)
         ids = list(token_ids)
@@ -71,12 +76,13 @@ class OutputAssembler:
         # the token that stopped the backend (EOS, a stop token id) is not part of the text
         text_ids = ids[:-1] if finish_reason == "stop" and ids and ids[-1] in self._stop_ids \
             else ids
-        text = match(self._detok.add(text_ids))
+        detok = self._detok
+        text = match(detok.add(text_ids) if detok is not None else text or "")
         if self._stop.stopped:
             self.stopped_by_string = True
             self.finish_reason = "stop"
         elif finish_reason is not None:
-            text += self._stop.feed(self._detok.flush())
+            text += self._stop.feed(detok.flush() if detok is not None else "")
             if self._stop.stopped:
                 self.stopped_by_string = True
                 self.finish_reason = "stop"

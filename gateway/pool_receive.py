@@ -140,7 +140,10 @@ class PoolReceiver:
             self._forget(backend, rid)
         lps = [(lp.logprob, list(lp.top_ids), list(lp.top_logprobs)) for lp in out.logprobs] \
             if out.logprobs else None
-        dispatch.sink.on_tokens(ids, finish, lps, now)
+        if out.text:  # a backend that detokenizes for the gateway (gateway.http_backend)
+            dispatch.sink.on_tokens(ids, finish, lps, now, text=out.text)
+        else:
+            dispatch.sink.on_tokens(ids, finish, lps, now)
 
     def _fail_one(self, backend: BackendConn, rid: str, error: APIError,
                   abort: bool = True) -> None:

@@ -46,9 +46,9 @@ def check_model(gw: Gateway, model: str | None) -> None:
                         f"'{gw.model_name}'.", "model", "model_not_found")
 
 
-def tokenize(gw: Gateway, prompt: Prompt, add_special_tokens: bool = True) -> list[int]:
+async def tokenize(gw: Gateway, prompt: Prompt, add_special_tokens: bool = True) -> list[int]:
     if isinstance(prompt, str):
-        return gw.bundle.encode(prompt, add_special_tokens=add_special_tokens)
+        return await gw.encode(prompt, add_special_tokens)
     vocab = gw.info.vocab_size
     if vocab and max(prompt) >= vocab:
         raise bad_request(f"Token id {max(prompt)} in 'prompt' is out of range (vocabulary "
@@ -252,7 +252,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if req.suffix is not None:
         prompts = [gw.fim_prompt(p, req.suffix) for p in req.prompts]
     else:
-        prompts = [tokenize(gw, p, req.add_special_tokens) for p in req.prompts]
+        prompts = [await tokenize(gw, p, req.add_special_tokens) for p in req.prompts]
     internal_id = gw.new_request_id("cmpl")
     request_id = f"cmpl-{req.request_id}" if req.request_id else internal_id
     handles = submit_all(gw, internal_id, prompts, req.sampling, req.options, "max_tokens")
@@ -260,7 +260,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     created, model = int(time.time()), gw.model_name
     n = req.sampling.n
     token_info = req.options.return_token_ids or req.sampling.logprobs is not None
-    echo = [(p if isinstance(p, str) else gw.bundle.decode(list(p))) if req.echo else None
+    echo = [(p if isinstance(p, str) else await gw.decode_prompt(list(p))) if req.echo else None
             for p in req.prompts for _ in range(n)]
 
     async def respond():
@@ -311,13 +311,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     gw.check_admission()
     check_model(gw, req.model)
     messages = [{"role": m.role, "content": m.content} for m in req.messages]
-    try:
-        prompt_ids = gw.bundle.encode(
-            gw.bundle.apply_chat_template(messages, req.add_generation_prompt),
-            add_special_tokens=req.add_special_tokens)
-    except Exception as exc:  # noqa: BLE001 - jinja templates raise anything (raise_exception)
-        raise bad_request(f"The chat template could not render the messages: {exc}",
-                          "messages") from None
+    prompt_ids = await gw.encode_chat(messages, req.add_generation_prompt,
+                                      req.add_special_tokens)
     internal_id = gw.new_request_id("chatcmpl")
     request_id = f"chatcmpl-{req.request_id}" if req.request_id else internal_id
     param = "max_tokens"

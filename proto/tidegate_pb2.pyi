@@ -230,7 +230,7 @@ class TokenLogprobs(_message.Message):
     def __init__(self, logprob: _Optional[float] = ..., top_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class RequestOutput(_message.Message):
-    __slots__ = ("request_id", "tokens_frame", "logprobs", "finish_reason", "num_prompt_tokens", "num_completion_tokens", "num_cached_tokens", "index", "num_draft_tokens", "num_accepted_prediction_tokens", "num_rejected_prediction_tokens", "num_accepted_draft_tokens")
+    __slots__ = ("request_id", "tokens_frame", "logprobs", "finish_reason", "num_prompt_tokens", "num_completion_tokens", "num_cached_tokens", "index", "num_draft_tokens", "num_accepted_prediction_tokens", "num_rejected_prediction_tokens", "num_accepted_draft_tokens", "text")
     class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         NONE: _ClassVar[RequestOutput.FinishReason]
@@ -255,6 +255,7 @@ class RequestOutput(_message.Message):
     NUM_ACCEPTED_PREDICTION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_REJECTED_PREDICTION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_ACCEPTED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tokens_frame: int
     logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprobs]
@@ -267,7 +268,8 @@ class RequestOutput(_message.Message):
     num_accepted_prediction_tokens: int
     num_rejected_prediction_tokens: int
     num_accepted_draft_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., tokens_frame: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprobs, _Mapping]]] = ..., finish_reason: _Optional[_Union[RequestOutput.FinishReason, str]] = ..., num_prompt_tokens: _Optional[int] = ..., num_completion_tokens: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., index: _Optional[int] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_prediction_tokens: _Optional[int] = ..., num_rejected_prediction_tokens: _Optional[int] = ..., num_accepted_draft_tokens: _Optional[int] = ...) -> None: ...
+    text: str
+    def __init__(self, request_id: _Optional[str] = ..., tokens_frame: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprobs, _Mapping]]] = ..., finish_reason: _Optional[_Union[RequestOutput.FinishReason, str]] = ..., num_prompt_tokens: _Optional[int] = ..., num_completion_tokens: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., index: _Optional[int] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_prediction_tokens: _Optional[int] = ..., num_rejected_prediction_tokens: _Optional[int] = ..., num_accepted_draft_tokens: _Optional[int] = ..., text: _Optional[str] = ...) -> None: ...
 
 class StepOutput(_message.Message):
     __slots__ = ("step", "outputs")
