@@ -71,8 +71,8 @@ class BackendPool(PoolReceiver, PoolFailover):
                  on_idle: Callable[[], None] | None = None,
                  on_dropped: Callable[[str], None] | None = None,
                  on_retry: Callable[[int], None] | None = None) -> None:
-        if not addresses:
-            raise ValueError("a BackendPool needs at least one backend address")
+        # no address is fine: discovery (gateway.discovery) or the admin endpoint adds them, and
+        # until one has introduced itself requests get 503
         self.config = config
         self._ctx = zmq.asyncio.Context()
         self.backends = []

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 # (whose `import torch` is the long pole of start-up) before the gateway's own modules (aiohttp,
 # the app, the pool: ~0.9 s) are imported, so the two overlap on a multi-core machine.
 from engine_flags import add_forwarded_engine_args, default_model, forwarded_argv
+from gateway.discovery import add_discovery_arguments, discovery_ctx, sources_from_args
 from gateway.validation import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, RequestLimits
 from scheduler.capacity import DEFAULT_CAPACITY
 from scheduler.placement import add_placement_arguments, placement_config_from_args
@@ -96,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-inflight-per-backend", type=int, default=256,
                    help="requests in flight on one backend; more wait in the class queues")
     add_placement_arguments(p)
+    add_discovery_arguments(p)
     p.add_argument("--max-batch-size", type=int, default=128, help="requests per Batch (1..128)")
     p.add_argument("--min-latency-ms", type=float, default=5.0, help="longest batching window")
     p.add_argument("--target-throughput", type=float, default=8000.0, help="requests/s")
@@ -245,7 +247,8 @@ async def serve(args: argparse.Namespace, embedded: EmbeddedBackend | None = Non
     from gateway.app_keys import GATEWAY_KEY
     from proto.security import SecurityError, check_bind
 
-    backends = args.backend or ["embedded"]
+    sources = sources_from_args(args)
+    backends = args.backend or ([] if sources else ["embedded"])
     if "embedded" in backends:
         if embedded is None:
             embedded = EmbeddedBackend(args)
@@ -264,6 +267,8 @@ async def serve(args: argparse.Namespace, embedded: EmbeddedBackend | None = Non
         from gateway.frontdoor import frontdoor_ctx
 
         extra.append(frontdoor_ctx(args.zmq_listen, config.pool.curve, args.insecure))
+    if sources:
+        extra.append(discovery_ctx(sources, args.discovery_interval))
     app = create_app(config, extra_cleanup_ctx=extra)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     stop = asyncio.Event()
@@ -286,8 +291,9 @@ async def serve(args: argparse.Namespace, embedded: EmbeddedBackend | None = Non
         await site.start()
         port = site._server.sockets[0].getsockname()[1] if site._server else args.port
         model = gw.model_name if gw.pool.info is not None else "(waiting for a backend)"
+        listed = ", ".join([*backends, *(s.name for s in sources)])
         print(f"tidegate serving model {model} on http://{args.host}:{port} "
-              f"(backends: {', '.join(backends)})", flush=True)
+              f"(backends: {listed})", flush=True)
         if args.zmq_listen:
             print(f"tidegate ZMQ front door on {args.zmq_listen}", flush=True)
         # Everything built so far (modules, tokenizer, app) lives as long as the process: out of
@@ -321,9 +327,14 @@ def main(argv: list[str] | None = None) -> int:
     return _run_one(args)
 
 
+def _discovers(args: argparse.Namespace) -> bool:
+    return bool(args.endpoints_file or args.discover_dns or args.discover_k8s)
+
+
 def _run_one(args: argparse.Namespace) -> int:
     # The embedded backend first: it starts (torch, weights) while this process imports the rest.
-    embedded = EmbeddedBackend(args) if "embedded" in (args.backend or ["embedded"]) else None
+    default = [] if _discovers(args) else ["embedded"]
+    embedded = EmbeddedBackend(args) if "embedded" in (args.backend or default) else None
     try:
         import uvloop
     except ImportError:  # not on Windows

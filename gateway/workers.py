@@ -26,7 +26,8 @@ def free_port(host: str) -> int:
 
 def serve_workers(args: argparse.Namespace, run_one: Callable[[argparse.Namespace], int],
                   start_embedded: Callable[[argparse.Namespace], object]) -> int:
-    backends = args.backend or ["embedded"]
+    discovers = args.endpoints_file or args.discover_dns or args.discover_k8s
+    backends = args.backend or ([] if discovers else ["embedded"])
     embedded = None
     if "embedded" in backends:
         embedded = start_embedded(args)
