@@ -430,6 +430,46 @@ class BlockManager:
             tables[seq_id].append(block)
             counts[seq_id] = n
 
+    # ---- speculative decoding: slots for draft tokens, given back after the verify ------------
+    def num_reserve_blocks_needed(self, seq_id: object, num_tokens: int) -> int:
+        """Fresh blocks `reserve_slots(seq_id, num_tokens)` takes."""
+        return max(0, self.num_blocks_for(num_tokens) - len(self._tables[seq_id]))
+
+    def reserve_slots(self, seq_id: object, num_tokens: int) -> None:
+        """Grow a decoding sequence's table (never shared: no copy-on-write) to cover
+        `num_tokens` slots, the verify's draft tokens included; the caller checked the free
+        count (`num_reserve_blocks_needed`)."""
+        n = self.num_reserve_blocks_needed(seq_id, num_tokens)
+        if n > self.num_free_blocks:
+            raise NoFreeBlocksError(f"sequence {seq_id!r} needs {n} free blocks, "
+                                    f"{self.num_free_blocks} free")
+        if n:
+            self._tables[seq_id] += self._take_blocks(n)
+        self._num_tokens[seq_id] = num_tokens
+
+    def truncate(self, seq_id: object, num_tokens: int) -> int:
+        """Give back the slots past `num_tokens` (a verify's rejected drafts): the blocks that
+        hold none of the first `num_tokens` go back to the front of the free list. They were
+        never registered (only full blocks of computed tokens are) nor shared. Returns how many
+        blocks were freed."""
+        table = self._tables[seq_id]
+        keep = self.num_blocks_for(num_tokens)
+        dropped = table[keep:]
+        if not self._exclusive:
+            ref, keys = self._ref_counts, self._block_keys
+            for block in dropped:
+                if ref[block] != 1 or keys[block] is not None:
+                    raise ValueError(f"sequence {seq_id!r}: block {block} past its tokens is "
+                                     "shared or cached")
+            for block in dropped:
+                ref[block] = 0
+        self._num_tokens[seq_id] = num_tokens
+        if not dropped:
+            return 0
+        del table[keep:]
+        self._free_uncached += dropped[::-1]  # the table's first dropped block is taken first
+        return len(dropped)
+
     def set_slot_counts(self, num_tokens: Mapping[object, int]) -> None:
         """Set sequences' slot counts (each already covered by its blocks): seq id -> slots."""
         self._num_tokens.update(num_tokens)

@@ -26,6 +26,10 @@ class SchedulerConfig:
     class_bounds: tuple[int, int] = DEFAULT_CLASS_BOUNDS  # Fast <= a < Normal <= b < Slow
     # prefill budget by backlog (scheduler.capacity.PrefillCap; off by default)
     prefill_cap: PrefillCap = field(default_factory=PrefillCap)
+    # speculative decoding: a verify's draft tokens stay in the block of the sequence's next
+    # slot (the runner keeps int4 keys' last block at full precision: a rollback across a
+    # block would lose those rows)
+    draft_within_block: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_model_len", "num_blocks", "max_num_seqs", "block_size"):
@@ -52,11 +56,15 @@ class ScheduledChunk:
     block_table: list[int]
     is_prefill: bool
     sample: bool  # a token is sampled after this chunk: every decode and the last prefill chunk
+    # a verify (speculative decoding): the last `num_draft` of token_ids are draft tokens after
+    # the sequence's last token; the runner samples a target at every one of its positions
+    num_draft: int = 0
 
 
 @dataclass(slots=True)
 class StepPlan:
-    """What the runner executes this step. Chunks: decodes first (Fast class first), then prefills."""
+    """What the runner executes this step. Chunks: one-token decodes first (Fast class first),
+    then verifies (decodes with draft tokens), then prefills."""
 
     chunks: list[ScheduledChunk] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)  # request ids sent back to waiting
@@ -73,6 +81,10 @@ class StepPlan:
     def num_prefill_tokens(self) -> int:
         return sum(len(c.token_ids) for c in self.chunks if c.is_prefill)
 
+    @property
+    def num_draft_tokens(self) -> int:
+        return sum(c.num_draft for c in self.chunks)
+
 
 @dataclass(slots=True)
 class StepResult:
@@ -81,6 +93,9 @@ class StepResult:
     sampled: dict[str, int] = field(default_factory=dict)
     stopped: set[str] = field(default_factory=set)  # the sampled token is eos/stop: finish
     decode_token: int = 0  # sampled by every unlisted decode (schedule(list_decodes=False))
+    # verifies: request -> the draft tokens accepted (a prefix of its chunk's drafts), appended
+    # before its `sampled` token; absent: none accepted
+    accepted: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,6 +46,8 @@ from __future__ import annotations
 import logging
 from bisect import insort
 from collections import deque
+from collections.abc import Mapping
+from collections.abc import Sequence as Seq
 
 from scheduler.block_manager import BlockManager
 from scheduler.capacity import PrefillCap
@@ -153,9 +155,15 @@ class StepScheduler:
         return self._finish_record(seq, "abort")
 
     # ---- the step ----------------------------------------------------------------------------
-    def schedule(self, list_decodes: bool = True) -> StepPlan:
+    def schedule(self, list_decodes: bool = True,
+                 drafts: Mapping[str, Seq[int]] | None = None) -> StepPlan:
         """Plan one step. With `list_decodes=False` the decodes are not listed as chunks (every
-        decoding sequence still decodes: `plan.num_unlisted_decodes`); the simulator's mode."""
+        decoding sequence still decodes: `plan.num_unlisted_decodes`); the simulator's mode.
+
+        `drafts[request_id]`: draft tokens for that decoding sequence (speculative decoding,
+        scheduler.speculation): its decode becomes a verify chunk of its last token and the
+        drafts, fewer of them where its length limit, the token budget or the free blocks say
+        so (drafts never preempt); slots for them are reserved and given back at `update`."""
         cfg, bm = self.config, self.block_manager
         decodes = self.decodes
         step = decodes.step
@@ -168,6 +176,8 @@ class StepScheduler:
         if list_decodes:
             self._list_decodes(step, chunks)
             budget -= len(chunks)
+            if drafts:
+                budget -= self._add_drafts(chunks, drafts, budget)
         else:
             plan.num_unlisted_decodes = decodes.num_decoding
             budget -= decodes.num_decoding
@@ -255,6 +265,52 @@ class StepScheduler:
             if len(tokens) <= pos:  # unlisted decodes before: fill them in
                 tokens.extend([fill] * (pos + 1 - len(tokens)))
             append(ScheduledChunk(seq.request_id, [tokens[pos]], pos, seq.block_table, False, True))
+
+    def _add_drafts(self, chunks: list[ScheduledChunk], drafts: Mapping[str, Seq[int]],
+                    budget: int) -> int:
+        """Turn the listed decodes that have drafts into verify chunks (after the plain decodes,
+        in plan order); returns the draft tokens added."""
+        cfg, bm = self.config, self.block_manager
+        bs = cfg.block_size
+        plain: list[ScheduledChunk] = []
+        verifies: list[ScheduledChunk] = []
+        used = 0
+        for c in chunks:
+            draft = drafts.get(c.request_id)
+            if not draft or budget - used <= 0:
+                plain.append(c)
+                continue
+            seq = self.requests[c.request_id]
+            pos = c.start_pos
+            # the verify yields up to k + 1 tokens after the pos + 1 there are
+            limit = min(seq.max_tokens + seq.num_prompt_tokens, cfg.max_model_len)
+            k = min(len(draft), limit - pos - 2, budget - used)
+            if cfg.draft_within_block:
+                k = min(k, bs - 1 - pos % bs)
+            free = bm.num_free_blocks
+            while k > 0 and bm.num_reserve_blocks_needed(c.request_id, pos + 1 + k) > free:
+                k -= 1
+            if k <= 0:
+                plain.append(c)
+                continue
+            bm.reserve_slots(c.request_id, pos + 1 + k)
+            c.token_ids = c.token_ids + [int(t) for t in draft[:k]]
+            c.num_draft = k
+            used += k
+            verifies.append(c)
+        if verifies:
+            chunks[:] = plain + verifies
+        return used
+
+    def decoding_sequences(self) -> list[Sequence]:
+        """The running sequences that decode next step (what the speculation policy weighs)."""
+        return [s for s in self.running if s.decoding]
+
+    def planned_prefill_tokens(self) -> int:
+        """About how many prefill tokens the next step carries: the backlog, up to the budget
+        the decodes leave (the speculation policy's load)."""
+        room = self.config.max_num_batched_tokens - self.decodes.num_decoding
+        return min(self.prefill_backlog(room), room) if room > 0 else 0
 
     def _schedule_prefill(self, seq: Sequence, budget: int, chunks: list[ScheduledChunk]) -> int:
         start = seq._computed
@@ -362,6 +418,11 @@ class StepScheduler:
                 computed = seq._computed + step  # after this step
                 if not seq.decoding or chunk.start_pos != computed - 1:
                     raise ValueError(f"stale plan for {rid!r}: decode at {chunk.start_pos}")
+                if chunk.num_draft:
+                    done = self._update_verify(seq, chunk, result, step)
+                    if done is not None:
+                        finished.append(done)
+                    continue
                 if len(tokens) < computed:
                     tokens.extend([fill] * (computed - len(tokens)))
                 if caching and computed % bs == 0:
@@ -378,6 +439,37 @@ class StepScheduler:
             elif not seq.decoding:
                 decodes.join(seq, step)
         return finished
+
+    def _update_verify(self, seq: Sequence, chunk: ScheduledChunk, result: StepResult,
+                       step: int) -> FinishedSequence | None:
+        """A verify's outcome: the accepted drafts and the sampled token join the sequence, the
+        slots of the rejected drafts are given back, and the sequence rejoins the lazy decodes
+        at its new length (or finishes)."""
+        rid = seq.request_id
+        accepted = result.accepted.get(rid, ())
+        a = len(accepted)
+        if a > chunk.num_draft or list(accepted) != chunk.token_ids[1:1 + a]:
+            raise ValueError(f"verify of {rid!r}: accepted tokens are not a prefix of its drafts")
+        token = result.sampled.get(rid)
+        if token is None:
+            raise ValueError(f"step result has no sampled token for {rid!r}")
+        tokens = seq._token_ids
+        tokens.extend(accepted)
+        tokens.append(token)
+        self.decodes.leave(seq)  # back to an absolute count: the last token's slot is computed
+        computed = chunk.start_pos + 1 + a
+        seq._computed = computed
+        bm = self.block_manager
+        bm.truncate(rid, computed)
+        if bm.enable_prefix_caching:
+            bm.cache_blocks(rid, tokens, computed)
+        if rid in result.stopped:
+            return self._finish(seq, "stop")
+        if (len(tokens) - seq.num_prompt_tokens >= seq.max_tokens
+                or len(tokens) >= self.config.max_model_len):
+            return self._finish(seq, "length")
+        self.decodes.join(seq, step)
+        return None
 
     def set_token(self, request_id: str, position: int, token: int) -> bool:
         """Overwrite the token at `position` of a live request; False if it is gone. Async

@@ -1,0 +1,657 @@
+"""Speculative decoding without a draft model: the proposers and the per-step policy.
+
+Pure Python (numpy at most), like the rest of `scheduler/`, so that the engine, the simulator
+and the tests run the same code.
+
+Sources of draft tokens (each a `Proposer`; a draft model would be one more):
+
+    prediction  the request's predicted output (OpenAI Predicted Outputs): kept aligned to the
+                output as it grows; after a mismatch (an edited line) it re-synchronises by
+                finding the output's last few tokens in the prediction again
+    prompt      prompt lookup (n-gram): the output's last n tokens found earlier in the prompt or
+                the output, the tokens that followed them there
+    session     the earlier outputs of requests that shared this one's prompt prefix (a session,
+                an editor's file): a suffix index over them, same lookup
+
+Per request, `DraftState` keeps what the proposers need (token history, n-gram indexes, the
+prediction's alignment) and the measured acceptance per source. Per step,
+`SpeculationPolicy.plan` decides how many draft tokens each decoding sequence gets:
+
+* per sequence: draft i is worth proposing while the chance that it is accepted (alpha^i, alpha
+  the sequence's measured per-token acceptance for its best source) is above the relative cost
+  of one more token in the step; capped by the request's `max_draft_tokens` (or the server's),
+  its class's cap, and off for requests that turned it off;
+* per step, the load: a step costs about the same up to the backend's *knee* (a decode step is
+  bound by reading the weights: extra tokens are nearly free below it), so the draft tokens of a
+  step are at most ``knee - decodes - prefill tokens planned``, handed out Fast class first,
+  then Normal, then Slow, most promising first. At saturation (decodes + prefill backlog at or
+  past the knee) nothing is drafted: speculation never takes a step past the knee, where every
+  extra token costs throughput. The knee is measured (`StepCostModel`) where steps are timed,
+  else configured.
+
+Verification (the engine): k drafts are fed with the sequence's last token as one chunk; the
+target token at each position is sampled exactly as a plain decode would sample it (the
+sampler's noise is a function of (seed, token index), so the target is what decoding without
+speculation would produce); drafts are accepted while they equal the target, and the first
+target that differs (or the one after the last draft) is appended too. Greedy output is
+therefore identical, and sampled output keeps its distribution (accepting a deterministic draft
+d with probability p(d) and otherwise sampling from p without d is the rejection rule of
+speculative sampling for a one-hot draft distribution).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from scheduler.classes import DEFAULT_CLASS_BOUNDS, class_index
+
+SOURCES = ("prediction", "prompt", "session")
+# prior per-token acceptance of a source never measured (per request, then the backend's mean)
+PRIOR_ACCEPTANCE = {"prediction": 0.85, "prompt": 0.5, "session": 0.5, "draft_model": 0.6}
+
+
+# ---- configuration --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SpeculationConfig:
+    """The server's default (`--speculation ...` flags)."""
+
+    enabled: bool = True
+    max_draft_tokens: int = 8  # per sequence per step (a request may ask for fewer)
+    sources: tuple[str, ...] = SOURCES
+    # step tokens below which a step costs about one decode step (where no measurement yet)
+    knee_tokens: int = 128
+    # relative cost of one more token in a step below the knee: draft i is proposed while its
+    # acceptance chance alpha^i is at least this
+    min_draft_prob: float = 0.15
+    # per queue class (fast, normal, slow): the most draft tokens a sequence of that class gets
+    class_max: tuple[int, int, int] = (16, 16, 8)
+    class_bounds: tuple[int, int] = DEFAULT_CLASS_BOUNDS
+    ngram_max: int = 4  # prompt / session lookup: longest and shortest suffix matched
+    ngram_min: int = 2
+    resync_ngram: int = 3  # prediction: tokens of the output's suffix matched to re-align
+    session_prefix_tokens: int = 64  # prompt tokens that name a session (its key)
+    max_sessions: int = 256
+    max_session_tokens: int = 1 << 16  # per session, earliest outputs dropped first
+    # every sequence's acceptance estimate forgets at this rate per verify
+    decay: float = 0.9
+
+    def __post_init__(self) -> None:
+        if self.max_draft_tokens < 0:
+            raise ValueError("max_draft_tokens must be >= 0")
+        if self.knee_tokens < 1:
+            raise ValueError("knee_tokens must be >= 1")
+        if not 0.0 < self.min_draft_prob <= 1.0:
+            raise ValueError("min_draft_prob must be in (0, 1]")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError("need 1 <= ngram_min <= ngram_max")
+        if self.resync_ngram < 1:
+            raise ValueError("resync_ngram must be >= 1")
+        unknown = set(self.sources) - set(SOURCES)
+        if unknown:
+            raise ValueError(f"unknown speculation sources {sorted(unknown)}; known: {SOURCES}")
+
+
+def add_speculation_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--speculation on|off, --speculation-max-draft-tokens, --speculation-sources,
+    --speculation-knee-tokens."""
+    d = SpeculationConfig()
+    parser.add_argument("--speculation", choices=("on", "off"), default="on",
+                        help="speculative decoding from the request's prediction, prompt lookup "
+                             "and the session's earlier outputs, under the load policy "
+                             "(default on)")
+    parser.add_argument("--speculation-max-draft-tokens", type=int, default=d.max_draft_tokens,
+                        help=f"draft tokens per sequence per step at most (default "
+                             f"{d.max_draft_tokens}); a request may ask for fewer")
+    parser.add_argument("--speculation-sources", default=",".join(d.sources),
+                        help=f"comma-separated draft sources (default {','.join(d.sources)})")
+    parser.add_argument("--speculation-knee-tokens", type=int, default=d.knee_tokens,
+                        help=f"step tokens below which a step costs about one decode step, until "
+                             f"measured (default {d.knee_tokens})")
+
+
+def speculation_config_from_args(args: argparse.Namespace) -> SpeculationConfig:
+    sources = tuple(s.strip() for s in str(args.speculation_sources).split(",") if s.strip())
+    return SpeculationConfig(enabled=args.speculation == "on",
+                             max_draft_tokens=args.speculation_max_draft_tokens,
+                             sources=sources, knee_tokens=args.speculation_knee_tokens)
+
+
+# ---- n-gram indexes ---------------------------------------------------------------------------
+class NgramIndex:
+    """The latest start of every n-gram (n in [n_min, n_max]) of a growing token list that has
+    at least one token after it. `lookup(suffix_tokens)` -> where the longest matching n-gram's
+    continuation starts, or -1. O(n_max - n_min + 1) dict operations per appended token."""
+
+    __slots__ = ("n_max", "n_min", "tables", "tokens")
+
+    def __init__(self, n_min: int, n_max: int, tokens: Iterable[int] = ()) -> None:
+        self.n_min, self.n_max = n_min, n_max
+        self.tokens: list[int] = []
+        self.tables: list[dict[tuple[int, ...], int]] = [{} for _ in range(n_max - n_min + 1)]
+        self.extend(tokens)
+
+    def extend(self, new: Iterable[int]) -> None:
+        tokens, tables, n_min = self.tokens, self.tables, self.n_min
+        for tok in new:
+            tokens.append(int(tok))
+            end = len(tokens) - 1  # the n-grams ending just before the new token now have one
+            for j, table in enumerate(tables):
+                n = n_min + j
+                if end >= n:
+                    table[tuple(tokens[end - n:end])] = end  # continuation starts at `end`
+
+    def lookup(self, suffix: Sequence[int]) -> int:
+        """Where the continuation of the longest n-gram that ends `suffix` starts, or -1."""
+        for n in range(min(self.n_max, len(suffix)), self.n_min - 1, -1):
+            pos = self.tables[n - self.n_min].get(tuple(suffix[len(suffix) - n:]))
+            if pos is not None:
+                return pos
+        return -1
+
+
+# ---- per-request state ----------------------------------------------------------------------
+class Acceptance:
+    """A decayed count of draft tokens tried and accepted (one source of one request)."""
+
+    __slots__ = ("accepted", "tried")
+
+    def __init__(self) -> None:
+        self.tried = 0.0
+        self.accepted = 0.0
+
+    def observe(self, num_drafted: int, num_accepted: int, decay: float) -> None:
+        # a verify of k drafts with a accepted is a accepted trials, plus one rejection if a < k
+        trials = num_accepted + (1 if num_accepted < num_drafted else 0)
+        self.tried = self.tried * decay + trials
+        self.accepted = self.accepted * decay + num_accepted
+
+    def rate(self, prior: float, weight: float = 2.0) -> float:
+        return (self.accepted + prior * weight) / (self.tried + weight)
+
+
+@dataclass
+class DraftState:
+    """What the proposers keep of one sequence. `prompt` and `output` are the sequence's tokens
+    (the output grows through `append`)."""
+
+    request_id: str
+    prompt: Sequence[int]
+    prediction: Sequence[int] | None = None
+    max_draft_tokens: int = 0  # the request's cap; 0: the server's
+    off: bool = False
+    session_key: int | None = None
+    output: list[int] = field(default_factory=list)
+    # prediction alignment: index of the next predicted token, -1 when lost
+    pred_pos: int = 0
+    pred_index: NgramIndex | None = None
+    history: NgramIndex | None = None  # prompt + output (prompt lookup)
+    acceptance: dict[str, Acceptance] = field(default_factory=dict)
+    # counters (cumulative, reported on the wire)
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
+    num_prediction_drafted: int = 0
+    num_accepted_prediction_tokens: int = 0
+    num_rejected_prediction_tokens: int = 0  # drafted from the prediction and rejected so far
+    # the last proposal's source (what the verify's outcome is credited to)
+    last_source: str = ""
+    last_draft: list[int] = field(default_factory=list)
+
+    def prediction_unused(self) -> int:
+        """Predicted tokens that did not make it into the output (OpenAI's
+        rejected_prediction_tokens at the end of a request)."""
+        if not self.prediction:
+            return 0
+        return max(0, len(self.prediction) - self.num_accepted_prediction_tokens)
+
+
+# ---- proposers --------------------------------------------------------------------------------
+class Proposer(Protocol):
+    """A source of draft tokens. `propose` returns up to `k` tokens that would follow the
+    sequence's tokens (`state.prompt + state.output`). A draft model would implement
+    `propose_batch` to run one forward pass for every sequence of a step."""
+
+    source: str
+
+    def propose(self, state: DraftState, k: int) -> list[int]: ...
+
+
+class PredictionProposer:
+    """Drafts from the request's prediction, aligned to the output as it grows.
+
+    `state.pred_pos` is the index in the prediction of the token expected next. Each appended
+    output token that equals the prediction there moves it on; one that differs loses the
+    alignment, which is found again when the output's last `resync_ngram` tokens occur in the
+    prediction (the first occurrence at or after the last aligned place, else the first
+    anywhere): an edit rewrote a line, the output is back to the predicted text after it."""
+
+    source = "prediction"
+
+    def __init__(self, resync_ngram: int = 3) -> None:
+        self.resync_ngram = resync_ngram
+
+    def start(self, state: DraftState) -> None:
+        if state.prediction is not None and len(state.prediction):
+            state.pred_pos = 0
+            n = self.resync_ngram
+            state.pred_index = _PositionsIndex(state.prediction, n)
+        else:
+            state.pred_pos = -1
+
+    def observe(self, state: DraftState, new_tokens: Sequence[int]) -> None:
+        pred = state.prediction
+        if not pred:
+            return
+        out = state.output  # already extended by new_tokens
+        start = len(out) - len(new_tokens)
+        pos = state.pred_pos
+        last_good = pos
+        for i, tok in enumerate(new_tokens):
+            if pos >= 0 and pos < len(pred) and pred[pos] == tok:
+                pos += 1
+                last_good = pos
+                continue
+            # off the prediction: look for the output's suffix in it
+            pos = -1
+            end = start + i + 1
+            n = self.resync_ngram
+            if end >= n and state.pred_index is not None:
+                pos = state.pred_index.find_after(tuple(out[end - n:end]), max(last_good, 0))
+        state.pred_pos = pos
+
+    def propose(self, state: DraftState, k: int) -> list[int]:
+        pred, pos = state.prediction, state.pred_pos
+        if not pred or pos < 0 or k <= 0:
+            return []
+        return list(pred[pos:pos + k])
+
+
+class _PositionsIndex:
+    """Every start of every n-gram of a fixed token list (the prediction), sorted."""
+
+    __slots__ = ("n", "starts")
+
+    def __init__(self, tokens: Sequence[int], n: int) -> None:
+        self.n = n
+        self.starts: dict[tuple[int, ...], list[int]] = {}
+        toks = [int(t) for t in tokens]
+        for s in range(len(toks) - n + 1):
+            self.starts.setdefault(tuple(toks[s:s + n]), []).append(s)
+
+    def find_after(self, gram: tuple[int, ...], at_least: int) -> int:
+        """The index after the first occurrence of `gram` ending at or after `at_least`
+        (else after the first occurrence anywhere); -1 if it does not occur."""
+        starts = self.starts.get(gram)
+        if not starts:
+            return -1
+        n = self.n
+        for s in starts:
+            if s + n >= at_least:
+                return s + n
+        return starts[0] + n
+
+
+class PromptLookupProposer:
+    """Prompt lookup: the output's last n tokens (longest first) found earlier in the prompt or
+    the output; the draft is what followed them there."""
+
+    source = "prompt"
+
+    def __init__(self, n_min: int = 2, n_max: int = 4) -> None:
+        self.n_min, self.n_max = n_min, n_max
+
+    def start(self, state: DraftState) -> None:
+        state.history = NgramIndex(self.n_min, self.n_max, state.prompt)
+
+    def observe(self, state: DraftState, new_tokens: Sequence[int]) -> None:
+        if state.history is not None:
+            state.history.extend(new_tokens)
+
+    def propose(self, state: DraftState, k: int) -> list[int]:
+        h = state.history
+        if h is None or k <= 0:
+            return []
+        toks = h.tokens
+        pos = h.lookup(toks[max(0, len(toks) - self.n_max):])
+        if pos < 0:
+            return []
+        return toks[pos:pos + k]
+
+
+class SessionStore:
+    """Earlier outputs per session key (the hash of a prompt's first tokens), with one n-gram
+    index each; bounded (least recently used sessions and the earliest tokens go first)."""
+
+    def __init__(self, n_min: int = 2, n_max: int = 4, max_sessions: int = 256,
+                 max_tokens: int = 1 << 16) -> None:
+        self.n_min, self.n_max = n_min, n_max
+        self.max_sessions, self.max_tokens = max_sessions, max_tokens
+        self._sessions: OrderedDict[int, NgramIndex] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def record(self, key: int | None, output: Sequence[int]) -> None:
+        """A finished output of session `key` becomes lookup material for its next requests."""
+        if key is None or not len(output):
+            return
+        index = self._sessions.pop(key, None)
+        if index is None:
+            index = NgramIndex(self.n_min, self.n_max)
+        if len(index.tokens) + len(output) > self.max_tokens:  # keep the latest tokens
+            both = index.tokens + [int(t) for t in output]
+            index = NgramIndex(self.n_min, self.n_max, both[len(both) - self.max_tokens:])
+        else:
+            index.extend(output)
+        self._sessions[key] = index
+        while len(self._sessions) > self.max_sessions:
+            self._sessions.popitem(last=False)
+
+    def get(self, key: int | None) -> NgramIndex | None:
+        if key is None:
+            return None
+        index = self._sessions.get(key)
+        if index is not None:
+            self._sessions.move_to_end(key)
+        return index
+
+
+class SessionProposer:
+    """Drafts from what earlier requests of the same session generated (a suffix index per
+    session): the output's last n tokens found in those outputs, what followed them there."""
+
+    source = "session"
+
+    def __init__(self, store: SessionStore) -> None:
+        self.store = store
+
+    def propose(self, state: DraftState, k: int) -> list[int]:
+        index = self.store.get(state.session_key)
+        if index is None or k <= 0:
+            return []
+        tail = (list(state.prompt[-self.store.n_max:]) + state.output)[-self.store.n_max:]
+        pos = index.lookup(tail)
+        if pos < 0:
+            return []
+        return index.tokens[pos:pos + k]
+
+
+def session_key(prompt: Sequence[int], num_tokens: int) -> int | None:
+    """The session a prompt belongs to: the hash of its first `num_tokens` tokens (None when
+    the prompt is shorter: too little to name one)."""
+    if len(prompt) < num_tokens:
+        return None
+    return hash(tuple(int(t) for t in prompt[:num_tokens]))
+
+
+# ---- the step cost (the knee) -------------------------------------------------------------------
+class StepCostModel:
+    """Measured step time by scheduled tokens (power-of-two buckets, a running mean each).
+    `knee()`: the most tokens a step may carry for at most `slack` more time than the smallest
+    measured step; None until two buckets are measured."""
+
+    def __init__(self, slack: float = 0.25, alpha: float = 0.2) -> None:
+        self.slack, self.alpha = slack, alpha
+        self._mean: dict[int, float] = {}
+        self._count: dict[int, int] = {}
+
+    @staticmethod
+    def bucket(num_tokens: int) -> int:
+        return 1 << max(0, (max(1, num_tokens) - 1).bit_length())
+
+    def observe(self, num_tokens: int, seconds: float) -> None:
+        if num_tokens < 1 or not seconds > 0.0:
+            return
+        b = self.bucket(num_tokens)
+        old = self._mean.get(b)
+        self._mean[b] = seconds if old is None else old + self.alpha * (seconds - old)
+        self._count[b] = self._count.get(b, 0) + 1
+
+    def knee(self, min_count: int = 3) -> int | None:
+        buckets = sorted(b for b, c in self._count.items() if c >= min_count)
+        if len(buckets) < 2:
+            return None
+        base = self._mean[buckets[0]]
+        knee = buckets[0]
+        for b in buckets[1:]:
+            if self._mean[b] > base * (1.0 + self.slack):
+                break
+            knee = b
+        return knee
+
+    def table(self) -> dict[int, float]:
+        return dict(sorted(self._mean.items()))
+
+
+# ---- the policy ---------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class SeqLoad:
+    """What the policy reads of one decoding sequence."""
+
+    request_id: str
+    remaining: int  # tokens it may still generate
+    alpha: float  # its measured per-token acceptance (best source)
+    max_draft_tokens: int  # its own cap (0: the server's); -1: speculation off
+    rank: tuple = ()  # service order within a class (priority, arrival, admission)
+
+
+def drafts_worth(alpha: float, cap: int, min_prob: float) -> int:
+    """The most drafts i <= cap with alpha^i >= min_prob."""
+    if cap <= 0 or alpha <= 0.0 or alpha < min_prob:
+        return 0
+    if alpha >= 1.0:
+        return cap
+    return max(0, min(cap, int(math.log(min_prob) / math.log(alpha) + 1e-9)))
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Tokens a verify of k drafts yields on average (the accepted ones and the one after)."""
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+class SpeculationPolicy:
+    """How many draft tokens each decoding sequence gets this step (module docstring)."""
+
+    def __init__(self, config: SpeculationConfig | None = None,
+                 cost: StepCostModel | None = None) -> None:
+        self.config = config or SpeculationConfig()
+        self.cost = cost
+        self.num_steps_off_by_load = 0  # steps where load turned drafting off (metrics)
+
+    def knee(self) -> int:
+        measured = self.cost.knee() if self.cost is not None else None
+        return measured if measured is not None else self.config.knee_tokens
+
+    def plan(self, seqs: Sequence[SeqLoad], num_decodes: int, num_prefill_tokens: int,
+             max_rows: int | None = None) -> dict[str, int]:
+        """Draft tokens per sequence id (sequences that get none are absent).
+
+        `num_decodes`: decoding sequences this step (each feeds one token anyway);
+        `num_prefill_tokens`: prefill tokens the step will carry (the backlog, up to the
+        budget); `max_rows`: most draft tokens in the step (the runner's logit rows)."""
+        cfg = self.config
+        if not cfg.enabled or not seqs:
+            return {}
+        headroom = self.knee() - num_decodes - num_prefill_tokens
+        if max_rows is not None:
+            headroom = min(headroom, max_rows)
+        if headroom <= 0:
+            self.num_steps_off_by_load += 1
+            return {}
+        want: list[tuple[tuple, str, int]] = []
+        for s in seqs:
+            if s.max_draft_tokens < 0:
+                continue
+            cls = class_index(s.remaining, cfg.class_bounds)
+            cap = min(cfg.max_draft_tokens, cfg.class_max[cls], s.remaining - 1)
+            if s.max_draft_tokens > 0:
+                cap = min(cap, s.max_draft_tokens)
+            k = drafts_worth(s.alpha, cap, cfg.min_draft_prob)
+            if k > 0:
+                want.append(((cls, -s.alpha, s.rank), s.request_id, k))
+        want.sort(key=lambda w: w[0])
+        out: dict[str, int] = {}
+        for _, rid, k in want:
+            if headroom <= 0:
+                break
+            k = min(k, headroom)
+            out[rid] = k
+            headroom -= k
+        return out
+
+
+# ---- the engine's side: states, proposals, outcomes -----------------------------------------------
+class Speculator:
+    """Per-request draft states and the proposers, for one engine. The engine calls:
+
+        add(request_id, prompt, prediction, max_draft_tokens, off)   at admission
+        loads(...) -> policy.plan(...) -> propose(request_id, k)      each step
+        verified(request_id, num_drafted, num_accepted)               after a verify
+        append(request_id, tokens)                                    every new output token
+        finish(request_id)                                            at the end (session store)
+    """
+
+    def __init__(self, config: SpeculationConfig | None = None,
+                 cost: StepCostModel | None = None,
+                 extra: Sequence[Proposer] = ()) -> None:
+        self.config = cfg = config or SpeculationConfig()
+        self.policy = SpeculationPolicy(cfg, cost)
+        self.sessions = SessionStore(cfg.ngram_min, cfg.ngram_max, cfg.max_sessions,
+                                     cfg.max_session_tokens)
+        self.prediction = PredictionProposer(cfg.resync_ngram)
+        self.prompt = PromptLookupProposer(cfg.ngram_min, cfg.ngram_max)
+        self.session = SessionProposer(self.sessions)
+        self.proposers: list = [p for p in (self.prediction, self.prompt, self.session)
+                                if p.source in cfg.sources] + list(extra)
+        self.states: dict[str, DraftState] = {}
+        # the backend's mean acceptance per source: the prior of a request's first verifies
+        self.source_acceptance: dict[str, Acceptance] = {}
+        # counters per source (the metrics): drafted, accepted
+        self.num_drafted: dict[str, int] = dict.fromkeys(SOURCES, 0)
+        self.num_accepted: dict[str, int] = dict.fromkeys(SOURCES, 0)
+        self.num_verifies = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.config.enabled
+
+    def add(self, request_id: str, prompt: Sequence[int], prediction: Sequence[int] | None = None,
+            max_draft_tokens: int = 0, off: bool = False) -> DraftState:
+        cfg = self.config
+        pred = [int(t) for t in prediction] if prediction is not None and len(prediction) else None
+        state = DraftState(request_id, prompt, pred, max_draft_tokens, off or not cfg.enabled,
+                           session_key(prompt, cfg.session_prefix_tokens))
+        if "prediction" in cfg.sources:
+            self.prediction.start(state)
+        if "prompt" in cfg.sources and not state.off:
+            self.prompt.start(state)
+        self.states[request_id] = state
+        return state
+
+    def get(self, request_id: str) -> DraftState | None:
+        return self.states.get(request_id)
+
+    def alpha(self, state: DraftState) -> float:
+        """The sequence's best source's per-token acceptance (measured, else the priors)."""
+        best = 0.0
+        for p in self.proposers:
+            src = p.source
+            if src == "prediction" and state.pred_pos < 0:
+                continue
+            prior = self.source_acceptance.get(src)
+            prior_rate = PRIOR_ACCEPTANCE.get(src, 0.5) if prior is None else \
+                prior.rate(PRIOR_ACCEPTANCE.get(src, 0.5))
+            acc = state.acceptance.get(src)
+            rate = prior_rate if acc is None else acc.rate(prior_rate)
+            best = max(best, rate)
+        return best
+
+    def load(self, request_id: str, remaining: int, rank: tuple = ()) -> SeqLoad | None:
+        state = self.states.get(request_id)
+        if state is None:
+            return None
+        cap = -1 if state.off else state.max_draft_tokens
+        return SeqLoad(request_id, remaining, self.alpha(state), cap, rank)
+
+    def propose(self, request_id: str, k: int) -> list[int]:
+        """Up to k draft tokens from the first source that has some (prediction, then prompt
+        lookup, then the session); remembers the source for `verified`."""
+        state = self.states.get(request_id)
+        if state is None or state.off or k <= 0:
+            return []
+        for p in self.proposers:
+            draft = p.propose(state, k)
+            if draft:
+                state.last_source = p.source
+                state.last_draft = list(draft)
+                return list(draft)
+        state.last_source = ""
+        state.last_draft = []
+        return []
+
+    def verified(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
+        """The outcome of a verify of `num_drafted` drafts from the last proposal."""
+        state = self.states.get(request_id)
+        if state is None or num_drafted <= 0:
+            return
+        src = state.last_source or "prompt"
+        decay = self.config.decay
+        state.acceptance.setdefault(src, Acceptance()).observe(num_drafted, num_accepted, decay)
+        self.source_acceptance.setdefault(src, Acceptance()).observe(num_drafted, num_accepted,
+                                                                     0.99)
+        state.num_draft_tokens += num_drafted
+        state.num_accepted_draft_tokens += num_accepted
+        self.num_drafted[src] = self.num_drafted.get(src, 0) + num_drafted
+        self.num_accepted[src] = self.num_accepted.get(src, 0) + num_accepted
+        self.num_verifies += 1
+        if src == "prediction":
+            state.num_prediction_drafted += num_drafted
+            state.num_accepted_prediction_tokens += num_accepted
+            state.num_rejected_prediction_tokens += num_drafted - num_accepted
+
+    def append(self, request_id: str, tokens: Sequence[int]) -> None:
+        """New output tokens of the sequence (accepted drafts and sampled tokens alike)."""
+        state = self.states.get(request_id)
+        if state is None or not len(tokens):
+            return
+        state.output.extend(int(t) for t in tokens)
+        if state.prediction:
+            self.prediction.observe(state, tokens)
+        if state.history is not None:
+            self.prompt.observe(state, tokens)
+
+    def finish(self, request_id: str, record: bool = True) -> DraftState | None:
+        state = self.states.pop(request_id, None)
+        if state is not None and record and "session" in self.config.sources:
+            self.sessions.record(state.session_key, state.output)
+        return state
+
+    def plan(self, loads: Sequence[SeqLoad], num_decodes: int, num_prefill_tokens: int,
+             max_rows: int | None = None) -> dict[str, list[int]]:
+        """The policy's counts, then the proposals: request id -> draft tokens (non-empty)."""
+        counts = self.policy.plan(loads, num_decodes, num_prefill_tokens, max_rows)
+        drafts: dict[str, list[int]] = {}
+        for rid, k in counts.items():
+            d = self.propose(rid, k)
+            if d:
+                drafts[rid] = d
+        return drafts
+
+    def stats(self) -> Mapping[str, dict[str, int]]:
+        return {"drafted": dict(self.num_drafted), "accepted": dict(self.num_accepted)}
+
+
+def accept_drafts(draft: Sequence[int], targets: Sequence[int]) -> int:
+    """How many leading drafts equal their targets (`targets[i]` is the token sampled at the
+    position of draft i; len(targets) == len(draft) + 1)."""
+    a = 0
+    for d, t in zip(draft, targets):
+        if d != t:
+            break
+        a += 1
+    return a

@@ -1,0 +1,233 @@
+"""The draft proposers and the speculation policy (scheduler.speculation), in microseconds."""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from scheduler.speculation import (
+    NgramIndex,
+    SeqLoad,
+    SessionStore,
+    SpeculationConfig,
+    SpeculationPolicy,
+    Speculator,
+    StepCostModel,
+    accept_drafts,
+    add_speculation_arguments,
+    drafts_worth,
+    expected_tokens,
+    speculation_config_from_args,
+)
+
+
+# ---- n-gram index ---------------------------------------------------------------------------
+def test_ngram_index_finds_the_latest_longest_match():
+    idx = NgramIndex(2, 3, [1, 2, 3, 9, 1, 2, 4, 5])
+    assert idx.lookup([1, 2]) == 6  # latest (1, 2) is at 4, continues at 6
+    assert idx.lookup([9, 1, 2]) == 6
+    assert idx.lookup([3, 1, 2]) == 6  # no (3,1,2): falls back to (1,2)
+    assert idx.lookup([7, 7]) == -1
+    assert idx.lookup([5]) == -1  # shorter than n_min
+    idx.extend([1, 2])  # the suffix itself is not its own match
+    assert idx.lookup(idx.tokens) == 6
+
+
+# ---- prediction -------------------------------------------------------------------------------
+def spec(**kw) -> Speculator:
+    return Speculator(SpeculationConfig(**kw))
+
+
+def test_prediction_drafts_follow_the_output_and_resync_after_an_edit():
+    pred = list(range(100, 140))
+    sp = spec(resync_ngram=3)
+    sp.add("r", [1, 2, 3], prediction=pred)
+    assert sp.propose("r", 4) == [100, 101, 102, 103]
+    assert sp.get("r").last_source == "prediction"
+    sp.append("r", [100, 101, 102])
+    assert sp.propose("r", 3) == [103, 104, 105]
+    # the model rewrites 103..105 as 7, 8 (an edited line), then is back on 106, 107, 108
+    sp.append("r", [7, 8])
+    assert sp.get("r").pred_pos == -1
+    assert sp.propose("r", 2) != [106, 107]  # lost: no prediction draft
+    sp.append("r", [106, 107, 108])
+    assert sp.get("r").pred_pos == 109 - 100
+    assert sp.propose("r", 3) == [109, 110, 111]
+
+
+def test_prediction_resync_prefers_the_place_after_the_alignment():
+    pred = [5, 6, 7, 1, 5, 6, 7, 2]
+    sp = spec(resync_ngram=3, sources=("prediction",))
+    sp.add("r", [0], prediction=pred)
+    sp.append("r", [5, 6, 7, 1])  # aligned to index 4
+    sp.append("r", [9, 5, 6, 7])  # off, then (5, 6, 7) again: the one after index 4
+    assert sp.get("r").pred_pos == 7
+    assert sp.propose("r", 5) == [2]
+
+
+def test_prediction_counters_follow_verifies():
+    sp = spec()
+    sp.add("r", [1], prediction=[10, 11, 12, 13, 14, 15])
+    assert sp.propose("r", 4) == [10, 11, 12, 13]
+    sp.verified("r", 4, 2)
+    st = sp.get("r")
+    assert (st.num_draft_tokens, st.num_accepted_draft_tokens) == (4, 2)
+    assert (st.num_accepted_prediction_tokens, st.num_rejected_prediction_tokens) == (2, 2)
+    assert st.prediction_unused() == 4
+    assert sp.stats()["drafted"]["prediction"] == 4
+
+
+# ---- prompt lookup and sessions -------------------------------------------------------------------
+def test_prompt_lookup_proposes_what_followed_the_suffix():
+    prompt = [1, 2, 3, 4, 5, 6, 9, 9]
+    sp = spec(sources=("prompt",))
+    sp.add("r", prompt)
+    sp.append("r", [2, 3])
+    assert sp.propose("r", 3) == [4, 5, 6]
+    sp.append("r", [4])  # (2, 3, 4) -> 5, 6, 9
+    assert sp.propose("r", 3) == [5, 6, 9]
+    sp.append("r", [42])
+    assert sp.propose("r", 3) == []
+
+
+def test_session_store_drafts_from_an_earlier_output_of_the_same_prefix():
+    cfg = {"sources": ("session",), "session_prefix_tokens": 4}
+    sp = spec(**cfg)
+    prompt = [7, 7, 7, 7, 1]
+    sp.add("a", prompt)
+    sp.append("a", [20, 21, 22, 23, 24])
+    sp.finish("a")
+    assert len(sp.sessions) == 1
+    sp.add("b", prompt[:4] + [2])  # same first 4 tokens: same session
+    sp.append("b", [21, 22])
+    assert sp.propose("b", 2) == [23, 24]
+    assert sp.get("b").last_source == "session"
+    sp.add("c", [8, 8, 8, 8])  # another session
+    sp.append("c", [21, 22])
+    assert sp.propose("c", 2) == []
+
+
+def test_session_store_is_bounded():
+    store = SessionStore(2, 3, max_sessions=2, max_tokens=10)
+    for key in range(3):
+        store.record(key, list(range(8)))
+    assert len(store) == 2 and store.get(0) is None
+    store.record(1, list(range(100, 108)))
+    assert len(store.get(1).tokens) == 10 and store.get(1).tokens[-1] == 107
+
+
+def test_off_and_disabled_propose_nothing():
+    sp = spec()
+    sp.add("r", [1, 2, 1, 2], off=True)
+    sp.append("r", [1, 2])
+    assert sp.propose("r", 4) == []
+    sp2 = Speculator(SpeculationConfig(enabled=False))
+    sp2.add("r", [1, 2, 1, 2], prediction=[1, 2])
+    assert sp2.propose("r", 4) == []
+    assert sp2.load("r", 10, ()).max_draft_tokens == -1
+
+
+# ---- acceptance ----------------------------------------------------------------------------------
+def test_measured_acceptance_moves_alpha_and_the_draft_count():
+    sp = spec(sources=("prompt",))
+    sp.add("r", [1, 2, 3, 1, 2, 3])
+    start = sp.alpha(sp.get("r"))
+    for _ in range(10):
+        sp.get("r").last_source = "prompt"
+        sp.verified("r", 4, 0)
+    low = sp.alpha(sp.get("r"))
+    assert low < start * 0.3
+    assert drafts_worth(low, 8, sp.config.min_draft_prob) == 0
+    sp.add("s", [1])
+    for _ in range(10):
+        sp.get("s").last_source = "prompt"
+        sp.verified("s", 4, 4)
+    assert sp.alpha(sp.get("s")) > 0.85
+
+
+def test_drafts_worth_and_expected_tokens():
+    assert drafts_worth(0.9, 8, 0.15) == 8
+    assert drafts_worth(0.5, 8, 0.15) == 2  # 0.25 >= 0.15 > 0.125
+    assert drafts_worth(0.1, 8, 0.15) == 0
+    assert drafts_worth(1.0, 5, 0.15) == 5
+    assert expected_tokens(0.0, 4) == 1.0
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+    assert accept_drafts([1, 2, 3], [1, 2, 9, 4]) == 2
+    assert accept_drafts([1, 2], [1, 2, 3]) == 2
+    assert accept_drafts([5], [1, 2]) == 0
+
+
+# ---- the policy ------------------------------------------------------------------------------------
+def loads(n, alpha=0.9, remaining=200, cap=0):
+    return [SeqLoad(f"r{i}", remaining, alpha, cap, (0, float(i), i)) for i in range(n)]
+
+
+def test_policy_speculates_with_slack_and_not_at_saturation():
+    pol = SpeculationPolicy(SpeculationConfig(knee_tokens=128, max_draft_tokens=8))
+    light = pol.plan(loads(4), num_decodes=4, num_prefill_tokens=0)
+    assert light == {f"r{i}": 8 for i in range(4)}
+    # 100 decodes: 28 tokens of headroom under the knee, first come first
+    mid = pol.plan(loads(100), num_decodes=100, num_prefill_tokens=0)
+    assert sum(mid.values()) == 28 and mid["r0"] == 8 and "r99" not in mid
+    assert pol.plan(loads(128), num_decodes=128, num_prefill_tokens=0) == {}
+    assert pol.plan(loads(4), num_decodes=4, num_prefill_tokens=2000) == {}
+    assert pol.num_steps_off_by_load == 2
+
+
+def test_policy_classes_first_then_acceptance():
+    pol = SpeculationPolicy(SpeculationConfig(knee_tokens=14, max_draft_tokens=8))
+    seqs = [SeqLoad("slow", 500, 0.95, 0, (0, 0.0, 0)),
+            SeqLoad("normal", 40, 0.6, 0, (0, 1.0, 1)),
+            SeqLoad("fast", 6, 0.9, 0, (0, 2.0, 2))]
+    out = pol.plan(seqs, num_decodes=3, num_prefill_tokens=0)  # 11 tokens of headroom
+    assert out["fast"] == 5  # remaining - 1
+    assert out["normal"] == drafts_worth(0.6, 8, 0.15) == 3
+    assert out["slow"] == 3  # what is left
+    # the per-class cap
+    pol2 = SpeculationPolicy(SpeculationConfig(class_max=(8, 8, 2)))
+    assert pol2.plan([SeqLoad("s", 500, 0.99, 0)], 1, 0) == {"s": 2}
+
+
+def test_policy_per_request_cap_and_off():
+    pol = SpeculationPolicy(SpeculationConfig(max_draft_tokens=8))
+    seqs = [SeqLoad("capped", 100, 0.99, 3), SeqLoad("off", 100, 0.99, -1)]
+    assert pol.plan(seqs, 2, 0) == {"capped": 3}
+    assert pol.plan(seqs, 2, 0, max_rows=2) == {"capped": 2}
+    assert SpeculationPolicy(SpeculationConfig(enabled=False)).plan(seqs, 2, 0) == {}
+
+
+def test_policy_uses_the_measured_knee():
+    cost = StepCostModel(slack=0.25)
+    for _ in range(3):
+        cost.observe(1, 0.010)
+        cost.observe(16, 0.011)
+        cost.observe(64, 0.012)
+        cost.observe(256, 0.030)
+    assert cost.knee() == 64
+    pol = SpeculationPolicy(SpeculationConfig(knee_tokens=1000, max_draft_tokens=8), cost)
+    assert pol.knee() == 64
+    assert sum(pol.plan(loads(60), 60, 0).values()) == 4
+    assert StepCostModel().knee() is None
+
+
+def test_speculator_plan_end_to_end():
+    sp = spec(knee_tokens=64)
+    sp.add("a", [1, 2, 3], prediction=[4, 5, 6, 7, 8, 9])
+    sp.add("b", [1, 2, 3, 4, 1, 2])
+    sp.append("b", [3])
+    got = sp.plan([sp.load("a", 50), sp.load("b", 50)], num_decodes=2, num_prefill_tokens=0)
+    assert got["a"] == [4, 5, 6, 7, 8, 9]
+    assert got["b"][:2] == [4, 1]
+
+
+def test_flags_round_trip():
+    p = argparse.ArgumentParser()
+    add_speculation_arguments(p)
+    cfg = speculation_config_from_args(p.parse_args(
+        ["--speculation", "off", "--speculation-max-draft-tokens", "3",
+         "--speculation-sources", "prompt,prediction", "--speculation-knee-tokens", "32"]))
+    assert cfg == SpeculationConfig(enabled=False, max_draft_tokens=3,
+                                    sources=("prompt", "prediction"), knee_tokens=32)
+    with pytest.raises(ValueError, match="unknown speculation sources"):
+        SpeculationConfig(sources=("bogus",))
