@@ -21,7 +21,8 @@ deploy/ that name them (`--total-queued-requests-metric=tidegate:num_requests_wa
 
 `tidegate:headroom_ratio` is ours, for autoscaling (KEDA, deploy/): the share of the pod's KV
 capacity still free on backends that take new work, and 0 while any request waits for room.
-`1 - headroom` summed over pods is the demand in pods; KEDA scales that against a target below 1.
+`tidegate:load_backends` = (backends taking work) x (1 - headroom) is the demand counted in
+backends: KEDA scales the backends to ceil(load / target) for a target below 1 (deploy/).
 """
 from __future__ import annotations
 
@@ -53,6 +54,12 @@ class PodTotals:
     block_size: int  # 0: unknown or the backends disagree (no cache_config_info series)
     num_gpu_blocks: int
     headroom: float  # 0..1
+    num_accepting: int = 0  # healthy backends that take new requests
+
+    @property
+    def load_backends(self) -> float:
+        """Demand in backends: all of them when requests wait, else the used share of them."""
+        return self.num_accepting * (1.0 - self.headroom)
 
 
 def pod_totals(engines: Iterable[EngineReport], gateway_waiting: int,
@@ -74,7 +81,7 @@ def pod_totals(engines: Iterable[EngineReport], gateway_waiting: int,
     free = sum((1.0 - e.kv_cache_usage) * e.num_blocks for e in open_)
     headroom = 0.0 if waiting or not open_total else max(0.0, free / open_total)
     return PodTotals(waiting, running, min(1.0, max(0.0, usage)), block_size,
-                     total if block_size else 0, min(1.0, headroom))
+                     total if block_size else 0, min(1.0, headroom), len(open_))
 
 
 class GieMetrics:
@@ -93,12 +100,14 @@ class GieMetrics:
         self.headroom = Gauge("tidegate:headroom_ratio", "Share of the pod's KV capacity free on "
                               "backends taking new requests; 0 while requests wait (autoscaling).",
                               POD_LABELS, registry=r)
+        self.load = Gauge("tidegate:load_backends", "Demand counted in backends: backends taking "
+                          "requests x (1 - headroom_ratio) (autoscaling).", POD_LABELS, registry=r)
         self._cache_labels: tuple[str, str, str] | None = None
         self._model: str | None = None
 
     def refresh(self, model: str, t: PodTotals) -> None:
         if model != self._model:  # the model's name arrived (or changed): no stale series first
-            for g in (self.waiting, self.running, self.kv_usage, self.headroom,
+            for g in (self.waiting, self.running, self.kv_usage, self.headroom, self.load,
                       self.cache_config):
                 g.clear()
             self._model, self._cache_labels = model, None
@@ -106,6 +115,7 @@ class GieMetrics:
         self.running.labels(model).set(t.num_running)
         self.kv_usage.labels(model).set(t.kv_cache_usage)
         self.headroom.labels(model).set(t.headroom)
+        self.load.labels(model).set(t.load_backends)
         labels = (model, str(t.block_size), str(t.num_gpu_blocks)) if t.block_size else None
         if labels != self._cache_labels:  # one series, never a stale one beside it
             self.cache_config.clear()

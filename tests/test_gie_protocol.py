@@ -76,9 +76,10 @@ def test_pod_totals_sum_queues_and_weight_kv_by_capacity():
     assert (t.block_size, t.num_gpu_blocks) == (16, 4000)
     assert t.headroom == 0.0  # requests wait: no headroom whatever the free blocks
     t = pod_totals([a, b], gateway_waiting=0, accepting=["b"])  # a drains: its blocks are not room
-    assert t.num_waiting == 3 and t.headroom == 0.0
+    assert t.num_waiting == 3 and t.headroom == 0.0 and t.load_backends == 1.0
     t = pod_totals([report("a", usage=0.25), report("b", usage=0.75)], 0, accepting=["a"])
     assert t.headroom == pytest.approx(0.75) and t.kv_cache_usage == pytest.approx(0.5)
+    assert t.load_backends == pytest.approx(0.25)  # one backend takes work, a quarter used
     # backends that disagree on the block size: no block size rather than a wrong one
     t = pod_totals([report("a"), report("b", block_size=32)], 0, accepting=["a", "b"])
     assert (t.block_size, t.num_gpu_blocks) == (0, 0)
@@ -142,6 +143,7 @@ async def test_one_backend_tidegate_as_gie_reads_it(aiohttp_client, paused_backe
             fam = next(f for f in text_string_to_metric_families(text) if f.name == name)
             assert len(fam.samples) == 1, (name, fam.samples)
     assert epp_read(text, "tidegate:headroom_ratio").value == 0.0  # requests wait
+    assert epp_read(text, "tidegate:load_backends").value == 1.0  # demand: the whole backend
     b.go.set()
     results = await asyncio.gather(*tasks)
     assert [s for s, _ in results] == [200] * 5
