@@ -30,6 +30,12 @@ class RequestSink(Protocol):
 
     def on_error(self, error: APIError) -> None: ...
 
+    # Optional (looked up with getattr): the backend's cumulative speculation counters for the
+    # request (RequestOutput fields 9-12), called before `on_tokens` of the same output when
+    # any of them is non-zero:
+    # def on_speculation(self, draft_tokens, accepted_draft_tokens, accepted_prediction,
+    #                    rejected_prediction) -> None: ...
+
 
 
 @dataclass(slots=True)
@@ -48,6 +54,8 @@ class Dispatch:
     # tokens of this request still charged to its backend's load (scheduler.placement), all
     # released when it ends
     charged_left: int = 0
+    prediction_ids: list[int] | None = None  # Predicted Outputs: a raw int32 frame on the wire
+    speculation: pb.SpeculationParams | None = None  # per-request control; None: the default
 
 
 def error_from_backend(err: pb.Error) -> APIError:

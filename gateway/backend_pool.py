@@ -278,12 +278,17 @@ class BackendPool(PoolReceiver, PoolFailover):
                 req = pb.GenerateRequest(request_id=d.request_id, prompt_frame=len(arrays),
                                          queue_class=d.queue_class, priority=d.priority,
                                          arrival_time=d.arrival_time, sampling=d.sampling)
+                if d.speculation is not None:
+                    req.speculation.CopyFrom(d.speculation)
             except (ValueError, TypeError, OverflowError) as exc:
                 d.sink.on_error(APIError(400, f"The request does not fit the wire: {exc}",
                                          code="invalid_value"))
                 continue
-            batch.requests.append(req)
             arrays.append(d.prompt_ids)
+            if d.prediction_ids:  # the prediction's ids: their own raw frame
+                req.prediction_frame = len(arrays)
+                arrays.append(d.prediction_ids)
+            batch.requests.append(req)
             sent.append(d)
         if not sent:
             for d in items:

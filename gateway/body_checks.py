@@ -28,6 +28,8 @@ class RequestLimits:
     max_n: int = 16  # choices per prompt
     max_logit_bias: int = 1024  # logit_bias entries
     max_stop_token_ids: int = 256
+    max_prediction_chars: int = 1 << 20  # Predicted Outputs: characters of `prediction`
+    max_draft_tokens: int = 64  # `speculation.max_draft_tokens` at most
     strict_api: bool = False  # unknown request fields: 400 instead of a warning (--strict-api)
 
 

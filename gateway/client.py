@@ -52,7 +52,9 @@ SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "ignor
                    "logprobs", "stop", "min_p", "repetition_penalty", "presence_penalty",
                    "frequency_penalty", "logit_bias", "min_tokens", "stop_token_ids",
                    "skip_special_tokens", "include_stop_str_in_output")
-REQUEST_FIELDS = SAMPLING_FIELDS + ("suffix", "echo")
+# `prediction`: Predicted Outputs, the expected completion as text, token ids, or OpenAI's
+# {"type": "content", "content": ...}; `speculation`: "off", "auto" or {"max_draft_tokens": k}.
+REQUEST_FIELDS = SAMPLING_FIELDS + ("suffix", "echo", "prediction", "speculation")
 
 
 class TidegateError(Exception):
@@ -109,6 +111,12 @@ class Delta:
     request_id: str = ""
     num_prompt_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None  # one per token in token_ids, with logprobs=N
+    # speculative decoding so far (cumulative, as the gateway reports it): draft tokens
+    # verified and accepted; the prediction's tokens used and not used (OpenAI's usage details)
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -124,6 +132,10 @@ class Completion:
     logprobs: list[TokenLogprob] | None = None
     text_offsets: list[int] | None = None  # where each token's text starts in `text`
     prompt_token_ids: list[int] | None = None  # None for a FIM (suffix) request
+    num_draft_tokens: int = 0  # speculative decoding: draft tokens verified
+    num_accepted_draft_tokens: int = 0  # of which accepted
+    accepted_prediction_tokens: int = 0  # prediction tokens the output used (OpenAI's usage)
+    rejected_prediction_tokens: int = 0  # prediction tokens it did not use
 
 
 class _Base:
@@ -203,6 +215,28 @@ class _Base:
         else:
             req.prompt_frame = 0
             arrays.append(list(prompt))
+        prediction = get("prediction")
+        if isinstance(prediction, dict):  # OpenAI's shape: the gateway checks the type
+            content = prediction.get("content")
+            if prediction.get("type") != "content":
+                raise ValueError("prediction: want {'type': 'content', 'content': ...}")
+            prediction = content if isinstance(content, str) else "".join(
+                p.get("text", "") for p in content or [])
+        if isinstance(prediction, str):
+            req.prediction_text = prediction
+        elif prediction is not None:
+            req.prediction_frame = len(arrays)
+            arrays.append(list(prediction))
+        speculation = get("speculation")
+        if speculation == "off":
+            req.speculation.off = True
+        elif isinstance(speculation, dict):
+            k = speculation.get("max_draft_tokens")
+            if k is not None:
+                req.speculation.max_draft_tokens = k
+                req.speculation.off = k == 0
+        elif speculation not in (None, "auto"):
+            raise ValueError("speculation: want 'off', 'auto' or {'max_draft_tokens': k}")
         env = pb.Envelope(batch=pb.Batch(requests=[req]))
         # encode_trusted packs a list of ids with `array` (a numpy conversion per request cost
         # half of building it); ids outside int32 or an oversized message still raise ValueError
@@ -244,7 +278,8 @@ class _Base:
                                                           for i, v in zip(top_ids, top_lps)])
                         for t, (lp, top_ids, top_lps) in zip(d.token_ids, d.logprobs)]
         return Delta(d.text, d.token_ids, d.finish_reason, out.request_id, out.num_prompt_tokens,
-                     logprobs)
+                     logprobs, out.num_draft_tokens, out.num_accepted_draft_tokens,
+                     out.num_accepted_prediction_tokens, out.num_rejected_prediction_tokens)
 
     def _completion(self, prompt: str | list[int], sampling: dict,
                     deltas: list[Delta]) -> Completion:
@@ -263,9 +298,14 @@ class _Base:
             prompt_ids = None if sampling.get("suffix") else self.bundle.encode(prompt)
         else:
             prompt_ids = list(prompt)
+        def last(name: str) -> int:  # the counters are cumulative
+            return max((getattr(d, name) for d in deltas), default=0)
+
         return Completion(next((d.request_id for d in deltas if d.request_id), ""), text, ids,
                           finish, max((d.num_prompt_tokens for d in deltas), default=0),
-                          len(ids), logprobs, offsets, prompt_ids)
+                          len(ids), logprobs, offsets, prompt_ids, last("num_draft_tokens"),
+                          last("num_accepted_draft_tokens"), last("accepted_prediction_tokens"),
+                          last("rejected_prediction_tokens"))
 
 
 # --- asyncio ---------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from gateway.errors import (
 )
 from gateway.openai_schema import Prompt, SamplingParams, ServingOptions
 from gateway.output import OutputAssembler, OutputDelta
+from gateway.prediction_fields import check_prediction_tokens
 from gateway.prometheus_metrics import GatewayMetrics, SLOConfig
 from gateway.remote_tokenizer import RemoteTokenizer
 from gateway.validation import RequestLimits
@@ -73,10 +74,19 @@ class RequestHandle:
     """One sequence in flight. Implements `backend_pool.RequestSink`."""
 
     def __init__(self, gateway: Gateway, request_id: str, prompt_ids: list[int],
-                 sampling: SamplingParams, max_tokens: int, options: ServingOptions) -> None:
+                 sampling: SamplingParams, max_tokens: int, options: ServingOptions,
+                 prediction_ids: list[int] | None = None) -> None:
         self.gateway = gateway
         self.request_id = request_id
         self.prompt_ids = prompt_ids
+        # Predicted Outputs: the prediction's token ids (None: the request has none)
+        self.prediction_ids = prediction_ids
+        # speculative decoding as the backend reports it, cumulative (RequestOutput 9-12):
+        # draft tokens verified, of which accepted; prediction tokens used / not used; and the
+        # outputs whose draft count rose (the steps that verified a draft: vLLM's "drafts")
+        self.num_draft_tokens = self.num_accepted_draft_tokens = 0
+        self.accepted_prediction_tokens = self.rejected_prediction_tokens = 0
+        self.num_drafts = 0
         self.sampling = sampling
         self.max_tokens = max_tokens
         self.options = options
@@ -117,6 +127,16 @@ class RequestHandle:
             self._release_followers()
         if finish_reason is not None:
             self.gateway.dispatcher.on_capacity()
+
+    def on_speculation(self, draft_tokens: int, accepted_draft_tokens: int,
+                       accepted_prediction: int, rejected_prediction: int) -> None:
+        """The backend's cumulative speculation counters, before the tokens they came with."""
+        if draft_tokens > self.num_draft_tokens:
+            self.num_drafts += 1
+        self.num_draft_tokens = draft_tokens
+        self.num_accepted_draft_tokens = accepted_draft_tokens
+        self.accepted_prediction_tokens = accepted_prediction
+        self.rejected_prediction_tokens = rejected_prediction
 
     def on_error(self, error: APIError) -> None:
         self._put(error)
@@ -159,6 +179,13 @@ class RequestHandle:
         if not s.skip_special_tokens:  # read by a backend that detokenizes (HTTP, no tokenizer)
             wire.skip_special_tokens = False
         return wire
+
+    def wire_speculation(self) -> pb.SpeculationParams | None:
+        """The request's `speculation` control for the wire; None: the server's default."""
+        spec = self.options.speculation
+        if spec is None:
+            return None
+        return pb.SpeculationParams(off=spec.off, max_draft_tokens=spec.max_draft_tokens)
 
     # --- consuming --------------------------------------------------------------------------------
     @property
@@ -342,6 +369,16 @@ class Gateway:
                               "--fim-template).", "suffix", "fim_not_supported")
         return template.encode(self.bundle, prefix, suffix)
 
+    def tokenize_prediction(self, text: str | None) -> list[int] | None:
+        """The prediction's token ids (no special tokens: it stands for output text), checked
+        against the context; [] for an empty one (nothing to draft, usage details of 0s);
+        None for none, or with no tokenizer here (an HTTP backend, which would not draft)."""
+        if text is None or not self.info.tokenizer_json:
+            return None
+        ids = self.bundle.encode(text, add_special_tokens=False) if text else []
+        check_prediction_tokens(len(ids), self.info.max_model_len)
+        return ids
+
     def check_token_params(self, sampling: SamplingParams) -> None:
         """Token ids in the sampling parameters must exist in the vocabulary (400 otherwise)."""
         vocab = self.info.vocab_size
@@ -366,10 +403,12 @@ class Gateway:
             raise unavailable()
 
     def submit(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
-               max_tokens: int, options: ServingOptions) -> RequestHandle:
+               max_tokens: int, options: ServingOptions,
+               prediction_ids: list[int] | None = None) -> RequestHandle:
         """Queue one sequence (APIError 503 / 429 when it cannot be)."""
         self.check_admission()
-        handle = RequestHandle(self, request_id, prompt_ids, sampling, max_tokens, options)
+        handle = RequestHandle(self, request_id, prompt_ids, sampling, max_tokens, options,
+                               prediction_ids)
         # before the dispatch records anything: its queue time belongs to the served name
         self.metrics.model_name = self.model_name
         self.dispatcher.submit(handle)
@@ -377,11 +416,13 @@ class Gateway:
 
     def submit_follower(self, leader: RequestHandle, request_id: str, prompt_ids: list[int],
                         sampling: SamplingParams, max_tokens: int,
-                        options: ServingOptions) -> RequestHandle:
+                        options: ServingOptions,
+                        prediction_ids: list[int] | None = None) -> RequestHandle:
         """Another choice of `leader`'s prompt (n > 1), queued once the leader's first output
         arrives (see RequestHandle._release_followers)."""
         self.check_admission()
-        handle = RequestHandle(self, request_id, prompt_ids, sampling, max_tokens, options)
+        handle = RequestHandle(self, request_id, prompt_ids, sampling, max_tokens, options,
+                               prediction_ids)
         leader.followers.append(handle)
         return handle
 
@@ -404,6 +445,11 @@ class Gateway:
         """Metrics for one finished sequence (status: the HTTP status it ended with)."""
         self.metrics.model_name = self.model_name
         self.metrics.observe_request(status, handle.queue_class_name)
+        if handle.num_draft_tokens or handle.prediction_ids is not None:
+            self.metrics.observe_speculation(
+                handle.backend, "prediction" if handle.prediction_ids is not None else "auto",
+                handle.num_drafts, handle.num_draft_tokens, handle.num_accepted_draft_tokens,
+                handle.accepted_prediction_tokens, handle.rejected_prediction_tokens)
         asm = handle.assembler
         if status == 200 and asm.finished:
             self.metrics.observe_finished(

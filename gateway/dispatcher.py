@@ -201,9 +201,15 @@ class Dispatcher:
                 r.payload.on_error(bad_request(f"Sampling parameters do not fit the wire: {exc}",
                                                None))
                 continue
-            items.append(Dispatch(r.request_id, r.payload.prompt_ids, sampling,
-                                  int(r.queue_class), r.priority, r.payload.arrival_time,
-                                  r.payload))
+            d = Dispatch(r.request_id, r.payload.prompt_ids, sampling, int(r.queue_class),
+                         r.priority, r.payload.arrival_time, r.payload)
+            prediction = getattr(r.payload, "prediction_ids", None)
+            if prediction is not None:
+                d.prediction_ids = prediction
+            speculation = getattr(r.payload, "wire_speculation", None)
+            if speculation is not None:
+                d.speculation = speculation()
+            items.append(d)
         if not items:
             return
         parts, unplaced = self.pool.place(items, now)

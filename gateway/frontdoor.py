@@ -28,7 +28,12 @@ from gateway.app_keys import GATEWAY_KEY
 from gateway.body_checks import LIMITS, RequestLimits
 from gateway.core import Gateway, RequestHandle
 from gateway.errors import APIError, bad_request
-from gateway.openai_schema import SamplingParams, ServingOptions
+from gateway.openai_schema import SamplingParams, ServingOptions, SpeculationControl
+from gateway.prediction_fields import (
+    check_prediction_tokens,
+    parse_prediction,
+    parse_speculation,
+)
 from gateway.request_fields import MAX_LOGPROBS
 from gateway.sampling_fields import parse_sampling_fields
 from gateway.validation import check_context_length
@@ -67,6 +72,19 @@ def error_code(err: APIError) -> int:
 # gets no hits, and pays one dict clear per SAMPLING_CACHE_SIZE requests).
 SAMPLING_CACHE_SIZE = 1024
 _sampling_cache: dict[tuple[bytes, RequestLimits], SamplingParams] = {}
+
+
+def speculation_from_wire(req: pb.GenerateRequest, limits: RequestLimits = LIMITS
+                          ) -> SpeculationControl | None:
+    """The request's SpeculationParams, checked as the HTTP field is; None when unset."""
+    if not req.HasField("speculation"):
+        return None
+    s = req.speculation
+    if s.off:
+        return SpeculationControl(off=True)
+    if s.max_draft_tokens == 0:
+        return None
+    return parse_speculation({"speculation": {"max_draft_tokens": s.max_draft_tokens}}, limits)
 
 
 def sampling_from_wire(s: pb.SamplingParams, limits: RequestLimits = LIMITS
@@ -217,7 +235,8 @@ class FrontDoor:
             h.close()
 
     def _queue_output(self, peer: bytes, request_id: str, num_prompt: int, num_completion: int,
-                      finish_reason: int, logprobs, token_ids: list[int]) -> None:
+                      finish_reason: int, logprobs, token_ids: list[int],
+                      handle: RequestHandle | None = None) -> None:
         """One request's delta into its client's next StepOutput (built in place: a separate
         RequestOutput copied in cost a message construction and a CopyFrom per delta)."""
         box = self._outbox.get(peer)
@@ -230,6 +249,11 @@ class FrontDoor:
         if logprobs is not None:
             for lp, top_ids, top_lps in logprobs:
                 entry.logprobs.add(logprob=lp, top_ids=top_ids, top_logprobs=top_lps)
+        if handle is not None and (handle.num_draft_tokens or handle.prediction_ids is not None):
+            entry.num_draft_tokens = handle.num_draft_tokens  # cumulative, as the backend's
+            entry.num_accepted_draft_tokens = handle.num_accepted_draft_tokens
+            entry.num_accepted_prediction_tokens = handle.accepted_prediction_tokens
+            entry.num_rejected_prediction_tokens = handle.rejected_prediction_tokens
         arrays.append(token_ids)
         if not self._flush_scheduled:
             self._flush_scheduled = True
@@ -329,12 +353,15 @@ class FrontDoor:
                 raise bad_request("the prompt is empty.", "prompt")
             check_context_length(len(prompt_ids), sampling.max_tokens, gw.info.max_model_len)
             gw.check_token_params(sampling)
+            prediction_ids = self._prediction(req, decoded)
             internal = self._internal_id(peer, req.request_id)
             if internal in self._handles:
                 raise bad_request(f"request id {req.request_id!r} is already in use.",
                                   "request_id")
-            options = ServingOptions(priority=req.priority)
-            handle = gw.submit(internal, prompt_ids, sampling, sampling.max_tokens, options)
+            options = ServingOptions(priority=req.priority,
+                                     speculation=speculation_from_wire(req, gw.config.limits))
+            handle = gw.submit(internal, prompt_ids, sampling, sampling.max_tokens, options,
+                               prediction_ids)
         except APIError as err:
             gw.metrics.observe_request(err.status, "none")
             self._send(peer, codec.make_error(error_code(err), err.message, req.request_id))
@@ -344,6 +371,28 @@ class FrontDoor:
         task = asyncio.create_task(self._pump(peer, req.request_id, handle))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _prediction(self, req: pb.GenerateRequest, decoded: codec.Decoded) -> list[int] | None:
+        """The request's prediction ids: its frame's (checked against the vocabulary), or its
+        text tokenized here, with the HTTP API's limits; None without one."""
+        gw = self.gateway
+        if req.HasField("prediction_frame"):
+            if req.prediction_text:
+                raise bad_request("give the prediction as ids or as text, not both.",
+                                  "prediction")
+            arr = codec.array_of(decoded, req.prediction_frame)
+            ids = [] if arr is None else arr.tolist()
+            vocab = gw.info.vocab_size
+            if ids and (min(ids) < 0 or (vocab and max(ids) >= vocab)):
+                raise bad_request("prediction token id out of range.", "prediction")
+            check_prediction_tokens(len(ids), gw.info.max_model_len)
+            return ids
+        if req.prediction_text:
+            limits = gw.config.limits
+            text = parse_prediction({"prediction": {"type": "content",
+                                                    "content": req.prediction_text}}, limits)
+            return gw.tokenize_prediction(text)
+        return None
 
     async def _pump(self, peer: bytes, request_id: str, handle: RequestHandle) -> None:
         """Forward one request's outputs to its client (token ids; the client detokenizes)."""
@@ -356,7 +405,7 @@ class FrontDoor:
             async for delta in handle.deltas(1):
                 self._queue_output(peer, request_id, num_prompt, len(generated),
                                    to_wire(delta.finish_reason, none), delta.logprobs,
-                                   delta.token_ids)
+                                   delta.token_ids, handle)
             status = 200
         except APIError as err:
             status = err.status

@@ -44,6 +44,16 @@ class SamplingParams:
 
 
 @dataclass(frozen=True, slots=True)
+class SpeculationControl:
+    """Per-request speculative decoding (the `speculation` extension field): `off` never
+    drafts for this request; `max_draft_tokens` caps the draft tokens a step verifies for it
+    (0: the server's policy decides alone). Absent (None on ServingOptions): the server default."""
+
+    off: bool = False
+    max_draft_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class ServingOptions:
     """Request options that are about serving, not sampling."""
 
@@ -53,6 +63,7 @@ class ServingOptions:
     priority: int = 0
     deadline_ms: float | None = None
     return_token_ids: bool = False
+    speculation: SpeculationControl | None = None  # None: the server's default policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +76,7 @@ class CompletionRequest:
     suffix: str | None = None  # fill-in-the-middle: the text after the hole
     add_special_tokens: bool = True  # BOS etc. when tokenizing text prompts
     request_id: str | None = None  # the caller's id, shown in the response's "id"
+    prediction: str | None = None  # Predicted Outputs: the expected completion's text
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +96,7 @@ class ChatRequest:
     echo: bool = False  # prepend the last message's content when it is the assistant's
     add_special_tokens: bool = False  # the template places the special tokens itself
     request_id: str | None = None
+    prediction: str | None = None  # Predicted Outputs: the expected reply's text
 
 
 @dataclass(frozen=True, slots=True)

@@ -140,6 +140,12 @@ class PoolReceiver:
             self._forget(backend, rid)
         lps = [(lp.logprob, list(lp.top_ids), list(lp.top_logprobs)) for lp in out.logprobs] \
             if out.logprobs else None
+        if out.num_draft_tokens or out.num_accepted_prediction_tokens or \
+                out.num_rejected_prediction_tokens:
+            on_spec = getattr(dispatch.sink, "on_speculation", None)
+            if on_spec is not None:
+                on_spec(out.num_draft_tokens, out.num_accepted_draft_tokens,
+                        out.num_accepted_prediction_tokens, out.num_rejected_prediction_tokens)
         if out.text:  # a backend that detokenizes for the gateway (gateway.http_backend)
             dispatch.sink.on_tokens(ids, finish, lps, now, text=out.text)
         else:

@@ -199,6 +199,18 @@ class GatewayMetrics:
                                                  "or stopped reading.", ["reason"], registry=r)
         # vLLM's names, per engine (backend), for routers that scrape vLLM
         self.vllm = VllmMetrics(r, LATENCY_BUCKETS, ITL_BUCKETS)
+        # speculative decoding by source: "prediction" (requests with a Predicted Output) or
+        # "auto" (drafts the engine found alone: prompt lookup, the session's earlier output)
+        self.spec_drafts = Counter("tidegate_spec_decode_num_drafts", "Drafts verified (one "
+                                   "sequence's draft tokens in one step), by source.",
+                                   ["source"], registry=r)
+        self.spec_draft_tokens = Counter("tidegate_spec_decode_num_draft_tokens", "Draft tokens "
+                                         "verified, by source.", ["source"], registry=r)
+        self.spec_accepted_tokens = Counter("tidegate_spec_decode_num_accepted_tokens", "Draft "
+                                            "tokens accepted, by source.", ["source"], registry=r)
+        self.prediction_tokens = Counter("tidegate_prediction_tokens", "Predicted Outputs: the "
+                                         "predictions' tokens the outputs used (accepted) or not "
+                                         "(rejected).", ["outcome"], registry=r)
         self.gie = GieMetrics(r)  # the pod's totals, as GIE's endpoint picker reads them
         self.goodput.set(1.0)
         self._num_met = self._num_evaluated = 0
@@ -240,6 +252,23 @@ class GatewayMetrics:
                                engine))
         if len(self._finished) >= FOLD_EVERY:
             self.fold()
+
+    def observe_speculation(self, engine: str, source: str, drafts: int, draft_tokens: int,
+                            accepted_tokens: int, accepted_prediction: int,
+                            rejected_prediction: int) -> None:
+        """One request's speculation, when it ends (the backend's cumulative counters)."""
+        if draft_tokens:
+            v, labels = self.vllm, (self._model_name, engine)
+            v.spec_drafts.labels(*labels).inc(drafts)
+            v.spec_draft_tokens.labels(*labels).inc(draft_tokens)
+            v.spec_accepted_tokens.labels(*labels).inc(accepted_tokens)
+            self.spec_drafts.labels(source).inc(drafts)
+            self.spec_draft_tokens.labels(source).inc(draft_tokens)
+            self.spec_accepted_tokens.labels(source).inc(accepted_tokens)
+        if accepted_prediction:
+            self.prediction_tokens.labels("accepted").inc(accepted_prediction)
+        if rejected_prediction:
+            self.prediction_tokens.labels("rejected").inc(rejected_prediction)
 
     def fold(self) -> None:
         """Move the recorded events into the Prometheus series."""

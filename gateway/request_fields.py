@@ -98,6 +98,30 @@ def _token_ids(max_items: int | None = None) -> dict:
     return schema
 
 
+SPECULATION_MODES = ("off", "auto")
+
+
+def prediction_schema(limits: Any) -> dict:
+    text_part = {"type": "object", "required": ["type", "text"], "properties": {
+        "type": {"const": "text"}, "text": {"type": "string"}}}
+    return {"type": "object", "required": ["type", "content"], "properties": {
+        "type": {"const": "content"},
+        "content": {"anyOf": [{"type": "string", "maxLength": limits.max_prediction_chars},
+                              {"type": "array", "items": text_part}]}},
+        "description": "Predicted Outputs (OpenAI): the expected output; the engine drafts from "
+                       "it. Not with n > 1."}
+
+
+def speculation_schema(limits: Any) -> dict:
+    return {"anyOf": [
+        {"enum": list(SPECULATION_MODES)},
+        {"type": "object", "additionalProperties": False, "properties": {
+            "max_draft_tokens": {"type": "integer", "minimum": 0,
+                                 "maximum": limits.max_draft_tokens}}}],
+        "description": "Speculative decoding for this request: 'off', 'auto' (the server's "
+                       "policy) or at most max_draft_tokens draft tokens a step (0: off)."}
+
+
 def composite_schemas(limits: Any) -> dict[str, dict]:
     """JSON Schemas of the fields `validation` parses by hand, with the configured limits."""
     text = {"type": "string", "minLength": 1}
@@ -137,6 +161,8 @@ def composite_schemas(limits: Any) -> dict[str, dict]:
         "tools": {"type": "array", "maxItems": 0, "description": "No tool calling."},
         "tool_choice": {"enum": ["none", "auto"], "description": "No tool calling."},
         "tokens": {**_token_ids(), "description": "/detokenize: the ids to turn into text."},
+        "prediction": prediction_schema(limits),
+        "speculation": speculation_schema(limits),
     }
 
 
@@ -149,7 +175,7 @@ COMMON_FIELDS = frozenset({
     "frequency_penalty", "repetition_penalty", "min_p", "min_tokens", "logit_bias",
     "stop_token_ids", "skip_special_tokens", "include_stop_str_in_output", "return_token_ids",
     "deadline_ms", "logprobs", "spaces_between_special_tokens", "add_special_tokens",
-    "request_id",
+    "request_id", "prediction", "speculation",
 })
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "echo", "suffix"}
 CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "top_logprobs",

@@ -7,13 +7,20 @@ from typing import Any
 from gateway.core import RequestHandle
 
 
-def usage(handles: list[RequestHandle], n: int = 1) -> dict[str, int]:
+def usage(handles: list[RequestHandle], n: int = 1) -> dict[str, Any]:
     """OpenAI's count: each prompt once (handles are prompt-major, n choices per prompt), every
-    choice's completion tokens."""
+    choice's completion tokens. With a prediction, `completion_tokens_details` as OpenAI's
+    Predicted Outputs give it: the prediction's tokens the output used (accepted) and did not
+    (rejected), as the engine counted them."""
     prompt = sum(len(h.prompt_ids) for h in handles[::n])
     completion = sum(len(h.assembler.token_ids) for h in handles)
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+    out: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                           "total_tokens": prompt + completion}
+    if any(h.prediction_ids is not None for h in handles):
+        out["completion_tokens_details"] = {
+            "accepted_prediction_tokens": sum(h.accepted_prediction_tokens for h in handles),
+            "rejected_prediction_tokens": sum(h.rejected_prediction_tokens for h in handles)}
+    return out
 
 
 def completion_logprobs(handle: RequestHandle, token_ids: list[int],

@@ -57,7 +57,8 @@ async def tokenize(gw: Gateway, prompt: Prompt, add_special_tokens: bool = True)
 
 
 def submit_all(gw: Gateway, base_id: str, prompts: list[list[int]], sampling: SamplingParams,
-               options, max_tokens_param: str) -> list[RequestHandle]:
+               options, max_tokens_param: str,
+               prediction_ids: list[int] | None = None) -> list[RequestHandle]:
     """One handle per (prompt, choice), prompt-major: choice index = prompt * n + j. With a
     seed, choice j samples with seed + j (the n choices differ, reproducibly). Choices 1..n-1
     follow choice 0: queued when its first token arrives, so they find the prompt's full KV
@@ -78,10 +79,11 @@ def submit_all(gw: Gateway, base_id: str, prompts: list[list[int]], sampling: Sa
                 s = sampling if j == 0 or sampling.seed is None else \
                     replace(sampling, seed=(sampling.seed + j) % (1 << 63))
                 if leader is None:
-                    leader = gw.submit(rid, ids, s, max_tokens, options)
+                    leader = gw.submit(rid, ids, s, max_tokens, options, prediction_ids)
                     handles.append(leader)
                 else:  # sent after the leader's prefill: its prompt blocks are cached then
-                    handles.append(gw.submit_follower(leader, rid, ids, s, max_tokens, options))
+                    handles.append(gw.submit_follower(leader, rid, ids, s, max_tokens, options,
+                                                      prediction_ids))
     except APIError:
         for h in handles:
             h.close()
@@ -255,7 +257,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
         prompts = [await tokenize(gw, p, req.add_special_tokens) for p in req.prompts]
     internal_id = gw.new_request_id("cmpl")
     request_id = f"cmpl-{req.request_id}" if req.request_id else internal_id
-    handles = submit_all(gw, internal_id, prompts, req.sampling, req.options, "max_tokens")
+    handles = submit_all(gw, internal_id, prompts, req.sampling, req.options, "max_tokens",
+                         gw.tokenize_prediction(req.prediction))
     log_request(gw, request_id, handles, req.prompts)
     created, model = int(time.time()), gw.model_name
     n = req.sampling.n
@@ -316,7 +319,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     internal_id = gw.new_request_id("chatcmpl")
     request_id = f"chatcmpl-{req.request_id}" if req.request_id else internal_id
     param = "max_tokens"
-    handles = submit_all(gw, internal_id, [prompt_ids], req.sampling, req.options, param)
+    handles = submit_all(gw, internal_id, [prompt_ids], req.sampling, req.options, param,
+                         gw.tokenize_prediction(req.prediction))
     log_request(gw, request_id, handles, messages)
     created, model = int(time.time()), gw.model_name
     token_info = req.options.return_token_ids or req.sampling.logprobs is not None

@@ -32,6 +32,7 @@ from gateway.openai_schema import (
     ServingOptions,
     TokenizeRequest,
 )
+from gateway.prediction_fields import parse_prediction, parse_speculation
 from gateway.request_fields import (  # noqa: F401 -- re-exported: the names other modules use
     CHAT_FIELDS,
     CHAT_LOGPROBS,
@@ -77,6 +78,7 @@ def _parse_options(body: dict, limits: RequestLimits) -> ServingOptions:
         priority=scalar(body, "priority", 0, limits),
         deadline_ms=scalar(body, "deadline_ms", None, limits),
         return_token_ids=scalar(body, "return_token_ids", False, limits),
+        speculation=parse_speculation(body, limits),
     )
 
 
@@ -114,15 +116,17 @@ def parse_completion_request(body: dict[str, Any],
                              limits: RequestLimits = LIMITS) -> CompletionRequest:
     check_fields(body, COMPLETION_FIELDS, limits, "/v1/completions")
     logprobs = scalar(body, "logprobs", None, limits, COMPLETION_LOGPROBS)
+    sampling = parse_sampling(body, logprobs, max_tokens_default=16, limits=limits)
     return CompletionRequest(
         model=scalar(body, "model", None, limits),
         prompts=_parse_prompts(body, limits),
-        sampling=parse_sampling(body, logprobs, max_tokens_default=16, limits=limits),
+        sampling=sampling,
         options=_parse_options(body, limits),
         echo=scalar(body, "echo", False, limits),
         suffix=scalar(body, "suffix", None, limits) or None,
         add_special_tokens=scalar(body, "add_special_tokens", True, limits),
         request_id=scalar(body, "request_id", None, limits),
+        prediction=parse_prediction(body, limits, sampling.n),
     )
 
 
@@ -177,17 +181,19 @@ def parse_chat_request(body: dict[str, Any], limits: RequestLimits = LIMITS) -> 
     logprobs = (top_logprobs or 0) if want_logprobs else None
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else \
         "max_tokens"
+    sampling = parse_sampling(body, logprobs, max_tokens_default=None, max_tokens_name=name,
+                              limits=limits)
     return ChatRequest(
         model=scalar(body, "model", None, limits),
         messages=_parse_messages(body),
-        sampling=parse_sampling(body, logprobs, max_tokens_default=None, max_tokens_name=name,
-                                 limits=limits),
+        sampling=sampling,
         options=_parse_options(body, limits),
         add_generation_prompt=scalar(body, "add_generation_prompt", True, limits),
         top_logprobs_requested=want_logprobs,
         echo=scalar(body, "echo", False, limits),
         add_special_tokens=scalar(body, "add_special_tokens", False, limits),
         request_id=scalar(body, "request_id", None, limits),
+        prediction=parse_prediction(body, limits, sampling.n),
     )
 
 

@@ -78,6 +78,14 @@ class VllmMetrics:
                                ["finished_reason"])
         self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens.")
         self.generation_tokens = counter("vllm:generation_tokens", "Generated tokens.")
+        # speculative decoding (vLLM's spec-decode names): a draft is one verify of >= 1 draft
+        # token for one sequence; counted from the requests' cumulative RequestOutput counters
+        self.spec_drafts = counter("vllm:spec_decode_num_drafts", "Drafts verified (one "
+                                   "sequence's draft tokens in one step).")
+        self.spec_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Draft tokens "
+                                         "verified.")
+        self.spec_accepted_tokens = counter("vllm:spec_decode_num_accepted_tokens", "Draft "
+                                            "tokens accepted.")
         self._last: dict[str, tuple[int, int, int]] = {}  # engine -> counters last reported
 
     def refresh(self, model: str, engines: list[EngineReport], gateway_waiting: int) -> None:
