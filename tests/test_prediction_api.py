@@ -43,40 +43,32 @@ class SpeculatingBackend(FakeBackend):
         self.requests[r.request_id] = r
         self.spec[r.request_id] = {"drafts": 0, "accepted": 0, "steps": 0}
 
-    async def _recv_loop(self) -> None:  # keep the prediction frames the requests name
-        sock = self.sock
+    async def _recv_loop(self) -> None:  # FakeBackend's, keeping the prediction frames
         while True:
-            peer, *frames = await sock.recv_multipart()
+            peer, *frames = await self.sock.recv_multipart()
             try:
                 decoded = codec.decode(frames)
             except codec.DecodeError as exc:
                 self.num_bad_messages += 1
                 self._send(peer, codec.error_for(exc))
                 continue
-            if decoded.kind == "batch":
-                for r in decoded.envelope.batch.requests:
+            env = decoded.envelope
+            if decoded.kind == "hello":
+                self._peers.add(peer)
+                self._send(peer, pb.Envelope(backend_info=self.info()))
+            elif decoded.kind == "batch":
+                self.batch_sizes.append(len(env.batch.requests))
+                for r in env.batch.requests:
                     if r.HasField("prediction_frame"):
                         self.predictions[r.request_id] = \
                             codec.array_of(decoded, r.prediction_frame).tolist()
-            await self._dispatch(peer, frames)
-
-    async def _dispatch(self, peer, frames) -> None:
-        # the base class's handling of one message, fed from here
-        decoded = codec.decode(frames)
-        env = decoded.envelope
-        if decoded.kind == "hello":
-            self._peers.add(peer)
-            self._send(peer, pb.Envelope(backend_info=self.info()))
-        elif decoded.kind == "batch":
-            self.batch_sizes.append(len(env.batch.requests))
-            for r in env.batch.requests:
-                self._admit(peer, r, codec.array_of(decoded, r.prompt_frame))
-        elif decoded.kind == "abort":
-            for rid in env.abort.request_ids:
-                req = self.running.pop(rid, None)
-                if req is not None:
-                    self.aborted.append(rid)
-                    self.num_free_blocks += req.num_blocks
+                    self._admit(peer, r, codec.array_of(decoded, r.prompt_frame))
+            elif decoded.kind == "abort":
+                for rid in env.abort.request_ids:
+                    req = self.running.pop(rid, None)
+                    if req is not None:
+                        self.aborted.append(rid)
+                        self.num_free_blocks += req.num_blocks
 
     def _one_step(self) -> None:
         self._step += 1
@@ -112,7 +104,7 @@ class SpeculatingBackend(FakeBackend):
             # without speculation)
             used = sum(1 for i, t in enumerate(prediction[:req.pos]) if req.script[i] == t) \
                 if k else 0
-            out = step.outputs.add(
+            step.outputs.add(
                 request_id=rid, tokens_frame=len(arrays), finish_reason=finish,
                 num_prompt_tokens=req.prompt_len, num_completion_tokens=req.pos,
                 num_draft_tokens=spec["drafts"], num_accepted_draft_tokens=spec["accepted"],
@@ -258,7 +250,7 @@ async def test_completions_prediction_and_stream_usage(sdk, backend, client):
     metrics = await (await client.get("/metrics")).text()
 
     def value(name: str, labels: str = "") -> float:
-        m = re.search(rf"^{re.escape(name)}{{{labels}[^}}]*}} (\S+)$", metrics, re.M)
+        m = re.search(rf"^{re.escape(name)}{{{labels}[^}}]*}} (\S+)$", metrics, re.MULTILINE)
         assert m, f"{name} missing from /metrics"
         return float(m.group(1))
 
