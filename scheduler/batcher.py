@@ -174,6 +174,20 @@ class DynamicWindowBatcher:
         self._spare = bool(has_spare_capacity) and self.config.idle_flush
         return self.poll()
 
+    def predicted_wait(self, now: float) -> float:
+        """How long a request pushed now would wait for its window to flush, with no further
+        arrivals: 0 when the window would flush at once (idle flush, a full window), else
+        window_start (or now) + min(min_latency, (size + 1) / rate) - now. What admission
+        (scheduler.admission) adds for the window; no state changes."""
+        size = self.queues.size + 1
+        if self._spare or size >= self._max_batch:
+            return 0.0
+        start = self.window_start if self.window_start is not None and self.queues.size else now
+        wait = size / self._rate
+        if wait > self._min_latency:  # noqa: PLR1730
+            wait = self._min_latency
+        return max(0.0, start + wait - now)
+
     def cancel(self, request_id: str) -> PendingRequest | None:
         """Take a queued request out (client gone). Call poll() afterwards for the new deadline."""
         req = self.queues.remove(request_id)

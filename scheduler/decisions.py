@@ -41,6 +41,7 @@ class ArrivalRecord:
     max_tokens: int
     queue_class: int
     received: float | None = None  # the gateway's HTTP stamp, <= t (None: not recorded)
+    refused: bool = False  # admission refused it (scheduler.admission): in no window
 
     def to_json(self) -> dict:
         d = {"kind": "arrival", "id": self.request_id, "t": self.t,
@@ -48,6 +49,8 @@ class ArrivalRecord:
              "class": self.queue_class}
         if self.received is not None:
             d["received"] = self.received
+        if self.refused:
+            d["refused"] = True
         return d
 
 
@@ -106,10 +109,10 @@ class DecisionLog:
         return cls(open(path, "a", buffering=1, encoding="utf-8"), keep=False)
 
     def arrival(self, request_id: str, t: float, num_prompt_tokens: int, max_tokens: int,
-                queue_class: int, received: float | None = None) -> None:
+                queue_class: int, received: float | None = None, refused: bool = False) -> None:
         self._add(self.arrivals, ArrivalRecord(
             request_id, float(t), int(num_prompt_tokens), int(max_tokens), int(queue_class),
-            None if received is None else float(received)))
+            None if received is None else float(received), bool(refused)))
 
     def batch(self, t: float, request_ids: Iterable[str], classes: Iterable[int]) -> None:
         self._add(self.batches, BatchRecord(float(t), tuple(request_ids),
@@ -140,7 +143,8 @@ def parse_records(lines: Iterable[str]) -> tuple[list[ArrivalRecord], list[Batch
                 received = d.get("received")
                 arrivals.append(ArrivalRecord(str(d["id"]), float(d["t"]), int(d["prompt"]),
                                               int(d["max_tokens"]), int(d["class"]),
-                                              None if received is None else float(received)))
+                                              None if received is None else float(received),
+                                              bool(d.get("refused", False))))
             elif d["kind"] == "batch":
                 batches.append(BatchRecord(float(d["t"]), tuple(str(i) for i in d["ids"]),
                                            tuple(int(c) for c in d["classes"])))

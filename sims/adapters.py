@@ -28,13 +28,15 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
-from scheduler.batcher import BatcherConfig, DynamicWindowBatcher
+from scheduler.admission import AdmissionConfig, AdmissionControl
+from scheduler.batcher import BatcherConfig, Decision, DynamicWindowBatcher
 from scheduler.capacity import DEFAULT_CAPACITY
 from scheduler.classes import QueueClass
 from scheduler.clock import ManualClock
 from scheduler.host_tier import SwapCostModel
 from scheduler.prefix_index import DEPTHS, PrefixSummary, prefix_hashes
 from scheduler.queues import ClassQueues, PendingRequest, QueueConfig
+from scheduler.slo import SLOTargets
 from scheduler.step_scheduler import PrefillCap, SchedulerConfig, StepResult, StepScheduler
 from sims.workload import Workload
 
@@ -72,6 +74,11 @@ class SimSchedulerConfig:
     host_copy_gbps: float = 50.0
     # prefill budget by backlog (scheduler.step_plan.PrefillCap; off by default)
     prefill_cap: PrefillCap = field(default_factory=PrefillCap)
+    # TTFT / TPOT targets per class (scheduler.slo): per-class attainment in the report, and
+    # with `admission`, the gateway's admission (scheduler.admission) refuses what its
+    # prediction says would miss its TTFT target, as `tidegate serve --slo-ttft-ms` does
+    slo: SLOTargets = field(default_factory=SLOTargets)
+    admission: bool = False
 
     def prefix_caching_for(self, workload: Workload) -> bool:
         """The setting resolved for `workload` (auto: does any request have a shared prefix?)."""
@@ -107,6 +114,11 @@ class GatewayAdapter:
         self._output_len, self._priority = lists.output_len, lists.priority
         # each request's queue class, worked out once: the trace's, else by its max_tokens
         self._queue_class = _queue_classes(workload, config.queue.class_bounds)
+        # the live gateway's admission (gateway.dispatcher.submit): the same objects
+        self.admission = AdmissionControl(AdmissionConfig(slo=config.slo))
+        self.predictor = self.admission.predictor
+        self.admits = config.admission and config.slo.any_ttft
+        self.retry_after: dict[int, float] = {}  # refused request -> its predicted TTFT
 
     @property
     def num_pending(self) -> int:
@@ -123,6 +135,14 @@ class GatewayAdapter:
         if self.idle_flush and spare != self._reported:  # _report(spare), inlined
             self.batcher.notify_idle(spare)
             self._reported = spare
+        if self.admits:
+            depth = self.queues.depth
+            refusal = self.admission.check(int(qclass), [depth(c) for c in range(len(QueueClass))],
+                                           self.batcher.predicted_wait(now))
+            if refusal is not None:
+                self.retry_after[i] = refusal.retry_after_s
+                dec = self.batcher.poll()
+                return Decision(dec.flush_now, dec.deadline, refusal)
         return self.batcher.push(PendingRequest(str(i), self._prompt_len[i], self._output_len[i],
                                                 now, qclass, self._priority[i], None, i))
 

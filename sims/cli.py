@@ -44,7 +44,8 @@ def cmd_run(argv: list[str]) -> int:
     from sims.report import format_table, summarize
     from sims.runner import simulate_spec
     result = simulate_spec(spec)
-    rep = summarize(result, slo_ttft_ms=a.slo_ttft_ms, slo_tpot_ms=a.slo_tpot_ms)
+    rep = summarize(result, slo_ttft_ms=spec.slo_ttft_ms, slo_tpot_ms=spec.slo_tpot_ms,
+                    slo=spec.scheduler.slo)
     rep["config"] = spec.describe()
     cost = spec.cost.build()
     rep["cost_model"] = getattr(cost, "describe", dict)()
@@ -178,6 +179,10 @@ def cmd_search(argv: list[str]) -> int:
     a = parse_with_config(p, argv)
     if a.slo_ttft_ms is None and a.slo_tpot_ms is None:
         p.error("give an SLO: --slo-ttft-ms and/or --slo-tpot-ms (P99)")
+    spec0 = spec_from_args(a)
+    if (a.slo_ttft_ms and spec0.slo_ttft_ms is None) or (a.slo_tpot_ms and spec0.slo_tpot_ms is None):
+        p.error("search ranks by one P99 target for every request: give --slo-ttft-ms MS "
+                "(per-class targets: `tidegate sim slo`)")
     from sims.search import build_grid, search
     specs = build_grid(spec_from_args(a), parse_list(a.backends_grid, int),
                        parse_list(a.max_batch_size_grid, int), parse_list(a.min_latency_ms_grid),

@@ -87,6 +87,13 @@ class EngineConfig:
     # launched a prefill step's successor as soon as the prefill step started (the H200
     # fidelity runs recorded before then: bench.simulator.fidelity_resim)
     prefill_launch_deadline: bool = True
+    # host CPU per Batch message (one flushed window's share for one backend), whatever its size:
+    # the gateway's encode and send (serialized: one gateway process), and the backend's decode
+    # and admission, added to the step that admits it. What a window saves: measured on the
+    # 2-core CPU box at c=64 (BENCHMARKS, "the batching window at c=64"): ~350 us and ~250 us
+    # per message; 0 (the default) models neither
+    gateway_message_s: float = 0.0
+    backend_message_s: float = 0.0
 
 
 @dataclass
@@ -122,6 +129,7 @@ class _Backend:
         "inbox",
         "inbox_t",
         "last_report",
+        "message_s",
         "num_placed",
         "outstanding",
         "plan",
@@ -154,6 +162,7 @@ class _Backend:
         self.released_early = 0     # tokens of a stretch's past finishes released before its end
         self.busy_s = 0.0           # time spent in steps
         self.last_report = -INF
+        self.message_s = 0.0        # host time of messages received, charged to the next step
         self.num_placed = 0         # requests placed here
         self.outstanding = 0        # placed here and not finished (the gateway's in-flight count)
         self.tokens_placed = 0      # their prompt + output tokens
@@ -206,6 +215,8 @@ class EventLoop:
         # backends holding none of the gateway's requests: what idle flush reads (spare())
         self.num_idle = config.num_backends
         self.delay = config.network_delay_s
+        self.gw_message_s, self.be_message_s = config.gateway_message_s, config.backend_message_s
+        self.gw_free = 0.0  # when the gateway's one thread has sent every message so far
         self.max_k = config.max_stretch_steps
         self.plan_lead = config.async_plan_lead_s
         self.plan_at_prefill_start = not config.prefill_launch_deadline
@@ -234,6 +245,12 @@ class EventLoop:
             self.placement.add_backend(be.idx)
             self.placement.set_capacity(be.idx, num_blocks * sched_config.block_size)
         self.charged = [0] * n
+        # the wait predictor's view (scheduler.admission): where each request went, and
+        # whether it found nothing unstarted there
+        self.predictor = gateway.predictor
+        self.placed_on = [-1] * n
+        self.alone = [False] * n
+        self.qclass = [int(c) for c in gateway._queue_class]
         self.prefix_of = backends[0].sched.prefix_hashes if (
             config.placement.uses_prefixes and backends and backends[0].sched.prefix_caching) else None
         self.report_s = config.report_interval_s
@@ -268,16 +285,15 @@ class EventLoop:
             b, charged[i] = self.placement.place_one(
                 num_tokens[i], () if prefix_of is None else prefix_of(i), now)
             dispatch_t[i] = now
+            self.placed_on[i] = b
+            self.alone[i] = self.predictor.dispatched(b, self.qclass[i])
             be = self.backends[b]
             if not be.outstanding:
                 self.num_idle -= 1
             be.outstanding += 1
             be.num_placed += 1
             be.tokens_placed += num_tokens[i]
-            if self.delay > 0:
-                self.push(now + self.delay, _DELIVER, (be.idx, batch))
-            else:
-                self.deliver(be, batch, now)
+            self.send(be, batch, now)
             return
         if prefix_of is None:
             items = [PlacementItem(num_tokens[i], (), i) for i in batch]
@@ -295,17 +311,31 @@ class EventLoop:
             else:
                 part.append(i)
         backends = self.backends
+        dispatched, placed_on, alone, qclass = (self.predictor.dispatched, self.placed_on,
+                                                self.alone, self.qclass)
         for b, part in parts.items():
+            for i in part:
+                placed_on[i] = b
+                alone[i] = dispatched(b, qclass[i])
             be = backends[b]
             if not be.outstanding:
                 self.num_idle -= 1
             be.outstanding += len(part)
             be.num_placed += len(part)
             be.tokens_placed += sum(num_tokens[i] for i in part)
-            if self.delay > 0:
-                self.push(now + self.delay, _DELIVER, (b, part))
-            else:
-                self.deliver(be, part, now)
+            self.send(be, part, now)
+
+    def send(self, be: _Backend, part: list[int], now: float) -> None:
+        """One Batch message to `be`: after the gateway's per-message time (its one thread sends
+        messages one after another) and the network delay."""
+        at = now
+        if self.gw_message_s > 0:
+            at = self.gw_free = max(now, self.gw_free) + self.gw_message_s
+        at += self.delay
+        if at > now:
+            self.push(at, _DELIVER, (be.idx, part))
+        else:
+            self.deliver(be, part, now)
 
     def release_stretch_finishes(self, now: float) -> None:
         """A stretch past finishes ends later than the requests finishing inside it: release
@@ -325,6 +355,7 @@ class EventLoop:
                 be.released_early = o
 
     def deliver(self, be: _Backend, batch: list[int], now: float) -> None:
+        be.message_s += self.be_message_s
         be.inbox.extend(batch)
         be.inbox_t.extend([now] * len(batch))
         if not be.busy:
@@ -377,6 +408,7 @@ class EventLoop:
         for i in inbox if late == len(inbox) else inbox[:late]:
             if not add(i, now):
                 self.rejected[i] = True
+                self.predictor.gone(be.idx, self.qclass[i])
                 self.placement.release(be.idx, self.charged[i])
                 refused += 1
         del inbox[:late], inbox_t[:late]
@@ -420,6 +452,8 @@ class EventLoop:
                 span_fn = self.span_fn
                 # host tier copies queued since the last step
                 t = sched.take_copy_seconds() if sched.host is not None else 0.0
+                t += be.message_s
+                be.message_s = 0.0
                 out = []
                 for ks, n_dec, ctx, nfin, tokens in segs:
                     t += span_fn(n_dec, ctx, ks)
@@ -444,6 +478,9 @@ class EventLoop:
             dt = self.step_time_fn(num_decode, num_prefill, num_ctx)
         if sched.host is not None:
             dt += sched.take_copy_seconds()
+        if be.message_s:
+            dt += be.message_s
+            be.message_s = 0.0
         if self.cap_window is not None and num_prefill:
             dt *= self.cost.prefill_slowdown(self.prefill_share(be, now))
             be.prefill_spans.append((now, now + dt))
@@ -524,6 +561,8 @@ class EventLoop:
         for r in firsts:
             if first_t[r] != first_t[r]:  # NaN: not a re-prefill after preemption
                 first_t[r] = now
+                self.predictor.started(arg, self.qclass[r], now, now - self.dispatch_t[r],
+                                       self.alone[r])
         self.finish_requests(be, done, now)
         self.after_step(be, now)
 
@@ -660,6 +699,7 @@ class EventLoop:
             backend_stats=[b.sched.stats() for b in backends], events=self.events,
             wall_s=time.perf_counter() - self.wall0, sim_end=self.now,
             extra={"num_kv_blocks": self.num_blocks, "placement": self.placement_stats(),
+                   "retry_after_s": dict(self.gateway.retry_after),
                    **({"batches": self.batch_log} if self.batch_log is not None else {}),
                    **({"steps": self.step_log} if self.step_log is not None else {})})
 

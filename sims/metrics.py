@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from scheduler.classes import CLASS_NAMES, DEFAULT_CLASS_BOUNDS, class_index
+from scheduler.slo import parse_targets
 
 PCTS = (50, 90, 99)
 
@@ -155,6 +156,9 @@ def _group(records: list[RequestRecord], duration: float, slo_ttft_ms, slo_tpot_
         "goodput": rate(num_good),
         "goodput_fraction": float(good.mean()) if done else 0.0,
         "num_good": num_good,
+        # of every request sent, the share that met its targets: a refused one (429) did not
+        "slo_attainment": num_good / len(records) if records else 0.0,
+        "num_refused": sum(1 for r in records if r.error == "http_429"),
     }
 
 
@@ -170,13 +174,24 @@ def run_duration(records: list[RequestRecord], start_time: float | None = None) 
 
 
 def summarize(records: list[RequestRecord], *, start_time: float | None = None,
-              slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None) -> dict:
+              slo_ttft_ms=None, slo_tpot_ms=None) -> dict:
     """The JSON report: throughput, latency stats, goodput, by_class, errors. The keys it shares
     with `sims.report.summarize` (completed, duration_s, request/output/total_token_throughput,
     ttft/tpot/itl/e2el_ms, goodput, goodput_fraction, slo, by_class[c].completed/ttft_ms/
     tpot_ms/e2el_ms/goodput_fraction) have the same meaning and values for the same timings."""
     duration = run_duration(records, start_time)
-    out = _group(records, duration, slo_ttft_ms, slo_tpot_ms)
+    ttft_by, tpot_by = parse_targets(slo_ttft_ms), parse_targets(slo_tpot_ms)
+    if len(set(ttft_by)) == 1 and len(set(tpot_by)) == 1:  # one target for every class
+        out = _group(records, duration, ttft_by[0], tpot_by[0])
+    else:  # per class (scheduler.slo): overall goodput is the classes' together
+        parts = [_group([r for r in records if class_of(r.max_tokens) == name], duration,
+                        ttft_by[c], tpot_by[c]) for c, name in enumerate(CLASS_NAMES)]
+        out = _group(records, duration, None, None)
+        num_good = sum(g["num_good"] for g in parts)
+        done_n = out["completed"]
+        out.update(goodput=num_good / duration if duration else 0.0, num_good=num_good,
+                   goodput_fraction=num_good / done_n if done_n else 0.0,
+                   slo_attainment=num_good / len(records) if records else 0.0)
     done = [r for r in records if r.ok]
     errors: dict[str, int] = {}
     for r in records:
@@ -190,13 +205,16 @@ def summarize(records: list[RequestRecord], *, start_time: float | None = None,
         "total_input_tokens": total_in,
         "total_output_tokens": total_out,
         "total_token_throughput": (total_in + total_out) / duration if duration else 0.0,
-        "slo": {"ttft_ms": slo_ttft_ms, "tpot_ms": slo_tpot_ms},
+        "slo": ({"ttft_ms": ttft_by[0], "tpot_ms": tpot_by[0]}
+                if len(set(ttft_by)) == 1 and len(set(tpot_by)) == 1 else
+                {"ttft_ms": dict(zip(CLASS_NAMES, ttft_by)),
+                 "tpot_ms": dict(zip(CLASS_NAMES, tpot_by))}),
         "num_output_mismatch": sum(r.output_tokens != r.max_tokens for r in done),
         "errors": errors,
         "by_class": {},
     })
-    for name in CLASS_NAMES:
+    for c, name in enumerate(CLASS_NAMES):
         members = [r for r in records if class_of(r.max_tokens) == name]
         if members:
-            out["by_class"][name] = _group(members, duration, slo_ttft_ms, slo_tpot_ms)
+            out["by_class"][name] = _group(members, duration, ttft_by[c], tpot_by[c])
     return out

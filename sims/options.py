@@ -27,6 +27,7 @@ from scheduler.capacity import (
 )
 from scheduler.placement import add_placement_arguments, placement_config_from_args
 from scheduler.queues import QueueConfig
+from scheduler.slo import SLOTargets, parse_targets
 from sims.adapters import SimSchedulerConfig
 from sims.cost import RooflineConfig
 from sims.event_loop import EngineConfig
@@ -68,6 +69,10 @@ def add_run_args(p: argparse.ArgumentParser, *, num_requests: int = 1000) -> Non
     g.add_argument("--target-throughput", type=float, default=d.target_throughput)
     g.add_argument("--hysteresis", type=float, default=d.hysteresis)
     g.add_argument("--no-idle-flush", dest="idle_flush", action="store_false", default=True)
+    g.add_argument("--message-cost-us", default="0,0", metavar="GATEWAY,BACKEND",
+                   help="host CPU per Batch message, microseconds: the gateway's (one thread) and "
+                        "the backend's (added to its next step); what a window saves. Measured on "
+                        "the 2-core CPU box: 350,250 (docs/window_defaults.md)")
     g = p.add_argument_group("backend scheduler")
     add_capacity_arguments(g)
     add_prefill_cap_arguments(g)
@@ -91,8 +96,15 @@ def add_run_args(p: argparse.ArgumentParser, *, num_requests: int = 1000) -> Non
     g.add_argument("--max-stretch-steps", type=int, default=1 << 30,
                    help="cap on steps advanced in one event (1: step by step)")
     g = p.add_argument_group("output")
-    g.add_argument("--slo-ttft-ms", type=float, help="goodput SLO on time to first token")
-    g.add_argument("--slo-tpot-ms", type=float, help="goodput SLO on time per output token")
+    g.add_argument("--slo-ttft-ms", metavar="MS|CLASS=MS,...",
+                   help="goodput SLO on time to first token, for every class or per class "
+                        "(fast=200,normal=1000,slow=4000: scheduler.slo)")
+    g.add_argument("--slo-tpot-ms", metavar="MS|CLASS=MS,...",
+                   help="goodput SLO on time per output token, as --slo-ttft-ms")
+    g.add_argument("--admission", action="store_true",
+                   help="run the gateway's admission (scheduler.admission): refuse a request "
+                        "whose predicted TTFT passes its class's --slo-ttft-ms, as `tidegate "
+                        "serve` does whenever it has a TTFT target")
     g.add_argument("--json", dest="json_out", metavar="OUT", help="write the report as JSON")
     g.add_argument("--plot", metavar="DIR", help="write PNG+SVG plots into DIR")
 
@@ -156,15 +168,37 @@ def spec_from_args(a: argparse.Namespace) -> RunSpec:
                                block_size=a.block_size, max_model_len=max_model_len,
                                enable_prefix_caching=prefix_caching_arg(a.prefix_caching),
                                host_kv_gib=a.host_kv_gib, host_copy_gbps=a.host_copy_gbps,
-                               prefill_cap=prefill_cap_from_args(a))
+                               prefill_cap=prefill_cap_from_args(a),
+                               slo=SLOTargets.parse(a.slo_ttft_ms, a.slo_tpot_ms),
+                               admission=bool(getattr(a, "admission", False)))
     if not (math.isfinite(a.delivery_delay_ms) and a.delivery_delay_ms >= 0):
         raise ValueError(f"--delivery-delay-ms must be >= 0, got {a.delivery_delay_ms}")
+    gw_us, be_us = parse_message_cost(a.message_cost_us)
     engine = EngineConfig(num_backends=a.backends, network_delay_s=a.network_delay_ms / 1e3,
+                          gateway_message_s=gw_us / 1e6, backend_message_s=be_us / 1e6,
                           delivery_delay_s=a.delivery_delay_ms / 1e3,
                           max_stretch_steps=a.max_stretch_steps,
                           placement=placement_config_from_args(a, a.block_size))
     return RunSpec(cost=cost, workload=workload, scheduler=sched, engine=engine, trace=a.trace,
-                   slo_ttft_ms=a.slo_ttft_ms, slo_tpot_ms=a.slo_tpot_ms)
+                   slo_ttft_ms=uniform_target(a.slo_ttft_ms),
+                   slo_tpot_ms=uniform_target(a.slo_tpot_ms))
+
+
+def uniform_target(text) -> float | None:
+    """The one target of '500' (every class); None for none or for per-class targets (those
+    reach the report through `SimSchedulerConfig.slo`)."""
+    targets = parse_targets(text)
+    return targets[0] if len(set(targets)) == 1 else None
+
+
+def parse_message_cost(text) -> tuple[float, float]:
+    """'GATEWAY,BACKEND' microseconds per message (one number: the gateway's, backend 0)."""
+    parts = [float(x) for x in str(text).split(",")]
+    if len(parts) == 1:
+        parts.append(0.0)
+    if len(parts) != 2 or not all(math.isfinite(x) and x >= 0 for x in parts):
+        raise ValueError(f"--message-cost-us wants GATEWAY,BACKEND >= 0, got {text!r}")
+    return parts[0], parts[1]
 
 
 def parse_list(text: str | None, kind=float) -> list:

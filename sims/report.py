@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from scheduler.classes import QueueClass
+from scheduler.slo import SLOTargets
 from sims.event_loop import SimResult
 from sims.metrics import request_metrics, stats_ms, weighted_stats_ms
 
@@ -11,7 +12,9 @@ LATENCY_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 
 
 def summarize(r: SimResult, *, slo_ttft_ms: float | None = None,
-              slo_tpot_ms: float | None = None) -> dict:
+              slo_tpot_ms: float | None = None, slo: SLOTargets | None = None) -> dict:
+    """`slo_ttft_ms` / `slo_tpot_ms`: one target for every request (goodput); `slo`: targets per
+    class (scheduler.slo), which decide goodput instead when given, and each class's attainment."""
     w = r.workload
     done = np.isfinite(r.finish_time)
     arrival = w.arrival_time[done]
@@ -19,14 +22,18 @@ def summarize(r: SimResult, *, slo_ttft_ms: float | None = None,
         arrival, r.first_token_time[done], r.finish_time[done], r.num_output[done],
         slo_ttft_s=None if slo_ttft_ms is None else slo_ttft_ms / 1e3,
         slo_tpot_s=None if slo_tpot_ms is None else slo_tpot_ms / 1e3)
+    classes = r.queue_class[done]
+    if slo is not None and slo.any:
+        good = _met_by_class(slo, classes, ttft, tpot, multi)
     wait = r.dispatch_time[done] - arrival
     start = float(w.arrival_time[0]) if len(w) else 0.0
     duration = max(float(r.finish_time[done].max()) - start, 1e-12) if done.any() else 0.0
     n_done = int(done.sum())
     out_tokens = int(r.num_output[done].sum())
     rate = (lambda x: x / duration) if duration else (lambda x: 0.0)
-    classes = r.queue_class[done]
     by_class = {}
+    refused_by = r.extra.get("retry_after_s", {})
+    all_classes = r.queue_class
     for cls in QueueClass:
         m = classes == cls
         if not m.any():
@@ -34,7 +41,8 @@ def summarize(r: SimResult, *, slo_ttft_ms: float | None = None,
         by_class[cls.name.lower()] = {
             "completed": int(m.sum()), "ttft_ms": stats_ms(ttft[m]),
             "tpot_ms": stats_ms(tpot[m & multi]), "e2el_ms": stats_ms(e2el[m]),
-            "queue_wait_ms": stats_ms(wait[m]), "goodput_fraction": float(good[m].mean())}
+            "queue_wait_ms": stats_ms(wait[m]), "goodput_fraction": float(good[m].mean()),
+            "refused": sum(1 for i in refused_by if all_classes[i] == cls)}
     bs = r.batch_sizes
     sd, sp, st = r.step_decode, r.step_prefill, r.step_time
     num_steps = len(st)
@@ -61,6 +69,10 @@ def summarize(r: SimResult, *, slo_ttft_ms: float | None = None,
         "goodput_fraction": float(good.mean()) if n_done else 0.0,
         "slo": {"ttft_ms": slo_ttft_ms, "tpot_ms": slo_tpot_ms},
         "by_class": by_class,
+        "admission": {"refused": len(refused_by),
+                      "retry_after_ms": stats_ms(np.array(list(refused_by.values()), dtype=float))
+                      if refused_by else None,
+                      "slo": slo.describe() if slo is not None and slo.any else None},
         "batch_size": {"num_batches": len(bs), "mean": float(bs.mean()) if len(bs) else 0.0,
                        "p50": float(np.percentile(bs, 50)) if len(bs) else 0.0,
                        "p99": float(np.percentile(bs, 99)) if len(bs) else 0.0,
@@ -85,6 +97,15 @@ def summarize(r: SimResult, *, slo_ttft_ms: float | None = None,
         "sim": {"events": r.events, "wall_s": r.wall_s, "events_per_s": r.events / r.wall_s,
                 "requests_per_wall_s": len(w) / r.wall_s, "simulated_s": r.sim_end},
     }
+
+
+def _met_by_class(slo: SLOTargets, classes: np.ndarray, ttft: np.ndarray, tpot: np.ndarray,
+                  multi: np.ndarray) -> np.ndarray:
+    """Per request: met its class's TTFT and TPOT targets (scheduler.slo.SLOTargets.met)."""
+    inf = np.inf
+    ttft_lim = np.array([inf if t is None else t / 1e3 for t in slo.ttft_ms])[classes]
+    tpot_lim = np.array([inf if t is None else t / 1e3 for t in slo.tpot_ms])[classes]
+    return (ttft <= ttft_lim) & (~multi | (tpot <= tpot_lim))
 
 
 def _host_tier(stats: list[dict]) -> dict:

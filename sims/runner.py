@@ -93,7 +93,9 @@ class RunSpec:
                 "max_num_batched_tokens": s.max_num_batched_tokens, "block_size": s.block_size,
                 "enable_prefix_caching": ("auto" if s.enable_prefix_caching is None
                                           else s.enable_prefix_caching),
-                "placement": self.engine.placement.policy}
+                "placement": self.engine.placement.policy,
+                "message_cost_us": (self.engine.gateway_message_s * 1e6,
+                                    self.engine.backend_message_s * 1e6)}
 
 
 def simulate_spec(spec: RunSpec) -> SimResult:
@@ -106,6 +108,7 @@ def run_spec(spec: RunSpec) -> dict:
     """Simulate and summarize; the report carries its configuration under "config"."""
     from sims.report import summarize
     result = simulate_spec(spec)
-    rep = summarize(result, slo_ttft_ms=spec.slo_ttft_ms, slo_tpot_ms=spec.slo_tpot_ms)
+    rep = summarize(result, slo_ttft_ms=spec.slo_ttft_ms, slo_tpot_ms=spec.slo_tpot_ms,
+                    slo=spec.scheduler.slo)
     rep["config"] = spec.describe()
     return rep

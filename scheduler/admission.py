@@ -1,0 +1,222 @@
+"""Admission that predicts the wait: refuse at once what cannot meet its TTFT deadline.
+
+The gateway (wall clock) and the simulator (virtual clock) run this same code; time is an
+argument. A new class-`c` request's time to first token is predicted as
+
+    ttft = window + gateway_ahead / capacity + min over backends b of (ahead_b * gap_b + service_b)
+           ──────   ──────────────────────────   ─────────────────────────────────────────────────
+           the batching   requests of class <= c       the backend it would be placed on: requests
+           window still   queued in the gateway,       of class <= c sent there and not started
+           to wait        at every backend's rate      (no first token yet), one start every gap_b,
+                          (sum of 1 / gap_b)           then its own prefill (service_b)
+
+Two figures per backend, both measured from what the gateway sees (dispatches and first tokens):
+
+- ``gap_b``: the mean time between first tokens while requests were waiting to start there
+  (a start is *paced* when another request sent there was still unstarted at the previous start:
+  the gap between the two measured the backend, not the arrivals). An exponentially weighted
+  mean of those gaps (weight `gap_weight`), so it follows the backend's speed under load without
+  being lowered by idle spells. 1 / gap_b is the backend's start capacity (requests/s).
+- ``service_b``: dispatch → first token of requests sent when nothing was unstarted there
+  (the prefill and the steps it shares, without queueing), weighted the same way.
+
+Until a backend has `min_samples` paced gaps its term is ``service_b`` alone (it admits: no
+evidence of a queue). Classes: the backends serve Fast first (their step scheduler uses the same
+classes), so only requests of the same or a higher class count as ahead; a Slow request sees
+every queue and is refused first as load rises, then Normal, then Fast — shedding by class,
+gradually, with no extra rule.
+
+A refusal carries the predicted TTFT as its retry-after: the wait the request would have had
+(the time for the work ahead of it to start), which the gateway sends as `Retry-After` (whole
+seconds, rounded up) and `retry-after-ms`.
+
+`headroom(now)`: per backend and in total, 1 / gap_b (the start rate the SLOs can take) minus
+the recent start rate: the extra requests/s before queues grow and deadlines start to fail.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from scheduler.classes import CLASS_NAMES
+from scheduler.slo import NUM_CLASSES, SLOTargets
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    slo: SLOTargets = field(default_factory=SLOTargets)
+    gap_weight: float = 0.05      # EWMA weight of one paced gap (~20 starts of memory)
+    service_weight: float = 0.1   # EWMA weight of one lone request's dispatch -> first token
+    min_samples: int = 8          # paced gaps before a backend's queue counts in predictions
+    rate_window_s: float = 2.0    # time constant of the recent start rate (headroom)
+
+    def __post_init__(self) -> None:
+        for name in ("gap_weight", "service_weight"):
+            w = getattr(self, name)
+            if not 0 < w <= 1:
+                raise ValueError(f"{name} must be in (0, 1], got {w}")
+        if self.min_samples < 1:
+            raise ValueError(f"min_samples must be >= 1, got {self.min_samples}")
+        if not self.rate_window_s > 0:
+            raise ValueError(f"rate_window_s must be > 0, got {self.rate_window_s}")
+
+    @property
+    def enabled(self) -> bool:
+        """Admission refuses only where some class has a TTFT deadline."""
+        return self.slo.any_ttft
+
+
+class Refusal(NamedTuple):
+    queue_class: int
+    predicted_ttft_s: float   # what it would have waited for its first token
+    deadline_s: float         # its class's (or its own) TTFT target
+
+    @property
+    def retry_after_s(self) -> float:
+        return self.predicted_ttft_s
+
+    def message(self) -> str:
+        return (f"The {CLASS_NAMES[self.queue_class]} class's time-to-first-token deadline "
+                f"({self.deadline_s * 1000:.0f} ms) cannot be met: the predicted wait is "
+                f"{self.predicted_ttft_s * 1000:.0f} ms. Retry after that long.")
+
+
+class _Backend:
+    __slots__ = ("gap", "last_start", "num_gaps", "paced", "rate", "rate_t",
+                 "service", "unstarted")
+
+    def __init__(self) -> None:
+        self.unstarted = [0] * NUM_CLASSES  # sent here, no first token yet, by class
+        self.gap = 0.0          # EWMA of paced gaps, s
+        self.num_gaps = 0
+        self.service = 0.0      # EWMA of a lone request's dispatch -> first token, s
+        self.last_start = -math.inf
+        self.paced = False      # at the last start, another request here was still unstarted
+        self.rate = 0.0         # decayed count of starts (rate = count / window)
+        self.rate_t = 0.0
+
+
+class WaitPredictor:
+    """Per-backend queues and speeds as the gateway sees them; see the module doc."""
+
+    def __init__(self, config: AdmissionConfig = AdmissionConfig()) -> None:
+        self.config = config
+        self.backends: dict[int, _Backend] = {}
+
+    # ---- membership ------------------------------------------------------------------------
+    def add_backend(self, b: int) -> None:
+        self.backends[b] = _Backend()
+
+    def remove_backend(self, b: int) -> None:
+        self.backends.pop(b, None)
+
+    # ---- events ----------------------------------------------------------------------------
+    def dispatched(self, b: int, cls: int) -> bool:
+        """A class-`cls` request was sent to `b`. Returns whether it found nothing unstarted
+        there (pass it back to `started`: only such requests measure the service time)."""
+        be = self.backends.get(b)
+        if be is None:  # a backend seen for the first time (it joined the pool)
+            be = self.backends[b] = _Backend()
+        alone = not any(be.unstarted)
+        be.unstarted[cls] += 1
+        return alone
+
+    def started(self, b: int, cls: int, now: float, service_s: float, alone: bool) -> None:
+        """Its first token arrived at `now`, `service_s` after it was sent."""
+        be = self.backends.get(b)
+        if be is None:
+            return
+        cfg = self.config
+        if be.unstarted[cls] > 0:
+            be.unstarted[cls] -= 1
+        if be.paced and be.last_start > -math.inf:
+            gap = now - be.last_start
+            be.gap = gap if not be.num_gaps else be.gap + cfg.gap_weight * (gap - be.gap)
+            be.num_gaps += 1
+        if alone:
+            be.service = (service_s if be.service == 0.0
+                          else be.service + cfg.service_weight * (service_s - be.service))
+        be.last_start = now
+        be.paced = any(be.unstarted)
+        be.rate = be.rate * math.exp(-(now - be.rate_t) / cfg.rate_window_s) + 1.0
+        be.rate_t = now
+
+    def gone(self, b: int, cls: int) -> None:
+        """A request sent to `b` left before its first token (error, abort, refusal)."""
+        be = self.backends.get(b)
+        if be is not None and be.unstarted[cls] > 0:
+            be.unstarted[cls] -= 1
+
+    # ---- predictions -----------------------------------------------------------------------
+    def known(self, b: int) -> bool:
+        be = self.backends.get(b)
+        return be is not None and be.num_gaps >= self.config.min_samples
+
+    def capacity(self, b: int) -> float:
+        """Starts per second `b` sustains under load (0 until measured)."""
+        be = self.backends.get(b)
+        if be is None or be.num_gaps < self.config.min_samples or be.gap <= 0:
+            return 0.0
+        return 1.0 / be.gap
+
+    def backend_ttft(self, b: int, cls: int) -> float:
+        """Predicted dispatch -> first token of a class-`cls` request sent to `b` now."""
+        be = self.backends[b]
+        if be.num_gaps < self.config.min_samples:
+            return be.service
+        return sum(be.unstarted[: cls + 1]) * be.gap + be.service
+
+    def predict(self, cls: int, gateway_ahead: int, window_s: float) -> tuple[float, int]:
+        """(predicted TTFT in seconds, the backend it would best go to; (window_s, -1) with no
+        backend). Backends at their in-flight cap count too: the gateway holds the request
+        until one has room, which is part of the wait predicted."""
+        best, best_t = -1, math.inf
+        total_capacity = 0.0
+        for b in self.backends:
+            t = self.backend_ttft(b, cls)
+            if t < best_t:
+                best, best_t = b, t
+            total_capacity += self.capacity(b)
+        if best < 0:
+            return window_s, -1
+        queued = gateway_ahead / total_capacity if gateway_ahead and total_capacity else 0.0
+        return window_s + queued + best_t, best
+
+    def recent_rate(self, b: int, now: float) -> float:
+        be = self.backends[b]
+        w = self.config.rate_window_s
+        return be.rate * math.exp(-max(0.0, now - be.rate_t) / w) / w
+
+    def headroom(self, now: float) -> dict[int, float]:
+        """Per backend: capacity minus the recent start rate, requests/s (0 until measured)."""
+        return {b: max(0.0, self.capacity(b) - self.recent_rate(b, now)) if self.known(b) else 0.0
+                for b in self.backends}
+
+
+class AdmissionControl:
+    """The admission rule over a `WaitPredictor`: refuse a request whose predicted TTFT passes
+    its deadline. `check` is what the gateway's dispatcher and the simulator's gateway call."""
+
+    def __init__(self, config: AdmissionConfig = AdmissionConfig(),
+                 predictor: WaitPredictor | None = None) -> None:
+        self.config = config
+        self.predictor = predictor or WaitPredictor(config)
+        self.num_refused = [0] * NUM_CLASSES
+        self.num_admitted = [0] * NUM_CLASSES
+
+    def check(self, cls: int, gateway_depths: list[int] | tuple[int, ...], window_s: float,
+              ttft_override_ms: float | None = None) -> Refusal | None:
+        """None to admit; a Refusal (with the predicted TTFT) to answer 429 now.
+        `gateway_depths`: requests queued in the gateway per class; `window_s`: how long the
+        batching window would hold this request (`DynamicWindowBatcher.predicted_wait`)."""
+        deadline = self.config.slo.ttft_s(cls, ttft_override_ms)
+        if deadline is None:
+            self.num_admitted[cls] += 1
+            return None
+        ttft, _ = self.predictor.predict(cls, sum(gateway_depths[: cls + 1]), window_s)
+        if ttft > deadline:
+            self.num_refused[cls] += 1
+            return Refusal(cls, ttft, deadline)
+        self.num_admitted[cls] += 1
+        return None
