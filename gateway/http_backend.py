@@ -234,6 +234,12 @@ class HttpBackendConn:
                     self._emit(codec.make_error(code, f"HTTP {resp.status}: {text}", rid))
                     return
                 async for chunk in sse_json(resp.content):
+                    if "error" in chunk:  # the server's error event (then its [DONE])
+                        err = chunk["error"]
+                        msg = err.get("message") if isinstance(err, dict) else err
+                        self._emit(codec.make_error(pb.Error.INTERNAL,
+                                                    f"the server failed: {str(msg)[:300]}", rid))
+                        return
                     choice = (chunk.get("choices") or [{}])[0]
                     ids = choice.get("token_ids")
                     finish = choice.get("finish_reason")

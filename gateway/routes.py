@@ -1,9 +1,10 @@
 """POST /v1/completions and /v1/chat/completions: validate → tokenize → submit → respond.
 
 Non-streaming answers wait for every sequence; streaming answers are SSE (`data: {...}` per
-chunk, `data: [DONE]` at the end; a failure after the first byte becomes a final
-`data: {"error": ...}` event). Whatever way a handler ends — finished, failed, client gone —
-its handles are closed, which aborts any sequence still running on a backend.
+chunk, `data: [DONE]` at the end; a failure after the first byte becomes a
+`data: {"error": ...}` event, followed by `data: [DONE]` as vLLM sends it). Whatever way a
+handler ends — finished, failed, client gone — its handles are closed, which aborts any
+sequence still running on a backend.
 """
 from __future__ import annotations
 
@@ -222,8 +223,9 @@ async def stream_events(request: web.Request, make_chunks, first_chunks, final_c
             await write(sse(final_chunk()))
         await write(DONE)
         status = 200
-    except APIError as err:
+    except APIError as err:  # the error event, then [DONE] as after any stream (vLLM's order)
         await write(sse(err.to_dict()))
+        await write(DONE)
         status = err.status
     except _Stalled as exc:  # not reading: its handles get aborted, the connection is closed
         _drop_stalled(request, exc)
@@ -235,7 +237,7 @@ async def stream_events(request: web.Request, make_chunks, first_chunks, final_c
     except Exception:  # a bug must still end the stream in the OpenAI shape
         log.exception("stream failed")
         err = internal_error()
-        await resp.write(sse(err.to_dict()))
+        await resp.write(sse(err.to_dict()) + DONE)
         status = err.status
     try:
         await bounded(resp.write_eof)

@@ -3,7 +3,6 @@
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from gateway.body_checks import (
@@ -11,6 +10,7 @@ from gateway.body_checks import (
     RequestLimits,
     check_text,
     is_token_list,
+    json_type,
     scalar,
     short,
     type_error,
@@ -110,11 +110,13 @@ def _parse_logit_bias(body: dict, limits: RequestLimits) -> tuple[tuple[int, flo
         if not 0 <= token <= INT32_MAX:
             raise bad_request(f"'logit_bias' token ids must be in [0, {INT32_MAX}], got "
                               f"{short(token)}.", "logit_bias")
-        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
-            raise bad_request(f"'logit_bias' values must be finite numbers, got {bias!r}.",
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)):
+            raise bad_request(f"'logit_bias' values must be numbers, not {json_type(bias)}.",
                               "logit_bias")
+        # compared, never converted first: an integer past the float range (10**400) has no
+        # float, and NaN fails both comparisons
         if not -100.0 <= bias <= 100.0:
-            raise bad_request(f"'logit_bias' values must be in [-100, 100], got {bias}.",
+            raise bad_request(f"'logit_bias' values must be in [-100, 100], got {short(bias)}.",
                               "logit_bias")
         pairs.append((token, float(bias)))
     return tuple(sorted(pairs))

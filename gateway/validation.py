@@ -19,6 +19,7 @@ from gateway.body_checks import (  # noqa: F401 -- re-exported: the names other 
     get_bool,
     get_str,
     is_token_list,
+    json_type,
     parse_json_body,
     scalar,
     type_error,
@@ -138,7 +139,7 @@ def _message_content(msg: dict, i: int) -> str:
             return ""
         raise bad_request(f"'{param}' is required.", param, "missing_required_parameter")
     if isinstance(content, str):
-        return content
+        return check_text(content, param)  # a lone surrogate is a 400, not the tokenizer's 500
     if isinstance(content, list):
         parts = []
         for j, part in enumerate(content):
@@ -146,7 +147,7 @@ def _message_content(msg: dict, i: int) -> str:
                     part.get("text"), str):
                 raise bad_request(f"'{param}[{j}]' must be a text part "
                                   "({\"type\": \"text\", \"text\": ...}).", f"{param}[{j}]")
-            parts.append(part["text"])
+            parts.append(check_text(part["text"], f"{param}[{j}].text"))
         return "".join(parts)
     raise type_error(param, "a string or an array of text parts", content)
 
@@ -164,9 +165,10 @@ def _parse_messages(body: dict) -> tuple[ChatMessage, ...]:
         if not isinstance(msg, dict):
             raise type_error(f"messages[{i}]", "an object", msg)
         role = msg.get("role")
-        if role not in CHAT_ROLES:
+        if not isinstance(role, str) or role not in CHAT_ROLES:  # a list or object: unhashable
+            got = repr(role)[:40] if isinstance(role, str) else json_type(role)
             raise bad_request(f"'messages[{i}].role' must be one of system, user, assistant; got "
-                              f"{role!r}.", f"messages[{i}].role")
+                              f"{got}.", f"messages[{i}].role")
         out.append(ChatMessage(CHAT_ROLES[role], _message_content(msg, i)))
     return tuple(out)
 
