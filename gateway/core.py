@@ -32,6 +32,7 @@ from gateway.output import OutputAssembler, OutputDelta
 from gateway.prediction_fields import check_prediction_tokens
 from gateway.prometheus_metrics import GatewayMetrics, SLOConfig
 from gateway.remote_tokenizer import RemoteTokenizer
+from gateway.structured import wire_grammar
 from gateway.validation import RequestLimits
 from gateway.vllm_metrics import EngineReport
 from proto import tidegate_pb2 as pb
@@ -176,6 +177,8 @@ class RequestHandle:
             wire.logit_bias.update(dict(s.logit_bias))
         if s.min_tokens:
             wire.min_tokens = s.min_tokens
+        if s.grammar is not None:
+            wire.grammar.CopyFrom(wire_grammar(s.grammar))
         if not s.skip_special_tokens:  # read by a backend that detokenizes (HTTP, no tokenizer)
             wire.skip_special_tokens = False
         return wire

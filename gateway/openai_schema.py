@@ -7,6 +7,9 @@ tokenizer of the backend that serves the model.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+from tokenizer.grammar import GrammarSpec
 
 # One prompt: text, or token ids.
 Prompt = str | tuple[int, ...]
@@ -36,6 +39,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     n: int = 1  # choices per prompt
+    grammar: GrammarSpec | None = None  # structured output (gateway.structured)
 
     def resolved_max_tokens(self, prompt_len: int, max_model_len: int) -> int:
         if self.max_tokens is not None:
@@ -76,13 +80,16 @@ class CompletionRequest:
     suffix: str | None = None  # fill-in-the-middle: the text after the hole
     add_special_tokens: bool = True  # BOS etc. when tokenizing text prompts
     request_id: str | None = None  # the caller's id, shown in the response's "id"
+    structured: Any = None  # gateway.structured.Structured: grammar, tools
     prediction: str | None = None  # Predicted Outputs: the expected completion's text
 
 
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
-    role: str  # system | user | assistant
+    role: str  # system | user | assistant | tool
     content: str
+    tool_calls: tuple[dict, ...] = ()  # an assistant's calls: {id, name, arguments}
+    tool_call_id: str | None = None  # role tool: the call this result answers
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +103,7 @@ class ChatRequest:
     echo: bool = False  # prepend the last message's content when it is the assistant's
     add_special_tokens: bool = False  # the template places the special tokens itself
     request_id: str | None = None
+    structured: Any = None  # gateway.structured.Structured: grammar, tools
     prediction: str | None = None  # Predicted Outputs: the expected reply's text
 
 

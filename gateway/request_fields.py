@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.structured_schema import STRUCTURED_FIELDS, TOOL_FIELDS, structured_schemas
+
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 UINT32_MAX = (1 << 32) - 1
@@ -83,7 +85,8 @@ SCALARS: dict[str, Scalar] = {
     "top_logprobs": Scalar("integer", "Top alternatives per token; needs logprobs = true.",
                            0, MAX_LOGPROBS),
     "add_generation_prompt": Scalar("boolean", "End the rendered chat with the assistant's turn."),
-    "parallel_tool_calls": Scalar("boolean", "Accepted and ignored (no tool calling)."),
+    "parallel_tool_calls": Scalar("boolean", "tool_choice required: one or more calls "
+                                  "(default true) or exactly one."),
     "return_token_strs": Scalar("boolean", "/tokenize: also return each token's text."),
 }
 # /v1/completions' `logprobs` is a count; chat's is a switch (then `top_logprobs` is the count).
@@ -156,10 +159,7 @@ def composite_schemas(limits: Any) -> dict[str, dict]:
                        "description": "Token id (as a string) -> bias added to its logit."},
         "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}},
                            "description": "Only with stream = true."},
-        "response_format": {"type": "object", "properties": {"type": {"const": "text"}},
-                            "description": "Only {\"type\": \"text\"} (no structured output)."},
-        "tools": {"type": "array", "maxItems": 0, "description": "No tool calling."},
-        "tool_choice": {"enum": ["none", "auto"], "description": "No tool calling."},
+        **structured_schemas(),
         "tokens": {**_token_ids(), "description": "/detokenize: the ids to turn into text."},
         "prediction": prediction_schema(limits),
         "speculation": speculation_schema(limits),
@@ -177,10 +177,9 @@ COMMON_FIELDS = frozenset({
     "deadline_ms", "logprobs", "spaces_between_special_tokens", "add_special_tokens",
     "request_id", "prediction", "speculation",
 })
-COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "echo", "suffix"}
-CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "top_logprobs",
-                               "add_generation_prompt", "echo", "parallel_tool_calls",
-                               "tool_choice", "tools", "response_format"}
+COMPLETION_FIELDS = COMMON_FIELDS | STRUCTURED_FIELDS | {"prompt", "echo", "suffix"}
+CHAT_FIELDS = COMMON_FIELDS | STRUCTURED_FIELDS | TOOL_FIELDS | {
+    "messages", "max_completion_tokens", "top_logprobs", "add_generation_prompt", "echo"}
 TOKENIZE_FIELDS = frozenset({"model", "prompt", "messages", "add_special_tokens",
                              "add_generation_prompt", "return_token_strs"})
 DETOKENIZE_FIELDS = frozenset({"model", "tokens"})
@@ -199,9 +198,6 @@ UNSUPPORTED_FIELDS: dict[str, Any] = {
     "bad_words": _empty_list,
     "prompt_logprobs": 0,
     "truncate_prompt_tokens": None,
-    "guided_json": None, "guided_regex": None, "guided_choice": None, "guided_grammar": None,
-    "guided_decoding_backend": None, "guided_whitespace_pattern": None,
-    "structured_outputs": None,
     "logits_processors": _empty_list,
     "return_tokens_as_token_ids": False,
     "prompt_embeds": None,

@@ -31,6 +31,9 @@ from gateway.responses import (
     sse,
     usage,
 )
+from gateway.structured import check_structured
+from gateway.tool_parser import StreamShaper, shape_choice
+from gateway.tools import template_messages
 from gateway.validation import (
     check_context_length,
     parse_chat_request,
@@ -253,6 +256,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
                                                       gw.config.limits)
     gw.check_admission()
     check_model(gw, req.model)
+    await check_structured(gw, req.structured)
     if req.suffix is not None:
         prompts = [gw.fim_prompt(p, req.suffix) for p in req.prompts]
     else:
@@ -315,7 +319,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     req: ChatRequest = parse_chat_request(parse_json_body(await request.read()), gw.config.limits)
     gw.check_admission()
     check_model(gw, req.model)
-    messages = [{"role": m.role, "content": m.content} for m in req.messages]
+    await check_structured(gw, req.structured)
+    tools = req.structured.tools if req.structured is not None else None
+    messages = template_messages(req.messages, tools)
     prompt_ids = await gw.encode_chat(messages, req.add_generation_prompt,
                                       req.add_special_tokens)
     internal_id = gw.new_request_id("chatcmpl")
@@ -333,8 +339,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         if not req.options.stream:
             async for _ in merged(handles, 1 << 30):
                 pass
-            return web.json_response(chat_body(request_id, created, model, handles,
-                                               req.sampling.n, echo)), 200
+            body = chat_body(request_id, created, model, handles, req.sampling.n, echo)
+            if tools is not None and tools.active:
+                for choice in body["choices"]:
+                    shape_choice(choice, tools)
+            return web.json_response(body), 200
 
         def chunk(choices, **extra):
             return {"id": request_id, "object": "chat.completion.chunk", "created": created,
@@ -351,13 +360,19 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                 first.append(chunk([{"index": i, "delta": {"content": echo}, "logprobs": None,
                                      "finish_reason": None}]))
 
+        shaper = StreamShaper(tools, len(handles)) if tools is not None and tools.active \
+            else None
+
         async def chunks():
             async for i, d in merged(handles, gw.config.stream_interval):
-                if not (d.text or d.finish_reason or token_info):
+                delta, finish = ({"content": d.text} if d.text else {}), d.finish_reason
+                if shaper is not None:  # tool calls leave the content as whole calls
+                    delta, finish = shaper.delta(i, d.text, d.finish_reason)
+                if not (delta or finish or token_info):
                     continue
-                c = {"index": i, "delta": {"content": d.text} if d.text else {},
+                c = {"index": i, "delta": delta,
                      "logprobs": chat_logprobs(handles[i], d.token_ids, d.logprobs),
-                     "finish_reason": d.finish_reason}
+                     "finish_reason": finish}
                 if req.options.return_token_ids:
                     c["token_ids"] = d.token_ids
                 yield chunk([c])

@@ -8,6 +8,7 @@ scalar's type, bounds and meaning, come from `gateway.request_fields` (the table
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 from gateway.body_checks import (  # noqa: F401 -- re-exported: the names other modules use
@@ -55,10 +56,13 @@ from gateway.sampling_fields import (  # noqa: F401 -- parse_sampling_fields re-
     parse_sampling,
     parse_sampling_fields,
 )
+from gateway.structured import parse_request_structured
+from gateway.tools import parse_message_tool_calls
 
 log = logging.getLogger("tidegate.gateway.validation")
 
-CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
+              "tool": "tool"}
 
 
 def _parse_options(body: dict, limits: RequestLimits) -> ServingOptions:
@@ -118,6 +122,9 @@ def parse_completion_request(body: dict[str, Any],
     check_fields(body, COMPLETION_FIELDS, limits, "/v1/completions")
     logprobs = scalar(body, "logprobs", None, limits, COMPLETION_LOGPROBS)
     sampling = parse_sampling(body, logprobs, max_tokens_default=16, limits=limits)
+    structured = parse_request_structured(body, chat=False)
+    if structured is not None:
+        sampling = replace(sampling, grammar=structured.grammar)
     return CompletionRequest(
         model=scalar(body, "model", None, limits),
         prompts=_parse_prompts(body, limits),
@@ -126,6 +133,7 @@ def parse_completion_request(body: dict[str, Any],
         echo=scalar(body, "echo", False, limits),
         suffix=scalar(body, "suffix", None, limits) or None,
         add_special_tokens=scalar(body, "add_special_tokens", True, limits),
+        structured=structured,
         request_id=scalar(body, "request_id", None, limits),
         prediction=parse_prediction(body, limits, sampling.n),
     )
@@ -167,9 +175,13 @@ def _parse_messages(body: dict) -> tuple[ChatMessage, ...]:
         role = msg.get("role")
         if not isinstance(role, str) or role not in CHAT_ROLES:  # a list or object: unhashable
             got = repr(role)[:40] if isinstance(role, str) else json_type(role)
-            raise bad_request(f"'messages[{i}].role' must be one of system, user, assistant; got "
-                              f"{got}.", f"messages[{i}].role")
-        out.append(ChatMessage(CHAT_ROLES[role], _message_content(msg, i)))
+            raise bad_request(f"'messages[{i}].role' must be one of system, user, assistant, "
+                              f"tool; got {got}.", f"messages[{i}].role")
+        calls = parse_message_tool_calls(msg, i) if role == "assistant" else ()
+        call_id = msg.get("tool_call_id") if role == "tool" else None
+        if call_id is not None and not isinstance(call_id, str):
+            raise type_error(f"messages[{i}].tool_call_id", "a string", call_id)
+        out.append(ChatMessage(CHAT_ROLES[role], _message_content(msg, i), calls, call_id))
     return tuple(out)
 
 
@@ -179,12 +191,14 @@ def parse_chat_request(body: dict[str, Any], limits: RequestLimits = LIMITS) -> 
     top_logprobs = scalar(body, "top_logprobs", None, limits)
     if top_logprobs is not None and not want_logprobs:
         raise bad_request("'top_logprobs' requires 'logprobs' to be true.", "top_logprobs")
-    scalar(body, "parallel_tool_calls", None, limits)  # checked, then ignored: no tools
+    structured = parse_request_structured(body, chat=True)
     logprobs = (top_logprobs or 0) if want_logprobs else None
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else \
         "max_tokens"
     sampling = parse_sampling(body, logprobs, max_tokens_default=None, max_tokens_name=name,
                               limits=limits)
+    if structured is not None and structured.grammar is not None:
+        sampling = replace(sampling, grammar=structured.grammar)
     return ChatRequest(
         model=scalar(body, "model", None, limits),
         messages=_parse_messages(body),
@@ -194,6 +208,7 @@ def parse_chat_request(body: dict[str, Any], limits: RequestLimits = LIMITS) -> 
         top_logprobs_requested=want_logprobs,
         echo=scalar(body, "echo", False, limits),
         add_special_tokens=scalar(body, "add_special_tokens", False, limits),
+        structured=structured,
         request_id=scalar(body, "request_id", None, limits),
         prediction=parse_prediction(body, limits, sampling.n),
     )
@@ -227,20 +242,6 @@ def check_fields(body: dict, known: frozenset, limits: RequestLimits, endpoint: 
     logged once per name (400 under `strict_api`); 400 for the values of the fields we accept
     only in part (no tools, no structured output)."""
     _check_unknown(body, known, limits, endpoint)
-    if "response_format" in body:
-        fmt = body["response_format"]
-        if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-            raise bad_request("'response_format' other than {\"type\": \"text\"} is not "
-                              "supported (no structured output).", "response_format",
-                              "unsupported_parameter")
-    tools = body.get("tools")
-    if tools:
-        raise bad_request("'tools' are not supported (no tool calling).", "tools",
-                          "unsupported_parameter")
-    choice = body.get("tool_choice")
-    if choice not in (None, "none", "auto"):
-        raise bad_request("'tool_choice' is not supported (no tool calling).", "tool_choice",
-                          "unsupported_parameter")
     if scalar(body, "spaces_between_special_tokens", True, limits) is False:
         raise bad_request("'spaces_between_special_tokens' = false is not supported.",
                           "spaces_between_special_tokens", "unsupported_value")

@@ -143,7 +143,7 @@ async def test_unknown_fields_logged_once_or_rejected_when_strict(client_of, cap
     status, body = await post(strict, "/v1/chat/completions", {
         "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
         "response_format": {"type": "json_schema"}})
-    assert status == 400 and body["error"]["param"] == "response_format"
+    assert status == 400 and body["error"]["param"] == "response_format.json_schema"
 
 
 async def test_stop_strings_limit_is_configurable(client_of):

@@ -128,8 +128,9 @@ def chat(**fields):
     ({"max_completion_tokens": 0}, "max_completion_tokens"),
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"n": -1}, "n"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "often"},
+     "tool_choice"),
+    ({"response_format": {"type": "yaml"}}, "response_format.type"),
     ({"tool_choice": "required"}, "tool_choice"),
 ])
 def test_chat_param_errors(fields, param):
