@@ -30,16 +30,18 @@ from gateway.errors import (
 from gateway.openai_schema import Prompt, SamplingParams, ServingOptions
 from gateway.output import OutputAssembler, OutputDelta
 from gateway.prediction_fields import check_prediction_tokens
-from gateway.prometheus_metrics import GatewayMetrics, SLOConfig
+from gateway.prometheus_metrics import GatewayMetrics
 from gateway.remote_tokenizer import RemoteTokenizer
 from gateway.structured import wire_grammar
 from gateway.validation import RequestLimits
 from gateway.vllm_metrics import EngineReport
 from proto import tidegate_pb2 as pb
+from scheduler.admission import AdmissionConfig
 from scheduler.batcher import BatcherConfig
 from scheduler.classes import CLASS_NAMES
 from scheduler.decisions import DecisionLog
 from scheduler.queues import QueueConfig
+from scheduler.slo import SLOTargets
 from tokenizer.bundle import TokenizerBundle
 from tokenizer.fim import FimTemplate, find_fim_template
 
@@ -60,7 +62,9 @@ class GatewayConfig:
     # treated as gone: its requests are aborted (KV freed) and the connection closed, instead
     # of the handler waiting on it for ever.
     stream_stall_timeout_s: float = 30.0
-    slo: SLOConfig = field(default_factory=SLOConfig)
+    # TTFT / TPOT targets per queue class (scheduler.slo): SLO attainment in /metrics, and with
+    # a TTFT target, admission that refuses what is predicted to miss it (scheduler.admission)
+    slo: SLOTargets = field(default_factory=SLOTargets)
     pool: PoolConfig = field(default_factory=PoolConfig)
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
     queues: QueueConfig = field(default_factory=QueueConfig)
@@ -97,6 +101,9 @@ class RequestHandle:
                                if options.deadline_ms is not None else None)
         self.timeout_at = self.arrival_time + gateway.config.request_timeout_s
         self.queue_class = 0
+        self.slo_ttft_ms = options.slo_ttft_ms
+        self.slo_tpot_ms = options.slo_tpot_ms
+        self.unstarted: tuple[int, int, bool] | None = None  # see gateway.dispatcher
         self.dispatched_at: float | None = None
         self.backend = ""
         decode = None if gateway.passes_text else \
@@ -123,6 +130,8 @@ class RequestHandle:
 
     # --- RequestSink ------------------------------------------------------------------------------
     def on_tokens(self, token_ids, finish_reason, logprobs, now, text=None) -> None:
+        if self.unstarted is not None:
+            self.gateway.dispatcher.on_first_token(self, now)
         self._put((token_ids, finish_reason, logprobs, now, text))
         if self.followers:
             self._release_followers()
@@ -140,6 +149,8 @@ class RequestHandle:
         self.rejected_prediction_tokens = rejected_prediction
 
     def on_error(self, error: APIError) -> None:
+        if self.unstarted is not None:
+            self.gateway.dispatcher.on_gone(self)
         self._put(error)
         if self.followers:
             self._release_followers()
@@ -254,6 +265,8 @@ class RequestHandle:
         self._cancel_timer()
         if not self.closed:
             self.closed = True
+            if self.unstarted is not None:
+                self.gateway.dispatcher.on_gone(self)
             self.gateway.abort(self)
             self._put(cancelled())
 
@@ -273,7 +286,8 @@ class Gateway:
         decisions = (DecisionLog.open(config.decision_log_path)
                      if config.decision_log_path else None)
         self.dispatcher = Dispatcher(self.pool, self.metrics, config.batcher, config.queues,
-                                     decision_log=decisions)
+                                     decision_log=decisions,
+                                     admission_config=AdmissionConfig(slo=config.slo))
         self.draining = False
         self.num_active = 0
         self._ids = itertools.count()
@@ -458,7 +472,9 @@ class Gateway:
             self.metrics.observe_finished(
                 num_prompt_tokens=len(handle.prompt_ids), token_times=asm.token_times,
                 arrival=handle.arrival_time, finished=time.monotonic(),
-                finish_reason=asm.finish_reason, engine=handle.backend)
+                finish_reason=asm.finish_reason, engine=handle.backend,
+                queue_class=handle.queue_class,
+                slo_ms=(handle.slo_ttft_ms, handle.slo_tpot_ms))
 
     def refresh_metrics(self) -> None:
         from gateway.prometheus_metrics import BackendLoad
@@ -477,6 +493,12 @@ class Gateway:
         if self.pool.info is not None:
             self.metrics.model_name = self.model_name
         self.metrics.refresh(depth, age, loads, engines)
+        stats = self.dispatcher.batcher.stats
+        headroom = self.dispatcher.predictor.headroom(self.dispatcher.clock.now())
+        by_pid = {b.pid: b.address for b in self.pool.backends}
+        self.metrics.refresh_scheduling(
+            stats.mean_batch_size,
+            {by_pid[pid]: h for pid, h in headroom.items() if pid in by_pid})
         self.metrics.unsent_aborts.set(self.pool.num_unsent_aborts)
 
 

@@ -21,10 +21,12 @@ from gateway.errors import (
     deadline_exceeded,
     internal_error,
     queue_full,
+    slo_unattainable,
     unavailable,
 )
 from gateway.prometheus_metrics import GatewayMetrics
 from proto import tidegate_pb2 as pb
+from scheduler.admission import AdmissionConfig, AdmissionControl
 from scheduler.batcher import BatcherConfig, DynamicWindowBatcher
 from scheduler.classes import CLASS_NAMES
 from scheduler.clock import Clock, WallClock
@@ -46,6 +48,10 @@ class QueuedRequest(RequestSink, Protocol):
     queue_deadline: float | None
     queue_class: int
     dispatched_at: float | None
+    slo_ttft_ms: float | None  # its own TTFT target (None: its class's)
+    # (backend id, class, found nothing unstarted there) while sent and without a first token:
+    # what the wait predictor counts as unstarted on that backend (scheduler.admission)
+    unstarted: tuple[int, int, bool] | None
 
     def wire_sampling(self) -> pb.SamplingParams: ...
 
@@ -56,7 +62,8 @@ class Dispatcher:
     def __init__(self, pool: BackendPool, metrics: GatewayMetrics,
                  batcher_config: BatcherConfig | None = None,
                  queue_config: QueueConfig | None = None, clock: Clock | None = None,
-                 decision_log: DecisionLog | None = None) -> None:
+                 decision_log: DecisionLog | None = None,
+                 admission_config: AdmissionConfig | None = None) -> None:
         self.pool = pool
         # opt-in record of arrivals and flushed windows (scheduler.decisions); None: off
         self.decision_log = decision_log
@@ -67,6 +74,10 @@ class Dispatcher:
                                             self.queues)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_deadline: float | None = None
+        # predicts each request's wait (always: headroom and Retry-After); refuses by it only
+        # where a class has a TTFT deadline
+        self.admission = AdmissionControl(admission_config or AdmissionConfig())
+        self.predictor = self.admission.predictor
 
     # --- events ---------------------------------------------------------------------------------
     def submit(self, handle: QueuedRequest) -> None:
@@ -92,19 +103,50 @@ class Dispatcher:
         # own stamp still measures the request's latency and goes on the wire. Stamped right
         # before the push (the log's write comes after it), so that the batcher decides at
         # about the instant the log records.
+        now = self.clock.now()
+        cls = self.queues.config.classify(handle.max_tokens)
+        handle.queue_class = int(cls)
+        if self.admission.config.enabled:  # refuse now what cannot meet its TTFT deadline
+            refusal = self.admission.check(int(cls), self._depths(),
+                                           batcher.predicted_wait(now), handle.slo_ttft_ms)
+            if refusal is not None:
+                if self.decision_log is not None:
+                    self.decision_log.arrival(handle.request_id, now, len(handle.prompt_ids),
+                                              handle.max_tokens, int(cls), handle.arrival_time,
+                                              refused=True)
+                self.metrics.observe_refusal(CLASS_NAMES[int(cls)], refusal.predicted_ttft_s)
+                raise slo_unattainable(refusal.message(), refusal.retry_after_s)
         req = PendingRequest(
             request_id=handle.request_id, num_prompt_tokens=len(handle.prompt_ids),
-            max_tokens=handle.max_tokens, arrival_time=self.clock.now(),
-            queue_class=self.queues.config.classify(handle.max_tokens),
+            max_tokens=handle.max_tokens, arrival_time=now, queue_class=cls,
             priority=handle.priority, deadline=handle.queue_deadline, payload=handle)
-        handle.queue_class = int(req.queue_class)
         dec = batcher.push(req)
         if self.decision_log is not None:
             self.decision_log.arrival(req.request_id, req.arrival_time, req.num_prompt_tokens,
                                       req.max_tokens, req.queue_class, handle.arrival_time)
         if dec.rejected is not None:
-            raise queue_full(CLASS_NAMES[int(req.queue_class)])
+            # the wait it would have had, as admission predicts it (not a constant)
+            wait, _ = self.predictor.predict(int(cls), sum(self._depths()[: int(cls) + 1]),
+                                             batcher.predicted_wait(now))
+            raise queue_full(CLASS_NAMES[int(req.queue_class)], wait)
         self._act(dec.flush_now, dec.deadline)
+
+    def _depths(self) -> list[int]:
+        depth = self.queues.depth
+        return [depth(c) for c in range(len(CLASS_NAMES))]
+
+    # --- what the wait predictor counts (scheduler.admission) -----------------------------------
+    def on_first_token(self, handle: QueuedRequest, now: float) -> None:
+        """`handle`'s first token arrived: it has started on its backend."""
+        b, cls, alone = handle.unstarted
+        handle.unstarted = None
+        self.predictor.started(b, cls, now, now - (handle.dispatched_at or now), alone)
+
+    def on_gone(self, handle: QueuedRequest) -> None:
+        """`handle` left its backend before a first token (error, abort)."""
+        b, cls, _ = handle.unstarted
+        handle.unstarted = None
+        self.predictor.gone(b, cls)
 
     def cancel(self, request_id: str) -> bool:
         """Take a queued request out; False when it was not queued (already sent or done)."""
@@ -218,8 +260,12 @@ class Dispatcher:
             if sent is None:
                 unplaced.extend(part)
                 continue
+            dispatched = self.predictor.dispatched
             for d in sent:
                 d.sink.on_dispatched(now, backend.address)
+                if getattr(d.sink, "unstarted", False) is None:  # a sink that counts starts
+                    d.sink.unstarted = (backend.pid, d.queue_class,
+                                        dispatched(backend.pid, d.queue_class))
             if sent:
                 self.metrics.observe_batch(len(sent), [now - d.arrival_time for d in sent],
                                            backend.address)

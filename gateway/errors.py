@@ -6,6 +6,7 @@ event and the ZMQ front door all carry the same (status, type, param, code) quad
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 
@@ -67,14 +68,29 @@ def too_large(limit: int) -> APIError:
     )
 
 
-def queue_full(queue_name: str, retry_after_s: int = 1) -> APIError:
+def retry_after_headers(seconds: float) -> dict[str, str]:
+    """`Retry-After` (whole seconds, rounded up, at least 1: RFC 9110 allows no fraction) and
+    `retry-after-ms` (what the OpenAI and Anthropic SDKs read first) for a computed wait."""
+    seconds = max(0.0, seconds) if math.isfinite(seconds) else 60.0
+    return {"Retry-After": str(max(1, math.ceil(seconds))),
+            "retry-after-ms": str(max(1, math.ceil(seconds * 1000)))}
+
+
+def queue_full(queue_name: str, retry_after_s: float = 1.0) -> APIError:
     return APIError(
         429,
         f"The {queue_name} queue is full; retry later.",
         type="rate_limit_error",
         code="queue_full",
-        headers={"Retry-After": str(retry_after_s)},
+        headers=retry_after_headers(retry_after_s),
     )
+
+
+def slo_unattainable(message: str, retry_after_s: float) -> APIError:
+    """Admission (scheduler.admission): the request's predicted time to first token passes its
+    deadline, so it is refused before any prefill; retry after the predicted wait."""
+    return APIError(429, message, type="rate_limit_error", code="slo_unattainable",
+                    headers=retry_after_headers(retry_after_s))
 
 
 def unavailable(message: str = "No healthy backend is available.") -> APIError:

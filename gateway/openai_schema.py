@@ -68,6 +68,8 @@ class ServingOptions:
     deadline_ms: float | None = None
     return_token_ids: bool = False
     speculation: SpeculationControl | None = None  # None: the server's default policy
+    slo_ttft_ms: float | None = None  # None: its queue class's target (scheduler.slo)
+    slo_tpot_ms: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

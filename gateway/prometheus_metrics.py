@@ -26,6 +26,7 @@ from prometheus_client import (
 from gateway.gie_metrics import GieMetrics, pod_totals
 from gateway.vllm_metrics import EngineReport, VllmMetrics
 from scheduler.classes import CLASS_NAMES
+from scheduler.slo import SLOTargets
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
                    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
@@ -53,16 +54,10 @@ class BackendLoad:
     host_kv_usage: float = 0.0  # 0..1 of its host tier (0 without one)
 
 
-@dataclass(frozen=True, slots=True)
-class SLOConfig:
-    ttft_ms: float | None = None
-    tpot_ms: float | None = None
-
-    def met(self, ttft_s: float | None, tpot_s: float | None) -> bool:
-        if self.ttft_ms is not None and (ttft_s is None or ttft_s * 1000 > self.ttft_ms):
-            return False
-        return not (self.tpot_ms is not None and tpot_s is not None
-                    and tpot_s * 1000 > self.tpot_ms)
+def SLOConfig(ttft_ms: float | str | None = None, tpot_ms: float | str | None = None
+              ) -> SLOTargets:
+    """The targets of every class at once (or per class, 'fast=200,slow=4000'): scheduler.slo."""
+    return SLOTargets.parse(ttft_ms, tpot_ms)
 
 
 FOLD_EVERY = 1024  # records kept before they are folded into the series between scrapes
@@ -113,14 +108,14 @@ class _EngineFold:
 
 
 class GatewayMetrics:
-    def __init__(self, model_name: str, slo: SLOConfig = SLOConfig()) -> None:
+    def __init__(self, model_name: str, slo: SLOTargets | None = None) -> None:
         self.registry = CollectorRegistry()
         self._model_name = model_name
         # events not folded into the series yet (see fold())
         self._request_counts: dict[tuple[int, str], int] = {}
         self._batches: list[tuple[int, list[float], str]] = []
-        self._finished: list[tuple[int, list[float], float, float, str, str]] = []
-        self.slo = slo
+        self._finished: list[tuple] = []
+        self.slo = slo if slo is not None else SLOTargets()
         r = self.registry
         self.requests = Counter("tidegate_requests", "Finished HTTP/ZMQ requests by status and "
                                 "queue class.", ["status", "queue_class"], registry=r)
@@ -148,6 +143,31 @@ class GatewayMetrics:
                                  "against the SLOs.", registry=r)
         self.goodput = Gauge("tidegate_goodput_ratio", "Share of successful requests that met the "
                              "SLOs (1 when none finished yet).", registry=r)
+        # per class (scheduler.slo, scheduler.admission)
+        self.slo_attained = Counter("tidegate_slo_attained_requests", "Successful requests that "
+                                    "met their class's (or their own) TTFT and TPOT targets.",
+                                    ["queue_class"], registry=r)
+        self.slo_checked = Counter("tidegate_slo_checked_requests", "Successful requests checked "
+                                   "against their class's targets.", ["queue_class"], registry=r)
+        self.slo_attainment = Gauge("tidegate_slo_attainment_ratio", "Share of a class's "
+                                    "successful requests that met its targets (1 when none yet).",
+                                    ["queue_class"], registry=r)
+        self.slo_refused = Counter("tidegate_admission_refused_requests", "Requests refused at "
+                                   "once (429) because their predicted TTFT passed their "
+                                   "deadline.", ["queue_class"], registry=r)
+        self.predicted_ttft = Histogram("tidegate_refused_predicted_ttft_seconds", "The predicted "
+                                        "TTFT of refused requests (their Retry-After).",
+                                        buckets=LATENCY_BUCKETS, registry=r)
+        self.headroom = Gauge("tidegate_slo_headroom_requests_per_second", "Extra requests/s a "
+                              "backend can start before its queue grows and TTFT deadlines start "
+                              "to fail: its measured start capacity under load minus its recent "
+                              "start rate (0 until measured); backend=\"total\" sums them.",
+                              ["backend"], registry=r)
+        self.window_mean = Gauge("tidegate_window_size_mean", "Mean requests per flushed "
+                                 "batching window since start (the batcher's own count).",
+                                 registry=r)
+        self._class_met = [0] * len(CLASS_NAMES)
+        self._class_checked = [0] * len(CLASS_NAMES)
         self.backend_draining = Gauge("tidegate_backend_draining", "1 while the backend takes no "
                                       "new requests and leaves after its last one.", ["backend"],
                                       registry=r)
@@ -217,6 +237,7 @@ class GatewayMetrics:
         for cls in CLASS_NAMES:
             self.queue_depth.labels(cls).set(0)
             self.queue_age.labels(cls).set(0)
+            self.slo_attainment.labels(cls).set(1.0)
 
     # --- events: recorded as plain tuples, folded into the Prometheus series in bulk --------
     # A Prometheus observe() is a lock, a linear bucket scan and two value updates; a 1-token
@@ -244,12 +265,13 @@ class GatewayMetrics:
 
     def observe_finished(self, *, num_prompt_tokens: int, token_times: list[float],
                          arrival: float, finished: float, finish_reason: str,
-                         engine: str = "") -> None:
+                         engine: str = "", queue_class: int = 0,
+                         slo_ms: tuple[float | None, float | None] = (None, None)) -> None:
         """A successful request: `token_times` are the arrival times of its output tokens
         (kept, not copied: the caller must not change the list afterwards); `engine` is the
-        backend that served it."""
+        backend that served it; `slo_ms` its own (TTFT, TPOT) targets, None: its class's."""
         self._finished.append((num_prompt_tokens, token_times, arrival, finished, finish_reason,
-                               engine))
+                               engine, queue_class, slo_ms))
         if len(self._finished) >= FOLD_EVERY:
             self.fold()
 
@@ -305,7 +327,9 @@ class GatewayMetrics:
         prompt = gen = 0
         met = 0
         slo = self.slo
-        for num_prompt, times, arrival, end, reason, engine in finished:
+        class_met = [0] * len(CLASS_NAMES)
+        class_checked = [0] * len(CLASS_NAMES)
+        for num_prompt, times, arrival, end, reason, engine, cls, own in finished:
             f = engines.get(engine)
             if f is None:
                 f = engines[engine] = _EngineFold(self)
@@ -329,8 +353,10 @@ class GatewayMetrics:
                 f.itl.extend(gaps)
                 per_token = (times[-1] - times[0]) / (n - 1)
                 f.tpot.add(per_token)
-            if slo.met(first, per_token):
+            class_checked[cls] += 1
+            if slo.met(cls, first, per_token, own[0], own[1]):
                 met += 1
+                class_met[cls] += 1
         e2e.flush_to(self.e2e)
         ttft.flush_to(self.ttft)
         itl.flush_to(self.itl)
@@ -351,6 +377,27 @@ class GatewayMetrics:
         self._num_evaluated += len(finished)
         self._num_met += met
         self.goodput.set(self._num_met / self._num_evaluated)
+        for cls, name in enumerate(CLASS_NAMES):
+            if class_checked[cls]:
+                self.slo_checked.labels(name).inc(class_checked[cls])
+                self.slo_attained.labels(name).inc(class_met[cls])
+                self._class_met[cls] += class_met[cls]
+                self._class_checked[cls] += class_checked[cls]
+                self.slo_attainment.labels(name).set(self._class_met[cls]
+                                                     / self._class_checked[cls])
+
+    def observe_refusal(self, queue_class: str, predicted_ttft_s: float) -> None:
+        """Admission refused a request (scheduler.admission) with this predicted TTFT."""
+        self.slo_refused.labels(queue_class).inc()
+        if predicted_ttft_s < float("inf"):
+            self.predicted_ttft.observe(predicted_ttft_s)
+
+    def refresh_scheduling(self, window_mean: float, headroom: dict[str, float]) -> None:
+        """At scrape time: the batcher's mean window size and each backend's SLO headroom."""
+        self.window_mean.set(window_mean)
+        for address, h in headroom.items():
+            self.headroom.labels(address).set(h)
+        self.headroom.labels("total").set(sum(headroom.values()))
 
     # --- scrape -------------------------------------------------------------------------------
     def refresh(self, depth: dict[str, int], age: dict[str, float],

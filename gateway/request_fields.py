@@ -62,6 +62,13 @@ SCALARS: dict[str, Scalar] = {
     "priority": Scalar("integer", "Within a queue class, lower is served first."),
     "deadline_ms": Scalar("number", "Fail with 504 if not finished this many ms after arrival.",
                           0.0, None, exclusive_minimum=True),
+    "slo_ttft_ms": Scalar("number", "This request's time-to-first-token target, ms (default: "
+                          "its queue class's --slo-ttft-ms). With a target, a request predicted "
+                          "to miss it is refused at once: 429 with Retry-After.",
+                          0.0, None, exclusive_minimum=True),
+    "slo_tpot_ms": Scalar("number", "This request's time-per-output-token target, ms (default: "
+                          "its class's --slo-tpot-ms): counted in SLO attainment.",
+                          0.0, None, exclusive_minimum=True),
     "return_token_ids": Scalar("boolean", "Also return the prompt's and completion's token ids."),
     "presence_penalty": Scalar("number", "Subtracted once from the logits of tokens already "
                                "in the output.", -2.0, 2.0),
@@ -175,7 +182,7 @@ COMMON_FIELDS = frozenset({
     "frequency_penalty", "repetition_penalty", "min_p", "min_tokens", "logit_bias",
     "stop_token_ids", "skip_special_tokens", "include_stop_str_in_output", "return_token_ids",
     "deadline_ms", "logprobs", "spaces_between_special_tokens", "add_special_tokens",
-    "request_id", "prediction", "speculation",
+    "request_id", "prediction", "speculation", "slo_ttft_ms", "slo_tpot_ms",
 })
 COMPLETION_FIELDS = COMMON_FIELDS | STRUCTURED_FIELDS | {"prompt", "echo", "suffix"}
 CHAT_FIELDS = COMMON_FIELDS | STRUCTURED_FIELDS | TOOL_FIELDS | {

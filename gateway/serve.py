@@ -81,8 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="allow a non-loopback tcp:// front door without CURVE keys")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--log-prompts", action="store_true", help="include prompt text in request logs")
-    p.add_argument("--slo-ttft-ms", type=float, default=None, help="goodput: TTFT objective")
-    p.add_argument("--slo-tpot-ms", type=float, default=None, help="goodput: TPOT objective")
+    p.add_argument("--slo-ttft-ms", default=None, metavar="MS|CLASS=MS,...",
+                   help="time-to-first-token target, for every class or per class "
+                        "(fast=200,normal=1000,slow=4000): SLO attainment per class in /metrics, "
+                        "and admission that refuses at once (429, Retry-After = the predicted "
+                        "wait) a request predicted to miss it. `tidegate sim slo` proposes "
+                        "targets from a trace")
+    p.add_argument("--slo-tpot-ms", default=None, metavar="MS|CLASS=MS,...",
+                   help="time-per-output-token target, as --slo-ttft-ms (attainment only)")
     p.add_argument("--stream-interval", type=int, default=1, help="stream every N tokens")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger bodies get 413")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds; then 504")
@@ -167,10 +173,10 @@ def embedded_backend_argv(args: argparse.Namespace, listen: str) -> list[str]:
 def gateway_config(args: argparse.Namespace, backends: list[str]) -> GatewayConfig:
     from gateway.backend_pool import PoolConfig
     from gateway.core import GatewayConfig
-    from gateway.prometheus_metrics import SLOConfig
     from proto.security import keys_from_args
     from scheduler.batcher import BatcherConfig
     from scheduler.queues import QueueConfig
+    from scheduler.slo import SLOTargets
 
     q = args.max_queue_requests
     curve = keys_from_args(args.curve_key, args.backend_key, args.curve_allow)
@@ -183,7 +189,7 @@ def gateway_config(args: argparse.Namespace, backends: list[str]) -> GatewayConf
         request_timeout_s=args.request_timeout, stream_interval=max(1, args.stream_interval),
         log_prompts=args.log_prompts, drain_timeout_s=args.drain_timeout,
         stream_stall_timeout_s=args.stream_stall_timeout,
-        slo=SLOConfig(args.slo_ttft_ms, args.slo_tpot_ms),
+        slo=SLOTargets.parse(args.slo_ttft_ms, args.slo_tpot_ms),
         pool=PoolConfig(heartbeat_timeout_s=args.heartbeat_timeout,
                         max_inflight_per_backend=args.max_inflight_per_backend, curve=curve,
                         # block size: the backends' own, read from their BackendInfo when hashing
@@ -316,7 +322,13 @@ async def serve(args: argparse.Namespace, embedded: EmbeddedBackend | None = Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from scheduler.slo import SLOTargets
+    try:  # a bad target fails at start-up, with the flag's name
+        SLOTargets.parse(args.slo_ttft_ms, args.slo_tpot_ms)
+    except ValueError as exc:
+        parser.error(f"--slo-ttft-ms/--slo-tpot-ms: {exc}")
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.workers > 1:

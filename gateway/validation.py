@@ -84,6 +84,8 @@ def _parse_options(body: dict, limits: RequestLimits) -> ServingOptions:
         deadline_ms=scalar(body, "deadline_ms", None, limits),
         return_token_ids=scalar(body, "return_token_ids", False, limits),
         speculation=parse_speculation(body, limits),
+        slo_ttft_ms=scalar(body, "slo_ttft_ms", None, limits),
+        slo_tpot_ms=scalar(body, "slo_tpot_ms", None, limits),
     )
 
 
