@@ -1,0 +1,338 @@
+"""Speculative decoding in the simulator (issue 28): one backend's steps with the real
+`StepScheduler` and the SAME speculation objects as the engine (`scheduler.speculation`:
+`Speculator` -> `SpeculationPolicy` -> proposers), a cost model instead of the GPU.
+
+Each step, as the engine does it: the policy weighs the decoding sequences (class, measured
+acceptance, the step's load against the knee) and the proposers draft; `schedule(drafts=...)`
+turns those decodes into verify chunks; the step is charged by the cost model with every verify
+as a short prefill chunk (its last token and k drafts: k + 1 query tokens at its position, the
+way the engine runs it in its mixed-step graphs) and the plain decodes as decodes; the
+step's time goes into the policy's `StepCostModel` (its measured knee), as the engine records
+it. What a verify accepts comes from an `Acceptance`:
+
+    OracleAcceptance     the request's output is known (greedy output of an oracle edit run):
+                         drafts are accepted while they equal it; the acceptance is whatever
+                         the proposers' drafts earn against it (prediction with re-sync, prompt
+                         lookup), so the policy sees the same acceptance it would live
+    RateAcceptance       each draft token accepted with probability alpha (or alpha_i by draft
+                         position), independently: acceptance from a distribution
+    TraceAcceptance      alpha_i estimated from a recorded trace of verifies (JSONL lines
+                         {"drafted": k, "accepted": a}, as `bench serve` writes them)
+
+Arrivals are open (each request's `arrival`) or closed (`concurrency`: a new request starts
+when one finishes, as `bench serve --max-concurrency` sends them). Tokens of one step arrive
+together at its end (one StepOutput). TPOT is vLLM bench's: (last token - first token) /
+(tokens - 1); ITL: the gaps between a request's arrivals of tokens.
+
+    from sims.speculation import SpecRequest, simulate_speculation
+    out = simulate_speculation(requests, cost, SchedulerConfig(...), SpeculationConfig(),
+                               OracleAcceptance(), concurrency=1)
+"""
+from __future__ import annotations
+
+import heapq
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from scheduler.speculation import SpeculationConfig, Speculator, StepCostModel
+from scheduler.step_plan import SchedulerConfig, StepResult
+from scheduler.step_scheduler import StepScheduler
+
+
+@dataclass(frozen=True)
+class SpecRequest:
+    """One request: its prompt, the output the model gives (greedy), and its prediction."""
+
+    prompt: tuple[int, ...]
+    output: tuple[int, ...]
+    prediction: tuple[int, ...] | None = None
+    arrival: float = 0.0  # seconds (open arrivals; ignored with `concurrency`)
+    max_draft_tokens: int = 0  # the request's `speculation.max_draft_tokens` (0: the server's)
+    off: bool = False  # `speculation: "off"`
+
+
+# ---- acceptance ---------------------------------------------------------------------------------
+class OracleAcceptance:
+    """Drafts accepted while they equal the known output."""
+
+    def accepted(self, draft: Sequence[int], truth: Sequence[int], rng: np.random.Generator
+                 ) -> int:
+        a = 0
+        for d, t in zip(draft, truth):
+            if d != t:
+                break
+            a += 1
+        return a
+
+
+class RateAcceptance:
+    """Each draft token accepted with probability `alpha` (a float, or one per draft position:
+    the last repeats), independently of the tokens."""
+
+    def __init__(self, alpha: float | Sequence[float]) -> None:
+        self.alpha = [float(alpha)] if isinstance(alpha, (int, float)) else [float(a) for a in alpha]
+        if not self.alpha or any(not 0.0 <= a <= 1.0 for a in self.alpha):
+            raise ValueError("acceptance rates must be in [0, 1]")
+
+    def accepted(self, draft: Sequence[int], truth: Sequence[int], rng: np.random.Generator
+                 ) -> int:
+        a, last = 0, len(self.alpha) - 1
+        for i in range(len(draft)):
+            p = self.alpha[min(i, last)]
+            if p < 1.0 and rng.random() >= p:
+                break
+            a += 1
+        return a
+
+
+class TraceAcceptance(RateAcceptance):
+    """alpha_i (acceptance at draft position i, given the draft reached it) from recorded
+    verifies: accepted at i / verifies that drafted i and accepted everything before it."""
+
+    def __init__(self, records: Sequence[tuple[int, int]]) -> None:
+        k_max = max((k for k, _ in records), default=0)
+        if k_max == 0:
+            raise ValueError("the trace has no verify with a draft")
+        reached = np.zeros(k_max)
+        passed = np.zeros(k_max)
+        for k, a in records:
+            for i in range(min(k, a + 1)):
+                reached[i] += 1
+                passed[i] += i < a
+        alpha = [passed[i] / reached[i] if reached[i] else 0.0 for i in range(k_max)]
+        super().__init__(alpha)
+
+    @classmethod
+    def from_jsonl(cls, path: str | Path) -> TraceAcceptance:
+        records = []
+        for line in Path(path).read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                records.append((int(r["drafted"]), int(r["accepted"])))
+        return cls(records)
+
+
+# ---- the simulation -------------------------------------------------------------------------------
+@dataclass
+class RequestRecord:
+    arrival: float
+    token_times: list[float] = field(default_factory=list)
+    finish: float = 0.0
+    drafted: int = 0
+    accepted: int = 0
+    verifies: int = 0
+
+    @property
+    def tpot(self) -> float | None:
+        t = self.token_times
+        return (t[-1] - t[0]) / (len(t) - 1) if len(t) > 1 else None
+
+
+@dataclass
+class SpecSimResult:
+    records: list[RequestRecord]
+    steps: list[tuple[float, int, int, int, int]]  # (seconds, plain decodes, verifies, drafts, prefill)
+    decisions: list[dict[str, int]]  # per step: request id -> draft tokens the policy gave
+    makespan: float
+    source_stats: dict
+    outputs: dict[int, list[int]] = field(default_factory=dict)  # request -> generated tokens
+
+    def summary(self) -> dict:
+        tpots = [r.tpot for r in self.records if r.tpot is not None]
+        ttfts = [r.token_times[0] - r.arrival for r in self.records if r.token_times]
+        itl = [b - a for r in self.records
+               for a, b in zip(r.token_times, r.token_times[1:]) if b > a]
+        drafted = sum(r.drafted for r in self.records)
+        accepted = sum(r.accepted for r in self.records)
+        verifies = sum(r.verifies for r in self.records)
+        out_tokens = sum(len(r.token_times) for r in self.records)
+        steps_drafting = sum(1 for d in self.decisions if d)
+
+        def pct(xs, q):
+            return float(np.percentile(xs, q)) if xs else None
+
+        return {
+            "num_requests": len(self.records), "output_tokens": out_tokens,
+            "makespan_s": self.makespan,
+            "output_throughput_tok_s": out_tokens / self.makespan if self.makespan else 0.0,
+            "tpot_p50_s": pct(tpots, 50), "tpot_p90_s": pct(tpots, 90),
+            "tpot_mean_s": float(np.mean(tpots)) if tpots else None,
+            "itl_p50_s": pct(itl, 50), "itl_p90_s": pct(itl, 90),
+            "ttft_p50_s": pct(ttfts, 50),
+            "num_steps": len(self.steps), "steps_drafting": steps_drafting,
+            "draft_tokens": drafted, "accepted_tokens": accepted, "verifies": verifies,
+            "acceptance_rate": accepted / drafted if drafted else None,
+            "mean_accepted_per_verify": accepted / verifies if verifies else None,
+            "tokens_per_step_per_seq": out_tokens / max(1, sum(s[1] + s[2] for s in self.steps)),
+            "by_source": self.source_stats,
+        }
+
+
+def _step_cost(cost, plan) -> tuple[float, int]:
+    """(seconds, tokens) of a step: plain decodes as decodes; verifies and prefill chunks as
+    prefill chunks (a verify: its k + 1 tokens at its position)."""
+    plain = 0
+    chunks = []
+    ctx = 0
+    for c in plan.chunks:
+        n = len(c.token_ids)
+        ctx += c.start_pos + n
+        if not c.is_prefill and not c.num_draft:
+            plain += 1
+        else:
+            chunks.append((n, c.start_pos))
+    tokens = plain + sum(n for n, _ in chunks)
+    p = tokens - plain
+    if getattr(cost, "accepts_prefill_chunks", False):
+        return cost.step_time(plain, p, ctx, prefill_chunks=chunks), tokens
+    return cost.step_time(plain, p, ctx), tokens
+
+
+def simulate_speculation(requests: Sequence[SpecRequest], cost, sched_config: SchedulerConfig,
+                         spec_config: SpeculationConfig | None, acceptance=None, *,
+                         concurrency: int | None = None, seed: int = 0,
+                         max_steps: int = 10_000_000) -> SpecSimResult:
+    """Run `requests` through one simulated backend. `spec_config` None: no speculation (the
+    same steps a plain engine runs)."""
+    acceptance = acceptance or OracleAcceptance()
+    rng = np.random.default_rng(seed)
+    sched = StepScheduler(sched_config)
+    spec = Speculator(spec_config, StepCostModel()) if spec_config is not None else None
+    n = len(requests)
+    records = [RequestRecord(0.0) for _ in range(n)]
+    generated = [0] * n
+    # arrivals: (time, index); closed loop releases the next one at each finish
+    if concurrency is not None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        arrivals = [(0.0, i) for i in range(min(concurrency, n))]
+        next_closed = len(arrivals)
+    else:
+        arrivals = [(float(r.arrival), i) for i, r in enumerate(requests)]
+        next_closed = n
+    heapq.heapify(arrivals)
+    now = 0.0
+    steps: list[tuple[float, int, int, int, int]] = []
+    decisions: list[dict[str, int]] = []
+    outputs: dict[int, list[int]] = {}
+    done = 0
+    for _ in range(max_steps):
+        while arrivals and arrivals[0][0] <= now:
+            t, i = heapq.heappop(arrivals)
+            r = requests[i]
+            records[i].arrival = t
+            rid = str(i)
+            sched.add_request(rid, list(r.prompt), len(r.output), t)
+            if spec is not None:
+                spec.add(rid, r.prompt, r.prediction, r.max_draft_tokens, r.off)
+        if not sched.has_unfinished():
+            if not arrivals:
+                break
+            now = arrivals[0][0]
+            continue
+        drafts: dict[str, list[int]] = {}
+        if spec is not None:
+            decoding = sched.decoding_sequences()
+            loads = []
+            for s in decoding:
+                load = spec.load(s.request_id, s.max_tokens - s.num_output_tokens, s.rank)
+                if load is not None:
+                    loads.append(load)
+            drafts = spec.plan(loads, len(decoding), sched.planned_prefill_tokens())
+        decisions.append({rid: len(d) for rid, d in drafts.items()})
+        plan = sched.schedule(list_decodes=True, drafts=drafts)
+        if not plan.chunks:
+            if not arrivals:
+                raise RuntimeError("the scheduler can run nothing and nothing arrives")
+            now = max(now, arrivals[0][0])
+            continue
+        seconds, tokens = _step_cost(cost, plan)
+        now += seconds
+        if spec is not None and spec.policy.cost is not None:
+            spec.policy.cost.observe(tokens, seconds)
+        sampled: dict[str, int] = {}
+        accepted: dict[str, list[int]] = {}
+        new_tokens: dict[str, list[int]] = {}
+        num_verify = num_draft = num_plain = num_prefill = 0
+        for c in plan.chunks:
+            if c.is_prefill:
+                num_prefill += len(c.token_ids)
+            elif c.num_draft:
+                num_verify += 1
+                num_draft += c.num_draft
+            else:
+                num_plain += 1
+            if not c.sample:
+                continue
+            i = int(c.request_id)
+            out = requests[i].output
+            g = generated[i]
+            if c.num_draft:
+                draft = c.token_ids[1:]
+                a = acceptance.accepted(draft, out[g:g + len(draft)], rng)
+                accepted[c.request_id] = list(draft[:a])
+                tok = out[g + a]
+                new = list(draft[:a]) + [tok]
+                rec = records[i]
+                rec.drafted += len(draft)
+                rec.accepted += a
+                rec.verifies += 1
+                spec.verified(c.request_id, len(draft), a)
+            else:
+                tok = out[g]
+                new = [tok]
+            sampled[c.request_id] = tok
+            new_tokens[c.request_id] = new
+        steps.append((seconds, num_plain, num_verify, num_draft, num_prefill))
+        finished = sched.update(plan, StepResult(sampled, set(), accepted=accepted))
+        for rid, new in new_tokens.items():
+            i = int(rid)
+            generated[i] += len(new)
+            records[i].token_times.extend([now] * len(new))
+            if spec is not None:
+                spec.append(rid, new)
+        for f in finished:
+            i = int(f.request_id)
+            records[i].finish = now
+            outputs[i] = list(f.output_token_ids)
+            done += 1
+            if spec is not None:
+                spec.finish(f.request_id)
+            if next_closed < n:
+                heapq.heappush(arrivals, (now, next_closed))
+                next_closed += 1
+        if done == n:
+            break
+    else:
+        raise RuntimeError(f"the simulation did not finish in {max_steps} steps")
+    stats = spec.stats() if spec is not None else {}
+    return SpecSimResult(records, steps, decisions, now, stats, outputs)
+
+
+# ---- workloads ------------------------------------------------------------------------------------
+def synthetic_edit_requests(num_requests: int, prompt_len: int, output_len: int, keep: float,
+                            *, line_tokens: int = 12, vocab: int = 30000, seed: int = 0,
+                            rate: float | None = None) -> list[SpecRequest]:
+    """Oracle edit requests on token ids: an output of `output_len` tokens in lines of
+    `line_tokens` (the last one the newline id 0), a prediction equal to it but for
+    round((1 - keep) * lines) lines (`sims.edit_workload.alter_tokens`), a prompt of random ids.
+    `rate`: Poisson arrivals at that rate; None: all at 0 (closed-loop runs)."""
+    from sims.edit_workload import alter_tokens
+
+    rng = np.random.default_rng(seed)
+    t = 0.0
+    out = []
+    for _ in range(num_requests):
+        toks = rng.integers(1, vocab, size=output_len).tolist()
+        for j in range(line_tokens - 1, output_len, line_tokens):
+            toks[j] = 0
+        pred, _ = alter_tokens(toks, keep, newline=0, fresh_id=vocab, seed=rng)
+        prompt = rng.integers(1, vocab, size=prompt_len).tolist()
+        if rate:
+            t += float(rng.exponential(1.0 / rate))
+        out.append(SpecRequest(tuple(prompt), tuple(toks), tuple(pred), arrival=t))
+    return out

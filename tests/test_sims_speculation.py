@@ -1,0 +1,153 @@
+"""The simulator's speculation (sims.speculation) against closed forms: the real StepScheduler
+and the engine's Speculator on a virtual clock, verifies charged as short prefill chunks."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from scheduler.speculation import SpeculationConfig
+from scheduler.step_plan import SchedulerConfig
+from sims.cost import ConstantCost
+from sims.edit_workload import alter_text, alter_tokens, token_lines
+from sims.speculation import (
+    OracleAcceptance,
+    RateAcceptance,
+    SpecRequest,
+    TraceAcceptance,
+    simulate_speculation,
+    synthetic_edit_requests,
+)
+
+STEP = 0.010
+
+
+def sched(**kw) -> SchedulerConfig:
+    return SchedulerConfig(**{"max_model_len": 4096, "num_blocks": 4096, "max_num_seqs": 256,
+                              "max_num_batched_tokens": 2048, "block_size": 16, **kw})
+
+
+def spec(k: int, **kw) -> SpeculationConfig:
+    return SpeculationConfig(max_draft_tokens=k, **kw)
+
+
+def one(prediction=True, output_len=1 + 5 * 20, **kw) -> SpecRequest:
+    out = tuple(range(1000, 1000 + output_len))
+    return SpecRequest(tuple(range(16)), out, out if prediction else None, **kw)
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_full_acceptance_tpot_is_step_over_k_plus_1(k):
+    n = 1 + (k + 1) * 12  # first token from the prefill, then verifies of k + 1 tokens
+    res = simulate_speculation([one(output_len=n)], ConstantCost(STEP), sched(), spec(k),
+                               OracleAcceptance(), concurrency=1)
+    s = res.summary()
+    assert s["tpot_p50_s"] == pytest.approx(STEP / (k + 1))
+    assert s["acceptance_rate"] == 1.0 and s["verifies"] == 12
+    assert res.outputs[0] == list(range(1000, 1000 + n))  # the same tokens as decoding
+
+
+def test_off_is_one_token_per_step():
+    for config, req in ((None, one()), (spec(4), one(off=True)), (spec(4), one(prediction=False)),
+                        (spec(4), one(max_draft_tokens=0, off=True))):
+        res = simulate_speculation([req], ConstantCost(STEP), sched(), config, concurrency=1)
+        assert res.summary()["tpot_p50_s"] == pytest.approx(STEP)
+        assert res.summary()["draft_tokens"] == 0
+
+
+def test_per_request_cap():
+    res = simulate_speculation([one(output_len=1 + 3 * 10, max_draft_tokens=2)],
+                               ConstantCost(STEP), sched(), spec(8), concurrency=1)
+    assert res.summary()["tpot_p50_s"] == pytest.approx(STEP / 3)
+
+
+def test_rate_acceptance_matches_the_geometric_mean():
+    alpha, k = 0.6, 4
+    expected = (1 - alpha ** (k + 1)) / (1 - alpha)  # tokens a verify yields on average
+    reqs = [one(output_len=2001)]
+    res = simulate_speculation(reqs, ConstantCost(STEP), sched(),
+                               spec(k, min_draft_prob=0.01), RateAcceptance(alpha),
+                               concurrency=1, seed=3)
+    s = res.summary()
+    assert s["mean_accepted_per_verify"] + 1 == pytest.approx(expected, rel=0.05)
+    assert s["tpot_p50_s"] == pytest.approx(STEP / expected, rel=0.05)
+    assert res.outputs[0] == list(reqs[0].output)
+
+
+def test_trace_acceptance_estimates_per_position_rates():
+    t = TraceAcceptance([(4, 4), (4, 2), (2, 0), (4, 4)])
+    # position 0: reached 4 times, passed 3; position 2: reached by (4,4),(4,2),(4,4): 2 passed
+    assert t.alpha[0] == pytest.approx(3 / 4) and t.alpha[2] == pytest.approx(2 / 3)
+    assert t.alpha[3] == 1.0
+    with pytest.raises(ValueError):
+        TraceAcceptance([(0, 0)])
+
+
+class KneeCost(ConstantCost):
+    """A step costs `seconds` up to `knee` tokens, then `per_token` for each one past it."""
+
+    def __init__(self, seconds, knee, per_token):
+        super().__init__(seconds)
+        self.knee, self.per_token = knee, per_token
+
+    def step_time(self, d, p, c):
+        n = d + p
+        return 0.0 if n == 0 else self.seconds + self.per_token * max(0, n - self.knee)
+
+
+def test_saturation_drafts_nothing_and_keeps_throughput():
+    cost = KneeCost(STEP, knee=32, per_token=STEP / 32)
+    reqs = [one(output_len=200) for _ in range(96)]
+    on = simulate_speculation(reqs, cost, sched(), spec(8, knee_tokens=32), concurrency=64)
+    off = simulate_speculation(reqs, cost, sched(), None, concurrency=64)
+    s_on, s_off = on.summary(), off.summary()
+    # while 64 sequences decode (past the knee) the policy drafts nothing; drafts come only in
+    # the tail, when fewer than the knee are left
+    assert s_on["output_throughput_tok_s"] >= 0.98 * s_off["output_throughput_tok_s"]
+    busy = [d for d, st in zip(on.decisions, on.steps) if st[1] + st[2] >= 32]
+    assert busy and not any(busy)
+    # at one request the same policy speculates hard
+    one_on = simulate_speculation(reqs[:1], cost, sched(), spec(8, knee_tokens=32), concurrency=1)
+    assert one_on.summary()["tpot_p50_s"] < 0.2 * STEP
+
+
+def test_verify_is_charged_as_a_prefill_chunk():
+    class Linear(ConstantCost):
+        accepts_prefill_chunks = True
+
+        def step_time(self, d, p, c, prefill_chunks=None):
+            self.seen = prefill_chunks
+            return 0.001 * d + 0.002 * p
+
+    cost = Linear(0)
+    res = simulate_speculation([one(output_len=1 + 5 * 3)], cost, sched(), spec(4),
+                               concurrency=1)
+    assert cost.seen == [(5, 16 + 1 + 5 * 2 - 1)]  # the last verify: 5 tokens at its position
+    # prefill of 16 tokens, then 3 verifies of 5 tokens
+    assert res.makespan == pytest.approx(0.002 * 16 + 3 * 0.002 * 5)
+
+
+def test_oracle_edits_order_the_speedups():
+    tpot = {}
+    for keep in (1.0, 0.75, 0.5, 0.0):
+        reqs = synthetic_edit_requests(4, 64, 400, keep, seed=1)
+        res = simulate_speculation(reqs, ConstantCost(STEP), sched(), spec(8), concurrency=1)
+        tpot[keep] = res.summary()["tpot_p50_s"]
+        assert all(res.outputs[i] == list(r.output) for i, r in enumerate(reqs))
+    assert tpot[1.0] < tpot[0.75] < tpot[0.5] < STEP
+    assert tpot[1.0] == pytest.approx(STEP / 9, rel=0.02)
+
+
+def test_alter_lines_text_and_tokens():
+    text = "def f(x):\n    return x + 1\n\n    y = 2\nz = f(3)"
+    same, n = alter_text(text, 1.0, seed=0)
+    assert same == text and n == 0
+    changed, n = alter_text(text, 0.5, seed=0)
+    assert n == 2 and changed.count("\n") == text.count("\n")
+    diff = [a != b for a, b in zip(text.split("\n"), changed.split("\n"))]
+    assert sum(diff) == 2 and not diff[2]  # blank lines are left alone
+    toks = [5, 6, 0, 7, 8, 0, 9, 0, 10]
+    assert token_lines(toks, 0) == [(0, 3), (3, 6), (6, 8), (8, 9)]
+    alt, n = alter_tokens(toks, 0.5, 0, 100, seed=np.random.default_rng(2))
+    assert n == 2 and len(alt) == len(toks)
+    assert [i for i, t in enumerate(alt) if t == 0] == [2, 5, 7]
+    assert sum(a != b for a, b in zip(alt, toks)) in (3, 4)
