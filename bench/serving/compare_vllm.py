@@ -63,6 +63,24 @@ def load_average() -> float:
     return os.getloadavg()[0]
 
 
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")  # what decides bf16 speed on a CPU
+
+
+def cpu_description(cpuinfo: str | None = None) -> str:
+    """The CPU's model name and which of CPU_FLAGS it has: a ratio against vLLM's CPU build
+    depends on it (vLLM runs bf16 natively only with avx512_bf16 / amx_bf16)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return "unknown"
+    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines()
+                  if line.startswith("model name")), "unknown")
+    flags = set(next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines()
+                      if line.startswith("flags")), []))
+    return f"{model}; " + " ".join(f if f in flags else f"no-{f}" for f in CPU_FLAGS)
+
+
 def wait_ready(port: int, proc: subprocess.Popen | None, timeout: float) -> float:
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
@@ -175,6 +193,8 @@ def table(records: list[dict]) -> str:
     loads = [(r["load_before"], r["load_after"]) for r in records]
     lines.append("\nLoad average (1 min) before/after each run: "
                  + ", ".join(f"{a:.1f}/{b:.1f}" for a, b in dict.fromkeys(loads)))
+    cpus = dict.fromkeys(r.get("cpu", "not recorded") for r in records)
+    lines.append("\nCPU: " + " | ".join(cpus))
     return "\n".join(lines) + "\n"
 
 
@@ -222,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
                     srv.stop(a.port)
                 after = load_average()
                 records += [{"model": served, "server": srv.name, "round": rnd, "ready_s": ready,
-                             "load_before": before, "load_after": after, **r} for r in runs]
+                             "load_before": before, "load_after": after,
+                             "cpu": cpu_description(), **r} for r in runs]
                 (out / "runs.json").write_text(json.dumps(records, indent=1))
     text = table(records)
     (out / "table.md").write_text(text)
