@@ -386,10 +386,17 @@ class Gateway:
                               "--fim-template).", "suffix", "fim_not_supported")
         return template.encode(self.bundle, prefix, suffix)
 
-    def tokenize_prediction(self, text: str | None) -> list[int] | None:
+    def tokenize_prediction(self, text: str | tuple[int, ...] | None) -> list[int] | None:
         """The prediction's token ids (no special tokens: it stands for output text), checked
         against the context; [] for an empty one (nothing to draft, usage details of 0s);
         None for none, or with no tokenizer here (an HTTP backend, which would not draft)."""
+        if isinstance(text, tuple):  # token ids (checked against the vocabulary)
+            vocab = self.info.vocab_size
+            if vocab and max(text) >= vocab:
+                raise bad_request(f"Token id {max(text)} in 'prediction.content' is out of range "
+                                  f"(vocabulary size {vocab}).", "prediction.content")
+            check_prediction_tokens(len(text), self.info.max_model_len)
+            return list(text)
         if text is None or not self.info.tokenizer_json:
             return None
         ids = self.bundle.encode(text, add_special_tokens=False) if text else []

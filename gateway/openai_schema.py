@@ -83,7 +83,7 @@ class CompletionRequest:
     add_special_tokens: bool = True  # BOS etc. when tokenizing text prompts
     request_id: str | None = None  # the caller's id, shown in the response's "id"
     structured: Any = None  # gateway.structured.Structured: grammar, tools
-    prediction: str | None = None  # Predicted Outputs: the expected completion's text
+    prediction: str | tuple[int, ...] | None = None  # Predicted Outputs: text (or token ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +106,7 @@ class ChatRequest:
     add_special_tokens: bool = False  # the template places the special tokens itself
     request_id: str | None = None
     structured: Any = None  # gateway.structured.Structured: grammar, tools
-    prediction: str | None = None  # Predicted Outputs: the expected reply's text
+    prediction: str | tuple[int, ...] | None = None  # Predicted Outputs: text (or token ids)
 
 
 @dataclass(frozen=True, slots=True)

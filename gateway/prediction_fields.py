@@ -2,7 +2,9 @@
 /v1/completions and /v1/chat/completions (and the ZMQ front door's same fields).
 
 `prediction` is OpenAI's: `{"type": "content", "content": str | [{"type": "text", "text": ...}]}`,
-the text the caller expects the output to be (a file before an edit). The gateway tokenizes it
+the text the caller expects the output to be (a file before an edit); `content` may also be an
+array of token ids (ours, as `prompt` takes ids: a prediction exact to the token, which an
+oracle benchmark needs where text would tokenize otherwise than the model generated it). The gateway tokenizes it
 and sends the ids as a raw int32 frame (`GenerateRequest.prediction_frame`); the engine drafts
 from it and verifies the drafts in one step. As in OpenAI's API, `n` > 1 is refused with a
 prediction. Unlike OpenAI's, logprobs, penalties and `max_completion_tokens` are served with it:
@@ -16,14 +18,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.body_checks import RequestLimits, check_text, json_type, type_error
+from gateway.body_checks import RequestLimits, check_text, is_token_list, json_type, type_error
 from gateway.errors import bad_request
 from gateway.openai_schema import SpeculationControl
-from gateway.request_fields import SPECULATION_MODES
+from gateway.request_fields import INT32_MAX, SPECULATION_MODES
 
 
-def parse_prediction(body: dict, limits: RequestLimits, n: int = 1) -> str | None:
-    """The prediction's text, or None when the body has none. 400 (OpenAI's shape, naming
+def parse_prediction(body: dict, limits: RequestLimits, n: int = 1
+                     ) -> str | tuple[int, ...] | None:
+    """The prediction's text (or token ids: `content` as an array of ids, an extension as
+    `prompt` has it), or None when the body has none. 400 (OpenAI's shape, naming
     the sub-field) for a wrong type, a type other than "content", bad content parts, a text
     over `limits.max_prediction_chars`, or `n` > 1."""
     value = body.get("prediction")
@@ -46,6 +50,17 @@ def parse_prediction(body: dict, limits: RequestLimits, n: int = 1) -> str | Non
                           "missing_required_parameter")
     if isinstance(content, str):
         text = content
+    elif is_token_list(content) and content:  # our extension (as `prompt` takes ids): token ids
+        if len(content) > limits.max_prediction_chars:
+            raise bad_request(f"'prediction.content' has {len(content)} token ids; at most "
+                              f"{limits.max_prediction_chars} are allowed.", "prediction.content",
+                              "prediction_too_long")
+        if any(not 0 <= t <= INT32_MAX for t in content):
+            raise bad_request(f"Token ids in 'prediction.content' must be in [0, {INT32_MAX}].",
+                              "prediction.content")
+        if n > 1:
+            raise _n_error()
+        return tuple(content)
     elif isinstance(content, list):
         parts = []
         for j, part in enumerate(content):
@@ -64,9 +79,13 @@ def parse_prediction(body: dict, limits: RequestLimits, n: int = 1) -> str | Non
                           "prediction_too_long")
     check_text(text, "prediction.content")
     if n > 1:  # as OpenAI: "n: values higher than 1 are not supported" with Predicted Outputs
-        raise bad_request("'n' > 1 is not supported with 'prediction' (as in OpenAI's Predicted "
-                          "Outputs); send one request per choice.", "n", "unsupported_value")
+        raise _n_error()
     return text
+
+
+def _n_error():
+    return bad_request("'n' > 1 is not supported with 'prediction' (as in OpenAI's Predicted "
+                       "Outputs); send one request per choice.", "n", "unsupported_value")
 
 
 def check_prediction_tokens(num_tokens: int, max_model_len: int) -> None:

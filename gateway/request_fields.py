@@ -117,7 +117,8 @@ def prediction_schema(limits: Any) -> dict:
     return {"type": "object", "required": ["type", "content"], "properties": {
         "type": {"const": "content"},
         "content": {"anyOf": [{"type": "string", "maxLength": limits.max_prediction_chars},
-                              {"type": "array", "items": text_part}]}},
+                              {"type": "array", "items": text_part},
+                              {**_token_ids(limits.max_prediction_chars), "minItems": 1}]}},
         "description": "Predicted Outputs (OpenAI): the expected output; the engine drafts from "
                        "it. Not with n > 1."}
 

@@ -360,3 +360,20 @@ async def test_front_door_refuses_bad_predictions(client, backend, door):
         with pytest.raises(InvalidRequestError, match="max_draft_tokens"):
             await c.generate("hi", max_tokens=4, speculation={"max_draft_tokens": 1000})
     assert not backend.requests
+
+
+async def test_prediction_as_token_ids(client, backend):
+    """Our extension: `content` as token ids reaches the backend as they are (an oracle
+    benchmark needs a prediction exact to the token)."""
+    ids = list(DEFAULT_TEXT.encode())[:12]
+    status, body = await post(client, "/v1/completions", {
+        "prompt": "x", "max_tokens": 100, "prediction": {"type": "content", "content": ids}})
+    assert status == 200, body
+    assert backend.predictions[only(backend)] == ids
+    assert body["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] == 12
+    status, body = await post(client, "/v1/completions", {
+        "prompt": "x", "prediction": {"type": "content", "content": [1, 2, 100000]}})
+    assert status == 400 and body["error"]["param"] == "prediction.content"
+    status, body = await post(client, "/v1/completions", {
+        "prompt": "x", "prediction": {"type": "content", "content": [1, -2]}})
+    assert status == 400 and body["error"]["param"] == "prediction.content"
