@@ -19,6 +19,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway.admin import ADMIN_PREFIX, add_admin_routes
+from gateway.anthropic import anthropic_error, count_tokens
+from gateway.anthropic import messages as anthropic_messages
 from gateway.app_keys import (
     ACTIVE_KEY,
     CONFIG_KEY,
@@ -35,8 +37,9 @@ from gateway.tokenize_routes import detokenize, tokenize
 
 log = logging.getLogger("tidegate.gateway.http")
 
-def error_response(err: APIError) -> web.Response:
-    return web.json_response(err.to_dict(), status=err.status, headers=err.headers)
+def error_response(err: APIError, path: str = "") -> web.Response:
+    body = anthropic_error(err) if path.startswith(MESSAGES_PREFIX) else err.to_dict()
+    return web.json_response(body, status=err.status, headers=err.headers)
 
 
 @web.middleware
@@ -67,7 +70,7 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
     if request.path.startswith("/v1/") and GATEWAY_KEY in request.app:
         request.app[GATEWAY_KEY].metrics.observe_request(resp_err.status,
                                                          request.get(QUEUE_CLASS_KEY, "none"))
-    return error_response(resp_err)
+    return error_response(resp_err, request.path)
 
 
 @web.middleware
@@ -79,10 +82,14 @@ async def auth_middleware(request: web.Request, handler) -> web.StreamResponse:
             request.path == "/metrics" and not config.protect_metrics):
         header = request.headers.get("Authorization", "")
         scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(),
-                                                                 key.encode()):
+        if scheme.lower() != "bearer":  # Anthropic's SDK sends its key as x-api-key
+            scheme, given = "bearer", request.headers.get("x-api-key", "")
+        if not hmac.compare_digest(given.strip().encode(), key.encode()):
             raise unauthorized()
     return await handler(request)
+
+
+MESSAGES_PREFIX = "/v1/messages"  # Anthropic's API: its error shape
 
 
 # Paths that need no API key (as vLLM's: liveness and version); /metrics too unless
@@ -167,6 +174,8 @@ def create_app(config: GatewayConfig, *, startup_wait_s: float = 0.0,
     app.on_shutdown.append(close_streams)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post(MESSAGES_PREFIX, anthropic_messages)
+    app.router.add_post(MESSAGES_PREFIX + "/count_tokens", count_tokens)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/ping", health)  # SageMaker's and vLLM's name for it

@@ -1,0 +1,231 @@
+"""POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API on the chat path.
+
+The request is parsed into chat messages (gateway.anthropic_schema), rendered and tokenized as
+/v1/chat/completions renders them (tools in the generic format of gateway.tools), served by the
+same handles, and the output is shaped into content blocks: text, and tool_use for each call
+gateway.tool_parser finds. Streaming sends Anthropic's events:
+
+    message_start, ping,
+    (content_block_start, content_block_delta*, content_block_stop)*   text_delta | input_json_delta
+    message_delta (stop_reason, stop_sequence, usage.output_tokens), message_stop
+
+and an `error` event if the request fails after the first byte. Errors are Anthropic's shape,
+{"type": "error", "error": {"type", "message"}} (gateway.app uses `anthropic_error` for every
+error on these paths, the middleware's own included).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+
+from aiohttp import web
+
+from gateway.anthropic_schema import MessagesRequest, parse_count_request, parse_messages_request
+from gateway.app_keys import GATEWAY_KEY
+from gateway.errors import APIError, internal_error
+from gateway.routes import check_model, merged, serve_handles, start_sse, submit_all
+from gateway.structured import check_structured
+from gateway.tool_parser import ToolCallParser
+from gateway.tools import template_messages
+from gateway.validation import parse_json_body
+
+log = logging.getLogger("tidegate.gateway.anthropic")
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+               503: "overloaded_error", 529: "overloaded_error"}
+
+
+def anthropic_error(err: APIError) -> dict:
+    return {"type": "error", "error": {"type": ERROR_TYPES.get(err.status, "api_error"),
+                                       "message": err.message}}
+
+
+def sse_event(name: str, data: dict) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+
+async def _prompt_ids(gw, messages, prefill: str, tools) -> list[int]:
+    ids = await gw.encode_chat(template_messages(messages, tools), True, False)
+    if prefill:
+        ids = ids + await gw.encode(prefill, False)
+    return ids
+
+
+def _stop(asm, stop: tuple[str, ...]) -> str | None:
+    """The stop sequence that ended the output (kept at its end by include_stop_str_in_output)."""
+    if not asm.stopped_by_string:
+        return None
+    return next((s for s in sorted(stop, key=len, reverse=True) if asm.text.endswith(s)), None)
+
+
+def _stop_reason(finish: str | None, stop_seq: str | None, num_calls: int) -> str:
+    if stop_seq is not None:
+        return "stop_sequence"
+    if finish == "length":
+        return "max_tokens"
+    return "tool_use" if num_calls else "end_turn"
+
+
+class BlockWriter:
+    """Text deltas and tool calls -> content blocks (or their stream events)."""
+
+    def __init__(self, tools) -> None:
+        self.parser = ToolCallParser(tools, "toolu_") if tools is not None and tools.active \
+            else None
+        self.blocks: list[dict] = []
+        self._open_text = False
+        self._held = ""  # whitespace that may only separate calls
+
+    def feed(self, text: str, final: bool) -> list[tuple[str, dict]]:
+        events: list[tuple[str, dict]] = []
+        if self.parser is None:
+            content, calls = text, []
+        else:
+            content, calls = self.parser.feed(text)
+            if final:
+                tail, more = self.parser.finish()
+                content, calls = content + tail, calls + more
+        for piece, call in self._order(content, calls):
+            if piece:
+                events += self._text(piece)
+            if call is not None:
+                events += self._close()
+                index = len(self.blocks)
+                self.blocks.append({"type": "tool_use", "id": call.id, "name": call.name,
+                                    "input": call.arguments})
+                events += [("content_block_start", {
+                    "type": "content_block_start", "index": index, "content_block": {
+                        "type": "tool_use", "id": call.id, "name": call.name, "input": {}}}),
+                    ("content_block_delta", {"type": "content_block_delta", "index": index,
+                                             "delta": {"type": "input_json_delta",
+                                                       "partial_json": json.dumps(
+                                                           call.arguments,
+                                                           ensure_ascii=False)}}),
+                    ("content_block_stop", {"type": "content_block_stop", "index": index})]
+        if final:
+            events += self._close()
+        return events
+
+    def _order(self, content: str, calls):
+        # the parser gives the content before the calls of one feed; text after a call in the
+        # same feed comes with the next feed, so this order is the output's order
+        yield content, None
+        for call in calls:
+            yield "", call
+
+    def _text(self, piece: str) -> list[tuple[str, dict]]:
+        if self.parser is not None and not self._open_text and not (self._held + piece).strip():
+            self._held += piece  # only whitespace so far: shown if text follows, not if a call
+            return []
+        piece, self._held = self._held + piece, ""
+        events = []
+        if not self._open_text:
+            self._open_text = True
+            self.blocks.append({"type": "text", "text": ""})
+            events.append(("content_block_start", {
+                "type": "content_block_start", "index": len(self.blocks) - 1,
+                "content_block": {"type": "text", "text": ""}}))
+        self.blocks[-1]["text"] += piece
+        events.append(("content_block_delta", {"type": "content_block_delta",
+                                               "index": len(self.blocks) - 1,
+                                               "delta": {"type": "text_delta", "text": piece}}))
+        return events
+
+    def _close(self) -> list[tuple[str, dict]]:
+        self._held = ""
+        if not self._open_text:
+            return []
+        self._open_text = False
+        return [("content_block_stop", {"type": "content_block_stop",
+                                        "index": len(self.blocks) - 1})]
+
+    @property
+    def num_calls(self) -> int:
+        return sum(b["type"] == "tool_use" for b in self.blocks)
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    gw = request.app[GATEWAY_KEY]
+    req: MessagesRequest = parse_messages_request(parse_json_body(await request.read()),
+                                                  gw.config.limits)
+    gw.check_admission()
+    check_model(gw, req.model)
+    await check_structured(gw, req.structured)
+    tools = req.structured.tools if req.structured is not None else None
+    prompt_ids = await _prompt_ids(gw, req.messages, req.prefill, tools)
+    msg_id = "msg_" + os.urandom(12).hex()
+    handles = submit_all(gw, gw.new_request_id("msg"), [prompt_ids], req.sampling, req.options,
+                         "max_tokens")
+    handle, model, stop = handles[0], gw.model_name, req.sampling.stop
+
+    def usage(output_tokens: int) -> dict:
+        return {"input_tokens": len(handle.prompt_ids), "output_tokens": output_tokens,
+                "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+
+    async def respond():
+        writer = BlockWriter(tools)
+        if not req.options.stream:
+            async for _ in merged(handles, 1 << 30):
+                pass
+            asm = handle.assembler
+            seq = _stop(asm, stop)
+            writer.feed(asm.text[:len(asm.text) - len(seq)] if seq else asm.text, True)
+            return web.json_response({
+                "id": msg_id, "type": "message", "role": "assistant", "model": model,
+                "content": writer.blocks,
+                "stop_reason": _stop_reason(asm.finish_reason, seq, writer.num_calls),
+                "stop_sequence": seq, "usage": usage(len(asm.token_ids))}), 200
+        return await _stream(request, handles, writer, msg_id, model, stop, usage)
+
+    return await serve_handles(request, handles, respond)
+
+
+async def _stream(request, handles, writer: BlockWriter, msg_id, model, stop, usage):
+    resp = await start_sse(request)
+    handle = handles[0]
+    try:
+        await resp.write(sse_event("message_start", {"type": "message_start", "message": {
+            "id": msg_id, "type": "message", "role": "assistant", "model": model,
+            "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage(0)}}))
+        await resp.write(sse_event("ping", {"type": "ping"}))
+        async for _, d in merged(handles, request.app[GATEWAY_KEY].config.stream_interval):
+            text, seq = d.text, None
+            if d.finish_reason is not None:
+                seq = _stop(handle.assembler, stop)
+                if seq and text.endswith(seq):
+                    text = text[:len(text) - len(seq)]
+            for name, data in writer.feed(text, d.finish_reason is not None):
+                await resp.write(sse_event(name, data))
+        asm = handle.assembler
+        seq = _stop(asm, stop)
+        await resp.write(sse_event("message_delta", {
+            "type": "message_delta",
+            "delta": {"stop_reason": _stop_reason(asm.finish_reason, seq, writer.num_calls),
+                      "stop_sequence": seq},
+            "usage": {"output_tokens": len(asm.token_ids)}}))
+        await resp.write(sse_event("message_stop", {"type": "message_stop"}))
+        status = 200
+    except APIError as err:
+        await resp.write(sse_event("error", anthropic_error(err)))
+        status = err.status
+    except ConnectionResetError:
+        return resp, 499
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # a bug must still end the stream in Anthropic's shape
+        log.exception("messages stream failed")
+        err = internal_error()
+        await resp.write(sse_event("error", anthropic_error(err)))
+        status = err.status
+    await resp.write_eof()
+    return resp, status
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY_KEY]
+    model, msgs, prefill, tools = parse_count_request(parse_json_body(await request.read()))
+    check_model(gw, model)
+    ids = await _prompt_ids(gw, msgs, prefill, tools)
+    return web.json_response({"input_tokens": len(ids)})
