@@ -87,6 +87,21 @@ def serve_parser() -> argparse.ArgumentParser:
     w.add_argument("--max-concurrency", type=int, default=None,
                    help="cap on requests in flight (with --rate inf: a closed loop)")
     w.add_argument("--temperature", type=float, default=0.0)
+    e = p.add_argument_group("code workloads (speculative decoding, bench.serving.edit)")
+    e.add_argument("--workload", choices=("random", "edit", "completion"), default="random",
+                   help="random: token-id prompts (default); edit: a code file and an instruction, "
+                        "with a prediction; completion: the first half of a code file")
+    e.add_argument("--oracle", action="store_true",
+                   help="dummy weights: a greedy baseline with speculation off, then the same "
+                        "requests with its output (lines altered per --keep) as the prediction")
+    e.add_argument("--keep", default="1,0.75,0.5",
+                   help="fractions of the prediction's lines left unchanged, one run each")
+    e.add_argument("--corpus", default=None, help="directory of code files (default: the "
+                   "Python standard library)")
+    e.add_argument("--file-chars", type=int, default=3000, help="characters per file at most")
+    e.add_argument("--speculation", default=None,
+                   help="the requests' speculation field for the measured runs: off | auto | "
+                        "a number (max_draft_tokens); default: absent (the server's policy)")
     o = p.add_argument_group("output")
     o.add_argument("--slo-ttft-ms", type=float, default=None)
     o.add_argument("--slo-tpot-ms", type=float, default=None)
@@ -133,6 +148,8 @@ def serve_main(argv: list[str]) -> int:
 
     p = serve_parser()
     args = p.parse_args(argv)
+    if args.workload != "random":
+        return _code_workload(p, args)
     try:
         slo = _goodput(args.goodput)
         schedule = _schedule(args)
@@ -185,6 +202,35 @@ def serve_main(argv: list[str]) -> int:
             json.dump(out, fh, indent=2)
             fh.write("\n")
     return 0 if result["completed"] else 1
+
+
+def _code_workload(p: argparse.ArgumentParser, args) -> int:
+    """`--workload edit|completion` (bench.serving.edit): runs against --url, JSON to --json."""
+    from bench.serving.edit import format_result, keep_list, run_workload
+
+    if args.backend != "http":
+        p.error("--workload edit|completion runs over HTTP (--backend http)")
+    try:
+        keeps = keep_list(args.keep)
+        output_len = int(args.output_len)
+    except ValueError as exc:
+        p.error(str(exc))
+    spec = args.speculation
+    if spec is not None and spec not in ("off", "auto"):
+        spec = {"max_draft_tokens": int(spec)}
+    out = asyncio.run(run_workload(
+        url=args.url, endpoint=args.endpoint, model=args.model, workload=args.workload,
+        oracle=args.oracle, keeps=keeps, num_requests=args.num_requests or 16,
+        max_tokens=output_len, concurrency=args.max_concurrency or 1, seed=args.seed,
+        corpus=args.corpus, file_chars=args.file_chars, speculation=spec,
+        temperature=args.temperature, timeout_s=args.timeout))
+    print(format_result(out))
+    if args.json:
+        out["date"] = datetime.datetime.now().isoformat(timespec="seconds")
+        with open(args.json, "w") as fh:
+            json.dump(out, fh, indent=2)
+            fh.write("\n")
+    return 0 if all(r["completed"] == r["num_requests"] for r in out["runs"].values()) else 1
 
 
 def engine_main(argv: list[str]) -> int:

@@ -80,9 +80,13 @@ class SpeculatingBackend(FakeBackend):
             k = 0 if wire.speculation.off else (wire.speculation.max_draft_tokens or DEFAULT_K)
             draft = prediction[req.pos:req.pos + k]
             spec = self.spec[rid]
+            def token_at(pos: int, req=req) -> int:  # FakeBackend's output (EOS unless ignored)
+                tok = req.script[pos % len(req.script)]
+                return ord(" ") if tok == EOS and req.ignore_eos else tok
+
             accepted = 0
             for i, t in enumerate(draft):
-                if req.pos + i >= len(req.script) or req.script[req.pos + i] != t:
+                if token_at(req.pos + i) != t:
                     break
                 accepted += 1
             if draft:
@@ -91,7 +95,7 @@ class SpeculatingBackend(FakeBackend):
                 spec["steps"] += 1
             tokens, finish = [], pb.RequestOutput.NONE
             for _ in range(accepted + 1):
-                token = req.script[req.pos % len(req.script)]
+                token = token_at(req.pos)
                 req.pos += 1
                 tokens.append(token)
                 if token == EOS:
@@ -102,7 +106,7 @@ class SpeculatingBackend(FakeBackend):
                     break
             # OpenAI's count: the prediction's tokens that the output used (aligned here; none
             # without speculation)
-            used = sum(1 for i, t in enumerate(prediction[:req.pos]) if req.script[i] == t) \
+            used = sum(1 for i, t in enumerate(prediction[:req.pos]) if token_at(i) == t) \
                 if k else 0
             step.outputs.add(
                 request_id=rid, tokens_frame=len(arrays), finish_reason=finish,

@@ -1,0 +1,81 @@
+"""`tidegate bench serve --workload edit|completion [--oracle]` (bench.serving.edit) against the
+gateway and a backend that speculates from the prediction (tests/test_prediction_api.py's)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_gateway_http import ipc_address, make_config
+from test_prediction_api import SpeculatingBackend
+
+from bench.serving.edit import (
+    alter_token_lines,
+    code_files,
+    completion_prompt,
+    edit_prompt,
+    run_workload,
+)
+from gateway.app import create_app
+
+
+@pytest.fixture
+async def backend():
+    b = await SpeculatingBackend(ipc_address()).start()
+    yield b
+    await b.stop()
+
+
+@pytest.fixture
+async def url(aiohttp_client, backend):
+    client = await aiohttp_client(create_app(make_config(backend.address), startup_wait_s=5.0))
+    return str(client.make_url("")).rstrip("/")
+
+
+def test_prompts_hold_real_code():
+    files = code_files(None, 3, seed=1, max_chars=800)
+    assert len(files) == 3 and all(name.endswith(".py") for name, _ in files)
+    assert all(0 < len(text) <= 800 and text.endswith("\n") for _, text in files)
+    assert files == code_files(None, 3, seed=1, max_chars=800)  # by seed
+    name, text = files[0]
+    prompt = edit_prompt(name, text, "add type hints")
+    assert text in prompt and "add type hints" in prompt
+    assert text.startswith(completion_prompt(text))
+
+
+def test_oracle_alters_whole_lines_of_token_ids():
+    ids = list(range(10, 30))
+    texts = ["a", "b\n", "c", "d", "\n", "e", "f\n", "g", "h", "i\n"] * 2
+    same = alter_token_lines(ids, texts, 1.0, np.random.default_rng(0))
+    assert same == ids
+    half = alter_token_lines(ids, texts, 0.5, np.random.default_rng(0))
+    changed = {i for i, (a, b) in enumerate(zip(ids, half)) if a != b}
+    lines = [range(2), range(2, 5), range(5, 7), range(7, 10), range(10, 12),
+             range(12, 15), range(15, 17), range(17, 20)]
+    hit = [ln for ln in lines if set(ln) & changed]
+    assert len(hit) == 4 and all(set(ln) <= changed for ln in hit)  # whole lines, half of them
+    assert set(half) <= set(ids)  # ids of the output itself: in the vocabulary
+
+
+async def test_oracle_edit_runs(url, backend):
+    out = await run_workload(url=url, endpoint="/v1/completions", model="tiny", workload="edit",
+                             oracle=True, keeps=[1.0, 0.0], num_requests=3, max_tokens=40,
+                             concurrency=2, seed=0, corpus=None, file_chars=600)
+    runs = out["runs"]
+    assert set(runs) == {"off", "keep=1", "keep=0"}
+    assert all(r["completed"] == 3 for r in runs.values())
+    # the baseline ran with speculation off; the oracle's predictions went as token ids
+    offs = [r for r in backend.requests.values() if r.speculation.off]
+    assert len(offs) == 3 and len(backend.predictions) == 6
+    full = runs["keep=1"]
+    assert full["prediction_tokens"]["accepted"] == 3 * 40
+    assert full["prediction_tokens"]["rejected"] == 0
+    assert full["spec_decode"]["acceptance_rate"] == 1.0
+    assert out["tpot_p50_ratio_vs_off"]["keep=1"] < 0.7  # k + 1 tokens a step
+    assert runs["keep=0"]["prediction_tokens"]["accepted"] < 3 * 40
+
+
+async def test_completion_workload_runs_off_and_on(url, backend):
+    out = await run_workload(url=url, endpoint="/v1/completions", model="tiny",
+                             workload="completion", oracle=False, keeps=[1.0], num_requests=2,
+                             max_tokens=8, concurrency=1, seed=0, corpus=None, file_chars=600)
+    assert set(out["runs"]) == {"off", "on"}
+    assert all(r["completed"] == 2 for r in out["runs"].values())
