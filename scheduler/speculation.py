@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -185,8 +186,11 @@ class DraftState:
     off: bool = False
     session_key: int | None = None
     output: list[int] = field(default_factory=list)
-    # prediction alignment: index of the next predicted token, -1 when lost
+    # prediction alignment: index of the next predicted token, -1 when lost; the last index it
+    # was aligned at (a re-synchronisation looks after it first)
     pred_pos: int = 0
+    pred_anchor: int = 0
+    pred_unmatched: int = 0  # output tokens since the last one counted as matched
     pred_index: NgramIndex | None = None
     history: NgramIndex | None = None  # prompt + output (prompt lookup)
     acceptance: dict[str, Acceptance] = field(default_factory=dict)
@@ -194,8 +198,11 @@ class DraftState:
     num_draft_tokens: int = 0
     num_accepted_draft_tokens: int = 0
     num_prediction_drafted: int = 0
-    num_accepted_prediction_tokens: int = 0
+    num_accepted_prediction_tokens: int = 0  # drafted from the prediction and accepted
     num_rejected_prediction_tokens: int = 0  # drafted from the prediction and rejected so far
+    # output tokens that followed the prediction (aligned, or the n-gram that re-aligned it):
+    # OpenAI's accepted_prediction_tokens, whether or not they were drafted
+    num_matched_prediction_tokens: int = 0
     # the last proposal's source (what the verify's outcome is credited to)
     last_source: str = ""
     last_draft: list[int] = field(default_factory=list)
@@ -205,7 +212,7 @@ class DraftState:
         rejected_prediction_tokens at the end of a request)."""
         if not self.prediction:
             return 0
-        return max(0, len(self.prediction) - self.num_accepted_prediction_tokens)
+        return max(0, len(self.prediction) - self.num_matched_prediction_tokens)
 
 
 # ---- proposers --------------------------------------------------------------------------------
@@ -248,19 +255,31 @@ class PredictionProposer:
         out = state.output  # already extended by new_tokens
         start = len(out) - len(new_tokens)
         pos = state.pred_pos
-        last_good = pos
+        last_good = state.pred_anchor
+        matched, unmatched = 0, state.pred_unmatched
         for i, tok in enumerate(new_tokens):
             if pos >= 0 and pos < len(pred) and pred[pos] == tok:
                 pos += 1
                 last_good = pos
+                matched += 1
+                unmatched = 0
                 continue
             # off the prediction: look for the output's suffix in it
+            unmatched += 1
             pos = -1
             end = start + i + 1
             n = self.resync_ngram
             if end >= n and state.pred_index is not None:
-                pos = state.pred_index.find_after(tuple(out[end - n:end]), max(last_good, 0))
+                pos = state.pred_index.find_after(tuple(out[end - n:end]), last_good)
+                if pos >= 0:  # the n-gram is in the prediction: its uncounted tokens match
+                    matched += min(n, unmatched)
+                    unmatched = 0
+                    last_good = pos
         state.pred_pos = pos
+        state.pred_anchor = last_good
+        state.pred_unmatched = unmatched
+        state.num_matched_prediction_tokens = min(
+            len(pred), state.num_matched_prediction_tokens + matched)
 
     def propose(self, state: DraftState, k: int) -> list[int]:
         pred, pos = state.prediction, state.pred_pos
@@ -282,16 +301,15 @@ class _PositionsIndex:
             self.starts.setdefault(tuple(toks[s:s + n]), []).append(s)
 
     def find_after(self, gram: tuple[int, ...], at_least: int) -> int:
-        """The index after the first occurrence of `gram` ending at or after `at_least`
-        (else after the first occurrence anywhere); -1 if it does not occur."""
+        """The index after the first occurrence of `gram` that ends past `at_least` (the output
+        moved on from there), else after the last occurrence before it; -1 if it does not
+        occur."""
         starts = self.starts.get(gram)
         if not starts:
             return -1
         n = self.n
-        for s in starts:
-            if s + n >= at_least:
-                return s + n
-        return starts[0] + n
+        i = bisect_right(starts, at_least - n)
+        return starts[i] + n if i < len(starts) else starts[-1] + n
 
 
 class PromptLookupProposer:

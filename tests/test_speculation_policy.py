@@ -53,6 +53,9 @@ def test_prediction_drafts_follow_the_output_and_resync_after_an_edit():
     sp.append("r", [106, 107, 108])
     assert sp.get("r").pred_pos == 109 - 100
     assert sp.propose("r", 3) == [109, 110, 111]
+    sp.append("r", list(range(109, 140)))
+    st = sp.get("r")  # 103, 104, 105 were not used: OpenAI's rejected_prediction_tokens
+    assert st.num_matched_prediction_tokens == 37 and st.prediction_unused() == 3
 
 
 def test_prediction_resync_prefers_the_place_after_the_alignment():
@@ -73,7 +76,9 @@ def test_prediction_counters_follow_verifies():
     st = sp.get("r")
     assert (st.num_draft_tokens, st.num_accepted_draft_tokens) == (4, 2)
     assert (st.num_accepted_prediction_tokens, st.num_rejected_prediction_tokens) == (2, 2)
-    assert st.prediction_unused() == 4
+    assert st.prediction_unused() == 6  # nothing of it in the output yet
+    sp.append("r", [10, 11, 99])
+    assert st.num_matched_prediction_tokens == 2 and st.prediction_unused() == 4
     assert sp.stats()["drafted"]["prediction"] == 4
 
 

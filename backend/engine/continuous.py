@@ -51,6 +51,7 @@ from backend.runner.step import LaunchedStep, ModelRunner
 from backend.runner.step_io import SampleSpec
 from scheduler.capacity import DEFAULT_CAPACITY, PrefillCap
 from scheduler.host_tier import SwapCostModel
+from scheduler.speculation import SpeculationConfig, Speculator, StepCostModel, accept_drafts
 from scheduler.step_scheduler import SchedulerConfig, StepPlan, StepResult, StepScheduler
 
 # the token an update under async scheduling records until the real one is read back
@@ -71,6 +72,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     num_host_blocks: int = 0  # host-memory KV tier (backend.kv.host_tier); 0: none
     prefill_cap: PrefillCap = field(default_factory=PrefillCap)  # prefill per step while decoding
+    # speculative decoding (scheduler.speculation): the server's default; None: off
+    speculation: SpeculationConfig | None = None
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(
@@ -90,6 +93,13 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_completion_tokens: int = 0
     num_cached_tokens: int = 0
+    # speculative decoding, cumulative (the wire's RequestOutput counters): draft tokens fed and
+    # accepted (all sources); prediction tokens matched by the output and, of the prediction,
+    # rejected drafts so far (at the finish: every predicted token the output did not use)
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
+    num_accepted_prediction_tokens: int = 0
+    num_rejected_prediction_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -138,8 +148,17 @@ class Engine:
         self.runner = runner
         self.config = config
         self.eos_token_ids = tuple(eos_token_ids)
-        self.scheduler = StepScheduler(config.scheduler_config())
+        # int4 keys' fill rows keep the last block at full precision: a verify stays in one block
+        within_block = getattr(runner, "fill_slots", None) is not None
+        self.scheduler = StepScheduler(replace(config.scheduler_config(),
+                                               draft_within_block=within_block))
         self.states: dict[str, _RequestState] = {}
+        # speculative decoding (scheduler.speculation): drafts and the load policy; only our own
+        # runner verifies (not a tensor-parallel leader's)
+        spec = config.speculation
+        self.speculator: Speculator | None = None
+        if spec is not None and spec.enabled and isinstance(runner, ModelRunner):
+            self.speculator = Speculator(spec, StepCostModel())
         self._seed_rng = random.Random()
         self._inflight: InFlightStep | None = None
         self._last_step: InFlightStep | None = None
@@ -163,11 +182,19 @@ class Engine:
 
     # ---- requests ------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    arrival_time: float = 0.0, priority: int = 0) -> str | None:
-        """Queue a request; returns the reason it was refused, or None."""
+                    arrival_time: float = 0.0, priority: int = 0,
+                    prediction: list[int] | None = None, speculation_off: bool = False,
+                    max_draft_tokens: int = 0) -> str | None:
+        """Queue a request; returns the reason it was refused, or None. `prediction`: its
+        predicted output's ids (Predicted Outputs); `speculation_off` / `max_draft_tokens`: its
+        own control of speculative decoding (0: the server's maximum)."""
         vocab = self.runner.model.config.vocab_size
         if any(not 0 <= t < vocab for t in prompt_token_ids):
             return f"prompt has token ids outside [0, {vocab})"
+        if prediction is not None and any(not 0 <= t < vocab for t in prediction):
+            return f"prediction has token ids outside [0, {vocab})"
+        if max_draft_tokens < 0:
+            return "max_draft_tokens must be >= 0"
         if not 0.0 <= params.top_p <= 1.0 or params.temperature < 0:
             return "temperature must be >= 0 and top_p in [0, 1]"
         reason = _check_processors(params, vocab)
@@ -186,6 +213,9 @@ class Engine:
             eos = () if params.ignore_eos else self.eos_token_ids
             state.min_tokens_banned = tuple(dict.fromkeys(params.stop_token_ids + eos))
         self.states[request_id] = state
+        if self.speculator is not None:
+            self.speculator.add(request_id, list(prompt_token_ids), prediction, max_draft_tokens,
+                                speculation_off)
         return None
 
     def abort(self, request_id: str) -> RequestOutput | None:
@@ -202,6 +232,8 @@ class Engine:
             return None
         done = self.scheduler.abort(request_id)
         state = self.states.pop(request_id, None)
+        if self.speculator is not None:
+            self.speculator.finish(request_id, record=False)
         if state is None:
             return None
         # done is None: finished by length in a pipelined update, not read back yet
@@ -241,13 +273,17 @@ class Engine:
         before its read-back (then it records its sampled rows, and `advance` applies its
         update with placeholders)."""
         start, start_wall = time.perf_counter(), time.time()
-        plan = self.scheduler.schedule()
+        # drafts need every token read back: not over a pipelined step's placeholders
+        drafts = self._drafts() if self.speculator is not None and prev is None else None
+        plan = self.scheduler.schedule(drafts=drafts)
         if self.host_kv is not None:  # tier copies first: this step reads and overwrites them
             self.host_kv.run(self.scheduler.block_manager.host.take_copies())
         states = self.states
         sampled = [c.request_id for c in plan.chunks if c.sample]
         specs = None  # all plain greedy: the runner's in-step argmax, no per-request spec
-        if not all(states[rid].plain_greedy for rid in sampled):
+        # (a verify samples every position on the host side: specs for all, and never pipelined:
+        # the runner's launched.greedy is False)
+        if drafts or not all(states[rid].plain_greedy for rid in sampled):
             specs = {rid: self._spec(rid) for rid in sampled}
         if prev is None:
             launched = self.runner.launch(plan.chunks, specs)
@@ -274,8 +310,8 @@ class Engine:
         self._inflight = None
         self._last_step = None
         outputs: list[RequestOutput] = []
-        if prev is not None and not prev.pipelined:
-            outputs = self._finish(prev)
+        if prev is not None and (not prev.pipelined or self._may_speculate()):
+            outputs = self._finish(prev)  # (drafts are proposed from the real tokens)
             prev = None
         nxt = None
         if self.scheduler.has_unfinished():
@@ -288,6 +324,68 @@ class Engine:
                 nxt.finished = self.scheduler.update(nxt.plan, StepResult(sampled=placeholders))
             self._inflight = nxt
         return outputs
+
+    # ---- speculative decoding ------------------------------------------------------------
+    def _may_speculate(self) -> bool:
+        """Whether the next step might carry drafts (then it is planned after the step in
+        flight is read back, as drafts follow the real tokens): the load leaves headroom under
+        the knee and some decoding sequence has speculation on. O(1) at saturation."""
+        sp = self.speculator
+        if sp is None:
+            return False
+        sched = self.scheduler
+        num = sched.decodes.num_decoding
+        if num == 0 or num + sched.num_waiting_tokens >= sp.policy.knee():
+            return False
+        return any(not st.off for st in sp.states.values())
+
+    def _drafts(self) -> dict[str, list[int]] | None:
+        """The policy's draft tokens per decoding sequence for the next step."""
+        sp, sched = self.speculator, self.scheduler
+        seqs = sched.decoding_sequences()
+        if not seqs:
+            return None
+        num_prefill = sched.planned_prefill_tokens()
+        if len(seqs) + num_prefill >= sp.policy.knee():
+            sp.policy.num_steps_off_by_load += 1
+            return None
+        loads = []
+        for q in seqs:
+            load = sp.load(q.request_id, q.max_tokens - q.num_output_tokens, q.rank)
+            if load is not None:
+                loads.append(load)
+        # a mixed graph computes logits at max_num_seqs + 1 rows at most: one per chunk (at
+        # most one per running sequence) and one per draft (runner.step_io.logit_rows)
+        max_rows = None
+        if getattr(self.runner, "graphs", None) is not None:
+            max_rows = self.config.max_num_seqs + 1 - len(sched.running)
+        return sp.plan(loads, len(seqs), num_prefill, max_rows) or None
+
+    def _verify(self, plan: StepPlan, out) -> dict[str, list[int]]:
+        """Turn the verifies' targets into tokens: the accepted drafts (cut after a stop token)
+        and the token after them go into `out.token_ids` / `out.logprobs` (a list per verify);
+        returns the accepted drafts per request (StepResult.accepted)."""
+        accepted: dict[str, list[int]] = {}
+        sp, states, eos = self.speculator, self.states, self.eos_token_ids
+        for c in plan.chunks:
+            targets = out.targets.get(c.request_id)
+            if targets is None or c.request_id not in states:
+                continue
+            rid, k = c.request_id, c.num_draft
+            drafts = c.token_ids[len(c.token_ids) - k:]
+            a = accept_drafts(drafts, targets)
+            new = [*drafts[:a], targets[a]]
+            p = states[rid].params
+            for i, t in enumerate(new):  # a stop token ends the output where it is
+                if t in p.stop_token_ids or (not p.ignore_eos and t in eos):
+                    new = new[:i + 1]
+                    break
+            out.token_ids[rid] = new[-1]
+            out.logprobs[rid] = out.target_logprobs[rid][:len(new)]
+            accepted[rid] = new[:-1]
+            if sp is not None:
+                sp.verified(rid, k, a)
+        return accepted
 
     def settle(self) -> list[RequestOutput]:
         """Read back the step in flight, if any, without launching another; its records."""
@@ -359,14 +457,21 @@ class Engine:
         plan = step.plan
         out = self.runner.finish(step.launched)
         states = self.states
+        accepted = self._verify(plan, out) if out.targets else None
         # a request finished while this step ran (a stop token read back from the pipelined
         # step before it) has no state any more: its token here is dropped
         live = out.token_ids if all(rid in states for rid in out.token_ids) else \
             {rid: tok for rid, tok in out.token_ids.items() if rid in states}
         result, logprobs = self._stop_checks(out, live)
+        if accepted:
+            result.accepted = accepted
         step.end = time.perf_counter()
         self._last_end = step.end
         step.device_s = self._device_seconds(step)
+        if self.speculator is not None and plan.chunks:  # the knee: step time by tokens
+            self.speculator.policy.cost.observe(
+                plan.num_batched_tokens,
+                step.device_s if step.device_s is not None else step.end - step.start)
         if self.host_kv is not None:
             self._measure_prefill(plan, time.perf_counter() - step.start)
         finished = self.scheduler.update(plan, result)
@@ -442,21 +547,40 @@ class Engine:
                  finished: list) -> list[RequestOutput]:
         outputs: dict[str, RequestOutput] = {}
         requests = self.scheduler.requests
+        accepted, sp = result.accepted, self.speculator
         for rid, token in result.sampled.items():
             state = self.states[rid]
-            state.num_generated += 1
+            acc = accepted.get(rid) if accepted else None
+            new = [*acc, token] if acc else [token]
+            state.num_generated += len(new)
             if state.params.uses_penalties:
-                state.output_ids.append(token)
+                state.output_ids.extend(new)
             seq = requests.get(rid)
             lp = logprobs.get(rid)
-            outputs[rid] = RequestOutput(
-                rid, [token], [lp] if lp is not None else [], None, state.num_prompt_tokens,
+            if isinstance(lp, list):  # a verify's: one per new token
+                lps = lp if all(x is not None for x in lp) else []
+            else:
+                lps = [lp] if lp is not None else []
+            o = outputs[rid] = RequestOutput(
+                rid, new, lps, None, state.num_prompt_tokens,
                 state.num_generated, seq.num_cached_tokens if seq is not None else 0)
+            if sp is not None:
+                sp.append(rid, new)
+                d = sp.get(rid)
+                if d is not None:
+                    o.num_draft_tokens = d.num_draft_tokens
+                    o.num_accepted_draft_tokens = d.num_accepted_draft_tokens
+                    o.num_accepted_prediction_tokens = d.num_matched_prediction_tokens
+                    o.num_rejected_prediction_tokens = d.num_rejected_prediction_tokens
         for f in finished:
             out = outputs[f.request_id]
             out.finish_reason = f.finish_reason
             out.num_cached_tokens = f.num_cached_tokens
             del self.states[f.request_id]
+            if sp is not None:
+                d = sp.finish(f.request_id)
+                if d is not None and d.prediction:  # OpenAI's: predicted tokens not used
+                    out.num_rejected_prediction_tokens = d.prediction_unused()
         return list(outputs.values())
 
     # ---- idle checks ---------------------------------------------------------------------

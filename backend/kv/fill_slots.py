@@ -20,7 +20,11 @@ step's chunks, so it can tell on its own when a slot's rows stop describing a se
   before that were written by nobody into this slot (a prefix-cache hit, a swap-in), so they
   are read from the codes;
 - a chunk that does not continue where the request's last chunk ended (a preempted request
-  recomputed from its start, or from a cached prefix) restarts `fill_from` at its start.
+  recomputed from its start, or from a cached prefix) restarts `fill_from` at its start;
+  except a step back inside the block the last chunk ended in (speculative decoding: a verify's
+  rejected drafts are given back and the next chunk starts after the accepted ones; the
+  scheduler keeps a verify inside one block, `SchedulerConfig.draft_within_block`, so every key
+  it wrote went to the slot).
 
 Slots are never freed explicitly (the runner does not see requests finish); with more slots than
 sequences in any step, the least recently used slot is never one this step uses. The buffer is
@@ -69,7 +73,11 @@ class FillSlots:
             slot = self._take_slot()
             self._owner[slot] = request_id
             st = self._state[request_id] = [slot, start_pos, start_pos]
-        elif st[2] != start_pos:   # not a continuation: the slot's rows say nothing of it
+        elif st[2] != start_pos and not (
+                start_pos < st[2] and start_pos // self.block_size == (st[2] - 1) // self.block_size):
+            # not a continuation: the slot's rows say nothing of it. A step back inside the
+            # block last written (a verify's rejected drafts given back) keeps them: rows
+            # before start_pos hold that block's accepted keys
             st[1] = start_pos
         slot = st[0]
         end = start_pos + num_tokens

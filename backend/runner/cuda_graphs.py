@@ -67,7 +67,7 @@ import torch
 
 from backend.kernels.forward_context import ForwardContext
 from backend.runner.sampler import SamplingParams
-from backend.runner.step_io import RunnerOutput, SampleSpec
+from backend.runner.step_io import RunnerOutput, SampleSpec, sample_rows
 
 # decode batch sizes; the runner drops those above max_num_seqs (256 by default)
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
@@ -348,7 +348,7 @@ class StepGraphs:
         if not chunks or len(chunks) > self.max_bucket:
             return False
         for c in chunks:
-            if c.is_prefill:
+            if c.is_prefill or getattr(c, "num_draft", 0):  # a verify is a mixed step
                 return False
         return True
 
@@ -440,6 +440,17 @@ class StepGraphs:
         cap = launched.captured
         rows = [i for i, c in enumerate(chunks) if c.sample]
         if not rows:  # a step of mid-prompt chunks: nothing to read
+            return out
+        if any(getattr(c, "num_draft", 0) for c in chunks):
+            # a verify step (mixed graph): the logits rows are `logit_rows`' (every position
+            # of a verify), sampled on the host side like any non-greedy step
+            row_of, r = [], 0
+            for c in chunks:
+                row_of.append(r)
+                r += getattr(c, "num_draft", 0) + 1
+            sample_rows(self.runner.sampler, cap.logits[:r], chunks, sampling, out, row_of)
+            if keep_logits:
+                out.logits = cap.logits[:r].clone()
             return out
         if sampling is None:  # defaults: greedy, no logprobs
             specs = None

@@ -73,6 +73,16 @@ class SampleSpec:
     output_ids: Sequence[int] = ()
     banned_ids: Sequence[int] = ()  # ids masked out this step (min_tokens)
 
+    def at_draft(self, drafts: Sequence[int], j: int) -> SampleSpec:
+        """The spec of position j of a verify (speculative decoding): the token after the
+        first j drafts, sampled as a plain decode would sample it once they are the output:
+        token index counter + j (the same noise), the drafts in the penalties' history, the
+        min_tokens ban while counter + j is still short of it."""
+        p = self.params
+        banned = self.banned_ids if self.counter + j < p.min_tokens else ()
+        output = [*self.output_ids, *drafts[:j]] if p.uses_penalties else self.output_ids
+        return SampleSpec(p, self.seed, self.counter + j, self.prompt_ids, output, banned)
+
 
 @dataclass
 class TokenLogprobs:

@@ -25,8 +25,8 @@ from backend.kernels.forward_context import ForwardContext
 from backend.kv.fill_slots import FillSlots
 from backend.kv.pools import KVCache
 from backend.model.llama import LlamaModel
-from backend.runner.sampler import Sampler, SamplingParams
-from backend.runner.step_io import Chunk, RunnerOutput, SampleSpec
+from backend.runner.sampler import Sampler
+from backend.runner.step_io import Chunk, RunnerOutput, SampleSpec, logit_rows, sample_rows
 
 
 class StaticBuffers:
@@ -175,11 +175,13 @@ class ModelRunner:
                              f"{self.max_num_batched_tokens} / {self.max_num_seqs}")
         num_decodes = 0
         for c in chunks:
-            if c.is_prefill:
+            if c.is_prefill or getattr(c, "num_draft", 0):
                 break
             num_decodes += 1
-        if any(not c.is_prefill for c in chunks[num_decodes:]) or any(n != 1 for n in lens[:num_decodes]):
-            raise ValueError("step chunks must be one-token decodes first, then prefills")
+        if any(not c.is_prefill and not getattr(c, "num_draft", 0) for c in chunks[num_decodes:]) \
+                or any(n != 1 for n in lens[:num_decodes]):
+            raise ValueError("step chunks must be one-token decodes first, then verifies and "
+                             "prefills")
 
         b.wait_host_free()
         ids = b.input_ids_host.numpy()
@@ -241,8 +243,11 @@ class ModelRunner:
                 f_lo[num_seqs:rows_s] = 0
             qsl[num_seqs + 1:rows_s + 1] = rows_t   # seq num_seqs holds every padding token
             last = b.last_token_host.numpy()
-            last[:num_seqs] = qsl[1:num_seqs + 1] - 1
-            last[num_seqs:rows_s] = 0
+            rows = logit_rows(chunks, qsl[:num_seqs + 1].tolist())
+            if len(rows) > rows_s:
+                raise ValueError(f"{len(rows)} logit rows (verifies) > the graph's {rows_s}")
+            last[:len(rows)] = rows
+            last[len(rows):rows_s] = 0
             b.last_token[:rows_s].copy_(b.last_token_host[:rows_s], non_blocking=True)
 
         # host -> device into prefixes of the static buffers
@@ -296,7 +301,10 @@ class ModelRunner:
         On the CPU the forward pass runs here, to the end. `sampling=None`: every row greedy.
         `gpu_src`: requests whose input token is still on the device (see `prepare`)."""
         step = LaunchedStep(chunks, sampling, keep_logits)
-        step.greedy = not keep_logits and (sampling is None or all(
+        step.verifies = any(getattr(c, "num_draft", 0) for c in chunks)
+        # a verify's targets are sampled on the host side (several rows per sequence): never
+        # the device-side greedy ids of async scheduling
+        step.greedy = not keep_logits and not step.verifies and (sampling is None or all(
             s.params.greedy and not s.params.logprobs and not s.params.changes_logits
             for s in sampling.values()))
         if step.greedy:
@@ -321,7 +329,11 @@ class ModelRunner:
         hidden = self.model(ids, b.positions[:num_tokens], ctx, self.kv)
         rows = [i for i, c in enumerate(chunks) if c.sample]
         if rows:
-            row_index = torch.tensor([last[i] for i in rows], dtype=torch.long, device=self.device)
+            if step.verifies:  # every sampled position of a verify: its drafts and the one after
+                index = [r for i in rows for r in range(last[i] - chunks[i].num_draft, last[i] + 1)]
+            else:
+                index = [last[i] for i in rows]
+            row_index = torch.tensor(index, dtype=torch.long, device=self.device)
             step.logits = self.model.compute_logits(hidden.index_select(0, row_index))  # [S, V]
             if step.greedy:
                 seq_rows = torch.tensor(rows, dtype=torch.long, device=self.device)
@@ -345,14 +357,7 @@ class ModelRunner:
         out = RunnerOutput()
         if step.logits is None:
             return out
-        sampled = [c for c in step.chunks if c.sample]
-        sampling = step.sampling
-        specs = [sampling[c.request_id] for c in sampled] if sampling is not None else \
-            [SampleSpec(SamplingParams(), 0, 0) for _ in sampled]
-        ids, logprobs = self.sampler.sample_specs(step.logits, specs)
-        for c, tok, lp in zip(sampled, ids, logprobs):
-            out.token_ids[c.request_id] = tok
-            out.logprobs[c.request_id] = lp
+        sample_rows(self.sampler, step.logits, step.chunks, step.sampling, out)
         if step.keep_logits:
             out.logits = step.logits
         return out
@@ -363,7 +368,7 @@ class LaunchedStep:
     device-side results it will read (a graph replay's handle, or the sampled rows' logits)."""
 
     __slots__ = ("chunks", "graph_launch", "greedy", "keep_logits", "logits", "readback",
-                 "sampling")
+                 "sampling", "verifies")
 
     def __init__(self, chunks: Sequence[Chunk], sampling: Mapping[str, SampleSpec] | None,
                  keep_logits: bool) -> None:
@@ -376,3 +381,5 @@ class LaunchedStep:
         # chunk index), the device source of the next step's inputs
         self.greedy = False
         self.readback = -1  # the read-back slot queued for those ids; -1: none
+        self.verifies = False  # some chunk carries draft tokens (speculative decoding)
+

@@ -1,0 +1,290 @@
+"""Speculative decoding through the engine on the CPU (issue 28): verify chunks of draft tokens
+in eager and graph (CPU stand-in) steps, KV rollback, and outputs identical to decoding without
+speculation — greedy, seeded sampling, penalties, min_tokens, stop tokens, logprobs — plus the
+sampled distribution (chi-square) and the block accounting after rejections and aborts."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from backend.engine.assemble import BackendConfig, create_engine
+from backend.kernels.reference.attention import TorchAttention
+from backend.kv.pools import FILL_BLOCK_ENV
+from backend.runner.cuda_graphs import StepGraphs
+from backend.runner.sampler import SamplingParams
+from evals.engine import sequence_logits
+from scheduler.speculation import SpeculationConfig, Speculator, StepCostModel
+
+
+def _engine(spec: SpeculationConfig | None, graphs: bool = False, kv: str = "auto",
+            torch_attention: bool = True, num_blocks: int = 96, max_num_seqs: int = 16,
+            model: str = "tiny", **kw):
+    engine, _ = create_engine(BackendConfig(model=model, num_blocks=num_blocks, block_size=4,
+                                            max_num_seqs=max_num_seqs, max_num_batched_tokens=64,
+                                            max_model_len=256, kv_cache_dtype=kv, **kw))
+    if torch_attention:  # the same op order on every path: greedy ids compare exactly
+        engine.runner.model.attn = TorchAttention(engine.runner.model.config.head_dim ** -0.5)
+    if graphs:  # the CPU stand-in of the CUDA graphs (decode buckets, mixed token buckets)
+        engine.runner.graphs = StepGraphs(engine.runner, (1, 2, 4, 8), use_cuda_graphs=False,
+                                          token_buckets=(8, 16, 32, 64))
+    if spec is not None:
+        engine.speculator = Speculator(spec, StepCostModel())
+    return engine
+
+
+def _run(engine, reqs, predictions=None, turn="step"):
+    """Serve {rid: (prompt, params)}; returns {rid: (tokens, reason, logprobs, last record)}."""
+    predictions = predictions or {}
+    for rid, (prompt, params) in reqs.items():
+        assert engine.add_request(rid, prompt, params, prediction=predictions.get(rid)) is None
+    out = {rid: [[], None, [], None] for rid in reqs}
+    steps = 0
+    fn = getattr(engine, turn)
+    while engine.has_unfinished():
+        for o in fn():
+            rec = out[o.request_id]
+            assert rec[1] is None, "tokens after the finish"
+            rec[0].extend(o.new_token_ids)
+            rec[2].extend(lp.logprob for lp in o.logprobs)
+            rec[1], rec[3] = o.finish_reason, o
+        if engine._inflight is None:  # (mid-flight, a verify's draft slots are still reserved)
+            engine.check_integrity()
+        steps += 1
+        assert steps < 5000
+    assert engine.scheduler.block_manager.num_used_blocks == 0, "a block leaked"
+    return out, steps
+
+
+def _prompts(n, vocab, seed=0, repetitive=True):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        base = torch.randint(0, vocab, (5 + 3 * i,), generator=g).tolist()
+        out.append(base * 3 if repetitive else base)  # repeats: prompt lookup finds drafts
+    return out
+
+
+SPEC = SpeculationConfig(max_draft_tokens=6, knee_tokens=64, min_draft_prob=0.01)
+
+
+def _greedy_case(engine_kw, params_kw=None, n=5, seed=0):
+    base_engine = _engine(None, **engine_kw)
+    vocab = base_engine.runner.model.config.vocab_size
+    prompts = _prompts(n, vocab, seed)
+    params = [SamplingParams(max_tokens=20 + 3 * i, ignore_eos=True, **(params_kw or {}))
+              for i in range(n)]
+    reqs = {f"r{i}": (p, params[i]) for i, p in enumerate(prompts)}
+    base, base_steps = _run(base_engine, reqs)
+    # predictions: the exact output for even requests, one token in eight altered for odd ones
+    preds = {}
+    for i, rid in enumerate(reqs):
+        toks = list(base[rid][0])
+        if i % 2:
+            toks = [t if j % 8 != 7 else (t + 1) % vocab for j, t in enumerate(toks)]
+        preds[rid] = toks
+    spec_engine = _engine(SPEC, **engine_kw)
+    spec, spec_steps = _run(spec_engine, reqs, preds)
+    return base, spec, base_steps, spec_steps, spec_engine
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_greedy_identical_with_predictions_and_prompt_lookup(graphs):
+    base, spec, base_steps, spec_steps, eng = _greedy_case({"graphs": graphs})
+    for rid in base:
+        assert spec[rid][0] == base[rid][0], rid
+        assert spec[rid][1] == base[rid][1] == "length"
+    sp = eng.speculator
+    assert sp.num_accepted["prediction"] > 0 and sp.num_drafted["prompt"] >= 0
+    assert spec_steps < base_steps * 0.75, (spec_steps, base_steps)
+    last = spec["r0"][3]  # the exact prediction: every token matched, nothing unused
+    assert last.num_accepted_prediction_tokens == len(spec["r0"][0])
+    assert last.num_rejected_prediction_tokens == 0
+    assert last.num_draft_tokens >= last.num_accepted_draft_tokens > 0
+    odd = spec["r1"][3]  # (a tiny random model's output repeats itself: counts are loose)
+    assert 0 < odd.num_accepted_prediction_tokens <= len(spec["r1"][0])
+    assert odd.num_accepted_prediction_tokens + odd.num_rejected_prediction_tokens == \
+        len(spec["r1"][0])  # the prediction is as long as the output
+
+
+def test_greedy_identical_with_the_cpu_kernels_and_prefix_caching_off():
+    base, spec, *_ = _greedy_case({"torch_attention": False, "enable_prefix_caching": False})
+    for rid in base:
+        assert spec[rid][0] == base[rid][0], rid
+
+
+def test_greedy_identical_int4_keys_with_fill_rows(monkeypatch):
+    monkeypatch.setenv(FILL_BLOCK_ENV, "1")
+    base, spec, _, _, eng = _greedy_case({"kv": "int4-fp8", "graphs": True})
+    assert eng.scheduler.config.draft_within_block
+    for rid in base:
+        assert spec[rid][0] == base[rid][0], rid
+
+
+@pytest.mark.parametrize("params_kw", [
+    {"temperature": 0.9, "seed": 7, "top_k": 20, "logprobs": 2},
+    {"temperature": 0.0, "repetition_penalty": 1.3, "presence_penalty": 0.4,
+     "frequency_penalty": 0.2, "logprobs": 1},
+    {"temperature": 1.1, "seed": 3, "min_p": 0.05, "frequency_penalty": 0.5},
+])
+def test_sampled_penalized_and_logprobs_identical(params_kw):
+    base, spec, *_ = _greedy_case({}, params_kw)
+    for rid in base:
+        assert spec[rid][0] == base[rid][0], rid
+        assert spec[rid][2] == pytest.approx(base[rid][2], abs=1e-4), rid
+
+
+def test_stop_tokens_and_min_tokens_across_accepted_runs():
+    engine = _engine(None)
+    vocab = engine.runner.model.config.vocab_size
+    prompt = _prompts(1, vocab, 4)[0]
+    free, _ = _run(engine, {"a": (prompt, SamplingParams(max_tokens=30, ignore_eos=True))})
+    toks = free["a"][0]
+    k = next(i for i in range(8, len(toks)) if toks[i] not in toks[:i])  # a stop id's first use
+    stop = toks[k]
+    for min_tokens in (0, k + 2):
+        params = SamplingParams(max_tokens=30, ignore_eos=True, stop_token_ids=(stop,),
+                                min_tokens=min_tokens)
+        want, _ = _run(_engine(None), {"a": (prompt, params)})
+        got, _ = _run(_engine(SPEC), {"a": (prompt, params)}, {"a": toks})
+        assert got["a"][0] == want["a"][0] and got["a"][1] == want["a"][1] == "stop"
+        assert got["a"][3].num_accepted_draft_tokens > 0
+    assert len(want["a"][0]) > k + 1  # min_tokens held the stop id back
+
+
+def test_request_off_and_max_draft_tokens():
+    engine = _engine(SPEC)
+    vocab = engine.runner.model.config.vocab_size
+    prompt = _prompts(1, vocab, 5)[0]
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    free, _ = _run(_engine(None), {"a": (prompt, params)})
+    pred = free["a"][0]
+    assert engine.add_request("off", prompt, params, prediction=pred,
+                              speculation_off=True) is None
+    assert engine.add_request("two", prompt, params, prediction=pred,
+                              max_draft_tokens=2) is None
+    seen = {"off": 0, "two": 0}
+    while engine.has_unfinished():
+        plan_before = engine.scheduler.num_steps
+        outs = engine.step()
+        assert engine.scheduler.num_steps == plan_before + 1
+        for c in engine.last_step.plan.chunks:
+            seen[c.request_id] = max(seen[c.request_id], c.num_draft)
+        engine.check_integrity()
+        for o in outs:
+            if o.request_id == "off":
+                assert o.num_draft_tokens == 0
+    assert seen == {"off": 0, "two": 2}
+    assert engine.add_request("bad", prompt, params, prediction=[vocab]) is not None
+
+
+def test_abort_mid_speculation_leaks_nothing():
+    engine = _engine(SPEC, num_blocks=40)
+    vocab = engine.runner.model.config.vocab_size
+    prompts = _prompts(4, vocab, 6)
+    for i, p in enumerate(prompts):
+        assert engine.add_request(f"r{i}", p, SamplingParams(max_tokens=60, ignore_eos=True),
+                                  prediction=[(t * 7) % vocab for t in p]) is None
+    for n in range(12):
+        engine.step()
+        engine.check_integrity()
+        if n == 5:
+            engine.abort("r1")
+    for rid in list(engine.request_ids):
+        engine.abort(rid)
+    engine.check_integrity()
+    assert engine.scheduler.block_manager.num_used_blocks == 0
+    assert not engine.speculator.states
+
+
+def test_advance_turns_speculate_and_stay_identical():
+    engine_kw = {"graphs": True}
+    base_engine = _engine(None, **engine_kw)
+    vocab = base_engine.runner.model.config.vocab_size
+    prompts = _prompts(3, vocab, 8)
+    reqs = {f"r{i}": (p, SamplingParams(max_tokens=25, ignore_eos=True))
+            for i, p in enumerate(prompts)}
+    base, _ = _run(base_engine, reqs, turn="advance")
+    preds = {rid: base[rid][0] for rid in reqs}
+    eng = _engine(SPEC, **engine_kw)
+    eng.async_scheduling = True  # the CUDA loop's order on the CPU: pipelined when no drafts
+    spec, _ = _run(eng, reqs, preds, turn="advance")
+    assert {r: v[0] for r, v in spec.items()} == {r: v[0] for r, v in base.items()}
+    assert eng.speculator.num_accepted["prediction"] > 0
+
+
+def test_saturation_turns_drafting_off():
+    cfg = SpeculationConfig(max_draft_tokens=6, knee_tokens=4)
+    engine = _engine(cfg)
+    vocab = engine.runner.model.config.vocab_size
+    prompts = _prompts(6, vocab, 9)
+    reqs = {f"r{i}": (p, SamplingParams(max_tokens=12, ignore_eos=True))
+            for i, p in enumerate(prompts)}
+    _run(engine, reqs, {rid: [1] * 12 for rid in reqs})
+    assert engine.speculator.policy.num_steps_off_by_load > 0
+
+
+def _chi2_sf(x: float, df: int) -> float:
+    """Survival function of the chi-square distribution (df even or odd) by the series."""
+    # regularized upper incomplete gamma Q(df/2, x/2) by its continued fraction / series
+    a, z = df / 2.0, x / 2.0
+    if z < a + 1:  # series for P, Q = 1 - P
+        term = total = 1.0 / a
+        n = a
+        for _ in range(500):
+            n += 1
+            term *= z / n
+            total += term
+        return 1.0 - total * math.exp(-z + a * math.log(z) - math.lgamma(a))
+    b, c, d = z + 1 - a, 1e300, 1.0 / (z + 1 - a)  # Lentz
+    h = d
+    for i in range(1, 500):
+        an = -i * (i - a)
+        b += 2
+        d = an * d + b
+        d = 1e-300 if abs(d) < 1e-300 else d
+        c = b + an / c
+        c = 1e-300 if abs(c) < 1e-300 else c
+        d = 1.0 / d
+        h *= d * c
+    return h * math.exp(-z + a * math.log(z) - math.lgamma(a))
+
+
+def test_sampled_distribution_after_an_accepted_draft_chi_square():
+    """Unseeded top-3 sampling at temperature 1, many requests, a prediction [d1, d2, d3]: the
+    second token, among the outputs whose first token was d1 (so it was verified against the
+    draft d2), must follow the model's p(. | prompt, d1)."""
+    engine = _engine(SPEC, max_num_seqs=64, num_blocks=400, enable_prefix_caching=False)
+    vocab = engine.runner.model.config.vocab_size
+    prompt = _prompts(1, vocab, 11, repetitive=False)[0]
+    # the model's conditional distributions, from the engine's own logits (plain steps)
+    d1 = sequence_logits(engine, prompt)[-1].argmax().item()
+    top1 = sequence_logits(engine, prompt + [d1])[-1].topk(3)
+    d2 = top1.indices[1].item()  # draft the second most likely: both outcomes are common
+    probs = torch.softmax(top1.values, dim=0).tolist()
+    params = SamplingParams(max_tokens=3, temperature=1.0, top_k=3, ignore_eos=True)
+    n = 1500
+    counts = dict.fromkeys(top1.indices.tolist(), 0)
+    num_cond = 0
+    batch = 60
+    drafted = 0
+    for start in range(0, n, batch):
+        reqs = {f"s{i}": (prompt, params) for i in range(start, min(n, start + batch))}
+        out, _ = _run(engine, reqs, {rid: [d1, d2, d2] for rid in reqs})
+        for rec in out.values():
+            toks = rec[0]
+            drafted += rec[3].num_draft_tokens
+            if toks[0] == d1:
+                num_cond += 1
+                counts[toks[1]] += 1
+    assert drafted > 0 and num_cond > 300
+    expected = [p * num_cond for p in probs]
+    chi2 = sum((counts[t] - e) ** 2 / e for t, e in zip(top1.indices.tolist(), expected))
+    assert _chi2_sf(chi2, 2) > 1e-3, (counts, expected, chi2)
+
+
+def test_chi2_sf_matches_known_values():
+    assert _chi2_sf(5.991, 2) == pytest.approx(0.05, abs=1e-3)
+    assert _chi2_sf(13.816, 2) == pytest.approx(0.001, abs=1e-4)
+    assert _chi2_sf(3.841, 1) == pytest.approx(0.05, abs=1e-3)
