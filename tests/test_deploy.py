@@ -229,3 +229,18 @@ def test_a_broken_manifest_is_caught():
     pool["spec"]["targetPortz"] = pool["spec"].pop("targetPorts")
     with pytest.raises(jsonschema.ValidationError):
         validate(pool)
+
+
+def test_image_recipe_copies_every_installed_package():
+    import re
+
+    import tomllib
+
+    recipe = (DEPLOY / "Dockerfile").read_text()
+    copied = set(re.findall(r"^COPY (\w+) \./\1$", recipe, re.MULTILINE))
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"][
+        "include"]}
+    assert packages == copied, packages ^ copied
+    assert all((ROOT / p).is_dir() for p in copied)
+    assert 'ENTRYPOINT ["tidegate"]' in recipe
