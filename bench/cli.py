@@ -99,6 +99,9 @@ def serve_parser() -> argparse.ArgumentParser:
     e.add_argument("--corpus", default=None, help="directory of code files (default: the "
                    "Python standard library)")
     e.add_argument("--file-chars", type=int, default=3000, help="characters per file at most")
+    e.add_argument("--trace-dir", default=None, help="write each run's requests (prompt, "
+                   "output and prediction ids) there as <run>.jsonl, for python -m "
+                   "sims.speculation --trace")
     e.add_argument("--speculation", default=None,
                    help="the requests' speculation field for the measured runs: off | auto | "
                         "a number (max_draft_tokens); default: absent (the server's policy)")
@@ -223,7 +226,7 @@ def _code_workload(p: argparse.ArgumentParser, args) -> int:
         oracle=args.oracle, keeps=keeps, num_requests=args.num_requests or 16,
         max_tokens=output_len, concurrency=args.max_concurrency or 1, seed=args.seed,
         corpus=args.corpus, file_chars=args.file_chars, speculation=spec,
-        temperature=args.temperature, timeout_s=args.timeout))
+        temperature=args.temperature, timeout_s=args.timeout, trace_dir=args.trace_dir))
     print(format_result(out))
     if args.json:
         out["date"] = datetime.datetime.now().isoformat(timespec="seconds")

@@ -336,3 +336,99 @@ def synthetic_edit_requests(num_requests: int, prompt_len: int, output_len: int,
             t += float(rng.exponential(1.0 / rate))
         out.append(SpecRequest(tuple(prompt), tuple(toks), tuple(pred), arrival=t))
     return out
+
+
+def load_trace(path: str | Path, concurrency_arrivals: bool = True) -> list[SpecRequest]:
+    """Requests recorded by `tidegate bench serve --workload edit --oracle --trace-dir` (one JSON
+    line each: prompt, output and prediction token ids), in order, all arriving at 0 (for a
+    closed-loop replay at the live run's concurrency)."""
+    out = []
+    for line in Path(path).read_text().splitlines():
+        if not line.strip():
+            continue
+        r = json.loads(line)
+        pred = r.get("prediction")
+        out.append(SpecRequest(tuple(r["prompt"]) or (0,), tuple(r["output"]),
+                               tuple(pred) if pred else None))
+    if not out:
+        raise ValueError(f"{path}: no request")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m sims.speculation: the oracle edit workload (synthetic or a live run's trace)
+    through the simulator with speculation off and on, side by side."""
+    import argparse
+
+    from sims.cost import ConstantCost
+    from sims.profile_cost import ProfileCost
+
+    p = argparse.ArgumentParser(prog="python -m sims.speculation", description=main.__doc__)
+    p.add_argument("--profile", help="measured profile JSON (tidegate backend profile)")
+    p.add_argument("--step-ms", type=float, default=None, help="constant step time instead")
+    p.add_argument("--trace", nargs="+", default=[], help="bench --trace-dir JSONL file(s); "
+                   "one run each (the requests' prompts, outputs and predictions)")
+    p.add_argument("--keep", default="1,0.75,0.5", help="synthetic: lines left unchanged")
+    p.add_argument("--num-requests", type=int, default=16)
+    p.add_argument("--input-len", type=int, default=1024)
+    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--line-tokens", type=int, default=12)
+    p.add_argument("--concurrency", type=int, default=1)
+    p.add_argument("--acceptance", default="oracle", help="oracle | rate:ALPHA | trace:FILE")
+    p.add_argument("--max-draft-tokens", type=int, default=SpeculationConfig.max_draft_tokens)
+    p.add_argument("--knee-tokens", type=int, default=SpeculationConfig.knee_tokens)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--max-model-len", type=int, default=16384)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    if args.profile:
+        cost = ProfileCost.from_json(args.profile)
+    elif args.step_ms:
+        cost = ConstantCost(args.step_ms / 1e3)
+    else:
+        p.error("give --profile or --step-ms")
+    kind, _, value = args.acceptance.partition(":")
+    acceptance = {"oracle": lambda: OracleAcceptance(),
+                  "rate": lambda: RateAcceptance(float(value)),
+                  "trace": lambda: TraceAcceptance.from_jsonl(value)}[kind]()
+    sched = SchedulerConfig(max_model_len=args.max_model_len,
+                            num_blocks=cost.num_kv_blocks(args.block_size),
+                            max_num_seqs=args.max_num_seqs,
+                            max_num_batched_tokens=args.max_num_batched_tokens,
+                            block_size=args.block_size)
+    spec = SpeculationConfig(max_draft_tokens=args.max_draft_tokens,
+                             knee_tokens=args.knee_tokens)
+    if args.trace:
+        workloads = {Path(t).stem: load_trace(t) for t in args.trace}
+    else:
+        workloads = {f"keep={float(k):g}": synthetic_edit_requests(
+            args.num_requests, args.input_len, args.output_len, float(k),
+            line_tokens=args.line_tokens, seed=args.seed)
+            for k in str(args.keep).split(",") if k.strip()}
+    report: dict = {"concurrency": args.concurrency, "cost": cost.describe(),
+                    "speculation": vars(args), "runs": {}}
+    print(f"{'run':<14}{'spec':>5}{'TPOT p50 ms':>13}{'ITL p50':>9}{'tok/s':>9}"
+          f"{'accept':>8}{'ratio':>7}")
+    for name, reqs in workloads.items():
+        off = simulate_speculation(reqs, cost, sched, None, concurrency=args.concurrency,
+                                   seed=args.seed).summary()
+        on = simulate_speculation(reqs, cost, sched, spec, acceptance,
+                                  concurrency=args.concurrency, seed=args.seed).summary()
+        ratio = on["tpot_p50_s"] / off["tpot_p50_s"] if off["tpot_p50_s"] else None
+        report["runs"][name] = {"off": off, "on": on, "tpot_p50_ratio": ratio}
+        for label, s in (("off", off), ("on", on)):
+            acc = s["acceptance_rate"]
+            print(f"{name:<14}{label:>5}{s['tpot_p50_s'] * 1e3:>13.2f}"
+                  f"{(s['itl_p50_s'] or 0) * 1e3:>9.2f}{s['output_throughput_tok_s']:>9.1f}"
+                  f"{'' if acc is None else f'{acc:.3f}':>8}"
+                  f"{'' if label == 'off' or ratio is None else f'{ratio:.3f}':>7}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -128,6 +128,7 @@ class Seen:
     (a chunk's text is given to its last token), and the usage details."""
     ids: list[int] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
+    prompt_ids: list[int] = field(default_factory=list)
     accepted: int = 0
     rejected: int = 0
 
@@ -155,6 +156,8 @@ async def _send(session: aiohttp.ClientSession, url: str, body: dict, rec: Reque
                         rec.error, rec.error_detail = "stream_error", str(event["error"])[:300]
                         return
                     for c in event.get("choices") or ():
+                        if c.get("prompt_token_ids"):
+                            seen.prompt_ids = list(c["prompt_token_ids"])
                         ids = c.get("token_ids") or []
                         if ids:
                             rec.chunk_times.append(now)
@@ -258,7 +261,10 @@ async def run_workload(*, url: str, endpoint: str, model: str | None, workload: 
                        oracle: bool, keeps: list[float], num_requests: int, max_tokens: int,
                        concurrency: int, seed: int, corpus: str | None, file_chars: int,
                        speculation=None, temperature: float = 0.0,
-                       timeout_s: float = 600.0) -> dict:
+                       timeout_s: float = 600.0, trace_dir: str | None = None) -> dict:
+    """All runs of one workload (module docstring). `trace_dir`: each run's requests as JSONL
+    there (`<run>.jsonl`: prompt and output token ids, the prediction's ids), what
+    `python -m sims.speculation --trace` replays."""
     base = url.rstrip("/")
     if model is None:
         model, _ = await _model(base)
@@ -293,14 +299,30 @@ async def run_workload(*, url: str, endpoint: str, model: str | None, workload: 
             else:
                 pred, _ = alter_text(files[i][1], keep, krng)
             items.append(Item(it.prompt, it.max_tokens, pred))
-        runs[f"keep={keep:g}"], _ = await run_items(base, endpoint, model, items, concurrency,
-                                                    speculation, **common)
+        name = f"keep={keep:g}"
+        runs[name], kept = await run_items(base, endpoint, model, items, concurrency,
+                                           speculation, **common)
+        if trace_dir is not None:
+            write_trace(Path(trace_dir) / f"{name}.jsonl", items, kept)
+    if trace_dir is not None:
+        write_trace(Path(trace_dir) / "off.jsonl", base_items, seen)
     ref = off["tpot_ms"]["p50"]
     ratios = {name: (r["tpot_ms"]["p50"] / ref if ref else None)
               for name, r in runs.items() if name != "off"}
     return {"workload": workload, "oracle": oracle, "model": model, "concurrency": concurrency,
             "num_requests": num_requests, "max_tokens": max_tokens, "keeps": keeps,
             "speculation": speculation, "runs": runs, "tpot_p50_ratio_vs_off": ratios}
+
+
+def write_trace(path: Path, items: list[Item], seen: list[Seen]) -> None:
+    """One JSON line per request: its prompt and output ids and its prediction (ids; text
+    predictions are left out: the simulator needs ids), for `sims.speculation --trace`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        for it, s in zip(items, seen):
+            pred = it.prediction if isinstance(it.prediction, list) else None
+            fh.write(json.dumps({"prompt": s.prompt_ids, "output": s.ids, "prediction": pred,
+                                 "max_tokens": it.max_tokens}) + "\n")
 
 
 def format_result(out: dict) -> str:
