@@ -66,11 +66,11 @@ from evals.engine import (
     EvalError,
     build_engine,
     check_settings,
-    configure_like_backend,
     greedy_decode,
     load_error_message,
     parse_settings,
     score_all_rows,
+    serving_options,
     synchronize,
 )
 
@@ -286,8 +286,10 @@ def decode_speed(argv_engine: list[str], *, max_tokens: int = 128, batch: int = 
     args = p.parse_args(argv_engine)
     cfg = backend_config(args)
     check_settings(EngineSettings(dtype=cfg.dtype, quantization=quantization, device=cfg.device))
-    engine, loaded = create_engine(cfg)
-    configure_like_backend(engine, quantization)
+    try:
+        engine, loaded = create_engine(cfg, serving_options(quantization))
+    except ModelLoadError as exc:  # e.g. a quantization this device cannot run
+        raise EvalError(f"quantization {quantization!r}: {exc}") from None
     ids = loaded.tokenizer.encode(prompt)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     prog = Progress("speed", progress)

@@ -128,48 +128,28 @@ class EngineShape:
 
 
 def build_engine(model: str, s: EngineSettings, shape: EngineShape):
-    """`create_engine` with prefix caching off, then the serving transforms the config does not
-    carry (`configure_like_backend`: weight quantization, CUDA graphs).
-    Returns (engine, loaded). Raises EvalError / ModelLoadError with one-line messages."""
+    """The assembler's engine (`backend.engine.assemble.create_engine`) with prefix caching off
+    and the serving transforms `tidegate backend` applies (weight quantization, then CUDA
+    graphs, captured as used). Returns (engine, loaded). Raises EvalError / ModelLoadError with
+    one-line messages."""
     from backend.engine.assemble import BackendConfig, create_engine
 
     check_settings(s)
-    fields = _backend_config_fields()
-    kw: dict = {"model": model, "load_format": shape.load_format, "device": s.device,
-                "dtype": s.dtype, "max_model_len": shape.max_model_len,
-                "block_size": shape.block_size,
-                # a small token budget (forced chunking) caps the running sequences with it
-                "max_num_seqs": min(shape.max_num_seqs, shape.max_num_batched_tokens),
-                "max_num_batched_tokens": shape.max_num_batched_tokens,
-                "enable_prefix_caching": False, "seed": shape.seed,
-                "cpu_threads": shape.cpu_threads}
-    if "kv_cache_dtype" in fields:
-        kw["kv_cache_dtype"] = s.kv_cache_dtype
-    if "quantization" in fields:
-        kw["quantization"] = s.quantization
-    engine, loaded = create_engine(BackendConfig(**kw))
-    if "quantization" not in fields:
-        configure_like_backend(engine, s.quantization)
-    return engine, loaded
+    cfg = BackendConfig(model=model, load_format=shape.load_format, device=s.device, dtype=s.dtype,
+                        max_model_len=shape.max_model_len, block_size=shape.block_size,
+                        # a small token budget (forced chunking) caps the running sequences too
+                        max_num_seqs=min(shape.max_num_seqs, shape.max_num_batched_tokens),
+                        max_num_batched_tokens=shape.max_num_batched_tokens,
+                        enable_prefix_caching=False, seed=shape.seed,
+                        cpu_threads=shape.cpu_threads, kv_cache_dtype=s.kv_cache_dtype)
+    return create_engine(cfg, serving_options(s.quantization))
 
 
-def configure_like_backend(engine, quantization: str) -> None:
-    """What `tidegate backend` does to a built engine: `backend.runner.serving.configure_serving`
-    (weight quantization, then the decode CUDA graphs on CUDA) where this build has it, else
-    the quantization transform alone."""
-    try:
-        from backend.runner.serving import configure_serving
-    except ImportError:
-        configure_serving = None
-    try:
-        if configure_serving is not None:
-            configure_serving(engine.runner, quantization)
-        elif quantization != "none":
-            from backend.model.quantization import quantize_model
+def serving_options(quantization: str):
+    """What `tidegate backend` applies to the engine it builds, graphs captured as used."""
+    from backend.engine.assemble import ServingOptions
 
-            quantize_model(engine.runner.model, quantization)
-    except ValueError as exc:  # QuantizationError is a ValueError
-        raise EvalError(f"quantization {quantization!r}: {exc}") from None
+    return ServingOptions(quantization=quantization)
 
 
 def synchronize(engine) -> None:

@@ -22,8 +22,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 # (command, first argument) -> module, for subcommands that live outside their command's package:
 # the live-vs-simulator comparison imports the gateway and the simulator, so it is bench's, while
-# users find it under `tidegate sim`.
-ROUTES: dict[tuple[str, str], str] = {("sim", "validate"): "bench.simulator.validate"}
+# users find it under `tidegate sim`; the step-time profile is a measurement (bench's), while
+# users find it under `tidegate backend`.
+ROUTES: dict[tuple[str, str], str] = {("sim", "validate"): "bench.simulator.validate",
+                                      ("backend", "profile"): "bench.engine.profile"}
 
 
 def _usage() -> str:

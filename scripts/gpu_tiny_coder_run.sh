@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 17: retrain tiny-coder in one H200 device call: tokenize, choose the shape by validation
-# loss (`train_tiny_coder.py sweep`), train the winner, evaluate it on the held-out packages and
+# loss (`python -m training.train sweep`), train the winner, evaluate it on the held-out packages and
 # export it. NOT YET RUN: written in a session without device time.
 #
 # Before the call, on the development machine (CPU; the corpus and tokenizer are made here so the

@@ -1,6 +1,10 @@
 import json
 
-from backend.server.cli import main
+from gateway.tidegate_cli import main as tidegate
+
+
+def main(argv):  # `tidegate backend profile ...`, the command users run
+    return tidegate(["backend", *argv])
 
 
 def test_profile_writes_the_documented_json(tmp_path):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("scheduler", "sims", "gateway", "backend", "tokenizer", "proto", "bench",
-            "engine_flags")
+            "engine_flags", "evals", "training")
 GENERATED = {"proto/tidegate_pb2.py"}
 TORCH = {"torch", "triton"}
 
@@ -105,7 +105,18 @@ def test_gateway_never_imports_backend_or_torch():
 
 def test_backend_never_imports_gateway():
     _, tops = import_graph()
-    assert _violations(tops, "backend", {"gateway", "sims", "bench"}) == []
+    assert _violations(tops, "backend", {"gateway", "sims", "bench", "evals", "training"}) == []
+
+
+def test_measurement_evaluation_and_training_are_imported_by_nothing_of_the_runtime():
+    # bench/ may import anything; evals/ only the runtime; training/ nothing of ours
+    _, tops = import_graph()
+    for package in ("scheduler", "sims", "gateway", "backend", "tokenizer", "proto",
+                    "engine_flags"):
+        assert _violations(tops, package, {"bench", "evals", "training"}) == [], package
+    assert _violations(tops, "evals", {"bench", "training", "gateway", "sims"}) == []
+    assert _package_imports(tops, "training"), "training not found"
+    assert _violations(tops, "training", _ours_except({"training"})) == []
 
 
 def test_engine_flags_is_a_torch_free_leaf():

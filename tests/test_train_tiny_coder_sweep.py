@@ -203,7 +203,7 @@ def test_card_renders_the_engine_section_from_eval_json(swept):
     for c in sw["candidates"]:
         assert f"{c['val_loss']:.4f}" in card
     assert f"**{sw['winner']}**" in card
-    assert "train_tiny_coder.py sweep --prep PREP" in card
+    assert "python -m training.train sweep --prep PREP" in card
     assert "No validation-loss sweep" not in card
 
 

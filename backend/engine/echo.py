@@ -27,6 +27,7 @@ import torch
 
 from backend.config import ModelConfig
 from backend.engine.continuous import EngineConfig, RequestOutput
+from backend.engine.interface import EngineLoad
 from backend.runner.sampler import SamplingParams, TokenLogprobs
 from tokenizer.bundle import TokenizerBundle
 from tokenizer.byte_level import byte_level_bundle
@@ -206,6 +207,38 @@ class EchoEngine:
             sched.block_manager.num_free_blocks += s.num_blocks
             del self.states[rid]
         return outputs
+
+
+    # ---- the rest of backend.engine.interface: one call is one whole step -----------------
+    kv_cache_dtype = "auto"
+    reports_steps = False
+
+    @property
+    def serving_info(self) -> dict:
+        return {}  # no serving transforms: nothing for the start-up line
+    last_step = None
+
+    def advance(self) -> list[RequestOutput]:
+        return self.step()
+
+    def settle(self) -> list[RequestOutput]:
+        return []
+
+    def launch_deadline(self) -> float | None:
+        return None
+
+    def prefix_cache_probe(self):
+        return None  # no prefix cache
+
+    def load(self) -> EngineLoad:
+        sched = self.scheduler
+        bm = sched.block_manager
+        return EngineLoad(
+            num_running=sched.num_running, num_waiting=sched.num_waiting,
+            num_free_blocks=bm.num_free_blocks, num_total_blocks=self.config.num_blocks,
+            num_outstanding_tokens=sum(s.params.max_tokens - s.num_generated
+                                       for s in self.states.values()),
+            num_preemptions=sched.num_preemptions)
 
     # ---- idle checks ---------------------------------------------------------------------
     def check_integrity(self) -> None:

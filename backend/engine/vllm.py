@@ -25,6 +25,7 @@ import torch
 
 from backend.config import ModelConfig
 from backend.engine.continuous import EngineConfig, RequestOutput
+from backend.engine.interface import EngineLoad
 from backend.errors import ModelLoadError
 from backend.model.tokenizer import load_tokenizer_bundle
 from backend.runner.sampler import SamplingParams, TokenLogprobs
@@ -205,6 +206,38 @@ class VllmEngine:
         bm.num_query_tokens += pc.queries
         bm.num_hit_tokens += pc.hits
         sched.num_preemptions += pc.preempted_requests
+
+    # ---- the rest of backend.engine.interface: one call is one whole step -----------------
+    kv_cache_dtype = "auto"
+    reports_steps = False
+
+    @property
+    def serving_info(self) -> dict:
+        return {}  # no serving transforms: nothing for the start-up line
+    last_step = None
+
+    def advance(self) -> list[RequestOutput]:
+        return self.step()
+
+    def settle(self) -> list[RequestOutput]:
+        return []
+
+    def launch_deadline(self) -> float | None:
+        return None
+
+    def prefix_cache_probe(self):
+        return None  # vLLM's block hashes are not ours
+
+    def load(self) -> EngineLoad:
+        sched = self.scheduler
+        bm = sched.block_manager
+        return EngineLoad(
+            num_running=sched.num_running, num_waiting=sched.num_waiting,
+            num_free_blocks=bm.num_free_blocks, num_total_blocks=self.config.num_blocks,
+            num_outstanding_tokens=sum(s.params.max_tokens - s.num_generated
+                                       for s in self.states.values()),
+            num_preemptions=sched.num_preemptions,
+            num_prompt_tokens=bm.num_query_tokens, num_cached_prompt_tokens=bm.num_hit_tokens)
 
     def check_integrity(self) -> None:
         assert self.llm.has_unfinished_requests() or not self.states, \

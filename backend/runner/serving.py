@@ -1,8 +1,8 @@
 """Serving-time transforms of a built runner: install the Triton kernels in the model, quantize
 the weights, set up and capture the step CUDA graphs (`backend.runner.cuda_graphs`: decode and mixed
 prefill+decode steps, every KV format). Used when a runner is built on CUDA
-(`setup_cuda_runner`) and by `tidegate backend` / eval once the engine exists
-(`configure_serving`)."""
+(`setup_cuda_runner`, for runners built directly, as tests do) and once by the assembler
+(`backend.engine.assemble.build_runner`, for every serving engine: `configure_serving`)."""
 from __future__ import annotations
 
 import time
@@ -34,8 +34,9 @@ def configure_serving(runner, quantization: str | None = None, enforce_eager: bo
     and capture the step graphs (CUDA). Returns timings (and graph memory) for the start-up
     log."""
     info: dict = {"quantization": quantization or "none", "cuda_graphs": False}
-    if runner.graphs is not None:
+    if runner.graphs is not None:  # a runner built with its default graphs (tests): set up anew
         runner.graphs.release()
+        runner.graphs = None
     if quantization and quantization != "none":
         # imported only when asked for: it loads Triton (~0.9 s), which a CPU backend never needs
         from backend.model.quantization import quantize_model
@@ -45,9 +46,9 @@ def configure_serving(runner, quantization: str | None = None, enforce_eager: bo
         info["quantize_s"] = time.perf_counter() - t0
     if runner.device.type != "cuda":
         return info
-    if enforce_eager:
-        runner.graphs = None
-    elif runner.graphs is not None:  # None: kernels unavailable, the step stays eager
+    from backend.kernels.dispatch import kernels_available
+
+    if not enforce_eager and kernels_available(runner.device):  # else the step stays eager
         runner.graphs = StepGraphs(runner, buckets, token_buckets=token_buckets)
     if runner.graphs is not None:
         info["cuda_graphs"] = True

@@ -42,10 +42,6 @@ def serve_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "profile":
-        from bench.engine.profile import main as profile_main
-
-        return profile_main(argv[1:])
     args = serve_parser().parse_args(argv)
     ranks = None  # the other tensor-parallel ranks (backend.server.ranks)
     try:
@@ -77,10 +73,8 @@ def main(argv: list[str] | None = None) -> int:
                 backend_config(args), _serving_options(args), args.tensor_parallel_size)
             serving = _serving_note(info) + f", tensor-parallel {info['tensor_parallel']}"
         else:
-            engine, loaded = create_engine(backend_config(args))
-            serving = _configure_serving(engine, args)
-            if getattr(args, "no_async_scheduling", False):
-                engine.async_scheduling = False
+            engine, loaded = create_engine(backend_config(args), _serving_options(args))
+            serving = _serving_note(engine.serving_info)
             if getattr(engine, "async_scheduling", False):
                 serving += ", async scheduling"
         try:
@@ -115,32 +109,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serving_options(args: argparse.Namespace):
-    from backend.server.ranks import ServingOptions
+    """--quantization, then CUDA graphs, captured now, at start-up (`ServingOptions`)."""
+    from backend.engine.assemble import ServingOptions
 
-    return ServingOptions(args.quantization, args.enforce_eager, args.cuda_graph_buckets,
-                          args.cuda_graph_token_buckets)
-
-
-def _configure_serving(engine, args: argparse.Namespace) -> str:
-    """--quantization, then CUDA graphs (captured now, at start-up); a note for the ready line."""
-    from backend.runner.cuda_graphs import parse_buckets
-    from backend.runner.serving import configure_serving
-
-    try:
-        buckets = parse_buckets(args.cuda_graph_buckets) \
-            if args.cuda_graph_buckets is not None else None
-        token_buckets = parse_buckets(args.cuda_graph_token_buckets) \
-            if args.cuda_graph_token_buckets is not None else None
-        info = configure_serving(engine.runner, args.quantization, args.enforce_eager, buckets,
-                                 token_buckets=token_buckets)
-    except ValueError as exc:  # QuantizationError included
-        raise ModelLoadError(str(exc)) from None
-    return _serving_note(info)
+    return ServingOptions(args.quantization or "none", args.enforce_eager, args.cuda_graph_buckets,
+                          args.cuda_graph_token_buckets, capture=True,
+                          async_scheduling=False if getattr(args, "no_async_scheduling", False)
+                          else None)
 
 
 def _serving_note(info: dict) -> str:
-    note = f", {info['quantization']} weights" if info["quantization"] != "none" else ""
-    if info["cuda_graphs"]:
+    """The ready line's note on the serving transforms (empty for echo and vLLM's engine)."""
+    note = f", {info['quantization']} weights" if info.get("quantization", "none") != "none" else ""
+    if info.get("cuda_graphs"):
         mem = info.get("capture_mem", {}).get("free_bytes_used")
         note += (f", {len(info['buckets'])} decode + {len(info['token_buckets'])} mixed-step "
                  f"CUDA graphs captured in {info['capture_s']:.1f} s"

@@ -23,6 +23,7 @@ watches the parent process as well (NCCL would block instead).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -31,36 +32,20 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 
 from backend.distributed.group import Rendezvous, TPGroup
-from backend.engine.assemble import (
-    BackendConfig,
-    create_host_kv,
-    default_cpu_threads,
-    size_kv_pool,
-    use_cpu_kernels,
-)
+from backend.engine.assemble import BackendConfig, ServingOptions, build_runner, engine_config
 from backend.errors import ModelLoadError
-from backend.kv.pools import KVCache
-from backend.model.loader import LoadedModel, load
+from backend.model.loader import LoadedModel
 from backend.runner.step import ModelRunner
 from backend.server.rank_steps import LeaderHostKV, LeaderRunner, follow
 
 log = logging.getLogger("tidegate.backend")
 STOP_TIMEOUT_S = 30.0
 PARENT_WATCH_S = 0.5
-
-
-@dataclass(frozen=True)
-class ServingOptions:
-    """The serving transforms every rank applies (`backend.runner.serving.configure_serving`)."""
-    quantization: str = "none"
-    enforce_eager: bool = False
-    cuda_graph_buckets: str | None = None
-    cuda_graph_token_buckets: str | None = None
 
 
 def rank_device(device: str, rank: int, size: int) -> torch.device:
@@ -85,39 +70,10 @@ def check_options(cfg: BackendConfig, size: int) -> None:
 def build_rank(cfg: BackendConfig, serving: ServingOptions, group: TPGroup,
                ) -> tuple[ModelRunner, LoadedModel, dict, object]:
     """One rank's shard, KV pool, host KV tier (`--host-kv-gib`, per rank: a rank's host blocks
-    hold its slice of the KV), runner and serving transforms (every rank runs this). Returns
-    (runner, loaded, serving info, HostKVCache or None)."""
-    from backend.runner.cuda_graphs import parse_buckets
-    from backend.runner.serving import configure_serving
-
-    cfg.validate()
-    device = group.device
-    if device.type == "cpu":
-        # the ranks share the host's cores: each takes its share of the default
-        torch.set_num_threads(cfg.cpu_threads or max(1, default_cpu_threads() // group.size))
-    loaded = load(cfg.model, cfg.load_format, cfg.dtype, str(device), cfg.seed, cfg.max_model_len,
-                  tp=group)
-    max_model_len = cfg.max_model_len or loaded.config.max_position_embeddings
-    # every rank's pool has the blocks the smallest one can hold (block ids are shared); no
-    # fill rows under tensor parallelism (not built), so none are set aside
-    num_blocks = group.min_int(size_kv_pool(cfg, loaded, max_model_len, fill_slots=0))
-    kv = KVCache.allocate(loaded.config, num_blocks, cfg.block_size, loaded.dtype, loaded.device,
-                          cfg.kv_cache_dtype)
-    runner = ModelRunner(loaded.model, kv, cfg.max_num_batched_tokens, cfg.max_num_seqs,
-                         max_model_len)
-    host_kv = create_host_kv(kv, cfg.host_kv_gib)  # the same block count on every rank
-    if device.type == "cpu" and cfg.kv_cache_dtype == "auto":
-        use_cpu_kernels(runner)
-    try:
-        buckets = parse_buckets(serving.cuda_graph_buckets) \
-            if serving.cuda_graph_buckets is not None else None
-        token_buckets = parse_buckets(serving.cuda_graph_token_buckets) \
-            if serving.cuda_graph_token_buckets is not None else None
-        info = configure_serving(runner, serving.quantization, serving.enforce_eager, buckets,
-                                 token_buckets=token_buckets)
-    except ValueError as exc:  # QuantizationError included
-        raise ModelLoadError(str(exc)) from None
-    return runner, loaded, info, host_kv
+    hold its slice of the KV), runner and serving transforms (every rank runs this): the
+    assembler's `build_runner` for this rank's group."""
+    # every rank captures its graphs at start-up, in the same order (their collectives pair up)
+    return build_runner(cfg, dataclasses.replace(serving, capture=True), group)
 
 
 def leader_engine(cfg: BackendConfig, runner: ModelRunner, loaded: LoadedModel, host_kv,
@@ -125,15 +81,10 @@ def leader_engine(cfg: BackendConfig, runner: ModelRunner, loaded: LoadedModel, 
     """Rank 0's engine: the scheduler over a `LeaderRunner` (and the host tier's copies sent
     to the other ranks before its own)."""
     from backend.engine.assemble import _eos_ids
-    from backend.engine.continuous import Engine, EngineConfig
+    from backend.engine.continuous import Engine
 
     leader = LeaderRunner(runner, group, failure)
-    engine_cfg = EngineConfig(max_model_len=runner.max_model_len, num_blocks=runner.kv.num_blocks,
-                              block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
-                              max_num_batched_tokens=cfg.max_num_batched_tokens,
-                              prefill_cap=cfg.prefill_cap,
-                              enable_prefix_caching=cfg.enable_prefix_caching,
-                              num_host_blocks=host_kv.num_blocks if host_kv is not None else 0)
+    engine_cfg = engine_config(cfg, runner, host_kv)
     tier = LeaderHostKV(host_kv, leader.sender) if host_kv is not None else None
     return Engine(leader, engine_cfg, eos_token_ids=_eos_ids(loaded), host_kv=tier)
 

@@ -131,13 +131,14 @@ def _sync(device: torch.device) -> None:
 
 
 def build(args: argparse.Namespace, batches: list[int]):
-    from backend.engine.assemble import BackendConfig, create_engine
-    from backend.runner.serving import configure_serving
+    from backend.engine.assemble import BackendConfig, ServingOptions, create_engine
 
     engine, loaded = create_engine(BackendConfig(
         model=args.model, load_format=args.load_format, device=args.device,
-        max_num_seqs=max(max(batches), 8), max_model_len=args.context + 4 * args.steps + 64))
-    info = configure_serving(engine.runner, buckets=tuple(batches), token_buckets=(2048,))
+        max_num_seqs=max(max(batches), 8), max_model_len=args.context + 4 * args.steps + 64),
+        ServingOptions(cuda_graph_buckets=",".join(map(str, batches)),
+                       cuda_graph_token_buckets="2048", capture=True))
+    info = engine.serving_info
     if engine.runner.graphs is None:  # CPU (a check of this script): the graphs' stand-in
         from backend.runner.cuda_graphs import StepGraphs
 

@@ -66,7 +66,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _build(a: argparse.Namespace):
-    from backend.server.ranks import ServingOptions
+    from backend.engine.assemble import ServingOptions
 
     max_batch = max(a.batches)
     per_seq = -(-(a.context + a.warmup + a.steps + 2) // a.block_size)
@@ -77,13 +77,11 @@ def _build(a: argparse.Namespace):
                         cpu_threads=a.cpu_threads)
     buckets = ",".join(str(b) for b in a.batches)
     serving = ServingOptions(enforce_eager=a.enforce_eager, cuda_graph_buckets=buckets,
-                             cuda_graph_token_buckets="none")
+                             cuda_graph_token_buckets="none", capture=True)
     if a.tp == 1:
         from backend.engine.assemble import create_engine
-        from backend.runner.serving import configure_serving
 
-        engine, loaded = create_engine(cfg)
-        configure_serving(engine.runner, "none", a.enforce_eager, a.batches, token_buckets=())
+        engine, loaded = create_engine(cfg, serving)
         return engine.runner, loaded, None
     from backend.server.ranks import start_tp_engine
 

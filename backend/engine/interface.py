@@ -1,0 +1,94 @@
+"""What the worker needs of an engine: the one declared seam between `backend.server` and the
+three engines (ours in `continuous.py`, `echo.py` for tests and benchmarks, vLLM's in `vllm.py`).
+
+The worker never reaches through an engine into its scheduler, block manager or runner: what it
+reports to the gateway (`LoadReport`, `BackendInfo`) it asks for through `load()`,
+`prefix_cache_probe()` and the attributes below, so an engine is free to keep its state however
+it likes. `tests/test_engine_interface.py` checks that every engine implements all of it.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass
+class EngineLoad:
+    """An engine's load, as the worker's LoadReport carries it (the fields keep its names)."""
+    num_running: int
+    num_waiting: int
+    num_free_blocks: int
+    num_total_blocks: int
+    num_outstanding_tokens: int       # max_tokens still to generate over every request held
+    num_preemptions: int = 0
+    num_swap_preemptions: int = 0     # preemptions that parked KV in the host tier
+    num_host_blocks: int = 0          # host tier size (0: no tier)
+    num_host_used_blocks: int = 0
+    num_host_hit_tokens: int = 0      # prompt tokens served from the host tier
+    num_prompt_tokens: int = 0        # prompt tokens looked up in the prefix cache
+    num_cached_prompt_tokens: int = 0  # of which found
+
+
+@runtime_checkable
+class ServingEngine(Protocol):
+    """The contract. `config` is a `backend.engine.continuous.EngineConfig` (block size, pool size,
+    max_model_len, prefix caching); request keys are opaque strings chosen by the worker."""
+
+    config: Any
+    eos_token_ids: tuple[int, ...]
+    kv_cache_dtype: str
+    # True where `advance()` returns while the device still runs the step it launched (CUDA):
+    # the worker then sends, drains and plans in that step's shadow. Else it calls `step()`.
+    overlaps_device: bool
+    # True where the engine says which step it read back (`last_step`, with its plan and
+    # timings for the step log); False where one call is one whole step (echo, vLLM), and the
+    # worker times the call itself.
+    reports_steps: bool
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params,
+                    arrival_time: float = 0.0, priority: int = 0) -> str | None:
+        """Queue a request; a reason string (and nothing queued) when it can never be served."""
+
+    def abort(self, request_id: str):
+        """Drop a request and free its KV; its final ABORT record, or None if unknown."""
+
+    def has_unfinished(self) -> bool: ...
+
+    @property
+    def request_ids(self) -> list[str]: ...
+
+    def step(self) -> list:
+        """One whole step; the records of the requests that advanced or finished."""
+
+    def advance(self) -> list:
+        """Launch the next step and read back the previous one (see `overlaps_device`)."""
+
+    def settle(self) -> list:
+        """Read back the step in flight without launching another (shutdown)."""
+
+    def launch_deadline(self) -> float | None:
+        """perf_counter time by which the next step must launch, or None: at once."""
+
+    @property
+    def last_step(self):
+        """The step read back by the last call (`reports_steps`), else None."""
+
+    def load(self) -> EngineLoad: ...
+
+    def prefix_cache_probe(self) -> Callable[[int], bool] | None:
+        """A function telling whether a prefix block hash is cached here (for the gateway's
+        placement), or None when the engine cannot say (prefix caching off, or not ours)."""
+
+    def check_integrity(self) -> None:
+        """Assert the engine's books balance (called while idle: no request, every block free)."""
+
+
+REQUIRED = ("config", "eos_token_ids", "kv_cache_dtype", "overlaps_device", "reports_steps",
+            "add_request", "abort", "has_unfinished", "request_ids", "step", "advance", "settle",
+            "launch_deadline", "last_step", "load", "prefix_cache_probe", "check_integrity")
+
+
+def missing_members(engine) -> list[str]:
+    """The members of the contract an engine object lacks (empty: it implements it)."""
+    return [name for name in REQUIRED if not hasattr(engine, name)]
