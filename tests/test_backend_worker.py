@@ -118,19 +118,29 @@ def test_protocol_behaviour(worker_factory):
     c.batch({"s2": [256, 10, 20, 30]}, max_tokens=12, temperature=1.0, seed=7, ignore_eos=True, logprobs=2)
     t2, _, _ = c.collect(["s2"])
     assert t1["s1"] == t2["s2"] and len(t1["s1"]) == 12
-    # while busy: a LoadReport at least every 100 ms (between steps: a longer step delays it)
+    # while busy: a LoadReport at least every 100 ms (between steps: a longer step delays it).
+    # Only reports sent while "long" runs count: on a fast machine it can finish inside the
+    # window, and the 1 s idle cadence after it is not the busy promise (issue 27; the cadences
+    # on a fixed-speed engine: tests/test_worker_load_reports.py).
     c.load_reports.clear()
-    c.batch({"long": [256, 1, 2]}, max_tokens=900, ignore_eos=True)
+    c.batch({"long": [256, 1, 2]}, max_tokens=1000, ignore_eos=True)  # 1,003 of 1,024 KV slots
     t0 = time.monotonic()
-    while time.monotonic() - t0 < 1.5:
+    finished = None
+    while time.monotonic() - t0 < 1.5 and finished is None:
         m = c.recv()
         if m.kind == "load_report":
             c.load_reports.append((time.monotonic(), m.envelope.load_report))
-    times = [t for t, _ in c.load_reports]
-    step_s = max(r.recent_step_time_ms for _, r in c.load_reports) / 1000
-    assert len(times) >= 3 and max(np.diff(times)) < 0.1 + 3 * step_s + 0.1
-    assert c.load_reports[-1][1].num_running == 1 and c.load_reports[-1][1].num_total_blocks == 64
+        elif m.kind == "step_output":
+            if any(o.finish_reason for o in m.envelope.step_output.outputs):
+                finished = time.monotonic()
+    busy = [(t, r) for t, r in c.load_reports if r.num_running == 1]
+    times = [t for t, _ in busy] + ([finished] if finished is not None else [])
+    step_s = max(r.recent_step_time_ms for _, r in busy) / 1000
+    assert len(busy) >= 3 and max(np.diff(times)) < 0.1 + 3 * step_s + 0.1
+    assert busy[-1][1].num_total_blocks == 64
     # abort mid-flight -> ABORT record, blocks freed (the worker stays healthy)
+    if finished is not None:  # a fast machine finished it: another one to abort
+        c.batch({"long": [256, 1, 2]}, max_tokens=1000, ignore_eos=True)
     c.send(codec.make_abort(["long", "unknown"]))
     _, finals, _ = c.collect(["long"])
     assert finals["long"].finish_reason == pb.RequestOutput.ABORT
