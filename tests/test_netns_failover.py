@@ -2,9 +2,9 @@
 TCP with CURVE, found through the endpoints file. One backend host is killed (every process in its
 namespace, SIGKILL) while 64 streams run: every request gets exactly one terminal answer — its
 finish, or an error event for a stream that had tokens on the dead host — and none is lost or
-answered twice (on this machine: 32 finished on the survivor, 32 failed with an
-error event, every one of them a stream with tokens on the dead host). Then the surviving backend is drained through the file while 16 streams run on
-it: all 16 finish there. Skipped where network namespaces cannot be made (not root)."""
+answered twice (here: 32 finished on the survivor, 32 failed with an error event, each a stream
+with tokens on the dead host). Then the surviving backend is drained through the file while 16
+streams run on it: all 16 finish there. Skipped where network namespaces cannot be made (root)."""
 from __future__ import annotations
 
 import json
