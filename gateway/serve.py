@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from engine_flags import add_forwarded_engine_args, default_model, forwarded_argv
 from gateway.discovery import add_discovery_arguments, discovery_ctx, sources_from_args
 from gateway.validation import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, RequestLimits
+from scheduler.batcher import BatcherConfig
 from scheduler.capacity import DEFAULT_CAPACITY
 from scheduler.placement import add_placement_arguments, placement_config_from_args
 from tokenizer.fim import FimTemplate
@@ -105,8 +106,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_placement_arguments(p)
     add_discovery_arguments(p)
     p.add_argument("--max-batch-size", type=int, default=128, help="requests per Batch (1..128)")
-    p.add_argument("--min-latency-ms", type=float, default=5.0, help="longest batching window")
-    p.add_argument("--target-throughput", type=float, default=8000.0, help="requests/s")
+    p.add_argument("--min-latency-ms", type=float, default=BatcherConfig.min_latency_ms,
+                   help="longest batching window (default %(default)s)")
+    p.add_argument("--target-throughput", type=float, default=BatcherConfig.target_throughput,
+                   help="requests/s: a window waits while arrivals beat this x hysteresis "
+                        "(default %(default)s, chosen by `tidegate sim window`: "
+                        "docs/window_defaults.md; the design card's 8000 ships every request "
+                        "alone)")
     p.add_argument("--hysteresis", type=float, default=0.8)
     p.add_argument("--no-idle-flush", action="store_true",
                    help="keep the window open even when a backend is idle")

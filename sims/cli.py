@@ -6,6 +6,8 @@
     tidegate sim fit sweep.csv --block-size 16 --bandwidth-gbps 4280 --json
     tidegate sim search --rate 300 --slo-ttft-ms 300 --slo-tpot-ms 40 --backends-grid 2,4,8
     tidegate sim plan --model deepseek-coder-33b --gpu h200 --gpus 1-8
+    tidegate sim slo --trace trace.jsonl --slo-ttft-ms fast=200,normal=1000,slow=4000
+    tidegate sim window --profile P.json --workloads 40:32:16,80:32:16 --message-cost-us 350,250
     tidegate sim validate --profile out/validate_profile.json --seeds 0,1,2 --json validate.json
 """
 from __future__ import annotations
@@ -264,7 +266,18 @@ def cmd_plan(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "fit": cmd_fit, "search": cmd_search, "plan": cmd_plan}
+def cmd_window(argv: list[str]) -> int:
+    from sims.window_search import main as window_main
+    return window_main(argv)
+
+
+def cmd_slo(argv: list[str]) -> int:
+    from sims.slo_plan import main as slo_main
+    return slo_main(argv)
+
+
+COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "fit": cmd_fit, "search": cmd_search, "plan": cmd_plan,
+            "window": cmd_window, "slo": cmd_slo}
 # `tidegate sim validate` (the simulator against the live service) is bench.simulator.validate: it needs
 # the gateway, which sims/ may not import; the `tidegate` command routes it there.
 

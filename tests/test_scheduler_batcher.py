@@ -13,12 +13,16 @@ from scheduler.clock import ManualClock
 from scheduler.queues import ClassQueues, PendingRequest, QueueConfig
 
 F, N, S = QueueClass.FAST, QueueClass.NORMAL, QueueClass.SLOW
-RATE = 8000.0 * 0.8  # target_throughput * hysteresis with the defaults
+# The rules' arithmetic is tested at the design card's target (8,000 req/s), where a window of
+# one is due 0.16 ms after it opens; the default (250, chosen by `tidegate sim window`) has its
+# own test below.
+RULES = BatcherConfig(target_throughput=8000.0)
+RATE = 8000.0 * 0.8  # target_throughput * hysteresis of RULES
 
 
 def make(config: BatcherConfig | None = None, queue_config: QueueConfig | None = None, start=0.0):
     clock = ManualClock(start)
-    return DynamicWindowBatcher(config or BatcherConfig(), clock, ClassQueues(queue_config)), clock
+    return DynamicWindowBatcher(config or RULES, clock, ClassQueues(queue_config)), clock
 
 
 def req(rid, t, cls=F, deadline=None, tokens=4):
@@ -103,8 +107,24 @@ def test_config_validation(kwargs):
 
 def test_config_bounds_accepted():
     assert BatcherConfig(max_batch_size=1).max_batch_size == 1
-    assert BatcherConfig(max_batch_size=128).flush_rate == RATE
+    assert BatcherConfig(max_batch_size=128, target_throughput=8000.0).flush_rate == RATE
     assert BatcherConfig().min_latency_s == 0.005
+
+
+def test_default_window_holds_what_arrives_in_5_ms():
+    """The default (docs/window_defaults.md): 250 req/s x 0.8 = 200/s, so any window waits its
+    5 ms unless a backend is idle; at 1,000 arrivals/s that is 5 requests a window, where the
+    design card's 8,000 sent each alone."""
+    cfg = BatcherConfig()
+    assert (cfg.target_throughput, cfg.min_latency_ms, cfg.hysteresis) == (250.0, 5.0, 0.8)
+    sizes = {}
+    for name, config in (("default", cfg), ("card", RULES)):
+        b, clock = make(config)
+        events = [(i * 0.001, "arrive", req(f"r{i}", i * 0.001)) for i in range(200)]
+        trace = drive(b, clock, events)
+        sizes[name] = [len(r) for _, _, r in trace.batches]
+    assert max(sizes["card"]) == 1
+    assert sum(sizes["default"]) == 200 and sum(sizes["default"]) / len(sizes["default"]) >= 4.5
 
 
 # -- the three rules ---------------------------------------------------------------------------
@@ -130,7 +150,7 @@ def test_deadline_grows_with_size_up_to_min_latency():
 
 
 def test_size_cap_flushes_at_once():
-    b, _ = make(BatcherConfig(max_batch_size=4))
+    b, _ = make(BatcherConfig(target_throughput=8000.0, max_batch_size=4))
     assert [b.push(req(f"r{i}", 0.0)).flush_now for i in range(4)] == [False, False, False, True]
     assert len(b.take_batch()) == 4
 
@@ -149,7 +169,7 @@ def test_thousand_at_20k_per_s():
     trace = drive(b, clock, arrivals(1000, 20_000.0))
     assert all(100 <= n <= 101 for n in batch_sizes(trace)[:-1])
     assert all(t - ws <= 0.005 + 1e-12 for t, ws, _ in trace.batches)
-    b, clock = make(BatcherConfig(min_latency_ms=10.0))
+    b, clock = make(BatcherConfig(target_throughput=8000.0, min_latency_ms=10.0))
     trace = drive(b, clock, arrivals(1000, 20_000.0))
     assert batch_sizes(trace) == [128] * 7 + [104]
 
@@ -165,7 +185,7 @@ def test_at_2k_per_s_nothing_waits_past_5ms():
 
 
 def test_service_order_in_a_batch_and_next_window_at_oldest_remaining():
-    b, clock = make(BatcherConfig(max_batch_size=3))
+    b, clock = make(BatcherConfig(target_throughput=8000.0, max_batch_size=3))
     b.push(req("s", 0.0, S))
     clock.set(0.00001)
     b.push(req("n", 0.00001, N))
@@ -180,7 +200,7 @@ def test_service_order_in_a_batch_and_next_window_at_oldest_remaining():
 
 
 def test_aging_in_batches():
-    b, clock = make(BatcherConfig(max_batch_size=2), QueueConfig(max_wait_s=(0.05, 0.2, 1.0)))
+    b, clock = make(BatcherConfig(target_throughput=8000.0, max_batch_size=2), QueueConfig(max_wait_s=(0.05, 0.2, 1.0)))
     b.push(req("s", 0.0, S))
     clock.set(2.0)
     b.push(req("f1", 2.0, F))
@@ -206,7 +226,7 @@ def test_idle_flush():
 
 
 def test_idle_flush_off():
-    b, _ = make(BatcherConfig(idle_flush=False))
+    b, _ = make(BatcherConfig(target_throughput=8000.0, idle_flush=False))
     b.push(req("a", 0.0))
     assert not b.notify_idle(True).flush_now
     assert not b.push(req("b", 0.0)).flush_now
@@ -333,7 +353,7 @@ def test_random_traffic(raw, max_batch, min_latency_ms, target, idle_flush, poli
 @given(st.lists(st.floats(0.0, 0.0005), min_size=1, max_size=600), st.integers(1, 128))
 def test_bursts_same_timestamp(gaps, max_batch):
     """Many arrivals at the same instant: only full batches may pass a request over."""
-    b, clock = make(BatcherConfig(max_batch_size=max_batch))
+    b, clock = make(BatcherConfig(target_throughput=8000.0, max_batch_size=max_batch))
     t, events = 0.0, []
     for i, g in enumerate(gaps):
         t += g if i % 7 else 0.0

@@ -5,6 +5,7 @@ fixed prefill / decode step times."""
 import numpy as np
 import pytest
 
+from scheduler.batcher import BatcherConfig
 from sims.adapters import SimSchedulerConfig
 from sims.cost import ConstantCost
 from sims.event_loop import EngineConfig, simulate
@@ -34,8 +35,13 @@ def workload(arrivals, outputs):
                     queue_class=np.full(n, -1, dtype=np.int64), priority=np.zeros(n, dtype=np.int64))
 
 
+# windows of one, flushed ~0.16 ms after they open (the design card's target rate): these tests
+# place arrivals against step boundaries, and the default window (5 ms while busy) would move them
+ONE_BY_ONE = SimSchedulerConfig(batcher=BatcherConfig(target_throughput=8000.0))
+
+
 def run(w, lead, prefill_deadline=True):
-    return simulate(w, TwoSpeedCost(), SimSchedulerConfig(),
+    return simulate(w, TwoSpeedCost(), ONE_BY_ONE,
                     EngineConfig(num_samples=1, max_stretch_steps=1, async_plan_lead_s=lead,
                                  prefill_launch_deadline=prefill_deadline))
 
@@ -119,8 +125,8 @@ def test_hidden_launch_is_charged_only_after_an_idle_spell():
     # one request on an idle engine, then decodes back to back: only its first step pays the launch
     w = workload([0.0], [4])
     cfg = EngineConfig(num_samples=1, max_stretch_steps=1, async_plan_lead_s=0.002)
-    a = simulate(w, plain, SimSchedulerConfig(), cfg)
-    b = simulate(w, hidden, SimSchedulerConfig(), cfg)
+    a = simulate(w, plain, ONE_BY_ONE, cfg)
+    b = simulate(w, hidden, ONE_BY_ONE, cfg)
     d = a.dispatch_time[0]
     assert a.first_token_time[0] - d == pytest.approx(plain.step_time(0, 64, 64, [64]))
     assert b.first_token_time[0] - d == pytest.approx(hidden.step_time(0, 64, 64, [64]) + 0.002)
@@ -153,8 +159,8 @@ def test_power_cap_slows_a_prefill_step_by_the_prefill_share_before_it():
     w = workload([0.0, 0.05], [20, 3])
     cfg = EngineConfig(num_samples=1, max_stretch_steps=1, async_plan_lead_s=0.002,
                        prefill_launch_deadline=False)  # the engine the pause check ran on
-    plain = simulate(w, ProfileCost(pts, times, num_blocks=4096, meta=meta), SimSchedulerConfig(), cfg)
-    capped = simulate(w, cost, SimSchedulerConfig(), cfg)
+    plain = simulate(w, ProfileCost(pts, times, num_blocks=4096, meta=meta), ONE_BY_ONE, cfg)
+    capped = simulate(w, cost, ONE_BY_ONE, cfg)
     d = plain.dispatch_time[0]
     assert capped.first_token_time[0] == pytest.approx(plain.first_token_time[0])  # idle before A
     b_start = d + PREFILL_S + DECODE_S
