@@ -106,8 +106,11 @@ def serve_parser() -> argparse.ArgumentParser:
                    help="the requests' speculation field for the measured runs: off | auto | "
                         "a number (max_draft_tokens); default: absent (the server's policy)")
     o = p.add_argument_group("output")
-    o.add_argument("--slo-ttft-ms", type=float, default=None)
-    o.add_argument("--slo-tpot-ms", type=float, default=None)
+    o.add_argument("--slo-ttft-ms", default=None, metavar="MS|CLASS=MS,...",
+                   help="TTFT target for every class, or per class (fast=200,normal=1000,"
+                        "slow=4000): goodput and SLO attainment per class")
+    o.add_argument("--slo-tpot-ms", default=None, metavar="MS|CLASS=MS,...",
+                   help="TPOT target, as --slo-ttft-ms")
     o.add_argument("--goodput", nargs="+", default=[], metavar="NAME:MS",
                    help="vLLM's spelling of the SLOs: ttft:MS tpot:MS")
     o.add_argument("--json", default=None, help="write the result here")
@@ -139,6 +142,8 @@ def _detail_rows(records, t0: float) -> list[dict]:
                        num_chunks=len(r.chunk_times))
         elif r.error_detail:
             row["error_detail"] = r.error_detail
+        if r.retry_after_s == r.retry_after_s:  # a 429's Retry-After (retry-after-ms), s
+            row["retry_after_s"] = r.retry_after_s
         rows.append(row)
     return rows
 
@@ -155,6 +160,9 @@ def serve_main(argv: list[str]) -> int:
         return _code_workload(p, args)
     try:
         slo = _goodput(args.goodput)
+        from scheduler.slo import parse_targets
+        parse_targets(args.slo_ttft_ms)  # a bad target is a usage error, before any request
+        parse_targets(args.slo_tpot_ms)
         schedule = _schedule(args)
         prompts = make_prompts(schedule, args.seed, args.token_id_range)
     except (ValueError, OSError, argparse.ArgumentTypeError) as exc:

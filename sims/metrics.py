@@ -107,6 +107,7 @@ class RequestRecord:
     output_tokens: int = 0
     error: str | None = None          # short kind: http_429, timeout, connection, stream_error, ...
     error_detail: str = ""
+    retry_after_s: float = math.nan   # a refusal's Retry-After (retry-after-ms when sent)
 
     @property
     def ok(self) -> bool:
@@ -159,6 +160,8 @@ def _group(records: list[RequestRecord], duration: float, slo_ttft_ms, slo_tpot_
         # of every request sent, the share that met its targets: a refused one (429) did not
         "slo_attainment": num_good / len(records) if records else 0.0,
         "num_refused": sum(1 for r in records if r.error == "http_429"),
+        "retry_after_ms": stats_ms(np.array([r.retry_after_s for r in records
+                                             if r.retry_after_s == r.retry_after_s])),
     }
 
 

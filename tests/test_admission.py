@@ -223,3 +223,23 @@ def test_simulator_without_admission_refuses_nothing():
     # each burst's k-th waits (k + 1) * 50 ms: 4 of each meet 225 ms
     assert rep["completed"] == 50 and rep["admission"]["refused"] == 0
     assert rep["goodput_fraction"] == pytest.approx(8 / 50)
+
+
+# ---- bench serve's report: per-class targets, refusals and their Retry-After -----------------
+def test_live_report_counts_attainment_per_class_with_refusals():
+    from sims.metrics import RequestRecord
+    from sims.metrics import summarize as live_summary
+
+    def ok(i, max_tokens, ttft):
+        return RequestRecord(i, 8, max_tokens, send_time=0.0, chunk_times=[ttft, ttft + 0.01],
+                             chunk_tokens=[1, 1], output_tokens=2)
+    refused = RequestRecord(1, 8, 4, send_time=0.0, error="http_429", retry_after_s=0.5)
+    records = [ok(0, 4, 0.1), refused, ok(2, 100, 2.0), ok(3, 100, 0.5)]
+    rep = live_summary(records, start_time=0.0, slo_ttft_ms="fast=200,slow=1000")
+    fast, slow = rep["by_class"]["fast"], rep["by_class"]["slow"]
+    assert fast["num_refused"] == 1 and fast["slo_attainment"] == 0.5
+    assert fast["goodput_fraction"] == 1.0  # of those completed
+    assert fast["retry_after_ms"]["p50"] == pytest.approx(500.0)
+    assert slow["slo_attainment"] == 0.5 and slow["num_refused"] == 0
+    assert rep["num_good"] == 2 and rep["slo_attainment"] == pytest.approx(2 / 4)
+    assert rep["slo"]["ttft_ms"] == {"fast": 200.0, "normal": None, "slow": 1000.0}

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -143,6 +144,7 @@ async def send_http(session: aiohttp.ClientSession, target: HttpTarget, url: str
             if resp.status != 200:
                 rec.error = f"http_{resp.status}"
                 rec.error_detail = _error_message(await resp.read())
+                rec.retry_after_s = retry_after(resp.headers)
                 return
             await _read_stream(resp, rec)
     except asyncio.TimeoutError:
@@ -150,6 +152,19 @@ async def send_http(session: aiohttp.ClientSession, target: HttpTarget, url: str
     except (aiohttp.ClientError, ValueError) as exc:
         rec.error = "connection" if isinstance(exc, aiohttp.ClientError) else "bad_response"
         rec.error_detail = f"{exc.__class__.__name__}: {exc}"
+
+
+def retry_after(headers) -> float:
+    """A refusal's wait in seconds: retry-after-ms (ms, as the OpenAI SDK reads it), else
+    Retry-After (whole seconds); NaN when neither is there or readable."""
+    for name, scale in (("retry-after-ms", 1e-3), ("Retry-After", 1.0)):
+        value = headers.get(name)
+        if value is not None:
+            try:
+                return float(value) * scale
+            except ValueError:
+                continue
+    return math.nan
 
 
 class Progress:

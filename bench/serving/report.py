@@ -42,11 +42,13 @@ def format_table(s: dict, max_concurrency: int | None = None) -> str:
     if s["by_class"]:
         lines.append(f"{'By class (max_tokens: fast <=8, normal <=64, slow)':-^50}")
         lines.append(f"{'class':<7}{'sent':>6}{'ok':>6}{'TTFT p50':>10}{'TTFT p99':>10}"
-                     f"{'TPOT p50':>10}{'TPOT p99':>10}{'E2EL p99':>10}{'good %':>8}")
+                     f"{'TPOT p50':>10}{'TPOT p99':>10}{'E2EL p99':>10}{'good %':>8}"
+                     f"{'429':>6}{'SLO %':>7}")
         for name, c in s["by_class"].items():
             lines.append(f"{name:<7}{c['num_requests']:>6}{c['completed']:>6}"
                          f"{c['ttft_ms']['p50']:>10.2f}{c['ttft_ms']['p99']:>10.2f}"
                          f"{c['tpot_ms']['p50']:>10.2f}{c['tpot_ms']['p99']:>10.2f}"
-                         f"{c['e2el_ms']['p99']:>10.2f}{100 * c['goodput_fraction']:>8.1f}")
+                         f"{c['e2el_ms']['p99']:>10.2f}{100 * c['goodput_fraction']:>8.1f}"
+                         f"{c.get('num_refused', 0):>6}{100 * c.get('slo_attainment', 0):>7.1f}")
     lines.append("=" * 50)
     return "\n".join(lines)
