@@ -76,6 +76,12 @@ def replay_run(arrivals: Sequence[ArrivalRecord], sched_config: SimSchedulerConf
                     for t, batch in result.extra["batches"]]
 
 
+def refused_ids(result: SimResult, arrivals: Sequence[ArrivalRecord]) -> set[str]:
+    """The live ids of the arrivals the simulator's admission refused (scheduler.admission)."""
+    ids = [a.request_id for a in sorted(arrivals, key=lambda a: a.t)]
+    return {ids[i] for i in result.extra.get("retry_after_s", {})}
+
+
 def step_records(result: SimResult, arrivals: Sequence[ArrivalRecord], backend: int = 0
                  ) -> list[StepRecord]:
     """One backend's simulated steps (`replay_run(..., record_steps=True)`) as StepRecords with

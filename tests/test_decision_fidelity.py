@@ -134,6 +134,8 @@ def test_gateway_and_simulator_flush_identical_windows():
     assert r["sequence_identical"] and r["same_membership_share"] == 1.0
     assert r["requests_regrouped"] == 0 and r["flush_dt_max_s"] == 0.0
     assert r["num_requests"] == [300, 300]
+    # the figure means something only where windows hold many requests (issue 27): here they do
+    assert r["mean_window_size"][0] == r["mean_window_size"][1] >= 3.0
 
 
 def test_log_round_trips_as_json_lines(tmp_path):
@@ -199,11 +201,21 @@ def test_cli_replays_a_live_log(tmp_path, capsys):
     assert main([str(path), *flags, "--no-idle-flush"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["sequence_identical"] and r["same_membership_share"] == 1.0
+    assert r["mean_window_size"][0] == r["mean_window_size"][1] > 2.0
     # other batcher settings than the live ones: the replay decides differently, and says so
     assert main([str(path), *flags[:4], "--target-throughput", "200", "--hysteresis", "0.8",
                  "--no-idle-flush"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert not r["sequence_identical"] and r["same_membership_share"] < 1.0
+
+
+def test_admission_decisions_are_compared_arrival_by_arrival():
+    from bench.simulator.decision_fidelity import compare_admission
+    arrivals = [ArrivalRecord("a", 1.0, 4, 4, 0), ArrivalRecord("b", 1.1, 4, 4, 0, refused=True),
+                ArrivalRecord("c", 1.2, 4, 4, 2, refused=True), ArrivalRecord("d", 1.3, 4, 4, 2)]
+    r = compare_admission(arrivals, {"b", "d"})
+    assert r["refused"] == [2, 2] and r["same_decision_share"] == 0.5
+    assert compare_admission(arrivals, {"b", "c"})["same_decision_share"] == 1.0
 
 
 def test_window_opens_when_the_request_reaches_the_batcher_not_at_its_http_stamp():
