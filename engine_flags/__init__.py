@@ -15,6 +15,7 @@ import argparse
 from pathlib import Path
 
 from scheduler.capacity import add_capacity_arguments, add_prefill_cap_arguments
+from scheduler.speculation import add_speculation_arguments
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # backend.runner.cuda_graphs.DEFAULT_BUCKETS / DEFAULT_TOKEN_BUCKETS (a test keeps them equal)
@@ -86,6 +87,7 @@ def add_serving_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> No
                    help="fp8: E4M3 weights, per-output-channel scales (CUDA, capability >= 8.9)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="no CUDA graphs: every step runs eagerly")
+    add_speculation_arguments(p)
     p.add_argument("--cuda-graph-buckets", default=None,
                    help=f"decode batch sizes to capture (default {DEFAULT_CUDA_GRAPH_BUCKETS}; "
                         "those above --max-num-seqs are dropped; 'none': decode steps eager)")

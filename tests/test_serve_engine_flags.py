@@ -44,6 +44,8 @@ def _sample_value(action: argparse.Action) -> tuple[list[str], object]:
         value = "1,3,5"
     elif action.dest == "model":
         value = "deepseek-coder-1.3b"
+    elif action.dest == "speculation_sources":
+        value = "prompt"
     else:
         value = f"/tmp/x-{action.dest}"
     return [action.option_strings[0], str(value)], value

@@ -8,6 +8,7 @@ import argparse
 # the flags themselves live in the torch-free leaf, so that `tidegate serve` can take them too
 from engine_flags import add_engine_args, default_model, int_list
 from scheduler.capacity import prefill_cap_from_args
+from scheduler.speculation import speculation_config_from_args
 
 __all__ = ["add_engine_args", "backend_config", "default_model", "int_list"]
 
@@ -29,4 +30,18 @@ def backend_config(args: argparse.Namespace):
         max_num_batched_tokens=args.max_num_batched_tokens, prefill_cap=prefill_cap,
         enable_prefix_caching=not args.no_prefix_caching, host_kv_gib=args.host_kv_gib,
         seed=args.seed,
-        cpu_threads=args.cpu_threads, echo_step_ms=args.echo_step_ms)
+        cpu_threads=args.cpu_threads, echo_step_ms=args.echo_step_ms,
+        speculation_config=_speculation(args))
+
+
+def _speculation(args: argparse.Namespace):
+    """The `--speculation` flags (a serving backend's, `engine_flags.add_serving_args`); None
+    (off) where a command has none of them (eval, profile)."""
+    from backend.errors import ModelLoadError
+
+    if getattr(args, "speculation", "off") != "on":
+        return None
+    try:
+        return speculation_config_from_args(args)
+    except ValueError as exc:
+        raise ModelLoadError(f"--speculation*: {exc}") from None

@@ -22,6 +22,7 @@ from backend.kv.sizing import DEFAULT_KV_FRACTION
 from backend.model.loader import LoadedModel, available_memory, load
 from backend.runner.step import ModelRunner
 from scheduler.capacity import DEFAULT_CAPACITY, PrefillCap
+from scheduler.speculation import SpeculationConfig
 
 log = logging.getLogger("tidegate.backend")
 
@@ -47,6 +48,9 @@ class BackendConfig:
     seed: int = 0                        # dummy-weight seed
     cpu_threads: int | None = None       # torch intra-op threads on the CPU; default: half the cores
     echo_step_ms: float = 0.0            # --model echo: sleep per step (a slow, idle-CPU backend)
+    # speculative decoding's server default (scheduler.speculation; `--speculation` flags of a
+    # serving backend, on there by default); None: off
+    speculation_config: SpeculationConfig | None = None
 
     def validate(self) -> None:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -134,7 +138,8 @@ def create_engine(cfg: BackendConfig) -> tuple[Engine, LoadedModel]:
                               max_num_batched_tokens=cfg.max_num_batched_tokens,
                               prefill_cap=cfg.prefill_cap,
                               enable_prefix_caching=cfg.enable_prefix_caching,
-                              num_host_blocks=host_kv.num_blocks if host_kv is not None else 0)
+                              num_host_blocks=host_kv.num_blocks if host_kv is not None else 0,
+                        speculation=cfg.speculation_config)
     engine = Engine(runner, engine_cfg, eos_token_ids=_eos_ids(loaded), host_kv=host_kv)
     if host_kv is not None:
         log.info("host KV tier: %d blocks (%.2f GiB%s), copies at %.2f GB/s measured",

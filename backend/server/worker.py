@@ -225,7 +225,9 @@ class Worker:
             self.gateways.add(identity)
             for req in msg.envelope.batch.requests:
                 try:
-                    self._add(identity, req, codec.array_of(msg, req.prompt_frame))
+                    prediction = codec.array_of(msg, req.prediction_frame) \
+                        if req.HasField("prediction_frame") else None
+                    self._add(identity, req, codec.array_of(msg, req.prompt_frame), prediction)
                 except Exception as exc:  # noqa: BLE001 -- fail this request, admit the rest
                     print(f"tidegate backend: request {req.request_id!r} failed on admission: "
                           f"{exc!r}", file=sys.stderr)
@@ -266,7 +268,7 @@ class Worker:
             return f"stop_token_ids must be in [0, {vocab})"
         return None
 
-    def _add(self, identity: bytes, req: pb.GenerateRequest, prompt) -> None:
+    def _add(self, identity: bytes, req: pb.GenerateRequest, prompt, prediction=None) -> None:
         rid = req.request_id
         if self._stopping:
             self._send(identity, codec.make_error(pb.Error.SHUTTING_DOWN, "backend is shutting down", rid))
@@ -291,11 +293,26 @@ class Worker:
             logit_bias=tuple(sorted((int(i), float(b)) for i, b in s.logit_bias.items())),
             min_tokens=int(s.min_tokens))
         key = _key(identity, rid)
+        # speculative decoding (issue 28): the prediction's ids and the request's own control,
+        # for an engine that speculates (ours); another engine serves the request without them
+        spec_kw = {}
+        if getattr(self.engine, "speculator", None) is not None:
+            if prediction is not None and len(prediction):
+                if len(prediction) > self.engine.config.max_model_len:
+                    self._send(identity, codec.make_error(
+                        pb.Error.INVALID_REQUEST, f"prediction has {len(prediction)} tokens, more "
+                        f"than max_model_len ({self.engine.config.max_model_len})", rid))
+                    return
+                spec_kw["prediction"] = prediction.tolist()
+            if req.HasField("speculation"):
+                spec_kw["speculation_off"] = bool(req.speculation.off)
+                spec_kw["max_draft_tokens"] = int(req.speculation.max_draft_tokens)
         if key in self.owner:
             reason = f"duplicate request id {rid!r}"
         else:
             ids = prompt.tolist()
-            reason = self.engine.add_request(key, ids, params, req.arrival_time, req.priority)
+            reason = self.engine.add_request(key, ids, params, req.arrival_time, req.priority,
+                                             **spec_kw)
         if reason is not None:
             self._send(identity, codec.make_error(pb.Error.INVALID_REQUEST, reason, rid))
             return
@@ -360,7 +377,11 @@ class Worker:
             ro = step.outputs.add(
                 request_id=o.request_id, finish_reason=FINISH_REASON_TO_WIRE[o.finish_reason],
                 num_prompt_tokens=o.num_prompt_tokens, num_completion_tokens=o.num_completion_tokens,
-                num_cached_tokens=o.num_cached_tokens)
+                num_cached_tokens=o.num_cached_tokens,
+                num_draft_tokens=getattr(o, "num_draft_tokens", 0),
+                num_accepted_draft_tokens=getattr(o, "num_accepted_draft_tokens", 0),
+                num_accepted_prediction_tokens=getattr(o, "num_accepted_prediction_tokens", 0),
+                num_rejected_prediction_tokens=getattr(o, "num_rejected_prediction_tokens", 0))
             if o.new_token_ids:
                 ro.tokens_frame = len(arrays)
                 arrays.append(o.new_token_ids)
