@@ -1,0 +1,33 @@
+"""The SLO control comparison (bench.serving.slo_control.compare_runs) on hand-made records."""
+from __future__ import annotations
+
+import pytest
+
+from bench.serving.slo_control import compare_runs
+from scheduler.slo import parse_targets
+from sims.metrics import RequestRecord
+
+
+def ok(i, max_tokens, ttft):
+    return RequestRecord(i, 8, max_tokens, send_time=10.0, chunk_times=[10.0 + ttft],
+                         chunk_tokens=[1], output_tokens=1)
+
+
+def refused(i, max_tokens, retry):
+    return RequestRecord(i, 8, max_tokens, send_time=10.0, error="http_429", retry_after_s=retry)
+
+
+def test_retry_after_against_the_control_wait_and_deadline_misses():
+    ttft = parse_targets("fast=100,slow=1000")
+    admission = [ok(0, 4, 0.05), ok(1, 4, 0.109), refused(2, 100, 2.0), refused(3, 100, 1.0),
+                 ok(4, 100, 0.5)]
+    control = [ok(0, 4, 0.06), ok(1, 4, 0.2), ok(2, 100, 2.2), ok(3, 100, 2.0), ok(4, 100, 0.6)]
+    r = compare_runs(admission, control, ttft)
+    assert r["num_refused_compared"] == 2
+    # 2.0 / 2.2 is within 25%, 1.0 / 2.0 is not
+    assert r["retry_after_within_25pct"] == 0.5
+    assert r["retry_after_over_control_wait"]["p50"] == pytest.approx((2.0 / 2.2 + 0.5) / 2)
+    # accepted: 50 ms and 109 ms against 100 (one misses, by 9%: not > 10%), 500 ms against 1 s
+    assert r["accepted_missing_deadline"] == pytest.approx(1 / 3)
+    assert r["accepted_missing_deadline_by_10pct"] == 0.0
+    assert set(r["ttft_p90_ms_admitted"]) == {"fast", "slow"}
