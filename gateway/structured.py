@@ -58,6 +58,21 @@ def _choices(value: Any, param: str) -> GrammarSpec:
     return GrammarSpec.choice(value)
 
 
+def closed_objects(schema: Any) -> Any:
+    """`schema` with `"additionalProperties": false` on every object schema that has
+    `properties` and does not set additionalProperties (or patternProperties) itself."""
+    if isinstance(schema, list):
+        return [closed_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: closed_objects(v) if k not in ("const", "enum", "default", "examples") else v
+           for k, v in schema.items()}
+    if isinstance(schema.get("properties"), dict) and "additionalProperties" not in schema \
+            and "patternProperties" not in schema:
+        out["additionalProperties"] = False
+    return out
+
+
 def _response_format(fmt: Any) -> GrammarSpec | None:
     param = "response_format"
     if not isinstance(fmt, dict):
@@ -79,8 +94,12 @@ def _response_format(fmt: Any) -> GrammarSpec | None:
         if js.get("strict") is not None and not isinstance(js.get("strict"), bool):
             raise bad_request(f"'{param}.json_schema.strict' must be a boolean.",
                               f"{param}.json_schema.strict")
-        # strict or not, the output is held to the schema (a grammar cannot half-follow one)
+        # strict or not, the output is held to the schema (a grammar cannot half-follow one);
+        # strict also closes every object that does not say otherwise (OpenAI's strict mode
+        # requires it, XGrammar's strict_mode and vLLM's disable_additional_properties do it)
         schema = js.get("schema", {"type": "object"})
+        if js.get("strict") is True and isinstance(schema, dict):
+            schema = closed_objects(schema)
         return _schema(schema, f"{param}.json_schema.schema")
     raise bad_request(f"'{param}.type' must be one of text, json_object, json_schema; got "
                       f"{kind!r}.", f"{param}.type")
@@ -98,6 +117,8 @@ def _structured_outputs(so: Any) -> tuple[GrammarSpec, str] | None:
             continue
         p = f"{param}.{key}"
         if key == "json":
+            if so.get("disable_additional_properties") is True and isinstance(value, dict):
+                value = closed_objects(value)
             found.append((_schema(value, p), p))
         elif key == "regex":
             found.append((GrammarSpec("regex", _string(value, p)), p))

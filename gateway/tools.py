@@ -36,7 +36,7 @@ EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 class Tool:
     name: str
     description: str
-    parameters: str  # the JSON schema of the arguments, as JSON text (hashable, canonical)
+    parameters: str  # the JSON schema of the arguments, as JSON text (hashable)
 
     @property
     def schema(self) -> dict:
@@ -87,7 +87,7 @@ def make_tool(name: Any, description: Any, parameters: Any, param: str) -> Tool:
         parameters = EMPTY_PARAMETERS
     if not isinstance(parameters, dict):
         raise bad_request(f"'{param}' parameters must be a JSON schema object.", param)
-    text = check_text(json.dumps(parameters, sort_keys=True, ensure_ascii=False), param)
+    text = check_text(json.dumps(parameters, ensure_ascii=False), param)
     return Tool(name, check_text(description or "", f"{param}.description"), text)
 
 

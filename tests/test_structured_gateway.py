@@ -251,3 +251,22 @@ async def test_openai_sdk_structured_output(rec_client):
             response_format={"type": "json_schema", "json_schema": {
                 "name": "o", "schema": {"type": "object", "minProperties": "two"}}})
     assert err.value.body["param"] == "response_format.json_schema.schema"
+
+
+async def test_strict_closes_objects_that_do_not_say_otherwise(rec_client):
+    client, rec = await rec_client('{"a": {"b": 1}}')
+    schema = {"type": "object", "properties": {
+        "a": {"type": "object", "properties": {"b": {"type": "integer"}}},
+        "c": {"type": "object", "properties": {}, "additionalProperties": True},
+        "d": {"enum": [{"properties": {}}]}}}
+    for strict, closed in ((True, True), (False, False)):
+        status, _ = await post(client, "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "x"}],
+            "response_format": {"type": "json_schema", "json_schema": {
+                "name": "s", "strict": strict, "schema": schema}}})
+        assert status == 200
+        sent = json.loads(rec.samplings[-1].grammar.text)
+        assert ("additionalProperties" in sent) == closed
+        assert ("additionalProperties" in sent["properties"]["a"]) == closed
+        assert sent["properties"]["c"]["additionalProperties"] is True
+        assert sent["properties"]["d"] == {"enum": [{"properties": {}}]}  # values untouched

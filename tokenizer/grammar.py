@@ -42,16 +42,16 @@ class GrammarError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class GrammarSpec:
-    """One request's output constraint. `text` is canonical: a schema's JSON with sorted keys
-    (so equal schemas share one cache entry), the choices as a JSON array, a regex or a grammar
-    as given; "" for json_object."""
+    """One request's output constraint. `text`: a schema's JSON (key order kept: an object's
+    properties are written in the schema's order), the choices as a JSON array, a regex or a
+    grammar as given; "" for json_object. Equal specs share one compiled grammar."""
 
     kind: str  # one of KINDS
     text: str = ""
 
     @classmethod
     def json_schema(cls, schema: dict[str, Any]) -> GrammarSpec:
-        return cls("json_schema", json.dumps(schema, sort_keys=True, ensure_ascii=False))
+        return cls("json_schema", json.dumps(schema, ensure_ascii=False))
 
     @classmethod
     def choice(cls, choices: list[str]) -> GrammarSpec:
@@ -102,7 +102,7 @@ def load_tokenizer(tokenizer_json: str, vocab_size: int, eos_token_ids: tuple[in
     from llguidance import LLTokenizer
 
     eos = list(eos_token_ids) or None
-    return LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos)
+    return LLTokenizer(tokenizer_json, n_vocab=vocab_size or None, eos_token=eos)
 
 
 class GrammarCompiler:

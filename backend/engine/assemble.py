@@ -20,6 +20,7 @@ from backend.kv.pools import (
 )
 from backend.kv.sizing import DEFAULT_KV_FRACTION
 from backend.model.loader import LoadedModel, available_memory, load
+from backend.runner.grammar import GrammarManager
 from backend.runner.step import ModelRunner
 from scheduler.capacity import DEFAULT_CAPACITY, PrefillCap
 from scheduler.speculation import SpeculationConfig
@@ -141,6 +142,9 @@ def create_engine(cfg: BackendConfig) -> tuple[Engine, LoadedModel]:
                               num_host_blocks=host_kv.num_blocks if host_kv is not None else 0,
                         speculation=cfg.speculation_config)
     engine = Engine(runner, engine_cfg, eos_token_ids=_eos_ids(loaded), host_kv=host_kv)
+    if loaded.tokenizer.tokenizer_json:  # structured output (built at first use)
+        engine.grammars = GrammarManager(loaded.tokenizer.tokenizer_json,
+                                         loaded.config.vocab_size, _eos_ids(loaded))
     if host_kv is not None:
         log.info("host KV tier: %d blocks (%.2f GiB%s), copies at %.2f GB/s measured",
                  host_kv.num_blocks, host_kv.nbytes / 2**30,

@@ -134,6 +134,7 @@ class _RequestState:
     # greedy without logprobs or logit processors: the in-step argmax is its token, so the
     # next step may read it on the device (async scheduling)
     plain_greedy: bool = False
+    grammar: object = None  # backend.runner.grammar.RequestGrammar (structured output)
 
 
 class Engine:
@@ -160,6 +161,9 @@ class Engine:
         if spec is not None and spec.enabled and isinstance(runner, ModelRunner):
             self.speculator = Speculator(spec, StepCostModel())
         self._seed_rng = random.Random()
+        # structured output (backend.runner.grammar.GrammarManager), set by the
+        # assembler when the model has a tokenizer; None: requests with a grammar refused
+        self.grammars = None
         self._inflight: InFlightStep | None = None
         self._last_step: InFlightStep | None = None
         self._last_end = 0.0  # perf_counter of the last read-back
@@ -200,6 +204,8 @@ class Engine:
         reason = _check_processors(params, vocab)
         if reason is not None:
             return reason
+        if params.grammar is not None and self.grammars is None:
+            return "structured output needs the model's tokenizer (no grammar engine)"
         rejection = self.scheduler.add_request(request_id, list(prompt_token_ids), params.max_tokens,
                                                arrival_time, priority)
         if rejection is not None:
@@ -213,6 +219,11 @@ class Engine:
             eos = () if params.ignore_eos else self.eos_token_ids
             state.min_tokens_banned = tuple(dict.fromkeys(params.stop_token_ids + eos))
         self.states[request_id] = state
+        if params.grammar is not None:  # compiled on the grammar thread (cached)
+            state.grammar = self.grammars.start(params.grammar)
+            # drafts are not checked against the grammar: constrained requests do not
+            # speculate
+            speculation_off = True
         if self.speculator is not None:
             self.speculator.add(request_id, list(prompt_token_ids), prediction, max_draft_tokens,
                                 speculation_off)
@@ -285,6 +296,7 @@ class Engine:
         # the runner's launched.greedy is False)
         if drafts or not all(states[rid].plain_greedy for rid in sampled):
             specs = {rid: self._spec(rid) for rid in sampled}
+            self._start_masks(specs)
         if prev is None:
             launched = self.runner.launch(plan.chunks, specs)
         else:  # this step's decodes read prev's sampled ids on the device
@@ -538,6 +550,17 @@ class Engine:
                 stopped.add(rid)
         return StepResult(sampled=token_ids, stopped=stopped), out.logprobs
 
+    def _start_masks(self, specs: dict[str, SampleSpec]) -> None:
+        """Start the bitmask of the step's constrained rows on the grammar's mask thread,
+        before the launch: it is computed while the forward runs (on the device, or on the
+        CPU beside it: llguidance drops the GIL) and read when the rows are sampled."""
+        states = self.states
+        rows = [rid for rid in specs if states[rid].grammar is not None]
+        if rows:
+            masks = self.grammars.submit([states[rid].grammar for rid in rows])
+            for i, rid in enumerate(rows):
+                specs[rid].mask = (masks, i)
+
     def _spec(self, request_id: str) -> SampleSpec:
         s = self.states[request_id]
         banned = s.min_tokens_banned if s.num_generated < s.params.min_tokens else ()
@@ -553,6 +576,8 @@ class Engine:
             acc = accepted.get(rid) if accepted else None
             new = [*acc, token] if acc else [token]
             state.num_generated += len(new)
+            if state.grammar is not None:
+                state.grammar.consume(new)
             if state.params.uses_penalties:
                 state.output_ids.extend(new)
             seq = requests.get(rid)

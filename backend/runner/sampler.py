@@ -25,7 +25,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
+
+from backend.runner.grammar import apply_token_bitmask
 
 _M32 = 0xFFFFFFFF
 
@@ -46,6 +49,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0   # subtracted per occurrence in the output
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
     min_tokens: int = 0         # EOS and stop ids cannot end the output before this many tokens
+    # structured output (tokenizer.grammar.GrammarSpec): the engine masks every token
+    grammar: object = None
 
     @property
     def greedy(self) -> bool:
@@ -59,7 +64,8 @@ class SamplingParams:
     @property
     def changes_logits(self) -> bool:
         """The processed logits differ from the model's (a plain argmax is then wrong)."""
-        return bool(self.uses_penalties or self.logit_bias or self.min_tokens)
+        return bool(self.uses_penalties or self.logit_bias or self.min_tokens
+                    or self.grammar is not None)
 
 
 @dataclass
@@ -72,6 +78,8 @@ class SampleSpec:
     prompt_ids: Sequence[int] = ()
     output_ids: Sequence[int] = ()
     banned_ids: Sequence[int] = ()  # ids masked out this step (min_tokens)
+    # structured output: (the step's StepMasks, this row's index in it); None: free
+    mask: tuple | None = None
 
     def at_draft(self, drafts: Sequence[int], j: int) -> SampleSpec:
         """The spec of position j of a verify (speculative decoding): the token after the
@@ -111,6 +119,8 @@ class SamplingTensors:
     repetition_penalty: torch.Tensor | None = None  # [B] fp32, 1 = off
     presence_penalty: torch.Tensor | None = None    # [B] fp32
     frequency_penalty: torch.Tensor | None = None   # [B] fp32
+    grammar_rows: torch.Tensor | None = None   # [G] int64: the rows with a grammar
+    grammar_mask: torch.Tensor | None = None   # [G, ceil(V / 32)] int32 bitmask
 
     @classmethod
     def build(cls, params: list[SamplingParams], seeds: list[int], counters: list[int],
@@ -143,6 +153,12 @@ class SamplingTensors:
             t.bias_values = f32([[b for _, b in p.logit_bias] + [0.0] * (width - len(p.logit_bias))
                                  for p in params])
         if specs is not None:
+            masked = [i for i, s in enumerate(specs) if s.mask is not None]
+            if masked:  # rows without a grammar get no mask at all
+                bits = np.stack([specs[i].mask[0].result()[specs[i].mask[1]]
+                                 for i in masked])
+                t.grammar_rows = torch.tensor(masked, dtype=torch.int64, device=device)
+                t.grammar_mask = torch.from_numpy(bits).to(device, non_blocking=True)
             if any(s.banned_ids for s in specs):
                 t.banned_ids = padded([s.banned_ids for s in specs])
             if any(p.uses_penalties for p in params):
@@ -255,6 +271,8 @@ def process_logits(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
     if t.repetition_penalty is not None:
         logits = apply_penalties(logits, t.prompt_ids, t.output_ids, t.repetition_penalty,
                                  t.presence_penalty, t.frequency_penalty)
+    if t.grammar_rows is not None:  # last: nothing after it can lift a -inf
+        logits = apply_token_bitmask(logits, t.grammar_rows, t.grammar_mask)
     return logits
 
 
@@ -271,7 +289,10 @@ def sample(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
     if t.needs_sort:
         scaled = _apply_top_k_top_p(scaled, t.top_k, t.top_p)
     probs = scaled.softmax(dim=-1)
-    noise = -torch.log(uniform_noise(t.seeds, t.counters, logits.shape[-1]))  # Exp(1)
+    # Exp(1); a draw of u that rounds to 1.0 in fp32 (1 in 2^25) gives 0, and 0 / 0 = nan
+    # would win the argmax for a token of probability 0 (masked by top-k/p or a grammar)
+    noise = -torch.log(uniform_noise(t.seeds, t.counters, logits.shape[-1]))
+    noise = noise.clamp_min(1e-30)
     sampled = (probs / noise).argmax(dim=-1)
     return torch.where(t.temperature > 0, sampled, greedy_ids)
 

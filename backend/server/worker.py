@@ -41,6 +41,7 @@ import zmq
 
 from backend.engine.continuous import Engine, RequestOutput
 from backend.model.loader import LoadedModel
+from backend.runner.grammar import spec_from_wire
 from backend.runner.sampler import SamplingParams
 from backend.server.step_log import StepLog
 from proto import codec
@@ -291,7 +292,7 @@ class Worker:
             presence_penalty=float(s.presence_penalty),
             frequency_penalty=float(s.frequency_penalty),
             logit_bias=tuple(sorted((int(i), float(b)) for i, b in s.logit_bias.items())),
-            min_tokens=int(s.min_tokens))
+            min_tokens=int(s.min_tokens), grammar=spec_from_wire(s))
         key = _key(identity, rid)
         # speculative decoding (issue 28): the prediction's ids and the request's own control,
         # for an engine that speculates (ours); another engine serves the request without them

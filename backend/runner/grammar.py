@@ -1,0 +1,176 @@
+"""Structured output in the engine: one llguidance matcher per constrained request; each step's
+token bitmask computed on a worker thread while the step's forward runs; applied to the logits
+of the constrained rows only.
+
+    add_request   GrammarManager.start(spec) -> RequestGrammar   compile: cached per spec, on
+                                                                  its own thread (off the loop)
+    _launch(k)    masks = manager.submit(rows' grammars)          mask thread (llguidance drops
+                  runner.launch(k)                                the GIL): runs beside the
+                                                                  forward, CPU or device
+    finish(k)     the sampler waits for `masks`, then logits[rows] = -inf where a bit is 0
+    _outputs(k)   RequestGrammar.consume(the new tokens)
+
+Rows without a grammar pay nothing: no mask is computed, copied or applied for them, and a step
+without constrained rows never touches this module. A step with constrained rows samples on
+the host path (`SamplingParams.changes_logits`), so its decodes are not pipelined (async
+scheduling keeps running the steps that have none); nothing here runs inside a CUDA graph.
+
+The bitmask is llguidance's (and XGrammar's) layout: int32 [rows, ceil(V / 32)], bit j of word w
+allows token 32 w + j. `apply_token_bitmask` expands it on the logits' device with torch ops
+(the same code on the CPU and on CUDA; the CPU test checks it against a per-token loop).
+"""
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import cached_property
+
+import numpy as np
+import torch
+
+from proto import tidegate_pb2 as pb
+from tokenizer.grammar import GrammarCompiler, GrammarError, GrammarSpec, load_tokenizer
+
+log = logging.getLogger("tidegate.backend.grammar")
+
+
+WIRE_KINDS = {pb.Grammar.JSON_SCHEMA: "json_schema", pb.Grammar.JSON_OBJECT: "json_object",
+              pb.Grammar.REGEX: "regex", pb.Grammar.CHOICE: "choice",
+              pb.Grammar.GRAMMAR: "grammar"}
+
+
+def spec_from_wire(sampling: pb.SamplingParams) -> GrammarSpec | None:
+    """The request's grammar; None when unset or of a kind this build does not know (read as
+    NONE, the wire's rule for unknown enum values)."""
+    if not sampling.HasField("grammar"):
+        return None
+    kind = WIRE_KINDS.get(sampling.grammar.kind)
+    return GrammarSpec(kind, sampling.grammar.text) if kind is not None else None
+
+
+def bitmask_width(vocab_size: int) -> int:
+    return (vocab_size + 31) // 32
+
+
+def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor,
+                        bitmask: torch.Tensor) -> torch.Tensor:
+    """logits [B, V] with -inf at the tokens `bitmask` [G, W] int32 forbids in rows `rows` [G]
+    (out of place; the other rows are untouched)."""
+    vocab = logits.shape[1]
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1                    # [G, W, 32]
+    allowed = bits.reshape(bitmask.shape[0], -1)[:, :vocab].bool()  # [G, V]
+    if allowed.shape[1] < vocab:  # a mask narrower than the logits allows none of the rest
+        allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]))
+    sub = logits.index_select(0, rows).masked_fill(~allowed, float("-inf"))
+    return logits.index_copy(0, rows, sub)
+
+
+class RequestGrammar:
+    """One request's matcher (ready once its grammar is compiled) and the tokens it took."""
+
+    __slots__ = ("_future", "error", "spec")
+
+    def __init__(self, spec: GrammarSpec, future: Future) -> None:
+        self.spec = spec
+        self._future = future
+        self.error: str | None = None
+
+    def matcher(self):
+        """The llguidance matcher (waits for the compile); None if the grammar failed."""
+        if self.error is not None:
+            return None
+        try:
+            return self._future.result()
+        except GrammarError as exc:
+            self.error = str(exc)
+            log.warning("grammar failed to compile (%s): the request ends at once", exc)
+            return None
+
+    def consume(self, tokens) -> None:
+        """The tokens the request was given (each was allowed by its mask)."""
+        m = self.matcher()
+        if m is None:
+            return
+        for t in tokens:
+            if not m.consume_token(int(t)):
+                self.error = m.get_error() or "token rejected"
+                log.warning("grammar rejected token %d: %s", t, self.error)
+                return
+
+
+class StepMasks:
+    """The bitmask of one step's constrained rows: a future of an int32 [R, W] array."""
+
+    __slots__ = ("_future", "_value")
+
+    def __init__(self, future: Future) -> None:
+        self._future = future
+        self._value: np.ndarray | None = None
+
+    def result(self) -> np.ndarray:
+        if self._value is None:
+            self._value = self._future.result()
+        return self._value
+
+
+class GrammarManager:
+    """Compiles grammars and computes bitmasks for one engine (one vocabulary)."""
+
+    def __init__(self, tokenizer_json: str, vocab_size: int, eos_token_ids: tuple[int, ...],
+                 num_threads: int = 1) -> None:
+        self.tokenizer_json = tokenizer_json
+        self.vocab_size = vocab_size
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.num_threads = max(1, num_threads)
+        self.width = bitmask_width(vocab_size)
+        self._compile = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
+        self._masks = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
+        self.num_masked_rows = 0
+
+    # built at the first constrained request: a backend that never sees one pays nothing
+    @cached_property
+    def compiler(self) -> GrammarCompiler:
+        return GrammarCompiler(load_tokenizer(self.tokenizer_json, self.vocab_size,
+                                              self.eos_token_ids))
+
+    @cached_property
+    def _executor(self):
+        from llguidance import LLExecutor
+
+        return LLExecutor(self.num_threads)
+
+    def start(self, spec: GrammarSpec) -> RequestGrammar:
+        """Begin compiling `spec` (or take it from the cache) for a new request."""
+        return RequestGrammar(spec, self._compile.submit(lambda: self.compiler.matcher(spec)))
+
+    def submit(self, grammars: list[RequestGrammar]) -> StepMasks:
+        """Compute the next-token bitmask of each grammar (row i = grammars[i]) on the mask
+        thread; the caller reads it after the step's forward."""
+        self.num_masked_rows += len(grammars)
+        return StepMasks(self._masks.submit(self._fill, list(grammars)))
+
+    def _fill(self, grammars: list[RequestGrammar]) -> np.ndarray:
+        from llguidance.numpy import fill_next_token_bitmask_par
+
+        bitmask = np.zeros((len(grammars), self.width), dtype=np.int32)
+        work = [(m, i) for i, g in enumerate(grammars) for m in [g.matcher()]
+                if m is not None and not m.is_error()]
+        if work:
+            fill_next_token_bitmask_par(self._executor, work, bitmask)
+        ok = {i for m, i in work if not m.is_error()}
+        for i in range(len(grammars)):
+            if i not in ok:  # a grammar that failed: only end-of-sequence is left
+                bitmask[i] = self._eos_row
+        return bitmask
+
+    @cached_property
+    def _eos_row(self) -> np.ndarray:
+        row = np.zeros(self.width, dtype=np.uint32)
+        for e in self.eos_token_ids:
+            row[e // 32] |= np.uint32(1 << (e % 32))
+        return row.view(np.int32)
+
+    def close(self) -> None:
+        self._compile.shutdown(wait=False, cancel_futures=True)
+        self._masks.shutdown(wait=False, cancel_futures=True)

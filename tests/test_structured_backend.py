@@ -1,0 +1,178 @@
+"""Structured output in the engine: the bitmask against a per-token reference, rows without a
+grammar untouched, the sampler's zero-noise guard, and tiny-coder's output held to JSON schemas,
+a regex and a choice list with greedy and sampled decoding (checked by `jsonschema`)."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pytest
+import torch
+from structured_schemas import random_schema
+
+import backend.runner.sampler as sampler_mod
+from backend.runner.grammar import apply_token_bitmask, bitmask_width, spec_from_wire
+from backend.runner.sampler import SampleSpec, SamplingParams, SamplingTensors, sample
+from proto import tidegate_pb2 as pb
+from tokenizer.grammar import GrammarSpec
+
+TINY_CODER = Path(__file__).resolve().parents[1] / "models" / "tiny-coder"
+
+
+def _reference_mask(logits: torch.Tensor, rows: list[int], bitmask: np.ndarray) -> torch.Tensor:
+    out = logits.clone()
+    for g, r in enumerate(rows):
+        for tok in range(logits.shape[1]):
+            word = int(bitmask[g, tok // 32]) & 0xFFFFFFFF
+            if not (word >> (tok % 32)) & 1:
+                out[r, tok] = float("-inf")
+    return out
+
+
+@pytest.mark.parametrize("vocab", [32, 100, 263])
+def test_bitmask_matches_a_per_token_reference(vocab):
+    rng = np.random.default_rng(vocab)
+    logits = torch.randn(5, vocab)
+    rows = [1, 4]
+    bits = rng.integers(-(2**31), 2**31, size=(2, bitmask_width(vocab)), dtype=np.int64)
+    bitmask = bits.astype(np.int32)
+    bitmask[0, 0] = -1  # all 32 bits, the sign bit included
+    got = apply_token_bitmask(logits, torch.tensor(rows), torch.from_numpy(bitmask))
+    assert torch.equal(got, _reference_mask(logits, rows, bitmask))
+    assert torch.equal(got[[0, 2, 3]], logits[[0, 2, 3]])  # rows without a grammar untouched
+
+
+def test_rows_without_a_grammar_sample_as_before():
+    logits = torch.randn(4, 64)
+    mask = np.zeros((1, 2), np.int32)
+    mask[0, 1] = 1 << 3  # only token 35
+
+    class Masks:
+        def result(self):
+            return mask
+
+    params = [SamplingParams(temperature=0.8), SamplingParams(temperature=0.0),
+              SamplingParams(temperature=0.8, grammar=GrammarSpec("regex", "x")),
+              SamplingParams(temperature=0.0)]
+    specs = [SampleSpec(p, seed=i, counter=3) for i, p in enumerate(params)]
+    specs[2].mask = (Masks(), 0)
+    t = SamplingTensors.build(params, [s.seed for s in specs], [3] * 4, 64, torch.device("cpu"),
+                              specs)
+    free = SamplingTensors.build(params, [s.seed for s in specs], [3] * 4, 64,
+                                 torch.device("cpu"), [SampleSpec(p, i, 3) for i, p in
+                                                       enumerate(params)])
+    got, ref = sample(logits, t), sample(logits, free)
+    assert got[2].item() == 35
+    assert torch.equal(got[[0, 1, 3]], ref[[0, 1, 3]])
+    assert params[2].changes_logits and not params[0].changes_logits  # host sampling path
+
+
+def test_zero_noise_never_picks_a_masked_token(monkeypatch):
+    """A noise draw of u = 1.0 (fp32 rounding, 1 in 2^25) used to give 0 / 0 = nan for a masked
+    token, and argmax picks a nan: a token the grammar (or top-k) had ruled out."""
+    def ones(seeds, counters, vocab):
+        return torch.ones(len(seeds), vocab)
+    monkeypatch.setattr(sampler_mod, "uniform_noise", ones)
+    logits = torch.full((1, 8), -1.0)
+    logits[0, 5] = 3.0
+    ids = sample(logits, SamplingTensors.build([SamplingParams(temperature=1.0, top_k=1)], [0],
+                                               [0], 8, torch.device("cpu")))
+    assert ids.item() == 5
+
+
+def test_grammar_from_the_wire():
+    s = pb.SamplingParams()
+    assert spec_from_wire(s) is None
+    s.grammar.kind = pb.Grammar.REGEX
+    s.grammar.text = "[0-9]+"
+    assert spec_from_wire(s) == GrammarSpec("regex", "[0-9]+")
+    s.grammar.kind = 99  # an unknown kind reads as none (the wire's rule)
+    assert spec_from_wire(s) is None
+
+
+# --- tiny-coder -------------------------------------------------------------------------------
+needs_model = pytest.mark.skipif(not (TINY_CODER / "model.safetensors").exists(),
+                                 reason="models/tiny-coder is not in this checkout")
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from backend.engine.assemble import BackendConfig, create_engine
+
+    eng, loaded = create_engine(BackendConfig(model=str(TINY_CODER)))
+    return eng, loaded.tokenizer
+
+
+def _run(eng, requests: dict) -> dict[str, tuple[list[int], str]]:
+    for rid, (prompt, params) in requests.items():
+        assert eng.add_request(rid, prompt, params) is None
+    out: dict[str, list[int]] = {rid: [] for rid in requests}
+    finish: dict[str, str] = {}
+    while eng.has_unfinished():
+        for o in eng.step():
+            out[o.request_id].extend(o.new_token_ids)
+            if o.finish_reason:
+                finish[o.request_id] = o.finish_reason
+    eng.check_integrity()
+    return {rid: (ids, finish[rid]) for rid, ids in out.items()}
+
+
+def _text(tok, ids) -> str:
+    return tok.decode([t for t in ids if t not in tok.eos_token_ids])
+
+
+@needs_model
+def test_tiny_coder_json_schemas_greedy_and_sampled(engine):
+    eng, tok = engine
+    prompt = tok.encode_chat([{"role": "user", "content": "Reply with a JSON object."}])
+    schemas = [random_schema(1000 + i, bounded=True) for i in range(8)] + \
+        [random_schema(2000 + i) for i in range(8)]
+    reqs = {f"s{i}-{temp}": (prompt, SamplingParams(
+        max_tokens=400, temperature=temp, seed=i, grammar=GrammarSpec.json_schema(s)))
+        for i, s in enumerate(schemas) for temp in ((0.0, 0.7) if i < 8 else (0.7,))}
+    free = tok.encode("def fib(n):")
+    reqs["free"] = (free, SamplingParams(max_tokens=12))
+    alone = _run(eng, {"alone": (free, SamplingParams(max_tokens=12))})["alone"]
+    results = _run(eng, reqs)
+    for rid, (ids, finish) in results.items():
+        if rid == "free":
+            continue
+        schema = schemas[int(rid[1:].split("-")[0])]
+        assert finish == "stop", (rid, _text(tok, ids))
+        jsonschema.validate(json.loads(_text(tok, ids)), schema)
+    assert results["free"] == alone  # sharing the batch with grammar rows changes nothing
+
+
+@needs_model
+def test_tiny_coder_regex_choice_and_key_order(engine):
+    eng, tok = engine
+    prompt = tok.encode("# a version string\nVERSION = '")
+    schema = {"type": "object", "properties": {"zeta": {"type": "integer"},
+                                               "alpha": {"enum": ["x", "y"]}},
+              "required": ["zeta", "alpha"], "additionalProperties": False}
+    out = _run(eng, {
+        "re": (prompt, SamplingParams(max_tokens=30, temperature=0.7, seed=1,
+                                      grammar=GrammarSpec("regex", r"v[0-9]\.[0-9]{1,2}"))),
+        "choice": (prompt, SamplingParams(max_tokens=30, temperature=0.7, seed=2,
+                                          grammar=GrammarSpec.choice(["alpha", "beta"]))),
+        "order": (prompt, SamplingParams(max_tokens=60, grammar=GrammarSpec.json_schema(schema))),
+    })
+    assert re.fullmatch(r"v[0-9]\.[0-9]{1,2}", _text(tok, out["re"][0]))
+    assert _text(tok, out["choice"][0]) in ("alpha", "beta")
+    text = _text(tok, out["order"][0])
+    assert text.index('"zeta"') < text.index('"alpha"')  # the schema's property order
+
+
+@needs_model
+def test_an_engine_without_grammars_refuses_them(engine):
+    eng, tok = engine
+    grammars, eng.grammars = eng.grammars, None
+    try:
+        reason = eng.add_request("x", tok.encode("a"), SamplingParams(
+            grammar=GrammarSpec("json_object")))
+    finally:
+        eng.grammars = grammars
+    assert reason is not None and "structured output" in reason
