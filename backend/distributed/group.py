@@ -65,8 +65,10 @@ class TPGroup:
         return cls(rank, rdv.size, device, control=control)
 
     @staticmethod
-    def host_store(size: int, host: str = "127.0.0.1") -> tuple[Rendezvous, object]:
-        store = dist.TCPStore(host, 0, size, is_master=True, timeout=COLLECTIVE_TIMEOUT,
+    def host_store(size: int, host: str = "127.0.0.1", port: int = 0) -> tuple[Rendezvous, object]:
+        """Rank 0's store; `host` is where this host's ranks reach it. A port other than 0 is
+        the fixed one the ranks of other hosts were told (backend.server.ranks.MultiHost)."""
+        store = dist.TCPStore(host, port, size, is_master=True, timeout=COLLECTIVE_TIMEOUT,
                               wait_for_workers=False)
         return Rendezvous(host, store.port, size), store
 

@@ -33,6 +33,15 @@ def serve_parser() -> argparse.ArgumentParser:
                      "client that knows this backend's public key)")
     sec.add_argument("--insecure", action="store_true",
                      help="allow a non-loopback tcp:// listen address without CURVE keys")
+    mh = p.add_argument_group("tensor parallelism over several hosts (backend.server.ranks; "
+                              "the same engine flags on every host)")
+    mh.add_argument("--tp-nodes", type=int, default=1, metavar="K",
+                    help="hosts the --tensor-parallel-size ranks span, N/K on each (default 1)")
+    mh.add_argument("--tp-node-rank", type=int, default=0, metavar="J",
+                    help="this host's index: 0 serves (--listen) and hosts the rendezvous; "
+                         "J > 0 only runs its ranks (default 0)")
+    mh.add_argument("--tp-rendezvous", default=None, metavar="HOST:PORT",
+                    help="host 0's address and the fixed port of its rendezvous store")
     add_engine_args(p)
     add_engine_kind_args(p)
     add_serving_args(p.add_argument_group(
@@ -44,6 +53,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = serve_parser().parse_args(argv)
     ranks = None  # the other tensor-parallel ranks (backend.server.ranks)
+    if args.tp_node_rank > 0:  # a host of a multi-host group that serves nothing itself
+        from backend.server.ranks import node_main
+
+        try:
+            return node_main(backend_config(args), _serving_options(args),
+                             args.tensor_parallel_size, _hosts(args))
+        except ModelLoadError as exc:
+            print(f"tidegate backend: error: {exc}", file=sys.stderr)
+            return 1
     try:
         import zmq
 
@@ -66,11 +84,12 @@ def main(argv: list[str] | None = None) -> int:
             engine, loaded = create_vllm_engine(backend_config(args), args.vllm_kv_gib,
                                                 args.enforce_eager)
             serving = ", vLLM's engine"
-        elif args.tensor_parallel_size != 1:
+        elif args.tensor_parallel_size != 1 or args.tp_nodes != 1:
             from backend.server.ranks import start_tp_engine
 
             engine, loaded, info, ranks = start_tp_engine(
-                backend_config(args), _serving_options(args), args.tensor_parallel_size)
+                backend_config(args), _serving_options(args), args.tensor_parallel_size,
+                _hosts(args))
             serving = _serving_note(info) + f", tensor-parallel {info['tensor_parallel']}"
         else:
             engine, loaded = create_engine(backend_config(args), _serving_options(args))
@@ -106,6 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     if ranks is not None:  # 1 when a rank died (its requests were answered with errors)
         rc = ranks.stop() or rc
     return rc
+
+
+def _hosts(args: argparse.Namespace):
+    from backend.server.ranks import MultiHost
+
+    return MultiHost(args.tp_nodes, args.tp_node_rank, args.tp_rendezvous)
 
 
 def _serving_options(args: argparse.Namespace):

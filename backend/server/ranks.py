@@ -1,7 +1,13 @@
 """Starting the rank processes, building each rank's engine, watching the ranks.
 
     tidegate backend --tensor-parallel-size N ...      (rank 0: this process)
-      -> N-1 x `python -m backend.server.ranks <rank> <rendezvous> <config JSON>`
+      -> N-1 x `python -m backend.server.ranks <rank> <rendezvous> <config JSON> [<per host>]`
+
+Over several hosts (a LeaderWorkerSet's pods, deploy/): `--tp-nodes K --tp-rendezvous HOST:PORT`
+on every host with the same engine flags; host 0 (`--tp-node-rank 0`, the default) serves and
+hosts the store on PORT, host j starts ranks j*N/K .. (j+1)*N/K - 1 on its own devices
+(`node_main`) and serves nothing. Each host watches its own ranks; a rank on another host that
+dies fails the next collective (gloo: its sockets close; NCCL: the collective timeout).
 
 Rank 0 hosts the rendezvous store, starts the followers (plain subprocesses: the config travels
 as JSON in argv, nothing is pickled), and every rank then builds the same thing from the same
@@ -48,16 +54,44 @@ STOP_TIMEOUT_S = 30.0
 PARENT_WATCH_S = 0.5
 
 
-def rank_device(device: str, rank: int, size: int) -> torch.device:
+@dataclasses.dataclass(frozen=True)
+class MultiHost:
+    """A tensor-parallel group over `nodes` hosts, `size / nodes` ranks on each."""
+
+    nodes: int = 1
+    node_rank: int = 0
+    rendezvous: str | None = None  # HOST:PORT of host 0's store (host 0 binds PORT)
+
+    def check(self, size: int) -> None:
+        if self.nodes < 1 or size % self.nodes:
+            raise ModelLoadError(f"--tp-nodes {self.nodes} must divide --tensor-parallel-size "
+                                 f"{size}")
+        if not 0 <= self.node_rank < self.nodes:
+            raise ModelLoadError(f"--tp-node-rank {self.node_rank} not in 0..{self.nodes - 1}")
+        if self.nodes > 1:
+            host, _, port = (self.rendezvous or "").rpartition(":")
+            if not host or not port.isdigit() or int(port) == 0:
+                raise ModelLoadError("--tp-nodes > 1 needs --tp-rendezvous HOST:PORT (a fixed "
+                                     "port, host 0's address)")
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, _, port = (self.rendezvous or "").rpartition(":")
+        return host.strip("[]"), int(port)
+
+
+def rank_device(device: str, rank: int, size: int, per_host: int | None = None) -> torch.device:
+    """This rank's device: the (rank mod ranks-per-host)-th GPU from --device on its host."""
     dev = torch.device(device)
     if dev.type != "cuda":
         return dev
+    per_host = per_host or size
     first = dev.index or 0
     have = torch.cuda.device_count()
-    if first + size > have:
-        raise ModelLoadError(f"--tensor-parallel-size {size} from {device} needs GPUs "
-                             f"{first}..{first + size - 1}; this machine has {have}")
-    return torch.device("cuda", first + rank)
+    if first + per_host > have:
+        raise ModelLoadError(f"--tensor-parallel-size {size} ({per_host} a host) from {device} "
+                             f"needs GPUs {first}..{first + per_host - 1}; this machine has {have}")
+    return torch.device("cuda", first + rank % per_host)
 
 
 def check_options(cfg: BackendConfig, size: int) -> None:
@@ -158,18 +192,26 @@ class Ranks:
                 proc.wait()
 
 
-def start_tp_engine(cfg: BackendConfig, serving: ServingOptions, size: int):
-    """Rank 0: start the followers, build this rank, and the engine that serves.
+def _start_ranks(ranks: range, rendezvous: str, config_json: str, per_host: int
+                 ) -> dict[int, subprocess.Popen]:
+    return {rank: subprocess.Popen([sys.executable, "-m", "backend.server.ranks", str(rank),
+                                    rendezvous, config_json, str(per_host)])
+            for rank in ranks}
+
+
+def start_tp_engine(cfg: BackendConfig, serving: ServingOptions, size: int,
+                    hosts: MultiHost = MultiHost()):
+    """Rank 0: start this host's followers, build this rank, and the engine that serves.
     Returns (engine, loaded, serving info, ranks)."""
     check_options(cfg, size)
-    device = rank_device(cfg.device, 0, size)
-    rdv, store = TPGroup.host_store(size)
+    hosts.check(size)
+    per_host = size // hosts.nodes
+    device = rank_device(cfg.device, 0, size, per_host)
+    port = hosts.address[1] if hosts.nodes > 1 else 0  # the other hosts were told this port
+    rdv, store = TPGroup.host_store(size, port=port)
     config_json = json.dumps({"backend": asdict(cfg), "serving": asdict(serving)})
-    procs = {}
-    for rank in range(1, size):
-        procs[rank] = subprocess.Popen(
-            [sys.executable, "-m", "backend.server.ranks", str(rank),
-             f"{rdv.host}:{rdv.port}:{rdv.size}", config_json])
+    procs = _start_ranks(range(1, per_host), f"{rdv.host}:{rdv.port}:{rdv.size}", config_json,
+                         per_host)
     group = TPGroup.join(0, rdv, device, store=store)
     ranks = Ranks(procs, group)
     try:
@@ -185,6 +227,31 @@ def start_tp_engine(cfg: BackendConfig, serving: ServingOptions, size: int):
     return engine, loaded, info, ranks
 
 
+def node_main(cfg: BackendConfig, serving: ServingOptions, size: int, hosts: MultiHost) -> int:
+    """Host j > 0 of a multi-host group: run its ranks until one of them exits (host 0 stopped,
+    or a rank failed), then stop the others; 1 unless every rank exited 0."""
+    check_options(cfg, size)
+    hosts.check(size)
+    per_host = size // hosts.nodes
+    host, port = hosts.address
+    first = hosts.node_rank * per_host
+    config_json = json.dumps({"backend": asdict(cfg), "serving": asdict(serving)})
+    procs = _start_ranks(range(first, first + per_host), f"{host}:{port}:{size}", config_json,
+                         per_host)
+    print(f"tidegate backend: host {hosts.node_rank} of {hosts.nodes}: ranks {first}.."
+          f"{first + per_host - 1} joining {host}:{port}", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: [p.terminate() for p in procs.values()])
+    codes = []
+    while procs:
+        for rank, proc in list(procs.items()):
+            if proc.poll() is not None:
+                codes.append(procs.pop(rank).returncode)
+                for other in procs.values():  # one gone: the group is broken
+                    other.terminate()
+        time.sleep(PARENT_WATCH_S)
+    return 0 if all(c == 0 for c in codes) else 1
+
+
 def _watch_parent(parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(PARENT_WATCH_S)
@@ -195,12 +262,13 @@ def follower_main(argv: list[str]) -> int:
     rank = int(argv[0])
     host, port, size = argv[1].rsplit(":", 2)
     spec = json.loads(argv[2])
+    per_host = int(argv[3]) if len(argv) > 3 else int(size)
     cfg = BackendConfig(**spec["backend"])
     serving = ServingOptions(**spec["serving"])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # ^C reaches the group: rank 0 stops us
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     try:
-        device = rank_device(cfg.device, rank, int(size))
+        device = rank_device(cfg.device, rank, int(size), per_host)
         group = TPGroup.join(rank, Rendezvous(host, int(port), int(size)), device)
         runner, _, _, host_kv = build_rank(cfg, serving, group)
     except ModelLoadError as exc:
