@@ -103,8 +103,9 @@ def serve_parser() -> argparse.ArgumentParser:
                    "output and prediction ids) there as <run>.jsonl, for python -m "
                    "sims.speculation --trace")
     e.add_argument("--speculation", default=None,
-                   help="the requests' speculation field for the measured runs: off | auto | "
-                        "a number (max_draft_tokens); default: absent (the server's policy)")
+                   help="the requests' speculation field (every workload; with edit/completion "
+                        "the measured runs'): off | auto | a number (max_draft_tokens); default: "
+                        "absent (the server's policy)")
     o = p.add_argument_group("output")
     o.add_argument("--slo-ttft-ms", default=None, metavar="MS|CLASS=MS,...",
                    help="TTFT target for every class, or per class (fast=200,normal=1000,"
@@ -183,7 +184,8 @@ def serve_main(argv: list[str]) -> int:
     else:
         target = loadgen.HttpTarget(args.url, args.endpoint, args.model, args.api_key, args.timeout,
                                     return_token_ids=not args.no_return_token_ids,
-                                    temperature=args.temperature)
+                                    temperature=args.temperature,
+                                    speculation=_speculation_field(args.speculation))
         coro = loadgen.run_http(target, schedule.offset, prompts, schedule.output_len,
                                 args.max_concurrency, progress)
     target_name = args.zmq_url if args.backend == "zmq" else args.url
@@ -215,6 +217,13 @@ def serve_main(argv: list[str]) -> int:
     return 0 if result["completed"] else 1
 
 
+def _speculation_field(value: str | None):
+    """--speculation off | auto | N -> the requests' `speculation` field (None: absent)."""
+    if value is None or value in ("off", "auto"):
+        return value
+    return {"max_draft_tokens": int(value)}
+
+
 def _code_workload(p: argparse.ArgumentParser, args) -> int:
     """`--workload edit|completion` (bench.serving.edit): runs against --url, JSON to --json."""
     from bench.serving.edit import format_result, keep_list, run_workload
@@ -226,9 +235,7 @@ def _code_workload(p: argparse.ArgumentParser, args) -> int:
         output_len = int(args.output_len)
     except ValueError as exc:
         p.error(str(exc))
-    spec = args.speculation
-    if spec is not None and spec not in ("off", "auto"):
-        spec = {"max_draft_tokens": int(spec)}
+    spec = _speculation_field(args.speculation)
     out = asyncio.run(run_workload(
         url=args.url, endpoint=args.endpoint, model=args.model, workload=args.workload,
         oracle=args.oracle, keeps=keeps, num_requests=args.num_requests or 16,

@@ -33,7 +33,7 @@ from __future__ import annotations
 import heapq
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -195,32 +195,62 @@ def _step_cost(cost, plan) -> tuple[float, int]:
 def simulate_speculation(requests: Sequence[SpecRequest], cost, sched_config: SchedulerConfig,
                          spec_config: SpeculationConfig | None, acceptance=None, *,
                          concurrency: int | None = None, seed: int = 0,
+                         warmup: Sequence[SpecRequest] = (),
                          max_steps: int = 10_000_000) -> SpecSimResult:
     """Run `requests` through one simulated backend. `spec_config` None: no speculation (the
-    same steps a plain engine runs)."""
+    same steps a plain engine runs). `warmup`: requests run first on the same backend (its
+    prefix cache, the speculator's sessions and measured knee), not in the result: the live
+    oracle's baseline before its measured runs."""
     acceptance = acceptance or OracleAcceptance()
     rng = np.random.default_rng(seed)
     sched = StepScheduler(sched_config)
     spec = Speculator(spec_config, StepCostModel()) if spec_config is not None else None
-    n = len(requests)
-    records = [RequestRecord(0.0) for _ in range(n)]
-    generated = [0] * n
+    all_reqs = list(warmup) + list(requests)
+    records = [RequestRecord(0.0) for _ in all_reqs]
+    generated = [0] * len(all_reqs)
+    outputs: dict[int, list[int]] = {}
+    steps: list[tuple[float, int, int, int, int]] = []
+    decisions: list[dict[str, int]] = []
+    now = 0.0
+    budget = [max_steps]
+    if warmup:
+        now, _, _ = _run_phase(range(len(warmup)), all_reqs, now, sched, spec, cost, acceptance,
+                               rng, concurrency, records, generated, {}, budget)
+    first = len(warmup)
+    start = now
+    now, steps, decisions = _run_phase(range(first, len(all_reqs)), all_reqs, now, sched, spec,
+                                       cost, acceptance, rng, concurrency, records, generated,
+                                       outputs, budget)
+    stats = spec.stats() if spec is not None else {}
+    return SpecSimResult(records[first:], steps, decisions, now - start, stats,
+                         {i - first: o for i, o in outputs.items()})
+
+
+def _run_phase(indexes: range, requests: Sequence[SpecRequest], now: float, sched, spec, cost,
+               acceptance, rng, concurrency: int | None, records: list[RequestRecord],
+               generated: list[int], outputs: dict[int, list[int]], budget: list[int]
+               ) -> tuple[float, list, list]:
+    """Requests `indexes` from `now` until they all finish -> (end time, steps, decisions)."""
+    ids = list(indexes)
+    n = len(ids)
+    t0 = now
     # arrivals: (time, index); closed loop releases the next one at each finish
     if concurrency is not None:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
-        arrivals = [(0.0, i) for i in range(min(concurrency, n))]
+        arrivals = [(t0, i) for i in ids[:concurrency]]
         next_closed = len(arrivals)
     else:
-        arrivals = [(float(r.arrival), i) for i, r in enumerate(requests)]
+        arrivals = [(t0 + float(requests[i].arrival), i) for i in ids]
         next_closed = n
     heapq.heapify(arrivals)
-    now = 0.0
     steps: list[tuple[float, int, int, int, int]] = []
     decisions: list[dict[str, int]] = []
-    outputs: dict[int, list[int]] = {}
     done = 0
-    for _ in range(max_steps):
+    while True:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise RuntimeError("the simulation did not finish in its step budget")
         while arrivals and arrivals[0][0] <= now:
             t, i = heapq.heappop(arrivals)
             r = requests[i]
@@ -303,14 +333,11 @@ def simulate_speculation(requests: Sequence[SpecRequest], cost, sched_config: Sc
             if spec is not None:
                 spec.finish(f.request_id)
             if next_closed < n:
-                heapq.heappush(arrivals, (now, next_closed))
+                heapq.heappush(arrivals, (now, ids[next_closed]))
                 next_closed += 1
         if done == n:
             break
-    else:
-        raise RuntimeError(f"the simulation did not finish in {max_steps} steps")
-    stats = spec.stats() if spec is not None else {}
-    return SpecSimResult(records, steps, decisions, now, stats, outputs)
+    return now, steps, decisions
 
 
 # ---- workloads ------------------------------------------------------------------------------------
@@ -398,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
                             num_blocks=cost.num_kv_blocks(args.block_size),
                             max_num_seqs=args.max_num_seqs,
                             max_num_batched_tokens=args.max_num_batched_tokens,
-                            block_size=args.block_size)
+                            block_size=args.block_size, enable_prefix_caching=True)
     spec = SpeculationConfig(max_draft_tokens=args.max_draft_tokens,
                              knee_tokens=args.knee_tokens)
     if args.trace:
@@ -413,9 +440,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'run':<14}{'spec':>5}{'TPOT p50 ms':>13}{'ITL p50':>9}{'tok/s':>9}"
           f"{'accept':>8}{'ratio':>7}")
     for name, reqs in workloads.items():
+        # as the live oracle runs: the baseline (speculation off) first, then the measured run
+        # on the same backend (its prefix cache holds the prompts by then)
+        baseline = [replace(r, off=True) for r in reqs]
         off = simulate_speculation(reqs, cost, sched, None, concurrency=args.concurrency,
                                    seed=args.seed).summary()
-        on = simulate_speculation(reqs, cost, sched, spec, acceptance,
+        on = simulate_speculation(reqs, cost, sched, spec, acceptance, warmup=baseline,
                                   concurrency=args.concurrency, seed=args.seed).summary()
         ratio = on["tpot_p50_s"] / off["tpot_p50_s"] if off["tpot_p50_s"] else None
         report["runs"][name] = {"off": off, "on": on, "tpot_p50_ratio": ratio}

@@ -79,3 +79,36 @@ async def test_completion_workload_runs_off_and_on(url, backend):
                              max_tokens=8, concurrency=1, seed=0, corpus=None, file_chars=600)
     assert set(out["runs"]) == {"off", "on"}
     assert all(r["completed"] == 2 for r in out["runs"].values())
+
+
+def test_random_workload_passes_the_speculation_field():
+    from bench.serving.loadgen import HttpTarget, request_body
+
+    assert "speculation" not in request_body(HttpTarget(), "m", [1, 2], 4)
+    body = request_body(HttpTarget(speculation="off"), "m", [1, 2], 4)
+    assert body["speculation"] == "off"
+
+
+def test_spec_validate_compares_shared_runs():
+    from bench.simulator.spec_validate import compare
+
+    def live_run(tpot, tps, drafts, tokens, accepted):
+        return {"tpot_ms": {"p50": tpot}, "output_throughput": tps, "completed": 4,
+                "spec_decode": {"vllm:spec_decode_num_drafts_total": drafts,
+                                "vllm:spec_decode_num_draft_tokens_total": tokens,
+                                "acceptance_rate": accepted / tokens if tokens else None}}
+
+    def sim_run(tpot_s, tps, verifies, tokens, accepted):
+        return {"tpot_p50_s": tpot_s, "output_throughput_tok_s": tps, "num_requests": 4,
+                "verifies": verifies, "draft_tokens": tokens,
+                "acceptance_rate": accepted / tokens if tokens else None}
+
+    live = {"concurrency": 8, "runs": {"off": live_run(20.0, 400.0, 0, 0, 0),
+                                       "keep=0.75": live_run(8.0, 1000.0, 100, 800, 700)}}
+    sim = {"runs": {"keep=0.75": {"off": sim_run(0.0203, 396.0, 0, 0, 0),
+                                  "on": sim_run(0.0090, 1000.0, 100, 790, 700)}}}
+    rows = {r["run"]: r for r in compare(live, sim)}
+    assert rows["off"]["within_5pct"] and not rows["keep=0.75"]["within_5pct"]
+    assert rows["keep=0.75"]["tpot_p50_ms_ratio"] == pytest.approx(9.0 / 8.0)
+    assert rows["keep=0.75"]["live"]["draft_tokens_per_verify"] == 8.0
+    assert rows["keep=0.75"]["sim"]["draft_tokens_per_verify"] == 7.9

@@ -228,6 +228,7 @@ async def run_items(base: str, endpoint: str, model: str, items: list[Item], con
         await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
         after = await _spec_counters(session, base)
     summary = summarize(records, start_time=t0)
+    summary["error_details"] = sorted({r.error_detail for r in records if r.error})[:3]
     accepted = sum(s.accepted for s in seen)
     rejected = sum(s.rejected for s in seen)
     summary["prediction_tokens"] = {"accepted": accepted, "rejected": rejected,
@@ -294,7 +295,7 @@ async def run_workload(*, url: str, endpoint: str, model: str | None, workload: 
             if oracle:
                 if not seen[i].ids:
                     raise RuntimeError(f"the baseline of request {i} failed: "
-                                       f"{off.get('errors')}")
+                                       f"{off.get('errors')} {off['error_details']}")
                 pred = alter_token_lines(seen[i].ids, seen[i].texts, keep, krng)
             else:
                 pred, _ = alter_text(files[i][1], keep, krng)

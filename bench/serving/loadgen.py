@@ -43,6 +43,7 @@ class HttpTarget:
     return_token_ids: bool = True
     ignore_eos: bool = True
     temperature: float = 0.0
+    speculation: object = None  # the requests' `speculation` field (issue 28); None: absent
 
 
 def request_body(target: HttpTarget, model: str, prompt: list[int], max_tokens: int) -> dict:
@@ -51,6 +52,8 @@ def request_body(target: HttpTarget, model: str, prompt: list[int], max_tokens: 
             "stream_options": {"include_usage": True}}
     if target.return_token_ids:
         body["return_token_ids"] = True
+    if target.speculation is not None:
+        body["speculation"] = target.speculation
     return body
 
 

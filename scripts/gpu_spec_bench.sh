@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# Issue 28's H200 goals, the benchmark part (run by scripts/gpu_spec_run.sh, or alone). Two
+# parts, one device call each (each fits the 10-minute limit):
+#
+#   PART=serve  tidegate serve (33B preset, dummy bf16 weights, speculation on by default), then
+#               1. oracle edit, c=1, 100/75/50% of lines kept   goal: TPOT p50 <= 0.30/0.45/0.65x
+#               2. oracle edit, c=8, 100%                        goal: <= 0.5x
+#                  (each against its own greedy baseline with speculation off, same invocation)
+#               3. saturation: 512/128 x 400 at once and 16/32 x 256 at once, the requests'
+#                  speculation left to the server's policy vs "off"   goal: tok/s >= 0.98x
+#               4. oracle edit at 3 loads (c = LOADS) with 75% kept, traces for the simulator
+#   PART=sim    the verify-shaped profile (tidegate backend profile: short chunks at a context,
+#               packed ones for concurrent verifies), the simulator on part 4's traces at the
+#               same loads, and sim vs live (bench.simulator.spec_validate)   goal: within 5%
+#               and the same policy decisions. Needs part serve's $OUT/spec_serve.tar.gz.
+#
+#   bash scripts/gpu_spec_bench.sh                      # PART=serve, writes under $OUT
+#   PART=sim bash scripts/gpu_spec_bench.sh
+#   MODEL=tiny DEVICE=cpu NREQ=2 OUTLEN=24 SAT="64/8x16" LOADS="1 2" FILE_CHARS=600 \
+#       bash scripts/gpu_spec_bench.sh                  # the CPU check (then PART=sim)
+#
+# Environment: MODEL (deepseek-coder-33b), DEVICE (cuda), PART (serve | sim), OUT (out/gpu_spec),
+# NREQ (requests per oracle run, 8), OUTLEN (tokens per request, 256), SAT (saturation workloads
+# "IN/OUTxN ...", "512/128x400 16/32x256"), LOADS (concurrencies of the sim-vs-live runs,
+# "1 8 32"), PORT (18080), FILE_CHARS (characters of code per prompt, 3000). Outputs: $OUT/spec_serve_table.txt, $OUT/spec_serve.tar.gz (part
+# serve); $OUT/spec_sim_table.txt, $OUT/spec_sim.tar.gz (part sim).
+set -u
+OUT=${OUT:-out/gpu_spec}
+MODEL=${MODEL:-deepseek-coder-33b}
+DEVICE=${DEVICE:-cuda}
+PART=${PART:-serve}
+NREQ=${NREQ:-8}
+OUTLEN=${OUTLEN:-256}
+SAT=${SAT:-"512/128x400 16/32x256"}
+LOADS=${LOADS:-"1 8 32"}
+PORT=${PORT:-18080}
+FILE_CHARS=${FILE_CHARS:-3000}
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 TOKENIZERS_PARALLELISM=false
+cd "$(dirname "$0")/.."
+PY=${PY:-python3}
+[ -x .venv/bin/python ] && [ "$DEVICE" = cpu ] && PY=.venv/bin/python
+if ! $PY -c 'import zmq' 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+      .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+W=${WORK:-/tmp/spec_work}  # outside $OUT: only a few files come back
+mkdir -p "$OUT" "$W"
+URL="http://127.0.0.1:$PORT"
+bench() { timeout 300 $PY -m gateway.tidegate_cli bench serve --url "$URL" --model "$MODEL" \
+    --file-chars "$FILE_CHARS" "$@"; }
+
+if [ "$PART" = serve ]; then
+  rm -rf "$W/serve"; mkdir -p "$W/serve"; S=$W/serve
+  { command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv
+    git log -1 --format='%H %s' 2>/dev/null; } > "$S/env.txt" 2>&1
+  $PY -m gateway.tidegate_cli serve --port "$PORT" --model "$MODEL" --load-format dummy \
+      --device "$DEVICE" --log-level warning > "$S/serve.log" 2>&1 &
+  server=$!
+  for _ in $(seq 600); do
+    grep -q "serving model" "$S/serve.log" 2>/dev/null && break
+    kill -0 $server 2>/dev/null || break
+    sleep 1
+  done
+  grep "serving model" "$S/serve.log" || { tail -30 "$S/serve.log"; exit 1; }
+  rc=0
+  # 1, 2: the oracle edit workload (baseline with speculation off first, same invocation)
+  bench --workload edit --oracle --keep 1,0.75,0.5 --num-requests "$NREQ" --output-len "$OUTLEN" \
+      --max-concurrency 1 --json "$S/edit_c1.json" --trace-dir "$S/trace_c1" || rc=1
+  bench --workload edit --oracle --keep 1 --num-requests $((2 * NREQ)) --output-len "$OUTLEN" \
+      --max-concurrency 8 --json "$S/edit_c8.json" || rc=1
+  # 3: saturation, all at once: the server's policy vs per-request off, alternated
+  k=0
+  for w in $SAT; do
+    io=${w%x*}; n=${w#*x}; in=${io%/*}; out=${io#*/}
+    for mode in auto off auto off; do
+      bench --input-len "$in" --output-len "$out" --num-requests "$n" --seed 1 \
+          --speculation "$mode" --json "$S/sat_${in}_${out}_${mode}_$((++k)).json" \
+          > "$S/sat_${in}_${out}_${mode}_$k.txt" 2>&1 || rc=1
+    done
+  done
+  # 4: the sim-vs-live loads, 75% of lines kept, traces for part sim
+  for c in $LOADS; do
+    bench --workload edit --oracle --keep 0.75 --num-requests $((NREQ > c ? NREQ : 2 * c)) \
+        --output-len "$OUTLEN" --max-concurrency "$c" --seed 2 --json "$S/load_c$c.json" \
+        --trace-dir "$S/trace_load_c$c" || rc=1
+  done
+  curl -s "$URL/metrics" > "$S/metrics.txt" 2>/dev/null
+  kill $server; wait $server 2>/dev/null
+  $PY - "$S" > "$OUT/spec_serve_table.txt" <<'PYEOF'
+import glob, json, os, sys
+S = sys.argv[1]
+for f in sorted(glob.glob(f"{S}/edit_c*.json")) + sorted(glob.glob(f"{S}/load_c*.json")):
+    d = json.load(open(f))
+    print(os.path.basename(f), "c =", d["concurrency"])
+    for name, r in d["runs"].items():
+        print(f"  {name:<10} TPOT p50 {r['tpot_ms']['p50']:8.2f} ms  ratio "
+              f"{d['tpot_p50_ratio_vs_off'].get(name) or 1:.3f}  tok/s {r['output_throughput']:8.1f}"
+              f"  accept {r['spec_decode'].get('acceptance_rate')}")
+sat = {}
+for f in sorted(glob.glob(f"{S}/sat_*.json")):
+    _, i, o, mode, _ = os.path.basename(f)[:-5].split("_")
+    sat.setdefault((i, o), {}).setdefault(mode, []).append(json.load(open(f))["output_throughput"])
+for (i, o), modes in sat.items():
+    best = {m: max(v) for m, v in modes.items()}
+    ratio = best.get("auto", 0) / best["off"] if best.get("off") else None
+    print(f"saturation {i}/{o}: tok/s policy {modes.get('auto')} off {modes.get('off')} "
+          f"ratio(best) {ratio}")
+PYEOF
+  cat "$OUT/spec_serve_table.txt"
+  tar czf "$OUT/spec_serve.tar.gz" -C "$W" serve
+  exit $rc
+fi
+
+if [ "$PART" = sim ]; then
+  rm -rf "$W/sim"; mkdir -p "$W/sim"; M=$W/sim
+  [ -d "$W/serve" ] || tar xzf "$OUT/spec_serve.tar.gz" -C "$W" || exit 1
+  S=$W/serve
+  # verify-shaped points: k + 1 = 9-token chunks at a 1024-token context, 8 of them packed
+  timeout 420 $PY -m gateway.tidegate_cli backend profile --model "$MODEL" --load-format dummy \
+      --device "$DEVICE" --out "$M/profile.json" --decode-batch-sizes 0,1,8,32 \
+      --prefill-tokens 0,9,72,512 --context-lens 1024 --packed-prefill-seqs 8 \
+      --prefill-context-lens 1024 --packed-decode-batch-sizes 0,1,8 --repeats 3 \
+      > "$M/profile.log" 2>&1 || { tail -20 "$M/profile.log"; exit 1; }
+  live=(); sim=()
+  for c in $LOADS; do
+    $PY -m sims.speculation --profile "$M/profile.json" --concurrency "$c" \
+        --trace "$S/trace_load_c$c/keep=0.75.jsonl" --json "$M/sim_c$c.json" || exit 1
+    live+=("$S/load_c$c.json"); sim+=("$M/sim_c$c.json")
+  done
+  $PY -m bench.simulator.spec_validate --live "${live[@]}" --sim "${sim[@]}" \
+      --json "$M/spec_validate.json" | tee "$OUT/spec_sim_table.txt"
+  tar czf "$OUT/spec_sim.tar.gz" -C "$W" sim
+  exit 0
+fi
+echo "PART must be serve or sim" >&2; exit 2
