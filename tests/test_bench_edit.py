@@ -8,6 +8,7 @@ from test_gateway_http import ipc_address, make_config
 from test_prediction_api import SpeculatingBackend
 
 from bench.serving.edit import (
+    LINE_TOKENS,
     alter_token_lines,
     code_files,
     completion_prompt,
@@ -43,7 +44,7 @@ def test_prompts_hold_real_code():
 
 def test_oracle_alters_whole_lines_of_token_ids():
     ids = list(range(10, 30))
-    texts = ["a", "b\n", "c", "d", "\n", "e", "f\n", "g", "h", "i\n"] * 2
+    texts = ["a", "b\n", "c", "d", "\n", "e", "f\n", "g", "h", "i\n"] * 2  # 8 lines
     same = alter_token_lines(ids, texts, 1.0, np.random.default_rng(0))
     assert same == ids
     half = alter_token_lines(ids, texts, 0.5, np.random.default_rng(0))
@@ -53,6 +54,11 @@ def test_oracle_alters_whole_lines_of_token_ids():
     hit = [ln for ln in lines if set(ln) & changed]
     assert len(hit) == 4 and all(set(ln) <= changed for ln in hit)  # whole lines, half of them
     assert set(half) <= set(ids)  # ids of the output itself: in the vocabulary
+    # too few newlines (dummy weights): lines of LINE_TOKENS tokens
+    ids = list(range(100, 148))
+    alt = alter_token_lines(ids, [""] * 48, 0.75, np.random.default_rng(0))
+    changed = {i // LINE_TOKENS for i, (a, b) in enumerate(zip(ids, alt)) if a != b}
+    assert len(changed) == 1 and sum(a != b for a, b in zip(ids, alt)) == LINE_TOKENS
 
 
 async def test_oracle_edit_runs(url, backend):

@@ -90,11 +90,18 @@ def completion_prompt(text: str) -> str:
     return "\n".join(lines[:max(1, len(lines) // 2)]) + "\n"
 
 
+LINE_TOKENS = 12  # a pseudo-line where an output has too few newlines (dummy weights)
+MIN_LINES = 8
+
+
 def alter_token_lines(ids: list[int], texts: list[str], keep: float, rng: np.random.Generator
                       ) -> list[int]:
     """The oracle's prediction: `ids` (a baseline output; `texts[j]` the text of token j) with
     round((1 - keep) * lines) lines' tokens replaced by other ids (ids of the same output, so
-    in the vocabulary, each different from the one it replaces)."""
+    in the vocabulary, each different from the one it replaces). A line ends at a token whose
+    text holds a newline; an output with fewer than MIN_LINES of them (dummy weights rarely
+    emit one) is cut into lines of LINE_TOKENS tokens instead (about a line of code), so that
+    the altered fraction is the one asked for."""
     spans, start = [], 0
     for j, t in enumerate(texts):
         if "\n" in t:
@@ -102,6 +109,8 @@ def alter_token_lines(ids: list[int], texts: list[str], keep: float, rng: np.ran
             start = j + 1
     if start < len(ids):
         spans.append((start, len(ids)))
+    if len(spans) < MIN_LINES:
+        spans = [(a, min(a + LINE_TOKENS, len(ids))) for a in range(0, len(ids), LINE_TOKENS)]
     out = list(ids)
     for i in lines_to_alter(len(spans), keep, rng):
         a, b = spans[i]
