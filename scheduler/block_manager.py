@@ -37,9 +37,19 @@ memory, a prefix walk that ends on the GPU continues there (a host hit takes a f
 an h2d copy), and `swap_out` keeps a preempted sequence's blocks pinned on the host until it is
 allocated again. The copies queue on `host.take_copies()`; the runner performs them, in order,
 before the next forward pass.
+
+Pins (issue 30): `request_pin(seq_id, ...)` reserves, within `pin_budget_blocks`, a pin of the
+sequence's first blocks for `ttl_s`; when the sequence is freed its registered (cached) leading
+blocks take one extra reference each, held by the pin, so they are in no free list and cannot be
+evicted while it lasts. A pin of the same prefix again refreshes its time. When it expires
+(`expire_pins`, also run by `num_free_blocks` once one is due, on `pin_clock`) the reference is
+dropped and the blocks join the cached LRU like any freed prefix: evicted in turn, to the host
+tier when there is one.
 """
 from __future__ import annotations
 
+import heapq
+import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
@@ -92,6 +102,16 @@ class BlockManager:
         # whether a host hit is copied back (True) or recomputed: set by the owner from the same
         # measured rates as the swap rule (copying one block back vs prefilling its tokens)
         self.load_host_hits = True
+        # pins (module doc): budget in blocks (0: pins are refused), the clock their TTLs run on
+        self.pin_budget_blocks = 0
+        self.pin_clock = time.monotonic
+        self._pins: dict[int, list] = {}  # pin id (chain hash of its last block) -> [until, blocks]
+        self._pin_refs: dict[int, int] = {}  # pinned block -> pins holding it
+        self._pin_heap: list[tuple[float, int]] = []  # (until, pin id), lazily deleted
+        self._pin_wanted: dict[object, tuple[int, float, int, float]] = {}  # seq -> (blocks,
+        self._pin_reserved = 0  # ttl, reserved, give-up time); blocks reserved by those
+        self.num_pins_refused = 0  # requests served without their pin (over budget)
+        self.num_pins_expired = 0
 
     # ---- queries -------------------------------------------------------------------------
     def num_blocks_for(self, num_tokens: int) -> int:
@@ -100,6 +120,8 @@ class BlockManager:
     @property
     def num_free_blocks(self) -> int:
         """Blocks with ref count 0 (cached or not): what allocation can take."""
+        if self._pin_heap and self._pin_heap[0][0] <= self.pin_clock():
+            self.expire_pins()
         return len(self._free_uncached) + self._num_fresh + len(self._free_cached)
 
     @property
@@ -533,6 +555,8 @@ class BlockManager:
 
     def free(self, seq_id: object) -> None:
         """Drop the sequence's references; blocks reaching 0 go back to the free list."""
+        if self._pin_wanted and seq_id in self._pin_wanted:
+            self._apply_pin(seq_id)
         table = self._tables.pop(seq_id)
         del self._num_tokens[seq_id]
         del self._hashes[seq_id]
@@ -550,6 +574,125 @@ class BlockManager:
                 else:
                     cached[block] = None  # to the back (most recently used)
 
+    # ---- pins: a prefix kept on the GPU for a time (issue 30) ----------------------------------
+    @property
+    def num_pinned_blocks(self) -> int:
+        """Blocks held by pins (each counted once)."""
+        return len(self._pin_refs)
+
+    @property
+    def num_pins(self) -> int:
+        return len(self._pins)
+
+    def pin_status(self) -> dict:
+        """What /metrics shows: pins, blocks held and reserved, the budget, refusals, expiries."""
+        if self._pin_heap and self._pin_heap[0][0] <= self.pin_clock():
+            self.expire_pins()
+        return {"pins": len(self._pins), "pinned_blocks": len(self._pin_refs),
+                "reserved_blocks": self._pin_reserved, "budget_blocks": self.pin_budget_blocks,
+                "refused": self.num_pins_refused, "expired": self.num_pins_expired}
+
+    def _pinned_prefix_blocks(self, token_ids: Sequence[int], num_blocks: int) -> int:
+        """How many of the prompt's first `num_blocks` full blocks pins hold already."""
+        bs, cached, refs = self.block_size, self._cached, self._pin_refs
+        parent, n = ROOT_HASH, 0
+        for i in range(num_blocks):
+            key = (parent, tuple(token_ids[i * bs:(i + 1) * bs]))
+            block = cached.get(key)
+            if block is None:
+                break
+            n += block in refs
+            parent = hash(key)
+        return n
+
+    def request_pin(self, seq_id: object, token_ids: Sequence[int], num_tokens: int,
+                    ttl_s: float) -> bool:
+        """Reserve a pin of the sequence's first `num_tokens` tokens (whole blocks) for `ttl_s`
+        seconds from when it is freed: True, or False when the budget cannot take the blocks
+        not pinned already (the request is then served unpinned). Call before it is freed."""
+        if not self.enable_prefix_caching or ttl_s <= 0:
+            return False
+        num_blocks = min(num_tokens, len(token_ids)) // self.block_size
+        if num_blocks < 1:
+            return False
+        if seq_id in self._pin_wanted:
+            self._drop_wanted(seq_id)
+        need = num_blocks - self._pinned_prefix_blocks(token_ids, num_blocks)
+        if len(self._pin_refs) + self._pin_reserved + need > self.pin_budget_blocks:
+            self.num_pins_refused += 1
+            return False
+        # a request that never runs (aborted while waiting) gives its reservation up by then
+        self._pin_wanted[seq_id] = (num_blocks, ttl_s, need, self.pin_clock() + 2 * ttl_s)
+        self._pin_reserved += need
+        return True
+
+    def _drop_wanted(self, seq_id: object) -> None:
+        _, _, need, _ = self._pin_wanted.pop(seq_id)
+        self._pin_reserved -= need
+
+    def _apply_pin(self, seq_id: object) -> None:
+        """The sequence is being freed: its leading cached blocks (up to the pin's) take a pin
+        reference. A sequence freed before its prefix was computed (preempted) keeps its
+        reservation for the next time it is freed."""
+        num_blocks, ttl_s, _, _ = self._pin_wanted[seq_id]
+        hashes, table, keys = self._hashes[seq_id], self._tables[seq_id], self._block_keys
+        if len(hashes) < num_blocks:
+            return
+        self._drop_wanted(seq_id)
+        blocks = []
+        for block in table[:num_blocks]:
+            if keys[block] is None:  # a private copy of a prefix another block holds
+                break
+            blocks.append(block)
+        if not blocks:
+            return
+        until = self.pin_clock() + ttl_s
+        pin_id = hashes[len(blocks) - 1]
+        pin = self._pins.get(pin_id)
+        if pin is not None and pin[1] == blocks:  # the same prefix again: a refresh
+            pin[0] = max(pin[0], until)
+        else:
+            if pin is not None:
+                self._unpin(pin_id)
+            refs, ref = self._pin_refs, self._ref_counts
+            for block in blocks:
+                n = refs.get(block, 0)
+                refs[block] = n + 1
+                if n == 0:
+                    ref[block] += 1  # the sequence still holds it: no free list to leave
+            self._pins[pin_id] = [until, blocks]
+        heapq.heappush(self._pin_heap, (until, pin_id))
+
+    def _unpin(self, pin_id: int) -> None:
+        _, blocks = self._pins.pop(pin_id)
+        refs, ref = self._pin_refs, self._ref_counts
+        for block in blocks:
+            n = refs[block] - 1
+            if n:
+                refs[block] = n
+                continue
+            del refs[block]
+            ref[block] -= 1
+            if ref[block] == 0:  # to the back of the cached LRU, as a freed prefix
+                self._free_cached[block] = None
+
+    def expire_pins(self, now: float | None = None) -> int:
+        """Drop the pins whose time is up (and reservations never used); returns how many."""
+        now = self.pin_clock() if now is None else now
+        heap, pins, n = self._pin_heap, self._pins, 0
+        while heap and heap[0][0] <= now:
+            _, pin_id = heapq.heappop(heap)
+            pin = pins.get(pin_id)
+            if pin is not None and pin[0] <= now:
+                self._unpin(pin_id)
+                n += 1
+        self.num_pins_expired += n
+        if self._pin_wanted:
+            for seq_id in [s for s, w in self._pin_wanted.items()
+                           if w[3] <= now and s not in self._tables]:
+                self._drop_wanted(seq_id)
+        return n
+
     # ---- integrity ---------------------------------------------------------------------------
     def check_integrity(self) -> None:
         """Raise AssertionError naming the first inconsistency found."""
@@ -564,6 +707,11 @@ class BlockManager:
             for block in table:
                 assert 0 <= block < self.num_blocks, f"seq {seq_id!r}: bad block id {block}"
                 counts[block] += 1
+        for block in self._pin_refs:
+            counts[block] += 1
+            assert self._block_keys[block] is not None, f"pinned block {block} is not cached"
+        assert sum(len(p[1]) for p in self._pins.values()) == sum(self._pin_refs.values()), \
+            "pin references disagree with the pins"
         assert self._tables.keys() == self._num_tokens.keys() == self._hashes.keys(), \
             "per-sequence maps disagree"
         fresh = range(self._first_fresh, self.num_blocks)
