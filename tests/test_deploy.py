@@ -29,6 +29,8 @@ CRD_SCHEMAS = {
         "inferencepool.inference.networking.k8s.io-v1.json",
     ("gateway.networking.k8s.io/v1", "HTTPRoute"): "httproute.gateway.networking.k8s.io-v1.json",
     ("keda.sh/v1alpha1", "ScaledObject"): "scaledobject.keda.sh-v1alpha1.json",
+    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"):
+        "leaderworkerset.leaderworkerset.x-k8s.io-v1.json",
 }
 VALUE_SETS = {
     "gateway": {"curve": {"secretName": "tg-curve"}},
@@ -38,6 +40,8 @@ VALUE_SETS = {
                      "model": {"claimName": "coder-33b", "servedName": "coder"},
                      "gateway": {"apiKeySecret": "tg-api", "extraArgs": ["--max-n", "4"]}},
     "gateway-insecure": {"curve": {"insecure": True}},
+    "gateway-multihost": {"curve": {"secretName": "tg-curve"}, "keda": {"enabled": True},
+                          "backend": {"nodes": 2, "gpus": 8}},
     "gie": {"mode": "gie", "keda": {"enabled": True}, "gie": {"httpRoute": {"enabled": True}}},
 }
 
@@ -47,6 +51,12 @@ def validate(doc: dict) -> None:
     if key in CRD_SCHEMAS:
         schema = json.loads((DEPLOY / "schemas" / CRD_SCHEMAS[key]).read_text())
         jsonschema.validate(doc, schema, cls=jsonschema.Draft202012Validator)
+        if doc["kind"] == "LeaderWorkerSet":  # its pod templates are core PodTemplateSpecs
+            lwt = doc["spec"]["leaderWorkerTemplate"]
+            for tpl in (lwt.get("leaderTemplate"), lwt["workerTemplate"]):
+                if tpl is not None:
+                    validate({"apiVersion": "v1", "kind": "PodTemplate",
+                              "metadata": {"name": "t"}, "template": tpl})
         return
     for version in K8S_VERSIONS:
         kubernetes_validate.validate(doc, version, strict=True)
@@ -85,6 +95,32 @@ def pod_spec(workload: dict) -> dict:
     return workload["spec"]["template"]["spec"]
 
 
+def pod_templates(docs) -> list[tuple[dict, dict]]:
+    """(workload, pod template) for every pod a workload makes, LeaderWorkerSet roles included."""
+    out = []
+    for d in docs:
+        if d["kind"] in ("Deployment", "StatefulSet"):
+            out.append((d, d["spec"]["template"]))
+        elif d["kind"] == "LeaderWorkerSet":
+            lwt = d["spec"]["leaderWorkerTemplate"]
+            out += [(d, t) for t in (lwt.get("leaderTemplate"), lwt["workerTemplate"]) if t]
+    return out
+
+
+# what Kubernetes (and the LeaderWorkerSet controller) substitutes in args at run time
+RUNTIME_VARS = {"$(POD_NAMESPACE)": "llm", "$(LWS_WORKER_INDEX)": "1",
+                "$(LWS_LEADER_ADDRESS)": "tg-tidegate-backend-0.tg-tidegate-backend"}
+
+
+def substituted(args: list[str]) -> list[str]:
+    out = []
+    for a in args:
+        for var, value in RUNTIME_VARS.items():
+            a = a.replace(var, value)
+        out.append(a)
+    return out
+
+
 def check_wiring(docs: list[dict]) -> None:
     """What a cluster would show first: selectors that select, ports that exist, tidegate command
     lines its own parsers accept, names that name objects of the same release."""
@@ -93,12 +129,15 @@ def check_wiring(docs: list[dict]) -> None:
     from gateway.serve import build_parser as serve_parser
 
     names = {(d["kind"], d["metadata"]["name"]) for d in docs}
-    workloads = by_kind(docs, "Deployment") + by_kind(docs, "StatefulSet")
-    assert workloads
-    for w in workloads:
-        labels = w["spec"]["template"]["metadata"]["labels"]
-        assert w["spec"]["selector"]["matchLabels"].items() <= labels.items(), w["metadata"]
-        for c in pod_spec(w)["containers"]:
+    pods = pod_templates(docs)
+    assert pods
+    for w in docs:
+        if w["kind"] in ("Deployment", "StatefulSet"):
+            assert w["spec"]["selector"]["matchLabels"].items() <= w["spec"]["template"][
+                "metadata"]["labels"].items(), w["metadata"]
+    for w, tpl in pods:
+        spec = tpl["spec"]
+        for c in spec["containers"]:
             ports = {p["name"] for p in c.get("ports", ())}
             for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
                 p = c.get(probe)
@@ -106,7 +145,7 @@ def check_wiring(docs: list[dict]) -> None:
                     port = (p.get("httpGet") or p.get("tcpSocket"))["port"]
                     assert port in ports, (w["metadata"]["name"], probe, port)
             args = c["args"]
-            command, rest = args[0], [a.replace("$(POD_NAMESPACE)", "llm") for a in args[1:]]
+            command, rest = args[0], substituted(args[1:])
             if command == "serve":
                 parsed = serve_parser().parse_args(rest)
                 for src in sources_from_args(parsed):
@@ -114,33 +153,43 @@ def check_wiring(docs: list[dict]) -> None:
                         svc = next(s for s in by_kind(docs, "Service")
                                    if s["metadata"]["name"] == src.service)
                         assert svc["spec"]["clusterIP"] == "None"
-                        assert src.port_name in {p["name"] for p in svc["spec"]["ports"]}
-                        backend = next(s for s in by_kind(docs, "StatefulSet")
-                                       if s["spec"]["serviceName"] == src.service)
-                        assert svc["spec"]["selector"].items() <= backend["spec"]["template"][
-                            "metadata"]["labels"].items()
-                        assert ("ServiceAccount", pod_spec(w)["serviceAccountName"]) in names
+                        (port,) = [p for p in svc["spec"]["ports"] if p["name"] == src.port_name]
+                        served = [t for _, t in pods if svc["spec"]["selector"].items()
+                                  <= t["metadata"]["labels"].items()]
+                        assert served  # ... which selects the pods that serve, on that port
+                        for t in served:
+                            assert port["targetPort"] in {
+                                p["name"] for p in t["spec"]["containers"][0]["ports"]}
+                        assert ("ServiceAccount", spec["serviceAccountName"]) in names
                         rules = [r for role in by_kind(docs, "Role") for r in role["rules"]]
                         assert any("endpointslices" in r["resources"] and "list" in r["verbs"]
                                    for r in rules)
             else:
                 assert command == "backend", args
-                backend_parser().parse_args(rest)
+                b = backend_parser().parse_args(rest)
+                if b.tp_nodes > 1:  # a LeaderWorkerSet group: one rank per GPU of its pods
+                    assert w["kind"] == "LeaderWorkerSet"
+                    lwt = w["spec"]["leaderWorkerTemplate"]
+                    gpus = c["resources"]["limits"]["nvidia.com/gpu"]
+                    assert b.tensor_parallel_size == gpus * lwt["size"] == gpus * b.tp_nodes
+                    rdv_port = b.tp_rendezvous.rpartition(":")[2]
+                    leader = lwt["leaderTemplate"]["spec"]["containers"][0]
+                    assert int(rdv_port) in {p["containerPort"] for p in leader["ports"]}
             mounts = {m["name"] for m in c.get("volumeMounts", ())}
-            assert mounts <= {v["name"] for v in pod_spec(w).get("volumes", ())}
+            assert mounts <= {v["name"] for v in spec.get("volumes", ())}
     for svc in by_kind(docs, "Service"):
-        assert any(svc["spec"]["selector"].items() <= w["spec"]["template"]["metadata"][
-            "labels"].items() for w in workloads), svc["metadata"]["name"]
+        assert any(svc["spec"]["selector"].items() <= t["metadata"]["labels"].items()
+                   for _, t in pods), svc["metadata"]["name"]
     for so in by_kind(docs, "ScaledObject"):
         ref = so["spec"]["scaleTargetRef"]
         assert (ref["kind"], ref["name"]) in names
         assert "tidegate:load_backends" in so["spec"]["triggers"][0]["metadata"]["query"]
     for pool in by_kind(docs, "InferencePool"):
-        selected = [w for w in workloads if pool["spec"]["selector"]["matchLabels"].items()
-                    <= w["spec"]["template"]["metadata"]["labels"].items()]
+        selected = [t for _, t in pods if pool["spec"]["selector"]["matchLabels"].items()
+                    <= t["metadata"]["labels"].items()]
         assert selected
-        for w in selected:  # the pool's port is the model server's HTTP port
-            (c,) = pod_spec(w)["containers"]
+        for t in selected:  # the pool's port is the model server's HTTP port
+            (c,) = t["spec"]["containers"]
             assert c["args"][0] == "serve"
             assert pool["spec"]["targetPorts"][0]["number"] in {
                 p["containerPort"] for p in c["ports"]}
@@ -153,7 +202,10 @@ def check_wiring(docs: list[dict]) -> None:
 def test_chart_renders_valid_manifests(case):
     docs = render_chart(VALUE_SETS[case])
     kinds = {d["kind"] for d in docs}
-    if case.startswith("gateway"):
+    if case == "gateway-multihost":
+        assert {"Deployment", "LeaderWorkerSet", "Service", "ScaledObject"} <= kinds
+        assert "StatefulSet" not in kinds
+    elif case.startswith("gateway"):
         assert {"Deployment", "StatefulSet", "Service", "PodDisruptionBudget", "Role"} <= kinds
     else:
         assert {"Deployment", "InferencePool", "HTTPRoute", "ScaledObject"} <= kinds
@@ -244,3 +296,12 @@ def test_image_recipe_copies_every_installed_package():
     assert packages == copied, packages ^ copied
     assert all((ROOT / p).is_dir() for p in copied)
     assert 'ENTRYPOINT ["tidegate"]' in recipe
+
+
+def test_a_broken_pod_template_inside_a_leaderworkerset_is_caught():
+    docs = render_chart(VALUE_SETS["gateway-multihost"])
+    lws = json.loads(json.dumps(by_kind(docs, "LeaderWorkerSet")[0]))
+    validate(lws)
+    lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["argz"] = []
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(lws)

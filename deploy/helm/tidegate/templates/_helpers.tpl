@@ -32,9 +32,10 @@ app.kubernetes.io/component: {{ .component }}
 - --served-model-name
 - {{ . | quote }}
 {{- end }}
-{{- if gt (int .Values.backend.gpus) 1 }}
+{{- $tp := mul (int .Values.backend.gpus) (int .Values.backend.nodes) }}
+{{- if gt $tp 1 }}
 - --tensor-parallel-size
-- {{ .Values.backend.gpus | quote }}
+- {{ $tp | quote }}
 {{- end }}
 {{- end -}}
 
@@ -59,4 +60,26 @@ app.kubernetes.io/component: {{ .component }}
 {{- if and (not .Values.curve.secretName) (not .Values.curve.insecure) -}}
 {{- fail "mode gateway needs curve.secretName (CURVE keys for the ZeroMQ wire) or curve.insecure=true" -}}
 {{- end -}}
+{{- end -}}
+
+{{/* a tensor-parallel rank's environment over several hosts (the pod's interface for gloo/NCCL) */}}
+{{- define "tidegate.rankEnv" -}}
+- name: POD_NAME
+  valueFrom:
+    fieldRef: {fieldPath: metadata.name}
+- name: PYTHONUNBUFFERED
+  value: "1"
+- name: NCCL_SOCKET_IFNAME
+  value: eth0
+- name: GLOO_SOCKET_IFNAME
+  value: eth0
+{{- end -}}
+
+{{- define "tidegate.backendResources" -}}
+requests:
+  {{- toYaml .Values.backend.resources.requests | nindent 2 }}
+  nvidia.com/gpu: {{ .Values.backend.gpus }}
+limits:
+  {{- toYaml .Values.backend.resources.limits | nindent 2 }}
+  nvidia.com/gpu: {{ .Values.backend.gpus }}
 {{- end -}}
