@@ -9,6 +9,7 @@ import torch
 
 from backend.engine.continuous import Engine, EngineConfig
 from backend.errors import ModelLoadError
+from backend.kv.host_tier import HostKVCache
 from backend.kv.pools import (
     KV_CACHE_DTYPES,
     KVCache,
@@ -114,34 +115,93 @@ def default_cpu_threads() -> int:
     return max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
-def create_engine(cfg: BackendConfig) -> tuple[Engine, LoadedModel]:
-    if cfg.model == "echo":  # no model: the serving path alone (backend/engine/echo.py)
-        from backend.engine.echo import create_echo_engine
+@dataclass(frozen=True)
+class ServingOptions:
+    """The serving-time transforms of a built runner, applied once by `build_runner`, in order:
+    weight quantization, then the step CUDA graphs (`backend.runner.serving.configure_serving`)."""
+    quantization: str = "none"
+    enforce_eager: bool = False
+    cuda_graph_buckets: str | None = None        # "1,2,4-64" (`cuda_graphs.parse_buckets`)
+    cuda_graph_token_buckets: str | None = None
+    # capture every graph now (a server's start-up: no capture stalls while serving), or each
+    # at its first use (tests, benchmarks that use a few shapes)
+    capture: bool = False
+    async_scheduling: bool | None = None         # None: where the device runs asynchronously
 
-        return create_echo_engine(cfg)
+
+def build_runner(cfg: BackendConfig, serving: ServingOptions = ServingOptions(), group=None,
+                 ) -> tuple[ModelRunner, LoadedModel, dict, HostKVCache | None]:
+    """The one place a serving runner is built: load (this rank's shard when `group`, a
+    `backend.distributed.group.TPGroup`, is given), size and allocate the KV pool, the runner,
+    the CPU kernels, the host tier, then the serving transforms. Returns (runner, loaded,
+    serving info for the start-up line, host tier or None)."""
+    from backend.runner.cuda_graphs import parse_buckets
+    from backend.runner.serving import configure_serving
+
     cfg.validate()
-    if not cfg.device.startswith("cuda"):
-        torch.set_num_threads(cfg.cpu_threads or default_cpu_threads())
-    loaded = load(cfg.model, cfg.load_format, cfg.dtype, cfg.device, cfg.seed, cfg.max_model_len)
+    device = group.device if group is not None else torch.device(cfg.device)
+    if device.type == "cpu":
+        # tensor-parallel ranks on one host share its cores: each takes its share of the default
+        share = group.size if group is not None else 1
+        torch.set_num_threads(cfg.cpu_threads or max(1, default_cpu_threads() // share))
+    loaded = load(cfg.model, cfg.load_format, cfg.dtype, str(device), cfg.seed, cfg.max_model_len,
+                  tp=group)
     max_model_len = cfg.max_model_len or loaded.config.max_position_embeddings
-    num_blocks = size_kv_pool(cfg, loaded, max_model_len)
+    if group is None:
+        fill_slots = fill_slots_for(cfg)
+        num_blocks = size_kv_pool(cfg, loaded, max_model_len)
+    else:
+        # every rank's pool has the blocks the smallest one can hold (block ids are shared); no
+        # fill rows under tensor parallelism (not built), so none are set aside
+        fill_slots = 0
+        num_blocks = group.min_int(size_kv_pool(cfg, loaded, max_model_len, fill_slots=0))
     kv = KVCache.allocate(loaded.config, num_blocks, cfg.block_size, loaded.dtype, loaded.device,
-                          cfg.kv_cache_dtype, fill_slots=fill_slots_for(cfg))
-    runner = ModelRunner(loaded.model, kv, cfg.max_num_batched_tokens, cfg.max_num_seqs, max_model_len)
+                          cfg.kv_cache_dtype, fill_slots=fill_slots)
+    # eager at first (on CUDA: the Triton kernels installed, no graphs): the graphs are set up
+    # once, by configure_serving below, after any weight quantization they must capture
+    runner = ModelRunner(loaded.model, kv, cfg.max_num_batched_tokens, cfg.max_num_seqs,
+                         max_model_len, enforce_eager=True)
     # CUDA: the Triton kernels read and write every KV format (`backend.kernels.dispatch`). CPU:
     # the C kernels take fp32 model-dtype pages; quantized pools keep the torch reference
     # attention, which dequantizes the pages it reads (`backend.kernels.reference.attention`).
     if loaded.device.type == "cpu" and cfg.kv_cache_dtype == "auto":
         use_cpu_kernels(runner)
-    host_kv = create_host_kv(kv, cfg.host_kv_gib)
-    engine_cfg = EngineConfig(max_model_len=max_model_len, num_blocks=num_blocks,
-                              block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
-                              max_num_batched_tokens=cfg.max_num_batched_tokens,
-                              prefill_cap=cfg.prefill_cap,
-                              enable_prefix_caching=cfg.enable_prefix_caching,
-                              num_host_blocks=host_kv.num_blocks if host_kv is not None else 0,
+    host_kv = create_host_kv(kv, cfg.host_kv_gib)  # under TP: the same block count on every rank
+    try:
+        buckets = parse_buckets(serving.cuda_graph_buckets) \
+            if serving.cuda_graph_buckets is not None else None
+        token_buckets = parse_buckets(serving.cuda_graph_token_buckets) \
+            if serving.cuda_graph_token_buckets is not None else None
+        info = configure_serving(runner, serving.quantization, serving.enforce_eager, buckets,
+                                 capture=serving.capture, token_buckets=token_buckets)
+    except ValueError as exc:  # QuantizationError included
+        raise ModelLoadError(str(exc)) from None
+    return runner, loaded, info, host_kv
+
+
+def engine_config(cfg: BackendConfig, runner, host_kv) -> EngineConfig:
+    return EngineConfig(max_model_len=runner.max_model_len, num_blocks=runner.kv.num_blocks,
+                        block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
+                        max_num_batched_tokens=cfg.max_num_batched_tokens,
+                        prefill_cap=cfg.prefill_cap,
+                        enable_prefix_caching=cfg.enable_prefix_caching,
+                        num_host_blocks=host_kv.num_blocks if host_kv is not None else 0,
                         speculation=cfg.speculation_config)
-    engine = Engine(runner, engine_cfg, eos_token_ids=_eos_ids(loaded), host_kv=host_kv)
+
+
+def create_engine(cfg: BackendConfig, serving: ServingOptions = ServingOptions(),
+                  ) -> tuple[Engine, LoadedModel]:
+    """Every serving engine of one process is built here: `tidegate backend`, evaluation and the
+    benchmarks call it (tensor-parallel ranks call `build_runner`). `engine.serving_info` holds
+    what the serving transforms did, for the start-up line."""
+    if cfg.model == "echo":  # no model: the serving path alone (backend/engine/echo.py)
+        from backend.engine.echo import create_echo_engine
+
+        return create_echo_engine(cfg)
+    runner, loaded, info, host_kv = build_runner(cfg, serving)
+    engine = Engine(runner, engine_config(cfg, runner, host_kv), eos_token_ids=_eos_ids(loaded),
+                    host_kv=host_kv, async_scheduling=serving.async_scheduling)
+    engine.serving_info = info
     if loaded.tokenizer.tokenizer_json:  # structured output (built at first use)
         engine.grammars = GrammarManager(loaded.tokenizer.tokenizer_json,
                                          loaded.config.vocab_size, _eos_ids(loaded))
@@ -157,9 +217,8 @@ def create_host_kv(kv: KVCache, host_kv_gib: float):
     """The host tier's pool: as many blocks of the GPU pool's layout as `host_kv_gib` holds."""
     if not host_kv_gib:
         return None
-    # imported here: both import Triton (~0.9 s), which a CPU backend without a tier never needs
+    # imported here: it imports Triton (~0.9 s), which a CPU backend without a tier never needs
     from backend.kernels.block_gather import BlockGather
-    from backend.kv.host_tier import HostKVCache
 
     per_block = kv.nbytes // kv.num_blocks
     num_host_blocks = int(host_kv_gib * 2**30) // per_block

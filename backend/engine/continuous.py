@@ -45,6 +45,7 @@ import random
 import time
 from dataclasses import dataclass, field, replace
 
+from backend.engine.interface import EngineLoad
 from backend.kv.host_tier import HostKVCache
 from backend.runner.sampler import SamplingParams, TokenLogprobs
 from backend.runner.step import LaunchedStep, ModelRunner
@@ -119,6 +120,12 @@ class InFlightStep:
     pipelined: bool = False
     finished: list = field(default_factory=list)  # what that update finished (by length)
     sampled_rows: dict[str, int] = field(default_factory=dict)  # request -> row of its id
+    # structured output on the device-greedy path: the chunks whose argmax is redone under
+    # their grammar's mask before the ids are read back (Engine._apply_masks)
+    mask_rows: list[int] = field(default_factory=list)
+    mask_grammars: list = field(default_factory=list)
+    masks: object = None  # backend.runner.grammar.StepMasks, started before the launch
+    masks_applied: bool = False
 
 
 @dataclass
@@ -166,6 +173,7 @@ class Engine:
         self.grammars = None
         self._inflight: InFlightStep | None = None
         self._last_step: InFlightStep | None = None
+        self.serving_info: dict = {}  # what the assembler's serving transforms did
         self._last_end = 0.0  # perf_counter of the last read-back
         # device seconds of each graph's steps (CUDA timing events), by id of the captured
         # graph, and the host's seconds to plan and launch a step: `launch_deadline`
@@ -212,7 +220,9 @@ class Engine:
             return rejection.reason
         seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(62)
         state = _RequestState(params, seed & ((1 << 62) - 1), len(prompt_token_ids))
-        state.plain_greedy = params.greedy and not params.logprobs and not params.changes_logits
+        # (a grammar alone keeps a greedy request on the device path: Engine._apply_masks)
+        state.plain_greedy = params.greedy and not params.logprobs and \
+            not replace(params, grammar=None).changes_logits
         if params.uses_penalties:
             state.prompt_ids = list(prompt_token_ids)
         if params.min_tokens > 0:
@@ -296,11 +306,18 @@ class Engine:
         # the runner's launched.greedy is False)
         if drafts or not all(states[rid].plain_greedy for rid in sampled):
             specs = {rid: self._spec(rid) for rid in sampled}
-            self._start_masks(specs)
+            self._start_masks(specs, early=prev is None)
+        # greedy rows with a grammar (device path): argmax redone under the mask before read-back
+        mask_rows = [] if specs is not None else [
+            i for i, c in enumerate(plan.chunks) if c.sample and states[c.request_id].grammar]
+        kw = {"defer_readback": True} if mask_rows else {}
+        mask_grammars = [states[plan.chunks[i].request_id].grammar for i in mask_rows]
+        # every earlier token consumed (no step pending): the masks are computed beside the forward
+        early = self.grammars.submit(mask_grammars) if mask_rows and prev is None else None
         if prev is None:
-            launched = self.runner.launch(plan.chunks, specs)
+            launched = self.runner.launch(plan.chunks, specs, **kw)
         else:  # this step's decodes read prev's sampled ids on the device
-            launched = self.runner.launch(plan.chunks, specs, gpu_src=prev.sampled_rows)
+            launched = self.runner.launch(plan.chunks, specs, gpu_src=prev.sampled_rows, **kw)
         launched_at = time.perf_counter()
         self._launch_s = 0.8 * self._launch_s + 0.2 * (launched_at - start)
         if pipelined and launched.greedy:
@@ -310,7 +327,19 @@ class Engine:
         else:
             step = InFlightStep(plan, launched, {c.request_id for c in plan.chunks}, start=start,
                                 start_wall=start_wall)
+        step.mask_rows, step.mask_grammars, step.masks = mask_rows, mask_grammars, early
         return step
+
+    def _apply_masks(self, step: InFlightStep) -> None:
+        """Structured output, device-greedy rows: once every token before this step is consumed
+        by its request's grammar, the step's masks (computed beside the forward when they could
+        be, else now, while the step still runs on the device) redo those rows' argmax and the
+        step's ids are queued for the host. Before the step's read-back and the next launch."""
+        if not step.mask_rows or step.masks_applied:
+            return
+        masks = step.masks if step.masks is not None else self.grammars.submit(step.mask_grammars)
+        self.runner.mask_greedy(step.launched, step.mask_rows, masks.result())
+        step.masks_applied = True
 
     def advance(self) -> list[RequestOutput]:
         """One turn of the serving loop: launch the next step (if there is work) and read back
@@ -331,6 +360,7 @@ class Engine:
         if prev is not None:
             outputs = self._finish(prev)
         if nxt is not None:
+            self._apply_masks(nxt)  # (prev's tokens are consumed now)
             if nxt.pipelined:  # so that the next turn can plan the step after it
                 placeholders = dict.fromkeys(nxt.sampled_rows, PLACEHOLDER_TOKEN)
                 nxt.finished = self.scheduler.update(nxt.plan, StepResult(sampled=placeholders))
@@ -347,7 +377,8 @@ class Engine:
             return False
         sched = self.scheduler
         num = sched.decodes.num_decoding
-        if num == 0 or num + sched.num_waiting_tokens >= sp.policy.knee():
+        if num == 0 or sp.policy.saturated(num + min(
+                sched.num_waiting_tokens, self.config.max_num_batched_tokens - num)):
             return False
         return any(not st.off for st in sp.states.values())
 
@@ -358,7 +389,7 @@ class Engine:
         if not seqs:
             return None
         num_prefill = sched.planned_prefill_tokens()
-        if len(seqs) + num_prefill >= sp.policy.knee():
+        if sp.policy.saturated(len(seqs) + num_prefill):  # O(1) at saturation
             sp.policy.num_steps_off_by_load += 1
             return None
         loads = []
@@ -371,7 +402,10 @@ class Engine:
         max_rows = None
         if getattr(self.runner, "graphs", None) is not None:
             max_rows = self.config.max_num_seqs + 1 - len(sched.running)
-        return sp.plan(loads, len(seqs), num_prefill, max_rows) or None
+        # a speculating step is read back before the next is planned: under async scheduling
+        # it pays the host's planning and launch time on the device's critical path
+        fixed_s = self._launch_s if self.async_scheduling else 0.0
+        return sp.plan(loads, len(seqs), num_prefill, max_rows, fixed_s) or None
 
     def _verify(self, plan: StepPlan, out) -> dict[str, list[int]]:
         """Turn the verifies' targets into tokens: the accepted drafts (cut after a stop token)
@@ -452,6 +486,35 @@ class Engine:
         slot = step.launched.readback
         return self.runner.buffers.device_seconds(slot) if slot >= 0 else None
 
+    # ---- what the worker reports (backend.engine.interface) -----------------------------------
+    reports_steps = True
+
+    @property
+    def kv_cache_dtype(self) -> str:
+        # a tensor-parallel leader's runner holds no pool of its own: its ranks' format is "auto"
+        kv = getattr(self.runner, "kv", None)
+        return kv.kv_cache_dtype if kv is not None else "auto"
+
+    def load(self) -> EngineLoad:
+        sched = self.scheduler
+        bm = sched.block_manager
+        host = bm.host
+        return EngineLoad(
+            num_running=sched.num_running, num_waiting=sched.num_waiting,
+            num_free_blocks=bm.num_free_blocks, num_total_blocks=self.config.num_blocks,
+            num_outstanding_tokens=sum(s.params.max_tokens - s.num_generated
+                                       for s in self.states.values()),
+            num_preemptions=sched.num_preemptions,
+            num_swap_preemptions=sched.num_swap_preemptions,
+            num_host_blocks=host.num_blocks if host is not None else 0,
+            num_host_used_blocks=host.num_used_blocks if host is not None else 0,
+            num_host_hit_tokens=bm.num_host_hit_tokens,
+            num_prompt_tokens=bm.num_query_tokens, num_cached_prompt_tokens=bm.num_hit_tokens)
+
+    def prefix_cache_probe(self):
+        bm = self.scheduler.block_manager
+        return bm.is_cached if bm.enable_prefix_caching else None
+
     @property
     def last_step(self) -> InFlightStep | None:
         """The step whose records `advance` / `settle` / `finish_step` returned last."""
@@ -467,6 +530,7 @@ class Engine:
         if step.pipelined:
             return self._finish_pipelined(step)
         plan = step.plan
+        self._apply_masks(step)
         out = self.runner.finish(step.launched)
         states = self.states
         accepted = self._verify(plan, out) if out.targets else None
@@ -499,6 +563,7 @@ class Engine:
     def _finish_pipelined(self, step: InFlightStep) -> list[RequestOutput]:
         """Read back a step whose update ran with placeholders: set the real tokens, finish
         the requests that sampled a stop token, build the records (see the module docstring)."""
+        self._apply_masks(step)
         out = self.runner.finish(step.launched)
         step.end = time.perf_counter()
         step.device_s = self._device_seconds(step)
@@ -550,14 +615,17 @@ class Engine:
                 stopped.add(rid)
         return StepResult(sampled=token_ids, stopped=stopped), out.logprobs
 
-    def _start_masks(self, specs: dict[str, SampleSpec]) -> None:
+    def _start_masks(self, specs: dict[str, SampleSpec], early: bool = True) -> None:
         """Start the bitmask of the step's constrained rows on the grammar's mask thread,
         before the launch: it is computed while the forward runs (on the device, or on the
-        CPU beside it: llguidance drops the GIL) and read when the rows are sampled."""
+        CPU beside it: llguidance drops the GIL) and read when the rows are sampled. Not
+        `early` (a pipelined step's tokens are not consumed yet): computed when first read,
+        which is after that step's read-back."""
         states = self.states
         rows = [rid for rid in specs if states[rid].grammar is not None]
         if rows:
-            masks = self.grammars.submit([states[rid].grammar for rid in rows])
+            grammars = [states[rid].grammar for rid in rows]
+            masks = self.grammars.submit(grammars) if early else self.grammars.later(grammars)
             for i, rid in enumerate(rows):
                 specs[rid].mask = (masks, i)
 

@@ -212,6 +212,7 @@ class EchoEngine:
     # ---- the rest of backend.engine.interface: one call is one whole step -----------------
     kv_cache_dtype = "auto"
     reports_steps = False
+    speculator = None  # drafts are ours alone: predictions are served as plain requests
 
     @property
     def serving_info(self) -> dict:

@@ -45,6 +45,9 @@ class ServingEngine(Protocol):
     # timings for the step log); False where one call is one whole step (echo, vLLM), and the
     # worker times the call itself.
     reports_steps: bool
+    # the engine's draft-free speculation (`scheduler.speculation`), or None where the engine does
+    # not speculate (echo, vLLM): the worker then serves predictions as plain requests
+    speculator: Any
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params,
                     arrival_time: float = 0.0, priority: int = 0) -> str | None:
@@ -85,6 +88,7 @@ class ServingEngine(Protocol):
 
 
 REQUIRED = ("config", "eos_token_ids", "kv_cache_dtype", "overlaps_device", "reports_steps",
+            "speculator",
             "add_request", "abort", "has_unfinished", "request_ids", "step", "advance", "settle",
             "launch_deadline", "last_step", "load", "prefix_cache_probe", "check_integrity")
 

@@ -1,4 +1,4 @@
-"""The backend worker: one ZMQ ROUTER socket in front of one `Engine`.
+"""The backend worker: one ZMQ ROUTER socket in front of one engine (`backend.engine.interface.ServingEngine`: ours, echo or vLLM).
 
 Loop (single thread): drain every queued message (Hello, Batch, Abort, Health) -> one engine
 step if there is work -> one `StepOutput` per gateway holding all its requests' new tokens ->
@@ -39,7 +39,8 @@ from collections import defaultdict, deque
 
 import zmq
 
-from backend.engine.continuous import Engine, RequestOutput
+from backend.engine.continuous import RequestOutput
+from backend.engine.interface import ServingEngine
 from backend.model.loader import LoadedModel
 from backend.runner.grammar import spec_from_wire
 from backend.runner.sampler import SamplingParams
@@ -70,7 +71,7 @@ def _key(identity: bytes, request_id: str) -> str:
 
 
 class Worker:
-    def __init__(self, engine: Engine, loaded: LoadedModel, listen: str,
+    def __init__(self, engine: ServingEngine, loaded: LoadedModel, listen: str,
                  backend_id: str | None = None, model_name: str | None = None,
                  security: CurveKeys | None = None,
                  step_log: StepLog | None = None,
@@ -108,9 +109,7 @@ class Worker:
         self._stopping = False
         # What our prefix cache holds, for the gateway's placement (LoadReport.prefix_hashes);
         # only an engine with a real block manager and its prefix cache on can answer.
-        bm = getattr(engine.scheduler, "block_manager", None)
-        self._is_cached = getattr(bm, "is_cached", None) if getattr(
-            bm, "enable_prefix_caching", False) else None
+        self._is_cached = engine.prefix_cache_probe()
         self.prefix_summary = (PrefixSummary(engine.config.block_size)
                                if self._is_cached is not None else None)
 
@@ -125,7 +124,7 @@ class Worker:
     def serve_forever(self) -> int:
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
-        launch_deadline = getattr(self.engine, "launch_deadline", lambda: None)
+        launch_deadline = self.engine.launch_deadline
         while not self._stopping:
             busy = self.engine.has_unfinished()
             deadline = launch_deadline() if busy else None
@@ -157,9 +156,7 @@ class Worker:
 
     def _shutdown(self) -> None:
         try:  # the step in flight (async loop) finishes and its tokens go out first
-            settle = getattr(self.engine, "settle", None)
-            if settle is not None:
-                self._deliver(settle())
+            self._deliver(self.engine.settle())
         except Exception as exc:  # noqa: BLE001 -- still answer every request below
             print(f"tidegate backend: last step failed: {exc!r}", file=sys.stderr)
         self._flush_pending()
@@ -297,7 +294,7 @@ class Worker:
         # speculative decoding (issue 28): the prediction's ids and the request's own control,
         # for an engine that speculates (ours); another engine serves the request without them
         spec_kw = {}
-        if getattr(self.engine, "speculator", None) is not None:
+        if self.engine.speculator is not None:
             if prediction is not None and len(prediction):
                 if len(prediction) > self.engine.config.max_model_len:
                     self._send(identity, codec.make_error(
@@ -341,7 +338,7 @@ class Worker:
         """Account for the step just read back (step log, step-time average) and queue its
         records for their gateways. `turn_s`: the turn's time, for engines that do not say
         which step they read back (echo, vLLM: one whole step a turn)."""
-        step = getattr(self.engine, "last_step", None)
+        step = self.engine.last_step
         dt_s = None
         if step is not None:
             # the cadence tokens come out at: from the later of its launch and the last
@@ -350,7 +347,7 @@ class Worker:
             self._last_read_back = step.end
             if self.step_log is not None:
                 self.step_log.record(step.start_wall, dt_s, step.plan, step.device_s)
-        elif not hasattr(self.engine, "last_step"):
+        elif not self.engine.reports_steps:
             dt_s = turn_s
         if dt_s is not None:
             dt_ms = dt_s * 1000
@@ -487,33 +484,30 @@ class Worker:
             block_size=cfg.block_size, num_kv_blocks=cfg.num_blocks, role=pb.BackendInfo.MIXED,
             tokenizer_json=tok.tokenizer_json, chat_template=tok.chat_template or "",
             eos_token_ids=list(self.engine.eos_token_ids), backend_id=self.backend_id,
-            kv_cache_dtype=getattr(getattr(self.engine.runner, "kv", None), "kv_cache_dtype", "auto"),
+            kv_cache_dtype=self.engine.kv_cache_dtype,
             enable_prefix_caching=cfg.enable_prefix_caching, engine=f"tidegate {ENGINE_VERSION}")
         if tok.bos_token_id is not None:
             info.bos_token_id = tok.bos_token_id
         return info
 
     def load_report(self) -> pb.LoadReport:
-        sched = self.engine.scheduler
-        outstanding = sum(s.params.max_tokens - s.num_generated for s in self.engine.states.values())
+        load = self.engine.load()
         report = pb.LoadReport(
-            num_running=sched.num_running, num_waiting=sched.num_waiting,
-            num_free_blocks=sched.block_manager.num_free_blocks,
-            num_total_blocks=self.engine.config.num_blocks,
+            num_running=load.num_running, num_waiting=load.num_waiting,
+            num_free_blocks=load.num_free_blocks, num_total_blocks=load.num_total_blocks,
             recent_step_time_ms=self.step_time_ema_ms, backend_id=self.backend_id,
-            num_outstanding_tokens=outstanding, num_preemptions=sched.num_preemptions,
+            num_outstanding_tokens=load.num_outstanding_tokens,
+            num_preemptions=load.num_preemptions,
             num_held_messages=self.num_backpressured,
             num_dropped_peers=self.num_gateways_dropped,
-            num_swap_preemptions=getattr(sched, "num_swap_preemptions", 0))
-        host = getattr(sched.block_manager, "host", None)  # the echo engine keeps no tiers
-        if host is not None:
-            report.num_host_hit_tokens = sched.block_manager.num_host_hit_tokens
-            report.num_host_blocks = host.num_blocks
-            report.num_host_used_blocks = host.num_used_blocks
-        bm = sched.block_manager
+            num_swap_preemptions=load.num_swap_preemptions,
+            num_prompt_tokens=load.num_prompt_tokens,
+            num_cached_prompt_tokens=load.num_cached_prompt_tokens)
+        if load.num_host_blocks:
+            report.num_host_hit_tokens = load.num_host_hit_tokens
+            report.num_host_blocks = load.num_host_blocks
+            report.num_host_used_blocks = load.num_host_used_blocks
         if self.prefix_summary is not None:
             report.prefix_hashes.extend(self.prefix_summary.snapshot(self._is_cached))
             report.prefix_block_size = self.engine.config.block_size
-        report.num_prompt_tokens = getattr(bm, "num_query_tokens", 0)
-        report.num_cached_prompt_tokens = getattr(bm, "num_hit_tokens", 0)
         return report
