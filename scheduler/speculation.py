@@ -41,11 +41,13 @@ speculative sampling for a one-hot draft distribution).
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from heapq import heapify, heappop, heappush
 from typing import Protocol
 
 from scheduler.classes import DEFAULT_CLASS_BOUNDS, class_index
@@ -68,8 +70,10 @@ class SpeculationConfig:
     # relative cost of one more token in a step below the knee: draft i is proposed while its
     # acceptance chance alpha^i is at least this
     min_draft_prob: float = 0.15
-    # per queue class (fast, normal, slow): the most draft tokens a sequence of that class gets
+    # per queue class (fast, normal, slow): the most draft tokens a sequence of that class gets,
+    # and the weight of its drafts' acceptance chance (Fast and Normal speculate first)
     class_max: tuple[int, int, int] = (16, 16, 8)
+    class_weight: tuple[float, float, float] = (1.0, 1.0, 0.8)
     class_bounds: tuple[int, int] = DEFAULT_CLASS_BOUNDS
     ngram_max: int = 4  # prompt / session lookup: longest and shortest suffix matched
     ngram_min: int = 2
@@ -352,6 +356,9 @@ class SessionStore:
     def __len__(self) -> int:
         return len(self._sessions)
 
+    def clear(self) -> None:
+        self._sessions.clear()
+
     def record(self, key: int | None, output: Sequence[int]) -> None:
         """A finished output of session `key` becomes lookup material for its next requests."""
         if key is None or not len(output):
@@ -429,16 +436,42 @@ class StepCostModel:
         self._count[b] = self._count.get(b, 0) + 1
 
     def knee(self, min_count: int = 3) -> int | None:
+        """Between two measured buckets the time is taken as linear in the tokens (a step of
+        9 tokens is rarely measured before drafting starts, a 512-token prefill often is)."""
         buckets = sorted(b for b, c in self._count.items() if c >= min_count)
         if len(buckets) < 2:
             return None
         base = self._mean[buckets[0]]
+        limit = base * (1.0 + self.slack)
         knee = buckets[0]
-        for b in buckets[1:]:
-            if self._mean[b] > base * (1.0 + self.slack):
-                break
-            knee = b
+        for lo, hi in itertools.pairwise(buckets):
+            t_lo, t_hi = max(self._mean[lo], base), self._mean[hi]
+            if t_hi <= limit:
+                knee = hi
+                continue
+            if t_hi > t_lo:  # where the line from lo to hi crosses the limit
+                knee = max(knee, lo + int((limit - t_lo) / (t_hi - t_lo) * (hi - lo)))
+            break
         return knee
+
+    def time(self, num_tokens: int, min_count: int = 3) -> float | None:
+        """T(num_tokens): piecewise linear between the measured buckets (at least `min_count`
+        steps each), flat below the first; past the last, its segment's slope or proportional to
+        the tokens, whichever is more; None with fewer than two buckets measured."""
+        buckets = [b for b in sorted(self._count) if self._count[b] >= min_count]
+        if len(buckets) < 2:
+            return None
+        mean = self._mean
+        if num_tokens <= buckets[0]:
+            return mean[buckets[0]]
+        for lo, hi in itertools.pairwise(buckets):
+            if num_tokens <= hi:
+                t_lo, t_hi = mean[lo], max(mean[hi], mean[lo])
+                return t_lo + (t_hi - t_lo) * (num_tokens - lo) / (hi - lo)
+        lo, hi = buckets[-2], buckets[-1]
+        slope = max(0.0, (mean[hi] - mean[lo]) / (hi - lo))
+        # past what was measured, at least proportional to the tokens (compute-bound)
+        return max(mean[hi] + slope * (num_tokens - hi), mean[hi] * num_tokens / hi)
 
     def table(self) -> dict[int, float]:
         return dict(sorted(self._mean.items()))
@@ -473,7 +506,19 @@ def expected_tokens(alpha: float, k: int) -> float:
 
 
 class SpeculationPolicy:
-    """How many draft tokens each decoding sequence gets this step (module docstring)."""
+    """How many draft tokens each decoding sequence gets this step.
+
+    The step's useful work is its scheduled tokens (decodes and prefill tokens, each one token
+    of work) plus the expected accepted drafts; its time comes from the step cost model T(n)
+    (measured, else flat up to `knee_tokens` and proportional past it). Drafts are added best
+    first — the i-th draft of a sequence is accepted with chance q = alpha^i, weighted by the
+    sequence's class (`class_weight`) — while each raises work per second:
+    ``q * T(n) > (T(n + 1) - T(n)) * work``. Below the knee a token costs almost nothing and
+    every draft with q >= min_draft_prob goes in; at saturation a token costs its share of the
+    step (T' * n / T = 1) and no q <= 1 passes: the policy, not the user, turns speculation off
+    where it would cost throughput. `fixed_s`: a speculating step's extra time whatever its
+    drafts (the engine's async scheduling lost for that step); the whole plan is dropped when it
+    does not pay for it."""
 
     def __init__(self, config: SpeculationConfig | None = None,
                  cost: StepCostModel | None = None) -> None:
@@ -482,11 +527,28 @@ class SpeculationPolicy:
         self.num_steps_off_by_load = 0  # steps where load turned drafting off (metrics)
 
     def knee(self) -> int:
+        """Step tokens below which a step costs about one decode step (measured, else
+        configured); the engine's O(1) test for "drafting cannot pay" at saturation."""
         measured = self.cost.knee() if self.cost is not None else None
         return measured if measured is not None else self.config.knee_tokens
 
+    def step_time(self, num_tokens: int) -> float:
+        """T(n): measured (piecewise linear), else the configured knee's model (1 up to the
+        knee, n / knee past it)."""
+        t = self.cost.time(num_tokens) if self.cost is not None else None
+        if t is not None:
+            return t
+        knee = self.config.knee_tokens
+        return 1.0 if num_tokens <= knee else num_tokens / knee
+
+    def saturated(self, num_tokens: int) -> bool:
+        """A step of `num_tokens` past which no draft can raise work per second (even a
+        certain one): T' * n >= T."""
+        t = self.step_time(num_tokens)
+        return (self.step_time(num_tokens + 1) - t) * num_tokens >= t
+
     def plan(self, seqs: Sequence[SeqLoad], num_decodes: int, num_prefill_tokens: int,
-             max_rows: int | None = None) -> dict[str, int]:
+             max_rows: int | None = None, fixed_s: float = 0.0) -> dict[str, int]:
         """Draft tokens per sequence id (sequences that get none are absent).
 
         `num_decodes`: decoding sequences this step (each feeds one token anyway);
@@ -495,13 +557,11 @@ class SpeculationPolicy:
         cfg = self.config
         if not cfg.enabled or not seqs:
             return {}
-        headroom = self.knee() - num_decodes - num_prefill_tokens
-        if max_rows is not None:
-            headroom = min(headroom, max_rows)
-        if headroom <= 0:
-            self.num_steps_off_by_load += 1
+        n0 = num_decodes + num_prefill_tokens
+        if max_rows is not None and max_rows <= 0:
             return {}
-        want: list[tuple[tuple, str, int]] = []
+        # (-q of its next draft, class, rank, id, alpha, which draft, cap): q = weight * alpha^i
+        heap: list[tuple[float, int, tuple, str, float, int, int]] = []
         for s in seqs:
             if s.max_draft_tokens < 0:
                 continue
@@ -509,17 +569,34 @@ class SpeculationPolicy:
             cap = min(cfg.max_draft_tokens, cfg.class_max[cls], s.remaining - 1)
             if s.max_draft_tokens > 0:
                 cap = min(cap, s.max_draft_tokens)
-            k = drafts_worth(s.alpha, cap, cfg.min_draft_prob)
-            if k > 0:
-                want.append(((cls, -s.alpha, s.rank), s.request_id, k))
-        want.sort(key=lambda w: w[0])
+            q = s.alpha * cfg.class_weight[cls]
+            if cap > 0 and q >= cfg.min_draft_prob:
+                heap.append((-q, cls, s.rank, s.request_id, s.alpha, 1, cap))
+        if not heap:
+            return {}
+        heapify(heap)
+        n, t = n0, self.step_time(n0)
+        work = float(n0)
+        t0, work0 = t, work
+        rows = max_rows if max_rows is not None else 1 << 30
         out: dict[str, int] = {}
-        for _, rid, k in want:
-            if headroom <= 0:
+        while heap and rows > 0:
+            neg_q, cls, rank, rid, alpha, i, cap = heap[0]
+            q = -neg_q
+            dt = self.step_time(n + 1) - t
+            if q < cfg.min_draft_prob or q * t <= dt * work:
                 break
-            k = min(k, headroom)
-            out[rid] = k
-            headroom -= k
+            heappop(heap)
+            out[rid] = i
+            n += 1
+            t += dt
+            work += q
+            rows -= 1
+            if i < cap:
+                heappush(heap, (-(q * alpha), cls, rank, rid, alpha, i + 1, cap))
+        if not out or work / (t + fixed_s) <= work0 / t0:
+            self.num_steps_off_by_load += 1
+            return {}
         return out
 
 
@@ -650,9 +727,9 @@ class Speculator:
         return state
 
     def plan(self, loads: Sequence[SeqLoad], num_decodes: int, num_prefill_tokens: int,
-             max_rows: int | None = None) -> dict[str, list[int]]:
+             max_rows: int | None = None, fixed_s: float = 0.0) -> dict[str, list[int]]:
         """The policy's counts, then the proposals: request id -> draft tokens (non-empty)."""
-        counts = self.policy.plan(loads, num_decodes, num_prefill_tokens, max_rows)
+        counts = self.policy.plan(loads, num_decodes, num_prefill_tokens, max_rows, fixed_s)
         drafts: dict[str, list[int]] = {}
         for rid, k in counts.items():
             d = self.propose(rid, k)

@@ -170,25 +170,31 @@ def loads(n, alpha=0.9, remaining=200, cap=0):
 
 def test_policy_speculates_with_slack_and_not_at_saturation():
     pol = SpeculationPolicy(SpeculationConfig(knee_tokens=128, max_draft_tokens=8))
-    light = pol.plan(loads(4), num_decodes=4, num_prefill_tokens=0)
-    assert light == {f"r{i}": 8 for i in range(4)}
-    # 100 decodes: 28 tokens of headroom under the knee, first come first
-    mid = pol.plan(loads(100), num_decodes=100, num_prefill_tokens=0)
-    assert sum(mid.values()) == 28 and mid["r0"] == 8 and "r99" not in mid
+    light = pol.plan(loads(4, remaining=50), num_decodes=4, num_prefill_tokens=0)
+    assert light == {f"r{i}": 8 for i in range(4)}  # 0.9^8 = 0.43 >= 0.15
+    # 100 decodes: 28 tokens free under the knee, then each costs 1/128 of the step: the first
+    # drafts of 28 sequences (q = 0.9 each) beat more drafts of a few
+    mid = pol.plan(loads(100, remaining=50), num_decodes=100, num_prefill_tokens=0)
+    assert sum(mid.values()) == 28 and set(mid.values()) == {1} and "r99" not in mid
     assert pol.plan(loads(128), num_decodes=128, num_prefill_tokens=0) == {}
+    assert pol.saturated(128) and not pol.saturated(127)
+    # a big prefill in the step: its tokens are work too; a draft does not pay its share
     assert pol.plan(loads(4), num_decodes=4, num_prefill_tokens=2000) == {}
     assert pol.num_steps_off_by_load == 2
 
 
-def test_policy_classes_first_then_acceptance():
-    pol = SpeculationPolicy(SpeculationConfig(knee_tokens=14, max_draft_tokens=8))
+def test_policy_classes_weigh_drafts_and_caps_hold():
+    pol = SpeculationPolicy(SpeculationConfig(knee_tokens=128, max_draft_tokens=8))
     seqs = [SeqLoad("slow", 500, 0.95, 0, (0, 0.0, 0)),
             SeqLoad("normal", 40, 0.6, 0, (0, 1.0, 1)),
             SeqLoad("fast", 6, 0.9, 0, (0, 2.0, 2))]
-    out = pol.plan(seqs, num_decodes=3, num_prefill_tokens=0)  # 11 tokens of headroom
+    out = pol.plan(seqs, num_decodes=3, num_prefill_tokens=0)
     assert out["fast"] == 5  # remaining - 1
     assert out["normal"] == drafts_worth(0.6, 8, 0.15) == 3
-    assert out["slow"] == 3  # what is left
+    assert out["slow"] == 8  # 0.8 * 0.95^8 = 0.53
+    # limited rows go to the best drafts first: fast and slow's first ones (0.9, 0.76)
+    few = pol.plan(seqs, num_decodes=3, num_prefill_tokens=0, max_rows=3)
+    assert few == {"fast": 2, "slow": 1}
     # the per-class cap
     pol2 = SpeculationPolicy(SpeculationConfig(class_max=(8, 8, 2)))
     assert pol2.plan([SeqLoad("s", 500, 0.99, 0)], 1, 0) == {"s": 2}
@@ -196,24 +202,43 @@ def test_policy_classes_first_then_acceptance():
 
 def test_policy_per_request_cap_and_off():
     pol = SpeculationPolicy(SpeculationConfig(max_draft_tokens=8))
-    seqs = [SeqLoad("capped", 100, 0.99, 3), SeqLoad("off", 100, 0.99, -1)]
+    seqs = [SeqLoad("capped", 50, 0.99, 3), SeqLoad("off", 50, 0.99, -1)]
     assert pol.plan(seqs, 2, 0) == {"capped": 3}
     assert pol.plan(seqs, 2, 0, max_rows=2) == {"capped": 2}
     assert SpeculationPolicy(SpeculationConfig(enabled=False)).plan(seqs, 2, 0) == {}
 
 
-def test_policy_uses_the_measured_knee():
+def test_policy_uses_the_measured_step_cost():
     cost = StepCostModel(slack=0.25)
     for _ in range(3):
         cost.observe(1, 0.010)
         cost.observe(16, 0.011)
         cost.observe(64, 0.012)
         cost.observe(256, 0.030)
-    assert cost.knee() == 64
+    # 12 ms at 64, 30 ms at 256: the line crosses 12.5 ms at 64 + 0.5 / 18 * 192
+    assert cost.knee() == 69
+    assert cost.time(1) == 0.010 and cost.time(40) == pytest.approx(0.0115)
+    assert cost.time(512) == pytest.approx(0.060)  # past the last: proportional at least
     pol = SpeculationPolicy(SpeculationConfig(knee_tokens=1000, max_draft_tokens=8), cost)
-    assert pol.knee() == 64
-    assert sum(pol.plan(loads(60), 60, 0).values()) == 4
-    assert StepCostModel().knee() is None
+    assert pol.knee() == 69
+    # c = 1: drafts are nearly free (1/15 ms a token against a 10 ms step)
+    assert pol.plan(loads(1, alpha=0.9, remaining=50), 1, 0) == {"r0": 8}
+    # 200 decodes: a token costs 0.094 ms of a 26 ms step (work 200): only q > 0.72 pays
+    assert pol.plan(loads(200, alpha=0.6, remaining=50), 200, 0) == {}
+    assert StepCostModel().knee() is None and StepCostModel().time(5) is None
+    # only a decode and a big prefill measured: the knee is where their line crosses the slack
+    cost2 = StepCostModel(slack=0.25)
+    for _ in range(3):
+        cost2.observe(1, 0.030)
+        cost2.observe(384, 0.130)
+    assert cost2.knee() == 1 + int(0.0075 / 0.100 * 511)  # 39 (384 tokens: the 512 bucket)
+
+
+def test_fixed_cost_of_a_speculating_step_must_be_paid():
+    pol = SpeculationPolicy(SpeculationConfig(knee_tokens=128))
+    one = [SeqLoad("a", 50, 0.2, 0)]  # one draft worth 0.2 of a token
+    assert pol.plan(one, 1, 0) == {"a": 1}
+    assert pol.plan(one, 1, 0, fixed_s=0.5) == {}  # a step 50% longer for 20% more tokens
 
 
 def test_speculator_plan_end_to_end():

@@ -1,0 +1,205 @@
+"""`python -m bench.engine.speculation`: speculative decoding's acceptance and TPOT, one request
+at a time (c = 1), through the real engine (scheduler, block manager, runner, sampler).
+
+Workloads (held-out code of the model's evaluation set, `evals.data`):
+
+    off          greedy completion without speculation (the reference; its outputs feed the
+                 oracle predictions below)
+    lookup       the same completions with speculation on and no prediction: prompt lookup and
+                 the session's earlier outputs
+    oracle-P     the same completions with a prediction: the reference output with 100 - P % of
+                 its lines altered (P = 100, 75, 50: what an editor sends when it holds the answer)
+    copy         an edit the model really makes: the prompt is a file's chunk, a separator and
+                 the chunk's first line again; the prediction is the chunk (the model's own
+                 acceptance, not an oracle's)
+
+Greedy outputs must equal `off`'s in every mode but `copy` (checked: identical tokens), so the
+comparison is the mechanism's time alone. TPOT per request is (time of its last token - time of
+its first) / (tokens - 1), from the engine's step returns.
+
+    python -m bench.engine.speculation --model models/tiny-coder --prompts 12 \\
+        --prompt-tokens 384 --max-tokens 128 --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+
+from backend.engine.assemble import BackendConfig, create_engine
+from backend.runner.sampler import SamplingParams
+from engine_flags import default_model
+from evals.data import default_heldout_list, load_heldout
+from scheduler.speculation import SpeculationConfig
+
+
+def _alter_lines(text: str, keep: float, rng: random.Random) -> str:
+    """`text` with about (1 - keep) of its non-blank lines changed (an identifier renamed, a
+    value changed): what an edit does to a file the editor predicts."""
+    lines = text.split("\n")
+    idx = [i for i, ln in enumerate(lines) if ln.strip()]
+    rng.shuffle(idx)
+    for i in idx[:round(len(idx) * (1.0 - keep))]:
+        ln = lines[i]
+        lines[i] = ln.rstrip() + "  # edited" if rng.random() < 0.5 else ln.replace(" ", "  ", 1) + "_v2"
+    return "\n".join(lines)
+
+
+def _prompts(tok, files, n, prompt_tokens, rng):
+    """(name, prompt ids) cut from held-out files: a window of `prompt_tokens` ending at a line
+    break about two thirds into the file."""
+    out = []
+    for rel, text in files:
+        ids = tok.encode(text, add_special_tokens=False)
+        if len(ids) < prompt_tokens + 64:
+            continue
+        cut = min(len(ids) - 64, max(prompt_tokens, int(len(ids) * 0.66)))
+        out.append((rel, ids[cut - prompt_tokens:cut]))
+        if len(out) >= n:
+            break
+    return out
+
+
+def _copy_cases(tok, files, n, chunk_lines=30):
+    """(name, prompt ids, prediction ids): chunk + blank line + the chunk's first line; the
+    prediction is the rest of the chunk."""
+    out = []
+    for rel, text in files:
+        lines = [ln for ln in text.split("\n")]
+        if len(lines) < chunk_lines + 5:
+            continue
+        start = len(lines) // 3
+        chunk = lines[start:start + chunk_lines]
+        if sum(len(ln.strip()) > 0 for ln in chunk) < chunk_lines // 2:
+            continue
+        body = "\n".join(chunk)
+        prompt = body + "\n\n\n" + chunk[0] + "\n"
+        pred = "\n".join(chunk[1:]) + "\n"
+        out.append((rel, tok.encode(prompt, add_special_tokens=False),
+                     tok.encode(pred, add_special_tokens=False)))
+        if len(out) >= n:
+            break
+    return out
+
+
+def _serve_one(engine, rid, prompt, params, prediction=None):
+    assert engine.add_request(rid, prompt, params, prediction=prediction) is None
+    tokens, times, last = [], [], None
+    steps = 0
+    while engine.has_unfinished():
+        outs = engine.step()
+        now = time.perf_counter()
+        steps += 1
+        for o in outs:
+            if o.new_token_ids:
+                tokens += o.new_token_ids
+                times += [now] * len(o.new_token_ids)
+            last = o
+    tpot = (times[-1] - times[0]) / (len(tokens) - 1) if len(tokens) > 1 else float("nan")
+    return tokens, tpot, steps, last
+
+
+def _summary(rows):
+    tpots = [r["tpot_ms"] for r in rows]
+    return {"tpot_p50_ms": statistics.median(tpots), "tpot_mean_ms": statistics.fmean(tpots),
+            "steps": sum(r["steps"] for r in rows), "tokens": sum(r["tokens"] for r in rows),
+            "drafted": sum(r["drafted"] for r in rows), "accepted": sum(r["accepted"] for r in rows)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.engine.speculation",
+                                 description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default=default_model())
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--load-format", default="auto")
+    ap.add_argument("--prompts", type=int, default=12)
+    ap.add_argument("--prompt-tokens", type=int, default=384)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--modes", default="off,lookup,oracle-100,oracle-75,oracle-50,copy")
+    ap.add_argument("--max-draft-tokens", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    rng = random.Random(args.seed)
+    modes = [m for m in args.modes.split(",") if m]
+
+    def build(spec: bool):
+        cfg = SpeculationConfig(max_draft_tokens=args.max_draft_tokens) if spec else None
+        return create_engine(BackendConfig(model=args.model, device=args.device,
+                                           load_format=args.load_format,
+                                           speculation_config=cfg))
+
+    off_engine, loaded = build(False)
+    on_engine, _ = build(True)
+    tok = loaded.tokenizer
+    held = load_heldout(default_heldout_list(args.model))
+    files = held.files
+    cases = _prompts(tok, files, args.prompts, args.prompt_tokens, rng)
+    if not cases:
+        print("no held-out file is long enough", file=sys.stderr)
+        return 1
+    params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
+    # warm-up (first-use costs out of the timed runs)
+    for eng in (off_engine, on_engine):
+        _serve_one(eng, "warm", cases[0][1][:64], SamplingParams(max_tokens=16, ignore_eos=True))
+    results: dict[str, dict] = {}
+    reference: dict[str, list[int]] = {}
+    for mode in modes:
+        if on_engine.speculator is not None:  # each mode's sessions start empty
+            on_engine.speculator.sessions.clear()
+        rows = []
+        per_source = {"drafted": {}, "accepted": {}}
+        if mode == "copy":
+            work = [(name, prompt, pred) for name, prompt, pred in
+                    _copy_cases(tok, files, args.prompts)]
+        else:
+            work = [(name, prompt, None) for name, prompt in cases]
+        for i, (name, prompt, pred) in enumerate(work):
+            eng = off_engine if mode == "off" else on_engine
+            if mode.startswith("oracle-"):
+                keep = int(mode.split("-")[1]) / 100.0
+                text = tok.decode(reference[name], skip_special_tokens=False)
+                pred = tok.encode(_alter_lines(text, keep, rng), add_special_tokens=False)
+            sp = eng.speculator
+            before = (dict(sp.num_drafted), dict(sp.num_accepted)) if sp is not None else None
+            toks, tpot, steps, last = _serve_one(eng, f"{mode}-{i}", prompt, params, pred)
+            if mode == "off":
+                reference[name] = toks
+            elif mode != "copy" and toks != reference[name]:
+                raise SystemExit(f"{mode} {name}: output differs from speculation off")
+            if sp is not None:
+                for key, now, old in (("drafted", sp.num_drafted, before[0]),
+                                      ("accepted", sp.num_accepted, before[1])):
+                    for src, v in now.items():
+                        per_source[key][src] = per_source[key].get(src, 0) + v - old.get(src, 0)
+            rows.append({"name": name, "tokens": len(toks), "steps": steps, "tpot_ms": tpot * 1e3,
+                         "drafted": last.num_draft_tokens, "accepted": last.num_accepted_draft_tokens,
+                         "prediction_accepted": last.num_accepted_prediction_tokens,
+                         "prediction_rejected": last.num_rejected_prediction_tokens})
+        s = _summary(rows)
+        s["per_source"] = per_source
+        s["rows"] = rows
+        results[mode] = s
+        by_source = {k: f"{per_source['accepted'].get(k, 0)}/{v}"
+                     for k, v in per_source["drafted"].items() if v}
+        print(f"{mode:>10}: TPOT p50 {s['tpot_p50_ms']:.3f} ms (mean {s['tpot_mean_ms']:.3f}), "
+              f"{s['tokens']} tokens in {s['steps']} steps, drafted {s['drafted']} accepted "
+              f"{s['accepted']} ({s['accepted'] / max(1, s['drafted']):.0%}); accepted/drafted "
+              f"by source {by_source}", flush=True)
+    if "off" in results:
+        base = results["off"]["tpot_p50_ms"]
+        for mode, s in results.items():
+            s["tpot_p50_vs_off"] = s["tpot_p50_ms"] / base
+        print("TPOT p50 / off: " + ", ".join(f"{m} {s['tpot_p50_vs_off']:.2f}"
+                                             for m, s in results.items()))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "results": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
