@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +43,12 @@ def serve(prefix: list[str], port: int, backend: str, env: dict) -> subprocess.P
     return p
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def stop(*procs: subprocess.Popen) -> list[int]:
     for p in procs:
         p.terminate()
@@ -49,16 +56,18 @@ def stop(*procs: subprocess.Popen) -> list[int]:
 
 
 def test_two_hosts_serve_what_one_host_serves(tmp_path):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": "eth0"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     common = ["--model", "tiny", "--tensor-parallel-size", "2"]
     sock = f"ipc://{tmp_path}/backend.sock"
 
-    # the reference: both ranks on this host
+    # the reference: both ranks on this host (over loopback)
     backend = subprocess.Popen([PY, "-m", "gateway.tidegate_cli", "backend", "--listen", sock,
                                 *common], cwd=ROOT, env=env)
-    gateway = serve([], 18731, sock, env)
-    reference = [post(18731, b, []) for b in BODIES]
+    port = free_port()
+    gateway = serve([], port, sock, env)
+    reference = [post(port, b, []) for b in BODIES]
     assert stop(gateway, backend) == [0, 0]
+    env["GLOO_SOCKET_IFNAME"] = "eth0"  # each namespace's link to the other host
 
     with Hosts(["h0", "h1"]) as hosts:
         multi = [*common, "--tp-nodes", "2", "--tp-rendezvous", f"{hosts.ip['h0']}:29500"]
