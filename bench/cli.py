@@ -97,7 +97,7 @@ def serve_parser() -> argparse.ArgumentParser:
     e.add_argument("--keep", default="1,0.75,0.5",
                    help="fractions of the prediction's lines left unchanged, one run each")
     e.add_argument("--corpus", default=None, help="directory of code files (default: the "
-                   "Python standard library)")
+                   "Python standard library); 'heldout': tiny-coder's held-out evaluation files")
     e.add_argument("--file-chars", type=int, default=3000, help="characters per file at most")
     e.add_argument("--trace-dir", default=None, help="write each run's requests (prompt, "
                    "output and prediction ids) there as <run>.jsonl, for python -m "

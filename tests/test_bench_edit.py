@@ -40,6 +40,8 @@ def test_prompts_hold_real_code():
     prompt = edit_prompt(name, text, "add type hints")
     assert text in prompt and "add type hints" in prompt
     assert text.startswith(completion_prompt(text))
+    held = code_files("heldout", 2, seed=0, max_chars=800)  # tiny-coder's held-out code
+    assert len(held) == 2 and all(text for _, text in held)
 
 
 def test_oracle_alters_whole_lines_of_token_ids():

@@ -51,23 +51,32 @@ SPEC_METRICS = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft
 # ---- prompts --------------------------------------------------------------------------------------
 def code_files(corpus: str | None, num: int, seed: int, max_chars: int = 3000,
                min_chars: int = 400) -> list[tuple[str, str]]:
-    """`num` (name, text) pairs of Python files under `corpus` (default: the stdlib), chosen by
-    `seed` (with repeats when there are fewer files), each cut at a line boundary to
-    `max_chars`."""
-    root = Path(corpus or sysconfig.get_paths()["stdlib"])
-    paths = sorted(p for p in root.rglob("*.py") if "test" not in p.parts and p.is_file())
-    files = []
-    for p in paths:
-        try:
-            text = p.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            continue
-        if len(text) >= min_chars:
-            files.append((str(p.relative_to(root)), text))
-        if len(files) >= 4096:
-            break
+    """`num` (name, text) pairs of Python files under `corpus` (default: the stdlib; "heldout"
+    or "heldout:MODEL_DIR": the held-out files of tiny-coder's evaluation, `evals.data`, code the
+    model was not trained on), chosen by `seed` (with repeats when there are fewer files), each
+    cut at a line boundary to `max_chars`."""
+    if corpus is not None and (corpus == "heldout" or corpus.startswith("heldout:")):
+        from evals.data import default_heldout_list, load_heldout
+
+        held = load_heldout(default_heldout_list(corpus.partition(":")[2] or "tiny-coder"))
+        files = [(n, t) for n, t in held.files if len(t) >= min_chars]
+        where = held.describe()
+    else:
+        root = Path(corpus or sysconfig.get_paths()["stdlib"])
+        where = str(root)
+        paths = sorted(p for p in root.rglob("*.py") if "test" not in p.parts and p.is_file())
+        files = []
+        for p in paths:
+            try:
+                text = p.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                continue
+            if len(text) >= min_chars:
+                files.append((str(p.relative_to(root)), text))
+            if len(files) >= 4096:
+                break
     if not files:
-        raise ValueError(f"no Python file of at least {min_chars} characters under {root}")
+        raise ValueError(f"no Python file of at least {min_chars} characters in {where}")
     rng = np.random.default_rng(seed)
     picks = rng.choice(len(files), size=num, replace=num > len(files))
     out = []
