@@ -307,6 +307,7 @@ class Engine:
         if drafts or not all(states[rid].plain_greedy for rid in sampled):
             specs = {rid: self._spec(rid) for rid in sampled}
             self._start_masks(specs, early=prev is None)
+            self._start_masks(specs, early=prev is None)
         # greedy rows with a grammar (device path): argmax redone under the mask before read-back
         mask_rows = [] if specs is not None else [
             i for i, c in enumerate(plan.chunks) if c.sample and states[c.request_id].grammar]
@@ -614,6 +615,20 @@ class Engine:
                     (not p.ignore_eos and token in eos):
                 stopped.add(rid)
         return StepResult(sampled=token_ids, stopped=stopped), out.logprobs
+
+    def _start_masks(self, specs: dict[str, SampleSpec], early: bool = True) -> None:
+        """Start the bitmask of the step's constrained rows on the grammar's mask thread,
+        before the launch: it is computed while the forward runs (on the device, or on the
+        CPU beside it: llguidance drops the GIL) and read when the rows are sampled. Not
+        `early` (a pipelined step's tokens are not consumed yet): computed when first read,
+        which is after that step's read-back."""
+        states = self.states
+        rows = [rid for rid in specs if states[rid].grammar is not None]
+        if rows:
+            grammars = [states[rid].grammar for rid in rows]
+            masks = self.grammars.submit(grammars) if early else self.grammars.later(grammars)
+            for i, rid in enumerate(rows):
+                specs[rid].mask = (masks, i)
 
     def _start_masks(self, specs: dict[str, SampleSpec], early: bool = True) -> None:
         """Start the bitmask of the step's constrained rows on the grammar's mask thread,

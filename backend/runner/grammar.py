@@ -100,17 +100,20 @@ class RequestGrammar:
 
 
 class StepMasks:
-    """The bitmask of one step's constrained rows: a future of an int32 [R, W] array."""
+    """The bitmask of one step's constrained rows (int32 [R, W]): a future, or a computation
+    run at the first `result()` (`GrammarManager.later`)."""
 
-    __slots__ = ("_future", "_value")
+    __slots__ = ("_compute", "_future", "_value")
 
-    def __init__(self, future: Future) -> None:
+    def __init__(self, future: Future | None, compute=None) -> None:
         self._future = future
+        self._compute = compute
         self._value: np.ndarray | None = None
 
     def result(self) -> np.ndarray:
         if self._value is None:
-            self._value = self._future.result()
+            self._value = self._future.result() if self._future is not None else \
+                self._compute()
         return self._value
 
 
@@ -149,6 +152,13 @@ class GrammarManager:
         thread; the caller reads it after the step's forward."""
         self.num_masked_rows += len(grammars)
         return StepMasks(self._masks.submit(self._fill, list(grammars)))
+
+    def later(self, grammars: list[RequestGrammar]) -> StepMasks:
+        """The bitmask computed when first read: for a step launched before the tokens its
+        rows' masks depend on are read back (async scheduling)."""
+        self.num_masked_rows += len(grammars)
+        grammars = list(grammars)
+        return StepMasks(None, lambda: self._fill(grammars))
 
     def _fill(self, grammars: list[RequestGrammar]) -> np.ndarray:
         from llguidance.numpy import fill_next_token_bitmask_par

@@ -25,6 +25,7 @@ from backend.kernels.forward_context import ForwardContext
 from backend.kv.fill_slots import FillSlots
 from backend.kv.pools import KVCache
 from backend.model.llama import LlamaModel
+from backend.runner.grammar import apply_token_bitmask
 from backend.runner.sampler import Sampler
 from backend.runner.step_io import Chunk, RunnerOutput, SampleSpec, logit_rows, sample_rows
 
@@ -295,11 +296,13 @@ class ModelRunner:
     @torch.inference_mode()
     def launch(self, chunks: Sequence[Chunk], sampling: Mapping[str, SampleSpec] | None = None,
                keep_logits: bool = False, gpu_src: Mapping[str, int] | None = None,
-               ) -> LaunchedStep:
+               defer_readback: bool = False) -> LaunchedStep:
         """Start one step: inputs in, the model queued up to the logits. On CUDA this returns
         while the device still runs (nothing here waits for it); `finish` reads the tokens.
         On the CPU the forward pass runs here, to the end. `sampling=None`: every row greedy.
-        `gpu_src`: requests whose input token is still on the device (see `prepare`)."""
+        `gpu_src`: requests whose input token is still on the device (see `prepare`).
+        `defer_readback`: a greedy step's ids are not queued for the host yet: `mask_greedy`
+        fixes the rows with a grammar first, then queues them (structured output)."""
         step = LaunchedStep(chunks, sampling, keep_logits)
         step.verifies = any(getattr(c, "num_draft", 0) for c in chunks)
         # a verify's targets are sampled on the host side (several rows per sequence): never
@@ -318,7 +321,7 @@ class ModelRunner:
                 if tokens:  # prefill chunks (+ decodes) of at most the largest token bucket
                     step.graph_launch = self.graphs.launch_mixed(chunks, tokens, gpu_src)
             if step.graph_launch is not None:
-                if step.greedy:  # the graph wrote its argmax ids into buffers.sampled
+                if step.greedy and not defer_readback:  # the graph wrote its argmax ids
                     step.readback = self.buffers.queue_readback(len(chunks))
                 return step
         if not chunks:
@@ -338,8 +341,35 @@ class ModelRunner:
             if step.greedy:
                 seq_rows = torch.tensor(rows, dtype=torch.long, device=self.device)
                 b.sampled.index_copy_(0, seq_rows, step.logits.argmax(dim=-1))
-                step.readback = b.queue_readback(len(chunks))
+                if not defer_readback:
+                    step.readback = b.queue_readback(len(chunks))
         return step
+
+    @torch.inference_mode()
+    def mask_greedy(self, step: LaunchedStep, rows: Sequence[int], bitmask) -> None:
+        """Structured output on the device-greedy path: the argmax of chunks `rows` redone over
+        their logits masked by `bitmask` (int32 [len(rows), ceil(V / 32)], host or device),
+        written into `buffers.sampled` (where the next step reads its inputs, async scheduling),
+        then the step's ids queued for the host (launched with `defer_readback`). Stream-ordered
+        after the step's forward and before any later launch; the graph's logits are read in
+        its static output, which only the next replay overwrites."""
+        b = self.buffers
+        if rows:
+            if step.graph_launch is not None:  # decode and mixed graphs: logits row = chunk
+                logits = step.graph_launch.captured.logits
+                index = list(rows)
+            else:  # eager: one logits row per sampling chunk, in chunk order
+                pos = {c: j for j, c in enumerate(i for i, ch in enumerate(step.chunks)
+                                                  if ch.sample)}
+                logits, index = step.logits, [pos[r] for r in rows]
+            sel = torch.tensor(index, dtype=torch.long, device=logits.device)
+            sub = logits.index_select(0, sel)
+            mask = torch.as_tensor(bitmask).to(sub.device, non_blocking=True)
+            every = torch.arange(len(index), device=sub.device)
+            ids = apply_token_bitmask(sub, every, mask).argmax(dim=-1)
+            b.sampled.index_copy_(0, torch.tensor(list(rows), dtype=torch.long,
+                                                  device=b.sampled.device), ids)
+        step.readback = b.queue_readback(len(step.chunks))
 
     @torch.inference_mode()
     def finish(self, step: LaunchedStep) -> RunnerOutput:
