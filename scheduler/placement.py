@@ -45,6 +45,12 @@ Policies (`PlacementConfig.policy`):
   same backend, where they share one prefill in the same step), groups and then loners in order
   of decreasing token cost (longest-processing-time-first packing), each with the rule above.
 
+Sessions (issue 30, `scheduler.sessions`): an item may carry a `SessionInfo` (a session key,
+its prompt's chain hashes, a pin). ``prefix`` and ``window`` then keep the request on its
+session's backend, or the backend holding a pin or the whole earlier prompt it extends (a
+sub-agent forked from its parent), while that backend is within the load bound above; otherwise
+the rule above decides and the session has moved (`sessions.num_moves`).
+
 Every pick is O(log backends): the least-loaded backend comes from a lazy heap (`LoadIndex`), and
 a holder set is scanned only up to `max_holders_scanned` entries after the least-loaded backend
 itself was checked.
@@ -57,6 +63,7 @@ from dataclasses import dataclass
 
 from scheduler.load_index import LoadIndex
 from scheduler.prefix_index import DEPTHS, PrefixIndex, prefix_hashes
+from scheduler.sessions import SessionAffinity, SessionInfo
 
 POLICIES = ("least-tokens", "prefix", "window")
 
@@ -98,12 +105,14 @@ class PlacementConfig:
 class PlacementItem:
     """One request to place: its token cost and its prompt's prefix hashes (shallowest first)."""
 
-    __slots__ = ("backend", "charged", "cost", "payload", "prefix")
+    __slots__ = ("backend", "charged", "cost", "payload", "prefix", "session")
 
-    def __init__(self, cost: int, prefix: Sequence[int] = (), payload: object = None) -> None:
+    def __init__(self, cost: int, prefix: Sequence[int] = (), payload: object = None,
+                 session: SessionInfo | None = None) -> None:
         self.cost = cost
         self.prefix = prefix
         self.payload = payload
+        self.session = session  # scheduler.sessions; None: placed by its prefix alone
         self.backend = -1       # set by place(); -1 = no backend accepts requests
         self.charged = 0        # tokens added to the backend's load by place()
 
@@ -159,9 +168,10 @@ class LeastTokensPlacement:
         for it in items:
             it.backend, it.charged = self.place_one(it.cost, it.prefix, now)
 
-    def place_one(self, cost: int, prefix: Sequence[int], now: float) -> tuple[int, int]:
+    def place_one(self, cost: int, prefix: Sequence[int], now: float,
+                  session: SessionInfo | None = None) -> tuple[int, int]:
         """`place` for a window of one request, without an item: (backend or -1, tokens
-        charged to it)."""
+        charged to it). Least-tokens ignores sessions."""
         loads = self.loads
         b = loads.least()
         if b is None:
@@ -183,6 +193,7 @@ class PrefixAffinityPlacement(LeastTokensPlacement):
         self.num_cold = 0           # no backend held any of their prefix
         self.num_home = 0           # of those, placed on the backend whose turn it was
         self._turn = 0              # the round-robin's cursor over `loads.backends`
+        self.sessions = SessionAffinity()
 
     def add_backend(self, b: int) -> None:
         super().add_backend(b)
@@ -191,21 +202,35 @@ class PrefixAffinityPlacement(LeastTokensPlacement):
     def remove_backend(self, b: int) -> None:
         super().remove_backend(b)
         self.index.remove_backend(b)
+        self.sessions.remove_backend(b)
 
     def report(self, b: int, hashes: Iterable[int], now: float) -> None:
         self.index.report(b, hashes, now)
 
-    def _place_one(self, it: PlacementItem, now: float) -> None:
-        it.backend, it.charged = self.place_one(it.cost, it.prefix, now)
+    def place(self, items: Sequence[PlacementItem], now: float) -> None:
+        for it in items:
+            it.backend, it.charged = self.place_one(it.cost, it.prefix, now, it.session)
 
-    def place_one(self, cost: int, prefix: Sequence[int], now: float) -> tuple[int, int]:
+    def _place_one(self, it: PlacementItem, now: float) -> None:
+        it.backend, it.charged = self.place_one(it.cost, it.prefix, now, it.session)
+
+    def place_one(self, cost: int, prefix: Sequence[int], now: float,
+                  session: SessionInfo | None = None) -> tuple[int, int]:
         loads = self.loads
         least = loads.least()
         if least is None:
             return -1, 0
+        if session is not None:
+            b = self._session_pick(cost, prefix, now, session, least)
+            if b is not None:
+                return b
         b, depth = least, 0
+        # a new keyed session shares at most a common prefix (a system prompt) with what is
+        # placed: it is spread as a cold prefix is, or one shared system prompt would gather
+        # every new session on its holder (charged what its backend holds of the prefix)
+        new_session = session is not None and session.key is not None and session.home < 0
         if prefix:
-            b, depth = self._holder(prefix, least)
+            b, depth = (-1, 0) if new_session else self._holder(prefix, least)
             if b < 0:  # cold: the next in turn, unless that is two requests busier or more
                 b = least
                 ids = loads.backends
@@ -215,6 +240,10 @@ class PrefixAffinityPlacement(LeastTokensPlacement):
                     b = turn
                     self._turn += 1
                     self.num_home += 1
+            if new_session:
+                holds = self.index.holds
+                depth = next((d + 1 for d in range(len(prefix) - 1, -1, -1)
+                              if holds(b, prefix[d])), 0)
         held = 0
         if depth:
             held = min(cost - 1, DEPTHS[depth - 1] * self.config.block_size)
@@ -222,6 +251,24 @@ class PrefixAffinityPlacement(LeastTokensPlacement):
         loads.add_load(b, charged)
         if prefix:
             self.index.guess(b, prefix, now)
+        if session is not None:
+            self.sessions.record(session, b, now)
+        return b, charged
+
+    def _session_pick(self, cost: int, prefix: Sequence[int], now: float, session: SessionInfo,
+                      least: int) -> tuple[int, int] | None:
+        """The session's backend within the load bound (scheduler.sessions), charged the cost
+        less the blocks it holds; None: the prefix rule decides."""
+        load = self.loads.load
+        bound = load[least] * self.config.load_factor + self.slack[least]
+        b, blocks = self.sessions.pick(session, load, self.loads.accepting, bound, now)
+        if b < 0:
+            return None
+        charged = cost - min(cost - 1, blocks * self.config.block_size)
+        self.loads.add_load(b, charged)
+        if prefix:
+            self.index.guess(b, prefix, now)
+        self.sessions.record(session, b, now)
         return b, charged
 
     def _holder(self, prefix: Sequence[int], least: int) -> tuple[int, int]:
