@@ -8,7 +8,8 @@ Workloads (held-out code of the model's evaluation set, `evals.data`):
     lookup       the same completions with speculation on and no prediction: prompt lookup and
                  the session's earlier outputs
     oracle-P     the same completions with a prediction: the reference output with 100 - P % of
-                 its lines altered (P = 100, 75, 50: what an editor sends when it holds the answer)
+                 its lines altered (P = 100, 75, 50: what an editor sends when it holds the
+                 answer), as `tidegate bench serve --workload edit --oracle` alters them
     copy         an edit the model really makes: the prompt is a file's chunk, a separator and
                  the chunk's first line again; the prediction is the chunk (the model's own
                  acceptance, not an oracle's)
@@ -29,23 +30,40 @@ import statistics
 import sys
 import time
 
+import numpy as np
+
 from backend.engine.assemble import BackendConfig, create_engine
 from backend.runner.sampler import SamplingParams
 from engine_flags import default_model
 from evals.data import default_heldout_list, load_heldout
 from scheduler.speculation import SpeculationConfig
+from sims.edit_workload import lines_to_alter
 
 
-def _alter_lines(text: str, keep: float, rng: random.Random) -> str:
-    """`text` with about (1 - keep) of its non-blank lines changed (an identifier renamed, a
-    value changed): what an edit does to a file the editor predicts."""
-    lines = text.split("\n")
-    idx = [i for i, ln in enumerate(lines) if ln.strip()]
-    rng.shuffle(idx)
-    for i in idx[:round(len(idx) * (1.0 - keep))]:
-        ln = lines[i]
-        lines[i] = ln.rstrip() + "  # edited" if rng.random() < 0.5 else ln.replace(" ", "  ", 1) + "_v2"
-    return "\n".join(lines)
+def _alter_ids(ids: list[int], tok, keep: float, rng: np.random.Generator) -> list[int]:
+    """The oracle's prediction, as `tidegate bench serve --workload edit --oracle` makes it
+    (bench.serving.edit.alter_token_lines; not imported: it needs aiohttp): round((1 - keep) *
+    lines) lines of `ids` get other ids of the same output; a line ends at a token whose text
+    holds a newline, or, with fewer than 8 of them (dummy weights), is 12 tokens."""
+    spans, start = [], 0
+    for j, t in enumerate(ids):
+        if "\n" in tok.decode([t], skip_special_tokens=False):
+            spans.append((start, j + 1))
+            start = j + 1
+    if start < len(ids):
+        spans.append((start, len(ids)))
+    if len(spans) < 8:
+        spans = [(a, min(a + 12, len(ids))) for a in range(0, len(ids), 12)]
+    out = list(ids)
+    for i in lines_to_alter(len(spans), keep, rng):
+        a, b = spans[i]
+        for j in range(a, b):
+            for step in range(1, len(ids)):
+                other = ids[(j * 7919 + step) % len(ids)]
+                if other != ids[j]:
+                    out[j] = other
+                    break
+    return out
 
 
 def _prompts(tok, files, n, prompt_tokens, rng):
@@ -124,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
+    np_rng = np.random.default_rng(args.seed)
     modes = [m for m in args.modes.split(",") if m]
 
     def build(spec: bool):
@@ -135,8 +154,21 @@ def main(argv: list[str] | None = None) -> int:
     off_engine, loaded = build(False)
     on_engine, _ = build(True)
     tok = loaded.tokenizer
-    held = load_heldout(default_heldout_list(args.model))
-    files = held.files
+    try:
+        held = load_heldout(default_heldout_list(args.model))
+        files = held.files
+        print(f"corpus: {held.describe()}", flush=True)
+    except FileNotFoundError:  # a model without a held-out list (a preset)
+        files = []
+    if len(files) < args.prompts:  # elsewhere (a GPU host without the packages): the stdlib
+        import sysconfig
+        from pathlib import Path
+
+        root = Path(sysconfig.get_paths()["stdlib"])
+        extra = [(str(p.relative_to(root)), p.read_text(errors="replace"))
+                 for p in sorted(root.glob("*.py"))[:200]]
+        print(f"corpus: {len(files)} held-out files found; adding the stdlib's", flush=True)
+        files = files + extra
     cases = _prompts(tok, files, args.prompts, args.prompt_tokens, rng)
     if not cases:
         print("no held-out file is long enough", file=sys.stderr)
@@ -161,8 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             eng = off_engine if mode == "off" else on_engine
             if mode.startswith("oracle-"):
                 keep = int(mode.split("-")[1]) / 100.0
-                text = tok.decode(reference[name], skip_special_tokens=False)
-                pred = tok.encode(_alter_lines(text, keep, rng), add_special_tokens=False)
+                pred = _alter_ids(reference[name], tok, keep, np_rng)
             sp = eng.speculator
             before = (dict(sp.num_drafted), dict(sp.num_accepted)) if sp is not None else None
             toks, tpot, steps, last = _serve_one(eng, f"{mode}-{i}", prompt, params, pred)
