@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from scheduler.speculation import SpeculationConfig, Speculator, StepCostModel
+from scheduler.speculation import SessionStore, SpeculationConfig, Speculator, StepCostModel
 from scheduler.step_plan import SchedulerConfig, StepResult
 from scheduler.step_scheduler import StepScheduler
 
@@ -195,12 +195,13 @@ def _step_cost(cost, plan) -> tuple[float, int]:
 def simulate_speculation(requests: Sequence[SpecRequest], cost, sched_config: SchedulerConfig,
                          spec_config: SpeculationConfig | None, acceptance=None, *,
                          concurrency: int | None = None, seed: int = 0,
-                         warmup: Sequence[SpecRequest] = (),
+                         warmup: Sequence[SpecRequest] = (), keep_sessions: bool = False,
                          max_steps: int = 10_000_000) -> SpecSimResult:
     """Run `requests` through one simulated backend. `spec_config` None: no speculation (the
     same steps a plain engine runs). `warmup`: requests run first on the same backend (its
-    prefix cache, the speculator's sessions and measured knee), not in the result: the live
-    oracle's baseline before its measured runs."""
+    prefix cache and the speculator's measured knee), not in the result: the live oracle's
+    baseline before its measured runs; its outputs leave the session store afterwards
+    (`keep_sessions` False), as bench's oracle flushes them out of the live engine's."""
     acceptance = acceptance or OracleAcceptance()
     rng = np.random.default_rng(seed)
     sched = StepScheduler(sched_config)
@@ -216,6 +217,10 @@ def simulate_speculation(requests: Sequence[SpecRequest], cost, sched_config: Sc
     if warmup:
         now, _, _ = _run_phase(range(len(warmup)), all_reqs, now, sched, spec, cost, acceptance,
                                rng, concurrency, records, generated, {}, budget)
+        if spec is not None and not keep_sessions:  # as bench's oracle flushes the live store
+            store = spec.sessions
+            spec.sessions = spec.session.store = SessionStore(
+                store.n_min, store.n_max, store.max_sessions, store.max_tokens)
     first = len(warmup)
     start = now
     now, steps, decisions = _run_phase(range(first, len(all_reqs)), all_reqs, now, sched, spec,

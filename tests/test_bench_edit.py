@@ -66,13 +66,16 @@ def test_oracle_alters_whole_lines_of_token_ids():
 async def test_oracle_edit_runs(url, backend):
     out = await run_workload(url=url, endpoint="/v1/completions", model="tiny", workload="edit",
                              oracle=True, keeps=[1.0, 0.0], num_requests=3, max_tokens=40,
-                             concurrency=2, seed=0, corpus=None, file_chars=600)
+                             concurrency=2, seed=0, corpus=None, file_chars=600,
+                             flush_sessions=5)
     runs = out["runs"]
     assert set(runs) == {"off", "keep=1", "keep=0"}
     assert all(r["completed"] == 3 for r in runs.values())
     # the baseline ran with speculation off; the oracle's predictions went as token ids
     offs = [r for r in backend.requests.values() if r.speculation.off]
-    assert len(offs) == 3 and len(backend.predictions) == 6
+    assert len(offs) == 3 + 5 and len(backend.predictions) == 6  # baseline, flush, 2 x 3
+    flush = [r for r in offs if r.sampling.max_tokens == 1]
+    assert len(flush) == 5
     full = runs["keep=1"]
     assert full["prediction_tokens"]["accepted"] == 3 * 40
     assert full["prediction_tokens"]["rejected"] == 0
@@ -120,3 +123,28 @@ def test_spec_validate_compares_shared_runs():
     assert rows["keep=0.75"]["tpot_p50_ms_ratio"] == pytest.approx(9.0 / 8.0)
     assert rows["keep=0.75"]["live"]["draft_tokens_per_verify"] == 8.0
     assert rows["keep=0.75"]["sim"]["draft_tokens_per_verify"] == 7.9
+
+
+def test_the_flush_pushes_earlier_sessions_out_of_the_engines_store():
+    """The oracle's baseline outputs must not be drafted from the session store in the measured
+    runs: FLUSH_SESSIONS requests evict them from a store of the engine's default size."""
+    from bench.serving.edit import FLUSH_SESSIONS, SESSION_PREFIX, flush_prompt
+    from scheduler.speculation import SpeculationConfig, Speculator, session_key
+
+    cfg = SpeculationConfig()
+    assert cfg.session_prefix_tokens == SESSION_PREFIX and FLUSH_SESSIONS > cfg.max_sessions
+    spec = Speculator(cfg)
+    prompt = list(range(500, 600))
+    spec.add("base", prompt)
+    spec.append("base", [1, 2, 3])
+    spec.finish("base")
+    key = session_key(prompt, cfg.session_prefix_tokens)
+    assert spec.sessions.get(key) is not None
+    for i in range(FLUSH_SESSIONS):
+        rid = f"f{i}"
+        spec.add(rid, flush_prompt(i), off=True)
+        spec.append(rid, [7])
+        spec.finish(rid)
+    assert spec.sessions.get(key) is None
+    assert len({session_key(flush_prompt(i), SESSION_PREFIX) for i in range(FLUSH_SESSIONS)}) \
+        == FLUSH_SESSIONS

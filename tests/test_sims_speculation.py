@@ -101,12 +101,10 @@ def test_saturation_drafts_nothing_and_keeps_throughput():
     off = simulate_speculation(reqs, cost, sched(), None, concurrency=64)
     s_on, s_off = on.summary(), off.summary()
     # the policy measures its knee from the steps (a bucket within 25% of the smallest step's
-    # time: 64 tokens here, 40 of them cost 1.25x), and while the decodes fill it, it drafts
-    # nothing; drafts come in the tail, when fewer sequences are left
+    # time: 32 or 64 tokens here, as measured), and while the decodes fill it, it drafts nothing
     assert s_on["output_throughput_tok_s"] >= 0.98 * s_off["output_throughput_tok_s"]
     busy = [d for d, st in zip(on.decisions, on.steps) if st[1] + st[2] >= 60]
     assert len(busy) > 100 and not any(busy)
-    assert any(on.decisions)
     # at one request the same policy speculates hard
     one_on = simulate_speculation(reqs[:1], cost, sched(), spec(8, knee_tokens=32), concurrency=1)
     assert one_on.summary()["tpot_p50_s"] < 0.2 * STEP
@@ -174,3 +172,15 @@ def test_warmup_runs_first_on_the_same_backend():
 
     assert ttft(cold) == pytest.approx(0.002 * 40)
     assert ttft(warm) == pytest.approx(0.002 * 8)  # two of its three blocks cached
+
+
+def test_warmup_sessions_leave_unless_kept():
+    """After the baseline, the session store would draft the altered lines exactly (its output
+    is the truth): bench flushes it live, the simulator drops it, unless asked to keep it."""
+    reqs = synthetic_edit_requests(2, 80, 240, 0.5, seed=4)
+    base = [SpecRequest(r.prompt, r.output, off=True) for r in reqs]
+    args = (reqs, ConstantCost(STEP), sched(enable_prefix_caching=True), spec(8))
+    flushed = simulate_speculation(*args, concurrency=1, warmup=base).summary()
+    kept = simulate_speculation(*args, concurrency=1, warmup=base, keep_sessions=True).summary()
+    assert kept["acceptance_rate"] > flushed["acceptance_rate"]
+    assert kept["tpot_p50_s"] < flushed["tpot_p50_s"]

@@ -11,7 +11,9 @@ interpreter), picked by `--seed`, cut at a line boundary to at most `--file-char
 * completion: the prompt is the first half of a file (at a line boundary); no prediction:
   speculation can only come from the prompt (prompt lookup) and the session.
 * --oracle (dummy weights, whose output is not the file): first every request runs greedily
-  with `speculation: "off"` (the baseline, measured in the same invocation); then, per keep
+  with `speculation: "off"` (the baseline, measured in the same invocation); then
+  FLUSH_SESSIONS one-token requests push the baseline's outputs out of the engine's session
+  store (otherwise the session source would draft the altered lines exactly); then, per keep
   fraction, the same requests are re-sent with `prediction` set to the baseline's output token
   ids (`content` as ids: exact to the token) with that fraction of its lines altered (a line
   ends at a token whose text holds a newline; its tokens are replaced by other ids). That fixes
@@ -261,6 +263,36 @@ async def run_items(base: str, endpoint: str, model: str, items: list[Item], con
 
 
 # ---- the workload ------------------------------------------------------------------------------------
+FLUSH_SESSIONS = 320  # > the engine's session store (scheduler.speculation: 256 by default)
+SESSION_PREFIX = 64  # prompt tokens that name a session there
+
+
+def flush_prompt(i: int) -> list[int]:
+    """The i-th flush request's prompt: distinct in its first SESSION_PREFIX tokens."""
+    digits = [1 + (i // 249 ** j) % 249 for j in range(3)]
+    return digits + [(7 * i + k) % 249 + 1 for k in range(SESSION_PREFIX + 5)]
+
+
+async def flush_session_store(base: str, model: str, num: int, timeout_s: float = 600.0,
+                              concurrency: int = 64) -> None:
+    """`num` one-token requests with distinct prompts of SESSION_PREFIX + 8 token ids (ids
+    below 250: in any vocabulary), speculation off: as many new sessions in the engine."""
+    async def one(session: aiohttp.ClientSession, i: int) -> None:
+        body = {"model": model, "prompt": flush_prompt(i), "max_tokens": 1, "temperature": 0,
+                "speculation": "off"}
+        async with session.post(base + "/v1/completions", json=body) as resp:
+            await resp.read()
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+        queue = list(range(num))
+
+        async def worker() -> None:
+            while queue:
+                await one(session, queue.pop())
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
 async def _model(base: str) -> tuple[str, int]:
     async with aiohttp.ClientSession() as session, session.get(base + "/v1/models") as resp:
         resp.raise_for_status()
@@ -280,7 +312,8 @@ async def run_workload(*, url: str, endpoint: str, model: str | None, workload: 
                        oracle: bool, keeps: list[float], num_requests: int, max_tokens: int,
                        concurrency: int, seed: int, corpus: str | None, file_chars: int,
                        speculation=None, temperature: float = 0.0,
-                       timeout_s: float = 600.0, trace_dir: str | None = None) -> dict:
+                       timeout_s: float = 600.0, trace_dir: str | None = None,
+                       flush_sessions: int = FLUSH_SESSIONS) -> dict:
     """All runs of one workload (module docstring). `trace_dir`: each run's requests as JSONL
     there (`<run>.jsonl`: prompt and output token ids, the prediction's ids), what
     `python -m sims.speculation --trace` replays."""
@@ -301,11 +334,18 @@ async def run_workload(*, url: str, endpoint: str, model: str | None, workload: 
     base_items = [Item(p, max_tokens) for p in prompts]
     common = {"temperature": temperature, "ignore_eos": ignore_eos, "timeout_s": timeout_s}
     runs: dict[str, dict] = {}
-    off, seen = await run_items(base, endpoint, model, base_items, concurrency, "off", **common)
-    runs["off"] = off
     if workload == "completion" and not oracle:
+        # "on" first: the engine keeps each session's outputs (keyed by the prompt's first
+        # tokens) as draft material, and the "off" run's would be these very outputs
         runs["on"], _ = await run_items(base, endpoint, model, base_items, concurrency,
                                         speculation, **common)
+    off, seen = await run_items(base, endpoint, model, base_items, concurrency, "off", **common)
+    runs["off"] = off
+    if oracle and flush_sessions:
+        # the baseline's outputs went into the engine's session store, under the prompts the
+        # measured runs send again: pushed out (least recently used) by as many other
+        # sessions, so that only the prediction (and prompt lookup) can draft them
+        await flush_session_store(base, model, flush_sessions, timeout_s)
     for keep in keeps if (workload == "edit" or oracle) else ():
         krng = np.random.default_rng([seed, int(keep * 1000)])
         items = []
