@@ -21,6 +21,9 @@ why_not = can_make_namespaces()
 pytestmark = [pytest.mark.skipif(why_not is not None, reason=why_not or ""),
               pytest.mark.timeout(300), pytest.mark.slow]
 PY = sys.executable
+# scripts/gpu_multihost_run.sh sets cuda: host 0 on cuda:0, host 1 on cuda:1 (NCCL), the reference
+# on cuda:0-1
+DEVICE = os.environ.get("TIDEGATE_NETNS_TP_DEVICE", "cpu")
 BODIES = [{"prompt": p, "max_tokens": 12, "temperature": 0, "logprobs": 1}
           for p in ("def f(", "import os\n", "class A:")]
 
@@ -57,7 +60,7 @@ def stop(*procs: subprocess.Popen) -> list[int]:
 
 def test_two_hosts_serve_what_one_host_serves(tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    common = ["--model", "tiny", "--tensor-parallel-size", "2"]
+    common = ["--model", "tiny", "--tensor-parallel-size", "2", "--device", DEVICE]
     sock = f"ipc://{tmp_path}/backend.sock"
 
     # the reference: both ranks on this host (over loopback)
@@ -67,12 +70,13 @@ def test_two_hosts_serve_what_one_host_serves(tmp_path):
     gateway = serve([], port, sock, env)
     reference = [post(port, b, []) for b in BODIES]
     assert stop(gateway, backend) == [0, 0]
-    env["GLOO_SOCKET_IFNAME"] = "eth0"  # each namespace's link to the other host
+    env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = "eth0"  # the link between hosts
 
     with Hosts(["h0", "h1"]) as hosts:
         multi = [*common, "--tp-nodes", "2", "--tp-rendezvous", f"{hosts.ip['h0']}:29500"]
+        h1_device = ["--device", "cuda:1"] if DEVICE.startswith("cuda") else []  # its own GPU
         h1 = hosts.popen("h1", [PY, "-m", "gateway.tidegate_cli", "backend", *multi,
-                                "--tp-node-rank", "1"], cwd=ROOT, env=env)
+                                "--tp-node-rank", "1", *h1_device], cwd=ROOT, env=env)
         h0 = hosts.popen("h0", [PY, "-m", "gateway.tidegate_cli", "backend", "--listen", sock,
                                 *multi], cwd=ROOT, env=env)
         in_h0 = ["ip", "netns", "exec", hosts.ns["h0"]]
