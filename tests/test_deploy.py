@@ -305,3 +305,15 @@ def test_a_broken_pod_template_inside_a_leaderworkerset_is_caught():
     lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["argz"] = []
     with pytest.raises(kubernetes_validate.ValidationError):
         validate(lws)
+
+
+def test_chart_values_are_checked_against_the_values_schema():
+    """Helm checks values against values.schema.json before rendering: a misspelt key or a value
+    of the wrong type is an error, not a silently ignored setting."""
+    helm = pytest.importorskip("helm_python")
+    chart = helm.Chart.load(str(CHART))
+    for bad in ({"curve": {"secretName": "k"}, "backend": {"gpu": 2}},
+                {"curve": {"secretName": "k"}, "mode": "vllm"},
+                {"curve": {"secretName": "k"}, "keda": {"targetLoad": 0.7}}):
+        with pytest.raises(helm.HelmError):
+            chart.render(values=bad, name="tg", namespace="llm")
