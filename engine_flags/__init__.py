@@ -88,6 +88,12 @@ def add_serving_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> No
     p.add_argument("--enforce-eager", action="store_true",
                    help="no CUDA graphs: every step runs eagerly")
     add_speculation_arguments(p)
+    p.add_argument("--generation-config", default="auto", metavar="auto|none|DIR",
+                   help="the model's sampling defaults, as vLLM's flag: auto reads the model "
+                        "directory's generation_config.json (temperature, top_p, top_k, min_p, "
+                        "repetition/presence/frequency penalties; max_new_tokens caps max_tokens) "
+                        "for the fields a request leaves out; none: the API's defaults; DIR: "
+                        "that directory's file (backend.model.generation_config; default auto)")
     p.add_argument("--cuda-graph-buckets", default=None,
                    help=f"decode batch sizes to capture (default {DEFAULT_CUDA_GRAPH_BUCKETS}; "
                         "those above --max-num-seqs are dropped; 'none': decode steps eager)")

@@ -316,6 +316,13 @@ class Gateway:
         return info
 
     @property
+    def generation_defaults(self) -> dict[str, float]:
+        """The model's sampling defaults (its generation config, `gateway.generation_defaults`);
+        {} until a backend has introduced itself, or when it announces none."""
+        info = self.pool.info
+        return dict(info.generation_defaults) if info is not None else {}
+
+    @property
     def model_name(self) -> str:
         return self.config.served_model_name or self.info.model
 

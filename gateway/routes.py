@@ -19,6 +19,7 @@ from aiohttp import web
 from gateway.app_keys import ACTIVE_KEY, GATEWAY_KEY, QUEUE_CLASS_KEY
 from gateway.core import Gateway, RequestHandle
 from gateway.errors import APIError, bad_request, internal_error, not_found
+from gateway.generation_defaults import apply_generation_defaults
 from gateway.openai_schema import ChatRequest, CompletionRequest, Prompt, SamplingParams
 from gateway.output import OutputDelta
 from gateway.responses import (
@@ -252,8 +253,10 @@ async def stream_events(request: web.Request, make_chunks, first_chunks, final_c
 # --- /v1/completions ---------------------------------------------------------------------------
 async def completions(request: web.Request) -> web.StreamResponse:
     gw = request.app[GATEWAY_KEY]
-    req: CompletionRequest = parse_completion_request(parse_json_body(await request.read()),
-                                                      gw.config.limits)
+    body = parse_json_body(await request.read())
+    req: CompletionRequest = parse_completion_request(body, gw.config.limits)
+    req = replace(req, sampling=apply_generation_defaults(body, req.sampling,
+                                                          gw.generation_defaults))
     gw.check_admission()
     check_model(gw, req.model)
     await check_structured(gw, req.structured)
@@ -316,7 +319,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
 # --- /v1/chat/completions ----------------------------------------------------------------------
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     gw = request.app[GATEWAY_KEY]
-    req: ChatRequest = parse_chat_request(parse_json_body(await request.read()), gw.config.limits)
+    body = parse_json_body(await request.read())
+    req: ChatRequest = parse_chat_request(body, gw.config.limits)
+    req = replace(req, sampling=apply_generation_defaults(body, req.sampling,
+                                                          gw.generation_defaults))
     gw.check_admission()
     check_model(gw, req.model)
     await check_structured(gw, req.structured)

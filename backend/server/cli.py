@@ -96,11 +96,15 @@ def main(argv: list[str] | None = None) -> int:
             serving = _serving_note(engine.serving_info)
             if getattr(engine, "async_scheduling", False):
                 serving += ", async scheduling"
+        from backend.model.generation_config import load_generation_defaults
+
+        generation_defaults = load_generation_defaults(args.generation_config, args.model)
         try:
             step_log = StepLog(args.step_log) if args.step_log else None
             worker = Worker(engine, loaded, args.listen, args.backend_id, args.served_model_name,
                             security=keys, step_log=step_log,
-                            max_held_messages=args.max_held_messages)
+                            max_held_messages=args.max_held_messages,
+                            generation_defaults=generation_defaults)
         except zmq.ZMQError as exc:
             raise ModelLoadError(f"cannot listen on {args.listen}: {exc}") from None
     except ModelLoadError as exc:

@@ -75,8 +75,11 @@ class Worker:
                  backend_id: str | None = None, model_name: str | None = None,
                  security: CurveKeys | None = None,
                  step_log: StepLog | None = None,
-                 max_held_messages: int = MAX_OUTBOX_MESSAGES) -> None:
+                 max_held_messages: int = MAX_OUTBOX_MESSAGES,
+                 generation_defaults: dict[str, float] | None = None) -> None:
         self.engine = engine
+        # the model's sampling defaults (backend.model.generation_config), sent in BackendInfo
+        self.generation_defaults = dict(generation_defaults or {})
         self.max_held_messages = max_held_messages
         self.step_log = step_log
         self.loaded = loaded
@@ -488,6 +491,7 @@ class Worker:
             enable_prefix_caching=cfg.enable_prefix_caching, engine=f"tidegate {ENGINE_VERSION}")
         if tok.bos_token_id is not None:
             info.bos_token_id = tok.bos_token_id
+        info.generation_defaults.update(self.generation_defaults)
         return info
 
     def load_report(self) -> pb.LoadReport:
