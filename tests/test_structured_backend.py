@@ -11,11 +11,11 @@ import jsonschema
 import numpy as np
 import pytest
 import torch
-from structured_schemas import random_schema
 
 import backend.runner.sampler as sampler_mod
 from backend.runner.grammar import apply_token_bitmask, bitmask_width, spec_from_wire
 from backend.runner.sampler import SampleSpec, SamplingParams, SamplingTensors, sample
+from bench.structured.schema_gen import random_schema
 from proto import tidegate_pb2 as pb
 from tokenizer.grammar import GrammarSpec
 

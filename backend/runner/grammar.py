@@ -100,20 +100,21 @@ class RequestGrammar:
 
 
 class StepMasks:
-    """The bitmask of one step's constrained rows (int32 [R, W]): a future, or a computation
-    run at the first `result()` (`GrammarManager.later`)."""
+    """The bitmask of one step's constrained rows (int32 [R, W]): `finish()` runs once the
+    mask thread's `future` (if any) is done, on the reading thread."""
 
-    __slots__ = ("_compute", "_future", "_value")
+    __slots__ = ("_finish", "_future", "_value")
 
-    def __init__(self, future: Future | None, compute=None) -> None:
+    def __init__(self, future: Future | None, finish) -> None:
         self._future = future
-        self._compute = compute
+        self._finish = finish
         self._value: np.ndarray | None = None
 
     def result(self) -> np.ndarray:
         if self._value is None:
-            self._value = self._future.result() if self._future is not None else \
-                self._compute()
+            if self._future is not None:
+                self._future.result()
+            self._value = self._finish()
         return self._value
 
 
@@ -149,9 +150,15 @@ class GrammarManager:
 
     def submit(self, grammars: list[RequestGrammar]) -> StepMasks:
         """Compute the next-token bitmask of each grammar (row i = grammars[i]) on the mask
-        thread; the caller reads it after the step's forward."""
+        thread; the caller reads it after the step's forward. The matchers are gathered here,
+        so that the thread runs one native call that holds no GIL (a thread that needs the GIL
+        while the step's Python runs waits up to the interpreter's 5 ms switch interval)."""
         self.num_masked_rows += len(grammars)
-        return StepMasks(self._masks.submit(self._fill, list(grammars)))
+        bitmask, work = self._prepare(grammars)
+        if not work:
+            return StepMasks(None, lambda: self._check(bitmask, work))
+        future = self._masks.submit(self._fill_native, work, bitmask)
+        return StepMasks(future, lambda: self._check(bitmask, work))
 
     def later(self, grammars: list[RequestGrammar]) -> StepMasks:
         """The bitmask computed when first read: for a step launched before the tokens its
@@ -160,19 +167,36 @@ class GrammarManager:
         grammars = list(grammars)
         return StepMasks(None, lambda: self._fill(grammars))
 
-    def _fill(self, grammars: list[RequestGrammar]) -> np.ndarray:
+    def _prepare(self, grammars: list[RequestGrammar]) -> tuple[np.ndarray, list]:
+        """The bitmask (failed grammars' rows: end-of-sequence only) and the (matcher, row)
+        pairs to fill."""
+        bitmask = np.zeros((len(grammars), self.width), dtype=np.int32)
+        work = []
+        for i, g in enumerate(grammars):
+            m = g.matcher()
+            if m is None or m.is_error():  # a grammar that failed: only end-of-sequence is left
+                bitmask[i] = self._eos_row
+            else:
+                work.append((m, i))
+        return bitmask, work
+
+    def _fill_native(self, work: list, bitmask: np.ndarray) -> None:
         from llguidance.numpy import fill_next_token_bitmask_par
 
-        bitmask = np.zeros((len(grammars), self.width), dtype=np.int32)
-        work = [(m, i) for i, g in enumerate(grammars) for m in [g.matcher()]
-                if m is not None and not m.is_error()]
-        if work:
-            fill_next_token_bitmask_par(self._executor, work, bitmask)
-        ok = {i for m, i in work if not m.is_error()}
-        for i in range(len(grammars)):
-            if i not in ok:  # a grammar that failed: only end-of-sequence is left
+        fill_next_token_bitmask_par(self._executor, work, bitmask)
+
+    def _check(self, bitmask: np.ndarray, work: list) -> np.ndarray:
+        for m, i in work:
+            if m.is_error():  # failed while computing this mask
                 bitmask[i] = self._eos_row
         return bitmask
+
+    def _fill(self, grammars: list[RequestGrammar]) -> np.ndarray:
+        """The bitmask of `grammars`, computed on the calling thread."""
+        bitmask, work = self._prepare(grammars)
+        if work:
+            self._fill_native(work, bitmask)
+        return self._check(bitmask, work)
 
     @cached_property
     def _eos_row(self) -> np.ndarray:

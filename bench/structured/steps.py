@@ -1,0 +1,102 @@
+"""Engine step time with and without structured-output rows, same engine, same run.
+
+    python -m bench.structured.steps [--model models/tiny-coder] [--batch 16] [--steps 48]
+        [--fraction 0.5] [--temperature 0] [--device cpu] [--repeats 2] [--json out.json]
+    # H200, 33B preset (dummy weights; the mask is the tokenizer's, see BENCHMARKS.md):
+    python -m bench.structured.steps --model deepseek-coder-33b --load-format dummy \\
+        --device cuda --batch 64 --fraction 0.5 --steps 128
+
+A batch of `--batch` sequences decodes `--steps` steps; in the grammar configuration a
+`--fraction` of them carry a JSON schema (an object holding an array of at least 10,000
+integers, so no row finishes inside the window) and the rest are free (ignore_eos). The
+configurations alternate `--repeats` times (A B A B) and each line is the median step time of
+its runs, with the ratio to the free batch. On CUDA the loop is the serving one
+(`Engine.advance`: async scheduling, graphs); on the CPU `Engine.step`. Also printed: the
+engine's count of masked rows, and how many steps the grammar rows spent pipelined.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+from backend.engine.assemble import BackendConfig, create_engine
+from backend.runner.sampler import SamplingParams
+from tokenizer.grammar import GrammarSpec
+
+LONG_ARRAY = {"type": "object", "properties": {"values": {
+    "type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 999},
+    "minItems": 10000}}, "required": ["values"], "additionalProperties": False}
+
+
+def run(engine, prompt: list[int], batch: int, num_grammar: int, steps: int, temperature: float,
+        tag: str) -> dict:
+    spec = GrammarSpec.json_schema(LONG_ARRAY)
+    warmup = 4
+    for i in range(batch):
+        params = SamplingParams(max_tokens=steps + warmup + 8, temperature=temperature, seed=i,
+                                ignore_eos=True, grammar=spec if i < num_grammar else None)
+        assert engine.add_request(f"{tag}-{i}", prompt, params) is None
+    turn = engine.advance if engine.overlaps_device else engine.step
+    while engine.scheduler.num_waiting or any(  # prefill and a few decodes first
+            s.num_generated < warmup for s in engine.states.values()):
+        turn()
+    times, pipelined = [], 0
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        turn()
+        times.append(time.perf_counter() - t0)
+        step = engine._inflight
+        if step is not None and step.pipelined and step.mask_rows:
+            pipelined += 1
+    for rid in list(engine.states):
+        engine.abort(rid)
+    while engine.has_unfinished():
+        turn()
+    return {"median_ms": statistics.median(times) * 1e3, "pipelined_grammar_steps": pipelined}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="models/tiny-coder")
+    p.add_argument("--load-format", default="auto")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--fraction", type=float, default=0.5)
+    p.add_argument("--steps", type=int, default=48)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    engine, loaded = create_engine(BackendConfig(model=args.model, load_format=args.load_format,
+                                                 device=args.device,
+                                                 max_num_seqs=max(args.batch, 16)))
+    tok = loaded.tokenizer
+    prompt = tok.encode_chat([{"role": "user", "content": "Reply with a JSON object."}]) \
+        if tok.chat_template else tok.encode("{")
+    num_grammar = round(args.batch * args.fraction)
+    runs: dict[str, list[dict]] = {"free": [], "grammar": []}
+    for r in range(args.repeats):
+        for name, g in (("free", 0), ("grammar", num_grammar)):
+            runs[name].append(run(engine, prompt, args.batch, g, args.steps, args.temperature,
+                                  f"{name}{r}"))
+    free = statistics.median(x["median_ms"] for x in runs["free"])
+    result = {"model": args.model, "device": args.device, "batch": args.batch,
+              "grammar_rows": num_grammar, "steps": args.steps, "temperature": args.temperature,
+              "vocab": loaded.config.vocab_size, "runs": runs,
+              "masked_rows": engine.grammars.num_masked_rows if engine.grammars else 0}
+    for name in ("free", "grammar"):
+        ms = statistics.median(x["median_ms"] for x in runs[name])
+        result[f"{name}_ms"] = ms
+        print(f"{name:8s} batch {args.batch} ({num_grammar if name == 'grammar' else 0} with a "
+              f"JSON schema): {ms:.2f} ms/step  x{ms / free:.3f}  "
+              f"pipelined grammar steps {[x['pipelined_grammar_steps'] for x in runs[name]]}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
