@@ -108,7 +108,8 @@ class Dispatcher:
         handle.queue_class = int(cls)
         if self.admission.config.enabled:  # refuse now what cannot meet its TTFT deadline
             refusal = self.admission.check(int(cls), self._depths(),
-                                           batcher.predicted_wait(now), handle.slo_ttft_ms)
+                                           batcher.predicted_wait(now), handle.slo_ttft_ms,
+                                           self._live_backends())
             if refusal is not None:
                 if self.decision_log is not None:
                     self.decision_log.arrival(handle.request_id, now, len(handle.prompt_ids),
@@ -127,9 +128,14 @@ class Dispatcher:
         if dec.rejected is not None:
             # the wait it would have had, as admission predicts it (not a constant)
             wait, _ = self.predictor.predict(int(cls), sum(self._depths()[: int(cls) + 1]),
-                                             batcher.predicted_wait(now))
+                                             batcher.predicted_wait(now), self._live_backends())
             raise queue_full(CLASS_NAMES[int(req.queue_class)], wait)
         self._act(dec.flush_now, dec.deadline)
+
+    def _live_backends(self) -> list[int]:
+        """The backends a prediction may count on: healthy, not draining (a removed or dead
+        backend's last figures must not make the wait look short)."""
+        return [b.pid for b in self.pool.healthy_backends() if not getattr(b, "draining", False)]
 
     def _depths(self) -> list[int]:
         depth = self.queues.depth

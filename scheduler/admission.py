@@ -36,6 +36,7 @@ the recent start rate: the extra requests/s before queues grow and deadlines sta
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -167,13 +168,17 @@ class WaitPredictor:
             return be.service
         return sum(be.unstarted[: cls + 1]) * be.gap + be.service
 
-    def predict(self, cls: int, gateway_ahead: int, window_s: float) -> tuple[float, int]:
+    def predict(self, cls: int, gateway_ahead: int, window_s: float,
+                live: Iterable[int] | None = None) -> tuple[float, int]:
         """(predicted TTFT in seconds, the backend it would best go to; (window_s, -1) with no
         backend). Backends at their in-flight cap count too: the gateway holds the request
-        until one has room, which is part of the wait predicted."""
+        until one has room, which is part of the wait predicted. `live`: the backends to consider
+        (the gateway's healthy ones; None: every backend seen)."""
         best, best_t = -1, math.inf
         total_capacity = 0.0
-        for b in self.backends:
+        for b in self.backends if live is None else live:
+            if b not in self.backends:
+                continue
             t = self.backend_ttft(b, cls)
             if t < best_t:
                 best, best_t = b, t
@@ -206,7 +211,8 @@ class AdmissionControl:
         self.num_admitted = [0] * NUM_CLASSES
 
     def check(self, cls: int, gateway_depths: list[int] | tuple[int, ...], window_s: float,
-              ttft_override_ms: float | None = None) -> Refusal | None:
+              ttft_override_ms: float | None = None,
+              live: Iterable[int] | None = None) -> Refusal | None:
         """None to admit; a Refusal (with the predicted TTFT) to answer 429 now.
         `gateway_depths`: requests queued in the gateway per class; `window_s`: how long the
         batching window would hold this request (`DynamicWindowBatcher.predicted_wait`)."""
@@ -214,7 +220,7 @@ class AdmissionControl:
         if deadline is None:
             self.num_admitted[cls] += 1
             return None
-        ttft, _ = self.predictor.predict(cls, sum(gateway_depths[: cls + 1]), window_s)
+        ttft, _ = self.predictor.predict(cls, sum(gateway_depths[: cls + 1]), window_s, live)
         if ttft > deadline:
             self.num_refused[cls] += 1
             return Refusal(cls, ttft, deadline)

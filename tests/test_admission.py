@@ -243,3 +243,16 @@ def test_live_report_counts_attainment_per_class_with_refusals():
     assert slow["slo_attainment"] == 0.5 and slow["num_refused"] == 0
     assert rep["num_good"] == 2 and rep["slo_attainment"] == pytest.approx(2 / 4)
     assert rep["slo"]["ttft_ms"] == {"fast": 200.0, "normal": None, "slow": 1000.0}
+
+
+def test_prediction_counts_only_the_live_backends():
+    p = WaitPredictor(AdmissionConfig(min_samples=2))
+    _paced(p, 0, 5, gap=0.1, service=0.05)
+    _paced(p, 1, 5, gap=0.1, service=0.05)
+    for _ in range(10):
+        p.dispatched(0, FAST)
+    # backend 1 (idle) would start it in 50 ms; when it is gone, backend 0's queue counts
+    assert p.predict(FAST, 0, 0.0)[1] == 1
+    ttft, b = p.predict(FAST, 0, 0.0, live=[0])
+    assert b == 0 and ttft == pytest.approx(10 * 0.1 + 0.05)
+    assert p.predict(FAST, 0, 0.0, live=[7]) == (0.0, -1)  # none known: no prediction
