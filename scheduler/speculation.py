@@ -210,6 +210,9 @@ class DraftState:
     # the last proposal's source (what the verify's outcome is credited to)
     last_source: str = ""
     last_draft: list[int] = field(default_factory=list)
+    # this step's choice (Speculator.load): the source and its draft, up to the caps
+    pending_source: str = ""
+    pending_draft: list[int] | None = None
 
     def prediction_unused(self) -> int:
         """Predicted tokens that did not make it into the output (OpenAI's
@@ -651,34 +654,54 @@ class Speculator:
     def get(self, request_id: str) -> DraftState | None:
         return self.states.get(request_id)
 
+    def rate(self, state: DraftState, source: str) -> float:
+        """The sequence's measured per-token acceptance of `source`; before it has any, the
+        backend's mean for the source, before that a prior."""
+        prior = PRIOR_ACCEPTANCE.get(source, 0.5)
+        mean = self.source_acceptance.get(source)
+        if mean is not None:
+            prior = mean.rate(prior)
+        acc = state.acceptance.get(source)
+        return prior if acc is None else acc.rate(prior)
+
     def alpha(self, state: DraftState) -> float:
-        """The sequence's best source's per-token acceptance (measured, else the priors)."""
-        best = 0.0
-        for p in self.proposers:
-            src = p.source
-            if src == "prediction" and state.pred_pos < 0:
-                continue
-            prior = self.source_acceptance.get(src)
-            prior_rate = PRIOR_ACCEPTANCE.get(src, 0.5) if prior is None else \
-                prior.rate(PRIOR_ACCEPTANCE.get(src, 0.5))
-            acc = state.acceptance.get(src)
-            rate = prior_rate if acc is None else acc.rate(prior_rate)
-            best = max(best, rate)
-        return best
+        """The best per-token acceptance among the sources (measured, else the priors)."""
+        return max((self.rate(state, p.source) for p in self.proposers
+                    if not (p.source == "prediction" and state.pred_pos < 0)), default=0.0)
 
     def load(self, request_id: str, remaining: int, rank: tuple = ()) -> SeqLoad | None:
+        """What the policy weighs of one decoding sequence: the draft of its most trusted source
+        that has one (kept for `propose`) and that source's acceptance; None without a draft."""
         state = self.states.get(request_id)
-        if state is None:
+        if state is None or state.off:
             return None
-        cap = -1 if state.off else state.max_draft_tokens
-        return SeqLoad(request_id, remaining, self.alpha(state), cap, rank)
+        k = min(self.config.max_draft_tokens, remaining - 1)
+        if state.max_draft_tokens > 0:
+            k = min(k, state.max_draft_tokens)
+        best, best_rate, best_draft = "", -1.0, None
+        for p in self.proposers:
+            draft = p.propose(state, k) if k > 0 else []
+            if draft:
+                rate = self.rate(state, p.source)
+                if rate > best_rate:
+                    best, best_rate, best_draft = p.source, rate, draft
+        state.pending_source, state.pending_draft = best, best_draft
+        if best_draft is None:
+            return None
+        return SeqLoad(request_id, remaining, best_rate, len(best_draft), rank)
 
     def propose(self, request_id: str, k: int) -> list[int]:
-        """Up to k draft tokens from the first source that has some (prediction, then prompt
-        lookup, then the session); remembers the source for `verified`."""
+        """Up to k draft tokens: the one `load` chose this step, else the first source that has
+        some (prediction, then prompt lookup, then the session); remembers the source for
+        `verified`."""
         state = self.states.get(request_id)
         if state is None or state.off or k <= 0:
             return []
+        if state.pending_draft:
+            draft, src = state.pending_draft[:k], state.pending_source
+            state.pending_draft = None
+            state.last_source, state.last_draft = src, list(draft)
+            return list(draft)
         for p in self.proposers:
             draft = p.propose(state, k)
             if draft:

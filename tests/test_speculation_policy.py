@@ -129,7 +129,21 @@ def test_off_and_disabled_propose_nothing():
     sp2 = Speculator(SpeculationConfig(enabled=False))
     sp2.add("r", [1, 2, 1, 2], prediction=[1, 2])
     assert sp2.propose("r", 4) == []
-    assert sp2.load("r", 10, ()).max_draft_tokens == -1
+    assert sp2.load("r", 10, ()) is None  # nothing for the policy to weigh
+
+
+def test_load_picks_the_most_trusted_source_with_a_draft():
+    sp = spec()
+    sp.add("r", [5, 6, 7, 8, 5, 6], prediction=[7, 8, 9, 9, 9])
+    load = sp.load("r", 50)  # prediction (prior 0.85) beats prompt lookup (0.5)
+    assert load.alpha == pytest.approx(0.85) and load.max_draft_tokens == 5
+    st = sp.get("r")
+    for _ in range(5):  # the prediction keeps failing for this request
+        st.last_source = "prediction"
+        sp.verified("r", 5, 0)
+    load = sp.load("r", 50)
+    assert st.pending_source == "prompt" and load.max_draft_tokens == 4  # (7, 8, 5, 6)
+    assert sp.propose("r", 2) == [7, 8] and st.last_source == "prompt"
 
 
 # ---- acceptance ----------------------------------------------------------------------------------
