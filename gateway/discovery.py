@@ -185,7 +185,7 @@ class Membership:
         for address in sorted(wanted - current.keys()):
             try:
                 self.pool.add_backend(address)
-            except (ValueError, OSError) as exc:  # e.g. a malformed tcp:// for ZMQ
+            except Exception as exc:  # noqa: BLE001 - e.g. ZMQError: only that address is skipped
                 log.warning("discovery: cannot add %s: %s", address, exc)
                 continue
             self.owned.add(address)

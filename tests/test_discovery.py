@@ -68,6 +68,8 @@ class FakePool:
         self.backends = [self.B(a) for a in addresses]
 
     def add_backend(self, address):
+        if "bad" in address:
+            raise RuntimeError("zmq.error.ZMQError: Invalid argument")  # as zmq's connect does
         self.backends.append(self.B(address))
 
     def drain_backend(self, address):
@@ -87,6 +89,8 @@ def test_membership_adds_drains_only_its_own_and_readds_after_leaving():
     pool.leave("tcp://a:1")
     assert m.apply({"tcp://a:1", "tcp://b:1"}) == (["tcp://a:1"], [])  # back once it has left
     assert m.apply(set()) == ([], ["tcp://a:1", "tcp://b:1"])
+    # an address the pool refuses is skipped alone: the others still join
+    assert m.apply({"tcp://bad", "tcp://c:1"}) == (["tcp://c:1"], [])
     assert not next(b for b in pool.backends if b.address == "tcp://static:1").draining
 
 
