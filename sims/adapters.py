@@ -207,6 +207,10 @@ class BackendAdapter:
         # what a LoadReport would say this backend's prefix cache holds (as the live worker does)
         self.prefix_summary = PrefixSummary(config.block_size) if self.prefix_caching else None
         self._group_hashes: dict[int, tuple[int, ...]] = {}
+        # agent traces: prompt tokens found cached per finished request (shared list, set by
+        # the event loop; None: not recorded), pins refused for the budget
+        self.cached_of: list[int] | None = None
+        self.num_pins_refused = 0
 
     # ---- load, as a LoadReport would carry it ------------------------------------------------
     @property
@@ -234,6 +238,8 @@ class BackendAdapter:
         (the scheduler copies a prompt, never changes it): do not mutate the result."""
         w = self._w
         n = self._prompt_len[i]
+        if w.prompt_ids is not None and self.prefix_caching:  # an agent trace's own ids
+            return w.prompt_ids(i)
         if not self.prefix_caching:  # allocation is by count: the values never matter
             zeros = self._zeros.get(n)
             if zeros is None:
@@ -280,6 +286,11 @@ class BackendAdapter:
             return False
         if self.prefix_summary is not None:
             self.prefix_summary.add_prompt(tokens)
+        pins = self._w.pins
+        # a pin of its prefix (scheduler.block_manager), refused over the budget
+        if pins is not None and pins[i][0] > 0 and not self.bm.request_pin(
+                str(i), tokens, pins[i][0], pins[i][1]):
+            self.num_pins_refused += 1
         return True
 
     # ---- steps -------------------------------------------------------------------------------
@@ -330,6 +341,9 @@ class BackendAdapter:
                 sampled[c.request_id] = 0
                 firsts.append(int(c.request_id))
         done = self.sched.update(plan, StepResult(sampled, _NO_STOPS))
+        if self.cached_of is not None:
+            for f in done:
+                self.cached_of[int(f.request_id)] = f.num_cached_tokens
         return firsts, [int(f.request_id) for f in done]
 
     def decode_stretch(self, max_steps: int, max_finishes: int) -> tuple[int, list[tuple]]:
@@ -380,8 +394,11 @@ class BackendAdapter:
     def advance(self, k: int, past_finishes: bool = False) -> list[int]:
         known, self._stretch_allowed = self._stretch_allowed, None
         allowed = known[1] if known is not None and known[0] == past_finishes else None
-        return [int(f.request_id) for f in self.sched.advance_decode_steps(
-            k, past_finishes=past_finishes, allowed=allowed)]
+        done = self.sched.advance_decode_steps(k, past_finishes=past_finishes, allowed=allowed)
+        if self.cached_of is not None:
+            for f in done:
+                self.cached_of[int(f.request_id)] = f.num_cached_tokens
+        return [int(f.request_id) for f in done]
 
     def take_copy_seconds(self) -> float:
         """Time of the tier copies queued since the last call (the engine runs them before the

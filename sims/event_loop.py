@@ -39,6 +39,7 @@ import numpy as np
 
 from scheduler.clock import ManualClock
 from scheduler.placement import PlacementConfig, PlacementItem, create_placement
+from scheduler.sessions import SessionInfo, chain_hashes, sampled_prefix
 from sims.adapters import BackendAdapter, GatewayAdapter, HostTierCost, SimSchedulerConfig
 from sims.cost import CostModel, decode_span_by_times
 from sims.workload import Workload
@@ -94,6 +95,8 @@ class EngineConfig:
     # per message; 0 (the default) models neither
     gateway_message_s: float = 0.0
     backend_message_s: float = 0.0
+    # prefix pins (scheduler.block_manager): the most of each backend's KV blocks pins may hold
+    pin_budget_fraction: float = 0.25
 
 
 @dataclass
@@ -118,6 +121,16 @@ class SimResult:
     wall_s: float
     sim_end: float
     extra: dict = field(default_factory=dict)
+
+
+def _session_info(workload: Workload, block_size: int, prompt_tokens, i: int,
+                  now: float) -> SessionInfo:
+    """Request i's session as the gateway would see it: its key, chain hashes and pin."""
+    keys, pins = workload.session_keys, workload.pins
+    pin_tokens, ttl = pins[i] if pins is not None else (0, 0.0)
+    return SessionInfo(keys[i] if keys is not None else None,
+                       chain_hashes(prompt_tokens(i), block_size),
+                       pin_tokens // block_size if pin_tokens else 0, now + ttl if ttl else 0.0)
 
 
 class _Backend:
@@ -253,6 +266,21 @@ class EventLoop:
         self.qclass = [int(c) for c in gateway._queue_class]
         self.prefix_of = backends[0].sched.prefix_hashes if (
             config.placement.uses_prefixes and backends and backends[0].sched.prefix_caching) else None
+        # agent traces (sims.agent_trace): sessions, pins and what each request found cached
+        self.session_of = None
+        self.cached_of: list[int] | None = None
+        if workload.prompt_ids is not None and backends and backends[0].sched.prefix_caching:
+            cached = [0] * n
+            for be in backends:
+                be.sched.cached_of = cached
+                bm = be.sched.bm
+                bm.pin_clock = self.clock.now
+                bm.pin_budget_blocks = int(config.pin_budget_fraction * bm.num_blocks)
+            self.cached_of = cached
+            if self.prefix_of is not None:
+                self.session_of = partial(_session_info, workload, sched_config.block_size,
+                                          backends[0].sched.prompt_tokens)
+        self.load_samples: list[list[int]] = []
         self.report_s = config.report_interval_s
         self.sample_cursor = 0
 
@@ -280,10 +308,16 @@ class EventLoop:
             self.release_stretch_finishes(now)
         dispatch_t, num_tokens, charged = self.dispatch_t, self.num_tokens, self.charged
         prefix_of = self.prefix_of
+        session_of = self.session_of
         if len(batch) == 1:  # the common window (idle flush): no split to build
             i = batch[0]
-            b, charged[i] = self.placement.place_one(
-                num_tokens[i], () if prefix_of is None else prefix_of(i), now)
+            if session_of is not None:
+                s = session_of(i, now)
+                b, charged[i] = self.placement.place_one(num_tokens[i], sampled_prefix(s.chain),
+                                                         now, s)
+            else:
+                b, charged[i] = self.placement.place_one(
+                    num_tokens[i], () if prefix_of is None else prefix_of(i), now)
             dispatch_t[i] = now
             self.placed_on[i] = b
             self.alone[i] = self.predictor.dispatched(b, self.qclass[i])
@@ -295,7 +329,12 @@ class EventLoop:
             be.tokens_placed += num_tokens[i]
             self.send(be, batch, now)
             return
-        if prefix_of is None:
+        if session_of is not None:
+            items = []
+            for i in batch:
+                s = session_of(i, now)
+                items.append(PlacementItem(num_tokens[i], sampled_prefix(s.chain), i, s))
+        elif prefix_of is None:
             items = [PlacementItem(num_tokens[i], (), i) for i in batch]
         else:
             items = [PlacementItem(num_tokens[i], prefix_of(i), i) for i in batch]
@@ -629,6 +668,9 @@ class EventLoop:
         series["kv_usage"].append(sum(kv_usage) / len(backends))
         series["running"].append(scale * sum(running))
         series["fragmentation"].append(sum(fragmentation) / len(backends))
+        if self.cached_of is not None:  # agent traces: each backend's outstanding tokens
+            load = self.placement.loads.load
+            self.load_samples.append([load[b.idx] for b in self.backends])
 
     # ---- the loop --------------------------------------------------------------------------------
     def run(self) -> SimResult:
@@ -699,6 +741,11 @@ class EventLoop:
             backend_stats=[b.sched.stats() for b in backends], events=self.events,
             wall_s=time.perf_counter() - self.wall0, sim_end=self.now,
             extra={"num_kv_blocks": self.num_blocks, "placement": self.placement_stats(),
+                   **({"cached_tokens": self.cached_of, "backend_load_samples": self.load_samples,
+                       "pins": [b.sched.bm.pin_status() | {"refused_at_admission":
+                                                          b.sched.num_pins_refused}
+                                for b in backends]}
+                      if self.cached_of is not None else {}),
                    "retry_after_s": dict(self.gateway.retry_after),
                    **({"batches": self.batch_log} if self.batch_log is not None else {}),
                    **({"steps": self.step_log} if self.step_log is not None else {})})
@@ -712,6 +759,8 @@ class EventLoop:
         for k in ("num_affinity", "num_spilled", "num_cold", "num_home"):
             if hasattr(p, k):
                 out[k] = getattr(p, k)
+        if self.session_of is not None and hasattr(p, "sessions"):
+            out["sessions"] = p.sessions.stats()
         return out
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,6 +101,11 @@ class Workload:
     prefix_len: np.ndarray
     queue_class: np.ndarray
     priority: np.ndarray
+    # agent traces (sims.agent_trace): request i's prompt token ids (None: made from the lengths
+    # and prefix groups), its session key (None: none sent), its pin (tokens, ttl_s)
+    prompt_ids: Callable[[int], list[int]] | None = None
+    session_keys: list | None = None
+    pins: list[tuple[int, float]] | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_time)
