@@ -42,19 +42,23 @@ def run(engine, prompt: list[int], batch: int, num_grammar: int, steps: int, tem
     while engine.scheduler.num_waiting or any(  # prefill and a few decodes first
             s.num_generated < warmup for s in engine.states.values()):
         turn()
-    times, pipelined = [], 0
+    times, pipelined, eager = [], 0, 0
+    graphs = getattr(engine.runner, "graphs", None) is not None
     for _ in range(steps):
         t0 = time.perf_counter()
         turn()
         times.append(time.perf_counter() - t0)
-        step = engine._inflight
+        step = engine._inflight or engine.last_step
         if step is not None and step.pipelined and step.mask_rows:
             pipelined += 1
+        if step is not None and graphs and step.launched.graph_launch is None:
+            eager += 1  # a step that did not replay a graph although graphs exist
     for rid in list(engine.states):
         engine.abort(rid)
     while engine.has_unfinished():
         turn()
-    return {"median_ms": statistics.median(times) * 1e3, "pipelined_grammar_steps": pipelined}
+    return {"median_ms": statistics.median(times) * 1e3, "pipelined_grammar_steps": pipelined,
+            "eager_steps": eager}
 
 
 def main(argv=None) -> int:
@@ -91,7 +95,8 @@ def main(argv=None) -> int:
         result[f"{name}_ms"] = ms
         print(f"{name:8s} batch {args.batch} ({num_grammar if name == 'grammar' else 0} with a "
               f"JSON schema): {ms:.2f} ms/step  x{ms / free:.3f}  "
-              f"pipelined grammar steps {[x['pipelined_grammar_steps'] for x in runs[name]]}")
+              f"pipelined grammar steps {[x['pipelined_grammar_steps'] for x in runs[name]]}, "
+              f"eager steps {[x['eager_steps'] for x in runs[name]]}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
