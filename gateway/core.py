@@ -29,7 +29,7 @@ from gateway.errors import (
 )
 from gateway.openai_schema import Prompt, SamplingParams, ServingOptions
 from gateway.output import OutputAssembler, OutputDelta
-from gateway.prediction_fields import check_prediction_tokens
+from gateway.prediction_fields import check_prediction_tokens, prediction_overlap
 from gateway.prometheus_metrics import GatewayMetrics
 from gateway.remote_tokenizer import RemoteTokenizer
 from gateway.structured import wire_grammar
@@ -92,6 +92,7 @@ class RequestHandle:
         self.num_draft_tokens = self.num_accepted_draft_tokens = 0
         self.accepted_prediction_tokens = self.rejected_prediction_tokens = 0
         self.num_drafts = 0
+        self._prediction_usage: tuple[int, int, int] | None = None  # (output length, a, r)
         self.sampling = sampling
         self.max_tokens = max_tokens
         self.options = options
@@ -193,6 +194,19 @@ class RequestHandle:
         if not s.skip_special_tokens:  # read by a backend that detokenizes (HTTP, no tokenizer)
             wire.skip_special_tokens = False
         return wire
+
+    def prediction_usage(self) -> tuple[int, int]:
+        """(accepted, rejected) prediction tokens, OpenAI's: the prediction's tokens that appear
+        in order in the output so far, and the rest (gateway.prediction_fields)."""
+        pred = self.prediction_ids
+        if not pred:
+            return 0, 0
+        out = self.assembler.token_ids
+        key = len(out)
+        if self._prediction_usage is None or self._prediction_usage[0] != key:
+            accepted = prediction_overlap(pred, out)
+            self._prediction_usage = (key, accepted, len(pred) - accepted)
+        return self._prediction_usage[1], self._prediction_usage[2]
 
     def wire_speculation(self) -> pb.SpeculationParams | None:
         """The request's `speculation` control for the wire; None: the server's default."""
@@ -477,10 +491,11 @@ class Gateway:
         self.metrics.model_name = self.model_name
         self.metrics.observe_request(status, handle.queue_class_name)
         if handle.num_draft_tokens or handle.prediction_ids is not None:
+            accepted, rejected = handle.prediction_usage()
             self.metrics.observe_speculation(
                 handle.backend, "prediction" if handle.prediction_ids is not None else "auto",
                 handle.num_drafts, handle.num_draft_tokens, handle.num_accepted_draft_tokens,
-                handle.accepted_prediction_tokens, handle.rejected_prediction_tokens)
+                accepted, rejected)
         asm = handle.assembler
         if status == 200 and asm.finished:
             self.metrics.observe_finished(

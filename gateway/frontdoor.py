@@ -252,8 +252,10 @@ class FrontDoor:
         if handle is not None and (handle.num_draft_tokens or handle.prediction_ids is not None):
             entry.num_draft_tokens = handle.num_draft_tokens  # cumulative, as the backend's
             entry.num_accepted_draft_tokens = handle.num_accepted_draft_tokens
-            entry.num_accepted_prediction_tokens = handle.accepted_prediction_tokens
-            entry.num_rejected_prediction_tokens = handle.rejected_prediction_tokens
+            if finish_reason != pb.RequestOutput.NONE:  # the usage details, as HTTP's
+                accepted, rejected = handle.prediction_usage()
+                entry.num_accepted_prediction_tokens = accepted
+                entry.num_rejected_prediction_tokens = rejected
         arrays.append(token_ids)
         if not self._flush_scheduled:
             self._flush_scheduled = True

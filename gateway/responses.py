@@ -10,16 +10,17 @@ from gateway.core import RequestHandle
 def usage(handles: list[RequestHandle], n: int = 1) -> dict[str, Any]:
     """OpenAI's count: each prompt once (handles are prompt-major, n choices per prompt), every
     choice's completion tokens. With a prediction, `completion_tokens_details` as OpenAI's
-    Predicted Outputs give it: the prediction's tokens the output used (accepted) and did not
-    (rejected), as the engine counted them."""
+    Predicted Outputs give it: the prediction's tokens that appear in the output (accepted) and
+    the rest (rejected), counted here (`RequestHandle.prediction_usage`)."""
     prompt = sum(len(h.prompt_ids) for h in handles[::n])
     completion = sum(len(h.assembler.token_ids) for h in handles)
     out: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
                            "total_tokens": prompt + completion}
     if any(h.prediction_ids is not None for h in handles):
+        counts = [h.prediction_usage() for h in handles]
         out["completion_tokens_details"] = {
-            "accepted_prediction_tokens": sum(h.accepted_prediction_tokens for h in handles),
-            "rejected_prediction_tokens": sum(h.rejected_prediction_tokens for h in handles)}
+            "accepted_prediction_tokens": sum(a for a, _ in counts),
+            "rejected_prediction_tokens": sum(r for _, r in counts)}
     return out
 
 

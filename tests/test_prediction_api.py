@@ -274,9 +274,11 @@ async def test_per_request_speculation_off_and_cap(sdk, backend):
     assert out.choices[0].text == DEFAULT_TEXT
     rid = only(backend)
     assert backend.requests[rid].speculation.off
-    assert out.usage.completion_tokens_details.accepted_prediction_tokens == 0
-    assert out.usage.completion_tokens_details.rejected_prediction_tokens == \
+    assert backend.spec[rid]["drafts"] == 0
+    # the usage counts the prediction's tokens found in the output, drafted or not
+    assert out.usage.completion_tokens_details.accepted_prediction_tokens == \
         len(DEFAULT_TEXT.encode())
+    assert out.usage.completion_tokens_details.rejected_prediction_tokens == 0
     backend.requests.clear()
     body["speculation"] = {"max_draft_tokens": 2}
     out = await sdk.completions.create(model="tiny", prompt="x", max_tokens=100,
@@ -347,7 +349,8 @@ async def test_client_library_prediction(client, backend, door):
                                speculation="off")
         wire = backend.requests[only(backend)]
         assert wire.speculation.off and backend.predictions[only(backend)] == list(b"Hello")
-        assert got.accepted_prediction_tokens == 0 and got.rejected_prediction_tokens == 5
+        assert got.num_draft_tokens == 0
+        assert got.accepted_prediction_tokens == 5 and got.rejected_prediction_tokens == 0
         backend.requests.clear()
         got = await c.generate("hi", max_tokens=100, speculation={"max_draft_tokens": 3},
                                prediction={"type": "content", "content": "Hello"})
@@ -381,3 +384,47 @@ async def test_prediction_as_token_ids(client, backend):
     status, body = await post(client, "/v1/completions", {
         "prompt": "x", "prediction": {"type": "content", "content": [1, -2]}})
     assert status == 400 and body["error"]["param"] == "prediction.content"
+
+
+# --- the usage count (gateway.prediction_fields.prediction_overlap) ------------------------------
+def lcs(a: list[int], b: list[int]) -> int:
+    import difflib
+
+    return sum(m.size for m in difflib.SequenceMatcher(None, a, b, autojunk=False)
+               .get_matching_blocks())
+
+
+def test_overlap_exact_unrelated_and_edges():
+    from gateway.prediction_fields import prediction_overlap
+
+    seq = list(range(100))
+    assert prediction_overlap(seq, seq) == 100
+    assert prediction_overlap(seq, list(range(100, 200))) == 0
+    assert prediction_overlap([], seq) == 0 and prediction_overlap(seq, []) == 0
+    assert prediction_overlap(seq, seq[:40]) == 40  # output stopped early
+    assert prediction_overlap(seq[:40], seq) == 40
+    # a line replaced: its tokens are rejected, everything after it is found again
+    edited = seq[:30] + [900 + t for t in range(12)] + seq[42:]
+    assert prediction_overlap(edited, seq) == 88
+    # a line inserted in the output, one deleted from it
+    assert prediction_overlap(seq, seq[:50] + [999] * 7 + seq[50:]) == 100
+    assert prediction_overlap(seq, seq[:50] + seq[60:]) == 90
+
+
+@pytest.mark.parametrize("keep", [0.9, 0.75, 0.5, 0.0])
+def test_overlap_is_close_to_a_longest_common_subsequence_on_code_edits(keep):
+    import sysconfig
+    from pathlib import Path
+
+    from tokenizers import Tokenizer
+
+    from gateway.prediction_fields import prediction_overlap
+    from sims.edit_workload import alter_text
+    from tokenizer.byte_level import build_byte_level_tokenizer_json
+
+    tok = Tokenizer.from_str(build_byte_level_tokenizer_json())
+    text = Path(sysconfig.get_paths()["stdlib"], "argparse.py").read_text()[:3000]
+    out = tok.encode(text).ids
+    pred = tok.encode(alter_text(text, keep, seed=1)[0]).ids
+    got, best = prediction_overlap(pred, out), lcs(pred, out)
+    assert 0.9 * best <= got <= best
