@@ -179,7 +179,7 @@ class Grammar(_message.Message):
     def __init__(self, kind: _Optional[_Union[Grammar.Kind, str]] = ..., text: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_frame", "prompt_text", "sampling", "queue_class", "priority", "arrival_time", "deadline", "suffix", "prediction_frame", "prediction_text", "speculation")
+    __slots__ = ("request_id", "prompt_frame", "prompt_text", "sampling", "queue_class", "priority", "arrival_time", "deadline", "suffix", "prediction_frame", "prediction_text", "speculation", "session_key", "pin_tokens", "pin_ttl_s")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FRAME_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -192,6 +192,9 @@ class GenerateRequest(_message.Message):
     PREDICTION_FRAME_FIELD_NUMBER: _ClassVar[int]
     PREDICTION_TEXT_FIELD_NUMBER: _ClassVar[int]
     SPECULATION_FIELD_NUMBER: _ClassVar[int]
+    SESSION_KEY_FIELD_NUMBER: _ClassVar[int]
+    PIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PIN_TTL_S_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_frame: int
     prompt_text: str
@@ -204,7 +207,10 @@ class GenerateRequest(_message.Message):
     prediction_frame: int
     prediction_text: str
     speculation: SpeculationParams
-    def __init__(self, request_id: _Optional[str] = ..., prompt_frame: _Optional[int] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., queue_class: _Optional[_Union[QueueClass, str]] = ..., priority: _Optional[int] = ..., arrival_time: _Optional[float] = ..., deadline: _Optional[float] = ..., suffix: _Optional[str] = ..., prediction_frame: _Optional[int] = ..., prediction_text: _Optional[str] = ..., speculation: _Optional[_Union[SpeculationParams, _Mapping]] = ...) -> None: ...
+    session_key: str
+    pin_tokens: int
+    pin_ttl_s: float
+    def __init__(self, request_id: _Optional[str] = ..., prompt_frame: _Optional[int] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., queue_class: _Optional[_Union[QueueClass, str]] = ..., priority: _Optional[int] = ..., arrival_time: _Optional[float] = ..., deadline: _Optional[float] = ..., suffix: _Optional[str] = ..., prediction_frame: _Optional[int] = ..., prediction_text: _Optional[str] = ..., speculation: _Optional[_Union[SpeculationParams, _Mapping]] = ..., session_key: _Optional[str] = ..., pin_tokens: _Optional[int] = ..., pin_ttl_s: _Optional[float] = ...) -> None: ...
 
 class SpeculationParams(_message.Message):
     __slots__ = ("off", "max_draft_tokens")
@@ -239,7 +245,7 @@ class TokenLogprobs(_message.Message):
     def __init__(self, logprob: _Optional[float] = ..., top_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class RequestOutput(_message.Message):
-    __slots__ = ("request_id", "tokens_frame", "logprobs", "finish_reason", "num_prompt_tokens", "num_completion_tokens", "num_cached_tokens", "index", "num_draft_tokens", "num_accepted_prediction_tokens", "num_rejected_prediction_tokens", "num_accepted_draft_tokens", "text")
+    __slots__ = ("request_id", "tokens_frame", "logprobs", "finish_reason", "num_prompt_tokens", "num_completion_tokens", "num_cached_tokens", "index", "num_draft_tokens", "num_accepted_prediction_tokens", "num_rejected_prediction_tokens", "num_accepted_draft_tokens", "text", "pin_status")
     class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         NONE: _ClassVar[RequestOutput.FinishReason]
@@ -252,6 +258,16 @@ class RequestOutput(_message.Message):
     LENGTH: RequestOutput.FinishReason
     ABORT: RequestOutput.FinishReason
     ERROR: RequestOutput.FinishReason
+    class PinStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        PIN_NONE: _ClassVar[RequestOutput.PinStatus]
+        PINNED: _ClassVar[RequestOutput.PinStatus]
+        PIN_OVER_BUDGET: _ClassVar[RequestOutput.PinStatus]
+        PIN_UNSUPPORTED: _ClassVar[RequestOutput.PinStatus]
+    PIN_NONE: RequestOutput.PinStatus
+    PINNED: RequestOutput.PinStatus
+    PIN_OVER_BUDGET: RequestOutput.PinStatus
+    PIN_UNSUPPORTED: RequestOutput.PinStatus
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FRAME_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
@@ -265,6 +281,7 @@ class RequestOutput(_message.Message):
     NUM_REJECTED_PREDICTION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_ACCEPTED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
+    PIN_STATUS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tokens_frame: int
     logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprobs]
@@ -278,7 +295,8 @@ class RequestOutput(_message.Message):
     num_rejected_prediction_tokens: int
     num_accepted_draft_tokens: int
     text: str
-    def __init__(self, request_id: _Optional[str] = ..., tokens_frame: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprobs, _Mapping]]] = ..., finish_reason: _Optional[_Union[RequestOutput.FinishReason, str]] = ..., num_prompt_tokens: _Optional[int] = ..., num_completion_tokens: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., index: _Optional[int] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_prediction_tokens: _Optional[int] = ..., num_rejected_prediction_tokens: _Optional[int] = ..., num_accepted_draft_tokens: _Optional[int] = ..., text: _Optional[str] = ...) -> None: ...
+    pin_status: RequestOutput.PinStatus
+    def __init__(self, request_id: _Optional[str] = ..., tokens_frame: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprobs, _Mapping]]] = ..., finish_reason: _Optional[_Union[RequestOutput.FinishReason, str]] = ..., num_prompt_tokens: _Optional[int] = ..., num_completion_tokens: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., index: _Optional[int] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_prediction_tokens: _Optional[int] = ..., num_rejected_prediction_tokens: _Optional[int] = ..., num_accepted_draft_tokens: _Optional[int] = ..., text: _Optional[str] = ..., pin_status: _Optional[_Union[RequestOutput.PinStatus, str]] = ...) -> None: ...
 
 class StepOutput(_message.Message):
     __slots__ = ("step", "outputs")
@@ -289,7 +307,7 @@ class StepOutput(_message.Message):
     def __init__(self, step: _Optional[int] = ..., outputs: _Optional[_Iterable[_Union[RequestOutput, _Mapping]]] = ...) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "num_free_blocks", "num_total_blocks", "recent_step_time_ms", "backend_id", "num_outstanding_tokens", "prefix_hashes", "prefix_block_size", "num_prompt_tokens", "num_cached_prompt_tokens", "num_preemptions", "num_held_messages", "num_dropped_peers", "num_swap_preemptions", "num_host_hit_tokens", "num_host_blocks", "num_host_used_blocks")
+    __slots__ = ("num_running", "num_waiting", "num_free_blocks", "num_total_blocks", "recent_step_time_ms", "backend_id", "num_outstanding_tokens", "prefix_hashes", "prefix_block_size", "num_prompt_tokens", "num_cached_prompt_tokens", "num_preemptions", "num_held_messages", "num_dropped_peers", "num_swap_preemptions", "num_host_hit_tokens", "num_host_blocks", "num_host_used_blocks", "num_pins", "num_pinned_blocks", "pin_budget_blocks", "num_pins_refused", "num_pins_expired")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -308,6 +326,11 @@ class LoadReport(_message.Message):
     NUM_HOST_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_HOST_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_HOST_USED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PINS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PINNED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    PIN_BUDGET_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PINS_REFUSED_FIELD_NUMBER: _ClassVar[int]
+    NUM_PINS_EXPIRED_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
     num_free_blocks: int
@@ -326,7 +349,12 @@ class LoadReport(_message.Message):
     num_host_hit_tokens: int
     num_host_blocks: int
     num_host_used_blocks: int
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., recent_step_time_ms: _Optional[float] = ..., backend_id: _Optional[str] = ..., num_outstanding_tokens: _Optional[int] = ..., prefix_hashes: _Optional[_Iterable[int]] = ..., prefix_block_size: _Optional[int] = ..., num_prompt_tokens: _Optional[int] = ..., num_cached_prompt_tokens: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_held_messages: _Optional[int] = ..., num_dropped_peers: _Optional[int] = ..., num_swap_preemptions: _Optional[int] = ..., num_host_hit_tokens: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., num_host_used_blocks: _Optional[int] = ...) -> None: ...
+    num_pins: int
+    num_pinned_blocks: int
+    pin_budget_blocks: int
+    num_pins_refused: int
+    num_pins_expired: int
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., recent_step_time_ms: _Optional[float] = ..., backend_id: _Optional[str] = ..., num_outstanding_tokens: _Optional[int] = ..., prefix_hashes: _Optional[_Iterable[int]] = ..., prefix_block_size: _Optional[int] = ..., num_prompt_tokens: _Optional[int] = ..., num_cached_prompt_tokens: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_held_messages: _Optional[int] = ..., num_dropped_peers: _Optional[int] = ..., num_swap_preemptions: _Optional[int] = ..., num_host_hit_tokens: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., num_host_used_blocks: _Optional[int] = ..., num_pins: _Optional[int] = ..., num_pinned_blocks: _Optional[int] = ..., pin_budget_blocks: _Optional[int] = ..., num_pins_refused: _Optional[int] = ..., num_pins_expired: _Optional[int] = ...) -> None: ...
 
 class Error(_message.Message):
     __slots__ = ("code", "message", "request_id", "batch_id")
