@@ -145,6 +145,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-idle-flush", action="store_true")
     p.add_argument("--slo-ttft-ms", default=None, help="the live gateway's targets: the replay "
                    "runs its admission (scheduler.admission) and the decisions are compared")
+    p.add_argument("--profile", help="the replay's cost model: a `backend profile` JSON (admission "
+                   "and idle flush depend on step times; default a 10 ms constant step)")
+    p.add_argument("--step-ms", type=float, help="or a constant step of this many ms")
+    p.add_argument("--model", help="or a preset's roofline on --gpu")
+    p.add_argument("--gpu", default="h200")
+    p.add_argument("--backends", type=int, default=1)
     args = p.parse_args(argv)
     arrivals, live = read_log(args.live)
     out = {}
@@ -155,8 +161,18 @@ def main(argv: list[str] | None = None) -> int:
         batcher = BatcherConfig(args.max_batch_size, args.min_latency_ms, args.target_throughput,
                                 args.hysteresis, not args.no_idle_flush)
         slo = SLOTargets.parse(args.slo_ttft_ms, None)
+        cost = None
+        if args.step_ms is not None:
+            from sims.cost import ConstantCost
+            cost = ConstantCost(args.step_ms / 1e3, num_blocks=1 << 14)
+        elif args.profile or args.model:
+            from sims.runner import CostSpec
+            cost = CostSpec(model=args.model or "deepseek-coder-6.7b", gpu=args.gpu,
+                            profile=args.profile).build()
+        from sims.event_loop import EngineConfig
         result, sim = replay_run(arrivals, SimSchedulerConfig(batcher=batcher, slo=slo,
-                                                              admission=slo.any_ttft))
+                                                              admission=slo.any_ttft),
+                                 cost, EngineConfig(num_samples=1, num_backends=args.backends))
         refused = refused_ids(result, arrivals) if result is not None else set()
     out = compare(live, sim)
     if any(r.refused for r in arrivals) or refused:
