@@ -1,8 +1,29 @@
-"""Capacity per KV format (backend.kv.sizing) against the closed form of the pool arithmetic."""
+"""Capacity per KV format (backend.kv.sizing) against the closed form of the pool arithmetic and
+against what the engine itself sizes (`backend.engine.assemble.size_kv_pool`)."""
+from types import SimpleNamespace
+
 import pytest
+import torch
 
 from backend.config import ModelConfig
+from backend.engine import assemble
 from backend.kv.sizing import kv_capacity
+
+
+@pytest.mark.parametrize("fmt", ["auto", "fp8", "int4-fp8"])
+def test_capacity_is_the_blocks_the_engine_allocates(fmt, monkeypatch):
+    """kv_capacity (what BENCHMARKS' capacity table prints) is the engine's own pool size: the
+    33B preset's bf16 weights loaded on a 139 GiB device, the engine's defaults (issue 27: the
+    closed-form test below checked kv_capacity only against a copy of its own formula)."""
+    c = ModelConfig.from_preset("deepseek-coder-33b")
+    mem = 139 * 2**30
+    loaded = SimpleNamespace(config=c, dtype=torch.bfloat16, device=torch.device("cuda"))
+    # what the device reports free once the weights are loaded
+    monkeypatch.setattr(assemble, "available_memory",
+                        lambda device: mem - c.weight_bytes("bfloat16"))
+    cfg = assemble.BackendConfig(model="deepseek-coder-33b", device="cuda", kv_cache_dtype=fmt)
+    engine_blocks = assemble.size_kv_pool(cfg, loaded, max_model_len=16384)
+    assert kv_capacity(c, mem, 16384, fmt).num_blocks == engine_blocks
 
 
 def test_bf16_capacity_is_the_closed_form():

@@ -87,10 +87,17 @@ def test_validate_small_live_run(tmp_path):
     (run,) = load["runs"]
     assert run["live_completed"] == 8 and run["sim_completed"] == 8 and not run["live_errors"]
     # issue 18: the gateway's windows against the replay's, the backend's steps against its steps
-    assert run["decisions"]["num_requests"] == [8, 8]
-    assert 0.0 <= run["decisions"]["same_membership_share"] <= 1.0
-    assert run["steps"]["num_prefill_steps"][0] >= 1  # the step log's ids are the gateway's
-    assert 0.0 <= run["steps"]["same_prefill_step_share"] <= 1.0
+    # (issue 27: these were checks that a share lies in [0, 1].) Replaying the logged arrivals
+    # gives the gateway's windows: the same count, nobody on one side only, and most windows
+    # with the same members (1.0 in every run seen here, quiet or with a second validation run
+    # on the same 2 cores); the backend's prefill steps mostly alike (1.0 quiet, 0.71 contended)
+    dec = run["decisions"]
+    assert dec["num_requests"] == [8, 8] and dec["num_batches"][0] == dec["num_batches"][1]
+    assert dec["requests_only_one_side"] == 0 and dec["same_membership_share"] >= 0.75, dec
+    steps = run["steps"]
+    assert steps["num_prefill_steps"][0] >= 1  # the step log's ids are the gateway's
+    assert abs(steps["num_prefill_steps"][0] - steps["num_prefill_steps"][1]) <= 2, steps
+    assert steps["same_prefill_step_share"] >= 0.5, steps
     assert run["steps"]["requests_chunked_alike"] > 0.0  # 16-token prompts: one chunk each
     # the live path outside the model, measured and put back as the delivery delay
     assert run["ttft_path_ms"]["num_requests"] == 8 and run["ttft_path_ms"]["mismatched"] == 0
@@ -104,8 +111,9 @@ def test_validate_small_live_run(tmp_path):
         assert math.isfinite(m["live"]) and math.isfinite(m["sim"]) and m["live"] > 0, name
     tpot = run["compare"]["tpot_p50"]
     assert tpot["live"] / 5 <= tpot["sim"] <= 2 * tpot["live"], tpot
+    # an open-loop workload: both sides serve what arrives (seen: within 3% quiet, 17% contended)
     thr = run["compare"]["throughput"]
-    assert thr["live"] / 2 <= thr["sim"] <= 2 * thr["live"], thr
+    assert abs(thr["sim"] / thr["live"] - 1) < 0.25, thr
     # the diagnostic re-run: step times scaled to the live ITL P50 land near it (not exactly:
     # slower steps change how requests overlap)
     assert math.isfinite(run["scale"]) and run["scale"] > 0
