@@ -1,0 +1,174 @@
+"""End to end on the embedded default (`tidegate serve`: tiny-coder on the CPU) through the
+unchanged `openai` and `anthropic` SDKs: structured output validated with `jsonschema`, tool
+calls with required / named / auto, streaming tool-call deltas, a two-turn tool loop, and the
+same through /v1/messages."""
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anthropic
+import jsonschema
+import openai
+import pytest
+
+from bench.structured.schema_gen import random_schema
+
+ROOT = Path(__file__).parents[1]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+    not (ROOT / "models" / "tiny-coder" / "model.safetensors").exists(),
+    reason="models/tiny-coder is not in this checkout")]
+
+WEATHER_PARAMS = {"type": "object", "properties": {
+    "city": {"type": "string", "maxLength": 20},
+    "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"],
+    "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather now",
+                                           "parameters": WEATHER_PARAMS}},
+         {"type": "function", "function": {"name": "get_time", "parameters": {
+             "type": "object", "properties": {"tz": {"type": "string", "maxLength": 12}},
+             "required": ["tz"], "additionalProperties": False}}}]
+USER = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def server():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.tidegate_cli", "serve", "--port", "0",
+         "--log-level", "warning"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    line = ""
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if "serving model" in line or not line:
+            break
+    m = re.search(r"serving model (\S+) on (http://\S+)", line)
+    assert m, f"gateway did not start: {line!r}"
+    yield m.group(2)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0
+
+
+@pytest.fixture
+def oa(server):
+    return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture
+def an(server):
+    return anthropic.Anthropic(base_url=server, api_key="unused", max_retries=0)
+
+
+def test_json_schema_strict_sampled_outputs_validate(oa):
+    for seed in range(6):
+        schema = random_schema(500 + seed, bounded=True)
+        resp = oa.chat.completions.create(
+            model="tiny-coder", messages=[{"role": "user", "content": "Reply with a JSON object."}],
+            temperature=0.7, seed=seed, max_tokens=400,
+            response_format={"type": "json_schema", "json_schema": {
+                "name": f"s{seed}", "strict": True, "schema": schema}})
+        assert resp.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(resp.choices[0].message.content), schema)
+
+
+def test_guided_choice_and_regex(oa):
+    resp = oa.completions.create(model="tiny-coder", prompt="def is_even(n):\n    return",
+                                 max_tokens=10, extra_body={"guided_choice": ["True", "False"]})
+    assert resp.choices[0].text in ("True", "False")
+    resp = oa.completions.create(model="tiny-coder", prompt="VERSION = '", max_tokens=12,
+                                 temperature=0.7, extra_body={"guided_regex": r"[0-9]\.[0-9]+"})
+    assert re.fullmatch(r"[0-9]\.[0-9]+", resp.choices[0].text)
+
+
+def _check_call(call, tools=TOOLS):
+    schema = next(t["function"]["parameters"] for t in tools
+                  if t["function"]["name"] == call.function.name)
+    jsonschema.validate(json.loads(call.function.arguments), schema)
+
+
+def test_required_and_named_tool_choice(oa):
+    resp = oa.chat.completions.create(model="tiny-coder", messages=USER, tools=TOOLS,
+                                      tool_choice="required", max_tokens=200, temperature=0.7,
+                                      parallel_tool_calls=False)
+    choice = resp.choices[0]
+    assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
+    _check_call(choice.message.tool_calls[0])
+    # parallel calls allowed: the model may go on calling until max_tokens; every complete call
+    # is a valid call of a listed tool
+    resp = oa.chat.completions.create(model="tiny-coder", messages=USER, tools=TOOLS,
+                                      tool_choice="required", max_tokens=120, temperature=0.7)
+    assert resp.choices[0].message.tool_calls
+    for call in resp.choices[0].message.tool_calls:
+        _check_call(call)
+    resp = oa.chat.completions.create(
+        model="tiny-coder", messages=USER, tools=TOOLS, max_tokens=200, parallel_tool_calls=False,
+        tool_choice={"type": "function", "function": {"name": "get_time"}})
+    (call,) = resp.choices[0].message.tool_calls
+    assert call.function.name == "get_time"
+    _check_call(call)
+
+
+def test_auto_tool_choice_answers(oa):
+    resp = oa.chat.completions.create(model="tiny-coder", messages=USER, tools=TOOLS, max_tokens=40)
+    choice = resp.choices[0]
+    assert choice.finish_reason in ("stop", "length", "tool_calls")
+    for call in choice.message.tool_calls or ():
+        _check_call(call)
+
+
+def test_streaming_tool_call_deltas_and_a_two_turn_loop(oa):
+    stream = oa.chat.completions.create(model="tiny-coder", messages=USER, tools=TOOLS,
+                                        tool_choice="required", max_tokens=200, stream=True,
+                                        parallel_tool_calls=False)
+    calls: dict[int, dict] = {}
+    finish = None
+    for chunk in stream:
+        for tc in chunk.choices[0].delta.tool_calls or ():
+            entry = calls.setdefault(tc.index, {"id": tc.id, "name": "", "arguments": ""})
+            entry["name"] += tc.function.name or ""
+            entry["arguments"] += tc.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "tool_calls" and calls
+    first = calls[0]
+    assert first["name"] in ("get_weather", "get_time")
+    json.loads(first["arguments"])
+    resp = oa.chat.completions.create(model="tiny-coder", tools=TOOLS, max_tokens=30, messages=[
+        *USER,
+        {"role": "assistant", "content": None, "tool_calls": [{
+            "id": first["id"], "type": "function",
+            "function": {"name": first["name"], "arguments": first["arguments"]}}]},
+        {"role": "tool", "tool_call_id": first["id"], "content": "sunny, 21 C"}],
+        tool_choice="none")
+    assert resp.choices[0].finish_reason in ("stop", "length")
+    assert resp.choices[0].message.content is not None
+
+
+ANTHROPIC_TOOL = {"name": "get_weather", "description": "Weather now",
+                  "input_schema": WEATHER_PARAMS}
+
+
+def test_anthropic_messages_tool_use_and_stream(an):
+    msg = an.messages.create(model="tiny-coder", max_tokens=200, messages=USER,
+                             tools=[ANTHROPIC_TOOL], tool_choice={
+                                 "type": "any", "disable_parallel_tool_use": True})
+    uses = [b for b in msg.content if b.type == "tool_use"]
+    assert msg.stop_reason == "tool_use" and uses
+    jsonschema.validate(uses[0].input, WEATHER_PARAMS)
+    with an.messages.stream(model="tiny-coder", max_tokens=200, messages=USER,
+                            tools=[ANTHROPIC_TOOL],
+                            tool_choice={"type": "tool", "name": "get_weather"}) as stream:
+        final = stream.get_final_message()
+    (use,) = [b for b in final.content if b.type == "tool_use"]
+    jsonschema.validate(use.input, WEATHER_PARAMS)
+    follow = an.messages.create(model="tiny-coder", max_tokens=20, tools=[ANTHROPIC_TOOL], messages=[
+        *USER, {"role": "assistant", "content": [
+            {"type": "tool_use", "id": use.id, "name": use.name, "input": use.input}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                      "content": "sunny"}]}], tool_choice={"type": "none"})
+    assert follow.stop_reason in ("end_turn", "max_tokens")
+    assert an.messages.count_tokens(model="tiny-coder", messages=USER).input_tokens > 5
