@@ -288,3 +288,23 @@ def test_chi2_sf_matches_known_values():
     assert _chi2_sf(5.991, 2) == pytest.approx(0.05, abs=1e-3)
     assert _chi2_sf(13.816, 2) == pytest.approx(0.001, abs=1e-4)
     assert _chi2_sf(3.841, 1) == pytest.approx(0.05, abs=1e-3)
+
+
+@pytest.mark.parametrize("host_kv_gib", [0.0, 0.002])
+def test_preemption_and_host_tier_stay_identical(host_kv_gib):
+    """A pool too small for every sequence: preemption (recompute, or swaps to the host tier)
+    while sequences speculate; outputs equal plain decoding's, every block and host block back."""
+    kw = {"num_blocks": 30, "host_kv_gib": host_kv_gib, "max_num_seqs": 6}
+    off = _engine(None, **kw)
+    vocab = off.runner.model.config.vocab_size
+    prompts = _prompts(6, vocab, 12)
+    reqs = {f"r{i}": (p, SamplingParams(max_tokens=24, ignore_eos=True))
+            for i, p in enumerate(prompts)}
+    base, _ = _run(off, reqs)
+    on = _engine(SPEC, **kw)
+    spec, _ = _run(on, reqs, {rid: base[rid][0] for rid in reqs})
+    assert {r: v[0] for r, v in spec.items()} == {r: v[0] for r, v in base.items()}
+    assert on.scheduler.num_preemptions > 0 and on.speculator.num_accepted["prediction"] > 0
+    if host_kv_gib:
+        assert on.scheduler.block_manager.host is not None
+        assert not on.scheduler.block_manager.host.swapped_seq_ids()
