@@ -22,7 +22,9 @@
 # Environment: MODEL (deepseek-coder-33b), DEVICE (cuda), PART (serve | sim), OUT (out/gpu_spec),
 # NREQ (requests per oracle run, 8), OUTLEN (tokens per request, 256), SAT (saturation workloads
 # "IN/OUTxN ...", "512/128x400 16/32x256"), LOADS (concurrencies of the sim-vs-live runs,
-# "1 8 32"), PORT (18080), FILE_CHARS (characters of code per prompt, 3000). Outputs: $OUT/spec_serve_table.txt, $OUT/spec_serve.tar.gz (part
+# "1 8 32"), PORT (18080), FILE_CHARS (characters of code per prompt, 3000), DEADLINE_S (part
+# serve starts nothing new after it, 500; what it skipped is listed in skipped.txt), SERVE_TAR
+# (part sim: part serve's tarball when this machine no longer holds its results). Outputs: $OUT/spec_serve_table.txt, $OUT/spec_serve.tar.gz (part
 # serve); $OUT/spec_sim_table.txt, $OUT/spec_sim.tar.gz (part sim).
 set -u
 OUT=${OUT:-out/gpu_spec}
@@ -35,6 +37,7 @@ SAT=${SAT:-"512/128x400 16/32x256"}
 LOADS=${LOADS:-"1 8 32"}
 PORT=${PORT:-18080}
 FILE_CHARS=${FILE_CHARS:-3000}
+DEADLINE_S=${DEADLINE_S:-500}  # part serve starts no new run after this many seconds
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 TOKENIZERS_PARALLELISM=false
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
@@ -47,11 +50,12 @@ fi
 W=${WORK:-/tmp/spec_work}  # outside $OUT: only a few files come back
 mkdir -p "$OUT" "$W"
 URL="http://127.0.0.1:$PORT"
+late() { [ "$SECONDS" -ge "$DEADLINE_S" ] && echo "deadline ($DEADLINE_S s): skipping $1" | tee -a "$W/skipped.txt"; }
 bench() { timeout 300 $PY -m gateway.tidegate_cli bench serve --url "$URL" --model "$MODEL" \
     --file-chars "$FILE_CHARS" "$@"; }
 
 if [ "$PART" = serve ]; then
-  rm -rf "$W/serve"; mkdir -p "$W/serve"; S=$W/serve
+  rm -rf "$W/serve" "$W/skipped.txt"; mkdir -p "$W/serve"; S=$W/serve
   { command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv
     git log -1 --format='%H %s' 2>/dev/null; } > "$S/env.txt" 2>&1
   $PY -m gateway.tidegate_cli serve --port "$PORT" --model "$MODEL" --load-format dummy \
@@ -67,13 +71,14 @@ if [ "$PART" = serve ]; then
   # 1, 2: the oracle edit workload (baseline with speculation off first, same invocation)
   bench --workload edit --oracle --keep 1,0.75,0.5 --num-requests "$NREQ" --output-len "$OUTLEN" \
       --max-concurrency 1 --json "$S/edit_c1.json" --trace-dir "$S/trace_c1" || rc=1
-  bench --workload edit --oracle --keep 1 --num-requests $((2 * NREQ)) --output-len "$OUTLEN" \
-      --max-concurrency 8 --json "$S/edit_c8.json" || rc=1
+  late "edit c=8" || bench --workload edit --oracle --keep 1 --num-requests $((2 * NREQ)) \
+      --output-len "$OUTLEN" --max-concurrency 8 --json "$S/edit_c8.json" || rc=1
   # 3: saturation, all at once: the server's policy vs per-request off, alternated
   k=0
   for w in $SAT; do
     io=${w%x*}; n=${w#*x}; in=${io%/*}; out=${io#*/}
     for mode in auto off auto off; do
+      late "saturation $w $mode" && continue
       bench --input-len "$in" --output-len "$out" --num-requests "$n" --seed 1 \
           --speculation "$mode" --json "$S/sat_${in}_${out}_${mode}_$((++k)).json" \
           > "$S/sat_${in}_${out}_${mode}_$k.txt" 2>&1 || rc=1
@@ -81,6 +86,7 @@ if [ "$PART" = serve ]; then
   done
   # 4: the sim-vs-live loads, 75% of lines kept, traces for part sim
   for c in $LOADS; do
+    late "load c=$c" && continue
     bench --workload edit --oracle --keep 0.75 --num-requests $((NREQ > c ? NREQ : 2 * c)) \
         --output-len "$OUTLEN" --max-concurrency "$c" --seed 2 --json "$S/load_c$c.json" \
         --trace-dir "$S/trace_load_c$c" || rc=1
@@ -108,13 +114,21 @@ for (i, o), modes in sat.items():
           f"ratio(best) {ratio}")
 PYEOF
   cat "$OUT/spec_serve_table.txt"
+  cp "$W/skipped.txt" "$S/" 2>/dev/null
   tar czf "$OUT/spec_serve.tar.gz" -C "$W" serve
   exit $rc
 fi
 
 if [ "$PART" = sim ]; then
   rm -rf "$W/sim"; mkdir -p "$W/sim"; M=$W/sim
-  [ -d "$W/serve" ] || tar xzf "$OUT/spec_serve.tar.gz" -C "$W" || exit 1
+  # part serve's results: still on this machine, else its tarball ($SERVE_TAR, $OUT, or
+  # committed under bench/results/spec_h200/ so that it travels with the tree)
+  if [ ! -d "$W/serve" ]; then
+    for t in "${SERVE_TAR:-}" "$OUT/spec_serve.tar.gz" bench/results/spec_h200/spec_serve.tar.gz; do
+      [ -n "$t" ] && [ -f "$t" ] && tar xzf "$t" -C "$W" && break
+    done
+  fi
+  [ -d "$W/serve" ] || { echo "no results of PART=serve (set SERVE_TAR)" >&2; exit 1; }
   S=$W/serve
   # verify-shaped points: k + 1 = 9-token chunks at a 1024-token context, 8 of them packed
   timeout 420 $PY -m gateway.tidegate_cli backend profile --model "$MODEL" --load-format dummy \
