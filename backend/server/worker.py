@@ -63,6 +63,9 @@ MAX_MESSAGES_PER_DRAIN = 1024
 # it is forgotten; it will mark this backend down by heartbeat and fail them on its side.
 MAX_OUTBOX_MESSAGES = 4096
 MAX_LOGPROBS = 64  # top-n logprobs per token a backend computes at most
+# the most of its KV blocks a backend lets prefix pins hold (issue 30); over it a request is
+# served unpinned and told so
+PIN_BUDGET_FRACTION = 0.25
 
 
 
@@ -76,7 +79,8 @@ class Worker:
                  security: CurveKeys | None = None,
                  step_log: StepLog | None = None,
                  max_held_messages: int = MAX_OUTBOX_MESSAGES,
-                 generation_defaults: dict[str, float] | None = None) -> None:
+                 generation_defaults: dict[str, float] | None = None,
+                 pin_budget_fraction: float = PIN_BUDGET_FRACTION) -> None:
         self.engine = engine
         # the model's sampling defaults (backend.model.generation_config), sent in BackendInfo
         self.generation_defaults = dict(generation_defaults or {})
@@ -115,6 +119,13 @@ class Worker:
         self._is_cached = engine.prefix_cache_probe()
         self.prefix_summary = (PrefixSummary(engine.config.block_size)
                                if self._is_cached is not None else None)
+        # prefix pins (issue 30): an engine with a block manager and its prefix cache pins
+        # within a budget of its blocks; (gateway, request id) -> the status its first output says
+        bm = getattr(getattr(engine, "scheduler", None), "block_manager", None)
+        self._pin_bm = bm if self._is_cached is not None and hasattr(bm, "request_pin") else None
+        if self._pin_bm is not None and not self._pin_bm.pin_budget_blocks:
+            self._pin_bm.pin_budget_blocks = int(pin_budget_fraction * self._pin_bm.num_blocks)
+        self.pin_status: dict[tuple[bytes, str], int] = {}
 
     # ---- lifecycle -----------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -318,6 +329,12 @@ class Worker:
             self._send(identity, codec.make_error(pb.Error.INVALID_REQUEST, reason, rid))
             return
         self.owner[key] = (identity, rid)
+        if req.pin_ttl_s > 0:  # a pin of the prompt's prefix (issue 30)
+            self.pin_status[(identity, rid)] = (
+                pb.RequestOutput.PIN_UNSUPPORTED if self._pin_bm is None else
+                pb.RequestOutput.PINNED if self._pin_bm.request_pin(
+                    key, ids, req.pin_tokens or len(ids), req.pin_ttl_s)
+                else pb.RequestOutput.PIN_OVER_BUDGET)
         if self.prefix_summary is not None:
             self.prefix_summary.add_prompt(ids)
         self._idle_checked = False
@@ -383,6 +400,10 @@ class Worker:
                 num_accepted_draft_tokens=getattr(o, "num_accepted_draft_tokens", 0),
                 num_accepted_prediction_tokens=getattr(o, "num_accepted_prediction_tokens", 0),
                 num_rejected_prediction_tokens=getattr(o, "num_rejected_prediction_tokens", 0))
+            if self.pin_status:
+                pin = self.pin_status.pop((identity, o.request_id), 0)
+                if pin:
+                    ro.pin_status = pin
             if o.new_token_ids:
                 ro.tokens_frame = len(arrays)
                 arrays.append(o.new_token_ids)
@@ -511,6 +532,11 @@ class Worker:
             report.num_host_hit_tokens = load.num_host_hit_tokens
             report.num_host_blocks = load.num_host_blocks
             report.num_host_used_blocks = load.num_host_used_blocks
+        if self._pin_bm is not None:
+            pins = self._pin_bm.pin_status()
+            report.num_pins, report.num_pinned_blocks = pins["pins"], pins["pinned_blocks"]
+            report.pin_budget_blocks = pins["budget_blocks"]
+            report.num_pins_refused, report.num_pins_expired = pins["refused"], pins["expired"]
         if self.prefix_summary is not None:
             report.prefix_hashes.extend(self.prefix_summary.snapshot(self._is_cached))
             report.prefix_block_size = self.engine.config.block_size
