@@ -49,9 +49,9 @@ class QueuedRequest(RequestSink, Protocol):
     queue_class: int
     dispatched_at: float | None
     slo_ttft_ms: float | None  # its own TTFT target (None: its class's)
-    # (backend id, class, found nothing unstarted there) while sent and without a first token:
+    # (backend id, class, requests unstarted ahead of it there) while sent and without a first token:
     # what the wait predictor counts as unstarted on that backend (scheduler.admission)
-    unstarted: tuple[int, int, bool] | None
+    unstarted: tuple[int, int, int] | None
 
     def wire_sampling(self) -> pb.SamplingParams: ...
 
@@ -144,9 +144,9 @@ class Dispatcher:
     # --- what the wait predictor counts (scheduler.admission) -----------------------------------
     def on_first_token(self, handle: QueuedRequest, now: float) -> None:
         """`handle`'s first token arrived: it has started on its backend."""
-        b, cls, alone = handle.unstarted
+        b, cls, ahead = handle.unstarted
         handle.unstarted = None
-        self.predictor.started(b, cls, now, now - (handle.dispatched_at or now), alone)
+        self.predictor.started(b, cls, now, now - (handle.dispatched_at or now), ahead)
 
     def on_gone(self, handle: QueuedRequest) -> None:
         """`handle` left its backend before a first token (error, abort)."""

@@ -17,8 +17,13 @@ Two figures per backend, both measured from what the gateway sees (dispatches an
   the gap between the two measured the backend, not the arrivals). An exponentially weighted
   mean of those gaps (weight `gap_weight`), so it follows the backend's speed under load without
   being lowered by idle spells. 1 / gap_b is the backend's start capacity (requests/s).
-- ``service_b``: dispatch → first token of requests sent when nothing was unstarted there
-  (the prefill and the steps it shares, without queueing), weighted the same way.
+- ``service_b``: what a request's dispatch → first token took beyond its queue: that time minus
+  (requests ahead of it at dispatch) x gap_b, over every started request (only those that found
+  nothing ahead until gap_b is known), weighted the same way. It follows the backend's current
+  step time: under decode load a step is slower, and the start of a request with nothing ahead
+  waits for the step in progress and then its own. (Measured only from requests that found an
+  empty queue, it stayed at its light-load value under saturation: on the CPU at 2x capacity
+  a third of the admitted requests then missed their deadline.)
 
 Until a backend has `min_samples` paced gaps its term is ``service_b`` alone (it admits: no
 evidence of a queue). Classes: the backends serve Fast first (their step scheduler uses the same
@@ -113,18 +118,19 @@ class WaitPredictor:
         self.backends.pop(b, None)
 
     # ---- events ----------------------------------------------------------------------------
-    def dispatched(self, b: int, cls: int) -> bool:
-        """A class-`cls` request was sent to `b`. Returns whether it found nothing unstarted
-        there (pass it back to `started`: only such requests measure the service time)."""
+    def dispatched(self, b: int, cls: int) -> int:
+        """A class-`cls` request was sent to `b`. Returns how many requests of its class or a
+        higher one were unstarted there (pass it back to `started`)."""
         be = self.backends.get(b)
         if be is None:  # a backend seen for the first time (it joined the pool)
             be = self.backends[b] = _Backend()
-        alone = not any(be.unstarted)
+        ahead = sum(be.unstarted[: cls + 1])
         be.unstarted[cls] += 1
-        return alone
+        return ahead
 
-    def started(self, b: int, cls: int, now: float, service_s: float, alone: bool) -> None:
-        """Its first token arrived at `now`, `service_s` after it was sent."""
+    def started(self, b: int, cls: int, now: float, service_s: float, ahead: int) -> None:
+        """Its first token arrived at `now`, `service_s` after it was sent, with `ahead`
+        requests ahead of it then (`dispatched`'s answer)."""
         be = self.backends.get(b)
         if be is None:
             return
@@ -135,9 +141,10 @@ class WaitPredictor:
             gap = now - be.last_start
             be.gap = gap if not be.num_gaps else be.gap + cfg.gap_weight * (gap - be.gap)
             be.num_gaps += 1
-        if alone:
-            be.service = (service_s if be.service == 0.0
-                          else be.service + cfg.service_weight * (service_s - be.service))
+        if not ahead or be.num_gaps >= cfg.min_samples:
+            residual = max(0.0, service_s - ahead * be.gap) if ahead else service_s
+            be.service = (residual if be.service == 0.0
+                          else be.service + cfg.service_weight * (residual - be.service))
         be.last_start = now
         be.paced = any(be.unstarted)
         be.rate = be.rate * math.exp(-(now - be.rate_t) / cfg.rate_window_s) + 1.0

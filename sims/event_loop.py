@@ -258,11 +258,11 @@ class EventLoop:
             self.placement.add_backend(be.idx)
             self.placement.set_capacity(be.idx, num_blocks * sched_config.block_size)
         self.charged = [0] * n
-        # the wait predictor's view (scheduler.admission): where each request went, and
-        # whether it found nothing unstarted there
+        # the wait predictor's view (scheduler.admission): where each request went, and how
+        # many were unstarted ahead of it there
         self.predictor = gateway.predictor
         self.placed_on = [-1] * n
-        self.alone = [False] * n
+        self.alone = [0] * n
         self.qclass = [int(c) for c in gateway._queue_class]
         self.prefix_of = backends[0].sched.prefix_hashes if (
             config.placement.uses_prefixes and backends and backends[0].sched.prefix_caching) else None

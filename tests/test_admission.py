@@ -47,10 +47,10 @@ def test_targets_met_by_class_and_own_override():
 def _paced(p: WaitPredictor, b: int, n: int, gap: float, t0: float = 0.0, service: float = 0.0):
     """n requests sent at t0 to an empty backend, started one every `gap` (the first after
     `service`): n - 1 paced gaps."""
-    alone = [p.dispatched(b, FAST) for _ in range(n)]
+    ahead = [p.dispatched(b, FAST) for _ in range(n)]
     for k in range(n):
         t = t0 + service + k * gap
-        p.started(b, FAST, t, t - t0, alone[k])
+        p.started(b, FAST, t, t - t0, ahead[k])
     return t0 + service + (n - 1) * gap
 
 
@@ -256,3 +256,23 @@ def test_prediction_counts_only_the_live_backends():
     ttft, b = p.predict(FAST, 0, 0.0, live=[0])
     assert b == 0 and ttft == pytest.approx(10 * 0.1 + 0.05)
     assert p.predict(FAST, 0, 0.0, live=[7]) == (0.0, -1)  # none known: no prediction
+
+
+def test_service_follows_the_backend_under_load_not_only_lone_requests():
+    """Under decode load every start is slower; requests that find others ahead still measure
+    it (their time minus ahead x gap). Measured from lone requests only, the service stayed at
+    its light-load value and admitted what then missed its deadline."""
+    p = WaitPredictor(AdmissionConfig(min_samples=4))
+    end = _paced(p, 0, 10, gap=0.1, service=0.05)
+    assert p.backends[0].service == pytest.approx(0.05)
+    # saturated: 5 always ahead, starts every 100 ms, each 300 ms beyond its queue
+    t = end + 1.0
+    for _ in range(5):
+        p.dispatched(0, FAST)
+    for k in range(60):
+        ahead = p.dispatched(0, FAST)
+        assert ahead == 5
+        p.started(0, FAST, t, ahead * 0.1 + 0.3, ahead)
+        t += 0.1
+    assert p.backends[0].service == pytest.approx(0.3, rel=0.01)
+    assert p.backend_ttft(0, FAST) == pytest.approx(5 * 0.1 + 0.3, rel=0.01)
