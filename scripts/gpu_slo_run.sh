@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Issue 31 on one GPU machine, in one device call: the SLO control at 1.5x capacity with the 33B
+# preset (dummy bf16 weights), and the planner's prediction made before it.
+#
+#   bash scripts/gpu_slo_run.sh                                   # writes under $OUT (out/gpu_slo)
+#   MODEL=models/tiny-coder DEVICE=cpu N=120 INPUT=32 OUTPUT=uniform:1:80 \
+#       SLO=fast=2000,normal=6000,slow=15000 bash scripts/gpu_slo_run.sh   # the CPU check
+#
+# 1. one backend; two gateways on it: A with --slo-ttft-ms $SLO (admission, decision log), B without
+# 2. capacity: a burst of $N requests through B (rate inf) -> requests/s C
+# 3. the planner's prediction for rate 1.5 C (`tidegate sim slo`, the H200 roofline of $MODEL; on
+#    the CPU the check skips it unless PROFILE is given), written before the live run
+# 4. bench.serving.slo_control at 1.5 C: A then B on the same schedule (Retry-After vs the control
+#    wait, deadline misses, Fast TTFT p90, attainment per class)
+# 5. decision fidelity of A's log: the simulator's admission and windows on the same arrivals
+set -u
+OUT=${OUT:-out/gpu_slo}
+MODEL=${MODEL:-deepseek-coder-33b}
+DEVICE=${DEVICE:-cuda}
+N=${N:-400}
+INPUT=${INPUT:-512}
+OUTPUT=${OUTPUT:-uniform:2:128}
+SLO=${SLO:-fast=600,normal=3000,slow=10000}
+LOAD=${LOAD:-1.5}
+PROFILE=${PROFILE:-}
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 TOKENIZERS_PARALLELISM=false
+cd "$(dirname "$0")/.."
+PY=${PY:-python3}
+[ -x .venv/bin/python ] && [ "$DEVICE" = cpu ] && PY=.venv/bin/python
+TG="$PY -m gateway.tidegate_cli"
+mkdir -p "$OUT"
+SOCK=ipc:///tmp/tg-slo-$$.sock
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }
+trap cleanup EXIT
+
+LOADFMT=(--load-format dummy)
+[ -d "$MODEL" ] && LOADFMT=()
+$TG backend --listen "$SOCK" --model "$MODEL" "${LOADFMT[@]}" --device "$DEVICE" > "$OUT/backend.log" 2>&1 &
+pids+=($!)
+$TG serve --backend "$SOCK" --port 18501 --slo-ttft-ms "$SLO" --decision-log "$OUT/decisions_a.jsonl" \
+    --startup-timeout 600 > "$OUT/gateway_a.log" 2>&1 &
+pids+=($!)
+$TG serve --backend "$SOCK" --port 18502 --startup-timeout 600 > "$OUT/gateway_b.log" 2>&1 &
+pids+=($!)
+for port in 18501 18502; do
+  for _ in $(seq 1 600); do curl -sf "localhost:$port/health" >/dev/null && break; sleep 1; done
+done
+curl -sf localhost:18501/health >/dev/null || { echo "gateway A not healthy"; exit 1; }
+
+# 2. capacity through the control gateway (warm-up burst first)
+$TG bench serve --url http://127.0.0.1:18502 --num-requests 32 --rate inf --input-len "$INPUT" \
+    --output-len "$OUTPUT" --seed 9 > /dev/null 2>&1
+$TG bench serve --url http://127.0.0.1:18502 --num-requests "$N" --rate inf --input-len "$INPUT" \
+    --output-len "$OUTPUT" --seed 1 --json "$OUT/capacity.json" > "$OUT/capacity.txt" 2>&1
+CAP=$($PY -c "import json; print(json.load(open('$OUT/capacity.json'))['request_throughput'])")
+RATE=$($PY -c "print(round($LOAD * $CAP, 3))")
+echo "capacity $CAP req/s -> rate $RATE" | tee "$OUT/rate.txt"
+
+# 3. the planner's prediction, before the live run
+if [ "$DEVICE" != cpu ] || [ -n "$PROFILE" ]; then
+  COST=(--model "$MODEL" --gpu h200)
+  [ -n "$PROFILE" ] && COST=(--profile "$PROFILE")
+  $TG sim slo "${COST[@]}" --backends 1 --max-backends 2 --rate "$RATE" --num-requests "$N" \
+      --input-len "$INPUT" --output-len "$OUTPUT" --slo-ttft-ms "$SLO" --attainment 0.99 \
+      --json "$OUT/plan.json" > "$OUT/plan.txt" 2>&1
+  cat "$OUT/plan.txt"
+fi
+
+# 4. the control check at LOAD x capacity
+$PY -m bench.serving.slo_control --url http://127.0.0.1:18501 --control-url http://127.0.0.1:18502 \
+    --slo-ttft-ms "$SLO" --rate "$RATE" --num-requests "$N" --input-len "$INPUT" \
+    --output-len "$OUTPUT" --seed 2 --json "$OUT/slo_control.json" 2>&1 | tee "$OUT/slo_control.txt"
+curl -s localhost:18501/metrics | grep -E "^tidegate_(slo|admission|window|refused)" > "$OUT/metrics_a.txt"
+
+# 5. decision fidelity of A's windows and admission decisions
+FCOST=(--model "$MODEL" --gpu h200)
+[ -n "$PROFILE" ] && FCOST=(--profile "$PROFILE")
+[ "$DEVICE" = cpu ] && [ -z "$PROFILE" ] && FCOST=()
+$PY -m bench.simulator.decision_fidelity "$OUT/decisions_a.jsonl" --slo-ttft-ms "$SLO" "${FCOST[@]}" \
+    > "$OUT/decision_fidelity.json" 2>&1
+cat "$OUT/decision_fidelity.json"
