@@ -172,7 +172,7 @@ def parse_tools(body: dict) -> ToolConfig | None:
         return ToolConfig(tuple(tools), "function", check_tool_name(name, tools,
                                                                      "tool_choice.name"), False)
     mapping = {"auto": "auto", "any": "required", "none": "none"}
-    if kind not in mapping:
+    if not isinstance(kind, str) or kind not in mapping:  # (a list or object: unhashable)
         raise bad_request("'tool_choice.type' must be auto, any, tool or none.",
                           "tool_choice.type")
     if kind == "any" and not tools:
@@ -253,3 +253,48 @@ def _check_fields(body: dict, known: frozenset) -> None:
         if name not in known:
             raise bad_request(f"{name}: Extra inputs are not permitted", name,
                               "unknown_parameter")
+
+
+def messages_body_schema(count_tokens: bool = False) -> dict:
+    """The JSON Schema of a /v1/messages (or count_tokens) body, for GET /openapi.json."""
+    text_block = {"type": "object", "required": ["type", "text"], "properties": {
+        "type": {"const": "text"}, "text": {"type": "string"}, "cache_control": {"type": "object"}}}
+    block = {"anyOf": [
+        text_block,
+        {"type": "object", "required": ["type", "id", "name", "input"], "properties": {
+            "type": {"const": "tool_use"}, "id": {"type": "string"}, "name": {"type": "string"},
+            "input": {"type": "object"}}},
+        {"type": "object", "required": ["type", "tool_use_id"], "properties": {
+            "type": {"const": "tool_result"}, "tool_use_id": {"type": "string"},
+            "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": text_block}]},
+            "is_error": {"type": "boolean"}}}]}
+    text = {"anyOf": [{"type": "string"}, {"type": "array", "items": text_block}]}
+    props = {
+        "model": {"type": "string"},
+        "messages": {"type": "array", "minItems": 1, "items": {
+            "type": "object", "required": ["role", "content"], "properties": {
+                "role": {"enum": ["user", "assistant"]},
+                "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": block}]}}}},
+        "system": text,
+        "tools": {"type": "array", "items": {"type": "object", "required": ["name"],
+                                             "properties": {"name": {"type": "string"},
+                                                            "description": {"type": "string"},
+                                                            "input_schema": {"type": "object"}}}},
+        "tool_choice": {"type": "object", "required": ["type"], "properties": {
+            "type": {"enum": ["auto", "any", "tool", "none"]}, "name": {"type": "string"},
+            "disable_parallel_tool_use": {"type": "boolean"}}},
+    }
+    if not count_tokens:
+        props.update({
+            "max_tokens": {"type": "integer", "minimum": 1},
+            "stop_sequences": {"type": "array", "items": {"type": "string", "minLength": 1}},
+            "stream": {"type": "boolean"},
+            "temperature": {"type": "number", "minimum": 0, "maximum": 1},
+            "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+            "top_k": {"type": "integer", "minimum": -1},
+            "metadata": {"type": "object", "properties": {"user_id": {"type": "string"}}},
+            "output_format": {"type": "object", "required": ["type", "schema"], "properties": {
+                "type": {"const": "json_schema"}, "schema": {"type": "object"}}}})
+    required = ["model", "messages"] if count_tokens else ["model", "messages", "max_tokens"]
+    return {"type": "object", "properties": props, "required": required,
+            "additionalProperties": False}

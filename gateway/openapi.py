@@ -9,6 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.anthropic_schema import messages_body_schema
 from gateway.app_keys import CONFIG_KEY
 from gateway.request_fields import (
     CHAT_FIELDS,
@@ -79,6 +80,12 @@ def openapi_document(limits: Any, routes: list[tuple[str, str]], version: str,
             op["summary"] = BODIES[path][0]
             op["requestBody"] = {"required": True, "content": {
                 "application/json": {"schema": body_schema(path, limits)}}}
+        elif path.startswith("/v1/messages") and method == "POST":  # Anthropic's Messages API
+            count = path.endswith("/count_tokens")
+            op["summary"] = "Prompt tokens of a message." if count else \
+                "Anthropic Messages: text, tool_use, streaming events; errors in its shape."
+            op["requestBody"] = {"required": True, "content": {
+                "application/json": {"schema": messages_body_schema(count)}}}
         paths.setdefault(path, {})[method.lower()] = op
     doc: dict[str, Any] = {
         "openapi": "3.1.0",
