@@ -196,12 +196,14 @@ def simulate_speculation(requests: Sequence[SpecRequest], cost, sched_config: Sc
                          spec_config: SpeculationConfig | None, acceptance=None, *,
                          concurrency: int | None = None, seed: int = 0,
                          warmup: Sequence[SpecRequest] = (), keep_sessions: bool = False,
+                         async_scheduling: bool = False,
                          max_steps: int = 10_000_000) -> SpecSimResult:
     """Run `requests` through one simulated backend. `spec_config` None: no speculation (the
     same steps a plain engine runs). `warmup`: requests run first on the same backend (its
     prefix cache and the speculator's measured knee), not in the result: the live oracle's
     baseline before its measured runs; its outputs leave the session store afterwards
-    (`keep_sessions` False), as bench's oracle flushes them out of the live engine's."""
+    (`keep_sessions` False), as bench's oracle flushes them out of the live engine's.
+    `async_scheduling`: the CUDA engine's turns (`EngineTurns`); False: the CPU engine's."""
     acceptance = acceptance or OracleAcceptance()
     rng = np.random.default_rng(seed)
     sched = StepScheduler(sched_config)
@@ -214,9 +216,11 @@ def simulate_speculation(requests: Sequence[SpecRequest], cost, sched_config: Sc
     decisions: list[dict[str, int]] = []
     now = 0.0
     budget = [max_steps]
+    turns = EngineTurns(async_scheduling, sched_config.max_num_seqs,
+                        sched_config.max_num_batched_tokens)
     if warmup:
         now, _, _ = _run_phase(range(len(warmup)), all_reqs, now, sched, spec, cost, acceptance,
-                               rng, concurrency, records, generated, {}, budget)
+                               rng, concurrency, records, generated, {}, budget, turns)
         if spec is not None and not keep_sessions:  # as bench's oracle flushes the live store
             store = spec.sessions
             spec.sessions = spec.session.store = SessionStore(
@@ -225,16 +229,77 @@ def simulate_speculation(requests: Sequence[SpecRequest], cost, sched_config: Sc
     start = now
     now, steps, decisions = _run_phase(range(first, len(all_reqs)), all_reqs, now, sched, spec,
                                        cost, acceptance, rng, concurrency, records, generated,
-                                       outputs, budget)
+                                       outputs, budget, turns)
     stats = spec.stats() if spec is not None else {}
     return SpecSimResult(records[first:], steps, decisions, now - start, stats,
                          {i - first: o for i, o in outputs.items()})
 
 
+class EngineTurns:
+    """When the engine asks its Speculator for drafts, and with what (backend.engine.continuous:
+    `_may_speculate` and `_drafts`), so that the simulator's policy decisions are the engine's.
+
+    With async scheduling (the CUDA engine) a step is planned while the one before runs, and
+    drafts need that step's tokens: the engine reads it back first only after a step that
+    drafted, or when drafting may pay (some sequence speculates and the load is not
+    saturated); after asking and getting nothing it stays pipelined for 1, 2, 4 .. 16 turns.
+    The policy's plan gets the step's logit-row room under the graphs (max_num_seqs + 1 -
+    running) and twice the host's launch time (what a read-back costs the device). Without
+    async scheduling (the CPU engine) it asks every step."""
+
+    def __init__(self, async_scheduling: bool = False, max_num_seqs: int | None = None,
+                 max_num_batched_tokens: int = 2048) -> None:
+        self.async_scheduling = async_scheduling
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.backoff = self.wait = 0
+        self.drafted_last = False
+
+    def _may_speculate(self, spec, sched) -> bool:
+        if self.wait > 0:
+            self.wait -= 1
+            return False
+        num = sched.decodes.num_decoding
+        if num == 0 or spec.policy.saturated(num + min(
+                sched.num_waiting_tokens, self.max_num_batched_tokens - num)):
+            return False
+        return any(not st.off for st in spec.states.values())
+
+    def drafts(self, spec, sched, cost) -> dict[str, list[int]]:
+        if self.async_scheduling and not self.drafted_last and \
+                not self._may_speculate(spec, sched):
+            return {}
+        self.drafted_last = False
+        seqs = sched.decoding_sequences()
+        if not seqs:
+            return {}
+        num_prefill = sched.planned_prefill_tokens()
+        if spec.policy.saturated(len(seqs) + num_prefill):
+            spec.policy.num_steps_off_by_load += 1
+            return {}
+        loads = []
+        for q in seqs:
+            load = spec.load(q.request_id, q.max_tokens - q.num_output_tokens, q.rank)
+            if load is not None:
+                loads.append(load)
+        max_rows = None
+        fixed_s = 0.0
+        if self.async_scheduling:
+            if self.max_num_seqs is not None:
+                max_rows = self.max_num_seqs + 1 - len(sched.running)
+            launch = getattr(cost, "launch_time", None)
+            fixed_s = 2 * launch(len(seqs), num_prefill) if launch is not None else 0.0
+        drafts = spec.plan(loads, len(seqs), num_prefill, max_rows, fixed_s) or {}
+        self.backoff = 0 if drafts else min(16, 2 * self.backoff + 1)
+        self.wait = self.backoff
+        self.drafted_last = bool(drafts)
+        return drafts
+
+
 def _run_phase(indexes: range, requests: Sequence[SpecRequest], now: float, sched, spec, cost,
                acceptance, rng, concurrency: int | None, records: list[RequestRecord],
-               generated: list[int], outputs: dict[int, list[int]], budget: list[int]
-               ) -> tuple[float, list, list]:
+               generated: list[int], outputs: dict[int, list[int]], budget: list[int],
+               turns: EngineTurns) -> tuple[float, list, list]:
     """Requests `indexes` from `now` until they all finish -> (end time, steps, decisions)."""
     ids = list(indexes)
     n = len(ids)
@@ -269,15 +334,7 @@ def _run_phase(indexes: range, requests: Sequence[SpecRequest], now: float, sche
                 break
             now = arrivals[0][0]
             continue
-        drafts: dict[str, list[int]] = {}
-        if spec is not None:
-            decoding = sched.decoding_sequences()
-            loads = []
-            for s in decoding:
-                load = spec.load(s.request_id, s.max_tokens - s.num_output_tokens, s.rank)
-                if load is not None:
-                    loads.append(load)
-            drafts = spec.plan(loads, len(decoding), sched.planned_prefill_tokens())
+        drafts = turns.drafts(spec, sched, cost) if spec is not None else {}
         decisions.append({rid: len(d) for rid, d in drafts.items()})
         plan = sched.schedule(list_decodes=True, drafts=drafts)
         if not plan.chunks:
@@ -414,6 +471,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--max-model-len", type=int, default=16384)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="the CUDA engine's turns (default: on with a CUDA profile)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if args.profile:
@@ -422,6 +481,9 @@ def main(argv: list[str] | None = None) -> int:
         cost = ConstantCost(args.step_ms / 1e3)
     else:
         p.error("give --profile or --step-ms")
+    async_sched = args.async_scheduling
+    if async_sched is None:
+        async_sched = str(getattr(cost, "meta", {}).get("device", "")).startswith("cuda")
     kind, _, value = args.acceptance.partition(":")
     acceptance = {"oracle": lambda: OracleAcceptance(),
                   "rate": lambda: RateAcceptance(float(value)),
@@ -449,9 +511,10 @@ def main(argv: list[str] | None = None) -> int:
         # on the same backend (its prefix cache holds the prompts by then)
         baseline = [replace(r, off=True) for r in reqs]
         off = simulate_speculation(reqs, cost, sched, None, concurrency=args.concurrency,
-                                   seed=args.seed).summary()
+                                   seed=args.seed, async_scheduling=async_sched).summary()
         on = simulate_speculation(reqs, cost, sched, spec, acceptance, warmup=baseline,
-                                  concurrency=args.concurrency, seed=args.seed).summary()
+                                  concurrency=args.concurrency, seed=args.seed,
+                                  async_scheduling=async_sched).summary()
         ratio = on["tpot_p50_s"] / off["tpot_p50_s"] if off["tpot_p50_s"] else None
         report["runs"][name] = {"off": off, "on": on, "tpot_p50_ratio": ratio}
         for label, s in (("off", off), ("on", on)):

@@ -184,3 +184,35 @@ def test_warmup_sessions_leave_unless_kept():
     kept = simulate_speculation(*args, concurrency=1, warmup=base, keep_sessions=True).summary()
     assert kept["acceptance_rate"] > flushed["acceptance_rate"]
     assert kept["tpot_p50_s"] < flushed["tpot_p50_s"]
+
+
+def test_async_turns_back_off_as_the_engine_does(monkeypatch):
+    """With async scheduling the engine asks the policy only when drafting may pay, and after
+    an ask that drafts nothing it stays pipelined for 1, 3, 7, 15, then 16 turns
+    (backend.engine.continuous._may_speculate): the simulator asks on the same turns."""
+    from scheduler.speculation import Speculator
+
+    asks = []
+    real = Speculator.plan
+
+    def counting(self, *args, **kw):
+        asks.append(1)
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(Speculator, "plan", counting)
+    out = tuple(range(1000, 1100))  # nothing to draft: no prediction, no repeated n-gram
+    reqs = [SpecRequest(tuple(range(16)), out)]
+    simulate_speculation(reqs, ConstantCost(STEP), sched(), spec(8), concurrency=1,
+                         async_scheduling=True)
+    decode_turns, expected, wait, backoff = len(out) - 1, 0, 0, 0
+    for _ in range(decode_turns):
+        if wait:
+            wait -= 1
+            continue
+        expected += 1
+        backoff = min(16, 2 * backoff + 1)
+        wait = backoff
+    assert len(asks) == expected == 9
+    asks.clear()
+    simulate_speculation(reqs, ConstantCost(STEP), sched(), spec(8), concurrency=1)
+    assert len(asks) == decode_turns  # the CPU engine asks every step
