@@ -112,6 +112,19 @@ def add_serving_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> No
     p.add_argument("--max-held-messages", type=int, default=4096,
                    help="messages held for a gateway whose socket queue is full; past this it "
                    "is not reading: its requests are aborted and it is forgotten")
+    p.add_argument("--kv-events-endpoint", default=None, metavar="ZMQ",
+                   help="publish KV cache events in vLLM's format (BlockStored, BlockRemoved, "
+                        "AllBlocksCleared; msgpack over a PUB socket) for KV-aware routers: "
+                        "tcp://*:5557 binds, tcp://HOST:PORT connects (vLLM's rule; "
+                        "backend.server.kv_events; default: off)")
+    p.add_argument("--kv-events-replay-endpoint", default=None, metavar="ZMQ",
+                   help="ROUTER address serving missed event batches by sequence number "
+                        "(vLLM's replay_endpoint; default: none)")
+    p.add_argument("--kv-events-topic", default="", metavar="TOPIC",
+                   help="the topic frame of every event message (vLLM's topic; default empty)")
+    p.add_argument("--kv-events-format", default="map", choices=["map", "array"],
+                   help="map: events as tagged maps (vLLM since 2026-06, PR 42892); array: the "
+                        "earlier positional events, for consumers not updated since")
     p.add_argument("--step-log", default=None, metavar="PATH",
                    help="write one JSON line per engine step (wall start, duration, decodes, "
                         "prefill tokens) to PATH when the backend stops (benchmarks)")

@@ -45,6 +45,13 @@ evicted while it lasts. A pin of the same prefix again refreshes its time. When 
 (`expire_pins`, also run by `num_free_blocks` once one is due, on `pin_clock`) the reference is
 dropped and the blocks join the cached LRU like any freed prefix: evicted in turn, to the host
 tier when there is one.
+
+KV events (issue 33): `record_kv_events()` makes `kv_events` a list (None, the default, costs one
+attribute test per registered or evicted block) that receives ``(kind, medium, key)`` for every
+change of the prefix cache's key set, in order: ``KV_STORED`` when a key is registered
+(`cache_blocks`, a host hit loaded back), ``KV_REMOVED`` when it is evicted, ``KV_CLEARED`` first;
+medium ``"GPU"`` here, ``"CPU"`` for the host tier's own keys. `take_kv_events` hands them over
+(the backend publishes them in vLLM's format: backend.server.kv_events).
 """
 from __future__ import annotations
 
@@ -57,6 +64,8 @@ from scheduler.capacity import DEFAULT_CAPACITY
 from scheduler.host_tier import HostTier
 
 ROOT_HASH = 0x7469646567617465  # parent hash of a sequence's first block ("tidegate")
+KV_STORED, KV_REMOVED, KV_CLEARED = 0, 1, 2  # kinds of kv_events entries (module doc)
+MEDIUM_GPU, MEDIUM_CPU = "GPU", "CPU"  # vLLM's names for the tiers
 
 BlockKey = tuple[int, tuple[int, ...]]
 
@@ -112,6 +121,7 @@ class BlockManager:
         self._pin_reserved = 0  # ttl, reserved, give-up time); blocks reserved by those
         self.num_pins_refused = 0  # requests served without their pin (over budget)
         self.num_pins_expired = 0
+        self.kv_events: list[tuple[int, str, BlockKey | None]] | None = None  # module doc
 
     # ---- queries -------------------------------------------------------------------------
     def num_blocks_for(self, num_tokens: int) -> int:
@@ -182,6 +192,26 @@ class BlockManager:
         """A copy of the prefix cache: block key -> the block holding those tokens' K/V."""
         return dict(self._cached)
 
+    def record_kv_events(self) -> None:
+        """Record prefix-cache changes in `kv_events` from now on (module doc), starting with
+        ``KV_CLEARED`` and a ``KV_STORED`` for every key held now (GPU, then host), so that a
+        consumer's picture is exact from the first entry."""
+        events = self.kv_events = [(KV_CLEARED, MEDIUM_GPU, None)]
+        events += [(KV_STORED, MEDIUM_GPU, key) for key in self._cached]
+        if self.host is not None:
+            self.host.kv_events = events
+            events += [(KV_STORED, MEDIUM_CPU, key) for key in self.host.cached_keys()]
+
+    def take_kv_events(self) -> list[tuple[int, str, BlockKey | None]]:
+        """The entries recorded since the last call, oldest first (empty when not recording)."""
+        events = self.kv_events
+        if not events:
+            return []
+        self.kv_events = []
+        if self.host is not None:
+            self.host.kv_events = self.kv_events
+        return events
+
     def is_cached(self, key: BlockKey) -> bool:
         """Whether some block holds the K/V of `key`: on the GPU (in use, or free and not yet
         evicted) or in the host tier (a hit there is a copy, not a prefill: placement counts it)."""
@@ -237,6 +267,8 @@ class BlockManager:
             if self.host is not None:
                 self.host.save(self._block_keys[block], block)
             del self._cached[self._block_keys[block]]
+            if self.kv_events is not None:
+                self.kv_events.append((KV_REMOVED, MEDIUM_GPU, self._block_keys[block]))
             self._block_keys[block] = None
             self.num_evictions += 1
         if not self._exclusive:
@@ -258,12 +290,14 @@ class BlockManager:
                 num_evict -= num_fresh
             self.num_evictions += num_evict
             lru, cached, keys = self._free_cached, self._cached, self._block_keys
-            host = self.host
+            host, events = self.host, self.kv_events
             for _ in range(num_evict):
                 block = lru.popitem(last=False)[0]
                 if host is not None:
                     host.save(keys[block], block)
                 del cached[keys[block]]
+                if events is not None:
+                    events.append((KV_REMOVED, MEDIUM_GPU, keys[block]))
                 keys[block] = None
                 blocks.append(block)
         else:
@@ -339,11 +373,13 @@ class BlockManager:
                         hashes: list[int]) -> None:
         """Queue the h2d copies of host hits into table[start:], and register those blocks: their
         K/V is there before any forward pass reads them (copies run first)."""
-        keys, cached, host = self._block_keys, self._cached, self.host
+        keys, cached, host, events = self._block_keys, self._cached, self.host, self.kv_events
         for (key, host_block), block in zip(host_hits, table[start:]):
             host.load(host_block, block)
             keys[block] = key
             cached[key] = block
+            if events is not None:
+                events.append((KV_STORED, MEDIUM_GPU, key))
             hashes.append(hash(key))
 
     def swap_out(self, seq_id: object, token_ids: Sequence[int]) -> int:
@@ -518,7 +554,7 @@ class BlockManager:
             raise ValueError(f"sequence {seq_id!r}: {num_computed_tokens} tokens computed but "
                              f"{len(table)} blocks")
         parent = hashes[-1] if hashes else ROOT_HASH
-        cached, block_keys = self._cached, self._block_keys
+        cached, block_keys, events = self._cached, self._block_keys, self.kv_events
         for i in range(len(hashes), num_full):
             key = (parent, tuple(token_ids[i * bs:(i + 1) * bs]))
             block = table[i]
@@ -526,6 +562,8 @@ class BlockManager:
             # holds stays with that block (setdefault leaves it)
             if block_keys[block] is None and cached.setdefault(key, block) == block:
                 block_keys[block] = key
+                if events is not None:
+                    events.append((KV_STORED, MEDIUM_GPU, key))
             parent = hash(key)
             hashes.append(parent)
 

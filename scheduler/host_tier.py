@@ -82,6 +82,8 @@ class HostTier:
         self.num_loaded_blocks = 0  # h2d copies queued (host hits)
         self.num_dropped_blocks = 0  # keyed host blocks dropped for room
         self.max_used_blocks = 0  # peak keyed blocks: the host memory the workload used
+        # the block manager's kv_events list while it records (scheduler.block_manager), else None
+        self.kv_events: list | None = None
 
     # ---- queries -----------------------------------------------------------------------------
     @property
@@ -94,6 +96,9 @@ class HostTier:
 
     def lookup(self, key: BlockKey) -> int | None:
         return self._cached.get(key)
+
+    def cached_keys(self) -> list[BlockKey]:
+        return list(self._cached)
 
     def swapped_seq_ids(self) -> list[object]:
         return list(self._pins)
@@ -113,11 +118,15 @@ class HostTier:
             elif self._lru:
                 host = self._lru.popitem(last=False)[0]
                 del self._cached[self._keys[host]]
+                if self.kv_events is not None:  # KV_REMOVED (scheduler.block_manager)
+                    self.kv_events.append((1, "CPU", self._keys[host]))
                 self.num_dropped_blocks += 1
             else:
                 return None
             self._keys[host] = key
             self._cached[key] = host
+            if self.kv_events is not None:  # KV_STORED
+                self.kv_events.append((0, "CPU", key))
             self._copies.append(("d2h", gpu_block, host))
             self.num_saved_blocks += 1
             used = self.num_blocks - len(self._free)

@@ -99,14 +99,21 @@ def main(argv: list[str] | None = None) -> int:
         from backend.model.generation_config import load_generation_defaults
 
         generation_defaults = load_generation_defaults(args.generation_config, args.model)
+        kv_events = _kv_event_publisher(args, engine.config.block_size)
         try:
             step_log = StepLog(args.step_log) if args.step_log else None
             worker = Worker(engine, loaded, args.listen, args.backend_id, args.served_model_name,
                             security=keys, step_log=step_log,
                             max_held_messages=args.max_held_messages,
-                            generation_defaults=generation_defaults)
+                            generation_defaults=generation_defaults, kv_events=kv_events)
         except zmq.ZMQError as exc:
+            if kv_events is not None:
+                kv_events.close()
             raise ModelLoadError(f"cannot listen on {args.listen}: {exc}") from None
+        except ValueError as exc:  # KV events asked of an engine without a prefix cache
+            if kv_events is not None:
+                kv_events.close()
+            raise ModelLoadError(str(exc)) from None
     except ModelLoadError as exc:
         print(f"tidegate backend: error: {exc}", file=sys.stderr)
         if ranks is not None:
@@ -129,6 +136,25 @@ def main(argv: list[str] | None = None) -> int:
     if ranks is not None:  # 1 when a rank died (its requests were answered with errors)
         rc = ranks.stop() or rc
     return rc
+
+
+def _kv_event_publisher(args: argparse.Namespace, block_size: int):
+    """--kv-events-endpoint: the publisher (backend.server.kv_events), or None."""
+    endpoint = getattr(args, "kv_events_endpoint", None)
+    if not endpoint:
+        return None
+    import zmq
+
+    from backend.server.kv_events import KVEventPublisher
+
+    try:
+        return KVEventPublisher(endpoint, block_size, args.kv_events_replay_endpoint,
+                                args.kv_events_topic, args.kv_events_format)
+    except ImportError:
+        raise ModelLoadError("--kv-events-endpoint needs msgpack "
+                             "(pip install 'tidegate[kv-events]')") from None
+    except zmq.ZMQError as exc:
+        raise ModelLoadError(f"--kv-events-endpoint {endpoint}: {exc}") from None
 
 
 def _hosts(args: argparse.Namespace):

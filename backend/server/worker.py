@@ -80,7 +80,8 @@ class Worker:
                  step_log: StepLog | None = None,
                  max_held_messages: int = MAX_OUTBOX_MESSAGES,
                  generation_defaults: dict[str, float] | None = None,
-                 pin_budget_fraction: float = PIN_BUDGET_FRACTION) -> None:
+                 pin_budget_fraction: float = PIN_BUDGET_FRACTION,
+                 kv_events=None) -> None:
         self.engine = engine
         # the model's sampling defaults (backend.model.generation_config), sent in BackendInfo
         self.generation_defaults = dict(generation_defaults or {})
@@ -126,6 +127,16 @@ class Worker:
         if self._pin_bm is not None and not self._pin_bm.pin_budget_blocks:
             self._pin_bm.pin_budget_blocks = int(pin_budget_fraction * self._pin_bm.num_blocks)
         self.pin_status: dict[tuple[bytes, str], int] = {}
+        # KV events in vLLM's format (backend.server.kv_events.KVEventPublisher, issue 33): the
+        # block manager records its prefix-cache changes, each turn's go out as one batch
+        self.kv_events = kv_events
+        self._kv_bm = None
+        if kv_events is not None:
+            if self._is_cached is None or not hasattr(bm, "record_kv_events"):
+                raise ValueError("KV events need an engine with a block manager and its prefix "
+                                 "cache on (not echo, not --no-prefix-caching)")
+            self._kv_bm = bm
+            bm.record_kv_events()
 
     # ---- lifecycle -----------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -162,6 +173,10 @@ class Worker:
                     self._step()
             elif not self._idle_checked:
                 self._check_idle()
+            if self._kv_bm is not None and self._kv_bm.kv_events:
+                # before the step's outputs go out: a router that reads both sees the blocks
+                # of a finished request first
+                self.kv_events.publish(self._kv_bm.take_kv_events())
             self._flush_outboxes()
             self._flush_pending()  # CUDA: while the step launched by _step runs
             self._maybe_report()
@@ -180,6 +195,14 @@ class Worker:
         if self.step_log is not None:
             self.step_log.write()
         self._stop_auth()
+        self._close_kv_events()
+
+    def _close_kv_events(self) -> None:
+        if self.kv_events is not None:
+            if self._kv_bm is not None:
+                self.kv_events.publish(self._kv_bm.take_kv_events())
+            self.kv_events.close()
+            self.kv_events = None
 
     def _stop_auth(self) -> None:
         if self._auth is not None:
@@ -200,6 +223,7 @@ class Worker:
     def close(self) -> None:
         self.sock.close(linger=0)
         self._stop_auth()
+        self._close_kv_events()
 
     # ---- receiving -----------------------------------------------------------------------
     def _drain(self) -> None:
