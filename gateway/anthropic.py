@@ -22,10 +22,18 @@ import os
 
 from aiohttp import web
 
-from gateway.anthropic_schema import MessagesRequest, parse_count_request, parse_messages_request
+from gateway.anthropic_schema import (
+    MessagesRequest,
+    _text_of,
+    parse_conversation,
+    parse_count_request,
+    parse_messages_request,
+)
 from gateway.app_keys import GATEWAY_KEY
 from gateway.errors import APIError, internal_error
+from gateway.openai_schema import ChatMessage
 from gateway.routes import check_model, merged, serve_handles, start_sse, submit_all
+from gateway.sessions import PIN_STATUS_NAMES, anthropic_options
 from gateway.structured import check_structured
 from gateway.tool_parser import ToolCallParser
 from gateway.tools import template_messages
@@ -44,6 +52,14 @@ def anthropic_error(err: APIError) -> dict:
 
 def sse_event(name: str, data: dict) -> bytes:
     return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+
+async def _render_cut(gw, cut: dict, tools) -> list[int]:
+    """A Messages body cut at a cache_control breakpoint, rendered as the prompt is (no
+    generation prompt): its tokens are the prompt's first ones."""
+    msgs = parse_conversation(cut)[0] if cut.get("messages") else \
+        [ChatMessage("system", _text_of(cut["system"], "system"))] if cut.get("system") else []
+    return await gw.encode_chat(template_messages(msgs, tools), False, False)
 
 
 async def _prompt_ids(gw, messages, prefill: str, tools) -> list[int]:
@@ -148,21 +164,34 @@ class BlockWriter:
 
 async def messages(request: web.Request) -> web.StreamResponse:
     gw = request.app[GATEWAY_KEY]
-    req: MessagesRequest = parse_messages_request(parse_json_body(await request.read()),
-                                                  gw.config.limits)
+    body = parse_json_body(await request.read())
+    req: MessagesRequest = parse_messages_request(body, gw.config.limits)
     gw.check_admission()
     check_model(gw, req.model)
     await check_structured(gw, req.structured)
     tools = req.structured.tools if req.structured is not None else None
     prompt_ids = await _prompt_ids(gw, req.messages, req.prefill, tools)
     msg_id = "msg_" + os.urandom(12).hex()
-    handles = submit_all(gw, gw.new_request_id("msg"), [prompt_ids], req.sampling, req.options,
+    # the session key, and a pin up to the deepest cache_control breakpoint (gateway.sessions)
+    options = await anthropic_options(req.options, request.headers, body, prompt_ids,
+                                      lambda cut: _render_cut(gw, cut, tools))
+    handles = submit_all(gw, gw.new_request_id("msg"), [prompt_ids], req.sampling, options,
                          "max_tokens")
     handle, model, stop = handles[0], gw.model_name, req.sampling.stop
 
     def usage(output_tokens: int) -> dict:
-        return {"input_tokens": len(handle.prompt_ids), "output_tokens": output_tokens,
-                "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+        # Anthropic's cache counts: the prompt tokens the prefix cache served, and those a pin
+        # now holds that were computed for this request; `pin` says what became of a pin
+        read = handle.cached_tokens
+        pinned = handle.pin_status == 1
+        pin_tokens = (options.pin_tokens or len(handle.prompt_ids)) if pinned else 0
+        created = max(0, pin_tokens - read)
+        out = {"input_tokens": len(handle.prompt_ids) - read - created,
+               "output_tokens": output_tokens, "cache_creation_input_tokens": created,
+               "cache_read_input_tokens": read}
+        if options.pin_ttl_s and handle.pin_status:
+            out["pin"] = PIN_STATUS_NAMES[handle.pin_status]
+        return out
 
     async def respond():
         writer = BlockWriter(tools)

@@ -56,6 +56,7 @@ class Dispatch:
     charged_left: int = 0
     prediction_ids: list[int] | None = None  # Predicted Outputs: a raw int32 frame on the wire
     speculation: pb.SpeculationParams | None = None  # per-request control; None: the default
+    session: object = None  # scheduler.sessions.SessionInfo it was placed with (None: none)
 
 
 def error_from_backend(err: pb.Error) -> APIError:

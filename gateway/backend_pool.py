@@ -42,6 +42,7 @@ from proto import codec
 from proto import tidegate_pb2 as pb
 from proto.security import CurveKeys
 from scheduler.placement import PlacementConfig, PlacementItem, create_placement, prefix_hashes
+from scheduler.sessions import SessionInfo, chain_hashes, sampled_prefix
 
 __all__ = ["BackendConn", "BackendPool", "Dispatch", "PoolConfig", "RequestSink", "TokenLogprob",
            "error_from_backend"]
@@ -239,9 +240,12 @@ class BackendPool(PoolReceiver, PoolFailover):
         info = self.info
         hashing = policy.config.uses_prefixes and info is not None
         block_size = info.block_size if hashing else 0
-        placed = [PlacementItem(len(d.prompt_ids) + d.sampling.max_tokens,
-                                prefix_hashes(d.prompt_ids, block_size) if hashing else (), d)
-                  for d in items]
+        if hashing and hasattr(policy, "sessions"):  # agent sessions (scheduler.sessions)
+            placed = [self._session_item(d, block_size, now) for d in items]
+        else:
+            placed = [PlacementItem(len(d.prompt_ids) + d.sampling.max_tokens,
+                                    prefix_hashes(d.prompt_ids, block_size) if hashing else (), d)
+                      for d in items]
         policy.place(placed, now)
         parts: dict[int, list[Dispatch]] = {}
         unplaced: list[Dispatch] = []
@@ -253,6 +257,21 @@ class BackendPool(PoolReceiver, PoolFailover):
             d.charged_left = it.charged
             parts.setdefault(it.backend, []).append(d)
         return [(self._by_pid[b], ds) for b, ds in parts.items()], unplaced
+
+    @staticmethod
+    def _session_item(d: Dispatch, block_size: int, now: float) -> PlacementItem:
+        """A placement item with the request's session: its key, its prompt's chain hashes (the
+        sampled prefix is part of them) and its pin."""
+        opts = getattr(d.sink, "options", None)
+        chain = chain_hashes(d.prompt_ids, block_size)
+        pin_blocks, until = 0, 0.0
+        if opts is not None and opts.pin_ttl_s > 0:
+            pin_blocks = (opts.pin_tokens or len(d.prompt_ids)) // block_size
+            until = now + opts.pin_ttl_s
+        d.session = SessionInfo(opts.session_key if opts is not None else None, chain,
+                                pin_blocks, until)
+        return PlacementItem(len(d.prompt_ids) + d.sampling.max_tokens, sampled_prefix(chain),
+                             d, d.session)
 
     def _release(self, backend: BackendConn, d: Dispatch, tokens: int) -> None:
         n = min(tokens, d.charged_left)
@@ -280,6 +299,9 @@ class BackendPool(PoolReceiver, PoolFailover):
                                          arrival_time=d.arrival_time, sampling=d.sampling)
                 if d.speculation is not None:
                     req.speculation.CopyFrom(d.speculation)
+                opts = getattr(d.sink, "options", None)
+                if opts is not None and opts.pin_ttl_s > 0:  # a pin of its prefix (issue 30)
+                    req.pin_ttl_s, req.pin_tokens = opts.pin_ttl_s, opts.pin_tokens
             except (ValueError, TypeError, OverflowError) as exc:
                 d.sink.on_error(APIError(400, f"The request does not fit the wire: {exc}",
                                          code="invalid_value"))

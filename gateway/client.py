@@ -54,7 +54,10 @@ SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "ignor
                    "skip_special_tokens", "include_stop_str_in_output")
 # `prediction`: Predicted Outputs, the expected completion as text, token ids, or OpenAI's
 # {"type": "content", "content": ...}; `speculation`: "off", "auto" or {"max_draft_tokens": k}.
-REQUEST_FIELDS = SAMPLING_FIELDS + ("suffix", "echo", "prediction", "speculation")
+# session_key: a session key (HTTP's prompt_cache_key / agent session headers); pin_ttl_s: pin
+# the prompt's KV on its backend that long (HTTP's cache_control), pin_tokens: its first N only
+REQUEST_FIELDS = SAMPLING_FIELDS + ("suffix", "echo", "prediction", "speculation", "session_key",
+                                    "pin_ttl_s", "pin_tokens")
 
 
 class TidegateError(Exception):
@@ -117,6 +120,8 @@ class Delta:
     num_accepted_draft_tokens: int = 0
     accepted_prediction_tokens: int = 0
     rejected_prediction_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (issue 30)
+    pin_status: int = 0  # RequestOutput.PinStatus of a pin asked for (0: none / not yet)
 
 
 @dataclass(slots=True)
@@ -136,6 +141,8 @@ class Completion:
     num_accepted_draft_tokens: int = 0  # of which accepted
     accepted_prediction_tokens: int = 0  # prediction tokens the output used (OpenAI's usage)
     rejected_prediction_tokens: int = 0  # prediction tokens it did not use
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (issue 30)
+    pin: str | None = None  # a pin asked for: "pinned", "over_budget" or "unsupported"
 
 
 class _Base:
@@ -237,6 +244,11 @@ class _Base:
                 req.speculation.off = k == 0
         elif speculation not in (None, "auto"):
             raise ValueError("speculation: want 'off', 'auto' or {'max_draft_tokens': k}")
+        if get("session_key"):
+            req.session_key = sampling["session_key"]
+        if get("pin_ttl_s"):  # the gateway checks the bounds, as HTTP's cache_control
+            req.pin_ttl_s = sampling["pin_ttl_s"]
+            req.pin_tokens = get("pin_tokens") or 0
         env = pb.Envelope(batch=pb.Batch(requests=[req]))
         # encode_trusted packs a list of ids with `array` (a numpy conversion per request cost
         # half of building it); ids outside int32 or an oversized message still raise ValueError
@@ -279,7 +291,8 @@ class _Base:
                         for t, (lp, top_ids, top_lps) in zip(d.token_ids, d.logprobs)]
         return Delta(d.text, d.token_ids, d.finish_reason, out.request_id, out.num_prompt_tokens,
                      logprobs, out.num_draft_tokens, out.num_accepted_draft_tokens,
-                     out.num_accepted_prediction_tokens, out.num_rejected_prediction_tokens)
+                     out.num_accepted_prediction_tokens, out.num_rejected_prediction_tokens,
+                     out.num_cached_tokens, out.pin_status)
 
     def _completion(self, prompt: str | list[int], sampling: dict,
                     deltas: list[Delta]) -> Completion:
@@ -305,7 +318,9 @@ class _Base:
                           finish, max((d.num_prompt_tokens for d in deltas), default=0),
                           len(ids), logprobs, offsets, prompt_ids, last("num_draft_tokens"),
                           last("num_accepted_draft_tokens"), last("accepted_prediction_tokens"),
-                          last("rejected_prediction_tokens"))
+                          last("rejected_prediction_tokens"), last("num_cached_tokens"),
+                          {1: "pinned", 2: "over_budget", 3: "unsupported"}.get(
+                              last("pin_status")))
 
 
 # --- asyncio ---------------------------------------------------------------------------------------

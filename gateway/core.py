@@ -96,6 +96,10 @@ class RequestHandle:
         self.sampling = sampling
         self.max_tokens = max_tokens
         self.options = options
+        # agent sessions (issue 30): prompt tokens the backend found cached, and what became of
+        # the request's pin (RequestOutput.PinStatus; 0: none asked, or not known yet)
+        self.cached_tokens = 0
+        self.pin_status = 0
         self.priority = options.priority
         self.arrival_time = time.monotonic()
         self.queue_deadline = (self.arrival_time + options.deadline_ms / 1000
@@ -138,6 +142,13 @@ class RequestHandle:
             self._release_followers()
         if finish_reason is not None:
             self.gateway.dispatcher.on_capacity()
+
+    def on_cache(self, cached_tokens: int, pin_status: int) -> None:
+        """The backend's prefix-cache figures of this request (its first output carries them)."""
+        self.cached_tokens = max(self.cached_tokens, cached_tokens)
+        if pin_status:
+            self.pin_status = pin_status
+            self.gateway.metrics.observe_pin(pin_status)
 
     def on_speculation(self, draft_tokens: int, accepted_draft_tokens: int,
                        accepted_prediction: int, rejected_prediction: int) -> None:
@@ -522,6 +533,8 @@ class Gateway:
         if self.pool.info is not None:
             self.metrics.model_name = self.model_name
         self.metrics.refresh(depth, age, loads, engines)
+        self.metrics.refresh_sessions(getattr(self.pool.placement, "sessions", None),
+                                      [(b.address, b.load) for b in self.pool.backends])
         stats = self.dispatcher.batcher.stats
         headroom = self.dispatcher.predictor.headroom(self.dispatcher.clock.now())
         by_pid = {b.pid: b.address for b in self.pool.backends}

@@ -36,6 +36,7 @@ from gateway.prediction_fields import (
 )
 from gateway.request_fields import MAX_LOGPROBS
 from gateway.sampling_fields import parse_sampling_fields
+from gateway.sessions import session_from_wire
 from gateway.validation import check_context_length
 from gateway.zmqio import SocketReader
 from proto import codec
@@ -106,6 +107,10 @@ def _check_wire_sampling(s: pb.SamplingParams, limits: RequestLimits) -> Samplin
         raise bad_request(f"logprobs must be at most {MAX_LOGPROBS}.", "logprobs")
     if s.n > 1:
         raise bad_request("n > 1 is not served at the ZMQ front door; send n requests.", "n")
+    if s.HasField("grammar") and s.grammar.kind != pb.Grammar.NONE:
+        raise bad_request("Structured output (SamplingParams.grammar) is not served at the ZMQ "
+                          "front door yet; use the HTTP API.", "grammar",
+                          "unsupported_parameter")
     body = {
         "max_tokens": s.max_tokens, "temperature": s.temperature, "top_p": s.top_p or 1.0,
         "top_k": s.top_k if s.top_k > 0 else -1, "seed": s.seed if s.HasField("seed") else None,
@@ -256,6 +261,9 @@ class FrontDoor:
                 accepted, rejected = handle.prediction_usage()
                 entry.num_accepted_prediction_tokens = accepted
                 entry.num_rejected_prediction_tokens = rejected
+        if handle is not None and (handle.cached_tokens or handle.pin_status):  # issue 30
+            entry.num_cached_tokens = handle.cached_tokens
+            entry.pin_status = handle.pin_status
         arrays.append(token_ids)
         if not self._flush_scheduled:
             self._flush_scheduled = True
@@ -361,7 +369,8 @@ class FrontDoor:
                 raise bad_request(f"request id {req.request_id!r} is already in use.",
                                   "request_id")
             options = ServingOptions(priority=req.priority,
-                                     speculation=speculation_from_wire(req, gw.config.limits))
+                                     speculation=speculation_from_wire(req, gw.config.limits),
+                                     **session_from_wire(req))
             handle = gw.submit(internal, prompt_ids, sampling, sampling.max_tokens, options,
                                prediction_ids)
         except APIError as err:

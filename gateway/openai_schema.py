@@ -70,6 +70,12 @@ class ServingOptions:
     speculation: SpeculationControl | None = None  # None: the server's default policy
     slo_ttft_ms: float | None = None  # None: its queue class's target (scheduler.slo)
     slo_tpot_ms: float | None = None
+    # agent sessions (issue 30, gateway.sessions): the session key placement keeps together
+    # (None: found from the prompt), and a pin of the prompt's first pin_tokens tokens (0: all)
+    # for pin_ttl_s seconds (0: no pin)
+    session_key: str | None = None
+    pin_ttl_s: float = 0.0
+    pin_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -140,6 +140,14 @@ class PoolReceiver:
             self._forget(backend, rid)
         lps = [(lp.logprob, list(lp.top_ids), list(lp.top_logprobs)) for lp in out.logprobs] \
             if out.logprobs else None
+        if out.num_cached_tokens or out.pin_status:  # prefix cache and pin (issue 30)
+            on_cache = getattr(dispatch.sink, "on_cache", None)
+            if on_cache is not None:
+                on_cache(out.num_cached_tokens, out.pin_status)
+            if out.pin_status == pb.RequestOutput.PIN_OVER_BUDGET and dispatch.session is not None:
+                sessions = getattr(self.placement, "sessions", None)
+                if sessions is not None:  # it holds no pin: placement must not prefer it for one
+                    sessions.drop_pin(dispatch.session, backend.pid)
         if out.num_draft_tokens or out.num_accepted_prediction_tokens or \
                 out.num_rejected_prediction_tokens:
             on_spec = getattr(dispatch.sink, "on_speculation", None)

@@ -231,6 +231,26 @@ class GatewayMetrics:
         self.prediction_tokens = Counter("tidegate_prediction_tokens", "Predicted Outputs: the "
                                          "predictions' tokens the outputs used (accepted) or not "
                                          "(rejected).", ["outcome"], registry=r)
+        # agent sessions and prefix pins (issue 30: scheduler.sessions, gateway.sessions)
+        self.session_requests = Gauge("tidegate_session_requests", "Requests placed as part of a "
+                                      "known session (a key, or a prompt extending an earlier "
+                                      "one), by outcome: stayed on the session's backend, or "
+                                      "moved (it had no slack) (cumulative).", ["outcome"],
+                                      registry=r)
+        self.sessions_known = Gauge("tidegate_sessions", "Sessions the placement remembers, by "
+                                    "kind: key (a session key) or prompt (last prompts).",
+                                    ["kind"], registry=r)
+        self.pin_requests = Counter("tidegate_pin_requests", "Requests that asked for a pin, by "
+                                    "outcome: pinned, over_budget (served unpinned), "
+                                    "unsupported.", ["outcome"], registry=r)
+        self.backend_pins = Gauge("tidegate_backend_pins", "Live prefix pins on the backend.",
+                                  ["backend"], registry=r)
+        self.backend_pinned_blocks = Gauge("tidegate_backend_pinned_blocks", "KV blocks held by "
+                                           "pins, and the pin budget.", ["backend", "kind"],
+                                           registry=r)
+        self.backend_pin_events = Gauge("tidegate_backend_pin_events", "Pins refused over the "
+                                        "budget and pins expired (cumulative, as it reports).",
+                                        ["backend", "event"], registry=r)
         self.gie = GieMetrics(r)  # the pod's totals, as GIE's endpoint picker reads them
         self.goodput.set(1.0)
         self._num_met = self._num_evaluated = 0
@@ -398,6 +418,28 @@ class GatewayMetrics:
         for address, h in headroom.items():
             self.headroom.labels(address).set(h)
         self.headroom.labels("total").set(sum(headroom.values()))
+
+    def observe_pin(self, status: int) -> None:
+        """A request's pin became pinned (1), over budget (2) or unsupported (3)."""
+        name = {1: "pinned", 2: "over_budget", 3: "unsupported"}.get(status)
+        if name is not None:
+            self.pin_requests.labels(name).inc()
+
+    def refresh_sessions(self, sessions, loads) -> None:
+        """At scrape time: the placement's session figures (`scheduler.sessions`, None for a
+        policy without sessions) and each backend's pins from its LoadReport."""
+        if sessions is not None:
+            self.session_requests.labels("stayed").set(sessions.num_stays)
+            self.session_requests.labels("moved").set(sessions.num_moves)
+            self.sessions_known.labels("key").set(len(sessions.homes))
+            self.sessions_known.labels("prompt").set(len(sessions.tails))
+        for address, load in loads:
+            if load.pin_budget_blocks:
+                self.backend_pins.labels(address).set(load.num_pins)
+                self.backend_pinned_blocks.labels(address, "pinned").set(load.num_pinned_blocks)
+                self.backend_pinned_blocks.labels(address, "budget").set(load.pin_budget_blocks)
+                self.backend_pin_events.labels(address, "refused").set(load.num_pins_refused)
+                self.backend_pin_events.labels(address, "expired").set(load.num_pins_expired)
 
     # --- scrape -------------------------------------------------------------------------------
     def refresh(self, depth: dict[str, int], age: dict[str, float],

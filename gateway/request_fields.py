@@ -58,7 +58,11 @@ SCALARS: dict[str, Scalar] = {
                    INT64_MIN, INT64_MAX),
     "ignore_eos": Scalar("boolean", "Keep generating past the end-of-sequence token."),
     "stream": Scalar("boolean", "Server-sent events, one per new piece of text."),
-    "user": Scalar("string", "The caller's end-user id (logged, not used)."),
+    "user": Scalar("string", "The caller's end-user id: a session key when no other is given "
+                   "(gateway.sessions)."),
+    "prompt_cache_key": Scalar("string", "A session key (OpenAI's): placement keeps requests "
+                               "with the same key on the backend holding their KV while it has "
+                               "slack (gateway.sessions)."),
     "priority": Scalar("integer", "Within a queue class, lower is served first."),
     "deadline_ms": Scalar("number", "Fail with 504 if not finished this many ms after arrival.",
                           0.0, None, exclusive_minimum=True),
@@ -133,6 +137,15 @@ def speculation_schema(limits: Any) -> dict:
                        "policy) or at most max_draft_tokens draft tokens a step (0: off)."}
 
 
+def cache_control_schema() -> dict:
+    return {"type": "object", "additionalProperties": False, "properties": {
+        "type": {"const": "ephemeral"},
+        "ttl": {"type": "string", "pattern": "^[0-9]+(\\.[0-9]+)?[smh]$"}},
+        "description": "tidegate: pin the prompt's KV blocks on its backend for ttl (default "
+                       "'5m', at most '1h'), Anthropic's cache_control on the whole prompt; "
+                       "usage.pin says whether it was pinned (a backend's pin budget may refuse)."}
+
+
 def composite_schemas(limits: Any) -> dict[str, dict]:
     """JSON Schemas of the fields `validation` parses by hand, with the configured limits."""
     text = {"type": "string", "minLength": 1}
@@ -170,6 +183,7 @@ def composite_schemas(limits: Any) -> dict[str, dict]:
         **structured_schemas(),
         "tokens": {**_token_ids(), "description": "/detokenize: the ids to turn into text."},
         "prediction": prediction_schema(limits),
+        "cache_control": cache_control_schema(),
         "speculation": speculation_schema(limits),
     }
 
@@ -184,6 +198,7 @@ COMMON_FIELDS = frozenset({
     "stop_token_ids", "skip_special_tokens", "include_stop_str_in_output", "return_token_ids",
     "deadline_ms", "logprobs", "spaces_between_special_tokens", "add_special_tokens",
     "request_id", "prediction", "speculation", "slo_ttft_ms", "slo_tpot_ms",
+    "prompt_cache_key", "cache_control",
 })
 COMPLETION_FIELDS = COMMON_FIELDS | STRUCTURED_FIELDS | {"prompt", "echo", "suffix"}
 CHAT_FIELDS = COMMON_FIELDS | STRUCTURED_FIELDS | TOOL_FIELDS | {

@@ -5,6 +5,7 @@ import json
 from typing import Any
 
 from gateway.core import RequestHandle
+from gateway.sessions import PIN_STATUS_NAMES
 
 
 def usage(handles: list[RequestHandle], n: int = 1) -> dict[str, Any]:
@@ -21,6 +22,14 @@ def usage(handles: list[RequestHandle], n: int = 1) -> dict[str, Any]:
         out["completion_tokens_details"] = {
             "accepted_prediction_tokens": sum(a for a, _ in counts),
             "rejected_prediction_tokens": sum(r for _, r in counts)}
+    opts = handles[0].options
+    if opts.session_key is not None or opts.pin_ttl_s > 0:
+        # agent sessions (issue 30): the prompt tokens served from the prefix cache (as OpenAI's
+        # prompt caching reports them), and what became of a `cache_control` pin
+        out["prompt_tokens_details"] = {
+            "cached_tokens": sum(h.cached_tokens for h in handles[::n])}
+        if opts.pin_ttl_s > 0:
+            out["pin"] = PIN_STATUS_NAMES.get(handles[0].pin_status, "pending")
     return out
 
 

@@ -32,6 +32,7 @@ from gateway.responses import (
     sse,
     usage,
 )
+from gateway.sessions import openai_options
 from gateway.structured import check_structured
 from gateway.tool_parser import StreamShaper, shape_choice
 from gateway.tools import template_messages
@@ -256,7 +257,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
     body = parse_json_body(await request.read())
     req: CompletionRequest = parse_completion_request(body, gw.config.limits)
     req = replace(req, sampling=apply_generation_defaults(body, req.sampling,
-                                                          gw.generation_defaults))
+                                                          gw.generation_defaults),
+                  options=openai_options(req.options, request.headers, body))
     gw.check_admission()
     check_model(gw, req.model)
     await check_structured(gw, req.structured)
@@ -322,7 +324,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = parse_json_body(await request.read())
     req: ChatRequest = parse_chat_request(body, gw.config.limits)
     req = replace(req, sampling=apply_generation_defaults(body, req.sampling,
-                                                          gw.generation_defaults))
+                                                          gw.generation_defaults),
+                  options=openai_options(req.options, request.headers, body))
     gw.check_admission()
     check_model(gw, req.model)
     await check_structured(gw, req.structured)
