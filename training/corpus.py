@@ -33,6 +33,9 @@ Then at most ``MAX_SOURCE_BYTES`` (20 MB) of training text per installed distrib
 sha1(path) order (the standard library is exempt): transformers and torch would otherwise be ~40%
 of the corpus, and the compressed corpus must fit one ~35 MB transfer to the training machine.
 
+Then doctest-heavy training files are thinned (``DOCTEST_MAX_SHARE``, ``thin_doctests``): one
+whose doctest blocks are more than 5% of its bytes is kept with probability 0.05 / that share.
+
 Files that are not UTF-8, empty, larger than ``MAX_FILE_BYTES`` or look generated (a line longer
 than ``MAX_LINE_CHARS``) are skipped and counted.
 
@@ -92,6 +95,10 @@ SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__"}
 # standard library is exempt): the largest (transformers, torch) would otherwise be ~40% of the
 # corpus, and the whole compressed corpus has to travel to the training machine in one ~35 MB carry.
 MAX_SOURCE_BYTES = 20_000_000
+# Doctest-heavy training files (sympy's reStructuredText `Examples` sections above all) are
+# thinned to about this share of doctest text: the v2 model's greedy completions fell into
+# loops of near-identical doctest lines (issue 36)
+DOCTEST_MAX_SHARE = 0.05
 MAX_FILE_BYTES = 400_000
 MAX_LINE_CHARS = 2_000
 NUM_PERM, BANDS, ROWS = 128, 32, 4  # LSH candidates from ~J >= (1/32)^(1/4) = 0.42
@@ -286,6 +293,43 @@ def cap_sources(items: list[dict], max_bytes: int) -> int:
     return capped
 
 
+def doctest_block_bytes(text: str) -> int:
+    """UTF-8 bytes of the doctest blocks: `>>>` prompts, their `...` continuations and the
+    non-blank output lines that follow them up to the next blank line or the docstring's
+    closing quotes."""
+    n, inside = 0, False
+    for line in text.splitlines(keepends=True):
+        s = line.strip()
+        if s.startswith(">>>") or (inside and s and '"""' not in s and "'''" not in s):
+            inside = True
+            n += len(line.encode())
+        else:
+            inside = False
+    return n
+
+
+def thin_doctests(items: list[dict], max_share: float) -> int:
+    """Down-weight doctest-heavy training files: one whose doctest blocks are more than
+    `max_share` of its bytes is kept only when its path's hash fraction is below
+    max_share / share (a file of 20% doctests with max_share 0.05: 1 in 4), so the kept files
+    carry about max_share of their bytes in doctests, on average. Marks the others
+    items[i]['dup'] = 'doctests'; returns how many. Held-out and validation files are never
+    thinned; max_share >= 1 turns the rule off."""
+    thinned = 0
+    if max_share >= 1:
+        return 0
+    for it in items:
+        if it["dup"] is not None or it["split"] != "train":
+            continue
+        share = doctest_block_bytes(it["text"]) / max(1, len(it["text"].encode()))
+        if share > max_share:
+            frac = int(hashlib.sha1(it["path"].encode()).hexdigest()[:12], 16) / 16**12
+            if frac >= max_share / share:
+                it["dup"] = "doctests"
+                thinned += 1
+    return thinned
+
+
 def doctest_bytes(text: str) -> int:
     """UTF-8 bytes of the lines that are doctest prompts (`>>>` after the indentation)."""
     return sum(len(line.encode()) for line in text.splitlines(keepends=True)
@@ -299,20 +343,25 @@ def training_shares(items: list[dict], top: int = 10) -> dict:
     by: dict[str, list[int]] = {}
     for it in items:
         if it["dup"] is None and it["split"] == "train":
-            b = by.setdefault(it["source"], [0, 0])
+            b = by.setdefault(it["source"], [0, 0, 0])
             b[0] += len(it["text"].encode())
             b[1] += doctest_bytes(it["text"])
-    total = sum(b for b, _ in by.values()) or 1
-    doc = sum(d for _, d in by.values())
+            b[2] += doctest_block_bytes(it["text"])
+    total = sum(b[0] for b in by.values()) or 1
+    doc = sum(b[1] for b in by.values())
+    block = sum(b[2] for b in by.values())
     largest = sorted(by.items(), key=lambda kv: (-kv[1][0], kv[0]))[:top]
     return {"bytes": total, "doctest_bytes": doc, "doctest_share": doc / total,
+            "doctest_block_bytes": block, "doctest_block_share": block / total,
             "sources": [{"name": n, "bytes": b, "share": b / total, "doctest_bytes": d,
-                         "share_of_doctest_bytes": d / max(1, doc)} for n, (b, d) in largest]}
+                         "share_of_doctest_bytes": d / max(1, doc),
+                         "doctest_block_bytes": k} for n, (b, d, k) in largest]}
 
 
 def say_shares(say, when: str, sh: dict) -> None:
     say(f"training text {when}: {sh['bytes'] / 1e6:.1f} MB, doctest prompt lines "
-        f"{sh['doctest_share']:.1%}; largest: " + ", ".join(
+        f"{sh['doctest_share']:.1%} (doctest blocks {sh.get('doctest_block_share', 0):.1%}); "
+        "largest: " + ", ".join(
             f"{s['name']} {s['share']:.1%} (doctests {s['share_of_doctest_bytes']:.0%})"
             for s in sh["sources"][:8]))
 
@@ -328,6 +377,10 @@ def main(argv=None) -> int:
                     help="training text kept per installed distribution (the standard library "
                          "is exempt); lower it to dilute the largest sources, e.g. sympy's "
                          "doctests (manifest.json's training_shares: before / after the cap)")
+    ap.add_argument("--doctest-max-share", type=float, default=DOCTEST_MAX_SHARE,
+                    help="a training file whose doctest blocks are more than this share of it "
+                         "is kept with probability share-limit / its share (1: keep all; the "
+                         "v2 model's corpus)")
     args = ap.parse_args(argv)
     t_start = time.time()
 
@@ -367,9 +420,15 @@ def main(argv=None) -> int:
     before = training_shares(items)
     dd["capped"] = cap_sources(items, int(args.max_source_bytes))
     say(f"over the {args.max_source_bytes / 1e6:g} MB per-source cap: {dd['capped']} files")
-    shares = {"before_cap": before, "after_cap": training_shares(items)}
+    after_cap = training_shares(items)
+    dd["doctests_thinned"] = thin_doctests(items, args.doctest_max_share)
+    say(f"doctest-heavy files (doctest blocks over {args.doctest_max_share:.0%} of the file) "
+        f"thinned: {dd['doctests_thinned']} dropped")
+    shares = {"before_cap": before, "after_cap": after_cap,
+              "after_doctest_thinning": training_shares(items)}
     say_shares(say, "before the cap", shares["before_cap"])
     say_shares(say, "after the cap", shares["after_cap"])
+    say_shares(say, "after thinning doctests", shares["after_doctest_thinning"])
     finish(args, sources, items, skipped, dd, say, shares)
     return 0
 
@@ -385,7 +444,8 @@ def finish(args, sources, items, skipped, dd, say, shares: dict | None = None) -
     for it in items:
         if it["dup"] is not None:
             s = by_source[it["source"]]
-            key = "capped_files" if it["dup"] == "cap" else "dropped_duplicates"
+            key = {"cap": "capped_files", "doctests": "doctest_thinned_files"}.get(
+                it["dup"], "dropped_duplicates")
             s[key] = s.get(key, 0) + 1
     args.out.mkdir(parents=True, exist_ok=True)
     # uncompressed: xz of ~200 MB on a busy 2-core machine takes longer than everything else
@@ -408,6 +468,7 @@ def finish(args, sources, items, skipped, dd, say, shares: dict | None = None) -
                    f"permutations over word {SHINGLE}-grams, LSH {BANDS}x{ROWS}, estimated "
                    f"Jaccard >= {NEAR_DUP_JACCARD}; priority held-out > validation > training"},
         "max_source_bytes": int(getattr(args, "max_source_bytes", MAX_SOURCE_BYTES)),
+        "doctest_max_share": float(getattr(args, "doctest_max_share", 1.0)),
         "training_shares": shares,
         "skipped_files": skipped,
         "limits": {"max_file_bytes": MAX_FILE_BYTES, "max_line_chars": MAX_LINE_CHARS},
@@ -415,7 +476,8 @@ def finish(args, sources, items, skipped, dd, say, shares: dict | None = None) -
         "python": sys.version.split()[0],
         "sources": [{k: s.get(k, 0) for k in ("name", "version", "licence", "spdx", "role",
                                                "files", "bytes", "dropped_duplicates",
-                                               "capped_files", "vendored_files_skipped")}
+                                               "capped_files", "doctest_thinned_files",
+                                               "vendored_files_skipped")}
                     | {"files_listed": len(s["files_listed"])} for s in sources],
     }
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")

@@ -79,6 +79,7 @@ import argparse
 import copy
 import gzip
 import hashlib
+import itertools
 import json
 import lzma
 import math
@@ -106,6 +107,8 @@ ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>"]
 FIM_BEGIN, FIM_HOLE, FIM_END = "<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"
 FIM_TOKENS = [FIM_BEGIN, FIM_HOLE, FIM_END]
 SPECIAL_TOKENS = [PAD, BOS, EOS, *ROLE_TOKENS, *FIM_TOKENS]
+# the functions the held-out evaluation cuts are 4-40 lines; function documents take 3-60
+FUNCTION_MIN_LINES, FUNCTION_MAX_LINES = 3, 60
 
 # A plain chat template: <|bos|><|role|>\ncontent<|eos|>\n ... ending with <|assistant|>\n.
 CHAT_TEMPLATE = (
@@ -169,7 +172,7 @@ def train_tokenizer(texts: list[str], vocab_size: int):
     return tok
 
 
-def split_segments(text: str, max_chars: int) -> list[str]:
+def split_lines(text: str, max_chars: int) -> list[str]:
     """Cut text at line boundaries into pieces of at most max_chars (a longer line is its own piece)."""
     out, cur, n = [], [], 0
     for line in text.splitlines(keepends=True):
@@ -180,6 +183,92 @@ def split_segments(text: str, max_chars: int) -> list[str]:
         n += len(line)
     if cur:
         out.append("".join(cur))
+    return out
+
+
+def _parse(text: str):
+    import ast
+    import warnings
+
+    try:
+        with warnings.catch_warnings():  # invalid escape sequences in old test files
+            warnings.simplefilter("ignore")
+            return ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def unit_starts(text: str, tree=None) -> list[int]:
+    """0-based line indices where the file's top-level units begin: each top-level def/class
+    (from its first decorator, and the comment lines right above it), and the first statement
+    after one. [] when the file does not parse (the caller cuts at lines instead)."""
+    import ast
+
+    tree = tree or _parse(text)
+    if tree is None:
+        return []
+    lines = text.splitlines(keepends=True)
+    starts, after_def = [], False
+    for node in tree.body:
+        is_def = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        if is_def or after_def:
+            first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", ()))]) - 1
+            while first > 0 and lines[first - 1].lstrip().startswith("#") and \
+                    not lines[first - 1].startswith((" ", "\t")):
+                first -= 1
+            if first > 0:
+                starts.append(first)
+        after_def = is_def
+    return sorted(set(starts))
+
+
+def split_segments(text: str, max_chars: int, tree=None) -> list[str]:
+    """Cut text into segments of at most max_chars that end where a top-level unit (a def or
+    class, or the statements between them) ends: whole units are packed together; a unit longer
+    than max_chars, or a file that does not parse, is cut at line boundaries."""
+    starts = unit_starts(text, tree)
+    if not starts:
+        return split_lines(text, max_chars)
+    lines = text.splitlines(keepends=True)
+    bounds = [0, *starts, len(lines)]
+    units = ["".join(lines[a:b]) for a, b in itertools.pairwise(bounds) if b > a]
+    out, cur = [], ""
+    for u in units:
+        if cur and len(cur) + len(u) > max_chars:
+            out.append(cur)
+            cur = ""
+        if len(u) > max_chars:
+            out.extend(split_lines(u, max_chars))
+            continue
+        cur += u
+    if cur:
+        out.append(cur)
+    return out
+
+
+def function_spans(text: str, tree, min_lines: int = FUNCTION_MIN_LINES,
+                   max_lines: int = FUNCTION_MAX_LINES) -> list[tuple[int, int, list[int]]]:
+    """(first, last, single-line statement lines) of every (async) function of min..max lines,
+    decorators counted, at any depth (1-based lines): the units the held-out evaluation cuts
+    (`evals.data.heldout_functions` / `fim_cases`), taken here from training files."""
+    import ast
+
+    out = []
+    lines = text.splitlines(keepends=True)
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+        if not min_lines <= node.end_lineno - first + 1 <= max_lines:
+            continue
+        body_first = node.body[0]
+        doc = (isinstance(body_first, ast.Expr) and isinstance(body_first.value, ast.Constant)
+               and isinstance(body_first.value.value, str))
+        single = sorted({st.lineno for st in ast.walk(node)
+                         if isinstance(st, ast.stmt) and st is not node
+                         and st.lineno == st.end_lineno and not (doc and st is body_first)
+                         and lines[st.lineno - 1].strip()})
+        out.append((first, node.end_lineno, single))
     return out
 
 
@@ -194,29 +283,103 @@ def fim_split(seg: str, rng: random.Random) -> tuple[str, str, str]:
     return seg[:a], seg[a:b], seg[b:]
 
 
-def build_documents(files: list[tuple[str, str]], fim_rate: float, seg_chars: int, seed: int):
-    """Training documents as lists of pieces: str (text to tokenize) or int (special token id)."""
-    rng = random.Random(seed)
+def function_fim_split(lines: list[str], first: int, last: int, single: list[int],
+                       rng: random.Random) -> tuple[str, str, str]:
+    """(prefix, middle, suffix) of one function (lines first..last, 1-based): the middle is one
+    single-line statement (as the evaluation removes one) or, half as often, 1-3 whole lines of
+    the body; the prefix starts at the function's first line, the suffix ends at its last."""
+    if single and rng.random() < 2 / 3:
+        a = rng.choice(single)
+        b = a
+    else:
+        a = rng.randint(first + 1, last)
+        b = min(last, a + rng.randint(0, 2))
+    return ("".join(lines[first - 1 : a - 1]), "".join(lines[a - 1 : b]),
+            "".join(lines[b:last]))
+
+
+def file_documents(path: str, text: str, fim_rate: float, seg_chars: int, seed: int,
+                   function_rate: float = 0.0, function_fim_rate: float = 0.5):
+    """One file's training documents and their counts (`build_documents`). The random choices
+    come from a generator seeded by (seed, path): a file's documents do not depend on the
+    others, so files can be cut in parallel."""
+    rng = random.Random(f"{seed}:{path}")
     ids = {s: i for i, s in enumerate(SPECIAL_TOKENS)}
-    docs, n_fim, n_plain = [], 0, 0
-    for _, text in files:
-        plain: list[str] = []
-        for seg in split_segments(text, seg_chars):
-            if rng.random() < fim_rate:
-                if plain:
-                    docs.append([ids[BOS], "".join(plain), ids[EOS]])
-                    n_plain += 1
-                    plain = []
-                pre, mid, suf = fim_split(seg, rng)
-                docs.append([ids[BOS], ids[FIM_BEGIN], pre, ids[FIM_HOLE], suf, ids[FIM_END],
-                             mid, ids[EOS]])
-                n_fim += 1
-            else:
-                plain.append(seg)
-        if plain:
-            docs.append([ids[BOS], "".join(plain), ids[EOS]])
-            n_plain += 1
-    return docs, {"fim_documents": n_fim, "plain_documents": n_plain}
+    docs = []
+    stats = dict.fromkeys(DOC_STATS, 0)
+    tree = _parse(text)
+    plain: list[str] = []
+    for seg in split_segments(text, seg_chars, tree):
+        if rng.random() < fim_rate:
+            if plain:
+                docs.append([ids[BOS], "".join(plain), ids[EOS]])
+                stats["plain_documents"] += 1
+                at_unit = seg[:1] not in (" ", "\t", "\n", "\r", "")
+                stats["plain_eos_at_unit_end" if at_unit else "plain_eos_inside"] += 1
+                plain = []
+            pre, mid, suf = fim_split(seg, rng)
+            docs.append([ids[BOS], ids[FIM_BEGIN], pre, ids[FIM_HOLE], suf, ids[FIM_END],
+                         mid, ids[EOS]])
+            stats["fim_documents"] += 1
+        else:
+            plain.append(seg)
+    if plain:
+        docs.append([ids[BOS], "".join(plain), ids[EOS]])
+        stats["plain_documents"] += 1
+        stats["plain_eos_at_file_end"] += 1
+    if function_rate <= 0 or tree is None:
+        return docs, stats
+    lines = text.splitlines(keepends=True)
+    for first, last, single in function_spans(text, tree):
+        if rng.random() >= function_rate:
+            continue
+        if rng.random() < function_fim_rate:
+            pre, mid, suf = function_fim_split(lines, first, last, single, rng)
+            docs.append([ids[BOS], ids[FIM_BEGIN], pre, ids[FIM_HOLE], suf, ids[FIM_END],
+                         mid, ids[EOS]])
+            stats["function_fim_documents"] += 1
+        else:
+            docs.append([ids[BOS], "".join(lines[first - 1 : last]), ids[EOS]])
+            stats["function_documents"] += 1
+    return docs, stats
+
+
+# build_documents' counts; the plain documents' <eos> falls at the file's end, at the end of a
+# top-level unit (the next line is at column 0: a def, a class, a decorator, ...) or inside one
+DOC_STATS = ("fim_documents", "plain_documents", "function_documents", "function_fim_documents",
+             "plain_eos_at_file_end", "plain_eos_at_unit_end", "plain_eos_inside")
+
+
+def _file_documents_star(job):
+    return file_documents(*job)
+
+
+def build_documents(files: list[tuple[str, str]], fim_rate: float, seg_chars: int, seed: int,
+                    function_rate: float = 0.0, function_fim_rate: float = 0.5,
+                    workers: int = 1):
+    """Training documents as lists of pieces: str (text to tokenize) or int (special token id).
+
+    Every file, cut by `split_segments`, is there once: each segment a FIM document with
+    probability `fim_rate`, runs of the others one plain document (so `<eos>` comes where a
+    top-level def or class ends, or at the end of the file). Beside them, each function of the
+    file (`function_spans`) is, with probability `function_rate`, a document of its own:
+    FIM (`function_fim_split`) with probability `function_fim_rate`, else `<bos>function<eos>`
+    -- what a header completion and a FIM request ask of the model: write one function, stop.
+    `workers` > 1 cuts files in that many processes (the same documents, in the same order)."""
+    jobs = [(p, t, fim_rate, seg_chars, seed, function_rate, function_fim_rate) for p, t in files]
+    if workers > 1 and len(jobs) > 1:
+        import multiprocessing
+
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            results = pool.map(_file_documents_star, jobs, chunksize=16)
+    else:
+        results = [_file_documents_star(j) for j in jobs]
+    docs, stats = [], dict.fromkeys(DOC_STATS, 0)
+    for d, st in results:
+        docs.extend(d)
+        for k, v in st.items():
+            stats[k] += v
+    return docs, stats
 
 
 def encode_pieces(tok, docs: list[list]) -> list[np.ndarray]:
@@ -265,8 +428,11 @@ def prepare(args) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         tok.save(str(args.out / "tokenizer.json"))
         return 0
+    t0 = time.time()
     docs, fim_stats = build_documents(corpus["train"], args.fim_rate, args.fim_segment_chars,
-                                      args.seed)
+                                      args.seed, args.function_doc_rate, args.function_fim_rate,
+                                      workers=args.workers or min(16, os.cpu_count() or 1))
+    say(f"documents: {fim_stats} in {time.time() - t0:.1f}s")
     t0 = time.time()
     enc = encode_pieces(tok, docs)
     order = np.random.default_rng(args.seed).permutation(len(enc))
@@ -280,7 +446,9 @@ def prepare(args) -> int:
     tok.save(str(out / "tokenizer.json"))
     np.save(out / "train.npy", stream)
     meta = {"vocab_size": tok.get_vocab_size(), "seed": args.seed, "fim_rate": args.fim_rate,
-            "fim_segment_chars": args.fim_segment_chars, "tokenizer_sample": args.tokenizer_sample,
+            "fim_segment_chars": args.fim_segment_chars,
+            "function_doc_rate": args.function_doc_rate,
+            "function_fim_rate": args.function_fim_rate, "tokenizer_sample": args.tokenizer_sample,
             "tokenizer_sample_files": len(sample), "max_files": args.max_files,
             "train_tokens": len(stream), "train_documents": len(enc), **fim_stats,
             "files": {k: len(v) for k, v in corpus.items()}, "bytes": nbytes}
@@ -1529,7 +1697,19 @@ def parse_args(argv=None):
     pp.add_argument("--tokenizer-sample", type=float, default=0.25,
                     help="share of training files (by path hash) the tokenizer is trained on")
     pp.add_argument("--fim-rate", type=float, default=0.5)
-    pp.add_argument("--fim-segment-chars", type=int, default=3000)
+    pp.add_argument("--fim-segment-chars", type=int, default=3000,
+                    help="segments of at most this many characters, cut where top-level "
+                         "units (defs, classes) end")
+    pp.add_argument("--function-doc-rate", type=float, default=0.5,
+                    help="share of the training files' 3-60-line functions that are also a "
+                         "document of their own, <bos>function<eos> or FIM within it (0: none, "
+                         "the v2 model's rule)")
+    pp.add_argument("--function-fim-rate", type=float, default=0.5,
+                    help="share of the function documents that are FIM (the middle: one "
+                         "single-line statement, or 1-3 lines)")
+    pp.add_argument("--workers", type=int, default=0,
+                    help="processes that cut the files into documents (default: the cores, "
+                         "at most 16)")
     pp.add_argument("--max-files", type=int, default=None, help="subset (smoke tests)")
     pp.add_argument("--tokenizer", type=Path, default=None,
                     help="use this tokenizer.json (trained by an earlier prepare) instead")
