@@ -35,6 +35,18 @@ finished when k is read back (blocks freed; the device writes the dead slot befo
 step can reuse it, the stream being ordered) and its step-(k+1) token is dropped, so the tokens
 a client sees are those of the synchronous loop. An abort lands at once (same argument).
 
+Speculative decoding (`scheduler.speculation`, issue 28): before planning, the speculator gives
+decoding sequences draft tokens (the request's prediction, prompt lookup, the session's earlier
+outputs) in the number the load policy allows; the scheduler turns those decodes into verify
+chunks (the last token and the drafts, slots reserved), the runner samples a target at every
+position exactly as a plain decode there would (same noise counter, the drafts in the penalties'
+history), and `_verify` accepts the drafts while they equal their targets, appends the first
+target that differs (or the one after the last draft) and cuts at a stop token; the scheduler
+gives the rejected drafts' slots back. Greedy and seeded outputs are those of decoding without
+speculation. A step with drafts needs every token read back, so it is never pipelined: `advance`
+reads the step in flight back first when the policy might draft (not at saturation, and backing
+off while no draft comes).
+
 The engine adds what the policy core does not know: sampling parameters and seeds per request,
 stop-token decisions, and the per-step report of new tokens (`RequestOutput` records).
 """
@@ -165,6 +177,7 @@ class Engine:
         # runner verifies (not a tensor-parallel leader's)
         spec = config.speculation
         self.speculator: Speculator | None = None
+        self._spec_backoff = self._spec_wait = 0  # pipelined turns before drafting is tried again
         if spec is not None and spec.enabled and isinstance(runner, ModelRunner):
             self.speculator = Speculator(spec, StepCostModel())
         self._seed_rng = random.Random()
@@ -372,9 +385,14 @@ class Engine:
     def _may_speculate(self) -> bool:
         """Whether the next step might carry drafts (then it is planned after the step in
         flight is read back, as drafts follow the real tokens): the load leaves headroom under
-        the knee and some decoding sequence has speculation on. O(1) at saturation."""
+        the knee and some decoding sequence has speculation on. O(1) at saturation. After a
+        read-back that found nothing to draft, the next 1, 2, 4 .. 16 turns stay pipelined
+        (async scheduling is not given up for drafts that do not come)."""
         sp = self.speculator
         if sp is None:
+            return False
+        if self._spec_wait > 0:
+            self._spec_wait -= 1
             return False
         sched = self.scheduler
         num = sched.decodes.num_decoding
@@ -404,9 +422,13 @@ class Engine:
         if getattr(self.runner, "graphs", None) is not None:
             max_rows = self.config.max_num_seqs + 1 - len(sched.running)
         # a speculating step is read back before the next is planned: under async scheduling
-        # it pays the host's planning and launch time on the device's critical path
-        fixed_s = self._launch_s if self.async_scheduling else 0.0
-        return sp.plan(loads, len(seqs), num_prefill, max_rows, fixed_s) or None
+        # the host's planning, launch and read-back are on the device's critical path (taken
+        # as twice the measured planning and launch)
+        fixed_s = 2 * self._launch_s if self.async_scheduling else 0.0
+        drafts = sp.plan(loads, len(seqs), num_prefill, max_rows, fixed_s) or None
+        self._spec_backoff = 0 if drafts else min(16, 2 * self._spec_backoff + 1)
+        self._spec_wait = self._spec_backoff
+        return drafts
 
     def _verify(self, plan: StepPlan, out) -> dict[str, list[int]]:
         """Turn the verifies' targets into tokens: the accepted drafts (cut after a stop token)
