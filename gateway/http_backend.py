@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable
 
 import aiohttp
 
+from gateway.structured import structured_outputs_field
 from proto import codec
 from proto import tidegate_pb2 as pb
 
@@ -287,6 +288,10 @@ def completion_body(model: str, prompt: list[int], s: pb.SamplingParams,
         body["stop_token_ids"] = list(s.stop_token_ids)
     if s.ignore_eos:
         body["ignore_eos"] = True
+    if s.HasField("grammar"):  # structured output: vLLM's field (the server enforces it)
+        so = structured_outputs_field(s.grammar)
+        if so is not None:
+            body["structured_outputs"] = so
     return body
 
 

@@ -251,3 +251,20 @@ def wire_grammar(spec: GrammarSpec) -> pb.Grammar:
 GRAMMAR_KINDS = {"json_schema": pb.Grammar.JSON_SCHEMA, "json_object": pb.Grammar.JSON_OBJECT,
                  "regex": pb.Grammar.REGEX, "choice": pb.Grammar.CHOICE,
                  "grammar": pb.Grammar.GRAMMAR}
+
+
+def structured_outputs_field(grammar: pb.Grammar) -> dict | None:
+    """A wire grammar as vLLM's `structured_outputs` request field (for an OpenAI-compatible
+    HTTP backend, gateway.http_backend); None for none."""
+    kind, text = grammar.kind, grammar.text
+    if kind == pb.Grammar.JSON_SCHEMA:
+        return {"json": json.loads(text)}
+    if kind == pb.Grammar.JSON_OBJECT:
+        return {"json_object": True}
+    if kind == pb.Grammar.REGEX:
+        return {"regex": text}
+    if kind == pb.Grammar.CHOICE:
+        return {"choice": json.loads(text)}
+    if kind == pb.Grammar.GRAMMAR:
+        return {"grammar": text}
+    return None

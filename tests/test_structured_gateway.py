@@ -270,3 +270,31 @@ async def test_strict_closes_objects_that_do_not_say_otherwise(rec_client):
         assert ("additionalProperties" in sent["properties"]["a"]) == closed
         assert sent["properties"]["c"]["additionalProperties"] is True
         assert sent["properties"]["d"] == {"enum": [{"properties": {}}]}  # values untouched
+
+
+def test_http_backends_get_the_grammar_as_structured_outputs():
+    from gateway.http_backend import completion_body
+
+    s = pb.SamplingParams(max_tokens=5)
+    assert "structured_outputs" not in completion_body("m", [1], s)
+    for kind, text, want in (
+            (pb.Grammar.JSON_SCHEMA, '{"type": "object"}', {"json": {"type": "object"}}),
+            (pb.Grammar.JSON_OBJECT, "", {"json_object": True}),
+            (pb.Grammar.REGEX, "a+", {"regex": "a+"}),
+            (pb.Grammar.CHOICE, '["x", "y"]', {"choice": ["x", "y"]}),
+            (pb.Grammar.GRAMMAR, 'start: "a"', {"grammar": 'start: "a"'})):
+        s.grammar.kind, s.grammar.text = kind, text
+        assert completion_body("m", [1], s)["structured_outputs"] == want
+
+
+def test_the_zmq_front_door_refuses_a_grammar_instead_of_dropping_it():
+    from gateway.errors import APIError
+    from gateway.frontdoor import _check_wire_sampling
+    from gateway.validation import LIMITS
+
+    s = pb.SamplingParams(max_tokens=5)
+    _check_wire_sampling(s, LIMITS)
+    s.grammar.kind = pb.Grammar.JSON_OBJECT
+    with pytest.raises(APIError) as err:
+        _check_wire_sampling(s, LIMITS)
+    assert err.value.status == 400 and err.value.param == "grammar"
