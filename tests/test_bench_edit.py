@@ -148,3 +148,16 @@ def test_the_flush_pushes_earlier_sessions_out_of_the_engines_store():
     assert spec.sessions.get(key) is None
     assert len({session_key(flush_prompt(i), SESSION_PREFIX) for i in range(FLUSH_SESSIONS)}) \
         == FLUSH_SESSIONS
+
+
+async def test_oracle_edit_over_chat(url, backend, tmp_path):
+    out = await run_workload(url=url, endpoint="/v1/chat/completions", model="tiny",
+                             workload="edit", oracle=True, keeps=[1.0], num_requests=2,
+                             max_tokens=30, concurrency=1, seed=3, corpus=None, file_chars=500,
+                             flush_sessions=0, trace_dir=str(tmp_path))
+    full = out["runs"]["keep=1"]
+    assert full["completed"] == 2 and full["prediction_tokens"]["accepted"] == 60
+    import json
+    rows = [json.loads(line) for line in (tmp_path / "keep=1.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(r["prompt"] and len(r["output"]) == 30 for r in rows)
+    assert all(r["prediction"] == r["output"] for r in rows)  # 100% kept: exact
