@@ -4,9 +4,10 @@
 `prediction` is OpenAI's: `{"type": "content", "content": str | [{"type": "text", "text": ...}]}`,
 the text the caller expects the output to be (a file before an edit); `content` may also be an
 array of token ids (ours, as `prompt` takes ids: a prediction exact to the token, which an
-oracle benchmark needs where text would tokenize otherwise than the model generated it). The gateway tokenizes it
-and sends the ids as a raw int32 frame (`GenerateRequest.prediction_frame`); the engine drafts
-from it and verifies the drafts in one step. As in OpenAI's API, `n` > 1 is refused with a
+oracle benchmark needs where text would tokenize otherwise than the model generated it). The
+gateway tokenizes text and sends the ids as a raw int32 frame (`GenerateRequest.
+prediction_frame`); the engine drafts from it and verifies the drafts in one step. The usage's
+accepted / rejected prediction tokens are counted here (`prediction_overlap`). As in OpenAI's API, `n` > 1 is refused with a
 prediction. Unlike OpenAI's, logprobs, penalties and `max_completion_tokens` are served with it:
 the engine keeps them exact across accepted drafts (issue 28).
 
