@@ -166,6 +166,11 @@ class _Base:
         self._prefix = os.urandom(4).hex()
 
     def _set_info(self, info: pb.BackendInfo) -> None:
+        if not info.tokenizer_json:  # its backends are HTTP servers and it was given no tokenizer
+            raise InvalidRequestError(
+                "The gateway has no tokenizer to give this client: its backends are "
+                "OpenAI-compatible HTTP servers and it was started without --tokenizer DIR. Use "
+                "its HTTP API, or start it with --tokenizer.", "INVALID_REQUEST")
         self.info = info
         self.bundle = TokenizerBundle.from_parts(
             info.tokenizer_json, info.chat_template or None,

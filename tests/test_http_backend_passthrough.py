@@ -15,6 +15,9 @@ from pathlib import Path
 import aiohttp
 import openai
 import pytest
+from test_gateway_http import ipc_address
+
+from gateway.client import Client, InvalidRequestError
 
 ROOT = Path(__file__).parents[1]
 pytestmark = pytest.mark.slow
@@ -43,7 +46,8 @@ def servers():
     upstream, up_url = _serve("--model", "tiny")
     front = None
     try:
-        front, front_url = _serve("--backend", up_url)
+        door = ipc_address()
+        front, front_url = _serve("--backend", up_url, "--zmq-listen", door)
         sdk_up = openai.OpenAI(base_url=up_url + "/v1", api_key="unused", max_retries=0)
         sdk = openai.OpenAI(base_url=front_url + "/v1", api_key="unused", max_retries=0)
         # the front gateway answers 503 until the server has introduced itself
@@ -56,7 +60,8 @@ def servers():
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
-        yield {"up": sdk_up, "front": sdk, "up_url": up_url, "front_url": front_url}
+        yield {"up": sdk_up, "front": sdk, "up_url": up_url, "front_url": front_url,
+               "door": door}
     finally:
         for proc in (front, upstream):
             if proc is not None:
@@ -111,6 +116,9 @@ def test_what_needs_a_local_tokenizer_is_a_clear_400(servers):
         front.completions.create(model="tiny", prompt="def f(", suffix="\n", max_tokens=4)
     assert info.value.body["code"] == "tokenizer_unavailable"
     assert "--tokenizer" in info.value.body["message"]
+    # the ZMQ client library detokenizes itself: it is told so at connect, not left to fail
+    with pytest.raises(InvalidRequestError, match="--tokenizer"):
+        Client(servers["door"])
 
 
 async def test_tokenize_routes_are_the_servers(servers):
