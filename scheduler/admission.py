@@ -23,7 +23,10 @@ Two figures per backend, both measured from what the gateway sees (dispatches an
   step time: under decode load a step is slower, and the start of a request with nothing ahead
   waits for the step in progress and then its own. (Measured only from requests that found an
   empty queue, it stayed at its light-load value under saturation: on the CPU at 2x capacity
-  a third of the admitted requests then missed their deadline.)
+  a third of the admitted requests then missed their deadline.) Kept per class: a fast request
+  with nothing fast ahead still waits for the step in progress, which a slow request's figure,
+  or the average over classes, does not say; a class with no sample yet uses the backend's
+  all-class figure.
 
 Until a backend has `min_samples` paced gaps its term is ``service_b`` alone (it admits: no
 evidence of a queue). Classes: the backends serve Fast first (their step scheduler uses the same
@@ -53,7 +56,7 @@ from scheduler.slo import NUM_CLASSES, SLOTargets
 class AdmissionConfig:
     slo: SLOTargets = field(default_factory=SLOTargets)
     gap_weight: float = 0.05      # EWMA weight of one paced gap (~20 starts of memory)
-    service_weight: float = 0.1   # EWMA weight of one lone request's dispatch -> first token
+    service_weight: float = 0.1   # EWMA weight of one start's service time (module doc)
     min_samples: int = 8          # paced gaps before a backend's queue counts in predictions
     rate_window_s: float = 2.0    # time constant of the recent start rate (headroom)
 
@@ -89,14 +92,24 @@ class Refusal(NamedTuple):
 
 
 class _Backend:
-    __slots__ = ("gap", "last_start", "num_gaps", "paced", "rate", "rate_t",
-                 "service", "unstarted")
+    __slots__ = (
+        "class_service",
+        "gap",
+        "last_start",
+        "num_gaps",
+        "paced",
+        "rate",
+        "rate_t",
+        "service",
+        "unstarted",
+    )
 
     def __init__(self) -> None:
         self.unstarted = [0] * NUM_CLASSES  # sent here, no first token yet, by class
         self.gap = 0.0          # EWMA of paced gaps, s
         self.num_gaps = 0
-        self.service = 0.0      # EWMA of a lone request's dispatch -> first token, s
+        self.service = 0.0      # EWMA of the service time (module doc) over every class, s
+        self.class_service = [0.0] * NUM_CLASSES  # the same per class (0: no sample yet)
         self.last_start = -math.inf
         self.paced = False      # at the last start, another request here was still unstarted
         self.rate = 0.0         # decayed count of starts (rate = count / window)
@@ -143,8 +156,10 @@ class WaitPredictor:
             be.num_gaps += 1
         if not ahead or be.num_gaps >= cfg.min_samples:
             residual = max(0.0, service_s - ahead * be.gap) if ahead else service_s
-            be.service = (residual if be.service == 0.0
-                          else be.service + cfg.service_weight * (residual - be.service))
+            w = cfg.service_weight
+            be.service = residual if be.service == 0.0 else be.service + w * (residual - be.service)
+            cs = be.class_service[cls]
+            be.class_service[cls] = residual if cs == 0.0 else cs + w * (residual - cs)
         be.last_start = now
         be.paced = any(be.unstarted)
         be.rate = be.rate * math.exp(-(now - be.rate_t) / cfg.rate_window_s) + 1.0
@@ -172,8 +187,8 @@ class WaitPredictor:
         """Predicted dispatch -> first token of a class-`cls` request sent to `b` now."""
         be = self.backends[b]
         if be.num_gaps < self.config.min_samples:
-            return be.service
-        return sum(be.unstarted[: cls + 1]) * be.gap + be.service
+            return be.class_service[cls] or be.service
+        return sum(be.unstarted[: cls + 1]) * be.gap + (be.class_service[cls] or be.service)
 
     def predict(self, cls: int, gateway_ahead: int, window_s: float,
                 live: Iterable[int] | None = None) -> tuple[float, int]:

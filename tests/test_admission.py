@@ -276,3 +276,14 @@ def test_service_follows_the_backend_under_load_not_only_lone_requests():
         t += 0.1
     assert p.backends[0].service == pytest.approx(0.3, rel=0.01)
     assert p.backend_ttft(0, FAST) == pytest.approx(5 * 0.1 + 0.3, rel=0.01)
+
+
+def test_service_time_is_kept_per_class():
+    p = WaitPredictor(AdmissionConfig(min_samples=2))
+    _paced(p, 0, 5, gap=0.1, service=0.05)           # fast requests: 50 ms beyond their queue
+    for _ in range(20):
+        ahead = p.dispatched(0, SLOW)
+        p.started(0, SLOW, 100.0 + _, 0.4, ahead)    # slow ones, alone: 400 ms
+    assert p.backend_ttft(0, FAST) == pytest.approx(0.05)
+    assert p.backend_ttft(0, SLOW) == pytest.approx(0.4, rel=0.15)
+    assert p.backend_ttft(0, NORMAL) == pytest.approx(p.backends[0].service)  # no sample: all
