@@ -106,6 +106,15 @@ def serve_parser() -> argparse.ArgumentParser:
                    help="the requests' speculation field (every workload; with edit/completion "
                         "the measured runs'): off | auto | a number (max_draft_tokens); default: "
                         "absent (the server's policy)")
+    a = p.add_argument_group("agent sessions (issue 30, bench.serving.agent_replay)")
+    a.add_argument("--agent-trace", default=None, metavar="FILE",
+                   help="replay an agent-session trace (sims.agent_trace; `tidegate sim agent "
+                        "--write-trace` makes one) at its times: session headers, pins, reuse "
+                        "captured, follow-up TTFT; the simulator replays the same file")
+    a.add_argument("--agent-rate-factor", type=float, default=1.0,
+                   help="sessions arrive this many times as often (times within a session kept)")
+    a.add_argument("--no-session-keys", action="store_true",
+                   help="send no session header: the gateway finds sessions from the prompts")
     o = p.add_argument_group("output")
     o.add_argument("--slo-ttft-ms", default=None, metavar="MS|CLASS=MS,...",
                    help="TTFT target for every class, or per class (fast=200,normal=1000,"
@@ -157,6 +166,9 @@ def serve_main(argv: list[str]) -> int:
 
     p = serve_parser()
     args = p.parse_args(argv)
+    if args.agent_trace:
+        from bench.serving.agent_replay import main as agent_main
+        return agent_main(args)
     if args.workload != "random":
         return _code_workload(p, args)
     try:
@@ -180,7 +192,8 @@ def serve_main(argv: list[str]) -> int:
             return 3
         coro = loadgen.run_zmq(args.zmq_url, schedule.offset, prompts, schedule.output_len,
                                args.max_concurrency, progress, args.timeout,
-                               temperature=args.temperature)
+                               temperature=args.temperature,
+                               speculation=_speculation_field(args.speculation))
     else:
         target = loadgen.HttpTarget(args.url, args.endpoint, args.model, args.api_key, args.timeout,
                                     return_token_ids=not args.no_return_token_ids,

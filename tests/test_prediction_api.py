@@ -428,3 +428,12 @@ def test_overlap_is_close_to_a_longest_common_subsequence_on_code_edits(keep):
     pred = tok.encode(alter_text(text, keep, seed=1)[0]).ids
     got, best = prediction_overlap(pred, out), lcs(pred, out)
     assert 0.9 * best <= got <= best
+
+
+async def test_bench_zmq_load_passes_the_speculation_field(client, backend, door):
+    from bench.serving.loadgen import run_zmq
+
+    records, _, _ = await run_zmq(door, [0.0, 0.0], [[1, 2, 3], [4, 5]], [4, 4],
+                                  speculation={"max_draft_tokens": 3})
+    assert all(r.ok for r in records)
+    assert [r.speculation.max_draft_tokens for r in backend.requests.values()] == [3, 3]

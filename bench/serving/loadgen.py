@@ -242,15 +242,17 @@ async def run_http(target: HttpTarget, offsets, prompts: list[list[int]], output
 
 # --- ZMQ: the same schedule through gateway.client.AsyncClient --------------------------------------
 async def send_zmq(client, prompt: list[int], max_tokens: int, rec: RequestRecord,
-                   ignore_eos: bool = True, temperature: float = 0.0) -> None:
+                   ignore_eos: bool = True, temperature: float = 0.0,
+                   speculation=None) -> None:
     """One streamed request through the client library; a delta with k token ids is one chunk of
     k tokens. Errors: timeout, or zmq_<code> with the server's error code (zmq_capacity, ...)."""
     from gateway.client import TidegateError
 
     rec.send_time = time.perf_counter()
     try:
+        extra = {} if speculation is None else {"speculation": speculation}
         async for d in client.stream(prompt, max_tokens=max_tokens, temperature=temperature,
-                                     ignore_eos=ignore_eos):
+                                     ignore_eos=ignore_eos, **extra):
             if d.token_ids:
                 rec.chunk_times.append(time.perf_counter())
                 rec.chunk_tokens.append(len(d.token_ids))
@@ -267,8 +269,8 @@ async def send_zmq(client, prompt: list[int], max_tokens: int, rec: RequestRecor
 
 async def run_zmq(address: str, offsets, prompts: list[list[int]], output_lens,
                   max_concurrency: int | None = None, progress: bool = False,
-                  timeout_s: float = 600.0, ignore_eos: bool = True, temperature: float = 0.0
-                  ) -> tuple[list[RequestRecord], float, str]:
+                  timeout_s: float = 600.0, ignore_eos: bool = True, temperature: float = 0.0,
+                  speculation=None) -> tuple[list[RequestRecord], float, str]:
     """Run the schedule against a gateway's ZMQ front door (`tidegate serve --zmq-listen`)."""
     from gateway.client import AsyncClient
 
@@ -282,7 +284,7 @@ async def run_zmq(address: str, offsets, prompts: list[list[int]], output_lens,
 
         async def send_one(i: int) -> None:
             await send_zmq(client, prompts[i], int(output_lens[i]), records[i], ignore_eos,
-                           temperature)
+                           temperature, speculation)
 
         t0 = await run_schedule(offsets, send_one, records, max_concurrency, Progress(n, progress))
         model = client.model
