@@ -6,6 +6,8 @@
 #   MODEL=models/tiny-coder DEVICE=cpu N=120 INPUT=32 OUTPUT=uniform:1:80 \
 #       SLO=fast=2000,normal=6000,slow=15000 bash scripts/gpu_slo_run.sh   # the CPU check
 #
+# The device call's 600 s: start-up (33B dummy, <= 120 s), capacity <= 150 s, plan <= 90 s,
+# control <= 300 s.
 # 1. one backend; two gateways on it: A with --slo-ttft-ms $SLO (admission, decision log), B without
 # 2. capacity: a burst of $N requests through B (rate inf) -> requests/s C
 # 3. the planner's prediction for rate 1.5 C (`tidegate sim slo`, the H200 roofline of $MODEL; on
@@ -27,6 +29,12 @@ export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 TOKENIZERS_PARALLELISM=false
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
 [ -x .venv/bin/python ] && [ "$DEVICE" = cpu ] && PY=.venv/bin/python
+if ! $PY -c 'import zmq, aiohttp' 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
+  # pyzmq/protobuf/aiohttp missing on the machine: carry .whl (wheels), as gpu_serving_run.sh does
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+      .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 TG="$PY -m gateway.tidegate_cli"
 mkdir -p "$OUT"
 SOCK=ipc:///tmp/tg-slo-$$.sock
@@ -51,7 +59,7 @@ curl -sf localhost:18501/health >/dev/null || { echo "gateway A not healthy"; ex
 # 2. capacity through the control gateway (warm-up burst first)
 $TG bench serve --url http://127.0.0.1:18502 --num-requests 32 --rate inf --input-len "$INPUT" \
     --output-len "$OUTPUT" --seed 9 > /dev/null 2>&1
-$TG bench serve --url http://127.0.0.1:18502 --num-requests "$N" --rate inf --input-len "$INPUT" \
+timeout 150 $TG bench serve --url http://127.0.0.1:18502 --num-requests "$N" --rate inf --input-len "$INPUT" \
     --output-len "$OUTPUT" --seed 1 --json "$OUT/capacity.json" > "$OUT/capacity.txt" 2>&1
 CAP=$($PY -c "import json; print(json.load(open('$OUT/capacity.json'))['request_throughput'])")
 RATE=$($PY -c "print(round($LOAD * $CAP, 3))")
@@ -61,14 +69,14 @@ echo "capacity $CAP req/s -> rate $RATE" | tee "$OUT/rate.txt"
 if [ "$DEVICE" != cpu ] || [ -n "$PROFILE" ]; then
   COST=(--model "$MODEL" --gpu h200)
   [ -n "$PROFILE" ] && COST=(--profile "$PROFILE")
-  $TG sim slo "${COST[@]}" --backends 1 --max-backends 2 --rate "$RATE" --num-requests "$N" \
+  timeout 90 $TG sim slo "${COST[@]}" --backends 1 --max-backends 2 --rate "$RATE" --num-requests "$N" \
       --input-len "$INPUT" --output-len "$OUTPUT" --slo-ttft-ms "$SLO" --attainment 0.99 \
       --json "$OUT/plan.json" > "$OUT/plan.txt" 2>&1
   cat "$OUT/plan.txt"
 fi
 
 # 4. the control check at LOAD x capacity
-$PY -m bench.serving.slo_control --url http://127.0.0.1:18501 --control-url http://127.0.0.1:18502 \
+timeout 300 $PY -m bench.serving.slo_control --url http://127.0.0.1:18501 --control-url http://127.0.0.1:18502 \
     --slo-ttft-ms "$SLO" --rate "$RATE" --num-requests "$N" --input-len "$INPUT" \
     --output-len "$OUTPUT" --seed 2 --json "$OUT/slo_control.json" 2>&1 | tee "$OUT/slo_control.txt"
 curl -s localhost:18501/metrics | grep -E "^tidegate_(slo|admission|window|refused)" > "$OUT/metrics_a.txt"
