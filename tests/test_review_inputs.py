@@ -76,3 +76,32 @@ async def test_a_stream_that_fails_ends_with_the_error_then_done(aiohttp_client,
     assert events[-2]["error"]["code"] == "deadline_exceeded"
     assert set(events[-2]["error"]) == OPENAI_ERROR_FIELDS
     assert events[-1] == "[DONE]"
+
+
+async def test_an_http_servers_error_event_fails_its_request_with_its_message(aiohttp_client,
+                                                                             aiohttp_server):
+    """A server stream that ends in an error event (then [DONE], as vLLM sends it) fails that
+    request with the server's message, not with "the stream ended without a finish"."""
+    import json
+
+    from aiohttp import web
+    from test_gateway_http_backend import FakeOpenAIServer, _gateway
+
+    class FailingServer(FakeOpenAIServer):
+        async def completions(self, request):
+            await request.json()
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            chunk = {"choices": [{"index": 0, "text": "a", "token_ids": [97],
+                                  "finish_reason": None}]}
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            error = {"error": {"message": "engine step failed: CUDA out of memory",
+                               "type": "server_error", "code": 500}}
+            await resp.write(f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n".encode())
+            return resp
+
+    client, _ = await _gateway(aiohttp_client, aiohttp_server, FailingServer())
+    resp = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 8})
+    err = (await resp.json())["error"]
+    assert resp.status >= 500 and set(err) == OPENAI_ERROR_FIELDS
+    assert "CUDA out of memory" in err["message"], err
