@@ -330,3 +330,62 @@ def parse_kv_events_from(spec: str) -> tuple[str, str, str | None]:
                          f"got {spec!r}")
     pub, _, replay = rest.partition(",")
     return backend.rstrip("/"), pub, (replay or None)
+
+
+class KVEventFacts:
+    """Follow one backend's events and hand its held prefix hashes to the pool's placement as
+    facts (`placement.report`, what a tidegate backend's LoadReport does), at most every
+    `interval_s` and only when they changed. The backend is found by address in the pool; until
+    it is there (discovered later, or removed), nothing is reported."""
+
+    def __init__(self, pool, backend: str, endpoint: str, replay_endpoint: str | None = None,
+                 topic: str = "", block_size: int = 16, interval_s: float = 0.1) -> None:
+        self.pool = pool
+        self.backend = backend.rstrip("/")
+        self.interval_s = interval_s
+        self.mirror = KVEventMirror(block_size)
+        self.subscriber = KVEventSubscriber(endpoint, self.mirror, replay_endpoint, topic)
+        self.num_reports = 0
+
+    def _report(self, reported: tuple) -> tuple:
+        b = next((b for b in self.pool.backends if b.address.rstrip("/") == self.backend), None)
+        if b is None or b.pid < 0:
+            return (-1, -1)
+        state = (b.pid, self.mirror.num_events)
+        if state != reported:
+            import time
+
+            self.pool.placement.report(b.pid, self.mirror.prefix_hashes(), time.monotonic())
+            self.num_reports += 1
+        return state
+
+    async def run(self) -> None:
+        sub = asyncio.create_task(self.subscriber.run(), name=f"kv-events {self.backend}")
+        reported: tuple = (-1, -1)
+        try:
+            while True:
+                await asyncio.sleep(self.interval_s)
+                reported = self._report(reported)
+        finally:
+            sub.cancel()
+
+
+def kv_events_ctx(specs: list[tuple[str, str, str | None]], topic: str = ""):
+    """A cleanup_ctx entry following each `--kv-events-from` backend's events with the app."""
+    import contextlib
+
+    from gateway.app_keys import GATEWAY_KEY
+
+    async def ctx(app):
+        pool = app[GATEWAY_KEY].pool
+        block_size = pool.config.placement.block_size
+        tasks = [asyncio.create_task(KVEventFacts(pool, backend, pub, replay, topic,
+                                                  block_size).run(), name=f"kv-facts {backend}")
+                 for backend, pub, replay in specs]
+        yield
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    return ctx

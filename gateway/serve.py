@@ -105,6 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests in flight on one backend; more wait in the class queues")
     add_placement_arguments(p)
     add_discovery_arguments(p)
+    p.add_argument("--kv-events-from", action="append", default=[], metavar="BACKEND=ZMQ[,ZMQ]",
+                   help="follow an http:// backend's KV cache events in vLLM's format (vllm serve "
+                        "--kv-events-config; a tidegate backend's --kv-events-endpoint): its PUB "
+                        "endpoint and optionally its replay endpoint; placement then knows which "
+                        "prefixes it holds instead of guessing (gateway.kv_events; repeatable)")
+    p.add_argument("--kv-events-topic", default="", metavar="TOPIC",
+                   help="topic prefix to subscribe to on every --kv-events-from endpoint")
     p.add_argument("--max-batch-size", type=int, default=128, help="requests per Batch (1..128)")
     p.add_argument("--min-latency-ms", type=float, default=BatcherConfig.min_latency_ms,
                    help="longest batching window (default %(default)s)")
@@ -281,6 +288,20 @@ async def serve(args: argparse.Namespace, embedded: EmbeddedBackend | None = Non
         extra.append(frontdoor_ctx(args.zmq_listen, config.pool.curve, args.insecure))
     if sources:
         extra.append(discovery_ctx(sources, args.discovery_interval))
+    if args.kv_events_from:
+        from gateway.kv_events import kv_events_ctx, parse_kv_events_from
+
+        try:
+            specs = [parse_kv_events_from(s) for s in args.kv_events_from]
+            import msgpack  # noqa: F401 -- the kv-events extra
+        except (ValueError, ImportError) as exc:
+            print(f"tidegate serve: error: {exc}" if isinstance(exc, ValueError) else
+                  "tidegate serve: error: --kv-events-from needs msgpack "
+                  "(pip install 'tidegate[kv-events]')", file=sys.stderr)
+            if embedded is not None:
+                embedded.stop()
+            return 2
+        extra.append(kv_events_ctx(specs, args.kv_events_topic))
     app = create_app(config, extra_cleanup_ctx=extra)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     stop = asyncio.Event()

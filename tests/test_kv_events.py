@@ -338,3 +338,112 @@ def test_tidegate_backend_events_reproduce_its_prefix_index(tmp_path, host_tier)
         client.close()
         sub.close()
     assert worker.kv_events is None  # closed with the worker
+
+
+def test_gateway_places_by_a_vllm_backends_events():
+    """tidegate's placement consuming a vLLM server's events: a PUB in the test sends what vLLM
+    sends (its own sha256-derived hashes, 16-token blocks); the prompt whose prefix that backend
+    holds goes there, a cold one does not."""
+    from types import SimpleNamespace
+
+    from gateway.kv_events import KVEventFacts
+    from scheduler.placement import PlacementConfig, create_placement
+    from scheduler.prefix_index import prefix_hashes
+
+    async def run(tmp):
+        placement = create_placement(PlacementConfig(policy="prefix", block_size=16))
+        for b in (0, 1):
+            placement.add_backend(b)
+        pool = SimpleNamespace(placement=placement, backends=[
+            SimpleNamespace(address="http://a:8000", pid=0),
+            SimpleNamespace(address="http://b:8000/", pid=1)])
+        pub = zmq.Context.instance().socket(zmq.PUB)
+        pub.setsockopt(zmq.LINGER, 0)
+        endpoint = f"ipc://{tmp}/vllm.pub"
+        pub.bind(endpoint)
+        facts = KVEventFacts(pool, "http://b:8000", endpoint, topic="kv@", block_size=16,
+                             interval_s=0.02)
+        task = asyncio.create_task(facts.run())
+        await asyncio.sleep(0.3)
+        rng = random.Random(1)
+        system = [rng.randrange(30000) for _ in range(130)]
+        hashes = [rng.randrange(1 << 64) for _ in range(8)]  # vLLM's, not ours
+        stored = {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": None,
+                  "token_ids": system[:128], "block_size": 16, "lora_id": None, "medium": "GPU",
+                  "lora_name": None, "extra_keys": [None] * 8, "group_idx": 0,
+                  "kv_cache_spec_kind": "full_attention"}
+        pub.send_multipart([b"kv@b@model", (0).to_bytes(8, "big"),
+                            msgpack.packb([time.time(), [stored], 0])])
+        deadline = time.monotonic() + 5
+        while placement.index.num_facts(1) == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        held = prefix_hashes(system + [1, 2, 3], 16)
+        assert placement.index.num_facts(1) == 4 and set(facts.mirror.prefix_hashes()) == set(held)
+        now = time.monotonic()
+        assert placement.place_one(200, held, now)[0] == 1  # the holder, though 0 is idle
+        cold = prefix_hashes([rng.randrange(30000) for _ in range(64)], 16)
+        assert placement.place_one(100, cold, now)[0] == 0
+        # evicted on the server: the facts follow (the guess made by the placement above
+        # keeps only its own TTL)
+        pub.send_multipart([b"kv@b@model", (1).to_bytes(8, "big"), msgpack.packb(
+            [time.time(), [{"type": "BlockRemoved", "block_hashes": hashes, "medium": "GPU"}],
+             0])])
+        deadline = time.monotonic() + 5
+        while placement.index.num_facts(1) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert facts.mirror.prefix_hashes() == [] and placement.index.num_facts(1) == 0
+        task.cancel()
+        pub.close()
+
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        asyncio.run(run(tmp))
+
+
+def test_backend_flag_publishes_and_refuses_an_engine_without_a_prefix_cache(tmp_path):
+    """`tidegate backend --kv-events-endpoint`: the process publishes (replay served too); echo,
+    which keeps no prefix cache, is refused at start-up with one line."""
+    import subprocess
+    import sys
+
+    from gateway.kv_events import parse_kv_events_from
+    from tests.backend_helpers import DealerClient, WorkerProcess
+
+    assert parse_kv_events_from("http://h:8000/=tcp://h:5557,tcp://h:5558") == (
+        "http://h:8000", "tcp://h:5557", "tcp://h:5558")
+    with pytest.raises(ValueError):
+        parse_kv_events_from("http://h:8000")
+    pub_ep, replay_ep = f"ipc://{tmp_path}/ev.pub", f"ipc://{tmp_path}/ev.replay"
+    w = WorkerProcess(["--model", "tiny", "--load-format", "dummy", "--num-blocks", "64",
+                       "--block-size", "4", "--kv-events-endpoint", pub_ep,
+                       "--kv-events-replay-endpoint", replay_ep, "--kv-events-format", "map"],
+                      f"ipc://{tmp_path}/w.sock")
+    try:
+        ctx = zmq.Context.instance()
+        c = DealerClient(w.endpoint)
+        c.hello()
+        c.batch({"a": list(range(1, 12))}, max_tokens=3, ignore_eos=True)
+        c.collect(["a"])
+        reader = VllmFormatReader()
+        # nobody listened on the PUB: every batch from the start-up snapshot on, by replay
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.connect(replay_ep)
+        dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+        while True:
+            assert dealer.poll(5000)
+            _, seq, payload = dealer.recv_multipart()
+            if payload == b"":
+                assert int.from_bytes(seq, "big", signed=True) == -1
+                break
+            reader.message([b"", seq, payload])
+        # 11 prompt + 2 computed output tokens: 3 full blocks of 4
+        assert len(reader.blocks["GPU"]) == 3
+        dealer.close()
+        c.close()
+    finally:
+        assert w.terminate() == 0
+    r = subprocess.run([sys.executable, "-m", "gateway.tidegate_cli", "backend", "--model", "echo",
+                        "--listen", f"ipc://{tmp_path}/e.sock", "--kv-events-endpoint",
+                        f"ipc://{tmp_path}/e.pub"], check=False, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1 and "prefix" in r.stderr and "Traceback" not in r.stderr
