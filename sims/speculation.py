@@ -196,14 +196,15 @@ def simulate_speculation(requests: Sequence[SpecRequest], cost, sched_config: Sc
                          spec_config: SpeculationConfig | None, acceptance=None, *,
                          concurrency: int | None = None, seed: int = 0,
                          warmup: Sequence[SpecRequest] = (), keep_sessions: bool = False,
-                         async_scheduling: bool = False,
+                         async_scheduling: bool = False, reset_on_resync: bool = False,
                          max_steps: int = 10_000_000) -> SpecSimResult:
     """Run `requests` through one simulated backend. `spec_config` None: no speculation (the
     same steps a plain engine runs). `warmup`: requests run first on the same backend (its
     prefix cache and the speculator's measured knee), not in the result: the live oracle's
     baseline before its measured runs; its outputs leave the session store afterwards
     (`keep_sessions` False), as bench's oracle flushes them out of the live engine's.
-    `async_scheduling`: the CUDA engine's turns (`EngineTurns`); False: the CPU engine's."""
+    `async_scheduling`: the CUDA engine's turns (`EngineTurns`); False: the CPU engine's;
+    `reset_on_resync`: a what-if of those turns (`EngineTurns.reset_on_resync`)."""
     acceptance = acceptance or OracleAcceptance()
     rng = np.random.default_rng(seed)
     sched = StepScheduler(sched_config)
@@ -217,7 +218,7 @@ def simulate_speculation(requests: Sequence[SpecRequest], cost, sched_config: Sc
     now = 0.0
     budget = [max_steps]
     turns = EngineTurns(async_scheduling, sched_config.max_num_seqs,
-                        sched_config.max_num_batched_tokens)
+                        sched_config.max_num_batched_tokens, reset_on_resync)
     if warmup:
         now, _, _ = _run_phase(range(len(warmup)), all_reqs, now, sched, spec, cost, acceptance,
                                rng, concurrency, records, generated, {}, budget, turns)
@@ -248,14 +249,27 @@ class EngineTurns:
     async scheduling (the CPU engine) it asks every step."""
 
     def __init__(self, async_scheduling: bool = False, max_num_seqs: int | None = None,
-                 max_num_batched_tokens: int = 2048) -> None:
+                 max_num_batched_tokens: int = 2048, reset_on_resync: bool = False) -> None:
         self.async_scheduling = async_scheduling
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        # a what-if (not the engine's rule): the back-off ends when a prediction finds its
+        # place again (the proposer re-synchronised), as drafts are likely again from there
+        self.reset_on_resync = reset_on_resync
+        self._aligned: set[str] = set()
         self.backoff = self.wait = 0
         self.drafted_last = False
 
+    def _resynced(self, spec) -> bool:
+        aligned = {rid for rid, st in spec.states.items()
+                   if st.prediction and st.pred_pos >= 0 and not st.off}
+        new = bool(aligned - self._aligned)
+        self._aligned = aligned
+        return new
+
     def _may_speculate(self, spec, sched) -> bool:
+        if self.reset_on_resync and self.wait > 0 and self._resynced(spec):
+            self.backoff = self.wait = 0
         if self.wait > 0:
             self.wait -= 1
             return False
@@ -473,6 +487,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="the CUDA engine's turns (default: on with a CUDA profile)")
+    p.add_argument("--reset-on-resync", action="store_true",
+                   help="what-if: the engine's back-off ends when a prediction re-synchronises")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if args.profile:
@@ -514,7 +530,8 @@ def main(argv: list[str] | None = None) -> int:
                                    seed=args.seed, async_scheduling=async_sched).summary()
         on = simulate_speculation(reqs, cost, sched, spec, acceptance, warmup=baseline,
                                   concurrency=args.concurrency, seed=args.seed,
-                                  async_scheduling=async_sched).summary()
+                                  async_scheduling=async_sched,
+                                  reset_on_resync=args.reset_on_resync).summary()
         ratio = on["tpot_p50_s"] / off["tpot_p50_s"] if off["tpot_p50_s"] else None
         report["runs"][name] = {"off": off, "on": on, "tpot_p50_ratio": ratio}
         for label, s in (("off", off), ("on", on)):

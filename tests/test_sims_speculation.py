@@ -216,3 +216,20 @@ def test_async_turns_back_off_as_the_engine_does(monkeypatch):
     asks.clear()
     simulate_speculation(reqs, ConstantCost(STEP), sched(), spec(8), concurrency=1)
     assert len(asks) == decode_turns  # the CPU engine asks every step
+
+
+def test_back_off_reset_on_resync_recovers_the_edited_lines():
+    """The what-if the simulator puts a number on: the engine's back-off outlives an edited
+    line (nothing to draft there); ending it when the prediction re-synchronises gives back
+    what asking every step gets."""
+    reqs = synthetic_edit_requests(4, 64, 400, 0.5, seed=2)
+    base = [SpecRequest(r.prompt, r.output, off=True) for r in reqs]
+
+    def tpot(**kw):
+        return simulate_speculation(reqs, ConstantCost(STEP), sched(enable_prefix_caching=True),
+                                    spec(8), concurrency=1, warmup=base,
+                                    **kw).summary()["tpot_p50_s"]
+
+    engine, resync, every = (tpot(async_scheduling=True),
+                             tpot(async_scheduling=True, reset_on_resync=True), tpot())
+    assert resync < engine and resync == pytest.approx(every, rel=0.02)
