@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Issue 30 on one H200, in one device call: TTFT of a 16K-token session's cached follow-up turns
+# vs recomputing them (33B preset, dummy bf16 weights), one backend with a host KV tier:
+#   a. no pressure: follow-ups hit the GPU prefix cache
+#   b. unrelated prompts (PRESSURE tokens, more than the GPU pool) between turns: the session's
+#      blocks are evicted to the host tier and copied back (or recomputed)
+#   c. as b, each turn pinned (cache_control ttl 5m): the pin keeps the prefix on the GPU
+# then the simulator's agent trace at 0.5x/0.9x on the profile measured in this tree (no GPU).
+#
+#   bash scripts/gpu_sessions_run.sh                                  # writes under $OUT
+#   MODEL=models/tiny-coder DEVICE=cpu CONTEXT=2048 FIRST=256 NUM_BLOCKS=400 HOST_GIB=0.05 \
+#       PRESSURE=8000 TURNS=4 REPEATS=1 bash scripts/gpu_sessions_run.sh    # the CPU check
+#
+# Device time: start-up <= 150 s (33B dummy), a ~60 s, b and c ~120 s each (PRESSURE 70K tokens
+# of prefill per turn at ~10K tokens/s). Every step has its own timeout; the JSONs are under $OUT.
+set -u
+OUT=${OUT:-out/gpu_sessions}
+MODEL=${MODEL:-deepseek-coder-33b}
+DEVICE=${DEVICE:-cuda}
+CONTEXT=${CONTEXT:-16384}
+FIRST=${FIRST:-2048}
+TURNS=${TURNS:-6}
+REPEATS=${REPEATS:-2}
+NUM_BLOCKS=${NUM_BLOCKS:-4096}      # 64K tokens of GPU KV: pressure stays cheap
+HOST_GIB=${HOST_GIB:-32}
+PRESSURE=${PRESSURE:-70000}
+VOCAB=${VOCAB:-32000}
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 TOKENIZERS_PARALLELISM=false
+cd "$(dirname "$0")/.."
+PY=${PY:-python3}
+[ -x .venv/bin/python ] && [ "$DEVICE" = cpu ] && PY=.venv/bin/python
+if ! $PY -c 'import zmq, aiohttp' 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+      .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+TG="$PY -m gateway.tidegate_cli"
+mkdir -p "$OUT"
+SOCK=ipc:///tmp/tg-sessions-$$.sock
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }
+trap cleanup EXIT
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null; git log -1 --oneline; } \
+    > "$OUT/machine.txt"
+
+LOADFMT=(--load-format dummy)
+[ -d "$MODEL" ] && LOADFMT=()
+$TG backend --listen "$SOCK" --model "$MODEL" "${LOADFMT[@]}" --device "$DEVICE" \
+    --num-blocks "$NUM_BLOCKS" --host-kv-gib "$HOST_GIB" --max-model-len "$CONTEXT" \
+    > "$OUT/backend.log" 2>&1 &
+pids+=($!)
+$TG serve --backend "$SOCK" --port 18530 --startup-timeout 600 > "$OUT/gateway.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 600); do curl -sf localhost:18530/health >/dev/null && break; sleep 1; done
+curl -sf localhost:18530/health >/dev/null || { echo "gateway not healthy"; tail -20 "$OUT/backend.log"; exit 1; }
+
+ARGS=(--url http://127.0.0.1:18530 --context "$CONTEXT" --first-tokens "$FIRST" --turns "$TURNS"
+      --repeats "$REPEATS" --vocab "$VOCAB")
+timeout 150 $PY -m bench.serving.session_ttft "${ARGS[@]}" --seed 1 --json "$OUT/a_cached.json" \
+    2> "$OUT/a_cached.log"
+timeout 200 $PY -m bench.serving.session_ttft "${ARGS[@]}" --seed 2 --repeats 1 \
+    --pressure-tokens "$PRESSURE" --json "$OUT/b_host_tier.json" 2> "$OUT/b_host_tier.log"
+timeout 200 $PY -m bench.serving.session_ttft "${ARGS[@]}" --seed 3 --repeats 1 \
+    --pressure-tokens "$PRESSURE" --pin-ttl-s 300 --json "$OUT/c_pinned.json" 2> "$OUT/c_pinned.log"
+curl -sf localhost:18530/metrics | grep -E '^tidegate_(backend_pin|pin_|session)|^vllm:prefix_cache' \
+    > "$OUT/metrics.txt"
+for f in a_cached b_host_tier c_pinned; do
+  [ -f "$OUT/$f.json" ] && $PY -c "import json; d=json.load(open('$OUT/$f.json')); print('$f', \
+'follow-up TTFT p50 %.1f ms, recompute %.1f ms, x%.2f' % (d['followup_ttft_p50_ms'], \
+d['recompute_ttft_p50_ms'], d['speedup']))"
+done | tee "$OUT/summary.txt"
