@@ -12,7 +12,10 @@ integers, so no row finishes inside the window) and the rest are free (ignore_eo
 configurations alternate `--repeats` times (A B A B) and each line is the median step time of
 its runs, with the ratio to the free batch. On CUDA the loop is the serving one
 (`Engine.advance`: async scheduling, graphs); on the CPU `Engine.step`. Also printed: the
-engine's count of masked rows, and how many steps the grammar rows spent pipelined.
+engine's count of masked rows, how many steps the grammar rows spent pipelined, and the grammar's
+own time per step (summed over its parts, so the machine's other load hardly enters it): on the
+step's critical path (waiting for the mask, masking, redoing greedy rows' argmax) and on the
+mask thread beside the forward.
 """
 from __future__ import annotations
 
@@ -21,9 +24,35 @@ import json
 import statistics
 import time
 
+import backend.runner.grammar as grammar_mod
+import backend.runner.sampler as sampler_mod
+import backend.runner.step as step_mod
 from backend.engine.assemble import BackendConfig, create_engine
 from backend.runner.sampler import SamplingParams
 from tokenizer.grammar import GrammarSpec
+
+# Seconds spent in the grammar's parts, summed (the machine's other load does not enter them):
+# on the step's critical path (waiting for a mask, masking sampled rows, redoing the argmax of
+# greedy rows) and on the mask thread (beside the forward).
+TIMERS = {"wait": 0.0, "apply": 0.0, "mask_greedy": 0.0, "fill": 0.0}
+
+
+def _timed(owner, name: str, key: str) -> None:
+    fn = getattr(owner, name)
+
+    def timed(*args, **kw):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kw)
+        finally:
+            TIMERS[key] += time.perf_counter() - t0
+    setattr(owner, name, timed)
+
+
+_timed(grammar_mod.StepMasks, "result", "wait")
+_timed(sampler_mod, "apply_token_bitmask", "apply")
+_timed(step_mod.ModelRunner, "mask_greedy", "mask_greedy")
+_timed(grammar_mod.GrammarManager, "_fill_native", "fill")
 
 LONG_ARRAY = {"type": "object", "properties": {"values": {
     "type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 999},
@@ -43,6 +72,7 @@ def run(engine, prompt: list[int], batch: int, num_grammar: int, steps: int, tem
             s.num_generated < warmup for s in engine.states.values()):
         turn()
     times, pipelined, eager = [], 0, 0
+    before = dict(TIMERS)
     graphs = getattr(engine.runner, "graphs", None) is not None
     for _ in range(steps):
         t0 = time.perf_counter()
@@ -53,12 +83,13 @@ def run(engine, prompt: list[int], batch: int, num_grammar: int, steps: int, tem
             pipelined += 1
         if step is not None and graphs and step.launched.graph_launch is None:
             eager += 1  # a step that did not replay a graph although graphs exist
+    grammar_ms = {k: (TIMERS[k] - before[k]) * 1e3 / steps for k in TIMERS}
     for rid in list(engine.states):
         engine.abort(rid)
     while engine.has_unfinished():
         turn()
     return {"median_ms": statistics.median(times) * 1e3, "pipelined_grammar_steps": pipelined,
-            "eager_steps": eager}
+            "eager_steps": eager, "grammar_ms_per_step": grammar_ms}
 
 
 def main(argv=None) -> int:
@@ -97,6 +128,14 @@ def main(argv=None) -> int:
               f"JSON schema): {ms:.2f} ms/step  x{ms / free:.3f}  "
               f"pipelined grammar steps {[x['pipelined_grammar_steps'] for x in runs[name]]}, "
               f"eager steps {[x['eager_steps'] for x in runs[name]]}")
+    g = runs["grammar"]
+    crit = statistics.median(sum(x["grammar_ms_per_step"][k] for k in ("wait", "apply",
+                                                                       "mask_greedy"))
+                             for x in g)
+    fill = statistics.median(x["grammar_ms_per_step"]["fill"] for x in g)
+    result["grammar_critical_ms"], result["grammar_fill_ms"] = crit, fill
+    print(f"grammar rows' cost per step: {crit:.3f} ms on the step's critical path (mask wait, "
+          f"masking, greedy redo), {fill:.3f} ms on the mask thread beside the forward")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
