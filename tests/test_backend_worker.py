@@ -130,9 +130,9 @@ def test_protocol_behaviour(worker_factory):
         m = c.recv()
         if m.kind == "load_report":
             c.load_reports.append((time.monotonic(), m.envelope.load_report))
-        elif m.kind == "step_output":
-            if any(o.finish_reason for o in m.envelope.step_output.outputs):
-                finished = time.monotonic()
+        elif m.kind == "step_output" and any(o.finish_reason
+                                             for o in m.envelope.step_output.outputs):
+            finished = time.monotonic()
     busy = [(t, r) for t, r in c.load_reports if r.num_running == 1]
     times = [t for t, _ in busy] + ([finished] if finished is not None else [])
     step_s = max(r.recent_step_time_ms for _, r in busy) / 1000
