@@ -447,3 +447,100 @@ def test_backend_flag_publishes_and_refuses_an_engine_without_a_prefix_cache(tmp
                         f"ipc://{tmp_path}/e.pub"], check=False, capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 1 and "prefix" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_vllms_own_struct_declarations_decode_our_batches():
+    """msgspec with vLLM's struct declarations (as vllm/distributed/kv_events.py documents them,
+    current and pre-PR-42892) decodes what we publish, the way vLLM-side consumers do."""
+    msgspec = pytest.importorskip("msgspec")
+    from typing import Any
+
+    from backend.server.kv_events import encode_batch
+    from scheduler.block_manager import KV_CLEARED, KV_REMOVED, KV_STORED
+
+    Hash = int | bytes  # vLLM's ExternalBlockHash
+
+    class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+        ts: float
+        events: list[Any]
+        data_parallel_rank: int | None = None
+
+    class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
+        pass
+
+    class BlockStored(KVCacheEvent):
+        block_hashes: list[Hash]
+        parent_block_hash: Hash | None
+        token_ids: list[int]
+        block_size: int
+        lora_id: int | None
+        medium: str | None
+        lora_name: str | None
+        extra_keys: list[tuple[Any, ...] | None] | None = None
+        group_idx: int | None = None
+        kv_cache_spec_kind: str | None = None
+        kv_cache_spec_sliding_window: int | None = None
+
+    class BlockRemoved(KVCacheEvent):
+        block_hashes: list[Hash]
+        medium: str | None
+        group_idx: int | None = None
+
+    class AllBlocksCleared(KVCacheEvent):
+        pass
+
+    class KVEventBatch(EventBatch):
+        events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+
+    # before PR 42892: positional events
+    class OldEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+        pass
+
+    class OldStored(OldEvent, tag="BlockStored"):
+        block_hashes: list[int]
+        parent_block_hash: int | None
+        token_ids: list[int]
+        block_size: int
+        lora_id: int | None
+        medium: str | None
+        lora_name: str | None
+
+    class OldRemoved(OldEvent, tag="BlockRemoved"):
+        block_hashes: list[int]
+        medium: str | None
+
+    class OldCleared(OldEvent, tag="AllBlocksCleared"):
+        pass
+
+    class OldBatch(EventBatch):
+        events: list[OldStored | OldRemoved | OldCleared]
+
+    k0 = (ROOT_HASH, (5, 6, 7, 8))
+    k1 = (hash(k0), (9, 10, 11, 12))
+    entries = [(KV_CLEARED, "GPU", None), (KV_STORED, "GPU", k0), (KV_STORED, "GPU", k1),
+               (KV_REMOVED, "GPU", k0), (KV_STORED, "CPU", k0)]
+    batch = msgspec.msgpack.Decoder(KVEventBatch).decode(encode_batch(entries, 4, ts=2.5))
+    assert batch.ts == 2.5 and batch.data_parallel_rank == 0
+    cleared, stored, removed, cpu = batch.events
+    assert isinstance(cleared, AllBlocksCleared)
+    assert stored == BlockStored(block_hashes=[hash(k0) & U64, hash(k1) & U64],
+                                 parent_block_hash=None, token_ids=list(range(5, 13)),
+                                 block_size=4, lora_id=None, medium="GPU", lora_name=None,
+                                 extra_keys=[None, None], group_idx=0,
+                                 kv_cache_spec_kind="full_attention")
+    assert removed == BlockRemoved(block_hashes=[hash(k0) & U64], medium="GPU", group_idx=0)
+    assert cpu.medium == "CPU" and cpu.block_hashes == [hash(k0) & U64]
+    old = msgspec.msgpack.Decoder(OldBatch).decode(encode_batch(entries, 4, fmt="array"))
+    assert [type(e) for e in old.events] == [OldCleared, OldStored, OldRemoved, OldStored]
+    assert old.events[1].block_hashes == stored.block_hashes and old.events[1].medium == "GPU"
+    # and the gateway's decoder reads what msgspec writes with vLLM's declarations
+    from gateway.kv_events import decode_batch
+
+    ours = msgspec.msgpack.encode(KVEventBatch(ts=1.0, events=[stored, removed],
+                                               data_parallel_rank=0))
+    _, evs, dp = decode_batch(ours)
+    assert dp == 0 and [e.kind for e in evs] == ["BlockStored", "BlockRemoved"]
+    assert evs[0].block_hashes == stored.block_hashes and evs[0].token_ids == stored.token_ids
+    _, evs, _ = decode_batch(msgspec.msgpack.encode(OldBatch(ts=1.0, events=old.events)))
+    assert [e.kind for e in evs] == ["AllBlocksCleared", "BlockStored", "BlockRemoved",
+                                     "BlockStored"] and evs[3].medium == "CPU"
