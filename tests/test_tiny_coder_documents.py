@@ -164,3 +164,15 @@ def test_doctest_heavy_training_files_are_thinned_to_the_share():
     for it in items:
         it["dup"] = None
     assert C.thin_doctests(items, 1.0) == 0  # the rule off
+
+
+def test_a_class_over_the_limit_is_cut_before_its_methods():
+    methods = "".join(f"    # method {k}\n    def m{k}(self, x):\n"
+                      + "".join(f"        x = x + {j}\n" for j in range(6)) + "        return x\n\n"
+                      for k in range(30))
+    text = "import os\n\n\nclass Big:\n    \"\"\"Doc.\"\"\"\n\n" + methods
+    segs = T.split_segments(text, 600)
+    assert "".join(segs) == text and len(segs) > 5
+    assert all(T.starts_definition(s) for s in segs[1:])
+    assert all(s.startswith(("    # method", "class Big")) for s in segs[1:])
+    assert not T.starts_definition("        x = 1\n") and T.starts_definition("    @property\n")

@@ -232,18 +232,52 @@ def split_segments(text: str, max_chars: int, tree=None) -> list[str]:
     lines = text.splitlines(keepends=True)
     bounds = [0, *starts, len(lines)]
     units = ["".join(lines[a:b]) for a, b in itertools.pairwise(bounds) if b > a]
+    return _pack(units, max_chars, _split_unit)
+
+
+def _pack(units: list[str], max_chars: int, split_long) -> list[str]:
     out, cur = [], ""
     for u in units:
         if cur and len(cur) + len(u) > max_chars:
             out.append(cur)
             cur = ""
         if len(u) > max_chars:
-            out.extend(split_lines(u, max_chars))
+            out.extend(split_long(u, max_chars))
             continue
         cur += u
     if cur:
         out.append(cur)
     return out
+
+
+_DEF_START = re.compile(r"[ \t]*(?:async\s+def|def|class)\s|[ \t]*@")
+
+
+def starts_definition(seg: str) -> bool:
+    """Whether a segment begins a unit: a line at column 0, or a def / class / decorator line
+    at any indentation (a method of a class cut at its methods)."""
+    return bool(seg) and (seg[0] not in " \t\r\n" or bool(_DEF_START.match(seg)))
+
+
+def _split_unit(unit: str, max_chars: int) -> list[str]:
+    """A unit longer than max_chars (a large class): cut before its methods (a def, class or
+    decorator line one level in, with the comment lines right above it), whole methods packed;
+    a method still too long is cut at lines."""
+    lines = unit.splitlines(keepends=True)
+    starts = []
+    for i, line in enumerate(lines[1:], 1):
+        if _DEF_START.match(line) and line[:1] in " \t" and \
+                not lines[i - 1].rstrip().endswith((",", "(", "\\")):
+            k = i
+            while k > 1 and lines[k - 1].lstrip().startswith("#"):
+                k -= 1
+            if not starts or k > starts[-1]:
+                starts.append(k)
+    if not starts:
+        return split_lines(unit, max_chars)
+    bounds = [0, *starts, len(lines)]
+    parts = ["".join(lines[a:b]) for a, b in itertools.pairwise(bounds) if b > a]
+    return _pack(parts, max_chars, split_lines)
 
 
 def function_spans(text: str, tree, min_lines: int = FUNCTION_MIN_LINES,
@@ -314,7 +348,7 @@ def file_documents(path: str, text: str, fim_rate: float, seg_chars: int, seed: 
             if plain:
                 docs.append([ids[BOS], "".join(plain), ids[EOS]])
                 stats["plain_documents"] += 1
-                at_unit = seg[:1] not in (" ", "\t", "\n", "\r", "")
+                at_unit = starts_definition(seg)
                 stats["plain_eos_at_unit_end" if at_unit else "plain_eos_inside"] += 1
                 plain = []
             pre, mid, suf = fim_split(seg, rng)
@@ -345,7 +379,8 @@ def file_documents(path: str, text: str, fim_rate: float, seg_chars: int, seed: 
 
 
 # build_documents' counts; the plain documents' <eos> falls at the file's end, at the end of a
-# top-level unit (the next line is at column 0: a def, a class, a decorator, ...) or inside one
+# unit (`starts_definition`: the next line is at column 0, or a def/class/decorator line) or
+# inside one
 DOC_STATS = ("fim_documents", "plain_documents", "function_documents", "function_fim_documents",
              "plain_eos_at_file_end", "plain_eos_at_unit_end", "plain_eos_inside")
 
