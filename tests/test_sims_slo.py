@@ -24,9 +24,10 @@ def test_planner_answers_the_smallest_count_that_meets_the_targets(tmp_path, cap
     assert sim_main(["slo", *SMALL, "--slo-ttft-ms", "100", "--json", str(out)]) == 0
     plan = json.loads(out.read_text())
     rows = plan["rows"]
-    # 50 req/s against 25/s per backend: one backend refuses most, two are at capacity,
-    # three meet the target for every request
-    assert rows[0]["attainment"]["fast"] < 0.5 and rows[0]["refused"] > 100
+    # 50 req/s against 25/s per backend: one backend refuses about half (and nearly every
+    # request it admits meets the target), two are at capacity, three meet it for every request
+    assert 0.3 < rows[0]["attainment"]["fast"] < 0.7 and 150 < rows[0]["refused"] < 250
+    assert rows[0]["attainment"]["fast"] * 400 >= 0.9 * (400 - rows[0]["refused"])
     assert plan["backends"] == 3 == rows[-1]["backends"]
     assert rows[-1]["attainment"]["fast"] >= 0.99
     assert "answer: 3 backend(s)" in capsys.readouterr().out
