@@ -12,6 +12,8 @@ reads bottom-up (docs/architecture.md, "backend/ by layer").
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.test_import_rules import import_graph
@@ -77,7 +79,7 @@ def test_the_worker_reaches_engines_only_through_the_interface():
     engine_deps = {d for d in deps if room(d) == "backend.engine"}
     # RequestOutput is the records' type; everything else goes through ServingEngine
     assert engine_deps <= {"backend.engine.interface", "backend.engine.continuous"}
-    src = open("backend/server/worker.py", encoding="utf-8").read()
+    src = Path(__file__).resolve().parents[1].joinpath("backend/server/worker.py").read_text()
     for reach in ("engine.scheduler", "engine.states", "engine.runner", "getattr(self.engine",
                   "getattr(engine"):
         assert reach not in src, f"the worker reaches through the engine: {reach}"
