@@ -255,8 +255,12 @@ _DEF_START = re.compile(r"[ \t]*(?:async\s+def|def|class)\s|[ \t]*@")
 
 def starts_definition(seg: str) -> bool:
     """Whether a segment begins a unit: a line at column 0, or a def / class / decorator line
-    at any indentation (a method of a class cut at its methods)."""
-    return bool(seg) and (seg[0] not in " \t\r\n" or bool(_DEF_START.match(seg)))
+    at any indentation (a method of a class cut at its methods), comment lines above it
+    skipped."""
+    for line in seg.splitlines(keepends=True):
+        if not line.lstrip().startswith("#"):
+            return line[:1] not in " \t\r\n" or bool(_DEF_START.match(line))
+    return False
 
 
 def _split_unit(unit: str, max_chars: int) -> list[str]:
