@@ -61,6 +61,10 @@ def test_oracle_alters_whole_lines_of_token_ids():
     alt = alter_token_lines(ids, [""] * 48, 0.75, np.random.default_rng(0))
     changed = {i // LINE_TOKENS for i, (a, b) in enumerate(zip(ids, alt)) if a != b}
     assert len(changed) == 1 and sum(a != b for a, b in zip(ids, alt)) == LINE_TOKENS
+    # dummy weights repeating one token: the prompt's ids alter it
+    same = [7] * 48
+    alt = alter_token_lines(same, [""] * 48, 0.5, np.random.default_rng(0), pool=[3, 4, 5])
+    assert sum(t != 7 for t in alt) == 2 * LINE_TOKENS and set(alt) <= {3, 4, 5, 7}
 
 
 async def test_oracle_edit_runs(url, backend):

@@ -105,11 +105,12 @@ LINE_TOKENS = 12  # a pseudo-line where an output has too few newlines (dummy we
 MIN_LINES = 8
 
 
-def alter_token_lines(ids: list[int], texts: list[str], keep: float, rng: np.random.Generator
-                      ) -> list[int]:
+def alter_token_lines(ids: list[int], texts: list[str], keep: float, rng: np.random.Generator,
+                      pool: list[int] | None = None) -> list[int]:
     """The oracle's prediction: `ids` (a baseline output; `texts[j]` the text of token j) with
-    round((1 - keep) * lines) lines' tokens replaced by other ids (ids of the same output, so
-    in the vocabulary, each different from the one it replaces). A line ends at a token whose
+    round((1 - keep) * lines) lines' tokens replaced by other ids (ids of the same output and of
+    `pool`, the prompt's: in the vocabulary, each different from the one it replaces, also
+    where dummy weights repeat one token). A line ends at a token whose
     text holds a newline; an output with fewer than MIN_LINES of them (dummy weights rarely
     emit one) is cut into lines of LINE_TOKENS tokens instead (about a line of code), so that
     the altered fraction is the one asked for."""
@@ -123,14 +124,14 @@ def alter_token_lines(ids: list[int], texts: list[str], keep: float, rng: np.ran
     if len(spans) < MIN_LINES:
         spans = [(a, min(a + LINE_TOKENS, len(ids))) for a in range(0, len(ids), LINE_TOKENS)]
     out = list(ids)
+    choices = sorted(set(ids) | set(pool or ()))
+    if len(choices) < 2:
+        raise ValueError("no other token id to alter a line with")
     for i in lines_to_alter(len(spans), keep, rng):
         a, b = spans[i]
         for j in range(a, b):
-            for step in range(1, len(ids)):
-                other = ids[(j * 7919 + step) % len(ids)]
-                if other != ids[j]:
-                    out[j] = other
-                    break
+            other = choices[(j * 7919) % len(choices)]
+            out[j] = other if other != ids[j] else choices[(j * 7919 + 1) % len(choices)]
     return out
 
 
@@ -354,7 +355,8 @@ async def run_workload(*, url: str, endpoint: str, model: str | None, workload: 
                 if not seen[i].ids:
                     raise RuntimeError(f"the baseline of request {i} failed: "
                                        f"{off.get('errors')} {off['error_details']}")
-                pred = alter_token_lines(seen[i].ids, seen[i].texts, keep, krng)
+                pred = alter_token_lines(seen[i].ids, seen[i].texts, keep, krng,
+                                         seen[i].prompt_ids)
             else:
                 pred, _ = alter_text(files[i][1], keep, krng)
             items.append(Item(it.prompt, it.max_tokens, pred))
