@@ -308,3 +308,25 @@ def test_preemption_and_host_tier_stay_identical(host_kv_gib):
     if host_kv_gib:
         assert on.scheduler.block_manager.host is not None
         assert not on.scheduler.block_manager.host.swapped_seq_ids()
+
+
+def test_no_drafts_to_be_had_keeps_the_steps_pipelined():
+    """Async scheduling (the CUDA loop's order, on the CPU stand-in): when no sequence has a draft
+    (no prediction, prompts without repeats, speculation off per request), reading each step back
+    before planning the next would cost the pipelining for nothing: after a read-back that found
+    nothing, the next turns stay pipelined (1, 2, 4 .. 16 of them)."""
+    eng = _engine(SpeculationConfig(sources=("prediction",)), graphs=True)  # none to be had
+    eng.async_scheduling = True
+    vocab = eng.runner.model.config.vocab_size
+    prompts = _prompts(3, vocab, 13, repetitive=False)
+    for i, p in enumerate(prompts):
+        assert eng.add_request(f"r{i}", p, SamplingParams(max_tokens=60, ignore_eos=True)) is None
+    overlapped = total = 0
+    while eng.has_unfinished():
+        eng.advance()
+        done, nxt = eng.last_step, eng._inflight
+        if done is not None and nxt is not None and done.plan.num_decodes:
+            total += 1
+            overlapped += nxt.start < done.end  # launched before the last one was read back
+    eng.settle()
+    assert total > 50 and overlapped / total > 0.8, (overlapped, total)
