@@ -52,7 +52,11 @@ pids+=($!)
 $TG serve --backend "$SOCK" --port 18502 --startup-timeout 600 > "$OUT/gateway_b.log" 2>&1 &
 pids+=($!)
 for port in 18501 18502; do
-  for _ in $(seq 1 600); do curl -sf "localhost:$port/health" >/dev/null && break; sleep 1; done
+  for _ in $(seq 1 600); do
+    curl -sf "localhost:$port/health" >/dev/null && break
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null || { echo "a process exited (logs in $OUT)"; exit 1; }; done
+    sleep 1
+  done
 done
 curl -sf localhost:18501/health >/dev/null || { echo "gateway A not healthy"; exit 1; }
 
