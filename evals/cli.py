@@ -423,6 +423,11 @@ def build_parser() -> argparse.ArgumentParser:
     pc.add_argument("--heldout-headers", type=int, default=8,
                     help="also complete the signature lines of N held-out functions (0: none)")
     pc.add_argument("--parts", default="bpb,fim,headers", help="comma list of bpb, fim, headers")
+    pc.add_argument("--generation-config", default="none", metavar="none|auto|DIR",
+                    help="decode the FIM and header completions as the server would with "
+                         "`--generation-config` (auto: the model's generation_config.json; its "
+                         "temperature, top_p/top_k/min_p and penalties, seed 0; the token "
+                         "budgets stay the evaluation's); none (default): greedy")
     _add_shape_args(pc, 2048)
     pc.add_argument("--json", default=None, metavar="OUT")
     pc.add_argument("--quiet", action="store_true")
@@ -485,6 +490,7 @@ def main(argv: list[str] | None = None) -> int:
                               stdlib_root=args.stdlib_root,
                               heldout_header_n=args.heldout_headers,
                               parts=tuple(x for x in args.parts.split(",") if x),
+                              generation_config=args.generation_config,
                               progress=not args.quiet)
             line = []
             if "bpb" in r:

@@ -151,14 +151,15 @@ def _last_line(text: str) -> str:
     return lines[-1].strip()
 
 
-def fim_lines(engine, tokenizer, cases: list[FimCase], max_tokens: int) -> dict:
+def fim_lines(engine, tokenizer, cases: list[FimCase], max_tokens: int, params=None) -> dict:
     """Greedy middles against the removed lines, and the teacher-forced token accuracy of the
-    removed lines (module docstring)."""
+    removed lines (module docstring). `params`: the decoding (default greedy), as in
+    `evals.engine.greedy_decode`; the teacher-forced accuracy is always the plain argmax."""
     for t in (FIM_BEGIN, FIM_HOLE, FIM_END):
         if tokenizer.tokenizer.token_to_id(t) is None:
             raise EvalError(f"the tokenizer has no {t} token: the model was not trained for FIM")
     prompts = [tokenizer.encode(fim_prompt(c)) for c in cases]
-    outs = greedy_decode(engine, prompts, max_tokens)
+    outs = greedy_decode(engine, prompts, max_tokens, params=params)
     eos = set(tokenizer.eos_token_ids)
     # the middle as it was trained: its own tokens (line + newline), then <eos>
     truth = [tokenizer.encode(c.middle + "\n", add_special_tokens=False)
@@ -199,10 +200,12 @@ def fim_lines(engine, tokenizer, cases: list[FimCase], max_tokens: int) -> dict:
 
 def header_completions(engine, tokenizer, headers: list[str] = HEADERS,
                        max_tokens: int = HEADER_TOKENS,
-                       old_tokens: int = OLD_HEADER_TOKENS) -> dict:
+                       old_tokens: int = OLD_HEADER_TOKENS, params=None) -> dict:
     """Greedy completions of `headers` judged HumanEval-style, with the old protocol's verdict
-    on the first `old_tokens` tokens of the same greedy run (module docstring)."""
-    outs = greedy_decode(engine, [tokenizer.encode(h) for h in headers], max_tokens)
+    on the first `old_tokens` tokens of the same greedy run (module docstring). `params`: the
+    decoding (default greedy), as in `evals.engine.greedy_decode`."""
+    outs = greedy_decode(engine, [tokenizer.encode(h) for h in headers], max_tokens,
+                         params=params)
     eos = set(tokenizer.eos_token_ids)
     rows = []
     for h, ids in zip(headers, outs):
@@ -229,14 +232,31 @@ def header_completions(engine, tokenizer, headers: list[str] = HEADERS,
 
 # ---- the command --------------------------------------------------------------------------------
 
+def decoding_params(generation_config: str, model: str):
+    """(SamplingParams or None for greedy, what it is as a dict) for `--generation-config`: the
+    sampling defaults the server would apply to a request that sets none of them
+    (`backend.model.generation_config`); the evaluation's token budgets are kept."""
+    from backend.model.generation_config import load_generation_defaults
+    from backend.runner.sampler import SamplingParams
+
+    defaults = load_generation_defaults(generation_config, model)
+    defaults.pop("max_tokens", None)
+    if not defaults:
+        return None, {"generation_config": generation_config, "sampling": "greedy"}
+    kw = {k: (int(v) if k == "top_k" else v) for k, v in defaults.items()}
+    kw.setdefault("temperature", 1.0)  # the API's default for a field the file leaves out
+    return SamplingParams(seed=0, **kw), {"generation_config": generation_config, **kw}
+
+
 def run(model: str, settings: EngineSettings, shape: EngineShape | None = None, *,
         window: int = 1024, files_sample: int | None = None, fim_n: int = 64,
         fim_max_tokens: int = 32, heldout_list: str | Path | None = None,
         site_root: str | Path | None = None, stdlib_root: str | Path | None = None,
         seed: int = 0, parts: tuple[str, ...] = ("bpb", "fim", "headers"),
-        heldout_header_n: int = HELDOUT_HEADERS,
+        heldout_header_n: int = HELDOUT_HEADERS, generation_config: str = "none",
         progress: bool = True) -> dict:
     shape = shape or EngineShape()
+    params, decoding = decoding_params(generation_config, model)
     heldout = load_heldout(heldout_list or default_heldout_list(model), stdlib_root,
                            site_root=site_root)
     if not heldout.files:
@@ -249,7 +269,7 @@ def run(model: str, settings: EngineSettings, shape: EngineShape | None = None, 
         window + 1, 2048)))
     tok = loaded.tokenizer
     report: dict = {"model": model, "settings": settings.as_dict(), "heldout": heldout.describe(),
-                    "load_seconds": time.perf_counter() - t0}
+                    "decoding": decoding, "load_seconds": time.perf_counter() - t0}
     if "bpb" in parts:
         _say(progress, f"bits per byte: {len(files)} of {len(heldout.files)} files")
         r = bits_per_byte(engine, tok, files, window, progress)
@@ -261,16 +281,16 @@ def run(model: str, settings: EngineSettings, shape: EngineShape | None = None, 
     if "fim" in parts:
         cases = fim_cases(heldout.files, fim_n, seed)
         _say(progress, f"FIM: {len(cases)} cases")
-        report["fim"] = f = fim_lines(engine, tok, cases, fim_max_tokens)
+        report["fim"] = f = fim_lines(engine, tok, cases, fim_max_tokens, params)
         _say(progress, f"FIM exact line {f['exact']}/{f['total']}, ignoring whitespace "
                        f"{f['exact_ignoring_whitespace']}, token accuracy {f['token_accuracy']:.3f}")
     if "headers" in parts:
-        report["headers"] = h = header_completions(engine, tok)
+        report["headers"] = h = header_completions(engine, tok, params=params)
         _say(progress, f"headers parsed {h['parsed']}/{h['total']} (old protocol "
                        f"{h['parsed_old_protocol']})")
         chosen = heldout_headers(heldout.files, heldout_header_n) if heldout_header_n else []
         if chosen:
-            r = header_completions(engine, tok, [c["header"] for c in chosen])
+            r = header_completions(engine, tok, [c["header"] for c in chosen], params=params)
             for row, c in zip(r["rows"], chosen):
                 row.update(path=c["path"], function=c["function"])
             report["heldout_headers"] = r

@@ -224,15 +224,20 @@ def greedy_decode(engine, prompts: Sequence[list[int]], max_tokens: int,
                   forced: Sequence[list[int]] | None = None,
                   on_step: Callable[[int, int], None] | None = None,
                   on_logits: Callable[[int, int, torch.Tensor], None] | None = None,
-                  ) -> list[list[int]]:
+                  params: SamplingParams | None = None) -> list[list[int]]:
     """Greedy continuation of every prompt (all admitted at once; the scheduler batches them),
     `max_tokens` each, eos ignored. Returns the engine's own greedy token at each position.
     With `forced`, the token fed back after position t of prompt i is `forced[i][t]` instead of
     the engine's (teacher forcing): position t is then predicted from prompt + forced[i][:t].
     `on_step(tokens_done, tokens_total)` after each step; `on_logits(i, t, logits [vocab])`
-    with the fp32 logits that chose position t of prompt i (the runner's `keep_logits`)."""
+    with the fp32 logits that chose position t of prompt i (the runner's `keep_logits`).
+    `params`: decode as a served request with these sampling parameters would (penalties over
+    the prompt and the tokens so far, temperature with seed `params.seed or 0`); max_tokens and
+    ignore_eos are this function's."""
     sched, runner = engine.scheduler, engine.runner
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    params = dataclasses.replace(params or SamplingParams(temperature=0.0),
+                                 max_tokens=max_tokens, ignore_eos=True)
+    seed = params.seed or 0
     rids = [f"p{i}" for i in range(len(prompts))]
     index = {rid: i for i, rid in enumerate(rids)}
     for rid, prompt in zip(rids, prompts):
@@ -244,7 +249,10 @@ def greedy_decode(engine, prompts: Sequence[list[int]], max_tokens: int,
     done = 0
     while sched.has_unfinished():
         plan = sched.schedule()
-        specs = {c.request_id: SampleSpec(params, 0, len(own[index[c.request_id]]))
+        specs = {c.request_id: SampleSpec(params, seed, len(own[index[c.request_id]]),
+                                          prompts[index[c.request_id]],
+                                          forced[index[c.request_id]][:len(own[index[c.request_id]])]
+                                          if forced is not None else own[index[c.request_id]])
                  for c in plan.chunks if c.sample}
         out = runner.execute(plan.chunks, specs,
                              keep_logits=on_logits is not None)

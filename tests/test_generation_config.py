@@ -216,3 +216,46 @@ def test_serve_honours_the_generation_config_and_turns_it_off(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
+
+
+# ---- the evaluation decodes as the server would -----------------------------------------------------
+
+def test_eval_decodes_with_the_generation_configs_penalty_like_a_reference(tmp_path):
+    """`tidegate eval code --generation-config`: greedy_decode with a repetition and frequency
+    penalty equals a step-by-step reference (full-sequence logits, the penalties written out
+    here: CTRL's division/multiplication over prompt and output tokens, minus frequency x count
+    over the output), and differs from plain greedy on this prompt."""
+    torch = pytest.importorskip("torch")
+    from evals.code import decoding_params
+    from evals.engine import (
+        EngineSettings,
+        EngineShape,
+        build_engine,
+        greedy_decode,
+        sequence_logits,
+    )
+
+    d = _model_dir(tmp_path, {"temperature": 0.0, "repetition_penalty": 1.8,
+                              "frequency_penalty": 0.7, "max_new_tokens": 3})
+    params, described = decoding_params(str(d), "tiny")
+    assert described["repetition_penalty"] == 1.8 and "max_tokens" not in described
+    assert decoding_params("none", "tiny") == (None, {"generation_config": "none",
+                                                      "sampling": "greedy"})
+    engine, _ = build_engine("tiny", EngineSettings(), EngineShape(max_model_len=256))
+    prompt = [5, 9, 5, 9, 5, 9, 5, 9, 17, 17]
+    got = greedy_decode(engine, [prompt], 12, params=params)[0]
+    plain = greedy_decode(engine, [prompt], 12)[0]
+    seq, ref = list(prompt), []
+    for t in range(12):
+        logits = sequence_logits(engine, seq, f"ref{t}")[-1].double()
+        seen = set(seq)
+        for tok in seen:
+            v = logits[tok]
+            logits[tok] = v / 1.8 if v > 0 else v * 1.8
+        for tok in set(ref):
+            logits[tok] -= 0.7 * ref.count(tok)
+        nxt = int(torch.argmax(logits))
+        ref.append(nxt)
+        seq.append(nxt)
+    assert got == ref
+    assert got != plain
