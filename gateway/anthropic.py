@@ -30,13 +30,14 @@ from gateway.anthropic_schema import (
     parse_messages_request,
 )
 from gateway.app_keys import GATEWAY_KEY
+from gateway.chat_render import chat_prompt_ids
 from gateway.errors import APIError, internal_error
 from gateway.openai_schema import ChatMessage
 from gateway.routes import check_model, merged, serve_handles, start_sse, submit_all
 from gateway.sessions import PIN_STATUS_NAMES, anthropic_options
 from gateway.structured import check_structured
-from gateway.tool_parser import ToolCallParser
-from gateway.tools import template_messages
+from gateway.tool_parser import make_parser
+from gateway.tools import with_parser
 from gateway.validation import parse_json_body
 
 log = logging.getLogger("tidegate.gateway.anthropic")
@@ -59,14 +60,14 @@ async def _render_cut(gw, cut: dict, tools) -> list[int]:
     generation prompt): its tokens are the prompt's first ones."""
     msgs = parse_conversation(cut)[0] if cut.get("messages") else \
         [ChatMessage("system", _text_of(cut["system"], "system"))] if cut.get("system") else []
-    return await gw.encode_chat(template_messages(msgs, tools), False, False)
+    # rendered as _prompt_ids renders the prompt, so its tokens are the prompt's first ones
+    return await chat_prompt_ids(gw, msgs, with_parser(tools, gw.config.tool_call_parser),
+                                 False, False)
 
 
 async def _prompt_ids(gw, messages, prefill: str, tools) -> list[int]:
-    ids = await gw.encode_chat(template_messages(messages, tools), True, False)
-    if prefill:
-        ids = ids + await gw.encode(prefill, False)
-    return ids
+    return await chat_prompt_ids(gw, messages, with_parser(tools, gw.config.tool_call_parser),
+                                 True, False, prefill)
 
 
 def _stop(asm, stop: tuple[str, ...]) -> str | None:
@@ -88,7 +89,7 @@ class BlockWriter:
     """Text deltas and tool calls -> content blocks (or their stream events)."""
 
     def __init__(self, tools) -> None:
-        self.parser = ToolCallParser(tools, "toolu_") if tools is not None and tools.active \
+        self.parser = make_parser(tools, "toolu_") if tools is not None and tools.active \
             else None
         self.blocks: list[dict] = []
         self._open_text = False
@@ -170,6 +171,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     check_model(gw, req.model)
     await check_structured(gw, req.structured)
     tools = req.structured.tools if req.structured is not None else None
+    tools = with_parser(tools, gw.config.tool_call_parser)
     prompt_ids = await _prompt_ids(gw, req.messages, req.prefill, tools)
     msg_id = "msg_" + os.urandom(12).hex()
     # the session key, and a pin up to the deepest cache_control breakpoint (gateway.sessions)

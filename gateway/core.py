@@ -70,6 +70,7 @@ class GatewayConfig:
     queues: QueueConfig = field(default_factory=QueueConfig)
     limits: RequestLimits = field(default_factory=RequestLimits)
     fim_template: str | None = None  # None: the model family's, found in its tokenizer
+    tool_call_parser: str = "hermes"  # how `auto` tool calls are parsed (gateway.tool_parser)
     protect_metrics: bool = False  # /metrics behind the API key too
     admin_key: str | None = None  # /admin/backends (gateway.admin); None: no admin endpoint
     decision_log_path: str | None = None  # JSONL record of arrivals + flushed windows; None: off

@@ -17,6 +17,7 @@ from dataclasses import replace
 from aiohttp import web
 
 from gateway.app_keys import ACTIVE_KEY, GATEWAY_KEY, QUEUE_CLASS_KEY
+from gateway.chat_render import chat_prompt_ids
 from gateway.core import Gateway, RequestHandle
 from gateway.errors import APIError, bad_request, internal_error, not_found
 from gateway.generation_defaults import apply_generation_defaults
@@ -35,7 +36,7 @@ from gateway.responses import (
 from gateway.sessions import openai_options
 from gateway.structured import check_structured
 from gateway.tool_parser import StreamShaper, shape_choice
-from gateway.tools import template_messages
+from gateway.tools import template_messages, with_parser
 from gateway.validation import (
     check_context_length,
     parse_chat_request,
@@ -329,10 +330,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     gw.check_admission()
     check_model(gw, req.model)
     await check_structured(gw, req.structured)
-    tools = req.structured.tools if req.structured is not None else None
-    messages = template_messages(req.messages, tools)
-    prompt_ids = await gw.encode_chat(messages, req.add_generation_prompt,
-                                      req.add_special_tokens)
+    tools = with_parser(req.structured.tools if req.structured is not None else None,
+                        gw.config.tool_call_parser)
+    messages = template_messages(req.messages, tools)  # (the request log's view)
+    prompt_ids = await chat_prompt_ids(gw, req.messages, tools, req.add_generation_prompt,
+                                       req.add_special_tokens)
     internal_id = gw.new_request_id("chatcmpl")
     request_id = f"chatcmpl-{req.request_id}" if req.request_id else internal_id
     param = "max_tokens"

@@ -139,6 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-n", type=int, default=16, help="choices per prompt ('n')")
     p.add_argument("--strict-api", action="store_true",
                    help="unknown request fields are a 400 (default: logged once per name)")
+    p.add_argument("--tool-call-parser", default="hermes", choices=("hermes", "json"),
+                   help="how tool calls are read out of a reply with tool_choice auto: hermes "
+                        "(<tool_call> blocks: the generic format tools are shown in when the "
+                        "chat template renders none, and Qwen's / Hermes'), json (the reply is "
+                        "one JSON call or an array of them: Llama 3's)")
     p.add_argument("--fim-template", default=None,
                    help="fill-in-the-middle prompt with {prefix} and {suffix} (default: the "
                         "model family's, found among the tokenizer's special tokens)")
@@ -217,6 +222,7 @@ def gateway_config(args: argparse.Namespace, backends: list[str]) -> GatewayConf
                              max_stop_len=args.max_stop_len, max_n=args.max_n,
                              strict_api=args.strict_api),
         fim_template=args.fim_template, protect_metrics=args.protect_metrics,
+        tool_call_parser=args.tool_call_parser,
         decision_log_path=getattr(args, "decision_log", None))
 
 

@@ -1,5 +1,7 @@
-"""Tool calls out of the model's text, whole or as it streams (the generic format of
-`gateway.tools`: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` blocks).
+"""Tool calls out of the model's text, whole or as it streams. Parsers by name
+(`--tool-call-parser`): `hermes`, the generic format of `gateway.tools` (Hermes' and Qwen's:
+`<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` blocks), the default; `json`,
+a reply that is one JSON call object or an array of them (Llama 3's).
 
 `ToolCallParser.feed(text)` returns what of the text is plain content and the calls completed so
 far; it holds back only what could still be the start of a `<tool_call>` tag, so content streams
@@ -110,9 +112,52 @@ class ToolCallParser:
         return call
 
 
+class JsonToolCallParser(ToolCallParser):
+    """`--tool-call-parser json` (Llama 3's JSON tool calls and their kin): the whole reply is
+    one call object {"name", "arguments" | "parameters"} or an array of them, else it is
+    content. While the reply could still be such JSON (its first non-blank character is `{` or
+    `[`) it is held back; as soon as it cannot, it streams as content."""
+
+    def __init__(self, cfg: ToolConfig, id_prefix: str = "call_") -> None:
+        super().__init__(cfg, id_prefix)
+        self._mode: str | None = None  # None: undecided, "json": held, "text": streamed
+
+    def feed(self, text: str) -> tuple[str, list[ToolCall]]:
+        self._pending += text
+        if self._mode is None and self._pending.strip():
+            self._mode = "json" if self._pending.lstrip()[0] in "{[" else "text"
+        if self._mode == "text":
+            out, self._pending = self._pending, ""
+            return out, []
+        return "", []
+
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        rest, self._pending = self._pending, ""
+        if self._mode != "json":
+            return rest, []
+        try:
+            value = json.loads(rest)
+        except ValueError:
+            return rest, []
+        items = value if isinstance(value, list) else [value]
+        calls = [self._call(json.dumps(item)) for item in items]
+        if not items or any(c is None for c in calls):
+            self.calls = self.calls[:len(self.calls) - sum(c is not None for c in calls)]
+            return rest, []
+        return "", calls
+
+
+PARSERS: dict[str, type[ToolCallParser]] = {"hermes": ToolCallParser, "json": JsonToolCallParser}
+
+
+def make_parser(cfg: ToolConfig, id_prefix: str = "call_") -> ToolCallParser:
+    """The parser `cfg` names (gateway.tools.ToolConfig.parser)."""
+    return PARSERS[cfg.parser](cfg, id_prefix)
+
+
 def parse_all(text: str, cfg: ToolConfig) -> tuple[str | None, list[ToolCall]]:
     """(content or None when only calls remain, calls) of a whole output."""
-    parser = ToolCallParser(cfg)
+    parser = make_parser(cfg)
     content, calls = parser.feed(text)
     tail, more = parser.finish()
     content += tail
@@ -148,7 +193,7 @@ class StreamShaper:
 
     def __init__(self, cfg: ToolConfig, num_choices: int) -> None:
         self.cfg = cfg
-        self.parsers = [ToolCallParser(cfg) for _ in range(num_choices)]
+        self.parsers = [make_parser(cfg) for _ in range(num_choices)]
 
     def delta(self, i: int, text: str, finish: str | None) -> tuple[dict, str | None]:
         parser = self.parsers[i]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.body_checks import check_text
@@ -49,6 +49,9 @@ class ToolConfig:
     choice: str  # "none" | "auto" | "required" | "function"
     function: str | None = None  # the named function when choice == "function"
     parallel: bool = True
+    # how `auto` output is parsed (gateway.tool_parser.PARSERS; `--tool-call-parser`); a forced
+    # choice is always the generic format its grammar writes
+    parser: str = "hermes"
 
     @property
     def forced(self) -> bool:
@@ -250,3 +253,49 @@ def template_messages(messages, cfg: ToolConfig | None) -> list[dict]:
         if m.tool_calls:
             d["tool_calls"] = m.tool_calls
     return render_messages(plain, cfg)
+
+
+def with_parser(cfg: ToolConfig | None, parser: str) -> ToolConfig | None:
+    """`cfg` parsed with the server's `--tool-call-parser` (forced choices keep the generic
+    format their grammar writes)."""
+    if cfg is None or cfg.forced or cfg.parser == parser:
+        return cfg
+    return replace(cfg, parser=parser)
+
+
+# --- a chat template that renders tools itself (HF's `tools` convention) ----------------------
+def uses_native_tools(chat_template: str | None) -> bool:
+    """The template reads a `tools` variable (Qwen, Hermes, Llama 3, Mistral templates do;
+    DeepSeek-Coder's and tiny-coder's do not)."""
+    return bool(chat_template) and re.search(r"\btools\b", chat_template) is not None
+
+
+def native_messages(messages) -> list[dict]:
+    """Validated `ChatMessage`s in HF's chat-template shape: assistant `tool_calls` as
+    [{"type": "function", "function": {"name", "arguments": dict}}], tool results with their
+    `tool_call_id`."""
+    out = []
+    for m in messages:
+        d: dict[str, Any] = {"role": m.role, "content": m.content}
+        if m.tool_calls:
+            d["tool_calls"] = [{"id": c["id"], "type": "function", "function": {
+                "name": c["name"], "arguments": _arguments(c["arguments"])}}
+                for c in m.tool_calls]
+        if m.tool_call_id is not None:
+            d["tool_call_id"] = m.tool_call_id
+        out.append(d)
+    return out
+
+
+def _arguments(arguments: Any) -> Any:
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            return arguments
+    return arguments
+
+
+def native_tools(cfg: ToolConfig) -> list[dict]:
+    return [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                              "parameters": t.schema}} for t in cfg.tools]

@@ -298,3 +298,70 @@ def test_the_zmq_front_door_refuses_a_grammar_instead_of_dropping_it():
     with pytest.raises(APIError) as err:
         _check_wire_sampling(s, LIMITS)
     assert err.value.status == 400 and err.value.param == "grammar"
+
+
+# --- --tool-call-parser, and chat templates that render tools themselves ---------------------
+def _weather_cfg(parser="json"):
+    from gateway.tools import parse_tools, with_parser
+
+    return with_parser(parse_tools({"tools": [WEATHER]}), parser)
+
+
+def test_json_parser_whole_streamed_and_refused():
+    from gateway.tool_parser import make_parser, parse_all
+
+    cfg = _weather_cfg()
+    one = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
+    content, calls = parse_all(one, cfg)
+    assert content is None and calls[0].arguments == {"city": "Paris"}
+    content, calls = parse_all(" [" + one + ", " + one.replace("Paris", "Oslo") + "]", cfg)
+    assert [c.arguments["city"] for c in calls] == ["Paris", "Oslo"]
+    for text in ('{"name": "rm", "arguments": {}}', "{not json", "Sunny today."):
+        assert parse_all(text, cfg) == (text, [])
+    p = make_parser(cfg)  # streamed: held while it could be a call, passed on once it cannot
+    assert p.feed("  {\"na") == ("", [])
+    assert p.feed('me": "get_weather", "arguments": {}}') == ("", [])
+    assert p.finish()[1][0].name == "get_weather"
+    p = make_parser(cfg)
+    assert p.feed("Hel") == ("Hel", []) and p.feed("lo {") == ("lo {", [])
+
+
+async def test_server_parser_setting_reaches_the_response(aiohttp_client):
+    rec = Recorder('{"name": "get_weather", "arguments": {"city": "Rome"}}')
+    b = await FakeBackend(ipc_address(), script=rec).start()
+    try:
+        client = await aiohttp_client(create_app(make_config(b.address, tool_call_parser="json"),
+                                                 startup_wait_s=5.0))
+        resp = await sdk(client).chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "x"}], tools=[WEATHER])
+        assert resp.choices[0].message.tool_calls[0].function.arguments == '{"city": "Rome"}'
+        assert resp.choices[0].finish_reason == "tool_calls"
+    finally:
+        await b.stop()
+
+
+async def test_a_template_that_renders_tools_gets_them_natively():
+    from test_gateway_fakes import tokenizer_json
+
+    from gateway.chat_render import chat_prompt_ids
+    from gateway.openai_schema import ChatMessage
+    from tokenizer.bundle import TokenizerBundle
+
+    template = ("{% for t in tools %}[TOOL {{ t.function.name }}]{% endfor %}"
+                "{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+                "{% for c in m.tool_calls or [] %}[CALL {{ c.function.name }} "
+                "{{ c.function.arguments.city }}]{% endfor %}"
+                "{% if m.tool_call_id %}[FOR {{ m.tool_call_id }}]{% endif %}{% endfor %}")
+
+    class Gw:
+        passes_text = False
+        bundle = TokenizerBundle.from_parts(tokenizer_json(), template, 256, (257,), "t")
+
+    cfg = _weather_cfg("hermes")
+    msgs = [ChatMessage("user", "hi"),
+            ChatMessage("assistant", "", ({"id": "c1", "name": "get_weather",
+                                           "arguments": '{"city": "Oslo"}'},)),
+            ChatMessage("tool", "cold", (), "c1")]
+    ids = await chat_prompt_ids(Gw(), msgs, cfg, True, False)
+    assert Gw.bundle.decode(ids) == ("[TOOL get_weather]<user>hi<assistant>[CALL get_weather "
+                                     "Oslo]<tool>cold[FOR c1]")
