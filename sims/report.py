@@ -170,6 +170,14 @@ def format_table(rep: dict) -> str:
             lines.append(f"{name:<10}{c['completed']:>9}{c['ttft_ms']['p50']:>10.2f}"
                          f"{c['ttft_ms']['p99']:>10.2f}{c['tpot_ms']['p50']:>10.2f}"
                          f"{c['queue_wait_ms']['p99']:>10.2f}")
+    adm = rep.get("admission") or {}
+    if adm.get("slo"):
+        by = ", ".join(f"{name} {c.get('refused', 0)} refused, "
+                       f"{100 * c['goodput_fraction']:.1f}% of completed in SLO"
+                       for name, c in rep["by_class"].items())
+        ra = adm.get("retry_after_ms")
+        lines += ["", f"admission: {adm['refused']} refused" + (
+            f" (Retry-After p50 {ra['p50']:.0f} ms)" if ra else "") + f"; {by}"]
     b, st, kv = rep["batch_size"], rep["steps"], rep["kv"]
     lines += ["",
               (f"gateway batches {b['num_batches']}, size mean {b['mean']:.1f} p99 {b['p99']:.0f} "
