@@ -52,12 +52,13 @@ def live(a: argparse.Namespace, trace_file: Path, tmp: str, keys: bool) -> dict:
                 addr = f"ipc://{tmp}/b{i}_{int(keys)}.sock"
                 procs.append(subprocess.Popen(
                     cli + ["backend", "--listen", addr, "--model", a.model,
-                           "--num-blocks", str(a.num_blocks)],
+                           "--num-blocks", str(a.num_blocks), "--cpu-threads", "1"],
                     env=env, stdout=logs, stderr=subprocess.STDOUT))
                 addrs.append(addr)
             port = free_port()
+            # a shared 2-core machine: a step may stall for seconds; not a dead backend
             serve = cli + ["serve", "--port", str(port), "--placement", "prefix",
-                           "--tokenizer", a.model]
+                           "--tokenizer", a.model, "--heartbeat-timeout", "120"]
             for addr in addrs:
                 serve += ["--backend", addr]
             procs.append(subprocess.Popen(serve, env=env, stdout=logs, stderr=subprocess.STDOUT))
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", default=str(ROOT / "docs/window_defaults/cpu_tiny_coder_profile.json"))
     p.add_argument("--step-ms", type=float, default=20.0, help="without --profile")
     p.add_argument("--sessions", type=int, default=12)
-    p.add_argument("--session-rate", type=float, default=0.5)
+    p.add_argument("--session-rate", type=float, default=0.25)
     p.add_argument("--max-context", type=int, default=2048)
     p.add_argument("--pin-fraction", type=float, default=0.5)
     p.add_argument("--pin-ttl-s", type=float, default=60.0)
