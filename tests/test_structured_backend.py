@@ -269,3 +269,38 @@ def test_cuda_graph_steps_with_grammar_rows_stay_pipelined_and_valid():
     assert piped == sync and num_masked > 10
     for i, s in enumerate(schemas):
         jsonschema.validate(json.loads(_text(tok, piped[f"g{i}"][0])), s)
+
+
+@needs_model
+def test_speculation_with_a_grammar_drafts_only_what_it_accepts(engine):
+    """Predicted Outputs on constrained requests: the drafts are cut where the grammar would
+    refuse them, each verified position is sampled under the mask after its draft prefix, and
+    the output equals the one without speculation (greedy), valid, with drafts accepted."""
+    from backend.engine.assemble import BackendConfig, create_engine
+    from scheduler.speculation import SpeculationConfig
+
+    _, tok = engine
+    spec_eng, _ = create_engine(BackendConfig(model=str(TINY_CODER),
+                                              speculation_config=SpeculationConfig()))
+    prompt = tok.encode_chat([{"role": "user", "content": "Reply with a JSON object."}])
+    schema = {"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 12}, "n": {"type": "integer"},
+        "tags": {"type": "array", "items": {"enum": ["io", "cpu"]}, "maxItems": 3}},
+        "required": ["name", "n", "tags"], "additionalProperties": False}
+    plain = _run(engine[0], {"p": (prompt, SamplingParams(
+        max_tokens=200, grammar=GrammarSpec.json_schema(schema)))})["p"]
+    assert plain[1] == "stop"
+    # the prediction: the real output, with a stretch the grammar refuses spliced in
+    junk = tok.encode(" }}}]] not json", add_special_tokens=False)
+    prediction = plain[0][:6] + junk + plain[0][6:]
+    assert spec_eng.add_request("s", prompt, SamplingParams(
+        max_tokens=200, grammar=GrammarSpec.json_schema(schema)), prediction=prediction) is None
+    ids, drafted, accepted = [], 0, 0
+    while spec_eng.has_unfinished():
+        for o in spec_eng.step():
+            ids.extend(o.new_token_ids)
+            drafted, accepted = o.num_draft_tokens, o.num_accepted_draft_tokens
+    spec_eng.check_integrity()
+    assert ids == plain[0]
+    jsonschema.validate(json.loads(_text(tok, ids)), schema)
+    assert accepted > 10 and drafted >= accepted

@@ -244,9 +244,6 @@ class Engine:
         self.states[request_id] = state
         if params.grammar is not None:  # compiled on the grammar thread (cached)
             state.grammar = self.grammars.start(params.grammar)
-            # drafts are not checked against the grammar: constrained requests do not
-            # speculate
-            speculation_off = True
         if self.speculator is not None:
             self.speculator.add(request_id, list(prompt_token_ids), prediction, max_draft_tokens,
                                 speculation_off)
@@ -309,6 +306,8 @@ class Engine:
         start, start_wall = time.perf_counter(), time.time()
         # drafts need every token read back: not over a pipelined step's placeholders
         drafts = self._drafts() if self.speculator is not None and prev is None else None
+        if drafts:  # a constrained request's drafts stop where its grammar would
+            drafts = self._grammar_drafts(drafts)
         plan = self.scheduler.schedule(drafts=drafts)
         if self.host_kv is not None:  # tier copies first: this step reads and overwrites them
             self.host_kv.run(self.scheduler.block_manager.host.take_copies())
@@ -319,8 +318,7 @@ class Engine:
         # the runner's launched.greedy is False)
         if drafts or not all(states[rid].plain_greedy for rid in sampled):
             specs = {rid: self._spec(rid) for rid in sampled}
-            self._start_masks(specs, early=prev is None)
-            self._start_masks(specs, early=prev is None)
+            self._start_masks(specs, plan.chunks, early=prev is None)
         # greedy rows with a grammar (device path): argmax redone under the mask before read-back
         mask_rows = [] if specs is not None else [
             i for i, c in enumerate(plan.chunks) if c.sample and states[c.request_id].grammar]
@@ -638,21 +636,19 @@ class Engine:
                 stopped.add(rid)
         return StepResult(sampled=token_ids, stopped=stopped), out.logprobs
 
-    def _start_masks(self, specs: dict[str, SampleSpec], early: bool = True) -> None:
-        """Start the bitmask of the step's constrained rows on the grammar's mask thread,
-        before the launch: it is computed while the forward runs (on the device, or on the
-        CPU beside it: llguidance drops the GIL) and read when the rows are sampled. Not
-        `early` (a pipelined step's tokens are not consumed yet): computed when first read,
-        which is after that step's read-back."""
-        states = self.states
-        rows = [rid for rid in specs if states[rid].grammar is not None]
-        if rows:
-            grammars = [states[rid].grammar for rid in rows]
-            masks = self.grammars.submit(grammars) if early else self.grammars.later(grammars)
-            for i, rid in enumerate(rows):
-                specs[rid].mask = (masks, i)
+    def _grammar_drafts(self, drafts: dict[str, list[int]]) -> dict[str, list[int]] | None:
+        """Each constrained request's draft tokens cut to the prefix its grammar accepts (the
+        rest could never be accepted; verifying them would waste the step's positions)."""
+        states, out = self.states, {}
+        for rid, d in drafts.items():
+            g = states[rid].grammar if rid in states else None
+            if g is not None:
+                d = d[:g.valid_prefix(d)]
+            if d:
+                out[rid] = d
+        return out or None
 
-    def _start_masks(self, specs: dict[str, SampleSpec], early: bool = True) -> None:
+    def _start_masks(self, specs: dict[str, SampleSpec], chunks=(), early: bool = True) -> None:
         """Start the bitmask of the step's constrained rows on the grammar's mask thread,
         before the launch: it is computed while the forward runs (on the device, or on the
         CPU beside it: llguidance drops the GIL) and read when the rows are sampled. Not
@@ -662,9 +658,14 @@ class Engine:
         rows = [rid for rid in specs if states[rid].grammar is not None]
         if rows:
             grammars = [states[rid].grammar for rid in rows]
-            masks = self.grammars.submit(grammars) if early else self.grammars.later(grammars)
+            # a verify's rows: one mask per position, after each prefix of its drafts
+            drafted = {c.request_id: c.token_ids[len(c.token_ids) - c.num_draft:]
+                       for c in chunks if getattr(c, "num_draft", 0)}
+            drafts = [drafted.get(rid, []) for rid in rows] if drafted else None
+            masks = self.grammars.submit(grammars, drafts) if early else \
+                self.grammars.later(grammars, drafts)
             for i, rid in enumerate(rows):
-                specs[rid].mask = (masks, i)
+                specs[rid].mask = (masks, masks.bases[i])
 
     def _spec(self, request_id: str) -> SampleSpec:
         s = self.states[request_id]

@@ -87,6 +87,12 @@ class RequestGrammar:
             log.warning("grammar failed to compile (%s): the request ends at once", exc)
             return None
 
+    def valid_prefix(self, tokens) -> int:
+        """How many of `tokens` (draft tokens) the grammar accepts from its state, which is left
+        as it is."""
+        m = self.matcher()
+        return m.validate_tokens([int(t) for t in tokens]) if m is not None else 0
+
     def consume(self, tokens) -> None:
         """The tokens the request was given (each was allowed by its mask)."""
         m = self.matcher()
@@ -99,16 +105,27 @@ class RequestGrammar:
                 return
 
 
+def _bases(grammars: list, drafts: list[list[int]] | None) -> list[int]:
+    """Each grammar's first bitmask row: one row each, or 1 + its drafts' with drafts."""
+    bases, row = [], 0
+    for i in range(len(grammars)):
+        bases.append(row)
+        row += 1 + (len(drafts[i]) if drafts else 0)
+    return bases
+
+
 class StepMasks:
     """The bitmask of one step's constrained rows (int32 [R, W]): `finish()` runs once the
-    mask thread's `future` (if any) is done, on the reading thread."""
+    mask thread's `future` (if any) is done, on the reading thread. `bases[i]`: grammar i's
+    first row."""
 
-    __slots__ = ("_finish", "_future", "_value")
+    __slots__ = ("_finish", "_future", "_value", "bases")
 
-    def __init__(self, future: Future | None, finish) -> None:
+    def __init__(self, future: Future | None, finish, bases: list[int] | None = None) -> None:
         self._future = future
         self._finish = finish
         self._value: np.ndarray | None = None
+        self.bases = bases
 
     def result(self) -> np.ndarray:
         if self._value is None:
@@ -148,52 +165,68 @@ class GrammarManager:
         """Begin compiling `spec` (or take it from the cache) for a new request."""
         return RequestGrammar(spec, self._compile.submit(lambda: self.compiler.matcher(spec)))
 
-    def submit(self, grammars: list[RequestGrammar]) -> StepMasks:
-        """Compute the next-token bitmask of each grammar (row i = grammars[i]) on the mask
-        thread; the caller reads it after the step's forward. The matchers are gathered here,
-        so that the thread runs one native call that holds no GIL (a thread that needs the GIL
-        while the step's Python runs waits up to the interpreter's 5 ms switch interval)."""
+    def submit(self, grammars: list[RequestGrammar],
+               drafts: list[list[int]] | None = None) -> StepMasks:
+        """Compute the next-token bitmask of each grammar on the mask thread; the caller reads
+        it after the step's forward. With `drafts` (speculative decoding: grammar i's draft
+        tokens this step) grammar i gets one row per position, the mask after each draft
+        prefix: rows `masks.bases[i]` .. + len(drafts[i]). The matchers are gathered here, so
+        the thread runs one native call that holds no GIL (a thread that needs the GIL while
+        the step's Python runs waits up to the interpreter's 5 ms switch interval)."""
         self.num_masked_rows += len(grammars)
-        bitmask, work = self._prepare(grammars)
-        if not work:
-            return StepMasks(None, lambda: self._check(bitmask, work))
-        future = self._masks.submit(self._fill_native, work, bitmask)
-        return StepMasks(future, lambda: self._check(bitmask, work))
+        bitmask, work, bases = self._prepare(grammars, drafts)
+        future = self._masks.submit(self._fill_native, work, bitmask) if work else None
+        return StepMasks(future, lambda: self._check(bitmask, work), bases)
 
-    def later(self, grammars: list[RequestGrammar]) -> StepMasks:
+    def later(self, grammars: list[RequestGrammar],
+              drafts: list[list[int]] | None = None) -> StepMasks:
         """The bitmask computed when first read: for a step launched before the tokens its
         rows' masks depend on are read back (async scheduling)."""
         self.num_masked_rows += len(grammars)
         grammars = list(grammars)
-        return StepMasks(None, lambda: self._fill(grammars))
+        bases = _bases(grammars, drafts)
+        return StepMasks(None, lambda: self._fill(grammars, drafts), bases)
 
-    def _prepare(self, grammars: list[RequestGrammar]) -> tuple[np.ndarray, list]:
-        """The bitmask (failed grammars' rows: end-of-sequence only) and the (matcher, row)
-        pairs to fill."""
-        bitmask = np.zeros((len(grammars), self.width), dtype=np.int32)
+    def _prepare(self, grammars: list[RequestGrammar], drafts: list[list[int]] | None,
+                 ) -> tuple[np.ndarray, list, list[int]]:
+        """The bitmask (failed grammars' rows: end-of-sequence only), the (matcher, first row,
+        drafts) triples to fill, and each grammar's first row."""
+        bases = _bases(grammars, drafts)
+        num_rows = bases[-1] + 1 + (len(drafts[-1]) if drafts else 0) if grammars else 0
+        bitmask = np.zeros((num_rows, self.width), dtype=np.int32)
         work = []
         for i, g in enumerate(grammars):
+            d = list(drafts[i]) if drafts else []
             m = g.matcher()
             if m is None or m.is_error():  # a grammar that failed: only end-of-sequence is left
-                bitmask[i] = self._eos_row
+                bitmask[bases[i]:bases[i] + len(d) + 1] = self._eos_row
             else:
-                work.append((m, i))
-        return bitmask, work
+                work.append((m, bases[i], d))
+        return bitmask, work, bases
 
     def _fill_native(self, work: list, bitmask: np.ndarray) -> None:
-        from llguidance.numpy import fill_next_token_bitmask_par
+        from llguidance.numpy import (
+            fill_next_token_bitmask_par,
+            fill_next_token_bitmask_par_with_draft_tokens,
+        )
 
-        fill_next_token_bitmask_par(self._executor, work, bitmask)
+        plain = [(m, i) for m, i, d in work if not d]
+        drafted = [w for w in work if w[2]]  # (llguidance refuses an empty draft list)
+        if plain:
+            fill_next_token_bitmask_par(self._executor, plain, bitmask)
+        if drafted:
+            fill_next_token_bitmask_par_with_draft_tokens(self._executor, drafted, bitmask)
 
     def _check(self, bitmask: np.ndarray, work: list) -> np.ndarray:
-        for m, i in work:
+        for m, i, d in work:
             if m.is_error():  # failed while computing this mask
-                bitmask[i] = self._eos_row
+                bitmask[i:i + len(d) + 1] = self._eos_row
         return bitmask
 
-    def _fill(self, grammars: list[RequestGrammar]) -> np.ndarray:
+    def _fill(self, grammars: list[RequestGrammar],
+              drafts: list[list[int]] | None = None) -> np.ndarray:
         """The bitmask of `grammars`, computed on the calling thread."""
-        bitmask, work = self._prepare(grammars)
+        bitmask, work, _ = self._prepare(grammars, drafts)
         if work:
             self._fill_native(work, bitmask)
         return self._check(bitmask, work)

@@ -89,7 +89,9 @@ class SampleSpec:
         p = self.params
         banned = self.banned_ids if self.counter + j < p.min_tokens else ()
         output = [*self.output_ids, *drafts[:j]] if p.uses_penalties else self.output_ids
-        return SampleSpec(p, self.seed, self.counter + j, self.prompt_ids, output, banned)
+        mask = (self.mask[0], self.mask[1] + j) if self.mask is not None else None
+        return SampleSpec(p, self.seed, self.counter + j, self.prompt_ids, output, banned,
+                          mask)  # (a grammar's row after the first j drafts)
 
 
 @dataclass
