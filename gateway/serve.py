@@ -110,8 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "--kv-events-config; a tidegate backend's --kv-events-endpoint): its PUB "
                         "endpoint and optionally its replay endpoint; placement then knows which "
                         "prefixes it holds instead of guessing (gateway.kv_events; repeatable)")
-    p.add_argument("--kv-events-topic", default="", metavar="TOPIC",
-                   help="topic prefix to subscribe to on every --kv-events-from endpoint")
+    p.add_argument("--kv-events-from-topic", default="", metavar="TOPIC",
+                   help="topic prefix to subscribe to on every --kv-events-from endpoint "
+                        "(empty: every topic)")
     p.add_argument("--max-batch-size", type=int, default=128, help="requests per Batch (1..128)")
     p.add_argument("--min-latency-ms", type=float, default=BatcherConfig.min_latency_ms,
                    help="longest batching window (default %(default)s)")
@@ -307,7 +308,7 @@ async def serve(args: argparse.Namespace, embedded: EmbeddedBackend | None = Non
             if embedded is not None:
                 embedded.stop()
             return 2
-        extra.append(kv_events_ctx(specs, args.kv_events_topic))
+        extra.append(kv_events_ctx(specs, args.kv_events_from_topic))
     app = create_app(config, extra_cleanup_ctx=extra)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     stop = asyncio.Event()

@@ -544,3 +544,19 @@ def test_vllms_own_struct_declarations_decode_our_batches():
     _, evs, _ = decode_batch(msgspec.msgpack.encode(OldBatch(ts=1.0, events=old.events)))
     assert [e.kind for e in evs] == ["AllBlocksCleared", "BlockStored", "BlockRemoved",
                                      "BlockStored"] and evs[3].medium == "CPU"
+
+
+def test_serve_takes_both_sides_flags():
+    """`tidegate serve` parses --kv-events-from (its own side) and forwards the backend's
+    --kv-events-* flags to its embedded backend."""
+    from gateway.serve import build_parser, embedded_backend_argv
+
+    args = build_parser().parse_args([
+        "--kv-events-endpoint", "tcp://*:5556", "--kv-events-topic", "kv@x",
+        "--kv-events-from", "http://h:8000=tcp://h:5557", "--kv-events-from-topic", "kv@"])
+    assert args.kv_events_from == ["http://h:8000=tcp://h:5557"]
+    assert args.kv_events_from_topic == "kv@"
+    argv = embedded_backend_argv(args, "ipc:///tmp/x.sock")
+    i = argv.index("--kv-events-endpoint")
+    assert argv[i + 1] == "tcp://*:5556" and argv[argv.index("--kv-events-topic") + 1] == "kv@x"
+    assert "--kv-events-from" not in argv
