@@ -304,3 +304,11 @@ def test_speculation_with_a_grammar_drafts_only_what_it_accepts(engine):
     assert ids == plain[0]
     jsonschema.validate(json.loads(_text(tok, ids)), schema)
     assert accepted > 10 and drafted >= accepted
+
+
+def test_engines_without_a_grammar_path_refuse_it():
+    from backend.engine.assemble import BackendConfig, create_engine
+
+    eng, _ = create_engine(BackendConfig(model="echo"))
+    reason = eng.add_request("x", [1, 2, 3], SamplingParams(grammar=GrammarSpec("json_object")))
+    assert reason is not None and "structured output" in reason

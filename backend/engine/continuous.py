@@ -236,6 +236,8 @@ class Engine:
         # (a grammar alone keeps a greedy request on the device path: Engine._apply_masks)
         state.plain_greedy = params.greedy and not params.logprobs and \
             not replace(params, grammar=None).changes_logits
+        if params.grammar is not None and not isinstance(self.runner, ModelRunner):
+            state.plain_greedy = False  # mask_greedy is ModelRunner's (not a TP leader's)
         if params.uses_penalties:
             state.prompt_ids = list(prompt_token_ids)
         if params.min_tokens > 0:

@@ -123,6 +123,8 @@ class EchoEngine:
             return f"prompt has token ids outside [0, {self.vocab_size})"
         if not 0.0 <= params.top_p <= 1.0 or params.temperature < 0:
             return "temperature must be >= 0 and top_p in [0, 1]"
+        if getattr(params, "grammar", None) is not None:
+            return "structured output is not served by the echo engine (it generates no model output)"
         if params.max_tokens < 1:
             return "max_tokens must be at least 1"
         if n + params.max_tokens > cfg.max_model_len:

@@ -123,6 +123,8 @@ class VllmEngine:
             return "request has no prompt tokens"
         if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= self.vocab_size:
             return f"prompt has token ids outside [0, {self.vocab_size})"
+        if getattr(params, "grammar", None) is not None:
+            return "structured output is not served by the vLLM engine here (use an HTTP vLLM backend)"
         if params.max_tokens < 1:
             return "max_tokens must be at least 1"
         if n + params.max_tokens > self.config.max_model_len:
