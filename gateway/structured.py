@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -182,6 +183,9 @@ def parse_structured(body: dict) -> tuple[GrammarSpec | None, str | None]:
 
 
 _compilers: dict[tuple[str, int, tuple[int, ...]], GrammarCompiler] = {}
+# per gateway, as its tokenizer bundle is (Gateway.bundle): the key above hashes the whole
+# tokenizer.json, which protobuf hands out as a new string on every read
+_by_gateway: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def compiler_for(tokenizer_json: str, vocab_size: int, eos: tuple[int, ...]) -> GrammarCompiler:
@@ -195,17 +199,25 @@ def compiler_for(tokenizer_json: str, vocab_size: int, eos: tuple[int, ...]) -> 
     return comp
 
 
+def gateway_compiler(gw) -> GrammarCompiler:
+    comp = _by_gateway.get(gw)
+    if comp is None:
+        info = gw.info
+        comp = _by_gateway[gw] = compiler_for(info.tokenizer_json, info.vocab_size or 0,
+                                              tuple(info.eos_token_ids))
+    return comp
+
+
 async def check_grammar(gw, spec: GrammarSpec | None, param: str | None) -> None:
     """400 naming `param` when the backend could not run `spec`. Compiled on a worker thread
-    (a large schema takes milliseconds); results are cached per spec."""
+    (a large schema takes milliseconds); results are cached per spec. Without a tokenizer here
+    (OpenAI-compatible HTTP backends, no --tokenizer) the grammar goes to the server unchecked,
+    as vLLM's structured_outputs (gateway.http_backend)."""
     if spec is None:
         return
-    info = gw.info
-    if not info.tokenizer_json:
-        raise bad_request(f"'{param}' needs the model's tokenizer in the gateway (structured "
-                          "output is compiled against the vocabulary).", param,
-                          "unsupported_parameter")
-    comp = compiler_for(info.tokenizer_json, info.vocab_size or 0, tuple(info.eos_token_ids))
+    if gw.passes_text:  # an HTTP backend and no tokenizer here: the server checks it
+        return
+    comp = gateway_compiler(gw)
     try:
         await asyncio.get_running_loop().run_in_executor(None, comp.compile, spec)
     except GrammarError as exc:
