@@ -208,37 +208,54 @@ def test_card_renders_the_engine_section_from_eval_json(swept):
 
 
 def test_the_gpu_call_script_runs_end_to_end_on_the_cpu(prep, tmp_path):
-    """scripts/gpu_tiny_coder_run.sh's plumbing (the next session has one call to get it right):
-    an xz corpus and a carried tokenizer in, a model directory back in <= 15 MiB parts."""
+    """scripts/gpu_tiny_coder_run.sh's plumbing (the lead has one call to get it right): an xz
+    corpus and a carried tokenizer in; the model directory back in <= 15 MiB parts, its metrics,
+    and the engine's evaluation of it (greedy and at its generation_config.json defaults) on the
+    held-out files rebuilt from the carried corpus; 8 files at most (the device tool's limit)."""
     import lzma
     import shutil
     import tarfile
 
     carry = tmp_path / "carry"
     (carry / "corpus").mkdir(parents=True)
-    shutil.copytree(ROOT / "scripts", carry / "scripts")
     raw = (prep.parent / "corpus" / "corpus.jsonl").read_bytes()
     (carry / "corpus" / "corpus.jsonl.xz").write_bytes(lzma.compress(raw))
     shutil.copy(prep / "tokenizer.json", carry / "tokenizer.json")
     out, scratch = tmp_path / "out", tmp_path / "scratch"
     scratch.mkdir()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "OUT": str(out),
-           "TMPDIR": str(scratch), "COMPILE": "",
+           "CARRY": str(carry), "TMPDIR": str(scratch), "COMPILE": "", "EVAL_THREADS": "1",
            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
-           "SWEEP_ARGS": "--device cpu --candidates 1x32x64/2/1 2x32x64/2/1 --candidate-steps 4 "
-                         "--steps 6 --seq-len 32 --batch-size 2 --warmup-steps 2 --eval-every 4 "
-                         "--sample-tokens 4"}
-    r = subprocess.run(["bash", str(carry / "scripts" / "gpu_tiny_coder_run.sh")], env=env,
+           "PREPARE_ARGS": "--workers 2",
+           "TRAIN_ARGS": "--device cpu --steps 6 --seq-len 32 --batch-size 2 --warmup-steps 2 "
+                         "--eval-every 4 --sample-tokens 4 --layers 1 --hidden-size 32 "
+                         "--intermediate-size 64 --heads 2 --kv-heads 1 --eval-batch-size 16",
+           "EVAL_ARGS": "--files-sample 1 --fim-cases 2 --heldout-headers 1"}
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_tiny_coder_run.sh")], env=env,
                        capture_output=True, text=True, timeout=600, check=False)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "prepare exit 0" in r.stdout and "sweep exit 0" in r.stdout
+    assert "prepare exit 0" in r.stdout and "train exit 0" in r.stdout, r.stdout[-3000:]
+    assert "eval (none) exit 0" in r.stdout and "eval (auto) exit 0" in r.stdout, r.stdout[-4000:]
+    files = sorted(p.name for p in out.iterdir())
+    assert len(files) <= 8 and all(p.is_file() for p in out.iterdir()), files
     parts = sorted(out.glob("tiny-coder.tar.part-*"))
     assert parts and all(p.stat().st_size <= 15 * 2**20 for p in parts)
     back = tmp_path / "back"
     (tmp_path / "model.tar").write_bytes(b"".join(p.read_bytes() for p in parts))
     with tarfile.open(tmp_path / "model.tar") as tf:
         tf.extractall(back, filter="data")
-    m = json.loads((back / "tiny-coder" / "metrics.json").read_text())
-    assert m["sweep"]["winner"] in ("1x32x64/2/1", "2x32x64/2/1")
-    assert (back / "tiny-coder" / "model.safetensors").stat().st_size > 0
+    model = back / "tiny-coder"
+    m = json.loads((model / "metrics.json").read_text())
+    assert m["sweep"] is None and m["model_config"]["num_hidden_layers"] == 1
+    assert m["prep"]["function_doc_rate"] == 0.5 and m["prep"]["function_documents"] > 0
+    assert (model / "model.safetensors").stat().st_size > 0
+    gen = json.loads((model / "generation_config.json").read_text())
+    assert gen["temperature"] == 0.0 and gen["repetition_penalty"] > 1.0
     assert json.loads((out / "metrics.json").read_text()) == m
+    greedy = json.loads((out / "eval.json").read_text())
+    defaults = json.loads((out / "eval_defaults.json").read_text())
+    assert greedy["decoding"]["sampling"] == "greedy"
+    assert defaults["decoding"]["repetition_penalty"] == gen["repetition_penalty"]
+    for ev in (greedy, defaults):
+        assert ev["bpb"]["files"] == 1 and ev["fim"]["total"] == 2
+        assert ev["headers"]["total"] == 8 and ev["heldout_headers"]["total"] == 1

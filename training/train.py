@@ -772,7 +772,15 @@ def hf_config_dict(c: ModelConfig, tok) -> dict:
     }
 
 
-def save_hf_dir(out: Path, model: TinyLlama, tok, c: ModelConfig, max_len: int):
+# The model's sampling defaults, written to generation_config.json (the server applies them to
+# requests that leave the fields out: backend.model.generation_config). Greedy with a mild
+# repetition penalty: on the v2 model, 1.1 was the best of 1.0/1.1/1.2/1.3 on the validation
+# packages' 16 function headers (13/16 parse against 10/16 greedy) -- see the model card.
+GENERATION_DEFAULTS = {"temperature": 0.0, "repetition_penalty": 1.1}
+
+
+def save_hf_dir(out: Path, model: TinyLlama, tok, c: ModelConfig, max_len: int,
+                generation_defaults: dict | None = None):
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
@@ -813,7 +821,8 @@ def save_hf_dir(out: Path, model: TinyLlama, tok, c: ModelConfig, max_len: int):
     (out / "special_tokens_map.json").write_text(
         json.dumps(stm, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     gen = {"bos_token_id": ids[BOS], "eos_token_id": ids[EOS], "pad_token_id": ids[PAD],
-           "do_sample": False, "max_new_tokens": 128}
+           "do_sample": False,
+           **(GENERATION_DEFAULTS if generation_defaults is None else generation_defaults)}
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
 
 
@@ -1239,7 +1248,8 @@ def train(args) -> int:
     best = {"val_loss": info["best_val_loss"], "step": info["best_step"]}
 
     # export + evaluation with the saved (bf16) weights computed in float32
-    save_hf_dir(out, model, tok, mc, args.max_position_embeddings)
+    save_hf_dir(out, model, tok, mc, args.max_position_embeddings,
+                json.loads(args.generation_defaults))
     from safetensors.torch import load_file
 
     ev = TinyLlama(mc).to(device)
@@ -1515,6 +1525,79 @@ def shape_and_reproduce(m: dict, p: dict) -> tuple[str, str]:
     return shape, repro
 
 
+def _documents_text(p: dict, man: dict | None) -> str:
+    """The card's bullets on how files become documents (v2's rule when prep.json predates
+    function documents)."""
+    fim = ("`<|bos|><｜fim▁begin｜>prefix<｜fim▁hole｜>suffix<｜fim▁end｜>middle<|eos|>`")
+    if "function_doc_rate" not in p:
+        return (f"- Fill-in-the-middle: files are cut at line boundaries into segments of at most\n"
+                f"  {p['fim_segment_chars']} characters; each segment becomes, with probability "
+                f"{p['fim_rate']}, a document\n  {fim} (middle: 1-3 whole\n  lines or a random "
+                f"character span, equally often); the other segments stay plain text\n"
+                f"  `<|bos|>text<|eos|>`. {p['fim_documents']:,} FIM and "
+                f"{p['plain_documents']:,} plain documents.")
+    thin = ""
+    if man and man.get("doctest_max_share", 1) < 1:
+        sh = man["training_shares"]
+        before, after = sh["after_cap"], sh["after_doctest_thinning"]
+        thin = (f"- Doctest-heavy files thinned: a training file whose doctest blocks (`>>>` "
+                f"lines and their output) are more than {man['doctest_max_share']:.0%} of it is "
+                f"kept with probability {man['doctest_max_share']:g} / its share "
+                f"({man['dedupe'].get('doctests_thinned', 0)} files dropped; doctest text "
+                f"{before.get('doctest_block_share', 0):.1%} -> "
+                f"{after.get('doctest_block_share', 0):.1%} of the training bytes). The v2 "
+                f"model's greedy completions looped in sympy-style doctest docstrings.\n")
+    plain = p["plain_documents"] or 1
+    return (
+        f"{thin}- Documents (`training/train.py`, `build_documents`): each file is cut into "
+        f"segments of at most {p['fim_segment_chars']} characters that end where a top-level "
+        f"def or class ends (a larger class: where one of its methods ends); each segment "
+        f"becomes, with probability {p['fim_rate']}, a FIM document {fim} (middle: 1-3 whole "
+        f"lines or a random character span, equally often); runs of the other segments are "
+        f"plain `<|bos|>text<|eos|>`, so their `<|eos|>` comes at the end of a unit "
+        f"({p['plain_eos_at_unit_end'] / plain:.0%}) or of the file "
+        f"({p['plain_eos_at_file_end'] / plain:.0%}), inside one "
+        f"{p['plain_eos_inside'] / plain:.0%} of the time (v2's line cuts: 62%). Beside them, "
+        f"each function of 3-60 lines is, with probability {p['function_doc_rate']}, a "
+        f"document of its own: FIM within the function (probability {p['function_fim_rate']}; "
+        f"the middle is one single-line statement, or 1-3 lines) or `<|bos|>function<|eos|>`, "
+        f"which teaches what a header completion needs: write one function, then stop. "
+        f"{p['fim_documents']:,} FIM and {p['plain_documents']:,} plain file documents, "
+        f"{p['function_fim_documents']:,} FIM and {p['function_documents']:,} plain function "
+        f"documents.")
+
+
+def defaults_section(evd: dict, ev: dict | None) -> str:
+    """The card's lines on the engine's evaluation at the model's generation_config.json
+    defaults (`tidegate eval code --generation-config auto`, eval_defaults.json) beside greedy."""
+    dec = {k: v for k, v in evd.get("decoding", {}).items() if k != "generation_config"}
+
+    def row(name: str, r: dict | None) -> str:
+        if not r:
+            return f"| {name} | - | - | - | - |"
+        h, hh, f = r.get("headers", {}), r.get("heldout_headers", {}), r.get("fim", {})
+        return (f"| {name} | {h.get('parsed', '-')}/{h.get('total', '-')} "
+                f"({h.get('parsed_and_finished', '-')} ended within the budget) | "
+                f"{hh.get('parsed', '-')}/{hh.get('total', '-')} | "
+                f"{f.get('exact', '-')}/{f.get('total', '-')} | "
+                f"{f.get('mean_line_similarity', float('nan')):.3f} |")
+
+    return f"""
+
+#### At the server's default decoding (`generation_config.json`)
+
+`make serve` decodes a request that sets no sampling field with this model's
+`generation_config.json` ({", ".join(f"{k} {v}" for k, v in dec.items())}; see the repository
+README). The same evaluation with `--generation-config auto` (the stop and parse rules unchanged;
+`eval_defaults.json`):
+
+| decoding | 8 headers parse | 8 held-out headers parse | FIM exact line | FIM edit similarity |
+|---|---|---|---|---|
+{row("greedy (`eval.json`)", ev)}
+{row("the model's defaults", evd)}
+"""
+
+
 def write_card(out: Path) -> None:
     """README.md from metrics.json, corpus_manifest.json and (when present) eval.json."""
     m = json.loads((out / "metrics.json").read_text())
@@ -1531,6 +1614,9 @@ def write_card(out: Path) -> None:
     excluded = [s["name"] for s in man["sources"] if s["role"].startswith("excluded")] if man else []
     shape_text, reproduce = shape_and_reproduce(m, p)
     engine = engine_section(ev) if ev else ""
+    evd_path = out / "eval_defaults.json"
+    if evd_path.is_file():
+        engine += defaults_section(json.loads(evd_path.read_text()), ev)
     text = f"""---
 license: other
 license_name: mixed-permissive
@@ -1569,11 +1655,7 @@ plausible-looking Python and fills single lines, but it is **not** a useful codi
   {val_pk} -- {gf("val")} files, {gb("val"):.1f} MB; **training**: the rest,
   {gf("train")} files, {gb("train"):.1f} MB, {p["train_tokens"]:,} tokens with FIM.
   The held-out paths are relative to the `.venv`'s `site-packages`; their versions are in the table.
-- Fill-in-the-middle: files are cut at line boundaries into segments of at most
-  {p["fim_segment_chars"]} characters; each segment becomes, with probability {p["fim_rate"]}, a document
-  `<|bos|><｜fim▁begin｜>prefix<｜fim▁hole｜>suffix<｜fim▁end｜>middle<|eos|>` (middle: 1-3 whole
-  lines or a random character span, equally often); the other segments stay plain text
-  `<|bos|>text<|eos|>`. {p["fim_documents"]:,} FIM and {p["plain_documents"]:,} plain documents.
+{_documents_text(p, man)}
 
 <details><summary>Sources and licences</summary>
 
@@ -1706,6 +1788,9 @@ def add_train_args(pt: argparse.ArgumentParser, sweep: bool) -> None:
     pt.add_argument("--eval-every", type=int, default=250)
     pt.add_argument("--eval-windows", type=int, default=0,
                     help="validation windows per periodic evaluation (0: all)")
+    pt.add_argument("--generation-defaults", default=json.dumps(GENERATION_DEFAULTS),
+                    help="JSON object of sampling defaults for generation_config.json (the "
+                         "server's defaults for this model; default %(default)s)")
     pt.add_argument("--sample-prompt", default="def fibonacci(n):")
     pt.add_argument("--sample-tokens", type=int, default=64)
     pt.add_argument("--candidates", type=Shape.parse, nargs="+",
