@@ -14,16 +14,23 @@ tokenizer on training text only and writes token ids:
     ``<｜fim▁hole｜>``, ``<｜fim▁end｜>``. Trained on the training files whose path hash puts
     them in the first ``--tokenizer-sample`` share (a fixed subset, for time). Encoding
     prepends ``<|bos|>``.
-  * **Documents.** Each training file is cut at line boundaries into segments of at most
-    ``--fim-segment-chars`` characters. Each segment independently becomes, with probability
-    ``--fim-rate``, a fill-in-the-middle document in prefix-suffix-middle order::
+  * **Documents** (``build_documents``). Each training file is cut into segments of at most
+    ``--fim-segment-chars`` characters that end where a top-level def or class ends (a larger
+    class: where one of its methods ends; a file that does not parse: at lines). Each segment
+    independently becomes, with probability ``--fim-rate``, a fill-in-the-middle document in
+    prefix-suffix-middle order::
 
         <|bos|> <｜fim▁begin｜> prefix <｜fim▁hole｜> suffix <｜fim▁end｜> middle <|eos|>
 
     where the middle is, with equal probability, 1-3 whole lines (newline included) or the
     characters between two uniformly random points of the segment. Runs of consecutive
-    segments that were not chosen stay one plain document ``<|bos|> text <|eos|>``. The
-    documents are shuffled and concatenated into one token stream (uint16).
+    segments that were not chosen stay one plain document ``<|bos|> text <|eos|>``, so its
+    ``<|eos|>`` comes where a unit ends. Beside them, each 3-60-line function (any depth,
+    decorators included) is, with probability ``--function-doc-rate``, a document of its own:
+    FIM within the function (``--function-fim-rate``; the middle one single-line statement, or
+    1-3 lines) or ``<|bos|> function <|eos|>``. The random choices are seeded per file (seed,
+    path), so ``--workers`` processes cut the files. The documents are shuffled and
+    concatenated into one token stream (uint16).
   * Validation and held-out files are plain documents ``<|bos|> text <|eos|>`` (whole files).
     ``gzip -9`` and ``xz -9`` sizes of every held-out/validation file are recorded beside them.
 
