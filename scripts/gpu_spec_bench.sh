@@ -23,7 +23,8 @@
 # NREQ (requests per oracle run, 8), OUTLEN (tokens per request, 256), SAT (saturation workloads
 # "IN/OUTxN ...", "512/128x400 16/32x256"), LOADS (concurrencies of the sim-vs-live runs,
 # "1 8 32"), PORT (18080), FILE_CHARS (characters of code per prompt, 3000), DEADLINE_S (part
-# serve starts nothing new after it, 500; what it skipped is listed in skipped.txt), SERVE_TAR
+# serve starts nothing new after it, 480, and stops a run still going at LIMIT_S, 560; what it
+# skipped is listed in skipped.txt), SERVE_TAR
 # (part sim: part serve's tarball when this machine no longer holds its results). Outputs: $OUT/spec_serve_table.txt, $OUT/spec_serve.tar.gz (part
 # serve); $OUT/spec_sim_table.txt, $OUT/spec_sim.tar.gz (part sim).
 set -u
@@ -37,7 +38,8 @@ SAT=${SAT:-"512/128x400 16/32x256"}
 LOADS=${LOADS:-"1 8 32"}
 PORT=${PORT:-18080}
 FILE_CHARS=${FILE_CHARS:-3000}
-DEADLINE_S=${DEADLINE_S:-500}  # part serve starts no new run after this many seconds
+DEADLINE_S=${DEADLINE_S:-480}  # part serve starts no new run after this many seconds
+LIMIT_S=${LIMIT_S:-560}  # and stops a run still going then (the device call ends at 600 s)
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 TOKENIZERS_PARALLELISM=false
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
@@ -51,8 +53,11 @@ W=${WORK:-/tmp/spec_work}  # outside $OUT: only a few files come back
 mkdir -p "$OUT" "$W"
 URL="http://127.0.0.1:$PORT"
 late() { [ "$SECONDS" -ge "$DEADLINE_S" ] && echo "deadline ($DEADLINE_S s): skipping $1" | tee -a "$W/skipped.txt"; }
-bench() { timeout 300 $PY -m gateway.tidegate_cli bench serve --url "$URL" --model "$MODEL" \
-    --file-chars "$FILE_CHARS" "$@"; }
+bench() {  # a run, stopped at LIMIT_S whatever happens, so that the results still get packed
+  local left=$((LIMIT_S - SECONDS))
+  [ "$left" -ge 20 ] || { echo "no time left for: $*" >> "$W/skipped.txt"; return 1; }
+  timeout "$((left < 300 ? left : 300))" $PY -m gateway.tidegate_cli bench serve --url "$URL" \
+      --model "$MODEL" --file-chars "$FILE_CHARS" "$@"; }
 
 if [ "$PART" = serve ]; then
   rm -rf "$W/serve" "$W/skipped.txt"; mkdir -p "$W/serve"; S=$W/serve
