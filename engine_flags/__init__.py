@@ -125,6 +125,10 @@ def add_serving_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> No
     p.add_argument("--kv-events-format", default="map", choices=["map", "array"],
                    help="map: events as tagged maps (vLLM since 2026-06, PR 42892); array: the "
                         "earlier positional events, for consumers not updated since")
+    p.add_argument("--pin-budget-fraction", type=float, default=0.25, metavar="F",
+                   help="the most of the KV blocks prefix pins (cache_control with a ttl) may "
+                        "hold; a request over it is served unpinned and told so (default 0.25; "
+                        "docs/sessions.md)")
     p.add_argument("--step-log", default=None, metavar="PATH",
                    help="write one JSON line per engine step (wall start, duration, decodes, "
                         "prefill tokens) to PATH when the backend stops (benchmarks)")

@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
             worker = Worker(engine, loaded, args.listen, args.backend_id, args.served_model_name,
                             security=keys, step_log=step_log,
                             max_held_messages=args.max_held_messages,
-                            generation_defaults=generation_defaults, kv_events=kv_events)
+                            generation_defaults=generation_defaults, kv_events=kv_events,
+                            pin_budget_fraction=getattr(args, "pin_budget_fraction", 0.25))
         except zmq.ZMQError as exc:
             if kv_events is not None:
                 kv_events.close()
