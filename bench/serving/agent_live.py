@@ -52,7 +52,8 @@ def live(a: argparse.Namespace, trace_file: Path, tmp: str, keys: bool) -> dict:
                 addr = f"ipc://{tmp}/b{i}_{int(keys)}.sock"
                 procs.append(subprocess.Popen(
                     cli + ["backend", "--listen", addr, "--model", a.model,
-                           "--num-blocks", str(a.num_blocks), "--cpu-threads", "1"],
+                           "--num-blocks", str(a.num_blocks), "--cpu-threads", "1",
+                           "--pin-budget-fraction", str(a.pin_budget_fraction)],
                     env=env, stdout=logs, stderr=subprocess.STDOUT))
                 addrs.append(addr)
             port = free_port()
@@ -95,13 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backends", type=int, default=4)
     p.add_argument("--model", default=str(ROOT / "models" / "tiny-coder"))
     p.add_argument("--vocab", type=int, default=8192, help="token ids are drawn from [3, VOCAB)")
-    p.add_argument("--num-blocks", type=int, default=400, help="KV blocks per backend")
+    p.add_argument("--num-blocks", type=int, default=500, help="KV blocks per backend")
+    p.add_argument("--pin-budget-fraction", type=float, default=0.5)
     p.add_argument("--profile", default=str(ROOT / "docs/window_defaults/cpu_tiny_coder_profile.json"))
     p.add_argument("--step-ms", type=float, default=20.0, help="without --profile")
-    p.add_argument("--sessions", type=int, default=12)
-    p.add_argument("--session-rate", type=float, default=0.25)
+    p.add_argument("--sessions", type=int, default=10)
+    p.add_argument("--session-rate", type=float, default=0.15)
     p.add_argument("--max-context", type=int, default=2048)
-    p.add_argument("--pin-fraction", type=float, default=0.5)
+    p.add_argument("--pin-fraction", type=float, default=0.3)
     p.add_argument("--pin-ttl-s", type=float, default=60.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--both-keys", action="store_true", help="also run without session headers")

@@ -15,9 +15,10 @@ session header (``x-claude-code-session-id``), and a pinned request with tidegat
 - busiest/idlest mean in-flight tokens (``tidegate_backend_outstanding_tokens`` sampled every
   0.5 s while requests run);
 - session stays/moves (``tidegate_session_requests``);
-- pins: a follow-up of a *pinned* turn that arrived within the pin's TTL on the same session
-  and found fewer cached tokens than that turn's full blocks is an eviction of a pinned prefix;
-  the same count for unpinned turns shows the pressure (their prefixes evicted).
+- pins: a follow-up sent after its *pinned* predecessor ended and within the pin's TTL that
+  found fewer cached tokens than the predecessor's full blocks is an eviction of a pinned prefix
+  (or a move of the session: `session_moves`); the same count for unpinned predecessors shows
+  the pressure (their prefixes evicted).
 """
 from __future__ import annotations
 
@@ -146,9 +147,9 @@ def summarize(trace: at.AgentTrace, recs: list[dict], before: dict, after: dict,
         last[r.session] = i
         if j is None or "end" not in recs[j] or "end" not in recs[i] or recs[i].get("cached") is None:
             continue
-        want = (reqs[j].prompt_len // block_size) * block_size
-        if recs[i]["cached"] is None:
-            continue
+        if recs[i]["sent"] < recs[j]["end"]:
+            continue  # sent while its predecessor ran: its blocks were not all cached yet
+        want = ((reqs[j].prompt_len - 1) // block_size) * block_size
         missed = recs[i]["cached"] < want
         if reqs[j].pin_tokens and recs[j].get("pin") == "pinned":
             if recs[i]["sent"] - recs[j]["end"] < reqs[j].pin_ttl_s:
@@ -158,12 +159,20 @@ def summarize(trace: at.AgentTrace, recs: list[dict], before: dict, after: dict,
             unpinned_checked += 1
             unpinned_miss += missed
     pins = [r.get("pin") for r in recs if r.get("pin")]
+    per_request = (sum(r["cached"] for r in recs if r.get("cached") is not None)
+                   if all(r.get("cached") is not None for r in recs if "end" in r) else None)
     return {
         "requests": len(reqs), "finished": len(ok),
         "errors": [r["error"] for r in recs if "error" in r][:5],
         "num_errors": sum(1 for r in recs if "error" in r),
-        "reuse_captured": float(hits / avail.sum()) if avail.sum() else 0.0,
-        "cached_tokens": int(hits), "available_reuse_tokens": int(avail.sum()),
+        # per request (the first admission's hit, as the simulator counts) when the answers
+        # carry it (a session key or a pin asked); else the backends' counter (recomputes of
+        # preempted sequences count there again)
+        "reuse_captured": (float(per_request / avail.sum()) if per_request is not None
+                           else float(hits / avail.sum())) if avail.sum() else 0.0,
+        "reuse_captured_counter": float(hits / avail.sum()) if avail.sum() else 0.0,
+        "cached_tokens": int(per_request if per_request is not None else hits),
+        "available_reuse_tokens": int(avail.sum()),
         "ttft_p50_ms_followup": float(np.median(ttft[follow])) if follow.any() else None,
         "ttft_p50_ms_first": float(np.median(ttft[~follow])) if (~follow).any() else None,
         "ttft_p50_ms": float(np.median(ttft)) if len(ttft) else None,
