@@ -9,12 +9,12 @@ object", a regex, a list of choices, or a Lark / GBNF grammar). It crosses the w
                                                    -> matcher per sequence -> token bitmask
 
 Why llguidance and not XGrammar (measured on this repository's CPU with the tiny-coder vocabulary,
-`python -m bench.structured.grammar_engines`, numbers in BENCHMARKS.md): XGrammar computes a mask
+`python -m bench.structured.engines`, numbers in BENCHMARKS.md): XGrammar computes a mask
 in ~1.2 us median per token against llguidance's ~10 us, but compiles a schema in ~2.7 ms
 against ~0.8 ms and imports torch. The gateway must compile every schema to answer a bad one
 with a 400 before the first byte, and the gateway never imports torch; with one engine at both
-ends a schema the gateway accepts is one the backend can run. The mask is computed for step
-k + 1 while step k's forward runs, so its ~10 us per row is hidden behind the step.
+ends a schema the gateway accepts is one the backend can run. A step's mask is computed while
+that step's forward runs (backend/runner/grammar.py), so its ~10 us per row is hidden.
 
 This module is part of the torch-free tokenizer leaf: llguidance (imported lazily) and nothing
 of ours.
