@@ -44,7 +44,9 @@ blocks take one extra reference each, held by the pin, so they are in no free li
 evicted while it lasts. A pin of the same prefix again refreshes its time. When it expires
 (`expire_pins`, also run by `num_free_blocks` once one is due, on `pin_clock`) the reference is
 dropped and the blocks join the cached LRU like any freed prefix: evicted in turn, to the host
-tier when there is one.
+tier when there is one. A request that could never run beside the pins (nothing holds blocks
+that could free, or it needs more than the unpinned pool) makes them yield early, soonest to
+expire first (`can_allocate`): a pin never starves a request.
 
 KV events (issue 33): `record_kv_events()` makes `kv_events` a list (None, the default, costs one
 attribute test per registered or evicted block) that receives ``(kind, medium, key)`` for every
@@ -121,6 +123,7 @@ class BlockManager:
         self._pin_reserved = 0  # ttl, reserved, give-up time); blocks reserved by those
         self.num_pins_refused = 0  # requests served without their pin (over budget)
         self.num_pins_expired = 0
+        self.num_pins_yielded = 0  # pins dropped early for a request that could not run beside them
         self.kv_events: list[tuple[int, str, BlockKey | None]] | None = None  # module doc
 
     # ---- queries -------------------------------------------------------------------------
@@ -253,7 +256,13 @@ class BlockManager:
         return self.num_blocks_for(len(token_ids)) - sum(1 for b in blocks if ref[b] > 0)
 
     def can_allocate(self, token_ids: Sequence[int]) -> bool:
-        return len(token_ids) > 0 and self.num_blocks_needed(token_ids) <= self.num_free_blocks
+        if not token_ids:
+            return False
+        need = self.num_blocks_needed(token_ids)
+        if need > self.num_free_blocks and self._pins and (
+                not self._tables or need > self.num_blocks - len(self._pin_refs)):
+            self._yield_pins(need)  # nothing else will ever make room for it
+        return need <= self.num_free_blocks
 
     # ---- mutation --------------------------------------------------------------------------
     def _take_free(self) -> int:
@@ -628,7 +637,8 @@ class BlockManager:
             self.expire_pins()
         return {"pins": len(self._pins), "pinned_blocks": len(self._pin_refs),
                 "reserved_blocks": self._pin_reserved, "budget_blocks": self.pin_budget_blocks,
-                "refused": self.num_pins_refused, "expired": self.num_pins_expired}
+                "refused": self.num_pins_refused, "expired": self.num_pins_expired,
+                "yielded": self.num_pins_yielded}
 
     def _pinned_prefix_blocks(self, token_ids: Sequence[int], num_blocks: int) -> int:
         """How many of the prompt's first `num_blocks` full blocks pins hold already."""
@@ -713,6 +723,16 @@ class BlockManager:
             ref[block] -= 1
             if ref[block] == 0:  # to the back of the cached LRU, as a freed prefix
                 self._free_cached[block] = None
+
+    def _yield_pins(self, need: int) -> None:
+        """A request that could never run beside the pins (no sequence holds blocks to free, or
+        it needs more than the unpinned pool): pins give way, soonest to expire first, until it
+        fits. Their blocks join the cached LRU (to the host tier when evicted, if there is one)."""
+        for _, pin_id in sorted((p[0], pid) for pid, p in self._pins.items()):
+            if need <= self.num_free_blocks:
+                break
+            self._unpin(pin_id)
+            self.num_pins_yielded += 1
 
     def expire_pins(self, now: float | None = None) -> int:
         """Drop the pins whose time is up (and reservations never used); returns how many."""

@@ -107,3 +107,22 @@ def test_sessions_stay_on_their_backend_and_least_tokens_scatters_them():
     assert f["reuse_captured"] > expect
     _, lt = _sim(tr, backends=4, policy="least-tokens")
     assert lt["reuse_captured"] < 0.9
+
+
+@pytest.mark.parametrize("pinned", [True, False])
+def test_simulated_pin_survives_pressure(pinned):
+    """One backend of 64 blocks (1,024 tokens): a 320-token turn, then four 600-token prompts of
+    other sessions (each fits beside the pin; together they evict every unpinned block), then
+    the follow-up: with a pin (20 blocks, budget 0.5 x 64) it finds the turn's 20 full blocks,
+    without it nothing."""
+    first = [("sys", 0, 100), ("s0", 0, 220)]
+    reqs = [_req(0.0, "s0", first, pin=320 if pinned else 0, ttl=100.0 if pinned else 0.0)]
+    reqs += [_req(1.0 + k, f"o{k}", [(f"o{k}", 0, 600)]) for k in range(4)]
+    reqs.append(_req(10.0, "s0", [("sys", 0, 100), ("s0", 0, 300)], turn=1))
+    tr = at.AgentTrace(reqs)
+    sched = SimSchedulerConfig(max_num_batched_tokens=BUDGET, enable_prefix_caching=True,
+                               max_model_len=1 << 12)
+    eng = EngineConfig(num_backends=1, pin_budget_fraction=0.5)
+    res = simulate(at.to_workload(tr), ConstantCost(STEP, 64), sched, eng)
+    assert res.extra["cached_tokens"][-1] == (320 if pinned else 0)
+    assert res.extra["pins"][0]["refused_at_admission"] == 0

@@ -120,3 +120,18 @@ def test_aborted_before_prefill_gives_reservation_back():
     clock.t = 10.0
     bm.expire_pins()
     assert bm.request_pin("y", list(range(50, 67)), 16, ttl_s=5.0)
+
+
+def test_pins_yield_to_a_request_that_could_never_run_beside_them():
+    bm, _ = _bm(num_blocks=16, budget=8)
+    pinned = list(range(29))                       # 7 full blocks pinned
+    bm.allocate("a", pinned)
+    assert bm.request_pin("a", pinned, 28, ttl_s=60.0)
+    bm.cache_blocks("a", pinned, 29)
+    bm.free("a")
+    assert bm.num_pinned_blocks == 7
+    big = list(range(1000, 1000 + 12 * 4))         # 12 blocks > 16 - 7: waits for ever otherwise
+    assert bm.can_allocate(big)
+    assert bm.num_pins == 0 and bm.num_pins_yielded == 1
+    bm.allocate("big", big)
+    bm.check_integrity()
