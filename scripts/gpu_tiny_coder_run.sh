@@ -93,9 +93,10 @@ left=$(( 590 - ($(date +%s) - t0) ))
 per=$(( left / 2 ))
 echo "engine evaluations: ${per} s each at most" | tee "$OUT/eval_log.txt"
 for mode in none auto; do
-  name=eval; [ "$mode" = auto ] && name=eval_defaults
+  # bits per byte does not depend on the decoding: measured once, in the greedy run
+  name=eval parts=bpb,fim,headers; [ "$mode" = auto ] && name=eval_defaults parts=fim,headers
   timeout -s INT "$per" python3 -m evals.cli code --model "$SCRATCH/tiny-coder" --dtype float32 \
-      --files-sample 8 --fim-cases 32 --cpu-threads "${EVAL_THREADS:-8}" \
+      --files-sample 8 --fim-cases 32 --cpu-threads "${EVAL_THREADS:-8}" --parts "$parts" \
       --site-root "$SCRATCH/heldout-site" --generation-config "$mode" \
       --json "$OUT/$name.json" ${EVAL_ARGS:-} 2>&1 | tee -a "$OUT/eval_log.txt"
   echo "eval ($mode) exit ${PIPESTATUS[0]} at $(( $(date +%s) - t0 )) s" | tee -a "$OUT/eval_log.txt"

@@ -34,7 +34,7 @@ sha1(path) order (the standard library is exempt): transformers and torch would 
 of the corpus, and the compressed corpus must fit one ~35 MB transfer to the training machine.
 
 Then doctest-heavy training files are thinned (``DOCTEST_MAX_SHARE``, ``thin_doctests``): one
-whose doctest blocks are more than 5% of its bytes is kept with probability 0.05 / that share.
+whose doctest blocks are more than 3% of its bytes is kept with probability 0.03 / that share.
 
 Files that are not UTF-8, empty, larger than ``MAX_FILE_BYTES`` or look generated (a line longer
 than ``MAX_LINE_CHARS``) are skipped and counted.
@@ -98,7 +98,7 @@ MAX_SOURCE_BYTES = 20_000_000
 # Doctest-heavy training files (sympy's reStructuredText `Examples` sections above all) are
 # thinned to about this share of doctest text: the v2 model's greedy completions fell into
 # loops of near-identical doctest lines (issue 36)
-DOCTEST_MAX_SHARE = 0.05
+DOCTEST_MAX_SHARE = 0.03
 MAX_FILE_BYTES = 400_000
 MAX_LINE_CHARS = 2_000
 NUM_PERM, BANDS, ROWS = 128, 32, 4  # LSH candidates from ~J >= (1/32)^(1/4) = 0.42
