@@ -56,14 +56,19 @@ def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor,
                         bitmask: torch.Tensor) -> torch.Tensor:
     """logits [B, V] with -inf at the tokens `bitmask` [G, W] int32 forbids in rows `rows` [G]
     (out of place; the other rows are untouched)."""
+    sub = masked_logits(logits.index_select(0, rows), bitmask)
+    return logits.index_copy(0, rows, sub)
+
+
+def masked_logits(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """logits [G, V] with -inf where `bitmask` [G, W] int32 (row for row) has a 0 bit."""
     vocab = logits.shape[1]
     shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
     bits = (bitmask.unsqueeze(-1) >> shifts) & 1                    # [G, W, 32]
     allowed = bits.reshape(bitmask.shape[0], -1)[:, :vocab].bool()  # [G, V]
     if allowed.shape[1] < vocab:  # a mask narrower than the logits allows none of the rest
         allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]))
-    sub = logits.index_select(0, rows).masked_fill(~allowed, float("-inf"))
-    return logits.index_copy(0, rows, sub)
+    return logits.masked_fill(~allowed, float("-inf"))
 
 
 class RequestGrammar:

@@ -25,7 +25,7 @@ from backend.kernels.forward_context import ForwardContext
 from backend.kv.fill_slots import FillSlots
 from backend.kv.pools import KVCache
 from backend.model.llama import LlamaModel
-from backend.runner.grammar import apply_token_bitmask
+from backend.runner.grammar import masked_logits
 from backend.runner.sampler import Sampler
 from backend.runner.step_io import Chunk, RunnerOutput, SampleSpec, logit_rows, sample_rows
 
@@ -363,10 +363,8 @@ class ModelRunner:
                                                   if ch.sample)}
                 logits, index = step.logits, [pos[r] for r in rows]
             sel = torch.tensor(index, dtype=torch.long, device=logits.device)
-            sub = logits.index_select(0, sel)
-            mask = torch.as_tensor(bitmask).to(sub.device, non_blocking=True)
-            every = torch.arange(len(index), device=sub.device)
-            ids = apply_token_bitmask(sub, every, mask).argmax(dim=-1)
+            mask = torch.as_tensor(bitmask).to(logits.device, non_blocking=True)
+            ids = masked_logits(logits.index_select(0, sel), mask).argmax(dim=-1)
             b.sampled.index_copy_(0, torch.tensor(list(rows), dtype=torch.long,
                                                   device=b.sampled.device), ids)
         step.readback = b.queue_readback(len(step.chunks))
