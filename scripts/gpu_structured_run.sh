@@ -10,15 +10,15 @@
 # llguidance 1.9.1 abi3, jsonschema and its deps for cp310-312) and they are installed first.
 # Outputs ($OUT): env.txt, pytest_structured.txt (the gpu-marked tests of
 # tests/test_structured_backend.py: the bitmask on CUDA = CPU, graph steps with grammar rows
-# pipelined and valid), steps_greedy.json / steps_sampled.json (bench.structured.steps: batch 64,
-# half with a schema, ms per step = TPOT, ratio to the free batch, eager steps, pipelined grammar
-# steps), engines.txt (bench.structured.engines on the 32k vocabulary), log.txt.
+# pipelined and valid), steps.json (bench.structured.steps, greedy and temperature 0.7 on one engine load: batch
+# 64, half with a schema, ms per step = TPOT, ratio to the free batch, eager steps, pipelined
+# grammar steps), engines.txt (bench.structured.engines on the 32k vocabulary), log.txt.
 set -u
 OUT=${OUT:-out/gpu_structured}
 DEVICE=${DEVICE:-cuda}
 BATCH=${BATCH:-64}
-STEPS=${STEPS:-128}
-REPEATS=${REPEATS:-3}
+STEPS=${STEPS:-96}
+REPEATS=${REPEATS:-2}
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 TOKENIZERS_PARALLELISM=false
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
@@ -49,13 +49,10 @@ if [ ! -f "$MODEL_DIR/config.json" ]; then
   timeout 300 $PY -m bench.structured.vocab "$MODEL_DIR" --preset deepseek-coder-33b --max-mb 24 \
       >> "$OUT/log.txt" 2>&1 || { echo "vocab build failed"; tail -5 "$OUT/log.txt"; }
 fi
-for t in 0 0.7; do
-  name=greedy; [ "$t" = 0 ] || name=sampled
-  timeout -s INT 420 $PY -m bench.structured.steps --model "$MODEL_DIR" --load-format $LOAD \
-      --device "$DEVICE" --batch "$BATCH" --fraction 0.5 --steps "$STEPS" --repeats "$REPEATS" \
-      --temperature $t --json "$OUT/steps_$name.json" >> "$OUT/log.txt" 2>&1
-  echo "steps ($name) exit $?"; grep -E "ms/step" "$OUT/log.txt" | tail -n 2
-done
+timeout -s INT 480 $PY -m bench.structured.steps --model "$MODEL_DIR" --load-format $LOAD \
+    --device "$DEVICE" --batch "$BATCH" --fraction 0.5 --steps "$STEPS" --repeats "$REPEATS" \
+    --temperature 0,0.7 --json "$OUT/steps.json" >> "$OUT/log.txt" 2>&1
+echo "steps exit $?"; grep -E "ms/step|cost per step" "$OUT/log.txt" | tail -n 6
 timeout 240 $PY -m bench.structured.engines --tokenizer "$MODEL_DIR/tokenizer.json" --eos 2 \
     > "$OUT/engines.txt" 2>&1
 cat "$OUT/engines.txt"

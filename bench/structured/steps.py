@@ -1,7 +1,7 @@
 """Engine step time with and without structured-output rows, same engine, same run.
 
     python -m bench.structured.steps [--model models/tiny-coder] [--batch 16] [--steps 48]
-        [--fraction 0.5] [--temperature 0] [--device cpu] [--repeats 2] [--json out.json]
+        [--fraction 0.5] [--temperature 0,0.7] [--device cpu] [--repeats 2] [--json out.json]
     # H200, 33B preset (dummy weights; the mask is the tokenizer's, see BENCHMARKS.md):
     python -m bench.structured.steps --model deepseek-coder-33b --load-format dummy \\
         --device cuda --batch 64 --fraction 0.5 --steps 128
@@ -92,6 +92,36 @@ def run(engine, prompt: list[int], batch: int, num_grammar: int, steps: int, tem
             "eager_steps": eager, "grammar_ms_per_step": grammar_ms}
 
 
+def measure(engine, prompt, num_grammar: int, temperature: float, args) -> dict:
+    """Free and constrained batches alternating `--repeats` times at one temperature."""
+    runs: dict[str, list[dict]] = {"free": [], "grammar": []}
+    for r in range(args.repeats):
+        for name, g in (("free", 0), ("grammar", num_grammar)):
+            runs[name].append(run(engine, prompt, args.batch, g, args.steps, temperature,
+                                  f"{name}{r}t{temperature}"))
+    free = statistics.median(x["median_ms"] for x in runs["free"])
+    result = {"temperature": temperature, "runs": runs}
+    for name in ("free", "grammar"):
+        ms = statistics.median(x["median_ms"] for x in runs[name])
+        result[f"{name}_ms"] = ms
+        print(f"temperature {temperature:g}: {name:8s} batch {args.batch} "
+              f"({num_grammar if name == 'grammar' else 0} with a JSON schema): {ms:.2f} ms/step"
+              f"  x{ms / free:.3f}  pipelined grammar steps "
+              f"{[x['pipelined_grammar_steps'] for x in runs[name]]}, eager steps "
+              f"{[x['eager_steps'] for x in runs[name]]}")
+    result["ratio"] = result["grammar_ms"] / free
+    g = runs["grammar"]
+    crit = statistics.median(sum(x["grammar_ms_per_step"][k] for k in ("wait", "apply",
+                                                                       "mask_greedy"))
+                             for x in g)
+    fill = statistics.median(x["grammar_ms_per_step"]["fill"] for x in g)
+    result["grammar_critical_ms"], result["grammar_fill_ms"] = crit, fill
+    print(f"temperature {temperature:g}: grammar rows' cost per step: {crit:.3f} ms on the "
+          f"step's critical path (mask wait, masking, greedy redo), {fill:.3f} ms on the mask "
+          "thread beside the forward")
+    return result
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="models/tiny-coder")
@@ -100,7 +130,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--fraction", type=float, default=0.5)
     p.add_argument("--steps", type=int, default=48)
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--temperature", default="0",
+                   help="one or more, comma-separated (one engine load for all)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
@@ -111,31 +142,12 @@ def main(argv=None) -> int:
     prompt = tok.encode_chat([{"role": "user", "content": "Reply with a JSON object."}]) \
         if tok.chat_template else tok.encode("{")
     num_grammar = round(args.batch * args.fraction)
-    runs: dict[str, list[dict]] = {"free": [], "grammar": []}
-    for r in range(args.repeats):
-        for name, g in (("free", 0), ("grammar", num_grammar)):
-            runs[name].append(run(engine, prompt, args.batch, g, args.steps, args.temperature,
-                                  f"{name}{r}"))
-    free = statistics.median(x["median_ms"] for x in runs["free"])
     result = {"model": args.model, "device": args.device, "batch": args.batch,
-              "grammar_rows": num_grammar, "steps": args.steps, "temperature": args.temperature,
-              "vocab": loaded.config.vocab_size, "runs": runs,
+              "grammar_rows": num_grammar, "steps": args.steps,
+              "vocab": loaded.config.vocab_size,
+              "by_temperature": [measure(engine, prompt, num_grammar, float(t), args)
+                                 for t in args.temperature.split(",")],
               "masked_rows": engine.grammars.num_masked_rows if engine.grammars else 0}
-    for name in ("free", "grammar"):
-        ms = statistics.median(x["median_ms"] for x in runs[name])
-        result[f"{name}_ms"] = ms
-        print(f"{name:8s} batch {args.batch} ({num_grammar if name == 'grammar' else 0} with a "
-              f"JSON schema): {ms:.2f} ms/step  x{ms / free:.3f}  "
-              f"pipelined grammar steps {[x['pipelined_grammar_steps'] for x in runs[name]]}, "
-              f"eager steps {[x['eager_steps'] for x in runs[name]]}")
-    g = runs["grammar"]
-    crit = statistics.median(sum(x["grammar_ms_per_step"][k] for k in ("wait", "apply",
-                                                                       "mask_greedy"))
-                             for x in g)
-    fill = statistics.median(x["grammar_ms_per_step"]["fill"] for x in g)
-    result["grammar_critical_ms"], result["grammar_fill_ms"] = crit, fill
-    print(f"grammar rows' cost per step: {crit:.3f} ms on the step's critical path (mask wait, "
-          f"masking, greedy redo), {fill:.3f} ms on the mask thread beside the forward")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
