@@ -37,7 +37,7 @@ PEERS_DIR   ?= $(HOME)/.cache/tidegate-peers
 VLLM_PYTHON ?= $(PEERS_DIR)/vllm-venv/bin/python
 test-vllm: $(STAMP)
 	@test -x $(VLLM_PYTHON) || PEERS_DIR=$(PEERS_DIR) bash ../shared/peers/vllm-cpu/setup.sh
-	TIDEGATE_VLLM_PYTHON=$(VLLM_PYTHON) $(PY) -m pytest -q -m vllm tests/test_vllm_engine.py $(PYTEST_ARGS)
+	TIDEGATE_VLLM_PYTHON=$(VLLM_PYTHON) $(PY) -m pytest -q -m vllm tests/test_vllm_engine.py tests/test_vllm_kv_events.py $(PYTEST_ARGS)
 
 # Regenerate proto/tidegate_pb2.py from proto/tidegate.proto (checked in; a test compares).
 proto: $(STAMP)

@@ -125,7 +125,12 @@ class KVEventMirror:
     past it)``. With equal block sizes a block completes exactly one gateway block and, for a
     tidegate backend, its gateway chain hash is its own block hash. A block whose parent is
     neither held nor remembered (`remember` recently removed blocks) has no place: it counts as
-    held but gives no prefix hash."""
+    held but gives no prefix hash.
+
+    vLLM does not de-duplicate its cache: a prefix computed by two requests at once is cached in
+    two blocks, each announced by a BlockStored and withdrawn by a BlockRemoved. So stores and
+    removals of a hash are counted per medium; it is held while more were stored than removed
+    (a tidegate backend keeps one block per key: its counts are 0 or 1)."""
 
     def __init__(self, block_size: int, depths: Sequence[int] = DEPTHS,
                  remember: int = 65536) -> None:
@@ -133,6 +138,7 @@ class KVEventMirror:
         self.depths = frozenset(depths)
         self.remember = remember
         self.media: dict[object, set[str]] = {}  # held engine hash -> media holding it
+        self._copies: dict[tuple, int] = {}      # (held hash, medium) -> blocks holding it
         self.blocks: dict[object, tuple] = {}    # held engine hash -> (parent, tokens, place,
         #                                         (gateway blocks it completes: (k, chain), ...))
         self._gone: OrderedDict[object, tuple] = OrderedDict()  # removed, recently: same
@@ -156,6 +162,7 @@ class KVEventMirror:
 
     def clear(self) -> None:
         self.media.clear()
+        self._copies.clear()
         self.blocks.clear()
         self._gone.clear()
         self._prefix.clear()
@@ -185,6 +192,8 @@ class KVEventMirror:
                     done += ((k, chain),)
                     carry = carry[bs_g:]
                 place = (chain, k, carry)
+            copies = self._copies
+            copies[h, medium] = copies.get((h, medium), 0) + 1
             held = self.media.get(h)
             if held is None:
                 self.media[h] = {medium}
@@ -198,9 +207,14 @@ class KVEventMirror:
             parent = h
 
     def _removed(self, h, medium: str) -> None:
-        held = self.media.get(h)
-        if held is None:
+        n = self._copies.get((h, medium))
+        if n is None:
             return
+        if n > 1:
+            self._copies[h, medium] = n - 1
+            return
+        del self._copies[h, medium]
+        held = self.media[h]
         held.discard(medium)
         if held:
             return

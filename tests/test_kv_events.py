@@ -560,3 +560,26 @@ def test_serve_takes_both_sides_flags():
     i = argv.index("--kv-events-endpoint")
     assert argv[i + 1] == "tcp://*:5556" and argv[argv.index("--kv-events-topic") + 1] == "kv@x"
     assert "--kv-events-from" not in argv
+
+
+def test_mirror_counts_copies_of_a_hash():
+    """vLLM caches a prefix computed by two requests at once in two blocks (no de-duplication):
+    two BlockStored, later two BlockRemoved; the hash stays held until the second removal."""
+    from gateway.kv_events import KVEventMirror, decode_batch
+
+    mirror = KVEventMirror(block_size=2)
+
+    def send(*events):
+        mirror.apply(decode_batch(msgpack.packb([1.0, list(events), 0]))[1])
+
+    send(_stored([11], None, [1, 2], 2), _stored([11], None, [1, 2], 2),
+         _stored([11], None, [1, 2], 2, medium="CPU"))
+    removed = {"type": "BlockRemoved", "block_hashes": [11], "medium": "GPU"}
+    send(removed)
+    assert mirror.holds(11, "GPU") and mirror.prefix_hashes() == [hash((ROOT_HASH, (1, 2)))]
+    send(removed)
+    assert not mirror.holds(11, "GPU") and mirror.holds(11, "CPU")
+    send({"type": "BlockRemoved", "block_hashes": [11], "medium": "CPU"})
+    assert not mirror.holds(11) and mirror.prefix_hashes() == []
+    send(removed)  # a removal of what is not held changes nothing
+    assert not mirror.media
