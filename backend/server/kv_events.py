@@ -28,12 +28,14 @@ documented subscriber (examples/online_serving/kv_events_subscriber.py):
     AllBlocksCleared {"type": "AllBlocksCleared"}
 
 Events are tagged maps since vLLM PR #42892 (2026-06, "switch event structs from array to map
-encoding"; captured from vLLM 0.26: the batch stays a positional array). `fmt="array"` writes the
-earlier positional events (``["BlockStored", block_hashes, parent_block_hash, token_ids,
+encoding"; the batch stays a positional array: vLLM 0.32's EventBatch is array_like, its
+KVCacheEvent is not; tests/test_vllm_kv_events.py decodes our batches with vLLM's own classes).
+vLLM 0.32's BlockStored also has `session_id` (default None, so omitted on the wire, as here).
+`fmt="array"` writes the earlier positional events (``["BlockStored", block_hashes, parent_block_hash, token_ids,
 block_size, lora_id, medium, lora_name]``, ``["BlockRemoved", block_hashes, medium]``,
 ``["AllBlocksCleared"]``) for consumers not updated since.
 
-Replay (vLLM's `replay_endpoint`): a ROUTER socket; a client (REQ) sends the first sequence number
+Replay (vLLM's `replay_endpoint`): a ROUTER socket; a client (DEALER or REQ) sends the first sequence number
 it wants as 8 big-endian bytes and receives ``[seq, payload]`` for every kept batch from there on,
 then ``[(-1) as 8 signed big-endian bytes, b""]``. The last `buffer_steps` batches are kept.
 
