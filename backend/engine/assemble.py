@@ -203,8 +203,10 @@ def create_engine(cfg: BackendConfig, serving: ServingOptions = ServingOptions()
                     host_kv=host_kv, async_scheduling=serving.async_scheduling)
     engine.serving_info = info
     if loaded.tokenizer.tokenizer_json:  # structured output (built at first use)
+        # llguidance's mask threads: half the cores, up to 8 (one on this repo's 2-core CI)
         engine.grammars = GrammarManager(loaded.tokenizer.tokenizer_json,
-                                         loaded.config.vocab_size, _eos_ids(loaded))
+                                         loaded.config.vocab_size, _eos_ids(loaded),
+                                         num_threads=min(8, (os.cpu_count() or 2) // 2))
     if host_kv is not None:
         log.info("host KV tier: %d blocks (%.2f GiB%s), copies at %.2f GB/s measured",
                  host_kv.num_blocks, host_kv.nbytes / 2**30,
