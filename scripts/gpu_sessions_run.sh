@@ -8,22 +8,24 @@
 # then the simulator's agent trace at 0.5x/0.9x on the profile measured in this tree (no GPU).
 #
 #   bash scripts/gpu_sessions_run.sh                                  # writes under $OUT
-#   MODEL=models/tiny-coder DEVICE=cpu CONTEXT=2048 FIRST=256 NUM_BLOCKS=400 HOST_GIB=0.05 \
-#       PRESSURE=8000 TURNS=4 REPEATS=1 bash scripts/gpu_sessions_run.sh    # the CPU check
+#   MODEL=models/tiny-coder DEVICE=cpu CONTEXT=2048 FIRST=256 NUM_BLOCKS=300 HOST_GIB=0 \
+#       PRESSURE=6000 TURNS=6 PTURNS=4 REPEATS=1 VOCAB=8192 bash scripts/gpu_sessions_run.sh  # CPU check
 #
-# Device time: start-up <= 150 s (33B dummy), a ~60 s, b and c ~120 s each (PRESSURE 70K tokens
-# of prefill per turn at ~10K tokens/s). Every step has its own timeout; the JSONs are under $OUT.
+# Device time: start-up <= 150 s (33B dummy), a <= 150 s (16 turns x 2 repeats, each turn and a
+# cold twin), b and c <= 150 s each (5 rounds of PRESSURE = 70K tokens of prefill at ~10K
+# tokens/s). Every step has its own timeout; the JSONs are under $OUT.
 set -u
 OUT=${OUT:-out/gpu_sessions}
 MODEL=${MODEL:-deepseek-coder-33b}
 DEVICE=${DEVICE:-cuda}
 CONTEXT=${CONTEXT:-16384}
 FIRST=${FIRST:-2048}
-TURNS=${TURNS:-6}
+TURNS=${TURNS:-16}      # ~950 new tokens a turn: follow-ups hold 2K..15K of their prompt
 REPEATS=${REPEATS:-2}
 NUM_BLOCKS=${NUM_BLOCKS:-4096}      # 64K tokens of GPU KV: pressure stays cheap
 HOST_GIB=${HOST_GIB:-32}
 PRESSURE=${PRESSURE:-70000}
+PTURNS=${PTURNS:-6}     # turns of the pressure runs (b, c): each turn waits for PRESSURE tokens
 VOCAB=${VOCAB:-32000}
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 TOKENIZERS_PARALLELISM=false
 cd "$(dirname "$0")/.."
@@ -39,7 +41,7 @@ mkdir -p "$OUT"
 SOCK=ipc:///tmp/tg-sessions-$$.sock
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }
-trap cleanup EXIT
+trap cleanup EXIT INT TERM
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null; git log -1 --oneline; } \
     > "$OUT/machine.txt"
 
@@ -49,7 +51,8 @@ $TG backend --listen "$SOCK" --model "$MODEL" "${LOADFMT[@]}" --device "$DEVICE"
     --num-blocks "$NUM_BLOCKS" --host-kv-gib "$HOST_GIB" --max-model-len "$CONTEXT" \
     > "$OUT/backend.log" 2>&1 &
 pids+=($!)
-$TG serve --backend "$SOCK" --port 18530 --startup-timeout 600 > "$OUT/gateway.log" 2>&1 &
+$TG serve --backend "$SOCK" --port 18530 --startup-timeout 600 --heartbeat-timeout 120 \
+    > "$OUT/gateway.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 600); do curl -sf localhost:18530/health >/dev/null && break; sleep 1; done
 curl -sf localhost:18530/health >/dev/null || { echo "gateway not healthy"; tail -20 "$OUT/backend.log"; exit 1; }
@@ -58,9 +61,9 @@ ARGS=(--url http://127.0.0.1:18530 --context "$CONTEXT" --first-tokens "$FIRST" 
       --repeats "$REPEATS" --vocab "$VOCAB")
 timeout 150 $PY -m bench.serving.session_ttft "${ARGS[@]}" --seed 1 --json "$OUT/a_cached.json" \
     2> "$OUT/a_cached.log"
-timeout 200 $PY -m bench.serving.session_ttft "${ARGS[@]}" --seed 2 --repeats 1 \
+timeout 150 $PY -m bench.serving.session_ttft "${ARGS[@]}" --seed 2 --repeats 1 --turns "$PTURNS" \
     --pressure-tokens "$PRESSURE" --json "$OUT/b_host_tier.json" 2> "$OUT/b_host_tier.log"
-timeout 200 $PY -m bench.serving.session_ttft "${ARGS[@]}" --seed 3 --repeats 1 \
+timeout 150 $PY -m bench.serving.session_ttft "${ARGS[@]}" --seed 3 --repeats 1 --turns "$PTURNS" \
     --pressure-tokens "$PRESSURE" --pin-ttl-s 300 --json "$OUT/c_pinned.json" 2> "$OUT/c_pinned.log"
 curl -sf localhost:18530/metrics | grep -E '^tidegate_(backend_pin|pin_|session)|^vllm:prefix_cache' \
     > "$OUT/metrics.txt"
