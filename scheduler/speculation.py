@@ -321,24 +321,26 @@ class _PositionsIndex:
 
 class PromptLookupProposer:
     """Prompt lookup: the output's last n tokens (longest first) found earlier in the prompt or
-    the output; the draft is what followed them there."""
+    the output; the draft is what followed them there. The index over the prompt and the output
+    is built the first time a draft is asked for (a request served while the backend is
+    saturated never pays for it: ~3 dict entries per prompt token), then kept up to date."""
 
     source = "prompt"
 
     def __init__(self, n_min: int = 2, n_max: int = 4) -> None:
         self.n_min, self.n_max = n_min, n_max
 
-    def start(self, state: DraftState) -> None:
-        state.history = NgramIndex(self.n_min, self.n_max, state.prompt)
-
     def observe(self, state: DraftState, new_tokens: Sequence[int]) -> None:
         if state.history is not None:
             state.history.extend(new_tokens)
 
     def propose(self, state: DraftState, k: int) -> list[int]:
-        h = state.history
-        if h is None or k <= 0:
+        if k <= 0:
             return []
+        h = state.history
+        if h is None:
+            h = state.history = NgramIndex(self.n_min, self.n_max,
+                                           [*state.prompt, *state.output])
         toks = h.tokens
         pos = h.lookup(toks[max(0, len(toks) - self.n_max):])
         if pos < 0:
@@ -646,8 +648,6 @@ class Speculator:
                            session_key(prompt, cfg.session_prefix_tokens))
         if "prediction" in cfg.sources:
             self.prediction.start(state)
-        if "prompt" in cfg.sources and not state.off:
-            self.prompt.start(state)
         self.states[request_id] = state
         return state
 
