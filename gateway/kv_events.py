@@ -293,9 +293,10 @@ class KVEventSubscriber:
                 if not await req.poll(self.replay_timeout_s * 1000):
                     return False
                 frames = await req.recv_multipart()
-                if len(frames) != 3:
+                # [b"", topic, seq, payload] (vLLM 0.32) or [b"", seq, payload] (earlier)
+                if len(frames) not in (3, 4) or len(frames[-2]) != 8:
                     return False
-                _, seq_bytes, payload = frames
+                seq_bytes, payload = frames[-2], frames[-1]
                 seq = int.from_bytes(seq_bytes, "big", signed=True)
                 if seq == END_SEQ or not payload:
                     return self.last_seq >= upto - 1

@@ -431,11 +431,11 @@ def test_backend_flag_publishes_and_refuses_an_engine_without_a_prefix_cache(tmp
         dealer.send_multipart([b"", (0).to_bytes(8, "big")])
         while True:
             assert dealer.poll(5000)
-            _, seq, payload = dealer.recv_multipart()
+            _, topic, seq, payload = dealer.recv_multipart()  # vLLM 0.32's replay frames
             if payload == b"":
-                assert int.from_bytes(seq, "big", signed=True) == -1
+                assert topic == b"" and int.from_bytes(seq, "big", signed=True) == -1
                 break
-            reader.message([b"", seq, payload])
+            reader.message([topic, seq, payload])
         # 11 prompt + 2 computed output tokens: 3 full blocks of 4
         assert len(reader.blocks["GPU"]) == 3
         dealer.close()

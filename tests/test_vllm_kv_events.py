@@ -184,3 +184,60 @@ def test_gateway_mirrors_vllms_own_events():
     assert set(mirror.prefix_hashes()) == want and want
     # and they are the prompts' (prompt + outputs) own prefix hashes
     assert want <= {x for p, o in zip(prompts, result["outputs"]) for x in prefix_hashes(p + o, 16)}
+
+
+def test_backend_engine_vllm_publishes_vllms_own_events():
+    """`tidegate backend --engine vllm --kv-events-endpoint`: the flags become vLLM's
+    KVEventsConfig; its events (read back by replay from 0) carry the request's blocks."""
+    from gateway.kv_events import KVEventMirror, decode_batch
+    from tests.backend_helpers import DealerClient
+
+    tmp, tag = tempfile.gettempdir(), uuid.uuid4().hex[:8]
+    listen = f"ipc://{tmp}/tg-vllm-{tag}.sock"
+    pub, replay = f"ipc://{tmp}/tg-vllm-{tag}.pub", f"ipc://{tmp}/tg-vllm-{tag}.replay"
+    proc = subprocess.Popen(
+        [VLLM_PYTHON, "-m", "gateway.tidegate_cli", "backend", "--engine", "vllm",
+         "--model", str(MODEL), "--listen", listen, "--max-model-len", "512",
+         "--max-num-seqs", "4", "--enforce-eager", "--kv-events-endpoint", pub,
+         "--kv-events-replay-endpoint", replay, "--kv-events-topic", "kv@t"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**_env(), "PYTHONPATH": str(REPO)}, cwd=REPO)
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("tidegate backend ready"):
+                break
+        else:
+            pytest.fail(f"did not start: {''.join(lines)[-2000:]} {proc.stderr.read()[-2000:]}")
+        client = DealerClient(listen)
+        client.hello()
+        prompt = list(range(10, 10 + 300))
+        client.batch({"a": prompt}, max_tokens=4, ignore_eos=True)
+        _, finals, _ = client.collect(["a"], timeout_s=300)
+        assert "a" in finals and not client.errors
+        client.close()
+        import time
+
+        import zmq
+        mirror = KVEventMirror(block_size=16)
+        dealer = zmq.Context.instance().socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(replay)
+        deadline = time.monotonic() + 30
+        while not mirror.media and time.monotonic() < deadline:  # vLLM's thread sends soon
+            mirror = KVEventMirror(block_size=16)
+            dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+            while dealer.poll(2000):
+                _, topic, _, payload = dealer.recv_multipart()  # vLLM 0.32: [topic, seq, payload]
+                if not payload:
+                    break
+                assert topic == b"kv@t"
+                mirror.apply(decode_batch(payload)[1])
+        dealer.close()
+        # the CPU build's 128-token blocks: 2 full blocks of the 300-token prompt
+        assert len(mirror.block_hashes("GPU")) == 2
+        assert set(mirror.prefix_hashes()) == set(prefix_hashes(prompt[:256] + [0], 16))
+    finally:
+        proc.terminate()
+        proc.wait(60)

@@ -276,10 +276,12 @@ def _logprobs(entries, ids: list[int]) -> list[TokenLogprobs]:
     return out
 
 
-def create_vllm_engine(cfg, kv_gib: float | None = None,
-                       enforce_eager: bool = False) -> tuple[VllmEngine, VllmLoaded]:
+def create_vllm_engine(cfg, kv_gib: float | None = None, enforce_eager: bool = False,
+                       kv_events: dict | None = None) -> tuple[VllmEngine, VllmLoaded]:
     """`backend.engine.assemble.create_engine` for `--engine vllm` (cfg: a `backend.engine.assemble.BackendConfig`).
-    The model must be a Hugging Face directory; vLLM loads the weights itself."""
+    The model must be a Hugging Face directory; vLLM loads the weights itself. `kv_events`
+    (`endpoint`, `replay_endpoint`, `topic`): vLLM publishes its own KV events there (its
+    `--kv-events-config`; the same format as our backend's, backend.server.kv_events)."""
     if not os.path.isdir(cfg.model):
         raise ModelLoadError(f"--engine vllm needs a Hugging Face model directory, got {cfg.model!r}")
     # vLLM's engine core in this process (no second process to start, watch and stop), and its
@@ -295,12 +297,18 @@ def create_vllm_engine(cfg, kv_gib: float | None = None,
     tokenizer = load_tokenizer_bundle(cfg.model)
     max_model_len = cfg.max_model_len or model_config.max_position_embeddings
     stats: list = []
+    extra = {}
+    if kv_events is not None:
+        from vllm.config import KVEventsConfig
+
+        extra["kv_events_config"] = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq",
+                                                   **kv_events)
     args = EngineArgs(model=cfg.model, max_model_len=max_model_len, enforce_eager=enforce_eager,
                       max_num_seqs=cfg.max_num_seqs,
                       max_num_batched_tokens=max(cfg.max_num_batched_tokens, max_model_len),
                       enable_prefix_caching=cfg.enable_prefix_caching, seed=cfg.seed,
                       dtype="float32" if cfg.dtype == "auto" else cfg.dtype,
-                      disable_log_stats=False)
+                      disable_log_stats=False, **extra)
     try:
         llm = LLMEngine.from_engine_args(args, stat_loggers=[_stats_logger_factory(stats)])
     except Exception as exc:  # noqa: BLE001 -- any start-up failure is a load error to the CLI

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             from backend.engine.vllm import create_vllm_engine
 
             engine, loaded = create_vllm_engine(backend_config(args), args.vllm_kv_gib,
-                                                args.enforce_eager)
+                                                args.enforce_eager, _vllm_kv_events(args))
             serving = ", vLLM's engine"
         elif args.tensor_parallel_size != 1 or args.tp_nodes != 1:
             from backend.server.ranks import start_tp_engine
@@ -99,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         from backend.model.generation_config import load_generation_defaults
 
         generation_defaults = load_generation_defaults(args.generation_config, args.model)
-        kv_events = _kv_event_publisher(args, engine.config.block_size)
+        # vLLM's engine publishes its own (create_vllm_engine)
+        kv_events = (_kv_event_publisher(args, engine.config.block_size)
+                     if args.engine != "vllm" else None)
         try:
             step_log = StepLog(args.step_log) if args.step_log else None
             worker = Worker(engine, loaded, args.listen, args.backend_id, args.served_model_name,
@@ -137,6 +139,19 @@ def main(argv: list[str] | None = None) -> int:
     if ranks is not None:  # 1 when a rank died (its requests were answered with errors)
         rc = ranks.stop() or rc
     return rc
+
+
+def _vllm_kv_events(args: argparse.Namespace) -> dict | None:
+    """--kv-events-* for `--engine vllm`: vLLM's own KVEventsConfig fields."""
+    if not getattr(args, "kv_events_endpoint", None):
+        return None
+    if args.kv_events_format != "map":
+        raise ModelLoadError("--engine vllm publishes vLLM's own event format: "
+                             "--kv-events-format array is ours only")
+    if getattr(args, "no_prefix_caching", False):
+        raise ModelLoadError("--kv-events-endpoint needs the prefix cache (not --no-prefix-caching)")
+    return {"endpoint": args.kv_events_endpoint, "replay_endpoint": args.kv_events_replay_endpoint,
+            "topic": args.kv_events_topic}
 
 
 def _kv_event_publisher(args: argparse.Namespace, block_size: int):

@@ -35,9 +35,11 @@ vLLM 0.32's BlockStored also has `session_id` (default None, so omitted on the w
 block_size, lora_id, medium, lora_name]``, ``["BlockRemoved", block_hashes, medium]``,
 ``["AllBlocksCleared"]``) for consumers not updated since.
 
-Replay (vLLM's `replay_endpoint`): a ROUTER socket; a client (DEALER or REQ) sends the first sequence number
-it wants as 8 big-endian bytes and receives ``[seq, payload]`` for every kept batch from there on,
-then ``[(-1) as 8 signed big-endian bytes, b""]``. The last `buffer_steps` batches are kept.
+Replay (vLLM's `replay_endpoint`): a ROUTER socket; a client (DEALER or REQ) sends the first
+sequence number it wants as 8 big-endian bytes and receives ``[topic, seq, payload]`` (the live
+stream's frames) for every kept batch from there on, then ``[b"", (-1) as 8 signed big-endian
+bytes, b""]``, as vLLM 0.32 does (earlier vLLM sent ``[seq, payload]`` and ``[-1, b""]``; the
+gateway's subscriber reads both). The last `buffer_steps` batches are kept.
 
 Block hashes are the block manager's chain hashes (`hash((parent_hash, tokens))`, signed 64-bit)
 written as unsigned 64-bit ints, as vLLM's are; a consumer that hashes the tokens itself (llm-d,
@@ -243,5 +245,6 @@ class KVEventPublisher:
         start_seq = int.from_bytes(start, "big")
         for seq, payload in list(self._buffer):
             if seq >= start_seq:
-                self._replay.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
-        self._replay.send_multipart((client, b"", END_SEQ, b""))
+                self._replay.send_multipart((client, b"", self.topic, seq.to_bytes(8, "big"),
+                                             payload))
+        self._replay.send_multipart((client, b"", b"", END_SEQ, b""))
