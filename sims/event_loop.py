@@ -258,12 +258,12 @@ class EventLoop:
             self.placement.add_backend(be.idx)
             self.placement.set_capacity(be.idx, num_blocks * sched_config.block_size)
         self.charged = [0] * n
-        # the wait predictor's view (scheduler.admission): where each request went, and how
-        # many were unstarted ahead of it there
-        self.predictor = gateway.predictor
-        self.placed_on = [-1] * n
-        self.alone = [0] * n
-        self.qclass = [int(c) for c in gateway._queue_class]
+        # the wait predictor's view (scheduler.admission), kept only while admission runs (it
+        # costs a third of a 100k-request run's time otherwise): how many requests were
+        # unstarted ahead of each one where it went
+        self.predictor = gateway.predictor if gateway.admits else None
+        self.alone = [0] * n if gateway.admits else []
+        self.qclass = [int(c) for c in gateway._queue_class] if gateway.admits else []
         self.prefix_of = backends[0].sched.prefix_hashes if (
             config.placement.uses_prefixes and backends and backends[0].sched.prefix_caching) else None
         # agent traces (sims.agent_trace): sessions, pins and what each request found cached
@@ -319,8 +319,8 @@ class EventLoop:
                 b, charged[i] = self.placement.place_one(
                     num_tokens[i], () if prefix_of is None else prefix_of(i), now)
             dispatch_t[i] = now
-            self.placed_on[i] = b
-            self.alone[i] = self.predictor.dispatched(b, self.qclass[i])
+            if self.predictor is not None:
+                self.alone[i] = self.predictor.dispatched(b, self.qclass[i])
             be = self.backends[b]
             if not be.outstanding:
                 self.num_idle -= 1
@@ -350,12 +350,11 @@ class EventLoop:
             else:
                 part.append(i)
         backends = self.backends
-        dispatched, placed_on, alone, qclass = (self.predictor.dispatched, self.placed_on,
-                                                self.alone, self.qclass)
+        predictor, alone, qclass = self.predictor, self.alone, self.qclass
         for b, part in parts.items():
-            for i in part:
-                placed_on[i] = b
-                alone[i] = dispatched(b, qclass[i])
+            if predictor is not None:
+                for i in part:
+                    alone[i] = predictor.dispatched(b, qclass[i])
             be = backends[b]
             if not be.outstanding:
                 self.num_idle -= 1
@@ -447,7 +446,8 @@ class EventLoop:
         for i in inbox if late == len(inbox) else inbox[:late]:
             if not add(i, now):
                 self.rejected[i] = True
-                self.predictor.gone(be.idx, self.qclass[i])
+                if self.predictor is not None:
+                    self.predictor.gone(be.idx, self.qclass[i])
                 self.placement.release(be.idx, self.charged[i])
                 refused += 1
         del inbox[:late], inbox_t[:late]
@@ -600,8 +600,9 @@ class EventLoop:
         for r in firsts:
             if first_t[r] != first_t[r]:  # NaN: not a re-prefill after preemption
                 first_t[r] = now
-                self.predictor.started(arg, self.qclass[r], now, now - self.dispatch_t[r],
-                                       self.alone[r])
+                if self.predictor is not None:
+                    self.predictor.started(arg, self.qclass[r], now, now - self.dispatch_t[r],
+                                           self.alone[r])
         self.finish_requests(be, done, now)
         self.after_step(be, now)
 
