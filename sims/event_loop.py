@@ -258,9 +258,8 @@ class EventLoop:
             self.placement.add_backend(be.idx)
             self.placement.set_capacity(be.idx, num_blocks * sched_config.block_size)
         self.charged = [0] * n
-        # the wait predictor's view (scheduler.admission), kept only while admission runs (it
-        # costs a third of a 100k-request run's time otherwise): how many requests were
-        # unstarted ahead of each one where it went
+        # the wait predictor's view (scheduler.admission), kept only while admission runs
+        # (nothing else reads it): how many requests were unstarted ahead of each one where it went
         self.predictor = gateway.predictor if gateway.admits else None
         self.alone = [0] * n if gateway.admits else []
         self.qclass = [int(c) for c in gateway._queue_class] if gateway.admits else []
