@@ -14,20 +14,21 @@ Sources of draft tokens (each a `Proposer`; a draft model would be one more):
                 an editor's file): a suffix index over them, same lookup
 
 Per request, `DraftState` keeps what the proposers need (token history, n-gram indexes, the
-prediction's alignment) and the measured acceptance per source. Per step,
-`SpeculationPolicy.plan` decides how many draft tokens each decoding sequence gets:
+prediction's alignment) and the measured acceptance per source. Per step, `Speculator.load`
+picks each decoding sequence's draft from its most trusted source that has one (per-request
+measured acceptance alpha, the backend's mean per source as prior) and `SpeculationPolicy.plan`
+decides how many of its tokens go in:
 
-* per sequence: draft i is worth proposing while the chance that it is accepted (alpha^i, alpha
-  the sequence's measured per-token acceptance for its best source) is above the relative cost
-  of one more token in the step; capped by the request's `max_draft_tokens` (or the server's),
-  its class's cap, and off for requests that turned it off;
-* per step, the load: a step costs about the same up to the backend's *knee* (a decode step is
-  bound by reading the weights: extra tokens are nearly free below it), so the draft tokens of a
-  step are at most ``knee - decodes - prefill tokens planned``, handed out Fast class first,
-  then Normal, then Slow, most promising first. At saturation (decodes + prefill backlog at or
-  past the knee) nothing is drafted: speculation never takes a step past the knee, where every
-  extra token costs throughput. The knee is measured (`StepCostModel`) where steps are timed,
-  else configured.
+* a draft's i-th token is accepted with chance q = w * alpha^i (w: the class weight, Fast and
+  Normal 1, Slow 0.8); capped by the request's `max_draft_tokens` (or the server's), its class's
+  cap, the draft's length, and off for requests that turned it off;
+* the load: the step cost model T(n) (measured, `StepCostModel`: piecewise linear over the
+  step times the engine records; flat up to `knee_tokens` until measured) prices one more token;
+  drafts go in best first while each raises the step's work per second (q * T > T' * work, the
+  work being the step's scheduled tokens plus the accepted drafts expected). Below the knee a
+  token is nearly free (a decode step reads the weights whatever its size): every draft with
+  q >= min_draft_prob goes in. At saturation a token costs its share of the step (T' n >= T)
+  and none does: speculation is turned off by the policy where it would cost throughput.
 
 Verification (the engine): k drafts are fed with the sequence's last token as one chunk; the
 target token at each position is sampled exactly as a plain decode would sample it (the
