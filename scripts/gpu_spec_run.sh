@@ -19,6 +19,7 @@
 #   PART=sim    scripts/gpu_spec_bench.sh PART=sim (profile, simulator vs live)
 #
 #   PART=check bash scripts/gpu_spec_run.sh ; PART=serve bash scripts/gpu_spec_run.sh ; PART=sim ...
+#   (each part < 10 minutes: check = tests <= TEST_S 180 s + tiny-coder <= 120 s + 33B <= 270 s)
 #   DEVICE=cpu MODEL33=tiny PROMPTS=2 MAXTOK=24 bash scripts/gpu_spec_run.sh     # the CPU check
 set -u
 OUT=${OUT:-out/gpu_spec}
@@ -27,7 +28,7 @@ DEVICE=${DEVICE:-cuda}
 MODEL33=${MODEL33:-deepseek-coder-33b}
 PROMPTS=${PROMPTS:-8}
 MAXTOK=${MAXTOK:-128}
-TEST_S=${TEST_S:-240}
+TEST_S=${TEST_S:-180}
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 TOKENIZERS_PARALLELISM=false
 cd "$(dirname "$0")/.."
 mkdir -p "$OUT"
@@ -49,11 +50,11 @@ if [ "$DEVICE" != cpu ] && $PY -c 'import pytest' 2>/dev/null; then
       tests/test_gpu_speculation.py > "$OUT/pytest_gpu_spec.txt" 2>&1 || rc=1
   grep -E "passed|failed|error|FAILED|ERROR|bf16" "$OUT/pytest_gpu_spec.txt" | tail -n 12
 fi
-timeout 200 $PY -m bench.engine.speculation --model models/tiny-coder --device "$DEVICE" \
+timeout 120 $PY -m bench.engine.speculation --model models/tiny-coder --device "$DEVICE" \
     --prompts "$PROMPTS" --max-tokens "$MAXTOK" --json "$OUT/tiny_coder_spec.json" \
     > "$OUT/tiny_coder_spec.txt" 2>&1 || rc=1
 tail -n 9 "$OUT/tiny_coder_spec.txt"
-timeout 300 $PY -m bench.engine.speculation --model "$MODEL33" --load-format dummy \
+timeout 270 $PY -m bench.engine.speculation --model "$MODEL33" --load-format dummy \
     --device "$DEVICE" --prompts "$((PROMPTS / 2 > 0 ? PROMPTS / 2 : 1))" --max-tokens "$MAXTOK" \
     --modes off,oracle-100,oracle-75,oracle-50 --json "$OUT/33b_engine_spec.json" \
     > "$OUT/33b_engine_spec.txt" 2>&1 || rc=1
