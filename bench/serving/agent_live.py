@@ -35,7 +35,7 @@ def scaled_trace_config(a: argparse.Namespace) -> at.AgentTraceConfig:
         num_sessions=a.sessions, session_rate=a.session_rate, max_context=a.max_context,
         system_prompt_tokens=600, first_message_tokens=180, first_message_sigma=0.5,
         output_tokens=40, output_sigma=0.6, max_output_tokens=128, new_tokens=12,
-        new_sigma=0.8, tool_latency_s=1.0, max_turns=12, subagent_prob=0.08,
+        new_sigma=0.8, tool_latency_s=a.tool_latency_s, max_turns=12, subagent_prob=0.08,
         subagent_turns=(2, 4), subagent_task_tokens=40, pin_fraction=a.pin_fraction,
         pin_ttl_s=a.pin_ttl_s, nominal_tpot_s=0.02, nominal_prefill_s=0.3, seed=a.seed)
 
@@ -104,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--session-rate", type=float, default=0.15)
     p.add_argument("--max-context", type=int, default=2048)
     p.add_argument("--pin-fraction", type=float, default=0.3)
+    p.add_argument("--tool-latency-s", type=float, default=1.0,
+                   help="median tool time between turns (longer: follow-ups after their turn)")
     p.add_argument("--pin-ttl-s", type=float, default=60.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--both-keys", action="store_true", help="also run without session headers")
