@@ -191,8 +191,9 @@ async def messages(request: web.Request) -> web.StreamResponse:
         out = {"input_tokens": len(handle.prompt_ids) - read - created,
                "output_tokens": output_tokens, "cache_creation_input_tokens": created,
                "cache_read_input_tokens": read}
-        if options.pin_ttl_s and handle.pin_status:
-            out["pin"] = PIN_STATUS_NAMES[handle.pin_status]
+        if options.pin_ttl_s and (handle.pin_status or output_tokens):
+            # a backend that said nothing of the pin (an HTTP server) kept none
+            out["pin"] = PIN_STATUS_NAMES.get(handle.pin_status, "unsupported")
         return out
 
     async def respond():

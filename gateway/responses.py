@@ -29,7 +29,7 @@ def usage(handles: list[RequestHandle], n: int = 1) -> dict[str, Any]:
         out["prompt_tokens_details"] = {
             "cached_tokens": sum(h.cached_tokens for h in handles[::n])}
         if opts.pin_ttl_s > 0:
-            out["pin"] = PIN_STATUS_NAMES.get(handles[0].pin_status, "pending")
+            out["pin"] = PIN_STATUS_NAMES.get(handles[0].pin_status, "unsupported")
     return out
 
 
