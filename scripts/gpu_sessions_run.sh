@@ -5,7 +5,6 @@
 #   b. unrelated prompts (PRESSURE tokens, more than the GPU pool) between turns: the session's
 #      blocks are evicted to the host tier and copied back (or recomputed)
 #   c. as b, each turn pinned (cache_control ttl 5m): the pin keeps the prefix on the GPU
-# then the simulator's agent trace at 0.5x/0.9x on the profile measured in this tree (no GPU).
 #
 #   bash scripts/gpu_sessions_run.sh                                  # writes under $OUT
 #   MODEL=models/tiny-coder DEVICE=cpu CONTEXT=2048 FIRST=256 NUM_BLOCKS=300 HOST_GIB=0 \
