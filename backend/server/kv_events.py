@@ -207,8 +207,14 @@ class KVEventPublisher:
         if not self._running:
             return
         self._running = False
-        self._queue.put(None)
+        try:
+            self._queue.put(None, timeout=timeout_s)
+        except queue.Full:
+            pass
         self._thread.join(timeout_s)
+        if self._thread.is_alive():  # still sending: its sockets are its own (not thread-safe)
+            logger.warning("kv events: the publisher thread did not stop in %.1f s", timeout_s)
+            return
         self._pub.close()
         if self._replay is not None:
             self._replay.close()
