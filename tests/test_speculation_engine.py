@@ -117,13 +117,14 @@ def test_greedy_identical_with_the_cpu_kernels_and_prefix_caching_off():
 def test_greedy_identical_int4_keys_with_fill_rows(monkeypatch):
     """int4 keys keep the block being filled at full precision (fill rows): a verify stays in
     one block, and the step after a rollback reads that block's accepted keys from the rows, as
-    a plain decode does (logprobs equal; reading them from the int4 codes moves them ~1e-2)."""
+    a plain decode does (logprobs within 1e-6 here; read from the int4 codes instead, they move
+    by up to 1.5e-4)."""
     monkeypatch.setenv(FILL_BLOCK_ENV, "1")
     base, spec, _, _, eng = _greedy_case({"kv": "int4-fp8", "graphs": True}, {"logprobs": 1})
     assert eng.scheduler.config.draft_within_block
     for rid in base:
         assert spec[rid][0] == base[rid][0], rid
-        assert spec[rid][2] == pytest.approx(base[rid][2], abs=1e-4), rid
+        assert spec[rid][2] == pytest.approx(base[rid][2], abs=2e-5), rid  # codes: 1.5e-4 off
 
 
 @pytest.mark.parametrize("params_kw", [
