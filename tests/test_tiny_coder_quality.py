@@ -61,6 +61,7 @@ BPB_TOLERANCE = 0.25
 FIM_CASES = 16
 FIM_MIN_STOPPED = 8
 MIN_PARSED = 1
+MIN_PARSED_DEFAULTS = 2  # v2 at its defaults (greedy, repetition_penalty 1.1): 2/8 through the engine
 
 
 def metrics() -> dict:
@@ -205,6 +206,32 @@ def test_embedded_default_completes_parsable_functions(gateway):
     print(f"\nparse rate {sum(ok)}/{len(ok)} = {rate:.2f}; failed: "
           f"{[h for h, good in zip(HEADERS, ok) if not good]}")
     assert sum(ok) >= MIN_PARSED, [(h, c["text"]) for h, c in zip(HEADERS, choices)]
+
+
+def test_embedded_default_decoding_completes_functions(gateway):
+    """The same headers at the server's default decoding for this model: no sampling field in
+    the request, so the model's generation_config.json applies (greedy, repetition_penalty 1.1;
+    `--generation-config auto`, issue 36). Every completion must be deterministic (greedy) and
+    at least MIN_PARSED_DEFAULTS must parse."""
+    from evals.code import HEADERS
+    from evals.completion import HEADER_TOKENS, STOP_STRINGS, judge_header
+
+    def complete_default(prompt: str) -> dict:
+        body = json.dumps({"model": gateway["model"], "prompt": prompt,
+                           "max_tokens": HEADER_TOKENS, "stop": list(STOP_STRINGS)}).encode()
+        req = urllib.request.Request(gateway["url"] + "/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return json.loads(resp.read())["choices"][0]
+
+    with ThreadPoolExecutor(len(HEADERS)) as pool:
+        choices = list(pool.map(complete_default, HEADERS))
+    again = complete_default(HEADERS[0])
+    assert again["text"] == choices[0]["text"]  # temperature 0 from the file, not the API's 1
+    ok = [judge_header(h, c["text"], c["finish_reason"] == "stop")["parses"]
+          for h, c in zip(HEADERS, choices)]
+    print(f"\nat the model's defaults: parse rate {sum(ok)}/{len(ok)}")
+    assert sum(ok) >= MIN_PARSED_DEFAULTS, [(h, c["text"]) for h, c in zip(HEADERS, choices)]
 
 
 def test_embedded_default_fills_the_middle(gateway):
