@@ -90,6 +90,36 @@ async def run(a: argparse.Namespace) -> dict:
             "speedup": cold_p50 / p50 if p50 else None, "rows": rows}
 
 
+def predict(a: argparse.Namespace) -> dict:
+    """The same session through a measured step-time profile (`--predict PROFILE`, no server):
+    each turn's uncached part prefilled in chunks of `--chunk` tokens after its cached part, vs
+    the whole prompt cold. Queue-free, delivery path not included."""
+    from sims.profile_cost import ProfileCost
+    cost = ProfileCost.from_json(a.predict)
+    step = (a.context - a.max_tokens - a.first_tokens) // max(1, a.turns - 1)
+
+    def prefill_s(new: int, start: int) -> float:
+        t = done = 0
+        while done < new:
+            n = min(a.chunk, new - done)
+            t += cost.step_time(0, n, start + done + n)
+            done += n
+        return t
+
+    rows = []
+    for turn in range(1, a.turns):
+        length = a.first_tokens + step * turn
+        cached = (a.first_tokens + step * (turn - 1)) // a.block_size * a.block_size
+        rows.append({"turn": turn, "prompt_tokens": length, "cached_tokens": cached,
+                     "ttft_ms": prefill_s(length - cached, cached) * 1e3,
+                     "cold_ttft_ms": prefill_s(length, 0) * 1e3})
+    p50 = statistics.median(r["ttft_ms"] for r in rows)
+    cold = statistics.median(r["cold_ttft_ms"] for r in rows)
+    return {"predicted_from": a.predict, "context": a.context, "turns": a.turns,
+            "followup_ttft_p50_ms": p50, "recompute_ttft_p50_ms": cold, "speedup": cold / p50,
+            "rows": rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.serving.session_ttft", description=__doc__)
     p.add_argument("--url", default="http://127.0.0.1:8000")
@@ -104,8 +134,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
+    p.add_argument("--predict", default=None, metavar="PROFILE",
+                   help="no server: the prediction of a measured step-time profile")
+    p.add_argument("--chunk", type=int, default=2048, help="prefill tokens per step (--predict)")
+    p.add_argument("--block-size", type=int, default=16)
     a = p.parse_args(argv)
-    out = asyncio.run(run(a))
+    out = predict(a) if a.predict else asyncio.run(run(a))
     print(json.dumps({k: v for k, v in out.items() if k != "rows"}, indent=1))
     if a.json:
         with open(a.json, "w") as fh:
