@@ -8,13 +8,18 @@
 # generation_config.json defaults) and write everything under $OUT.
 #
 # Before the call, on the development machine, from the repository root (CPU; the corpus is built
-# here, the shipped tokenizer is reused so the ids and the card's figures stay comparable):
+# here):
 #
 #   .venv/bin/python -m training.corpus --out /tmp/tc-corpus        # ~20 min on a busy 2-core box
 #   rm -rf .carry-tc && mkdir -p .carry-tc/corpus && grep -qx '/.carry-tc/' .git/info/exclude \
 #       || echo /.carry-tc/ >> .git/info/exclude
-#   xz -T2 -6 -c /tmp/tc-corpus/corpus.jsonl > .carry-tc/corpus/corpus.jsonl.xz     # ~25 MB
-#   cp /tmp/tc-corpus/manifest.json .carry-tc/corpus/ && cp models/tiny-coder/tokenizer.json .carry-tc/
+#   xz -T1 -9e -c /tmp/tc-corpus/corpus.jsonl > .carry-tc/corpus/corpus.jsonl.xz  # 27.8 MB, 5 min
+#   cp /tmp/tc-corpus/manifest.json .carry-tc/corpus/
+#   # what travels must stay under 64 MiB (67.1 MB): tracked + untracked-not-ignored + .carry-tc
+#   (git ls-files -z; git ls-files -z --others --exclude-standard) | xargs -0 du -cb | tail -1
+#
+# The tokenizer is the shipped model's (models/tiny-coder/tokenizer.json, in the tree; TOKENIZER=
+# overrides), so the new model's ids and figures stay comparable with v2's.
 #
 # The call (device tool `run`, kind nvidia-h200, carry [".carry-tc"], timeout_s 600), from the
 # repository root of the working tree that travels:
@@ -56,7 +61,7 @@ python3 -c 'import torch, tokenizers, transformers; print("torch", torch.__versi
 tokenizers.__version__, "transformers", transformers.__version__,
 torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU")' | tee "$OUT/train_log.txt"
 python3 -m training.train prepare --corpus "$CARRY/corpus" --out "$SCRATCH/tc-prep" \
-    --tokenizer "$CARRY/tokenizer.json" ${PREPARE_ARGS:-} 2>&1 | tee -a "$OUT/train_log.txt"
+    --tokenizer "${TOKENIZER:-models/tiny-coder/tokenizer.json}" ${PREPARE_ARGS:-} 2>&1 | tee -a "$OUT/train_log.txt"
 echo "prepare exit ${PIPESTATUS[0]} at $(( $(date +%s) - t0 )) s" | tee -a "$OUT/train_log.txt"
 left=$(( 600 - ($(date +%s) - t0) - ${RESERVE_S:-125} ))
 budget=${TRAIN_S:-450}

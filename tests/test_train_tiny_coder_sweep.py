@@ -220,11 +220,11 @@ def test_the_gpu_call_script_runs_end_to_end_on_the_cpu(prep, tmp_path):
     (carry / "corpus").mkdir(parents=True)
     raw = (prep.parent / "corpus" / "corpus.jsonl").read_bytes()
     (carry / "corpus" / "corpus.jsonl.xz").write_bytes(lzma.compress(raw))
-    shutil.copy(prep / "tokenizer.json", carry / "tokenizer.json")
+    shutil.copy(prep / "tokenizer.json", carry / "tokenizer.json")  # TOKENIZER= below
     out, scratch = tmp_path / "out", tmp_path / "scratch"
     scratch.mkdir()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "OUT": str(out),
-           "CARRY": str(carry), "TMPDIR": str(scratch), "COMPILE": "", "EVAL_THREADS": "1",
+           "CARRY": str(carry), "TOKENIZER": str(carry / "tokenizer.json"), "TMPDIR": str(scratch), "COMPILE": "", "EVAL_THREADS": "1",
            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
            "PREPARE_ARGS": "--workers 2",
            "TRAIN_ARGS": "--device cpu --steps 6 --seq-len 32 --batch-size 2 --warmup-steps 2 "
