@@ -53,6 +53,7 @@ stop-token decisions, and the per-step report of new tokens (`RequestOutput` rec
 from __future__ import annotations
 
 import math
+import os
 import random
 import time
 from dataclasses import dataclass, field, replace
@@ -72,6 +73,12 @@ PLACEHOLDER_TOKEN = 0
 # `launch_deadline`: launch the next step this long (plus twice the host's launch time) before
 # the running step is expected to end on the device
 LAUNCH_SLACK_S = 0.001
+
+
+# What a speculating step pays for giving up async scheduling, in multiples of the measured
+# planning + launch time (`_drafts`); TIDEGATE_SPEC_FIXED_FACTOR overrides it for an A/B on the
+# GPU (read once at import).
+SPEC_FIXED_FACTOR = float(os.environ.get("TIDEGATE_SPEC_FIXED_FACTOR", "2"))
 
 
 @dataclass(frozen=True)
@@ -420,11 +427,15 @@ class Engine:
         # most one per running sequence) and one per draft (runner.step_io.logit_rows)
         max_rows = None
         if getattr(self.runner, "graphs", None) is not None:
-            max_rows = self.config.max_num_seqs + 1 - len(sched.running)
+            # the step's chunks are the running sequences and those admitted by this very
+            # schedule (up to max_num_seqs): a waiting request's prefill chunk takes a row too
+            # (the H200's graph tests overflowed by one row before this counted them)
+            max_seqs = self.config.max_num_seqs
+            max_rows = max_seqs + 1 - min(max_seqs, len(sched.running) + sched.num_waiting)
         # a speculating step is read back before the next is planned: under async scheduling
         # the host's planning, launch and read-back are on the device's critical path (taken
         # as twice the measured planning and launch)
-        fixed_s = 2 * self._launch_s if self.async_scheduling else 0.0
+        fixed_s = SPEC_FIXED_FACTOR * self._launch_s if self.async_scheduling else 0.0
         drafts = sp.plan(loads, len(seqs), num_prefill, max_rows, fixed_s) or None
         self._spec_backoff = 0 if drafts else min(16, 2 * self._spec_backoff + 1)
         self._spec_wait = self._spec_backoff

@@ -147,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default="off,lookup,oracle-100,oracle-75,oracle-50,copy")
     ap.add_argument("--max-draft-tokens", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", default="auto", help="model dtype (auto: bf16 on CUDA)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     def build(spec: bool):
         cfg = SpeculationConfig(max_draft_tokens=args.max_draft_tokens) if spec else None
         return create_engine(BackendConfig(model=args.model, device=args.device,
-                                           load_format=args.load_format,
+                                           load_format=args.load_format, dtype=args.dtype,
                                            speculation_config=cfg))
 
     # one engine (a 33B model fits once): the off runs turn speculation off per request
@@ -197,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         for i, (name, prompt, pred) in enumerate(_copy_cases(tok, files, args.prompts)):
             work += [("copy-off", i, name, (prompt, pred)), ("copy", i, name, (prompt, pred))]
     rows_by: dict[str, list] = {}
+    mismatches: dict[str, int] = {}
     per_source_by: dict[str, dict] = {}
     for mode, i, name, prompt in work:
         pred = None
@@ -220,8 +222,12 @@ def main(argv: list[str] | None = None) -> int:
                 reference[name] = toks
         else:
             ref = reference[("copy-off" if mode == "copy" else "off", name)]
-            if toks != ref:
-                raise SystemExit(f"{mode} {name}: output differs from speculation off")
+            if toks != ref:  # counted, not fatal: bf16 near-ties can flip a token (GPU)
+                same = next((j for j, (a, b) in enumerate(zip(toks, ref)) if a != b),
+                            min(len(toks), len(ref)))
+                print(f"{mode} {name}: output differs from speculation off after {same} of "
+                      f"{len(ref)} tokens", flush=True)
+                mismatches[mode] = mismatches.get(mode, 0) + 1
         per_source = per_source_by.setdefault(mode, {"drafted": {}, "accepted": {}})
         if sp is not None:
             for key, now, old in (("drafted", sp.num_drafted, before[0]),
@@ -237,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         per_source = per_source_by[mode]
         s = _summary(rows)
         s["per_source"] = per_source
+        s["outputs_differing_from_off"] = mismatches.get(mode, 0)
         s["rows"] = rows
         results[mode] = s
         by_source = {k: f"{per_source['accepted'].get(k, 0)}/{v}"
@@ -251,10 +258,18 @@ def main(argv: list[str] | None = None) -> int:
             s["tpot_p50_vs_off"] = s["tpot_p50_ms"] / base
         print("TPOT p50 / off: " + ", ".join(f"{m} {s['tpot_p50_vs_off']:.2f}"
                                              for m, s in results.items()))
+    sp = on_engine.speculator
+    engine_stats = {
+        "launch_ms": on_engine._launch_s * 1e3, "async_scheduling": on_engine.async_scheduling,
+        "steps_off_by_load": sp.policy.num_steps_off_by_load if sp is not None else None,
+        "step_cost_ms": {b: t * 1e3 for b, t in sp.policy.cost.table().items()}
+        if sp is not None and getattr(sp.policy, "cost", None) is not None else None}
+    print(f"engine: {engine_stats}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "results": results}, f, indent=1)
-    return 0
+            json.dump({"args": vars(args), "results": results, "engine": engine_stats}, f,
+                      indent=1)
+    return 1 if mismatches else 0
 
 
 if __name__ == "__main__":
