@@ -543,7 +543,39 @@ class Engine:
             num_host_blocks=host.num_blocks if host is not None else 0,
             num_host_used_blocks=host.num_used_blocks if host is not None else 0,
             num_host_hit_tokens=bm.num_host_hit_tokens,
-            num_prompt_tokens=bm.num_query_tokens, num_cached_prompt_tokens=bm.num_hit_tokens)
+            num_prompt_tokens=bm.num_query_tokens, num_cached_prompt_tokens=bm.num_hit_tokens,
+            **self._pin_figures())
+
+    def _pin_figures(self) -> dict:
+        bm = self.scheduler.block_manager
+        if not bm.enable_prefix_caching:
+            return {}
+        pins = bm.pin_status()
+        return {"num_pins": pins["pins"], "num_pinned_blocks": pins["pinned_blocks"],
+                "pin_budget_blocks": pins["budget_blocks"], "num_pins_refused": pins["refused"],
+                "num_pins_expired": pins["expired"]}
+
+    def configure_pins(self, budget_fraction: float) -> None:
+        bm = self.scheduler.block_manager
+        if bm.enable_prefix_caching and not bm.pin_budget_blocks:
+            bm.pin_budget_blocks = int(budget_fraction * bm.num_blocks)
+
+    def request_pin(self, request_id: str, token_ids: list[int], num_tokens: int,
+                    ttl_s: float) -> bool | None:
+        bm = self.scheduler.block_manager
+        if not bm.enable_prefix_caching:
+            return None
+        return bm.request_pin(request_id, token_ids, num_tokens, ttl_s)
+
+    def record_kv_events(self) -> bool:
+        bm = self.scheduler.block_manager
+        if not bm.enable_prefix_caching:
+            return False
+        bm.record_kv_events()
+        return True
+
+    def take_kv_events(self) -> list:
+        return self.scheduler.block_manager.take_kv_events()
 
     def prefix_cache_probe(self):
         bm = self.scheduler.block_manager

@@ -230,6 +230,18 @@ class EchoEngine:
     def launch_deadline(self) -> float | None:
         return None
 
+    def configure_pins(self, budget_fraction: float) -> None:
+        return None  # no prefix pins
+
+    def request_pin(self, request_id, token_ids, num_tokens, ttl_s) -> bool | None:
+        return None
+
+    def record_kv_events(self) -> bool:
+        return False  # no prefix cache of ours (vLLM's engine publishes its own, cli.py)
+
+    def take_kv_events(self) -> list:
+        return []
+
     def prefix_cache_probe(self):
         return None  # no prefix cache
 

@@ -28,6 +28,11 @@ class EngineLoad:
     num_host_hit_tokens: int = 0      # prompt tokens served from the host tier
     num_prompt_tokens: int = 0        # prompt tokens looked up in the prefix cache
     num_cached_prompt_tokens: int = 0  # of which found
+    num_pins: int = 0                 # prefix pins held (issue 30), and their blocks
+    num_pinned_blocks: int = 0
+    pin_budget_blocks: int = 0
+    num_pins_refused: int = 0
+    num_pins_expired: int = 0
 
 
 @runtime_checkable
@@ -83,6 +88,21 @@ class ServingEngine(Protocol):
         """A function telling whether a prefix block hash is cached here (for the gateway's
         placement), or None when the engine cannot say (prefix caching off, or not ours)."""
 
+    def configure_pins(self, budget_fraction: float) -> None:
+        """The share of the KV blocks prefix pins may hold (engines without pins ignore it)."""
+
+    def request_pin(self, request_id: str, token_ids: list[int], num_tokens: int,
+                    ttl_s: float) -> bool | None:
+        """Pin a request's prompt prefix for `ttl_s`: True pinned, False over the pin budget,
+        None where the engine cannot pin (no prefix cache, not ours)."""
+
+    def record_kv_events(self) -> bool:
+        """Start recording prefix-cache changes (KV events in vLLM's format, issue 33); False
+        where the engine has no prefix cache of its own to report."""
+
+    def take_kv_events(self) -> list:
+        """The changes recorded since the last call (empty when none or not recording)."""
+
     def check_integrity(self) -> None:
         """Assert the engine's books balance (called while idle: no request, every block free)."""
 
@@ -90,7 +110,8 @@ class ServingEngine(Protocol):
 REQUIRED = ("config", "eos_token_ids", "kv_cache_dtype", "overlaps_device", "reports_steps",
             "speculator",
             "add_request", "abort", "has_unfinished", "request_ids", "step", "advance", "settle",
-            "launch_deadline", "last_step", "load", "prefix_cache_probe", "check_integrity")
+            "launch_deadline", "last_step", "load", "prefix_cache_probe", "configure_pins",
+            "request_pin", "record_kv_events", "take_kv_events", "check_integrity")
 
 
 def missing_members(engine) -> list[str]:

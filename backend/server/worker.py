@@ -122,21 +122,17 @@ class Worker:
                                if self._is_cached is not None else None)
         # prefix pins (issue 30): an engine with a block manager and its prefix cache pins
         # within a budget of its blocks; (gateway, request id) -> the status its first output says
-        bm = getattr(getattr(engine, "scheduler", None), "block_manager", None)
-        self._pin_bm = bm if self._is_cached is not None and hasattr(bm, "request_pin") else None
-        if self._pin_bm is not None and not self._pin_bm.pin_budget_blocks:
-            self._pin_bm.pin_budget_blocks = int(pin_budget_fraction * self._pin_bm.num_blocks)
+        engine.configure_pins(pin_budget_fraction)
         self.pin_status: dict[tuple[bytes, str], int] = {}
         # KV events in vLLM's format (backend.server.kv_events.KVEventPublisher, issue 33): the
         # block manager records its prefix-cache changes, each turn's go out as one batch
         self.kv_events = kv_events
-        self._kv_bm = None
+        self._kv_recording = False
         if kv_events is not None:
-            if self._is_cached is None or not hasattr(bm, "record_kv_events"):
+            if not engine.record_kv_events():
                 raise ValueError("KV events need an engine with a block manager and its prefix "
                                  "cache on (not echo, not --no-prefix-caching)")
-            self._kv_bm = bm
-            bm.record_kv_events()
+            self._kv_recording = True
 
     # ---- lifecycle -----------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -173,10 +169,12 @@ class Worker:
                     self._step()
             elif not self._idle_checked:
                 self._check_idle()
-            if self._kv_bm is not None and self._kv_bm.kv_events:
+            if self._kv_recording:
                 # before the step's outputs go out: a router that reads both sees the blocks
                 # of a finished request first
-                self.kv_events.publish(self._kv_bm.take_kv_events())
+                events = self.engine.take_kv_events()
+                if events:
+                    self.kv_events.publish(events)
             self._flush_outboxes()
             self._flush_pending()  # CUDA: while the step launched by _step runs
             self._maybe_report()
@@ -199,8 +197,8 @@ class Worker:
 
     def _close_kv_events(self) -> None:
         if self.kv_events is not None:
-            if self._kv_bm is not None:
-                self.kv_events.publish(self._kv_bm.take_kv_events())
+            if self._kv_recording:
+                self.kv_events.publish(self.engine.take_kv_events())
             self.kv_events.close()
             self.kv_events = None
 
@@ -354,11 +352,10 @@ class Worker:
             return
         self.owner[key] = (identity, rid)
         if req.pin_ttl_s > 0:  # a pin of the prompt's prefix (issue 30)
+            pinned = self.engine.request_pin(key, ids, req.pin_tokens or len(ids), req.pin_ttl_s)
             self.pin_status[(identity, rid)] = (
-                pb.RequestOutput.PIN_UNSUPPORTED if self._pin_bm is None else
-                pb.RequestOutput.PINNED if self._pin_bm.request_pin(
-                    key, ids, req.pin_tokens or len(ids), req.pin_ttl_s)
-                else pb.RequestOutput.PIN_OVER_BUDGET)
+                pb.RequestOutput.PIN_UNSUPPORTED if pinned is None else
+                pb.RequestOutput.PINNED if pinned else pb.RequestOutput.PIN_OVER_BUDGET)
         if self.prefix_summary is not None:
             self.prefix_summary.add_prompt(ids)
         self._idle_checked = False
@@ -556,11 +553,11 @@ class Worker:
             report.num_host_hit_tokens = load.num_host_hit_tokens
             report.num_host_blocks = load.num_host_blocks
             report.num_host_used_blocks = load.num_host_used_blocks
-        if self._pin_bm is not None:
-            pins = self._pin_bm.pin_status()
-            report.num_pins, report.num_pinned_blocks = pins["pins"], pins["pinned_blocks"]
-            report.pin_budget_blocks = pins["budget_blocks"]
-            report.num_pins_refused, report.num_pins_expired = pins["refused"], pins["expired"]
+        if load.pin_budget_blocks:
+            report.num_pins, report.num_pinned_blocks = load.num_pins, load.num_pinned_blocks
+            report.pin_budget_blocks = load.pin_budget_blocks
+            report.num_pins_refused, report.num_pins_expired = (load.num_pins_refused,
+                                                                load.num_pins_expired)
         if self.prefix_summary is not None:
             report.prefix_hashes.extend(self.prefix_summary.snapshot(self._is_cached))
             report.prefix_block_size = self.engine.config.block_size
