@@ -77,6 +77,12 @@ def _key(value: Any, param: str) -> str | None:
     return value or None
 
 
+def check_prompt_cache_key(body: dict) -> None:
+    """A body's `prompt_cache_key` is a string of at most MAX_SESSION_KEY_CHARS (else a 400 naming
+    it): checked with the body's other fields, before the request is accepted."""
+    _key(body.get("prompt_cache_key"), "prompt_cache_key")
+
+
 def session_key(headers: Mapping[str, str], body: dict) -> str | None:
     """The request's session key (module docstring), or None."""
     key = _key(body.get("prompt_cache_key"), "prompt_cache_key")

@@ -56,6 +56,7 @@ from gateway.sampling_fields import (  # noqa: F401 -- parse_sampling_fields re-
     parse_sampling,
     parse_sampling_fields,
 )
+from gateway.sessions import check_prompt_cache_key
 from gateway.structured import parse_request_structured
 from gateway.tools import parse_message_tool_calls
 
@@ -122,6 +123,7 @@ def _parse_prompts(body: dict, limits: RequestLimits) -> tuple[Prompt, ...]:
 def parse_completion_request(body: dict[str, Any],
                              limits: RequestLimits = LIMITS) -> CompletionRequest:
     check_fields(body, COMPLETION_FIELDS, limits, "/v1/completions")
+    check_prompt_cache_key(body)
     logprobs = scalar(body, "logprobs", None, limits, COMPLETION_LOGPROBS)
     sampling = parse_sampling(body, logprobs, max_tokens_default=16, limits=limits)
     structured = parse_request_structured(body, chat=False)
@@ -189,6 +191,7 @@ def _parse_messages(body: dict) -> tuple[ChatMessage, ...]:
 
 def parse_chat_request(body: dict[str, Any], limits: RequestLimits = LIMITS) -> ChatRequest:
     check_fields(body, CHAT_FIELDS, limits, "/v1/chat/completions")
+    check_prompt_cache_key(body)
     want_logprobs = scalar(body, "logprobs", False, limits, CHAT_LOGPROBS)
     top_logprobs = scalar(body, "top_logprobs", None, limits)
     if top_logprobs is not None and not want_logprobs:

@@ -296,16 +296,13 @@ def test_sdk_special_tokens_and_stop_options(sdk):
 REJECTED_COMPLETION = {
     "use_beam_search": True, "length_penalty": 0.5, "allowed_token_ids": [1],
     "bad_words": ["x"], "prompt_logprobs": 1, "truncate_prompt_tokens": 4,
-    "guided_json": {}, "guided_regex": "a", "guided_choice": ["a"], "guided_grammar": "g",
-    "guided_decoding_backend": "xgrammar", "guided_whitespace_pattern": " ",
-    "structured_outputs": {"regex": "a"}, "logits_processors": ["x"],
+    "guided_grammar": "g", "guided_whitespace_pattern": " ", "logits_processors": ["x"],
     "return_tokens_as_token_ids": True, "prompt_embeds": "AAAA", "cache_salt": "s",
-    "kv_transfer_params": {}, "vllm_xargs": {"a": 1}, "response_format": {"type": "json_object"},
-    "spaces_between_special_tokens": False,
+    "kv_transfer_params": {}, "vllm_xargs": {"a": 1}, "spaces_between_special_tokens": False,
 }
+# served since issue 29 (structured output, tools): tests/test_structured_gateway.py
 REJECTED_CHAT = {
-    "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
-    "tool_choice": "required", "response_format": {"type": "json_object"},
+    "tool_choice": "required",  # without tools
     "continue_final_message": True, "chat_template": "{{ messages }}",
     "chat_template_kwargs": {"enable_thinking": True}, "documents": [{"text": "d"}],
     "reasoning_effort": "high", "mm_processor_kwargs": {}, "functions": [{"name": "f"}],

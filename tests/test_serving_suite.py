@@ -81,7 +81,10 @@ def test_suite_end_to_end_on_the_cpu(tmp_path):
         [sys.executable, "-m", "bench.serving.suite", "--out", str(tmp_path), "--workloads", "tiny",
          "--config", "a=@short_burst,short_burst", "--startup-timeout", "120",
          "--", "--model", "tiny", "--load-format", "dummy", "--device", "cpu",
-         "--cpu-threads", "1"], cwd=ROOT, capture_output=True, text=True, timeout=400,
+         # one token per step, so that the step counts below are known (speculation, on by
+         # default for a served backend, can take several per step)
+         "--cpu-threads", "1", "--speculation", "off"], cwd=ROOT, capture_output=True, text=True,
+        timeout=400,
         check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads((tmp_path / "a_short_burst.json").read_text())
