@@ -139,7 +139,10 @@ def test_step_shapes_and_points():
 
 @pytest.mark.filterwarnings("ignore:profile. residual interpolation disabled")  # 7 points in 5-d
 def test_tiny_profile_on_cpu_writes_the_new_axis(tmp_path):
-    from backend.server.cli import main
+    from gateway.tidegate_cli import main as tidegate
+
+    def main(argv):  # `tidegate backend profile ...`
+        return tidegate(["backend", *argv])
 
     out = tmp_path / "profile.json"
     rc = main(["profile", "--model", "tiny", "--device", "cpu", "--num-blocks", "64", "--max-num-seqs", "8",

@@ -78,7 +78,7 @@ async def one_stream(session: aiohttp.ClientSession, url: str, rng: random.Rando
                 code = (await resp.json())["error"]["code"]
                 tally.errors[code] = tally.errors.get(code, 0) + 1
                 return
-            done = False
+            done = errored = False
             async for raw in resp.content:
                 line = raw.decode().strip()
                 if not line.startswith("data: "):
@@ -90,6 +90,7 @@ async def one_stream(session: aiohttp.ClientSession, url: str, rng: random.Rando
                 event = json.loads(data)
                 if "error" in event:
                     terminals += 1
+                    errored = True
                     code = event["error"]["code"]
                     tally.errors[code] = tally.errors.get(code, 0) + 1
                     continue
@@ -97,7 +98,8 @@ async def one_stream(session: aiohttp.ClientSession, url: str, rng: random.Rando
                     tally.tokens += 1
                     if c.get("finish_reason"):
                         terminals += 1
-            if done and terminals == 1 and "error" not in data:
+            # an errored stream also ends with [DONE] after its error event (as vLLM's does)
+            if done and terminals == 1 and not errored:
                 tally.finished += 1
     except (asyncio.TimeoutError, aiohttp.ClientError):
         tally.lost += 1
