@@ -515,9 +515,12 @@ def validate(a: argparse.Namespace) -> dict:
     # the backend's step log (written when it stops), beside the decision log
     step_path = Path(a.step_log) if a.step_log else dec_path.with_name("steps.jsonl")
     step_path.unlink(missing_ok=True)
+    # speculation off unless asked for (`--engine-arg=--speculation --engine-arg on`): the replay
+    # below simulates one token per decode step; speculation's own simulator-vs-live comparison
+    # is bench.simulator.spec_validate
     serve_argv = ["--port", "0", "--model", a.model, "--device", a.device, "--log-level", "warning",
-                  "--decision-log", str(dec_path), "--step-log", str(step_path), *a.engine_arg,
-                  *a.serve_arg]
+                  "--decision-log", str(dec_path), "--step-log", str(step_path),
+                  "--speculation", "off", *a.engine_arg, *a.serve_arg]
     gw = gateway_config(serve_parser().parse_args(serve_argv), ["live"])
     load_profile = os.getloadavg()
     t_prof = time.perf_counter()
