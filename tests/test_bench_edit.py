@@ -73,11 +73,14 @@ async def test_oracle_edit_runs(url, backend):
                              concurrency=2, seed=0, corpus=None, file_chars=600,
                              flush_sessions=5)
     runs = out["runs"]
-    assert set(runs) == {"off", "keep=1", "keep=0"}
+    # the baseline twice: cold (it fills the prefix cache) and warm (the reference, timed as
+    # the runs with a prediction are)
+    assert set(runs) == {"off_cold", "off", "keep=1", "keep=0"}
     assert all(r["completed"] == 3 for r in runs.values())
+    assert set(out["tpot_p50_ratio_vs_off"]) == {"off_cold", "keep=1", "keep=0"}
     # the baseline ran with speculation off; the oracle's predictions went as token ids
     offs = [r for r in backend.requests.values() if r.speculation.off]
-    assert len(offs) == 3 + 5 and len(backend.predictions) == 6  # baseline, flush, 2 x 3
+    assert len(offs) == 2 * 3 + 5 and len(backend.predictions) == 6  # 2 baselines, flush, 2 x 3
     flush = [r for r in offs if r.sampling.max_tokens == 1]
     assert len(flush) == 5
     full = runs["keep=1"]
