@@ -390,6 +390,10 @@ def _run_one(args: argparse.Namespace) -> int:
             return uvloop.run(serve(args, embedded))
         return asyncio.run(serve(args, embedded))
     finally:
+        # closing the loop can give SIGTERM/SIGINT back their default action (serve() ignored
+        # them once drained): a late signal from a supervisor must not turn exit 0 into a kill
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
         if embedded is not None:  # serve() stops it; this covers a failure before serve() ran
             embedded.stop()
 
