@@ -108,6 +108,11 @@ class StopMatcher:
         self.stopped = False
         self.matched: str | None = None
 
+    @property
+    def active(self) -> bool:
+        """Whether there are stop strings to match."""
+        return len(self._goto) > 1
+
     def feed(self, delta: str) -> str:
         """Text that can be sent now. After a stop string is found, `stopped` is True and
         everything from the stop string on (after it, with include_stop) is dropped."""

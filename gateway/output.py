@@ -62,15 +62,38 @@ class OutputAssembler:
     def add(self, token_ids: Sequence[int], now: float, finish_reason: str | None = None,
             logprobs: Sequence[tuple] | None = None, text: str | None = None) -> OutputDelta:
         """Tokens from one StepOutput (possibly none, with only a finish reason); `text`: their
-        text, when the backend detokenizes (the assembler has no decode function)."""
+        text, when the backend detokenizes (the assembler has no decode function).
+
+        A step that accepted draft tokens (speculative decoding) brings several tokens; with stop
+        strings they are matched one token at a time, as decoding them one per step would be, so
+        that the output ends at the token that completes a stop string (and min_tokens counts
+        per token): the tokens after it, and their logprobs, are dropped (the caller aborts the
+        request on its backend, which frees their KV)."""
         if self.finished:
             return OutputDelta("", [], None, None)
         ids = list(token_ids)
-        self.token_ids.extend(ids)
-        self.token_times.extend([now] * len(ids))
         lps = list(logprobs) if logprobs is not None and len(logprobs) == len(ids) else None
+        if len(ids) > 1 and self._detok is not None and self._stop.active:
+            parts = []
+            for i, tok in enumerate(ids):
+                parts.append(self._feed([tok], finish_reason if i == len(ids) - 1 else None,
+                                        None))
+                if self.finished:
+                    del ids[i + 1:]
+                    break
+            delta_text = "".join(parts)
+        else:
+            delta_text = self._feed(ids, finish_reason, text)
         if lps is not None:
+            del lps[len(ids):]
             self.logprobs.extend(lps)
+        self.token_times.extend([now] * len(ids))
+        self.text += delta_text
+        return OutputDelta(delta_text, ids, lps, self.finish_reason)
+
+    def _feed(self, ids: list[int], finish_reason: str | None, text: str | None) -> str:
+        """Count `ids`, detokenize them, match stop strings; the text they add."""
+        self.token_ids.extend(ids)
         # no stop string ends the output before min_tokens tokens (vLLM's rule)
         match = self._stop.feed if len(self.token_ids) >= self._min_tokens else self._stop.skip
         # the token that stopped the backend (EOS, a stop token id) is not part of the text
@@ -89,8 +112,7 @@ class OutputAssembler:
             else:
                 text += self._stop.flush()
                 self.finish_reason = finish_reason
-        self.text += text
-        return OutputDelta(text, ids, lps, self.finish_reason)
+        return text
 
     @property
     def tpot(self) -> float | None:

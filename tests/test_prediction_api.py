@@ -9,6 +9,7 @@ prefix that matches its scripted output, and emits the accepted tokens plus one,
 cumulative counters of RequestOutput 9-12."""
 from __future__ import annotations
 
+import asyncio
 import re
 
 import openai
@@ -108,13 +109,16 @@ class SpeculatingBackend(FakeBackend):
             # without speculation)
             used = sum(1 for i, t in enumerate(prediction[:req.pos]) if token_at(i) == t) \
                 if k else 0
-            step.outputs.add(
+            out = step.outputs.add(
                 request_id=rid, tokens_frame=len(arrays), finish_reason=finish,
                 num_prompt_tokens=req.prompt_len, num_completion_tokens=req.pos,
                 num_draft_tokens=spec["drafts"], num_accepted_draft_tokens=spec["accepted"],
                 num_accepted_prediction_tokens=used,
                 num_rejected_prediction_tokens=len(prediction) - used
                 if finish != pb.RequestOutput.NONE else 0)
+            for token in tokens if req.num_logprobs else ():  # one per token, as the engine
+                out.logprobs.add(logprob=-token / 1000, top_ids=[token],
+                                 top_logprobs=[-token / 1000])
             arrays.append(tokens)
             if finish != pb.RequestOutput.NONE:
                 del self.running[rid]
@@ -265,6 +269,36 @@ async def test_completions_prediction_and_stream_usage(sdk, backend, client):
     assert value("tidegate_spec_decode_num_draft_tokens_total",
                  'source="prediction"') == spec["drafts"]
     assert value("tidegate_prediction_tokens_total", 'outcome="accepted"') == n
+
+
+async def test_stop_string_inside_an_accepted_run_ends_the_output_there(client, backend):
+    """A step brings k + 1 tokens; a stop string completed by its third token ends the output
+    at that token, as decoding one token a step does: the same text, completion_tokens and
+    logprobs (none for the tokens after it), finish "stop", and the request aborted on its
+    backend (its blocks back in the pool) instead of running to its end."""
+    free_before = backend.num_free_blocks
+    got = {}
+    for mode in ("off", "auto"):
+        body = {"model": "tiny", "prompt": "x", "max_tokens": 100, "temperature": 0,
+                "logprobs": 1, "stop": ["ld"], "speculation": mode,
+                "prediction": {"type": "content", "content": DEFAULT_TEXT}}
+        status, got[mode] = await post(client, "/v1/completions", body)
+        assert status == 200, got[mode]
+    off, spec = got["off"]["choices"][0], got["auto"]["choices"][0]
+    num = len("Hello, wörld".encode())  # the stop's last token included, as decoding has it
+    assert spec["text"] == off["text"] == "Hello, wör"
+    assert spec["finish_reason"] == off["finish_reason"] == "stop"
+    assert got["auto"]["usage"]["completion_tokens"] == got["off"]["usage"]["completion_tokens"] \
+        == num
+    assert spec["logprobs"] == off["logprobs"] and len(spec["logprobs"]["tokens"]) == num
+    spec_rid = list(backend.requests)[-1]
+    assert backend.spec[spec_rid]["accepted"] > 0  # it did take several tokens a step
+    for _ in range(200):  # (the abort crosses the socket after the reply)
+        if spec_rid in backend.aborted:
+            break
+        await asyncio.sleep(0.01)
+    assert spec_rid in backend.aborted and not backend.running
+    assert backend.num_free_blocks == free_before
 
 
 async def test_per_request_speculation_off_and_cap(sdk, backend):
