@@ -30,6 +30,7 @@ from torch import nn
 from backend.config import PRESETS, ConfigError, ModelConfig
 from backend.distributed.sharding import Shard
 from backend.errors import ModelLoadError
+from backend.model import int8
 from backend.model.llama import LlamaModel
 from backend.model.tokenizer import check_vocab, load_tokenizer_bundle
 from tokenizer.bundle import TokenizerBundle
@@ -141,6 +142,8 @@ def load(model: str, load_format: str = "auto", dtype: str = "auto", device: str
     if load_format == "safetensors" and path is None:
         raise ModelLoadError(f"preset {model!r} has no weights on disk: use --load-format dummy")
     files = _safetensors_files(path) if load_format == "safetensors" else []
+    if files:
+        _check_quantization(path)
     shard = None
     if tp is not None:
         try:
@@ -224,6 +227,15 @@ def _safetensors_files(path: Path) -> list[Path]:
     return files
 
 
+def _check_quantization(path: Path) -> None:
+    """Refuse a quantized checkpoint we do not read (GPTQ, AWQ, ...): int8 per channel
+    (`backend.model.int8`) is read, and dequantized at load."""
+    try:
+        int8.checkpoint_method(json.loads((path / "config.json").read_text()))
+    except int8.Int8FormatError as exc:
+        raise ModelLoadError(f"{path / 'config.json'}: {exc}") from None
+
+
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 
 
@@ -265,6 +277,8 @@ def load_safetensors(net: LlamaModel, files: list[Path], shard: Shard | None = N
             raise ModelLoadError(f"cannot read {f}: {exc}") from None
         with handle:
             for hf_name in handle.keys():  # noqa: SIM118 -- safe_open is not iterable
+                if hf_name.endswith(int8.SCALE_SUFFIX):  # an int8 weight's scale: read with it
+                    continue
                 target = _target(net, hf_name)
                 if target is None:
                     continue
@@ -283,10 +297,15 @@ def load_safetensors(net: LlamaModel, files: list[Path], shard: Shard | None = N
                     raise ModelLoadError(f"{f.name}: tensor {hf_name!r} has shape {list(shape)}, "
                                          f"expected {list(expected)} from config.json")
                 dtype = sl.get_dtype()
-                if dtype not in ("F32", "BF16", "F16"):
+                if dtype not in ("F32", "BF16", "F16", "I8"):
                     raise ModelLoadError(f"{f.name}: tensor {hf_name!r} has dtype {dtype}, "
-                                         "expected F32, BF16 or F16")
-                if piece is None:
+                                         "expected F32, BF16, F16 or I8 (backend.model.int8)")
+                if dtype == "I8":  # dequantized once, on the model's device
+                    try:
+                        t = int8.read_int8_tensor(handle, hf_name, piece, p.device)
+                    except int8.Int8FormatError as exc:
+                        raise ModelLoadError(f"{f.name}: {exc}") from None
+                elif piece is None:
                     t = handle.get_tensor(hf_name)
                 else:
                     dim, start, stop = piece
