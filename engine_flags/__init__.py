@@ -40,8 +40,10 @@ def add_engine_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> Non
     """Model, dtype, device, KV pool and batching capacity: what `backend.engine.args.backend_config`
     reads."""
     p.add_argument("--model", default="tiny", help="HF model directory or preset name (default: tiny)")
-    p.add_argument("--load-format", default="auto", choices=["auto", "dummy", "safetensors"],
-                   help="auto: safetensors for a directory, random weights for a preset")
+    p.add_argument("--load-format", default="auto", choices=["auto", "dummy", "dummy-cycle", "safetensors"],
+                   help="auto: safetensors for a directory, random weights for a preset; dummy-cycle: random "
+                        "weights whose greedy output walks a fixed token cycle (stable under any "
+                        "summation order: the speculation oracle's benchmarks)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto: float32 on the CPU, the checkpoint's dtype on CUDA")

@@ -52,6 +52,7 @@ from heapq import heapify, heappop, heappush
 from typing import Protocol
 
 from scheduler.classes import DEFAULT_CLASS_BOUNDS, class_index
+from scheduler.prediction_usage import prediction_overlap
 
 SOURCES = ("prediction", "prompt", "session")
 # prior per-token acceptance of a source never measured (per request, then the backend's mean)
@@ -196,6 +197,10 @@ class DraftState:
     pred_pos: int = 0
     pred_anchor: int = 0
     pred_unmatched: int = 0  # output tokens since the last one counted as matched
+    # prediction tokens before this index are accounted for (matched, or passed over): a
+    # re-synchronisation that goes back to an earlier place (code repeats its n-grams) never
+    # counts a prediction token twice
+    pred_frontier: int = 0
     pred_index: NgramIndex | None = None
     history: NgramIndex | None = None  # prompt + output (prompt lookup)
     acceptance: dict[str, Acceptance] = field(default_factory=dict)
@@ -205,8 +210,9 @@ class DraftState:
     num_prediction_drafted: int = 0
     num_accepted_prediction_tokens: int = 0  # drafted from the prediction and accepted
     num_rejected_prediction_tokens: int = 0  # drafted from the prediction and rejected so far
-    # output tokens that followed the prediction (aligned, or the n-gram that re-aligned it):
-    # OpenAI's accepted_prediction_tokens, whether or not they were drafted
+    # output tokens that followed the prediction (aligned, or the n-gram that re-aligned it),
+    # each prediction token at most once: the running count of OpenAI's
+    # accepted_prediction_tokens, whether or not they were drafted (`prediction_usage` at the end)
     num_matched_prediction_tokens: int = 0
     # the last proposal's source (what the verify's outcome is credited to)
     last_source: str = ""
@@ -221,6 +227,20 @@ class DraftState:
         if not self.prediction:
             return 0
         return max(0, len(self.prediction) - self.num_matched_prediction_tokens)
+
+    def prediction_passed_over(self) -> int:
+        """Predicted tokens the output has gone past without using them, so far (the running
+        count of OpenAI's rejected_prediction_tokens)."""
+        return self.pred_frontier - self.num_matched_prediction_tokens if self.prediction else 0
+
+    def prediction_usage(self) -> tuple[int, int]:
+        """OpenAI's (accepted, rejected) prediction tokens of the output: the prediction's
+        tokens that appear, in order, in it, and the rest; the gateway's count
+        (`scheduler.prediction_usage`), exactly. O(prediction + output): asked at the finish."""
+        if not self.prediction:
+            return 0, 0
+        accepted = prediction_overlap(self.prediction, self.output)
+        return accepted, len(self.prediction) - accepted
 
 
 # ---- proposers --------------------------------------------------------------------------------
@@ -264,12 +284,15 @@ class PredictionProposer:
         start = len(out) - len(new_tokens)
         pos = state.pred_pos
         last_good = state.pred_anchor
+        frontier = state.pred_frontier
         matched, unmatched = 0, state.pred_unmatched
         for i, tok in enumerate(new_tokens):
             if pos >= 0 and pos < len(pred) and pred[pos] == tok:
+                if pos >= frontier:  # (not if a re-synchronisation went back before it)
+                    matched += 1
+                    frontier = pos + 1
                 pos += 1
                 last_good = pos
-                matched += 1
                 unmatched = 0
                 continue
             # off the prediction: look for the output's suffix in it
@@ -280,11 +303,14 @@ class PredictionProposer:
             if end >= n and state.pred_index is not None:
                 pos = state.pred_index.find_after(tuple(out[end - n:end]), last_good)
                 if pos >= 0:  # the n-gram is in the prediction: its uncounted tokens match
-                    matched += min(n, unmatched)
+                    # the prediction's tokens before `pos` not counted yet (a monotone match)
+                    matched += max(0, min(n, unmatched, pos - frontier))
+                    frontier = max(frontier, pos)
                     unmatched = 0
                     last_good = pos
         state.pred_pos = pos
         state.pred_anchor = last_good
+        state.pred_frontier = frontier
         state.pred_unmatched = unmatched
         state.num_matched_prediction_tokens = min(
             len(pred), state.num_matched_prediction_tokens + matched)
@@ -424,8 +450,12 @@ class StepCostModel:
     `knee()`: the most tokens a step may carry for at most `slack` more time than the smallest
     measured step; None until two buckets are measured."""
 
-    def __init__(self, slack: float = 0.25, alpha: float = 0.2) -> None:
+    def __init__(self, slack: float = 0.25, alpha: float = 0.2, prior_knee: int = 128) -> None:
         self.slack, self.alpha = slack, alpha
+        # below the smallest measured bucket the time is scaled down from it by the prior's shape
+        # (flat up to prior_knee tokens, proportional past it); the policy sets it to its
+        # configured knee_tokens
+        self.prior_knee = prior_knee
         self._mean: dict[int, float] = {}
         self._count: dict[int, int] = {}
 
@@ -469,7 +499,12 @@ class StepCostModel:
             return None
         mean = self._mean
         if num_tokens <= buckets[0]:
-            return mean[buckets[0]]
+            # not flat from the smallest measured step down: a server's first steps are often
+            # whole prompts (a 4,096-token prefill measured, no 256-token step yet), and "a
+            # 256-token step costs what a 4,096-token one does" made every draft look free
+            # (the H200's cold 512/128 x 400 run speculated at 256 decodes: 3.2x slower)
+            k = self.prior_knee
+            return mean[buckets[0]] * max(num_tokens, k) / max(buckets[0], k)
         for lo, hi in itertools.pairwise(buckets):
             if num_tokens <= hi:
                 t_lo, t_hi = mean[lo], max(mean[hi], mean[lo])
@@ -530,6 +565,8 @@ class SpeculationPolicy:
                  cost: StepCostModel | None = None) -> None:
         self.config = config or SpeculationConfig()
         self.cost = cost
+        if cost is not None:
+            cost.prior_knee = self.config.knee_tokens
         self.num_steps_off_by_load = 0  # steps where load turned drafting off (metrics)
 
     def knee(self) -> int:

@@ -19,6 +19,12 @@
 #   MODEL=tiny DEVICE=cpu NREQ=2 OUTLEN=24 SAT="64/8x16" LOADS="1 2" FILE_CHARS=600 \
 #       bash scripts/gpu_spec_bench.sh                  # the CPU check (then PART=sim)
 #
+# Weights: LOAD_FORMAT (dummy-cycle): random weights whose greedy output walks a fixed token
+# cycle (backend.model.loader.init_dummy_weights): the same shapes and kernel times as `dummy`,
+# but no near-tied logits, so the oracle's prediction (one greedy run's output) stays exact when
+# the next run verifies it in other step shapes; with `dummy` the bf16 outputs parted from the
+# baseline after 3-12 tokens (BENCHMARKS, "Speculation on the H200").
+# The server writes its step log (drafts per step) to serve/steps.jsonl.
 # Environment: MODEL (deepseek-coder-33b), DEVICE (cuda), PART (serve | sim), OUT (out/gpu_spec),
 # NREQ (requests per oracle run, 8), OUTLEN (tokens per request, 256), SAT (saturation workloads
 # "IN/OUTxN ...", "512/128x400 16/32x256"), LOADS (concurrencies of the sim-vs-live runs,
@@ -30,6 +36,7 @@
 set -u
 OUT=${OUT:-out/gpu_spec}
 MODEL=${MODEL:-deepseek-coder-33b}
+LOAD_FORMAT=${LOAD_FORMAT:-dummy-cycle}
 DEVICE=${DEVICE:-cuda}
 PART=${PART:-serve}
 NREQ=${NREQ:-8}
@@ -57,14 +64,14 @@ bench() {  # a run, stopped at LIMIT_S whatever happens, so that the results sti
   local left=$((LIMIT_S - SECONDS))
   [ "$left" -ge 20 ] || { echo "no time left for: $*" >> "$W/skipped.txt"; return 1; }
   timeout "$((left < 300 ? left : 300))" $PY -m gateway.tidegate_cli bench serve --url "$URL" \
-      --model "$MODEL" --file-chars "$FILE_CHARS" "$@"; }
+      --model "$(basename "$MODEL")" --file-chars "$FILE_CHARS" "$@"; }  # (a directory's served name)
 
 if [ "$PART" = serve ]; then
   rm -rf "$W/serve" "$W/skipped.txt"; mkdir -p "$W/serve"; S=$W/serve
   { command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv
     git log -1 --format='%H %s' 2>/dev/null; } > "$S/env.txt" 2>&1
-  $PY -m gateway.tidegate_cli serve --port "$PORT" --model "$MODEL" --load-format dummy \
-      --device "$DEVICE" --log-level warning > "$S/serve.log" 2>&1 &
+  $PY -m gateway.tidegate_cli serve --port "$PORT" --model "$MODEL" --load-format "$LOAD_FORMAT" \
+      --device "$DEVICE" --log-level warning --step-log "$S/steps.jsonl" > "$S/serve.log" 2>&1 &
   server=$!
   for _ in $(seq 600); do
     grep -q "serving model" "$S/serve.log" 2>/dev/null && break
@@ -78,13 +85,14 @@ if [ "$PART" = serve ]; then
       --max-concurrency 1 --json "$S/edit_c1.json" --trace-dir "$S/trace_c1" || rc=1
   late "edit c=8" || bench --workload edit --oracle --keep 1 --num-requests $((2 * NREQ)) \
       --output-len "$OUTLEN" --max-concurrency 8 --json "$S/edit_c8.json" || rc=1
-  # 3: saturation, all at once: the server's policy vs per-request off, alternated
+  # 3: saturation, all at once: the server's policy vs per-request off, alternated; each run
+  # its own prompts (--seed), so that no run finds the one before it in the session store
   k=0
   for w in $SAT; do
     io=${w%x*}; n=${w#*x}; in=${io%/*}; out=${io#*/}
     for mode in auto off auto off; do
       late "saturation $w $mode" && continue
-      bench --input-len "$in" --output-len "$out" --num-requests "$n" --seed 1 \
+      bench --input-len "$in" --output-len "$out" --num-requests "$n" --seed $((k + 11)) \
           --speculation "$mode" --json "$S/sat_${in}_${out}_${mode}_$((++k)).json" \
           > "$S/sat_${in}_${out}_${mode}_$k.txt" 2>&1 || rc=1
     done

@@ -54,7 +54,7 @@ timeout 120 $PY -m bench.engine.speculation --model models/tiny-coder --device "
     --prompts "$PROMPTS" --max-tokens "$MAXTOK" --json "$OUT/tiny_coder_spec.json" \
     > "$OUT/tiny_coder_spec.txt" 2>&1 || rc=1
 tail -n 9 "$OUT/tiny_coder_spec.txt"
-timeout 270 $PY -m bench.engine.speculation --model "$MODEL33" --load-format dummy \
+timeout 270 $PY -m bench.engine.speculation --model "$MODEL33" --load-format "${LOAD_FORMAT:-dummy-cycle}" \
     --device "$DEVICE" --prompts "$((PROMPTS / 2 > 0 ? PROMPTS / 2 : 1))" --max-tokens "$MAXTOK" \
     --modes off,oracle-100,oracle-75,oracle-50 --json "$OUT/33b_engine_spec.json" \
     > "$OUT/33b_engine_spec.txt" 2>&1 || rc=1

@@ -275,3 +275,44 @@ def test_flags_round_trip():
                                     sources=("prompt", "prediction"), knee_tokens=32)
     with pytest.raises(ValueError, match="unknown speculation sources"):
         SpeculationConfig(sources=("bogus",))
+
+
+def test_only_big_steps_measured_is_not_a_free_ride():
+    """A cold server's first measured steps are whole prompts: with only 2,048- and 4,096-token
+    steps measured, a 256-decode step must not look as costly as a 2,048-token one (every draft
+    free): below the smallest measured bucket the time scales down by the prior's shape."""
+    cost = StepCostModel()
+    for _ in range(3):
+        cost.observe(2048, 0.200)
+        cost.observe(4096, 0.400)
+    pol = SpeculationPolicy(SpeculationConfig(knee_tokens=128, max_draft_tokens=8), cost)
+    assert cost.prior_knee == 128
+    assert pol.step_time(256) == pytest.approx(0.025)
+    assert pol.step_time(64) == pytest.approx(0.0125)  # flat below the prior knee
+    assert pol.saturated(256)
+    assert pol.plan(loads(256, alpha=0.9, remaining=100), 256, 0) == {}
+    # a single decode still speculates (below the prior knee a token is nearly free)
+    assert pol.plan(loads(1, alpha=0.9, remaining=100), 1, 0) == {"r0": 8}
+
+
+def test_prediction_counts_never_count_a_predicted_token_twice():
+    """Hand-computed: prediction A..H, output ABCD ABCD. The second ABC re-synchronises back to
+    the prediction's start (the n-gram's only place): the running count must not count A..D
+    again (it said 8 accepted, 0 unused before); OpenAI's usage: 4 accepted, 4 rejected."""
+    A, B, C, D, E, F, G, H = range(10, 18)
+    sp = spec(resync_ngram=3, sources=("prediction",))
+    sp.add("r", [1], prediction=[A, B, C, D, E, F, G, H])
+    sp.append("r", [A, B, C, D])
+    sp.append("r", [A, B, C, D])
+    st = sp.get("r")
+    assert st.num_matched_prediction_tokens == 4 and st.prediction_unused() == 4
+    assert st.prediction_passed_over() == 0  # E..H are still ahead of the alignment
+    assert st.prediction_usage() == (4, 4)
+    # an edit: E F replaced by two other tokens, then G H: the n-gram (G, H) re-synchronises,
+    # both count; E and F are passed over
+    sp2 = spec(resync_ngram=2, sources=("prediction",))
+    sp2.add("r", [1], prediction=[A, B, C, D, E, F, G, H])
+    sp2.append("r", [A, B, C, D, 90, 91, G, H])
+    st2 = sp2.get("r")
+    assert (st2.num_matched_prediction_tokens, st2.prediction_passed_over()) == (6, 2)
+    assert st2.prediction_usage() == (6, 2)

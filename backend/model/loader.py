@@ -35,10 +35,13 @@ from backend.model.llama import LlamaModel
 from backend.model.tokenizer import check_vocab, load_tokenizer_bundle
 from tokenizer.bundle import TokenizerBundle
 
-LOAD_FORMATS = ("auto", "dummy", "safetensors")
+LOAD_FORMATS = ("auto", "dummy", "dummy-cycle", "safetensors")
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 WEIGHT_MEMORY_FRACTION = 0.9  # weights may take at most this share of the free memory
 DUMMY_STD = 0.02
+# dummy-cycle: the residual branches' output projections are scaled by this, so that the residual
+# stream stays the input token's embedding (init_dummy_weights)
+CYCLE_BRANCH_SCALE = 1e-4
 
 
 @dataclass
@@ -162,8 +165,11 @@ def load(model: str, load_format: str = "auto", dtype: str = "auto", device: str
                 net.lm_head = nn.Linear(config.hidden_size, shard.vocab_rows, bias=False)
     _materialize(net.to(torch_dtype), dev)
     net.tp = tp
-    if load_format == "dummy":
-        init_dummy_weights(net, seed, shard)
+    if load_format == "dummy-cycle" and config.tie_word_embeddings:
+        raise ModelLoadError(f"--load-format dummy-cycle needs an LM head of its own; {model!r} ties "
+                             "it to the embeddings (use --load-format dummy)")
+    if load_format in ("dummy", "dummy-cycle"):
+        init_dummy_weights(net, seed, shard, cycle=load_format == "dummy-cycle")
     else:
         load_safetensors(net, files, shard)
     net.init_rope()
@@ -193,18 +199,56 @@ def load_model(model: str, load_format: str = "auto", dtype: str = "auto", devic
 
 
 @torch.no_grad()
-def init_dummy_weights(net: LlamaModel, seed: int, shard: Shard | None = None) -> None:
+def init_dummy_weights(net: LlamaModel, seed: int, shard: Shard | None = None,
+                       cycle: bool = False) -> None:
     """Random weights, deterministic by seed (per device), never zeros: N(0, 0.02) matrices,
-    norm weights 1 + N(0, 0.02). With a `shard`, the rank's piece of the full tensors."""
-    for i, (name, p) in enumerate(sorted(net.named_parameters())):
+    norm weights 1 + N(0, 0.02). With a `shard`, the rank's piece of the full tensors.
+
+    `cycle` (`--load-format dummy-cycle`): the same random weights, except that the attention and
+    MLP output projections are scaled by CYCLE_BRANCH_SCALE and the LM head's row `next(v)` is
+    token v's embedding, where `next` is one cycle through the whole vocabulary (`cycle_order`).
+    The residual stream then stays the input token's embedding, and greedy decoding walks the
+    cycle: token t is followed by next(t), with a logit margin of ~0.02^2 * hidden_size / rms
+    (~140 on a 7168-wide model, 32K ids) against ~7 for the runner-up. Random weights give near-ties that
+    flip when the same logits are summed in another order (a verify step against a decode step in
+    bf16); these never do, so an oracle prediction built from one greedy run stays exact in the
+    next (`tidegate bench serve --workload edit --oracle`). Shapes, dtypes and so every kernel's
+    time are those of `dummy`: only the values differ."""
+    params = sorted(net.named_parameters())
+
+    def full_noise(i: int, name: str, p: torch.Tensor) -> torch.Tensor:
         shape = tuple(p.shape) if shard is None else shard.full_shape(name, tuple(p.shape))
         gen = torch.Generator(device=p.device).manual_seed(seed * 1_000_003 + i)
         noise = torch.empty(shape, dtype=torch.float32, device=p.device) if p.device.type == "cpu" \
             else torch.empty(shape, dtype=p.dtype, device=p.device)
         noise.normal_(0.0, DUMMY_STD, generator=gen)
-        if p.dim() == 1:  # norm weights
-            noise += 1.0
+        return noise
+
+    embed = None
+    if cycle:
+        i_embed = next(i for i, (name, _) in enumerate(params) if name == "embed_tokens.weight")
+        embed = full_noise(i_embed, "embed_tokens.weight", params[i_embed][1])
+    for i, (name, p) in enumerate(params):
+        if cycle and name == "lm_head.weight":
+            order = torch.as_tensor(cycle_order(embed.shape[0], seed), device=embed.device)
+            noise = torch.empty_like(embed)
+            noise[order.roll(-1)] = embed[order]  # row next(v) = embedding of v
+        elif cycle and name == "embed_tokens.weight":
+            noise = embed
+        else:
+            noise = full_noise(i, name, p)
+            if p.dim() == 1:  # norm weights
+                noise += 1.0
+            elif cycle and name.endswith(("o_proj.weight", "down_proj.weight")):
+                noise *= CYCLE_BRANCH_SCALE
         p.copy_(noise if shard is None else shard.take(name, noise))
+
+
+def cycle_order(vocab_size: int, seed: int) -> list[int]:
+    """dummy-cycle's order of the vocabulary: token order[j] is followed by order[j + 1] (and the
+    last by the first): one cycle through every id, so no output repeats before vocab_size tokens."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + 7)
+    return torch.randperm(vocab_size, generator=gen).tolist()
 
 
 # ---- safetensors ---------------------------------------------------------------------------

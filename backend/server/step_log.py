@@ -35,11 +35,13 @@ class StepLog:
                 break
             prefill.append((_request_id(chunk.request_id), len(chunk.token_ids), chunk.start_pos))
         prefill.reverse()
+        # draft tokens verified in this step (speculative decoding); 0 for most steps
+        drafts = sum(getattr(c, "num_draft", 0) for c in plan.chunks)
         num_decodes = len(plan.chunks) - len(prefill) + plan.num_unlisted_decodes
         # the start on the monotonic clock too (the clock of the gateway's decision log and of
         # bench's records on Linux), so a request's path can be followed across the processes
         self.rows.append((start_wall_s, time.monotonic() - duration_s, duration_s, num_decodes,
-                          prefill, [_request_id(r) for r in plan.preempted], device_s))
+                          prefill, [_request_id(r) for r in plan.preempted], device_s, drafts))
 
     def write(self) -> int:
         """Write every record (one JSON object a line); returns how many."""
@@ -48,8 +50,9 @@ class StepLog:
             fh.writelines(json.dumps({"t": round(t, 6), "mono": round(m, 6), "ms": round(dt * 1000, 4),
                                       "decodes": d, "prefill_tokens": sum(c[1] for c in p),
                                       "prefill_chunks": len(p), "prefill": p, "preempted": pre}
-                                     | ({} if dev is None else {"device_ms": round(dev * 1000, 4)}))
-                          + "\n" for t, m, dt, d, p, pre, dev in self.rows)
+                                     | ({} if dev is None else {"device_ms": round(dev * 1000, 4)})
+                                     | ({"drafts": k} if k else {}))
+                          + "\n" for t, m, dt, d, p, pre, dev, k in self.rows)
         return len(self.rows)
 
 
