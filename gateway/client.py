@@ -21,12 +21,16 @@ server's error code. ZMQ reconnects by itself, so a client outlives a gateway re
 (`await` / `async for` on the AsyncClient). `params` are the HTTP API's names
 (`REQUEST_FIELDS`: sampling controls, `stop`, `logprobs`, `echo`, `suffix` for FIM, ...);
 `Completion` carries what an HTTP completion choice and its usage carry, logprobs and their
-text offsets included. `n > 1` is HTTP-only (send n requests over ZMQ).
+text offsets included. `n > 1` is HTTP-only (send n requests over ZMQ). Structured output takes
+the HTTP names too (`response_format`, `structured_outputs`, `guided_json`, `guided_regex`,
+`guided_choice`, `guided_grammar`): the gateway checks them as it checks an HTTP body, and a bad
+one raises `InvalidRequestError` with the HTTP error's message and `param`.
 """
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import os
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -56,17 +60,25 @@ SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "ignor
 # {"type": "content", "content": ...}; `speculation`: "off", "auto" or {"max_draft_tokens": k}.
 # session_key: a session key (HTTP's prompt_cache_key / agent session headers); pin_ttl_s: pin
 # the prompt's KV on its backend that long (HTTP's cache_control), pin_tokens: its first N only
+# Structured output, as the HTTP API names it; sent as GenerateRequest.structured_fields (JSON)
+# and checked at the gateway by the HTTP API's code (gateway.frontdoor_structured)
+STRUCTURED_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex",
+                     "guided_choice", "guided_grammar", "guided_decoding_backend",
+                     "guided_whitespace_pattern")
 REQUEST_FIELDS = SAMPLING_FIELDS + ("suffix", "echo", "prediction", "speculation", "session_key",
-                                    "pin_ttl_s", "pin_tokens")
+                                    "pin_ttl_s", "pin_tokens") + STRUCTURED_FIELDS
 
 
 class TidegateError(Exception):
-    """An error from the gateway (or the connection); `code` is the proto Error.Code name."""
+    """An error from the gateway (or the connection); `code` is the proto Error.Code name,
+    `param` the request field an invalid request names (the HTTP error's), None for none."""
 
-    def __init__(self, message: str, code: str = "UNKNOWN", request_id: str = "") -> None:
+    def __init__(self, message: str, code: str = "UNKNOWN", request_id: str = "",
+                 param: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.request_id = request_id
+        self.param = param
 
 
 class InvalidRequestError(TidegateError): ...
@@ -87,7 +99,7 @@ ERRORS = {pb.Error.INVALID_REQUEST: InvalidRequestError, pb.Error.CAPACITY: Capa
 
 def error_from_wire(err: pb.Error) -> TidegateError:
     cls = ERRORS.get(err.code, ServerError)
-    return cls(err.message, pb.Error.Code.Name(err.code), err.request_id)
+    return cls(err.message, pb.Error.Code.Name(err.code), err.request_id, err.param or None)
 
 
 @dataclass(slots=True)
@@ -254,6 +266,9 @@ class _Base:
         if get("pin_ttl_s"):  # the gateway checks the bounds, as HTTP's cache_control
             req.pin_ttl_s = sampling["pin_ttl_s"]
             req.pin_tokens = get("pin_tokens") or 0
+        structured = {k: sampling[k] for k in STRUCTURED_FIELDS if get(k) is not None}
+        if structured:  # as written: the gateway checks them (the same 400s as HTTP's)
+            req.structured_fields = json.dumps(structured, ensure_ascii=False)
         env = pb.Envelope(batch=pb.Batch(requests=[req]))
         # encode_trusted packs a list of ids with `array` (a numpy conversion per request cost
         # half of building it); ids outside int32 or an oversized message still raise ValueError

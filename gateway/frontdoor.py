@@ -19,6 +19,7 @@ import errno
 import hmac
 import logging
 from collections import deque
+from dataclasses import replace
 
 import zmq
 import zmq.asyncio
@@ -28,6 +29,7 @@ from gateway.app_keys import GATEWAY_KEY
 from gateway.body_checks import LIMITS, RequestLimits
 from gateway.core import Gateway, RequestHandle
 from gateway.errors import APIError, bad_request
+from gateway.frontdoor_structured import structured_from_wire
 from gateway.openai_schema import SamplingParams, ServingOptions, SpeculationControl
 from gateway.prediction_fields import (
     check_prediction_tokens,
@@ -37,6 +39,7 @@ from gateway.prediction_fields import (
 from gateway.request_fields import MAX_LOGPROBS
 from gateway.sampling_fields import parse_sampling_fields
 from gateway.sessions import session_from_wire
+from gateway.structured import check_grammar
 from gateway.validation import check_context_length
 from gateway.zmqio import SocketReader
 from proto import codec
@@ -107,10 +110,7 @@ def _check_wire_sampling(s: pb.SamplingParams, limits: RequestLimits) -> Samplin
         raise bad_request(f"logprobs must be at most {MAX_LOGPROBS}.", "logprobs")
     if s.n > 1:
         raise bad_request("n > 1 is not served at the ZMQ front door; send n requests.", "n")
-    if s.HasField("grammar") and s.grammar.kind != pb.Grammar.NONE:
-        raise bad_request("Structured output (SamplingParams.grammar) is not served at the ZMQ "
-                          "front door yet; use the HTTP API.", "grammar",
-                          "unsupported_parameter")
+    # s.grammar is read by FrontDoor._submit (gateway.frontdoor_structured), not here
     body = {
         "max_tokens": s.max_tokens, "temperature": s.temperature, "top_p": s.top_p or 1.0,
         "top_k": s.top_k if s.top_k > 0 else -1, "seed": s.seed if s.HasField("seed") else None,
@@ -160,6 +160,7 @@ class FrontDoor:
         self.num_dropped = 0
         self._handles: dict[str, RequestHandle] = {}  # internal id -> handle
         self._tasks: set[asyncio.Task] = set()
+        self._compiling: dict[str, asyncio.Task] = {}  # internal id -> its grammar's check
         self._outbox: dict[bytes, tuple[pb.StepOutput, list]] = {}
         self._flush_scheduled = False
         self._held: dict[bytes, deque[list]] = {}  # client -> frames waiting for room
@@ -233,6 +234,8 @@ class FrontDoor:
         self._outbox.pop(peer, None)
         prefix = self._internal_id(peer, "")
         handles = [h for rid, h in self._handles.items() if rid.startswith(prefix)]
+        for rid in [rid for rid in self._compiling if rid.startswith(prefix)]:
+            self._compiling.pop(rid).cancel()
         self.gateway.metrics.frontdoor_dropped_clients.labels(reason).inc()
         log.info("front door: client %s %s; aborting %d requests", peer.hex(), reason,
                  len(handles))
@@ -321,6 +324,9 @@ class FrontDoor:
                 handle = self._handles.get(self._internal_id(peer, rid))
                 if handle is not None:
                     handle.close()
+                check = self._compiling.pop(self._internal_id(peer, rid), None)
+                if check is not None:  # still compiling its grammar: never queued
+                    check.cancel()
         elif kind == "health":
             if not env.health.reply:
                 self._send(peer, codec.make_health(env.health.nonce, env.health.time, True))
@@ -364,22 +370,62 @@ class FrontDoor:
             check_context_length(len(prompt_ids), sampling.max_tokens, gw.info.max_model_len)
             gw.check_token_params(sampling)
             prediction_ids = self._prediction(req, decoded)
+            grammar, param = structured_from_wire(req)
             internal = self._internal_id(peer, req.request_id)
-            if internal in self._handles:
+            if internal in self._handles or internal in self._compiling:
                 raise bad_request(f"request id {req.request_id!r} is already in use.",
                                   "request_id")
             options = ServingOptions(priority=req.priority,
                                      speculation=speculation_from_wire(req, gw.config.limits),
                                      **session_from_wire(req))
+            if grammar is not None:  # compiled off the loop first, as an HTTP request's
+                args = (internal, prompt_ids, replace(sampling, grammar=grammar),
+                        options, prediction_ids)
+                self._check_grammar_then_submit(peer, req.request_id, param, args)
+                return
             handle = gw.submit(internal, prompt_ids, sampling, sampling.max_tokens, options,
                                prediction_ids)
         except APIError as err:
-            gw.metrics.observe_request(err.status, "none")
-            self._send(peer, codec.make_error(error_code(err), err.message, req.request_id))
+            self._refuse(peer, req.request_id, err)
             return
+        self._start(peer, req.request_id, internal, handle)
+
+    def _refuse(self, peer: bytes, request_id: str, err: APIError) -> None:
+        self.gateway.metrics.observe_request(err.status, "none")
+        env = codec.make_error(error_code(err), err.message, request_id)
+        env.error.param = err.param or ""
+        self._send(peer, env)
+
+    def _check_grammar_then_submit(self, peer: bytes, request_id: str, param: str | None,
+                                   args: tuple) -> None:
+        """Submit once the grammar compiles against the backend's vocabulary (a 400 naming
+        `param` when it does not); an abort or a departing client cancels the check."""
+        internal, prompt_ids, sampling, options, prediction_ids = args
+
+        async def check_then_submit() -> None:
+            try:
+                await check_grammar(self.gateway, sampling.grammar, param)
+                handle = self.gateway.submit(internal, prompt_ids, sampling, sampling.max_tokens,
+                                             options, prediction_ids)
+            except APIError as err:
+                self._refuse(peer, request_id, err)
+                return
+            finally:
+                if self._compiling.get(internal) is asyncio.current_task():
+                    del self._compiling[internal]
+            self._start(peer, request_id, internal, handle)
+
+        task = asyncio.create_task(check_then_submit())
+        self._compiling[internal] = task
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _start(self, peer: bytes, request_id: str, internal: str,
+               handle: RequestHandle) -> None:
+        gw = self.gateway
         self._handles[internal] = handle
         gw.metrics.frontdoor_open.inc()
-        task = asyncio.create_task(self._pump(peer, req.request_id, handle))
+        task = asyncio.create_task(self._pump(peer, request_id, handle))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -179,7 +179,7 @@ class Grammar(_message.Message):
     def __init__(self, kind: _Optional[_Union[Grammar.Kind, str]] = ..., text: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_frame", "prompt_text", "sampling", "queue_class", "priority", "arrival_time", "deadline", "suffix", "prediction_frame", "prediction_text", "speculation", "session_key", "pin_tokens", "pin_ttl_s")
+    __slots__ = ("request_id", "prompt_frame", "prompt_text", "sampling", "queue_class", "priority", "arrival_time", "deadline", "suffix", "prediction_frame", "prediction_text", "speculation", "session_key", "pin_tokens", "pin_ttl_s", "structured_fields")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FRAME_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -195,6 +195,7 @@ class GenerateRequest(_message.Message):
     SESSION_KEY_FIELD_NUMBER: _ClassVar[int]
     PIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PIN_TTL_S_FIELD_NUMBER: _ClassVar[int]
+    STRUCTURED_FIELDS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_frame: int
     prompt_text: str
@@ -210,7 +211,8 @@ class GenerateRequest(_message.Message):
     session_key: str
     pin_tokens: int
     pin_ttl_s: float
-    def __init__(self, request_id: _Optional[str] = ..., prompt_frame: _Optional[int] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., queue_class: _Optional[_Union[QueueClass, str]] = ..., priority: _Optional[int] = ..., arrival_time: _Optional[float] = ..., deadline: _Optional[float] = ..., suffix: _Optional[str] = ..., prediction_frame: _Optional[int] = ..., prediction_text: _Optional[str] = ..., speculation: _Optional[_Union[SpeculationParams, _Mapping]] = ..., session_key: _Optional[str] = ..., pin_tokens: _Optional[int] = ..., pin_ttl_s: _Optional[float] = ...) -> None: ...
+    structured_fields: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt_frame: _Optional[int] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., queue_class: _Optional[_Union[QueueClass, str]] = ..., priority: _Optional[int] = ..., arrival_time: _Optional[float] = ..., deadline: _Optional[float] = ..., suffix: _Optional[str] = ..., prediction_frame: _Optional[int] = ..., prediction_text: _Optional[str] = ..., speculation: _Optional[_Union[SpeculationParams, _Mapping]] = ..., session_key: _Optional[str] = ..., pin_tokens: _Optional[int] = ..., pin_ttl_s: _Optional[float] = ..., structured_fields: _Optional[str] = ...) -> None: ...
 
 class SpeculationParams(_message.Message):
     __slots__ = ("off", "max_draft_tokens")
@@ -357,7 +359,7 @@ class LoadReport(_message.Message):
     def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., recent_step_time_ms: _Optional[float] = ..., backend_id: _Optional[str] = ..., num_outstanding_tokens: _Optional[int] = ..., prefix_hashes: _Optional[_Iterable[int]] = ..., prefix_block_size: _Optional[int] = ..., num_prompt_tokens: _Optional[int] = ..., num_cached_prompt_tokens: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_held_messages: _Optional[int] = ..., num_dropped_peers: _Optional[int] = ..., num_swap_preemptions: _Optional[int] = ..., num_host_hit_tokens: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., num_host_used_blocks: _Optional[int] = ..., num_pins: _Optional[int] = ..., num_pinned_blocks: _Optional[int] = ..., pin_budget_blocks: _Optional[int] = ..., num_pins_refused: _Optional[int] = ..., num_pins_expired: _Optional[int] = ...) -> None: ...
 
 class Error(_message.Message):
-    __slots__ = ("code", "message", "request_id", "batch_id")
+    __slots__ = ("code", "message", "request_id", "batch_id", "param")
     class Code(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         UNKNOWN: _ClassVar[Error.Code]
@@ -384,11 +386,13 @@ class Error(_message.Message):
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    PARAM_FIELD_NUMBER: _ClassVar[int]
     code: Error.Code
     message: str
     request_id: str
     batch_id: int
-    def __init__(self, code: _Optional[_Union[Error.Code, str]] = ..., message: _Optional[str] = ..., request_id: _Optional[str] = ..., batch_id: _Optional[int] = ...) -> None: ...
+    param: str
+    def __init__(self, code: _Optional[_Union[Error.Code, str]] = ..., message: _Optional[str] = ..., request_id: _Optional[str] = ..., batch_id: _Optional[int] = ..., param: _Optional[str] = ...) -> None: ...
 
 class Health(_message.Message):
     __slots__ = ("nonce", "time", "reply")

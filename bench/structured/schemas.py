@@ -24,6 +24,8 @@ async def one(client, model: str, i: int, args) -> dict:
     resp = await client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": "Reply with a JSON object."}],
         temperature=args.temperature, seed=i, max_tokens=args.max_tokens,
+        extra_body=({} if args.repetition_penalty is None
+                    else {"repetition_penalty": args.repetition_penalty}),
         response_format={"type": "json_schema", "json_schema": {
             "name": f"s{i}", "strict": True, "schema": schema}})
     choice = resp.choices[0]
@@ -62,6 +64,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0, help="schema i is random_schema(seed + i)")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--max-tokens", type=int, default=1024)
+    p.add_argument("--repetition-penalty", type=float, default=None,
+                   help="sent with every request (default: unset, the model's default applies)")
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--bounded", action="store_true", help="every free string has a maxLength")
     p.add_argument("--json", default=None)
