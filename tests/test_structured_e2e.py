@@ -5,10 +5,12 @@ same through /v1/messages."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -36,11 +38,15 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
+ZMQ_DOOR = f"ipc://{tempfile.gettempdir()}/tg-structured-e2e-{os.getpid()}.sock"
+
+
 @pytest.fixture(scope="module")
 def server():
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway.tidegate_cli", "serve", "--port", "0",
-         "--log-level", "warning"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+         "--log-level", "warning", "--zmq-listen", ZMQ_DOOR], cwd=ROOT, stdout=subprocess.PIPE,
+        text=True)
     line = ""
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -88,6 +94,30 @@ def test_guided_choice_and_regex(oa):
     resp = oa.completions.create(model="tiny-coder", prompt="VERSION = '", max_tokens=12,
                                  temperature=0.7, extra_body={"guided_regex": r"[0-9]\.[0-9]+"})
     assert re.fullmatch(r"[0-9]\.[0-9]+", resp.choices[0].text)
+
+
+def test_structured_output_through_the_zmq_client(server):
+    """The client library, the HTTP names: held to the schema / the choices / the regex by the
+    engine, and a bad schema is the HTTP 400 (message and param) as InvalidRequestError."""
+    from gateway.client import Client, InvalidRequestError
+
+    schema = random_schema(7, bounded=True)
+    with Client(ZMQ_DOOR) as c:
+        out = c.generate("Reply with a JSON object.", max_tokens=400, temperature=0.7, seed=1,
+                         response_format={"type": "json_schema", "json_schema": {
+                             "name": "s", "strict": True, "schema": schema}})
+        if out.finish_reason == "stop":
+            jsonschema.validate(json.loads(out.text), schema)
+        out = c.generate("def is_even(n):\n    return", max_tokens=10,
+                         guided_choice=["True", "False"])
+        assert out.text in ("True", "False")
+        text = "".join(d.text for d in c.stream("VERSION = '", max_tokens=12, temperature=0.7,
+                                                structured_outputs={"regex": r"[0-9]\.[0-9]+"}))
+        assert re.fullmatch(r"[0-9]\.[0-9]+", text)
+        with pytest.raises(InvalidRequestError) as err:
+            c.generate("x", guided_json={"type": "object", "properties": {
+                "a": {"$ref": "http://example.com/a.json"}}})
+        assert err.value.param == "guided_json" and "cannot be used" in str(err.value)
 
 
 def _check_call(call, tools=TOOLS):
