@@ -21,9 +21,9 @@ pytestmark = [pytest.mark.gpu,
 SPEC = SpeculationConfig(max_draft_tokens=8, knee_tokens=256, min_draft_prob=0.01)
 
 
-def _engine(spec, eager=False, dtype="float32", kv="auto", model="tiny"):
+def _engine(spec, eager=False, dtype="float32", kv="auto", model="tiny", load_format="dummy"):
     engine, _ = create_engine(
-        BackendConfig(model=model, device="cuda", dtype=dtype, load_format="dummy",
+        BackendConfig(model=model, device="cuda", dtype=dtype, load_format=load_format,
                       num_blocks=512, block_size=16, max_num_seqs=16,
                       max_num_batched_tokens=256, max_model_len=1024, kv_cache_dtype=kv,
                       speculation_config=spec),
@@ -91,3 +91,26 @@ def test_bf16_agrees_but_for_near_ties():
     flips = [rid for rid in reqs if spec[rid] != base[rid]]
     assert len(flips) <= 1, f"greedy outputs differ for {flips}"
     assert on.speculator.num_accepted["prediction"] > 0
+
+
+@pytest.mark.parametrize("load_format", ["dummy-cycle", "dummy"])
+def test_bf16_dummy_cycle_keeps_the_oracle_exact(load_format):
+    """The 1.3B preset in bf16 with CUDA graphs: with `dummy-cycle` weights the outputs with an
+    (altered) prediction are the baseline's, token for token — the oracle benchmark's premise;
+    plain `dummy` weights are the printed control (near-ties flip there)."""
+    model = "deepseek-coder-1.3b"
+    off = _engine(None, dtype="bfloat16", model=model, load_format=load_format)
+    vocab = off.runner.model.config.vocab_size
+    reqs = _requests(vocab)
+    base = _serve(off, reqs)
+    del off
+    torch.cuda.empty_cache()
+    on = _engine(SPEC, dtype="bfloat16", model=model, load_format=load_format)
+    spec = _serve(on, reqs, _predictions(base, vocab))
+    same = sum(a == b for rid in reqs for a, b in zip(base[rid], spec[rid]))
+    total = sum(len(base[rid]) for rid in reqs)
+    print(f"1.3B bf16 {load_format}: speculation vs off {same}/{total} tokens at the same "
+          f"positions, {on.speculator.num_accepted['prediction']} prediction tokens accepted")
+    if load_format == "dummy-cycle":
+        assert spec == base
+        assert on.speculator.num_accepted["prediction"] >= total // 2
