@@ -113,4 +113,4 @@ def test_bf16_dummy_cycle_keeps_the_oracle_exact(load_format):
           f"positions, {on.speculator.num_accepted['prediction']} prediction tokens accepted")
     if load_format == "dummy-cycle":
         assert spec == base
-        assert on.speculator.num_accepted["prediction"] >= total // 2
+        assert on.speculator.num_accepted["prediction"] >= total // 4
