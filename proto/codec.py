@@ -29,7 +29,7 @@ import numpy as np
 
 from proto import tidegate_pb2 as pb
 
-PROTOCOL_VERSION = "1.2"  # "MAJOR.MINOR"; peers with another MAJOR are refused
+PROTOCOL_VERSION = "1.3"  # "MAJOR.MINOR"; peers with another MAJOR are refused
 BATCH_IDS_SINCE = (1, 1)  # first version whose receivers echo Batch.batch_id in Error.batch_id
 MAX_FRAME_BYTES = 64 << 20  # largest frame accepted (64 MiB)
 MAX_FRAMES = 8192  # envelope + token arrays
@@ -234,6 +234,8 @@ def _check_refs(envelope: pb.Envelope, num_arrays: int) -> str | None:
                  for r in envelope.batch.requests if r.HasField("prediction_frame")]
     elif kind == "step_output":
         refs = ((o.request_id, "tokens_frame", o.tokens_frame) for o in envelope.step_output.outputs)
+    elif kind == "kv_pull":  # issue 34: the prompt whose prefix blocks are wanted
+        refs = [(f"pull {envelope.kv_pull.pull_id}", "prompt_frame", envelope.kv_pull.prompt_frame)]
     else:
         return None
     for request_id, field, index in refs:

@@ -391,6 +391,87 @@ class BlockManager:
                 events.append((KV_STORED, MEDIUM_GPU, key))
             hashes.append(hash(key))
 
+    # ---- prefix pull between backends (issue 34, backend.kv.transfer) ----------------------------
+    def held_prefix(self, token_ids: Sequence[int], start_block: int = 0,
+                    max_blocks: int = 0) -> list[tuple[bool, int]]:
+        """Where this pool holds the prompt's full blocks from `start_block` on (leaving >= 1
+        token to compute): ``(on_gpu, block id or host block id)`` each, up to the first block
+        held nowhere (at most `max_blocks`, 0: no limit). Changes nothing, LRU order included.
+
+            blocks      0 .. start_block-1 | start_block ...               | first missing
+            this pool   (not looked at)    | held: GPU or host, in order   | stop
+        """
+        if not self.enable_prefix_caching:
+            return []
+        bs, gpu, host = self.block_size, self._cached, self.host
+        end = (len(token_ids) - 1) // bs
+        if max_blocks:
+            end = min(end, start_block + max_blocks)
+        parent, out = ROOT_HASH, []
+        for i in range(end):
+            key = (parent, tuple(token_ids[i * bs:(i + 1) * bs]))
+            parent = hash(key)
+            if i < start_block:
+                continue
+            block = gpu.get(key)
+            if block is not None:
+                out.append((True, block))
+                continue
+            host_block = host.lookup(key) if host is not None else None
+            if host_block is None:
+                break
+            out.append((False, host_block))
+        return out
+
+    def can_import(self, token_ids: Sequence[int], num_blocks: int) -> bool:
+        """Whether `import_prefix` of `num_blocks` blocks fits without evicting the prompt's
+        own cached head (what the pulled blocks continue)."""
+        head, _ = self.match_prefix(token_ids)
+        idle = sum(1 for b in head if self._ref_counts[b] == 0)
+        return self.enable_prefix_caching and num_blocks + idle <= self.num_free_blocks
+
+    def import_prefix(self, token_ids: Sequence[int], start_block: int,
+                      num_blocks: int) -> list[int]:
+        """Register blocks start_block .. start_block + num_blocks - 1 of the prompt's chain as
+        cached here, in free blocks taken now, whose K/V the caller writes (pulled from a peer)
+        before any forward pass reads them. They join the free list as the most recently used
+        cached blocks (ref count 0, the chain's tail evicted first): the request that pulled
+        them hits them when it is allocated, and nothing leaks if it never is. Returns the
+        block ids in chain order, -1 where the key is already cached here (nothing to write).
+        The caller checked `can_import`."""
+        if not self.enable_prefix_caching:
+            raise ValueError("importing prefix blocks needs prefix caching")
+        bs, cached, keys, lru = self.block_size, self._cached, self._block_keys, self._free_cached
+        head, _ = self.match_prefix(token_ids)
+        for b in head:  # not evicted for the blocks taken below (can_import counted it)
+            if self._ref_counts[b] == 0:
+                lru.move_to_end(b)
+        parent, wanted = ROOT_HASH, []
+        for i in range(start_block + num_blocks):
+            key = (parent, tuple(token_ids[i * bs:(i + 1) * bs]))
+            parent = hash(key)
+            if i >= start_block:
+                wanted.append(None if key in cached else key)
+        fresh = self._take_blocks(sum(1 for k in wanted if k is not None))
+        out, it, events = [], iter(fresh), self.kv_events
+        for key in wanted:
+            if key is None:
+                out.append(-1)
+                continue
+            block = next(it)
+            keys[block] = key
+            cached[key] = block
+            self._ref_counts[block] = 0
+            if events is not None:
+                events.append((KV_STORED, MEDIUM_GPU, key))
+            out.append(block)
+        for block in reversed(fresh):
+            lru[block] = None
+        for b in reversed(head):  # then the head, block 0 last of all
+            if self._ref_counts[b] == 0:
+                lru.move_to_end(b)
+        return out
+
     def swap_out(self, seq_id: object, token_ids: Sequence[int]) -> int:
         """Free a preempted sequence, first saving its registered full blocks to host memory,
         pinned until `allocate(seq_id, ...)` takes them back or `release_swapped(seq_id)`.

@@ -47,6 +47,15 @@ def sample_envelopes():
         "load_report": (pb.Envelope(load_report=load), []),
         "error": (codec.make_error(pb.Error.CAPACITY, "queue full", "r9"), []),
         "health": (codec.make_health(7, 12.5, reply=True), []),
+        # prefix pull (issue 34): the prompt as a token array; the blocks as raw frames (here
+        # 16 bytes, a multiple of 4 as every block row is)
+        "kv_pull": (pb.Envelope(kv_pull=pb.KvPull(pull_id=3, prompt_frame=0, start_block=2,
+                                                  max_blocks=5, layout="m|auto|bs16")),
+                    [_tokens(1, 2, 3)]),
+        "kv_blocks": (pb.Envelope(kv_blocks=pb.KvBlocks(pull_id=3, start_block=2, num_blocks=1,
+                                                        block_bytes=16, num_frames=1,
+                                                        layout="m|auto|bs16",
+                                                        frame_crc32=[123])), [_tokens(1, 2, 3, 4)]),
     }
 
 
@@ -219,7 +228,7 @@ def test_version_check():
     for bad in ("", "1", "1.x", "v1.0", "1.0.0", " 1.0"):
         with pytest.raises(VersionMismatch, match="malformed"):
             codec.check_version(bad)
-    assert codec.parse_version(codec.PROTOCOL_VERSION) == (1, 2)  # 1.1: batch_id; 1.2: speculation
+    assert codec.parse_version(codec.PROTOCOL_VERSION) == (1, 3)  # 1.1: batch_id; 1.2: speculation; 1.3: KV pull
 
 
 def test_hello_with_another_major_is_refused_with_a_clear_error():

@@ -581,6 +581,19 @@ class Engine:
         bm = self.scheduler.block_manager
         return bm.is_cached if bm.enable_prefix_caching else None
 
+    def kv_port(self, model_name: str):
+        """Prefix pull's access to this engine's blocks (`backend.kv.transfer.KVPort`, issue 34),
+        or None without a prefix cache or a pool of our own (a tensor-parallel leader)."""
+        bm = self.scheduler.block_manager
+        kv = getattr(self.runner, "kv", None)
+        if not bm.enable_prefix_caching or kv is None:
+            return None
+        from backend.kernels.block_gather import BlockGather
+        from backend.kv.transfer import KVPort
+        host = self.host_kv
+        flush = (lambda: host.run(bm.host.take_copies())) if host is not None else None
+        return KVPort(bm, kv, host, BlockGather, model_name, flush)
+
     @property
     def last_step(self) -> InFlightStep | None:
         """The step whose records `advance` / `settle` / `finish_step` returned last."""

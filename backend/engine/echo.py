@@ -245,6 +245,9 @@ class EchoEngine:
     def prefix_cache_probe(self):
         return None  # no prefix cache
 
+    def kv_port(self, model_name: str):
+        return None  # no KV to pull or serve
+
     def load(self) -> EngineLoad:
         sched = self.scheduler
         bm = sched.block_manager

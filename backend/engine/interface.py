@@ -88,6 +88,10 @@ class ServingEngine(Protocol):
         """A function telling whether a prefix block hash is cached here (for the gateway's
         placement), or None when the engine cannot say (prefix caching off, or not ours)."""
 
+    def kv_port(self, model_name: str):
+        """Prefix pull's access to the engine's KV blocks (`backend.kv.transfer.KVPort`, issue
+        34), or None where the engine cannot pull or serve blocks (not ours, no prefix cache)."""
+
     def configure_pins(self, budget_fraction: float) -> None:
         """The share of the KV blocks prefix pins may hold (engines without pins ignore it)."""
 
@@ -110,7 +114,7 @@ class ServingEngine(Protocol):
 REQUIRED = ("config", "eos_token_ids", "kv_cache_dtype", "overlaps_device", "reports_steps",
             "speculator",
             "add_request", "abort", "has_unfinished", "request_ids", "step", "advance", "settle",
-            "launch_deadline", "last_step", "load", "prefix_cache_probe", "configure_pins",
+            "launch_deadline", "last_step", "load", "prefix_cache_probe", "kv_port", "configure_pins",
             "request_pin", "record_kv_events", "take_kv_events", "check_integrity")
 
 

@@ -243,6 +243,9 @@ class VllmEngine:
     def prefix_cache_probe(self):
         return None  # vLLM's block hashes are not ours
 
+    def kv_port(self, model_name: str):
+        return None  # vLLM's pools are not ours to read (no prefix pull)
+
     def load(self) -> EngineLoad:
         sched = self.scheduler
         bm = sched.block_manager

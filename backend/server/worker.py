@@ -41,9 +41,11 @@ import zmq
 
 from backend.engine.continuous import RequestOutput
 from backend.engine.interface import ServingEngine
+from backend.kv.transfer import ZmqKVTransport
 from backend.model.loader import LoadedModel
 from backend.runner.grammar import spec_from_wire
 from backend.runner.sampler import SamplingParams
+from backend.server.kv_pull import PrefixPuller
 from backend.server.step_log import StepLog
 from proto import codec
 from proto import tidegate_pb2 as pb
@@ -81,7 +83,7 @@ class Worker:
                  max_held_messages: int = MAX_OUTBOX_MESSAGES,
                  generation_defaults: dict[str, float] | None = None,
                  pin_budget_fraction: float = PIN_BUDGET_FRACTION,
-                 kv_events=None) -> None:
+                 kv_events=None, kv_pull_timeout_s: float | None = None) -> None:
         self.engine = engine
         # the model's sampling defaults (backend.model.generation_config), sent in BackendInfo
         self.generation_defaults = dict(generation_defaults or {})
@@ -133,6 +135,12 @@ class Worker:
                 raise ValueError("KV events need an engine with a block manager and its prefix "
                                  "cache on (not echo, not --no-prefix-caching)")
             self._kv_recording = True
+        # prefix pull (issue 34, backend.server.kv_pull): requests with a kv_source wait there
+        # for their blocks from a peer; peers' pulls are answered from our pools
+        port = engine.kv_port(self.model_name)
+        self.puller = PrefixPuller(port, None if port is None else ZmqKVTransport(
+            self.ctx, security), **({} if kv_pull_timeout_s is None
+                                    else {"timeout_s": kv_pull_timeout_s}))
 
     # ---- lifecycle -----------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -158,12 +166,18 @@ class Worker:
                 wait_ms = max(0, int((self._last_report + IDLE_REPORT_S - time.monotonic()) * 1000))
                 if self.outbox:
                     wait_ms = min(wait_ms, 5)  # retry held messages soon
+            puller = self.puller
+            if puller.active:
+                puller.sync_poller(poller)
+                wait_ms = puller.wait_ms(wait_ms)
             try:
                 ready = poller.poll(wait_ms)
             except zmq.ZMQError:  # interrupted by a signal
                 continue
             if ready:
                 self._drain()
+            if puller.active:
+                self._admit_pulled()
             if self.engine.has_unfinished() and not self._stopping:
                 if deadline is None or time.perf_counter() >= deadline:
                     self._step()
@@ -180,6 +194,11 @@ class Worker:
             self._maybe_report()
         self._shutdown()
         return 0
+
+    def _admit_pulled(self) -> None:
+        """Admit the requests whose prefix pull ended (blocks in, or recompute): once each."""
+        for p in self.puller.take_ready():
+            self._add(p.identity, p.req, p.prompt, p.prediction)
 
     def _shutdown(self) -> None:
         try:  # the step in flight (async loop) finishes and its tokens go out first
@@ -214,11 +233,13 @@ class Worker:
         for key in self.engine.request_ids:
             self.engine.abort(key)
         owners = list(self.owner.values())
+        owners += [(p.identity, p.req.request_id) for p in self.puller.cancel_all()]
         self.owner.clear()
         for identity, rid in owners:
             self._send(identity, codec.make_error(code, message, rid))
 
     def close(self) -> None:
+        self.puller.close()
         self.sock.close(linger=0)
         self._stop_auth()
         self._close_kv_events()
@@ -261,7 +282,17 @@ class Worker:
                 try:
                     prediction = codec.array_of(msg, req.prediction_frame) \
                         if req.HasField("prediction_frame") else None
-                    self._add(identity, req, codec.array_of(msg, req.prompt_frame), prediction)
+                    prompt = codec.array_of(msg, req.prompt_frame)
+                    key = _key(identity, req.request_id)
+                    if self.puller.is_parked(key):
+                        self._send(identity, codec.make_error(
+                            pb.Error.INVALID_REQUEST, f"duplicate request id {req.request_id!r}",
+                            req.request_id))
+                        continue
+                    if req.HasField("kv_source") and not self._stopping and \
+                            self.puller.park(identity, key, req, prompt, prediction):
+                        continue  # admitted when its pull ends (_admit_pulled)
+                    self._add(identity, req, prompt, prediction)
                 except Exception as exc:  # noqa: BLE001 -- fail this request, admit the rest
                     print(f"tidegate backend: request {req.request_id!r} failed on admission: "
                           f"{exc!r}", file=sys.stderr)
@@ -273,6 +304,9 @@ class Worker:
         elif kind == "abort":
             for rid in msg.envelope.abort.request_ids:
                 key = _key(identity, rid)
+                if self.puller.cancel(key) is not None:  # waiting for its pull: never admitted
+                    self.pending[identity].append(RequestOutput(rid, [], [], "abort"))
+                    continue
                 record = self.engine.abort(key)
                 if record is not None:
                     self.owner.pop(key, None)
@@ -282,6 +316,13 @@ class Worker:
             h = msg.envelope.health
             if not h.reply:
                 self._send(identity, codec.make_health(h.nonce, time.time(), reply=True))
+        elif kind == "kv_pull":  # a peer backend pulls prefix blocks (issue 34): raw frames
+            frames = [identity, *self.puller.serve(msg)]
+            box = self.outbox.get(identity)
+            if box is not None:
+                self._hold(identity, box, frames)
+            else:
+                self._send_now(identity, frames)
         else:
             self._send(identity, codec.make_error(
                 pb.Error.BAD_MESSAGE, f"a backend does not accept {kind} messages"))
@@ -492,6 +533,7 @@ class Worker:
         for key in keys:
             self.engine.abort(key)
             del self.owner[key]
+        keys += [p.key for p in self.puller.cancel_identity(identity)]
         print(f"tidegate backend: dropped gateway {identity.hex()} ({reason}); aborted "
               f"{len(keys)} requests", file=sys.stderr)
 
@@ -558,6 +600,13 @@ class Worker:
             report.pin_budget_blocks = load.pin_budget_blocks
             report.num_pins_refused, report.num_pins_expired = (load.num_pins_refused,
                                                                 load.num_pins_expired)
+        puller = self.puller
+        if puller.num_pulls or puller.num_served:
+            report.num_kv_pulls, report.num_kv_pull_failures = (puller.num_pulls,
+                                                                puller.num_failures)
+            report.num_kv_pulled_tokens = puller.num_pulled_tokens
+            report.num_kv_pulls_served = puller.num_served
+            report.kv_pull_bytes_per_s = puller.bytes_per_s
         if self.prefix_summary is not None:
             report.prefix_hashes.extend(self.prefix_summary.snapshot(self._is_cached))
             report.prefix_block_size = self.engine.config.block_size

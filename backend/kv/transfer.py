@@ -1,0 +1,283 @@
+"""Prefix pull between backends (issue 34): KV blocks of a prompt's prefix, read out of one
+backend's pools (GPU pages or its host tier) and written into another's, as they are stored.
+
+Wire (proto `KvPull` / `KvBlocks`, raw frames, no pickle)::
+
+    puller                                           peer (holds the prefix)
+      KvPull{pull_id, prompt_frame, start_block,  ->
+             max_blocks, layout} + [int32 prompt]
+                                                  <-  KvBlocks{pull_id, start_block, num_blocks,
+                                                          block_bytes, first_frame, num_frames,
+                                                          layout, error, frame_crc32[]}
+                                                      + [raw block rows] * num_frames
+
+A block travels as one row of `block_bytes` bytes: every layer's K then V pool row of that block
+(a quantized pool's codes, then its scales), in `backend.kernels.block_gather` order, the same
+row the host tier stores. Frames hold whole blocks, at most `codec.MAX_FRAME_BYTES` each. Only
+equal layouts exchange blocks (`KVPort.layout`: model, page format, block size, the tensors'
+row shapes and dtypes); the peer refuses another with an explicit `error`, and the puller checks
+everything again (sizes, frame count, checksums) before it takes a single block.
+
+The receiving side allocates nothing until a whole, valid reply is in hand (`KVPort.import_`):
+then its blocks join the prefix cache as free, most recently used cached blocks, so a pull that
+fails, times out or answers late leaks nothing, and the request it was for is admitted exactly
+once either way (recomputing what did not arrive). The peer reads its blocks synchronously
+between two steps and holds no reference after it has answered.
+
+`KVTransport` is the seam for moving the bytes: `ZmqKVTransport` (device -> host -> ZMQ) is the
+one built; an NCCL or NIXL transport between GPUs would implement the same four calls.
+"""
+from __future__ import annotations
+
+import hashlib
+import zlib
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import zmq
+
+from backend.kv.host_tier import _block_tensors
+from proto import codec
+from proto import tidegate_pb2 as pb
+
+DEFAULT_PULL_TIMEOUT_S = 2.0
+
+
+def layout_of(model_name: str, kv_cache_dtype: str, block_size: int,
+              tensors: Sequence[torch.Tensor]) -> str:
+    """A backend's KV layout name: equal names <=> a block row means the same thing."""
+    shapes = ";".join(f"{tuple(t.shape[1:])}:{t.dtype}" for t in tensors)
+    digest = hashlib.sha1(shapes.encode()).hexdigest()[:12]
+    row = sum(t[0].nbytes for t in tensors)
+    return f"{model_name}|{kv_cache_dtype}|bs{block_size}|{row}B|{len(tensors)}t|{digest}"
+
+
+class KVPort:
+    """An engine's side of prefix pull: its block manager (which blocks hold what) and its
+    pools' bytes (`store`: a `KVCache` and its host tier, if any)."""
+
+    def __init__(self, block_manager, kv, host_kv, gather_cls, model_name: str,
+                 flush_host=None) -> None:
+        self.bm = block_manager
+        self.host_kv = host_kv
+        if host_kv is not None:
+            self.tensors, self.gather = host_kv.device_tensors, host_kv.gather
+        else:
+            self.tensors = [t for pool in (*kv.k_caches, *kv.v_caches) for t in _block_tensors(pool)]
+            self.gather = gather_cls(self.tensors)
+        self.device = self.tensors[0].device
+        self.block_bytes = self.gather.block_bytes
+        self.block_size = block_manager.block_size
+        self.layout = layout_of(model_name, kv.kv_cache_dtype, kv.block_size, self.tensors)
+        self._flush_host = flush_host  # runs the host tier's queued copies (their bytes first)
+
+    # ---- the peer: read blocks out ------------------------------------------------------------
+    def export(self, token_ids: Sequence[int], start_block: int, max_blocks: int = 0,
+               max_frame_bytes: int = codec.MAX_FRAME_BYTES) -> tuple[int, list[np.ndarray]]:
+        """(number of blocks, frames): the prompt's blocks from `start_block` that this backend
+        holds, each frame [k, block_bytes] uint8 of whole blocks."""
+        where = self.bm.held_prefix(token_ids, start_block, max_blocks)
+        if not where:
+            return 0, []
+        if self._flush_host is not None and any(not on_gpu for on_gpu, _ in where):
+            self._flush_host()
+        per_frame = max(1, max_frame_bytes // self.block_bytes)
+        frames = [self._read(where[i:i + per_frame]) for i in range(0, len(where), per_frame)]
+        return len(where), frames
+
+    def _read(self, where: list[tuple[bool, int]]) -> np.ndarray:
+        rows = torch.empty((len(where), self.block_bytes), dtype=torch.uint8)
+        gpu = [(i, b) for i, (on_gpu, b) in enumerate(where) if on_gpu]
+        if gpu:
+            ids = torch.tensor([b for _, b in gpu], dtype=torch.long, device=self.device)
+            stage = torch.empty((len(gpu), self.block_bytes), dtype=torch.uint8, device=self.device)
+            self.gather.gather(ids, stage)
+            rows[[i for i, _ in gpu]] = stage.cpu()
+        host = [(i, b) for i, (on_gpu, b) in enumerate(where) if not on_gpu]
+        if host:
+            rows[[i for i, _ in host]] = self.host_kv.host_blocks[[b for _, b in host]]
+        return rows.numpy()
+
+    # ---- the puller: write blocks in ----------------------------------------------------------
+    def num_local_blocks(self, token_ids: Sequence[int]) -> int:
+        """Leading full blocks of the prompt this backend holds on the GPU (a pull starts after)."""
+        return len(self.bm.match_prefix(token_ids)[0])
+
+    def import_(self, token_ids: Sequence[int], start_block: int, num_blocks: int,
+                frames: Sequence) -> int:
+        """Write `num_blocks` pulled blocks (raw frames, validated by `check_reply`) into fresh
+        blocks registered in the prefix cache; returns the prompt tokens they cover (0: no room,
+        nothing taken)."""
+        if num_blocks <= 0 or not self.bm.can_import(token_ids, num_blocks):
+            return 0
+        blocks = self.bm.import_prefix(token_ids, start_block, num_blocks)
+        i = 0
+        for frame in frames:
+            rows = np.frombuffer(frame, dtype=np.uint8).reshape(-1, self.block_bytes)
+            ids = blocks[i:i + len(rows)]
+            i += len(rows)
+            keep = [j for j, b in enumerate(ids) if b >= 0]
+            if not keep:
+                continue
+            src = torch.from_numpy(rows[keep])  # a copy: the frame's buffer is read-only
+            dst = torch.tensor([ids[j] for j in keep], dtype=torch.long, device=self.device)
+            self.gather.scatter(dst, src.to(self.device))
+        return num_blocks * self.block_size
+
+
+# ---- messages -------------------------------------------------------------------------------
+def make_pull(pull_id: int, start_block: int, layout: str, max_blocks: int = 0) -> pb.Envelope:
+    return pb.Envelope(kv_pull=pb.KvPull(pull_id=pull_id, prompt_frame=0,
+                                         start_block=start_block, max_blocks=max_blocks,
+                                         layout=layout))
+
+
+def answer_pull(port: KVPort | None, pull: pb.KvPull, prompt: np.ndarray | None,
+                checksum: bool = True) -> list:
+    """The frames answering one KvPull (envelope first): the blocks, or an explicit error."""
+    reply = pb.KvBlocks(pull_id=pull.pull_id, start_block=pull.start_block)
+    data: list[np.ndarray] = []
+    if port is None:
+        reply.error = "this backend keeps no prefix cache to pull from"
+    elif pull.layout != port.layout:
+        reply.layout = port.layout
+        reply.error = f"KV layout differs: peer stores {port.layout!r}, puller {pull.layout!r}"
+    elif prompt is None or len(prompt) == 0:
+        reply.error = "pull names no prompt"
+    else:
+        reply.layout = port.layout
+        n, data = port.export(prompt.tolist(), pull.start_block, pull.max_blocks)
+        if n == 0:
+            reply.error = "prefix not held (evicted, or never here)"
+        reply.num_blocks, reply.block_bytes = n, port.block_bytes
+        reply.first_frame, reply.num_frames = 0, len(data)
+        if checksum:
+            reply.frame_crc32.extend(zlib.crc32(memoryview(f)) for f in data)
+    return [pb.Envelope(kv_blocks=reply).SerializeToString(), *(memoryview(f) for f in data)]
+
+
+class PullError(ValueError):
+    """A KvBlocks reply that cannot be used (the pull then falls back to recompute)."""
+
+
+def check_reply(frames: Sequence, layout: str, block_bytes: int, start_block: int,
+                max_blocks: int) -> tuple[pb.KvBlocks, list[memoryview]]:
+    """Parse and check a KvBlocks message: (its header, its data frames); `PullError` naming the
+    first thing wrong. Nothing is trusted: sizes, counts, layout and checksums are all checked."""
+    if not frames:
+        raise PullError("empty reply")
+    try:
+        env = codec.decode(frames[:1]).envelope
+    except codec.DecodeError as exc:
+        raise PullError(f"garbled reply: {exc}") from None
+    if env.WhichOneof("body") == "error":
+        raise PullError(f"peer answered with an error: {env.error.message}")
+    if env.WhichOneof("body") != "kv_blocks":
+        raise PullError(f"peer answered a pull with {env.WhichOneof('body')}")
+    r = env.kv_blocks
+    if r.error:
+        raise PullError(f"peer: {r.error}")
+    if r.layout != layout:
+        raise PullError(f"reply layout {r.layout!r} is not ours ({layout!r})")
+    if r.block_bytes != block_bytes or r.start_block != start_block:
+        raise PullError(f"reply block_bytes/start_block {r.block_bytes}/{r.start_block}, want "
+                        f"{block_bytes}/{start_block}")
+    if not 0 < r.num_blocks <= max_blocks:
+        raise PullError(f"reply has {r.num_blocks} blocks, at most {max_blocks} possible")
+    data = [memoryview(f).cast("B") for f in frames[1 + r.first_frame:]]
+    if r.first_frame != 0 or len(data) != r.num_frames or len(frames) != 1 + r.num_frames:
+        raise PullError(f"reply says {r.num_frames} frames at {r.first_frame}, has {len(frames) - 1}")
+    if any(f.nbytes % block_bytes or f.nbytes == 0 for f in data) or \
+            sum(f.nbytes for f in data) != r.num_blocks * block_bytes:
+        raise PullError(f"reply frames ({[f.nbytes for f in data]} bytes) do not hold "
+                        f"{r.num_blocks} blocks of {block_bytes} bytes")
+    if r.frame_crc32:
+        if len(r.frame_crc32) != len(data):
+            raise PullError("reply checksums do not match its frames")
+        for i, (f, crc) in enumerate(zip(data, r.frame_crc32)):
+            if zlib.crc32(f) != crc:
+                raise PullError(f"reply frame {i}: checksum mismatch")
+    return r, data
+
+
+# ---- moving the bytes -----------------------------------------------------------------------
+class KVTransport(ABC):
+    """How pull messages reach a peer and replies come back. The worker polls `sockets()` with
+    its own socket and calls `receive()` when one is readable; nothing blocks."""
+
+    @abstractmethod
+    def send(self, endpoint: str, frames: list) -> bool:
+        """Queue one message to the peer at `endpoint`; False when it cannot be queued now."""
+
+    @abstractmethod
+    def receive(self) -> list[tuple[str, list]]:
+        """Every reply that has arrived: (endpoint, frames)."""
+
+    @abstractmethod
+    def sockets(self) -> list:
+        """What the worker's poller waits on (zmq sockets or file descriptors)."""
+
+    @abstractmethod
+    def forget(self, endpoint: str) -> None:
+        """Drop the connection to a peer that failed (queued messages go with it)."""
+
+    def close(self) -> None:
+        for endpoint in list(self.endpoints()):
+            self.forget(endpoint)
+
+    def endpoints(self) -> list[str]:
+        return []
+
+
+class ZmqKVTransport(KVTransport):
+    """One DEALER per peer backend, to its ROUTER (the socket gateways talk to)."""
+
+    def __init__(self, ctx: zmq.Context | None = None, security=None) -> None:
+        self.ctx = ctx or zmq.Context.instance()
+        self.security = security  # proto.security.CurveKeys: this backend as a CURVE client
+        self._socks: dict[str, zmq.Socket] = {}
+
+    def _socket(self, endpoint: str) -> zmq.Socket:
+        sock = self._socks.get(endpoint)
+        if sock is None:
+            sock = self.ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.MAXMSGSIZE, codec.MAX_FRAME_BYTES)
+            if self.security is not None and endpoint.startswith("tcp://"):
+                self.security.apply_client(sock)
+            sock.connect(endpoint)
+            self._socks[endpoint] = sock
+        return sock
+
+    def send(self, endpoint: str, frames: list) -> bool:
+        try:
+            self._socket(endpoint).send_multipart(frames, zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError:
+            return False
+
+    def receive(self) -> list[tuple[str, list]]:
+        out = []
+        for endpoint, sock in list(self._socks.items()):
+            while True:
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                except zmq.ZMQError:  # e.g. a message over MAXMSGSIZE: the peer is dropped
+                    break
+                out.append((endpoint, [f.buffer for f in frames]))
+        return out
+
+    def sockets(self) -> list:
+        return list(self._socks.values())
+
+    def forget(self, endpoint: str) -> None:
+        sock = self._socks.pop(endpoint, None)
+        if sock is not None:
+            sock.close(linger=0)
+
+    def endpoints(self) -> list[str]:
+        return list(self._socks)

@@ -1,0 +1,218 @@
+"""The worker's side of prefix pull (issue 34): requests that wait for their prefix blocks from a
+peer backend, and the answers to peers' pulls. The bytes and their checks are
+`backend.kv.transfer`'s; this module owns the waiting, the deadlines and the counts.
+
+A request whose `GenerateRequest.kv_source` names a peer is *parked* here instead of being
+admitted: a `KvPull` goes to the peer for the prompt's blocks after the ones this backend holds.
+It leaves the park exactly once, admitted by the worker (`take_ready`), when
+
+    the reply arrives      valid: its blocks join the prefix cache, the request then hits them;
+                           invalid (garbage, wrong layout, an explicit peer error, no room):
+                           nothing is taken, the request recomputes
+    the deadline passes    the peer died or stalls: the request recomputes; a late reply is
+                           dropped unread by its unknown pull id, the peer's socket is closed
+    it is cancelled        abort, its gateway gone, shutdown: the worker answers it (`cancel*`)
+
+so every request is answered once, and no block is allocated before a whole, valid reply is in
+hand. Pulls are never retried: recompute is always available and costs at most the same.
+"""
+from __future__ import annotations
+
+import itertools
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import zmq
+
+from backend.kv.transfer import (
+    DEFAULT_PULL_TIMEOUT_S,
+    KVPort,
+    KVTransport,
+    PullError,
+    ZmqKVTransport,
+    answer_pull,
+    check_reply,
+    make_pull,
+)
+from proto import codec
+from proto import tidegate_pb2 as pb
+
+
+@dataclass(slots=True)
+class Parked:
+    """A request waiting for its pull."""
+    identity: bytes
+    key: str
+    req: pb.GenerateRequest
+    prompt: np.ndarray
+    prediction: np.ndarray | None
+    endpoint: str
+    pull_id: int
+    start_block: int
+    max_blocks: int
+    deadline: float
+    started: float
+
+
+class PrefixPuller:
+    def __init__(self, port: KVPort | None, transport: KVTransport | None = None,
+                 timeout_s: float = DEFAULT_PULL_TIMEOUT_S, clock=time.monotonic,
+                 checksum: bool = True) -> None:
+        self.port = port
+        self.transport = transport if transport is not None or port is None else ZmqKVTransport()
+        self.timeout_s = timeout_s
+        self.clock = clock
+        self.checksum = checksum
+        self._ids = itertools.count(1)
+        self._parked: dict[int, Parked] = {}   # pull id -> request
+        self._by_key: dict[str, int] = {}      # request key -> pull id
+        self._ready: list[Parked] = []
+        self._registered: set = set()          # sockets in the worker's poller
+        self.num_pulls = 0
+        self.num_failures = 0
+        self.num_pulled_tokens = 0
+        self.num_served = 0
+        self.num_late = 0                      # replies after their deadline (dropped)
+        self.bytes_per_s = 0.0                 # EMA over successful pulls
+        self.last_error = ""
+
+    # ---- the puller ---------------------------------------------------------------------------
+    def park(self, identity: bytes, key: str, req: pb.GenerateRequest, prompt: np.ndarray,
+             prediction: np.ndarray | None) -> bool:
+        """Start the pull a request asks for; False when there is nothing to pull (no port, the
+        prompt's head already here, the pull could not be queued): admit it now."""
+        src = req.kv_source
+        port = self.port
+        if port is None or not src.endpoint or prompt is None or len(prompt) < 2:
+            return False
+        ids = prompt.tolist()
+        start = port.num_local_blocks(ids)
+        max_blocks = (len(ids) - 1) // port.block_size - start
+        if max_blocks <= 0 or (src.num_tokens and src.num_tokens <= start * port.block_size):
+            return False
+        pull_id = next(self._ids)
+        frames = codec.encode_trusted(make_pull(pull_id, start, port.layout, max_blocks), [ids])
+        self.num_pulls += 1
+        if not self.transport.send(src.endpoint, frames):
+            self._fail(f"pull to {src.endpoint} could not be queued")
+            return False
+        now = self.clock()
+        timeout = src.timeout_s if src.timeout_s > 0 else self.timeout_s
+        self._parked[pull_id] = Parked(identity, key, req, prompt, prediction, src.endpoint,
+                                       pull_id, start, max_blocks, now + timeout, now)
+        self._by_key[key] = pull_id
+        return True
+
+    def is_parked(self, key: str) -> bool:
+        return key in self._by_key
+
+    @property
+    def num_parked(self) -> int:
+        return len(self._parked)
+
+    @property
+    def active(self) -> bool:
+        """Whether the worker's loop has anything to do here (pulls waiting, peer sockets
+        open: a late or stray reply must be read, or the poller would wake for it forever)."""
+        return bool(self._parked or self._ready or self._registered)
+
+    def cancel(self, key: str) -> Parked | None:
+        pull_id = self._by_key.pop(key, None)
+        return self._parked.pop(pull_id) if pull_id is not None else None
+
+    def cancel_identity(self, identity: bytes) -> list[Parked]:
+        return [self.cancel(p.key) for p in list(self._parked.values()) if p.identity == identity]
+
+    def cancel_all(self) -> list[Parked]:
+        out = list(self._parked.values())
+        self._parked.clear()
+        self._by_key.clear()
+        out += self._ready
+        self._ready = []
+        return out
+
+    def wait_ms(self, wait_ms: int) -> int:
+        """The worker's poll timeout, shortened to the earliest deadline."""
+        if self._ready:
+            return 0
+        if not self._parked:
+            return wait_ms
+        due = min(p.deadline for p in self._parked.values())
+        return max(0, min(wait_ms, int((due - self.clock()) * 1000) + 1))
+
+    def sync_poller(self, poller: zmq.Poller) -> None:
+        """Register the transport's sockets with the worker's poller (they come and go)."""
+        if self.transport is None:
+            return
+        now = set(self.transport.sockets())
+        for s in self._registered - now:
+            try:
+                poller.unregister(s)
+            except KeyError:
+                pass
+        for s in now - self._registered:
+            poller.register(s, zmq.POLLIN)
+        self._registered = now
+
+    def take_ready(self) -> list[Parked]:
+        """Requests whose pull ended (any way) since the last call: admit each exactly once."""
+        if self.transport is not None:
+            for endpoint, frames in self.transport.receive():
+                self._on_reply(endpoint, frames)
+        now = self.clock()
+        for p in [p for p in self._parked.values() if p.deadline <= now]:
+            self.cancel(p.key)
+            self.transport.forget(p.endpoint)  # whatever it sends later is dropped unread
+            self._fail(f"pull from {p.endpoint} timed out after {now - p.started:.3f} s; "
+                       "recomputing")
+            self._ready.append(p)
+        ready, self._ready = self._ready, []
+        return ready
+
+    def _on_reply(self, endpoint: str, frames: list) -> None:
+        try:
+            env = codec.decode(frames[:1]).envelope
+            pull_id = env.kv_blocks.pull_id if env.WhichOneof("body") == "kv_blocks" else 0
+        except codec.DecodeError:
+            pull_id = 0
+        p = self._parked.get(pull_id)
+        if p is None or p.endpoint != endpoint:
+            if pull_id == 0:  # garbage or an Error: fail this peer's oldest pull
+                p = next((q for q in self._parked.values() if q.endpoint == endpoint), None)
+            if p is None:
+                self.num_late += 1
+                return
+        self.cancel(p.key)
+        self._ready.append(p)
+        port = self.port
+        try:
+            reply, data = check_reply(frames, port.layout, port.block_bytes, p.start_block,
+                                      p.max_blocks)
+            tokens = port.import_(p.prompt.tolist(), p.start_block, reply.num_blocks, data)
+            if not tokens:
+                raise PullError(f"no room for {reply.num_blocks} pulled blocks")
+        except PullError as exc:
+            self._fail(f"pull from {endpoint}: {exc}; recomputing")
+            return
+        elapsed = max(self.clock() - p.started, 1e-6)
+        rate = reply.num_blocks * port.block_bytes / elapsed
+        self.bytes_per_s = rate if not self.bytes_per_s else 0.8 * self.bytes_per_s + 0.2 * rate
+        self.num_pulled_tokens += tokens
+
+    def _fail(self, message: str) -> None:
+        self.num_failures += 1
+        self.last_error = message
+        print(f"tidegate backend: {message}", file=sys.stderr)
+
+    # ---- the peer -----------------------------------------------------------------------------
+    def serve(self, msg: codec.Decoded) -> list:
+        """The frames answering a peer's KvPull (blocks, or an explicit error)."""
+        pull = msg.envelope.kv_pull
+        self.num_served += 1
+        return answer_pull(self.port, pull, codec.array_of(msg, pull.prompt_frame), self.checksum)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()

@@ -1,0 +1,329 @@
+"""Prefix pull between backends (issue 34): blocks move as stored, a request is answered exactly
+once whatever the peer does, and no block leaks on either side.
+
+Two tiny backends run in threads of this process (same dummy weights, seed 0). The peer's
+answers in the fault tests come from a fake ROUTER driven here: it dies, stalls, answers late or
+sends garbage of several kinds.
+"""
+import threading
+import time
+import zlib
+
+import numpy as np
+import pytest
+import zmq
+
+from backend.kv.transfer import answer_pull
+from proto import codec
+from proto import tidegate_pb2 as pb
+from scheduler.block_manager import BlockManager
+from tests.backend_helpers import DealerClient
+
+BS = 16
+PROMPT = [256] + [(7 * i + 3) % 250 for i in range(199)]  # 200 tokens: 12 full blocks to pull
+MAX_TOKENS = 6
+TIMEOUT_S = 0.4
+
+
+# ---- the block manager's side ----------------------------------------------------------------
+def test_held_prefix_and_import_prefix_keep_the_books():
+    peer, me = BlockManager(32, 4), BlockManager(32, 4)
+    tokens = list(range(1, 23))  # 5 full blocks that can hit (leaving >= 1 token)
+    peer.allocate("a", tokens)
+    peer.cache_blocks("a", tokens, len(tokens))
+    held = peer.held_prefix(tokens)
+    assert [on_gpu for on_gpu, _ in held] == [True] * 5
+    assert [b for _, b in held] == peer.block_table("a")[:5]
+    assert peer.held_prefix(tokens, 2, 2) == held[2:4]
+    # the receiver holds the first block itself; it imports blocks 1..4
+    me.allocate("x", tokens[:5])
+    me.cache_blocks("x", tokens[:5], 5)
+    me.free("x")
+    assert len(me.match_prefix(tokens)[0]) == 1 and me.can_import(tokens, 4)
+    blocks = me.import_prefix(tokens, 1, 4)
+    assert len(blocks) == 4 and min(blocks) >= 0 and me.num_used_blocks == 0
+    me.check_integrity()
+    assert me.allocate("y", tokens) == 20  # the request then hits all five blocks
+    me.check_integrity()
+    me.free("y")
+    assert me.num_free_blocks == 32 and me.held_prefix(tokens) and me.num_used_blocks == 0
+
+
+def test_import_refuses_without_room_and_takes_nothing():
+    me = BlockManager(4, 4)
+    tokens = list(range(1, 23))
+    me.allocate("busy", list(range(100, 112)))  # 3 of 4 blocks held
+    assert not me.can_import(tokens, 2)
+    me.check_integrity()
+    assert me.num_free_blocks == 1
+
+
+# ---- two live backends ---------------------------------------------------------------------------
+class Backend:
+    def __init__(self, tmp_path, name: str, kv_cache_dtype: str = "auto", num_blocks: int = 96,
+                 host_kv_gib: float = 0.0, timeout_s: float = TIMEOUT_S) -> None:
+        from backend.engine.assemble import BackendConfig, create_engine
+        from backend.server.worker import Worker
+
+        self.engine, loaded = create_engine(BackendConfig(
+            model="tiny", load_format="dummy", block_size=BS, num_blocks=num_blocks,
+            max_num_seqs=8, max_num_batched_tokens=128, kv_cache_dtype=kv_cache_dtype,
+            host_kv_gib=host_kv_gib))
+        self.worker = Worker(self.engine, loaded, f"ipc://{tmp_path}/{name}.sock",
+                             kv_pull_timeout_s=timeout_s)
+        self.thread = threading.Thread(target=self.worker.serve_forever, daemon=True)
+        self.thread.start()
+        self.client = DealerClient(self.worker.endpoint)
+        self.client.hello()
+
+    @property
+    def bm(self):
+        return self.engine.scheduler.block_manager
+
+    def run(self, rid: str, prompt=PROMPT, source: str | None = None, timeout_s: float = 0.0):
+        """One request; (tokens, final output, seconds to its finish)."""
+        env = pb.Envelope(batch=pb.Batch(batch_id=1))
+        r = env.batch.requests.add(request_id=rid, prompt_frame=0)
+        r.sampling.max_tokens, r.sampling.ignore_eos = MAX_TOKENS, True
+        if source is not None:
+            r.kv_source.endpoint, r.kv_source.num_tokens = source, len(prompt) - 1
+            r.kv_source.timeout_s = timeout_s
+        t0 = time.monotonic()
+        self.client.send(env, [prompt])
+        tokens, finals, _ = self.client.collect([rid], timeout_s=60)
+        return tokens[rid], finals.get(rid), time.monotonic() - t0
+
+    def report(self) -> pb.LoadReport:
+        return self.worker.load_report()
+
+    def assert_no_leak(self) -> None:
+        deadline = time.monotonic() + 5
+        while self.engine.has_unfinished() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert self.bm.num_used_blocks == 0 and not self.worker.puller.num_parked
+        self.engine.check_integrity()
+
+    def close(self) -> None:
+        self.worker._stopping = True
+        self.thread.join(10)
+        self.client.close()
+        self.worker.close()
+
+
+def block_bytes_of(backend: Backend, tokens) -> list[bytes]:
+    port = backend.worker.puller.port
+    _, frames = port.export(tokens, 0)
+    return [bytes(row) for f in frames for row in f]
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "int4-fp8"])
+def test_pull_moves_the_blocks_as_stored_and_the_answer_is_unchanged(tmp_path, kv_cache_dtype):
+    peer = Backend(tmp_path, "peer", kv_cache_dtype)
+    me = Backend(tmp_path, "me", kv_cache_dtype)
+    try:
+        want, _, _ = peer.run("warm")                        # the peer now holds the prefix
+        got, final, _ = me.run("r", source=peer.worker.endpoint)
+        assert final.finish_reason == pb.RequestOutput.LENGTH
+        assert final.num_cached_tokens == 192                # 12 blocks, none recomputed
+        assert got == want
+        assert block_bytes_of(me, PROMPT) == block_bytes_of(peer, PROMPT)  # bit for bit
+        rep, prep = me.report(), peer.report()
+        assert (rep.num_kv_pulls, rep.num_kv_pull_failures, rep.num_kv_pulled_tokens) == (1, 0, 192)
+        assert prep.num_kv_pulls_served == 1 and rep.kv_pull_bytes_per_s > 0
+        recomputed, _, _ = me.run("again", prompt=[256, 9, *PROMPT[2:]])  # a cold prompt here
+        assert len(recomputed) == MAX_TOKENS
+        for b in (peer, me):
+            b.assert_no_leak()
+    finally:
+        me.close()
+        peer.close()
+
+
+def test_pull_from_the_peers_host_tier(tmp_path):
+    """The peer's copy of the prefix was evicted to its host tier: it is served from there."""
+    peer = Backend(tmp_path, "peer", num_blocks=20, host_kv_gib=0.002)
+    me = Backend(tmp_path, "me")
+    try:
+        want, _, _ = peer.run("warm")
+        for k in range(3):  # other prompts push the prefix out of the peer's 20 GPU blocks
+            peer.run(f"other{k}", prompt=[256, 100 + k, *PROMPT[2:]])
+        held = peer.bm.held_prefix(PROMPT)
+        assert len(held) == 12 and not all(on_gpu for on_gpu, _ in held)
+        got, final, _ = me.run("r", source=peer.worker.endpoint)
+        assert final.num_cached_tokens == 192 and got == want
+        for b in (peer, me):
+            b.assert_no_leak()
+    finally:
+        me.close()
+        peer.close()
+
+
+def test_layout_mismatch_is_refused_explicitly_and_recomputed(tmp_path):
+    peer = Backend(tmp_path, "peer", "fp8")
+    me = Backend(tmp_path, "me", "auto")
+    try:
+        peer.run("warm")
+        got, final, _ = me.run("r", source=peer.worker.endpoint)
+        assert final.num_cached_tokens == 0 and len(got) == MAX_TOKENS
+        again, final, _ = me.run("again")  # its own blocks now: the same answer
+        assert again == got and final.num_cached_tokens == 192
+        assert "KV layout differs" in me.worker.puller.last_error
+        assert me.report().num_kv_pull_failures == 1
+        me.assert_no_leak()
+    finally:
+        me.close()
+        peer.close()
+
+
+# ---- faults: a fake peer -------------------------------------------------------------------------
+class FakePeer:
+    """A ROUTER that takes pulls and answers them as `behaviour` says."""
+
+    def __init__(self, tmp_path, behaviour, real_port=None) -> None:
+        self.sock = zmq.Context.instance().socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.endpoint = f"ipc://{tmp_path}/fake.sock"
+        self.sock.bind(self.endpoint)
+        self.behaviour, self.real_port = behaviour, real_port
+        self.pulls = 0
+        self.stop = False
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while not self.stop:
+            if not self.sock.poll(20):
+                continue
+            identity, *frames = self.sock.recv_multipart()
+            msg = codec.decode(frames)
+            assert msg.kind == "kv_pull"
+            self.pulls += 1
+            pull = msg.envelope.kv_pull
+            if self.behaviour == "die":
+                self.sock.close(linger=0)
+                return
+            if self.behaviour == "stall":
+                continue
+            good = answer_pull(self.real_port, pull, msg.arrays[pull.prompt_frame])
+            if self.behaviour == "late":
+                time.sleep(TIMEOUT_S * 2)
+                self.sock.send_multipart([identity, *good])
+                continue
+            self.sock.send_multipart([identity, *garble(self.behaviour, good)])
+
+    def close(self) -> None:
+        self.stop = True
+        self.thread.join(5)
+        if not self.sock.closed:
+            self.sock.close(linger=0)
+
+
+def garble(kind: str, frames: list) -> list:
+    env = pb.Envelope()
+    env.ParseFromString(frames[0])
+    r = env.kv_blocks
+    data = [bytes(f) for f in frames[1:]]
+    if kind == "junk":
+        return [b"\xff\x00garbage", b"more"]
+    if kind == "error":
+        return codec.encode(codec.make_error(pb.Error.BAD_MESSAGE, "a backend does not accept "
+                                             "kv_pull messages"))
+    if kind == "truncated":
+        data[-1] = data[-1][:-4]
+    elif kind == "flipped":
+        data[0] = bytes([data[0][0] ^ 0xFF]) + data[0][1:]
+    elif kind == "unchecked_extra":  # no checksums and one block too many
+        del r.frame_crc32[:]
+        r.num_blocks += 1
+        data.append(data[-1][:r.block_bytes])
+    elif kind == "layout":
+        r.layout = r.layout.replace("auto", "fp8")
+    elif kind == "wrong_start":
+        r.start_block += 1
+    elif kind == "missing_frame":
+        data = data[:-1] if len(data) > 1 else []
+    return [env.SerializeToString(), *data]
+
+
+@pytest.fixture
+def pair(tmp_path):
+    peer = Backend(tmp_path, "peer")
+    me = Backend(tmp_path, "me")
+    want, _, _ = peer.run("warm")
+    yield peer, me, want
+    me.close()
+    peer.close()
+
+
+@pytest.mark.parametrize("behaviour", ["die", "stall", "late", "junk", "error", "truncated",
+                                       "flipped", "unchecked_extra", "layout", "wrong_start",
+                                       "missing_frame"])
+def test_a_failing_peer_costs_a_recompute_within_the_deadline(tmp_path, pair, behaviour):
+    peer, me, want = pair
+    fake = FakePeer(tmp_path, behaviour, peer.worker.puller.port)
+    try:
+        got, final, seconds = me.run("r", source=fake.endpoint)
+        assert fake.pulls == 1
+        assert final is not None and final.finish_reason == pb.RequestOutput.LENGTH
+        assert got == want and final.num_cached_tokens == 0    # recomputed, same answer
+        assert not me.client.errors
+        assert seconds < TIMEOUT_S + 5.0
+        if behaviour in ("die", "stall", "late"):
+            assert seconds >= TIMEOUT_S and "timed out" in me.worker.puller.last_error
+        rep = me.report()
+        assert (rep.num_kv_pulls, rep.num_kv_pull_failures, rep.num_kv_pulled_tokens) == (1, 1, 0)
+        if behaviour == "late":
+            time.sleep(TIMEOUT_S * 2.5)  # the late answer arrives now: dropped unread
+        me.assert_no_leak()
+        # exactly once: nothing else arrives for "r"
+        assert not me.client.sock.poll(200) or all(
+            m.kind == "load_report" for m in [me.client.recv()])
+    finally:
+        fake.close()
+
+
+def test_exactly_once_abort_and_duplicate_while_waiting_for_a_pull(tmp_path, pair):
+    _, me, _ = pair
+    fake = FakePeer(tmp_path, "stall")
+    try:
+        env = pb.Envelope(batch=pb.Batch(batch_id=7))
+        for rid in ("a", "b", "b"):  # "b" twice: the second is refused, the first served once
+            r = env.batch.requests.add(request_id=rid, prompt_frame=0)
+            r.sampling.max_tokens, r.sampling.ignore_eos = MAX_TOKENS, True
+            r.kv_source.endpoint = fake.endpoint
+        me.client.send(env, [PROMPT])
+        time.sleep(0.1)
+        me.client.send(codec.make_abort(["a"]))
+        seen: dict[str, list] = {"a": [], "b": []}
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (seen["b"] and any(
+                getattr(x, "finish_reason", 0) for x in seen["b"])):
+            m = me.client.recv(10)
+            if m.kind == "error":
+                seen[m.envelope.error.request_id].append(m.envelope.error)
+            elif m.kind == "step_output":
+                for o in m.envelope.step_output.outputs:
+                    if o.finish_reason:
+                        seen[o.request_id].append(o)
+        assert [o.finish_reason for o in seen["a"]] == [pb.RequestOutput.ABORT]
+        errors = [x for x in seen["b"] if isinstance(x, pb.Error)]
+        finals = [x for x in seen["b"] if not isinstance(x, pb.Error)]
+        assert len(errors) == 1 and "duplicate" in errors[0].message
+        assert [o.finish_reason for o in finals] == [pb.RequestOutput.LENGTH]
+        me.assert_no_leak()
+    finally:
+        fake.close()
+
+
+def test_checksums_cover_every_frame():
+    """The reply's crc32 list is zlib's over each data frame (what check_reply recomputes)."""
+    from backend.kv.transfer import PullError, check_reply
+
+    frame = np.arange(64, dtype=np.uint8).tobytes()
+    r = pb.KvBlocks(pull_id=1, start_block=0, num_blocks=2, block_bytes=32, num_frames=1,
+                    layout="L", frame_crc32=[zlib.crc32(frame)])
+    head, data = check_reply([pb.Envelope(kv_blocks=r).SerializeToString(), frame], "L", 32, 0, 4)
+    assert head.num_blocks == 2 and bytes(data[0]) == frame
+    r.frame_crc32[0] ^= 1
+    with pytest.raises(PullError, match="checksum"):
+        check_reply([pb.Envelope(kv_blocks=r).SerializeToString(), frame], "L", 32, 0, 4)
