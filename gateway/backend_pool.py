@@ -244,7 +244,8 @@ class BackendPool(PoolReceiver, PoolFailover):
             placed = [self._session_item(d, block_size, now) for d in items]
         else:
             placed = [PlacementItem(len(d.prompt_ids) + d.sampling.max_tokens,
-                                    prefix_hashes(d.prompt_ids, block_size) if hashing else (), d)
+                                    prefix_hashes(d.prompt_ids, block_size) if hashing else (), d,
+                                    None, d.queue_class, len(d.prompt_ids))
                       for d in items]
         policy.place(placed, now)
         parts: dict[int, list[Dispatch]] = {}
@@ -271,7 +272,7 @@ class BackendPool(PoolReceiver, PoolFailover):
         d.session = SessionInfo(opts.session_key if opts is not None else None, chain,
                                 pin_blocks, until)
         return PlacementItem(len(d.prompt_ids) + d.sampling.max_tokens, sampled_prefix(chain),
-                             d, d.session)
+                             d, d.session, d.queue_class, len(d.prompt_ids))
 
     def _release(self, backend: BackendConn, d: Dispatch, tokens: int) -> None:
         n = min(tokens, d.charged_left)

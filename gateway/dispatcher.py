@@ -49,9 +49,10 @@ class QueuedRequest(RequestSink, Protocol):
     queue_class: int
     dispatched_at: float | None
     slo_ttft_ms: float | None  # its own TTFT target (None: its class's)
-    # (backend id, class, requests unstarted ahead of it there) while sent and without a first token:
-    # what the wait predictor counts as unstarted on that backend (scheduler.admission)
-    unstarted: tuple[int, int, int] | None
+    # (backend id, class, requests unstarted ahead of it there, its uncached prompt tokens there,
+    # sequences decoding there) while sent and without a first token: what the wait predictor
+    # counts as unstarted on that backend and fits its service on (scheduler.admission)
+    unstarted: tuple[int, int, int, int, int] | None
 
     def wire_sampling(self) -> pb.SamplingParams: ...
 
@@ -78,6 +79,12 @@ class Dispatcher:
         # where a class has a TTFT deadline
         self.admission = AdmissionControl(admission_config or AdmissionConfig())
         self.predictor = self.admission.predictor
+        by_pid = getattr(pool, "_by_pid", None)
+        if by_pid is not None:  # decode load: the pool's requests on a backend, not finished
+            self.predictor.inflight = lambda b: (by_pid[b].num_inflight if b in by_pid else 0)
+        placement = getattr(pool, "placement", None)
+        if hasattr(placement, "predictor"):  # placement by predicted TTFT: the same predictor
+            placement.predictor = self.predictor
 
     # --- events ---------------------------------------------------------------------------------
     def submit(self, handle: QueuedRequest) -> None:
@@ -144,13 +151,14 @@ class Dispatcher:
     # --- what the wait predictor counts (scheduler.admission) -----------------------------------
     def on_first_token(self, handle: QueuedRequest, now: float) -> None:
         """`handle`'s first token arrived: it has started on its backend."""
-        b, cls, ahead = handle.unstarted
+        b, cls, ahead, uncached, decoding = handle.unstarted
         handle.unstarted = None
-        self.predictor.started(b, cls, now, now - (handle.dispatched_at or now), ahead)
+        self.predictor.started(b, cls, now, now - (handle.dispatched_at or now), ahead, uncached,
+                               decoding)
 
     def on_gone(self, handle: QueuedRequest) -> None:
         """`handle` left its backend before a first token (error, abort)."""
-        b, cls, _ = handle.unstarted
+        b, cls = handle.unstarted[:2]
         handle.unstarted = None
         self.predictor.gone(b, cls)
 
@@ -262,6 +270,9 @@ class Dispatcher:
             return
         parts, unplaced = self.pool.place(items, now)
         for backend, part in parts:
+            # the decode load there before these are in flight (a stand-in pool's backend: none)
+            pid = getattr(backend, "pid", None)
+            decoding = 0 if pid is None else self.predictor.decoding(pid)
             sent = self.pool.send_batch(backend, part)
             if sent is None:
                 unplaced.extend(part)
@@ -270,8 +281,10 @@ class Dispatcher:
             for d in sent:
                 d.sink.on_dispatched(now, backend.address)
                 if getattr(d.sink, "unstarted", False) is None:  # a sink that counts starts
+                    # its prompt tokens not expected cached there: the charge less its outputs
+                    uncached = max(0, getattr(d, "charged_left", 0) - d.sampling.max_tokens)
                     d.sink.unstarted = (backend.pid, d.queue_class,
-                                        dispatched(backend.pid, d.queue_class))
+                                        dispatched(backend.pid, d.queue_class), uncached, decoding)
             if sent:
                 self.metrics.observe_batch(len(sent), [now - d.arrival_time for d in sent],
                                            backend.address)

@@ -38,17 +38,28 @@ A refusal carries the predicted TTFT as its retry-after: the wait the request wo
 (the time for the work ahead of it to start), which the gateway sends as `Retry-After` (whole
 seconds, rounded up) and `retry-after-ms`.
 
+The service is not one number per class: a request whose prompt is mostly in the backend's
+prefix cache starts sooner, and a backend decoding many sequences runs slower steps. Each start
+also records its uncached prompt tokens u and the backend's decoding sequences d at dispatch;
+`scheduler.service_fit` fits the slopes of the service on u and d over the backend's recent
+starts, and a prediction is ``class service + k_u (u - class mean u) + k_d (d - class mean d)``
+(the class's figure alone while the slopes are unknown: u and d never varied). Placement
+(`scheduler.ttft_placement`) compares backends by this prediction with each backend's own u.
+`decoding(b)` is ``inflight(b) - unstarted there``: `inflight` is the owner's count of requests
+on b not yet finished (the gateway's pool, the simulator's outstanding count).
+
 `headroom(now)`: per backend and in total, 1 / gap_b (the start rate the SLOs can take) minus
 the recent start rate: the extra requests/s before queues grow and deadlines start to fail.
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from scheduler.classes import CLASS_NAMES
+from scheduler.service_fit import ServiceFit
 from scheduler.slo import NUM_CLASSES, SLOTargets
 
 
@@ -59,6 +70,9 @@ class AdmissionConfig:
     service_weight: float = 0.1   # EWMA weight of one start's service time (module doc)
     min_samples: int = 8          # paced gaps before a backend's queue counts in predictions
     rate_window_s: float = 2.0    # time constant of the recent start rate (headroom)
+    # the service fit's slopes are used once u / d spread this much (scheduler.service_fit)
+    min_spread_tokens: float = 16.0
+    min_spread_decoding: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("gap_weight", "service_weight"):
@@ -93,7 +107,10 @@ class Refusal(NamedTuple):
 
 class _Backend:
     __slots__ = (
+        "class_d",
         "class_service",
+        "class_u",
+        "fit",
         "gap",
         "last_start",
         "num_gaps",
@@ -104,12 +121,16 @@ class _Backend:
         "unstarted",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, config: AdmissionConfig) -> None:
         self.unstarted = [0] * NUM_CLASSES  # sent here, no first token yet, by class
         self.gap = 0.0          # EWMA of paced gaps, s
         self.num_gaps = 0
         self.service = 0.0      # EWMA of the service time (module doc) over every class, s
         self.class_service = [0.0] * NUM_CLASSES  # the same per class (0: no sample yet)
+        self.class_u = [0.0] * NUM_CLASSES  # the class's mean uncached tokens, same weights
+        self.class_d = [0.0] * NUM_CLASSES  # ... and decoding sequences at dispatch
+        self.fit = ServiceFit(config.service_weight, config.min_spread_tokens,
+                              config.min_spread_decoding)
         self.last_start = -math.inf
         self.paced = False      # at the last start, another request here was still unstarted
         self.rate = 0.0         # decayed count of starts (rate = count / window)
@@ -122,10 +143,12 @@ class WaitPredictor:
     def __init__(self, config: AdmissionConfig = AdmissionConfig()) -> None:
         self.config = config
         self.backends: dict[int, _Backend] = {}
+        # the owner's count of requests on a backend not yet finished (module doc); None: 0
+        self.inflight: Callable[[int], int] | None = None
 
     # ---- membership ------------------------------------------------------------------------
     def add_backend(self, b: int) -> None:
-        self.backends[b] = _Backend()
+        self.backends[b] = _Backend(self.config)
 
     def remove_backend(self, b: int) -> None:
         self.backends.pop(b, None)
@@ -136,14 +159,23 @@ class WaitPredictor:
         higher one were unstarted there (pass it back to `started`)."""
         be = self.backends.get(b)
         if be is None:  # a backend seen for the first time (it joined the pool)
-            be = self.backends[b] = _Backend()
+            be = self.backends[b] = _Backend(self.config)
         ahead = sum(be.unstarted[: cls + 1])
         be.unstarted[cls] += 1
         return ahead
 
-    def started(self, b: int, cls: int, now: float, service_s: float, ahead: int) -> None:
+    def decoding(self, b: int) -> int:
+        """Requests on `b` past their first token and not finished (0 without `inflight`)."""
+        be = self.backends.get(b)
+        if be is None or self.inflight is None:
+            return 0
+        return max(0, self.inflight(b) - sum(be.unstarted))
+
+    def started(self, b: int, cls: int, now: float, service_s: float, ahead: int,
+                uncached: int = 0, decoding: int = 0) -> None:
         """Its first token arrived at `now`, `service_s` after it was sent, with `ahead`
-        requests ahead of it then (`dispatched`'s answer)."""
+        requests ahead of it then (`dispatched`'s answer), `uncached` of its prompt tokens not
+        expected in the prefix cache and `decoding` sequences decoding there at dispatch."""
         be = self.backends.get(b)
         if be is None:
             return
@@ -159,7 +191,14 @@ class WaitPredictor:
             w = cfg.service_weight
             be.service = residual if be.service == 0.0 else be.service + w * (residual - be.service)
             cs = be.class_service[cls]
-            be.class_service[cls] = residual if cs == 0.0 else cs + w * (residual - cs)
+            if cs == 0.0:
+                be.class_service[cls] = residual
+                be.class_u[cls], be.class_d[cls] = float(uncached), float(decoding)
+            else:
+                be.class_service[cls] = cs + w * (residual - cs)
+                be.class_u[cls] += w * (uncached - be.class_u[cls])
+                be.class_d[cls] += w * (decoding - be.class_d[cls])
+            be.fit.add(uncached, decoding, residual)
         be.last_start = now
         be.paced = any(be.unstarted)
         be.rate = be.rate * math.exp(-(now - be.rate_t) / cfg.rate_window_s) + 1.0
@@ -183,19 +222,38 @@ class WaitPredictor:
             return 0.0
         return 1.0 / be.gap
 
-    def backend_ttft(self, b: int, cls: int) -> float:
-        """Predicted dispatch -> first token of a class-`cls` request sent to `b` now."""
+    def backend_ttft(self, b: int, cls: int, uncached: int | None = None,
+                     extra_ahead: int = 0) -> float:
+        """Predicted dispatch -> first token of a class-`cls` request sent to `b` now, with
+        `uncached` prompt tokens to prefill there (None: the class's mean) and `extra_ahead`
+        more requests ahead than were dispatched (placed earlier in the same window)."""
         be = self.backends[b]
+        service = self._service(be, cls, uncached, b)
         if be.num_gaps < self.config.min_samples:
-            return be.class_service[cls] or be.service
-        return sum(be.unstarted[: cls + 1]) * be.gap + (be.class_service[cls] or be.service)
+            return service
+        return (sum(be.unstarted[: cls + 1]) + extra_ahead) * be.gap + service
+
+    def _service(self, be: _Backend, cls: int, uncached: int | None, b: int) -> float:
+        fit = be.fit
+        cs = be.class_service[cls]
+        if not cs:
+            return be.service
+        if not (fit.k_u or fit.k_d):
+            return cs
+        s = cs
+        if uncached is not None:
+            s += fit.k_u * (uncached - be.class_u[cls])
+        if fit.k_d and self.inflight is not None:
+            s += fit.k_d * (self.decoding(b) - be.class_d[cls])
+        return max(0.0, s)
 
     def predict(self, cls: int, gateway_ahead: int, window_s: float,
                 live: Iterable[int] | None = None) -> tuple[float, int]:
         """(predicted TTFT in seconds, the backend it would best go to; (window_s, -1) with no
         backend). Backends at their in-flight cap count too: the gateway holds the request
         until one has room, which is part of the wait predicted. `live`: the backends to consider
-        (the gateway's healthy ones; None: every backend seen)."""
+        (the gateway's healthy ones; None: every backend seen). Its prompt's prefill counts as
+        its class's mean: where it goes, and so what is cached, is decided at the flush."""
         best, best_t = -1, math.inf
         total_capacity = 0.0
         for b in self.backends if live is None else live:

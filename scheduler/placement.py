@@ -44,6 +44,8 @@ Policies (`PlacementConfig.policy`):
   sharing a prefix are placed one after the other (the first one's guess pulls the rest to the
   same backend, where they share one prefill in the same step), groups and then loners in order
   of decreasing token cost (longest-processing-time-first packing), each with the rule above.
+- ``ttft``: each request where it is predicted to start soonest: queue, prefill of the part not
+  cached there, decode load (`scheduler.ttft_placement`), windows placed as ``window`` does.
 
 Sessions (issue 30, `scheduler.sessions`): an item may carry a `SessionInfo` (a session key,
 its prompt's chain hashes, a pin). ``prefix`` and ``window`` then keep the request on its
@@ -65,7 +67,7 @@ from scheduler.load_index import LoadIndex
 from scheduler.prefix_index import DEPTHS, PrefixIndex, prefix_hashes
 from scheduler.sessions import SessionAffinity, SessionInfo
 
-POLICIES = ("least-tokens", "prefix", "window")
+POLICIES = ("least-tokens", "prefix", "window", "ttft")
 
 __all__ = ["DEPTHS", "POLICIES", "LeastTokensPlacement", "PlacementConfig", "PlacementItem",
            "PrefixAffinityPlacement", "WindowPlacement", "create_placement", "prefix_hashes"]
@@ -84,6 +86,9 @@ class PlacementConfig:
     guess_ttl_s: float = 2.0           # see scheduler.prefix_index
     max_guesses: int = 4096            # per backend, when it reports no facts
     max_holders_scanned: int = 8       # bound on the work of one affinity lookup
+    # ttft (scheduler.ttft_placement): predictions within this fraction of the best are ties
+    ttft_tolerance: float = 0.1
+    max_scanned_backends: int = 64     # ttft: past this many, a few candidates only
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -96,6 +101,8 @@ class PlacementConfig:
             raise ValueError(f"load_slack_tokens must be >= 0, got {self.load_slack_tokens}")
         if not 0.0 <= self.load_slack_fraction <= 1.0:
             raise ValueError(f"load_slack_fraction must be in [0, 1], got {self.load_slack_fraction}")
+        if not self.ttft_tolerance >= 0.0 or self.max_scanned_backends < 1:
+            raise ValueError("ttft_tolerance must be >= 0 and max_scanned_backends >= 1")
 
     @property
     def uses_prefixes(self) -> bool:
@@ -105,14 +112,18 @@ class PlacementConfig:
 class PlacementItem:
     """One request to place: its token cost and its prompt's prefix hashes (shallowest first)."""
 
-    __slots__ = ("backend", "charged", "cost", "payload", "prefix", "session")
+    __slots__ = ("backend", "charged", "cost", "payload", "prefix", "prompt_len", "queue_class",
+                 "session")
 
     def __init__(self, cost: int, prefix: Sequence[int] = (), payload: object = None,
-                 session: SessionInfo | None = None) -> None:
+                 session: SessionInfo | None = None, queue_class: int = 2,
+                 prompt_len: int | None = None) -> None:
         self.cost = cost
         self.prefix = prefix
         self.payload = payload
         self.session = session  # scheduler.sessions; None: placed by its prefix alone
+        self.queue_class = queue_class  # ttft: which requests count as ahead of it
+        self.prompt_len = prompt_len    # ttft: its prefill (None: the cost)
         self.backend = -1       # set by place(); -1 = no backend accepts requests
         self.charged = 0        # tokens added to the backend's load by place()
 
@@ -359,6 +370,9 @@ def placement_config_from_args(a: argparse.Namespace, block_size: int) -> Placem
 
 
 def create_placement(config: PlacementConfig) -> LeastTokensPlacement:
+    if config.policy == "ttft":
+        from scheduler.ttft_placement import TTFTPlacement
+        return TTFTPlacement(config)
     cls = {"least-tokens": LeastTokensPlacement, "prefix": PrefixAffinityPlacement,
            "window": WindowPlacement}[config.policy]
     return cls(config)

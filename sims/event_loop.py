@@ -219,6 +219,12 @@ class EventLoop:
         self.stretch_rows: list[tuple] = []  # (steps, num_decode, first context) per stretch segment
         self.batch_sizes: list[int] = []
         self.batch_log: list[tuple[float, list[int]]] | None = [] if config.record_batches else None
+        # with record_batches, also each request's backend and what the gateway hears of it
+        # ((time, backend, request, 0: first token | 1: finish), in the order handled): what a
+        # replay through the gateway's own code needs to make its decisions at the same state
+        self.backend_of: list[int] | None = [-1] * n if config.record_batches else None
+        self.request_log: list[tuple[float, int, int, int]] | None = (
+            [] if config.record_batches else None)
         self.step_log: list[tuple] | None = [] if config.record_steps else None
         self.heap: list[tuple] = []
         self.seq = 0
@@ -258,11 +264,23 @@ class EventLoop:
             self.placement.add_backend(be.idx)
             self.placement.set_capacity(be.idx, num_blocks * sched_config.block_size)
         self.charged = [0] * n
-        # the wait predictor's view (scheduler.admission), kept only while admission runs
-        # (nothing else reads it): how many requests were unstarted ahead of each one where it went
-        self.predictor = gateway.predictor if gateway.admits else None
-        self.alone = [0] * n if gateway.admits else []
-        self.qclass = [int(c) for c in gateway._queue_class] if gateway.admits else []
+        # the wait predictor's view (scheduler.admission), kept only while admission or placement
+        # by predicted TTFT (scheduler.ttft_placement) reads it: per request, how many requests
+        # were unstarted ahead of it where it went, its uncached prompt tokens there and the
+        # sequences decoding there at dispatch (what the gateway's handle keeps)
+        self.by_ttft = hasattr(self.placement, "predictor")
+        predicts = gateway.admits or self.by_ttft
+        self.predictor = gateway.predictor if predicts else None
+        self.alone = [0] * n if predicts else []
+        self.uncached = [0] * n if predicts else []
+        self.decoding = [0] * n if predicts else []
+        self.qclass = [int(c) for c in gateway._queue_class] if predicts else []
+        self.prompt_len = gateway.lists.prompt_len
+        self.output_len = gateway.lists.output_len
+        if predicts:
+            gateway.predictor.inflight = lambda b: backends[b].outstanding
+            if self.by_ttft:
+                self.placement.predictor = gateway.predictor
         self.prefix_of = backends[0].sched.prefix_hashes if (
             config.placement.uses_prefixes and backends and backends[0].sched.prefix_caching) else None
         # agent traces (sims.agent_trace): sessions, pins and what each request found cached
@@ -312,14 +330,25 @@ class EventLoop:
             i = batch[0]
             if session_of is not None:
                 s = session_of(i, now)
-                b, charged[i] = self.placement.place_one(num_tokens[i], sampled_prefix(s.chain),
-                                                         now, s)
+                if self.by_ttft:
+                    b, charged[i] = self.placement.place_one(
+                        num_tokens[i], sampled_prefix(s.chain), now, s, self.qclass[i],
+                        self.prompt_len[i])
+                else:
+                    b, charged[i] = self.placement.place_one(
+                        num_tokens[i], sampled_prefix(s.chain), now, s)
+            elif self.by_ttft:
+                b, charged[i] = self.placement.place_one(
+                    num_tokens[i], () if prefix_of is None else prefix_of(i), now, None,
+                    self.qclass[i], self.prompt_len[i])
             else:
                 b, charged[i] = self.placement.place_one(
                     num_tokens[i], () if prefix_of is None else prefix_of(i), now)
             dispatch_t[i] = now
+            if self.backend_of is not None:
+                self.backend_of[i] = b
             if self.predictor is not None:
-                self.alone[i] = self.predictor.dispatched(b, self.qclass[i])
+                self.note_dispatched(b, [i])
             be = self.backends[b]
             if not be.outstanding:
                 self.num_idle -= 1
@@ -328,7 +357,15 @@ class EventLoop:
             be.tokens_placed += num_tokens[i]
             self.send(be, batch, now)
             return
-        if session_of is not None:
+        if self.predictor is not None:  # the class and prompt length: what ttft placement reads
+            qclass, prompt_len = self.qclass, self.prompt_len
+            items = [PlacementItem(num_tokens[i], () if prefix_of is None else prefix_of(i), i,
+                                   None, qclass[i], prompt_len[i]) for i in batch]
+            if session_of is not None:
+                for it in items:
+                    it.session = s = session_of(it.payload, now)
+                    it.prefix = sampled_prefix(s.chain)
+        elif session_of is not None:
             items = []
             for i in batch:
                 s = session_of(i, now)
@@ -349,11 +386,12 @@ class EventLoop:
             else:
                 part.append(i)
         backends = self.backends
-        predictor, alone, qclass = self.predictor, self.alone, self.qclass
         for b, part in parts.items():
-            if predictor is not None:
+            if self.backend_of is not None:
                 for i in part:
-                    alone[i] = predictor.dispatched(b, qclass[i])
+                    self.backend_of[i] = b
+            if self.predictor is not None:
+                self.note_dispatched(b, part)
             be = backends[b]
             if not be.outstanding:
                 self.num_idle -= 1
@@ -361,6 +399,17 @@ class EventLoop:
             be.num_placed += len(part)
             be.tokens_placed += sum(num_tokens[i] for i in part)
             self.send(be, part, now)
+
+    def note_dispatched(self, b: int, part: list[int]) -> None:
+        """What the gateway's dispatcher records per request it sends (`_send_window`): the
+        decode load there before these, each one's place in the queue and uncached tokens."""
+        predictor, qclass = self.predictor, self.qclass
+        decoding = predictor.decoding(b)
+        charged, out = self.charged, self.output_len
+        for i in part:
+            self.alone[i] = predictor.dispatched(b, qclass[i])
+            self.uncached[i] = max(0, charged[i] - out[i])
+            self.decoding[i] = decoding
 
     def send(self, be: _Backend, part: list[int], now: float) -> None:
         """One Batch message to `be`: after the gateway's per-message time (its one thread sends
@@ -544,6 +593,8 @@ class EventLoop:
         if not done:
             return
         finish_t, charged = self.finish_t, self.charged
+        if self.request_log is not None:
+            self.request_log.extend((now, be.idx, i, 1) for i in done)
         tokens = 0
         for i in done:
             finish_t[i] = now
@@ -599,9 +650,11 @@ class EventLoop:
         for r in firsts:
             if first_t[r] != first_t[r]:  # NaN: not a re-prefill after preemption
                 first_t[r] = now
+                if self.request_log is not None:
+                    self.request_log.append((now, arg, r, 0))
                 if self.predictor is not None:
                     self.predictor.started(arg, self.qclass[r], now, now - self.dispatch_t[r],
-                                           self.alone[r])
+                                           self.alone[r], self.uncached[r], self.decoding[r])
         self.finish_requests(be, done, now)
         self.after_step(be, now)
 
@@ -747,7 +800,8 @@ class EventLoop:
                                 for b in backends]}
                       if self.cached_of is not None else {}),
                    "retry_after_s": dict(self.gateway.retry_after),
-                   **({"batches": self.batch_log} if self.batch_log is not None else {}),
+                   **({"batches": self.batch_log, "backend_of": self.backend_of,
+                       "request_log": self.request_log} if self.batch_log is not None else {}),
                    **({"steps": self.step_log} if self.step_log is not None else {})})
 
     def placement_stats(self) -> dict:
@@ -756,7 +810,8 @@ class EventLoop:
                "backend_busy_s": [be.busy_s for be in self.backends],
                "backend_requests": [be.num_placed for be in self.backends],
                "backend_tokens": [be.tokens_placed for be in self.backends]}
-        for k in ("num_affinity", "num_spilled", "num_cold", "num_home"):
+        for k in ("num_affinity", "num_spilled", "num_cold", "num_home", "num_predicted",
+                  "num_near_ties"):
             if hasattr(p, k):
                 out[k] = getattr(p, k)
         if self.session_of is not None and hasattr(p, "sessions"):

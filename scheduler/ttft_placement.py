@@ -1,0 +1,158 @@
+"""Placement by predicted time to first token (`PlacementConfig(policy="ttft")`, `--placement ttft`).
+
+Each request goes to the backend where it is predicted to start soonest. For backend b, with
+the request of class c and prompt length p (`scheduler.admission.WaitPredictor.backend_ttft`):
+
+    ttft_b =  ahead_b(c) * gap_b          the requests of class <= c sent to b and not started,
+                                          one start every gap_b (the backend's measured pace)
+            + service_b(c)                its class's measured dispatch -> first token beyond the
+                                          queue: the step in progress and its own ...
+            + k_u,b * (u_b - mean u)      ... corrected for its own prefill: u_b = p - what b is
+                                          expected to hold of the prompt (the prefix index's
+                                          facts and guesses, a session's blocks) ...
+            + k_d,b * (d_b - mean d)      ... and for b's decode load now: d_b sequences decoding
+                                          (slopes: `scheduler.service_fit`, fitted per backend)
+
+The backends within `ttft_tolerance` (a fraction) of the best prediction are near-ties: among
+them the request goes where most of its prompt is held (then the session's backend, then the
+least load in tokens, then the lower id), so cache affinity decides what the prediction cannot
+tell apart. The backend is charged the request's cost less what it holds, as `prefix` charges.
+
+Until every accepting backend has measured a start (a fresh gateway, a backend just added),
+the prefix rule decides (`PrefixAffinityPlacement`): a prediction of 0 for an unmeasured backend
+would send it every request until its first token. A whole window is placed as `window` places
+it (same-prefix groups together, larger costs first), each request by the rule above, the
+predictor's queue counts growing as each one is placed (`note_placed`).
+
+The gateway (its dispatcher's predictor) and the simulator (its gateway adapter's) attach the
+same `WaitPredictor` that admission uses, fed by the same events (dispatch, first token, gone):
+the same decisions on the same event sequence (`tests/test_ttft_placement.py` drives both).
+
+Cost: O(accepting backends) per request, up to `max_scanned_backends`; past that the candidates
+are the least-loaded backend, the holders of the prompt's deepest held prefix, the session's
+backend and the next in turn (O(1) each).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from scheduler.admission import WaitPredictor
+from scheduler.placement import DEPTHS, PlacementConfig, PlacementItem, WindowPlacement
+from scheduler.sessions import SessionInfo
+
+LAST_CLASS = 2
+_TTFT = PlacementConfig(policy="ttft")
+
+
+class TTFTPlacement(WindowPlacement):
+    """The backend with the smallest predicted TTFT (module doc)."""
+
+    name = "ttft"
+
+    def __init__(self, config: PlacementConfig = _TTFT) -> None:
+        super().__init__(config)
+        self.predictor: WaitPredictor | None = None  # attached by the owner
+        self.num_predicted = 0   # placed by prediction (the rest: by the prefix rule)
+        self.num_near_ties = 0   # of those, with more than one backend within the tolerance
+        # requests placed so far in the window being placed, per backend and class: ahead of
+        # the later ones there, before the owner dispatches (and counts) them
+        self._window: dict[int, list[int]] | None = None
+
+    def place(self, items: Sequence[PlacementItem], now: float) -> None:
+        self._window = {} if len(items) > 1 else None
+        try:
+            super().place(items, now)
+        finally:
+            self._window = None
+
+    def _place_one(self, it: PlacementItem, now: float) -> None:
+        it.backend, it.charged = self.place_one(it.cost, it.prefix, now, it.session,
+                                                it.queue_class, it.prompt_len)
+
+    def place_one(self, cost: int, prefix: Sequence[int], now: float,
+                  session: SessionInfo | None = None, queue_class: int = LAST_CLASS,
+                  prompt_len: int | None = None) -> tuple[int, int]:
+        pred = self.predictor
+        cands = self._candidates(prefix) if pred is not None else None
+        if not cands:
+            b, charged = super().place_one(cost, prefix, now, session)
+            self.note_placed(b, queue_class)
+            return b, charged
+        loads = self.loads
+        sess_b, sess_blocks = -1, 0
+        if session is not None:
+            sess_b, sess_blocks = self.sessions.pick(session, loads.load, loads.accepting,
+                                                     math.inf, now)
+        p = cost if prompt_len is None else prompt_len
+        bs = self.config.block_size
+        rows = []  # (ttft, backend, tokens held there)
+        for b in cands:
+            held = self._held(b, prefix)
+            if b == sess_b:
+                held = max(held, sess_blocks * bs)
+            held = min(held, cost - 1, max(0, p - 1))
+            extra = 0
+            if self._window:
+                placed = self._window.get(b)
+                extra = sum(placed[: queue_class + 1]) if placed else 0
+            rows.append((pred.backend_ttft(b, queue_class, p - held, extra), b, held))
+        best_t = min(r[0] for r in rows)
+        limit = best_t * (1.0 + self.config.ttft_tolerance)
+        near = [r for r in rows if r[0] <= limit]
+        if len(near) > 1:
+            self.num_near_ties += 1
+        load = loads.load
+        _, b, held = max(near, key=lambda r: (r[2], r[1] == sess_b, -load[r[1]], -r[1]))
+        self.num_predicted += 1
+        charged = cost - held
+        loads.add_load(b, charged)
+        if prefix:
+            self.index.guess(b, prefix, now)
+        if session is not None:
+            self.sessions.record(session, b, now)
+        self.note_placed(b, queue_class)
+        return b, charged
+
+    def note_placed(self, b: int, queue_class: int) -> None:
+        """Within one window, later requests see the earlier ones as queued where they went;
+        the owner's `dispatched` call, once the message is sent, counts them for good."""
+        if self._window is not None and b >= 0:
+            placed = self._window.get(b)
+            if placed is None:
+                placed = self._window[b] = [0] * (LAST_CLASS + 1)
+            placed[queue_class] += 1
+
+    def _candidates(self, prefix: Sequence[int]) -> list[int] | None:
+        """The accepting backends to compare, or None when one of them has no measured start."""
+        loads, pred = self.loads, self.predictor
+        acc = loads.accepting
+        ids = [b for b in loads.backends if acc[b]]
+        if len(ids) > self.config.max_scanned_backends:
+            least = loads.least()
+            picked = {least, ids[self._turn % len(ids)]}
+            holders = self.index.holders
+            for d in range(len(prefix) - 1, -1, -1):
+                s = holders.get(prefix[d])
+                if s:
+                    for scanned, b in enumerate(s, 1):
+                        if acc[b]:
+                            picked.add(b)
+                        if scanned >= self.config.max_holders_scanned:
+                            break
+                    break
+            ids = sorted(b for b in picked if b is not None)
+        backends = pred.backends
+        for b in ids:
+            be = backends.get(b)
+            if be is None or not be.service:
+                return None
+        return ids
+
+    def _held(self, b: int, prefix: Sequence[int]) -> int:
+        """Tokens of the prompt that `b` is expected to hold: its deepest sampled prefix."""
+        holds = self.index.holds
+        for d in range(len(prefix) - 1, -1, -1):
+            if holds(b, prefix[d]):
+                return DEPTHS[d] * self.config.block_size
+        return 0
