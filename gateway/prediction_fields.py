@@ -7,7 +7,8 @@ array of token ids (ours, as `prompt` takes ids: a prediction exact to the token
 oracle benchmark needs where text would tokenize otherwise than the model generated it). The
 gateway tokenizes text and sends the ids as a raw int32 frame (`GenerateRequest.
 prediction_frame`); the engine drafts from it and verifies the drafts in one step. The usage's
-accepted / rejected prediction tokens are counted here (`prediction_overlap`). As in OpenAI's API, `n` > 1 is refused with a
+accepted / rejected prediction tokens are counted by the gateway (`scheduler.prediction_usage.
+prediction_overlap`, the engine's count too). As in OpenAI's API, `n` > 1 is refused with a
 prediction. Unlike OpenAI's, logprobs, penalties and `max_completion_tokens` are served with it:
 the engine keeps them exact across accepted drafts (issue 28).
 
@@ -124,47 +125,3 @@ def parse_speculation(body: dict, limits: RequestLimits) -> SpeculationControl |
         raise bad_request(f"'speculation.max_draft_tokens' must be in [0, "
                           f"{limits.max_draft_tokens}], got {k}.", "speculation.max_draft_tokens")
     return SpeculationControl(off=True) if k == 0 else SpeculationControl(max_draft_tokens=k)
-
-
-def prediction_overlap(prediction: list[int], output: list[int], k: int = 1) -> int:
-    """How many of the prediction's tokens appear, in order, in the output (OpenAI's
-    `accepted_prediction_tokens`; the rest are `rejected_prediction_tokens`).
-
-    Counted by the gateway from the two token lists it holds, the same for every backend (the
-    engine's own count follows its drafting: it re-aligns on n-grams that repeat in code and
-    counted every output token of edited tiny-coder outputs as accepted). A monotone alignment
-    in about linear time: walk both while they agree; at a disagreement, re-synchronise at the
-    nearest place where they agree again on k tokens (the least skipped prediction tokens +
-    skipped output tokens over the output's next k-grams and their first occurrences in the
-    prediction at or after the current place), and carry on. On edits of real code it counts
-    93-100% of what a longest common subsequence (difflib) counts, at 5 ms for 16k tokens
-    where difflib takes seconds (tests/test_prediction_api.py)."""
-    from bisect import bisect_left
-
-    n, m = len(prediction), len(output)
-    starts: dict[tuple[int, ...], list[int]] = {}
-    for s in range(n - k + 1):
-        starts.setdefault(tuple(prediction[s:s + k]), []).append(s)
-    i = j = matched = 0
-    while i < n and j < m:
-        if prediction[i] == output[j]:
-            matched += 1
-            i += 1
-            j += 1
-            continue
-        best = None  # (cost, i', j')
-        for j2 in range(j, m - k + 1):
-            if best is not None and j2 - j >= best[0]:
-                break  # any later resync skips more output than the best one costs
-            at = starts.get(tuple(output[j2:j2 + k]))
-            if not at:
-                continue
-            x = bisect_left(at, i)
-            if x < len(at):
-                cost = (at[x] - i) + (j2 - j)
-                if best is None or cost < best[0]:
-                    best = (cost, at[x], j2)
-        if best is None:
-            break
-        _, i, j = best
-    return matched

@@ -335,3 +335,37 @@ def test_no_drafts_to_be_had_keeps_the_steps_pipelined():
             overlapped += nxt.start < done.end  # launched before the last one was read back
     eng.settle()
     assert total > 50 and overlapped / total > 0.8, (overlapped, total)
+
+
+def test_usage_counts_match_the_gateway_and_stop_nothing_past_a_stop():
+    """Issue 28's accounting: at the finish the engine's accepted / rejected prediction tokens
+    are the gateway's count (`prediction_overlap`: the prediction's tokens that appear, in
+    order, in the output, and the rest); the accepted draft tokens count none past a stop token
+    (every accepted draft is an output token that no step sampled)."""
+    from scheduler.prediction_usage import prediction_overlap
+
+    engine = _engine(None)
+    vocab = engine.runner.model.config.vocab_size
+    prompt = _prompts(1, vocab, 4)[0]
+    free, _ = _run(engine, {"a": (prompt, SamplingParams(max_tokens=40, ignore_eos=True))})
+    toks = free["a"][0]
+    k = next(i for i in range(8, len(toks)) if toks[i] not in toks[:i])
+    params = SamplingParams(max_tokens=40, ignore_eos=True, stop_token_ids=(toks[k],))
+    # predictions: the free output (it runs on past the stop: the last verify's drafts all
+    # match, the stop is the first of them), and the same with tokens 10..19 edited
+    edited = [t if not 10 <= j < 20 else (t + 1) % vocab for j, t in enumerate(toks)]
+    for pred in (toks, edited):
+        eng = _engine(SPEC)
+        assert eng.add_request("a", prompt, params, prediction=pred) is None
+        got, num_sampled, last = [], 0, None
+        while eng.has_unfinished():
+            for o in eng.step():
+                got += o.new_token_ids
+                num_sampled += bool(o.new_token_ids)  # one sampled token a step, the rest drafts
+                last = o
+        assert got == toks[:k + 1] and last.finish_reason == "stop"
+        num_accepted = sum(eng.speculator.num_accepted.values())
+        assert num_accepted == last.num_accepted_draft_tokens == len(got) - num_sampled > 0
+        accepted = prediction_overlap(pred, got)
+        assert (last.num_accepted_prediction_tokens, last.num_rejected_prediction_tokens) == \
+            (accepted, len(pred) - accepted)
