@@ -420,7 +420,7 @@ async def test_prediction_as_token_ids(client, backend):
     assert status == 400 and body["error"]["param"] == "prediction.content"
 
 
-# --- the usage count (gateway.prediction_fields.prediction_overlap) ------------------------------
+# --- the usage count (scheduler.prediction_usage.prediction_overlap) ------------------------------
 def lcs(a: list[int], b: list[int]) -> int:
     import difflib
 
@@ -429,7 +429,7 @@ def lcs(a: list[int], b: list[int]) -> int:
 
 
 def test_overlap_exact_unrelated_and_edges():
-    from gateway.prediction_fields import prediction_overlap
+    from scheduler.prediction_usage import prediction_overlap
 
     seq = list(range(100))
     assert prediction_overlap(seq, seq) == 100
@@ -452,7 +452,7 @@ def test_overlap_is_close_to_a_longest_common_subsequence_on_code_edits(keep):
 
     from tokenizers import Tokenizer
 
-    from gateway.prediction_fields import prediction_overlap
+    from scheduler.prediction_usage import prediction_overlap
     from sims.edit_workload import alter_text
     from tokenizer.byte_level import build_byte_level_tokenizer_json
 
