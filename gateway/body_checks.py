@@ -11,6 +11,7 @@ from typing import Any
 
 from gateway.errors import APIError, bad_request
 from gateway.request_fields import SCALARS, Scalar
+from proto.sampling import range_text, short
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
@@ -78,9 +79,10 @@ def type_error(param: str, expected: str, value: Any) -> APIError:
 
 
 def scalar(body: dict, name: str, default: Any, limits: RequestLimits = LIMITS,
-            spec: Scalar | None = None) -> Any:
+            spec: Scalar | None = None, bounded: bool = True) -> Any:
     """Field `name` of `body` checked against its row of `request_fields.SCALARS` (type, then
-    bounds); `default` when absent or null."""
+    bounds unless `bounded` is false: a sampling field's range is `proto.sampling`'s check's);
+    `default` when absent or null."""
     if body.get(name) is None:  # absent or null: the default, for every kind (the common case)
         return default
     spec = spec or SCALARS[name]
@@ -99,27 +101,14 @@ def scalar(body: dict, name: str, default: Any, limits: RequestLimits = LIMITS,
         value = get_float(body, name, None)
         if value is None:
             return default
+    if not bounded:
+        return value
     lo, hi = spec.bounds(limits)
     low_ok = lo is None or (value > lo if spec.exclusive_minimum else value >= lo)
     if not (low_ok and (hi is None or value <= hi)):
-        raise bad_request(f"'{name}' must be {_range_text(spec, lo, hi)}, got {short(value)}.",
-                          name)
+        raise bad_request(f"'{name}' must be {range_text(lo, hi, spec.exclusive_minimum)}, "
+                          f"got {short(value)}.", name)
     return value
-
-
-def _range_text(spec: Scalar, lo: float | None, hi: float | None) -> str:
-    if hi is None:
-        return f"{'>' if spec.exclusive_minimum else '>='} {_num(lo)}"
-    return f"in {'(' if spec.exclusive_minimum else '['}{_num(lo)}, {_num(hi)}]"
-
-
-def _num(value: float) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def short(value: float) -> str:
-    text = str(value)
-    return text if len(text) <= 24 else f"{text[:10]}...({len(text)} digits)"
 
 
 def get_float(body: dict, name: str, default: float | None) -> float | None:

@@ -29,18 +29,17 @@ from gateway.errors import (
 )
 from gateway.openai_schema import Prompt, SamplingParams, ServingOptions
 from gateway.output import OutputAssembler, OutputDelta
-from gateway.prediction_fields import check_prediction_tokens
+from gateway.prediction_fields import check_prediction_tokens, prediction_overlap
 from gateway.prometheus_metrics import GatewayMetrics
 from gateway.remote_tokenizer import RemoteTokenizer
-from gateway.structured import wire_grammar
 from gateway.validation import RequestLimits
 from gateway.vllm_metrics import EngineReport
 from proto import tidegate_pb2 as pb
+from proto.sampling import check_token_ids, to_wire
 from scheduler.admission import AdmissionConfig
 from scheduler.batcher import BatcherConfig
 from scheduler.classes import CLASS_NAMES
 from scheduler.decisions import DecisionLog
-from scheduler.prediction_usage import prediction_overlap
 from scheduler.queues import QueueConfig
 from scheduler.slo import SLOTargets
 from tokenizer.bundle import TokenizerBundle
@@ -182,31 +181,7 @@ class RequestHandle:
         self.dispatched_at = now
 
     def wire_sampling(self) -> pb.SamplingParams:
-        s = self.sampling
-        wire = pb.SamplingParams(max_tokens=self.max_tokens, temperature=s.temperature,
-                                 top_p=s.top_p, top_k=max(s.top_k, 0), ignore_eos=s.ignore_eos,
-                                 logprobs=0 if s.logprobs is None else max(1, s.logprobs))
-        if s.seed is not None:
-            wire.seed = s.seed
-        if s.stop_token_ids:
-            wire.stop_token_ids.extend(s.stop_token_ids)
-        if s.min_p:
-            wire.min_p = s.min_p
-        if s.repetition_penalty != 1.0:
-            wire.repetition_penalty = s.repetition_penalty
-        if s.presence_penalty:
-            wire.presence_penalty = s.presence_penalty
-        if s.frequency_penalty:
-            wire.frequency_penalty = s.frequency_penalty
-        if s.logit_bias:
-            wire.logit_bias.update(dict(s.logit_bias))
-        if s.min_tokens:
-            wire.min_tokens = s.min_tokens
-        if s.grammar is not None:
-            wire.grammar.CopyFrom(wire_grammar(s.grammar))
-        if not s.skip_special_tokens:  # read by a backend that detokenizes (HTTP, no tokenizer)
-            wire.skip_special_tokens = False
-        return wire
+        return to_wire(self.sampling, self.max_tokens)
 
     def prediction_usage(self) -> tuple[int, int]:
         """(accepted, rejected) prediction tokens, OpenAI's: the prediction's tokens that appear
@@ -439,12 +414,9 @@ class Gateway:
 
     def check_token_params(self, sampling: SamplingParams) -> None:
         """Token ids in the sampling parameters must exist in the vocabulary (400 otherwise)."""
-        vocab = self.info.vocab_size
-        for name, ids in (("stop_token_ids", sampling.stop_token_ids),
-                          ("logit_bias", [t for t, _ in sampling.logit_bias])):
-            if vocab and ids and max(ids) >= vocab:
-                raise bad_request(f"Token id {max(ids)} in '{name}' is out of range (vocabulary "
-                                  f"size {vocab}).", name)
+        err = check_token_ids(sampling, self.info.vocab_size) if self.info.vocab_size else None
+        if err is not None:  # (the rest of proto.sampling.check_sampling ran on the body)
+            raise bad_request(err.message, err.param)
 
     def decode_special(self, ids) -> str:
         """Decode keeping special tokens (skip_special_tokens = false)."""

@@ -30,14 +30,14 @@ from gateway.body_checks import LIMITS, RequestLimits
 from gateway.core import Gateway, RequestHandle
 from gateway.errors import APIError, bad_request
 from gateway.frontdoor_structured import structured_from_wire
-from gateway.openai_schema import SamplingParams, ServingOptions, SpeculationControl
+from gateway.openai_schema import ServingOptions, SpeculationControl
 from gateway.prediction_fields import (
     check_prediction_tokens,
     parse_prediction,
     parse_speculation,
 )
 from gateway.request_fields import MAX_LOGPROBS
-from gateway.sampling_fields import parse_sampling_fields
+from gateway.sampling_fields import check_request_sampling
 from gateway.sessions import session_from_wire
 from gateway.structured import check_grammar
 from gateway.validation import check_context_length
@@ -45,6 +45,7 @@ from gateway.zmqio import SocketReader
 from proto import codec
 from proto import tidegate_pb2 as pb
 from proto.convert import FINISH_REASON_TO_WIRE
+from proto.sampling import SamplingParams, from_wire
 from proto.security import CurveKeys, check_bind, start_authenticator
 
 log = logging.getLogger("tidegate.gateway.frontdoor")
@@ -111,19 +112,8 @@ def _check_wire_sampling(s: pb.SamplingParams, limits: RequestLimits) -> Samplin
     if s.n > 1:
         raise bad_request("n > 1 is not served at the ZMQ front door; send n requests.", "n")
     # s.grammar is read by FrontDoor._submit (gateway.frontdoor_structured), not here
-    body = {
-        "max_tokens": s.max_tokens, "temperature": s.temperature, "top_p": s.top_p or 1.0,
-        "top_k": s.top_k if s.top_k > 0 else -1, "seed": s.seed if s.HasField("seed") else None,
-        "stop": list(s.stop), "ignore_eos": s.ignore_eos, "min_p": s.min_p,
-        "repetition_penalty": s.repetition_penalty or 1.0,
-        "presence_penalty": s.presence_penalty, "frequency_penalty": s.frequency_penalty,
-        "logit_bias": {str(k): v for k, v in s.logit_bias.items()}, "min_tokens": s.min_tokens,
-        "stop_token_ids": list(s.stop_token_ids),
-        "skip_special_tokens": s.skip_special_tokens if s.HasField("skip_special_tokens")
-        else True,
-        "include_stop_str_in_output": s.include_stop_str_in_output,
-    }
-    return parse_sampling_fields(body, s.logprobs or None, limits)
+    # the one conversion and the HTTP body's checks (the gateway's limits, check_sampling)
+    return check_request_sampling(from_wire(s), limits)
 
 
 class FrontDoor:

@@ -9,42 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenizer.grammar import GrammarSpec
+# the one sampling record (defaults: the wire's, greedy; the HTTP API's are applied by
+# gateway.sampling_fields): a request's `sampling`
+from proto.sampling import SamplingParams
 
 # One prompt: text, or token ids.
 Prompt = str | tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
-    """What the backend needs to generate one sequence (plus the gateway-side stop strings)."""
-
-    max_tokens: int | None = None  # None: fill the context (chat default, as vLLM does)
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1  # -1 or 0: disabled
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
-    logprobs: int | None = None  # number of top logprobs requested; None: none
-    # logit processors (backend.runner.sampler), neutral by default
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    min_tokens: int = 0
-    stop_token_ids: tuple[int, ...] = ()
-    # output shaping at the gateway
-    skip_special_tokens: bool = True
-    include_stop_str_in_output: bool = False
-    n: int = 1  # choices per prompt
-    grammar: GrammarSpec | None = None  # structured output (gateway.structured)
-
-    def resolved_max_tokens(self, prompt_len: int, max_model_len: int) -> int:
-        if self.max_tokens is not None:
-            return self.max_tokens
-        return max(1, max_model_len - prompt_len)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,10 +14,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.structured_schema import STRUCTURED_FIELDS, TOOL_FIELDS, structured_schemas
+from proto.sampling import (  # noqa: F401 -- the wire's integer ranges, re-exported
+    BOUNDS,
+    INT32_MAX,
+    INT64_MAX,
+    INT64_MIN,
+    UINT32_MAX,
+)
 
-INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
-INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
-UINT32_MAX = (1 << 32) - 1
+INT32_MIN = -(1 << 31)
 MAX_LOGPROBS = 20
 
 Bound = int | float | str | None  # a number, or the name of a RequestLimits field
@@ -45,17 +50,22 @@ class Scalar:
                 getattr(limits, hi) if isinstance(hi, str) else hi)
 
 
-_MAX_TOKENS = Scalar("integer", "Tokens to generate at most (completions default 16; chat: "
-                     "fill the context).", 1, UINT32_MAX)
+def _sampling(kind: str, doc: str, name: str) -> Scalar:
+    """A sampling field: its range is `proto.sampling.BOUNDS`' (checked by check_sampling)."""
+    return Scalar(kind, doc, *BOUNDS[name])
+
+
+_MAX_TOKENS = _sampling("integer", "Tokens to generate at most (completions default 16; chat: "
+                        "fill the context).", "max_tokens")
 SCALARS: dict[str, Scalar] = {
     "model": Scalar("string", "The served model's name (/v1/models); any value is accepted."),
     "max_tokens": _MAX_TOKENS,
     "max_completion_tokens": _MAX_TOKENS,
-    "temperature": Scalar("number", "Sampling temperature; 0 is greedy.", 0.0, 2.0),
-    "top_p": Scalar("number", "Nucleus sampling mass.", 0.0, 1.0, exclusive_minimum=True),
-    "top_k": Scalar("integer", "Keep the k most likely tokens; -1 or 0: off.", -1),
-    "seed": Scalar("integer", "Per-request seed: the same seed gives the same tokens.",
-                   INT64_MIN, INT64_MAX),
+    "temperature": _sampling("number", "Sampling temperature; 0 is greedy.", "temperature"),
+    "top_p": _sampling("number", "Nucleus sampling mass.", "top_p"),
+    "top_k": _sampling("integer", "Keep the k most likely tokens; -1 or 0: off.", "top_k"),
+    "seed": _sampling("integer", "Per-request seed: the same seed gives the same tokens.",
+                      "seed"),
     "ignore_eos": Scalar("boolean", "Keep generating past the end-of-sequence token."),
     "stream": Scalar("boolean", "Server-sent events, one per new piece of text."),
     "user": Scalar("string", "The caller's end-user id: a session key when no other is given "
@@ -74,14 +84,15 @@ SCALARS: dict[str, Scalar] = {
                           "its class's --slo-tpot-ms): counted in SLO attainment.",
                           0.0, None, exclusive_minimum=True),
     "return_token_ids": Scalar("boolean", "Also return the prompt's and completion's token ids."),
-    "presence_penalty": Scalar("number", "Subtracted once from the logits of tokens already "
-                               "in the output.", -2.0, 2.0),
-    "frequency_penalty": Scalar("number", "Subtracted per occurrence in the output.", -2.0, 2.0),
-    "repetition_penalty": Scalar("number", "> 1 discourages tokens of the prompt and output.",
-                                 0.0, 10.0, exclusive_minimum=True),
-    "min_p": Scalar("number", "Keep tokens with p >= min_p * p_max.", 0.0, 1.0),
-    "min_tokens": Scalar("integer", "End-of-sequence and stop ids cannot end the output before "
-                         "this many tokens; at most max_tokens.", 0),
+    "presence_penalty": _sampling("number", "Subtracted once from the logits of tokens already "
+                                  "in the output.", "presence_penalty"),
+    "frequency_penalty": _sampling("number", "Subtracted per occurrence in the output.",
+                                   "frequency_penalty"),
+    "repetition_penalty": _sampling("number", "> 1 discourages tokens of the prompt and output.",
+                                    "repetition_penalty"),
+    "min_p": _sampling("number", "Keep tokens with p >= min_p * p_max.", "min_p"),
+    "min_tokens": _sampling("integer", "End-of-sequence and stop ids cannot end the output "
+                            "before this many tokens; at most max_tokens.", "min_tokens"),
     "skip_special_tokens": Scalar("boolean", "Leave special tokens out of the text."),
     "include_stop_str_in_output": Scalar("boolean", "Keep the matched stop string in the text."),
     "spaces_between_special_tokens": Scalar("boolean", "Only true (the default) is supported."),

@@ -1,8 +1,11 @@
-"""Sampling fields of a request body (OpenAI's and vLLM's logit processors) into
-`openai_schema.SamplingParams`; the HTTP routes and the ZMQ front door share it.
+"""Sampling fields of a request body (OpenAI's and vLLM's logit processors) into the one
+sampling record, `proto.sampling.SamplingParams`: JSON types and the API's defaults here, the
+ranges in `proto.sampling.check_sampling` (the check the front door and the backend run too),
+the gateway's size limits in `check_request_sampling` (HTTP and the front door).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from gateway.body_checks import (
@@ -12,15 +15,52 @@ from gateway.body_checks import (
     is_token_list,
     json_type,
     scalar,
-    short,
     type_error,
 )
 from gateway.errors import bad_request
-from gateway.openai_schema import SamplingParams
-from gateway.request_fields import INT32_MAX
+from proto.sampling import SamplingError, SamplingParams, check_sampling
+
+# The HTTP API's defaults for a field the body leaves out (OpenAI's, and vLLM's for its own
+# fields), where they differ from the record's (greedy, the wire's: proto.sampling). The model's
+# generation config then replaces some of them (gateway.generation_defaults).
+HTTP_DEFAULTS = {"temperature": 1.0, "top_k": -1}
 
 
-def _parse_stop(body: dict, limits: RequestLimits) -> tuple[str, ...]:
+def check_request_sampling(params: SamplingParams, limits: RequestLimits = LIMITS,
+                           aliases: dict[str, str] | None = None) -> SamplingParams:
+    """`params` if the gateway takes it: the gateway's size limits, then the one range check
+    (proto.sampling.check_sampling); a 400 naming the field otherwise. `aliases`: the request's
+    own name of a field (chat's max_completion_tokens, Anthropic's stop_sequences)."""
+    err = _check_limits(params, limits) or check_sampling(params)
+    if err is None:
+        return params
+    message, param = err
+    alias = (aliases or {}).get(param)
+    if alias is not None:
+        message, param = message.replace(f"'{param}'", f"'{alias}'"), alias
+    raise bad_request(message, param)
+
+
+def _check_limits(p: SamplingParams, limits: RequestLimits) -> SamplingError | None:
+    """The per-request size limits of the record's lists (gateway configuration)."""
+    if len(p.stop) > limits.max_stop_strings:
+        return SamplingError(f"'stop' has {len(p.stop)} strings; at most "
+                             f"{limits.max_stop_strings} are allowed.", "stop")
+    if any(s == "" for s in p.stop):
+        return SamplingError("'stop' strings must not be empty.", "stop")
+    if any(len(s) > limits.max_stop_len for s in p.stop):
+        return SamplingError(f"'stop' strings must be at most {limits.max_stop_len} "
+                             "characters.", "stop")
+    if len(p.logit_bias) > limits.max_logit_bias:
+        return SamplingError(f"'logit_bias' has {len(p.logit_bias)} entries; at most "
+                             f"{limits.max_logit_bias} are allowed.", "logit_bias")
+    if len(p.stop_token_ids) > limits.max_stop_token_ids:
+        return SamplingError(f"'stop_token_ids' has {len(p.stop_token_ids)} ids; at most "
+                             f"{limits.max_stop_token_ids} are allowed.", "stop_token_ids")
+    return None
+
+
+def _parse_stop(body: dict) -> tuple[str, ...]:
     value = body.get("stop")
     if value is None:
         return ()
@@ -28,14 +68,6 @@ def _parse_stop(body: dict, limits: RequestLimits) -> tuple[str, ...]:
         value = [value]
     if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
         raise type_error("stop", "a string or an array of strings", value)
-    if len(value) > limits.max_stop_strings:
-        raise bad_request(f"'stop' has {len(value)} strings; at most {limits.max_stop_strings} "
-                          "are allowed.", "stop")
-    if any(s == "" for s in value):
-        raise bad_request("'stop' strings must not be empty.", "stop")
-    if any(len(s) > limits.max_stop_len for s in value):
-        raise bad_request(f"'stop' strings must be at most {limits.max_stop_len} characters.",
-                          "stop")
     for s in value:
         check_text(s, "stop")
     return tuple(dict.fromkeys(value))
@@ -44,41 +76,39 @@ def _parse_stop(body: dict, limits: RequestLimits) -> tuple[str, ...]:
 def parse_sampling(body: dict, logprobs: int | None, max_tokens_default: int | None,
                     max_tokens_name: str = "max_tokens",
                     limits: RequestLimits = LIMITS) -> SamplingParams:
-    max_tokens = scalar(body, max_tokens_name, max_tokens_default, limits)
-    processors = _parse_processors(body, max_tokens, limits)
-    return SamplingParams(
-        max_tokens=max_tokens,
-        temperature=scalar(body, "temperature", 1.0, limits),
-        top_p=scalar(body, "top_p", 1.0, limits),
-        top_k=scalar(body, "top_k", -1, limits),
-        seed=scalar(body, "seed", None, limits),
-        stop=_parse_stop(body, limits),
-        ignore_eos=scalar(body, "ignore_eos", False, limits),
+    """The body's sampling fields (JSON types here), checked by `check_request_sampling`."""
+    def typed(name: str, default: Any) -> Any:  # the type only: ranges are check_sampling's
+        return scalar(body, name, default, limits, bounded=False)
+
+    params = SamplingParams(
+        max_tokens=typed(max_tokens_name, max_tokens_default),
+        temperature=typed("temperature", HTTP_DEFAULTS["temperature"]),
+        top_p=typed("top_p", 1.0),
+        top_k=typed("top_k", HTTP_DEFAULTS["top_k"]),
+        seed=typed("seed", None),
+        stop=_parse_stop(body),
+        ignore_eos=typed("ignore_eos", False),
         logprobs=logprobs,
-        **processors,
+        presence_penalty=typed("presence_penalty", 0.0),
+        frequency_penalty=typed("frequency_penalty", 0.0),
+        repetition_penalty=typed("repetition_penalty", 1.0),
+        min_p=typed("min_p", 0.0),
+        min_tokens=typed("min_tokens", 0),
+        logit_bias=_parse_logit_bias(body),
+        stop_token_ids=_parse_token_ids(body, "stop_token_ids"),
+        **_parse_output_options(body, limits),
     )
+    aliases = {"max_tokens": max_tokens_name} if max_tokens_name != "max_tokens" else None
+    check_request_sampling(params, limits, aliases)
+    if params.logit_bias:  # checked in range as given (an integer past the float range too)
+        params = replace(params, logit_bias=tuple((t, float(b)) for t, b in params.logit_bias))
+    return params
 
 
-def parse_sampling_fields(body: dict, logprobs: int | None,
-                          limits: RequestLimits = LIMITS) -> SamplingParams:
-    """Sampling fields given as a request body would give them (the ZMQ front door's path)."""
-    return parse_sampling(body, logprobs, max_tokens_default=16, limits=limits)
-
-
-# --- sampling processors, n, and the fields of vLLM's requests we do not implement ------------
-def _parse_processors(body: dict, max_tokens: int | None, limits: RequestLimits) -> dict[str, Any]:
-    """The logit processors and output options beyond OpenAI's basics (as vLLM names them)."""
+# --- output options, n, and the fields of vLLM's requests we do not implement ----------------
+def _parse_output_options(body: dict, limits: RequestLimits) -> dict[str, Any]:
+    """The output options beyond OpenAI's basics (as vLLM names them), and n."""
     out: dict[str, Any] = {}
-    for name, default in (("presence_penalty", 0.0), ("frequency_penalty", 0.0),
-                          ("repetition_penalty", 1.0), ("min_p", 0.0)):
-        out[name] = scalar(body, name, default, limits)
-    min_tokens = scalar(body, "min_tokens", 0, limits)
-    if max_tokens is not None and min_tokens > max_tokens:
-        raise bad_request(f"'min_tokens' must be in [0, max_tokens], got {min_tokens}.",
-                          "min_tokens")
-    out["min_tokens"] = min_tokens
-    out["logit_bias"] = _parse_logit_bias(body, limits)
-    out["stop_token_ids"] = _parse_token_ids(body, "stop_token_ids", limits.max_stop_token_ids)
     out["skip_special_tokens"] = scalar(body, "skip_special_tokens", True, limits)
     out["include_stop_str_in_output"] = scalar(body, "include_stop_str_in_output", False, limits)
     n = scalar(body, "n", 1, limits)
@@ -91,15 +121,12 @@ def _parse_processors(body: dict, max_tokens: int | None, limits: RequestLimits)
     return out
 
 
-def _parse_logit_bias(body: dict, limits: RequestLimits) -> tuple[tuple[int, float], ...]:
+def _parse_logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
     value = body.get("logit_bias")
     if value is None:
         return ()
     if not isinstance(value, dict):
         raise type_error("logit_bias", "an object mapping token ids to biases", value)
-    if len(value) > limits.max_logit_bias:
-        raise bad_request(f"'logit_bias' has {len(value)} entries; at most "
-                          f"{limits.max_logit_bias} are allowed.", "logit_bias")
     pairs = []
     for key, bias in value.items():
         try:
@@ -107,29 +134,17 @@ def _parse_logit_bias(body: dict, limits: RequestLimits) -> tuple[tuple[int, flo
         except ValueError:
             raise bad_request(f"'logit_bias' keys must be token ids, got {key!r}.",
                               "logit_bias") from None
-        if not 0 <= token <= INT32_MAX:
-            raise bad_request(f"'logit_bias' token ids must be in [0, {INT32_MAX}], got "
-                              f"{short(token)}.", "logit_bias")
         if isinstance(bias, bool) or not isinstance(bias, (int, float)):
             raise bad_request(f"'logit_bias' values must be numbers, not {json_type(bias)}.",
                               "logit_bias")
-        # compared, never converted first: an integer past the float range (10**400) has no
-        # float, and NaN fails both comparisons
-        if not -100.0 <= bias <= 100.0:
-            raise bad_request(f"'logit_bias' values must be in [-100, 100], got {short(bias)}.",
-                              "logit_bias")
-        pairs.append((token, float(bias)))
-    return tuple(sorted(pairs))
+        pairs.append((token, bias))  # ranges: check_sampling; float() after it
+    return tuple(sorted(pairs, key=lambda pair: pair[0]))
 
 
-def _parse_token_ids(body: dict, name: str, max_len: int) -> tuple[int, ...]:
+def _parse_token_ids(body: dict, name: str) -> tuple[int, ...]:
     value = body.get(name)
     if value is None:
         return ()
     if not is_token_list(value):
         raise type_error(name, "an array of token ids", value)
-    if len(value) > max_len:
-        raise bad_request(f"'{name}' has {len(value)} ids; at most {max_len} are allowed.", name)
-    if any(not 0 <= t <= INT32_MAX for t in value):
-        raise bad_request(f"'{name}' ids must be in [0, {INT32_MAX}].", name)
     return tuple(dict.fromkeys(value))

@@ -256,15 +256,6 @@ async def check_structured(gw, structured: Structured | None) -> None:
         await check_grammar(gw, structured.grammar, structured.param)
 
 
-def wire_grammar(spec: GrammarSpec) -> pb.Grammar:
-    return pb.Grammar(kind=GRAMMAR_KINDS[spec.kind], text=spec.text)
-
-
-GRAMMAR_KINDS = {"json_schema": pb.Grammar.JSON_SCHEMA, "json_object": pb.Grammar.JSON_OBJECT,
-                 "regex": pb.Grammar.REGEX, "choice": pb.Grammar.CHOICE,
-                 "grammar": pb.Grammar.GRAMMAR}
-
-
 def structured_outputs_field(grammar: pb.Grammar) -> dict | None:
     """A wire grammar as vLLM's `structured_outputs` request field (for an OpenAI-compatible
     HTTP backend, gateway.http_backend); None for none."""

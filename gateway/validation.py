@@ -52,10 +52,7 @@ from gateway.request_fields import (  # noqa: F401 -- re-exported: the names oth
     UNSUPPORTED_FIELDS,
     Scalar,
 )
-from gateway.sampling_fields import (  # noqa: F401 -- parse_sampling_fields re-exported
-    parse_sampling,
-    parse_sampling_fields,
-)
+from gateway.sampling_fields import parse_sampling
 from gateway.sessions import check_prompt_cache_key
 from gateway.structured import parse_request_structured
 from gateway.tools import parse_message_tool_calls

@@ -63,6 +63,7 @@ from backend.kv.host_tier import HostKVCache
 from backend.runner.sampler import SamplingParams, TokenLogprobs
 from backend.runner.step import LaunchedStep, ModelRunner
 from backend.runner.step_io import SampleSpec
+from proto.sampling import check_sampling
 from scheduler.capacity import DEFAULT_CAPACITY, PrefillCap
 from scheduler.host_tier import SwapCostModel
 from scheduler.speculation import SpeculationConfig, Speculator, StepCostModel, accept_drafts
@@ -114,9 +115,8 @@ class RequestOutput:
     num_completion_tokens: int = 0
     num_cached_tokens: int = 0
     # speculative decoding, cumulative (the wire's RequestOutput counters): draft tokens fed and
-    # accepted (all sources, none past a stop); OpenAI's accepted / rejected prediction tokens:
-    # while running, the prediction's tokens the output used / went past (its drafting's
-    # alignment); at the finish, the gateway's count (scheduler.prediction_usage), exactly
+    # accepted (all sources); prediction tokens matched by the output and, of the prediction,
+    # rejected drafts so far (at the finish: every predicted token the output did not use)
     num_draft_tokens: int = 0
     num_accepted_draft_tokens: int = 0
     num_accepted_prediction_tokens: int = 0
@@ -228,11 +228,9 @@ class Engine:
             return f"prediction has token ids outside [0, {vocab})"
         if max_draft_tokens < 0:
             return "max_draft_tokens must be >= 0"
-        if not 0.0 <= params.top_p <= 1.0 or params.temperature < 0:
-            return "temperature must be >= 0 and top_p in [0, 1]"
-        reason = _check_processors(params, vocab)
-        if reason is not None:
-            return reason
+        invalid = check_sampling(params, vocab, backend=True)  # the worker's check, again for
+        if invalid is not None:                                # in-process callers
+            return invalid.message
         if params.grammar is not None and self.grammars is None:
             return "structured output needs the model's tokenizer (no grammar engine)"
         rejection = self.scheduler.add_request(request_id, list(prompt_token_ids), params.max_tokens,
@@ -464,8 +462,8 @@ class Engine:
             out.token_ids[rid] = new[-1]
             out.logprobs[rid] = out.target_logprobs[rid][:len(new)]
             accepted[rid] = new[:-1]
-            if sp is not None:  # accepted: the drafts kept (none past a stop token)
-                sp.verified(rid, k, len(new) - 1)
+            if sp is not None:
+                sp.verified(rid, k, a)
         return accepted
 
     def settle(self) -> list[RequestOutput]:
@@ -761,7 +759,7 @@ class Engine:
                     o.num_draft_tokens = d.num_draft_tokens
                     o.num_accepted_draft_tokens = d.num_accepted_draft_tokens
                     o.num_accepted_prediction_tokens = d.num_matched_prediction_tokens
-                    o.num_rejected_prediction_tokens = d.prediction_passed_over()
+                    o.num_rejected_prediction_tokens = d.num_rejected_prediction_tokens
         for f in finished:
             out = outputs[f.request_id]
             out.finish_reason = f.finish_reason
@@ -769,9 +767,8 @@ class Engine:
             del self.states[f.request_id]
             if sp is not None:
                 d = sp.finish(f.request_id)
-                if d is not None and d.prediction:  # OpenAI's, as the gateway counts them
-                    out.num_accepted_prediction_tokens, out.num_rejected_prediction_tokens = \
-                        d.prediction_usage()
+                if d is not None and d.prediction:  # OpenAI's: predicted tokens not used
+                    out.num_rejected_prediction_tokens = d.prediction_unused()
         return list(outputs.values())
 
     # ---- idle checks ---------------------------------------------------------------------
@@ -780,21 +777,3 @@ class Engine:
         self.scheduler.check_integrity()
         assert set(self.states) == set(self.scheduler.requests), "engine/scheduler requests differ"
 
-
-def _check_processors(params: SamplingParams, vocab_size: int) -> str | None:
-    """The logit processors' fields, checked again here (the gateway checks them first)."""
-    values = (params.min_p, params.repetition_penalty, params.presence_penalty,
-              params.frequency_penalty, *(b for _, b in params.logit_bias))
-    if not all(math.isfinite(v) for v in values):
-        return "sampling parameters must be finite numbers"
-    if not 0.0 <= params.min_p <= 1.0:
-        return "min_p must be in [0, 1]"
-    if not params.repetition_penalty > 0.0:
-        return "repetition_penalty must be > 0"
-    if params.min_tokens < 0 or params.min_tokens > params.max_tokens:
-        return "min_tokens must be in [0, max_tokens]"
-    if any(not 0 <= i < vocab_size for i, _ in params.logit_bias):
-        return f"logit_bias has token ids outside [0, {vocab_size})"
-    if any(not 0 <= i < vocab_size for i in params.stop_token_ids):
-        return f"stop_token_ids has ids outside [0, {vocab_size})"
-    return None

@@ -29,6 +29,7 @@ from backend.config import ModelConfig
 from backend.engine.continuous import EngineConfig, RequestOutput
 from backend.engine.interface import EngineLoad
 from backend.runner.sampler import SamplingParams, TokenLogprobs
+from proto.sampling import check_sampling
 from tokenizer.bundle import TokenizerBundle
 from tokenizer.byte_level import byte_level_bundle
 
@@ -121,12 +122,11 @@ class EchoEngine:
             return "request has no prompt tokens"
         if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= self.vocab_size:
             return f"prompt has token ids outside [0, {self.vocab_size})"
-        if not 0.0 <= params.top_p <= 1.0 or params.temperature < 0:
-            return "temperature must be >= 0 and top_p in [0, 1]"
-        if getattr(params, "grammar", None) is not None:
+        invalid = check_sampling(params, self.vocab_size, backend=True)
+        if invalid is not None:
+            return invalid.message
+        if params.grammar is not None:
             return "structured output is not served by the echo engine (it generates no model output)"
-        if params.max_tokens < 1:
-            return "max_tokens must be at least 1"
         if n + params.max_tokens > cfg.max_model_len:
             return (f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) exceeds "
                     f"max_model_len {cfg.max_model_len}")

@@ -29,6 +29,7 @@ from backend.engine.interface import EngineLoad
 from backend.errors import ModelLoadError
 from backend.model.tokenizer import load_tokenizer_bundle
 from backend.runner.sampler import SamplingParams, TokenLogprobs
+from proto.sampling import check_sampling
 from tokenizer.bundle import TokenizerBundle
 
 DEFAULT_KV_GIB = 1  # vLLM's CPU KV space (VLLM_CPU_KVCACHE_SPACE) unless the caller says
@@ -123,10 +124,11 @@ class VllmEngine:
             return "request has no prompt tokens"
         if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= self.vocab_size:
             return f"prompt has token ids outside [0, {self.vocab_size})"
-        if getattr(params, "grammar", None) is not None:
+        invalid = check_sampling(params, self.vocab_size, backend=True)
+        if invalid is not None:
+            return invalid.message
+        if params.grammar is not None:
             return "structured output is not served by the vLLM engine here (use an HTTP vLLM backend)"
-        if params.max_tokens < 1:
-            return "max_tokens must be at least 1"
         if n + params.max_tokens > self.config.max_model_len:
             return (f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) exceeds "
                     f"max_model_len {self.config.max_model_len}")

@@ -29,23 +29,16 @@ import numpy as np
 import torch
 
 from proto import tidegate_pb2 as pb
+from proto.sampling import from_wire
 from tokenizer.grammar import GrammarCompiler, GrammarError, GrammarSpec, load_tokenizer
 
 log = logging.getLogger("tidegate.backend.grammar")
 
 
-WIRE_KINDS = {pb.Grammar.JSON_SCHEMA: "json_schema", pb.Grammar.JSON_OBJECT: "json_object",
-              pb.Grammar.REGEX: "regex", pb.Grammar.CHOICE: "choice",
-              pb.Grammar.GRAMMAR: "grammar"}
-
-
 def spec_from_wire(sampling: pb.SamplingParams) -> GrammarSpec | None:
     """The request's grammar; None when unset or of a kind this build does not know (read as
-    NONE, the wire's rule for unknown enum values)."""
-    if not sampling.HasField("grammar"):
-        return None
-    kind = WIRE_KINDS.get(sampling.grammar.kind)
-    return GrammarSpec(kind, sampling.grammar.text) if kind is not None else None
+    NONE, the wire's rule for unknown enum values): proto.sampling.from_wire's reading."""
+    return from_wire(sampling, GrammarSpec).grammar
 
 
 def bitmask_width(vocab_size: int) -> int:

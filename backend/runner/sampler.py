@@ -29,43 +29,9 @@ import numpy as np
 import torch
 
 from backend.runner.grammar import apply_token_bitmask
+from proto.sampling import SamplingParams  # the one sampling record (its defaults: greedy)
 
 _M32 = 0xFFFFFFFF
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int = 16
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0              # <= 0: off
-    seed: int | None = None
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    logprobs: int = 0           # top-n logprobs per generated token; 0 = none
-    min_p: float = 0.0          # keep tokens with p >= min_p * p_max; 0 = off
-    repetition_penalty: float = 1.0  # > 1 discourages tokens seen in prompt or output; 1 = off
-    presence_penalty: float = 0.0    # subtracted once from tokens seen in the output
-    frequency_penalty: float = 0.0   # subtracted per occurrence in the output
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
-    min_tokens: int = 0         # EOS and stop ids cannot end the output before this many tokens
-    # structured output (tokenizer.grammar.GrammarSpec): the engine masks every token
-    grammar: object = None
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 0.0
-
-    @property
-    def uses_penalties(self) -> bool:
-        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
-                or self.frequency_penalty != 0.0)
-
-    @property
-    def changes_logits(self) -> bool:
-        """The processed logits differ from the model's (a plain argmax is then wrong)."""
-        return bool(self.uses_penalties or self.logit_bias or self.min_tokens
-                    or self.grammar is not None)
 
 
 @dataclass
@@ -326,7 +292,7 @@ class Sampler:
         t = SamplingTensors.build(params, [s.seed for s in specs], [s.counter for s in specs],
                                   self.vocab_size, self.device, specs)
         ids = sample(logits, t)
-        return ids.tolist(), compute_logprobs(logits, ids, [p.logprobs for p in params])
+        return ids.tolist(), compute_logprobs(logits, ids, [p.logprobs or 0 for p in params])
 
     def __call__(self, logits: torch.Tensor, params: list[SamplingParams], seeds: list[int],
                  counters: list[int]) -> tuple[list[int], list[TokenLogprobs | None]]:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import errno
 import importlib.metadata
-import math
 import signal
 import sys
 import time
@@ -43,15 +42,15 @@ from backend.engine.continuous import RequestOutput
 from backend.engine.interface import ServingEngine
 from backend.kv.transfer import ZmqKVTransport
 from backend.model.loader import LoadedModel
-from backend.runner.grammar import spec_from_wire
-from backend.runner.sampler import SamplingParams
 from backend.server.kv_pull import PrefixPuller
 from backend.server.step_log import StepLog
 from proto import codec
 from proto import tidegate_pb2 as pb
 from proto.convert import FINISH_REASON_TO_WIRE
+from proto.sampling import check_sampling, from_wire
 from proto.security import CurveKeys, start_authenticator
 from scheduler.prefix_index import PrefixSummary
+from tokenizer.grammar import GrammarSpec
 
 try:
     ENGINE_VERSION = importlib.metadata.version("tidegate")
@@ -327,22 +326,6 @@ class Worker:
             self._send(identity, codec.make_error(
                 pb.Error.BAD_MESSAGE, f"a backend does not accept {kind} messages"))
 
-    def _invalid_sampling(self, s: pb.SamplingParams) -> str | None:
-        """The backend's own check of the fields the gateway should have bounded already: a
-        value outside the model's range fails its request here, not the sampler's step."""
-        vocab = self.loaded.config.vocab_size
-        if s.max_tokens < 1:
-            return "max_tokens must be at least 1"
-        if not (math.isfinite(s.temperature) and s.temperature >= 0):
-            return f"temperature must be finite and >= 0, got {s.temperature}"
-        if not (math.isfinite(s.top_p) and 0 <= s.top_p <= 1):
-            return f"top_p must be in [0, 1], got {s.top_p}"
-        if s.logprobs > min(MAX_LOGPROBS, vocab):
-            return f"logprobs must be at most {min(MAX_LOGPROBS, vocab)}, got {s.logprobs}"
-        if any(not 0 <= t < vocab for t in s.stop_token_ids):
-            return f"stop_token_ids must be in [0, {vocab})"
-        return None
-
     def _add(self, identity: bytes, req: pb.GenerateRequest, prompt, prediction=None) -> None:
         rid = req.request_id
         if self._stopping:
@@ -351,22 +334,14 @@ class Worker:
         if prompt is None or len(prompt) == 0:
             self._send(identity, codec.make_error(pb.Error.INVALID_REQUEST, "request has no prompt tokens", rid))
             return
-        s = req.sampling
-        invalid = self._invalid_sampling(s)
+        # the one conversion and the one check (proto.sampling), as the gateway ran them: a
+        # value outside its range or the model's vocabulary fails its request here, not a step
+        params = from_wire(req.sampling, GrammarSpec)
+        vocab = self.loaded.config.vocab_size
+        invalid = check_sampling(params, vocab, min(MAX_LOGPROBS, vocab), backend=True)
         if invalid is not None:
-            self._send(identity, codec.make_error(pb.Error.INVALID_REQUEST, invalid, rid))
+            self._send(identity, codec.make_error(pb.Error.INVALID_REQUEST, invalid.message, rid))
             return
-        params = SamplingParams(
-            max_tokens=int(s.max_tokens), temperature=float(s.temperature),
-            top_p=float(s.top_p) if s.top_p > 0 else 1.0, top_k=int(s.top_k),
-            seed=int(s.seed) if s.HasField("seed") else None,
-            stop_token_ids=tuple(int(t) for t in s.stop_token_ids), ignore_eos=bool(s.ignore_eos),
-            logprobs=int(s.logprobs), min_p=float(s.min_p),
-            repetition_penalty=float(s.repetition_penalty) if s.repetition_penalty else 1.0,
-            presence_penalty=float(s.presence_penalty),
-            frequency_penalty=float(s.frequency_penalty),
-            logit_bias=tuple(sorted((int(i), float(b)) for i, b in s.logit_bias.items())),
-            min_tokens=int(s.min_tokens), grammar=spec_from_wire(s))
         key = _key(identity, rid)
         # speculative decoding (issue 28): the prediction's ids and the request's own control,
         # for an engine that speculates (ours); another engine serves the request without them
