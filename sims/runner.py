@@ -27,13 +27,17 @@ class CostSpec:
     # a profile's steps charged without the host's launch (the engine's async loop hides it;
     # sims.profile_cost): set with EngineConfig.async_plan_lead_s
     hide_launch: bool = False
+    # the profile's power-cap model (its pause check; sims.profile_cost): prefill steps slowed by
+    # the prefill share of the window before them
+    power_cap: bool = False
 
     def build(self) -> CostModel:
         if self.step_ms is not None:
             return ConstantCost(self.step_ms / 1e3, self.num_blocks or (1 << 20))
         if self.profile:
             from sims.profile_cost import ProfileCost
-            cost = ProfileCost.from_json(self.profile, hide_launch=self.hide_launch)
+            cost = ProfileCost.from_json(self.profile, hide_launch=self.hide_launch,
+                                           power_cap=self.power_cap)
         else:
             cost = RooflineCost(load_model_shape(self.model), get_gpu(self.gpu), self.roofline)
         if self.num_blocks:

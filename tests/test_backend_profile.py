@@ -55,12 +55,14 @@ def test_profile_pause_idles_before_prefill_steps_only(tmp_path, monkeypatch):
     prefill_points = [p for p in doc["points"] if p["num_prefill_tokens"]]
     assert len(prefill_points) == 2 and len(doc["points"]) == 3
     # 2 prefill points x (1 warmup + 2 repeats), then the pause check on the prefill-only point:
-    # paused, back to back, paused again (1 warmup + 10 repeats each)
+    # paused, back to back, paused again (1 warmup + 10 repeats each), and after decodes (its
+    # pause filled with decode steps of the grid's largest decode batch: no sleep)
     assert slept == [0.04] * (2 * 3 + 2 * 11)
     check = doc["pause_check"]
     assert check["num_prefill_tokens"] == 32
-    assert [r["run"] for r in check["runs"]] == ["paused", "back_to_back", "paused_again"]
-    assert [r["pause_ms"] for r in check["runs"]] == [40.0, 0.0, 40.0]
+    assert [r["run"] for r in check["runs"]] == ["paused", "back_to_back", "paused_again", "after_decode"]
+    assert [r["pause_ms"] for r in check["runs"]] == [40.0, 0.0, 40.0, 40.0]
+    assert check["runs"][3]["decode_seqs_before"] == 1
     assert all(r["step_ms_min"] <= r["step_ms_median"] <= r["step_ms_max"] for r in check["runs"])
     for p in doc["points"]:
         assert 0 < p["launch_ms_median"] <= p["step_ms_median"]

@@ -121,15 +121,22 @@ def step_shapes(ds: list[int], ps: list[int], cs: list[int], ks: list[int], ss: 
 
 
 def measure(runner, chunks, repeats: int, warmup: int, pause_s: float = 0.0,
-            launch_ms: list[float] | None = None) -> list[float]:
+            launch_ms: list[float] | None = None, busy_chunks=None) -> list[float]:
     """Wall milliseconds of each timed repetition (host launch + device, synchronized).
     `launch_ms` (if given) also gets the host's part of each: `runner.launch` until it returns
-    (inputs filled, graph queued), which the serving loop overlaps with the step before."""
+    (inputs filled, graph queued), which the serving loop overlaps with the step before.
+    `busy_chunks`: the `pause_s` before each repetition runs these steps back to back instead of
+    idling (the pause check's "after_decode" run)."""
     sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
     times = []
     for i in range(warmup + repeats):
         sync()
-        if pause_s > 0:
+        if pause_s > 0 and busy_chunks is not None:
+            until = time.perf_counter() + pause_s
+            while time.perf_counter() < until:
+                runner.finish(runner.launch(busy_chunks))
+            sync()
+        elif pause_s > 0:
             time.sleep(pause_s)
         t0 = time.perf_counter()
         step = runner.launch(chunks)
@@ -154,20 +161,29 @@ def sm_clock_mhz(device) -> int | None:
 
 
 def compare_pause(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int = 10) -> dict | None:
-    """The first prefill-only point again, paused / back to back / paused, `repeats` each: how
-    much of a compute-bound step's time the idle before it changes, in the same process (so a
-    profile says what its --pause-ms did)."""
+    """The first prefill-only point again, paused / back to back / paused / after decodes,
+    `repeats` each: how much of a compute-bound step's time the idle before it changes, in the
+    same process (so a profile says what its --pause-ms did). "after_decode" fills the pause with
+    decode steps of the grid's largest decode batch instead of idling: the serving loop's prefill
+    steps follow decode steps, not idle time (issue 35: on the H200 such steps ran ~3% over the
+    paused profile with no prefill in the 100 ms before them)."""
     shape = next(((d, p, c, k, s) for d, p, c, k, s in shapes if d == 0 and p), None)
     if shape is None:
         return None
     d, p, c, k, s = shape
     chunks = make_step(d, p, c, cfg.block_size, cfg.num_blocks, vocab, k, s)
+    dec = max(((dd, cc) for dd, pp, cc, _, _ in shapes if dd and not pp), default=None)
+    busy = None if dec is None else make_step(dec[0], 0, dec[1], cfg.block_size, cfg.num_blocks, vocab)
+    plan = [("paused", pause_s, None), ("back_to_back", 0.0, None), ("paused_again", pause_s, None)]
+    if busy is not None:
+        plan.append(("after_decode", pause_s, busy))
     runs = []
-    for label, pause in (("paused", pause_s), ("back_to_back", 0.0), ("paused_again", pause_s)):
-        ms = measure(runner, chunks, repeats, 1, pause)
+    for label, pause, before in plan:
+        ms = measure(runner, chunks, repeats, 1, pause, busy_chunks=before)
         runs.append({"run": label, "pause_ms": pause * 1000, "step_ms_median": statistics.median(ms),
                      "step_ms_min": min(ms), "step_ms_max": max(ms),
-                     "sm_clock_mhz": sm_clock_mhz(runner.device)})
+                     "sm_clock_mhz": sm_clock_mhz(runner.device),
+                     **({"decode_seqs_before": dec[0]} if before is not None else {})})
         print(f"pause check d=0 p={p}: {label:12s} median {runs[-1]['step_ms_median']:9.3f} ms", flush=True)
     return {"num_prefill_tokens": p, "num_prefill_seqs": k, "runs": runs}
 

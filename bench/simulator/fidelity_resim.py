@@ -25,6 +25,7 @@ import argparse
 import json
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -56,7 +57,7 @@ def prompt_identity(config: dict, num_arrivals: int) -> tuple[list[int], list[tu
 def resimulate(validate: dict, arrivals, profile: str, prompt_identity_on: bool = True,
                delivery_delay_s: float = 0.0, async_plan_lead_s: float | None = None,
                hide_launch: bool = False, power_cap: bool = False,
-               prefill_launch_deadline: bool = False) -> dict:
+               prefill_launch_deadline: bool = False, record_steps: bool = False) -> dict:
     """`prompt_identity_on=False`: every prompt distinct (what `sim validate` itself simulated,
     but in one continuous run): the control that isolates the prefix cache's part.
     `delivery_delay_s`: `EngineConfig.delivery_delay_s` (the path from the backend to the client,
@@ -65,7 +66,9 @@ def resimulate(validate: dict, arrivals, profile: str, prompt_identity_on: bool 
     steps charged without the host's launch (`ProfileCost(hide_launch=True)`); `power_cap`: the
     profile's power-cap model (`ProfileCost(power_cap=True)`). `prefill_launch_deadline`:
     `EngineConfig.prefill_launch_deadline`; False by default because the live runs this
-    re-simulates (bench/results/fidelity_h200_2) were recorded on the engine before it."""
+    re-simulates (bench/results/fidelity_h200_2) were recorded on the engine before it.
+    `record_steps`: every step simulated alone and kept (`result["steps"]`: StepRecords with the
+    live ids and each step's simulated duration in `ms`; bench.simulator.fidelity_steps)."""
     from bench.simulator.validate import compare, summarize_load
     from gateway.serve import build_parser as serve_parser
     from gateway.serve import gateway_config
@@ -76,6 +79,12 @@ def resimulate(validate: dict, arrivals, profile: str, prompt_identity_on: bool 
     cfg, live_be = validate["config"], validate["live_backend"]
     doc = json.loads(Path(profile).read_text())
     gw = gateway_config(serve_parser().parse_args(cfg["serve_argv"]), ["live"])
+    if cfg.get("batcher"):
+        # the live gateway's window as `sim validate` recorded it: the serve arguments give
+        # today's defaults (target 250 req/s since issue 31; the H200 runs had 8,000), and a
+        # 5 ms window in the replay against ~0.16 ms live parted the schedules (issue 35)
+        from scheduler.batcher import BatcherConfig
+        gw = replace(gw, batcher=BatcherConfig(**cfg["batcher"]))
     arrivals = sorted(arrivals, key=lambda a: a.t)
     groups, runs = prompt_identity(cfg, len(arrivals))
     plen = np.array([a.num_prompt_tokens for a in arrivals], dtype=np.int64)
@@ -96,7 +105,9 @@ def resimulate(validate: dict, arrivals, profile: str, prompt_identity_on: bool 
     res = simulate(w, cost, sched, EngineConfig(num_backends=1, num_samples=1,
                                                 delivery_delay_s=delivery_delay_s,
                                                 async_plan_lead_s=async_plan_lead_s,
-                                                prefill_launch_deadline=prefill_launch_deadline))
+                                                prefill_launch_deadline=prefill_launch_deadline,
+                                                record_steps=record_steps,
+                                                max_stretch_steps=1 if record_steps else 1 << 30))
     run_of = np.array([si * 1000 + li if si >= 0 else -1 for si, li in runs])
     loads = []
     for li, ld in enumerate(validate["loads"]):
@@ -126,9 +137,18 @@ def resimulate(validate: dict, arrivals, profile: str, prompt_identity_on: bool 
         loads.append({"load_label": ld["load_label"], "rate": ld["rate"], "runs": per_run,
                       "summary": summ})
     steps_p = res.step_prefill[res.step_prefill > 0]
-    return {"source": "bench.simulator.fidelity_resim", "num_arrivals": len(arrivals),
-            "sim_prefill_tokens_per_prefill_step": float(steps_p.mean()) if steps_p.size else 0.0,
-            "loads": loads}
+    out = {"source": "bench.simulator.fidelity_resim", "num_arrivals": len(arrivals),
+           "sim_prefill_tokens_per_prefill_step": float(steps_p.mean()) if steps_p.size else 0.0,
+           "loads": loads}
+    if record_steps:
+        from scheduler.decisions import StepRecord
+        ids = [a.request_id for a in arrivals]
+        # one row per step (stretches off), in start order: step_time is aligned with the log
+        out["steps"] = [StepRecord(float(t), int(d), tuple((ids[i], int(n), int(p)) for i, n, p in ch),
+                                   tuple(ids[i] for i in pre), 1e3 * float(dt))
+                        for (t, _, d, ch, pre), dt in zip(res.extra["steps"], res.step_time, strict=True)]
+        out["dispatch_time"] = dict(zip(ids, res.dispatch_time.tolist(), strict=True))
+    return out
 
 
 def _nan() -> dict:

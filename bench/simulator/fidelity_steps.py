@@ -1,0 +1,318 @@
+"""Step-level fidelity of a `sim validate` session (issue 35): the cost model at the live steps,
+and where the live and simulated schedules part.
+
+Two questions, both answered from the committed logs without device time:
+
+1. *Is the cost model right at the steps the engine ran?* `live_steps` rebuilds every live step's
+   composition from the backend's `--step-log` and the gateway's decision log — decodes and their
+   context tokens (a request decodes from the step after its last prefill chunk, one token a step,
+   until it has `max_tokens`; checked against the logged decode count of every step), prefill
+   chunks — and `step_cost_table` sets the model's time for that composition beside the live
+   duration, by kind (decode-only after decode-only, after a prefill step, after an idle spell;
+   steps with prefill by size and by the prefill-busy share of the `window_s` before them), by
+   decode batch size and by context length. A factor that is the same in every bin is a clock;
+   one that moves with a bin is a term of the model.
+
+2. *Where do the schedules part?* `first_divergence` walks a run's live and simulated prefill
+   steps in order to the first whose chunks differ and says why: for the request that moved, its
+   flush (the gateway's decision log), and on each side the plan time of the step it joined
+   (the async loop plans step k+1 `lead` before step k ends, at step k's start when step k
+   carries prefill on the engine before the prefill launch deadline), and the drift — simulated
+   minus live start of the last prefill step both sides shared. A request delivered between the
+   two sides' plan times parted by timing; one delivered before both by a rule (a tie-break, a
+   budget).
+
+    python -m bench.simulator.fidelity_steps VALIDATE.json DECISIONS.jsonl[.gz] STEPS.jsonl[.gz] \\
+        PROFILE.json [--hide-launch] [--power-cap] [--async-plan-lead-ms 2.06] [--delivery-ms D]
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from bench.simulator.decision_fidelity import compare_steps
+from scheduler.decisions import StepRecord, step_from_json
+
+
+def read_steps(path: str | Path) -> list[dict]:
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def live_steps(rows: list[dict], max_tokens: dict[str, int]) -> tuple[list[dict], int]:
+    """Every live step with its decodes' context tokens rebuilt (module doc, 1). `max_tokens`:
+    request id -> its max_tokens (the decision log's arrivals). Returns the steps (dicts with
+    d, ctx (Σ decode context + 1 each, as the simulator counts it), p, chunks [(tokens, start)],
+    start, end (s, the step log's monotonic clock), ms, prefill_before (the step before carried
+    prefill), idle_before (the engine was idle before it)) and how many steps' rebuilt decode count
+    differ from the logged one (0: the rebuild is exact)."""
+    last = {}
+    for i, s in enumerate(rows):
+        for rid, _n, _st in s["prefill"]:
+            last[rid] = i
+    running: dict[str, list[int]] = {}  # id -> [context, generated]
+    joining: dict[int, list[tuple[str, int]]] = {}
+    out, bad, prev_end = [], 0, None
+    for i, s in enumerate(rows):
+        for rid, ctx in joining.pop(i, ()):
+            running[rid] = [ctx, 1]  # the prefill step sampled its first token
+        d = len(running)
+        bad += d != s["decodes"]
+        start = float(s["mono"])
+        end = start + float(s["ms"]) / 1e3
+        out.append({"d": s["decodes"], "ctx": sum(c + 1 for c, _ in running.values()),
+                    "p": int(s["prefill_tokens"]), "chunks": [(int(n), int(st)) for _, n, st in s["prefill"]],
+                    "start": start, "end": end, "ms": float(s["ms"]),
+                    "prefill_before": bool(i and rows[i - 1]["prefill_tokens"]),
+                    "idle_before": prev_end is None or start - prev_end > 5e-4})
+        prev_end = end
+        for rid, st in list(running.items()):
+            st[0] += 1
+            st[1] += 1
+            if st[1] >= max_tokens.get(rid, 1 << 30):
+                del running[rid]
+        for rid, n, pos in s["prefill"]:
+            if last[rid] == i:  # its last chunk: decodes from the next step
+                joining.setdefault(i + 1, []).append((rid, int(pos) + int(n)))
+    return out, bad
+
+
+def prefill_share(steps: list[dict], k: int, window_s: float) -> float:
+    """Share of the `window_s` before step k's start that ran steps carrying prefill."""
+    t = steps[k]["start"]
+    t0, busy, j = t - window_s, 0.0, k - 1
+    while j >= 0 and steps[j]["end"] > t0:
+        if steps[j]["p"]:
+            busy += min(steps[j]["end"], t) - max(steps[j]["start"], t0)
+        j -= 1
+    return busy / window_s
+
+
+def step_cost_table(cost, steps: list[dict], window_s: float = 0.1) -> list[dict]:
+    """The model's time (ms) at each live step's composition against the live duration, per bin
+    (module doc, 1): rows of {bin, n, live_ms, model_ms, ratio (median of model / live)}. A step
+    after an idle spell is charged the model's idle launch (`launch_time`) where it hides launches,
+    a step with prefill its power-cap slowdown (`prefill_slowdown`) where the model has one."""
+    idle_launch = cost.launch_time if getattr(cost, "hides_launch", False) else None
+    rec = []
+    for k, s in enumerate(steps):
+        if not s["d"] and not s["p"]:
+            continue
+        chunks = s["chunks"] or None
+        t = cost.step_time(s["d"], s["p"], s["ctx"] + sum(n + st for n, st in s["chunks"]), chunks)
+        f = prefill_share(steps, k, window_s) if s["p"] else 0.0
+        if s["p"]:
+            t *= cost.prefill_slowdown(f)  # 1.0 unless the model has the power cap on
+        if idle_launch is not None and s["idle_before"]:
+            t += idle_launch(s["d"], s["p"])
+        rec.append((s, 1e3 * t, f))
+    bins: dict[str, list] = {}
+
+    def put(name, s, t):
+        bins.setdefault(name, []).append((s["ms"], t))
+
+    for s, t, f in rec:
+        if not s["p"]:
+            kind = ("decode-only, after idle" if s["idle_before"] else
+                    "decode-only, after a prefill step" if s["prefill_before"] else
+                    "decode-only, after decode-only")
+            put(kind, s, t)
+            if kind.endswith("after decode-only"):
+                d = s["d"]
+                lo = 1 << (d.bit_length() - 1)
+                put(f"  decodes {lo}-{2 * lo - 1}", s, t)
+                c = s["ctx"] / d
+                put(f"  context {int(c // 64 * 64)}-{int(c // 64 * 64) + 63}", s, t)
+        else:
+            size = "<= 512" if s["p"] <= 512 else "> 512"
+            if s["idle_before"]:
+                put(f"prefill {size}, after idle", s, t)
+            else:
+                share = "0" if f < 0.01 else "0.01-0.5" if f < 0.5 else ">= 0.5"
+                put(f"prefill {size}, busy, prefill share {share}", s, t)
+    out = []
+    for name in sorted(bins, key=_bin_order):
+        a = np.array(bins[name])
+        out.append({"bin": name, "n": len(a), "live_ms": float(a[:, 0].mean()),
+                    "model_ms": float(a[:, 1].mean()), "ratio": float(np.median(a[:, 1] / a[:, 0]))})
+    return out
+
+
+def _bin_order(name: str):
+    head = ("decode-only, after decode-only", "  decodes", "  context", "decode-only, after a",
+            "decode-only, after idle", "prefill <=", "prefill >")
+    i = next((j for j, h in enumerate(head) if name.startswith(h)), len(head))
+    num = [int(x) for x in name.replace("-", " ").split() if x.isdigit()]
+    return (i, num, name)
+
+
+def format_cost_table(rows: list[dict]) -> str:
+    lines = [f"{'step kind':<46}{'n':>6}{'live ms':>10}{'model ms':>10}{'model/live':>12}"]
+    lines += [f"{r['bin']:<46}{r['n']:>6}{r['live_ms']:>10.2f}{r['model_ms']:>10.2f}{r['ratio']:>12.4f}"
+              for r in rows]
+    return "\n".join(lines)
+
+
+def plan_time(steps: list, k: int, lead_s: float, prefill_deadline: bool, end_of) -> float:
+    """When the step at index k was planned: `lead_s` before its predecessor's end; at the
+    predecessor's start when that carried prefill and the engine had no prefill launch deadline;
+    at its own start after an idle spell."""
+    if k == 0:
+        return steps[0].t
+    prev, start = steps[k - 1], steps[k].t
+    end = end_of(k - 1)
+    if start - end > 5e-4:
+        return start
+    if prev.prefill and not prefill_deadline:
+        return prev.t
+    return end - lead_s
+
+
+def first_divergence(live: list[StepRecord], sim: list[StepRecord], flush: dict[str, float],
+                     lead_s: float, prefill_deadline: bool = False) -> dict | None:
+    """The first prefill step (in order) whose chunks differ between the two sides, explained
+    (module doc, 2); None when every prefill step agrees. `live`/`sim`: all steps of one backend
+    (with `ms`), in order; `flush`: request id -> flush time (the same clock)."""
+    def ends(steps):
+        return lambda k: steps[k].t + (steps[k].ms or 0.0) / 1e3
+
+    lp = [k for k, s in enumerate(live) if s.prefill]
+    sp = [k for k, s in enumerate(sim) if s.prefill]
+    last_common = None
+    for i in range(min(len(lp), len(sp))):
+        a, b = live[lp[i]], sim[sp[i]]
+        if frozenset(a.prefill) == frozenset(b.prefill):
+            last_common = (a.t, b.t)
+            continue
+        # the earliest-flushed request of the two steps whose step-mates differ between the sides
+        step_of = ({c[0]: k for k in lp for c in live[k].prefill}, {c[0]: k for k in sp for c in sim[k].prefill})
+
+        def mates(side, steps, r, step_of=step_of):
+            k = step_of[side].get(r)
+            return None if k is None else frozenset(c[0] for c in steps[k].prefill)
+
+        cands = {c[0] for c in a.prefill + b.prefill}
+        moved = [r for r in cands if mates(0, live, r) != mates(1, sim, r)] or sorted(cands)
+        rid = min(moved, key=lambda r: flush.get(r, np.inf))
+        if rid not in step_of[0] or rid not in step_of[1]:
+            return {"index": i, "request": rid, "by_timing": False, "one_side_only": True}
+        ka, kb = step_of[0][rid], step_of[1][rid]
+        t = flush.get(rid, np.nan)
+        pa = plan_time(live, ka, lead_s, prefill_deadline, ends(live))
+        pb = plan_time(sim, kb, lead_s, prefill_deadline, ends(sim))
+        # the plan time of the step before the one it joined: it missed that step
+        pa0 = plan_time(live, ka - 1, lead_s, prefill_deadline, ends(live)) if ka else -np.inf
+        pb0 = plan_time(sim, kb - 1, lead_s, prefill_deadline, ends(sim)) if kb else -np.inf
+        later = "live" if live[ka].t > sim[kb].t else "sim"
+        # by timing: it was delivered after the plan of the step it missed on the later side
+        # and before the plan of the step it joined on the earlier side
+        missed = pa0 if later == "live" else pb0
+        return {"index": i, "request": rid, "flush": t, "later_side": later,
+                "live_step_start": live[ka].t, "sim_step_start": sim[kb].t,
+                "live_plan_ms_after_flush": 1e3 * (pa - t), "sim_plan_ms_after_flush": 1e3 * (pb - t),
+                "missed_plan_ms_after_flush": 1e3 * (missed - t),
+                "by_timing": bool(missed < t),
+                "drift_ms": None if last_common is None else 1e3 * (last_common[1] - last_common[0]),
+                "sim_minus_live_start_ms": 1e3 * (sim[kb].t - live[ka].t)}
+    return None
+
+
+def schedule_report(result: dict, validate: dict, arrivals, batches, rows: list[dict], lead_s: float,
+                    prefill_deadline: bool = False) -> list[dict]:
+    """Per load: each run's same-prefill-step share (`compare_steps`) and first divergence."""
+    from bench.simulator.fidelity_resim import prompt_identity
+
+    # the step log's monotonic start (the decision log's clock), not its wall-clock "t"
+    live_all = [step_from_json(r | {"t": r["mono"]}) for r in rows]
+    sim_all = result["steps"]
+    arrivals = sorted(arrivals, key=lambda a: a.t)
+    _, runs = prompt_identity(validate["config"], len(arrivals))
+    flush = {rid: b.t for b in batches for rid in b.request_ids}
+    out = []
+    for li, ld in enumerate(validate["loads"]):
+        per = []
+        for si in range(len(ld["runs"])):
+            ids = {a.request_id for a, r in zip(arrivals, runs, strict=True) if r == (si, li)}
+            lo, hi = _span(live_all, ids)
+            slo, shi = _span(sim_all, ids)
+            lv = [s for s in live_all if lo <= s.t <= hi]
+            sv = [s for s in sim_all if slo <= s.t <= shi]
+            cmp_ = compare_steps([s for s in lv if s.prefill], [s for s in sv if s.prefill])
+            div = first_divergence(lv, sv, flush, lead_s, prefill_deadline)
+            per.append({"seed": ld["runs"][si]["seed"], "same_prefill_step_share": cmp_["same_prefill_step_share"],
+                        "num_prefill_steps": cmp_["num_prefill_steps"], "first_divergence": div})
+        out.append({"load_label": ld["load_label"], "runs": per,
+                    "same_prefill_step_share": float(np.mean([r["same_prefill_step_share"] for r in per]))})
+    return out
+
+
+def _span(steps, ids) -> tuple[float, float]:
+    ts = [s.t for s in steps if any(c[0] in ids for c in s.prefill)]
+    return (min(ts), max(ts)) if ts else (np.inf, -np.inf)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bench.simulator.fidelity_resim import format_table, resimulate
+    from scheduler.decisions import read_log
+    from sims.profile_cost import ProfileCost
+
+    p = argparse.ArgumentParser(prog="python -m bench.simulator.fidelity_steps", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("validate")
+    p.add_argument("decisions")
+    p.add_argument("steps")
+    p.add_argument("profile")
+    p.add_argument("--hide-launch", action="store_true")
+    p.add_argument("--power-cap", action="store_true")
+    p.add_argument("--async-plan-lead-ms", type=float, default=None)
+    p.add_argument("--prefill-launch-deadline", action="store_true",
+                   help="the engine had the prefill launch deadline (runs recorded after ea1ebf1)")
+    p.add_argument("--delivery-ms", type=float, default=0.0)
+    p.add_argument("--no-schedule", action="store_true", help="the step-cost table only")
+    p.add_argument("--json", dest="json_out")
+    a = p.parse_args(argv)
+    validate = json.loads(Path(a.validate).read_text())
+    arrivals, batches = read_log(a.decisions)
+    rows = read_steps(a.steps)
+    steps, bad = live_steps(rows, {x.request_id: x.max_tokens for x in arrivals})
+    cost = ProfileCost.from_json(a.profile, hide_launch=a.hide_launch, power_cap=a.power_cap)
+    table = step_cost_table(cost, steps)
+    print(f"live steps {len(steps)}, decode counts rebuilt wrong in {bad}")
+    print(format_cost_table(table))
+    doc = {"step_cost": table, "rebuild_mismatches": bad}
+    if not a.no_schedule:
+        lead = None if a.async_plan_lead_ms is None else a.async_plan_lead_ms / 1e3
+        res = resimulate(validate, arrivals, a.profile, False, a.delivery_ms / 1e3, lead,
+                         a.hide_launch, a.power_cap, a.prefill_launch_deadline, record_steps=True)
+        print(format_table(res))
+        sched = schedule_report(res, validate, arrivals, batches, rows, lead or 0.0, a.prefill_launch_deadline)
+        why = Counter()
+        for ld in sched:
+            print(f"{ld['load_label']}: same prefill chunks {100 * ld['same_prefill_step_share']:.1f}%")
+            for r in ld["runs"]:
+                d = r["first_divergence"]
+                if d is None:
+                    print(f"   seed {r['seed']}: identical")
+                    continue
+                why["timing" if d["by_timing"] else "rule"] += 1
+                drift = "-" if d["drift_ms"] is None else f"{d['drift_ms']:+.1f}"
+                print(f"   seed {r['seed']}: first parts at prefill step {d['index']}: {d['request'][-6:]} "
+                      f"later on the {d['later_side']} side; plans after its flush: live "
+                      f"{d['live_plan_ms_after_flush']:+.2f} ms, sim {d['sim_plan_ms_after_flush']:+.2f} ms "
+                      f"(missed plan {d['missed_plan_ms_after_flush']:+.2f}); drift before {drift} ms")
+        print(f"first divergences by timing / by a rule: {why['timing']} / {why['rule']}")
+        doc |= {"resim": {k: v for k, v in res.items() if k != "steps"}, "schedule": sched}
+    if a.json_out:
+        Path(a.json_out).write_text(json.dumps(doc, indent=2, default=float) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
