@@ -137,6 +137,7 @@ class _Backend:
     __slots__ = (
         "busy",
         "busy_s",
+        "busy_since",
         "end_time",
         "idx",
         "inbox",
@@ -174,6 +175,7 @@ class _Backend:
         self.step_start = 0.0
         self.released_early = 0     # tokens of a stretch's past finishes released before its end
         self.busy_s = 0.0           # time spent in steps
+        self.busy_since = 0.0       # start of the step that ended its last idle spell
         self.last_report = -INF
         self.message_s = 0.0        # host time of messages received, charged to the next step
         self.num_placed = 0         # requests placed here
@@ -519,6 +521,8 @@ class EventLoop:
         return be.step_start if be.plan_prefill and self.plan_at_prefill_start else now - lead
 
     def start_step(self, be: _Backend, now: float, after_step: bool = True) -> None:
+        if not after_step:
+            be.busy_since = now
         if be.inbox:
             self.admit(be, now, self.plan_cutoff(be, now, after_step))
         sched = be.sched
@@ -569,7 +573,10 @@ class EventLoop:
             dt += be.message_s
             be.message_s = 0.0
         if self.cap_window is not None and num_prefill:
-            dt *= self.cost.prefill_slowdown(self.prefill_share(be, now))
+            f = self.prefill_share(be, now)
+            # the rest of the window's busy time ran decode-only steps (busy since the last idle)
+            g = (now - max(now - self.cap_window, be.busy_since)) / self.cap_window - f
+            dt *= self.cost.prefill_slowdown(f, max(0.0, g))
             be.prefill_spans.append((now, now + dt))
         if self.idle_launch_fn is not None and not after_step:
             # the async loop hides a step's launch behind the step before it; after an idle

@@ -42,6 +42,10 @@ step with prefill tokens, f being the prefill-busy share of the W before it. The
 were measured paused (f_ref), so at f <= f_ref nothing changes. Live on the H200 (33B, 2026-12-03)
 prefill steps ran 1.005 / 1.040 / 1.05-1.09 x the profile at f = 0 / 0.5 / 1 over 100 ms; this
 model, from the pause check alone, gives 1.0 / 1.018 / 1.106.
+Decode-busy time counts too (issue 35): live prefill steps with no prefill in the 100 ms before
+them, but decode steps, ran ~3% over the paused profile. Profiles whose pause check has the
+"after_decode" run (the pause filled with decode steps) add (r_dec - 1)·g, g being the decode-only
+share of the window, r_dec from that run alone; older profiles have r_dec = 1.
 
 `step_time(d, p, ctx, prefill_chunks=None)`: without `prefill_chunks` a step's p tokens are one
 chunk from position 0 (today's `CostModel` interface); with them — the step's prefill chunks, each an
@@ -160,8 +164,12 @@ class ProfileCost:
             paused = [runs[k] for k in ("paused", "paused_again") if k in runs]
             pause_s = float((meta or {}).get("pause_ms", 0.0)) / 1e3
             if paused and "back_to_back" in runs and 0 < pause_s < POWER_CAP_WINDOW_S:
-                r = runs["back_to_back"] / (sum(paused) / len(paused))
-                self._cap = (1.0 - pause_s / POWER_CAP_WINDOW_S, max(r, 1.0))
+                base = sum(paused) / len(paused)
+                r = runs["back_to_back"] / base
+                # after_decode: the pause ran decode steps, a share g = pause / W of the window
+                g_ref = pause_s / POWER_CAP_WINDOW_S
+                r_dec = 1.0 + (runs["after_decode"] / base - 1.0) / g_ref if "after_decode" in runs else 1.0
+                self._cap = (1.0 - pause_s / POWER_CAP_WINDOW_S, max(r, 1.0), max(r_dec, 1.0))
                 self.power_cap_window_s = POWER_CAP_WINDOW_S
         self._launch_coef = None
         if launch_times_s is not None:
@@ -271,13 +279,17 @@ class ProfileCost:
             t = self._memo[key] = self._eval(num_decode_seqs, p, key[2] * self.ctx_quantum, k, q, x)
         return t
 
-    def prefill_slowdown(self, busy_share: float) -> float:
+    def prefill_slowdown(self, busy_share: float, decode_share: float = 0.0) -> float:
         """The power-cap factor of a step with prefill tokens after `busy_share` of the last
-        `power_cap_window_s` ran such steps (1.0 with the model off)."""
+        `power_cap_window_s` ran such steps and `decode_share` of it decode-only steps (1.0 with
+        the model off). The decode term is the pause check's "after_decode" run (its pause filled
+        with decode steps): slower than paused by (r_dec - 1)·g at g = pause / W; profiles
+        without that run give r_dec = 1."""
         if self._cap is None:
             return 1.0
-        f_ref, r = self._cap
-        return 1.0 + (r - 1.0) * max(0.0, busy_share - f_ref) / (1.0 - f_ref)
+        f_ref, r, r_dec = self._cap
+        return (1.0 + (r - 1.0) * max(0.0, busy_share - f_ref) / (1.0 - f_ref)
+                + (r_dec - 1.0) * decode_share)
 
     def launch_time(self, num_decode_seqs: int, num_prefill_tokens: int) -> float:
         """Seconds of the host's launch of such a step (0 where the profile did not measure it)."""
@@ -305,5 +317,6 @@ class ProfileCost:
                 "token_buckets": [] if self.token_buckets is None else [int(b) for b in self.token_buckets],
                 "hides_launch": self.hides_launch,
                 "power_cap": None if self._cap is None else {"f_ref": self._cap[0], "back_to_back": self._cap[1],
+                                                              "after_decode": self._cap[2],
                                                               "window_s": self.power_cap_window_s},
                 **{k: v for k, v in self.meta.items() if isinstance(v, (str, int, float))}}

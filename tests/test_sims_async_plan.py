@@ -166,3 +166,36 @@ def test_power_cap_slows_a_prefill_step_by_the_prefill_share_before_it():
     b_start = d + PREFILL_S + DECODE_S
     assert plain.first_token_time[1] == pytest.approx(b_start + PREFILL_S)
     assert capped.first_token_time[1] == pytest.approx(b_start + PREFILL_S * (1 + 0.1 * 0.4 / 0.6))
+
+
+def test_power_cap_counts_decode_busy_time_from_the_after_decode_run():
+    """Issue 35: with the pause check's after_decode run (its 60 ms pause filled with decode
+    steps: 53 ms against 50 paused, a = 1.06 at a decode share g_ref = 0.6 -> r_dec = 1.1), a
+    prefill step after a decode-only share g of the window is slower by 0.1 g on top of the
+    prefill term; one after an idle spell is not."""
+    from sims.profile_cost import ProfileCost
+
+    pts = np.array([(d, p, d * c + p) for c in (100, 300) for d in (0, 1, 4, 8) for p in (0, 64)
+                    if d + p and (d or c == 100)], dtype=np.float64)
+    times = np.where(pts[:, 1] > 0, PREFILL_S, DECODE_S)
+    runs = [{"run": "paused", "step_ms_median": 50.0}, {"run": "back_to_back", "step_ms_median": 55.0},
+            {"run": "paused_again", "step_ms_median": 50.0}]
+    meta = {"pause_ms": 60.0, "pause_check": {"runs": runs + [{"run": "after_decode", "step_ms_median": 53.0}]}}
+    cost = ProfileCost(pts, times, num_blocks=4096, meta=meta, power_cap=True)
+    old = ProfileCost(pts, times, num_blocks=4096, meta={"pause_ms": 60.0, "pause_check": {"runs": runs}},
+                      power_cap=True)
+    assert cost.prefill_slowdown(0.4, 0.6) == pytest.approx(1.06)  # the after_decode run itself
+    assert cost.prefill_slowdown(0.0, 1.0) == pytest.approx(1.1)
+    assert cost.prefill_slowdown(1.0, 0.0) == pytest.approx(1.1)  # back to back, as before
+    assert old.prefill_slowdown(0.0, 1.0) == 1.0  # profiles without the run: no decode term
+
+    # A (prefill at d, then 20 decode steps of 20 ms); B arrives 300 ms later, in A's decode-only
+    # stretch (f = 0, g = 1): its prefill step x 1.1. A's own prefill, after idle: x 1.
+    w = workload([0.0, 0.3], [20, 3])
+    cfg = EngineConfig(num_samples=1, max_stretch_steps=1, async_plan_lead_s=0.002,
+                       prefill_launch_deadline=False)
+    plain = simulate(w, ProfileCost(pts, times, num_blocks=4096, meta=meta), ONE_BY_ONE, cfg)
+    capped = simulate(w, cost, ONE_BY_ONE, cfg)
+    assert capped.first_token_time[0] == pytest.approx(plain.first_token_time[0])
+    b_plain = plain.first_token_time[1] - PREFILL_S
+    assert capped.first_token_time[1] == pytest.approx(b_plain + PREFILL_S * 1.1)

@@ -84,15 +84,19 @@ def live_steps(rows: list[dict], max_tokens: dict[str, int]) -> tuple[list[dict]
     return out, bad
 
 
-def prefill_share(steps: list[dict], k: int, window_s: float) -> float:
-    """Share of the `window_s` before step k's start that ran steps carrying prefill."""
+def busy_shares(steps: list[dict], k: int, window_s: float) -> tuple[float, float]:
+    """Shares of the `window_s` before step k's start that ran steps carrying prefill, and
+    decode-only steps (the power-cap model's f and g)."""
     t = steps[k]["start"]
-    t0, busy, j = t - window_s, 0.0, k - 1
+    t0, busy, dec, j = t - window_s, 0.0, 0.0, k - 1
     while j >= 0 and steps[j]["end"] > t0:
+        span = min(steps[j]["end"], t) - max(steps[j]["start"], t0)
         if steps[j]["p"]:
-            busy += min(steps[j]["end"], t) - max(steps[j]["start"], t0)
+            busy += span
+        else:
+            dec += span
         j -= 1
-    return busy / window_s
+    return busy / window_s, dec / window_s
 
 
 def step_cost_table(cost, steps: list[dict], window_s: float = 0.1) -> list[dict]:
@@ -107,9 +111,9 @@ def step_cost_table(cost, steps: list[dict], window_s: float = 0.1) -> list[dict
             continue
         chunks = s["chunks"] or None
         t = cost.step_time(s["d"], s["p"], s["ctx"] + sum(n + st for n, st in s["chunks"]), chunks)
-        f = prefill_share(steps, k, window_s) if s["p"] else 0.0
+        f, g = busy_shares(steps, k, window_s) if s["p"] else (0.0, 0.0)
         if s["p"]:
-            t *= cost.prefill_slowdown(f)  # 1.0 unless the model has the power cap on
+            t *= cost.prefill_slowdown(f, g)  # 1.0 unless the model has the power cap on
         if idle_launch is not None and s["idle_before"]:
             t += idle_launch(s["d"], s["p"])
         rec.append((s, 1e3 * t, f))
