@@ -1,8 +1,8 @@
 """Between the wire enums and the strings the Python side uses, written once for the gateway,
 its client front door and the backend worker. protobuf only (proto/ imports nothing of ours).
 
-Sampling parameters are not here: each side's Python type is its own (the gateway's validated
-OpenAI fields, the backend sampler's), and proto/ may import neither.
+Sampling parameters have their own module, `proto.sampling` (the one record both sides hold,
+its check and its wire conversion).
 """
 from __future__ import annotations
 

@@ -18,7 +18,8 @@ tokens, no processor. That is what an internal caller (tests, benchmarks, evalua
 build `SamplingParams(max_tokens=n)` and want the argmax) gets. The HTTP API's defaults are
 OpenAI's (temperature 1.0; chat: fill the context) and are applied where a JSON body is read,
 `gateway.sampling_fields.HTTP_DEFAULTS`, then the model's generation config over them
-(`gateway.generation_defaults`). A ZMQ client's unset field keeps the wire's meaning.
+(`gateway.generation_defaults`). The client library (`gateway.client`) sends the HTTP API's
+defaults too; a bare wire message's unset field keeps the wire's meaning.
 
 proto/ imports nothing of ours: `grammar` holds a `tokenizer.grammar.GrammarSpec` (anything
 with `kind` and `text`), and `from_wire` is told which type to build it as.
@@ -215,9 +216,12 @@ def wire_grammar(spec: Any) -> pb.Grammar:
     return pb.Grammar(kind=GRAMMAR_KINDS[spec.kind], text=spec.text)
 
 
-def to_wire(p: SamplingParams, max_tokens: int | None = None) -> pb.SamplingParams:
+def to_wire(p: SamplingParams, max_tokens: int | None = None,
+            output_options: bool = False) -> pb.SamplingParams:
     """The record as the wire's message; unset fields where the record holds the default.
-    `max_tokens`: the resolved count when the record says "fill the context"."""
+    `max_tokens`: the resolved count when the record says "fill the context". The gateway's
+    output options (stop strings, include_stop_str_in_output, n) travel only with
+    `output_options` (a client to the front door): the gateway applies them, never a backend."""
     max_tokens = p.max_tokens if max_tokens is None else max_tokens
     wire = pb.SamplingParams(max_tokens=max_tokens or 0, temperature=p.temperature,
                              top_p=p.top_p, top_k=max(p.top_k, 0), ignore_eos=p.ignore_eos,
@@ -242,6 +246,11 @@ def to_wire(p: SamplingParams, max_tokens: int | None = None) -> pb.SamplingPara
         wire.grammar.CopyFrom(wire_grammar(p.grammar))
     if not p.skip_special_tokens:  # read by a backend that detokenizes (HTTP, no tokenizer)
         wire.skip_special_tokens = False
+    if output_options:
+        wire.stop.extend(p.stop)
+        wire.include_stop_str_in_output = p.include_stop_str_in_output
+        if p.n != 1:
+            wire.n = p.n
     return wire
 
 
