@@ -12,7 +12,10 @@ than the pool has, bad sampling values), `abort`, `step`, `has_unfinished`, `che
 `request_ids`, `config`, `eos_token_ids`, `runner` (no model, no graphs, the CPU), and for `LoadReport`s `scheduler.num_running /
 num_waiting / block_manager.num_free_blocks` and `states[...].params.max_tokens / num_generated`.
 KV blocks are only counted: a request holds ceil((prompt + max_tokens) / block_size) blocks from
-admission to its end, admitted FIFO while blocks and `max_num_seqs` allow. The tokenizer is the
+admission to its end, admitted while blocks and `max_num_seqs` allow in the step scheduler's
+order: by class of max_tokens (Fast, Normal, Slow: `scheduler.classes`), then arrival — so that
+with `--echo-step-ms` and a small `--max-num-seqs` it queues as our engine does, and the
+simulator's step scheduler on a constant step models it (issue 31's live SLO checks). The tokenizer is the
 tiny preset's byte-level one (vocabulary 259, BOS 256, EOS 257), so the gateway works unchanged.
 Stop tokens and EOS are not honored: the output length is always max_tokens (finish "length").
 """
@@ -30,6 +33,7 @@ from backend.engine.continuous import EngineConfig, RequestOutput
 from backend.engine.interface import EngineLoad
 from backend.runner.sampler import SamplingParams, TokenLogprobs
 from proto.sampling import check_sampling
+from scheduler.classes import class_index
 from tokenizer.bundle import TokenizerBundle
 from tokenizer.byte_level import byte_level_bundle
 
@@ -53,6 +57,7 @@ class _EchoState:
     params: SamplingParams
     prompt: list[int]
     num_blocks: int
+    order: tuple[int, int] = (0, 0)  # (class of max_tokens, arrival number): admission order
     num_generated: int = 0
     running: bool = False
 
@@ -111,6 +116,7 @@ class EchoEngine:
         self.scheduler = _EchoScheduler(config.num_blocks)
         self.states: dict[str, _EchoState] = {}
         self.num_steps = 0
+        self.num_added = 0
 
     # ---- requests ------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -135,7 +141,9 @@ class EchoEngine:
             return f"needs {blocks} KV blocks but the pool has {cfg.num_blocks}"
         if request_id in self.states:
             return f"duplicate request id {request_id!r}"
-        self.states[request_id] = _EchoState(params, list(prompt_token_ids), blocks)
+        self.num_added += 1
+        self.states[request_id] = _EchoState(params, list(prompt_token_ids), blocks,
+                                             (class_index(params.max_tokens), self.num_added))
         self.scheduler.waiting.append(request_id)
         return None
 
@@ -164,11 +172,13 @@ class EchoEngine:
         sched = self.scheduler
         bm = sched.block_manager
         max_seqs = self.config.max_num_seqs
+        states = self.states
         while sched.waiting and len(sched.running) < max_seqs:
-            state = self.states[sched.waiting[0]]
+            rid = min(sched.waiting, key=lambda r: states[r].order)
+            state = states[rid]
             if state.num_blocks > bm.num_free_blocks:
                 break
-            rid = sched.waiting.popleft()
+            sched.waiting.remove(rid)
             bm.num_free_blocks -= state.num_blocks
             state.running = True
             sched.running[rid] = state
