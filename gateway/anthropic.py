@@ -36,7 +36,7 @@ from gateway.openai_schema import ChatMessage
 from gateway.routes import check_model, merged, serve_handles, start_sse, submit_all
 from gateway.sessions import PIN_STATUS_NAMES, anthropic_options
 from gateway.structured import check_structured
-from gateway.tool_parser import make_parser
+from gateway.tool_parser import make_parser, sampling_for_parser
 from gateway.tools import with_parser
 from gateway.validation import parse_json_body
 
@@ -177,7 +177,8 @@ async def messages(request: web.Request) -> web.StreamResponse:
     # the session key, and a pin up to the deepest cache_control breakpoint (gateway.sessions)
     options = await anthropic_options(req.options, request.headers, body, prompt_ids,
                                       lambda cut: _render_cut(gw, cut, tools))
-    handles = submit_all(gw, gw.new_request_id("msg"), [prompt_ids], req.sampling, options,
+    handles = submit_all(gw, gw.new_request_id("msg"), [prompt_ids],
+                         sampling_for_parser(tools, req.sampling), options,
                          "max_tokens")
     handle, model, stop = handles[0], gw.model_name, req.sampling.stop
 

@@ -35,7 +35,7 @@ from gateway.responses import (
 )
 from gateway.sessions import openai_options
 from gateway.structured import check_structured
-from gateway.tool_parser import StreamShaper, shape_choice
+from gateway.tool_parser import StreamShaper, sampling_for_parser, shape_choice
 from gateway.tools import template_messages, with_parser
 from gateway.validation import (
     check_context_length,
@@ -338,7 +338,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     internal_id = gw.new_request_id("chatcmpl")
     request_id = f"chatcmpl-{req.request_id}" if req.request_id else internal_id
     param = "max_tokens"
-    handles = submit_all(gw, internal_id, [prompt_ids], req.sampling, req.options, param,
+    handles = submit_all(gw, internal_id, [prompt_ids], sampling_for_parser(tools, req.sampling),
+                         req.options, param,
                          gw.tokenize_prediction(req.prediction))
     log_request(gw, request_id, handles, messages)
     created, model = int(time.time()), gw.model_name

@@ -1,7 +1,9 @@
 """Tool calls out of the model's text, whole or as it streams. Parsers by name
 (`--tool-call-parser`): `hermes`, the generic format of `gateway.tools` (Hermes' and Qwen's:
 `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` blocks), the default; `json`,
-a reply that is one JSON call object or an array of them (Llama 3's).
+a reply that is one JSON call object or an array of them (Llama 3's); `mistral`, Mistral's
+`[TOOL_CALLS]` control token followed by a JSON array of calls (tokenizers up to v7) or by
+`name[ARGS]{...}` per call (v11 on, `[CALL_ID]id` between them from v13).
 
 `ToolCallParser.feed(text)` returns what of the text is plain content and the calls completed so
 far; it holds back only what could still be the start of a `<tool_call>` tag, so content streams
@@ -12,7 +14,9 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+import re
+import string
+from dataclasses import dataclass, replace
 
 from gateway.tools import CALL_CLOSE, CALL_OPEN, ToolConfig
 
@@ -147,7 +151,162 @@ class JsonToolCallParser(ToolCallParser):
         return "", calls
 
 
-PARSERS: dict[str, type[ToolCallParser]] = {"hermes": ToolCallParser, "json": JsonToolCallParser}
+MISTRAL_CALLS, MISTRAL_ARGS, MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
+_MISTRAL_ID = re.compile(r"[A-Za-z0-9]{9}\Z")
+_MISTRAL_NAME = re.compile(r"\s*([A-Za-z0-9_.\-]{1,64})")
+_JSON = json.JSONDecoder()
+
+
+class MistralToolCallParser(ToolCallParser):
+    """`--tool-call-parser mistral`. Content streams until the `[TOOL_CALLS]` control token;
+    what follows it is calls, in either of Mistral's formats (mistral-common's tokenizers):
+
+        [TOOL_CALLS][{"name": "f", "arguments": {...}, "id": "a1b2c3d4e"}, ...]   (v2-v7)
+        [TOOL_CALLS]f[ARGS]{...}[TOOL_CALLS]g[CALL_ID]a1b2c3d4e[ARGS]{...}       (v11, v13)
+
+    (`[ARGS]` may be missing when a detokenizer dropped it.) A call is given out as soon as its
+    JSON is complete. Calls of unknown tools, or text that is no call, are given back as content
+    as the model wrote them. Ids are Mistral's: 9 letters and digits (the model's own when it
+    wrote a valid one), which Mistral's chat templates require of a call written back.
+    `[TOOL_CALLS]` is a special token: requests parsed with this parser are detokenized with
+    special tokens kept (`sampling_for_parser`), as vLLM's mistral parser asks too."""
+
+    keeps_special_tokens = True
+
+    def __init__(self, cfg: ToolConfig, id_prefix: str = "call_") -> None:
+        super().__init__(cfg, id_prefix)
+        self._after = ""  # text after the first [TOOL_CALLS] not yet parsed
+
+    def feed(self, text: str) -> tuple[str, list[ToolCall]]:
+        if self._inside:
+            self._after += text
+            return self._parse(final=False)
+        self._pending += text
+        k = self._pending.find(MISTRAL_CALLS)
+        if k < 0:
+            cut = len(self._pending) - _partial_tag(self._pending, MISTRAL_CALLS)
+            content, self._pending = self._pending[:cut], self._pending[cut:]
+            return content, []
+        content, self._after = self._pending[:k], self._pending[k:]
+        self._pending, self._inside = "", True
+        more, calls = self._parse(final=False)
+        return content + more, calls
+
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        if not self._inside:
+            rest, self._pending = self._pending, ""
+            return rest, []
+        return self._parse(final=True)
+
+    def _parse(self, final: bool) -> tuple[str, list[ToolCall]]:
+        """Calls completed in self._after; what is surely not a call is content. With `final`,
+        whatever is left is content."""
+        content, calls = [], []
+        while self._after:
+            s = self._after
+            if not s.startswith(MISTRAL_CALLS):
+                k = s.find(MISTRAL_CALLS)  # text between calls or after them
+                keep = len(s) - _partial_tag(s, MISTRAL_CALLS) if k < 0 else k
+                if final and k < 0:
+                    keep = len(s)
+                content.append(s[:keep])
+                self._after = s[keep:]
+                if k < 0:
+                    break
+                continue
+            body = s[len(MISTRAL_CALLS):]
+            got = self._calls_v3(body) if body.lstrip().startswith("[") else self._call_v11(body)
+            if got is None:  # incomplete: wait for more text (or give it back at the end)
+                if final:
+                    content.append(s)
+                    self._after = ""
+                break
+            used, found = got
+            if found is None:  # not a call of a known tool: as the model wrote it
+                content.append(s[:len(MISTRAL_CALLS) + used])
+            else:
+                calls.extend(found)
+            self._after = body[used:]
+        if calls and not "".join(content).strip():
+            content = []
+        return "".join(content), calls
+
+    def _calls_v3(self, body: str) -> tuple[int, list[ToolCall] | None] | None:
+        start = len(body) - len(body.lstrip())
+        try:
+            value, end = _JSON.raw_decode(body, start)
+        except ValueError:
+            return None
+        items = value if isinstance(value, list) else []
+        calls = [self._mistral_call(o.get("name"), o.get("arguments", o.get("parameters", {})),
+                                    o.get("id")) if isinstance(o, dict) else None for o in items]
+        if not calls or any(c is None for c in calls):
+            return end, None
+        self.calls.extend(calls)
+        return end, calls
+
+    def _call_v11(self, body: str) -> tuple[int, list[ToolCall] | None] | None:
+        m = _MISTRAL_NAME.match(body)
+        if m is None:
+            return (0, None) if body and not _could_start_name(body) else None
+        pos, call_id = m.end(), None
+        if body.startswith(MISTRAL_CALL_ID, pos):
+            end = body.find(MISTRAL_ARGS, pos)
+            if end < 0:
+                return None
+            call_id, pos = body[pos + len(MISTRAL_CALL_ID):end], end
+        if body.startswith(MISTRAL_ARGS, pos):
+            pos += len(MISTRAL_ARGS)
+        elif MISTRAL_ARGS.startswith(body[pos:]) or MISTRAL_CALL_ID.startswith(body[pos:]):
+            return None  # "[ARG" or "[CALL" so far
+        while pos < len(body) and body[pos].isspace():
+            pos += 1
+        try:
+            args, end = _JSON.raw_decode(body, pos)
+        except ValueError:
+            rest = body[pos:].lstrip()
+            return None if not rest or rest[0] == "{" else (pos, None)
+        call = self._mistral_call(m.group(1), args, call_id)
+        if call is None:
+            return end, None
+        self.calls.append(call)
+        return end, [call]
+
+    def _mistral_call(self, name, args, call_id) -> ToolCall | None:
+        if name not in self.names:
+            return None
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError:
+                return None
+        if not isinstance(args, dict):
+            return None
+        ok = isinstance(call_id, str) and _MISTRAL_ID.match(call_id)
+        return ToolCall(call_id if ok else mistral_call_id(), name, args)
+
+
+def _could_start_name(body: str) -> bool:
+    return body.isspace()
+
+
+def mistral_call_id() -> str:
+    """9 letters and digits: the only tool-call id Mistral's templates accept."""
+    alphabet = string.ascii_letters + string.digits
+    return "".join(alphabet[b % len(alphabet)] for b in os.urandom(9))
+
+
+PARSERS: dict[str, type[ToolCallParser]] = {"hermes": ToolCallParser, "json": JsonToolCallParser,
+                                            "mistral": MistralToolCallParser}
+
+
+def sampling_for_parser(cfg: ToolConfig | None, sampling):
+    """`sampling` with special tokens kept in the text when `cfg`'s parser reads one (Mistral's
+    `[TOOL_CALLS]`); unchanged otherwise."""
+    if cfg is None or not cfg.active or cfg.forced \
+            or not getattr(PARSERS[cfg.parser], "keeps_special_tokens", False):
+        return sampling
+    return replace(sampling, skip_special_tokens=False)
 
 
 def make_parser(cfg: ToolConfig, id_prefix: str = "call_") -> ToolCallParser:
