@@ -154,3 +154,17 @@ def test_cuda_load_equals_the_cpu_load(ckpts):
         for k, w in a.items():
             assert w.device.type == "cuda"
             assert torch.equal(w.cpu(), b[k]), (dtype, k)
+
+
+def test_the_trainers_int8_rounding_is_the_checkpoints():
+    """training/train.py measures held-out bits/byte with `round_int8_per_row` (it imports
+    nothing of ours): the same numbers as writing and dequantizing the checkpoint."""
+    from training.train import round_int8_per_row
+
+    torch.manual_seed(3)
+    lin = torch.nn.Linear(40, 24, bias=False).to(torch.bfloat16).float()  # bf16 values, as saved
+    with torch.no_grad():
+        lin.weight[7] = 0.0
+    want = int8.dequantize(*int8.quantize_per_channel(lin.weight), torch.float32)
+    assert round_int8_per_row(lin) == 1
+    assert torch.equal(lin.weight, want)

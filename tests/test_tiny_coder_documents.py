@@ -176,3 +176,33 @@ def test_a_class_over_the_limit_is_cut_before_its_methods():
     assert all(T.starts_definition(s) for s in segs[1:])
     assert all(s.startswith(("    # method", "class Big")) for s in segs[1:])
     assert not T.starts_definition("        x = 1\n") and T.starts_definition("    @property\n")
+
+
+def test_function_documents_without_their_docstring():
+    """--function-nodoc-rate: a plain function document may drop the docstring (on lines of its
+    own, with body after it); what is left parses and is the function minus those lines; the
+    rate 0 keeps every document as before (same random choices)."""
+    import textwrap
+
+    text = _module() + ('def g(x):\n    """Two\n    lines."""\n    return x\n\n\n'
+                        'def h(x):\n    """shares a line"""; y = x\n    return y\n\n\n'
+                        'def only():\n    """Doc\n    only."""\n')
+    kw = {"fim_rate": 0.0, "seg_chars": 400, "seed": 5, "function_rate": 1.0,
+          "function_fim_rate": 0.0}
+    base, st0 = T.build_documents([("m.py", text)], **kw)
+    docs, st = T.build_documents([("m.py", text)], **kw, function_nodoc_rate=1.0)
+    assert st0["function_documents_without_docstring"] == 0
+    assert sum('"""' in d[1] for d in base if len(d) == 3) >= 15  # all kept at rate 0
+    assert st["function_documents"] == st0["function_documents"]
+    assert st["function_documents_without_docstring"] == 13  # f0..f11 and g; not h, not only
+    plain = [d[1] for d in docs if len(d) == 3 and d[1].lstrip().startswith(("def", "@", "#"))]
+    stripped = [b for b in plain if '"""' not in b]
+    for body in stripped:
+        ast.parse(textwrap.dedent(body))
+    assert any(b.startswith("def g(x):\n    return x") for b in stripped)
+    assert any(b.startswith('def h(x):\n    """shares a line"""; y') for b in plain)
+    assert any(b.startswith('def only():\n    """Doc\n') for b in plain)
+    # half the rate: about half of them
+    _, half = T.build_documents([(f"m{i}.py", text) for i in range(8)], **kw,
+                                function_nodoc_rate=0.5)
+    assert 0.25 < half["function_documents_without_docstring"] / (8 * 13) < 0.75

@@ -247,11 +247,23 @@ def test_the_gpu_call_script_runs_end_to_end_on_the_cpu(prep, tmp_path):
     model = back / "tiny-coder"
     m = json.loads((model / "metrics.json").read_text())
     assert m["sweep"] is None and m["model_config"]["num_hidden_layers"] == 1
-    assert m["prep"]["function_doc_rate"] == 0.5 and m["prep"]["function_documents"] > 0
-    assert (model / "model.safetensors").stat().st_size > 0
+    assert m["prep"]["function_doc_rate"] == 1.0 and m["prep"]["function_documents"] > 0
+    assert m["prep"]["function_nodoc_rate"] == 0.5
+    assert m["prep"]["function_documents_without_docstring"] > 0
+    # shipped int8 (backend.model.int8); the trainer measured the same rounding on all held-out
+    cfg = json.loads((model / "config.json").read_text())
+    assert cfg["quantization_config"]["quant_method"] == "tidegate-int8"
+    from safetensors import safe_open
+
+    with safe_open(str(model / "model.safetensors"), framework="pt") as f:
+        assert f.get_slice("model.embed_tokens.weight").get_dtype() == "I8"
+    assert m["heldout_int8"]["bits_per_byte"] > 0
+    assert "int8 as shipped" in (model / "README.md").read_text()
     gen = json.loads((model / "generation_config.json").read_text())
     assert gen["temperature"] == 0.0 and gen["repetition_penalty"] > 1.0
     assert json.loads((out / "metrics.json").read_text()) == m
+    log = (out / "log.txt").read_text()
+    assert "eval (none) exit 0" in log and "held-out with int8 weights" in log
     greedy = json.loads((out / "eval.json").read_text())
     defaults = json.loads((out / "eval_defaults.json").read_text())
     assert greedy["decoding"]["sampling"] == "greedy"

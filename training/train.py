@@ -317,6 +317,25 @@ def function_spans(text: str, tree, min_lines: int = FUNCTION_MIN_LINES,
     return out
 
 
+def function_docstrings(tree) -> dict[tuple[int, int], tuple[int, int]]:
+    """{(first, last): (doc_first, doc_last)} for the functions (keys as `function_spans`'s) whose
+    docstring stands on lines of its own with more of the body after it: the lines a function
+    document can drop (`--function-nodoc-rate`) and stay a function that parses."""
+    import ast
+
+    out = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or len(node.body) < 2:
+            continue
+        d, nxt = node.body[0], node.body[1]
+        if (isinstance(d, ast.Expr) and isinstance(d.value, ast.Constant)
+                and isinstance(d.value.value, str) and d.lineno > node.lineno
+                and nxt.lineno > d.end_lineno):
+            first = min([node.lineno, *(x.lineno for x in node.decorator_list)])
+            out[(first, node.end_lineno)] = (d.lineno, d.end_lineno)
+    return out
+
+
 def fim_split(seg: str, rng: random.Random) -> tuple[str, str, str]:
     """(prefix, middle, suffix) of a segment: 1-3 whole lines, or a random character span."""
     lines = seg.splitlines(keepends=True)
@@ -344,7 +363,8 @@ def function_fim_split(lines: list[str], first: int, last: int, single: list[int
 
 
 def file_documents(path: str, text: str, fim_rate: float, seg_chars: int, seed: int,
-                   function_rate: float = 0.0, function_fim_rate: float = 0.5):
+                   function_rate: float = 0.0, function_fim_rate: float = 0.5,
+                   function_nodoc_rate: float = 0.0):
     """One file's training documents and their counts (`build_documents`). The random choices
     come from a generator seeded by (seed, path): a file's documents do not depend on the
     others, so files can be cut in parallel."""
@@ -375,6 +395,7 @@ def file_documents(path: str, text: str, fim_rate: float, seg_chars: int, seed: 
     if function_rate <= 0 or tree is None:
         return docs, stats
     lines = text.splitlines(keepends=True)
+    docstrings = function_docstrings(tree) if function_nodoc_rate > 0 else {}
     for first, last, single in function_spans(text, tree):
         if rng.random() >= function_rate:
             continue
@@ -383,9 +404,14 @@ def file_documents(path: str, text: str, fim_rate: float, seg_chars: int, seed: 
             docs.append([ids[BOS], ids[FIM_BEGIN], pre, ids[FIM_HOLE], suf, ids[FIM_END],
                          mid, ids[EOS]])
             stats["function_fim_documents"] += 1
-        else:
-            docs.append([ids[BOS], "".join(lines[first - 1 : last]), ids[EOS]])
-            stats["function_documents"] += 1
+            continue
+        body = lines[first - 1 : last]
+        doc = docstrings.get((first, last))
+        if doc is not None and rng.random() < function_nodoc_rate:
+            body = lines[first - 1 : doc[0] - 1] + lines[doc[1] : last]
+            stats["function_documents_without_docstring"] += 1
+        docs.append([ids[BOS], "".join(body), ids[EOS]])
+        stats["function_documents"] += 1
     return docs, stats
 
 
@@ -393,6 +419,7 @@ def file_documents(path: str, text: str, fim_rate: float, seg_chars: int, seed: 
 # unit (`starts_definition`: the next line is at column 0, or a def/class/decorator line) or
 # inside one
 DOC_STATS = ("fim_documents", "plain_documents", "function_documents", "function_fim_documents",
+             "function_documents_without_docstring",
              "plain_eos_at_file_end", "plain_eos_at_unit_end", "plain_eos_inside")
 
 
@@ -402,7 +429,7 @@ def _file_documents_star(job):
 
 def build_documents(files: list[tuple[str, str]], fim_rate: float, seg_chars: int, seed: int,
                     function_rate: float = 0.0, function_fim_rate: float = 0.5,
-                    workers: int = 1):
+                    workers: int = 1, function_nodoc_rate: float = 0.0):
     """Training documents as lists of pieces: str (text to tokenize) or int (special token id).
 
     Every file, cut by `split_segments`, is there once: each segment a FIM document with
@@ -411,8 +438,12 @@ def build_documents(files: list[tuple[str, str]], fim_rate: float, seg_chars: in
     file (`function_spans`) is, with probability `function_rate`, a document of its own:
     FIM (`function_fim_split`) with probability `function_fim_rate`, else `<bos>function<eos>`
     -- what a header completion and a FIM request ask of the model: write one function, stop.
+    With probability `function_nodoc_rate` a plain function document leaves out the function's
+    docstring (`function_docstrings`): 29% of the training functions have one, yet the v2 and
+    s7 models open a long docstring after any bare header and loop in it (issue 36).
     `workers` > 1 cuts files in that many processes (the same documents, in the same order)."""
-    jobs = [(p, t, fim_rate, seg_chars, seed, function_rate, function_fim_rate) for p, t in files]
+    jobs = [(p, t, fim_rate, seg_chars, seed, function_rate, function_fim_rate,
+             function_nodoc_rate) for p, t in files]
     if workers > 1 and len(jobs) > 1:
         import multiprocessing
 
@@ -477,7 +508,8 @@ def prepare(args) -> int:
     t0 = time.time()
     docs, fim_stats = build_documents(corpus["train"], args.fim_rate, args.fim_segment_chars,
                                       args.seed, args.function_doc_rate, args.function_fim_rate,
-                                      workers=args.workers or min(16, os.cpu_count() or 1))
+                                      workers=args.workers or min(16, os.cpu_count() or 1),
+                                      function_nodoc_rate=args.function_nodoc_rate)
     say(f"documents: {fim_stats} in {time.time() - t0:.1f}s")
     t0 = time.time()
     enc = encode_pieces(tok, docs)
@@ -494,7 +526,9 @@ def prepare(args) -> int:
     meta = {"vocab_size": tok.get_vocab_size(), "seed": args.seed, "fim_rate": args.fim_rate,
             "fim_segment_chars": args.fim_segment_chars,
             "function_doc_rate": args.function_doc_rate,
-            "function_fim_rate": args.function_fim_rate, "tokenizer_sample": args.tokenizer_sample,
+            "function_fim_rate": args.function_fim_rate,
+            "function_nodoc_rate": args.function_nodoc_rate,
+            "tokenizer_sample": args.tokenizer_sample,
             "tokenizer_sample_files": len(sample), "max_files": args.max_files,
             "train_tokens": len(stream), "train_documents": len(enc), **fim_stats,
             "files": {k: len(v) for k, v in corpus.items()}, "bytes": nbytes}
@@ -896,6 +930,23 @@ def plot_losses(log: list[dict], path: Path, title: str):
 # train
 
 
+@torch.no_grad()
+def round_int8_per_row(model: nn.Module) -> int:
+    """Round every 2-D weight of `model` in place to what an int8 checkpoint holds: one scale per
+    output row, amax / 127, values round(w / scale) within [-127, 127] (the rule of the repository's
+    `backend.model.int8`, which this module does not import; tests/test_int8_checkpoint.py keeps
+    the two equal). Returns how many tensors were rounded (a tied one once)."""
+    n = 0
+    for p in model.parameters():  # each shared tensor once
+        if p.dim() == 2:
+            w = p.float()
+            amax = w.abs().amax(dim=1, keepdim=True)
+            scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
+            p.copy_(torch.round(w / scale).clamp_(-127, 127) * scale)
+            n += 1
+    return n
+
+
 def bits_per_byte(nll: float, n_pred: int, nbytes: int) -> float:
     return nll * n_pred / math.log(2) / nbytes
 
@@ -1277,6 +1328,14 @@ def train(args) -> int:
     say(f"held-out: {n_pred:,} tokens, {bpb:.4f} bits/byte (gzip -9 {gz:.4f}, xz -9 {xz:.4f}; "
         f"ratio to gzip {bpb / gz:.3f}), ppl {math.exp(nll):.3f}; validation {vbpb:.4f} bits/byte "
         f"({time.time() - t0:.1f}s)")
+    heldout_int8 = None
+    if args.int8:  # what the int8 checkpoint (python -m backend.model.int8 quantize) computes
+        round_int8_per_row(ev)
+        inll, _ = eval_loss(ev, ho_x, ho_y, args.eval_batch_size, device, autocast=False)
+        heldout_int8 = {"bits_per_byte": bits_per_byte(inll, n_pred, ho_bytes), "nll": inll,
+                        "ppl": math.exp(inll), "rule": "int8, one scale per output row"}
+        say(f"held-out with int8 weights: {heldout_int8['bits_per_byte']:.4f} bits/byte "
+            f"(bf16 {bpb:.4f})")
     del ev
     try:  # a failure here must not lose the trained weights and their numbers
         check = check_with_transformers(out, model, device, args.sample_prompt,
@@ -1304,6 +1363,7 @@ def train(args) -> int:
             "ratio_to_gzip9": bpb / gz, "nll": nll, "ppl": math.exp(nll), "tokens": n_pred,
             "bytes": ho_bytes, "files": len(ho_files),
         },
+        "heldout_int8": heldout_int8,
         "validation": {
             "bits_per_byte": vbpb, "nll": vnll, "tokens": vn, "bytes": val_bytes,
             "files": len(val_files),
@@ -1606,6 +1666,22 @@ headers: 13/16 parse at 1.1 against 10/16 greedy, 12 at 1.2, 7 at 1.3). The same
 """
 
 
+def _weights_text(out: Path) -> str:
+    cfg = json.loads((out / "config.json").read_text()) if (out / "config.json").is_file() else {}
+    if (cfg.get("quantization_config") or {}).get("quant_method") == "tidegate-int8":
+        return ("int8, one float32 scale per output row (every 2-D weight, the embedding too; "
+                "norms bf16), `model.safetensors`: tidegate's loader dequantizes it at load "
+                "(`backend.model.int8`); trained in bf16/fp32 and rounded once at export. "
+                "Transformers and vLLM read `python -m backend.model.int8 dequantize` of it")
+    return ("bf16, `model.safetensors` (the engine's `--quantization fp8` quantizes them at "
+            "load)")
+
+
+def _int8_bpb_text(m: dict) -> str:
+    q = m.get("heldout_int8")
+    return f" (bf16 weights); {q['bits_per_byte']:.4f} int8 as shipped" if q else ""
+
+
 def write_card(out: Path) -> None:
     """README.md from metrics.json, corpus_manifest.json and (when present) eval.json."""
     m = json.loads((out / "metrics.json").read_text())
@@ -1682,7 +1758,7 @@ plausible-looking Python and fills single lines, but it is **not** a useful codi
 | vocabulary | {cfg["vocab_size"]} (byte-level BPE, {p["bytes_per_token_train"]:.2f} bytes/token on the training text) |
 | max positions | {cfg["max_position_embeddings"]} (trained on {hp["seq_len"]}-token sequences) |
 | tied embeddings | {cfg["tie_word_embeddings"]} |
-| weights | bf16, `model.safetensors` (the engine's `--quantization fp8` quantizes them at load) |
+| weights | {_weights_text(out)} |
 
 Tokenizer: byte-level BPE trained with `tokenizers` on the training split only; special tokens
 `<|pad|>`=0, `<|bos|>`=1, `<|eos|>`=2, `<|system|>`, `<|user|>`, `<|assistant|>`,
@@ -1726,7 +1802,7 @@ Compressors get each file on its own as well (`gzip -9 -n`, `xz -9`, via Python'
 
 | | |
 |---|---|
-| held-out bits per byte | **{ho["bits_per_byte"]:.4f}** |
+| held-out bits per byte | **{ho["bits_per_byte"]:.4f}**{_int8_bpb_text(m)} |
 | `gzip -9`, same files | {ho["gzip9_bits_per_byte"]:.4f} (model / gzip = **{ho["ratio_to_gzip9"]:.3f}**) |
 | `xz -9`, same files | {ho["xz9_bits_per_byte"]:.4f} |
 | held-out perplexity (this tokenizer) | {ho["ppl"]:.3f} over {ho["tokens"]:,} tokens |
@@ -1799,6 +1875,10 @@ def add_train_args(pt: argparse.ArgumentParser, sweep: bool) -> None:
     pt.add_argument("--generation-defaults", default=json.dumps(GENERATION_DEFAULTS),
                     help="JSON object of sampling defaults for generation_config.json (the "
                          "server's defaults for this model; default %(default)s)")
+    pt.add_argument("--int8", action="store_true",
+                    help="also measure held-out bits/byte with the weights rounded as an int8 "
+                         "checkpoint holds them (the model is shipped int8: python -m "
+                         "backend.model.int8 quantize)")
     pt.add_argument("--sample-prompt", default="def fibonacci(n):")
     pt.add_argument("--sample-tokens", type=int, default=64)
     pt.add_argument("--candidates", type=Shape.parse, nargs="+",
@@ -1839,6 +1919,10 @@ def parse_args(argv=None):
     pp.add_argument("--function-fim-rate", type=float, default=0.5,
                     help="share of the function documents that are FIM (the middle: one "
                          "single-line statement, or 1-3 lines)")
+    pp.add_argument("--function-nodoc-rate", type=float, default=0.0,
+                    help="share of the plain function documents written without the "
+                         "function's docstring (one on lines of its own, with more body after "
+                         "it); 0: the s7 rule")
     pp.add_argument("--workers", type=int, default=0,
                     help="processes that cut the files into documents (default: the cores, "
                          "at most 16)")
