@@ -17,7 +17,7 @@ NORMAL: QueueClass
 SLOW: QueueClass
 
 class Envelope(_message.Message):
-    __slots__ = ("hello", "backend_info", "batch", "abort", "step_output", "load_report", "error", "health")
+    __slots__ = ("hello", "backend_info", "batch", "abort", "step_output", "load_report", "error", "health", "kv_pull", "kv_blocks")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     BACKEND_INFO_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,8 @@ class Envelope(_message.Message):
     LOAD_REPORT_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
+    KV_PULL_FIELD_NUMBER: _ClassVar[int]
+    KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     backend_info: BackendInfo
     batch: Batch
@@ -34,7 +36,9 @@ class Envelope(_message.Message):
     load_report: LoadReport
     error: Error
     health: Health
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., backend_info: _Optional[_Union[BackendInfo, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ..., step_output: _Optional[_Union[StepOutput, _Mapping]] = ..., load_report: _Optional[_Union[LoadReport, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., health: _Optional[_Union[Health, _Mapping]] = ...) -> None: ...
+    kv_pull: KvPull
+    kv_blocks: KvBlocks
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., backend_info: _Optional[_Union[BackendInfo, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ..., step_output: _Optional[_Union[StepOutput, _Mapping]] = ..., load_report: _Optional[_Union[LoadReport, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., health: _Optional[_Union[Health, _Mapping]] = ..., kv_pull: _Optional[_Union[KvPull, _Mapping]] = ..., kv_blocks: _Optional[_Union[KvBlocks, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("protocol_version", "peer_name", "role", "api_key")
@@ -57,7 +61,7 @@ class Hello(_message.Message):
     def __init__(self, protocol_version: _Optional[str] = ..., peer_name: _Optional[str] = ..., role: _Optional[_Union[Hello.Role, str]] = ..., api_key: _Optional[str] = ...) -> None: ...
 
 class BackendInfo(_message.Message):
-    __slots__ = ("protocol_version", "model", "max_model_len", "vocab_size", "block_size", "num_kv_blocks", "role", "tokenizer_json", "chat_template", "bos_token_id", "eos_token_ids", "backend_id", "kv_cache_dtype", "enable_prefix_caching", "engine", "generation_defaults")
+    __slots__ = ("protocol_version", "model", "max_model_len", "vocab_size", "block_size", "num_kv_blocks", "role", "tokenizer_json", "chat_template", "bos_token_id", "eos_token_ids", "backend_id", "kv_cache_dtype", "enable_prefix_caching", "engine", "generation_defaults", "kv_layout", "kv_block_bytes", "kv_copy_bytes_per_s", "prefill_tokens_per_s")
     class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         MIXED: _ClassVar[BackendInfo.Role]
@@ -89,6 +93,10 @@ class BackendInfo(_message.Message):
     ENABLE_PREFIX_CACHING_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_DEFAULTS_FIELD_NUMBER: _ClassVar[int]
+    KV_LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    KV_BLOCK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_COPY_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     protocol_version: str
     model: str
     max_model_len: int
@@ -105,7 +113,11 @@ class BackendInfo(_message.Message):
     enable_prefix_caching: bool
     engine: str
     generation_defaults: _containers.ScalarMap[str, float]
-    def __init__(self, protocol_version: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., role: _Optional[_Union[BackendInfo.Role, str]] = ..., tokenizer_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., bos_token_id: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., backend_id: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ..., enable_prefix_caching: _Optional[bool] = ..., engine: _Optional[str] = ..., generation_defaults: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    kv_layout: str
+    kv_block_bytes: int
+    kv_copy_bytes_per_s: float
+    prefill_tokens_per_s: float
+    def __init__(self, protocol_version: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., role: _Optional[_Union[BackendInfo.Role, str]] = ..., tokenizer_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., bos_token_id: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., backend_id: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ..., enable_prefix_caching: _Optional[bool] = ..., engine: _Optional[str] = ..., generation_defaults: _Optional[_Mapping[str, float]] = ..., kv_layout: _Optional[str] = ..., kv_block_bytes: _Optional[int] = ..., kv_copy_bytes_per_s: _Optional[float] = ..., prefill_tokens_per_s: _Optional[float] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
     __slots__ = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop_token_ids", "ignore_eos", "logprobs", "stop", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias", "min_tokens", "include_stop_str_in_output", "skip_special_tokens", "n", "grammar")
@@ -179,7 +191,7 @@ class Grammar(_message.Message):
     def __init__(self, kind: _Optional[_Union[Grammar.Kind, str]] = ..., text: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_frame", "prompt_text", "sampling", "queue_class", "priority", "arrival_time", "deadline", "suffix", "prediction_frame", "prediction_text", "speculation", "session_key", "pin_tokens", "pin_ttl_s", "structured_fields")
+    __slots__ = ("request_id", "prompt_frame", "prompt_text", "sampling", "queue_class", "priority", "arrival_time", "deadline", "suffix", "prediction_frame", "prediction_text", "speculation", "session_key", "pin_tokens", "pin_ttl_s", "kv_source", "structured_fields")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FRAME_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -195,6 +207,7 @@ class GenerateRequest(_message.Message):
     SESSION_KEY_FIELD_NUMBER: _ClassVar[int]
     PIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PIN_TTL_S_FIELD_NUMBER: _ClassVar[int]
+    KV_SOURCE_FIELD_NUMBER: _ClassVar[int]
     STRUCTURED_FIELDS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_frame: int
@@ -211,8 +224,57 @@ class GenerateRequest(_message.Message):
     session_key: str
     pin_tokens: int
     pin_ttl_s: float
+    kv_source: KvSource
     structured_fields: str
-    def __init__(self, request_id: _Optional[str] = ..., prompt_frame: _Optional[int] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., queue_class: _Optional[_Union[QueueClass, str]] = ..., priority: _Optional[int] = ..., arrival_time: _Optional[float] = ..., deadline: _Optional[float] = ..., suffix: _Optional[str] = ..., prediction_frame: _Optional[int] = ..., prediction_text: _Optional[str] = ..., speculation: _Optional[_Union[SpeculationParams, _Mapping]] = ..., session_key: _Optional[str] = ..., pin_tokens: _Optional[int] = ..., pin_ttl_s: _Optional[float] = ..., structured_fields: _Optional[str] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., prompt_frame: _Optional[int] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., queue_class: _Optional[_Union[QueueClass, str]] = ..., priority: _Optional[int] = ..., arrival_time: _Optional[float] = ..., deadline: _Optional[float] = ..., suffix: _Optional[str] = ..., prediction_frame: _Optional[int] = ..., prediction_text: _Optional[str] = ..., speculation: _Optional[_Union[SpeculationParams, _Mapping]] = ..., session_key: _Optional[str] = ..., pin_tokens: _Optional[int] = ..., pin_ttl_s: _Optional[float] = ..., kv_source: _Optional[_Union[KvSource, _Mapping]] = ..., structured_fields: _Optional[str] = ...) -> None: ...
+
+class KvSource(_message.Message):
+    __slots__ = ("endpoint", "num_tokens", "timeout_s", "backend_id")
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_ID_FIELD_NUMBER: _ClassVar[int]
+    endpoint: str
+    num_tokens: int
+    timeout_s: float
+    backend_id: str
+    def __init__(self, endpoint: _Optional[str] = ..., num_tokens: _Optional[int] = ..., timeout_s: _Optional[float] = ..., backend_id: _Optional[str] = ...) -> None: ...
+
+class KvPull(_message.Message):
+    __slots__ = ("pull_id", "prompt_frame", "start_block", "max_blocks", "layout")
+    PULL_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FRAME_FIELD_NUMBER: _ClassVar[int]
+    START_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    MAX_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    pull_id: int
+    prompt_frame: int
+    start_block: int
+    max_blocks: int
+    layout: str
+    def __init__(self, pull_id: _Optional[int] = ..., prompt_frame: _Optional[int] = ..., start_block: _Optional[int] = ..., max_blocks: _Optional[int] = ..., layout: _Optional[str] = ...) -> None: ...
+
+class KvBlocks(_message.Message):
+    __slots__ = ("pull_id", "start_block", "num_blocks", "block_bytes", "first_frame", "num_frames", "layout", "error", "frame_crc32")
+    PULL_ID_FIELD_NUMBER: _ClassVar[int]
+    START_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FIRST_FRAME_FIELD_NUMBER: _ClassVar[int]
+    NUM_FRAMES_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    FRAME_CRC32_FIELD_NUMBER: _ClassVar[int]
+    pull_id: int
+    start_block: int
+    num_blocks: int
+    block_bytes: int
+    first_frame: int
+    num_frames: int
+    layout: str
+    error: str
+    frame_crc32: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, pull_id: _Optional[int] = ..., start_block: _Optional[int] = ..., num_blocks: _Optional[int] = ..., block_bytes: _Optional[int] = ..., first_frame: _Optional[int] = ..., num_frames: _Optional[int] = ..., layout: _Optional[str] = ..., error: _Optional[str] = ..., frame_crc32: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SpeculationParams(_message.Message):
     __slots__ = ("off", "max_draft_tokens")
@@ -309,7 +371,7 @@ class StepOutput(_message.Message):
     def __init__(self, step: _Optional[int] = ..., outputs: _Optional[_Iterable[_Union[RequestOutput, _Mapping]]] = ...) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "num_free_blocks", "num_total_blocks", "recent_step_time_ms", "backend_id", "num_outstanding_tokens", "prefix_hashes", "prefix_block_size", "num_prompt_tokens", "num_cached_prompt_tokens", "num_preemptions", "num_held_messages", "num_dropped_peers", "num_swap_preemptions", "num_host_hit_tokens", "num_host_blocks", "num_host_used_blocks", "num_pins", "num_pinned_blocks", "pin_budget_blocks", "num_pins_refused", "num_pins_expired")
+    __slots__ = ("num_running", "num_waiting", "num_free_blocks", "num_total_blocks", "recent_step_time_ms", "backend_id", "num_outstanding_tokens", "prefix_hashes", "prefix_block_size", "num_prompt_tokens", "num_cached_prompt_tokens", "num_preemptions", "num_held_messages", "num_dropped_peers", "num_swap_preemptions", "num_host_hit_tokens", "num_host_blocks", "num_host_used_blocks", "num_pins", "num_pinned_blocks", "pin_budget_blocks", "num_pins_refused", "num_pins_expired", "num_kv_pulls", "num_kv_pull_failures", "num_kv_pulled_tokens", "num_kv_pulls_served", "kv_pull_bytes_per_s", "prefill_tokens_per_s")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -333,6 +395,12 @@ class LoadReport(_message.Message):
     PIN_BUDGET_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_PINS_REFUSED_FIELD_NUMBER: _ClassVar[int]
     NUM_PINS_EXPIRED_FIELD_NUMBER: _ClassVar[int]
+    NUM_KV_PULLS_FIELD_NUMBER: _ClassVar[int]
+    NUM_KV_PULL_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    NUM_KV_PULLED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_KV_PULLS_SERVED_FIELD_NUMBER: _ClassVar[int]
+    KV_PULL_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
     num_free_blocks: int
@@ -356,7 +424,13 @@ class LoadReport(_message.Message):
     pin_budget_blocks: int
     num_pins_refused: int
     num_pins_expired: int
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., recent_step_time_ms: _Optional[float] = ..., backend_id: _Optional[str] = ..., num_outstanding_tokens: _Optional[int] = ..., prefix_hashes: _Optional[_Iterable[int]] = ..., prefix_block_size: _Optional[int] = ..., num_prompt_tokens: _Optional[int] = ..., num_cached_prompt_tokens: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_held_messages: _Optional[int] = ..., num_dropped_peers: _Optional[int] = ..., num_swap_preemptions: _Optional[int] = ..., num_host_hit_tokens: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., num_host_used_blocks: _Optional[int] = ..., num_pins: _Optional[int] = ..., num_pinned_blocks: _Optional[int] = ..., pin_budget_blocks: _Optional[int] = ..., num_pins_refused: _Optional[int] = ..., num_pins_expired: _Optional[int] = ...) -> None: ...
+    num_kv_pulls: int
+    num_kv_pull_failures: int
+    num_kv_pulled_tokens: int
+    num_kv_pulls_served: int
+    kv_pull_bytes_per_s: float
+    prefill_tokens_per_s: float
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., recent_step_time_ms: _Optional[float] = ..., backend_id: _Optional[str] = ..., num_outstanding_tokens: _Optional[int] = ..., prefix_hashes: _Optional[_Iterable[int]] = ..., prefix_block_size: _Optional[int] = ..., num_prompt_tokens: _Optional[int] = ..., num_cached_prompt_tokens: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_held_messages: _Optional[int] = ..., num_dropped_peers: _Optional[int] = ..., num_swap_preemptions: _Optional[int] = ..., num_host_hit_tokens: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., num_host_used_blocks: _Optional[int] = ..., num_pins: _Optional[int] = ..., num_pinned_blocks: _Optional[int] = ..., pin_budget_blocks: _Optional[int] = ..., num_pins_refused: _Optional[int] = ..., num_pins_expired: _Optional[int] = ..., num_kv_pulls: _Optional[int] = ..., num_kv_pull_failures: _Optional[int] = ..., num_kv_pulled_tokens: _Optional[int] = ..., num_kv_pulls_served: _Optional[int] = ..., kv_pull_bytes_per_s: _Optional[float] = ..., prefill_tokens_per_s: _Optional[float] = ...) -> None: ...
 
 class Error(_message.Message):
     __slots__ = ("code", "message", "request_id", "batch_id", "param")
