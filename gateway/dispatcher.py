@@ -50,9 +50,10 @@ class QueuedRequest(RequestSink, Protocol):
     dispatched_at: float | None
     slo_ttft_ms: float | None  # its own TTFT target (None: its class's)
     # (backend id, class, requests unstarted ahead of it there, its uncached prompt tokens there,
-    # sequences decoding there) while sent and without a first token: what the wait predictor
-    # counts as unstarted on that backend and fits its service on (scheduler.admission)
-    unstarted: tuple[int, int, int, int, int] | None
+    # sequences decoding there, its predicted dispatch -> first token) while sent and without a
+    # first token: what the wait predictor counts as unstarted on that backend, fits its service
+    # on and calibrates its predictions with (scheduler.admission)
+    unstarted: tuple[int, int, int, int, int, float] | None
 
     def wire_sampling(self) -> pb.SamplingParams: ...
 
@@ -136,7 +137,8 @@ class Dispatcher:
             # the wait it would have had, as admission predicts it (not a constant)
             wait, _ = self.predictor.predict(int(cls), sum(self._depths()[: int(cls) + 1]),
                                              batcher.predicted_wait(now), self._live_backends())
-            raise queue_full(CLASS_NAMES[int(req.queue_class)], wait)
+            raise queue_full(CLASS_NAMES[int(req.queue_class)],
+                             wait * self.predictor.ratio_mid[int(cls)])
         self._act(dec.flush_now, dec.deadline)
 
     def _live_backends(self) -> list[int]:
@@ -151,10 +153,10 @@ class Dispatcher:
     # --- what the wait predictor counts (scheduler.admission) -----------------------------------
     def on_first_token(self, handle: QueuedRequest, now: float) -> None:
         """`handle`'s first token arrived: it has started on its backend."""
-        b, cls, ahead, uncached, decoding = handle.unstarted
+        b, cls, ahead, uncached, decoding, predicted = handle.unstarted
         handle.unstarted = None
         self.predictor.started(b, cls, now, now - (handle.dispatched_at or now), ahead, uncached,
-                               decoding)
+                               decoding, predicted)
 
     def on_gone(self, handle: QueuedRequest) -> None:
         """`handle` left its backend before a first token (error, abort)."""
@@ -277,14 +279,17 @@ class Dispatcher:
             if sent is None:
                 unplaced.extend(part)
                 continue
-            dispatched = self.predictor.dispatched
+            predictor = self.predictor
             for d in sent:
                 d.sink.on_dispatched(now, backend.address)
                 if getattr(d.sink, "unstarted", False) is None:  # a sink that counts starts
                     # its prompt tokens not expected cached there: the charge less its outputs
                     uncached = max(0, getattr(d, "charged_left", 0) - d.sampling.max_tokens)
-                    d.sink.unstarted = (backend.pid, d.queue_class,
-                                        dispatched(backend.pid, d.queue_class), uncached, decoding)
+                    cls = d.queue_class
+                    predicted = (predictor.backend_ttft(backend.pid, cls, uncached, 0, decoding)
+                                 if backend.pid in predictor.backends else 0.0)
+                    d.sink.unstarted = (backend.pid, cls, predictor.dispatched(backend.pid, cls),
+                                        uncached, decoding, predicted)
             if sent:
                 self.metrics.observe_batch(len(sent), [now - d.arrival_time for d in sent],
                                            backend.address)

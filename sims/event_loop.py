@@ -276,6 +276,7 @@ class EventLoop:
         self.alone = [0] * n if predicts else []
         self.uncached = [0] * n if predicts else []
         self.decoding = [0] * n if predicts else []
+        self.predicted = [0.0] * n if predicts else []  # backend_ttft at dispatch (calibration)
         self.qclass = [int(c) for c in gateway._queue_class] if predicts else []
         self.prompt_len = gateway.lists.prompt_len
         self.output_len = gateway.lists.output_len
@@ -408,9 +409,12 @@ class EventLoop:
         predictor, qclass = self.predictor, self.qclass
         decoding = predictor.decoding(b)
         charged, out = self.charged, self.output_len
+        known = b in predictor.backends
         for i in part:
+            u = self.uncached[i] = max(0, charged[i] - out[i])
+            if known:
+                self.predicted[i] = predictor.backend_ttft(b, qclass[i], u, 0, decoding)
             self.alone[i] = predictor.dispatched(b, qclass[i])
-            self.uncached[i] = max(0, charged[i] - out[i])
             self.decoding[i] = decoding
 
     def send(self, be: _Backend, part: list[int], now: float) -> None:
@@ -661,7 +665,8 @@ class EventLoop:
                     self.request_log.append((now, arg, r, 0))
                 if self.predictor is not None:
                     self.predictor.started(arg, self.qclass[r], now, now - self.dispatch_t[r],
-                                           self.alone[r], self.uncached[r], self.decoding[r])
+                                           self.alone[r], self.uncached[r], self.decoding[r],
+                                           self.predicted[r])
         self.finish_requests(be, done, now)
         self.after_step(be, now)
 
