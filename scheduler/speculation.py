@@ -644,6 +644,41 @@ class SpeculationPolicy:
 
 
 # ---- the engine's side: states, proposals, outcomes -----------------------------------------------
+class DraftBackoff:
+    """When an engine that pipelines its steps (async scheduling: step k+1 planned before step
+    k is read back) asks for drafts. Drafts follow the real tokens, so a step that may carry
+    them is planned after a read-back, which costs the device a wait; after an ask that drafted
+    nothing, the next 1, 3, 7, 15, then `limit` turns stay pipelined without asking.
+
+    A prediction that finds its place (a request that brings one, or one that re-synchronises
+    after an edited line: `Speculator.append` sees it) ends the wait: drafts are likely from
+    there. Without that reset the back-off ran on past an edited line's end, into the lines the
+    prediction had right (the simulator: TPOT 0.67 of off at 50% of lines kept vs 0.58)."""
+
+    __slots__ = ("backoff", "limit", "reset_on_align", "wait")
+
+    def __init__(self, limit: int = 16, reset_on_align: bool = True) -> None:
+        self.limit = limit
+        self.reset_on_align = reset_on_align
+        self.backoff = self.wait = 0
+
+    def skip(self) -> bool:
+        """True: this turn stays pipelined (do not ask)."""
+        if self.wait > 0:
+            self.wait -= 1
+            return True
+        return False
+
+    def asked(self, drafted: bool) -> None:
+        self.backoff = 0 if drafted else min(self.limit, 2 * self.backoff + 1)
+        self.wait = self.backoff
+
+    def aligned(self) -> None:
+        """A prediction has a draft to give again."""
+        if self.reset_on_align:
+            self.backoff = self.wait = 0
+
+
 class Speculator:
     """Per-request draft states and the proposers, for one engine. The engine calls:
 
@@ -673,6 +708,7 @@ class Speculator:
         self.num_drafted: dict[str, int] = dict.fromkeys(SOURCES, 0)
         self.num_accepted: dict[str, int] = dict.fromkeys(SOURCES, 0)
         self.num_verifies = 0
+        self.backoff = DraftBackoff()  # the asking turns of an engine that pipelines its steps
 
     @property
     def enabled(self) -> bool:
@@ -686,6 +722,8 @@ class Speculator:
                            session_key(prompt, cfg.session_prefix_tokens))
         if "prediction" in cfg.sources:
             self.prediction.start(state)
+            if state.pred_pos >= 0 and not state.off:
+                self.backoff.aligned()
         self.states[request_id] = state
         return state
 
@@ -777,7 +815,10 @@ class Speculator:
             return
         state.output.extend(int(t) for t in tokens)
         if state.prediction:
+            lost = state.pred_pos < 0
             self.prediction.observe(state, tokens)
+            if lost and state.pred_pos >= 0 and not state.off:  # re-synchronised
+                self.backoff.aligned()
         if state.history is not None:
             self.prompt.observe(state, tokens)
 

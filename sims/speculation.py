@@ -196,7 +196,7 @@ def simulate_speculation(requests: Sequence[SpecRequest], cost, sched_config: Sc
                          spec_config: SpeculationConfig | None, acceptance=None, *,
                          concurrency: int | None = None, seed: int = 0,
                          warmup: Sequence[SpecRequest] = (), keep_sessions: bool = False,
-                         async_scheduling: bool = False, reset_on_resync: bool = False,
+                         async_scheduling: bool = False, reset_on_resync: bool = True,
                          max_steps: int = 10_000_000) -> SpecSimResult:
     """Run `requests` through one simulated backend. `spec_config` None: no speculation (the
     same steps a plain engine runs). `warmup`: requests run first on the same backend (its
@@ -204,11 +204,14 @@ def simulate_speculation(requests: Sequence[SpecRequest], cost, sched_config: Sc
     baseline before its measured runs; its outputs leave the session store afterwards
     (`keep_sessions` False), as bench's oracle flushes them out of the live engine's.
     `async_scheduling`: the CUDA engine's turns (`EngineTurns`); False: the CPU engine's;
-    `reset_on_resync`: a what-if of those turns (`EngineTurns.reset_on_resync`)."""
+    `reset_on_resync` False: those turns as they were before the back-off ended when a
+    prediction re-synchronises (`scheduler.speculation.DraftBackoff`), for comparison."""
     acceptance = acceptance or OracleAcceptance()
     rng = np.random.default_rng(seed)
     sched = StepScheduler(sched_config)
     spec = Speculator(spec_config, StepCostModel()) if spec_config is not None else None
+    if spec is not None:
+        spec.backoff.reset_on_align = reset_on_resync
     all_reqs = list(warmup) + list(requests)
     records = [RequestRecord(0.0) for _ in all_reqs]
     generated = [0] * len(all_reqs)
@@ -218,7 +221,7 @@ def simulate_speculation(requests: Sequence[SpecRequest], cost, sched_config: Sc
     now = 0.0
     budget = [max_steps]
     turns = EngineTurns(async_scheduling, sched_config.max_num_seqs,
-                        sched_config.max_num_batched_tokens, reset_on_resync)
+                        sched_config.max_num_batched_tokens)
     if warmup:
         now, _, _ = _run_phase(range(len(warmup)), all_reqs, now, sched, spec, cost, acceptance,
                                rng, concurrency, records, generated, {}, budget, turns)
@@ -243,35 +246,22 @@ class EngineTurns:
     With async scheduling (the CUDA engine) a step is planned while the one before runs, and
     drafts need that step's tokens: the engine reads it back first only after a step that
     drafted, or when drafting may pay (some sequence speculates and the load is not
-    saturated); after asking and getting nothing it stays pipelined for 1, 2, 4 .. 16 turns.
+    saturated); after asking and getting nothing it stays pipelined for 1, 3, 7, 15, 16 turns
+    unless a prediction finds its place again (the Speculator's own `DraftBackoff`, the
+    engine's object).
     The policy's plan gets the step's logit-row room under the graphs (max_num_seqs + 1 -
     running) and twice the host's launch time (what a read-back costs the device). Without
     async scheduling (the CPU engine) it asks every step."""
 
     def __init__(self, async_scheduling: bool = False, max_num_seqs: int | None = None,
-                 max_num_batched_tokens: int = 2048, reset_on_resync: bool = False) -> None:
+                 max_num_batched_tokens: int = 2048) -> None:
         self.async_scheduling = async_scheduling
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        # a what-if (not the engine's rule): the back-off ends when a prediction finds its
-        # place again (the proposer re-synchronised), as drafts are likely again from there
-        self.reset_on_resync = reset_on_resync
-        self._aligned: set[str] = set()
-        self.backoff = self.wait = 0
         self.drafted_last = False
 
-    def _resynced(self, spec) -> bool:
-        aligned = {rid for rid, st in spec.states.items()
-                   if st.prediction and st.pred_pos >= 0 and not st.off}
-        new = bool(aligned - self._aligned)
-        self._aligned = aligned
-        return new
-
     def _may_speculate(self, spec, sched) -> bool:
-        if self.reset_on_resync and self.wait > 0 and self._resynced(spec):
-            self.backoff = self.wait = 0
-        if self.wait > 0:
-            self.wait -= 1
+        if spec.backoff.skip():
             return False
         num = sched.decodes.num_decoding
         if num == 0 or spec.policy.saturated(num + min(
@@ -304,8 +294,7 @@ class EngineTurns:
             launch = getattr(cost, "launch_time", None)
             fixed_s = 2 * launch(len(seqs), num_prefill) if launch is not None else 0.0
         drafts = spec.plan(loads, len(seqs), num_prefill, max_rows, fixed_s) or {}
-        self.backoff = 0 if drafts else min(16, 2 * self.backoff + 1)
-        self.wait = self.backoff
+        spec.backoff.asked(bool(drafts))
         self.drafted_last = bool(drafts)
         return drafts
 
@@ -487,8 +476,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="the CUDA engine's turns (default: on with a CUDA profile)")
-    p.add_argument("--reset-on-resync", action="store_true",
-                   help="what-if: the engine's back-off ends when a prediction re-synchronises")
+    p.add_argument("--reset-on-resync", action=argparse.BooleanOptionalAction, default=True,
+                   help="the engine's back-off ends when a prediction re-synchronises (default; "
+                        "--no-reset-on-resync: the rule before it, for comparison)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if args.profile:

@@ -219,9 +219,9 @@ def test_async_turns_back_off_as_the_engine_does(monkeypatch):
 
 
 def test_back_off_reset_on_resync_recovers_the_edited_lines():
-    """The what-if the simulator puts a number on: the engine's back-off outlives an edited
-    line (nothing to draft there); ending it when the prediction re-synchronises gives back
-    what asking every step gets."""
+    """The engine's back-off would outlive an edited line (nothing to draft there); it ends
+    when the prediction re-synchronises (scheduler.speculation.DraftBackoff, the engine's
+    rule), which gives back what asking every step gets."""
     reqs = synthetic_edit_requests(4, 64, 400, 0.5, seed=2)
     base = [SpecRequest(r.prompt, r.output, off=True) for r in reqs]
 
@@ -230,6 +230,6 @@ def test_back_off_reset_on_resync_recovers_the_edited_lines():
                                     spec(8), concurrency=1, warmup=base,
                                     **kw).summary()["tpot_p50_s"]
 
-    engine, resync, every = (tpot(async_scheduling=True),
-                             tpot(async_scheduling=True, reset_on_resync=True), tpot())
-    assert resync < engine and resync == pytest.approx(every, rel=0.02)
+    before, resync, every = (tpot(async_scheduling=True, reset_on_resync=False),
+                             tpot(async_scheduling=True), tpot())
+    assert resync < before and resync == pytest.approx(every, rel=0.02)

@@ -316,3 +316,32 @@ def test_prediction_counts_never_count_a_predicted_token_twice():
     st2 = sp2.get("r")
     assert (st2.num_matched_prediction_tokens, st2.prediction_passed_over()) == (6, 2)
     assert st2.prediction_usage() == (6, 2)
+
+
+def test_back_off_ends_when_a_prediction_finds_its_place():
+    """DraftBackoff: 1, 3, 7, 15, 16 turns without asking after asks that drafted nothing;
+    a prediction that re-synchronises (or a request that brings one) ends the wait."""
+    sp = spec(resync_ngram=3, sources=("prediction",))
+    b = sp.backoff
+    waits = []
+    for _ in range(6):
+        b.asked(False)
+        waits.append(b.wait)
+        b.wait = 0
+    assert waits == [1, 3, 7, 15, 16, 16]
+    sp.add("r", [1], prediction=list(range(100, 140)))  # a new prediction: ask at once
+    assert not b.skip() and b.backoff == 0
+    sp.append("r", [100, 101, 7, 8, 9])  # an edited line: lost, nothing to draft
+    assert sp.get("r").pred_pos == -1 and sp.propose("r", 4) == []
+    b.asked(False)
+    b.asked(False)
+    assert b.wait == 3
+    sp.append("r", [105])  # still lost: the back-off runs on
+    assert b.skip() and b.wait == 2
+    sp.append("r", [106, 107])  # (105, 106, 107) re-synchronises
+    assert sp.get("r").pred_pos == 8 and (b.wait, b.backoff) == (0, 0) and not b.skip()
+    b.reset_on_align = False  # the rule before it (the simulator's --no-reset-on-resync)
+    sp.append("r", [1, 2, 3])
+    b.asked(False)
+    sp.append("r", [109, 110, 111])
+    assert sp.get("r").pred_pos >= 0 and b.wait == 1

@@ -185,7 +185,6 @@ class Engine:
         # runner verifies (not a tensor-parallel leader's)
         spec = config.speculation
         self.speculator: Speculator | None = None
-        self._spec_backoff = self._spec_wait = 0  # pipelined turns before drafting is tried again
         if spec is not None and spec.enabled and isinstance(runner, ModelRunner):
             self.speculator = Speculator(spec, StepCostModel())
         self._seed_rng = random.Random()
@@ -392,13 +391,13 @@ class Engine:
         """Whether the next step might carry drafts (then it is planned after the step in
         flight is read back, as drafts follow the real tokens): the load leaves headroom under
         the knee and some decoding sequence has speculation on. O(1) at saturation. After a
-        read-back that found nothing to draft, the next 1, 2, 4 .. 16 turns stay pipelined
-        (async scheduling is not given up for drafts that do not come)."""
+        read-back that found nothing to draft, the next 1, 3, 7, 15, 16 turns stay pipelined
+        (async scheduling is not given up for drafts that do not come), unless a prediction
+        finds its place again (`scheduler.speculation.DraftBackoff`)."""
         sp = self.speculator
         if sp is None:
             return False
-        if self._spec_wait > 0:
-            self._spec_wait -= 1
+        if sp.backoff.skip():
             return False
         sched = self.scheduler
         num = sched.decodes.num_decoding
@@ -436,8 +435,7 @@ class Engine:
         # as twice the measured planning and launch)
         fixed_s = SPEC_FIXED_FACTOR * self._launch_s if self.async_scheduling else 0.0
         drafts = sp.plan(loads, len(seqs), num_prefill, max_rows, fixed_s) or None
-        self._spec_backoff = 0 if drafts else min(16, 2 * self._spec_backoff + 1)
-        self._spec_wait = self._spec_backoff
+        sp.backoff.asked(bool(drafts))
         return drafts
 
     def _verify(self, plan: StepPlan, out) -> dict[str, list[int]]:
