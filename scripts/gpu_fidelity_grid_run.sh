@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Issue 35: the simulator-fidelity grid on the H200, one part per device call, each part one
+# `tidegate sim validate` through scripts/fidelity_h200.sh (profile with the pause check and its
+# after_decode run, live service with decision and step logs, simulation and replay of every run).
+# Everything goes under $OUT/<part>/: validate JSON and log, profile, decision log, step log (both
+# gzipped), nvidia-smi clocks, and the command. Later sessions run the parts not yet committed.
+#
+#   OUT=$OUT PART=33b bash scripts/gpu_fidelity_grid_run.sh        # the first call (~470 s)
+#   PART=list bash scripts/gpu_fidelity_grid_run.sh                 # parts and estimates, no run
+#   OUT=/tmp/fid PART=cpu bash scripts/gpu_fidelity_grid_run.sh     # the CPU check (tiny, ~60 s)
+#
+# Estimates (s of command) from the committed runs (bench/results/fidelity_h200_2, 33B 5 x 45):
+# fixed ~100 (33B dummy load + profile of ~100 points with the pause check ~75, server start 11,
+# 10 warm-up requests); a run takes N / rate + the last request's decode (~128 x 25 ms = 3.3 s)
+# + ~1.5 s (settle, simulations). 33B bf16, capacity 10.46 req/s: N=200 at 0.5/0.8/0.95/1.2x is
+# 42 + 27 + 24 + 23 (1.2x: the queue drains at capacity) = ~120 s a seed. 6.7B: capacity ~33 req/s
+# (the roofline's 39.4 x the 33B's measured/roofline 0.84), ~45 s a seed at N=200. Mixed
+# lengths (lognormal prompts median 512 sigma 0.8, outputs median 128 sigma 0.7, capped at 4x the
+# mean): capacity ~7.5 req/s and a drain of up to ~650 tokens x 25 ms: ~185 s a seed.
+# Override any of MODEL LOADS SEEDS N IN OUTLEN SERVE_ARGS BUDGET_S per call.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PART=${PART:-33b}
+L4=0.5,0.8,0.95,1.2
+MIXED_IN=lognormal:512:0.8
+MIXED_OUT=lognormal:128:0.7
+# part -> MODEL LOADS SEEDS N IN OUTLEN SERVE_ARGS EST_S  (priority order: the issue's grid)
+part_spec() {
+  case "$1" in
+    33b)        echo "deepseek-coder-33b  $L4 0,1,2     200 512 128 -  470" ;;
+    33b-seeds)  echo "deepseek-coder-33b  $L4 3,4       200 512 128 -  350" ;;
+    6.7b)       echo "deepseek-coder-6.7b $L4 0,1,2,3,4 200 512 128 -  330" ;;
+    33b-fp8)    echo "deepseek-coder-33b  $L4 0,1,2     200 512 128 --engine-arg=--quantization=fp8 420" ;;
+    6.7b-fp8)   echo "deepseek-coder-6.7b $L4 0,1,2,3,4 200 512 128 --engine-arg=--quantization=fp8 300" ;;
+    33b-kvint4) echo "deepseek-coder-33b  $L4 0,1,2     200 512 128 --engine-arg=--kv-cache-dtype=int4-fp8 480" ;;
+    33b-mixed)  echo "deepseek-coder-33b  $L4 0,1       200 $MIXED_IN $MIXED_OUT - 500" ;;
+    6.7b-mixed) echo "deepseek-coder-6.7b $L4 0,1,2     200 $MIXED_IN $MIXED_OUT - 400" ;;
+    cpu)        echo "tiny                -   0         20  16  8   -  60" ;;
+    *) return 1 ;;
+  esac
+}
+PARTS="33b 33b-seeds 6.7b 33b-fp8 6.7b-fp8 33b-kvint4 33b-mixed 6.7b-mixed"
+if [ "$PART" = list ]; then
+  for p in $PARTS; do
+    read -r m l s n i o a e <<<"$(part_spec "$p")"
+    [ "$a" = - ] && a=
+    echo "PART=$p  ~${e}s  MODEL=$m LOADS=$l SEEDS=$s N=$n IN=$i OUTLEN=$o SERVE_ARGS=$a"
+  done
+  exit 0
+fi
+: "${OUT:?set OUT}"
+spec=$(part_spec "$PART") || { echo "unknown PART=$PART (PART=list shows them)"; exit 2; }
+read -r d_model d_loads d_seeds d_n d_in d_out d_args est <<<"$spec"
+[ "$d_args" = - ] && d_args=
+export MODEL=${MODEL:-$d_model} LOADS=${LOADS:-$d_loads} SEEDS=${SEEDS:-$d_seeds} N=${N:-$d_n}
+export IN=${IN:-$d_in} OUTLEN=${OUTLEN:-$d_out} SERVE_ARGS=${SERVE_ARGS-$d_args}
+export TAG=${TAG:-$PART}
+# the device call's limit is 600 s: leave room for the gzip and the copy back
+export BUDGET_S=${BUDGET_S:-570}
+if [ "$PART" = cpu ]; then
+  export DEVICE=cpu RATES=${RATES:-4} PAUSE_MS=${PAUSE_MS:-0}
+  [ -x .venv/bin/python ] && export PATH=$PWD/.venv/bin:$PATH
+fi
+dir=$OUT/$PART
+mkdir -p "$dir"
+{
+  echo "# issue 35 grid part $PART, $(date -u +%FT%TZ), estimate ~${est}s"
+  echo "git $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+  echo "MODEL=$MODEL LOADS=$LOADS SEEDS=$SEEDS N=$N IN=$IN OUTLEN=$OUTLEN SERVE_ARGS='$SERVE_ARGS' BUDGET_S=$BUDGET_S bash scripts/fidelity_h200.sh"
+} | tee "$dir/command.txt"
+t0=$(date +%s)
+OUT=$dir bash scripts/fidelity_h200.sh
+echo "part $PART: done after $(( $(date +%s) - t0 )) s (estimate ${est} s)" | tee -a "$dir/command.txt"
+# logs compress ~5x (the committed step log: 108 kB gz for 5,540 steps)
+gzip -f "$dir"/steps_*.jsonl "$dir"/decisions_*.jsonl "$dir"/smi_*.csv 2>/dev/null
+ls -la "$dir"
+[ -s "$dir/validate_$TAG.json" ] || { echo "no validate JSON: the run did not finish inside BUDGET_S"; exit 1; }
