@@ -29,7 +29,7 @@ from gateway.errors import (
 )
 from gateway.openai_schema import Prompt, SamplingParams, ServingOptions
 from gateway.output import OutputAssembler, OutputDelta
-from gateway.prediction_fields import check_prediction_tokens, prediction_overlap
+from gateway.prediction_fields import check_prediction_tokens
 from gateway.prometheus_metrics import GatewayMetrics
 from gateway.remote_tokenizer import RemoteTokenizer
 from gateway.validation import RequestLimits
@@ -40,6 +40,7 @@ from scheduler.admission import AdmissionConfig
 from scheduler.batcher import BatcherConfig
 from scheduler.classes import CLASS_NAMES
 from scheduler.decisions import DecisionLog
+from scheduler.prediction_usage import prediction_overlap
 from scheduler.queues import QueueConfig
 from scheduler.slo import SLOTargets
 from tokenizer.bundle import TokenizerBundle
