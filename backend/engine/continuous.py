@@ -115,8 +115,9 @@ class RequestOutput:
     num_completion_tokens: int = 0
     num_cached_tokens: int = 0
     # speculative decoding, cumulative (the wire's RequestOutput counters): draft tokens fed and
-    # accepted (all sources); prediction tokens matched by the output and, of the prediction,
-    # rejected drafts so far (at the finish: every predicted token the output did not use)
+    # accepted (all sources, none past a stop); OpenAI's accepted / rejected prediction tokens:
+    # while running, the prediction's tokens the output used / went past (its drafting's
+    # alignment); at the finish, the gateway's count (scheduler.prediction_usage), exactly
     num_draft_tokens: int = 0
     num_accepted_draft_tokens: int = 0
     num_accepted_prediction_tokens: int = 0
@@ -460,8 +461,8 @@ class Engine:
             out.token_ids[rid] = new[-1]
             out.logprobs[rid] = out.target_logprobs[rid][:len(new)]
             accepted[rid] = new[:-1]
-            if sp is not None:
-                sp.verified(rid, k, a)
+            if sp is not None:  # accepted: the drafts kept (none past a stop token)
+                sp.verified(rid, k, len(new) - 1)
         return accepted
 
     def settle(self) -> list[RequestOutput]:
@@ -757,7 +758,7 @@ class Engine:
                     o.num_draft_tokens = d.num_draft_tokens
                     o.num_accepted_draft_tokens = d.num_accepted_draft_tokens
                     o.num_accepted_prediction_tokens = d.num_matched_prediction_tokens
-                    o.num_rejected_prediction_tokens = d.num_rejected_prediction_tokens
+                    o.num_rejected_prediction_tokens = d.prediction_passed_over()
         for f in finished:
             out = outputs[f.request_id]
             out.finish_reason = f.finish_reason
@@ -765,8 +766,9 @@ class Engine:
             del self.states[f.request_id]
             if sp is not None:
                 d = sp.finish(f.request_id)
-                if d is not None and d.prediction:  # OpenAI's: predicted tokens not used
-                    out.num_rejected_prediction_tokens = d.prediction_unused()
+                if d is not None and d.prediction:  # OpenAI's, as the gateway counts them
+                    out.num_accepted_prediction_tokens, out.num_rejected_prediction_tokens = \
+                        d.prediction_usage()
         return list(outputs.values())
 
     # ---- idle checks ---------------------------------------------------------------------
