@@ -39,7 +39,7 @@ INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 LOGIT_BIAS_LIMIT = 100.0  # |bias| at most (OpenAI's)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # no slots: tests copy a record through its __dict__
 class SamplingParams:
     """What one sequence is sampled with (and the gateway's output options, which travel with
     it on the wire). Defaults: greedy, as the wire's unset fields (module docstring)."""

@@ -3,20 +3,15 @@ DeepSeek-Coder's FIM tokens, driven by the openai SDK. The prompt the backend re
 the FIM layout, and the completion transformers' greedy continuation of it."""
 from __future__ import annotations
 
-import re
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import openai
 import pytest
+from serve_helpers import serving
 
 from tests.backend_helpers import hf_greedy, hf_model, make_checkpoint
 from tokenizer.byte_level import build_byte_level_tokenizer_json
 
-ROOT = Path(__file__).parents[1]
 FIM = ["<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"]  # ids 259, 260, 261
 pytestmark = pytest.mark.slow
 
@@ -35,20 +30,8 @@ def fim_checkpoint(root: Path) -> Path:
 @pytest.fixture(scope="module")
 def fim_server(tmp_path_factory):
     path = fim_checkpoint(tmp_path_factory.mktemp("fim"))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.tidegate_cli", "serve", "--port", "0", "--model",
-         str(path), "--log-level", "warning"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    line = ""
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if "serving model" in line or not line:
-            break
-    m = re.search(r"serving model (\S+) on (http://\S+)", line)
-    assert m, f"gateway did not start: {line!r}"
-    yield {"url": m.group(2), "model": m.group(1), "path": path}
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(60) == 0
+    with serving("--model", str(path)) as s:
+        yield {**s, "path": path}
 
 
 def test_suffix_builds_the_fim_prompt_and_generates_the_middle(fim_server):

@@ -4,42 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import random
-import re
-import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import aiohttp
 import openai
 import pytest
+from serve_helpers import serving
 from test_gateway_http import ipc_address
 
 from gateway.client import AsyncClient, Client
 
-ROOT = Path(__file__).parents[1]
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def server():
     door = ipc_address()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.tidegate_cli", "serve", "--port", "0", "--model", "tiny",
-         "--zmq-listen", door, "--log-level", "warning"],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    line = ""
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if "serving model" in line or not line:
-            break
-    m = re.search(r"serving model (\S+) on (http://\S+)", line)
-    assert m, f"gateway did not start: {line!r}"
-    yield {"url": m.group(2), "model": m.group(1), "door": door}
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(60) == 0
+    with serving("--model", "tiny", "--zmq-listen", door) as s:
+        yield {**s, "door": door}
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ import torch
 
 from backend.config import ModelConfig
 from backend.engine.continuous import EngineConfig, RequestOutput
-from backend.engine.interface import EngineLoad
+from backend.engine.interface import EngineLoad, WholeStepEngine
 from backend.runner.sampler import SamplingParams, TokenLogprobs
 from proto.sampling import check_sampling
 from scheduler.classes import class_index
@@ -105,7 +105,7 @@ class EchoRunner:
     device = torch.device("cpu")
 
 
-class EchoEngine:
+class EchoEngine(WholeStepEngine):
     def __init__(self, config: EngineConfig, vocab_size: int,
                  eos_token_ids: tuple[int, ...] = (), step_delay_s: float = 0.0) -> None:
         self.step_delay_s = step_delay_s  # a slow backend that leaves the CPU to others
@@ -183,9 +183,7 @@ class EchoEngine:
             state.running = True
             sched.running[rid] = state
 
-    # the worker's step seam (backend.engine.continuous.Engine): no device, so nothing to overlap
-    overlaps_device = False
-
+    # continuous.Engine's begin/finish pair around a step: no device, nothing in between
     def begin_step(self) -> None:
         return None
 
@@ -220,43 +218,6 @@ class EchoEngine:
             del self.states[rid]
         return outputs
 
-
-    # ---- the rest of backend.engine.interface: one call is one whole step -----------------
-    kv_cache_dtype = "auto"
-    reports_steps = False
-    speculator = None  # drafts are ours alone: predictions are served as plain requests
-
-    @property
-    def serving_info(self) -> dict:
-        return {}  # no serving transforms: nothing for the start-up line
-    last_step = None
-
-    def advance(self) -> list[RequestOutput]:
-        return self.step()
-
-    def settle(self) -> list[RequestOutput]:
-        return []
-
-    def launch_deadline(self) -> float | None:
-        return None
-
-    def configure_pins(self, budget_fraction: float) -> None:
-        return None  # no prefix pins
-
-    def request_pin(self, request_id, token_ids, num_tokens, ttl_s) -> bool | None:
-        return None
-
-    def record_kv_events(self) -> bool:
-        return False  # no prefix cache of ours (vLLM's engine publishes its own, cli.py)
-
-    def take_kv_events(self) -> list:
-        return []
-
-    def prefix_cache_probe(self):
-        return None  # no prefix cache
-
-    def kv_port(self, model_name: str):
-        return None  # no KV to pull or serve
 
     def load(self) -> EngineLoad:
         sched = self.scheduler

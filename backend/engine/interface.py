@@ -118,6 +118,52 @@ REQUIRED = ("config", "eos_token_ids", "kv_cache_dtype", "overlaps_device", "rep
             "request_pin", "record_kv_events", "take_kv_events", "check_integrity")
 
 
+class WholeStepEngine:
+    """The contract's defaults for an engine where one call is one whole step and whose KV is
+    not ours to report, pin or pull (echo, vLLM): they subclass this and write only requests,
+    `step` and `load`. Our engine (`continuous.Engine`) implements every member itself."""
+
+    overlaps_device = False  # nothing runs after step() returns: nothing to overlap
+    kv_cache_dtype = "auto"
+    reports_steps = False    # the worker times each call itself
+    speculator = None        # drafts are ours alone: predictions are served as plain requests
+    last_step = None
+
+    @property
+    def serving_info(self) -> dict:
+        return {}  # no serving transforms: nothing for the start-up line
+
+    def step(self) -> list:
+        raise NotImplementedError
+
+    def advance(self) -> list:
+        return self.step()
+
+    def settle(self) -> list:
+        return []
+
+    def launch_deadline(self) -> float | None:
+        return None
+
+    def configure_pins(self, budget_fraction: float) -> None:
+        return None  # no prefix pins
+
+    def request_pin(self, request_id, token_ids, num_tokens, ttl_s) -> bool | None:
+        return None
+
+    def record_kv_events(self) -> bool:
+        return False  # no prefix cache of ours (vLLM's engine publishes its own, server/cli.py)
+
+    def take_kv_events(self) -> list:
+        return []
+
+    def prefix_cache_probe(self):
+        return None  # no prefix cache whose block hashes are ours
+
+    def kv_port(self, model_name: str):
+        return None  # no pool of ours to pull into or serve from
+
+
 def missing_members(engine) -> list[str]:
     """The members of the contract an engine object lacks (empty: it implements it)."""
     return [name for name in REQUIRED if not hasattr(engine, name)]

@@ -25,7 +25,7 @@ import torch
 
 from backend.config import ModelConfig
 from backend.engine.continuous import EngineConfig, RequestOutput
-from backend.engine.interface import EngineLoad
+from backend.engine.interface import EngineLoad, WholeStepEngine
 from backend.errors import ModelLoadError
 from backend.model.tokenizer import load_tokenizer_bundle
 from backend.runner.sampler import SamplingParams, TokenLogprobs
@@ -98,10 +98,8 @@ def _stats_logger_factory(sink: list):
     return LastStats
 
 
-class VllmEngine:
+class VllmEngine(WholeStepEngine):
     """`backend.engine.continuous.Engine`'s interface over a `vllm.LLMEngine`."""
-
-    overlaps_device = False   # vLLM's step is synchronous here: nothing to overlap
 
     def __init__(self, llm, config: EngineConfig, vocab_size: int,
                  eos_token_ids: tuple[int, ...], stats: list) -> None:
@@ -210,43 +208,6 @@ class VllmEngine:
         bm.num_query_tokens += pc.queries
         bm.num_hit_tokens += pc.hits
         sched.num_preemptions += pc.preempted_requests
-
-    # ---- the rest of backend.engine.interface: one call is one whole step -----------------
-    kv_cache_dtype = "auto"
-    reports_steps = False
-    speculator = None  # drafts are ours alone: predictions are served as plain requests
-
-    @property
-    def serving_info(self) -> dict:
-        return {}  # no serving transforms: nothing for the start-up line
-    last_step = None
-
-    def advance(self) -> list[RequestOutput]:
-        return self.step()
-
-    def settle(self) -> list[RequestOutput]:
-        return []
-
-    def launch_deadline(self) -> float | None:
-        return None
-
-    def configure_pins(self, budget_fraction: float) -> None:
-        return None  # no prefix pins
-
-    def request_pin(self, request_id, token_ids, num_tokens, ttl_s) -> bool | None:
-        return None
-
-    def record_kv_events(self) -> bool:
-        return False  # no prefix cache of ours (vLLM's engine publishes its own, cli.py)
-
-    def take_kv_events(self) -> list:
-        return []
-
-    def prefix_cache_probe(self):
-        return None  # vLLM's block hashes are not ours
-
-    def kv_port(self, model_name: str):
-        return None  # vLLM's pools are not ours to read (no prefix pull)
 
     def load(self) -> EngineLoad:
         sched = self.scheduler
