@@ -5,6 +5,11 @@
 #   bash scripts/gpu_slo_run.sh                                   # writes under $OUT (out/gpu_slo)
 #   MODEL=models/tiny-coder DEVICE=cpu N=120 INPUT=32 OUTPUT=uniform:1:80 \
 #       SLO=fast=2000,normal=6000,slow=15000 bash scripts/gpu_slo_run.sh   # the CPU check
+#   MODEL=echo ECHO_STEP_MS=20 MAX_NUM_SEQS=8 BACKENDS=4 DEVICE=cpu N=600 INPUT=32 \
+#       OUTPUT=uniform:1:80 SLO=fast=150,normal=400,slow=1000 bash scripts/gpu_slo_run.sh
+#       # the issue's live goal on 4 CPU backends: echo backends with a constant 20 ms step
+#       # and 8 sequences at most (a queue as our engine's, class-ordered), which the
+#       # simulator's constant step models (decision fidelity below uses --step-ms)
 #
 # The device call's 600 s: start-up (33B dummy, <= 120 s), capacity <= 150 s, plan <= 90 s,
 # control <= 300 s.
@@ -25,6 +30,11 @@ OUTPUT=${OUTPUT:-uniform:2:128}
 SLO=${SLO:-fast=600,normal=3000,slow=10000}
 LOAD=${LOAD:-1.5}
 PROFILE=${PROFILE:-}
+BACKENDS=${BACKENDS:-1}
+PLACEMENT=${PLACEMENT:-ttft}      # placement by predicted TTFT (scheduler.ttft_placement)
+PROBE_EVERY=${PROBE_EVERY:-3}     # every 3rd refusal re-sent admitted: the wait it would have had
+ECHO_STEP_MS=${ECHO_STEP_MS:-}
+MAX_NUM_SEQS=${MAX_NUM_SEQS:-}
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 TOKENIZERS_PARALLELISM=false
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
@@ -37,19 +47,29 @@ if ! $PY -c 'import zmq, aiohttp' 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; 
 fi
 TG="$PY -m gateway.tidegate_cli"
 mkdir -p "$OUT"
-SOCK=ipc:///tmp/tg-slo-$$.sock
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }
 trap cleanup EXIT
 
 LOADFMT=(--load-format dummy)
-[ -d "$MODEL" ] && LOADFMT=()
-$TG backend --listen "$SOCK" --model "$MODEL" "${LOADFMT[@]}" --device "$DEVICE" > "$OUT/backend.log" 2>&1 &
+{ [ -d "$MODEL" ] || [ "$MODEL" = echo ]; } && LOADFMT=()
+BEFLAGS=()
+[ -n "$ECHO_STEP_MS" ] && BEFLAGS+=(--echo-step-ms "$ECHO_STEP_MS")
+[ -n "$MAX_NUM_SEQS" ] && BEFLAGS+=(--max-num-seqs "$MAX_NUM_SEQS")
+[ "$DEVICE" = cpu ] && [ "$BACKENDS" -gt 1 ] && BEFLAGS+=(--cpu-threads 1)
+BACKS=()
+for k in $(seq 1 "$BACKENDS"); do
+  SOCK=ipc:///tmp/tg-slo-$$-$k.sock
+  $TG backend --listen "$SOCK" --model "$MODEL" "${LOADFMT[@]}" --device "$DEVICE" "${BEFLAGS[@]}" \
+      > "$OUT/backend_$k.log" 2>&1 &
+  pids+=($!)
+  BACKS+=(--backend "$SOCK")
+done
+GWFLAGS=("${BACKS[@]}" --placement "$PLACEMENT" --startup-timeout 600)
+$TG serve "${GWFLAGS[@]}" --port 18501 --slo-ttft-ms "$SLO" --decision-log "$OUT/decisions_a.jsonl" \
+    > "$OUT/gateway_a.log" 2>&1 &
 pids+=($!)
-$TG serve --backend "$SOCK" --port 18501 --slo-ttft-ms "$SLO" --decision-log "$OUT/decisions_a.jsonl" \
-    --startup-timeout 600 > "$OUT/gateway_a.log" 2>&1 &
-pids+=($!)
-$TG serve --backend "$SOCK" --port 18502 --startup-timeout 600 > "$OUT/gateway_b.log" 2>&1 &
+$TG serve "${GWFLAGS[@]}" --port 18502 > "$OUT/gateway_b.log" 2>&1 &
 pids+=($!)
 for port in 18501 18502; do
   for _ in $(seq 1 600); do
@@ -70,10 +90,15 @@ RATE=$($PY -c "print(round($LOAD * $CAP, 3))")
 echo "capacity $CAP req/s -> rate $RATE" | tee "$OUT/rate.txt"
 
 # 3. the planner's prediction, before the live run
-if [ "$DEVICE" != cpu ] || [ -n "$PROFILE" ]; then
-  COST=(--model "$MODEL" --gpu h200)
-  [ -n "$PROFILE" ] && COST=(--profile "$PROFILE")
-  timeout 90 $TG sim slo "${COST[@]}" --backends 1 --max-backends 2 --rate "$RATE" --num-requests "$N" \
+COST=()
+if [ -n "$ECHO_STEP_MS" ]; then COST=(--step-ms "$ECHO_STEP_MS")
+elif [ -n "$PROFILE" ]; then COST=(--profile "$PROFILE")
+elif [ "$DEVICE" != cpu ]; then COST=(--model "$MODEL" --gpu h200); fi
+SIMFLAGS=(--placement "$PLACEMENT")
+[ -n "$MAX_NUM_SEQS" ] && SIMFLAGS+=(--max-num-seqs "$MAX_NUM_SEQS")
+if [ ${#COST[@]} -gt 0 ]; then
+  timeout 90 $TG sim slo "${COST[@]}" "${SIMFLAGS[@]}" --backends "$BACKENDS" \
+      --max-backends $((BACKENDS + 1)) --rate "$RATE" --num-requests "$N" \
       --input-len "$INPUT" --output-len "$OUTPUT" --slo-ttft-ms "$SLO" --attainment 0.99 \
       --json "$OUT/plan.json" > "$OUT/plan.txt" 2>&1
   cat "$OUT/plan.txt"
@@ -82,13 +107,13 @@ fi
 # 4. the control check at LOAD x capacity
 timeout 300 $PY -m bench.serving.slo_control --url http://127.0.0.1:18501 --control-url http://127.0.0.1:18502 \
     --slo-ttft-ms "$SLO" --rate "$RATE" --num-requests "$N" --input-len "$INPUT" \
-    --output-len "$OUTPUT" --seed 2 --json "$OUT/slo_control.json" 2>&1 | tee "$OUT/slo_control.txt"
+    --output-len "$OUTPUT" --seed 2 --probe-every "$PROBE_EVERY" --json "$OUT/slo_control.json" \
+    2>&1 | tee "$OUT/slo_control.txt"
 curl -s localhost:18501/metrics | grep -E "^tidegate_(slo|admission|window|refused)" > "$OUT/metrics_a.txt"
 
 # 5. decision fidelity of A's windows and admission decisions
-FCOST=(--model "$MODEL" --gpu h200)
-[ -n "$PROFILE" ] && FCOST=(--profile "$PROFILE")
-[ "$DEVICE" = cpu ] && [ -z "$PROFILE" ] && FCOST=()
-$PY -m bench.simulator.decision_fidelity "$OUT/decisions_a.jsonl" --slo-ttft-ms "$SLO" "${FCOST[@]}" \
-    > "$OUT/decision_fidelity.json" 2>&1
+FFLAGS=(--backends "$BACKENDS" --placement "$PLACEMENT")
+[ -n "$MAX_NUM_SEQS" ] && FFLAGS+=(--max-num-seqs "$MAX_NUM_SEQS")
+$PY -m bench.simulator.decision_fidelity "$OUT/decisions_a.jsonl" --slo-ttft-ms "$SLO" "${COST[@]}" \
+    "${FFLAGS[@]}" > "$OUT/decision_fidelity.json" 2>&1
 cat "$OUT/decision_fidelity.json"

@@ -31,3 +31,14 @@ def test_retry_after_against_the_control_wait_and_deadline_misses():
     assert r["accepted_missing_deadline"] == pytest.approx(1 / 3)
     assert r["accepted_missing_deadline_by_10pct"] == 0.0
     assert set(r["ttft_p90_ms_admitted"]) == {"fast", "slow"}
+
+
+def test_probed_refusals_are_compared_with_their_own_probe():
+    from bench.serving.slo_control import compare_probes
+    admission = [refused(0, 100, 1.0), refused(1, 100, 0.5), refused(2, 4, 0.3), ok(3, 4, 0.1)]
+    probes = {0: ok(0, 100, 1.1), 1: ok(1, 100, 1.0),
+              2: RequestRecord(2, 8, 4, send_time=10.0, error="timeout")}  # a probe that failed
+    r = compare_probes(admission, probes)
+    assert r["num_probes"] == 3 and r["num_compared"] == 2
+    assert r["retry_after_within_25pct"] == 0.5  # 1.0 / 1.1 is, 0.5 / 1.0 is not
+    assert r["retry_after_over_probe_wait"]["p50"] == pytest.approx((1.0 / 1.1 + 0.5) / 2)

@@ -5,7 +5,13 @@ deadlines and against a control gateway that admits everything, then request by 
 - each request refused with admission (429): its Retry-After (retry-after-ms) against the TTFT the
   same request had in the control run, the wait it would have had; the share within +-25%;
 - each accepted request: by how much it missed its deadline; the share that missed by > 10%;
-- SLO attainment per class (refused count as missed) in both runs.
+- SLO attainment per class (refused count as missed) in both runs;
+- probes (`--probe-every K`): every K-th refused request of the admission run is sent again at
+  once with its own `slo_ttft_ms` so large that it is admitted: its TTFT is the wait it would
+  have had in that run, in the state its refusal was predicted in, which is what Retry-After
+  predicts. The control run's TTFT of the same request is another system's wait: without
+  admission, at 1.5x capacity the queue grows for the whole run, so late refusals' control
+  waits are many times what the admission run would have made them wait (both are reported).
 
     python -m bench.serving.slo_control --url http://127.0.0.1:8001 \\
         --control-url http://127.0.0.1:8002 --slo-ttft-ms fast=300,normal=1500,slow=4000 \\
@@ -26,7 +32,7 @@ import numpy as np
 from bench.serving import loadgen
 from scheduler.classes import CLASS_NAMES
 from scheduler.slo import parse_targets
-from sims.metrics import class_of, summarize
+from sims.metrics import RequestRecord, class_of, summarize
 from sims.workload import LengthSpec, ScheduleConfig, make_prompts, make_schedule
 
 
@@ -66,6 +72,57 @@ async def _run(url: str, schedule, prompts, concurrency):
                                   concurrency, False)
 
 
+PROBE_TTFT_MS = 1e9  # a request's own target so large that admission never refuses it
+
+
+async def _run_with_probes(url: str, schedule, prompts, concurrency, probe_every: int):
+    """`_run`, and every `probe_every`-th refusal re-sent at once as a probe (module doc):
+    (records, t0, {index: probe record})."""
+    import aiohttp
+
+    target = loadgen.HttpTarget(url)
+    n = len(prompts)
+    probes: dict[int, object] = {}
+    refused = [0]
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=target.timeout_s)) as session:
+        model = await loadgen.resolve_model(session, target)
+        endpoint = target.url.rstrip("/") + target.endpoint
+        bodies = [loadgen.request_body(target, model, prompts[i], int(schedule.output_len[i]))
+                  for i in range(n)]
+        records = [RequestRecord(i, len(prompts[i]), int(schedule.output_len[i])) for i in range(n)]
+
+        async def send_one(i: int) -> None:
+            await loadgen.send_http(session, target, endpoint,
+                                    json.dumps(bodies[i]).encode(), records[i])
+            if records[i].error == "http_429":
+                refused[0] += 1
+                if refused[0] % probe_every == 0:
+                    probe = RequestRecord(i, len(prompts[i]), int(schedule.output_len[i]))
+                    probes[i] = probe
+                    body = dict(bodies[i], slo_ttft_ms=PROBE_TTFT_MS)
+                    await loadgen.send_http(session, target, endpoint, json.dumps(body).encode(),
+                                            probe)
+
+        t0 = await loadgen.run_schedule(schedule.offset, send_one, records, concurrency)
+    return records, t0, probes
+
+
+def compare_probes(admitted_run: list, probes: dict) -> dict:
+    """Retry-After of each probed refusal against its probe's TTFT (the wait it would have had)."""
+    ratios = []
+    for i, probe in probes.items():
+        a = admitted_run[i]
+        if probe.ok and a.retry_after_s == a.retry_after_s:
+            wait = probe.first_token_time - probe.send_time
+            ratios.append(a.retry_after_s / wait if wait > 0 else math.inf)
+    r = np.array(ratios)
+    return {"num_probes": len(probes), "num_compared": len(ratios),
+            "retry_after_over_probe_wait": {
+                q: (float(np.percentile(r, int(q[1:]))) if len(r) else None)
+                for q in ("p10", "p50", "p90")},
+            "retry_after_within_25pct": float(np.mean(np.abs(r - 1.0) <= 0.25)) if len(r) else None}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.serving.slo_control", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -80,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--control-first", action="store_true")
+    p.add_argument("--probe-every", type=int, default=0, metavar="K",
+                   help="re-send every K-th refused request at once, admitted, to measure the "
+                   "wait it would have had (module doc; 0: no probes)")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     ttft = parse_targets(a.slo_ttft_ms)
@@ -91,12 +151,18 @@ def main(argv: list[str] | None = None) -> int:
     if not a.control_first:
         order.reverse()
     runs = {}
+    probes: dict = {}
     for name, url in order:
-        records, t0, _ = asyncio.run(_run(url, schedule, prompts, a.max_concurrency))
+        if name == "admission" and a.probe_every > 0:
+            records, t0, probes = asyncio.run(_run_with_probes(url, schedule, prompts,
+                                                               a.max_concurrency, a.probe_every))
+        else:
+            records, t0, _ = asyncio.run(_run(url, schedule, prompts, a.max_concurrency))
         runs[name] = (records, summarize(records, start_time=t0, slo_ttft_ms=a.slo_ttft_ms,
                                          slo_tpot_ms=a.slo_tpot_ms))
     out = {"config": vars(a),
-           "compare": compare_runs(runs["admission"][0], runs["control"][0], ttft),
+           "compare": compare_runs(runs["admission"][0], runs["control"][0], ttft)
+           | ({"probes": compare_probes(runs["admission"][0], probes)} if a.probe_every else {}),
            **{name: {k: v for k, v in rep.items() if k != "by_class"} | {
                "by_class": {c: {k: v for k, v in g.items()
                                 if k in ("num_requests", "completed", "num_refused",

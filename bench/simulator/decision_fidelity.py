@@ -151,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", help="or a preset's roofline on --gpu")
     p.add_argument("--gpu", default="h200")
     p.add_argument("--backends", type=int, default=1)
+    p.add_argument("--placement", default="prefix", help="the live gateway's --placement")
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help="the live backends' --max-num-seqs (default: the scheduler's)")
     args = p.parse_args(argv)
     arrivals, live = read_log(args.live)
     out = {}
@@ -169,12 +172,26 @@ def main(argv: list[str] | None = None) -> int:
             from sims.runner import CostSpec
             cost = CostSpec(model=args.model or "deepseek-coder-6.7b", gpu=args.gpu,
                             profile=args.profile).build()
+        from dataclasses import replace
+
+        import numpy
+
+        from scheduler.placement import PlacementConfig
         from sims.event_loop import EngineConfig
-        result, sim = replay_run(arrivals, SimSchedulerConfig(batcher=batcher, slo=slo,
-                                                              admission=slo.any_ttft),
-                                 cost, EngineConfig(num_samples=1, num_backends=args.backends))
+        sched = SimSchedulerConfig(batcher=batcher, slo=slo, admission=slo.any_ttft)
+        if args.max_num_seqs is not None:
+            sched = replace(sched, max_num_seqs=args.max_num_seqs)
+        result, sim = replay_run(arrivals, sched, cost,
+                                 EngineConfig(num_samples=1, num_backends=args.backends,
+                                              placement=PlacementConfig(policy=args.placement)))
         refused = refused_ids(result, arrivals) if result is not None else set()
-    out = compare(live, sim)
+        if result is not None:  # the replay's TTFT (push -> first token) of what it admitted
+            ttft = (result.first_token_time - result.workload.arrival_time)[~result.rejected]
+            ttft = ttft[~numpy.isnan(ttft)] * 1e3
+            if len(ttft):
+                out["sim_ttft_ms"] = {q: float(_pct(sorted(ttft.tolist()), v))
+                                      for q, v in (("p50", 0.5), ("p90", 0.9))}
+    out = compare(live, sim) | out
     if any(r.refused for r in arrivals) or refused:
         out["admission"] = compare_admission(arrivals, refused)
     print(json.dumps(out, indent=2))
