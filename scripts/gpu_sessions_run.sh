@@ -26,21 +26,9 @@ HOST_GIB=${HOST_GIB:-32}
 PRESSURE=${PRESSURE:-70000}
 PTURNS=${PTURNS:-6}     # turns of the pressure runs (b, c): each turn waits for PRESSURE tokens
 VOCAB=${VOCAB:-32000}
-export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 TOKENIZERS_PARALLELISM=false
-cd "$(dirname "$0")/.."
-PY=${PY:-python3}
-[ -x .venv/bin/python ] && [ "$DEVICE" = cpu ] && PY=.venv/bin/python
-if ! $PY -c 'import zmq, aiohttp' 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-      .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-TG="$PY -m gateway.tidegate_cli"
-mkdir -p "$OUT"
-SOCK=ipc:///tmp/tg-sessions-$$.sock
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }
+source "$(dirname "$0")/gpu_common.sh"
 trap cleanup EXIT INT TERM
+SOCK=ipc:///tmp/tg-sessions-$$.sock
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null; git log -1 --oneline; } \
     > "$OUT/machine.txt"
 

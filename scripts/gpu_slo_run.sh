@@ -35,21 +35,7 @@ PLACEMENT=${PLACEMENT:-ttft}      # placement by predicted TTFT (scheduler.ttft_
 PROBE_EVERY=${PROBE_EVERY:-3}     # every 3rd refusal re-sent admitted: the wait it would have had
 ECHO_STEP_MS=${ECHO_STEP_MS:-}
 MAX_NUM_SEQS=${MAX_NUM_SEQS:-}
-export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 TOKENIZERS_PARALLELISM=false
-cd "$(dirname "$0")/.."
-PY=${PY:-python3}
-[ -x .venv/bin/python ] && [ "$DEVICE" = cpu ] && PY=.venv/bin/python
-if ! $PY -c 'import zmq, aiohttp' 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
-  # pyzmq/protobuf/aiohttp missing on the machine: carry .whl (wheels), as gpu_serving_run.sh does
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-      .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-TG="$PY -m gateway.tidegate_cli"
-mkdir -p "$OUT"
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }
-trap cleanup EXIT
+source "$(dirname "$0")/gpu_common.sh"  # pyzmq/aiohttp missing on the machine: carry .whl
 
 LOADFMT=(--load-format dummy)
 { [ -d "$MODEL" ] || [ "$MODEL" = echo ]; } && LOADFMT=()
