@@ -137,7 +137,10 @@ def resimulate(validate: dict, arrivals, profile: str, prompt_identity_on: bool 
         loads.append({"load_label": ld["load_label"], "rate": ld["rate"], "runs": per_run,
                       "summary": summ})
     steps_p = res.step_prefill[res.step_prefill > 0]
-    out = {"source": "bench.simulator.fidelity_resim", "num_arrivals": len(arrivals),
+    terms = {"async_plan_lead_ms": None if async_plan_lead_s is None else 1e3 * async_plan_lead_s,
+             "hide_launch": hide_launch, "power_cap": power_cap,
+             "prefill_launch_deadline": prefill_launch_deadline, "delivery_ms": 1e3 * delivery_delay_s}
+    out = {"source": "bench.simulator.fidelity_resim", "num_arrivals": len(arrivals), "model_terms": terms,
            "sim_prefill_tokens_per_prefill_step": float(steps_p.mean()) if steps_p.size else 0.0,
            "loads": loads}
     if record_steps:

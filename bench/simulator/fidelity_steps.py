@@ -250,8 +250,12 @@ def schedule_report(result: dict, validate: dict, arrivals, batches, rows: list[
             sv = [s for s in sim_all if slo <= s.t <= shi]
             cmp_ = compare_steps([s for s in lv if s.prefill], [s for s in sv if s.prefill])
             div = first_divergence(lv, sv, flush, lead_s, prefill_deadline)
+            # windows: live from the decision log, simulated as requests sharing a dispatch time
+            live_w = sum(1 for b in batches if b.request_ids and b.request_ids[0] in ids)
+            sim_w = len({result["dispatch_time"][r] for r in ids}) if "dispatch_time" in result else 0
             per.append({"seed": ld["runs"][si]["seed"], "same_prefill_step_share": cmp_["same_prefill_step_share"],
-                        "num_prefill_steps": cmp_["num_prefill_steps"], "first_divergence": div})
+                        "num_prefill_steps": cmp_["num_prefill_steps"], "first_divergence": div,
+                        "num_requests": len(ids), "num_windows": [live_w, sim_w]})
         out.append({"load_label": ld["load_label"], "runs": per,
                     "same_prefill_step_share": float(np.mean([r["same_prefill_step_share"] for r in per]))})
     return out
