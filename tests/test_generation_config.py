@@ -6,15 +6,12 @@ through `tidegate serve`."""
 from __future__ import annotations
 
 import json
-import re
 import signal
-import subprocess
-import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+from serve_helpers import start_serve
 from test_gateway_fakes import DEFAULT_TEXT, EOS, FakeBackend
 from test_gateway_http import ipc_address, make_config, post
 
@@ -168,20 +165,8 @@ async def test_without_a_generation_config_the_api_defaults_stay(aiohttp_client,
 # ---- end to end: tidegate serve --generation-config ----------------------------------------------
 
 def _serve(*args: str):
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.tidegate_cli", "serve", "--port", "0", "--model", "tiny",
-         "--log-level", "warning", *args], cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    line = ""
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if "serving model" in line or not line:
-            break
-    m = re.search(r"serving model (\S+) on (http://\S+)", line)
-    if not m:
-        proc.kill()
-        pytest.fail(f"gateway did not start: {line!r}")
-    return proc, m.group(2)
+    proc, _, url = start_serve("--model", "tiny", *args)
+    return proc, url
 
 
 def _complete(url: str, body: dict) -> dict:

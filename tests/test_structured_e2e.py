@@ -7,17 +7,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import anthropic
 import jsonschema
 import openai
 import pytest
+from serve_helpers import serving
 
 from bench.structured.schema_gen import random_schema
 
@@ -43,21 +40,8 @@ ZMQ_DOOR = f"ipc://{tempfile.gettempdir()}/tg-structured-e2e-{os.getpid()}.sock"
 
 @pytest.fixture(scope="module")
 def server():
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.tidegate_cli", "serve", "--port", "0",
-         "--log-level", "warning", "--zmq-listen", ZMQ_DOOR], cwd=ROOT, stdout=subprocess.PIPE,
-        text=True)
-    line = ""
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if "serving model" in line or not line:
-            break
-    m = re.search(r"serving model (\S+) on (http://\S+)", line)
-    assert m, f"gateway did not start: {line!r}"
-    yield m.group(2)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(60) == 0
+    with serving("--zmq-listen", ZMQ_DOOR) as s:
+        yield s["url"]
 
 
 @pytest.fixture
