@@ -88,6 +88,12 @@ def test_config_consistent():
         assert m["model_config"][k] == cfg[k], k
 
 
+def _int8() -> bool:
+    """Shipped as an int8 checkpoint (backend.model.int8: 2-D weights I8 + float32 row scales)."""
+    q = _json("config.json").get("quantization_config") or {}
+    return q.get("quant_method") == "tidegate-int8"
+
+
 def test_safetensors_shapes_and_params():
     from safetensors import safe_open
 
@@ -95,10 +101,14 @@ def test_safetensors_shapes_and_params():
     h, kv, d = cfg["hidden_size"], cfg["num_key_value_heads"], cfg["head_dim"]
     total = 0
     with safe_open(str(MODEL_DIR / "model.safetensors"), framework="pt") as f:
-        keys = set(f.keys())
+        keys = {k for k in f.keys() if not k.endswith(".weight_scale")}  # noqa: SIM118
         for k in keys:
             sl = f.get_slice(k)
-            assert sl.get_dtype() in ("BF16", "bfloat16"), (k, sl.get_dtype())
+            two_d = len(sl.get_shape()) == 2
+            want = "I8" if _int8() and two_d else "BF16"
+            assert sl.get_dtype() == want, (k, sl.get_dtype())
+            if want == "I8":
+                assert f.get_slice(k + "_scale").get_shape() == [sl.get_shape()[0], 1]
             n = 1
             for s in sl.get_shape():
                 n *= s
@@ -108,7 +118,8 @@ def test_safetensors_shapes_and_params():
     assert sum(k.startswith("model.layers.") for k in keys) == 9 * cfg["num_hidden_layers"]
     assert ("lm_head.weight" in keys) != cfg["tie_word_embeddings"]
     assert total == _json("metrics.json")["params"]["total"]
-    assert 10_000_000 <= total <= 15_000_000  # bf16: at most 30 MB
+    # at most 30 MB: bf16 2 bytes a parameter, int8 1 byte (+ 4 per row for the scales)
+    assert 10_000_000 <= total <= (29_000_000 if _int8() else 15_000_000)
 
 
 def test_metrics_recorded():
@@ -144,13 +155,19 @@ def test_heldout_packages_whole_and_unseen():
             assert s["spdx"] and all(i in man["permissive_spdx"] for i in s["spdx"]), s
 
 
-def test_loads_with_transformers_and_generates():
+def test_loads_with_transformers_and_generates(tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
 
     tok = transformers.AutoTokenizer.from_pretrained(str(MODEL_DIR))
+    weights = MODEL_DIR
+    if _int8():  # transformers reads its dequantization (python -m backend.model.int8 dequantize)
+        from backend.model.int8 import dequantize_checkpoint
+
+        dequantize_checkpoint(MODEL_DIR, tmp_path / "bf16")
+        weights = tmp_path / "bf16"
     model = transformers.LlamaForCausalLM.from_pretrained(
-        str(MODEL_DIR), dtype=torch.float32
+        str(weights), dtype=torch.float32
     ).eval()
     ids = tok("def fibonacci(n):", return_tensors="pt").input_ids
     assert ids[0, 0].item() == tok.bos_token_id

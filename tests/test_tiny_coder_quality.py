@@ -70,7 +70,18 @@ def metrics() -> dict:
 
 # ---- (a) logits against transformers -------------------------------------------------------------
 
-def test_logits_match_transformers():
+def transformers_dir(tmp_path: Path) -> Path:
+    """The model as transformers reads it: the directory itself, or for an int8 checkpoint
+    (backend.model.int8) its float32 dequantization -- the weights our loader computes."""
+    from backend.model import int8
+
+    if int8.checkpoint_method(json.loads((MODEL / "config.json").read_text())) != "int8":
+        return MODEL
+    int8.dequantize_checkpoint(MODEL, tmp_path / "float32", "float32")
+    return tmp_path / "float32"
+
+
+def test_logits_match_transformers(tmp_path):
     from transformers import LlamaForCausalLM
 
     from evals.data import default_heldout_list, encode_doc, load_heldout
@@ -94,7 +105,7 @@ def test_logits_match_transformers():
         decode_rows[t] = row.cpu()
 
     greedy_decode(engine, [prompt], len(forced), forced=[forced], on_logits=keep)
-    hf = LlamaForCausalLM.from_pretrained(MODEL, dtype=torch.float32).eval()
+    hf = LlamaForCausalLM.from_pretrained(transformers_dir(tmp_path), dtype=torch.float32).eval()
     with torch.no_grad():
         ref = hf(torch.tensor([prompt + forced])).logits[0].float()
     scale = ref.abs().max()

@@ -815,9 +815,11 @@ def hf_config_dict(c: ModelConfig, tok) -> dict:
 
 # The model's sampling defaults, written to generation_config.json (the server applies them to
 # requests that leave the fields out: backend.model.generation_config). Greedy with a mild
-# repetition penalty: on the v2 model, 1.1 was the best of 1.0/1.1/1.2/1.3 on the validation
-# packages' 16 function headers (13/16 parse against 10/16 greedy) -- see the model card.
-GENERATION_DEFAULTS = {"temperature": 0.0, "repetition_penalty": 1.1}
+# repetition penalty and a frequency penalty: on the v2 model and the validation packages' 56
+# function headers (16 + 40, `tidegate eval code --heldout-list <validation files>`), 46/56
+# parse against 36 greedy and 40 at repetition_penalty 1.1 alone; the frequency penalty is
+# what breaks loops of *varying* lines (BENCHMARKS.md, issue 36's decoding defaults).
+GENERATION_DEFAULTS = {"temperature": 0.0, "repetition_penalty": 1.1, "frequency_penalty": 0.2}
 
 
 def save_hf_dir(out: Path, model: TinyLlama, tok, c: ModelConfig, max_len: int,
@@ -1655,9 +1657,11 @@ def defaults_section(evd: dict, ev: dict | None) -> str:
 
 `make serve` decodes a request that sets no sampling field with this model's
 `generation_config.json` ({", ".join(f"{k} {v}" for k, v in dec.items())}; see the repository
-README; the penalty was chosen on the v2 model with the validation packages' 16 function
-headers: 13/16 parse at 1.1 against 10/16 greedy, 12 at 1.2, 7 at 1.3). The same evaluation with
-`--generation-config auto` (the stop and parse rules unchanged; `eval_defaults.json`):
+README; the penalties were chosen on the v2 model with the validation packages' 56 function
+headers: 46/56 parse at repetition_penalty 1.1 + frequency_penalty 0.2 against 36 greedy, 40 at
+repetition_penalty 1.1 alone, 45 at 1.1 + presence_penalty 0.2, 44 at frequency_penalty 0.2
+alone; BENCHMARKS.md). The same evaluation with `--generation-config auto` (the stop and parse
+rules unchanged; `eval_defaults.json`):
 
 | decoding | 8 headers parse | 8 held-out headers parse | FIM exact line | FIM edit similarity |
 |---|---|---|---|---|
