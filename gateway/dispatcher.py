@@ -138,7 +138,7 @@ class Dispatcher:
             wait, _ = self.predictor.predict(int(cls), sum(self._depths()[: int(cls) + 1]),
                                              batcher.predicted_wait(now), self._live_backends())
             raise queue_full(CLASS_NAMES[int(req.queue_class)],
-                             wait * self.predictor.ratio_mid[int(cls)])
+                             self.predictor.calibrated(int(cls), wait))
         self._act(dec.flush_now, dec.deadline)
 
     def _live_backends(self) -> list[int]:

@@ -49,12 +49,17 @@ starts, and a prediction is ``class service + k_u (u - class mean u) + k_d (d - 
 on b not yet finished (the gateway's pool, the simulator's outstanding count).
 
 Calibration: each start also compares its measured service with what was predicted for it at
-dispatch (`started(..., predicted_s)`), per class, over the last `calibration_window` starts.
-Admission refuses a request unless its prediction times the `calibration_quantile` of those
-ratios meets the deadline (a request admitted at a prediction just under its deadline missed it
-whenever the prediction was low: 14.5% of the accepted missed by > 10% on the CPU), and the
-Retry-After is the prediction times their median (the point estimate of the wait). Both factors
-are 1 until a class has `calibration_min_samples` ratios.
+dispatch (`started(..., predicted_s)`), per class, over the last `calibration_window` starts:
+error = measured - predicted, in seconds. Admission refuses a request unless its prediction
+plus the `calibration_quantile` of those errors meets the deadline (a request admitted at a
+prediction just under its deadline missed it whenever the prediction was low: 14.5% of the
+accepted missed by > 10% on the CPU), and the Retry-After is the prediction plus their median
+(the point estimate of the wait). Additive, not a ratio: the errors come from discrete events
+(the step in progress, when a running sequence frees a slot) whose size does not scale with
+the prediction; as ratios, a 20 ms prediction that waited 100 ms for a slot made every later
+prediction five times longer (4 echo backends at 1.5x capacity: 62% of normal requests
+refused with Retry-After p50 1.67x the wait they had). Both are 0 until a class has
+`calibration_min_samples` errors.
 
 `headroom(now)`: per backend and in total, 1 / gap_b (the start rate the SLOs can take) minus
 the recent start rate: the extra requests/s before queues grow and deadlines start to fail.
@@ -82,7 +87,7 @@ class AdmissionConfig:
     # the service fit's slopes are used once u / d spread this much (scheduler.service_fit)
     min_spread_tokens: float = 16.0
     min_spread_decoding: float = 1.0
-    # calibration (module doc): measured / predicted service of the last starts per class
+    # calibration (module doc): measured - predicted service of the last starts per class
     calibration_quantile: float = 0.9
     calibration_window: int = 200
     calibration_min_samples: int = 20
@@ -160,11 +165,11 @@ class WaitPredictor:
         self.backends: dict[int, _Backend] = {}
         # the owner's count of requests on a backend not yet finished (module doc); None: 0
         self.inflight: Callable[[int], int] | None = None
-        # calibration per class: recent measured / predicted ratios and their quantiles
-        self.ratios = [deque(maxlen=config.calibration_window) for _ in range(NUM_CLASSES)]
-        self.ratio_high = [1.0] * NUM_CLASSES  # the calibration quantile (admission)
-        self.ratio_mid = [1.0] * NUM_CLASSES   # the median (Retry-After)
-        self.num_ratios = [0] * NUM_CLASSES
+        # calibration per class: recent measured - predicted errors (s) and their quantiles
+        self.errors = [deque(maxlen=config.calibration_window) for _ in range(NUM_CLASSES)]
+        self.error_high = [0.0] * NUM_CLASSES  # the calibration quantile (admission)
+        self.error_mid = [0.0] * NUM_CLASSES   # the median (Retry-After)
+        self.num_errors = [0] * NUM_CLASSES
 
     # ---- membership ------------------------------------------------------------------------
     def add_backend(self, b: int) -> None:
@@ -202,7 +207,7 @@ class WaitPredictor:
             return
         cfg = self.config
         if predicted_s > 0.0:
-            self._calibrate(cls, service_s / predicted_s)
+            self._calibrate(cls, service_s - predicted_s)
         if be.unstarted[cls] > 0:
             be.unstarted[cls] -= 1
         if be.paced and be.last_start > -math.inf:
@@ -227,16 +232,20 @@ class WaitPredictor:
         be.rate = be.rate * math.exp(-(now - be.rate_t) / cfg.rate_window_s) + 1.0
         be.rate_t = now
 
-    def _calibrate(self, cls: int, ratio: float) -> None:
-        r = self.ratios[cls]
-        r.append(ratio)
-        n = len(r)
-        self.num_ratios[cls] += 1
+    def _calibrate(self, cls: int, error: float) -> None:
+        e = self.errors[cls]
+        e.append(error)
+        n = len(e)
+        self.num_errors[cls] += 1
         # the quantiles are re-read every 8th sample: a sort of <= 200 floats, not per arrival
-        if n >= self.config.calibration_min_samples and self.num_ratios[cls] % 8 == 0:
-            s = sorted(r)
-            self.ratio_high[cls] = s[min(n - 1, int(self.config.calibration_quantile * n))]
-            self.ratio_mid[cls] = s[n // 2]
+        if n >= self.config.calibration_min_samples and self.num_errors[cls] % 8 == 0:
+            s = sorted(e)
+            self.error_high[cls] = s[min(n - 1, int(self.config.calibration_quantile * n))]
+            self.error_mid[cls] = s[n // 2]
+
+    def calibrated(self, cls: int, predicted_s: float) -> float:
+        """The point estimate of a class-`cls` wait predicted at `predicted_s` (Retry-After)."""
+        return max(0.0, predicted_s + self.error_mid[cls])
 
     def gone(self, b: int, cls: int) -> None:
         """A request sent to `b` left before its first token (error, abort, refusal)."""
@@ -338,8 +347,8 @@ class AdmissionControl:
             return None
         pred = self.predictor
         ttft, _ = pred.predict(cls, sum(gateway_depths[: cls + 1]), window_s, live)
-        if ttft * pred.ratio_high[cls] > deadline:
+        if ttft + pred.error_high[cls] > deadline:
             self.num_refused[cls] += 1
-            return Refusal(cls, ttft * pred.ratio_mid[cls], deadline)
+            return Refusal(cls, pred.calibrated(cls, ttft), deadline)
         self.num_admitted[cls] += 1
         return None

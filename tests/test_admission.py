@@ -289,31 +289,30 @@ def test_service_time_is_kept_per_class():
     assert p.backend_ttft(0, NORMAL) == pytest.approx(p.backends[0].service)  # no sample: all
 
 
-def test_calibration_admits_by_the_high_ratio_and_answers_with_the_median():
-    """Predictions that run low (measured service 1.2-1.6x what was predicted at dispatch):
-    admission refuses unless prediction x the 0.9 quantile of those ratios meets the deadline,
-    and the refusal's wait is prediction x their median."""
+def test_calibration_admits_by_the_high_error_and_answers_with_the_median():
+    """Predictions that run low (measured service 20-60 ms over what was predicted at dispatch):
+    admission refuses unless prediction + the 0.9 quantile of those errors meets the deadline,
+    and the refusal's wait is prediction + their median."""
     ctl = AdmissionControl(AdmissionConfig(slo=SLOTargets.parse("fast=1000", None),
                                            min_samples=2, calibration_min_samples=20))
     p = ctl.predictor
     _paced(p, 0, 5, gap=0.1, service=0.1)
-    assert p.ratio_high[FAST] == p.ratio_mid[FAST] == 1.0  # no ratio yet
-    ratios = [1.2 + 0.4 * k / 39 for k in range(40)]
-    for r in ratios:  # alone each time: predicted 100 ms, measured 100 ms x r
+    assert p.error_high[FAST] == p.error_mid[FAST] == 0.0  # no error measured yet
+    errors = [0.02 + 0.04 * k / 39 for k in range(40)]
+    for e in errors:  # alone each time: predicted 100 ms, measured 100 ms + e
         a = p.dispatched(0, FAST)
-        p.started(0, FAST, 50.0, 0.1 * r, a, 0, 0, predicted_s=0.1)
-    s = sorted(ratios)
-    assert p.ratio_high[FAST] == pytest.approx(s[int(0.9 * 40)])
-    assert p.ratio_mid[FAST] == pytest.approx(s[20])
-    assert p.ratio_high[NORMAL] == 1.0  # per class
-    # 6 fast ahead at 100 ms each + its own service: the raw prediction fits under 1 s...
-    for _ in range(6):
+        p.started(0, FAST, 50.0, 0.1 + e, a, 0, 0, predicted_s=0.1)
+    s = sorted(errors)
+    assert p.error_high[FAST] == pytest.approx(s[int(0.9 * 40)])
+    assert p.error_mid[FAST] == pytest.approx(s[20])
+    assert p.error_high[NORMAL] == 0.0  # per class
+    # fast requests ahead at 100 ms each + its own service: the raw prediction fits under 1 s...
+    for _ in range(8):
         p.dispatched(0, FAST)
     raw, _ = p.predict(FAST, 0, 0.0)
-    assert raw < 1.0 < raw * p.ratio_high[FAST]
+    assert raw < 1.0 < raw + p.error_high[FAST]
     refusal = ctl.check(FAST, [0, 0, 0], 0.0)
     assert refusal is not None  # ... the calibrated one does not
-    assert refusal.retry_after_s == pytest.approx(raw * p.ratio_mid[FAST])
-    p.gone(0, FAST)
-    p.gone(0, FAST)  # two fewer ahead: 0.5 s x 1.56 < 1 s
+    assert refusal.retry_after_s == pytest.approx(raw + p.error_mid[FAST])
+    p.gone(0, FAST)  # one fewer ahead: 100 ms less
     assert ctl.check(FAST, [0, 0, 0], 0.0) is None
