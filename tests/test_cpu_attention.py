@@ -1,5 +1,6 @@
-"""The C paged-attention kernel against the torch reference on mixed steps (decodes, fresh
-prefills, chunks after a cached prefix), GQA and MHA, padding rows included."""
+"""The CPU attention (C paged kernel + torch's fused attention for fresh prefills) against the
+torch reference on mixed steps (decodes, fresh prefills alone and in runs of equal length,
+chunks after a cached prefix), GQA and MHA, padding rows included, fp32 and bf16."""
 from __future__ import annotations
 
 import random
@@ -53,7 +54,7 @@ def _step(seq_specs, num_heads, num_kv_heads, head_dim, block_size, num_blocks, 
 @pytest.mark.parametrize("block_size", [16, 5])
 def test_kernel_matches_reference_on_mixed_steps(heads, block_size):
     num_heads, num_kv_heads = heads
-    specs = [(1, 1), (1, 17), (1, 40), (9, 9), (5, 37), (16, 16), (3, 3)]
+    specs = [(1, 1), (1, 17), (1, 40), (9, 9), (5, 37), (16, 16), (3, 3), (3, 3)]
     q, k, v, kc, vc, ctx = _step(specs, num_heads, num_kv_heads, 32, block_size, 64, pad=3, seed=1)
     scale = 32 ** -0.5
     kc2, vc2 = kc.clone(), vc.clone()
@@ -74,9 +75,27 @@ def test_kernel_follows_the_block_table_not_slot_order():
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
-def test_non_fp32_pools_fall_back_to_the_reference():
-    q, k, v, kc, vc, ctx = _step([(1, 20), (4, 4)], 4, 2, 16, 16, 8, pad=0, seed=3)
+@pytest.mark.parametrize("heads", [(6, 2), (4, 4)])
+def test_bf16_matches_the_fp32_reference_to_bf16_rounding(heads):
+    # runs of equal-length fresh prefills take one fused call; a cached-prefix chunk sits
+    # between them; the bf16 pages are written exactly as the reference writes them
+    specs = [(1, 1), (1, 33), (4, 4), (4, 4), (4, 4), (5, 37), (7, 7), (7, 7), (1, 2)]
+    specs = sorted(specs, key=lambda s: s[0] != 1)  # decodes first
+    q, k, v, kc, vc, ctx = _step(specs, *heads, 64, 16, 48, pad=2, seed=5)
     q, k, v, kc, vc = (t.to(torch.bfloat16) for t in (q, k, v, kc, vc))
+    kc2, vc2 = kc.clone(), vc.clone()
+    TorchAttention(0.125)(q, k, v, kc, vc, ctx)  # the reference's page writes
+    got = CpuAttention(0.125)(q, k, v, kc2, vc2, ctx)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+    want = TorchAttention(0.125)(q.float(), k.float(), v.float(), kc.float(), vc.float(), ctx)
+    torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
+    assert torch.count_nonzero(got[-2:]) == 0
+
+
+def test_fp16_pools_fall_back_to_the_reference():
+    q, k, v, kc, vc, ctx = _step([(1, 20), (4, 4)], 4, 2, 16, 16, 8, pad=0, seed=3)
+    q, k, v, kc, vc = (t.to(torch.float16) for t in (q, k, v, kc, vc))
     want = TorchAttention(0.25)(q, k, v, kc.clone(), vc.clone(), ctx)
     got = CpuAttention(0.25)(q, k, v, kc, vc, ctx)
     assert torch.equal(got, want)

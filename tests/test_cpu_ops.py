@@ -1,4 +1,4 @@
-"""The CPU elementwise kernels against the torch reference ops (fp32), and the fallbacks."""
+"""The CPU elementwise kernels against the torch reference ops (fp32, bf16), and the fallbacks."""
 from __future__ import annotations
 
 import pytest
@@ -43,9 +43,37 @@ def test_silu_and_mul():
     torch.testing.assert_close(OPS.silu_and_mul(x), TorchOps.silu_and_mul(x))
 
 
+def test_bf16_kernels_match_the_fp32_reference_to_bf16_rounding():
+    g = torch.Generator().manual_seed(3)
+    bf = torch.bfloat16
+    x, res = torch.randn(9, 80, generator=g).to(bf), torch.randn(9, 80, generator=g).to(bf)
+    w = torch.randn(80, generator=g).to(bf)
+    tol = {"rtol": 1.6e-2, "atol": 1e-2}  # one bf16 rounding of the result (+ of the weight product)
+    got = OPS.rms_norm(x, w, 1e-5)
+    assert got.dtype == bf
+    torch.testing.assert_close(got.float(), TorchOps.rms_norm(x.float(), w.float(), 1e-5), **tol)
+    got, got_res = OPS.add_rms_norm(x, res, w, 1e-6)
+    assert torch.equal(got_res, x + res)  # the bf16 residual, rounded as torch rounds it
+    torch.testing.assert_close(got.float(), TorchOps.rms_norm(got_res.float(), w.float(), 1e-6),
+                               **tol)
+    gu = (torch.randn(9, 2 * 40, generator=g) * 4).to(bf)
+    torch.testing.assert_close(OPS.silu_and_mul(gu).float(), TorchOps.silu_and_mul(gu.float()),
+                               **tol)
+    qkv = torch.randn(5, 4 * 32, generator=g).to(bf)
+    q, k, _ = qkv.split([2 * 32, 32, 32], dim=-1)
+    q, k = q.reshape(5, 2, 32), k.reshape(5, 1, 32)
+    positions = torch.tensor([0, 3, 900, 17, 5])
+    cos_sin = rope_cos_sin(32, 1024, 10000.0, 1.0)
+    want_q, want_k = TorchOps.rotary(q.float(), k.float(), positions, cos_sin)
+    got_q, got_k = OPS.rotary(q, k, positions, cos_sin)
+    assert got_q.data_ptr() == q.data_ptr()
+    torch.testing.assert_close(got_q.float(), want_q, **tol)
+    torch.testing.assert_close(got_k.float(), want_k, **tol)
+
+
 def test_other_dtypes_use_the_reference():
-    x = torch.randn(4, 16).bfloat16()
-    w = torch.randn(16).bfloat16()
+    x = torch.randn(4, 16).half()
+    w = torch.randn(16).half()
     assert torch.equal(OPS.rms_norm(x, w, 1e-5), TorchOps.rms_norm(x, w, 1e-5))
     assert torch.equal(OPS.silu_and_mul(x), TorchOps.silu_and_mul(x))
 

@@ -242,6 +242,9 @@ def use_cpu_kernels(runner: ModelRunner) -> None:
     model.ops = CpuOps()
     if not model.attn.uses_kernel:
         log.info("CPU kernels unavailable: torch reference attention and ops")
+    from backend.kernels.cpu.linear import pack_linears
+
+    pack_linears(model)  # bf16 models: the projections in oneDNN's packed layout
 
 
 def _eos_ids(loaded: LoadedModel) -> tuple[int, ...]:

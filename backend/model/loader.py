@@ -54,9 +54,15 @@ class LoadedModel:
 
 
 def resolve_dtype(dtype: str, config: ModelConfig, device: torch.device) -> torch.dtype:
-    """`auto`: float32 on the CPU, the checkpoint's dtype elsewhere."""
+    """`auto`: the checkpoint's dtype, except on a CPU: float32 there, or bfloat16 for a bf16
+    checkpoint on a CPU with bf16 arithmetic (AVX-512 BF16 / AMX; `bf16_arithmetic`)."""
     if dtype == "auto":
-        return torch.float32 if device.type == "cpu" else TORCH_DTYPES[config.torch_dtype]
+        if device.type != "cpu":
+            return TORCH_DTYPES[config.torch_dtype]
+        from backend.kernels.cpu import bf16_arithmetic
+
+        bf16 = config.torch_dtype == "bfloat16" and bf16_arithmetic()
+        return torch.bfloat16 if bf16 else torch.float32
     if dtype not in TORCH_DTYPES:
         raise ModelLoadError(f"unsupported dtype {dtype!r} (choose from auto, {', '.join(TORCH_DTYPES)})")
     return TORCH_DTYPES[dtype]

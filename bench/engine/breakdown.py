@@ -81,6 +81,7 @@ def _serializer(engine):
 
     w = Worker.__new__(Worker)
     w.num_steps = 0
+    w.pin_status = {}
     sent = []
     w._send = lambda identity, env, arrays=(): sent.append(
         __import__("proto.codec", fromlist=["encode_trusted"]).encode_trusted(env, arrays))

@@ -7,7 +7,7 @@ milliseconds. No compiler, a failed build, or `TIDEGATE_CPU_KERNELS=off`: `load_
 returns None and the callers keep the torch reference.
 
 Functions are called through ctypes with raw data pointers; callers check dtype, device and
-layout before calling (fp32, CPU, unit stride in the last dimension).
+layout before calling (fp32 or bf16, CPU, unit stride in the last dimension).
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from pathlib import Path
 log = logging.getLogger("tidegate.backend")
 
 SOURCES = sorted(Path(__file__).parent.glob("*.c"))
+HEADERS = sorted(Path(__file__).parent.glob("*.h"))  # in the cache key, not on the command line
 # Not -ffast-math: linking a shared library with it pulls in crtfastmath.o, whose constructor
 # turns on flush-to-zero/denormals-are-zero for the whole process when the library loads —
 # every later float op of the backend (and numpy, and hypothesis) would then lose subnormals.
@@ -36,11 +37,18 @@ CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fas
 P, I, L, F = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
 SIGNATURES = {
     "paged_attention_f32": [P, L, P, P, P, I, P, P, I, I, I, I, I, F, P],
+    "paged_attention_bf16": [P, L, P, P, P, I, P, P, I, I, I, I, I, F, P],
+    "write_kv_rows": [P, L, P, L, P, I, L, P, P],
     "rms_norm_f32": [P, L, P, I, I, F, P],
     "add_rms_norm_f32": [P, P, P, I, I, F, P, P],
     "rotary_f32": [P, L, I, P, L, I, P, P, I, I],
     "silu_and_mul_f32": [P, I, I, P],
+    "rms_norm_bf16": [P, L, P, I, I, F, P],
+    "add_rms_norm_bf16": [P, P, P, I, I, F, P, P],
+    "rotary_bf16": [P, L, I, P, L, I, P, P, I, I],
+    "silu_and_mul_bf16": [P, I, I, P],
 }
+RETURNS_INT = ("paged_attention_f32", "paged_attention_bf16", "rms_norm_bf16", "add_rms_norm_bf16")
 _lib: ctypes.CDLL | None | bool = False  # False: not tried yet; None: unavailable
 
 
@@ -52,6 +60,21 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def bf16_arithmetic(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU multiplies bf16 natively (`avx512_bf16` or `amx_bf16` in its flags): a
+    bf16 checkpoint then runs in bf16 by default (`backend.model.loader.resolve_dtype`). Without
+    them (AVX2) bf16 matmuls are 2-6x slower than fp32, with them 3-8x faster at 32+ rows
+    (BENCHMARKS.md, issue 32)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines()
+                  if line.startswith("flags")), [])
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def _cache_dir() -> Path:
@@ -66,7 +89,7 @@ def build_library() -> Path | None:
     if cc is None:
         return None
     h = hashlib.sha256(" ".join(CFLAGS).encode() + _cpu_model().encode())
-    for src in SOURCES:
+    for src in (*SOURCES, *HEADERS):
         h.update(src.read_bytes())
     name = f"tidegate_cpu-{h.hexdigest()[:16]}.so"
     # the user's cache, else the temp dir (a read-only home must not stop the engine)
@@ -108,6 +131,6 @@ def load_library() -> ctypes.CDLL | None:
                 for name, argtypes in SIGNATURES.items():
                     fn = getattr(lib, name)
                     fn.argtypes = argtypes
-                    fn.restype = ctypes.c_int if name == "paged_attention_f32" else None
+                    fn.restype = ctypes.c_int if name in RETURNS_INT else None
                 _lib = lib
     return _lib

@@ -1,11 +1,20 @@
 """Attention for the CPU engine: a paged kernel in C behind the model's attention seam.
 
-`CpuAttention` has `TorchAttention`'s call signature. It writes K/V into their pages like the
-reference, then runs `cpu_kernels/paged_attention.c` once per layer for every sequence of the
-step (decodes and prefill chunks alike): K/V are read in place from the pages, so nothing is
-gathered, padded or upcast per step, and there is no Python loop over sequences. The reference
-(`backend.kernels.reference.attention`) stays the oracle and the fallback for what the kernel does not take
-(non-fp32 pools, quantized pools, no C compiler).
+`CpuAttention` has `TorchAttention`'s call signature. Per layer it writes the step's K/V rows
+into their pages (one C call), then:
+
+- a fresh prefill (a chunk that is its sequence's whole context: nothing cached) attends over
+  its own q/k/v with torch's fused CPU attention (`scaled_dot_product_attention`, causal, GQA),
+  one call for each run of consecutive fresh prefills of the same length; that kernel is tiled
+  and uses the CPU's matrix units (AMX / AVX-512 BF16 for bf16): measured 6.5x (bf16) and 2.6x
+  (fp32) faster than the paged kernel on 16 prompts of 128 tokens;
+- every other sequence (decodes, chunks after a cached prefix) goes to
+  `cpu_kernels/paged_attention.c` in one call per run of such sequences: K/V are read in place
+  from the pages, so nothing is gathered or padded, and there is no Python loop over them.
+
+fp32 and bf16 (the model's dtype: q, pages and output; scores in fp32). The reference
+(`backend.kernels.reference.attention`) stays the oracle and the fallback for what the kernels do
+not take (other dtypes, quantized pools, no C compiler).
 
 The kernel is built at first use for this CPU (`backend.kernels.cpu`); set
 `TIDEGATE_CPU_KERNELS=off` to use the reference.
@@ -13,31 +22,50 @@ The kernel is built at first use for this CPU (`backend.kernels.cpu`); set
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from backend.kernels.cpu import load_library
 from backend.kernels.forward_context import ForwardContext
 from backend.kernels.reference.attention import TorchAttention, write_kv
 
+I32_BYTES = 4
+
 
 class CpuAttention(TorchAttention):
-    """`TorchAttention` with the step's attention in one C call per layer (fp32 pools)."""
+    """`TorchAttention` with the step's attention in C and torch's fused CPU attention."""
 
     def __init__(self, scale: float) -> None:
         super().__init__(scale)
         lib = load_library()
-        self._kernel = lib.paged_attention_f32 if lib is not None else None
+        self._lib = lib
+        self._kernels = {} if lib is None else {torch.float32: lib.paged_attention_f32,
+                                                torch.bfloat16: lib.paged_attention_bf16}
 
     @property
     def uses_kernel(self) -> bool:
-        return self._kernel is not None
+        return bool(self._kernels)
+
+    def _write_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
+        n = slot_mapping.shape[0]
+        if (k.stride(2) != 1 or k.stride(1) != k.shape[2] or v.stride(2) != 1
+                or v.stride(1) != v.shape[2] or not k_cache.is_contiguous()
+                or not v_cache.is_contiguous() or slot_mapping.dtype != torch.int64
+                or not slot_mapping.is_contiguous() or k.dtype != k_cache.dtype
+                or v.dtype != v_cache.dtype or k.shape[0] < n):
+            write_kv(k, v, k_cache, v_cache, slot_mapping)
+            return
+        elem = k.element_size()
+        self._lib.write_kv_rows(k.data_ptr(), k.stride(0) * elem, v.data_ptr(), v.stride(0) * elem,
+                                slot_mapping.data_ptr(), n, k.shape[1] * k.shape[2] * elem,
+                                k_cache.data_ptr(), v_cache.data_ptr())
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        if (self._kernel is None or not isinstance(k_cache, torch.Tensor)
-                or k_cache.dtype != torch.float32 or q.dtype != torch.float32
-                or k_cache.device.type != "cpu"):
+        kernel = self._kernels.get(q.dtype)
+        if (kernel is None or not isinstance(k_cache, torch.Tensor)
+                or k_cache.dtype != q.dtype or k_cache.device.type != "cpu"):
             return super().__call__(q, k, v, k_cache, v_cache, ctx)
-        write_kv(k, v, k_cache, v_cache, ctx.slot_mapping)
+        self._write_kv(k, v, k_cache, v_cache, ctx.slot_mapping)
         if q.stride(2) != 1 or q.stride(1) != q.shape[2]:
             q = q.contiguous()
         num_tokens, num_heads, head_dim = q.shape
@@ -48,12 +76,40 @@ class CpuAttention(TorchAttention):
         tables = ctx.block_tables
         if tables.stride(1) != 1:
             tables = tables.contiguous()
-        qsl = ctx.query_start_loc
-        lens = ctx.context_lens
-        rc = self._kernel(
-            q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
-            tables.stride(0), qsl.data_ptr(), lens.data_ptr(), ctx.num_seqs, num_heads,
-            k_cache.shape[2], head_dim, k_cache.shape[1], self.scale, out.data_ptr())
-        if rc != 0:
-            raise ValueError(f"CPU attention kernel refused the shapes (code {rc})")
+        qsl, lens = ctx.query_start_loc_host, ctx.context_lens_host
+        num_seqs = ctx.num_seqs
+        i = 0
+        while i < num_seqs:
+            q_len = qsl[i + 1] - qsl[i]
+            fresh = q_len > 1 and lens[i] == q_len
+            j = i + 1  # the run: consecutive sequences of the same kind (and fresh: same length)
+            while j < num_seqs and (
+                    (qsl[j + 1] - qsl[j] == q_len and lens[j] == q_len) if fresh
+                    else not (qsl[j + 1] - qsl[j] > 1 and lens[j] == qsl[j + 1] - qsl[j])):
+                j += 1
+            if fresh:
+                self._fresh_prefills(q, k, v, out, qsl[i], j - i, q_len)
+            else:
+                rc = kernel(
+                    q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
+                    tables.data_ptr() + i * tables.stride(0) * I32_BYTES, tables.stride(0),
+                    ctx.query_start_loc.data_ptr() + i * I32_BYTES,
+                    ctx.context_lens.data_ptr() + i * I32_BYTES, j - i, num_heads,
+                    k_cache.shape[2], head_dim, k_cache.shape[1], self.scale, out.data_ptr())
+                if rc != 0:
+                    raise ValueError(f"CPU attention kernel refused the shapes (code {rc})")
+            i = j
         return out
+
+    def _fresh_prefills(self, q, k, v, out, start: int, num_seqs: int, q_len: int) -> None:
+        """`num_seqs` prompts of `q_len` tokens from token `start`, nothing cached: causal
+        attention over their own q/k/v, written into `out`."""
+        end = start + num_seqs * q_len
+
+        def heads_first(x):  # [n * L, H, D] -> [n, H, L, D] (a view)
+            return x[start:end].view(num_seqs, q_len, x.shape[1], x.shape[2]).transpose(1, 2)
+
+        o = F.scaled_dot_product_attention(heads_first(q), heads_first(k), heads_first(v),
+                                           is_causal=True, scale=self.scale,
+                                           enable_gqa=k.shape[1] != q.shape[1])
+        out[start:end].view(num_seqs, q_len, q.shape[1], q.shape[2]).copy_(o.transpose(1, 2))

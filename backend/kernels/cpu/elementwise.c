@@ -1,4 +1,5 @@
-/* The model's elementwise ops on the CPU, fp32, one pass over memory each (backend/kernels/reference/ops.py has
+/* The model's elementwise ops on the CPU, fp32 and bf16 (computed in fp32, rounded once per
+ * stored value), one pass over memory each (backend/kernels/reference/ops.py has
  * the torch reference and the shapes). Torch runs each of these as 4-10 separate ops, every one
  * a full pass over a [tokens, hidden] tensor plus a dispatch; on a small model at small batch
  * that dispatch, not the arithmetic, is the cost.
@@ -7,6 +8,10 @@
  */
 #include <math.h>
 #include <stdint.h>
+
+#include "common.h"
+
+#define MAX_ROW 16384  /* bf16 kernels: widest row (hidden, heads x head_dim, intermediate) */
 
 static void norm_row(const float *restrict x, const float *restrict w, int h, float eps,
                      float *restrict out) {
@@ -62,6 +67,73 @@ void silu_and_mul_f32(const float *restrict x, int tokens, int i_size, float *re
     for (int t = 0; t < tokens; t++) {
         const float *g = x + (long)t * 2 * i_size, *u = g + i_size;
         float *o = out + (long)t * i_size;
-        for (int i = 0; i < i_size; i++) o[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+        for (int i = 0; i < i_size; i++) o[i] = g[i] / (1.f + exp_approx(-g[i])) * u[i];
+    }
+}
+
+/* ---- bf16: each row widened to fp32 on the stack, the fp32 code above, rounded once -------- */
+
+int rms_norm_bf16(const uint16_t *restrict x, long x_stride, const uint16_t *restrict w,
+                  int tokens, int h, float eps, uint16_t *restrict out) {
+    if (h > MAX_ROW) return -1;
+    float xf[MAX_ROW], wf[MAX_ROW], of[MAX_ROW];
+    bf16_row_to_f32(w, wf, h);
+    for (int t = 0; t < tokens; t++) {
+        bf16_row_to_f32(x + t * x_stride, xf, h);
+        norm_row(xf, wf, h, eps, of);
+        f32_row_to_bf16(of, out + (long)t * h, h);
+    }
+    return 0;
+}
+
+/* new_residual = bf16(x + residual); out = rms_norm(new_residual), as the bf16 model rounds it */
+int add_rms_norm_bf16(const uint16_t *restrict x, const uint16_t *restrict residual,
+                      const uint16_t *restrict w, int tokens, int h, float eps,
+                      uint16_t *restrict out, uint16_t *restrict new_residual) {
+    if (h > MAX_ROW) return -1;
+    float rf[MAX_ROW], wf[MAX_ROW], of[MAX_ROW];
+    bf16_row_to_f32(w, wf, h);
+    for (int t = 0; t < tokens; t++) {
+        const long o = (long)t * h;
+        for (int i = 0; i < h; i++) {
+            new_residual[o + i] = f32_to_bf16(bf16_to_f32(x[o + i]) + bf16_to_f32(residual[o + i]));
+            rf[i] = bf16_to_f32(new_residual[o + i]);
+        }
+        norm_row(rf, wf, h, eps, of);
+        f32_row_to_bf16(of, out + o, h);
+    }
+    return 0;
+}
+
+static void rotate_heads_bf16(uint16_t *restrict x, int heads, const float *restrict cs, int d) {
+    const int half = d / 2;
+    for (int hh = 0; hh < heads; hh++) {
+        uint16_t *x1 = x + (long)hh * d, *x2 = x1 + half;
+        for (int i = 0; i < half; i++) {
+            const float c = cs[i], s = cs[half + i], a = bf16_to_f32(x1[i]), b = bf16_to_f32(x2[i]);
+            x1[i] = f32_to_bf16(a * c - b * s);
+            x2[i] = f32_to_bf16(b * c + a * s);
+        }
+    }
+}
+
+void rotary_bf16(uint16_t *q, long q_stride, int q_heads, uint16_t *k, long k_stride, int k_heads,
+                 const int64_t *restrict positions, const float *restrict cos_sin, int d,
+                 int tokens) {
+    for (int t = 0; t < tokens; t++) {
+        const float *cs = cos_sin + positions[t] * d;
+        rotate_heads_bf16(q + t * q_stride, q_heads, cs, d);
+        rotate_heads_bf16(k + t * k_stride, k_heads, cs, d);
+    }
+}
+
+void silu_and_mul_bf16(const uint16_t *restrict x, int tokens, int i_size, uint16_t *restrict out) {
+    for (int t = 0; t < tokens; t++) {
+        const uint16_t *g = x + (long)t * 2 * i_size, *u = g + i_size;
+        uint16_t *o = out + (long)t * i_size;
+        for (int i = 0; i < i_size; i++) {
+            const float gf = bf16_to_f32(g[i]);
+            o[i] = f32_to_bf16(gf / (1.f + exp_approx(-gf)) * bf16_to_f32(u[i]));
+        }
     }
 }

@@ -1,9 +1,12 @@
-/* Paged attention on the CPU, fp32: decodes and prefill chunks in one call, reading K/V
- * straight from their pages (no gathered copy of the context, no dtype conversion).
+/* Paged attention on the CPU, fp32 or bf16 (q, pages and out in the model's dtype; scores,
+ * softmax and the weighted sum in fp32): decodes and prefill chunks in one call, reading K/V
+ * straight from their pages (no gathered copy of the context). A bf16 block's rows of one kv
+ * head are widened into a small fp32 buffer once per (query, kv head), half the memory traffic
+ * of fp32 pages.
  *
  * Layout (backend/kernels/forward_context.py, backend/kv/pools.py):
  *   q, out        [num_tokens, num_heads, head_dim]           packed sequences, step order;
- *                 q's rows may be strided (q_stride floats apart: a slice of the qkv output)
+ *                 q's rows may be strided (q_stride values apart: a slice of the qkv output)
  *   k/v_cache     [num_blocks, block_size, num_kv_heads, head_dim]
  *   block_tables  [num_seqs, table_width] int32
  *   query_start   [num_seqs + 1] int32: sequence i's queries are rows query_start[i] .. [i+1]
@@ -20,7 +23,10 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "common.h"
 
 #define MAX_GROUP 64   /* query heads per kv head */
 #define MAX_DIM 512    /* head_dim */
@@ -33,18 +39,25 @@ static inline float dot(const float *restrict a, const float *restrict b, int n)
     return s;
 }
 
-int paged_attention_f32(const float *restrict q, long q_stride, const float *restrict k_cache,
-                        const float *restrict v_cache, const int32_t *restrict block_tables,
-                        int table_width, const int32_t *restrict query_start,
-                        const int32_t *restrict context_lens, int num_seqs, int num_heads,
-                        int num_kv_heads, int head_dim, int block_size, float scale,
-                        float *restrict out) {
+/* elem = 4 (fp32) or 2 (bf16): the dtype of q, the pages and out */
+static int attention(const void *q_, long q_stride, const void *k_cache_, const void *v_cache_,
+                     const int32_t *restrict block_tables, int table_width,
+                     const int32_t *restrict query_start, const int32_t *restrict context_lens,
+                     int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size,
+                     float scale, void *out_, int bf16) {
     if (num_kv_heads <= 0 || num_heads % num_kv_heads) return -1;
     const int group = num_heads / num_kv_heads;
     if (group > MAX_GROUP || head_dim > MAX_DIM || block_size > MAX_BLOCK) return -2;
-    const long row = (long)num_kv_heads * head_dim;  /* floats per token slot in a page */
-    float acc[MAX_GROUP][MAX_DIM];
-    float m[MAX_GROUP], l[MAX_GROUP], s[MAX_GROUP][MAX_BLOCK];
+    const long row = (long)num_kv_heads * head_dim;  /* values per token slot in a page */
+    /* heap, not stack: a worker thread's stack may be small */
+    float *work = malloc(sizeof(float) * ((size_t)group * head_dim * 2 + (size_t)group * block_size
+                                          + (size_t)block_size * head_dim * 2));
+    if (work == NULL) return -3;
+    float *acc = work, *qbuf = acc + (long)group * head_dim, *s = qbuf + (long)group * head_dim;
+    float *kbuf = s + (long)group * block_size, *vbuf = kbuf + (long)block_size * head_dim;
+    float m[MAX_GROUP], l[MAX_GROUP];
+    const float *qf = q_, *kf = k_cache_, *vf = v_cache_;
+    const uint16_t *qh = q_, *kh = k_cache_, *vh = v_cache_;
 
     for (int i = 0; i < num_seqs; i++) {
         const int q0 = query_start[i], q_len = query_start[i + 1] - q0;
@@ -54,21 +67,37 @@ int paged_attention_f32(const float *restrict q, long q_stride, const float *res
             const int pos = ctx - q_len + j;  /* attends to keys 0 .. pos */
             const int n_keys = pos + 1;
             for (int g = 0; g < num_kv_heads; g++) {
-                const float *qg = q + (long)(q0 + j) * q_stride + (long)g * group * head_dim;
+                const long q_off = (long)(q0 + j) * q_stride + (long)g * group * head_dim;
+                const float *qg = qf + q_off;
+                if (bf16) {
+                    bf16_row_to_f32(qh + q_off, qbuf, group * head_dim);
+                    qg = qbuf;
+                }
                 for (int r = 0; r < group; r++) {
                     m[r] = -1e30f;
                     l[r] = 0.f;
-                    memset(acc[r], 0, sizeof(float) * head_dim);
+                    memset(acc + (long)r * head_dim, 0, sizeof(float) * head_dim);
                 }
                 for (int t0 = 0; t0 < n_keys; t0 += block_size) {
                     const long base = (long)table[t0 / block_size] * block_size * row + (long)g * head_dim;
                     const int n = n_keys - t0 < block_size ? n_keys - t0 : block_size;
+                    const float *kb = kf + base, *vb = vf + base;
+                    long kv_row = row;  /* floats between the block's rows of this kv head */
+                    if (bf16) {
+                        for (int t = 0; t < n; t++) {
+                            bf16_row_to_f32(kh + base + t * row, kbuf + (long)t * head_dim, head_dim);
+                            bf16_row_to_f32(vh + base + t * row, vbuf + (long)t * head_dim, head_dim);
+                        }
+                        kb = kbuf;
+                        vb = vbuf;
+                        kv_row = head_dim;
+                    }
                     /* scores of the block's keys for every query head of the group; four keys
                        at a time so the four dot products are independent FMA chains */
                     int t = 0;
                     for (; t + 4 <= n; t += 4) {
-                        const float *k0 = k_cache + base + t * row, *k1 = k0 + row,
-                                    *k2 = k1 + row, *k3 = k2 + row;
+                        const float *k0 = kb + t * kv_row, *k1 = k0 + kv_row,
+                                    *k2 = k1 + kv_row, *k3 = k2 + kv_row;
                         for (int r = 0; r < group; r++) {
                             const float *qr = qg + (long)r * head_dim;
                             float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
@@ -78,45 +107,88 @@ int paged_attention_f32(const float *restrict q, long q_stride, const float *res
                                 a2 += qr[d] * k2[d];
                                 a3 += qr[d] * k3[d];
                             }
-                            s[r][t] = a0 * scale;
-                            s[r][t + 1] = a1 * scale;
-                            s[r][t + 2] = a2 * scale;
-                            s[r][t + 3] = a3 * scale;
+                            float *sr = s + (long)r * block_size;
+                            sr[t] = a0 * scale;
+                            sr[t + 1] = a1 * scale;
+                            sr[t + 2] = a2 * scale;
+                            sr[t + 3] = a3 * scale;
                         }
                     }
                     for (; t < n; t++)
                         for (int r = 0; r < group; r++)
-                            s[r][t] = dot(qg + (long)r * head_dim, k_cache + base + t * row, head_dim) * scale;
+                            s[(long)r * block_size + t] =
+                                dot(qg + (long)r * head_dim, kb + t * kv_row, head_dim) * scale;
                     for (int r = 0; r < group; r++) {
+                        float *sr = s + (long)r * block_size, *ar = acc + (long)r * head_dim;
                         float bmax = -1e30f;
                         for (int u = 0; u < n; u++)
-                            if (s[r][u] > bmax) bmax = s[r][u];
+                            if (sr[u] > bmax) bmax = sr[u];
                         const float m_new = bmax > m[r] ? bmax : m[r];
-                        const float corr = expf(m[r] - m_new);  /* 0 on the first block */
+                        const float corr = exp_approx(m[r] - m_new);  /* 0 on the first block */
                         l[r] *= corr;
-                        for (int d = 0; d < head_dim; d++) acc[r][d] *= corr;
+                        for (int d = 0; d < head_dim; d++) ar[d] *= corr;
                         for (int u = 0; u < n; u++) {
-                            const float p = expf(s[r][u] - m_new);
-                            s[r][u] = p;
+                            const float p = exp_approx(sr[u] - m_new);
+                            sr[u] = p;
                             l[r] += p;
                         }
                         m[r] = m_new;
                     }
                     for (int u = 0; u < n; u++) {
-                        const float *vt = v_cache + base + u * row;
+                        const float *vt = vb + u * kv_row;
                         for (int r = 0; r < group; r++) {
-                            const float p = s[r][u];
-                            for (int d = 0; d < head_dim; d++) acc[r][d] += p * vt[d];
+                            const float p = s[(long)r * block_size + u];
+                            float *ar = acc + (long)r * head_dim;
+                            for (int d = 0; d < head_dim; d++) ar[d] += p * vt[d];
                         }
                     }
                 }
                 for (int r = 0; r < group; r++) {
-                    float *o = out + ((long)(q0 + j) * num_heads + (long)g * group + r) * head_dim;
+                    const long o = ((long)(q0 + j) * num_heads + (long)g * group + r) * head_dim;
                     const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
-                    for (int d = 0; d < head_dim; d++) o[d] = acc[r][d] * inv;
+                    float *ar = acc + (long)r * head_dim;
+                    for (int d = 0; d < head_dim; d++) ar[d] *= inv;
+                    if (bf16)
+                        f32_row_to_bf16(ar, (uint16_t *)out_ + o, head_dim);
+                    else
+                        memcpy((float *)out_ + o, ar, sizeof(float) * head_dim);
                 }
             }
         }
     }
+    free(work);
     return 0;
+}
+
+int paged_attention_f32(const float *q, long q_stride, const float *k_cache, const float *v_cache,
+                        const int32_t *block_tables, int table_width, const int32_t *query_start,
+                        const int32_t *context_lens, int num_seqs, int num_heads,
+                        int num_kv_heads, int head_dim, int block_size, float scale, float *out) {
+    return attention(q, q_stride, k_cache, v_cache, block_tables, table_width, query_start,
+                     context_lens, num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale,
+                     out, 0);
+}
+
+int paged_attention_bf16(const uint16_t *q, long q_stride, const uint16_t *k_cache,
+                         const uint16_t *v_cache, const int32_t *block_tables, int table_width,
+                         const int32_t *query_start, const int32_t *context_lens, int num_seqs,
+                         int num_heads, int num_kv_heads, int head_dim, int block_size,
+                         float scale, uint16_t *out) {
+    return attention(q, q_stride, k_cache, v_cache, block_tables, table_width, query_start,
+                     context_lens, num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale,
+                     out, 1);
+}
+
+/* The step's K/V rows into their page slots: token t's [num_kv_heads, head_dim] row (row_bytes
+ * bytes, rows k_stride / v_stride bytes apart: slices of the qkv output) goes to slot
+ * slot_mapping[t]; -1 (padding) writes nothing. */
+void write_kv_rows(const char *restrict k, long k_stride, const char *restrict v, long v_stride,
+                   const int64_t *restrict slot_mapping, int num_tokens, long row_bytes,
+                   char *restrict k_cache, char *restrict v_cache) {
+    for (int t = 0; t < num_tokens; t++) {
+        const int64_t slot = slot_mapping[t];
+        if (slot < 0) continue;
+        memcpy(k_cache + slot * row_bytes, k + t * k_stride, row_bytes);
+        memcpy(v_cache + slot * row_bytes, v + t * v_stride, row_bytes);
+    }
 }
