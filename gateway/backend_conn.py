@@ -57,6 +57,7 @@ class Dispatch:
     prediction_ids: list[int] | None = None  # Predicted Outputs: a raw int32 frame on the wire
     speculation: pb.SpeculationParams | None = None  # per-request control; None: the default
     session: object = None  # scheduler.sessions.SessionInfo it was placed with (None: none)
+    kv_source: object = None  # pb.KvSource: pull its prefix from this peer (gateway.kv_pull)
 
 
 def error_from_backend(err: pb.Error) -> APIError:

@@ -36,6 +36,7 @@ from gateway.backend_conn import (
     error_from_backend,
 )
 from gateway.errors import APIError, unavailable
+from gateway.kv_pull import GatewayPulls
 from gateway.pool_failover import PoolFailover
 from gateway.pool_receive import PoolReceiver
 from proto import codec
@@ -64,6 +65,9 @@ class PoolConfig:
     name: str = "tidegate-gateway"
     # CURVE for tcp:// backends: our key pair and the backends' public key (proto.security).
     curve: CurveKeys | None = None
+    # prefix pull between backends (issue 34, gateway.kv_pull): a scheduler.kv_cost.PullConfig;
+    # None: off (a backend recomputes what it lacks)
+    kv_pull: object = None
 
 
 
@@ -78,6 +82,7 @@ class BackendPool(PoolReceiver, PoolFailover):
         self._ctx = zmq.asyncio.Context()
         self.backends = []
         self.placement = create_placement(config.placement)
+        self.pulls = GatewayPulls(config.kv_pull) if config.kv_pull is not None else None
         self._by_pid: dict[int, BackendConn] = {}
         self._next_pid = 0
         self._started = False
@@ -248,6 +253,8 @@ class BackendPool(PoolReceiver, PoolFailover):
                                     None, d.queue_class, len(d.prompt_ids))
                       for d in items]
         policy.place(placed, now)
+        if self.pulls is not None and hashing:  # issue 34: pull what a peer holds, if cheaper
+            self.pulls.plan(policy, placed, now, lambda pid: self._by_pid[pid].address)
         parts: dict[int, list[Dispatch]] = {}
         unplaced: list[Dispatch] = []
         for it in placed:
@@ -300,6 +307,8 @@ class BackendPool(PoolReceiver, PoolFailover):
                                          arrival_time=d.arrival_time, sampling=d.sampling)
                 if d.speculation is not None:
                     req.speculation.CopyFrom(d.speculation)
+                if d.kv_source is not None:  # gateway.kv_pull
+                    req.kv_source.CopyFrom(d.kv_source)
                 opts = getattr(d.sink, "options", None)
                 if opts is not None and opts.pin_ttl_s > 0:  # a pin of its prefix (issue 30)
                     req.pin_ttl_s, req.pin_tokens = opts.pin_ttl_s, opts.pin_tokens

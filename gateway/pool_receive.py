@@ -49,6 +49,8 @@ class PoolReceiver:
             if not backend.healthy:
                 log.info("backend %s up: model %s", backend.address, env.backend_info.model)
             backend.info = env.backend_info
+            if self.pulls is not None:
+                self.pulls.on_info(backend.pid, env.backend_info)
             self._info = None  # recomputed on the next read
             self._mark_up(backend, now)
             self._ready.set()
@@ -66,6 +68,8 @@ class PoolReceiver:
             self._on_step(backend, decoded, now)
         elif kind == "load_report":
             report = backend.load = env.load_report
+            if self.pulls is not None:
+                self.pulls.on_report(backend.pid, report)
             if report.prefix_block_size:  # the backend keeps a prefix cache: facts
                 self.placement.report(backend.pid, report.prefix_hashes, now)
             # an HTTP server's blocks are a usage scale, not blocks: it gives its size apart

@@ -33,6 +33,7 @@ from gateway.discovery import add_discovery_arguments, discovery_ctx, sources_fr
 from gateway.validation import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, RequestLimits
 from scheduler.batcher import BatcherConfig
 from scheduler.capacity import DEFAULT_CAPACITY
+from scheduler.kv_cost import PullConfig
 from scheduler.placement import add_placement_arguments, placement_config_from_args
 from tokenizer.fim import FimTemplate
 
@@ -104,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-inflight-per-backend", type=int, default=256,
                    help="requests in flight on one backend; more wait in the class queues")
     add_placement_arguments(p)
+    p.add_argument("--kv-pull", action="store_true",
+                   help="prefix pull between backends (issue 34): a request placed on a backend "
+                        "lacking a prefix another holds is sent with that peer as its KV source "
+                        "when the measured rates say pulling beats recomputing (scheduler.kv_cost)")
+    p.add_argument("--kv-pull-timeout", type=float, default=PullConfig.timeout_s,
+                   help="hard deadline of one pull, seconds; past it the backend recomputes")
     add_discovery_arguments(p)
     p.add_argument("--kv-events-from", action="append", default=[], metavar="BACKEND=ZMQ[,ZMQ]",
                    help="follow an http:// backend's KV cache events in vLLM's format (vllm serve "
@@ -215,7 +222,9 @@ def gateway_config(args: argparse.Namespace, backends: list[str]) -> GatewayConf
                         max_inflight_per_backend=args.max_inflight_per_backend, curve=curve,
                         # block size: the backends' own, read from their BackendInfo when hashing
                         placement=placement_config_from_args(args, DEFAULT_CAPACITY.block_size),
-                        http_tokenizer=_http_tokenizer(args)),
+                        http_tokenizer=_http_tokenizer(args),
+                        kv_pull=(PullConfig(timeout_s=args.kv_pull_timeout) if args.kv_pull
+                                 else None)),
         batcher=BatcherConfig(max_batch_size=args.max_batch_size,
                               min_latency_ms=args.min_latency_ms,
                               target_throughput=args.target_throughput,

@@ -140,6 +140,14 @@ class PrefixIndex:
         s = self.holders.get(h)
         return s is not None and b in s
 
+    def held_before(self, b: int, h: int, now: float) -> bool:
+        """Whether `b` held `h` before `now`: a fact, or a guess older than `now` (not the
+        guess of a request placed at `now`, which is only on its way there)."""
+        if h in self._facts.get(b, ()):
+            return True
+        g = self._guesses.get(b)
+        return g is not None and g.get(h, now) < now
+
     # ---- updates -----------------------------------------------------------------------------
     def guess(self, b: int, hashes: Sequence[int], now: float) -> None:
         """`b` was just sent a prompt with these prefix hashes: it will hold them."""

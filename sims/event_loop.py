@@ -97,6 +97,9 @@ class EngineConfig:
     backend_message_s: float = 0.0
     # prefix pins (scheduler.block_manager): the most of each backend's KV blocks pins may hold
     pin_budget_fraction: float = 0.25
+    # prefix pull between backends (issue 34, sims.kv_pull): a scheduler.kv_cost.PullConfig;
+    # None: off (a request recomputes what its backend lacks)
+    kv_pull: object = None
 
 
 @dataclass
@@ -300,6 +303,11 @@ class EventLoop:
             if self.prefix_of is not None:
                 self.session_of = partial(_session_info, workload, sched_config.block_size,
                                           backends[0].sched.prompt_tokens)
+        self.pulls = None  # sims.kv_pull.PullSim (issue 34)
+        if config.kv_pull is not None and self.prefix_of is not None:
+            from sims.kv_pull import PullSim, rates_for
+            self.pulls = PullSim(self, config.kv_pull,
+                                 rates_for(cost, config.kv_pull, sched_config.block_size))
         self.load_samples: list[list[int]] = []
         self.report_s = config.report_interval_s
         self.sample_cursor = 0
@@ -420,6 +428,10 @@ class EventLoop:
     def send(self, be: _Backend, part: list[int], now: float) -> None:
         """One Batch message to `be`: after the gateway's per-message time (its one thread sends
         messages one after another) and the network delay."""
+        if self.pulls is not None:  # requests pulling a prefix arrive when it has (issue 34)
+            part = self.pulls.divert(be, part, now)
+            if not part:
+                return
         at = now
         if self.gw_message_s > 0:
             at = self.gw_free = max(now, self.gw_free) + self.gw_message_s
@@ -428,6 +440,10 @@ class EventLoop:
             self.push(at, _DELIVER, (be.idx, part))
         else:
             self.deliver(be, part, now)
+
+    def deliver_later(self, be: _Backend, part: list[int], at: float) -> None:
+        """Requests that reach `be` at `at` (after a prefix pull), plus the network delay."""
+        self.push(at + self.delay, _DELIVER, (be.idx, part))
 
     def release_stretch_finishes(self, now: float) -> None:
         """A stretch past finishes ends later than the requests finishing inside it: release
@@ -806,6 +822,7 @@ class EventLoop:
             backend_stats=[b.sched.stats() for b in backends], events=self.events,
             wall_s=time.perf_counter() - self.wall0, sim_end=self.now,
             extra={"num_kv_blocks": self.num_blocks, "placement": self.placement_stats(),
+                   **({"kv_pull": self.pulls.stats()} if self.pulls is not None else {}),
                    **({"cached_tokens": self.cached_of, "backend_load_samples": self.load_samples,
                        "pins": [b.sched.bm.pin_status() | {"refused_at_admission":
                                                           b.sched.num_pins_refused}

@@ -72,6 +72,22 @@ class KVPort:
         self.block_size = block_manager.block_size
         self.layout = layout_of(model_name, kv.kv_cache_dtype, kv.block_size, self.tensors)
         self._flush_host = flush_host  # runs the host tier's queued copies (their bytes first)
+        # device -> host rate of block reads (0 on the CPU: the pools are host memory)
+        self.copy_bytes_per_s = self.measure_copy_rate() if self.device.type == "cuda" else 0.0
+
+    def measure_copy_rate(self, num_blocks: int = 16, repeats: int = 3) -> float:
+        """Bytes a second of `_read` (gather into staging, then device -> host) on the first
+        blocks; only reads, so it may run at any time."""
+        import time
+        n = min(num_blocks, self.tensors[0].shape[0])
+        where = [(True, i) for i in range(n)]
+        best = float("inf")
+        for _ in range(repeats + 1):  # the first round compiles the gather kernel
+            torch.cuda.synchronize(self.device)
+            t0 = time.perf_counter()
+            self._read(where)
+            best = min(best, time.perf_counter() - t0)
+        return n * self.block_bytes / max(best, 1e-9)
 
     # ---- the peer: read blocks out ------------------------------------------------------------
     def export(self, token_ids: Sequence[int], start_block: int, max_blocks: int = 0,

@@ -76,7 +76,21 @@ class PrefixPuller:
         self.num_served = 0
         self.num_late = 0                      # replies after their deadline (dropped)
         self.bytes_per_s = 0.0                 # EMA over successful pulls
+        self.prefill_tokens_per_s = 0.0        # EMA over mostly-prefill steps (observe_step)
         self.last_error = ""
+
+    def observe_step(self, plan, seconds: float | None) -> None:
+        """The recompute side of the gateway's pull decisions: prompt tokens a second over
+        steps that are mostly prefill (their decodes count against it a little)."""
+        chunks = getattr(plan, "chunks", None)
+        if not chunks or not seconds or seconds <= 0:
+            return
+        num_prefill = sum(len(c.token_ids) for c in chunks if c.is_prefill)
+        if num_prefill < 32 or num_prefill < plan.num_batched_tokens // 2:
+            return
+        rate = plan.num_batched_tokens / seconds
+        old = self.prefill_tokens_per_s
+        self.prefill_tokens_per_s = rate if not old else 0.8 * old + 0.2 * rate
 
     # ---- the puller ---------------------------------------------------------------------------
     def park(self, identity: bytes, key: str, req: pb.GenerateRequest, prompt: np.ndarray,

@@ -404,6 +404,7 @@ class Worker:
             self._last_read_back = step.end
             if self.step_log is not None:
                 self.step_log.record(step.start_wall, dt_s, step.plan, step.device_s)
+            self.puller.observe_step(step.plan, step.device_s or (step.end - step.start))
         elif not self.engine.reports_steps:
             dt_s = turn_s
         if dt_s is not None:
@@ -551,6 +552,10 @@ class Worker:
         if tok.bos_token_id is not None:
             info.bos_token_id = tok.bos_token_id
         info.generation_defaults.update(self.generation_defaults)
+        port = self.puller.port
+        if port is not None:  # prefix pull (issue 34): what we store, what copies cost
+            info.kv_layout, info.kv_block_bytes = port.layout, port.block_bytes
+            info.kv_copy_bytes_per_s = port.copy_bytes_per_s
         return info
 
     def load_report(self) -> pb.LoadReport:
@@ -582,6 +587,7 @@ class Worker:
             report.num_kv_pulled_tokens = puller.num_pulled_tokens
             report.num_kv_pulls_served = puller.num_served
             report.kv_pull_bytes_per_s = puller.bytes_per_s
+        report.prefill_tokens_per_s = puller.prefill_tokens_per_s
         if self.prefix_summary is not None:
             report.prefix_hashes.extend(self.prefix_summary.snapshot(self._is_cached))
             report.prefix_block_size = self.engine.config.block_size

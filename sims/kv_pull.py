@@ -1,0 +1,100 @@
+"""Prefix pull in the simulator (issue 34): the gateway's own planner (`scheduler.kv_cost`), the
+backends' own block managers (`held_prefix` / `can_import` / `import_prefix`, what the live
+backends run) and the transfer's time as the pulled request's delivery delay.
+
+Per request placed on backend b (`EventLoop.send`): when the planner finds a peer holding more
+of its prefix and the cost model says pull, the peer's blocks beyond b's own head are looked up
+in the peer's block manager *now* and registered in b's as cached (free, most recently used),
+and the request reaches b `pull_s` later (round trip + the peer's remaining step + bytes over
+the link and the copies). A peer that no longer holds them costs a round trip, then the request
+recomputes, as live (the peer answers "not held").
+
+Simplifications, stated: the blocks are registered at dispatch, not when they arrive (another
+request for the same prefix reaching b during the transfer finds them early); the peer's own
+cost of reading its blocks out is not charged to its steps (one gather between two steps).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from scheduler.kv_cost import KVRates, PullConfig, PullPlanner
+
+
+def rates_for(cost, config: PullConfig, block_size: int, prefill_tokens: int = 2048) -> KVRates:
+    """The simulated backends' rates: KV bytes per token from the cost model (the roofline's
+    own figure; a measured profile's `kv_bytes_per_token` when it has one), the prefill rate
+    from its step time of a `prefill_tokens` prefill; link and copy rates from the config."""
+    per_token = getattr(cost, "kv_bytes_per_token", None) or config.default_rates.bytes_per_token
+    if not per_token:
+        raise ValueError("prefix pull needs the KV bytes per token: a roofline cost model, or "
+                         "PullConfig.default_rates.bytes_per_token")
+    rate = prefill_tokens / cost.step_time(0, prefill_tokens, prefill_tokens)
+    return replace(config.default_rates, bytes_per_token=float(per_token), prefill_tokens_per_s=rate)
+
+
+class PullSim:
+    def __init__(self, loop, config: PullConfig, rates: KVRates) -> None:
+        self.loop = loop
+        self.block_size = loop.backends[0].sched.block_size if loop.backends else 16
+        self.planner = PullPlanner(config, self.block_size)
+        for be in loop.backends:
+            self.planner.set_rates(be.idx, rates)
+        self.prompt_len = loop.workload.prompt_len.tolist()
+        self.num_pulls = 0
+        self.num_pulled_tokens = 0
+        self.num_not_held = 0       # planned, the peer no longer held it: a round trip lost
+        self.num_no_room = 0        # the receiver had no free blocks for them
+        self.num_here = 0           # planned, but the receiver held the prefix already
+        self.pull_s = 0.0           # summed transfer times
+
+    def _wait(self, p: int) -> float:
+        """The peer answers after its step in progress."""
+        be = self.loop.backends[p]
+        return max(0.0, be.end_time - self.now) if be.busy else 0.0
+
+    def divert(self, be, part: list[int], now: float) -> list[int]:
+        """Plan a pull for each request of a Batch to `be`; the pulled ones are delivered later
+        (scheduled here), the rest returned to be sent at once."""
+        loop = self.loop
+        self.now = now
+        index, prefix_of = loop.placement.index, loop.prefix_of
+        accepting = loop.placement.loads.accepting
+        keep: list[int] = []
+        bm = be.sched.bm
+        for i in part:
+            plan = self.planner.plan(index, prefix_of(i), be.idx, self.prompt_len[i], now,
+                                     self._wait, accepting)
+            if plan is None:
+                keep.append(i)
+                continue
+            tokens = be.sched.prompt_tokens(i)
+            start = len(bm.match_prefix(tokens)[0])
+            if start * self.block_size >= plan.peer_tokens:  # here after all (a late report):
+                self.num_here += 1                           # admitted at once, as live
+                keep.append(i)
+                continue
+            held = loop.backends[plan.peer].sched.bm.held_prefix(tokens, start)
+            model = self.planner.model(be.idx)
+            wait = self._wait(plan.peer)
+            if not held:
+                self.num_not_held += 1
+                delay = model.pull_s(0, wait)
+            elif not bm.can_import(tokens, len(held)):
+                self.num_no_room += 1
+                delay = model.pull_s(len(held) * self.block_size, wait)
+            else:
+                bm.import_prefix(tokens, start, len(held))
+                n = len(held) * self.block_size
+                delay = model.pull_s(n, wait)
+                self.num_pulls += 1
+                self.num_pulled_tokens += n
+                self.pull_s += delay
+            loop.deliver_later(be, [i], now + delay)
+        return keep
+
+    def stats(self) -> dict:
+        p = self.planner
+        return {"planned": p.num_planned, "declined": p.num_declined, "pulls": self.num_pulls,
+                "pulled_tokens": self.num_pulled_tokens, "not_held": self.num_not_held,
+                "no_room": self.num_no_room, "already_here": self.num_here,
+                "mean_pull_ms": 1e3 * self.pull_s / self.num_pulls if self.num_pulls else 0.0}

@@ -1,0 +1,92 @@
+"""Prefix pull through the gateway (issue 34): a request that spills over to a backend lacking its
+prefix goes with the holder as its kv_source, the backend pulls the blocks, and the answer says
+they were cached; with --kv-pull off the same request recomputes them. Two tiny backends in
+threads of this process (tests.test_kv_pull.Backend), the real gateway app in front."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from test_gateway_http import make_config
+
+from gateway.app import create_app
+from gateway.app_keys import GATEWAY_KEY
+from gateway.backend_pool import PoolConfig
+from gateway.kv_pull import GatewayPulls
+from proto import tidegate_pb2 as pb
+from scheduler.kv_cost import KVRates, PullConfig
+from scheduler.placement import PlacementConfig
+from tests.test_kv_pull import Backend
+
+PROMPT = "def fibonacci(n):\n    '''Return the n-th Fibonacci number.'''\n" * 8  # ~500 bytes
+
+
+@pytest.fixture
+def backends(tmp_path):
+    bs = [Backend(tmp_path, f"b{k}") for k in range(2)]
+    yield bs
+    for b in bs:
+        b.close()
+
+
+async def _gateway(aiohttp_client, backends, pull: bool):
+    cfg = PullConfig(min_tokens=16, default_rates=KVRates(prefill_tokens_per_s=1e3)) if pull else None
+    pool = PoolConfig(heartbeat_timeout_s=5.0, hello_interval_s=0.1,
+                      placement=PlacementConfig(policy="prefix"), kv_pull=cfg)
+    app = create_app(make_config(*(b.worker.endpoint for b in backends), pool=pool),
+                     startup_wait_s=10.0)
+    client = await aiohttp_client(app)
+    pool = app[GATEWAY_KEY].pool
+    for _ in range(200):
+        if len(pool.healthy_backends()) == 2:
+            break
+        await asyncio.sleep(0.05)
+    assert len(pool.healthy_backends()) == 2
+    return client, pool
+
+
+async def _complete(client, prompt: str) -> dict:
+    resp = await client.post("/v1/completions", json={"model": "tiny", "prompt": prompt,
+                                                      "max_tokens": 4, "temperature": 0})
+    assert resp.status == 200, await resp.text()
+    return await resp.json()
+
+
+@pytest.mark.parametrize("pull", [True, False])
+async def test_a_spilled_request_pulls_its_prefix_from_the_holder(aiohttp_client, backends, pull):
+    client, pool = await _gateway(aiohttp_client, backends, pull)
+    first = await _complete(client, PROMPT + "# first\n")
+    holder = next(b for b in pool.backends if b.address in
+                  {x.worker.endpoint for x in backends if x.bm.num_cached_blocks})
+    other = next(b for b in pool.backends if b is not holder)
+    assert first["usage"]["prompt_tokens"] > 400
+    # the holder looks busy: the next request of the prefix spills to the other backend
+    pool.placement.charge(holder.pid, 10**7)
+    second = await _complete(client, PROMPT + "# second\n")
+    pool.placement.release(holder.pid, 10**7)
+    receiver = next(x for x in backends if x.worker.endpoint == other.address)
+    rep = receiver.report()
+    cached = rep.num_cached_prompt_tokens  # the receiver's prefix-cache hits
+    assert second["usage"]["prompt_tokens"] == rep.num_prompt_tokens
+    if pull:
+        assert rep.num_kv_pulls == 1 and rep.num_kv_pull_failures == 0
+        assert cached >= 256 and rep.num_kv_pulled_tokens == cached
+        assert pool.pulls.num_sent == 1
+    else:
+        assert rep.num_kv_pulls == 0 and cached == 0 and pool.pulls is None
+    for b in backends:
+        b.assert_no_leak()
+
+
+def test_gateway_takes_rates_from_backend_info_and_reports():
+    pulls = GatewayPulls(PullConfig())
+    info = pb.BackendInfo(block_size=16, kv_layout="L", kv_block_bytes=16 * 2048)
+    pulls.on_info(0, info)
+    assert not pulls.planner.model(0).known()  # no prefill rate measured yet: never pulls
+    pulls.on_report(0, pb.LoadReport(prefill_tokens_per_s=5e4, recent_step_time_ms=20,
+                                     kv_pull_bytes_per_s=2e9, num_running=3))
+    m = pulls.planner.model(0)
+    assert m.known() and m.rates.bytes_per_token == 2048 and m.rates.link_bytes_per_s == 2e9
+    assert pulls.peer_wait_s(0) == pytest.approx(0.02)
+    pulls.on_info(1, pb.BackendInfo(block_size=16))  # an HTTP server or echo: no layout
+    assert not pulls.planner.model(1).known()
