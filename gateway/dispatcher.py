@@ -117,7 +117,7 @@ class Dispatcher:
         if self.admission.config.enabled:  # refuse now what cannot meet its TTFT deadline
             refusal = self.admission.check(int(cls), self._depths(),
                                            batcher.predicted_wait(now), handle.slo_ttft_ms,
-                                           self._live_backends())
+                                           self._live_backends(), now)
             if refusal is not None:
                 if self.decision_log is not None:
                     self.decision_log.arrival(handle.request_id, now, len(handle.prompt_ids),
@@ -135,10 +135,10 @@ class Dispatcher:
                                       req.max_tokens, req.queue_class, handle.arrival_time)
         if dec.rejected is not None:
             # the wait it would have had, as admission predicts it (not a constant)
-            wait, _ = self.predictor.predict(int(cls), sum(self._depths()[: int(cls) + 1]),
+            wait, b = self.predictor.predict(int(cls), sum(self._depths()[: int(cls) + 1]),
                                              batcher.predicted_wait(now), self._live_backends())
             raise queue_full(CLASS_NAMES[int(req.queue_class)],
-                             self.predictor.calibrated(int(cls), wait))
+                             self.predictor.calibrated(int(cls), wait, b))
         self._act(dec.flush_now, dec.deadline)
 
     def _live_backends(self) -> list[int]:

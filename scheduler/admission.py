@@ -50,7 +50,9 @@ on b not yet finished (the gateway's pool, the simulator's outstanding count).
 
 Calibration: each start also compares its measured service with what was predicted for it at
 dispatch (`started(..., predicted_s)`), per class, over the last `calibration_window` starts:
-error = measured - predicted, in seconds. Admission refuses a request unless its prediction
+error = measured - predicted, in seconds, kept apart by how many requests were ahead of it
+(none, 1-3, more: `AHEAD_BUCKETS`), as a queue's errors are larger than a lone start's and a
+burst's should not be charged to the starts that follow it. Admission refuses a request unless its prediction
 plus the `calibration_quantile` of those errors meets the deadline (a request admitted at a
 prediction just under its deadline missed it whenever the prediction was low: 14.5% of the
 accepted missed by > 10% on the CPU), and the Retry-After is the prediction plus their median
@@ -59,7 +61,10 @@ accepted missed by > 10% on the CPU), and the Retry-After is the prediction plus
 the prediction; as ratios, a 20 ms prediction that waited 100 ms for a slot made every later
 prediction five times longer (4 echo backends at 1.5x capacity: 62% of normal requests
 refused with Retry-After p50 1.67x the wait they had). Both are 0 until a class has
-`calibration_min_samples` errors.
+`calibration_min_samples` errors. Errors older than `calibration_horizon_s` are dropped (at
+each check): only admitted requests measure one, so a class whose every request a burst's
+errors refused would otherwise keep those errors, and be refused, for good (seen in the
+simulator: after a burst at 0.8x capacity every normal request was refused to the end).
 
 `headroom(now)`: per backend and in total, 1 / gap_b (the start rate the SLOs can take) minus
 the recent start rate: the extra requests/s before queues grow and deadlines start to fail.
@@ -91,6 +96,7 @@ class AdmissionConfig:
     calibration_quantile: float = 0.9
     calibration_window: int = 200
     calibration_min_samples: int = 20
+    calibration_horizon_s: float = 10.0
 
     def __post_init__(self) -> None:
         for name in ("gap_weight", "service_weight"):
@@ -108,6 +114,13 @@ class AdmissionConfig:
     def enabled(self) -> bool:
         """Admission refuses only where some class has a TTFT deadline."""
         return self.slo.any_ttft
+
+
+AHEAD_BUCKETS = 3  # calibration pools by requests ahead: none, 1-3, more
+
+
+def pool(cls: int, ahead: int) -> int:
+    return cls * AHEAD_BUCKETS + (0 if ahead <= 0 else 1 if ahead <= 3 else 2)
 
 
 class Refusal(NamedTuple):
@@ -166,10 +179,12 @@ class WaitPredictor:
         # the owner's count of requests on a backend not yet finished (module doc); None: 0
         self.inflight: Callable[[int], int] | None = None
         # calibration per class: recent measured - predicted errors (s) and their quantiles
-        self.errors = [deque(maxlen=config.calibration_window) for _ in range(NUM_CLASSES)]
-        self.error_high = [0.0] * NUM_CLASSES  # the calibration quantile (admission)
-        self.error_mid = [0.0] * NUM_CLASSES   # the median (Retry-After)
-        self.num_errors = [0] * NUM_CLASSES
+        # per (class, requests ahead bucket): index cls * AHEAD_BUCKETS + ahead_bucket(ahead)
+        pools = NUM_CLASSES * AHEAD_BUCKETS
+        self.errors = [deque(maxlen=config.calibration_window) for _ in range(pools)]
+        self.error_high = [0.0] * pools  # the calibration quantile (admission)
+        self.error_mid = [0.0] * pools   # the median (Retry-After)
+        self.num_errors = [0] * pools
 
     # ---- membership ------------------------------------------------------------------------
     def add_backend(self, b: int) -> None:
@@ -207,7 +222,7 @@ class WaitPredictor:
             return
         cfg = self.config
         if predicted_s > 0.0:
-            self._calibrate(cls, service_s - predicted_s)
+            self._calibrate(pool(cls, ahead), service_s - predicted_s, now)
         if be.unstarted[cls] > 0:
             be.unstarted[cls] -= 1
         if be.paced and be.last_start > -math.inf:
@@ -232,20 +247,42 @@ class WaitPredictor:
         be.rate = be.rate * math.exp(-(now - be.rate_t) / cfg.rate_window_s) + 1.0
         be.rate_t = now
 
-    def _calibrate(self, cls: int, error: float) -> None:
+    def _calibrate(self, cls: int, error: float, now: float) -> None:
         e = self.errors[cls]
-        e.append(error)
-        n = len(e)
+        e.append((now, error))
         self.num_errors[cls] += 1
         # the quantiles are re-read every 8th sample: a sort of <= 200 floats, not per arrival
-        if n >= self.config.calibration_min_samples and self.num_errors[cls] % 8 == 0:
-            s = sorted(e)
-            self.error_high[cls] = s[min(n - 1, int(self.config.calibration_quantile * n))]
-            self.error_mid[cls] = s[n // 2]
+        if self.num_errors[cls] % 8 == 0:
+            self._quantiles(cls)
 
-    def calibrated(self, cls: int, predicted_s: float) -> float:
-        """The point estimate of a class-`cls` wait predicted at `predicted_s` (Retry-After)."""
-        return max(0.0, predicted_s + self.error_mid[cls])
+    def _quantiles(self, cls: int) -> None:
+        e = self.errors[cls]
+        n = len(e)
+        if n < self.config.calibration_min_samples:
+            self.error_high[cls] = self.error_mid[cls] = 0.0
+            return
+        s = sorted(err for _, err in e)
+        self.error_high[cls] = s[min(n - 1, int(self.config.calibration_quantile * n))]
+        self.error_mid[cls] = s[n // 2]
+
+    def expire(self, now: float) -> None:
+        """Drop calibration errors older than the horizon (module doc)."""
+        horizon = now - self.config.calibration_horizon_s
+        for cls, e in enumerate(self.errors):
+            if e and e[0][0] < horizon:
+                while e and e[0][0] < horizon:
+                    e.popleft()
+                self._quantiles(cls)
+
+    def pool_at(self, cls: int, b: int) -> int:
+        """The calibration pool of a class-`cls` request sent to `b` now."""
+        be = self.backends.get(b)
+        return pool(cls, sum(be.unstarted[: cls + 1]) if be is not None else 0)
+
+    def calibrated(self, cls: int, predicted_s: float, b: int = -1) -> float:
+        """The point estimate of a class-`cls` wait predicted at `predicted_s` on `b`
+        (Retry-After)."""
+        return max(0.0, predicted_s + self.error_mid[self.pool_at(cls, b)])
 
     def gone(self, b: int, cls: int) -> None:
         """A request sent to `b` left before its first token (error, abort, refusal)."""
@@ -336,8 +373,8 @@ class AdmissionControl:
         self.num_admitted = [0] * NUM_CLASSES
 
     def check(self, cls: int, gateway_depths: list[int] | tuple[int, ...], window_s: float,
-              ttft_override_ms: float | None = None,
-              live: Iterable[int] | None = None) -> Refusal | None:
+              ttft_override_ms: float | None = None, live: Iterable[int] | None = None,
+              now: float | None = None) -> Refusal | None:
         """None to admit; a Refusal (with the predicted TTFT) to answer 429 now.
         `gateway_depths`: requests queued in the gateway per class; `window_s`: how long the
         batching window would hold this request (`DynamicWindowBatcher.predicted_wait`)."""
@@ -346,9 +383,12 @@ class AdmissionControl:
             self.num_admitted[cls] += 1
             return None
         pred = self.predictor
-        ttft, _ = pred.predict(cls, sum(gateway_depths[: cls + 1]), window_s, live)
-        if ttft + pred.error_high[cls] > deadline:
+        if now is not None:
+            pred.expire(now)
+        ttft, b = pred.predict(cls, sum(gateway_depths[: cls + 1]), window_s, live)
+        k = pred.pool_at(cls, b)
+        if ttft + pred.error_high[k] > deadline:
             self.num_refused[cls] += 1
-            return Refusal(cls, pred.calibrated(cls, ttft), deadline)
+            return Refusal(cls, max(0.0, ttft + pred.error_mid[k]), deadline)
         self.num_admitted[cls] += 1
         return None

@@ -138,7 +138,7 @@ class GatewayAdapter:
         if self.admits:
             depth = self.queues.depth
             refusal = self.admission.check(int(qclass), [depth(c) for c in range(len(QueueClass))],
-                                           self.batcher.predicted_wait(now))
+                                           self.batcher.predicted_wait(now), now=now)
             if refusal is not None:
                 self.retry_after[i] = refusal.retry_after_s
                 dec = self.batcher.poll()

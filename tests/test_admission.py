@@ -290,29 +290,39 @@ def test_service_time_is_kept_per_class():
 
 
 def test_calibration_admits_by_the_high_error_and_answers_with_the_median():
-    """Predictions that run low (measured service 20-60 ms over what was predicted at dispatch):
-    admission refuses unless prediction + the 0.9 quantile of those errors meets the deadline,
-    and the refusal's wait is prediction + their median."""
+    """Predictions that run low (measured service 20-60 ms over what was predicted at dispatch,
+    with nothing ahead): admission refuses unless prediction + the 0.9 quantile of those
+    errors meets the deadline, and the refusal's wait is prediction + their median. Errors
+    are kept per class and per requests ahead (none / 1-3 / more), and expire."""
+    from scheduler.admission import pool
     ctl = AdmissionControl(AdmissionConfig(slo=SLOTargets.parse("fast=1000", None),
-                                           min_samples=2, calibration_min_samples=20))
+                                           min_samples=2, calibration_min_samples=20,
+                                           calibration_horizon_s=10.0))
     p = ctl.predictor
     _paced(p, 0, 5, gap=0.1, service=0.1)
-    assert p.error_high[FAST] == p.error_mid[FAST] == 0.0  # no error measured yet
-    errors = [0.02 + 0.04 * k / 39 for k in range(40)]
+    k = pool(FAST, 0)
+    assert p.error_high[k] == p.error_mid[k] == 0.0  # no error measured yet
+    errors = [0.02 + 0.04 * j / 39 for j in range(40)]
     for e in errors:  # alone each time: predicted 100 ms, measured 100 ms + e
         a = p.dispatched(0, FAST)
         p.started(0, FAST, 50.0, 0.1 + e, a, 0, 0, predicted_s=0.1)
     s = sorted(errors)
-    assert p.error_high[FAST] == pytest.approx(s[int(0.9 * 40)])
-    assert p.error_mid[FAST] == pytest.approx(s[20])
-    assert p.error_high[NORMAL] == 0.0  # per class
-    # fast requests ahead at 100 ms each + its own service: the raw prediction fits under 1 s...
+    assert p.error_high[k] == pytest.approx(s[int(0.9 * 40)])
+    assert p.error_mid[k] == pytest.approx(s[20])
+    assert p.error_high[pool(NORMAL, 0)] == p.error_high[pool(FAST, 1)] == 0.0  # other pools
+    raw, _ = p.predict(FAST, 0, 0.0)
+    deadline_ms = (raw + p.error_high[k] / 2) * 1000  # the raw prediction meets it...
+    refusal = ctl.check(FAST, [0, 0, 0], 0.0, deadline_ms, now=51.0)
+    assert refusal is not None  # ... the calibrated one does not
+    assert refusal.retry_after_s == pytest.approx(raw + p.error_mid[k])
+    assert ctl.check(FAST, [0, 0, 0], 0.0, (raw + p.error_high[k]) * 1000 + 1, now=51.0) is None
+    # with 8 ahead, the lone starts' errors do not apply
     for _ in range(8):
         p.dispatched(0, FAST)
-    raw, _ = p.predict(FAST, 0, 0.0)
-    assert raw < 1.0 < raw + p.error_high[FAST]
-    refusal = ctl.check(FAST, [0, 0, 0], 0.0)
-    assert refusal is not None  # ... the calibrated one does not
-    assert refusal.retry_after_s == pytest.approx(raw + p.error_mid[FAST])
-    p.gone(0, FAST)  # one fewer ahead: 100 ms less
-    assert ctl.check(FAST, [0, 0, 0], 0.0) is None
+    queued, _ = p.predict(FAST, 0, 0.0)
+    assert ctl.check(FAST, [0, 0, 0], 0.0, queued * 1000 + 1, now=51.0) is None
+    # past the horizon the errors are gone: the raw prediction decides again
+    for _ in range(8):
+        p.gone(0, FAST)
+    assert ctl.check(FAST, [0, 0, 0], 0.0, deadline_ms, now=61.0) is None
+    assert not p.errors[k] and p.error_high[k] == 0.0
