@@ -478,10 +478,14 @@ class Gateway:
         self.metrics.observe_request(status, handle.queue_class_name)
         if handle.num_draft_tokens or handle.prediction_ids is not None:
             accepted, rejected = handle.prediction_usage()
+            # a backend that reports speculation by draft source in its LoadReports feeds
+            # vLLM's series from there (vllm_metrics), not request by request as well
+            by_source = any(b.address == handle.backend and len(b.load.spec_decode)
+                            for b in self.pool.backends)
             self.metrics.observe_speculation(
                 handle.backend, "prediction" if handle.prediction_ids is not None else "auto",
                 handle.num_drafts, handle.num_draft_tokens, handle.num_accepted_draft_tokens,
-                accepted, rejected)
+                accepted, rejected, engine_reports_sources=by_source)
         asm = handle.assembler
         if status == 200 and asm.finished:
             self.metrics.observe_finished(
@@ -530,4 +534,6 @@ def engine_report(b) -> EngineReport:
         block_size=info.block_size if info is not None else 0,
         cache_dtype=(info.kv_cache_dtype or "auto") if info is not None else "auto",
         enable_prefix_caching=bool(info.enable_prefix_caching) if info is not None else False,
-        num_blocks=info.num_kv_blocks if info is not None else 0)
+        num_blocks=info.num_kv_blocks if info is not None else 0,
+        spec_decode=tuple((c.source, c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens,
+                           tuple(c.num_accepted_tokens_per_pos)) for c in load.spec_decode))

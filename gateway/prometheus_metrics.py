@@ -219,8 +219,9 @@ class GatewayMetrics:
                                                  "or stopped reading.", ["reason"], registry=r)
         # vLLM's names, per engine (backend), for routers that scrape vLLM
         self.vllm = VllmMetrics(r, LATENCY_BUCKETS, ITL_BUCKETS)
-        # speculative decoding by source: "prediction" (requests with a Predicted Output) or
-        # "auto" (drafts the engine found alone: prompt lookup, the session's earlier output)
+        # speculative decoding by request: "prediction" (requests with a Predicted Output) or
+        # "auto" (drafts the engine found alone: prompt lookup, the session's earlier output);
+        # by draft source the backend reports: vllm:spec_decode_*{source}
         self.spec_drafts = Counter("tidegate_spec_decode_num_drafts", "Drafts verified (one "
                                    "sequence's draft tokens in one step), by source.",
                                    ["source"], registry=r)
@@ -297,13 +298,15 @@ class GatewayMetrics:
 
     def observe_speculation(self, engine: str, source: str, drafts: int, draft_tokens: int,
                             accepted_tokens: int, accepted_prediction: int,
-                            rejected_prediction: int) -> None:
-        """One request's speculation, when it ends (the backend's cumulative counters)."""
+                            rejected_prediction: int, engine_reports_sources: bool = False,
+                            ) -> None:
+        """One request's speculation, when it ends (the backend's cumulative counters). vLLM's
+        series come from the backend's LoadReports by draft source where it reports them
+        (`engine_reports_sources`), else from here (source "unknown")."""
         if draft_tokens:
-            v, labels = self.vllm, (self._model_name, engine)
-            v.spec_drafts.labels(*labels).inc(drafts)
-            v.spec_draft_tokens.labels(*labels).inc(draft_tokens)
-            v.spec_accepted_tokens.labels(*labels).inc(accepted_tokens)
+            if not engine_reports_sources:
+                self.vllm.observe_request((self._model_name, engine), drafts, draft_tokens,
+                                          accepted_tokens)
             self.spec_drafts.labels(source).inc(drafts)
             self.spec_draft_tokens.labels(source).inc(draft_tokens)
             self.spec_accepted_tokens.labels(source).inc(accepted_tokens)

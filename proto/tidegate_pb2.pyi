@@ -371,7 +371,7 @@ class StepOutput(_message.Message):
     def __init__(self, step: _Optional[int] = ..., outputs: _Optional[_Iterable[_Union[RequestOutput, _Mapping]]] = ...) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "num_free_blocks", "num_total_blocks", "recent_step_time_ms", "backend_id", "num_outstanding_tokens", "prefix_hashes", "prefix_block_size", "num_prompt_tokens", "num_cached_prompt_tokens", "num_preemptions", "num_held_messages", "num_dropped_peers", "num_swap_preemptions", "num_host_hit_tokens", "num_host_blocks", "num_host_used_blocks", "num_pins", "num_pinned_blocks", "pin_budget_blocks", "num_pins_refused", "num_pins_expired", "num_kv_pulls", "num_kv_pull_failures", "num_kv_pulled_tokens", "num_kv_pulls_served", "kv_pull_bytes_per_s", "prefill_tokens_per_s")
+    __slots__ = ("num_running", "num_waiting", "num_free_blocks", "num_total_blocks", "recent_step_time_ms", "backend_id", "num_outstanding_tokens", "prefix_hashes", "prefix_block_size", "num_prompt_tokens", "num_cached_prompt_tokens", "num_preemptions", "num_held_messages", "num_dropped_peers", "num_swap_preemptions", "num_host_hit_tokens", "num_host_blocks", "num_host_used_blocks", "num_pins", "num_pinned_blocks", "pin_budget_blocks", "num_pins_refused", "num_pins_expired", "num_kv_pulls", "num_kv_pull_failures", "num_kv_pulled_tokens", "num_kv_pulls_served", "kv_pull_bytes_per_s", "prefill_tokens_per_s", "spec_decode")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -401,6 +401,7 @@ class LoadReport(_message.Message):
     NUM_KV_PULLS_SERVED_FIELD_NUMBER: _ClassVar[int]
     KV_PULL_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
     PREFILL_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    SPEC_DECODE_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
     num_free_blocks: int
@@ -430,7 +431,22 @@ class LoadReport(_message.Message):
     num_kv_pulls_served: int
     kv_pull_bytes_per_s: float
     prefill_tokens_per_s: float
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., recent_step_time_ms: _Optional[float] = ..., backend_id: _Optional[str] = ..., num_outstanding_tokens: _Optional[int] = ..., prefix_hashes: _Optional[_Iterable[int]] = ..., prefix_block_size: _Optional[int] = ..., num_prompt_tokens: _Optional[int] = ..., num_cached_prompt_tokens: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_held_messages: _Optional[int] = ..., num_dropped_peers: _Optional[int] = ..., num_swap_preemptions: _Optional[int] = ..., num_host_hit_tokens: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., num_host_used_blocks: _Optional[int] = ..., num_pins: _Optional[int] = ..., num_pinned_blocks: _Optional[int] = ..., pin_budget_blocks: _Optional[int] = ..., num_pins_refused: _Optional[int] = ..., num_pins_expired: _Optional[int] = ..., num_kv_pulls: _Optional[int] = ..., num_kv_pull_failures: _Optional[int] = ..., num_kv_pulled_tokens: _Optional[int] = ..., num_kv_pulls_served: _Optional[int] = ..., kv_pull_bytes_per_s: _Optional[float] = ..., prefill_tokens_per_s: _Optional[float] = ...) -> None: ...
+    spec_decode: _containers.RepeatedCompositeFieldContainer[SpecDecodeCounters]
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., recent_step_time_ms: _Optional[float] = ..., backend_id: _Optional[str] = ..., num_outstanding_tokens: _Optional[int] = ..., prefix_hashes: _Optional[_Iterable[int]] = ..., prefix_block_size: _Optional[int] = ..., num_prompt_tokens: _Optional[int] = ..., num_cached_prompt_tokens: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_held_messages: _Optional[int] = ..., num_dropped_peers: _Optional[int] = ..., num_swap_preemptions: _Optional[int] = ..., num_host_hit_tokens: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., num_host_used_blocks: _Optional[int] = ..., num_pins: _Optional[int] = ..., num_pinned_blocks: _Optional[int] = ..., pin_budget_blocks: _Optional[int] = ..., num_pins_refused: _Optional[int] = ..., num_pins_expired: _Optional[int] = ..., num_kv_pulls: _Optional[int] = ..., num_kv_pull_failures: _Optional[int] = ..., num_kv_pulled_tokens: _Optional[int] = ..., num_kv_pulls_served: _Optional[int] = ..., kv_pull_bytes_per_s: _Optional[float] = ..., prefill_tokens_per_s: _Optional[float] = ..., spec_decode: _Optional[_Iterable[_Union[SpecDecodeCounters, _Mapping]]] = ...) -> None: ...
+
+class SpecDecodeCounters(_message.Message):
+    __slots__ = ("source", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_accepted_tokens_per_pos")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    NUM_DRAFTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_ACCEPTED_TOKENS_PER_POS_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    num_accepted_tokens_per_pos: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, source: _Optional[str] = ..., num_drafts: _Optional[int] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ..., num_accepted_tokens_per_pos: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Error(_message.Message):
     __slots__ = ("code", "message", "request_id", "batch_id", "param")

@@ -644,6 +644,17 @@ class SpeculationPolicy:
 
 
 # ---- the engine's side: states, proposals, outcomes -----------------------------------------------
+@dataclass(frozen=True, slots=True)
+class SourceCounters:
+    """One draft source's speculative decoding so far (vLLM's spec-decode counters)."""
+
+    source: str
+    num_drafts: int  # verifies (one sequence's draft tokens in one step)
+    num_draft_tokens: int  # draft tokens verified
+    num_accepted_tokens: int  # of which accepted (output tokens)
+    num_accepted_tokens_per_pos: tuple[int, ...] = ()  # accepted at draft position 0, 1, ...
+
+
 class DraftBackoff:
     """When an engine that pipelines its steps (async scheduling: step k+1 planned before step
     k is read back) asks for drafts. Drafts follow the real tokens, so a step that may carry
@@ -704,9 +715,11 @@ class Speculator:
         self.states: dict[str, DraftState] = {}
         # the backend's mean acceptance per source: the prior of a request's first verifies
         self.source_acceptance: dict[str, Acceptance] = {}
-        # counters per source (the metrics): drafted, accepted
+        # counters per source (the metrics): drafted, accepted; verifies, accepted by position
         self.num_drafted: dict[str, int] = dict.fromkeys(SOURCES, 0)
         self.num_accepted: dict[str, int] = dict.fromkeys(SOURCES, 0)
+        self.num_drafts: dict[str, int] = dict.fromkeys(SOURCES, 0)
+        self.num_accepted_per_pos: dict[str, list[int]] = {s: [] for s in SOURCES}
         self.num_verifies = 0
         self.backoff = DraftBackoff()  # the asking turns of an engine that pipelines its steps
 
@@ -802,6 +815,12 @@ class Speculator:
         state.num_accepted_draft_tokens += num_accepted
         self.num_drafted[src] = self.num_drafted.get(src, 0) + num_drafted
         self.num_accepted[src] = self.num_accepted.get(src, 0) + num_accepted
+        self.num_drafts[src] = self.num_drafts.get(src, 0) + 1
+        per_pos = self.num_accepted_per_pos.setdefault(src, [])
+        if len(per_pos) < num_drafted:
+            per_pos.extend([0] * (num_drafted - len(per_pos)))
+        for i in range(num_accepted):  # drafts are accepted as a prefix
+            per_pos[i] += 1
         self.num_verifies += 1
         if src == "prediction":
             state.num_prediction_drafted += num_drafted
@@ -841,6 +860,15 @@ class Speculator:
 
     def stats(self) -> Mapping[str, dict[str, int]]:
         return {"drafted": dict(self.num_drafted), "accepted": dict(self.num_accepted)}
+
+    def source_counters(self) -> tuple[SourceCounters, ...]:
+        """Each configured source's counters so far (zeros included): what the engine reports
+        (LoadReport.spec_decode, the gateway's vllm:spec_decode_* by source)."""
+        return tuple(SourceCounters(p.source, self.num_drafts.get(p.source, 0),
+                                    self.num_drafted.get(p.source, 0),
+                                    self.num_accepted.get(p.source, 0),
+                                    tuple(self.num_accepted_per_pos.get(p.source, ())))
+                     for p in self.proposers)
 
 
 def accept_drafts(draft: Sequence[int], targets: Sequence[int]) -> int:

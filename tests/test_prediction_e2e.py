@@ -5,6 +5,7 @@ drafts nothing, and /metrics counts the drafts under vLLM's names."""
 from __future__ import annotations
 
 import re
+import time
 import urllib.request
 
 import openai
@@ -41,9 +42,22 @@ def baseline(sdk):
 
 
 def spec_counter(server, name: str) -> float:
-    text = urllib.request.urlopen(server["url"] + "/metrics").read().decode()
-    return sum(float(m.group(1)) for m in re.finditer(
-        rf"^{re.escape(name)}{{[^}}]*}} (\S+)$", text, re.MULTILINE))
+    """The counter summed over engines and draft sources, once settled: the backend reports
+    speculation by source in its LoadReports, the one of its busy -> idle edge right after a
+    request's last output, which a scrape at once may still beat (reads 0.2 s apart agree)."""
+    def read() -> float:
+        text = urllib.request.urlopen(server["url"] + "/metrics").read().decode()
+        return sum(float(m.group(1)) for m in re.finditer(
+            rf"^{re.escape(name)}{{[^}}]*}} (\S+)$", text, re.MULTILINE))
+
+    last = read()
+    for _ in range(15):
+        time.sleep(0.2)
+        now = read()
+        if now == last:
+            return now
+        last = now
+    return last
 
 
 def create(sdk, **extra):

@@ -38,7 +38,7 @@ def test_prediction_over_the_socket(tmp_path):
         prompts = {f"p{i}": torch.randint(0, 300, (9 + i,), generator=g).tolist()
                    for i in range(3)}
         _batch(c, prompts, {})
-        plain, finals, _ = c.collect(list(prompts))
+        plain, plain_finals, _ = c.collect(list(prompts))
         assert not c.errors
         # again with the exact outputs as predictions, one with speculation off, one capped
         again = {f"s{rid}": p for rid, p in prompts.items()}
@@ -58,6 +58,19 @@ def test_prediction_over_the_socket(tmp_path):
         _, finals, _ = c.collect(["bad"])
         assert c.errors and c.errors[-1].request_id == "bad"
         assert c.errors[-1].code == pb.Error.INVALID_REQUEST and "prediction" in c.errors[-1].message
+        # speculation by draft source in the load reports (the one of the busy -> idle edge
+        # came before that error): every request's drafts, attributed to their sources
+        report = c.load_reports[-1][1]
+        by = {s.source: s for s in report.spec_decode}
+        assert set(by) == {"prediction", "prompt", "session"}
+        everyone = [*plain_finals.values(), f0, f1, f2]
+        for field in ("num_draft_tokens", "num_accepted_tokens"):
+            per_request = field if field == "num_draft_tokens" else "num_accepted_draft_tokens"
+            assert sum(getattr(s, field) for s in by.values()) == \
+                sum(getattr(f, per_request) for f in everyone)
+        assert by["prediction"].num_accepted_tokens >= f0.num_accepted_draft_tokens > 0
+        assert sum(by["prediction"].num_accepted_tokens_per_pos) == \
+            by["prediction"].num_accepted_tokens
         assert w.terminate() == 0
     finally:
         w.kill()

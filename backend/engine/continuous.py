@@ -542,6 +542,7 @@ class Engine:
             num_host_used_blocks=host.num_used_blocks if host is not None else 0,
             num_host_hit_tokens=bm.num_host_hit_tokens,
             num_prompt_tokens=bm.num_query_tokens, num_cached_prompt_tokens=bm.num_hit_tokens,
+            spec_decode=self.speculator.source_counters() if self.speculator is not None else (),
             **self._pin_figures())
 
     def _pin_figures(self) -> dict:

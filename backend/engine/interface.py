@@ -33,6 +33,9 @@ class EngineLoad:
     pin_budget_blocks: int = 0
     num_pins_refused: int = 0
     num_pins_expired: int = 0
+    # speculative decoding by draft source (scheduler.speculation.SourceCounters), engines
+    # that speculate; empty: not reported by source
+    spec_decode: tuple = ()
 
 
 @runtime_checkable

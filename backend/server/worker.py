@@ -580,6 +580,11 @@ class Worker:
             report.pin_budget_blocks = load.pin_budget_blocks
             report.num_pins_refused, report.num_pins_expired = (load.num_pins_refused,
                                                                 load.num_pins_expired)
+        for c in load.spec_decode:  # speculative decoding by draft source (issue 28)
+            report.spec_decode.add(
+                source=c.source, num_drafts=c.num_drafts, num_draft_tokens=c.num_draft_tokens,
+                num_accepted_tokens=c.num_accepted_tokens,
+                num_accepted_tokens_per_pos=c.num_accepted_tokens_per_pos)
         puller = self.puller
         if puller.num_pulls or puller.num_served:
             report.num_kv_pulls, report.num_kv_pull_failures = (puller.num_pulls,
