@@ -57,7 +57,8 @@ def prompt_identity(config: dict, num_arrivals: int) -> tuple[list[int], list[tu
 def resimulate(validate: dict, arrivals, profile: str, prompt_identity_on: bool = True,
                delivery_delay_s: float = 0.0, async_plan_lead_s: float | None = None,
                hide_launch: bool = False, power_cap: bool = False,
-               prefill_launch_deadline: bool = False, record_steps: bool = False) -> dict:
+               prefill_launch_deadline: bool = False, record_steps: bool = False,
+               wrap_cost=None, network_delay_s: float = 0.0) -> dict:
     """`prompt_identity_on=False`: every prompt distinct (what `sim validate` itself simulated,
     but in one continuous run): the control that isolates the prefix cache's part.
     `delivery_delay_s`: `EngineConfig.delivery_delay_s` (the path from the backend to the client,
@@ -68,7 +69,11 @@ def resimulate(validate: dict, arrivals, profile: str, prompt_identity_on: bool 
     `EngineConfig.prefill_launch_deadline`; False by default because the live runs this
     re-simulates (bench/results/fidelity_h200_2) were recorded on the engine before it.
     `record_steps`: every step simulated alone and kept (`result["steps"]`: StepRecords with the
-    live ids and each step's simulated duration in `ms`; bench.simulator.fidelity_steps)."""
+    live ids and each step's simulated duration in `ms`; bench.simulator.fidelity_steps).
+    `wrap_cost(cost, live_ids)`: replaces the profile's cost model (a diagnostic: the live step
+    times fed back, `fidelity_steps.LiveTimedCost`). `network_delay_s`:
+    `EngineConfig.network_delay_s` (gateway flush -> the backend's plan, measured live by
+    `fidelity_steps.dispatch_delay`)."""
     from bench.simulator.validate import compare, summarize_load
     from gateway.serve import build_parser as serve_parser
     from gateway.serve import gateway_config
@@ -102,8 +107,11 @@ def resimulate(validate: dict, arrivals, profile: str, prompt_identity_on: bool 
                                block_size=int(live_be["block_size"]),
                                max_model_len=int(live_be["max_model_len"]), enable_prefix_caching=True)
     cost = ProfileCost.from_json(profile, hide_launch=hide_launch, power_cap=power_cap)
+    if wrap_cost is not None:
+        cost = wrap_cost(cost, [a.request_id for a in arrivals])
     res = simulate(w, cost, sched, EngineConfig(num_backends=1, num_samples=1,
                                                 delivery_delay_s=delivery_delay_s,
+                                                network_delay_s=network_delay_s,
                                                 async_plan_lead_s=async_plan_lead_s,
                                                 prefill_launch_deadline=prefill_launch_deadline,
                                                 record_steps=record_steps,
@@ -139,7 +147,8 @@ def resimulate(validate: dict, arrivals, profile: str, prompt_identity_on: bool 
     steps_p = res.step_prefill[res.step_prefill > 0]
     terms = {"async_plan_lead_ms": None if async_plan_lead_s is None else 1e3 * async_plan_lead_s,
              "hide_launch": hide_launch, "power_cap": power_cap,
-             "prefill_launch_deadline": prefill_launch_deadline, "delivery_ms": 1e3 * delivery_delay_s}
+             "prefill_launch_deadline": prefill_launch_deadline, "delivery_ms": 1e3 * delivery_delay_s,
+             "network_delay_ms": 1e3 * network_delay_s}
     out = {"source": "bench.simulator.fidelity_resim", "num_arrivals": len(arrivals), "model_terms": terms,
            "sim_prefill_tokens_per_prefill_step": float(steps_p.mean()) if steps_p.size else 0.0,
            "loads": loads}

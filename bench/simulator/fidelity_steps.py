@@ -84,6 +84,23 @@ def live_steps(rows: list[dict], max_tokens: dict[str, int]) -> tuple[list[dict]
     return out, bad
 
 
+def dispatch_delay(rows: list[dict], batches) -> tuple[float, int]:
+    """Seconds from the gateway's flush to the backend's plan of the step that prefills the
+    request, median over the requests flushed while the engine was idle (their step starts at
+    once: the wire, the worker's receive and its planning; `EngineConfig.network_delay_s`), and
+    how many such requests there were (0: none, delay 0). `rows`: step-log records (their
+    monotonic `mono` start and `ms`); `batches`: the decision log's windows (the same clock)."""
+    flush = {rid: b.t for b in batches for rid in b.request_ids}
+    first, ends = {}, []
+    for k, s in enumerate(rows):
+        ends.append(float(s["mono"]) + float(s["ms"]) / 1e3)
+        for rid, _n, _st in s["prefill"]:
+            first.setdefault(str(rid), k)
+    delays = [float(rows[k]["mono"]) - flush[rid] for rid, k in first.items()
+              if rid in flush and (k == 0 or ends[k - 1] < flush[rid])]
+    return (float(np.median(delays)) if delays else 0.0), len(delays)
+
+
 def busy_shares(steps: list[dict], k: int, window_s: float) -> tuple[float, float]:
     """Shares of the `window_s` before step k's start that ran steps carrying prefill, and
     decode-only steps (the power-cap model's f and g)."""
@@ -164,6 +181,58 @@ def format_cost_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+class LiveTimedCost:
+    """A diagnostic, not a model: the live step times fed back. A step with prefill whose chunks
+    (request, tokens, position) are a live step's is charged that step's live duration; the j-th
+    decode-only step after such a step the live j-th one's (while the schedules agree, the same
+    step), otherwise the live median at its decode count; anything else the inner model. The
+    simulator calls `step_time` once per step in start order (one backend, stretches off). If the
+    schedules then agree, what parted them was the step times alone (module doc, 2)."""
+
+    accepts_prefill_chunks = True
+
+    def __init__(self, inner, live_ids: list[str], rows: list[dict]):
+        self.inner, self.ids = inner, live_ids
+        self.prefill, self.after = {}, {}
+        by_d: dict[int, list[float]] = {}
+        key, j = None, 0
+        for row in rows:
+            if row["prefill"]:
+                key, j = frozenset((str(r), int(n), int(st)) for r, n, st in row["prefill"]), 0
+                self.prefill[key] = row["ms"] / 1e3
+            elif row["decodes"]:
+                j += 1
+                self.after[(key, j, int(row["decodes"]))] = row["ms"] / 1e3
+                by_d.setdefault(int(row["decodes"]), []).append(row["ms"] / 1e3)
+        self.decode = {d: float(np.median(v)) for d, v in by_d.items()}
+        self.num_matched = self.num_model = 0
+        self._key, self._j = None, 0
+
+    def step_time(self, num_decode_seqs: int, num_prefill_tokens: int, num_context_tokens: int,
+                  prefill_chunks=None) -> float:
+        t = None
+        if num_prefill_tokens and prefill_chunks is not None:
+            self._key = frozenset((self.ids[int(c.request_id)], len(c.token_ids), int(c.start_pos))
+                                  for c in prefill_chunks)
+            self._j = 0
+            t = self.prefill.get(self._key)
+        elif not num_prefill_tokens:
+            self._j += 1
+            t = self.after.get((self._key, self._j, num_decode_seqs), self.decode.get(num_decode_seqs))
+        if t is not None:
+            self.num_matched += 1
+            return t
+        self.num_model += 1
+        args = (num_decode_seqs, num_prefill_tokens, num_context_tokens)
+        return self.inner.step_time(*args, prefill_chunks) if prefill_chunks is not None else \
+            self.inner.step_time(*args)
+
+    def __getattr__(self, name):
+        if name == "inner" or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
 def plan_time(steps: list, k: int, lead_s: float, prefill_deadline: bool, end_of) -> float:
     """When the step at index k was planned: `lead_s` before its predecessor's end; at the
     predecessor's start when that carried prefill and the engine had no prefill launch deadline;
@@ -180,10 +249,11 @@ def plan_time(steps: list, k: int, lead_s: float, prefill_deadline: bool, end_of
 
 
 def first_divergence(live: list[StepRecord], sim: list[StepRecord], flush: dict[str, float],
-                     lead_s: float, prefill_deadline: bool = False) -> dict | None:
+                     lead_s: float, prefill_deadline: bool = False, delay_s: float = 0.0) -> dict | None:
     """The first prefill step (in order) whose chunks differ between the two sides, explained
     (module doc, 2); None when every prefill step agrees. `live`/`sim`: all steps of one backend
-    (with `ms`), in order; `flush`: request id -> flush time (the same clock)."""
+    (with `ms`), in order; `flush`: request id -> flush time (the same clock); `delay_s`: flush ->
+    the backend (a request planned before it arrives misses the step: by timing)."""
     def ends(steps):
         return lambda k: steps[k].t + (steps[k].ms or 0.0) / 1e3
 
@@ -215,21 +285,21 @@ def first_divergence(live: list[StepRecord], sim: list[StepRecord], flush: dict[
         pa0 = plan_time(live, ka - 1, lead_s, prefill_deadline, ends(live)) if ka else -np.inf
         pb0 = plan_time(sim, kb - 1, lead_s, prefill_deadline, ends(sim)) if kb else -np.inf
         later = "live" if live[ka].t > sim[kb].t else "sim"
-        # by timing: it was delivered after the plan of the step it missed on the later side
-        # and before the plan of the step it joined on the earlier side
+        # by timing: it reached the backend (flush + delay) after the plan of the step it missed
+        # on the later side
         missed = pa0 if later == "live" else pb0
         return {"index": i, "request": rid, "flush": t, "later_side": later,
                 "live_step_start": live[ka].t, "sim_step_start": sim[kb].t,
                 "live_plan_ms_after_flush": 1e3 * (pa - t), "sim_plan_ms_after_flush": 1e3 * (pb - t),
                 "missed_plan_ms_after_flush": 1e3 * (missed - t),
-                "by_timing": bool(missed < t),
+                "by_timing": bool(missed < t + delay_s),
                 "drift_ms": None if last_common is None else 1e3 * (last_common[1] - last_common[0]),
                 "sim_minus_live_start_ms": 1e3 * (sim[kb].t - live[ka].t)}
     return None
 
 
 def schedule_report(result: dict, validate: dict, arrivals, batches, rows: list[dict], lead_s: float,
-                    prefill_deadline: bool = False) -> list[dict]:
+                    prefill_deadline: bool = False, delay_s: float = 0.0) -> list[dict]:
     """Per load: each run's same-prefill-step share (`compare_steps`) and first divergence."""
     from bench.simulator.fidelity_resim import prompt_identity
 
@@ -249,7 +319,7 @@ def schedule_report(result: dict, validate: dict, arrivals, batches, rows: list[
             lv = [s for s in live_all if lo <= s.t <= hi]
             sv = [s for s in sim_all if slo <= s.t <= shi]
             cmp_ = compare_steps([s for s in lv if s.prefill], [s for s in sv if s.prefill])
-            div = first_divergence(lv, sv, flush, lead_s, prefill_deadline)
+            div = first_divergence(lv, sv, flush, lead_s, prefill_deadline, delay_s)
             # windows: live from the decision log, simulated as requests sharing a dispatch time
             live_w = sum(1 for b in batches if b.request_ids and b.request_ids[0] in ids)
             sim_w = len({result["dispatch_time"][r] for r in ids}) if "dispatch_time" in result else 0
@@ -283,7 +353,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefill-launch-deadline", action="store_true",
                    help="the engine had the prefill launch deadline (runs recorded after ea1ebf1)")
     p.add_argument("--delivery-ms", type=float, default=0.0)
+    p.add_argument("--network-delay-ms", default="0",
+                   help="gateway flush -> backend plan (EngineConfig.network_delay_s) in ms, or "
+                        "'auto': measured from these logs (dispatch_delay)")
     p.add_argument("--no-schedule", action="store_true", help="the step-cost table only")
+    p.add_argument("--live-times", action="store_true",
+                   help="diagnostic: re-simulate with the live step times fed back (LiveTimedCost)")
     p.add_argument("--json", dest="json_out")
     a = p.parse_args(argv)
     validate = json.loads(Path(a.validate).read_text())
@@ -291,16 +366,33 @@ def main(argv: list[str] | None = None) -> int:
     rows = read_steps(a.steps)
     steps, bad = live_steps(rows, {x.request_id: x.max_tokens for x in arrivals})
     cost = ProfileCost.from_json(a.profile, hide_launch=a.hide_launch, power_cap=a.power_cap)
+    delay_s, num_idle = dispatch_delay(rows, batches)
+    print(f"flush -> plan on an idle engine: median {1e3 * delay_s:.2f} ms over {num_idle} requests")
+    net_s = delay_s if a.network_delay_ms == "auto" else float(a.network_delay_ms) / 1e3
     table = step_cost_table(cost, steps)
     print(f"live steps {len(steps)}, decode counts rebuilt wrong in {bad}")
     print(format_cost_table(table))
-    doc = {"step_cost": table, "rebuild_mismatches": bad}
+    doc = {"step_cost": table, "rebuild_mismatches": bad,
+           "dispatch_delay_ms": {"median": 1e3 * delay_s, "num_requests": num_idle}}
     if not a.no_schedule:
         lead = None if a.async_plan_lead_ms is None else a.async_plan_lead_ms / 1e3
+        oracle = []
+
+        def wrap(cost, ids):
+            oracle.append(LiveTimedCost(cost, ids, rows))
+            return oracle[-1]
+
         res = resimulate(validate, arrivals, a.profile, False, a.delivery_ms / 1e3, lead,
-                         a.hide_launch, a.power_cap, a.prefill_launch_deadline, record_steps=True)
+                         a.hide_launch, a.power_cap, a.prefill_launch_deadline, record_steps=True,
+                         wrap_cost=wrap if a.live_times else None,
+                         network_delay_s=net_s)
+        res["model_terms"]["live_step_times"] = bool(oracle)
+        if oracle:
+            print(f"live step times fed back: {oracle[0].num_matched} steps matched a live one, "
+                  f"{oracle[0].num_model} charged by the model")
         print(format_table(res))
-        sched = schedule_report(res, validate, arrivals, batches, rows, lead or 0.0, a.prefill_launch_deadline)
+        sched = schedule_report(res, validate, arrivals, batches, rows, lead or 0.0, a.prefill_launch_deadline,
+                                net_s)
         why = Counter()
         for ld in sched:
             print(f"{ld['load_label']}: same prefill chunks {100 * ld['same_prefill_step_share']:.1f}%")

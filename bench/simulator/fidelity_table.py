@@ -66,6 +66,10 @@ def model_label(terms: dict | None) -> str:
           if terms.get(key)]
     if terms.get("async_plan_lead_ms") is not None:
         on.insert(0, "async loop")
+    if terms.get("network_delay_ms"):
+        on.append(f"dispatch {terms['network_delay_ms']:.2f} ms")
+    if terms.get("live_step_times"):
+        on.append("LIVE step times (diagnostic)")
     return ", ".join(on) or "sync loop"
 
 
@@ -97,7 +101,9 @@ def cells(doc: dict, which: str = "replay_path", names: dict | None = None) -> l
             figs[key] = {"mean": mean, "ci": ci, "bound": bound,
                          "inside": bool(math.isfinite(ci) and abs(mean) + ci <= bound),
                          "mean_inside": bool(abs(mean) <= bound)}
-        steps = ld.get("steps", {}).get("same_prefill_step_share") or shares.get(ld["load_label"])
+        # the prefill steps of the replay this comparison reads (with the paths: steps_path)
+        st = ld.get("steps_path") if which == "replay_path" and ld.get("steps_path") else ld.get("steps", {})
+        steps = st.get("same_prefill_step_share") or shares.get(ld["load_label"])
         out.append({**names, "sim_model": model_label(terms), "load": ld["load_label"],
                     "rate": ld.get("rate"), "figures": figs,
                     "windows": _window_sizes(ld) or windows.get(ld["load_label"]),
