@@ -251,7 +251,7 @@ class Engine:
             state.min_tokens_banned = tuple(dict.fromkeys(params.stop_token_ids + eos))
         self.states[request_id] = state
         if params.grammar is not None:  # compiled on the grammar thread (cached)
-            state.grammar = self.grammars.start(params.grammar)
+            state.grammar = self.grammars.start(params.grammar, params.max_tokens)
         if self.speculator is not None:
             self.speculator.add(request_id, list(prompt_token_ids), prediction, max_draft_tokens,
                                 speculation_off)
@@ -763,6 +763,9 @@ class Engine:
         for f in finished:
             out = outputs[f.request_id]
             out.finish_reason = f.finish_reason
+            g = self.states[f.request_id].grammar
+            if g is not None and g.closed and f.finish_reason == "stop":
+                out.finish_reason = "length"  # closed inside its grammar to fit max_tokens
             out.num_cached_tokens = f.num_cached_tokens
             del self.states[f.request_id]
             if sp is not None:

@@ -15,6 +15,12 @@ without constrained rows never touches this module. A step with constrained rows
 the host path (`SamplingParams.changes_logits`), so its decodes are not pipelined (async
 scheduling keeps running the steps that have none); nothing here runs inside a CUDA graph.
 
+Length-safe output: a request started with a token budget (its max_tokens) looks, in its last
+CLOSE_WINDOW tokens, for a short completion of its grammar (tokenizer/grammar_close.py); once
+that completion with a margin (`_reserve`) fills the remaining budget, its tokens are the only
+ones the mask allows, so the output ends inside the grammar, reported as finish_reason "length"
+(`closed`). TIDEGATE_GRAMMAR_CLOSE=off turns it off (for an A/B measurement).
+
 The bitmask is llguidance's (and XGrammar's) layout: int32 [rows, ceil(V / 32)], bit j of word w
 allows token 32 w + j. `apply_token_bitmask` expands it on the logits' device with torch ops
 (the same code on the CPU and on CUDA; the CPU test checks it against a per-token loop).
@@ -22,6 +28,7 @@ allows token 32 w + j. `apply_token_bitmask` expands it on the logits' device wi
 from __future__ import annotations
 
 import logging
+import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cached_property
 
@@ -31,8 +38,12 @@ import torch
 from proto import tidegate_pb2 as pb
 from proto.sampling import from_wire
 from tokenizer.grammar import GrammarCompiler, GrammarError, GrammarSpec, load_tokenizer
+from tokenizer.grammar_close import Closer
 
 log = logging.getLogger("tidegate.backend.grammar")
+CLOSE_WINDOW = 96  # tokens before the budget's end from which a closing completion is sought
+CLOSE_MARGIN = 4  # forced once the completion + this + half of it fills the remaining budget
+CLOSE_MAX_TOKENS = 256  # longest completion searched for
 
 
 def spec_from_wire(sampling: pb.SamplingParams) -> GrammarSpec | None:
@@ -67,12 +78,22 @@ def masked_logits(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
 class RequestGrammar:
     """One request's matcher (ready once its grammar is compiled) and the tokens it took."""
 
-    __slots__ = ("_future", "error", "spec")
+    __slots__ = ("_closer", "_forced", "_future", "_next_check", "_plan_len", "budget", "closed",
+                 "error", "spec")
 
-    def __init__(self, spec: GrammarSpec, future: Future) -> None:
+    def __init__(self, spec: GrammarSpec, future: Future, budget: int | None = None,
+                 closer=None) -> None:
+        """`budget`: the tokens the request may write (max_tokens), None: no closing;
+        `closer`: a callable giving the vocabulary's tokenizer.grammar_close.Closer."""
         self.spec = spec
         self._future = future
         self.error: str | None = None
+        self.budget = budget
+        self._closer = closer
+        self._forced: list[int] = []  # the closing completion still to write
+        self._plan_len: int | None = None  # the last completion's length
+        self._next_check = CLOSE_WINDOW  # look for a completion once budget <= this
+        self.closed = False  # a closing completion was forced
 
     def matcher(self):
         """The llguidance matcher (waits for the compile); None if the grammar failed."""
@@ -89,7 +110,16 @@ class RequestGrammar:
         """How many of `tokens` (draft tokens) the grammar accepts from its state, which is left
         as it is."""
         m = self.matcher()
-        return m.validate_tokens([int(t) for t in tokens]) if m is not None else 0
+        n = m.validate_tokens([int(t) for t in tokens]) if m is not None else 0
+        if self.budget is not None and self.budget <= CLOSE_WINDOW:  # keep room to close
+            n = 0 if self._forced else \
+                min(n, max(0, self.budget - _reserve(self._plan_len or 0) - 1))
+        return n
+
+    @property
+    def forced_token(self) -> int | None:
+        """The only token the next step may write (closing), or None."""
+        return self._forced[0] if self._forced else None
 
     def consume(self, tokens) -> None:
         """The tokens the request was given (each was allowed by its mask)."""
@@ -101,6 +131,35 @@ class RequestGrammar:
                 self.error = m.get_error() or "token rejected"
                 log.warning("grammar rejected token %d: %s", t, self.error)
                 return
+        if self.budget is not None:
+            self.budget -= len(tokens)
+            if self._forced:
+                if [int(t) for t in tokens] == self._forced[:len(tokens)]:
+                    del self._forced[:len(tokens)]
+                else:  # not what was forced (cannot happen under the mask): search again
+                    self._forced = []
+            if not self._forced:
+                self._maybe_close(m)
+
+    def _maybe_close(self, m) -> None:
+        r = self.budget
+        if r > self._next_check or r <= 0 or m.is_accepting() or m.is_error():
+            return
+        plan = self._closer().plan(m, CLOSE_MAX_TOKENS)
+        if plan is None:  # none found within the search's bounds: try again 16 tokens on
+            self._next_check = r - 16
+            return
+        # far from needing it, the completion's length says when to look again (every step
+        # from twice its length on: the model's next tokens may lengthen it)
+        self._plan_len, self._next_check = len(plan), 2 * len(plan) + 8
+        if _reserve(len(plan)) >= r:
+            self._forced, self.closed = plan, True
+
+
+def _reserve(plan_len: int) -> int:
+    """The budget at which a completion of `plan_len` tokens is forced: with a margin, as the
+    model's next token can lengthen it (a new member opened: its key, value and comma)."""
+    return plan_len + CLOSE_MARGIN + plan_len // 2
 
 
 def _bases(grammars: list, drafts: list[list[int]] | None) -> list[int]:
@@ -146,6 +205,7 @@ class GrammarManager:
         self._compile = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
         self._masks = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
         self.num_masked_rows = 0
+        self.close_to_budget = os.environ.get("TIDEGATE_GRAMMAR_CLOSE", "on") != "off"
 
     # built at the first constrained request: a backend that never sees one pays nothing
     @cached_property
@@ -159,9 +219,15 @@ class GrammarManager:
 
         return LLExecutor(self.num_threads)
 
-    def start(self, spec: GrammarSpec) -> RequestGrammar:
-        """Begin compiling `spec` (or take it from the cache) for a new request."""
-        return RequestGrammar(spec, self._compile.submit(lambda: self.compiler.matcher(spec)))
+    def start(self, spec: GrammarSpec, budget: int | None = None) -> RequestGrammar:
+        """Begin compiling `spec` (or take it from the cache) for a new request that may write
+        `budget` tokens (closed inside its grammar before it runs out; None: never closed)."""
+        return RequestGrammar(spec, self._compile.submit(lambda: self.compiler.matcher(spec)),
+                              budget if self.close_to_budget else None, lambda: self.closer)
+
+    @cached_property
+    def closer(self) -> Closer:
+        return Closer(self.compiler.tokenizer)
 
     def submit(self, grammars: list[RequestGrammar],
                drafts: list[list[int]] | None = None) -> StepMasks:
@@ -198,6 +264,10 @@ class GrammarManager:
             m = g.matcher()
             if m is None or m.is_error():  # a grammar that failed: only end-of-sequence is left
                 bitmask[bases[i]:bases[i] + len(d) + 1] = self._eos_row
+            elif g.forced_token is not None:  # closing: that token only (no drafts then)
+                t = g.forced_token
+                bitmask[bases[i]:bases[i] + len(d) + 1] = 0
+                bitmask[bases[i], t // 32] = np.uint32(1 << (t % 32)).view(np.int32)
             else:
                 work.append((m, bases[i], d))
         return bitmask, work, bases

@@ -5,9 +5,11 @@
     tidegate serve &                                      # the embedded default: tiny-coder
     python -m bench.structured.schemas --url http://127.0.0.1:8000 [--num 200] [--json out.json]
 
-Prints the counts: valid, invalid (a parse or validation failure of an output that ended by
-itself: the grammar's failure), and cut by max_tokens (finish_reason length: the model was still
-writing, inside a string or an array it kept extending; not a grammar failure, but not valid).
+Prints the counts: valid (of which closed: finish_reason length, the engine closed the grammar
+to fit max_tokens, backend/runner/grammar.py), invalid (a parse or validation failure of an
+output that ended by itself: the grammar's failure), and cut by max_tokens (finish_reason length
+and not valid: the model was still writing, inside a string or an array it kept extending).
+Run the server with TIDEGATE_GRAMMAR_CLOSE=off for the comparison without closing.
 """
 from __future__ import annotations
 
@@ -74,12 +76,14 @@ def main(argv=None) -> int:
     results = asyncio.run(run(args))
     seconds = time.perf_counter() - t0
     valid = sum(r["valid"] for r in results)
+    closed = sum(r["valid"] and r["finish"] == "length" for r in results)
     cut = [r for r in results if not r["valid"] and r["finish"] == "length"]
     bad = [r for r in results if not r["valid"] and r["finish"] != "length"]
     for r in cut + bad:
         print(f"schema {r['i']}: finish {r['finish']}, {r['tokens']} tokens, {r['error']}")
     print(f"{args.num} schemas, temperature {args.temperature}, max_tokens {args.max_tokens}: "
-          f"{valid} valid ({100 * valid / args.num:.1f}%), {len(bad)} invalid outputs that "
+          f"{valid} valid ({100 * valid / args.num:.1f}%; {closed} of them closed to fit max_tokens), "
+          f"{len(bad)} invalid outputs that "
           f"ended by themselves, {len(cut)} cut by max_tokens; {seconds:.0f} s")
     if args.json:
         with open(args.json, "w") as f:
