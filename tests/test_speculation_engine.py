@@ -350,20 +350,27 @@ def test_usage_counts_match_the_gateway_and_stop_nothing_past_a_stop():
     free, _ = _run(engine, {"a": (prompt, SamplingParams(max_tokens=40, ignore_eos=True))})
     toks = free["a"][0]
     k = next(i for i in range(8, len(toks)) if toks[i] not in toks[:i])
-    params = SamplingParams(max_tokens=40, ignore_eos=True, stop_token_ids=(toks[k],))
+    params = SamplingParams(max_tokens=40, ignore_eos=True, stop_token_ids=(toks[k],),
+                            logprobs=1)
     # predictions: the free output (it runs on past the stop: the last verify's drafts all
     # match, the stop is the first of them), and the same with tokens 10..19 edited
     edited = [t if not 10 <= j < 20 else (t + 1) % vocab for j, t in enumerate(toks)]
     for pred in (toks, edited):
         eng = _engine(SPEC)
         assert eng.add_request("a", prompt, params, prediction=pred) is None
-        got, num_sampled, last = [], 0, None
+        got, lps, num_sampled, last = [], [], 0, None
         while eng.has_unfinished():
             for o in eng.step():
                 got += o.new_token_ids
+                lps += o.logprobs
                 num_sampled += bool(o.new_token_ids)  # one sampled token a step, the rest drafts
                 last = o
+        # cut at the stop token as decoding is: tokens, logprobs, the completion count, and
+        # the rejected tokens' KV given back
         assert got == toks[:k + 1] and last.finish_reason == "stop"
+        assert len(lps) == last.num_completion_tokens == len(got)
+        eng.check_integrity()
+        assert eng.scheduler.block_manager.num_used_blocks == 0
         num_accepted = sum(eng.speculator.num_accepted.values())
         assert num_accepted == last.num_accepted_draft_tokens == len(got) - num_sampled > 0
         accepted = prediction_overlap(pred, got)
