@@ -104,7 +104,12 @@ def test_validate_small_live_run(tmp_path):
     assert 0.0 < res["delivery_delay_ms"] < run["compare"]["ttft_p50"]["live"]
     d = res["delivery_delay_ms"]
     plain, path = run["compare_replay"]["ttft_p50"]["sim"], run["compare_replay_path"]["ttft_p50"]["sim"]
-    assert path == pytest.approx(plain + d, rel=0.05)  # every TTFT later by the same delay
+    # every TTFT later by the same delays: the way out (delivery) and the way in (the gateway ->
+    # backend dispatch delay measured on the requests that found the engine idle; at this load
+    # nearly every request's)
+    dd = res["dispatch_delay_ms"]
+    assert dd["num_requests"] >= 1 and 0.0 < dd["median"] < 20.0
+    assert path == pytest.approx(plain + d + dd["median"], rel=0.05)
     assert run["compare_replay_path"]["tpot_p50"]["sim"] == pytest.approx(
         run["compare_replay"]["tpot_p50"]["sim"])
     for name, m in run["compare"].items():
