@@ -146,8 +146,8 @@ class RequestGrammar:
         if r > self._next_check or r <= 0 or m.is_accepting() or m.is_error():
             return
         plan = self._closer().plan(m, CLOSE_MAX_TOKENS)
-        if plan is None:  # none found within the search's bounds: try again 16 tokens on
-            self._next_check = r - 16
+        if plan is None:  # none within the search's bounds (none this short): left as it is
+            self._next_check = -1
             return
         # far from needing it, the completion's length says when to look again (every step
         # from twice its length on: the model's next tokens may lengthen it)
