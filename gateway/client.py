@@ -334,11 +334,16 @@ class _Base:
         def last(name: str) -> int:  # the counters are cumulative
             return max((getattr(d, name) for d in deltas), default=0)
 
+        def final(name: str) -> int:  # the prediction's usage: the finishing record's (the
+            # engine's exact count; its running count while decoding may be above it)
+            return next((getattr(d, name) for d in reversed(deltas) if d.finish_reason),
+                        last(name))
+
         return Completion(next((d.request_id for d in deltas if d.request_id), ""), text, ids,
                           finish, max((d.num_prompt_tokens for d in deltas), default=0),
                           len(ids), logprobs, offsets, prompt_ids, last("num_draft_tokens"),
-                          last("num_accepted_draft_tokens"), last("accepted_prediction_tokens"),
-                          last("rejected_prediction_tokens"), last("num_cached_tokens"),
+                          last("num_accepted_draft_tokens"), final("accepted_prediction_tokens"),
+                          final("rejected_prediction_tokens"), last("num_cached_tokens"),
                           {1: "pinned", 2: "over_budget", 3: "unsupported"}.get(
                               last("pin_status")))
 

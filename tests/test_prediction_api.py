@@ -471,3 +471,15 @@ async def test_bench_zmq_load_passes_the_speculation_field(client, backend, door
                                   speculation={"max_draft_tokens": 3})
     assert all(r.ok for r in records)
     assert [r.speculation.max_draft_tokens for r in backend.requests.values()] == [3, 3]
+
+
+def test_client_takes_the_prediction_usage_of_the_finishing_record():
+    """Straight from a backend, the engine's running count while decoding may be above the
+    exact count its finishing record carries: the Completion takes the latter (not the max)."""
+    from gateway.client import Delta, _Base
+
+    deltas = [Delta("a", [1, 2], None, "r", 3, None, 4, 3, 2, 0),
+              Delta("b", [3], "stop", "r", 3, None, 4, 3, 1, 5)]
+    done = _Base._completion(None, [9, 9, 9], {}, deltas)
+    assert (done.accepted_prediction_tokens, done.rejected_prediction_tokens) == (1, 5)
+    assert (done.num_draft_tokens, done.num_accepted_draft_tokens) == (4, 3)
