@@ -36,7 +36,7 @@ from gateway.backend_conn import (
     error_from_backend,
 )
 from gateway.errors import APIError, unavailable
-from gateway.kv_pull import GatewayPulls
+from gateway.kv_pull import GatewayPulls, split_prefills
 from gateway.pool_failover import PoolFailover
 from gateway.pool_receive import PoolReceiver
 from proto import codec
@@ -253,9 +253,13 @@ class BackendPool(PoolReceiver, PoolFailover):
                                     None, d.queue_class, len(d.prompt_ids))
                       for d in items]
         policy.place(placed, now)
+        parts: dict[int, list[Dispatch]] = {}
         if self.pulls is not None and hashing:  # issue 34: pull what a peer holds, if cheaper
             self.pulls.plan(policy, placed, now, lambda pid: self._by_pid[pid].address)
-        parts: dict[int, list[Dispatch]] = {}
+            prefill = [b for b in self.healthy_backends() if not b.draining and b.info is not None
+                       and b.info.role == pb.BackendInfo.PREFILL]
+            for p, pd in split_prefills(self.pulls, placed, prefill, Dispatch):
+                parts.setdefault(p.pid, []).append(pd)  # then its decode backend pulls it
         unplaced: list[Dispatch] = []
         for it in placed:
             d = it.payload
@@ -290,7 +294,10 @@ class BackendPool(PoolReceiver, PoolFailover):
     def _update_accepting(self, backend: BackendConn) -> None:
         """The policy picks only healthy backends below their in-flight cap."""
         self.placement.set_accepting(backend.pid, backend.healthy and not backend.draining and
-                                     backend.num_inflight < self.config.max_inflight_per_backend)
+                                     backend.num_inflight < self.config.max_inflight_per_backend
+                                     # a prefill-only backend gets split prefills alone (issue 34)
+                                     and (backend.info is None or
+                                          backend.info.role != pb.BackendInfo.PREFILL))
 
     # --- sending --------------------------------------------------------------------------------
     def send_batch(self, backend: BackendConn, items: list[Dispatch]) -> list[Dispatch] | None:

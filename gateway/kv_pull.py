@@ -21,9 +21,24 @@ class GatewayPulls:
     def __init__(self, config: PullConfig, block_size: int = 16) -> None:
         self.config = config
         self.planner = PullPlanner(config, block_size)
-        self._rates: dict[int, KVRates] = {}
+        self._rates: dict[int, KVRates] = {}  # backends that can pull (ours, a layout)
         self._step_s: dict[int, float] = {}
+        self._queued: dict[int, int] = {}  # prefill backend -> prompt tokens sent, not done
         self.num_sent = 0
+        self.num_split = 0
+
+    def rates(self, pid: int) -> KVRates | None:
+        return self._rates.get(pid)
+
+    def queued_tokens(self, pid: int) -> int:
+        return self._queued.get(pid, 0)
+
+    def prefill_started(self, pid: int, num_tokens: int) -> None:
+        self._queued[pid] = self._queued.get(pid, 0) + num_tokens
+        self.num_split += 1
+
+    def prefill_done(self, pid: int, num_tokens: int) -> None:
+        self._queued[pid] = max(0, self._queued.get(pid, 0) - num_tokens)
 
     def on_info(self, pid: int, info: pb.BackendInfo) -> None:
         if not info.kv_layout or not info.block_size:
@@ -80,3 +95,74 @@ class GatewayPulls:
             d.kv_source = pb.KvSource(endpoint=address_of(plan.peer), num_tokens=plan.peer_tokens,
                                       timeout_s=self.config.timeout_s)
             self.num_sent += 1
+
+
+# ---- disaggregated Slow prefill ----------------------------------------------------------------
+class PrefillSink:
+    """The gateway's own prefill-only request on a prefill backend: its one token is dropped;
+    its end (any way) frees its place in that backend's queue estimate. Its blocks stay pinned
+    there until the decode backend has pulled them (or the pin expires)."""
+
+    unstarted = False  # not a client request: the TTFT predictor does not count it
+
+    def __init__(self, pulls: GatewayPulls, pid: int, num_tokens: int, pin_ttl_s: float) -> None:
+        self.pulls, self.pid, self.num_tokens = pulls, pid, num_tokens
+        self.options = _PinOptions(pin_ttl_s)
+        self.done = False
+
+    def on_dispatched(self, now: float, backend: str = "") -> None:
+        pass
+
+    def on_tokens(self, token_ids, finish_reason, logprobs, now, text=None) -> None:
+        if finish_reason is not None:
+            self._end()
+
+    def on_error(self, error) -> None:
+        self._end()  # the decode backend's pull then fails or times out: it recomputes
+
+    def _end(self) -> None:
+        if not self.done:
+            self.done = True
+            self.pulls.prefill_done(self.pid, self.num_tokens)
+
+
+class _PinOptions:
+    """What `BackendPool.send_batch` reads of a sink's options: a pin of the whole prompt."""
+
+    def __init__(self, pin_ttl_s: float) -> None:
+        self.pin_ttl_s, self.pin_tokens, self.session_key = pin_ttl_s, 0, None
+
+
+def split_prefills(pulls: GatewayPulls, items, prefill_backends, dispatch_cls) -> list:
+    """Disaggregated Slow prefill (issue 34): for each placed Slow request with a long prompt,
+    when the cost model says moving its KV costs little next to its prefill, a prefill-only copy
+    (max_tokens 1, its prompt pinned) goes to the least-queued prefill backend and the request
+    itself to its decode backend with that prefill backend as its kv_source, told to wait for
+    the prefill (`KvSource.prefill_wait_s`). Returns [(prefill backend, prefill dispatch)]."""
+    cfg = pulls.config
+    if not prefill_backends or cfg.split_margin <= 0:
+        return []
+    out = []
+    for it in items:
+        d = it.payload
+        n = len(d.prompt_ids)
+        if it.backend < 0 or d.queue_class != pb.SLOW or n < cfg.split_min_tokens:
+            continue
+        p = min(prefill_backends, key=lambda b: pulls.queued_tokens(b.pid))
+        rates = pulls.rates(p.pid)
+        decode = pulls.planner.model(it.backend)
+        if rates is None or rates.layout != decode.rates.layout or rates.prefill_tokens_per_s <= 0:
+            continue
+        wait = pulls.queued_tokens(p.pid) / rates.prefill_tokens_per_s
+        if not decode.should_split(n, wait):
+            continue
+        prefill_s = n / rates.prefill_tokens_per_s
+        ready_s = wait + prefill_s + cfg.timeout_s   # when its blocks should be there, at worst
+        d.kv_source = pb.KvSource(endpoint=p.address, num_tokens=n - 1, prefill_wait_s=ready_s,
+                                  timeout_s=ready_s + decode.transfer_s(n) + cfg.timeout_s)
+        sink = PrefillSink(pulls, p.pid, n, pin_ttl_s=ready_s + cfg.timeout_s)
+        out.append((p, dispatch_cls(d.request_id + "#prefill", d.prompt_ids,
+                                    pb.SamplingParams(max_tokens=1, ignore_eos=True), pb.SLOW,
+                                    d.priority, d.arrival_time, sink)))
+        pulls.prefill_started(p.pid, n)
+    return out

@@ -229,30 +229,34 @@ class GenerateRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_frame: _Optional[int] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., queue_class: _Optional[_Union[QueueClass, str]] = ..., priority: _Optional[int] = ..., arrival_time: _Optional[float] = ..., deadline: _Optional[float] = ..., suffix: _Optional[str] = ..., prediction_frame: _Optional[int] = ..., prediction_text: _Optional[str] = ..., speculation: _Optional[_Union[SpeculationParams, _Mapping]] = ..., session_key: _Optional[str] = ..., pin_tokens: _Optional[int] = ..., pin_ttl_s: _Optional[float] = ..., kv_source: _Optional[_Union[KvSource, _Mapping]] = ..., structured_fields: _Optional[str] = ...) -> None: ...
 
 class KvSource(_message.Message):
-    __slots__ = ("endpoint", "num_tokens", "timeout_s", "backend_id")
+    __slots__ = ("endpoint", "num_tokens", "timeout_s", "backend_id", "prefill_wait_s")
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     BACKEND_ID_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     endpoint: str
     num_tokens: int
     timeout_s: float
     backend_id: str
-    def __init__(self, endpoint: _Optional[str] = ..., num_tokens: _Optional[int] = ..., timeout_s: _Optional[float] = ..., backend_id: _Optional[str] = ...) -> None: ...
+    prefill_wait_s: float
+    def __init__(self, endpoint: _Optional[str] = ..., num_tokens: _Optional[int] = ..., timeout_s: _Optional[float] = ..., backend_id: _Optional[str] = ..., prefill_wait_s: _Optional[float] = ...) -> None: ...
 
 class KvPull(_message.Message):
-    __slots__ = ("pull_id", "prompt_frame", "start_block", "max_blocks", "layout")
+    __slots__ = ("pull_id", "prompt_frame", "start_block", "max_blocks", "layout", "wait_s")
     PULL_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FRAME_FIELD_NUMBER: _ClassVar[int]
     START_BLOCK_FIELD_NUMBER: _ClassVar[int]
     MAX_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
     pull_id: int
     prompt_frame: int
     start_block: int
     max_blocks: int
     layout: str
-    def __init__(self, pull_id: _Optional[int] = ..., prompt_frame: _Optional[int] = ..., start_block: _Optional[int] = ..., max_blocks: _Optional[int] = ..., layout: _Optional[str] = ...) -> None: ...
+    wait_s: float
+    def __init__(self, pull_id: _Optional[int] = ..., prompt_frame: _Optional[int] = ..., start_block: _Optional[int] = ..., max_blocks: _Optional[int] = ..., layout: _Optional[str] = ..., wait_s: _Optional[float] = ...) -> None: ...
 
 class KvBlocks(_message.Message):
     __slots__ = ("pull_id", "start_block", "num_blocks", "block_bytes", "first_frame", "num_frames", "layout", "error", "frame_crc32")

@@ -61,7 +61,7 @@ def test_import_refuses_without_room_and_takes_nothing():
 # ---- two live backends ---------------------------------------------------------------------------
 class Backend:
     def __init__(self, tmp_path, name: str, kv_cache_dtype: str = "auto", num_blocks: int = 96,
-                 host_kv_gib: float = 0.0, timeout_s: float = TIMEOUT_S) -> None:
+                 host_kv_gib: float = 0.0, timeout_s: float = TIMEOUT_S, role: int = 0) -> None:
         from backend.engine.assemble import BackendConfig, create_engine
         from backend.server.worker import Worker
 
@@ -70,7 +70,7 @@ class Backend:
             max_num_seqs=8, max_num_batched_tokens=128, kv_cache_dtype=kv_cache_dtype,
             host_kv_gib=host_kv_gib))
         self.worker = Worker(self.engine, loaded, f"ipc://{tmp_path}/{name}.sock",
-                             kv_pull_timeout_s=timeout_s)
+                             kv_pull_timeout_s=timeout_s, role=role)
         self.thread = threading.Thread(target=self.worker.serve_forever, daemon=True)
         self.thread.start()
         self.client = DealerClient(self.worker.endpoint)

@@ -90,3 +90,46 @@ def test_gateway_takes_rates_from_backend_info_and_reports():
     assert pulls.peer_wait_s(0) == pytest.approx(0.02)
     pulls.on_info(1, pb.BackendInfo(block_size=16))  # an HTTP server or echo: no layout
     assert not pulls.planner.model(1).known()
+
+
+async def test_disaggregated_slow_prefill(aiohttp_client, tmp_path):
+    """A prefill-only backend takes the Slow request's prefill (its own copy, max_tokens 1, never
+    seen by the client); the decode backend waits for it, pulls the KV and streams the answer.
+    A Fast request of the same length stays on the decode backend, unsplit."""
+    prefill = Backend(tmp_path, "prefill", role=pb.BackendInfo.PREFILL)
+    decode = Backend(tmp_path, "decode")
+    try:
+        cfg = PullConfig(min_tokens=16, split_min_tokens=256, split_margin=1.0,
+                         default_rates=KVRates(prefill_tokens_per_s=1e3))
+        pool = PoolConfig(heartbeat_timeout_s=5.0, hello_interval_s=0.1,
+                          placement=PlacementConfig(policy="prefix"), kv_pull=cfg)
+        app = create_app(make_config(prefill.worker.endpoint, decode.worker.endpoint, pool=pool),
+                         startup_wait_s=10.0)
+        client = await aiohttp_client(app)
+        gw_pool = app[GATEWAY_KEY].pool
+        for _ in range(200):
+            if len(gw_pool.healthy_backends()) == 2:
+                break
+            await asyncio.sleep(0.05)
+        resp = await client.post("/v1/completions", json={
+            "model": "tiny", "prompt": PROMPT, "max_tokens": 80, "temperature": 0,
+            "ignore_eos": True})
+        assert resp.status == 200, await resp.text()
+        body = await resp.json()
+        assert body["usage"]["completion_tokens"] == 80
+        d, p = decode.report(), prefill.report()
+        assert gw_pool.pulls.num_split == 1
+        assert (d.num_kv_pulls, d.num_kv_pull_failures) == (1, 0)
+        assert d.num_kv_pulled_tokens >= body["usage"]["prompt_tokens"] - 16
+        assert p.num_kv_pulls_served == 1 and p.num_prompt_tokens == body["usage"]["prompt_tokens"]
+        # Fast: not split (the prefill backend sees nothing new)
+        resp = await client.post("/v1/completions", json={
+            "model": "tiny", "prompt": PROMPT + "# fast\n", "max_tokens": 4, "temperature": 0})
+        assert resp.status == 200
+        assert prefill.report().num_prompt_tokens == p.num_prompt_tokens
+        assert gw_pool.pulls.queued_tokens(gw_pool.backends[0].pid) == 0
+        for b in (prefill, decode):
+            b.assert_no_leak()
+    finally:
+        prefill.close()
+        decode.close()

@@ -41,8 +41,9 @@ import zmq
 from backend.kv.host_tier import _block_tensors
 from proto import codec
 from proto import tidegate_pb2 as pb
+from scheduler.kv_cost import PullConfig
 
-DEFAULT_PULL_TIMEOUT_S = 2.0
+DEFAULT_PULL_TIMEOUT_S = PullConfig.timeout_s  # one default: scheduler.kv_cost
 
 
 def layout_of(model_name: str, kv_cache_dtype: str, block_size: int,

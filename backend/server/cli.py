@@ -14,8 +14,12 @@ import sys
 from backend.engine.args import add_engine_args, backend_config
 from backend.errors import ModelLoadError
 from engine_flags import add_engine_kind_args, add_serving_args
+from scheduler.kv_cost import PullConfig
 
 DEFAULT_LISTEN = "tcp://127.0.0.1:5555"
+
+
+ROLES = ("mixed", "prefill", "decode")  # BackendInfo.Role's values, in order
 
 
 def serve_parser() -> argparse.ArgumentParser:
@@ -24,6 +28,14 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", default=DEFAULT_LISTEN, help=f"ZMQ endpoint to bind (default {DEFAULT_LISTEN})")
     p.add_argument("--backend-id", default=None, help="stable id for logs and LoadReports")
     p.add_argument("--served-model-name", default=None, help="model name in BackendInfo")
+    p.add_argument("--role", choices=ROLES, default="mixed",
+                   help="mixed: prefill and decode; prefill: a prefill-only backend of "
+                        "disaggregated serving (the gateway sends it the Slow class's long "
+                        "prefills, a decode backend pulls their KV: issue 34); decode: says so")
+    p.add_argument("--kv-pull-timeout", type=float, default=PullConfig.timeout_s,
+                   help="hard deadline of a prefix pull from a peer when the request names "
+                        "none, seconds; past it the request recomputes (default "
+                        f"{PullConfig.timeout_s:g})")
     sec = p.add_argument_group("security (proto.security)")
     sec.add_argument("--curve-key", default=None, metavar="FILE",
                      help="CURVE key pair (a .key_secret file from `tidegate keys generate`): "
@@ -108,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
                             security=keys, step_log=step_log,
                             max_held_messages=args.max_held_messages,
                             generation_defaults=generation_defaults, kv_events=kv_events,
-                            pin_budget_fraction=getattr(args, "pin_budget_fraction", 0.25))
+                            pin_budget_fraction=getattr(args, "pin_budget_fraction", 0.25),
+                            role=ROLES.index(args.role), kv_pull_timeout_s=args.kv_pull_timeout)
         except zmq.ZMQError as exc:
             if kv_events is not None:
                 kv_events.close()

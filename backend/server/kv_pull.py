@@ -70,6 +70,9 @@ class PrefixPuller:
         self._by_key: dict[str, int] = {}      # request key -> pull id
         self._ready: list[Parked] = []
         self._registered: set = set()          # sockets in the worker's poller
+        # peers' pulls waiting here for a prefill in flight (KvPull.wait_s): (identity, message,
+        # deadline), answered by take_answers once the blocks are all here or at the deadline
+        self._deferred: list[tuple[bytes, codec.Decoded, float]] = []
         self.num_pulls = 0
         self.num_failures = 0
         self.num_pulled_tokens = 0
@@ -107,7 +110,9 @@ class PrefixPuller:
         if max_blocks <= 0 or (src.num_tokens and src.num_tokens <= start * port.block_size):
             return False
         pull_id = next(self._ids)
-        frames = codec.encode_trusted(make_pull(pull_id, start, port.layout, max_blocks), [ids])
+        pull = make_pull(pull_id, start, port.layout, max_blocks)
+        pull.kv_pull.wait_s = src.prefill_wait_s  # a disaggregated prefill: wait for it there
+        frames = codec.encode_trusted(pull, [ids])
         self.num_pulls += 1
         if not self.transport.send(src.endpoint, frames):
             self._fail(f"pull to {src.endpoint} could not be queued")
@@ -130,7 +135,7 @@ class PrefixPuller:
     def active(self) -> bool:
         """Whether the worker's loop has anything to do here (pulls waiting, peer sockets
         open: a late or stray reply must be read, or the poller would wake for it forever)."""
-        return bool(self._parked or self._ready or self._registered)
+        return bool(self._parked or self._ready or self._registered or self._deferred)
 
     def cancel(self, key: str) -> Parked | None:
         pull_id = self._by_key.pop(key, None)
@@ -151,9 +156,10 @@ class PrefixPuller:
         """The worker's poll timeout, shortened to the earliest deadline."""
         if self._ready:
             return 0
-        if not self._parked:
+        if not self._parked and not self._deferred:
             return wait_ms
-        due = min(p.deadline for p in self._parked.values())
+        due = min([p.deadline for p in self._parked.values()] +
+                  [d for _, _, d in self._deferred])
         return max(0, min(wait_ms, int((due - self.clock()) * 1000) + 1))
 
     def sync_poller(self, poller: zmq.Poller) -> None:
@@ -221,11 +227,41 @@ class PrefixPuller:
         print(f"tidegate backend: {message}", file=sys.stderr)
 
     # ---- the peer -----------------------------------------------------------------------------
-    def serve(self, msg: codec.Decoded) -> list:
-        """The frames answering a peer's KvPull (blocks, or an explicit error)."""
+    def serve(self, identity: bytes, msg: codec.Decoded) -> list | None:
+        """The frames answering a peer's KvPull (blocks, or an explicit error); None when it
+        waits here for a prefill in flight (`take_answers` answers it later)."""
         pull = msg.envelope.kv_pull
+        if pull.wait_s > 0 and self.port is not None and not self._complete(msg):
+            self._deferred.append((identity, msg, self.clock() + min(pull.wait_s, 600.0)))
+            return None
         self.num_served += 1
         return answer_pull(self.port, pull, codec.array_of(msg, pull.prompt_frame), self.checksum)
+
+    def _complete(self, msg: codec.Decoded) -> bool:
+        pull = msg.envelope.kv_pull
+        prompt = codec.array_of(msg, pull.prompt_frame)
+        if prompt is None or not pull.max_blocks:
+            return True
+        held = self.port.bm.held_prefix(prompt.tolist(), pull.start_block, pull.max_blocks)
+        return len(held) >= pull.max_blocks
+
+    def take_answers(self) -> list[tuple[bytes, list]]:
+        """(peer identity, frames) of the deferred pulls now answerable: every block here
+        (the prefill finished), or their wait is over (what is here then, or an error)."""
+        if not self._deferred:
+            return []
+        now, out, keep = self.clock(), [], []
+        for identity, msg, deadline in self._deferred:
+            if now >= deadline or self._complete(msg):
+                pull = msg.envelope.kv_pull
+                self.num_served += 1
+                out.append((identity, answer_pull(self.port, pull,
+                                                  codec.array_of(msg, pull.prompt_frame),
+                                                  self.checksum)))
+            else:
+                keep.append((identity, msg, deadline))
+        self._deferred = keep
+        return out
 
     def close(self) -> None:
         if self.transport is not None:

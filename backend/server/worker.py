@@ -82,8 +82,10 @@ class Worker:
                  max_held_messages: int = MAX_OUTBOX_MESSAGES,
                  generation_defaults: dict[str, float] | None = None,
                  pin_budget_fraction: float = PIN_BUDGET_FRACTION,
-                 kv_events=None, kv_pull_timeout_s: float | None = None) -> None:
+                 kv_events=None, kv_pull_timeout_s: float | None = None,
+                 role: int = pb.BackendInfo.MIXED) -> None:
         self.engine = engine
+        self.role = role  # BackendInfo.Role: a prefill-only backend gets only split prefills
         # the model's sampling defaults (backend.model.generation_config), sent in BackendInfo
         self.generation_defaults = dict(generation_defaults or {})
         self.max_held_messages = max_held_messages
@@ -195,9 +197,21 @@ class Worker:
         return 0
 
     def _admit_pulled(self) -> None:
-        """Admit the requests whose prefix pull ended (blocks in, or recompute): once each."""
+        """Admit the requests whose prefix pull ended (blocks in, or recompute): once each;
+        answer peers' pulls that waited for a prefill here."""
         for p in self.puller.take_ready():
             self._add(p.identity, p.req, p.prompt, p.prediction)
+        for identity, frames in self.puller.take_answers():
+            self._send_raw(identity, frames)
+
+    def _send_raw(self, identity: bytes, frames: list) -> None:
+        """Frames already encoded (KV blocks), in order behind what waits for that peer."""
+        frames = [identity, *frames]
+        box = self.outbox.get(identity)
+        if box is not None:
+            self._hold(identity, box, frames)
+        else:
+            self._send_now(identity, frames)
 
     def _shutdown(self) -> None:
         try:  # the step in flight (async loop) finishes and its tokens go out first
@@ -316,12 +330,9 @@ class Worker:
             if not h.reply:
                 self._send(identity, codec.make_health(h.nonce, time.time(), reply=True))
         elif kind == "kv_pull":  # a peer backend pulls prefix blocks (issue 34): raw frames
-            frames = [identity, *self.puller.serve(msg)]
-            box = self.outbox.get(identity)
-            if box is not None:
-                self._hold(identity, box, frames)
-            else:
-                self._send_now(identity, frames)
+            answer = self.puller.serve(identity, msg)
+            if answer is not None:  # else: it waits for a prefill in flight (_admit_pulled)
+                self._send_raw(identity, answer)
         else:
             self._send(identity, codec.make_error(
                 pb.Error.BAD_MESSAGE, f"a backend does not accept {kind} messages"))
@@ -544,7 +555,7 @@ class Worker:
         info = pb.BackendInfo(
             protocol_version=codec.PROTOCOL_VERSION, model=self.model_name,
             max_model_len=cfg.max_model_len, vocab_size=self.loaded.config.vocab_size,
-            block_size=cfg.block_size, num_kv_blocks=cfg.num_blocks, role=pb.BackendInfo.MIXED,
+            block_size=cfg.block_size, num_kv_blocks=cfg.num_blocks, role=self.role,
             tokenizer_json=tok.tokenizer_json, chat_template=tok.chat_template or "",
             eos_token_ids=list(self.engine.eos_token_ids), backend_id=self.backend_id,
             kv_cache_dtype=self.engine.kv_cache_dtype,
