@@ -147,13 +147,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-n", type=int, default=16, help="choices per prompt ('n')")
     p.add_argument("--strict-api", action="store_true",
                    help="unknown request fields are a 400 (default: logged once per name)")
-    p.add_argument("--tool-call-parser", default="hermes", choices=("hermes", "json", "mistral"),
+    p.add_argument("--tool-call-parser", default="hermes",
+                   choices=("hermes", "json", "mistral", "pythonic"),
                    help="how tool calls are read out of a reply with tool_choice auto: hermes "
                         "(<tool_call> blocks: the generic format tools are shown in when the "
                         "chat template renders none, and Qwen's / Hermes'), json (the reply is "
                         "one JSON call or an array of them: Llama 3's), mistral ([TOOL_CALLS] "
                         "then a JSON array of calls, or name[ARGS]{...} per call: Mistral's; "
-                        "for models whose chat template renders the tools)")
+                        "for models whose chat template renders the tools), pythonic ([f(a=1), "
+                        "g(b='x')]: Llama 3.2's and Llama 4's)")
     p.add_argument("--fim-template", default=None,
                    help="fill-in-the-middle prompt with {prefix} and {suffix} (default: the "
                         "model family's, found among the tokenizer's special tokens)")

@@ -3,7 +3,8 @@
 `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` blocks), the default; `json`,
 a reply that is one JSON call object or an array of them (Llama 3's); `mistral`, Mistral's
 `[TOOL_CALLS]` control token followed by a JSON array of calls (tokenizers up to v7) or by
-`name[ARGS]{...}` per call (v11 on, `[CALL_ID]id` between them from v13).
+`name[ARGS]{...}` per call (v11 on, `[CALL_ID]id` between them from v13); `pythonic`, a Python
+list of calls with keyword arguments (Llama 3.2's and Llama 4's; gateway/tool_parser_pythonic.py).
 
 `ToolCallParser.feed(text)` returns what of the text is plain content and the calls completed so
 far; it holds back only what could still be the start of a `<tool_call>` tag, so content streams
@@ -304,13 +305,17 @@ def sampling_for_parser(cfg: ToolConfig | None, sampling):
     """`sampling` with special tokens kept in the text when `cfg`'s parser reads one (Mistral's
     `[TOOL_CALLS]`); unchanged otherwise."""
     if cfg is None or not cfg.active or cfg.forced \
-            or not getattr(PARSERS[cfg.parser], "keeps_special_tokens", False):
+            or not getattr(PARSERS.get(cfg.parser), "keeps_special_tokens", False):
         return sampling
     return replace(sampling, skip_special_tokens=False)
 
 
 def make_parser(cfg: ToolConfig, id_prefix: str = "call_") -> ToolCallParser:
     """The parser `cfg` names (gateway.tools.ToolConfig.parser)."""
+    if cfg.parser == "pythonic":  # its module subclasses this one's parsers
+        from gateway.tool_parser_pythonic import PythonicToolCallParser
+
+        return PythonicToolCallParser(cfg, id_prefix)
     return PARSERS[cfg.parser](cfg, id_prefix)
 
 
