@@ -49,6 +49,19 @@ class IncrementalDetokenizer:
         """The held-back remainder at the end of the sequence (may contain U+FFFD)."""
         return self._emit(final=True)
 
+    @property
+    def pending(self) -> bool:
+        """Tokens whose text is held back (an incomplete character at the end)."""
+        return self._read_offset < len(self._ids)
+
+    def mark(self) -> tuple[int, int, int]:
+        """Where it is now, for `rewind` (a step's tokens fed again one at a time)."""
+        return len(self._ids), self._prefix_offset, self._read_offset
+
+    def rewind(self, mark: tuple[int, int, int]) -> None:
+        num_ids, self._prefix_offset, self._read_offset = mark
+        del self._ids[num_ids:]
+
     def _emit(self, final: bool) -> str:
         if self._read_offset >= len(self._ids):
             return ""
@@ -112,6 +125,14 @@ class StopMatcher:
     def active(self) -> bool:
         """Whether there are stop strings to match."""
         return len(self._goto) > 1
+
+    def mark(self) -> tuple[int, str]:
+        """Where it is now (before any stop), for `rewind`."""
+        return self._state, self._held
+
+    def rewind(self, mark: tuple[int, str]) -> None:
+        self._state, self._held = mark
+        self.stopped, self.matched = False, None
 
     def feed(self, delta: str) -> str:
         """Text that can be sent now. After a stop string is found, `stopped` is True and

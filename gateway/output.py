@@ -74,14 +74,7 @@ class OutputAssembler:
         ids = list(token_ids)
         lps = list(logprobs) if logprobs is not None and len(logprobs) == len(ids) else None
         if len(ids) > 1 and self._detok is not None and self._stop.active:
-            parts = []
-            for i, tok in enumerate(ids):
-                parts.append(self._feed([tok], finish_reason if i == len(ids) - 1 else None,
-                                        None))
-                if self.finished:
-                    del ids[i + 1:]
-                    break
-            delta_text = "".join(parts)
+            delta_text = self._feed_step(ids, finish_reason)
         else:
             delta_text = self._feed(ids, finish_reason, text)
         if lps is not None:
@@ -90,6 +83,33 @@ class OutputAssembler:
         self.token_times.extend([now] * len(ids))
         self.text += delta_text
         return OutputDelta(delta_text, ids, lps, self.finish_reason)
+
+    def _feed_step(self, ids: list[int], finish_reason: str | None) -> str:
+        """Several tokens of one step with stop strings: fed whole where that gives what one
+        token at a time gives, at a third of the cost (no stop string ends in them, all their
+        text came out, min_tokens not reached inside them, not the last step), else one token
+        at a time from where the step began; `ids` is cut after the token that completed the
+        stop. (Text held back whole, "D" + half of "😀", would hide a stop that a token at a
+        time sees: "END" completed by "D".)"""
+        before = len(self.token_ids)
+        # per token, token i is matched once before + i + 1 >= min_tokens: all or none alike?
+        if finish_reason is None and (self._min_tokens <= before + 1
+                                      or self._min_tokens > before + len(ids)):
+            marks = self._detok.mark(), self._stop.mark()
+            text = self._feed(ids, None, None)
+            if not self._stop.stopped and not self._detok.pending:
+                return text
+            self._detok.rewind(marks[0])
+            self._stop.rewind(marks[1])
+            del self.token_ids[before:]
+            self.stopped_by_string, self.finish_reason = False, None
+        parts = []
+        for i, tok in enumerate(ids):
+            parts.append(self._feed([tok], finish_reason if i == len(ids) - 1 else None, None))
+            if self.finished:
+                del ids[i + 1:]
+                break
+        return "".join(parts)
 
     def _feed(self, ids: list[int], finish_reason: str | None, text: str | None) -> str:
         """Count `ids`, detokenize them, match stop strings; the text they add."""
