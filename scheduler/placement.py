@@ -88,7 +88,7 @@ class PlacementConfig:
     max_holders_scanned: int = 8       # bound on the work of one affinity lookup
     # ttft (scheduler.ttft_placement): predictions within this fraction of the best are ties
     ttft_tolerance: float = 0.1
-    max_scanned_backends: int = 64     # ttft: past this many, a few candidates only
+    max_scanned_backends: int = 16     # ttft: past this many, a few candidates only
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:

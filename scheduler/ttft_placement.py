@@ -86,9 +86,10 @@ class TTFTPlacement(WindowPlacement):
                                                      math.inf, now)
         p = cost if prompt_len is None else prompt_len
         bs = self.config.block_size
+        held_at = self._held(prefix, cands)
         rows = []  # (ttft, backend, tokens held there)
         for b in cands:
-            held = self._held(b, prefix)
+            held = held_at.get(b, 0)
             if b == sess_b:
                 held = max(held, sess_blocks * bs)
             held = min(held, cost - 1, max(0, p - 1))
@@ -149,10 +150,17 @@ class TTFTPlacement(WindowPlacement):
                 return None
         return ids
 
-    def _held(self, b: int, prefix: Sequence[int]) -> int:
-        """Tokens of the prompt that `b` is expected to hold: its deepest sampled prefix."""
-        holds = self.index.holds
-        for d in range(len(prefix) - 1, -1, -1):
-            if holds(b, prefix[d]):
-                return DEPTHS[d] * self.config.block_size
-        return 0
+    def _held(self, prefix: Sequence[int], cands: list[int]) -> dict[int, int]:
+        """Per candidate holding some of the prompt: the tokens of its deepest sampled prefix
+        (the holder sets read once per depth, not once per backend and depth)."""
+        holders = self.index.holders
+        sets = [(s, DEPTHS[d] * self.config.block_size)
+                for d in range(len(prefix) - 1, -1, -1) if (s := holders.get(prefix[d]))]
+        out: dict[int, int] = {}
+        if sets:
+            for b in cands:
+                for s, tokens in sets:
+                    if b in s:
+                        out[b] = tokens
+                        break
+        return out
