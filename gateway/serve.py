@@ -111,6 +111,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "when the measured rates say pulling beats recomputing (scheduler.kv_cost)")
     p.add_argument("--kv-pull-timeout", type=float, default=PullConfig.timeout_s,
                    help="hard deadline of one pull, seconds; past it the backend recomputes")
+    p.add_argument("--kv-split-margin", type=float, default=PullConfig.split_margin,
+                   help="with --kv-pull and a --role prefill backend: split a long Slow prompt's "
+                        "prefill onto it when moving its KV (after that backend's queue) takes "
+                        f"at most this share of the prefill (default {PullConfig.split_margin:g}; "
+                        "0: never)")
+    p.add_argument("--kv-split-min-tokens", type=int, default=PullConfig.split_min_tokens,
+                   help="shortest prompt ever split (default "
+                        f"{PullConfig.split_min_tokens})")
     add_discovery_arguments(p)
     p.add_argument("--kv-events-from", action="append", default=[], metavar="BACKEND=ZMQ[,ZMQ]",
                    help="follow an http:// backend's KV cache events in vLLM's format (vllm serve "
@@ -225,8 +233,10 @@ def gateway_config(args: argparse.Namespace, backends: list[str]) -> GatewayConf
                         # block size: the backends' own, read from their BackendInfo when hashing
                         placement=placement_config_from_args(args, DEFAULT_CAPACITY.block_size),
                         http_tokenizer=_http_tokenizer(args),
-                        kv_pull=(PullConfig(timeout_s=args.kv_pull_timeout) if args.kv_pull
-                                 else None)),
+                        kv_pull=(PullConfig(timeout_s=args.kv_pull_timeout,
+                                            split_margin=args.kv_split_margin,
+                                            split_min_tokens=args.kv_split_min_tokens)
+                                 if args.kv_pull else None)),
         batcher=BatcherConfig(max_batch_size=args.max_batch_size,
                               min_latency_ms=args.min_latency_ms,
                               target_throughput=args.target_throughput,

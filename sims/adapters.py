@@ -158,6 +158,10 @@ class GatewayAdapter:
     def classes(self) -> np.ndarray:
         return np.frombuffer(self._class, dtype=np.int8).copy()
 
+    def queue_class(self, i: int) -> int:
+        """Request i's queue class (known before it arrives: the trace's, else by max_tokens)."""
+        return int(self._queue_class[i])
+
 
 def _queue_classes(workload: Workload, bounds: tuple[int, int]) -> list[QueueClass]:
     """Each request's QueueClass: the trace's when it gives one (>= 0), else the class of its

@@ -100,6 +100,7 @@ class EngineConfig:
     # prefix pull between backends (issue 34, sims.kv_pull): a scheduler.kv_cost.PullConfig;
     # None: off (a request recomputes what its backend lacks)
     kv_pull: object = None
+    num_prefill_backends: int = 0  # disaggregated Slow prefill there (sims.kv_pull; with kv_pull)
 
 
 @dataclass
@@ -307,7 +308,8 @@ class EventLoop:
         if config.kv_pull is not None and self.prefix_of is not None:
             from sims.kv_pull import PullSim, rates_for
             self.pulls = PullSim(self, config.kv_pull,
-                                 rates_for(cost, config.kv_pull, sched_config.block_size))
+                                 rates_for(cost, config.kv_pull, sched_config.block_size),
+                                 config.num_prefill_backends)
         self.load_samples: list[list[int]] = []
         self.report_s = config.report_interval_s
         self.sample_cursor = 0

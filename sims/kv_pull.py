@@ -9,9 +9,16 @@ and the request reaches b `pull_s` later (round trip + the peer's remaining step
 the link and the copies). A peer that no longer holds them costs a round trip, then the request
 recomputes, as live (the peer answers "not held").
 
+Disaggregated Slow prefill (`num_prefill_backends` > 0): a Slow request with a long prompt is
+split when `KVCostModel.should_split` says so (the gateway's rule): its prompt is prefilled on a
+prefill-only backend, modelled as a FIFO server running one whole-prompt prefill at a time
+(`cost.step_time(0, n, n)`), and the request reaches its decode backend when that prefill and
+the transfer are done, with every full block of its prompt registered there.
+
 Simplifications, stated: the blocks are registered at dispatch, not when they arrive (another
 request for the same prefix reaching b during the transfer finds them early); the peer's own
-cost of reading its blocks out is not charged to its steps (one gather between two steps).
+cost of reading its blocks out is not charged to its steps (one gather between two steps); a
+prefill backend batches nothing (one prompt at a time, as long Slow prompts mostly run).
 """
 from __future__ import annotations
 
@@ -33,8 +40,14 @@ def rates_for(cost, config: PullConfig, block_size: int, prefill_tokens: int = 2
 
 
 class PullSim:
-    def __init__(self, loop, config: PullConfig, rates: KVRates) -> None:
+    def __init__(self, loop, config: PullConfig, rates: KVRates,
+                 num_prefill_backends: int = 0) -> None:
         self.loop = loop
+        self.config = config
+        self.cost = loop.cost
+        self.prefill_free = [0.0] * num_prefill_backends  # when each prefill backend is free
+        self.num_split = 0
+        self.split_wait_s = 0.0
         self.block_size = loop.backends[0].sched.block_size if loop.backends else 16
         self.planner = PullPlanner(config, self.block_size)
         for be in loop.backends:
@@ -62,6 +75,8 @@ class PullSim:
         keep: list[int] = []
         bm = be.sched.bm
         for i in part:
+            if self.prefill_free and self._split(be, i, now):
+                continue
             plan = self.planner.plan(index, prefix_of(i), be.idx, self.prompt_len[i], now,
                                      self._wait, accepting)
             if plan is None:
@@ -92,9 +107,34 @@ class PullSim:
             loop.deliver_later(be, [i], now + delay)
         return keep
 
+    def _split(self, be, i: int, now: float) -> bool:
+        """Disaggregated prefill of request i (module docstring); False: not split."""
+        n = self.prompt_len[i]
+        if n < self.config.split_min_tokens or self.loop.gateway.queue_class(i) != 2:
+            return False
+        p = min(range(len(self.prefill_free)), key=self.prefill_free.__getitem__)
+        wait = max(0.0, self.prefill_free[p] - now)
+        model = self.planner.model(be.idx)
+        if not model.should_split(n, wait):
+            return False
+        done = now + wait + self.cost.step_time(0, n, n)
+        self.prefill_free[p] = done
+        tokens = be.sched.prompt_tokens(i)
+        bm = be.sched.bm
+        start = len(bm.match_prefix(tokens)[0])
+        num = (n - 1) // self.block_size - start
+        if num > 0 and bm.can_import(tokens, num):
+            bm.import_prefix(tokens, start, num)
+        self.num_split += 1
+        self.split_wait_s += wait
+        self.loop.deliver_later(be, [i], done + model.pull_s(n))
+        return True
+
     def stats(self) -> dict:
         p = self.planner
         return {"planned": p.num_planned, "declined": p.num_declined, "pulls": self.num_pulls,
                 "pulled_tokens": self.num_pulled_tokens, "not_held": self.num_not_held,
                 "no_room": self.num_no_room, "already_here": self.num_here,
+                "split": self.num_split, "prefill_backends": len(self.prefill_free),
+                "mean_split_wait_ms": 1e3 * self.split_wait_s / max(1, self.num_split),
                 "mean_pull_ms": 1e3 * self.pull_s / self.num_pulls if self.num_pulls else 0.0}

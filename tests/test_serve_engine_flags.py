@@ -22,7 +22,7 @@ from gateway.serve import embedded_backend_argv
 ROOT = Path(__file__).parents[1]
 # flags of `tidegate backend` about its process and socket, not its engine: serve sets them itself
 NOT_ENGINE = {"-h", "--help", "--listen", "--backend-id", "--served-model-name", "--role",
-              "--kv-pull-timeout",
+              "--kv-pull-timeout", "--no-kv-pull-checksum",
               "--curve-key", "--curve-allow", "--insecure"}  # security: an ipc:// socket needs none
 # tensor parallelism over several hosts places this process among others (a LeaderWorkerSet's
 # pods); the embedded backend of `tidegate serve` is one process on one host

@@ -82,3 +82,24 @@ def test_cost_model_numbers():
     assert abs(m.recompute_s(16384) - 1.6384) < 1e-9
     assert not m.should_pull(16384)
     assert m.should_split(8192) is False   # moving costs more than the prefill
+
+
+def test_disaggregated_slow_prefill_in_the_simulator():
+    """33B on the H200 (roofline), 512/128 streams at 4 req/s + 8K Slow prompts at 0.5 req/s:
+    with a prefill backend and a fast link the long prompts are split off and the streams' tail
+    ITL falls; with a 2 GB/s link moving 2 GB of KV costs more than half the prefill: no split."""
+    from sims.kv_pull_study import main as study
+
+    def run(link_gbps: float) -> list[dict]:
+        import json
+        import tempfile
+        with tempfile.NamedTemporaryFile("r", suffix=".json") as fh:
+            study(["split", "--num-requests", "120", "--link-gbps", str(link_gbps),
+                   "--json", fh.name])
+            return json.load(open(fh.name))["runs"]
+
+    one, split = run(400)
+    assert split["kv_pull"]["split"] >= 5 and split["kv_pull"]["prefill_backends"] == 1
+    assert split["itl_ms"]["p99"] < 0.75 * one["itl_ms"]["p99"]
+    one, kept = run(2)
+    assert kept["kv_pull"]["split"] == 0 and kept["itl_ms"] == one["itl_ms"]

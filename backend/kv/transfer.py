@@ -30,6 +30,7 @@ one built; an NCCL or NIXL transport between GPUs would implement the same four 
 from __future__ import annotations
 
 import hashlib
+import warnings
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -138,7 +139,13 @@ class KVPort:
             keep = [j for j, b in enumerate(ids) if b >= 0]
             if not keep:
                 continue
-            src = torch.from_numpy(rows[keep])  # a copy: the frame's buffer is read-only
+            if len(keep) == len(rows) and self.device.type != "cpu":
+                # straight from the frame's (read-only) buffer to the device: no host copy
+                with warnings.catch_warnings():  # read-only: torch only reads it here
+                    warnings.simplefilter("ignore")
+                    src = torch.frombuffer(frame, dtype=torch.uint8).view(len(rows), -1)
+            else:
+                src = torch.from_numpy(rows[keep])  # a copy: the frame's buffer is read-only
             dst = torch.tensor([ids[j] for j in keep], dtype=torch.long, device=self.device)
             self.gather.scatter(dst, src.to(self.device))
         return num_blocks * self.block_size

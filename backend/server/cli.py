@@ -36,6 +36,9 @@ def serve_parser() -> argparse.ArgumentParser:
                    help="hard deadline of a prefix pull from a peer when the request names "
                         "none, seconds; past it the request recomputes (default "
                         f"{PullConfig.timeout_s:g})")
+    p.add_argument("--no-kv-pull-checksum", action="store_true",
+                   help="send pulled KV blocks without a crc32 per frame (the receiver checks "
+                        "sizes and layout only); for links that checksum themselves")
     sec = p.add_argument_group("security (proto.security)")
     sec.add_argument("--curve-key", default=None, metavar="FILE",
                      help="CURVE key pair (a .key_secret file from `tidegate keys generate`): "
@@ -121,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
                             max_held_messages=args.max_held_messages,
                             generation_defaults=generation_defaults, kv_events=kv_events,
                             pin_budget_fraction=getattr(args, "pin_budget_fraction", 0.25),
-                            role=ROLES.index(args.role), kv_pull_timeout_s=args.kv_pull_timeout)
+                            role=ROLES.index(args.role), kv_pull_timeout_s=args.kv_pull_timeout,
+                            kv_pull_checksum=not args.no_kv_pull_checksum)
         except zmq.ZMQError as exc:
             if kv_events is not None:
                 kv_events.close()

@@ -83,7 +83,7 @@ class Worker:
                  generation_defaults: dict[str, float] | None = None,
                  pin_budget_fraction: float = PIN_BUDGET_FRACTION,
                  kv_events=None, kv_pull_timeout_s: float | None = None,
-                 role: int = pb.BackendInfo.MIXED) -> None:
+                 role: int = pb.BackendInfo.MIXED, kv_pull_checksum: bool = True) -> None:
         self.engine = engine
         self.role = role  # BackendInfo.Role: a prefill-only backend gets only split prefills
         # the model's sampling defaults (backend.model.generation_config), sent in BackendInfo
@@ -140,8 +140,8 @@ class Worker:
         # for their blocks from a peer; peers' pulls are answered from our pools
         port = engine.kv_port(self.model_name)
         self.puller = PrefixPuller(port, None if port is None else ZmqKVTransport(
-            self.ctx, security), **({} if kv_pull_timeout_s is None
-                                    else {"timeout_s": kv_pull_timeout_s}))
+            self.ctx, security), checksum=kv_pull_checksum,
+            **({} if kv_pull_timeout_s is None else {"timeout_s": kv_pull_timeout_s}))
 
     # ---- lifecycle -----------------------------------------------------------------------
     def install_signal_handlers(self) -> None:

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Issue 34 on one H200, in one device call: two backends sharing the GPU (each its own KV pool of
+# BLOCKS blocks; weights fp8 so that two 33B copies fit: 2 x 65 GB of bf16 weights leave no room
+# for a 16K-token KV), 33B preset with dummy weights.
+#   A. a PREFIX-token prefix made usable on the second backend: pulled from the first (KvPull /
+#      KvBlocks over ZMQ: device -> host -> wire -> host -> device) vs recomputed there, for bf16
+#      pages (A_bf16) and int4-fp8 pages (A_int4); with and without the per-frame crc32
+#      (bench.engine.kv_pull; the first backend runs --role prefill, which direct requests ignore)
+#   B. the same pair as prefill + decode backends behind `tidegate serve --kv-pull`, vs the decode
+#      backend alone behind its own gateway: 512/128 streams at RATE req/s with SLOW_PROMPT-token
+#      Slow prompts at SLOW_RATE req/s (bench.serving.kv_split): ITL p50/p99 of the streams, TTFT
+#      of the long prompts
+#
+#   bash scripts/gpu_kv_pull_run.sh                                       # writes under $OUT
+#   MODEL=tiny DEVICE=cpu QUANT=none PREFIX=1500 BLOCKS=400 MAXLEN=2048 SLOW_PROMPT=1200 RATE=2 \
+#       SLOW_RATE=0.5 DURATION=8 VOCAB=250 REPEATS=1 bash scripts/gpu_kv_pull_run.sh   # CPU check
+#
+# Device time (33B): two start-ups <= 150 s each (both backends load at once), A <= 60 s per page
+# format (3 repeats of a 16K recompute, a 16K prefill on the holder, the pull, a local hit), B
+# 2 x (DURATION + 30) s. Every step has its own timeout; JSONs and logs under $OUT.
+set -u
+OUT=${OUT:-out/gpu_kv_pull}
+MODEL=${MODEL:-deepseek-coder-33b}
+DEVICE=${DEVICE:-cuda}
+QUANT=${QUANT:-fp8}
+PREFIX=${PREFIX:-16384}
+REPEATS=${REPEATS:-3}
+BLOCKS=${BLOCKS:-2048}      # 32K tokens of KV per backend
+MAXLEN=${MAXLEN:-17408}
+RATE=${RATE:-4}
+SLOW_RATE=${SLOW_RATE:-0.5}
+SLOW_PROMPT=${SLOW_PROMPT:-8192}
+DURATION=${DURATION:-45}
+VOCAB=${VOCAB:-32000}
+source "$(dirname "$0")/gpu_common.sh"
+trap cleanup EXIT INT TERM
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null; git log -1 --oneline;
+  grep -o 'avx512_bf16\|avx2' /proc/cpuinfo | sort -u; } > "$OUT/machine.txt"
+P=ipc:///tmp/tg-kvpull-p-$$.sock
+D=ipc:///tmp/tg-kvpull-d-$$.sock
+LOADFMT=(--load-format dummy)
+[ -d "$MODEL" ] && LOADFMT=()
+QFLAGS=()
+[ "$QUANT" != none ] && QFLAGS=(--quantization "$QUANT")
+
+start_pair() {  # $1: kv cache dtype
+  for who in p d; do
+    sock=$P; role=prefill
+    [ $who = d ] && { sock=$D; role=mixed; }
+    $TG backend --listen "$sock" --role $role --model "$MODEL" "${LOADFMT[@]}" --device "$DEVICE" \
+        "${QFLAGS[@]}" --num-blocks "$BLOCKS" --max-model-len "$MAXLEN" --kv-cache-dtype "$1" \
+        --kv-pull-timeout 60 > "$OUT/backend_${who}_$1.log" 2>&1 &
+    pids+=($!)
+  done
+  for _ in $(seq 1 300); do
+    grep -q ready "$OUT/backend_p_$1.log" && grep -q ready "$OUT/backend_d_$1.log" && return 0
+    sleep 1
+  done
+  echo "backends ($1) not ready"; tail -5 "$OUT"/backend_*_"$1".log; return 1
+}
+stop_all() { cleanup; pids=(); sleep 2; }
+
+bench_pull() {  # $1: label
+  timeout 120 $PY -m bench.engine.kv_pull --holder "$P" --receiver "$D" --prefix-tokens "$PREFIX" \
+      --repeats "$REPEATS" --vocab "$VOCAB" --seed "$2" --json "$OUT/$1.json" > "$OUT/$1.log" 2>&1
+  tail -1 "$OUT/$1.log"
+}
+
+# ---- A (bf16 pages) and B --------------------------------------------------------------------
+start_pair auto || exit 1
+bench_pull A_bf16 1
+# the same without checksums: a third backend process would not fit; the receiver checks what
+# the holder sends, so restarting the holder alone is enough
+kill "${pids[0]}" 2>/dev/null; wait "${pids[0]}" 2>/dev/null
+$TG backend --listen "$P" --role prefill --model "$MODEL" "${LOADFMT[@]}" --device "$DEVICE" \
+    "${QFLAGS[@]}" --num-blocks "$BLOCKS" --max-model-len "$MAXLEN" --no-kv-pull-checksum \
+    > "$OUT/backend_p_nocrc.log" 2>&1 &
+pids[0]=$!
+for _ in $(seq 1 300); do grep -q ready "$OUT/backend_p_nocrc.log" && break; sleep 1; done
+bench_pull A_bf16_nocrc 2
+
+# the split's cost rule with the ZMQ link's measured rate (A's pulls, in D's LoadReports) would
+# keep 8K prompts on the decode backend when moving their KV costs more than half their prefill:
+# SPLIT_MARGIN (default 100) forces the split to measure the mode; B_split.json says so
+$TG serve --backend "$P" --backend "$D" --kv-pull --kv-split-margin "${SPLIT_MARGIN:-100}" \
+    --kv-split-min-tokens "$((SLOW_PROMPT / 2))" --port 18534 --startup-timeout 300 \
+    --heartbeat-timeout 120 > "$OUT/gateway_split.log" 2>&1 &
+pids+=($!)
+$TG serve --backend "$D" --port 18535 --startup-timeout 300 --heartbeat-timeout 120 \
+    > "$OUT/gateway_one.log" 2>&1 &
+pids+=($!)
+for port in 18534 18535; do
+  for _ in $(seq 1 120); do curl -sf localhost:$port/health >/dev/null && break; sleep 1; done
+done
+SPLIT=(--rate "$RATE" --slow-rate "$SLOW_RATE" --slow-prompt "$SLOW_PROMPT" --duration "$DURATION"
+       --vocab "$VOCAB")
+timeout $((DURATION + 60)) $PY -m bench.serving.kv_split --url http://127.0.0.1:18535 "${SPLIT[@]}" \
+    --seed 11 --label "one backend" --json "$OUT/B_one.json" > "$OUT/B_one.log" 2>&1
+tail -1 "$OUT/B_one.log"
+timeout $((DURATION + 60)) $PY -m bench.serving.kv_split --url http://127.0.0.1:18534 "${SPLIT[@]}" \
+    --seed 12 --label "prefill + decode" --json "$OUT/B_split.json" > "$OUT/B_split.log" 2>&1
+tail -1 "$OUT/B_split.log"
+curl -sf localhost:18534/metrics > "$OUT/B_split_metrics.txt"
+# what the split did, from the backends' own counters: prefill copies on P, pulls on D
+timeout 30 $PY -c "
+import json
+from bench.engine.kv_pull import Backend
+out = {}
+for name, ep in (('prefill', '$P'), ('decode', '$D')):
+    r = Backend(ep).fresh_report()
+    out[name] = {k: getattr(r, k) for k in ('num_prompt_tokens', 'num_kv_pulls',
+                 'num_kv_pull_failures', 'num_kv_pulled_tokens', 'num_kv_pulls_served',
+                 'kv_pull_bytes_per_s', 'prefill_tokens_per_s')}
+print(json.dumps(out))" > "$OUT/B_backends.json" 2>&1
+cat "$OUT/B_backends.json"
+stop_all
+
+# ---- A (int4-fp8 pages) ----------------------------------------------------------------------
+start_pair int4-fp8 && bench_pull A_int4 3
+stop_all
+ls -la "$OUT"

@@ -1,0 +1,179 @@
+"""Issue 34 in the simulator: prefix pull's goodput, and the disaggregated Slow prefill's tail ITL.
+
+    python -m sims.kv_pull_study pull  --json out/pull.json     # 4 tiny CPU backends (profile)
+    python -m sims.kv_pull_study split --json out/split.json    # 33B on the H200 (roofline)
+
+pull: 4 backends with the measured tiny CPU profile (bench/results/kv_pull_cpu), a prefix-heavy
+trace (`--tenants` system prompts of `--prefix-len` tokens + a 64-token question, 16 out), swept
+over `--rates` with and without prefix pull (same arrivals per seed); goodput = the share of
+requests with TTFT <= --slo-ttft-ms and TPOT <= --slo-tpot-ms. Capacity = the no-pull knee
+(goodput 90%); then `--load` x capacity, both ways.
+
+split: 512/128 decode-heavy traffic at `--rate` plus Slow 8K-token prompts (128 out) at 0.5
+req/s: one mixed backend against a decode backend + a prefill-only backend (the gateway's split
+rule, scheduler.kv_cost.should_split, with the link rate given). Reports ITL p50/p99 of all
+streams and TTFT of the long prompts. Same scheduler code as live; the prefill backend is a FIFO
+server (sims.kv_pull).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+from scheduler.kv_cost import KVRates, PullConfig
+from scheduler.placement import PlacementConfig
+from sims.adapters import SimSchedulerConfig
+from sims.event_loop import EngineConfig, simulate
+from sims.report import summarize
+from sims.runner import CostSpec
+from sims.workload import LengthSpec, Workload, WorkloadConfig, generate
+
+PROFILE = "bench/results/kv_pull_cpu/tiny_cpu_profile.json"
+
+
+def prefix_trace(rate: float, n: int, tenants: int, prefix_len: int, seed: int) -> Workload:
+    return generate(WorkloadConfig(num_requests=n, rate=rate, seed=seed,
+                                   input_len=LengthSpec("fixed", prefix_len + 64),
+                                   output_len=LengthSpec("fixed", 16), shared_prefix_fraction=1.0,
+                                   shared_prefix_len=prefix_len, num_prefix_groups=tenants))
+
+
+def run_pull(a: argparse.Namespace, rate: float, seed: int, pull: bool) -> dict:
+    cost = CostSpec(model="tiny", profile=a.profile).build()
+    cfg = PullConfig(default_rates=KVRates(bytes_per_token=a.kv_bytes_per_token,
+                                           link_bytes_per_s=a.link_gbps * 1e9)) if pull else None
+    engine = EngineConfig(num_backends=a.backends, placement=PlacementConfig(policy=a.placement),
+                          kv_pull=cfg)
+    res = simulate(prefix_trace(rate, a.num_requests, a.tenants, a.prefix_len, seed), cost,
+                   SimSchedulerConfig(), engine)
+    rep = summarize(res, slo_ttft_ms=a.slo_ttft_ms, slo_tpot_ms=a.slo_tpot_ms)
+    return {"rate": rate, "seed": seed, "pull": pull, "goodput": rep["goodput_fraction"],
+            "throughput": rep["request_throughput"], "ttft_ms": rep["ttft_ms"],
+            "tpot_ms": rep["tpot_ms"], "hit_rate": rep["kv"]["prefix_hit_rate"],
+            "kv_pull": res.extra.get("kv_pull")}
+
+
+def study_pull(a: argparse.Namespace) -> dict:
+    """Goodput against offered rate, without and with pull (same arrivals per seed). Capacity is
+    the no-pull knee (the rate where goodput falls to 90%, `sims.placement_study.knee`); the
+    headline is goodput at `--load` x that capacity, and the knee with pull."""
+    from sims.placement_study import knee
+    rates = [float(x) for x in a.rates.split(",")]
+    runs = [run_pull(a, r, s, p) for r in rates for s in range(a.seeds) for p in (False, True)]
+    mean = {p: [float(np.mean([x["goodput"] for x in runs if x["pull"] == p and x["rate"] == r]))
+                for r in rates] for p in (False, True)}
+    cap = knee(rates, mean[False])
+    out = {"rates": rates, "goodput_off": mean[False], "goodput_on": mean[True],
+           "knee_off": cap, "knee_on": knee(rates, mean[True]), "runs": runs}
+    for r, g0, g1 in zip(rates, mean[False], mean[True]):
+        pulls = [x["kv_pull"]["pulls"] for x in runs if x["pull"] and x["rate"] == r]
+        print(f"{r:7.1f} req/s  goodput off {g0:.3f}  on {g1:.3f}  ({np.mean(pulls):.0f} pulls)")
+    if cap:
+        rate = a.load * cap
+        at = [run_pull(a, rate, s, p) for s in range(a.seeds) for p in (False, True)]
+        g = {p: float(np.mean([x["goodput"] for x in at if x["pull"] == p])) for p in (False, True)}
+        out.update(capacity_req_s=cap, load=a.load, rate=rate, at_load=at,
+                   goodput_at_load_off=g[False], goodput_at_load_on=g[True])
+        print(f"capacity (no-pull knee at 90% goodput) {cap:.1f} req/s, with pull "
+              f"{out['knee_on'] or float('nan'):.1f}; at {a.load:g}x = {rate:.1f} req/s: goodput "
+              f"{g[False]:.3f} -> {g[True]:.3f}")
+    return out
+
+
+def mixed_trace(a: argparse.Namespace, seed: int) -> Workload:
+    dur = a.num_requests / a.rate
+    base = generate(WorkloadConfig(num_requests=a.num_requests, rate=a.rate, seed=seed,
+                                   input_len=LengthSpec("fixed", 512),
+                                   output_len=LengthSpec("fixed", 128)))
+    n_long = max(1, int(dur * a.slow_rate))
+    slow = generate(WorkloadConfig(num_requests=n_long, rate=a.slow_rate, seed=seed + 1000,
+                                   input_len=LengthSpec("fixed", a.slow_prompt),
+                                   output_len=LengthSpec("fixed", 128)))
+    order = np.argsort(np.concatenate([base.arrival_time, slow.arrival_time]), kind="stable")
+
+    def cat(x, y):
+        return np.concatenate([x, y])[order]
+    return Workload(cat(base.arrival_time, slow.arrival_time), cat(base.prompt_len, slow.prompt_len),
+                    cat(base.output_len, slow.output_len), cat(base.prefix_group, slow.prefix_group),
+                    cat(base.prefix_len, slow.prefix_len), cat(base.queue_class, slow.queue_class),
+                    cat(base.priority, slow.priority))
+
+
+def study_split(a: argparse.Namespace) -> dict:
+    cost = CostSpec(model=a.model, gpu="h200").build()
+    sched = SimSchedulerConfig(enable_prefix_caching=True)
+    out = {"model": a.model, "rate": a.rate, "slow_rate": a.slow_rate,
+           "slow_prompt": a.slow_prompt, "link_gbps": a.link_gbps, "runs": []}
+    cfg = PullConfig(split_min_tokens=4096, split_margin=a.split_margin,
+                     default_rates=KVRates(link_bytes_per_s=a.link_gbps * 1e9,
+                                           copy_bytes_per_s=a.copy_gbps * 1e9))
+    for mode, engine in (("one backend", EngineConfig(num_backends=1)),
+                         ("prefill + decode", EngineConfig(num_backends=1, kv_pull=cfg,
+                                                           num_prefill_backends=1))):
+        wl = mixed_trace(a, a.seed)
+        res = simulate(wl, cost, sched, engine)
+        rep = summarize(res)
+        slow = wl.prompt_len >= a.slow_prompt
+        ttft = (res.first_token_time - wl.arrival_time)[slow] * 1e3
+        row = {"mode": mode, "itl_ms": rep.get("itl_ms"), "tpot_ms": rep["tpot_ms"],
+               "slow_ttft_ms": {"p50": float(np.nanpercentile(ttft, 50)),
+                                "p99": float(np.nanpercentile(ttft, 99))},
+               "kv_pull": res.extra.get("kv_pull")}
+        itl = row["itl_ms"] or {}
+        row["itl_p99_over_p50"] = itl.get("p99", float("nan")) / max(itl.get("p50", 0), 1e-9)
+        out["runs"].append(row)
+        print(f"{mode:18} ITL p50 {itl.get('p50', float('nan')):.2f} p99 "
+              f"{itl.get('p99', float('nan')):.2f} ms (x{row['itl_p99_over_p50']:.2f}); long "
+              f"prompts' TTFT p50 {row['slow_ttft_ms']['p50']:.0f} p99 "
+              f"{row['slow_ttft_ms']['p99']:.0f} ms; {row['kv_pull'] or ''}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sims.kv_pull_study",
+                                 description=__doc__.splitlines()[0])
+    ap.add_argument("study", choices=("pull", "split"))
+    ap.add_argument("--json", dest="json_out")
+    ap.add_argument("--num-requests", type=int, default=2000)
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--link-gbps", type=float, default=1.0,
+                    help="pull link rate, GB/s (pull: ZMQ on this machine; split: the GPU path)")
+    # pull
+    ap.add_argument("--profile", default=PROFILE)
+    ap.add_argument("--backends", type=int, default=4)
+    ap.add_argument("--placement", default="prefix")
+    ap.add_argument("--tenants", type=int, default=8)
+    ap.add_argument("--prefix-len", type=int, default=1024)
+    ap.add_argument("--kv-bytes-per-token", type=float, default=2048.0,
+                    help="tiny fp32: 4 layers x 2 kv heads x 32 x (K, V) x 4 bytes")
+    ap.add_argument("--rates", default="40,60,80,100,120,140,160")
+    ap.add_argument("--load", type=float, default=0.9)
+    ap.add_argument("--slo-ttft-ms", type=float, default=1000.0)
+    ap.add_argument("--slo-tpot-ms", type=float, default=100.0)
+    # split
+    ap.add_argument("--model", default="deepseek-coder-33b")
+    ap.add_argument("--rate", type=float, default=4.0, help="512/128 requests a second")
+    ap.add_argument("--slow-rate", type=float, default=0.5)
+    ap.add_argument("--slow-prompt", type=int, default=8192)
+    ap.add_argument("--copy-gbps", type=float, default=0.0)
+    ap.add_argument("--split-margin", type=float, default=0.5)
+    a = ap.parse_args(argv)
+    if a.study == "split" and a.num_requests == 2000:
+        a = replace_ns(a, num_requests=400)
+    out = study_pull(a) if a.study == "pull" else study_split(a)
+    out["argv"] = vars(a)
+    if a.json_out:
+        with open(a.json_out, "w") as fh:
+            json.dump(out, fh, indent=1)
+    return 0
+
+
+def replace_ns(a: argparse.Namespace, **kw) -> argparse.Namespace:
+    return argparse.Namespace(**{**vars(a), **kw})
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
