@@ -45,6 +45,7 @@ from gateway.output import OutputAssembler
 from proto import codec
 from proto import tidegate_pb2 as pb
 from proto.convert import FINISH_REASON_FROM_WIRE
+from proto.sampling import API_DEFAULTS, SamplingParams, to_wire
 from proto.security import SecurityError, keys_from_args
 from tokenizer.bundle import TokenizerBundle
 
@@ -213,24 +214,24 @@ class _Base:
             raise TypeError(f"unknown sampling parameter(s): {', '.join(sorted(unknown))}")
         rid = f"{self._prefix}-{next(self._ids)}"
         get = sampling.get
-        sp = pb.SamplingParams(max_tokens=get("max_tokens", 16),
-                               temperature=get("temperature", 1.0),
-                               top_p=get("top_p", 1.0), top_k=get("top_k", 0),
-                               ignore_eos=get("ignore_eos", False),
-                               logprobs=get("logprobs") or 0, min_p=get("min_p", 0.0),
-                               repetition_penalty=get("repetition_penalty", 1.0),
-                               presence_penalty=get("presence_penalty", 0.0),
-                               frequency_penalty=get("frequency_penalty", 0.0),
-                               min_tokens=get("min_tokens", 0),
-                               include_stop_str_in_output=get("include_stop_str_in_output", False))
-        if get("seed") is not None:
-            sp.seed = sampling["seed"]
-        if get("skip_special_tokens") is not None:
-            sp.skip_special_tokens = sampling["skip_special_tokens"]
-        sp.stop_token_ids.extend(get("stop_token_ids") or [])
-        sp.logit_bias.update({int(k): float(v) for k, v in (get("logit_bias") or {}).items()})
         stop = get("stop") or []
-        sp.stop.extend([stop] if isinstance(stop, str) else stop)
+        skip_special = get("skip_special_tokens")
+        # the one record and its one conversion (proto.sampling), with the HTTP API's defaults;
+        # the gateway checks it as it checks an HTTP body
+        sp = to_wire(SamplingParams(
+            max_tokens=get("max_tokens", 16),
+            temperature=get("temperature", API_DEFAULTS["temperature"]),
+            top_p=get("top_p", 1.0), top_k=get("top_k", 0), seed=get("seed"),
+            stop_token_ids=tuple(get("stop_token_ids") or ()),
+            ignore_eos=get("ignore_eos", False), logprobs=get("logprobs") or None,
+            min_p=get("min_p", 0.0), repetition_penalty=get("repetition_penalty", 1.0),
+            presence_penalty=get("presence_penalty", 0.0),
+            frequency_penalty=get("frequency_penalty", 0.0),
+            logit_bias=tuple((int(k), float(v)) for k, v in (get("logit_bias") or {}).items()),
+            min_tokens=get("min_tokens", 0), stop=(stop,) if isinstance(stop, str) else tuple(stop),
+            skip_special_tokens=True if skip_special is None else skip_special,
+            include_stop_str_in_output=get("include_stop_str_in_output", False)),
+            output_options=True)
         req = pb.GenerateRequest(request_id=rid, sampling=sp, prompt_frame=codec.NO_FRAME,
                                  suffix=get("suffix") or "")
         arrays = []

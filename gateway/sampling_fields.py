@@ -5,7 +5,7 @@ the gateway's size limits in `check_request_sampling` (HTTP and the front door).
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from operator import itemgetter
 from typing import Any
 
 from gateway.body_checks import (
@@ -18,12 +18,12 @@ from gateway.body_checks import (
     type_error,
 )
 from gateway.errors import bad_request
-from proto.sampling import SamplingError, SamplingParams, check_sampling
+from proto.sampling import API_DEFAULTS, SamplingError, SamplingParams, check_sampling
 
 # The HTTP API's defaults for a field the body leaves out (OpenAI's, and vLLM's for its own
 # fields), where they differ from the record's (greedy, the wire's: proto.sampling). The model's
 # generation config then replaces some of them (gateway.generation_defaults).
-HTTP_DEFAULTS = {"temperature": 1.0, "top_k": -1}
+HTTP_DEFAULTS = {**API_DEFAULTS, "top_k": -1}
 
 
 def check_request_sampling(params: SamplingParams, limits: RequestLimits = LIMITS,
@@ -43,14 +43,15 @@ def check_request_sampling(params: SamplingParams, limits: RequestLimits = LIMIT
 
 def _check_limits(p: SamplingParams, limits: RequestLimits) -> SamplingError | None:
     """The per-request size limits of the record's lists (gateway configuration)."""
-    if len(p.stop) > limits.max_stop_strings:
-        return SamplingError(f"'stop' has {len(p.stop)} strings; at most "
-                             f"{limits.max_stop_strings} are allowed.", "stop")
-    if any(s == "" for s in p.stop):
-        return SamplingError("'stop' strings must not be empty.", "stop")
-    if any(len(s) > limits.max_stop_len for s in p.stop):
-        return SamplingError(f"'stop' strings must be at most {limits.max_stop_len} "
-                             "characters.", "stop")
+    if p.stop:
+        if len(p.stop) > limits.max_stop_strings:
+            return SamplingError(f"'stop' has {len(p.stop)} strings; at most "
+                                 f"{limits.max_stop_strings} are allowed.", "stop")
+        if "" in p.stop:
+            return SamplingError("'stop' strings must not be empty.", "stop")
+        if max(map(len, p.stop)) > limits.max_stop_len:
+            return SamplingError(f"'stop' strings must be at most {limits.max_stop_len} "
+                                 "characters.", "stop")
     if len(p.logit_bias) > limits.max_logit_bias:
         return SamplingError(f"'logit_bias' has {len(p.logit_bias)} entries; at most "
                              f"{limits.max_logit_bias} are allowed.", "logit_bias")
@@ -99,10 +100,7 @@ def parse_sampling(body: dict, logprobs: int | None, max_tokens_default: int | N
         **_parse_output_options(body, limits),
     )
     aliases = {"max_tokens": max_tokens_name} if max_tokens_name != "max_tokens" else None
-    check_request_sampling(params, limits, aliases)
-    if params.logit_bias:  # checked in range as given (an integer past the float range too)
-        params = replace(params, logit_bias=tuple((t, float(b)) for t, b in params.logit_bias))
-    return params
+    return check_request_sampling(params, limits, aliases)
 
 
 # --- output options, n, and the fields of vLLM's requests we do not implement ----------------
@@ -137,8 +135,10 @@ def _parse_logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
         if isinstance(bias, bool) or not isinstance(bias, (int, float)):
             raise bad_request(f"'logit_bias' values must be numbers, not {json_type(bias)}.",
                               "logit_bias")
-        pairs.append((token, bias))  # ranges: check_sampling; float() after it
-    return tuple(sorted(pairs, key=lambda pair: pair[0]))
+        # a bias check_sampling will refuse stays as written (an integer past the float range,
+        # 10**400, has no float; its message shows it as given)
+        pairs.append((token, float(bias) if -100 <= bias <= 100 else bias))
+    return tuple(sorted(pairs, key=itemgetter(0)))
 
 
 def _parse_token_ids(body: dict, name: str) -> tuple[int, ...]:

@@ -16,8 +16,8 @@ with `check_sampling`, and cross the socket with `to_wire` / `from_wire`:
 Defaults. A field left out means what the wire means by an unset field: greedy decoding, 16
 tokens, no processor. That is what an internal caller (tests, benchmarks, evaluations: they
 build `SamplingParams(max_tokens=n)` and want the argmax) gets. The HTTP API's defaults are
-OpenAI's (temperature 1.0; chat: fill the context) and are applied where a JSON body is read,
-`gateway.sampling_fields.HTTP_DEFAULTS`, then the model's generation config over them
+OpenAI's (temperature 1.0, `API_DEFAULTS`; chat: fill the context) and are applied where a JSON
+body is read, `gateway.sampling_fields.HTTP_DEFAULTS`, then the model's generation config over them
 (`gateway.generation_defaults`). The client library (`gateway.client`) sends the HTTP API's
 defaults too; a bare wire message's unset field keeps the wire's meaning.
 
@@ -32,6 +32,10 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from proto import tidegate_pb2 as pb
+
+# The API's defaults where they differ from the record's (OpenAI's): what the HTTP API and the
+# client library (gateway.client) use for a field the caller leaves out.
+API_DEFAULTS = {"temperature": 1.0}
 
 INT32_MAX = (1 << 31) - 1
 UINT32_MAX = (1 << 32) - 1
@@ -93,7 +97,7 @@ class SamplingParams:
 class Bound(NamedTuple):
     """A numeric field's range: [minimum, maximum], or (minimum, maximum] when exclusive."""
     minimum: float
-    maximum: float | None = None
+    maximum: float
     exclusive_minimum: bool = False
 
 
@@ -111,6 +115,7 @@ BOUNDS: dict[str, Bound] = {
     "top_k": Bound(-1, INT32_MAX),
     "seed": Bound(INT64_MIN, INT64_MAX),
 }
+_RANGES = tuple((name, *bound) for name, bound in BOUNDS.items())  # in the check's order
 _FLOATS = frozenset({"presence_penalty", "frequency_penalty", "repetition_penalty", "min_p",
                      "temperature", "top_p"})
 
@@ -130,15 +135,13 @@ def check_sampling(p: SamplingParams, vocab_size: int | None = None,
     backend worker and every engine's add_request. `vocab_size`: token ids must be below it
     (where the model is known); `max_logprobs`: the logprobs cap of the caller; `backend`:
     max_tokens must be a number (only the gateway resolves "fill the context")."""
-    if p.max_tokens is None:
-        if backend:
-            return SamplingError("'max_tokens' must be given.", "max_tokens")
-    elif (err := _bounded("max_tokens", p.max_tokens)) is not None:
-        return err
-    for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p",
-                 "min_tokens"):
-        if (err := _bounded(name, getattr(p, name))) is not None:
-            return err
+    if p.max_tokens is None and backend:
+        return SamplingError("'max_tokens' must be given.", "max_tokens")
+    for name, lo, hi, exclusive in _RANGES:  # one loop, the messages only on a failure
+        value = getattr(p, name)
+        if value is None or ((value > lo if exclusive else value >= lo) and value <= hi):
+            continue  # (None: max_tokens "fill the context", seed "random"; NaN fails both)
+        return _out_of_range(name, value)
     if p.max_tokens is not None and p.min_tokens > p.max_tokens:
         return SamplingError(f"'min_tokens' must be in [0, max_tokens], got {p.min_tokens}.",
                              "min_tokens")
@@ -151,14 +154,9 @@ def check_sampling(p: SamplingParams, vocab_size: int | None = None,
         if not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
             return SamplingError(f"'logit_bias' values must be in [-100, 100], got "
                                  f"{short(bias)}.", "logit_bias")
-    if any(not 0 <= t <= INT32_MAX for t in p.stop_token_ids):
+    if p.stop_token_ids and not 0 <= min(p.stop_token_ids) <= max(p.stop_token_ids) <= INT32_MAX:
         return SamplingError(f"'stop_token_ids' ids must be in [0, {INT32_MAX}].",
                              "stop_token_ids")
-    for name in ("temperature", "top_p", "top_k"):
-        if (err := _bounded(name, getattr(p, name))) is not None:
-            return err
-    if p.seed is not None and (err := _bounded("seed", p.seed)) is not None:
-        return err
     if p.logprobs is not None and max_logprobs is not None and \
             not 0 <= p.logprobs <= max_logprobs:
         return SamplingError(f"'logprobs' must be in [0, {max_logprobs}], got "
@@ -179,12 +177,10 @@ def check_token_ids(p: SamplingParams, vocab_size: int) -> SamplingError | None:
     return None
 
 
-def _bounded(name: str, value: float) -> SamplingError | None:
+def _out_of_range(name: str, value: float) -> SamplingError:
     if name in _FLOATS and not math.isfinite(value):
         return SamplingError(f"'{name}' must be a finite number, not {value}.", name)
     lo, hi, exclusive = BOUNDS[name]
-    if (value > lo if exclusive else value >= lo) and (hi is None or value <= hi):
-        return None
     return SamplingError(f"'{name}' must be {range_text(lo, hi, exclusive)}, got "
                          f"{short(value)}.", name)
 
