@@ -1,0 +1,46 @@
+"""scripts/gpu_fidelity_grid_run.sh (issue 35): the grid's parts, each one device call under the
+600 s limit, in the issue's priority order (its CPU part is run by hand: PART=cpu, ~45 s)."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_fidelity_grid_run.sh"
+
+
+def _run(**env):
+    return subprocess.run(["bash", str(SCRIPT)], check=False, capture_output=True, text=True, timeout=30,
+                          env={**os.environ, **env})
+
+
+def test_parts_cover_the_grid_in_priority_order_each_under_the_call_limit():
+    out = _run(PART="list")
+    assert out.returncode == 0, out.stderr
+    parts = re.findall(r"PART=(\S+)\s+~(\d+)s\s+MODEL=(\S+) LOADS=(\S+) SEEDS=(\S+) N=(\d+) IN=(\S+) "
+                       r"OUTLEN=(\S+) SERVE_ARGS=(\S*)", out.stdout)
+    names = [p[0] for p in parts]
+    assert names[:3] == ["33b", "33b-seeds", "6.7b"]
+    assert {"33b-fp8", "6.7b-fp8", "33b-kvint4", "33b-mixed", "6.7b-mixed"} <= set(names)
+    for name, est, model, loads, seeds, n, inp, outlen, serve in parts:
+        assert int(est) <= 520, name  # BUDGET_S 570 inside the device call's 600 s
+        assert loads == "0.5,0.8,0.95,1.2" and int(n) >= 200, name
+        assert model.startswith("deepseek-coder-")
+        if "fp8" in name:
+            assert serve == "--engine-arg=--quantization=fp8"
+        if "kvint4" in name:
+            assert serve == "--engine-arg=--kv-cache-dtype=int4-fp8"
+        if "mixed" in name:
+            assert (inp, outlen) == ("lognormal:512:0.8", "lognormal:128:0.7")
+    # 5 seeds of the 33B over the first two calls
+    seeds = {p[0]: p[4] for p in parts}
+    assert sorted(seeds["33b"].split(",") + seeds["33b-seeds"].split(",")) == list("01234")
+
+
+def test_unknown_part_and_missing_out_are_refused():
+    assert _run(PART="nope", OUT="/tmp/x").returncode == 2
+    env = {k: v for k, v in os.environ.items() if k != "OUT"}
+    out = subprocess.run(["bash", str(SCRIPT)], check=False, capture_output=True, text=True, timeout=30,
+                         env={**env, "PART": "33b"})
+    assert out.returncode != 0 and "OUT" in out.stderr
