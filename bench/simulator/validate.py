@@ -326,6 +326,13 @@ class ScaledCost:
     def num_kv_blocks(self, block_size: int) -> int:
         return self.inner.num_kv_blocks(block_size)
 
+    def __getattr__(self, name):
+        # the rest of the inner model's terms (hides_launch, launch_time, the power cap): the
+        # scaled re-run keeps them, as the unscaled one has them
+        if name == "inner" or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
 
 def run_sim(spec, scale: float = 1.0) -> dict:
     """`sims.runner.run_spec`, optionally with the cost model's step times scaled by `scale`."""
