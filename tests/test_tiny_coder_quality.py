@@ -35,17 +35,13 @@ agreement, and code completion through the embedded gateway (CPU; a few minutes)
 from __future__ import annotations
 
 import json
-import re
-import signal
-import subprocess
-import sys
-import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
+from serve_helpers import serving
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "models" / "tiny-coder"
@@ -175,22 +171,8 @@ def test_agreement_self_and_bfloat16():
 
 @pytest.fixture(scope="module")
 def gateway():
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.tidegate_cli", "serve", "--port", "0", "--log-level", "warning"],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    line = ""
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if "serving model" in line or not line:
-            break
-    m = re.search(r"serving model (\S+) on (http://\S+)", line)
-    if not m:
-        proc.kill()
-        pytest.fail(f"gateway did not start: {line!r}")
-    yield {"url": m.group(2), "model": m.group(1)}
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(60) == 0
+    with serving() as s:
+        yield s
 
 
 def complete(url: str, model: str, prompt: str) -> dict:
