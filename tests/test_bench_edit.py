@@ -87,6 +87,8 @@ async def test_oracle_edit_runs(url, backend):
     assert full["prediction_tokens"]["accepted"] == 3 * 40
     assert full["prediction_tokens"]["rejected"] == 0
     assert full["spec_decode"]["acceptance_rate"] == 1.0
+    # by draft source: the fake reports none in its LoadReports, so its requests' own counters
+    assert full["spec_decode"]["acceptance_by_source"] == {"unknown": 1.0}
     assert out["tpot_p50_ratio_vs_off"]["keep=1"] < 0.7  # k + 1 tokens a step
     assert runs["keep=0"]["prediction_tokens"]["accepted"] < 3 * 40
 

@@ -104,3 +104,14 @@ def test_requests_count_only_where_the_backend_reports_no_sources():
     assert _value(text, "vllm:spec_decode_num_drafts_total", engine="ipc://b") == 2
     # the per-request tidegate series count both (by request kind)
     assert _value(text, "tidegate_spec_decode_num_draft_tokens_total") == 18
+
+
+def test_bench_acceptance_by_source():
+    from bench.serving.edit import acceptance_by_source
+
+    spec = {'vllm:spec_decode_num_draft_tokens_total{source="prediction"}': 40.0,
+            'vllm:spec_decode_num_accepted_tokens_total{source="prediction"}': 30.0,
+            'vllm:spec_decode_num_draft_tokens_total{source="prompt"}': 10.0,
+            'vllm:spec_decode_num_draft_tokens_total{source="session"}': 0.0,
+            "vllm:spec_decode_num_draft_tokens_total": 50.0}
+    assert acceptance_by_source(spec) == {"prediction": 0.75, "prompt": 0.0}

@@ -211,7 +211,22 @@ async def _spec_counters(session: aiohttp.ClientSession, base: str) -> dict[str,
             key = m.group(1) + (m.group(2) or "")
             if m.group(1) in SPEC_METRICS:
                 key = m.group(1)
+                source = re.search(r'source="([^"]*)"', m.group(2) or "")
+                if source:  # also by draft source, summed over engines
+                    by = f'{key}{{source="{source.group(1)}"}}'
+                    out[by] = out.get(by, 0.0) + float(m.group(3))
             out[key] = out.get(key, 0.0) + float(m.group(3))
+    return out
+
+
+def acceptance_by_source(spec: dict[str, float]) -> dict[str, float]:
+    """Accepted / drafted tokens per draft source, from `_spec_counters` differences."""
+    drafted, accepted = SPEC_METRICS[1], SPEC_METRICS[2]
+    out = {}
+    for key, tokens in spec.items():
+        m = re.fullmatch(rf'{re.escape(drafted)}{{source="([^"]*)"}}', key)
+        if m and tokens > 0:
+            out[m.group(1)] = spec.get(f'{accepted}{{source="{m.group(1)}"}}', 0.0) / tokens
     return out
 
 
@@ -259,6 +274,7 @@ async def run_items(base: str, endpoint: str, model: str, items: list[Item], con
     drafted = spec.get("vllm:spec_decode_num_draft_tokens_total", 0.0)
     spec["acceptance_rate"] = (spec.get("vllm:spec_decode_num_accepted_tokens_total", 0.0)
                                / drafted) if drafted else None
+    spec["acceptance_by_source"] = acceptance_by_source(spec)
     summary["spec_decode"] = spec
     return summary, seen
 
