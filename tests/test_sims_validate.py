@@ -107,6 +107,9 @@ def test_validate_small_live_run(tmp_path):
     # every TTFT later by the same delays: the way out (delivery) and the way in (the gateway ->
     # backend dispatch delay measured on the requests that found the engine idle; at this load
     # nearly every request's)
+    # the cost model at every live step, the steps' decodes rebuilt from the logs exactly
+    sc = res["step_cost"]
+    assert sc["rebuild_mismatches"] == 0 and sum(r["n"] for r in sc["rows"] if not r["bin"].startswith("  ")) > 8
     dd = res["dispatch_delay_ms"]
     assert dd["num_requests"] >= 1 and 0.0 < dd["median"] < 20.0
     assert path == pytest.approx(plain + d + dd["median"], rel=0.05)

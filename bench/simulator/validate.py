@@ -656,6 +656,13 @@ def validate(a: argparse.Namespace) -> dict:
             _log(a, f"step log not compared: {exc}")
         if live_steps is not None:
             step_rows = [json.loads(x) for x in step_path.read_text().splitlines() if x.strip()]
+            # the cost model at every live step (issue 35: bench.simulator.fidelity_steps), by kind
+            from bench.simulator.fidelity_steps import live_steps as rebuild
+            from bench.simulator.fidelity_steps import step_cost_table
+            from scheduler.decisions import read_log
+            every, _ = read_log(str(dec_path))
+            rebuilt, bad = rebuild(step_rows, {x.request_id: x.max_tokens for x in every})
+            result["step_cost"] = {"rows": step_cost_table(cost, rebuilt), "rebuild_mismatches": bad}
             for li, ri, ids, sim_pre, (records, arrivals, live_batches, _, _) in run_steps:
                 by_load[li][ri]["steps"] = compare_steps(prefill_steps_of(live_steps, ids), sim_pre)
                 by_load[li][ri]["ttft_path_ms"] = decompose(records, arrivals, live_batches, step_rows)
@@ -769,6 +776,11 @@ def main(argv: list[str] | None = None) -> int:
                   + ", ".join(f"{k} {tp[k]:.2f}" for k in ("http_in", "front", "window", "to_step",
                                                           "prefill", "out", "ttft"))
                   + f" ({tp['num_requests']:.0f} requests a run, {tp['mismatched']} unmatched)")
+    if result.get("step_cost"):
+        from bench.simulator.fidelity_steps import format_cost_table
+        print(f"\nthe cost model at the live steps (model / live, median; decode counts rebuilt wrong in "
+              f"{result['step_cost']['rebuild_mismatches']} steps; bench.simulator.fidelity_steps)")
+        print(format_cost_table(result["step_cost"]["rows"]))
     cap = result["capacity_estimate"]
     print(f"capacity estimate (profile): {cap['request_rate']:.2f} req/s; seeds {a.seeds}; "
           f"{a.num_requests} requests of {a.input_len}+{a.output_len} tokens per run; goal ±{100 * GOAL:.0f}%; "
