@@ -511,8 +511,12 @@ class StepCostModel:
                 return t_lo + (t_hi - t_lo) * (num_tokens - lo) / (hi - lo)
         lo, hi = buckets[-2], buckets[-1]
         slope = max(0.0, (mean[hi] - mean[lo]) / (hi - lo))
-        # past what was measured, at least proportional to the tokens (compute-bound)
-        return max(mean[hi] + slope * (num_tokens - hi), mean[hi] * num_tokens / hi)
+        # past what was measured: the last segment's slope, or the prior's shape scaled from the
+        # last bucket (flat up to prior_knee, proportional past it), whichever is more. Taking
+        # it proportional from any bucket made a step past the largest one measured (verifies
+        # of 16 tokens) look compute-bound, and the policy never tried a larger one
+        k = self.prior_knee
+        return max(mean[hi] + slope * (num_tokens - hi), mean[hi] * max(num_tokens, k) / max(hi, k))
 
     def table(self) -> dict[int, float]:
         return dict(sorted(self._mean.items()))

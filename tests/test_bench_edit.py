@@ -39,6 +39,8 @@ def test_prompts_hold_real_code():
     name, text = files[0]
     prompt = edit_prompt(name, text, "add type hints")
     assert text in prompt and "add type hints" in prompt
+    # the file first: the engine's session key (the first 64 tokens) differs from file to file
+    assert prompt.startswith(f"# File: {name}\n{text[:40]}")
     assert text.startswith(completion_prompt(text))
     held = code_files("heldout", 2, seed=0, max_chars=800)  # tiny-coder's held-out code
     assert len(held) == 2 and all(text for _, text in held)
@@ -80,9 +82,10 @@ async def test_oracle_edit_runs(url, backend):
     assert set(out["tpot_p50_ratio_vs_off"]) == {"off_cold", "keep=1", "keep=0"}
     # the baseline ran with speculation off; the oracle's predictions went as token ids
     offs = [r for r in backend.requests.values() if r.speculation.off]
-    assert len(offs) == 2 * 3 + 5 and len(backend.predictions) == 6  # 2 baselines, flush, 2 x 3
+    # 2 baselines, then a flush of the session store before each of the 2 runs with a prediction
+    assert len(offs) == 2 * 3 + 2 * 5 and len(backend.predictions) == 6
     flush = [r for r in offs if r.sampling.max_tokens == 1]
-    assert len(flush) == 5
+    assert len(flush) == 2 * 5
     full = runs["keep=1"]
     assert full["prediction_tokens"]["accepted"] == 3 * 40
     assert full["prediction_tokens"]["rejected"] == 0

@@ -345,3 +345,18 @@ def test_back_off_ends_when_a_prediction_finds_its_place():
     b.asked(False)
     sp.append("r", [109, 110, 111])
     assert sp.get("r").pred_pos >= 0 and b.wait == 1
+
+
+def test_past_the_largest_measured_step_is_not_taken_as_compute_bound():
+    """The H200's c=8 edit run: only decode steps (8 tokens) and 16-token verifies measured; a
+    step of 17 tokens priced proportional (1/16 of a step a token) stopped every plan at 16
+    tokens a step. Past the largest bucket the prior's shape applies: flat to the prior knee."""
+    cost = StepCostModel()
+    for _ in range(3):
+        cost.observe(8, 0.0202)
+        cost.observe(16, 0.0229)
+    pol = SpeculationPolicy(SpeculationConfig(knee_tokens=128, max_draft_tokens=8), cost)
+    plan = pol.plan(loads(8, alpha=0.95, remaining=200), 8, 0)
+    assert sum(plan.values()) > 8 + 16  # not cut at 16 tokens a step
+    # far past the prior knee a token costs its share again: no drafts at 400 decodes
+    assert pol.plan(loads(400, alpha=0.95, remaining=200), 400, 0) == {}

@@ -646,6 +646,11 @@ class Engine:
         step.end = time.perf_counter()
         step.device_s = self._device_seconds(step)
         self._measure_device(step)
+        if self.speculator is not None and step.device_s is not None and step.plan.chunks:
+            # the knee needs the pipelined steps too (most steps under async scheduling): without
+            # them the policy saw only its own verify steps and priced every token past them as
+            # proportional (the H200's c=8 edit run: drafts stopped at 16 tokens a step)
+            self.speculator.policy.cost.observe(step.plan.num_batched_tokens, step.device_s)
         states, scheduler = self.states, self.scheduler
         live = {rid: tok for rid, tok in out.token_ids.items() if rid in states}  # not aborted
         result, logprobs = self._stop_checks(out, live)

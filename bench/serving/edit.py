@@ -10,11 +10,12 @@ interpreter), picked by `--seed`, cut at a line boundary to at most `--file-char
   weights the model reproduces the file, so the prediction is right but for those lines.
 * completion: the prompt is the first half of a file (at a line boundary); no prediction:
   speculation can only come from the prompt (prompt lookup) and the session.
-* --oracle (dummy weights, whose output is not the file): first every request runs greedily
-  with `speculation: "off"` (the baseline, measured in the same invocation); then
-  FLUSH_SESSIONS one-token requests push the baseline's outputs out of the engine's session
-  store (otherwise the session source would draft the altered lines exactly); then, per keep
-  fraction, the same requests are re-sent with `prediction` set to the baseline's output token
+* --oracle (dummy weights, whose output is not the file; serve `--load-format dummy-cycle`,
+  whose outputs do not part from the baseline in bf16): first every request runs greedily
+  with `speculation: "off"` (the baseline, measured in the same invocation); then, per keep
+  fraction, FLUSH_SESSIONS one-token requests push the previous run's outputs out of the
+  engine's session store (otherwise the session source would draft the altered lines exactly)
+  and the same requests are re-sent with `prediction` set to the baseline's output token
   ids (`content` as ids: exact to the token) with that fraction of its lines altered (a line
   ends at a token whose text holds a newline; its tokens are replaced by other ids). That fixes
   the acceptance and measures the mechanism.
@@ -92,7 +93,11 @@ def code_files(corpus: str | None, num: int, seed: int, max_chars: int = 3000,
 
 
 def edit_prompt(name: str, text: str, what: str) -> str:
-    return (f"# {INSTRUCTION.format(what=what)}\n# File: {name}\n{text}\n"
+    """The file first, then the instruction: an editor's request starts with what differs per
+    file, so that the engine's session key (the prompt's first tokens) is the file's; with the
+    instruction first every request of a run was one session, and the session source drafted
+    each output from the one before it (dummy-cycle outputs are all alike)."""
+    return (f"# File: {name}\n{text}\n# {INSTRUCTION.format(what=what)}\n"
             f"# The rewritten {name}:\n")
 
 
@@ -365,12 +370,14 @@ async def run_workload(*, url: str, endpoint: str, model: str | None, workload: 
         runs["off_cold"] = off
         off, _ = await run_items(base, endpoint, model, base_items, concurrency, "off", **common)
     runs["off"] = off
-    if oracle and flush_sessions:
-        # the baseline's outputs went into the engine's session store, under the prompts the
-        # measured runs send again: pushed out (least recently used) by as many other
-        # sessions, so that only the prediction (and prompt lookup) can draft them
-        await flush_session_store(base, model, flush_sessions, timeout_s)
     for keep in keeps if (workload == "edit" or oracle) else ():
+        if flush_sessions:
+            # the run before (the baseline, or the previous fraction) left its outputs in the
+            # engine's session store under the prompts this run sends again: pushed out (least
+            # recently used) by as many other sessions, so that only the prediction (and prompt
+            # lookup) can draft them. Before: only after the baseline, and the 75% / 50% runs
+            # drafted their altered lines from the 100% run's outputs (acceptance 0.99)
+            await flush_session_store(base, model, flush_sessions, timeout_s)
         krng = np.random.default_rng([seed, int(keep * 1000)])
         items = []
         for i, it in enumerate(base_items):
