@@ -28,7 +28,7 @@
 # Environment: MODEL (deepseek-coder-33b), DEVICE (cuda), PART (serve | sim), OUT (out/gpu_spec),
 # NREQ (requests per oracle run, 8), OUTLEN (tokens per request, 256), SAT (saturation workloads
 # "IN/OUTxN ...", "512/128x400 16/32x256"), LOADS (concurrencies of the sim-vs-live runs,
-# "1 8 32"), PORT (18080), FILE_CHARS (characters of code per prompt, 3000), DEADLINE_S (part
+# "1 8 32"), SAT_MODES (the saturation runs' order, "auto off auto off"), PORT (18080), FILE_CHARS (characters of code per prompt, 3000), DEADLINE_S (part
 # serve starts nothing new after it, 480, and stops a run still going at LIMIT_S, 560; what it
 # skipped is listed in skipped.txt), SERVE_TAR
 # (part sim: part serve's tarball when this machine no longer holds its results). Outputs: $OUT/spec_serve_table.txt, $OUT/spec_serve.tar.gz (part
@@ -90,7 +90,7 @@ if [ "$PART" = serve ]; then
   k=0
   for w in $SAT; do
     io=${w%x*}; n=${w#*x}; in=${io%/*}; out=${io#*/}
-    for mode in auto off auto off; do
+    for mode in ${SAT_MODES:-auto off auto off}; do
       late "saturation $w $mode" && continue
       bench --input-len "$in" --output-len "$out" --num-requests "$n" --seed $((k + 11)) \
           --speculation "$mode" --json "$S/sat_${in}_${out}_${mode}_$((++k)).json" \
@@ -144,7 +144,7 @@ if [ "$PART" = sim ]; then
   [ -d "$W/serve" ] || { echo "no results of PART=serve (set SERVE_TAR)" >&2; exit 1; }
   S=$W/serve
   # verify-shaped points: k + 1 = 9-token chunks at a 1024-token context, 8 of them packed
-  timeout 420 $PY -m gateway.tidegate_cli backend profile --model "$MODEL" --load-format dummy \
+  timeout "${PROFILE_S:-420}" $PY -m gateway.tidegate_cli backend profile --model "$MODEL" --load-format dummy \
       --device "$DEVICE" --out "$M/profile.json" --decode-batch-sizes 0,1,8,32 \
       --prefill-tokens 0,9,72,512 --context-lens 1024 --packed-prefill-seqs 8 \
       --prefill-context-lens 1024 --packed-decode-batch-sizes 0,1,8 --repeats 3 \
