@@ -37,8 +37,9 @@ def _bins(cost, steps):
 
 def test_the_decode_bias_is_the_host_launch(session):
     """Decode-only steps after decode-only steps: the profile's time (host launch + device,
-    synchronized) is ~2.8% over the live ones; charged without the launch (the async loop runs
-    it behind the step before) they are within 1% overall and in every batch-size bin."""
+    synchronized) is ~2.7% over the live ones; charged without the launch (the async loop runs
+    it behind the step before) they are within 1% overall and 2% in every batch-size bin, the
+    launch being 2-4.5% of each bin."""
     steps = session[3]
     as_run = _bins(ProfileCost.from_json(RES / "profile_33b.json"), steps)
     hidden = _bins(ProfileCost.from_json(RES / "profile_33b.json", hide_launch=True), steps)
@@ -48,8 +49,8 @@ def test_the_decode_bias_is_the_host_launch(session):
     assert abs(hidden[key]["ratio"] - 1) < 0.01
     for name, r in hidden.items():
         if name.startswith("  decodes") and r["n"] >= 100:
-            assert abs(r["ratio"] - 1) < 0.015, name
-            assert as_run[name]["ratio"] > 1.01, name
+            assert abs(r["ratio"] - 1) < 0.02, name
+            assert as_run[name]["ratio"] - r["ratio"] > 0.02, name  # the launch, in every bin
 
 
 def test_busy_prefill_steps_run_slower_than_the_paused_profile(session):

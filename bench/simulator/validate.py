@@ -778,7 +778,7 @@ def main(argv: list[str] | None = None) -> int:
                   + f" ({tp['num_requests']:.0f} requests a run, {tp['mismatched']} unmatched)")
     if result.get("step_cost"):
         from bench.simulator.fidelity_steps import format_cost_table
-        print(f"\nthe cost model at the live steps (model / live, median; decode counts rebuilt wrong in "
+        print(f"\nthe cost model at the live steps (model / live, of the totals; decode counts rebuilt wrong in "
               f"{result['step_cost']['rebuild_mismatches']} steps; bench.simulator.fidelity_steps)")
         print(format_cost_table(result["step_cost"]["rows"]))
     cap = result["capacity_estimate"]
