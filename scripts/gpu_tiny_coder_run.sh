@@ -31,7 +31,8 @@
 #
 #   bash scripts/gpu_tiny_coder_run.sh
 #
-# (TOTAL_S=N for a shorter call: the training budget is what N seconds leave.)
+# (TOTAL_S=N for a shorter call: the training budget is what N seconds leave. SHAPE="7 384 1024
+# 6 2" trains v2's shape instead -- LAYERS HIDDEN INTERMEDIATE HEADS KV_HEADS -- still int8.)
 # Under $OUT (7 files at most): log.txt (everything printed), metrics.json (the trainer's),
 # tiny-coder.tar.part-aa/-ab (the int8 model directory, split: a returned file is at most
 # 16 MiB), eval.json (greedy), eval_defaults.json (the generation config's decoding),
@@ -54,13 +55,19 @@
 #       --generation-config auto --json /tmp/eval_defaults.json
 #   # `make serve` ready time (goal <= 5 s) and one completion through the HTTP API:
 #   scripts/ready_time.sh . 8137
-#   # the CPU tests that pin tiny-coder (they read models/tiny-coder; update the pinned figures
-#   # they print on failure only where the new model's figures are the goal's direction):
+#   # the CPU tests that pin tiny-coder (they read models/tiny-coder, int8 or bf16; the pins:
+#   # test_tiny_coder_quality.py MIN_PARSED_DEFAULTS (6, v2 at its defaults), MIN_PARSED,
+#   # FIM_MIN_STOPPED, BPB_TOLERANCE against metrics.json; test_tiny_coder_files.py sizes):
 #   .venv/bin/python -m pytest -q tests/test_tiny_coder_files.py tests/test_tiny_coder_quality.py \
 #       tests/test_generation_config.py tests/test_eval_completion.py tests/test_eval_data.py \
-#       tests/test_int8_checkpoint.py
-#   # then the rest that load models/tiny-coder (longer): test_kv_quant.py test_structured_e2e.py
-#   #   test_structured_backend.py test_bench_edit.py test_kv_sinks_experiment.py
+#       tests/test_int8_checkpoint.py tests/test_train_tiny_coder_sweep.py
+#   # then the rest that load models/tiny-coder (longer): test_structured_e2e.py
+#   #   test_structured_backend.py test_structured_close.py test_frontdoor_structured.py
+#   #   test_kv_sinks_experiment.py test_gpu_engine_quantization.py (its CPU fp8 quality test)
+#   #   test_kv_quant.py test_bench_edit.py
+#   # vLLM reads no int8 checkpoint: make test-vllm (tests/test_vllm_*.py) and
+#   # bench/serving/compare_vllm.py need `python -m backend.model.int8 dequantize models/tiny-coder
+#   # DIR` and that DIR as their model.
 #   git add models/tiny-coder && git commit -m "tiny-coder v3 (issue 36)" -- models/tiny-coder
 #
 # Budget: the command must end within the device tool's 600 s (TOTAL_S, default 585). prepare
@@ -97,9 +104,11 @@ budget=${TRAIN_S:-420}
 budget=$(( left < budget ? left : budget ))
 echo "training budget ${budget} s" | tee -a "$LOG"
 # TRAIN_ARGS (appended, so they override) and COMPILE= are for a CPU dry run of this script
+read -r layers hidden inter heads kv <<< "${SHAPE:-8 512 1408 8 2}"
 python3 -m training.train train --prep "$SCRATCH/tc-prep" --out "$SCRATCH/tc-bf16" \
     ${COMPILE---compile} --time-budget-s "$budget" --int8 \
-    --layers 8 --hidden-size 512 --intermediate-size 1408 --heads 8 --kv-heads 2 \
+    --layers "$layers" --hidden-size "$hidden" --intermediate-size "$inter" --heads "$heads" \
+    --kv-heads "$kv" \
     --tie-embeddings --seq-len 1024 --batch-size 64 --lr 1.5e-3 --min-lr 1e-4 --warmup-steps 200 \
     --decay-frac 0.3 --dropout 0.05 --eval-every 250 ${TRAIN_ARGS:-} 2>&1 | tee -a "$LOG"
 echo "train exit ${PIPESTATUS[0]} at $(since) s" | tee -a "$LOG"
