@@ -56,7 +56,7 @@ def test_profile_pause_idles_before_prefill_steps_only(tmp_path, monkeypatch):
     assert len(prefill_points) == 2 and len(doc["points"]) == 3
     # 2 prefill points x (1 warmup + 2 repeats), then the pause check on the prefill-only point:
     # paused, back to back, paused again (1 warmup + 10 repeats each), and after decodes (its
-    # pause filled with decode steps of the grid's largest decode batch: no sleep)
+    # pause filled with decode steps of a middle decode batch of the grid: no sleep)
     assert slept == [0.04] * (2 * 3 + 2 * 11)
     check = doc["pause_check"]
     assert check["num_prefill_tokens"] == 32
