@@ -61,12 +61,14 @@ async def _render_cut(gw, cut: dict, tools) -> list[int]:
     msgs = parse_conversation(cut)[0] if cut.get("messages") else \
         [ChatMessage("system", _text_of(cut["system"], "system"))] if cut.get("system") else []
     # rendered as _prompt_ids renders the prompt, so its tokens are the prompt's first ones
-    return await chat_prompt_ids(gw, msgs, with_parser(tools, gw.config.tool_call_parser),
+    return await chat_prompt_ids(gw, msgs, with_parser(tools, gw.config.tool_call_parser,
+                                                       gw.info.chat_template),
                                  False, False)
 
 
 async def _prompt_ids(gw, messages, prefill: str, tools) -> list[int]:
-    return await chat_prompt_ids(gw, messages, with_parser(tools, gw.config.tool_call_parser),
+    return await chat_prompt_ids(gw, messages, with_parser(tools, gw.config.tool_call_parser,
+                                                           gw.info.chat_template),
                                  True, False, prefill)
 
 
@@ -171,7 +173,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     check_model(gw, req.model)
     await check_structured(gw, req.structured)
     tools = req.structured.tools if req.structured is not None else None
-    tools = with_parser(tools, gw.config.tool_call_parser)
+    tools = with_parser(tools, gw.config.tool_call_parser, gw.info.chat_template)
     prompt_ids = await _prompt_ids(gw, req.messages, req.prefill, tools)
     msg_id = "msg_" + os.urandom(12).hex()
     # the session key, and a pin up to the deepest cache_control breakpoint (gateway.sessions)

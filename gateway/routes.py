@@ -331,7 +331,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     check_model(gw, req.model)
     await check_structured(gw, req.structured)
     tools = with_parser(req.structured.tools if req.structured is not None else None,
-                        gw.config.tool_call_parser)
+                        gw.config.tool_call_parser, gw.info.chat_template)
     messages = template_messages(req.messages, tools)  # (the request log's view)
     prompt_ids = await chat_prompt_ids(gw, req.messages, tools, req.add_generation_prompt,
                                        req.add_special_tokens)

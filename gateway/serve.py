@@ -155,9 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-n", type=int, default=16, help="choices per prompt ('n')")
     p.add_argument("--strict-api", action="store_true",
                    help="unknown request fields are a 400 (default: logged once per name)")
-    p.add_argument("--tool-call-parser", default="hermes",
-                   choices=("hermes", "json", "mistral", "pythonic"),
-                   help="how tool calls are read out of a reply with tool_choice auto: hermes "
+    p.add_argument("--tool-call-parser", default="auto",
+                   choices=("auto", "hermes", "json", "mistral", "pythonic"),
+                   help="how tool calls are read out of a reply with tool_choice auto: auto (the "
+                        "default: the format the model's chat template asks for, else hermes; "
+                        "gateway.tools.TEMPLATE_PARSERS), hermes "
                         "(<tool_call> blocks: the generic format tools are shown in when the "
                         "chat template renders none, and Qwen's / Hermes'), json (the reply is "
                         "one JSON call or an array of them: Llama 3's), mistral ([TOOL_CALLS] "

@@ -255,12 +255,34 @@ def template_messages(messages, cfg: ToolConfig | None) -> list[dict]:
     return render_messages(plain, cfg)
 
 
-def with_parser(cfg: ToolConfig | None, parser: str) -> ToolConfig | None:
+def with_parser(cfg: ToolConfig | None, parser: str,
+                chat_template: str | None = None) -> ToolConfig | None:
     """`cfg` parsed with the server's `--tool-call-parser` (forced choices keep the generic
-    format their grammar writes)."""
+    format their grammar writes); `auto`: the one the model's chat template asks for."""
+    if parser == "auto":
+        parser = parser_for_template(chat_template)
     if cfg is None or cfg.forced or cfg.parser == parser:
         return cfg
     return replace(cfg, parser=parser)
+
+
+# What a chat template tells the model to write when it calls a tool -> the parser that reads it
+# (first match wins); a template that says none of these gets the generic format (hermes).
+TEMPLATE_PARSERS = (
+    ("[TOOL_CALLS]", "mistral"),            # Mistral, Mixtral, Codestral, Devstral
+    ("<tool_call>", "hermes"),              # Hermes, Qwen 2.5 / Qwen2.5-Coder / Qwen 3
+    ("<|python_start|>", "pythonic"),       # Llama 4
+    ("[func_name1(", "pythonic"),           # Llama 3.2's system prompt for its 1B / 3B
+    ('"parameters": dictionary of argument name', "json"),  # Llama 3.1 / 3.2 / 3.3 JSON calls
+)
+
+
+def parser_for_template(chat_template: str | None) -> str:
+    """`--tool-call-parser auto`: the parser for the format `chat_template` asks for."""
+    for marker, parser in TEMPLATE_PARSERS:
+        if chat_template and marker in chat_template:
+            return parser
+    return "hermes"
 
 
 # --- a chat template that renders tools itself (HF's `tools` convention) ----------------------

@@ -85,3 +85,50 @@ async def test_through_the_gateway(aiohttp_client):
         assert call.function.arguments == '{"city": "Rome", "metric": "celsius"}'
     finally:
         await b.stop()
+
+
+# --- --tool-call-parser auto: the parser the model's chat template asks for ------------------
+@pytest.mark.parametrize("template,parser", [
+    # what each family's template writes when the model is given tools (excerpts)
+    (("{{- '[AVAILABLE_TOOLS]' + tools|tojson + '[/AVAILABLE_TOOLS]' }}{%- if message.tool_calls %}"
+     "{{- '[TOOL_CALLS]' }}"), "mistral"),
+    (('For each function call, return a json object with function name and arguments within '
+     '<tool_call></tool_call> XML tags'), "hermes"),
+    (("If you decide to invoke any of the function(s), you MUST put it in the format of "
+     "[func_name1(params_name1=params_value1, params_name2=params_value2...), func_name2(params)]"),
+     "pythonic"),
+    ("{{- '<|python_start|>' }}", "pythonic"),
+    (('Respond in the format {"name": function name, "parameters": dictionary of argument name '
+     'and its value}.'), "json"),
+    ("{% for message in messages %}{{ message['content'] }}{% endfor %}", "hermes"),
+    (None, "hermes"),
+])
+def test_auto_picks_the_parser_the_template_asks_for(template, parser):
+    from gateway.tools import parser_for_template
+
+    assert parser_for_template(template) == parser
+    cfg = with_parser(parse_tools({"tools": TOOLS}), "auto", template)
+    assert cfg.parser == parser and make_parser(cfg) is not None
+
+
+async def test_auto_through_the_gateway_on_a_mistral_template(aiohttp_client):
+    rec = Recorder('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Rome"}}]')
+    template = ("{% for m in messages %}{{ m['content'] }}{% endfor %}"
+                "{% if tools %}[AVAILABLE_TOOLS]{{ tools|tojson }}[/AVAILABLE_TOOLS]{% endif %}"
+                "{# calls: [TOOL_CALLS] #}")
+
+    class MistralTemplated(FakeBackend):
+        def info(self):
+            info = super().info()
+            info.chat_template = template
+            return info
+
+    b = await MistralTemplated(ipc_address(), script=rec).start()
+    try:
+        client = await aiohttp_client(create_app(make_config(b.address, tool_call_parser="auto"),
+                                                 startup_wait_s=5.0))
+        resp = await sdk(client).chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "x"}], tools=TOOLS)
+        assert resp.choices[0].message.tool_calls[0].function.arguments == '{"city": "Rome"}'
+    finally:
+        await b.stop()
