@@ -137,6 +137,7 @@ class InFlightStep:
     end: float = 0.0  # perf_counter when its tokens were read back
     launched_at: float = 0.0  # perf_counter once its work was queued (pipelined steps)
     device_s: float | None = None  # its device time (CUDA timing events; greedy steps)
+    device_idle_s: float | None = None  # the device's wait for it after the step before
     # async scheduling: the update was applied with placeholder tokens right after launch
     pipelined: bool = False
     finished: list = field(default_factory=list)  # what that update finished (by length)
@@ -515,8 +516,12 @@ class Engine:
             0.7 * old + 0.3 * seconds
 
     def _device_seconds(self, step: InFlightStep) -> float | None:
+        """The step's device time; also sets its `device_idle_s` (CUDA timing events)."""
         slot = step.launched.readback
-        return self.runner.buffers.device_seconds(slot) if slot >= 0 else None
+        if slot < 0:
+            return None
+        step.device_idle_s = self.runner.buffers.device_idle_seconds(slot)
+        return self.runner.buffers.device_seconds(slot)
 
     # ---- what the worker reports (backend.engine.interface) -----------------------------------
     reports_steps = True

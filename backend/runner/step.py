@@ -29,6 +29,8 @@ from backend.runner.grammar import masked_logits
 from backend.runner.sampler import Sampler
 from backend.runner.step_io import Chunk, RunnerOutput, SampleSpec, logit_rows, sample_rows
 
+TIMING_RING = 4  # steps whose timing events are kept (at most two are in flight at once)
+
 
 class StaticBuffers:
     """The named input buffers (device) and their host staging twins."""
@@ -60,13 +62,21 @@ class StaticBuffers:
         self.sampled = torch.zeros(rows, dtype=torch.int64, device=device)
         # its host copies, used in turn (a step's copy is read while the next one is queued)
         self.sampled_host = [torch.zeros(rows, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
-        # timing events: a step's device time is the interval from its start (recorded before its
-        # input copies) to its read-back copy, as the device saw it (backend.engine.continuous's launch
-        # deadline needs the device time, which the host observes late when it is late itself)
+        # timing events of the last TIMING_RING greedy steps (ring index = the step's count): a
+        # step's device time is the interval from its start (recorded before its input copies) to
+        # its read-back copy, as the device saw it (backend.engine.continuous's launch deadline
+        # needs the device time, which the host observes late when it is late itself); the
+        # device's idle time before a step is the interval from the previous step's read-back
+        # copy to its start, when the previous launched step was timed too (issue 32)
         self.sampled_ready = [torch.cuda.Event(enable_timing=True) if pin else None
-                              for _ in range(2)]
+                              for _ in range(TIMING_RING)]
         self.step_started = [torch.cuda.Event(enable_timing=True) if pin else None
-                             for _ in range(2)]
+                             for _ in range(TIMING_RING)]
+        self._num_timed = 0  # greedy steps started so far: the next one's ring index
+        self._follows_timed = [False] * TIMING_RING  # step i came right after step i - 1
+        self._last_launch_timed = False
+        self._start_pending = False  # a step was started and has not queued its read-back
+        self._slot_ring = [-1, -1]  # read-back slot -> ring index of the step it holds
         self._next_readback = 0
         self.slot_mapping.fill_(-1)
         # the block being filled at full precision (backend.kv.fill_slots): per token its fill row
@@ -89,31 +99,58 @@ class StaticBuffers:
             self.copy_done.record()
 
     def mark_step_start(self) -> None:
-        """Record the start of a step whose ids will be read back (the next read-back slot)."""
-        event = self.step_started[self._next_readback]
+        """Record the start of a step whose ids will be read back (its `queue_readback` follows)."""
+        i = self._num_timed % TIMING_RING
+        # the step before was timed and read back (a greedy step that sampled nothing queues no
+        # read-back: the device time between the two is not idle)
+        self._follows_timed[i] = self._last_launch_timed and self._num_timed > 0 \
+            and not self._start_pending
+        self._last_launch_timed = True
+        self._start_pending = True
+        event = self.step_started[i]
         if event is not None:
             event.record()
 
+    def mark_untimed_launch(self) -> None:
+        """A step without timing events was launched: the next timed step's idle is unknown."""
+        self._last_launch_timed = False
+
     def device_seconds(self, slot: int) -> float | None:
         """Device time of the step read back through `slot` (after `read_sampled`), or None."""
-        start, end = self.step_started[slot], self.sampled_ready[slot]
-        if start is None:
+        i = self._slot_ring[slot]
+        start, end = self.step_started[i % TIMING_RING], self.sampled_ready[i % TIMING_RING]
+        if start is None or i < 0:
             return None
         return start.elapsed_time(end) / 1e3
+
+    def device_idle_seconds(self, slot: int) -> float | None:
+        """How long the device waited between the previous step's read-back copy and the start
+        of the step read back through `slot` (after `read_sampled`): the host's lateness as the
+        device saw it. None without timing events or when the previous launch was not timed."""
+        i = self._slot_ring[slot]
+        if i < 1 or self.step_started[0] is None or not self._follows_timed[i % TIMING_RING]:
+            return None
+        prev_end = self.sampled_ready[(i - 1) % TIMING_RING]
+        return max(0.0, prev_end.elapsed_time(self.step_started[i % TIMING_RING]) / 1e3)
 
     def queue_readback(self, num_rows: int) -> int:
         """Queue the copy of `sampled[:num_rows]` to a pinned host array; returns its slot."""
         slot = self._next_readback
         self._next_readback ^= 1
         self.sampled_host[slot][:num_rows].copy_(self.sampled[:num_rows], non_blocking=True)
-        if self.sampled_ready[slot] is not None:
-            self.sampled_ready[slot].record()
+        i = self._num_timed
+        self._num_timed += 1
+        self._start_pending = False
+        self._slot_ring[slot] = i
+        if self.sampled_ready[i % TIMING_RING] is not None:
+            self.sampled_ready[i % TIMING_RING].record()
         return slot
 
     def read_sampled(self, slot: int, num_rows: int) -> list[int]:
         """The ids a queued read-back copied (waits for that copy only)."""
-        if self.sampled_ready[slot] is not None:
-            self.sampled_ready[slot].synchronize()
+        event = self.sampled_ready[self._slot_ring[slot] % TIMING_RING]
+        if event is not None:
+            event.synchronize()
         return self.sampled_host[slot][:num_rows].tolist()
 
     def device_input_ids(self, num_tokens: int) -> torch.Tensor:
@@ -312,6 +349,8 @@ class ModelRunner:
             for s in sampling.values()))
         if step.greedy:
             self.buffers.mark_step_start()
+        else:
+            self.buffers.mark_untimed_launch()
         if self.graphs is not None:  # steps that fit a captured bucket replay a CUDA graph
             if self.graphs.can_replay(chunks):  # decode-only
                 step.graph_launch = self.graphs.launch(chunks, gpu_src)

@@ -25,9 +25,11 @@ class StepLog:
         self.rows: list[tuple] = []
 
     def record(self, start_wall_s: float, duration_s: float, plan: StepPlan,
-               device_s: float | None = None) -> None:
+               device_s: float | None = None, device_idle_s: float | None = None) -> None:
         """`device_s`: the step's own device time (CUDA timing events), when known: a step's
-        duration here is the read-back cadence, which also holds any time the device waited."""
+        duration here is the read-back cadence, which also holds any time the device waited.
+        `device_idle_s`: how long the device sat idle between the step before and this one
+        (the same events), when known."""
         # prefill chunks come after the decodes in a plan: walk them from the end
         prefill = []
         for chunk in reversed(plan.chunks):
@@ -41,7 +43,8 @@ class StepLog:
         # the start on the monotonic clock too (the clock of the gateway's decision log and of
         # bench's records on Linux), so a request's path can be followed across the processes
         self.rows.append((start_wall_s, time.monotonic() - duration_s, duration_s, num_decodes,
-                          prefill, [_request_id(r) for r in plan.preempted], device_s, drafts))
+                          prefill, [_request_id(r) for r in plan.preempted], device_s, drafts,
+                          device_idle_s))
 
     def write(self) -> int:
         """Write every record (one JSON object a line); returns how many."""
@@ -51,8 +54,10 @@ class StepLog:
                                       "decodes": d, "prefill_tokens": sum(c[1] for c in p),
                                       "prefill_chunks": len(p), "prefill": p, "preempted": pre}
                                      | ({} if dev is None else {"device_ms": round(dev * 1000, 4)})
+                                     | ({} if idle is None else
+                                        {"device_idle_ms": round(idle * 1000, 4)})
                                      | ({"drafts": k} if k else {}))
-                          + "\n" for t, m, dt, d, p, pre, dev, k in self.rows)
+                          + "\n" for t, m, dt, d, p, pre, dev, k, idle in self.rows)
         return len(self.rows)
 
 

@@ -28,17 +28,31 @@ REPO = Path(__file__).resolve().parents[2]
 METRICS = (("request_throughput", "req/s", True), ("output_throughput", "out tok/s", True),
            ("p50_ttft_ms", "TTFT p50 ms", False), ("p99_ttft_ms", "TTFT p99 ms", False),
            ("p50_tpot_ms", "TPOT p50 ms", False), ("p50_itl_ms", "ITL p50 ms", False),
-           ("p50_e2el_ms", "E2E p50 ms", False))
+           ("p50_e2el_ms", "E2E p50 ms", False), ("server_cpu_s", "server CPU s", False))
 
-# A checkpoint shape of our own: GQA 4:1, linear rope x8 over 8k positions, head_dim 64
-# (vLLM's CPU attention takes 64), random weights, the byte-level tokenizer of the tests.
-GQA_ROPE = {"vocab_size": 512, "hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 4,
-            "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
-            "max_position_embeddings": 8192, "rope_theta": 10000.0,
-            "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "tie_word_embeddings": False}
+# Checkpoint shapes of our own (random bf16 weights, the byte-level tokenizer of the tests,
+# head_dim 64: vLLM's CPU attention takes 64). gqa-rope: GQA 4:1, linear rope x8 over 8k
+# positions; llama-2x256 and llama-3x384: the small LLaMAs of issue 32 (2-3 layers, GQA).
+SHAPES = {
+    "gqa-rope": {"vocab_size": 512, "hidden_size": 512, "intermediate_size": 1408,
+                 "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
+                 "head_dim": 64, "max_position_embeddings": 8192, "rope_theta": 10000.0,
+                 "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+                 "tie_word_embeddings": False},
+    "llama-2x256": {"vocab_size": 512, "hidden_size": 256, "intermediate_size": 768,
+                    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1,
+                    "head_dim": 64, "max_position_embeddings": 2048, "rope_theta": 10000.0,
+                    "tie_word_embeddings": True},
+    "llama-3x384": {"vocab_size": 1024, "hidden_size": 384, "intermediate_size": 1024,
+                    "num_hidden_layers": 3, "num_attention_heads": 6, "num_key_value_heads": 2,
+                    "head_dim": 64, "max_position_embeddings": 2048, "rope_theta": 10000.0,
+                    "tie_word_embeddings": False},
+}
+GQA_ROPE = SHAPES["gqa-rope"]
 
 
-def make_gqa_rope_checkpoint(path: Path) -> Path:
+def make_checkpoint(path: Path, shape: dict) -> Path:
+    """A random bf16 LLaMA checkpoint of `shape` (LlamaConfig fields) at `path` (kept if there)."""
     if (path / "config.json").is_file():
         return path
     import torch
@@ -49,7 +63,7 @@ def make_gqa_rope_checkpoint(path: Path) -> Path:
 
     torch.manual_seed(0)
     cfg = LlamaConfig(initializer_range=0.05, bos_token_id=256, eos_token_id=257,
-                      torch_dtype="bfloat16", **GQA_ROPE)
+                      torch_dtype="bfloat16", **shape)
     LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path)
     bundle = byte_level_bundle()
     (path / "tokenizer.json").write_text(bundle.tokenizer_json)
@@ -57,6 +71,26 @@ def make_gqa_rope_checkpoint(path: Path) -> Path:
         {"bos_token": "<|bos|>", "eos_token": "<|eos|>", "chat_template": bundle.chat_template,
          "tokenizer_class": "PreTrainedTokenizerFast"}))
     return path
+
+
+def make_gqa_rope_checkpoint(path: Path) -> Path:
+    return make_checkpoint(path, GQA_ROPE)
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """CPU seconds (user + system) of the live processes of process group `pgid`: a server's
+    cost for a run, less sensitive than its wall time to what else runs on a shared machine."""
+    total = 0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            f = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(f[2]) == pgid:  # fields after the name: state ppid pgrp ... utime stime
+                total += int(f[11]) + int(f[12])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def load_average() -> float:
@@ -112,6 +146,9 @@ class Tidegate:
         wait_ready(port, self.proc, 300)
         return time.monotonic() - t0
 
+    def pgid(self, port: int) -> int | None:
+        return self.proc.pid if self.proc is not None else None  # start_new_session
+
     def stop(self, port: int) -> None:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, 15)
@@ -128,6 +165,7 @@ class Vllm:
 
     def __init__(self, args) -> None:
         self.peers = Path(args.peers)
+        self.peers_dir = Path(os.environ.get("PEERS_DIR", Path.home() / ".cache/tidegate-peers"))
 
     def start(self, model: Path, served: str, port: int, log: Path) -> float:
         env = dict(os.environ, SERVED_NAME=served, READY_TIMEOUT=os.environ.get("READY_TIMEOUT", "1800"))
@@ -139,15 +177,25 @@ class Vllm:
             raise RuntimeError(f"vLLM did not start: {r.stderr[-2000:]}")
         return time.monotonic() - t0
 
+    def pgid(self, port: int) -> int | None:
+        pid_file = Path(os.environ.get("LOG_DIR", self.peers_dir / "logs")) / f"vllm-{port}.pid"
+        try:
+            return int(pid_file.read_text())  # serve.sh starts it with setsid
+        except (OSError, ValueError):
+            return None
+
     def stop(self, port: int) -> None:
         subprocess.run(["bash", str(self.peers / "serve.sh"), "stop", str(port)],
                        capture_output=True, timeout=120, check=False)
 
 
-def bench(args, model: Path, served: str, port: int, label: str, out: Path) -> list[dict]:
-    """One `bench.sh` call per rate; a rate may carry its own request count (`1:60`)."""
+def bench(args, model: Path, served: str, port: int, label: str, out: Path,
+          pgid: int | None = None) -> list[dict]:
+    """One `bench.sh` call per rate; a rate may carry its own request count (`1:60`). With the
+    server's process group, each run also records the server's CPU seconds over it."""
     runs = []
     for spec in args.rates:
+        cpu0 = group_cpu_seconds(pgid) if pgid else None
         rate, _, num = spec.partition(":")
         env = dict(os.environ, MODEL=str(model), SERVED_NAME=served, RESULT_DIR=str(out),
                    NUM_PROMPTS=num or str(args.num_prompts), IN_LEN=str(args.in_len),
@@ -160,7 +208,8 @@ def bench(args, model: Path, served: str, port: int, label: str, out: Path) -> l
         d = json.loads((out / f"{label}_rate{rate}_r1.json").read_text())
         runs.append({"rate": rate, **{k: d.get(k) for k, _, _ in METRICS},
                      "num_prompts": d.get("num_prompts"), "completed": d.get("completed"),
-                     "failed": d.get("failed", 0)})
+                     "failed": d.get("failed", 0),
+                     "server_cpu_s": None if cpu0 is None else group_cpu_seconds(pgid) - cpu0})
     return runs
 
 
@@ -174,8 +223,8 @@ def table(records: list[dict]) -> str:
             by = {s: [r for r in records if r["model"] == model and r["rate"] == rate
                       and r["server"] == s] for s in ("tidegate", "vllm")}
             for key, label, higher in METRICS:
-                t = [r[key] for r in by["tidegate"] if r[key] is not None]
-                v = [r[key] for r in by["vllm"] if r[key] is not None]
+                t = [r[key] for r in by["tidegate"] if r.get(key) is not None]
+                v = [r[key] for r in by["vllm"] if r.get(key) is not None]
                 if not t or not v:
                     continue
                 ratios = [a / b for a, b in zip(t, v) if b]  # pairs in run order
@@ -201,7 +250,11 @@ def table(records: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", default="models/tiny-coder,gqa-rope",
-                   help="checkpoint dirs; 'gqa-rope' = the GQA + linear-rope checkpoint made here")
+                   help="checkpoint dirs, or shape names made here under --out: "
+                        + ", ".join(SHAPES))
+    p.add_argument("--quiet-file", default=None,
+                   help="a file to create for each server's runs and remove after (a shared "
+                        "machine's signal to pause other work)")
     p.add_argument("--rates", nargs="+", default=["inf", "20"],
                    help="request rates; RATE:N runs N requests at that rate (default --num-prompts)")
     p.add_argument("--rounds", type=int, default=2)
@@ -228,18 +281,24 @@ def main(argv: list[str] | None = None) -> int:
     order = [servers[s] for s in a.servers.split(",")]
     records = []
     for spec in a.models.split(","):
-        model = make_gqa_rope_checkpoint(out / "gqa-rope") if spec == "gqa-rope" else Path(spec).resolve()
+        model = make_checkpoint(out / spec, SHAPES[spec]) if spec in SHAPES else Path(spec).resolve()
         served = model.name
         for rnd in range(a.rounds):
             for srv in (order if rnd % 2 == 0 else order[::-1]):
                 label = f"{served}_{srv.name}_round{rnd}"
+                quiet = Path(a.quiet_file) if a.quiet_file else None
+                if quiet is not None:
+                    quiet.touch()
+                    time.sleep(20)  # others finish the command they are in
                 before = load_average()
                 try:
                     ready = srv.start(model, served, a.port, out / f"{label}.server.log")
                     print(f"{label}: ready after {ready:.1f} s (load {before:.1f})", flush=True)
-                    runs = bench(a, model, served, a.port, label, out)
+                    runs = bench(a, model, served, a.port, label, out, srv.pgid(a.port))
                 finally:
                     srv.stop(a.port)
+                    if quiet is not None:
+                        quiet.unlink(missing_ok=True)
                 after = load_average()
                 records += [{"model": served, "server": srv.name, "round": rnd, "ready_s": ready,
                              "load_before": before, "load_after": after,
