@@ -10,7 +10,8 @@
 # llguidance 1.9.1 abi3, jsonschema and its deps for cp310-312) and they are installed first.
 # Outputs ($OUT): env.txt, pytest_structured.txt (the gpu-marked tests of
 # tests/test_structured_backend.py: the bitmask on CUDA = CPU, graph steps with grammar rows
-# pipelined and valid), steps.json (bench.structured.steps, greedy and temperature 0.7 on one engine load: batch
+# pipelined and valid; tests/test_structured_close.py: grammars closed to fit max_tokens on
+# CUDA graph steps, pipelined = synchronous), steps.json (bench.structured.steps, greedy and temperature 0.7 on one engine load: batch
 # 64, half with a schema, ms per step = TPOT, ratio to the free batch, eager steps, pipelined
 # grammar steps), engines.txt (bench.structured.engines on the 32k vocabulary), log.txt.
 set -u
@@ -40,6 +41,7 @@ cat "$OUT/env.txt"
 
 MARK=(-m gpu); [ "$DEVICE" = cpu ] && MARK=(-m "not gpu")
 timeout -s INT 240 $PY -m pytest "${MARK[@]}" -q -rfEs -p no:cacheprovider tests/test_structured_backend.py \
+    tests/test_structured_close.py \
     > "$OUT/pytest_structured.txt" 2>&1
 echo "pytest exit $?"; grep -E "passed|failed|error" "$OUT/pytest_structured.txt" | tail -n 5
 

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from bench.structured.schema_gen import random_schema
-from gateway.structured import closed_objects
 from tokenizer.grammar import GrammarCompiler, GrammarSpec, load_tokenizer
 from tokenizer.grammar_close import Closer
 
@@ -52,6 +51,8 @@ def _random_walk(matcher, size: int, rng: random.Random, steps: int) -> list[int
 def test_any_prefix_of_a_schema_closes_to_valid_json(vocab):
     """Prefixes a random walk under the mask reaches (inside strings, numbers, keys, arrays) of
     80 generated schemas: the completion found validates against the schema each time."""
+    from gateway.structured import closed_objects  # (the GPU machine runs the rest without it)
+
     tok, comp, closer, size = vocab
     rng = random.Random(7)
     for i in range(80):
@@ -129,3 +130,52 @@ def test_outputs_that_end_by_themselves_are_unchanged(engine):
         "type": "integer", "minimum": 0, "maximum": 9}}, "required": ["ok", "n"],
         "additionalProperties": False}
     assert _run(eng, tok, schema, 60, 0.7) == _run(eng, tok, schema, 60, 0.7, close=False)
+
+
+def _closing_requests(tok):
+    from backend.runner.sampler import SamplingParams
+
+    prompt = tok.encode(LOOP)
+    return {f"c{n}": (prompt, SamplingParams(max_tokens=n, grammar=GrammarSpec.json_schema(
+        RUNAWAY))) for n in (40, 64, 100)}
+
+
+def test_closing_on_the_pipelined_greedy_path_matches_the_synchronous_loop(engine):
+    """Async scheduling: a step is launched before the previous one is read back, and the forced
+    token reaches it through the mask computed once that step's tokens are consumed (argmax
+    redone under it). Same tokens as the synchronous loop, each output valid and 'length'."""
+    from test_structured_backend import _run_turns
+
+    eng, tok = engine
+    sync, _ = _run_turns(eng, _closing_requests(tok), eng.step)
+    eng.async_scheduling = True
+    try:
+        piped, num_masked = _run_turns(eng, _closing_requests(tok), eng.advance)
+    finally:
+        eng.async_scheduling = False
+    assert piped == sync and num_masked > 10
+    for ids, finish in piped.values():
+        jsonschema.validate(json.loads(tok.decode([t for t in ids if t not in tok.eos_token_ids])),
+                            RUNAWAY)
+        assert finish == "length"
+
+
+@pytest.mark.gpu
+def test_closing_on_cuda_graph_steps():
+    """On CUDA, graphs and async scheduling (scripts/gpu_structured_run.sh): as above."""
+    from test_structured_backend import _run_turns
+
+    from backend.engine.assemble import BackendConfig, ServingOptions, create_engine
+
+    eng, loaded = create_engine(BackendConfig(model=str(TINY_CODER), device="cuda"),
+                                ServingOptions(capture=False))
+    tok = loaded.tokenizer
+    eng.async_scheduling = False
+    sync, _ = _run_turns(eng, _closing_requests(tok), eng.step)
+    eng.async_scheduling = True
+    piped, num_masked = _run_turns(eng, _closing_requests(tok), eng.advance)
+    assert piped == sync and num_masked > 10
+    for ids, finish in piped.values():
+        jsonschema.validate(json.loads(tok.decode([t for t in ids if t not in tok.eos_token_ids])),
+                            RUNAWAY)
+        assert finish == "length"
