@@ -379,7 +379,11 @@ class ModelRunner:
             step.logits = self.model.compute_logits(hidden.index_select(0, row_index))  # [S, V]
             if step.greedy:
                 seq_rows = torch.tensor(rows, dtype=torch.long, device=self.device)
-                b.sampled.index_copy_(0, seq_rows, step.logits.argmax(dim=-1))
+                # the CPU's max(dim).indices is argmax (first maximum on ties, documented) at a
+                # third of argmax's time there ([200, 8192] fp32: 0.83 vs 2.4 ms, one thread)
+                ids = step.logits.max(dim=-1).indices if self.device.type == "cpu" else \
+                    step.logits.argmax(dim=-1)
+                b.sampled.index_copy_(0, seq_rows, ids)
                 if not defer_readback:
                     step.readback = b.queue_readback(len(chunks))
         return step
