@@ -37,6 +37,7 @@ timeout -s INT "${TEST_S:-300}" python3 -m pytest -m gpu -q -s -rfE -p no:cachep
 note "pytest (this tree) exit $? at $(( $(date +%s) - t0 )) s"
 grep -E "tiny-coder|passed|failed|FAILED" "$OUT/pytest_head.txt" | tee -a "$LOG"
 
+if [ "${PATHS:-1}" = 1 ]; then  # PATHS=0: the two quality tests only (this tree, pre-change tree)
 for fused in 1 0; do
   TIDEGATE_FUSED_SILU_DOWN=$fused timeout -s INT "${PATHS_S:-240}" python3 -m bench.kernels.fp8_quality_paths \
       --device cuda --json "$OUT/paths_cuda_fused$fused.json" --save-sequences "$OUT/sequences.json" \
@@ -51,6 +52,7 @@ if [ -s "$OUT/sequences.json" ]; then
       --json "$OUT/paths_cpu.json" >> "$LOG" 2>&1
   note "paths on cpu (same sequences) exit $? at $(( $(date +%s) - t0 )) s"
   grep -E "^cpu" "$LOG" | tail -n 4
+fi
 fi
 
 if [ -d .carry-pre/backend ]; then

@@ -28,7 +28,7 @@
 # Environment: MODEL (deepseek-coder-33b), DEVICE (cuda), PART (serve | sim), OUT (out/gpu_spec),
 # NREQ (requests per oracle run, 8), OUTLEN (tokens per request, 256), SAT (saturation workloads
 # "IN/OUTxN ...", "512/128x400 16/32x256"), LOADS (concurrencies of the sim-vs-live runs,
-# "1 8 32"), SAT_MODES (the saturation runs' order, "auto off auto off"), PORT (18080), FILE_CHARS (characters of code per prompt, 3000), DEADLINE_S (part
+# "1 8 32"; "" for none), EDIT (1; 0 skips runs 1 and 2), SAT_MODES (the saturation runs' order, "auto off auto off"), PORT (18080), FILE_CHARS (characters of code per prompt, 3000), DEADLINE_S (part
 # serve starts nothing new after it, 480, and stops a run still going at LIMIT_S, 560; what it
 # skipped is listed in skipped.txt), SERVE_TAR
 # (part sim: part serve's tarball when this machine no longer holds its results). Outputs: $OUT/spec_serve_table.txt, $OUT/spec_serve.tar.gz (part
@@ -37,6 +37,7 @@ set -u
 OUT=${OUT:-out/gpu_spec}
 MODEL=${MODEL:-deepseek-coder-33b}
 LOAD_FORMAT=${LOAD_FORMAT:-dummy-cycle}
+EDIT=${EDIT:-1}  # 0: part serve skips the oracle edit runs (1, 2)
 DEVICE=${DEVICE:-cuda}
 PART=${PART:-serve}
 NREQ=${NREQ:-8}
@@ -81,10 +82,12 @@ if [ "$PART" = serve ]; then
   grep "serving model" "$S/serve.log" || { tail -30 "$S/serve.log"; exit 1; }
   rc=0
   # 1, 2: the oracle edit workload (baseline with speculation off first, same invocation)
+  if [ "$EDIT" = 1 ]; then
   bench --workload edit --oracle --keep 1,0.75,0.5 --num-requests "$NREQ" --output-len "$OUTLEN" \
       --max-concurrency 1 --json "$S/edit_c1.json" --trace-dir "$S/trace_c1" || rc=1
   late "edit c=8" || bench --workload edit --oracle --keep 1 --num-requests $((2 * NREQ)) \
       --output-len "$OUTLEN" --max-concurrency 8 --json "$S/edit_c8.json" || rc=1
+  fi
   # 3: saturation, all at once: the server's policy vs per-request off, alternated; each run
   # its own prompts (--seed), so that no run finds the one before it in the session store
   k=0
@@ -123,8 +126,10 @@ for f in sorted(glob.glob(f"{S}/sat_*.json")):
 for (i, o), modes in sat.items():
     best = {m: max(v) for m, v in modes.items()}
     ratio = best.get("auto", 0) / best["off"] if best.get("off") else None
+    mean = {m: sum(v) / len(v) for m, v in modes.items()}
+    mratio = mean.get("auto", 0) / mean["off"] if mean.get("off") else None
     print(f"saturation {i}/{o}: tok/s policy {modes.get('auto')} off {modes.get('off')} "
-          f"ratio(best) {ratio}")
+          f"ratio(best) {ratio} ratio(mean) {mratio}")
 PYEOF
   cat "$OUT/spec_serve_table.txt"
   cp "$W/skipped.txt" "$S/" 2>/dev/null
