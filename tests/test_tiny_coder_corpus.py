@@ -123,3 +123,38 @@ def test_fim_documents(trainer):
 def test_fim_tokens_are_deepseek_coders(trainer):
     assert trainer.FIM_TOKENS == ["<\uff5cfim\u2581begin\uff5c>", "<\uff5cfim\u2581hole\uff5c>",
                                   "<\uff5cfim\u2581end\uff5c>"]
+
+
+def test_recap_lowers_the_cap_of_a_built_corpus(builder, tmp_path):
+    """`python -m training.corpus --recap-from DIR --out OUT --max-source-bytes N`: the same
+    corpus with fewer training files of the largest sources, held-out/validation/stdlib kept,
+    and a manifest whose counts follow."""
+    import json
+    import lzma
+
+    src = tmp_path / "src"
+    src.mkdir()
+    recs = [{"split": "train", "source": "big", "path": f"big/{i}.py", "text": "x = 1\n" * 100}
+            for i in range(8)]
+    recs += [{"split": "train", "source": "python-stdlib", "path": f"stdlib/{i}.py",
+              "text": "y = 2\n" * 100} for i in range(3)]
+    recs += [{"split": "heldout", "source": "held", "path": "h.py", "text": "z = 3\n" * 500}]
+    (src / "corpus.jsonl.xz").write_bytes(lzma.compress(
+        "".join(json.dumps(r) + "\n" for r in recs).encode()))
+    sources = [{"name": "big", "role": "train", "files": 8, "bytes": 4800},
+               {"name": "python-stdlib", "role": "train", "files": 3, "bytes": 1800},
+               {"name": "held", "role": "heldout", "files": 1, "bytes": 3000}]
+    (src / "manifest.json").write_text(json.dumps({
+        "max_source_bytes": 20_000_000, "sources": sources,
+        "totals": {"train": {"files": 11, "bytes": 6600}, "heldout": {"files": 1, "bytes": 3000}}}))
+    assert builder.main(["--recap-from", str(src), "--out", str(tmp_path / "out"),
+                         "--max-source-bytes", "2000"]) == 0
+    kept = [json.loads(x) for x in (tmp_path / "out" / "corpus.jsonl").read_text().splitlines()]
+    assert sum(r["source"] == "big" for r in kept) == 3  # 3 x 600 bytes <= 2000
+    assert sum(r["source"] == "python-stdlib" for r in kept) == 3
+    assert sum(r["split"] == "heldout" for r in kept) == 1
+    m = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert m["max_source_bytes"] == 2000 and m["recapped"]["files_dropped"] == 5
+    assert m["totals"]["train"] == {"files": 6, "bytes": 3600}
+    big = next(s for s in m["sources"] if s["name"] == "big")
+    assert (big["files"], big["bytes"], big["capped_files"]) == (3, 1800, 5)

@@ -366,6 +366,52 @@ def say_shares(say, when: str, sh: dict) -> None:
             for s in sh["sources"][:8]))
 
 
+# ---- a built corpus with a lower per-source cap (what travels to the GPU must fit) ----------
+
+def recap(src: Path, out: Path, max_bytes: int) -> dict:
+    """Write `out` = the built corpus `src` (corpus.jsonl or corpus.jsonl.xz + manifest.json)
+    with the per-source cap lowered to `max_bytes` (`cap_sources`: training files in sha1(path)
+    order, the standard library exempt, held-out and validation untouched). The manifest keeps
+    everything else and records the re-cap. Returns {'files_dropped', 'bytes_dropped'}."""
+    import lzma
+
+    plain = src / "corpus.jsonl"
+    opener = open if plain.is_file() else lzma.open
+    with opener(plain if plain.is_file() else src / "corpus.jsonl.xz", "rt", encoding="utf-8") as f:
+        items = [{**json.loads(line), "dup": None} for line in f]
+    before = training_shares(items)
+    dropped = cap_sources(items, max_bytes)
+    manifest = json.loads((src / "manifest.json").read_text())
+    by_name = {s["name"]: s for s in manifest["sources"]}
+    nbytes = 0
+    for it in items:
+        if it["dup"] == "cap":
+            s = by_name[it["source"]]
+            b = len(it["text"].encode())
+            s["files"] -= 1
+            s["bytes"] -= b
+            s["capped_files"] = s.get("capped_files", 0) + 1
+            manifest["totals"]["train"]["files"] -= 1
+            manifest["totals"]["train"]["bytes"] -= b
+            nbytes += b
+    manifest["recapped"] = {"from_max_source_bytes": manifest.get("max_source_bytes"),
+                            "max_source_bytes": max_bytes, "files_dropped": dropped,
+                            "bytes_dropped": nbytes,
+                            "rule": "training/corpus.py recap: cap_sources again on the built "
+                                    "corpus (after its de-duplication, cap and doctest thinning)"}
+    manifest["max_source_bytes"] = max_bytes
+    manifest.setdefault("training_shares", {})["before_recap"] = before
+    manifest["training_shares"]["after_recap"] = training_shares(items)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "corpus.jsonl", "w", encoding="utf-8") as f:
+        for it in items:
+            if it["dup"] is None:
+                f.write(json.dumps({k: it[k] for k in ("split", "source", "path", "text")},
+                                   ensure_ascii=False) + "\n")
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return {"files_dropped": dropped, "bytes_dropped": nbytes}
+
+
 # ---- main ----------------------------------------------------------------------------------
 
 def main(argv=None) -> int:
@@ -381,7 +427,13 @@ def main(argv=None) -> int:
                     help="a training file whose doctest blocks are more than this share of it "
                          "is kept with probability share-limit / its share (1: keep all; the "
                          "v2 model's corpus)")
+    ap.add_argument("--recap-from", type=Path, default=None, metavar="CORPUS_DIR",
+                    help="instead of building: copy this built corpus with the per-source cap "
+                         "lowered to --max-source-bytes (`recap`)")
     args = ap.parse_args(argv)
+    if args.recap_from is not None:
+        print(json.dumps(recap(args.recap_from, args.out, int(args.max_source_bytes))))
+        return 0
     t_start = time.time()
 
     def say(msg):
