@@ -13,12 +13,14 @@
 #
 # The device call's 600 s: start-up (33B dummy, <= 120 s), capacity <= 150 s, plan <= 90 s,
 # control <= 300 s.
-# 1. one backend; two gateways on it: A with --slo-ttft-ms $SLO (admission, decision log), B without
+# 1. $BACKENDS backends; two gateways on them: A with --slo-ttft-ms $SLO (admission, decision
+#    log), B without; both with --placement $PLACEMENT
 # 2. capacity: a burst of $N requests through B (rate inf) -> requests/s C
 # 3. the planner's prediction for rate 1.5 C (`tidegate sim slo`, the H200 roofline of $MODEL; on
 #    the CPU the check skips it unless PROFILE is given), written before the live run
-# 4. bench.serving.slo_control at 1.5 C: A then B on the same schedule (Retry-After vs the control
-#    wait, deadline misses, Fast TTFT p90, attainment per class)
+# 4. bench.serving.slo_control at 1.5 C: A then B on the same schedule (Retry-After vs the wait
+#    of a probe, every $PROBE_EVERY-th refusal re-sent admitted, and vs the control run's wait;
+#    deadline misses, Fast TTFT p90, attainment per class)
 # 5. decision fidelity of A's log: the simulator's admission and windows on the same arrivals
 set -u
 OUT=${OUT:-out/gpu_slo}
