@@ -110,7 +110,7 @@ class RequestHandle:
         self.queue_class = 0
         self.slo_ttft_ms = options.slo_ttft_ms
         self.slo_tpot_ms = options.slo_tpot_ms
-        self.unstarted: tuple[int, int, int] | None = None  # see gateway.dispatcher
+        self.unstarted: tuple[int, int, int, int, int, float] | None = None  # gateway.dispatcher
         self.dispatched_at: float | None = None
         self.backend = ""
         decode = None if gateway.passes_text else \
