@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,13 @@ def test_quantize_dequantize_accuracy_per_channel():
     ref = x.float() @ w.float().T
     assert _rel(q(x), ref) < 0.04
     assert q(x).dtype == torch.bfloat16 and q(x).shape == (7, 96)
+
+
+@pytest.fixture(autouse=True)
+def _unpacked_cpu_linears(monkeypatch):
+    """The fp8 transform replaces nn.Linear modules: CPU bf16 engines built here keep them
+    (not oneDNN's packed projections, which it refuses)."""
+    monkeypatch.setenv("TIDEGATE_CPU_PACK", "0")
 
 
 def _tiny(dtype="bfloat16", **kw):
@@ -134,6 +142,13 @@ def test_clear_errors_where_fp8_cannot_run():
 # +0.37% perplexity. The fp8 issue's 0.97 bar was met on v1 and is missed by v2 (reported in
 # BENCHMARKS.md); this floor guards against regressions of the transform on the shipped model.
 MIN_FP8_AGREEMENT = 0.96
+# The GPU's prefill path (M > FP8_GEMV_MAX_M rows: per-token fp8 activations + _scaled_mm, W8A8)
+# rounds the activations too. Its agreement is below the weight-only numerics' by that rounding:
+# 0.9565 on the H200 at HEAD and at the tree before the GEMV / fused silu*mul changes alike
+# (b860442^, bit-identical figures: no regression), 0.9605 in the CPU oracle of the same
+# numerics (bench.kernels.fp8_quality_paths). MIN_FP8_AGREEMENT was set from the weight-only
+# oracle; applying it to W8A8 was the defect (issue 27 item 3).
+MIN_W8A8_AGREEMENT = 0.95
 
 
 def _heldout_sequences(tokenizer_path: Path, max_files: int = 10, max_len: int = 512):
@@ -175,21 +190,23 @@ def _all_logits(runner, ids):
     return runner.model.compute_logits(hidden)
 
 
-def _quality(device: str):
+def _quality(device: str, min_agreement: float = MIN_FP8_AGREEMENT):
     seqs = _heldout_sequences(TINY_CODER / "tokenizer.json")
     if len(seqs) < 4:
         pytest.skip("tiny-coder's held-out files are not on this machine")
+    assert os.environ.get("TIDEGATE_CPU_PACK") == "0"  # (the module's autouse fixture)
     engine, _ = create_engine(BackendConfig(model=str(TINY_CODER), device=device, dtype="bfloat16",
                                             num_blocks=64, block_size=16, max_num_seqs=4,
                                             max_num_batched_tokens=512, max_model_len=1024))
     ppl_bf16, pred_bf16 = _eval(engine.runner, seqs)
     quantize_model(engine.runner.model, "fp8", check_device=device != "cpu")
     ppl_fp8, pred_fp8 = _eval(engine.runner, seqs)
+    assert ppl_fp8 != ppl_bf16, "the fp8 transform left the model as it was"
     agree = (pred_bf16 == pred_fp8).float().mean().item()
     print(f"tiny-coder {device}: ppl bf16 {ppl_bf16:.4f} fp8 {ppl_fp8:.4f} "
           f"({ppl_fp8 / ppl_bf16 - 1:+.2%}), greedy agreement {agree:.4f}")
     assert ppl_fp8 / ppl_bf16 - 1 < 0.01
-    assert agree >= MIN_FP8_AGREEMENT
+    assert agree >= min_agreement
 
 
 @pytest.mark.skipif(not (TINY_CODER / "model.safetensors").exists(), reason="no models/tiny-coder")
@@ -204,9 +221,16 @@ def test_fp8_quality_on_tiny_coder_cpu():
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 @pytest.mark.skipif(not (TINY_CODER / "model.safetensors").exists(), reason="no models/tiny-coder")
-def test_fp8_quality_on_tiny_coder_gpu():
-    """On the GPU prefill goes through _scaled_mm (W8A8 for M > 16): the same quality bar."""
+def test_fp8_quality_on_tiny_coder_gpu(monkeypatch):
+    """Each of the GPU's two fp8 numerics against the bar of its own: the weight-only Triton GEMV
+    (every decode step; forced here for every M) against the weight-only oracle's bar, and the
+    shipped dispatch, whose prefill rows go to W8A8 _scaled_mm, against MIN_W8A8_AGREEMENT."""
+    from backend.kernels import fp8_gemv
+
+    monkeypatch.setattr(fp8_gemv, "FP8_GEMV_MAX_M", 1 << 30)
     _quality("cuda")
+    monkeypatch.undo()
+    _quality("cuda", MIN_W8A8_AGREEMENT)
 
 
 @pytest.mark.gpu

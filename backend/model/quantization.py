@@ -80,6 +80,13 @@ def quantize_model(model: nn.Module, method: str = "fp8", check_device: bool = T
     if check_device:
         device = next(model.parameters()).device
         check_support(device)
+    packed = [name for name, m in model.named_modules() if type(m).__name__ == "PackedLinear"]
+    if packed:
+        # a CPU bf16 engine's projections in oneDNN's layout keep no nn.Linear weight: quantizing
+        # around them replaced nothing and left the model bf16 (a quality test passed vacuously)
+        raise QuantizationError(f"{len(packed)} projections are packed for oneDNN ({packed[0]}, "
+                                "...): quantize before backend.kernels.cpu.linear.pack_linears "
+                                "(or build the engine with TIDEGATE_CPU_PACK=0)")
     targets = [(parent, name) for parent in model.modules()
                for name, child in parent.named_children() if isinstance(child, nn.Linear)]
     for parent, name in targets:

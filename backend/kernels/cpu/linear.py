@@ -10,6 +10,7 @@ load) and calls oneDNN's linear directly. Measured on an AMX / AVX-512 BF16 CPU,
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 from torch import nn
@@ -38,9 +39,10 @@ class PackedLinear(nn.Module):
 def pack_linears(model) -> int:
     """Replace every bf16 projection of `model` (a `LlamaModel` on the CPU; the LM head too, the
     embedding's weight when tied) by a `PackedLinear`. Returns how many were packed (0: not a
-    bf16 model, or oneDNN without bf16)."""
+    bf16 model, oneDNN without bf16, or TIDEGATE_CPU_PACK=0: F.linear, for an A/B or for a
+    transform that needs the `nn.Linear`s, such as `quantize_model`)."""
     if model.embed_tokens.weight.dtype != torch.bfloat16 or not packing_supported() \
-            or model.tp is not None:
+            or model.tp is not None or os.environ.get("TIDEGATE_CPU_PACK", "1") == "0":
         return 0
     n = 0
     for layer in model.layers:
