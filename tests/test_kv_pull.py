@@ -327,3 +327,34 @@ def test_checksums_cover_every_frame():
     r.frame_crc32[0] ^= 1
     with pytest.raises(PullError, match="checksum"):
         check_reply([pb.Envelope(kv_blocks=r).SerializeToString(), frame], "L", 32, 0, 4)
+
+
+def test_a_prefill_that_never_comes_costs_a_recompute_at_the_deadline(tmp_path):
+    """Disaggregated prefill gone wrong: the decode backend's pull asks the peer to wait for a
+    prefill that never runs there. The peer holds the pull (deferred), the decode backend gives
+    up at its own deadline and recomputes; the peer answers later at its wait's end, and that
+    late answer is dropped unread. Nothing leaks on either side, one answer for the request."""
+    peer = Backend(tmp_path, "peer")
+    me = Backend(tmp_path, "me")
+    try:
+        env = pb.Envelope(batch=pb.Batch(batch_id=1))
+        r = env.batch.requests.add(request_id="r", prompt_frame=0)
+        r.sampling.max_tokens, r.sampling.ignore_eos = MAX_TOKENS, True
+        r.kv_source.endpoint, r.kv_source.num_tokens = peer.worker.endpoint, len(PROMPT) - 1
+        r.kv_source.timeout_s, r.kv_source.prefill_wait_s = TIMEOUT_S, 3 * TIMEOUT_S
+        t0 = time.monotonic()
+        me.client.send(env, [PROMPT])
+        tokens, finals, _ = me.client.collect(["r"], timeout_s=30)
+        assert TIMEOUT_S <= time.monotonic() - t0 < TIMEOUT_S + 5
+        assert len(tokens["r"]) == MAX_TOKENS and finals["r"].num_cached_tokens == 0
+        assert "timed out" in me.worker.puller.last_error
+        assert peer.worker.puller._deferred  # still waiting for its prefill
+        time.sleep(3 * TIMEOUT_S)
+        assert not peer.worker.puller._deferred  # answered (nothing held)
+        assert peer.report().num_kv_pulls_served == 1
+        for b in (peer, me):
+            b.assert_no_leak()
+        assert me.report().num_kv_pulled_tokens == 0
+    finally:
+        me.close()
+        peer.close()
