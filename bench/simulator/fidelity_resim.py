@@ -74,7 +74,7 @@ def resimulate(validate: dict, arrivals, profile: str, prompt_identity_on: bool 
     times fed back, `fidelity_steps.LiveTimedCost`). `network_delay_s`:
     `EngineConfig.network_delay_s` (gateway flush -> the backend's plan, measured live by
     `fidelity_steps.dispatch_delay`)."""
-    from bench.simulator.validate import compare, summarize_load
+    from bench.simulator.fidelity_stats import compare, summarize_load
     from gateway.serve import build_parser as serve_parser
     from gateway.serve import gateway_config
     from sims.event_loop import EngineConfig, simulate

@@ -76,7 +76,7 @@ def model_label(terms: dict | None) -> str:
 def cells(doc: dict, which: str = "replay_path", names: dict | None = None) -> list[dict]:
     """One cell per load of a validate, fidelity_resim or fidelity_steps JSON (the latter: its
     re-simulation, with each run's same-prefill-chunks share)."""
-    from bench.simulator.validate import mean_ci
+    from bench.simulator.fidelity_stats import mean_ci
 
     names = names or cell_names(doc)
     shares, windows = {}, {}
