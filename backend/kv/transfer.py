@@ -106,6 +106,12 @@ class KVPort:
         return len(where), frames
 
     def _read(self, where: list[tuple[bool, int]]) -> np.ndarray:
+        if all(on_gpu for on_gpu, _ in where):  # the common case: one gather, one copy out
+            ids = torch.tensor([b for _, b in where], dtype=torch.long, device=self.device)
+            stage = torch.empty((len(where), self.block_bytes), dtype=torch.uint8,
+                                device=self.device)
+            self.gather.gather(ids, stage)
+            return stage.cpu().numpy()
         rows = torch.empty((len(where), self.block_bytes), dtype=torch.uint8)
         gpu = [(i, b) for i, (on_gpu, b) in enumerate(where) if on_gpu]
         if gpu:
