@@ -207,5 +207,10 @@ if python3 -c "import zmq" 2>/dev/null && [ $(( TOTAL_S - $(since) )) -gt 25 ]; 
 else
   echo "serve check skipped (no pyzmq here, or no time left)" | tee -a "$LOG"
 fi
+# the int8 loader's CUDA path (tests/test_int8_checkpoint.py, marked gpu), if time is left
+if [ $(( TOTAL_S - $(since) )) -gt 30 ]; then
+  timeout $(( TOTAL_S - $(since) - 5 )) python3 -m pytest -q -p no:cacheprovider -m gpu \
+      tests/test_int8_checkpoint.py 2>&1 | tail -3 | tee -a "$LOG"
+fi
 ls -l "$OUT" | tee -a "$LOG"
 echo "done at $(since) s" | tee -a "$LOG"
