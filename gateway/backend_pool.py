@@ -42,7 +42,8 @@ from gateway.pool_receive import PoolReceiver
 from proto import codec
 from proto import tidegate_pb2 as pb
 from proto.security import CurveKeys
-from scheduler.placement import PlacementConfig, PlacementItem, create_placement, prefix_hashes
+from scheduler.placement import PlacementConfig, PlacementItem, prefix_hashes
+from scheduler.placements import create_placement
 from scheduler.sessions import SessionInfo, chain_hashes, sampled_prefix
 
 __all__ = ["BackendConn", "BackendPool", "Dispatch", "PoolConfig", "RequestSink", "TokenLogprob",

@@ -3,7 +3,7 @@ gateway (wall clock) and by the simulator (virtual clock) — the same objects i
 
 The caller's loop::
 
-    policy = create_placement(PlacementConfig(policy="prefix"))
+    policy = create_placement(PlacementConfig(policy="prefix"))   # scheduler.placements
     policy.add_backend(b)                        # ids are the caller's small ints
     items = [PlacementItem(cost=prompt_len + max_tokens, prefix=prefix_hashes(ids, 16))]
     policy.place(items, now)                     # sets item.backend (-1: none accepts) and
@@ -70,7 +70,7 @@ from scheduler.sessions import SessionAffinity, SessionInfo
 POLICIES = ("least-tokens", "prefix", "window", "ttft")
 
 __all__ = ["DEPTHS", "POLICIES", "LeastTokensPlacement", "PlacementConfig", "PlacementItem",
-           "PrefixAffinityPlacement", "WindowPlacement", "create_placement", "prefix_hashes"]
+           "PrefixAffinityPlacement", "WindowPlacement", "prefix_hashes"]
 
 
 @dataclass(frozen=True)
@@ -367,12 +367,3 @@ def placement_config_from_args(a: argparse.Namespace, block_size: int) -> Placem
                            load_slack_tokens=(a.placement_slack_tokens if fixed
                                               else PlacementConfig.load_slack_tokens),
                            fixed_slack=fixed)
-
-
-def create_placement(config: PlacementConfig) -> LeastTokensPlacement:
-    if config.policy == "ttft":
-        from scheduler.ttft_placement import TTFTPlacement
-        return TTFTPlacement(config)
-    cls = {"least-tokens": LeastTokensPlacement, "prefix": PrefixAffinityPlacement,
-           "window": WindowPlacement}[config.policy]
-    return cls(config)

@@ -38,7 +38,8 @@ from heapq import heappush
 import numpy as np
 
 from scheduler.clock import ManualClock
-from scheduler.placement import PlacementConfig, PlacementItem, create_placement
+from scheduler.placement import PlacementConfig, PlacementItem
+from scheduler.placements import create_placement
 from scheduler.sessions import SessionInfo, chain_hashes, sampled_prefix
 from sims.adapters import BackendAdapter, GatewayAdapter, HostTierCost, SimSchedulerConfig
 from sims.cost import CostModel, decode_span_by_times

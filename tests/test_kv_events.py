@@ -347,7 +347,8 @@ def test_gateway_places_by_a_vllm_backends_events():
     from types import SimpleNamespace
 
     from gateway.kv_events import KVEventFacts
-    from scheduler.placement import PlacementConfig, create_placement
+    from scheduler.placement import PlacementConfig
+    from scheduler.placements import create_placement
     from scheduler.prefix_index import prefix_hashes
 
     async def run(tmp):

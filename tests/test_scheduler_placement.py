@@ -12,9 +12,9 @@ from scheduler.load_index import LoadIndex
 from scheduler.placement import (
     PlacementConfig,
     PlacementItem,
-    create_placement,
     prefix_hashes,
 )
+from scheduler.placements import create_placement
 from scheduler.prefix_index import DEPTHS, PrefixIndex
 
 

@@ -1,7 +1,8 @@
 """Session affinity in placement (issue 30): a session stays on its backend while it has slack,
 moves (counted) when not, a sub-agent follows its parent's KV, a session is found from the
 prompt alone, sessions sharing one system prompt spread, and a pin holder is preferred."""
-from scheduler.placement import PlacementConfig, PlacementItem, create_placement
+from scheduler.placement import PlacementConfig, PlacementItem
+from scheduler.placements import create_placement
 from scheduler.sessions import SessionInfo, chain_hashes, sampled_prefix
 
 BS = 16

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from scheduler.admission import AdmissionConfig, WaitPredictor
-from scheduler.placement import DEPTHS, PlacementConfig, PlacementItem, create_placement
+from scheduler.placement import DEPTHS, PlacementConfig, PlacementItem
+from scheduler.placements import create_placement
 from scheduler.service_fit import ServiceFit
 from scheduler.ttft_placement import TTFTPlacement
 

@@ -15,7 +15,8 @@ import random
 import time
 
 from scheduler.admission import AdmissionConfig, WaitPredictor
-from scheduler.placement import PlacementConfig, create_placement
+from scheduler.placement import PlacementConfig
+from scheduler.placements import create_placement
 from scheduler.prefix_index import prefix_hashes
 
 
