@@ -16,7 +16,7 @@ from __future__ import annotations
 import ast
 import json
 
-from gateway.tool_parser import JsonToolCallParser, ToolCall
+from gateway.tool_call_parsers import JsonToolCallParser, ToolCall
 
 PY_START, PY_END = "<|python_start|>", "<|python_end|>"
 MAX_CHARS = 1 << 20  # ast's compiler can exhaust the C stack on deep input: bounded first
@@ -87,6 +87,6 @@ class PythonicToolCallParser(JsonToolCallParser):
         return calls
 
     def _new_id(self) -> str:
-        from gateway.tool_parser import new_call_id
+        from gateway.tool_call_parsers import new_call_id
 
         return new_call_id(self.id_prefix)
