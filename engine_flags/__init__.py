@@ -89,6 +89,10 @@ def add_serving_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> No
                    help="fp8: E4M3 weights, per-output-channel scales (CUDA, capability >= 8.9)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="no CUDA graphs: every step runs eagerly")
+    p.add_argument("--cpu-affinity", default="none", metavar="auto|none|CORES",
+                   help="CPU engine: pin its threads (backend.server.affinity): auto = the last "
+                        "--cpu-threads cores when a core is left over for the rest (`tidegate "
+                        "serve` starts its embedded backend so), or cores such as 1 or 2-3")
     add_speculation_arguments(p)
     p.add_argument("--generation-config", default="auto", metavar="auto|none|DIR",
                    help="the model's sampling defaults, as vLLM's flag: auto reads the model "

@@ -207,6 +207,8 @@ def embedded_backend_argv(args: argparse.Namespace, listen: str) -> list[str]:
     model = getattr(args, "model", None) or default_model()
     engine = add_forwarded_engine_args(argparse.ArgumentParser(add_help=False), "engine")
     rest = forwarded_argv(args, [a for a in engine if a.dest != "model"])
+    if not hasattr(args, "cpu_affinity"):  # one engine beside this gateway: its own cores
+        rest += ["--cpu-affinity", "auto"]
     return ["backend", "--listen", listen, "--model", model, *rest]
 
 

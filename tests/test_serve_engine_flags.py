@@ -76,7 +76,8 @@ def test_each_flag_reaches_the_backend_options_and_config(action):
     # nothing else moved off the backend's own defaults
     defaults = backend_parser().parse_args(["--listen", "x", "--model", ns.model])
     for other in _engine_actions(backend_parser()):
-        if other.dest not in (action.dest, "model"):
+        # cpu_affinity: serve's embedded backend defaults to auto (tests/test_cpu_affinity.py)
+        if other.dest not in (action.dest, "model", "cpu_affinity"):
             assert getattr(ns, other.dest) == getattr(defaults, other.dest), other.dest
     config = backend_config(ns)
     field = {"no_prefix_caching": "enable_prefix_caching"}.get(action.dest, action.dest)
@@ -88,7 +89,8 @@ def test_each_flag_reaches_the_backend_options_and_config(action):
 def test_no_engine_flags_given_leaves_the_backend_defaults():
     argv = embedded_backend_argv(serve_parser().parse_args([]), "ipc:///tmp/y.sock")
     assert argv[:3] == ["backend", "--listen", "ipc:///tmp/y.sock"]
-    assert argv[3] == "--model" and len(argv) == 5
+    # the one flag serve adds of its own: its embedded backend pins itself (--cpu-affinity auto)
+    assert argv[3] == "--model" and argv[5:] == ["--cpu-affinity", "auto"]
 
 
 def test_serve_rejects_a_bad_engine_value_before_starting_anything():

@@ -78,6 +78,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"tidegate backend: error: {exc}", file=sys.stderr)
             return 1
     try:
+        from backend.engine.assemble import default_cpu_threads
+        from backend.server.affinity import apply_cpu_affinity
+
+        try:
+            apply_cpu_affinity(args.cpu_affinity, args.device,
+                               args.cpu_threads or default_cpu_threads())
+        except ValueError as exc:
+            raise ModelLoadError(str(exc)) from None
         import zmq
 
         from backend.engine.assemble import create_engine

@@ -33,6 +33,10 @@ HEADERS = sorted(Path(__file__).parent.glob("*.h"))  # in the cache key, not on 
 CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math",
           "-fno-signed-zeros", "-freciprocal-math", "-ffinite-math-only", "-ffp-contract=fast",
           "-fPIC", "-shared", "-std=c11")
+# x86: full-width AVX-512 where the CPU has it (gcc defaults to 256-bit vectors on recent Intel
+# cores; the paged attention decode at B=200 ran 2.85 -> 2.3 ms a layer with 512); a no-op on AVX2
+if platform.machine() in ("x86_64", "AMD64"):
+    CFLAGS += ("-mprefer-vector-width=512",)
 
 P, I, L, F = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
 SIGNATURES = {

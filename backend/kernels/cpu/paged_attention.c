@@ -131,19 +131,21 @@ static int attention(const void *q_, long q_stride, const void *k_cache_, const 
                             s[(long)r * block_size + t] =
                                 dot(qg + (long)r * head_dim, kg + t * row, head_dim) * scale;
                     for (int r = 0; r < group; r++) {
-                        float *sr = s + (long)r * block_size, *ar = ag + (long)r * head_dim;
+                        float *restrict sr = s + (long)r * block_size;
+                        float *restrict ar = ag + (long)r * head_dim;
                         float bmax = -1e30f;
                         for (int u = 0; u < n; u++)
-                            if (sr[u] > bmax) bmax = sr[u];
+                            bmax = sr[u] > bmax ? sr[u] : bmax;
                         const float m_new = bmax > mg[r] ? bmax : mg[r];
                         const float corr = exp_approx(mg[r] - m_new);  /* ~0 on the first block */
-                        lg[r] *= corr;
                         for (int d = 0; d < head_dim; d++) ar[d] *= corr;
+                        float sum = 0.f;  /* a local sum: the loop vectorizes (exp included) */
                         for (int u = 0; u < n; u++) {
                             const float p = exp_approx(sr[u] - m_new);
                             sr[u] = p;
-                            lg[r] += p;
+                            sum += p;
                         }
+                        lg[r] = lg[r] * corr + sum;
                         mg[r] = m_new;
                     }
                     for (int u = 0; u < n; u++) {
