@@ -148,11 +148,13 @@ if [ "$PART" = sim ]; then
   fi
   [ -d "$W/serve" ] || { echo "no results of PART=serve (set SERVE_TAR)" >&2; exit 1; }
   S=$W/serve
-  # verify-shaped points: k + 1 = 9-token chunks at a 1024-token context, 8 of them packed
+  # verify-shaped points: k + 1 = 9-token chunks at 1,024- and 3,072-token contexts (the edit
+  # prompts of FILE_CHARS 3000 are ~3,100 tokens: a profile at 1,024 only left the simulator
+  # extrapolating the context, 2026-12-03), 8 of them packed
   timeout "${PROFILE_S:-420}" $PY -m gateway.tidegate_cli backend profile --model "$MODEL" --load-format dummy \
       --device "$DEVICE" --out "$M/profile.json" --decode-batch-sizes 0,1,8,32 \
-      --prefill-tokens 0,9,72,512 --context-lens 1024 --packed-prefill-seqs 8 \
-      --prefill-context-lens 1024 --packed-decode-batch-sizes 0,1,8 --repeats 3 \
+      --prefill-tokens 0,9,72,512 --context-lens 1024,3072 --packed-prefill-seqs 8 \
+      --prefill-context-lens 1024,3072 --packed-decode-batch-sizes 0,1,8 --repeats 3 \
       > "$M/profile.log" 2>&1 || { tail -20 "$M/profile.log"; exit 1; }
   live=(); sim=()
   for c in $LOADS; do
