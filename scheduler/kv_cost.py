@@ -9,7 +9,10 @@ request's prefill onto a prefill-only backend. Pure policy: rates come in as num
 
 A pull is planned when n >= min_tokens and pull_s(n) <= margin * recompute_s(n). The peer's load
 enters as `peer_wait_s`: it answers between two of its steps, so it waits about one of its step
-times (the gateway reads it from the peer's LoadReport, the simulator from the peer's step).
+times (the gateway reads it from the peer's LoadReport, the simulator from the peer's step), and
+the receiver reads the reply between its own steps, so a busy receiver adds one of its own.
+(Live on 4 contended CPU backends, pulls that ignored the receiver's step took 0.4-2 s for 2 MB
+when the loops ran long prefill steps: as long as recomputing.)
 
 The gateway knows which backend holds which prefix only at the sampled depths of
 `scheduler.prefix_index` (1, 2, 4 ... 32 blocks); `PullPlanner.plan` uses the deepest depth a
@@ -139,6 +142,8 @@ class PullPlanner:
         bs = self.block_size
         have = DEPTHS[local - 1] * bs if local else 0
         model = self.model(b)
+        # the reply is read between the receiver's own steps too: a busy receiver adds its step
+        own_wait = peer_wait_s(b) if peer_wait_s is not None else 0.0
         for d in range(len(prefix) - 1, local - 1, -1):
             holders = index.holders.get(prefix[d])
             if not holders:
@@ -151,7 +156,7 @@ class PullPlanner:
                         self.model(p).rates.layout != layout or \
                         not index.held_before(p, prefix[d], now):
                     continue
-                wait = peer_wait_s(p) if peer_wait_s is not None else 0.0
+                wait = (peer_wait_s(p) if peer_wait_s is not None else 0.0) + own_wait
                 if best < 0 or wait < best_wait:
                     best, best_wait = p, wait
                 if scanned >= self.max_peers_scanned:

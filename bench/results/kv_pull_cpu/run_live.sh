@@ -15,7 +15,7 @@ uptime > "$OUT/load.txt"
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; pids=(); }
 trap cleanup EXIT INT TERM
-for mode in off on; do
+for mode in ${MODES:-off on}; do
   socks=()
   for b in 0 1 2 3; do
     s=ipc:///tmp/tg-kvlive-$$-$b.sock
