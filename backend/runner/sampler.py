@@ -22,6 +22,7 @@ Logprobs are those of the unmodified model distribution (vLLM's default, `raw_lo
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -89,6 +90,9 @@ class SamplingTensors:
     frequency_penalty: torch.Tensor | None = None   # [B] fp32
     grammar_rows: torch.Tensor | None = None   # [G] int64: the rows with a grammar
     grammar_mask: torch.Tensor | None = None   # [G, ceil(V / 32)] int32 bitmask
+    # CPU with the C kernels: the histories flat (ids, row offsets) for `apply_penalties_cpu`
+    # instead of prompt_ids / output_ids
+    penalty_histories: tuple | None = None
 
     @classmethod
     def build(cls, params: list[SamplingParams], seeds: list[int], counters: list[int],
@@ -132,12 +136,47 @@ class SamplingTensors:
             if any(p.uses_penalties for p in params):
                 # rows without penalties send no history (their neutral values ignore it)
                 use = [p.uses_penalties for p in params]
-                t.prompt_ids = padded([s.prompt_ids if u else () for s, u in zip(specs, use)])
-                t.output_ids = padded([s.output_ids if u else () for s, u in zip(specs, use)])
+                prompts = [s.prompt_ids if u else () for s, u in zip(specs, use)]
+                outputs = [s.output_ids if u else () for s, u in zip(specs, use)]
+                if device.type == "cpu" and _penalties_kernel() is not None:
+                    t.penalty_histories = (_flat_ids(prompts), _flat_ids(outputs))
+                else:
+                    t.prompt_ids, t.output_ids = padded(prompts), padded(outputs)
                 t.repetition_penalty = f32([p.repetition_penalty for p in params])
                 t.presence_penalty = f32([p.presence_penalty for p in params])
                 t.frequency_penalty = f32([p.frequency_penalty for p in params])
         return t
+
+
+def _penalties_kernel():
+    from backend.kernels.cpu import load_library
+
+    lib = load_library()
+    return None if lib is None else lib.apply_penalties_f32
+
+
+def _flat_ids(rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Ragged rows -> (ids int64 [sum of lengths], offsets int64 [rows + 1])."""
+    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum([len(r) for r in rows], out=offsets[1:])
+    ids = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(offsets[-1]))
+    return ids, offsets
+
+
+def apply_penalties_cpu(logits: torch.Tensor, histories: tuple, repetition: torch.Tensor,
+                        presence: torch.Tensor, frequency: torch.Tensor) -> torch.Tensor:
+    """`apply_penalties` on fp32 CPU logits, by the C kernel (`backend/kernels/cpu/penalties.c`):
+    only each row's seen tokens are touched. Returns a new tensor (the caller's logits stay the
+    model's, for the logprobs)."""
+    (p_ids, p_off), (o_ids, o_off) = histories
+    out = logits.to(torch.float32, copy=True).contiguous()
+    rep, pres, freq = (x.to(torch.float32).contiguous() for x in (repetition, presence, frequency))
+    rc = _penalties_kernel()(out.data_ptr(), out.shape[0], out.shape[1], out.stride(0),
+                             p_ids.ctypes.data, p_off.ctypes.data, o_ids.ctypes.data,
+                             o_off.ctypes.data, rep.data_ptr(), pres.data_ptr(), freq.data_ptr())
+    if rc != 0:
+        raise MemoryError("penalties kernel: no scratch memory")
+    return out
 
 
 def _pad_ids(rows: Sequence[Sequence[int]], pad: int, device: torch.device) -> torch.Tensor:
@@ -236,7 +275,10 @@ def process_logits(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
         logits = apply_logit_bias(logits, t.bias_ids, t.bias_values)
     if t.banned_ids is not None:
         logits = apply_banned(logits, t.banned_ids)
-    if t.repetition_penalty is not None:
+    if t.penalty_histories is not None:
+        logits = apply_penalties_cpu(logits, t.penalty_histories, t.repetition_penalty,
+                                     t.presence_penalty, t.frequency_penalty)
+    elif t.repetition_penalty is not None:
         logits = apply_penalties(logits, t.prompt_ids, t.output_ids, t.repetition_penalty,
                                  t.presence_penalty, t.frequency_penalty)
     if t.grammar_rows is not None:  # last: nothing after it can lift a -inf

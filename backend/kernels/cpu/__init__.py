@@ -51,8 +51,10 @@ SIGNATURES = {
     "add_rms_norm_bf16": [P, P, P, I, I, F, P, P],
     "rotary_bf16": [P, L, I, P, L, I, P, P, I, I],
     "silu_and_mul_bf16": [P, I, I, P],
+    "apply_penalties_f32": [P, I, I, L, P, P, P, P, P, P, P],
 }
-RETURNS_INT = ("paged_attention_f32", "paged_attention_bf16", "rms_norm_bf16", "add_rms_norm_bf16")
+RETURNS_INT = ("paged_attention_f32", "paged_attention_bf16", "rms_norm_bf16", "add_rms_norm_bf16",
+               "apply_penalties_f32")
 _lib: ctypes.CDLL | None | bool = False  # False: not tried yet; None: unavailable
 
 
