@@ -7,6 +7,7 @@ generic format of `gateway.tools`. A final assistant prefill (/v1/messages) is a
 """
 from __future__ import annotations
 
+from gateway.body_checks import check_text
 from gateway.errors import bad_request
 from gateway.tools import (
     ToolConfig,
@@ -27,7 +28,7 @@ async def chat_prompt_ids(gw, messages, tools: ToolConfig | None, add_generation
         except Exception as exc:  # noqa: BLE001 - jinja templates raise anything
             raise bad_request(f"The chat template could not render the messages: {exc}",
                               "messages") from None
-        ids = gw.bundle.encode(text, add_special_tokens=add_special_tokens)
+        ids = gw.bundle.encode(check_text(text, "messages"), add_special_tokens=add_special_tokens)
     else:
         ids = await gw.encode_chat(template_messages(messages, tools), add_generation_prompt,
                                    add_special_tokens)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from gateway.backend_pool import BackendPool, PoolConfig
+from gateway.body_checks import check_text
 from gateway.dispatcher import Dispatcher
 from gateway.errors import (
     APIError,
@@ -358,6 +359,9 @@ class Gateway:
         except Exception as exc:  # noqa: BLE001 - jinja templates raise anything (raise_exception)
             raise bad_request(f"The chat template could not render the messages: {exc}",
                               "messages") from None
+        # a lone surrogate anywhere in the messages (a tool call's input object included, which
+        # the field checks do not walk) reaches the rendered text: a 400, not the tokenizer's 500
+        check_text(text, "messages")
         return bundle.encode(text, add_special_tokens=add_special_tokens)
 
     async def decode_prompt(self, ids: list[int], skip_special_tokens: bool = True) -> str:

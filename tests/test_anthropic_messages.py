@@ -158,3 +158,18 @@ async def test_auth_and_unknown_model_through_the_sdk(messages_client):
     with pytest.raises(anthropic.NotFoundError) as err:
         await good.messages.create(model="gpt-9", max_tokens=5, messages=USER)
     assert err.value.body["error"]["type"] == "not_found_error"
+
+
+async def test_lone_surrogate_in_a_tool_input_is_a_400(messages_client):
+    """Found by the HTTP fuzzer: a tool_use block's input holding "\\ud800" reached the tokenizer
+    through the rendered chat (the field checks do not walk an input object): a 500 before."""
+    client, _, _ = await messages_client()
+    body = ('{"model": "tiny", "messages": [{"role": "user", "content": "hi"}, '
+            '{"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", '
+            '"input": {"a": "x\\ud800y"}}]}, {"role": "user", "content": [{"type": "tool_result", '
+            '"tool_use_id": "t1", "content": "ok"}]}]}')
+    for path in ("/v1/messages/count_tokens", "/v1/messages"):
+        data = body if path.endswith("count_tokens") else body[:-1] + ', "max_tokens": 5}'
+        resp = await client.post(path, data=data, headers={"content-type": "application/json"})
+        assert resp.status == 400, (path, await resp.text())
+        assert "not valid Unicode" in (await resp.json())["error"]["message"]
