@@ -52,8 +52,7 @@ Calibration: each start also compares its measured service with what was predict
 dispatch (`started(..., predicted_s)`), per class, over the last `calibration_window` starts:
 error = measured - predicted, in seconds, kept apart by how many requests were ahead of it
 (none, 1-3, more: `AHEAD_BUCKETS`), as a queue's errors are larger than a lone start's and a
-burst's should not be charged to the starts that follow it (a pool with too few errors uses
-its class's, all pools together: fast requests are few). Admission refuses a request unless its prediction
+burst's should not be charged to the starts that follow it. Admission refuses a request unless its prediction
 plus the `calibration_quantile` of those errors meets the deadline (a request admitted at a
 prediction just under its deadline missed it whenever the prediction was low: 14.5% of the
 accepted missed by > 10% on the CPU), and the Retry-After is the prediction plus their median
@@ -180,9 +179,8 @@ class WaitPredictor:
         # the owner's count of requests on a backend not yet finished (module doc); None: 0
         self.inflight: Callable[[int], int] | None = None
         # calibration per class: recent measured - predicted errors (s) and their quantiles
-        # per (class, requests ahead bucket): index cls * AHEAD_BUCKETS + ahead_bucket(ahead),
-        # then one pool per class of all its errors: index NUM_CLASSES * AHEAD_BUCKETS + cls
-        pools = NUM_CLASSES * (AHEAD_BUCKETS + 1)
+        # per (class, requests ahead bucket): index cls * AHEAD_BUCKETS + ahead_bucket(ahead)
+        pools = NUM_CLASSES * AHEAD_BUCKETS
         self.errors = [deque(maxlen=config.calibration_window) for _ in range(pools)]
         self.error_high = [0.0] * pools  # the calibration quantile (admission)
         self.error_mid = [0.0] * pools   # the median (Retry-After)
@@ -225,7 +223,6 @@ class WaitPredictor:
         cfg = self.config
         if predicted_s > 0.0:
             self._calibrate(pool(cls, ahead), service_s - predicted_s, now)
-            self._calibrate(NUM_CLASSES * AHEAD_BUCKETS + cls, service_s - predicted_s, now)
         if be.unstarted[cls] > 0:
             be.unstarted[cls] -= 1
         if be.paced and be.last_start > -math.inf:
@@ -278,13 +275,9 @@ class WaitPredictor:
                 self._quantiles(cls)
 
     def pool_at(self, cls: int, b: int) -> int:
-        """The calibration pool of a class-`cls` request sent to `b` now (its class's pool
-        while that one has too few errors)."""
+        """The calibration pool of a class-`cls` request sent to `b` now."""
         be = self.backends.get(b)
-        k = pool(cls, sum(be.unstarted[: cls + 1]) if be is not None else 0)
-        if len(self.errors[k]) < self.config.calibration_min_samples:
-            return NUM_CLASSES * AHEAD_BUCKETS + cls
-        return k
+        return pool(cls, sum(be.unstarted[: cls + 1]) if be is not None else 0)
 
     def calibrated(self, cls: int, predicted_s: float, b: int = -1) -> float:
         """The point estimate of a class-`cls` wait predicted at `predicted_s` on `b`
