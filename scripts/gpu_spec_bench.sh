@@ -17,7 +17,8 @@
 #   bash scripts/gpu_spec_bench.sh                      # PART=serve, writes under $OUT
 #   PART=sim bash scripts/gpu_spec_bench.sh
 #   MODEL=tiny DEVICE=cpu NREQ=2 OUTLEN=24 SAT="64/8x16" LOADS="1 2" FILE_CHARS=600 \
-#       bash scripts/gpu_spec_bench.sh                  # the CPU check (then PART=sim)
+#       bash scripts/gpu_spec_bench.sh                  # the CPU check (then PART=sim with
+#                                                       # PROFILE_CONTEXTS=256 for a small model)
 #
 # Weights: LOAD_FORMAT (dummy-cycle): random weights whose greedy output walks a fixed token
 # cycle (backend.model.loader.init_dummy_weights): the same shapes and kernel times as `dummy`,
@@ -153,8 +154,8 @@ if [ "$PART" = sim ]; then
   # extrapolating the context, 2026-12-03), 8 of them packed
   timeout "${PROFILE_S:-420}" $PY -m gateway.tidegate_cli backend profile --model "$MODEL" --load-format dummy \
       --device "$DEVICE" --out "$M/profile.json" --decode-batch-sizes 0,1,8,32 \
-      --prefill-tokens 0,9,72,512 --context-lens 1024,3072 --packed-prefill-seqs 8 \
-      --prefill-context-lens 1024,3072 --packed-decode-batch-sizes 0,1,8 --repeats 3 \
+      --prefill-tokens 0,9,72,512 --context-lens "${PROFILE_CONTEXTS:-1024,3072}" --packed-prefill-seqs 8 \
+      --prefill-context-lens "${PROFILE_CONTEXTS:-1024,3072}" --packed-decode-batch-sizes 0,1,8 --repeats 3 \
       > "$M/profile.log" 2>&1 || { tail -20 "$M/profile.log"; exit 1; }
   live=(); sim=()
   for c in $LOADS; do
