@@ -122,7 +122,7 @@ class Dispatcher:
                 if self.decision_log is not None:
                     self.decision_log.arrival(handle.request_id, now, len(handle.prompt_ids),
                                               handle.max_tokens, int(cls), handle.arrival_time,
-                                              refused=True)
+                                              refused=True, slo_ttft_ms=handle.slo_ttft_ms)
                 self.metrics.observe_refusal(CLASS_NAMES[int(cls)], refusal.predicted_ttft_s)
                 raise slo_unattainable(refusal.message(), refusal.retry_after_s)
         req = PendingRequest(
@@ -132,7 +132,8 @@ class Dispatcher:
         dec = batcher.push(req)
         if self.decision_log is not None:
             self.decision_log.arrival(req.request_id, req.arrival_time, req.num_prompt_tokens,
-                                      req.max_tokens, req.queue_class, handle.arrival_time)
+                                      req.max_tokens, req.queue_class, handle.arrival_time,
+                                      slo_ttft_ms=getattr(handle, "slo_ttft_ms", None))
         if dec.rejected is not None:
             # the wait it would have had, as admission predicts it (not a constant)
             wait, b = self.predictor.predict(int(cls), sum(self._depths()[: int(cls) + 1]),

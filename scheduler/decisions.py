@@ -4,7 +4,7 @@ Both sides write the same records, so that a live run and a simulated replay of 
 be compared decision by decision (`bench.simulator.decision_fidelity`):
 
     {"kind": "arrival", "id": "r7", "t": 12.5, "prompt": 512, "max_tokens": 128, "class": 1,
-     "received": 12.4997}
+     "received": 12.4997}     (+ "refused": true, "slo_ttft_ms": 5000 where they apply)
     {"kind": "batch", "t": 12.505, "size": 2, "ids": ["r6", "r7"], "classes": [1, 1]}
     {"kind": "step", "t": 12.52, "ms": 20.1, "decodes": 14, "prefill": [["r6", 512, 0]],
      "preempted": []}
@@ -42,6 +42,7 @@ class ArrivalRecord:
     queue_class: int
     received: float | None = None  # the gateway's HTTP stamp, <= t (None: not recorded)
     refused: bool = False  # admission refused it (scheduler.admission): in no window
+    slo_ttft_ms: float | None = None  # its own TTFT target (the request's field), if it gave one
 
     def to_json(self) -> dict:
         d = {"kind": "arrival", "id": self.request_id, "t": self.t,
@@ -51,6 +52,8 @@ class ArrivalRecord:
             d["received"] = self.received
         if self.refused:
             d["refused"] = True
+        if self.slo_ttft_ms is not None:
+            d["slo_ttft_ms"] = self.slo_ttft_ms
         return d
 
 
@@ -109,10 +112,12 @@ class DecisionLog:
         return cls(open(path, "a", buffering=1, encoding="utf-8"), keep=False)
 
     def arrival(self, request_id: str, t: float, num_prompt_tokens: int, max_tokens: int,
-                queue_class: int, received: float | None = None, refused: bool = False) -> None:
+                queue_class: int, received: float | None = None, refused: bool = False,
+                slo_ttft_ms: float | None = None) -> None:
         self._add(self.arrivals, ArrivalRecord(
             request_id, float(t), int(num_prompt_tokens), int(max_tokens), int(queue_class),
-            None if received is None else float(received), bool(refused)))
+            None if received is None else float(received), bool(refused),
+            None if slo_ttft_ms is None else float(slo_ttft_ms)))
 
     def batch(self, t: float, request_ids: Iterable[str], classes: Iterable[int]) -> None:
         self._add(self.batches, BatchRecord(float(t), tuple(request_ids),
@@ -141,10 +146,12 @@ def parse_records(lines: Iterable[str]) -> tuple[list[ArrivalRecord], list[Batch
             d = json.loads(line)
             if d["kind"] == "arrival":
                 received = d.get("received")
+                own = d.get("slo_ttft_ms")
                 arrivals.append(ArrivalRecord(str(d["id"]), float(d["t"]), int(d["prompt"]),
                                               int(d["max_tokens"]), int(d["class"]),
                                               None if received is None else float(received),
-                                              bool(d.get("refused", False))))
+                                              bool(d.get("refused", False)),
+                                              None if own is None else float(own)))
             elif d["kind"] == "batch":
                 batches.append(BatchRecord(float(d["t"]), tuple(str(i) for i in d["ids"]),
                                            tuple(int(c) for c in d["classes"])))

@@ -30,6 +30,10 @@ class SchedulerConfig:
     # slot (the runner keeps int4 keys' last block at full precision: a rollback across a
     # block would lose those rows)
     draft_within_block: bool = False
+    # the waiting queue's order: False = FCFS (our engine); True = by the class of max_tokens,
+    # then arrival (Fast first; preempted sequences stay at the front), as the echo engine's
+    # queue admits (backend.engine.echo), so that the simulator models what it serves (issue 31)
+    waiting_by_class: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_model_len", "num_blocks", "max_num_seqs", "block_size"):

@@ -15,7 +15,8 @@ Policy, in order, each step (budget = max_num_batched_tokens tokens, max_num_seq
    blocks are saved (pinned) in host memory and its re-admission hits them (scheduler.host_tier).
 2. Running sequences still prefilling get their next chunk (all their blocks were reserved at
    admission, so they never need new ones).
-3. Waiting requests in FCFS order (preempted ones at the front), while the budget, max_num_seqs
+3. Waiting requests in FCFS order (preempted ones at the front; `waiting_by_class`: Fast, then
+   Normal, then Slow, FCFS within a class, as the echo engine admits), while the budget, max_num_seqs
    and the pool allow; none when step 1 preempted (what was just freed is not handed back).
    Admission reserves blocks for the whole prompt, reusing prefix-cache hits, and schedules a
    first chunk of at most the remaining budget (chunked prefill).
@@ -137,9 +138,26 @@ class StepScheduler:
                        self._next_seq_no, self.decodes)
         self._next_seq_no += 1
         self.requests[request_id] = seq
-        self.waiting.append(seq)
+        if cfg.waiting_by_class:
+            self._insert_by_class(seq)
+        else:
+            self.waiting.append(seq)
         self.num_waiting_tokens += num_prompt
         return None
+
+    def _insert_by_class(self, seq: Sequence) -> None:
+        """`waiting_by_class`: behind every waiting request of its class or a lower one (and
+        every preempted one), ahead of the new requests of higher classes. From the back: the
+        scan stops at the first request it may not jump (O(1) for arrivals of one class)."""
+        w, bounds = self.waiting, self.config.class_bounds
+        c = class_index(seq.max_tokens, bounds)
+        i = len(w)
+        while i and not w[i - 1].admitted and class_index(w[i - 1].max_tokens, bounds) > c:
+            i -= 1
+        if i == len(w):
+            w.append(seq)
+        else:
+            w.insert(i, seq)
 
     def abort(self, request_id: str) -> FinishedSequence | None:
         """Drop a request in any state, freeing its blocks. None if it is unknown (or done)."""

@@ -84,6 +84,8 @@ elif [ -n "$PROFILE" ]; then COST=(--profile "$PROFILE")
 elif [ "$DEVICE" != cpu ]; then COST=(--model "$MODEL" --gpu h200); fi
 SIMFLAGS=(--placement "$PLACEMENT")
 [ -n "$MAX_NUM_SEQS" ] && SIMFLAGS+=(--max-num-seqs "$MAX_NUM_SEQS")
+# echo backends admit their waiting requests Fast first (our engine: FCFS); the simulator too
+[ "$MODEL" = echo ] && SIMFLAGS+=(--waiting-by-class)
 if [ ${#COST[@]} -gt 0 ]; then
   timeout 90 $TG sim slo "${COST[@]}" "${SIMFLAGS[@]}" --backends "$BACKENDS" \
       --max-backends $((BACKENDS + 1)) --rate "$RATE" --num-requests "$N" \
@@ -102,6 +104,7 @@ curl -s localhost:18501/metrics | grep -E "^tidegate_(slo|admission|window|refus
 # 5. decision fidelity of A's windows and admission decisions
 FFLAGS=(--backends "$BACKENDS" --placement "$PLACEMENT")
 [ -n "$MAX_NUM_SEQS" ] && FFLAGS+=(--max-num-seqs "$MAX_NUM_SEQS")
+[ "$MODEL" = echo ] && FFLAGS+=(--waiting-by-class)
 $PY -m bench.simulator.decision_fidelity "$OUT/decisions_a.jsonl" --slo-ttft-ms "$SLO" "${COST[@]}" \
     "${FFLAGS[@]}" > "$OUT/decision_fidelity.json" 2>&1
 cat "$OUT/decision_fidelity.json"

@@ -79,6 +79,8 @@ class SimSchedulerConfig:
     # prediction says would miss its TTFT target, as `tidegate serve --slo-ttft-ms` does
     slo: SLOTargets = field(default_factory=SLOTargets)
     admission: bool = False
+    # the backends' waiting queue by class (SchedulerConfig.waiting_by_class: the echo engine's)
+    waiting_by_class: bool = False
 
     def prefix_caching_for(self, workload: Workload) -> bool:
         """The setting resolved for `workload` (auto: does any request have a shared prefix?)."""
@@ -95,7 +97,8 @@ class SimSchedulerConfig:
                                block_size=self.block_size,
                                enable_prefix_caching=bool(caching),
                                class_bounds=self.queue.class_bounds,
-                               prefill_cap=self.prefill_cap)
+                               prefill_cap=self.prefill_cap,
+                               waiting_by_class=self.waiting_by_class)
 
 
 class GatewayAdapter:
@@ -137,8 +140,10 @@ class GatewayAdapter:
             self._reported = spare
         if self.admits:
             depth = self.queues.depth
+            own = self._w.ttft_override_ms
             refusal = self.admission.check(int(qclass), [depth(c) for c in range(len(QueueClass))],
-                                           self.batcher.predicted_wait(now), now=now)
+                                           self.batcher.predicted_wait(now),
+                                           None if own is None else own[i], now=now)
             if refusal is not None:
                 self.retry_after[i] = refusal.retry_after_s
                 dec = self.batcher.poll()

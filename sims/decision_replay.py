@@ -42,7 +42,10 @@ def workload_from_arrivals(arrivals: Sequence[ArrivalRecord]) -> Workload:
         output_len=np.array([max(1, a.max_tokens) for a in arrivals], dtype=np.int64),
         prefix_group=np.full(n, -1, dtype=np.int64), prefix_len=np.zeros(n, dtype=np.int64),
         queue_class=np.array([a.queue_class for a in arrivals], dtype=np.int64),
-        priority=np.zeros(n, dtype=np.int64))
+        priority=np.zeros(n, dtype=np.int64),
+        # the requests' own TTFT targets (probes carry one), which the live admission used
+        ttft_override_ms=([a.slo_ttft_ms for a in arrivals]
+                          if any(a.slo_ttft_ms is not None for a in arrivals) else None))
 
 
 def replay(arrivals: Sequence[ArrivalRecord], sched_config: SimSchedulerConfig,

@@ -106,6 +106,9 @@ class Workload:
     prompt_ids: Callable[[int], list[int]] | None = None
     session_keys: list | None = None
     pins: list[tuple[int, float]] | None = None
+    # request i's own TTFT target (ms; the request's `slo_ttft_ms` field), None where it gave
+    # none: the replay of a live log whose probes carried one (sims.decision_replay)
+    ttft_override_ms: list[float | None] | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_time)

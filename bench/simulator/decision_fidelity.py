@@ -154,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--placement", default="prefix", help="the live gateway's --placement")
     p.add_argument("--max-num-seqs", type=int, default=None,
                    help="the live backends' --max-num-seqs (default: the scheduler's)")
+    p.add_argument("--waiting-by-class", action="store_true",
+                   help="the live backends admit Fast first (echo backends; default FCFS)")
     args = p.parse_args(argv)
     arrivals, live = read_log(args.live)
     out = {}
@@ -178,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
 
         from scheduler.placement import PlacementConfig
         from sims.event_loop import EngineConfig
-        sched = SimSchedulerConfig(batcher=batcher, slo=slo, admission=slo.any_ttft)
+        sched = SimSchedulerConfig(batcher=batcher, slo=slo, admission=slo.any_ttft,
+                                   waiting_by_class=args.waiting_by_class)
         if args.max_num_seqs is not None:
             sched = replace(sched, max_num_seqs=args.max_num_seqs)
         result, sim = replay_run(arrivals, sched, cost,
