@@ -122,7 +122,8 @@ class Dispatcher:
                 if self.decision_log is not None:
                     self.decision_log.arrival(handle.request_id, now, len(handle.prompt_ids),
                                               handle.max_tokens, int(cls), handle.arrival_time,
-                                              refused=True, slo_ttft_ms=handle.slo_ttft_ms)
+                                              refused=True, slo_ttft_ms=handle.slo_ttft_ms,
+                                              **self._logged_prediction())
                 self.metrics.observe_refusal(CLASS_NAMES[int(cls)], refusal.predicted_ttft_s)
                 raise slo_unattainable(refusal.message(), refusal.retry_after_s)
         req = PendingRequest(
@@ -133,7 +134,8 @@ class Dispatcher:
         if self.decision_log is not None:
             self.decision_log.arrival(req.request_id, req.arrival_time, req.num_prompt_tokens,
                                       req.max_tokens, req.queue_class, handle.arrival_time,
-                                      slo_ttft_ms=getattr(handle, "slo_ttft_ms", None))
+                                      slo_ttft_ms=getattr(handle, "slo_ttft_ms", None),
+                                      **self._logged_prediction())
         if dec.rejected is not None:
             # the wait it would have had, as admission predicts it (not a constant)
             wait, b = self.predictor.predict(int(cls), sum(self._depths()[: int(cls) + 1]),
@@ -141,6 +143,13 @@ class Dispatcher:
             raise queue_full(CLASS_NAMES[int(req.queue_class)],
                              self.predictor.calibrated(int(cls), wait, b))
         self._act(dec.flush_now, dec.deadline)
+
+    def _logged_prediction(self) -> dict:
+        """Admission's prediction for the arrival just checked, for the decision log (ms)."""
+        adm = self.admission
+        if not adm.config.enabled or adm.last_predicted_s is None:
+            return {}
+        return {"predicted_ms": adm.last_predicted_s * 1e3, "margin_ms": adm.last_margin_s * 1e3}
 
     def _live_backends(self) -> list[int]:
         """The backends a prediction may count on: healthy, not draining (a removed or dead

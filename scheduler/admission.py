@@ -371,6 +371,10 @@ class AdmissionControl:
         self.predictor = predictor or WaitPredictor(config)
         self.num_refused = [0] * NUM_CLASSES
         self.num_admitted = [0] * NUM_CLASSES
+        # the last check's predicted TTFT and calibration margin (s; None: no deadline), which
+        # the decision logs record beside each arrival (simulator vs live, input by input)
+        self.last_predicted_s: float | None = None
+        self.last_margin_s = 0.0
 
     def check(self, cls: int, gateway_depths: list[int] | tuple[int, ...], window_s: float,
               ttft_override_ms: float | None = None, live: Iterable[int] | None = None,
@@ -381,12 +385,14 @@ class AdmissionControl:
         deadline = self.config.slo.ttft_s(cls, ttft_override_ms)
         if deadline is None:
             self.num_admitted[cls] += 1
+            self.last_predicted_s = None
             return None
         pred = self.predictor
         if now is not None:
             pred.expire(now)
         ttft, b = pred.predict(cls, sum(gateway_depths[: cls + 1]), window_s, live)
         k = pred.pool_at(cls, b)
+        self.last_predicted_s, self.last_margin_s = ttft, pred.error_high[k]
         if ttft + pred.error_high[k] > deadline:
             self.num_refused[cls] += 1
             return Refusal(cls, max(0.0, ttft + pred.error_mid[k]), deadline)

@@ -4,7 +4,8 @@ Both sides write the same records, so that a live run and a simulated replay of 
 be compared decision by decision (`bench.simulator.decision_fidelity`):
 
     {"kind": "arrival", "id": "r7", "t": 12.5, "prompt": 512, "max_tokens": 128, "class": 1,
-     "received": 12.4997}     (+ "refused": true, "slo_ttft_ms": 5000 where they apply)
+     "received": 12.4997}     (+ "refused": true, "slo_ttft_ms": 5000 where they apply, and
+                               "pred_ms"/"margin_ms": admission's prediction and margin)
     {"kind": "batch", "t": 12.505, "size": 2, "ids": ["r6", "r7"], "classes": [1, 1]}
     {"kind": "step", "t": 12.52, "ms": 20.1, "decodes": 14, "prefill": [["r6", 512, 0]],
      "preempted": []}
@@ -43,6 +44,9 @@ class ArrivalRecord:
     received: float | None = None  # the gateway's HTTP stamp, <= t (None: not recorded)
     refused: bool = False  # admission refused it (scheduler.admission): in no window
     slo_ttft_ms: float | None = None  # its own TTFT target (the request's field), if it gave one
+    # admission's predicted TTFT and calibration margin at its arrival (ms; None: not checked)
+    predicted_ms: float | None = None
+    margin_ms: float | None = None
 
     def to_json(self) -> dict:
         d = {"kind": "arrival", "id": self.request_id, "t": self.t,
@@ -54,6 +58,9 @@ class ArrivalRecord:
             d["refused"] = True
         if self.slo_ttft_ms is not None:
             d["slo_ttft_ms"] = self.slo_ttft_ms
+        if self.predicted_ms is not None:
+            d["pred_ms"] = self.predicted_ms
+            d["margin_ms"] = self.margin_ms
         return d
 
 
@@ -113,11 +120,14 @@ class DecisionLog:
 
     def arrival(self, request_id: str, t: float, num_prompt_tokens: int, max_tokens: int,
                 queue_class: int, received: float | None = None, refused: bool = False,
-                slo_ttft_ms: float | None = None) -> None:
+                slo_ttft_ms: float | None = None, predicted_ms: float | None = None,
+                margin_ms: float | None = None) -> None:
         self._add(self.arrivals, ArrivalRecord(
             request_id, float(t), int(num_prompt_tokens), int(max_tokens), int(queue_class),
             None if received is None else float(received), bool(refused),
-            None if slo_ttft_ms is None else float(slo_ttft_ms)))
+            None if slo_ttft_ms is None else float(slo_ttft_ms),
+            None if predicted_ms is None else round(float(predicted_ms), 3),
+            None if margin_ms is None else round(float(margin_ms), 3)))
 
     def batch(self, t: float, request_ids: Iterable[str], classes: Iterable[int]) -> None:
         self._add(self.batches, BatchRecord(float(t), tuple(request_ids),
@@ -146,12 +156,14 @@ def parse_records(lines: Iterable[str]) -> tuple[list[ArrivalRecord], list[Batch
             d = json.loads(line)
             if d["kind"] == "arrival":
                 received = d.get("received")
-                own = d.get("slo_ttft_ms")
+                own, pm, mm = d.get("slo_ttft_ms"), d.get("pred_ms"), d.get("margin_ms")
                 arrivals.append(ArrivalRecord(str(d["id"]), float(d["t"]), int(d["prompt"]),
                                               int(d["max_tokens"]), int(d["class"]),
                                               None if received is None else float(received),
                                               bool(d.get("refused", False)),
-                                              None if own is None else float(own)))
+                                              None if own is None else float(own),
+                                              None if pm is None else float(pm),
+                                              None if mm is None else float(mm)))
             elif d["kind"] == "batch":
                 batches.append(BatchRecord(float(d["t"]), tuple(str(i) for i in d["ids"]),
                                            tuple(int(c) for c in d["classes"])))

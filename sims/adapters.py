@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
-from scheduler.admission import AdmissionConfig, AdmissionControl
+from scheduler.admission import AdmissionConfig, AdmissionControl, Refusal
 from scheduler.batcher import BatcherConfig, Decision, DynamicWindowBatcher
 from scheduler.capacity import DEFAULT_CAPACITY
 from scheduler.classes import QueueClass
@@ -122,6 +122,8 @@ class GatewayAdapter:
         self.predictor = self.admission.predictor
         self.admits = config.admission and config.slo.any_ttft
         self.retry_after: dict[int, float] = {}  # refused request -> its predicted TTFT
+        # request -> (predicted TTFT, calibration margin) at its admission check, s
+        self.predictions: dict[int, tuple[float, float]] = {}
 
     @property
     def num_pending(self) -> int:
@@ -140,12 +142,19 @@ class GatewayAdapter:
             self._reported = spare
         if self.admits:
             depth = self.queues.depth
-            own = self._w.ttft_override_ms
-            refusal = self.admission.check(int(qclass), [depth(c) for c in range(len(QueueClass))],
-                                           self.batcher.predicted_wait(now),
-                                           None if own is None else own[i], now=now)
+            w = self._w
+            own = w.ttft_override_ms
+            adm = self.admission
+            refusal = adm.check(int(qclass), [depth(c) for c in range(len(QueueClass))],
+                                self.batcher.predicted_wait(now),
+                                None if own is None else own[i], now=now)
+            if adm.last_predicted_s is not None:
+                self.predictions[i] = (adm.last_predicted_s, adm.last_margin_s)
             if refusal is not None:
                 self.retry_after[i] = refusal.retry_after_s
+            if w.forced_refused is not None:  # follow the live decision (its own is recorded)
+                refusal = (refusal or Refusal(int(qclass), 0.0, 0.0)) if w.forced_refused[i] else None
+            if refusal is not None:
                 dec = self.batcher.poll()
                 return Decision(dec.flush_now, dec.deadline, refusal)
         return self.batcher.push(PendingRequest(str(i), self._prompt_len[i], self._output_len[i],

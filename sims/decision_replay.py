@@ -32,8 +32,9 @@ from sims.event_loop import EngineConfig, SimResult, simulate
 from sims.workload import Workload
 
 
-def workload_from_arrivals(arrivals: Sequence[ArrivalRecord]) -> Workload:
-    """The recorded arrivals as a Workload (in arrival order; the class as the gateway chose it)."""
+def workload_from_arrivals(arrivals: Sequence[ArrivalRecord], forced: bool = False) -> Workload:
+    """The recorded arrivals as a Workload (in arrival order; the class as the gateway chose it).
+    `forced`: the simulator's admission follows the live decisions (its own still recorded)."""
     arrivals = sorted(arrivals, key=lambda a: a.t)  # stable: ties keep the gateway's order
     n = len(arrivals)
     return Workload(
@@ -45,7 +46,8 @@ def workload_from_arrivals(arrivals: Sequence[ArrivalRecord]) -> Workload:
         priority=np.zeros(n, dtype=np.int64),
         # the requests' own TTFT targets (probes carry one), which the live admission used
         ttft_override_ms=([a.slo_ttft_ms for a in arrivals]
-                          if any(a.slo_ttft_ms is not None for a in arrivals) else None))
+                          if any(a.slo_ttft_ms is not None for a in arrivals) else None),
+        forced_refused=[a.refused for a in arrivals] if forced else None)
 
 
 def replay(arrivals: Sequence[ArrivalRecord], sched_config: SimSchedulerConfig,
@@ -60,13 +62,17 @@ def replay(arrivals: Sequence[ArrivalRecord], sched_config: SimSchedulerConfig,
 
 def replay_run(arrivals: Sequence[ArrivalRecord], sched_config: SimSchedulerConfig,
                cost: CostModel | None = None, engine: EngineConfig | None = None,
-               record_steps: bool = False) -> tuple[SimResult | None, list[BatchRecord]]:
+               record_steps: bool = False, forced: bool = False
+               ) -> tuple[SimResult | None, list[BatchRecord]]:
     """`replay`, with the simulation's result too (for its latency figures; None: no arrivals).
-    `record_steps`: every step is simulated alone and recorded (`step_records` reads them)."""
+    `record_steps`: every step is simulated alone and recorded (`step_records` reads them).
+    `forced`: admission follows the live log's decisions, so that the simulator's own decision
+    at each arrival (`refused_ids`) is taken in the state the live decisions made: how far the
+    inputs differ, apart from the cascade of one differing decision through the rest."""
     if not arrivals:
         return None, []
     ordered = sorted(arrivals, key=lambda a: a.t)
-    workload = workload_from_arrivals(ordered)
+    workload = workload_from_arrivals(ordered, forced)
     engine = engine or EngineConfig(num_samples=1)
     engine = replace(engine, record_batches=True)
     if record_steps:
@@ -83,6 +89,14 @@ def refused_ids(result: SimResult, arrivals: Sequence[ArrivalRecord]) -> set[str
     """The live ids of the arrivals the simulator's admission refused (scheduler.admission)."""
     ids = [a.request_id for a in sorted(arrivals, key=lambda a: a.t)]
     return {ids[i] for i in result.extra.get("retry_after_s", {})}
+
+
+def predictions_ms(result: SimResult, arrivals: Sequence[ArrivalRecord]
+                   ) -> dict[str, tuple[float, float]]:
+    """Per live id: the simulator's admission prediction and margin at its arrival, ms."""
+    ids = [a.request_id for a in sorted(arrivals, key=lambda a: a.t)]
+    return {ids[i]: (p * 1e3, m * 1e3)
+            for i, (p, m) in result.extra.get("admission_predictions", {}).items()}
 
 
 def step_records(result: SimResult, arrivals: Sequence[ArrivalRecord], backend: int = 0

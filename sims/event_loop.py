@@ -832,6 +832,7 @@ class EventLoop:
                                 for b in backends]}
                       if self.cached_of is not None else {}),
                    "retry_after_s": dict(self.gateway.retry_after),
+                   "admission_predictions": dict(self.gateway.predictions),
                    **({"batches": self.batch_log, "backend_of": self.backend_of,
                        "request_log": self.request_log} if self.batch_log is not None else {}),
                    **({"steps": self.step_log} if self.step_log is not None else {})})

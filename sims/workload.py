@@ -109,6 +109,9 @@ class Workload:
     # request i's own TTFT target (ms; the request's `slo_ttft_ms` field), None where it gave
     # none: the replay of a live log whose probes carried one (sims.decision_replay)
     ttft_override_ms: list[float | None] | None = None
+    # the live gateway's admission decisions to follow (True: refused), the simulator's own
+    # still recorded: `sims.decision_replay`'s forced replay (inputs apart from the cascade)
+    forced_refused: list[bool] | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_time)

@@ -88,3 +88,31 @@ def test_replay_admits_what_the_live_gateway_admitted_by_its_own_target():
     res, _ = replay_run(arrivals, sched, cost, engine)
     refused_own = refused_ids(res, arrivals)
     assert "probe" not in refused_own and refused_own == refused - {"probe"}
+
+
+def test_forced_replay_follows_the_live_decisions_and_records_its_own():
+    from dataclasses import replace
+
+    from bench.simulator.decision_fidelity import compare_predictions
+    from sims.decision_replay import predictions_ms
+    sched = SimSchedulerConfig(slo=SLOTargets.parse("60", None), admission=True, max_num_seqs=1)
+    engine = EngineConfig(num_samples=1, num_backends=1)
+    cost = ConstantCost(0.010, num_blocks=1 << 10)
+    free = _burst(None)
+    res, _ = replay_run(free, sched, cost, engine)
+    own = refused_ids(res, free)
+    # a live log that refused the first request (the simulator admits it) and admitted the rest
+    live = [replace(a, refused=(a.request_id == "r0")) for a in free]
+    res_f, _ = replay_run(live, sched, cost, engine, forced=True)
+    ids = [a.request_id for a in live]
+    assert [ids[i] for i in res_f.rejected.nonzero()[0]] == ["r0"]  # what it followed
+    forced_own = refused_ids(res_f, live)
+    assert "r0" not in forced_own and len(forced_own) > 50  # its own decisions, recorded
+    assert forced_own != own  # taken in another state: every late request was admitted live
+    # predictions compared arrival by arrival with what the live log recorded
+    preds = predictions_ms(res, free)
+    logged = [replace(a, predicted_ms=preds[a.request_id][0] + 5.0, margin_ms=preds[a.request_id][1])
+              for a in free]
+    cmp = compare_predictions(logged, preds)
+    assert cmp["num_compared"] == len(free)
+    assert cmp["predicted_sim_minus_live_ms"]["p50"] == -5.0

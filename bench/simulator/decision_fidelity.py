@@ -13,7 +13,11 @@ Both sides are `scheduler.decisions.BatchRecord` lists over the same arrivals. R
   card's 8,000 req/s target at the rates backends serve) "the same windows" holds by construction
   and measures nothing (issue 27), so a figure means something only where windows hold many;
 - with admission (`--slo-ttft-ms`), `admission`: the share of arrivals the two sides decided alike
-  (admitted or refused) and the counts each side refused.
+  (admitted or refused) and the counts each side refused; `admission_forced`: the same for a
+  replay that follows the live decisions, so that each of the simulator's own is taken in the
+  state the live ones made (what differs in the inputs, apart from the cascade of one differing
+  decision through the rest); `predictions` / `predictions_forced`: admission's predicted TTFT
+  and calibration margin, simulator minus live, arrival by arrival (live logs record them).
 
 Run on two decision logs (the live one and a replay written by `--replay`):
 
@@ -84,6 +88,29 @@ def compare_admission(arrivals: Sequence[ArrivalRecord], refused_b: set[str]) ->
     same = sum(1 for r in arrivals if (r.request_id in refused_a) == (r.request_id in refused_b))
     return {"num_arrivals": len(arrivals), "refused": [len(refused_a), len(refused_b)],
             "same_decision_share": same / len(arrivals) if arrivals else 1.0}
+
+
+def compare_predictions(arrivals: Sequence[ArrivalRecord],
+                        sim: dict[str, tuple[float, float]]) -> dict:
+    """Admission's inputs arrival by arrival: the live log's predicted TTFT and calibration
+    margin (ms, where recorded) against the simulator's at the same arrival."""
+    d_pred, d_margin, rel = [], [], []
+    for a in arrivals:
+        s = sim.get(a.request_id)
+        if s is None or a.predicted_ms is None:
+            continue
+        d_pred.append(s[0] - a.predicted_ms)
+        d_margin.append(s[1] - (a.margin_ms or 0.0))
+        if a.predicted_ms > 0:
+            rel.append(abs(s[0] / a.predicted_ms - 1.0))
+    absd = [abs(x) for x in d_pred]
+    return {"num_compared": len(d_pred),
+            "predicted_sim_minus_live_ms": {"p10": _pct(d_pred, 0.1), "p50": _pct(d_pred, 0.5),
+                                            "p90": _pct(d_pred, 0.9)},
+            "predicted_abs_diff_ms": {"p50": _pct(absd, 0.5), "p90": _pct(absd, 0.9)},
+            "predicted_within_10pct": sum(1 for r in rel if r <= 0.1) / len(rel) if rel else None,
+            "margin_sim_minus_live_ms": {"p10": _pct(d_margin, 0.1), "p50": _pct(d_margin, 0.5),
+                                         "p90": _pct(d_margin, 0.9)}}
 
 
 def compare_steps(a: Sequence[StepRecord], b: Sequence[StepRecord]) -> dict:
@@ -188,6 +215,17 @@ def main(argv: list[str] | None = None) -> int:
                                  EngineConfig(num_samples=1, num_backends=args.backends,
                                               placement=PlacementConfig(policy=args.placement)))
         refused = refused_ids(result, arrivals) if result is not None else set()
+        if result is not None and slo.any_ttft:
+            from sims.decision_replay import predictions_ms
+            out["predictions"] = compare_predictions(arrivals, predictions_ms(result, arrivals))
+            # the same replay following the live decisions: each decision of the simulator's
+            # own taken in the state the live ones made (module doc)
+            forced, _ = replay_run(arrivals, sched, cost,
+                                   EngineConfig(num_samples=1, num_backends=args.backends,
+                                                placement=PlacementConfig(policy=args.placement)),
+                                   forced=True)
+            out["admission_forced"] = compare_admission(arrivals, refused_ids(forced, arrivals))
+            out["predictions_forced"] = compare_predictions(arrivals, predictions_ms(forced, arrivals))
         if result is not None:  # the replay's TTFT (push -> first token) of what it admitted
             ttft = (result.first_token_time - result.workload.arrival_time)[~result.rejected]
             ttft = ttft[~numpy.isnan(ttft)] * 1e3
