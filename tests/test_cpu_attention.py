@@ -99,3 +99,84 @@ def test_fp16_pools_fall_back_to_the_reference():
     want = TorchAttention(0.25)(q, k, v, kc.clone(), vc.clone(), ctx)
     got = CpuAttention(0.25)(q, k, v, kc, vc, ctx)
     assert torch.equal(got, want)
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f
+                         if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+def test_amx_path_is_on_where_the_cpu_has_amx():
+    # a build without -mamx-* or a refused arch_prctl would silently keep the portable kernel
+    lib = load_library()
+    if not {"amx_tile", "amx_bf16"} <= _cpu_flags():
+        assert lib.cpu_amx_mode(-1) == 0
+        pytest.skip("this CPU has no AMX: the portable kernel runs (tested above)")
+    assert lib.cpu_amx_mode(-1) == 1
+
+
+def _call_amx(lib, q, kc, vc, ctx, out, num_heads, scale):
+    n = ctx.num_seqs
+    return lib.paged_attention_bf16_amx(
+        q.data_ptr(), q.stride(0), kc.data_ptr(), vc.data_ptr(), ctx.block_tables.data_ptr(),
+        ctx.block_tables.stride(0), ctx.query_start_loc.data_ptr(), ctx.context_lens.data_ptr(),
+        n, num_heads, kc.shape[2], q.shape[2], kc.shape[1], scale, out.data_ptr())
+
+
+@pytest.mark.parametrize("heads,head_dim,block_size", [
+    ((6, 2), 64, 16), ((4, 1), 64, 32), ((8, 8), 128, 16), ((16, 1), 32, 16), ((6, 3), 96, 48)])
+def test_amx_kernel_matches_the_reference_and_the_portable_kernel(heads, head_dim, block_size):
+    """Decodes at contexts around the 16- and 32-key tile edges (1, 15, 16, 17, 31, 32, 33, 200)
+    and chunks after a cached prefix (every query its own causal length), through the AMX path
+    called directly (it must take these shapes) and through the public entry with AMX off."""
+    lib = load_library()
+    if lib.cpu_amx_mode(-1) != 1:
+        pytest.skip("no AMX on this CPU (or not granted): the portable kernel is tested above")
+    num_heads, _ = heads
+    specs = [(1, c) for c in (1, 15, 16, 17, 31, 32, 33, 200)] + [(5, 37), (16, 48), (3, 70)]
+    q, k, v, kc, vc, ctx = _step(specs, *heads, head_dim, block_size, 64, pad=0, seed=11)
+    q, kc, vc = (t.to(torch.bfloat16) for t in (q, kc, vc))
+    kflat, vflat = kc.view(-1, *kc.shape[2:]), vc.view(-1, *vc.shape[2:])
+    kflat[ctx.slot_mapping] = k.to(torch.bfloat16)  # this step's rows, as the layer writes them
+    vflat[ctx.slot_mapping] = v.to(torch.bfloat16)
+    # slots nobody wrote hold NaN: the tiles read whole 16-key runs, past the context's end
+    written = torch.zeros(kc.shape[0] * block_size, dtype=torch.bool)
+    for i, (_, c) in enumerate(specs):
+        for p in range(c):
+            written[int(ctx.block_tables[i, p // block_size]) * block_size + p % block_size] = True
+    kflat[~written] = float("nan")
+    vflat[~written] = float("nan")
+    scale = head_dim ** -0.5
+    got = torch.empty_like(q)
+    assert _call_amx(lib, q, kc, vc, ctx, got, num_heads, scale) == 0
+    kk, vv = k.to(torch.bfloat16).float(), v.to(torch.bfloat16).float()
+    want = TorchAttention(scale)(q.float(), kk, vv, kc.float().nan_to_num(),
+                                 vc.float().nan_to_num(), ctx)
+    torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
+    lib.cpu_amx_mode(0)
+    try:
+        portable = torch.empty_like(q)
+        assert lib.paged_attention_bf16(
+            q.data_ptr(), q.stride(0), kc.data_ptr(), vc.data_ptr(), ctx.block_tables.data_ptr(),
+            ctx.block_tables.stride(0), ctx.query_start_loc.data_ptr(),
+            ctx.context_lens.data_ptr(), ctx.num_seqs, num_heads, kc.shape[2], head_dim,
+            block_size, scale, portable.data_ptr()) == 0
+    finally:
+        lib.cpu_amx_mode(1)
+    # same math (fp32 scores and sums), other summation order: a bf16 ulp or two
+    torch.testing.assert_close(got.float(), portable.float(), rtol=1e-2, atol=4e-3)
+
+
+@pytest.mark.parametrize("head_dim,block_size", [(64, 5), (64, 8), (80, 16), (256, 16)])
+def test_amx_kernel_refuses_what_it_does_not_take(head_dim, block_size):
+    # 16-key runs must not cross a page; head_dim in 32-wide chunks, at most 4 of them
+    lib = load_library()
+    q, _, _, kc, vc, ctx = _step([(1, 20)], 4, 2, head_dim, block_size, 8, pad=0, seed=2)
+    q, kc, vc = (t.to(torch.bfloat16) for t in (q, kc, vc))
+    out = torch.zeros_like(q)
+    assert _call_amx(lib, q, kc, vc, ctx, out, 4, 0.1) == 1
+    assert torch.count_nonzero(out) == 0

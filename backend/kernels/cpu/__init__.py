@@ -52,9 +52,11 @@ SIGNATURES = {
     "rotary_bf16": [P, L, I, P, L, I, P, P, I, I],
     "silu_and_mul_bf16": [P, I, I, P],
     "apply_penalties_f32": [P, I, I, L, P, P, P, P, P, P, P],
+    "cpu_amx_mode": [I],
+    "paged_attention_bf16_amx": [P, L, P, P, P, I, P, P, I, I, I, I, I, F, P],
 }
 RETURNS_INT = ("paged_attention_f32", "paged_attention_bf16", "rms_norm_bf16", "add_rms_norm_bf16",
-               "apply_penalties_f32")
+               "apply_penalties_f32", "cpu_amx_mode", "paged_attention_bf16_amx")
 _lib: ctypes.CDLL | None | bool = False  # False: not tried yet; None: unavailable
 
 

@@ -32,6 +32,13 @@
 #define MAX_BLOCK 256  /* block_size */
 /* -ffinite-math-only assumes no infinities: "no score yet" is a large finite negative number */
 
+int paged_attention_bf16_amx(const uint16_t *q, long q_stride, const uint16_t *k_cache,
+                             const uint16_t *v_cache, const int32_t *block_tables,
+                             int table_width, const int32_t *query_start,
+                             const int32_t *context_lens, int num_seqs, int num_heads,
+                             int num_kv_heads, int head_dim, int block_size, float scale,
+                             uint16_t *out);
+
 static inline float dot(const float *restrict a, const float *restrict b, int n) {
     float s = 0.f;
     for (int i = 0; i < n; i++) s += a[i] * b[i];
@@ -188,6 +195,12 @@ int paged_attention_bf16(const uint16_t *q, long q_stride, const uint16_t *k_cac
                          const int32_t *query_start, const int32_t *context_lens, int num_seqs,
                          int num_heads, int num_kv_heads, int head_dim, int block_size,
                          float scale, uint16_t *out) {
+    /* AMX tiles for the scores where the CPU and the shapes allow (paged_attention_amx.c) */
+    const int rc = paged_attention_bf16_amx(q, q_stride, k_cache, v_cache, block_tables,
+                                            table_width, query_start, context_lens, num_seqs,
+                                            num_heads, num_kv_heads, head_dim, block_size, scale,
+                                            out);
+    if (rc <= 0) return rc;
     return attention(q, q_stride, k_cache, v_cache, block_tables, table_width, query_start,
                      context_lens, num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale,
                      out, 1);
