@@ -1,7 +1,8 @@
 """C kernels for the CPU engine, built at first use for the CPU they run on.
 
 Every `*.c` file here is compiled together with the host's C compiler (`-O3 -march=native`, so
-the loops vectorize to whatever the CPU has: AVX2, AVX-512, NEON) into one shared library in a
+the loops vectorize to whatever the CPU has: AVX2, AVX-512, NEON; AMX tiles for the bf16
+attention's scores where the CPU has them, paged_attention_amx.c) into one shared library in a
 cache directory keyed by the sources, the flags and the CPU model; a later start loads it in
 milliseconds. No compiler, a failed build, or `TIDEGATE_CPU_KERNELS=off`: `load_library()`
 returns None and the callers keep the torch reference.
@@ -30,13 +31,22 @@ HEADERS = sorted(Path(__file__).parent.glob("*.h"))  # in the cache key, not on 
 # every later float op of the backend (and numpy, and hypothesis) would then lose subnormals.
 # These are the parts of -ffast-math the loops need to vectorize (reassociated reductions,
 # fused multiply-add, no errno/traps), without touching the process's floating-point state.
-CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math",
+CFLAGS = ("-O3", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math",
           "-fno-signed-zeros", "-freciprocal-math", "-ffinite-math-only", "-ffp-contract=fast",
           "-fPIC", "-shared", "-std=c11")
 # x86: full-width AVX-512 where the CPU has it (gcc defaults to 256-bit vectors on recent Intel
 # cores; the paged attention decode at B=200 ran 2.85 -> 2.3 ms a layer with 512); a no-op on AVX2
 if platform.machine() in ("x86_64", "AMD64"):
     CFLAGS += ("-mprefer-vector-width=512",)
+
+
+
+def _cflags() -> tuple[str, ...]:
+    """The compile flags: `-march=native` unless `TIDEGATE_CPU_MARCH` names another target
+    (e.g. `haswell`: an AVX2-only build, without the AVX-512 and AMX paths, which runs on any
+    later x86 CPU too; tests/test_cpu_kernels_avx2.py builds and checks it on this machine)."""
+    return ("-march=" + (os.environ.get("TIDEGATE_CPU_MARCH") or "native"), *CFLAGS)
+
 
 P, I, L, F = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
 SIGNATURES = {
@@ -96,7 +106,8 @@ def build_library() -> Path | None:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         return None
-    h = hashlib.sha256(" ".join(CFLAGS).encode() + _cpu_model().encode())
+    flags = _cflags()
+    h = hashlib.sha256(" ".join(flags).encode() + _cpu_model().encode())
     for src in (*SOURCES, *HEADERS):
         h.update(src.read_bytes())
     name = f"tidegate_cpu-{h.hexdigest()[:16]}.so"
@@ -113,7 +124,7 @@ def build_library() -> Path | None:
             continue
         os.close(fd)
         try:
-            subprocess.run([cc, *CFLAGS, "-o", tmp, *map(str, SOURCES), "-lm"], check=True,
+            subprocess.run([cc, *flags, "-o", tmp, *map(str, SOURCES), "-lm"], check=True,
                            capture_output=True, timeout=300)
             os.replace(tmp, out)
             return out
