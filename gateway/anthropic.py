@@ -100,16 +100,16 @@ class BlockWriter:
     def feed(self, text: str, final: bool) -> list[tuple[str, dict]]:
         events: list[tuple[str, dict]] = []
         if self.parser is None:
-            content, calls = text, []
-        else:
-            content, calls = self.parser.feed(text)
+            items: list = [text]
+        else:  # content and calls in the output's order
+            items = self.parser.feed_items(text)
             if final:
-                tail, more = self.parser.finish()
-                content, calls = content + tail, calls + more
-        for piece, call in self._order(content, calls):
-            if piece:
-                events += self._text(piece)
-            if call is not None:
+                items += self.parser.finish_items()
+        for item in items:
+            if isinstance(item, str):
+                events += self._text(item) if item else []
+            else:
+                call = item
                 events += self._close()
                 index = len(self.blocks)
                 self.blocks.append({"type": "tool_use", "id": call.id, "name": call.name,
@@ -126,13 +126,6 @@ class BlockWriter:
         if final:
             events += self._close()
         return events
-
-    def _order(self, content: str, calls):
-        # the parser gives the content before the calls of one feed; text after a call in the
-        # same feed comes with the next feed, so this order is the output's order
-        yield content, None
-        for call in calls:
-            yield "", call
 
     def _text(self, piece: str) -> list[tuple[str, dict]]:
         if self.parser is not None and not self._open_text and not (self._held + piece).strip():

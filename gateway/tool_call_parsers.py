@@ -1,7 +1,15 @@
-"""The tool-call parser classes (`hermes`'s `ToolCallParser`, `json`, `mistral`) and what they share
-(`ToolCall`, call ids). Parsers by name, `make_parser` and the stream shaping are in
-`gateway.tool_parser`; a parser that builds on these classes (`gateway.tool_parser_pythonic`)
-imports them from here, so that the registry can import it in turn without a loop."""
+"""The tool-call parser classes and what they share (`ToolCall`, call ids, the ordered feed).
+Parsers by name, `make_parser` and the stream shaping are in `gateway.tool_parser`; parsers that
+build on these classes (`gateway.tool_parser_pythonic`, `_tagged`, `_xml`, `_harmony`) import them
+from here, so that the registry can import them in turn without a loop.
+
+Every parser reads text as it streams: `feed_items(text)` gives, in the output's order, the plain
+content (str) and the calls (ToolCall) that this text completed; `finish_items()` gives the rest
+at the end of the output. `feed` / `finish` give the same as (content, calls). What is surely no
+call streams at once; only what could still be the start of a call is held back. A block that
+is not a call of a known tool, or that cannot be read, is given back as content as the model
+wrote it: the client sees the model's text rather than a call that does not exist (never an
+error)."""
 from __future__ import annotations
 
 import json
@@ -13,6 +21,7 @@ from dataclasses import dataclass
 from gateway.tools import CALL_CLOSE, CALL_OPEN, ToolConfig
 
 OPEN_TAG, CLOSE_TAG = CALL_OPEN.rstrip("\n"), CALL_CLOSE.lstrip("\n")
+_JSON = json.JSONDecoder()
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +37,9 @@ class ToolCall:
         return call if index is None else {"index": index, **call}
 
 
+Item = str | ToolCall
+
+
 def new_call_id(prefix: str = "call_") -> str:
     return prefix + os.urandom(12).hex()
 
@@ -40,113 +52,262 @@ def _partial_tag(text: str, tag: str) -> int:
     return 0
 
 
+def split_items(items: list[Item]) -> tuple[str, list[ToolCall]]:
+    return ("".join(i for i in items if isinstance(i, str)),
+            [i for i in items if isinstance(i, ToolCall)])
+
+
 class ToolCallParser:
+    """The base: `_step(final)` reads `self._pending` and gives items in order; what it leaves
+    in `_pending` waits for more text. `keeps_special_tokens`: the format's markers are special
+    tokens, so requests parsed with it are detokenized with special tokens kept."""
+
+    keeps_special_tokens = False
+
     def __init__(self, cfg: ToolConfig, id_prefix: str = "call_") -> None:
+        self.cfg = cfg
         self.names = cfg.names()
         self.id_prefix = id_prefix
-        self.calls: list[ToolCall] = []
+        self.calls: list[ToolCall] = []  # every call given out so far
         self._pending = ""
         self._inside = False
 
     def feed(self, text: str) -> tuple[str, list[ToolCall]]:
         """(content to show now, calls completed by this text)."""
-        self._pending += text
-        content, calls = [], []
-        while True:
-            if not self._inside:
-                k = self._pending.find(OPEN_TAG)
-                if k < 0:
-                    keep = _partial_tag(self._pending, OPEN_TAG)
-                    cut = len(self._pending) - keep
-                    content.append(self._pending[:cut])
-                    self._pending = self._pending[cut:]
-                    break
-                content.append(self._pending[:k])
-                self._pending = self._pending[k + len(OPEN_TAG):]
-                self._inside = True
-            else:
-                k = self._pending.find(CLOSE_TAG)
-                if k < 0:
-                    break
-                body, self._pending = self._pending[:k], self._pending[k + len(CLOSE_TAG):]
-                self._inside = False
-                call = self._call(body)
-                if call is None:
-                    content.append(OPEN_TAG + body + CLOSE_TAG)
-                else:
-                    calls.append(call)
-        return "".join(content), calls
+        return split_items(self.feed_items(text))
 
     def finish(self) -> tuple[str, list[ToolCall]]:
-        """The end of the output: an unclosed block is a call if its JSON is complete."""
-        rest, self._pending = self._pending, ""
-        if self._inside:
-            self._inside = False
-            call = self._call(rest)
-            if call is not None:
-                return "", [call]
-            return OPEN_TAG + rest, []
-        return rest, []
+        """The end of the output: whatever was held is content or calls now."""
+        return split_items(self.finish_items())
 
-    def _call(self, body: str) -> ToolCall | None:
+    def feed_items(self, text: str) -> list[Item]:
+        self._pending += text
+        return self._record(self._step(final=False))
+
+    def finish_items(self) -> list[Item]:
+        return self._record(self._step(final=True))
+
+    def _step(self, final: bool) -> list[Item]:
+        raise NotImplementedError
+
+    def _record(self, items: list[Item]) -> list[Item]:
+        out: list[Item] = []
+        for item in items:
+            if isinstance(item, ToolCall):
+                self.calls.append(item)
+            elif not item:
+                continue
+            elif out and isinstance(out[-1], str):
+                item = out.pop() + item
+            out.append(item)
+        return out
+
+    def make_call(self, name, arguments, call_id: str | None = None) -> ToolCall | None:
+        """A call of a listed tool whose arguments are an object (or JSON text of one); None
+        otherwise."""
+        if not isinstance(name, str) or name not in self.names:
+            return None
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except ValueError:
+                return None
+        if not isinstance(arguments, dict):
+            return None
+        return ToolCall(call_id or new_call_id(self.id_prefix), name, arguments)
+
+    def json_call(self, body: str) -> ToolCall | None:
+        """{"name": ..., "arguments" | "parameters": {...}} as JSON text -> the call."""
         try:
             obj = json.loads(body)
         except ValueError:
             return None
-        if not isinstance(obj, dict) or obj.get("name") not in self.names:
+        if not isinstance(obj, dict):
             return None
-        args = obj.get("arguments", obj.get("parameters", {}))
-        if isinstance(args, str):  # some models write the arguments as a JSON string
-            try:
-                args = json.loads(args)
-            except ValueError:
-                return None
-        if not isinstance(args, dict):
-            return None
-        call = ToolCall(new_call_id(self.id_prefix), obj["name"], args)
-        self.calls.append(call)
-        return call
+        return self.make_call(obj.get("name"), obj.get("arguments", obj.get("parameters", {})))
 
 
-class JsonToolCallParser(ToolCallParser):
-    """`--tool-call-parser json` (Llama 3's JSON tool calls and their kin): the whole reply is
-    one call object {"name", "arguments" | "parameters"} or an array of them, else it is
-    content. While the reply could still be such JSON (its first non-blank character is `{` or
-    `[`) it is held back; as soon as it cannot, it streams as content."""
+def _earliest(text: str, tags) -> tuple[int, str]:
+    best, found = -1, ""
+    for tag in tags:
+        k = text.find(tag)
+        if k >= 0 and (best < 0 or k < best):
+            best, found = k, tag
+    return best, found
+
+
+class TaggedToolCallParser(ToolCallParser):
+    """Calls in marked blocks between the content: `blocks` lists (begin, end) of one call
+    (end None: the subclass's `_match_block` finds where it ends); `section`, when set, is the
+    (begin, end) pair around all the calls of a reply (DeepSeek's, Kimi's), and blocks count
+    only inside it. `_body(begin, body, closed)` reads one block's text (`closed`: its end
+    marker was seen; False only at the end of the output) into its calls, or None when it is no
+    call. A section that holds no call is given back as written; whitespace between calls is
+    dropped."""
+
+    section: tuple[str, str] | None = None
+    blocks: tuple[tuple[str, str | None], ...] = ()
 
     def __init__(self, cfg: ToolConfig, id_prefix: str = "call_") -> None:
         super().__init__(cfg, id_prefix)
-        self._mode: str | None = None  # None: undecided, "json": held, "text": streamed
+        self._in_section = False
+        self._held = ""  # the section's text before its first call: given back if none comes
+        self._found = 0
+        self._searched = 0  # the open block's end marker is not before this (in _pending)
 
-    def feed(self, text: str) -> tuple[str, list[ToolCall]]:
-        self._pending += text
-        if self._mode is None and self._pending.strip():
-            self._mode = "json" if self._pending.lstrip()[0] in "{[" else "text"
-        if self._mode == "text":
+    def _body(self, begin: str, body: str, closed: bool) -> list[ToolCall] | None:
+        raise NotImplementedError
+
+    def _match_block(self, buf: str, begin: str, final: bool
+                     ) -> tuple[int, list[ToolCall] | None] | None:
+        """`buf` starts with `begin`: (characters the block takes, its calls or None), or None
+        while it is incomplete (never when `final`)."""
+        end = dict(self.blocks)[begin]
+        j = buf.find(end, max(len(begin), self._searched)) if end else -1
+        if j < 0:
+            if not final:
+                self._searched = max(0, len(buf) - len(end) + 1) if end else 0
+                return None
+            return len(buf), self._body(begin, buf[len(begin):], False)
+        return j + len(end), self._body(begin, buf[len(begin):j], True)
+
+    def _step(self, final: bool) -> list[Item]:
+        items: list[Item] = []
+        while self._pending:
+            more = self._section_step(items, final) if self._in_section \
+                else self._top_step(items, final)
+            if not more:
+                break
+        if final:
+            items.append(self._held + self._pending)
+            self._pending = self._held = ""
+            self._in_section = False
+        return items
+
+    def _top_step(self, items: list[Item], final: bool) -> bool:
+        buf = self._pending
+        openers = (self.section[0],) if self.section else tuple(b for b, _ in self.blocks)
+        k, tag = _earliest(buf, openers)
+        if k < 0:
+            keep = 0 if final else max(_partial_tag(buf, t) for t in openers)
+            items.append(buf[:len(buf) - keep])
+            self._pending = buf[len(buf) - keep:]
+            return False
+        items.append(buf[:k])
+        if self.section:
+            self._in_section, self._held, self._found = True, tag, 0
+            self._pending = buf[k + len(tag):]
+            return True
+        self._pending = buf[k:]
+        return self._block_step(items, tag, final)
+
+    def _section_step(self, items: list[Item], final: bool) -> bool:
+        buf = self._pending
+        s = buf.lstrip()
+        ws = buf[:len(buf) - len(s)]
+        end = self.section[1]
+        if s.startswith(end):
+            if self._found == 0:
+                items.append(self._held + ws + end)
+            self._in_section, self._held = False, ""
+            self._pending = s[len(end):]
+            return True
+        for begin, _ in self.blocks:
+            if s.startswith(begin):
+                if self._found == 0:
+                    self._held += ws  # (between calls it is dropped)
+                self._pending = s
+                return self._block_step(items, begin, final)
+        if not s or any(t.startswith(s) for t in (end, *(b for b, _ in self.blocks))):
+            return False  # a marker's start, or nothing yet: wait (or the end gives it back)
+        # text in the section that is none of its markers: not this format after all
+        items.append(self._held + ws if self._found == 0 else ws)
+        self._in_section, self._held = False, ""
+        self._pending = s
+        return True
+
+    def _block_step(self, items: list[Item], begin: str, final: bool) -> bool:
+        got = self._match_block(self._pending, begin, final)
+        if got is None:
+            return False
+        self._searched = 0
+        used, calls = got
+        text, self._pending = self._pending[:used], self._pending[used:]
+        if calls:
+            items.extend(calls)
+            self._held = ""
+            self._found += len(calls)
+        else:
+            items.append(self._held + text)
+            self._held = ""
+        return True
+
+
+class HermesToolCallParser(TaggedToolCallParser):
+    """`--tool-call-parser hermes`: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
+    blocks (Hermes', Qwen 2.5's / Qwen 3's, and the generic format of gateway.tools). An
+    unclosed block at the end of the output is a call if its JSON is complete."""
+
+    blocks = ((OPEN_TAG, CLOSE_TAG),)
+
+    def _body(self, begin: str, body: str, closed: bool) -> list[ToolCall] | None:
+        call = self.json_call(body)
+        return None if call is None else [call]
+
+
+class WholeReplyToolCallParser(ToolCallParser):
+    """A reply that is calls as a whole, or content: while the reply could still be calls
+    (`_looks_like_calls` of its start is True) it is held back; as soon as it cannot (False)
+    it streams as content; None: undecided yet. At the end `_parse` reads the held reply into
+    its calls, or None: then it is content as written."""
+
+    def __init__(self, cfg: ToolConfig, id_prefix: str = "call_") -> None:
+        super().__init__(cfg, id_prefix)
+        self._mode: str | None = None  # None: undecided, "calls": held, "text": streamed
+
+    def _looks_like_calls(self, head: str) -> bool | None:
+        raise NotImplementedError
+
+    def _parse(self, text: str) -> list[ToolCall] | None:
+        raise NotImplementedError
+
+    def _step(self, final: bool) -> list[Item]:
+        head = self._pending.lstrip()
+        if self._mode is None and head:
+            looks = self._looks_like_calls(head)
+            if looks is not None:
+                self._mode = "calls" if looks else "text"
+        if self._mode == "text" or final and self._mode is None:
             out, self._pending = self._pending, ""
-            return out, []
-        return "", []
-
-    def finish(self) -> tuple[str, list[ToolCall]]:
+            return [out]
+        if not final:
+            return []
         rest, self._pending = self._pending, ""
-        if self._mode != "json":
-            return rest, []
+        calls = self._parse(rest)
+        return [rest] if not calls else list(calls)
+
+
+class JsonToolCallParser(WholeReplyToolCallParser):
+    """`--tool-call-parser json` (Llama 3's JSON tool calls and their kin): the whole reply is
+    one call object {"name", "arguments" | "parameters"} or an array of them, else it is
+    content. Held while its first non-blank character is `{` or `[`."""
+
+    def _looks_like_calls(self, head: str) -> bool | None:
+        return head[0] in "{["
+
+    def _parse(self, text: str) -> list[ToolCall] | None:
         try:
-            value = json.loads(rest)
+            value = json.loads(text)
         except ValueError:
-            return rest, []
+            return None
         items = value if isinstance(value, list) else [value]
-        calls = [self._call(json.dumps(item)) for item in items]
-        if not items or any(c is None for c in calls):
-            self.calls = self.calls[:len(self.calls) - sum(c is not None for c in calls)]
-            return rest, []
-        return "", calls
+        calls = [self.json_call(json.dumps(item)) for item in items]
+        return calls if items and all(c is not None for c in calls) else None
 
 
 MISTRAL_CALLS, MISTRAL_ARGS, MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 _MISTRAL_ID = re.compile(r"[A-Za-z0-9]{9}\Z")
 _MISTRAL_NAME = re.compile(r"\s*([A-Za-z0-9_.\-]{1,64})")
-_JSON = json.JSONDecoder()
 
 
 class MistralToolCallParser(ToolCallParser):
@@ -168,6 +329,16 @@ class MistralToolCallParser(ToolCallParser):
     def __init__(self, cfg: ToolConfig, id_prefix: str = "call_") -> None:
         super().__init__(cfg, id_prefix)
         self._after = ""  # text after the first [TOOL_CALLS] not yet parsed
+
+    # (this parser keeps its own feed / finish, which record their calls themselves; its
+    # content of one feed comes before that feed's calls)
+    def feed_items(self, text: str) -> list[Item]:
+        content, calls = self.feed(text)
+        return [content, *calls] if content else list(calls)
+
+    def finish_items(self) -> list[Item]:
+        content, calls = self.finish()
+        return [content, *calls] if content else list(calls)
 
     def feed(self, text: str) -> tuple[str, list[ToolCall]]:
         if self._inside:

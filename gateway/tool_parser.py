@@ -4,12 +4,17 @@
 a reply that is one JSON call object or an array of them (Llama 3's); `mistral`, Mistral's
 `[TOOL_CALLS]` control token followed by a JSON array of calls (tokenizers up to v7) or by
 `name[ARGS]{...}` per call (v11 on, `[CALL_ID]id` between them from v13); `pythonic`, a Python
-list of calls with keyword arguments (Llama 3.2's and Llama 4's; gateway/tool_parser_pythonic.py).
+list of calls with keyword arguments (Llama 3.2's and Llama 4's; gateway/tool_parser_pythonic.py);
+`deepseek_v3` (DeepSeek-V3 / R1 / V3.1), `kimi_k2`, `internlm`, `granite`: their control-token
+blocks (gateway/tool_parser_tagged.py); `qwen3_coder` (`<function=f><parameter=x>...`) and `glm45`
+(`<arg_key>` / `<arg_value>`), arguments as text read by the tool's schema
+(gateway/tool_parser_xml.py); `openai`, gpt-oss's harmony messages (gateway/tool_parser_harmony.py).
 
 `ToolCallParser.feed(text)` returns what of the text is plain content and the calls completed so
-far; it holds back only what could still be the start of a `<tool_call>` tag, so content streams
-as it comes. A block whose JSON is not a call of a known tool is given back as content: the
-client sees what the model wrote rather than a call that does not exist.
+far (`feed_items`: the same in the output's order); it holds back only what could still be the
+start of a call's marker, so content streams as it comes, and a call comes out as soon as it is
+complete. A block that is not a call of a known tool is given back as content: the client sees
+what the model wrote rather than a call that does not exist.
 """
 from __future__ import annotations
 
@@ -18,18 +23,30 @@ from dataclasses import replace
 from gateway.tool_call_parsers import (  # noqa: F401 -- the names callers read here
     CLOSE_TAG,
     OPEN_TAG,
+    HermesToolCallParser,
     JsonToolCallParser,
     MistralToolCallParser,
     ToolCall,
     ToolCallParser,
     new_call_id,
 )
+from gateway.tool_parser_harmony import HarmonyToolCallParser
 from gateway.tool_parser_pythonic import PythonicToolCallParser
+from gateway.tool_parser_tagged import (
+    DeepSeekV3ToolCallParser,
+    GraniteToolCallParser,
+    InternLMToolCallParser,
+    KimiK2ToolCallParser,
+)
+from gateway.tool_parser_xml import Glm45ToolCallParser, Qwen3CoderToolCallParser
 from gateway.tools import ToolConfig
 
-PARSERS: dict[str, type[ToolCallParser]] = {"hermes": ToolCallParser, "json": JsonToolCallParser,
-                                            "mistral": MistralToolCallParser,
-                                            "pythonic": PythonicToolCallParser}
+PARSERS: dict[str, type[ToolCallParser]] = {
+    "hermes": HermesToolCallParser, "json": JsonToolCallParser, "mistral": MistralToolCallParser,
+    "pythonic": PythonicToolCallParser, "deepseek_v3": DeepSeekV3ToolCallParser,
+    "qwen3_coder": Qwen3CoderToolCallParser, "glm45": Glm45ToolCallParser,
+    "kimi_k2": KimiK2ToolCallParser, "openai": HarmonyToolCallParser,
+    "granite": GraniteToolCallParser, "internlm": InternLMToolCallParser}
 
 
 def sampling_for_parser(cfg: ToolConfig | None, sampling):

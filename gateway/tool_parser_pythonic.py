@@ -9,14 +9,14 @@ Python expression with `ast` (never evaluated): each element must be a call of a
 name with keyword arguments whose values are literals (strings, numbers, True/False/None, lists,
 dicts). Anything else is content, as the model wrote it. While the reply could still be such a
 list (its first non-blank character is `[`) it is held back; as soon as it cannot, it streams as
-content (as `--tool-call-parser json`).
+content (as `--tool-call-parser json`; both are `WholeReplyToolCallParser`s).
 """
 from __future__ import annotations
 
 import ast
 import json
 
-from gateway.tool_call_parsers import JsonToolCallParser, ToolCall
+from gateway.tool_call_parsers import ToolCall, WholeReplyToolCallParser, new_call_id
 
 PY_START, PY_END = "<|python_start|>", "<|python_end|>"
 MAX_CHARS = 1 << 20  # ast's compiler can exhaust the C stack on deep input: bounded first
@@ -35,29 +35,11 @@ def _depth(text: str) -> int:
     return deepest
 
 
-class PythonicToolCallParser(JsonToolCallParser):
-    def feed(self, text: str) -> tuple[str, list[ToolCall]]:
-        self._pending += text
-        head = self._pending.lstrip()
-        if self._mode is None and head:
-            if head.startswith(("[", PY_START)):
-                self._mode = "json"  # held: it may be calls
-            elif not PY_START.startswith(head):  # (a prefix of the wrapper: undecided)
-                self._mode = "text"
-        if self._mode == "text":
-            out, self._pending = self._pending, ""
-            return out, []
-        return "", []
-
-    def finish(self) -> tuple[str, list[ToolCall]]:
-        rest, self._pending = self._pending, ""
-        if self._mode != "json":
-            return rest, []
-        calls = self._parse(rest)
-        if calls is None:
-            return rest, []
-        self.calls.extend(calls)
-        return "", calls
+class PythonicToolCallParser(WholeReplyToolCallParser):
+    def _looks_like_calls(self, head: str) -> bool | None:
+        if head.startswith(("[", PY_START)):
+            return True
+        return None if PY_START.startswith(head) else False  # (a prefix of the wrapper)
 
     def _parse(self, text: str) -> list[ToolCall] | None:
         body = text.strip()
@@ -83,10 +65,5 @@ class PythonicToolCallParser(JsonToolCallParser):
                 json.dumps(args)  # a set or bytes is no JSON argument
             except (ValueError, TypeError, SyntaxError, RecursionError):
                 return None
-            calls.append(ToolCall(self._new_id(), e.func.id, args))
+            calls.append(ToolCall(new_call_id(self.id_prefix), e.func.id, args))
         return calls
-
-    def _new_id(self) -> str:
-        from gateway.tool_call_parsers import new_call_id
-
-        return new_call_id(self.id_prefix)

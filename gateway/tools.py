@@ -270,6 +270,14 @@ def with_parser(cfg: ToolConfig | None, parser: str,
 # (first match wins); a template that says none of these gets the generic format (hermes).
 TEMPLATE_PARSERS = (
     ("[TOOL_CALLS]", "mistral"),            # Mistral, Mixtral, Codestral, Devstral
+    ("<｜tool▁calls▁begin｜>", "deepseek_v3"),  # DeepSeek-V3 / V3-0324 / R1 / R1-0528 / V3.1
+    ("<|tool_calls_section_begin|>", "kimi_k2"),  # Kimi K2
+    ("<|channel|>", "openai"),              # gpt-oss (harmony)
+    ("<parameter=", "qwen3_coder"),         # Qwen3-Coder, Qwen 3.5 (before <tool_call>: they say both)
+    ("<arg_key>", "glm45"),                 # GLM-4.5 / 4.6 / 4.7 (likewise)
+    ("<|action_start|>", "internlm"),       # InternLM 2 / 2.5
+    ("<|start_of_role|>available_tools", "granite"),  # IBM Granite 3.x
+    ("<|tool_call|>", "granite"),
     ("<tool_call>", "hermes"),              # Hermes, Qwen 2.5 / Qwen2.5-Coder / Qwen 3
     ("<|python_start|>", "pythonic"),       # Llama 4
     ("[func_name1(", "pythonic"),           # Llama 3.2's system prompt for its 1B / 3B

@@ -1,0 +1,150 @@
+"""Tool-call parsers for the families that write each argument as tagged text rather than JSON,
+on `TaggedToolCallParser` (gateway/tool_call_parsers.py). The formats are those of the families'
+chat templates (how they write an assistant's calls back; the model writes its own the same way):
+
+`qwen3_coder` (Qwen3-Coder 30B-A3B / 480B-A35B, and the Qwen 3.5 templates that took its format):
+
+    <tool_call>
+    <function=write_file>
+    <parameter=path>
+    src/app.py
+    </parameter>
+    <parameter=content>
+    print("hello")
+    </parameter>
+    </function>
+    </tool_call>
+
+(a bare `<function=...>...</function>` without the `<tool_call>` wrapper is read too).
+
+`glm45` (GLM-4.5 / 4.6, and GLM-4.7's form without the newlines):
+
+    <tool_call>write_file
+    <arg_key>path</arg_key>
+    <arg_value>src/app.py</arg_value>
+    </tool_call>
+
+A value is text as the template writes it: strings as they are, other values as JSON (Qwen's
+template writes scalars with Jinja's `string`, so True / False / None too). Each value is read by
+the type its tool's JSON schema gives the parameter: a string parameter keeps the text exactly
+(code with quotes, braces and newlines stays as written), numbers, booleans, null, objects and
+arrays are parsed, and a value that does not parse as its type stays the text the model wrote.
+A parameter the schema does not type is JSON when it parses as JSON, else text.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gateway.tool_call_parsers import TaggedToolCallParser, ToolCall
+
+QWEN_CALL, QWEN_CALL_END = "<tool_call>", "</tool_call>"
+QWEN_FUNCTION, QWEN_FUNCTION_END = "<function=", "</function>"
+QWEN_PARAM, QWEN_PARAM_END = "<parameter=", "</parameter>"
+GLM_KEY, GLM_KEY_END, GLM_VALUE, GLM_VALUE_END = "<arg_key>", "</arg_key>", "<arg_value>", \
+    "</arg_value>"
+_PY_LITERALS = {"True": True, "False": False, "None": None}
+
+
+def _types(schema: Any) -> set[str]:
+    """The JSON types a parameter's schema allows (`type`, a list of them, or anyOf / oneOf)."""
+    if not isinstance(schema, dict):
+        return set()
+    kind = schema.get("type")
+    out = {kind} if isinstance(kind, str) else {k for k in kind if isinstance(k, str)} \
+        if isinstance(kind, list) else set()
+    for key in ("anyOf", "oneOf"):
+        for sub in schema.get(key) or ():
+            out |= _types(sub)
+    if not out and "enum" in schema and all(isinstance(v, str) for v in schema["enum"] or ()):
+        out.add("string")
+    return out
+
+
+def typed_value(text: str, schema: Any) -> Any:
+    """`text` as the value of a parameter with this JSON schema (module docstring)."""
+    types = _types(schema)
+    if types == {"string"} or not text.strip() and "string" in types:
+        return text
+    s = text.strip()
+    if s in _PY_LITERALS:
+        s = json.dumps(_PY_LITERALS[s])
+    try:
+        value = json.loads(s)
+    except ValueError:
+        return text
+    if not types:
+        return value
+    kinds = {bool: "boolean", type(None): "null", str: "string", list: "array", dict: "object"}
+    kind = kinds.get(type(value)) or ("integer" if isinstance(value, int) else "number")
+    if kind in types or kind == "integer" and "number" in types:
+        return value
+    if kind == "number" and "integer" in types and float(value).is_integer():
+        return int(value)
+    return text
+
+
+class _ArgTextParser(TaggedToolCallParser):
+    """What the two formats share: the call of `name` with these (key, text) arguments."""
+
+    def _call(self, name: str, pairs: list[tuple[str, str]]) -> list[ToolCall] | None:
+        tool = next((t for t in self.cfg.tools if t.name == name), None)
+        if tool is None or len({k for k, _ in pairs}) != len(pairs):
+            return None
+        props = tool.schema.get("properties") if isinstance(tool.schema, dict) else None
+        props = props if isinstance(props, dict) else {}
+        call = self.make_call(name, {k: typed_value(v, props.get(k)) for k, v in pairs})
+        return None if call is None else [call]
+
+
+class Qwen3CoderToolCallParser(_ArgTextParser):
+    blocks = ((QWEN_CALL, QWEN_CALL_END), (QWEN_FUNCTION, QWEN_FUNCTION_END))
+
+    def _body(self, begin: str, body: str, closed: bool) -> list[ToolCall] | None:
+        if begin == QWEN_CALL:
+            body = body.strip()
+            if not body.startswith(QWEN_FUNCTION) or not body.endswith(QWEN_FUNCTION_END):
+                return None  # (an unclosed function is a cut call)
+            body = body[len(QWEN_FUNCTION):-len(QWEN_FUNCTION_END)]
+        elif not closed:
+            return None
+        name, gt, rest = body.partition(">")
+        chunks = rest.split(QWEN_PARAM)
+        if not gt or "\n" in name or chunks[0].strip():
+            return None
+        pairs = []
+        for chunk in chunks[1:]:
+            key, gt, value = chunk.partition(">")
+            if not gt or not key.strip() or "\n" in key:
+                return None
+            tail = value.rstrip()
+            if tail.endswith(QWEN_PARAM_END):  # (a missing </parameter> is forgiven)
+                value = tail[:-len(QWEN_PARAM_END)]
+            value = value.removeprefix("\n").removesuffix("\n")  # the template's own newlines
+            pairs.append((key.strip(), value))
+        return self._call(name.strip(), pairs)
+
+
+class Glm45ToolCallParser(_ArgTextParser):
+    keeps_special_tokens = True
+    blocks = ((QWEN_CALL, QWEN_CALL_END),)
+
+    def _body(self, begin: str, body: str, closed: bool) -> list[ToolCall] | None:
+        k = body.find(GLM_KEY)
+        name, rest = (body, "") if k < 0 else (body[:k], body[k:])
+        if not name.strip() or "\n" in name.strip():
+            return None
+        pairs = []
+        while rest.strip():
+            rest = rest.lstrip()
+            if not rest.startswith(GLM_KEY):
+                return None
+            key, sep, rest = rest[len(GLM_KEY):].partition(GLM_KEY_END)
+            rest = rest.lstrip()
+            if not sep or not rest.startswith(GLM_VALUE):
+                return None
+            value, sep, rest = rest[len(GLM_VALUE):].partition(GLM_VALUE_END)
+            if not sep:
+                return None
+            pairs.append((key.strip(), value))
+        return self._call(name.strip(), pairs)
