@@ -38,40 +38,82 @@ void add_rms_norm_f32(const float *restrict x, const float *restrict residual,
     }
 }
 
+/* Loads and stores of either dtype: `bf16` is a constant at every call site below, so each
+ * always-inline body compiles to its own fp32 and bf16 loop (one source for the two). */
+static inline __attribute__((always_inline)) float load_at(const void *p, long i, int bf16) {
+    return bf16 ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+static inline __attribute__((always_inline)) void store_at(void *p, long i, float v, int bf16) {
+    if (bf16)
+        ((uint16_t *)p)[i] = f32_to_bf16(v);
+    else
+        ((float *)p)[i] = v;
+}
+
 /* Rotate-half rotary in place. cos_sin[p] = [cos(p f_0..f_{D/2-1}) | sin(...)]:
  *   x1' = x1 cos - x2 sin,  x2' = x2 cos + x1 sin   (x1, x2 = the halves of a head) */
-static void rotate_heads(float *restrict x, int heads, const float *restrict cs, int d) {
+static inline __attribute__((always_inline)) void
+rotate_heads(void *restrict x, int heads, const float *restrict cs, int d, int bf16) {
     const int half = d / 2;
     for (int hh = 0; hh < heads; hh++) {
-        float *x1 = x + (long)hh * d, *x2 = x1 + half;
+        const long x1 = (long)hh * d, x2 = x1 + half;
         for (int i = 0; i < half; i++) {
-            const float c = cs[i], s = cs[half + i], a = x1[i], b = x2[i];
-            x1[i] = a * c - b * s;
-            x2[i] = b * c + a * s;
+            const float c = cs[i], s = cs[half + i];
+            const float a = load_at(x, x1 + i, bf16), b = load_at(x, x2 + i, bf16);
+            store_at(x, x1 + i, a * c - b * s, bf16);
+            store_at(x, x2 + i, b * c + a * s, bf16);
         }
+    }
+}
+
+static inline __attribute__((always_inline)) void
+rotary(char *q, long q_stride, int q_heads, char *k, long k_stride, int k_heads,
+       const int64_t *restrict positions, const float *restrict cos_sin, int d, int tokens,
+       int bf16) {
+    const long elem = bf16 ? 2 : 4;
+    for (int t = 0; t < tokens; t++) {
+        const float *cs = cos_sin + positions[t] * d;
+        rotate_heads(q + t * q_stride * elem, q_heads, cs, d, bf16);
+        rotate_heads(k + t * k_stride * elem, k_heads, cs, d, bf16);
     }
 }
 
 void rotary_f32(float *q, long q_stride, int q_heads, float *k, long k_stride, int k_heads,
                 const int64_t *restrict positions, const float *restrict cos_sin, int d,
                 int tokens) {
-    for (int t = 0; t < tokens; t++) {
-        const float *cs = cos_sin + positions[t] * d;
-        rotate_heads(q + t * q_stride, q_heads, cs, d);
-        rotate_heads(k + t * k_stride, k_heads, cs, d);
-    }
+    rotary((char *)q, q_stride, q_heads, (char *)k, k_stride, k_heads, positions, cos_sin, d,
+           tokens, 0);
+}
+
+void rotary_bf16(uint16_t *q, long q_stride, int q_heads, uint16_t *k, long k_stride, int k_heads,
+                 const int64_t *restrict positions, const float *restrict cos_sin, int d,
+                 int tokens) {
+    rotary((char *)q, q_stride, q_heads, (char *)k, k_stride, k_heads, positions, cos_sin, d,
+           tokens, 1);
 }
 
 /* out[t] = silu(x[t, :i]) * x[t, i:] */
-void silu_and_mul_f32(const float *restrict x, int tokens, int i_size, float *restrict out) {
+static inline __attribute__((always_inline)) void
+silu_and_mul(const void *restrict x, int tokens, int i_size, void *restrict out, int bf16) {
     for (int t = 0; t < tokens; t++) {
-        const float *g = x + (long)t * 2 * i_size, *u = g + i_size;
-        float *o = out + (long)t * i_size;
-        for (int i = 0; i < i_size; i++) o[i] = g[i] / (1.f + exp_approx(-g[i])) * u[i];
+        const long g = (long)t * 2 * i_size, u = g + i_size, o = (long)t * i_size;
+        for (int i = 0; i < i_size; i++) {
+            const float gf = load_at(x, g + i, bf16);
+            store_at(out, o + i, gf / (1.f + exp_approx(-gf)) * load_at(x, u + i, bf16), bf16);
+        }
     }
 }
 
-/* ---- bf16: each row widened to fp32 on the stack, the fp32 code above, rounded once -------- */
+void silu_and_mul_f32(const float *restrict x, int tokens, int i_size, float *restrict out) {
+    silu_and_mul(x, tokens, i_size, out, 0);
+}
+
+void silu_and_mul_bf16(const uint16_t *restrict x, int tokens, int i_size, uint16_t *restrict out) {
+    silu_and_mul(x, tokens, i_size, out, 1);
+}
+
+/* ---- norms in bf16: each row widened to fp32 on the stack, the fp32 code above, rounded once */
 
 int rms_norm_bf16(const uint16_t *restrict x, long x_stride, const uint16_t *restrict w,
                   int tokens, int h, float eps, uint16_t *restrict out) {
@@ -103,37 +145,4 @@ int add_rms_norm_bf16(const uint16_t *restrict x, const uint16_t *restrict resid
         f32_row_to_bf16(of, out + o, h);
     }
     return 0;
-}
-
-static void rotate_heads_bf16(uint16_t *restrict x, int heads, const float *restrict cs, int d) {
-    const int half = d / 2;
-    for (int hh = 0; hh < heads; hh++) {
-        uint16_t *x1 = x + (long)hh * d, *x2 = x1 + half;
-        for (int i = 0; i < half; i++) {
-            const float c = cs[i], s = cs[half + i], a = bf16_to_f32(x1[i]), b = bf16_to_f32(x2[i]);
-            x1[i] = f32_to_bf16(a * c - b * s);
-            x2[i] = f32_to_bf16(b * c + a * s);
-        }
-    }
-}
-
-void rotary_bf16(uint16_t *q, long q_stride, int q_heads, uint16_t *k, long k_stride, int k_heads,
-                 const int64_t *restrict positions, const float *restrict cos_sin, int d,
-                 int tokens) {
-    for (int t = 0; t < tokens; t++) {
-        const float *cs = cos_sin + positions[t] * d;
-        rotate_heads_bf16(q + t * q_stride, q_heads, cs, d);
-        rotate_heads_bf16(k + t * k_stride, k_heads, cs, d);
-    }
-}
-
-void silu_and_mul_bf16(const uint16_t *restrict x, int tokens, int i_size, uint16_t *restrict out) {
-    for (int t = 0; t < tokens; t++) {
-        const uint16_t *g = x + (long)t * 2 * i_size, *u = g + i_size;
-        uint16_t *o = out + (long)t * i_size;
-        for (int i = 0; i < i_size; i++) {
-            const float gf = bf16_to_f32(g[i]);
-            o[i] = f32_to_bf16(gf / (1.f + exp_approx(-gf)) * bf16_to_f32(u[i]));
-        }
-    }
 }
