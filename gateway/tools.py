@@ -258,9 +258,13 @@ def template_messages(messages, cfg: ToolConfig | None) -> list[dict]:
 def with_parser(cfg: ToolConfig | None, parser: str,
                 chat_template: str | None = None) -> ToolConfig | None:
     """`cfg` parsed with the server's `--tool-call-parser` (forced choices keep the generic
-    format their grammar writes); `auto`: the one the model's chat template asks for."""
+    format their grammar writes); `auto`: the one the model's chat template asks for when the
+    template renders the tools itself, else the generic format (hermes) the gateway then shows
+    the tools and earlier calls in (DeepSeek-V3's / R1's own templates take no `tools`: the
+    model is told the generic format, not its control tokens)."""
     if parser == "auto":
-        parser = parser_for_template(chat_template)
+        parser = parser_for_template(chat_template) if uses_native_tools(chat_template) \
+            else "hermes"
     if cfg is None or cfg.forced or cfg.parser == parser:
         return cfg
     return replace(cfg, parser=parser)
@@ -317,13 +321,30 @@ def native_messages(messages) -> list[dict]:
     return out
 
 
+class TemplateArguments(dict):
+    """A call's arguments as chat templates get them: a mapping (Qwen3-Coder's and GLM's
+    templates iterate `arguments|items`; others write `arguments|tojson`) that is its JSON text
+    where a template uses it as text: DeepSeek-V3's / R1's / V3.1's templates concatenate it
+    (`'```json' + '\\n' + tool['function']['arguments']`), which a plain dict cannot (the two-turn
+    loop got a 400), and Kimi's print it."""
+
+    def __str__(self) -> str:
+        return json.dumps(self, ensure_ascii=False)
+
+    def __add__(self, other):
+        return str(self) + other if isinstance(other, str) else NotImplemented
+
+    def __radd__(self, other):
+        return other + str(self) if isinstance(other, str) else NotImplemented
+
+
 def _arguments(arguments: Any) -> Any:
     if isinstance(arguments, str):
         try:
-            return json.loads(arguments) if arguments.strip() else {}
+            arguments = json.loads(arguments) if arguments.strip() else {}
         except ValueError:
             return arguments
-    return arguments
+    return TemplateArguments(arguments) if isinstance(arguments, dict) else arguments
 
 
 def native_tools(cfg: ToolConfig) -> list[dict]:

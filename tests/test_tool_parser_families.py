@@ -333,7 +333,45 @@ def test_random_marker_soup_never_raises_and_streams_as_whole(parser):
 ])
 def test_auto_picks_the_family_from_its_template(template, parser):
     assert parser_for_template(template) == parser
-    assert with_parser(parse_tools({"tools": TOOLS}), "auto", template).parser == parser
+    native = "{% if tools %}{{ tools|tojson }}{% endif %}" + template  # it renders the tools
+    assert with_parser(parse_tools({"tools": TOOLS}), "auto", native).parser == parser
+    # a template that renders no tools (DeepSeek-V3's / R1's own): the gateway shows them in the
+    # generic format, so that is the format the model is told to write
+    assert with_parser(parse_tools({"tools": TOOLS}), "auto", template).parser == "hermes"
+
+
+async def test_two_turn_loop_through_a_template_that_writes_arguments_as_text():
+    """DeepSeek's templates concatenate a call's arguments into the text ('```json' + '\\n' +
+    arguments); Qwen3-Coder's iterate them (`arguments|items`): both render the earlier call."""
+    from test_gateway_fakes import tokenizer_json
+
+    from gateway.chat_render import chat_prompt_ids
+    from gateway.openai_schema import ChatMessage
+    from tokenizer.bundle import TokenizerBundle
+
+    deepseek = ("{% for m in messages %}{% if m.tool_calls %}{% for tool in m.tool_calls %}"
+                "{{ '<|tc|>' + tool['type'] + '<|sep|>' + tool['function']['name'] + '\\n' + "
+                "'```json' + '\\n' + tool['function']['arguments'] + '\\n' + '```' }}"
+                "{% endfor %}{% else %}<{{ m.role }}>{{ m.content }}{% endif %}{% endfor %}"
+                "{# tools are described by the caller #}{{ tools|length }}")
+    qwen = ("{% for m in messages %}{% for c in m.tool_calls or [] %}<function="
+            "{{ c.function.name }}>{% for k, v in c.function.arguments|items %}<parameter={{ k }}>"
+            "{{ v }}</parameter>{% endfor %}{% endfor %}{% endfor %}{{ tools|length }}")
+    msgs = [ChatMessage("user", "hi"),
+            ChatMessage("assistant", "", ({"id": "c1", "name": "get_weather",
+                                           "arguments": '{"city": "Oslo", "days": 2}'},)),
+            ChatMessage("tool", "cold", (), "c1")]
+    for template, want in (
+            (deepseek, ('<user>hi<|tc|>function<|sep|>get_weather\n```json\n{"city": "Oslo", '
+                       '"days": 2}\n```<tool>cold5')),
+            (qwen, ("<function=get_weather><parameter=city>Oslo</parameter><parameter=days>2"
+                   "</parameter>5"))):
+        class Gw:
+            passes_text = False
+            bundle = TokenizerBundle.from_parts(tokenizer_json(), template, 256, (257,), "t")
+
+        ids = await chat_prompt_ids(Gw(), msgs, cfg("hermes"), True, False)
+        assert Gw.bundle.decode(ids) == want
 
 
 def test_special_tokens_are_kept_for_the_formats_whose_markers_are_special():

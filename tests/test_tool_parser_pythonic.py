@@ -107,7 +107,9 @@ def test_auto_picks_the_parser_the_template_asks_for(template, parser):
     from gateway.tools import parser_for_template
 
     assert parser_for_template(template) == parser
-    cfg = with_parser(parse_tools({"tools": TOOLS}), "auto", template)
+    # (the family's parser when the template renders the tools itself, as these families' do)
+    native = None if template is None else "{% if tools %}{{ tools|tojson }}{% endif %}" + template
+    cfg = with_parser(parse_tools({"tools": TOOLS}), "auto", native)
     assert cfg.parser == parser and make_parser(cfg) is not None
 
 
