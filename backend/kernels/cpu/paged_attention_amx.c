@@ -141,23 +141,28 @@ static void weighted_sums(const float *p, int group, const uint16_t *v_cache,
     }
 }
 
-/* A decode's pages are scattered and, at batch 200, cold (a layer's K/V is ~7 MB, read once a
- * step): the pages of the sequence PREFETCH_AHEAD places on are requested while this one
- * computes. B=200 decode, tiny-coder's shapes, 14 layers' pools cycled: 1.74 -> ~1.55 ms a layer;
- * a prefetch a few keys ahead inside a sequence made it slower. */
-#define PREFETCH_AHEAD 2
+/* At batch 200 a layer's K/V pages (~7 MB for tiny-coder) are cold: read once a step, after the
+ * other layers'. The next sequence's pages are requested into L2 while this one computes, one
+ * page block (K and V, every kv head) per 32 keys of scores, the rest after its last query: a
+ * burst of all of them at the sequence's start (~1,100 lines) stalls on the fill buffers.
+ * B=200 decode, tiny-coder's shapes, 14 layers' pools cycled: 1.93 (none) -> 1.55-1.65 (burst,
+ * two sequences ahead) -> 1.38-1.41 ms a layer (spread, next sequence); one layer in cache: 1.0. */
+typedef struct {
+    const int32_t *table;  /* the next sequence's block table, NULL: none */
+    int ctx, t;            /* its context, and the first key not yet requested */
+} prefetch_cursor;
 
-static void prefetch_pages(const uint16_t *k_cache, const uint16_t *v_cache,
-                           const int32_t *table, int ctx, int block_size, long row) {
-    for (int t0 = 0; t0 < ctx; t0 += block_size) {
-        const long base = (long)table[t0 / block_size] * block_size * row;
-        const long bytes = (long)(ctx - t0 < block_size ? ctx - t0 : block_size) * row * 2;
-        const char *kp = (const char *)(k_cache + base), *vp = (const char *)(v_cache + base);
-        for (long b = 0; b < bytes; b += 64) {
-            _mm_prefetch(kp + b, _MM_HINT_T1);
-            _mm_prefetch(vp + b, _MM_HINT_T1);
-        }
+static void prefetch_block(const uint16_t *k_cache, const uint16_t *v_cache, prefetch_cursor *c,
+                           int block_size, long row) {
+    if (c->table == NULL || c->t >= c->ctx) return;
+    const long base = (long)c->table[c->t / block_size] * block_size * row;
+    const long bytes = (long)(c->ctx - c->t < block_size ? c->ctx - c->t : block_size) * row * 2;
+    const char *kp = (const char *)(k_cache + base), *vp = (const char *)(v_cache + base);
+    for (long b = 0; b < bytes; b += 64) {
+        _mm_prefetch(kp + b, _MM_HINT_T1);
+        _mm_prefetch(vp + b, _MM_HINT_T1);
     }
+    c->t += block_size;
 }
 
 /* 1: not taken (the caller runs the portable kernel); 0: done; < 0: allocation failed */
@@ -196,9 +201,9 @@ int paged_attention_bf16_amx(const uint16_t *q, long q_stride, const uint16_t *k
     for (int i = 0; i < num_seqs; i++) {
         const int q0 = query_start[i], q_len = query_start[i + 1] - q0, ctx = context_lens[i];
         const int32_t *table = block_tables + (long)i * table_width;
-        if (i + PREFETCH_AHEAD < num_seqs)  /* K/V pages of a later sequence, into L2 */
-            prefetch_pages(k_cache, v_cache, block_tables + (long)(i + PREFETCH_AHEAD) * table_width,
-                           context_lens[i + PREFETCH_AHEAD], block_size, row);
+        prefetch_cursor next = {NULL, 0, 0};
+        if (i + 1 < num_seqs)
+            next = (prefetch_cursor){block_tables + (long)(i + 1) * table_width, context_lens[i + 1], 0};
         for (int j = 0; j < q_len; j++) {
             const int n_keys = ctx - q_len + j + 1;  /* causal: keys 0 .. the query's position */
             const int n32 = (n_keys + 31) / 32 * 32;
@@ -220,6 +225,7 @@ int paged_attention_bf16_amx(const uint16_t *q, long q_stride, const uint16_t *k
                 for (int t0 = 0; t0 < n_keys; t0 += 32) {
                     const uint16_t *k0 = k_cache + ((long)table[t0 / block_size] * block_size
                                                     + t0 % block_size) * row + (long)g * head_dim;
+                    prefetch_block(k_cache, v_cache, &next, block_size, row);
                     SCORE_TILE(0, k0, rs, nc, s + (long)t0 * group, group);
                     if (t0 + 16 < n_keys) {
                         const int t1 = t0 + 16;
@@ -265,6 +271,8 @@ int paged_attention_bf16_amx(const uint16_t *q, long q_stride, const uint16_t *k
                     for (int d = 0; d < head_dim; d++) ar[d] *= inv;
                 }
             }
+            while (next.table != NULL && next.t < next.ctx)
+                prefetch_block(k_cache, v_cache, &next, block_size, row);
             f32_row_to_bf16(acc, out + (long)(q0 + j) * num_heads * head_dim, num_heads * head_dim);
         }
     }
