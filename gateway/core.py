@@ -112,6 +112,8 @@ class RequestHandle:
         self.slo_ttft_ms = options.slo_ttft_ms
         self.slo_tpot_ms = options.slo_tpot_ms
         self.unstarted: tuple[int, int, int, int, int, float] | None = None  # gateway.dispatcher
+        self.started_on: int | None = None  # its backend once started (gateway.dispatcher)
+        self.num_tokens_in = 0  # output tokens received from the backend
         self.dispatched_at: float | None = None
         self.backend = ""
         decode = None if gateway.passes_text else \
@@ -140,10 +142,13 @@ class RequestHandle:
     def on_tokens(self, token_ids, finish_reason, logprobs, now, text=None) -> None:
         if self.unstarted is not None:
             self.gateway.dispatcher.on_first_token(self, now)
+        self.num_tokens_in += len(token_ids)
         self._put((token_ids, finish_reason, logprobs, now, text))
         if self.followers:
             self._release_followers()
         if finish_reason is not None:
+            if self.started_on is not None:
+                self.gateway.dispatcher.on_finished(self, now, self.num_tokens_in)
             self.gateway.dispatcher.on_capacity()
 
     def on_cache(self, cached_tokens: int, pin_status: int) -> None:
@@ -166,6 +171,8 @@ class RequestHandle:
     def on_error(self, error: APIError) -> None:
         if self.unstarted is not None:
             self.gateway.dispatcher.on_gone(self)
+        elif self.started_on is not None:
+            self.gateway.dispatcher.on_finished(self, 0.0, 0)
         self._put(error)
         if self.followers:
             self._release_followers()
@@ -271,6 +278,8 @@ class RequestHandle:
             self.closed = True
             if self.unstarted is not None:
                 self.gateway.dispatcher.on_gone(self)
+            elif self.started_on is not None:
+                self.gateway.dispatcher.on_finished(self, 0.0, 0)
             self.gateway.abort(self)
             self._put(cancelled())
 

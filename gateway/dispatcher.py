@@ -80,6 +80,7 @@ class Dispatcher:
         # where a class has a TTFT deadline
         self.admission = AdmissionControl(admission_config or AdmissionConfig())
         self.predictor = self.admission.predictor
+        self.predictor.clock = self.clock.now  # the slot model's times (scheduler.admission)
         by_pid = getattr(pool, "_by_pid", None)
         if by_pid is not None:  # decode load: the pool's requests on a backend, not finished
             self.predictor.inflight = lambda b: (by_pid[b].num_inflight if b in by_pid else 0)
@@ -165,14 +166,22 @@ class Dispatcher:
         """`handle`'s first token arrived: it has started on its backend."""
         b, cls, ahead, uncached, decoding, predicted = handle.unstarted
         handle.unstarted = None
+        handle.started_on = b
         self.predictor.started(b, cls, now, now - (handle.dispatched_at or now), ahead, uncached,
-                               decoding, predicted)
+                               decoding, predicted, handle.request_id)
 
     def on_gone(self, handle: QueuedRequest) -> None:
         """`handle` left its backend before a first token (error, abort)."""
         b, cls = handle.unstarted[:2]
         handle.unstarted = None
-        self.predictor.gone(b, cls)
+        self.predictor.gone(b, cls, handle.request_id)
+
+    def on_finished(self, handle: QueuedRequest, now: float, num_tokens: int) -> None:
+        """`handle`, started, ended: finished at `now` after `num_tokens` tokens (0: an error
+        or an abort ended it); its slot there is free (the slot model)."""
+        b, handle.started_on = handle.started_on, None
+        if b is not None:
+            self.predictor.finished(b, handle.request_id, now, num_tokens)
 
     def cancel(self, request_id: str) -> bool:
         """Take a queued request out; False when it was not queued (already sent or done)."""
@@ -298,8 +307,9 @@ class Dispatcher:
                     cls = d.queue_class
                     predicted = (predictor.backend_ttft(backend.pid, cls, uncached, 0, decoding)
                                  if backend.pid in predictor.backends else 0.0)
-                    d.sink.unstarted = (backend.pid, cls, predictor.dispatched(backend.pid, cls),
-                                        uncached, decoding, predicted)
+                    ahead = predictor.dispatched(backend.pid, cls, d.request_id,
+                                                 d.sampling.max_tokens)
+                    d.sink.unstarted = (backend.pid, cls, ahead, uncached, decoding, predicted)
             if sent:
                 self.metrics.observe_batch(len(sent), [now - d.arrival_time for d in sent],
                                            backend.address)

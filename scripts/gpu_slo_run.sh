@@ -33,7 +33,7 @@ SLO=${SLO:-fast=600,normal=3000,slow=10000}
 LOAD=${LOAD:-1.5}
 PROFILE=${PROFILE:-}
 BACKENDS=${BACKENDS:-1}
-PLACEMENT=${PLACEMENT:-prefix}    # the default; ttft: by predicted TTFT (BENCHMARKS, issue 31: worse with admission here)
+PLACEMENT=${PLACEMENT:-ttft}      # by predicted TTFT: admission predicts on the backend placement then picks (prefix: the gateway's default, placed elsewhere than predicted)
 PROBE_EVERY=${PROBE_EVERY:-3}     # every 3rd refusal re-sent admitted: the wait it would have had
 ECHO_STEP_MS=${ECHO_STEP_MS:-}
 MAX_NUM_SEQS=${MAX_NUM_SEQS:-}

@@ -287,6 +287,7 @@ class EventLoop:
         self.output_len = gateway.lists.output_len
         if predicts:
             gateway.predictor.inflight = lambda b: backends[b].outstanding
+            gateway.predictor.clock = self.clock.now  # the slot model's times
             if self.by_ttft:
                 self.placement.predictor = gateway.predictor
         self.prefix_of = backends[0].sched.prefix_hashes if (
@@ -425,7 +426,7 @@ class EventLoop:
             u = self.uncached[i] = max(0, charged[i] - out[i])
             if known:
                 self.predicted[i] = predictor.backend_ttft(b, qclass[i], u, 0, decoding)
-            self.alone[i] = predictor.dispatched(b, qclass[i])
+            self.alone[i] = predictor.dispatched(b, qclass[i], i, out[i])
             self.decoding[i] = decoding
 
     def send(self, be: _Backend, part: list[int], now: float) -> None:
@@ -520,7 +521,7 @@ class EventLoop:
             if not add(i, now):
                 self.rejected[i] = True
                 if self.predictor is not None:
-                    self.predictor.gone(be.idx, self.qclass[i])
+                    self.predictor.gone(be.idx, self.qclass[i], i)
                 self.placement.release(be.idx, self.charged[i])
                 refused += 1
         del inbox[:late], inbox_t[:late]
@@ -629,6 +630,10 @@ class EventLoop:
         for i in done:
             finish_t[i] = now
             tokens += charged[i]
+        if self.predictor is not None:  # the slot model: a slot free, the step time measured
+            finished, out = self.predictor.finished, self.output_len
+            for i in done:
+                finished(be.idx, i, now, out[i])
         self.placement.release(be.idx, tokens)  # one release for all: placement reads the sum
         self.settle(be, len(done))
 
@@ -685,7 +690,7 @@ class EventLoop:
                 if self.predictor is not None:
                     self.predictor.started(arg, self.qclass[r], now, now - self.dispatch_t[r],
                                            self.alone[r], self.uncached[r], self.decoding[r],
-                                           self.predicted[r])
+                                           self.predicted[r], r)
         self.finish_requests(be, done, now)
         self.after_step(be, now)
 

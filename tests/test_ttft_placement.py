@@ -200,6 +200,7 @@ class _Handle:
         self.max_tokens, self.priority, self.queue_deadline = max_tokens, 0, None
         self.queue_class, self.dispatched_at, self.error = -1, None, None
         self.slo_ttft_ms, self.unstarted, self.backend = None, None, ""
+        self.started_on = None
 
     def wire_sampling(self):
         from proto import tidegate_pb2 as pb
@@ -286,7 +287,8 @@ def test_gateway_places_as_the_simulator_does_on_the_same_trace_and_events():
             conn = by_address[h.backend]
             if kind == 0:
                 d.on_first_token(h, t)
-            else:
+            else:  # its last token (RequestHandle.on_tokens: on_finished), then the pool's
+                d.on_finished(h, t, int(output[r]))
                 pool._owner.pop(h.request_id, None)
                 pool._forget(conn, h.request_id)
         else:

@@ -109,14 +109,18 @@ async def _run_with_probes(url: str, schedule, prompts, concurrency, probe_every
 
 def compare_probes(admitted_run: list, probes: dict) -> dict:
     """Retry-After of each probed refusal against its probe's TTFT (the wait it would have had)."""
-    ratios = []
+    ratios, by_class = [], {}
     for i, probe in probes.items():
         a = admitted_run[i]
         if probe.ok and a.retry_after_s == a.retry_after_s:
             wait = probe.first_token_time - probe.send_time
             ratios.append(a.retry_after_s / wait if wait > 0 else math.inf)
+            by_class.setdefault(class_of(a.max_tokens), []).append(ratios[-1])
     r = np.array(ratios)
     return {"num_probes": len(probes), "num_compared": len(ratios),
+            "by_class": {name: {"n": len(v), "p50": float(np.median(v)),
+                                "within_25pct": float(np.mean(np.abs(np.array(v) - 1.0) <= 0.25))}
+                         for name, v in by_class.items()},
             "retry_after_over_probe_wait": {
                 q: (float(np.percentile(r, int(q[1:]))) if len(r) else None)
                 for q in ("p10", "p50", "p90")},
