@@ -10,7 +10,8 @@ into their pages (one C call), then:
   (fp32) faster than the paged kernel on 16 prompts of 128 tokens;
 - every other sequence (decodes, chunks after a cached prefix) goes to
   `cpu_kernels/paged_attention.c` in one call per run of such sequences: K/V are read in place
-  from the pages, so nothing is gathered or padded, and there is no Python loop over them.
+  from the pages, so nothing is gathered or padded, and there is no Python loop over them; on
+  CPUs with AMX, bf16 runs take `paged_attention_amx.c` (the scores by tile dot products).
 
 fp32 and bf16 (the model's dtype: q, pages and output; scores in fp32). The reference
 (`backend.kernels.reference.attention`) stays the oracle and the fallback for what the kernels do
