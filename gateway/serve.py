@@ -157,7 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="unknown request fields are a 400 (default: logged once per name)")
     p.add_argument("--tool-call-parser", default="auto",
                    choices=("auto", "hermes", "json", "mistral", "pythonic", "deepseek_v3",
-                            "qwen3_coder", "glm45", "kimi_k2", "openai", "granite", "internlm"),
+                            "deepseek_v32", "qwen3_coder", "glm45", "kimi_k2", "openai", "granite",
+                            "internlm"),
                    help="how tool calls are read out of a reply with tool_choice auto: auto (the "
                         "default: the format the model's chat template asks for, else hermes; "
                         "gateway.tools.TEMPLATE_PARSERS), hermes "
@@ -167,9 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "then a JSON array of calls, or name[ARGS]{...} per call: Mistral's; "
                         "for models whose chat template renders the tools), pythonic ([f(a=1), "
                         "g(b='x')]: Llama 3.2's and Llama 4's), deepseek_v3 (DeepSeek-V3 / R1 / "
-                        "V3.1), qwen3_coder (Qwen3-Coder's <function=f><parameter=x>), glm45 "
-                        "(GLM-4.5 / 4.6 / 4.7), kimi_k2, openai (gpt-oss's harmony), granite, "
-                        "internlm; docs/structured_output.md)")
+                        "V3.1), deepseek_v32 (V3.2's DSML), qwen3_coder (Qwen3-Coder's "
+                        "<function=f><parameter=x>), glm45 (GLM-4.5 / 4.6 / 4.7), kimi_k2, "
+                        "openai (gpt-oss's harmony), granite, internlm; "
+                        "docs/structured_output.md)")
     p.add_argument("--fim-template", default=None,
                    help="fill-in-the-middle prompt with {prefix} and {suffix} (default: the "
                         "model family's, found among the tokenizer's special tokens)")

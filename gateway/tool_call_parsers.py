@@ -138,19 +138,20 @@ def _earliest(text: str, tags) -> tuple[int, str]:
 
 class TaggedToolCallParser(ToolCallParser):
     """Calls in marked blocks between the content: `blocks` lists (begin, end) of one call
-    (end None: the subclass's `_match_block` finds where it ends); `section`, when set, is the
-    (begin, end) pair around all the calls of a reply (DeepSeek's, Kimi's), and blocks count
-    only inside it. `_body(begin, body, closed)` reads one block's text (`closed`: its end
+    (end None: the subclass's `_match_block` finds where it ends); `sections`, when set, are the
+    (begin, end) pairs that may hold all the calls of a reply (DeepSeek's, Kimi's), and blocks
+    count only inside one. `_body(begin, body, closed)` reads one block's text (`closed`: its end
     marker was seen; False only at the end of the output) into its calls, or None when it is no
     call. A section that holds no call is given back as written; whitespace between calls is
     dropped."""
 
-    section: tuple[str, str] | None = None
+    sections: tuple[tuple[str, str], ...] = ()
     blocks: tuple[tuple[str, str | None], ...] = ()
 
     def __init__(self, cfg: ToolConfig, id_prefix: str = "call_") -> None:
         super().__init__(cfg, id_prefix)
         self._in_section = False
+        self._section_end = ""
         self._held = ""  # the section's text before its first call: given back if none comes
         self._found = 0
         self._searched = 0  # the open block's end marker is not before this (in _pending)
@@ -186,7 +187,7 @@ class TaggedToolCallParser(ToolCallParser):
 
     def _top_step(self, items: list[Item], final: bool) -> bool:
         buf = self._pending
-        openers = (self.section[0],) if self.section else tuple(b for b, _ in self.blocks)
+        openers = tuple(b for b, _ in self.sections or self.blocks)
         k, tag = _earliest(buf, openers)
         if k < 0:
             keep = 0 if final else max(_partial_tag(buf, t) for t in openers)
@@ -194,8 +195,9 @@ class TaggedToolCallParser(ToolCallParser):
             self._pending = buf[len(buf) - keep:]
             return False
         items.append(buf[:k])
-        if self.section:
+        if self.sections:
             self._in_section, self._held, self._found = True, tag, 0
+            self._section_end = dict(self.sections)[tag]
             self._pending = buf[k + len(tag):]
             return True
         self._pending = buf[k:]
@@ -205,7 +207,7 @@ class TaggedToolCallParser(ToolCallParser):
         buf = self._pending
         s = buf.lstrip()
         ws = buf[:len(buf) - len(s)]
-        end = self.section[1]
+        end = self._section_end
         if s.startswith(end):
             if self._found == 0:
                 items.append(self._held + ws + end)

@@ -6,9 +6,9 @@ a reply that is one JSON call object or an array of them (Llama 3's); `mistral`,
 `name[ARGS]{...}` per call (v11 on, `[CALL_ID]id` between them from v13); `pythonic`, a Python
 list of calls with keyword arguments (Llama 3.2's and Llama 4's; gateway/tool_parser_pythonic.py);
 `deepseek_v3` (DeepSeek-V3 / R1 / V3.1), `kimi_k2`, `internlm`, `granite`: their control-token
-blocks (gateway/tool_parser_tagged.py); `qwen3_coder` (`<function=f><parameter=x>...`) and `glm45`
-(`<arg_key>` / `<arg_value>`), arguments as text read by the tool's schema
-(gateway/tool_parser_xml.py); `openai`, gpt-oss's harmony messages (gateway/tool_parser_harmony.py).
+blocks (gateway/tool_parser_tagged.py); `qwen3_coder` (`<function=f><parameter=x>...`), `glm45`
+(`<arg_key>` / `<arg_value>`) and `deepseek_v32` (DeepSeek-V3.2's DSML): arguments as text read by
+the tool's schema (gateway/tool_parser_xml.py); `openai`, gpt-oss's harmony messages (gateway/tool_parser_harmony.py).
 
 `ToolCallParser.feed(text)` returns what of the text is plain content and the calls completed so
 far (`feed_items`: the same in the output's order); it holds back only what could still be the
@@ -38,12 +38,17 @@ from gateway.tool_parser_tagged import (
     InternLMToolCallParser,
     KimiK2ToolCallParser,
 )
-from gateway.tool_parser_xml import Glm45ToolCallParser, Qwen3CoderToolCallParser
+from gateway.tool_parser_xml import (
+    DeepSeekV32ToolCallParser,
+    Glm45ToolCallParser,
+    Qwen3CoderToolCallParser,
+)
 from gateway.tools import ToolConfig
 
 PARSERS: dict[str, type[ToolCallParser]] = {
     "hermes": HermesToolCallParser, "json": JsonToolCallParser, "mistral": MistralToolCallParser,
     "pythonic": PythonicToolCallParser, "deepseek_v3": DeepSeekV3ToolCallParser,
+    "deepseek_v32": DeepSeekV32ToolCallParser,
     "qwen3_coder": Qwen3CoderToolCallParser, "glm45": Glm45ToolCallParser,
     "kimi_k2": KimiK2ToolCallParser, "openai": HarmonyToolCallParser,
     "granite": GraniteToolCallParser, "internlm": InternLMToolCallParser}

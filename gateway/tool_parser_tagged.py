@@ -48,7 +48,7 @@ GRANITE_TAGS = ("<|tool_call|>", "<tool_call>")
 
 class DeepSeekV3ToolCallParser(TaggedToolCallParser):
     keeps_special_tokens = True
-    section = (DS_CALLS_BEGIN, DS_CALLS_END)
+    sections = ((DS_CALLS_BEGIN, DS_CALLS_END),)
     blocks = ((DS_CALL_BEGIN, DS_CALL_END),)
 
     def _body(self, begin: str, body: str, closed: bool) -> list[ToolCall] | None:
@@ -79,7 +79,7 @@ def _unfence(text: str) -> str | None:
 
 class KimiK2ToolCallParser(TaggedToolCallParser):
     keeps_special_tokens = True
-    section = (KIMI_SECTION_BEGIN, KIMI_SECTION_END)
+    sections = ((KIMI_SECTION_BEGIN, KIMI_SECTION_END),)
     blocks = ((KIMI_CALL_BEGIN, KIMI_CALL_END),)
     _made = 0
 

@@ -24,6 +24,16 @@ chat templates (how they write an assistant's calls back; the model writes its o
     <arg_value>src/app.py</arg_value>
     </tool_call>
 
+`deepseek_v32` (DeepSeek-V3.2's DSML, `function_calls`; DeepSeek-V4 names it `tool_calls`; the
+`string` attribute says whether the value is text or JSON):
+
+    <｜DSML｜function_calls>
+    <｜DSML｜invoke name="write_file">
+    <｜DSML｜parameter name="path" string="true">src/app.py</｜DSML｜parameter>
+    <｜DSML｜parameter name="mode" string="false">420</｜DSML｜parameter>
+    </｜DSML｜invoke>
+    </｜DSML｜function_calls>
+
 A value is text as the template writes it: strings as they are, other values as JSON (Qwen's
 template writes scalars with Jinja's `string`, so True / False / None too). Each value is read by
 the type its tool's JSON schema gives the parameter: a string parameter keeps the text exactly
@@ -34,6 +44,7 @@ A parameter the schema does not type is JSON when it parses as JSON, else text.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from gateway.tool_call_parsers import TaggedToolCallParser, ToolCall
@@ -44,6 +55,13 @@ QWEN_PARAM, QWEN_PARAM_END = "<parameter=", "</parameter>"
 GLM_KEY, GLM_KEY_END, GLM_VALUE, GLM_VALUE_END = "<arg_key>", "</arg_key>", "<arg_value>", \
     "</arg_value>"
 _PY_LITERALS = {"True": True, "False": False, "None": None}
+DSML = "｜DSML｜"
+DSML_SECTIONS = tuple((f"<{DSML}{w}>", f"</{DSML}{w}>") for w in ("function_calls", "tool_calls"))
+DSML_INVOKE, DSML_INVOKE_END = f"<{DSML}invoke name=", f"</{DSML}invoke>"
+DSML_PARAM_END = f"</{DSML}parameter>"
+_DSML_NAME = re.compile(r'\s*"([^"\n]+)"\s*>')
+_DSML_PARAM = re.compile(r'\s*<' + DSML
+                         + r'parameter name="([^"\n]+)"(?:\s+string="(true|false)")?\s*>')
 
 
 def _types(schema: Any) -> set[str]:
@@ -148,3 +166,33 @@ class Glm45ToolCallParser(_ArgTextParser):
                 return None
             pairs.append((key.strip(), value))
         return self._call(name.strip(), pairs)
+
+
+class DeepSeekV32ToolCallParser(_ArgTextParser):
+    keeps_special_tokens = True
+    sections = DSML_SECTIONS
+    blocks = ((DSML_INVOKE, DSML_INVOKE_END),)
+
+    def _body(self, begin: str, body: str, closed: bool) -> list[ToolCall] | None:
+        m = _DSML_NAME.match(body)
+        if m is None or not closed:
+            return None
+        pos, raw = m.end(), []
+        while body[pos:].strip():
+            p = _DSML_PARAM.match(body, pos)
+            end = body.find(DSML_PARAM_END, p.end()) if p else -1
+            if end < 0:
+                return None
+            raw.append((p.group(1), body[p.end():end], p.group(2)))
+            pos = end + len(DSML_PARAM_END)
+        calls = self._call(m.group(1), [(k, v) for k, v, _ in raw])
+        if calls is None:
+            return None
+        # string="true": the text as it is; "false": JSON (what the schema says otherwise)
+        args = calls[0].arguments
+        for key, value, is_text in raw:
+            if is_text == "true":
+                args[key] = value
+            elif is_text == "false":
+                args[key] = typed_value(value, {})
+        return calls

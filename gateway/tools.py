@@ -275,6 +275,7 @@ def with_parser(cfg: ToolConfig | None, parser: str,
 TEMPLATE_PARSERS = (
     ("[TOOL_CALLS]", "mistral"),            # Mistral, Mixtral, Codestral, Devstral
     ("<｜tool▁calls▁begin｜>", "deepseek_v3"),  # DeepSeek-V3 / V3-0324 / R1 / R1-0528 / V3.1
+    ("｜DSML｜", "deepseek_v32"),            # DeepSeek-V3.2's DSML (its encoder, as a template)
     ("<|tool_calls_section_begin|>", "kimi_k2"),  # Kimi K2
     ("<|channel|>", "openai"),              # gpt-oss (harmony)
     ("<parameter=", "qwen3_coder"),         # Qwen3-Coder, Qwen 3.5 (before <tool_call>: they say both)

@@ -76,6 +76,16 @@ def glm(name, *pairs, nl="\n"):  # GLM-4.5 / 4.6 (nl="\n") and GLM-4.7 (nl="")
     return f"<tool_call>{name}{nl}{body}</tool_call>"
 
 
+DSML_B, DSML_E = "<｜DSML｜function_calls>", "</｜DSML｜function_calls>"
+
+
+def dsml(name, *params):  # DeepSeek-V3.2's DSML: (key, value, string attribute or None)
+    body = "".join(
+        f'<｜DSML｜parameter name="{k}"' + ("" if t is None else f' string="{t}"')
+        + f">{v}</｜DSML｜parameter>\n" for k, v, t in params)
+    return f'<｜DSML｜invoke name="{name}">\n{body}</｜DSML｜invoke>\n'
+
+
 HARMONY_CALL = ("<|channel|>analysis<|message|>User asks for the weather in Tokyo. Use get_weather."
                 "<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather "
                 '<|constrain|>json<|message|>{"city": "Tokyo"}')
@@ -98,6 +108,16 @@ CASES = [
     ("deepseek_v3", DS_B + ds_v3(W, {"city": "Oslo", "days": 3}), None,
      [(W, {"city": "Oslo", "days": 3}, None)]),
     ("deepseek_v3", "No tools needed: 2 + 2 = 4.", "No tools needed: 2 + 2 = 4.", []),
+    # DeepSeek-V3.2's DSML: string="true" keeps the text, "false" is JSON, none: by the schema
+    ("deepseek_v32", "I'll write it.\n\n" + DSML_B + "\n"
+     + dsml("write_file", ("path", "src/a.py", "true"), ("content", CODE, "true"))
+     + dsml("search", ("query", "42", "true"), ("max_results", "5", "false"),
+            ("paths", '["src"]', "false"), ("regex", "true", None)) + DSML_E,
+     "I'll write it.\n\n", [("write_file", {"path": "src/a.py", "content": CODE}, None),
+                              ("search", {"query": "42", "max_results": 5, "paths": ["src"],
+                                          "regex": True}, None)]),
+    ("deepseek_v32", "<｜DSML｜tool_calls>" + dsml("get_time") + "</｜DSML｜tool_calls>", None,
+     [("get_time", {}, None)]),
     # Kimi K2: the model's own ids, text before, a space after the id (seen in the wild)
     ("kimi_k2", "I'll look that up." + KS_B + kimi("functions.get_weather:0", {"city": "Beijing"})
      + kimi("functions.read_file:1", {"path": "README.md"}, space=" ") + KS_E,
@@ -214,6 +234,11 @@ NOT_CALLS = [
     ("deepseek_v3", "Hmm." + DS_B + "On second thought, no tools."),
     ("deepseek_v3", "Trailing marker" + DS_B),
     ("deepseek_v3", DS_B + DS_CB + "get_weather" + DS_SEP + '["not", "an object"]' + DS_CE + DS_E),
+    ("deepseek_v32", DSML_B + dsml("rm_rf", ("path", "/", "true")) + DSML_E),
+    ("deepseek_v32", (DSML_B + '<｜DSML｜invoke name="write_file">\n<｜DSML｜parameter name="path" '
+                      'string="true">a.py</｜DSML｜parameter>\n<｜DSML｜parameter name="content" '
+                      'string="true">print(')),  # cut by max_tokens
+    ("deepseek_v32", DSML_B + '<｜DSML｜invoke name="get_time">junk</｜DSML｜invoke>' + DSML_E),
     ("kimi_k2", KS_B + kimi("functions.delete_all:0", {}) + KS_E),
     ("kimi_k2", KS_B + K_CB + "functions.get_weather:0" + K_ARG + '{"city": '),
     ("qwen3_coder", qwen("rm_rf", ("path", "/"))),
@@ -287,7 +312,9 @@ SOUP = [DS_B, DS_E, DS_CB, DS_CE, DS_SEP, KS_B, KS_E, K_CB, K_CE, K_ARG, "<tool_
         DS_B + ds_v3(W, {"city": "Paris"}), ds_v31("get_time", {}) + DS_E, KS_B
         + kimi("functions.get_time:0", {}), kimi("functions.get_weather:1", {"city": "x"}) + KS_E,
         qwen(W, ("city", "Paris")), "<function=get_time>\n</function>", glm(W, ("city", "Oslo")),
-        HARMONY_CALL, "<|channel|>final<|message|>Done.",
+        HARMONY_CALL, "<|channel|>final<|message|>Done.", DSML_B, DSML_E,
+        DSML_B + dsml(W, ("city", "Paris", "true")), dsml("get_time"), '<｜DSML｜parameter name="x">',
+        "</｜DSML｜parameter>", '<｜DSML｜invoke name="',
         '<|tool_call|>[{"name": "get_time", "arguments": {}}]',
         '<|action_start|><|plugin|>{"name": "get_time", "parameters": {}}<|action_end|>',
         '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>']
@@ -299,6 +326,8 @@ def test_random_marker_soup_never_raises_and_streams_as_whole(parser):
     calls = 0
     for _ in range(150):
         text = "".join(rng.choice(SOUP) for _ in range(rng.randint(1, 25)))
+        if parser == "openai" and rng.random() < 0.3:  # (harmony reads calls from the start)
+            text = HARMONY_CALL + rng.choice(("<|call|>", "<|end|>", "")) + text
         whole = _stream(parser, [text])
         calls += sum(not isinstance(x, str) for x in whole)
         given = {x[2] for x in whole if not isinstance(x, str) and x[2].startswith("functions.")}
@@ -319,6 +348,7 @@ def test_random_marker_soup_never_raises_and_streams_as_whole(parser):
      "'<｜tool▁sep｜>' + tool['function']['name'] + '\\n' + '```json' }}"), "deepseek_v3"),
     (("{{'<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>'+ tool['function']['name'] + "
      "'<｜tool▁sep｜>' + tool['function']['arguments'] + '<｜tool▁call▁end｜>'}}"), "deepseek_v3"),
+    ('<｜DSML｜function_calls>\\n<｜DSML｜invoke name="{{ name }}">', "deepseek_v32"),
     (("{{- '\\n<tool_call>\\n<function=' + tool_call.name + '>\\n' }}{{- '<parameter=' + "
      "args_name + '>\\n' }}"), "qwen3_coder"),
     (("For each function call, output the function name and arguments within the following XML "
@@ -378,7 +408,8 @@ def test_special_tokens_are_kept_for_the_formats_whose_markers_are_special():
     from gateway.openai_schema import SamplingParams
 
     s = SamplingParams()
-    for name in ("deepseek_v3", "kimi_k2", "openai", "glm45", "granite", "internlm"):
+    for name in ("deepseek_v3", "deepseek_v32", "kimi_k2", "openai", "glm45", "granite",
+                 "internlm"):
         assert sampling_for_parser(cfg(name), s).skip_special_tokens is False, name
     assert sampling_for_parser(cfg("qwen3_coder"), s) is s  # <tool_call> is plain text in Qwen's
 
