@@ -23,6 +23,7 @@ class GatewayPulls:
         self.planner = PullPlanner(config, block_size)
         self._rates: dict[int, KVRates] = {}  # backends that can pull (ours, a layout)
         self._step_s: dict[int, float] = {}
+        self._kv_endpoint: dict[int, str] = {}  # BackendInfo.kv_endpoint: pulls off its loop
         self._queued: dict[int, int] = {}  # prefill backend -> prompt tokens sent, not done
         self.num_sent = 0
         self.num_split = 0
@@ -46,7 +47,12 @@ class GatewayPulls:
             self.planner.set_rates(pid, KVRates())  # unknown: never pulls, never a peer
             return
         self.planner.block_size = info.block_size
+        if info.kv_endpoint:
+            self._kv_endpoint[pid] = info.kv_endpoint
+        else:
+            self._kv_endpoint.pop(pid, None)
         rates = replace(self.config.default_rates, layout=info.kv_layout,
+                        off_loop=bool(info.kv_endpoint),
                         bytes_per_token=info.kv_block_bytes / info.block_size,
                         copy_bytes_per_s=info.kv_copy_bytes_per_s,
                         prefill_tokens_per_s=(info.prefill_tokens_per_s or
@@ -73,6 +79,18 @@ class GatewayPulls:
         self._rates[pid] = rates
         self.planner.set_rates(pid, rates)
 
+    def endpoint(self, pid: int, address: str) -> str:
+        """Where a pull from backend `pid` (reached at `address`) goes: its KV socket when it
+        has one (a wildcard tcp host there means `address`'s host), else its main socket."""
+        kv = self._kv_endpoint.get(pid)
+        if not kv:
+            return address
+        if kv.startswith("tcp://") and address.startswith("tcp://"):
+            host, port = kv[len("tcp://"):].rsplit(":", 1)
+            if host in ("*", "0.0.0.0", "[::]", "::", ""):
+                return f"tcp://{address[len('tcp://'):].rsplit(':', 1)[0]}:{port}"
+        return kv
+
     def peer_wait_s(self, pid: int) -> float:
         return self._step_s.get(pid, 0.0)
 
@@ -92,7 +110,8 @@ class GatewayPulls:
                                      self.peer_wait_s, accepting)
             if plan is None:
                 continue
-            d.kv_source = pb.KvSource(endpoint=address_of(plan.peer), num_tokens=plan.peer_tokens,
+            d.kv_source = pb.KvSource(endpoint=self.endpoint(plan.peer, address_of(plan.peer)),
+                                      num_tokens=plan.peer_tokens,
                                       timeout_s=self.config.timeout_s)
             self.num_sent += 1
 
@@ -158,7 +177,8 @@ def split_prefills(pulls: GatewayPulls, items, prefill_backends, dispatch_cls) -
             continue
         prefill_s = n / rates.prefill_tokens_per_s
         ready_s = wait + prefill_s + cfg.timeout_s   # when its blocks should be there, at worst
-        d.kv_source = pb.KvSource(endpoint=p.address, num_tokens=n - 1, prefill_wait_s=ready_s,
+        d.kv_source = pb.KvSource(endpoint=pulls.endpoint(p.pid, p.address), num_tokens=n - 1,
+                                  prefill_wait_s=ready_s,
                                   timeout_s=ready_s + decode.transfer_s(n) + cfg.timeout_s)
         sink = PrefillSink(pulls, p.pid, n, pin_ttl_s=ready_s + cfg.timeout_s)
         out.append((p, dispatch_cls(d.request_id + "#prefill", d.prompt_ids,

@@ -121,6 +121,7 @@ class BlockManager:
         self._pin_heap: list[tuple[float, int]] = []  # (until, pin id), lazily deleted
         self._pin_wanted: dict[object, tuple[int, float, int, float]] = {}  # seq -> (blocks,
         self._pin_reserved = 0  # ttl, reserved, give-up time); blocks reserved by those
+        self._read_refs: dict[int, int] = {}  # block -> readers holding it (hold_prefix)
         self.num_pins_refused = 0  # requests served without their pin (over budget)
         self.num_pins_expired = 0
         self.num_pins_yielded = 0  # pins dropped early for a request that could not run beside them
@@ -422,6 +423,51 @@ class BlockManager:
                 break
             out.append((False, host_block))
         return out
+
+    def hold_prefix(self, token_ids: Sequence[int], start_block: int = 0,
+                    max_blocks: int = 0) -> list[tuple[bool, int]]:
+        """`held_prefix`, each block then held against eviction until `release_prefix(where)`:
+        a GPU block takes a read reference (it leaves the free list; its K/V, computed before it
+        was registered, is not written while referenced), a host block a hold. For a reader
+        outside the owner's loop (a peer's pull answered off the step loop, issue 34)."""
+        where = self.held_prefix(token_ids, start_block, max_blocks)
+        ref, lru, reads = self._ref_counts, self._free_cached, self._read_refs
+        host = []
+        for on_gpu, b in where:
+            if not on_gpu:
+                host.append(b)
+                continue
+            if ref[b] == 0:
+                del lru[b]
+            ref[b] += 1
+            reads[b] = reads.get(b, 0) + 1
+        if host:
+            self.host.hold_read(host)
+        return where
+
+    def release_prefix(self, where: Sequence[tuple[bool, int]]) -> None:
+        """Drop the holds `hold_prefix` took; a GPU block back at 0 references rejoins the
+        cached LRU as its most recently used entry (it was just read)."""
+        ref, lru, reads = self._ref_counts, self._free_cached, self._read_refs
+        host = []
+        for on_gpu, b in where:
+            if not on_gpu:
+                host.append(b)
+                continue
+            n = reads[b] - 1
+            if n:
+                reads[b] = n
+            else:
+                del reads[b]
+            ref[b] -= 1
+            if ref[b] == 0:
+                lru[b] = None
+        if host:
+            self.host.unhold_read(host)
+
+    @property
+    def num_read_held_blocks(self) -> int:
+        return len(self._read_refs)
 
     def can_import(self, token_ids: Sequence[int], num_blocks: int) -> bool:
         """Whether `import_prefix` of `num_blocks` blocks fits without evicting the prompt's
@@ -846,6 +892,9 @@ class BlockManager:
             for block in table:
                 assert 0 <= block < self.num_blocks, f"seq {seq_id!r}: bad block id {block}"
                 counts[block] += 1
+        for block, n in self._read_refs.items():
+            counts[block] += n
+            assert self._block_keys[block] is not None, f"read-held block {block} is not cached"
         for block in self._pin_refs:
             counts[block] += 1
             assert self._block_keys[block] is not None, f"pinned block {block} is not cached"

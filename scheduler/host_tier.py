@@ -78,6 +78,7 @@ class HostTier:
         self._pin_counts = [0] * num_blocks
         self._pins: dict[object, list[int]] = {}  # swapped-out sequence -> host blocks it pins
         self._copies: list[Copy] = []
+        self._read_holds: dict[int, int] = {}  # host block -> readers (hold_read)
         self.num_saved_blocks = 0  # d2h copies queued
         self.num_loaded_blocks = 0  # h2d copies queued (host hits)
         self.num_dropped_blocks = 0  # keyed host blocks dropped for room
@@ -156,6 +157,22 @@ class HostTier:
             if self._pin_counts[host] == 0:
                 self._lru[host] = None  # most recently used
 
+    def hold_read(self, blocks: list[int]) -> None:
+        """Hold `blocks` while a reader outside the owner's loop copies them out
+        (BlockManager.hold_prefix); `unhold_read` ends it."""
+        self.hold(blocks)
+        for host in blocks:
+            self._read_holds[host] = self._read_holds.get(host, 0) + 1
+
+    def unhold_read(self, blocks: list[int]) -> None:
+        for host in blocks:
+            n = self._read_holds[host] - 1
+            if n:
+                self._read_holds[host] = n
+            else:
+                del self._read_holds[host]
+        self.unhold(blocks)
+
     def load(self, host_block: int, gpu_block: int) -> None:
         """Queue the copy of a host hit into a fresh GPU block."""
         self._copies.append(("h2d", host_block, gpu_block))
@@ -189,6 +206,8 @@ class HostTier:
             assert blocks, f"swapped sequence {seq_id!r} pins nothing"
             for host in blocks:
                 counts[host] += 1
+        for host, n in self._read_holds.items():
+            counts[host] += n
         for host in keyed:  # pins of an allocation in progress never outlive it
             assert counts[host] == self._pin_counts[host], (
                 f"host block {host}: pin count {self._pin_counts[host]}, pinned by {counts[host]}")

@@ -7,12 +7,18 @@ request's prefill onto a prefill-only backend. Pure policy: rates come in as num
                                                                ends (copy = 0: no device, CPU)
     recompute_s(n) = n / prefill_tokens_per_s
 
-A pull is planned when n >= min_tokens and pull_s(n) <= margin * recompute_s(n). The peer's load
-enters as `peer_wait_s`: it answers between two of its steps, so it waits about one of its step
-times (the gateway reads it from the peer's LoadReport, the simulator from the peer's step), and
-the receiver reads the reply between its own steps, so a busy receiver adds one of its own.
-(Live on 4 contended CPU backends, pulls that ignored the receiver's step took 0.4-2 s for 2 MB
-when the loops ran long prefill steps: as long as recomputing.)
+A pull is planned when n >= min_tokens and pull_s(n) <= margin * recompute_s(n). The backends'
+loops enter as `peer_wait_s`, by how each one serves (`KVRates.off_loop`):
+
+    a peer that answers between two of its steps      waits about one of its step times
+    a peer that answers off its loop (a KV thread)    0
+    a receiver that reads the reply between steps     one of its own step times
+    a receiver that holds its next step for a pull    0 when fixed_s + transfer_s(n) <= land_wait_s
+    expected within land_wait_s (off_loop)            (the request joins that step), else its step
+
+(the gateway reads step times from LoadReports, the simulator from the backends' steps). Live on
+4 contended CPU backends, pulls served between steps took 0.3-2 s for 2 MB when the loops ran long
+prefill steps, as long as recomputing: hence the KV thread and the land wait.
 
 The gateway knows which backend holds which prefix only at the sampled depths of
 `scheduler.prefix_index` (1, 2, 4 ... 32 blocks); `PullPlanner.plan` uses the deepest depth a
@@ -41,6 +47,8 @@ class KVRates:
     link_bytes_per_s: float = 1e9        # the transport between backends (ZMQ: measured by pulls)
     copy_bytes_per_s: float = 0.0        # device <-> host block copies; 0: none (CPU pools)
     layout: str = ""                     # BackendInfo.kv_layout: pulls only between equal ones
+    off_loop: bool = False               # serves pulls off its step loop (BackendInfo.kv_endpoint)
+                                         # and lands its own before its next step
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,7 @@ class PullConfig:
     min_tokens: int = 64         # fewer than this: never worth a round trip
     fixed_s: float = 0.002       # round trip and message handling, both ends
     timeout_s: float = 2.0       # the pull's hard deadline (GenerateRequest.kv_source.timeout_s)
+    land_wait_s: float = 0.05    # an off-loop receiver holds its next step this long at most
     # disaggregated Slow prefill: split a prompt of at least this many tokens onto a prefill
     # backend when moving its KV takes at most `split_margin` of its prefill (0: never split)
     split_min_tokens: int = 4096
@@ -84,6 +93,14 @@ class KVCostModel:
     def recompute_s(self, num_tokens: int) -> float:
         rate = self.rates.prefill_tokens_per_s
         return num_tokens / rate if rate > 0 else float("inf")
+
+    def own_wait_s(self, num_tokens: int, step_s: float) -> float:
+        """What the receiver's loop adds to a pull of `num_tokens` while it runs `step_s` steps
+        (module docstring)."""
+        if self.rates.off_loop and \
+                self.config.fixed_s + self.transfer_s(num_tokens) <= self.config.land_wait_s:
+            return 0.0
+        return max(0.0, step_s)
 
     def known(self) -> bool:
         r = self.rates
@@ -142,13 +159,13 @@ class PullPlanner:
         bs = self.block_size
         have = DEPTHS[local - 1] * bs if local else 0
         model = self.model(b)
-        # the reply is read between the receiver's own steps too: a busy receiver adds its step
-        own_wait = peer_wait_s(b) if peer_wait_s is not None else 0.0
+        own_step = peer_wait_s(b) if peer_wait_s is not None else 0.0
         for d in range(len(prefix) - 1, local - 1, -1):
             holders = index.holders.get(prefix[d])
             if not holders:
                 continue
             n = min(DEPTHS[d] * bs, prompt_len - 1) - have
+            own_wait = model.own_wait_s(n, own_step)
             best, best_wait = -1, 0.0
             layout = model.rates.layout
             for scanned, p in enumerate(sorted(holders), 1):
@@ -156,7 +173,9 @@ class PullPlanner:
                         self.model(p).rates.layout != layout or \
                         not index.held_before(p, prefix[d], now):
                     continue
-                wait = (peer_wait_s(p) if peer_wait_s is not None else 0.0) + own_wait
+                peer = self.model(p).rates
+                wait = own_wait + (peer_wait_s(p) if peer_wait_s is not None and
+                                   not peer.off_loop else 0.0)
                 if best < 0 or wait < best_wait:
                     best, best_wait = p, wait
                 if scanned >= self.max_peers_scanned:

@@ -5,8 +5,9 @@ backends run) and the transfer's time as the pulled request's delivery delay.
 Per request placed on backend b (`EventLoop.send`): when the planner finds a peer holding more
 of its prefix and the cost model says pull, the peer's blocks beyond b's own head are looked up
 in the peer's block manager *now* and registered in b's as cached (free, most recently used),
-and the request reaches b `pull_s` later (round trip + the peer's remaining step + bytes over
-the link and the copies). A peer that no longer holds them costs a round trip, then the request
+and the request reaches b `pull_s` later (round trip + the peer's remaining step, none when it
+serves pulls off its loop + bytes over the link and the copies); it then joins b's next step
+like any arrival (live, an off-loop receiver holds that step for a pull about to land). A peer that no longer holds them costs a round trip, then the request
 recomputes, as live (the peer answers "not held").
 
 Disaggregated Slow prefill (`num_prefill_backends` > 0): a Slow request with a long prompt is
@@ -61,9 +62,14 @@ class PullSim:
         self.pull_s = 0.0           # summed transfer times
 
     def _wait(self, p: int) -> float:
-        """The peer answers after its step in progress."""
+        """The rest of backend p's step in progress (the planner decides whether it counts)."""
         be = self.loop.backends[p]
         return max(0.0, be.end_time - self.now) if be.busy else 0.0
+
+    def _peer_wait(self, p: int) -> float:
+        """A peer that answers between its steps answers after the one in progress; one that
+        serves pulls off its loop (`KVRates.off_loop`, backend.server.kv_serve) at once."""
+        return 0.0 if self.planner.model(p).rates.off_loop else self._wait(p)
 
     def divert(self, be, part: list[int], now: float) -> list[int]:
         """Plan a pull for each request of a Batch to `be`; the pulled ones are delivered later
@@ -90,7 +96,7 @@ class PullSim:
                 continue
             held = loop.backends[plan.peer].sched.bm.held_prefix(tokens, start)
             model = self.planner.model(be.idx)
-            wait = self._wait(plan.peer)
+            wait = self._peer_wait(plan.peer)
             if not held:
                 self.num_not_held += 1
                 delay = model.pull_s(0, wait)

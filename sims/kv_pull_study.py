@@ -40,10 +40,52 @@ def prefix_trace(rate: float, n: int, tenants: int, prefix_len: int, seed: int) 
                                    shared_prefix_len=prefix_len, num_prefix_groups=tenants))
 
 
+class Slowed:
+    """A cost model whose step times are `factor` x another's: the measured profile on backends
+    that share their cores (`slowdown_from_step_logs` measures the factor live)."""
+
+    def __init__(self, inner, factor: float) -> None:
+        self.inner, self.factor = inner, factor
+
+    def step_time(self, *a, **kw) -> float:
+        return self.factor * self.inner.step_time(*a, **kw)
+
+    def decode_times(self, *a, **kw):
+        return self.factor * self.inner.decode_times(*a, **kw)
+
+    def launch_time(self, *a, **kw) -> float:
+        return self.factor * self.inner.launch_time(*a, **kw)
+
+    def __getattr__(self, name):
+        if name == "inner" or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+def slowdown_from_step_logs(profile: str, paths: list[str], context: int = 1100) -> float:
+    """Live step time over the profile's for the same steps (`tidegate backend --step-log`
+    records): how much slower the live backends ran than the profile says. A decode's context
+    is taken as `context` tokens (the log does not keep it); a prefill chunk's from its record."""
+    cost = CostSpec(model="tiny", profile=profile).build()
+    live = model = 0.0
+    for path in paths:
+        with open(path) as fh:  # JSON lines (backend.server.step_log; sims imports no backend)
+            rows = [json.loads(line) for line in fh if line.strip()]
+        for r in rows:
+            chunks = [(n, start) for _, n, start in r["prefill"]]
+            ctx = r["decodes"] * context + sum(n + start for n, start in chunks)
+            live += r["ms"] / 1e3
+            model += cost.step_time(r["decodes"], r["prefill_tokens"], ctx, chunks or None)
+    return live / model if model else float("nan")
+
+
 def run_pull(a: argparse.Namespace, rate: float, seed: int, pull: bool) -> dict:
     cost = CostSpec(model="tiny", profile=a.profile).build()
+    if a.slowdown != 1.0:
+        cost = Slowed(cost, a.slowdown)
     cfg = PullConfig(default_rates=KVRates(bytes_per_token=a.kv_bytes_per_token,
-                                           link_bytes_per_s=a.link_gbps * 1e9)) if pull else None
+                                           link_bytes_per_s=a.link_gbps * 1e9,
+                                           off_loop=a.serve == "thread")) if pull else None
     engine = EngineConfig(num_backends=a.backends, placement=PlacementConfig(policy=a.placement),
                           kv_pull=cfg)
     res = simulate(prefix_trace(rate, a.num_requests, a.tenants, a.prefix_len, seed), cost,
@@ -153,6 +195,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--load", type=float, default=0.9)
     ap.add_argument("--slo-ttft-ms", type=float, default=1000.0)
     ap.add_argument("--slo-tpot-ms", type=float, default=100.0)
+    ap.add_argument("--serve", choices=("thread", "loop"), default="thread",
+                    help="how backends serve pulls: off their step loop (a KV thread, and a "
+                         "receiver that lands a pull before its next step) or between steps")
+    ap.add_argument("--slowdown", type=float, default=1.0,
+                    help="step times x this (backends sharing cores; see --slowdown-from)")
+    ap.add_argument("--slowdown-from", nargs="*", default=None, metavar="STEPLOG",
+                    help="measure --slowdown from live backends' --step-log files and use it")
     # split
     ap.add_argument("--model", default="deepseek-coder-33b")
     ap.add_argument("--rate", type=float, default=4.0, help="512/128 requests a second")
@@ -161,6 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--copy-gbps", type=float, default=0.0)
     ap.add_argument("--split-margin", type=float, default=0.5)
     a = ap.parse_args(argv)
+    if a.slowdown_from:
+        a.slowdown = slowdown_from_step_logs(a.profile, a.slowdown_from)
+        print(f"slowdown {a.slowdown:.2f} (live step time / profile's, "
+              f"{len(a.slowdown_from)} step logs)")
     if a.study == "split" and a.num_requests == 2000:
         a = replace_ns(a, num_requests=400)
     out = study_pull(a) if a.study == "pull" else study_split(a)

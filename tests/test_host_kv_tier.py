@@ -126,7 +126,8 @@ def test_tier_counters_reach_the_load_report_and_metrics(reference):
     worker = SimpleNamespace(engine=engine, step_time_ema_ms=0.0, backend_id="b0",
                              num_backpressured=0, num_gateways_dropped=0, prefix_summary=None,
                              puller=SimpleNamespace(num_pulls=0, num_served=0,  # (issue 34)
-                                                    prefill_tokens_per_s=0.0))
+                                                    prefill_tokens_per_s=0.0),
+                             kv_server=None)
     load = Worker.load_report(worker)  # the worker's own report, without its sockets
     load = pb.LoadReport.FromString(load.SerializeToString())
     assert load.num_host_blocks == bm.host.num_blocks and load.num_host_hit_tokens > 0

@@ -61,7 +61,8 @@ def test_import_refuses_without_room_and_takes_nothing():
 # ---- two live backends ---------------------------------------------------------------------------
 class Backend:
     def __init__(self, tmp_path, name: str, kv_cache_dtype: str = "auto", num_blocks: int = 96,
-                 host_kv_gib: float = 0.0, timeout_s: float = TIMEOUT_S, role: int = 0) -> None:
+                 host_kv_gib: float = 0.0, timeout_s: float = TIMEOUT_S, role: int = 0,
+                 **worker_kw) -> None:
         from backend.engine.assemble import BackendConfig, create_engine
         from backend.server.worker import Worker
 
@@ -70,7 +71,7 @@ class Backend:
             max_num_seqs=8, max_num_batched_tokens=128, kv_cache_dtype=kv_cache_dtype,
             host_kv_gib=host_kv_gib))
         self.worker = Worker(self.engine, loaded, f"ipc://{tmp_path}/{name}.sock",
-                             kv_pull_timeout_s=timeout_s, role=role)
+                             kv_pull_timeout_s=timeout_s, role=role, **worker_kw)
         self.thread = threading.Thread(target=self.worker.serve_forever, daemon=True)
         self.thread.start()
         self.client = DealerClient(self.worker.endpoint)
@@ -101,6 +102,7 @@ class Backend:
         while self.engine.has_unfinished() and time.monotonic() < deadline:
             time.sleep(0.01)
         assert self.bm.num_used_blocks == 0 and not self.worker.puller.num_parked
+        assert self.bm.num_read_held_blocks == 0  # the KV server released what it read
         self.engine.check_integrity()
 
     def close(self) -> None:
@@ -329,7 +331,8 @@ def test_checksums_cover_every_frame():
         check_reply([pb.Envelope(kv_blocks=r).SerializeToString(), frame], "L", 32, 0, 4)
 
 
-def test_a_prefill_that_never_comes_costs_a_recompute_at_the_deadline(tmp_path):
+@pytest.mark.parametrize("serve", ["loop", "thread"])
+def test_a_prefill_that_never_comes_costs_a_recompute_at_the_deadline(tmp_path, serve):
     """Disaggregated prefill gone wrong: the decode backend's pull asks the peer to wait for a
     prefill that never runs there. The peer holds the pull (deferred), the decode backend gives
     up at its own deadline and recomputes; the peer answers later at its wait's end, and that
@@ -340,7 +343,9 @@ def test_a_prefill_that_never_comes_costs_a_recompute_at_the_deadline(tmp_path):
         env = pb.Envelope(batch=pb.Batch(batch_id=1))
         r = env.batch.requests.add(request_id="r", prompt_frame=0)
         r.sampling.max_tokens, r.sampling.ignore_eos = MAX_TOKENS, True
-        r.kv_source.endpoint, r.kv_source.num_tokens = peer.worker.endpoint, len(PROMPT) - 1
+        server = peer.worker.kv_server if serve == "thread" else peer.worker.puller
+        r.kv_source.endpoint = peer.worker.endpoint if serve == "loop" else server.endpoint
+        r.kv_source.num_tokens = len(PROMPT) - 1
         r.kv_source.timeout_s, r.kv_source.prefill_wait_s = TIMEOUT_S, 3 * TIMEOUT_S
         t0 = time.monotonic()
         me.client.send(env, [PROMPT])
@@ -348,9 +353,9 @@ def test_a_prefill_that_never_comes_costs_a_recompute_at_the_deadline(tmp_path):
         assert TIMEOUT_S <= time.monotonic() - t0 < TIMEOUT_S + 5
         assert len(tokens["r"]) == MAX_TOKENS and finals["r"].num_cached_tokens == 0
         assert "timed out" in me.worker.puller.last_error
-        assert peer.worker.puller._deferred  # still waiting for its prefill
+        assert server._deferred  # still waiting for its prefill
         time.sleep(3 * TIMEOUT_S)
-        assert not peer.worker.puller._deferred  # answered (nothing held)
+        assert not server._deferred  # answered (nothing held)
         assert peer.report().num_kv_pulls_served == 1
         for b in (peer, me):
             b.assert_no_leak()
@@ -358,3 +363,198 @@ def test_a_prefill_that_never_comes_costs_a_recompute_at_the_deadline(tmp_path):
     finally:
         me.close()
         peer.close()
+
+
+# ---- pulls served off the peer's step loop (backend.server.kv_serve) -----------------------------
+def test_hold_prefix_keeps_blocks_from_eviction_and_the_books_straight():
+    bm = BlockManager(8, 4)
+    tokens = list(range(1, 23))  # 5 full blocks
+    bm.allocate("a", tokens)
+    bm.cache_blocks("a", tokens, len(tokens))
+    bm.free("a")
+    where = bm.hold_prefix(tokens, 1, 3)
+    assert [b for _, b in where] == [b for _, b in bm.held_prefix(tokens, 1, 3)]
+    assert bm.num_read_held_blocks == 3 and bm.num_free_blocks == 5
+    bm.check_integrity()
+    bm.allocate("b", list(range(100, 120)))  # 5 blocks: evicts the 5 free ones, not the held 3
+    assert bm.held_prefix(tokens, 1, 3) == where
+    bm.check_integrity()
+    bm.release_prefix(where)
+    assert bm.num_read_held_blocks == 0 and bm.num_free_blocks == 3
+    bm.check_integrity()
+    bm.free("b")
+    bm.check_integrity()
+
+
+def slow_steps(backend, seconds: float):
+    """Make every forward pass of `backend` take at least `seconds` while the returned flag is
+    set; `flag.entered` is set as each slow forward pass begins."""
+    runner, flag = backend.engine.runner, threading.Event()
+    flag.entered = threading.Event()
+    launch = runner.launch
+
+    def slow(*a, **kw):
+        if flag.is_set():
+            flag.entered.set()
+            time.sleep(seconds)
+        return launch(*a, **kw)
+    runner.launch = slow
+    return flag
+
+
+def start_background(backend, rid: str, max_tokens: int = 400):
+    env = pb.Envelope(batch=pb.Batch(batch_id=9))
+    r = env.batch.requests.add(request_id=rid, prompt_frame=0)
+    r.sampling.max_tokens, r.sampling.ignore_eos = max_tokens, True
+    backend.client.send(env, [[256, 77, 78, 79]])
+
+
+def next_step_output(backend) -> int:
+    while True:
+        m = backend.client.recv(30)
+        if m.kind == "step_output":
+            return m.envelope.step_output.step
+
+
+@pytest.mark.parametrize("serve", ["thread", "loop"])
+def test_a_busy_peer_answers_a_pull_without_waiting_for_its_step(tmp_path, serve):
+    """The peer runs 1.2 s steps. Off its loop (its KV socket) a pull is answered at once; on
+    its main socket (the loop) only after the step in progress."""
+    step_s = 1.2
+    peer = Backend(tmp_path, "peer")
+    me = Backend(tmp_path, "me")
+    try:
+        want, _, _ = peer.run("warm")
+        endpoint = peer.worker.kv_server.endpoint if serve == "thread" else peer.worker.endpoint
+        assert peer.worker.backend_info().kv_endpoint == peer.worker.kv_server.endpoint
+        flag = slow_steps(peer, step_s)
+        flag.set()
+        start_background(peer, "busy")
+        next_step_output(peer)
+        flag.entered.clear()
+        assert flag.entered.wait(10)  # a slow step has just begun
+        got, final, seconds = me.run("r", source=endpoint, timeout_s=10)
+        flag.clear()
+        assert got == want and final.num_cached_tokens == 192
+        if serve == "thread":
+            assert seconds < 0.5 * step_s and peer.worker.kv_server.num_served == 1
+        else:
+            assert seconds > 0.5 * step_s
+        peer.client.send(codec.make_abort(["busy"]))
+        for b in (peer, me):
+            b.assert_no_leak()
+    finally:
+        me.close()
+        peer.close()
+
+
+def test_blocks_read_off_the_loop_are_never_overwritten_mid_copy(tmp_path, monkeypatch):
+    """The peer's pool is small: its other requests evict the prefix's blocks as soon as they
+    are free. A reader that copies them out slowly (50 ms a frame) while the peer steps must get
+    exactly the bytes the prefix was computed to, or an explicit 'not held', never a mix; the
+    peer's own requests wait for the held blocks and then run. Without the holds
+    (`BlockManager.hold_prefix`) the evicting prefills overwrite the blocks mid-copy."""
+    from backend.kv.transfer import KVPort, check_reply, make_pull
+
+    peer = Backend(tmp_path, "peer", num_blocks=24)
+    try:
+        peer.run("warm")
+        port, lock = peer.worker.puller.port, peer.worker.kv_lock
+        want = block_bytes_of(peer, PROMPT)
+        read = KVPort._read
+
+        def slow_read(self, where):
+            time.sleep(0.05)
+            return read(self, where)
+        monkeypatch.setattr(KVPort, "_read", slow_read)
+        monkeypatch.setattr(codec, "MAX_FRAME_BYTES", port.block_bytes * 2)  # 6 slow frames
+        stop, seen = threading.Event(), {"ok": 0, "not_held": 0}
+
+        def churn():  # prompts sharing nothing with PROMPT: every one evicts its blocks
+            k = 0
+            while not stop.is_set():
+                peer.run(f"churn{k}", prompt=[256, 200 + k % 40, *range(3, 150)])
+                k += 1
+        t = threading.Thread(target=churn, daemon=True)
+        t.start()
+        pull = make_pull(1, 0, port.layout, 12).kv_pull
+        deadline = time.monotonic() + 6
+        while time.monotonic() < deadline:
+            frames = answer_pull(port, pull, np.asarray(PROMPT, dtype=np.int32), lock=lock)
+            try:
+                reply, data = check_reply(frames, port.layout, port.block_bytes, 0, 12)
+            except Exception as exc:  # noqa: BLE001
+                assert "not held" in str(exc)
+                seen["not_held"] += 1
+                continue
+            got = [bytes(row) for f in data for row in np.frombuffer(f, np.uint8).reshape(
+                -1, port.block_bytes)]
+            assert got == want[:reply.num_blocks]
+            seen["ok"] += 1
+        stop.set()
+        t.join(30)
+        assert seen["ok"] >= 1 and peer.bm.num_read_held_blocks == 0
+        peer.assert_no_leak()
+    finally:
+        peer.close()
+
+
+def test_a_busy_receiver_lands_the_pull_before_its_next_step(tmp_path):
+    """The receiver runs 0.3 s steps for another request. A pulled request parked between two
+    steps joins the very next one (the worker holds it for the pull to land), not the one after.
+    (A land wait of 0.5 s, not the default 50 ms: this is about the behaviour, on a shared box.)"""
+    peer = Backend(tmp_path, "peer")
+    me = Backend(tmp_path, "me", kv_pull_land_wait_s=0.5)
+    try:
+        peer.run("warm")
+        flag = slow_steps(me, 0.3)
+        flag.set()
+        start_background(me, "busy")
+        step0 = next_step_output(me)
+        flag.entered.clear()
+        assert flag.entered.wait(10)  # inside step0 + 1 now
+        env = pb.Envelope(batch=pb.Batch(batch_id=1))
+        r = env.batch.requests.add(request_id="r", prompt_frame=0)
+        r.sampling.max_tokens, r.sampling.ignore_eos = 1, True
+        r.kv_source.endpoint, r.kv_source.timeout_s = peer.worker.kv_server.endpoint, 10
+        me.client.send(env, [PROMPT])
+        first = None
+        while first is None:
+            m = me.client.recv(30)
+            if m.kind == "step_output":
+                for o in m.envelope.step_output.outputs:
+                    if o.request_id == "r" and o.finish_reason:
+                        first = (m.envelope.step_output.step, o.num_cached_tokens)
+        flag.clear()
+        # sent during step0 + 1, parked after it, in step0 + 2 (without the land wait: + 3)
+        assert first == (step0 + 2, 192)
+        me.client.send(codec.make_abort(["busy"]))
+        for b in (peer, me):
+            b.assert_no_leak()
+    finally:
+        me.close()
+        peer.close()
+
+
+def test_the_kv_socket_refuses_other_messages_and_keeps_serving(tmp_path):
+    peer = Backend(tmp_path, "peer")
+    try:
+        peer.run("warm")
+        c = DealerClient(peer.worker.kv_server.endpoint)
+        c.sock.send_multipart([b"\xff\x00garbage"])
+        assert c.recv(5).kind == "error"
+        c.send(codec.make_health(1, 0.0))
+        assert c.recv(5).kind == "error"
+        c.send(make_pull_env(peer), [PROMPT])
+        m = c.recv(5)
+        assert m.kind == "kv_blocks" and m.envelope.kv_blocks.num_blocks == 12
+        assert peer.worker.kv_server.num_bad == 2
+        c.close()
+        peer.assert_no_leak()
+    finally:
+        peer.close()
+
+
+def make_pull_env(backend):
+    from backend.kv.transfer import make_pull
+    return make_pull(5, 0, backend.worker.puller.port.layout, 12)

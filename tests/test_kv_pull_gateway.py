@@ -72,6 +72,9 @@ async def test_a_spilled_request_pulls_its_prefix_from_the_holder(aiohttp_client
         assert rep.num_kv_pulls == 1 and rep.num_kv_pull_failures == 0
         assert cached >= 256 and rep.num_kv_pulled_tokens == cached
         assert pool.pulls.num_sent == 1
+        # the gateway named the holder's KV socket: served off its step loop (kv_serve)
+        served = next(x for x in backends if x.worker.endpoint == holder.address)
+        assert served.worker.kv_server.num_served == 1 and served.worker.puller.num_served == 0
     else:
         assert rep.num_kv_pulls == 0 and cached == 0 and pool.pulls is None
     for b in backends:
@@ -122,6 +125,7 @@ async def test_disaggregated_slow_prefill(aiohttp_client, tmp_path):
         assert (d.num_kv_pulls, d.num_kv_pull_failures) == (1, 0)
         assert d.num_kv_pulled_tokens >= body["usage"]["prompt_tokens"] - 16
         assert p.num_kv_pulls_served == 1 and p.num_prompt_tokens == body["usage"]["prompt_tokens"]
+        assert prefill.worker.kv_server.num_served == 1  # the wait ran on its KV thread
         # Fast: not split (the prefill backend sees nothing new)
         resp = await client.post("/v1/completions", json={
             "model": "tiny", "prompt": PROMPT + "# fast\n", "max_tokens": 4, "temperature": 0})
@@ -133,3 +137,27 @@ async def test_disaggregated_slow_prefill(aiohttp_client, tmp_path):
     finally:
         prefill.close()
         decode.close()
+
+
+def test_off_loop_backends_pay_no_step_for_a_pull():
+    """The cost rule (scheduler.kv_cost): a peer that answers between its steps makes a pull wait
+    for its step in progress, and a receiver that reads the reply between its own steps adds
+    one of its own; off-loop backends (BackendInfo.kv_endpoint) add neither while the pull fits
+    in the receiver's land wait."""
+    from scheduler.kv_cost import KVCostModel
+    on, off = (KVRates(bytes_per_token=2048, prefill_tokens_per_s=3000, link_bytes_per_s=1e8,
+                       off_loop=x) for x in (True, False))
+    cfg = PullConfig()
+    assert KVCostModel(on, cfg).own_wait_s(1024, 0.5) == 0.0        # 2 MB at 100 MB/s: 21 ms
+    assert KVCostModel(on, cfg).own_wait_s(4096, 0.5) == 0.5        # 84 ms: past the land wait
+    assert KVCostModel(off, cfg).own_wait_s(1024, 0.5) == 0.5
+    pulls = GatewayPulls(cfg)
+    for pid, kv in ((0, "ipc:///x.kv"), (1, "")):
+        pulls.on_info(pid, pb.BackendInfo(block_size=16, kv_layout="L", kv_block_bytes=16 * 2048,
+                                          kv_endpoint=kv))
+    assert pulls.rates(0).off_loop and not pulls.rates(1).off_loop
+    assert pulls.endpoint(0, "ipc:///x") == "ipc:///x.kv"
+    assert pulls.endpoint(1, "ipc:///y") == "ipc:///y"
+    pulls.on_info(2, pb.BackendInfo(block_size=16, kv_layout="L", kv_block_bytes=16 * 2048,
+                                    kv_endpoint="tcp://0.0.0.0:5601"))
+    assert pulls.endpoint(2, "tcp://10.0.0.7:5600") == "tcp://10.0.0.7:5601"

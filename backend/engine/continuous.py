@@ -197,6 +197,10 @@ class Engine:
         self._last_step: InFlightStep | None = None
         self.serving_info: dict = {}  # what the assembler's serving transforms did
         self._last_end = 0.0  # perf_counter of the last read-back
+        # prefix pull served off the loop (issue 34, backend.server.kv_serve): the lock the
+        # serving loop holds while it touches the block manager, released here while the device
+        # works (the CPU forward in launch; the wait in finish), when a KV server reads blocks
+        self.step_unlocked: object = None
         # device seconds of each graph's steps (CUDA timing events), by id of the captured
         # graph, and the host's seconds to plan and launch a step: `launch_deadline`
         self._device_s: dict[int, float] = {}
@@ -335,10 +339,17 @@ class Engine:
         mask_grammars = [states[plan.chunks[i].request_id].grammar for i in mask_rows]
         # every earlier token consumed (no step pending): the masks are computed beside the forward
         early = self.grammars.submit(mask_grammars) if mask_rows and prev is None else None
-        if prev is None:
+        if prev is not None:  # this step's decodes read prev's sampled ids on the device
+            kw["gpu_src"] = prev.sampled_rows
+        lock = self.step_unlocked if self.runner.device.type == "cpu" else None
+        if lock is None:  # (CUDA: a launch may capture a graph; the KV server then waits)
             launched = self.runner.launch(plan.chunks, specs, **kw)
-        else:  # this step's decodes read prev's sampled ids on the device
-            launched = self.runner.launch(plan.chunks, specs, gpu_src=prev.sampled_rows, **kw)
+        else:
+            lock.release()
+            try:
+                launched = self.runner.launch(plan.chunks, specs, **kw)
+            finally:
+                lock.acquire()
         launched_at = time.perf_counter()
         self._launch_s = 0.8 * self._launch_s + 0.2 * (launched_at - start)
         if pipelined and launched.greedy:
@@ -614,7 +625,7 @@ class Engine:
             return self._finish_pipelined(step)
         plan = step.plan
         self._apply_masks(step)
-        out = self.runner.finish(step.launched)
+        out = self._read_back(step)
         states = self.states
         accepted = self._verify(plan, out) if out.targets else None
         # a request finished while this step ran (a stop token read back from the pipelined
@@ -643,11 +654,21 @@ class Engine:
                         for r in [self.abort(rid)] if r is not None]
         return outputs
 
+    def _read_back(self, step: InFlightStep):
+        lock = self.step_unlocked
+        if lock is None:
+            return self.runner.finish(step.launched)
+        lock.release()
+        try:
+            return self.runner.finish(step.launched)
+        finally:
+            lock.acquire()
+
     def _finish_pipelined(self, step: InFlightStep) -> list[RequestOutput]:
         """Read back a step whose update ran with placeholders: set the real tokens, finish
         the requests that sampled a stop token, build the records (see the module docstring)."""
         self._apply_masks(step)
-        out = self.runner.finish(step.launched)
+        out = self._read_back(step)
         step.end = time.perf_counter()
         step.device_s = self._device_seconds(step)
         self._measure_device(step)

@@ -21,8 +21,10 @@ everything again (sizes, frame count, checksums) before it takes a single block.
 The receiving side allocates nothing until a whole, valid reply is in hand (`KVPort.import_`):
 then its blocks join the prefix cache as free, most recently used cached blocks, so a pull that
 fails, times out or answers late leaks nothing, and the request it was for is admitted exactly
-once either way (recomputing what did not arrive). The peer reads its blocks synchronously
-between two steps and holds no reference after it has answered.
+once either way (recomputing what did not arrive). The peer reads its blocks either between
+two steps (its worker loop, the main socket) or off that loop (`backend.server.kv_serve`, its own
+socket and thread: the blocks held against eviction while they are copied out); either way it
+holds no reference after it has answered.
 
 `KVTransport` is the seam for moving the bytes: `ZmqKVTransport` (device -> host -> ZMQ) is the
 one built; an NCCL or NIXL transport between GPUs would implement the same four calls.
@@ -74,6 +76,10 @@ class KVPort:
         self.block_size = block_manager.block_size
         self.layout = layout_of(model_name, kv.kv_cache_dtype, kv.block_size, self.tensors)
         self._flush_host = flush_host  # runs the host tier's queued copies (their bytes first)
+        # off-loop reads (export with a lock) on CUDA: ordered after the serving loop's stream
+        self._main_stream = torch.cuda.current_stream(self.device) \
+            if self.device.type == "cuda" else None
+        self._side_stream = None
         # device -> host rate of block reads (0 on the CPU: the pools are host memory)
         self.copy_bytes_per_s = self.measure_copy_rate() if self.device.type == "cuda" else 0.0
 
@@ -93,17 +99,51 @@ class KVPort:
 
     # ---- the peer: read blocks out ------------------------------------------------------------
     def export(self, token_ids: Sequence[int], start_block: int, max_blocks: int = 0,
-               max_frame_bytes: int = codec.MAX_FRAME_BYTES) -> tuple[int, list[np.ndarray]]:
+               max_frame_bytes: int = codec.MAX_FRAME_BYTES,
+               lock=None) -> tuple[int, list[np.ndarray]]:
         """(number of blocks, frames): the prompt's blocks from `start_block` that this backend
-        holds, each frame [k, block_bytes] uint8 of whole blocks."""
-        where = self.bm.held_prefix(token_ids, start_block, max_blocks)
-        if not where:
-            return 0, []
-        if self._flush_host is not None and any(not on_gpu for on_gpu, _ in where):
-            self._flush_host()
+        holds, each frame [k, block_bytes] uint8 of whole blocks.
+
+        `lock` None: called by the loop that owns the block manager, between two steps. Else
+        called from another thread (`backend.server.kv_serve`) while that loop may be stepping:
+        the block manager is touched only under `lock` (which the loop holds except while it
+        waits or runs the forward pass), the blocks are held against eviction there
+        (`BlockManager.hold_prefix`), read out without it, and released under it again. A held
+        block is a registered one: its K/V was computed before it was registered and nothing
+        writes it while it is referenced."""
+        if lock is None:
+            where = self.bm.held_prefix(token_ids, start_block, max_blocks)
+            if where and self._flush_host is not None and any(not g for g, _ in where):
+                self._flush_host()
+            return len(where), self._read_frames(where, max_frame_bytes)
+        with lock:
+            where = self.bm.hold_prefix(token_ids, start_block, max_blocks)
+            if not where:
+                return 0, []
+            host = any(not on_gpu for on_gpu, _ in where)
+            if host and self._flush_host is not None:
+                self._flush_host()
+            ready = None
+            if self.device.type == "cuda":  # after every write queued so far (steps in flight)
+                ready = torch.cuda.Event()
+                ready.record(self._main_stream)
+        try:
+            if ready is None:
+                return len(where), self._read_frames(where, max_frame_bytes)
+            if host:  # the tier's own copies run on its stream
+                torch.cuda.synchronize(self.device)
+            if self._side_stream is None:
+                self._side_stream = torch.cuda.Stream(self.device)
+            self._side_stream.wait_event(ready)
+            with torch.cuda.stream(self._side_stream):
+                return len(where), self._read_frames(where, max_frame_bytes)
+        finally:
+            with lock:
+                self.bm.release_prefix(where)
+
+    def _read_frames(self, where: list[tuple[bool, int]], max_frame_bytes: int) -> list:
         per_frame = max(1, max_frame_bytes // self.block_bytes)
-        frames = [self._read(where[i:i + per_frame]) for i in range(0, len(where), per_frame)]
-        return len(where), frames
+        return [self._read(where[i:i + per_frame]) for i in range(0, len(where), per_frame)]
 
     def _read(self, where: list[tuple[bool, int]]) -> np.ndarray:
         if all(on_gpu for on_gpu, _ in where):  # the common case: one gather, one copy out
@@ -165,8 +205,9 @@ def make_pull(pull_id: int, start_block: int, layout: str, max_blocks: int = 0) 
 
 
 def answer_pull(port: KVPort | None, pull: pb.KvPull, prompt: np.ndarray | None,
-                checksum: bool = True) -> list:
-    """The frames answering one KvPull (envelope first): the blocks, or an explicit error."""
+                checksum: bool = True, lock=None) -> list:
+    """The frames answering one KvPull (envelope first): the blocks, or an explicit error.
+    `lock`: answered off the serving loop (`KVPort.export`)."""
     reply = pb.KvBlocks(pull_id=pull.pull_id, start_block=pull.start_block)
     data: list[np.ndarray] = []
     if port is None:
@@ -178,7 +219,7 @@ def answer_pull(port: KVPort | None, pull: pb.KvPull, prompt: np.ndarray | None,
         reply.error = "pull names no prompt"
     else:
         reply.layout = port.layout
-        n, data = port.export(prompt.tolist(), pull.start_block, pull.max_blocks)
+        n, data = port.export(prompt.tolist(), pull.start_block, pull.max_blocks, lock=lock)
         if n == 0:
             reply.error = "prefix not held (evicted, or never here)"
         reply.num_blocks, reply.block_bytes = n, port.block_bytes

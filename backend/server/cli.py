@@ -39,6 +39,17 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-kv-pull-checksum", action="store_true",
                    help="send pulled KV blocks without a crc32 per frame (the receiver checks "
                         "sizes and layout only); for links that checksum themselves")
+    p.add_argument("--kv-pull-serve", choices=("thread", "loop"), default="thread",
+                   help="thread: answer peers' prefix pulls on a KV socket of their own, in a "
+                        "thread, while this backend steps, and hold a step up to "
+                        "--kv-pull-land-wait for a pull of ours about to land; loop: answer "
+                        "them between two steps on the main socket (the 1.3 behaviour)")
+    p.add_argument("--kv-listen", default=None, metavar="ENDPOINT",
+                   help="the KV socket's endpoint (default: next to --listen: ipc://X.kv, "
+                        "or tcp on the same host, a free port)")
+    p.add_argument("--kv-pull-land-wait", type=float, default=PullConfig.land_wait_s,
+                   metavar="SECONDS", help="the most a busy backend holds its next step for a "
+                   f"pull expected to land in time (default {PullConfig.land_wait_s:g})")
     sec = p.add_argument_group("security (proto.security)")
     sec.add_argument("--curve-key", default=None, metavar="FILE",
                      help="CURVE key pair (a .key_secret file from `tidegate keys generate`): "
@@ -133,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
                             generation_defaults=generation_defaults, kv_events=kv_events,
                             pin_budget_fraction=getattr(args, "pin_budget_fraction", 0.25),
                             role=ROLES.index(args.role), kv_pull_timeout_s=args.kv_pull_timeout,
-                            kv_pull_checksum=not args.no_kv_pull_checksum)
+                            kv_pull_checksum=not args.no_kv_pull_checksum,
+                            kv_serve=args.kv_pull_serve, kv_listen=args.kv_listen,
+                            kv_pull_land_wait_s=args.kv_pull_land_wait)
         except zmq.ZMQError as exc:
             if kv_events is not None:
                 kv_events.close()

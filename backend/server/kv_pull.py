@@ -15,6 +15,12 @@ It leaves the park exactly once, admitted by the worker (`take_ready`), when
 
 so every request is answered once, and no block is allocated before a whole, valid reply is in
 hand. Pulls are never retried: recompute is always available and costs at most the same.
+
+A request can join a step only between two steps. A busy worker that parks one therefore holds
+its next step up to `land_wait_s` (`land_wait_ms`, `Worker._await_landing`) when the pull is
+expected to land within it (twice its bytes over the measured pull rate, plus a round trip):
+the request then joins that step instead of the one after it (a whole step later; 0.3-2 s on a
+loaded CPU backend). A peer answers such a pull off its own loop (`backend.server.kv_serve`).
 """
 from __future__ import annotations
 
@@ -38,6 +44,10 @@ from backend.kv.transfer import (
 )
 from proto import codec
 from proto import tidegate_pb2 as pb
+from scheduler.kv_cost import PullConfig
+
+DEFAULT_LAND_WAIT_S = PullConfig.land_wait_s  # the most a busy worker holds its next step
+LAND_ROUND_TRIP_S = 0.003   # a pull's fixed cost in that expectation (two messages, a lookup)
 
 
 @dataclass(slots=True)
@@ -54,13 +64,16 @@ class Parked:
     max_blocks: int
     deadline: float
     started: float
+    expect_s: float = 0.0  # when it should land, from the measured pull rate (land_wait_ms)
+    crossed_step: bool = False  # a step ran while it waited: its elapsed time is not the pull's
 
 
 class PrefixPuller:
     def __init__(self, port: KVPort | None, transport: KVTransport | None = None,
                  timeout_s: float = DEFAULT_PULL_TIMEOUT_S, clock=time.monotonic,
-                 checksum: bool = True) -> None:
+                 checksum: bool = True, land_wait_s: float = DEFAULT_LAND_WAIT_S) -> None:
         self.port = port
+        self.land_wait_s = land_wait_s
         self.transport = transport if transport is not None or port is None else ZmqKVTransport()
         self.timeout_s = timeout_s
         self.clock = clock
@@ -78,7 +91,8 @@ class PrefixPuller:
         self.num_pulled_tokens = 0
         self.num_served = 0
         self.num_late = 0                      # replies after their deadline (dropped)
-        self.bytes_per_s = 0.0                 # EMA over successful pulls
+        self.bytes_per_s = 0.0                 # EMA over successful pulls, end to end
+        self.land_bytes_per_s = 0.0            # the same over those no step delayed (land_wait_ms)
         self.prefill_tokens_per_s = 0.0        # EMA over mostly-prefill steps (observe_step)
         self.last_error = ""
 
@@ -119,8 +133,12 @@ class PrefixPuller:
             return False
         now = self.clock()
         timeout = src.timeout_s if src.timeout_s > 0 else self.timeout_s
+        expect = self.land_wait_s if not self.land_bytes_per_s else (
+            LAND_ROUND_TRIP_S + 2 * max_blocks * port.block_bytes / self.land_bytes_per_s)
+        if src.prefill_wait_s > 0:  # a prefill in flight there: not soon
+            expect = float("inf")
         self._parked[pull_id] = Parked(identity, key, req, prompt, prediction, src.endpoint,
-                                       pull_id, start, max_blocks, now + timeout, now)
+                                       pull_id, start, max_blocks, now + timeout, now, expect)
         self._by_key[key] = pull_id
         return True
 
@@ -161,6 +179,24 @@ class PrefixPuller:
         due = min([p.deadline for p in self._parked.values()] +
                   [d for _, _, d in self._deferred])
         return max(0, min(wait_ms, int((due - self.clock()) * 1000) + 1))
+
+    def note_step(self) -> None:
+        """A step is about to run: the pulls parked now are delayed by it (their rate is not
+        the transfer's)."""
+        for p in self._parked.values():
+            p.crossed_step = True
+
+    def land_wait_ms(self) -> int:
+        """How long a busy worker may still hold its next step for parked pulls expected to land
+        within the land wait (module docstring); 0: step now."""
+        if not self._parked or self.land_wait_s <= 0:
+            return 0
+        now = self.clock()
+        due = [p.started + p.expect_s for p in self._parked.values()
+               if p.expect_s <= self.land_wait_s]
+        if not due:
+            return 0
+        return max(0, int((max(due) - now) * 1000) + 1)
 
     def sync_poller(self, poller: zmq.Poller) -> None:
         """Register the transport's sockets with the worker's poller (they come and go)."""
@@ -219,6 +255,9 @@ class PrefixPuller:
         elapsed = max(self.clock() - p.started, 1e-6)
         rate = reply.num_blocks * port.block_bytes / elapsed
         self.bytes_per_s = rate if not self.bytes_per_s else 0.8 * self.bytes_per_s + 0.2 * rate
+        if not p.crossed_step:
+            old = self.land_bytes_per_s
+            self.land_bytes_per_s = rate if not old else 0.8 * old + 0.2 * rate
         self.num_pulled_tokens += tokens
 
     def _fail(self, message: str) -> None:

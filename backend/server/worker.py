@@ -32,6 +32,7 @@ import errno
 import importlib.metadata
 import signal
 import sys
+import threading
 import time
 import uuid
 from collections import defaultdict, deque
@@ -42,7 +43,8 @@ from backend.engine.continuous import RequestOutput
 from backend.engine.interface import ServingEngine
 from backend.kv.transfer import ZmqKVTransport
 from backend.model.loader import LoadedModel
-from backend.server.kv_pull import PrefixPuller
+from backend.server.kv_pull import DEFAULT_LAND_WAIT_S, PrefixPuller
+from backend.server.kv_serve import KVServer, kv_listen_for
 from backend.server.step_log import StepLog
 from proto import codec
 from proto import tidegate_pb2 as pb
@@ -83,7 +85,9 @@ class Worker:
                  generation_defaults: dict[str, float] | None = None,
                  pin_budget_fraction: float = PIN_BUDGET_FRACTION,
                  kv_events=None, kv_pull_timeout_s: float | None = None,
-                 role: int = pb.BackendInfo.MIXED, kv_pull_checksum: bool = True) -> None:
+                 role: int = pb.BackendInfo.MIXED, kv_pull_checksum: bool = True,
+                 kv_serve: str = "thread", kv_listen: str | None = None,
+                 kv_pull_land_wait_s: float = DEFAULT_LAND_WAIT_S) -> None:
         self.engine = engine
         self.role = role  # BackendInfo.Role: a prefill-only backend gets only split prefills
         # the model's sampling defaults (backend.model.generation_config), sent in BackendInfo
@@ -141,7 +145,19 @@ class Worker:
         port = engine.kv_port(self.model_name)
         self.puller = PrefixPuller(port, None if port is None else ZmqKVTransport(
             self.ctx, security), checksum=kv_pull_checksum,
+            land_wait_s=kv_pull_land_wait_s if kv_serve == "thread" else 0.0,
             **({} if kv_pull_timeout_s is None else {"timeout_s": kv_pull_timeout_s}))
+        # peers' pulls answered off the step loop (backend.server.kv_serve): a thread on its own
+        # socket reads blocks while this loop steps; the loop holds `kv_lock` whenever it
+        # touches the block manager (all but its polls and the forward pass)
+        if kv_serve not in ("thread", "loop"):
+            raise ValueError(f"kv_serve is 'thread' or 'loop', not {kv_serve!r}")
+        self.kv_lock = None
+        self.kv_server: KVServer | None = None
+        if port is not None and kv_serve == "thread" and hasattr(engine, "step_unlocked"):
+            self.kv_lock = threading.Lock()  # (the engine releases it only in serve_forever)
+            self.kv_server = KVServer(port, self.kv_lock, kv_listen or kv_listen_for(listen),
+                                      self.ctx, security, kv_pull_checksum)
 
     # ---- lifecycle -----------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -152,6 +168,28 @@ class Worker:
         self._stopping = True
 
     def serve_forever(self) -> int:
+        lock = self.kv_lock
+        if lock is None:
+            return self._serve_forever()
+        lock.acquire()  # released while polling and in the forward pass (kv_serve)
+        self.engine.step_unlocked = lock
+        try:
+            return self._serve_forever()
+        finally:
+            self.engine.step_unlocked = None
+            lock.release()
+
+    def _poll(self, poller: zmq.Poller, wait_ms: int) -> list:
+        lock = self.kv_lock
+        if lock is None or wait_ms <= 0:
+            return poller.poll(wait_ms)
+        lock.release()
+        try:
+            return poller.poll(wait_ms)
+        finally:
+            lock.acquire()
+
+    def _serve_forever(self) -> int:
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         launch_deadline = self.engine.launch_deadline
@@ -172,13 +210,15 @@ class Worker:
                 puller.sync_poller(poller)
                 wait_ms = puller.wait_ms(wait_ms)
             try:
-                ready = poller.poll(wait_ms)
+                ready = self._poll(poller, wait_ms)
             except zmq.ZMQError:  # interrupted by a signal
                 continue
             if ready:
                 self._drain()
             if puller.active:
                 self._admit_pulled()
+                if puller.num_parked and self.engine.has_unfinished():
+                    self._await_landing(poller)
             if self.engine.has_unfinished() and not self._stopping:
                 if deadline is None or time.perf_counter() >= deadline:
                     self._step()
@@ -195,6 +235,25 @@ class Worker:
             self._maybe_report()
         self._shutdown()
         return 0
+
+    def _await_landing(self, poller: zmq.Poller) -> None:
+        """Hold the next step (at most the puller's land wait) for pulls about to land, so that
+        their requests join it instead of the one after (a whole step later, on a busy loop)."""
+        puller = self.puller
+        end = time.monotonic() + puller.land_wait_s
+        while puller.num_parked and not self._stopping:
+            ms = min(puller.land_wait_ms(), int((end - time.monotonic()) * 1000))
+            if ms <= 0:
+                return
+            puller.sync_poller(poller)
+            try:
+                ready = self._poll(poller, ms)
+            except zmq.ZMQError:
+                return
+            if not ready:
+                return
+            self._drain()
+            self._admit_pulled()
 
     def _admit_pulled(self) -> None:
         """Admit the requests whose prefix pull ended (blocks in, or recompute): once each;
@@ -221,6 +280,7 @@ class Worker:
         self._flush_pending()
         self._fail_all("backend is shutting down", pb.Error.SHUTTING_DOWN)
         self._flush_outboxes()
+        self._close_kv_server()
         self.sock.close()
         if self.step_log is not None:
             self.step_log.write()
@@ -251,7 +311,12 @@ class Worker:
         for identity, rid in owners:
             self._send(identity, codec.make_error(code, message, rid))
 
+    def _close_kv_server(self) -> None:
+        if self.kv_server is not None:
+            self.kv_server.close()
+
     def close(self) -> None:
+        self._close_kv_server()
         self.puller.close()
         self.sock.close(linger=0)
         self._stop_auth()
@@ -390,6 +455,8 @@ class Worker:
     # ---- stepping and sending --------------------------------------------------------------
     def _step(self) -> None:
         engine = self.engine
+        if self.puller.num_parked:
+            self.puller.note_step()
         t0 = time.perf_counter()
         try:
             # CUDA: launch the next step, read back the previous one (Engine.advance); else
@@ -568,6 +635,8 @@ class Worker:
         if port is not None:  # prefix pull (issue 34): what we store, what copies cost
             info.kv_layout, info.kv_block_bytes = port.layout, port.block_bytes
             info.kv_copy_bytes_per_s = port.copy_bytes_per_s
+            if self.kv_server is not None:
+                info.kv_endpoint = self.kv_server.endpoint
         return info
 
     def load_report(self) -> pb.LoadReport:
@@ -598,11 +667,12 @@ class Worker:
                 num_accepted_tokens=c.num_accepted_tokens,
                 num_accepted_tokens_per_pos=c.num_accepted_tokens_per_pos)
         puller = self.puller
-        if puller.num_pulls or puller.num_served:
+        served = puller.num_served + (self.kv_server.num_served if self.kv_server else 0)
+        if puller.num_pulls or served:
             report.num_kv_pulls, report.num_kv_pull_failures = (puller.num_pulls,
                                                                 puller.num_failures)
             report.num_kv_pulled_tokens = puller.num_pulled_tokens
-            report.num_kv_pulls_served = puller.num_served
+            report.num_kv_pulls_served = served
             report.kv_pull_bytes_per_s = puller.bytes_per_s
         report.prefill_tokens_per_s = puller.prefill_tokens_per_s
         if self.prefix_summary is not None:
