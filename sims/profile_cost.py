@@ -80,7 +80,8 @@ LEGACY_CUDA_TOKEN_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 320, 384, 512, 6
 # about the last 100 ms (a prefill step ran 1.005 / 1.04 / 1.05-1.09 x at shares 0 / 0.5 / 1)
 POWER_CAP_WINDOW_S = 0.1
 _FEATURE_NAMES = ("a_s", "b_s_per_seq", "c_s_per_prefill_tok", "e_s_per_ctx_tok", "f_s_per_prefill_tok2",
-                  "g_s_per_prefill_seq", "h_s_per_prefill_tok_prefix_tok")
+                  "g_s_per_prefill_seq", "h_s_per_prefill_tok_prefix_tok", "i_s_per_mixed_step",
+                  "j_s_per_tok_past_knee")
 
 
 def _pick(point: dict, keys: tuple, default=None):
@@ -92,10 +93,10 @@ def _pick(point: dict, keys: tuple, default=None):
     return default
 
 
-def _features(d, p, c, k=None, q=None, x=None, cols: tuple[bool, bool] = (False, False),
+def _features(d, p, c, k=None, q=None, x=None, cols: tuple[bool, ...] = (False, False),
               pad=None) -> np.ndarray:
     """[1, d, p + pad (the graph's pad tokens), ctx, q = Σp_i² (p² by default)] + [k] +
-    [x = Σp_i·s_i] as `cols` asks."""
+    [x = Σp_i·s_i] + [1 if the step holds prefill tokens] as `cols` asks."""
     d, p, c = (np.asarray(v, dtype=np.float64) for v in (d, p, c))
     q = p * p if q is None else np.asarray(q, dtype=np.float64)
     gemm_p = p if pad is None else p + np.asarray(pad, dtype=np.float64)
@@ -104,7 +105,50 @@ def _features(d, p, c, k=None, q=None, x=None, cols: tuple[bool, bool] = (False,
         f.append((p > 0).astype(np.float64) if k is None else np.asarray(k, dtype=np.float64))
     if cols[1]:
         f.append(np.zeros_like(d) if x is None else np.asarray(x, dtype=np.float64))
+    if len(cols) > 2 and cols[2]:
+        f.append((p > 0).astype(np.float64))
+    if len(cols) > 3 and cols[3] is not None:  # the GEMMs' compute knee: tokens past it
+        f.append(np.maximum(0.0, d + gemm_p - cols[3]) * (p > 0))
     return np.stack(f, axis=-1)
+
+
+def _residual_interpolator(space: np.ndarray, resid: np.ndarray):
+    """q -> the fit's residual at q, from the measured points `space` (n, dims) and their
+    residuals: piecewise linear inside the points' convex hull (exact at each point), the nearest
+    point's residual outside it (coordinates scaled by their span); None (the regression alone)
+    when the points are too few or degenerate (all in one plane). Outside the hull a residual
+    of 0 had left the bare regression: on the H200's verify profile a decode step of 8 sequences
+    at 3,110 tokens each sat just past the (8, 3,072) point and was charged 18.96 ms where that
+    point measured 20.81 (issue 28)."""
+    if not len(space):
+        return None
+    span = space.max(axis=0) - space.min(axis=0)
+    dims = np.flatnonzero(span > 0)
+    if not len(dims):
+        const = float(resid.mean())
+        return lambda q: const
+    xs = space[:, dims] / span[dims]
+    if len(dims) == 1:
+        order = np.argsort(xs[:, 0])
+        xo, ro = xs[order, 0], resid[order]
+        # np.interp holds the end values outside the range: the nearest point's residual
+        return lambda q: float(np.interp(float(np.asarray(q, dtype=np.float64)[dims[0]])
+                                         / span[dims[0]], xo, ro))
+    from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator
+    if len(space) <= len(dims) + 1:
+        return None
+    try:
+        lin = LinearNDInterpolator(xs, resid, fill_value=np.nan)
+    except (QhullError, ValueError) as exc:  # degenerate (coplanar) points: regression only
+        warnings.warn(f"profile: residual interpolation disabled ({exc.__class__.__name__})")
+        return None
+    near = NearestNDInterpolator(xs, resid)
+
+    def at(q):
+        z = np.asarray(q, dtype=np.float64)[dims] / span[dims]
+        v = float(lin(z).ravel()[0])
+        return v if np.isfinite(v) else float(near(z).ravel()[0])
+    return at
 
 
 def _chunk_shape(chunks) -> tuple[int, int, int, int]:
@@ -188,9 +232,32 @@ class ProfileCost:
         s = points[:, 4] * (p > 0) if points.shape[1] > 4 else np.zeros_like(p)
         q = np.where(k > 0, p * p / np.maximum(k, 1.0), 0.0)  # k equal chunks: Σp_i² = p²/k
         x = p * s                                               # Σp_i·s_i
-        self._cols = (bool((k > 1).any()), bool((s > 0).any()))
+        # a step with prefill tokens runs the mixed-step graph (cuBLAS GEMMs, prefill attention)
+        # where a decode-only step runs the decode graph (one-row GEMVs): on the H200 a 9-token
+        # chunk beside one decode cost 3.2 ms more than the decode alone, ~20 times what 8 more
+        # tokens cost at that size. Without its own constant that step is fitted as a slope of
+        # the tokens, which pulls every decode-only step down (ours: 1.9 ms, 10%, at 8 decodes)
+        # (identified only by steps of a few prefill tokens: a profile whose smallest chunk is
+        # 512 tokens would put the line's intercept there and charge a 9-token chunk 30 ms)
+        mixed_col = bool(((p <= 0) & (d > 0)).any() and ((p > 0) & (p <= 64)).any()
+                         and len(np.unique(p[p > 0])) >= 2)
+        self._cols = (bool((k > 1).any()), bool((s > 0).any()), mixed_col, None)
         self.token_buckets = np.array(sorted(token_buckets), dtype=np.float64) if token_buckets else None
         pad = _pad_tokens(d, p, self.token_buckets)
+        if mixed_col and len(np.unique(p[p > 0])) >= 3:
+            # a mixed step's matrix products stream the weights (flat in its tokens) until they
+            # turn compute-bound; one slope for both charged 8 more tokens at 9 as 0.7 ms where
+            # the H200 took 0.1 ms. The knee is the step size (a measured one) that fits best
+            tokens = (d + p + pad)[p > 0]
+            best = None
+            for knee in np.unique(tokens)[:-1]:
+                f = _features(d, p, c, k, q, x, self._cols[:3] + (float(knee),), pad)
+                fs = np.maximum(np.abs(f).max(axis=0), 1e-12)
+                sse = float(((f @ (nnls(f / fs, times_s)[0] / fs) - times_s) ** 2).sum())
+                if best is None or sse < best[0]:
+                    best = (sse, float(knee))
+            if best is not None:
+                self._cols = self._cols[:3] + (best[1],)
         self.points = points[:, :3]
         self.num_prefill_seqs, self.prefill_context_len = k, s
         self.times_s, self.meta = times_s, dict(meta or {})
@@ -202,27 +269,15 @@ class ProfileCost:
         resid = times_s - feats @ self.coef
         ss_tot = float(((times_s - times_s.mean()) ** 2).sum())
         self.r2 = 1.0 - float((resid ** 2).sum()) / ss_tot if ss_tot > 0 else 1.0
-        self._resid = None
         # residuals live in (d, p, ctx), plus Σp_i² / Σp_i·s_i when the profile varies them apart
-        # from p (otherwise a packed step and one long prompt of the same p would be one point)
-        space = [d, p, c] + ([q] if self._cols[0] else []) + ([x] if self._cols[1] else [])
-        points = np.stack(space, axis=-1)
-        span = points.max(axis=0) - points.min(axis=0)
-        dims = np.flatnonzero(span > 0)
-        if len(points) > len(dims) + 1 and len(dims) >= 1:
-            try:
-                if len(dims) == 1:
-                    order = np.argsort(points[:, dims[0]])
-                    xs, rs = points[order, dims[0]], resid[order]
-                    self._resid = lambda q, xs=xs, rs=rs, i=dims[0]: float(
-                        np.interp(q[i], xs, rs, left=0.0, right=0.0))
-                else:
-                    from scipy.interpolate import LinearNDInterpolator
-                    lin = LinearNDInterpolator(points[:, dims] / span[dims], resid, fill_value=0.0)
-                    self._resid = lambda q, lin=lin, dims=dims, span=span: float(
-                        lin(np.asarray(q, dtype=np.float64)[dims] / span[dims]).ravel()[0])
-            except (QhullError, ValueError) as exc:  # degenerate (coplanar) points: regression only
-                warnings.warn(f"profile: residual interpolation disabled ({exc.__class__.__name__})")
+        # from p (otherwise a packed step and one long prompt of the same p would be one point);
+        # decode-only steps and steps with prefill are interpolated apart (two kinds of step, two
+        # graphs: a decode step must not take a prefill point's residual)
+        space = np.stack([d, p, c] + ([q] if self._cols[0] else []) + ([x] if self._cols[1] else []),
+                         axis=-1)
+        has_prefill = p > 0
+        self._resid_decode = _residual_interpolator(space[~has_prefill][:, [0, 2]], resid[~has_prefill])
+        self._resid_prefill = _residual_interpolator(space[has_prefill], resid[has_prefill])
         self.ctx_quantum = max(1, int(ctx_quantum))
         self._memo: dict[tuple, float] = {}
 
@@ -257,8 +312,12 @@ class ProfileCost:
     def _eval(self, d: int, p: int, c: int, k: int, q: int, x: int) -> float:
         pad = _pad_tokens(d, p, self.token_buckets)
         t = float(_features(d, p, c, k, q, x, self._cols, pad) @ self.coef)
-        if self._resid is not None:
-            t += self._resid((d, p, c) + ((q,) if self._cols[0] else ()) + ((x,) if self._cols[1] else ()))
+        if p > 0:
+            if self._resid_prefill is not None:
+                t += self._resid_prefill((d, p, c) + ((q,) if self._cols[0] else ())
+                                         + ((x,) if self._cols[1] else ()))
+        elif self._resid_decode is not None:
+            t += self._resid_decode((d, c))
         return max(t, 1e-7)
 
     def step_time(self, num_decode_seqs: int, num_prefill_tokens: int, num_context_tokens: int,
@@ -311,7 +370,11 @@ class ProfileCost:
     def describe(self) -> dict:
         return {"kind": "profile", "num_points": len(self.points), "r2_linear": round(self.r2, 4),
                 "coef": dict(zip(_FEATURE_NAMES[:5] + (_FEATURE_NAMES[5:6] if self._cols[0] else ())
-                                 + (_FEATURE_NAMES[6:] if self._cols[1] else ()), map(float, self.coef))),
+                                 + (_FEATURE_NAMES[6:7] if self._cols[1] else ())
+                                 + (_FEATURE_NAMES[7:8] if self._cols[2] else ())
+                                 + (_FEATURE_NAMES[8:] if self._cols[3] is not None else ()),
+                                 map(float, self.coef))),
+                "compute_knee_tokens": self._cols[3],
                 "packed_prefill_points": int((self.num_prefill_seqs > 1).sum()),
                 "prefix_prefill_points": int((self.prefill_context_len > 0).sum()),
                 "token_buckets": [] if self.token_buckets is None else [int(b) for b in self.token_buckets],
