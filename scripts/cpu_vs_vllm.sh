@@ -14,6 +14,7 @@
 #   TIDEGATE_ARGS []  extra `tidegate serve` flags (e.g. "--dtype float32" for the old default)
 #   QUIET_FILE []     a file created while each server runs and removed after (this repo's shared
 #                     dev machine uses /work/QUIET to pause other work)
+#   QUIET_WAIT [20]   seconds between creating QUIET_FILE and starting the server
 # Prints the table; the CPU (model name and bf16 flags) is in every row and under the table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,5 +30,5 @@ ARGS=(--models "$(IFS=,; echo "${MODELS[*]}")" --rounds "${ROUNDS:-2}" --rates $
       --num-prompts "${NUM_PROMPTS:-200}" --in-len "${IN_LEN:-128}" --out-len "${OUT_LEN:-32}"
       --peers "$PEERS" --out "$OUT")
 [[ -n "${TIDEGATE_ARGS:-}" ]] && ARGS+=(--tidegate-args "$TIDEGATE_ARGS")
-[[ -n "${QUIET_FILE:-}" ]] && ARGS+=(--quiet-file "$QUIET_FILE")
+[[ -n "${QUIET_FILE:-}" ]] && ARGS+=(--quiet-file "$QUIET_FILE" --quiet-wait "${QUIET_WAIT:-20}")
 exec "$PY" -m bench.serving.compare_vllm "${ARGS[@]}"

@@ -255,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet-file", default=None,
                    help="a file to create for each server's runs and remove after (a shared "
                         "machine's signal to pause other work)")
+    p.add_argument("--quiet-wait", type=float, default=20.0,
+                   help="seconds after creating --quiet-file before the server starts (others "
+                        "finish the command they are in; a test run can take a minute)")
     p.add_argument("--rates", nargs="+", default=["inf", "20"],
                    help="request rates; RATE:N runs N requests at that rate (default --num-prompts)")
     p.add_argument("--rounds", type=int, default=2)
@@ -289,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
                 quiet = Path(a.quiet_file) if a.quiet_file else None
                 if quiet is not None:
                     quiet.touch()
-                    time.sleep(20)  # others finish the command they are in
+                    time.sleep(a.quiet_wait)  # others finish the command they are in
                 before = load_average()
                 try:
                     ready = srv.start(model, served, a.port, out / f"{label}.server.log")
