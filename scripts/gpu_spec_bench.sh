@@ -43,7 +43,7 @@ DEVICE=${DEVICE:-cuda}
 PART=${PART:-serve}
 NREQ=${NREQ:-8}
 OUTLEN=${OUTLEN:-256}
-SAT=${SAT:-"512/128x400 16/32x256"}
+SAT=${SAT-"512/128x400 16/32x256"}  # "" skips the saturation runs
 LOADS=${LOADS-"1 8 32"}
 PORT=${PORT:-18080}
 FILE_CHARS=${FILE_CHARS:-3000}
@@ -151,11 +151,13 @@ if [ "$PART" = sim ]; then
   S=$W/serve
   # verify-shaped points: k + 1 = 9-token chunks at 1,024- and 3,072-token contexts (the edit
   # prompts of FILE_CHARS 3000 are ~3,100 tokens: a profile at 1,024 only left the simulator
-  # extrapolating the context, 2026-12-03), 8 of them packed
+  # extrapolating the context, 2026-12-03), 8 of them packed, beside 0-32 decodes (32: the c=32
+  # load's drafting steps, ~25 decodes + 7 verifies at ~3,200 tokens, ran 3.7% over a model whose
+  # cached-prefix and packed points stopped at 8 decodes, 2026-12-04)
   timeout "${PROFILE_S:-420}" $PY -m gateway.tidegate_cli backend profile --model "$MODEL" --load-format dummy \
       --device "$DEVICE" --out "$M/profile.json" --decode-batch-sizes 0,1,8,32 \
       --prefill-tokens 0,9,72,512 --context-lens "${PROFILE_CONTEXTS:-1024,3072}" --packed-prefill-seqs 8 \
-      --prefill-context-lens "${PROFILE_CONTEXTS:-1024,3072}" --packed-decode-batch-sizes 0,1,8 --repeats 3 \
+      --prefill-context-lens "${PROFILE_CONTEXTS:-1024,3072}" --packed-decode-batch-sizes 0,1,8,32 --repeats 3 \
       > "$M/profile.log" 2>&1 || { tail -20 "$M/profile.log"; exit 1; }
   live=(); sim=()
   for c in $LOADS; do
