@@ -347,12 +347,14 @@ def _run_phase(indexes: range, requests: Sequence[SpecRequest], now: float, sche
             continue
         seconds, tokens = _step_cost(cost, plan)
         if drafts and turns.async_scheduling:
-            # a step with drafts is not pipelined: the engine reads the step before back,
-            # proposes and plans it while the device idles. A profile point's time holds one
-            # launch; the host's work between the read-back and the launch costs about another
-            # (live H200, 33B, ~3,100-token edits: drafting steps ran 0.6 / ~1.5 / 1.6 ms over
-            # the profile's time for their shape at c = 1 / 8 / 32; the launch fit gives
-            # 0.8 / 0.9 / 1.2 ms)
+            # a step with drafts is not pipelined, and it is more than the prefill chunk the
+            # profile timed for its shape (logits and sampling at every verified position, the
+            # acceptance, the read-back of what was accepted): live H200 drafting steps (33B,
+            # ~3,100-token edits) ran 0.6 / ~1.5 / 1.6 ms over the profile's time for their
+            # shape at c = 1 / 8 / 32, from their launch to their read-back (the planning
+            # before the launch, 0.16 ms at the median, is not in either). Charged as one more
+            # host launch (the launch fit: 0.8 / 0.9 / 1.2 ms there) until the profile times a
+            # verify step itself
             launch = getattr(cost, "launch_time", None)
             if launch is not None:
                 seconds += launch(sum(1 for c in plan.chunks if not c.is_prefill and not c.num_draft),
