@@ -153,11 +153,13 @@ if [ "$PART" = sim ]; then
   # prompts of FILE_CHARS 3000 are ~3,100 tokens: a profile at 1,024 only left the simulator
   # extrapolating the context, 2026-12-03), 8 of them packed, beside 0-32 decodes (32: the c=32
   # load's drafting steps, ~25 decodes + 7 verifies at ~3,200 tokens, ran 3.7% over a model whose
-  # cached-prefix and packed points stopped at 8 decodes, 2026-12-04)
+  # cached-prefix and packed points stopped at 8 decodes, 2026-12-04); and the same chunks as
+  # verifies of 8 drafts, timed through the runner's verify path (sampled at every position)
   timeout "${PROFILE_S:-420}" $PY -m gateway.tidegate_cli backend profile --model "$MODEL" --load-format dummy \
       --device "$DEVICE" --out "$M/profile.json" --decode-batch-sizes 0,1,8,32 \
       --prefill-tokens 0,9,72,512 --context-lens "${PROFILE_CONTEXTS:-1024,3072}" --packed-prefill-seqs 8 \
-      --prefill-context-lens "${PROFILE_CONTEXTS:-1024,3072}" --packed-decode-batch-sizes 0,1,8,32 --repeats 3 \
+      --prefill-context-lens "${PROFILE_CONTEXTS:-1024,3072}" --packed-decode-batch-sizes 0,1,8,32 \
+      --verify-drafts 8 --repeats 3 \
       > "$M/profile.log" 2>&1 || { tail -20 "$M/profile.log"; exit 1; }
   live=(); sim=()
   for c in $LOADS; do

@@ -81,7 +81,7 @@ LEGACY_CUDA_TOKEN_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 320, 384, 512, 6
 POWER_CAP_WINDOW_S = 0.1
 _FEATURE_NAMES = ("a_s", "b_s_per_seq", "c_s_per_prefill_tok", "e_s_per_ctx_tok", "f_s_per_prefill_tok2",
                   "g_s_per_prefill_seq", "h_s_per_prefill_tok_prefix_tok", "i_s_per_mixed_step",
-                  "j_s_per_tok_past_knee")
+                  "j_s_per_tok_past_knee", "l_s_per_draft_token")
 
 
 def _pick(point: dict, keys: tuple, default=None):
@@ -93,10 +93,11 @@ def _pick(point: dict, keys: tuple, default=None):
     return default
 
 
-def _features(d, p, c, k=None, q=None, x=None, cols: tuple[bool, ...] = (False, False),
-              pad=None) -> np.ndarray:
+def _features(d, p, c, k=None, q=None, x=None, cols: tuple = (False, False),
+              pad=None, v=None) -> np.ndarray:
     """[1, d, p + pad (the graph's pad tokens), ctx, q = Σp_i² (p² by default)] + [k] +
-    [x = Σp_i·s_i] + [1 if the step holds prefill tokens] as `cols` asks."""
+    [x = Σp_i·s_i] + [1 if the step holds prefill tokens] + [tokens past the compute knee] +
+    [v = draft tokens verified] as `cols` asks."""
     d, p, c = (np.asarray(v, dtype=np.float64) for v in (d, p, c))
     q = p * p if q is None else np.asarray(q, dtype=np.float64)
     gemm_p = p if pad is None else p + np.asarray(pad, dtype=np.float64)
@@ -109,6 +110,8 @@ def _features(d, p, c, k=None, q=None, x=None, cols: tuple[bool, ...] = (False, 
         f.append((p > 0).astype(np.float64))
     if len(cols) > 3 and cols[3] is not None:  # the GEMMs' compute knee: tokens past it
         f.append(np.maximum(0.0, d + gemm_p - cols[3]) * (p > 0))
+    if len(cols) > 4 and cols[4]:  # verifies: every draft's row sampled and read back
+        f.append(np.zeros_like(d) if v is None else np.asarray(v, dtype=np.float64))
     return np.stack(f, axis=-1)
 
 
@@ -188,15 +191,16 @@ class ProfileCost:
                  power_cap: bool = False):
         """points: (n, 3) of (num_decode_seqs, num_prefill_tokens, num_context_tokens), or (n, 4) /
         (n, 5) with num_prefill_seqs k (the p tokens are k chunks of p/k each; default 1 when p > 0)
-        and prefill_context_len s (each chunk starts at position s; default 0) appended.
+        and prefill_context_len s (each chunk starts at position s; default 0) appended, or (n, 6)
+        with num_draft_tokens v too (the k chunks were verifies of p/k - 1 drafts; default 0).
         `token_buckets`: the engine's mixed-step CUDA-graph token buckets (a step with prefill
         tokens is charged for the bucket it runs as; None or empty: for its own tokens).
         `launch_times_s`: the host's launch part of each point's time; with `hide_launch` the
         model charges steps without it (see the module doc)."""
         points = np.asarray(points, dtype=np.float64)
         points = points.reshape(-1, points.shape[-1] if points.ndim == 2 else 3)
-        if points.shape[1] not in (3, 4, 5):
-            raise ValueError(f"profile points need 3-5 columns, not {points.shape[1]}")
+        if points.shape[1] not in (3, 4, 5, 6):
+            raise ValueError(f"profile points need 3-6 columns, not {points.shape[1]}")
         times_s = np.asarray(times_s, dtype=np.float64)
         self.hides_launch = bool(hide_launch and launch_times_s is not None)
         # power cap (module doc): (f_ref, r) from the pause check, or None (off)
@@ -230,6 +234,10 @@ class ProfileCost:
         k[p <= 0] = 0.0
         k[(p > 0) & (k < 1)] = 1.0
         s = points[:, 4] * (p > 0) if points.shape[1] > 4 else np.zeros_like(p)
+        # verify points (`num_draft_tokens` v): their k chunks of p / k tokens were verifies of
+        # p / k - 1 drafts each, the same tokens through the model as a prefill chunk but sampled
+        # at every position; they fit a term per draft token and are told apart in the residuals
+        v = points[:, 5] * (p > 0) if points.shape[1] > 5 else np.zeros_like(p)
         q = np.where(k > 0, p * p / np.maximum(k, 1.0), 0.0)  # k equal chunks: Σp_i² = p²/k
         x = p * s                                               # Σp_i·s_i
         # a step with prefill tokens runs the mixed-step graph (cuBLAS GEMMs, prefill attention)
@@ -241,7 +249,7 @@ class ProfileCost:
         # 512 tokens would put the line's intercept there and charge a 9-token chunk 30 ms)
         mixed_col = bool(((p <= 0) & (d > 0)).any() and ((p > 0) & (p <= 64)).any()
                          and len(np.unique(p[p > 0])) >= 2)
-        self._cols = (bool((k > 1).any()), bool((s > 0).any()), mixed_col, None)
+        self._cols = (bool((k > 1).any()), bool((s > 0).any()), mixed_col, None, bool((v > 0).any()))
         self.token_buckets = np.array(sorted(token_buckets), dtype=np.float64) if token_buckets else None
         pad = _pad_tokens(d, p, self.token_buckets)
         if mixed_col and len(np.unique(p[p > 0])) >= 3:
@@ -251,18 +259,19 @@ class ProfileCost:
             tokens = (d + p + pad)[p > 0]
             best = None
             for knee in np.unique(tokens)[:-1]:
-                f = _features(d, p, c, k, q, x, self._cols[:3] + (float(knee),), pad)
+                f = _features(d, p, c, k, q, x, self._cols[:3] + (float(knee),) + self._cols[4:],
+                              pad, v)
                 fs = np.maximum(np.abs(f).max(axis=0), 1e-12)
                 sse = float(((f @ (nnls(f / fs, times_s)[0] / fs) - times_s) ** 2).sum())
                 if best is None or sse < best[0]:
                     best = (sse, float(knee))
             if best is not None:
-                self._cols = self._cols[:3] + (best[1],)
+                self._cols = self._cols[:3] + (best[1],) + self._cols[4:]
         self.points = points[:, :3]
-        self.num_prefill_seqs, self.prefill_context_len = k, s
+        self.num_prefill_seqs, self.prefill_context_len, self.num_draft_tokens = k, s, v
         self.times_s, self.meta = times_s, dict(meta or {})
         self._blocks, self._block_size = num_blocks, block_size
-        feats = _features(d, p, c, k, q, x, self._cols, pad)
+        feats = _features(d, p, c, k, q, x, self._cols, pad, v)
         scale = np.maximum(np.abs(feats).max(axis=0), 1e-12)
         coef, _ = nnls(feats / scale, times_s)
         self.coef = coef / scale
@@ -273,8 +282,8 @@ class ProfileCost:
         # from p (otherwise a packed step and one long prompt of the same p would be one point);
         # decode-only steps and steps with prefill are interpolated apart (two kinds of step, two
         # graphs: a decode step must not take a prefill point's residual)
-        space = np.stack([d, p, c] + ([q] if self._cols[0] else []) + ([x] if self._cols[1] else []),
-                         axis=-1)
+        space = np.stack([d, p, c] + ([q] if self._cols[0] else []) + ([x] if self._cols[1] else [])
+                         + ([v] if self._cols[4] else []), axis=-1)
         has_prefill = p > 0
         self._resid_decode = _residual_interpolator(space[~has_prefill][:, [0, 2]], resid[~has_prefill])
         self._resid_prefill = _residual_interpolator(space[has_prefill], resid[has_prefill])
@@ -296,7 +305,8 @@ class ProfileCost:
                 raise ValueError(f"profile point {point} has no step time")
             p = _pick(point, _P_KEYS, 0)
             pts.append((_pick(point, _D_KEYS), p, _pick(point, _C_KEYS, 0),
-                        _pick(point, _K_KEYS, 1 if p else 0) if p else 0, _pick(point, _S_KEYS, 0)))
+                        _pick(point, _K_KEYS, 1 if p else 0) if p else 0, _pick(point, _S_KEYS, 0),
+                        point.get("num_draft_tokens", 0)))
         meta = {} if isinstance(doc, list) else {k: v for k, v in doc.items() if k != "points"}
         if "token_buckets" not in kwargs:
             buckets = meta.get("cuda_graph_token_buckets")
@@ -309,22 +319,32 @@ class ProfileCost:
         return cls(np.array(pts), np.array(times), num_blocks=meta.get("num_kv_blocks"),
                    block_size=meta.get("block_size"), meta=meta, **kwargs)
 
-    def _eval(self, d: int, p: int, c: int, k: int, q: int, x: int) -> float:
+    def _eval(self, d: int, p: int, c: int, k: int, q: int, x: int, v: int = 0) -> float:
         pad = _pad_tokens(d, p, self.token_buckets)
-        t = float(_features(d, p, c, k, q, x, self._cols, pad) @ self.coef)
+        t = float(_features(d, p, c, k, q, x, self._cols, pad, v) @ self.coef)
         if p > 0:
             if self._resid_prefill is not None:
                 t += self._resid_prefill((d, p, c) + ((q,) if self._cols[0] else ())
-                                         + ((x,) if self._cols[1] else ()))
+                                         + ((x,) if self._cols[1] else ())
+                                         + ((v,) if self._cols[4] else ()))
         elif self._resid_decode is not None:
             t += self._resid_decode((d, c))
         return max(t, 1e-7)
 
+    @property
+    def measures_verifies(self) -> bool:
+        """The profile timed verify steps (`num_draft_tokens` points): `step_time` charges a
+        step's `num_draft_tokens` from them."""
+        return bool(self._cols[4])
+
     def step_time(self, num_decode_seqs: int, num_prefill_tokens: int, num_context_tokens: int,
-                  prefill_chunks=None) -> float:
+                  prefill_chunks=None, num_draft_tokens: int = 0) -> float:
         """Seconds of one step. `prefill_chunks` (optional): the step's prefill chunks, each an int
         (tokens from position 0), a (num_tokens, start_pos) pair or an object with `token_ids` and
-        `start_pos`; without it the `num_prefill_tokens` are one chunk from position 0."""
+        `start_pos`; without it the `num_prefill_tokens` are one chunk from position 0. Verifies
+        (speculative decoding) are chunks too, of k + 1 tokens at their position;
+        `num_draft_tokens`: the drafts among the chunks' tokens (charged only by a profile that
+        `measures_verifies`)."""
         if num_decode_seqs + num_prefill_tokens == 0:
             return 0.0
         if prefill_chunks is None:
@@ -332,10 +352,11 @@ class ProfileCost:
             k, q, x = (1 if p else 0), p * p, 0
         else:
             p, k, q, x = _chunk_shape(prefill_chunks)
-        key = (num_decode_seqs, p, num_context_tokens // self.ctx_quantum, k, q, x)
+        v = num_draft_tokens if self._cols[4] else 0
+        key = (num_decode_seqs, p, num_context_tokens // self.ctx_quantum, k, q, x, v)
         t = self._memo.get(key)
         if t is None:
-            t = self._memo[key] = self._eval(num_decode_seqs, p, key[2] * self.ctx_quantum, k, q, x)
+            t = self._memo[key] = self._eval(num_decode_seqs, p, key[2] * self.ctx_quantum, k, q, x, v)
         return t
 
     def prefill_slowdown(self, busy_share: float, decode_share: float = 0.0) -> float:
@@ -372,11 +393,13 @@ class ProfileCost:
                 "coef": dict(zip(_FEATURE_NAMES[:5] + (_FEATURE_NAMES[5:6] if self._cols[0] else ())
                                  + (_FEATURE_NAMES[6:7] if self._cols[1] else ())
                                  + (_FEATURE_NAMES[7:8] if self._cols[2] else ())
-                                 + (_FEATURE_NAMES[8:] if self._cols[3] is not None else ()),
+                                 + (_FEATURE_NAMES[8:9] if self._cols[3] is not None else ())
+                                 + (_FEATURE_NAMES[9:] if self._cols[4] else ()),
                                  map(float, self.coef))),
                 "compute_knee_tokens": self._cols[3],
                 "packed_prefill_points": int((self.num_prefill_seqs > 1).sum()),
                 "prefix_prefill_points": int((self.prefill_context_len > 0).sum()),
+                "verify_points": int((self.num_draft_tokens > 0).sum()),
                 "token_buckets": [] if self.token_buckets is None else [int(b) for b in self.token_buckets],
                 "hides_launch": self.hides_launch,
                 "power_cap": None if self._cap is None else {"f_ref": self._cap[0], "back_to_back": self._cap[1],

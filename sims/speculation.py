@@ -174,10 +174,12 @@ class SpecSimResult:
 
 def _step_cost(cost, plan) -> tuple[float, int]:
     """(seconds, tokens) of a step: plain decodes as decodes; verifies and prefill chunks as
-    prefill chunks (a verify: its k + 1 tokens at its position)."""
+    prefill chunks (a verify: its k + 1 tokens at its position), the verifies' drafts named to
+    a cost model whose profile timed verify steps."""
     plain = 0
     chunks = []
     ctx = 0
+    drafts = 0
     for c in plan.chunks:
         n = len(c.token_ids)
         ctx += c.start_pos + n
@@ -185,8 +187,11 @@ def _step_cost(cost, plan) -> tuple[float, int]:
             plain += 1
         else:
             chunks.append((n, c.start_pos))
+            drafts += c.num_draft
     tokens = plain + sum(n for n, _ in chunks)
     p = tokens - plain
+    if getattr(cost, "measures_verifies", False):
+        return cost.step_time(plain, p, ctx, prefill_chunks=chunks, num_draft_tokens=drafts), tokens
     if getattr(cost, "accepts_prefill_chunks", False):
         return cost.step_time(plain, p, ctx, prefill_chunks=chunks), tokens
     return cost.step_time(plain, p, ctx), tokens
@@ -353,10 +358,10 @@ def _run_phase(indexes: range, requests: Sequence[SpecRequest], now: float, sche
             # ~3,100-token edits) ran 0.6 / ~1.5 / 1.6 ms over the profile's time for their
             # shape at c = 1 / 8 / 32, from their launch to their read-back (the planning
             # before the launch, 0.16 ms at the median, is not in either). Charged as one more
-            # host launch (the launch fit: 0.8 / 0.9 / 1.2 ms there) until the profile times a
-            # verify step itself
+            # host launch (the launch fit: 0.8 / 0.9 / 1.2 ms there) where the profile did not
+            # time verify steps themselves (`tidegate backend profile --verify-drafts`)
             launch = getattr(cost, "launch_time", None)
-            if launch is not None:
+            if launch is not None and not getattr(cost, "measures_verifies", False):
                 seconds += launch(sum(1 for c in plan.chunks if not c.is_prefill and not c.num_draft),
                                   sum(len(c.token_ids) for c in plan.chunks
                                       if c.is_prefill or c.num_draft))

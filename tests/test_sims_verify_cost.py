@@ -112,3 +112,77 @@ def test_a_drafting_step_pays_the_hosts_launch_when_the_engine_pipelines():
         assert out.makespan == pytest.approx(len(out.steps) * 0.020 + extra, rel=1e-9)
         assert all(s[0] == pytest.approx(0.021 if (s[2] and async_scheduling) else 0.020)
                    for s in out.steps)
+
+
+def test_the_profile_times_verify_steps_on_the_cpu(tmp_path):
+    """`tidegate backend profile --verify-drafts K`: points whose chunks are verifies of K drafts
+    (the engine's verify path: sampled at every position), read back as such by ProfileCost."""
+    from bench.engine import profile as bprofile
+    from gateway.tidegate_cli import main as tidegate
+
+    chunks = bprofile.make_step(2, 8, 16, 16, 64, 50, k=2, s=32, verify=True)
+    verifies = chunks[2:]
+    assert [c.num_draft for c in verifies] == [3, 3] and not any(c.is_prefill for c in verifies)
+    assert all(c.start_pos == 32 and len(c.token_ids) == 4 for c in verifies)
+    out = tmp_path / "profile.json"
+    rc = tidegate(["backend", "profile", "--model", "tiny", "--device", "cpu", "--num-blocks", "64",
+                   "--max-num-seqs", "8", "--max-num-batched-tokens", "64", "--max-model-len", "256",
+                   "--decode-batch-sizes", "0,2", "--prefill-tokens", "0,8,32", "--context-lens", "16",
+                   "--packed-prefill-seqs", "4", "--prefill-context-lens", "32", "--verify-drafts", "3",
+                   "--repeats", "1", "--warmup", "0", "--out", str(out)])
+    assert rc == 0
+    pts = json.loads(out.read_text())["points"]
+    verify = {(p["num_decode_seqs"], p["num_prefill_tokens"], p["num_prefill_seqs"],
+               p["prefill_context_len"], p["num_draft_tokens"]) for p in pts if "num_draft_tokens" in p}
+    assert verify == {(0, 4, 1, 32, 3), (0, 16, 4, 32, 12), (2, 4, 1, 32, 3), (2, 16, 4, 32, 12)}
+    cost = ProfileCost.from_json(out)
+    assert cost.measures_verifies and cost.describe()["verify_points"] == 4
+    for p in pts:
+        n, k = p["num_prefill_tokens"], p["num_prefill_seqs"]
+        chunks = [(n // k, p["prefill_context_len"])] * k if n else []
+        got = cost.step_time(p["num_decode_seqs"], n, p["num_context_tokens"], chunks,
+                             num_draft_tokens=p.get("num_draft_tokens", 0))
+        assert got * 1e3 == pytest.approx(p["step_ms"], rel=0.02, abs=0.05)
+
+
+def _verify_profile(per_draft_ms):
+    """The closed form above, plus `per_draft_ms` per draft token verified (every draft's row
+    sampled and read back); 1 and 8 chunks of 9 tokens at 3,072 as prefill chunks and as
+    verifies, as `--verify-drafts 8` beside `--prefill-context-lens 3072` measures them."""
+    pts, times = [], []
+    for d in (0, 1, 8, 32):
+        for p in (0, 8, 64, 96, 512):
+            for per_seq in (1024, 3072):
+                if d + p:
+                    ctx = d * per_seq + p
+                    pts.append((d, p, ctx, 1 if p else 0, 0, 0))
+                    times.append(_closed_form_ms(d, p, ctx))
+        for k in (1, 8):  # the same chunks as prefill chunks, then as verifies
+            p, s = 9 * k, 3072
+            ctx = d * 3072 + p + k * s
+            pts.append((d, p, ctx, k, s, 0))
+            times.append(_closed_form_ms(d, p, ctx))
+            pts.append((d, p, ctx, k, s, 8 * k))
+            times.append(_closed_form_ms(d, p, ctx) + per_draft_ms * 8 * k)
+    return ProfileCost(np.array(pts, dtype=np.float64), np.array(times) / 1e3)
+
+
+def test_verify_points_fit_a_term_per_draft_and_the_simulator_charges_it():
+    cost = _verify_profile(0.05)
+    assert cost.measures_verifies
+    assert cost.describe()["coef"]["l_s_per_draft_token"] * 1e3 == pytest.approx(0.05, rel=0.05)
+    chunks = [(9, 3100)] * 4
+    verify = cost.step_time(20, 36, 24 * 3100 + 36, chunks, num_draft_tokens=32)
+    prefill = cost.step_time(20, 36, 24 * 3100 + 36, chunks)
+    assert (verify - prefill) * 1e3 == pytest.approx(32 * 0.05, rel=0.1)
+    # the simulator names the drafts, and charges no stand-in launch on top of a measured verify
+    reqs = synthetic_edit_requests(4, 256, 96, 1.0, seed=3)
+    sched = SchedulerConfig(max_model_len=4096, num_blocks=4096, max_num_seqs=16,
+                            max_num_batched_tokens=2048, block_size=16, enable_prefix_caching=True)
+    with_term = simulate_speculation(reqs, cost, sched, SpeculationConfig(), OracleAcceptance(),
+                                     concurrency=4, async_scheduling=True)
+    without = simulate_speculation(reqs, _verify_profile(0.0), sched, SpeculationConfig(),
+                                   OracleAcceptance(), concurrency=4, async_scheduling=True)
+    drafts = sum(s[3] for s in with_term.steps)
+    assert drafts > 50 and sum(s[3] for s in without.steps) == drafts
+    assert with_term.makespan - without.makespan == pytest.approx(drafts * 0.05e-3, rel=0.1)

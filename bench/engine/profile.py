@@ -7,6 +7,9 @@ context is c tokens each, plus (if p > 0) k prefill chunks of p / k tokens each,
 at position s (its cached prefix). The main grid has k = 1, s = 0; extra points measure packed
 prefills (k in --packed-prefill-seqs, several prompts in one step) and chunks with a cached prefix
 (s in --prefill-context-lens, chunked prefill), so the simulator can tell them from one long prompt.
+Verify points (--verify-drafts K) hold k verify chunks of K + 1 tokens instead (a decode with K
+draft tokens, speculative decoding): the same tokens as a prefill chunk through the model, but
+sampled at every position and read back row by row, which a prefill chunk's shape does not time.
 """
 from __future__ import annotations
 
@@ -27,9 +30,9 @@ from scheduler.step_plan import ScheduledChunk
 FORMAT = "tidegate-profile/1"
 
 
-def _chunk(request_id, token_ids, start_pos, block_table, is_prefill) -> ScheduledChunk:
+def _chunk(request_id, token_ids, start_pos, block_table, is_prefill, num_draft=0) -> ScheduledChunk:
     """A step chunk for a synthetic step; every chunk samples (the runner reads all of them)."""
-    return ScheduledChunk(request_id, token_ids, start_pos, block_table, is_prefill, True)
+    return ScheduledChunk(request_id, token_ids, start_pos, block_table, is_prefill, True, num_draft)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -51,6 +54,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--packed-decode-batch-sizes", default=None,
                    help="d values of the packed / cached-prefix points (default: 0 and the largest "
                         "grid d that fits)")
+    p.add_argument("--verify-drafts", default="",
+                   help="comma-separated K > 0: extra points whose chunks are verifies of K draft "
+                        "tokens (K + 1 tokens each, sampled at every position) instead of prefill "
+                        "chunks, with k in 1 and --packed-prefill-seqs and s in "
+                        "--prefill-context-lens, beside the packed decode batches ('' = none)")
     p.add_argument("--repeats", type=int, default=5, help="timed repetitions per point")
     p.add_argument("--warmup", type=int, default=2, help="untimed repetitions per point")
     p.add_argument("--pause-ms", type=float, default=0.0,
@@ -62,9 +70,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def make_step(d: int, p: int, c: int, block_size: int, num_blocks: int, vocab: int,
-              k: int = 1, s: int = 0) -> list[ScheduledChunk]:
+              k: int = 1, s: int = 0, verify: bool = False) -> list[ScheduledChunk]:
     """d decodes of context c, then k prefill chunks of p // k tokens each (p % k == 0), each
-    starting at position s; block tables wrap around the pool."""
+    starting at position s; block tables wrap around the pool. `verify`: the k chunks are
+    verifies instead (a decode whose last p // k - 1 tokens are drafts), after the decodes."""
     chunks: list[ScheduledChunk] = []
     nb_dec = -(-c // block_size)
     next_block = 0
@@ -83,8 +92,28 @@ def make_step(d: int, p: int, c: int, block_size: int, num_blocks: int, vocab: i
         n = p // k
         for i in range(k):
             ids = [(13 * j + 5 + i) % vocab for j in range(n)]
-            chunks.append(_chunk(f"p{i}", ids, s, table(-(-(s + n) // block_size)), True))
+            chunks.append(_chunk(f"v{i}" if verify else f"p{i}", ids, s,
+                                 table(-(-(s + n) // block_size)), not verify,
+                                 n - 1 if verify else 0))
     return chunks
+
+
+def verify_shapes(drafts: list[int], ks: list[int], ss: list[int], packed_ds: list[int], c: int, *,
+                  max_num_seqs: int, max_num_batched_tokens: int,
+                  max_model_len: int) -> list[tuple[int, int, int, int, int]]:
+    """Verify points as (d, p, c, k, s): k verifies of K + 1 tokens (p = k (K + 1)) at position s
+    (s in `ss`, or 0) beside d decodes of context c, for K in `drafts`, k in 1 and `ks`, d in
+    `packed_ds`."""
+    shapes = []
+    for kd in (x for x in drafts if x > 0):
+        for d in packed_ds:
+            for k in sorted({1, *(x for x in ks if x > 1)}):
+                for s in [x for x in ss if x > 0] or [0]:
+                    p = k * (kd + 1)
+                    if (d + k <= max_num_seqs and d + p <= max_num_batched_tokens
+                            and max(c if d else 0, s + kd + 1) <= max_model_len):
+                        shapes.append((d, p, c if d else 0, k, s))
+    return shapes
 
 
 def step_shapes(ds: list[int], ps: list[int], cs: list[int], ks: list[int], ss: list[int],
@@ -192,13 +221,17 @@ def compare_pause(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int 
 
 
 def point(d: int, p: int, c: int, k: int, s: int, ms: list[float],
-          launch_ms: list[float] | None = None, clock_mhz: int | None = None) -> dict:
-    """One profile point (docs/contracts.md, "profile JSON")."""
+          launch_ms: list[float] | None = None, clock_mhz: int | None = None,
+          verify: bool = False) -> dict:
+    """One profile point (docs/contracts.md, "profile JSON"). `verify`: its k chunks of p / k
+    tokens were verifies (`num_draft_tokens` = p - k drafts), not prefill chunks."""
     k = k if p else 0
     doc = {"num_decode_seqs": d, "num_prefill_tokens": p, "context_len": c if d else 0,
            "num_prefill_seqs": k, "prefill_context_len": s if p else 0,
            "num_context_tokens": d * c + p + k * (s if p else 0), "step_ms": statistics.fmean(ms),
            "step_ms_min": min(ms), "step_ms_median": statistics.median(ms), "repeats": len(ms)}
+    if verify and p:
+        doc["num_draft_tokens"] = p - k
     if launch_ms:
         doc["launch_ms_median"] = statistics.median(launch_ms)
     if clock_mhz is not None:
@@ -218,16 +251,27 @@ def run(args: argparse.Namespace) -> dict:
                          int_list(args.prefill_context_lens), packed_ds, max_num_seqs=cfg.max_num_seqs,
                          max_num_batched_tokens=cfg.max_num_batched_tokens,
                          max_model_len=cfg.max_model_len)
+    cs = int_list(args.context_lens)
+    verifies = []
+    if args.verify_drafts and cs:
+        vds = packed_ds if packed_ds is not None else sorted({d for d, _, _, k, s in shapes
+                                                              if (k > 1 or s > 0)} | {0})
+        verifies = verify_shapes(int_list(args.verify_drafts), int_list(args.packed_prefill_seqs),
+                                 int_list(args.prefill_context_lens), vds, cs[0],
+                                 max_num_seqs=cfg.max_num_seqs,
+                                 max_num_batched_tokens=cfg.max_num_batched_tokens,
+                                 max_model_len=cfg.max_model_len)
     points = []
-    for d, p, c, k, s in shapes:
-        chunks = make_step(d, p, c, cfg.block_size, cfg.num_blocks, loaded.config.vocab_size, k, s)
+    for (d, p, c, k, s), verify in [(x, False) for x in shapes] + [(x, True) for x in verifies]:
+        chunks = make_step(d, p, c, cfg.block_size, cfg.num_blocks, loaded.config.vocab_size, k, s,
+                           verify=verify)
         launch_ms: list[float] = []
         ms = measure(runner, chunks, args.repeats, args.warmup,
-                     args.pause_ms / 1000 if p else 0.0, launch_ms)
+                     args.pause_ms / 1000 if p and not verify else 0.0, launch_ms)
         clock = sm_clock_mhz(runner.device)
-        points.append(point(d, p, c, k, s, ms, launch_ms, clock))
-        print(f"d={d:4d} p={p:6d} c={c:6d} k={k:3d} s={s:6d}  {statistics.fmean(ms):9.3f} ms"
-              + f"  launch {statistics.median(launch_ms):7.3f} ms"
+        points.append(point(d, p, c, k, s, ms, launch_ms, clock, verify))
+        print(f"d={d:4d} {'v' if verify else 'p'}={p:6d} c={c:6d} k={k:3d} s={s:6d}  "
+              f"{statistics.fmean(ms):9.3f} ms  launch {statistics.median(launch_ms):7.3f} ms"
               + (f"  sm {clock} MHz" if clock is not None else ""), flush=True)
     pause_check = None
     if args.pause_ms > 0:
