@@ -52,6 +52,59 @@ def _partial_tag(text: str, tag: str) -> int:
     return 0
 
 
+_SPACE = re.compile(r"\s*")
+
+
+class JsonEnd:
+    """Where the JSON object or array that starts at `start` of a growing buffer ends, found
+    incrementally: each character is looked at once however many pieces the buffer grows by
+    (strings and their escapes skipped), so that a parser tries to decode it once, when it can
+    be complete, not once per streamed piece (which made a 120 KB call cost seconds)."""
+
+    __slots__ = ("depth", "end", "escape", "i", "in_string", "start")
+    _SKIP = re.compile(r'[^"\[\]{}]*')  # nothing that changes the state
+    _IN_STRING = re.compile(r'[^"\\]*')
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self, start: int = -1) -> None:
+        self.start, self.i, self.depth, self.in_string, self.escape = start, start, 0, False, False
+        self.end = -1
+
+    def find(self, buf: str, start: int) -> int:
+        """The index just past the value's end; -1 while it is open."""
+        if start != self.start:
+            self.reset(start)
+        if self.end >= 0:
+            return self.end
+        i, n = self.i, len(buf)
+        while i < n:
+            if self.escape:
+                self.escape, i = False, i + 1
+            elif self.in_string:
+                i = self._IN_STRING.match(buf, i).end()
+                if i < n:
+                    self.escape, self.in_string = buf[i] == "\\", buf[i] != '"'
+                    i += 1
+            else:
+                i = self._SKIP.match(buf, i).end()
+                if i < n:
+                    c = buf[i]
+                    i += 1
+                    if c == '"':
+                        self.in_string = True
+                    elif c in "[{":
+                        self.depth += 1
+                    else:
+                        self.depth -= 1
+                        if self.depth <= 0:
+                            self.i = self.end = i
+                            return i
+        self.i = i
+        return -1
+
+
 def split_items(items: list[Item]) -> tuple[str, list[ToolCall]]:
     return ("".join(i for i in items if isinstance(i, str)),
             [i for i in items if isinstance(i, ToolCall)])
@@ -128,9 +181,14 @@ class ToolCallParser:
 
 
 def _earliest(text: str, tags) -> tuple[int, str]:
+    """(where the first of `tags` starts in `text`, which), or (-1, ""); a search never reads
+    past a tag already found (a held block starts with its tag: that costs nothing per piece)."""
+    for tag in tags:
+        if text.startswith(tag):
+            return 0, tag
     best, found = -1, ""
     for tag in tags:
-        k = text.find(tag)
+        k = text.find(tag, 0, len(text) if best < 0 else best + len(tag) - 1)
         if k >= 0 and (best < 0 or k < best):
             best, found = k, tag
     return best, found
@@ -155,6 +213,7 @@ class TaggedToolCallParser(ToolCallParser):
         self._held = ""  # the section's text before its first call: given back if none comes
         self._found = 0
         self._searched = 0  # the open block's end marker is not before this (in _pending)
+        self._json_end = JsonEnd()  # (for a block that a JSON value ends)
 
     def _body(self, begin: str, body: str, closed: bool) -> list[ToolCall] | None:
         raise NotImplementedError
@@ -205,8 +264,8 @@ class TaggedToolCallParser(ToolCallParser):
 
     def _section_step(self, items: list[Item], final: bool) -> bool:
         buf = self._pending
-        s = buf.lstrip()
-        ws = buf[:len(buf) - len(s)]
+        cut = _SPACE.match(buf).end()
+        s, ws = buf[cut:], buf[:cut]  # (no copy of a held block, which starts at 0)
         end = self._section_end
         if s.startswith(end):
             if self._found == 0:
@@ -233,6 +292,7 @@ class TaggedToolCallParser(ToolCallParser):
         if got is None:
             return False
         self._searched = 0
+        self._json_end.reset()
         used, calls = got
         text, self._pending = self._pending[:used], self._pending[used:]
         if calls:
@@ -331,6 +391,7 @@ class MistralToolCallParser(ToolCallParser):
     def __init__(self, cfg: ToolConfig, id_prefix: str = "call_") -> None:
         super().__init__(cfg, id_prefix)
         self._after = ""  # text after the first [TOOL_CALLS] not yet parsed
+        self._json_end = JsonEnd()
 
     # (this parser keeps its own feed / finish, which record their calls themselves; its
     # content of one feed comes before that feed's calls)
@@ -354,6 +415,7 @@ class MistralToolCallParser(ToolCallParser):
             return content, []
         content, self._after = self._pending[:k], self._pending[k:]
         self._pending, self._inside = "", True
+        self._json_end.reset()
         more, calls = self._parse(final=False)
         return content + more, calls
 
@@ -376,15 +438,18 @@ class MistralToolCallParser(ToolCallParser):
                     keep = len(s)
                 content.append(s[:keep])
                 self._after = s[keep:]
+                self._json_end.reset()
                 if k < 0:
                     break
                 continue
             body = s[len(MISTRAL_CALLS):]
-            got = self._calls_v3(body) if body.lstrip().startswith("[") else self._call_v11(body)
+            v3 = body.startswith("[", _SPACE.match(body).end())
+            got = self._calls_v3(body) if v3 else self._call_v11(body)
             if got is None:  # incomplete: wait for more text (or give it back at the end)
                 if final:
                     content.append(s)
                     self._after = ""
+                    self._json_end.reset()
                 break
             used, found = got
             if found is None:  # not a call of a known tool: as the model wrote it
@@ -392,12 +457,15 @@ class MistralToolCallParser(ToolCallParser):
             else:
                 calls.extend(found)
             self._after = body[used:]
+            self._json_end.reset()
         if calls and not "".join(content).strip():
             content = []
         return "".join(content), calls
 
     def _calls_v3(self, body: str) -> tuple[int, list[ToolCall] | None] | None:
-        start = len(body) - len(body.lstrip())
+        start = _SPACE.match(body).end()
+        if self._json_end.find(body, start) < 0:
+            return None  # (not complete yet: not decoded again on every piece)
         try:
             value, end = _JSON.raw_decode(body, start)
         except ValueError:
@@ -424,8 +492,9 @@ class MistralToolCallParser(ToolCallParser):
             pos += len(MISTRAL_ARGS)
         elif MISTRAL_ARGS.startswith(body[pos:]) or MISTRAL_CALL_ID.startswith(body[pos:]):
             return None  # "[ARG" or "[CALL" so far
-        while pos < len(body) and body[pos].isspace():
-            pos += 1
+        pos = _SPACE.match(body, pos).end()
+        if body.startswith("{", pos) and self._json_end.find(body, pos) < 0:
+            return None
         try:
             args, end = _JSON.raw_decode(body, pos)
         except ValueError:

@@ -37,6 +37,7 @@ class HarmonyToolCallParser(ToolCallParser):
     def __init__(self, cfg, id_prefix: str = "call_") -> None:
         super().__init__(cfg, id_prefix)
         self._mode: str | None = None  # None: undecided; "text": plain; "header"; "body"
+        self._searched = 0  # no end marker in the held body before this
         self._channel = ""
         self._recipient: str | None = None
 
@@ -77,7 +78,7 @@ class HarmonyToolCallParser(ToolCallParser):
         """One message's content; True when it ended (the next header may follow)."""
         buf = self._pending
         ends = (*ENDS, START, CHANNEL)
-        hits = [(buf.find(t), t) for t in ends if t in buf]
+        hits = [(k, t) for t in ends if (k := buf.find(t, self._searched)) >= 0]
         k, tag = min(hits) if hits else (-1, "")
         shown = self._recipient is None and self._channel in VISIBLE
         if k < 0 and not final:
@@ -86,7 +87,10 @@ class HarmonyToolCallParser(ToolCallParser):
                 if shown:
                     items.append(buf[:len(buf) - keep])
                 self._pending = buf[len(buf) - keep:]
+            else:  # a call's arguments: held whole, its end not searched for again
+                self._searched = max(0, len(buf) - max(map(len, ends)) + 1)
             return False
+        self._searched = 0
         text = buf if k < 0 else buf[:k]
         self._pending = "" if k < 0 else buf[k + (len(tag) if tag in ENDS else 0):]
         if shown:

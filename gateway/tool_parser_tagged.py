@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import re
 
-from gateway.tool_call_parsers import _JSON, TaggedToolCallParser, ToolCall
+from gateway.tool_call_parsers import _JSON, _SPACE, TaggedToolCallParser, ToolCall
 
 DS_CALLS_BEGIN, DS_CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 DS_CALL_BEGIN, DS_CALL_END, DS_SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
@@ -111,16 +111,14 @@ class GraniteToolCallParser(TaggedToolCallParser):
 
     def _match_block(self, buf: str, begin: str, final: bool
                      ) -> tuple[int, list[ToolCall] | None] | None:
-        pos = len(begin)
-        while pos < len(buf) and buf[pos].isspace():
-            pos += 1
+        pos = _SPACE.match(buf, len(begin)).end()
         if pos == len(buf) and not final:
             return None
+        if not final and buf[pos] in "[{" and self._json_end.find(buf, pos) < 0:
+            return None  # (the JSON is still coming: decoded once it can be complete)
         try:
             value, end = _JSON.raw_decode(buf, pos)
         except ValueError:
-            if not final and buf[pos] in "[{":
-                return None  # (the JSON may still be coming)
             return (len(buf), None) if final else (len(begin), None)
         items = value if isinstance(value, list) else [value]
         calls = [self.json_call(json.dumps(o)) if isinstance(o, dict) else None for o in items]

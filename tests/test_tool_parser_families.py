@@ -512,3 +512,46 @@ async def test_anthropic_blocks_keep_the_output_order(aiohttp_client):
         assert final.content[2].text == "Done."
     finally:
         await b.stop()
+
+
+# --- streaming cost: a long call is decoded once, not once per piece ---------------------------
+@pytest.mark.parametrize("parser,text", [
+    ("granite", '<|tool_call|>[{"name": "write_file", "arguments": {"path": "a", "content": '
+     + json.dumps("x = {'a': [1]}\n" * 400) + "}}]"),
+    ("mistral", "[TOOL_CALLS]write_file[ARGS]" + json.dumps({"path": "a", "content": "}]\\\"{" * 800})),
+    ("mistral", '[TOOL_CALLS] [{"name": "write_file", "arguments": '
+     + json.dumps({"path": "a", "content": "[[" * 800}) + "}]"),
+])
+def test_a_long_call_is_decoded_once_however_many_pieces(parser, text, monkeypatch):
+    decodes = []
+    raw_decode = json.JSONDecoder.raw_decode
+
+    def counted(self, s, idx=0):
+        decodes.append(idx)
+        return raw_decode(self, s, idx)
+
+    monkeypatch.setattr(json.JSONDecoder, "raw_decode", counted)
+    p = make_parser(cfg(parser) if parser != "mistral" else with_parser(
+        parse_tools({"tools": TOOLS}), "mistral"))
+    calls = []
+    for i in range(0, len(text), 4):
+        calls += p.feed(text[i:i + 4])[1]
+    calls += p.finish()[1]
+    assert [c.name for c in calls] == ["write_file"] and len(decodes) <= 2, len(decodes)
+
+
+def test_json_end_finds_where_a_value_ends_across_pieces():
+    from gateway.tool_call_parsers import JsonEnd
+
+    rng = random.Random(7)
+    for value in ({"a": [1, {"b": "x]}\"\\"}], "c": "{[\\\"", "d": None}, [1, "]", {"}": "\\"}],
+                  {}, [[[]]], {"s": "\u00e9\ud7ff"}):
+        text = json.dumps(value, ensure_ascii=False) + ' tail {"x": 1}'
+        want = 2 + len(json.dumps(value, ensure_ascii=False))
+        for _ in range(100):
+            scan, buf, got = JsonEnd(), "  ", -1
+            for i in range(0, len(text), rng.randint(1, 6)):
+                buf = "  " + text[:i + 6]
+                if (got := scan.find(buf, 2)) >= 0:
+                    break
+            assert got == want
