@@ -184,3 +184,22 @@ def test_amx_kernel_refuses_what_it_does_not_take(head_dim, block_size):
     out = torch.zeros_like(q)
     assert _call_amx(lib, q, kc, vc, ctx, out, 4, 0.1) == 1
     assert torch.count_nonzero(out) == 0
+
+
+def test_amx_kernel_leaves_onednn_bf16_matmuls_working():
+    # oneDNN's bf16 matmuls use AMX tiles in this same thread: a matmul before and after the
+    # kernel gives the same bits. The kernel restores the caller's tile configuration; torch
+    # 2.13's oneDNN configures the tiles at each call, so this passes with a plain release
+    # too: it guards the interleaving (a fault, a changed result), not the restore itself
+    lib = load_library()
+    if lib.cpu_amx_mode(-1) != 1:
+        pytest.skip("no AMX on this CPU (or not granted)")
+    g = torch.Generator().manual_seed(4)
+    a = torch.randn(64, 384, generator=g).to(torch.bfloat16)
+    w = torch.randn(1024, 384, generator=g).to(torch.bfloat16)
+    before = torch.nn.functional.linear(a, w)
+    q, _, _, kc, vc, ctx = _step([(1, 40), (1, 7)], 6, 2, 64, 16, 8, pad=0, seed=6)
+    q, kc, vc = (t.to(torch.bfloat16) for t in (q, kc, vc))
+    for _ in range(3):
+        assert _call_amx(lib, q, kc, vc, ctx, torch.empty_like(q), 6, 0.125) == 0
+        assert torch.equal(torch.nn.functional.linear(a, w), before)
