@@ -555,3 +555,31 @@ def test_json_end_finds_where_a_value_ends_across_pieces():
                 if (got := scan.find(buf, 2)) >= 0:
                     break
             assert got == want
+
+
+async def test_gpt_oss_harmony_through_the_anthropic_sdk_streamed(aiohttp_client):
+    # the analysis channel is not shown, the preamble is a text block, the call a tool_use block
+    reply = ("<|channel|>analysis<|message|>Need the file first.<|end|><|start|>assistant"
+             "<|channel|>commentary<|message|>Reading it.<|end|><|start|>assistant<|channel|>"
+             'commentary to=functions.read_file <|constrain|>json<|message|>{"path": "a.py"}'
+             "<|call|>")
+    rec = Recorder(reply)
+    b = await FakeBackend(ipc_address(), script=rec).start()
+    try:
+        client = await aiohttp_client(create_app(make_config(b.address, tool_call_parser="openai"),
+                                                 startup_wait_s=5.0))
+        api = anthropic.AsyncAnthropic(base_url=str(client.make_url("")), api_key="k",
+                                       max_retries=0)
+        tools = [{"name": "read_file", "input_schema": {"type": "object", "properties": {
+            "path": {"type": "string"}}}}]
+        async with api.messages.stream(model="tiny", max_tokens=400, tools=tools, messages=[
+                {"role": "user", "content": "Read a.py"}]) as s:
+            kinds = [e.type async for e in s]
+            final = await s.get_final_message()
+        assert [(b.type, getattr(b, "text", None) or getattr(b, "input", None))
+                for b in final.content] == [("text", "Reading it."),
+                                            ("tool_use", {"path": "a.py"})]
+        assert final.stop_reason == "tool_use" and "content_block_delta" in kinds
+        assert rec.samplings[-1].skip_special_tokens is False
+    finally:
+        await b.stop()
