@@ -1,0 +1,134 @@
+"""Admission of long prompts must not stall the serving loop's drafting (issue 28): the H200's
+c=32 edit run held one step's planning ~150 ms while prompt lookup indexed 12 new ~3,100-token
+prompts in Python, all at their first draft. Prompt lookup now indexes at most
+`lookup_index_tokens_per_step` tokens a step over all requests (the rest in the next steps),
+with a bulk build per call; the indexes and the drafts are those of the one-go build."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from scheduler.speculation import NgramIndex, SpeculationConfig, Speculator, _PositionsIndex
+
+
+def _reference_tables(tokens, n_min, n_max):
+    """The per-token build (the index's definition): each n-gram's latest continuation."""
+    tables = [{} for _ in range(n_max - n_min + 1)]
+    for end in range(len(tokens)):
+        for j, table in enumerate(tables):
+            n = n_min + j
+            if end >= n:
+                table[tuple(tokens[end - n:end])] = end
+    return tables
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_bulk_extend_equals_the_per_token_build(seed):
+    rng = random.Random(seed)
+    toks = [rng.randrange(6) for _ in range(rng.randrange(0, 300))]  # small alphabet: repeats
+    idx = NgramIndex(2, 4)
+    i = 0
+    while i < len(toks):  # appended in chunks of every size, 1 token included
+        k = rng.choice((1, 1, 2, 3, 7, 50))
+        idx.extend(toks[i:i + k])
+        i += k
+    assert idx.tokens == toks
+    assert idx.tables == _reference_tables(toks, 2, 4)
+    assert NgramIndex(2, 4, toks).tables == idx.tables
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_positions_index_lists_every_start(seed):
+    rng = random.Random(seed)
+    toks = [rng.randrange(4) for _ in range(200)]
+    ref: dict = {}
+    for s in range(len(toks) - 2):
+        ref.setdefault(tuple(toks[s:s + 3]), []).append(s)
+    assert _PositionsIndex(toks, 3).starts == ref
+    assert _PositionsIndex(toks[:2], 3).starts == {}
+
+
+def _code_prompt(rng, n):
+    # code-like ids: lines drawn from a small set of lines, so n-grams repeat
+    lines = [[rng.randrange(200) for _ in range(rng.randrange(4, 12))] for _ in range(40)]
+    out = []
+    while len(out) < n:
+        out.extend(rng.choice(lines) + [10])
+    return out[:n]
+
+
+def _indexed(sp):
+    return sum(len(st.history.tokens) for st in sp.states.values() if st.history is not None)
+
+
+def test_a_batch_of_long_prompts_is_indexed_over_several_steps():
+    """12 requests of 3,100 tokens start decoding in the same step (the H200 log's case): that
+    step indexes at most the allowance, not 37,200 tokens (the old build indexed them all at
+    the first draft, in that step); a few steps later every index has caught up and the drafts
+    are those of an unlimited speculator."""
+    rng = random.Random(1)
+    prompts = [_code_prompt(rng, 3100) for _ in range(12)]
+    budget = 4096  # the server's default
+    limited = Speculator(SpeculationConfig())
+    for i, p in enumerate(prompts):
+        limited.add(f"r{i}", p)
+        limited.append(f"r{i}", p[100:103])  # the output so far repeats the prompt
+    steps = 0
+    while True:
+        for i in range(12):  # one step: every decoding sequence's load, then the plan
+            limited.load(f"r{i}", 100)
+        limited.plan([], 12, 0)
+        steps += 1
+        assert _indexed(limited) <= budget * steps
+        if _indexed(limited) == 12 * 3103:
+            break
+        assert steps < 20
+    assert steps == -(-12 * 3103 // budget)  # the allowance used to the full each step
+    assert SpeculationConfig().lookup_index_tokens_per_step == budget
+    unlimited = Speculator(SpeculationConfig(lookup_index_tokens_per_step=0))
+    for i, p in enumerate(prompts):
+        unlimited.add(f"r{i}", p)
+        unlimited.append(f"r{i}", p[100:103])
+        unlimited.load(f"r{i}", 100)
+    assert _indexed(unlimited) == 12 * 3103  # no limit: all in one step
+    for i in range(12):
+        a, b = limited.get(f"r{i}"), unlimited.get(f"r{i}")
+        assert a.history.tokens == b.history.tokens == prompts[i] + prompts[i][100:103]
+        assert a.history.tables == b.history.tables
+        assert a.pending_draft == b.pending_draft and a.pending_draft
+
+
+def test_output_appended_while_the_index_catches_up_is_indexed_once():
+    rng = random.Random(2)
+    prompt = _code_prompt(rng, 500)
+    sp = Speculator(SpeculationConfig(sources=("prompt",), lookup_index_tokens_per_step=120))
+    sp.add("r", prompt)
+    out = []
+    for step in range(12):
+        new = prompt[50 + 3 * step:53 + 3 * step]
+        out += new
+        sp.append("r", new)  # arrives between the steps' partial builds
+        got = sp.propose("r", 4)
+        sp.plan([], 1, 0)
+        st = sp.get("r")
+        assert st.history.tokens == (prompt + out)[:len(st.history.tokens)]
+    assert st.history.tokens == prompt + out  # 536 tokens: caught up at the 5th step
+    ref = NgramIndex(2, 4, prompt + out)
+    assert st.history.tables == ref.tables
+    pos = ref.lookup(ref.tokens[-4:])
+    assert got == ref.tokens[pos:pos + 4]
+
+
+def test_a_request_without_a_prompt_draft_yet_still_drafts_from_its_prediction():
+    sp = Speculator(SpeculationConfig(lookup_index_tokens_per_step=100))
+    sp.add("big", list(range(1000)) * 3)  # takes the step's whole allowance first
+    sp.add("r", list(range(50)), prediction=[7, 8, 9, 10])
+    assert sp.load("big", 50) is None or sp.get("big").pending_source != "prompt"
+    load = sp.load("r", 50)
+    assert load is not None and sp.get("r").pending_source == "prediction"
+
+
+def test_the_allowance_is_validated():
+    with pytest.raises(ValueError):
+        SpeculationConfig(lookup_index_tokens_per_step=-1)
