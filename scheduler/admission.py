@@ -118,7 +118,10 @@ class AdmissionConfig:
     calibration_horizon_s: float = 10.0
     # the slot model (module doc, "Slots"): off -> the paced-gap queue term alone
     slot_model: bool = True
-    max_slot_sim: int = 512       # requests ahead simulated one by one; past that, by the gap
+    max_slot_sim: int = 256       # requests ahead simulated one by one; past that, by the pace
+    max_arrivals_sim: int = 32    # higher classes' expected arrivals simulated; past that, the pace
+    max_wait_s: float = 60.0      # the longest wait predicted
+    arrival_horizon_s: float = 5.0  # higher classes' arrivals expected over this long at most
 
     def __post_init__(self) -> None:
         for name in ("gap_weight", "service_weight"):
@@ -143,6 +146,18 @@ AHEAD_BUCKETS = 3  # calibration pools by requests ahead: none, 1-3, more
 
 def pool(cls: int, ahead: int) -> int:
     return cls * AHEAD_BUCKETS + (0 if ahead <= 0 else 1 if ahead <= 3 else 2)
+
+
+SLOT_POOLS = NUM_CLASSES * AHEAD_BUCKETS  # the slot model's pools come after the gap model's
+SLOT_WAIT_STEPS = 10.0  # slot-model pools by the predicted slot wait: none, <= 10 steps, more
+
+
+def slot_pool(cls: int, wait: float, step: float) -> int:
+    """The calibration pool of a slot-model prediction: its errors are not the gap model's
+    (kept apart: a fresh backend's gap-model errors, hundreds of ms, would otherwise widen the
+    slot model's margin for 10 s), and they grow with the wait predicted."""
+    return SLOT_POOLS + cls * AHEAD_BUCKETS + (
+        0 if wait <= 0.0 else 1 if wait <= SLOT_WAIT_STEPS * step else 2)
 
 
 class Refusal(NamedTuple):
@@ -232,7 +247,7 @@ class WaitPredictor:
         self.clock: Callable[[], float] | None = None
         # calibration per class: recent measured - predicted errors (s) and their quantiles
         # per (class, requests ahead bucket): index cls * AHEAD_BUCKETS + ahead_bucket(ahead)
-        pools = NUM_CLASSES * AHEAD_BUCKETS
+        pools = 2 * NUM_CLASSES * AHEAD_BUCKETS  # the gap model's, then the slot model's
         self.errors = [deque(maxlen=config.calibration_window) for _ in range(pools)]
         self.error_high = [0.0] * pools  # the calibration quantile (admission)
         self.error_mid = [0.0] * pools   # the median (Retry-After)
@@ -287,14 +302,16 @@ class WaitPredictor:
         if be is None:
             return
         cfg = self.config
-        if predicted_s > 0.0:
-            self._calibrate(pool(cls, ahead), service_s - predicted_s, now)
-        if be.unstarted[cls] > 0:
-            be.unstarted[cls] -= 1
         slot_wait = -1.0  # the slot model's wait predicted at dispatch (-1: none)
         entry = be.queued.pop(key, None) if key is not None else None
         if entry is not None:
             slot_wait = entry[3]
+        if predicted_s > 0.0:
+            k = pool(cls, ahead) if slot_wait < 0.0 else slot_pool(cls, slot_wait, be.step)
+            self._calibrate(k, service_s - predicted_s, now)
+        if be.unstarted[cls] > 0:
+            be.unstarted[cls] -= 1
+        if entry is not None:
             self._note_start(be, key, entry, now)
         if be.paced and be.last_start > -math.inf:
             gap = now - be.last_start
@@ -356,7 +373,13 @@ class WaitPredictor:
     def pool_at(self, cls: int, b: int) -> int:
         """The calibration pool of a class-`cls` request sent to `b` now."""
         be = self.backends.get(b)
-        return pool(cls, sum(be.unstarted[: cls + 1]) if be is not None else 0)
+        if be is None:
+            return pool(cls, 0)
+        if self.clock is not None and be.step:
+            w = self._slot_wait(be, cls, 0, self.clock())
+            if w is not None:
+                return slot_pool(cls, w, be.step)
+        return pool(cls, sum(be.unstarted[: cls + 1]))
 
     def calibrated(self, cls: int, predicted_s: float, b: int = -1) -> float:
         """The point estimate of a class-`cls` wait predicted at `predicted_s` on `b`
@@ -443,10 +466,15 @@ class WaitPredictor:
         heapq.heapify(heap)
         if not heap:
             return None
-        ahead = [q[1] for q in queued[free:] if q[0] <= cls]
+        # waiting there: the higher classes' requests first, then its own class's (each in the
+        # order sent; window mates placed before it count as its class's)
+        rest = queued[free:]
+        ahead = [q[1] for q in rest if q[0] < cls] + [q[1] for q in rest if q[0] == cls]
+        n_high = sum(1 for q in rest if q[0] < cls)
         n_ahead = len(ahead) + max(0, extra_ahead - max(0, free - len(queued)))
-        # the requests ahead take the slots in order, each for its max_tokens steps, and so do
-        # the higher classes' requests expected to arrive meanwhile (their recent rate here)
+        # each takes a slot in turn for its max_tokens steps; the higher classes' requests
+        # expected meanwhile (their recent rate here) take theirs after the higher classes'
+        # waiting ones and before its own class's
         if ahead:
             mean_mt = sum(ahead) / len(ahead)
         else:
@@ -456,24 +484,34 @@ class WaitPredictor:
         rate_h = sum(be.arr_rate[:cls]) * decay / window
         mt_h = (sum(r * m for r, m in zip(be.arr_rate[:cls], be.arr_mt[:cls]))
                 / sum(be.arr_rate[:cls])) if rate_h > 0.0 else 0.0
-        limit = self.config.max_slot_sim
+        # (projected over arrival_horizon_s at most: past that, a rate measured over the last
+        # rate_window_s says nothing)
+        cfg = self.config
+        horizon = now + cfg.arrival_horizon_s
+        limit = cfg.max_slot_sim
         n_sim = min(n_ahead, limit)
         taken = arrived = 0
-        for _ in range(n_sim + limit):
+        capped = True
+        for _ in range(n_sim + cfg.max_arrivals_sim):
             t = max(heap[0], now)
-            if taken < n_sim:
-                mt = ahead[taken] if taken < len(ahead) else mean_mt
+            if taken < min(n_high, n_sim):
+                mt = ahead[taken]
                 taken += 1
-            elif rate_h and rate_h * (t - now) >= arrived + 1:
+            elif rate_h and rate_h * (min(t, horizon) - now) >= arrived + 1:
                 mt = mt_h
                 arrived += 1
+            elif taken < n_sim:
+                mt = ahead[taken] if taken < len(ahead) else mean_mt
+                taken += 1
             else:
+                capped = False
                 break
             heapq.heapreplace(heap, t + mt * step)
         t = max(heap[0], now)
-        if n_ahead > limit:  # past the simulated ones: one start every gap of the slots' pace
-            t += (n_ahead - limit) * (mean_mt * step / max(1, be.slots))
-        return max(0.0, t - now)
+        if capped:  # past what was simulated: one slot turn each at the slots' pace
+            left = n_ahead - taken + max(0.0, rate_h * (horizon - now) - arrived)
+            t += left * max(mean_mt, mt_h) * step / max(1, be.slots)
+        return min(cfg.max_wait_s, max(0.0, t - now))
 
     # ---- predictions -----------------------------------------------------------------------
     def known(self, b: int) -> bool:

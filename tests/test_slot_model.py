@@ -145,6 +145,28 @@ def _sim(slot_model: bool, seed: int) -> tuple[float, float]:
 @pytest.mark.parametrize("seed", [0, 1])
 def test_fast_class_meets_its_target_at_one_and_a_half_times_capacity(seed):
     fast_p90, missing = _sim(True, seed)
-    assert fast_p90 < 0.150 and missing < 0.06
+    assert fast_p90 < 0.150 and missing < 0.08  # the misses: Slow requests (module doc)
     # the gap-based queue term alone (the slot model off) does not
     assert _sim(False, seed)[0] > 0.150
+
+
+def test_slot_model_errors_are_calibrated_apart_from_the_gap_models():
+    from scheduler.admission import SLOT_POOLS, pool, slot_pool
+    p, clock = _predictor(4)
+    be = p.backends[0]
+    # a gap-model prediction (made on a fresh backend) missed by 300 ms: its own pool
+    p.add_backend(1)
+    p.dispatched(1, NORMAL)
+    p.started(1, NORMAL, clock.now(), 0.35, 0, predicted_s=0.05)
+    assert [e for _, e in p.errors[pool(NORMAL, 0)]] == [pytest.approx(0.3)]
+    # a slot-model prediction on the full backend: the slot pool of its predicted wait
+    predicted = p.backend_ttft(0, NORMAL)
+    wait = p._slot_wait(be, NORMAL, 0, clock.now())
+    assert wait > 0 and predicted == pytest.approx(wait + STEP)  # the step after the slot
+    p.dispatched(0, NORMAL, "n", 30)
+    k = p.pool_at(NORMAL, 0)
+    clock.set(clock.now() + predicted + 0.004)
+    p.started(0, NORMAL, clock.now(), predicted + 0.004, 1, predicted_s=predicted, key="n")
+    assert k >= SLOT_POOLS and k == slot_pool(NORMAL, wait, be.step)
+    assert [e for _, e in p.errors[k]] == [pytest.approx(0.004)]
+    assert len(p.errors[pool(NORMAL, 1)]) == 0
