@@ -118,7 +118,7 @@ class AdmissionConfig:
     calibration_horizon_s: float = 10.0
     # the slot model (module doc, "Slots"): off -> the paced-gap queue term alone
     slot_model: bool = True
-    max_slot_sim: int = 256       # requests ahead simulated one by one; past that, by the pace
+    max_slot_sim: int = 32        # requests ahead simulated one by one; past that, by the pace
     max_arrivals_sim: int = 32    # higher classes' expected arrivals simulated; past that, the pace
     max_wait_s: float = 60.0      # the longest wait predicted
     arrival_horizon_s: float = 5.0  # higher classes' arrivals expected over this long at most
