@@ -132,7 +132,8 @@ def _call_amx(lib, q, kc, vc, ctx, out, num_heads, scale):
 
 
 @pytest.mark.parametrize("heads,head_dim,block_size", [
-    ((6, 2), 64, 16), ((4, 1), 64, 32), ((8, 8), 128, 16), ((16, 1), 32, 16), ((6, 3), 96, 48)])
+    ((6, 2), 64, 16), ((4, 1), 64, 32), ((8, 8), 128, 16), ((16, 1), 32, 16), ((6, 3), 96, 48),
+    ((4, 2), 80, 16), ((6, 2), 48, 16), ((2, 1), 112, 32), ((8, 2), 16, 16)])
 def test_amx_kernel_matches_the_reference_and_the_portable_kernel(heads, head_dim, block_size):
     """Decodes at contexts around the 16- and 32-key tile edges (1, 15, 16, 17, 31, 32, 33, 200)
     and chunks after a cached prefix (every query its own causal length), through the AMX path
@@ -175,9 +176,9 @@ def test_amx_kernel_matches_the_reference_and_the_portable_kernel(heads, head_di
     torch.testing.assert_close(got.float(), portable.float(), rtol=1e-2, atol=4e-3)
 
 
-@pytest.mark.parametrize("head_dim,block_size", [(64, 5), (64, 8), (80, 16), (256, 16)])
+@pytest.mark.parametrize("head_dim,block_size", [(64, 5), (64, 8), (72, 16), (256, 16)])
 def test_amx_kernel_refuses_what_it_does_not_take(head_dim, block_size):
-    # 16-key runs must not cross a page; head_dim in 32-wide chunks, at most 4 of them
+    # 16-key runs must not cross a page; head_dim in 16s (a tile's pairs), at most 128
     lib = load_library()
     q, _, _, kc, vc, ctx = _step([(1, 20)], 4, 2, head_dim, block_size, 8, pad=0, seed=2)
     q, kc, vc = (t.to(torch.bfloat16) for t in (q, kc, vc))

@@ -14,7 +14,7 @@
  * [context, group] fp32, a few KB.
  *
  * Taken when: built with AMX-TILE/AMX-BF16/AVX-512F (-march=native on such a CPU), the kernel
- * granted the tile state (arch_prctl ARCH_REQ_XCOMP_PERM), head_dim in {32, 64, 96, 128},
+ * granted the tile state (arch_prctl ARCH_REQ_XCOMP_PERM), head_dim a multiple of 16 up to 128,
  * block_size a multiple of 16, at most 16 query heads per kv head, and not switched off
  * (cpu_amx_mode(0); TIDEGATE_CPU_AMX=off at load). Elsewhere (AVX2, ARM, other shapes) this
  * file compiles to the mode switch alone and the portable kernel runs.
@@ -67,15 +67,20 @@ typedef struct {
     uint8_t rows[16];
 } __attribute__((packed, aligned(64))) tilecfg_t;
 
-/* tiles: 0, 3 scores (16 keys x group fp32); 1, 2 K (16 keys x 32 dims bf16);
-          4..7 the query heads' 32-dim chunks as B operands (16 dim pairs x group) */
-static void configure(int group) {
+/* tiles: 0, 3 scores (16 keys x group fp32); 1, 2 K (16 keys x 32 dims bf16; with a tail, tile
+          2 holds the last tail dims of head_dim % 32); 4..7 the query heads' 32-dim chunks as B
+          operands (16 dim pairs x group; the tail chunk tail / 2 pairs) */
+static void configure(int group, int nc, int tail) {
     tilecfg_t cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
     for (int t = 0; t < 8; t++) {
         cfg.rows[t] = 16;
         cfg.colsb[t] = (t == 1 || t == 2) ? 64 : (uint16_t)(group * 4);
+    }
+    if (tail) {
+        cfg.colsb[2] = (uint16_t)(2 * tail);
+        cfg.rows[4 + nc - 1] = (uint8_t)(tail / 2);
     }
     _tile_loadconfig(&cfg);
 }
@@ -85,15 +90,28 @@ static inline __m512 load_bf16x16(const uint16_t *p) {
         _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
 
+/* chunk c of 16 keys' scores into tile C: K's dims 32c.. times B tile B (= 4 + c; literals: the
+ * intrinsics paste tile numbers into the instruction); the A tile alternates 1 / 2 without a
+ * tail, and is 2 for the tail chunk (its own width) and 1 for the others with one */
+#define SCORE_CHUNK(C, c, B, k, rs, nc, tail)                                              \
+    if ((c) < (nc)) {                                                                       \
+        if ((tail) ? (c) == (nc) - 1 : ((c) & 1)) {                                         \
+            _tile_loadd(2, (k) + 32 * (c), (rs));                                           \
+            _tile_dpbf16ps(C, 2, B);                                                        \
+        } else {                                                                            \
+            _tile_loadd(1, (k) + 32 * (c), (rs));                                           \
+            _tile_dpbf16ps(C, 1, B);                                                        \
+        }                                                                                   \
+    }
+
 /* 16 keys' scores (rows of s, group floats each) against the B tiles 4.. (nc of them) */
-#define SCORE_TILE(C, k, rs, nc, s, group)                                   \
+#define SCORE_TILE(C, k, rs, nc, tail, s, group)                              \
     do {                                                                      \
         _tile_zero(C);                                                        \
-        _tile_loadd(1, (k), (rs));                                            \
-        _tile_dpbf16ps(C, 1, 4);                                              \
-        if ((nc) > 1) { _tile_loadd(2, (k) + 32, (rs)); _tile_dpbf16ps(C, 2, 5); } \
-        if ((nc) > 2) { _tile_loadd(1, (k) + 64, (rs)); _tile_dpbf16ps(C, 1, 6); } \
-        if ((nc) > 3) { _tile_loadd(2, (k) + 96, (rs)); _tile_dpbf16ps(C, 2, 7); } \
+        SCORE_CHUNK(C, 0, 4, k, rs, nc, tail)                                 \
+        SCORE_CHUNK(C, 1, 5, k, rs, nc, tail)                                 \
+        SCORE_CHUNK(C, 2, 6, k, rs, nc, tail)                                 \
+        SCORE_CHUNK(C, 3, 7, k, rs, nc, tail)                                 \
         _tile_stored(C, (s), (group) * 4);                                    \
     } while (0)
 
@@ -133,9 +151,13 @@ static void weighted_sums(const float *p, int group, const uint16_t *v_cache,
     for (int r0 = 0; r0 < group; r0 += per) {
         const int rb = group - r0 < per ? group - r0 : per;
         switch (dv) {
+        case 1: weighted_sum(1, p, group, r0, rb, v_cache, table, block_size, row, g, n_keys, acc); break;
         case 2: weighted_sum(2, p, group, r0, rb, v_cache, table, block_size, row, g, n_keys, acc); break;
+        case 3: weighted_sum(3, p, group, r0, rb, v_cache, table, block_size, row, g, n_keys, acc); break;
         case 4: weighted_sum(4, p, group, r0, rb, v_cache, table, block_size, row, g, n_keys, acc); break;
+        case 5: weighted_sum(5, p, group, r0, rb, v_cache, table, block_size, row, g, n_keys, acc); break;
         case 6: weighted_sum(6, p, group, r0, rb, v_cache, table, block_size, row, g, n_keys, acc); break;
+        case 7: weighted_sum(7, p, group, r0, rb, v_cache, table, block_size, row, g, n_keys, acc); break;
         default: weighted_sum(8, p, group, r0, rb, v_cache, table, block_size, row, g, n_keys, acc); break;
         }
     }
@@ -175,9 +197,10 @@ int paged_attention_bf16_amx(const uint16_t *q, long q_stride, const uint16_t *k
     if (cpu_amx_mode(-1) != 1) return 1;
     if (num_kv_heads <= 0 || num_heads % num_kv_heads) return 1;
     const int group = num_heads / num_kv_heads;
-    if (group > 16 || head_dim % 32 || head_dim > 128 || block_size % 16 || block_size <= 0)
+    if (group > 16 || head_dim % 16 || head_dim <= 0 || head_dim > 128 || block_size % 16
+        || block_size <= 0)
         return 1;
-    const int nc = head_dim / 32;
+    const int nc = (head_dim + 31) / 32, tail = head_dim % 32;  /* 32-dim chunks; the last's width */
     const long row = (long)num_kv_heads * head_dim;
     const long rs = row * 2;  /* bytes from one key's row to the next within a page */
     int max_ctx = 1;
@@ -196,7 +219,7 @@ int paged_attention_bf16_amx(const uint16_t *q, long q_stride, const uint16_t *k
     float *acc = srep + 256;
     tilecfg_t saved;
     _tile_storeconfig(&saved);
-    configure(group);
+    configure(group, nc, tail);
 
     for (int i = 0; i < num_seqs; i++) {
         const int q0 = query_start[i], q_len = query_start[i + 1] - q0, ctx = context_lens[i];
@@ -226,12 +249,12 @@ int paged_attention_bf16_amx(const uint16_t *q, long q_stride, const uint16_t *k
                     const uint16_t *k0 = k_cache + ((long)table[t0 / block_size] * block_size
                                                     + t0 % block_size) * row + (long)g * head_dim;
                     prefetch_block(k_cache, v_cache, &next, block_size, row);
-                    SCORE_TILE(0, k0, rs, nc, s + (long)t0 * group, group);
+                    SCORE_TILE(0, k0, rs, nc, tail, s + (long)t0 * group, group);
                     if (t0 + 16 < n_keys) {
                         const int t1 = t0 + 16;
                         const uint16_t *k1 = k_cache + ((long)table[t1 / block_size] * block_size
                                                         + t1 % block_size) * row + (long)g * head_dim;
-                        SCORE_TILE(3, k1, rs, nc, s + (long)t1 * group, group);
+                        SCORE_TILE(3, k1, rs, nc, tail, s + (long)t1 * group, group);
                     }
                 }
                 for (long x = (long)n_keys * group; x < (long)n32 * group; x++) s[x] = -1e30f;
