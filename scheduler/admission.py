@@ -352,6 +352,9 @@ class WaitPredictor:
             self._quantiles(cls)
 
     def _quantiles(self, cls: int) -> None:
+        if cls >= SLOT_POOLS:
+            self._slot_quantiles(cls)
+            return
         e = self.errors[cls]
         n = len(e)
         if n < self.config.calibration_min_samples:
@@ -360,6 +363,28 @@ class WaitPredictor:
         s = sorted(err for _, err in e)
         self.error_high[cls] = s[min(n - 1, int(self.config.calibration_quantile * n))]
         self.error_mid[cls] = s[n // 2]
+
+    def _slot_quantiles(self, k: int) -> None:
+        """A slot-model pool and its class's others: a pool short of samples takes the
+        quantiles of its class's slot-model errors together (a Slow request admitted at 1.5x
+        capacity is rare, so its long-wait pool seldom had 20 errors in 10 s, and Slow was
+        admitted with no margin: 20-30 of 50-85 admitted missed in the simulator)."""
+        q, min_n = self.config.calibration_quantile, self.config.calibration_min_samples
+        first = SLOT_POOLS + (k - SLOT_POOLS) // AHEAD_BUCKETS * AHEAD_BUCKETS
+        pools = range(first, first + AHEAD_BUCKETS)
+        merged = sorted(err for j in pools for _, err in self.errors[j])
+        n_all = len(merged)
+        for j in pools:
+            e = self.errors[j]
+            if len(e) >= min_n:
+                s = sorted(err for _, err in e)
+                self.error_high[j] = s[min(len(s) - 1, int(q * len(s)))]
+                self.error_mid[j] = s[len(s) // 2]
+            elif n_all >= min_n:
+                self.error_high[j] = merged[min(n_all - 1, int(q * n_all))]
+                self.error_mid[j] = merged[n_all // 2]
+            else:
+                self.error_high[j] = self.error_mid[j] = 0.0
 
     def expire(self, now: float) -> None:
         """Drop calibration errors older than the horizon (module doc)."""
