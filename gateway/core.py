@@ -67,6 +67,7 @@ class GatewayConfig:
     # TTFT / TPOT targets per queue class (scheduler.slo): SLO attainment in /metrics, and with
     # a TTFT target, admission that refuses what is predicted to miss it (scheduler.admission)
     slo: SLOTargets = field(default_factory=SLOTargets)
+    slot_model: bool = False  # admission's slot model (scheduler.admission, "Slots")
     pool: PoolConfig = field(default_factory=PoolConfig)
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
     queues: QueueConfig = field(default_factory=QueueConfig)
@@ -300,7 +301,8 @@ class Gateway:
                      if config.decision_log_path else None)
         self.dispatcher = Dispatcher(self.pool, self.metrics, config.batcher, config.queues,
                                      decision_log=decisions,
-                                     admission_config=AdmissionConfig(slo=config.slo))
+                                     admission_config=AdmissionConfig(
+                                         slo=config.slo, slot_model=config.slot_model))
         self.draining = False
         self.num_active = 0
         self._ids = itertools.count()

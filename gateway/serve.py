@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "targets from a trace")
     p.add_argument("--slo-tpot-ms", default=None, metavar="MS|CLASS=MS,...",
                    help="time-per-output-token target, as --slo-ttft-ms (attainment only)")
+    p.add_argument("--slot-model", action="store_true",
+                   help="predict waits from the running requests' ends (slot-bound backends "
+                   "that serve Fast first, as echo backends: scheduler.admission, Slots)")
     p.add_argument("--stream-interval", type=int, default=1, help="stream every N tokens")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger bodies get 413")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds; then 504")
@@ -237,7 +240,7 @@ def gateway_config(args: argparse.Namespace, backends: list[str]) -> GatewayConf
         request_timeout_s=args.request_timeout, stream_interval=max(1, args.stream_interval),
         log_prompts=args.log_prompts, drain_timeout_s=args.drain_timeout,
         stream_stall_timeout_s=args.stream_stall_timeout,
-        slo=SLOTargets.parse(args.slo_ttft_ms, args.slo_tpot_ms),
+        slo=SLOTargets.parse(args.slo_ttft_ms, args.slo_tpot_ms), slot_model=args.slot_model,
         pool=PoolConfig(heartbeat_timeout_s=args.heartbeat_timeout,
                         max_inflight_per_backend=args.max_inflight_per_backend, curve=curve,
                         # block size: the backends' own, read from their BackendInfo when hashing

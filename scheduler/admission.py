@@ -66,7 +66,8 @@ each check): only admitted requests measure one, so a class whose every request 
 errors refused would otherwise keep those errors, and be refused, for good (seen in the
 simulator: after a burst at 0.8x capacity every normal request was refused to the end).
 
-Slots (issue 31; `slot_model`, on where the owner gives a `clock`). The gap term above is a
+Slots (issue 31; `slot_model`, opt-in: `tidegate serve --slot-model`, where the owner gives a
+`clock`). The gap term above is a
 mean; what a request waits on a backend whose slots (`max_num_seqs`) are all taken is the time
 until the slot it gets frees, which the gateway can tell: each running request sends its last
 token at about (its first token) + (max_tokens - 1) x step (an upper bound where a stop token
@@ -116,8 +117,10 @@ class AdmissionConfig:
     calibration_window: int = 200
     calibration_min_samples: int = 20
     calibration_horizon_s: float = 10.0
-    # the slot model (module doc, "Slots"): off -> the paced-gap queue term alone
-    slot_model: bool = True
+    # the slot model (module doc, "Slots"): off -> the paced-gap queue term alone. Opt-in: it
+    # assumes backends whose queue is slot-bound and served Fast first (the echo engine; our
+    # engine admits FCFS, and its waits on GPUs are often the prefill budget's, not slots')
+    slot_model: bool = False
     max_slot_sim: int = 32        # requests ahead simulated one by one; past that, by the pace
     max_arrivals_sim: int = 32    # higher classes' expected arrivals simulated; past that, the pace
     max_wait_s: float = 60.0      # the longest wait predicted

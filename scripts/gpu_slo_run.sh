@@ -34,7 +34,10 @@ SLO=${SLO:-fast=600,normal=3000,slow=10000}
 LOAD=${LOAD:-1.5}
 PROFILE=${PROFILE:-}
 BACKENDS=${BACKENDS:-1}
-PLACEMENT=${PLACEMENT:-ttft}      # by predicted TTFT: admission predicts on the backend placement then picks (prefix: the gateway's default, placed elsewhere than predicted)
+# echo: by predicted TTFT (admission predicts on the backend placement then picks; BENCHMARKS,
+# issue 31, third session); otherwise the gateway's default (issue 31, second session: ttft
+# placement with the gap model refused twice as much)
+PLACEMENT=${PLACEMENT:-$([ "$MODEL" = echo ] && echo ttft || echo prefix)}
 SEED=${SEED:-2}                    # the control run's schedule; the planner simulates the same arrivals
 PROBE_EVERY=${PROBE_EVERY:-3}     # every 3rd refusal re-sent admitted: the wait it would have had
 ECHO_STEP_MS=${ECHO_STEP_MS:-}
@@ -56,6 +59,9 @@ for k in $(seq 1 "$BACKENDS"); do
   BACKS+=(--backend "$SOCK")
 done
 GWFLAGS=("${BACKS[@]}" --placement "$PLACEMENT" --startup-timeout 600)
+# echo backends: slot-bound, Fast first: admission's slot model describes them (both gateways:
+# placement by predicted TTFT reads the same predictor)
+[ "$MODEL" = echo ] && GWFLAGS+=(--slot-model)
 $TG serve "${GWFLAGS[@]}" --port 18501 --slo-ttft-ms "$SLO" --decision-log "$OUT/decisions_a.jsonl" \
     > "$OUT/gateway_a.log" 2>&1 &
 pids+=($!)
@@ -93,7 +99,7 @@ elif [ "$DEVICE" != cpu ]; then COST=(--model "$MODEL" --gpu h200); fi
 SIMFLAGS=(--placement "$PLACEMENT" --seed "$SEED")
 [ -n "$MAX_NUM_SEQS" ] && SIMFLAGS+=(--max-num-seqs "$MAX_NUM_SEQS")
 # echo backends admit their waiting requests Fast first (our engine: FCFS); the simulator too
-[ "$MODEL" = echo ] && SIMFLAGS+=(--waiting-by-class)
+[ "$MODEL" = echo ] && SIMFLAGS+=(--waiting-by-class --slot-model)
 if [ ${#COST[@]} -gt 0 ]; then
   timeout 90 $TG sim slo "${COST[@]}" "${SIMFLAGS[@]}" --backends "$BACKENDS" \
       --max-backends $((BACKENDS + 1)) --rate "$RATE" --num-requests "$N" \
@@ -112,7 +118,7 @@ curl -s localhost:18501/metrics | grep -E "^tidegate_(slo|admission|window|refus
 # 5. decision fidelity of A's windows and admission decisions
 FFLAGS=(--backends "$BACKENDS" --placement "$PLACEMENT")
 [ -n "$MAX_NUM_SEQS" ] && FFLAGS+=(--max-num-seqs "$MAX_NUM_SEQS")
-[ "$MODEL" = echo ] && FFLAGS+=(--waiting-by-class)
+[ "$MODEL" = echo ] && FFLAGS+=(--waiting-by-class --slot-model)
 $PY -m bench.simulator.decision_fidelity "$OUT/decisions_a.jsonl" --slo-ttft-ms "$SLO" "${COST[@]}" \
     "${FFLAGS[@]}" > "$OUT/decision_fidelity.json" 2>&1
 cat "$OUT/decision_fidelity.json"

@@ -81,6 +81,7 @@ class SimSchedulerConfig:
     admission: bool = False
     # the backends' waiting queue by class (SchedulerConfig.waiting_by_class: the echo engine's)
     waiting_by_class: bool = False
+    slot_model: bool = False  # admission's slot model (scheduler.admission, "Slots")
 
     def prefix_caching_for(self, workload: Workload) -> bool:
         """The setting resolved for `workload` (auto: does any request have a shared prefix?)."""
@@ -118,7 +119,8 @@ class GatewayAdapter:
         # each request's queue class, worked out once: the trace's, else by its max_tokens
         self._queue_class = _queue_classes(workload, config.queue.class_bounds)
         # the live gateway's admission (gateway.dispatcher.submit): the same objects
-        self.admission = AdmissionControl(AdmissionConfig(slo=config.slo))
+        self.admission = AdmissionControl(AdmissionConfig(slo=config.slo,
+                                                          slot_model=config.slot_model))
         self.predictor = self.admission.predictor
         self.admits = config.admission and config.slo.any_ttft
         self.retry_after: dict[int, float] = {}  # refused request -> its predicted TTFT

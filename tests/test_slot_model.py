@@ -33,7 +33,7 @@ def _predictor(slots_full: int) -> tuple[WaitPredictor, ManualClock]:
     """One backend running `slots_full` requests that end 3, 6, 9, ... steps from now, and
     known to be full at that count (a request waited more than two steps there)."""
     clock = ManualClock(100.0)
-    p = WaitPredictor(AdmissionConfig())
+    p = WaitPredictor(AdmissionConfig(slot_model=True))
     p.clock = clock.now
     _warm(p, clock)
     assert p.backends[0].step == pytest.approx(STEP)
@@ -52,7 +52,7 @@ def _predictor(slots_full: int) -> tuple[WaitPredictor, ManualClock]:
 
 def test_step_time_is_measured_from_finished_requests():
     clock = ManualClock(5.0)
-    p = WaitPredictor(AdmissionConfig())
+    p = WaitPredictor(AdmissionConfig(slot_model=True))
     p.clock = clock.now
     _warm(p, clock)
     be = p.backends[0]
@@ -102,18 +102,23 @@ def test_higher_classes_expected_meanwhile_take_slots_ahead_of_a_slow_request():
     assert p._slot_wait(be, FAST, 0, now) == pytest.approx(100.0 + 9 * STEP - now)
 
 
-def test_without_a_clock_the_gap_model_alone():
-    p = WaitPredictor(AdmissionConfig())
+def test_without_a_clock_or_the_option_the_gap_model_alone():
+    p = WaitPredictor(AdmissionConfig(slot_model=True))
     p.add_backend(0)
     a = p.dispatched(0, FAST, "x", 10)  # no clock: not followed
     assert not p.backends[0].queued and a == 0
+    clock = ManualClock(5.0)
+    p = WaitPredictor(AdmissionConfig())  # off by default (opt-in: tidegate serve --slot-model)
+    p.clock = clock.now
+    _warm(p, clock)
+    p.backends[0].slots = 4
+    assert p._slot_wait(p.backends[0], FAST, 0, clock.now()) is None
 
 
 def _sim(slot_model: bool, seed: int) -> tuple[float, float]:
     """4 backends x 8 slots x 20 ms steps, prompts 32, outputs uniform 1-80, at 47.8 req/s
     (1.5x the live capacity), admission by fast 150 / normal 400 / slow 1000 ms, placement by
     predicted TTFT: (Fast TTFT p90 of the admitted, share of the admitted missing by > 10%)."""
-    import scheduler.admission as adm
     from sims.options import add_run_args, parse_with_config, spec_from_args
     from sims.runner import simulate_spec
     p = argparse.ArgumentParser()
@@ -122,19 +127,8 @@ def _sim(slot_model: bool, seed: int) -> tuple[float, float]:
         "--step-ms", "20", "--max-num-seqs", "8", "--backends", "4", "--rate", "47.8",
         "--num-requests", "600", "--input-len", "32", "--output-len", "uniform:1:80",
         "--slo-ttft-ms", "fast=150,normal=400,slow=1000", "--admission", "--placement", "ttft",
-        "--waiting-by-class", "--seed", str(seed)])
-    saved = adm.AdmissionConfig.__dataclass_fields__["slot_model"].default
-    orig = adm.AdmissionConfig.__init__
-
-    def init(self, *args, **kw):
-        kw.setdefault("slot_model", slot_model)
-        orig(self, *args, **kw)
-    adm.AdmissionConfig.__init__ = init
-    try:
-        r = simulate_spec(spec_from_args(a))
-    finally:
-        adm.AdmissionConfig.__init__ = orig
-    assert saved is True
+        "--waiting-by-class", "--seed", str(seed)] + (["--slot-model"] if slot_model else []))
+    r = simulate_spec(spec_from_args(a))
     ttft = r.first_token_time - r.workload.arrival_time
     ok = ~r.rejected & ~np.isnan(ttft)
     deadline = np.array([0.15, 0.4, 1.0])[r.queue_class]

@@ -213,7 +213,8 @@ class _Handle:
         self.error = err
 
 
-def test_gateway_places_as_the_simulator_does_on_the_same_trace_and_events():
+@pytest.mark.parametrize("slot_model", [False, True])
+def test_gateway_places_as_the_simulator_does_on_the_same_trace_and_events(slot_model):
     """The simulator runs the trace on 3 backends (a measured CPU profile: irregular step times)
     and records each request's backend, its windows and, in order, every first token and finish
     the gateway would hear. The gateway's Dispatcher and BackendPool (the real classes, with
@@ -241,7 +242,8 @@ def test_gateway_places_as_the_simulator_does_on_the_same_trace_and_events():
                             hysteresis=0.8, idle_flush=False)
     placement = PlacementConfig(policy="ttft")
     cost = ProfileCost.from_json("docs/window_defaults/cpu_tiny_coder_profile.json")
-    res = simulate(wl, cost, SimSchedulerConfig(batcher=batcher, enable_prefix_caching=False),
+    res = simulate(wl, cost, SimSchedulerConfig(batcher=batcher, enable_prefix_caching=False,
+                                                slot_model=slot_model),
                    EngineConfig(num_backends=3, num_samples=1, record_batches=True,
                                 placement=placement))
     sim_backend = res.extra["backend_of"]
@@ -264,7 +266,8 @@ def test_gateway_places_as_the_simulator_does_on_the_same_trace_and_events():
             self._timer_deadline = deadline
 
     clock = ManualClock(0.0)
-    d = _Virtual(pool, _Metrics(), batcher, QueueConfig(), clock)
+    d = _Virtual(pool, _Metrics(), batcher, QueueConfig(), clock,
+                 admission_config=AdmissionConfig(slot_model=slot_model))
     handles = [_Handle(str(i), float(arrival[i]), int(prompt[i]), int(output[i])) for i in range(n)]
     by_address = {c.address: c for c in conns}
 
@@ -297,6 +300,8 @@ def test_gateway_places_as_the_simulator_does_on_the_same_trace_and_events():
             d.submit(handles[i])
             i += 1
     fire_timers(float("inf"), True)
+    if slot_model:  # the slot model decided: measured its step and the backends' concurrency
+        assert all(be.step > 0 and be.slots > 0 for be in d.predictor.backends.values())
     live_backend = [int(h.backend[1:]) for h in handles]
     assert all(h.error is None for h in handles)
     assert live_backend == sim_backend

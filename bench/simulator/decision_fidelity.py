@@ -183,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="the live backends' --max-num-seqs (default: the scheduler's)")
     p.add_argument("--waiting-by-class", action="store_true",
                    help="the live backends admit Fast first (echo backends; default FCFS)")
+    p.add_argument("--slot-model", action="store_true", help="the live gateway's --slot-model")
     args = p.parse_args(argv)
     arrivals, live = read_log(args.live)
     out = {}
@@ -208,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
         from scheduler.placement import PlacementConfig
         from sims.event_loop import EngineConfig
         sched = SimSchedulerConfig(batcher=batcher, slo=slo, admission=slo.any_ttft,
-                                   waiting_by_class=args.waiting_by_class)
+                                   waiting_by_class=args.waiting_by_class,
+                                   slot_model=args.slot_model)
         if args.max_num_seqs is not None:
             sched = replace(sched, max_num_seqs=args.max_num_seqs)
         result, sim = replay_run(arrivals, sched, cost,
