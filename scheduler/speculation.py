@@ -380,7 +380,8 @@ class PromptLookupProposer:
     for ~150 ms (issue 28's c=32 edit run). So at most `tokens_per_step` tokens are indexed
     per step over all requests (`new_step` starts the next step's allowance); a request whose
     index is not caught up with its tokens yet gets no prompt-lookup draft in that step (its
-    other sources still draft). None: no limit."""
+    other sources still draft; an engine that pipelines its steps keeps asking for drafts while
+    an index catches up: `DraftBackoff.hold`). None: no limit."""
 
     source = "prompt"
 
@@ -389,9 +390,11 @@ class PromptLookupProposer:
         self.n_min, self.n_max = n_min, n_max
         self.tokens_per_step = tokens_per_step
         self.budget = tokens_per_step  # tokens this step may still index
+        self.starved = False  # this step left some index behind its tokens
 
     def new_step(self) -> None:
         self.budget = self.tokens_per_step
+        self.starved = False
 
     def observe(self, state: DraftState, new_tokens: Sequence[int]) -> None:
         h = state.history
@@ -411,6 +414,8 @@ class PromptLookupProposer:
         if need <= 0:
             return True
         take = need if self.budget is None else min(need, self.budget)
+        if take < need:
+            self.starved = True
         if take <= 0:
             return False
         if self.budget is not None:
@@ -731,12 +736,15 @@ class DraftBackoff:
     there. Without that reset the back-off ran on past an edited line's end, into the lines the
     prediction had right (the simulator: TPOT 0.67 of off at 50% of lines kept vs 0.58)."""
 
-    __slots__ = ("backoff", "limit", "reset_on_align", "wait")
+    __slots__ = ("backoff", "hold", "limit", "reset_on_align", "wait")
 
     def __init__(self, limit: int = 16, reset_on_align: bool = True) -> None:
         self.limit = limit
         self.reset_on_align = reset_on_align
         self.backoff = self.wait = 0
+        # set for one ask (by `Speculator.plan`) when prompt lookup ran out of its indexing
+        # allowance: the missing drafts are the index's, not the text's; no back-off
+        self.hold = False
 
     def skip(self) -> bool:
         """True: this turn stays pipelined (do not ask)."""
@@ -746,8 +754,9 @@ class DraftBackoff:
         return False
 
     def asked(self, drafted: bool) -> None:
-        self.backoff = 0 if drafted else min(self.limit, 2 * self.backoff + 1)
+        self.backoff = 0 if drafted or self.hold else min(self.limit, 2 * self.backoff + 1)
         self.wait = self.backoff
+        self.hold = False
 
     def aligned(self) -> None:
         """A prediction has a draft to give again."""
@@ -922,6 +931,8 @@ class Speculator:
             d = self.propose(rid, k)
             if d:
                 drafts[rid] = d
+        if self.prompt.starved:  # (the engine's ask that follows must not back off)
+            self.backoff.hold = True
         self.prompt.new_step()  # the next step's allowance of prompt-lookup indexing
         return drafts
 

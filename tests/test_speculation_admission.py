@@ -132,3 +132,23 @@ def test_a_request_without_a_prompt_draft_yet_still_drafts_from_its_prediction()
 def test_the_allowance_is_validated():
     with pytest.raises(ValueError):
         SpeculationConfig(lookup_index_tokens_per_step=-1)
+
+
+def test_no_draft_back_off_while_an_index_catches_up():
+    """An engine that pipelines its steps backs off from asking for drafts after an ask that
+    drafted nothing (DraftBackoff); an ask that came back empty because prompt lookup's index
+    was still being built must not count, or the index would advance only on the asks the
+    back-off leaves (1, 3, 7, 15 turns apart)."""
+    rng = random.Random(3)
+    sp = Speculator(SpeculationConfig(sources=("prompt",), lookup_index_tokens_per_step=4096))
+    sp.add("r", _code_prompt(rng, 10000))
+    sp.append("r", [999, 998])  # nothing in the prompt follows these: no draft once indexed
+    asks = 0
+    while len(sp.get("r").history.tokens if sp.get("r").history else ()) < 10002:
+        assert not sp.backoff.skip()  # every turn asks while indexing
+        load = sp.load("r", 50)
+        drafts = sp.plan([load] if load else [], 1, 0)
+        sp.backoff.asked(bool(drafts))
+        asks += 1
+    assert asks == 3  # 4096 + 4096 + 1810 tokens
+    assert sp.backoff.skip()  # the last ask indexed all and found nothing: the back-off starts
