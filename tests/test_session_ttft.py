@@ -20,8 +20,8 @@ from backend.server.worker import Worker
 from bench.serving import session_ttft
 from gateway.app import create_app
 
-STEP_MS = 25.0
-MAX_TOKENS = 12
+STEP_MS = 40.0
+MAX_TOKENS = 16
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ async def test_ttft_is_the_first_token_when_tokens_have_no_text(aiohttp_client, 
     # the stream takes MAX_TOKENS steps; its first token came after one step, not at the end
     # (fails when TTFT waits for the first chunk with text: that is the last chunk here)
     assert wall_ms > (MAX_TOKENS - 1) * STEP_MS
-    assert ttft < 4 * STEP_MS < wall_ms / 2, (ttft, wall_ms)
+    assert ttft < 6 * STEP_MS < wall_ms / 2, (ttft, wall_ms)
     assert usage["completion_tokens"] == MAX_TOKENS
     assert usage["text_ms"] > 0.8 * usage["e2e_ms"]  # the old definition: the whole stream
     assert usage["e2e_ms"] <= wall_ms
