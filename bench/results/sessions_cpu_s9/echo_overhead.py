@@ -1,7 +1,13 @@
 """TTFT through gateway + echo backend (no model) by prompt length: the serving path's own cost."""
-import asyncio, random, statistics, sys, json
+import asyncio
+import random
+import statistics
+import sys
+
 import aiohttp
+
 from bench.serving.session_ttft import _ttft
+
 URL = sys.argv[1]
 async def main():
     rng = random.Random(0)
@@ -14,9 +20,9 @@ async def main():
                 base = [rng.randrange(3, 256) for _ in range(n)]
                 for i in range(7):
                     ids = base if hdr else [rng.randrange(3, 256) for _ in range(n)]
-                    t, u = await _ttft(s, URL, "echo", ids, 16, hdr, {})
+                    t, _ = await _ttft(s, URL, "echo", ids, 16, hdr, {})
                     xs.append(t)
                 key = f"{n} {'session' if hdr else 'fresh'}"
                 out[key] = statistics.median(xs)
-                print(key, "TTFT p50 %.2f ms (min %.2f)" % (statistics.median(xs), min(xs)), flush=True)
+                print(key, f"TTFT p50 {statistics.median(xs):.2f} ms (min {min(xs):.2f})", flush=True)
 asyncio.run(main())

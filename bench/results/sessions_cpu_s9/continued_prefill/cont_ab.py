@@ -1,9 +1,13 @@
 """Same process, alternating: CpuAttention on one chunk after a cached prefix, the fused path
 (CONTINUED_MIN_QUERY=32) vs the paged kernel (threshold off); and a fresh prefill of the whole
 context for scale. bf16, one thread, min of 5."""
-import time, torch
+import time
+
+import torch
+
 import backend.kernels.cpu.attention as A
 from backend.kernels.forward_context import ForwardContext
+
 torch.manual_seed(0); torch.set_num_threads(1)
 def case(H, Hkv, D, qlen, ctx, bs=16, dt=torch.bfloat16):
     nb = -(-ctx // bs)
