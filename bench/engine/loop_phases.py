@@ -2,8 +2,8 @@
 the serving loop's phases and the cyclic GC timed, to attribute a stall of the loop (issue 28:
 the H200 step logs' idle gaps between steps).
 
-Times every call of the worker's phases (`_drain` with `_add` per admitted request, `_step`,
-`_deliver`, `_flush_pending`, `_maybe_report`, `_flush_outboxes`) and the engine's (`_launch`,
+Times every call of the worker's phases (`_poll`, `_drain` with `_add` per admitted request,
+`_step`, `_deliver`, `_flush_pending`, `_maybe_report`, `_flush_outboxes`) and the engine's (`_launch`,
 `_drafts`, `_finish`, `_outputs`), and every collection of the cyclic GC (gc.callbacks), as
 (perf_counter at its start, ms). Written as JSON to FILE when the backend exits (SIGTERM). The
 step log (`--step-log`) is on the same clock (`mono`: CLOCK_MONOTONIC, as perf_counter on
@@ -27,8 +27,10 @@ import sys
 import time
 from collections import defaultdict
 
-WORKER_PHASES = ("_drain", "_add", "_step", "_deliver", "_flush_pending", "_maybe_report",
-                 "_flush_outboxes")
+# `_poll`: the loop's wait for messages, up to the next launch's deadline (async scheduling:
+# Engine.launch_deadline); a long one in a gap is the deadline's estimate, not host work
+WORKER_PHASES = ("_poll", "_drain", "_add", "_step", "_deliver", "_flush_pending",
+                 "_maybe_report", "_flush_outboxes")
 ENGINE_PHASES = ("_launch", "_drafts", "_finish", "_outputs")
 
 
