@@ -5,7 +5,9 @@
 #   A. a PREFIX-token prefix made usable on the second backend: pulled from the first (KvPull /
 #      KvBlocks over ZMQ: device -> host -> wire -> host -> device) vs recomputed there, for bf16
 #      pages (A_bf16) and int4-fp8 pages (A_int4); with and without the per-frame crc32
-#      (bench.engine.kv_pull; the first backend runs --role prefill, which direct requests ignore)
+#      (bench.engine.kv_pull; the first backend runs --role prefill, which direct requests ignore);
+#      pulls go to the holder's KV socket (served off its step loop), A_bf16_nocrc_loop to its
+#      main socket (between its steps, the 1.3 path)
 #   B. the same pair as prefill + decode backends behind `tidegate serve --kv-pull`, vs the decode
 #      backend alone behind its own gateway: 512/128 streams at RATE req/s with SLOW_PROMPT-token
 #      Slow prompts at SLOW_RATE req/s (bench.serving.kv_split): ITL p50/p99 of the streams, TTFT
@@ -43,27 +45,37 @@ LOADFMT=(--load-format dummy)
 QFLAGS=()
 [ "$QUANT" != none ] && QFLAGS=(--quantization "$QUANT")
 
-start_pair() {  # $1: kv cache dtype
-  for who in p d; do
-    sock=$P; role=prefill
-    [ $who = d ] && { sock=$D; role=mixed; }
-    $TG backend --listen "$sock" --role $role --model "$MODEL" "${LOADFMT[@]}" --device "$DEVICE" \
-        "${QFLAGS[@]}" --num-blocks "$BLOCKS" --max-model-len "$MAXLEN" --kv-cache-dtype "$1" \
-        --kv-pull-timeout 60 > "$OUT/backend_${who}_$1.log" 2>&1 &
-    pids+=($!)
-  done
+backend() {  # $1: socket, $2: role, $3: log; the rest: more flags. Its pid is appended to pids
+  local sock=$1 role=$2 log=$3
+  shift 3
+  $TG backend --listen "$sock" --role "$role" --model "$MODEL" "${LOADFMT[@]}" --device "$DEVICE" \
+      "${QFLAGS[@]}" --num-blocks "$BLOCKS" --max-model-len "$MAXLEN" --kv-pull-timeout 60 "$@" \
+      > "$log" 2>&1 &
+  pids+=($!)
+}
+wait_ready() {  # the logs of backends starting
   for _ in $(seq 1 300); do
-    grep -q ready "$OUT/backend_p_$1.log" && grep -q ready "$OUT/backend_d_$1.log" && return 0
+    local all=1
+    for log in "$@"; do grep -q ready "$log" || all=0; done
+    [ $all = 1 ] && return 0
     sleep 1
   done
-  echo "backends ($1) not ready"; tail -5 "$OUT"/backend_*_"$1".log; return 1
+  echo "backends not ready: $*"; tail -5 "$@"; return 1
+}
+start_pair() {  # $1: kv cache dtype
+  backend "$P" prefill "$OUT/backend_p_$1.log" --kv-cache-dtype "$1"
+  backend "$D" mixed "$OUT/backend_d_$1.log" --kv-cache-dtype "$1"
+  wait_ready "$OUT/backend_p_$1.log" "$OUT/backend_d_$1.log"
 }
 stop_all() { cleanup; pids=(); sleep 2; }
 
-bench_pull() {  # $1: label
+bench_pull() {  # $1: label, $2: seed; the rest: more flags
+  local label=$1 seed=$2
+  shift 2
   timeout 120 $PY -m bench.engine.kv_pull --holder "$P" --receiver "$D" --prefix-tokens "$PREFIX" \
-      --repeats "$REPEATS" --vocab "$VOCAB" --seed "$2" --json "$OUT/$1.json" > "$OUT/$1.log" 2>&1
-  tail -1 "$OUT/$1.log"
+      --repeats "$REPEATS" --vocab "$VOCAB" --seed "$seed" --json "$OUT/$label.json" "$@" \
+      > "$OUT/$label.log" 2>&1
+  tail -1 "$OUT/$label.log"
 }
 
 # ---- A (bf16 pages) and B --------------------------------------------------------------------
@@ -72,12 +84,12 @@ bench_pull A_bf16 1
 # the same without checksums: a third backend process would not fit; the receiver checks what
 # the holder sends, so restarting the holder alone is enough
 kill "${pids[0]}" 2>/dev/null; wait "${pids[0]}" 2>/dev/null
-$TG backend --listen "$P" --role prefill --model "$MODEL" "${LOADFMT[@]}" --device "$DEVICE" \
-    "${QFLAGS[@]}" --num-blocks "$BLOCKS" --max-model-len "$MAXLEN" --no-kv-pull-checksum \
-    > "$OUT/backend_p_nocrc.log" 2>&1 &
-pids[0]=$!
-for _ in $(seq 1 300); do grep -q ready "$OUT/backend_p_nocrc.log" && break; sleep 1; done
+unset 'pids[0]'
+backend "$P" prefill "$OUT/backend_p_nocrc.log" --no-kv-pull-checksum
+wait_ready "$OUT/backend_p_nocrc.log"
 bench_pull A_bf16_nocrc 2
+# the 1.3 path (the pull answered between the holder's steps, its main socket) for comparison
+bench_pull A_bf16_nocrc_loop 4 --via main
 
 # the split's cost rule with the ZMQ link's measured rate (A's pulls, in D's LoadReports) would
 # keep 8K prompts on the decode backend when moving their KV costs more than half their prefill:
@@ -101,17 +113,8 @@ timeout $((DURATION + 60)) $PY -m bench.serving.kv_split --url http://127.0.0.1:
     --seed 12 --label "prefill + decode" --json "$OUT/B_split.json" > "$OUT/B_split.log" 2>&1
 tail -1 "$OUT/B_split.log"
 curl -sf localhost:18534/metrics > "$OUT/B_split_metrics.txt"
-# what the split did, from the backends' own counters: prefill copies on P, pulls on D
-timeout 30 $PY -c "
-import json
-from bench.engine.kv_pull import Backend
-out = {}
-for name, ep in (('prefill', '$P'), ('decode', '$D')):
-    r = Backend(ep).fresh_report()
-    out[name] = {k: getattr(r, k) for k in ('num_prompt_tokens', 'num_kv_pulls',
-                 'num_kv_pull_failures', 'num_kv_pulled_tokens', 'num_kv_pulls_served',
-                 'kv_pull_bytes_per_s', 'prefill_tokens_per_s')}
-print(json.dumps(out))" > "$OUT/B_backends.json" 2>&1
+# what the split did, from the backends' own counters: [prefill backend, decode backend]
+timeout 30 $PY -m bench.engine.kv_pull --counters "$P" "$D" > "$OUT/B_backends.json" 2>&1
 cat "$OUT/B_backends.json"
 stop_all
 

@@ -18,6 +18,7 @@ server (sims.kv_pull).
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 
 import numpy as np
@@ -69,7 +70,8 @@ def slowdown_from_step_logs(profile: str, paths: list[str], context: int = 1100)
     cost = CostSpec(model="tiny", profile=profile).build()
     live = model = 0.0
     for path in paths:
-        with open(path) as fh:  # JSON lines (backend.server.step_log; sims imports no backend)
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rt") as fh:  # JSON lines (backend.server.step_log; no backend import)
             rows = [json.loads(line) for line in fh if line.strip()]
         for r in rows:
             chunks = [(n, start) for _, n, start in r["prefill"]]

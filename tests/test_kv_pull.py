@@ -388,13 +388,15 @@ def test_hold_prefix_keeps_blocks_from_eviction_and_the_books_straight():
 
 def slow_steps(backend, seconds: float):
     """Make every forward pass of `backend` take at least `seconds` while the returned flag is
-    set; `flag.entered` is set as each slow forward pass begins."""
+    set; `flag.entered` is set as each slow forward pass begins, `flag.step` is then the number
+    of that step (as its StepOutput will say)."""
     runner, flag = backend.engine.runner, threading.Event()
-    flag.entered = threading.Event()
+    flag.entered, flag.step = threading.Event(), 0
     launch = runner.launch
 
     def slow(*a, **kw):
         if flag.is_set():
+            flag.step = backend.worker.num_steps + 1
             flag.entered.set()
             time.sleep(seconds)
         return launch(*a, **kw)
@@ -510,9 +512,10 @@ def test_a_busy_receiver_lands_the_pull_before_its_next_step(tmp_path):
         flag = slow_steps(me, 0.3)
         flag.set()
         start_background(me, "busy")
-        step0 = next_step_output(me)
+        next_step_output(me)
         flag.entered.clear()
-        assert flag.entered.wait(10)  # inside step0 + 1 now
+        assert flag.entered.wait(10)
+        running = flag.step  # the step running now (0.3 s)
         env = pb.Envelope(batch=pb.Batch(batch_id=1))
         r = env.batch.requests.add(request_id="r", prompt_frame=0)
         r.sampling.max_tokens, r.sampling.ignore_eos = 1, True
@@ -526,8 +529,9 @@ def test_a_busy_receiver_lands_the_pull_before_its_next_step(tmp_path):
                     if o.request_id == "r" and o.finish_reason:
                         first = (m.envelope.step_output.step, o.num_cached_tokens)
         flag.clear()
-        # sent during step0 + 1, parked after it, in step0 + 2 (without the land wait: + 3)
-        assert first == (step0 + 2, 192)
+        # sent during `running`, parked after it, in the next one (without the land wait: the
+        # one after that)
+        assert first == (running + 1, 192)
         me.client.send(codec.make_abort(["busy"]))
         for b in (peer, me):
             b.assert_no_leak()

@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 
+import torch
 import zmq
 
 from backend.kv.transfer import KVPort, answer_pull
@@ -71,6 +72,9 @@ class KVServer:
     # ---- the thread ------------------------------------------------------------------------------
     def _loop(self) -> None:
         sock = self.sock
+        # OpenMP's thread count is per calling thread: without this the gathers here would run
+        # on a default-sized (all cores) pool beside a backend told --cpu-threads N
+        torch.set_num_threads(torch.get_num_threads())
         try:
             while not self._stop.is_set():
                 timeout = DEFERRED_POLL_S if self._deferred else 0.1

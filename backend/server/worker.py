@@ -9,6 +9,10 @@ scheduling, before the previous one is read back) and the previous step's tokens
 that sending them, draining the socket and planning the step after run while the device works
 on the launched one; the host's work is off the steps' critical path.
 
+Beside the loop, one thread (`backend.server.kv_serve`, issue 34) answers peers' prefix pulls on
+a KV socket of its own while the loop steps; the loop holds `kv_lock` whenever it touches the
+block manager (everything but its polls and the forward pass / read-back wait).
+
 Replies (the gateway side of the contract):
 - `Hello` -> `BackendInfo` (tokenizer JSON and chat template included); another MAJOR
   protocol version -> `Error{VERSION_MISMATCH}`.

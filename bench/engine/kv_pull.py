@@ -10,6 +10,13 @@ Per repeat, with fresh random prompts (so neither backend has them cached):
              the holder: TTFT covers the pull (KvPull / KvBlocks over the wire) and the one token
   local      Y again on the receiver: its own prefix cache, the floor
 speedup = recompute / pull. The receiver's LoadReport gives the measured pull rate and counts.
+The pull goes to the holder's KV socket (`BackendInfo.kv_endpoint`, served off its step loop)
+when it has one, else to its main socket (`--via main` forces that).
+
+    python -m bench.engine.kv_pull --counters EP [EP ...]   # the backends' own pull counters
+
+prints each backend's prefix-pull counters from a fresh LoadReport as JSON (what the live and
+GPU scripts record after a run).
 """
 from __future__ import annotations
 
@@ -79,11 +86,29 @@ class Backend:
         return self.report
 
 
+COUNTERS = ("num_prompt_tokens", "num_cached_prompt_tokens", "num_kv_pulls",
+            "num_kv_pull_failures", "num_kv_pulled_tokens", "num_kv_pulls_served",
+            "kv_pull_bytes_per_s", "prefill_tokens_per_s")
+
+
+def counters(endpoints: list[str]) -> list[dict]:
+    """Each backend's prefix-pull counters (a fresh LoadReport); None for one that sent none."""
+    out = []
+    for ep in endpoints:
+        r = Backend(ep).fresh_report()
+        out.append(None if r is None else {k: getattr(r, k) for k in COUNTERS})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.engine.kv_pull",
                                  description=__doc__.splitlines()[0])
-    ap.add_argument("--holder", required=True, help="ZMQ endpoint of the backend holding it")
-    ap.add_argument("--receiver", required=True)
+    ap.add_argument("--holder", help="ZMQ endpoint of the backend holding it")
+    ap.add_argument("--receiver")
+    ap.add_argument("--via", choices=("kv", "main"), default="kv",
+                    help="the holder's socket the pull goes to (kv: its KV socket if it has one)")
+    ap.add_argument("--counters", nargs="+", metavar="EP",
+                    help="print these backends' pull counters as JSON and exit")
     ap.add_argument("--prefix-tokens", type=int, default=16384)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--vocab", type=int, default=32000)
@@ -91,8 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", dest="json_out")
     a = ap.parse_args(argv)
+    if a.counters:
+        print(json.dumps(counters(a.counters), indent=1))
+        return 0
+    if not (a.holder and a.receiver):
+        ap.error("--holder and --receiver are required (or --counters)")
     rng = random.Random(a.seed)
     holder, receiver = Backend(a.holder), Backend(a.receiver)
+    source = holder.info.kv_endpoint if a.via == "kv" and holder.info.kv_endpoint else a.holder
 
     def prompt() -> list[int]:
         return [rng.randrange(3, a.vocab) for _ in range(a.prefix_tokens + 1)]
@@ -104,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         x, y = prompt(), prompt()
         t_re, c_re = receiver.ttft(f"re{k}", x)
         holder.ttft(f"hold{k}", y)
-        t_pull, c_pull = receiver.ttft(f"pull{k}", y, source=a.holder, timeout_s=a.timeout)
+        t_pull, c_pull = receiver.ttft(f"pull{k}", y, source=source, timeout_s=a.timeout)
         t_local, c_local = receiver.ttft(f"local{k}", y)
         rows.append({"recompute_s": t_re, "pull_s": t_pull, "local_s": t_local,
                      "cached_recompute": c_re, "cached_pull": c_pull, "cached_local": c_local})
@@ -114,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     rep = receiver.fresh_report()
     med = {k: statistics.median(r[k] for r in rows) for k in ("recompute_s", "pull_s", "local_s")}
     out = {"prefix_tokens": a.prefix_tokens, "kv_cache_dtype": receiver.info.kv_cache_dtype,
+           "pull_source": source, "off_loop": source != a.holder,
            "kv_layout": receiver.info.kv_layout, "kv_block_bytes": receiver.info.kv_block_bytes,
            "block_size": receiver.info.block_size, "rows": rows, "median": med,
            "speedup": med["recompute_s"] / med["pull_s"],
