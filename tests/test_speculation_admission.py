@@ -5,6 +5,7 @@ prompts in Python, all at their first draft. Prompt lookup now indexes at most
 with a bulk build per call; the indexes and the drafts are those of the one-go build."""
 from __future__ import annotations
 
+import gc
 import random
 
 import pytest
@@ -13,13 +14,14 @@ from scheduler.speculation import NgramIndex, SpeculationConfig, Speculator, _Po
 
 
 def _reference_tables(tokens, n_min, n_max):
-    """The per-token build (the index's definition): each n-gram's latest continuation."""
+    """The per-token build (the index's definition): each n-gram's latest continuation, by the
+    n-gram's key."""
     tables = [{} for _ in range(n_max - n_min + 1)]
     for end in range(len(tokens)):
         for j, table in enumerate(tables):
             n = n_min + j
             if end >= n:
-                table[tuple(tokens[end - n:end])] = end
+                table[NgramIndex.key(tokens[end - n:end])] = end
     return tables
 
 
@@ -36,6 +38,21 @@ def test_bulk_extend_equals_the_per_token_build(seed):
     assert idx.tokens == toks
     assert idx.tables == _reference_tables(toks, 2, 4)
     assert NgramIndex(2, 4, toks).tables == idx.tables
+    one = NgramIndex(1, 3)
+    one.extend(toks[:7])
+    one.extend(toks[7:])
+    assert one.tables == _reference_tables(toks, 1, 3)
+
+
+def test_keys_tell_ngrams_apart_and_tables_stay_out_of_the_gc():
+    big = 2**31 - 1  # the largest int32 id (keys are compared within one n: one table each)
+    pairs = ([0, 1], [1, 0], [big, 0], [0, big], [1, 2], [big, big], [2, 1], [0, 0])
+    assert len({NgramIndex.key(g) for g in pairs}) == len(pairs)
+    quads = ([0, 0, 0, 1], [1, 0, 0, 0], [0, big, 0, big], [big, 0, big, 0], [big] * 4)
+    assert len({NgramIndex.key(g) for g in quads}) == len(quads)
+    idx = NgramIndex(2, 4, [5, 6, 7, 5, 6, 8] * 50)
+    assert idx.lookup([5, 6]) == len(idx.tokens) - 1  # the last (5, 6) is followed by 8
+    assert not any(gc.is_tracked(t) for t in idx.tables)
 
 
 @pytest.mark.parametrize("seed", range(3))
