@@ -118,6 +118,25 @@ def test_function_fim_documents_cut_one_function():
     assert single >= len(fims) // 2  # mostly one statement, as the evaluation removes
 
 
+def test_function_fim_holes_give_each_function_several_holes():
+    """--function-fim-holes K: a function chosen for FIM gives K documents of that function, each
+    with its own hole (most holes differ); K=1 is the old rule, document for document."""
+    text = _module(12, body=6)
+    one, st1 = T.build_documents([("m.py", text)], 0.0, 400, seed=5, function_rate=1.0,
+                                 function_fim_rate=1.0)
+    assert T.build_documents([("m.py", text)], 0.0, 400, seed=5, function_rate=1.0,
+                             function_fim_rate=1.0, function_fim_holes=1) == (one, st1)
+    three, st3 = T.build_documents([("m.py", text)], 0.0, 400, seed=5, function_rate=1.0,
+                                   function_fim_rate=1.0, function_fim_holes=3)
+    assert st3["function_fim_documents"] == 3 * st1["function_fim_documents"] > 0
+    fims = [d for d in three if d[1] == IDS[T.FIM_BEGIN]]
+    whole = _plain_and_fim(fims)
+    holes = {}
+    for d, src in zip(fims, whole):
+        holes.setdefault(src, set()).add(len(d[2]))  # the prefix's length locates the hole
+    assert all(len(v) >= 2 for v in holes.values())  # each function: more than one hole
+
+
 def test_documents_are_the_same_from_any_number_of_workers_and_seeded():
     files = [(f"m{i}.py", _module(4 + i % 5)) for i in range(24)]
     a = T.build_documents(files, 0.5, 300, 7, 0.5, 0.5, workers=1)

@@ -364,10 +364,12 @@ def function_fim_split(lines: list[str], first: int, last: int, single: list[int
 
 def file_documents(path: str, text: str, fim_rate: float, seg_chars: int, seed: int,
                    function_rate: float = 0.0, function_fim_rate: float = 0.5,
-                   function_nodoc_rate: float = 0.0):
+                   function_nodoc_rate: float = 0.0, function_fim_holes: int = 1):
     """One file's training documents and their counts (`build_documents`). The random choices
     come from a generator seeded by (seed, path): a file's documents do not depend on the
-    others, so files can be cut in parallel."""
+    others, so files can be cut in parallel. A function chosen for FIM gives
+    `function_fim_holes` FIM documents, each with its own hole (1: the same documents, drawn
+    from the same random numbers, as before the option)."""
     rng = random.Random(f"{seed}:{path}")
     ids = {s: i for i, s in enumerate(SPECIAL_TOKENS)}
     docs = []
@@ -400,10 +402,16 @@ def file_documents(path: str, text: str, fim_rate: float, seg_chars: int, seed: 
         if rng.random() >= function_rate:
             continue
         if rng.random() < function_fim_rate:
-            pre, mid, suf = function_fim_split(lines, first, last, single, rng)
-            docs.append([ids[BOS], ids[FIM_BEGIN], pre, ids[FIM_HOLE], suf, ids[FIM_END],
-                         mid, ids[EOS]])
-            stats["function_fim_documents"] += 1
+            holes: set[tuple[int, int]] = set()
+            for _ in range(function_fim_holes):
+                for _draw in range(4):  # a hole this function has not had yet, if one comes
+                    pre, mid, suf = function_fim_split(lines, first, last, single, rng)
+                    if (len(pre), len(mid)) not in holes:
+                        break
+                holes.add((len(pre), len(mid)))
+                docs.append([ids[BOS], ids[FIM_BEGIN], pre, ids[FIM_HOLE], suf, ids[FIM_END],
+                             mid, ids[EOS]])
+                stats["function_fim_documents"] += 1
             continue
         body = lines[first - 1 : last]
         doc = docstrings.get((first, last))
@@ -429,7 +437,8 @@ def _file_documents_star(job):
 
 def build_documents(files: list[tuple[str, str]], fim_rate: float, seg_chars: int, seed: int,
                     function_rate: float = 0.0, function_fim_rate: float = 0.5,
-                    workers: int = 1, function_nodoc_rate: float = 0.0):
+                    workers: int = 1, function_nodoc_rate: float = 0.0,
+                    function_fim_holes: int = 1):
     """Training documents as lists of pieces: str (text to tokenize) or int (special token id).
 
     Every file, cut by `split_segments`, is there once: each segment a FIM document with
@@ -443,7 +452,7 @@ def build_documents(files: list[tuple[str, str]], fim_rate: float, seg_chars: in
     s7 models open a long docstring after any bare header and loop in it (issue 36).
     `workers` > 1 cuts files in that many processes (the same documents, in the same order)."""
     jobs = [(p, t, fim_rate, seg_chars, seed, function_rate, function_fim_rate,
-             function_nodoc_rate) for p, t in files]
+             function_nodoc_rate, function_fim_holes) for p, t in files]
     if workers > 1 and len(jobs) > 1:
         import multiprocessing
 
@@ -509,7 +518,8 @@ def prepare(args) -> int:
     docs, fim_stats = build_documents(corpus["train"], args.fim_rate, args.fim_segment_chars,
                                       args.seed, args.function_doc_rate, args.function_fim_rate,
                                       workers=args.workers or min(16, os.cpu_count() or 1),
-                                      function_nodoc_rate=args.function_nodoc_rate)
+                                      function_nodoc_rate=args.function_nodoc_rate,
+                                      function_fim_holes=args.function_fim_holes)
     say(f"documents: {fim_stats} in {time.time() - t0:.1f}s")
     t0 = time.time()
     enc = encode_pieces(tok, docs)
@@ -528,6 +538,7 @@ def prepare(args) -> int:
             "function_doc_rate": args.function_doc_rate,
             "function_fim_rate": args.function_fim_rate,
             "function_nodoc_rate": args.function_nodoc_rate,
+            "function_fim_holes": args.function_fim_holes,
             "tokenizer_sample": args.tokenizer_sample,
             "tokenizer_sample_files": len(sample), "max_files": args.max_files,
             "train_tokens": len(stream), "train_documents": len(enc), **fim_stats,
@@ -1629,6 +1640,7 @@ def _documents_text(p: dict, man: dict | None) -> str:
         f"{p['plain_eos_inside'] / plain:.0%} of the time (v2's line cuts: 62%). Beside them, "
         f"each function of 3-60 lines is, with probability {p['function_doc_rate']}, a "
         f"document of its own: FIM within the function (probability {p['function_fim_rate']}; "
+        f"{p.get('function_fim_holes', 1)} document(s), each with its own hole; "
         f"the middle is one single-line statement, or 1-3 lines) or `<|bos|>function<|eos|>`, "
         f"which teaches what a header completion needs: write one function, then stop. "
         f"{p['fim_documents']:,} FIM and {p['plain_documents']:,} plain file documents, "
@@ -1923,6 +1935,9 @@ def parse_args(argv=None):
     pp.add_argument("--function-fim-rate", type=float, default=0.5,
                     help="share of the function documents that are FIM (the middle: one "
                          "single-line statement, or 1-3 lines)")
+    pp.add_argument("--function-fim-holes", type=int, default=1,
+                    help="FIM documents per function chosen for FIM, each with its own hole "
+                         "(the evaluation's FIM case: one statement of a function removed)")
     pp.add_argument("--function-nodoc-rate", type=float, default=0.0,
                     help="share of the plain function documents written without the "
                          "function's docstring (one on lines of its own, with more body after "
