@@ -110,7 +110,7 @@ class SpeculationConfig:
 
 def add_speculation_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """--speculation on|off, --speculation-max-draft-tokens, --speculation-sources,
-    --speculation-knee-tokens."""
+    --speculation-knee-tokens, --speculation-index-tokens."""
     d = SpeculationConfig()
     parser.add_argument("--speculation", choices=("on", "off"), default="on",
                         help="speculative decoding from the request's prediction, prompt lookup "
@@ -124,13 +124,22 @@ def add_speculation_arguments(parser: argparse.ArgumentParser | argparse._Argume
     parser.add_argument("--speculation-knee-tokens", type=int, default=d.knee_tokens,
                         help=f"step tokens below which a step costs about one decode step, until "
                              f"measured (default {d.knee_tokens})")
+    parser.add_argument("--speculation-index-tokens", type=int,
+                        default=d.lookup_index_tokens_per_step,
+                        help=f"prompt lookup indexes at most this many tokens of new prompts per "
+                             f"step, over all requests, so that a batch of long prompts does not "
+                             f"stall one step (default {d.lookup_index_tokens_per_step}; 0: no "
+                             f"limit)")
 
 
 def speculation_config_from_args(args: argparse.Namespace) -> SpeculationConfig:
     sources = tuple(s.strip() for s in str(args.speculation_sources).split(",") if s.strip())
     return SpeculationConfig(enabled=args.speculation == "on",
                              max_draft_tokens=args.speculation_max_draft_tokens,
-                             sources=sources, knee_tokens=args.speculation_knee_tokens)
+                             sources=sources, knee_tokens=args.speculation_knee_tokens,
+                             lookup_index_tokens_per_step=getattr(
+                                 args, "speculation_index_tokens",
+                                 SpeculationConfig.lookup_index_tokens_per_step))
 
 
 # ---- n-gram indexes ---------------------------------------------------------------------------

@@ -169,3 +169,15 @@ def test_no_draft_back_off_while_an_index_catches_up():
         asks += 1
     assert asks == 3  # 4096 + 4096 + 1810 tokens
     assert sp.backoff.skip()  # the last ask indexed all and found nothing: the back-off starts
+
+
+def test_the_allowance_flag_round_trips():
+    import argparse
+
+    from scheduler.speculation import add_speculation_arguments, speculation_config_from_args
+    p = argparse.ArgumentParser()
+    add_speculation_arguments(p)
+    assert speculation_config_from_args(p.parse_args([])).lookup_index_tokens_per_step == 4096
+    cfg = speculation_config_from_args(p.parse_args(["--speculation-index-tokens", "0"]))
+    assert cfg.lookup_index_tokens_per_step == 0
+    assert Speculator(cfg).prompt.tokens_per_step is None  # 0: no limit
