@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 28, the serving loop's stalls on the H200 (one device call, ~6 min): the backend runs
+# Issue 28, the serving loop's stalls on the H200 (one device call, ~6-8 min: limits 240 + 180 s for the runs): the backend runs
 # under bench.engine.loop_phases (every worker / engine phase and every GC collection timed, on
 # the step log's clock) behind `tidegate serve --backend`, then
 #   1. the c=32 oracle edit run of the stall report (keep 0.75, 64 x 256 tokens): the drafting
@@ -56,14 +56,14 @@ for _ in $(seq 120); do grep -q "serving model" "$OUT/serve.log" 2>/dev/null && 
 rc=0
 name=$(basename "$MODEL")
 date +%s.%N > "$OUT/t_edit_start"
-timeout 300 $PY -m gateway.tidegate_cli bench serve --url "$URL" --model "$name" \
+timeout 240 $PY -m gateway.tidegate_cli bench serve --url "$URL" --model "$name" \
     --file-chars "$FILE_CHARS" --workload edit --oracle --keep 0.75 --max-concurrency 32 \
     --num-requests "$NREQ" --output-len "$OUTLEN" --seed 2 --json "$OUT/load_c32.json" \
     > "$OUT/bench_c32.txt" 2>&1 || rc=1
 date +%s.%N > "$OUT/t_sat_start"
 for w in $SAT; do
   io=${w%x*}; n=${w#*x}
-  timeout 240 $PY -m gateway.tidegate_cli bench serve --url "$URL" --model "$name" \
+  timeout 180 $PY -m gateway.tidegate_cli bench serve --url "$URL" --model "$name" \
       --input-len "${io%/*}" --output-len "${io#*/}" --num-requests "$n" --seed 11 \
       --json "$OUT/sat_${io%/*}_${io#*/}.json" > "$OUT/bench_sat.txt" 2>&1 || rc=1
 done
