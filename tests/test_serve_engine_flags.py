@@ -23,6 +23,9 @@ ROOT = Path(__file__).parents[1]
 # flags of `tidegate backend` about its process and socket, not its engine: serve sets them itself
 NOT_ENGINE = {"-h", "--help", "--listen", "--backend-id", "--served-model-name", "--role",
               "--kv-pull-timeout", "--no-kv-pull-checksum",
+              # pulls between backends (issue 34): a KV socket and its thread; serve's one
+              # embedded backend has no peer
+              "--kv-listen", "--kv-pull-serve", "--kv-pull-land-wait",
               "--curve-key", "--curve-allow", "--insecure"}  # security: an ipc:// socket needs none
 # tensor parallelism over several hosts places this process among others (a LeaderWorkerSet's
 # pods); the embedded backend of `tidegate serve` is one process on one host
