@@ -53,6 +53,13 @@
 #
 # (with room for the full corpus: carry [".carry-tc"] and no CARRY=)
 #
+# FIM_HOLES=K (default 2): each function chosen for FIM gives K documents with different holes
+# (`--function-fim-holes`; 1 = the plan before 2026-12-04). Why 2: BENCHMARKS.md, "tiny-coder:
+# why FIM exact-line is 0/32" -- on the CPU, 60 fine-tuning steps of v2 on this mix lifted the
+# validation FIM similarity 0.309 -> 0.380 (K=1) -> 0.416 (K=3); each extra hole adds ~16M
+# tokens to the 89M stream (166 per function FIM document, measured on a 1,200-file prepare), so
+# K=2 (~105M) keeps ~3.7 passes over the file text in ~390M tokens, K=3 (~121M) ~3.2.
+#
 # (TOTAL_S=N for a shorter call: the training budget is what N seconds leave. SHAPE="7 384 1024
 # 6 2" trains v2's shape instead -- LAYERS HIDDEN INTERMEDIATE HEADS KV_HEADS -- still int8.)
 # Under $OUT (7 files at most): log.txt (everything printed), metrics.json (the trainer's),
@@ -119,7 +126,8 @@ tokenizers.__version__, "transformers", transformers.__version__,
 torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU")' | tee "$LOG"
 python3 -m training.train prepare --corpus "$CARRY/corpus" --out "$SCRATCH/tc-prep" \
     --tokenizer "${TOKENIZER:-models/tiny-coder/tokenizer.json}" --function-doc-rate 1.0 \
-    --function-fim-rate 0.5 --function-nodoc-rate 0.5 ${PREPARE_ARGS:-} 2>&1 | tee -a "$LOG"
+    --function-fim-rate 0.5 --function-nodoc-rate 0.5 --function-fim-holes "${FIM_HOLES:-2}" \
+    ${PREPARE_ARGS:-} 2>&1 | tee -a "$LOG"
 echo "prepare exit ${PIPESTATUS[0]} at $(since) s" | tee -a "$LOG"
 left=$(( TOTAL_S - $(since) - ${RESERVE_S:-110} ))
 budget=${TRAIN_S:-420}
