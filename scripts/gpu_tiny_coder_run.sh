@@ -38,7 +38,12 @@
 #       --max-source-bytes 10e6
 #   mkdir -p .carry-tc-10mb/corpus && cp /tmp/tc-10mb/manifest.json .carry-tc-10mb/corpus/
 #   xz -T1 -9e -c /tmp/tc-10mb/corpus.jsonl > .carry-tc-10mb/corpus/corpus.jsonl.xz
-#   # (.carry-tc-10mb is in .git/info/exclude.) Still over? Quantizing the shipped
+#   # (.carry-tc-10mb is in .git/info/exclude.) At 04:17 the tree was 60.24 MB: untracked
+#   # bench/results/cpu_vs_vllm_20261204/*/model.safetensors (14.3 MB, issue 32) travel too;
+#   # without them 45.9 MB, still over with 23.16. The smallest prepared carry, 20.78 MB (cap
+#   # 7 MB per source: 3,671 files, 55.7 MB of training text dropped), checked the same way:
+#   #   same three steps with --max-source-bytes 7e6 and .carry-tc-7mb (in .git/info/exclude)
+#   # then: carry [".carry-tc-7mb"] and CARRY=.carry-tc-7mb. Still over? Quantizing the shipped
 #   # v2 in place frees 14 MB (28.33 -> 14.31 MB, +0.0003 bits/byte, BENCHMARKS.md):
 #   #   .venv/bin/python -m backend.model.int8 quantize models/tiny-coder models/tiny-coder
 #   # (vLLM then needs `python -m backend.model.int8 dequantize`, see the shipping steps)
