@@ -92,7 +92,9 @@ class CpuAttention(TorchAttention):
         i = 0
         def fused(j: int) -> bool:  # a fresh prefill, or a long chunk after a cached prefix
             n_q = qsl[j + 1] - qsl[j]
-            return n_q > 1 and (lens[j] == n_q or n_q >= CONTINUED_MIN_QUERY)
+            # (a row whose context is shorter than its queries is no such chunk: padding rows
+            # of context 0 stay with the paged kernel, which writes them as it always did)
+            return n_q > 1 and (lens[j] == n_q or (n_q >= CONTINUED_MIN_QUERY and lens[j] > n_q))
 
         while i < num_seqs:
             q_len = qsl[i + 1] - qsl[i]
