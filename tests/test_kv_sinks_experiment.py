@@ -39,8 +39,12 @@ def test_the_built_fill_rows_give_the_quality_the_experiment_measured():
     experiment's wrapper that put full-precision keys back for the current block: the same
     perplexity (fp32 model: the same keys), and better than plain int4-fp8."""
     exp = _experiment()
+    # 8 windows (384 tokens), not 2: the held-out files are this environment's site-packages
+    # (the first are hypothesis's), so a fresh install with a newer hypothesis reads other text;
+    # on 96 tokens of it the fill rows came out 0.1% over plain int4 (17.537 vs 17.519), on 384
+    # they are under it in both environments seen (19.34 vs 19.73, 19.80 vs 20.04)
     args = Namespace(model=str(TINY_CODER), device="cpu", dtype="auto", window=48,
-                     sample_windows=2, max_num_batched_tokens=16, site_root=None)
+                     sample_windows=8, max_num_batched_tokens=16, site_root=None)
     wrapped = exp.run(args, "int4+fill")["ppl"]
     built = exp.run(args, "int4+built")
     plain = exp.run(args, "int4")["ppl"]
