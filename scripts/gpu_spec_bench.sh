@@ -16,7 +16,7 @@
 #
 #   bash scripts/gpu_spec_bench.sh                      # PART=serve, writes under $OUT
 #   PART=sim bash scripts/gpu_spec_bench.sh
-#   MODEL=tiny DEVICE=cpu NREQ=2 OUTLEN=24 SAT="64/8x16" LOADS="1 2" FILE_CHARS=600 \
+#   MODEL=tiny LOAD_FORMAT=dummy DEVICE=cpu NREQ=2 OUTLEN=24 SAT="64/8x16" LOADS="1 2" FILE_CHARS=600 \
 #       bash scripts/gpu_spec_bench.sh                  # the CPU check (then PART=sim with
 #                                                       # PROFILE_CONTEXTS=256 for a small model)
 #
