@@ -465,12 +465,19 @@ class PromptLookupProposer:
 
 class SessionStore:
     """Earlier outputs per session key (the hash of a prompt's first tokens), with one n-gram
-    index each; bounded (least recently used sessions and the earliest tokens go first)."""
+    index each; bounded (least recently used sessions and the earliest tokens go first).
+
+    A session over `max_tokens` is cut back to its latest `keep_share` x max_tokens tokens, not
+    to max_tokens: an index cannot drop its earliest tokens in place, so a cut rebuilds it, and
+    cutting to the cap itself rebuilt a 65K-token index at every finish of a long session (34 ms
+    of the serving loop each, on a 2-core Xeon, against 0.26 ms below the cap). Cut to 3/4, the
+    rebuild comes once per max_tokens / 4 new tokens (~50 finishes of 317-token answers)."""
 
     def __init__(self, n_min: int = 2, n_max: int = 4, max_sessions: int = 256,
-                 max_tokens: int = 1 << 16) -> None:
+                 max_tokens: int = 1 << 16, keep_share: float = 0.75) -> None:
         self.n_min, self.n_max = n_min, n_max
         self.max_sessions, self.max_tokens = max_sessions, max_tokens
+        self.keep_tokens = max(1, int(max_tokens * keep_share))  # what a cut keeps
         self._sessions: OrderedDict[int, NgramIndex] = OrderedDict()
 
     def __len__(self) -> int:
@@ -488,7 +495,7 @@ class SessionStore:
             index = NgramIndex(self.n_min, self.n_max)
         if len(index.tokens) + len(output) > self.max_tokens:  # keep the latest tokens
             both = index.tokens + [int(t) for t in output]
-            index = NgramIndex(self.n_min, self.n_max, both[len(both) - self.max_tokens:])
+            index = NgramIndex(self.n_min, self.n_max, both[len(both) - self.keep_tokens:])
         else:
             index.extend(output)
         self._sessions[key] = index

@@ -118,7 +118,34 @@ def test_session_store_is_bounded():
         store.record(key, list(range(8)))
     assert len(store) == 2 and store.get(0) is None
     store.record(1, list(range(100, 108)))
-    assert len(store.get(1).tokens) == 10 and store.get(1).tokens[-1] == 107
+    # over the cap: cut back to the latest 3/4 of it (7 of 10), the newest token last
+    assert store.get(1).tokens == [101, 102, 103, 104, 105, 106, 107]
+
+
+def test_a_session_at_its_cap_is_not_rebuilt_at_every_finish(monkeypatch):
+    """A long session's index is rebuilt once per max_tokens / 4 new tokens, not at every
+    finished request (each rebuild re-indexes the whole session on the serving loop)."""
+    import scheduler.speculation as spec_mod
+    built = []
+
+    class Counting(spec_mod.NgramIndex):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            built.append(len(self.tokens))
+
+    monkeypatch.setattr(spec_mod, "NgramIndex", Counting)
+    store = SessionStore(2, 4, max_tokens=1000)
+    for i in range(100):  # 100 answers of 50 tokens: 5,000 tokens through a 1,000-token cap
+        store.record(7, [(i * 50 + j) % 997 for j in range(50)])
+        assert len(store.get(7).tokens) <= 1000
+    rebuilds = [n for n in built if n]
+    # the first 1,000 tokens fill it; each cut keeps 750 (the newest answer among them), so the
+    # next comes after at least 250 more: 14 cuts here (one each 6 answers), where cutting to
+    # the cap itself rebuilt at each of the last 80 answers
+    assert 0 < len(rebuilds) <= (5000 - 1000) // 250 and set(rebuilds) == {750}
+    index = store.get(7)
+    assert index.tokens[-50:] == [(99 * 50 + j) % 997 for j in range(50)]
+    assert index.lookup(index.tokens[-60:-56]) == len(index.tokens) - 56  # still finds the latest
 
 
 def test_off_and_disabled_propose_nothing():
