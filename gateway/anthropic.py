@@ -9,6 +9,12 @@ gateway.tool_parser finds. Streaming sends Anthropic's events:
     (content_block_start, content_block_delta*, content_block_stop)*   text_delta | input_json_delta
     message_delta (stop_reason, stop_sequence, usage.output_tokens), message_stop
 
+A tool_use block's input streams in pieces (`input_json_delta` events whose `partial_json` add up
+to the input's JSON) for the parsers that stream arguments (gateway/tool_parser.py lists them);
+for the others it comes in one `input_json_delta`. A block begun whose call then breaks off (the
+output cut inside its input) ends with the pieces sent, a JSON prefix (gateway.tool_parser's
+StreamShaper says why it cannot be taken back).
+
 and an `error` event if the request fails after the first byte. Errors are Anthropic's shape,
 {"type": "error", "error": {"type", "message"}} (gateway.app uses `anthropic_error` for every
 error on these paths, the middleware's own included).
@@ -36,7 +42,14 @@ from gateway.openai_schema import ChatMessage
 from gateway.routes import check_model, merged, serve_handles, start_sse, submit_all
 from gateway.sessions import PIN_STATUS_NAMES, anthropic_options
 from gateway.structured import check_structured
-from gateway.tool_parser import make_parser, sampling_for_parser
+from gateway.tool_parser import (
+    ArgsPiece,
+    CallStart,
+    ToolCall,
+    make_parser,
+    sampling_for_parser,
+    whole_items,
+)
 from gateway.tools import with_parser
 from gateway.validation import parse_json_body
 
@@ -88,11 +101,14 @@ def _stop_reason(finish: str | None, stop_seq: str | None, num_calls: int) -> st
 
 
 class BlockWriter:
-    """Text deltas and tool calls -> content blocks (or their stream events)."""
+    """Text deltas and tool calls -> content blocks (or their stream events). `streaming`: a
+    call's input is sent as it is written; else only whole calls make blocks (a block that
+    turns out to be no call is text, as the model wrote it)."""
 
-    def __init__(self, tools) -> None:
+    def __init__(self, tools, streaming: bool = False) -> None:
         self.parser = make_parser(tools, "toolu_") if tools is not None and tools.active \
             else None
+        self.streaming = streaming
         self.blocks: list[dict] = []
         self._open_text = False
         self._held = ""  # whitespace that may only separate calls
@@ -105,27 +121,40 @@ class BlockWriter:
             items = self.parser.feed_items(text)
             if final:
                 items += self.parser.finish_items()
+            if not self.streaming:
+                items = whole_items(items)
         for item in items:
             if isinstance(item, str):
                 events += self._text(item) if item else []
-            else:
-                call = item
+            elif isinstance(item, CallStart) or isinstance(item, ToolCall) and not (
+                    item.streamed and self.streaming):
                 events += self._close()
-                index = len(self.blocks)
-                self.blocks.append({"type": "tool_use", "id": call.id, "name": call.name,
-                                    "input": call.arguments})
-                events += [("content_block_start", {
-                    "type": "content_block_start", "index": index, "content_block": {
-                        "type": "tool_use", "id": call.id, "name": call.name, "input": {}}}),
-                    ("content_block_delta", {"type": "content_block_delta", "index": index,
-                                             "delta": {"type": "input_json_delta",
-                                                       "partial_json": json.dumps(
-                                                           call.arguments,
-                                                           ensure_ascii=False)}}),
-                    ("content_block_stop", {"type": "content_block_stop", "index": index})]
+                self.blocks.append({"type": "tool_use", "id": item.id, "name": item.name,
+                                    "input": {}})
+                events.append(("content_block_start", {
+                    "type": "content_block_start", "index": len(self.blocks) - 1,
+                    "content_block": {"type": "tool_use", "id": item.id, "name": item.name,
+                                      "input": {}}}))
+                if isinstance(item, ToolCall):  # whole: its input in one piece, and done
+                    events += self._input(item.arguments_text) + self._end_call(item)
+            elif isinstance(item, ArgsPiece):
+                events += self._input(item.text)
+            else:  # the streamed call's end: whole, or broken off (its input stays {})
+                events += self._end_call(item if isinstance(item, ToolCall) else None)
         if final:
             events += self._close()
         return events
+
+    def _input(self, piece: str) -> list[tuple[str, dict]]:
+        return [("content_block_delta", {
+            "type": "content_block_delta", "index": len(self.blocks) - 1,
+            "delta": {"type": "input_json_delta", "partial_json": piece}})]
+
+    def _end_call(self, call: ToolCall | None) -> list[tuple[str, dict]]:
+        if call is not None:
+            self.blocks[-1]["input"] = call.arguments
+        return [("content_block_stop", {"type": "content_block_stop",
+                                        "index": len(self.blocks) - 1})]
 
     def _text(self, piece: str) -> list[tuple[str, dict]]:
         if self.parser is not None and not self._open_text and not (self._held + piece).strip():
@@ -193,7 +222,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
         return out
 
     async def respond():
-        writer = BlockWriter(tools)
+        writer = BlockWriter(tools, streaming=req.options.stream)
         if not req.options.stream:
             async for _ in merged(handles, 1 << 30):
                 pass

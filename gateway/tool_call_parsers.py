@@ -9,7 +9,19 @@ at the end of the output. `feed` / `finish` give the same as (content, calls). W
 call streams at once; only what could still be the start of a call is held back. A block that
 is not a call of a known tool, or that cannot be read, is given back as content as the model
 wrote it: the client sees the model's text rather than a call that does not exist (never an
-error)."""
+error).
+
+Arguments in pieces: a parser whose format has the model write the arguments as a JSON object
+(`streams_arguments`) gives a call's start (`CallStart`: id and name) as soon as the name is
+complete and names a listed tool and the arguments object has begun, then its arguments as they
+are written (`ArgsPiece`, gateway/tool_args_json.py's rewrite), then the `ToolCall` (`streamed`)
+when its block ends. The block is still read whole at its end as before: if it turns out to be no
+call after all (JSON that breaks off or goes wrong, text after the object that the format does not
+allow), a `BrokenCall` carries the block's text. A whole-output reader (`feed` / `finish`, the
+non-streamed reply) sees only calls and content (`whole_items`): the BrokenCall's text is content
+there, as it always was. A stream cannot take back a call it began: the stream shaper ends it with
+the pieces sent (gateway/tool_parser.py says what the client sees). The arguments string of such a
+call is the rewrite in both paths, so the pieces add up to exactly the whole reply's string."""
 from __future__ import annotations
 
 import json
@@ -18,6 +30,7 @@ import re
 import string
 from dataclasses import dataclass
 
+from gateway.tool_args_json import JsonArgsWriter
 from gateway.tools import CALL_CLOSE, CALL_OPEN, ToolConfig
 
 OPEN_TAG, CLOSE_TAG = CALL_OPEN.rstrip("\n"), CALL_CLOSE.lstrip("\n")
@@ -29,15 +42,43 @@ class ToolCall:
     id: str
     name: str
     arguments: dict
+    # the arguments string the client gets: the streamed rewrite when the call was streamed in
+    # pieces (`streamed`), else json.dumps of `arguments` (the same text but for repeated keys)
+    arguments_json: str | None = None
+    streamed: bool = False
+
+    @property
+    def arguments_text(self) -> str:
+        if self.arguments_json is not None:
+            return self.arguments_json
+        return json.dumps(self.arguments, ensure_ascii=False)
 
     def openai(self, index: int | None = None) -> dict:
         call = {"id": self.id, "type": "function",
-                "function": {"name": self.name,
-                             "arguments": json.dumps(self.arguments, ensure_ascii=False)}}
+                "function": {"name": self.name, "arguments": self.arguments_text}}
         return call if index is None else {"index": index, **call}
 
 
-Item = str | ToolCall
+@dataclass(frozen=True, slots=True)
+class CallStart:
+    """A call begins: its arguments follow as ArgsPiece items, then its ToolCall or a
+    BrokenCall."""
+    id: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ArgsPiece:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class BrokenCall:
+    """The started call's block is no call: `text` is the block as the model wrote it."""
+    text: str
+
+
+Item = str | ToolCall | CallStart | ArgsPiece | BrokenCall
 
 
 def new_call_id(prefix: str = "call_") -> str:
@@ -105,7 +146,22 @@ class JsonEnd:
         return -1
 
 
+def whole_items(items: list[Item]) -> list[Item]:
+    """Content and calls only, as a reader of the whole output sees them: a call's start and
+    pieces are left out (its ToolCall follows), a BrokenCall's block is content."""
+    out: list[Item] = []
+    for item in items:
+        if isinstance(item, BrokenCall):
+            item = item.text
+        if isinstance(item, str) and out and isinstance(out[-1], str):
+            out[-1] += item
+        elif isinstance(item, (str, ToolCall)):
+            out.append(item)
+    return out
+
+
 def split_items(items: list[Item]) -> tuple[str, list[ToolCall]]:
+    items = whole_items(items)
     return ("".join(i for i in items if isinstance(i, str)),
             [i for i in items if isinstance(i, ToolCall)])
 
@@ -116,6 +172,7 @@ class ToolCallParser:
     tokens, so requests parsed with it are detokenized with special tokens kept."""
 
     keeps_special_tokens = False
+    streams_arguments = False  # a call's arguments come out in pieces (CallStart, ArgsPiece)
 
     def __init__(self, cfg: ToolConfig, id_prefix: str = "call_") -> None:
         self.cfg = cfg
@@ -148,9 +205,9 @@ class ToolCallParser:
         for item in items:
             if isinstance(item, ToolCall):
                 self.calls.append(item)
-            elif not item:
+            elif isinstance(item, ArgsPiece) and not item.text or item == "":
                 continue
-            elif out and isinstance(out[-1], str):
+            elif isinstance(item, str) and out and isinstance(out[-1], str):
                 item = out.pop() + item
             out.append(item)
         return out
@@ -201,7 +258,16 @@ class TaggedToolCallParser(ToolCallParser):
     count only inside one. `_body(begin, body, closed)` reads one block's text (`closed`: its end
     marker was seen; False only at the end of the output) into its calls, or None when it is no
     call. A section that holds no call is given back as written; whitespace between calls is
-    dropped."""
+    dropped.
+
+    Arguments in pieces (`streams_arguments`, blocks with an end marker): `_stream_head(body)`
+    reads the start of a block's text: (name, where the arguments object starts in it, the call's
+    id or None) once the name is complete and listed and the object has begun; None while the
+    text may still become that; False when it cannot (the block is then read whole, as before).
+    Its decision on a text must be the one it gives on any longer text (so that a stream and the
+    whole reply decide alike), and it must decide within a short head, as it reads the head again
+    on every piece until it does. The block's text is read only up to where it is surely the
+    block's (not a partial end marker)."""
 
     sections: tuple[tuple[str, str], ...] = ()
     blocks: tuple[tuple[str, str | None], ...] = ()
@@ -214,6 +280,14 @@ class TaggedToolCallParser(ToolCallParser):
         self._found = 0
         self._searched = 0  # the open block's end marker is not before this (in _pending)
         self._json_end = JsonEnd()  # (for a block that a JSON value ends)
+        # the open block's streamed call: its start, the writer of its arguments; _headless:
+        # the block's head was read and it does not stream
+        self._open_call: CallStart | None = None
+        self._writer: JsonArgsWriter | None = None
+        self._headless = False
+
+    def _stream_head(self, body: str) -> tuple[str, int, str | None] | bool | None:
+        return False
 
     def _body(self, begin: str, body: str, closed: bool) -> list[ToolCall] | None:
         raise NotImplementedError
@@ -288,6 +362,8 @@ class TaggedToolCallParser(ToolCallParser):
         return True
 
     def _block_step(self, items: list[Item], begin: str, final: bool) -> bool:
+        if self.streams_arguments:  # (before _body reads the block: Kimi counts its calls)
+            self._stream_block(items, begin, final)
         got = self._match_block(self._pending, begin, final)
         if got is None:
             return False
@@ -295,6 +371,14 @@ class TaggedToolCallParser(ToolCallParser):
         self._json_end.reset()
         used, calls = got
         text, self._pending = self._pending[:used], self._pending[used:]
+        streamed, self._open_call, self._headless = self._open_call, None, False
+        if streamed is not None:
+            calls = self._streamed_call(streamed, calls)
+            self._writer = None
+            if calls is None:
+                items.append(BrokenCall(self._held + text))
+                self._held = ""
+                return True
         if calls:
             items.extend(calls)
             self._held = ""
@@ -305,12 +389,87 @@ class TaggedToolCallParser(ToolCallParser):
         return True
 
 
+    def _stream_block(self, items: list[Item], begin: str, final: bool) -> None:
+        """The open block's call start and argument pieces so far. Its text is read up to its
+        end marker (found as _match_block finds it), or while open, up to a partial end marker,
+        which may be the block's end."""
+        if self._headless:
+            return
+        buf, end = self._pending, dict(self.blocks)[begin]
+        limit = buf.find(end, max(len(begin), self._searched))
+        ended = limit >= 0 or final
+        if limit < 0:
+            limit = len(buf) if final else max(len(begin), len(buf) - _partial_tag(buf, end))
+        if self._open_call is None:
+            head = self._stream_head(buf[len(begin):limit])
+            if not head:
+                self._headless = head is False or ended
+                return
+            name, offset, call_id = head
+            self._open_call = CallStart(call_id or new_call_id(self.id_prefix), name)
+            self._writer = JsonArgsWriter(len(begin) + offset)
+            items.append(self._open_call)
+        items.append(ArgsPiece(self._writer.write(buf, limit, final=ended)))
+
+    def _streamed_call(self, start: CallStart, calls: list[ToolCall] | None
+                       ) -> list[ToolCall] | None:
+        """The streamed call, now that its block ended: a call when the arguments object closed
+        and the block reads (as whole) as one call of the same tool; else None."""
+        w = self._writer
+        if not (w.done and calls and len(calls) == 1 and calls[0].name == start.name):
+            return None
+        text = w.text
+        return [ToolCall(start.id, start.name, json.loads(text), text, streamed=True)]
+
+
+_WS = re.compile(r"[ \t\n\r]*")  # JSON's whitespace
+_HEAD_NAME = re.compile(r'"([A-Za-z0-9_.\-]{1,64})"')
+_HEAD_NAME_OPEN = re.compile(r'"[A-Za-z0-9_.\-]{0,64}\Z')
+
+
+def head_tokens(text: str, pos: int, *tokens: str | tuple[str, ...]) -> int | bool | None:
+    """`text` from `pos` read as `tokens` in turn (a string, or a tuple of alternatives), with
+    JSON whitespace before each: the index after the last; None when the text ends first (it may
+    still go on so); False when it goes otherwise."""
+    for token in tokens:
+        pos = _WS.match(text, pos).end()
+        rest = text[pos:pos + 16]
+        choices = token if isinstance(token, tuple) else (token,)
+        hit = next((t for t in choices if rest.startswith(t)), None)
+        if hit is None:
+            return None if any(t.startswith(rest) for t in choices) else False
+        pos += len(hit)
+    return pos
+
+
+def json_call_head(body: str, names: set[str]) -> tuple[str, int, None] | bool | None:
+    """The head `{"name": "NAME", "arguments" | "parameters": {` of a JSON call object (the order
+    the generic format and the forced-call grammar write): (NAME, where its object starts, None),
+    None while `body` may still become that, False otherwise or when NAME is not listed. A name
+    written with escapes, or the keys in another order, do not stream: the call comes whole."""
+    pos = head_tokens(body, 0, "{", '"name"', ":")
+    if not pos:
+        return pos
+    pos = _WS.match(body, pos).end()
+    m = _HEAD_NAME.match(body, pos)
+    if m is None:
+        return None if pos == len(body) or _HEAD_NAME_OPEN.match(body, pos) else False
+    if m.group(1) not in names:
+        return False
+    end = head_tokens(body, m.end(), ",", ('"arguments"', '"parameters"'), ":", "{")
+    return end if not end else (m.group(1), end - 1, None)
+
+
 class HermesToolCallParser(TaggedToolCallParser):
     """`--tool-call-parser hermes`: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
     blocks (Hermes', Qwen 2.5's / Qwen 3's, and the generic format of gateway.tools). An
     unclosed block at the end of the output is a call if its JSON is complete."""
 
     blocks = ((OPEN_TAG, CLOSE_TAG),)
+    streams_arguments = True
+
+    def _stream_head(self, body: str):
+        return json_call_head(body, self.names)
 
     def _body(self, begin: str, body: str, closed: bool) -> list[ToolCall] | None:
         call = self.json_call(body)
@@ -343,19 +502,62 @@ class WholeReplyToolCallParser(ToolCallParser):
             out, self._pending = self._pending, ""
             return [out]
         if not final:
-            return []
+            return self._progress(final=False)
+        items = self._progress(final=True)
         rest, self._pending = self._pending, ""
-        calls = self._parse(rest)
+        return items + self._end(rest, self._parse(rest))
+
+    def _progress(self, final: bool) -> list[Item]:
+        """What of the held reply streams before its end (a call's start and pieces)."""
+        return []
+
+    def _end(self, rest: str, calls: list[ToolCall] | None) -> list[Item]:
         return [rest] if not calls else list(calls)
 
 
 class JsonToolCallParser(WholeReplyToolCallParser):
     """`--tool-call-parser json` (Llama 3's JSON tool calls and their kin): the whole reply is
     one call object {"name", "arguments" | "parameters"} or an array of them, else it is
-    content. Held while its first non-blank character is `{` or `[`."""
+    content. Held while its first non-blank character is `{` or `[`. A reply that starts as one
+    call object (`json_call_head`) streams its arguments in pieces; an array comes whole."""
+
+    streams_arguments = True
+
+    def __init__(self, cfg: ToolConfig, id_prefix: str = "call_") -> None:
+        super().__init__(cfg, id_prefix)
+        self._open_call: CallStart | None = None
+        self._writer: JsonArgsWriter | None = None
+        self._headless = False
 
     def _looks_like_calls(self, head: str) -> bool | None:
         return head[0] in "{["
+
+    def _progress(self, final: bool) -> list[Item]:
+        if self._headless or self._mode != "calls":
+            return []
+        items: list[Item] = []
+        buf = self._pending
+        if self._open_call is None:
+            head = json_call_head(buf, self.names)
+            if not head:
+                self._headless = head is False or final
+                return []
+            name, start, _ = head
+            self._open_call = CallStart(new_call_id(self.id_prefix), name)
+            self._writer = JsonArgsWriter(start)
+            items.append(self._open_call)
+        items.append(ArgsPiece(self._writer.write(buf, len(buf), final)))
+        return items
+
+    def _end(self, rest: str, calls: list[ToolCall] | None) -> list[Item]:
+        start, w = self._open_call, self._writer
+        if start is None:
+            return super()._end(rest, calls)
+        # the streamed call stands if the reply reads (as whole) as that one call
+        if not (w.done and calls and len(calls) == 1 and calls[0].name == start.name):
+            return [BrokenCall(rest)]
+        text = w.text
+        return [ToolCall(start.id, start.name, json.loads(text), text, streamed=True)]
 
     def _parse(self, text: str) -> list[ToolCall] | None:
         try:

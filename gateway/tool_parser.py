@@ -15,6 +15,16 @@ far (`feed_items`: the same in the output's order); it holds back only what coul
 start of a call's marker, so content streams as it comes, and a call comes out as soon as it is
 complete. A block that is not a call of a known tool is given back as content: the client sees
 what the model wrote rather than a call that does not exist.
+
+Arguments stream in pieces (`feed_items` gives a call's start, then its arguments as they are
+written; `StreamShaper` and gateway/anthropic.py send them) for the parsers whose format has the
+model write the arguments as a JSON object: `hermes` (and so every forced tool_choice, whose
+grammar writes the generic format), `internlm`, `deepseek_v3`, `kimi_k2` and `json` (a single
+call object). The others give each call whole when it is complete: `mistral`, `granite` (calls in
+one JSON array, the id after the arguments in Mistral's), and the formats whose arguments are
+rebuilt from text that is not JSON: `qwen3_coder`, `glm45`, `deepseek_v32` (a value is read by
+its schema type only once it is whole), `pythonic` (a Python expression) and `openai` (harmony:
+its recipient and format come in the header, the call whole at its end).
 """
 from __future__ import annotations
 
@@ -23,12 +33,16 @@ from dataclasses import replace
 from gateway.tool_call_parsers import (  # noqa: F401 -- the names callers read here
     CLOSE_TAG,
     OPEN_TAG,
+    ArgsPiece,
+    BrokenCall,
+    CallStart,
     HermesToolCallParser,
     JsonToolCallParser,
     MistralToolCallParser,
     ToolCall,
     ToolCallParser,
     new_call_id,
+    whole_items,
 )
 from gateway.tool_parser_harmony import HarmonyToolCallParser
 from gateway.tool_parser_pythonic import PythonicToolCallParser
@@ -80,9 +94,9 @@ def parse_all(text: str, cfg: ToolConfig) -> tuple[str | None, list[ToolCall]]:
     return content, calls
 
 
-def finish_reason(reason: str | None, calls: list, cfg: ToolConfig) -> str | None:
+def finish_reason(reason: str | None, calls: list | int, cfg: ToolConfig) -> str | None:
     """OpenAI's: `tool_calls` when the model called tools on its own or had to call one of a
-    list; `stop` for a named function (as OpenAI answers it)."""
+    list; `stop` for a named function (as OpenAI answers it). `calls`: the calls, or how many."""
     if calls and reason == "stop" and cfg.choice != "function":
         return "tool_calls"
     return reason
@@ -91,9 +105,11 @@ def finish_reason(reason: str | None, calls: list, cfg: ToolConfig) -> str | Non
 def shape_choice(choice: dict, cfg: ToolConfig) -> dict:
     """A chat completion choice (non-streaming) with its calls moved into `tool_calls`."""
     msg = choice["message"]
-    content, calls = parse_all(msg.get("content") or "", cfg)
-    if calls:
+    text = msg.get("content") or ""
+    content, calls = parse_all(text, cfg)
+    if content != text:  # (harmony's reply without calls is still its final channel's text)
         msg["content"] = content
+    if calls:
         msg["tool_calls"] = [c.openai() for c in calls]
         choice["finish_reason"] = finish_reason(choice["finish_reason"], calls, cfg)
     return choice
@@ -101,24 +117,52 @@ def shape_choice(choice: dict, cfg: ToolConfig) -> dict:
 
 class StreamShaper:
     """Streaming chat deltas with tool calls: one parser per choice. `delta(i, text, finish)`
-    gives the chunk's `delta` object and finish reason (OpenAI's shape: a call arrives whole,
-    with its index, id, type, name and arguments)."""
+    gives the chunk's `delta` object and finish reason, in OpenAI's shape: a call whose
+    arguments stream (the parsers with `streams_arguments`) starts with an entry holding its
+    index, id, type, name and arguments "" (and the first piece, when it came with it), then
+    entries of only its index and `function.arguments` pieces; the pieces add up to exactly the
+    arguments string of the same reply returned whole. Other calls arrive whole, in one entry.
+
+    A call is started once its name is complete and listed and its arguments object has begun;
+    a stream cannot take it back. When its block then turns out to be no call (the output ends
+    inside the arguments, as with max_tokens, or the model writes JSON that breaks off or a
+    block the format does not allow), the call ends with the pieces sent: a JSON prefix, which
+    does not parse (as OpenAI's and vLLM's streams end such a call), and `finish_reason` says
+    why (`length`). The same reply returned whole gives that block as content. A forced
+    tool_choice is written under its grammar: its calls always complete unless cut off."""
 
     def __init__(self, cfg: ToolConfig, num_choices: int) -> None:
         self.cfg = cfg
         self.parsers = [make_parser(cfg) for _ in range(num_choices)]
+        self.started = [0] * num_choices  # calls begun (streamed or whole), per choice
 
     def delta(self, i: int, text: str, finish: str | None) -> tuple[dict, str | None]:
         parser = self.parsers[i]
-        first = len(parser.calls)
-        content, _ = parser.feed(text)
+        items = parser.feed_items(text)
         if finish is not None:
-            tail, _ = parser.finish()
-            content += tail
-        calls = parser.calls[first:]
+            items += parser.finish_items()
+        content: list[str] = []
+        entries: list[dict] = []  # (one per call index: a call's pieces in this delta merge)
+        for item in items:
+            if isinstance(item, str):
+                content.append(item)
+            elif isinstance(item, CallStart) or isinstance(item, ToolCall) and not item.streamed:
+                entry = {"index": self.started[i], "id": item.id, "type": "function",
+                         "function": {"name": item.name, "arguments": ""}}
+                if isinstance(item, ToolCall):
+                    entry["function"]["arguments"] = item.arguments_text
+                entries.append(entry)
+                self.started[i] += 1
+            elif isinstance(item, ArgsPiece):
+                index = self.started[i] - 1
+                if not entries or entries[-1]["index"] != index:
+                    entries.append({"index": index, "function": {"arguments": ""}})
+                entries[-1]["function"]["arguments"] += item.text
+            # (a streamed ToolCall or a BrokenCall ends the call: nothing more to send)
         delta: dict = {}
-        if content and not (parser.calls and not content.strip()):
-            delta["content"] = content
-        if calls:
-            delta["tool_calls"] = [c.openai(first + k) for k, c in enumerate(calls)]
-        return delta, finish_reason(finish, parser.calls, self.cfg) if finish else None
+        joined = "".join(content)
+        if joined and not (self.started[i] and not joined.strip()):
+            delta["content"] = joined
+        if entries:
+            delta["tool_calls"] = entries
+        return delta, finish_reason(finish, self.started[i], self.cfg) if finish else None

@@ -28,13 +28,23 @@ array of {"name", "arguments"}; the array's end ends the block.
 
 Their markers are special tokens: requests parsed with these parsers are detokenized with
 special tokens kept (`keeps_special_tokens`).
+
+`deepseek_v3`, `kimi_k2` and `internlm` stream a call's arguments in pieces (`_stream_head` finds
+where the JSON object starts; gateway/tool_call_parsers.py does the rest); `granite`'s array of
+calls comes whole.
 """
 from __future__ import annotations
 
 import json
 import re
 
-from gateway.tool_call_parsers import _JSON, _SPACE, TaggedToolCallParser, ToolCall
+from gateway.tool_call_parsers import (
+    _JSON,
+    _SPACE,
+    TaggedToolCallParser,
+    ToolCall,
+    json_call_head,
+)
 
 DS_CALLS_BEGIN, DS_CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 DS_CALL_BEGIN, DS_CALL_END, DS_SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
@@ -42,14 +52,65 @@ KIMI_SECTION_BEGIN, KIMI_SECTION_END = "<|tool_calls_section_begin|>", "<|tool_c
 KIMI_CALL_BEGIN, KIMI_CALL_END = "<|tool_call_begin|>", "<|tool_call_end|>"
 KIMI_ARGS = "<|tool_call_argument_begin|>"
 _KIMI_ID = re.compile(r"(?:functions\.)?([A-Za-z0-9_.\-]+?)(?::(\d+))?")
+# how far into a block its head's separator is looked for before the block is read whole: a name
+# is at most 64 characters (gateway.tools.NAME_RE), the rest of a head a few words
+HEAD_WINDOW = 160
 INTERNLM_BEGIN, INTERNLM_END = "<|action_start|><|plugin|>", "<|action_end|>"
 GRANITE_TAGS = ("<|tool_call|>", "<tool_call>")
+
+
+def _find_in_head(body: str, marker: str) -> int | bool | None:
+    """Where `marker` is in the head of `body`; None while it may still come, False if the
+    head is past without it (the same answer for every longer text)."""
+    window = HEAD_WINDOW + len(marker)
+    k = body.find(marker, 0, window)
+    if k >= 0:
+        return k
+    return None if len(body) < window else False
+
+
+def _object_start(body: str, pos: int) -> int | bool | None:
+    """After whitespace from `pos`: the `{` that begins the arguments (its index), None at the
+    end of the text, False for anything else."""
+    pos = _SPACE.match(body, pos).end()
+    if pos == len(body):
+        return None
+    return pos if body[pos] == "{" else False
 
 
 class DeepSeekV3ToolCallParser(TaggedToolCallParser):
     keeps_special_tokens = True
     sections = ((DS_CALLS_BEGIN, DS_CALLS_END),)
     blocks = ((DS_CALL_BEGIN, DS_CALL_END),)
+    streams_arguments = True
+
+    def _stream_head(self, body: str):
+        # the two forms as _body reads them: NAME<sep>{...} (V3.1), and function<sep>NAME, a
+        # newline, then the object in an optional ```json fence (V3 / R1). A tool that is itself
+        # named "function" comes whole.
+        k = _find_in_head(body, DS_SEP)
+        if k is None or k is False:
+            return k
+        name, pos = body[:k].strip(), k + len(DS_SEP)
+        if name == "function":
+            nl = body.find("\n", pos, pos + HEAD_WINDOW)
+            if nl < 0:
+                return None if len(body) < pos + HEAD_WINDOW else False
+            name = body[pos:nl].strip()
+            if name.startswith("{"):
+                return False
+            pos = _SPACE.match(body, nl + 1).end()
+            for word in ("```", "json"):
+                if body.startswith(word, pos):
+                    pos += len(word)
+                elif len(body) - pos < len(word) and word.startswith(body[pos:]):
+                    return None
+                else:
+                    break
+        if name not in self.names:
+            return False
+        start = _object_start(body, pos)
+        return start if start is None or start is False else (name, start, None)
 
     def _body(self, begin: str, body: str, closed: bool) -> list[ToolCall] | None:
         head, sep, rest = body.partition(DS_SEP)
@@ -81,7 +142,22 @@ class KimiK2ToolCallParser(TaggedToolCallParser):
     keeps_special_tokens = True
     sections = ((KIMI_SECTION_BEGIN, KIMI_SECTION_END),)
     blocks = ((KIMI_CALL_BEGIN, KIMI_CALL_END),)
+    streams_arguments = True
     _made = 0
+
+    def _stream_head(self, body: str):
+        k = _find_in_head(body, KIMI_ARGS)
+        if k is None or k is False:
+            return k
+        m = _KIMI_ID.fullmatch(body[:k].strip())
+        if m is None or m.group(1) not in self.names:
+            return False
+        start = _object_start(body, k + len(KIMI_ARGS))
+        if start is None or start is False:
+            return start
+        # the id _body gives the call (it counts the call when it makes it, after this)
+        index = m.group(2) if m.group(2) is not None else str(self._made)
+        return m.group(1), start, f"functions.{m.group(1)}:{index}"
 
     def _body(self, begin: str, body: str, closed: bool) -> list[ToolCall] | None:
         head, sep, args = body.partition(KIMI_ARGS)
@@ -99,6 +175,10 @@ class KimiK2ToolCallParser(TaggedToolCallParser):
 class InternLMToolCallParser(TaggedToolCallParser):
     keeps_special_tokens = True
     blocks = ((INTERNLM_BEGIN, INTERNLM_END),)
+    streams_arguments = True
+
+    def _stream_head(self, body: str):
+        return json_call_head(body, self.names)
 
     def _body(self, begin: str, body: str, closed: bool) -> list[ToolCall] | None:
         call = self.json_call(body)

@@ -18,7 +18,7 @@ from test_gateway_http import ipc_address, make_config
 from test_structured_gateway import Recorder, sdk
 
 from gateway.app import create_app
-from gateway.tool_call_parsers import ToolCall
+from gateway.tool_call_parsers import ToolCall, whole_items
 from gateway.tool_parser import PARSERS, make_parser, parse_all, sampling_for_parser
 from gateway.tools import parse_tools, parser_for_template, with_parser
 
@@ -191,7 +191,7 @@ def _stream(parser, chunks) -> list:
         items += p.feed_items(chunk)
     items += p.finish_items()
     assert p.calls == [i for i in items if isinstance(i, ToolCall)]
-    return _norm(items)
+    return _norm(whole_items(items))
 
 
 def _without_fresh_ids(norm, given_ids) -> list:
@@ -475,10 +475,13 @@ async def test_deepseek_through_the_gateway_streamed_byte_by_byte(aiohttp_client
         stream = await sdk(client).chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "x"}], tools=TOOLS, stream=True)
         chunks = [c.choices[0] async for c in stream if c.choices]
-        calls = [tc for c in chunks for tc in (c.delta.tool_calls or [])]
-        assert [(tc.index, json.loads(tc.function.arguments)["city"]) for tc in calls] == \
+        calls: dict[int, dict] = {}  # (the arguments come in pieces: accumulated by index)
+        for tc in (tc for c in chunks for tc in (c.delta.tool_calls or [])):
+            entry = calls.setdefault(tc.index, {"id": tc.id, "arguments": ""})
+            entry["arguments"] += tc.function.arguments or ""
+        assert [(i, json.loads(c["arguments"])["city"]) for i, c in sorted(calls.items())] == \
             [(0, "Paris"), (1, "Oslo")]
-        assert len({tc.id for tc in calls}) == 2
+        assert len({c["id"] for c in calls.values()}) == 2
         assert "".join(c.delta.content or "" for c in chunks) == "Checking."
         assert rec.samplings[-1].skip_special_tokens is False
     finally:

@@ -1,0 +1,352 @@
+"""Tool-call arguments streamed in pieces (issue 29). For every parser, a reply streamed in any
+chunking gives, once the client has added up its deltas as the SDKs do (by index, strings
+concatenated), exactly the content, calls and arguments strings of the same reply returned whole;
+the parsers that stream arguments (`hermes`, `internlm`, `deepseek_v3`, `kimi_k2`, `json`) send a
+call as a first entry (index, id, type, name, arguments "" or a first piece) and then entries of
+only its index and argument pieces. What is no call stays content, and a call begun then cut off
+ends with the pieces sent (the documented behaviour). Through the gateway with the unchanged
+`openai` and `anthropic` SDKs: a long call arrives in many deltas / input_json_delta events, and
+the SDKs' accumulated result equals the non-streamed one."""
+from __future__ import annotations
+
+import json
+import random
+
+import anthropic
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_gateway_fakes import FakeBackend
+from test_gateway_http import ipc_address, make_config
+from test_structured_gateway import Recorder, sdk
+from test_tool_args_json import OBJECTS, _write
+from test_tool_parser_families import (
+    CASES,
+    DS_B,
+    DS_CB,
+    DS_CE,
+    DS_E,
+    DS_SEP,
+    K_ARG,
+    K_CB,
+    K_CE,
+    KS_B,
+    KS_E,
+    NOT_CALLS,
+    TOOLS,
+    cfg,
+)
+from test_tool_parser_mistral import EXAMPLES as MISTRAL_EXAMPLES
+
+from gateway.app import create_app
+from gateway.tool_parser import PARSERS, StreamShaper, shape_choice
+from gateway.tools import parse_tools, with_parser
+
+STREAMING = {"hermes", "internlm", "deepseek_v3", "kimi_k2", "json"}
+NAMES = [t["function"]["name"] for t in TOOLS]
+HYPOTHESIS = settings(max_examples=150, deadline=None,
+                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def test_the_streaming_parsers_say_so():
+    assert {name for name, p in PARSERS.items() if p.streams_arguments} == STREAMING
+
+
+# --- the client's side: OpenAI deltas added up as the SDKs add them ---------------------------
+def _streamed(config, chunks: list[str], finish: str = "stop") -> dict:
+    """The reply as a client adds up StreamShaper's deltas; each call's entry count too."""
+    shaper = StreamShaper(config, 1)
+    content, calls, reason = "", {}, None
+    for k, chunk in enumerate(chunks):
+        delta, f = shaper.delta(0, chunk, finish if k == len(chunks) - 1 else None)
+        content += delta.get("content", "")
+        for e in delta.get("tool_calls", ()):
+            if e["index"] not in calls:  # a call's first entry: all of it but later pieces
+                assert e["index"] == len(calls) and e["type"] == "function"
+                assert set(e) == {"index", "id", "type", "function"}
+                assert set(e["function"]) == {"name", "arguments"}
+                calls[e["index"]] = {"id": e["id"], "name": e["function"]["name"],
+                                     "arguments": e["function"]["arguments"], "entries": 1}
+            else:  # then only its index and a piece of its arguments
+                assert set(e) == {"index", "function"} and set(e["function"]) == {"arguments"}
+                assert e["function"]["arguments"]
+                calls[e["index"]]["arguments"] += e["function"]["arguments"]
+                calls[e["index"]]["entries"] += 1
+        reason = f or reason
+    return {"content": content, "calls": [calls[i] for i in sorted(calls)], "finish": reason}
+
+
+def _whole(config, text: str, finish: str = "stop") -> dict:
+    choice = shape_choice({"index": 0, "message": {"role": "assistant", "content": text},
+                           "finish_reason": finish}, config)
+    msg = choice["message"]
+    return {"content": msg["content"] or "", "finish": choice["finish_reason"],
+            "calls": [{"id": c["id"], "name": c["function"]["name"],
+                       "arguments": c["function"]["arguments"]}
+                      for c in msg.get("tool_calls", ())]}
+
+
+def _chunks(text: str, cuts) -> list[str]:
+    cuts = sorted({c % (len(text) + 1) for c in cuts})
+    return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+
+
+def _check_same(config, text: str, cuts, finish: str = "stop") -> dict:
+    whole = _whole(config, text, finish)
+    got = _streamed(config, _chunks(text, cuts), finish)
+    # (whitespace around calls: the whole reply's content is None when only blanks are left)
+    assert got["content"].strip() == whole["content"].strip()
+    assert [(c["name"], c["arguments"]) for c in got["calls"]] == \
+        [(c["name"], c["arguments"]) for c in whole["calls"]]
+    given_ids = [c["id"] for c in whole["calls"] if c["id"].startswith("functions.")]
+    assert given_ids == [c["id"] for c in got["calls"] if c["id"].startswith("functions.")]
+    assert got["finish"] == whole["finish"]
+    return got
+
+
+# --- replies written the ways the JSON formats allow, with arguments in any JSON form -----------
+def _ws(rng):
+    return rng.choice(["", " ", "\n", "  "])
+
+
+def _json_call(rng, name, args, key="arguments"):
+    ws = _ws
+    return (f'{ws(rng)}{{{ws(rng)}"name"{ws(rng)}:{ws(rng)}"{name}"{ws(rng)},{ws(rng)}"{key}"'
+            f'{ws(rng)}:{ws(rng)}{args}{ws(rng)}}}{ws(rng)}')
+
+
+def _reply(fmt: str, calls, rng) -> tuple[str, str]:
+    """(parser, reply) with `calls` [(name, JSON text of the arguments)] in format `fmt`."""
+    if fmt == "hermes":
+        return "hermes", "\n".join(f"<tool_call>\n{_json_call(rng, n, a)}\n</tool_call>"
+                                   for n, a in calls)
+    if fmt == "internlm":
+        return "internlm", "".join("<|action_start|><|plugin|>" + _json_call(rng, n, a, "parameters")
+                                   + "<|action_end|>" for n, a in calls)
+    if fmt == "deepseek_v3":
+        return "deepseek_v3", DS_B + "\n".join(
+            f"{DS_CB}function{DS_SEP}{n}\n```json\n{a}\n```{DS_CE}" for n, a in calls) + DS_E
+    if fmt == "deepseek_v31":
+        return "deepseek_v3", DS_B + "".join(f"{DS_CB}{n}{DS_SEP}{a}{DS_CE}" for n, a in calls) \
+            + DS_E
+    if fmt == "kimi_k2":
+        return "kimi_k2", KS_B + "".join(f"{K_CB}functions.{n}:{i}{_ws(rng)}{K_ARG}{a}{K_CE}"
+                                         for i, (n, a) in enumerate(calls)) + KS_E
+    if fmt == "json":
+        return "json", _json_call(rng, calls[0][0], calls[0][1], "parameters")
+    if fmt == "granite":
+        return "granite", "<|tool_call|>[" + ", ".join(
+            _json_call(rng, n, a) for n, a in calls) + "]"
+    if fmt == "mistral":
+        return "mistral", "".join(f"[TOOL_CALLS]{n}[ARGS]{a}" for n, a in calls)
+    raise AssertionError(fmt)
+
+
+FORMATS = ["hermes", "internlm", "deepseek_v3", "deepseek_v31", "kimi_k2", "json", "granite",
+           "mistral"]
+
+
+@HYPOTHESIS
+@given(st.sampled_from(FORMATS), st.lists(st.tuples(st.sampled_from(NAMES), OBJECTS),
+                                          min_size=1, max_size=3),
+       st.sampled_from(["", "Let me look.\n", "I'll write it. "]), st.integers(0, 2**32),
+       st.lists(st.integers(0, 10**6), max_size=40))
+def test_pieces_add_up_to_the_whole_replys_arguments(fmt, calls, prose, seed, cuts):
+    rng = random.Random(seed)
+    calls = calls[:1] if fmt == "json" else calls
+    parser, text = _reply(fmt, [(n, _write(a, rng)) for n, a in calls], rng)
+    if parser != "json":
+        text = prose + text
+    config = cfg(parser)
+    whole = _whole(config, text)
+    # the whole reply's arguments: json.dumps of what the model wrote, however it wrote it
+    assert [(c["name"], c["arguments"]) for c in whole["calls"]] == \
+        [(n, json.dumps(a, ensure_ascii=False)) for n, a in calls]
+    got = _check_same(config, text, cuts)
+    # and one character at a time, the most deltas a stream can have
+    got = _check_same(config, text, range(len(text)))
+    for call, (_, args) in zip(got["calls"], calls):
+        pieces = call["entries"]
+        if parser in STREAMING and len(json.dumps(args)) > 2:
+            assert pieces > 1
+        elif parser not in STREAMING:
+            assert pieces == 1
+
+
+# --- every parser: its families' replies, in random chunkings ----------------------------------
+ALL_CASES = [(p, t) for p, t, _, _ in CASES] + [("mistral", t) for t, _, _ in MISTRAL_EXAMPLES] + [
+    ("hermes", ('Sure.\n<tool_call>\n{"name": "write_file", "arguments": {"path": "a.py", '
+                '"content": "def f():\\n    return \\"<tool_call>\\"\\n"}}\n</tool_call>\n')),
+    ("json", ('[{"name": "get_time", "parameters": {}}, {"name": "read_file", "parameters": '
+              '{"path": "x"}}]')),
+    ("pythonic", '[get_weather(city="Paris", days=3), read_file(path="a.py")]'),
+]
+
+
+@pytest.mark.parametrize("parser,text", ALL_CASES)
+@settings(max_examples=40, deadline=None)
+@given(cuts=st.lists(st.integers(0, 10**6), max_size=30))
+def test_every_parser_streams_its_replies_as_whole(parser, text, cuts):
+    config = cfg(parser)
+    if parser == "mistral":  # (the Mistral examples' own tools)
+        from test_tool_parser_mistral import ADD, CALCULATOR, MULTIPLY, WEATHER
+        config = with_parser(parse_tools({"tools": [CALCULATOR, WEATHER, ADD, MULTIPLY]}),
+                             "mistral")
+    _check_same(config, text, cuts)
+
+
+# --- what is no call ---------------------------------------------------------------------------
+@pytest.mark.parametrize("parser,text", NOT_CALLS)
+@settings(max_examples=30, deadline=None)
+@given(cuts=st.lists(st.integers(0, 10**6), max_size=20))
+def test_no_call_is_content_and_a_call_begun_ends_with_its_pieces(parser, text, cuts):
+    config = cfg(parser)
+    whole = _whole(config, text)
+    assert whole["calls"] == []
+    got = _streamed(config, _chunks(text, cuts))
+    if not got["calls"]:
+        assert got["content"] == whole["content"]
+        return
+    # a block cut inside its arguments: the call was begun (a listed tool, its object open) and
+    # a stream cannot take it back; it ends with the pieces sent, which do not parse
+    assert parser in STREAMING
+    assert whole["content"].startswith(got["content"])
+    for call in got["calls"]:
+        assert call["name"] in NAMES and call["arguments"].startswith("{")
+        with pytest.raises(ValueError):
+            json.loads(call["arguments"])
+
+
+def test_an_unknown_tool_or_an_early_mistake_never_starts_a_call():
+    # the call starts only once the name is complete and listed and the object has begun
+    for text in ('<tool_call>\n{"name": "rm_rf", "arguments": {"path": "/"}}\n</tool_call>',
+                 '<tool_call>\n{"name": "get_weather", "arguments": [1]}\n</tool_call>',
+                 '<tool_call>\n{"arguments": {"city": "Paris"}, "name": "get_wea',
+                 '<tool_call>\n{"name": "get_weather" "arguments": {"city": "Paris"}}'):
+        got = _streamed(cfg("hermes"), list(text))
+        assert got["calls"] == [] and got["content"] == text
+
+
+def test_a_call_cut_by_max_tokens_ends_with_its_pieces_and_finish_length():
+    full = '{"path": "a.py", "content": "' + "print(1)\\n" * 50 + '"}'
+    text = 'Writing.\n<tool_call>\n{"name": "write_file", "arguments": ' + full[:300]
+    got = _streamed(cfg("hermes"), list(text), finish="length")
+    (call,) = got["calls"]
+    assert call["name"] == "write_file" and call["entries"] > 100
+    assert json.dumps(json.loads(full)).startswith(call["arguments"])
+    assert got["finish"] == "length" and got["content"] == "Writing.\n"
+    # returned whole, the cut block is content, as the model wrote it
+    whole = _whole(cfg("hermes"), text, "length")
+    assert whole["calls"] == [] and whole["content"] == text and whole["finish"] == "length"
+
+
+def test_keys_in_another_order_come_whole_and_equal():
+    text = '<tool_call>\n{"arguments": {"city": "Paris"}, "name": "get_weather"}\n</tool_call>'
+    got = _check_same(cfg("hermes"), text, range(len(text)))
+    assert got["calls"][0]["entries"] == 1
+
+
+def test_a_forced_choice_streams_its_grammars_calls_in_pieces():
+    # tool_choice required / named: the grammar writes the generic format, read by hermes
+    for choice in ("required", {"type": "function", "function": {"name": "write_file"}}):
+        config = parse_tools({"tools": TOOLS, "tool_choice": choice})
+        assert config.forced and with_parser(config, "deepseek_v3") is config
+        args = {"path": "src/a.py", "content": "x = {'a': [1, 2]}\n" * 30}
+        text = ('<tool_call>\n{"name": "write_file", "arguments": '
+                + json.dumps(args, ensure_ascii=False) + "}\n</tool_call>")
+        got = _check_same(config, text, range(0, len(text), 3))
+        (call,) = got["calls"]
+        assert call["entries"] > 50 and json.loads(call["arguments"]) == args
+        assert got["finish"] == ("stop" if isinstance(choice, dict) else "tool_calls")
+
+
+# --- through the gateway with the unchanged SDKs ----------------------------------------------
+WRITE = {"type": "function", "function": {"name": "write_file", "parameters": {
+    "type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+    "required": ["path", "content"]}}}
+CODE = 'def hello(name):\n    """Say hi."""\n    print(f"hi, {name} \\u00e9")\n    return [1, 2]\n'
+LONG = ("I'll write the file.\n<tool_call>\n"
+        + json.dumps({"name": "write_file", "arguments": {"path": "src/hello.py",
+                                                          "content": CODE * 6}})
+        + "\n</tool_call>")
+
+
+@pytest.fixture
+async def long_call_client(aiohttp_client):
+    rec = Recorder(LONG)
+    b = await FakeBackend(ipc_address(), script=rec).start()
+    try:
+        yield await aiohttp_client(create_app(make_config(b.address), startup_wait_s=5.0))
+    finally:
+        await b.stop()
+
+
+@pytest.mark.parametrize("tool_choice", ["auto", "required"])
+async def test_openai_sdk_gets_a_long_call_in_pieces_that_add_up(long_call_client, tool_choice):
+    api = sdk(long_call_client)
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "write hello.py"}],
+            "tools": [WRITE], "tool_choice": tool_choice}
+    whole = await api.chat.completions.create(**body)
+    entries = 0
+    async with api.chat.completions.stream(**body) as stream:
+        async for event in stream:
+            if event.type == "tool_calls.function.arguments.delta":
+                entries += 1
+        final = await stream.get_final_completion()
+    (want,), (got,) = whole.choices[0].message.tool_calls, final.choices[0].message.tool_calls
+    assert entries > 100  # (the fake backend's tokens are bytes)
+    assert (got.function.name, got.function.arguments) == (want.function.name,
+                                                           want.function.arguments)
+    assert json.loads(got.function.arguments)["content"] == CODE * 6
+    assert final.choices[0].message.content == whole.choices[0].message.content
+    assert final.choices[0].finish_reason == whole.choices[0].finish_reason == "tool_calls"
+
+
+async def test_anthropic_sdk_gets_input_json_delta_pieces_that_add_up(long_call_client):
+    api = anthropic.AsyncAnthropic(base_url=str(long_call_client.make_url("")), api_key="k",
+                                   max_retries=0)
+    tool = {"name": "write_file", "input_schema": WRITE["function"]["parameters"]}
+    body = {"model": "tiny", "max_tokens": 1500, "tools": [tool],
+            "messages": [{"role": "user", "content": "write hello.py"}]}
+    whole = await api.messages.create(**body)
+    pieces = []
+    async with api.messages.stream(**body) as stream:
+        async for event in stream:
+            if event.type == "content_block_delta" and event.delta.type == "input_json_delta":
+                pieces.append(event.delta.partial_json)
+        final = await stream.get_final_message()
+    assert len(pieces) > 100
+    assert next(b.input for b in final.content if b.type == "tool_use") == \
+        next(b.input for b in whole.content if b.type == "tool_use")
+    assert json.loads("".join(pieces)) == {"path": "src/hello.py", "content": CODE * 6}
+    assert [b.type for b in final.content] == [b.type for b in whole.content] == ["text",
+                                                                                 "tool_use"]
+    assert final.stop_reason == whole.stop_reason == "tool_use"
+
+
+# --- a head's decision on a text is its decision on every longer text ---------------------------
+HEADS = [
+    ("hermes", '<tool_call>', '\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'),
+    ("hermes", '<tool_call>', '{ "name" :"read_file" ,\n"parameters":{}}'),
+    ("hermes", '<tool_call>', '{"name": "get_weathe", "arguments": {}}'),
+    ("hermes", '<tool_call>', '{"name": "get_weather", "arguments": "{}"}'),
+    ("internlm", "<|action_start|><|plugin|>", '\n{"name": "get_time", "parameters": {}}'),
+    ("deepseek_v3", DS_CB, f'function{DS_SEP}get_weather\n```json\n{{"city": "x"}}\n```'),
+    ("deepseek_v3", DS_CB, f'function{DS_SEP}get_weather\n\n{{"city": "x"}}'),
+    ("deepseek_v3", DS_CB, f'function{DS_SEP}get_weather\n```jsonc\n{{"city": "x"}}\n```'),
+    ("deepseek_v3", DS_CB, f'get_time{DS_SEP} {{}}'),
+    ("deepseek_v3", DS_CB, f'rm_rf{DS_SEP}{{}}'),
+    ("deepseek_v3", DS_CB, "get_time" + " " * 300 + f'{DS_SEP}{{}}'),
+    ("kimi_k2", K_CB, f'functions.read_file:3 {K_ARG}{{"path": "a"}}'),
+    ("kimi_k2", K_CB, f'read_file{K_ARG} []'),
+]
+
+
+@pytest.mark.parametrize("parser,begin,body", HEADS)
+def test_a_head_decides_alike_on_every_prefix(parser, begin, body):
+    from gateway.tool_parser import make_parser
+    p = make_parser(cfg(parser))
+    final = p._stream_head(body)
+    for i in range(len(body)):
+        got = p._stream_head(body[:i])
+        assert got is None or got == final, (body[:i], got, final)
