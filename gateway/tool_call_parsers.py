@@ -589,48 +589,37 @@ class MistralToolCallParser(ToolCallParser):
     special tokens kept (`sampling_for_parser`), as vLLM's mistral parser asks too."""
 
     keeps_special_tokens = True
+    streams_arguments = True  # (v11 / v13: name[ARGS]{...}; a v2-v7 array comes whole)
 
     def __init__(self, cfg: ToolConfig, id_prefix: str = "call_") -> None:
         super().__init__(cfg, id_prefix)
         self._after = ""  # text after the first [TOOL_CALLS] not yet parsed
         self._json_end = JsonEnd()
+        # the v11 call being streamed (its start and arguments' writer, offsets in _after);
+        # _headless: its head was read and it does not stream
+        self._open_call: CallStart | None = None
+        self._writer: JsonArgsWriter | None = None
+        self._headless = False
 
-    # (this parser keeps its own feed / finish, which record their calls themselves; its
-    # content of one feed comes before that feed's calls)
-    def feed_items(self, text: str) -> list[Item]:
-        content, calls = self.feed(text)
-        return [content, *calls] if content else list(calls)
-
-    def finish_items(self) -> list[Item]:
-        content, calls = self.finish()
-        return [content, *calls] if content else list(calls)
-
-    def feed(self, text: str) -> tuple[str, list[ToolCall]]:
+    def _step(self, final: bool) -> list[Item]:
         if self._inside:
-            self._after += text
-            return self._parse(final=False)
-        self._pending += text
-        k = self._pending.find(MISTRAL_CALLS)
+            self._after += self._pending
+            self._pending = ""
+            return self._parse(final)
+        buf = self._pending
+        k = buf.find(MISTRAL_CALLS)
         if k < 0:
-            cut = len(self._pending) - _partial_tag(self._pending, MISTRAL_CALLS)
-            content, self._pending = self._pending[:cut], self._pending[cut:]
-            return content, []
-        content, self._after = self._pending[:k], self._pending[k:]
-        self._pending, self._inside = "", True
+            cut = len(buf) if final else len(buf) - _partial_tag(buf, MISTRAL_CALLS)
+            self._pending = buf[cut:]
+            return [buf[:cut]]
+        self._after, self._pending, self._inside = buf[k:], "", True
         self._json_end.reset()
-        more, calls = self._parse(final=False)
-        return content + more, calls
+        return [buf[:k], *self._parse(final)]
 
-    def finish(self) -> tuple[str, list[ToolCall]]:
-        if not self._inside:
-            rest, self._pending = self._pending, ""
-            return rest, []
-        return self._parse(final=True)
-
-    def _parse(self, final: bool) -> tuple[str, list[ToolCall]]:
-        """Calls completed in self._after; what is surely not a call is content. With `final`,
-        whatever is left is content."""
-        content, calls = [], []
+    def _parse(self, final: bool) -> list[Item]:
+        """Calls in self._after, in order with what is surely not a call (content). With
+        `final`, whatever is left is content."""
+        items: list[Item] = []
         while self._after:
             s = self._after
             if not s.startswith(MISTRAL_CALLS):
@@ -638,7 +627,7 @@ class MistralToolCallParser(ToolCallParser):
                 keep = len(s) - _partial_tag(s, MISTRAL_CALLS) if k < 0 else k
                 if final and k < 0:
                     keep = len(s)
-                content.append(s[:keep])
+                items.append(s[:keep])
                 self._after = s[keep:]
                 self._json_end.reset()
                 if k < 0:
@@ -646,23 +635,87 @@ class MistralToolCallParser(ToolCallParser):
                 continue
             body = s[len(MISTRAL_CALLS):]
             v3 = body.startswith("[", _SPACE.match(body).end())
+            if not v3:
+                self._stream_v11(items, s, final)
             got = self._calls_v3(body) if v3 else self._call_v11(body)
             if got is None:  # incomplete: wait for more text (or give it back at the end)
                 if final:
-                    content.append(s)
+                    items.append(s if self._open_call is None else BrokenCall(s))
                     self._after = ""
-                    self._json_end.reset()
+                    self._end_block()
                 break
             used, found = got
-            if found is None:  # not a call of a known tool: as the model wrote it
-                content.append(s[:len(MISTRAL_CALLS) + used])
+            text = s[:len(MISTRAL_CALLS) + used]
+            if self._open_call is not None:
+                found = self._streamed_call(found)
+                items.append(BrokenCall(text) if found is None else found[0])
+            elif found is None:  # not a call of a known tool: as the model wrote it
+                items.append(text)
             else:
-                calls.extend(found)
+                items.extend(found)
             self._after = body[used:]
-            self._json_end.reset()
-        if calls and not "".join(content).strip():
-            content = []
-        return "".join(content), calls
+            self._end_block()
+        if any(isinstance(i, ToolCall) for i in items) \
+                and not "".join(i for i in items if isinstance(i, str)).strip():
+            items = [i for i in items if not isinstance(i, str)]  # (blanks between calls)
+        return items
+
+    def _end_block(self) -> None:
+        self._json_end.reset()
+        self._open_call = self._writer = None
+        self._headless = False
+
+    def _stream_v11(self, items: list[Item], s: str, final: bool) -> None:
+        """The start and argument pieces of the v11 call at the start of `s` so far."""
+        if self._headless:
+            return
+        if self._open_call is None:
+            head = self._v11_head(s)
+            if not head:
+                self._headless = head is False or final
+                return
+            name, start, call_id = head
+            ok = call_id is not None and _MISTRAL_ID.match(call_id)
+            self._open_call = CallStart(call_id if ok else mistral_call_id(), name)
+            self._writer = JsonArgsWriter(start)
+            items.append(self._open_call)
+        items.append(ArgsPiece(self._writer.write(s, len(s), final)))
+
+    def _v11_head(self, s: str) -> tuple[str, int, str | None] | bool | None:
+        """`[TOOL_CALLS]NAME([CALL_ID]ID)?([ARGS])? {` as _call_v11 reads it: (NAME, where its
+        object starts, ID or None); None while `s` may still become that; False otherwise (or
+        NAME not listed). The same answer on any longer text."""
+        pos = len(MISTRAL_CALLS)
+        m = _MISTRAL_NAME.match(s, pos)
+        if m is None:
+            return None if not s[pos:].strip() else False
+        pos, call_id = m.end(), None
+        if pos == len(s):
+            return None  # (the name may go on)
+        if s.startswith(MISTRAL_CALL_ID, pos):
+            end = s.find(MISTRAL_ARGS, pos, pos + 64)
+            if end < 0:
+                return None if len(s) < pos + 64 else False
+            call_id, pos = s[pos + len(MISTRAL_CALL_ID):end], end
+        elif len(s) - pos < len(MISTRAL_CALL_ID) and MISTRAL_CALL_ID.startswith(s[pos:]):
+            return None
+        if s.startswith(MISTRAL_ARGS, pos):
+            pos += len(MISTRAL_ARGS)
+        elif len(s) - pos < len(MISTRAL_ARGS) and MISTRAL_ARGS.startswith(s[pos:]):
+            return None
+        pos = _SPACE.match(s, pos).end()
+        if pos == len(s):
+            return None
+        if s[pos] != "{" or m.group(1) not in self.names:
+            return False
+        return m.group(1), pos, call_id
+
+    def _streamed_call(self, found: list[ToolCall] | None) -> list[ToolCall] | None:
+        start, w = self._open_call, self._writer
+        if not (w.done and found and len(found) == 1 and found[0].name == start.name):
+            return None
+        text = w.text
+        return [ToolCall(start.id, start.name, json.loads(text), text, streamed=True)]
 
     def _calls_v3(self, body: str) -> tuple[int, list[ToolCall] | None] | None:
         start = _SPACE.match(body).end()
@@ -677,7 +730,6 @@ class MistralToolCallParser(ToolCallParser):
                                     o.get("id")) if isinstance(o, dict) else None for o in items]
         if not calls or any(c is None for c in calls):
             return end, None
-        self.calls.extend(calls)
         return end, calls
 
     def _call_v11(self, body: str) -> tuple[int, list[ToolCall] | None] | None:
@@ -705,7 +757,6 @@ class MistralToolCallParser(ToolCallParser):
         call = self._mistral_call(m.group(1), args, call_id)
         if call is None:
             return end, None
-        self.calls.append(call)
         return end, [call]
 
     def _mistral_call(self, name, args, call_id) -> ToolCall | None:

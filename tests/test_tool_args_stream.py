@@ -42,7 +42,7 @@ from gateway.app import create_app
 from gateway.tool_parser import PARSERS, StreamShaper, shape_choice
 from gateway.tools import parse_tools, with_parser
 
-STREAMING = {"hermes", "internlm", "deepseek_v3", "kimi_k2", "json"}
+STREAMING = {"hermes", "internlm", "deepseek_v3", "kimi_k2", "json", "mistral"}
 NAMES = [t["function"]["name"] for t in TOOLS]
 HYPOTHESIS = settings(max_examples=150, deadline=None,
                       suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -350,3 +350,24 @@ def test_a_head_decides_alike_on_every_prefix(parser, begin, body):
     for i in range(len(body)):
         got = p._stream_head(body[:i])
         assert got is None or got == final, (body[:i], got, final)
+
+
+@pytest.mark.parametrize("text", [
+    '[TOOL_CALLS]get_weather[ARGS] {"city": "x"}', '[TOOL_CALLS]get_time{}',
+    '[TOOL_CALLS]read_file[CALL_ID]a1B2c3D4e[ARGS]{"path": "a"}',
+    '[TOOL_CALLS]rm_rf[ARGS]{}', '[TOOL_CALLS]get_time[ARGS]"{}"', '[TOOL_CALLS] [{"name": "x"}]',
+    "[TOOL_CALLS]get_time[CALL_ID]" + "x" * 80 + "[ARGS]{}"])
+def test_a_mistral_head_decides_alike_on_every_prefix(text):
+    from gateway.tool_parser import make_parser
+    p = make_parser(cfg("mistral"))
+    final = p._v11_head(text)
+    for i in range(len("[TOOL_CALLS]"), len(text)):
+        got = p._v11_head(text[:i])
+        assert got is None or got == final, (text[:i], got, final)
+
+
+def test_mistral_streams_the_models_own_call_id():
+    text = '[TOOL_CALLS]read_file[CALL_ID]a1B2c3D4e[ARGS]{"path": "src/main.py"}'
+    got = _check_same(cfg("mistral"), text, range(len(text)))
+    assert got["calls"][0]["id"] == "a1B2c3D4e" and got["calls"][0]["entries"] > 5
+    assert _whole(cfg("mistral"), text)["calls"][0]["id"] == "a1B2c3D4e"

@@ -540,7 +540,8 @@ def test_a_long_call_is_decoded_once_however_many_pieces(parser, text, monkeypat
     for i in range(0, len(text), 4):
         calls += p.feed(text[i:i + 4])[1]
     calls += p.finish()[1]
-    assert [c.name for c in calls] == ["write_file"] and len(decodes) <= 2, len(decodes)
+    # (a v11 Mistral call streams its arguments: their rewrite is read once more, at the end)
+    assert [c.name for c in calls] == ["write_file"] and len(decodes) <= 3, len(decodes)
 
 
 def test_json_end_finds_where_a_value_ends_across_pieces():
