@@ -111,6 +111,7 @@ class BlockWriter:
         self.streaming = streaming
         self.blocks: list[dict] = []
         self._open_text = False
+        self._open_tool: int | None = None  # the tool_use block whose input is streaming
         self._held = ""  # whitespace that may only separate calls
 
     def feed(self, text: str, final: bool) -> list[tuple[str, dict]]:
@@ -131,30 +132,32 @@ class BlockWriter:
                 events += self._close()
                 self.blocks.append({"type": "tool_use", "id": item.id, "name": item.name,
                                     "input": {}})
+                self._open_tool = len(self.blocks) - 1
                 events.append(("content_block_start", {
-                    "type": "content_block_start", "index": len(self.blocks) - 1,
+                    "type": "content_block_start", "index": self._open_tool,
                     "content_block": {"type": "tool_use", "id": item.id, "name": item.name,
                                       "input": {}}}))
                 if isinstance(item, ToolCall):  # whole: its input in one piece, and done
-                    events += self._input(item.arguments_text) + self._end_call(item)
+                    self.blocks[-1]["input"] = item.arguments
+                    events += self._input(item.arguments_text) + self._close()
             elif isinstance(item, ArgsPiece):
                 events += self._input(item.text)
-            else:  # the streamed call's end: whole, or broken off (its input stays {})
-                events += self._end_call(item if isinstance(item, ToolCall) else None)
+            elif isinstance(item, ToolCall):  # a streamed call read whole: its block's input
+                # (a block of several calls, granite's, ends them all after the last began)
+                next(b for b in reversed(self.blocks) if b.get("id") == item.id)["input"] = \
+                    item.arguments
+                if self._open_tool is not None and self.blocks[self._open_tool]["id"] == item.id:
+                    events += self._close()
+            else:  # BrokenCall: the call begun ends with what was sent (its input stays {})
+                events += self._close()
         if final:
             events += self._close()
         return events
 
     def _input(self, piece: str) -> list[tuple[str, dict]]:
         return [("content_block_delta", {
-            "type": "content_block_delta", "index": len(self.blocks) - 1,
+            "type": "content_block_delta", "index": self._open_tool,
             "delta": {"type": "input_json_delta", "partial_json": piece}})]
-
-    def _end_call(self, call: ToolCall | None) -> list[tuple[str, dict]]:
-        if call is not None:
-            self.blocks[-1]["input"] = call.arguments
-        return [("content_block_stop", {"type": "content_block_stop",
-                                        "index": len(self.blocks) - 1})]
 
     def _text(self, piece: str) -> list[tuple[str, dict]]:
         if self.parser is not None and not self._open_text and not (self._held + piece).strip():
@@ -175,7 +178,11 @@ class BlockWriter:
         return events
 
     def _close(self) -> list[tuple[str, dict]]:
+        """The open block's stop: the text block's, or the tool_use block's."""
         self._held = ""
+        if self._open_tool is not None:
+            index, self._open_tool = self._open_tool, None
+            return [("content_block_stop", {"type": "content_block_stop", "index": index})]
         if not self._open_text:
             return []
         self._open_text = False

@@ -166,6 +166,46 @@ def split_items(items: list[Item]) -> tuple[str, list[ToolCall]]:
             [i for i in items if isinstance(i, ToolCall)])
 
 
+class ArgsStream:
+    """The streamed calls of one block (or reply): each call's start and its arguments' writer,
+    in order. `headless`: the next call's head was read and it does not stream (the block's
+    calls from there on come whole)."""
+
+    __slots__ = ("headless", "started")
+
+    def __init__(self) -> None:
+        self.started: list[tuple[CallStart, JsonArgsWriter]] = []
+        self.headless = False
+
+    def start(self, items: list[Item], call_id: str, name: str, offset: int) -> None:
+        """A call begins; its arguments object starts at `offset` of the buffer."""
+        call = CallStart(call_id, name)
+        self.started.append((call, JsonArgsWriter(offset)))
+        items.append(call)
+
+    @property
+    def writer(self) -> JsonArgsWriter | None:
+        """The last started call's writer (None before the first)."""
+        return self.started[-1][1] if self.started else None
+
+    def write(self, items: list[Item], buf: str, limit: int, final: bool) -> None:
+        if self.started:
+            items.append(ArgsPiece(self.started[-1][1].write(buf, limit, final)))
+
+    def end(self, calls: list[ToolCall] | None) -> list[ToolCall] | None:
+        """The block's calls now that it ended (`calls`: as the block reads whole): the started
+        ones as streamed (their arguments the rewrite), the rest as read; None when the block
+        does not read as calls that begin with the started ones, their objects closed."""
+        started, self.started, self.headless = self.started, [], False
+        if not started:
+            return calls
+        if calls is None or len(calls) < len(started) or any(
+                not w.done or c.name != s.name for (s, w), c in zip(started, calls)):
+            return None
+        return [ToolCall(s.id, s.name, json.loads(w.text), w.text, streamed=True)
+                for s, w in started] + calls[len(started):]
+
+
 class ToolCallParser:
     """The base: `_step(final)` reads `self._pending` and gives items in order; what it leaves
     in `_pending` waits for more text. `keeps_special_tokens`: the format's markers are special
@@ -280,11 +320,7 @@ class TaggedToolCallParser(ToolCallParser):
         self._found = 0
         self._searched = 0  # the open block's end marker is not before this (in _pending)
         self._json_end = JsonEnd()  # (for a block that a JSON value ends)
-        # the open block's streamed call: its start, the writer of its arguments; _headless:
-        # the block's head was read and it does not stream
-        self._open_call: CallStart | None = None
-        self._writer: JsonArgsWriter | None = None
-        self._headless = False
+        self._args = ArgsStream()  # the open block's streamed calls
 
     def _stream_head(self, body: str) -> tuple[str, int, str | None] | bool | None:
         return False
@@ -371,14 +407,13 @@ class TaggedToolCallParser(ToolCallParser):
         self._json_end.reset()
         used, calls = got
         text, self._pending = self._pending[:used], self._pending[used:]
-        streamed, self._open_call, self._headless = self._open_call, None, False
-        if streamed is not None:
-            calls = self._streamed_call(streamed, calls)
-            self._writer = None
+        if self._args.started:
+            calls = self._args.end(calls)
             if calls is None:
                 items.append(BrokenCall(self._held + text))
                 self._held = ""
                 return True
+        self._args.headless = False
         if calls:
             items.extend(calls)
             self._held = ""
@@ -393,33 +428,22 @@ class TaggedToolCallParser(ToolCallParser):
         """The open block's call start and argument pieces so far. Its text is read up to its
         end marker (found as _match_block finds it), or while open, up to a partial end marker,
         which may be the block's end."""
-        if self._headless:
+        args = self._args
+        if args.headless:
             return
         buf, end = self._pending, dict(self.blocks)[begin]
         limit = buf.find(end, max(len(begin), self._searched))
         ended = limit >= 0 or final
         if limit < 0:
             limit = len(buf) if final else max(len(begin), len(buf) - _partial_tag(buf, end))
-        if self._open_call is None:
+        if not args.started:
             head = self._stream_head(buf[len(begin):limit])
             if not head:
-                self._headless = head is False or ended
+                args.headless = head is False or ended
                 return
             name, offset, call_id = head
-            self._open_call = CallStart(call_id or new_call_id(self.id_prefix), name)
-            self._writer = JsonArgsWriter(len(begin) + offset)
-            items.append(self._open_call)
-        items.append(ArgsPiece(self._writer.write(buf, limit, final=ended)))
-
-    def _streamed_call(self, start: CallStart, calls: list[ToolCall] | None
-                       ) -> list[ToolCall] | None:
-        """The streamed call, now that its block ended: a call when the arguments object closed
-        and the block reads (as whole) as one call of the same tool; else None."""
-        w = self._writer
-        if not (w.done and calls and len(calls) == 1 and calls[0].name == start.name):
-            return None
-        text = w.text
-        return [ToolCall(start.id, start.name, json.loads(text), text, streamed=True)]
+            args.start(items, call_id or new_call_id(self.id_prefix), name, len(begin) + offset)
+        args.write(items, buf, limit, ended)
 
 
 _WS = re.compile(r"[ \t\n\r]*")  # JSON's whitespace
@@ -525,39 +549,33 @@ class JsonToolCallParser(WholeReplyToolCallParser):
 
     def __init__(self, cfg: ToolConfig, id_prefix: str = "call_") -> None:
         super().__init__(cfg, id_prefix)
-        self._open_call: CallStart | None = None
-        self._writer: JsonArgsWriter | None = None
-        self._headless = False
+        self._args = ArgsStream()
 
     def _looks_like_calls(self, head: str) -> bool | None:
         return head[0] in "{["
 
     def _progress(self, final: bool) -> list[Item]:
-        if self._headless or self._mode != "calls":
+        args = self._args
+        if args.headless or self._mode != "calls":
             return []
         items: list[Item] = []
         buf = self._pending
-        if self._open_call is None:
+        if not args.started:
             head = json_call_head(buf, self.names)
             if not head:
-                self._headless = head is False or final
+                args.headless = head is False or final
                 return []
             name, start, _ = head
-            self._open_call = CallStart(new_call_id(self.id_prefix), name)
-            self._writer = JsonArgsWriter(start)
-            items.append(self._open_call)
-        items.append(ArgsPiece(self._writer.write(buf, len(buf), final)))
+            args.start(items, new_call_id(self.id_prefix), name, start)
+        args.write(items, buf, len(buf), final)
         return items
 
     def _end(self, rest: str, calls: list[ToolCall] | None) -> list[Item]:
-        start, w = self._open_call, self._writer
-        if start is None:
+        if not self._args.started:
             return super()._end(rest, calls)
         # the streamed call stands if the reply reads (as whole) as that one call
-        if not (w.done and calls and len(calls) == 1 and calls[0].name == start.name):
-            return [BrokenCall(rest)]
-        text = w.text
-        return [ToolCall(start.id, start.name, json.loads(text), text, streamed=True)]
+        calls = self._args.end(calls)
+        return [BrokenCall(rest)] if calls is None or len(calls) != 1 else calls
 
     def _parse(self, text: str) -> list[ToolCall] | None:
         try:
@@ -595,11 +613,7 @@ class MistralToolCallParser(ToolCallParser):
         super().__init__(cfg, id_prefix)
         self._after = ""  # text after the first [TOOL_CALLS] not yet parsed
         self._json_end = JsonEnd()
-        # the v11 call being streamed (its start and arguments' writer, offsets in _after);
-        # _headless: its head was read and it does not stream
-        self._open_call: CallStart | None = None
-        self._writer: JsonArgsWriter | None = None
-        self._headless = False
+        self._args = ArgsStream()  # the v11 call being streamed (offsets in _after)
 
     def _step(self, final: bool) -> list[Item]:
         if self._inside:
@@ -640,14 +654,14 @@ class MistralToolCallParser(ToolCallParser):
             got = self._calls_v3(body) if v3 else self._call_v11(body)
             if got is None:  # incomplete: wait for more text (or give it back at the end)
                 if final:
-                    items.append(s if self._open_call is None else BrokenCall(s))
+                    items.append(BrokenCall(s) if self._args.started else s)
                     self._after = ""
                     self._end_block()
                 break
             used, found = got
             text = s[:len(MISTRAL_CALLS) + used]
-            if self._open_call is not None:
-                found = self._streamed_call(found)
+            if self._args.started:
+                found = self._args.end(found)
                 items.append(BrokenCall(text) if found is None else found[0])
             elif found is None:  # not a call of a known tool: as the model wrote it
                 items.append(text)
@@ -662,24 +676,22 @@ class MistralToolCallParser(ToolCallParser):
 
     def _end_block(self) -> None:
         self._json_end.reset()
-        self._open_call = self._writer = None
-        self._headless = False
+        self._args.end(None)
 
     def _stream_v11(self, items: list[Item], s: str, final: bool) -> None:
         """The start and argument pieces of the v11 call at the start of `s` so far."""
-        if self._headless:
+        args = self._args
+        if args.headless:
             return
-        if self._open_call is None:
+        if not args.started:
             head = self._v11_head(s)
             if not head:
-                self._headless = head is False or final
+                args.headless = head is False or final
                 return
             name, start, call_id = head
             ok = call_id is not None and _MISTRAL_ID.match(call_id)
-            self._open_call = CallStart(call_id if ok else mistral_call_id(), name)
-            self._writer = JsonArgsWriter(start)
-            items.append(self._open_call)
-        items.append(ArgsPiece(self._writer.write(s, len(s), final)))
+            args.start(items, call_id if ok else mistral_call_id(), name, start)
+        args.write(items, s, len(s), final)
 
     def _v11_head(self, s: str) -> tuple[str, int, str | None] | bool | None:
         """`[TOOL_CALLS]NAME([CALL_ID]ID)?([ARGS])? {` as _call_v11 reads it: (NAME, where its
@@ -709,13 +721,6 @@ class MistralToolCallParser(ToolCallParser):
         if s[pos] != "{" or m.group(1) not in self.names:
             return False
         return m.group(1), pos, call_id
-
-    def _streamed_call(self, found: list[ToolCall] | None) -> list[ToolCall] | None:
-        start, w = self._open_call, self._writer
-        if not (w.done and found and len(found) == 1 and found[0].name == start.name):
-            return None
-        text = w.text
-        return [ToolCall(start.id, start.name, json.loads(text), text, streamed=True)]
 
     def _calls_v3(self, body: str) -> tuple[int, list[ToolCall] | None] | None:
         start = _SPACE.match(body).end()

@@ -29,9 +29,8 @@ array of {"name", "arguments"}; the array's end ends the block.
 Their markers are special tokens: requests parsed with these parsers are detokenized with
 special tokens kept (`keeps_special_tokens`).
 
-`deepseek_v3`, `kimi_k2` and `internlm` stream a call's arguments in pieces (`_stream_head` finds
-where the JSON object starts; gateway/tool_call_parsers.py does the rest); `granite`'s array of
-calls comes whole.
+All four stream a call's arguments in pieces: `_stream_head` finds where a block's JSON object
+starts (gateway/tool_call_parsers.py does the rest); granite's array is read element by element.
 """
 from __future__ import annotations
 
@@ -41,9 +40,12 @@ import re
 from gateway.tool_call_parsers import (
     _JSON,
     _SPACE,
+    Item,
     TaggedToolCallParser,
     ToolCall,
+    head_tokens,
     json_call_head,
+    new_call_id,
 )
 
 DS_CALLS_BEGIN, DS_CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
@@ -188,6 +190,33 @@ class InternLMToolCallParser(TaggedToolCallParser):
 class GraniteToolCallParser(TaggedToolCallParser):
     keeps_special_tokens = True
     blocks = tuple((tag, None) for tag in GRANITE_TAGS)
+    streams_arguments = True
+
+    def _stream_block(self, items: list[Item], begin: str, final: bool) -> None:
+        # the array's elements in turn: each {"name": ..., "arguments": {...}} streams once its
+        # head reads; after its object, the element's "}" and a "," lead to the next, "]" ends
+        # the array. The first element that does not read so, and all after it, come whole.
+        args, buf = self._args, self._pending
+        while not args.headless:
+            w = args.writer
+            if w is None:
+                start = head_tokens(buf, len(begin), "[")
+            else:
+                args.write(items, buf, len(buf), final)
+                if not w.done:
+                    return
+                start = head_tokens(buf, w.end, "}", (",", "]"))
+                if start and buf[start - 1] == "]":
+                    start = False
+            if start:
+                head = json_call_head(buf[start:], self.names)
+                if head:
+                    name, offset, _ = head
+                    args.start(items, new_call_id(self.id_prefix), name, start + offset)
+                    continue
+                start = head
+            args.headless = start is False or final
+            return
 
     def _match_block(self, buf: str, begin: str, final: bool
                      ) -> tuple[int, list[ToolCall] | None] | None:

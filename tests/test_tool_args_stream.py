@@ -42,7 +42,7 @@ from gateway.app import create_app
 from gateway.tool_parser import PARSERS, StreamShaper, shape_choice
 from gateway.tools import parse_tools, with_parser
 
-STREAMING = {"hermes", "internlm", "deepseek_v3", "kimi_k2", "json", "mistral"}
+STREAMING = {"hermes", "internlm", "deepseek_v3", "kimi_k2", "granite", "json", "mistral"}
 NAMES = [t["function"]["name"] for t in TOOLS]
 HYPOTHESIS = settings(max_examples=150, deadline=None,
                       suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -371,3 +371,69 @@ def test_mistral_streams_the_models_own_call_id():
     got = _check_same(cfg("mistral"), text, range(len(text)))
     assert got["calls"][0]["id"] == "a1B2c3D4e" and got["calls"][0]["entries"] > 5
     assert _whole(cfg("mistral"), text)["calls"][0]["id"] == "a1B2c3D4e"
+
+
+# --- /v1/messages: the events a client replays, block by block --------------------------------
+def _replay(events) -> list[dict]:
+    """Content blocks as Anthropic's SDK builds them from the events (each block started,
+    given its deltas and stopped before the next starts)."""
+    blocks, open_ = [], None
+    for name, data in events:
+        if name == "content_block_start":
+            assert open_ is None and data["index"] == len(blocks)
+            open_ = data["index"]
+            blocks.append({**data["content_block"], "json": "", "deltas": 0})
+        elif name == "content_block_delta":
+            assert data["index"] == open_
+            d, b = data["delta"], blocks[open_]
+            b["deltas"] += 1
+            if d["type"] == "text_delta":
+                b["text"] += d["text"]
+            else:
+                b["json"] += d["partial_json"]
+        else:
+            assert name == "content_block_stop" and data["index"] == open_
+            open_ = None
+    assert open_ is None
+    return blocks
+
+
+@pytest.mark.parametrize("parser,text", [
+    ("granite", ('Both.<|tool_call|>[{"name": "read_file", "arguments": {"path": "a.py"}}, '
+     '{"name": "write_file", "arguments": {"path": "b.py", "content": "x = 1\\n"}}]')),
+    ("hermes", ('<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n</tool_call>'
+     '\nand\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')),
+    ("kimi_k2", "Look." + KS_B + f'{K_CB}functions.read_file:0{K_ARG}{{"path": "a"}}{K_CE}'
+     + KS_E + "Done."),
+    ("qwen3_coder", ("<tool_call>\n<function=read_file>\n<parameter=path>\na.py\n</parameter>\n"
+     "</function>\n</tool_call>")),
+])
+def test_messages_stream_blocks_in_order_and_as_whole(parser, text):
+    from gateway.anthropic import BlockWriter
+    w = BlockWriter(cfg(parser), streaming=True)
+    events = []
+    for k, ch in enumerate(text):
+        events += w.feed(ch, k == len(text) - 1)
+    got = _replay(events)
+    whole = BlockWriter(cfg(parser))
+    whole.feed(text, True)
+    assert [b["type"] for b in got] == [b["type"] for b in whole.blocks]
+    for g, b in zip(got, whole.blocks):
+        if b["type"] == "text":
+            assert g["text"] == b["text"]
+        else:
+            assert g["name"] == b["name"] and json.loads(g["json"]) == b["input"]
+            assert g["deltas"] > 1 if parser in STREAMING else g["deltas"] == 1
+    assert w.num_calls == whole.num_calls > 0
+
+
+def test_messages_stream_a_cut_call_ends_its_block_with_a_json_prefix():
+    from gateway.anthropic import BlockWriter
+    text = '<tool_call>\n{"name": "write_file", "arguments": {"path": "a.py", "content": "pri'
+    w = BlockWriter(cfg("hermes"), streaming=True)
+    events = [e for ch in text for e in w.feed(ch, False)] + w.feed("", True)
+    (block,) = _replay(events)
+    assert block["type"] == "tool_use" and block["json"] == '{"path": "a.py", "content": "pri'
+    whole = BlockWriter(cfg("hermes"))
+    whole.feed(text, True)
+    assert whole.blocks == [{"type": "text", "text": text}]
