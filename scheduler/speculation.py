@@ -467,40 +467,56 @@ class SessionStore:
     """Earlier outputs per session key (the hash of a prompt's first tokens), with one n-gram
     index each; bounded (least recently used sessions and the earliest tokens go first).
 
-    A session over `max_tokens` is cut back to its latest `keep_share` x max_tokens tokens, not
-    to max_tokens: an index cannot drop its earliest tokens in place, so a cut rebuilds it, and
-    cutting to the cap itself rebuilt a 65K-token index at every finish of a long session (34 ms
-    of the serving loop each, on a 2-core Xeon, against 0.26 ms below the cap). Cut to 3/4, the
-    rebuild comes once per max_tokens / 4 new tokens (~50 finishes of 317-token answers)."""
+    An index cannot drop its earliest tokens in place, and re-indexing a session's latest tokens
+    when it reaches `max_tokens` held the serving loop: cutting to the cap rebuilt a 65K-token
+    index at every finish of a long session (34 ms each on a 2-core Xeon, against 0.26 ms below
+    the cap). So once a session holds half its cap, a second index (the shadow) starts taking
+    its new tokens too; when the next output would pass the cap, the shadow (>= max_tokens / 2
+    of the latest tokens) replaces the index and a new shadow starts. Each token is indexed at
+    most twice, no record rebuilds anything, and lookups always see the latest half cap at
+    least, the whole cap at most."""
 
     def __init__(self, n_min: int = 2, n_max: int = 4, max_sessions: int = 256,
-                 max_tokens: int = 1 << 16, keep_share: float = 0.75) -> None:
+                 max_tokens: int = 1 << 16) -> None:
         self.n_min, self.n_max = n_min, n_max
         self.max_sessions, self.max_tokens = max_sessions, max_tokens
-        self.keep_tokens = max(1, int(max_tokens * keep_share))  # what a cut keeps
         self._sessions: OrderedDict[int, NgramIndex] = OrderedDict()
+        self._shadows: dict[int, NgramIndex] = {}
 
     def __len__(self) -> int:
         return len(self._sessions)
 
     def clear(self) -> None:
         self._sessions.clear()
+        self._shadows.clear()
 
     def record(self, key: int | None, output: Sequence[int]) -> None:
         """A finished output of session `key` becomes lookup material for its next requests."""
         if key is None or not len(output):
             return
+        output = [int(t) for t in output[-self.max_tokens:]]
         index = self._sessions.pop(key, None)
         if index is None:
             index = NgramIndex(self.n_min, self.n_max)
-        if len(index.tokens) + len(output) > self.max_tokens:  # keep the latest tokens
-            both = index.tokens + [int(t) for t in output]
-            index = NgramIndex(self.n_min, self.n_max, both[len(both) - self.keep_tokens:])
-        else:
-            index.extend(output)
+        shadow = self._shadows.pop(key, None)
+        if len(index.tokens) + len(output) > self.max_tokens:
+            # the shadow holds the latest tokens since the index passed half its cap
+            index = shadow if shadow is not None else NgramIndex(self.n_min, self.n_max)
+            shadow = None
+            if len(index.tokens) + len(output) > self.max_tokens:  # one output over half the cap
+                index = NgramIndex(self.n_min, self.n_max)
+        index.extend(output)
+        if shadow is not None:
+            shadow.extend(output)
+        elif len(index.tokens) >= self.max_tokens // 2:
+            # starts now, empty: from here the new tokens go to both
+            shadow = NgramIndex(self.n_min, self.n_max)
         self._sessions[key] = index
+        if shadow is not None:
+            self._shadows[key] = shadow
         while len(self._sessions) > self.max_sessions:
-            self._sessions.popitem(last=False)
+            old, _ = self._sessions.popitem(last=False)
+            self._shadows.pop(old, None)
 
     def get(self, key: int | None) -> NgramIndex | None:
         if key is None:
