@@ -56,7 +56,8 @@ burst's should not be charged to the starts that follow it. Admission refuses a 
 plus the `calibration_quantile` of those errors meets the deadline (a request admitted at a
 prediction just under its deadline missed it whenever the prediction was low: 14.5% of the
 accepted missed by > 10% on the CPU), and the Retry-After is the prediction plus their median
-(the point estimate of the wait). Additive, not a ratio: the errors come from discrete events
+(the point estimate of the wait; the gap model's only: the slot model's Retry-After is its
+prediction, `AdmissionConfig.retry_after_calibrated`). Additive, not a ratio: the errors come from discrete events
 (the step in progress, when a running sequence frees a slot) whose size does not scale with
 the prediction; as ratios, a 20 ms prediction that waited 100 ms for a slot made every later
 prediction five times longer (4 echo backends at 1.5x capacity: 62% of normal requests
@@ -125,6 +126,28 @@ class AdmissionConfig:
     max_arrivals_sim: int = 32    # higher classes' expected arrivals simulated; past that, the pace
     max_wait_s: float = 60.0      # the longest wait predicted
     arrival_horizon_s: float = 5.0  # higher classes' arrivals expected over this long at most
+    # the time constant of the higher classes' arrival rate the slot model projects (None:
+    # rate_window_s). A refusal follows a burst, so the last 2 s's rate is the burst's; with
+    # Poisson arrivals the rate to expect next is the long-run one (issue 31, fourth session)
+    arrival_window_s: float | None = None
+    # Retry-After = the prediction + the median of its pool's errors (True) or the prediction
+    # alone (False); None: calibrated for the gap model's predictions, not for the slot
+    # model's. The errors are the admitted requests': those predicted short, which a noisy
+    # prediction under-states (a Slow request predicted to wait 0.2-1 s, admitted, then passed
+    # by Fast and Normal arrivals: median error +1.28 s); a refusal was predicted long, which
+    # it over-states. 4 x 8 slots at 1.5x, 20 forked futures per Slow refusal
+    # (sims.retry_after_bound): within +-25% in 17.9% of the worlds calibrated, 35.3% not, the
+    # ceiling 50.9%; Retry-After over the median wait 1.63 and 1.13 (issue 31, fourth session)
+    retry_after_calibrated: bool | None = None
+    # a slot-model calibration pool short of samples takes the errors of: "class", its class's
+    # three pools together (the third session's rule); "shorter", its class's pools of the
+    # same or a shorter predicted wait, then every class's such pools. With "class" a Slow
+    # request with a free slot took the margin of Slow requests that had waited for slots
+    # (their 0.9 quantile 3.96 s) and was refused: 27 of 74 Slow refusals in the simulator,
+    # most of which would have started within 0.1 s. Simulated, 4 x 8 slots at 1.5x, seeds
+    # 0-4: Slow met 30.2 -> 40.1% of sent, admitted missing by > 10% 3.5 -> 3.4% (all
+    # classes; issue 31, fourth session)
+    slot_fallback: str = "shorter"
 
     def __post_init__(self) -> None:
         for name in ("gap_weight", "service_weight"):
@@ -135,6 +158,10 @@ class AdmissionConfig:
             raise ValueError(f"min_samples must be >= 1, got {self.min_samples}")
         if not self.rate_window_s > 0:
             raise ValueError(f"rate_window_s must be > 0, got {self.rate_window_s}")
+        if self.arrival_window_s is not None and not self.arrival_window_s > 0:
+            raise ValueError(f"arrival_window_s must be > 0, got {self.arrival_window_s}")
+        if self.slot_fallback not in ("class", "shorter"):
+            raise ValueError(f"slot_fallback must be 'class' or 'shorter', got {self.slot_fallback!r}")
         if not 0.5 <= self.calibration_quantile <= 1.0 or self.calibration_window < 1:
             raise ValueError("calibration_quantile must be in [0.5, 1], calibration_window >= 1")
 
@@ -183,6 +210,7 @@ class _Backend:
         "arr_mt",
         "arr_rate",
         "arr_t",
+        "arr_t0",
         "class_d",
         "class_service",
         "class_u",
@@ -232,6 +260,7 @@ class _Backend:
         self.arr_rate = [0.0] * NUM_CLASSES
         self.arr_mt = [0.0] * NUM_CLASSES
         self.arr_t = 0.0
+        self.arr_t0: float | None = None  # the first request sent here (the count's start)
         self.step = 0.0
         self.num_steps = 0
         self.slots = 0
@@ -277,7 +306,10 @@ class WaitPredictor:
             w = self._slot_wait(be, cls, 0, now)
             mt = max(1, max_tokens)
             be.queued[key] = (cls, mt, now, -1.0 if w is None else w)
-            decay = math.exp(-max(0.0, now - be.arr_t) / self.config.rate_window_s)
+            if be.arr_t0 is None:
+                be.arr_t0 = now
+            cfg = self.config
+            decay = math.exp(-max(0.0, now - be.arr_t) / (cfg.arrival_window_s or cfg.rate_window_s))
             be.arr_t = now
             rates = be.arr_rate
             for k in range(NUM_CLASSES):
@@ -371,7 +403,12 @@ class WaitPredictor:
         """A slot-model pool and its class's others: a pool short of samples takes the
         quantiles of its class's slot-model errors together (a Slow request admitted at 1.5x
         capacity is rare, so its long-wait pool seldom had 20 errors in 10 s, and Slow was
-        admitted with no margin: 20-30 of 50-85 admitted missed in the simulator)."""
+        admitted with no margin: 20-30 of 50-85 admitted missed in the simulator).
+        `slot_fallback="shorter"`: of its class's pools of the same or a shorter predicted
+        wait only, then of every class's (module doc, `AdmissionConfig.slot_fallback`)."""
+        if self.config.slot_fallback == "shorter":
+            self._slot_quantiles_shorter()
+            return
         q, min_n = self.config.calibration_quantile, self.config.calibration_min_samples
         first = SLOT_POOLS + (k - SLOT_POOLS) // AHEAD_BUCKETS * AHEAD_BUCKETS
         pools = range(first, first + AHEAD_BUCKETS)
@@ -388,6 +425,29 @@ class WaitPredictor:
                 self.error_mid[j] = merged[n_all // 2]
             else:
                 self.error_high[j] = self.error_mid[j] = 0.0
+
+    def _slot_quantiles_shorter(self) -> None:
+        """Every slot-model pool: its own errors; short of samples, its class's pools of the
+        same or a shorter predicted wait together; still short, every class's such pools."""
+        q, min_n = self.config.calibration_quantile, self.config.calibration_min_samples
+        errs = [[err for _, err in self.errors[SLOT_POOLS + j]]
+                for j in range(NUM_CLASSES * AHEAD_BUCKETS)]
+        for c in range(NUM_CLASSES):
+            for bucket in range(AHEAD_BUCKETS):
+                j = c * AHEAD_BUCKETS + bucket
+                e = errs[j]
+                if len(e) < min_n:
+                    e = [x for b in range(bucket + 1) for x in errs[c * AHEAD_BUCKETS + b]]
+                if len(e) < min_n:
+                    e = [x for cc in range(NUM_CLASSES) for b in range(bucket + 1)
+                         for x in errs[cc * AHEAD_BUCKETS + b]]
+                k = SLOT_POOLS + j
+                if len(e) >= min_n:
+                    e = sorted(e)
+                    self.error_high[k] = e[min(len(e) - 1, int(q * len(e)))]
+                    self.error_mid[k] = e[len(e) // 2]
+                else:
+                    self.error_high[k] = self.error_mid[k] = 0.0
 
     def expire(self, now: float) -> None:
         """Drop calibration errors older than the horizon (module doc)."""
@@ -412,7 +472,15 @@ class WaitPredictor:
     def calibrated(self, cls: int, predicted_s: float, b: int = -1) -> float:
         """The point estimate of a class-`cls` wait predicted at `predicted_s` on `b`
         (Retry-After)."""
-        return max(0.0, predicted_s + self.error_mid[self.pool_at(cls, b)])
+        return max(0.0, predicted_s + self.retry_after_error(self.pool_at(cls, b)))
+
+    def retry_after_error(self, k: int) -> float:
+        """What a Retry-After adds to a prediction of calibration pool `k` (module doc;
+        `AdmissionConfig.retry_after_calibrated`)."""
+        on = self.config.retry_after_calibrated
+        if on is None:
+            on = k < SLOT_POOLS
+        return self.error_mid[k] if on else 0.0
 
     def gone(self, b: int, cls: int, key=None) -> None:
         """A request sent to `b` left before its first token (error, abort, refusal)."""
@@ -466,6 +534,21 @@ class WaitPredictor:
                 out.append(t)
         return out
 
+    def higher_rate(self, be: _Backend, cls: int, now: float) -> tuple[float, float]:
+        """(requests/s of the classes above `cls` recently sent to `be`, their mean
+        max_tokens): what the slot model expects to take slots ahead of a waiting request."""
+        window = self.config.arrival_window_s or self.config.rate_window_s
+        decay = math.exp(-max(0.0, now - be.arr_t) / window)
+        # a longer window: the decayed count over the time it has been counting (a window
+        # longer than the backend's life would read a rate too low)
+        seen = now - be.arr_t0 if be.arr_t0 is not None else 0.0
+        span = (window * -math.expm1(-seen / window)
+                if self.config.arrival_window_s and seen > 0.0 else window)
+        rate_h = sum(be.arr_rate[:cls]) * decay / span
+        mt_h = (sum(r * m for r, m in zip(be.arr_rate[:cls], be.arr_mt[:cls]))
+                / sum(be.arr_rate[:cls])) if rate_h > 0.0 else 0.0
+        return rate_h, mt_h
+
     def _slot_wait(self, be: _Backend, cls: int, extra_ahead: int, now: float) -> float | None:
         """How long a class-`cls` request sent to `be` now waits for a slot (None: the model
         has no step time or concurrency yet)."""
@@ -507,11 +590,7 @@ class WaitPredictor:
             mean_mt = sum(ahead) / len(ahead)
         else:
             mean_mt = sum(mt for _, mt in be.running.values()) / len(be.running) if be.running else 1.0
-        window = self.config.rate_window_s
-        decay = math.exp(-max(0.0, now - be.arr_t) / window)
-        rate_h = sum(be.arr_rate[:cls]) * decay / window
-        mt_h = (sum(r * m for r, m in zip(be.arr_rate[:cls], be.arr_mt[:cls]))
-                / sum(be.arr_rate[:cls])) if rate_h > 0.0 else 0.0
+        rate_h, mt_h = self.higher_rate(be, cls, now)
         # (projected over arrival_horizon_s at most: past that, a rate measured over the last
         # rate_window_s says nothing)
         cfg = self.config
@@ -655,6 +734,6 @@ class AdmissionControl:
         self.last_predicted_s, self.last_margin_s = ttft, pred.error_high[k]
         if ttft + pred.error_high[k] > deadline:
             self.num_refused[cls] += 1
-            return Refusal(cls, max(0.0, ttft + pred.error_mid[k]), deadline)
+            return Refusal(cls, max(0.0, ttft + pred.retry_after_error(k)), deadline)
         self.num_admitted[cls] += 1
         return None

@@ -42,6 +42,10 @@ SEED=${SEED:-2}                    # the control run's schedule; the planner sim
 PROBE_EVERY=${PROBE_EVERY:-3}     # every 3rd refusal re-sent admitted: the wait it would have had
 ECHO_STEP_MS=${ECHO_STEP_MS:-}
 MAX_NUM_SEQS=${MAX_NUM_SEQS:-}
+# the batching window's flags for both gateways, the planner and the replay (issue 31's fidelity
+# goal wants windows of >= 8), e.g. WINDOW="--max-batch-size 8 --min-latency-ms 400
+# --target-throughput 1 --no-idle-flush"; empty: the defaults
+read -r -a WINFLAGS <<< "${WINDOW:-}"
 source "$(dirname "$0")/gpu_common.sh"  # pyzmq/aiohttp missing on the machine: carry .whl
 
 LOADFMT=(--load-format dummy)
@@ -58,7 +62,7 @@ for k in $(seq 1 "$BACKENDS"); do
   pids+=($!)
   BACKS+=(--backend "$SOCK")
 done
-GWFLAGS=("${BACKS[@]}" --placement "$PLACEMENT" --startup-timeout 600)
+GWFLAGS=("${BACKS[@]}" --placement "$PLACEMENT" --startup-timeout 600 "${WINFLAGS[@]}")
 # echo backends: slot-bound, Fast first: admission's slot model describes them (both gateways:
 # placement by predicted TTFT reads the same predictor)
 [ "$MODEL" = echo ] && GWFLAGS+=(--slot-model)
@@ -96,7 +100,7 @@ elif [ -n "$PROFILE" ]; then COST=(--profile "$PROFILE")
 elif [ "$DEVICE" != cpu ]; then COST=(--model "$MODEL" --gpu h200); fi
 # the same seed as the control run's schedule: the same arrivals (at 1.5x the Slow class's
 # attainment depends on them: 19-78% over seeds 0-2 in the simulator, same rate)
-SIMFLAGS=(--placement "$PLACEMENT" --seed "$SEED")
+SIMFLAGS=(--placement "$PLACEMENT" --seed "$SEED" "${WINFLAGS[@]}")
 [ -n "$MAX_NUM_SEQS" ] && SIMFLAGS+=(--max-num-seqs "$MAX_NUM_SEQS")
 # echo backends admit their waiting requests Fast first (our engine: FCFS); the simulator too
 [ "$MODEL" = echo ] && SIMFLAGS+=(--waiting-by-class --slot-model)
@@ -116,7 +120,7 @@ timeout 300 $PY -m bench.serving.slo_control --url http://127.0.0.1:18501 --cont
 curl -s localhost:18501/metrics | grep -E "^tidegate_(slo|admission|window|refused)" > "$OUT/metrics_a.txt"
 
 # 5. decision fidelity of A's windows and admission decisions
-FFLAGS=(--backends "$BACKENDS" --placement "$PLACEMENT")
+FFLAGS=(--backends "$BACKENDS" --placement "$PLACEMENT" "${WINFLAGS[@]}")
 [ -n "$MAX_NUM_SEQS" ] && FFLAGS+=(--max-num-seqs "$MAX_NUM_SEQS")
 [ "$MODEL" = echo ] && FFLAGS+=(--waiting-by-class --slot-model)
 $PY -m bench.simulator.decision_fidelity "$OUT/decisions_a.jsonl" --slo-ttft-ms "$SLO" "${COST[@]}" \

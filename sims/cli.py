@@ -7,6 +7,7 @@
     tidegate sim search --rate 300 --slo-ttft-ms 300 --slo-tpot-ms 40 --backends-grid 2,4,8
     tidegate sim plan --model deepseek-coder-33b --gpu h200 --gpus 1-8
     tidegate sim slo --trace trace.jsonl --slo-ttft-ms fast=200,normal=1000,slow=4000
+    tidegate sim retry-bound --step-ms 20 --backends 4 --slot-model --slo-ttft-ms ... --forks 20
     tidegate sim agent --profile P.json --backends 4 --sessions 64 --loads 0.5,0.9
     tidegate sim window --profile P.json --workloads 40:32:16,80:32:16 --message-cost-us 350,250
     tidegate sim validate --profile out/validate_profile.json --seeds 0,1,2 --json validate.json
@@ -277,13 +278,19 @@ def cmd_slo(argv: list[str]) -> int:
     return slo_main(argv)
 
 
+def cmd_retry_bound(argv: list[str]) -> int:
+    from sims.retry_after_bound import main as bound_main
+    return bound_main(argv)
+
+
 def cmd_agent(argv: list[str]) -> int:
     from sims.agent_sim import main as agent_main
     return agent_main(argv)
 
 
 COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "fit": cmd_fit, "search": cmd_search, "plan": cmd_plan,
-            "window": cmd_window, "slo": cmd_slo, "agent": cmd_agent}
+            "window": cmd_window, "slo": cmd_slo, "agent": cmd_agent,
+            "retry-bound": cmd_retry_bound}
 # `tidegate sim validate` (the simulator against the live service) is bench.simulator.validate: it needs
 # the gateway, which sims/ may not import; the `tidegate` command routes it there.
 

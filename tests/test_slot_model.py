@@ -164,3 +164,56 @@ def test_slot_model_errors_are_calibrated_apart_from_the_gap_models():
     assert k >= SLOT_POOLS and k == slot_pool(NORMAL, wait, be.step)
     assert [e for _, e in p.errors[k]] == [pytest.approx(0.004)]
     assert len(p.errors[pool(NORMAL, 1)]) == 0
+
+
+# ---- issue 31, fourth session: the slot model's Retry-After and its pools' fallback ---------
+def _pools(fallback: str) -> tuple[WaitPredictor, int, int, int]:
+    """Slow's long-wait pool full of large errors (Slow requests admitted, then passed by Fast
+    and Normal arrivals), Fast's free-slot pool full of small ones, Slow's other pools empty."""
+    from scheduler.admission import slot_pool
+    p = WaitPredictor(AdmissionConfig(slot_model=True, slot_fallback=fallback))
+    long_ = slot_pool(SLOW, 1.0, STEP)
+    for j in range(24):
+        p._calibrate(long_, 2.0 + 0.01 * j, 1.0)
+    for j in range(32):
+        p._calibrate(slot_pool(FAST, 0.0, STEP), 0.005, 1.0)
+    return p, slot_pool(SLOW, 0.0, STEP), slot_pool(SLOW, 0.1, STEP), long_
+
+
+def test_a_short_pool_borrows_only_shorter_waits():
+    """A Slow request with a free slot is not charged the margin of Slow requests that waited
+    for slots ("shorter"); the third session's rule ("class") charged it (2 s and more)."""
+    p, free, short, long_ = _pools("shorter")
+    assert p.error_high[free] == p.error_high[short] == pytest.approx(0.005)
+    assert p.error_high[long_] > 2.0 and p.error_mid[long_] > 2.0
+    p, free, short, long_ = _pools("class")
+    assert p.error_high[free] > 2.0 and p.error_high[short] > 2.0
+
+
+def test_retry_after_of_the_slot_model_is_its_prediction():
+    from scheduler.admission import SLOT_POOLS
+    p = WaitPredictor(AdmissionConfig(slot_model=True))
+    p.error_mid[SLOT_POOLS + 7] = p.error_mid[4] = 1.5
+    assert p.retry_after_error(SLOT_POOLS + 7) == 0.0   # the slot model's: the prediction
+    assert p.retry_after_error(4) == 1.5                # the gap model's: calibrated
+    p.config = AdmissionConfig(slot_model=True, retry_after_calibrated=True)
+    assert p.retry_after_error(SLOT_POOLS + 7) == 1.5
+    p.config = AdmissionConfig(slot_model=True, retry_after_calibrated=False)
+    assert p.retry_after_error(4) == 0.0
+    with pytest.raises(ValueError):
+        AdmissionConfig(slot_fallback="all")
+
+
+@pytest.mark.parametrize("window, expect", [(None, 10.0 * (1 - np.exp(-1.5))), (20.0, 10.0)])
+def test_higher_rate_over_a_long_window_is_the_arrival_rate(window, expect):
+    """Fast requests sent at 10/s for 3 s: the 2 s decayed count reads 7.8/s (it has not filled
+    yet); `arrival_window_s` reads the decayed count over the time it has counted: 10/s."""
+    clock = ManualClock(0.0)
+    p = WaitPredictor(AdmissionConfig(slot_model=True, arrival_window_s=window))
+    p.clock = clock.now
+    p.add_backend(0)
+    for j in range(31):
+        clock.set(j * 0.1)
+        p.dispatched(0, FAST, ("f", j), 4)
+    rate, mt = p.higher_rate(p.backends[0], SLOW, clock.now())
+    assert rate == pytest.approx(expect, rel=0.06) and mt == pytest.approx(4.0)
