@@ -19,12 +19,15 @@ what the model wrote rather than a call that does not exist.
 Arguments stream in pieces (`feed_items` gives a call's start, then its arguments as they are
 written; `StreamShaper` and gateway/anthropic.py send them) for the parsers whose format has the
 model write the arguments as a JSON object: `hermes` (and so every forced tool_choice, whose
-grammar writes the generic format), `internlm`, `deepseek_v3`, `kimi_k2` and `json` (a single
-call object). The others give each call whole when it is complete: `mistral`, `granite` (calls in
-one JSON array, the id after the arguments in Mistral's), and the formats whose arguments are
-rebuilt from text that is not JSON: `qwen3_coder`, `glm45`, `deepseek_v32` (a value is read by
-its schema type only once it is whole), `pythonic` (a Python expression) and `openai` (harmony:
-its recipient and format come in the header, the call whole at its end).
+grammar writes the generic format), `internlm`, `deepseek_v3`, `kimi_k2`, `granite` (each call of
+its array), `json` (a reply of one call object; an array comes whole), `mistral` (v11 / v13
+`name[ARGS]{...}`; the v2-v7 array, whose id follows the arguments, comes whole) and `openai`
+(harmony: a message whose header names a listed function). A call streams once its head is read
+in the order the format writes it (the name before the arguments); a call written otherwise
+comes whole. The formats whose arguments are rebuilt from text that is not JSON give each call
+whole when it is complete: `qwen3_coder`, `glm45`, `deepseek_v32` (a value is read by its schema
+type only once it is whole: a string "3" and a number 3 differ) and `pythonic` (a Python
+expression).
 """
 from __future__ import annotations
 

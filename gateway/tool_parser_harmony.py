@@ -17,12 +17,23 @@ any other recipient, or one whose arguments are no JSON object of a listed tool,
 text. `<|call|>` and `<|return|>` are stop tokens, so the text may end without them. A reply that
 does not start with a header is plain content. The markers are special tokens
 (`keeps_special_tokens`).
+
+A call's arguments stream in pieces once its header names a listed tool and its JSON object has
+begun (the message's text up to an end marker is the block, as for the tagged formats).
 """
 from __future__ import annotations
 
 import re
 
-from gateway.tool_call_parsers import Item, ToolCallParser, _partial_tag
+from gateway.tool_call_parsers import (
+    _SPACE,
+    ArgsStream,
+    BrokenCall,
+    Item,
+    ToolCallParser,
+    _partial_tag,
+    new_call_id,
+)
 
 START, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
 ENDS = ("<|end|>", "<|call|>", "<|return|>")
@@ -33,6 +44,7 @@ VISIBLE = ("final", "commentary")
 
 class HarmonyToolCallParser(ToolCallParser):
     keeps_special_tokens = True
+    streams_arguments = True
 
     def __init__(self, cfg, id_prefix: str = "call_") -> None:
         super().__init__(cfg, id_prefix)
@@ -40,6 +52,7 @@ class HarmonyToolCallParser(ToolCallParser):
         self._searched = 0  # no end marker in the held body before this
         self._channel = ""
         self._recipient: str | None = None
+        self._args = ArgsStream()  # the message's call, when its arguments stream
 
     def _step(self, final: bool) -> list[Item]:
         items: list[Item] = []
@@ -81,6 +94,7 @@ class HarmonyToolCallParser(ToolCallParser):
         hits = [(k, t) for t in ends if (k := buf.find(t, self._searched)) >= 0]
         k, tag = min(hits) if hits else (-1, "")
         shown = self._recipient is None and self._channel in VISIBLE
+        self._stream_args(items, buf, k, ends, final)
         if k < 0 and not final:
             if self._recipient is None:  # shown: streamed; hidden: dropped as it comes
                 keep = max(_partial_tag(buf, t) for t in ends)
@@ -99,6 +113,29 @@ class HarmonyToolCallParser(ToolCallParser):
             call = None
             if self._recipient.startswith("functions."):
                 call = self.make_call(self._recipient.removeprefix("functions."), text.strip())
-            items.append(call if call is not None else text)
+            if self._args.started:
+                calls = self._args.end(None if call is None else [call])
+                items.append(BrokenCall(text) if calls is None else calls[0])
+            else:
+                items.append(call if call is not None else text)
+        self._args.end(None)
         self._mode = None
         return True
+
+    def _stream_args(self, items: list[Item], buf: str, k: int, ends, final: bool) -> None:
+        """A call's start and argument pieces, read up to the message's end (`k`; -1 while
+        it is open: then up to a partial marker)."""
+        args, name = self._args, (self._recipient or "").removeprefix("functions.")
+        if args.headless or not (self._recipient or "").startswith("functions.") \
+                or name not in self.names:
+            return
+        ended = k >= 0 or final
+        limit = k if k >= 0 else len(buf) - (0 if final else max(_partial_tag(buf, t)
+                                                                 for t in ends))
+        if not args.started:
+            pos = _SPACE.match(buf, 0, limit).end()
+            if pos == limit or buf[pos] != "{":
+                args.headless = pos < limit or ended
+                return
+            args.start(items, new_call_id(self.id_prefix), name, pos)
+        args.write(items, buf, limit, ended)
