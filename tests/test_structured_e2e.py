@@ -191,3 +191,46 @@ def test_anthropic_messages_tool_use_and_stream(an):
                                       "content": "sunny"}]}], tool_choice={"type": "none"})
     assert follow.stop_reason in ("end_turn", "max_tokens")
     assert an.messages.count_tokens(model="tiny-coder", messages=USER).input_tokens > 5
+
+
+WRITE_PARAMS = {"type": "object", "properties": {
+    "path": {"type": "string", "maxLength": 16},
+    "content": {"type": "string", "minLength": 100, "maxLength": 160}},
+    "required": ["path", "content"], "additionalProperties": False}
+WRITE_USER = [{"role": "user", "content": "Write a Python file that prints hello."}]
+
+
+def test_a_forced_call_streams_its_arguments_in_pieces_through_both_sdks(oa, an):
+    # greedy, so the streamed and the whole request write the same call; the grammar makes the
+    # model write 100-160 characters of content (tiny-coder's, with newlines, quotes and
+    # backslashes to escape: 46 deltas when written) and close it well within max_tokens
+    body = {"model": "tiny-coder", "messages": WRITE_USER, "max_tokens": 400, "temperature": 0,
+            "tools": [{"type": "function", "function": {"name": "write_file",
+                                                        "parameters": WRITE_PARAMS}}],
+            "tool_choice": {"type": "function", "function": {"name": "write_file"}}}
+    whole = oa.chat.completions.create(**body)
+    (want,) = whole.choices[0].message.tool_calls
+    entries = 0
+    with oa.chat.completions.stream(**body) as stream:
+        for event in stream:
+            entries += event.type == "tool_calls.function.arguments.delta"
+        final = stream.get_final_completion()
+    (got,) = final.choices[0].message.tool_calls
+    assert entries > 10, entries
+    assert (got.function.name, got.function.arguments) == ("write_file", want.function.arguments)
+    jsonschema.validate(json.loads(got.function.arguments), WRITE_PARAMS)
+    assert final.choices[0].finish_reason == whole.choices[0].finish_reason == "stop"
+    # /v1/messages: input_json_delta pieces, and the SDK's accumulated input is the whole one's
+    tool = {"name": "write_file", "input_schema": WRITE_PARAMS}
+    mbody = {"model": "tiny-coder", "messages": WRITE_USER, "max_tokens": 400,
+             "extra_body": {"temperature": 0},  # (this SDK's create() no longer names it)
+             "tools": [tool], "tool_choice": {"type": "tool", "name": "write_file"}}
+    msg = an.messages.create(**mbody)
+    pieces = 0
+    with an.messages.stream(**mbody) as stream:
+        for event in stream:
+            pieces += event.type == "content_block_delta" and event.delta.type == "input_json_delta"
+        streamed = stream.get_final_message()
+    (use,) = [b for b in streamed.content if b.type == "tool_use"]
+    assert pieces > 10, pieces
+    assert use.input == next(b.input for b in msg.content if b.type == "tool_use")
