@@ -164,7 +164,9 @@ class BlockWriter:
             self._held += piece  # only whitespace so far: shown if text follows, not if a call
             return []
         piece, self._held = self._held + piece, ""
-        events = []
+        # (a tool_use block still open ends here: every parser gives a call's end before the
+        # text after it, but the block must stop before a text block starts whatever comes)
+        events = self._close() if self._open_tool is not None else []
         if not self._open_text:
             self._open_text = True
             self.blocks.append({"type": "text", "text": ""})

@@ -423,7 +423,6 @@ class TaggedToolCallParser(ToolCallParser):
             self._held = ""
         return True
 
-
     def _stream_block(self, items: list[Item], begin: str, final: bool) -> None:
         """The open block's call start and argument pieces so far. Its text is read up to its
         end marker (found as _match_block finds it), or while open, up to a partial end marker,
