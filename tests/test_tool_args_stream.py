@@ -442,3 +442,29 @@ def test_messages_stream_a_cut_call_ends_its_block_with_a_json_prefix():
     whole = BlockWriter(cfg("hermes"))
     whole.feed(text, True)
     assert whole.blocks == [{"type": "text", "text": text}]
+
+
+# --- marker soup: whatever the model writes, the stream's shapes hold and nothing raises ---------
+@pytest.mark.parametrize("parser", sorted(PARSERS))
+def test_marker_soup_keeps_the_delta_and_event_shapes(parser):
+    from test_tool_parser_families import SOUP
+
+    from gateway.anthropic import BlockWriter
+    rng = random.Random("soup-" + parser)
+    soup = [*SOUP, '{"name": "write_file", "arguments": {"path": "a", "content": "x',
+            '[TOOL_CALLS]get_time[ARGS]{', '[TOOL_CALLS]read_file{"path": "', '"}', "\\",
+            '<|tool_call|>[{"name": "get_time", "arguments": {}}, ', '{"name": "get_time", ']
+    for _ in range(120):
+        text = "".join(rng.choice(soup) for _ in range(rng.randint(1, 20)))
+        cuts = [rng.randrange(len(text) + 1) for _ in range(rng.randint(0, 12))]
+        got = _streamed(cfg(parser), _chunks(text, cuts))  # (asserts each entry's shape)
+        whole = _whole(cfg(parser), text)
+        # the whole reply's calls are the stream's, in order, arguments and all (the stream
+        # may have begun more: calls broken off, which the whole reply gives as content)
+        streamed = iter([(c["name"], c["arguments"]) for c in got["calls"]])
+        assert all((c["name"], c["arguments"]) in streamed for c in whole["calls"])
+        w = BlockWriter(cfg(parser), streaming=True)
+        events = []
+        for k, chunk in enumerate(_chunks(text, cuts)):
+            events += w.feed(chunk, k == len(_chunks(text, cuts)) - 1)
+        _replay(events)  # (asserts the blocks' order)
