@@ -177,10 +177,12 @@ class ArgsStream:
         self.started: list[tuple[CallStart, JsonArgsWriter]] = []
         self.headless = False
 
-    def start(self, items: list[Item], call_id: str, name: str, offset: int) -> None:
-        """A call begins; its arguments object starts at `offset` of the buffer."""
+    def start(self, items: list[Item], call_id: str, name: str, offset: int,
+              writer=None) -> None:
+        """A call begins; its arguments object starts at `offset` of the buffer (`writer`:
+        one for a format whose arguments are not JSON, in JsonArgsWriter's interface)."""
         call = CallStart(call_id, name)
-        self.started.append((call, JsonArgsWriter(offset)))
+        self.started.append((call, writer or JsonArgsWriter(offset)))
         items.append(call)
 
     @property
@@ -325,6 +327,10 @@ class TaggedToolCallParser(ToolCallParser):
     def _stream_head(self, body: str) -> tuple[str, int, str | None] | bool | None:
         return False
 
+    def _args_writer(self, begin: str, name: str, start: int):
+        """The writer of a call's arguments that start at `start` (None: they are JSON)."""
+        return
+
     def _body(self, begin: str, body: str, closed: bool) -> list[ToolCall] | None:
         raise NotImplementedError
 
@@ -441,7 +447,9 @@ class TaggedToolCallParser(ToolCallParser):
                 args.headless = head is False or ended
                 return
             name, offset, call_id = head
-            args.start(items, call_id or new_call_id(self.id_prefix), name, len(begin) + offset)
+            start = len(begin) + offset
+            args.start(items, call_id or new_call_id(self.id_prefix), name, start,
+                       self._args_writer(begin, name, start))
         args.write(items, buf, limit, ended)
 
 

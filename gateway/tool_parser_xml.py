@@ -47,7 +47,9 @@ import json
 import re
 from typing import Any
 
-from gateway.tool_call_parsers import TaggedToolCallParser, ToolCall
+from gateway.tool_call_parsers import _SPACE, TaggedToolCallParser, ToolCall
+
+HEAD_WINDOW = 160  # a head not read by then is read whole (a name is at most 64 characters)
 
 QWEN_CALL, QWEN_CALL_END = "<tool_call>", "</tool_call>"
 QWEN_FUNCTION, QWEN_FUNCTION_END = "<function=", "</function>"
@@ -116,7 +118,40 @@ class _ArgTextParser(TaggedToolCallParser):
 
 
 class Qwen3CoderToolCallParser(_ArgTextParser):
+    """Arguments stream in pieces (gateway/tool_args_qwen.py) once `<function=NAME>` names a
+    listed tool: string parameters as they are written, others whole at their end."""
+
     blocks = ((QWEN_CALL, QWEN_CALL_END), (QWEN_FUNCTION, QWEN_FUNCTION_END))
+    streams_arguments = True
+
+    def _stream_head(self, body: str):
+        # `_body`'s reading of the head: (blanks and <function= in the wrapped form), a name
+        # without a newline up to ">"; the same answer on any longer text
+        pos = 0
+        if self._wrapped:
+            pos = _SPACE.match(body).end()
+            if not body.startswith(QWEN_FUNCTION, pos):
+                return None if QWEN_FUNCTION.startswith(body[pos:]) else False
+            pos += len(QWEN_FUNCTION)
+        gt = body.find(">", pos, pos + HEAD_WINDOW)
+        if gt < 0:
+            name = body[pos:pos + HEAD_WINDOW]
+            return False if "\n" in name or len(name) == HEAD_WINDOW else None
+        name = body[pos:gt]
+        if "\n" in name or name.strip() not in self.names:
+            return False
+        return name.strip(), gt + 1, None
+
+    def _stream_block(self, items, begin: str, final: bool) -> None:
+        self._wrapped = begin == QWEN_CALL  # (the block's form, for _stream_head)
+        super()._stream_block(items, begin, final)
+
+    def _args_writer(self, begin: str, name: str, start: int):
+        # (imported here: gateway.tool_args_qwen reads values with this module's typed_value)
+        from gateway.tool_args_qwen import QwenArgsWriter
+        tool = next(t for t in self.cfg.tools if t.name == name)
+        props = tool.schema.get("properties") if isinstance(tool.schema, dict) else None
+        return QwenArgsWriter(start, begin == QWEN_CALL, props if isinstance(props, dict) else {})
 
     def _body(self, begin: str, body: str, closed: bool) -> list[ToolCall] | None:
         if begin == QWEN_CALL:
