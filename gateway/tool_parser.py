@@ -22,12 +22,12 @@ model write the arguments as a JSON object: `hermes` (and so every forced tool_c
 grammar writes the generic format), `internlm`, `deepseek_v3`, `kimi_k2`, `granite` (each call of
 its array), `json` (a reply of one call object; an array comes whole), `mistral` (v11 / v13
 `name[ARGS]{...}`; the v2-v7 array, whose id follows the arguments, comes whole) and `openai`
-(harmony: a message whose header names a listed function); and `qwen3_coder`, whose arguments
-are tagged text: a parameter the tool's schema types as a string (a file's content) streams as
-it is written, any other value at its end, once it can be read by its type
-(gateway/tool_args_qwen.py). A call streams once its head is read in the order the format
-writes it (the name before the arguments); a call written otherwise comes whole. `glm45`,
-`deepseek_v32` (tagged text too, not built yet) and `pythonic` (a Python expression) give each
+(harmony: a message whose header names a listed function); and `qwen3_coder`, `glm45` and
+`deepseek_v32`, whose arguments are tagged text: a value that is a string (by the tool's schema,
+or DSML's `string="true"`; a file's content) streams as it is written, any other value at its
+end, once it can be read by its type (gateway/tool_args_qwen.py, gateway/tool_args_text.py). A
+call streams once its head is read in the order the format writes it (the name before the
+arguments); a call written otherwise comes whole. `pythonic` (a Python expression) gives each
 call whole when it is complete.
 """
 from __future__ import annotations

@@ -108,13 +108,17 @@ class _ArgTextParser(TaggedToolCallParser):
     """What the two formats share: the call of `name` with these (key, text) arguments."""
 
     def _call(self, name: str, pairs: list[tuple[str, str]]) -> list[ToolCall] | None:
-        tool = next((t for t in self.cfg.tools if t.name == name), None)
-        if tool is None or len({k for k, _ in pairs}) != len(pairs):
+        if name not in self.names or len({k for k, _ in pairs}) != len(pairs):
             return None
-        props = tool.schema.get("properties") if isinstance(tool.schema, dict) else None
-        props = props if isinstance(props, dict) else {}
+        props = self._props(name)
         call = self.make_call(name, {k: typed_value(v, props.get(k)) for k, v in pairs})
         return None if call is None else [call]
+
+    def _props(self, name: str) -> dict:
+        """The schema properties of the listed tool `name`."""
+        tool = next(t for t in self.cfg.tools if t.name == name)
+        props = tool.schema.get("properties") if isinstance(tool.schema, dict) else None
+        return props if isinstance(props, dict) else {}
 
 
 class Qwen3CoderToolCallParser(_ArgTextParser):
@@ -149,9 +153,7 @@ class Qwen3CoderToolCallParser(_ArgTextParser):
     def _args_writer(self, begin: str, name: str, start: int):
         # (imported here: gateway.tool_args_qwen reads values with this module's typed_value)
         from gateway.tool_args_qwen import QwenArgsWriter
-        tool = next(t for t in self.cfg.tools if t.name == name)
-        props = tool.schema.get("properties") if isinstance(tool.schema, dict) else None
-        return QwenArgsWriter(start, begin == QWEN_CALL, props if isinstance(props, dict) else {})
+        return QwenArgsWriter(start, begin == QWEN_CALL, self._props(name))
 
     def _body(self, begin: str, body: str, closed: bool) -> list[ToolCall] | None:
         if begin == QWEN_CALL:
@@ -178,9 +180,49 @@ class Qwen3CoderToolCallParser(_ArgTextParser):
         return self._call(name.strip(), pairs)
 
 
+def _glm_param_head(buf: str, pos: int, limit: int):
+    """`<arg_key>K</arg_key> <arg_value>` at `pos` (gateway.tool_args_text.ParamHead)."""
+    if not buf.startswith(GLM_KEY, pos, limit):
+        return None if limit - pos < len(GLM_KEY) and GLM_KEY.startswith(buf[pos:limit]) \
+            else False
+    end = buf.find(GLM_KEY_END, pos + len(GLM_KEY), limit)
+    if end < 0:
+        return None
+    value = _SPACE.match(buf, end + len(GLM_KEY_END), limit).end()
+    if not buf.startswith(GLM_VALUE, value, limit):
+        return None if limit - value < len(GLM_VALUE) \
+            and GLM_VALUE.startswith(buf[value:limit]) else False
+    return buf[pos + len(GLM_KEY):end].strip(), None, value + len(GLM_VALUE)
+
+
+def _dsml_param_head(buf: str, pos: int, limit: int):
+    """`<｜DSML｜parameter name="K" string="...">` at `pos` (gateway.tool_args_text.ParamHead)."""
+    m = _DSML_PARAM.match(buf, pos, limit)
+    if m is not None:
+        return m.group(1), m.group(2), m.end()
+    return None if limit - pos < HEAD_WINDOW else False
+
+
 class Glm45ToolCallParser(_ArgTextParser):
+    """Arguments stream in pieces (gateway/tool_args_text.py) once the name before the first
+    `<arg_key>` is a listed tool: string values as they are written, others whole at their
+    end."""
+
     keeps_special_tokens = True
     blocks = ((QWEN_CALL, QWEN_CALL_END),)
+    streams_arguments = True
+
+    def _stream_head(self, body: str):
+        k = body.find(GLM_KEY, 0, HEAD_WINDOW + len(GLM_KEY))
+        if k < 0:  # (a call without arguments comes whole)
+            return None if len(body) < HEAD_WINDOW + len(GLM_KEY) else False
+        name = body[:k].strip()
+        return (name, k, None) if name in self.names else False
+
+    def _args_writer(self, begin: str, name: str, start: int):
+        # (imported here: gateway.tool_args_text reads values with this module's typed_value)
+        from gateway.tool_args_text import TextArgsWriter
+        return TextArgsWriter(start, self._props(name), _glm_param_head, GLM_VALUE_END)
 
     def _body(self, begin: str, body: str, closed: bool) -> list[ToolCall] | None:
         k = body.find(GLM_KEY)
@@ -204,9 +246,25 @@ class Glm45ToolCallParser(_ArgTextParser):
 
 
 class DeepSeekV32ToolCallParser(_ArgTextParser):
+    """Arguments stream in pieces (gateway/tool_args_text.py) once the invoke's name is a
+    listed tool: values with `string="true"` (or typed string by the schema when the attribute
+    is missing) as they are written, others whole at their end."""
+
     keeps_special_tokens = True
     sections = DSML_SECTIONS
     blocks = ((DSML_INVOKE, DSML_INVOKE_END),)
+    streams_arguments = True
+
+    def _stream_head(self, body: str):
+        m = _DSML_NAME.match(body)
+        if m is None:
+            return None if len(body) < HEAD_WINDOW else False
+        return (m.group(1), m.end(), None) if m.group(1) in self.names else False
+
+    def _args_writer(self, begin: str, name: str, start: int):
+        # (imported here: gateway.tool_args_text reads values with this module's typed_value)
+        from gateway.tool_args_text import TextArgsWriter
+        return TextArgsWriter(start, self._props(name), _dsml_param_head, DSML_PARAM_END)
 
     def _body(self, begin: str, body: str, closed: bool) -> list[ToolCall] | None:
         m = _DSML_NAME.match(body)
