@@ -127,13 +127,15 @@ class StreamShaper:
     entries of only its index and `function.arguments` pieces; the pieces add up to exactly the
     arguments string of the same reply returned whole. Other calls arrive whole, in one entry.
 
-    A call is started once its name is complete and listed and its arguments object has begun;
-    a stream cannot take it back. When its block then turns out to be no call (the output ends
-    inside the arguments, as with max_tokens, or the model writes JSON that breaks off or a
-    block the format does not allow), the call ends with the pieces sent: a JSON prefix, which
-    does not parse (as OpenAI's and vLLM's streams end such a call), and `finish_reason` says
-    why (`length`). The same reply returned whole gives that block as content. A forced
-    tool_choice is written under its grammar: its calls always complete unless cut off."""
+    A call is started once its name is complete and listed and its arguments have begun (a
+    JSON object's `{`; in the tagged-text formats, the name read); a stream cannot take it back.
+    When its block then turns out to be no call (the output ends inside the arguments, as with
+    max_tokens, or the model breaks its format after starting the call), the call ends with the
+    pieces sent: a prefix of its JSON, which does not parse unless the object was complete and
+    only what followed it was wrong (as OpenAI's and vLLM's streams end such a call), and
+    `finish_reason` says why (`length`). The same reply returned whole gives that block as
+    content. A forced tool_choice is written under its grammar: its calls always complete unless
+    cut off."""
 
     def __init__(self, cfg: ToolConfig, num_choices: int) -> None:
         self.cfg = cfg
