@@ -583,3 +583,22 @@ def test_glm45_pieces_add_up_to_what_the_reader_gives_whole(text, cuts):
 @given(dsml_replies(), st.lists(st.integers(0, 10**6), max_size=40))
 def test_deepseek_v32_pieces_add_up_to_what_the_reader_gives_whole(text, cuts):
     _check_against_the_reader("deepseek_v32", text, cuts)
+
+
+def test_each_choice_streams_its_own_calls():
+    # n > 1: one parser and one call count per choice, whatever order their pieces come in
+    a = '<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n</tool_call>'
+    b = 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    shaper = StreamShaper(cfg("hermes"), 2)
+    got = {0: [], 1: []}
+    for k in range(max(len(a), len(b))):
+        for i, text in ((1, b), (0, a)):
+            last = k == len(text) - 1
+            if k < len(text):
+                got[i].append(shaper.delta(i, text[k], "stop" if last else None))
+    for i, text in ((0, a), (1, b)):
+        entries = [e for d, _ in got[i] for e in d.get("tool_calls", ())]
+        assert {e["index"] for e in entries} == {0} and len(entries) > 5
+        args = "".join(e["function"]["arguments"] for e in entries)
+        assert args == _whole(cfg("hermes"), text)["calls"][0]["arguments"]
+        assert got[i][-1][1] == "tool_calls"
