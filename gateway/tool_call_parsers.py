@@ -35,6 +35,9 @@ from gateway.tools import CALL_CLOSE, CALL_OPEN, ToolConfig
 
 OPEN_TAG, CLOSE_TAG = CALL_OPEN.rstrip("\n"), CALL_CLOSE.lstrip("\n")
 _JSON = json.JSONDecoder()
+# what reading JSON text raises when it cannot: bad text, or text nested past Python's stack
+# (a block of the model's that is no call, not an error)
+UNREADABLE = (ValueError, RecursionError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,8 +207,11 @@ class ArgsStream:
         if calls is None or len(calls) < len(started) or any(
                 not w.done or c.name != s.name for (s, w), c in zip(started, calls)):
             return None
-        return [ToolCall(s.id, s.name, json.loads(w.text), w.text, streamed=True)
-                for s, w in started] + calls[len(started):]
+        try:
+            return [ToolCall(s.id, s.name, json.loads(w.text), w.text, streamed=True)
+                    for s, w in started] + calls[len(started):]
+        except UNREADABLE:
+            return None
 
 
 class ToolCallParser:
@@ -262,7 +268,7 @@ class ToolCallParser:
         if isinstance(arguments, str):
             try:
                 arguments = json.loads(arguments) if arguments.strip() else {}
-            except ValueError:
+            except UNREADABLE:
                 return None
         if not isinstance(arguments, dict):
             return None
@@ -272,7 +278,7 @@ class ToolCallParser:
         """{"name": ..., "arguments" | "parameters": {...}} as JSON text -> the call."""
         try:
             obj = json.loads(body)
-        except ValueError:
+        except UNREADABLE:
             return None
         if not isinstance(obj, dict):
             return None
@@ -587,10 +593,13 @@ class JsonToolCallParser(WholeReplyToolCallParser):
     def _parse(self, text: str) -> list[ToolCall] | None:
         try:
             value = json.loads(text)
-        except ValueError:
+        except UNREADABLE:
             return None
         items = value if isinstance(value, list) else [value]
-        calls = [self.json_call(json.dumps(item)) for item in items]
+        try:
+            calls = [self.json_call(json.dumps(item)) for item in items]
+        except UNREADABLE:  # (written back nested one level deeper)
+            return None
         return calls if items and all(c is not None for c in calls) else None
 
 
@@ -735,7 +744,7 @@ class MistralToolCallParser(ToolCallParser):
             return None  # (not complete yet: not decoded again on every piece)
         try:
             value, end = _JSON.raw_decode(body, start)
-        except ValueError:
+        except UNREADABLE:
             return None
         items = value if isinstance(value, list) else []
         calls = [self._mistral_call(o.get("name"), o.get("arguments", o.get("parameters", {})),
@@ -763,7 +772,7 @@ class MistralToolCallParser(ToolCallParser):
             return None
         try:
             args, end = _JSON.raw_decode(body, pos)
-        except ValueError:
+        except UNREADABLE:
             rest = body[pos:].lstrip()
             return None if not rest or rest[0] == "{" else (pos, None)
         call = self._mistral_call(m.group(1), args, call_id)
@@ -777,7 +786,7 @@ class MistralToolCallParser(ToolCallParser):
         if isinstance(args, str):
             try:
                 args = json.loads(args)
-            except ValueError:
+            except UNREADABLE:
                 return None
         if not isinstance(args, dict):
             return None

@@ -40,6 +40,7 @@ import re
 from gateway.tool_call_parsers import (
     _JSON,
     _SPACE,
+    UNREADABLE,
     Item,
     TaggedToolCallParser,
     ToolCall,
@@ -227,7 +228,7 @@ class GraniteToolCallParser(TaggedToolCallParser):
             return None  # (the JSON is still coming: decoded once it can be complete)
         try:
             value, end = _JSON.raw_decode(buf, pos)
-        except ValueError:
+        except UNREADABLE:
             return (len(buf), None) if final else (len(begin), None)
         items = value if isinstance(value, list) else [value]
         calls = [self.json_call(json.dumps(o)) if isinstance(o, dict) else None for o in items]

@@ -47,7 +47,7 @@ import json
 import re
 from typing import Any
 
-from gateway.tool_call_parsers import _SPACE, TaggedToolCallParser, ToolCall
+from gateway.tool_call_parsers import _SPACE, UNREADABLE, TaggedToolCallParser, ToolCall
 
 HEAD_WINDOW = 160  # a head not read by then is read whole (a name is at most 64 characters)
 
@@ -91,7 +91,7 @@ def typed_value(text: str, schema: Any) -> Any:
         s = json.dumps(_PY_LITERALS[s])
     try:
         value = json.loads(s)
-    except ValueError:
+    except UNREADABLE:
         return text
     if not types:
         return value

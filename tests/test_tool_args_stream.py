@@ -602,3 +602,28 @@ def test_each_choice_streams_its_own_calls():
         args = "".join(e["function"]["arguments"] for e in entries)
         assert args == _whole(cfg("hermes"), text)["calls"][0]["arguments"]
         assert got[i][-1][1] == "tool_calls"
+
+
+@pytest.mark.parametrize("parser,text", [
+    ("hermes", '<tool_call>\n{"name": "get_time", "arguments": {"a": DEEP}}\n</tool_call>'),
+    ("json", '{"name": "get_time", "parameters": {"a": DEEP}}'),
+    ("json", '[{"name": "get_time", "parameters": {"a": DEEP}}]'),
+    ("granite", '<|tool_call|>[{"name": "get_time", "arguments": {"a": DEEP}}]'),
+    ("mistral", '[TOOL_CALLS]get_time[ARGS]{"a": DEEP}'),
+    ("internlm", ('<|action_start|><|plugin|>{"name": "get_time", "parameters": {"a": DEEP}}'
+     '<|action_end|>')),
+    ("qwen3_coder", "<function=search>\n<parameter=paths>\nDEEP\n</parameter>\n</function>"),
+])
+def test_json_nested_past_pythons_stack_is_no_call_and_no_error(parser, text):
+    # json.loads raises RecursionError, not ValueError, past Python's stack: such a block is
+    # content as the model wrote it (it was a 500 before), and a stream of it raises nothing;
+    # a Qwen value that does not read as its type stays the model's text (a call still)
+    deep = "[" * 50_000 + "]" * 50_000
+    text = text.replace("DEEP", deep)
+    whole = _whole(cfg(parser), text)
+    if parser == "qwen3_coder":
+        assert [json.loads(c["arguments"]) for c in whole["calls"]] == [{"paths": deep}]
+        _check_same(cfg(parser), text, range(0, len(text), 997))
+        return
+    assert whole["calls"] == [] and whole["content"] == text
+    _streamed(cfg(parser), _chunks(text, range(0, len(text), 997)))
