@@ -460,6 +460,9 @@ class TaggedToolCallParser(ToolCallParser):
 
 
 _WS = re.compile(r"[ \t\n\r]*")  # JSON's whitespace
+# how far into a block a head (a name, its separator) is looked for before the block is read
+# whole: a name is at most 64 characters (gateway.tools.NAME_RE), the rest of a head a few words
+HEAD_WINDOW = 160
 _HEAD_NAME = re.compile(r'"([A-Za-z0-9_.\-]{1,64})"')
 _HEAD_NAME_OPEN = re.compile(r'"[A-Za-z0-9_.\-]{0,64}\Z')
 

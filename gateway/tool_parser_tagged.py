@@ -40,6 +40,7 @@ import re
 from gateway.tool_call_parsers import (
     _JSON,
     _SPACE,
+    HEAD_WINDOW,
     UNREADABLE,
     Item,
     TaggedToolCallParser,
@@ -55,9 +56,6 @@ KIMI_SECTION_BEGIN, KIMI_SECTION_END = "<|tool_calls_section_begin|>", "<|tool_c
 KIMI_CALL_BEGIN, KIMI_CALL_END = "<|tool_call_begin|>", "<|tool_call_end|>"
 KIMI_ARGS = "<|tool_call_argument_begin|>"
 _KIMI_ID = re.compile(r"(?:functions\.)?([A-Za-z0-9_.\-]+?)(?::(\d+))?")
-# how far into a block its head's separator is looked for before the block is read whole: a name
-# is at most 64 characters (gateway.tools.NAME_RE), the rest of a head a few words
-HEAD_WINDOW = 160
 INTERNLM_BEGIN, INTERNLM_END = "<|action_start|><|plugin|>", "<|action_end|>"
 GRANITE_TAGS = ("<|tool_call|>", "<tool_call>")
 

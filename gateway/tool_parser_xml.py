@@ -47,9 +47,13 @@ import json
 import re
 from typing import Any
 
-from gateway.tool_call_parsers import _SPACE, UNREADABLE, TaggedToolCallParser, ToolCall
-
-HEAD_WINDOW = 160  # a head not read by then is read whole (a name is at most 64 characters)
+from gateway.tool_call_parsers import (
+    _SPACE,
+    HEAD_WINDOW,
+    UNREADABLE,
+    TaggedToolCallParser,
+    ToolCall,
+)
 
 QWEN_CALL, QWEN_CALL_END = "<tool_call>", "</tool_call>"
 QWEN_FUNCTION, QWEN_FUNCTION_END = "<function=", "</function>"
