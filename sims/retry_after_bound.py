@@ -254,6 +254,20 @@ def admission_outcome(spec: RunSpec, base: BaseRun) -> dict:
     return out
 
 
+def outcomes_over_seeds(spec: RunSpec, seeds: Sequence[int], admission: dict | None = None) -> dict:
+    """`admission_outcome` of the base run (no worlds) for each workload seed, and the totals."""
+    per, total = {}, {}
+    for seed in seeds:
+        sp = replace(spec, workload=replace(spec.workload, seed=seed))
+        o = per[seed] = admission_outcome(sp, base_run(sp, admission))
+        for c, d in o.items():
+            t = total.setdefault(c, {"sent": 0, "refused": 0, "met": 0, "missed_by_10pct": 0})
+            for k in t:
+                t[k] += d[k]
+    return {"admission": dict(admission or {}), "seeds": list(seeds), "per_seed": per,
+            "total": total}
+
+
 def fork_wait(spec: RunSpec, base: BaseRun, i: int, seed: int | None,
               admission: dict | None = None) -> tuple[float, bool]:
     """(request i's TTFT in the world of `seed`, whether every admission prediction before i
@@ -407,6 +421,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--max-refusals", type=int, default=None,
                    help="study at most this many refusals, spread evenly over the run")
     p.add_argument("--fork-seed", type=int, default=1000, help="the first world's seed")
+    p.add_argument("--outcome-seeds", type=int, default=0, metavar="N",
+                   help="no worlds: admission's outcome per class over workload seeds 0..N-1")
     p.add_argument("--rescore", metavar="JSON", help="a study's output: score its worlds again "
                    "with the alternatives of today (the same flags as the study's)")
     p.add_argument("--admission-config", default=None, metavar="FIELD=V,...",
@@ -419,6 +435,19 @@ def main(argv: list[str]) -> int:
     spec = spec_from_args(a)
     spec = replace(spec, scheduler=replace(spec.scheduler, admission=True))
     classes = [CLASS_NAMES.index(c.strip()) for c in a.classes.split(",")]
+    if a.outcome_seeds:
+        res = outcomes_over_seeds(spec, range(a.outcome_seeds),
+                                  parse_admission(a.admission_config))
+        for c, t in res["total"].items():
+            adm = t["sent"] - t["refused"]
+            print(f"{c:<8} sent {t['sent']:>5}  refused {t['refused']:>4}  met {t['met']:>5} "
+                  f"({100 * t['met'] / max(1, t['sent']):.1f}%)  admitted missing by > 10% "
+                  f"{t['missed_by_10pct']}/{adm}")
+        if a.json_out:
+            with open(a.json_out, "w") as fh:
+                json.dump(res, fh, indent=1)
+                fh.write("\n")
+        return 0
     if a.rescore:
         with open(a.rescore) as fh:
             res = rescore(spec, json.load(fh))

@@ -110,3 +110,14 @@ def test_cli_rejects_one_fork(forks):
     from sims.cli import main
     with pytest.raises(SystemExit):
         main(["retry-bound", "--step-ms", "20", "--slo-ttft-ms", "1000", "--forks", str(forks)])
+
+
+def test_outcome_over_seeds_counts_every_request():
+    from sims.retry_after_bound import outcomes_over_seeds
+    spec = _spec(100, 8.0)
+    res = outcomes_over_seeds(spec, [3, 4])
+    t = res["total"]
+    assert sum(c["sent"] for c in t.values()) == 200
+    for c in t.values():
+        assert c["met"] + c["refused"] <= c["sent"] and c["missed_by_10pct"] <= c["sent"] - c["refused"]
+    assert res["per_seed"][3] == outcomes_over_seeds(spec, [3])["per_seed"][3]

@@ -4,6 +4,7 @@ request's own TTFT target (the probes of `bench.serving.slo_control` carry one).
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 
 from scheduler.decisions import ArrivalRecord, DecisionLog, parse_records
 from scheduler.slo import SLOTargets
@@ -116,3 +117,45 @@ def test_forced_replay_follows_the_live_decisions_and_records_its_own():
     cmp = compare_predictions(logged, preds)
     assert cmp["num_compared"] == len(free)
     assert cmp["predicted_sim_minus_live_ms"]["p50"] == -5.0
+
+
+def test_forced_replay_windows_follow_the_live_admission(tmp_path, capsys):
+    """Issue 31, fourth session: with no idle flush a window's members depend on the arrivals
+    and the admission decisions alone, so a replay that follows the live decisions flushes the
+    live windows exactly (`windows_forced`), while the free replay, whose admission differs at
+    one arrival, regroups the windows after it."""
+    import json
+
+    from bench.simulator.decision_fidelity import main
+    from scheduler.batcher import BatcherConfig
+    batcher = BatcherConfig(max_batch_size=4, min_latency_ms=400, target_throughput=1,
+                            idle_flush=False)
+    sched = SimSchedulerConfig(slo=SLOTargets.parse("1000", None), admission=True, max_num_seqs=1,
+                               batcher=batcher)
+    engine = EngineConfig(num_samples=1, num_backends=1)
+    cost = ConstantCost(0.010, num_blocks=1 << 10)
+    free = _burst(None)
+    res, _ = replay_run(free, sched, cost, engine)
+    refused = refused_ids(res, free)
+    flip = next(a.request_id for a in free if a.request_id in refused)
+    # the "live" run: the simulator's decisions with its first refusal admitted, and the
+    # windows a batcher makes of them (the forced replay's)
+    live = [replace(a, refused=(a.request_id in refused) != (a.request_id == flip)) for a in free]
+    _, windows = replay_run(live, sched, cost, engine, forced=True)
+    log = DecisionLog(io.StringIO())
+    for a in live:
+        log.arrival(a.request_id, a.t, a.num_prompt_tokens, a.max_tokens, a.queue_class,
+                    refused=a.refused)
+    for w in windows:
+        log.batch(w.t, w.request_ids, w.classes)
+    path = tmp_path / "live.jsonl"
+    path.write_text(log.sink.getvalue())
+    assert main([str(path), "--slo-ttft-ms", "1000", "--step-ms", "10", "--max-batch-size", "4",
+                 "--min-latency-ms", "400", "--target-throughput", "1", "--no-idle-flush",
+                 "--max-num-seqs", "1"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["admission"]["same_decision_share"] == 1.0 - 1 / len(free)
+    assert r["same_membership_share"] < 1.0 and not r["sequence_identical"]  # windows regrouped
+    wf = r["windows_forced"]
+    assert wf["sequence_identical"] and wf["same_membership_share"] == 1.0
+    assert wf["mean_window_size"][0] > 3.0

@@ -16,8 +16,9 @@ Both sides are `scheduler.decisions.BatchRecord` lists over the same arrivals. R
   (admitted or refused) and the counts each side refused; `admission_forced`: the same for a
   replay that follows the live decisions, so that each of the simulator's own is taken in the
   state the live ones made (what differs in the inputs, apart from the cascade of one differing
-  decision through the rest); `predictions` / `predictions_forced`: admission's predicted TTFT
-  and calibration margin, simulator minus live, arrival by arrival (live logs record them).
+  decision through the rest), and its windows (`windows_forced`); `predictions` /
+  `predictions_forced`: admission's predicted TTFT and calibration margin, simulator minus
+  live, arrival by arrival (live logs record them).
 
 Run on two decision logs (the live one and a replay written by `--replay`):
 
@@ -222,11 +223,17 @@ def main(argv: list[str] | None = None) -> int:
             out["predictions"] = compare_predictions(arrivals, predictions_ms(result, arrivals))
             # the same replay following the live decisions: each decision of the simulator's
             # own taken in the state the live ones made (module doc)
-            forced, _ = replay_run(arrivals, sched, cost,
-                                   EngineConfig(num_samples=1, num_backends=args.backends,
-                                                placement=PlacementConfig(policy=args.placement)),
-                                   forced=True)
+            forced, forced_windows = replay_run(
+                arrivals, sched, cost, EngineConfig(num_samples=1, num_backends=args.backends,
+                                                    placement=PlacementConfig(policy=args.placement)),
+                forced=True)
             out["admission_forced"] = compare_admission(arrivals, refused_ids(forced, arrivals))
+            # its windows: with the live admission decisions and no idle flush, a window's
+            # members depend on the arrivals alone (sims.decision_replay): what differs in the
+            # free replay's windows is then the cascade of differing admission decisions
+            wf = compare(live, forced_windows)
+            out["windows_forced"] = {k: wf[k] for k in ("same_membership_share", "requests_regrouped",
+                                                        "mean_window_size", "sequence_identical")}
             out["predictions_forced"] = compare_predictions(arrivals, predictions_ms(forced, arrivals))
         if result is not None:  # the replay's TTFT (push -> first token) of what it admitted
             ttft = (result.first_token_time - result.workload.arrival_time)[~result.rejected]
