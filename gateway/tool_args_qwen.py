@@ -15,11 +15,11 @@ from __future__ import annotations
 import json
 import re
 
-from gateway.tool_parser_xml import (
+from gateway.tool_text_values import (
     QWEN_FUNCTION_END,
     QWEN_PARAM,
     QWEN_PARAM_END,
-    _types,
+    schema_types,
     typed_value,
 )
 
@@ -114,7 +114,7 @@ class QwenArgsWriter:
                                 + json.dumps(key, ensure_ascii=False) + ": ")
             self._first = False
             self._schema = self.props.get(key)
-            self._string = _types(self._schema) == {"string"}
+            self._string = schema_types(self._schema) == {"string"}
             self._emitted, self._emitted_n, self._search = [], 0, 0
             if self._string:
                 self._pieces.append('"')

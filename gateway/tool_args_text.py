@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable
 
 from gateway.tool_call_parsers import _partial_tag
-from gateway.tool_parser_xml import _types, typed_value
+from gateway.tool_text_values import schema_types, typed_value
 
 _SPACE = re.compile(r"\s*")
 
@@ -73,7 +73,7 @@ class TextArgsWriter:
             key, text_attr, self.i = head
             schema = self.props.get(key)
             self._string = text_attr == "true" or text_attr is None \
-                and _types(schema) == {"string"}
+                and schema_types(schema) == {"string"}
             self._schema = {} if text_attr == "false" else schema  # (DSML's "false": JSON)
             self._pieces.append(("" if self._first else ", ")
                                 + json.dumps(key, ensure_ascii=False) + ": "

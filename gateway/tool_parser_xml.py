@@ -34,78 +34,42 @@ chat templates (how they write an assistant's calls back; the model writes its o
     </｜DSML｜invoke>
     </｜DSML｜function_calls>
 
-A value is text as the template writes it: strings as they are, other values as JSON (Qwen's
-template writes scalars with Jinja's `string`, so True / False / None too). Each value is read by
-the type its tool's JSON schema gives the parameter: a string parameter keeps the text exactly
-(code with quotes, braces and newlines stays as written), numbers, booleans, null, objects and
-arrays are parsed, and a value that does not parse as its type stays the text the model wrote.
-A parameter the schema does not type is JSON when it parses as JSON, else text.
+How a value written as text is read (by its tool's schema): gateway/tool_text_values.py.
 """
 from __future__ import annotations
 
-import json
 import re
-from typing import Any
 
+from gateway.tool_args_qwen import QwenArgsWriter
+from gateway.tool_args_text import TextArgsWriter
 from gateway.tool_call_parsers import (
     _SPACE,
     HEAD_WINDOW,
-    UNREADABLE,
     TaggedToolCallParser,
     ToolCall,
 )
+from gateway.tool_text_values import (
+    DSML,
+    DSML_INVOKE,
+    DSML_INVOKE_END,
+    DSML_PARAM_END,
+    DSML_SECTIONS,
+    GLM_KEY,
+    GLM_KEY_END,
+    GLM_VALUE,
+    GLM_VALUE_END,
+    QWEN_CALL,
+    QWEN_CALL_END,
+    QWEN_FUNCTION,
+    QWEN_FUNCTION_END,
+    QWEN_PARAM,
+    QWEN_PARAM_END,
+    typed_value,
+)
 
-QWEN_CALL, QWEN_CALL_END = "<tool_call>", "</tool_call>"
-QWEN_FUNCTION, QWEN_FUNCTION_END = "<function=", "</function>"
-QWEN_PARAM, QWEN_PARAM_END = "<parameter=", "</parameter>"
-GLM_KEY, GLM_KEY_END, GLM_VALUE, GLM_VALUE_END = "<arg_key>", "</arg_key>", "<arg_value>", \
-    "</arg_value>"
-_PY_LITERALS = {"True": True, "False": False, "None": None}
-DSML = "｜DSML｜"
-DSML_SECTIONS = tuple((f"<{DSML}{w}>", f"</{DSML}{w}>") for w in ("function_calls", "tool_calls"))
-DSML_INVOKE, DSML_INVOKE_END = f"<{DSML}invoke name=", f"</{DSML}invoke>"
-DSML_PARAM_END = f"</{DSML}parameter>"
 _DSML_NAME = re.compile(r'\s*"([^"\n]+)"\s*>')
 _DSML_PARAM = re.compile(r'\s*<' + DSML
                          + r'parameter name="([^"\n]+)"(?:\s+string="(true|false)")?\s*>')
-
-
-def _types(schema: Any) -> set[str]:
-    """The JSON types a parameter's schema allows (`type`, a list of them, or anyOf / oneOf)."""
-    if not isinstance(schema, dict):
-        return set()
-    kind = schema.get("type")
-    out = {kind} if isinstance(kind, str) else {k for k in kind if isinstance(k, str)} \
-        if isinstance(kind, list) else set()
-    for key in ("anyOf", "oneOf"):
-        for sub in schema.get(key) or ():
-            out |= _types(sub)
-    if not out and "enum" in schema and all(isinstance(v, str) for v in schema["enum"] or ()):
-        out.add("string")
-    return out
-
-
-def typed_value(text: str, schema: Any) -> Any:
-    """`text` as the value of a parameter with this JSON schema (module docstring)."""
-    types = _types(schema)
-    if types == {"string"} or not text.strip() and "string" in types:
-        return text
-    s = text.strip()
-    if s in _PY_LITERALS:
-        s = json.dumps(_PY_LITERALS[s])
-    try:
-        value = json.loads(s)
-    except UNREADABLE:
-        return text
-    if not types:
-        return value
-    kinds = {bool: "boolean", type(None): "null", str: "string", list: "array", dict: "object"}
-    kind = kinds.get(type(value)) or ("integer" if isinstance(value, int) else "number")
-    if kind in types or kind == "integer" and "number" in types:
-        return value
-    if kind == "number" and "integer" in types and float(value).is_integer():
-        return int(value)
-    return text
 
 
 class _ArgTextParser(TaggedToolCallParser):
@@ -155,8 +119,6 @@ class Qwen3CoderToolCallParser(_ArgTextParser):
         super()._stream_block(items, begin, final)
 
     def _args_writer(self, begin: str, name: str, start: int):
-        # (imported here: gateway.tool_args_qwen reads values with this module's typed_value)
-        from gateway.tool_args_qwen import QwenArgsWriter
         return QwenArgsWriter(start, begin == QWEN_CALL, self._props(name))
 
     def _body(self, begin: str, body: str, closed: bool) -> list[ToolCall] | None:
@@ -224,8 +186,6 @@ class Glm45ToolCallParser(_ArgTextParser):
         return (name, k, None) if name in self.names else False
 
     def _args_writer(self, begin: str, name: str, start: int):
-        # (imported here: gateway.tool_args_text reads values with this module's typed_value)
-        from gateway.tool_args_text import TextArgsWriter
         return TextArgsWriter(start, self._props(name), _glm_param_head, GLM_VALUE_END)
 
     def _body(self, begin: str, body: str, closed: bool) -> list[ToolCall] | None:
@@ -266,8 +226,6 @@ class DeepSeekV32ToolCallParser(_ArgTextParser):
         return (m.group(1), m.end(), None) if m.group(1) in self.names else False
 
     def _args_writer(self, begin: str, name: str, start: int):
-        # (imported here: gateway.tool_args_text reads values with this module's typed_value)
-        from gateway.tool_args_text import TextArgsWriter
         return TextArgsWriter(start, self._props(name), _dsml_param_head, DSML_PARAM_END)
 
     def _body(self, begin: str, body: str, closed: bool) -> list[ToolCall] | None:
