@@ -27,8 +27,9 @@ its array), `json` (a reply of one call object; an array comes whole), `mistral`
 or DSML's `string="true"`; a file's content) streams as it is written, any other value at its
 end, once it can be read by its type (gateway/tool_args_qwen.py, gateway/tool_args_text.py). A
 call streams once its head is read in the order the format writes it (the name before the
-arguments); a call written otherwise comes whole. `pythonic` (a Python expression) gives each
-call whole when it is complete.
+arguments); a call written otherwise comes whole. `pythonic` (a Python list of calls) streams
+each call from its `(`: string literals as they are written, other values whole at their end
+(gateway/tool_args_python.py).
 """
 from __future__ import annotations
 

@@ -1,16 +1,17 @@
 """Tool-call arguments streamed in pieces (issue 29). For every parser, a reply streamed in any
 chunking gives, once the client has added up its deltas as the SDKs do (by index, strings
 concatenated), exactly the content, calls and arguments strings of the same reply returned whole;
-the parsers that stream arguments (all but pythonic, whose calls are a Python expression)
-send a call as a first entry (index, id, type, name, arguments "" or a first piece) and then
-entries of only its index and argument pieces. What is no call stays content, and a call begun then cut off
-ends with the pieces sent (the documented behaviour). Through the gateway with the unchanged
-`openai` and `anthropic` SDKs: a long call arrives in many deltas / input_json_delta events, and
-the SDKs' accumulated result equals the non-streamed one."""
+every parser streams arguments (pythonic's Python keyword arguments too, since issue 29's last
+step): it sends a call as a first entry (index, id, type, name, arguments "" or a first piece) and
+then entries of only its index and argument pieces. What is no call stays content, and a call begun
+then cut off ends with the pieces sent (the documented behaviour). Through the gateway with the
+unchanged `openai` and `anthropic` SDKs: a long call arrives in many deltas / input_json_delta
+events, and the SDKs' accumulated result equals the non-streamed one."""
 from __future__ import annotations
 
 import json
 import random
+import unicodedata
 
 import anthropic
 import pytest
@@ -42,7 +43,7 @@ from gateway.app import create_app
 from gateway.tool_parser import PARSERS, StreamShaper, shape_choice
 from gateway.tools import parse_tools, with_parser
 
-STREAMING = set(PARSERS) - {"pythonic"}
+STREAMING = set(PARSERS)
 NAMES = [t["function"]["name"] for t in TOOLS]
 HYPOTHESIS = settings(max_examples=150, deadline=None,
                       suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -627,3 +628,290 @@ def test_json_nested_past_pythons_stack_is_no_call_and_no_error(parser, text):
         return
     assert whole["calls"] == [] and whole["content"] == text
     _streamed(cfg(parser), _chunks(text, range(0, len(text), 997)))
+
+
+# --- pythonic: Python keyword arguments, strings streamed as they are written ------------------
+PY_SCALARS = (st.none() | st.booleans() | st.integers(-10**20, 10**20)
+              | st.floats(allow_nan=False, allow_infinity=True)
+              | st.text(st.characters(blacklist_categories=("Cs",)), max_size=12))
+PY_VALUES = st.recursive(PY_SCALARS, lambda kids: st.lists(kids, max_size=3) | st.dictionaries(
+    st.text(max_size=5), kids, max_size=3), max_leaves=12)
+PY_KEYS = ["city", "path", "content", "days", "_x", "match", "print", "cité", "n2"]
+PY_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\", "'": "\\'", '"': '\\"',
+              "\a": "\\a", "\b": "\\b", "\f": "\\f", "\v": "\\v"}
+
+
+def _py_literal(s: str, rng) -> str:
+    """`s` as one Python string literal: a random quote, prefix and way of writing each
+    character (escapes of every kind, line continuations, CRLF in triple quotes, raw)."""
+    quote = rng.choice(["'", '"', "'''", '"""'])
+    q, triple = quote[0], len(quote) == 3
+    if rng.random() < 0.25 and not set(s) & {q, "\r", "\x00"} and not s.endswith("\\") \
+            and (triple or "\n" not in s) and "\\" + q not in s:
+        return rng.choice("rR") + quote + s + quote  # raw: as it is
+    out, last_q = [rng.choice(["", "", "u", "U"]), quote], False
+    for k, ch in enumerate(s):
+        o, ways = ord(ch), []
+        if ch in PY_ESCAPES:
+            ways.append(PY_ESCAPES[ch])
+        if o < 0x100:
+            ways.append(rng.choice([f"\\x{o:02x}", f"\\x{o:02X}"]))
+        if o < 0o400:  # (up to \777 is read, but Python 3.11 warns past \377)
+            ways.append(f"\\{o:03o}")
+        if o < 0x10000:
+            ways.append(f"\\u{o:04x}")
+        ways.append(f"\\U{o:08X}")
+        try:  # (names are read ignoring case, but for the algorithmic ones: CJK, Hangul)
+            name = unicodedata.name(ch)
+            ways.append("\\N{" + (name if "CJK" in name or "HANGUL" in name
+                                   else rng.choice([name, name.lower()])) + "}")
+        except ValueError:
+            pass
+        if ch not in "\\\r\x00" + ("" if triple else "\n") and (
+                ch != q or triple and not last_q and k < len(s) - 1):
+            ways += [ch] * 4
+        if ch == "\n" and triple:
+            ways += ["\r\n", "\r"]  # (Python reads both as \n)
+        way = rng.choice(ways)
+        if rng.random() < 0.05:
+            way = "\\\n" + way  # a line continuation: nothing
+        out.append(way)
+        last_q = way == q
+    return "".join(out) + quote
+
+
+def _py_string(s: str, rng) -> str:
+    """`s` as Python source: one literal, or several concatenated ('a' "b")."""
+    cuts = sorted(rng.randrange(len(s) + 1) for _ in range(rng.choice([0, 0, 1, 2])))
+    parts = [s[a:b] for a, b in zip([0, *cuts], [*cuts, len(s)])]
+    return rng.choice([" ", "\n  ", " # more\n", " \\\n"]).join(_py_literal(p, rng) for p in parts)
+
+
+def _py_value(v, rng) -> str:
+    def ws():
+        return rng.choice(["", "", " ", "\n", "  ", "\t", " # x\n"])
+    if isinstance(v, dict):
+        items = [ws() + _py_string(k, rng) + ws() + ":" + ws() + _py_value(x, rng) + ws()
+                 for k, x in v.items()]
+        return "{" + ",".join(items) + rng.choice(["", "," if items else ""]) + "}"
+    if isinstance(v, list):
+        items = [ws() + _py_value(x, rng) + ws() for x in v]
+        if rng.random() < 0.3:  # a tuple: json.dumps writes it as a list
+            return "(" + ",".join(items) + ("," if len(items) == 1 else "") + ")"
+        return "[" + ",".join(items) + "]"
+    if isinstance(v, str):
+        return _py_string(v, rng)
+    if v is None or isinstance(v, bool):
+        return repr(v)
+    if isinstance(v, int):
+        return rng.choice([str(v), f"{v:_}", hex(v), f"({v})", "+" + str(v) if v >= 0 else str(v)])
+    if v in (float("inf"), float("-inf")):
+        return "-1e999" if v < 0 else "1e999"
+    return rng.choice([repr(v), f"{v:.17e}"])
+
+
+def _py_call(name, args: dict, rng) -> str:
+    def ws():
+        return rng.choice(["", "", " ", "\n    ", " # note\n"])
+    keys = {k: ("ｃity" if k == "city" and rng.random() < 0.3 else k) for k in args}
+    items = [ws() + keys[k] + ws() + "=" + ws() + _py_value(v, rng) + ws() for k, v in args.items()]
+    return name + rng.choice(["", " "]) + "(" + ",".join(items) + rng.choice(
+        ["", "," if items else ""]) + ")"
+
+
+def _check_against_the_pythonic_reader(text, cuts, want=None) -> dict:
+    """The whole reply equals the reader's with streaming off (today's reading: json.dumps of the
+    evaluated keyword arguments), and any chunking streams the same."""
+    config = cfg("pythonic")
+    whole = _whole(config, text)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(PARSERS["pythonic"], "streams_arguments", False)
+        before = _whole(config, text)
+    assert [(c["name"], c["arguments"]) for c in whole["calls"]] == \
+        [(c["name"], c["arguments"]) for c in before["calls"]]
+    assert (whole["content"], whole["finish"]) == (before["content"], before["finish"])
+    if want is not None:
+        assert [(c["name"], c["arguments"]) for c in whole["calls"]] == want
+    _check_same(config, text, cuts)
+    return _check_same(config, text, range(len(text)))  # one character at a time
+
+
+@HYPOTHESIS
+@given(st.lists(st.tuples(st.sampled_from(NAMES), st.dictionaries(
+    st.sampled_from(PY_KEYS), PY_VALUES, max_size=4)), min_size=1, max_size=3),
+       st.booleans(), st.integers(0, 2**32), st.lists(st.integers(0, 10**6), max_size=40))
+def test_pythonic_pieces_add_up_to_the_whole_replys_arguments(calls, wrapped, seed, cuts):
+    rng = random.Random(seed)
+    text = "[" + rng.choice([",", ", ", ",\n "]).join(
+        _py_call(n, a, rng) for n, a in calls) + rng.choice(["]", ",]", "\n]"])
+    if wrapped:
+        text = "<|python_start|>" + rng.choice(["", "\n"]) + text + "<|python_end|>"
+    want = [(n, json.dumps(a, ensure_ascii=False)) for n, a in calls]
+    got = _check_against_the_pythonic_reader(rng.choice(["", " ", "\n"]) + text, cuts, want)
+    for call, (_, args) in zip(got["calls"], calls):
+        long = [v for v in args.values() if isinstance(v, str) and len(v) > 3]
+        assert call["entries"] > (2 if long else 1)
+
+
+@pytest.mark.parametrize("text", [
+    "[get_weather(city='Paris', days=3), read_file(path=\"a.py\")]",
+    ("<|python_start|>[write_file(path='a.py', content='''def f():\n    return \"x\"\n''')]"
+     "<|python_end|>"),
+    "[write_file(path=r'C:\\dir\\f.py', content=u'caf\\xe9 \\N{SNOWMAN} \\u2603 \\U0001F600')]",
+    "[write_file(content='a' \"b\"\n  '''c''' # joined\n  R'\\d', path='x')]",
+    ("[search(query='x', max_results=0x10, regex=False, paths=('src', 'tests'), "
+     "threshold=-1.5e-3, options={'case': True, 1: None, 'n': [1_000, +2, -.5]})]"),
+    "[write_file(path='x', content='\\d\\8\\w \\\n\\777\\0')]",  # unknown escapes keep the \\
+    "[get_time(), get_time( ), get_weather(\n    city = 'Oslo' ,\n)]",
+    "[write_file(path='''''', content=\"\"\"'''\"\"\")]",
+    "[write_file(path='a''b', content='''x''''y')]",  # ('' then 'b'; ''' then 'y')
+    "[read_file(path='a'),get_time()]",
+    "[(get_time)(), read_file(path='a')]",  # a head written otherwise: whole from there
+    "[read_file(path='a'), # and\n get_time()]",
+    "[read_file(path='a'), get_time \\\n()]",
+])
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # (\\d: Python 3.11 warns)
+@settings(max_examples=20, deadline=None)
+@given(cuts=st.lists(st.integers(0, 10**6), max_size=30))
+def test_pythonic_literal_forms_stream_as_whole(text, cuts):
+    _check_against_the_pythonic_reader(text, cuts)
+
+
+@pytest.mark.parametrize("text", [
+    "The weather is fine.",
+    "[rm_rf(path='/')]",                          # not a listed tool: never begun
+    "[get_weather('Paris')]",                     # begun: positional
+    "[get_weather(city=open('/etc/passwd'))]",    # not a literal: never evaluated
+    "[get_weather(city='x'.upper())]",            # a string that goes on: no literal
+    "[get_weather(city='x' + 'y')]",
+    "[write_file(path=b'a.py')]",                 # bytes, f-strings: no JSON value
+    "[write_file(path=f'a.py')]",
+    "[write_file(path='a.py', content='print(",  # cut by max_tokens
+    "[get_weather(city='Paris')] and then some prose",
+    "[get_weather(city='Paris')",
+    "[get_weather(city='x')]\n```",
+])
+def test_pythonic_no_call_is_content_and_a_begun_call_ends_with_its_pieces(text):
+    config = cfg("pythonic")
+    whole = _whole(config, text, "length")
+    assert whole["calls"] == [] and whole["content"] == text
+    got = _streamed(config, list(text), "length")
+    assert got["finish"] == "length"
+    begun = text.startswith(("[get_weather(", "[write_file("))  # (a listed tool, its `(`)
+    assert bool(got["calls"]) == begun
+    if not begun:
+        assert got["content"] == text
+        return
+    # begun: the stream ends it with the pieces sent, the JSON of
+    # what was read (a prefix, or the whole object when only what came after it was wrong)
+    (call,) = got["calls"]
+    assert call["name"] in NAMES and call["arguments"].startswith("{")
+    assert got["content"] == ""
+    if "prose" in text or "```" in text:
+        assert json.loads(call["arguments"]) == {"city": "Paris" if "prose" in text else "x"}
+
+
+def test_pythonic_repeated_keyword_streams_both_values_the_same_object():
+    # ast reads f(a=1, a=2) (only the compiler refuses it): the whole call keeps the last value
+    # in the first one's place, as it always has; the stream cannot take the first back
+    text = "[get_weather(city='Paris', days=3, city='Oslo')]"
+    whole = _whole(cfg("pythonic"), text)
+    got = _streamed(cfg("pythonic"), list(text))
+    assert whole["calls"][0]["arguments"] == '{"city": "Oslo", "days": 3}'
+    assert got["calls"][0]["arguments"] == '{"city": "Paris", "days": 3, "city": "Oslo"}'
+    assert json.loads(got["calls"][0]["arguments"]) == json.loads(whole["calls"][0]["arguments"])
+
+
+@pytest.mark.parametrize("body", [
+    "[get_weather(city='x')]", "<|python_start|>\n[ read_file (path='a')]", "[get_weathe(x=1)]",
+    "[if(x=1)]", "[get_time\n()]", "[get_time.x()]", "[ｇet_time()]", "[" + " " * 300 + "get_time()",
+    "[get_time" + "e" * 70 + "()]", "[1]", "[]"])
+def test_a_pythonic_head_decides_alike_on_every_prefix(body):
+    from gateway.tool_parser import make_parser
+    p = make_parser(cfg("pythonic"))
+    final = p._head(body, -1)
+    for i in range(len("<|python_start|>") if body.startswith("<|") else 1, len(body)):
+        got = p._head(body[:i], -1)
+        assert got is None or got == final, (body[:i], got, final)
+    after = "read_file(path='a')"
+    rest = body.removeprefix("<|python_start|>\n").removeprefix("[")
+    text = "[" + after + " ," + rest
+    final = p._head(text, len("[" + after))
+    for i in range(len("[" + after), len(text)):
+        got = p._head(text[:i], len("[" + after))
+        assert got is None or got == final, (text[:i], got, final)
+
+
+PY_CODE = ('def hello(name):\n    """Say hi."""\n    print(f"hi, {name} \\u00e9")\n'
+           "    return {'a': [1, 2]}\n")
+PY_LONG = "[write_file(path='src/hello.py', content=" + repr(PY_CODE * 6) + ")]"
+
+
+@pytest.fixture
+async def long_pythonic_client(aiohttp_client):
+    b = await FakeBackend(ipc_address(), script=Recorder(PY_LONG)).start()
+    try:
+        yield await aiohttp_client(create_app(make_config(b.address, tool_call_parser="pythonic"),
+                                              startup_wait_s=5.0))
+    finally:
+        await b.stop()
+
+
+async def test_openai_sdk_gets_a_long_pythonic_call_in_pieces_that_add_up(long_pythonic_client):
+    api = sdk(long_pythonic_client)
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "write hello.py"}],
+            "tools": [WRITE]}
+    whole = await api.chat.completions.create(**body)
+    entries = 0
+    async with api.chat.completions.stream(**body) as stream:
+        async for event in stream:
+            if event.type == "tool_calls.function.arguments.delta":
+                entries += 1
+        final = await stream.get_final_completion()
+    (want,), (got,) = whole.choices[0].message.tool_calls, final.choices[0].message.tool_calls
+    assert entries > 100  # (the fake backend's tokens are bytes)
+    assert (got.function.name, got.function.arguments) == (want.function.name,
+                                                           want.function.arguments)
+    assert want.function.arguments == json.dumps({"path": "src/hello.py", "content": PY_CODE * 6})
+    # (no content: None whole; the SDK's accumulated message starts from "")
+    assert not final.choices[0].message.content and whole.choices[0].message.content is None
+    assert final.choices[0].finish_reason == whole.choices[0].finish_reason == "tool_calls"
+
+
+async def test_anthropic_sdk_gets_pythonic_input_json_delta_pieces_that_add_up(
+        long_pythonic_client):
+    api = anthropic.AsyncAnthropic(base_url=str(long_pythonic_client.make_url("")), api_key="k",
+                                   max_retries=0)
+    tool = {"name": "write_file", "input_schema": WRITE["function"]["parameters"]}
+    body = {"model": "tiny", "max_tokens": 1500, "tools": [tool],
+            "messages": [{"role": "user", "content": "write hello.py"}]}
+    whole = await api.messages.create(**body)
+    pieces = []
+    async with api.messages.stream(**body) as stream:
+        async for event in stream:
+            if event.type == "content_block_delta" and event.delta.type == "input_json_delta":
+                pieces.append(event.delta.partial_json)
+        final = await stream.get_final_message()
+    assert len(pieces) > 100
+    assert [b.input for b in final.content] == [b.input for b in whole.content] == [
+        {"path": "src/hello.py", "content": PY_CODE * 6}]
+    assert "".join(pieces) == json.dumps({"path": "src/hello.py", "content": PY_CODE * 6})
+    assert final.stop_reason == whole.stop_reason == "tool_use"
+
+
+def test_pythonic_a_value_the_writer_refuses_comes_whole_at_the_end(caplog):
+    # (no such text is known: simulated) the whole reading decides; the stream's call gets the
+    # rest of its arguments in one piece at the end, and the pieces still add up
+    from gateway import tool_args_python
+
+    def refuse(text):
+        raise tool_args_python._Invalid
+    text = "[write_file(path='a.py', content='x = 1\\n', mode=[1, 2]), get_time()]"
+    want = _whole(cfg("pythonic"), text)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(tool_args_python.PythonArgsWriter, "_evaluate", staticmethod(refuse))
+        got = _check_same(cfg("pythonic"), text, range(len(text)))
+    assert [c["arguments"] for c in got["calls"]] == [c["arguments"] for c in want["calls"]] == [
+        '{"path": "a.py", "content": "x = 1\\n", "mode": [1, 2]}', "{}"]
+    assert got["calls"][0]["entries"] > 5
+    assert not caplog.records  # (the pieces add up: nothing to warn of)

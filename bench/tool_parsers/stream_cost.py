@@ -6,7 +6,8 @@ without its incremental scans (`rescan_streamed_ms`): the open block's end marke
 the block's start on every piece (what `_searched` saves) and the JSON decoded on every piece
 (what `JsonEnd` saves), i.e. work of the piece count times the reply's length.
 
-    python -m bench.tool_parsers.stream_cost [--kb 120] [--piece 4] [--out FILE.json]
+    python -m bench.tool_parsers.stream_cost [--kb 120] [--piece 4] [--parser NAME ...]
+        [--out FILE.json]
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ def replies(code: str) -> dict[str, str]:
                   f"<|constrain|>json<|message|>{args}<|call|>",
         "mistral": f'[TOOL_CALLS]write_file[ARGS]{args}',
         "json": f'{{"name": "write_file", "arguments": {args}}}',
+        "pythonic": f"[write_file(path='a.py', content={code!r})]",
     }
 
 
@@ -82,12 +84,16 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kb", type=int, default=120, help="size of the call's code, KB")
     ap.add_argument("--piece", type=int, default=4, help="characters per streamed piece")
+    ap.add_argument("--parser", action="append", default=None,
+                    help="only these parsers (repeatable; default: all)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     code = ("def f(x):\n    return {'a': [x, \"<b>\"]}\n" * (args.kb * 1024 // 40 + 1))[
         :args.kb * 1024]
     rows = []
     for parser, text in replies(code).items():
+        if args.parser and parser not in args.parser:
+            continue
         whole, calls_whole = run(parser, text, len(text))
         streamed, calls = run(parser, text, args.piece)
         row = {"parser": parser, "chars": len(text), "pieces": -(-len(text) // args.piece),
