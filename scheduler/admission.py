@@ -86,12 +86,12 @@ concurrency are measured (a fresh backend, one never full), the gap term predict
 simulator's 4 x 8-slot x 20 ms backends at 1.5x capacity with placement by predicted TTFT,
 Fast TTFT p90 of the admitted 209 -> 87 ms, accepted missing by > 10% 6.8 -> 3.4% (5 seeds).
 
-Admission and Retry-After part there (`arrival_quantile`): the Retry-After is the wait
-predicted with the higher classes' arrivals at their mean; a Slow request is admitted only if
-its wait meets the deadline in (by default) every one of 64 fixed Poisson futures of those
-arrivals, simulated the same way (the Fast and Normal arrivals after it decide when it gets a
-slot: its waits span x3.3-3.8 from p10 to p90 of the futures; the mean admitted 4-5% that
-missed by > 10%). 1.5x capacity, 10 seeds: Slow admitted missing by > 10% 176 -> 14, Slow met
+Admission and Retry-After differ there (`AdmissionConfig.arrival_quantile`): the Retry-After is
+the wait predicted with the higher classes' arrivals at their mean; a Slow request is admitted
+only if its wait meets the deadline in (by default) every one of 64 fixed Poisson futures of
+those arrivals, simulated the same way (the Fast and Normal arrivals after it decide when it
+gets a slot: its waits span x3.3-3.8 from p10 to p90 of the futures; with the mean, 3.4-3.9% of
+the admitted missed by > 10%). 1.5x capacity, 10 seeds: Slow admitted missing by > 10% 176 -> 14, Slow met
 35.8 -> 42.8%; at 1.0x 83 of 1,237 Slow requests refused that the mean admitted.
 
 `headroom(now)`: per backend and in total, 1 / gap_b (the start rate the SLOs can take) minus
@@ -631,8 +631,10 @@ class WaitPredictor:
     def _slot_wait(self, be: _Backend, cls: int, extra_ahead: int, now: float,
                    quantile: float | None = None) -> float | None:
         """How long a class-`cls` request sent to `be` now waits for a slot (None: the model
-        has no step time or concurrency yet). `quantile`: the higher classes' arrivals
-        projected at that quantile of a Poisson count instead of the mean."""
+        has no step time or concurrency yet). `quantile`: an upper quantile of the wait over
+        the higher classes' arrivals instead of their mean projection
+        (`AdmissionConfig.arrival_quantile_mode`: over sampled futures, or a Poisson count's
+        quantile at every time)."""
         if not self.config.slot_model or not be.step:
             return None
         step = be.step
