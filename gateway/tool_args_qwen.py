@@ -19,6 +19,7 @@ from gateway.tool_text_values import (
     QWEN_FUNCTION_END,
     QWEN_PARAM,
     QWEN_PARAM_END,
+    SteppedArgsWriter,
     schema_types,
     typed_value,
 )
@@ -49,7 +50,7 @@ def _value_text(raw: str) -> str:
     return raw.removeprefix("\n").removesuffix("\n")
 
 
-class QwenArgsWriter:
+class QwenArgsWriter(SteppedArgsWriter):
     """The arguments of the call whose parameters start at `start` of a growing buffer, in the
     interface of gateway.tool_args_json.JsonArgsWriter (`write(buf, limit, final)`, `done`,
     `invalid`, `text`). `wrapped`: the call is inside `<tool_call>` (its text ends with
@@ -69,19 +70,6 @@ class QwenArgsWriter:
         self._schema = None
         self._pieces: list[str] = ["{"]
         self._sent = 0  # pieces given out
-
-    @property
-    def text(self) -> str:
-        return "".join(self._pieces)
-
-    def write(self, buf: str, limit: int, final: bool = False) -> str:
-        while not (self.done or self.invalid) and self._step(buf, limit, final):
-            pass
-        if final and not self.done:
-            self.invalid = True
-        piece = "".join(self._pieces[self._sent:])
-        self._sent = len(self._pieces)
-        return piece
 
     def _step(self, buf: str, limit: int, final: bool) -> bool:
         """One phase's progress; True when it moved on to the next phase."""

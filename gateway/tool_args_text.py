@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable
 
 from gateway.tool_call_parsers import _partial_tag
-from gateway.tool_text_values import schema_types, typed_value
+from gateway.tool_text_values import SteppedArgsWriter, schema_types, typed_value
 
 _SPACE = re.compile(r"\s*")
 
@@ -26,7 +26,7 @@ _SPACE = re.compile(r"\s*")
 ParamHead = Callable[[str, int, int], "tuple[str, str | None, int] | bool | None"]
 
 
-class TextArgsWriter:
+class TextArgsWriter(SteppedArgsWriter):
     """The arguments whose first parameter head is at `start` of a growing buffer, in the
     interface of gateway.tool_args_json.JsonArgsWriter (`write(buf, limit, final)`, `done`,
     `invalid`, `text`). `props`: the tool's schema properties; `head`: reads a parameter's head;
@@ -43,19 +43,6 @@ class TextArgsWriter:
         self._search = 0  # no end tag in the value before this (from its start)
         self._pieces: list[str] = ["{"]
         self._sent = 0
-
-    @property
-    def text(self) -> str:
-        return "".join(self._pieces)
-
-    def write(self, buf: str, limit: int, final: bool = False) -> str:
-        while not (self.done or self.invalid) and self._step(buf, limit, final):
-            pass
-        if final and not self.done:
-            self.invalid = True
-        piece = "".join(self._pieces[self._sent:])
-        self._sent = len(self._pieces)
-        return piece
 
     def _step(self, buf: str, limit: int, final: bool) -> bool:
         """Progress on a parameter's head or its value; True when it moved on."""

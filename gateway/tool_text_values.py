@@ -66,3 +66,32 @@ def typed_value(text: str, schema: Any) -> Any:
     if kind == "number" and "integer" in types and float(value).is_integer():
         return int(value)
     return text
+
+
+class SteppedArgsWriter:
+    """What the tagged-text formats' argument writers (gateway/tool_args_qwen.py,
+    gateway/tool_args_text.py) share: the interface of gateway.tool_args_json.JsonArgsWriter
+    (`write(buf, limit, final)` -> the new piece, `done`, `invalid`, `text`) over a `_step`
+    that each writer defines (one phase's progress on the buffer; True when it moved on) and the
+    JSON pieces it appends to `_pieces`."""
+
+    done: bool
+    invalid: bool
+    _pieces: list[str]
+    _sent: int  # pieces given out
+
+    @property
+    def text(self) -> str:
+        return "".join(self._pieces)
+
+    def write(self, buf: str, limit: int, final: bool = False) -> str:
+        while not (self.done or self.invalid) and self._step(buf, limit, final):
+            pass
+        if final and not self.done:
+            self.invalid = True
+        piece = "".join(self._pieces[self._sent:])
+        self._sent = len(self._pieces)
+        return piece
+
+    def _step(self, buf: str, limit: int, final: bool) -> bool:
+        raise NotImplementedError
