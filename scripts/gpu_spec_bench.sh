@@ -164,7 +164,8 @@ if [ "$PART" = sim ]; then
   live=(); sim=()
   for c in $LOADS; do
     $PY -m sims.speculation --profile "$M/profile.json" --concurrency "$c" \
-        --trace "$S/trace_load_c$c/keep=0.75.jsonl" --json "$M/sim_c$c.json" || exit 1
+        --trace "$S/trace_load_c$c/keep=0.75.jsonl" --host-turn "${HOST_TURN:-measured}" \
+        --json "$M/sim_c$c.json" || exit 1
     live+=("$S/load_c$c.json"); sim+=("$M/sim_c$c.json")
   done
   $PY -m bench.simulator.spec_validate --live "${live[@]}" --sim "${sim[@]}" \

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -140,6 +141,7 @@ class SpecSimResult:
     makespan: float
     source_stats: dict
     outputs: dict[int, list[int]] = field(default_factory=dict)  # request -> generated tokens
+    host_turn_s: list[float] = field(default_factory=list)  # each drafting step's host turn
 
     def summary(self) -> dict:
         tpots = [r.tpot for r in self.records if r.tpot is not None]
@@ -169,6 +171,8 @@ class SpecSimResult:
             "mean_accepted_per_verify": accepted / verifies if verifies else None,
             "tokens_per_step_per_seq": out_tokens / max(1, sum(s[1] + s[2] for s in self.steps)),
             "by_source": self.source_stats,
+            "host_turn_ms_mean": float(np.mean(self.host_turn_s)) * 1e3 if self.host_turn_s
+            else None,
         }
 
 
@@ -202,6 +206,7 @@ def simulate_speculation(requests: Sequence[SpecRequest], cost, sched_config: Sc
                          concurrency: int | None = None, seed: int = 0,
                          warmup: Sequence[SpecRequest] = (), keep_sessions: bool = False,
                          async_scheduling: bool = False, reset_on_resync: bool = True,
+                         host_turn: str = "launch",
                          max_steps: int = 10_000_000) -> SpecSimResult:
     """Run `requests` through one simulated backend. `spec_config` None: no speculation (the
     same steps a plain engine runs). `warmup`: requests run first on the same backend (its
@@ -210,7 +215,9 @@ def simulate_speculation(requests: Sequence[SpecRequest], cost, sched_config: Sc
     (`keep_sessions` False), as bench's oracle flushes them out of the live engine's.
     `async_scheduling`: the CUDA engine's turns (`EngineTurns`); False: the CPU engine's;
     `reset_on_resync` False: those turns as they were before the back-off ended when a
-    prediction re-synchronises (`scheduler.speculation.DraftBackoff`), for comparison."""
+    prediction re-synchronises (`scheduler.speculation.DraftBackoff`), for comparison.
+    `host_turn`: what a drafting step (not pipelined, async scheduling) pays for the host's
+    turn before it (`EngineTurns.HOST_TURNS`)."""
     acceptance = acceptance or OracleAcceptance()
     rng = np.random.default_rng(seed)
     sched = StepScheduler(sched_config)
@@ -226,7 +233,7 @@ def simulate_speculation(requests: Sequence[SpecRequest], cost, sched_config: Sc
     now = 0.0
     budget = [max_steps]
     turns = EngineTurns(async_scheduling, sched_config.max_num_seqs,
-                        sched_config.max_num_batched_tokens)
+                        sched_config.max_num_batched_tokens, host_turn)
     if warmup:
         now, _, _ = _run_phase(range(len(warmup)), all_reqs, now, sched, spec, cost, acceptance,
                                rng, concurrency, records, generated, {}, budget, turns)
@@ -236,12 +243,13 @@ def simulate_speculation(requests: Sequence[SpecRequest], cost, sched_config: Sc
                 store.n_min, store.n_max, store.max_sessions, store.max_tokens)
     first = len(warmup)
     start = now
+    turns.charged_s = []  # the measured phase's only
     now, steps, decisions = _run_phase(range(first, len(all_reqs)), all_reqs, now, sched, spec,
                                        cost, acceptance, rng, concurrency, records, generated,
                                        outputs, budget, turns)
     stats = spec.stats() if spec is not None else {}
     return SpecSimResult(records[first:], steps, decisions, now - start, stats,
-                         {i - first: o for i, o in outputs.items()})
+                         {i - first: o for i, o in outputs.items()}, turns.charged_s)
 
 
 class EngineTurns:
@@ -258,12 +266,37 @@ class EngineTurns:
     running) and twice the host's launch time (what a read-back costs the device). Without
     async scheduling (the CPU engine) it asks every step."""
 
+    # What a drafting step pays for the host's turn before it (with async scheduling; a
+    # pipelined step's turn runs in the device's shadow): "launch", one more host launch of the
+    # step's shape from the profile's launch fit (deterministic; for a simulator run elsewhere
+    # than the backend's host); "measured", the wall time this simulator's own run of the same
+    # code takes on this host (the Speculator's drafting, the StepScheduler's schedule and
+    # update, the acceptance and the speculator's bookkeeping: what the engine runs in that
+    # turn, less its records and the worker's delivery), for a simulator run on the host the
+    # backend ran on (issue 28's H200 validation); not reproducible run to run
+    HOST_TURNS = ("launch", "measured")
+
     def __init__(self, async_scheduling: bool = False, max_num_seqs: int | None = None,
-                 max_num_batched_tokens: int = 2048) -> None:
+                 max_num_batched_tokens: int = 2048, host_turn: str = "launch") -> None:
+        if host_turn not in self.HOST_TURNS:
+            raise ValueError(f"host_turn must be one of {self.HOST_TURNS}, not {host_turn!r}")
         self.async_scheduling = async_scheduling
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.host_turn = host_turn
         self.drafted_last = False
+        self.last_post_s = 0.0  # the measured handling of the last step's tokens
+        self.charged_s: list[float] = []  # each drafting step's host turn charged
+
+    def turn_seconds(self, cost, plan, planning_s: float) -> float:
+        """The host turn a drafting step waits for (see HOST_TURNS)."""
+        if self.host_turn == "measured":
+            return self.last_post_s + planning_s
+        launch = getattr(cost, "launch_time", None)
+        if launch is None:
+            return 0.0
+        return launch(sum(1 for c in plan.chunks if not c.is_prefill and not c.num_draft),
+                      sum(len(c.token_ids) for c in plan.chunks if c.is_prefill or c.num_draft))
 
     def _may_speculate(self, spec, sched) -> bool:
         if spec.backoff.skip():
@@ -342,29 +375,32 @@ def _run_phase(indexes: range, requests: Sequence[SpecRequest], now: float, sche
                 break
             now = arrivals[0][0]
             continue
+        t_plan = time.perf_counter()
         drafts = turns.drafts(spec, sched, cost) if spec is not None else {}
         decisions.append({rid: len(d) for rid, d in drafts.items()})
         plan = sched.schedule(list_decodes=True, drafts=drafts)
+        planning_s = time.perf_counter() - t_plan
         if not plan.chunks:
             if not arrivals:
                 raise RuntimeError("the scheduler can run nothing and nothing arrives")
             now = max(now, arrivals[0][0])
             continue
         seconds, tokens = _step_cost(cost, plan)
+        if spec is not None and turns.async_scheduling:
+            spec.index_ahead()  # while the step runs, as the CUDA engine does after a launch
         if drafts and turns.async_scheduling:
-            # a step with drafts is not pipelined, and it is more than the prefill chunk the
-            # profile timed for its shape (logits and sampling at every verified position, the
-            # acceptance, the read-back of what was accepted): live H200 drafting steps (33B,
-            # ~3,100-token edits) ran 0.6 / ~1.5 / 1.6 ms over the profile's time for their
-            # shape at c = 1 / 8 / 32, from their launch to their read-back (the planning
-            # before the launch, 0.16 ms at the median, is not in either). Charged as one more
-            # host launch (the launch fit: 0.8 / 0.9 / 1.2 ms there) where the profile did not
-            # time verify steps themselves (`tidegate backend profile --verify-drafts`)
-            launch = getattr(cost, "launch_time", None)
-            if launch is not None and not getattr(cost, "measures_verifies", False):
-                seconds += launch(sum(1 for c in plan.chunks if not c.is_prefill and not c.num_draft),
-                                  sum(len(c.token_ids) for c in plan.chunks
-                                      if c.is_prefill or c.num_draft))
+            # a step with drafts is not pipelined: the host's turn before it (the step before
+            # read back and its tokens handled, delivered, this step planned) runs while the
+            # device waits, where a pipelined step hides it. The profile times a step from its
+            # launch to its read-back (its verify points too), not that turn (`EngineTurns.
+            # HOST_TURNS`). Live H200 drafting steps ran 0.6-1.9 ms over the profile's time for
+            # their shape at c = 1 / 8 / 32 (33B, ~3,100-token edits), and 2.3-2.8 ms at
+            # c = 32 while prompt-lookup indexes caught up in the planning, which now runs
+            # after the launch (`Speculator.index_ahead`)
+            turn_s = turns.turn_seconds(cost, plan, planning_s)
+            turns.charged_s.append(turn_s)
+            seconds += turn_s
+        t_post = time.perf_counter()
         now += seconds
         if spec is not None and spec.policy.cost is not None:
             spec.policy.cost.observe(tokens, seconds)
@@ -419,6 +455,7 @@ def _run_phase(indexes: range, requests: Sequence[SpecRequest], now: float, sche
             if next_closed < n:
                 heapq.heappush(arrivals, (now, ids[next_closed]))
                 next_closed += 1
+        turns.last_post_s = time.perf_counter() - t_post
         if done == n:
             break
     return now, steps, decisions
@@ -498,6 +535,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reset-on-resync", action=argparse.BooleanOptionalAction, default=True,
                    help="the engine's back-off ends when a prediction re-synchronises (default; "
                         "--no-reset-on-resync: the rule before it, for comparison)")
+    p.add_argument("--host-turn", choices=EngineTurns.HOST_TURNS, default="launch",
+                   help="a drafting step's wait for the host's turn before it: one more host "
+                        "launch from the profile (default), or this run's own time for the same "
+                        "code (only where the backend ran: its host)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if args.profile:
@@ -547,7 +588,8 @@ def main(argv: list[str] | None = None) -> int:
         on = simulate_speculation(reqs, cost, sched, spec, acceptance, warmup=baseline,
                                   concurrency=args.concurrency, seed=args.seed,
                                   async_scheduling=async_sched,
-                                  reset_on_resync=args.reset_on_resync).summary()
+                                  reset_on_resync=args.reset_on_resync,
+                                  host_turn=args.host_turn).summary()
         ratio = on["tpot_p50_s"] / off["tpot_p50_s"] if off["tpot_p50_s"] else None
         report["runs"][name] = {"off_cold": off_cold, "off": off, "on": on,
                                 "tpot_p50_ratio": ratio}

@@ -2,6 +2,8 @@
 and the engine's Speculator on a virtual clock, verifies charged as short prefill chunks."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -233,3 +235,40 @@ def test_back_off_reset_on_resync_recovers_the_edited_lines():
     before, resync, every = (tpot(async_scheduling=True, reset_on_resync=False),
                              tpot(async_scheduling=True), tpot())
     assert resync < before and resync == pytest.approx(every, rel=0.02)
+
+
+def test_measured_host_turn_charges_drafting_steps_their_own_planning(monkeypatch):
+    """`host_turn="measured"`: a drafting step (not pipelined under async scheduling) waits for
+    the host's turn before it, charged as the wall time the simulator's own run of the engine's
+    code took: a planning made 2 ms slower shows up in each drafting step and in TPOT; the
+    default (one more launch from the profile: none for a constant cost) charges none of it,
+    and a pipelined run (no drafts) none either way."""
+    from scheduler.speculation import Speculator
+
+    real = Speculator.plan
+
+    def slow_plan(self, *a, **kw):
+        t = time.perf_counter()
+        while time.perf_counter() - t < 0.002:
+            pass
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(Speculator, "plan", slow_plan)
+    reqs = [one()]
+
+    def run(**kw):
+        return simulate_speculation(reqs, ConstantCost(STEP), sched(), spec(4), concurrency=1,
+                                    async_scheduling=True, **kw)
+
+    launch, measured = run(), run(host_turn="measured")
+    assert launch.summary()["host_turn_ms_mean"] == 0.0
+    turn = measured.summary()["host_turn_ms_mean"]
+    assert turn >= 2.0
+    assert measured.summary()["tpot_p50_s"] > launch.summary()["tpot_p50_s"]
+    # every step drafted (a full prediction): each step's time is STEP plus its turn
+    assert all(s[0] >= STEP + 0.002 for s, d in zip(measured.steps, measured.decisions) if d)
+    plain = simulate_speculation(reqs, ConstantCost(STEP), sched(), None, concurrency=1,
+                                 async_scheduling=True, host_turn="measured")
+    assert plain.summary()["host_turn_ms_mean"] is None
+    with pytest.raises(ValueError, match="host_turn"):
+        run(host_turn="sometimes")

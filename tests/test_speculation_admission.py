@@ -181,3 +181,72 @@ def test_the_allowance_flag_round_trips():
     cfg = speculation_config_from_args(p.parse_args(["--speculation-index-tokens", "0"]))
     assert cfg.lookup_index_tokens_per_step == 0
     assert Speculator(cfg).prompt.tokens_per_step is None  # 0: no limit
+
+
+def test_index_ahead_catches_up_started_indexes_in_the_devices_shadow():
+    """The CUDA engine indexes after each launch, while the device runs (`Speculator.
+    index_ahead`): started indexes catch up at up to the allowance there too, so twelve new
+    3,103-token prompts are indexed in half the steps, and the planning a drafting step waits
+    for does less of it. Indexes never asked for (a request that has not drafted) stay unbuilt,
+    as do those of requests with speculation off; the tables are those of the one-go build."""
+    rng = random.Random(5)
+    prompts = [_code_prompt(rng, 3100) for _ in range(12)]
+    budget = 4096
+
+    def speculator():
+        sp = Speculator(SpeculationConfig(sources=("prompt",), lookup_index_tokens_per_step=budget))
+        for i, p in enumerate(prompts):
+            sp.add(f"r{i}", p)
+            sp.append(f"r{i}", p[100:103])
+        return sp
+
+    def steps_to_index(shadow: bool) -> int:
+        sp = speculator()
+        steps = 0
+        while _indexed(sp) < 12 * 3103:
+            for i in range(12):
+                sp.load(f"r{i}", 100)
+            sp.plan([], 12, 0)
+            if shadow:
+                assert sp.index_ahead() <= budget
+            steps += 1
+            assert steps < 20
+        for i in range(12):
+            ref = NgramIndex(2, 4, prompts[i] + prompts[i][100:103])
+            assert sp.get(f"r{i}").history.tables == ref.tables
+        return steps
+
+    assert steps_to_index(False) == -(-12 * 3103 // budget)  # 10
+    assert steps_to_index(True) == -(-12 * 3103 // (2 * budget))  # 5
+    sp = Speculator(SpeculationConfig(sources=("prompt",), lookup_index_tokens_per_step=1000))
+    for i in range(2):
+        sp.add(f"r{i}", prompts[i])
+    sp.add("off", prompts[2], off=True)
+    assert sp.index_ahead() == 0  # nothing was asked for yet
+    assert all(st.history is None for st in sp.states.values())
+    sp.load("r0", 100)  # the ask starts r0's index: 1,000 tokens in the planning
+    sp.plan([], 1, 0)
+    assert sp.index_ahead() == 1000  # 1,000 more in the shadow, all r0's
+    assert len(sp.get("r0").history.tokens) == 2000
+    assert sp.get("r1").history is None and sp.get("off").history is None
+
+
+def test_a_source_trusted_less_than_the_leading_draft_is_not_asked():
+    """A sequence whose prediction is aligned (prior acceptance 0.85) does not pay for prompt
+    lookup (0.5): its index is not built and not searched while the prediction leads, and the
+    draft is the prediction's, as when every source was asked. Once the prediction is lost the
+    lookup is asked and its index started."""
+    rng = random.Random(6)
+    prompt = _code_prompt(rng, 600)
+    pred = prompt[200:260]
+    sp = Speculator(SpeculationConfig(lookup_index_tokens_per_step=0))
+    sp.add("r", prompt, prediction=pred)
+    load = sp.load("r", 100)
+    st = sp.get("r")
+    assert load is not None and st.pending_source == "prediction"
+    assert st.pending_draft == pred[:len(st.pending_draft)]
+    assert st.history is None  # prompt lookup was not asked
+    sp.append("r", [10 ** 6])  # a token the prediction does not hold: alignment lost
+    assert st.pred_pos < 0
+    sp.load("r", 100)
+    assert st.history is not None and len(st.history.tokens) == 601

@@ -406,3 +406,30 @@ def test_back_off_ends_when_the_prediction_resynchronises(tmp_path):
         out, turns[reset] = _run(eng, {"a": (prompt, params)}, {"a": pred}, turn="advance")
         assert out["a"][0] == toks
     assert turns[True] < turns[False], turns
+
+
+def test_prompt_lookup_indexes_catch_up_after_the_launch_under_async_scheduling():
+    """Async scheduling (the CUDA loop's order on the CPU stand-in): a started prompt-lookup
+    index that is behind its tokens is caught up right after a launch, while the device would
+    run the step (`Speculator.index_ahead`), so the next drafting step's planning indexes
+    nothing; the output is still that of decoding without speculation. The synchronous loop
+    (the CPU engine, no device shadow) does not: its planning keeps the catch-up."""
+    cfg = SpeculationConfig(sources=("prompt",), lookup_index_tokens_per_step=8)
+    base_engine = _engine(None, graphs=True)
+    vocab = base_engine.runner.model.config.vocab_size
+    prompts = _prompts(2, vocab, 21)
+    reqs = {f"r{i}": (p, SamplingParams(max_tokens=20, ignore_eos=True))
+            for i, p in enumerate(prompts)}
+    base, _ = _run(base_engine, reqs, turn="advance")
+    for async_scheduling in (True, False):
+        eng = _engine(cfg, graphs=True)
+        eng.async_scheduling = async_scheduling
+        ahead = []
+        real = eng.speculator.index_ahead
+        eng.speculator.index_ahead = lambda: ahead.append(real()) or ahead[-1]
+        out, _ = _run(eng, reqs, turn="advance")
+        assert {r: v[0] for r, v in out.items()} == {r: v[0] for r, v in base.items()}
+        if async_scheduling:
+            assert sum(ahead) > 0  # the shadow indexed tokens the planning would have
+        else:
+            assert ahead == []

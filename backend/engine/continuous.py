@@ -397,6 +397,11 @@ class Engine:
                 placeholders = dict.fromkeys(nxt.sampled_rows, PLACEHOLDER_TOKEN)
                 nxt.finished = self.scheduler.update(nxt.plan, StepResult(sampled=placeholders))
             self._inflight = nxt
+            if self.speculator is not None and self.async_scheduling:
+                # prompt-lookup indexes catch up while the device runs the step, not in the
+                # next step's planning (which a drafting step's device waits for); the
+                # simulator does it at the same point (sims.speculation), on the same condition
+                self.speculator.index_ahead()
         return outputs
 
     # ---- speculative decoding ------------------------------------------------------------
