@@ -170,6 +170,15 @@ if [ "$PART" = sim ]; then
   done
   $PY -m bench.simulator.spec_validate --live "${live[@]}" --sim "${sim[@]}" \
       --json "$M/spec_validate.json" | tee "$OUT/spec_sim_table.txt"
+  # beside it, the other host-turn model (sims.speculation.EngineTurns.HOST_TURNS), for the record
+  alt=$([ "${HOST_TURN:-measured}" = measured ] && echo launch || echo measured); sim_alt=()
+  for c in $LOADS; do
+    $PY -m sims.speculation --profile "$M/profile.json" --concurrency "$c" \
+        --trace "$S/trace_load_c$c/keep=0.75.jsonl" --host-turn "$alt" \
+        --json "$M/sim_${alt}_c$c.json" > /dev/null && sim_alt+=("$M/sim_${alt}_c$c.json")
+  done
+  [ ${#sim_alt[@]} = ${#live[@]} ] && $PY -m bench.simulator.spec_validate --live "${live[@]}" \
+      --sim "${sim_alt[@]}" --json "$M/spec_validate_$alt.json" > "$M/spec_sim_table_$alt.txt"
   tar czf "$OUT/spec_sim.tar.gz" -C "$W" sim
   exit 0
 fi

@@ -433,3 +433,32 @@ def test_prompt_lookup_indexes_catch_up_after_the_launch_under_async_scheduling(
             assert sum(ahead) > 0  # the shadow indexed tokens the planning would have
         else:
             assert ahead == []
+
+
+def test_each_step_reports_its_host_phases_and_the_step_log_writes_them(tmp_path):
+    """A drafting step has no device timing events; the step log tells its host's part from
+    the rest by phases (`InFlightStep.host_phases`): planning, the launch's host work, launch
+    to read-back, handling after the read-back, which add up to the step's span."""
+    import json
+
+    from backend.server.step_log import StepLog
+
+    eng = _engine(SPEC, graphs=True)
+    vocab = eng.runner.model.config.vocab_size
+    prompt = _prompts(1, vocab, 23)[0]
+    assert eng.add_request("r", prompt, SamplingParams(max_tokens=12, ignore_eos=True),
+                           prediction=list(prompt[:12])) is None
+    log = StepLog(tmp_path / "steps.jsonl")
+    drafted = 0
+    while eng.has_unfinished():
+        eng.step()
+        st = eng.last_step
+        phases = st.host_phases()
+        assert phases is not None and all(x >= 0 for x in phases)
+        assert sum(phases) == pytest.approx(st.end - st.start, abs=1e-9)
+        drafted += any(getattr(c, "num_draft", 0) for c in st.plan.chunks)
+        log.record(st.start_wall, st.end - st.start, st.plan, host_phases=phases)
+    assert drafted > 0
+    log.write()
+    rows = [json.loads(x) for x in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert all(len(r["host_ms"]) == 4 and sum(r["host_ms"]) <= r["ms"] + 1e-3 for r in rows)

@@ -148,6 +148,16 @@ class InFlightStep:
     mask_grammars: list = field(default_factory=list)
     masks: object = None  # backend.runner.grammar.StepMasks, started before the launch
     masks_applied: bool = False
+    planned_at: float = 0.0  # perf_counter when its planning was done (the launch began)
+    read_at: float = 0.0  # perf_counter when the runner's read-back returned
+
+    def host_phases(self) -> tuple[float, float, float, float] | None:
+        """Seconds of (planning, the launch's host work, launch to read-back, handling after
+        the read-back): where a step's cadence goes beside its device time (the step log)."""
+        if not (self.start <= self.planned_at <= self.launched_at <= self.read_at <= self.end):
+            return None
+        return (self.planned_at - self.start, self.launched_at - self.planned_at,
+                self.read_at - self.launched_at, self.end - self.read_at)
 
 
 @dataclass
@@ -342,6 +352,7 @@ class Engine:
         if prev is not None:  # this step's decodes read prev's sampled ids on the device
             kw["gpu_src"] = prev.sampled_rows
         lock = self.step_unlocked if self.runner.device.type == "cpu" else None
+        planned_at = time.perf_counter()
         if lock is None:  # (CUDA: a launch may capture a graph; the KV server then waits)
             launched = self.runner.launch(plan.chunks, specs, **kw)
         else:
@@ -360,6 +371,7 @@ class Engine:
             step = InFlightStep(plan, launched, {c.request_id for c in plan.chunks}, start=start,
                                 start_wall=start_wall)
         step.mask_rows, step.mask_grammars, step.masks = mask_rows, mask_grammars, early
+        step.planned_at, step.launched_at = planned_at, launched_at
         return step
 
     def _apply_masks(self, step: InFlightStep) -> None:
@@ -631,6 +643,7 @@ class Engine:
         plan = step.plan
         self._apply_masks(step)
         out = self._read_back(step)
+        step.read_at = time.perf_counter()
         states = self.states
         accepted = self._verify(plan, out) if out.targets else None
         # a request finished while this step ran (a stop token read back from the pipelined
@@ -674,7 +687,7 @@ class Engine:
         the requests that sampled a stop token, build the records (see the module docstring)."""
         self._apply_masks(step)
         out = self._read_back(step)
-        step.end = time.perf_counter()
+        step.end = step.read_at = time.perf_counter()
         step.device_s = self._device_seconds(step)
         self._measure_device(step)
         if self.speculator is not None and step.device_s is not None and step.plan.chunks:

@@ -25,11 +25,15 @@ class StepLog:
         self.rows: list[tuple] = []
 
     def record(self, start_wall_s: float, duration_s: float, plan: StepPlan,
-               device_s: float | None = None, device_idle_s: float | None = None) -> None:
+               device_s: float | None = None, device_idle_s: float | None = None,
+               host_phases: tuple | None = None) -> None:
         """`device_s`: the step's own device time (CUDA timing events), when known: a step's
         duration here is the read-back cadence, which also holds any time the device waited.
         `device_idle_s`: how long the device sat idle between the step before and this one
-        (the same events), when known."""
+        (the same events), when known. `host_phases`: seconds of its planning, its launch's
+        host work, launch to read-back and its handling after the read-back
+        (`InFlightStep.host_phases`), when known: a drafting step has no timing events, and
+        these tell its host's part from its device's (issue 28)."""
         # prefill chunks come after the decodes in a plan: walk them from the end
         prefill = []
         for chunk in reversed(plan.chunks):
@@ -44,7 +48,7 @@ class StepLog:
         # bench's records on Linux), so a request's path can be followed across the processes
         self.rows.append((start_wall_s, time.monotonic() - duration_s, duration_s, num_decodes,
                           prefill, [_request_id(r) for r in plan.preempted], device_s, drafts,
-                          device_idle_s))
+                          device_idle_s, host_phases))
 
     def write(self) -> int:
         """Write every record (one JSON object a line); returns how many."""
@@ -56,8 +60,10 @@ class StepLog:
                                      | ({} if dev is None else {"device_ms": round(dev * 1000, 4)})
                                      | ({} if idle is None else
                                         {"device_idle_ms": round(idle * 1000, 4)})
-                                     | ({"drafts": k} if k else {}))
-                          + "\n" for t, m, dt, d, p, pre, dev, k, idle in self.rows)
+                                     | ({"drafts": k} if k else {})
+                                     | ({} if hp is None else
+                                        {"host_ms": [round(x * 1000, 4) for x in hp]}))
+                          + "\n" for t, m, dt, d, p, pre, dev, k, idle, hp in self.rows)
         return len(self.rows)
 
 

@@ -485,8 +485,10 @@ class Worker:
             dt_s = step.end - max(step.start, self._last_read_back)
             self._last_read_back = step.end
             if self.step_log is not None:
+                phases = getattr(step, "host_phases", None)
                 self.step_log.record(step.start_wall, dt_s, step.plan, step.device_s,
-                                     getattr(step, "device_idle_s", None))
+                                     getattr(step, "device_idle_s", None),
+                                     phases() if phases is not None else None)
             self.puller.observe_step(step.plan, step.device_s or (step.end - step.start))
         elif not self.engine.reports_steps:
             dt_s = turn_s
