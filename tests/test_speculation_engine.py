@@ -424,9 +424,13 @@ def test_prompt_lookup_indexes_catch_up_after_the_launch_under_async_scheduling(
     for async_scheduling in (True, False):
         eng = _engine(cfg, graphs=True)
         eng.async_scheduling = async_scheduling
-        ahead = []
-        real = eng.speculator.index_ahead
-        eng.speculator.index_ahead = lambda: ahead.append(real()) or ahead[-1]
+        ahead: list[int] = []
+
+        def counted(real=eng.speculator.index_ahead, ahead=ahead):
+            ahead.append(real())
+            return ahead[-1]
+
+        eng.speculator.index_ahead = counted
         out, _ = _run(eng, reqs, turn="advance")
         assert {r: v[0] for r, v in out.items()} == {r: v[0] for r, v in base.items()}
         if async_scheduling:
