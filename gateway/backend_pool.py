@@ -76,7 +76,8 @@ class BackendPool(PoolReceiver, PoolFailover):
     def __init__(self, addresses: list[str], config: PoolConfig = PoolConfig(),
                  on_idle: Callable[[], None] | None = None,
                  on_dropped: Callable[[str], None] | None = None,
-                 on_retry: Callable[[int], None] | None = None) -> None:
+                 on_retry: Callable[[int], None] | None = None,
+                 on_info: Callable[[int, pb.BackendInfo], None] | None = None) -> None:
         # no address is fine: discovery (gateway.discovery) or the admin endpoint adds them, and
         # until one has introduced itself requests get 503
         self.config = config
@@ -96,6 +97,9 @@ class BackendPool(PoolReceiver, PoolFailover):
         self._on_idle = on_idle or (lambda: None)
         self._on_dropped = on_dropped or (lambda socket: None)
         self._on_retry = on_retry or (lambda n: None)
+        # a backend introduced itself (its pid, its BackendInfo): the dispatcher's wait
+        # predictor takes its max_num_seqs (scheduler.admission, WaitPredictor.set_slots)
+        self._on_info = on_info or (lambda pid, info: None)
         self.num_retried = 0  # requests re-dispatched after their backend died
         self._nonce = itertools.count(1)
         self._batch_ids = itertools.count(1)  # Batch.batch_id: unique per gateway, never 0

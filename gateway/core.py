@@ -296,7 +296,8 @@ class Gateway:
         self.metrics = GatewayMetrics(config.served_model_name or "unknown", config.slo)
         self.pool = BackendPool(list(config.backends), config.pool, on_idle=self._on_idle,
                                 on_dropped=lambda s: self.metrics.dropped_frames.labels(s).inc(),
-                                on_retry=self.metrics.retried.inc)
+                                on_retry=self.metrics.retried.inc,
+                                on_info=lambda pid, info: self.dispatcher.on_backend_info(pid, info))
         decisions = (DecisionLog.open(config.decision_log_path)
                      if config.decision_log_path else None)
         self.dispatcher = Dispatcher(self.pool, self.metrics, config.batcher, config.queues,

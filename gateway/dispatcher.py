@@ -162,6 +162,11 @@ class Dispatcher:
         return [depth(c) for c in range(len(CLASS_NAMES))]
 
     # --- what the wait predictor counts (scheduler.admission) -----------------------------------
+    def on_backend_info(self, b: int, info: pb.BackendInfo) -> None:
+        """Backend `b` introduced itself (again, after a restart: its settings may have
+        changed): the slot model counts on its max_num_seqs from now (0: unknown)."""
+        self.predictor.set_slots(b, info.max_num_seqs)
+
     def on_first_token(self, handle: QueuedRequest, now: float) -> None:
         """`handle`'s first token arrived: it has started on its backend."""
         b, cls, ahead, uncached, decoding, predicted = handle.unstarted

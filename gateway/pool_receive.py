@@ -51,6 +51,7 @@ class PoolReceiver:
             backend.info = env.backend_info
             if self.pulls is not None:
                 self.pulls.on_info(backend.pid, env.backend_info)
+            self._on_info(backend.pid, env.backend_info)
             self._info = None  # recomputed on the next read
             self._mark_up(backend, now)
             self._ready.set()

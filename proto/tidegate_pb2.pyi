@@ -61,7 +61,7 @@ class Hello(_message.Message):
     def __init__(self, protocol_version: _Optional[str] = ..., peer_name: _Optional[str] = ..., role: _Optional[_Union[Hello.Role, str]] = ..., api_key: _Optional[str] = ...) -> None: ...
 
 class BackendInfo(_message.Message):
-    __slots__ = ("protocol_version", "model", "max_model_len", "vocab_size", "block_size", "num_kv_blocks", "role", "tokenizer_json", "chat_template", "bos_token_id", "eos_token_ids", "backend_id", "kv_cache_dtype", "enable_prefix_caching", "engine", "generation_defaults", "kv_layout", "kv_block_bytes", "kv_copy_bytes_per_s", "prefill_tokens_per_s", "kv_endpoint")
+    __slots__ = ("protocol_version", "model", "max_model_len", "vocab_size", "block_size", "num_kv_blocks", "role", "tokenizer_json", "chat_template", "bos_token_id", "eos_token_ids", "backend_id", "kv_cache_dtype", "enable_prefix_caching", "engine", "max_num_seqs", "generation_defaults", "kv_layout", "kv_block_bytes", "kv_copy_bytes_per_s", "prefill_tokens_per_s", "kv_endpoint")
     class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         MIXED: _ClassVar[BackendInfo.Role]
@@ -92,6 +92,7 @@ class BackendInfo(_message.Message):
     KV_CACHE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     ENABLE_PREFIX_CACHING_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
     GENERATION_DEFAULTS_FIELD_NUMBER: _ClassVar[int]
     KV_LAYOUT_FIELD_NUMBER: _ClassVar[int]
     KV_BLOCK_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -113,13 +114,14 @@ class BackendInfo(_message.Message):
     kv_cache_dtype: str
     enable_prefix_caching: bool
     engine: str
+    max_num_seqs: int
     generation_defaults: _containers.ScalarMap[str, float]
     kv_layout: str
     kv_block_bytes: int
     kv_copy_bytes_per_s: float
     prefill_tokens_per_s: float
     kv_endpoint: str
-    def __init__(self, protocol_version: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., role: _Optional[_Union[BackendInfo.Role, str]] = ..., tokenizer_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., bos_token_id: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., backend_id: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ..., enable_prefix_caching: _Optional[bool] = ..., engine: _Optional[str] = ..., generation_defaults: _Optional[_Mapping[str, float]] = ..., kv_layout: _Optional[str] = ..., kv_block_bytes: _Optional[int] = ..., kv_copy_bytes_per_s: _Optional[float] = ..., prefill_tokens_per_s: _Optional[float] = ..., kv_endpoint: _Optional[str] = ...) -> None: ...
+    def __init__(self, protocol_version: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., role: _Optional[_Union[BackendInfo.Role, str]] = ..., tokenizer_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., bos_token_id: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., backend_id: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ..., enable_prefix_caching: _Optional[bool] = ..., engine: _Optional[str] = ..., max_num_seqs: _Optional[int] = ..., generation_defaults: _Optional[_Mapping[str, float]] = ..., kv_layout: _Optional[str] = ..., kv_block_bytes: _Optional[int] = ..., kv_copy_bytes_per_s: _Optional[float] = ..., prefill_tokens_per_s: _Optional[float] = ..., kv_endpoint: _Optional[str] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
     __slots__ = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop_token_ids", "ignore_eos", "logprobs", "stop", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias", "min_tokens", "include_stop_str_in_output", "skip_special_tokens", "n", "grammar")

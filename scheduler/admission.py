@@ -79,10 +79,17 @@ class or a higher one (the backend serves Fast first) and to the higher classes'
 expected meanwhile (their recent rate there), each holding its slot for its max_tokens steps:
 a small event simulation over the running requests' ends. A request that gets a free slot
 waits for the step in progress and its own (measured from such starts: `free_service`); one
-that waits for a slot starts in the step after it frees. The concurrency is measured, not
-configured: the running requests (less those ending in the step that ends now) whenever a
-request sent more than two steps earlier is still waiting there. Until the step and the
-concurrency are measured (a fresh backend, one never full), the gap term predicts. On the
+that waits for a slot starts in the step after it frees. The concurrency: the backend's
+max_num_seqs as it reports it (BackendInfo.max_num_seqs; the simulator's configured figure:
+`set_slots`) from the start, replaced once measured: the running requests (less those ending in
+the step that ends now) whenever a request sent more than two steps earlier is still waiting
+there, those ending in the step that ends now included, the most seen, at most the report (a
+KV-bound or shared backend runs fewer of ours than its max_num_seqs). The step: a backend none
+of whose requests has finished takes the one measured over every backend's
+(`AdmissionConfig.fleet_step`). Until the step is measured somewhere, and the concurrency
+reported or measured (a backend that reports none and was never full), the gap term predicts.
+4 x 8 slots at 1.5x capacity, seeds 0-9: admitted missing by > 10% 49 -> 16 of ~5,300, 38 -> 10
+of them in the first 2.2 s (issue 31, sixth session). On the
 simulator's 4 x 8-slot x 20 ms backends at 1.5x capacity with placement by predicted TTFT,
 Fast TTFT p90 of the admitted 209 -> 87 ms, accepted missing by > 10% 6.8 -> 3.4% (5 seeds).
 
@@ -180,6 +187,16 @@ class AdmissionConfig:
     arrival_quantile_mode: str = "sampled"
     arrival_samples: int = 64
     arrival_quantile_from: int = 2
+    # the slot model's concurrency from the start: each backend's max_num_seqs as it reports it
+    # (BackendInfo.max_num_seqs; the simulator: --max-num-seqs), until it has been seen full
+    # (`WaitPredictor.set_slots`). False: measured only, as before (issue 31, sixth session)
+    reported_slots: bool = True
+    # a backend none of whose requests has finished yet takes the step time measured on the
+    # others (they serve one model; its own replaces it at its first finish). Without it the
+    # slot model is off there until then: on 4 x 8 slots at 1.5x, a backend whose first 8
+    # requests were long (seed 5: 0.6-0.9 s) took 11 more while the gap model predicted 46 ms
+    # for each; 9 missed (issue 31, sixth session). False: measured only, as before
+    fleet_step: bool = True
 
     def __post_init__(self) -> None:
         for name in ("gap_weight", "service_weight"):
@@ -293,6 +310,7 @@ class _Backend:
         "class_d",
         "class_service",
         "class_u",
+        "ended",
         "fit",
         "free_service",
         "gap",
@@ -303,14 +321,16 @@ class _Backend:
         "queued",
         "rate",
         "rate_t",
+        "reported_slots",
         "running",
+        "seen_slots",
         "service",
         "slots",
         "step",
         "unstarted",
     )
 
-    def __init__(self, config: AdmissionConfig) -> None:
+    def __init__(self, config: AdmissionConfig, reported_slots: int = 0) -> None:
         self.unstarted = [0] * NUM_CLASSES  # sent here, no first token yet, by class
         self.gap = 0.0          # EWMA of paced gaps, s
         self.num_gaps = 0
@@ -330,6 +350,7 @@ class _Backend:
         # requests' mean inter-token time) and the concurrency seen while requests queued
         self.queued: dict = {}
         self.running: dict = {}
+        self.ended: deque = deque(maxlen=16)  # the last tracked requests' end times
         # per class, then over every class (last): EWMA of the dispatch -> first token of
         # requests sent with a free slot predicted (0: no sample yet)
         self.free_service = [0.0] * (NUM_CLASSES + 1)
@@ -342,7 +363,13 @@ class _Backend:
         self.arr_t0: float | None = None  # the first request sent here (the count's start)
         self.step = 0.0
         self.num_steps = 0
-        self.slots = 0
+        # the concurrency: the backend's max_num_seqs as it reported it (BackendInfo; 0:
+        # unknown), the most running seen while requests waited there (0: never seen full), and
+        # the figure the slot model uses (`WaitPredictor.set_slots`: the report until the
+        # backend has been seen full, then what was seen, at most the report)
+        self.reported_slots = reported_slots
+        self.seen_slots = 0
+        self.slots = reported_slots
 
 
 class WaitPredictor:
@@ -363,13 +390,58 @@ class WaitPredictor:
         self.error_high = [0.0] * pools  # the calibration quantile (admission)
         self.error_mid = [0.0] * pools   # the median (Retry-After)
         self.num_errors = [0] * pools
+        # backend -> its max_num_seqs as reported (set_slots), kept for a backend not seen yet
+        self._reported: dict[int, int] = {}
+        # the step time over every backend's finished requests (the same EWMA as a backend's
+        # own), and the backends with no step of their own yet, which take it
+        # (AdmissionConfig.fleet_step)
+        self.fleet_step = 0.0
+        self._borrowing: set[int] = set()
 
     # ---- membership ------------------------------------------------------------------------
     def add_backend(self, b: int) -> None:
-        self.backends[b] = _Backend(self.config)
+        self._new_backend(b)
+
+    def _new_backend(self, b: int) -> _Backend:
+        be = self.backends[b] = _Backend(self.config, self._reported.get(b, 0))
+        self._borrowing.add(b)
+        if self.config.fleet_step:
+            be.step = self.fleet_step
+        return be
 
     def remove_backend(self, b: int) -> None:
         self.backends.pop(b, None)
+        self._reported.pop(b, None)
+        self._borrowing.discard(b)
+
+    def set_slots(self, b: int, max_num_seqs: int) -> None:
+        """Backend `b` runs `max_num_seqs` sequences at most (its BackendInfo; the simulator's
+        configured figure; 0: unknown). The slot model predicts from it at once, before it has
+        seen `b` full: until then, on a fresh backend, it had no concurrency and the gap model
+        predicted, which admits until a queue has shown (the fifth session's warm-up: 13 of the
+        18 admitted misses of 4 x 8 slots at 1.5x, seeds 0-4, in the first ~2.2 s).
+
+        Once `b` has been seen full (a request sent more than two steps earlier still waiting
+        at a start), what ran there then is the figure, at most the report: a backend whose KV
+        cache, not max_num_seqs, bounds its batch (long prompts), or that other gateways share,
+        runs fewer of this gateway's requests than it reported, and predicting the reported
+        slots would send requests to slots that are not free. The most seen is kept (a count
+        can read low: a one-token request other than the one starting is not tracked); it grows
+        back toward the report, never past it. Not the other way (the report always): that
+        admits on a KV-bound backend until its deadline misses show in the calibration. On the
+        echo simulator (slot-bound, one gateway) the two differ by little: 4 x 8 slots, seeds
+        0-9, 1.0x / 1.5x / 2.0x capacity, admitted missing by > 10% 0 / 16 / 58 either way;
+        at 1.0x 78 Slow requests refused this way, 74 with the report always (issue 31, sixth
+        session)."""
+        n = max(0, int(max_num_seqs))
+        if n:
+            self._reported[b] = n
+        else:
+            self._reported.pop(b, None)
+        be = self.backends.get(b)
+        if be is not None:
+            be.reported_slots = n
+            be.slots = min(be.seen_slots, n) if be.seen_slots and n else (be.seen_slots or n)
 
     # ---- events ----------------------------------------------------------------------------
     def dispatched(self, b: int, cls: int, key=None, max_tokens: int = 0) -> int:
@@ -378,7 +450,7 @@ class WaitPredictor:
         `max_tokens`: the slot model follows it to its end (`started`, `finished`, `gone`)."""
         be = self.backends.get(b)
         if be is None:  # a backend seen for the first time (it joined the pool)
-            be = self.backends[b] = _Backend(self.config)
+            be = self._new_backend(b)
         ahead = sum(be.unstarted[: cls + 1])
         if key is not None and self.clock is not None:
             now = self.clock()
@@ -577,12 +649,23 @@ class WaitPredictor:
         if be is None:
             return
         entry = be.running.pop(key, None)
+        if entry is not None:
+            be.ended.append(now)
         if entry is None or num_tokens < 2:
             return
         itl = (now - entry[0]) / (num_tokens - 1)
         if itl > 0.0:
-            be.step = itl if not be.num_steps else be.step + self.config.service_weight * (itl - be.step)
+            w = self.config.service_weight
+            be.step = itl if not be.num_steps else be.step + w * (itl - be.step)
             be.num_steps += 1
+            # every backend's steps together: the step of a backend not measured yet
+            self.fleet_step = itl if not self.fleet_step else self.fleet_step + w * (itl - self.fleet_step)
+            borrowing = self._borrowing
+            if borrowing:
+                borrowing.discard(b)
+                if self.config.fleet_step:
+                    for other in borrowing:
+                        self.backends[other].step = self.fleet_step
 
     # ---- the slot model (module doc) ---------------------------------------------------------
     def _note_start(self, be: _Backend, key, entry: tuple, now: float) -> None:
@@ -595,9 +678,21 @@ class WaitPredictor:
             return
         late = now - 2.0 * step
         if any(q[2] < late for q in be.queued.values()):
-            live = self._live_finishes(be, now)
-            n = len(live) + (entry[1] <= 1)  # a one-token request held its slot for its step
-            be.slots = max(be.slots, n)
+            # what ran in the step that ends now: the running requests, those ending in it
+            # (read before or after this start) among them, and this one
+            horizon = now - 0.5 * step
+            n = (sum(1 for t0, mt in be.running.values() if t0 + (mt - 1) * step > horizon)
+                 + sum(1 for t in be.ended if t > horizon)
+                 + (entry[1] <= 1))  # a one-token request held its slot for its step
+            self._seen_full(be, n)
+
+    @staticmethod
+    def _seen_full(be: _Backend, n: int) -> None:
+        """`n` requests ran on `be` while others waited there: the concurrency seen, which
+        replaces a reported max_num_seqs, at most it (`set_slots`)."""
+        be.seen_slots = max(be.seen_slots, n)
+        r = be.reported_slots
+        be.slots = min(be.seen_slots, r) if r else be.seen_slots
 
     def _live_finishes(self, be: _Backend, now: float) -> list[float]:
         """When each running request is expected to send its last token (first token time
@@ -640,18 +735,20 @@ class WaitPredictor:
         step = be.step
         finishes = self._live_finishes(be, now)
         queued = list(be.queued.values())
-        if not be.slots:
-            # not measured at a start yet: a request sent more than two steps ago and still
-            # waiting says the backend is full now, with what runs there
+        slots = be.slots if self.config.reported_slots else be.seen_slots
+        if not slots:
+            # not reported, not measured at a start yet: a request sent more than two steps
+            # ago and still waiting says the backend is full now, with what runs there
             late = now - 2.0 * step
             if not any(q[2] < late for q in queued):
                 return None
-            be.slots = len(finishes)
-            if not be.slots:
+            self._seen_full(be, len(finishes))
+            slots = be.slots if self.config.reported_slots else be.seen_slots
+            if not slots:
                 return None
         # the free slots go to what was sent before it, whatever the class (it is there first);
         # the slots that free later, to the requests of its class or a higher one first
-        free = max(0, be.slots - len(finishes))
+        free = max(0, slots - len(finishes))
         if free > len(queued) + extra_ahead:
             return 0.0
         heap = finishes
@@ -674,7 +771,7 @@ class WaitPredictor:
         else:
             mean_mt = sum(mt for _, mt in be.running.values()) / len(be.running) if be.running else 1.0
         rate_h, mt_h = self.higher_rate(be, cls, now)
-        run = (heap, ahead, n_high, n_ahead, mean_mt, rate_h, mt_h, step, be.slots)
+        run = (heap, ahead, n_high, n_ahead, mean_mt, rate_h, mt_h, step, slots)
         if quantile is None or not rate_h:
             return self._slot_run(run, now, MEAN_ARRIVALS)
         if self.config.arrival_quantile_mode == "path":

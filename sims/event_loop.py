@@ -288,6 +288,11 @@ class EventLoop:
         if predicts:
             gateway.predictor.inflight = lambda b: backends[b].outstanding
             gateway.predictor.clock = self.clock.now  # the slot model's times
+            # each backend's max_num_seqs, as a live backend reports it in its BackendInfo and
+            # the gateway hands it to the predictor at registration (scheduler.admission:
+            # WaitPredictor.set_slots): the slot model predicts from the first request on
+            for be in backends:
+                gateway.predictor.set_slots(be.idx, sched_config.max_num_seqs)
             if self.by_ttft:
                 self.placement.predictor = gateway.predictor
         self.prefix_of = backends[0].sched.prefix_hashes if (

@@ -44,6 +44,7 @@ def test_greedy_continuous_batching_matches_transformers(ckpt, worker_factory):
     c = DealerClient(w.endpoint)
     info = c.hello()
     assert info.vocab_size == 261 and info.num_kv_blocks == 200 and info.block_size == 4
+    assert info.max_num_seqs == 8  # the gateway's slot model counts on it (issue 31)
     assert '"model"' in info.tokenizer_json and info.bos_token_id == 256 and info.chat_template
     first = dict(zip(["a", "b", "c"], prompts(261, [3, 45, 20], seed=1)))
     late = dict(zip(["d", "e"], prompts(261, [33, 8], seed=2)))

@@ -115,3 +115,36 @@ async def test_bad_slo_fields_are_400(aiohttp_client, slow_backend):
     for bad in (0, -5, "fast", True, [1]):
         status, _, body = await _complete(client, slo_ttft_ms=bad)
         assert status == 400 and body["error"]["param"] == "slo_ttft_ms", (bad, body)
+
+
+@pytest.mark.parametrize("report", [1, 0])
+async def test_the_backends_reported_slots_predict_from_the_first_request(aiohttp_client, report):
+    """Issue 31: a backend of one slot (BackendInfo.max_num_seqs = 1) runs a 40-token request
+    (~0.8 s); a fast request sent now, before the gateway has ever seen a request wait there,
+    is refused at once with the wait for that slot when the backend reported its slots, and
+    admitted (to miss its 150 ms) when it did not: nothing to predict from but the bare start."""
+    from gateway.app_keys import GATEWAY_KEY
+    b = await OneAtATime(ipc_address(), step_s=STEP_S,
+                         info_extra={"max_num_seqs": report} if report else {}).start()
+    try:
+        app = create_app(make_config(b.address, slo=SLOTargets.parse("fast=150", None),
+                                     slot_model=True), startup_wait_s=5.0)
+        client = await aiohttp_client(app)
+        pred = app[GATEWAY_KEY].dispatcher.predictor
+        assert pred._reported == ({0: 1} if report else {})
+        status, _, _ = await _complete(client, max_tokens=3)  # measures the step (~20 ms)
+        assert status == 200 and pred.backends[0].step > 0
+        long = asyncio.create_task(_complete(client, max_tokens=40))
+        for _ in range(200):  # until its first token
+            await asyncio.sleep(0.005)
+            if pred.backends[0].running:
+                break
+        assert pred.backends[0].running and pred.backends[0].seen_slots == 0
+        status, headers, _ = await _complete(client, max_tokens=1)
+        if report:
+            assert status == 429 and 400 < int(headers["retry-after-ms"]) < 2000
+        else:
+            assert status == 200
+        assert (await long)[0] == 200
+    finally:
+        await b.stop()

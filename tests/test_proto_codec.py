@@ -19,7 +19,7 @@ def sample_envelopes():
         protocol_version="1.0", model="deepseek-coder-1.3b", max_model_len=16384, vocab_size=32256,
         block_size=16, num_kv_blocks=4096, role=pb.BackendInfo.DECODE, tokenizer_json='{"model": {}}',
         chat_template="{{ messages }}", bos_token_id=32013, eos_token_ids=[32014, 32021],
-        backend_id="gpu0",
+        backend_id="gpu0", max_num_seqs=256,
     )
     sampling = pb.SamplingParams(max_tokens=64, temperature=0.7, top_p=0.95, top_k=50, seed=1234,
                                  stop_token_ids=[2, 3], ignore_eos=True, logprobs=5, stop=["\n\n"])
@@ -86,6 +86,16 @@ def test_optional_fields_keep_presence():
     assert not decoded.batch.requests[1].sampling.HasField("seed")
     info = decode(encode(pb.Envelope(backend_info=pb.BackendInfo(bos_token_id=0)))).envelope
     assert info.backend_info.HasField("bos_token_id") and info.backend_info.bos_token_id == 0
+
+
+def test_backend_info_max_num_seqs_round_trips_and_reads_zero_when_unset():
+    """BackendInfo.max_num_seqs (issue 31): the slot model's concurrency at start. A peer from
+    before it sends none, which reads 0 = unknown (the gateway measures it instead)."""
+    info = decode(encode(pb.Envelope(backend_info=pb.BackendInfo(max_num_seqs=8)))).envelope
+    assert info.backend_info.max_num_seqs == 8
+    old = pb.BackendInfo(model="m", block_size=16)  # what a 1.3 backend before it sends
+    assert decode(encode(pb.Envelope(backend_info=old))).envelope.backend_info.max_num_seqs == 0
+    assert pb.BackendInfo.DESCRIPTOR.fields_by_name["max_num_seqs"].number == 16
 
 
 def test_frames_are_raw_little_endian_int32():

@@ -290,3 +290,170 @@ def test_slow_misses_fall_with_the_quantile_at_one_and_a_half_times_capacity():
     assert new["slow"]["missed_by_10pct"] * 2 < old["slow"]["missed_by_10pct"]
     for c in ("fast", "normal", "slow"):
         assert new[c]["met"] >= old[c]["met"], c
+
+
+# ---- the concurrency and the step known at start (issue 31, sixth session) -------------------
+def _fresh(report: int | None, config: AdmissionConfig | None = None,
+           running: int = 4) -> tuple[WaitPredictor, ManualClock]:
+    """Backend 0 reported `report` slots (None: no report) and runs `running` requests that end
+    3, 6, 9, ... steps from now; nothing has waited there yet (never seen full). The step is
+    measured on backend 1 (backend 0's own finishes have not come)."""
+    clock = ManualClock(100.0)
+    p = WaitPredictor(config or AdmissionConfig(slot_model=True))
+    p.clock = clock.now
+    if report is not None:
+        p.set_slots(0, report)  # the gateway, at its BackendInfo; the simulator, at start
+    p.add_backend(0)
+    _warm(p, clock, b=1)
+    now = clock.now()
+    for j in range(running):
+        k = ("run", j)
+        p.dispatched(0, NORMAL, k, 40)
+        p.started(0, NORMAL, now + 3 * (j + 1) * STEP - 39 * STEP, 0.0, 0, key=k)
+    return p, clock
+
+
+def test_a_request_before_any_queue_was_seen_is_predicted_from_the_reported_slots():
+    """The warm-up: every reported slot taken and no request has waited there yet. With the
+    backend's max_num_seqs the slot model predicts the wait for the first slot to free; without
+    it there is no concurrency to predict from and the gap model gives the bare service (the
+    fifth session's warm-up misses: predicted ~40 ms, waited 0.45-0.9 s)."""
+    p, clock = _fresh(4)
+    be, now = p.backends[0], clock.now()
+    assert be.slots == 4 and be.seen_slots == 0
+    first_free = now + 3 * STEP
+    assert p._slot_wait(be, FAST, 0, now) == pytest.approx(first_free - now)
+    assert p.backend_ttft(0, FAST) == pytest.approx(first_free - now + STEP)
+    # one free slot of 5: no wait
+    p5, clock5 = _fresh(5)
+    assert p5._slot_wait(p5.backends[0], FAST, 0, clock5.now()) == 0.0
+    # no report (an HTTP server, a peer from before), or the option off: nothing to predict from
+    for p0, c0 in (_fresh(None), _fresh(4, AdmissionConfig(slot_model=True, reported_slots=False))):
+        assert p0._slot_wait(p0.backends[0], FAST, 0, c0.now()) is None
+        assert p0.backend_ttft(0, FAST) < 3 * STEP
+
+
+def test_a_backend_without_a_finish_takes_the_step_measured_on_the_others():
+    p, clock = _fresh(4)
+    be, fleet = p.backends[0], p.fleet_step
+    assert be.num_steps == 0 and be.step == pytest.approx(STEP) == pytest.approx(fleet)
+    # measured only (fleet_step off): no step there, the slot model is off until its own finish
+    p0, c0 = _fresh(4, AdmissionConfig(slot_model=True, fleet_step=False))
+    assert p0.backends[0].step == 0.0 and p0._slot_wait(p0.backends[0], FAST, 0, c0.now()) is None
+    # its own first finish replaces the borrowed step, and later finishes elsewhere leave it
+    clock.set(clock.now() + 3 * STEP)
+    p.finished(0, ("run", 0), clock.now(), 40)  # 39 steps of 1.0 STEP: as measured ...
+    own = be.step
+    k = ("warm2", 1)
+    p.dispatched(1, FAST, k, 3)
+    p.started(1, FAST, clock.now(), STEP, 0, key=k)
+    clock.set(clock.now() + 2 * 3 * STEP)  # ... and a slower one on backend 1: 3 STEP a token
+    p.finished(1, k, clock.now(), 3)
+    assert be.step == own and p.fleet_step > own
+    # a backend that joins later starts from the fleet's
+    p.add_backend(7)
+    assert p.backends[7].step == pytest.approx(p.fleet_step)
+
+
+def test_seen_full_below_the_report_the_backend_runs_what_was_seen():
+    """A KV-bound backend (or one other gateways share): 4 of ours run while requests wait,
+    though it reported 8. What ran is the figure from then on (at most the report), and a
+    backend re-introducing itself with the same report keeps it."""
+    p, clock = _fresh(8)
+    be = p.backends[0]
+    now = clock.now()
+    p.dispatched(0, SLOW, "w1", 50)
+    p.dispatched(0, SLOW, "w2", 50)
+    assert p._slot_wait(be, FAST, 0, now) == 0.0  # 8 reported, 4 running: it believes free slots
+    # the first running request ends (3 steps on); w1 starts in the next step, w2 still waits
+    clock.set(now + 3 * STEP)
+    p.finished(0, ("run", 0), clock.now(), 40)
+    clock.set(now + 4 * STEP)
+    p.started(0, SLOW, clock.now(), 4 * STEP, 0, key="w1")
+    assert be.seen_slots == 4 and be.slots == 4
+    now = clock.now()
+    assert p._slot_wait(be, FAST, 0, now) == pytest.approx(100.0 + 6 * STEP + 6 * STEP - now)
+    p.set_slots(0, 8)  # its BackendInfo again (a reconnect)
+    assert be.slots == 4
+    p.set_slots(0, 3)  # restarted with --max-num-seqs 3: never more than it says
+    assert be.slots == 3
+    p.set_slots(0, 0)  # unknown now: what was seen
+    assert be.slots == 4
+
+
+def test_the_count_of_a_full_backend_includes_the_requests_ending_in_that_step():
+    """Seen full at a start: the requests whose last token comes in the same step held their
+    slots in it (in the simulator 8 of 8 was read in 64% of the counts before, 86% after)."""
+    p, clock = _fresh(None, running=0)
+    be = p.backends[0]
+    now = clock.now()
+    for j in range(4):  # 4 running; the first ends at +3 steps, the others later
+        k = ("run", j)
+        p.dispatched(0, NORMAL, k, 40)
+        p.started(0, NORMAL, now + 3 * (j + 1) * STEP - 39 * STEP, 0.0, 0, key=k)
+    p.dispatched(0, SLOW, "w0", 50)  # the first to wait ...
+    p.dispatched(0, SLOW, "w1", 50)
+    p.dispatched(0, SLOW, "w2", 50)
+    clock.set(now + 2 * STEP)
+    p.finished(0, ("run", 0), now + 3 * STEP, 40)  # ends in the step that ends at +3 (read first)
+    clock.set(now + 3 * STEP)
+    p.started(0, SLOW, clock.now(), 3 * STEP, 0, key="w0")  # started in that step: 5 ran in it
+    assert be.seen_slots == 5  # 3 running + the one ending now + w0
+
+
+def _warmup_misses(admission: dict | None) -> tuple[int, int, dict]:
+    """The benchmark's simulated twin (4 x 8 slots at 47.8 req/s), workload seeds 0-4:
+    (Fast and Normal admitted missing by > 10% that arrived in the first 2.2 s, all admitted
+    missing by > 10%, met per class of all sent)."""
+    from dataclasses import replace
+
+    from sims.options import add_run_args, parse_with_config, spec_from_args
+    from sims.retry_after_bound import base_run
+    p = argparse.ArgumentParser()
+    add_run_args(p)
+    warm = total = 0
+    met = {0: 0, 1: 0, 2: 0}
+    for seed in range(5):
+        a = parse_with_config(p, [
+            "--step-ms", "20", "--max-num-seqs", "8", "--backends", "4", "--rate", "47.8",
+            "--num-requests", "600", "--input-len", "32", "--output-len", "uniform:1:80",
+            "--slo-ttft-ms", "fast=150,normal=400,slow=1000", "--placement", "ttft",
+            "--waiting-by-class", "--slot-model", "--seed", str(seed)])
+        spec = spec_from_args(a)
+        spec = replace(spec, scheduler=replace(spec.scheduler, admission=True))
+        base = base_run(spec, admission)
+        ttft = base.result.first_token_time - base.workload.arrival_time
+        for j, c in enumerate(base.classes):
+            if j in base.retry_after_s:
+                continue
+            target = (0.15, 0.4, 1.0)[c]
+            met[c] += ttft[j] <= target
+            if ttft[j] > 1.1 * target:
+                total += 1
+                warm += c < 2 and base.workload.arrival_time[j] < 2.2
+    return warm, total, met
+
+
+def test_warm_up_misses_go_with_the_slots_and_step_known_at_start():
+    new_warm, new_total, new_met = _warmup_misses(None)
+    old_warm, old_total, old_met = _warmup_misses({"reported_slots": False, "fleet_step": False})
+    assert old_warm >= 8 and new_warm == 0
+    assert new_total * 3 < old_total
+    for c in range(3):
+        assert new_met[c] >= old_met[c], c
+
+
+def test_the_simulator_seeds_each_backends_slots_from_its_max_num_seqs():
+    from sims.options import add_run_args, parse_with_config, spec_from_args
+    from sims.retry_after_bound import _loop
+    from sims.workload import generate
+    p = argparse.ArgumentParser()
+    add_run_args(p)
+    spec = spec_from_args(parse_with_config(p, [
+        "--step-ms", "20", "--max-num-seqs", "6", "--backends", "3", "--num-requests", "20",
+        "--slo-ttft-ms", "1000", "--admission", "--slot-model"]))
+    loop = _loop(spec, generate(spec.workload))
+    pred = loop.gateway.predictor
+    assert pred._reported == {0: 6, 1: 6, 2: 6}
+    pred.add_backend(1)
+    assert pred.backends[1].slots == 6

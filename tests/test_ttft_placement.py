@@ -8,6 +8,7 @@ import random
 import numpy as np
 import pytest
 
+from proto import tidegate_pb2 as pb
 from scheduler.admission import AdmissionConfig, WaitPredictor
 from scheduler.placement import DEPTHS, PlacementConfig, PlacementItem
 from scheduler.placements import create_placement
@@ -268,6 +269,8 @@ def test_gateway_places_as_the_simulator_does_on_the_same_trace_and_events(slot_
     clock = ManualClock(0.0)
     d = _Virtual(pool, _Metrics(), batcher, QueueConfig(), clock,
                  admission_config=AdmissionConfig(slot_model=slot_model))
+    for c in conns:  # each introduces itself with its max_num_seqs, as the simulator's backends
+        d.on_backend_info(c.pid, pb.BackendInfo(max_num_seqs=SimSchedulerConfig().max_num_seqs))
     handles = [_Handle(str(i), float(arrival[i]), int(prompt[i]), int(output[i])) for i in range(n)]
     by_address = {c.address: c for c in conns}
 

@@ -633,7 +633,9 @@ class Worker:
             tokenizer_json=tok.tokenizer_json, chat_template=tok.chat_template or "",
             eos_token_ids=list(self.engine.eos_token_ids), backend_id=self.backend_id,
             kv_cache_dtype=self.engine.kv_cache_dtype,
-            enable_prefix_caching=cfg.enable_prefix_caching, engine=f"tidegate {ENGINE_VERSION}")
+            enable_prefix_caching=cfg.enable_prefix_caching, engine=f"tidegate {ENGINE_VERSION}",
+            # the gateway's slot model counts on it from the start (issue 31)
+            max_num_seqs=int(getattr(cfg, "max_num_seqs", 0) or 0))
         if tok.bos_token_id is not None:
             info.bos_token_id = tok.bos_token_id
         info.generation_defaults.update(self.generation_defaults)
