@@ -42,3 +42,18 @@ def test_probed_refusals_are_compared_with_their_own_probe():
     assert r["num_probes"] == 3 and r["num_compared"] == 2
     assert r["retry_after_within_25pct"] == 0.5  # 1.0 / 1.1 is, 0.5 / 1.0 is not
     assert r["retry_after_over_probe_wait"]["p50"] == pytest.approx((1.0 / 1.1 + 0.5) / 2)
+
+
+def test_misses_by_more_than_ten_percent_per_class_and_in_the_warm_up():
+    """Issue 31: the admitted missing by > 10% per class, and of them those sent in the run's
+    first 2.2 s (a fresh gateway's warm-up), which the live goal is judged by."""
+    def at(i, max_tokens, send, ttft):
+        return RequestRecord(i, 8, max_tokens, send_time=send, chunk_times=[send + ttft],
+                             chunk_tokens=[1], output_tokens=1)
+    ttft = parse_targets("fast=100,slow=1000")
+    admission = [at(0, 4, 10.0, 0.2), at(1, 4, 11.0, 0.05), at(2, 100, 13.0, 1.2),
+                 at(3, 100, 13.5, 0.5), refused(4, 100, 1.0), at(5, 20, 10.5, 9.0)]
+    r = compare_runs(admission, admission, ttft)
+    assert r["accepted_missing_by_10pct_counts"] == {
+        "fast": {"admitted": 2, "missed": 1, "admitted_warmup": 2, "missed_warmup": 1},
+        "slow": {"admitted": 2, "missed": 1, "admitted_warmup": 0, "missed_warmup": 0}}
