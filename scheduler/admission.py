@@ -86,10 +86,11 @@ the step that ends now) whenever a request sent more than two steps earlier is s
 there, those ending in the step that ends now included, the most seen, at most the report (a
 KV-bound or shared backend runs fewer of ours than its max_num_seqs). The step: a backend none
 of whose requests has finished takes the one measured over every backend's
-(`AdmissionConfig.fleet_step`). Until the step is measured somewhere, and the concurrency
-reported or measured (a backend that reports none and was never full), the gap term predicts.
-4 x 8 slots at 1.5x capacity, seeds 0-9: admitted missing by > 10% 49 -> 16 of ~5,300, 38 -> 10
-of them in the first 2.2 s (issue 31, sixth session). On the
+(`AdmissionConfig.fleet_step`), and the higher classes' arrival rate there is read over the
+time it has been counting (`rate_from_start`). Until the step is measured somewhere, and the
+concurrency reported or measured (a backend that reports none and was never full), the gap term
+predicts. 4 x 8 slots at 1.5x capacity, seeds 0-9: admitted missing by > 10% 49 -> 11 of ~5,300,
+38 -> 2 of them in the first 2.2 s (issue 31, sixth session). On the
 simulator's 4 x 8-slot x 20 ms backends at 1.5x capacity with placement by predicted TTFT,
 Fast TTFT p90 of the admitted 209 -> 87 ms, accepted missing by > 10% 6.8 -> 3.4% (5 seeds).
 
@@ -443,7 +444,7 @@ class WaitPredictor:
         echo simulator (slot-bound, one gateway) the two differ by little: 4 x 8 slots, seeds
         0-9, 1.0x / 1.5x / 2.0x capacity, admitted missing by > 10% 0 / 16 / 58 either way;
         at 1.0x 78 Slow requests refused this way, 74 with the report always (issue 31, sixth
-        session)."""
+        session, before `rate_from_start`)."""
         n = max(0, int(max_num_seqs))
         if n:
             self._reported[b] = n
