@@ -466,3 +466,14 @@ def test_each_step_reports_its_host_phases_and_the_step_log_writes_them(tmp_path
     log.write()
     rows = [json.loads(x) for x in (tmp_path / "steps.jsonl").read_text().splitlines()]
     assert all(len(r["host_ms"]) == 4 and sum(r["host_ms"]) <= r["ms"] + 1e-3 for r in rows)
+
+
+def test_the_phase_benchmark_times_the_drafting_steps_planning(capsys):
+    """`python -m bench.engine.spec_phases` (BENCHMARKS' CPU stand-in for the H200's drafting
+    steps) serves its predictions and reports the drafting phase of every step it planned."""
+    from bench.engine.spec_phases import main
+
+    assert main(["--requests", "2", "--prompt-tokens", "40", "--max-tokens", "10"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()[2:]}
+    assert int(rows["_drafts"][0]) >= 1 and "index_ahead" in rows and "runner.launch" in rows
