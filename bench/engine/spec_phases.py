@@ -24,7 +24,6 @@ import statistics
 import time
 from collections import defaultdict
 
-from backend.engine import continuous
 from backend.engine.assemble import BackendConfig, ServingOptions, create_engine
 from backend.runner.sampler import SamplingParams
 from scheduler.speculation import SpeculationConfig, Speculator
