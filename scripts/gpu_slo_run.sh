@@ -116,7 +116,7 @@ fi
 timeout 300 $PY -m bench.serving.slo_control --url http://127.0.0.1:18501 --control-url http://127.0.0.1:18502 \
     --slo-ttft-ms "$SLO" --rate "$RATE" --num-requests "$N" --input-len "$INPUT" \
     --output-len "$OUTPUT" --seed "$SEED" --probe-every "$PROBE_EVERY" --json "$OUT/slo_control.json" \
-    2>&1 | tee "$OUT/slo_control.txt"
+    --records "$OUT/records_a.jsonl" 2>&1 | tee "$OUT/slo_control.txt"
 curl -s localhost:18501/metrics | grep -E "^tidegate_(slo|admission|window|refused)" > "$OUT/metrics_a.txt"
 
 # 5. decision fidelity of A's windows and admission decisions

@@ -57,3 +57,17 @@ def test_misses_by_more_than_ten_percent_per_class_and_in_the_warm_up():
     assert r["accepted_missing_by_10pct_counts"] == {
         "fast": {"admitted": 2, "missed": 1, "admitted_warmup": 2, "missed_warmup": 1},
         "slow": {"admitted": 2, "missed": 1, "admitted_warmup": 0, "missed_warmup": 0}}
+
+
+def test_records_list_each_request_with_its_outcome_and_probe(tmp_path):
+    import json
+
+    from bench.serving.slo_control import write_records
+    admission = [ok(0, 4, 0.05), refused(1, 100, 2.0)]
+    path = tmp_path / "r.jsonl"
+    write_records(str(path), admission, {1: ok(1, 100, 1.5)})
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert rows[0]["class"] == "fast" and rows[0]["ttft_s"] == pytest.approx(0.05)
+    assert rows[0]["error"] is None and rows[0]["probe_ttft_s"] is None
+    assert rows[1]["error"] == "http_429" and rows[1]["retry_after_s"] == 2.0
+    assert rows[1]["probe_ttft_s"] == pytest.approx(1.5) and rows[1]["send_s"] == 0.0

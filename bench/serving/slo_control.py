@@ -144,6 +144,20 @@ def compare_probes(admitted_run: list, probes: dict) -> dict:
             "retry_after_within_25pct": float(np.mean(np.abs(r - 1.0) <= 0.25)) if len(r) else None}
 
 
+def write_records(path: str, records: list, probes: dict) -> None:
+    """`--records`: one JSON object per request of the admission run, in schedule order."""
+    t0 = min((r.send_time for r in records), default=0.0)
+
+    def ttft(r) -> float | None:
+        return r.first_token_time - r.send_time if r is not None and r.ok else None
+    with open(path, "w") as fh:
+        fh.writelines(json.dumps({
+                "i": r.index, "class": class_of(r.max_tokens), "max_tokens": r.max_tokens,
+                "send_s": r.send_time - t0, "error": r.error, "ttft_s": ttft(r),
+                "retry_after_s": None if math.isnan(r.retry_after_s) else r.retry_after_s,
+                "probe_ttft_s": ttft(probes.get(r.index))}) + "\n" for r in records)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.serving.slo_control", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -162,6 +176,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="re-send every K-th refused request at once, admitted, to measure the "
                    "wait it would have had (module doc; 0: no probes)")
     p.add_argument("--json", default=None)
+    p.add_argument("--records", default=None, metavar="JSONL",
+                   help="the admission run's requests, one a line in schedule order (class, "
+                   "send time from the first, outcome, TTFT, Retry-After, its probe's TTFT): to "
+                   "join with the gateway's decision log")
     a = p.parse_args(argv)
     ttft = parse_targets(a.slo_ttft_ms)
     schedule = make_schedule(ScheduleConfig(num_requests=a.num_requests, rate=a.rate,
@@ -199,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(a.json, "w") as fh:
             json.dump(out, fh, indent=2, default=float)
             fh.write("\n")
+    if a.records:
+        write_records(a.records, runs["admission"][0], probes)
     return 0
 
 
