@@ -77,8 +77,7 @@ ends it sooner), the step being measured from finished requests ((last - first t
 the order they were sent; the slots that free later go first to the requests of the new one's
 class or a higher one (the backend serves Fast first) and to the higher classes' requests
 expected meanwhile (their recent rate there), each holding its slot for its max_tokens steps:
-a small event simulation over the running requests' ends (one past its predicted end whose last
-token has not come still holds its slot: `overdue_held`). A request that gets a free slot
+a small event simulation over the running requests' ends. A request that gets a free slot
 waits for the step in progress and its own (measured from such starts: `free_service`); one
 that waits for a slot starts in the step after it frees. The concurrency: the backend's
 max_num_seqs as it reports it (BackendInfo.max_num_seqs; the simulator's configured figure:
