@@ -209,14 +209,6 @@ class AdmissionConfig:
     # / 2.0x: admitted missing by > 10% 0 / 16 / 58 -> 0 / 11 / 34; Slow met 93.7 -> 93.4%,
     # 42.9 -> 42.7%, 10.4 -> 10.4% (issue 31, sixth session). False: as before
     rate_from_start: bool = True
-    # a running request due more than half a step ago whose last token has not come still holds
-    # its slot (until the next step's end, at the soonest). Before, it counted as ended: live,
-    # steps of 20.4 ms on average with a p99 of 24.5 ms put an 80-token request's end a step or
-    # two after the one predicted from the mean, its slot read free, and a Slow request
-    # predicted to start at once (31-39 ms) waited 1.7-2.1 s, passed in the backend's queue by
-    # every Fast and Normal request (2 of 7 live misses, cfdd3b7; issue 31, sixth session).
-    # The simulator's steps are exact: no change there. False: as before
-    overdue_held: bool = True
 
     def __post_init__(self) -> None:
         for name in ("gap_weight", "service_weight"):
@@ -701,9 +693,8 @@ class WaitPredictor:
             # what ran in the step that ends now: the running requests, those ending in it
             # (read before or after this start) among them, and this one
             horizon = now - 0.5 * step
-            running = (len(be.running) if self.config.overdue_held else
-                       sum(1 for t0, mt in be.running.values() if t0 + (mt - 1) * step > horizon))
-            n = (running + sum(1 for t in be.ended if t > horizon)
+            n = (sum(1 for t0, mt in be.running.values() if t0 + (mt - 1) * step > horizon)
+                 + sum(1 for t in be.ended if t > horizon)
                  + (entry[1] <= 1))  # a one-token request held its slot for its step
             self._seen_full(be, n)
 
@@ -722,17 +713,11 @@ class WaitPredictor:
         either order). Upper bounds where a stop token may end a request sooner."""
         step = be.step
         horizon = now + 0.5 * step
-        # due more than half a step ago and not finished (AdmissionConfig.overdue_held): the
-        # step it ran at was longer than the one measured; it still holds its slot, to the end
-        # of the next step at the soonest
-        overdue = now - 0.5 * step if self.config.overdue_held else -math.inf
         out = []
         for t0, mt in be.running.values():
             t = t0 + (mt - 1) * step
             if t > horizon:
                 out.append(t)
-            elif t <= overdue:
-                out.append(now + step)
         return out
 
     def higher_rate(self, be: _Backend, cls: int, now: float) -> tuple[float, float]:

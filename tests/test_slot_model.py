@@ -495,19 +495,3 @@ def test_a_fresh_backends_arrival_rate_is_read_over_its_life_not_the_whole_windo
     clock.set(0.01)
     rate, _ = p.higher_rate(p.backends[0], SLOW, clock.now())
     assert rate == pytest.approx(8 / (2.0 * -np.expm1(-RATE_MIN_SPAN_S / 2.0)), rel=0.02)
-
-
-def test_a_running_request_past_its_predicted_end_still_holds_its_slot():
-    """Live steps run longer than the mean measured now and then: a request due a step ago whose
-    last token has not come is still running. Its slot is not free (it was: a Slow request
-    predicted to start at once waited 1.7-2.1 s live, passed by every Fast and Normal one)."""
-    for held in (True, False):
-        p, clock = _fresh(4, AdmissionConfig(slot_model=True, overdue_held=held))
-        be = p.backends[0]
-        clock.set(clock.now() + 4.5 * STEP)  # the first running request was due 1.5 steps ago
-        now = clock.now()
-        wait = p._slot_wait(be, FAST, 0, now)
-        if held:  # the overdue one frees at the next step's end at the soonest
-            assert wait == pytest.approx(STEP) and len(p._live_finishes(be, now)) == 4
-        else:
-            assert wait == 0.0 and len(p._live_finishes(be, now)) == 3
