@@ -1,10 +1,7 @@
 #!/usr/bin/env bash
-# Issue 31, sixth session: the live runs, alternated old / new (RUNS="old1 new1 ..."), each the
-# fifth session's command. Trees: `git archive` of 3e2ad7c (old) into /tmp/b31_before, d42e740
-# (new1-4) into /tmp/b31_after, cfdd3b7 (new5-6) into /tmp/b31_final, same venv; the old tree
-# given 3a281b2's bench/serving/slo_control.py (per-class and warm-up miss counts: runs 3-6).
+# old1 new1 old2 new2, as the fifth session
 for run in ${RUNS:-old1 new1 old2 new2}; do
-  case $run in old*) TREE=/tmp/b31_before;; new[1-4]) TREE=/tmp/b31_after;; new*) TREE=/tmp/b31_final;; esac
+  case $run in old*) TREE=/tmp/b31_before;; new[1-4]) TREE=/tmp/b31_after;; new*|mid*) TREE=/tmp/b31_final;; fin*) TREE=/tmp/b31_f2;; esac
   OUTD=/tmp/b31/live_$run
   rm -rf $OUTD; mkdir -p $OUTD
   echo "start $(date +%H:%M:%S) load $(cut -d' ' -f1 /proc/loadavg)" > $OUTD/load.txt
