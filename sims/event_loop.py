@@ -248,6 +248,10 @@ class EventLoop:
         self.plan_at_prefill_start = not config.prefill_launch_deadline
         self.idle_launch_fn = cost.launch_time if getattr(cost, "hides_launch", False) else None
         self.cap_window = getattr(cost, "power_cap_window_s", None)
+        # the power cap slows every step by its compute share (sims.profile_cost.compute_share),
+        # decode-only steps too; without it, steps with prefill alike
+        self.cap_share_fn = cost.compute_share if getattr(cost, "caps_by_compute", False) else None
+        self.cap_f_ref = getattr(cost, "power_cap_f_ref", None)
         horizon = float(self.arrival[-1]) if n else 0.0
         self.sample_dt = horizon / config.num_samples if horizon > 0 else INF
         self.next_sample = 0.0
@@ -542,6 +546,13 @@ class EventLoop:
         busy = sum(min(b, now) - max(a, t0) for a, b in spans if b > t0)
         return busy / self.cap_window
 
+    def cap_shares(self, be: _Backend, now: float) -> tuple[float, float]:
+        """(f, g): the power-cap window's shares before `now` that ran steps with prefill and
+        decode-only steps (the rest of the time busy since the last idle spell)."""
+        f = self.prefill_share(be, now)
+        g = (now - max(now - self.cap_window, be.busy_since)) / self.cap_window - f
+        return f, max(0.0, g)
+
     def plan_cutoff(self, be: _Backend, now: float, after_step: bool) -> float:
         """When the engine planned the step starting at `now` (see `async_plan_lead_s`)."""
         lead = self.plan_lead
@@ -563,7 +574,10 @@ class EventLoop:
                 return
         max_k = self.max_k
         # a stretch is not truncated for requests already in the inbox: one step, then admit
-        if max_k > 1 and not sched.sched.waiting and not be.inbox:  # num_waiting == 0
+        # (with the power cap on every step, a stretch only once its window holds no more prefill
+        # time than the profile's paused points had: the slowdown's prefill part is then 0)
+        if max_k > 1 and not sched.sched.waiting and not be.inbox and (  # num_waiting == 0
+                self.cap_share_fn is None or self.prefill_share(be, now) <= self.cap_f_ref):
             # past finishes only while they cannot change what spare() reads (module doc)
             past = (self.max_fin if self.max_fin and sched.has_room
                     and sched.kv_usage < self.watermark else 0)
@@ -575,8 +589,12 @@ class EventLoop:
                 t += be.message_s
                 be.message_s = 0.0
                 out = []
+                cap_fg = self.cap_shares(be, now) if self.cap_share_fn is not None else None
                 for ks, n_dec, ctx, nfin, tokens in segs:
-                    t += span_fn(n_dec, ctx, ks)
+                    span = span_fn(n_dec, ctx, ks)
+                    if cap_fg is not None:  # the decode-busy part, as at the stretch's start
+                        span *= self.cost.prefill_slowdown(*cap_fg, self.cap_share_fn(n_dec, 0, ctx))
+                    t += span
                     out.append((ks, n_dec, ctx, nfin, t, tokens))
                 be.stretch_segs, be.stretch_past = out, past > 0
                 be.stretch_start = be.step_start = now
@@ -601,12 +619,17 @@ class EventLoop:
         if be.message_s:
             dt += be.message_s
             be.message_s = 0.0
-        if self.cap_window is not None and num_prefill:
-            f = self.prefill_share(be, now)
-            # the rest of the window's busy time ran decode-only steps (busy since the last idle)
-            g = (now - max(now - self.cap_window, be.busy_since)) / self.cap_window - f
-            dt *= self.cost.prefill_slowdown(f, max(0.0, g))
-            be.prefill_spans.append((now, now + dt))
+        if self.cap_window is not None and (num_prefill or self.cap_share_fn is not None):
+            f, g = self.cap_shares(be, now)
+            if self.cap_share_fn is None:
+                dt *= self.cost.prefill_slowdown(f, g)
+            else:
+                share = self.cap_share_fn(num_decode, num_prefill, num_ctx,
+                                          sched.prefill_chunks if self.charges_chunks and num_prefill
+                                          else None)
+                dt *= self.cost.prefill_slowdown(f, g, share)
+            if num_prefill:
+                be.prefill_spans.append((now, now + dt))
         if self.idle_launch_fn is not None and not after_step:
             # the async loop hides a step's launch behind the step before it; after an idle
             # spell nothing runs before it (a cost model that hides launches charges it here)

@@ -46,6 +46,18 @@ Decode-busy time counts too (issue 35): live prefill steps with no prefill in th
 them, but decode steps, ran ~3% over the paused profile. Profiles whose pause check has the
 "after_decode" run (the pause filled with decode steps) add (r_dec - 1)·g, g being the decode-only
 share of the window, r_dec from that run alone; older profiles have r_dec = 1.
+The cap slows a step by its compute, not by its kind (issue 35, the H200 grid's 33B part, with the
+engine's 256-token prefill cap while decoding): the pause check times one 512-token prefill-only
+step, 72% of whose fitted time is past the fit's constant (the weights' read, paid by every step);
+a capped mixed step (a 256-token chunk beside the decodes) has ~60%, a decode-only step ~30%. The
+cap lowers the SM clock (1,965 MHz median in decode-only windows, 1,605 in windows of mixed steps,
+1,500 with 512-token prefills: nvidia-smi every 100 ms) and leaves the memory clock, so with
+`cap_by_compute` (the default) every step — decode-only ones too — is slowed by the factor's
+excess over 1 times its `compute_share` over the pause check step's. Live, 11,574 steps: prefill
+steps with f >= 0.5 ran 1.10x the paused profile (the factor alike gave 1.131 at f = 1: 3.3%
+over), decode-only steps right after one 1.03x (not modelled before: 3.2% under); by compute share
+every bin is within 2.5% (BENCHMARKS, issue 35, 2026-12-04). `cap_by_compute=False`: the model
+before (every step with prefill slowed alike, decode-only steps not).
 
 `step_time(d, p, ctx, prefill_chunks=None)`: without `prefill_chunks` a step's p tokens are one
 chunk from position 0 (today's `CostModel` interface); with them — the step's prefill chunks, each an
@@ -188,7 +200,7 @@ class ProfileCost:
     def __init__(self, points: np.ndarray, times_s: np.ndarray, *, num_blocks: int | None = None,
                  block_size: int | None = None, meta: dict | None = None, ctx_quantum: int = 64,
                  token_buckets=None, launch_times_s=None, hide_launch: bool = False,
-                 power_cap: bool = False):
+                 power_cap: bool = False, cap_by_compute: bool = True):
         """points: (n, 3) of (num_decode_seqs, num_prefill_tokens, num_context_tokens), or (n, 4) /
         (n, 5) with num_prefill_seqs k (the p tokens are k chunks of p/k each; default 1 when p > 0)
         and prefill_context_len s (each chunk starts at position s; default 0) appended, or (n, 6)
@@ -196,7 +208,9 @@ class ProfileCost:
         `token_buckets`: the engine's mixed-step CUDA-graph token buckets (a step with prefill
         tokens is charged for the bucket it runs as; None or empty: for its own tokens).
         `launch_times_s`: the host's launch part of each point's time; with `hide_launch` the
-        model charges steps without it (see the module doc)."""
+        model charges steps without it (see the module doc). `cap_by_compute` (with
+        `power_cap`): a step's slowdown scaled by its compute share against the pause check's
+        step (`compute_share`, the module doc); False: every step with prefill slowed alike."""
         points = np.asarray(points, dtype=np.float64)
         points = points.reshape(-1, points.shape[-1] if points.ndim == 2 else 3)
         if points.shape[1] not in (3, 4, 5, 6):
@@ -206,6 +220,8 @@ class ProfileCost:
         # power cap (module doc): (f_ref, r) from the pause check, or None (off)
         self.power_cap_window_s = None
         self._cap = None
+        self._cap_step = None
+        self._cap_share_ref = None  # the pause check step's compute share (cap_by_compute)
         check = (meta or {}).get("pause_check") if power_cap else None
         if check:
             runs = {r["run"]: r["step_ms_median"] for r in check.get("runs", [])}
@@ -219,6 +235,9 @@ class ProfileCost:
                 r_dec = 1.0 + (runs["after_decode"] / base - 1.0) / g_ref if "after_decode" in runs else 1.0
                 self._cap = (1.0 - pause_s / POWER_CAP_WINDOW_S, max(r, 1.0), max(r_dec, 1.0))
                 self.power_cap_window_s = POWER_CAP_WINDOW_S
+                # the pause check's step (its compute share is set once the fit is done)
+                self._cap_step = (int(check.get("num_prefill_tokens", 512)),
+                                  max(1, int(check.get("num_prefill_seqs", 1))))
         self._launch_coef = None
         if launch_times_s is not None:
             launch = np.asarray(launch_times_s, dtype=np.float64)
@@ -289,6 +308,12 @@ class ProfileCost:
         self._resid_prefill = _residual_interpolator(space[has_prefill], resid[has_prefill])
         self.ctx_quantum = max(1, int(ctx_quantum))
         self._memo: dict[tuple, float] = {}
+        # the fit's constant: what a step costs whatever it holds (the weights' read)
+        self._const_s = max(0.0, float(_features(0, 0, 0, 0, 0, 0, self._cols, 0, 0) @ self.coef))
+        if self._cap is not None and cap_by_compute:
+            n, k = self._cap_step
+            ref = self.compute_share(0, n, n, [n // k] * k)
+            self._cap_share_ref = ref if ref > 0 else None
 
     @classmethod
     def from_json(cls, path: str | Path, **kwargs) -> ProfileCost:
@@ -359,17 +384,45 @@ class ProfileCost:
             t = self._memo[key] = self._eval(num_decode_seqs, p, key[2] * self.ctx_quantum, k, q, x, v)
         return t
 
-    def prefill_slowdown(self, busy_share: float, decode_share: float = 0.0) -> float:
+    def prefill_slowdown(self, busy_share: float, decode_share: float = 0.0,
+                         compute_share: float | None = None) -> float:
         """The power-cap factor of a step with prefill tokens after `busy_share` of the last
         `power_cap_window_s` ran such steps and `decode_share` of it decode-only steps (1.0 with
         the model off). The decode term is the pause check's "after_decode" run (its pause filled
         with decode steps): slower than paused by (r_dec - 1)·g at g = pause / W; profiles
-        without that run give r_dec = 1."""
+        without that run give r_dec = 1. `compute_share`: the step's (`compute_share`); the
+        factor's excess over 1 is scaled by it against the pause check's step's (the module
+        doc); None, or a model built with cap_by_compute=False: the pause check's step's own."""
         if self._cap is None:
             return 1.0
         f_ref, r, r_dec = self._cap
-        return (1.0 + (r - 1.0) * max(0.0, busy_share - f_ref) / (1.0 - f_ref)
-                + (r_dec - 1.0) * decode_share)
+        x = ((r - 1.0) * max(0.0, busy_share - f_ref) / (1.0 - f_ref)
+             + (r_dec - 1.0) * decode_share)
+        if compute_share is not None and self._cap_share_ref is not None:
+            x *= max(0.0, compute_share) / self._cap_share_ref
+        return 1.0 + x
+
+    @property
+    def caps_by_compute(self) -> bool:
+        """The power cap slows every step, decode-only ones too, by its compute share
+        (`compute_share`) against the pause check's step's."""
+        return self._cap_share_ref is not None
+
+    @property
+    def power_cap_f_ref(self) -> float | None:
+        """The prefill-busy share of the window before the profile's (paused) points."""
+        return None if self._cap is None else self._cap[0]
+
+    def compute_share(self, num_decode_seqs: int, num_prefill_tokens: int, num_context_tokens: int,
+                      prefill_chunks=None) -> float:
+        """The share of a step's time past the fit's constant (the weights' read, paid by every
+        step whatever it holds): 1 - T_const / T(d, p, ctx). The power cap lowers the SM clock
+        and leaves the memory clock (3,201 MHz in every nvidia-smi sample of the H200 runs), so
+        what slows is the rest of the step (the module doc)."""
+        t = self.step_time(num_decode_seqs, num_prefill_tokens, num_context_tokens, prefill_chunks)
+        if t <= 0:
+            return 0.0
+        return max(0.0, 1.0 - self._const_s / t)
 
     def launch_time(self, num_decode_seqs: int, num_prefill_tokens: int) -> float:
         """Seconds of the host's launch of such a step (0 where the profile did not measure it)."""
@@ -404,5 +457,6 @@ class ProfileCost:
                 "hides_launch": self.hides_launch,
                 "power_cap": None if self._cap is None else {"f_ref": self._cap[0], "back_to_back": self._cap[1],
                                                               "after_decode": self._cap[2],
-                                                              "window_s": self.power_cap_window_s},
+                                                              "window_s": self.power_cap_window_s,
+                                                              "compute_share_ref": self._cap_share_ref},
                 **{k: v for k, v in self.meta.items() if isinstance(v, (str, int, float))}}

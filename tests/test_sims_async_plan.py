@@ -138,7 +138,8 @@ def test_hidden_launch_is_charged_only_after_an_idle_spell():
 def test_power_cap_slows_a_prefill_step_by_the_prefill_share_before_it():
     """ProfileCost(power_cap=True), from the profile's pause check: paused 50 ms, back to back
     55 ms (r = 1.1) with a 60 ms pause, so f_ref = 1 - 0.06 / 0.1 = 0.4; a prefill step after
-    a prefill-busy share f of the last 100 ms takes 1 + 0.1 (f - 0.4) / 0.6 times longer."""
+    a prefill-busy share f of the last 100 ms takes 1 + 0.1 (f - 0.4) / 0.6 times longer (every
+    such step alike: cap_by_compute=False; the compute share: tests/test_fidelity_grid_33b.py)."""
     from sims.profile_cost import ProfileCost
 
     pts = np.array([(d, p, d * c + p) for c in (100, 300) for d in (0, 1, 4, 8) for p in (0, 64)
@@ -147,7 +148,7 @@ def test_power_cap_slows_a_prefill_step_by_the_prefill_share_before_it():
     meta = {"pause_ms": 60.0, "pause_check": {"runs": [
         {"run": "paused", "step_ms_median": 50.0}, {"run": "back_to_back", "step_ms_median": 55.0},
         {"run": "paused_again", "step_ms_median": 50.0}]}}
-    cost = ProfileCost(pts, times, num_blocks=4096, meta=meta, power_cap=True)
+    cost = ProfileCost(pts, times, num_blocks=4096, meta=meta, power_cap=True, cap_by_compute=False)
     assert ProfileCost(pts, times, num_blocks=4096, meta=meta).prefill_slowdown(1.0) == 1.0
     assert cost.prefill_slowdown(0.0) == cost.prefill_slowdown(0.4) == 1.0
     assert cost.prefill_slowdown(1.0) == pytest.approx(1.1)
@@ -181,9 +182,9 @@ def test_power_cap_counts_decode_busy_time_from_the_after_decode_run():
     runs = [{"run": "paused", "step_ms_median": 50.0}, {"run": "back_to_back", "step_ms_median": 55.0},
             {"run": "paused_again", "step_ms_median": 50.0}]
     meta = {"pause_ms": 60.0, "pause_check": {"runs": runs + [{"run": "after_decode", "step_ms_median": 53.0}]}}
-    cost = ProfileCost(pts, times, num_blocks=4096, meta=meta, power_cap=True)
+    cost = ProfileCost(pts, times, num_blocks=4096, meta=meta, power_cap=True, cap_by_compute=False)
     old = ProfileCost(pts, times, num_blocks=4096, meta={"pause_ms": 60.0, "pause_check": {"runs": runs}},
-                      power_cap=True)
+                      power_cap=True, cap_by_compute=False)
     assert cost.prefill_slowdown(0.4, 0.6) == pytest.approx(1.06)  # the after_decode run itself
     assert cost.prefill_slowdown(0.0, 1.0) == pytest.approx(1.1)
     assert cost.prefill_slowdown(1.0, 0.0) == pytest.approx(1.1)  # back to back, as before

@@ -25,7 +25,7 @@ import argparse
 import json
 import math
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -54,18 +54,54 @@ def prompt_identity(config: dict, num_arrivals: int) -> tuple[list[int], list[tu
     return groups, runs
 
 
+# the commit that gave a CUDA backend its prefill cap by default (d251018, 256 tokens a step while
+# sequences decode and the backlog is small): sessions profiled before it ran uncapped
+CUDA_PREFILL_CAP_SINCE = "2026-12-03T10:57:49+00:00"
+
+
+def session_prefill_cap(validate: dict, how: str = "auto"):
+    """The `PrefillCap` the live backend of a `sim validate` session ran with, or None (off).
+    `how`: "auto" — the cap the validate JSON recorded (`config["prefill_cap"]`, since issue 35's
+    grid), else, for a session profiled after the CUDA default came in, the cap its device and
+    engine flags give (`validate.live_prefill_cap`), else off; "live" — that cap whatever the
+    date; "off"; or a number of tokens (the default backlog rule). Without it the replay of a
+    capped engine planned whole 512-token prompts where the engine ran two 256-token chunks
+    beside its decodes, and no prefill step matched (issue 35, the H200 grid's 33B part)."""
+    from datetime import datetime
+
+    from scheduler.capacity import PrefillCap
+
+    cfg = validate["config"]
+    if how == "off":
+        return None
+    if how not in ("auto", "live"):
+        return PrefillCap(int(how))
+    if how == "auto" and cfg.get("prefill_cap") is not None:
+        cap = PrefillCap(**cfg["prefill_cap"])
+        return cap if cap.max_tokens else None
+    created = (validate.get("profile") or {}).get("created")
+    if how == "auto" and (created is None or datetime.fromisoformat(created)
+                          < datetime.fromisoformat(CUDA_PREFILL_CAP_SINCE)):
+        return None
+    from bench.simulator.validate import live_prefill_cap
+
+    cap = live_prefill_cap(str(cfg.get("device", "cpu")), list(cfg.get("engine_arg") or []))
+    return cap if cap.max_tokens else None
+
+
 def resimulate(validate: dict, arrivals, profile: str, prompt_identity_on: bool = True,
                delivery_delay_s: float = 0.0, async_plan_lead_s: float | None = None,
                hide_launch: bool = False, power_cap: bool = False,
                prefill_launch_deadline: bool = False, record_steps: bool = False,
-               wrap_cost=None, network_delay_s: float = 0.0) -> dict:
+               wrap_cost=None, network_delay_s: float = 0.0, prefill_cap=None) -> dict:
     """`prompt_identity_on=False`: every prompt distinct (what `sim validate` itself simulated,
     but in one continuous run): the control that isolates the prefix cache's part.
     `delivery_delay_s`: `EngineConfig.delivery_delay_s` (the path from the backend to the client,
     measured live, e.g. by bench/simulator/h200_path.py). `async_plan_lead_s`:
     `EngineConfig.async_plan_lead_s` (None: the synchronous loop). `hide_launch`: the profile's
     steps charged without the host's launch (`ProfileCost(hide_launch=True)`); `power_cap`: the
-    profile's power-cap model (`ProfileCost(power_cap=True)`). `prefill_launch_deadline`:
+    profile's power-cap model (`ProfileCost(power_cap=True)`; "alike": with
+    `cap_by_compute=False`). `prefill_launch_deadline`:
     `EngineConfig.prefill_launch_deadline`; False by default because the live runs this
     re-simulates (bench/results/fidelity_h200_2) were recorded on the engine before it.
     `record_steps`: every step simulated alone and kept (`result["steps"]`: StepRecords with the
@@ -73,7 +109,9 @@ def resimulate(validate: dict, arrivals, profile: str, prompt_identity_on: bool 
     `wrap_cost(cost, live_ids)`: replaces the profile's cost model (a diagnostic: the live step
     times fed back, `fidelity_steps.LiveTimedCost`). `network_delay_s`:
     `EngineConfig.network_delay_s` (gateway flush -> the backend's plan, measured live by
-    `fidelity_steps.dispatch_delay`)."""
+    `fidelity_steps.dispatch_delay`). `prefill_cap`: the live engine's `PrefillCap` (None: off,
+    as the engines of the runs recorded before the CUDA default; `session_prefill_cap` reads it
+    for a session)."""
     from bench.simulator.fidelity_stats import compare, summarize_load
     from gateway.serve import build_parser as serve_parser
     from gateway.serve import gateway_config
@@ -105,8 +143,12 @@ def resimulate(validate: dict, arrivals, profile: str, prompt_identity_on: bool 
                                max_num_seqs=int(doc["max_num_seqs"]),
                                max_num_batched_tokens=int(doc["max_num_batched_tokens"]),
                                block_size=int(live_be["block_size"]),
-                               max_model_len=int(live_be["max_model_len"]), enable_prefix_caching=True)
-    cost = ProfileCost.from_json(profile, hide_launch=hide_launch, power_cap=power_cap)
+                               max_model_len=int(live_be["max_model_len"]), enable_prefix_caching=True,
+                               **({} if prefill_cap is None else {"prefill_cap": prefill_cap}))
+    # power_cap "alike": every step with prefill slowed by the pause check's factor (the model
+    # before the compute share, issue 35's grid)
+    cost = ProfileCost.from_json(profile, hide_launch=hide_launch, power_cap=bool(power_cap),
+                                 cap_by_compute=power_cap != "alike")
     if wrap_cost is not None:
         cost = wrap_cost(cost, [a.request_id for a in arrivals])
     res = simulate(w, cost, sched, EngineConfig(num_backends=1, num_samples=1,
@@ -148,7 +190,8 @@ def resimulate(validate: dict, arrivals, profile: str, prompt_identity_on: bool 
     terms = {"async_plan_lead_ms": None if async_plan_lead_s is None else 1e3 * async_plan_lead_s,
              "hide_launch": hide_launch, "power_cap": power_cap,
              "prefill_launch_deadline": prefill_launch_deadline, "delivery_ms": 1e3 * delivery_delay_s,
-             "network_delay_ms": 1e3 * network_delay_s}
+             "network_delay_ms": 1e3 * network_delay_s,
+             "prefill_cap": None if prefill_cap is None else asdict(prefill_cap)}
     out = {"source": "bench.simulator.fidelity_resim", "num_arrivals": len(arrivals), "model_terms": terms,
            "sim_prefill_tokens_per_prefill_step": float(steps_p.mean()) if steps_p.size else 0.0,
            "loads": loads}
@@ -204,6 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--power-cap", action="store_true",
                    help="slow prefill steps by the prefill share of the 100 ms before them, as the "
                         "profile's pause check measured (sims.profile_cost)")
+    p.add_argument("--prefill-cap", default="auto",
+                   help="the live engine's prefill cap while decoding: auto (recorded, or the "
+                        "engine's default for sessions after it came in), live, off, or tokens "
+                        "(session_prefill_cap)")
     p.add_argument("--no-prompt-identity", action="store_true",
                    help="control: treat every prompt as distinct (no prefix-cache hits across runs)")
     a = p.parse_args(argv)
@@ -212,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         lead = None if a.async_plan_lead_ms is None else a.async_plan_lead_ms / 1e3
         result = resimulate(validate, arrivals, a.profile, not a.no_prompt_identity,
-                            a.delivery_ms / 1e3, lead, a.hide_launch, a.power_cap)
+                            a.delivery_ms / 1e3, lead, a.hide_launch, a.power_cap,
+                            prefill_cap=session_prefill_cap(validate, a.prefill_cap))
     except ValueError as exc:
         print(f"fidelity_resim: {exc}", file=sys.stderr)
         return 1

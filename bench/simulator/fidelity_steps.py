@@ -127,9 +127,13 @@ def step_cost_table(cost, steps: list[dict], window_s: float = 0.1) -> list[dict
         if not s["d"] and not s["p"]:
             continue
         chunks = s["chunks"] or None
-        t = cost.step_time(s["d"], s["p"], s["ctx"] + sum(n + st for n, st in s["chunks"]), chunks)
-        f, g = busy_shares(steps, k, window_s) if s["p"] else (0.0, 0.0)
-        if s["p"]:
+        ctx = s["ctx"] + sum(n + st for n, st in s["chunks"])
+        t = cost.step_time(s["d"], s["p"], ctx, chunks)
+        by_compute = getattr(cost, "caps_by_compute", False)
+        f, g = busy_shares(steps, k, window_s) if s["p"] or by_compute else (0.0, 0.0)
+        if by_compute:  # every step, decode-only ones too, by its compute share
+            t *= cost.prefill_slowdown(f, g, cost.compute_share(s["d"], s["p"], ctx, chunks))
+        elif s["p"]:
             t *= cost.prefill_slowdown(f, g)  # 1.0 unless the model has the power cap on
         if idle_launch is not None and s["idle_before"]:
             t += idle_launch(s["d"], s["p"])
@@ -207,7 +211,7 @@ class LiveTimedCost:
                 by_d.setdefault(int(row["decodes"]), []).append(row["ms"] / 1e3)
         self.decode = {d: float(np.median(v)) for d, v in by_d.items()}
         self.num_matched = self.num_model = 0
-        self._key, self._j = None, 0
+        self._key, self._j, self._matched = None, 0, False
 
     def step_time(self, num_decode_seqs: int, num_prefill_tokens: int, num_context_tokens: int,
                   prefill_chunks=None) -> float:
@@ -220,6 +224,7 @@ class LiveTimedCost:
         elif not num_prefill_tokens:
             self._j += 1
             t = self.after.get((self._key, self._j, num_decode_seqs), self.decode.get(num_decode_seqs))
+        self._matched = t is not None
         if t is not None:
             self.num_matched += 1
             return t
@@ -227,6 +232,15 @@ class LiveTimedCost:
         args = (num_decode_seqs, num_prefill_tokens, num_context_tokens)
         return self.inner.step_time(*args, prefill_chunks) if prefill_chunks is not None else \
             self.inner.step_time(*args)
+
+    # a live duration already holds what the model adds to its own step times (the event loop
+    # calls these right after `step_time`): the power cap's slowdown, the launch after an idle
+    # spell. Charging them again slowed every matched prefill step by the cap's factor
+    def prefill_slowdown(self, busy_share: float, decode_share: float = 0.0, *share) -> float:
+        return 1.0 if self._matched else self.inner.prefill_slowdown(busy_share, decode_share, *share)
+
+    def launch_time(self, num_decode_seqs: int, num_prefill_tokens: int) -> float:
+        return 0.0 if self._matched else self.inner.launch_time(num_decode_seqs, num_prefill_tokens)
 
     def __getattr__(self, name):
         if name == "inner" or name.startswith("__"):
@@ -277,7 +291,8 @@ def first_divergence(live: list[StepRecord], sim: list[StepRecord], flush: dict[
         moved = [r for r in cands if mates(0, live, r) != mates(1, sim, r)] or sorted(cands)
         rid = min(moved, key=lambda r: flush.get(r, np.inf))
         if rid not in step_of[0] or rid not in step_of[1]:
-            return {"index": i, "request": rid, "by_timing": False, "one_side_only": True}
+            return {"index": i, "request": rid, "by_timing": False, "one_side_only": True,
+                    "cause": "one side only"}
         ka, kb = step_of[0][rid], step_of[1][rid]
         t = flush.get(rid, np.nan)
         pa = plan_time(live, ka, lead_s, prefill_deadline, ends(live))
@@ -289,11 +304,24 @@ def first_divergence(live: list[StepRecord], sim: list[StepRecord], flush: dict[
         # by timing: it reached the backend (flush + delay) after the plan of the step it missed
         # on the later side
         missed = pa0 if later == "live" else pb0
-        return {"index": i, "request": rid, "flush": t, "later_side": later,
+        by_timing = bool(missed < t + delay_s)
+        # else, another request reaching the backend between the two sides' plans of the parting
+        # step changed what the plan saw (the prefill cap reads the backlog: one request more
+        # and the step takes the whole budget), or the two steps carry different decode counts
+        # (the token budget left to the chunks)
+        qa = plan_time(live, lp[i], lead_s, prefill_deadline, ends(live))
+        qb = plan_time(sim, sp[i], lead_s, prefill_deadline, ends(sim))
+        lo, hi = min(qa, qb), max(qa, qb)
+        between = sorted((ft, r) for r, ft in flush.items() if lo < ft + delay_s <= hi)
+        cause = ("timing" if by_timing else "arrival" if between else
+                 "decodes" if a.num_decodes != b.num_decodes else "rule")
+        return {"index": i, "request": rid, "flush": t, "later_side": later, "cause": cause,
+                "arrival_between_plans": between[0][1] if between else None,
+                "plans_ms_apart": 1e3 * (hi - lo), "decodes": [a.num_decodes, b.num_decodes],
                 "live_step_start": live[ka].t, "sim_step_start": sim[kb].t,
                 "live_plan_ms_after_flush": 1e3 * (pa - t), "sim_plan_ms_after_flush": 1e3 * (pb - t),
                 "missed_plan_ms_after_flush": 1e3 * (missed - t),
-                "by_timing": bool(missed < t + delay_s),
+                "by_timing": by_timing,
                 "drift_ms": None if last_common is None else 1e3 * (last_common[1] - last_common[0]),
                 "sim_minus_live_start_ms": 1e3 * (sim[kb].t - live[ka].t)}
     return None
@@ -338,7 +366,7 @@ def _span(steps, ids) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.simulator.fidelity_resim import format_table, resimulate
+    from bench.simulator.fidelity_resim import format_table, resimulate, session_prefill_cap
     from scheduler.decisions import read_log
     from sims.profile_cost import ProfileCost
 
@@ -350,6 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("profile")
     p.add_argument("--hide-launch", action="store_true")
     p.add_argument("--power-cap", action="store_true")
+    p.add_argument("--power-cap-alike", action="store_true",
+                   help="with --power-cap: every step with prefill slowed alike (the model before "
+                        "the compute share, ProfileCost(cap_by_compute=False))")
     p.add_argument("--async-plan-lead-ms", type=float, default=None)
     p.add_argument("--prefill-launch-deadline", action="store_true",
                    help="the engine had the prefill launch deadline (runs recorded after ea1ebf1)")
@@ -357,6 +388,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--network-delay-ms", default="0",
                    help="gateway flush -> backend plan (EngineConfig.network_delay_s) in ms, or "
                         "'auto': measured from these logs (dispatch_delay)")
+    p.add_argument("--prefill-cap", default="auto",
+                   help="the live engine's prefill cap while decoding: auto (recorded, or the "
+                        "engine's default for sessions after it came in), live, off, or tokens "
+                        "(fidelity_resim.session_prefill_cap)")
     p.add_argument("--no-schedule", action="store_true", help="the step-cost table only")
     p.add_argument("--live-times", action="store_true",
                    help="diagnostic: re-simulate with the live step times fed back (LiveTimedCost)")
@@ -366,7 +401,9 @@ def main(argv: list[str] | None = None) -> int:
     arrivals, batches = read_log(a.decisions)
     rows = read_steps(a.steps)
     steps, bad = live_steps(rows, {x.request_id: x.max_tokens for x in arrivals})
-    cost = ProfileCost.from_json(a.profile, hide_launch=a.hide_launch, power_cap=a.power_cap)
+    power_cap = "alike" if a.power_cap and a.power_cap_alike else a.power_cap
+    cost = ProfileCost.from_json(a.profile, hide_launch=a.hide_launch, power_cap=a.power_cap,
+                                 cap_by_compute=not a.power_cap_alike)
     delay_s, num_idle = dispatch_delay(rows, batches)
     print(f"flush -> plan on an idle engine: median {1e3 * delay_s:.2f} ms over {num_idle} requests")
     net_s = delay_s if a.network_delay_ms == "auto" else float(a.network_delay_ms) / 1e3
@@ -383,10 +420,12 @@ def main(argv: list[str] | None = None) -> int:
             oracle.append(LiveTimedCost(cost, ids, rows))
             return oracle[-1]
 
+        cap = session_prefill_cap(validate, a.prefill_cap)
+        print(f"prefill cap while decoding: {'off' if cap is None else cap}")
         res = resimulate(validate, arrivals, a.profile, False, a.delivery_ms / 1e3, lead,
-                         a.hide_launch, a.power_cap, a.prefill_launch_deadline, record_steps=True,
+                         a.hide_launch, power_cap, a.prefill_launch_deadline, record_steps=True,
                          wrap_cost=wrap if a.live_times else None,
-                         network_delay_s=net_s)
+                         network_delay_s=net_s, prefill_cap=cap)
         res["model_terms"]["live_step_times"] = bool(oracle)
         if oracle:
             print(f"live step times fed back: {oracle[0].num_matched} steps matched a live one, "
@@ -402,13 +441,23 @@ def main(argv: list[str] | None = None) -> int:
                 if d is None:
                     print(f"   seed {r['seed']}: identical")
                     continue
-                why["timing" if d["by_timing"] else "rule"] += 1
+                why[d["cause"]] += 1
+                if d.get("one_side_only"):
+                    print(f"   seed {r['seed']}: first parts at prefill step {d['index']}: "
+                          f"{d['request'][-6:]} on one side only")
+                    continue
                 drift = "-" if d["drift_ms"] is None else f"{d['drift_ms']:+.1f}"
+                other = d["arrival_between_plans"]
                 print(f"   seed {r['seed']}: first parts at prefill step {d['index']}: {d['request'][-6:]} "
                       f"later on the {d['later_side']} side; plans after its flush: live "
                       f"{d['live_plan_ms_after_flush']:+.2f} ms, sim {d['sim_plan_ms_after_flush']:+.2f} ms "
-                      f"(missed plan {d['missed_plan_ms_after_flush']:+.2f}); drift before {drift} ms")
-        print(f"first divergences by timing / by a rule: {why['timing']} / {why['rule']}")
+                      f"(missed plan {d['missed_plan_ms_after_flush']:+.2f}); drift before {drift} ms; "
+                      f"{d['cause']}" + (f" ({other[-6:]} between the plans, "
+                                         f"{d['plans_ms_apart']:.1f} ms apart)" if other else "")
+                      + f"; decodes live/sim {d['decodes'][0]}/{d['decodes'][1]}")
+        print("first divergences by the request's own arrival (timing) / another's arrival between "
+              "the two plans (arrival) / the decode count (decodes) / a rule: "
+              f"{why['timing']} / {why['arrival']} / {why['decodes']} / {why['rule']}")
         doc |= {"resim": {k: v for k, v in res.items() if k != "steps"}, "schedule": sched}
     if a.json_out:
         Path(a.json_out).write_text(json.dumps(doc, indent=2, default=float) + "\n")

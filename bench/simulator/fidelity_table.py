@@ -64,6 +64,12 @@ def model_label(terms: dict | None) -> str:
         return "as recorded"
     on = [name for key, name in (("hide_launch", "launch hidden"), ("power_cap", "power cap"))
           if terms.get(key)]
+    if terms.get("power_cap") == "alike":  # fidelity_resim: prefill steps slowed alike (before)
+        on[-1] = "power cap (prefill steps alike)"
+    elif terms.get("power_cap") and "prefill_cap" in terms:  # fidelity_resim since the share
+        on[-1] = "power cap by compute share"
+    if terms.get("prefill_cap"):
+        on.append(f"prefill cap {terms['prefill_cap']['max_tokens']}")
     if terms.get("async_plan_lead_ms") is not None:
         on.insert(0, "async loop")
     if terms.get("network_delay_ms"):

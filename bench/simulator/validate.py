@@ -544,7 +544,9 @@ def validate(a: argparse.Namespace) -> dict:
             f"capacity estimate {cap['request_rate']:.2f} req/s at decode batch {cap.get('decode_batch')}; "
             f"rates {', '.join(f'{r:.2f}' for r in rates)} req/s")
     result = {"config": {**{k: v for k, v in vars(a).items()}, "serve_argv": serve_argv,
-                         "batcher": vars_of(gw.batcher), "queue_max_requests": list(gw.queues.max_requests)},
+                         "batcher": vars_of(gw.batcher), "queue_max_requests": list(gw.queues.max_requests),
+                         # the live engine's prefill cap (its replay needs it: fidelity_resim)
+                         "prefill_cap": vars_of(live_cap)},
               "profile": {"path": str(profile), "measured_now": measured, "seconds": t_prof,
                           "loadavg_before": load_profile,
                           **{k: v for k, v in doc.items() if k != "points"},
