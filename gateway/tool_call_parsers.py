@@ -340,12 +340,17 @@ class TaggedToolCallParser(ToolCallParser):
     def _body(self, begin: str, body: str, closed: bool) -> list[ToolCall] | None:
         raise NotImplementedError
 
+    def _end_marker(self, buf: str, begin: str, end: str, final: bool) -> int:
+        """Where the open block's end marker `end` starts in `buf` (which starts with `begin`),
+        or -1 while none is seen."""
+        return buf.find(end, max(len(begin), self._searched))
+
     def _match_block(self, buf: str, begin: str, final: bool
                      ) -> tuple[int, list[ToolCall] | None] | None:
         """`buf` starts with `begin`: (characters the block takes, its calls or None), or None
         while it is incomplete (never when `final`)."""
         end = dict(self.blocks)[begin]
-        j = buf.find(end, max(len(begin), self._searched)) if end else -1
+        j = self._end_marker(buf, begin, end, final) if end else -1
         if j < 0:
             if not final:
                 self._searched = max(0, len(buf) - len(end) + 1) if end else 0
@@ -443,7 +448,7 @@ class TaggedToolCallParser(ToolCallParser):
         if args.headless:
             return
         buf, end = self._pending, dict(self.blocks)[begin]
-        limit = buf.find(end, max(len(begin), self._searched))
+        limit = self._end_marker(buf, begin, end, final)
         ended = limit >= 0 or final
         if limit < 0:
             limit = len(buf) if final else max(len(begin), len(buf) - _partial_tag(buf, end))
@@ -510,6 +515,20 @@ class HermesToolCallParser(TaggedToolCallParser):
 
     def _stream_head(self, body: str):
         return json_call_head(body, self.names)
+
+    def _end_marker(self, buf: str, begin: str, end: str, final: bool) -> int:
+        """A block whose text starts with a JSON object ends at the first end marker after
+        that object: `</tool_call>` inside one of its strings (a file's content that mentions
+        the format) is the argument's text, not the block's end -- a forced tool_choice's
+        grammar allows it there. While the object is open no marker counts; if the output ends
+        with it still open, the first marker does (as a plain search finds it)."""
+        pos = _SPACE.match(buf, len(begin)).end()
+        if not buf.startswith("{", pos):
+            return super()._end_marker(buf, begin, end, final)
+        e = self._json_end.find(buf, pos)
+        if e >= 0:
+            return buf.find(end, max(e, self._searched))
+        return buf.find(end, len(begin)) if final else -1
 
     def _body(self, begin: str, body: str, closed: bool) -> list[ToolCall] | None:
         call = self.json_call(body)
