@@ -10,15 +10,17 @@ agreement, and code completion through the embedded gateway (CPU; a few minutes)
 (b) Bits per byte. `tidegate eval code --files-sample 8` (8 of the 198 held-out files of the
     held-out packages, evenly spaced over the list; see evals/code.py) must be at most
     GZIP_FACTOR (0.6, the issue's goal) x gzip -9 of the same 8 files, and within BPB_TOLERANCE
-    (25%) of the training script's figure over all 198 files (metrics.json: 0.8242; measured on
-    the 8: 0.8065 against gzip -9 2.3123). The random `tiny` preset scores ~8 bits/byte.
+    (25%) of the training script's figure over all 198 files (metrics.json: 0.8603, v3; measured
+    on the 8: 0.8412 against gzip -9 2.3123; v2: 0.8242 and 0.8065). The random `tiny` preset
+    scores ~8 bits/byte.
 
 (c) FIM. 16 held-out functions with one single-line statement removed, prompted in the
     DeepSeek-Coder FIM format (token for token the training documents' format): the model must
     close the middle with <|eos|> within 32 tokens in at least FIM_MIN_STOPPED of them (it
     learned the format). Exact-line matches and the softer figures are printed, not required:
-    measured 0 of 32 exact, 1 ignoring whitespace, token accuracy 0.60 (`tidegate eval code
-    --fim-cases 32`); this model fills a plausible line, rarely the removed one.
+    v3 measured 1 of these 16 exact, 14 closed with <|eos|>; on `tidegate eval code --fim-cases
+    32` 7 of 32 exact, line similarity 0.618, token accuracy 0.706, 32 closed with <|eos|> (v2:
+    0 of 32, 0.367, 0.60, 28).
 
 (d) Agreement. `agreement` of float32 with itself is exactly 1.0; float32 vs bfloat16
     weights/activations (teacher-forced on the float32 tokens) is >= 0.9.
@@ -27,9 +29,10 @@ agreement, and code completion through the embedded gateway (CPU; a few minutes)
     CPU) completes HEADERS greedily as a code-completion client would (HumanEval-style:
     max_tokens 256, the API's `stop` = the usual stop strings); a completion counts when
     `evals.completion.judge_header` parses it (cut at the first line back at the
-    header's indentation). Measured 2/8 through the engine (`tidegate eval code`; old protocol,
-    64 tokens: 1/8; v1 of the model: 6/8 on the old one): five of the six failures are
-    reStructuredText docstrings that fall into a repeating doctest loop and never close.
+    header's indentation). The request sets temperature 0 and no penalty, so the model's
+    generation_config.json penalties (repetition 1.1, frequency 0.2) apply: v3 measured 8/8 here
+    and at the defaults (test below), and 3/8 through the engine with no penalty at all
+    (`tidegate eval code`; v2: 2/8, its failures doctest docstrings that looped to the budget).
     Required: >= MIN_PARSED. The rule itself is pinned in tests/test_eval_completion.py.
 """
 from __future__ import annotations
@@ -56,8 +59,11 @@ GZIP_FACTOR = 0.6
 BPB_TOLERANCE = 0.25
 FIM_CASES = 16
 FIM_MIN_STOPPED = 8
-MIN_PARSED = 1
-MIN_PARSED_DEFAULTS = 6  # v2 at its defaults (greedy, repetition_penalty 1.1, frequency_penalty 0.2): 6/8 through the engine (2/8 at repetition_penalty 1.1 alone)
+# v3 (issue 36) measured 8/8 in both tests through `make serve` (bf16) and 8/8 through the engine
+# at its defaults (float32; held-out headers 8/8); the pins are the issue's goal, >= 7/8.
+# v2: MIN_PARSED 1 (2/8 greedy), MIN_PARSED_DEFAULTS 6 (6/8 at its defaults).
+MIN_PARSED = 7
+MIN_PARSED_DEFAULTS = 7
 
 
 def metrics() -> dict:

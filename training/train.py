@@ -1537,6 +1537,40 @@ def engine_section(ev: dict) -> str:
     return text
 
 
+def _int8_shape_and_reproduce(m: dict, p: dict, common: str) -> tuple[str, str]:
+    """shape_and_reproduce for a model trained without a sweep and shipped int8 (issue 36's
+    one-call plan, scripts/gpu_tiny_coder_run.sh)."""
+    cfg, hp = m["model_config"], m["hyperparameters"]
+    shape = (
+        "How the shape was chosen: int8 weights (one byte a parameter plus one float32 scale per "
+        "row) let the\nrepository limit (30 MB) hold about 29M parameters, twice the bf16 limit "
+        f"(14.2M); {cfg['num_hidden_layers']} x {cfg['hidden_size']} x "
+        f"{cfg['intermediate_size']} with {cfg['num_attention_heads']}/"
+        f"{cfg['num_key_value_heads']} heads is\n{m['params']['total'] / 1e6:.1f}M, of which the "
+        f"tied {cfg['vocab_size']}-entry embedding is {m['params']['embedding'] / 1e6:.1f}M. "
+        "**No validation-loss sweep was run**: the\nsize follows a compute-optimal estimate for "
+        "one 10-minute H200 call (BENCHMARKS.md, \"tiny-coder:\ndecoding defaults, int8 "
+        "checkpoints, and one 10-minute call prepared (issue 36)\"); an earlier sweep\nof three "
+        "14M shapes had chosen the previous model's 7 x 384 x 1024.")
+    flags = "".join(f" --{k.replace('_', '-')} {p[k]:g}" for k in (
+        "function_doc_rate", "function_fim_rate", "function_nodoc_rate", "function_fim_holes")
+        if k in p)
+    repro = (
+        "Reproduce: `scripts/gpu_tiny_coder_run.sh` on one H200 (its header: the corpus and "
+        "its carry, built on the\ndevelopment machine; the tokenizer is the previous model's "
+        "`tokenizer.json`). What it runs:\n\n```sh\n"
+        "python -m training.train prepare --corpus CORPUS --out PREP --tokenizer "
+        f"TOKENIZER.json \\\n   {flags}\n"
+        f'python -m training.train train --prep PREP --out OUT '
+        f'--time-budget-s {hp["time_budget_s"]:g} --compile --int8 \\\n    --tie-embeddings '
+        f'--layers {cfg["num_hidden_layers"]} --hidden-size {cfg["hidden_size"]} '
+        f'--intermediate-size {cfg["intermediate_size"]} --heads {cfg["num_attention_heads"]} '
+        f'--kv-heads {cfg["num_key_value_heads"]} \\\n' + common
+        + f'            # add --steps {m["steps"]} to repeat the step count\n'
+        "python -m backend.model.int8 quantize OUT MODEL   # the shipped int8 checkpoint\n```")
+    return shape, repro
+
+
 def shape_and_reproduce(m: dict, p: dict) -> tuple[str, str]:
     """The card's "how the shape was chosen" paragraph and "Reproduce" block, from metrics.json."""
     cfg, hp = m["model_config"], m["hyperparameters"]
@@ -1549,6 +1583,8 @@ def shape_and_reproduce(m: dict, p: dict) -> tuple[str, str]:
         "python -m training.train prepare --corpus CORPUS --out TOK --tokenizer-only\n"
         "python -m training.train prepare --corpus CORPUS --out PREP "
         "--tokenizer TOK/tokenizer.json\n")
+    if not sw and hp.get("int8"):
+        return _int8_shape_and_reproduce(m, p, common)
     if not sw:
         shape = (
             "How the shape was chosen: the repository limit (30 MB, bf16) caps the model at about "
@@ -1698,6 +1734,37 @@ def _int8_bpb_text(m: dict) -> str:
     return f" (bf16 weights); {q['bits_per_byte']:.4f} int8 as shipped" if q else ""
 
 
+def _cap_text(man: dict | None) -> str:
+    """The card's bullet on the per-source cap, when the corpus was re-capped (`training.corpus
+    --recap-from`); empty otherwise."""
+    rc = (man or {}).get("recapped")
+    if not rc:
+        return ""
+    return (f"- Per-source cap lowered after the build: at most {rc['max_source_bytes'] / 1e6:g} MB "
+            f"of training text per source (the corpus was built at "
+            f"{rc['from_max_source_bytes'] / 1e6:g} MB; `python -m training.corpus --recap-from`): "
+            f"{rc['files_dropped']:,} training files, {rc['bytes_dropped'] / 1e6:.1f} MB, dropped "
+            f"from the largest sources; held-out, validation and the standard library untouched.\n")
+
+
+def _bytes_per_token_text(m: dict) -> str:
+    """Bytes per token measured on the held-out files (the training stream repeats function text
+    in function documents, so its bytes/token is not the tokenizer's)."""
+    ho = m["heldout"]
+    return f"{ho['bytes'] / ho['tokens']:.2f} bytes/token on the held-out files"
+
+
+def _passes_text(m: dict) -> str:
+    """The card's limitation on data passes and over-fitting, read from metrics.json."""
+    text = f"The budget bought {m['epochs']:.1f} passes over the training stream"
+    if m.get("best_step") is not None and m["best_step"] < m["steps"]:
+        return (text + f"; validation loss was lowest at step {m['best_step']:,} of "
+                f"{m['steps']:,} (the shipped weights) and higher after it, so the run "
+                "over-fitted: more distinct data, not more passes, is what would help next.")
+    return (text + "; validation loss was still falling at the end, so it is not yet "
+            "over-fitted, but more distinct data, not more passes, is what would help next.")
+
+
 def write_card(out: Path) -> None:
     """README.md from metrics.json, corpus_manifest.json and (when present) eval.json."""
     m = json.loads((out / "metrics.json").read_text())
@@ -1755,7 +1822,7 @@ plausible-looking Python and fills single lines, but it is **not** a useful codi
   {val_pk} -- {gf("val")} files, {gb("val"):.1f} MB; **training**: the rest,
   {gf("train")} files, {gb("train"):.1f} MB, {p["train_tokens"]:,} tokens with FIM.
   The held-out paths are relative to the `.venv`'s `site-packages`; their versions are in the table.
-{_documents_text(p, man)}
+{_cap_text(man)}{_documents_text(p, man)}
 
 <details><summary>Sources and licences</summary>
 
@@ -1771,7 +1838,7 @@ plausible-looking Python and fills single lines, but it is **not** a useful codi
 | parameters | {m["params"]["total"]:,} ({m["params"]["non_embedding"]:,} without embeddings and head) |
 | layers / hidden / intermediate | {cfg["num_hidden_layers"]} / {cfg["hidden_size"]} / {cfg["intermediate_size"]} |
 | heads / KV heads / head dim | {cfg["num_attention_heads"]} / {cfg["num_key_value_heads"]} / {cfg["hidden_size"] // cfg["num_attention_heads"]} |
-| vocabulary | {cfg["vocab_size"]} (byte-level BPE, {p["bytes_per_token_train"]:.2f} bytes/token on the training text) |
+| vocabulary | {cfg["vocab_size"]} (byte-level BPE, {_bytes_per_token_text(m)}) |
 | max positions | {cfg["max_position_embeddings"]} (trained on {hp["seq_len"]}-token sequences) |
 | tied embeddings | {cfg["tie_word_embeddings"]} |
 | weights | {_weights_text(out)} |
@@ -1837,9 +1904,7 @@ agreement checks for KV-cache and weight quantization, FIM plumbing). Small enou
 
 ## Limitations
 
-- The budget bought {m["epochs"]:.0f} passes over the training text (the previous model: 16 over 8.4M
-  stdlib tokens); validation loss was still falling at the end, so it is not yet over-fitted,
-  but more distinct data, not more passes, is what would help next.
+- {_passes_text(m)}
 - Tiny: it imitates the look of library code, repeats itself, invents names, and its code is
   usually wrong. It does not follow instructions and was never trained on chat data.
 - Python only, as written in the standard library and a few dozen scientific, web and tooling
