@@ -63,7 +63,7 @@ def session_prefill_cap(validate: dict, how: str = "auto"):
     """The `PrefillCap` the live backend of a `sim validate` session ran with, or None (off).
     `how`: "auto" — the cap the validate JSON recorded (`config["prefill_cap"]`, since issue 35's
     grid), else, for a session profiled after the CUDA default came in, the cap its device and
-    engine flags give (`validate.live_prefill_cap`), else off; "live" — that cap whatever the
+    engine flags give (`live_config.live_prefill_cap`), else off; "live" — that cap whatever the
     date; "off"; or a number of tokens (the default backlog rule). Without it the replay of a
     capped engine planned whole 512-token prompts where the engine ran two 256-token chunks
     beside its decodes, and no prefill step matched (issue 35, the H200 grid's 33B part)."""
@@ -83,7 +83,7 @@ def session_prefill_cap(validate: dict, how: str = "auto"):
     if how == "auto" and (created is None or datetime.fromisoformat(created)
                           < datetime.fromisoformat(CUDA_PREFILL_CAP_SINCE)):
         return None
-    from bench.simulator.validate import live_prefill_cap
+    from bench.simulator.live_config import live_prefill_cap
 
     cap = live_prefill_cap(str(cfg.get("device", "cpu")), list(cfg.get("engine_arg") or []))
     return cap if cap.max_tokens else None

@@ -63,6 +63,7 @@ from bench.simulator.fidelity_stats import (
     mean_ci,
     summarize_load,
 )
+from bench.simulator.live_config import live_prefill_cap
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _READY = re.compile(r"tidegate serving model (\S+) on (http://\S+)")
@@ -263,19 +264,6 @@ def sim_spec(profile: Path, num_blocks: int, block_size: int, max_model_len: int
                                      enable_prefix_caching=True,  # as the live engine
                                      prefill_cap=prefill_cap or PrefillCap()),
         engine=EngineConfig(num_backends=1, async_plan_lead_s=async_plan_lead_s))
-
-
-def live_prefill_cap(device: str, engine_args: list[str]):
-    """The `PrefillCap` the live backend runs with: its engine flags on `device` (a CUDA backend
-    caps prefill while decoding by default, the CPU does not; the simulator's own default is
-    off, so it is handed the live one)."""
-    from engine_flags import add_engine_args
-    from scheduler.capacity import prefill_cap_from_args
-
-    p = argparse.ArgumentParser(add_help=False)
-    add_engine_args(p)
-    ns, _ = p.parse_known_args(["--device", device, *engine_args])
-    return prefill_cap_from_args(ns, ns.device)
 
 
 def model_terms(profile_doc: dict, plan_lead: float | None, hide_launch: str = "auto",
