@@ -404,3 +404,44 @@ def test_model_decode_with_fused_norm_gemv(kind, monkeypatch, tmp_path):
     assert torch.equal(outs[True][0], outs[False][0])
     assert outs[True][1].shape == (1, config.hidden_size)
     assert rel_err(outs[True][1], outs[False][1]) <= 1e-6
+
+
+def test_swept_config_file_adds_a_shape_and_a_missing_shape_falls_back(tmp_path):
+    """A swept JSON (`fp8_gemv_sweep --tuned-out`, read from TIDEGATE_GEMV_CONFIGS at start-up)
+    gives a shape the committed tables lack a config; `install_gemv` then swaps that layer and
+    one row runs our GEMV with the oracle's numbers. When an A/B later replaces the tables
+    without that shape, the swapped layer runs F.linear instead of failing."""
+    import json
+
+    from torch import nn
+
+    from backend.kernels import dispatch as kd
+    from backend.kernels import fp8_gemv as fg
+
+    n, k = 40, 192
+    assert (n, k) not in fg.BF16_GEMV_M1_CONFIGS
+    config = {"block_n": 8, "block_k": 64, "num_warps": 1, "num_stages": 2,
+              "programs_per_sm": 1, "use_dot": False, "prefetch": False,
+              "row_sum_each": False, "dot_f16": False}
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps({"bf16": {f"{n}x{k}": config}}))
+    before = fg.config_tables()
+    try:
+        assert fg.load_config_file(str(path)) == 1
+        assert fg.BF16_GEMV_M1_CONFIGS[n, k] == fg.GemvConfig(**config)
+        model = nn.Sequential(nn.Linear(k, n, bias=False).to(torch.bfloat16),
+                              nn.Linear(k, 24, bias=False).to(torch.bfloat16))
+        with torch.no_grad():
+            model[0].weight.normal_(0, 0.02)
+        assert kd.install_gemv(model) == 1
+        assert type(model[0]) is kd.GemvLinear and type(model[1]) is nn.Linear
+        x = torch.randn(1, k).to(torch.bfloat16)
+        ref = fg.fp8_gemv_reference(x.double(), model[0].weight,
+                                    torch.ones(n, dtype=torch.float32)).float()
+        assert rel_err(model[0](x), ref) <= 1e-2
+        fg.set_config_tables(before, replace=True)     # the A/B's "committed" tables
+        assert (n, k) not in fg.BF16_GEMV_M1_CONFIGS
+        out = model[0](x)                               # F.linear, not a KeyError
+        assert torch.equal(out, torch.nn.functional.linear(x, model[0].weight))
+    finally:
+        fg.set_config_tables(before, replace=True)

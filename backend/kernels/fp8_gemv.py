@@ -92,6 +92,22 @@ GEMV_M1_SHAPE_CONFIGS: dict[tuple[int, int], GemvConfig] = {
                               programs_per_sm=1, use_dot=False, row_sum_each=True),  # gate_up
     (7168, 19200): GemvConfig(block_n=16, block_k=256, num_warps=4, num_stages=3,
                               programs_per_sm=4, use_dot=False),    # down (split 2)
+    # The 1.3B preset's shapes (issue 32; `fp8_gemv_sweep --preset deepseek-coder-1.3b
+    # --weights bf16`, H200, 2026-12-04, bench/results/host_cost_h200_s12/tune): against cuBLAS
+    # qkv 13.9 vs 14.8 us, o 8.7 vs 9.9, gate_up 19.7 vs 20.8, down 13.9 vs 15.8, LM head 42.1
+    # vs 44.1. Small products are launch-bound (23-54% of copy bandwidth), so the gain comes in
+    # the graph, where the next kernel's launch overlaps (PDL): the batch-1 decode graph 1.58 ->
+    # 1.22 ms a token, served ITL p50 1.49 -> 1.16 ms.
+    (6144, 2048): GemvConfig(block_n=8, block_k=1024, num_warps=4, num_stages=2,
+                             programs_per_sm=1, use_dot=False),     # 1.3B qkv
+    (2048, 2048): GemvConfig(block_n=8, block_k=1024, num_warps=4, num_stages=2,
+                             programs_per_sm=1, use_dot=False),     # 1.3B o
+    (11008, 2048): GemvConfig(block_n=8, block_k=1024, num_warps=4, num_stages=2,
+                              programs_per_sm=1, use_dot=False),    # 1.3B gate_up
+    (2048, 5504): GemvConfig(block_n=8, block_k=1024, num_warps=4, num_stages=2,
+                             programs_per_sm=1, use_dot=False),     # 1.3B down
+    (32256, 2048): GemvConfig(block_n=8, block_k=1024, num_warps=4, num_stages=2,
+                              programs_per_sm=1, use_dot=False),    # 1.3B LM head
 }
 
 
@@ -119,6 +135,11 @@ SILU_DOWN_M1_CONFIGS: dict[str, dict[tuple[int, int], GemvConfig]] = {
     "fp8": {(7168, 19200): GEMV_M1_SHAPE_CONFIGS[7168, 19200]},
     "bf16": {(7168, 19200): BF16_GEMV_M1_CONFIGS[7168, 19200]},
 }
+# 1.3B (same sweep): 14.6 us with a 3-way K split (its reduce launch included) against 19.8 for
+# silu_and_mul + the down GEMV; held to one split (no reduce) the served ITL was worse, 1.28 vs
+# 1.13 ms (bench/results/host_cost_h200_s12/tune2)
+SILU_DOWN_M1_CONFIGS["bf16"][2048, 5504] = GemvConfig(
+    block_n=8, block_k=512, num_warps=2, num_stages=2, programs_per_sm=4, use_dot=False)
 
 
 # The qkv and gate_up projections with the RMSNorm before them folded in
@@ -141,15 +162,31 @@ def config_tables() -> dict:
             "norm_bf16": dict(NORM_GEMV_M1_CONFIGS["bf16"])}
 
 
-def set_config_tables(tables: dict) -> None:
+def set_config_tables(tables: dict, replace: bool = False) -> None:
     """Replace entries of the M = 1 tables in place (the dispatchers read them at call time, so
-    a graph captured afterwards uses them): for A/B runs of swept configs."""
+    a graph captured afterwards uses them): for A/B runs of swept configs. `replace`: each
+    table becomes exactly `tables`' (shapes missing there leave it: back to cuBLAS / defaults)."""
     for name, table in (("fp8", GEMV_M1_SHAPE_CONFIGS), ("bf16", BF16_GEMV_M1_CONFIGS),
                         ("silu_down_fp8", SILU_DOWN_M1_CONFIGS["fp8"]),
                         ("silu_down_bf16", SILU_DOWN_M1_CONFIGS["bf16"]),
                         ("norm_fp8", NORM_GEMV_M1_CONFIGS["fp8"]),
                         ("norm_bf16", NORM_GEMV_M1_CONFIGS["bf16"])):
+        if replace:
+            table.clear()
         table.update(tables.get(name, {}))
+
+
+def load_config_file(path: str) -> int:
+    """Add the configs of a swept JSON (`bench/kernels/fp8_gemv_sweep.py --tuned-out`) to the
+    tables; returns how many. Read at start-up from TIDEGATE_GEMV_CONFIGS (a path): a model
+    whose shapes the committed tables lack (they hold the 33B's) gets its measured configs
+    without a code change, before `install_gemv` picks the layers to swap."""
+    import json
+
+    with open(path) as f:
+        tables = tables_from_json(json.load(f))
+    set_config_tables(tables)
+    return sum(len(t) for t in tables.values())
 
 
 def tables_from_json(doc: dict) -> dict:

@@ -91,7 +91,10 @@ QUANT_DECODE_CAP_REGS = 168
 QUANT_DECODE_CAP_MIN_PROGRAMS = 64     # batch 8 of the 33B; batch 1 (8 programs) was slower
 _maxnreg_env = os.environ.get("TIDEGATE_QUANT_DECODE_MAXNREG")
 QUANT_DECODE_MAXNREG = None if _maxnreg_env is None else (int(_maxnreg_env) or 0)
-MIN_TOKENS_PER_SPLIT = 128
+# TIDEGATE_MIN_TOKENS_PER_SPLIT (A/B, read at import): a small model's batch-1 decode at a
+# short context pays a merge launch per layer for its splits (1.3B, H200, 512 tokens: 4 splits,
+# merge 7.1 us of a 14.6 us attention; issue 32)
+MIN_TOKENS_PER_SPLIT = int(os.environ.get("TIDEGATE_MIN_TOKENS_PER_SPLIT", "128"))
 MAX_SPLITS = 64
 BLOCK_N = 64            # context tokens per inner tile
 PREFILL_ROWS = 64       # M rows of a program when the step has prefill chunks

@@ -526,9 +526,14 @@ class Bench:
         elif self.swept_tables is not None:
             # PDL and our GEMV on (measured last session); committed vs swept tables x the
             # silu-fused down projection off / on
+            # each table exactly as named (replace): a shape only the sweep has (a small
+            # preset's) runs on cuBLAS under "committed"
+            swept_all = {name: {**self.committed_tables.get(name, {}), **table}
+                         for name, table in self.swept_tables.items()}
+            swept_all = {**self.committed_tables, **swept_all}
             combos = [(True, gemv0, name, tables, fused, norm0)
                       for name, tables in (("committed", self.committed_tables),
-                                           ("swept", self.swept_tables))
+                                           ("swept", swept_all))
                       for fused in (False, True)]
         else:
             combos = [(p, gm, None, None, fused0, norm0)
@@ -543,7 +548,7 @@ class Bench:
                     kernel_dispatch.FUSED_SILU_DOWN["enabled"] = fused
                     kernel_dispatch.FUSED_NORM_GEMV["enabled"] = norm
                     if tables is not None:
-                        fp8_gemv.set_config_tables(tables)
+                        fp8_gemv.set_config_tables(tables, replace=True)
                     g.capture(1)
                     row = self.run_decode(weights, 1, True, record=False, profile_point=False)
                     if norm_ab:
@@ -560,7 +565,7 @@ class Bench:
             kernel_dispatch.BF16_GEMV["enabled"] = gemv0
             kernel_dispatch.FUSED_SILU_DOWN["enabled"] = fused0
             kernel_dispatch.FUSED_NORM_GEMV["enabled"] = norm0
-            fp8_gemv.set_config_tables(tables0)
+            fp8_gemv.set_config_tables(tables0, replace=True)
             g.capture(1)
         floor = row["floor_ms"]
         out = {k: {"ms": v, "median_ms": statistics.median(v),

@@ -52,6 +52,20 @@ SHAPES = {  # name: (N out, K in)
     "gate_up_norm": (2 * INTER, HIDDEN),
 }
 NORM_EPS = 1e-5
+
+
+def preset_shapes(name: str) -> dict[str, tuple[int, int]]:
+    """The same projections (and the LM head) of another preset (`backend/presets/NAME.json`):
+    the tables are keyed by (N, K), so a small model's shapes get configs of their own."""
+    cfg = json.loads((ROOT / "backend" / "presets" / f"{name}.json").read_text())
+    hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    heads = cfg["num_attention_heads"]
+    kv_heads = cfg.get("num_key_value_heads", heads)
+    head_dim = cfg.get("head_dim", hidden // heads)
+    qkv = ((heads + 2 * kv_heads) * head_dim, hidden)
+    return {"qkv": qkv, "o": (hidden, heads * head_dim), "gate_up": (2 * inter, hidden),
+            "down": (hidden, inter), "down_silu": (hidden, inter), "qkv_norm": qkv,
+            "gate_up_norm": (2 * inter, hidden), "lm_head": (cfg["vocab_size"], hidden)}
 # (block_n, block_k, num_warps): the fp32 accumulator tile is block_n x block_k, so keep it at
 # <= 64 registers a thread (block_n * block_k <= 2048 * num_warps)
 TILES = [(8, 256, 2), (8, 512, 2), (16, 256, 2),
@@ -95,14 +109,17 @@ def cublas_norm_pair(x, residual, norm_w, w):
 
 
 def committed_config(weights: str, name: str, n: int, k: int) -> fp8.GemvConfig:
-    """The config the engine uses today for this one-row shape."""
+    """The config the engine uses today for this one-row shape (a shape with none, e.g. a
+    small preset's: the first config of the 33B's table of that kind, as a starting point)."""
     if name == "down_silu":
-        return fp8.SILU_DOWN_M1_CONFIGS[weights][n, k]
-    if name.endswith("_norm"):
-        return fp8.NORM_GEMV_M1_CONFIGS[weights][n, k]
-    if weights == "bf16":
-        return fp8.BF16_GEMV_M1_CONFIGS[n, k]
-    return fp8.gemv_config_for(1, n, k)
+        table = fp8.SILU_DOWN_M1_CONFIGS[weights]
+    elif name.endswith("_norm"):
+        table = fp8.NORM_GEMV_M1_CONFIGS[weights]
+    elif weights == "bf16":
+        table = fp8.BF16_GEMV_M1_CONFIGS
+    else:
+        return fp8.gemv_config_for(1, n, k)
+    return table.get((n, k)) or next(iter(table.values()))
 
 
 def main() -> int:
@@ -120,7 +137,11 @@ def main() -> int:
                    help="bf16: the same FMA kernel over bf16 weights (scale 1), i.e. our own "
                         "bf16 GEMV, against F.linear (cuBLAS)")
     p.add_argument("--tuned-out", default=None, help="JSON of the best config per shape")
+    p.add_argument("--preset", default=None,
+                   help="take the shapes from backend/presets/NAME.json instead of the 33B's "
+                        "(adds lm_head: the vocabulary projection)")
     args = p.parse_args()
+    shapes_of = preset_shapes(args.preset) if args.preset else SHAPES
     programs = [int(v) for v in args.programs.split(",")] if args.programs else PROGRAMS_PER_SM
     stages = [int(v) for v in args.stages.split(",")] if args.stages else STAGES
 
@@ -165,7 +186,7 @@ def main() -> int:
     tuned: dict[str, dict] = {}
     wbytes = 1 if args.weights == "fp8" else 2
     for name in args.shapes.split(","):
-        n, k = SHAPES[name]
+        n, k = shapes_of[name]
         gated = name == "down_silu"
         normed = name.endswith("_norm")
         tiles = parse_tiles(shape_tiles[name]) if name in shape_tiles else default_tiles
