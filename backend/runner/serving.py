@@ -44,6 +44,15 @@ def configure_serving(runner, quantization: str | None = None, enforce_eager: bo
         t0 = time.perf_counter()
         quantize_model(runner.model, quantization)
         info["quantize_s"] = time.perf_counter() - t0
+        if runner.device.type == "cuda":
+            # The bf16 weights just freed stay in torch's cache (reserved to this process)
+            # unless handed back: two 33B fp8 backends sharing one H200 each peak at ~73 GB
+            # while quantizing, and the second cannot start while the first still holds its
+            # peak (H200, issue 34's pair: out of memory at 139.8 GiB). Afterwards this process
+            # holds its fp8 weights and KV only.
+            import torch
+
+            torch.cuda.empty_cache()
     if runner.device.type != "cuda":
         return info
     from backend.kernels.dispatch import kernels_available
