@@ -30,8 +30,9 @@ agreement, and code completion through the embedded gateway (CPU; a few minutes)
     max_tokens 256, the API's `stop` = the usual stop strings); a completion counts when
     `evals.completion.judge_header` parses it (cut at the first line back at the
     header's indentation). The request sets temperature 0 and no penalty, so the model's
-    generation_config.json penalties (repetition 1.1, frequency 0.2) apply: v3 measured 8/8 here
-    and at the defaults (test below), and 3/8 through the engine with no penalty at all
+    generation_config.json penalties (repetition 1.1, frequency 0.4 since the v3 re-choice; 0.2
+    before) apply: v3 measured 7/8 here and at the defaults (test below; 8/8 at frequency 0.2),
+    6/8 through the float32 engine at the defaults, and 3/8 there with no penalty at all
     (`tidegate eval code`; v2: 2/8, its failures doctest docstrings that looped to the budget).
     Required: >= MIN_PARSED. The rule itself is pinned in tests/test_eval_completion.py.
 """
@@ -59,8 +60,10 @@ GZIP_FACTOR = 0.6
 BPB_TOLERANCE = 0.25
 FIM_CASES = 16
 FIM_MIN_STOPPED = 8
-# v3 (issue 36) measured 8/8 in both tests through `make serve` (bf16) and 8/8 through the engine
-# at its defaults (float32; held-out headers 8/8); the pins are the issue's goal, >= 7/8.
+# v3 (issue 36) at its re-chosen defaults (repetition 1.1, frequency 0.4) measured 7/8 in both
+# tests through `make serve` (bf16; `factorial` fails) and 6/8 through the float32 engine
+# (held-out headers 7/8); at the earlier frequency 0.2: 8/8, 8/8 and 8/8. The pins: the issue's
+# goal, >= 7/8.
 # v2: MIN_PARSED 1 (2/8 greedy), MIN_PARSED_DEFAULTS 6 (6/8 at its defaults).
 MIN_PARSED = 7
 MIN_PARSED_DEFAULTS = 7
@@ -210,7 +213,7 @@ def test_embedded_default_completes_parsable_functions(gateway):
 def test_embedded_default_decoding_completes_functions(gateway):
     """The same headers at the server's default decoding for this model: no sampling field in
     the request, so the model's generation_config.json applies (greedy, repetition_penalty 1.1,
-    frequency_penalty 0.2;
+    frequency_penalty 0.4;
     `--generation-config auto`, issue 36). Every completion must be deterministic (greedy) and
     at least MIN_PARSED_DEFAULTS must parse."""
     from evals.code import HEADERS
