@@ -128,7 +128,7 @@ t0=$(date +%s)
 since() { echo $(( $(date +%s) - t0 )); }
 python3 -c 'import torch, tokenizers, transformers; print("torch", torch.__version__, "tokenizers",
 tokenizers.__version__, "transformers", transformers.__version__,
-torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU")' | tee "$LOG"
+torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU")' | tee -a "$LOG"
 python3 -m training.train prepare --corpus "$CARRY/corpus" --out "$SCRATCH/tc-prep" \
     --tokenizer "${TOKENIZER:-models/tiny-coder/tokenizer.json}" --function-doc-rate 1.0 \
     --function-fim-rate 0.5 --function-nodoc-rate 0.5 --function-fim-holes "${FIM_HOLES:-2}" \

@@ -272,3 +272,23 @@ def test_the_gpu_call_script_runs_end_to_end_on_the_cpu(prep, tmp_path):
     for ev in (greedy, defaults):
         assert ev["fim"]["total"] == 2
         assert ev["headers"]["total"] == 8 and ev["heldout_headers"]["total"] == 1
+
+
+def test_max_epochs_caps_the_steps_the_budget_would_fit(prep, tmp_path):
+    """`--max-epochs` (issue 36, v4's schedule sized to its data): with a budget that fits far
+    more steps than E passes over the stream, the run stops after E passes (its schedule sized
+    to them); without it, the budget decides."""
+    stream = int(__import__("numpy").load(prep / "train.npy").shape[0])
+    common = ("train", "--prep", str(prep), "--device", "cpu", "--time-budget-s", "20",
+              "--probe-steps", "6", "--probe-skip", "2", "--batch-size", "2", "--seq-len", "32",
+              "--warmup-steps", "1", "--eval-every", "4", "--eval-windows", "2",
+              "--eval-batch-size", "4", "--sample-tokens", "2", "--layers", "1",
+              "--hidden-size", "32", "--intermediate-size", "64", "--heads", "2",
+              "--kv-heads", "1", "--tie-embeddings")
+    cap = int(0.05 * stream / 64)
+    assert cap > 6  # past the probe, so the cap is what ends the run
+    r = _run(*common, "--out", str(tmp_path / "capped"), "--max-epochs", "0.05")
+    m = json.loads((tmp_path / "capped" / "metrics.json").read_text())
+    assert m["steps"] == cap and m["total_steps"] == cap, (m["steps"], cap, r.stdout[-1500:])
+    assert "--max-epochs 0.05" in r.stdout
+    assert m["hyperparameters"]["max_epochs"] == 0.05

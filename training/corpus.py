@@ -236,17 +236,21 @@ def minhash(text: str, word_ids: dict) -> np.ndarray:
 
 
 def dedupe(items: list[dict], say) -> dict:
-    """Mark items[i]['dup'] = None | 'exact: <path>' | 'near: <path>'. Items are in priority order."""
+    """Mark items[i]['dup'] = None | 'exact: <path>' | 'near: <path>'. Items are in priority order.
+    An item may carry its own 'digest' (`normalized_digest`) and 'minhash' (`minhash`), computed
+    elsewhere (in parallel: `training.device_corpus`); the rest are computed here."""
     seen: dict[bytes, str] = {}
     for it in items:
-        d = normalized_digest(it["text"])
+        d = it.get("digest") or normalized_digest(it["text"])
         it["dup"] = f"exact: {seen[d]}" if d in seen else None
         seen.setdefault(d, it["path"])
     live = [i for i, it in enumerate(items) if it["dup"] is None]
     say(f"exact duplicates: {len(items) - len(live)}")
     word_ids: dict = {}
     t0 = time.time()
-    sigs = np.stack([minhash(items[i]["text"], word_ids) for i in live])
+    sigs = np.stack([items[i]["minhash"] if items[i].get("minhash") is not None
+                     else minhash(items[i]["text"], word_ids) for i in live]) if live \
+        else np.zeros((0, NUM_PERM), dtype=np.uint64)
     say(f"minhash of {len(live)} files in {time.time() - t0:.1f}s")
     buckets: dict = {}
     pairs = set()
