@@ -17,7 +17,7 @@ NORMAL: QueueClass
 SLOW: QueueClass
 
 class Envelope(_message.Message):
-    __slots__ = ("hello", "backend_info", "batch", "abort", "step_output", "load_report", "error", "health", "kv_pull", "kv_blocks")
+    __slots__ = ("hello", "backend_info", "batch", "abort", "step_output", "load_report", "error", "health", "kv_pull", "kv_blocks", "kv_release")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     BACKEND_INFO_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
@@ -28,6 +28,7 @@ class Envelope(_message.Message):
     HEALTH_FIELD_NUMBER: _ClassVar[int]
     KV_PULL_FIELD_NUMBER: _ClassVar[int]
     KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    KV_RELEASE_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     backend_info: BackendInfo
     batch: Batch
@@ -38,7 +39,8 @@ class Envelope(_message.Message):
     health: Health
     kv_pull: KvPull
     kv_blocks: KvBlocks
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., backend_info: _Optional[_Union[BackendInfo, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ..., step_output: _Optional[_Union[StepOutput, _Mapping]] = ..., load_report: _Optional[_Union[LoadReport, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., health: _Optional[_Union[Health, _Mapping]] = ..., kv_pull: _Optional[_Union[KvPull, _Mapping]] = ..., kv_blocks: _Optional[_Union[KvBlocks, _Mapping]] = ...) -> None: ...
+    kv_release: KvRelease
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., backend_info: _Optional[_Union[BackendInfo, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ..., step_output: _Optional[_Union[StepOutput, _Mapping]] = ..., load_report: _Optional[_Union[LoadReport, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., health: _Optional[_Union[Health, _Mapping]] = ..., kv_pull: _Optional[_Union[KvPull, _Mapping]] = ..., kv_blocks: _Optional[_Union[KvBlocks, _Mapping]] = ..., kv_release: _Optional[_Union[KvRelease, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("protocol_version", "peer_name", "role", "api_key")
@@ -247,23 +249,59 @@ class KvSource(_message.Message):
     def __init__(self, endpoint: _Optional[str] = ..., num_tokens: _Optional[int] = ..., timeout_s: _Optional[float] = ..., backend_id: _Optional[str] = ..., prefill_wait_s: _Optional[float] = ...) -> None: ...
 
 class KvPull(_message.Message):
-    __slots__ = ("pull_id", "prompt_frame", "start_block", "max_blocks", "layout", "wait_s")
+    __slots__ = ("pull_id", "prompt_frame", "start_block", "max_blocks", "layout", "wait_s", "ipc")
     PULL_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FRAME_FIELD_NUMBER: _ClassVar[int]
     START_BLOCK_FIELD_NUMBER: _ClassVar[int]
     MAX_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    IPC_FIELD_NUMBER: _ClassVar[int]
     pull_id: int
     prompt_frame: int
     start_block: int
     max_blocks: int
     layout: str
     wait_s: float
-    def __init__(self, pull_id: _Optional[int] = ..., prompt_frame: _Optional[int] = ..., start_block: _Optional[int] = ..., max_blocks: _Optional[int] = ..., layout: _Optional[str] = ..., wait_s: _Optional[float] = ...) -> None: ...
+    ipc: bool
+    def __init__(self, pull_id: _Optional[int] = ..., prompt_frame: _Optional[int] = ..., start_block: _Optional[int] = ..., max_blocks: _Optional[int] = ..., layout: _Optional[str] = ..., wait_s: _Optional[float] = ..., ipc: _Optional[bool] = ...) -> None: ...
+
+class IpcTensor(_message.Message):
+    __slots__ = ("handle", "storage_bytes", "storage_offset_bytes", "ref_counter_handle", "ref_counter_offset", "event_handle", "event_sync_required", "shape", "stride", "offset", "dtype", "device")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_OFFSET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REF_COUNTER_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    REF_COUNTER_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    EVENT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    EVENT_SYNC_REQUIRED_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    STRIDE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    handle: bytes
+    storage_bytes: int
+    storage_offset_bytes: int
+    ref_counter_handle: bytes
+    ref_counter_offset: int
+    event_handle: bytes
+    event_sync_required: bool
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    stride: _containers.RepeatedScalarFieldContainer[int]
+    offset: int
+    dtype: str
+    device: int
+    def __init__(self, handle: _Optional[bytes] = ..., storage_bytes: _Optional[int] = ..., storage_offset_bytes: _Optional[int] = ..., ref_counter_handle: _Optional[bytes] = ..., ref_counter_offset: _Optional[int] = ..., event_handle: _Optional[bytes] = ..., event_sync_required: _Optional[bool] = ..., shape: _Optional[_Iterable[int]] = ..., stride: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., dtype: _Optional[str] = ..., device: _Optional[int] = ...) -> None: ...
+
+class KvRelease(_message.Message):
+    __slots__ = ("pull_id",)
+    PULL_ID_FIELD_NUMBER: _ClassVar[int]
+    pull_id: int
+    def __init__(self, pull_id: _Optional[int] = ...) -> None: ...
 
 class KvBlocks(_message.Message):
-    __slots__ = ("pull_id", "start_block", "num_blocks", "block_bytes", "first_frame", "num_frames", "layout", "error", "frame_crc32")
+    __slots__ = ("pull_id", "start_block", "num_blocks", "block_bytes", "first_frame", "num_frames", "layout", "error", "frame_crc32", "ipc_block_ids", "ipc_event", "ipc_pools")
     PULL_ID_FIELD_NUMBER: _ClassVar[int]
     START_BLOCK_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -273,6 +311,9 @@ class KvBlocks(_message.Message):
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     FRAME_CRC32_FIELD_NUMBER: _ClassVar[int]
+    IPC_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    IPC_EVENT_FIELD_NUMBER: _ClassVar[int]
+    IPC_POOLS_FIELD_NUMBER: _ClassVar[int]
     pull_id: int
     start_block: int
     num_blocks: int
@@ -282,7 +323,10 @@ class KvBlocks(_message.Message):
     layout: str
     error: str
     frame_crc32: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, pull_id: _Optional[int] = ..., start_block: _Optional[int] = ..., num_blocks: _Optional[int] = ..., block_bytes: _Optional[int] = ..., first_frame: _Optional[int] = ..., num_frames: _Optional[int] = ..., layout: _Optional[str] = ..., error: _Optional[str] = ..., frame_crc32: _Optional[_Iterable[int]] = ...) -> None: ...
+    ipc_block_ids: _containers.RepeatedScalarFieldContainer[int]
+    ipc_event: bytes
+    ipc_pools: _containers.RepeatedCompositeFieldContainer[IpcTensor]
+    def __init__(self, pull_id: _Optional[int] = ..., start_block: _Optional[int] = ..., num_blocks: _Optional[int] = ..., block_bytes: _Optional[int] = ..., first_frame: _Optional[int] = ..., num_frames: _Optional[int] = ..., layout: _Optional[str] = ..., error: _Optional[str] = ..., frame_crc32: _Optional[_Iterable[int]] = ..., ipc_block_ids: _Optional[_Iterable[int]] = ..., ipc_event: _Optional[bytes] = ..., ipc_pools: _Optional[_Iterable[_Union[IpcTensor, _Mapping]]] = ...) -> None: ...
 
 class SpeculationParams(_message.Message):
     __slots__ = ("off", "max_draft_tokens")
@@ -379,7 +423,7 @@ class StepOutput(_message.Message):
     def __init__(self, step: _Optional[int] = ..., outputs: _Optional[_Iterable[_Union[RequestOutput, _Mapping]]] = ...) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "num_free_blocks", "num_total_blocks", "recent_step_time_ms", "backend_id", "num_outstanding_tokens", "prefix_hashes", "prefix_block_size", "num_prompt_tokens", "num_cached_prompt_tokens", "num_preemptions", "num_held_messages", "num_dropped_peers", "num_swap_preemptions", "num_host_hit_tokens", "num_host_blocks", "num_host_used_blocks", "num_pins", "num_pinned_blocks", "pin_budget_blocks", "num_pins_refused", "num_pins_expired", "num_kv_pulls", "num_kv_pull_failures", "num_kv_pulled_tokens", "num_kv_pulls_served", "kv_pull_bytes_per_s", "prefill_tokens_per_s", "spec_decode")
+    __slots__ = ("num_running", "num_waiting", "num_free_blocks", "num_total_blocks", "recent_step_time_ms", "backend_id", "num_outstanding_tokens", "prefix_hashes", "prefix_block_size", "num_prompt_tokens", "num_cached_prompt_tokens", "num_preemptions", "num_held_messages", "num_dropped_peers", "num_swap_preemptions", "num_host_hit_tokens", "num_host_blocks", "num_host_used_blocks", "num_pins", "num_pinned_blocks", "pin_budget_blocks", "num_pins_refused", "num_pins_expired", "num_kv_pulls", "num_kv_pull_failures", "num_kv_pulled_tokens", "num_kv_pulls_served", "kv_pull_bytes_per_s", "prefill_tokens_per_s", "num_kv_pulls_ipc", "spec_decode")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -409,6 +453,7 @@ class LoadReport(_message.Message):
     NUM_KV_PULLS_SERVED_FIELD_NUMBER: _ClassVar[int]
     KV_PULL_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
     PREFILL_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    NUM_KV_PULLS_IPC_FIELD_NUMBER: _ClassVar[int]
     SPEC_DECODE_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
@@ -439,8 +484,9 @@ class LoadReport(_message.Message):
     num_kv_pulls_served: int
     kv_pull_bytes_per_s: float
     prefill_tokens_per_s: float
+    num_kv_pulls_ipc: int
     spec_decode: _containers.RepeatedCompositeFieldContainer[SpecDecodeCounters]
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., recent_step_time_ms: _Optional[float] = ..., backend_id: _Optional[str] = ..., num_outstanding_tokens: _Optional[int] = ..., prefix_hashes: _Optional[_Iterable[int]] = ..., prefix_block_size: _Optional[int] = ..., num_prompt_tokens: _Optional[int] = ..., num_cached_prompt_tokens: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_held_messages: _Optional[int] = ..., num_dropped_peers: _Optional[int] = ..., num_swap_preemptions: _Optional[int] = ..., num_host_hit_tokens: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., num_host_used_blocks: _Optional[int] = ..., num_pins: _Optional[int] = ..., num_pinned_blocks: _Optional[int] = ..., pin_budget_blocks: _Optional[int] = ..., num_pins_refused: _Optional[int] = ..., num_pins_expired: _Optional[int] = ..., num_kv_pulls: _Optional[int] = ..., num_kv_pull_failures: _Optional[int] = ..., num_kv_pulled_tokens: _Optional[int] = ..., num_kv_pulls_served: _Optional[int] = ..., kv_pull_bytes_per_s: _Optional[float] = ..., prefill_tokens_per_s: _Optional[float] = ..., spec_decode: _Optional[_Iterable[_Union[SpecDecodeCounters, _Mapping]]] = ...) -> None: ...
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., recent_step_time_ms: _Optional[float] = ..., backend_id: _Optional[str] = ..., num_outstanding_tokens: _Optional[int] = ..., prefix_hashes: _Optional[_Iterable[int]] = ..., prefix_block_size: _Optional[int] = ..., num_prompt_tokens: _Optional[int] = ..., num_cached_prompt_tokens: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_held_messages: _Optional[int] = ..., num_dropped_peers: _Optional[int] = ..., num_swap_preemptions: _Optional[int] = ..., num_host_hit_tokens: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., num_host_used_blocks: _Optional[int] = ..., num_pins: _Optional[int] = ..., num_pinned_blocks: _Optional[int] = ..., pin_budget_blocks: _Optional[int] = ..., num_pins_refused: _Optional[int] = ..., num_pins_expired: _Optional[int] = ..., num_kv_pulls: _Optional[int] = ..., num_kv_pull_failures: _Optional[int] = ..., num_kv_pulled_tokens: _Optional[int] = ..., num_kv_pulls_served: _Optional[int] = ..., kv_pull_bytes_per_s: _Optional[float] = ..., prefill_tokens_per_s: _Optional[float] = ..., num_kv_pulls_ipc: _Optional[int] = ..., spec_decode: _Optional[_Iterable[_Union[SpecDecodeCounters, _Mapping]]] = ...) -> None: ...
 
 class SpecDecodeCounters(_message.Message):
     __slots__ = ("source", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_accepted_tokens_per_pos")

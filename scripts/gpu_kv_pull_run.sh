@@ -14,6 +14,7 @@
 #      of the long prompts
 #
 #   bash scripts/gpu_kv_pull_run.sh                                       # writes under $OUT
+#   KV_TRANSPORT=cuda-ipc NOCRC=0 bash scripts/gpu_kv_pull_run.sh          # pulls by CUDA IPC
 #   MODEL=tiny DEVICE=cpu QUANT=none PREFIX=1500 BLOCKS=400 MAXLEN=2048 SLOW_PROMPT=1200 RATE=2 \
 #       SLOW_RATE=0.5 DURATION=8 VOCAB=250 REPEATS=1 bash scripts/gpu_kv_pull_run.sh   # CPU check
 #
@@ -33,6 +34,9 @@ RATE=${RATE:-4}
 SLOW_RATE=${SLOW_RATE:-0.5}
 SLOW_PROMPT=${SLOW_PROMPT:-8192}
 DURATION=${DURATION:-45}   # NOCRC=0: no checksum-free pulls
+# zmq: blocks as raw frames over the socket; cuda-ipc: the receiver maps the holder's pages and
+# copies them device to device (backend.kv.cuda_ipc; the GPU test below checks it first)
+KV_TRANSPORT=${KV_TRANSPORT:-zmq}
 VOCAB=${VOCAB:-32000}
 source "$(dirname "$0")/gpu_common.sh"
 trap cleanup EXIT INT TERM
@@ -49,7 +53,8 @@ backend() {  # $1: socket, $2: role, $3: log; the rest: more flags. Its pid is a
   local sock=$1 role=$2 log=$3
   shift 3
   $TG backend --listen "$sock" --role "$role" --model "$MODEL" "${LOADFMT[@]}" --device "$DEVICE" \
-      "${QFLAGS[@]}" --num-blocks "$BLOCKS" --max-model-len "$MAXLEN" --kv-pull-timeout 60 "$@" \
+      "${QFLAGS[@]}" --num-blocks "$BLOCKS" --max-model-len "$MAXLEN" --kv-pull-timeout 60 \
+      --kv-pull-transport "$KV_TRANSPORT" "$@" \
       > "$log" 2>&1 &
   pids+=($!)
 }
@@ -83,6 +88,13 @@ bench_pull() {  # $1: label, $2: seed; the rest: more flags
       > "$OUT/$label.log" 2>&1
   tail -1 "$OUT/$label.log"
 }
+
+# ---- the CUDA IPC pull between two real processes, checked before it is timed ----------------
+if [ "$KV_TRANSPORT" = cuda-ipc ] && [ "$DEVICE" != cpu ]; then
+  timeout -s INT 300 $PY -m pytest -q -rfEs -p no:cacheprovider -m gpu \
+      tests/test_kv_pull_ipc_gpu.py > "$OUT/pytest_ipc.txt" 2>&1
+  echo "ipc pytest exit $?"; tail -n 3 "$OUT/pytest_ipc.txt"
+fi
 
 # ---- A (bf16 pages) and B --------------------------------------------------------------------
 start_pair auto || exit 1

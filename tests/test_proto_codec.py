@@ -56,6 +56,8 @@ def sample_envelopes():
                                                         block_bytes=16, num_frames=1,
                                                         layout="m|auto|bs16",
                                                         frame_crc32=[123])), [_tokens(1, 2, 3, 4)]),
+        # the puller's release of blocks lent by CUDA IPC (backend.kv.cuda_ipc)
+        "kv_release": (pb.Envelope(kv_release=pb.KvRelease(pull_id=3)), []),
     }
 
 

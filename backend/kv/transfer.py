@@ -28,6 +28,14 @@ holds no reference after it has answered.
 
 `KVTransport` is the seam for moving the bytes: `ZmqKVTransport` (device -> host -> ZMQ) is the
 one built; an NCCL or NIXL transport between GPUs would implement the same four calls.
+
+CUDA IPC (`KvPull.ipc`, `tidegate backend --kv-pull-transport cuda-ipc`; `backend.kv.cuda_ipc`):
+between backends of one host the bytes need not move through the host at all. The peer answers
+from its KV thread with the blocks' ids in its pools, its pools' IPC handles and an interprocess
+event (no frames), holding the blocks (a lease) until the puller's `KvRelease`; the puller maps
+the pools, waits for the event, copies the blocks device to device (`KVPort.import_ipc`) and
+releases them. Blocks on the peer's host tier, a peer answering between steps (its main socket)
+or one without CUDA answer with frames as before.
 """
 from __future__ import annotations
 
@@ -41,6 +49,7 @@ import numpy as np
 import torch
 import zmq
 
+from backend.kv import cuda_ipc
 from backend.kv.host_tier import _block_tensors
 from proto import codec
 from proto import tidegate_pb2 as pb
@@ -141,6 +150,59 @@ class KVPort:
             with lock:
                 self.bm.release_prefix(where)
 
+    def export_ipc(self, token_ids: Sequence[int], start_block: int, max_blocks: int,
+                   lock) -> tuple[list[tuple[bool, int]], bytes] | None:
+        """Hold the prompt's blocks from `start_block` for a puller that maps them (CUDA IPC):
+        (where they are, an interprocess event after the writes queued so far); the caller
+        releases them (`release`) when the puller says so or its lease ends. None: not
+        answerable this way (no CUDA, or some blocks are on the host tier): answer with frames."""
+        if not cuda_ipc.available(self.device) or lock is None:
+            return None
+        with lock:
+            where = self.bm.hold_prefix(token_ids, start_block, max_blocks)
+            if where and any(not on_gpu for on_gpu, _ in where):
+                self.bm.release_prefix(where)
+                return None
+            event = cuda_ipc.record_event(self._main_stream) if where else b""
+        return where, event
+
+    def release(self, where: list[tuple[bool, int]], lock=None) -> None:
+        """Let blocks held by `export_ipc` go (they may be evicted again). `lock` None: the
+        caller owns the block manager (the loop's thread, or nobody else is running)."""
+        if lock is None:
+            self.bm.release_prefix(where)
+            return
+        with lock:
+            self.bm.release_prefix(where)
+
+    def import_ipc(self, token_ids: Sequence[int], start_block: int, num_blocks: int,
+                   peer_tensors: Sequence[torch.Tensor], peer_block_ids: Sequence[int]) -> int:
+        """Copy `num_blocks` blocks from a peer's mapped block tensors (its `tensors`, in order,
+        each [num_blocks, ...]) into fresh blocks registered in the prefix cache, on the GPU;
+        returns the prompt tokens they cover (0: no room, nothing taken). Returns once the
+        copies are done (the peer may then release its blocks)."""
+        if len(peer_tensors) != len(self.tensors) or any(
+                p.shape[1:] != t.shape[1:] or p.dtype != t.dtype
+                for p, t in zip(peer_tensors, self.tensors)):
+            raise PullError("the peer's mapped block tensors do not match ours")
+        if num_blocks <= 0 or not self.bm.can_import(token_ids, num_blocks):
+            return 0
+        limit = min(p.shape[0] for p in peer_tensors)
+        if any(not 0 <= b < limit for b in peer_block_ids[:num_blocks]):
+            raise PullError("the peer named a block outside its pools")
+        blocks = self.bm.import_prefix(token_ids, start_block, num_blocks)
+        keep = [j for j, b in enumerate(blocks) if b >= 0]
+        if keep:
+            src_dev = peer_tensors[0].device
+            src = torch.tensor([peer_block_ids[j] for j in keep], dtype=torch.long, device=src_dev)
+            dst = torch.tensor([blocks[j] for j in keep], dtype=torch.long, device=self.device)
+            for p, t in zip(peer_tensors, self.tensors):
+                rows = p.index_select(0, src)
+                t.index_copy_(0, dst, rows if rows.device == t.device else rows.to(t.device))
+            if self.device.type == "cuda":
+                torch.cuda.current_stream(self.device).synchronize()
+        return num_blocks * self.block_size
+
     def _read_frames(self, where: list[tuple[bool, int]], max_frame_bytes: int) -> list:
         per_frame = max(1, max_frame_bytes // self.block_bytes)
         return [self._read(where[i:i + per_frame]) for i in range(0, len(where), per_frame)]
@@ -229,8 +291,63 @@ def answer_pull(port: KVPort | None, pull: pb.KvPull, prompt: np.ndarray | None,
     return [pb.Envelope(kv_blocks=reply).SerializeToString(), *(memoryview(f) for f in data)]
 
 
+def answer_pull_ipc(port: KVPort | None, pull: pb.KvPull, prompt: np.ndarray | None,
+                    lock) -> tuple[list, list[tuple[bool, int]]] | None:
+    """The frames answering a KvPull by CUDA IPC (block ids, the pools' handles, an event) and
+    the blocks held for it (release them on the puller's KvRelease or at its lease's end); None
+    when it is not answerable that way (`answer_pull` then answers with frames)."""
+    if (port is None or not pull.ipc or pull.layout != port.layout or prompt is None
+            or len(prompt) == 0):
+        return None
+    held = port.export_ipc(prompt.tolist(), pull.start_block, pull.max_blocks, lock)
+    if held is None:
+        return None
+    where, event = held
+    if not where:
+        return None  # answered by `answer_pull`: its explicit "prefix not held"
+    try:
+        reply = pb.KvBlocks(pull_id=pull.pull_id, start_block=pull.start_block,
+                            num_blocks=len(where), block_bytes=port.block_bytes,
+                            layout=port.layout, ipc_block_ids=[b for _, b in where],
+                            ipc_event=event, ipc_pools=cuda_ipc.share(port.tensors))
+    except Exception:
+        port.release(where, lock)
+        raise
+    return [pb.Envelope(kv_blocks=reply).SerializeToString()], where
+
+
 class PullError(ValueError):
     """A KvBlocks reply that cannot be used (the pull then falls back to recompute)."""
+
+
+def check_ipc_reply(frames: Sequence, layout: str, block_bytes: int, start_block: int,
+                    max_blocks: int) -> pb.KvBlocks | None:
+    """The header of a KvBlocks answered by CUDA IPC, checked (`PullError` naming what is wrong);
+    None when the reply is not an IPC one (`check_reply` reads it)."""
+    if not frames:
+        raise PullError("empty reply")
+    try:
+        env = codec.decode(frames[:1]).envelope
+    except codec.DecodeError as exc:
+        raise PullError(f"garbled reply: {exc}") from None
+    if env.WhichOneof("body") != "kv_blocks" or not env.kv_blocks.ipc_block_ids:
+        return None
+    r = env.kv_blocks
+    if r.error:
+        raise PullError(f"peer: {r.error}")
+    if r.layout != layout:
+        raise PullError(f"reply layout {r.layout!r} is not ours ({layout!r})")
+    if r.block_bytes != block_bytes or r.start_block != start_block:
+        raise PullError(f"reply block_bytes/start_block {r.block_bytes}/{r.start_block}, want "
+                        f"{block_bytes}/{start_block}")
+    if not 0 < r.num_blocks <= max_blocks or len(r.ipc_block_ids) != r.num_blocks:
+        raise PullError(f"IPC reply names {len(r.ipc_block_ids)} blocks for {r.num_blocks}, at "
+                        f"most {max_blocks} possible")
+    if r.num_frames or len(frames) != 1:
+        raise PullError("an IPC reply carries no data frames")
+    if not r.ipc_pools:
+        raise PullError("an IPC reply without the peer's pools")
+    return r
 
 
 def check_reply(frames: Sequence, layout: str, block_bytes: int, start_block: int,

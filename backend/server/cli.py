@@ -39,6 +39,11 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-kv-pull-checksum", action="store_true",
                    help="send pulled KV blocks without a crc32 per frame (the receiver checks "
                         "sizes and layout only); for links that checksum themselves")
+    p.add_argument("--kv-pull-transport", choices=("zmq", "cuda-ipc"), default="zmq",
+                   help="zmq: pulled blocks travel as raw frames (device -> host -> socket); "
+                        "cuda-ipc: ask peers on this host to lend their pages by CUDA IPC and "
+                        "copy them device to device (a CUDA backend; a peer that cannot answers "
+                        "with frames; backend.kv.cuda_ipc)")
     p.add_argument("--kv-pull-serve", choices=("thread", "loop"), default="thread",
                    help="thread: answer peers' prefix pulls on a KV socket of their own, in a "
                         "thread, while this backend steps, and hold a step up to "
@@ -146,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
                             role=ROLES.index(args.role), kv_pull_timeout_s=args.kv_pull_timeout,
                             kv_pull_checksum=not args.no_kv_pull_checksum,
                             kv_serve=args.kv_pull_serve, kv_listen=args.kv_listen,
-                            kv_pull_land_wait_s=args.kv_pull_land_wait)
+                            kv_pull_land_wait_s=args.kv_pull_land_wait,
+                            kv_pull_ipc=args.kv_pull_transport == "cuda-ipc")
         except zmq.ZMQError as exc:
             if kv_events is not None:
                 kv_events.close()

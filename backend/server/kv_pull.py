@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
+from backend.kv import cuda_ipc
 from backend.kv.transfer import (
     DEFAULT_PULL_TIMEOUT_S,
     KVPort,
@@ -39,6 +40,7 @@ from backend.kv.transfer import (
     PullError,
     ZmqKVTransport,
     answer_pull,
+    check_ipc_reply,
     check_reply,
     make_pull,
 )
@@ -71,8 +73,13 @@ class Parked:
 class PrefixPuller:
     def __init__(self, port: KVPort | None, transport: KVTransport | None = None,
                  timeout_s: float = DEFAULT_PULL_TIMEOUT_S, clock=time.monotonic,
-                 checksum: bool = True, land_wait_s: float = DEFAULT_LAND_WAIT_S) -> None:
+                 checksum: bool = True, land_wait_s: float = DEFAULT_LAND_WAIT_S,
+                 ipc: bool = False) -> None:
         self.port = port
+        # ask peers to answer by CUDA IPC (`backend.kv.cuda_ipc`): only a CUDA backend can map
+        # their pages; off again after a mapping fails (a peer on another host, say)
+        self.ipc = bool(ipc and port is not None and cuda_ipc.available(port.device))
+        self.num_ipc_pulls = 0
         self.land_wait_s = land_wait_s
         self.transport = transport if transport is not None or port is None else ZmqKVTransport()
         self.timeout_s = timeout_s
@@ -126,6 +133,7 @@ class PrefixPuller:
         pull_id = next(self._ids)
         pull = make_pull(pull_id, start, port.layout, max_blocks)
         pull.kv_pull.wait_s = src.prefill_wait_s  # a disaggregated prefill: wait for it there
+        pull.kv_pull.ipc = self.ipc
         frames = codec.encode_trusted(pull, [ids])
         self.num_pulls += 1
         if not self.transport.send(src.endpoint, frames):
@@ -244,9 +252,14 @@ class PrefixPuller:
         self._ready.append(p)
         port = self.port
         try:
-            reply, data = check_reply(frames, port.layout, port.block_bytes, p.start_block,
-                                      p.max_blocks)
-            tokens = port.import_(p.prompt.tolist(), p.start_block, reply.num_blocks, data)
+            reply = check_ipc_reply(frames, port.layout, port.block_bytes, p.start_block,
+                                    p.max_blocks)
+            if reply is not None:
+                tokens = self._import_ipc(endpoint, p, reply)
+            else:
+                reply, data = check_reply(frames, port.layout, port.block_bytes, p.start_block,
+                                          p.max_blocks)
+                tokens = port.import_(p.prompt.tolist(), p.start_block, reply.num_blocks, data)
             if not tokens:
                 raise PullError(f"no room for {reply.num_blocks} pulled blocks")
         except PullError as exc:
@@ -259,6 +272,26 @@ class PrefixPuller:
             old = self.land_bytes_per_s
             self.land_bytes_per_s = rate if not old else 0.8 * old + 0.2 * rate
         self.num_pulled_tokens += tokens
+
+    def _import_ipc(self, endpoint: str, p: Parked, reply: pb.KvBlocks) -> int:
+        """Copy the blocks a peer lent by CUDA IPC, then release them there (always: the peer
+        holds them until then). A mapping that fails turns IPC off for later pulls."""
+        port = self.port
+        try:
+            try:
+                tensors = cuda_ipc.open_tensors(reply.ipc_pools)
+                cuda_ipc.wait_event(reply.ipc_event, port.device)
+            except Exception as exc:  # noqa: BLE001 -- another host, no peer access, ...
+                self.ipc = False
+                raise PullError(f"mapping the peer's pages failed ({exc!r}); pulls from now on "
+                                "ask for frames") from None
+            tokens = port.import_ipc(p.prompt.tolist(), p.start_block, reply.num_blocks, tensors,
+                                     list(reply.ipc_block_ids))
+            self.num_ipc_pulls += 1
+            return tokens
+        finally:
+            release = pb.Envelope(kv_release=pb.KvRelease(pull_id=reply.pull_id))
+            self.transport.send(endpoint, [release.SerializeToString()])
 
     def _fail(self, message: str) -> None:
         self.num_failures += 1

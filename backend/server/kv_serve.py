@@ -15,6 +15,11 @@ plans a step); it is never held while bytes move, so the loop waits at most for 
 The blocks read are registered prefix-cache blocks: their K/V was computed before they were
 registered, a held block cannot be evicted and rewritten, so the copy needs no step boundary.
 
+A pull that may be answered by CUDA IPC (`KvPull.ipc`, a puller on this host) gets the blocks'
+ids and the pools' handles instead of their bytes (`transfer.answer_pull_ipc`); its blocks stay
+held (a lease) until the puller's `KvRelease` arrives here, or `IPC_LEASE_S` after the answer
+(a puller that died), then they are released under the lock.
+
 A pull that asks to wait for a prefill in flight (`KvPull.wait_s`, disaggregated prefill) is
 checked again every `DEFERRED_POLL_S` until its blocks are all there or its wait ends, then
 answered with what is held. The worker's main socket still answers KvPulls between its steps
@@ -29,12 +34,15 @@ import time
 import torch
 import zmq
 
-from backend.kv.transfer import KVPort, answer_pull
+from backend.kv.transfer import KVPort, answer_pull, answer_pull_ipc
 from proto import codec
 from proto import tidegate_pb2 as pb
 
 DEFERRED_POLL_S = 0.005
 MAX_SEND_HWM = 64  # replies queued for one slow puller before the ROUTER drops (it times out)
+# How long blocks lent by CUDA IPC stay held without the puller's KvRelease: past its own pull
+# deadline (scheduler.kv_cost.PullConfig.timeout_s, 60 s) it no longer reads them
+IPC_LEASE_S = 90.0
 
 
 def kv_listen_for(listen: str) -> str:
@@ -62,6 +70,10 @@ class KVServer:
         self.sock.bind(listen)
         self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._deferred: list[tuple[bytes, codec.Decoded, float]] = []
+        # blocks lent by CUDA IPC: (puller identity, pull id) -> (where, lease deadline)
+        self._leases: dict[tuple[bytes, int], tuple[list, float]] = {}
+        self.num_ipc_served = 0
+        self.num_leases_expired = 0
         self.num_served = 0
         self.num_bad = 0          # messages that were not a readable KvPull
         self.serve_s = 0.0        # summed seconds from a pull's arrival to its reply queued
@@ -77,6 +89,8 @@ class KVServer:
         torch.set_num_threads(torch.get_num_threads())
         try:
             while not self._stop.is_set():
+                if self._leases:
+                    self._expire_leases()
                 timeout = DEFERRED_POLL_S if self._deferred else 0.1
                 if sock.poll(int(timeout * 1000)):
                     for _ in range(256):
@@ -96,6 +110,9 @@ class KVServer:
         t0 = self.clock()
         try:
             msg = codec.decode(frames)
+            if msg.kind == "kv_release":
+                self._release(identity, msg.envelope.kv_release.pull_id)
+                return
             if msg.kind != "kv_pull":
                 raise codec.DecodeError(f"the KV socket takes kv_pull messages, not {msg.kind}")
         except codec.DecodeError as exc:
@@ -112,8 +129,20 @@ class KVServer:
     def _answer(self, identity: bytes, msg: codec.Decoded, t0: float) -> None:
         pull = msg.envelope.kv_pull
         try:
-            frames = answer_pull(self.port, pull, codec.array_of(msg, pull.prompt_frame),
-                                 self.checksum, lock=self.lock)
+            frames = None
+            if pull.ipc:
+                lent = answer_pull_ipc(self.port, pull, codec.array_of(msg, pull.prompt_frame),
+                                       self.lock)
+                if lent is not None:
+                    frames, where = lent
+                    old = self._leases.pop((identity, pull.pull_id), None)
+                    if old is not None:  # a pull id used twice: the first lease ends now
+                        self.port.release(old[0], self.lock)
+                    self._leases[(identity, pull.pull_id)] = (where, self.clock() + IPC_LEASE_S)
+                    self.num_ipc_served += 1
+            if frames is None:
+                frames = answer_pull(self.port, pull, codec.array_of(msg, pull.prompt_frame),
+                                     self.checksum, lock=self.lock)
         except Exception as exc:  # noqa: BLE001 -- an explicit error: the puller recomputes
             frames = [pb.Envelope(kv_blocks=pb.KvBlocks(
                 pull_id=pull.pull_id, start_block=pull.start_block,
@@ -141,6 +170,23 @@ class KVServer:
                 keep.append((identity, msg, deadline))
         self._deferred = keep
 
+    def _release(self, identity: bytes, pull_id: int) -> None:
+        lease = self._leases.pop((identity, pull_id), None)
+        if lease is not None:  # else: expired already, or a stray release
+            self.port.release(lease[0], self.lock)
+
+    def _expire_leases(self) -> None:
+        now = self.clock()
+        for key, (where, deadline) in list(self._leases.items()):
+            if now >= deadline:
+                del self._leases[key]
+                self.port.release(where, self.lock)
+                self.num_leases_expired += 1
+
+    @property
+    def num_leases(self) -> int:
+        return len(self._leases)
+
     def _send(self, identity: bytes, frames: list) -> None:
         try:
             self.sock.send_multipart([identity, *frames], zmq.NOBLOCK)
@@ -155,3 +201,8 @@ class KVServer:
     def close(self) -> None:
         self._stop.set()
         self.thread.join(5)
+        # the thread is gone: release what it lent, without the lock (its owner calls this,
+        # from its loop's shutdown while holding it, or after the loop has ended)
+        for where, _ in self._leases.values():
+            self.port.release(where)
+        self._leases.clear()

@@ -91,7 +91,7 @@ class Worker:
                  kv_events=None, kv_pull_timeout_s: float | None = None,
                  role: int = pb.BackendInfo.MIXED, kv_pull_checksum: bool = True,
                  kv_serve: str = "thread", kv_listen: str | None = None,
-                 kv_pull_land_wait_s: float = DEFAULT_LAND_WAIT_S) -> None:
+                 kv_pull_land_wait_s: float = DEFAULT_LAND_WAIT_S, kv_pull_ipc: bool = False) -> None:
         self.engine = engine
         self.role = role  # BackendInfo.Role: a prefill-only backend gets only split prefills
         # the model's sampling defaults (backend.model.generation_config), sent in BackendInfo
@@ -149,7 +149,7 @@ class Worker:
         port = engine.kv_port(self.model_name)
         self.puller = PrefixPuller(port, None if port is None else ZmqKVTransport(
             self.ctx, security), checksum=kv_pull_checksum,
-            land_wait_s=kv_pull_land_wait_s if kv_serve == "thread" else 0.0,
+            land_wait_s=kv_pull_land_wait_s if kv_serve == "thread" else 0.0, ipc=kv_pull_ipc,
             **({} if kv_pull_timeout_s is None else {"timeout_s": kv_pull_timeout_s}))
         # peers' pulls answered off the step loop (backend.server.kv_serve): a thread on its own
         # socket reads blocks while this loop steps; the loop holds `kv_lock` whenever it
@@ -682,6 +682,7 @@ class Worker:
             report.num_kv_pulled_tokens = puller.num_pulled_tokens
             report.num_kv_pulls_served = served
             report.kv_pull_bytes_per_s = puller.bytes_per_s
+            report.num_kv_pulls_ipc = puller.num_ipc_pulls
         report.prefill_tokens_per_s = puller.prefill_tokens_per_s
         if self.prefix_summary is not None:
             report.prefix_hashes.extend(self.prefix_summary.snapshot(self._is_cached))

@@ -88,7 +88,7 @@ class Backend:
 
 COUNTERS = ("num_prompt_tokens", "num_cached_prompt_tokens", "num_kv_pulls",
             "num_kv_pull_failures", "num_kv_pulled_tokens", "num_kv_pulls_served",
-            "kv_pull_bytes_per_s", "prefill_tokens_per_s")
+            "num_kv_pulls_ipc", "kv_pull_bytes_per_s", "prefill_tokens_per_s")
 
 
 def counters(endpoints: list[str]) -> list[dict]:
@@ -153,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
            "receiver_report": {
                "num_kv_pulls": rep.num_kv_pulls if rep else None,
                "num_kv_pull_failures": rep.num_kv_pull_failures if rep else None,
+               "num_kv_pulls_ipc": rep.num_kv_pulls_ipc if rep else None,
                "kv_pull_bytes_per_s": rep.kv_pull_bytes_per_s if rep else None,
                "prefill_tokens_per_s": rep.prefill_tokens_per_s if rep else None},
            "copy_bytes_per_s": receiver.info.kv_copy_bytes_per_s}
