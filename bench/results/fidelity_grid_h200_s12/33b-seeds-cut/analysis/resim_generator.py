@@ -13,14 +13,14 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[4]
 sys.path.insert(0, str(ROOT))
 
-from bench.simulator.live_config import live_prefill_cap  # noqa: E402
-from bench.simulator.validate import async_plan_lead, sim_spec  # noqa: E402
-from bench.simulator.fidelity_stats import METRICS, pick  # noqa: E402
-from gateway.serve import build_parser, gateway_config  # noqa: E402
-from sims.event_loop import simulate  # noqa: E402
-from sims.profile_cost import ProfileCost  # noqa: E402
-from sims.report import summarize  # noqa: E402
-from sims.workload import generate  # noqa: E402
+from bench.simulator.fidelity_stats import METRICS, pick
+from bench.simulator.live_config import live_prefill_cap
+from bench.simulator.validate import async_plan_lead, sim_spec
+from gateway.serve import build_parser, gateway_config
+from sims.event_loop import simulate
+from sims.profile_cost import ProfileCost
+from sims.report import summarize
+from sims.workload import generate
 
 PROFILE = HERE.parent / "33b-seeds" / "profile_33b-seeds.json"
 LOG = HERE.parent / "33b-seeds" / "validate_33b-seeds.log"
@@ -29,9 +29,10 @@ gw = gateway_config(build_parser().parse_args(["--port", "0", "--model", "deepse
                                                "--device", "cuda"]), ["live"])
 lead = async_plan_lead(doc, "cuda")
 cap = live_prefill_cap("cuda", [])
-MODELS = {"no power cap": dict(power_cap=False),
-          "cap by prefill share (before e038184)": dict(power_cap=True, cap_by_compute=False),
-          "cap by compute share (e038184, default)": dict(power_cap=True, cap_by_compute=True)}
+MODELS = {"no power cap": {"power_cap": False},
+          "cap by prefill share (before e038184)": {"power_cap": True, "cap_by_compute": False},
+          "cap by compute share (e038184, default)": {"power_cap": True,
+                                                      "cap_by_compute": True}}
 runs = []
 for line in LOG.read_text().splitlines():
     m = re.search(r"load ([\d.]+)x rate ([\d.]+) seed (\d+): (.*?)  \[", line)
