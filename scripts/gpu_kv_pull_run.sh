@@ -15,6 +15,9 @@
 #
 #   bash scripts/gpu_kv_pull_run.sh                                       # writes under $OUT
 #   KV_TRANSPORT=cuda-ipc NOCRC=0 bash scripts/gpu_kv_pull_run.sh          # pulls by CUDA IPC
+#   KV_TRANSPORT=cuda-ipc NOCRC=0 PREFILL_CAP=128 bash ...   # B as the simulator predicts ITL p99
+#       <= 1.5x p50 (x1.06; the default cap 256: x1.38); SPLIT_MIN_TOKENS=512 SPLIT_MARGIN=3 also
+#       sends the streams' own 512-token prefills to the prefill backend (no better in the sim)
 #   MODEL=tiny DEVICE=cpu QUANT=none PREFIX=1500 BLOCKS=400 MAXLEN=2048 SLOW_PROMPT=1200 RATE=2 \
 #       SLOW_RATE=0.5 DURATION=8 VOCAB=250 REPEATS=1 bash scripts/gpu_kv_pull_run.sh   # CPU check
 #
@@ -37,6 +40,11 @@ DURATION=${DURATION:-45}   # NOCRC=0: no checksum-free pulls
 # zmq: blocks as raw frames over the socket; cuda-ipc: the receiver maps the holder's pages and
 # copies them device to device (backend.kv.cuda_ipc; the GPU test below checks it first)
 KV_TRANSPORT=${KV_TRANSPORT:-zmq}
+# B's split: the gateway's --kv-split-min-tokens (512: the 512/128 streams, Slow class by their 128
+# tokens out, prefill on the prefill backend too) and the decode backend's
+# --max-prefill-tokens-while-decoding (empty: its default, 256 on CUDA)
+SPLIT_MIN_TOKENS=${SPLIT_MIN_TOKENS:-$((SLOW_PROMPT / 2))}
+PREFILL_CAP=${PREFILL_CAP:-}
 VOCAB=${VOCAB:-32000}
 source "$(dirname "$0")/gpu_common.sh"
 trap cleanup EXIT INT TERM
@@ -75,7 +83,9 @@ start_pair() {  # $1: kv cache dtype. One after the other: each 33B backend peak
   # at once do not fit in the H200's 139.8 GiB (the first try, 2026-12-04 evening)
   backend "$P" prefill "$OUT/backend_p_$1.log" --kv-cache-dtype "$1"
   wait_ready "$OUT/backend_p_$1.log" || return 1
-  backend "$D" mixed "$OUT/backend_d_$1.log" --kv-cache-dtype "$1"
+  local cap=()
+  [ -n "$PREFILL_CAP" ] && cap=(--max-prefill-tokens-while-decoding "$PREFILL_CAP")
+  backend "$D" mixed "$OUT/backend_d_$1.log" --kv-cache-dtype "$1" "${cap[@]}"
   wait_ready "$OUT/backend_d_$1.log"
 }
 stop_all() { cleanup; pids=(); sleep 2; }
@@ -115,7 +125,7 @@ fi
 # keep 8K prompts on the decode backend when moving their KV costs more than half their prefill:
 # SPLIT_MARGIN (default 100) forces the split to measure the mode; B_split.json says so
 $TG serve --backend "$P" --backend "$D" --kv-pull --kv-split-margin "${SPLIT_MARGIN:-100}" \
-    --kv-split-min-tokens "$((SLOW_PROMPT / 2))" --port 18534 --startup-timeout 300 \
+    --kv-split-min-tokens "$SPLIT_MIN_TOKENS" --port 18534 --startup-timeout 300 \
     --heartbeat-timeout 120 > "$OUT/gateway_split.log" 2>&1 &
 pids+=($!)
 $TG serve --backend "$D" --port 18535 --startup-timeout 300 --heartbeat-timeout 120 \

@@ -12,8 +12,11 @@ requests with TTFT <= --slo-ttft-ms and TPOT <= --slo-tpot-ms. Capacity = the no
 split: 512/128 decode-heavy traffic at `--rate` plus Slow 8K-token prompts (128 out) at 0.5
 req/s: one mixed backend against a decode backend + a prefill-only backend (the gateway's split
 rule, scheduler.kv_cost.should_split, with the link rate given). Reports ITL p50/p99 of all
-streams and TTFT of the long prompts. Same scheduler code as live; the prefill backend is a FIFO
-server (sims.kv_pull).
+streams and TTFT of the long prompts (and of the streams). Same scheduler code as live; the
+prefill backend is a FIFO server (sims.kv_pull), on a device of its own: two backends sharing one
+GPU slow each other's steps, which is not modelled. `--prefill-cap` (the backends' prefill tokens
+per step while decoding; a CUDA backend's default is 256, off here unless given),
+`--split-min-tokens` / `--split-margin` (the gateway's --kv-split-*), `--modes one|split|both`.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import json
 
 import numpy as np
 
+from scheduler.capacity import PrefillCap
 from scheduler.kv_cost import KVRates, PullConfig
 from scheduler.placement import PlacementConfig
 from sims.adapters import SimSchedulerConfig
@@ -146,24 +150,39 @@ def mixed_trace(a: argparse.Namespace, seed: int) -> Workload:
 
 
 def study_split(a: argparse.Namespace) -> dict:
+    """One mixed backend against prefill + decode. `--prefill-cap` is the backends' prefill cap
+    while decoding (`PrefillCap.max_tokens`, a CUDA backend's default 256; 0 off, as this study
+    ran before); `--split-min-tokens` the gateway's `--kv-split-min-tokens` (512: the 512/128
+    streams, Slow class by their 128 tokens out, go to the prefill backend too); `--modes`
+    which of the two runs."""
     cost = CostSpec(model=a.model, gpu="h200").build()
-    sched = SimSchedulerConfig(enable_prefix_caching=True)
+    sched = SimSchedulerConfig(enable_prefix_caching=True,
+                               prefill_cap=PrefillCap(max_tokens=a.prefill_cap))
     out = {"model": a.model, "rate": a.rate, "slow_rate": a.slow_rate,
-           "slow_prompt": a.slow_prompt, "link_gbps": a.link_gbps, "runs": []}
-    cfg = PullConfig(split_min_tokens=4096, split_margin=a.split_margin,
+           "slow_prompt": a.slow_prompt, "link_gbps": a.link_gbps, "prefill_cap": a.prefill_cap,
+           "split_min_tokens": a.split_min_tokens, "runs": []}
+    cfg = PullConfig(split_min_tokens=a.split_min_tokens, split_margin=a.split_margin,
                      default_rates=KVRates(link_bytes_per_s=a.link_gbps * 1e9,
                                            copy_bytes_per_s=a.copy_gbps * 1e9))
-    for mode, engine in (("one backend", EngineConfig(num_backends=1)),
-                         ("prefill + decode", EngineConfig(num_backends=1, kv_pull=cfg,
-                                                           num_prefill_backends=1))):
+    modes = (("one backend", EngineConfig(num_backends=1)),
+             ("prefill + decode", EngineConfig(num_backends=1, kv_pull=cfg,
+                                               num_prefill_backends=1)))
+    for mode, engine in modes:
+        if a.modes != "both" and (mode == "one backend") != (a.modes == "one"):
+            continue
         wl = mixed_trace(a, a.seed)
         res = simulate(wl, cost, sched, engine)
         rep = summarize(res)
         slow = wl.prompt_len >= a.slow_prompt
-        ttft = (res.first_token_time - wl.arrival_time)[slow] * 1e3
+        all_ttft = (res.first_token_time - wl.arrival_time) * 1e3
+        ttft, stream_ttft = all_ttft[slow], all_ttft[~slow]
         row = {"mode": mode, "itl_ms": rep.get("itl_ms"), "tpot_ms": rep["tpot_ms"],
                "slow_ttft_ms": {"p50": float(np.nanpercentile(ttft, 50)),
                                 "p99": float(np.nanpercentile(ttft, 99))},
+               "stream_ttft_ms": {"p50": float(np.nanpercentile(stream_ttft, 50)),
+                                  "p99": float(np.nanpercentile(stream_ttft, 99))},
+               "output_throughput": rep["output_throughput"],
+               "request_throughput": rep["request_throughput"],
                "kv_pull": res.extra.get("kv_pull")}
         itl = row["itl_ms"] or {}
         row["itl_p99_over_p50"] = itl.get("p99", float("nan")) / max(itl.get("p50", 0), 1e-9)
@@ -171,7 +190,9 @@ def study_split(a: argparse.Namespace) -> dict:
         print(f"{mode:18} ITL p50 {itl.get('p50', float('nan')):.2f} p99 "
               f"{itl.get('p99', float('nan')):.2f} ms (x{row['itl_p99_over_p50']:.2f}); long "
               f"prompts' TTFT p50 {row['slow_ttft_ms']['p50']:.0f} p99 "
-              f"{row['slow_ttft_ms']['p99']:.0f} ms; {row['kv_pull'] or ''}")
+              f"{row['slow_ttft_ms']['p99']:.0f} ms; streams' TTFT p50 "
+              f"{row['stream_ttft_ms']['p50']:.0f} p99 {row['stream_ttft_ms']['p99']:.0f} ms; "
+              f"{row['output_throughput']:.0f} tok/s; {row['kv_pull'] or ''}")
     return out
 
 
@@ -211,6 +232,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slow-prompt", type=int, default=8192)
     ap.add_argument("--copy-gbps", type=float, default=0.0)
     ap.add_argument("--split-margin", type=float, default=0.5)
+    ap.add_argument("--split-min-tokens", type=int, default=PullConfig.split_min_tokens,
+                    help="the gateway's --kv-split-min-tokens (512: the streams split too)")
+    ap.add_argument("--prefill-cap", type=int, default=0,
+                    help="prefill tokens per step while decoding (PrefillCap; a CUDA backend's "
+                         "default is 256; 0: off)")
+    ap.add_argument("--modes", choices=("both", "one", "split"), default="both")
     a = ap.parse_args(argv)
     if a.slowdown_from:
         a.slowdown = slowdown_from_step_logs(a.profile, a.slowdown_from)

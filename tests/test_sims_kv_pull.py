@@ -112,3 +112,27 @@ def test_disaggregated_slow_prefill_in_the_simulator():
     assert split["itl_ms"]["p99"] < 0.75 * one["itl_ms"]["p99"]
     one, kept = run(2)
     assert kept["kv_pull"]["split"] == 0 and kept["itl_ms"] == one["itl_ms"]
+
+
+def test_split_streams_too_meets_the_tail_goal_in_the_simulator():
+    """The same load: splitting the long prompts alone leaves the streams' own 512-token
+    prefills on the decode backend (ITL p99/p50 > 1.5, issue 34's goal); with the streams split
+    too (`--split-min-tokens 512`: they are Slow class by their 128 tokens out, `--split-margin
+    3`) and the decode backend's prefill cap at 128 while it decodes, the tail is <= 1.5 p50."""
+    import json
+    import tempfile
+
+    from sims.kv_pull_study import main as study
+
+    def run(*flags: str) -> dict:
+        with tempfile.NamedTemporaryFile("r", suffix=".json") as fh:
+            study(["split", "--modes", "split", "--num-requests", "400", "--link-gbps", "400",
+                   "--json", fh.name, *flags])
+            return json.load(open(fh.name))["runs"][0]
+
+    long_only = run()
+    assert long_only["itl_p99_over_p50"] > 1.5
+    both = run("--split-min-tokens", "512", "--split-margin", "3", "--prefill-cap", "128")
+    assert both["kv_pull"]["split"] > 5 * long_only["kv_pull"]["split"]  # the streams too
+    assert both["itl_p99_over_p50"] <= 1.5
+    assert both["stream_ttft_ms"]["p99"] < 1000

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Issue 34, disaggregated Slow prefill in the simulator (33B roofline on the H200, 512/128 streams
+# at 4 req/s + 8K-token Slow prompts at 0.5 req/s, 1,200 streams = 300 s, seeds 0-2): the decode
+# backend's prefill cap while decoding (CAP), the split threshold (MIN) and margin (G), the link
+# (L, GB/s). Writes one JSON per run under runs/ and summary.txt (means over seeds, [min-max] of
+# p99/p50). ~3 min on one core:  bash bench/results/kv_pull_cpu/sim_split_sweep_20261204/run.sh
+set -eu
+cd "$(dirname "$0")"
+D=$(pwd)
+cd ../../../..
+PY=${PY:-.venv/bin/python}
+mkdir -p "$D/runs"
+run() {  # $1: name; the rest: flags
+  local name=$1; shift
+  for s in 0 1 2; do
+    $PY -m sims.kv_pull_study split --num-requests 1200 --seed $s --json "$D/runs/${name}_s$s.json" "$@" > /dev/null
+  done
+}
+for cap in 0 128 256; do run one_cap$cap --modes one --prefill-cap $cap; done
+for cap in 0 128 256; do for g in 0.5 3 100; do
+  run split_cap${cap}_min4096_g${g} --modes split --link-gbps 400 --prefill-cap $cap --split-margin $g
+done; done
+for cap in 128 256; do for g in 0.5 3 100; do
+  run split_cap${cap}_min512_g${g} --modes split --link-gbps 400 --prefill-cap $cap --split-min-tokens 512 --split-margin $g
+done; done
+run split_cap64_min4096_g100 --modes split --link-gbps 400 --prefill-cap 64 --split-margin 100
+for L in 0.32 50 2000; do
+  run split_cap128_min4096_g100_L$L --modes split --link-gbps $L --prefill-cap 128 --split-margin 100
+done
+$PY - "$D" <<'PY' | tee "$D/summary.txt"
+import collections, glob, json, re, sys
+import numpy as np
+runs = collections.defaultdict(list)
+for f in sorted(glob.glob(sys.argv[1] + "/runs/*.json")):
+    runs[re.sub(r"_s\d+\.json$", "", f.rsplit("/", 1)[1])].append(json.load(open(f))["runs"][0])
+print("run | ITL p50 | ITL p99 | p99/p50 (min-max) | long TTFT p50/p99 | streams' TTFT p50/p99 | out tok/s | split")
+for k, rs in runs.items():
+    m = lambda f: float(np.mean([f(r) for r in rs]))
+    q = [r["itl_p99_over_p50"] for r in rs]
+    print(f"{k} | {m(lambda r: r['itl_ms']['p50']):.2f} | {m(lambda r: r['itl_ms']['p99']):.2f} | "
+          f"{np.mean(q):.2f} ({min(q):.2f}-{max(q):.2f}) | {m(lambda r: r['slow_ttft_ms']['p50']):.0f}/"
+          f"{m(lambda r: r['slow_ttft_ms']['p99']):.0f} | {m(lambda r: r['stream_ttft_ms']['p50']):.0f}/"
+          f"{m(lambda r: r['stream_ttft_ms']['p99']):.0f} | {m(lambda r: r['output_throughput']):.0f} | "
+          f"{m(lambda r: (r['kv_pull'] or {}).get('split', 0)):.1f}")
+PY
