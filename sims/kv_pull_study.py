@@ -149,6 +149,42 @@ def mixed_trace(a: argparse.Namespace, seed: int) -> Workload:
                     cat(base.priority, slow.priority))
 
 
+def shared_gpu_run(wl: Workload, cost, sched: SimSchedulerConfig, engine: EngineConfig,
+                   k: float):
+    """Prefill + decode backends time-sharing one GPU, crudely: while the prefill backend runs a
+    prefill, each of the decode backend's steps takes k x its time, and each prefill takes k x
+    its time (the decode backend always has work at this load). k = 2: equal time slices; not
+    measured (the live call measures it). Every step is simulated one by one (no stretches)."""
+    from bisect import bisect_right
+    from dataclasses import replace as dc_replace
+
+    from sims.event_loop import EventLoop
+    loop = EventLoop(wl, cost, sched, dc_replace(engine, max_stretch_steps=1))
+    pulls = loop.pulls
+    pulls.cost = Slowed(cost, k)
+    starts: list[float] = []
+    ends: list[float] = []
+    split = pulls._split
+
+    def recorded_split(be, i, now):
+        before = list(pulls.prefill_free)
+        done = split(be, i, now)
+        for b, after in zip(before, pulls.prefill_free):
+            if after != b:
+                starts.append(max(now, b))
+                ends.append(after)
+        return done
+    pulls._split = recorded_split
+    inner = loop.step_time_fn
+
+    def step_time(*args):
+        t = loop.clock.now()
+        j = bisect_right(starts, t) - 1
+        return inner(*args) * (k if j >= 0 and t < ends[j] else 1.0)
+    loop.step_time_fn = step_time
+    return loop.run()
+
+
 def study_split(a: argparse.Namespace) -> dict:
     """One mixed backend against prefill + decode. `--prefill-cap` is the backends' prefill cap
     while decoding (`PrefillCap.max_tokens`, a CUDA backend's default 256; 0 off, as this study
@@ -171,7 +207,10 @@ def study_split(a: argparse.Namespace) -> dict:
         if a.modes != "both" and (mode == "one backend") != (a.modes == "one"):
             continue
         wl = mixed_trace(a, a.seed)
-        res = simulate(wl, cost, sched, engine)
+        if a.shared_gpu > 1 and engine.num_prefill_backends:
+            res = shared_gpu_run(wl, cost, sched, engine, a.shared_gpu)
+        else:
+            res = simulate(wl, cost, sched, engine)
         rep = summarize(res)
         slow = wl.prompt_len >= a.slow_prompt
         all_ttft = (res.first_token_time - wl.arrival_time) * 1e3
@@ -238,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="prefill tokens per step while decoding (PrefillCap; a CUDA backend's "
                          "default is 256; 0: off)")
     ap.add_argument("--modes", choices=("both", "one", "split"), default="both")
+    ap.add_argument("--shared-gpu", type=float, default=1.0, metavar="K",
+                    help="prefill + decode time-sharing one GPU: while a prefill runs, decode "
+                         "steps and that prefill take K x their time (1: separate devices)")
     a = ap.parse_args(argv)
     if a.slowdown_from:
         a.slowdown = slowdown_from_step_logs(a.profile, a.slowdown_from)

@@ -136,3 +136,25 @@ def test_split_streams_too_meets_the_tail_goal_in_the_simulator():
     assert both["kv_pull"]["split"] > 5 * long_only["kv_pull"]["split"]  # the streams too
     assert both["itl_p99_over_p50"] <= 1.5
     assert both["stream_ttft_ms"]["p99"] < 1000
+
+
+def test_shared_gpu_slows_the_decode_steps_while_a_prefill_runs():
+    """--shared-gpu K: the prefill and decode backends time-share one GPU; at K = 2 the decode
+    backend's steps take twice as long while the prefill backend runs (8K prompts at 0.5 req/s:
+    most of the time), so the streams' ITL p50 rises ~2x, and the long prompts wait longer."""
+    import json
+    import tempfile
+
+    from sims.kv_pull_study import main as study
+
+    def run(k: str) -> dict:
+        with tempfile.NamedTemporaryFile("r", suffix=".json") as fh:
+            study(["split", "--modes", "split", "--num-requests", "200", "--link-gbps", "400",
+                   "--prefill-cap", "128", "--split-margin", "100", "--shared-gpu", k,
+                   "--json", fh.name])
+            return json.load(open(fh.name))["runs"][0]
+
+    alone, shared = run("1"), run("2")
+    assert shared["kv_pull"]["split"] == alone["kv_pull"]["split"] > 0
+    assert shared["itl_ms"]["p50"] > 1.5 * alone["itl_ms"]["p50"]
+    assert shared["slow_ttft_ms"]["p50"] > 1.5 * alone["slow_ttft_ms"]["p50"]

@@ -3,7 +3,8 @@
 # at 4 req/s + 8K-token Slow prompts at 0.5 req/s, 1,200 streams = 300 s, seeds 0-2): the decode
 # backend's prefill cap while decoding (CAP), the split threshold (MIN) and margin (G), the link
 # (L, GB/s). Writes one JSON per run under runs/ and summary.txt (means over seeds, [min-max] of
-# p99/p50). ~3 min on one core:  bash bench/results/kv_pull_cpu/sim_split_sweep_20261204/run.sh
+# p99/p50); then the two backends time-sharing one GPU (--shared-gpu K: decode steps and the
+# prefill run K x slower while a prefill runs; SHARED=1 runs only these). ~5 min on one core:  bash bench/results/kv_pull_cpu/sim_split_sweep_20261204/run.sh
 set -eu
 cd "$(dirname "$0")"
 D=$(pwd)
@@ -16,6 +17,7 @@ run() {  # $1: name; the rest: flags
     $PY -m sims.kv_pull_study split --num-requests 1200 --seed $s --json "$D/runs/${name}_s$s.json" "$@" > /dev/null
   done
 }
+if [ "${SHARED:-0}" != 1 ]; then
 for cap in 0 128 256; do run one_cap$cap --modes one --prefill-cap $cap; done
 for cap in 0 128 256; do for g in 0.5 3 100; do
   run split_cap${cap}_min4096_g${g} --modes split --link-gbps 400 --prefill-cap $cap --split-margin $g
@@ -26,6 +28,11 @@ done; done
 run split_cap64_min4096_g100 --modes split --link-gbps 400 --prefill-cap 64 --split-margin 100
 for L in 0.32 50 2000; do
   run split_cap128_min4096_g100_L$L --modes split --link-gbps $L --prefill-cap 128 --split-margin 100
+done
+fi
+for K in 1.25 1.5 2; do
+  run split_cap128_min4096_g100_shared$K --modes split --link-gbps 400 --prefill-cap 128 --split-margin 100 --shared-gpu $K
+  run split_cap128_min512_g3_shared$K --modes split --link-gbps 400 --prefill-cap 128 --split-min-tokens 512 --split-margin 3 --shared-gpu $K
 done
 $PY - "$D" <<'PY' | tee "$D/summary.txt"
 import collections, glob, json, re, sys
