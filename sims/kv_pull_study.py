@@ -192,6 +192,9 @@ def study_split(a: argparse.Namespace) -> dict:
     streams, Slow class by their 128 tokens out, go to the prefill backend too); `--modes`
     which of the two runs."""
     cost = CostSpec(model=a.model, gpu="h200").build()
+    if a.kv_blocks:  # the live recipe's --num-blocks per backend (its pool, not the GPU's room)
+        cost = Slowed(cost, 1.0)
+        cost.num_kv_blocks = lambda block_size: a.kv_blocks
     sched = SimSchedulerConfig(enable_prefix_caching=True,
                                prefill_cap=PrefillCap(max_tokens=a.prefill_cap))
     out = {"model": a.model, "rate": a.rate, "slow_rate": a.slow_rate,
@@ -277,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="prefill tokens per step while decoding (PrefillCap; a CUDA backend's "
                          "default is 256; 0: off)")
     ap.add_argument("--modes", choices=("both", "one", "split"), default="both")
+    ap.add_argument("--kv-blocks", type=int, default=0,
+                    help="KV blocks per backend (0: what fits beside the weights; "
+                         "scripts/gpu_kv_pull_run.sh gives each backend 2048)")
     ap.add_argument("--shared-gpu", type=float, default=1.0, metavar="K",
                     help="prefill + decode time-sharing one GPU: while a prefill runs, decode "
                          "steps and that prefill take K x their time (1: separate devices)")
