@@ -25,7 +25,7 @@ NOT_ENGINE = {"-h", "--help", "--listen", "--backend-id", "--served-model-name",
               "--kv-pull-timeout", "--no-kv-pull-checksum",
               # pulls between backends (issue 34): a KV socket and its thread; serve's one
               # embedded backend has no peer
-              "--kv-listen", "--kv-pull-serve", "--kv-pull-land-wait",
+              "--kv-listen", "--kv-pull-serve", "--kv-pull-land-wait", "--kv-pull-transport",
               "--curve-key", "--curve-allow", "--insecure"}  # security: an ipc:// socket needs none
 # tensor parallelism over several hosts places this process among others (a LeaderWorkerSet's
 # pods); the embedded backend of `tidegate serve` is one process on one host

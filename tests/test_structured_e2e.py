@@ -204,7 +204,10 @@ def test_a_forced_call_streams_its_arguments_in_pieces_through_both_sdks(oa, an)
     # greedy, so the streamed and the whole request write the same call; the grammar makes the
     # model write 100-160 characters of content (tiny-coder's, with newlines, quotes and
     # backslashes to escape: 46 deltas when written) and close it well within max_tokens
+    # (the model's own decoding defaults, generation_config.json's penalties, are what a request
+    # leaving them out gets: pinned off here, so that the call's length is the model's greedy one)
     body = {"model": "tiny-coder", "messages": WRITE_USER, "max_tokens": 400, "temperature": 0,
+            "frequency_penalty": 0, "extra_body": {"repetition_penalty": 1.0},
             "tools": [{"type": "function", "function": {"name": "write_file",
                                                         "parameters": WRITE_PARAMS}}],
             "tool_choice": {"type": "function", "function": {"name": "write_file"}}}
