@@ -15,8 +15,10 @@
 #
 #   bash scripts/gpu_kv_pull_run.sh                                       # writes under $OUT
 #   KV_TRANSPORT=cuda-ipc NOCRC=0 bash scripts/gpu_kv_pull_run.sh          # pulls by CUDA IPC
-#   KV_TRANSPORT=cuda-ipc NOCRC=0 PREFILL_CAP=128 bash ...   # B as the simulator predicts ITL p99
-#       <= 1.5x p50 (x1.06; the default cap 256: x1.38); SPLIT_MIN_TOKENS=512 SPLIT_MARGIN=3 also
+#   KV_TRANSPORT=cuda-ipc NOCRC=0 PREFILL_CAP=128 BLOCKS=4096 bash ...  # B as the simulator
+#       predicts ITL p99 <= 1.5x p50 (x1.06; cap 256: x1.38; 2048 blocks: the decode backend is
+#       KV-bound and the split fails; one GPU shared: not modelled but as a factor, see
+#       BENCHMARKS issue 34 sim, 2026-12-04 evening); SPLIT_MIN_TOKENS=512 SPLIT_MARGIN=3 also
 #       sends the streams' own 512-token prefills to the prefill backend (no better in the sim)
 #   MODEL=tiny DEVICE=cpu QUANT=none PREFIX=1500 BLOCKS=400 MAXLEN=2048 SLOW_PROMPT=1200 RATE=2 \
 #       SLOW_RATE=0.5 DURATION=8 VOCAB=250 REPEATS=1 bash scripts/gpu_kv_pull_run.sh   # CPU check
