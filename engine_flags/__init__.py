@@ -68,8 +68,9 @@ def add_engine_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> Non
     p.add_argument("--cpu-threads", type=int, default=None,
                    help="torch threads on the CPU (default: half the cores, at most 8)")
     p.add_argument("--echo-step-ms", type=float, default=0.0,
-                   help="--model echo only: sleep this long per step (a backend that is slow "
-                   "without burning a core: chaos and soak tests)")
+                   help="--model echo only: one step every this many ms, sleeping (a backend "
+                   "that is slow without burning a core: chaos and soak tests, a constant "
+                   "step for the simulator)")
 
 
 def add_engine_kind_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:

@@ -109,6 +109,9 @@ class EchoEngine(WholeStepEngine):
     def __init__(self, config: EngineConfig, vocab_size: int,
                  eos_token_ids: tuple[int, ...] = (), step_delay_s: float = 0.0) -> None:
         self.step_delay_s = step_delay_s  # a slow backend that leaves the CPU to others
+        # the nominal end of the last step (perf_counter): steps back to back keep one every
+        # step_delay_s (`step`)
+        self._step_end = float("-inf")
         self.runner = EchoRunner()
         self.config = config
         self.vocab_size = vocab_size
@@ -191,12 +194,13 @@ class EchoEngine(WholeStepEngine):
         return self.step()
 
     def step(self) -> list[RequestOutput]:
-        """One token for every running request (admitting waiting ones first)."""
+        """One token for every running request (admitting waiting ones first); with a step
+        delay, at its paced end (`_pace`)."""
         sched = self.scheduler
         if sched.waiting:
             self._admit()
         if self.step_delay_s:
-            time.sleep(self.step_delay_s)
+            self._pace()
         self.num_steps += 1
         outputs = []
         finished = []
@@ -218,6 +222,22 @@ class EchoEngine(WholeStepEngine):
             del self.states[rid]
         return outputs
 
+    def _pace(self) -> None:
+        """Sleep to the end of this step: one step every `step_delay_s` while steps follow each
+        other, the worker loop's time between them (sending the last step's outputs, reading
+        new requests: 0.3-0.75 ms on the 2-core box) inside it, as a constant step. A plain sleep
+        per step put that time and the sleep's overshoot on top: live echo backends stepped every
+        20.5-21.2 ms at 1.0x / 1.5x of issue 31's load for a 20 ms step, and the simulator's
+        constant 20 ms step started their queued requests sooner (BENCHMARKS, issue 31, eighth
+        session). A step that starts
+        a whole step after the last one's end (the backend was idle, or its loop late) takes a
+        whole step from now."""
+        now = time.perf_counter()
+        end = self._step_end + self.step_delay_s
+        if end <= now:
+            end = now + self.step_delay_s
+        self._step_end = end
+        time.sleep(end - now)
 
     def load(self) -> EngineLoad:
         sched = self.scheduler
