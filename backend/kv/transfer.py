@@ -320,19 +320,19 @@ class PullError(ValueError):
     """A KvBlocks reply that cannot be used (the pull then falls back to recompute)."""
 
 
-def check_ipc_reply(frames: Sequence, layout: str, block_bytes: int, start_block: int,
-                    max_blocks: int) -> pb.KvBlocks | None:
-    """The header of a KvBlocks answered by CUDA IPC, checked (`PullError` naming what is wrong);
-    None when the reply is not an IPC one (`check_reply` reads it)."""
+def _reply_envelope(frames: Sequence) -> pb.Envelope:
+    """A pull reply's envelope (frame 0), or `PullError`."""
     if not frames:
         raise PullError("empty reply")
     try:
-        env = codec.decode(frames[:1]).envelope
+        return codec.decode(frames[:1]).envelope
     except codec.DecodeError as exc:
         raise PullError(f"garbled reply: {exc}") from None
-    if env.WhichOneof("body") != "kv_blocks" or not env.kv_blocks.ipc_block_ids:
-        return None
-    r = env.kv_blocks
+
+
+def _check_header(r: pb.KvBlocks, layout: str, block_bytes: int, start_block: int,
+                  max_blocks: int) -> None:
+    """What every KvBlocks answer must say, frames or CUDA IPC (`PullError` naming what not)."""
     if r.error:
         raise PullError(f"peer: {r.error}")
     if r.layout != layout:
@@ -340,9 +340,21 @@ def check_ipc_reply(frames: Sequence, layout: str, block_bytes: int, start_block
     if r.block_bytes != block_bytes or r.start_block != start_block:
         raise PullError(f"reply block_bytes/start_block {r.block_bytes}/{r.start_block}, want "
                         f"{block_bytes}/{start_block}")
-    if not 0 < r.num_blocks <= max_blocks or len(r.ipc_block_ids) != r.num_blocks:
-        raise PullError(f"IPC reply names {len(r.ipc_block_ids)} blocks for {r.num_blocks}, at "
-                        f"most {max_blocks} possible")
+    if not 0 < r.num_blocks <= max_blocks:
+        raise PullError(f"reply has {r.num_blocks} blocks, at most {max_blocks} possible")
+
+
+def check_ipc_reply(frames: Sequence, layout: str, block_bytes: int, start_block: int,
+                    max_blocks: int) -> pb.KvBlocks | None:
+    """The header of a KvBlocks answered by CUDA IPC, checked (`PullError` naming what is wrong);
+    None when the reply is not an IPC one (`check_reply` reads it)."""
+    env = _reply_envelope(frames)
+    if env.WhichOneof("body") != "kv_blocks" or not env.kv_blocks.ipc_block_ids:
+        return None
+    r = env.kv_blocks
+    _check_header(r, layout, block_bytes, start_block, max_blocks)
+    if len(r.ipc_block_ids) != r.num_blocks:
+        raise PullError(f"IPC reply names {len(r.ipc_block_ids)} blocks for {r.num_blocks}")
     if r.num_frames or len(frames) != 1:
         raise PullError("an IPC reply carries no data frames")
     if not r.ipc_pools:
@@ -354,26 +366,13 @@ def check_reply(frames: Sequence, layout: str, block_bytes: int, start_block: in
                 max_blocks: int) -> tuple[pb.KvBlocks, list[memoryview]]:
     """Parse and check a KvBlocks message: (its header, its data frames); `PullError` naming the
     first thing wrong. Nothing is trusted: sizes, counts, layout and checksums are all checked."""
-    if not frames:
-        raise PullError("empty reply")
-    try:
-        env = codec.decode(frames[:1]).envelope
-    except codec.DecodeError as exc:
-        raise PullError(f"garbled reply: {exc}") from None
+    env = _reply_envelope(frames)
     if env.WhichOneof("body") == "error":
         raise PullError(f"peer answered with an error: {env.error.message}")
     if env.WhichOneof("body") != "kv_blocks":
         raise PullError(f"peer answered a pull with {env.WhichOneof('body')}")
     r = env.kv_blocks
-    if r.error:
-        raise PullError(f"peer: {r.error}")
-    if r.layout != layout:
-        raise PullError(f"reply layout {r.layout!r} is not ours ({layout!r})")
-    if r.block_bytes != block_bytes or r.start_block != start_block:
-        raise PullError(f"reply block_bytes/start_block {r.block_bytes}/{r.start_block}, want "
-                        f"{block_bytes}/{start_block}")
-    if not 0 < r.num_blocks <= max_blocks:
-        raise PullError(f"reply has {r.num_blocks} blocks, at most {max_blocks} possible")
+    _check_header(r, layout, block_bytes, start_block, max_blocks)
     data = [memoryview(f).cast("B") for f in frames[1 + r.first_frame:]]
     if r.first_frame != 0 or len(data) != r.num_frames or len(frames) != 1 + r.num_frames:
         raise PullError(f"reply says {r.num_frames} frames at {r.first_frame}, has {len(frames) - 1}")
