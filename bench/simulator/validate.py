@@ -94,14 +94,30 @@ def typical_len(spec) -> int:
 
 
 # ---- 1. profile -----------------------------------------------------------------------------------
-def profile_grid(input_len: int, output_len: int, max_num_seqs: int = 256) -> dict[str, str]:
+def profile_grid(input_len: int, output_len: int, max_num_seqs: int = 256,
+                 prefill_cap_tokens: int | None = None) -> dict[str, str]:
     """A grid covering the workload: decode batches up to 64 (capped by max_num_seqs), prefills of
-    1-4 prompts (as one chunk, the profile's shape), contexts from the prompt to prompt + output."""
+    1-4 prompts (as one chunk, the profile's shape), contexts from the prompt to prompt + output.
+
+    `prefill_cap_tokens` (the live engine's cap while sequences decode, `live_prefill_cap`; a CUDA
+    backend's default is 256): the engine runs a prompt longer than the cap as cap-sized chunks
+    beside the decodes, the later ones from a cached prefix, so the grid measures those steps too:
+    chunks of the cap and of a quarter of it (a small chunk: the mixed step's own constant and the
+    compute knee, `ProfileCost`) at every decode batch and context, and chunks starting at position
+    cap (`prefill_context_lens`). Without them the cost model interpolated a 256-token chunk beside
+    d decodes between the decode-only step and a 512-token chunk: on the H200's 6.7B preset those
+    steps, 75% of the busy time at 0.95x, were charged 0.84-0.90 of their live time and the
+    simulation ran TTFT P50 36% and TPOT P50 26% fast (issue 35, 2026-12-04 night)."""
     d = [x for x in (0, 1, 2, 4, 8, 16, 32, 64) if x <= max_num_seqs]
-    p = sorted({0, input_len, 2 * input_len, 4 * input_len})
+    p = {0, input_len, 2 * input_len, 4 * input_len}
+    s: list[int] = []
+    cap = int(prefill_cap_tokens or 0)
+    if 0 < cap < input_len:
+        p |= {cap, max(1, cap // 4)}
+        s = [cap]
     c = sorted({input_len, input_len + output_len // 2, input_len + output_len})
-    return {"decode_batch_sizes": ",".join(map(str, d)), "prefill_tokens": ",".join(map(str, p)),
-            "context_lens": ",".join(map(str, c))}
+    return {"decode_batch_sizes": ",".join(map(str, d)), "prefill_tokens": ",".join(map(str, sorted(p))),
+            "context_lens": ",".join(map(str, c)), "prefill_context_lens": ",".join(map(str, s))}
 
 
 CUDA_PROFILE_PAUSE_MS = 60.0  # the H200 pause check: 52.4 ms paused vs 57.9 back to back (issue 18)
@@ -123,13 +139,18 @@ def ensure_profile(a: argparse.Namespace) -> tuple[Path, bool]:
                 raise ValueError(f"{path}: profiled {key} {doc.get(key)!r}, not {want!r}; "
                                  f"use --reprofile or another --profile path")
         return path, False
-    grid = profile_grid(typical_len(a.input_len), typical_len(a.output_len))
+    cap = live_prefill_cap(a.device, a.engine_arg)
+    grid = profile_grid(typical_len(a.input_len), typical_len(a.output_len),
+                        prefill_cap_tokens=cap.max_tokens if cap is not None else None)
     cmd = [sys.executable, "-m", "gateway.tidegate_cli", "backend", "profile", "--model", a.model,
            "--device", a.device, "--out", str(path), "--repeats", str(a.profile_repeats),
            "--warmup", str(a.profile_warmup), "--pause-ms", str(profile_pause_ms(a)),
            "--decode-batch-sizes", a.decode_batch_sizes or grid["decode_batch_sizes"],
            "--prefill-tokens", a.prefill_tokens or grid["prefill_tokens"],
-           "--context-lens", a.context_lens or grid["context_lens"], *a.engine_arg]
+           "--context-lens", a.context_lens or grid["context_lens"],
+           # with an explicit --prefill-tokens grid, no cached-prefix points unless the cap's
+           "--prefill-context-lens", grid["prefill_context_lens"] if not a.prefill_tokens else "",
+           *a.engine_arg]
     path.parent.mkdir(parents=True, exist_ok=True)
     _log(a, f"profiling: {' '.join(cmd[1:])}")
     out = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, check=False)
