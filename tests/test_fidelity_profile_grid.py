@@ -105,3 +105,18 @@ def test_the_committed_6_7b_profile_lacks_them():
         pytest.skip("no committed 6.7B profile")
     doc = json.loads(path.read_text())
     assert sorted({p["num_prefill_tokens"] for p in doc["points"]}) == [0, 512, 1024, 2048]
+
+
+# ---- decode-graph buckets: the profiler measures a decode-only point at each -------------------
+BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
+
+
+def test_the_profiler_measures_every_decode_bucket_inside_its_grid():
+    from bench.engine.profile import decode_bucket_shapes, step_shapes
+    g = validate.profile_grid(512, 128, prefill_cap_tokens=256)
+    shapes = step_shapes(_ints(g["decode_batch_sizes"]), _ints(g["prefill_tokens"]), _ints(g["context_lens"]),
+                         [2, 4], _ints(g["prefill_context_lens"]), None, max_num_seqs=256,
+                         max_num_batched_tokens=2048, max_model_len=16384)
+    extra = decode_bucket_shapes(shapes, BUCKETS, _ints(g["context_lens"]))
+    assert extra == [(b, 0, c, 0, 0) for b in (24, 48) for c in (512, 576, 640)]
+    assert decode_bucket_shapes(shapes + extra, BUCKETS, [512, 576, 640]) == []

@@ -59,6 +59,11 @@ def parser() -> argparse.ArgumentParser:
                         "tokens (K + 1 tokens each, sampled at every position) instead of prefill "
                         "chunks, with k in 1 and --packed-prefill-seqs and s in "
                         "--prefill-context-lens, beside the packed decode batches ('' = none)")
+    p.add_argument("--decode-bucket-points", choices=("on", "off"), default="on",
+                   help="on a device with CUDA graphs, also a decode-only point at every decode "
+                        "graph bucket between the grid's smallest and largest decode batch (24 and "
+                        "48 beside 1-64): a decode step runs its bucket's rows, so its time steps "
+                        "up past each bucket (the cost model charges the bucket: issue 35)")
     p.add_argument("--repeats", type=int, default=5, help="timed repetitions per point")
     p.add_argument("--warmup", type=int, default=2, help="untimed repetitions per point")
     p.add_argument("--pause-ms", type=float, default=0.0,
@@ -147,6 +152,18 @@ def step_shapes(ds: list[int], ps: list[int], cs: list[int], ks: list[int], ss: 
                 if p and p % k == 0 and fits(d, p, c, k, s):
                     shapes.append((d, p, c if d else 0, k, s))
     return shapes
+
+
+def decode_bucket_shapes(shapes: list[tuple[int, int, int, int, int]], buckets,
+                         cs: list[int]) -> list[tuple[int, int, int, int, int]]:
+    """Decode-only shapes (d, 0, c, 0, 0) for every decode-graph bucket d strictly between the
+    smallest and largest decode batch of `shapes` that the grid lacks, at each context in `cs`."""
+    ds = sorted({d for d, p, *_ in shapes if d and not p})
+    if not ds:
+        return []
+    have = {(d, c) for d, p, c, *_ in shapes if not p}
+    return [(b, 0, c, 0, 0) for b in sorted(set(buckets)) if ds[0] < b < ds[-1]
+            for c in cs if (b, c) not in have]
 
 
 def measure(runner, chunks, repeats: int, warmup: int, pause_s: float = 0.0,
@@ -252,6 +269,8 @@ def run(args: argparse.Namespace) -> dict:
                          max_num_batched_tokens=cfg.max_num_batched_tokens,
                          max_model_len=cfg.max_model_len)
     cs = int_list(args.context_lens)
+    if runner.graphs is not None and args.decode_bucket_points == "on":
+        shapes += decode_bucket_shapes(shapes, runner.graphs.buckets, cs)
     verifies = []
     if args.verify_drafts and cs:
         vds = packed_ds if packed_ds is not None else sorted({d for d, _, _, k, s in shapes
@@ -287,6 +306,8 @@ def run(args: argparse.Namespace) -> dict:
         # the mixed-step CUDA-graph token buckets steps ran as ([]: eager), so the cost model
         # charges a step for its bucket (sims.profile_cost)
         "cuda_graph_token_buckets": list(runner.graphs.token_buckets) if runner.graphs is not None else [],
+        # and the decode-only steps' batch buckets (a step of d sequences runs the smallest >= d)
+        "cuda_graph_decode_buckets": list(runner.graphs.buckets) if runner.graphs is not None else [],
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "points": points,
         **({"pause_check": pause_check} if pause_check else {}),

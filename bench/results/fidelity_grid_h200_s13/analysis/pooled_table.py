@@ -82,11 +82,15 @@ out = [
                                                (A / "steps_33b-seeds_asrun.json", {4})]),
     table("33B, held-out seeds 1,2,4: what-if profile with the 256-token chunk points (from seeds 0 / 3)",
           [(A / "steps_33b-s11_surrogate.json", {1, 2}), (A / "steps_33b-seeds_surrogate.json", {4})]),
+    table("33B, held-out seeds 1,2,4: what-if profile with the 256-token chunk and decode bucket 24/48 points",
+          [(A / "steps_33b-s11_surrogate_db.json", {1, 2}), (A / "steps_33b-seeds_surrogate_db.json", {4})]),
     table("6.7B bf16 512/128, 5 seeds: sim validate's replay + delivery path (as run)", [(V67, None)]),
     table("6.7B, 5 seeds: re-simulated as run", [(A / "steps_6.7b_asrun.json", None)]),
     table("6.7B, 5 seeds: LIVE step times fed back (diagnostic)", [(A / "steps_6.7b_live_times.json", None)]),
     table("6.7B, held-out seeds 2,3,4: as run", [(A / "steps_6.7b_asrun.json", {2, 3, 4})]),
     table("6.7B, held-out seeds 2,3,4: what-if profile with the 256-token chunk points (from seeds 0,1)",
           [(A / "steps_6.7b_surrogate.json", {2, 3, 4})]),
+    table("6.7B, held-out seeds 2,3,4: what-if profile with the 256-token chunk and decode bucket 24/48 points",
+          [(A / "steps_6.7b_surrogate_db.json", {2, 3, 4})]),
 ]
 print("\n".join(out))

@@ -17,16 +17,25 @@ steps() {  # dir tag lead_ms delivery_ms profile out [extra]
 $PY surrogate_points.py $S13/6.7b 6.7b 0,1 profile_6.7b_surrogate.json > surrogate_6.7b.txt
 $PY surrogate_points.py $S13/33b-seeds 33b-seeds 3 profile_33b-seeds_surrogate.json > surrogate_33b-seeds.txt
 $PY surrogate_points.py $S11 33b 0 profile_33b-s11_surrogate.json > surrogate_33b-s11.txt
+# the same + the decode-only points at the decode-graph buckets 24 and 48 (the profiler's new points)
+$PY surrogate_points.py $S13/6.7b 6.7b 0,1 profile_6.7b_surrogate_db.json --decode-buckets > surrogate_6.7b_db.txt
+$PY surrogate_points.py $S13/33b-seeds 33b-seeds 3 profile_33b-seeds_surrogate_db.json --decode-buckets > surrogate_33b-seeds_db.txt
+$PY surrogate_points.py $S11 33b 0 profile_33b-s11_surrogate_db.json --decode-buckets > surrogate_33b-s11_db.txt
 # 6.7B: as run (the validate's model terms), the live step times fed back (diagnostic), what-if
 steps $S13/6.7b 6.7b 1.7478 2.5389 $S13/6.7b/profile_6.7b.json steps_6.7b_asrun
 steps $S13/6.7b 6.7b 1.7478 2.5389 $S13/6.7b/profile_6.7b.json steps_6.7b_live_times --live-times
 steps $S13/6.7b 6.7b 1.7478 2.5389 profile_6.7b_surrogate.json steps_6.7b_surrogate
+steps $S13/6.7b 6.7b 1.7478 2.5389 profile_6.7b_surrogate_db.json steps_6.7b_surrogate_db
 # 33B: seeds 3-4 (this session) and 0-2 (s11), the same three
 steps $S13/33b-seeds 33b-seeds 1.9008 3.0349 $S13/33b-seeds/profile_33b-seeds.json steps_33b-seeds_asrun
 steps $S13/33b-seeds 33b-seeds 1.9008 3.0349 $S13/33b-seeds/profile_33b-seeds.json steps_33b-seeds_live_times --live-times
 steps $S13/33b-seeds 33b-seeds 1.9008 3.0349 profile_33b-seeds_surrogate.json steps_33b-seeds_surrogate
+steps $S13/33b-seeds 33b-seeds 1.9008 3.0349 profile_33b-seeds_surrogate_db.json steps_33b-seeds_surrogate_db
 steps $S11 33b 1.5907 3.1985 $S11/profile_33b.json steps_33b-s11_asrun
 steps $S11 33b 1.5907 3.1985 $S11/profile_33b.json steps_33b-s11_live_times --live-times
 steps $S11 33b 1.5907 3.1985 profile_33b-s11_surrogate.json steps_33b-s11_surrogate
+steps $S11 33b 1.5907 3.1985 profile_33b-s11_surrogate_db.json steps_33b-s11_surrogate_db
 $PY pooled_table.py > table.md
+$PY ttft_parts.py $S13/6.7b 6.7b 1.7478 2.5389 profile_6.7b_surrogate_db.json > ttft_parts_6.7b.txt
+$PY ttft_parts.py $S13/33b-seeds 33b-seeds 1.9008 3.0349 profile_33b-seeds_surrogate_db.json > ttft_parts_33b-seeds.txt
 $PY step_gaps.py $S13/6.7b/steps_6.7b.jsonl.gz $S13/33b-seeds/steps_33b-seeds.jsonl.gz > step_gaps.txt

@@ -12,7 +12,14 @@ nothing there, as at the profile's paused points), fitted per s as a + b d + e c
 squares; ctx = the decodes' context tokens) and evaluated at the grid points; launch from the
 profile's own launch line. The re-simulation then runs on the other seeds (held out).
 
-    python surrogate_points.py R TAG TRAIN_SEEDS OUT.json     # e.g. .../6.7b 6.7b 0,1 out.json
+    python surrogate_points.py R TAG TRAIN_SEEDS OUT.json [--decode-buckets]
+
+--decode-buckets: also what the profiler now measures for the decode graphs (`backend profile
+--decode-bucket-points on`): decode-only points at the engine's decode buckets its grid lacks (24,
+48), each from the live decode-only steps of the TRAIN seeds that ran that bucket (d 17-24, 33-48;
+not after a prefill step or an idle spell, f <= f_ref), fitted as a + e ctx and evaluated at d =
+the bucket. (The profile also names the buckets, cuda_graph_decode_buckets; the cost model does not
+use them: charging a decode step its bucket's rows needs a per-context slope this grid does not pin.)
 """
 import json
 import sys
@@ -29,6 +36,8 @@ from scheduler.decisions import read_log
 from sims.profile_cost import ProfileCost
 
 R, TAG, TRAIN, OUT = Path(sys.argv[1]), sys.argv[2], sys.argv[3], Path(sys.argv[4])
+DECODE_BUCKETS = "--decode-buckets" in sys.argv[5:]
+CUDA_DECODE_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)  # the engine's defaults
 CAP = 256
 validate = json.loads((R / f"validate_{TAG}.json").read_text())
 seeds = [int(x) for x in validate["config"]["seeds"].split(",")]
@@ -43,6 +52,12 @@ prof_path = R / f"profile_{TAG}.json"
 doc = json.loads(prof_path.read_text())
 cost = ProfileCost.from_json(prof_path, hide_launch=True, power_cap=True)
 f_ref = cost.power_cap_f_ref or 0.0
+# each step's run seed: that of the last prefill chunk at or before it (runs are apart in time)
+step_seed, cur = [], None
+for r in rows:
+    if r["prefill"]:
+        cur = seed_of.get(r["prefill"][-1][0], cur)
+    step_seed.append(cur)
 data = {0: [], CAP: []}
 for k, s in enumerate(steps):
     if s["p"] != CAP or len(s["chunks"]) != 1 or s["idle_before"] or not s["d"]:
@@ -81,7 +96,34 @@ for pos, coef in fits.items():
                         "num_context_tokens": d * c + CAP + pos, "step_ms": dev + launch,
                         "step_ms_median": dev + launch, "launch_ms_median": launch,
                         "source": "live surrogate (what-if)"})
-out = dict(doc, points=doc["points"] + new, surrogate={"train_seeds": TRAIN, "f_ref": f_ref,
+extra = {}
+if DECODE_BUCKETS:
+    have = sorted({p["num_decode_seqs"] for p in doc["points"] if p["num_decode_seqs"] and not p["num_prefill_tokens"]})
+    for b in [b for b in CUDA_DECODE_BUCKETS if have[0] < b < have[-1] and b not in have]:
+        lo = max(x for x in CUDA_DECODE_BUCKETS if x < b)
+        v = []
+        for k, st in enumerate(steps):
+            if (st["p"] or not lo < st["d"] <= b or st["idle_before"] or st["prefill_before"]
+                    or step_seed[k] not in train):
+                continue
+            f, _ = busy_shares(steps, k, 0.1)
+            if f > f_ref:
+                continue
+            v.append((st["ctx"], rows[k].get("device_ms", st["ms"])))
+        a = np.array(v, dtype=float)
+        X = np.stack([np.ones(len(a)), a[:, 0]], axis=1)
+        coef, *_ = np.linalg.lstsq(X, a[:, 1], rcond=None)
+        print(f"decode bucket {b} (d {lo + 1}-{b}): {len(a)} live steps: ms = {coef[0]:.3f} + "
+              f"{coef[1] * 1e3:.4f} ctx/1000")
+        for c in cs:
+            dev = float(coef @ [1.0, b * c])
+            launch = 1e3 * cost.launch_time(b, 0)
+            new.append({"num_decode_seqs": b, "num_prefill_tokens": 0, "context_len": c,
+                        "num_prefill_seqs": 0, "prefill_context_len": 0, "num_context_tokens": b * c,
+                        "step_ms": dev + launch, "step_ms_median": dev + launch,
+                        "launch_ms_median": launch, "source": "live surrogate (what-if)"})
+    extra["cuda_graph_decode_buckets"] = [b for b in CUDA_DECODE_BUCKETS if b <= int(doc["max_num_seqs"])]
+out = dict(doc, **extra, points=doc["points"] + new, surrogate={"train_seeds": TRAIN, "f_ref": f_ref,
                                                        "fits_ms": {str(k): list(v) for k, v in fits.items()},
                                                        "num_points": len(new)})
 OUT.write_text(json.dumps(out, indent=1) + "\n")
