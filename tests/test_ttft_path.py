@@ -26,6 +26,11 @@ def test_parts_add_up_to_the_client_ttft():
     assert p["window"] == pytest.approx(1.9) and p["to_step"] == pytest.approx(6.0)
     assert p["prefill"] == pytest.approx(35.0) and p["out"] == pytest.approx(5.0)
     assert p["ttft"] == pytest.approx(50.0)
+    assert "per_request" not in p
+    q = decompose([rec], [arr], [batch], [dict(r, decodes=3) for r in steps], per_request=True)
+    # its first token came from the second step: 3 decodes + its own chunk
+    assert q["per_request"]["step_seqs"] == [4] and q["per_request"]["out_ms"] == [pytest.approx(5.0)]
+    assert q["per_request"]["to_step_ms"] == [pytest.approx(6.0)]
 
 
 def test_a_request_missing_from_a_log_is_counted_not_guessed():

@@ -106,7 +106,7 @@ def profile_grid(input_len: int, output_len: int, max_num_seqs: int = 256,
     compute knee, `ProfileCost`) at every decode batch and context, and chunks starting at position
     cap (`prefill_context_lens`). Without them the cost model interpolated a 256-token chunk beside
     d decodes between the decode-only step and a 512-token chunk: on the H200's 6.7B preset those
-    steps, 75% of the busy time at 0.95x, were charged 0.84-0.90 of their live time and the
+    steps (with the 512-token ones 53-56% of the busy time) were charged 0.84-0.90 of their live time and the
     simulation ran TTFT P50 36% and TPOT P50 26% fast (issue 35, 2026-12-04 night)."""
     d = [x for x in (0, 1, 2, 4, 8, 16, 32, 64) if x <= max_num_seqs]
     p = {0, input_len, 2 * input_len, 4 * input_len}
@@ -643,7 +643,11 @@ def validate(a: argparse.Namespace) -> dict:
             result["step_cost"] = {"rows": step_cost_table(cost, rebuilt), "rebuild_mismatches": bad}
             for li, ri, ids, sim_pre, (records, arrivals, live_batches, _, _) in run_steps:
                 by_load[li][ri]["steps"] = compare_steps(prefill_steps_of(live_steps, ids), sim_pre)
-                by_load[li][ri]["ttft_path_ms"] = decompose(records, arrivals, live_batches, step_rows)
+                path = decompose(records, arrivals, live_batches, step_rows, per_request=True)
+                # each request's out / to_step and its first token's step's sequences: the path's
+                # growth with load, for a model of it (issue 35)
+                by_load[li][ri]["ttft_path_requests"] = path.pop("per_request")
+                by_load[li][ri]["ttft_path_ms"] = path
             # The path the simulator does not model (client -> gateway, backend -> client),
             # measured per request at the lowest load, then used at every load as the model's
             # delivery delay: a measured component, not a fit of the compared figures.
