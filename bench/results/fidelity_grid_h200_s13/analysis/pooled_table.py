@@ -16,7 +16,7 @@ S11 = HERE.parents[1] / "fidelity_grid_h200_s11" / "33b"
 METRICS = (("ttft_p50", 0.05), ("ttft_p99", 0.10), ("tpot_p50", 0.05), ("tpot_p99", 0.10), ("throughput", 0.02))
 
 
-def runs_of(path: Path):
+def runs_of(path: Path, key: str = "compare_replay_path"):
     """(load label, seed, compare, (live req, live windows, sim windows) or None, same-chunk share)."""
     doc = json.loads(path.read_text())
     out = []
@@ -32,15 +32,15 @@ def runs_of(path: Path):
             for r in ld["runs"]:
                 d = r.get("decisions") or {}
                 w = (d["num_requests"][0], d["num_batches"][0], d["num_batches"][1]) if "num_batches" in d else None
-                out.append((ld["load_label"], int(r["seed"]), r["compare_replay_path"], w,
+                out.append((ld["load_label"], int(r["seed"]), r[key], w,
                             (r.get("steps_path") or {}).get("same_prefill_step_share")))
     return out
 
 
-def table(title: str, sources: list[tuple[Path, set[int] | None]]) -> str:
+def table(title: str, sources: list[tuple[Path, set[int] | None]], key: str = "compare_replay_path") -> str:
     rows = []
     for path, seeds in sources:
-        rows += [x for x in runs_of(path) if seeds is None or x[1] in seeds]
+        rows += [x for x in runs_of(path, key) if seeds is None or x[1] in seeds]
     loads = sorted({x[0] for x in rows}, key=lambda s: float(s.rstrip("x")))
     lines = [f"**{title}**", "",
              "| load | TTFT P50 | TTFT P99 | TPOT P50 | TPOT P99 | throughput | mean window live / sim | same prefill chunks | runs |",
@@ -48,8 +48,8 @@ def table(title: str, sources: list[tuple[Path, set[int] | None]]) -> str:
     for ld in loads:
         rs = [x for x in rows if x[0] == ld]
         cells = []
-        for key, bound in METRICS:
-            s = mean_ci([x[2][key]["rel_err"] for x in rs])
+        for metric, bound in METRICS:
+            s = mean_ci([x[2][metric]["rel_err"] for x in rs])
             m, ci = 100 * s["mean"], 100 * s["ci"]
             txt = f"{m:+.1f} ± {ci:.1f}" if math.isfinite(ci) else f"{m:+.1f}"
             cells.append(f"**{txt}**" if math.isfinite(ci) and abs(m) + ci <= 100 * bound else txt)
@@ -74,6 +74,8 @@ out = [
      "the bound (P50 5%, P99 10%, throughput 2%)\n"),
     table("33B bf16 512/128, 5 seeds (s11 seeds 0-2 + s13 seeds 3-4): sim validate's replay + delivery path (as run)",
           [(V33a, None), (V33b, None)]),
+    table("33B, 5 seeds: sim validate's independent simulation (the generator's schedule, no replay)",
+          [(V33a, None), (V33b, None)], key="compare"),
     table("33B, 5 seeds: re-simulated as run (fidelity_steps, the validate's model terms)",
           [(A / "steps_33b-s11_asrun.json", None), (A / "steps_33b-seeds_asrun.json", None)]),
     table("33B, 5 seeds: LIVE step times fed back (diagnostic, not a model)",
@@ -85,6 +87,7 @@ out = [
     table("33B, held-out seeds 1,2,4: what-if profile with the 256-token chunk and decode bucket 24/48 points",
           [(A / "steps_33b-s11_surrogate_db.json", {1, 2}), (A / "steps_33b-seeds_surrogate_db.json", {4})]),
     table("6.7B bf16 512/128, 5 seeds: sim validate's replay + delivery path (as run)", [(V67, None)]),
+    table("6.7B, 5 seeds: sim validate's independent simulation", [(V67, None)], key="compare"),
     table("6.7B, 5 seeds: re-simulated as run", [(A / "steps_6.7b_asrun.json", None)]),
     table("6.7B, 5 seeds: LIVE step times fed back (diagnostic)", [(A / "steps_6.7b_live_times.json", None)]),
     table("6.7B, held-out seeds 2,3,4: as run", [(A / "steps_6.7b_asrun.json", {2, 3, 4})]),
