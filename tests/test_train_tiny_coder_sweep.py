@@ -260,14 +260,15 @@ def test_the_gpu_call_script_runs_end_to_end_on_the_cpu(prep, tmp_path):
     assert m["heldout_int8"]["bits_per_byte"] > 0
     assert "int8 as shipped" in (model / "README.md").read_text()
     gen = json.loads((model / "generation_config.json").read_text())
-    assert gen["temperature"] == 0.0 and gen["repetition_penalty"] > 1.0
+    assert gen["temperature"] == 0.0 and gen["frequency_penalty"] > 0.0
+    assert "repetition_penalty" not in gen  # it would penalize a FIM prompt's own names
     assert json.loads((out / "metrics.json").read_text()) == m
     log = (out / "log.txt").read_text()
     assert "eval (none) exit 0" in log and "held-out with int8 weights" in log
     greedy = json.loads((out / "eval.json").read_text())
     defaults = json.loads((out / "eval_defaults.json").read_text())
     assert greedy["decoding"]["sampling"] == "greedy"
-    assert defaults["decoding"]["repetition_penalty"] == gen["repetition_penalty"]
+    assert defaults["decoding"]["frequency_penalty"] == gen["frequency_penalty"]
     assert greedy["bpb"]["files"] == 1 and "bpb" not in defaults
     for ev in (greedy, defaults):
         assert ev["fim"]["total"] == 2
