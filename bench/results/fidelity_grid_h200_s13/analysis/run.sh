@@ -39,3 +39,13 @@ $PY pooled_table.py > table.md
 $PY ttft_parts.py $S13/6.7b 6.7b 1.7478 2.5389 profile_6.7b_surrogate_db.json > ttft_parts_6.7b.txt
 $PY ttft_parts.py $S13/33b-seeds 33b-seeds 1.9008 3.0349 profile_33b-seeds_surrogate_db.json > ttft_parts_33b-seeds.txt
 $PY step_gaps.py $S13/6.7b/steps_6.7b.jsonl.gz $S13/33b-seeds/steps_33b-seeds.jsonl.gz > step_gaps.txt
+# the path: out against the streams of the first-token step (per run), and the what-if of a
+# per-stream path (k from the other model: 0.069 ms for the 6.7B from the 33B, 0.073 for the 33B)
+$PY path_by_streams.py $S13/6.7b/validate_6.7b.json $S13/6.7b/decisions_6.7b.jsonl.gz $S13/6.7b/steps_6.7b.jsonl.gz \
+  $S13/33b-seeds/validate_33b-seeds.json $S13/33b-seeds/decisions_33b-seeds.jsonl.gz $S13/33b-seeds/steps_33b-seeds.jsonl.gz \
+  $S11/validate_33b.json $S11/decisions_33b.jsonl.gz $S11/steps_33b.jsonl.gz > path_by_streams.txt
+{ $PY path_whatif.py $S13/6.7b 6.7b 1.7478 2.5389 0.069 $S13/6.7b/profile_6.7b.json
+  $PY path_whatif.py $S13/6.7b 6.7b 1.7478 2.5389 0.069 profile_6.7b_surrogate_db.json 2,3,4
+  $PY path_whatif.py $S13/33b-seeds 33b-seeds 1.9008 3.0349 0.073 $S13/33b-seeds/profile_33b-seeds.json all path_whatif_33b-seeds.json
+  $PY path_whatif.py $S11 33b 1.5907 3.1985 0.073 $S11/profile_33b.json all path_whatif_33b-s11.json
+  echo "33B, five seeds pooled:"; $PY pool_path_whatif.py path_whatif_33b-s11.json path_whatif_33b-seeds.json; } > path_whatif.txt
