@@ -148,7 +148,9 @@ def test_tiny_coder_json_schemas_greedy_and_sampled(engine):
             continue
         assert finish == "stop", (rid, _text(tok, ids))
         jsonschema.validate(json.loads(_text(tok, ids)), schemas[i])  # every finished one
-    assert num_cut <= 2  # (0 here; the margin is for another CPU's rounding)
+    # Model-dependent: tiny-coder v4 runs away in 3 of the 8 unbounded schemas (s11, s15 in an
+    # integer's digits, s13 in a string; v3 in none); the margin is for another CPU's rounding.
+    assert num_cut <= 4
     assert results["free"] == alone  # sharing the batch with grammar rows changes nothing
 
 
@@ -215,7 +217,8 @@ def test_greedy_grammar_rows_stay_on_the_pipelined_device_path(engine):
     schemas = [random_schema(3000 + i, bounded=True) for i in range(6)]
 
     def reqs():
-        r = {f"g{i}": (prompt, SamplingParams(max_tokens=300,
+        # 600: tiny-coder v4's greedy object for schema 3001 is 300 tokens long (v3's fit in 300)
+        r = {f"g{i}": (prompt, SamplingParams(max_tokens=600,
                                               grammar=GrammarSpec.json_schema(s)))
              for i, s in enumerate(schemas)}
         r["free"] = (tok.encode("def fib(n):"), SamplingParams(max_tokens=20))
