@@ -139,6 +139,11 @@ class BlockManager:
         return len(self._free_uncached) + self._num_fresh + len(self._free_cached)
 
     @property
+    def num_seqs(self) -> int:
+        """Sequences that hold blocks (allocated, not yet freed)."""
+        return len(self._tables)
+
+    @property
     def num_used_blocks(self) -> int:
         return self.num_blocks - len(self._free_uncached) - self._num_fresh - len(self._free_cached)
 

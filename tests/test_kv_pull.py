@@ -540,6 +540,92 @@ def test_a_busy_receiver_lands_the_pull_before_its_next_step(tmp_path):
         peer.close()
 
 
+def occupy(backend, rid: str, num_tokens: int, max_tokens: int) -> None:
+    """A request of its own holding num_tokens // 16 blocks of `backend` while it decodes."""
+    env = pb.Envelope(batch=pb.Batch(batch_id=9))
+    r = env.batch.requests.add(request_id=rid, prompt_frame=0)
+    r.sampling.max_tokens, r.sampling.ignore_eos = max_tokens, True
+    backend.client.send(env, [[256] + [(11 * i + 5) % 250 for i in range(num_tokens - 1)]])
+
+
+def send_pulled(backend, rid: str, source: str, timeout_s: float) -> None:
+    env = pb.Envelope(batch=pb.Batch(batch_id=1))
+    r = env.batch.requests.add(request_id=rid, prompt_frame=0)
+    r.sampling.max_tokens, r.sampling.ignore_eos = MAX_TOKENS, True
+    r.kv_source.endpoint, r.kv_source.num_tokens = source, len(PROMPT) - 1
+    r.kv_source.timeout_s = timeout_s
+    backend.client.send(env, [PROMPT])
+
+
+def final_of(backend, rid: str):
+    while True:
+        m = backend.client.recv(30)
+        if m.kind == "step_output":
+            for o in m.envelope.step_output.outputs:
+                if o.request_id == rid and o.finish_reason:
+                    return o
+        assert m.kind != "error", m.envelope.error.message
+
+
+def test_a_pulled_prefix_with_no_room_yet_waits_for_it_instead_of_recomputing(tmp_path):
+    """The receiver's blocks are held by a running request when the pulled blocks arrive (the
+    H200 split, 2026-12-04 night: 4 of 12 long prompts recomputed on the decode backend, each a
+    long prefill among its streams). Recomputing would need the same room, so the reply waits
+    for it: the request is served from the pulled blocks once the other one ends, no failure."""
+    peer = Backend(tmp_path, "peer")
+    me = Backend(tmp_path, "me", num_blocks=20)   # PROMPT needs 12 of them
+    try:
+        want, _, _ = peer.run("warm")
+        flag = slow_steps(me, 0.05)
+        flag.set()
+        occupy(me, "busy", 160, max_tokens=12)     # 10 blocks, 11 by its end: < 12 left
+        next_step_output(me)
+        send_pulled(me, "r", peer.worker.kv_server.endpoint, timeout_s=20)
+        final = final_of(me, "r")
+        flag.clear()
+        assert final.num_cached_tokens == 192      # landed: nothing recomputed
+        rep, puller = me.report(), me.worker.puller
+        assert (rep.num_kv_pulls, rep.num_kv_pull_failures, rep.num_kv_pulled_tokens) == (1, 0, 192)
+        assert puller.num_room_waits == 1
+        got, _, _ = me.run("again")                # its own blocks now: the peer's answer
+        assert got == want
+        for b in (peer, me):
+            b.assert_no_leak()
+    finally:
+        me.close()
+        peer.close()
+
+
+def test_a_pulled_prefix_that_never_finds_room_recomputes_at_its_deadline(tmp_path):
+    peer = Backend(tmp_path, "peer")
+    me = Backend(tmp_path, "me", num_blocks=20)
+    try:
+        peer.run("warm")
+        flag = slow_steps(me, 0.05)
+        flag.set()
+        occupy(me, "busy", 160, max_tokens=140)    # 19 blocks by its end, for ~7 s: past the deadline
+        next_step_output(me)
+        t0 = time.monotonic()
+        send_pulled(me, "r", peer.worker.kv_server.endpoint, timeout_s=0.6)
+        deadline = time.monotonic() + 10
+        while me.report().num_kv_pull_failures == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        waited = time.monotonic() - t0
+        puller = me.worker.puller
+        assert puller.num_room_waits == 1 and 0.5 <= waited < 5
+        assert "until the deadline" in puller.last_error and "sequences hold" in puller.last_error
+        assert puller.num_parked == 0              # it left the park once, to recompute
+        me.client.send(codec.make_abort(["busy"]))
+        final = final_of(me, "r")
+        flag.clear()
+        assert final.num_cached_tokens == 0 and final.finish_reason == pb.RequestOutput.LENGTH
+        for b in (peer, me):
+            b.assert_no_leak()
+    finally:
+        me.close()
+        peer.close()
+
+
 def test_the_kv_socket_refuses_other_messages_and_keeps_serving(tmp_path):
     peer = Backend(tmp_path, "peer")
     try:

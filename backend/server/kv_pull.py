@@ -68,6 +68,9 @@ class Parked:
     started: float
     expect_s: float = 0.0  # when it should land, from the measured pull rate (land_wait_ms)
     crossed_step: bool = False  # a step ran while it waited: its elapsed time is not the pull's
+    # a valid reply that found no room here yet: (reply, frames) or (reply, the peer's mapped
+    # tensors: their blocks lent until we release them); retried after each step (take_ready)
+    landing: tuple | None = None
 
 
 class PrefixPuller:
@@ -98,6 +101,7 @@ class PrefixPuller:
         self.num_pulled_tokens = 0
         self.num_served = 0
         self.num_late = 0                      # replies after their deadline (dropped)
+        self.num_room_waits = 0                # valid replies that waited for free blocks
         self.bytes_per_s = 0.0                 # EMA over successful pulls, end to end
         self.land_bytes_per_s = 0.0            # the same over those no step delayed (land_wait_ms)
         self.prefill_tokens_per_s = 0.0        # EMA over mostly-prefill steps (observe_step)
@@ -165,13 +169,19 @@ class PrefixPuller:
 
     def cancel(self, key: str) -> Parked | None:
         pull_id = self._by_key.pop(key, None)
-        return self._parked.pop(pull_id) if pull_id is not None else None
+        p = self._parked.pop(pull_id) if pull_id is not None else None
+        if p is not None and p.landing is not None:
+            self._end_landing(p)
+        return p
 
     def cancel_identity(self, identity: bytes) -> list[Parked]:
         return [self.cancel(p.key) for p in list(self._parked.values()) if p.identity == identity]
 
     def cancel_all(self) -> list[Parked]:
         out = list(self._parked.values())
+        for p in out:
+            if p.landing is not None:
+                self._end_landing(p)
         self._parked.clear()
         self._by_key.clear()
         out += self._ready
@@ -225,8 +235,16 @@ class PrefixPuller:
         if self.transport is not None:
             for endpoint, frames in self.transport.receive():
                 self._on_reply(endpoint, frames)
+        for p in [p for p in self._parked.values() if p.landing is not None]:
+            self._retry_landing(p)  # blocks freed by the step since: room now?
         now = self.clock()
         for p in [p for p in self._parked.values() if p.deadline <= now]:
+            if p.landing is not None:  # its reply is here; only the room never came
+                message = f"{self._no_room(p.landing[0].num_blocks)} until the deadline"
+                self.cancel(p.key)
+                self._fail(f"pull from {p.endpoint}: {message}; recomputing")
+                self._ready.append(p)
+                continue
             self.cancel(p.key)
             self.transport.forget(p.endpoint)  # whatever it sends later is dropped unread
             self._fail(f"pull from {p.endpoint} timed out after {now - p.started:.3f} s; "
@@ -244,54 +262,111 @@ class PrefixPuller:
         p = self._parked.get(pull_id)
         if p is None or p.endpoint != endpoint:
             if pull_id == 0:  # garbage or an Error: fail this peer's oldest pull
-                p = next((q for q in self._parked.values() if q.endpoint == endpoint), None)
+                p = next((q for q in self._parked.values()
+                          if q.endpoint == endpoint and q.landing is None), None)
             if p is None:
                 self.num_late += 1
                 return
         self.cancel(p.key)
-        self._ready.append(p)
         port = self.port
         try:
             reply = check_ipc_reply(frames, port.layout, port.block_bytes, p.start_block,
                                     p.max_blocks)
             if reply is not None:
-                tokens = self._import_ipc(endpoint, p, reply)
+                p.landing = (reply, self._map_ipc(endpoint, reply))
             else:
-                reply, data = check_reply(frames, port.layout, port.block_bytes, p.start_block,
-                                          p.max_blocks)
-                tokens = port.import_(p.prompt.tolist(), p.start_block, reply.num_blocks, data)
-            if not tokens:
-                raise PullError(f"no room for {reply.num_blocks} pulled blocks")
+                p.landing = check_reply(frames, port.layout, port.block_bytes, p.start_block,
+                                        p.max_blocks)
+            tokens = self._land(p)
         except PullError as exc:
+            if p.landing is not None:
+                self._end_landing(p)
             self._fail(f"pull from {endpoint}: {exc}; recomputing")
+            self._ready.append(p)
             return
-        elapsed = max(self.clock() - p.started, 1e-6)
-        rate = reply.num_blocks * port.block_bytes / elapsed
-        self.bytes_per_s = rate if not self.bytes_per_s else 0.8 * self.bytes_per_s + 0.2 * rate
-        if not p.crossed_step:
-            old = self.land_bytes_per_s
-            self.land_bytes_per_s = rate if not old else 0.8 * old + 0.2 * rate
+        if not tokens:
+            # No room for the blocks now: running sequences hold it. Recomputing would need
+            # the same blocks and then a long prefill among the decoding streams, so the reply
+            # waits (the peer's lent blocks stay lent) and lands after a step frees room, or
+            # the request recomputes at its deadline (take_ready)
+            self.num_room_waits += 1
+            print(f"tidegate backend: pull from {endpoint}: "
+                  f"{self._no_room(p.landing[0].num_blocks)}; waiting for room until its "
+                  f"deadline ({p.deadline - self.clock():.1f} s)", file=sys.stderr)
+            p.expect_s = float("inf")  # not worth holding a step for
+            self._parked[p.pull_id] = p
+            self._by_key[p.key] = p.pull_id
+            return
+        self._landed(p, tokens, waited=False)
+
+    def _retry_landing(self, p: Parked) -> None:
+        try:
+            tokens = self._land(p)
+        except PullError as exc:
+            self.cancel(p.key)
+            self._fail(f"pull from {p.endpoint}: {exc}; recomputing")
+            self._ready.append(p)
+            return
+        if tokens:
+            self._by_key.pop(p.key, None)
+            self._parked.pop(p.pull_id, None)
+            self._landed(p, tokens, waited=True)
+
+    def _land(self, p: Parked) -> int:
+        """Write a valid reply's blocks into this backend's cache: the prompt tokens they cover;
+        0: no room now (nothing taken)."""
+        reply, data = p.landing
+        if reply.ipc_pools:
+            tokens = self.port.import_ipc(p.prompt.tolist(), p.start_block, reply.num_blocks,
+                                          data, list(reply.ipc_block_ids))
+            if tokens:
+                self.num_ipc_pulls += 1
+            return tokens
+        return self.port.import_(p.prompt.tolist(), p.start_block, reply.num_blocks, data)
+
+    def _landed(self, p: Parked, tokens: int, waited: bool) -> None:
+        reply = p.landing[0]
+        self._end_landing(p)
+        self._ready.append(p)
+        if not waited:  # a reply that waited for room says nothing of the link's rate
+            elapsed = max(self.clock() - p.started, 1e-6)
+            rate = reply.num_blocks * self.port.block_bytes / elapsed
+            self.bytes_per_s = rate if not self.bytes_per_s else 0.8 * self.bytes_per_s + 0.2 * rate
+            if not p.crossed_step:
+                old = self.land_bytes_per_s
+                self.land_bytes_per_s = rate if not old else 0.8 * old + 0.2 * rate
         self.num_pulled_tokens += tokens
 
-    def _import_ipc(self, endpoint: str, p: Parked, reply: pb.KvBlocks) -> int:
-        """Copy the blocks a peer lent by CUDA IPC, then release them there (always: the peer
-        holds them until then). A mapping that fails turns IPC off for later pulls."""
-        port = self.port
+    def _no_room(self, num_blocks: int) -> str:
+        bm = self.port.bm  # what holds the room: running sequences, pins, peers' reads
+        return (f"no room for {num_blocks} pulled blocks ({bm.num_free_blocks} free of "
+                f"{bm.num_blocks}: {bm.num_seqs} sequences hold blocks, "
+                f"{bm.num_pinned_blocks} pinned, {bm.num_read_held_blocks} read-held)")
+
+    def _map_ipc(self, endpoint: str, reply: pb.KvBlocks) -> list:
+        """The peer's lent block tensors, mapped here, after its event (its writes done). A
+        mapping that fails releases the blocks and turns IPC off for later pulls."""
         try:
-            try:
-                tensors = cuda_ipc.open_tensors(reply.ipc_pools)
-                cuda_ipc.wait_event(reply.ipc_event, port.device)
-            except Exception as exc:  # noqa: BLE001 -- another host, no peer access, ...
-                self.ipc = False
-                raise PullError(f"mapping the peer's pages failed ({exc!r}); pulls from now on "
-                                "ask for frames") from None
-            tokens = port.import_ipc(p.prompt.tolist(), p.start_block, reply.num_blocks, tensors,
-                                     list(reply.ipc_block_ids))
-            self.num_ipc_pulls += 1
-            return tokens
-        finally:
-            release = pb.Envelope(kv_release=pb.KvRelease(pull_id=reply.pull_id))
-            self.transport.send(endpoint, [release.SerializeToString()])
+            tensors = cuda_ipc.open_tensors(reply.ipc_pools)
+            cuda_ipc.wait_event(reply.ipc_event, self.port.device)
+            return tensors
+        except Exception as exc:  # noqa: BLE001 -- another host, no peer access, ...
+            self.ipc = False
+            self._release(endpoint, reply.pull_id)
+            raise PullError(f"mapping the peer's pages failed ({exc!r}); pulls from now on "
+                            "ask for frames") from None
+
+    def _end_landing(self, p: Parked) -> None:
+        """The reply's data is no longer needed: lent blocks go back to the peer (always: it
+        holds them until then, or until their lease ends)."""
+        reply, _ = p.landing
+        p.landing = None
+        if reply.ipc_pools:
+            self._release(p.endpoint, reply.pull_id)
+
+    def _release(self, endpoint: str, pull_id: int) -> None:
+        release = pb.Envelope(kv_release=pb.KvRelease(pull_id=pull_id))
+        self.transport.send(endpoint, [release.SerializeToString()])
 
     def _fail(self, message: str) -> None:
         self.num_failures += 1
