@@ -20,6 +20,7 @@
 #       KV-bound and the split fails; one GPU shared: not modelled but as a factor, see
 #       BENCHMARKS issue 34 sim, 2026-12-04 evening); SPLIT_MIN_TOKENS=512 SPLIT_MARGIN=3 also
 #       sends the streams' own 512-token prefills to the prefill backend (no better in the sim)
+#   ONLY_B=1 STEP_LOG=1 ...: B alone, the decode backend's step log beside it
 #   MODEL=tiny DEVICE=cpu QUANT=none PREFIX=1500 BLOCKS=400 MAXLEN=2048 SLOW_PROMPT=1200 RATE=2 \
 #       SLOW_RATE=0.5 DURATION=8 VOCAB=250 REPEATS=1 bash scripts/gpu_kv_pull_run.sh   # CPU check
 #
@@ -47,6 +48,8 @@ KV_TRANSPORT=${KV_TRANSPORT:-zmq}
 # --max-prefill-tokens-while-decoding (empty: its default, 256 on CUDA)
 SPLIT_MIN_TOKENS=${SPLIT_MIN_TOKENS:-$((SLOW_PROMPT / 2))}
 PREFILL_CAP=${PREFILL_CAP:-}
+ONLY_B=${ONLY_B:-0}        # 1: B alone (no GPU test, no A): one start-up of the pair
+STEP_LOG=${STEP_LOG:-0}    # 1: the decode backend writes its steps (steps_d_<dtype>.jsonl)
 VOCAB=${VOCAB:-32000}
 source "$(dirname "$0")/gpu_common.sh"
 trap cleanup EXIT INT TERM
@@ -87,6 +90,7 @@ start_pair() {  # $1: kv cache dtype. One after the other: each 33B backend peak
   wait_ready "$OUT/backend_p_$1.log" || return 1
   local cap=()
   [ -n "$PREFILL_CAP" ] && cap=(--max-prefill-tokens-while-decoding "$PREFILL_CAP")
+  [ "$STEP_LOG" = 1 ] && cap+=(--step-log "$OUT/steps_d_$1.jsonl")
   backend "$D" mixed "$OUT/backend_d_$1.log" --kv-cache-dtype "$1" "${cap[@]}"
   wait_ready "$OUT/backend_d_$1.log"
 }
@@ -102,7 +106,7 @@ bench_pull() {  # $1: label, $2: seed; the rest: more flags
 }
 
 # ---- the CUDA IPC pull between two real processes, checked before it is timed ----------------
-if [ "$KV_TRANSPORT" = cuda-ipc ] && [ "$DEVICE" != cpu ]; then
+if [ "$KV_TRANSPORT" = cuda-ipc ] && [ "$DEVICE" != cpu ] && [ "$ONLY_B" != 1 ]; then
   timeout -s INT 300 $PY -m pytest -q -rfEs -p no:cacheprovider -m gpu \
       tests/test_kv_pull_ipc_gpu.py > "$OUT/pytest_ipc.txt" 2>&1
   echo "ipc pytest exit $?"; tail -n 3 "$OUT/pytest_ipc.txt"
@@ -110,8 +114,8 @@ fi
 
 # ---- A (bf16 pages) and B --------------------------------------------------------------------
 start_pair auto || exit 1
-bench_pull A_bf16 1
-if [ "${NOCRC:-1}" = 1 ]; then  # NOCRC=0 skips these two (one start-up less: ~60 s on the 33B)
+[ "$ONLY_B" = 1 ] || bench_pull A_bf16 1
+if [ "${NOCRC:-1}" = 1 ] && [ "$ONLY_B" != 1 ]; then  # NOCRC=0 skips these two (one start-up less: ~60 s on the 33B)
   # the same without checksums: a third backend process would not fit; the receiver checks what
   # the holder sends, so restarting the holder alone is enough
   kill "${pids[0]}" 2>/dev/null; wait "${pids[0]}" 2>/dev/null
@@ -151,6 +155,8 @@ cat "$OUT/B_backends.json"
 stop_all
 
 # ---- A (int4-fp8 pages) ----------------------------------------------------------------------
-start_pair int4-fp8 && bench_pull A_int4 3
-stop_all
+if [ "$ONLY_B" != 1 ]; then
+  start_pair int4-fp8 && bench_pull A_int4 3
+  stop_all
+fi
 ls -la "$OUT"
