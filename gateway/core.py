@@ -68,6 +68,7 @@ class GatewayConfig:
     # a TTFT target, admission that refuses what is predicted to miss it (scheduler.admission)
     slo: SLOTargets = field(default_factory=SLOTargets)
     slot_model: bool = False  # admission's slot model (scheduler.admission, "Slots")
+    compete_window: bool = False  # AdmissionConfig.compete_window
     pool: PoolConfig = field(default_factory=PoolConfig)
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
     queues: QueueConfig = field(default_factory=QueueConfig)
@@ -303,7 +304,8 @@ class Gateway:
         self.dispatcher = Dispatcher(self.pool, self.metrics, config.batcher, config.queues,
                                      decision_log=decisions,
                                      admission_config=AdmissionConfig(
-                                         slo=config.slo, slot_model=config.slot_model))
+                                         slo=config.slo, slot_model=config.slot_model,
+                                         compete_window=config.compete_window))
         self.draining = False
         self.num_active = 0
         self._ids = itertools.count()

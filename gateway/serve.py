@@ -94,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slot-model", action="store_true",
                    help="predict waits from the running requests' ends (slot-bound backends "
                    "that serve Fast first, as echo backends: scheduler.admission, Slots)")
+    p.add_argument("--compete-window", action="store_true",
+                   help="with --slot-model: a Slow request's free slot is contested by the Fast "
+                   "and Normal arrivals during its batching window too, not only until the "
+                   "backend's next step (AdmissionConfig.compete_window; for long windows)")
     p.add_argument("--stream-interval", type=int, default=1, help="stream every N tokens")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger bodies get 413")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds; then 504")
@@ -241,6 +245,7 @@ def gateway_config(args: argparse.Namespace, backends: list[str]) -> GatewayConf
         log_prompts=args.log_prompts, drain_timeout_s=args.drain_timeout,
         stream_stall_timeout_s=args.stream_stall_timeout,
         slo=SLOTargets.parse(args.slo_ttft_ms, args.slo_tpot_ms), slot_model=args.slot_model,
+        compete_window=getattr(args, "compete_window", False),
         pool=PoolConfig(heartbeat_timeout_s=args.heartbeat_timeout,
                         max_inflight_per_backend=args.max_inflight_per_backend, curve=curve,
                         # block size: the backends' own, read from their BackendInfo when hashing

@@ -243,6 +243,21 @@ class AdmissionConfig:
     # Slow requests that lost a free slot at 1.0x waited 0.107 s at the median, the model's
     # median 0.228 s, as placement sends the arrivals to the free backends)
     compete_elsewhere: bool = False
+    # the higher classes' arrivals while the request waits in its batching window compete for
+    # the free slots too: they go out in its window (or before it) and the backend admits Fast
+    # first, so the contest lasts from now to its window's flush (`check`'s window_s) and on
+    # to the backend's next step after that (its phase read at the flush). Off (the default):
+    # from now to the backend's next step after now, as if it were sent now. With 600 ms
+    # windows, off, a Slow request checked within ~1 ms of a step's predicted start (at ~12
+    # higher-class arrivals/s there) was admitted on a free slot that its window's Fast and
+    # Normal requests then took, and one checked a millisecond earlier was refused: the
+    # simulator and the live gateway, whose reads of a step's end jitter by 0.5-2 ms, disagreed
+    # on those. Simulated, 4 x 8 slots, 600 ms windows, seeds 0-9: at 1.5x Slow admitted
+    # missing by > 10% 22 -> 0, Normal met 93.5 -> 96.3%, Slow met 47.5 -> 29.3% of sent; at
+    # 1.0x no misses either way, Slow met 85.3 -> 69.2%. With the default 5 ms windows: at
+    # 1.5x Slow met 39.3 -> 37.4%, misses 2 -> 4 (issue 31, ninth session). `tidegate serve
+    # --compete-window`
+    compete_window: bool = False
 
     def __post_init__(self) -> None:
         for name in ("gap_weight", "service_weight"):
@@ -779,7 +794,7 @@ class WaitPredictor:
         return rate_h, mt_h
 
     def _slot_wait(self, be: _Backend, cls: int, extra_ahead: int, now: float,
-                   quantile: float | None = None) -> float | None:
+                   quantile: float | None = None, send_in: float = 0.0) -> float | None:
         """How long a class-`cls` request sent to `be` now waits for a slot (None: the model
         has no step time or concurrency yet). `quantile`: an upper quantile of the wait over
         the higher classes' arrivals instead of their mean projection
@@ -809,7 +824,7 @@ class WaitPredictor:
             if quantile is None or not self.config.compete_steps:
                 return 0.0
             return self._contested_wait(be, cls, now, quantile, finishes, queued, extra_ahead,
-                                        spare, slots)
+                                        spare, slots, send_in)
         heap = finishes
         for q in queued[:free]:
             heap.append(now + q[1] * step)
@@ -842,7 +857,7 @@ class WaitPredictor:
 
     def _contested_wait(self, be: _Backend, cls: int, now: float, quantile: float,
                         finishes: list[float], queued: list, extra_ahead: int,
-                        spare: int, slots: int) -> float:
+                        spare: int, slots: int, send_in: float = 0.0) -> float:
         """`_slot_wait` at an upper quantile `q` of the higher classes' arrivals when `spare`
         slots are free for it (`AdmissionConfig.compete_steps`): the higher classes' requests
         arriving within `compete_steps` steps take the spare slots before it (the backend
@@ -850,16 +865,19 @@ class WaitPredictor:
         Poisson with mean rate x window; where they do, it waits for the next slot to free
         that no later higher-class arrival takes. Its wait's q-quantile: 0 while p <= 1 - q,
         else the (1 - (1 - q) / p)-quantile of the wait given that it lost them (the futures
-        of `_slot_wait`, each after `spare` arrivals that took the free slots)."""
+        of `_slot_wait`, each after `spare` arrivals that took the free slots). `send_in`: how
+        long it waits in its batching window first (`AdmissionConfig.compete_window`)."""
         rate_h, mt_h = self.higher_rate(be, cls, now)
         if not rate_h:
             return 0.0
         cfg = self.config
         step = be.step
         window = cfg.compete_steps * step
+        lead = send_in if cfg.compete_window else 0.0
         if cfg.compete_phase and be.tick > -math.inf:
-            # the next step starts at the first step end after now (steps back to back)
-            window = min(window, step - math.fmod(max(0.0, now - be.tick), step))
+            # the next step starts at the first step end after its send (steps back to back)
+            window = min(window, step - math.fmod(max(0.0, now + lead - be.tick), step))
+        window += lead  # its window's arrivals go out with it (or before), Fast first
         m = rate_h * window  # expected arrivals in the window
         term = cdf = math.exp(-m)
         for j in range(1, spare):
@@ -952,7 +970,7 @@ class WaitPredictor:
 
     def backend_ttft(self, b: int, cls: int, uncached: int | None = None,
                      extra_ahead: int = 0, decoding: int | None = None,
-                     quantile: float | None = None) -> float:
+                     quantile: float | None = None, send_in: float = 0.0) -> float:
         """Predicted dispatch -> first token of a class-`cls` request sent to `b` now, with
         `uncached` prompt tokens to prefill there (None: the class's mean), `extra_ahead`
         more requests ahead than were dispatched (placed earlier in the same window) and
@@ -961,7 +979,7 @@ class WaitPredictor:
         be = self.backends[b]
         service = self._service(be, cls, uncached, b, decoding)
         if self.clock is not None and be.step:
-            w = self._slot_wait(be, cls, extra_ahead, self.clock(), quantile)
+            w = self._slot_wait(be, cls, extra_ahead, self.clock(), quantile, send_in)
             if w is not None:
                 # a free slot: the step in progress and its own (measured from the starts sent
                 # with a free slot; 1.5 steps until one is); a slot freed at a step's end:
@@ -1058,7 +1076,8 @@ class AdmissionControl:
             # admitted only if its wait's upper quantile over the higher classes' arrivals
             # after it meets the deadline too (AdmissionConfig.arrival_quantile); the
             # Retry-After stays the point estimate
-            margin += max(0.0, pred.backend_ttft(b, cls, quantile=q) - pred.backend_ttft(b, cls))
+            margin += max(0.0, pred.backend_ttft(b, cls, quantile=q, send_in=window_s)
+                          - pred.backend_ttft(b, cls))
         self.last_predicted_s, self.last_margin_s = ttft, margin
         if ttft + margin > deadline:
             self.num_refused[cls] += 1

@@ -82,6 +82,7 @@ class SimSchedulerConfig:
     # the backends' waiting queue by class (SchedulerConfig.waiting_by_class: the echo engine's)
     waiting_by_class: bool = False
     slot_model: bool = False  # admission's slot model (scheduler.admission, "Slots")
+    compete_window: bool = False  # AdmissionConfig.compete_window (`--compete-window`)
 
     def prefix_caching_for(self, workload: Workload) -> bool:
         """The setting resolved for `workload` (auto: does any request have a shared prefix?)."""
@@ -120,7 +121,8 @@ class GatewayAdapter:
         self._queue_class = _queue_classes(workload, config.queue.class_bounds)
         # the live gateway's admission (gateway.dispatcher.submit): the same objects
         self.admission = AdmissionControl(AdmissionConfig(slo=config.slo,
-                                                          slot_model=config.slot_model))
+                                                          slot_model=config.slot_model,
+                                                          compete_window=config.compete_window))
         self.predictor = self.admission.predictor
         self.admits = config.admission and config.slo.any_ttft
         self.retry_after: dict[int, float] = {}  # refused request -> its predicted TTFT

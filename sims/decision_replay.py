@@ -20,7 +20,7 @@ which is where the simulator pushes them too.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -32,9 +32,12 @@ from sims.event_loop import EngineConfig, SimResult, simulate
 from sims.workload import Workload
 
 
-def workload_from_arrivals(arrivals: Sequence[ArrivalRecord], forced: bool = False) -> Workload:
+def workload_from_arrivals(arrivals: Sequence[ArrivalRecord], forced: bool = False,
+                           backends: Mapping[str, int] | None = None) -> Workload:
     """The recorded arrivals as a Workload (in arrival order; the class as the gateway chose it).
-    `forced`: the simulator's admission follows the live decisions (its own still recorded)."""
+    `forced`: the simulator's admission follows the live decisions (its own still recorded);
+    `backends` (live id -> the backend the live gateway sent it to, as the simulator numbers
+    them): its placement follows them too (requests not named: its own)."""
     arrivals = sorted(arrivals, key=lambda a: a.t)  # stable: ties keep the gateway's order
     n = len(arrivals)
     return Workload(
@@ -47,7 +50,9 @@ def workload_from_arrivals(arrivals: Sequence[ArrivalRecord], forced: bool = Fal
         # the requests' own TTFT targets (probes carry one), which the live admission used
         ttft_override_ms=([a.slo_ttft_ms for a in arrivals]
                           if any(a.slo_ttft_ms is not None for a in arrivals) else None),
-        forced_refused=[a.refused for a in arrivals] if forced else None)
+        forced_refused=[a.refused for a in arrivals] if forced else None,
+        forced_backend=([backends.get(a.request_id, -1) for a in arrivals]
+                        if backends is not None else None))
 
 
 def replay(arrivals: Sequence[ArrivalRecord], sched_config: SimSchedulerConfig,
@@ -62,17 +67,22 @@ def replay(arrivals: Sequence[ArrivalRecord], sched_config: SimSchedulerConfig,
 
 def replay_run(arrivals: Sequence[ArrivalRecord], sched_config: SimSchedulerConfig,
                cost: CostModel | None = None, engine: EngineConfig | None = None,
-               record_steps: bool = False, forced: bool = False
+               record_steps: bool = False, forced: bool = False,
+               backends: Mapping[str, int] | None = None
                ) -> tuple[SimResult | None, list[BatchRecord]]:
     """`replay`, with the simulation's result too (for its latency figures; None: no arrivals).
     `record_steps`: every step is simulated alone and recorded (`step_records` reads them).
     `forced`: admission follows the live log's decisions, so that the simulator's own decision
     at each arrival (`refused_ids`) is taken in the state the live decisions made: how far the
-    inputs differ, apart from the cascade of one differing decision through the rest."""
+    inputs differ, apart from the cascade of one differing decision through the rest.
+    `backends`: the live placement (request id -> backend) to follow as well, where known (the
+    decision log does not record it; a trace of the Batches sent does): then each decision is
+    taken on the backends' states the live placement made, as placement by predicted TTFT
+    breaks its near-ties by a load in tokens that one finish read a step apart flips."""
     if not arrivals:
         return None, []
     ordered = sorted(arrivals, key=lambda a: a.t)
-    workload = workload_from_arrivals(ordered, forced)
+    workload = workload_from_arrivals(ordered, forced, backends)
     engine = engine or EngineConfig(num_samples=1)
     engine = replace(engine, record_batches=True)
     if record_steps:

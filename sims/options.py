@@ -82,6 +82,8 @@ def add_run_args(p: argparse.ArgumentParser, *, num_requests: int = 1000) -> Non
                    "order; default FCFS, our engine's)")
     g.add_argument("--slot-model", action="store_true",
                    help="admission's slot model, as `tidegate serve --slot-model`")
+    g.add_argument("--compete-window", action="store_true",
+                   help="as `tidegate serve --compete-window` (AdmissionConfig.compete_window)")
     g.add_argument("--prefix-caching", choices=("auto", "on", "off"), default="auto",
                    help="auto: on only when the workload shares prefixes (the simulator's generated "
                         "tokens are dummies, so nothing else hits; see sims.adapters)")
@@ -177,7 +179,8 @@ def spec_from_args(a: argparse.Namespace) -> RunSpec:
                                slo=SLOTargets.parse(a.slo_ttft_ms, a.slo_tpot_ms),
                                admission=bool(getattr(a, "admission", False)),
                                waiting_by_class=bool(getattr(a, "waiting_by_class", False)),
-                               slot_model=bool(getattr(a, "slot_model", False)))
+                               slot_model=bool(getattr(a, "slot_model", False)),
+                               compete_window=bool(getattr(a, "compete_window", False)))
     if not (math.isfinite(a.delivery_delay_ms) and a.delivery_delay_ms >= 0):
         raise ValueError(f"--delivery-delay-ms must be >= 0, got {a.delivery_delay_ms}")
     gw_us, be_us = parse_message_cost(a.message_cost_us)

@@ -112,6 +112,10 @@ class Workload:
     # the live gateway's admission decisions to follow (True: refused), the simulator's own
     # still recorded: `sims.decision_replay`'s forced replay (inputs apart from the cascade)
     forced_refused: list[bool] | None = None
+    # the live gateway's placement to follow (request i's backend; -1: the policy's own): the
+    # forced replay's other input (`sims.decision_replay`), so that each admission decision
+    # is taken on the backends' states the live placement made (issue 31, ninth session)
+    forced_backend: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_time)

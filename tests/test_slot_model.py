@@ -501,7 +501,7 @@ def test_a_fresh_backends_arrival_rate_is_read_over_its_life_not_the_whole_windo
 
 
 # ---- a free slot contested by the higher classes' next arrivals (issue 31, seventh session) --
-def _free_slot_slow_check(rate_per_s: float, since_tick_steps: float = 0.0,
+def _free_slot_slow_check(rate_per_s: float, since_tick_steps: float = 0.0, window_s: float = 0.0,
                           **config) -> tuple[object, float, float]:
     """One backend of 4 reported slots, 3 Slow running (ending 3, 6, 9 steps from now), nothing
     queued: one slot free. Normal requests of 40 tokens (0.4 s a slot) sent there at
@@ -531,7 +531,7 @@ def _free_slot_slow_check(rate_per_s: float, since_tick_steps: float = 0.0,
     adm = AdmissionControl(p.config, p)
     point = p.backend_ttft(0, SLOW)
     upper = p.backend_ttft(0, SLOW, quantile=p.config.arrival_quantile)
-    return adm.check(SLOW, [0, 0, 0], 0.0, now=now), point, upper
+    return adm.check(SLOW, [0, 0, 0], window_s, now=now), point, upper
 
 
 def test_a_free_slot_is_contested_by_the_higher_classes_arriving_before_the_next_step():
@@ -571,6 +571,24 @@ def test_the_lost_slot_wait_is_a_conditional_quantile_of_the_futures():
     assert upper >= 3 * STEP + STEP > point
     _, _, longest = _free_slot_slow_check(3.0, arrival_quantile=0.999999)
     assert upper < longest
+
+
+def test_a_batching_windows_arrivals_contest_the_free_slot_too():
+    """`compete_window` (issue 31, ninth session): a Slow request checked 0.1 ms before the
+    backend's next step (p = 0.003 of losing the slot to 30 Normal arrivals/s) but held 50 ms
+    in its batching window competes with the arrivals of those 50 ms as well (m = 30 x 0.05 s
+    + the phase at the flush: p > 0.77): refused. Off, or with no window to wait, admitted as
+    before; on, the decision no longer turns on the phase (0.1 ms or 5 ms before the step)."""
+    refusal, _, _ = _free_slot_slow_check(30.0, since_tick_steps=2.99, window_s=0.05)
+    assert refusal is None  # off (the default): the 0.1 ms to the step alone
+    for since in (2.99, 2.5):
+        refusal, _, _ = _free_slot_slow_check(30.0, since_tick_steps=since, window_s=0.05,
+                                              compete_window=True)
+        # its Retry-After is the point estimate: the window, then a free slot's start
+        assert refusal is not None and refusal.retry_after_s == pytest.approx(0.05 + 1.5 * STEP)
+    refusal, _, _ = _free_slot_slow_check(30.0, since_tick_steps=2.99, window_s=0.0,
+                                          compete_window=True)
+    assert refusal is None
 
 
 def test_slow_misses_fall_with_the_contested_free_slot_at_one_and_a_half_times_capacity():

@@ -185,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--waiting-by-class", action="store_true",
                    help="the live backends admit Fast first (echo backends; default FCFS)")
     p.add_argument("--slot-model", action="store_true", help="the live gateway's --slot-model")
+    p.add_argument("--compete-window", action="store_true",
+                   help="the live gateway's --compete-window")
     args = p.parse_args(argv)
     arrivals, live = read_log(args.live)
     out = {}
@@ -211,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         from sims.event_loop import EngineConfig
         sched = SimSchedulerConfig(batcher=batcher, slo=slo, admission=slo.any_ttft,
                                    waiting_by_class=args.waiting_by_class,
-                                   slot_model=args.slot_model)
+                                   slot_model=args.slot_model,
+                                   compete_window=args.compete_window)
         if args.max_num_seqs is not None:
             sched = replace(sched, max_num_seqs=args.max_num_seqs)
         result, sim = replay_run(arrivals, sched, cost,
