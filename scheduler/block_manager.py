@@ -138,6 +138,10 @@ class BlockManager:
             self.expire_pins()
         return len(self._free_uncached) + self._num_fresh + len(self._free_cached)
 
+    def has_seq(self, seq_id: object) -> bool:
+        """Whether `seq_id` holds blocks (allocated and not yet freed)."""
+        return seq_id in self._tables
+
     @property
     def num_seqs(self) -> int:
         """Sequences that hold blocks (allocated, not yet freed)."""

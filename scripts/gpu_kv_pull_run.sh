@@ -48,6 +48,15 @@ KV_TRANSPORT=${KV_TRANSPORT:-zmq}
 # --max-prefill-tokens-while-decoding (empty: its default, 256 on CUDA)
 SPLIT_MIN_TOKENS=${SPLIT_MIN_TOKENS:-$((SLOW_PROMPT / 2))}
 PREFILL_CAP=${PREFILL_CAP:-}
+# the decode backend keeps its cap however deep its backlog (--prefill-backlog-seqs/-tokens):
+# by default a backlog of > 4 requests lifts it to whole 2K-token steps (10 such steps of ~250 ms
+# in the 2026-12-04 night split)
+BACKLOG_SEQS=${BACKLOG_SEQS:-}
+BACKLOG_TOKENS=${BACKLOG_TOKENS:-}
+# two GPUs (a machine of 2 lent): DEVICE_P=cuda:0 DEVICE_D=cuda:1, the prefill backend on a GPU
+# of its own (one GPU shared: its prefills slow the decode backend's steps ~2.3x, time-slicing)
+DEVICE_P=${DEVICE_P:-$DEVICE}
+DEVICE_D=${DEVICE_D:-$DEVICE}
 ONLY_B=${ONLY_B:-0}        # 1: B alone (no GPU test, no A): one start-up of the pair
 STEP_LOG=${STEP_LOG:-0}    # 1: the decode backend writes its steps (steps_d_<dtype>.jsonl)
 VOCAB=${VOCAB:-32000}
@@ -63,9 +72,10 @@ QFLAGS=()
 [ "$QUANT" != none ] && QFLAGS=(--quantization "$QUANT")
 
 backend() {  # $1: socket, $2: role, $3: log; the rest: more flags. Its pid is appended to pids
-  local sock=$1 role=$2 log=$3
+  local sock=$1 role=$2 log=$3 dev=$DEVICE_D
   shift 3
-  $TG backend --listen "$sock" --role "$role" --model "$MODEL" "${LOADFMT[@]}" --device "$DEVICE" \
+  [ "$role" = prefill ] && dev=$DEVICE_P
+  $TG backend --listen "$sock" --role "$role" --model "$MODEL" "${LOADFMT[@]}" --device "$dev" \
       "${QFLAGS[@]}" --num-blocks "$BLOCKS" --max-model-len "$MAXLEN" --kv-pull-timeout 60 \
       --kv-pull-transport "$KV_TRANSPORT" "$@" \
       > "$log" 2>&1 &
@@ -91,6 +101,8 @@ start_pair() {  # $1: kv cache dtype. One after the other: each 33B backend peak
   local cap=()
   [ -n "$PREFILL_CAP" ] && cap=(--max-prefill-tokens-while-decoding "$PREFILL_CAP")
   [ "$STEP_LOG" = 1 ] && cap+=(--step-log "$OUT/steps_d_$1.jsonl")
+  [ -n "$BACKLOG_SEQS" ] && cap+=(--prefill-backlog-seqs "$BACKLOG_SEQS")
+  [ -n "$BACKLOG_TOKENS" ] && cap+=(--prefill-backlog-tokens "$BACKLOG_TOKENS")
   backend "$D" mixed "$OUT/backend_d_$1.log" --kv-cache-dtype "$1" "${cap[@]}"
   wait_ready "$OUT/backend_d_$1.log"
 }
@@ -116,7 +128,7 @@ fi
 start_pair auto || exit 1
 if [ "$ONLY_B" = 1 ]; then  # one short pull: the gateway splits only with the prefill
   # backend's prefill rate measured (a prefill there) and the link's (a pull)
-  PREFIX=4096 REPEATS=1 bench_pull A_warm 1
+  PREFIX=$(( MAXLEN / 2 < 4096 ? MAXLEN / 2 : 4096 )) REPEATS=1 bench_pull A_warm 1
 else
   bench_pull A_bf16 1
 fi

@@ -596,6 +596,37 @@ def test_a_pulled_prefix_with_no_room_yet_waits_for_it_instead_of_recomputing(tm
         peer.close()
 
 
+def test_landed_blocks_are_held_until_their_request_is_allocated(tmp_path):
+    """Between landing and its first step a pulled request may wait behind others; the blocks
+    it pulled must not be evicted for them (the H200 split: 4 of 12 landed 8K prefixes were,
+    and recomputed). Here every free block is taken and given back at the moment of admission:
+    the request still hits all 12 pulled blocks, and no hold outlives it."""
+    peer = Backend(tmp_path, "peer")
+    me = Backend(tmp_path, "me", num_blocks=20)
+    puller, seen = me.worker.puller, {}
+    keep = puller.keep_hold
+
+    def keep_then_squeeze(p):
+        keep(p)
+        bm = me.bm  # the worker's thread: it owns the block manager here
+        seen["held"] = bm.num_read_held_blocks
+        free = bm.num_free_blocks
+        bm.allocate("hog", [256] + [(13 * i + 1) % 250 for i in range(free * BS - 1)])
+        bm.free("hog")  # every unheld cached block was overwritten by the hog
+    puller.keep_hold = keep_then_squeeze
+    try:
+        want, _, _ = peer.run("warm")
+        got, final, _ = me.run("r", source=peer.worker.kv_server.endpoint, timeout_s=10)
+        assert seen["held"] == 12
+        assert final.num_cached_tokens == 192 and got == want
+        assert puller.num_holds == 0
+        for b in (peer, me):
+            b.assert_no_leak()
+    finally:
+        me.close()
+        peer.close()
+
+
 def test_a_pulled_prefix_that_never_finds_room_recomputes_at_its_deadline(tmp_path):
     peer = Backend(tmp_path, "peer")
     me = Backend(tmp_path, "me", num_blocks=20)

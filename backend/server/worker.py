@@ -226,6 +226,7 @@ class Worker:
             if self.engine.has_unfinished() and not self._stopping:
                 if deadline is None or time.perf_counter() >= deadline:
                     self._step()
+                    self._release_pull_holds()  # the step allocated the requests it started
             elif not self._idle_checked:
                 self._check_idle()
             if self._kv_recording:
@@ -264,8 +265,18 @@ class Worker:
         answer peers' pulls that waited for a prefill here."""
         for p in self.puller.take_ready():
             self._add(p.identity, p.req, p.prompt, p.prediction)
+            self.puller.keep_hold(p)
+        self._release_pull_holds()
         for identity, frames in self.puller.take_answers():
             self._send_raw(identity, frames)
+
+    def _release_pull_holds(self) -> None:
+        """Landed prefixes are held until their request is allocated (its sequence then holds
+        them) or gone (finished, refused, aborted): `PrefixPuller.keep_hold`."""
+        puller = self.puller
+        if puller.num_holds:
+            bm = puller.port.bm
+            puller.release_holds(lambda key: key not in self.owner or bm.has_seq(key))
 
     def _send_raw(self, identity: bytes, frames: list) -> None:
         """Frames already encoded (KV blocks), in order behind what waits for that peer."""

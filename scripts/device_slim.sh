@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The device machine copies the working tree, at most 64 MiB with the carried paths (.whl/ and
+# the like). bench/results/ holds ~30 MB of raw records that no device script reads, so for the
+# length of a device call:
+#
+#   bash scripts/device_slim.sh size   # what would travel (tracked + untracked-not-ignored)
+#   bash scripts/device_slim.sh out    # bench/results' TRACKED files leave the work tree
+#   ... the device call ...
+#   bash scripts/device_slim.sh in     # back (git checkout); untracked files there never move
+#
+# Between out and in, commit nothing under bench/results (a commit of that path would record
+# the deletions).
+set -eu
+cd "$(git rev-parse --show-toplevel)"
+size() {
+  (git ls-files -z; git ls-files -z --others --exclude-standard; [ -d .whl ] && find .whl -type f -print0) \
+    | du -cb --files0-from=- 2>/dev/null | tail -1 | awk '{printf "%.1f MB with .whl/ (limit 67.1 MB: 64 MiB)\n", $1/1e6}'
+}
+case "${1:-}" in
+  size) size ;;
+  out) git ls-files -z bench/results | xargs -0 rm -f
+       echo "bench/results: tracked files removed from the work tree; after the call: bash $0 in"
+       size ;;
+  in) git checkout -- bench/results && echo "bench/results restored" ;;
+  *) echo "usage: $0 size|out|in" >&2; exit 2 ;;
+esac
