@@ -168,8 +168,10 @@ class PrefixPuller:
     @property
     def active(self) -> bool:
         """Whether the worker's loop has anything to do here (pulls waiting, peer sockets
-        open: a late or stray reply must be read, or the poller would wake for it forever)."""
-        return bool(self._parked or self._ready or self._registered or self._deferred)
+        open: a late or stray reply must be read, or the poller would wake for it forever;
+        landed prefixes held for requests not yet allocated)."""
+        return bool(self._parked or self._ready or self._registered or self._deferred
+                    or self._holds)
 
     def cancel(self, key: str) -> Parked | None:
         pull_id = self._by_key.pop(key, None)
