@@ -170,12 +170,19 @@ def split_prefills(pulls: GatewayPulls, items, prefill_backends, dispatch_cls) -
         p = min(prefill_backends, key=lambda b: pulls.queued_tokens(b.pid))
         rates = pulls.rates(p.pid)
         decode = pulls.planner.model(it.backend)
-        if rates is None or rates.layout != decode.rates.layout or rates.prefill_tokens_per_s <= 0:
+        if rates is None or rates.layout != decode.rates.layout:
             continue
-        wait = pulls.queued_tokens(p.pid) / rates.prefill_tokens_per_s
+        # A prefill-only backend measures its prefill rate only once it has prefilled, and it
+        # prefills only what is split to it: until then the decode backend's measured rate (an
+        # equal layout: the same model and pages) stands in, or nothing would ever be split
+        # (the H200 split with no warm-up pull, 2026-12-04 night: 0 of 12)
+        rate = rates.prefill_tokens_per_s or decode.rates.prefill_tokens_per_s
+        if rate <= 0:
+            continue
+        wait = pulls.queued_tokens(p.pid) / rate
         if not decode.should_split(n, wait):
             continue
-        prefill_s = n / rates.prefill_tokens_per_s
+        prefill_s = n / rate
         ready_s = wait + prefill_s + cfg.timeout_s   # when its blocks should be there, at worst
         d.kv_source = pb.KvSource(endpoint=pulls.endpoint(p.pid, p.address), num_tokens=n - 1,
                                   prefill_wait_s=ready_s,

@@ -95,6 +95,36 @@ def test_gateway_takes_rates_from_backend_info_and_reports():
     assert not pulls.planner.model(1).known()
 
 
+def test_a_prefill_backend_with_no_measured_rate_is_split_to_at_the_decode_backends_rate():
+    """A prefill-only backend measures its prefill rate only by prefilling, and it prefills only
+    what is split to it: with its rate unknown the decode backend's stands in (same layout), so
+    the first long Slow prompt is split; with neither known, nothing is."""
+    from types import SimpleNamespace
+
+    from gateway.kv_pull import split_prefills
+
+    pulls = GatewayPulls(PullConfig(split_min_tokens=1024, split_margin=0.5))
+    info = pb.BackendInfo(block_size=16, kv_layout="L", kv_block_bytes=16 * 2048)
+    pulls.on_info(0, info)   # the prefill backend: no rate yet
+    pulls.on_info(1, info)   # the decode backend
+
+    def item():
+        d = SimpleNamespace(prompt_ids=list(range(4096)), queue_class=pb.SLOW, kv_source=None,
+                            request_id="r", priority=0, arrival_time=0.0)
+        return SimpleNamespace(backend=1, payload=d)
+
+    def dispatch(*a):
+        return a
+    prefill = [SimpleNamespace(pid=0, address="ipc:///tmp/p.sock")]
+    assert split_prefills(pulls, [item()], prefill, dispatch) == []  # nothing measured yet
+    pulls.on_report(1, pb.LoadReport(prefill_tokens_per_s=5e3, kv_pull_bytes_per_s=50e9))
+    it = item()
+    out = split_prefills(pulls, [it], prefill, dispatch)
+    assert len(out) == 1 and out[0][0].pid == 0
+    assert it.payload.kv_source.prefill_wait_s == pytest.approx(4096 / 5e3 + 2.0)
+    assert pulls.queued_tokens(0) == 4096
+
+
 async def test_disaggregated_slow_prefill(aiohttp_client, tmp_path):
     """A prefill-only backend takes the Slow request's prefill (its own copy, max_tokens 1, never
     seen by the client); the decode backend waits for it, pulls the KV and streams the answer.
