@@ -68,6 +68,7 @@ from scheduler.prefix_index import DEPTHS, PrefixIndex, prefix_hashes
 from scheduler.sessions import SessionAffinity, SessionInfo
 
 POLICIES = ("least-tokens", "prefix", "window", "ttft")
+TIE_BREAKS = ("load", "hash")
 
 __all__ = ["DEPTHS", "POLICIES", "LeastTokensPlacement", "PlacementConfig", "PlacementItem",
            "PrefixAffinityPlacement", "WindowPlacement", "prefix_hashes"]
@@ -88,6 +89,10 @@ class PlacementConfig:
     max_holders_scanned: int = 8       # bound on the work of one affinity lookup
     # ttft (scheduler.ttft_placement): predictions within this fraction of the best are ties
     ttft_tolerance: float = 0.1
+    # ttft: how near-ties with equal cache holdings are broken: "load" (the least load in
+    # tokens) or "hash" (a rendezvous hash of the request's cost, prompt length and its rank
+    # among the window's requests of that cost: what the gateway and the simulator see alike)
+    ttft_tie_break: str = "load"
     max_scanned_backends: int = 16     # ttft: past this many, a few candidates only
 
     def __post_init__(self) -> None:
@@ -103,6 +108,9 @@ class PlacementConfig:
             raise ValueError(f"load_slack_fraction must be in [0, 1], got {self.load_slack_fraction}")
         if not self.ttft_tolerance >= 0.0 or self.max_scanned_backends < 1:
             raise ValueError("ttft_tolerance must be >= 0 and max_scanned_backends >= 1")
+        if self.ttft_tie_break not in TIE_BREAKS:
+            raise ValueError(f"ttft_tie_break must be one of {', '.join(TIE_BREAKS)}, "
+                             f"got {self.ttft_tie_break!r}")
 
     @property
     def uses_prefixes(self) -> bool:
@@ -358,12 +366,26 @@ def add_placement_arguments(parser: argparse.ArgumentParser | argparse._Argument
                         help="the slack of that bound, in tokens, for every backend (default: "
                              f"{defaults.load_slack_fraction:g} of the least-loaded backend's KV "
                              f"tokens, {defaults.load_slack_tokens} when it reports none)")
+    parser.add_argument("--placement-tie-break", choices=TIE_BREAKS,
+                        default=defaults.ttft_tie_break,
+                        help="ttft placement: near-ties (within 10%% of the best prediction, "
+                             "equal cache holdings) go to the least load in tokens ('load') or "
+                             "by a rendezvous hash of the request's cost and rank in its window "
+                             "('hash': reproducible by the simulator; see "
+                             f"scheduler.ttft_placement; default {defaults.ttft_tie_break})")
+    parser.add_argument("--placement-ttft-tolerance", type=float, default=defaults.ttft_tolerance,
+                        help="ttft placement: predictions within this fraction of the best are "
+                             f"near-ties (default {defaults.ttft_tolerance:g})")
 
 
 def placement_config_from_args(a: argparse.Namespace, block_size: int) -> PlacementConfig:
     fixed = a.placement_slack_tokens is not None
     return PlacementConfig(policy=a.placement, block_size=block_size,
                            load_factor=a.placement_load_factor,
+                           ttft_tie_break=getattr(a, "placement_tie_break",
+                                                  PlacementConfig.ttft_tie_break),
+                           ttft_tolerance=getattr(a, "placement_ttft_tolerance",
+                                                  PlacementConfig.ttft_tolerance),
                            load_slack_tokens=(a.placement_slack_tokens if fixed
                                               else PlacementConfig.load_slack_tokens),
                            fixed_slack=fixed)

@@ -18,6 +18,17 @@ them the request goes where most of its prompt is held (then the session's backe
 least load in tokens, then the lower id), so cache affinity decides what the prediction cannot
 tell apart. The backend is charged the request's cost less what it holds, as `prefix` charges.
 
+Issue 31 (tenth session): the least load in tokens, as the last tie-break, is decided by
+milliseconds of timing (a finish heard 1 ms sooner releases its tokens), so a simulator replaying
+a live run, whose step ends and reads carry that jitter, picks differently among near-ties, and
+every later window inherits the difference. `ttft_tie_break="hash"` (`--placement-tie-break
+hash`) breaks those ties instead by rendezvous hashing: each backend's score is a hash of the
+backend id and the request's key, (cost, prompt length, its rank among the requests of that
+cost and length placed before it in the same window), all of which the gateway and a replay of
+its trace see alike; the highest score wins. A backend entering or leaving the near-tie set at
+its edge changes the pick only when it has the highest score (not, as an index into the set
+would, whenever the set changes).
+
 Until every accepting backend has measured a start (a fresh gateway, a backend just added),
 the prefix rule decides (`PrefixAffinityPlacement`): a prediction of 0 for an unmeasured backend
 would send it every request until its first token. A whole window is placed as `window` places
@@ -45,6 +56,15 @@ LAST_CLASS = 2
 _TTFT = PlacementConfig(policy="ttft")
 
 
+def _mix(x: int) -> int:
+    """splitmix64's finalizer: a deterministic 64-bit hash of an integer (the same in every
+    process, unlike hash() of str)."""
+    x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 31)
+
+
 class TTFTPlacement(WindowPlacement):
     """The backend with the smallest predicted TTFT (module doc)."""
 
@@ -58,9 +78,12 @@ class TTFTPlacement(WindowPlacement):
         # requests placed so far in the window being placed, per backend and class: ahead of
         # the later ones there, before the owner dispatches (and counts) them
         self._window: dict[int, list[int]] | None = None
+        self._hash_ties = config.ttft_tie_break == "hash"
+        self._ranks: dict[tuple[int, int], int] = {}  # hash ties: (cost, prompt) -> placed so far
 
     def place(self, items: Sequence[PlacementItem], now: float) -> None:
         self._window = {} if len(items) > 1 else None
+        self._ranks = {}
         try:
             super().place(items, now)
         finally:
@@ -103,8 +126,16 @@ class TTFTPlacement(WindowPlacement):
         near = [r for r in rows if r[0] <= limit]
         if len(near) > 1:
             self.num_near_ties += 1
-        load = loads.load
-        _, b, held = max(near, key=lambda r: (r[2], r[1] == sess_b, -load[r[1]], -r[1]))
+        if self._hash_ties:  # the rank advances whatever the near set: both sides alike
+            k = (cost, p)
+            rank = self._ranks.get(k, 0)
+            self._ranks[k] = rank + 1
+        if self._hash_ties and len(near) > 1:
+            key = _mix((cost << 40) ^ (p << 20) ^ rank)
+            _, b, held = max(near, key=lambda r: (r[2], r[1] == sess_b, _mix(key ^ r[1])))
+        else:
+            load = loads.load
+            _, b, held = max(near, key=lambda r: (r[2], r[1] == sess_b, -load[r[1]], -r[1]))
         self.num_predicted += 1
         charged = cost - held
         loads.add_load(b, charged)

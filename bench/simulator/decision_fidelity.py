@@ -180,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpu", default="h200")
     p.add_argument("--backends", type=int, default=1)
     p.add_argument("--placement", default="prefix", help="the live gateway's --placement")
+    p.add_argument("--placement-tie-break", default="load", choices=("load", "hash"),
+                   help="the live gateway's --placement-tie-break")
     p.add_argument("--max-num-seqs", type=int, default=None,
                    help="the live backends' --max-num-seqs (default: the scheduler's)")
     p.add_argument("--waiting-by-class", action="store_true",
@@ -219,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
             sched = replace(sched, max_num_seqs=args.max_num_seqs)
         result, sim = replay_run(arrivals, sched, cost,
                                  EngineConfig(num_samples=1, num_backends=args.backends,
-                                              placement=PlacementConfig(policy=args.placement)))
+                                              placement=PlacementConfig(policy=args.placement,
+                                                        ttft_tie_break=args.placement_tie_break)))
         refused = refused_ids(result, arrivals) if result is not None else set()
         if result is not None and slo.any_ttft:
             from sims.decision_replay import predictions_ms
@@ -228,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
             # own taken in the state the live ones made (module doc)
             forced, forced_windows = replay_run(
                 arrivals, sched, cost, EngineConfig(num_samples=1, num_backends=args.backends,
-                                                    placement=PlacementConfig(policy=args.placement)),
+                                                    placement=PlacementConfig(policy=args.placement,
+                                                        ttft_tie_break=args.placement_tie_break)),
                 forced=True)
             out["admission_forced"] = compare_admission(arrivals, refused_ids(forced, arrivals))
             # its windows: with the live admission decisions and no idle flush, a window's
