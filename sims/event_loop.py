@@ -57,6 +57,13 @@ class EngineConfig:
     # to each request's first-token and finish times, so TTFT and E2E grow by it and TPOT does
     # not; measured live by bench.serving.ttft_path ("http_in" + "out"), ~4.5 ms on the H200 (issue 18)
     delivery_delay_s: float = 0.0
+    # and this much more per stream of the step that produced the token: a first token (or a last
+    # one) gets delivery_delay_s + delivery_per_stream_s x (the decodes + prefill chunks of its
+    # step), the streams whose tokens the gateway and the client handle beside it. Live on the
+    # H200 the path's `out` (step end -> the client's first token) grew ~70 us a stream on both
+    # models (6.7B 0.50 + 0.073 ms x streams, 33B 0.87 + 0.069; issue 35). Client side only, as
+    # delivery_delay_s (what the gateway hears is gateway_read_delay_s). 0: one constant
+    delivery_per_stream_s: float = 0.0
     # a stretch may run past finishes only below this KV use (with room for more sequences)
     spare_kv_watermark: float = 0.9
     max_stretch_steps: int = 1 << 30    # cap on one k-step advance (1 disables stretches)
@@ -170,6 +177,7 @@ class _Backend:
         "released_early",
         "sched",
         "step_start",
+        "streams",
         "stretch_past",
         "stretch_segs",
         "stretch_start",
@@ -190,6 +198,7 @@ class _Backend:
         self.stretch_segs = None    # [(steps, batch, context, num_finishing, cumulative end)]
         self.stretch_past = False
         self.plan = None
+        self.streams = 0            # sequences of the single step in progress (delivery_per_stream_s)
         self.step_start = 0.0
         self.released_early = 0     # tokens of a stretch's past finishes released before its end
         self.busy_s = 0.0           # time spent in steps
@@ -234,6 +243,10 @@ class EventLoop:
         self.dispatch_t = [nan] * n
         self.first_t = [nan] * n
         self.finish_t = [nan] * n
+        # the streams of each request's first-token and last-token steps (delivery_per_stream_s)
+        self.per_stream = config.delivery_per_stream_s
+        self.first_streams: list[int] | None = [0] * n if self.per_stream else None
+        self.finish_streams: list[int] | None = [0] * n if self.per_stream else None
         self.rejected = np.zeros(n, dtype=bool)
         self.step_rows: list[tuple] = []     # (num_decode, num_prefill_tokens, duration) per single step
         self.stretch_rows: list[tuple] = []  # (steps, num_decode, first context) per stretch segment
@@ -690,6 +703,8 @@ class EventLoop:
             # spell nothing runs before it (a cost model that hides launches charges it here)
             dt += self.idle_launch_fn(num_decode, num_prefill)
         self.step_rows.append((num_decode, num_prefill, dt))
+        if self.per_stream:
+            be.streams = num_decode + len(sched.prefill_chunks)
         if self.step_log is not None:
             self.step_log.append((now, be.idx, num_decode,
                                   [(int(c.request_id), len(c.token_ids), c.start_pos)
@@ -703,12 +718,17 @@ class EventLoop:
         self.seq = seq = self.seq + 1  # push(), inlined: once per event
         heappush(self.heap, (be.end_time, seq, _STEP, be.idx))
 
-    def finish_requests(self, be: _Backend, done: list[int], now: float) -> None:
+    def finish_requests(self, be: _Backend, done: list[int], now: float, streams: int = 0) -> None:
+        """`done` finished in a step (of `streams` sequences) that ended at `now`."""
         if not done:
             return
         finish_t = self.finish_t
         for i in done:
             finish_t[i] = now
+        if self.finish_streams is not None:
+            fs = self.finish_streams
+            for i in done:
+                fs[i] = streams
         if self.read_delay:  # the gateway hears of them later (`on_read`)
             self.push(max(now, self.clock.now()) + self.read_delay, _READ, (be.idx, (), done))
             return
@@ -781,6 +801,12 @@ class EventLoop:
                 first_t[r] = now
             for i in done:
                 self.finish_t[i] = now
+            if self.per_stream:
+                fs, ds = self.first_streams, self.finish_streams
+                for r in new:
+                    fs[r] = be.streams
+                for i in done:
+                    ds[i] = be.streams
             if new or done:
                 self.push(now + self.read_delay, _READ, (arg, new, done))
             self.after_step(be, now)
@@ -788,8 +814,10 @@ class EventLoop:
         for r in firsts:
             if first_t[r] != first_t[r]:  # NaN: not a re-prefill after preemption
                 first_t[r] = now
+                if self.per_stream:
+                    self.first_streams[r] = be.streams
                 self.gateway_started(arg, r, now)
-        self.finish_requests(be, done, now)
+        self.finish_requests(be, done, now, be.streams)
         self.after_step(be, now)
 
     def gateway_started(self, b: int, r: int, now: float) -> None:
@@ -827,15 +855,15 @@ class EventLoop:
         done = be.sched.advance(segs[0][0] if len(segs) == 1 else sum(sg[0] for sg in segs), past)
         if len(segs) == 1:
             self.stretch_rows.append(segs[0][:3])
-            self.finish_requests(be, done, now)
+            self.finish_requests(be, done, now, segs[0][1])
         else:  # finishes in step order: each segment's at its end
             start, d = be.stretch_start, 0
             for ks, n_dec, ctx, nfin, t, _ in segs:
                 self.stretch_rows.append((ks, n_dec, ctx))
                 if nfin:
-                    self.finish_requests(be, done[d:d + nfin], start + t)
+                    self.finish_requests(be, done[d:d + nfin], start + t, n_dec)
                     d += nfin
-            self.finish_requests(be, done[d:], now)
+            self.finish_requests(be, done[d:], now, segs[-1][1])
         if be.released_early:
             self.placement.release(be.idx, -be.released_early)  # released twice: take one back
             be.released_early = 0
@@ -935,6 +963,14 @@ class EventLoop:
             _progress(n, n, self.wall0, end="\n")
         self.events, self.now = events, now
 
+    def client_times(self, times: list[float], streams: list[int] | None) -> np.ndarray:
+        """When the client sees the tokens of steps that ended at `times`: + the delivery path
+        (delivery_delay_s, + delivery_per_stream_s per stream of each token's step)."""
+        t = np.array(times, dtype=np.float64) + self.config.delivery_delay_s
+        if streams is not None:
+            t += self.per_stream * np.array(streams, dtype=np.float64)
+        return t
+
     def result(self) -> SimResult:
         """Expand per-step records (single steps and stretches) and build the outcome."""
         step_decode, step_prefill, step_time = expand_steps(self.cost, self.step_rows,
@@ -944,8 +980,8 @@ class EventLoop:
         backends = self.backends
         return SimResult(
             workload=self.workload, dispatch_time=np.array(self.dispatch_t, dtype=np.float64),
-            first_token_time=np.array(self.first_t, dtype=np.float64) + self.config.delivery_delay_s,
-            finish_time=np.array(self.finish_t, dtype=np.float64) + self.config.delivery_delay_s,
+            first_token_time=self.client_times(self.first_t, self.first_streams),
+            finish_time=self.client_times(self.finish_t, self.finish_streams),
             num_output=self.workload.output_len.copy(), queue_class=self.gateway.classes(),
             rejected=self.rejected, itl_values=itl_values, itl_weights=itl_weights,
             batch_sizes=np.array(self.batch_sizes, dtype=np.int64),

@@ -99,6 +99,10 @@ def add_run_args(p: argparse.ArgumentParser, *, num_requests: int = 1000) -> Non
     g.add_argument("--delivery-delay-ms", type=float, default=0.0,
                    help="backend -> client delay of every token (TTFT and E2E grow by it, TPOT "
                         "does not); `tidegate sim validate` prints the live figure (HTTP in + out)")
+    g.add_argument("--delivery-per-stream-ms", type=float, default=0.0,
+                   help="and this much more per stream (decodes + prefill chunks) of the token's "
+                        "step: the gateway's and the client's work on every stream's token (H200: "
+                        "~0.07 ms; `tidegate sim validate` fits it from the live path)")
     add_placement_arguments(g)
     g.add_argument("--max-stretch-steps", type=int, default=1 << 30,
                    help="cap on steps advanced in one event (1: step by step)")
@@ -183,10 +187,14 @@ def spec_from_args(a: argparse.Namespace) -> RunSpec:
                                compete_window=bool(getattr(a, "compete_window", False)))
     if not (math.isfinite(a.delivery_delay_ms) and a.delivery_delay_ms >= 0):
         raise ValueError(f"--delivery-delay-ms must be >= 0, got {a.delivery_delay_ms}")
+    per_stream_ms = getattr(a, "delivery_per_stream_ms", 0.0)
+    if not (math.isfinite(per_stream_ms) and per_stream_ms >= 0):
+        raise ValueError(f"--delivery-per-stream-ms must be >= 0, got {per_stream_ms}")
     gw_us, be_us = parse_message_cost(a.message_cost_us)
     engine = EngineConfig(num_backends=a.backends, network_delay_s=a.network_delay_ms / 1e3,
                           gateway_message_s=gw_us / 1e6, backend_message_s=be_us / 1e6,
                           delivery_delay_s=a.delivery_delay_ms / 1e3,
+                          delivery_per_stream_s=per_stream_ms / 1e3,
                           max_stretch_steps=a.max_stretch_steps,
                           placement=placement_config_from_args(a, a.block_size))
     return RunSpec(cost=cost, workload=workload, scheduler=sched, engine=engine, trace=a.trace,

@@ -60,3 +60,42 @@ def test_delivery_delay_moves_every_token_by_the_same_time():
     np.testing.assert_allclose(late.finish_time - base.finish_time, 0.0045, atol=1e-12)
     np.testing.assert_array_equal(late.dispatch_time, base.dispatch_time)
     np.testing.assert_array_equal(late.step_time, base.step_time)
+
+
+def test_delivery_path_fits_the_per_stream_cost_from_the_runs():
+    """bench.serving.ttft_path.delivery_path (issue 35): runs whose out follows 0.5 + 0.07 ms x
+    the streams of the first-token steps give k 0.07 and a base that keeps the lowest load's
+    constant; a given k is taken as is; too few runs fit nothing (k 0: the old constant)."""
+    import numpy as np
+
+    from bench.serving.ttft_path import delivery_path
+
+    def run(streams):
+        pr = {"step_seqs": streams, "out_ms": [0.5 + 0.07 * s for s in streams], "to_step_ms": []}
+        return {"http_in": 0.6, "front": 0.3, "out": float(np.median(pr["out_ms"]))}, pr
+
+    low = [run([8, 10, 12]), run([9, 10, 11])]
+    every = low + [run([30, 32, 34]), run([50, 48, 52]), run([80, 78, 82])]
+    m = delivery_path(low, every)
+    assert m["per_stream_ms"] == pytest.approx(0.07) and m["fit"]["num_runs"] == 5
+    assert m["fit"]["r"] == pytest.approx(1.0) and m["fit"]["intercept_ms"] == pytest.approx(0.5)
+    assert m["constant_ms"] == pytest.approx(0.6 + 0.3 + 0.5 + 0.7)
+    # at the lowest load (10 streams) base + k x 10 is the old constant: 0.6 + 0.3 + 0.5
+    assert m["base_ms"] == pytest.approx(1.4)
+    given = delivery_path(low, every, per_stream_ms=0.1)
+    assert given["per_stream_ms"] == 0.1 and given["base_ms"] == pytest.approx(2.1 - 1.0)
+    off = delivery_path(low, every, per_stream_ms=0.0)
+    assert off["per_stream_ms"] == 0.0 and off["base_ms"] == pytest.approx(off["constant_ms"])
+    one = delivery_path(low[:1], low[:1])
+    assert one["per_stream_ms"] == 0.0 and one["base_ms"] == pytest.approx(2.1)
+    # runs recorded before the per-request lists (None): the constant alone
+    old = [(m_, None) for m_, _ in low]
+    assert delivery_path(old, old)["per_stream_ms"] == 0.0
+
+
+def test_validate_refuses_a_negative_per_stream_cost():
+    from bench.simulator import validate
+
+    a = validate.parser().parse_args(["--delivery-per-stream-ms", "-0.1"])
+    with pytest.raises(ValueError, match="delivery-per-stream-ms"):
+        validate.validate(a)

@@ -71,3 +71,34 @@ def decompose(records, arrivals, batches, step_rows, per_request: bool = False) 
         out["per_request"] = {"out_ms": [round(v, 4) for v in parts["out"]],
                               "to_step_ms": [round(v, 4) for v in parts["to_step"]], "step_seqs": seqs}
     return out
+
+
+def delivery_path(low: list[tuple[dict, dict]], runs: list[tuple[dict, dict]],
+                  per_stream_ms: float | None = None) -> dict:
+    """The simulator's delivery path (`EngineConfig.delivery_delay_s` + `delivery_per_stream_s` x
+    the streams of a token's step) from the live path records (issue 35).
+
+    `low`: the lowest load's runs, `runs`: every run (all loads), each as (its `decompose`
+    medians: http_in, front, out; its `per_request` lists or None). `per_stream_ms` None: fitted as the slope of the
+    runs' median `out` on the median streams of their requests' first-token steps (least squares
+    over runs; the H200 runs: 0.073 ms on the 6.7B, 0.069 / 0.068 on the 33B, r >= 0.97, where a
+    run's median is steadier than one request's `out`); 0 or a number: taken as given (e.g. the
+    other model's). The base: the lowest load's http_in + front + out less k x its median
+    streams, so that at the lowest load the path is what it was (`constant_ms`)."""
+    pts = [(float(np.median(pr["step_seqs"])), float(np.median(pr["out_ms"])))
+           for _, pr in runs if pr and pr.get("step_seqs")]
+    fit = {"num_runs": len(pts)}
+    if per_stream_ms is None:
+        xs = np.array([p[0] for p in pts])
+        ys = np.array([p[1] for p in pts])
+        if len(pts) >= 3 and np.ptp(xs) > 0:
+            slope, icpt = np.polyfit(xs, ys, 1)
+            fit.update(slope_ms=float(slope), intercept_ms=float(icpt), r=float(np.corrcoef(xs, ys)[0, 1]))
+            per_stream_ms = max(0.0, float(slope))
+        else:
+            per_stream_ms = 0.0
+    const = [m["http_in"] + m["front"] + m["out"] for m, _ in low]
+    base = [c - per_stream_ms * float(np.median(pr["step_seqs"])) if pr and pr.get("step_seqs") else c
+            for c, (_, pr) in zip(const, low, strict=True)]
+    return {"constant_ms": float(np.mean(const)), "base_ms": max(0.0, float(np.mean(base))),
+            "per_stream_ms": float(per_stream_ms), "fit": fit}

@@ -93,7 +93,8 @@ def resimulate(validate: dict, arrivals, profile: str, prompt_identity_on: bool 
                delivery_delay_s: float = 0.0, async_plan_lead_s: float | None = None,
                hide_launch: bool = False, power_cap: bool = False,
                prefill_launch_deadline: bool = False, record_steps: bool = False,
-               wrap_cost=None, network_delay_s: float = 0.0, prefill_cap=None) -> dict:
+               wrap_cost=None, network_delay_s: float = 0.0, prefill_cap=None,
+               delivery_per_stream_s: float = 0.0) -> dict:
     """`prompt_identity_on=False`: every prompt distinct (what `sim validate` itself simulated,
     but in one continuous run): the control that isolates the prefix cache's part.
     `delivery_delay_s`: `EngineConfig.delivery_delay_s` (the path from the backend to the client,
@@ -111,7 +112,8 @@ def resimulate(validate: dict, arrivals, profile: str, prompt_identity_on: bool 
     `EngineConfig.network_delay_s` (gateway flush -> the backend's plan, measured live by
     `fidelity_steps.dispatch_delay`). `prefill_cap`: the live engine's `PrefillCap` (None: off,
     as the engines of the runs recorded before the CUDA default; `session_prefill_cap` reads it
-    for a session)."""
+    for a session). `delivery_per_stream_s`: `EngineConfig.delivery_per_stream_s` (the path's
+    growth per stream of a token's step, issue 35; 0: the constant `delivery_delay_s` alone)."""
     from bench.simulator.fidelity_stats import compare, summarize_load
     from gateway.serve import build_parser as serve_parser
     from gateway.serve import gateway_config
@@ -153,6 +155,7 @@ def resimulate(validate: dict, arrivals, profile: str, prompt_identity_on: bool 
         cost = wrap_cost(cost, [a.request_id for a in arrivals])
     res = simulate(w, cost, sched, EngineConfig(num_backends=1, num_samples=1,
                                                 delivery_delay_s=delivery_delay_s,
+                                                delivery_per_stream_s=delivery_per_stream_s,
                                                 network_delay_s=network_delay_s,
                                                 async_plan_lead_s=async_plan_lead_s,
                                                 prefill_launch_deadline=prefill_launch_deadline,
@@ -190,6 +193,7 @@ def resimulate(validate: dict, arrivals, profile: str, prompt_identity_on: bool 
     terms = {"async_plan_lead_ms": None if async_plan_lead_s is None else 1e3 * async_plan_lead_s,
              "hide_launch": hide_launch, "power_cap": power_cap,
              "prefill_launch_deadline": prefill_launch_deadline, "delivery_ms": 1e3 * delivery_delay_s,
+             "delivery_per_stream_ms": 1e3 * delivery_per_stream_s,
              "network_delay_ms": 1e3 * network_delay_s,
              "prefill_cap": None if prefill_cap is None else asdict(prefill_cap)}
     out = {"source": "bench.simulator.fidelity_resim", "num_arrivals": len(arrivals), "model_terms": terms,

@@ -385,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefill-launch-deadline", action="store_true",
                    help="the engine had the prefill launch deadline (runs recorded after ea1ebf1)")
     p.add_argument("--delivery-ms", type=float, default=0.0)
+    p.add_argument("--delivery-per-stream-ms", type=float, default=0.0,
+                   help="the delivery path's growth per stream of a token's step "
+                        "(EngineConfig.delivery_per_stream_s; 0: --delivery-ms alone)")
     p.add_argument("--network-delay-ms", default="0",
                    help="gateway flush -> backend plan (EngineConfig.network_delay_s) in ms, or "
                         "'auto': measured from these logs (dispatch_delay)")
@@ -425,7 +428,8 @@ def main(argv: list[str] | None = None) -> int:
         res = resimulate(validate, arrivals, a.profile, False, a.delivery_ms / 1e3, lead,
                          a.hide_launch, power_cap, a.prefill_launch_deadline, record_steps=True,
                          wrap_cost=wrap if a.live_times else None,
-                         network_delay_s=net_s, prefill_cap=cap)
+                         network_delay_s=net_s, prefill_cap=cap,
+                         delivery_per_stream_s=a.delivery_per_stream_ms / 1e3)
         res["model_terms"]["live_step_times"] = bool(oracle)
         if oracle:
             print(f"live step times fed back: {oracle[0].num_matched} steps matched a live one, "

@@ -496,6 +496,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--power-cap", choices=("auto", "on", "off"), default="auto",
                    help="the profile's power-cap model for prefill steps (auto: when the profile "
                         "has its pause check; `model_terms`)")
+    p.add_argument("--delivery-per-stream-ms", default="auto", metavar="auto|off|MS",
+                   help="the replay's delivery path per stream of a token's step "
+                        "(EngineConfig.delivery_per_stream_s): auto: fitted from the runs' path records "
+                        "(bench.serving.ttft_path.delivery_path), off: one constant (before issue 35), "
+                        "or ms")
     p.add_argument("--json", dest="json_out", metavar="OUT")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     return p
@@ -514,6 +519,9 @@ def validate(a: argparse.Namespace) -> dict:
 
     if a.burstiness <= 0:
         raise ValueError(f"--burstiness must be > 0, got {a.burstiness}")
+    k_arg = getattr(a, "delivery_per_stream_ms", "auto")
+    if k_arg not in ("auto", "off") and not (math.isfinite(float(k_arg)) and float(k_arg) >= 0):
+        raise ValueError(f"--delivery-per-stream-ms must be auto, off or ms >= 0, got {k_arg}")
     dec_path = Path(a.decision_log) if a.decision_log else Path(
         tempfile.mkdtemp(prefix="tidegate-validate-")) / "decisions.jsonl"
     dec_path.parent.mkdir(parents=True, exist_ok=True)
@@ -651,11 +659,24 @@ def validate(a: argparse.Namespace) -> dict:
             # The path the simulator does not model (client -> gateway, backend -> client),
             # measured per request at the lowest load, then used at every load as the model's
             # delivery delay: a measured component, not a fit of the compared figures.
-            low = [r["ttft_path_ms"] for r in by_load[0] if r.get("ttft_path_ms", {}).get("num_requests")]
+            # Live the path grows with the streams of the token's step (issue 35: ~70 us a stream
+            # on the H200, the gateway's and the client's work on every stream's token): the
+            # model's per-stream cost is fitted from the runs' path records (a measured cost of
+            # the gateway, as gateway_message_s is), or given (--delivery-per-stream-ms).
+            def path_of(r):
+                return r["ttft_path_ms"], r.get("ttft_path_requests")
+
+            low = [path_of(r) for r in by_load[0] if r.get("ttft_path_ms", {}).get("num_requests")]
             if low:
+                from bench.serving.ttft_path import delivery_path
                 from bench.simulator.fidelity_steps import dispatch_delay
 
-                delivery_ms = float(np.mean([p["http_in"] + p["front"] + p["out"] for p in low]))
+                k_arg = getattr(a, "delivery_per_stream_ms", "auto")
+                model = delivery_path(low, [path_of(r) for runs_ in by_load for r in runs_
+                                            if r.get("ttft_path_ms", {}).get("num_requests")],
+                                      None if k_arg == "auto" else 0.0 if k_arg == "off" else float(k_arg))
+                result["delivery_path"] = model
+                delivery_ms, per_stream_ms = model["base_ms"], model["per_stream_ms"]
                 result["delivery_delay_ms"] = delivery_ms
                 # and the way in: gateway flush -> the backend's plan, measured on the requests
                 # that found the engine idle (issue 35: 1.09 ms on the H200, 0 in the model before)
@@ -663,6 +684,7 @@ def validate(a: argparse.Namespace) -> dict:
                 result["dispatch_delay_ms"] = {"median": 1e3 * net_s, "num_requests": num_idle}
                 for li, ri, ids, _, (_, arrivals, _, spec, live) in run_steps:
                     spec_d = replace(spec, engine=replace(spec.engine, delivery_delay_s=delivery_ms / 1e3,
+                                                          delivery_per_stream_s=per_stream_ms / 1e3,
                                                           network_delay_s=net_s))
                     sim_d, _, steps_d = run_replay(spec_d, arrivals)
                     by_load[li][ri]["compare_replay_path"] = compare(live, sim_d)
@@ -728,7 +750,9 @@ def main(argv: list[str] | None = None) -> int:
     if "delivery_delay_ms" in result and all("summary_replay_path" in ld for ld in result["loads"]):
         dd = result.get("dispatch_delay_ms", {})
         print(f"\nreplay + delivery path: the same, with the client <-> gateway and backend -> client "
-              f"path measured at the lowest load ({result['delivery_delay_ms']:.2f} ms, bench.serving.ttft_path) "
+              f"path measured at the lowest load ({result['delivery_delay_ms']:.2f} ms + "
+              f"{result.get('delivery_path', {}).get('per_stream_ms', 0.0):.3f} ms a stream of the token's step, "
+              "bench.serving.ttft_path) "
               f"as the model's delivery delay, and the gateway -> backend plan measured on the requests that "
               f"found the engine idle ({dd.get('median', 0.0):.2f} ms, {dd.get('num_requests', 0)} requests) "
               "as its network delay")
