@@ -49,3 +49,5 @@ $PY path_by_streams.py $S13/6.7b/validate_6.7b.json $S13/6.7b/decisions_6.7b.jso
   $PY path_whatif.py $S13/33b-seeds 33b-seeds 1.9008 3.0349 0.073 $S13/33b-seeds/profile_33b-seeds.json all path_whatif_33b-seeds.json
   $PY path_whatif.py $S11 33b 1.5907 3.1985 0.073 $S11/profile_33b.json all path_whatif_33b-s11.json
   echo "33B, five seeds pooled:"; $PY pool_path_whatif.py path_whatif_33b-s11.json path_whatif_33b-seeds.json; } > path_whatif.txt
+# the per-stream delivery path built into the simulator (round 2): before/after tables -> path_model.md
+bash path_model.sh
