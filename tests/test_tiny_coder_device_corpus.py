@@ -167,3 +167,104 @@ def test_the_carry_leaves_out_what_the_machine_has(tmp_path):
     with lzma.open(tmp_path / "carry" / D.CARRY_FILE, "rt") as f:
         assert [json.loads(x)["path"] for x in f] == [
             "site-packages/click/a.py", "site-packages/anyio/b.py", "site-packages/openai/e.py"]
+
+
+# ---- v5: the scientific group's cap and the carried standard-library tests ------------------
+
+def test_is_stdlib_test_is_a_test_directory_of_the_standard_library():
+    assert D.is_stdlib_test("stdlib/test/test_os.py")
+    assert D.is_stdlib_test("stdlib/test/test_asyncio/test_tasks.py")
+    assert D.is_stdlib_test("stdlib/idlelib/idle_test/test_run.py")
+    assert D.is_stdlib_test("stdlib/tkinter/test/test_misc.py")
+    assert not D.is_stdlib_test("stdlib/os.py")
+    assert not D.is_stdlib_test("stdlib/unittest/case.py")
+    assert not D.is_stdlib_test("stdlib/test.py")
+    assert not D.is_stdlib_test("site-packages/foo/tests/test_a.py")
+
+
+def test_the_carry_can_take_the_stdlib_tests_as_a_source_of_their_own(tmp_path):
+    src = tmp_path / "corpus"
+    src.mkdir()
+    recs = [{"split": "train", "source": "python-stdlib", "path": "stdlib/os.py", "text": "a"},
+            {"split": "train", "source": "python-stdlib", "path": "stdlib/test/test_os.py",
+             "text": "b"},
+            {"split": "val", "source": "anyio", "path": "site-packages/anyio/b.py", "text": "c"}]
+    (src / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (src / "manifest.json").write_text(json.dumps({
+        "heldout_packages": ["click"], "validation_packages": ["anyio"], "python": "3.11.7",
+        "sources": [{"name": "python-stdlib", "version": "3.11.7", "licence": "PSF-2.0",
+                     "spdx": ["PSF-2.0"], "role": "train"},
+                    {"name": "anyio", "version": "4", "licence": "MIT", "spdx": ["MIT"],
+                     "role": "val"}]}))
+    pkgs = tmp_path / "pkgs.txt"
+    pkgs.write_text("anyio\n")
+    # v4's carry: no stdlib file travels
+    assert sorted(D.make_carry(src, pkgs, tmp_path / "c4")) == ["anyio"]
+    kept = D.make_carry(src, pkgs, tmp_path / "c5", stdlib_tests=True)
+    assert sorted(kept) == ["anyio", D.STDLIB_TESTS]
+    with lzma.open(tmp_path / "c5" / D.CARRY_FILE, "rt") as f:
+        got = [json.loads(x) for x in f]
+    assert [(r["source"], r["path"]) for r in got] == [
+        (D.STDLIB_TESTS, "stdlib/test/test_os.py"), ("anyio", "site-packages/anyio/b.py")]
+    man = json.loads((tmp_path / "c5" / "carry_manifest.json").read_text())
+    st = next(s for s in man["sources"] if s["name"] == D.STDLIB_TESTS)
+    assert (st["split"], st["licence"], st["version"], st["files"]) == ("train", "PSF-2.0",
+                                                                        "3.11.7", 1)
+
+
+def _add_to_carry(carry: Path, recs: list[dict], sources: list[dict]) -> None:
+    with lzma.open(carry / D.CARRY_FILE, "rt", encoding="utf-8") as f:
+        old = f.read()
+    with lzma.open(carry / D.CARRY_FILE, "wt", encoding="utf-8") as f:
+        f.write(old + "".join(json.dumps(r) + "\n" for r in recs))
+    man = json.loads((carry / "carry_manifest.json").read_text())
+    man["sources"] += sources
+    (carry / "carry_manifest.json").write_text(json.dumps(man))
+
+
+def test_the_build_keeps_the_carried_stdlib_tests_beside_the_machines_stdlib(machine, tmp_path):
+    _add_to_carry(machine[2], [{"split": "train", "source": D.STDLIB_TESTS,
+                                "path": "stdlib/test/test_shutil.py",
+                                "text": _code("stdlib_test_shutil")}],
+                  [{"name": D.STDLIB_TESTS, "version": "3.11.7", "licence": "PSF-2.0",
+                    "spdx": ["PSF-2.0"], "split": "train", "files": 1, "bytes": 1}])
+    rc, recs, man = _build(machine, tmp_path / "out")
+    assert rc == 0
+    train = {r["path"]: r["source"] for r in recs if r["split"] == "train"}
+    assert train["stdlib/test/test_shutil.py"] == D.STDLIB_TESTS
+    assert train["stdlib/shutil.py"] == "python-stdlib"
+    roles = {s["name"]: (s["role"], s["origin"]) for s in man["sources"]}
+    assert roles[D.STDLIB_TESTS] == ("train", "carried")
+    assert man["device_build"]["contamination"]["check"] == "passed"
+
+
+def test_the_group_cap_lowers_only_the_groups_sources(machine, tmp_path):
+    site = machine[0]
+    big = {f"bigsci/m{i}.py": _code(f"bigsci_{i}", 20) for i in range(6)}
+    _dist(site, "bigsci", "1.0", "MIT", big)
+    _dist(site, "bigweb", "1.0", "MIT", {f"bigweb/m{i}.py": _code(f"bigweb_{i}", 20)
+                                         for i in range(6)})
+    per_file = len(_code("bigsci_0", 20).encode())
+    rc, recs, man = _build(machine, tmp_path / "v4")
+    assert rc == 0
+    n4 = {s: sum(r["source"] == s for r in recs) for s in ("bigsci", "bigweb")}
+    assert n4 == {"bigsci": 6, "bigweb": 6}
+    assert man["device_build"]["group_max_bytes"] == 0 and man["device_build"]["group"] == []
+    rc, recs, man = _build(machine, tmp_path / "v5", "--group-max-bytes", str(2.5 * per_file),
+                           "--group", "bigsci", "torch")
+    assert rc == 0
+    n5 = {s: sum(r["source"] == s for r in recs) for s in ("bigsci", "bigweb")}
+    assert n5 == {"bigsci": 2, "bigweb": 6}, n5
+    assert man["device_build"]["group_max_bytes"] == 2.5 * per_file
+    assert man["device_build"]["group"] == ["bigsci", "torch"]
+
+
+def test_the_scientific_group_names_the_largest_of_v4s_scientific_sources():
+    group = {D.norm_key(x) for x in D.SCIENTIFIC}
+    for name in ("transformers", "statsmodels", "pandas", "scikit-learn", "scipy", "numba",
+                 "jax", "sympy", "matplotlib", "numpy", "torch", "xarray", "networkx"):
+        assert D.norm_key(name) in group, name
+    # general-purpose, CLI, web and testing code stays uncapped
+    for name in ("python-stdlib", "pygments", "pytest", "rich", "typer", "werkzeug", "requests",
+                 "urllib3", "openai", "anthropic", "setuptools", "pip", "coverage"):
+        assert D.norm_key(name) not in group, name

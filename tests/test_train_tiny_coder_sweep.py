@@ -293,3 +293,20 @@ def test_max_epochs_caps_the_steps_the_budget_would_fit(prep, tmp_path):
     assert m["steps"] == cap and m["total_steps"] == cap, (m["steps"], cap, r.stdout[-1500:])
     assert "--max-epochs 0.05" in r.stdout
     assert m["hyperparameters"]["max_epochs"] == 0.05
+
+
+def test_prepare_records_each_validation_and_heldout_files_compressed_sizes_in_order(prep):
+    """v5: `prepare` computes the gzip -9 / xz -9 sizes in threads; each file's record still
+    holds its own sizes, in the corpus's order."""
+    train = _trainer()
+    texts = {"val": [], "heldout": []}
+    for line in (prep.parent / "corpus" / "corpus.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r["split"] in texts:
+            texts[r["split"]].append((r["path"], r["text"]))
+    for split, files in texts.items():
+        rec = json.loads((prep / f"{split}_files.json").read_text())
+        assert [x["path"] for x in rec] == [p for p, _ in files]
+        for x, (_, t) in zip(rec, files):
+            c = train.compressed_bits(t)
+            assert (x["gzip9"], x["xz9"]) == (c["gzip9"], c["xz9"])

@@ -70,6 +70,26 @@ RELATIVES = ("httpx",)
 MAX_SOURCE_BYTES = 12_000_000
 MAX_TRAIN_BYTES = 320_000_000   # bounds prepare's time on the device (~0.2 s per MB there)
 CARRY_FILE = "corpus.jsonl.xz"
+# v5: the development machine's standard-library test suite travels (the image's stdlib has none;
+# general-purpose testing code like the held-out packages'), as a training source of its own
+STDLIB_TESTS = "python-stdlib-tests"
+TEST_DIRS = {"test", "tests", "idle_test"}
+# v5: the image's scientific / ML / numeric / GPU distributions. They were 179.5 of v4's 259.4 MB
+# of training text (transformers, statsmodels, pandas, scikit-learn, scipy, numba, jax, sympy,
+# matplotlib, numpy ... 4-12 MB each), while the held-out and validation packages are web, CLI,
+# testing and parsing code. `build --group-max-bytes` caps each of these (0: v4's rule).
+_SCIENTIFIC_NAMES = """
+accelerate botorch chex contourpy cuda-core cuda-pathfinder cupy-cuda13x diffrax e3nn
+einops equinox flax formulaic gpytorch h5py imageio jax jaxlib jaxtyping kernels
+lightning lightning-utilities linear-operator lineax llvmlite matplotlib ml-dtypes mpmath
+nanobind narwhals networkx numba numba-cuda numpy numpyro nvidia-ml-py onnx onnx-ir
+onnxruntime onnxscript opencv-python-headless opt-einsum opt-einsum-fx optax optimistix
+orbax-checkpoint pandas patsy peft pillow pyarrow pybind11 pytorch-lightning sacrebleu
+safetensors scikit-image scikit-learn scipy seaborn sentence-transformers sentencepiece
+statsmodels sympy tensorboard tensorstore tifffile timm tokenizers torch torch-geometric
+torchaudio torchdiffeq torchmetrics torchvision transformers treescope triton xarray
+"""
+SCIENTIFIC = tuple(_SCIENTIFIC_NAMES.split())
 
 
 def norm_key(name: str) -> str:
@@ -100,9 +120,17 @@ def path_hits(path: str, names: set[str]) -> bool:
 
 # ---- the carry (development machine) -------------------------------------------------------
 
-def make_carry(src: Path, device_packages: Path, out: Path) -> dict:
+def is_stdlib_test(path: str) -> bool:
+    """`stdlib/...` path inside a test directory (stdlib/test/, .../tests/, idlelib/idle_test/)."""
+    parts = path.split("/")
+    return parts[0] == "stdlib" and any(d in TEST_DIRS for d in parts[1:-1])
+
+
+def make_carry(src: Path, device_packages: Path, out: Path, stdlib_tests: bool = False) -> dict:
     """Held-out + validation files and the training files of sources absent from the device's
-    package list, from a built corpus (corpus.jsonl or .jsonl.xz + manifest.json)."""
+    package list, from a built corpus (corpus.jsonl or .jsonl.xz + manifest.json).
+    `stdlib_tests`: also the standard library's test files, as the source `STDLIB_TESTS` (the
+    image's stdlib has no test suite, so nothing there replaces them)."""
     present = {norm_key(x) for line in device_packages.read_text().splitlines()
                if not line.lstrip().startswith("#") for x in line.split()}
     manifest = json.loads((src / "manifest.json").read_text())
@@ -114,13 +142,20 @@ def make_carry(src: Path, device_packages: Path, out: Path) -> dict:
             lzma.open(out / CARRY_FILE, "wt", encoding="utf-8", preset=9) as w:
         for line in f:
             r = json.loads(line)
-            if r["split"] == "train" and (r["source"] == C.STDLIB or norm_key(r["source"]) in present):
+            if stdlib_tests and r["split"] == "train" and r["source"] == C.STDLIB \
+                    and is_stdlib_test(r["path"]):
+                r["source"] = STDLIB_TESTS
+                line = json.dumps(r) + "\n"
+            elif r["split"] == "train" and (r["source"] == C.STDLIB
+                                            or norm_key(r["source"]) in present):
                 continue  # the device has its own copy (another version): read there
             w.write(line if line.endswith("\n") else line + "\n")
             k = kept.setdefault(r["source"], {"split": r["split"], "files": 0, "bytes": 0})
             k["files"] += 1
             k["bytes"] += len(r["text"].encode())
     by_name = {s["name"]: s for s in manifest["sources"]}
+    if STDLIB_TESTS in kept and C.STDLIB in by_name:
+        by_name[STDLIB_TESTS] = {**by_name[C.STDLIB], "name": STDLIB_TESTS}
     carry = {"from": str(src), "device_packages": sorted(present),
              "heldout_packages": manifest["heldout_packages"],
              "validation_packages": manifest["validation_packages"],
@@ -293,6 +328,13 @@ def build(args) -> int:
     before = C.training_shares(items)
     dd["capped"] = C.cap_sources(items, int(args.max_source_bytes))
     say(f"over the {args.max_source_bytes / 1e6:g} MB per-source cap: {dd['capped']} files")
+    dd["group_capped"] = 0
+    if args.group_max_bytes:  # v5: each source of the group (SCIENTIFIC) capped lower
+        group = {norm_key(g) for g in args.group}
+        dd["group_capped"] = C.cap_sources(
+            [it for it in items if norm_key(it["source"]) in group], int(args.group_max_bytes))
+        say(f"over the {args.group_max_bytes / 1e6:g} MB cap of the {len(group)} group sources "
+            f"(scientific / ML): {dd['group_capped']} files")
     after_cap = C.training_shares(items)
     dd["doctests_thinned"] = C.thin_doctests(items, args.doctest_max_share)
     say(f"doctest-heavy files thinned: {dd['doctests_thinned']} dropped")
@@ -344,6 +386,8 @@ def build(args) -> int:
         "workers": args.workers, "stdlib": str(stdlib), "site_dirs": [str(d) for d in dirs],
         "time_budget_s": args.time_budget_s, "files_left_unread": unread,
         "max_train_bytes": args.max_train_bytes, "timing_s": timing,
+        "group_max_bytes": args.group_max_bytes,
+        "group": sorted(args.group) if args.group_max_bytes else [],
         "contamination": contamination, "excluded_import_names": sorted(names),
         "relatives_excluded": list(RELATIVES), "carry": str(args.carry)}
     (args.out / "manifest.json").write_text(json.dumps(man, indent=2) + "\n")
@@ -359,6 +403,8 @@ def main(argv=None) -> int:
     pc.add_argument("--device-packages", type=Path, required=True,
                     help="the image's distribution names, one per line or space-separated")
     pc.add_argument("--out", type=Path, required=True)
+    pc.add_argument("--stdlib-tests", action="store_true",
+                    help=f"also carry the standard library's test files (as {STDLIB_TESTS})")
     pb = sub.add_parser("build", help="(training machine) the corpus from its own Python")
     pb.add_argument("--carry", type=Path, required=True)
     pb.add_argument("--out", type=Path, required=True)
@@ -371,11 +417,15 @@ def main(argv=None) -> int:
     pb.add_argument("--max-source-bytes", type=float, default=MAX_SOURCE_BYTES)
     pb.add_argument("--max-train-bytes", type=float, default=MAX_TRAIN_BYTES)
     pb.add_argument("--doctest-max-share", type=float, default=C.DOCTEST_MAX_SHARE)
+    pb.add_argument("--group-max-bytes", type=float, default=0,
+                    help="cap each source of --group at this many bytes (0: no group cap)")
+    pb.add_argument("--group", nargs="*", default=list(SCIENTIFIC),
+                    help="the capped group's distribution names (default: SCIENTIFIC)")
     pb.add_argument("--max-files", type=int, default=None,
                     help="read only the first N of the machine's files (dry runs)")
     args = ap.parse_args(argv)
     if args.cmd == "carry":
-        kept = make_carry(args.src, args.device_packages, args.out)
+        kept = make_carry(args.src, args.device_packages, args.out, args.stdlib_tests)
         print(json.dumps({"sources": len(kept), "bytes": sum(kept.values()),
                           "xz_bytes": (args.out / CARRY_FILE).stat().st_size}))
         return 0

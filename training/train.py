@@ -97,6 +97,7 @@ import re
 import shutil
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -547,7 +548,9 @@ def prepare(args) -> int:
     for split in ("val", "heldout"):
         files = corpus[split]
         ids = encode_pieces(tok, [[bos, t, eos] for _, t in files])
-        comp = [compressed_bits(t) for _, t in files]
+        # gzip and lzma let go of the GIL: the 354 files' sizes in threads (v4: ~10 s serial)
+        with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as ex:
+            comp = list(ex.map(compressed_bits, [t for _, t in files]))
         np.save(out / f"{split}_ids.npy", np.concatenate(ids))
         np.save(out / f"{split}_lens.npy", np.array([len(x) for x in ids], dtype=np.int64))
         (out / f"{split}_files.json").write_text(json.dumps(
