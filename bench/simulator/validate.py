@@ -672,7 +672,7 @@ def validate(a: argparse.Namespace) -> dict:
                 from bench.simulator.fidelity_steps import dispatch_delay
 
                 k_arg = getattr(a, "delivery_per_stream_ms", "auto")
-                model = delivery_path(low, [path_of(r) for runs_ in by_load for r in runs_
+                model = delivery_path(low, [path_of(r) for runs_ in by_load.values() for r in runs_
                                             if r.get("ttft_path_ms", {}).get("num_requests")],
                                       None if k_arg == "auto" else 0.0 if k_arg == "off" else float(k_arg))
                 result["delivery_path"] = model
