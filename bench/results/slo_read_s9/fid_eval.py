@@ -56,6 +56,8 @@ def main() -> None:
         rate = (run / "rate.txt").read_text().split()[-2]
         read_ms = read_ms_of(run)
         extra = ["--compete-window"] if run.name.startswith("cw_") else []  # its gateway's flag
+        if run.name.startswith("hash_"):  # slo_tie_s10: run with --placement-tie-break hash
+            extra += ["--placement-tie-break", "hash"]
         for name, flags in settings(rate, read_ms).items():
             flags = flags + extra
             if pick and name not in pick.split(","):

@@ -82,6 +82,8 @@ def main() -> None:
                          "(EngineConfig.gateway_read_delay_s)")
     ap.add_argument("--compete-window", action="store_true",
                     help="the live gateway's --compete-window (AdmissionConfig.compete_window)")
+    ap.add_argument("--placement-tie-break", default="load", choices=("load", "hash"),
+                    help="the live gateway's --placement-tie-break (slo_tie_s10)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     run = Path(a.run)
@@ -100,7 +102,7 @@ def main() -> None:
                                enable_prefix_caching=True if a.distinct_prompts else None,
                                compete_window=a.compete_window)
     cost = ConstantCost(a.step_ms / 1e3, num_blocks=1 << 14)
-    eng = EngineConfig(num_samples=1, num_backends=4, placement=PlacementConfig(policy="ttft"),
+    eng = EngineConfig(num_samples=1, num_backends=4, placement=PlacementConfig(policy="ttft", ttft_tie_break=a.placement_tie_break),
                        network_delay_s=a.network_delay_ms / 1e3,
                        gateway_message_s=a.gateway_message_us / 1e6,
                        backend_message_s=a.backend_message_us / 1e6,
