@@ -244,8 +244,11 @@ class PrefixPuller:
         if self.transport is not None:
             for endpoint, frames in self.transport.receive():
                 self._on_reply(endpoint, frames)
-        for p in [p for p in self._parked.values() if p.landing is not None]:
-            self._retry_landing(p)  # blocks freed by the step since: room now?
+        if any(p.landing is not None for p in self._parked.values()):
+            free = self.port.bm.num_free_blocks  # O(1): the import's own check hashes the prompt
+            for p in [p for p in self._parked.values()
+                      if p.landing is not None and p.landing[0].num_blocks <= free]:
+                self._retry_landing(p)  # blocks freed by the step since: room now?
         now = self.clock()
         for p in [p for p in self._parked.values() if p.deadline <= now]:
             if p.landing is not None:  # its reply is here; only the room never came
