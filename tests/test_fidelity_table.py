@@ -6,6 +6,8 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 from bench.simulator.fidelity_table import cell_names, cells, markdown
 
 RES = Path(__file__).resolve().parents[1] / "bench" / "results"
@@ -37,3 +39,41 @@ def test_markdown_bolds_only_cells_inside_with_their_interval():
     line = markdown([row]).splitlines()[2]
     assert "| **+2.0 ± 1.0** | +4.0 ± 2.0 |" in line
     assert "| 1.00 / 1.25 | 97.0% | 3 x 200 |" in line
+
+
+def _doc(seeds, errs, label="0.8x"):
+    """A validate-shaped document: one load, one run per seed with the given TTFT P50 error."""
+    def cmp_(e):
+        return {m: {"live": 100.0, "sim": 100.0 * (1 + (e if m == "ttft_p50" else 0.0)),
+                    "rel_err": e if m == "ttft_p50" else 0.0}
+                for m in ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "throughput", "itl_p50")}
+    runs = [{"seed": s, "compare_replay_path": cmp_(e),
+             "steps_path": {"same_prefill_step_share": 1.0 - e},
+             "decisions": {"num_requests": [200, 200], "num_batches": [100, 100]}} for s, e in zip(seeds, errs)]
+    return {"config": {"model": "deepseek-coder-33b", "input_len": 512, "output_len": 128, "num_requests": 200,
+                       "seeds": ",".join(map(str, seeds)), "confidence": 0.95},
+            "profile": {"dtype": "bfloat16", "model_terms": {}, "async_plan_lead_ms": 1.9},
+            "loads": [{"load_label": label, "runs": runs}]}
+
+
+def test_pool_and_seeds_recompute_each_cell_from_its_runs():
+    from bench.simulator.fidelity_stats import mean_ci
+    from bench.simulator.fidelity_table import pool, resummarize
+
+    a, b = _doc([0, 1, 2], [0.01, 0.02, 0.03]), _doc([3, 4], [-0.05, -0.07])
+    (cell,) = cells(pool([a, b]))
+    want = mean_ci([0.01, 0.02, 0.03, -0.05, -0.07])
+    assert cell["figures"]["ttft_p50"]["mean"] == pytest.approx(want["mean"])
+    assert cell["figures"]["ttft_p50"]["ci"] == pytest.approx(want["ci"])
+    assert cell["runs"] == "5 x 200" and cell["windows"] == (2.0, 2.0)
+    assert cell["same_chunks"][0] == pytest.approx(1 - want["mean"])
+    (only,) = cells(resummarize(a, seeds={1, 2}))
+    assert only["figures"]["ttft_p50"]["mean"] == pytest.approx(0.025) and only["runs"] == "2 x 200"
+
+
+def test_the_delivery_paths_per_stream_cost_names_the_simulator():
+    from bench.simulator.fidelity_table import resummarize
+    doc = _doc([0, 1], [0.0, 0.01])
+    doc["delivery_path"] = {"base_ms": 1.55, "per_stream_ms": 0.0726}
+    (cell,) = cells(resummarize(doc))
+    assert "path 1.55 + 0.073 ms/stream" in cell["sim_model"]

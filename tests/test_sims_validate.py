@@ -126,6 +126,24 @@ def test_validate_small_live_run(tmp_path):
     # slower steps change how requests overlap)
     assert math.isfinite(run["scale"]) and run["scale"] > 0
     assert abs(run["compare_scaled"]["itl_p50"]["rel_err"]) < 0.5
+    # the replay + delivery path re-run from the session's files (bench.simulator.validate_replay,
+    # the s14 analysis's step 2) gives back the validate's own figures exactly, and its
+    # prefill steps alike; the fidelity table reads its JSON as it reads the validate's
+    from bench.simulator.fidelity_steps import read_steps as read_step_rows
+    from bench.simulator.fidelity_table import cells
+    from bench.simulator.validate_replay import replay_session
+    from scheduler.decisions import read_log
+    arrivals, batches = read_log(res["decision_log"])
+    again = replay_session(res, arrivals, batches, read_step_rows(res["step_log"]), per_stream="recorded")
+    (rrun,) = again["loads"][0]["runs"]
+    assert again["delivery_path"]["base_ms"] == pytest.approx(res["delivery_path"]["base_ms"])
+    assert again["dispatch_delay_ms"]["median"] == pytest.approx(dd["median"])
+    for name, m in run["compare_replay_path"].items():
+        assert rrun["compare_replay_path"][name]["sim"] == pytest.approx(m["sim"], rel=1e-9), name
+    assert rrun["steps_path"]["same_prefill_step_share"] == run["steps_path"]["same_prefill_step_share"]
+    (cell,) = cells(json.loads(json.dumps(again, default=float)))
+    assert cell["runs"] == "1 x 8" and cell["comparison"] == "replay_path"
+    assert cell["figures"]["ttft_p50"]["mean"] == pytest.approx(run["compare_replay_path"]["ttft_p50"]["rel_err"])
     # the cached profile is reused (and refused for another model)
     args = validate.parser().parse_args(["--profile", str(tmp_path / "profile.json")])
     assert validate.ensure_profile(args) == (tmp_path / "profile.json", False)

@@ -10,6 +10,12 @@ re-simulation of a committed session with other model terms: no windows or steps
 validate JSON with --validate for the cell's names).
 
     python -m bench.simulator.fidelity_table V1.json [V2.json ...] [--which replay_path|replay|run]
+        [--seeds 2,3,4] [--pool]
+
+`bench.simulator.validate_replay --json` files (the validate's replay + delivery path re-run on the
+CPU, e.g. with another profile) read as validate JSONs. `--seeds` keeps those seeds' runs and
+`--pool` puts the runs of one cell from several files (sessions of the same grid part) together;
+either way each figure's mean and interval are computed again from the runs.
 """
 from __future__ import annotations
 
@@ -57,6 +63,47 @@ def _window_sizes(load: dict) -> tuple[float, float] | None:
     return tuple(req[i] / bat[i] if bat[i] else math.nan for i in (0, 1))
 
 
+def resummarize(doc: dict, which: str = "replay_path", seeds: set[int] | None = None) -> dict:
+    """A validate (or validate_replay) JSON with only `seeds`' runs, its per-load summaries
+    (the compared figures, the prefill steps alike) computed again from those runs."""
+    from bench.simulator.fidelity_stats import summarize_load
+
+    key = {"replay_path": "compare_replay_path", "replay": "compare_replay", "run": "compare"}[which]
+    conf = float(doc.get("config", {}).get("confidence", 0.95))
+    loads = []
+    for ld in doc["loads"]:
+        runs = [r for r in ld["runs"] if seeds is None or int(r["seed"]) in seeds]
+        if not runs:
+            continue
+        new = {k: v for k, v in ld.items() if k not in ("runs", "steps", "steps_path") and not k.startswith("summary")}
+        new["runs"] = runs
+        if all(key in r for r in runs):
+            new[WHICH[which]] = summarize_load([{"compare": r[key]} for r in runs], conf)
+        for skey in ("steps", "steps_path"):
+            have = [r[skey] for r in runs if r.get(skey)]
+            if len(have) == len(runs):
+                from bench.simulator.fidelity_stats import mean_ci
+                new[skey] = {"same_prefill_step_share": mean_ci([h["same_prefill_step_share"] for h in have], conf)}
+        loads.append(new)
+    return {**doc, "loads": loads}
+
+
+def pool(docs: list[dict], which: str = "replay_path") -> dict:
+    """Several sessions of one grid part as one: each load's runs put together (by load label),
+    summaries computed again (`resummarize`). The first document's config and model terms name
+    the cell; its seeds list becomes the pooled runs' seeds."""
+    by: dict[str, dict] = {}
+    for d in docs:
+        for ld in d["loads"]:
+            tgt = by.setdefault(ld["load_label"], {**ld, "runs": []})
+            tgt["runs"] = tgt["runs"] + list(ld["runs"])
+    loads = sorted(by.values(), key=lambda x: float(str(x["load_label"]).rstrip("x")))
+    seeds = sorted({int(r["seed"]) for ld in loads for r in ld["runs"]})
+    first = docs[0]
+    cfg = {**first.get("config", {}), "seeds": ",".join(str(x) for x in seeds)}
+    return resummarize({**first, "config": cfg, "loads": loads}, which)
+
+
 def model_label(terms: dict | None) -> str:
     """The simulator's model terms in a few words (sim validate's profile.model_terms, or a
     fidelity_resim's model_terms)."""
@@ -76,6 +123,10 @@ def model_label(terms: dict | None) -> str:
         on.append(f"dispatch {terms['network_delay_ms']:.2f} ms")
     if terms.get("live_step_times"):
         on.append("LIVE step times (diagnostic)")
+    if terms.get("delivery_per_stream_ms"):
+        on.append(f"path {terms.get('delivery_ms', 0):.2f} + {terms['delivery_per_stream_ms']:.3f} ms/stream")
+    if terms.get("profile"):
+        on.append(f"profile {terms['profile']}")
     return ", ".join(on) or "sync loop"
 
 
@@ -97,6 +148,12 @@ def cells(doc: dict, which: str = "replay_path", names: dict | None = None) -> l
     terms = doc.get("model_terms") or doc.get("profile", {}).get("model_terms")
     if "model_terms" not in doc and "profile" in doc:  # sim validate: the async loop's lead too
         terms = {**(terms or {}), "async_plan_lead_ms": doc["profile"].get("async_plan_lead_ms")}
+        dp = doc.get("delivery_path") or {}
+        if which == "replay_path" and dp.get("per_stream_ms"):  # the path's per-stream cost
+            terms |= {"delivery_ms": dp["base_ms"], "delivery_per_stream_ms": dp["per_stream_ms"]}
+        rec = doc["profile"].get("recorded_path")
+        if rec and Path(rec).name != Path(doc["profile"]["path"]).name:  # validate_replay, another profile
+            terms |= {"profile": Path(doc["profile"]["path"]).name}
     out = []
     for ld in doc["loads"]:
         summ = ld.get(WHICH[which]) or ld.get("summary")
@@ -110,7 +167,9 @@ def cells(doc: dict, which: str = "replay_path", names: dict | None = None) -> l
         # the prefill steps of the replay this comparison reads (with the paths: steps_path)
         st = ld.get("steps_path") if which == "replay_path" and ld.get("steps_path") else ld.get("steps", {})
         steps = st.get("same_prefill_step_share") or shares.get(ld["load_label"])
-        out.append({**names, "sim_model": model_label(terms), "load": ld["load_label"],
+        n_req = (doc.get("config") or {}).get("num_requests")
+        runs = f"{len(ld['runs'])} x {n_req}" if ld.get("runs") and n_req else names["runs"]
+        out.append({**names, "runs": runs, "sim_model": model_label(terms), "load": ld["load_label"],
                     "rate": ld.get("rate"), "figures": figs,
                     "windows": _window_sizes(ld) or windows.get(ld["load_label"]),
                     "same_chunks": None if not steps else (steps["mean"], steps.get("ci", math.nan)),
@@ -147,12 +206,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("files", nargs="+", help="sim validate (or fidelity_resim) JSON files")
     p.add_argument("--which", choices=tuple(WHICH), default="replay_path")
     p.add_argument("--validate", help="for fidelity_resim JSONs: the validate JSON they re-simulate")
+    p.add_argument("--seeds", help="only these seeds' runs (validate / validate_replay JSONs)")
+    p.add_argument("--pool", action="store_true",
+                   help="one cell per load over all the files' runs (validate / validate_replay JSONs "
+                        "of one grid part, e.g. two sessions' seeds)")
     p.add_argument("--json", dest="json_out")
     a = p.parse_args(argv)
     names = cell_names(json.loads(Path(a.validate).read_text())) if a.validate else None
+    seeds = None if not a.seeds else {int(x) for x in a.seeds.split(",")}
+    docs = [json.loads(Path(f).read_text()) for f in a.files]
+    if a.pool:
+        docs = [pool(docs, a.which)]
     rows = []
-    for f in a.files:
-        doc = json.loads(Path(f).read_text())
+    for doc in docs:
+        if "config" in doc and (seeds is not None or a.pool):
+            doc = resummarize(doc, a.which, seeds)
         rows += cells(doc, a.which, names if "config" not in doc else None)
     print(markdown(rows))
     print(f"\nrelative error (sim - live) / live, mean ± 95% interval over the seeds, in %; bold: the "

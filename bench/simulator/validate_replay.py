@@ -1,0 +1,235 @@
+"""`sim validate`'s replay + delivery path, re-run from a committed session on the CPU (issue 35).
+
+`tidegate sim validate` compares every live run with a replay of that run's recorded arrivals
+through the simulator, with the live path outside the model put back: the way in (gateway flush ->
+the backend's plan, `dispatch_delay`, measured on the requests that found the engine idle) and the
+way out (`delivery_path`: the lowest load's constant, or base + k x the streams of a token's step).
+That comparison is the fidelity table's (`fidelity_table --which replay_path`). This tool runs the
+same comparison again from the session's files, with the validate's own functions (`sim_spec`,
+`run_replay`, `compare`, `compare_steps`, `delivery_path`, `dispatch_delay`), so that
+
+- the recorded figures can be reproduced (with the session's profile and k the validate's replay
+  path is deterministic: the same numbers come back; tests/test_sims_validate.py checks it);
+- a session recorded before a model change can be scored with today's simulator, with another
+  profile (a what-if profile, or a re-measured one) or another per-stream cost, on chosen seeds.
+
+Sessions recorded before the per-request path records (`ttft_path_requests`, 2026-12-04 night)
+have each run's median `out` only: the streams of each request's first-token step are rebuilt from
+the step log (the step of its last prefill chunk: decodes + chunks) and the run's median `out`
+stands for its requests' (the fit is over run medians either way).
+
+    python -m bench.simulator.validate_replay VALIDATE.json DECISIONS.jsonl[.gz] STEPS.jsonl[.gz] \\
+        [--profile PROFILE.json] [--delivery-per-stream-ms auto|off|recorded|MS] [--seeds 2,3,4] \\
+        [--json OUT.json]
+
+OUT.json has the validate JSON's shape for what it re-ran (config, profile, delivery_path,
+dispatch_delay_ms, loads[].runs[].compare_replay_path / steps_path / decisions,
+loads[].summary_replay_path / steps_path / decisions), so `fidelity_table` reads it as it reads the
+validate's: `python -m bench.simulator.fidelity_table OUT.json`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+
+def run_arrivals(validate: dict, arrivals, batches) -> dict[tuple[int, int], tuple[list, list]]:
+    """(seed index, load index) -> that run's arrivals (log order) and the gateway's windows of
+    them, as `sim validate` read them after each run (the warm-up's are not any run's)."""
+    from bench.simulator.fidelity_resim import prompt_identity
+
+    order = sorted(range(len(arrivals)), key=lambda i: arrivals[i].t)
+    _, runs = prompt_identity(validate["config"], len(arrivals))
+    run_of = {arrivals[i].request_id: r for i, r in zip(order, runs, strict=True)}
+    out: dict[tuple[int, int], tuple[list, list]] = {}
+    for a in arrivals:
+        r = run_of[a.request_id]
+        if r != (-1, -1):
+            out.setdefault(r, ([], []))[0].append(a)
+    for b in batches:
+        r = run_of.get(b.request_ids[0]) if b.request_ids else None
+        if r is not None and r != (-1, -1):
+            out[r][1].append(b)
+    return out
+
+
+def first_token_streams(step_rows: list[dict]) -> dict[str, int]:
+    """Request id -> the streams (decodes + prefill chunks) of the live step that gave its first
+    token (the step of its last prefill chunk)."""
+    seqs: dict[str, int] = {}
+    for r in step_rows:
+        for rid, _n, _p in r["prefill"]:
+            seqs[rid] = int(r["decodes"]) + len(r["prefill"])
+    return seqs
+
+
+def path_records(run: dict, ids: list[str], streams: dict[str, int]) -> tuple[dict, dict | None]:
+    """One run's (path medians, per-request records) as `delivery_path` reads them: the recorded
+    ones, or (sessions before them) the run's median `out` and the step log's streams."""
+    med = run.get("ttft_path_ms") or {}
+    pr = run.get("ttft_path_requests")
+    if pr is None and med.get("num_requests"):
+        seqs = [streams[r] for r in ids if r in streams]
+        pr = {"step_seqs": seqs, "out_ms": [med["out"]]} if seqs else None
+    return med, pr
+
+
+def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], profile: str | None = None,
+                   per_stream: str = "auto", seeds: set[int] | None = None,
+                   live_steps=None) -> dict:
+    """Re-run the validate's replay + delivery path for every run (or the runs of `seeds`).
+    `per_stream`: "auto" (fitted from the session's path records, as `sim validate` does),
+    "recorded" (the k the validate used: its `delivery_path`, else 0), "off", or ms."""
+    from bench.serving.ttft_path import delivery_path
+    from bench.simulator.decision_fidelity import compare as decision_compare
+    from bench.simulator.decision_fidelity import compare_steps
+    from bench.simulator.fidelity_resim import session_prefill_cap
+    from bench.simulator.fidelity_stats import compare, summarize_load
+    from bench.simulator.fidelity_steps import dispatch_delay
+    from bench.simulator.validate import (
+        decisions_summary,
+        length_spec,
+        model_terms,
+        prefill_steps_of,
+        run_replay,
+        sim_spec,
+        steps_summary,
+    )
+    from gateway.serve import build_parser as serve_parser
+    from gateway.serve import gateway_config
+    from scheduler.batcher import BatcherConfig
+    from scheduler.decisions import step_from_json
+
+    cfg, live_be = validate["config"], validate["live_backend"]
+    profile = profile or validate["profile"]["path"]
+    doc = json.loads(Path(profile).read_text())
+    # the validate's model terms and async lead as recorded (the profile's own when another one
+    # is given: its launch time and pause check)
+    rec = validate["profile"]
+    if profile == rec["path"]:
+        terms, lead_ms = dict(rec["model_terms"]), rec.get("async_plan_lead_ms")
+    else:
+        from bench.simulator.validate import async_plan_lead
+        lead = async_plan_lead(doc, str(cfg.get("device", "cpu")))
+        terms = model_terms(doc, lead, cfg.get("hide_launch", "auto"), cfg.get("power_cap", "auto"))
+        lead_ms = None if lead is None else 1e3 * lead
+    lead_s = None if lead_ms is None else lead_ms / 1e3
+    gw = gateway_config(serve_parser().parse_args(cfg["serve_argv"]), ["live"])
+    batcher = BatcherConfig(**cfg["batcher"]) if cfg.get("batcher") else gw.batcher
+    cap = session_prefill_cap(validate)
+    in_spec, out_spec = length_spec(cfg["input_len"]), length_spec(cfg["output_len"])
+    by_run = run_arrivals(validate, arrivals, batches)
+    streams = first_token_streams(step_rows)
+    live_all = live_steps if live_steps is not None else [step_from_json(r) for r in step_rows]
+    seed_list = [int(x) for x in str(cfg["seeds"]).split(",")]
+    # the delivery path from every run's records (all seeds, as the validate fitted it)
+    recs = {(si, li): path_records(run, [a.request_id for a in by_run[(si, li)][0]], streams)
+            for li, ld in enumerate(validate["loads"]) for si, run in enumerate(ld["runs"])}
+    low = [recs[(si, 0)] for si in range(len(validate["loads"][0]["runs"]))
+           if recs[(si, 0)][0].get("num_requests")]
+    have = [v for v in recs.values() if v[0].get("num_requests")]
+    if per_stream == "recorded":
+        k = (validate.get("delivery_path") or {}).get("per_stream_ms", 0.0)
+    else:
+        k = None if per_stream == "auto" else 0.0 if per_stream == "off" else float(per_stream)
+    path = delivery_path(low, have, k)
+    # on the runs' windows (the warm-up's are not measured: as sim validate)
+    net_s, num_idle = dispatch_delay(step_rows, [b for (_, bs) in by_run.values() for b in bs])
+    out_loads = []
+    for li, ld in enumerate(validate["loads"]):
+        runs = []
+        for si, run in enumerate(ld["runs"]):
+            if seeds is not None and int(run["seed"]) not in seeds:
+                continue
+            arr, live_b = by_run[(si, li)]
+            spec = sim_spec(Path(profile), int(live_be["num_kv_blocks"] or doc["num_kv_blocks"]),
+                            int(live_be["block_size"] or doc["block_size"]),
+                            int(live_be["max_model_len"] or doc["max_model_len"]), int(doc["max_num_seqs"]),
+                            int(doc["max_num_batched_tokens"]), batcher, gw.queues, int(cfg["num_requests"]),
+                            float(run["rate"]), in_spec, out_spec,
+                            int(run["seed"]), float(cfg.get("burstiness", 1.0)), lead_s, cap, terms)
+            spec = replace(spec, engine=replace(spec.engine, delivery_delay_s=path["base_ms"] / 1e3,
+                                                delivery_per_stream_s=path["per_stream_ms"] / 1e3,
+                                                network_delay_s=net_s))
+            sim, sim_b, sim_steps = run_replay(spec, arr)
+            ids = {a.request_id for a in arr}
+            live_pre = prefill_steps_of(live_all, ids)
+            runs.append({"seed": run["seed"], "rate": run.get("rate", ld.get("rate")),
+                         "live": run["live"], "compare_replay_path": compare(run["live"], sim),
+                         "recorded_replay_path": run.get("compare_replay_path"),
+                         "steps_path": compare_steps(live_pre, prefill_steps_of(sim_steps, ids)),
+                         "decisions": decision_compare(live_b, sim_b),
+                         "frontend_ms": run.get("frontend_ms", {"mean": math.nan}),
+                         "ttft_path_ms": run.get("ttft_path_ms")})
+        if not runs:
+            continue
+        conf = float(cfg.get("confidence", 0.95))
+        out_loads.append({"load_label": ld["load_label"], "rate": ld.get("rate"),
+                          "load_fraction": ld.get("load_fraction"), "runs": runs,
+                          "summary_replay_path": summarize_load(
+                              [{"compare": r["compare_replay_path"]} for r in runs], conf),
+                          "steps_path": steps_summary([{"steps": r["steps_path"]} for r in runs], conf),
+                          "decisions": decisions_summary(runs, conf),
+                          "ttft_path_ms_mean": {k_: float(np.mean([r["ttft_path_ms"][k_] for r in runs]))
+                                                for k_ in ("http_in", "front", "window", "to_step",
+                                                           "prefill", "out", "ttft")
+                                                if all((r.get("ttft_path_ms") or {}).get(k_) is not None
+                                                       for r in runs)}})
+    return {"source": "bench.simulator.validate_replay",
+            "config": cfg, "live_backend": live_be,
+            "profile": {**{k_: v for k_, v in doc.items() if k_ != "points"}, "path": str(profile),
+                        "num_points": len(doc["points"]), "model_terms": terms,
+                        "async_plan_lead_ms": lead_ms, "recorded_path": rec["path"]},
+            "delivery_path": path, "delivery_delay_ms": path["base_ms"],
+            "dispatch_delay_ms": {"median": 1e3 * net_s, "num_requests": num_idle},
+            "seeds": sorted(seeds) if seeds is not None else seed_list, "loads": out_loads}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bench.simulator.fidelity_steps import read_steps
+    from scheduler.decisions import read_log
+
+    p = argparse.ArgumentParser(prog="python -m bench.simulator.validate_replay", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("validate", help="the sim validate --json output")
+    p.add_argument("decisions", help="its decision log (.jsonl or .jsonl.gz)")
+    p.add_argument("steps", help="its step log (.jsonl or .jsonl.gz)")
+    p.add_argument("--profile", help="the cost model's profile (default: the session's, as recorded)")
+    p.add_argument("--delivery-per-stream-ms", default="auto", metavar="auto|recorded|off|MS",
+                   help="the path's cost per stream of a token's step: fitted from the session's "
+                        "path records (auto, as sim validate), the validate's, none, or given")
+    p.add_argument("--seeds", help="score these seeds only (e.g. the ones a what-if profile was not "
+                                   "built from); the delivery path is fitted from every run")
+    p.add_argument("--json", dest="json_out")
+    a = p.parse_args(argv)
+    validate = json.loads(Path(a.validate).read_text())
+    arrivals, batches = read_log(a.decisions)
+    rows = read_steps(a.steps)
+    seeds = None if not a.seeds else {int(x) for x in a.seeds.split(",")}
+    res = replay_session(validate, arrivals, batches, rows, a.profile, a.delivery_per_stream_ms, seeds)
+    dp = res["delivery_path"]
+    print(f"profile {res['profile']['path']} ({res['profile']['num_points']} points), terms "
+          f"{res['profile']['model_terms']}, lead {res['profile']['async_plan_lead_ms']} ms; delivery path "
+          f"{dp['base_ms']:.3f} ms + {dp['per_stream_ms']:.4f} ms x streams (constant {dp['constant_ms']:.3f}; "
+          f"fit {dp['fit']}); dispatch {res['dispatch_delay_ms']['median']:.3f} ms")
+    for ld in res["loads"]:
+        s = ld["summary_replay_path"]
+        sc = ld["steps_path"].get("same_prefill_step_share", {})
+        print(f"{ld['load_label']:>6}: " + ", ".join(
+            f"{m} {100 * s[m]['rel_err']['mean']:+.1f} ± {100 * s[m]['rel_err']['ci']:.1f}%"
+            for m in ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "throughput"))
+            + f"; same chunks {100 * sc.get('mean', math.nan):.1f}%")
+    if a.json_out:
+        from bench.simulator.validate import _default
+        Path(a.json_out).write_text(json.dumps(res, indent=1, default=_default) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
