@@ -116,13 +116,14 @@ def busy_shares(steps: list[dict], k: int, window_s: float) -> tuple[float, floa
     return busy / window_s, dec / window_s
 
 
-def step_cost_table(cost, steps: list[dict], window_s: float = 0.1) -> list[dict]:
-    """The model's time (ms) at each live step's composition against the live duration, per bin
-    (module doc, 1): rows of {bin, n, live_ms, model_ms, ratio (model total / live total)}. A step
-    after an idle spell is charged the model's idle launch (`launch_time`) where it hides launches,
-    a step with prefill its power-cap slowdown (`prefill_slowdown`) where the model has one."""
+def model_step_ms(cost, steps: list[dict], window_s: float = 0.1) -> list[tuple[int, float, float]]:
+    """The model's time at each live step's composition: (index into `steps`, model ms, the
+    prefill-busy share of the `window_s` before it), empty steps left out. A step after an idle
+    spell is charged the model's idle launch (`launch_time`) where it hides launches, a step (with
+    the compute-share cap: every step) its power-cap slowdown (`prefill_slowdown`) where the model
+    has one."""
     idle_launch = cost.launch_time if getattr(cost, "hides_launch", False) else None
-    rec = []
+    out = []
     for k, s in enumerate(steps):
         if not s["d"] and not s["p"]:
             continue
@@ -137,7 +138,15 @@ def step_cost_table(cost, steps: list[dict], window_s: float = 0.1) -> list[dict
             t *= cost.prefill_slowdown(f, g)  # 1.0 unless the model has the power cap on
         if idle_launch is not None and s["idle_before"]:
             t += idle_launch(s["d"], s["p"])
-        rec.append((s, 1e3 * t, f))
+        out.append((k, 1e3 * t, f))
+    return out
+
+
+def step_cost_table(cost, steps: list[dict], window_s: float = 0.1) -> list[dict]:
+    """The model's time (ms) at each live step's composition against the live duration, per bin
+    (module doc, 1): rows of {bin, n, live_ms, model_ms, ratio (model total / live total)}
+    (`model_step_ms`)."""
+    rec = [(steps[k], t, f) for k, t, f in model_step_ms(cost, steps, window_s)]
     bins: dict[str, list] = {}
 
     def put(name, s, t):

@@ -82,10 +82,12 @@ def path_records(run: dict, ids: list[str], streams: dict[str, int]) -> tuple[di
 
 def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], profile: str | None = None,
                    per_stream: str = "auto", seeds: set[int] | None = None,
-                   live_steps=None) -> dict:
+                   live_steps=None, cost_scale=None) -> dict:
     """Re-run the validate's replay + delivery path for every run (or the runs of `seeds`).
     `per_stream`: "auto" (fitted from the session's path records, as `sim validate` does),
-    "recorded" (the k the validate used: its `delivery_path`, else 0), "off", or ms."""
+    "recorded" (the k the validate used: its `delivery_path`, else 0), "off", or ms.
+    `cost_scale(seed, load label)`: a diagnostic, every step time of that run multiplied by it
+    (`validate.ScaledCost`; None or 1: the model as it is)."""
     from bench.serving.ttft_path import delivery_path
     from bench.simulator.decision_fidelity import compare as decision_compare
     from bench.simulator.decision_fidelity import compare_steps
@@ -93,6 +95,7 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
     from bench.simulator.fidelity_stats import compare, summarize_load
     from bench.simulator.fidelity_steps import dispatch_delay
     from bench.simulator.validate import (
+        ScaledCost,
         decisions_summary,
         length_spec,
         model_terms,
@@ -157,10 +160,18 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
             spec = replace(spec, engine=replace(spec.engine, delivery_delay_s=path["base_ms"] / 1e3,
                                                 delivery_per_stream_s=path["per_stream_ms"] / 1e3,
                                                 network_delay_s=net_s))
-            sim, sim_b, sim_steps = run_replay(spec, arr)
+            scale = 1.0 if cost_scale is None else float(cost_scale(int(run["seed"]), ld["load_label"]))
+            if scale == 1.0:
+                sim, sim_b, sim_steps = run_replay(spec, arr)
+            else:
+                from sims.decision_replay import replay_run, step_records
+                from sims.report import summarize
+                res_, sim_b = replay_run(arr, spec.scheduler, ScaledCost(spec.cost.build(), scale), spec.engine,
+                                         record_steps=True)
+                sim, sim_steps = summarize(res_), step_records(res_, arr)
             ids = {a.request_id for a in arr}
             live_pre = prefill_steps_of(live_all, ids)
-            runs.append({"seed": run["seed"], "rate": run.get("rate", ld.get("rate")),
+            runs.append({"seed": run["seed"], "rate": run.get("rate", ld.get("rate")), "cost_scale": scale,
                          "live": run["live"], "compare_replay_path": compare(run["live"], sim),
                          "recorded_replay_path": run.get("compare_replay_path"),
                          "steps_path": compare_steps(live_pre, prefill_steps_of(sim_steps, ids)),
