@@ -7,7 +7,12 @@ pull: 4 backends with the measured tiny CPU profile (bench/results/kv_pull_cpu),
 trace (`--tenants` system prompts of `--prefix-len` tokens + a 64-token question, 16 out), swept
 over `--rates` with and without prefix pull (same arrivals per seed); goodput = the share of
 requests with TTFT <= --slo-ttft-ms and TPOT <= --slo-tpot-ms. Capacity = the no-pull knee
-(goodput 90%); then `--load` x capacity, both ways.
+(goodput 90%); then `--load` x capacity, both ways. By default each backend has the profile's
+device to itself; `--shared-cores C` puts the four on C cores instead (processor sharing of the
+steps in progress, sims.shared_cores: the live CPU run's 4 backends of 1 torch thread on this
+box's 2 cores), `--host-cpu-ms` takes the gateway's and the load generator's CPU a request off
+those cores, and `--step-host-ms` (or `--step-host-from` a lone backend's step log) adds the
+backend's loop time per step that a profile of the runner alone lacks.
 
 split: 512/128 decode-heavy traffic at `--rate` plus Slow 8K-token prompts (128 out) at 0.5
 req/s: one mixed backend against a decode backend + a prefill-only backend (the gateway's split
@@ -33,6 +38,7 @@ from sims.adapters import SimSchedulerConfig
 from sims.event_loop import EngineConfig, simulate
 from sims.report import summarize
 from sims.runner import CostSpec
+from sims.shared_cores import SharedCores, simulate_shared
 from sims.workload import LengthSpec, Workload, WorkloadConfig, generate
 
 PROFILE = "bench/results/kv_pull_cpu/tiny_cpu_profile.json"
@@ -46,17 +52,24 @@ def prefix_trace(rate: float, n: int, tenants: int, prefix_len: int, seed: int) 
 
 
 class Slowed:
-    """A cost model whose step times are `factor` x another's: the measured profile on backends
-    that share their cores (`slowdown_from_step_logs` measures the factor live)."""
+    """A cost model whose step times are `factor` x another's, plus `add_s` a non-empty step:
+    the measured profile on backends that share their cores (`slowdown_from_step_logs`
+    measures the factor live), or a backend's host time per step that a profile of the runner
+    alone does not hold (`step_host_from_step_logs` measures it on a backend running alone)."""
 
-    def __init__(self, inner, factor: float) -> None:
-        self.inner, self.factor = inner, factor
+    def __init__(self, inner, factor: float, add_s: float = 0.0) -> None:
+        self.inner, self.factor, self.add_s = inner, factor, add_s
 
-    def step_time(self, *a, **kw) -> float:
-        return self.factor * self.inner.step_time(*a, **kw)
+    def step_time(self, num_decode_seqs, num_prefill_tokens, *a, **kw) -> float:
+        t = self.factor * self.inner.step_time(num_decode_seqs, num_prefill_tokens, *a, **kw)
+        return t + self.add_s if self.add_s and num_decode_seqs + num_prefill_tokens else t
 
-    def decode_times(self, *a, **kw):
-        return self.factor * self.inner.decode_times(*a, **kw)
+    def decode_times(self, num_decode_seqs, *a, **kw):
+        t = self.factor * self.inner.decode_times(num_decode_seqs, *a, **kw)
+        return t + self.add_s if self.add_s and num_decode_seqs else t
+
+    def decode_span(self, num_decode_seqs, num_context_tokens, k):
+        return float(np.sum(self.decode_times(num_decode_seqs, num_context_tokens, k))) if k > 0 else 0.0
 
     def launch_time(self, *a, **kw) -> float:
         return self.factor * self.inner.launch_time(*a, **kw)
@@ -67,12 +80,12 @@ class Slowed:
         return getattr(self.inner, name)
 
 
-def slowdown_from_step_logs(profile: str, paths: list[str], context: int = 1100) -> float:
-    """Live step time over the profile's for the same steps (`tidegate backend --step-log`
-    records): how much slower the live backends ran than the profile says. A decode's context
-    is taken as `context` tokens (the log does not keep it); a prefill chunk's from its record."""
+def _step_log_rows(profile: str, paths: list[str], context: int = 1100) -> list[tuple]:
+    """(live s, profile s, decodes, prefill tokens) of every step in `tidegate backend
+    --step-log` files. A decode's context is taken as `context` tokens (the log does not keep
+    it); a prefill chunk's from its record."""
     cost = CostSpec(model="tiny", profile=profile).build()
-    live = model = 0.0
+    out = []
     for path in paths:
         opener = gzip.open if path.endswith(".gz") else open
         with opener(path, "rt") as fh:  # JSON lines (backend.server.step_log; no backend import)
@@ -80,27 +93,56 @@ def slowdown_from_step_logs(profile: str, paths: list[str], context: int = 1100)
         for r in rows:
             chunks = [(n, start) for _, n, start in r["prefill"]]
             ctx = r["decodes"] * context + sum(n + start for n, start in chunks)
-            live += r["ms"] / 1e3
-            model += cost.step_time(r["decodes"], r["prefill_tokens"], ctx, chunks or None)
+            out.append((r["ms"] / 1e3, cost.step_time(r["decodes"], r["prefill_tokens"], ctx,
+                                                      chunks or None),
+                        r["decodes"], r["prefill_tokens"]))
+    return out
+
+
+def slowdown_from_step_logs(profile: str, paths: list[str], context: int = 1100) -> float:
+    """Live step time over the profile's for the same steps (`tidegate backend --step-log`
+    records): how much slower the live backends ran than the profile says."""
+    rows = _step_log_rows(profile, paths, context)
+    live, model = sum(r[0] for r in rows), sum(r[1] for r in rows)
     return live / model if model else float("nan")
+
+
+def step_host_from_step_logs(profile: str, paths: list[str], context: int = 1100) -> float:
+    """A backend's host time per step beyond the profile's (seconds): the median of live less
+    profile over its decode-only steps, from a backend that ran *alone* (no other process
+    sharing its core: its steps are solo steps). The profile times the runner alone; a live
+    step also holds the loop's scheduling, drafting and output handling."""
+    d = [live - model for live, model, dec, pre in _step_log_rows(profile, paths, context)
+         if dec and not pre]
+    return float(np.median(d)) if d else 0.0
 
 
 def run_pull(a: argparse.Namespace, rate: float, seed: int, pull: bool) -> dict:
     cost = CostSpec(model="tiny", profile=a.profile).build()
-    if a.slowdown != 1.0:
-        cost = Slowed(cost, a.slowdown)
+    if a.slowdown != 1.0 or a.step_host_ms:
+        cost = Slowed(cost, a.slowdown, a.step_host_ms / 1e3)
     cfg = PullConfig(default_rates=KVRates(bytes_per_token=a.kv_bytes_per_token,
                                            link_bytes_per_s=a.link_gbps * 1e9,
                                            off_loop=a.serve == "thread")) if pull else None
     engine = EngineConfig(num_backends=a.backends, placement=PlacementConfig(policy=a.placement),
                           kv_pull=cfg)
-    res = simulate(prefix_trace(rate, a.num_requests, a.tenants, a.prefix_len, seed), cost,
-                   SimSchedulerConfig(), engine)
+    wl = prefix_trace(rate, a.num_requests, a.tenants, a.prefix_len, seed)
+    if getattr(a, "shared_cores", 0.0):
+        res = simulate_shared(wl, cost, SimSchedulerConfig(), engine, shared_cores(a, rate))
+    else:
+        res = simulate(wl, cost, SimSchedulerConfig(), engine)
     rep = summarize(res, slo_ttft_ms=a.slo_ttft_ms, slo_tpot_ms=a.slo_tpot_ms)
     return {"rate": rate, "seed": seed, "pull": pull, "goodput": rep["goodput_fraction"],
             "throughput": rep["request_throughput"], "ttft_ms": rep["ttft_ms"],
             "tpot_ms": rep["tpot_ms"], "hit_rate": rep["kv"]["prefix_hit_rate"],
-            "kv_pull": res.extra.get("kv_pull")}
+            "kv_pull": res.extra.get("kv_pull"), "shared_cores": res.extra.get("shared_cores")}
+
+
+def shared_cores(a: argparse.Namespace, rate: float) -> SharedCores:
+    """The backends' cores (`--shared-cores`), less `--reserved-cores` and the gateway's and
+    load generator's CPU at this rate (`--host-cpu-ms` a request)."""
+    return SharedCores(cores=a.shared_cores, threads=a.backend_threads,
+                       reserved_cores=a.reserved_cores + rate * a.host_cpu_ms / 1e3)
 
 
 def study_pull(a: argparse.Namespace) -> dict:
@@ -267,6 +309,21 @@ def main(argv: list[str] | None = None) -> int:
                     help="step times x this (backends sharing cores; see --slowdown-from)")
     ap.add_argument("--slowdown-from", nargs="*", default=None, metavar="STEPLOG",
                     help="measure --slowdown from live backends' --step-log files and use it")
+    ap.add_argument("--shared-cores", type=float, default=0.0, metavar="C",
+                    help="the backends share C cores (processor sharing of their steps, "
+                         "sims.shared_cores; 0: a device each, as before)")
+    ap.add_argument("--backend-threads", type=float, default=1.0,
+                    help="threads a backend's step runs (tidegate backend --cpu-threads)")
+    ap.add_argument("--reserved-cores", type=float, default=0.0,
+                    help="cores of --shared-cores that processes outside the simulation take")
+    ap.add_argument("--host-cpu-ms", type=float, default=0.0,
+                    help="CPU ms a request costs the gateway and the load generator on the "
+                         "same cores (reserved: rate x this)")
+    ap.add_argument("--step-host-ms", type=float, default=0.0,
+                    help="a backend's host time per step beyond the profile's (see "
+                         "--step-host-from)")
+    ap.add_argument("--step-host-from", nargs="*", default=None, metavar="STEPLOG",
+                    help="measure --step-host-ms from the step log of a backend that ran alone")
     # split
     ap.add_argument("--model", default="deepseek-coder-33b")
     ap.add_argument("--rate", type=float, default=4.0, help="512/128 requests a second")
@@ -291,6 +348,10 @@ def main(argv: list[str] | None = None) -> int:
         a.slowdown = slowdown_from_step_logs(a.profile, a.slowdown_from)
         print(f"slowdown {a.slowdown:.2f} (live step time / profile's, "
               f"{len(a.slowdown_from)} step logs)")
+    if a.step_host_from:
+        a.step_host_ms = 1e3 * step_host_from_step_logs(a.profile, a.step_host_from)
+        print(f"step host time {a.step_host_ms:.2f} ms (live decode steps less the profile's, "
+              f"{len(a.step_host_from)} step logs)")
     if a.study == "split" and a.num_requests == 2000:
         a = replace_ns(a, num_requests=400)
     out = study_pull(a) if a.study == "pull" else study_split(a)
