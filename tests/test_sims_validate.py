@@ -141,6 +141,12 @@ def test_validate_small_live_run(tmp_path):
     for name, m in run["compare_replay_path"].items():
         assert rrun["compare_replay_path"][name]["sim"] == pytest.approx(m["sim"], rel=1e-9), name
     assert rrun["steps_path"]["same_prefill_step_share"] == run["steps_path"]["same_prefill_step_share"]
+    # the diagnostic scale: every step of the run twice as long, TPOT (the decode steps) with it
+    slow = replay_session(res, arrivals, batches, read_step_rows(res["step_log"]), per_stream="recorded",
+                          cost_scale=lambda seed, load: 2.0)["loads"][0]["runs"][0]
+    assert slow["cost_scale"] == 2.0
+    assert slow["compare_replay_path"]["tpot_p50"]["sim"] == pytest.approx(
+        2 * rrun["compare_replay_path"]["tpot_p50"]["sim"], rel=0.1)
     (cell,) = cells(json.loads(json.dumps(again, default=float)))
     assert cell["runs"] == "1 x 8" and cell["comparison"] == "replay_path"
     assert cell["figures"]["ttft_p50"]["mean"] == pytest.approx(run["compare_replay_path"]["ttft_p50"]["rel_err"])
