@@ -31,7 +31,13 @@ Per refused request, with the benchmark's criterion |R / W - 1| <= 0.25 ("hit"):
 The ceiling is the mean of ``best_loo`` over the refused requests: the share of probes any
 Retry-After could put within +-25% when what decides the wait is the future's arrivals. Also
 scored per refusal: alternative predictors computed at the refusal from the same state
-(`ALTERNATIVES`: the slot model with another arrival horizon, or without the calibration).
+(`ALTERNATIVES`: `point`, the rule before the fourteenth session (the wait with the arrivals at
+their mean); `quantile_Q`, the slot model's Retry-After at another quantile of its futures;
+`median_of_futures`, without the gateway's queue; `cluster_median`, every backend's slots in one
+simulation (`cluster_wait`, not adopted); the slot model with another arrival horizon, or
+without the calibration). A Retry-After changes nothing that happens, so `--rescore` scores a
+study's worlds again with today's alternatives (`--admission-config retry_after_quantile=none`:
+the base run of a study made before that default).
 
 The simulator only: its waits are the model's (a constant step, outputs of exactly max_tokens);
 live steps jitter too, which can only lower the ceiling.
@@ -39,16 +45,22 @@ live steps jitter too, which can only lower the ceiling.
 from __future__ import annotations
 
 import argparse
+import functools
+import heapq
 import json
 import math
+import random
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from scheduler.admission import WaitPredictor, sampled_arrivals
 from scheduler.classes import CLASS_NAMES
+from scheduler.slo import NUM_CLASSES
 from sims.event_loop import EventLoop
 from sims.runner import RunSpec
 from sims.workload import Workload, WorkloadConfig, _lengths_and_prefixes, generate, inter_arrivals
@@ -195,7 +207,189 @@ def _with_config(calibrated: bool | str = True, **changes) -> Callable:
     return predict
 
 
+# ---- alternative Retry-Afters (scored in the same worlds) ----------------------------------------
+def _point(pred, cls, depths, window_s, live, deadline):
+    """The rule before the fourteenth session: the wait with the higher classes' arrivals at
+    their mean, the gateway's queue at the paced-gap rate (+ the gap model's calibration)."""
+    ttft, b = pred.predict(cls, sum(depths[: cls + 1]), window_s, live)
+    return max(0.0, ttft + pred.retry_after_error(pred.pool_at(cls, b)))
+
+
+def _slot_quantile(q: float) -> Callable:
+    def predict(pred, cls, depths, window_s, live, deadline):
+        """`AdmissionConfig.retry_after_quantile` = q (0.5: the default since the fourteenth
+        session), whatever the base run's setting."""
+        ttft, b = pred.predict(cls, sum(depths[: cls + 1]), window_s, live)
+        ra = pred.slot_retry_after(b, cls, sum(depths[: cls + 1]), window_s, q) if b >= 0 else None
+        return max(0.0, (ttft if ra is None else ra)
+                   + pred.retry_after_error(pred.pool_at(cls, b)))
+    return predict
+
+
+def _median_of_futures(pred, cls, depths, window_s, live, deadline):
+    """The median over the admission check's futures, without the gateway's queue."""
+    ttft, b = pred.predict(cls, sum(depths[: cls + 1]), window_s, live)
+    if b < 0:
+        return ttft
+    return max(0.0, ttft - pred.backend_ttft(b, cls)
+               + pred.backend_ttft(b, cls, quantile=0.5, send_in=window_s))
+
+
+# the cluster-wide model (`cluster_wait`), tried in the fourteenth session and not adopted
+CLUSTER_ARRIVALS = 256  # arrivals per future
+RECENT_SENT = 256       # requests sent whose max_tokens the futures' arrivals draw from
+
+
+@functools.lru_cache(maxsize=4)
+def sampled_uniforms(n: int, length: int) -> tuple[tuple[float, ...], ...]:
+    """`n` fixed sequences of `length` uniforms in [0, 1): which recent request's max_tokens
+    each future arrival of `cluster_wait` holds."""
+    rng = random.Random(32)
+    return tuple(tuple(rng.random() for _ in range(length)) for _ in range(n))
+
+
+def cluster_wait(self: WaitPredictor, b: int, cls: int, now: float, live, gateway_higher: int,
+                 quantile: float, lengths: Sequence[int], tolerance: float = 0.1) -> float | None:
+    """An alternative Retry-After's wait (not adopted): the `quantile` of a class-`cls`
+    request's slot wait on `b` (sent now) with every backend's slots in one simulation, the
+    higher classes' arrivals at the cluster's recent rate, each placed where its predicted
+    TTFT is best (near-ties within `tolerance` avoid `b`), holding their slots for `lengths`
+    drawn from the recent requests' (their mean if none), over the admission check's fixed
+    Poisson futures (None: the slot model is off on `b`). `WaitPredictor._slot_wait`
+    projects only `b`'s share of those arrivals, as if spread evenly whatever the backends'
+    state; placement sends the next Fast or Normal request to the backend whose slot frees
+    first, the slot a waiting Slow request there waits for. In the forked worlds it
+    over-states the wait (Retry-After over the worlds' median 1.1-1.6, 4 x 8 slots at 1.5x,
+    seeds 0-2): placement spreads the arrivals more than this rule does.
+    `gateway_higher`: the higher classes' requests queued in the gateway now."""
+    cfg = self.config
+    target = self.backends.get(b)
+    if not cfg.slot_model or target is None or not target.step:
+        return None
+    heaps: list[list[float]] = []
+    frees: list[float] = []
+    steps: list[float] = []
+    own_ahead: list[int] = []  # b's same-class requests waiting before it (max_tokens)
+    rate_h = mt_w = 0.0
+    grant = now
+    ib = -1
+    for k in (self.backends if live is None else live):
+        be = self.backends.get(k)
+        if be is None or not be.step:
+            continue
+        slots = be.slots if cfg.reported_slots else be.seen_slots
+        if not slots:
+            continue
+        step = be.step
+        finishes = self._live_finishes(be, now)
+        queued = list(be.queued.values())
+        free = max(0, slots - len(finishes))
+        heap = list(finishes)
+        # what was sent there first takes the free slots now, whatever the class
+        heap.extend(now + q[1] * step for q in queued[:free])
+        heap.extend([now] * max(0, free - len(queued)))  # slots free now
+        heapq.heapify(heap)
+        # the waiting higher classes' requests take the next slots to free (Fast first)
+        for q in sorted((q for q in queued[free:] if q[0] < cls), key=lambda q: q[0]):
+            t = heapq.heappop(heap)
+            heapq.heappush(heap, max(t, now) + q[1] * step)
+        r, m = self.higher_rate(be, cls, now)
+        rate_h += r
+        mt_w += r * m
+        if k == b:
+            ib = len(heaps)
+            own_ahead = [q[1] for q in queued[free:] if q[0] == cls]
+            if cfg.compete_phase and be.tick > -math.inf:
+                # a slot free now is taken at the backend's next step start
+                grant = now + step - math.fmod(max(0.0, now - be.tick), step)
+        heaps.append(heap)
+        fs = be.free_service
+        frees.append(fs[NUM_CLASSES - 1] or fs[NUM_CLASSES] or 1.5 * step)
+        steps.append(step)
+    if ib < 0:
+        return None
+    mt_h = mt_w / rate_h if rate_h else 0.0
+    pick = sampled_uniforms(cfg.arrival_samples, CLUSTER_ARRIVALS)
+    step = target.step
+    horizon = now + cfg.arrival_horizon_s
+    if rate_h:
+        futures = sampled_arrivals(cfg.arrival_samples, CLUSTER_ARRIVALS)
+    else:
+        futures = ((),)
+    waits = []
+    for f, u in enumerate(futures):
+        v = pick[f % len(pick)]
+        hs = [list(h) for h in heaps]
+        hb = hs[ib]
+        n_own = 0
+        pending = [now] * gateway_higher  # sent in the gateway's next flush
+        a_idx = 0
+        for _ in range(4 * CLUSTER_ARRIVALS + len(own_ahead) + gateway_higher):
+            t_free = max(hb[0], grant)  # when b's next slot could be its (or its class's)
+            if pending:
+                a = pending.pop()
+            elif a_idx < len(u) and rate_h:
+                a = now + u[a_idx] / rate_h
+                if a >= min(t_free, horizon):
+                    a = math.inf
+                else:
+                    a_idx += 1
+            else:
+                a = math.inf
+            if a < t_free:
+                # a higher-class request arriving before b's slot is given: placed on the
+                # backend whose slot frees first (one free now elsewhere before b's)
+                j = _cluster_pick(hs, ib, a, frees, steps, tolerance)
+                h = hs[j]
+                if lengths and a_idx:
+                    mt = lengths[int(v[a_idx - 1] * len(lengths))]
+                else:
+                    mt = mt_h
+                heapq.heapreplace(h, max(h[0], a) + mt * step)
+                continue
+            if n_own < len(own_ahead):  # its own class's earlier requests first
+                heapq.heapreplace(hb, t_free + own_ahead[n_own] * step)
+                n_own += 1
+                continue
+            break
+        waits.append(min(cfg.max_wait_s, max(0.0, max(hb[0], grant) - now)
+                         if hb[0] > now else 0.0))
+    waits.sort()
+    return waits[min(len(waits) - 1, int(quantile * len(waits)))]
+
+
+def _cluster_pick(hs: list[list[float]], ib: int, a: float, frees: list[float],
+                  steps: list[float], tolerance: float) -> int:
+    """Where a higher-class request arriving at `a` goes in `cluster_wait`: the backends
+    whose predicted TTFT for it is within `tolerance` of the best are near-ties, and
+    among them it avoids `ib` (which holds one more request: the waiting one)."""
+    ttfts = []
+    for x, h in enumerate(hs):
+        w = h[0] - a
+        ttfts.append(frees[x] if w <= 0.0 else w + steps[x] + max(0.0, frees[x] - 1.5 * steps[x]))
+    limit = min(ttfts) * (1.0 + tolerance)
+    return min((x for x in range(len(hs)) if ttfts[x] <= limit),
+               key=lambda x: (x == ib, hs[x][0], x))
+
+
+def _cluster(q: float) -> Callable:
+    def predict(pred, cls, depths, window_s, live, deadline):
+        ttft, b = pred.predict(cls, sum(depths[: cls + 1]), window_s, live)
+        if b < 0:
+            return ttft
+        lengths = [mt for c, mt in getattr(pred, "study_sent", ()) if c < cls]
+        w = cluster_wait(pred, b, cls, pred.clock(), live, sum(depths[:cls]), q, lengths)
+        return ttft if w is None else window_s + pred.slot_ttft(b, cls, w)
+    return predict
+
+
 ALTERNATIVES: dict[str, Callable] = {
+    "point": _point,
+    "quantile_0.5": _slot_quantile(0.5),
+    "quantile_0.4": _slot_quantile(0.4),
+    "quantile_0.6": _slot_quantile(0.6),
+    "median_of_futures": _median_of_futures,
+    "cluster_median": _cluster(0.5),
     "uncalibrated": _with_config(False),
     "calibrated": _with_config(True),
     "calibrated_below_deadline": _with_config("below_deadline"),
@@ -228,6 +422,15 @@ def base_run(spec: RunSpec, admission: dict | None = None) -> BaseRun:
         return refusal
 
     adm.check = recording_check
+    sent: deque = deque(maxlen=RECENT_SENT)  # (class, max_tokens) of the requests sent
+    adm.predictor.study_sent = sent
+    dispatched = adm.predictor.dispatched
+
+    def recording_dispatched(b, cls, key=None, max_tokens=0):
+        sent.append((cls, max(1, max_tokens)))
+        return dispatched(b, cls, key, max_tokens)
+
+    adm.predictor.dispatched = recording_dispatched
     result = loop.run()
     if arrivals[0] != len(w):
         raise RuntimeError(f"{arrivals[0]} admission checks for {len(w)} arrivals")
@@ -328,15 +531,18 @@ def _alternative_scores(alts: dict[str, float], waits, w0) -> dict:
                    "own_future_hit": bool(hit(ra, [w0])[0])} for name, ra in alts.items()}
 
 
-def rescore(spec: RunSpec, res: dict) -> dict:
+def rescore(spec: RunSpec, res: dict, admission: dict | None = None) -> dict:
     """A study's worlds scored again with today's `ALTERNATIVES`: the base run again (the same
     refusals and Retry-Afters, checked), the worlds' waits from `res` (a Retry-After changes
-    nothing that happens: no world needs simulating again)."""
-    base = base_run(spec, res.get("admission") or None)
+    nothing that happens: no world needs simulating again). `admission`: settings over the
+    study's own (`--admission-config`: e.g. `retry_after_quantile=none` to score a study made
+    before that setting's default)."""
+    base = base_run(spec, {**(res.get("admission") or {}), **(admission or {})} or None)
     for row in res["rows"]:
         i = row["request"]
         if base.retry_after_s.get(i) != row["retry_after_s"]:
-            raise ValueError(f"request {i}: not the study's base run (other settings?)")
+            raise ValueError(f"request {i}: not the study's base run (other settings?): "
+                             f"{base.retry_after_s.get(i)} vs {row['retry_after_s']}")
         row["alternatives"] = _alternative_scores(base.alternatives.get(i, {}), row["waits_s"],
                                                   row["own_future_wait_s"])
     res["summary"] = summarize_rows(res["rows"])
@@ -450,7 +656,7 @@ def main(argv: list[str]) -> int:
         return 0
     if a.rescore:
         with open(a.rescore) as fh:
-            res = rescore(spec, json.load(fh))
+            res = rescore(spec, json.load(fh), parse_admission(a.admission_config))
     else:
         res = study(spec, a.forks, classes, a.max_refusals, a.fork_seed,
                     progress=lambda s: print(s, file=sys.stderr, flush=True),

@@ -1,0 +1,92 @@
+"""Issue 31, fourteenth session: the slot model's Retry-After is the median of the refused
+request's wait over the futures admission's upper quantile reads, with the requests queued in
+the gateway ahead of it (`AdmissionConfig.retry_after_quantile`), not the wait with the higher
+classes' arrivals at their mean. Closed forms; the forked futures of the issue's simulated benchmark
+(`tidegate sim retry-bound`, whose `point` alternative is the rule before) measure the gain."""
+from __future__ import annotations
+
+import pytest
+
+from scheduler.admission import AdmissionConfig, AdmissionControl, WaitPredictor, sampled_arrivals
+from scheduler.clock import ManualClock
+from scheduler.slo import SLOTargets
+
+FAST, NORMAL, SLOW = 0, 1, 2
+STEP = 0.010
+SLO = SLOTargets.parse("fast=150,normal=400,slow=1000", None)
+
+
+def _full_backend(normal_rate: float = 0.0, first: int = 3,
+                  **config) -> tuple[AdmissionControl, ManualClock]:
+    """One backend of 4 reported slots, all held by Slow requests whose last tokens are due
+    `first`, + 3, + 6 and + 9 steps from now (4 x 10 ms steps measured), nothing queued there;
+    Normal requests of 40 tokens sent there at `normal_rate` a second (a count over the 2 s
+    window)."""
+    clock = ManualClock(100.0)
+    p = WaitPredictor(AdmissionConfig(slot_model=True, slo=SLO, **config))
+    p.clock = clock.now
+    p.add_backend(0)
+    k = ("warm", 0)
+    p.dispatched(0, FAST, k, 5)
+    clock.set(clock.now() + 2 * STEP)
+    p.started(0, FAST, clock.now(), 2 * STEP, 0, key=k)
+    clock.set(clock.now() + 4 * STEP)
+    p.finished(0, k, clock.now(), 5)
+    p.set_slots(0, 4)
+    now = clock.now()
+    for j in range(4):
+        k = ("run", j)
+        p.dispatched(0, SLOW, k, 40)
+        p.started(0, SLOW, now + (first + 3 * j) * STEP - 39 * STEP, 0.0, 0, key=k)
+    be = p.backends[0]
+    be.arr_t0 = now - 60.0
+    for j in range(round(2.0 * normal_rate)):
+        p.dispatched(0, NORMAL, ("n", j), 40)
+        p.gone(0, NORMAL, ("n", j))
+    assert len(p._live_finishes(be, now)) == 4 and not be.queued
+    return AdmissionControl(p.config, p), clock
+
+
+def test_a_request_queued_in_the_gateway_takes_the_first_slot_to_free():
+    """A Normal request waiting in the gateway's window leaves in the flush before the refused
+    Slow one and takes the slot that frees first (3 steps from now): the Slow request would
+    have had the second (6 steps; its first token a step later). Before, the Retry-After gave
+    it the first: 4 steps, 43% of the wait."""
+    adm, clock = _full_backend()
+    refusal = adm.check(SLOW, [0, 1, 0], 0.0, ttft_override_ms=1.0, now=clock.now())
+    assert refusal is not None and refusal.retry_after_s == pytest.approx(7 * STEP)
+    assert adm.last_predicted_s == pytest.approx(4 * STEP)  # admission's prediction: unchanged
+    before, clock = _full_backend(retry_after_quantile=None)
+    refusal = before.check(SLOW, [0, 1, 0], 0.0, ttft_override_ms=1.0, now=clock.now())
+    assert refusal is not None and refusal.retry_after_s == pytest.approx(4 * STEP)
+    # nothing queued in the gateway: the first slot, either way
+    adm, clock = _full_backend()
+    refusal = adm.check(SLOW, [0, 0, 0], 0.0, ttft_override_ms=1.0, now=clock.now())
+    assert refusal.retry_after_s == pytest.approx(4 * STEP)
+
+
+def test_the_retry_after_is_the_median_wait_over_the_admission_futures():
+    """The first slot frees 27 steps from now; Normal requests of 40 tokens arrive at 12 a
+    second, 4.8 slots' worth of 4. With the arrivals evenly spaced (the mean projection) one
+    is always waiting when a slot frees, so the Slow request gets none before the 5 s horizon
+    and the Retry-After was 6.4 s; over the 64 fixed Poisson futures that admission's 0.99
+    quantile reads (the longest of them refused it), the median one has a lull at ~1.5 s. The
+    Retry-After is its window plus that median wait's first token."""
+    adm, clock = _full_backend(12.0, first=27)
+    p = adm.predictor
+    be, now = p.backends[0], clock.now()
+    window = 0.004
+    refusal = adm.check(SLOW, [0, 0, 0], window, now=now)
+    assert refusal is not None
+    rate_h, mt_h = p.higher_rate(be, SLOW, now)
+    assert rate_h == pytest.approx(12.5, rel=0.02)  # and the warm-up request (Fast)
+    heap = sorted(p._live_finishes(be, now))
+    run = (heap, [], 0, 0, 1.0, rate_h, mt_h, STEP, 4)
+    waits = sorted(p._slot_run(run, now, u) for u in sampled_arrivals(64, 32))
+    median = waits[32]
+    assert refusal.retry_after_s == pytest.approx(window + p.slot_ttft(0, SLOW, median))
+    assert 1.0 < refusal.retry_after_s < 2.0
+    assert p.backend_ttft(0, SLOW) > 5.0  # the mean projection's wait
+    before, clock = _full_backend(12.0, first=27, retry_after_quantile=None)
+    refusal = before.check(SLOW, [0, 0, 0], window, now=clock.now())
+    assert refusal.retry_after_s == pytest.approx(window + before.predictor.backend_ttft(0, SLOW))
