@@ -27,6 +27,18 @@ def test_profile_writes_the_documented_json(tmp_path):
 
     model = ProfileCost.from_json(out)
     assert model.step_time(4, 0, 400) > 0 and model.num_kv_blocks(16) == 64
+    assert doc["quantization"] == "none"
+
+
+def test_profile_takes_the_serving_weight_format(tmp_path, capsys):
+    # `sim validate --engine-arg=--quantization=fp8` hands the flag to the profile as well as to
+    # the live backend: the profile must measure the FP8 engine, not reject the flag (an H200 call
+    # was lost to "unrecognized arguments"); on the CPU fp8 is refused in one line
+    assert main(["profile", "--model", "tiny", "--quantization", "fp8",
+                 "--out", str(tmp_path / "x.json")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "fp8 quantization needs a CUDA GPU" in err
+    assert not (tmp_path / "x.json").exists()
 
 
 def test_profile_error_is_one_line(tmp_path, capsys):

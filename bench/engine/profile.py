@@ -41,6 +41,11 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tidegate backend profile",
                                 description="Measure step times over (decode batch, prefill tokens, context).")
     add_engine_args(p)
+    # the serving backend's weight format, so that a profile of an FP8 deployment measures FP8
+    # steps (`sim validate --engine-arg=--quantization=fp8` passes it to both)
+    p.add_argument("--quantization", default="none", choices=["none", "fp8"],
+                   help="weights as the serving backend's flag: fp8 = E4M3 weights, "
+                        "per-output-channel scales (CUDA, capability >= 8.9)")
     p.add_argument("--out", required=True, help="path of the profile JSON to write")
     p.add_argument("--decode-batch-sizes", default="0,1,8,32,64", help="comma-separated d values")
     p.add_argument("--prefill-tokens", default="0,128,512,2048", help="comma-separated p values")
@@ -258,9 +263,10 @@ def point(d: int, p: int, c: int, k: int, s: int, ms: list[float],
 
 def run(args: argparse.Namespace) -> dict:
     from backend.engine.args import backend_config
-    from backend.engine.assemble import create_engine
+    from backend.engine.assemble import ServingOptions, create_engine
 
-    engine, loaded = create_engine(backend_config(args))
+    engine, loaded = create_engine(backend_config(args),
+                                   ServingOptions(quantization=getattr(args, "quantization", "none")))
     runner, cfg = engine.runner, engine.config
     packed_ds = None if args.packed_decode_batch_sizes is None else int_list(args.packed_decode_batch_sizes)
     shapes = step_shapes(int_list(args.decode_batch_sizes), int_list(args.prefill_tokens),
@@ -300,6 +306,7 @@ def run(args: argparse.Namespace) -> dict:
         "format": FORMAT, "model": loaded.config.name, "device": str(dev),
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
         "dtype": str(loaded.dtype).removeprefix("torch."), "block_size": cfg.block_size,
+        "quantization": getattr(engine, "serving_info", {}).get("quantization", "none"),
         "num_kv_blocks": cfg.num_blocks, "max_num_seqs": cfg.max_num_seqs,
         "max_num_batched_tokens": cfg.max_num_batched_tokens, "max_model_len": cfg.max_model_len,
         "torch_version": torch.__version__, "pause_ms": args.pause_ms,
