@@ -159,9 +159,13 @@ for port in 18534 18535; do
 done
 SPLIT=(--rate "$RATE" --slow-rate "$SLOW_RATE" --slow-prompt "$SLOW_PROMPT" --duration "$DURATION"
        --vocab "$VOCAB")
-timeout $((DURATION + 60)) $PY -m bench.serving.kv_split --url http://127.0.0.1:18535 "${SPLIT[@]}" \
-    --seed 11 --label "one backend" --json "$OUT/B_one.json" > "$OUT/B_one.log" 2>&1
-tail -1 "$OUT/B_one.log"
+# SKIP_ONE=1: the split alone (a cap held whatever the backlog, BACKLOG_TOKENS=1000000, leaves
+# one backend unable to keep up with the 8K prompts in 128-token chunks: that run would not drain)
+if [ "${SKIP_ONE:-0}" != 1 ]; then
+  timeout $((DURATION + 60)) $PY -m bench.serving.kv_split --url http://127.0.0.1:18535 "${SPLIT[@]}" \
+      --seed 11 --label "one backend" --json "$OUT/B_one.json" > "$OUT/B_one.log" 2>&1
+  tail -1 "$OUT/B_one.log"
+fi
 timeout $((DURATION + 60)) $PY -m bench.serving.kv_split --url http://127.0.0.1:18534 "${SPLIT[@]}" \
     --seed 12 --label "prefill + decode" --json "$OUT/B_split.json" > "$OUT/B_split.log" 2>&1
 tail -1 "$OUT/B_split.log"
