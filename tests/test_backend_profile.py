@@ -55,6 +55,7 @@ def test_profile_pause_idles_before_prefill_steps_only(tmp_path, monkeypatch):
 
     slept = []
     monkeypatch.setattr(profile.time, "sleep", lambda s: slept.append(s))
+    monkeypatch.setattr(profile, "SUSTAIN_S", 0.05)
     out = tmp_path / "profile.json"
     rc = main(["profile", "--model", "tiny", "--num-blocks", "64", "--max-num-seqs", "8",
                "--max-num-batched-tokens", "64", "--max-model-len", "256",
@@ -72,8 +73,12 @@ def test_profile_pause_idles_before_prefill_steps_only(tmp_path, monkeypatch):
     assert slept == [0.04] * (2 * 3 + 2 * 11)
     check = doc["pause_check"]
     assert check["num_prefill_tokens"] == 32
-    assert [r["run"] for r in check["runs"]] == ["paused", "back_to_back", "paused_again", "after_decode"]
-    assert [r["pause_ms"] for r in check["runs"]] == [40.0, 0.0, 40.0, 40.0]
+    # ... and sustained: the step back to back for SUSTAIN_S untimed, then timed back to back
+    # (no sleep either)
+    assert [r["run"] for r in check["runs"]] == ["paused", "back_to_back", "paused_again", "after_decode",
+                                                 "sustained"]
+    assert [r["pause_ms"] for r in check["runs"]] == [40.0, 0.0, 40.0, 40.0, 0.0]
+    assert check["runs"][4]["sustain_ms"] == 50.0 and check["runs"][4]["sustain_steps"] >= 1
     assert check["runs"][3]["decode_seqs_before"] == 1
     assert all(r["step_ms_min"] <= r["step_ms_median"] <= r["step_ms_max"] for r in check["runs"])
     for p in doc["points"]:

@@ -200,3 +200,25 @@ def test_power_cap_counts_decode_busy_time_from_the_after_decode_run():
     assert capped.first_token_time[0] == pytest.approx(plain.first_token_time[0])
     b_plain = plain.first_token_time[1] - PREFILL_S
     assert capped.first_token_time[1] == pytest.approx(b_plain + PREFILL_S * 1.1)
+
+
+def test_power_cap_takes_a_fully_busy_window_from_the_sustained_run():
+    """Issue 35, session 14: the pause check's back-to-back run lasts ten steps (63 ms on the 6.7B:
+    it read 0.91 x paused, no cap), its "sustained" run follows a second of the step back to back:
+    r is the slower of the two against paused; profiles without the run as before."""
+    from sims.profile_cost import ProfileCost
+
+    pts = np.array([(d, p, d * c + p) for c in (100, 300) for d in (0, 1, 4, 8) for p in (0, 64)
+                    if d + p and (d or c == 100)], dtype=np.float64)
+    times = np.where(pts[:, 1] > 0, PREFILL_S, DECODE_S)
+    runs = [{"run": "paused", "step_ms_median": 6.9}, {"run": "back_to_back", "step_ms_median": 6.3},
+            {"run": "paused_again", "step_ms_median": 6.9}]
+
+    def cap(extra):
+        return ProfileCost(pts, times, num_blocks=4096, meta={"pause_ms": 60.0, "pause_check": {"runs": runs + extra}},
+                           power_cap=True, cap_by_compute=False)
+
+    assert cap([]).prefill_slowdown(1.0) == 1.0  # back to back under paused: no cap, as before
+    assert cap([{"run": "sustained", "step_ms_median": 7.59}]).prefill_slowdown(1.0) == pytest.approx(1.1)
+    assert cap([{"run": "sustained", "step_ms_median": 7.59}]).prefill_slowdown(0.7) == pytest.approx(1.05)
+    assert cap([{"run": "sustained", "step_ms_median": 6.5}]).prefill_slowdown(1.0) == 1.0

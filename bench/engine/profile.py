@@ -211,13 +211,24 @@ def sm_clock_mhz(device) -> int | None:
         return None
 
 
-def compare_pause(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int = 10) -> dict | None:
+# the pause check's "sustained" run: this long of the step back to back, untimed, before its timed
+# repetitions (issue 35, session 14): the "back_to_back" run's ten repetitions last 10 x the step,
+# 0.5 s on the 33B but 63 ms on the 6.7B, shorter than the power limiter's response; the 6.7B read
+# back to back 0.91 x paused (no cap) while live its steps with prefill under sustained load ran
+# 6% over the model at 1,905 MHz / 678 W (1,980 MHz idle). Live busy periods last seconds.
+SUSTAIN_S = 1.0
+
+
+def compare_pause(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int = 10,
+                  sustain_s: float | None = None) -> dict | None:
     """The first prefill-only point again, paused / back to back / paused / after decodes,
     `repeats` each: how much of a compute-bound step's time the idle before it changes, in the
     same process (so a profile says what its --pause-ms did). "after_decode" fills the pause with
     decode steps of a middle decode batch of the grid instead of idling: the serving loop's prefill
     steps follow decode steps, not idle time (issue 35: on the H200 such steps ran ~3% over the
-    paused profile with no prefill in the 100 ms before them)."""
+    paused profile with no prefill in the 100 ms before them). "sustained" (with `sustain_s` > 0,
+    last): the step back to back for `sustain_s` untimed, then its timed repetitions back to back:
+    the clock a long busy period settles at, whatever the step's length."""
     shape = next(((d, p, c, k, s) for d, p, c, k, s in shapes if d == 0 and p), None)
     if shape is None:
         return None
@@ -231,13 +242,25 @@ def compare_pause(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int 
     plan = [("paused", pause_s, None), ("back_to_back", 0.0, None), ("paused_again", pause_s, None)]
     if busy is not None:
         plan.append(("after_decode", pause_s, busy))
+    sustain_s = SUSTAIN_S if sustain_s is None else sustain_s
+    if sustain_s > 0:
+        plan.append(("sustained", 0.0, None))
     runs = []
     for label, pause, before in plan:
+        extra = {}
+        if label == "sustained":
+            sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
+            t_end, n = time.perf_counter() + sustain_s, 0
+            while time.perf_counter() < t_end:
+                runner.finish(runner.launch(chunks))
+                n += 1
+            sync()
+            extra = {"sustain_ms": sustain_s * 1000, "sustain_steps": n}
         ms = measure(runner, chunks, repeats, 1, pause, busy_chunks=before)
         runs.append({"run": label, "pause_ms": pause * 1000, "step_ms_median": statistics.median(ms),
                      "step_ms_min": min(ms), "step_ms_max": max(ms),
                      "sm_clock_mhz": sm_clock_mhz(runner.device),
-                     **({"decode_seqs_before": dec[0]} if before is not None else {})})
+                     **({"decode_seqs_before": dec[0]} if before is not None else {}), **extra})
         print(f"pause check d=0 p={p}: {label:12s} median {runs[-1]['step_ms_median']:9.3f} ms", flush=True)
     return {"num_prefill_tokens": p, "num_prefill_seqs": k, "runs": runs}
 
