@@ -82,12 +82,14 @@ def path_records(run: dict, ids: list[str], streams: dict[str, int]) -> tuple[di
 
 def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], profile: str | None = None,
                    per_stream: str = "auto", seeds: set[int] | None = None,
-                   live_steps=None, cost_scale=None) -> dict:
+                   live_steps=None, cost_scale=None, hide_launch: str | None = None,
+                   power_cap: str | None = None) -> dict:
     """Re-run the validate's replay + delivery path for every run (or the runs of `seeds`).
     `per_stream`: "auto" (fitted from the session's path records, as `sim validate` does),
     "recorded" (the k the validate used: its `delivery_path`, else 0), "off", or ms.
     `cost_scale(seed, load label)`: a diagnostic, every step time of that run multiplied by it
-    (`validate.ScaledCost`; None or 1: the model as it is)."""
+    (`validate.ScaledCost`; None or 1: the model as it is). `hide_launch`, `power_cap`: "auto" |
+    "on" | "off" for the cost model's terms (`validate.model_terms`; None: as the validate had them)."""
     from bench.serving.ttft_path import delivery_path
     from bench.simulator.decision_fidelity import compare as decision_compare
     from bench.simulator.decision_fidelity import compare_steps
@@ -115,12 +117,13 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
     # the validate's model terms and async lead as recorded (the profile's own when another one
     # is given: its launch time and pause check)
     rec = validate["profile"]
-    if profile == rec["path"]:
+    if profile == rec["path"] and hide_launch is None and power_cap is None:
         terms, lead_ms = dict(rec["model_terms"]), rec.get("async_plan_lead_ms")
     else:
         from bench.simulator.validate import async_plan_lead
         lead = async_plan_lead(doc, str(cfg.get("device", "cpu")))
-        terms = model_terms(doc, lead, cfg.get("hide_launch", "auto"), cfg.get("power_cap", "auto"))
+        terms = model_terms(doc, lead, hide_launch or cfg.get("hide_launch", "auto"),
+                            power_cap or cfg.get("power_cap", "auto"))
         lead_ms = None if lead is None else 1e3 * lead
     lead_s = None if lead_ms is None else lead_ms / 1e3
     gw = gateway_config(serve_parser().parse_args(cfg["serve_argv"]), ["live"])
@@ -211,19 +214,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("validate", help="the sim validate --json output")
     p.add_argument("decisions", help="its decision log (.jsonl or .jsonl.gz)")
     p.add_argument("steps", help="its step log (.jsonl or .jsonl.gz)")
-    p.add_argument("--profile", help="the cost model's profile (default: the session's, as recorded)")
+    p.add_argument("--profile", help="the cost model's profile (default: the session's, as recorded, "
+                                     "or under its name beside VALIDATE.json)")
     p.add_argument("--delivery-per-stream-ms", default="auto", metavar="auto|recorded|off|MS",
                    help="the path's cost per stream of a token's step: fitted from the session's "
                         "path records (auto, as sim validate), the validate's, none, or given")
     p.add_argument("--seeds", help="score these seeds only (e.g. the ones a what-if profile was not "
                                    "built from); the delivery path is fitted from every run")
+    p.add_argument("--hide-launch", choices=("auto", "on", "off"),
+                   help="the cost model's hidden launch (default: as the validate had it)")
+    p.add_argument("--power-cap", choices=("auto", "on", "off"),
+                   help="the cost model's power cap (default: as the validate had it)")
     p.add_argument("--json", dest="json_out")
     a = p.parse_args(argv)
     validate = json.loads(Path(a.validate).read_text())
     arrivals, batches = read_log(a.decisions)
     rows = read_steps(a.steps)
     seeds = None if not a.seeds else {int(x) for x in a.seeds.split(",")}
-    res = replay_session(validate, arrivals, batches, rows, a.profile, a.delivery_per_stream_ms, seeds)
+    profile = a.profile
+    if profile is None and not Path(validate["profile"]["path"]).exists():
+        # a committed session: its profile beside the validate JSON, under the recorded name
+        profile = str(Path(a.validate).parent / Path(validate["profile"]["path"]).name)
+    res = replay_session(validate, arrivals, batches, rows, profile, a.delivery_per_stream_ms, seeds,
+                         hide_launch=a.hide_launch, power_cap=a.power_cap)
     dp = res["delivery_path"]
     print(f"profile {res['profile']['path']} ({res['profile']['num_points']} points), terms "
           f"{res['profile']['model_terms']}, lead {res['profile']['async_plan_lead_ms']} ms; delivery path "
