@@ -147,6 +147,13 @@ def test_validate_small_live_run(tmp_path):
     assert slow["cost_scale"] == 2.0
     assert slow["compare_replay_path"]["tpot_p50"]["sim"] == pytest.approx(
         2 * rrun["compare_replay_path"]["tpot_p50"]["sim"], rel=0.1)
+    # the what-if dispatch delay: every request reaches the engine 1 ms later (nearly all find it
+    # idle at this load), so the TTFT P50 moves by about that
+    late = replay_session(res, arrivals, batches, read_step_rows(res["step_log"]), per_stream="recorded",
+                          extra_dispatch_ms=1.0)
+    assert late["dispatch_delay_ms"]["median"] == pytest.approx(dd["median"] + 1.0)
+    assert late["loads"][0]["runs"][0]["compare_replay_path"]["ttft_p50"]["sim"] == pytest.approx(
+        rrun["compare_replay_path"]["ttft_p50"]["sim"] + 1.0, abs=0.5)
     (cell,) = cells(json.loads(json.dumps(again, default=float)))
     assert cell["runs"] == "1 x 8" and cell["comparison"] == "replay_path"
     assert cell["figures"]["ttft_p50"]["mean"] == pytest.approx(run["compare_replay_path"]["ttft_p50"]["rel_err"])

@@ -83,13 +83,15 @@ def path_records(run: dict, ids: list[str], streams: dict[str, int]) -> tuple[di
 def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], profile: str | None = None,
                    per_stream: str = "auto", seeds: set[int] | None = None,
                    live_steps=None, cost_scale=None, hide_launch: str | None = None,
-                   power_cap: str | None = None) -> dict:
+                   power_cap: str | None = None, extra_dispatch_ms: float = 0.0) -> dict:
     """Re-run the validate's replay + delivery path for every run (or the runs of `seeds`).
     `per_stream`: "auto" (fitted from the session's path records, as `sim validate` does),
     "recorded" (the k the validate used: its `delivery_path`, else 0), "off", or ms.
     `cost_scale(seed, load label)`: a diagnostic, every step time of that run multiplied by it
     (`validate.ScaledCost`; None or 1: the model as it is). `hide_launch`, `power_cap`: "auto" |
-    "on" | "off" for the cost model's terms (`validate.model_terms`; None: as the validate had them)."""
+    "on" | "off" for the cost model's terms (`validate.model_terms`; None: as the validate had them).
+    `extra_dispatch_ms`: added to the measured flush -> plan delay of every request (a what-if: the
+    gateway's window firing late, measured at the lowest load)."""
     from bench.serving.ttft_path import delivery_path
     from bench.simulator.decision_fidelity import compare as decision_compare
     from bench.simulator.decision_fidelity import compare_steps
@@ -147,6 +149,7 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
     path = delivery_path(low, have, k)
     # on the runs' windows (the warm-up's are not measured: as sim validate)
     net_s, num_idle = dispatch_delay(step_rows, [b for (_, bs) in by_run.values() for b in bs])
+    net_s += extra_dispatch_ms / 1e3
     out_loads = []
     for li, ld in enumerate(validate["loads"]):
         runs = []
@@ -225,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the cost model's hidden launch (default: as the validate had it)")
     p.add_argument("--power-cap", choices=("auto", "on", "off"),
                    help="the cost model's power cap (default: as the validate had it)")
+    p.add_argument("--extra-dispatch-ms", type=float, default=0.0,
+                   help="what-if: added to the measured gateway flush -> backend plan delay")
     p.add_argument("--json", dest="json_out")
     a = p.parse_args(argv)
     validate = json.loads(Path(a.validate).read_text())
@@ -236,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         # a committed session: its profile beside the validate JSON, under the recorded name
         profile = str(Path(a.validate).parent / Path(validate["profile"]["path"]).name)
     res = replay_session(validate, arrivals, batches, rows, profile, a.delivery_per_stream_ms, seeds,
-                         hide_launch=a.hide_launch, power_cap=a.power_cap)
+                         hide_launch=a.hide_launch, power_cap=a.power_cap,
+                         extra_dispatch_ms=a.extra_dispatch_ms)
     dp = res["delivery_path"]
     print(f"profile {res['profile']['path']} ({res['profile']['num_points']} points), terms "
           f"{res['profile']['model_terms']}, lead {res['profile']['async_plan_lead_ms']} ms; delivery path "
