@@ -82,3 +82,12 @@ if [ "$P" = 6.7b ]; then
   $PY -m bench.simulator.validate_replay "$V" "$D" "$S" --profile "$PR" --seeds 2,3,4 \
     --json replay_6.7b_heldout.json > replay_6.7b_heldout.txt
 fi
+# 6. what-if (6.7B): the window fires late (live 5.62 ms at the lowest load vs the batcher's 5.00):
+#    that lateness added to every request's dispatch, as run and with the sustained-cap what-if
+if [ "$P" = 6.7b ]; then
+  LATE=$($PY -c "import json,statistics as s; v=json.load(open('$V')); print(s.mean(r['ttft_path_ms']['window'] for r in v['loads'][0]['runs']) - v['config']['batcher']['min_latency_ms'])")
+  $PY -m bench.simulator.validate_replay "$V" "$D" "$S" --profile "$PR" --extra-dispatch-ms $LATE \
+    --json replay_6.7b_window_late.json > replay_6.7b_window_late.txt
+  $PY -m bench.simulator.validate_replay "$V" "$D" "$S" --profile profile_6.7b_sustained_whatif.json --seeds 2,3,4 \
+    --extra-dispatch-ms $LATE --json replay_6.7b_sustained_whatif_window_late.json > replay_6.7b_sustained_whatif_window_late.txt
+fi
