@@ -69,6 +69,7 @@ class GatewayConfig:
     slo: SLOTargets = field(default_factory=SLOTargets)
     slot_model: bool = False  # admission's slot model (scheduler.admission, "Slots")
     compete_window: bool = False  # AdmissionConfig.compete_window
+    retry_after_quantile: float | None = None  # AdmissionConfig.retry_after_quantile
     pool: PoolConfig = field(default_factory=PoolConfig)
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
     queues: QueueConfig = field(default_factory=QueueConfig)
@@ -305,7 +306,8 @@ class Gateway:
                                      decision_log=decisions,
                                      admission_config=AdmissionConfig(
                                          slo=config.slo, slot_model=config.slot_model,
-                                         compete_window=config.compete_window))
+                                         compete_window=config.compete_window,
+                                         retry_after_quantile=config.retry_after_quantile))
         self.draining = False
         self.num_active = 0
         self._ids = itertools.count()

@@ -98,6 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --slot-model: a Slow request's free slot is contested by the Fast "
                    "and Normal arrivals during its batching window too, not only until the "
                    "backend's next step (AdmissionConfig.compete_window; for long windows)")
+    p.add_argument("--retry-after-quantile", type=float, default=None, metavar="Q",
+                   help="with --slot-model: a refusal's Retry-After is this quantile (0.5: the "
+                   "median) of its wait over admission's futures of the Fast and Normal "
+                   "arrivals, not the wait with them at their mean "
+                   "(AdmissionConfig.retry_after_quantile)")
     p.add_argument("--stream-interval", type=int, default=1, help="stream every N tokens")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger bodies get 413")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds; then 504")
@@ -246,6 +251,7 @@ def gateway_config(args: argparse.Namespace, backends: list[str]) -> GatewayConf
         stream_stall_timeout_s=args.stream_stall_timeout,
         slo=SLOTargets.parse(args.slo_ttft_ms, args.slo_tpot_ms), slot_model=args.slot_model,
         compete_window=getattr(args, "compete_window", False),
+        retry_after_quantile=getattr(args, "retry_after_quantile", None),
         pool=PoolConfig(heartbeat_timeout_s=args.heartbeat_timeout,
                         max_inflight_per_backend=args.max_inflight_per_backend, curve=curve,
                         # block size: the backends' own, read from their BackendInfo when hashing

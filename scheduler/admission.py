@@ -36,8 +36,7 @@ gradually, with no extra rule.
 
 A refusal carries the predicted TTFT as its retry-after: the wait the request would have had
 (the time for the work ahead of it to start), which the gateway sends as `Retry-After` (whole
-seconds, rounded up) and `retry-after-ms` (under the slot model, the median of that wait:
-"Retry-After" below).
+seconds, rounded up) and `retry-after-ms` ("Retry-After" below).
 
 The service is not one number per class: a request whose prompt is mostly in the backend's
 prefix cache starts sooner, and a backend decoding many sequences runs slower steps. Each start
@@ -96,9 +95,9 @@ simulator's 4 x 8-slot x 20 ms backends at 1.5x capacity with placement by predi
 Fast TTFT p90 of the admitted 209 -> 87 ms, accepted missing by > 10% 6.8 -> 3.4% (5 seeds).
 
 Admission and Retry-After differ there (`AdmissionConfig.arrival_quantile`): the Retry-After is
-the median wait over the futures below ("Retry-After"); a Slow request is admitted
-only if its wait meets the deadline in (by default) every one of 64 fixed Poisson futures of
-those arrivals, simulated the same way (the Fast and Normal arrivals after it decide when it
+the wait with the higher classes' arrivals at their mean ("Retry-After" below); a Slow
+request is admitted only if its wait meets the deadline in (by default) every one of 64
+fixed Poisson futures of those arrivals, simulated the same way (the Fast and Normal arrivals after it decide when it
 gets a slot: its waits span x3.3-3.8 from p10 to p90 of the futures; with the mean, 3.4-3.9% of
 the admitted missed by > 10%). 1.5x capacity, 10 seeds: Slow admitted missing by > 10% 176 -> 14, Slow met
 35.8 -> 42.8%; at 1.0x 83 of 1,237 Slow requests refused that the mean admitted.
@@ -114,23 +113,21 @@ slots, seeds 0-29: at 1.5x the admitted missing by > 10% 33 -> 19 (Slow 17 -> 8)
 44.9 -> 41.2% of sent, Fast and Normal +0.3-0.4 points; at 1.0x none missed either way and
 Slow met 93.6 -> 89.8% (issue 31, seventh session).
 
-Retry-After (`AdmissionConfig.retry_after_quantile`, 0.5). Under the slot model a refusal's
-Retry-After is its batching window plus the median of its dispatch -> first token over the
-same 64 futures of the higher classes' arrivals that admission's upper quantile reads (a free
-slot contested as above: the mixture's median), with the requests of its class or a higher
-one queued in the gateway ahead of it (they leave in the flush before it and take the first
-slots to free there). Admission's prediction (the decision logs' `pred_ms`) is unchanged. It
-was the wait with the arrivals at their mean, which is biased: evenly spaced arrivals never
-bunch, so the mean under-states a wait that Poisson bunches of Fast and Normal arrivals
-lengthen, and where their recent rate fills every slot it lets the request in only past the
-5 s horizon, although most futures' lulls do sooner; a Normal request in the gateway's window
-took the slot the prediction gave the refused one. Scored on forked futures (`tidegate sim
-retry-bound`: the arrivals after each refusal redrawn 10 times, the refused request sent
-anyway), 4 x 8 slots at 1.5x, seeds 0 / 1 / 2: Slow Retry-After within +-25% of the wait in
-44.3 -> 47.4 / 44.0 -> 45.2 / 37.9 -> 45.0% of the worlds (the best any rule can do from the
-state at the refusal: ~62%), its ratio to the worlds' median wait 0.75 -> 0.84-1.00 (issue 31,
-fourteenth session). The gap model's Retry-After stays the point estimate plus its pool's
-median error (`retry_after_calibrated`).
+Retry-After. The Retry-After is the point estimate above: the wait with the higher classes'
+arrivals at their mean. `AdmissionConfig.retry_after_quantile` (opt-in) takes instead a
+quantile (0.5: the median) of the wait over the same 64 futures admission's upper quantile
+reads (a contested free slot: the mixture's quantile). Evenly spaced arrivals never bunch, so
+the mean under-states a wait that Poisson bunches of Fast and Normal arrivals lengthen, and
+where their recent rate fills every slot it lets the request in only past the 5 s horizon,
+although most futures' lulls do sooner. Scored on forked futures (`tidegate sim retry-bound`:
+the arrivals after each refusal redrawn 10 times, the refused request sent anyway), 4 x 8
+slots at 1.5x, seeds 0 / 1 / 2, the median puts the Slow Retry-After within +-25% of the wait
+in 44.3 -> 47.5 / 44.0 -> 44.1 / 37.9 -> 40.6% of the worlds (the best any rule can do from
+the state at the refusal: ~62%); live, against the benchmark's probes, it halved the p90 of
+|Retry-After / wait - 1| (1.9-2.1 -> 1.0) but put fewer within +-25% (32-33 -> 28%), where the
+probes' waits hardly follow any of the slot model's predictions past 0.1 s (issue 31,
+fourteenth session). The gap model's Retry-After adds its pool's median error
+(`retry_after_calibrated`).
 
 `headroom(now)`: per backend and in total, 1 / gap_b (the start rate the SLOs can take) minus
 the recent start rate: the extra requests/s before queues grow and deadlines start to fail.
@@ -201,20 +198,19 @@ class AdmissionConfig:
     # 0-4: Slow met 30.2 -> 40.1% of sent, admitted missing by > 10% 3.5 -> 3.4% (all
     # classes; issue 31, fourth session)
     slot_fallback: str = "shorter"
-    # the slot model's Retry-After: this quantile of the wait over the same futures of the
-    # higher classes' arrivals that admission's upper quantile reads (`arrival_samples`; 0.5:
-    # their median), with the requests queued in the gateway ahead of it (they leave in the
-    # flush before it and take the first slots to free there). None: the wait with the
-    # arrivals at their mean and the gateway's queue at the paced-gap rate (before). The mean
-    # projection spaces the arrivals evenly, so it under-states a wait that Poisson bunches of
-    # Fast and Normal arrivals lengthen, and where their recent rate fills every slot it
-    # never lets the request in before the horizon (5 s) although some futures' lulls do; a
-    # request queued in the gateway takes the slot the prediction gave the refused one.
-    # 4 x 8 slots at 1.5x (47.8 req/s), 10 forked futures per refusal, workload seeds 0 / 1 /
-    # 2: Slow Retry-After within +-25% of the wait in 44.3 -> 47.4 / 44.0 -> 45.2 / 37.9 ->
-    # 45.0% of the worlds, Retry-After over the worlds' median wait 0.75 -> 0.84-1.00 (issue
-    # 31, fourteenth session; module doc, "Retry-After")
-    retry_after_quantile: float | None = 0.5
+    # the slot model's Retry-After (opt-in): this quantile of the refused request's wait over
+    # the same futures of the higher classes' arrivals that admission's upper quantile reads
+    # (`arrival_samples`; 0.5: their median) instead of the wait with the arrivals at their mean
+    # (None, the default). The mean spaces the Fast and Normal arrivals evenly: it under-states
+    # a wait that Poisson bunches lengthen, and where their recent rate fills every slot it lets
+    # the request in only past the 5 s horizon, although most futures' lulls do sooner. In the
+    # simulator it is the better estimate (4 x 8 slots at 1.5x, 10 forked futures per Slow
+    # refusal, seeds 0 / 1 / 2: within +-25% of the wait in 44.3 -> 47.5 / 44.0 -> 44.1 /
+    # 37.9 -> 40.6% of the worlds, |error| p90 0.86 -> 0.85 / 0.84 -> 0.84 / 1.08 -> 0.92);
+    # live (the same benchmark's probes, 4 rounds alternated at load 3-6) it halved the
+    # |error| p90 (1.92-2.14 -> 1.01) but put fewer within +-25% (31.8-33.2 -> 27.6%): not the
+    # default (issue 31, fourteenth session; module doc, "Retry-After")
+    retry_after_quantile: float | None = None
     # admission's (not Retry-After's) slot wait of a request of class `arrival_quantile_from`
     # or lower (2: Slow): the higher classes' arrivals after it projected at their mean (None:
     # the Retry-After's point estimate) or for an upper quantile q of the wait (module doc,
@@ -1031,16 +1027,16 @@ class WaitPredictor:
         free = fs[cls] or fs[NUM_CLASSES] or 1.5 * be.step
         return free if wait <= 0.0 else wait + be.step + max(0.0, free - 1.5 * be.step)
 
-    def slot_retry_after(self, b: int, cls: int, gateway_ahead: int, window_s: float,
-                         quantile: float) -> float | None:
+    def slot_retry_after(self, b: int, cls: int, window_s: float,
+                         quantile: float | None) -> float | None:
         """A class-`cls` request's Retry-After on `b` (`AdmissionConfig.retry_after_quantile`):
         its batching window, then the `quantile` of its dispatch -> first token over the
-        admission check's futures, the `gateway_ahead` requests of its class or a higher one
-        queued in the gateway sent before it (None: the slot model does not predict on `b`)."""
+        admission check's futures (None: the mean projection's; returns None where the slot
+        model does not predict on `b`)."""
         be = self.backends.get(b)
         if be is None or self.clock is None or not be.step:
             return None
-        w = self._slot_wait(be, cls, gateway_ahead, self.clock(), quantile, window_s)
+        w = self._slot_wait(be, cls, 0, self.clock(), quantile, window_s)
         if w is None:
             return None
         return window_s + self.slot_ttft(b, cls, w)
@@ -1137,9 +1133,8 @@ class AdmissionControl:
             self.num_refused[cls] += 1
             ra = None
             if self.config.retry_after_quantile is not None and b >= 0:
-                ra = pred.slot_retry_after(b, cls, sum(gateway_depths[: cls + 1]), window_s,
-                                           self.config.retry_after_quantile)
-            if ra is None:  # the gap model's: the point estimate
+                ra = pred.slot_retry_after(b, cls, window_s, self.config.retry_after_quantile)
+            if ra is None:  # the point estimate (the gap model's always)
                 ra = ttft
             return Refusal(cls, max(0.0, ra + pred.retry_after_error(k)), deadline)
         self.num_admitted[cls] += 1

@@ -83,6 +83,8 @@ class SimSchedulerConfig:
     waiting_by_class: bool = False
     slot_model: bool = False  # admission's slot model (scheduler.admission, "Slots")
     compete_window: bool = False  # AdmissionConfig.compete_window (`--compete-window`)
+    # AdmissionConfig.retry_after_quantile (`--retry-after-quantile`)
+    retry_after_quantile: float | None = None
 
     def prefix_caching_for(self, workload: Workload) -> bool:
         """The setting resolved for `workload` (auto: does any request have a shared prefix?)."""
@@ -122,7 +124,8 @@ class GatewayAdapter:
         # the live gateway's admission (gateway.dispatcher.submit): the same objects
         self.admission = AdmissionControl(AdmissionConfig(slo=config.slo,
                                                           slot_model=config.slot_model,
-                                                          compete_window=config.compete_window))
+                                                          compete_window=config.compete_window,
+                                                          retry_after_quantile=config.retry_after_quantile))
         self.predictor = self.admission.predictor
         self.admits = config.admission and config.slo.any_ttft
         self.retry_after: dict[int, float] = {}  # refused request -> its predicted TTFT

@@ -84,6 +84,9 @@ def add_run_args(p: argparse.ArgumentParser, *, num_requests: int = 1000) -> Non
                    help="admission's slot model, as `tidegate serve --slot-model`")
     g.add_argument("--compete-window", action="store_true",
                    help="as `tidegate serve --compete-window` (AdmissionConfig.compete_window)")
+    g.add_argument("--retry-after-quantile", type=float, default=None, metavar="Q",
+                   help="as `tidegate serve --retry-after-quantile` "
+                   "(AdmissionConfig.retry_after_quantile)")
     g.add_argument("--prefix-caching", choices=("auto", "on", "off"), default="auto",
                    help="auto: on only when the workload shares prefixes (the simulator's generated "
                         "tokens are dummies, so nothing else hits; see sims.adapters)")
@@ -184,7 +187,8 @@ def spec_from_args(a: argparse.Namespace) -> RunSpec:
                                admission=bool(getattr(a, "admission", False)),
                                waiting_by_class=bool(getattr(a, "waiting_by_class", False)),
                                slot_model=bool(getattr(a, "slot_model", False)),
-                               compete_window=bool(getattr(a, "compete_window", False)))
+                               compete_window=bool(getattr(a, "compete_window", False)),
+                               retry_after_quantile=getattr(a, "retry_after_quantile", None))
     if not (math.isfinite(a.delivery_delay_ms) and a.delivery_delay_ms >= 0):
         raise ValueError(f"--delivery-delay-ms must be >= 0, got {a.delivery_delay_ms}")
     per_stream_ms = getattr(a, "delivery_per_stream_ms", 0.0)

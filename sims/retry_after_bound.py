@@ -31,11 +31,12 @@ Per refused request, with the benchmark's criterion |R / W - 1| <= 0.25 ("hit"):
 The ceiling is the mean of ``best_loo`` over the refused requests: the share of probes any
 Retry-After could put within +-25% when what decides the wait is the future's arrivals. Also
 scored per refusal: alternative predictors computed at the refusal from the same state
-(`ALTERNATIVES`: `point`, the rule before the fourteenth session (the wait with the arrivals at
-their mean); `quantile_Q`, the slot model's Retry-After at another quantile of its futures;
-`median_of_futures`, without the gateway's queue; `cluster_median`, every backend's slots in one
-simulation (`cluster_wait`, not adopted); the slot model with another arrival horizon, or
-without the calibration). A Retry-After changes nothing that happens, so `--rescore` scores a
+(`ALTERNATIVES`: `point`, the default rule (the wait with the arrivals at their mean);
+`quantile_Q`, `AdmissionConfig.retry_after_quantile` = Q (a quantile of the wait over the
+admission check's futures); `median_of_futures`, the same at 0.5 with the gateway's queue term
+kept; `*_shared_rate`, each backend's higher-class rate replaced by the backends' mean;
+`cluster_median`, every backend's slots in one simulation (`cluster_wait`); the slot model with
+another arrival horizon, or without the calibration). A Retry-After changes nothing that happens, so `--rescore` scores a
 study's worlds again with today's alternatives (`--admission-config retry_after_quantile=none`:
 the base run of a study made before that default).
 
@@ -209,20 +210,38 @@ def _with_config(calibrated: bool | str = True, **changes) -> Callable:
 
 # ---- alternative Retry-Afters (scored in the same worlds) ----------------------------------------
 def _point(pred, cls, depths, window_s, live, deadline):
-    """The rule before the fourteenth session: the wait with the higher classes' arrivals at
-    their mean, the gateway's queue at the paced-gap rate (+ the gap model's calibration)."""
+    """The default rule: the wait with the higher classes' arrivals at their mean, the
+    gateway's queue at the paced-gap rate (+ the gap model's calibration)."""
     ttft, b = pred.predict(cls, sum(depths[: cls + 1]), window_s, live)
     return max(0.0, ttft + pred.retry_after_error(pred.pool_at(cls, b)))
 
 
 def _slot_quantile(q: float) -> Callable:
     def predict(pred, cls, depths, window_s, live, deadline):
-        """`AdmissionConfig.retry_after_quantile` = q (0.5: the default since the fourteenth
-        session), whatever the base run's setting."""
+        """`AdmissionConfig.retry_after_quantile` = q, whatever the base run's setting."""
         ttft, b = pred.predict(cls, sum(depths[: cls + 1]), window_s, live)
-        ra = pred.slot_retry_after(b, cls, sum(depths[: cls + 1]), window_s, q) if b >= 0 else None
+        ra = pred.slot_retry_after(b, cls, window_s, q) if b >= 0 else None
         return max(0.0, (ttft if ra is None else ra)
                    + pred.retry_after_error(pred.pool_at(cls, b)))
+    return predict
+
+
+def _shared_rate(f: Callable) -> Callable:
+    """`f` with each backend's higher-class arrival rate replaced by the backends' mean."""
+    def predict(pred, cls, depths, window_s, live, deadline):
+        orig = pred.higher_rate
+
+        def mean_rate(be, c, now):
+            rs = [orig(other, c, now) for other in pred.backends.values()]
+            n = len(rs) or 1
+            r = sum(x for x, _ in rs) / n
+            m = sum(x * y for x, y in rs) / (r * n) if r else 0.0
+            return r, m
+        pred.higher_rate = mean_rate
+        try:
+            return f(pred, cls, depths, window_s, live, deadline)
+        finally:
+            del pred.higher_rate
     return predict
 
 
@@ -386,6 +405,8 @@ def _cluster(q: float) -> Callable:
 ALTERNATIVES: dict[str, Callable] = {
     "point": _point,
     "quantile_0.5": _slot_quantile(0.5),
+    "quantile_0.5_shared_rate": _shared_rate(_slot_quantile(0.5)),
+    "point_shared_rate": _shared_rate(_point),
     "quantile_0.4": _slot_quantile(0.4),
     "quantile_0.6": _slot_quantile(0.6),
     "median_of_futures": _median_of_futures,

@@ -1,8 +1,8 @@
-"""Issue 31, fourteenth session: the slot model's Retry-After is the median of the refused
-request's wait over the futures admission's upper quantile reads, with the requests queued in
-the gateway ahead of it (`AdmissionConfig.retry_after_quantile`), not the wait with the higher
-classes' arrivals at their mean. Closed forms; the forked futures of the issue's simulated benchmark
-(`tidegate sim retry-bound`, whose `point` alternative is the rule before) measure the gain."""
+"""Issue 31, fourteenth session: `AdmissionConfig.retry_after_quantile` (opt-in): the slot
+model's Retry-After is a quantile (0.5: the median) of the refused request's wait over the
+futures admission's upper quantile reads, not the wait with the higher classes' arrivals at
+their mean (the default). A closed form; the forked futures of the issue's simulated benchmark
+(`tidegate sim retry-bound`, alternatives `point` and `quantile_0.5`) measure the difference."""
 from __future__ import annotations
 
 import pytest
@@ -47,24 +47,6 @@ def _full_backend(normal_rate: float = 0.0, first: int = 3,
     return AdmissionControl(p.config, p), clock
 
 
-def test_a_request_queued_in_the_gateway_takes_the_first_slot_to_free():
-    """A Normal request waiting in the gateway's window leaves in the flush before the refused
-    Slow one and takes the slot that frees first (3 steps from now): the Slow request would
-    have had the second (6 steps; its first token a step later). Before, the Retry-After gave
-    it the first: 4 steps, 43% of the wait."""
-    adm, clock = _full_backend()
-    refusal = adm.check(SLOW, [0, 1, 0], 0.0, ttft_override_ms=1.0, now=clock.now())
-    assert refusal is not None and refusal.retry_after_s == pytest.approx(7 * STEP)
-    assert adm.last_predicted_s == pytest.approx(4 * STEP)  # admission's prediction: unchanged
-    before, clock = _full_backend(retry_after_quantile=None)
-    refusal = before.check(SLOW, [0, 1, 0], 0.0, ttft_override_ms=1.0, now=clock.now())
-    assert refusal is not None and refusal.retry_after_s == pytest.approx(4 * STEP)
-    # nothing queued in the gateway: the first slot, either way
-    adm, clock = _full_backend()
-    refusal = adm.check(SLOW, [0, 0, 0], 0.0, ttft_override_ms=1.0, now=clock.now())
-    assert refusal.retry_after_s == pytest.approx(4 * STEP)
-
-
 def test_the_retry_after_is_the_median_wait_over_the_admission_futures():
     """The first slot frees 27 steps from now; Normal requests of 40 tokens arrive at 12 a
     second, 4.8 slots' worth of 4. With the arrivals evenly spaced (the mean projection) one
@@ -72,7 +54,7 @@ def test_the_retry_after_is_the_median_wait_over_the_admission_futures():
     and the Retry-After was 6.4 s; over the 64 fixed Poisson futures that admission's 0.99
     quantile reads (the longest of them refused it), the median one has a lull at ~1.5 s. The
     Retry-After is its window plus that median wait's first token."""
-    adm, clock = _full_backend(12.0, first=27)
+    adm, clock = _full_backend(12.0, first=27, retry_after_quantile=0.5)
     p = adm.predictor
     be, now = p.backends[0], clock.now()
     window = 0.004
@@ -87,6 +69,32 @@ def test_the_retry_after_is_the_median_wait_over_the_admission_futures():
     assert refusal.retry_after_s == pytest.approx(window + p.slot_ttft(0, SLOW, median))
     assert 1.0 < refusal.retry_after_s < 2.0
     assert p.backend_ttft(0, SLOW) > 5.0  # the mean projection's wait
-    before, clock = _full_backend(12.0, first=27, retry_after_quantile=None)
-    refusal = before.check(SLOW, [0, 0, 0], window, now=clock.now())
-    assert refusal.retry_after_s == pytest.approx(window + before.predictor.backend_ttft(0, SLOW))
+    # the default: the point estimate (the mean projection's wait)
+    point, clock = _full_backend(12.0, first=27)
+    refusal = point.check(SLOW, [0, 0, 0], window, now=clock.now())
+    assert refusal.retry_after_s == pytest.approx(window + point.predictor.backend_ttft(0, SLOW))
+    with pytest.raises(ValueError):
+        AdmissionConfig(retry_after_quantile=1.0)
+
+
+def test_the_cli_flags_reach_admission():
+    """`tidegate serve --retry-after-quantile` and `tidegate sim --retry-after-quantile` reach
+    the admission both run (the gateway's config, the simulator's gateway adapter)."""
+    import argparse
+
+    from gateway.serve import build_parser, gateway_config
+    from sims.options import add_run_args, parse_with_config, spec_from_args
+    from sims.retry_after_bound import _loop
+    from sims.workload import generate
+    args = build_parser().parse_args(["--backend", "ipc:///tmp/x.sock", "--slot-model",
+                                      "--retry-after-quantile", "0.5"])
+    assert gateway_config(args, ["ipc:///tmp/x.sock"]).retry_after_quantile == 0.5
+    args = build_parser().parse_args(["--backend", "ipc:///tmp/x.sock"])
+    assert gateway_config(args, ["ipc:///tmp/x.sock"]).retry_after_quantile is None
+    p = argparse.ArgumentParser()
+    add_run_args(p)
+    spec = spec_from_args(parse_with_config(p, ["--slot-model", "--retry-after-quantile", "0.5",
+                                                "--num-requests", "4"]))
+    assert spec.scheduler.retry_after_quantile == 0.5
+    loop = _loop(spec, generate(spec.workload))
+    assert loop.gateway.admission.config.retry_after_quantile == 0.5
