@@ -112,9 +112,11 @@ if [ ${#COST[@]} -gt 0 ]; then
   cat "$OUT/plan.txt"
 fi
 
-# 4. the control check at LOAD x capacity
+# 4. the control check at LOAD x capacity. CONTROL_FIRST=1 runs the control (no admission) first:
+# on 2026-12-04 the first run (admission) served 97 ms per output token and the second (control)
+# 22 ms at the same rate, so which run goes first has to be told apart from admission itself
 timeout 300 $PY -m bench.serving.slo_control --url http://127.0.0.1:18501 --control-url http://127.0.0.1:18502 \
-    --slo-ttft-ms "$SLO" --rate "$RATE" --num-requests "$N" --input-len "$INPUT" \
+    ${CONTROL_FIRST:+--control-first} --slo-ttft-ms "$SLO" --rate "$RATE" --num-requests "$N" --input-len "$INPUT" \
     --output-len "$OUTPUT" --seed "$SEED" --probe-every "$PROBE_EVERY" --json "$OUT/slo_control.json" \
     --records "$OUT/records_a.jsonl" 2>&1 | tee "$OUT/slo_control.txt"
 curl -s localhost:18501/metrics | grep -E "^tidegate_(slo|admission|window|refused)" > "$OUT/metrics_a.txt"
