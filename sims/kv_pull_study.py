@@ -44,10 +44,12 @@ from sims.workload import LengthSpec, Workload, WorkloadConfig, generate
 PROFILE = "bench/results/kv_pull_cpu/tiny_cpu_profile.json"
 
 
-def prefix_trace(rate: float, n: int, tenants: int, prefix_len: int, seed: int) -> Workload:
+def prefix_trace(rate: float, n: int, tenants: int, prefix_len: int, seed: int,
+                 output_len: int = 16) -> Workload:
     return generate(WorkloadConfig(num_requests=n, rate=rate, seed=seed,
                                    input_len=LengthSpec("fixed", prefix_len + 64),
-                                   output_len=LengthSpec("fixed", 16), shared_prefix_fraction=1.0,
+                                   output_len=LengthSpec("fixed", output_len),
+                                   shared_prefix_fraction=1.0,
                                    shared_prefix_len=prefix_len, num_prefix_groups=tenants))
 
 
@@ -126,7 +128,8 @@ def run_pull(a: argparse.Namespace, rate: float, seed: int, pull: bool) -> dict:
                                            off_loop=a.serve == "thread")) if pull else None
     engine = EngineConfig(num_backends=a.backends, placement=PlacementConfig(policy=a.placement),
                           kv_pull=cfg)
-    wl = prefix_trace(rate, a.num_requests, a.tenants, a.prefix_len, seed)
+    wl = prefix_trace(rate, a.num_requests, a.tenants, a.prefix_len, seed,
+                      getattr(a, "output_len", 16))
     if getattr(a, "shared_cores", 0.0):
         res = simulate_shared(wl, cost, SimSchedulerConfig(), engine, shared_cores(a, rate))
     else:
@@ -296,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--placement", default="prefix")
     ap.add_argument("--tenants", type=int, default=8)
     ap.add_argument("--prefix-len", type=int, default=1024)
+    ap.add_argument("--output-len", type=int, default=16,
+                    help="tokens out per request (the live run's 16; fewer: the decode steps a "
+                         "speculating backend takes for them, which the simulator does not model)")
     ap.add_argument("--kv-bytes-per-token", type=float, default=2048.0,
                     help="tiny fp32: 4 layers x 2 kv heads x 32 x (K, V) x 4 bytes")
     ap.add_argument("--rates", default="40,60,80,100,120,140,160")
