@@ -9,32 +9,7 @@ from sims.adapters import SimSchedulerConfig
 from sims.cost import ConstantCost
 from sims.event_loop import EngineConfig, simulate
 from sims.shared_cores import SharedCoreLoop, SharedCores, gpu_time_slicing, simulate_shared
-from sims.workload import Workload
-
-PREFILL_S, DECODE_S = 0.100, 0.020
-
-
-class TwoSpeedCost(ConstantCost):
-    """A step with prefill tokens takes PREFILL_S, a decode-only one DECODE_S."""
-
-    def __init__(self):
-        super().__init__(DECODE_S)
-
-    def step_time(self, num_decode_seqs, num_prefill_tokens, num_context_tokens):
-        if not num_decode_seqs + num_prefill_tokens:
-            return 0.0
-        return PREFILL_S if num_prefill_tokens else DECODE_S
-
-
-def workload(arrivals, outputs):
-    n = len(arrivals)
-    return Workload(arrival_time=np.array(arrivals, dtype=np.float64),
-                    prompt_len=np.full(n, 64, dtype=np.int64),
-                    output_len=np.array(outputs, dtype=np.int64),
-                    prefix_group=np.full(n, -1, dtype=np.int64),
-                    prefix_len=np.zeros(n, dtype=np.int64),
-                    queue_class=np.full(n, -1, dtype=np.int64), priority=np.zeros(n, dtype=np.int64))
-
+from tests.sim_helpers import DECODE_S, PREFILL_S, TwoSpeedCost, workload
 
 # windows of one, flushed at once: the arrivals reach their backends when they come
 ONE_BY_ONE = SimSchedulerConfig(batcher=BatcherConfig(target_throughput=8000.0))
@@ -172,7 +147,6 @@ def test_step_host_time_from_a_lone_backends_step_log(tmp_path):
     import gzip
     import json
 
-    from sims.cost import ConstantCost
     from sims.kv_pull_study import Slowed, _step_log_rows, step_host_from_step_logs
 
     s = Slowed(ConstantCost(0.010), 1.0, 0.002)
