@@ -221,15 +221,10 @@ def test_embedded_default_decoding_completes_functions(gateway):
     `--generation-config auto`, issue 36). Every completion must be deterministic (greedy) and
     at least MIN_PARSED_DEFAULTS must parse."""
     from evals.code import HEADERS
-    from evals.completion import HEADER_TOKENS, STOP_STRINGS, judge_header
+    from evals.completion import judge_header
 
     def complete_default(prompt: str) -> dict:
-        body = json.dumps({"model": gateway["model"], "prompt": prompt,
-                           "max_tokens": HEADER_TOKENS, "stop": list(STOP_STRINGS)}).encode()
-        req = urllib.request.Request(gateway["url"] + "/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            return json.loads(resp.read())["choices"][0]
+        return _complete_at_defaults(gateway, prompt)
 
     with ThreadPoolExecutor(len(HEADERS)) as pool:
         choices = list(pool.map(complete_default, HEADERS))
@@ -265,7 +260,7 @@ def test_embedded_default_decoding_completes_heldout_functions(gateway):
     MIN_HELDOUT_PARSED_DEFAULTS parse and none runs to the 256-token budget (no <eos>, stop
     string or end of the function within it)."""
     from evals.code import default_heldout_list
-    from evals.completion import HEADER_TOKENS, STOP_STRINGS, judge_header
+    from evals.completion import judge_header
     from evals.data import heldout_headers, load_heldout
 
     held = load_heldout(default_heldout_list(str(MODEL)))
@@ -274,12 +269,7 @@ def test_embedded_default_decoding_completes_heldout_functions(gateway):
     headers = [c["header"] for c in heldout_headers(held.files, 8)]
 
     def complete_default(prompt: str) -> dict:
-        body = json.dumps({"model": gateway["model"], "prompt": prompt,
-                           "max_tokens": HEADER_TOKENS, "stop": list(STOP_STRINGS)}).encode()
-        req = urllib.request.Request(gateway["url"] + "/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            return json.loads(resp.read())["choices"][0]
+        return _complete_at_defaults(gateway, prompt)
 
     with ThreadPoolExecutor(len(headers)) as pool:
         choices = list(pool.map(complete_default, headers))
@@ -291,3 +281,16 @@ def test_embedded_default_decoding_completes_heldout_functions(gateway):
           f"budget: {ran}")
     assert parsed >= MIN_HELDOUT_PARSED_DEFAULTS, [(h, c["text"]) for h, c in zip(headers, choices)]
     assert not ran, [(h, c["text"]) for h, c in zip(headers, choices) if h in ran]
+
+
+def _complete_at_defaults(gateway, prompt: str) -> dict:
+    """One header completion through the gateway with no sampling field in the request (the
+    model's generation_config.json applies), HumanEval-style: the eval's budget and stops."""
+    from evals.completion import HEADER_TOKENS, STOP_STRINGS
+
+    body = json.dumps({"model": gateway["model"], "prompt": prompt,
+                       "max_tokens": HEADER_TOKENS, "stop": list(STOP_STRINGS)}).encode()
+    req = urllib.request.Request(gateway["url"] + "/v1/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        return json.loads(resp.read())["choices"][0]
