@@ -61,6 +61,10 @@ def add_engine_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> Non
     add_capacity_arguments(p)
     add_prefill_cap_arguments(p)
     p.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
+    p.add_argument("--waiting-by-class", action="store_true",
+                   help="admit waiting requests by the class of their max_tokens (Fast, Normal, "
+                   "Slow; FCFS within one) instead of FCFS, as the gateway's admission and "
+                   "classes assume and the echo engine does (issue 31; default: FCFS)")
     p.add_argument("--host-kv-gib", type=float, default=0.0,
                    help="host memory (GiB) for a second KV tier: evicted prefix blocks and "
                         "swapped-out preempted sequences (pinned on CUDA); 0: none (default)")

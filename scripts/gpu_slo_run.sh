@@ -3,7 +3,7 @@
 # preset (dummy bf16 weights), and the planner's prediction made before it.
 #
 #   bash scripts/gpu_slo_run.sh                                   # writes under $OUT (out/gpu_slo)
-#   MODEL=models/tiny-coder DEVICE=cpu N=120 INPUT=32 OUTPUT=uniform:1:80 \
+#   MODEL=models/tiny-coder DEVICE=cpu N=120 N_SWEEP=30 INPUT=32 OUTPUT=uniform:1:80 \
 #       SLO=fast=2000,normal=6000,slow=15000 bash scripts/gpu_slo_run.sh   # the CPU check
 #   MODEL=echo ECHO_STEP_MS=20 MAX_NUM_SEQS=8 BACKENDS=4 DEVICE=cpu N=600 INPUT=32 \
 #       OUTPUT=uniform:1:80 SLO=fast=150,normal=400,slow=1000 bash scripts/gpu_slo_run.sh
@@ -12,16 +12,23 @@
 #       # and 8 sequences at most (a queue as our engine's, class-ordered), which the
 #       # simulator's constant step models (decision fidelity below uses --step-ms)
 #
-# The device call's 600 s: start-up (33B dummy, <= 120 s), capacity <= 150 s, plan <= 90 s,
-# control <= 300 s.
-# 1. $BACKENDS backends; two gateways on them: A with --slo-ttft-ms $SLO (admission, decision
-#    log), B without; both with --placement $PLACEMENT
-# 2. capacity: a burst of $N requests through B (rate inf) -> requests/s C
-# 3. the planner's prediction for rate 1.5 C (`tidegate sim slo`, the H200 roofline of $MODEL; on
-#    the CPU the check skips it unless PROFILE is given), written before the live run
-# 4. bench.serving.slo_control at 1.5 C: A then B on the same schedule (Retry-After vs the wait
-#    of a probe, every $PROBE_EVERY-th refusal re-sent admitted, and vs the control run's wait;
-#    deadline misses, Fast TTFT p90, attainment per class)
+# The device call's 600 s: start-up (33B dummy, <= 120 s), capacity sweep <= 150 s, plan <= 90 s,
+# control <= 200 s (the 2026-12-04 call, with a burst for capacity: 106 s in all).
+# 1. $BACKENDS backends (our engine: --waiting-by-class, Fast first, as admission assumes;
+#    WAITING_BY_CLASS=0: FCFS); two gateways on them: A with --slo-ttft-ms $SLO (admission,
+#    decision log), B without; both with --placement $PLACEMENT
+# 2. capacity: the rate where TTFT starts to grow (bench.serving.rate_knee), from a short sweep
+#    through B: a burst of 64 for the scale C0, then $N_SWEEP requests at each of $SWEEP x C0
+#    (fresh prompts each), up to the first rate whose TTFT p90 passes 2x the lowest's + 50 ms
+#    -> C. Not a rate-inf burst of $N: that measures the throughput with a full queue
+# 3. the planner's prediction for rate 1.5 C (`tidegate sim slo`: $PROFILE, by default the 33B
+#    H200 profile of the fidelity grid, else the H200 roofline of $MODEL; on the CPU the check
+#    skips it unless PROFILE is given), written before the live run
+# 4. bench.serving.slo_control at 1.5 C: A then B on the same schedule (CONTROL_FIRST=1: B
+#    first), B's prompts of other content (the second run would hit the first's prefix cache),
+#    the client's connections uncapped (Retry-After vs the wait of a probe, every
+#    $PROBE_EVERY-th refusal re-sent admitted, and vs the control run's wait; deadline misses,
+#    Fast TTFT p90, attainment per class)
 # 5. decision fidelity of A's log: the simulator's admission and windows on the same arrivals
 set -u
 OUT=${OUT:-out/gpu_slo}
@@ -32,8 +39,13 @@ INPUT=${INPUT:-512}
 OUTPUT=${OUTPUT:-uniform:2:128}
 SLO=${SLO:-fast=600,normal=3000,slow=10000}
 LOAD=${LOAD:-1.5}
-PROFILE=${PROFILE:-}
+# the measured H200 profile of the 33B (issue 35's grid) for the planner; another model: the roofline
+PROFILE33=bench/results/fidelity_grid_h200_s13/33b-seeds/profile_33b-seeds.json
+PROFILE=${PROFILE-$([ "$MODEL" = deepseek-coder-33b ] && [ "$DEVICE" != cpu ] && echo "$PROFILE33")}
 BACKENDS=${BACKENDS:-1}
+N_SWEEP=${N_SWEEP:-120}               # requests per rate of the capacity sweep
+SWEEP=${SWEEP:-0.5,0.75,1.0,1.15,1.3,1.45,1.6}  # its rates, x the 64-request burst's throughput
+WAITING_BY_CLASS=${WAITING_BY_CLASS:-1}  # our engine admits Fast first (echo: always)
 # echo: by predicted TTFT (admission predicts on the backend placement then picks; BENCHMARKS,
 # issue 31, third session); otherwise the gateway's default (issue 31, second session: ttft
 # placement with the gap model refused twice as much)
@@ -54,6 +66,7 @@ BEFLAGS=()
 [ -n "$ECHO_STEP_MS" ] && BEFLAGS+=(--echo-step-ms "$ECHO_STEP_MS")
 [ -n "$MAX_NUM_SEQS" ] && BEFLAGS+=(--max-num-seqs "$MAX_NUM_SEQS")
 [ "$DEVICE" = cpu ] && [ "$BACKENDS" -gt 1 ] && BEFLAGS+=(--cpu-threads 1)
+[ "$MODEL" != echo ] && [ "$WAITING_BY_CLASS" = 1 ] && BEFLAGS+=(--waiting-by-class)
 BACKS=()
 for k in $(seq 1 "$BACKENDS"); do
   SOCK=ipc:///tmp/tg-slo-$$-$k.sock
@@ -80,17 +93,36 @@ for port in 18501 18502; do
 done
 curl -sf localhost:18501/health >/dev/null || { echo "gateway A not healthy"; exit 1; }
 
-# 2. capacity through the control gateway (warm-up burst first)
+# 2. capacity through the control gateway (warm-up burst first): the rate where TTFT starts to
+# grow, from a short sweep (every run's prompts of other content: seeds 1, 11, 12, ...)
 $TG bench serve --url http://127.0.0.1:18502 --num-requests 32 --rate inf --input-len "$INPUT" \
     --output-len "$OUTPUT" --seed 9 > /dev/null 2>&1
-timeout 150 $TG bench serve --url http://127.0.0.1:18502 --num-requests "$N" --rate inf --input-len "$INPUT" \
-    --output-len "$OUTPUT" --seed 1 --json "$OUT/capacity.json" > "$OUT/capacity.txt" 2>&1
-CAP=$($PY -c "import json; print(json.load(open('$OUT/capacity.json'))['request_throughput'])")
-if [ -n "${RATE:-}" ]; then  # given: runs compared at one rate (a burst's capacity on a shared CPU varies)
-  echo "capacity $CAP req/s; rate $RATE given" | tee "$OUT/rate.txt"
+if [ -n "${RATE:-}" ]; then  # given: runs compared at one rate (no capacity measured)
+  echo "rate $RATE given" | tee "$OUT/rate.txt"
 else
-  RATE=$($PY -c "print(round($LOAD * $CAP, 3))")
-  echo "capacity $CAP req/s -> rate $RATE" | tee "$OUT/rate.txt"
+timeout 60 $TG bench serve --url http://127.0.0.1:18502 --num-requests 64 --rate inf --input-len "$INPUT" \
+    --output-len "$OUTPUT" --seed 1 --json "$OUT/capacity_burst.json" > "$OUT/capacity.txt" 2>&1
+C0=$($PY -c "import json; print(json.load(open('$OUT/capacity_burst.json'))['request_throughput'])")
+echo "burst of 64: $C0 req/s (the sweep's scale)" | tee -a "$OUT/capacity.txt"
+SWEPT=()
+k=0
+for f in ${SWEEP//,/ }; do
+  k=$((k + 1))
+  r=$($PY -c "print(round($f * $C0, 3))")
+  timeout 90 $TG bench serve --url http://127.0.0.1:18502 --num-requests "$N_SWEEP" --rate "$r" \
+      --input-len "$INPUT" --output-len "$OUTPUT" --seed $((10 + k)) --json "$OUT/sweep_$k.json" \
+      > "$OUT/sweep_$k.txt" 2>&1 || break
+  SWEPT+=("$OUT/sweep_$k.json")
+  $PY -c "import json; d=json.load(open('$OUT/sweep_$k.json')); print('rate $r: TTFT p50 %.0f p90 %.0f ms, %.2f req/s' % (d['ttft_ms']['p50'], d['ttft_ms']['p90'], d['request_throughput']))" \
+      | tee -a "$OUT/capacity.txt"
+  $PY -m bench.serving.rate_knee --next "${SWEPT[@]}" || break
+done
+CAP=0
+[ ${#SWEPT[@]} -gt 0 ] && CAP=$($PY -m bench.serving.rate_knee "${SWEPT[@]}")
+# the lowest rate already past the knee (or no sweep run): the burst's scale at half
+[ "$CAP" = 0.0 ] || [ "$CAP" = 0 ] && CAP=$($PY -c "print(round(0.5 * $C0, 3))")
+RATE=$($PY -c "print(round($LOAD * $CAP, 3))")
+echo "capacity $CAP req/s (TTFT growth knee) -> rate $RATE" | tee "$OUT/rate.txt"
 fi
 
 # 3. the planner's prediction, before the live run
@@ -102,7 +134,10 @@ elif [ "$DEVICE" != cpu ]; then COST=(--model "$MODEL" --gpu h200); fi
 # attainment depends on them: 19-78% over seeds 0-2 in the simulator, same rate)
 SIMFLAGS=(--placement "$PLACEMENT" --seed "$SEED" "${WINFLAGS[@]}")
 [ -n "$MAX_NUM_SEQS" ] && SIMFLAGS+=(--max-num-seqs "$MAX_NUM_SEQS")
-# echo backends admit their waiting requests Fast first (our engine: FCFS); the simulator too
+# our engine: Fast first as the backend runs (step 1), and the CUDA backend's default prefill cap
+[ "$MODEL" != echo ] && [ "$WAITING_BY_CLASS" = 1 ] && SIMFLAGS+=(--waiting-by-class)
+[ "$DEVICE" != cpu ] && SIMFLAGS+=(--max-prefill-tokens-while-decoding 256)
+# echo backends admit their waiting requests Fast first (always); the simulator too
 [ "$MODEL" = echo ] && SIMFLAGS+=(--waiting-by-class --slot-model)
 if [ ${#COST[@]} -gt 0 ]; then
   timeout 90 $TG sim slo "${COST[@]}" "${SIMFLAGS[@]}" --backends "$BACKENDS" \
@@ -115,7 +150,7 @@ fi
 # 4. the control check at LOAD x capacity. CONTROL_FIRST=1 runs the control (no admission) first:
 # on 2026-12-04 the first run (admission) served 97 ms per output token and the second (control)
 # 22 ms at the same rate, so which run goes first has to be told apart from admission itself
-timeout 300 $PY -m bench.serving.slo_control --url http://127.0.0.1:18501 --control-url http://127.0.0.1:18502 \
+timeout 200 $PY -m bench.serving.slo_control --url http://127.0.0.1:18501 --control-url http://127.0.0.1:18502 \
     ${CONTROL_FIRST:+--control-first} --slo-ttft-ms "$SLO" --rate "$RATE" --num-requests "$N" --input-len "$INPUT" \
     --output-len "$OUTPUT" --seed "$SEED" --probe-every "$PROBE_EVERY" --json "$OUT/slo_control.json" \
     --records "$OUT/records_a.jsonl" 2>&1 | tee "$OUT/slo_control.txt"
@@ -125,6 +160,7 @@ curl -s localhost:18501/metrics | grep -E "^tidegate_(slo|admission|window|refus
 FFLAGS=(--backends "$BACKENDS" --placement "$PLACEMENT" "${WINFLAGS[@]}")
 [ -n "$MAX_NUM_SEQS" ] && FFLAGS+=(--max-num-seqs "$MAX_NUM_SEQS")
 [ "$MODEL" = echo ] && FFLAGS+=(--waiting-by-class --slot-model)
+[ "$MODEL" != echo ] && [ "$WAITING_BY_CLASS" = 1 ] && FFLAGS+=(--waiting-by-class)
 $PY -m bench.simulator.decision_fidelity "$OUT/decisions_a.jsonl" --slo-ttft-ms "$SLO" "${COST[@]}" \
     "${FFLAGS[@]}" > "$OUT/decision_fidelity.json" 2>&1
 cat "$OUT/decision_fidelity.json"

@@ -71,3 +71,75 @@ def test_records_list_each_request_with_its_outcome_and_probe(tmp_path):
     assert rows[0]["error"] is None and rows[0]["probe_ttft_s"] is None
     assert rows[1]["error"] == "http_429" and rows[1]["retry_after_s"] == 2.0
     assert rows[1]["probe_ttft_s"] == pytest.approx(1.5) and rows[1]["send_s"] == 0.0
+
+
+def test_the_control_run_sends_other_prompts_of_the_same_lengths():
+    """Issue 31, fifteenth session: the two runs share the backends' prefix cache, so the
+    control run's prompts have other content (the H200 run's second run was served from the
+    first's cache); the admission run's prompts are what they always were."""
+    from bench.serving.slo_control import run_prompts
+    from sims.workload import LengthSpec, ScheduleConfig, make_prompts, make_schedule
+    schedule = make_schedule(ScheduleConfig(num_requests=20, rate=10.0,
+                                            input_len=LengthSpec.parse("uniform:16:64"),
+                                            output_len=LengthSpec.parse("8"), seed=2))
+    admission, control = run_prompts(schedule, 2)
+    assert admission == make_prompts(schedule, 2, (0, 256))
+    assert [len(p) for p in control] == [len(p) for p in admission]
+    # no common first block: nothing of the control's is in the cache the admission run filled
+    assert all(c[:16] != a[:16] for a, c in zip(admission, control))
+    same = run_prompts(schedule, 2, same=True)
+    assert same[0] == same[1] == admission
+
+
+def test_the_admission_run_does_not_cap_open_connections():
+    """Every request of the admission run goes out at its time, however many are open: with an
+    aiohttp session's default cap (100) the H200 run's requests waited up to 9 s in the client,
+    unseen by the gateway. A server that answers nothing until 120 requests are open."""
+    import asyncio
+
+    from aiohttp import web
+
+    from bench.serving import slo_control
+    from sims.workload import LengthSpec, ScheduleConfig, make_schedule
+
+    n = 120
+    schedule = make_schedule(ScheduleConfig(num_requests=n, rate=float("inf"),
+                                            input_len=LengthSpec.parse("4"),
+                                            output_len=LengthSpec.parse("2"), seed=0))
+
+    async def main():
+        opened, all_open = [0], asyncio.Event()
+
+        async def models(request):
+            return web.json_response({"data": [{"id": "m"}]})
+
+        async def completions(request):
+            await request.read()
+            opened[0] += 1
+            if opened[0] >= n:
+                all_open.set()
+            await all_open.wait()
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            await resp.write(b'data: {"choices": [{"text": "a", "token_ids": [1]}]}\n\n')
+            await resp.write(b"data: [DONE]\n\n")
+            return resp
+
+        app = web.Application()
+        app.router.add_get("/v1/models", models)
+        app.router.add_post("/v1/completions", completions)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        try:
+            prompts = [[1, 2, 3, 4]] * n
+            records, _, _ = await asyncio.wait_for(slo_control._run_with_probes(
+                f"http://127.0.0.1:{port}", schedule, prompts, None, 3), 20.0)
+        finally:
+            await runner.cleanup()
+        return records
+
+    records = asyncio.run(main())
+    assert all(r.ok for r in records)

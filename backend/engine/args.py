@@ -29,6 +29,7 @@ def backend_config(args: argparse.Namespace):
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, prefill_cap=prefill_cap,
         enable_prefix_caching=not args.no_prefix_caching, host_kv_gib=args.host_kv_gib,
+        waiting_by_class=getattr(args, "waiting_by_class", False),
         seed=args.seed,
         cpu_threads=args.cpu_threads, echo_step_ms=args.echo_step_ms,
         speculation_config=_speculation(args))

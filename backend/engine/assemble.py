@@ -47,6 +47,8 @@ class BackendConfig:
     prefill_cap: PrefillCap = field(default_factory=PrefillCap)  # prefill per step while decoding
     enable_prefix_caching: bool = True
     host_kv_gib: float = 0.0             # host-memory KV tier (backend.kv.host_tier); 0: none
+    # the waiting queue by class, Fast first (SchedulerConfig.waiting_by_class; --waiting-by-class)
+    waiting_by_class: bool = False
     seed: int = 0                        # dummy-weight seed
     cpu_threads: int | None = None       # torch intra-op threads on the CPU; default: half the cores
     echo_step_ms: float = 0.0            # --model echo: sleep per step (a slow, idle-CPU backend)
@@ -185,6 +187,7 @@ def engine_config(cfg: BackendConfig, runner, host_kv) -> EngineConfig:
                         max_num_batched_tokens=cfg.max_num_batched_tokens,
                         prefill_cap=cfg.prefill_cap,
                         enable_prefix_caching=cfg.enable_prefix_caching,
+                        waiting_by_class=cfg.waiting_by_class,
                         num_host_blocks=host_kv.num_blocks if host_kv is not None else 0,
                         speculation=cfg.speculation_config)
 

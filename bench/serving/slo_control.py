@@ -19,6 +19,16 @@ deadlines and against a control gateway that admits everything, then request by 
 
 Start the two gateways with the same backends' flags and the targets on the first only (`tidegate
 serve --slo-ttft-ms ...`); run the control first or second, but not at once (they share the CPU).
+
+The two runs share the backends, so the control run sends prompts of the same lengths at the same
+times but of other content (`control_prompts`; `--control-same-prompts`: the admission run's,
+as before 2026-12-05): the run that went second was otherwise served from the prefix cache the
+first had filled (the H200 run of 2026-12-04: 400 prompts of 512 tokens, 205k of the backend's
+273k KV tokens; the second run's TPOT 22 ms against the first's 97, TTFT p90 64 ms against 5-8 s;
+issue 31, fifteenth session). Every request of a run goes out at its time, whatever is in
+flight: the client's connections are not capped (an aiohttp session's default is 100, which
+held the admission run's requests in the client for up to 9 s while the gateway, which had not
+seen them yet, predicted its own 0.3-0.5 s correctly).
 """
 from __future__ import annotations
 
@@ -90,18 +100,35 @@ async def _run(url: str, schedule, prompts, concurrency):
 
 
 PROBE_TTFT_MS = 1e9  # a request's own target so large that admission never refuses it
+CONTROL_PROMPT_SEED = 7919  # the control run's prompt content: make_prompts' seed + this
+
+
+def run_prompts(schedule, seed: int, same: bool = False) -> tuple[list, list]:
+    """(the admission run's prompts, the control run's): the same lengths, the control's of
+    other content unless `same` (module doc: the second run would hit the first's prefix
+    cache). The admission run's are `make_prompts(schedule, seed)`, as they always were."""
+    prompts = make_prompts(schedule, seed, (0, 256))
+    if same:
+        return prompts, prompts
+    return prompts, make_prompts(schedule, seed + CONTROL_PROMPT_SEED, (0, 256))
+
+
+def probe_session(timeout_s: float):
+    """The admission run's HTTP session: no cap on open connections (module doc), as
+    `loadgen.run_http`'s without --max-concurrency."""
+    import aiohttp
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                 timeout=aiohttp.ClientTimeout(total=timeout_s))
 
 
 async def _run_with_probes(url: str, schedule, prompts, concurrency, probe_every: int):
     """`_run`, and every `probe_every`-th refusal re-sent at once as a probe (module doc):
     (records, t0, {index: probe record})."""
-    import aiohttp
-
     target = loadgen.HttpTarget(url)
     n = len(prompts)
     probes: dict[int, object] = {}
     refused = [0]
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=target.timeout_s)) as session:
+    async with probe_session(target.timeout_s) as session:
         model = await loadgen.resolve_model(session, target)
         endpoint = target.url.rstrip("/") + target.endpoint
         bodies = [loadgen.request_body(target, model, prompts[i], int(schedule.output_len[i]))
@@ -172,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--control-first", action="store_true")
+    p.add_argument("--control-same-prompts", action="store_true",
+                   help="the control run sends the admission run's prompts (before 2026-12-05's "
+                   "default; the second run then hits the first's prefix cache)")
     p.add_argument("--probe-every", type=int, default=0, metavar="K",
                    help="re-send every K-th refused request at once, admitted, to measure the "
                    "wait it would have had (module doc; 0: no probes)")
@@ -185,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     schedule = make_schedule(ScheduleConfig(num_requests=a.num_requests, rate=a.rate,
                                             input_len=LengthSpec.parse(a.input_len),
                                             output_len=LengthSpec.parse(a.output_len), seed=a.seed))
-    prompts = make_prompts(schedule, a.seed, (0, 256))
+    prompts, control_prompts = run_prompts(schedule, a.seed, a.control_same_prompts)
     order = [("control", a.control_url), ("admission", a.url)]
     if not a.control_first:
         order.reverse()
@@ -196,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
             records, t0, probes = asyncio.run(_run_with_probes(url, schedule, prompts,
                                                                a.max_concurrency, a.probe_every))
         else:
-            records, t0, _ = asyncio.run(_run(url, schedule, prompts, a.max_concurrency))
+            records, t0, _ = asyncio.run(_run(url, schedule, control_prompts if name == "control"
+                                              else prompts, a.max_concurrency))
         runs[name] = (records, summarize(records, start_time=t0, slo_ttft_ms=a.slo_ttft_ms,
                                          slo_tpot_ms=a.slo_tpot_ms))
     out = {"config": vars(a),
