@@ -44,7 +44,7 @@ PROFILE33=bench/results/fidelity_grid_h200_s13/33b-seeds/profile_33b-seeds.json
 PROFILE=${PROFILE-$([ "$MODEL" = deepseek-coder-33b ] && [ "$DEVICE" != cpu ] && echo "$PROFILE33")}
 BACKENDS=${BACKENDS:-1}
 N_SWEEP=${N_SWEEP:-120}               # requests per rate of the capacity sweep
-SWEEP=${SWEEP:-0.5,0.75,1.0,1.15,1.3,1.45,1.6}  # its rates, x the 64-request burst's throughput
+SWEEP=${SWEEP:-0.5,0.75,1.0,1.15,1.3,1.45,1.6,1.8,2}  # its rates, x the 64-request burst's throughput
 WAITING_BY_CLASS=${WAITING_BY_CLASS:-1}  # our engine admits Fast first (echo: always)
 # echo: by predicted TTFT (admission predicts on the backend placement then picks; BENCHMARKS,
 # issue 31, third session); otherwise the gateway's default (issue 31, second session: ttft
