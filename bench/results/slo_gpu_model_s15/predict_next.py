@@ -24,12 +24,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 
 import numpy as np
 
 from bench.serving.rate_knee import knee
-from scheduler.slo import SLOTargets
 from sims.options import add_run_args, parse_with_config, spec_from_args
 from sims.runner import simulate_spec
 
@@ -50,9 +48,8 @@ def scaled_profile(scale: float) -> str:
         for k in list(point):
             if k.startswith("step_ms"):
                 point[k] *= scale
-    f = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
-    json.dump(prof, f)
-    f.close()
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(prof, f)
     return f.name
 
 
