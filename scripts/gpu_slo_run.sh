@@ -50,6 +50,8 @@ BACKENDS=${BACKENDS:-1}
 N_SWEEP=${N_SWEEP:-120}               # requests per rate of the capacity sweep
 SWEEP=${SWEEP:-0.5,0.75,1.0,1.15,1.3,1.45,1.6,1.8,2}  # its rates, x the 64-request burst's throughput
 WAITING_BY_CLASS=${WAITING_BY_CLASS:-1}  # our engine admits Fast first (echo: always)
+PORT_A=${PORT_A:-18501}  # the gateways' ports (two runs on one machine: other ports for one)
+PORT_B=${PORT_B:-18502}
 # echo: by predicted TTFT (admission predicts on the backend placement then picks; BENCHMARKS,
 # issue 31, third session); otherwise the gateway's default (issue 31, second session: ttft
 # placement with the gap model refused twice as much)
@@ -71,6 +73,9 @@ BEFLAGS=()
 [ -n "$MAX_NUM_SEQS" ] && BEFLAGS+=(--max-num-seqs "$MAX_NUM_SEQS")
 [ "$DEVICE" = cpu ] && [ "$BACKENDS" -gt 1 ] && BEFLAGS+=(--cpu-threads 1)
 [ "$MODEL" != echo ] && [ "$WAITING_BY_CLASS" = 1 ] && BEFLAGS+=(--waiting-by-class)
+for port in $PORT_A $PORT_B; do  # another run's gateway there would answer for ours
+  curl -s -o /dev/null "localhost:$port/health" && { echo "port $port in use: set PORT_A / PORT_B"; exit 1; }
+done
 BACKS=()
 for k in $(seq 1 "$BACKENDS"); do
   SOCK=ipc:///tmp/tg-slo-$$-$k.sock
@@ -83,28 +88,28 @@ GWFLAGS=("${BACKS[@]}" --placement "$PLACEMENT" --startup-timeout 600 "${WINFLAG
 # echo backends: slot-bound, Fast first: admission's slot model describes them (both gateways:
 # placement by predicted TTFT reads the same predictor)
 [ "$MODEL" = echo ] && GWFLAGS+=(--slot-model)
-$TG serve "${GWFLAGS[@]}" --port 18501 --slo-ttft-ms "$SLO" --decision-log "$OUT/decisions_a.jsonl" \
+$TG serve "${GWFLAGS[@]}" --port $PORT_A --slo-ttft-ms "$SLO" --decision-log "$OUT/decisions_a.jsonl" \
     > "$OUT/gateway_a.log" 2>&1 &
 pids+=($!)
-$TG serve "${GWFLAGS[@]}" --port 18502 > "$OUT/gateway_b.log" 2>&1 &
+$TG serve "${GWFLAGS[@]}" --port $PORT_B > "$OUT/gateway_b.log" 2>&1 &
 pids+=($!)
-for port in 18501 18502; do
+for port in $PORT_A $PORT_B; do
   for _ in $(seq 1 600); do
     curl -sf "localhost:$port/health" >/dev/null && break
     for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null || { echo "a process exited (logs in $OUT)"; exit 1; }; done
     sleep 1
   done
 done
-curl -sf localhost:18501/health >/dev/null || { echo "gateway A not healthy"; exit 1; }
+curl -sf localhost:$PORT_A/health >/dev/null || { echo "gateway A not healthy"; exit 1; }
 
 # 2. capacity through the control gateway (warm-up burst first): the rate where TTFT starts to
 # grow, from a short sweep (every run's prompts of other content: seeds 1, 11, 12, ...)
-$TG bench serve --url http://127.0.0.1:18502 --num-requests 32 --rate inf --input-len "$INPUT" \
+$TG bench serve --url http://127.0.0.1:$PORT_B --num-requests 32 --rate inf --input-len "$INPUT" \
     --output-len "$OUTPUT" --seed 9 > /dev/null 2>&1
 if [ -n "${RATE:-}" ]; then  # given: runs compared at one rate (no capacity measured)
   echo "rate $RATE given" | tee "$OUT/rate.txt"
 else
-timeout 60 $TG bench serve --url http://127.0.0.1:18502 --num-requests 64 --rate inf --input-len "$INPUT" \
+timeout 60 $TG bench serve --url http://127.0.0.1:$PORT_B --num-requests 64 --rate inf --input-len "$INPUT" \
     --output-len "$OUTPUT" --seed 1 --json "$OUT/capacity_burst.json" > "$OUT/capacity.txt" 2>&1
 C0=$($PY -c "import json; print(json.load(open('$OUT/capacity_burst.json'))['request_throughput'])")
 echo "burst of 64: $C0 req/s (the sweep's scale)" | tee -a "$OUT/capacity.txt"
@@ -113,7 +118,7 @@ k=0
 for f in ${SWEEP//,/ }; do
   k=$((k + 1))
   r=$($PY -c "print(round($f * $C0, 3))")
-  timeout 90 $TG bench serve --url http://127.0.0.1:18502 --num-requests "$N_SWEEP" --rate "$r" \
+  timeout 90 $TG bench serve --url http://127.0.0.1:$PORT_B --num-requests "$N_SWEEP" --rate "$r" \
       --input-len "$INPUT" --output-len "$OUTPUT" --seed $((10 + k)) --json "$OUT/sweep_$k.json" \
       > "$OUT/sweep_$k.txt" 2>&1 || break
   SWEPT+=("$OUT/sweep_$k.json")
@@ -162,11 +167,11 @@ fi
 # 4. the control check at LOAD x capacity. CONTROL_FIRST=1 runs the control (no admission) first:
 # on 2026-12-04 the first run (admission) served 97 ms per output token and the second (control)
 # 22 ms at the same rate, so which run goes first has to be told apart from admission itself
-timeout 200 $PY -m bench.serving.slo_control --url http://127.0.0.1:18501 --control-url http://127.0.0.1:18502 \
+timeout 200 $PY -m bench.serving.slo_control --url http://127.0.0.1:$PORT_A --control-url http://127.0.0.1:$PORT_B \
     ${CONTROL_FIRST:+--control-first} --slo-ttft-ms "$SLO" --rate "$RATE" --num-requests "$N" --input-len "$INPUT" \
     --output-len "$OUTPUT" --seed "$SEED" --probe-every "$PROBE_EVERY" --json "$OUT/slo_control.json" \
     --records "$OUT/records_a.jsonl" 2>&1 | tee "$OUT/slo_control.txt"
-curl -s localhost:18501/metrics | grep -E "^tidegate_(slo|admission|window|refused)" > "$OUT/metrics_a.txt"
+curl -s localhost:$PORT_A/metrics | grep -E "^tidegate_(slo|admission|window|refused)" > "$OUT/metrics_a.txt"
 
 # 5. decision fidelity of A's windows and admission decisions
 FFLAGS=(--backends "$BACKENDS" --placement "$PLACEMENT" "${WINFLAGS[@]}")
