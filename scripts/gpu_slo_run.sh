@@ -42,10 +42,13 @@ LOAD=${LOAD:-1.5}
 # the measured H200 profile of the 33B (issue 35's grid) for the planner; another model: the roofline
 PROFILE33=bench/results/fidelity_grid_h200_s13/33b-seeds/profile_33b-seeds.json
 PROFILE=${PROFILE-$([ "$MODEL" = deepseek-coder-33b ] && [ "$DEVICE" != cpu ] && echo "$PROFILE33")}
-# every profiled step time x this for the planner and the replay: that profile ran the 2026-12-04
-# call's 400-request burst at 16.35 req/s in the simulator, 14.55 live (sustained prefill under
-# the H200's power cap, issue 35), so 1.124 for it by default; 1: as measured
-PROFILE_SCALE=${PROFILE_SCALE:-$([ "$PROFILE" = "$PROFILE33" ] && echo 1.124 || echo 1)}
+# every profiled step time x this for the planner and the replay. auto (the default with a profile):
+# measured in this call, before the plan: the simulator runs the capacity step's 64-request burst
+# (same seed, lengths, engine flags) on the profile, and the scale is its throughput over the burst's
+# live one (the profile is another call's, and the H200's level under sustained prefill moves by a
+# few % between calls, issue 35: on 2026-12-04 the 400-request burst ran 16.35 req/s simulated
+# against 14.55 live, x1.124). 1: as measured; a number: that scale (given RATE: no burst, so 1)
+PROFILE_SCALE=${PROFILE_SCALE:-auto}
 BACKENDS=${BACKENDS:-1}
 N_SWEEP=${N_SWEEP:-120}               # requests per rate of the capacity sweep
 SWEEP=${SWEEP:-0.5,0.75,1.0,1.15,1.3,1.45,1.6,1.8,2}  # its rates, x the 64-request burst's throughput
@@ -113,6 +116,18 @@ timeout 60 $TG bench serve --url http://127.0.0.1:$PORT_B --num-requests 64 --ra
     --output-len "$OUTPUT" --seed 1 --json "$OUT/capacity_burst.json" > "$OUT/capacity.txt" 2>&1
 C0=$($PY -c "import json; print(json.load(open('$OUT/capacity_burst.json'))['request_throughput'])")
 echo "burst of 64: $C0 req/s (the sweep's scale)" | tee -a "$OUT/capacity.txt"
+if [ -n "$PROFILE" ] && [ "$PROFILE_SCALE" = auto ]; then  # the profile's level in this call (above)
+  BURSTSIM=(--placement "$PLACEMENT")
+  [ "$MODEL" != echo ] && [ "$WAITING_BY_CLASS" = 1 ] && BURSTSIM+=(--waiting-by-class)
+  [ "$DEVICE" != cpu ] && BURSTSIM+=(--max-prefill-tokens-while-decoding 256)
+  timeout 60 $TG sim run --profile "$PROFILE" "${BURSTSIM[@]}" --rate inf --num-requests 64 \
+      --input-len "$INPUT" --output-len "$OUTPUT" --seed 1 --json "$OUT/capacity_burst_sim.json" \
+      > "$OUT/capacity_burst_sim.txt" 2>&1 \
+    && PROFILE_SCALE=$($PY -c "import json; s = json.load(open('$OUT/capacity_burst_sim.json'))['request_throughput']
+print(round(s / $C0, 4))") \
+    && echo "the burst simulated on the profile: x$PROFILE_SCALE its live throughput (the planner's step scale)" \
+      | tee -a "$OUT/capacity.txt"
+fi
 SWEPT=()
 k=0
 for f in ${SWEEP//,/ }; do
@@ -135,6 +150,7 @@ echo "capacity $CAP req/s (TTFT growth knee) -> rate $RATE" | tee "$OUT/rate.txt
 fi
 
 # 3. the planner's prediction, before the live run
+[ "$PROFILE_SCALE" = auto ] && PROFILE_SCALE=1  # no burst measured (RATE given) or no profile
 if [ -n "$PROFILE" ] && [ "$PROFILE_SCALE" != 1 ]; then
   $PY -c "import json, sys; p = json.load(open('$PROFILE'))
 for q in p['points']:
