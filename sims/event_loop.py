@@ -47,6 +47,7 @@ from sims.workload import Workload
 
 INF = math.inf
 _STEP, _STRETCH, _TIMER, _DELIVER, _READ = 0, 1, 2, 3, 4  # event kinds: EventLoop.loop's handlers
+_GWJOB, _GWARR = 5, 6  # the gateway loop's model (EngineConfig.gateway_loop_*)
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,12 @@ class EngineConfig:
     # + 1 ms). On the H200 (33B, 0.8-0.95x) 55-60% of requests landed a step later than the
     # synchronous loop would put them (issue 18)
     async_plan_lead_s: float | None = None
+    # the lead after a step carrying prefill, where it differs (None: async_plan_lead_s). Live on
+    # the H200 6.7B (the step log's plan starts: end - its host phases) the engine planned 2.2 ms
+    # before a decode-only step's read-back but 3.6 ms before a prefill step's (median; the
+    # launch deadline reads the graph's last device time, which a power-capped prefill step
+    # outruns), against the profile's 1.75 ms (issue 35)
+    async_plan_lead_prefill_s: float | None = None
     # whether a step carrying prefill tokens has that deadline too (the engine since the third
     # session: every graph-replayed step does). False models the engine before it, which
     # launched a prefill step's successor as soon as the prefill step started (the H200
@@ -122,6 +129,27 @@ class EngineConfig:
     # None: off (a request recomputes what its backend lacks)
     kv_pull: object = None
     num_prefill_backends: int = 0  # disaggregated Slow prefill there (sims.kv_pull; with kv_pull)
+    # The gateway's one event loop as a single FIFO server (issue 35; off while all four are 0).
+    # What occupies it: every step's outputs, `gateway_loop_per_stream_s` x the step's streams
+    # (decodes + prefill chunks: the fan-out and each stream's SSE write), from
+    # `gateway_loop_read_s` after the step's end; every arrival, `gateway_loop_request_s` (its
+    # parse and push). What waits for it: a window's timer fires `gateway_timer_late_s` after its
+    # deadline (the loop's own timer lateness, measured at idle: uvloop's timers are in whole ms)
+    # and then only once the loop is free (asyncio runs a due timer after the callbacks already
+    # ready: the token writes of the step being delivered); a request's first token leaves when
+    # its step's job is done (its wait behind jobs still running is added to the delivery path,
+    # which already holds read + per-stream x streams); and a request reaching the gateway while
+    # the loop is busy: with `gateway_loop_arrivals` "wait" (the workload's times are the
+    # clients' sends) it is pushed when the loop is free; with "recorded" (a replay: the times
+    # are the live pushes, made after that wait) its TTFT is charged the loop's time-average
+    # residual (what a Poisson arrival waits; PASTA). Measured on the H200 logs (bench.simulator
+    # .gateway_loop): the 6.7B's window timer 0.5 ms late at idle and 0.8 / 1.2 / 1.4 ms mean at
+    # 0.5 / 0.8 / 0.95x, deadlines 2-4 ms after a step's end 2.7 ms late at 0.95x
+    gateway_loop_per_stream_s: float = 0.0
+    gateway_loop_read_s: float = 0.0
+    gateway_loop_request_s: float = 0.0
+    gateway_timer_late_s: float = 0.0
+    gateway_loop_arrivals: str = "wait"
 
 
 @dataclass
@@ -275,10 +303,31 @@ class EventLoop:
             # a stretch past finishes releases their tokens early (release_stretch_finishes)
             raise ValueError("gateway_read_delay_s needs max_stretch_finishes=0")
         self.read_delay = config.gateway_read_delay_s
+        # the gateway's event loop as one server (EngineConfig.gateway_loop_*)
+        self.gl_stream, self.gl_read = config.gateway_loop_per_stream_s, config.gateway_loop_read_s
+        self.gl_request, self.gl_late = config.gateway_loop_request_s, config.gateway_timer_late_s
+        self.gl_on = bool(self.gl_stream or self.gl_request or self.gl_late)
+        if config.gateway_loop_arrivals not in ("wait", "recorded"):
+            raise ValueError("gateway_loop_arrivals must be 'wait' or 'recorded'")
+        if self.gl_on and self.read_delay:
+            raise ValueError("the gateway loop model and gateway_read_delay_s are exclusive")
+        self.gl_recorded = config.gateway_loop_arrivals == "recorded"
+        self.gl_free = 0.0            # when the loop is done with every job so far
+        self.gl_period = (0.0, 0.0)   # the busy period in progress: (start, end)
+        self.gl_area = 0.0            # integral of the residual (sum of closed periods' L^2 / 2)
+        self.gl_t0 = self.gl_t1 = None  # the span the time average is over (first arrival..last job)
+        self.gl_timer_held: float | None = None  # a due timer waiting for the loop (its deadline)
+        self.gl_first_wait: list[float] | None = [0.0] * n if self.gl_on else None
+        self.gl_pushed: set[int] = set()  # arrivals held for the loop ("wait"), now being pushed
+        self.gl_finished = False      # the step just handled finished requests (on_capacity)
+        if self.gl_on and config.max_stretch_steps != 1:
+            raise ValueError("the gateway loop model needs max_stretch_steps=1 (a job per step)")
         self.forced_backend = workload.forced_backend
         self.pred_t: float | None = None  # the predictor's time while it notes a dispatch
         self.max_k = config.max_stretch_steps
         self.plan_lead = config.async_plan_lead_s
+        self.plan_lead_prefill = (config.async_plan_lead_prefill_s
+                                  if config.async_plan_lead_prefill_s is not None else self.plan_lead)
         self.plan_at_prefill_start = not config.prefill_launch_deadline
         self.idle_launch_fn = cost.launch_time if getattr(cost, "hides_launch", False) else None
         self.cap_window = getattr(cost, "power_cap_window_s", None)
@@ -626,7 +675,9 @@ class EventLoop:
         lead = self.plan_lead
         if lead is None or not after_step:
             return now
-        return be.step_start if be.plan_prefill and self.plan_at_prefill_start else now - lead
+        if be.plan_prefill:  # the step that ends now carried prefill
+            return be.step_start if self.plan_at_prefill_start else now - self.plan_lead_prefill
+        return now - lead
 
     def start_step(self, be: _Backend, now: float, after_step: bool = True) -> None:
         if not after_step:
@@ -703,7 +754,7 @@ class EventLoop:
             # spell nothing runs before it (a cost model that hides launches charges it here)
             dt += self.idle_launch_fn(num_decode, num_prefill)
         self.step_rows.append((num_decode, num_prefill, dt))
-        if self.per_stream:
+        if self.per_stream or self.gl_on:
             be.streams = num_decode + len(sched.prefill_chunks)
         if self.step_log is not None:
             self.step_log.append((now, be.idx, num_decode,
@@ -763,8 +814,12 @@ class EventLoop:
             self.placement.report(be.idx, be.sched.prefix_report(), now)
         self.start_step(be, now)
         gateway = self.gateway
-        if gateway.num_pending and gateway.idle_flush:
-            self.set_timer(now)  # the backend's new load may allow an idle flush
+        if gateway.num_pending and gateway.idle_flush and (
+                not self.gl_on or self.num_idle or self.gl_finished):
+            # the backend's new load may allow an idle flush (with the gateway loop modelled:
+            # only as the live gateway polls, at an idle backend or a finish, `on_capacity`)
+            self.set_timer(now)
+        self.gl_finished = False
 
     def handle(self, dec, now: float) -> None:
         """Act on a batcher decision: flush while due, then arm the one timer."""
@@ -783,7 +838,7 @@ class EventLoop:
         elif deadline != self.timer_deadline:
             self.timer_deadline = deadline
             self.seq = seq = self.seq + 1  # push(), inlined: once per window
-            heappush(self.heap, (deadline, seq, _TIMER, deadline))
+            heappush(self.heap, (deadline + self.gl_late, seq, _TIMER, deadline))
 
     def set_timer(self, now: float) -> None:
         self.handle(self.gateway.poll(self.spare()), now)
@@ -811,12 +866,18 @@ class EventLoop:
                 self.push(now + self.read_delay, _READ, (arg, new, done))
             self.after_step(be, now)
             return
+        new = [] if self.gl_on else None
         for r in firsts:
             if first_t[r] != first_t[r]:  # NaN: not a re-prefill after preemption
                 first_t[r] = now
                 if self.per_stream:
                     self.first_streams[r] = be.streams
+                if new is not None:
+                    new.append(r)
                 self.gateway_started(arg, r, now)
+        if new is not None:  # the step's outputs on the gateway loop (EngineConfig.gateway_loop_*)
+            self.push(now + self.gl_read, _GWJOB, (self.gl_stream * be.streams, new))
+            self.gl_finished = bool(done)
         self.finish_requests(be, done, now, be.streams)
         self.after_step(be, now)
 
@@ -872,14 +933,67 @@ class EventLoop:
     def on_timer(self, arg: float, now: float) -> bool | None:
         if arg != self.timer_deadline:
             return True  # stale: superseded by a later deadline
+        if self.gl_on:
+            if self.gl_timer_held != arg and self.gl_free > now:
+                # due while the loop runs its ready callbacks (a step's token writes): after them
+                self.gl_timer_held = arg
+                self.push(self.gl_free, _TIMER, arg)
+                return True
+            self.gl_timer_held = None
         self.timer_deadline = INF
         self.set_timer(now)
+
+    def gl_job(self, t: float, size: float) -> float:
+        """A job of `size` seconds reaching the gateway loop at `t` (jobs reach it in time
+        order): when the loop starts it. Keeps the integral of the loop's residual work over the
+        arrivals' span (the "recorded" arrivals' wait)."""
+        free, last = self.gl_free, self.gl_period[0]
+        if self.gl_t0 is None:
+            self.gl_t0, self.gl_t1 = (self.arrival[0], self.arrival[-1]) if self.n else (t, t)
+        lo, hi = max(last, self.gl_t0), min(t, free, self.gl_t1)
+        if hi > lo:  # the residual falls linearly from free - lo to free - hi
+            self.gl_area += (hi - lo) * ((free - lo) + (free - hi)) / 2
+        start = max(t, free)
+        self.gl_free = start + size
+        self.gl_period = (t, self.gl_free)
+        return start
+
+    def gl_residual_mean(self) -> float:
+        """The loop's residual work averaged over the arrivals' span: what a request reaching
+        the gateway at a random time waits for it."""
+        if self.gl_t0 is None or self.gl_t1 <= self.gl_t0:
+            return 0.0
+        free, lo = self.gl_free, max(self.gl_period[0], self.gl_t0)
+        hi = min(free, self.gl_t1)
+        area = self.gl_area + ((hi - lo) * ((free - lo) + (free - hi)) / 2 if hi > lo else 0.0)
+        return area / (self.gl_t1 - self.gl_t0)
+
+    def on_gwjob(self, arg: tuple[float, list[int]], now: float) -> None:
+        """A step's outputs reach the gateway loop: their fan-out and token writes."""
+        size, firsts = arg
+        wait = self.gl_job(now, size) - now
+        if wait > 0.0:
+            fw = self.gl_first_wait
+            for r in firsts:
+                fw[r] = wait
+
+    def on_gwarr(self, i: int, now: float) -> None:
+        """An arrival held while the loop was busy is pushed (gateway_loop_arrivals "wait")."""
+        self.on_arrival(i, now)
+        self.gl_pushed.discard(i)
 
     def on_deliver(self, arg: tuple[int, list[int]], now: float) -> None:
         b, batch = arg
         self.deliver(self.backends[b], batch, now)
 
     def on_arrival(self, i: int, now: float) -> None:
+        if self.gl_on and i not in self.gl_pushed:
+            # its parse on the loop, behind what the loop is doing ("recorded": `now` is the push)
+            end = self.gl_job(now, self.gl_request) + self.gl_request
+            if end > now and not self.gl_recorded:
+                self.gl_pushed.add(i)
+                self.push(end, _GWARR, i)
+                return
         dec = self.gateway.push(i, now, self.num_idle > 0)  # spare(), inlined
         if dec.rejected is not None:
             self.rejected[i] = True
@@ -929,7 +1043,7 @@ class EventLoop:
     def loop(self) -> None:
         """Handle events in time order until none is left."""
         handlers = (self.on_step, self.on_stretch, self.on_timer, self.on_deliver,  # by kind
-                    self.on_read)
+                    self.on_read, self.on_gwjob, self.on_gwarr)
         arrival, heap, clock, n = self.arrival, self.heap, self.clock, self.n
         on_arrival, heappop = self.on_arrival, heapq.heappop
         progress = self.config.progress
@@ -978,10 +1092,17 @@ class EventLoop:
         # ITL: every sequence decoding in a step waited that step's duration for its token.
         itl_values, itl_weights = step_time, step_decode.astype(np.float64)
         backends = self.backends
+        gl_in, gl_first = 0.0, 0.0
+        if self.gl_on:  # the gateway loop's waits (EngineConfig.gateway_loop_*)
+            residual = self.gl_residual_mean()
+            gl_in = residual if self.gl_recorded else 0.0
+            gl_first = np.array(self.gl_first_wait, dtype=np.float64) + gl_in
+            self.extra_gl = {"residual_mean_s": residual, "arrivals": self.config.gateway_loop_arrivals,
+                             "first_wait_mean_s": float(np.mean(self.gl_first_wait)) if self.n else 0.0}
         return SimResult(
             workload=self.workload, dispatch_time=np.array(self.dispatch_t, dtype=np.float64),
-            first_token_time=self.client_times(self.first_t, self.first_streams),
-            finish_time=self.client_times(self.finish_t, self.finish_streams),
+            first_token_time=self.client_times(self.first_t, self.first_streams) + gl_first,
+            finish_time=self.client_times(self.finish_t, self.finish_streams) + gl_in,
             num_output=self.workload.output_len.copy(), queue_class=self.gateway.classes(),
             rejected=self.rejected, itl_values=itl_values, itl_weights=itl_weights,
             batch_sizes=np.array(self.batch_sizes, dtype=np.int64),
@@ -1000,7 +1121,8 @@ class EventLoop:
                    "admission_predictions": dict(self.gateway.predictions),
                    **({"batches": self.batch_log, "backend_of": self.backend_of,
                        "request_log": self.request_log} if self.batch_log is not None else {}),
-                   **({"steps": self.step_log} if self.step_log is not None else {})})
+                   **({"steps": self.step_log} if self.step_log is not None else {}),
+                   **({"gateway_loop": self.extra_gl} if self.gl_on else {})})
 
     def placement_stats(self) -> dict:
         p = self.placement

@@ -501,6 +501,13 @@ def parser() -> argparse.ArgumentParser:
                         "(EngineConfig.delivery_per_stream_s): auto: fitted from the runs' path records "
                         "(bench.serving.ttft_path.delivery_path), off: one constant (before issue 35), "
                         "or ms")
+    p.add_argument("--gateway-loop", choices=("off", "on"), default="off",
+                   help="the replay + path models the gateway's event loop (window timers and "
+                        "arrivals wait for its token writes; EngineConfig.gateway_loop_*), its terms "
+                        "measured from the runs' logs (bench.simulator.gateway_loop; issue 35)")
+    p.add_argument("--plan-lead", choices=("profile", "live"), default="profile",
+                   help="the replay + path's async plan lead: the profile's, or measured on the step "
+                        "log after decode-only and prefill steps (bench.simulator.plan_lead; issue 35)")
     p.add_argument("--json", dest="json_out", metavar="OUT")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     return p
@@ -682,10 +689,24 @@ def validate(a: argparse.Namespace) -> dict:
                 # that found the engine idle (issue 35: 1.09 ms on the H200, 0 in the model before)
                 net_s, num_idle = dispatch_delay(step_rows, [b for *_, (_, _, bs, _, _) in run_steps for b in bs])
                 result["dispatch_delay_ms"] = {"median": 1e3 * net_s, "num_requests": num_idle}
+                # opt-in (issue 35): the gateway's event loop, the engine's live plan lead
+                extra_engine = {}
+                if getattr(a, "gateway_loop", "off") == "on":
+                    from bench.simulator.gateway_loop import engine_fields, measure
+                    session = {"config": {"batcher": result["config"]["batcher"]},
+                               "loads": [{"runs": by_load[0]}]}
+                    by_run = {(ri, li): (arrivals, bs) for li, ri, _, _, (_, arrivals, bs, _, _) in run_steps}
+                    result["gateway_loop"] = terms = measure(session, by_run, step_rows, model)
+                    extra_engine.update(engine_fields(terms))
+                if getattr(a, "plan_lead", "profile") == "live" and plan_lead is not None:
+                    from bench.simulator.plan_lead import plan_leads
+                    result["plan_leads"] = pl = plan_leads(step_rows)
+                    extra_engine.update(async_plan_lead_s=pl["decode"]["median_ms"] / 1e3,
+                                        async_plan_lead_prefill_s=pl["prefill"]["median_ms"] / 1e3)
                 for li, ri, ids, _, (_, arrivals, _, spec, live) in run_steps:
                     spec_d = replace(spec, engine=replace(spec.engine, delivery_delay_s=delivery_ms / 1e3,
                                                           delivery_per_stream_s=per_stream_ms / 1e3,
-                                                          network_delay_s=net_s))
+                                                          network_delay_s=net_s, **extra_engine))
                     sim_d, _, steps_d = run_replay(spec_d, arrivals)
                     by_load[li][ri]["compare_replay_path"] = compare(live, sim_d)
                     by_load[li][ri]["steps_path"] = compare_steps(prefill_steps_of(live_steps, ids),

@@ -83,7 +83,8 @@ def path_records(run: dict, ids: list[str], streams: dict[str, int]) -> tuple[di
 def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], profile: str | None = None,
                    per_stream: str = "auto", seeds: set[int] | None = None,
                    live_steps=None, cost_scale=None, hide_launch: str | None = None,
-                   power_cap: str | None = None, extra_dispatch_ms: float = 0.0) -> dict:
+                   power_cap: str | None = None, extra_dispatch_ms: float = 0.0,
+                   gateway_loop: bool = False, live_times: bool = False, plan_lead: str = "profile") -> dict:
     """Re-run the validate's replay + delivery path for every run (or the runs of `seeds`).
     `per_stream`: "auto" (fitted from the session's path records, as `sim validate` does),
     "recorded" (the k the validate used: its `delivery_path`, else 0), "off", or ms.
@@ -91,13 +92,20 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
     (`validate.ScaledCost`; None or 1: the model as it is). `hide_launch`, `power_cap`: "auto" |
     "on" | "off" for the cost model's terms (`validate.model_terms`; None: as the validate had them).
     `extra_dispatch_ms`: added to the measured flush -> plan delay of every request (a what-if: the
-    gateway's window firing late, measured at the lowest load)."""
+    gateway's window firing late, measured at the lowest load). `gateway_loop`: the gateway's event
+    loop modelled (`sims.event_loop.EngineConfig.gateway_loop_*`), its terms measured from the
+    session (`bench.simulator.gateway_loop.measure`). `live_times`: a diagnostic, every step charged
+    its live time where the schedules agree (`fidelity_steps.LiveTimedCost`): what is left is
+    outside the steps. `plan_lead`: "profile" (the async loop's lead from the profile's launch, as
+    the validate) or "live" (measured on the session's step log, after decode-only steps and after
+    steps with prefill: `bench.simulator.plan_lead`)."""
     from bench.serving.ttft_path import delivery_path
     from bench.simulator.decision_fidelity import compare as decision_compare
     from bench.simulator.decision_fidelity import compare_steps
     from bench.simulator.fidelity_resim import session_prefill_cap
     from bench.simulator.fidelity_stats import compare, summarize_load
     from bench.simulator.fidelity_steps import dispatch_delay
+    from bench.simulator.gateway_loop import window_lateness
     from bench.simulator.validate import (
         ScaledCost,
         decisions_summary,
@@ -150,6 +158,14 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
     # on the runs' windows (the warm-up's are not measured: as sim validate)
     net_s, num_idle = dispatch_delay(step_rows, [b for (_, bs) in by_run.values() for b in bs])
     net_s += extra_dispatch_ms / 1e3
+    leads = None
+    if plan_lead == "live" and lead_s is not None:
+        from bench.simulator.plan_lead import plan_leads
+        leads = plan_leads(step_rows)
+    loop_terms = None
+    if gateway_loop:
+        from bench.simulator.gateway_loop import engine_fields, measure
+        loop_terms = measure(validate, by_run, step_rows, path)
     out_loads = []
     for li, ld in enumerate(validate["loads"]):
         runs = []
@@ -166,15 +182,28 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
             spec = replace(spec, engine=replace(spec.engine, delivery_delay_s=path["base_ms"] / 1e3,
                                                 delivery_per_stream_s=path["per_stream_ms"] / 1e3,
                                                 network_delay_s=net_s))
+            if loop_terms is not None:
+                spec = replace(spec, engine=replace(spec.engine, **engine_fields(loop_terms)))
+            if leads is not None:
+                spec = replace(spec, engine=replace(
+                    spec.engine, async_plan_lead_s=leads["decode"]["median_ms"] / 1e3,
+                    async_plan_lead_prefill_s=leads["prefill"]["median_ms"] / 1e3))
             scale = 1.0 if cost_scale is None else float(cost_scale(int(run["seed"]), ld["load_label"]))
-            if scale == 1.0:
+            loop_sim = None
+            if scale == 1.0 and not live_times and loop_terms is None:
                 sim, sim_b, sim_steps = run_replay(spec, arr)
             else:
+                from bench.simulator.fidelity_steps import LiveTimedCost
                 from sims.decision_replay import replay_run, step_records
                 from sims.report import summarize
-                res_, sim_b = replay_run(arr, spec.scheduler, ScaledCost(spec.cost.build(), scale), spec.engine,
-                                         record_steps=True)
+                cost = spec.cost.build()
+                if live_times:
+                    cost = LiveTimedCost(cost, [x.request_id for x in sorted(arr, key=lambda x: x.t)], step_rows)
+                if scale != 1.0:
+                    cost = ScaledCost(cost, scale)
+                res_, sim_b = replay_run(arr, spec.scheduler, cost, spec.engine, record_steps=True)
                 sim, sim_steps = summarize(res_), step_records(res_, arr)
+                loop_sim = res_.extra.get("gateway_loop")
             ids = {a.request_id for a in arr}
             live_pre = prefill_steps_of(live_all, ids)
             runs.append({"seed": run["seed"], "rate": run.get("rate", ld.get("rate")), "cost_scale": scale,
@@ -183,7 +212,10 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
                          "steps_path": compare_steps(live_pre, prefill_steps_of(sim_steps, ids)),
                          "decisions": decision_compare(live_b, sim_b),
                          "frontend_ms": run.get("frontend_ms", {"mean": math.nan}),
-                         "ttft_path_ms": run.get("ttft_path_ms")})
+                         "ttft_path_ms": run.get("ttft_path_ms"),
+                         "window_late_ms": {side: window_lateness(arr, bs, batcher.min_latency_ms / 1e3)[0]
+                                            for side, bs in (("live", live_b), ("sim", sim_b))},
+                         **({"gateway_loop_sim": loop_sim} if loop_sim is not None else {})})
         if not runs:
             continue
         conf = float(cfg.get("confidence", 0.95))
@@ -205,6 +237,7 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
                         "async_plan_lead_ms": lead_ms, "recorded_path": rec["path"]},
             "delivery_path": path, "delivery_delay_ms": path["base_ms"],
             "dispatch_delay_ms": {"median": 1e3 * net_s, "num_requests": num_idle},
+            "gateway_loop": loop_terms, "live_times": live_times, "plan_leads": leads,
             "seeds": sorted(seeds) if seeds is not None else seed_list, "loads": out_loads}
 
 
@@ -230,6 +263,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="the cost model's power cap (default: as the validate had it)")
     p.add_argument("--extra-dispatch-ms", type=float, default=0.0,
                    help="what-if: added to the measured gateway flush -> backend plan delay")
+    p.add_argument("--gateway-loop", choices=("off", "on"), default="off",
+                   help="model the gateway's event loop (timers and arrivals wait for its token "
+                        "writes; bench.simulator.gateway_loop), its terms measured from the session")
+    p.add_argument("--plan-lead", choices=("profile", "live"), default="profile",
+                   help="the async loop's plan lead: the profile's (as sim validate) or measured on "
+                        "the session's step log after decode-only and prefill steps (plan_lead)")
+    p.add_argument("--live-times", action="store_true",
+                   help="diagnostic: the live step times fed back (fidelity_steps.LiveTimedCost)")
     p.add_argument("--json", dest="json_out")
     a = p.parse_args(argv)
     validate = json.loads(Path(a.validate).read_text())
@@ -242,19 +283,34 @@ def main(argv: list[str] | None = None) -> int:
         profile = str(Path(a.validate).parent / Path(validate["profile"]["path"]).name)
     res = replay_session(validate, arrivals, batches, rows, profile, a.delivery_per_stream_ms, seeds,
                          hide_launch=a.hide_launch, power_cap=a.power_cap,
-                         extra_dispatch_ms=a.extra_dispatch_ms)
+                         extra_dispatch_ms=a.extra_dispatch_ms, gateway_loop=a.gateway_loop == "on",
+                         live_times=a.live_times, plan_lead=a.plan_lead)
     dp = res["delivery_path"]
     print(f"profile {res['profile']['path']} ({res['profile']['num_points']} points), terms "
           f"{res['profile']['model_terms']}, lead {res['profile']['async_plan_lead_ms']} ms; delivery path "
           f"{dp['base_ms']:.3f} ms + {dp['per_stream_ms']:.4f} ms x streams (constant {dp['constant_ms']:.3f}; "
-          f"fit {dp['fit']}); dispatch {res['dispatch_delay_ms']['median']:.3f} ms")
+          f"fit {dp['fit']}); dispatch {res['dispatch_delay_ms']['median']:.3f} ms"
+          + ("; live step times" if a.live_times else ""))
+    if res["plan_leads"] is not None:
+        pl = res["plan_leads"]
+        print(f"plan lead (live): {pl['decode']['median_ms']:.3f} ms after decode-only steps, "
+              f"{pl['prefill']['median_ms']:.3f} ms after steps with prefill")
+    gl = res["gateway_loop"]
+    if gl is not None:
+        print(f"gateway loop: {gl['per_stream_ms']:.4f} ms a stream from {gl['read_ms']:.3f} ms after a step's "
+              f"end, timer late {gl['timer_late_ms']:.3f} ms at idle, {gl['request_ms']:.3f} ms a request")
     for ld in res["loads"]:
         s = ld["summary_replay_path"]
         sc = ld["steps_path"].get("same_prefill_step_share", {})
         print(f"{ld['load_label']:>6}: " + ", ".join(
             f"{m} {100 * s[m]['rel_err']['mean']:+.1f} ± {100 * s[m]['rel_err']['ci']:.1f}%"
             for m in ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "throughput"))
-            + f"; same chunks {100 * sc.get('mean', math.nan):.1f}%")
+            + f"; same chunks {100 * sc.get('mean', math.nan):.1f}%"
+            + "; window late live / sim {:.2f} / {:.2f} ms".format(
+                *(float(np.nanmean([r["window_late_ms"][k_] for r in ld["runs"]])) for k_ in ("live", "sim")))
+            + ("; loop residual {:.3f} ms".format(1e3 * float(np.mean(
+                [r["gateway_loop_sim"]["residual_mean_s"] for r in ld["runs"]])))
+               if all("gateway_loop_sim" in r for r in ld["runs"]) else ""))
     if a.json_out:
         from bench.simulator.validate import _default
         Path(a.json_out).write_text(json.dumps(res, indent=1, default=_default) + "\n")
