@@ -183,3 +183,55 @@ def test_plan_leads_from_the_host_phases():
     r = plan_leads(rows)
     assert r["prefill"]["median_ms"] == pytest.approx(3.0) and r["prefill"]["num_steps"] == 1
     assert r["decode"]["median_ms"] == pytest.approx(2.0) and r["decode"]["num_steps"] == 1
+
+
+def test_the_terms_and_the_timer_check_on_the_committed_h200_6_7b_logs():
+    """bench/results/fidelity_grid_h200_s15_gw/terms_6.7b.txt from the s14 call's files: the model
+    (per-stream cost and read from the path fit, the timer's idle lateness) puts the timer-fired
+    windows' mean lateness within 0.35 ms of the live one at every load, and the leads are longer
+    than the profile's 1.75 ms."""
+    import json
+    from pathlib import Path
+
+    from bench.serving.ttft_path import delivery_path
+    from bench.simulator.fidelity_steps import read_steps
+    from bench.simulator.gateway_loop import check, measure
+    from bench.simulator.plan_lead import plan_leads
+    from bench.simulator.validate_replay import first_token_streams, path_records, run_arrivals
+    from scheduler.decisions import read_log
+
+    r = Path(__file__).resolve().parents[1] / "bench/results/fidelity_grid_h200_s14/6.7b"
+    v = json.loads((r / "validate_6.7b.json").read_text())
+    arrivals, batches = read_log(str(r / "decisions_6.7b.jsonl.gz"))
+    rows = read_steps(str(r / "steps_6.7b.jsonl.gz"))
+    by_run = run_arrivals(v, arrivals, batches)
+    streams = first_token_streams(rows)
+    recs = {(si, li): path_records(run, [x.request_id for x in by_run[(si, li)][0]], streams)
+            for li, ld in enumerate(v["loads"]) for si, run in enumerate(ld["runs"])}
+    path = delivery_path([recs[(si, 0)] for si in range(5)], list(recs.values()))
+    terms = measure(v, by_run, rows, path)
+    assert terms["per_stream_ms"] == pytest.approx(0.0879, abs=1e-4)
+    assert terms["read_ms"] == pytest.approx(0.866, abs=1e-3)
+    assert terms["timer_late_ms"] == pytest.approx(0.60, abs=0.01)
+    lat = check(v, by_run, rows, terms)
+    assert [x["load_label"] for x in lat] == ["0.5x", "0.8x", "0.95x", "1.2x"]
+    for x in lat:
+        assert abs(x["model_ms"]["mean"] - x["live_ms"]["mean"]) < 0.35, x
+    # live, the lateness grows with load; without the loop the model would say 0.60 everywhere
+    assert lat[2]["live_ms"]["mean"] > lat[0]["live_ms"]["mean"] + 0.5
+    assert lat[2]["model_ms"]["mean"] > lat[0]["model_ms"]["mean"] + 0.4
+    leads = plan_leads(rows)
+    assert leads["decode"]["median_ms"] == pytest.approx(2.22, abs=0.01)
+    assert leads["prefill"]["median_ms"] == pytest.approx(3.65, abs=0.01)
+    assert v["profile"]["async_plan_lead_ms"] < leads["decode"]["median_ms"]
+
+
+def test_validate_replay_and_sim_validate_take_the_flags():
+    import bench.simulator.validate_replay as vr
+    from bench.simulator import validate
+    a = validate.parser().parse_args(["--gateway-loop", "on", "--plan-lead", "live"])
+    assert a.gateway_loop == "on" and a.plan_lead == "live"
+    a = validate.parser().parse_args([])
+    assert a.gateway_loop == "off" and a.plan_lead == "profile"  # the default: unchanged
+    with pytest.raises(SystemExit):  # a choice outside the list
+        vr.main(["v", "d", "s", "--plan-lead", "other"])

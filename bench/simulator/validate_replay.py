@@ -84,7 +84,8 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
                    per_stream: str = "auto", seeds: set[int] | None = None,
                    live_steps=None, cost_scale=None, hide_launch: str | None = None,
                    power_cap: str | None = None, extra_dispatch_ms: float = 0.0,
-                   gateway_loop: bool = False, live_times: bool = False, plan_lead: str = "profile") -> dict:
+                   gateway_loop: bool = False, live_times: bool = False, plan_lead: str = "profile",
+                   gateway_loop_read_ms: float | None = None) -> dict:
     """Re-run the validate's replay + delivery path for every run (or the runs of `seeds`).
     `per_stream`: "auto" (fitted from the session's path records, as `sim validate` does),
     "recorded" (the k the validate used: its `delivery_path`, else 0), "off", or ms.
@@ -98,7 +99,9 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
     its live time where the schedules agree (`fidelity_steps.LiveTimedCost`): what is left is
     outside the steps. `plan_lead`: "profile" (the async loop's lead from the profile's launch, as
     the validate) or "live" (measured on the session's step log, after decode-only steps and after
-    steps with prefill: `bench.simulator.plan_lead`)."""
+    steps with prefill, their medians: `bench.simulator.plan_lead`; "live-mean": their means, a
+    sensitivity). `gateway_loop_read_ms`: the loop's read term given instead of measured (a
+    sensitivity)."""
     from bench.serving.ttft_path import delivery_path
     from bench.simulator.decision_fidelity import compare as decision_compare
     from bench.simulator.decision_fidelity import compare_steps
@@ -159,13 +162,16 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
     net_s, num_idle = dispatch_delay(step_rows, [b for (_, bs) in by_run.values() for b in bs])
     net_s += extra_dispatch_ms / 1e3
     leads = None
-    if plan_lead == "live" and lead_s is not None:
+    stat = "mean_ms" if plan_lead == "live-mean" else "median_ms"
+    if plan_lead in ("live", "live-mean") and lead_s is not None:
         from bench.simulator.plan_lead import plan_leads
         leads = plan_leads(step_rows)
     loop_terms = None
     if gateway_loop:
         from bench.simulator.gateway_loop import engine_fields, measure
         loop_terms = measure(validate, by_run, step_rows, path)
+        if gateway_loop_read_ms is not None:
+            loop_terms["read_ms"] = float(gateway_loop_read_ms)
     out_loads = []
     for li, ld in enumerate(validate["loads"]):
         runs = []
@@ -186,8 +192,8 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
                 spec = replace(spec, engine=replace(spec.engine, **engine_fields(loop_terms)))
             if leads is not None:
                 spec = replace(spec, engine=replace(
-                    spec.engine, async_plan_lead_s=leads["decode"]["median_ms"] / 1e3,
-                    async_plan_lead_prefill_s=leads["prefill"]["median_ms"] / 1e3))
+                    spec.engine, async_plan_lead_s=leads["decode"][stat] / 1e3,
+                    async_plan_lead_prefill_s=leads["prefill"][stat] / 1e3))
             scale = 1.0 if cost_scale is None else float(cost_scale(int(run["seed"]), ld["load_label"]))
             loop_sim = None
             if scale == 1.0 and not live_times and loop_terms is None:
@@ -238,6 +244,7 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
             "delivery_path": path, "delivery_delay_ms": path["base_ms"],
             "dispatch_delay_ms": {"median": 1e3 * net_s, "num_requests": num_idle},
             "gateway_loop": loop_terms, "live_times": live_times, "plan_leads": leads,
+            "plan_lead": plan_lead,
             "seeds": sorted(seeds) if seeds is not None else seed_list, "loads": out_loads}
 
 
@@ -266,9 +273,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gateway-loop", choices=("off", "on"), default="off",
                    help="model the gateway's event loop (timers and arrivals wait for its token "
                         "writes; bench.simulator.gateway_loop), its terms measured from the session")
-    p.add_argument("--plan-lead", choices=("profile", "live"), default="profile",
+    p.add_argument("--plan-lead", choices=("profile", "live", "live-mean"), default="profile",
                    help="the async loop's plan lead: the profile's (as sim validate) or measured on "
-                        "the session's step log after decode-only and prefill steps (plan_lead)")
+                        "the session's step log after decode-only and prefill steps (plan_lead: "
+                        "their medians; live-mean: their means, a sensitivity)")
+    p.add_argument("--gateway-loop-read-ms", type=float,
+                   help="sensitivity: the gateway loop's read term (step end -> its outputs on the "
+                        "loop) given instead of the delivery path's intercept")
     p.add_argument("--live-times", action="store_true",
                    help="diagnostic: the live step times fed back (fidelity_steps.LiveTimedCost)")
     p.add_argument("--json", dest="json_out")
@@ -284,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     res = replay_session(validate, arrivals, batches, rows, profile, a.delivery_per_stream_ms, seeds,
                          hide_launch=a.hide_launch, power_cap=a.power_cap,
                          extra_dispatch_ms=a.extra_dispatch_ms, gateway_loop=a.gateway_loop == "on",
-                         live_times=a.live_times, plan_lead=a.plan_lead)
+                         live_times=a.live_times, plan_lead=a.plan_lead,
+                         gateway_loop_read_ms=a.gateway_loop_read_ms)
     dp = res["delivery_path"]
     print(f"profile {res['profile']['path']} ({res['profile']['num_points']} points), terms "
           f"{res['profile']['model_terms']}, lead {res['profile']['async_plan_lead_ms']} ms; delivery path "
@@ -293,8 +305,9 @@ def main(argv: list[str] | None = None) -> int:
           + ("; live step times" if a.live_times else ""))
     if res["plan_leads"] is not None:
         pl = res["plan_leads"]
-        print(f"plan lead (live): {pl['decode']['median_ms']:.3f} ms after decode-only steps, "
-              f"{pl['prefill']['median_ms']:.3f} ms after steps with prefill")
+        st = "mean_ms" if res["plan_lead"] == "live-mean" else "median_ms"
+        print(f"plan lead ({res['plan_lead']}): {pl['decode'][st]:.3f} ms after decode-only steps, "
+              f"{pl['prefill'][st]:.3f} ms after steps with prefill")
     gl = res["gateway_loop"]
     if gl is not None:
         print(f"gateway loop: {gl['per_stream_ms']:.4f} ms a stream from {gl['read_ms']:.3f} ms after a step's "
