@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 35, session 15 (H35G): the gateway's event loop in the simulator, scored on the committed H200 logs
 # (6.7B: session 14's call, and session 13's as an independent check; 33B: sessions 11 + 13, five seeds), on the CPU. Run from this folder:
-#   bash run.sh [terms|6.7b|6.7b-s13|33b|tables]   (default: all; ~3 min for 6.7b, ~1 min for 6.7b-s13, ~3 min for 33b on 2 cores)
+#   bash run.sh [terms|6.7b|6.7b-s13|33b|sens|tables]   (default: all; ~3 min for 6.7b, ~1 min for 6.7b-s13, ~3 min for 33b on 2 cores)
 # Writes replay_<part>_<steps>_<model>.json/txt (validate_replay: <steps> = live (every live step time fed
 # back, a diagnostic: what is left is outside the steps) | asrun (the session's profile); <model> = off
 # (today's default) | on (--gateway-loop on) | on_lead (+ --plan-lead live) | lead (--plan-lead live alone)),
@@ -48,5 +48,17 @@ if [ "$WHAT" = all ] || [ "$WHAT" = 6.7b-s13 ]; then  # an independent call of t
 fi
 if [ "$WHAT" = all ] || [ "$WHAT" = 33b ]; then
   for s in live asrun; do for m in off on on_lead; do rp 33b-s11 "$A11" $s $m & rp 33b-s13 "$A13" $s $m & wait; done; done
+fi
+if [ "$WHAT" = all ] || [ "$WHAT" = sens ]; then  # sensitivities: the leads' means; the loop's read term 1.5 ms
+  $PY -m bench.simulator.validate_replay $A67 --live-times --gateway-loop on --plan-lead live-mean \
+    --json sens_6.7b_live_on_leadmean.json > sens_6.7b_live_on_leadmean.txt &
+  $PY -m bench.simulator.validate_replay $A67 --live-times --gateway-loop on --plan-lead live --gateway-loop-read-ms 1.5 \
+    --json sens_6.7b_live_on_lead_read1.5.json > sens_6.7b_live_on_lead_read1.5.txt &
+  wait
+  $PY -m bench.simulator.validate_replay $A11 --gateway-loop on --plan-lead live-mean \
+    --json sens_33b-s11_asrun_on_leadmean.json > sens_33b-s11_asrun_on_leadmean.txt &
+  $PY -m bench.simulator.validate_replay $A13 --gateway-loop on --plan-lead live-mean \
+    --json sens_33b-s13_asrun_on_leadmean.json > sens_33b-s13_asrun_on_leadmean.txt &
+  wait
 fi
 if [ "$WHAT" = all ] || [ "$WHAT" = tables ]; then bash tables.sh; fi

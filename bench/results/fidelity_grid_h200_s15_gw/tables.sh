@@ -24,4 +24,8 @@ H() { echo "**$1**"; echo; }
     H "33B, $s: + gateway loop + live plan lead"
     T --pool replay_33b-s11_${s}_on_lead.json replay_33b-s13_${s}_on_lead.json
   done
+  H "Sensitivities, 6.7B live step times, gateway loop + live plan lead: the leads' means (2.39 / 4.05 ms) instead of medians | the loop's read term 1.5 ms instead of 0.87"
+  T sens_6.7b_live_on_leadmean.json sens_6.7b_live_on_lead_read1.5.json
+  H "Sensitivity, 33B as run, gateway loop + the live leads' means"
+  T --pool sens_33b-s11_asrun_on_leadmean.json sens_33b-s13_asrun_on_leadmean.json
 } > table.md
