@@ -331,6 +331,10 @@ class EventLoop:
         self.plan_at_prefill_start = not config.prefill_launch_deadline
         self.idle_launch_fn = cost.launch_time if getattr(cost, "hides_launch", False) else None
         self.cap_window = getattr(cost, "power_cap_window_s", None)
+        # a profile with a sustained trace: the shares are exponential averages with its time
+        # constant (sims.profile_cost, "Sustained load"); else the window's plain shares
+        self.cap_tau = getattr(cost, "power_cap_tau_s", None)
+        self.cap_acc: dict[int, list[float]] = {}  # backend -> [average of its ended spans, at time]
         # the power cap slows every step by its compute share (sims.profile_cost.compute_share),
         # decode-only steps too; without it, steps with prefill alike
         self.cap_share_fn = cost.compute_share if getattr(cost, "caps_by_compute", False) else None
@@ -655,9 +659,20 @@ class EventLoop:
             self.settle(be, refused)
 
     def prefill_share(self, be: _Backend, now: float) -> float:
-        """Share of the power-cap window before `now` that ran steps with prefill tokens."""
-        t0 = now - self.cap_window
+        """Share of the power-cap window before `now` that ran steps with prefill tokens; with a
+        time constant tau (`cap_tau`), their exponential average: each instant weighted by
+        exp(-age / tau) / tau (the ended spans folded into one running value)."""
         spans = be.prefill_spans
+        tau = self.cap_tau
+        if tau is not None:
+            acc = self.cap_acc.setdefault(be.idx, [0.0, 0.0])
+            while spans and spans[0][1] <= now:  # spans of one backend follow each other
+                a, b = spans.pop(0)
+                acc[0] = acc[0] * math.exp((acc[1] - b) / tau) - math.expm1((a - b) / tau)
+                acc[1] = b
+            return acc[0] * math.exp((acc[1] - now) / tau) + sum(
+                math.exp((min(b, now) - now) / tau) - math.exp((a - now) / tau) for a, b in spans if a < now)
+        t0 = now - self.cap_window
         while spans and spans[0][1] <= t0:
             spans.pop(0)
         busy = sum(min(b, now) - max(a, t0) for a, b in spans if b > t0)
@@ -667,6 +682,9 @@ class EventLoop:
         """(f, g): the power-cap window's shares before `now` that ran steps with prefill and
         decode-only steps (the rest of the time busy since the last idle spell)."""
         f = self.prefill_share(be, now)
+        if self.cap_tau is not None:
+            g = -math.expm1((be.busy_since - now) / self.cap_tau) - f
+            return f, max(0.0, g)
         g = (now - max(now - self.cap_window, be.busy_since)) / self.cap_window - f
         return f, max(0.0, g)
 

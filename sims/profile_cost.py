@@ -62,6 +62,25 @@ over), decode-only steps right after one 1.03x (not modelled before: 3.2% under)
 every bin is within 2.5% (BENCHMARKS, issue 35, 2026-12-04). `cap_by_compute=False`: the model
 before (every step with prefill slowed alike, decode-only steps not).
 
+Decode-graph buckets (issue 35, session 15): on CUDA a decode-only step of d sequences runs the
+decode graph of the smallest bucket >= d (`cuda_graph_decode_buckets`: 1, 2, 4, 8, 16, 24, 32, 48,
+64, ...), so its time jumps past each bucket (live 6.7B: d 16 -> 17 5.51 -> 5.95 ms, 48 -> 50 7.94 ->
+8.41) and rises with d inside it. When the profile names the buckets and measured a decode point at
+a bucket's first batch (the previous bucket + 1: 3, 5, 9, 17, 25, 33, 49; `backend profile
+--decode-bucket-points on`), the decode-only residuals are interpolated inside each bucket's own
+batches [previous + 1, bucket] only, never across a bucket's edge: a step is charged its bucket's
+level, rising inside it as measured. Profiles without such a point interpolate as before.
+
+Sustained load (issue 35, session 15): profiles whose pause check's "sustained" run carries its
+trace (`trace_t_ms`, `trace_ms`: every step's start and time from an idle engine through the
+sustained period back to back) fit it as T(t) = A + B (1 - exp(-t / tau)) (`fit_sustained_trace`):
+tau is how fast the power limiter follows the load, (A + B) / paused the fully busy ratio r. The
+model then reads the busy shares as exponential averages with that tau (`power_cap_tau_s`; the
+event loop weights each earlier prefill / decode span by exp(-age / tau) instead of a 100 ms
+window), and f_ref is the average the paused points ran at (a step s, a pause P: (1 - e^-s/tau)
+e^-P/tau / (1 - e^-(s+P)/tau)); the factor's form is unchanged. Profiles without the trace: the
+100 ms window as before.
+
 `step_time(d, p, ctx, prefill_chunks=None)`: without `prefill_chunks` a step's p tokens are one
 chunk from position 0 (today's `CostModel` interface); with them — the step's prefill chunks, each an
 int (tokens from position 0), an (num_tokens, start_pos) pair, or an object with `token_ids` and
@@ -71,6 +90,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -197,13 +217,78 @@ def _pad_tokens(d, p, buckets: np.ndarray | None):
     return np.where((p > 0) & (i < len(buckets)), b - t, 0.0)
 
 
+def fit_sustained_trace(t_s, step_ms, skip_first: int = 1) -> dict | None:
+    """Fit a sustained run's step times from an idle start: T(t) = A + B (1 - exp(-t / tau)), t the
+    step's start (s) since the first step. Least squares for A, B at each tau of a log grid (5 ms
+    to 4x the trace's span), the best tau kept. The first `skip_first` steps are left out (the step
+    after an idle spell also pays its launch). Returns {tau_s, start_ms (A), end_ms (the fit at the
+    last step), steady_ms (A + B where the trace settled, tau <= a third of its span, else end_ms:
+    no extrapolation), settled, rmse_ms, n} or None (fewer than 6 steps)."""
+    t = np.asarray(t_s, dtype=np.float64)[skip_first:]
+    y = np.asarray(step_ms, dtype=np.float64)[skip_first:]
+    if len(t) < 6 or len(t) != len(y):
+        return None
+    t = t - t[0]
+    span = float(t[-1])
+    if span <= 0:
+        return None
+    best = None
+    for tau in np.geomspace(0.005, 4.0 * span, 240):
+        x = -np.expm1(-t / tau)
+        X = np.stack([np.ones_like(x), x], axis=-1)
+        coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+        sse = float(((X @ coef - y) ** 2).sum())
+        if best is None or sse < best[0]:
+            best = (sse, float(tau), float(coef[0]), float(coef[1]))
+    sse, tau, a, b = best
+    end = a - b * np.expm1(-span / tau)
+    settled = tau <= span / 3.0
+    return {"tau_s": tau, "start_ms": a, "end_ms": float(end), "steady_ms": a + b if settled else float(end),
+            "settled": bool(settled), "rmse_ms": float(np.sqrt(sse / len(y))), "n": len(y)}
+
+
+def ewma_duty_ref(step_s: float, pause_s: float, tau_s: float) -> float:
+    """The exponential average (time constant tau) of a busy indicator at a step's start when
+    steps of `step_s` alternate with idle pauses of `pause_s` for long (the profile's paused
+    points): (1 - e^-s/tau) e^-P/tau / (1 - e^-(s+P)/tau)."""
+    s, p = max(0.0, step_s) / tau_s, max(0.0, pause_s) / tau_s
+    den = -np.expm1(-(s + p))
+    return float(-np.expm1(-s) * np.exp(-p) / den) if den > 0 else 0.0
+
+
+def _first_batches(buckets) -> set[int]:
+    """The batches past each decode bucket's edge that are not buckets: previous + 1 and + 2."""
+    b = sorted({int(x) for x in buckets or () if int(x) > 0})
+    return {x for lo, hi in pairwise(b) for x in (lo + 1, lo + 2) if x < hi}
+
+
+def _bucket_segments(buckets, d: np.ndarray, space: np.ndarray, resid: np.ndarray):
+    """(bucket edges, {bucket: residual interpolator over the decode points of its own batches
+    [previous bucket + 1, bucket]}) where the decode points include one at a bucket's first
+    batches (`_first_batches`); else None (interpolate across buckets, as before)."""
+    if not buckets or not len(d):
+        return None
+    b = sorted({int(x) for x in buckets if int(x) > 0})
+    if not _first_batches(b) & {int(x) for x in np.unique(d)}:
+        return None
+    segs, lo = {}, 1
+    for hi in b:
+        m = (d >= lo) & (d <= hi)
+        if m.any():
+            f = _residual_interpolator(space[m], resid[m])
+            if f is not None:
+                segs[hi] = f
+        lo = hi + 1
+    return np.array(b, dtype=np.float64), segs
+
+
 class ProfileCost:
     accepts_prefill_chunks = True  # step_time(..., prefill_chunks=...) charges each chunk by itself
 
     def __init__(self, points: np.ndarray, times_s: np.ndarray, *, num_blocks: int | None = None,
                  block_size: int | None = None, meta: dict | None = None, ctx_quantum: int = 64,
                  token_buckets=None, launch_times_s=None, hide_launch: bool = False,
-                 power_cap: bool = False, cap_by_compute: bool = True):
+                 power_cap: bool = False, cap_by_compute: bool = True, decode_buckets=None):
         """points: (n, 3) of (num_decode_seqs, num_prefill_tokens, num_context_tokens), or (n, 4) /
         (n, 5) with num_prefill_seqs k (the p tokens are k chunks of p/k each; default 1 when p > 0)
         and prefill_context_len s (each chunk starts at position s; default 0) appended, or (n, 6)
@@ -213,7 +298,10 @@ class ProfileCost:
         `launch_times_s`: the host's launch part of each point's time; with `hide_launch` the
         model charges steps without it (see the module doc). `cap_by_compute` (with
         `power_cap`): a step's slowdown scaled by its compute share against the pause check's
-        step (`compute_share`, the module doc); False: every step with prefill slowed alike."""
+        step (`compute_share`, the module doc); False: every step with prefill slowed alike.
+        `decode_buckets`: the decode graphs' batch buckets (default: the profile's
+        `cuda_graph_decode_buckets`); decode-only steps are interpolated inside their bucket where
+        the profile measured a bucket's first batch (the module doc)."""
         points = np.asarray(points, dtype=np.float64)
         points = points.reshape(-1, points.shape[-1] if points.ndim == 2 else 3)
         if points.shape[1] not in (3, 4, 5, 6):
@@ -222,6 +310,8 @@ class ProfileCost:
         self.hides_launch = bool(hide_launch and launch_times_s is not None)
         # power cap (module doc): (f_ref, r) from the pause check, or None (off)
         self.power_cap_window_s = None
+        self.power_cap_tau_s = None  # the sustained trace's time constant (exponential shares)
+        self.sustained_fit = None
         self._cap = None
         self._cap_step = None
         self._cap_share_ref = None  # the pause check step's compute share (cap_by_compute)
@@ -230,7 +320,28 @@ class ProfileCost:
             runs = {r["run"]: r["step_ms_median"] for r in check.get("runs", [])}
             paused = [runs[k] for k in ("paused", "paused_again") if k in runs]
             pause_s = float((meta or {}).get("pause_ms", 0.0)) / 1e3
-            if paused and "back_to_back" in runs and 0 < pause_s < POWER_CAP_WINDOW_S:
+            trace = next((r for r in check.get("runs", []) if r.get("run") == "sustained"
+                          and r.get("trace_ms")), None)
+            fit = (fit_sustained_trace(np.asarray(trace["trace_t_ms"]) / 1e3, trace["trace_ms"])
+                   if trace is not None and paused and pause_s > 0 else None)
+            if fit is not None:
+                # the trace (module doc): r from its fully busy level, shares averaged with its tau
+                base = sum(paused) / len(paused)
+                tau = fit["tau_s"]
+                f_ref = ewma_duty_ref(base / 1e3, pause_s, tau)
+                r = fit["steady_ms"] / base
+                # after_decode: its pauses ran decode steps, the engine never idle: g = 1 - f
+                g_ref = 1.0 - f_ref
+                r_dec = (1.0 + (runs["after_decode"] / base - 1.0) / g_ref
+                         if "after_decode" in runs and g_ref > 0 else 1.0)
+                self._cap = (f_ref, max(r, 1.0), max(r_dec, 1.0))
+                self.power_cap_tau_s = tau
+                # spans older than 6 tau weigh < 0.25%: the event loop drops them
+                self.power_cap_window_s = 6.0 * tau
+                self.sustained_fit = {**fit, "r": r, "f_ref": f_ref}
+                self._cap_step = (int(check.get("num_prefill_tokens", 512)),
+                                  max(1, int(check.get("num_prefill_seqs", 1))))
+            elif paused and "back_to_back" in runs and 0 < pause_s < POWER_CAP_WINDOW_S:
                 base = sum(paused) / len(paused)
                 # a fully busy window: the step after a sustained busy period where the profile
                 # ran one (its back-to-back run lasts ten steps, 63 ms on the 6.7B: shorter than
@@ -277,6 +388,17 @@ class ProfileCost:
         self._cols = (bool((k > 1).any()), bool((s > 0).any()), mixed_col, None, bool((v > 0).any()))
         self.token_buckets = np.array(sorted(token_buckets), dtype=np.float64) if token_buckets else None
         pad = _pad_tokens(d, p, self.token_buckets)
+        # decode points at a bucket's first batches (module doc) are left out of the regression
+        # (a line in d through the buckets' jumps would move its constant, and with it every
+        # step's compute share: +1.1% on the 33B's prefill steps) and kept for the interpolation
+        dec_buckets = (decode_buckets if decode_buckets is not None
+                       else (meta or {}).get("cuda_graph_decode_buckets"))
+        firsts = _first_batches(dec_buckets)
+        fit = np.ones(len(d), dtype=bool)
+        if firsts & {int(x) for x in d[p <= 0]}:
+            fit = ~((p <= 0) & np.isin(d, sorted(firsts)))
+        else:
+            dec_buckets = None
         if mixed_col and len(np.unique(p[p > 0])) >= 3:
             # a mixed step's matrix products stream the weights (flat in its tokens) until they
             # turn compute-bound; one slope for both charged 8 more tokens at 9 as 0.7 ms where
@@ -287,7 +409,7 @@ class ProfileCost:
                 f = _features(d, p, c, k, q, x, self._cols[:3] + (float(knee),) + self._cols[4:],
                               pad, v)
                 fs = np.maximum(np.abs(f).max(axis=0), 1e-12)
-                sse = float(((f @ (nnls(f / fs, times_s)[0] / fs) - times_s) ** 2).sum())
+                sse = float(((f[fit] @ (nnls(f[fit] / fs, times_s[fit])[0] / fs) - times_s[fit]) ** 2).sum())
                 if best is None or sse < best[0]:
                     best = (sse, float(knee))
             if best is not None:
@@ -298,7 +420,7 @@ class ProfileCost:
         self._blocks, self._block_size = num_blocks, block_size
         feats = _features(d, p, c, k, q, x, self._cols, pad, v)
         scale = np.maximum(np.abs(feats).max(axis=0), 1e-12)
-        coef, _ = nnls(feats / scale, times_s)
+        coef, _ = nnls(feats[fit] / scale, times_s[fit])
         self.coef = coef / scale
         resid = times_s - feats @ self.coef
         ss_tot = float(((times_s - times_s.mean()) ** 2).sum())
@@ -312,6 +434,8 @@ class ProfileCost:
         has_prefill = p > 0
         self._resid_decode = _residual_interpolator(space[~has_prefill][:, [0, 2]], resid[~has_prefill])
         self._resid_prefill = _residual_interpolator(space[has_prefill], resid[has_prefill])
+        self._decode_segs = _bucket_segments(dec_buckets, d[~has_prefill], space[~has_prefill][:, [0, 2]],
+                                             resid[~has_prefill])
         self.ctx_quantum = max(1, int(ctx_quantum))
         self._memo: dict[tuple, float] = {}
         # the fit's constant: what a step costs whatever it holds (the weights' read)
@@ -358,9 +482,23 @@ class ProfileCost:
                 t += self._resid_prefill((d, p, c) + ((q,) if self._cols[0] else ())
                                          + ((x,) if self._cols[1] else ())
                                          + ((v,) if self._cols[4] else ()))
+        elif self._decode_segs is not None and (seg := self._decode_seg(d)) is not None:
+            t += seg((d, c))
         elif self._resid_decode is not None:
             t += self._resid_decode((d, c))
         return max(t, 1e-7)
+
+    def _decode_seg(self, d: int):
+        """The residual interpolator of the decode bucket a d-sequence step runs (None: past the
+        largest bucket, or a bucket without measured points)."""
+        edges, segs = self._decode_segs
+        i = int(np.searchsorted(edges, d))
+        return segs.get(int(edges[i])) if i < len(edges) else None
+
+    @property
+    def interpolates_by_decode_bucket(self) -> bool:
+        """Decode-only steps are interpolated inside their graph bucket (module doc)."""
+        return self._decode_segs is not None
 
     @property
     def measures_verifies(self) -> bool:
@@ -461,8 +599,10 @@ class ProfileCost:
                 "verify_points": int((self.num_draft_tokens > 0).sum()),
                 "token_buckets": [] if self.token_buckets is None else [int(b) for b in self.token_buckets],
                 "hides_launch": self.hides_launch,
+                "decode_bucket_interpolation": self.interpolates_by_decode_bucket,
                 "power_cap": None if self._cap is None else {"f_ref": self._cap[0], "back_to_back": self._cap[1],
                                                               "after_decode": self._cap[2],
                                                               "window_s": self.power_cap_window_s,
+                                                              "tau_s": self.power_cap_tau_s,
                                                               "compute_share_ref": self._cap_share_ref},
                 **{k: v for k, v in self.meta.items() if isinstance(v, (str, int, float))}}

@@ -70,7 +70,8 @@ def test_profile_pause_idles_before_prefill_steps_only(tmp_path, monkeypatch):
     # 2 prefill points x (1 warmup + 2 repeats), then the pause check on the prefill-only point:
     # paused, back to back, paused again (1 warmup + 10 repeats each), and after decodes (its
     # pause filled with decode steps of a middle decode batch of the grid: no sleep)
-    assert slept == [0.04] * (2 * 3 + 2 * 11)
+    # ... and sustained: SUSTAIN_IDLE_S idle, then the step back to back, traced (no other sleep)
+    assert slept == [0.04] * (2 * 3 + 2 * 11) + [profile.SUSTAIN_IDLE_S]
     check = doc["pause_check"]
     assert check["num_prefill_tokens"] == 32
     # ... and sustained: the step back to back for SUSTAIN_S untimed, then timed back to back
@@ -78,7 +79,12 @@ def test_profile_pause_idles_before_prefill_steps_only(tmp_path, monkeypatch):
     assert [r["run"] for r in check["runs"]] == ["paused", "back_to_back", "paused_again", "after_decode",
                                                  "sustained"]
     assert [r["pause_ms"] for r in check["runs"]] == [40.0, 0.0, 40.0, 40.0, 0.0]
-    assert check["runs"][4]["sustain_ms"] == 50.0 and check["runs"][4]["sustain_steps"] >= 1
+    sus = check["runs"][4]
+    assert sus["sustain_ms"] == 50.0 and sus["sustain_steps"] >= 1
+    # every step of the sustained period timed: its start and its time (issue 35, session 15)
+    assert len(sus["trace_ms"]) == len(sus["trace_t_ms"]) == sus["sustain_steps"]
+    assert sus["trace_t_ms"][0] == 0.0 and sus["trace_t_ms"] == sorted(sus["trace_t_ms"])
+    assert all(t > 0 for t in sus["trace_ms"]) and sus["trace_t_ms"][-1] < 50.0
     assert check["runs"][3]["decode_seqs_before"] == 1
     assert all(r["step_ms_min"] <= r["step_ms_median"] <= r["step_ms_max"] for r in check["runs"])
     for p in doc["points"]:

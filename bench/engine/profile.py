@@ -20,6 +20,7 @@ import platform
 import statistics
 import sys
 import time
+from itertools import pairwise
 
 import torch
 
@@ -64,11 +65,15 @@ def parser() -> argparse.ArgumentParser:
                         "tokens (K + 1 tokens each, sampled at every position) instead of prefill "
                         "chunks, with k in 1 and --packed-prefill-seqs and s in "
                         "--prefill-context-lens, beside the packed decode batches ('' = none)")
-    p.add_argument("--decode-bucket-points", choices=("on", "off"), default="on",
+    p.add_argument("--decode-bucket-points", choices=("on", "buckets", "off"), default="on",
                    help="on a device with CUDA graphs, also a decode-only point at every decode "
                         "graph bucket between the grid's smallest and largest decode batch (24 and "
-                        "48 beside 1-64): a decode step runs its bucket's rows, so its time steps "
-                        "up past each bucket (the cost model charges the bucket: issue 35)")
+                        "48 beside 1-64) and ('on') at every bucket's first two batches, the "
+                        "bucket before it + 1 and + 2 (3, 5, 6, 9, 10, 17, 18, 25, 26, 33, 34, 49, "
+                        "50): a decode step runs its bucket's "
+                        "rows, so its time jumps past each bucket and rises inside it, which the "
+                        "cost model follows bucket by bucket (issue 35); 'buckets': the buckets "
+                        "alone (the profiles of 2026-12-04)")
     p.add_argument("--repeats", type=int, default=5, help="timed repetitions per point")
     p.add_argument("--warmup", type=int, default=2, help="untimed repetitions per point")
     p.add_argument("--pause-ms", type=float, default=0.0,
@@ -160,15 +165,22 @@ def step_shapes(ds: list[int], ps: list[int], cs: list[int], ks: list[int], ss: 
 
 
 def decode_bucket_shapes(shapes: list[tuple[int, int, int, int, int]], buckets,
-                         cs: list[int]) -> list[tuple[int, int, int, int, int]]:
+                         cs: list[int], first_batches: bool = False) -> list[tuple[int, int, int, int, int]]:
     """Decode-only shapes (d, 0, c, 0, 0) for every decode-graph bucket d strictly between the
-    smallest and largest decode batch of `shapes` that the grid lacks, at each context in `cs`."""
+    smallest and largest decode batch of `shapes` that the grid lacks, at each context in `cs`;
+    with `first_batches`, also every bucket's first two batches (the bucket before it + 1 and + 2,
+    where they are not that bucket itself) above the smallest decode batch and up to the largest:
+    the steps past a bucket's edge, where the graph's rows jump (live 6.7B: 16 -> 17 but 33 -> 34
+    and 49 -> 50; sims.profile_cost interpolates inside buckets)."""
     ds = sorted({d for d, p, *_ in shapes if d and not p})
     if not ds:
         return []
     have = {(d, c) for d, p, c, *_ in shapes if not p}
-    return [(b, 0, c, 0, 0) for b in sorted(set(buckets)) if ds[0] < b < ds[-1]
-            for c in cs if (b, c) not in have]
+    bs = sorted(set(buckets))
+    want = {b for b in bs if ds[0] < b < ds[-1]}
+    if first_batches:  # a bucket's first two batches (the 6.7B's steps jumped at 33 -> 34, 49 -> 50)
+        want |= {x for lo, hi in pairwise(bs) for x in (lo + 1, lo + 2) if x < hi and ds[0] < x <= ds[-1]}
+    return [(b, 0, c, 0, 0) for b in sorted(want) for c in cs if (b, c) not in have]
 
 
 def measure(runner, chunks, repeats: int, warmup: int, pause_s: float = 0.0,
@@ -211,27 +223,82 @@ def sm_clock_mhz(device) -> int | None:
         return None
 
 
-# the pause check's "sustained" run: this long of the step back to back, untimed, before its timed
-# repetitions (issue 35, session 14): the "back_to_back" run's ten repetitions last 10 x the step,
-# 0.5 s on the 33B but 63 ms on the 6.7B, shorter than the power limiter's response; the 6.7B read
-# back to back 0.91 x paused (no cap) while live its steps with prefill under sustained load ran
-# 6% over the model at 1,905 MHz / 678 W (1,980 MHz idle). Live busy periods last seconds.
-SUSTAIN_S = 1.0
+# the pause check's "sustained" run: this long of the step back to back, every step timed (the
+# trace), after SUSTAIN_IDLE_S idle, then its timed repetitions (issue 35, sessions 14-15): the
+# "back_to_back" run's ten repetitions last 10 x the step, 0.5 s on the 33B but 0.14 s on the 6.7B
+# (63 ms in session 14, whose check ran a 64-token step), shorter than the power limiter's
+# response; live the 6.7B's steps with prefill under sustained load ran 6% over the model at
+# 1,905 MHz / 678 W (1,980 MHz idle). The trace gives the level the clock settles at and how fast
+# (sims.profile_cost.fit_sustained_trace). Live the 6.7B's SM clock followed an exponential average
+# of the prefill-busy time with tau ~0.5 s (0.3-0.75 s alike; bench/results/fidelity_cost_s15,
+# clock_tau.py): 2.5 s settles a tau up to ~0.8 s (the fit extrapolates nothing past tau = span / 3);
+# ~180 steps of the 6.7B's 512-token prefill, ~49 of the 33B's. The idle before lets the average
+# fall to e^-1 of where the after_decode run left it (the fit's level A is free: any start works).
+SUSTAIN_S = 2.5
+SUSTAIN_IDLE_S = 0.5
+# the step the pause check times: the prefill-only point of this many tokens (or the largest below
+# it): compute-bound, as the steps the power cap slows. The first prefill-only point had been taken,
+# which the capped engine's grid (64-token chunks first, 2026-12-04) made a 64-token step: 6.3 ms
+# on the 6.7B, mostly the weights' read, which draws too little power to see the cap
+PAUSE_CHECK_TOKENS = 512
+# the SM clock is read every this many steps of the trace (an NVML call each)
+TRACE_CLOCK_EVERY = 8
+
+
+def sustained_trace(runner, chunks, sustain_s: float, idle_s: float) -> dict:
+    """`idle_s` idle, then the step back to back for `sustain_s`, each step timed: its start
+    (ms since the first's) and wall time (launch to tokens read back, as `measure`), the SM clock
+    every TRACE_CLOCK_EVERY steps. The pause check's "sustained" run's record (the module doc of
+    sims.profile_cost fits it)."""
+    sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
+    sync()
+    time.sleep(idle_s)
+    t_first = time.perf_counter()
+    t_end = t_first + sustain_s
+    starts, ms, clocks = [], [], []
+    while True:
+        t0 = time.perf_counter()
+        if t0 >= t_end:
+            break
+        if not ms:
+            t_first = t0  # the trace's times from the first step's start
+        runner.finish(runner.launch(chunks))
+        sync()
+        t1 = time.perf_counter()
+        starts.append(round((t0 - t_first) * 1000, 3))
+        ms.append(round((t1 - t0) * 1000, 4))
+        if len(ms) % TRACE_CLOCK_EVERY == 1:
+            clk = sm_clock_mhz(runner.device)
+            if clk is not None:
+                clocks.append([starts[-1], clk])
+    doc = {"sustain_ms": sustain_s * 1000, "sustain_steps": len(ms), "idle_before_ms": idle_s * 1000,
+           "trace_t_ms": starts, "trace_ms": ms}
+    if clocks:
+        doc["trace_sm_clock_mhz"] = clocks
+    from sims.profile_cost import fit_sustained_trace
+    fit = fit_sustained_trace([x / 1000 for x in starts], ms)
+    if fit is not None:
+        doc["trace_fit"] = {k: (round(v, 5) if isinstance(v, float) else v) for k, v in fit.items()}
+    return doc
 
 
 def compare_pause(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int = 10,
                   sustain_s: float | None = None) -> dict | None:
-    """The first prefill-only point again, paused / back to back / paused / after decodes,
+    """A prefill-only point of the grid (one chunk of PAUSE_CHECK_TOKENS, or the largest below;
+    else the smallest) again, paused / back to back / paused / after decodes,
     `repeats` each: how much of a compute-bound step's time the idle before it changes, in the
     same process (so a profile says what its --pause-ms did). "after_decode" fills the pause with
     decode steps of a middle decode batch of the grid instead of idling: the serving loop's prefill
     steps follow decode steps, not idle time (issue 35: on the H200 such steps ran ~3% over the
     paused profile with no prefill in the 100 ms before them). "sustained" (with `sustain_s` > 0,
-    last): the step back to back for `sustain_s` untimed, then its timed repetitions back to back:
-    the clock a long busy period settles at, whatever the step's length."""
-    shape = next(((d, p, c, k, s) for d, p, c, k, s in shapes if d == 0 and p), None)
-    if shape is None:
+    last): after SUSTAIN_IDLE_S idle, the step back to back for `sustain_s`, every step timed
+    (`sustained_trace`: the trace and its fit), then its timed repetitions back to back: the
+    clock a long busy period settles at, and how fast, whatever the step's length."""
+    cands = [(d, p, c, k, s) for d, p, c, k, s in shapes if d == 0 and p and k == 1 and s == 0]
+    if not cands:
         return None
+    below = [x for x in cands if x[1] <= PAUSE_CHECK_TOKENS]
+    shape = max(below, key=lambda x: x[1]) if below else min(cands, key=lambda x: x[1])
     d, p, c, k, s = shape
     chunks = make_step(d, p, c, cfg.block_size, cfg.num_blocks, vocab, k, s)
     # a middle decode batch of the grid (its median; 16 of 1..256): the serving loop's decode
@@ -249,13 +316,7 @@ def compare_pause(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int 
     for label, pause, before in plan:
         extra = {}
         if label == "sustained":
-            sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
-            t_end, n = time.perf_counter() + sustain_s, 0
-            while time.perf_counter() < t_end:
-                runner.finish(runner.launch(chunks))
-                n += 1
-            sync()
-            extra = {"sustain_ms": sustain_s * 1000, "sustain_steps": n}
+            extra = sustained_trace(runner, chunks, sustain_s, SUSTAIN_IDLE_S)
         ms = measure(runner, chunks, repeats, 1, pause, busy_chunks=before)
         runs.append({"run": label, "pause_ms": pause * 1000, "step_ms_median": statistics.median(ms),
                      "step_ms_min": min(ms), "step_ms_max": max(ms),
@@ -298,8 +359,9 @@ def run(args: argparse.Namespace) -> dict:
                          max_num_batched_tokens=cfg.max_num_batched_tokens,
                          max_model_len=cfg.max_model_len)
     cs = int_list(args.context_lens)
-    if runner.graphs is not None and args.decode_bucket_points == "on":
-        shapes += decode_bucket_shapes(shapes, runner.graphs.buckets, cs)
+    if runner.graphs is not None and args.decode_bucket_points != "off":
+        shapes += decode_bucket_shapes(shapes, runner.graphs.buckets, cs,
+                                       first_batches=args.decode_bucket_points == "on")
     verifies = []
     if args.verify_drafts and cs:
         vds = packed_ds if packed_ds is not None else sorted({d for d, _, _, k, s in shapes

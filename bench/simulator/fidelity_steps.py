@@ -101,18 +101,25 @@ def dispatch_delay(rows: list[dict], batches) -> tuple[float, int]:
     return (float(np.median(delays)) if delays else 0.0), len(delays)
 
 
-def busy_shares(steps: list[dict], k: int, window_s: float) -> tuple[float, float]:
+def busy_shares(steps: list[dict], k: int, window_s: float, tau_s: float | None = None) -> tuple[float, float]:
     """Shares of the `window_s` before step k's start that ran steps carrying prefill, and
-    decode-only steps (the power-cap model's f and g)."""
+    decode-only steps (the power-cap model's f and g). `tau_s` (a profile with a sustained trace,
+    `ProfileCost.power_cap_tau_s`): exponential averages with that time constant instead, over
+    the steps that ended in the `window_s` before (the simulator's event loop alike)."""
     t = steps[k]["start"]
     t0, busy, dec, j = t - window_s, 0.0, 0.0, k - 1
     while j >= 0 and steps[j]["end"] > t0:
-        span = min(steps[j]["end"], t) - max(steps[j]["start"], t0)
+        if tau_s is not None:
+            span = np.exp((min(steps[j]["end"], t) - t) / tau_s) - np.exp((steps[j]["start"] - t) / tau_s)
+        else:
+            span = min(steps[j]["end"], t) - max(steps[j]["start"], t0)
         if steps[j]["p"]:
             busy += span
         else:
             dec += span
         j -= 1
+    if tau_s is not None:
+        return float(busy), float(dec)
     return busy / window_s, dec / window_s
 
 
@@ -123,6 +130,9 @@ def model_step_ms(cost, steps: list[dict], window_s: float = 0.1) -> list[tuple[
     the compute-share cap: every step) its power-cap slowdown (`prefill_slowdown`) where the model
     has one."""
     idle_launch = cost.launch_time if getattr(cost, "hides_launch", False) else None
+    tau = getattr(cost, "power_cap_tau_s", None)
+    if tau is not None:  # exponential shares over the model's own horizon (6 tau)
+        window_s = max(window_s, cost.power_cap_window_s)
     out = []
     for k, s in enumerate(steps):
         if not s["d"] and not s["p"]:
@@ -131,7 +141,7 @@ def model_step_ms(cost, steps: list[dict], window_s: float = 0.1) -> list[tuple[
         ctx = s["ctx"] + sum(n + st for n, st in s["chunks"])
         t = cost.step_time(s["d"], s["p"], ctx, chunks)
         by_compute = getattr(cost, "caps_by_compute", False)
-        f, g = busy_shares(steps, k, window_s) if s["p"] or by_compute else (0.0, 0.0)
+        f, g = busy_shares(steps, k, window_s, tau) if s["p"] or by_compute else (0.0, 0.0)
         if by_compute:  # every step, decode-only ones too, by its compute share
             t *= cost.prefill_slowdown(f, g, cost.compute_share(s["d"], s["p"], ctx, chunks))
         elif s["p"]:
