@@ -217,16 +217,22 @@ def _pad_tokens(d, p, buckets: np.ndarray | None):
     return np.where((p > 0) & (i < len(buckets)), b - t, 0.0)
 
 
-def fit_sustained_trace(t_s, step_ms, skip_first: int = 1) -> dict | None:
+def fit_sustained_trace(t_s, step_ms, skip_first: int = 1, skip_s: float = 0.05) -> dict | None:
     """Fit a sustained run's step times from an idle start: T(t) = A + B (1 - exp(-t / tau)), t the
     step's start (s) since the first step. Least squares for A, B at each tau of a log grid (5 ms
-    to 4x the trace's span), the best tau kept. The first `skip_first` steps are left out (the step
-    after an idle spell also pays its launch). Returns {tau_s, start_ms (A), end_ms (the fit at the
-    last step), steady_ms (A + B where the trace settled, tau <= a third of its span, else end_ms:
-    no extrapolation), settled, rmse_ms, n} or None (fewer than 6 steps)."""
-    t = np.asarray(t_s, dtype=np.float64)[skip_first:]
-    y = np.asarray(step_ms, dtype=np.float64)[skip_first:]
-    if len(t) < 6 or len(t) != len(y):
+    to 4x the trace's span), the best tau kept. The first `skip_first` steps and those starting in
+    the first `skip_s` are left out (the step after an idle spell also pays its launch, and the
+    clock may still be rising from idle: the limiter's fall takes ~0.2-0.5 s, the rise ms). Returns
+    {tau_s, start_ms (A, at the first kept step), end_ms (the fit at the last step), steady_ms
+    (A + B where the trace settled, tau <= a third of its span, else end_ms: no extrapolation),
+    settled, rmse_ms, n} or None (fewer than 6 steps kept)."""
+    t = np.asarray(t_s, dtype=np.float64)
+    y = np.asarray(step_ms, dtype=np.float64)
+    if len(t) != len(y) or not len(t):
+        return None
+    keep = (np.arange(len(t)) >= skip_first) & (t >= t[0] + skip_s)
+    t, y = t[keep], y[keep]
+    if len(t) < 6:
         return None
     t = t - t[0]
     span = float(t[-1])
