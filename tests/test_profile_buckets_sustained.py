@@ -185,3 +185,18 @@ def test_the_simulator_weights_earlier_prefill_by_exp_minus_age_over_tau():
     res = simulate(workload([0.0, 0.005], [20, 3]), old, one, cfg)
     want = tp * (1 + 0.12 * max(0.0, 0.1 - 0.4) / 0.6 + (old._cap[2] - 1) * 0.04)
     assert res.first_token_time[1] == pytest.approx(res.dispatch_time[0] + tp + td + want, rel=1e-9)
+
+
+def test_the_committed_profiles_load_as_before():
+    """The committed H200 profiles have neither the first-batch points nor the trace: no bucket
+    interpolation, the 100 ms window (their figures in BENCHMARKS stand)."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1] / "bench/results"
+    paths = [root / "fidelity_grid_h200_s14/6.7b/profile_6.7b.json", root / "fidelity_grid_h200_s11/33b/profile_33b.json"]
+    if not all(p.is_file() for p in paths):
+        pytest.skip("no committed H200 profiles")
+    for p in paths:
+        cost = ProfileCost.from_json(p, hide_launch=True, power_cap=True)
+        assert not cost.interpolates_by_decode_bucket
+        assert cost.power_cap_tau_s is None and cost.power_cap_window_s == 0.1
+        assert cost.power_cap_f_ref == pytest.approx(0.4)
