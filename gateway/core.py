@@ -70,6 +70,9 @@ class GatewayConfig:
     slot_model: bool = False  # admission's slot model (scheduler.admission, "Slots")
     compete_window: bool = False  # AdmissionConfig.compete_window
     retry_after_quantile: float | None = None  # AdmissionConfig.retry_after_quantile
+    # AdmissionConfig.class_ordered (`--overtake`: the backends admit by class) and its horizon
+    overtake: bool = False
+    overtake_horizon_s: float | None = None
     pool: PoolConfig = field(default_factory=PoolConfig)
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
     queues: QueueConfig = field(default_factory=QueueConfig)
@@ -307,7 +310,9 @@ class Gateway:
                                      admission_config=AdmissionConfig(
                                          slo=config.slo, slot_model=config.slot_model,
                                          compete_window=config.compete_window,
-                                         retry_after_quantile=config.retry_after_quantile))
+                                         retry_after_quantile=config.retry_after_quantile,
+                                         class_ordered=config.overtake,
+                                         overtake_horizon_s=config.overtake_horizon_s))
         self.draining = False
         self.num_active = 0
         self._ids = itertools.count()

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from engine_flags import add_forwarded_engine_args, default_model, forwarded_argv
 from gateway.discovery import add_discovery_arguments, discovery_ctx, sources_from_args
 from gateway.validation import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, RequestLimits
+from scheduler.admission import add_overtake_arguments
 from scheduler.batcher import BatcherConfig
 from scheduler.capacity import DEFAULT_CAPACITY
 from scheduler.kv_cost import PullConfig
@@ -103,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "median) of its wait over admission's futures of the Fast and Normal "
                    "arrivals, not the wait with them at their mean "
                    "(AdmissionConfig.retry_after_quantile)")
+    add_overtake_arguments(p)
     p.add_argument("--stream-interval", type=int, default=1, help="stream every N tokens")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger bodies get 413")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds; then 504")
@@ -252,6 +254,8 @@ def gateway_config(args: argparse.Namespace, backends: list[str]) -> GatewayConf
         slo=SLOTargets.parse(args.slo_ttft_ms, args.slo_tpot_ms), slot_model=args.slot_model,
         compete_window=getattr(args, "compete_window", False),
         retry_after_quantile=getattr(args, "retry_after_quantile", None),
+        overtake=getattr(args, "overtake", False),
+        overtake_horizon_s=getattr(args, "overtake_horizon_s", None),
         pool=PoolConfig(heartbeat_timeout_s=args.heartbeat_timeout,
                         max_inflight_per_backend=args.max_inflight_per_backend, curve=curve,
                         # block size: the backends' own, read from their BackendInfo when hashing

@@ -67,6 +67,31 @@ each check): only admitted requests measure one, so a class whose every request 
 errors refused would otherwise keep those errors, and be refused, for good (seen in the
 simulator: after a burst at 0.8x capacity every normal request was refused to the end).
 
+Overtaking (`AdmissionConfig.class_ordered`, opt-in: `tidegate serve --overtake`, the simulator's
+`--overtake` with `--waiting-by-class`; not with the slot model, which projects them itself). A
+backend that admits its waiting requests by class (`tidegate backend --waiting-by-class`) starts
+the Fast and Normal requests sent *after* a waiting Slow one before it, so its wait is not the
+queue ahead at dispatch: with that queue's work w = ahead x gap_b and the higher classes' recent
+arrival rate there rate_h (`higher_rate`, the slot model's), each arrival during the wait W
+takes one start, W = w + rate_h x gap_b x W:
+
+    W = ahead x gap_b / (1 - rate_h x gap_b)        (max_wait_s where rate_h x gap_b >= 1)
+
+(`overtaken_wait`; `overtake_horizon_s`: those arrivals over that long at most, W = w + rate_h x
+gap_b x H past it). The class's service then leaves out the higher classes' requests sent after
+it that started first (`started`; the all-class figure and the slopes' fit do not: fed that, the
+fit's slopes moved the Fast predictions). Without it the gap model under-predicts a Slow wait by
+1 - rate_h x gap_b, which the class's service EWMA and the calibration margin only partly absorb.
+Simulated 33B H200 (s13 profile, one backend, Fast first, 400 requests, seeds 0-4 x 18-27 req/s;
+issue 31, fifteenth session, bench/results/slo_gap_class_s15): Slow prediction / actual p50
+0.62 -> 1.00 at 24.45 req/s seed 2 (the runs' median 0.83 -> 1.22), but Slow refused 212 ->
+438, all of them requests the control run served within 10 s: a 400-request run's Fast and
+Normal arrivals stop after ~16 s, and the Slow queue then drains at the full start rate, which
+no projection of the recent rate sees; in longer overloads (1,200 requests, seeds 0-4, 24.45
+req/s) Slow met 1,368 -> 1,706 and the admitted Slow requests missing by > 10% 148 -> 54. With
+a 5 s horizon: 400 requests, Slow refused 212 -> 151, but 1,200 requests, Slow misses 148 ->
+259. Hence opt-in.
+
 Slots (issue 31; `slot_model`, opt-in: `tidegate serve --slot-model`, where the owner gives a
 `clock`). The gap term above is a
 mean; what a request waits on a backend whose slots (`max_num_seqs`) are all taken is the time
@@ -134,6 +159,7 @@ the recent start rate: the extra requests/s before queues grow and deadlines sta
 """
 from __future__ import annotations
 
+import argparse
 import functools
 import heapq
 import math
@@ -287,6 +313,15 @@ class AdmissionConfig:
     # 1.5x Slow met 39.3 -> 37.4%, misses 2 -> 4 (issue 31, ninth session). `tidegate serve
     # --compete-window`
     compete_window: bool = False
+    # the backends admit their waiting requests by class, Fast first (`tidegate backend
+    # --waiting-by-class`, the echo engine, the simulator's `--waiting-by-class`): the gap
+    # model projects the higher classes' requests that will arrive and pass a waiting one
+    # (module doc, "Overtaking"). False: the gap term is the queue ahead alone, as on an FCFS
+    # backend. Not with `slot_model`, which projects those arrivals itself
+    class_ordered: bool = False
+    # the higher classes' arrivals projected over this long at most (None: for as long as the
+    # request waits; module doc, "Overtaking")
+    overtake_horizon_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("gap_weight", "service_weight"):
@@ -310,6 +345,8 @@ class AdmissionConfig:
             raise ValueError(f"compete_steps must be >= 0, got {self.compete_steps}")
         if self.retry_after_quantile is not None and not 0.0 < self.retry_after_quantile < 1.0:
             raise ValueError(f"retry_after_quantile must be in (0, 1), got {self.retry_after_quantile}")
+        if self.overtake_horizon_s is not None and not self.overtake_horizon_s > 0:
+            raise ValueError(f"overtake_horizon_s must be > 0, got {self.overtake_horizon_s}")
         if self.max_arrivals_sim > POISSON_EXACT:
             raise ValueError(f"max_arrivals_sim must be <= {POISSON_EXACT}")
         if not 0.5 <= self.calibration_quantile <= 1.0 or self.calibration_window < 1:
@@ -319,6 +356,20 @@ class AdmissionConfig:
     def enabled(self) -> bool:
         """Admission refuses only where some class has a TTFT deadline."""
         return self.slo.any_ttft
+
+
+def add_overtake_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """`--overtake` and `--overtake-horizon-s` (`tidegate serve`, the simulator, decision
+    fidelity): AdmissionConfig.class_ordered and overtake_horizon_s (module doc, "Overtaking")."""
+    p.add_argument("--overtake", action="store_true",
+                   help="the backends admit waiting requests Fast first (tidegate backend "
+                   "--waiting-by-class): admission's gap model projects the Fast and Normal "
+                   "requests that will arrive and start before a waiting one, W = ahead x gap / "
+                   "(1 - their rate x gap) (AdmissionConfig.class_ordered; opt-in; not with "
+                   "--slot-model; the simulator: with --waiting-by-class only)")
+    p.add_argument("--overtake-horizon-s", type=float, default=None, metavar="S",
+                   help="with --overtake: project those arrivals over S seconds at most "
+                   "(default: for as long as the request waits)")
 
 
 AHEAD_BUCKETS = 3  # calibration pools by requests ahead: none, 1-3, more
@@ -409,6 +460,7 @@ class _Backend:
         "free_service",
         "gap",
         "last_start",
+        "marks",
         "num_gaps",
         "num_steps",
         "paced",
@@ -420,6 +472,7 @@ class _Backend:
         "seen_slots",
         "service",
         "slots",
+        "started_n",
         "step",
         "tick",
         "unstarted",
@@ -436,6 +489,11 @@ class _Backend:
         self.fit = ServiceFit(config.service_weight, config.min_spread_tokens,
                               config.min_spread_decoding)
         self.last_start = -math.inf
+        # overtaking (AdmissionConfig.class_ordered): starts here per class, and for each
+        # unstarted request (key) the higher classes' starts and unstarted requests at its
+        # dispatch: the starts of theirs beyond those that were ahead of it passed it
+        self.started_n = [0] * NUM_CLASSES
+        self.marks: dict = {}
         self.paced = False      # at the last start, another request here was still unstarted
         self.rate = 0.0         # decayed count of starts (rate = count / window)
         self.rate_t = 0.0
@@ -493,6 +551,9 @@ class WaitPredictor:
         # (AdmissionConfig.fleet_step)
         self.fleet_step = 0.0
         self._borrowing: set[int] = set()
+        # the gap model projects the higher classes' arrivals that pass a waiting request
+        # (module doc, "Overtaking"): on class-ordered backends, where the slot model is off
+        self.overtaking = config.class_ordered and not config.slot_model
 
     # ---- membership ------------------------------------------------------------------------
     def add_backend(self, b: int) -> None:
@@ -563,6 +624,8 @@ class WaitPredictor:
                 rates[k] *= decay
             rates[cls] += 1.0
             be.arr_mt[cls] += (mt - be.arr_mt[cls]) / min(rates[cls], 20.0)
+            if self.overtaking and cls:
+                be.marks[key] = sum(be.started_n[:cls]) + sum(be.unstarted[:cls])
         be.unstarted[cls] += 1
         return ahead
 
@@ -588,6 +651,7 @@ class WaitPredictor:
         entry = be.queued.pop(key, None) if key is not None else None
         if entry is not None:
             slot_wait = entry[3]
+        mark = be.marks.pop(key, None) if key is not None and be.marks else None
         if predicted_s > 0.0:
             k = pool(cls, ahead) if slot_wait < 0.0 else slot_pool(cls, slot_wait, be.step)
             self._calibrate(k, service_s - predicted_s, now)
@@ -609,18 +673,32 @@ class WaitPredictor:
             if slot_wait == 0.0:
                 ahead = 0  # a free slot: no queue ahead of it, whatever the class counts say
             residual = max(0.0, service_s - ahead * be.gap) if ahead else service_s
+            own = residual  # its class's service
+            if mark is not None and slot_wait != 0.0:
+                # class-ordered (AdmissionConfig.class_ordered): the higher classes' requests
+                # that started before it beyond those ahead of it at dispatch (sent after it,
+                # they passed it), which the prediction projects: their time is not its
+                # class's service. The all-class figure and the slopes' fit keep the residual
+                # of the queue at dispatch (as they would measure it on any backend): fed
+                # this one, the fit's slopes moved and the Fast predictions with them (Fast
+                # prediction / actual p50 0.94 -> 1.38, one Fast request refused, simulated
+                # 33B at 24.45 req/s, seed 2)
+                passed = ahead + max(0, sum(be.started_n[:cls]) - mark)
+                own = max(0.0, service_s - passed * be.gap)
             w = cfg.service_weight
             be.service = residual if be.service == 0.0 else be.service + w * (residual - be.service)
             cs = be.class_service[cls]
             if cs == 0.0:
-                be.class_service[cls] = residual
+                be.class_service[cls] = own
                 be.class_u[cls], be.class_d[cls] = float(uncached), float(decoding)
             else:
-                be.class_service[cls] = cs + w * (residual - cs)
+                be.class_service[cls] = cs + w * (own - cs)
                 be.class_u[cls] += w * (uncached - be.class_u[cls])
                 be.class_d[cls] += w * (decoding - be.class_d[cls])
             be.fit.add(uncached, decoding, residual)
         be.last_start = now
+        if self.overtaking:
+            be.started_n[cls] += 1
         be.tick = max(be.tick, now)
         be.paced = any(be.unstarted)
         be.rate = be.rate * math.exp(-(now - be.rate_t) / cfg.rate_window_s) + 1.0
@@ -737,6 +815,7 @@ class WaitPredictor:
             be.unstarted[cls] -= 1
         if be is not None and key is not None:
             be.queued.pop(key, None)
+            be.marks.pop(key, None)
 
     def finished(self, b: int, key, now: float, num_tokens: int) -> None:
         """A started request on `b` ended at `now` after `num_tokens` output tokens (0: it
@@ -1015,7 +1094,31 @@ class WaitPredictor:
                 return self.slot_ttft(b, cls, w)
         if be.num_gaps < self.config.min_samples:
             return service
-        return (sum(be.unstarted[: cls + 1]) + extra_ahead) * be.gap + service
+        wait = (sum(be.unstarted[: cls + 1]) + extra_ahead) * be.gap
+        if self.overtaking and cls and wait > 0.0:
+            wait = self.overtaken_wait(be, cls, wait)
+        return wait + service
+
+    def overtaken_wait(self, be: _Backend, cls: int, wait: float) -> float:
+        """The wait of a class-`cls` request with `wait` = ahead x gap of work of its class or a
+        higher one ahead of it, on a backend that admits by class: the higher classes' requests
+        that arrive meanwhile (their recent rate there, `higher_rate`) start before it too,
+        one gap each: W = wait + rate_h x gap x W, so W = wait / (1 - rate_h x gap) (module
+        doc, "Overtaking"); over `overtake_horizon_s` at most (their arrivals past it not
+        projected); `max_wait_s` where they alone fill the backend (rate_h x gap >= 1)."""
+        cfg = self.config
+        if self.clock is None:
+            return wait
+        rate_h, _ = self.higher_rate(be, cls, self.clock())
+        rho = rate_h * be.gap
+        horizon = cfg.overtake_horizon_s
+        if rho < 1.0:
+            w = wait / (1.0 - rho)
+            if horizon is None or w <= horizon:
+                return min(cfg.max_wait_s, w)
+        elif horizon is None:
+            return cfg.max_wait_s
+        return min(cfg.max_wait_s, wait + rho * horizon)
 
     def slot_ttft(self, b: int, cls: int, wait: float) -> float:
         """Dispatch -> first token of a class-`cls` request on `b` that waits `wait` for a

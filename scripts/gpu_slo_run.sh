@@ -53,6 +53,17 @@ BACKENDS=${BACKENDS:-1}
 N_SWEEP=${N_SWEEP:-120}               # requests per rate of the capacity sweep
 SWEEP=${SWEEP:-0.5,0.75,1.0,1.15,1.3,1.45,1.6,1.8,2}  # its rates, x the 64-request burst's throughput
 WAITING_BY_CLASS=${WAITING_BY_CLASS:-1}  # our engine admits Fast first (echo: always)
+# OVERTAKE=1 (with WAITING_BY_CLASS=1, not echo): admission's gap model projects the Fast and
+# Normal arrivals that pass a waiting Slow request (--overtake; OVERTAKE_HORIZON_S: over that
+# long at most) in gateway A, the planner and the replay (issue 31, s15, H31C:
+# bench/results/slo_gap_class_s15). Default 0: as before
+OVERTAKE=${OVERTAKE:-0}
+OVERTAKE_HORIZON_S=${OVERTAKE_HORIZON_S:-}
+OVFLAGS=()
+if [ "$OVERTAKE" = 1 ] && [ "$MODEL" != echo ] && [ "$WAITING_BY_CLASS" = 1 ]; then
+  OVFLAGS=(--overtake)
+  [ -n "$OVERTAKE_HORIZON_S" ] && OVFLAGS+=(--overtake-horizon-s "$OVERTAKE_HORIZON_S")
+fi
 PORT_A=${PORT_A:-18501}  # the gateways' ports (two runs on one machine: other ports for one)
 PORT_B=${PORT_B:-18502}
 # echo: by predicted TTFT (admission predicts on the backend placement then picks; BENCHMARKS,
@@ -91,6 +102,7 @@ GWFLAGS=("${BACKS[@]}" --placement "$PLACEMENT" --startup-timeout 600 "${WINFLAG
 # echo backends: slot-bound, Fast first: admission's slot model describes them (both gateways:
 # placement by predicted TTFT reads the same predictor)
 [ "$MODEL" = echo ] && GWFLAGS+=(--slot-model)
+GWFLAGS+=("${OVFLAGS[@]}")
 $TG serve "${GWFLAGS[@]}" --port $PORT_A --slo-ttft-ms "$SLO" --decision-log "$OUT/decisions_a.jsonl" \
     > "$OUT/gateway_a.log" 2>&1 &
 pids+=($!)
@@ -172,6 +184,7 @@ SIMFLAGS=(--placement "$PLACEMENT" --seed "$SEED" "${WINFLAGS[@]}")
 [ "$DEVICE" != cpu ] && SIMFLAGS+=(--max-prefill-tokens-while-decoding 256)
 # echo backends admit their waiting requests Fast first (always); the simulator too
 [ "$MODEL" = echo ] && SIMFLAGS+=(--waiting-by-class --slot-model)
+SIMFLAGS+=("${OVFLAGS[@]}")
 if [ ${#COST[@]} -gt 0 ]; then
   timeout 90 $TG sim slo "${COST[@]}" "${SIMFLAGS[@]}" --backends "$BACKENDS" \
       --max-backends $((BACKENDS + 1)) --rate "$RATE" --num-requests "$N" \
@@ -194,6 +207,7 @@ FFLAGS=(--backends "$BACKENDS" --placement "$PLACEMENT" "${WINFLAGS[@]}")
 [ -n "$MAX_NUM_SEQS" ] && FFLAGS+=(--max-num-seqs "$MAX_NUM_SEQS")
 [ "$MODEL" = echo ] && FFLAGS+=(--waiting-by-class --slot-model)
 [ "$MODEL" != echo ] && [ "$WAITING_BY_CLASS" = 1 ] && FFLAGS+=(--waiting-by-class)
+FFLAGS+=("${OVFLAGS[@]}")
 $PY -m bench.simulator.decision_fidelity "$OUT/decisions_a.jsonl" --slo-ttft-ms "$SLO" "${COST[@]}" \
     "${FFLAGS[@]}" > "$OUT/decision_fidelity.json" 2>&1
 cat "$OUT/decision_fidelity.json"

@@ -85,6 +85,10 @@ class SimSchedulerConfig:
     compete_window: bool = False  # AdmissionConfig.compete_window (`--compete-window`)
     # AdmissionConfig.retry_after_quantile (`--retry-after-quantile`)
     retry_after_quantile: float | None = None
+    # admission's gap model projects the higher classes' arrivals that pass a waiting request
+    # (AdmissionConfig.class_ordered, `--overtake`): only with `waiting_by_class` backends
+    overtake: bool = False
+    overtake_horizon_s: float | None = None  # AdmissionConfig.overtake_horizon_s
 
     def prefix_caching_for(self, workload: Workload) -> bool:
         """The setting resolved for `workload` (auto: does any request have a shared prefix?)."""
@@ -125,7 +129,10 @@ class GatewayAdapter:
         self.admission = AdmissionControl(AdmissionConfig(slo=config.slo,
                                                           slot_model=config.slot_model,
                                                           compete_window=config.compete_window,
-                                                          retry_after_quantile=config.retry_after_quantile))
+                                                          retry_after_quantile=config.retry_after_quantile,
+                                                          class_ordered=(config.overtake
+                                                                         and config.waiting_by_class),
+                                                          overtake_horizon_s=config.overtake_horizon_s))
         self.predictor = self.admission.predictor
         self.admits = config.admission and config.slo.any_ttft
         self.retry_after: dict[int, float] = {}  # refused request -> its predicted TTFT

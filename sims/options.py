@@ -19,6 +19,7 @@ import math
 
 import tomllib
 
+from scheduler.admission import add_overtake_arguments
 from scheduler.batcher import BatcherConfig
 from scheduler.capacity import (
     add_capacity_arguments,
@@ -87,6 +88,7 @@ def add_run_args(p: argparse.ArgumentParser, *, num_requests: int = 1000) -> Non
     g.add_argument("--retry-after-quantile", type=float, default=None, metavar="Q",
                    help="as `tidegate serve --retry-after-quantile` "
                    "(AdmissionConfig.retry_after_quantile)")
+    add_overtake_arguments(g)
     g.add_argument("--prefix-caching", choices=("auto", "on", "off"), default="auto",
                    help="auto: on only when the workload shares prefixes (the simulator's generated "
                         "tokens are dummies, so nothing else hits; see sims.adapters)")
@@ -188,7 +190,9 @@ def spec_from_args(a: argparse.Namespace) -> RunSpec:
                                waiting_by_class=bool(getattr(a, "waiting_by_class", False)),
                                slot_model=bool(getattr(a, "slot_model", False)),
                                compete_window=bool(getattr(a, "compete_window", False)),
-                               retry_after_quantile=getattr(a, "retry_after_quantile", None))
+                               retry_after_quantile=getattr(a, "retry_after_quantile", None),
+                               overtake=bool(getattr(a, "overtake", False)),
+                               overtake_horizon_s=getattr(a, "overtake_horizon_s", None))
     if not (math.isfinite(a.delivery_delay_ms) and a.delivery_delay_ms >= 0):
         raise ValueError(f"--delivery-delay-ms must be >= 0, got {a.delivery_delay_ms}")
     per_stream_ms = getattr(a, "delivery_per_stream_ms", 0.0)

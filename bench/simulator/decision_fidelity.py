@@ -35,6 +35,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 
+from scheduler.admission import add_overtake_arguments
 from scheduler.decisions import ArrivalRecord, BatchRecord, StepRecord
 
 
@@ -189,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slot-model", action="store_true", help="the live gateway's --slot-model")
     p.add_argument("--compete-window", action="store_true",
                    help="the live gateway's --compete-window")
+    add_overtake_arguments(p)  # the live gateway's --overtake (with --waiting-by-class)
     args = p.parse_args(argv)
     arrivals, live = read_log(args.live)
     out = {}
@@ -216,7 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         sched = SimSchedulerConfig(batcher=batcher, slo=slo, admission=slo.any_ttft,
                                    waiting_by_class=args.waiting_by_class,
                                    slot_model=args.slot_model,
-                                   compete_window=args.compete_window)
+                                   compete_window=args.compete_window,
+                                   overtake=args.overtake,
+                                   overtake_horizon_s=args.overtake_horizon_s)
         if args.max_num_seqs is not None:
             sched = replace(sched, max_num_seqs=args.max_num_seqs)
         result, sim = replay_run(arrivals, sched, cost,
