@@ -253,6 +253,32 @@ def fit_sustained_trace(t_s, step_ms, skip_first: int = 1, skip_s: float = 0.05)
             "settled": bool(settled), "rmse_ms": float(np.sqrt(sse / len(y))), "n": len(y)}
 
 
+# the engine's launch deadline's slack (backend.engine.continuous.LAUNCH_SLACK_S), here so that this
+# module needs no engine import
+PLAN_LEAD_SLACK_S = 0.001
+
+
+def plan_leads(profile_doc: dict) -> dict | None:
+    """The async loop's plan lead by the kind of the step in flight, from a profile's launch times:
+    the engine plans the next step 2 x its host launch time + 1 ms before the step in flight ends
+    (`backend.engine.continuous.launch_deadline`), so {"decode_only_s": 2 x the median
+    `launch_ms_median` of the decode-only points + 1 ms, "with_prefill_s": the same over the points
+    with prefill tokens}; None without launch times. The engine's own launch estimate is an average
+    over the recent steps of both kinds and its device-time estimate lags a varying step, so this is
+    the formula on the profile's per-kind launches, not a measurement of the serving loop: on the
+    H200 6.7B (s14) 1.75 / 3.91 ms against the live loop's 2.22 / 3.65 (bench.simulator.gateway_loop),
+    where the profile's one lead (decode points alone) had been 1.75 for both kinds."""
+    pts = profile_doc.get("points") or []
+    out = {}
+    for key, sel in (("decode_only_s", lambda x: not x.get("num_prefill_tokens")),
+                     ("with_prefill_s", lambda x: bool(x.get("num_prefill_tokens")))):
+        launch = [x["launch_ms_median"] for x in pts if sel(x) and "launch_ms_median" in x]
+        if not launch:
+            return None
+        out[key] = 2 * float(np.median(launch)) / 1e3 + PLAN_LEAD_SLACK_S
+    return out
+
+
 def ewma_duty_ref(step_s: float, pause_s: float, tau_s: float) -> float:
     """The exponential average (time constant tau) of a busy indicator at a step's start when
     steps of `step_s` alternate with idle pauses of `pause_s` for long (the profile's paused

@@ -28,6 +28,9 @@ def test_profile_writes_the_documented_json(tmp_path):
     model = ProfileCost.from_json(out)
     assert model.step_time(4, 0, 400) > 0 and model.num_kv_blocks(16) == 64
     assert doc["quantization"] == "none"
+    # the async loop's plan lead per kind of step, from the points' launch times (sims.profile_cost.plan_leads)
+    assert set(doc["plan_lead_ms"]) == {"decode_only", "with_prefill"}
+    assert all(v >= 1.0 for v in doc["plan_lead_ms"].values())
 
 
 def test_profile_takes_the_serving_weight_format(tmp_path, capsys):

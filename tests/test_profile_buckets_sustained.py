@@ -200,3 +200,25 @@ def test_the_committed_profiles_load_as_before():
         assert not cost.interpolates_by_decode_bucket
         assert cost.power_cap_tau_s is None and cost.power_cap_window_s == 0.1
         assert cost.power_cap_f_ref == pytest.approx(0.4)
+
+
+def test_plan_leads_by_kind_from_the_profiles_launch_times():
+    """The engine's launch deadline (2 x host launch + 1 ms) on the profile's launch times per kind;
+    the committed s14 6.7B profile: decode points 0.377 ms (1.75 ms, the one lead used so far),
+    points with prefill 1.456 ms (3.91; the live loop planned 3.65 ms before a prefill step's end)."""
+    from backend.engine.continuous import LAUNCH_SLACK_S
+    from sims.profile_cost import PLAN_LEAD_SLACK_S, plan_leads
+    assert PLAN_LEAD_SLACK_S == LAUNCH_SLACK_S
+    doc = {"points": [{"num_prefill_tokens": 0, "launch_ms_median": x} for x in (0.3, 0.5, 0.4)]
+           + [{"num_prefill_tokens": 64, "launch_ms_median": x} for x in (1.0, 2.0)]}
+    leads = plan_leads(doc)
+    assert leads["decode_only_s"] == pytest.approx(2 * 0.4e-3 + 1e-3)
+    assert leads["with_prefill_s"] == pytest.approx(2 * 1.5e-3 + 1e-3)
+    assert plan_leads({"points": [{"num_prefill_tokens": 0}]}) is None
+    import json
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "bench/results/fidelity_grid_h200_s14/6.7b/profile_6.7b.json"
+    if path.is_file():
+        leads = plan_leads(json.loads(path.read_text()))
+        assert leads["decode_only_s"] == pytest.approx(1.754e-3, abs=2e-6)
+        assert leads["with_prefill_s"] == pytest.approx(3.91e-3, abs=1e-5)

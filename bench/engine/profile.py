@@ -387,6 +387,8 @@ def run(args: argparse.Namespace) -> dict:
     if args.pause_ms > 0:
         pause_check = compare_pause(runner, shapes, cfg, loaded.config.vocab_size, args.pause_ms / 1000)
     dev = loaded.device
+    from sims.profile_cost import plan_leads
+    leads = plan_leads({"points": points})
     return {
         "format": FORMAT, "model": loaded.config.name, "device": str(dev),
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
@@ -402,6 +404,10 @@ def run(args: argparse.Namespace) -> dict:
         "cuda_graph_decode_buckets": list(runner.graphs.buckets) if runner.graphs is not None else [],
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "points": points,
+        # the async loop's plan lead by the kind of step in flight, from the points' launch times
+        # (sims.profile_cost.plan_leads: the engine's deadline formula, not the serving loop measured)
+        **({"plan_lead_ms": {k.removesuffix("_s"): round(v * 1e3, 4) for k, v in leads.items()}}
+           if leads else {}),
         **({"pause_check": pause_check} if pause_check else {}),
     }
 
