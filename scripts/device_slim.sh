@@ -12,14 +12,16 @@
 # the deletions).
 set -eu
 cd "$(git rev-parse --show-toplevel)"
+KEEP='/profile[^/]*\.json$|/tuned_[^/]*\.json$'  # files under bench/results that device scripts read
 size() {
   (git ls-files -z; git ls-files -z --others --exclude-standard; [ -d .whl ] && find .whl -type f -print0) \
     | du -cb --files0-from=- 2>/dev/null | tail -1 | awk '{printf "%.1f MB with .whl/ (limit 67.1 MB: 64 MiB)\n", $1/1e6}'
 }
 case "${1:-}" in
   size) size ;;
-  out) git ls-files -z bench/results | xargs -0 rm -f
-       echo "bench/results: tracked files removed from the work tree; after the call: bash $0 in"
+  out) # kept: what device scripts read (gpu_slo_run.sh's 33B profile, the host-cost tuner's configs)
+       git ls-files -z bench/results | grep -z -v -E "$KEEP" | xargs -0 rm -f
+       echo "bench/results: tracked files removed from the work tree but $KEEP; after the call: bash $0 in"
        size ;;
   in) git checkout -- bench/results && echo "bench/results restored" ;;
   *) echo "usage: $0 size|out|in" >&2; exit 2 ;;

@@ -42,6 +42,7 @@ LOAD=${LOAD:-1.5}
 # the measured H200 profile of the 33B (issue 35's grid) for the planner; another model: the roofline
 PROFILE33=bench/results/fidelity_grid_h200_s13/33b-seeds/profile_33b-seeds.json
 PROFILE=${PROFILE-$([ "$MODEL" = deepseek-coder-33b ] && [ "$DEVICE" != cpu ] && echo "$PROFILE33")}
+[ -z "$PROFILE" ] || [ -f "$PROFILE" ] || { echo "profile $PROFILE missing (scripts/device_slim.sh out keeps profile*.json)"; exit 1; }
 # every profiled step time x this for the planner and the replay. auto (the default with a profile):
 # measured in this call, before the plan: the simulator runs the capacity step's 64-request burst
 # (same seed, lengths, engine flags) on the profile, and the scale is its throughput over the burst's
