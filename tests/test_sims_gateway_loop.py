@@ -235,3 +235,64 @@ def test_validate_replay_and_sim_validate_take_the_flags():
     assert a.gateway_loop == "off" and a.plan_lead == "profile"  # the default: unchanged
     with pytest.raises(SystemExit):  # a choice outside the list
         vr.main(["v", "d", "s", "--plan-lead", "other"])
+
+
+S14_67B = "bench/results/fidelity_grid_h200_s14/6.7b"
+
+
+def test_plan_lead_profile_kinds_takes_the_profiles_two_leads(tmp_path, monkeypatch):
+    """`--plan-lead profile-kinds` (issue 35, H35W): the replay's two leads are the profile's
+    `plan_lead_ms` (what `backend profile` records since 40ca47c), not the step log's, not the
+    one lead from the decode points (the default, unchanged); a clear error without them."""
+    import json
+    from pathlib import Path
+
+    import bench.simulator.validate_replay as vr
+    from bench.simulator import validate
+    from bench.simulator.fidelity_steps import read_steps
+    from scheduler.decisions import read_log
+
+    r = Path(__file__).resolve().parents[1] / S14_67B
+    if not (r / "steps_6.7b.jsonl.gz").is_file():
+        pytest.skip("the committed s14 6.7B logs are not here")
+    v = json.loads((r / "validate_6.7b.json").read_text())
+    arrivals, batches = read_log(str(r / "decisions_6.7b.jsonl.gz"))
+    rows = read_steps(str(r / "steps_6.7b.jsonl.gz"))
+    doc = json.loads((r / "profile_6.7b.json").read_text())
+    assert "plan_lead_ms" not in doc  # s14's profile predates it
+    prof = tmp_path / "profile.json"
+    prof.write_text(json.dumps({**doc, "plan_lead_ms": {"decode_only": 2.5, "with_prefill": 4.75}}))
+
+    engines = []
+
+    class Stop(Exception):
+        pass
+
+    def first_replay(spec, arr):  # the first run's engine config, then stop (no replay needed)
+        engines.append(spec.engine)
+        raise Stop
+
+    monkeypatch.setattr(validate, "run_replay", first_replay)
+    for lead in ("profile-kinds", "profile"):
+        with pytest.raises(Stop):
+            vr.replay_session(v, arrivals, batches, rows, str(prof), seeds={0}, plan_lead=lead)
+    kinds, default = engines
+    assert kinds.async_plan_lead_s == pytest.approx(2.5e-3)
+    assert kinds.async_plan_lead_prefill_s == pytest.approx(4.75e-3)
+    # the default: the one lead from the profile's decode points (2 x launch + 1 ms), for both kinds
+    assert default.async_plan_lead_s == pytest.approx(1.7531e-3, abs=1e-6)
+    assert default.async_plan_lead_prefill_s is None
+    assert validate.profile_plan_leads(json.loads(prof.read_text()))["prefill"]["median_ms"] == 4.75
+    # a profile without plan_lead_ms: a clear error, in the function and on both command lines
+    with pytest.raises(ValueError, match="plan_lead_ms"):
+        vr.replay_session(v, arrivals, batches, rows, str(r / "profile_6.7b.json"), seeds={0},
+                          plan_lead="profile-kinds")
+    with pytest.raises(SystemExit):
+        vr.main([str(r / "validate_6.7b.json"), str(r / "decisions_6.7b.jsonl.gz"),
+                 str(r / "steps_6.7b.jsonl.gz"), "--profile", str(r / "profile_6.7b.json"),
+                 "--plan-lead", "profile-kinds"])
+    a = validate.parser().parse_args(["--model", doc["model"], "--device", "cuda", "--profile",
+                                      str(r / "profile_6.7b.json"), "--plan-lead", "profile-kinds",
+                                      "--decision-log", str(tmp_path / "d.jsonl")])
+    with pytest.raises(SystemExit, match="plan_lead_ms"):  # before any live run
+        validate.validate(a)

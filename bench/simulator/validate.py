@@ -319,6 +319,21 @@ def async_plan_lead(profile_doc: dict, device: str) -> float | None:
     return 2 * launch_s + LAUNCH_SLACK_S
 
 
+def profile_plan_leads(profile_doc: dict, path: str | None = None) -> dict:
+    """`--plan-lead profile-kinds` (issue 35): the async loop's two plan leads as the profile
+    recorded them (`plan_lead_ms`: decode_only / with_prefill, written by `tidegate backend profile`
+    since 2026-12-05, `sims.profile_cost.plan_leads`), in the shape of
+    `bench.simulator.plan_lead.plan_leads` ("decode" / "prefill", "median_ms"). ValueError naming
+    the profile when it lacks them (a profile from before: re-profile, or `--plan-lead live`)."""
+    pl = profile_doc.get("plan_lead_ms") or {}
+    if not isinstance(pl, dict) or any(pl.get(k) is None for k in ("decode_only", "with_prefill")):
+        raise ValueError(f"--plan-lead profile-kinds: the profile {path or ''} has no plan_lead_ms "
+                         "{decode_only, with_prefill} (profiles from before 2026-12-05: re-run "
+                         "`tidegate backend profile`, or use --plan-lead profile | live)")
+    return {k: {"median_ms": float(pl[src]), "source": "profile plan_lead_ms"}
+            for k, src in (("decode", "decode_only"), ("prefill", "with_prefill"))}
+
+
 class ScaledCost:
     """A cost model with every step time multiplied by `factor` (the diagnostic re-run below)."""
 
@@ -505,9 +520,11 @@ def parser() -> argparse.ArgumentParser:
                    help="the replay + path models the gateway's event loop (window timers and "
                         "arrivals wait for its token writes; EngineConfig.gateway_loop_*), its terms "
                         "measured from the runs' logs (bench.simulator.gateway_loop; issue 35)")
-    p.add_argument("--plan-lead", choices=("profile", "live"), default="profile",
+    p.add_argument("--plan-lead", choices=("profile", "live", "profile-kinds"), default="profile",
                    help="the replay + path's async plan lead: the profile's, or measured on the step "
-                        "log after decode-only and prefill steps (bench.simulator.plan_lead; issue 35)")
+                        "log after decode-only and prefill steps (bench.simulator.plan_lead; issue 35), "
+                        "or the profile's two leads by kind of step (its plan_lead_ms; "
+                        "profile_plan_leads)")
     p.add_argument("--json", dest="json_out", metavar="OUT")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     return p
@@ -549,6 +566,12 @@ def validate(a: argparse.Namespace) -> dict:
     t_prof = time.perf_counter() - t_prof
     doc = json.loads(profile.read_text())
     plan_lead = async_plan_lead(doc, a.device)
+    kind_leads = None
+    if getattr(a, "plan_lead", "profile") == "profile-kinds":  # before any live run: a clear error
+        try:
+            kind_leads = profile_plan_leads(doc, str(profile))
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
     terms = model_terms(doc, plan_lead, getattr(a, "hide_launch", "auto"), getattr(a, "power_cap", "auto"))
     cost = ProfileCost.from_json(profile, **terms)
     max_num_seqs, max_nbt = int(doc["max_num_seqs"]), int(doc["max_num_batched_tokens"])
@@ -701,6 +724,10 @@ def validate(a: argparse.Namespace) -> dict:
                 if getattr(a, "plan_lead", "profile") == "live" and plan_lead is not None:
                     from bench.simulator.plan_lead import plan_leads
                     result["plan_leads"] = pl = plan_leads(step_rows)
+                    extra_engine.update(async_plan_lead_s=pl["decode"]["median_ms"] / 1e3,
+                                        async_plan_lead_prefill_s=pl["prefill"]["median_ms"] / 1e3)
+                if kind_leads is not None and plan_lead is not None:
+                    result["plan_leads"] = pl = kind_leads
                     extra_engine.update(async_plan_lead_s=pl["decode"]["median_ms"] / 1e3,
                                         async_plan_lead_prefill_s=pl["prefill"]["median_ms"] / 1e3)
                 for li, ri, ids, _, (_, arrivals, _, spec, live) in run_steps:

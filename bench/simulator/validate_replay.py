@@ -100,8 +100,9 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
     outside the steps. `plan_lead`: "profile" (the async loop's lead from the profile's launch, as
     the validate) or "live" (measured on the session's step log, after decode-only steps and after
     steps with prefill, their medians: `bench.simulator.plan_lead`; "live-mean": their means, a
-    sensitivity). `gateway_loop_read_ms`: the loop's read term given instead of measured (a
-    sensitivity)."""
+    sensitivity; "profile-kinds": the profile's two leads, its `plan_lead_ms`:
+    `validate.profile_plan_leads`, ValueError without them). `gateway_loop_read_ms`: the loop's
+    read term given instead of measured (a sensitivity)."""
     from bench.serving.ttft_path import delivery_path
     from bench.simulator.decision_fidelity import compare as decision_compare
     from bench.simulator.decision_fidelity import compare_steps
@@ -166,6 +167,11 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
     if plan_lead in ("live", "live-mean") and lead_s is not None:
         from bench.simulator.plan_lead import plan_leads
         leads = plan_leads(step_rows)
+    elif plan_lead == "profile-kinds":  # the profile's two leads (its plan_lead_ms), else ValueError
+        from bench.simulator.validate import profile_plan_leads
+        leads = profile_plan_leads(doc, str(profile))
+        if lead_s is None:  # no async loop (the CPU): no lead at all
+            leads = None
     loop_terms = None
     if gateway_loop:
         from bench.simulator.gateway_loop import engine_fields, measure
@@ -273,10 +279,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gateway-loop", choices=("off", "on"), default="off",
                    help="model the gateway's event loop (timers and arrivals wait for its token "
                         "writes; bench.simulator.gateway_loop), its terms measured from the session")
-    p.add_argument("--plan-lead", choices=("profile", "live", "live-mean"), default="profile",
+    p.add_argument("--plan-lead", choices=("profile", "live", "live-mean", "profile-kinds"), default="profile",
                    help="the async loop's plan lead: the profile's (as sim validate) or measured on "
                         "the session's step log after decode-only and prefill steps (plan_lead: "
-                        "their medians; live-mean: their means, a sensitivity)")
+                        "their medians; live-mean: their means, a sensitivity), or the profile's two "
+                        "leads by kind of step (profile-kinds: its plan_lead_ms, an error without it)")
     p.add_argument("--gateway-loop-read-ms", type=float,
                    help="sensitivity: the gateway loop's read term (step end -> its outputs on the "
                         "loop) given instead of the delivery path's intercept")
@@ -292,6 +299,13 @@ def main(argv: list[str] | None = None) -> int:
     if profile is None and not Path(validate["profile"]["path"]).exists():
         # a committed session: its profile beside the validate JSON, under the recorded name
         profile = str(Path(a.validate).parent / Path(validate["profile"]["path"]).name)
+    if a.plan_lead == "profile-kinds":  # a clear error before the replays when the profile lacks the leads
+        from bench.simulator.validate import profile_plan_leads
+        prof = profile or validate["profile"]["path"]
+        try:
+            profile_plan_leads(json.loads(Path(prof).read_text()), prof)
+        except ValueError as e:
+            p.error(str(e))
     res = replay_session(validate, arrivals, batches, rows, profile, a.delivery_per_stream_ms, seeds,
                          hide_launch=a.hide_launch, power_cap=a.power_cap,
                          extra_dispatch_ms=a.extra_dispatch_ms, gateway_loop=a.gateway_loop == "on",
