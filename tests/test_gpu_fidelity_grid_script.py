@@ -36,6 +36,11 @@ def test_parts_cover_the_grid_in_priority_order_each_under_the_call_limit():
     # 5 seeds of the 33B over the first two calls
     seeds = {p[0]: p[4] for p in parts}
     assert sorted(seeds["33b"].split(",") + seeds["33b-seeds"].split(",")) == list("01234")
+    # every cell of the grid gets the five seeds, each seed once, over its part and follow-ups
+    for base in ("33b", "6.7b", "33b-fp8", "6.7b-fp8", "33b-kvint4", "33b-mixed", "6.7b-mixed"):
+        got = [s for p in parts if re.fullmatch(re.escape(base) + r"(-seeds|-\d)?", p[0])
+               for s in p[4].split(",")]
+        assert sorted(got) == list("01234"), (base, got)
 
 
 def test_unknown_part_and_missing_out_are_refused():

@@ -100,7 +100,7 @@ def window_lateness(arrivals, batches, min_latency_s: float) -> tuple[float, int
 
 def measure(validate: dict, by_run: dict, step_rows: list[dict], path: dict) -> dict:
     """The model's terms from the session (module doc). `by_run`: (seed index, load index) ->
-    (arrivals, windows) (`validate_replay.run_arrivals`); `path`: its `delivery_path`."""
+    (arrivals, windows) (`session_records.run_arrivals`); `path`: its `delivery_path`."""
     k = float(path["per_stream_ms"])
     fit = path.get("fit") or {}
     read = fit.get("intercept_ms")
@@ -155,7 +155,7 @@ def check(validate: dict, by_run: dict, step_rows: list[dict], terms: dict) -> l
 def main(argv: list[str] | None = None) -> int:
     from bench.serving.ttft_path import delivery_path
     from bench.simulator.fidelity_steps import read_steps
-    from bench.simulator.validate_replay import first_token_streams, path_records, run_arrivals
+    from bench.simulator.session_records import first_token_streams, path_records, run_arrivals
     from scheduler.decisions import read_log
 
     p = argparse.ArgumentParser(prog="python -m bench.simulator.gateway_loop", description=__doc__,

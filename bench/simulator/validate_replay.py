@@ -38,46 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
-
-def run_arrivals(validate: dict, arrivals, batches) -> dict[tuple[int, int], tuple[list, list]]:
-    """(seed index, load index) -> that run's arrivals (log order) and the gateway's windows of
-    them, as `sim validate` read them after each run (the warm-up's are not any run's)."""
-    from bench.simulator.fidelity_resim import prompt_identity
-
-    order = sorted(range(len(arrivals)), key=lambda i: arrivals[i].t)
-    _, runs = prompt_identity(validate["config"], len(arrivals))
-    run_of = {arrivals[i].request_id: r for i, r in zip(order, runs, strict=True)}
-    out: dict[tuple[int, int], tuple[list, list]] = {}
-    for a in arrivals:
-        r = run_of[a.request_id]
-        if r != (-1, -1):
-            out.setdefault(r, ([], []))[0].append(a)
-    for b in batches:
-        r = run_of.get(b.request_ids[0]) if b.request_ids else None
-        if r is not None and r != (-1, -1):
-            out[r][1].append(b)
-    return out
-
-
-def first_token_streams(step_rows: list[dict]) -> dict[str, int]:
-    """Request id -> the streams (decodes + prefill chunks) of the live step that gave its first
-    token (the step of its last prefill chunk)."""
-    seqs: dict[str, int] = {}
-    for r in step_rows:
-        for rid, _n, _p in r["prefill"]:
-            seqs[rid] = int(r["decodes"]) + len(r["prefill"])
-    return seqs
-
-
-def path_records(run: dict, ids: list[str], streams: dict[str, int]) -> tuple[dict, dict | None]:
-    """One run's (path medians, per-request records) as `delivery_path` reads them: the recorded
-    ones, or (sessions before them) the run's median `out` and the step log's streams."""
-    med = run.get("ttft_path_ms") or {}
-    pr = run.get("ttft_path_requests")
-    if pr is None and med.get("num_requests"):
-        seqs = [streams[r] for r in ids if r in streams]
-        pr = {"step_seqs": seqs, "out_ms": [med["out"]]} if seqs else None
-    return med, pr
+# a committed session's runs, windows and path records (shared with bench.simulator.gateway_loop,
+# which `sim validate` imports: kept out of this module so that neither imports the other)
+from bench.simulator.session_records import first_token_streams, path_records, run_arrivals
 
 
 def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], profile: str | None = None,
