@@ -41,6 +41,13 @@ def plan_leads(step_rows: list[dict]) -> dict:
     return res
 
 
+def engine_fields(leads: dict, stat: str = "median_ms") -> dict:
+    """The `EngineConfig` fields for leads in `plan_leads`' shape (or `validate.profile_plan_leads`'):
+    the lead after decode-only steps and the one after steps with prefill, in seconds."""
+    return {"async_plan_lead_s": leads["decode"][stat] / 1e3,
+            "async_plan_lead_prefill_s": leads["prefill"][stat] / 1e3}
+
+
 def main(argv: list[str] | None = None) -> int:
     from bench.simulator.fidelity_steps import read_steps
 

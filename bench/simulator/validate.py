@@ -721,15 +721,12 @@ def validate(a: argparse.Namespace) -> dict:
                     by_run = {(ri, li): (arrivals, bs) for li, ri, _, _, (_, arrivals, bs, _, _) in run_steps}
                     result["gateway_loop"] = terms = measure(session, by_run, step_rows, model)
                     extra_engine.update(engine_fields(terms))
-                if getattr(a, "plan_lead", "profile") == "live" and plan_lead is not None:
-                    from bench.simulator.plan_lead import plan_leads
-                    result["plan_leads"] = pl = plan_leads(step_rows)
-                    extra_engine.update(async_plan_lead_s=pl["decode"]["median_ms"] / 1e3,
-                                        async_plan_lead_prefill_s=pl["prefill"]["median_ms"] / 1e3)
-                if kind_leads is not None and plan_lead is not None:
-                    result["plan_leads"] = pl = kind_leads
-                    extra_engine.update(async_plan_lead_s=pl["decode"]["median_ms"] / 1e3,
-                                        async_plan_lead_prefill_s=pl["prefill"]["median_ms"] / 1e3)
+                if plan_lead is not None and (kind_leads is not None or
+                                              getattr(a, "plan_lead", "profile") == "live"):
+                    from bench.simulator import plan_lead as lead_model
+                    # the profile's two leads (profile-kinds), or the ones the step log measured
+                    result["plan_leads"] = pl = kind_leads or lead_model.plan_leads(step_rows)
+                    extra_engine.update(lead_model.engine_fields(pl))
                 for li, ri, ids, _, (_, arrivals, _, spec, live) in run_steps:
                     spec_d = replace(spec, engine=replace(spec.engine, delivery_delay_s=delivery_ms / 1e3,
                                                           delivery_per_stream_s=per_stream_ms / 1e3,

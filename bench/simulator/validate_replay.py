@@ -38,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.simulator.plan_lead import engine_fields as lead_engine_fields
+
 # a committed session's runs, windows and path records (shared with bench.simulator.gateway_loop,
 # which `sim validate` imports: kept out of this module so that neither imports the other)
 from bench.simulator.session_records import first_token_streams, path_records, run_arrivals
@@ -160,9 +162,7 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
             if loop_terms is not None:
                 spec = replace(spec, engine=replace(spec.engine, **engine_fields(loop_terms)))
             if leads is not None:
-                spec = replace(spec, engine=replace(
-                    spec.engine, async_plan_lead_s=leads["decode"][stat] / 1e3,
-                    async_plan_lead_prefill_s=leads["prefill"][stat] / 1e3))
+                spec = replace(spec, engine=replace(spec.engine, **lead_engine_fields(leads, stat)))
             scale = 1.0 if cost_scale is None else float(cost_scale(int(run["seed"]), ld["load_label"]))
             loop_sim = None
             if scale == 1.0 and not live_times and loop_terms is None:
