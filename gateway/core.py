@@ -73,6 +73,7 @@ class GatewayConfig:
     # AdmissionConfig.class_ordered (`--overtake`: the backends admit by class) and its horizon
     overtake: bool = False
     overtake_horizon_s: float | None = None
+    normal_overtake_quantile: float | None = None  # AdmissionConfig.normal_overtake_quantile
     pool: PoolConfig = field(default_factory=PoolConfig)
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
     queues: QueueConfig = field(default_factory=QueueConfig)
@@ -312,7 +313,8 @@ class Gateway:
                                          compete_window=config.compete_window,
                                          retry_after_quantile=config.retry_after_quantile,
                                          class_ordered=config.overtake,
-                                         overtake_horizon_s=config.overtake_horizon_s))
+                                         overtake_horizon_s=config.overtake_horizon_s,
+                                         normal_overtake_quantile=config.normal_overtake_quantile))
         self.draining = False
         self.num_active = 0
         self._ids = itertools.count()

@@ -256,6 +256,7 @@ def gateway_config(args: argparse.Namespace, backends: list[str]) -> GatewayConf
         retry_after_quantile=getattr(args, "retry_after_quantile", None),
         overtake=getattr(args, "overtake", False),
         overtake_horizon_s=getattr(args, "overtake_horizon_s", None),
+        normal_overtake_quantile=getattr(args, "normal_overtake_quantile", None),
         pool=PoolConfig(heartbeat_timeout_s=args.heartbeat_timeout,
                         max_inflight_per_backend=args.max_inflight_per_backend, curve=curve,
                         # block size: the backends' own, read from their BackendInfo when hashing

@@ -138,6 +138,19 @@ slots, seeds 0-29: at 1.5x the admitted missing by > 10% 33 -> 19 (Slow 17 -> 8)
 44.9 -> 41.2% of sent, Fast and Normal +0.3-0.4 points; at 1.0x none missed either way and
 Slow met 93.6 -> 89.8% (issue 31, seventh session).
 
+Normal's overtakers (`AdmissionConfig.normal_overtake_quantile`, opt-in: `tidegate serve
+--normal-overtake-quantile Q`). A Normal request's slot goes to every Fast request that arrives
+before it frees; the mean projection expects the first of them only 1 / (their rate) after now
+(~0.8 s at 1.2 Fast/s a backend), so a Normal request whose slot frees just before its deadline
+is admitted, and one early Fast arrival makes it miss. On the issue's live benchmark (s15's 28
+runs, lag-traced halves) 20 of its 22 traced Normal misses had 1-4 Fast requests sent after it
+start first, without whom every one would have met its deadline (issue 31, sixteenth session,
+bench/results/slo_misses_s16). With Q, Normal is admitted only if its wait at the Q-quantile
+of those arrivals over the same 64 futures meets the deadline too (its Retry-After stays the
+point estimate). Simulated twin, seed 2, 10 repeats with +-0.3 ms step jitter, Q 0.95: Normal
+admitted missing by > 10% 12 -> 1, Normal refused 46 -> 106 of 4,340, Slow refused 819 -> 800;
+seeds 0-9 unjittered: misses 2 -> 1, refused 6 -> 43 of 4,215; at 1.0x 0 -> 2 refused.
+
 Retry-After. The Retry-After is the point estimate above: the wait with the higher classes'
 arrivals at their mean. `AdmissionConfig.retry_after_quantile` (opt-in) takes instead a
 quantile (0.5: the median) of the wait over the same 64 futures admission's upper quantile
@@ -322,6 +335,13 @@ class AdmissionConfig:
     # the higher classes' arrivals projected over this long at most (None: for as long as the
     # request waits; module doc, "Overtaking")
     overtake_horizon_s: float | None = None
+    # a Normal request's admission (not its Retry-After) with the slot model: its slot wait at
+    # this upper quantile of the Fast arrivals after it (which the backend starts first), over
+    # the same futures a Slow request's `arrival_quantile` reads, must meet its deadline too
+    # (None: the mean projection alone, as before; `arrival_quantile_from` <= 1 puts Normal on
+    # `arrival_quantile` instead). Opt-in (`tidegate serve --normal-overtake-quantile`; module
+    # doc, "Slots"; issue 31, sixteenth session)
+    normal_overtake_quantile: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("gap_weight", "service_weight"):
@@ -347,6 +367,9 @@ class AdmissionConfig:
             raise ValueError(f"retry_after_quantile must be in (0, 1), got {self.retry_after_quantile}")
         if self.overtake_horizon_s is not None and not self.overtake_horizon_s > 0:
             raise ValueError(f"overtake_horizon_s must be > 0, got {self.overtake_horizon_s}")
+        q = self.normal_overtake_quantile
+        if q is not None and not 0.0 < q < 1.0:
+            raise ValueError(f"normal_overtake_quantile must be in (0, 1), got {q}")
         if self.max_arrivals_sim > POISSON_EXACT:
             raise ValueError(f"max_arrivals_sim must be <= {POISSON_EXACT}")
         if not 0.5 <= self.calibration_quantile <= 1.0 or self.calibration_window < 1:
@@ -359,8 +382,9 @@ class AdmissionConfig:
 
 
 def add_overtake_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """`--overtake` and `--overtake-horizon-s` (`tidegate serve`, the simulator, decision
-    fidelity): AdmissionConfig.class_ordered and overtake_horizon_s (module doc, "Overtaking")."""
+    """`--overtake`, `--overtake-horizon-s` and `--normal-overtake-quantile` (`tidegate serve`,
+    the simulator, decision fidelity): AdmissionConfig.class_ordered, overtake_horizon_s
+    (module doc, "Overtaking") and normal_overtake_quantile ("Slots")."""
     p.add_argument("--overtake", action="store_true",
                    help="the backends admit waiting requests Fast first (tidegate backend "
                    "--waiting-by-class): admission's gap model projects the Fast and Normal "
@@ -370,6 +394,10 @@ def add_overtake_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup)
     p.add_argument("--overtake-horizon-s", type=float, default=None, metavar="S",
                    help="with --overtake: project those arrivals over S seconds at most "
                    "(default: for as long as the request waits)")
+    p.add_argument("--normal-overtake-quantile", type=float, default=None, metavar="Q",
+                   help="with --slot-model: admit a Normal request only if its slot wait at the "
+                   "Q-quantile of the Fast arrivals after it (which the backend starts first) "
+                   "meets its deadline too (AdmissionConfig.normal_overtake_quantile; opt-in)")
 
 
 AHEAD_BUCKETS = 3  # calibration pools by requests ahead: none, 1-3, more
@@ -1224,8 +1252,11 @@ class AdmissionControl:
         k = pred.pool_at(cls, b)
         margin = pred.error_high[k]
         q = self.config.arrival_quantile
-        if (q is not None and cls >= self.config.arrival_quantile_from and b >= 0
-                and ttft + margin <= deadline):
+        if cls == 1 and self.config.normal_overtake_quantile is not None:
+            q = self.config.normal_overtake_quantile  # Normal's own (its Fast overtakers)
+        elif cls < self.config.arrival_quantile_from:
+            q = None
+        if q is not None and b >= 0 and ttft + margin <= deadline:
             # admitted only if its wait's upper quantile over the higher classes' arrivals
             # after it meets the deadline too (AdmissionConfig.arrival_quantile); the
             # Retry-After stays the point estimate

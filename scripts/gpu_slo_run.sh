@@ -65,6 +65,11 @@ if [ "$OVERTAKE" = 1 ] && [ "$MODEL" != echo ] && [ "$WAITING_BY_CLASS" = 1 ]; t
   OVFLAGS=(--overtake)
   [ -n "$OVERTAKE_HORIZON_S" ] && OVFLAGS+=(--overtake-horizon-s "$OVERTAKE_HORIZON_S")
 fi
+# NORMAL_OVERTAKE_Q=Q (with the slot model: echo): a Normal request admitted only if its slot
+# wait at the Q-quantile of the Fast arrivals after it meets its deadline (--normal-overtake-
+# quantile; issue 31, s16, H31M: bench/results/slo_misses_s16). Default empty: as before
+NORMAL_OVERTAKE_Q=${NORMAL_OVERTAKE_Q:-}
+[ -n "$NORMAL_OVERTAKE_Q" ] && OVFLAGS+=(--normal-overtake-quantile "$NORMAL_OVERTAKE_Q")
 PORT_A=${PORT_A:-18501}  # the gateways' ports (two runs on one machine: other ports for one)
 PORT_B=${PORT_B:-18502}
 # echo: by predicted TTFT (admission predicts on the backend placement then picks; BENCHMARKS,

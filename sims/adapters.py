@@ -89,6 +89,8 @@ class SimSchedulerConfig:
     # (AdmissionConfig.class_ordered, `--overtake`): only with `waiting_by_class` backends
     overtake: bool = False
     overtake_horizon_s: float | None = None  # AdmissionConfig.overtake_horizon_s
+    # AdmissionConfig.normal_overtake_quantile (`--normal-overtake-quantile`)
+    normal_overtake_quantile: float | None = None
 
     def prefix_caching_for(self, workload: Workload) -> bool:
         """The setting resolved for `workload` (auto: does any request have a shared prefix?)."""
@@ -132,7 +134,9 @@ class GatewayAdapter:
                                                           retry_after_quantile=config.retry_after_quantile,
                                                           class_ordered=(config.overtake
                                                                          and config.waiting_by_class),
-                                                          overtake_horizon_s=config.overtake_horizon_s))
+                                                          overtake_horizon_s=config.overtake_horizon_s,
+                                                          normal_overtake_quantile=(
+                                                              config.normal_overtake_quantile)))
         self.predictor = self.admission.predictor
         self.admits = config.admission and config.slo.any_ttft
         self.retry_after: dict[int, float] = {}  # refused request -> its predicted TTFT

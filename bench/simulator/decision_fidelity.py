@@ -220,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
                                    slot_model=args.slot_model,
                                    compete_window=args.compete_window,
                                    overtake=args.overtake,
-                                   overtake_horizon_s=args.overtake_horizon_s)
+                                   overtake_horizon_s=args.overtake_horizon_s,
+                                   normal_overtake_quantile=args.normal_overtake_quantile)
         if args.max_num_seqs is not None:
             sched = replace(sched, max_num_seqs=args.max_num_seqs)
         result, sim = replay_run(arrivals, sched, cost,

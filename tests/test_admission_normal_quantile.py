@@ -1,0 +1,103 @@
+"""Issue 31, sixteenth session: a Normal request's admission at an upper quantile of the Fast
+arrivals after it (AdmissionConfig.normal_overtake_quantile, opt-in). On a backend that starts
+Fast first, every Fast request that arrives before a waiting Normal request's slot frees takes
+that slot; the slot model's mean projection expects none within 1 / (their rate) and so admits
+a Normal request whose slot frees just in time, which one early Fast arrival makes miss (the
+s15 live benchmark's admitted misses: bench/results/slo_misses_s16)."""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from scheduler.admission import (
+    AdmissionConfig,
+    AdmissionControl,
+    WaitPredictor,
+    add_overtake_arguments,
+)
+from scheduler.clock import ManualClock
+from scheduler.slo import SLOTargets
+
+FAST, NORMAL, SLOW = 0, 1, 2
+STEP = 0.010
+
+
+def _normal_check(fast_per_s: float, **config):
+    """One backend of 4 slots whose running Normal requests end 3, 6, 9 and 12 steps after the
+    set-up, Fast requests (4 tokens) sent there at `fast_per_s` over the last 2 s, a Normal
+    request checked with a 70 ms deadline: (the check's Refusal or None, its point prediction)."""
+    clock = ManualClock(100.0)
+    slo = SLOTargets.parse("fast=150,normal=70,slow=1000", None)
+    p = WaitPredictor(AdmissionConfig(slot_model=True, slo=slo, **config))
+    p.clock = clock.now
+    p.add_backend(0)
+    k = ("warm", 0)  # the step: a 5-token request over 4 steps
+    p.dispatched(0, FAST, k, 5)
+    clock.set(clock.now() + 2 * STEP)
+    p.started(0, FAST, clock.now(), 2 * STEP, 0, key=k)
+    clock.set(clock.now() + 4 * STEP)
+    p.finished(0, k, clock.now(), 5)
+    p.set_slots(0, 4)
+    now = clock.now()
+    for j in range(4):
+        k = ("run", j)
+        p.dispatched(0, NORMAL, k, 40)
+        p.started(0, NORMAL, now + 3 * (j + 1) * STEP - 39 * STEP, 0.0, 0, key=k)
+    p.backends[0].arr_t0 = now - 60.0  # counting for long: the rate is the 2 s window's count
+    for j in range(round(2.0 * fast_per_s)):
+        p.dispatched(0, FAST, ("f", j), 4)
+        p.gone(0, FAST, ("f", j))
+    adm = AdmissionControl(p.config, p)
+    point = p.backend_ttft(0, NORMAL)
+    return adm.check(NORMAL, [0, 0, 0], 0.0, now=now), point
+
+
+def test_normal_admission_takes_the_fast_arrivals_upper_quantile_when_asked():
+    """The first slot frees 3 steps from now and the next 3 steps later: the point prediction
+    (~40 ms) meets the 70 ms deadline and is admitted by default; at 20 Fast arrivals/s one
+    arrives before the slot frees in more than 5% of the futures, which pushes the wait to the
+    next slot: refused at the 0.95 quantile, with Retry-After the point prediction."""
+    refusal, point = _normal_check(20.0)
+    assert refusal is None and point < 0.07
+    refusal, point = _normal_check(20.0, normal_overtake_quantile=0.95)
+    assert refusal is not None and refusal.retry_after_s == pytest.approx(point)
+    # few Fast arrivals: none before the slot frees in 95% of the futures: admitted
+    refusal, _ = _normal_check(0.5, normal_overtake_quantile=0.95)
+    assert refusal is None
+    # Slow keeps its own quantile; arrival_quantile_from=1 put Normal on it (0.99) before
+    refusal, _ = _normal_check(20.0, arrival_quantile_from=1)
+    assert refusal is not None
+
+
+def test_the_quantile_is_validated():
+    for q in (0.0, 1.0, 1.5):
+        with pytest.raises(ValueError):
+            AdmissionConfig(normal_overtake_quantile=q)
+    assert AdmissionConfig().normal_overtake_quantile is None  # opt-in
+
+
+def test_the_flag_reaches_the_gateway_the_simulator_and_the_replay():
+    import numpy as np
+
+    from gateway.serve import build_parser, gateway_config
+    from sims.adapters import GatewayAdapter, SimSchedulerConfig
+    from sims.options import add_run_args, parse_with_config, spec_from_args
+    from sims.workload import Workload
+    p = argparse.ArgumentParser()
+    add_overtake_arguments(p)
+    assert p.parse_args(["--normal-overtake-quantile", "0.95"]).normal_overtake_quantile == 0.95
+    assert p.parse_args([]).normal_overtake_quantile is None
+    args = build_parser().parse_args(["--backend", "ipc:///tmp/x.sock", "--slot-model",
+                                      "--normal-overtake-quantile", "0.9"])
+    assert gateway_config(args, ["ipc:///tmp/x.sock"]).normal_overtake_quantile == 0.9
+    w = Workload(arrival_time=np.zeros(1), prompt_len=np.ones(1, dtype=np.int64),
+                 output_len=np.ones(1, dtype=np.int64), prefix_group=np.full(1, -1),
+                 prefix_len=np.zeros(1, dtype=np.int64), queue_class=np.full(1, -1),
+                 priority=np.zeros(1, dtype=np.int64))
+    g = GatewayAdapter(SimSchedulerConfig(normal_overtake_quantile=0.9), ManualClock(0.0), w)
+    assert g.admission.config.normal_overtake_quantile == 0.9
+    q = argparse.ArgumentParser()
+    add_run_args(q)
+    spec = spec_from_args(parse_with_config(q, ["--slot-model", "--normal-overtake-quantile", "0.9"]))
+    assert spec.scheduler.normal_overtake_quantile == 0.9
