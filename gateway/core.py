@@ -74,6 +74,7 @@ class GatewayConfig:
     overtake: bool = False
     overtake_horizon_s: float | None = None
     normal_overtake_quantile: float | None = None  # AdmissionConfig.normal_overtake_quantile
+    fleet_arrival_rate: bool = False  # AdmissionConfig.fleet_arrival_rate
     pool: PoolConfig = field(default_factory=PoolConfig)
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
     queues: QueueConfig = field(default_factory=QueueConfig)
@@ -314,7 +315,8 @@ class Gateway:
                                          retry_after_quantile=config.retry_after_quantile,
                                          class_ordered=config.overtake,
                                          overtake_horizon_s=config.overtake_horizon_s,
-                                         normal_overtake_quantile=config.normal_overtake_quantile))
+                                         normal_overtake_quantile=config.normal_overtake_quantile,
+                                         fleet_arrival_rate=config.fleet_arrival_rate))
         self.draining = False
         self.num_active = 0
         self._ids = itertools.count()

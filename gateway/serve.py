@@ -257,6 +257,7 @@ def gateway_config(args: argparse.Namespace, backends: list[str]) -> GatewayConf
         overtake=getattr(args, "overtake", False),
         overtake_horizon_s=getattr(args, "overtake_horizon_s", None),
         normal_overtake_quantile=getattr(args, "normal_overtake_quantile", None),
+        fleet_arrival_rate=getattr(args, "fleet_arrival_rate", False),
         pool=PoolConfig(heartbeat_timeout_s=args.heartbeat_timeout,
                         max_inflight_per_backend=args.max_inflight_per_backend, curve=curve,
                         # block size: the backends' own, read from their BackendInfo when hashing

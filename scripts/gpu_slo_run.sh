@@ -70,6 +70,9 @@ fi
 # quantile; issue 31, s16, H31M: bench/results/slo_misses_s16). Default empty: as before
 NORMAL_OVERTAKE_Q=${NORMAL_OVERTAKE_Q:-}
 [ -n "$NORMAL_OVERTAKE_Q" ] && OVFLAGS+=(--normal-overtake-quantile "$NORMAL_OVERTAKE_Q")
+# FLEET_RATE=1 (the slot model): the higher classes' arrivals projected at the fleet's mean rate
+# per backend (--fleet-arrival-rate; the same session's bench/results/slo_misses_s16)
+[ "${FLEET_RATE:-0}" = 1 ] && OVFLAGS+=(--fleet-arrival-rate)
 PORT_A=${PORT_A:-18501}  # the gateways' ports (two runs on one machine: other ports for one)
 PORT_B=${PORT_B:-18502}
 # echo: by predicted TTFT (admission predicts on the backend placement then picks; BENCHMARKS,

@@ -91,6 +91,7 @@ class SimSchedulerConfig:
     overtake_horizon_s: float | None = None  # AdmissionConfig.overtake_horizon_s
     # AdmissionConfig.normal_overtake_quantile (`--normal-overtake-quantile`)
     normal_overtake_quantile: float | None = None
+    fleet_arrival_rate: bool = False  # AdmissionConfig.fleet_arrival_rate (`--fleet-arrival-rate`)
 
     def prefix_caching_for(self, workload: Workload) -> bool:
         """The setting resolved for `workload` (auto: does any request have a shared prefix?)."""
@@ -136,7 +137,8 @@ class GatewayAdapter:
                                                                          and config.waiting_by_class),
                                                           overtake_horizon_s=config.overtake_horizon_s,
                                                           normal_overtake_quantile=(
-                                                              config.normal_overtake_quantile)))
+                                                              config.normal_overtake_quantile),
+                                                          fleet_arrival_rate=config.fleet_arrival_rate))
         self.predictor = self.admission.predictor
         self.admits = config.admission and config.slo.any_ttft
         self.retry_after: dict[int, float] = {}  # refused request -> its predicted TTFT

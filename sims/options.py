@@ -193,7 +193,8 @@ def spec_from_args(a: argparse.Namespace) -> RunSpec:
                                retry_after_quantile=getattr(a, "retry_after_quantile", None),
                                overtake=bool(getattr(a, "overtake", False)),
                                overtake_horizon_s=getattr(a, "overtake_horizon_s", None),
-                               normal_overtake_quantile=getattr(a, "normal_overtake_quantile", None))
+                               normal_overtake_quantile=getattr(a, "normal_overtake_quantile", None),
+                               fleet_arrival_rate=bool(getattr(a, "fleet_arrival_rate", False)))
     if not (math.isfinite(a.delivery_delay_ms) and a.delivery_delay_ms >= 0):
         raise ValueError(f"--delivery-delay-ms must be >= 0, got {a.delivery_delay_ms}")
     per_stream_ms = getattr(a, "delivery_per_stream_ms", 0.0)

@@ -101,3 +101,31 @@ def test_the_flag_reaches_the_gateway_the_simulator_and_the_replay():
     add_run_args(q)
     spec = spec_from_args(parse_with_config(q, ["--slot-model", "--normal-overtake-quantile", "0.9"]))
     assert spec.scheduler.normal_overtake_quantile == 0.9
+
+
+def test_the_fleet_arrival_rate_is_every_backends_mean():
+    """Fast requests sent at 2/s to backend 0 and none to backends 1-3 for 10 s: backend 1's
+    slot model expects no Fast arrival by default, and a quarter of backend 0's rate (the
+    fleet's mean) with `fleet_arrival_rate`; the mean max_tokens is the fleet's too."""
+    from scheduler.admission import WaitPredictor as WP
+    for fleet in (False, True):
+        clock = ManualClock(0.0)
+        p = WP(AdmissionConfig(slot_model=True, fleet_arrival_rate=fleet))
+        p.clock = clock.now
+        for b in range(4):
+            p.add_backend(b)
+            p.dispatched(b, SLOW, ("s", b), 70)  # every backend counting from t = 0
+        for j in range(21):
+            clock.set(j * 0.5)
+            p.dispatched(0, FAST, ("f", j), 6)
+        rate, mt = p.higher_rate(p.backends[1], NORMAL, clock.now())
+        own, _ = p._higher_rate(p.backends[0], NORMAL, clock.now())
+        assert own == pytest.approx(2.0, rel=0.15)
+        assert rate == pytest.approx(own / 4 if fleet else 0.0, rel=1e-9, abs=1e-12)
+        assert mt == pytest.approx(6.0 if fleet else 0.0)
+    q = argparse.ArgumentParser()
+    add_overtake_arguments(q)
+    assert q.parse_args(["--fleet-arrival-rate"]).fleet_arrival_rate
+    from gateway.serve import build_parser, gateway_config
+    args = build_parser().parse_args(["--backend", "ipc:///tmp/x.sock", "--fleet-arrival-rate"])
+    assert gateway_config(args, ["ipc:///tmp/x.sock"]).fleet_arrival_rate

@@ -221,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
                                    compete_window=args.compete_window,
                                    overtake=args.overtake,
                                    overtake_horizon_s=args.overtake_horizon_s,
-                                   normal_overtake_quantile=args.normal_overtake_quantile)
+                                   normal_overtake_quantile=args.normal_overtake_quantile,
+                                   fleet_arrival_rate=args.fleet_arrival_rate)
         if args.max_num_seqs is not None:
             sched = replace(sched, max_num_seqs=args.max_num_seqs)
         result, sim = replay_run(arrivals, sched, cost,
