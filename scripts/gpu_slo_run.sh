@@ -130,9 +130,11 @@ curl -sf localhost:$PORT_A/health >/dev/null || { echo "gateway A not healthy"; 
 # grow, from a short sweep (every run's prompts of other content: seeds 1, 11, 12, ...)
 $TG bench serve --url http://127.0.0.1:$PORT_B --num-requests 32 --rate inf --input-len "$INPUT" \
     --output-len "$OUTPUT" --seed 9 > /dev/null 2>&1
-if [ -n "${RATE:-}" ]; then  # given: runs compared at one rate (no capacity measured)
-  echo "rate $RATE given" | tee "$OUT/rate.txt"
-else
+# the 64-request burst: the sweep's scale, and the planner's step scale (PROFILE_SCALE=auto: the
+# burst simulated on the profile over its live throughput) -- also when RATE is given (the
+# 2026-12-05 call's knee, 10.8 req/s, put 1.5x at 1.12x of the throughput the control run kept up
+# with, where the planner predicts 100% for every class: RATE=21.75 is the overload regime)
+if [ -z "${RATE:-}" ] || { [ -n "$PROFILE" ] && [ "$PROFILE_SCALE" = auto ]; }; then
 timeout 60 $TG bench serve --url http://127.0.0.1:$PORT_B --num-requests 64 --rate inf --input-len "$INPUT" \
     --output-len "$OUTPUT" --seed 1 --json "$OUT/capacity_burst.json" > "$OUT/capacity.txt" 2>&1
 C0=$($PY -c "import json; print(json.load(open('$OUT/capacity_burst.json'))['request_throughput'])")
@@ -149,6 +151,10 @@ print(round(s / $C0, 4))") \
     && echo "the burst simulated on the profile: x$PROFILE_SCALE its live throughput (the planner's step scale)" \
       | tee -a "$OUT/capacity.txt"
 fi
+fi
+if [ -n "${RATE:-}" ]; then  # given: runs compared at one rate (no capacity sweep)
+  echo "rate $RATE given" | tee "$OUT/rate.txt"
+else
 SWEPT=()
 k=0
 for f in ${SWEEP//,/ }; do
