@@ -73,8 +73,9 @@ def main():
     t0 = time.perf_counter()
     for v in a.variants:
         name, _, cfg = v.partition(":")
-        # "qn=Q": AdmissionConfig.normal_overtake_quantile = Q
-        cfg = cfg.replace("qn=", "normal_overtake_quantile=")
+        # "qn=Q": AdmissionConfig.normal_overtake_quantile = Q; "fleet=1": fleet_arrival_rate
+        # (first run as a monkeypatch of WaitPredictor.higher_rate, the same figures)
+        cfg = cfg.replace("qn=", "normal_overtake_quantile=").replace("fleet=1", "fleet_arrival_rate=true")
         adm = parse_admission(cfg)
         rows = []
         for seed in [int(s) for s in a.seeds.split(",")]:
