@@ -35,6 +35,10 @@
 # issue asks for. Estimates now: 6.7b ~312, 33b ~455, 33b-seeds ~365 (the 33B has not run the
 # capped grid: +67 prefill points, ~+23 s), 33b-fp8 ~455, 6.7b-fp8 ~305, 33b-kvint4 ~520, 33b-mixed
 # ~355 a seed (2 seeds would be ~540: BUDGET_S 570 would leave ~30 s, so one a call), 6.7b-mixed ~405.
+# Since 2026-12-05 (session 16) the pause check also times the capped mixed step (32 decodes beside a
+# 256-token chunk) paused and 2.5 s back to back, traced with the board power ("sustained_mixed": the
+# power cap by step kind, bench/results/fidelity_cost_s16): ~+3.5 s a part, inside the 33B estimates'
+# measured slack (33b-fp8 ran 391 s of 455 estimated; 6.7b 308 of 312, 6.7b-fp8 341 of 305).
 # Override any of MODEL LOADS SEEDS N IN OUTLEN SERVE_ARGS BUDGET_S per call.
 set -uo pipefail
 cd "$(dirname "$0")/.."

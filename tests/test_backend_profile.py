@@ -74,14 +74,23 @@ def test_profile_pause_idles_before_prefill_steps_only(tmp_path, monkeypatch):
     # paused, back to back, paused again (1 warmup + 10 repeats each), and after decodes (its
     # pause filled with decode steps of a middle decode batch of the grid: no sleep)
     # ... and sustained: SUSTAIN_IDLE_S idle, then the step back to back, traced (no other sleep)
-    assert slept == [0.04] * (2 * 3 + 2 * 11) + [profile.SUSTAIN_IDLE_S]
+    # ... and sustained_mixed: the mixed step paused (1 warmup + 10 repeats), SUSTAIN_IDLE_S idle,
+    # then traced back to back (issue 35, session 16)
+    assert slept == ([0.04] * (2 * 3 + 2 * 11) + [profile.SUSTAIN_IDLE_S] + [0.04] * 11
+                     + [profile.SUSTAIN_IDLE_S])
     check = doc["pause_check"]
     assert check["num_prefill_tokens"] == 32
     # ... and sustained: the step back to back for SUSTAIN_S untimed, then timed back to back
     # (no sleep either)
     assert [r["run"] for r in check["runs"]] == ["paused", "back_to_back", "paused_again", "after_decode",
-                                                 "sustained"]
-    assert [r["pause_ms"] for r in check["runs"]] == [40.0, 0.0, 40.0, 40.0, 0.0]
+                                                 "sustained", "sustained_mixed"]
+    assert [r["pause_ms"] for r in check["runs"]] == [40.0, 0.0, 40.0, 40.0, 0.0, 0.0]
+    # the capped engine's mixed step: min(32, max_num_seqs - 1) decodes of the grid's middle decode
+    # context beside a chunk of min(256, max_num_batched_tokens - decodes), paused and traced
+    mix = check["runs"][5]
+    assert (mix["num_decode_seqs"], mix["num_prefill_tokens"], mix["decode_context_len"]) == (7, 57, 16)
+    assert mix["paused_ms_median"] > 0 and mix["paused_pause_ms"] == 40.0
+    assert len(mix["trace_ms"]) == len(mix["trace_t_ms"]) == mix["sustain_steps"] >= 1
     sus = check["runs"][4]
     assert sus["sustain_ms"] == 50.0 and sus["sustain_steps"] >= 1
     # every step of the sustained period timed: its start and its time (issue 35, session 15)

@@ -223,6 +223,16 @@ def sm_clock_mhz(device) -> int | None:
         return None
 
 
+def power_w(device) -> float | None:
+    """The board's power draw now in W (NVML through torch), or None where it cannot be read."""
+    if device.type != "cuda":
+        return None
+    try:
+        return round(torch.cuda.power_draw(device) / 1000, 1)
+    except Exception:  # noqa: BLE001 -- no NVML on this machine: the profile goes on without it
+        return None
+
+
 # the pause check's "sustained" run: this long of the step back to back, every step timed (the
 # trace), after SUSTAIN_IDLE_S idle, then its timed repetitions (issue 35, sessions 14-15): the
 # "back_to_back" run's ten repetitions last 10 x the step, 0.5 s on the 33B but 0.14 s on the 6.7B
@@ -243,6 +253,16 @@ SUSTAIN_IDLE_S = 0.5
 PAUSE_CHECK_TOKENS = 512
 # the SM clock is read every this many steps of the trace (an NVML call each)
 TRACE_CLOCK_EVERY = 8
+# the pause check's "sustained_mixed" run (issue 35, session 16): the step the capped engine runs
+# under load, one chunk of this many prefill tokens beside MIXED_DECODES decodes of the grid's middle
+# decode context, paused (`pause_ms` before each) and then traced back to back as "sustained". Live
+# on the H200 the power limiter throttled such steps far less than the 512-token prefill-only step
+# (33B FP8: SM clock 1,800 MHz at a full prefill-busy share against 1,605 for the sustained
+# prefill-only run, the live steps 0.99 x the paused profile against its 1.12): the power a step
+# draws depends on its kind, which the cost model takes from this run
+# (sims.profile_cost, "Power by step kind"; bench/results/fidelity_cost_s16)
+MIXED_CHUNK = 256
+MIXED_DECODES = 32
 
 
 def sustained_trace(runner, chunks, sustain_s: float, idle_s: float) -> dict:
@@ -255,7 +275,7 @@ def sustained_trace(runner, chunks, sustain_s: float, idle_s: float) -> dict:
     time.sleep(idle_s)
     t_first = time.perf_counter()
     t_end = t_first + sustain_s
-    starts, ms, clocks = [], [], []
+    starts, ms, clocks, power = [], [], [], []
     while True:
         t0 = time.perf_counter()
         if t0 >= t_end:
@@ -271,10 +291,15 @@ def sustained_trace(runner, chunks, sustain_s: float, idle_s: float) -> dict:
             clk = sm_clock_mhz(runner.device)
             if clk is not None:
                 clocks.append([starts[-1], clk])
+            pw = power_w(runner.device)
+            if pw is not None:
+                power.append([starts[-1], pw])
     doc = {"sustain_ms": sustain_s * 1000, "sustain_steps": len(ms), "idle_before_ms": idle_s * 1000,
            "trace_t_ms": starts, "trace_ms": ms}
     if clocks:
         doc["trace_sm_clock_mhz"] = clocks
+    if power:
+        doc["trace_power_w"] = power
     from sims.profile_cost import fit_sustained_trace
     fit = fit_sustained_trace([x / 1000 for x in starts], ms)
     if fit is not None:
@@ -323,6 +348,21 @@ def compare_pause(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int 
                      "sm_clock_mhz": sm_clock_mhz(runner.device),
                      **({"decode_seqs_before": dec[0]} if before is not None else {}), **extra})
         print(f"pause check d=0 p={p}: {label:12s} median {runs[-1]['step_ms_median']:9.3f} ms", flush=True)
+    if sustain_s > 0 and dec is not None:
+        # "sustained_mixed": the capped engine's mixed step, paused, then traced back to back
+        dm = max(1, min(MIXED_DECODES, cfg.max_num_seqs - 1))
+        pm = max(1, min(MIXED_CHUNK, cfg.max_num_batched_tokens - dm))
+        mixed = make_step(dm, pm, dec[1], cfg.block_size, cfg.num_blocks, vocab)
+        paused = measure(runner, mixed, repeats, 1, pause_s)
+        extra = sustained_trace(runner, mixed, sustain_s, SUSTAIN_IDLE_S)
+        ms = measure(runner, mixed, repeats, 1, 0.0)
+        runs.append({"run": "sustained_mixed", "pause_ms": 0.0, "num_decode_seqs": dm, "num_prefill_tokens": pm,
+                     "decode_context_len": dec[1], "paused_ms_median": statistics.median(paused),
+                     "paused_pause_ms": pause_s * 1000, "step_ms_median": statistics.median(ms),
+                     "step_ms_min": min(ms), "step_ms_max": max(ms), "sm_clock_mhz": sm_clock_mhz(runner.device),
+                     **extra})
+        print(f"pause check d={dm} p={pm}: sustained_mixed paused {runs[-1]['paused_ms_median']:9.3f} ms, "
+              f"back to back {runs[-1]['step_ms_median']:9.3f} ms", flush=True)
     return {"num_prefill_tokens": p, "num_prefill_seqs": k, "runs": runs}
 
 
