@@ -53,7 +53,7 @@ part_spec() {
     33b-seeds)  echo "deepseek-coder-33b  $L4 3,4       200 512 128 -  365" ;;
     6.7b)       echo "deepseek-coder-6.7b $L4 0,1,2,3,4 200 512 128 -  312" ;;
     33b-fp8)    echo "deepseek-coder-33b  $L4 0,1,2     200 512 128 --engine-arg=--quantization=fp8 455" ;;
-    6.7b-fp8)   echo "deepseek-coder-6.7b $L4 0,1,2,3,4 200 512 128 --engine-arg=--quantization=fp8 305" ;;
+    6.7b-fp8)   echo "deepseek-coder-6.7b $L4 0,1,2,3,4 200 512 128 --engine-arg=--quantization=fp8 345" ;;
     33b-kvint4) echo "deepseek-coder-33b  $L4 0,1,2     200 512 128 --engine-arg=--kv-cache-dtype=int4-fp8 520" ;;
     33b-mixed)  echo "deepseek-coder-33b  $L4 0         200 $MIXED_IN $MIXED_OUT - 355" ;;
     6.7b-mixed) echo "deepseek-coder-6.7b $L4 0,1,2     200 $MIXED_IN $MIXED_OUT - 405" ;;
