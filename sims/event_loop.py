@@ -218,7 +218,8 @@ class _Backend:
         self.inbox: list[int] = []
         self.inbox_t: list[float] = []  # when each inbox request was delivered
         self.plan_prefill = False       # the step in progress carries prefill tokens
-        self.prefill_spans: list[tuple[float, float]] = []  # recent prefill steps (power cap)
+        # recent prefill steps (power cap): (start, end, weight in the busy share)
+        self.prefill_spans: list[tuple[float, float, float]] = []
         self.busy = False
         self.end_time = 0.0
         self.version = 0
@@ -334,7 +335,11 @@ class EventLoop:
         # a profile with a sustained trace: the shares are exponential averages with its time
         # constant (sims.profile_cost, "Sustained load"); else the window's plain shares
         self.cap_tau = getattr(cost, "power_cap_tau_s", None)
-        self.cap_acc: dict[int, list[float]] = {}  # backend -> [average of its ended spans, at time]
+        # backend -> [weighted average of its ended spans, at time, unweighted average]
+        self.cap_acc: dict[int, list[float]] = {}
+        # each prefill span weighs by its step kind's power (sims.profile_cost.cap_weight), where
+        # the profile measured the mixed step's sustained run; else 1
+        self.cap_weight_fn = cost.cap_weight if getattr(cost, "weights_cap_by_power", False) else None
         # the power cap slows every step by its compute share (sims.profile_cost.compute_share),
         # decode-only steps too; without it, steps with prefill alike
         self.cap_share_fn = cost.compute_share if getattr(cost, "caps_by_compute", False) else None
@@ -659,33 +664,52 @@ class EventLoop:
             self.settle(be, refused)
 
     def prefill_share(self, be: _Backend, now: float) -> float:
-        """Share of the power-cap window before `now` that ran steps with prefill tokens; with a
-        time constant tau (`cap_tau`), their exponential average: each instant weighted by
+        """Share of the power-cap window before `now` that ran steps with prefill tokens (each
+        weighted by its kind's power, `cap_weight_fn`, where the profile has it); with a time
+        constant tau (`cap_tau`), their exponential average: each instant weighted by
         exp(-age / tau) / tau (the ended spans folded into one running value)."""
+        return self._prefill_shares(be, now)[0]
+
+    def _prefill_shares(self, be: _Backend, now: float) -> tuple[float, float]:
+        """(weighted, unweighted) prefill shares (`prefill_share`)."""
         spans = be.prefill_spans
         tau = self.cap_tau
         if tau is not None:
-            acc = self.cap_acc.setdefault(be.idx, [0.0, 0.0])
+            acc = self.cap_acc.setdefault(be.idx, [0.0, 0.0, 0.0])
             while spans and spans[0][1] <= now:  # spans of one backend follow each other
-                a, b = spans.pop(0)
-                acc[0] = acc[0] * math.exp((acc[1] - b) / tau) - math.expm1((a - b) / tau)
+                a, b, w = spans.pop(0)
+                decay, span = math.exp((acc[1] - b) / tau), -math.expm1((a - b) / tau)
+                acc[0] = acc[0] * decay + w * span
+                acc[2] = acc[2] * decay + span
                 acc[1] = b
-            return acc[0] * math.exp((acc[1] - now) / tau) + sum(
-                math.exp((min(b, now) - now) / tau) - math.exp((a - now) / tau) for a, b in spans if a < now)
+            ow = ou = 0.0  # the spans still open (summed apart, as before the weights)
+            for a, b, w in spans:
+                if a < now:
+                    span = math.exp((min(b, now) - now) / tau) - math.exp((a - now) / tau)
+                    ow += w * span
+                    ou += span
+            decay = math.exp((acc[1] - now) / tau)
+            return acc[0] * decay + ow, acc[2] * decay + ou
         t0 = now - self.cap_window
         while spans and spans[0][1] <= t0:
             spans.pop(0)
-        busy = sum(min(b, now) - max(a, t0) for a, b in spans if b > t0)
-        return busy / self.cap_window
+        fw = fu = 0.0
+        for a, b, w in spans:
+            if b > t0:
+                span = min(b, now) - max(a, t0)
+                fw += w * span
+                fu += span
+        return fw / self.cap_window, fu / self.cap_window
 
     def cap_shares(self, be: _Backend, now: float) -> tuple[float, float]:
-        """(f, g): the power-cap window's shares before `now` that ran steps with prefill and
-        decode-only steps (the rest of the time busy since the last idle spell)."""
-        f = self.prefill_share(be, now)
+        """(f, g): the power-cap window's shares before `now` that ran steps with prefill (f
+        weighted as `prefill_share`) and decode-only steps (the rest of the time busy since the
+        last idle spell)."""
+        f, fu = self._prefill_shares(be, now)
         if self.cap_tau is not None:
-            g = -math.expm1((be.busy_since - now) / self.cap_tau) - f
+            g = -math.expm1((be.busy_since - now) / self.cap_tau) - fu
             return f, max(0.0, g)
-        g = (now - max(now - self.cap_window, be.busy_since)) / self.cap_window - f
+        g = (now - max(now - self.cap_window, be.busy_since)) / self.cap_window - fu
         return f, max(0.0, g)
 
     def plan_cutoff(self, be: _Backend, now: float, after_step: bool) -> float:
@@ -766,7 +790,9 @@ class EventLoop:
                                           else None)
                 dt *= self.cost.prefill_slowdown(f, g, share)
             if num_prefill:
-                be.prefill_spans.append((now, now + dt))
+                w = 1.0 if self.cap_weight_fn is None else self.cap_weight_fn(
+                    num_decode, num_prefill, num_ctx, sched.prefill_chunks if self.charges_chunks else None)
+                be.prefill_spans.append((now, now + dt, w))
         if self.idle_launch_fn is not None and not after_step:
             # the async loop hides a step's launch behind the step before it; after an idle
             # spell nothing runs before it (a cost model that hides launches charges it here)

@@ -81,6 +81,30 @@ window), and f_ref is the average the paused points ran at (a step s, a pause P:
 e^-P/tau / (1 - e^-(s+P)/tau)); the factor's form is unchanged. Profiles without the trace: the
 100 ms window as before.
 
+Power by step kind (issue 35, session 16): the limiter holds the board's POWER (nvidia-smi: the SW
+power cap flag set in every throttled sample, the draw pinned at ~685-690 W), so how far it lowers
+the clock depends on how much power the recent work draws at full clock, not on the share of time in
+steps that carry any prefill token. The 512-token prefill-only step of the pause check is the most
+power-hungry kind; the capped engine's mixed step (a 256-token chunk beside the decodes) draws less,
+by a margin that differs by model and format: live at a full prefill-busy share the H200 ran the
+33B FP8's mixed steps at 1,800 MHz (0.99 x the paused profile) where the sustained prefill-only run
+settled at 1,605 (1.12 x), the 33B bf16's at ~1,530 (1.09-1.11 x against 1.11-1.13). The compute
+share does not tell them apart (33B FP8: 0.60 mixed, 0.61 the 512-token step). Profiles whose pause
+check has the "sustained_mixed" run (the mixed step of d decodes of context c beside a p-token
+chunk, paused and then back to back, traced as "sustained"; `backend profile`, issue 35 session 16)
+give r_mix = sustained / paused; with `cap_by_power` (opt-in) each step with prefill weighs
+in the busy share f by its kind's power: the mixed step by w_mix, the busy share at which the
+factor gives r_mix (w_mix = f_ref + (1 - f_ref)(r_mix - 1) s_ref / ((r - 1) s_mix), s the compute
+shares; f_ref where r_mix <= 1), the pause check's step by 1, any other by its token rate (tokens /
+its time, over the pause check step's: the rate of its matrix products, which their power follows)
+interpolated linearly through (0, 0), the mixed step's and (1, 1), held past the end
+(`cap_weight`). The decode-only share g and the factor's form are unchanged; profiles without
+the run, or the model without `cap_by_power`, weigh every step with prefill 1, as before. Opt-in
+because the what-if (the run stood in by live steps, bench/results/fidelity_cost_s16) moved the
+33B FP8 part's TPOT P50 from +2.5 / +5.5 / +21.5 / +32.8% to -0.1 / -4.3 / -3.0 / +13.5% at
+0.5 / 0.8 / 0.95 / 1.2x but the 6.7B's TTFT P50 from -5.5 / -6.0 / -2.7 / -8.0% to -6.2 / -8.3 /
+-9.0 / -9.8% (its TPOT stays inside 5%): the profile has not measured the run yet.
+
 `step_time(d, p, ctx, prefill_chunks=None)`: without `prefill_chunks` a step's p tokens are one
 chunk from position 0 (today's `CostModel` interface); with them — the step's prefill chunks, each an
 int (tokens from position 0), an (num_tokens, start_pos) pair, or an object with `token_ids` and
@@ -320,7 +344,8 @@ class ProfileCost:
     def __init__(self, points: np.ndarray, times_s: np.ndarray, *, num_blocks: int | None = None,
                  block_size: int | None = None, meta: dict | None = None, ctx_quantum: int = 64,
                  token_buckets=None, launch_times_s=None, hide_launch: bool = False,
-                 power_cap: bool = False, cap_by_compute: bool = True, decode_buckets=None):
+                 power_cap: bool = False, cap_by_compute: bool = True, decode_buckets=None,
+                 cap_by_power: bool = False):
         """points: (n, 3) of (num_decode_seqs, num_prefill_tokens, num_context_tokens), or (n, 4) /
         (n, 5) with num_prefill_seqs k (the p tokens are k chunks of p/k each; default 1 when p > 0)
         and prefill_context_len s (each chunk starts at position s; default 0) appended, or (n, 6)
@@ -333,7 +358,10 @@ class ProfileCost:
         step (`compute_share`, the module doc); False: every step with prefill slowed alike.
         `decode_buckets`: the decode graphs' batch buckets (default: the profile's
         `cuda_graph_decode_buckets`); decode-only steps are interpolated inside their bucket where
-        the profile measured a bucket's first batch (the module doc)."""
+        the profile measured a bucket's first batch (the module doc). `cap_by_power` (opt-in, with
+        `power_cap`, where the pause check has a "sustained_mixed" run): each step with prefill
+        weighs in the busy share by the power its kind draws (`cap_weight`, the module doc);
+        False (the default), or a profile without that run: every such step weighs 1."""
         points = np.asarray(points, dtype=np.float64)
         points = points.reshape(-1, points.shape[-1] if points.ndim == 2 else 3)
         if points.shape[1] not in (3, 4, 5, 6):
@@ -347,7 +375,11 @@ class ProfileCost:
         self._cap = None
         self._cap_step = None
         self._cap_share_ref = None  # the pause check step's compute share (cap_by_compute)
+        self._cap_weight = None  # (rate_ref, token rates, weights) of cap_weight, or None
+        self.cap_mixed = None
         check = (meta or {}).get("pause_check") if power_cap else None
+        mixed_run = next((r for r in (check or {}).get("runs", []) if r.get("run") == "sustained_mixed"
+                          and r.get("paused_ms_median")), None) if cap_by_power else None
         if check:
             runs = {r["run"]: r["step_ms_median"] for r in check.get("runs", [])}
             paused = [runs[k] for k in ("paused", "paused_again") if k in runs]
@@ -476,6 +508,59 @@ class ProfileCost:
             n, k = self._cap_step
             ref = self.compute_share(0, n, n, [n // k] * k)
             self._cap_share_ref = ref if ref > 0 else None
+        if self._cap is not None and mixed_run is not None and self._cap[1] > 1.0:
+            self._set_cap_weight(mixed_run)
+
+    def _set_cap_weight(self, run: dict) -> None:
+        """The busy-share weights of steps with prefill from the pause check's "sustained_mixed"
+        run (the module doc, "Power by step kind"): the mixed step (d decodes of context c beside
+        one p-token chunk) paused and for a sustained spell back to back, r_mix = sustained /
+        paused. Its weight w_mix is the busy share at which the factor gives r_mix (a span of it
+        back to back holds the share at w_mix), the pause check step's is 1; a step's weight is
+        interpolated between them by its token rate (tokens / its time: the rate of its matrix
+        products, what their power follows), from 0 at rate 0, held past the end."""
+        d, p = int(run.get("num_decode_seqs", 0)), int(run["num_prefill_tokens"])
+        c = int(run.get("decode_context_len", 0))
+        fit = None
+        if run.get("trace_ms"):
+            fit = fit_sustained_trace(np.asarray(run["trace_t_ms"]) / 1e3, run["trace_ms"])
+        steady = fit["steady_ms"] if fit is not None else float(run["step_ms_median"])
+        r_mix = steady / float(run["paused_ms_median"])
+        f_ref, r, _ = self._cap
+        n, k = self._cap_step
+        ctx = d * c + p
+        share_ref = self._cap_share_ref or 1.0
+        share_mix = self.compute_share(d, p, ctx) if self._cap_share_ref else 1.0
+        w_mix = f_ref + (1.0 - f_ref) * max(0.0, r_mix - 1.0) * share_ref / ((r - 1.0) * max(share_mix, 1e-9))
+        rate_ref = n / self.step_time(0, n, n, [n // k] * k)
+        rate_mix = (d + p) / self.step_time(d, p, ctx) / rate_ref
+        pts = sorted([(0.0, 0.0), (rate_mix, w_mix), (1.0, 1.0)])
+        self._cap_weight = (rate_ref, np.array([x for x, _ in pts]), np.array([w for _, w in pts]), {})
+        self.cap_mixed = {"num_decode_seqs": d, "num_prefill_tokens": p, "decode_context_len": c,
+                          "r_mix": r_mix, "w_mix": w_mix, "rate_mix": rate_mix,
+                          "compute_share_mix": share_mix, "whatif": run.get("whatif")}
+
+    @property
+    def weights_cap_by_power(self) -> bool:
+        """Steps with prefill weigh in the power cap's busy share by their kind's power
+        (`cap_weight`): the profile measured the mixed step's sustained run."""
+        return self._cap_weight is not None
+
+    def cap_weight(self, num_decode_seqs: int, num_prefill_tokens: int, num_context_tokens: int,
+                   prefill_chunks=None) -> float:
+        """A step's weight in the power cap's busy share (`weights_cap_by_power`; 1.0 for a step
+        with prefill without it, 0.0 for a decode-only step, which the decode share counts)."""
+        if num_prefill_tokens <= 0:
+            return 0.0
+        if self._cap_weight is None:
+            return 1.0
+        rate_ref, xs, ws, memo = self._cap_weight
+        t = self.step_time(num_decode_seqs, num_prefill_tokens, num_context_tokens, prefill_chunks)
+        key = (num_decode_seqs, num_prefill_tokens, t)
+        w = memo.get(key)
+        if w is None:
+            w = memo[key] = float(np.interp((num_decode_seqs + num_prefill_tokens) / t / rate_ref, xs, ws))
+        return w
 
     @classmethod
     def from_json(cls, path: str | Path, **kwargs) -> ProfileCost:
@@ -636,5 +721,6 @@ class ProfileCost:
                                                               "after_decode": self._cap[2],
                                                               "window_s": self.power_cap_window_s,
                                                               "tau_s": self.power_cap_tau_s,
-                                                              "compute_share_ref": self._cap_share_ref},
+                                                              "compute_share_ref": self._cap_share_ref,
+                                                              "by_power": self.cap_mixed},
                 **{k: v for k, v in self.meta.items() if isinstance(v, (str, int, float))}}
