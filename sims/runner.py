@@ -30,6 +30,10 @@ class CostSpec:
     # the profile's power-cap model (its pause check; sims.profile_cost): prefill steps slowed by
     # the prefill share of the window before them
     power_cap: bool = False
+    # with `power_cap`: each prefill step weighs in the busy share by its kind's power, where the
+    # profile's pause check has the capped mixed step's sustained run (sims.profile_cost, "Power by
+    # step kind"; opt-in)
+    cap_by_power: bool = False
 
     def build(self) -> CostModel:
         if self.step_ms is not None:
@@ -37,7 +41,7 @@ class CostSpec:
         if self.profile:
             from sims.profile_cost import ProfileCost
             cost = ProfileCost.from_json(self.profile, hide_launch=self.hide_launch,
-                                           power_cap=self.power_cap)
+                                           power_cap=self.power_cap, cap_by_power=self.cap_by_power)
         else:
             cost = RooflineCost(load_model_shape(self.model), get_gpu(self.gpu), self.roofline)
         if self.num_blocks:

@@ -153,3 +153,26 @@ def test_the_weights_are_opt_in():
     default = ProfileCost(np.array(pts, dtype=float), np.array([_law(d, p) for d, p, _ in pts]), num_blocks=4096,
                           meta=plain.meta, power_cap=True, cap_by_compute=False, ctx_quantum=1)
     assert not default.weights_cap_by_power and default.cap_weight(32, 256, 3456) == 1.0
+
+
+def test_the_cap_by_power_flag_reaches_the_replays_cost_model():
+    """`sim validate --cap-by-power on` / `validate_replay --cap-by-power` (session 16): the term
+    reaches CostSpec's ProfileCost only with the power cap and only where the profile has the
+    mixed step's run; off (the default) the recorded terms read as before, without the key."""
+    import json
+    from pathlib import Path
+
+    from bench.simulator.validate import model_terms
+    from sims.runner import CostSpec
+
+    res = Path(__file__).resolve().parents[1] / "bench" / "results"
+    whatif = res / "fidelity_cost_s16" / "profile_s16_33b-fp8_whatif_mixed.json"  # has sustained_mixed
+    plain = res / "fidelity_grid_h200_s16" / "33b-fp8" / "profile_33b-fp8.json"  # the call's: none
+    doc = json.loads(whatif.read_text())
+    assert model_terms(doc, 2e-3) == {"hide_launch": True, "power_cap": True}
+    on = model_terms(doc, 2e-3, cap_by_power="on")
+    assert on == {"hide_launch": True, "power_cap": True, "cap_by_power": True}
+    assert "cap_by_power" not in model_terms(doc, 2e-3, power_cap="off", cap_by_power="on")
+    assert CostSpec(model="tiny", profile=str(whatif), **on).build().weights_cap_by_power
+    assert not CostSpec(model="tiny", profile=str(whatif), **model_terms(doc, 2e-3)).build().weights_cap_by_power
+    assert not CostSpec(model="tiny", profile=str(plain), **on).build().weights_cap_by_power

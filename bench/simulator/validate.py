@@ -288,7 +288,7 @@ def sim_spec(profile: Path, num_blocks: int, block_size: int, max_model_len: int
 
 
 def model_terms(profile_doc: dict, plan_lead: float | None, hide_launch: str = "auto",
-                power_cap: str = "auto") -> dict:
+                power_cap: str = "auto", cap_by_power: str = "off") -> dict:
     """The profile cost model's terms for this engine (issue 35), each "auto" | "on" | "off".
     auto: `hide_launch` with the async loop (its launch runs behind the step before: the
     profile's decode steps were 2.8% over the live ones by that launch, 0.3% under without it, in
@@ -299,8 +299,13 @@ def model_terms(profile_doc: dict, plan_lead: float | None, hide_launch: str = "
         return auto if v == "auto" else v == "on"
 
     check = profile_doc.get("pause_check") and float(profile_doc.get("pause_ms") or 0) > 0
-    return {"hide_launch": pick(hide_launch, plan_lead is not None),
-            "power_cap": pick(power_cap, bool(check))}
+    terms = {"hide_launch": pick(hide_launch, plan_lead is not None),
+             "power_cap": pick(power_cap, bool(check))}
+    # `cap_by_power` (opt-in, issue 35 session 16: sims.profile_cost "Power by step kind"): named
+    # only when on, so that the terms recorded before it read as they did
+    if terms["power_cap"] and cap_by_power == "on":
+        terms["cap_by_power"] = True
+    return terms
 
 
 def async_plan_lead(profile_doc: dict, device: str) -> float | None:
@@ -511,6 +516,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--power-cap", choices=("auto", "on", "off"), default="auto",
                    help="the profile's power-cap model for prefill steps (auto: when the profile "
                         "has its pause check; `model_terms`)")
+    p.add_argument("--cap-by-power", choices=("on", "off"), default="off",
+                   help="with the power cap: each prefill step weighs in the busy share by its kind's "
+                        "power, from the pause check's capped mixed step run (opt-in; "
+                        "sims.profile_cost, \"Power by step kind\")")
     p.add_argument("--delivery-per-stream-ms", default="auto", metavar="auto|off|MS",
                    help="the replay's delivery path per stream of a token's step "
                         "(EngineConfig.delivery_per_stream_s): auto: fitted from the runs' path records "
@@ -572,7 +581,8 @@ def validate(a: argparse.Namespace) -> dict:
             kind_leads = profile_plan_leads(doc, str(profile))
         except ValueError as e:
             raise SystemExit(str(e)) from None
-    terms = model_terms(doc, plan_lead, getattr(a, "hide_launch", "auto"), getattr(a, "power_cap", "auto"))
+    terms = model_terms(doc, plan_lead, getattr(a, "hide_launch", "auto"), getattr(a, "power_cap", "auto"),
+                        getattr(a, "cap_by_power", "off"))
     cost = ProfileCost.from_json(profile, **terms)
     max_num_seqs, max_nbt = int(doc["max_num_seqs"]), int(doc["max_num_batched_tokens"])
     live_cap = live_prefill_cap(a.device, a.engine_arg)

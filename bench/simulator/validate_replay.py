@@ -49,6 +49,7 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
                    per_stream: str = "auto", seeds: set[int] | None = None,
                    live_steps=None, cost_scale=None, hide_launch: str | None = None,
                    power_cap: str | None = None, extra_dispatch_ms: float = 0.0,
+                   cap_by_power: bool = False,
                    gateway_loop: bool = False, live_times: bool = False, plan_lead: str = "profile",
                    gateway_loop_read_ms: float | None = None) -> dict:
     """Re-run the validate's replay + delivery path for every run (or the runs of `seeds`).
@@ -104,6 +105,8 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
         terms = model_terms(doc, lead, hide_launch or cfg.get("hide_launch", "auto"),
                             power_cap or cfg.get("power_cap", "auto"))
         lead_ms = None if lead is None else 1e3 * lead
+    if cap_by_power and terms.get("power_cap"):  # opt-in: the power cap by step kind (--cap-by-power)
+        terms = {**terms, "cap_by_power": True}
     lead_s = None if lead_ms is None else lead_ms / 1e3
     gw = gateway_config(serve_parser().parse_args(cfg["serve_argv"]), ["live"])
     batcher = BatcherConfig(**cfg["batcher"]) if cfg.get("batcher") else gw.batcher
@@ -237,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="the cost model's hidden launch (default: as the validate had it)")
     p.add_argument("--power-cap", choices=("auto", "on", "off"),
                    help="the cost model's power cap (default: as the validate had it)")
+    p.add_argument("--cap-by-power", action="store_true",
+                   help="with the power cap: each prefill step weighs in the busy share by its kind's "
+                        "power, from the profile's capped mixed step run (sims.profile_cost, \"Power by "
+                        "step kind\"; opt-in; a profile without that run: unchanged)")
     p.add_argument("--extra-dispatch-ms", type=float, default=0.0,
                    help="what-if: added to the measured gateway flush -> backend plan delay")
     p.add_argument("--gateway-loop", choices=("off", "on"), default="off",
@@ -270,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             p.error(str(e))
     res = replay_session(validate, arrivals, batches, rows, profile, a.delivery_per_stream_ms, seeds,
-                         hide_launch=a.hide_launch, power_cap=a.power_cap,
+                         hide_launch=a.hide_launch, power_cap=a.power_cap, cap_by_power=a.cap_by_power,
                          extra_dispatch_ms=a.extra_dispatch_ms, gateway_loop=a.gateway_loop == "on",
                          live_times=a.live_times, plan_lead=a.plan_lead,
                          gateway_loop_read_ms=a.gateway_loop_read_ms)
