@@ -13,11 +13,11 @@ import pytest
 from scheduler.admission import (
     AdmissionConfig,
     AdmissionControl,
-    WaitPredictor,
     add_overtake_arguments,
 )
 from scheduler.clock import ManualClock
 from scheduler.slo import SLOTargets
+from tests.slot_helpers import slot_backend
 
 FAST, NORMAL, SLOW = 0, 1, 2
 STEP = 0.010
@@ -27,24 +27,9 @@ def _normal_check(fast_per_s: float, **config):
     """One backend of 4 slots whose running Normal requests end 3, 6, 9 and 12 steps after the
     set-up, Fast requests (4 tokens) sent there at `fast_per_s` over the last 2 s, a Normal
     request checked with a 70 ms deadline: (the check's Refusal or None, its point prediction)."""
-    clock = ManualClock(100.0)
     slo = SLOTargets.parse("fast=150,normal=70,slow=1000", None)
-    p = WaitPredictor(AdmissionConfig(slot_model=True, slo=slo, **config))
-    p.clock = clock.now
-    p.add_backend(0)
-    k = ("warm", 0)  # the step: a 5-token request over 4 steps
-    p.dispatched(0, FAST, k, 5)
-    clock.set(clock.now() + 2 * STEP)
-    p.started(0, FAST, clock.now(), 2 * STEP, 0, key=k)
-    clock.set(clock.now() + 4 * STEP)
-    p.finished(0, k, clock.now(), 5)
-    p.set_slots(0, 4)
+    p, clock = slot_backend(slo, NORMAL, [3, 6, 9, 12], **config)
     now = clock.now()
-    for j in range(4):
-        k = ("run", j)
-        p.dispatched(0, NORMAL, k, 40)
-        p.started(0, NORMAL, now + 3 * (j + 1) * STEP - 39 * STEP, 0.0, 0, key=k)
-    p.backends[0].arr_t0 = now - 60.0  # counting for long: the rate is the 2 s window's count
     for j in range(round(2.0 * fast_per_s)):
         p.dispatched(0, FAST, ("f", j), 4)
         p.gone(0, FAST, ("f", j))

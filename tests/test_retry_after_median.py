@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.admission import AdmissionConfig, AdmissionControl, WaitPredictor, sampled_arrivals
+from scheduler.admission import AdmissionConfig, AdmissionControl, sampled_arrivals
 from scheduler.clock import ManualClock
 from scheduler.slo import SLOTargets
+from tests.slot_helpers import slot_backend
 
 FAST, NORMAL, SLOW = 0, 1, 2
 STEP = 0.010
@@ -22,24 +23,8 @@ def _full_backend(normal_rate: float = 0.0, first: int = 3,
     `first`, + 3, + 6 and + 9 steps from now (4 x 10 ms steps measured), nothing queued there;
     Normal requests of 40 tokens sent there at `normal_rate` a second (a count over the 2 s
     window)."""
-    clock = ManualClock(100.0)
-    p = WaitPredictor(AdmissionConfig(slot_model=True, slo=SLO, **config))
-    p.clock = clock.now
-    p.add_backend(0)
-    k = ("warm", 0)
-    p.dispatched(0, FAST, k, 5)
-    clock.set(clock.now() + 2 * STEP)
-    p.started(0, FAST, clock.now(), 2 * STEP, 0, key=k)
-    clock.set(clock.now() + 4 * STEP)
-    p.finished(0, k, clock.now(), 5)
-    p.set_slots(0, 4)
-    now = clock.now()
-    for j in range(4):
-        k = ("run", j)
-        p.dispatched(0, SLOW, k, 40)
-        p.started(0, SLOW, now + (first + 3 * j) * STEP - 39 * STEP, 0.0, 0, key=k)
-    be = p.backends[0]
-    be.arr_t0 = now - 60.0
+    p, clock = slot_backend(SLO, SLOW, [first + 3 * j for j in range(4)], **config)
+    be, now = p.backends[0], clock.now()
     for j in range(round(2.0 * normal_rate)):
         p.dispatched(0, NORMAL, ("n", j), 40)
         p.gone(0, NORMAL, ("n", j))
