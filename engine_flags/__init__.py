@@ -65,6 +65,14 @@ def add_engine_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> Non
                    help="admit waiting requests by the class of their max_tokens (Fast, Normal, "
                    "Slow; FCFS within one) instead of FCFS, as the gateway's admission and "
                    "classes assume and the echo engine does (issue 31; default: FCFS)")
+    p.add_argument("--deadline-order", action="store_true",
+                   help="the waiting request with the earliest TTFT deadline (sent by `tidegate "
+                   "serve --send-deadlines`) takes a free slot before the class order's next one "
+                   "when it would miss its deadline waiting for the next slot and that one would "
+                   "not (scheduler.deadline_order; issue 31, s17; default: off)")
+    p.add_argument("--deadline-margin-ms", type=float, default=0.0,
+                   help="with --deadline-order: extra room asked on both sides of that "
+                   "comparison (default 0, scheduler.deadline_order.DEFAULT_MARGIN_S)")
     p.add_argument("--host-kv-gib", type=float, default=0.0,
                    help="host memory (GiB) for a second KV tier: evicted prefix blocks and "
                         "swapped-out preempted sequences (pinned on CUDA); 0: none (default)")

@@ -58,6 +58,9 @@ class Dispatch:
     speculation: pb.SpeculationParams | None = None  # per-request control; None: the default
     session: object = None  # scheduler.sessions.SessionInfo it was placed with (None: none)
     kv_source: object = None  # pb.KvSource: pull its prefix from this peer (gateway.kv_pull)
+    # its TTFT deadline (arrival_time + its TTFT target, the same clock; 0: none), sent with
+    # `tidegate serve --deadline-order` (GenerateRequest.deadline; scheduler.deadline_order)
+    deadline: float = 0.0
 
 
 def error_from_backend(err: pb.Error) -> APIError:

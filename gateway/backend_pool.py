@@ -316,7 +316,8 @@ class BackendPool(PoolReceiver, PoolFailover):
             try:
                 req = pb.GenerateRequest(request_id=d.request_id, prompt_frame=len(arrays),
                                          queue_class=d.queue_class, priority=d.priority,
-                                         arrival_time=d.arrival_time, sampling=d.sampling)
+                                         arrival_time=d.arrival_time, sampling=d.sampling,
+                                         deadline=d.deadline)
                 if d.speculation is not None:
                     req.speculation.CopyFrom(d.speculation)
                 if d.kv_source is not None:  # gateway.kv_pull

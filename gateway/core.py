@@ -75,6 +75,7 @@ class GatewayConfig:
     overtake_horizon_s: float | None = None
     normal_overtake_quantile: float | None = None  # AdmissionConfig.normal_overtake_quantile
     fleet_arrival_rate: bool = False  # AdmissionConfig.fleet_arrival_rate
+    send_deadlines: bool = False  # AdmissionConfig.send_deadlines: deadlines on the wire
     pool: PoolConfig = field(default_factory=PoolConfig)
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
     queues: QueueConfig = field(default_factory=QueueConfig)
@@ -316,7 +317,8 @@ class Gateway:
                                          class_ordered=config.overtake,
                                          overtake_horizon_s=config.overtake_horizon_s,
                                          normal_overtake_quantile=config.normal_overtake_quantile,
-                                         fleet_arrival_rate=config.fleet_arrival_rate))
+                                         fleet_arrival_rate=config.fleet_arrival_rate,
+                                         send_deadlines=config.send_deadlines))
         self.draining = False
         self.num_active = 0
         self._ids = itertools.count()

@@ -276,6 +276,8 @@ class Dispatcher:
         that got requests."""
         now = self.clock.now()
         items = []
+        adm = self.admission.config
+        deadline_order, slo = adm.send_deadlines, adm.slo
         for r in batch:
             try:
                 sampling = r.payload.wire_sampling()
@@ -285,6 +287,10 @@ class Dispatcher:
                 continue
             d = Dispatch(r.request_id, r.payload.prompt_ids, sampling, int(r.queue_class),
                          r.priority, r.payload.arrival_time, r.payload)
+            if deadline_order:  # the backend starts it first once its deadline is near
+                ttft = slo.ttft_s(int(r.queue_class), getattr(r.payload, "slo_ttft_ms", None))
+                if ttft is not None:
+                    d.deadline = r.payload.arrival_time + ttft
             prediction = getattr(r.payload, "prediction_ids", None)
             if prediction is not None:
                 d.prediction_ids = prediction

@@ -105,6 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "arrivals, not the wait with them at their mean "
                    "(AdmissionConfig.retry_after_quantile)")
     add_overtake_arguments(p)
+    p.add_argument("--send-deadlines", action="store_true",
+                   help="send each request's TTFT deadline (its arrival + its TTFT target) to its "
+                   "backend, which with `tidegate backend --deadline-order` starts a waiting "
+                   "request near its deadline before higher classes (scheduler.deadline_order; "
+                   "AdmissionConfig.send_deadlines; opt-in)")
     p.add_argument("--stream-interval", type=int, default=1, help="stream every N tokens")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger bodies get 413")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds; then 504")
@@ -258,6 +263,7 @@ def gateway_config(args: argparse.Namespace, backends: list[str]) -> GatewayConf
         overtake_horizon_s=getattr(args, "overtake_horizon_s", None),
         normal_overtake_quantile=getattr(args, "normal_overtake_quantile", None),
         fleet_arrival_rate=getattr(args, "fleet_arrival_rate", False),
+        send_deadlines=getattr(args, "send_deadlines", False),
         pool=PoolConfig(heartbeat_timeout_s=args.heartbeat_timeout,
                         max_inflight_per_backend=args.max_inflight_per_backend, curve=curve,
                         # block size: the backends' own, read from their BackendInfo when hashing

@@ -156,6 +156,15 @@ still 1-3 passed each of the 5 Normal misses in 10 runs). `fleet_arrival_rate` (
 `--fleet-arrival-rate`) reads it as every backend's rate averaged (4x the events). Simulated
 (seed 2, 10 jittered repeats): alone, admitted misses 14 -> 7 (Normal 12 -> 6, Slow 2 -> 0),
 Normal refused 46 -> 25, Slow 819 -> 842; with Q 0.95, misses 2, Normal refused 76, Slow 825.
+
+Deadline order. With `send_deadlines` (`tidegate serve --send-deadlines`) each admitted request
+carries its TTFT deadline to its backend; a backend with `--deadline-order`
+(scheduler.deadline_order) then gives its last free slot to the earliest-deadline request when
+that one would miss waiting for the next slot and the class order's next one would not. The
+predictions here are unchanged: a request is passed by fewer later arrivals near its deadline
+(the projection is then on the safe side), and the head it passes was projected to meet its own
+deadline after the next slot (Fast's wait grows by at most that; simulated, Fast TTFT p90 and
+refusals unchanged: bench/results/slo_deadline_s17).
 Live, that benchmark, admitted missing by > 10% per run (default 15 runs / Q 0.95 10 / fleet 5
 / both 5): 2.33 / 1.00 / 2.20 / 0.80; Normal refused 13.3 / 24.7 / 10.8 / 22.6; Normal
 Retry-After within +-25% of the probe 92.1 / 82.9 / 78.9 / 74.3%, Slow 25.6 / 33.0 / 19.9 /
@@ -358,6 +367,12 @@ class AdmissionConfig:
     # (an admitted Normal request read no Fast arrival to come, and one came). Opt-in
     # (`tidegate serve --fleet-arrival-rate`; module doc, "Slots"; issue 31, sixteenth session)
     fleet_arrival_rate: bool = False
+    # the gateway sends each admitted request's TTFT deadline (GenerateRequest.deadline), by
+    # which backends with `tidegate backend --deadline-order` start a waiting request whose
+    # deadline is near before the higher classes (scheduler.deadline_order). Admission's
+    # predictions are unchanged (module doc, "Deadline order"). Opt-in (`tidegate serve
+    # --send-deadlines`; the simulator's `--deadline-order`; issue 31, seventeenth session)
+    send_deadlines: bool = False
 
     def __post_init__(self) -> None:
         for name in ("gap_weight", "service_weight"):

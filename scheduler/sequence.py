@@ -60,6 +60,7 @@ class Sequence:
         "block_table",
         "boundary_step",
         "clock",
+        "deadline",
         "decoding",
         "finish_step",
         "max_tokens",
@@ -91,6 +92,7 @@ class Sequence:
         self.admitted = False  # allocated at least once (num_cached_tokens is set then)
         self.clock = clock if clock is not None else _StandaloneClock()
         self.decoding = False
+        self.deadline = 0.0  # TTFT deadline (scheduler.deadline_order); 0: none
         self.boundary_step = 0  # decoding: clock step whose slot starts a new block
         self.finish_step = 0  # decoding: clock step after which it finishes by length
         # running: the block manager's live table for it (read-only here; set at each admission,

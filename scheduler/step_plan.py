@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from scheduler.capacity import DEFAULT_CAPACITY, PrefillCap
 from scheduler.classes import DEFAULT_CLASS_BOUNDS
+from scheduler.deadline_order import DEFAULT_MARGIN_S
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,6 +35,13 @@ class SchedulerConfig:
     # then arrival (Fast first; preempted sequences stay at the front), as the echo engine's
     # queue admits (backend.engine.echo), so that the simulator models what it serves (issue 31)
     waiting_by_class: bool = False
+    # deadline order (scheduler.deadline_order; issue 31, s17): the waiting request with the
+    # earliest TTFT deadline (add_request's `deadline`, the clock of schedule()'s `now`) takes a
+    # slot before the class order's next one when it would miss its deadline waiting for the
+    # next free slot and that one would not (`deadline_margin_s` more room on both sides); off:
+    # the order above exactly
+    deadline_order: bool = False
+    deadline_margin_s: float = DEFAULT_MARGIN_S
 
     def __post_init__(self) -> None:
         for name in ("max_model_len", "num_blocks", "max_num_seqs", "block_size"):
@@ -42,6 +50,8 @@ class SchedulerConfig:
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
                              f"max_num_seqs ({self.max_num_seqs}): every running decode must fit")
+        if not self.deadline_margin_s >= 0.0:
+            raise ValueError(f"deadline_margin_s must be >= 0, got {self.deadline_margin_s}")
         fast_max, normal_max = self.class_bounds
         if not 0 <= fast_max <= normal_max:
             raise ValueError(f"class_bounds must satisfy 0 <= fast <= normal, got {self.class_bounds}")

@@ -20,6 +20,11 @@ Policy, in order, each step (budget = max_num_batched_tokens tokens, max_num_seq
    and the pool allow; none when step 1 preempted (what was just freed is not handed back).
    Admission reserves blocks for the whole prompt, reusing prefix-cache hits, and schedules a
    first chunk of at most the remaining budget (chunked prefill).
+   `deadline_order` (scheduler.deadline_order): for the last free slot, the waiting request with
+   the earliest TTFT deadline goes before the queue's head when it would miss its deadline
+   waiting for the next slot to free (the decoding sequences' length finishes or the taker's own
+   tokens, `step_s` each, from the `now` given to `schedule()`) and the head would not miss its
+   own; never before a preempted sequence.
 
 Prefill budget by backlog (`SchedulerConfig.prefill_cap`, a `PrefillCap`; off by default): while
 sequences decode and the prefill backlog — prompt tokens not yet computed, of the waiting queue
@@ -49,10 +54,12 @@ from bisect import insort
 from collections import deque
 from collections.abc import Mapping
 from collections.abc import Sequence as Seq
+from heapq import heappop
 
 from scheduler.block_manager import BlockManager
 from scheduler.capacity import PrefillCap
 from scheduler.classes import class_index
+from scheduler.deadline_order import UrgentQueue, promote
 from scheduler.host_tier import SwapCostModel
 from scheduler.lazy_decodes import LazyDecodes
 from scheduler.sequence import Sequence, SequenceStatus
@@ -100,6 +107,7 @@ class StepScheduler:
         self.num_waiting_tokens = 0
         self.running: list[Sequence] = []  # sorted by Sequence.order_key
         self.num_preemptions = 0
+        self.num_promoted = 0  # admissions the deadline order moved before the queue's head
         self.num_swap_preemptions = 0  # of which swapped to host memory (the rest recompute)
         self.num_swapped_blocks = 0
         # swap-or-recompute rule for preemption victims; None: always recompute. Set by the owner
@@ -110,11 +118,18 @@ class StepScheduler:
         self.prefilling: list[Sequence] = []  # running and still prefilling, in running order
         # lazy decode state: the clock every sequence reads, its buckets and counts
         self.decodes = LazyDecodes(config, block_manager)
+        # deadline order: the waiting requests that carry a TTFT deadline, earliest first (a
+        # preempted one has had its first token: no longer tracked)
+        self.urgent: UrgentQueue[Sequence] | None = (
+            UrgentQueue(config.deadline_margin_s, _never_started) if config.deadline_order else None)
 
     # ---- admission ---------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], max_tokens: int,
-                    arrival_time: float, priority: int = 0) -> Rejection | None:
-        """Queue a request, or refuse one that can never run. Lower `priority` is served first."""
+                    arrival_time: float, priority: int = 0,
+                    deadline: float = 0.0) -> Rejection | None:
+        """Queue a request, or refuse one that can never run. Lower `priority` is served first.
+        `deadline`: its TTFT deadline on the clock of schedule()'s `now` (0: none), read only
+        with `SchedulerConfig.deadline_order`."""
         cfg = self.config
         num_prompt = len(prompt_token_ids)
         reason = None
@@ -143,6 +158,9 @@ class StepScheduler:
         else:
             self.waiting.append(seq)
         self.num_waiting_tokens += num_prompt
+        if self.urgent is not None and deadline > 0.0:
+            seq.deadline = deadline
+            self.urgent.add(deadline, seq)
         return None
 
     def _insert_by_class(self, seq: Sequence) -> None:
@@ -174,14 +192,18 @@ class StepScheduler:
 
     # ---- the step ----------------------------------------------------------------------------
     def schedule(self, list_decodes: bool = True,
-                 drafts: Mapping[str, Seq[int]] | None = None) -> StepPlan:
+                 drafts: Mapping[str, Seq[int]] | None = None,
+                 now: float | None = None, step_s: float = 0.0) -> StepPlan:
         """Plan one step. With `list_decodes=False` the decodes are not listed as chunks (every
         decoding sequence still decodes: `plan.num_unlisted_decodes`); the simulator's mode.
 
         `drafts[request_id]`: draft tokens for that decoding sequence (speculative decoding,
         scheduler.speculation): its decode becomes a verify chunk of its last token and the
         drafts, fewer of them where its length limit, the token budget or the free blocks say
-        so (drafts never preempt); slots for them are reserved and given back at `update`."""
+        so (drafts never preempt); slots for them are reserved and given back at `update`.
+
+        `now`: the time on the deadlines' clock, `step_s` the time a step takes (the deadline
+        order's; None: the queue's order alone)."""
         cfg, bm = self.config, self.block_manager
         decodes = self.decodes
         step = decodes.step
@@ -220,8 +242,19 @@ class StepScheduler:
             budget -= self._schedule_prefill(seq, budget, chunks)
         if not plan.preempted:
             by_count = not bm.enable_prefix_caching  # then only the token counts matter
+            urgent = self.urgent if now is not None else None
             while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
                 seq = self.waiting[0]
+                promoted = False
+                # the last free slot, and no preempted sequence first
+                if (urgent is not None and len(self.running) + 1 == cfg.max_num_seqs
+                        and not seq.admitted):
+                    first = urgent.earliest()
+                    if first is not None and first[1] is not seq and promote(
+                            first[0], seq.deadline, now + self.slot_frees_in(seq) * step_s,
+                            now + self.slot_frees_in(first[1]) * step_s, step_s, urgent.margin_s):
+                        seq, promoted = first[1], True
+                        self.num_promoted += 1
                 tokens = seq._token_ids
                 if by_count:
                     if not bm.can_allocate_n(len(tokens)):
@@ -231,7 +264,10 @@ class StepScheduler:
                     num_cached = bm.allocate(seq.request_id, tokens)
                 else:
                     break  # FCFS: the head waits for blocks; nothing jumps it
-                self.waiting.popleft()
+                if promoted:  # O(waiting), only where a deadline is near (rare)
+                    self.waiting.remove(seq)
+                else:
+                    self.waiting.popleft()
                 self.num_waiting_tokens -= len(tokens)
                 if not seq.admitted:
                     seq.admitted = True
@@ -252,6 +288,19 @@ class StepScheduler:
         plan.num_batched_tokens = cfg.max_num_batched_tokens - budget - withheld
         self.num_steps += 1
         return plan
+
+    def slot_frees_in(self, taker: Sequence) -> int:
+        """Steps from this one's start to the next slot's freeing if `taker` took the last free
+        one: the nearest length finish of a decoding sequence, or `taker`'s own tokens (a stop
+        token may end one sooner). O(1) but for stale heap keys, each popped once."""
+        d = self.decodes
+        heap, finishing = d.finish_heap, d.finishing
+        while heap and heap[0] not in finishing:
+            heappop(heap)
+        left = taker.max_tokens
+        if heap and heap[0] - d.step < left:
+            left = heap[0] - d.step
+        return left
 
     def prefill_backlog(self, stop_above: int | None = None) -> int:
         """Prompt tokens still to prefill: the waiting queue's plus the running prefills' rest.
@@ -639,3 +688,8 @@ class StepScheduler:
             assert seq.num_computed_tokens == 0, f"{seq.request_id!r}: waiting with computed tokens"
             assert not seq.decoding, f"{seq.request_id!r}: waiting but decoding"
         self.decodes.check(self.running)
+
+
+def _never_started(seq: Sequence) -> bool:
+    """UrgentQueue's test: still waiting for its first start (not admitted, not aborted)."""
+    return seq.status is WAITING and not seq.admitted

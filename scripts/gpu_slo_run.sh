@@ -73,6 +73,16 @@ NORMAL_OVERTAKE_Q=${NORMAL_OVERTAKE_Q:-}
 # FLEET_RATE=1 (the slot model): the higher classes' arrivals projected at the fleet's mean rate
 # per backend (--fleet-arrival-rate; the same session's bench/results/slo_misses_s16)
 [ "${FLEET_RATE:-0}" = 1 ] && OVFLAGS+=(--fleet-arrival-rate)
+# DEADLINE_ORDER=1: the gateways send each request's TTFT deadline (--send-deadlines) and the
+# backends start a waiting request that would miss it waiting for the next free slot before the
+# class order's next one where that one can wait (--deadline-order, DEADLINE_MARGIN_MS: extra
+# room; the planner and the replay: the same flags; issue 31, s17, H31D:
+# bench/results/slo_deadline_s17). Default 0: as before
+DLFLAGS=()
+if [ "${DEADLINE_ORDER:-0}" = 1 ]; then
+  DLFLAGS=(--deadline-order)
+  [ -n "${DEADLINE_MARGIN_MS:-}" ] && DLFLAGS+=(--deadline-margin-ms "$DEADLINE_MARGIN_MS")
+fi
 PORT_A=${PORT_A:-18501}  # the gateways' ports (two runs on one machine: other ports for one)
 PORT_B=${PORT_B:-18502}
 # echo: by predicted TTFT (admission predicts on the backend placement then picks; BENCHMARKS,
@@ -96,6 +106,7 @@ BEFLAGS=()
 [ -n "$MAX_NUM_SEQS" ] && BEFLAGS+=(--max-num-seqs "$MAX_NUM_SEQS")
 [ "$DEVICE" = cpu ] && [ "$BACKENDS" -gt 1 ] && BEFLAGS+=(--cpu-threads 1)
 [ "$MODEL" != echo ] && [ "$WAITING_BY_CLASS" = 1 ] && BEFLAGS+=(--waiting-by-class)
+BEFLAGS+=("${DLFLAGS[@]}")
 for port in $PORT_A $PORT_B; do  # another run's gateway there would answer for ours
   curl -s -o /dev/null "localhost:$port/health" && { echo "port $port in use: set PORT_A / PORT_B"; exit 1; }
 done
@@ -112,6 +123,7 @@ GWFLAGS=("${BACKS[@]}" --placement "$PLACEMENT" --startup-timeout 600 "${WINFLAG
 # placement by predicted TTFT reads the same predictor)
 [ "$MODEL" = echo ] && GWFLAGS+=(--slot-model)
 GWFLAGS+=("${OVFLAGS[@]}")
+[ ${#DLFLAGS[@]} -gt 0 ] && GWFLAGS+=(--send-deadlines)
 $TG serve "${GWFLAGS[@]}" --port $PORT_A --slo-ttft-ms "$SLO" --decision-log "$OUT/decisions_a.jsonl" \
     > "$OUT/gateway_a.log" 2>&1 &
 pids+=($!)
@@ -199,7 +211,7 @@ SIMFLAGS=(--placement "$PLACEMENT" --seed "$SEED" "${WINFLAGS[@]}")
 [ "$DEVICE" != cpu ] && SIMFLAGS+=(--max-prefill-tokens-while-decoding 256)
 # echo backends admit their waiting requests Fast first (always); the simulator too
 [ "$MODEL" = echo ] && SIMFLAGS+=(--waiting-by-class --slot-model)
-SIMFLAGS+=("${OVFLAGS[@]}")
+SIMFLAGS+=("${OVFLAGS[@]}" "${DLFLAGS[@]}")
 if [ ${#COST[@]} -gt 0 ]; then
   timeout 90 $TG sim slo "${COST[@]}" "${SIMFLAGS[@]}" --backends "$BACKENDS" \
       --max-backends $((BACKENDS + 1)) --rate "$RATE" --num-requests "$N" \
@@ -222,7 +234,7 @@ FFLAGS=(--backends "$BACKENDS" --placement "$PLACEMENT" "${WINFLAGS[@]}")
 [ -n "$MAX_NUM_SEQS" ] && FFLAGS+=(--max-num-seqs "$MAX_NUM_SEQS")
 [ "$MODEL" = echo ] && FFLAGS+=(--waiting-by-class --slot-model)
 [ "$MODEL" != echo ] && [ "$WAITING_BY_CLASS" = 1 ] && FFLAGS+=(--waiting-by-class)
-FFLAGS+=("${OVFLAGS[@]}")
+FFLAGS+=("${OVFLAGS[@]}" "${DLFLAGS[@]}")
 $PY -m bench.simulator.decision_fidelity "$OUT/decisions_a.jsonl" --slo-ttft-ms "$SLO" "${COST[@]}" \
     "${FFLAGS[@]}" > "$OUT/decision_fidelity.json" 2>&1
 cat "$OUT/decision_fidelity.json"

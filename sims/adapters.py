@@ -33,6 +33,7 @@ from scheduler.batcher import BatcherConfig, Decision, DynamicWindowBatcher
 from scheduler.capacity import DEFAULT_CAPACITY
 from scheduler.classes import QueueClass
 from scheduler.clock import ManualClock
+from scheduler.deadline_order import DEFAULT_MARGIN_S
 from scheduler.host_tier import SwapCostModel
 from scheduler.prefix_index import DEPTHS, PrefixSummary, prefix_hashes
 from scheduler.queues import ClassQueues, PendingRequest, QueueConfig
@@ -92,6 +93,11 @@ class SimSchedulerConfig:
     # AdmissionConfig.normal_overtake_quantile (`--normal-overtake-quantile`)
     normal_overtake_quantile: float | None = None
     fleet_arrival_rate: bool = False  # AdmissionConfig.fleet_arrival_rate (`--fleet-arrival-rate`)
+    # the backends' deadline order on the TTFT deadlines (arrival + the TTFT target, as
+    # `tidegate serve --send-deadlines` sends them): SchedulerConfig.deadline_order /
+    # deadline_margin_s (`tidegate backend --deadline-order`; scheduler.deadline_order)
+    deadline_order: bool = False
+    deadline_margin_s: float = DEFAULT_MARGIN_S
 
     def prefix_caching_for(self, workload: Workload) -> bool:
         """The setting resolved for `workload` (auto: does any request have a shared prefix?)."""
@@ -109,7 +115,9 @@ class SimSchedulerConfig:
                                enable_prefix_caching=bool(caching),
                                class_bounds=self.queue.class_bounds,
                                prefill_cap=self.prefill_cap,
-                               waiting_by_class=self.waiting_by_class)
+                               waiting_by_class=self.waiting_by_class,
+                               deadline_order=self.deadline_order,
+                               deadline_margin_s=self.deadline_margin_s)
 
 
 class GatewayAdapter:
@@ -138,8 +146,20 @@ class GatewayAdapter:
                                                           overtake_horizon_s=config.overtake_horizon_s,
                                                           normal_overtake_quantile=(
                                                               config.normal_overtake_quantile),
-                                                          fleet_arrival_rate=config.fleet_arrival_rate))
+                                                          fleet_arrival_rate=config.fleet_arrival_rate,
+                                                          send_deadlines=config.deadline_order))
         self.predictor = self.admission.predictor
+        # each request's TTFT deadline as the live gateway sends it (arrival + its target; 0:
+        # none), read by the backends' deadline order (BackendAdapter.deadlines)
+        self.deadlines: list[float] | None = None
+        if config.deadline_order and config.slo.any_ttft:
+            own = workload.ttft_override_ms
+            arrival = workload.arrival_time.tolist()
+            self.deadlines = [0.0] * len(workload)
+            for i, c in enumerate(self._queue_class):
+                t = config.slo.ttft_s(int(c), None if own is None else own[i])
+                if t is not None:
+                    self.deadlines[i] = arrival[i] + t
         self.admits = config.admission and config.slo.any_ttft
         self.retry_after: dict[int, float] = {}  # refused request -> its predicted TTFT
         # request -> (predicted TTFT, calibration margin) at its admission check, s
@@ -249,6 +269,10 @@ class BackendAdapter:
         # the event loop; None: not recorded), pins refused for the budget
         self.cached_of: list[int] | None = None
         self.num_pins_refused = 0
+        # each request's TTFT deadline (GatewayAdapter.deadlines, set by the event loop) and
+        # whether this backend orders by them (SchedulerConfig.deadline_order)
+        self.deadlines: list[float] | None = None
+        self.deadline_order = config.deadline_order
 
     # ---- load, as a LoadReport would carry it ------------------------------------------------
     @property
@@ -318,7 +342,9 @@ class BackendAdapter:
     def add(self, i: int, now: float) -> bool:
         self._stretch_allowed = None
         tokens = self.prompt_tokens(i)
-        rej = self.sched.add_request(str(i), tokens, self._output_len[i], now, self._priority[i])
+        dl = self.deadlines
+        rej = self.sched.add_request(str(i), tokens, self._output_len[i], now, self._priority[i],
+                                     dl[i] if dl is not None else 0.0)
         if rej is not None:
             self.num_rejected += 1
             return False
@@ -332,14 +358,15 @@ class BackendAdapter:
         return True
 
     # ---- steps -------------------------------------------------------------------------------
-    def schedule(self):
+    def schedule(self, now: float | None = None, step_s: float = 0.0):
         """Plan one step; None when there is nothing to run. Returns the plan's cost arguments.
 
         The decodes stay unlisted (`schedule(list_decodes=False)`): a step costs O(prefill
         chunks + block boundaries + completions), not O(running)."""
         sched = self.sched
         self._stretch_allowed = None
-        plan = sched.schedule(list_decodes=False)
+        plan = sched.schedule(list_decodes=False, now=now if self.deadline_order else None,
+                              step_s=step_s)
         num_decode = plan.num_unlisted_decodes
         if not num_decode and not plan.chunks:
             return None

@@ -263,6 +263,8 @@ class EventLoop:
         self.backends = backends = [
             _Backend(b, BackendAdapter(sched_config, num_blocks, workload, gateway.lists, host))
             for b in range(config.num_backends)]
+        for be in backends:  # the deadline order's TTFT deadlines (None: off)
+            be.sched.deadlines = gateway.deadlines
 
         # lists, not arrays, in the loop: a numpy scalar read or write costs ~80 ns more per access
         self.arrival = workload.arrival_time.tolist()
@@ -350,6 +352,10 @@ class EventLoop:
         self.series: dict[str, list] = {"t": [], "queue_depth": [], "kv_usage": [], "running": [],
                                         "fragmentation": []}
         self.step_time_fn = cost.step_time
+        # the deadline order's step time (scheduler.deadline_order): a constant step's (the echo
+        # engine's paced step, which the live engine reads from its flag), else 0 there and the
+        # backend's last step is read (`start_step`)
+        self.deadline_step_s = float(getattr(cost, "seconds", 0.0))
         # A measured profile charges each packed prefill by itself (sum of p_i^2 attention, not
         # (sum p_i)^2).
         self.charges_chunks = getattr(cost, "accepts_prefill_chunks", False)
@@ -766,7 +772,7 @@ class EventLoop:
                 self.seq = seq = self.seq + 1  # push(), inlined: once per event
                 heappush(self.heap, (be.end_time, seq, _STRETCH, (be.idx, be.version)))
                 return
-        plan = sched.schedule()
+        plan = sched.schedule(now, self.deadline_step_s or max(0.0, be.end_time - be.step_start))
         if plan is None:
             be.busy = False
             return

@@ -26,6 +26,7 @@ from scheduler.capacity import (
     add_prefill_cap_arguments,
     prefill_cap_from_args,
 )
+from scheduler.deadline_order import add_deadline_order_arguments, deadline_order_from_args
 from scheduler.placement import add_placement_arguments, placement_config_from_args
 from scheduler.queues import QueueConfig
 from scheduler.slo import SLOTargets, parse_targets
@@ -83,6 +84,7 @@ def add_run_args(p: argparse.ArgumentParser, *, num_requests: int = 1000) -> Non
                    "order; default FCFS, our engine's)")
     g.add_argument("--slot-model", action="store_true",
                    help="admission's slot model, as `tidegate serve --slot-model`")
+    add_deadline_order_arguments(g)
     g.add_argument("--compete-window", action="store_true",
                    help="as `tidegate serve --compete-window` (AdmissionConfig.compete_window)")
     g.add_argument("--retry-after-quantile", type=float, default=None, metavar="Q",
@@ -194,7 +196,8 @@ def spec_from_args(a: argparse.Namespace) -> RunSpec:
                                overtake=bool(getattr(a, "overtake", False)),
                                overtake_horizon_s=getattr(a, "overtake_horizon_s", None),
                                normal_overtake_quantile=getattr(a, "normal_overtake_quantile", None),
-                               fleet_arrival_rate=bool(getattr(a, "fleet_arrival_rate", False)))
+                               fleet_arrival_rate=bool(getattr(a, "fleet_arrival_rate", False)),
+                               **deadline_order_from_args(a))
     if not (math.isfinite(a.delivery_delay_ms) and a.delivery_delay_ms >= 0):
         raise ValueError(f"--delivery-delay-ms must be >= 0, got {a.delivery_delay_ms}")
     per_stream_ms = getattr(a, "delivery_per_stream_ms", 0.0)

@@ -30,6 +30,8 @@ def backend_config(args: argparse.Namespace):
         max_num_batched_tokens=args.max_num_batched_tokens, prefill_cap=prefill_cap,
         enable_prefix_caching=not args.no_prefix_caching, host_kv_gib=args.host_kv_gib,
         waiting_by_class=getattr(args, "waiting_by_class", False),
+        deadline_order=getattr(args, "deadline_order", False),
+        deadline_margin_ms=getattr(args, "deadline_margin_ms", 0.0),
         seed=args.seed,
         cpu_threads=args.cpu_threads, echo_step_ms=args.echo_step_ms,
         speculation_config=_speculation(args))

@@ -24,6 +24,7 @@ from backend.model.loader import LoadedModel, available_memory, load
 from backend.runner.grammar import GrammarManager
 from backend.runner.step import ModelRunner
 from scheduler.capacity import DEFAULT_CAPACITY, PrefillCap
+from scheduler.deadline_order import DEFAULT_MARGIN_S
 from scheduler.speculation import SpeculationConfig
 
 log = logging.getLogger("tidegate.backend")
@@ -49,6 +50,11 @@ class BackendConfig:
     host_kv_gib: float = 0.0             # host-memory KV tier (backend.kv.host_tier); 0: none
     # the waiting queue by class, Fast first (SchedulerConfig.waiting_by_class; --waiting-by-class)
     waiting_by_class: bool = False
+    # deadline order (SchedulerConfig.deadline_order / deadline_margin_s; --deadline-order,
+    # --deadline-margin-ms): a waiting request that would miss its TTFT deadline waiting for the
+    # next free slot starts first where the class order's next one can wait
+    deadline_order: bool = False
+    deadline_margin_ms: float = DEFAULT_MARGIN_S * 1000
     seed: int = 0                        # dummy-weight seed
     cpu_threads: int | None = None       # torch intra-op threads on the CPU; default: half the cores
     echo_step_ms: float = 0.0            # --model echo: sleep per step (a slow, idle-CPU backend)
@@ -188,6 +194,8 @@ def engine_config(cfg: BackendConfig, runner, host_kv) -> EngineConfig:
                         prefill_cap=cfg.prefill_cap,
                         enable_prefix_caching=cfg.enable_prefix_caching,
                         waiting_by_class=cfg.waiting_by_class,
+                        deadline_order=cfg.deadline_order,
+                        deadline_margin_s=cfg.deadline_margin_ms / 1000,
                         num_host_blocks=host_kv.num_blocks if host_kv is not None else 0,
                         speculation=cfg.speculation_config)
 

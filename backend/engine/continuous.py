@@ -65,6 +65,7 @@ from backend.runner.step import LaunchedStep, ModelRunner
 from backend.runner.step_io import SampleSpec
 from proto.sampling import check_sampling
 from scheduler.capacity import DEFAULT_CAPACITY, PrefillCap
+from scheduler.deadline_order import DEFAULT_MARGIN_S
 from scheduler.host_tier import SwapCostModel
 from scheduler.speculation import SpeculationConfig, Speculator, StepCostModel, accept_drafts
 from scheduler.step_scheduler import SchedulerConfig, StepPlan, StepResult, StepScheduler
@@ -99,6 +100,9 @@ class EngineConfig:
     # one 33B H200 backend at 1.5x capacity (simulated, s13 profile) FCFS left Fast TTFT p90
     # at 0.98 s with half of Fast refused; by class 0.37 s, none refused (issue 31, s15)
     waiting_by_class: bool = False
+    # a waiting request near its TTFT deadline starts first (SchedulerConfig.deadline_order)
+    deadline_order: bool = False
+    deadline_margin_s: float = DEFAULT_MARGIN_S
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(
@@ -106,7 +110,8 @@ class EngineConfig:
             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
             block_size=self.block_size, enable_prefix_caching=self.enable_prefix_caching,
             num_host_blocks=self.num_host_blocks, prefill_cap=self.prefill_cap,
-            waiting_by_class=self.waiting_by_class)
+            waiting_by_class=self.waiting_by_class, deadline_order=self.deadline_order,
+            deadline_margin_s=self.deadline_margin_s)
 
 
 @dataclass
@@ -212,6 +217,7 @@ class Engine:
         self._last_step: InFlightStep | None = None
         self.serving_info: dict = {}  # what the assembler's serving transforms did
         self._last_end = 0.0  # perf_counter of the last read-back
+        self._step_s = 0.0  # mean step time, s (the deadline order's; `_finish`)
         # prefix pull served off the loop (issue 34, backend.server.kv_serve): the lock the
         # serving loop holds while it touches the block manager, released here while the device
         # works (the CPU forward in launch; the wait in finish), when a KV server reads blocks
@@ -237,8 +243,9 @@ class Engine:
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     arrival_time: float = 0.0, priority: int = 0,
                     prediction: list[int] | None = None, speculation_off: bool = False,
-                    max_draft_tokens: int = 0) -> str | None:
-        """Queue a request; returns the reason it was refused, or None. `prediction`: its
+                    max_draft_tokens: int = 0, deadline: float = 0.0) -> str | None:
+        """Queue a request; returns the reason it was refused, or None. `deadline`: its TTFT
+        deadline, time.monotonic() seconds (0: none; SchedulerConfig.deadline_order). `prediction`: its
         predicted output's ids (Predicted Outputs); `speculation_off` / `max_draft_tokens`: its
         own control of speculative decoding (0: the server's maximum)."""
         vocab = self.runner.model.config.vocab_size
@@ -254,7 +261,7 @@ class Engine:
         if params.grammar is not None and self.grammars is None:
             return "structured output needs the model's tokenizer (no grammar engine)"
         rejection = self.scheduler.add_request(request_id, list(prompt_token_ids), params.max_tokens,
-                                               arrival_time, priority)
+                                               arrival_time, priority, deadline)
         if rejection is not None:
             return rejection.reason
         seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(62)
@@ -336,7 +343,9 @@ class Engine:
         drafts = self._drafts() if self.speculator is not None and prev is None else None
         if drafts:  # a constrained request's drafts stop where its grammar would
             drafts = self._grammar_drafts(drafts)
-        plan = self.scheduler.schedule(drafts=drafts)
+        # the deadline order's clock (the worker's deadlines are time.monotonic()) and step
+        now = time.monotonic() if self.scheduler.urgent is not None else None
+        plan = self.scheduler.schedule(drafts=drafts, now=now, step_s=self._step_s)
         if self.host_kv is not None:  # tier copies first: this step reads and overwrites them
             self.host_kv.run(self.scheduler.block_manager.host.take_copies())
         states = self.states
@@ -660,6 +669,8 @@ class Engine:
             result.accepted = accepted
         step.end = time.perf_counter()
         self._last_end = step.end
+        # the deadline order's step time: launch to read-back, an exponential average
+        self._step_s += 0.2 * ((step.end - step.start) - self._step_s)
         step.device_s = self._device_seconds(step)
         if self.speculator is not None and plan.chunks:  # the knee: step time by tokens
             self.speculator.policy.cost.observe(

@@ -18,6 +18,11 @@ with `--echo-step-ms` and a small `--max-num-seqs` it queues as our engine does,
 simulator's step scheduler on a constant step models it (issue 31's live SLO checks). The tokenizer is the
 tiny preset's byte-level one (vocabulary 259, BOS 256, EOS 257), so the gateway works unchanged.
 Stop tokens and EOS are not honored: the output length is always max_tokens (finish "length").
+With `--deadline-order` (scheduler.deadline_order) the waiting request with the earliest TTFT
+deadline (`add_request`'s `deadline`, `time.monotonic()`'s clock) takes the last free slot before
+the class order's next one when it would miss its deadline waiting for the next slot to free (its
+running requests' remaining tokens, one step each) and that one would not, as the step scheduler
+does.
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ from backend.engine.interface import EngineLoad, WholeStepEngine
 from backend.runner.sampler import SamplingParams, TokenLogprobs
 from proto.sampling import check_sampling
 from scheduler.classes import class_index
+from scheduler.deadline_order import DEFAULT_MARGIN_S, UrgentQueue, promote
 from tokenizer.bundle import TokenizerBundle
 from tokenizer.byte_level import byte_level_bundle
 
@@ -58,6 +64,7 @@ class _EchoState:
     prompt: list[int]
     num_blocks: int
     order: tuple[int, int] = (0, 0)  # (class of max_tokens, arrival number): admission order
+    deadline: float = 0.0  # TTFT deadline, time.monotonic() (deadline order); 0: none
     num_generated: int = 0
     running: bool = False
 
@@ -107,7 +114,8 @@ class EchoRunner:
 
 class EchoEngine(WholeStepEngine):
     def __init__(self, config: EngineConfig, vocab_size: int,
-                 eos_token_ids: tuple[int, ...] = (), step_delay_s: float = 0.0) -> None:
+                 eos_token_ids: tuple[int, ...] = (), step_delay_s: float = 0.0,
+                 deadline_order: bool = False, deadline_margin_s: float = DEFAULT_MARGIN_S) -> None:
         self.step_delay_s = step_delay_s  # a slow backend that leaves the CPU to others
         # the nominal end of the last step (perf_counter): steps back to back keep one every
         # step_delay_s (`step`)
@@ -120,11 +128,21 @@ class EchoEngine(WholeStepEngine):
         self.states: dict[str, _EchoState] = {}
         self.num_steps = 0
         self.num_added = 0
+        # deadline order: (request id, state) of the waiting requests with a TTFT deadline
+        self.urgent: UrgentQueue[tuple[str, _EchoState]] | None = (
+            UrgentQueue(deadline_margin_s, self._still_waiting) if deadline_order else None)
+        self.num_promoted = 0  # admissions the deadline order moved ahead of class order
+
+    def _still_waiting(self, item: tuple[str, _EchoState]) -> bool:
+        rid, state = item
+        return not state.running and self.states.get(rid) is state
 
     # ---- requests ------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    arrival_time: float = 0.0, priority: int = 0) -> str | None:
-        """Queue a request; returns the reason it was refused, or None."""
+                    arrival_time: float = 0.0, priority: int = 0,
+                    deadline: float = 0.0) -> str | None:
+        """Queue a request; returns the reason it was refused, or None. `deadline`: its TTFT
+        deadline, `time.monotonic()` seconds (0: none); read only with the deadline order."""
         cfg = self.config
         n = len(prompt_token_ids)
         if n == 0:
@@ -145,9 +163,12 @@ class EchoEngine(WholeStepEngine):
         if request_id in self.states:
             return f"duplicate request id {request_id!r}"
         self.num_added += 1
-        self.states[request_id] = _EchoState(params, list(prompt_token_ids), blocks,
-                                             (class_index(params.max_tokens), self.num_added))
+        state = _EchoState(params, list(prompt_token_ids), blocks,
+                           (class_index(params.max_tokens), self.num_added), max(0.0, deadline))
+        self.states[request_id] = state
         self.scheduler.waiting.append(request_id)
+        if self.urgent is not None:
+            self.urgent.add(deadline, (request_id, state))
         return None
 
     def abort(self, request_id: str) -> RequestOutput | None:
@@ -176,15 +197,37 @@ class EchoEngine(WholeStepEngine):
         bm = sched.block_manager
         max_seqs = self.config.max_num_seqs
         states = self.states
+        urgent = self.urgent
+        # the step's start: its first tokens come at its (paced) end
+        now = time.monotonic() if urgent is not None and len(urgent) else None
         while sched.waiting and len(sched.running) < max_seqs:
             rid = min(sched.waiting, key=lambda r: states[r].order)
             state = states[rid]
+            if now is not None and len(sched.running) + 1 == max_seqs:  # the last free slot
+                first = urgent.earliest()
+                if first is not None and first[1][1] is not state:
+                    step_s = self.step_delay_s
+                    if promote(first[0], state.deadline,
+                               now + self.slot_frees_in(state) * step_s,
+                               now + self.slot_frees_in(first[1][1]) * step_s,
+                               step_s, urgent.margin_s):
+                        rid, state = first[1]
+                        self.num_promoted += 1
             if state.num_blocks > bm.num_free_blocks:
                 break
             sched.waiting.remove(rid)
             bm.num_free_blocks -= state.num_blocks
             state.running = True
             sched.running[rid] = state
+
+    def slot_frees_in(self, taker: _EchoState) -> int:
+        """Steps from this one's start to the next slot's freeing if `taker` took the last free
+        one: the fewest tokens left to a running request or to `taker` (one a step)."""
+        left = taker.params.max_tokens
+        for s in self.scheduler.running.values():
+            r = s.params.max_tokens - s.num_generated
+            left = min(left, r)
+        return left
 
     # continuous.Engine's begin/finish pair around a step: no device, nothing in between
     def begin_step(self) -> None:
@@ -279,5 +322,6 @@ def create_echo_engine(cfg) -> tuple[EchoEngine, EchoLoaded]:
                               max_num_batched_tokens=cfg.max_num_batched_tokens,
                               enable_prefix_caching=cfg.enable_prefix_caching)
     engine = EchoEngine(engine_cfg, model_config.vocab_size, tokenizer.eos_token_ids,
-                        cfg.echo_step_ms / 1000)
+                        cfg.echo_step_ms / 1000, deadline_order=cfg.deadline_order,
+                        deadline_margin_s=cfg.deadline_margin_ms / 1000)
     return engine, EchoLoaded(model_config, tokenizer)

@@ -58,8 +58,11 @@ class ServingEngine(Protocol):
     speculator: Any
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params,
-                    arrival_time: float = 0.0, priority: int = 0) -> str | None:
-        """Queue a request; a reason string (and nothing queued) when it can never be served."""
+                    arrival_time: float = 0.0, priority: int = 0,
+                    deadline: float = 0.0) -> str | None:
+        """Queue a request; a reason string (and nothing queued) when it can never be served.
+        `deadline`: its TTFT deadline, time.monotonic() seconds (0: none); an engine without a
+        deadline order ignores it."""
 
     def abort(self, request_id: str):
         """Drop a request and free its KV; its final ABORT record, or None if unknown."""

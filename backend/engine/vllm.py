@@ -115,8 +115,10 @@ class VllmEngine(WholeStepEngine):
 
     # ---- requests ------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    arrival_time: float = 0.0, priority: int = 0) -> str | None:
-        """Hand a request to vLLM; returns the reason it was refused, or None."""
+                    arrival_time: float = 0.0, priority: int = 0,
+                    deadline: float = 0.0) -> str | None:
+        """Hand a request to vLLM; returns the reason it was refused, or None (`deadline`:
+        not used)."""
         n = len(prompt_token_ids)
         if n == 0:
             return "request has no prompt tokens"

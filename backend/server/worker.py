@@ -121,6 +121,8 @@ class Worker:
         self.pending: dict[bytes, list[RequestOutput]] = defaultdict(list)
         self.num_steps = 0
         self.step_time_ema_ms = 0.0
+        # per gateway: its clock read on ours (`_local_deadline`)
+        self._clock_offset: dict[bytes, float] = {}
         self._last_read_back = 0.0  # perf_counter of the last step read back
         self._last_report = 0.0
         self._was_busy = False
@@ -417,6 +419,18 @@ class Worker:
             self._send(identity, codec.make_error(
                 pb.Error.BAD_MESSAGE, f"a backend does not accept {kind} messages"))
 
+    def _local_deadline(self, identity: bytes, req: pb.GenerateRequest) -> float:
+        """The request's deadline on this process's time.monotonic(). A gateway stamps
+        arrival_time and deadline on its own clock; the least (our receipt - its arrival_time)
+        seen from it so far is that clock's offset from ours plus its fastest path to the engine
+        (~1 ms on one host, where the two clocks are one), so the deadline is read late by at
+        most that path, wherever the gateway runs."""
+        offset = time.monotonic() - req.arrival_time
+        known = self._clock_offset.get(identity)
+        if known is None or offset < known:
+            self._clock_offset[identity] = known = offset
+        return req.deadline + known
+
     def _add(self, identity: bytes, req: pb.GenerateRequest, prompt, prediction=None) -> None:
         rid = req.request_id
         if self._stopping:
@@ -452,6 +466,8 @@ class Worker:
             reason = f"duplicate request id {rid!r}"
         else:
             ids = prompt.tolist()
+            if req.deadline > 0:  # its TTFT deadline (tidegate serve --deadline-order)
+                spec_kw["deadline"] = self._local_deadline(identity, req)
             reason = self.engine.add_request(key, ids, params, req.arrival_time, req.priority,
                                              **spec_kw)
         if reason is not None:

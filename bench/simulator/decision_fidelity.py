@@ -36,6 +36,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from scheduler.admission import add_overtake_arguments
+from scheduler.deadline_order import add_deadline_order_arguments, deadline_order_from_args
 from scheduler.decisions import ArrivalRecord, BatchRecord, StepRecord
 
 
@@ -191,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compete-window", action="store_true",
                    help="the live gateway's --compete-window")
     add_overtake_arguments(p)  # the live gateway's --overtake (with --waiting-by-class)
+    add_deadline_order_arguments(p)  # the live backends' --deadline-order (gateway: --send-deadlines)
     args = p.parse_args(argv)
     arrivals, live = read_log(args.live)
     out = {}
@@ -222,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
                                    overtake=args.overtake,
                                    overtake_horizon_s=args.overtake_horizon_s,
                                    normal_overtake_quantile=args.normal_overtake_quantile,
-                                   fleet_arrival_rate=args.fleet_arrival_rate)
+                                   fleet_arrival_rate=args.fleet_arrival_rate,
+                                   **deadline_order_from_args(args))
         if args.max_num_seqs is not None:
             sched = replace(sched, max_num_seqs=args.max_num_seqs)
         result, sim = replay_run(arrivals, sched, cost,
