@@ -297,6 +297,13 @@ class Worker:
         self._flush_pending()
         self._fail_all("backend is shutting down", pb.Error.SHUTTING_DOWN)
         self._flush_outboxes()
+        # the deadline order's count (the echo engine's, or our engine's step scheduler's)
+        promoted = getattr(self.engine, "num_promoted", None)
+        if promoted is None:
+            promoted = getattr(getattr(self.engine, "scheduler", None), "num_promoted", None)
+        if promoted:
+            print(f"tidegate backend: deadline order: {promoted} admissions moved before the "
+                  "class order's next request", file=sys.stderr)
         self._close_kv_server()
         self.sock.close()
         if self.step_log is not None:
