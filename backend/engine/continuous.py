@@ -590,7 +590,7 @@ class Engine:
             num_host_hit_tokens=bm.num_host_hit_tokens,
             num_prompt_tokens=bm.num_query_tokens, num_cached_prompt_tokens=bm.num_hit_tokens,
             spec_decode=self.speculator.source_counters() if self.speculator is not None else (),
-            **self._pin_figures())
+            num_promoted=self.scheduler.num_promoted, **self._pin_figures())
 
     def _pin_figures(self) -> dict:
         bm = self.scheduler.block_manager

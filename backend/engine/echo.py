@@ -290,7 +290,7 @@ class EchoEngine(WholeStepEngine):
             num_free_blocks=bm.num_free_blocks, num_total_blocks=self.config.num_blocks,
             num_outstanding_tokens=sum(s.params.max_tokens - s.num_generated
                                        for s in self.states.values()),
-            num_preemptions=sched.num_preemptions)
+            num_preemptions=sched.num_preemptions, num_promoted=self.num_promoted)
 
     # ---- idle checks ---------------------------------------------------------------------
     def check_integrity(self) -> None:

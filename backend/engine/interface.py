@@ -36,6 +36,9 @@ class EngineLoad:
     # speculative decoding by draft source (scheduler.speculation.SourceCounters), engines
     # that speculate; empty: not reported by source
     spec_decode: tuple = ()
+    # admissions the deadline order moved before the class order's next request
+    # (scheduler.deadline_order; logged by the worker at shutdown)
+    num_promoted: int = 0
 
 
 @runtime_checkable

@@ -297,10 +297,7 @@ class Worker:
         self._flush_pending()
         self._fail_all("backend is shutting down", pb.Error.SHUTTING_DOWN)
         self._flush_outboxes()
-        # the deadline order's count (the echo engine's, or our engine's step scheduler's)
-        promoted = getattr(self.engine, "num_promoted", None)
-        if promoted is None:
-            promoted = getattr(getattr(self.engine, "scheduler", None), "num_promoted", None)
+        promoted = self.engine.load().num_promoted  # the deadline order's (EngineLoad)
         if promoted:
             print(f"tidegate backend: deadline order: {promoted} admissions moved before the "
                   "class order's next request", file=sys.stderr)
