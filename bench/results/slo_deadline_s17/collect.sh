@@ -9,5 +9,6 @@ for d in "$OUTROOT"/live_*/; do
     [ -f "$d/$f" ] && cp "$d/$f" "$HERE/$n/"
   done
   for f in decisions_a.jsonl records_a.jsonl; do gzip -9c "$d/$f" > "$HERE/$n/$f.gz"; done
+  cat "$d"/backend_*.log 2>/dev/null | grep "deadline order:" > "$HERE/$n/promotions.txt"
   for f in "$d"/trace/*.jsonl; do gzip -9c "$f" > "$HERE/$n/trace/$(basename "$f").gz"; done
 done
