@@ -525,15 +525,17 @@ def parser() -> argparse.ArgumentParser:
                         "(EngineConfig.delivery_per_stream_s): auto: fitted from the runs' path records "
                         "(bench.serving.ttft_path.delivery_path), off: one constant (before issue 35), "
                         "or ms")
-    p.add_argument("--gateway-loop", choices=("off", "on"), default="off",
+    p.add_argument("--gateway-loop", choices=("off", "on"), default="on",
                    help="the replay + path models the gateway's event loop (window timers and "
                         "arrivals wait for its token writes; EngineConfig.gateway_loop_*), its terms "
-                        "measured from the runs' logs (bench.simulator.gateway_loop; issue 35)")
-    p.add_argument("--plan-lead", choices=("profile", "live", "profile-kinds"), default="profile",
+                        "measured from the runs' logs (bench.simulator.gateway_loop; issue 35; default "
+                        "on since session 17, off: the form before)")
+    p.add_argument("--plan-lead", choices=("profile", "live", "profile-kinds"), default="live",
                    help="the replay + path's async plan lead: the profile's, or measured on the step "
                         "log after decode-only and prefill steps (bench.simulator.plan_lead; issue 35), "
                         "or the profile's two leads by kind of step (its plan_lead_ms; "
-                        "profile_plan_leads)")
+                        "profile_plan_leads); default live since session 17 (profile: the form "
+                        "before; on the CPU there is no lead either way)")
     p.add_argument("--json", dest="json_out", metavar="OUT")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     return p

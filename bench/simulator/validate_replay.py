@@ -50,7 +50,8 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
                    live_steps=None, cost_scale=None, hide_launch: str | None = None,
                    power_cap: str | None = None, extra_dispatch_ms: float = 0.0,
                    cap_by_power: bool = False,
-                   gateway_loop: bool = False, live_times: bool = False, plan_lead: str = "profile",
+                   gateway_loop: bool | None = None, live_times: bool = False,
+                   plan_lead: str | None = None,
                    gateway_loop_read_ms: float | None = None) -> dict:
     """Re-run the validate's replay + delivery path for every run (or the runs of `seeds`).
     `per_stream`: "auto" (fitted from the session's path records, as `sim validate` does),
@@ -68,7 +69,9 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
     steps with prefill, their medians: `bench.simulator.plan_lead`; "live-mean": their means, a
     sensitivity; "profile-kinds": the profile's two leads, its `plan_lead_ms`:
     `validate.profile_plan_leads`, ValueError without them). `gateway_loop_read_ms`: the loop's
-    read term given instead of measured (a sensitivity)."""
+    read term given instead of measured (a sensitivity). `gateway_loop` / `plan_lead` None: as
+    the validate had them (its recorded loop terms and leads; `sim validate` models both by default
+    since session 17, the command line here too)."""
     from bench.serving.ttft_path import delivery_path
     from bench.simulator.decision_fidelity import compare as decision_compare
     from bench.simulator.decision_fidelity import compare_steps
@@ -130,6 +133,13 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
     # on the runs' windows (the warm-up's are not measured: as sim validate)
     net_s, num_idle = dispatch_delay(step_rows, [b for (_, bs) in by_run.values() for b in bs])
     net_s += extra_dispatch_ms / 1e3
+    # None: as the validate had them (it records the loop's terms and the leads it used)
+    if gateway_loop is None:
+        gateway_loop = validate.get("gateway_loop") is not None
+    if plan_lead is None:
+        recorded = validate.get("plan_leads")
+        plan_lead = ("profile" if not recorded else "profile-kinds"
+                     if "profile" in str(next(iter(recorded.values()), {}).get("source", "")) else "live")
     leads = None
     stat = "mean_ms" if plan_lead == "live-mean" else "median_ms"
     if plan_lead in ("live", "live-mean") and lead_s is not None:
@@ -220,10 +230,7 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
             "seeds": sorted(seeds) if seeds is not None else seed_list, "loads": out_loads}
 
 
-def main(argv: list[str] | None = None) -> int:
-    from bench.simulator.fidelity_steps import read_steps
-    from scheduler.decisions import read_log
-
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.simulator.validate_replay", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("validate", help="the sim validate --json output")
@@ -246,20 +253,30 @@ def main(argv: list[str] | None = None) -> int:
                         "step kind\"; opt-in; a profile without that run: unchanged)")
     p.add_argument("--extra-dispatch-ms", type=float, default=0.0,
                    help="what-if: added to the measured gateway flush -> backend plan delay")
-    p.add_argument("--gateway-loop", choices=("off", "on"), default="off",
+    p.add_argument("--gateway-loop", choices=("off", "on"), default="on",
                    help="model the gateway's event loop (timers and arrivals wait for its token "
-                        "writes; bench.simulator.gateway_loop), its terms measured from the session")
-    p.add_argument("--plan-lead", choices=("profile", "live", "live-mean", "profile-kinds"), default="profile",
+                        "writes; bench.simulator.gateway_loop), its terms measured from the session "
+                        "(default on since session 17; off: the form before)")
+    p.add_argument("--plan-lead", choices=("profile", "live", "live-mean", "profile-kinds"), default="live",
                    help="the async loop's plan lead: the profile's (as sim validate) or measured on "
                         "the session's step log after decode-only and prefill steps (plan_lead: "
                         "their medians; live-mean: their means, a sensitivity), or the profile's two "
-                        "leads by kind of step (profile-kinds: its plan_lead_ms, an error without it)")
+                        "leads by kind of step (profile-kinds: its plan_lead_ms, an error without it); "
+                        "default live since session 17 (profile: the form before)")
     p.add_argument("--gateway-loop-read-ms", type=float,
                    help="sensitivity: the gateway loop's read term (step end -> its outputs on the "
                         "loop) given instead of the delivery path's intercept")
     p.add_argument("--live-times", action="store_true",
                    help="diagnostic: the live step times fed back (fidelity_steps.LiveTimedCost)")
     p.add_argument("--json", dest="json_out")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bench.simulator.fidelity_steps import read_steps
+    from scheduler.decisions import read_log
+
+    p = parser()
     a = p.parse_args(argv)
     validate = json.loads(Path(a.validate).read_text())
     arrivals, batches = read_log(a.decisions)

@@ -47,7 +47,7 @@ $PY step_bins.py $R $R/profile_6.7b.json $A/profile_6.7b_sustained_whatif.json p
   profile_6.7b_whatif_firsts_trace_clock.json profile_6.7b_whatif_firsts_trace_fit.json > step_bins_6.7b.txt
 # 4. replays: today's simulator as run (baselines), then each what-if (held-out seeds 2-4 where r was chosen on 0-1)
 bash run_baselines.sh
-rp() { $PY -m bench.simulator.validate_replay $R/validate_6.7b.json $R/decisions_6.7b.jsonl.gz $R/steps_6.7b.jsonl.gz \
+rp() { $PY -m bench.simulator.validate_replay --gateway-loop off --plan-lead profile $R/validate_6.7b.json $R/decisions_6.7b.jsonl.gz $R/steps_6.7b.jsonl.gz \
          --profile $1.json ${2:+--seeds $2} --json replay_$3.json > replay_$3.txt; }
 rp profile_6.7b_whatif_firsts "" 6.7b_whatif_firsts
 rp profile_6.7b_whatif_firsts_sustained 2,3,4 6.7b_whatif_firsts_sustained_heldout
@@ -55,7 +55,7 @@ rp profile_6.7b_whatif_firsts_trace_clock 2,3,4 6.7b_whatif_firsts_trace_clock_h
 rp profile_6.7b_whatif_firsts_trace_fit 2,3,4 6.7b_whatif_firsts_trace_fit_heldout
 # ... and with H35G's gateway loop and live plan lead (opt-in, 416abcf): the two parts of issue 35 together
 for x in trace_clock trace_fit; do
-  $PY -m bench.simulator.validate_replay $R/validate_6.7b.json $R/decisions_6.7b.jsonl.gz $R/steps_6.7b.jsonl.gz \
+  $PY -m bench.simulator.validate_replay --gateway-loop off --plan-lead profile $R/validate_6.7b.json $R/decisions_6.7b.jsonl.gz $R/steps_6.7b.jsonl.gz \
     --profile profile_6.7b_whatif_firsts_$x.json --seeds 2,3,4 --gateway-loop on --plan-lead live \
     --json replay_6.7b_whatif_firsts_${x}_heldout_gwloop.json > replay_6.7b_whatif_firsts_${x}_heldout_gwloop.txt
 done

@@ -10,7 +10,7 @@ for x in ${ONLY:-s11:33b:1.131 s13:33b-seeds:1.1146}; do
   $PY whatif_sustained_trace.py $R profile_${t}_${s}_whatif_firsts.json 0.2 $r 0,1 profile_${t}_${s}_whatif_firsts_trace.json \
     > whatif_sustained_trace_${t}_${s}.txt
   for p in whatif_firsts whatif_firsts_trace; do
-    $PY -m bench.simulator.validate_replay $R/validate_$t.json $R/decisions_$t.jsonl.gz $R/steps_$t.jsonl.gz \
+    $PY -m bench.simulator.validate_replay --gateway-loop off --plan-lead profile $R/validate_$t.json $R/decisions_$t.jsonl.gz $R/steps_$t.jsonl.gz \
       --profile profile_${t}_${s}_$p.json --json replay_${t}_${s}_$p.json > replay_${t}_${s}_$p.txt
   done
 done

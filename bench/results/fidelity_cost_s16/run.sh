@@ -24,7 +24,7 @@ do_steps() {
 rp() {  # part-dir tag profile out (whatif_replay.py: validate_replay with the opt-in cap_by_power on;
         # the parts' own profiles have no "sustained_mixed" run: the default model, unchanged)
   local d=$1 p; p=$(basename "$d")
-  $PY whatif_replay.py "$d/validate_$p.json" "$d/decisions_$p.jsonl.gz" "$d/steps_$p.jsonl.gz" \
+  $PY whatif_replay.py --gateway-loop off --plan-lead profile "$d/validate_$p.json" "$d/decisions_$p.jsonl.gz" "$d/steps_$p.jsonl.gz" \
       --profile "$3" --json "replay_$2_$4.json" > "replay_$2_$4.txt"
 }
 [ "$WHAT" = all ] || [ "$WHAT" = measure ] && each do_measure

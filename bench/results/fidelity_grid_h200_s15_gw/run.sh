@@ -19,8 +19,8 @@ A11="$S11/validate_33b.json $S11/decisions_33b.jsonl.gz $S11/steps_33b.jsonl.gz 
 S13B=../fidelity_grid_h200_s13/6.7b
 A67B="$S13B/validate_6.7b.json $S13B/decisions_6.7b.jsonl.gz $S13B/steps_6.7b.jsonl.gz --profile $S13B/profile_6.7b.json"
 A13="$S13/validate_33b-seeds.json $S13/decisions_33b-seeds.jsonl.gz $S13/steps_33b-seeds.jsonl.gz --profile $S13/profile_33b-seeds.json"
-flags() { case $1 in off) ;; on) echo "--gateway-loop on" ;; on_lead) echo "--gateway-loop on --plan-lead live" ;;
-                         lead) echo "--plan-lead live" ;; esac; }
+flags() { case $1 in off) echo "--gateway-loop off --plan-lead profile" ;; on) echo "--gateway-loop on --plan-lead profile" ;; on_lead) echo "--gateway-loop on --plan-lead live" ;;
+                         lead) echo "--gateway-loop off --plan-lead live" ;; esac; }
 rp() {  # name args steps model
   local name=$1 args=$2 steps=$3 model=$4 x=""
   [ "$steps" = live ] && x="--live-times"

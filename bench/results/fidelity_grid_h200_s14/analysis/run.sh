@@ -36,9 +36,9 @@ echo "$P: lead $LEAD ms, delivery $BASE ms + $K ms/stream, $FLAGS"
   echo; echo "## $P: sim validate's independent simulation (the generator's schedule)"; echo
   $PY -m bench.simulator.fidelity_table --which run "$V"; } > table_$P.md
 # 2. the replay again with today's simulator
-$PY -m bench.simulator.validate_replay "$V" "$D" "$S" --profile "$PR" --delivery-per-stream-ms recorded \
+$PY -m bench.simulator.validate_replay --gateway-loop off --plan-lead profile "$V" "$D" "$S" --profile "$PR" --delivery-per-stream-ms recorded \
   --json replay_$P.json > replay_$P.txt
-$PY -m bench.simulator.validate_replay "$V" "$D" "$S" --profile "$PR" --delivery-per-stream-ms off \
+$PY -m bench.simulator.validate_replay --gateway-loop off --plan-lead profile "$V" "$D" "$S" --profile "$PR" --delivery-per-stream-ms off \
   --json replay_${P}_constant_path.json > replay_${P}_constant_path.txt
 $PY - "$V" replay_$P.json >> replay_$P.txt <<'PYEOF'
 import json, sys
@@ -54,11 +54,11 @@ print(f"reproduction: largest relative difference of a simulated figure from the
 PYEOF
 if [ "$P" = 6.7b ] && [ -s "$S13/6.7b/validate_6.7b.json" ]; then
   # the s13 6.7B logs with this session's measured profile (the what-if's measured counterpart)
-  $PY -m bench.simulator.validate_replay $S13/6.7b/validate_6.7b.json $S13/6.7b/decisions_6.7b.jsonl.gz \
+  $PY -m bench.simulator.validate_replay --gateway-loop off --plan-lead profile $S13/6.7b/validate_6.7b.json $S13/6.7b/decisions_6.7b.jsonl.gz \
     $S13/6.7b/steps_6.7b.jsonl.gz --profile "$PR" --json replay_s13_6.7b_with_s14_profile.json \
     > replay_s13_6.7b_with_s14_profile.txt
   # and the prediction this part tests: s13 logs, the what-if profile, k fitted (held-out seeds 2-4)
-  $PY -m bench.simulator.validate_replay $S13/6.7b/validate_6.7b.json $S13/6.7b/decisions_6.7b.jsonl.gz \
+  $PY -m bench.simulator.validate_replay --gateway-loop off --plan-lead profile $S13/6.7b/validate_6.7b.json $S13/6.7b/decisions_6.7b.jsonl.gz \
     $S13/6.7b/steps_6.7b.jsonl.gz --profile $S13/analysis/profile_6.7b_surrogate_db.json --seeds 2,3,4 \
     --json replay_s13_6.7b_whatif.json > replay_s13_6.7b_whatif.txt
 fi
@@ -77,17 +77,17 @@ echo "done: table_$P.md replay_$P*.txt steps_${P}_*.txt ttft_parts_$P.txt"
 # 5. what-if (6.7B): the power cap the pause check did not see, r from train seeds 0-1, scored on 2-4
 if [ "$P" = 6.7b ]; then
   $PY whatif_sustained_cap.py $R 0,1 profile_6.7b_sustained_whatif.json > whatif_sustained_cap.txt
-  $PY -m bench.simulator.validate_replay "$V" "$D" "$S" --profile profile_6.7b_sustained_whatif.json --seeds 2,3,4 \
+  $PY -m bench.simulator.validate_replay --gateway-loop off --plan-lead profile "$V" "$D" "$S" --profile profile_6.7b_sustained_whatif.json --seeds 2,3,4 \
     --json replay_6.7b_sustained_whatif.json > replay_6.7b_sustained_whatif.txt
-  $PY -m bench.simulator.validate_replay "$V" "$D" "$S" --profile "$PR" --seeds 2,3,4 \
+  $PY -m bench.simulator.validate_replay --gateway-loop off --plan-lead profile "$V" "$D" "$S" --profile "$PR" --seeds 2,3,4 \
     --json replay_6.7b_heldout.json > replay_6.7b_heldout.txt
 fi
 # 6. what-if (6.7B): the window fires late (live 5.62 ms at the lowest load vs the batcher's 5.00):
 #    that lateness added to every request's dispatch, as run and with the sustained-cap what-if
 if [ "$P" = 6.7b ]; then
   LATE=$($PY -c "import json,statistics as s; v=json.load(open('$V')); print(s.mean(r['ttft_path_ms']['window'] for r in v['loads'][0]['runs']) - v['config']['batcher']['min_latency_ms'])")
-  $PY -m bench.simulator.validate_replay "$V" "$D" "$S" --profile "$PR" --extra-dispatch-ms $LATE \
+  $PY -m bench.simulator.validate_replay --gateway-loop off --plan-lead profile "$V" "$D" "$S" --profile "$PR" --extra-dispatch-ms $LATE \
     --json replay_6.7b_window_late.json > replay_6.7b_window_late.txt
-  $PY -m bench.simulator.validate_replay "$V" "$D" "$S" --profile profile_6.7b_sustained_whatif.json --seeds 2,3,4 \
+  $PY -m bench.simulator.validate_replay --gateway-loop off --plan-lead profile "$V" "$D" "$S" --profile profile_6.7b_sustained_whatif.json --seeds 2,3,4 \
     --extra-dispatch-ms $LATE --json replay_6.7b_sustained_whatif_window_late.json > replay_6.7b_sustained_whatif_window_late.txt
 fi

@@ -11,9 +11,9 @@ ROOT=${ROOT:-$(cd ../../../.. && pwd)}
 PY=${PY:-$ROOT/.venv/bin/python}
 export PYTHONPATH=$ROOT
 S11=../../fidelity_grid_h200_s11/33b; S13=../../fidelity_grid_h200_s13/33b-seeds
-$PY -m bench.simulator.validate_replay $S11/validate_33b.json $S11/decisions_33b.jsonl.gz $S11/steps_33b.jsonl.gz \
+$PY -m bench.simulator.validate_replay --gateway-loop off --plan-lead profile $S11/validate_33b.json $S11/decisions_33b.jsonl.gz $S11/steps_33b.jsonl.gz \
   --profile $S11/profile_33b.json --json replay_33b-s11_today.json > replay_33b-s11_today.txt
-$PY -m bench.simulator.validate_replay $S13/validate_33b-seeds.json $S13/decisions_33b-seeds.jsonl.gz \
+$PY -m bench.simulator.validate_replay --gateway-loop off --plan-lead profile $S13/validate_33b-seeds.json $S13/decisions_33b-seeds.jsonl.gz \
   $S13/steps_33b-seeds.jsonl.gz --profile $S13/profile_33b-seeds.json --json replay_33b-seeds_today.json \
   > replay_33b-seeds_today.txt
 $PY -m bench.simulator.fidelity_table --pool replay_33b-s11_today.json replay_33b-seeds_today.json > table_33b_today.md

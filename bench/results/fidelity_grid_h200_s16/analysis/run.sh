@@ -14,7 +14,8 @@ PY=${PY:-$ROOT/.venv/bin/python}
 export PYTHONPATH=$ROOT
 WHAT=${1:-all}
 args() { local p=$1; echo "../$p/validate_$p.json ../$p/decisions_$p.jsonl.gz ../$p/steps_$p.jsonl.gz --profile ../$p/profile_$p.json"; }
-flags() { case $1 in off) ;; on_lead) echo "--gateway-loop on --plan-lead live" ;;
+flags() { case $1 in off) echo "--gateway-loop off --plan-lead profile" ;;
+                         on_lead) echo "--gateway-loop on --plan-lead live" ;;
                          on_kinds) echo "--gateway-loop on --plan-lead profile-kinds" ;; esac; }
 rp() {  # part steps model
   local p=$1 steps=$2 model=$3 x=""

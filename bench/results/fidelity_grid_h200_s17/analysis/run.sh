@@ -16,8 +16,9 @@ export PYTHONPATH=$ROOT
 WHAT=${1:-all}
 PARTS=${PARTS:-$(for d in ../*/; do d=${d%/}; d=${d#../}; [ "$d" != analysis ] && echo "$d"; done)}
 args() { local p=$1; echo "../$p/validate_$p.json ../$p/decisions_$p.jsonl.gz ../$p/steps_$p.jsonl.gz --profile ../$p/profile_$p.json"; }
-flags() { case $1 in off) ;; on_lead) echo "--gateway-loop on --plan-lead live" ;;
-                         cap) echo "--cap-by-power" ;;
+flags() { case $1 in off) echo "--gateway-loop off --plan-lead profile" ;;
+                         on_lead) echo "--gateway-loop on --plan-lead live" ;;
+                         cap) echo "--cap-by-power --gateway-loop off --plan-lead profile" ;;
                          cap_lead) echo "--cap-by-power --gateway-loop on --plan-lead live" ;; esac; }
 rp() {  # part steps model
   local p=$1 steps=$2 model=$3 x=""
