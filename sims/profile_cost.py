@@ -31,6 +31,18 @@ built with `hide_launch=True` (the async loop: `sims.event_loop.EngineConfig.asy
 the fit is of step time minus launch time, and `launch_time(d, p)` (a least-squares line in d and
 p over the points' launch times) is what a step starting on an idle engine adds. On the H200 the
 profile's decode steps were 2.5% over the live ones by that launch (0.53 ms of ~20).
+Device time (issue 35, session 17): step time minus launch time is what a back-to-back step costs
+only if the device did nothing while the host launched. Profiles since session 17 also time each
+point as the serving loop runs it, queued behind device work (`backend profile --device-time on`:
+a spin kernel holds the stream while the host launches, so the step's own ops run back to back),
+with the CUDA events the live step log reads (`device_ms_median`: from the step's start event,
+before its input copies, to its read-back). With every point carrying it and `hide_launch`, the
+fit is of those device times (`fits_device_time`); `launch_time` is unchanged. Why: on the H200's
+6.7B FP8 part (session 16) the live decode steps of 33-64 sequences ran 2.7-3.2% over the
+profile's step minus launch at the same shapes and its mixed steps 1.8% over, where decode steps
+of <= 32 sequences matched within 0.5% and the clock sat at 1,980 MHz (no power cap): the
+profile's wall time cannot tell a launch the device waited through from one it ran beside.
+Profiles without the field fit step minus launch as before.
 
 Power cap (opt-in, `power_cap=True`; needs the profile's `pause_check`): on the H200 a
 compute-bound step runs slower when compute-bound steps filled the time just before it (the
@@ -344,6 +356,7 @@ class ProfileCost:
     def __init__(self, points: np.ndarray, times_s: np.ndarray, *, num_blocks: int | None = None,
                  block_size: int | None = None, meta: dict | None = None, ctx_quantum: int = 64,
                  token_buckets=None, launch_times_s=None, hide_launch: bool = False,
+                 device_times_s=None,
                  power_cap: bool = False, cap_by_compute: bool = True, decode_buckets=None,
                  cap_by_power: bool = False):
         """points: (n, 3) of (num_decode_seqs, num_prefill_tokens, num_context_tokens), or (n, 4) /
@@ -353,7 +366,10 @@ class ProfileCost:
         `token_buckets`: the engine's mixed-step CUDA-graph token buckets (a step with prefill
         tokens is charged for the bucket it runs as; None or empty: for its own tokens).
         `launch_times_s`: the host's launch part of each point's time; with `hide_launch` the
-        model charges steps without it (see the module doc). `cap_by_compute` (with
+        model charges steps without it (see the module doc). `device_times_s`: each point's
+        device time queued behind device work (the module doc, "Device time"); with
+        `hide_launch` (and `launch_times_s`) the fit is of these instead of step minus launch.
+        `cap_by_compute` (with
         `power_cap`): a step's slowdown scaled by its compute share against the pause check's
         step (`compute_share`, the module doc); False: every step with prefill slowed alike.
         `decode_buckets`: the decode graphs' batch buckets (default: the profile's
@@ -427,6 +443,14 @@ class ProfileCost:
             self._launch_coef = nnls(lf / lscale, launch)[0] / lscale
             if self.hides_launch:
                 times_s = times_s - launch
+        # the device time of a step queued behind device work (module doc, "Device time"): what a
+        # back-to-back step costs, measured rather than inferred from the wall time
+        self.fits_device_time = bool(self.hides_launch and device_times_s is not None)
+        if self.fits_device_time:
+            device = np.asarray(device_times_s, dtype=np.float64)
+            if device.shape != times_s.shape:
+                raise ValueError(f"{device.shape[0]} device times for {times_s.shape[0]} points")
+            times_s = device
         if len(points) < 2:
             raise ValueError("a profile needs at least two measured points")
         d, p, c = points[:, 0], points[:, 1], points[:, 2]
@@ -566,9 +590,10 @@ class ProfileCost:
     def from_json(cls, path: str | Path, **kwargs) -> ProfileCost:
         doc = json.loads(Path(path).read_text())
         raw = doc if isinstance(doc, list) else (doc.get("points") or doc.get("steps") or [])
-        pts, times, launch = [], [], []
+        pts, times, launch, device = [], [], [], []
         for point in raw:
             launch.append(point.get("launch_ms_median"))
+            device.append(point.get("device_ms_median"))
             for key, scale in _TIME_KEYS:
                 if key in point:
                     times.append(float(point[key]) * scale)
@@ -588,6 +613,9 @@ class ProfileCost:
             kwargs["token_buckets"] = buckets
         if "launch_times_s" not in kwargs and launch and all(x is not None for x in launch):
             kwargs["launch_times_s"] = np.array(launch, dtype=np.float64) * 1e-3
+        # every point timed as the serving loop runs it (module doc, "Device time"), else none
+        if "device_times_s" not in kwargs and device and all(x is not None for x in device):
+            kwargs["device_times_s"] = np.array(device, dtype=np.float64) * 1e-3
         return cls(np.array(pts), np.array(times), num_blocks=meta.get("num_kv_blocks"),
                    block_size=meta.get("block_size"), meta=meta, **kwargs)
 
@@ -716,6 +744,7 @@ class ProfileCost:
                 "verify_points": int((self.num_draft_tokens > 0).sum()),
                 "token_buckets": [] if self.token_buckets is None else [int(b) for b in self.token_buckets],
                 "hides_launch": self.hides_launch,
+                "fits_device_time": self.fits_device_time,
                 "decode_bucket_interpolation": self.interpolates_by_decode_bucket,
                 "power_cap": None if self._cap is None else {"f_ref": self._cap[0], "back_to_back": self._cap[1],
                                                               "after_decode": self._cap[2],

@@ -74,6 +74,14 @@ def parser() -> argparse.ArgumentParser:
                         "rows, so its time jumps past each bucket and rises inside it, which the "
                         "cost model follows bucket by bucket (issue 35); 'buckets': the buckets "
                         "alone (the profiles of 2026-12-04)")
+    p.add_argument("--device-time", choices=("on", "off"), default="on",
+                   help="on CUDA, also time each point as the serving loop runs it: queued behind "
+                        "a spin kernel that holds the stream while the host launches, so the "
+                        "step's own ops run back to back, timed by the CUDA events the live step "
+                        "log reads (`device_ms_median`; the same pause before each repetition). "
+                        "The cost model fits these where every point has them: step minus launch "
+                        "cannot tell a launch the device waited through from one it ran beside "
+                        "(issue 35, session 17). Adds the points' repetitions once more")
     p.add_argument("--repeats", type=int, default=5, help="timed repetitions per point")
     p.add_argument("--warmup", type=int, default=2, help="untimed repetitions per point")
     p.add_argument("--pause-ms", type=float, default=0.0,
@@ -211,6 +219,41 @@ def measure(runner, chunks, repeats: int, warmup: int, pause_s: float = 0.0,
             if launch_ms is not None:
                 launch_ms.append((t1 - t0) * 1000)
     return times
+
+
+# the spin before a device-timed repetition (`measure_device`): longer than any step's host launch
+# (the H200's were 0.2-2.8 ms), so that the step's ops are all queued when the device reaches them
+DEVICE_QUEUE_S = 0.005
+
+
+def measure_device(runner, chunks, repeats: int, pause_s: float = 0.0,
+                   queue_s: float = DEVICE_QUEUE_S) -> list[float] | None:
+    """Device milliseconds of each of `repeats` repetitions run as the serving loop runs a step:
+    after the `pause_s` (as `measure`), a spin kernel of `queue_s` holds the stream while the host
+    launches the step, so its start event (recorded before its input copies) fires once the spin
+    ends and the step's own ops run back to back to its read-back, as behind a step in flight;
+    the CUDA events are the live step log's (`ModelRunner.buffers.device_seconds`). None where the
+    step is not timed (the CPU, a step without a read-back)."""
+    if runner.device.type != "cuda" or not hasattr(torch.cuda, "_sleep"):
+        return None
+    clock = sm_clock_mhz(runner.device) or 2000
+    cycles = int(queue_s * clock * 1e6)
+    out = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        if pause_s > 0:
+            time.sleep(pause_s)
+        torch.cuda._sleep(cycles)
+        step = runner.launch(chunks)
+        runner.finish(step)
+        torch.cuda.synchronize()
+        if getattr(step, "readback", -1) < 0:
+            return None
+        dev = runner.buffers.device_seconds(step.readback)
+        if dev is None:
+            return None
+        out.append(dev * 1000)
+    return out
 
 
 def sm_clock_mhz(device) -> int | None:
@@ -368,9 +411,10 @@ def compare_pause(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int 
 
 def point(d: int, p: int, c: int, k: int, s: int, ms: list[float],
           launch_ms: list[float] | None = None, clock_mhz: int | None = None,
-          verify: bool = False) -> dict:
+          verify: bool = False, device_ms: list[float] | None = None) -> dict:
     """One profile point (docs/contracts.md, "profile JSON"). `verify`: its k chunks of p / k
-    tokens were verifies (`num_draft_tokens` = p - k drafts), not prefill chunks."""
+    tokens were verifies (`num_draft_tokens` = p - k drafts), not prefill chunks. `device_ms`:
+    its device-timed repetitions (`measure_device`), when taken."""
     k = k if p else 0
     doc = {"num_decode_seqs": d, "num_prefill_tokens": p, "context_len": c if d else 0,
            "num_prefill_seqs": k, "prefill_context_len": s if p else 0,
@@ -382,6 +426,9 @@ def point(d: int, p: int, c: int, k: int, s: int, ms: list[float],
         doc["launch_ms_median"] = statistics.median(launch_ms)
     if clock_mhz is not None:
         doc["sm_clock_mhz"] = clock_mhz
+    if device_ms:
+        doc["device_ms_median"] = statistics.median(device_ms)
+        doc["device_ms_min"] = min(device_ms)
     return doc
 
 
@@ -419,9 +466,13 @@ def run(args: argparse.Namespace) -> dict:
         ms = measure(runner, chunks, args.repeats, args.warmup,
                      args.pause_ms / 1000 if p and not verify else 0.0, launch_ms)
         clock = sm_clock_mhz(runner.device)
-        points.append(point(d, p, c, k, s, ms, launch_ms, clock, verify))
+        device_ms = (measure_device(runner, chunks, args.repeats,
+                                    args.pause_ms / 1000 if p and not verify else 0.0)
+                     if getattr(args, "device_time", "off") == "on" else None)
+        points.append(point(d, p, c, k, s, ms, launch_ms, clock, verify, device_ms))
         print(f"d={d:4d} {'v' if verify else 'p'}={p:6d} c={c:6d} k={k:3d} s={s:6d}  "
               f"{statistics.fmean(ms):9.3f} ms  launch {statistics.median(launch_ms):7.3f} ms"
+              + (f"  device {statistics.median(device_ms):7.3f} ms" if device_ms else "")
               + (f"  sm {clock} MHz" if clock is not None else ""), flush=True)
     pause_check = None
     if args.pause_ms > 0:
