@@ -117,6 +117,21 @@ because the what-if (the run stood in by live steps, bench/results/fidelity_cost
 0.5 / 0.8 / 0.95 / 1.2x but the 6.7B's TTFT P50 from -5.5 / -6.0 / -2.7 / -8.0% to -6.2 / -8.3 /
 -9.0 / -9.8% (its TPOT stays inside 5%): the profile has not measured the run yet.
 
+Past the measured decode batches (issue 35, session 17): a decode-only step of more sequences
+than the profile's largest decode batch d_max (64 in the validate's grids up to session 16; the
+live 6.7B runs reached 125-132 at 0.95-1.2x, the 33B's 98-100) is charged, by default, the
+regression plus the nearest point's residual: the regression's slope in d, pulled by the mixed
+points (0.10 ms a sequence on the 6.7B FP8 against 0.065 between its decode points of 49 and 64
+and 0.067 live past 64), charged the 6.7B's d 97-128 10-16% over live. `decode_extrapolation=
+"slope"` (opt-in) follows the last measured bucket's line in d instead (the model at d_max plus the
+slope from d_lo, the bucket's smallest measured batch, times d - d_max, at the step's context per
+sequence): the 6.7B's d > 64 within ~3%, 1.2x TPOT P50 +0.4 -> -1.4% (FP8), +2.1 -> +0.8% (bf16),
+but the 33B bf16 (s13, decode points 32 and 64 only) 7-16% under past 64, where its next decode
+graph (96 rows) costs 1.3 ms more at once: what the step costs past the last measured bucket edge
+depends on the model and format (6.7B FP8 +0.0 ms at 64 -> 65, bf16 +0.3, 33B bf16 +1.3), which no
+rule on the measured points can know. The validate's grid therefore measures past it (decode
+batches to 128, `bench.simulator.validate.profile_grid`).
+
 `step_time(d, p, ctx, prefill_chunks=None)`: without `prefill_chunks` a step's p tokens are one
 chunk from position 0 (today's `CostModel` interface); with them — the step's prefill chunks, each an
 int (tokens from position 0), an (num_tokens, start_pos) pair, or an object with `token_ids` and
@@ -330,6 +345,22 @@ def _first_batches(buckets) -> set[int]:
     return {x for lo, hi in pairwise(b) for x in (lo + 1, lo + 2) if x < hi}
 
 
+def _decode_tail(d: np.ndarray, buckets) -> tuple[int, int] | None:
+    """(d_lo, d_max): the largest measured decode batch d_max and the smallest measured one in
+    its decode bucket's batches [previous bucket + 1, bucket] (the line decode steps past d_max
+    follow: the module doc), the measured batch below d_max where that bucket has no other, or
+    the buckets are unknown; None with fewer than two measured decode batches."""
+    ds = sorted({int(x) for x in d if x > 0})
+    if len(ds) < 2:
+        return None
+    hi = ds[-1]
+    b = sorted({int(x) for x in buckets or () if int(x) > 0})
+    i = int(np.searchsorted(b, hi)) if b else 0
+    first = (b[i - 1] + 1) if b and 0 < i < len(b) and b[i] == hi else None
+    inside = [x for x in ds[:-1] if first is not None and x >= first]
+    return (inside[0] if inside else ds[-2]), hi
+
+
 def _bucket_segments(buckets, d: np.ndarray, space: np.ndarray, resid: np.ndarray):
     """(bucket edges, {bucket: residual interpolator over the decode points of its own batches
     [previous bucket + 1, bucket]}) where the decode points include one at a bucket's first
@@ -358,7 +389,7 @@ class ProfileCost:
                  token_buckets=None, launch_times_s=None, hide_launch: bool = False,
                  device_times_s=None,
                  power_cap: bool = False, cap_by_compute: bool = True, decode_buckets=None,
-                 cap_by_power: bool = False):
+                 cap_by_power: bool = False, decode_extrapolation: str = "nearest"):
         """points: (n, 3) of (num_decode_seqs, num_prefill_tokens, num_context_tokens), or (n, 4) /
         (n, 5) with num_prefill_seqs k (the p tokens are k chunks of p/k each; default 1 when p > 0)
         and prefill_context_len s (each chunk starts at position s; default 0) appended, or (n, 6)
@@ -377,7 +408,13 @@ class ProfileCost:
         the profile measured a bucket's first batch (the module doc). `cap_by_power` (opt-in, with
         `power_cap`, where the pause check has a "sustained_mixed" run): each step with prefill
         weighs in the busy share by the power its kind draws (`cap_weight`, the module doc);
-        False (the default), or a profile without that run: every such step weighs 1."""
+        False (the default), or a profile without that run: every such step weighs 1.
+        `decode_extrapolation`: "nearest" (the default) charges decode-only steps past the largest
+        measured decode batch the regression plus the nearest point's residual; "slope" (opt-in)
+        along the last measured bucket's line in d (module doc, "Past the measured decode
+        batches")."""
+        if decode_extrapolation not in ("slope", "nearest"):
+            raise ValueError(f"decode_extrapolation {decode_extrapolation!r}: slope or nearest")
         points = np.asarray(points, dtype=np.float64)
         points = points.reshape(-1, points.shape[-1] if points.ndim == 2 else 3)
         if points.shape[1] not in (3, 4, 5, 6):
@@ -524,6 +561,11 @@ class ProfileCost:
         self._resid_prefill = _residual_interpolator(space[has_prefill], resid[has_prefill])
         self._decode_segs = _bucket_segments(dec_buckets, d[~has_prefill], space[~has_prefill][:, [0, 2]],
                                              resid[~has_prefill])
+        # decode-only steps past the largest measured decode batch (module doc, "Past the
+        # measured decode batches"): (d_lo, d_max) of the line they follow, or None
+        self._decode_tail = (_decode_tail(d[~has_prefill], dec_buckets if dec_buckets is not None
+                                          else (meta or {}).get("cuda_graph_decode_buckets"))
+                             if decode_extrapolation == "slope" else None)
         self.ctx_quantum = max(1, int(ctx_quantum))
         self._memo: dict[tuple, float] = {}
         # the fit's constant: what a step costs whatever it holds (the weights' read)
@@ -620,6 +662,14 @@ class ProfileCost:
                    block_size=meta.get("block_size"), meta=meta, **kwargs)
 
     def _eval(self, d: int, p: int, c: int, k: int, q: int, x: int, v: int = 0) -> float:
+        if p <= 0 and self._decode_tail is not None and d > self._decode_tail[1]:
+            # past the measured decode batches: the last measured bucket's line in d at the
+            # step's context per sequence (module doc), not the regression's slope
+            lo, hi = self._decode_tail
+            per_seq = c / d
+            t_hi = self._eval(hi, 0, hi * per_seq, 0, 0, 0)
+            t_lo = self._eval(lo, 0, lo * per_seq, 0, 0, 0)
+            return max(t_hi + (d - hi) * max(0.0, (t_hi - t_lo) / (hi - lo)), 1e-7)
         pad = _pad_tokens(d, p, self.token_buckets)
         t = float(_features(d, p, c, k, q, x, self._cols, pad, v) @ self.coef)
         if p > 0:

@@ -23,7 +23,7 @@ def test_the_grid_measures_the_engines_prefill_chunks():
     g = validate.profile_grid(512, 128, prefill_cap_tokens=256)
     assert _ints(g["prefill_tokens"]) == [0, 64, 256, 512, 1024, 2048]
     assert _ints(g["prefill_context_lens"]) == [256]
-    assert g["decode_batch_sizes"] == "0,1,2,4,8,16,32,64" and g["context_lens"] == "512,576,640"
+    assert g["decode_batch_sizes"] == "0,1,2,4,8,16,32,64,128" and g["context_lens"] == "512,576,640"
     # no cap (the CPU engine), or prompts that fit in one capped chunk: the grid as before
     for cap in (None, 0, 512, 1024):
         g = validate.profile_grid(512, 128, prefill_cap_tokens=cap)
@@ -118,5 +118,5 @@ def test_the_profiler_measures_every_decode_bucket_inside_its_grid():
                          [2, 4], _ints(g["prefill_context_lens"]), None, max_num_seqs=256,
                          max_num_batched_tokens=2048, max_model_len=16384)
     extra = decode_bucket_shapes(shapes, BUCKETS, _ints(g["context_lens"]))
-    assert extra == [(b, 0, c, 0, 0) for b in (24, 48) for c in (512, 576, 640)]
+    assert extra == [(b, 0, c, 0, 0) for b in (24, 48, 96) for c in (512, 576, 640)]
     assert decode_bucket_shapes(shapes + extra, BUCKETS, [512, 576, 640]) == []

@@ -96,8 +96,18 @@ def typical_len(spec) -> int:
 # ---- 1. profile -----------------------------------------------------------------------------------
 def profile_grid(input_len: int, output_len: int, max_num_seqs: int = 256,
                  prefill_cap_tokens: int | None = None) -> dict[str, str]:
-    """A grid covering the workload: decode batches up to 64 (capped by max_num_seqs), prefills of
+    """A grid covering the workload: decode batches up to 128 (capped by max_num_seqs), prefills of
     1-4 prompts (as one chunk, the profile's shape), contexts from the prompt to prompt + output.
+
+    Decode batches past 64 (issue 35, session 17): the live runs at 0.95-1.2x reached 125-132
+    sequences on the 6.7B and 98-100 on the 33B, which a grid up to 64 left to extrapolation: past
+    the last measured graph bucket a step's cost jumps by what the model and format make of the
+    next one (64 -> 65 decodes: +0.0 ms on the 6.7B FP8, +0.3 bf16, +1.3 on the 33B bf16; a 256-token
+    chunk beside 65-128 decodes runs the 384-token graph, live as cheap as the 320-token one on the
+    6.7B FP8, 1.4 ms dearer in bf16), so the model charged the 6.7B FP8's 0.95x mixed steps of
+    that shape 6% over and its decode steps of 97-128 sequences 10-16% over, the 33B bf16's of
+    65-86 5-7% under. The loads' rates stay those of the best batch up to 64
+    (`--capacity-max-batch`).
 
     `prefill_cap_tokens` (the live engine's cap while sequences decode, `live_prefill_cap`; a CUDA
     backend's default is 256): the engine runs a prompt longer than the cap as cap-sized chunks
@@ -108,7 +118,7 @@ def profile_grid(input_len: int, output_len: int, max_num_seqs: int = 256,
     d decodes between the decode-only step and a 512-token chunk: on the H200's 6.7B preset those
     steps (with the 512-token ones 53-56% of the busy time) were charged 0.84-0.90 of their live time and the
     simulation ran TTFT P50 36% and TPOT P50 26% fast (issue 35, 2026-12-04 night)."""
-    d = [x for x in (0, 1, 2, 4, 8, 16, 32, 64) if x <= max_num_seqs]
+    d = [x for x in (0, 1, 2, 4, 8, 16, 32, 64, 128) if x <= max_num_seqs]
     p = {0, input_len, 2 * input_len, 4 * input_len}
     s: list[int] = []
     cap = int(prefill_cap_tokens or 0)
@@ -175,6 +185,15 @@ def capacity_estimate(cost, input_len: int, output_len: int, max_num_seqs: int,
             best = {"request_rate": rate, "decode_batch": b, "decode_step_ms": t_dec * 1e3,
                     "prefill_step_ms": t_pf * 1e3, "output_throughput": rate * output_len}
     return best
+
+
+def capacity_batch_limit(profile_doc: dict, capacity_max_batch: int | None = 64) -> int:
+    """The largest decode batch `capacity_estimate` tries: the profile's largest, and at most
+    `capacity_max_batch` (64 by default: the grid's largest before issue 35's session 17 measured
+    to 128 for the steps the live runs reach, so the loads' rates stay as before; 0 or None: the
+    profile's largest)."""
+    top = max(int(pt["num_decode_seqs"]) for pt in profile_doc["points"])
+    return max(1, min(top, int(capacity_max_batch)) if capacity_max_batch else top)
 
 
 # ---- 2. the live service --------------------------------------------------------------------------
@@ -481,6 +500,11 @@ def parser() -> argparse.ArgumentParser:
                         f"{CUDA_PROFILE_PAUSE_MS:g} on CUDA, where back-to-back compute-bound steps "
                         "ran power-capped, ~11%% slower than the serving loop runs them; 0 on the CPU)")
     p.add_argument("--decode-batch-sizes", help="profile grid (default: sized for the workload)")
+    p.add_argument("--capacity-max-batch", type=int, default=64,
+                   help="the capacity estimate (the loads' unit) takes the best decode batch up to "
+                        "this and the profile's largest (64: the grid's largest up to issue 35's "
+                        "session 17, which measures to 128 for the steps the live runs reach; 0: "
+                        "the profile's largest)")
     p.add_argument("--prefill-tokens", help="profile grid")
     p.add_argument("--context-lens", help="profile grid")
     p.add_argument("--num-requests", type=int, default=120, help="per (load, seed) run")
@@ -588,7 +612,7 @@ def validate(a: argparse.Namespace) -> dict:
     cost = ProfileCost.from_json(profile, **terms)
     max_num_seqs, max_nbt = int(doc["max_num_seqs"]), int(doc["max_num_batched_tokens"])
     live_cap = live_prefill_cap(a.device, a.engine_arg)
-    max_d = max(pt["num_decode_seqs"] for pt in doc["points"])
+    max_d = capacity_batch_limit(doc, getattr(a, "capacity_max_batch", 64))
     in_spec, out_spec = length_spec(a.input_len), length_spec(a.output_len)
     cap = capacity_estimate(cost, typical_len(in_spec), typical_len(out_spec), max_num_seqs, max(1, max_d))
     if a.rates:
