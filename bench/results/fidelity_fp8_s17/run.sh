@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Issue 35, session 17 (H35Q): the 6.7B FP8 step-cost under-prediction, from committed H200 logs (no device
 # time). Run from this folder:  bash run.sh [bins|replays|tables]   (default all; bins ~3 min, replays
-# ~15 min on 2 cores)
+# ~3 min on 2 cores)
 # bins: the cost model at every live step, binned (step_bins, dec_by_d, dec_after, mixed_by_d, big_steps),
-#   for the parts' own profiles as validate_replay builds them, decode tail nearest (before) and slope (today).
-# replays: validate_replay per part with decode_extrapolation nearest (the model before; reproduces the
-#   committed s13/s16 tables) and slope (today's default); tables: fidelity_table of each.
+#   for the parts' own profiles as validate_replay builds them, decode tail nearest (the default) and slope
+#   (opt-in); the s17 33B FP8 part's (main: ../fidelity_grid_h200_s17/33b-fp8, S17=...) with the default.
+# replays: validate_replay per part, decode_extrapolation nearest (the default; reproduces the committed
+#   s13/s16/s17 tables) and slope (opt-in), with the simulator as those tables ran it (--gateway-loop off
+#   --plan-lead profile, named: main has since made the gateway loop and measured leads the default);
+#   tables: fidelity_table of each.
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT=${ROOT:-$(cd ../../.. && pwd)}
@@ -31,13 +34,13 @@ fi
 rp() {  # part-dir mode
   local d=$1 p; p=$(basename "$1")
   $PY replay_mode.py "$2" "$d/validate_$p.json" "$d/decisions_$p.jsonl.gz" "$d/steps_$p.jsonl.gz" \
-      --profile "$d/profile_$p.json" --json "replay_${p}_$2.json" > "replay_${p}_$2.txt"
+      --profile "$d/profile_$p.json" --gateway-loop off --plan-lead profile --json "replay_${p}_$2.json" > "replay_${p}_$2.txt"
 }
 # the lead's s17 33B FP8 part (main, 97f515f), replayed with --cap-by-power as its own tables are
 S17=${S17:-../fidelity_grid_h200_s17/33b-fp8}
 rp17() {
   $PY replay_mode.py "$1" "$S17/validate_33b-fp8.json" "$S17/decisions_33b-fp8.jsonl.gz" "$S17/steps_33b-fp8.jsonl.gz" \
-      --profile "$S17/profile_33b-fp8.json" --cap-by-power --json "replay_s17_33b-fp8_cap_$1.json" > "replay_s17_33b-fp8_cap_$1.txt"
+      --profile "$S17/profile_33b-fp8.json" --cap-by-power --gateway-loop off --plan-lead profile --json "replay_s17_33b-fp8_cap_$1.json" > "replay_s17_33b-fp8_cap_$1.txt"
 }
 if [ "$WHAT" = all ] || [ "$WHAT" = replays ]; then
   for d in $PARTS; do rp "$d" nearest & rp "$d" slope & wait; done
