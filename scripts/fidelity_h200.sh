@@ -22,6 +22,9 @@ BUDGET_S=${BUDGET_S:-330}
 # idle before each timed prefill step of the profile: measured back to back, compute-bound steps
 # ran at sustained-load clocks, 7-12% slower than the serving loop runs them (issue 18)
 PAUSE_MS=${PAUSE_MS:-60}
+# the profile's device-timed repetitions (issue 35, session 17: sim validate --profile-device-time);
+# DEVICE_TIME=off saves their ~+60 s on the 33B where a call's budget is tight
+DEVICE_TIME=${DEVICE_TIME:-on}
 TAG=${TAG:-$(echo "$MODEL" | sed 's/deepseek-coder-//')}
 if [ -d .whl ] && ! python3 -c 'import zmq, google.protobuf' 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -47,7 +50,7 @@ fi
 timeout "$BUDGET_S" python3 -m gateway.tidegate_cli sim validate --model "$MODEL" --device "$DEVICE" \
   --input-len "$IN" --output-len "$OUTLEN" --num-requests "$N" --seeds "$SEEDS" "${load_args[@]}" \
   --profile "$OUT/profile_$TAG.json" --reprofile --profile-repeats 3 --profile-warmup 1 \
-  --profile-pause-ms "$PAUSE_MS" \
+  --profile-pause-ms "$PAUSE_MS" --profile-device-time "$DEVICE_TIME" \
   --warmup-requests 10 --settle-s 0.5 \
   --decision-log "$OUT/decisions_$TAG.jsonl" --step-log "$OUT/steps_$TAG.jsonl" ${SERVE_ARGS:-} \
   --json "$OUT/validate_$TAG.json" 2>&1 | tee "$OUT/validate_$TAG.log"

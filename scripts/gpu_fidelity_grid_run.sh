@@ -45,6 +45,7 @@
 # points): not yet measured on the device, estimated at ~+60 s on the 33B (its s17 profile took 83 s)
 # and ~+40 s on the 6.7B, added to every estimate below; the 33B int4-fp8 KV part's three seeds would
 # then pass BUDGET_S, so it is split (33b-kvint4 seeds 0,1; 33b-kvint4-2; 33b-kvint4-seeds 3,4).
+# DEVICE_TIME=off (scripts/fidelity_h200.sh) skips the device-timed repetitions where a part runs long.
 # Override any of MODEL LOADS SEEDS N IN OUTLEN SERVE_ARGS BUDGET_S per call.
 set -uo pipefail
 cd "$(dirname "$0")/.."

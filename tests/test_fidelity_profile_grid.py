@@ -54,6 +54,12 @@ def test_ensure_profile_asks_the_profiler_for_them(tmp_path, monkeypatch):
     # on the CPU (no cap) likewise
     validate.ensure_profile(argparse.Namespace(**{**vars(a), "device": "cpu"}))
     assert seen[-1][seen[-1].index("--prefill-tokens") + 1] == "0,512,1024,2048"
+    # the device-timed repetitions: on by default, `--profile-device-time off` passed through (a
+    # tight device call saves their time; session 17)
+    assert cmd[cmd.index("--device-time") + 1] == "on"
+    validate.ensure_profile(argparse.Namespace(**{**vars(a), "profile_device_time": "off"}))
+    assert seen[-1][seen[-1].index("--device-time") + 1] == "off"
+    assert validate.parser().parse_args([]).profile_device_time == "on"
 
 
 def _law(d, p, c, s=0, k=1):

@@ -155,6 +155,7 @@ def ensure_profile(a: argparse.Namespace) -> tuple[Path, bool]:
     cmd = [sys.executable, "-m", "gateway.tidegate_cli", "backend", "profile", "--model", a.model,
            "--device", a.device, "--out", str(path), "--repeats", str(a.profile_repeats),
            "--warmup", str(a.profile_warmup), "--pause-ms", str(profile_pause_ms(a)),
+           "--device-time", getattr(a, "profile_device_time", "on"),
            "--decode-batch-sizes", a.decode_batch_sizes or grid["decode_batch_sizes"],
            "--prefill-tokens", a.prefill_tokens or grid["prefill_tokens"],
            "--context-lens", a.context_lens or grid["context_lens"],
@@ -499,6 +500,11 @@ def parser() -> argparse.ArgumentParser:
                    help="`backend profile --pause-ms`: idle before each timed prefill step (default "
                         f"{CUDA_PROFILE_PAUSE_MS:g} on CUDA, where back-to-back compute-bound steps "
                         "ran power-capped, ~11%% slower than the serving loop runs them; 0 on the CPU)")
+    p.add_argument("--profile-device-time", choices=("on", "off"), default="on",
+                   help="`backend profile --device-time`: time each point again queued behind a "
+                        "spin, as the serving loop runs it (CUDA only; ~+3 repetitions a point: "
+                        "off saves that time in a tight device call, and the cost model then uses "
+                        "step minus launch as before session 17)")
     p.add_argument("--decode-batch-sizes", help="profile grid (default: sized for the workload)")
     p.add_argument("--capacity-max-batch", type=int, default=64,
                    help="the capacity estimate (the loads' unit) takes the best decode batch up to "
