@@ -121,8 +121,10 @@ def test_sigterm_drains_in_flight_refuses_new_and_exits_0(fake_backend):
     status, raw = result["long"]
     assert status == 200 and raw.rstrip().endswith("data: [DONE]")
     assert raw.count('"finish_reason": "length"') == 1
-    code, _ = server.stop()
-    assert code == 0
+    # it exits by itself once drained (no second SIGTERM: one landing between the loop's handler
+    # removal and SIG_IGN at exit kills the process, exit -15; seen once under CI load)
+    code = server.proc.wait(timeout=30)
+    assert code == 0, server.stop()[1][-2000:]
 
 
 def test_unknown_backend_serves_503_until_one_answers():
