@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Issue 35: the fidelity grid as it stands — every committed H200 grid part re-scored at this HEAD
+# with the simulator's default form (`validate_replay`'s defaults: the gateway loop and the measured
+# plan leads), one table a reader can use (table.md). Where a part's profile carries the pause check's
+# "sustained_mixed" run the opt-in power-by-kind cap (`--cap-by-power`) is scored beside it. Run from
+# this folder (CPU only, ~2 min on 2 cores; `PARTS="33b 6.7b-s16"` for some):
+#   bash run.sh [replays|tables]      (default both; tables also writes summary.md: summary.py)
+# replay_<part>_<form>.json/txt: validate_replay; <form> = default | cap
+set -euo pipefail
+cd "$(dirname "$0")"
+ROOT=${ROOT:-$(cd ../../.. && pwd)}
+PY=${PY:-$ROOT/.venv/bin/python}
+export PYTHONPATH=$ROOT
+WHAT=${1:-all}
+G=..
+# part name -> "session folder/part" (the call that measured it)
+declare -A SRC=(
+  [33b-s11]=fidelity_grid_h200_s11/33b            # 33B bf16, seeds 0-2 (pooled with s13's 3-4: five seeds)
+  [33b-s13]=fidelity_grid_h200_s13/33b-seeds      # 33B bf16, seeds 3-4
+  [6.7b-s13]=fidelity_grid_h200_s13/6.7b
+  [6.7b-s14]=fidelity_grid_h200_s14/6.7b
+  [6.7b-s16]=fidelity_grid_h200_s16/6.7b          # the first 6.7B profile with the sustained run
+  [6.7b-fp8-s16]=fidelity_grid_h200_s16/6.7b-fp8
+  [33b-fp8-s16]=fidelity_grid_h200_s16/33b-fp8
+  [33b-fp8-s17]=fidelity_grid_h200_s17/33b-fp8    # the first profile with the mixed step's sustained run
+)
+ORDER="33b-s11 33b-s13 6.7b-s13 6.7b-s14 6.7b-s16 6.7b-fp8-s16 33b-fp8-s16 33b-fp8-s17"
+PARTS=${PARTS:-$ORDER}
+args() { local d=$G/${SRC[$1]} p=${SRC[$1]##*/}
+  echo "$d/validate_$p.json $d/decisions_$p.jsonl.gz $d/steps_$p.jsonl.gz --profile $d/profile_$p.json"; }
+has_mixed() { local d=$G/${SRC[$1]} p=${SRC[$1]##*/}
+  grep -q '"sustained_mixed"' "$d/profile_$p.json"; }
+if [ "$WHAT" = all ] || [ "$WHAT" = replays ]; then
+  for p in $PARTS; do
+    echo "$(date -u +%H:%M:%S) $p" >&2
+    # shellcheck disable=SC2046
+    $PY -m bench.simulator.validate_replay $(args "$p") --json "replay_${p}_default.json" > "replay_${p}_default.txt"
+    if has_mixed "$p"; then
+      # shellcheck disable=SC2046
+      $PY -m bench.simulator.validate_replay $(args "$p") --cap-by-power --json "replay_${p}_cap.json" \
+          > "replay_${p}_cap.txt"
+    fi
+  done
+fi
+if [ "$WHAT" = all ] || [ "$WHAT" = tables ]; then
+  {
+    echo "### The 33B bf16, five seeds (s11 seeds 0-2 + s13 seeds 3-4, pooled), default"
+    echo
+    $PY -m bench.simulator.fidelity_table --pool replay_33b-s11_default.json replay_33b-s13_default.json \
+        --json table_33b-5seeds_default.json
+    for p in 6.7b-s13 6.7b-s14 6.7b-s16 6.7b-fp8-s16 33b-fp8-s16 33b-fp8-s17; do
+      for form in default cap; do
+        [ -f "replay_${p}_${form}.json" ] || continue
+        echo
+        echo "### $p (${SRC[$p]}), $form"
+        echo
+        $PY -m bench.simulator.fidelity_table "replay_${p}_${form}.json" --json "table_${p}_${form}.json"
+      done
+    done
+  } > table.md
+  $PY summary.py > summary.md
+fi

@@ -1,0 +1,56 @@
+"""One line per grid part: how many of its cells up to 0.95x have the 95% interval inside the
+issue's bound (P50 5%, P99 10%, throughput 2%: 3 loads x 5 figures = 15), how many have the mean
+inside, same prefill chunks per load (goal >= 97% to 0.95x), and what the part's profile carries
+(the pause check's sustained runs, which the cost model's power terms read). Reads the
+fidelity_table JSONs that run.sh's `tables` step leaves (table_<part>_<form>.json).
+
+    python summary.py > summary.md
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+LOADS = ("0.5x", "0.8x", "0.95x")
+
+
+def profile_runs(part: str) -> str:
+    """The pause check's runs the part's profile carries (from run.sh's source table)."""
+    src = re.search(rf"\[{re.escape(part)}\]=(\S+)", (HERE / "run.sh").read_text())
+    if not src:
+        return "?"
+    folder = HERE.parent / src.group(1)
+    name = src.group(1).rsplit("/", 1)[1]
+    prof = json.loads((folder / f"profile_{name}.json").read_text())
+    runs = [r.get("run") for r in (prof.get("pause_check") or {}).get("runs", [])]
+    kept = [r for r in runs if r and r.startswith("sustained")]
+    return ", ".join(kept) if kept else ("pause check, no sustained run" if runs else "no pause check")
+
+
+def main() -> int:
+    order = ["33b-5seeds", *re.search(r'ORDER="([^"]+)"', (HERE / "run.sh").read_text()).group(1).split()]
+    rank = {p: i for i, p in enumerate(order)}
+    found = [(*f.stem[len("table_"):].rsplit("_", 1), f) for f in HERE.glob("table_*.json")]
+    rows = []
+    for part, form, f in sorted(found, key=lambda x: (rank.get(x[0], len(rank)), x[1] != "default")):
+        cells = [c for c in json.loads(f.read_text()) if c["load"] in LOADS]
+        inside = sum(v["inside"] for c in cells for v in c["figures"].values())
+        means = sum(v["mean_inside"] for c in cells for v in c["figures"].values())
+        total = sum(len(c["figures"]) for c in cells)
+        chunks = " / ".join(f"{100 * c['same_chunks'][0]:.1f}" for c in cells)
+        first = cells[0]
+        rows.append(f"| {part} | {first['model']} {first['weights']} {first['kv']} {first['lengths']} | {form} "
+                    f"| {first['runs']} | {inside} / {total} | {means} / {total} | {chunks} "
+                    f"| {profile_runs(part.replace('33b-5seeds', '33b-s13'))} |")
+    print("| part | cell | simulator | seeds x requests | intervals inside (to 0.95x) | means inside "
+          "| same chunks 0.5 / 0.8 / 0.95x (%) | profile's sustained runs |")
+    print("|---|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
