@@ -309,6 +309,17 @@ def fit_sustained_trace(t_s, step_ms, skip_first: int = 1, skip_s: float = 0.05)
 PLAN_LEAD_SLACK_S = 0.001
 
 
+def _sustained_ratio(run: dict) -> tuple[float, dict | None]:
+    """(sustained / paused, the trace's fit) of a pause check run paused then traced back to back
+    ("sustained_mixed", "sustained_packed"): the level its trace settles at (`fit_sustained_trace`'s
+    steady_ms), or its back-to-back median without a trace, over its paused median."""
+    fit = None
+    if run.get("trace_ms"):
+        fit = fit_sustained_trace(np.asarray(run["trace_t_ms"]) / 1e3, run["trace_ms"])
+    steady = fit["steady_ms"] if fit is not None else float(run["step_ms_median"])
+    return steady / float(run["paused_ms_median"]), fit
+
+
 def plan_leads(profile_doc: dict) -> dict | None:
     """The async loop's plan lead by the kind of the step in flight, from a profile's launch times:
     the engine plans the next step 2 x its host launch time + 1 ms before the step in flight ends
@@ -427,12 +438,16 @@ class ProfileCost:
         self.sustained_fit = None
         self._cap = None
         self._cap_step = None
-        self._cap_share_ref = None  # the pause check step's compute share (cap_by_compute)
+        self._cap_share_ref = None  # the reference step's compute share (cap_by_compute)
+        self._check_r = None  # the pause check step's own sustained ratio (unclamped)
         self._cap_weight = None  # (rate_ref, token rates, weights) of cap_weight, or None
         self.cap_mixed = None
+        self.cap_packed = None  # the "sustained_packed" anchor (module doc, "Power by step kind")
         check = (meta or {}).get("pause_check") if power_cap else None
         mixed_run = next((r for r in (check or {}).get("runs", []) if r.get("run") == "sustained_mixed"
                           and r.get("paused_ms_median")), None) if cap_by_power else None
+        packed_run = next((r for r in (check or {}).get("runs", []) if r.get("run") == "sustained_packed"
+                           and r.get("paused_ms_median")), None) if cap_by_power else None
         if check:
             runs = {r["run"]: r["step_ms_median"] for r in check.get("runs", [])}
             paused = [runs[k] for k in ("paused", "paused_again") if k in runs]
@@ -458,6 +473,7 @@ class ProfileCost:
                 self.sustained_fit = {**fit, "r": r, "f_ref": f_ref}
                 self._cap_step = (int(check.get("num_prefill_tokens", 512)),
                                   max(1, int(check.get("num_prefill_seqs", 1))))
+                self._check_r = r
             elif paused and "back_to_back" in runs and 0 < pause_s < POWER_CAP_WINDOW_S:
                 base = sum(paused) / len(paused)
                 # a fully busy window: the step after a sustained busy period where the profile
@@ -472,6 +488,9 @@ class ProfileCost:
                 # the pause check's step (its compute share is set once the fit is done)
                 self._cap_step = (int(check.get("num_prefill_tokens", 512)),
                                   max(1, int(check.get("num_prefill_seqs", 1))))
+                self._check_r = r
+        # the pause check's step (the factor's reference unless `_packed_reference` moves it)
+        self._check_step = self._cap_step
         self._launch_coef = None
         if launch_times_s is not None:
             launch = np.asarray(launch_times_s, dtype=np.float64)
@@ -574,37 +593,96 @@ class ProfileCost:
             n, k = self._cap_step
             ref = self.compute_share(0, n, n, [n // k] * k)
             self._cap_share_ref = ref if ref > 0 else None
-        if self._cap is not None and mixed_run is not None and self._cap[1] > 1.0:
+        if self._cap is not None and packed_run is not None:
+            self._set_cap_weight(mixed_run, packed_run, float((meta or {}).get("pause_ms", 0.0)) / 1e3)
+        elif self._cap is not None and mixed_run is not None and self._cap[1] > 1.0:
             self._set_cap_weight(mixed_run)
 
-    def _set_cap_weight(self, run: dict) -> None:
+    def _set_cap_weight(self, run: dict | None, packed: dict | None = None, pause_s: float = 0.0) -> None:
         """The busy-share weights of steps with prefill from the pause check's "sustained_mixed"
         run (the module doc, "Power by step kind"): the mixed step (d decodes of context c beside
         one p-token chunk) paused and for a sustained spell back to back, r_mix = sustained /
         paused. Its weight w_mix is the busy share at which the factor gives r_mix (a span of it
         back to back holds the share at w_mix), the pause check step's is 1; a step's weight is
         interpolated between them by its token rate (tokens / its time: the rate of its matrix
-        products, what their power follows), from 0 at rate 0, held past the end."""
-        d, p = int(run.get("num_decode_seqs", 0)), int(run["num_prefill_tokens"])
-        c = int(run.get("decode_context_len", 0))
-        fit = None
-        if run.get("trace_ms"):
-            fit = fit_sustained_trace(np.asarray(run["trace_t_ms"]) / 1e3, run["trace_ms"])
-        steady = fit["steady_ms"] if fit is not None else float(run["step_ms_median"])
-        r_mix = steady / float(run["paused_ms_median"])
+        products, what their power follows), from 0 at rate 0, held past the end. `packed`: the
+        "sustained_packed" run (the grid's largest prefill-only step), a third anchor weighed as
+        the mixed one, r_packed = sustained / paused; where the pause check's step does not throttle
+        (r <= 1) and it does, it is the factor's reference instead (`_packed_reference`)."""
+        r_packed, switched = None, False
+        if packed is not None:
+            n_p, k_p = int(packed["num_prefill_tokens"]), max(1, int(packed.get("num_prefill_seqs", 1)))
+            r_packed, fit_p = _sustained_ratio(packed)
+            if self._cap[1] <= 1.0 < r_packed:
+                self._packed_reference(n_p, k_p, r_packed, fit_p, float(packed["paused_ms_median"]), pause_s)
+                switched = True
         f_ref, r, _ = self._cap
-        n, k = self._cap_step
-        ctx = d * c + p
+        if r <= 1.0:  # nothing measured throttles: every step with prefill weighs 1, as before
+            return
         share_ref = self._cap_share_ref or 1.0
-        share_mix = self.compute_share(d, p, ctx) if self._cap_share_ref else 1.0
-        w_mix = f_ref + (1.0 - f_ref) * max(0.0, r_mix - 1.0) * share_ref / ((r - 1.0) * max(share_mix, 1e-9))
-        rate_ref = n / self.step_time(0, n, n, [n // k] * k)
-        rate_mix = (d + p) / self.step_time(d, p, ctx) / rate_ref
-        pts = sorted([(0.0, 0.0), (rate_mix, w_mix), (1.0, 1.0)])
+
+        def weight(r_kind: float, share: float) -> float:
+            # the busy share at which the factor (the reference's line) gives r_kind: a span of
+            # that kind back to back holds the share there; f_ref where it does not slow down
+            return f_ref + (1.0 - f_ref) * max(0.0, r_kind - 1.0) * share_ref / ((r - 1.0) * max(share, 1e-9))
+
+        # token rates are over the pause check step's (the mixed anchor's as before the packed run)
+        n_c, k_c = self._check_step
+        rate_ref = n_c / self.step_time(0, n_c, n_c, [n_c // k_c] * k_c)
+        w_check = 1.0
+        if switched:  # the packed step is the reference: the check step an anchor
+            share_c = self.compute_share(0, n_c, n_c, [n_c // k_c] * k_c) if self._cap_share_ref else 1.0
+            w_check = weight(self._check_r, share_c)
+        pts = [(0.0, 0.0), (1.0, w_check)]
+        if run is not None:
+            d, p = int(run.get("num_decode_seqs", 0)), int(run["num_prefill_tokens"])
+            c = int(run.get("decode_context_len", 0))
+            r_mix, _ = _sustained_ratio(run)
+            ctx = d * c + p
+            share_mix = self.compute_share(d, p, ctx) if self._cap_share_ref else 1.0
+            w_mix = weight(r_mix, share_mix)
+            rate_mix = (d + p) / self.step_time(d, p, ctx) / rate_ref
+            pts.append((rate_mix, w_mix))
+            self.cap_mixed = {"num_decode_seqs": d, "num_prefill_tokens": p, "decode_context_len": c,
+                              "r_mix": r_mix, "w_mix": w_mix, "rate_mix": rate_mix,
+                              "compute_share_mix": share_mix, "whatif": run.get("whatif")}
+        if r_packed is not None:
+            chunks = [n_p // k_p] * k_p
+            share_p = self.compute_share(0, n_p, n_p, chunks) if self._cap_share_ref else 1.0
+            w_packed = weight(r_packed, share_p)
+            rate_packed = n_p / self.step_time(0, n_p, n_p, chunks) / rate_ref
+            pts.append((rate_packed, w_packed))
+            self.cap_packed = {"num_prefill_tokens": n_p, "num_prefill_seqs": k_p, "r_packed": r_packed,
+                               "w_packed": w_packed, "rate_packed": rate_packed,
+                               "compute_share_packed": share_p, "w_check": w_check,
+                               "reference": "packed" if switched else "check",
+                               "whatif": packed.get("whatif")}
+        pts = sorted(pts)
         self._cap_weight = (rate_ref, np.array([x for x, _ in pts]), np.array([w for _, w in pts]), {})
-        self.cap_mixed = {"num_decode_seqs": d, "num_prefill_tokens": p, "decode_context_len": c,
-                          "r_mix": r_mix, "w_mix": w_mix, "rate_mix": rate_mix,
-                          "compute_share_mix": share_mix, "whatif": run.get("whatif")}
+
+    def _packed_reference(self, n: int, k: int, r_packed: float, fit: dict | None, paused_ms: float,
+                          pause_s: float) -> None:
+        """The packed step as the power cap's reference (`_set_cap_weight`): the pause check's
+        512-token step does not throttle (r <= 1: the factor has no slope, no weight can give a
+        kind's slowdown) but the packed one does (the 6.7B FP8 on the H200, r 0.97). The factor
+        becomes the packed run's line: r = r_packed, the time constant its trace's (the limiter's
+        response where it acts; the non-throttling trace's is noise), f_ref its paused duty
+        (`ewma_duty_ref`); the reference share its compute share, the after_decode term rescaled
+        so that the check step's own after_decode ratio is unchanged."""
+        f_ref, _, r_dec = self._cap
+        if fit is not None and pause_s > 0:
+            self.power_cap_tau_s = fit["tau_s"]
+            self.power_cap_window_s = 6.0 * fit["tau_s"]
+        if self.power_cap_tau_s is not None:
+            f_ref = ewma_duty_ref(paused_ms / 1e3, pause_s, self.power_cap_tau_s)
+        # else the 100 ms window's f_ref (1 - pause / W), the same for every step
+        if self._cap_share_ref is not None:
+            share = self.compute_share(0, n, n, [n // k] * k)
+            if share > 0:
+                r_dec = 1.0 + (r_dec - 1.0) * share / self._cap_share_ref
+                self._cap_share_ref = share
+        self._cap = (f_ref, r_packed, r_dec)
+        self._cap_step = (n, k)
 
     @property
     def weights_cap_by_power(self) -> bool:
@@ -801,5 +879,7 @@ class ProfileCost:
                                                               "window_s": self.power_cap_window_s,
                                                               "tau_s": self.power_cap_tau_s,
                                                               "compute_share_ref": self._cap_share_ref,
-                                                              "by_power": self.cap_mixed},
+                                                              "by_power": self.cap_mixed,
+                                                              **({"by_power_packed": self.cap_packed}
+                                                                 if self.cap_packed else {})},
                 **{k: v for k, v in self.meta.items() if isinstance(v, (str, int, float))}}

@@ -306,6 +306,16 @@ TRACE_CLOCK_EVERY = 8
 # (sims.profile_cost, "Power by step kind"; bench/results/fidelity_cost_s16)
 MIXED_CHUNK = 256
 MIXED_DECODES = 32
+# the pause check's "sustained_packed" run (issue 35, session 18): the grid's largest prefill-only
+# step (`packed_check_shape`: 2,048 tokens in 4 prompts on the validate's grids), paused then traced
+# back to back as "sustained_mixed". Live on the H200 the FP8 parts' ~2,000-token packed steps were
+# the steps that reached the power cap (6.7B FP8: 1,815-1,905 MHz with the SW cap flag, where its
+# 512-token step back to back did not throttle, r 0.97) and the model charged them 0.86-0.95 of
+# live; without this run their weight in the cap is extrapolated from the 512-token and the mixed
+# steps by token rate (bench/results/fidelity_fp8_s17). Its device time: `repeats` + 1 paused
+# steps, SUSTAIN_IDLE_S and SUSTAIN_S: ~4 s on the 6.7B (2,048-token step 28-42 ms), ~5 s on the
+# 33B FP8 (127 ms), ~6 s on the 33B bf16 (207 ms); its back-to-back figures are the trace's last
+# steps (no repetitions after it: the trace's tail is that state already).
 
 
 def sustained_trace(runner, chunks, sustain_s: float, idle_s: float) -> dict:
@@ -350,6 +360,16 @@ def sustained_trace(runner, chunks, sustain_s: float, idle_s: float) -> dict:
     return doc
 
 
+def packed_check_shape(shapes, check_tokens: int) -> tuple[int, int, int, int, int] | None:
+    """The "sustained_packed" run's step: the grid's prefill-only point (no decodes, from
+    position 0, not a verify) of the most prefill tokens, of those the one of the most prompts
+    (the engine packs several short prompts into its largest steps: live 4-5); None where the grid
+    has no prefill-only point of more tokens than the pause check's step (`check_tokens`): the run
+    would repeat that step (or one of its token rate) and add nothing the "sustained" run lacks."""
+    cands = [x for x in shapes if x[0] == 0 and x[1] > check_tokens and x[4] == 0]
+    return max(cands, key=lambda x: (x[1], x[3])) if cands else None
+
+
 def compare_pause(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int = 10,
                   sustain_s: float | None = None) -> dict | None:
     """A prefill-only point of the grid (one chunk of PAUSE_CHECK_TOKENS, or the largest below;
@@ -361,7 +381,11 @@ def compare_pause(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int 
     paused profile with no prefill in the 100 ms before them). "sustained" (with `sustain_s` > 0,
     last): after SUSTAIN_IDLE_S idle, the step back to back for `sustain_s`, every step timed
     (`sustained_trace`: the trace and its fit), then its timed repetitions back to back: the
-    clock a long busy period settles at, and how fast, whatever the step's length."""
+    clock a long busy period settles at, and how fast, whatever the step's length. Then (with
+    `sustain_s` > 0) "sustained_mixed" (the capped engine's mixed step) and "sustained_packed" (the
+    grid's largest prefill-only step, `packed_check_shape`; skipped, with the reason under
+    "sustained_packed_skipped", where the grid has none larger than the check's step): each
+    paused, then traced back to back (`sustained_trace`)."""
     cands = [(d, p, c, k, s) for d, p, c, k, s in shapes if d == 0 and p and k == 1 and s == 0]
     if not cands:
         return None
@@ -406,7 +430,35 @@ def compare_pause(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int 
                      **extra})
         print(f"pause check d={dm} p={pm}: sustained_mixed paused {runs[-1]['paused_ms_median']:9.3f} ms, "
               f"back to back {runs[-1]['step_ms_median']:9.3f} ms", flush=True)
-    return {"num_prefill_tokens": p, "num_prefill_seqs": k, "runs": runs}
+    doc = {"num_prefill_tokens": p, "num_prefill_seqs": k, "runs": runs}
+    if sustain_s > 0:
+        big = packed_check_shape(shapes, p)
+        if big is None:
+            doc["sustained_packed_skipped"] = (f"no prefill-only point of more than the check's {p} "
+                                               "tokens in the grid")
+        else:
+            runs.append(sustained_packed(runner, big, cfg, vocab, pause_s, repeats, sustain_s))
+    return doc
+
+
+def sustained_packed(runner, shape, cfg, vocab: int, pause_s: float, repeats: int, sustain_s: float) -> dict:
+    """The pause check's "sustained_packed" run (the comment after MIXED_DECODES): the prefill-only step
+    `shape` (d, p, c, k, s) paused (`pause_s` before each of `repeats` after one warm-up), then
+    SUSTAIN_IDLE_S idle and `sustain_s` back to back, traced; the back-to-back figures
+    (`step_ms_*`) are the trace's last `repeats` steps."""
+    _, pp, _, kp, _ = shape
+    chunks = make_step(0, pp, 0, cfg.block_size, cfg.num_blocks, vocab, kp)
+    paused = measure(runner, chunks, repeats, 1, pause_s)
+    extra = sustained_trace(runner, chunks, sustain_s, SUSTAIN_IDLE_S)
+    tail = extra["trace_ms"][-repeats:]
+    run = {"run": "sustained_packed", "pause_ms": 0.0, "num_decode_seqs": 0, "num_prefill_tokens": pp,
+           "num_prefill_seqs": kp, "decode_context_len": 0, "paused_ms_median": statistics.median(paused),
+           "paused_pause_ms": pause_s * 1000, "step_ms_median": statistics.median(tail),
+           "step_ms_min": min(tail), "step_ms_max": max(tail), "sm_clock_mhz": sm_clock_mhz(runner.device),
+           **extra}
+    print(f"pause check d=0 p={pp} k={kp}: sustained_packed paused {run['paused_ms_median']:9.3f} ms, "
+          f"back to back {run['step_ms_median']:9.3f} ms", flush=True)
+    return run
 
 
 def point(d: int, p: int, c: int, k: int, s: int, ms: list[float],
