@@ -46,6 +46,10 @@
 # and ~+40 s on the 6.7B, added to every estimate below; the 33B int4-fp8 KV part's three seeds would
 # then pass BUDGET_S, so it is split (33b-kvint4 seeds 0,1; 33b-kvint4-2; 33b-kvint4-seeds 3,4).
 # DEVICE_TIME=off (scripts/fidelity_h200.sh) skips the device-timed repetitions where a part runs long.
+# Since session 18 (H35P: bench/results/fidelity_packed_s18) the pause check also runs the grid's
+# largest prefill-only step (2,048 tokens in 4 prompts) paused and 2.5 s back to back, traced
+# ("sustained_packed"): ~4 s on the 6.7B, ~5 s on the 33B FP8, ~6 s on the 33B bf16 (from the
+# committed profiles' step times: device_time.py there), not yet added to the estimates below.
 # Override any of MODEL LOADS SEEDS N IN OUTLEN SERVE_ARGS BUDGET_S per call.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -116,6 +116,22 @@ because the what-if (the run stood in by live steps, bench/results/fidelity_cost
 33B FP8 part's TPOT P50 from +2.5 / +5.5 / +21.5 / +32.8% to -0.1 / -4.3 / -3.0 / +13.5% at
 0.5 / 0.8 / 0.95 / 1.2x but the 6.7B's TTFT P50 from -5.5 / -6.0 / -2.7 / -8.0% to -6.2 / -8.3 /
 -9.0 / -9.8% (its TPOT stays inside 5%): the profile has not measured the run yet.
+The packed anchor (issue 35, session 18): with the two runs above, the grid's ~2,000-token packed
+prefill steps (the largest the engine runs) sit past the pause check step's token rate and were
+weighed by holding its weight, 1; live they were the FP8 steps that reached the cap (6.7B FP8: model
+0.86-0.95 of live, its 512-token step not throttling at all, r 0.97; bench/results/fidelity_fp8_s17).
+Profiles whose pause check has the "sustained_packed" run (that step, k prompts of p / k tokens,
+paused then back to back, as "sustained_mixed") give r_packed = sustained / paused, a third anchor:
+w_packed by the same rule as w_mix (above 1 where it throttles more than the 512-token step: the
+factor continues its line), placed at its token rate; weights are piecewise linear in token rate
+through every anchor, held past the last. Why token rate and a line through the anchors: the
+existing model's assumption (power follows the rate of the matrix products; the limiter holds
+power, so a kind's slowdown follows its power), with no parameter beyond the measured ratios.
+Where the 512-token step does not throttle (r <= 1, the factor flat: no weight gives any
+slowdown) but the packed one does, the packed step is the factor's reference (r = r_packed, tau
+from its trace, f_ref its paused duty; the 512-token and mixed steps weigh f_ref if they do not
+slow down). Profiles without the run are charged exactly as before (the committed ones:
+bench/results/fidelity_packed_s18/identity.py).
 
 Past the measured decode batches (issue 35, session 17): a decode-only step of more sequences
 than the profile's largest decode batch d_max (64 in the validate's grids up to session 16; the
@@ -420,6 +436,8 @@ class ProfileCost:
         `power_cap`, where the pause check has a "sustained_mixed" run): each step with prefill
         weighs in the busy share by the power its kind draws (`cap_weight`, the module doc);
         False (the default), or a profile without that run: every such step weighs 1.
+        The pause check's "sustained_packed" run (the grid's largest prefill-only step) adds a
+        third anchor to those weights (module doc, "Power by step kind").
         `decode_extrapolation`: "nearest" (the default) charges decode-only steps past the largest
         measured decode batch the regression plus the nearest point's residual; "slope" (opt-in)
         along the last measured bucket's line in d (module doc, "Past the measured decode
@@ -687,7 +705,8 @@ class ProfileCost:
     @property
     def weights_cap_by_power(self) -> bool:
         """Steps with prefill weigh in the power cap's busy share by their kind's power
-        (`cap_weight`): the profile measured the mixed step's sustained run."""
+        (`cap_weight`): the profile measured the mixed or the packed step's sustained run (and
+        one of the measured kinds throttles)."""
         return self._cap_weight is not None
 
     def cap_weight(self, num_decode_seqs: int, num_prefill_tokens: int, num_context_tokens: int,
