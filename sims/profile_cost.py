@@ -118,8 +118,9 @@ because the what-if (the run stood in by live steps, bench/results/fidelity_cost
 -9.0 / -9.8% (its TPOT stays inside 5%): the profile has not measured the run yet.
 The packed anchor (issue 35, session 18): with the two runs above, the grid's ~2,000-token packed
 prefill steps (the largest the engine runs) sit past the pause check step's token rate and were
-weighed by holding its weight, 1; live they were the FP8 steps that reached the cap (6.7B FP8: model
-0.86-0.95 of live, its 512-token step not throttling at all, r 0.97; bench/results/fidelity_fp8_s17).
+weighed by holding its weight, 1; live they draw the most power of any step (33B FP8: SM clock 1,680
+MHz median inside them against 1,852 in the mixed steps; the 6.7B FP8's, 0.86-0.95 of live, ran at
+1,965: their error there is their shape, not the cap; bench/results/fidelity_packed_s18).
 Profiles whose pause check has the "sustained_packed" run (that step, k prompts of p / k tokens,
 paused then back to back, as "sustained_mixed") give r_packed = sustained / paused, a third anchor:
 w_packed by the same rule as w_mix (above 1 where it throttles more than the 512-token step: the

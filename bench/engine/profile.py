@@ -308,14 +308,15 @@ MIXED_CHUNK = 256
 MIXED_DECODES = 32
 # the pause check's "sustained_packed" run (issue 35, session 18): the grid's largest prefill-only
 # step (`packed_check_shape`: 2,048 tokens in 4 prompts on the validate's grids), paused then traced
-# back to back as "sustained_mixed". Live on the H200 the FP8 parts' ~2,000-token packed steps were
-# the steps that reached the power cap (6.7B FP8: 1,815-1,905 MHz with the SW cap flag, where its
-# 512-token step back to back did not throttle, r 0.97) and the model charged them 0.86-0.95 of
-# live; without this run their weight in the cap is extrapolated from the 512-token and the mixed
-# steps by token rate (bench/results/fidelity_fp8_s17). Its device time: `repeats` + 1 paused
-# steps, SUSTAIN_IDLE_S and SUSTAIN_S: ~4 s on the 6.7B (2,048-token step 28-42 ms), ~5 s on the
-# 33B FP8 (127 ms), ~6 s on the 33B bf16 (207 ms); its back-to-back figures are the trace's last
-# steps (no repetitions after it: the trace's tail is that state already).
+# back to back as "sustained_mixed". Live on the H200 the ~2,000-token packed steps draw the most
+# power of any step (33B FP8: SM clock 1,680 MHz median inside them against 1,852 in the mixed
+# steps, the SW cap flag in every sample; bench/results/fidelity_packed_s18), and without this run
+# their weight in the cap is extrapolated from the 512-token and the mixed steps by token rate
+# (held at the 512-token step's). (The 6.7B FP8's, charged 0.86-0.95 of live, ran at 1,965 MHz:
+# their error is their shape, not the cap, which this run does not measure.) Its device time:
+# `repeats` + 1 paused steps, SUSTAIN_IDLE_S and SUSTAIN_S: ~4 s on the 6.7B (2,048-token step
+# 28-42 ms), ~5 s on the 33B FP8 (127 ms), ~6 s on the 33B bf16 (207 ms); its back-to-back figures
+# are the trace's last steps (no repetitions after it: the trace's tail is that state already).
 
 
 def sustained_trace(runner, chunks, sustain_s: float, idle_s: float) -> dict:
