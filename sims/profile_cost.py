@@ -118,8 +118,8 @@ because the what-if (the run stood in by live steps, bench/results/fidelity_cost
 -9.0 / -9.8% (its TPOT stays inside 5%): the profile has not measured the run yet.
 The packed anchor (issue 35, session 18): with the two runs above, the grid's ~2,000-token packed
 prefill steps (the largest the engine runs) sit past the pause check step's token rate and were
-weighed by holding its weight, 1; live they draw the most power of any step (33B FP8: SM clock 1,680
-MHz median inside them against 1,852 in the mixed steps; the 6.7B FP8's, 0.86-0.95 of live, ran at
+weighed by holding its weight, 1; live they draw the most power of any step (33B FP8: SM clock 1,642
+MHz median inside them against 1,860 in the mixed steps; the 6.7B FP8's, 0.86-0.95 of live, ran at
 1,965: their error there is their shape, not the cap; bench/results/fidelity_packed_s18).
 Profiles whose pause check has the "sustained_packed" run (that step, k prompts of p / k tokens,
 paused then back to back, as "sustained_mixed") give r_packed = sustained / paused, a third anchor:

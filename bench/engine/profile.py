@@ -309,7 +309,7 @@ MIXED_DECODES = 32
 # the pause check's "sustained_packed" run (issue 35, session 18): the grid's largest prefill-only
 # step (`packed_check_shape`: 2,048 tokens in 4 prompts on the validate's grids), paused then traced
 # back to back as "sustained_mixed". Live on the H200 the ~2,000-token packed steps draw the most
-# power of any step (33B FP8: SM clock 1,680 MHz median inside them against 1,852 in the mixed
+# power of any step (33B FP8: SM clock 1,642 MHz median inside them against 1,860 in the mixed
 # steps, the SW cap flag in every sample; bench/results/fidelity_packed_s18), and without this run
 # their weight in the cap is extrapolated from the 512-token and the mixed steps by token rate
 # (held at the 512-token step's). (The 6.7B FP8's, charged 0.86-0.95 of live, ran at 1,965 MHz:

@@ -33,10 +33,14 @@ def main(part):
     tag = R.name
     rows = read_steps(R / f"steps_{tag}.jsonl.gz")
     s = smi(R / f"smi_{tag}.csv.gz")
-    # the step log's "t" is the wall time at the step's end (its "ms" before it)
+    # the step log (backend/server/step_log.py): "mono" starts the step's window on the monotonic
+    # clock (from the later of its launch and the previous read-back to its own read-back, "ms"
+    # long), "t" is its launch on the wall clock. wall - mono is one offset; a step launched after
+    # the previous read-back has t - mono equal to it, any other less: the offset is the largest
     kinds = {"packed (> 1,024 prefill tokens)": [], "mixed (one 256-token chunk)": [], "decode-only": []}
-    ends = np.array([r["t"] for r in rows])
-    starts = ends - np.array([r["ms"] for r in rows]) / 1e3
+    offset = max(r["t"] - r["mono"] for r in rows)
+    starts = np.array([r["mono"] for r in rows]) + offset
+    ends = starts + np.array([r["ms"] for r in rows]) / 1e3
     for t, sm, pw, reasons in s:
         i = int(np.searchsorted(ends, t))
         if i >= len(rows) or starts[i] > t:
