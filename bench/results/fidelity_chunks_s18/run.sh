@@ -10,6 +10,7 @@
 # bounds: level_bound.txt      live step times, steps with prefill x a level: same chunks by load
 #         scatter_bound.txt    the same with a zero-mean iid scatter instead
 #         shape_mean.txt, shape_median.txt   each step with prefill at its shape group's mean / median live time
+#         shape_mean_state.txt the groups split by the 100 ms prefill-busy share too (the cap model's input)
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT=${ROOT:-$(cd ../../.. && pwd)}
@@ -27,4 +28,5 @@ if [ "$WHAT" = all ] || [ "$WHAT" = bounds ]; then
   $PY level_bound.py --scatter 0.001 0.005 0.01 0.02 0.04 > scatter_bound.txt
   $PY shape_mean.py --stat mean > shape_mean.txt
   $PY shape_mean.py --stat median > shape_median.txt
+  $PY shape_mean.py --stat mean --state > shape_mean_state.txt
 fi

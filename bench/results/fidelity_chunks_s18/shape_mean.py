@@ -7,7 +7,7 @@ track), that cannot know a step's own jitter (call_level.txt, 3: sd 2.2-2.8% at 
 Decode-only steps stay live. Groups: (load, decode count, the chunks' sizes and whether each starts
 past 0, the step before carried prefill); groups of fewer than `--min-group` steps keep the live time.
 
-    python shape_mean.py [--min-group 5] [--stat mean|median] > shape_mean[_median].txt
+    python shape_mean.py [--min-group 5] [--stat mean|median] [--state] > shape_<stat>[_state].txt
 (mean: each group's live time in total exactly, so no level at all, only the steps' own jitter removed)
 """
 from __future__ import annotations
@@ -35,9 +35,10 @@ LOADS = ("0.5x", "0.8x", "0.95x", "1.2x")
 LiveTimed = fs.LiveTimedCost
 
 
-def shape_medians(rows: list[dict], load_of: dict, min_group: int, stat=np.median) -> dict:
+def shape_medians(rows: list[dict], load_of: dict, min_group: int, stat=np.median, busy=None) -> dict:
     """live prefill step key (as LiveTimedCost keys it) -> its shape group's `stat` of the live s
-    (steps of groups smaller than `min_group`: absent, they keep their live time)."""
+    (steps of groups smaller than `min_group`: absent, they keep their live time). `busy` (--state):
+    each row's prefill-busy share of the 100 ms before it, which then joins the group in quarters."""
     groups: dict = {}
     key_of = []
     for i, row in enumerate(rows):
@@ -45,7 +46,7 @@ def shape_medians(rows: list[dict], load_of: dict, min_group: int, stat=np.media
             continue
         g = (load_of.get(str(row["prefill"][0][0]), "warm-up"), int(row["decodes"]),
              tuple(sorted((int(n), int(st) > 0) for _r, n, st in row["prefill"])),
-             bool(i and rows[i - 1]["prefill_tokens"]))
+             bool(i and rows[i - 1]["prefill_tokens"]), None if busy is None else min(3, int(4 * busy[i])))
         groups.setdefault(g, []).append(row["ms"] / 1e3)
         key_of.append((frozenset((str(r), int(n), int(st)) for r, n, st in row["prefill"]), g))
     med = {g: float(stat(v)) for g, v in groups.items() if len(v) >= min_group}
@@ -68,10 +69,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--min-group", type=int, default=5)
     ap.add_argument("--stat", choices=("mean", "median"), default="mean")
+    ap.add_argument("--state", action="store_true",
+                    help="the groups split by the prefill-busy share of the 100 ms before the step (quarters): "
+                         "the power state the cap model reads")
     a = ap.parse_args(argv)
     fs.LiveTimedCost = ShapeMeanCost  # replay_session imports it from the module at call time
     print("same prefill chunks, % of prefill steps (mean over the part's runs); live step times, each step "
-          f"with prefill at its shape group's {a.stat} live time (groups of >= {a.min_group}):")
+          f"with prefill at its shape group's {a.stat} live time (groups of >= {a.min_group}"
+          + (", split by the 100 ms prefill-busy share in quarters" if a.state else "") + "):")
     print(f"{'part':9s} {'steps':>6s} {'grouped':>8s}" + "".join(f"{ld:>8s}" for ld in LOADS) + "   0.95x per run   | live times"
           + "".join(f"{ld:>8s}" for ld in LOADS))
     out = {}
@@ -82,7 +87,11 @@ def main(argv=None) -> int:
         rows = fs.read_steps(part / f"steps_{tag}.jsonl.gz")
         load_of = {a_.request_id: val["loads"][li]["load_label"]
                    for (_si, li), (ars, _b) in run_arrivals(val, arr, batches).items() for a_ in ars}
-        med = shape_medians(rows, load_of, a.min_group, np.mean if a.stat == "mean" else np.median)
+        busy = None
+        if a.state:
+            steps, _bad = fs.live_steps(rows, {a_.request_id: a_.max_tokens for a_ in arr})
+            busy = [fs.busy_shares(steps, k, 0.1)[0] for k in range(len(steps))]
+        med = shape_medians(rows, load_of, a.min_group, np.mean if a.stat == "mean" else np.median, busy)
         n_pf = sum(1 for r in rows if r["prefill"])
         res = {}
         for mode in ("shape", "live"):
@@ -95,7 +104,7 @@ def main(argv=None) -> int:
         print(f"{name:9s} {n_pf:6d} {len(med):8d}" + "".join(f"{100 * np.mean(res['shape'][ld]):8.1f}" for ld in LOADS)
               + "   " + " ".join(f"{100 * x:.1f}" for x in res["shape"]["0.95x"])
               + "   |           " + "".join(f"{100 * np.mean(res['live'][ld]):8.1f}" for ld in LOADS), flush=True)
-    (HERE / f"shape_{a.stat}.json").write_text(json.dumps(out, indent=1))
+    (HERE / f"shape_{a.stat}{'_state' if a.state else ''}.json").write_text(json.dumps(out, indent=1))
     return 0
 
 
