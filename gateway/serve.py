@@ -8,7 +8,9 @@ socket in a private temp dir, waits for its BackendInfo, and stops it with the g
 engine flag of `tidegate backend` (`engine_flags`: model, device, dtype, KV pool, capacity,
 quantization, CUDA graphs, ...) is a flag of `serve` too and is passed to it as given; the
 backend applies its own defaults to the rest. SIGTERM/SIGINT: new requests get 503,
-in-flight ones get `--drain-timeout` seconds to finish, then the process exits 0.
+in-flight ones get `--drain-timeout` seconds to finish, then the process exits 0 (more signals
+during or after the drain change nothing: gateway.stop_signals); one during start-up stops it
+there, exit 0.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from typing import TYPE_CHECKING
 # the app, the pool: ~0.9 s) are imported, so the two overlap on a multi-core machine.
 from engine_flags import add_forwarded_engine_args, default_model, forwarded_argv
 from gateway.discovery import add_discovery_arguments, discovery_ctx, sources_from_args
+from gateway.stop_signals import StopSignals
 from gateway.validation import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, RequestLimits
 from scheduler.admission import add_overtake_arguments
 from scheduler.batcher import BatcherConfig
@@ -308,24 +311,30 @@ class EmbeddedBackend:
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
-async def _wait_for_backend(app: web.Application, embedded: EmbeddedBackend,
-                            timeout: float) -> bool:
+async def _wait_for_backend(app: web.Application, embedded: EmbeddedBackend | None,
+                            timeout: float, stop: asyncio.Event) -> bool:
+    """True once a backend answers; False if the embedded one exits, on the timeout, or within
+    0.2 s of `stop` being set (a signal during start-up)."""
     from gateway.app_keys import GATEWAY_KEY
 
     pool = app[GATEWAY_KEY].pool
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        if await pool.wait_ready(0.2):
+    while (left := deadline - loop.time()) > 0 and not stop.is_set():
+        if await pool.wait_ready(min(0.2, left)):
             return True
-        if embedded.proc.poll() is not None:
+        if embedded is not None and embedded.proc.poll() is not None:
             return False
     return False
 
 
-async def serve(args: argparse.Namespace, embedded: EmbeddedBackend | None = None) -> int:
+async def serve(args: argparse.Namespace, embedded: EmbeddedBackend | None = None,
+                signals: StopSignals | None = None) -> int:
     """Run the gateway until SIGTERM/SIGINT. `embedded`: the embedded backend if the caller
-    already started it (`_run_one` does, to overlap its start-up with these imports)."""
+    already started it (`_run_one` does, to overlap its start-up with these imports).
+    `signals`: SIGTERM/SIGINT's handler, installed by the caller before anything started
+    (`_run_one` does, and ignores them at the end whatever happened); installed here if not
+    given. Once it has served (or stopped during start-up), serve() leaves them ignored."""
     from aiohttp import web
 
     from gateway.app import create_app, drain
@@ -370,21 +379,29 @@ async def serve(args: argparse.Namespace, embedded: EmbeddedBackend | None = Non
         extra.append(kv_events_ctx(specs, args.kv_events_from_topic))
     app = create_app(config, extra_cleanup_ctx=extra)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    if signals is None:
+        signals = StopSignals().install()
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):  # before anything can be waited for
-        loop.add_signal_handler(sig, stop.set)
+    # before anything can be waited for; not the loop's add_signal_handler, whose removal (ours
+    # or the loop's close) hands the signals back to SIG_DFL: gateway.stop_signals says why
+    signals.attach(asyncio.get_running_loop(), stop)
     try:
         await runner.setup()
         gw = app[GATEWAY_KEY]
+        log.info("waiting for the backends (up to %.1f s)",
+                 args.startup_timeout if embedded is not None else min(args.startup_timeout, 5.0))
         if embedded is None:  # remote backends: give them a moment, never fail on it
-            await gw.pool.wait_ready(min(args.startup_timeout, 5.0))
-        elif not await _wait_for_backend(app, embedded, args.startup_timeout):
+            await _wait_for_backend(app, None, min(args.startup_timeout, 5.0), stop)
+        elif (not await _wait_for_backend(app, embedded, args.startup_timeout, stop)
+              and not stop.is_set()):
             code = embedded.proc.poll()
             print(f"tidegate serve: error: the embedded backend did not start "
                   f"({'exit code ' + str(code) if code is not None else 'timed out'})",
                   file=sys.stderr)
             return 1
+        if stop.is_set():  # SIGTERM/SIGINT during start-up: nothing to drain
+            log.info("stopping during start-up")
+            return 0
         site = web.TCPSite(runner, args.host, args.port,
                            reuse_port=getattr(args, "reuse_port", False) or None)
         await site.start()
@@ -409,9 +426,8 @@ async def serve(args: argparse.Namespace, embedded: EmbeddedBackend | None = Non
         await runner.cleanup()
         if embedded is not None:
             embedded.stop()
-        for sig in (signal.SIGTERM, signal.SIGINT):  # a late signal must not turn exit 0 into a kill
-            loop.remove_signal_handler(sig)
-            signal.signal(sig, signal.SIG_IGN)
+        signals.detach()
+        signals.ignore()  # drained: a late signal must not turn exit 0 into a kill
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -436,7 +452,12 @@ def _discovers(args: argparse.Namespace) -> bool:
     return bool(args.endpoints_file or args.discover_dns or args.discover_k8s)
 
 
-def _run_one(args: argparse.Namespace) -> int:
+def _run_one(args: argparse.Namespace, signals: StopSignals | None = None) -> int:
+    # SIGTERM/SIGINT are ours before anything starts and until the process ends: never their
+    # default action in between (gateway.stop_signals). One before the loop runs is remembered.
+    # `signals`: already installed (a --workers worker installs them as soon as it is forked).
+    if signals is None:
+        signals = StopSignals().install()
     # The embedded backend first: it starts (torch, weights) while this process imports the rest.
     default = [] if _discovers(args) else ["embedded"]
     embedded = EmbeddedBackend(args) if "embedded" in (args.backend or default) else None
@@ -446,13 +467,13 @@ def _run_one(args: argparse.Namespace) -> int:
         uvloop = None
     try:
         if uvloop is not None:
-            return uvloop.run(serve(args, embedded))
-        return asyncio.run(serve(args, embedded))
+            return uvloop.run(serve(args, embedded, signals))
+        return asyncio.run(serve(args, embedded, signals))
     finally:
-        # closing the loop can give SIGTERM/SIGINT back their default action (serve() ignored
-        # them once drained): a late signal from a supervisor must not turn exit 0 into a kill
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, signal.SIG_IGN)
+        # serve() ignores them once drained; this covers a failure before or in its set-up
+        # (our handler -> SIG_IGN in one call: never SIG_DFL, which interpreter finalization
+        # would also restore had a Python-level handler been left installed)
+        signals.ignore()
         if embedded is not None:  # serve() stops it; this covers a failure before serve() ran
             embedded.stop()
 
