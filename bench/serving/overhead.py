@@ -254,6 +254,8 @@ def serve_bare_http(port: int) -> int:
     """A trivial JSON endpoint: parse the body, answer a fixed completion-shaped object."""
     from aiohttp import web
 
+    from gateway.stop_signals import StopSignals
+
     async def handler(request: web.Request) -> web.Response:
         body = await request.json()
         return web.json_response({
@@ -268,16 +270,23 @@ def serve_bare_http(port: int) -> int:
         app.router.add_post("/v1/completions", handler)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        print("bare aiohttp ready", flush=True)
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        await runner.cleanup()
+        signals.attach(asyncio.get_running_loop(), stop)
+        try:
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+            print("bare aiohttp ready", flush=True)
+            await stop.wait()
+            await runner.cleanup()
+        finally:
+            signals.detach()
 
-    _run_async(main())
+    # SIGTERM/SIGINT owned as `tidegate serve` owns them (gateway.stop_signals): the loop's
+    # add_signal_handler would leave them at SIG_DFL once the loop closes
+    signals = StopSignals().install()
+    try:
+        _run_async(main())
+    finally:
+        signals.ignore()
     return 0
 
 
@@ -300,6 +309,7 @@ def serve_zmq_echo(address: str) -> int:
             continue
     sock.close(linger=0)
     ctx.term()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finalization would reset a Python handler
     return 0
 
 
