@@ -30,7 +30,9 @@ one whenever it runs in the main thread and runs pending Python handlers when it
 its own when no loop has (the asyncio fallback, where uvloop is missing). The handler itself
 only records the signal and schedules `stop.set` with `call_soon_threadsafe` (it may run between
 any two bytecodes of the loop's own code, so it must not touch the loop's state directly, and it
-must never raise).
+must never raise). After that it returns at once: CPython runs a handler again at the next
+bytecode boundary inside the handler itself if another signal came, so a storm of signals
+recursed through a handler that did more (a RecursionError out of the --workers parent's).
 """
 from __future__ import annotations
 
@@ -52,6 +54,7 @@ class StopSignals:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._event: asyncio.Event | None = None
         self._wakeup: tuple[socket.socket, socket.socket] | None = None  # ours, if we set one
+        self._forwarded = False  # stop.set is scheduled: later signals have nothing to do
 
     def install(self) -> StopSignals:
         # Without SA_RESTART (CPython's default; not `siginterrupt(sig, False)`, as the loops'
@@ -64,9 +67,12 @@ class StopSignals:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.received is None:
             self.received = signum
+        if self._forwarded:
+            return
         loop, event = self._loop, self._event
         if loop is None or event is None:
             return  # not serving yet (attach() looks at `received`) or any more
+        self._forwarded = True  # first: a signal landing in the call below returns above
         try:
             loop.call_soon_threadsafe(event.set)
         except RuntimeError:  # the loop closed under us: nothing left to stop
@@ -85,12 +91,14 @@ class StopSignals:
         else:
             self._wakeup = (rsock, wsock)
             loop.add_reader(rsock.fileno(), self._drain_wakeup)
-        if self.received is not None:
+        self._forwarded = self.received is not None
+        if self._forwarded:
             event.set()
 
     def _drain_wakeup(self) -> None:
         # reading is enough: returning to Python code runs the pending handler (_on_signal)
-        assert self._wakeup is not None
+        if self._wakeup is None:
+            return
         try:
             while self._wakeup[0].recv(4096):
                 pass

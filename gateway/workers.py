@@ -43,7 +43,12 @@ def serve_workers(args: argparse.Namespace,
             # handles it (and signals this worker: below); a worker owns its signals from
             # StopSignals.install() on
             return
-        received.append(signum)
+        if signum in received:
+            # forwarded once already (a worker's stop is idempotent): return at once, so that a
+            # storm of signals does not recurse through this handler (CPython runs it again
+            # inside itself when another signal lands: a RecursionError once did)
+            return
+        received.append(signum)  # before the kills: a signal landing in them returns above
         for pid in list(live):
             try:
                 os.kill(pid, signum)
