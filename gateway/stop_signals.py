@@ -8,8 +8,9 @@ Why a Python-level handler (`signal.signal`) rather than the event loop's `add_s
 the loop's `remove_signal_handler` (called by us, or by the loop's close for every handler still
 registered) sets SIG_DFL (SIGINT: `default_int_handler`), so whatever comes after it -- even
 `signal.signal(sig, SIG_IGN)` on the very next line -- leaves a window in which a late signal
-kills the process. It is microseconds wide, but a supervisor signalling in a loop hits it (2 of
-10 gateways killed by a SIGTERM storm on session 18's 2-core machine). A handler installed with
+kills the process. It is microseconds wide, but a supervisor signalling in a loop hits it (a
+SIGTERM storm killed 1 of 30 to 19 of 40 gateways on session 18's shared 2-core machine, as its
+load went; a SIGINT storm ended 18 of 40 with KeyboardInterrupt). A handler installed with
 `signal.signal` and never registered with the loop is never reset by the loop; at the end it is
 replaced by SIG_IGN in one `sigaction` call (`ignore()`), so the disposition goes handler ->
 SIG_IGN with no SIG_DFL in between, and interpreter finalization leaves SIG_IGN alone (it resets
