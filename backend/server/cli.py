@@ -180,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{loaded.device}, {str(loaded.dtype).removeprefix('torch.')}, {cfg.num_blocks} KV blocks "
           f"of {cfg.block_size}, max_model_len {cfg.max_model_len}{serving})", flush=True)
     rc = worker.serve_forever()
+    worker.ignore_signals()  # drained: a late signal must not turn this exit code into a kill
     if ranks is not None:  # 1 when a rank died (its requests were answered with errors)
         rc = ranks.stop() or rc
     return rc
