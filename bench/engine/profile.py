@@ -7,6 +7,9 @@ context is c tokens each, plus (if p > 0) k prefill chunks of p / k tokens each,
 at position s (its cached prefix). The main grid has k = 1, s = 0; extra points measure packed
 prefills (k in --packed-prefill-seqs, several prompts in one step) and chunks with a cached prefix
 (s in --prefill-context-lens, chunked prefill), so the simulator can tell them from one long prompt.
+One more packed point fills the token budget beside the middle packed decode batch where the grid's
+largest p does not fit there (--budget-packed-points): the engine's largest live steps, several
+prompts beside the decodes up to the budget (`step_shapes`).
 Verify points (--verify-drafts K) hold k verify chunks of K + 1 tokens instead (a decode with K
 draft tokens, speculative decoding): the same tokens as a prefill chunk through the model, but
 sampled at every position and read back row by row, which a prefill chunk's shape does not time.
@@ -60,6 +63,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--packed-decode-batch-sizes", default=None,
                    help="d values of the packed / cached-prefix points (default: 0 and the largest "
                         "grid d that fits)")
+    p.add_argument("--budget-packed-points", choices=("on", "off"), default="on",
+                   help="on: one more packed point of the largest k filling the token budget "
+                        "beside the middle packed decode batch (the largest grid d <= half the "
+                        "largest packed d; the validate's grid: d 64, 4 x 496 tokens), where the "
+                        "grid's largest p does not fit beside it: the engine's budget-filling "
+                        "packed steps (issue 35)")
     p.add_argument("--verify-drafts", default="",
                    help="comma-separated K > 0: extra points whose chunks are verifies of K draft "
                         "tokens (K + 1 tokens each, sampled at every position) instead of prefill "
@@ -141,10 +150,22 @@ def verify_shapes(drafts: list[int], ks: list[int], ss: list[int], packed_ds: li
 
 def step_shapes(ds: list[int], ps: list[int], cs: list[int], ks: list[int], ss: list[int],
                 packed_ds: list[int] | None, *, max_num_seqs: int, max_num_batched_tokens: int,
-                max_model_len: int) -> list[tuple[int, int, int, int, int]]:
+                max_model_len: int, budget_packed: bool = True) -> list[tuple[int, int, int, int, int]]:
     """The measured step shapes, as (d, p, c, k, s): the (d, p, c) grid with k = 1, s = 0, then
     packed prefills (k > 1, s = 0) and cached-prefix chunks (k = 1, s > 0) at the first context
-    length and the `packed_ds` decode batches (default: 0 and the largest grid d that fits)."""
+    length and the `packed_ds` decode batches (default: 0 and the largest grid d that fits).
+
+    `budget_packed`: one more packed point filling the token budget (p = budget - d, down to a
+    multiple of the largest k, in k prompts) at the middle of the packed decode batches (the largest
+    grid d <= half the largest packed d: 64 on the validate's grid, 4 x 496 tokens), where the
+    grid's largest p does not fit beside it. Why: under load the engine fills its budget with
+    several prompts beside the decodes (live on the H200, 6.7B / 33B FP8: d + p = 2,048, d 27-90,
+    median 58-71, 4-5 prompts, 3-5% of the busy time), and the grid's points past 1,024 tokens all
+    had d 0: the cost model extrapolated there (the 6.7B FP8 charged them 0.935 of live). Why the
+    middle: those steps lie just outside the model's residual hull either way (their decodes'
+    context, a cached-prefix chunk), charged the nearest point's residual, so the point sits where
+    they are; a stand-in at d 128 moved them half as far (bench/results/fidelity_hull_s18). One
+    point: ~0.7 s of device time on the 6.7B, ~1.4 s on the 33B."""
     def fits(d, p, c, k, s):
         return (d + p > 0 and d + (k if p else 0) <= max_num_seqs and d + p <= max_num_batched_tokens
                 and max(c if d else 0, s + (p // k if p else 0)) <= max_model_len)
@@ -169,6 +190,15 @@ def step_shapes(ds: list[int], ps: list[int], cs: list[int], ks: list[int], ss: 
             for p in ps:
                 if p and p % k == 0 and fits(d, p, c, k, s):
                     shapes.append((d, p, c if d else 0, k, s))
+    k_top, p_top = max([1] + [k for k in ks if k > 1]), max([0] + list(ps))
+    mid = [d for d in ds if 0 < d <= max([0] + list(packed_ds)) / 2]
+    if budget_packed and k_top > 1 and p_top and mid:
+        d = max(mid)
+        p = (max_num_batched_tokens - d) // k_top * k_top
+        # only where the grid's own points do not reach the budget beside d
+        if (not fits(d, p_top, c, 1, 0) and p > max([0] + [x for x in ps if fits(d, x, c, 1, 0)])
+                and fits(d, p, c, k_top, 0)):
+            shapes.append((d, p, c, k_top, 0))
     return shapes
 
 
@@ -497,7 +527,8 @@ def run(args: argparse.Namespace) -> dict:
                          int_list(args.context_lens), int_list(args.packed_prefill_seqs),
                          int_list(args.prefill_context_lens), packed_ds, max_num_seqs=cfg.max_num_seqs,
                          max_num_batched_tokens=cfg.max_num_batched_tokens,
-                         max_model_len=cfg.max_model_len)
+                         max_model_len=cfg.max_model_len,
+                         budget_packed=getattr(args, "budget_packed_points", "on") == "on")
     cs = int_list(args.context_lens)
     if runner.graphs is not None and args.decode_bucket_points != "off":
         shapes += decode_bucket_shapes(shapes, runner.graphs.buckets, cs,
