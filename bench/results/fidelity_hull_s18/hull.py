@@ -130,13 +130,15 @@ def model_ms(cost: ProfileCost, steps: list[dict]) -> dict[int, float]:
     return out
 
 
-def build(part: Path, cap_by_power: bool = False):
+def build(part: Path, cap_by_power: bool = False, profile: Path | None = None):
+    """(the model, the step log's rows, the live steps, rebuild mismatches) of a part; `profile`:
+    another profile than the part's own (a what-if)."""
     f = part_files(part)
     val = json.loads(f["validate"].read_text())
     terms = dict(val["profile"]["model_terms"])
     if cap_by_power and terms.get("power_cap"):  # as validate_replay --cap-by-power
         terms["cap_by_power"] = True
-    cost = ProfileCost.from_json(f["profile"], **terms)
+    cost = ProfileCost.from_json(profile or f["profile"], **terms)
     arr, batches = read_log(f["decisions"])
     rows = read_steps(f["steps"])
     steps, bad = live_steps(rows, {a.request_id: a.max_tokens for a in arr})

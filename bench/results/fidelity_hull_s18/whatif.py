@@ -11,7 +11,9 @@ decode-only entry, so all else falls through to the inner model, power cap and i
 (a matched step's cap factor and launch are 1 / 0: its live time holds them). With an empty subset
 it is the default replay (the `none` rows; checked against the CLI's table in README).
 
-    python whatif.py PART SUBSET [SUBSET ...]     PART: 6.7b-fp8_s16 | 33b-fp8_s17
+    [STANDIN=d64] python whatif.py PART SUBSET [SUBSET ...]     PART: 6.7b-fp8_s16 | 33b-fp8_s17
+        STANDIN=d64: with budget_point.py's stand-in profile (standin_profile_<part>_d64.json: the
+        budget-filling packed point added at the live packed steps' level) instead of the part's own
         SUBSET: none | outside | inside | packed | d>dmax | prefix1 | prefix+k ... (hull.py's
                 reasons) | packed_x (PACKED_X)  -> whatif_<part>_<subset>.json / .md (fidelity_table)
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -71,18 +74,22 @@ def main(argv: list[str]) -> int:
     with gzip.open(HERE / f"hull_keys_{name}.json.gz", "rt") as fh:
         keys = json.load(fh)
     fs.LiveTimedCost = SubsetLiveCost
+    standin = os.environ.get("STANDIN")
+    prof = HERE / f"standin_profile_{name}_{standin}.json" if standin else f["profile"]
+    tag = f"_standin_{standin}" if standin else ""
     for sub in subsets:
         SUBSET.clear()
         COSTS.clear()
         SCALE["factor"] = PACKED_X[name] if sub == "packed_x" else 1.0
         if sub not in ("none", "packed_x"):
             SUBSET.update(frozenset((r, n, st) for r, n, st in k) for k in keys[sub])
-        res = replay_session(val, arr, batches, rows, str(f["profile"]), cap_by_power=CAP_BY_POWER[name],
+        res = replay_session(val, arr, batches, rows, str(prof), cap_by_power=CAP_BY_POWER[name],
                              gateway_loop=True, plan_lead="live", live_times=True)
         matched = sum(c.num_matched for c in COSTS)
+        print(f"terms {res['profile']['model_terms']}, lead {res['profile']['async_plan_lead_ms']}", flush=True)
         res["whatif_live_subset"] = {"subset": sub, "num_steps": len(SUBSET), "num_matched": matched,
                                      "packed_factor": SCALE["factor"]}
-        out = HERE / f"whatif_{name}_{sub.replace('>', 'gt')}.json"
+        out = HERE / f"whatif_{name}{tag}_{sub.replace('>', 'gt')}.json"
         out.write_text(json.dumps(res, indent=1, default=_default) + "\n")
         md = subprocess.run([sys.executable, "-m", "bench.simulator.fidelity_table", str(out)], cwd=ROOT,
                             capture_output=True, text=True, check=True).stdout
@@ -90,7 +97,7 @@ def main(argv: list[str]) -> int:
         for ld in res["loads"]:
             s = ld["summary_replay_path"]
             sc = ld["steps_path"].get("same_prefill_step_share", {})
-            print(f"{name} {sub:8s} ({len(SUBSET):4d} steps live, {matched} charged live) "
+            print(f"{name}{tag} {sub:8s} ({len(SUBSET):4d} steps live, {matched} charged live) "
                   f"{ld['load_label']:>6}: " + ", ".join(
                 f"{m} {100 * s[m]['rel_err']['mean']:+.1f} ± {100 * s[m]['rel_err']['ci']:.1f}"
                 for m in ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99"))
