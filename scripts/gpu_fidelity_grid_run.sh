@@ -50,6 +50,9 @@
 # largest prefill-only step (2,048 tokens in 4 prompts) paused and 2.5 s back to back, traced
 # ("sustained_packed"): ~4 s on the 6.7B, ~5 s on the 33B FP8, ~6 s on the 33B bf16 (from the
 # committed profiles' step times: device_time.py there), not yet added to the estimates below.
+# Since session 18 (H35G: bench/results/fidelity_hull_s18) the profile also measures one budget-filling
+# packed point (64 decodes beside 4 x 496 tokens): ~0.7 s on the 6.7B, ~1.4 s on the 33B FP8, ~1.8 s on
+# the 33B bf16 (budget_point.txt there), not yet added to the estimates below.
 # Override any of MODEL LOADS SEEDS N IN OUTLEN SERVE_ARGS BUDGET_S per call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
