@@ -49,10 +49,11 @@
 # Since session 18 (H35P: bench/results/fidelity_packed_s18) the pause check also runs the grid's
 # largest prefill-only step (2,048 tokens in 4 prompts) paused and 2.5 s back to back, traced
 # ("sustained_packed"): ~4 s on the 6.7B, ~5 s on the 33B FP8, ~6 s on the 33B bf16 (from the
-# committed profiles' step times: device_time.py there), not yet added to the estimates below.
+# committed profiles' step times: device_time.py there), added to the estimates below (session 18).
 # Since session 18 (H35G: bench/results/fidelity_hull_s18) the profile also measures one budget-filling
 # packed point (64 decodes beside 4 x 496 tokens): ~0.7 s on the 6.7B, ~1.4 s on the 33B FP8, ~1.8 s on
-# the 33B bf16 (budget_point.txt there), not yet added to the estimates below.
+# the 33B bf16 (budget_point.txt there), added to the estimates below (session 18: +5 s on the 6.7B
+# parts, +7 on the 33B FP8, +8 on the 33B bf16 with both runs).
 # Override any of MODEL LOADS SEEDS N IN OUTLEN SERVE_ARGS BUDGET_S per call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -63,28 +64,28 @@ MIXED_OUT=lognormal:128:0.7
 # part -> MODEL LOADS SEEDS N IN OUTLEN SERVE_ARGS EST_S  (priority order: the issue's grid)
 part_spec() {
   case "$1" in
-    33b)        echo "deepseek-coder-33b  $L4 0,1,2     200 512 128 -  515" ;;
-    33b-seeds)  echo "deepseek-coder-33b  $L4 3,4       200 512 128 -  425" ;;
-    6.7b)       echo "deepseek-coder-6.7b $L4 0,1,2,3,4 200 512 128 -  350" ;;
-    33b-fp8)    echo "deepseek-coder-33b  $L4 0,1,2     200 512 128 --engine-arg=--quantization=fp8 445" ;;
-    6.7b-fp8)   echo "deepseek-coder-6.7b $L4 0,1,2,3,4 200 512 128 --engine-arg=--quantization=fp8 385" ;;
-    33b-kvint4) echo "deepseek-coder-33b  $L4 0,1       200 512 128 --engine-arg=--kv-cache-dtype=int4-fp8 460" ;;
-    33b-mixed)  echo "deepseek-coder-33b  $L4 0         200 $MIXED_IN $MIXED_OUT - 415" ;;
-    6.7b-mixed) echo "deepseek-coder-6.7b $L4 0,1,2     200 $MIXED_IN $MIXED_OUT - 445" ;;
+    33b)        echo "deepseek-coder-33b  $L4 0,1,2     200 512 128 -  523" ;;
+    33b-seeds)  echo "deepseek-coder-33b  $L4 3,4       200 512 128 -  433" ;;
+    6.7b)       echo "deepseek-coder-6.7b $L4 0,1,2,3,4 200 512 128 -  355" ;;
+    33b-fp8)    echo "deepseek-coder-33b  $L4 0,1,2     200 512 128 --engine-arg=--quantization=fp8 452" ;;
+    6.7b-fp8)   echo "deepseek-coder-6.7b $L4 0,1,2,3,4 200 512 128 --engine-arg=--quantization=fp8 390" ;;
+    33b-kvint4) echo "deepseek-coder-33b  $L4 0,1       200 512 128 --engine-arg=--kv-cache-dtype=int4-fp8 468" ;;
+    33b-mixed)  echo "deepseek-coder-33b  $L4 0         200 $MIXED_IN $MIXED_OUT - 423" ;;
+    6.7b-mixed) echo "deepseek-coder-6.7b $L4 0,1,2     200 $MIXED_IN $MIXED_OUT - 450" ;;
     # the issue's five seeds for the parts one call cannot hold (the 33B's, the mixed shapes'):
     # each with its own profile, as the 33b / 33b-seeds pair (a profile from another call misses
     # that call's step-cost level: BENCHMARKS, issue 35, session 14)
-    33b-fp8-seeds)    echo "deepseek-coder-33b  $L4 3,4 200 512 128 --engine-arg=--quantization=fp8 425" ;;
-    33b-kvint4-seeds) echo "deepseek-coder-33b  $L4 3,4 200 512 128 --engine-arg=--kv-cache-dtype=int4-fp8 460" ;;
-    33b-kvint4-2)     echo "deepseek-coder-33b  $L4 2   200 512 128 --engine-arg=--kv-cache-dtype=int4-fp8 340" ;;
+    33b-fp8-seeds)    echo "deepseek-coder-33b  $L4 3,4 200 512 128 --engine-arg=--quantization=fp8 432" ;;
+    33b-kvint4-seeds) echo "deepseek-coder-33b  $L4 3,4 200 512 128 --engine-arg=--kv-cache-dtype=int4-fp8 468" ;;
+    33b-kvint4-2)     echo "deepseek-coder-33b  $L4 2   200 512 128 --engine-arg=--kv-cache-dtype=int4-fp8 348" ;;
     # the 33B's mixed lengths one seed a call: two would be ~540 s, under BUDGET_S 570 by less than the
     # estimate's error (never measured: a run past BUDGET_S loses the whole call's validate JSON); if
     # 33b-mixed runs in <= ~330 s, two seeds a call fit (SEEDS=1,2 PART=33b-mixed-1)
-    33b-mixed-1)      echo "deepseek-coder-33b  $L4 1   200 $MIXED_IN $MIXED_OUT - 415" ;;
-    33b-mixed-2)      echo "deepseek-coder-33b  $L4 2   200 $MIXED_IN $MIXED_OUT - 415" ;;
-    33b-mixed-3)      echo "deepseek-coder-33b  $L4 3   200 $MIXED_IN $MIXED_OUT - 415" ;;
-    33b-mixed-4)      echo "deepseek-coder-33b  $L4 4   200 $MIXED_IN $MIXED_OUT - 415" ;;
-    6.7b-mixed-seeds) echo "deepseek-coder-6.7b $L4 3,4 200 $MIXED_IN $MIXED_OUT - 345" ;;
+    33b-mixed-1)      echo "deepseek-coder-33b  $L4 1   200 $MIXED_IN $MIXED_OUT - 423" ;;
+    33b-mixed-2)      echo "deepseek-coder-33b  $L4 2   200 $MIXED_IN $MIXED_OUT - 423" ;;
+    33b-mixed-3)      echo "deepseek-coder-33b  $L4 3   200 $MIXED_IN $MIXED_OUT - 423" ;;
+    33b-mixed-4)      echo "deepseek-coder-33b  $L4 4   200 $MIXED_IN $MIXED_OUT - 423" ;;
+    6.7b-mixed-seeds) echo "deepseek-coder-6.7b $L4 3,4 200 $MIXED_IN $MIXED_OUT - 350" ;;
     cpu)        echo "tiny                -   0         20  16  8   -  60" ;;
     *) return 1 ;;
   esac
