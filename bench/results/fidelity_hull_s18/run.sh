@@ -19,6 +19,8 @@ if [ "$WHAT" = all ] || [ "$WHAT" = whatif ]; then
   $PY whatif.py 6.7b-fp8_s16 prefix1 inside 'd>dmax' > whatif_6.7b_2.txt
   $PY whatif.py 33b-fp8_s17 packed packed_x > whatif_33b_3.txt
   $PY whatif.py 6.7b-fp8_s16 packed packed_x > whatif_6.7b_3.txt
+  $PY whatif.py 33b-fp8_s17 inside prefix1 outside > whatif_33b_counts.txt   # the same, with the counts
+  $PY whatif.py 6.7b-fp8_s16 inside prefix1 outside > whatif_6.7b_counts.txt
 fi
 if [ "$WHAT" = all ] || [ "$WHAT" = budget ]; then
   $PY budget_point.py > budget_point.txt
