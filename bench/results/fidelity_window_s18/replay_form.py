@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-import sims.profile_cost as pc  # noqa: E402
+import sims.profile_cost as pc
 
 
 def main() -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -34,8 +35,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))
 sys.path.insert(0, str(HERE.parent / "fidelity_chunks_s18"))
 
-from bench.simulator.fidelity_steps import busy_shares  # noqa: E402
-from sims.profile_cost import ProfileCost, ewma_duty_ref  # noqa: E402
+from bench.simulator.fidelity_steps import busy_shares
+from sims.profile_cost import ProfileCost, ewma_duty_ref
 
 R = HERE.parent
 PARTS = {
@@ -72,7 +73,7 @@ def fit_forms(t_s, ratio, r, base_s, pause_s):
     t, y = np.asarray(t_s)[1:], np.asarray(ratio)[1:]
     taus = np.geomspace(0.003, 3.0, 90)
     X = {tau: x_of(t, tau, ewma_duty_ref(base_s, pause_s, tau)) for tau in taus}
-    bestA = min(((float(((1 + (r - 1) * X[tau] - y) ** 2).mean()), tau) for tau in taus))
+    bestA = min((float(((1 + (r - 1) * X[tau] - y) ** 2).mean()), tau) for tau in taus)
     bestB = None
     for i, tf in enumerate(taus):
         for ts in taus[i:]:
@@ -96,7 +97,7 @@ def trace_part(name: str, part: Path) -> dict:
     out = {"name": name, "paused_ms": base, "cap": None}
     print(f"\n## {name}: paused {base:.3f} ms, trace {len(t)} steps; the fit today: "
           f"{ {k: round(v, 4) if isinstance(v, float) else v for k, v in (cost.sustained_fit or {}).items()} }")
-    bins = [(lo, hi, (t * 1e3 >= lo) & (t * 1e3 < hi)) for lo, hi in zip(EDGES[:-1], EDGES[1:])]
+    bins = [(lo, hi, (t * 1e3 >= lo) & (t * 1e3 < hi)) for lo, hi in pairwise(EDGES)]
     print("  t (ms)      " + " ".join(f"{f'{lo}-{hi}':>9s}" for lo, hi, _ in bins))
     print("  trace       " + " ".join(f"{y[m].mean():9.4f}" if m.any() else f"{'':9s}" for _, _, m in bins))
     print("  n           " + " ".join(f"{int(m.sum()):9d}" for _, _, m in bins))
