@@ -64,7 +64,9 @@ MIXED_OUT=lognormal:128:0.7
 # part -> MODEL LOADS SEEDS N IN OUTLEN SERVE_ARGS EST_S  (priority order: the grid)
 part_spec() {
   case "$1" in
-    33b)        echo "deepseek-coder-33b  $L4 0,1,2     200 512 128 -  523" ;;
+    # 33b: from its measured call (s11, 418 s) + the profile grown since (capped grid +23, mixed run +3.5,
+    # device time +60, session 18 +8): ~513 (the sum of the older estimates read 523)
+    33b)        echo "deepseek-coder-33b  $L4 0,1,2     200 512 128 -  513" ;;
     33b-seeds)  echo "deepseek-coder-33b  $L4 3,4       200 512 128 -  433" ;;
     6.7b)       echo "deepseek-coder-6.7b $L4 0,1,2,3,4 200 512 128 -  355" ;;
     33b-fp8)    echo "deepseek-coder-33b  $L4 0,1,2     200 512 128 --engine-arg=--quantization=fp8 452" ;;
