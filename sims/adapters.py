@@ -385,6 +385,16 @@ class BackendAdapter:
         self._still_prefilling = partial
         return num_decode, num_prefill, num_ctx
 
+    def decode_contexts(self, ahead: int = 0) -> list[tuple[int, int]]:
+        """(context the step reads, steps until it finishes) of every decoding sequence `ahead`
+        steps after the next one, in running order (priority, arrival: the engine's plan order
+        up to queue class): O(running), so only for a cost model that charges the contexts'
+        spread (`ProfileCost.decode_context_multiple`)."""
+        sched = self.sched
+        step = sched.decodes.step
+        return [(s._computed + step + ahead + 1, s.finish_step - step) for s in sched.running
+                if s.decoding]
+
     @property
     def prefill_chunks(self) -> list:
         """The prefill chunks of the step `schedule()` just planned (decodes are unlisted): for cost

@@ -352,6 +352,11 @@ class EventLoop:
         self.series: dict[str, list] = {"t": [], "queue_depth": [], "kv_usage": [], "running": [],
                                         "fragmentation": []}
         self.step_time_fn = cost.step_time
+        # decode-only steps charged for their contexts' spread (sims.decode_spread): the step's
+        # total context times the attention launch's multiple; None where the cost model has no
+        # such term (O(running) a step, so only then)
+        self.spread_fn = (cost.decode_context_multiple if getattr(cost, "charges_decode_spread", False)
+                          else None)
         # the deadline order's step time (scheduler.deadline_order): a constant step's (the echo
         # engine's paced step, which the live engine reads from its flag), else 0 there and the
         # backend's last step is read (`start_step`)
@@ -757,7 +762,12 @@ class EventLoop:
                 be.message_s = 0.0
                 out = []
                 cap_fg = self.cap_shares(be, now) if self.cap_share_fn is not None else None
+                spread = sched.decode_contexts() if self.spread_fn is not None else None
+                a = 0
                 for ks, n_dec, ctx, nfin, tokens in segs:
+                    if spread is not None:  # at the segment's first step, its sequences' contexts
+                        ctx = int(ctx * self.spread_fn([c + a for c, left in spread if left > a]))
+                        a += ks
                     span = span_fn(n_dec, ctx, ks)
                     if cap_fg is not None:  # the decode-busy part, as at the stretch's start
                         span *= self.cost.prefill_slowdown(*cap_fg, self.cap_share_fn(n_dec, 0, ctx))
@@ -777,6 +787,8 @@ class EventLoop:
             be.busy = False
             return
         num_decode, num_prefill, num_ctx = plan
+        if self.spread_fn is not None and not num_prefill:
+            num_ctx = int(num_ctx * self.spread_fn([c for c, _ in sched.decode_contexts()]))
         if self.charges_chunks and num_prefill:
             dt = self.step_time_fn(num_decode, num_prefill, num_ctx, sched.prefill_chunks)
         else:

@@ -182,6 +182,7 @@ from scipy.optimize import nnls
 from scipy.spatial import QhullError
 
 from sims.cost import decode_times_by_steps
+from sims.decode_spread import DecodeLaunchPlan, expand_context_lens, solve_kappa, spread_factor
 
 _TIME_KEYS = (("step_time_s", 1.0), ("step_s", 1.0), ("seconds", 1.0), ("step_ms", 1e-3),
               ("mean_ms", 1e-3), ("ms", 1e-3), ("time_ms", 1e-3))
@@ -425,6 +426,21 @@ def _bucket_segments(buckets, d: np.ndarray, space: np.ndarray, resid: np.ndarra
     return np.array(b, dtype=np.float64), segs
 
 
+def _legacy_launch_plan(meta: dict) -> DecodeLaunchPlan | None:
+    """The decode launch plan of a CUDA profile written before profiles named it
+    (`DecodeLaunchPlan.legacy`: the model's kv heads, the graphs' buckets split for max_model_len);
+    None on the CPU or for a model whose shape is unknown."""
+    buckets = meta.get("cuda_graph_decode_buckets")
+    if not buckets or not str(meta.get("device", "")).startswith("cuda"):
+        return None
+    try:
+        from sims.model_shape import load_model_shape
+        heads = load_model_shape(str(meta.get("model", ""))).num_kv_heads
+    except (KeyError, ValueError, FileNotFoundError, OSError):
+        return None
+    return DecodeLaunchPlan.legacy(heads, buckets, int(meta.get("max_model_len") or 16384))
+
+
 class ProfileCost:
     accepts_prefill_chunks = True  # step_time(..., prefill_chunks=...) charges each chunk by itself
 
@@ -433,7 +449,8 @@ class ProfileCost:
                  token_buckets=None, launch_times_s=None, hide_launch: bool = False,
                  device_times_s=None,
                  power_cap: bool = False, cap_by_compute: bool = True, decode_buckets=None,
-                 cap_by_power: bool = False, decode_extrapolation: str = "nearest"):
+                 cap_by_power: bool = False, decode_extrapolation: str = "nearest",
+                 spread_points: list[dict] | None = None, decode_spread: str | float = "measured"):
         """points: (n, 3) of (num_decode_seqs, num_prefill_tokens, num_context_tokens), or (n, 4) /
         (n, 5) with num_prefill_seqs k (the p tokens are k chunks of p/k each; default 1 when p > 0)
         and prefill_context_len s (each chunk starts at position s; default 0) appended, or (n, 6)
@@ -458,7 +475,11 @@ class ProfileCost:
         `decode_extrapolation`: "nearest" (the default) charges decode-only steps past the largest
         measured decode batch the regression plus the nearest point's residual; "slope" (opt-in)
         along the last measured bucket's line in d (module doc, "Past the measured decode
-        batches")."""
+        batches").
+        `spread_points`: the profile's decode points of unequal contexts (`decode_context_lens`),
+        kept out of the fit and the residuals; `decode_spread`: "measured" (the default: decode-only
+        steps charged for their contexts' spread at the kappa those points give, none without
+        them), "off", or a kappa (a what-if on any profile; module doc, "Unequal contexts")."""
         if decode_extrapolation not in ("slope", "nearest"):
             raise ValueError(f"decode_extrapolation {decode_extrapolation!r}: slope or nearest")
         points = np.asarray(points, dtype=np.float64)
@@ -640,6 +661,81 @@ class ProfileCost:
             self._set_cap_weight(mixed_run, packed_run, float((meta or {}).get("pause_ms", 0.0)) / 1e3)
         elif self._cap is not None and mixed_run is not None and self._cap[1] > 1.0:
             self._set_cap_weight(mixed_run)
+        self._set_decode_spread(spread_points or [], decode_spread, launch_times_s is not None)
+
+    def _set_decode_spread(self, spread_points: list[dict], decode_spread: str | float,
+                           has_launch: bool) -> None:
+        """kappa and the launch plan of the unequal-contexts term (module doc, "Unequal
+        contexts"): from the spread points, each read as the multiple of its total context at
+        which the fitted model gives its measured time (the time the fit used: device, or step
+        minus launch, or step), then `solve_kappa`; their median is the model's."""
+        self.decode_plan = None
+        self.spread_kappa = None
+        self.spread_point_kappas: list[dict] = []
+        self._spread_memo: dict[tuple, float] = {}
+        if decode_spread == "off":
+            return
+        plan = DecodeLaunchPlan.from_profile(self.meta) or _legacy_launch_plan(self.meta)
+        if plan is None:
+            return
+        if decode_spread != "measured":
+            self.decode_plan, self.spread_kappa = plan, float(decode_spread)
+            return
+        for pt in spread_points:
+            ctxs = expand_context_lens(pt["decode_context_lens"])
+            d, total = len(ctxs), sum(ctxs)
+            if self.fits_device_time and pt.get("device_ms_median") is not None:
+                t = float(pt["device_ms_median"]) / 1e3
+            else:
+                t = float(pt["step_ms"]) / 1e3
+                if self.hides_launch and has_launch and pt.get("launch_ms_median") is not None:
+                    t -= float(pt["launch_ms_median"]) / 1e3
+            factor = self._context_multiple(d, total, t)
+            kappa = solve_kappa(ctxs, plan, factor)
+            self.spread_point_kappas.append({"num_decode_seqs": d, "decode_context_lens": pt["decode_context_lens"],
+                                             "ms": round(t * 1e3, 4), "uniform_model_ms": round(self._eval(d, 0, total, 0, 0, 0) * 1e3, 4),
+                                             "context_multiple": round(factor, 4), "kappa": kappa})
+        kappas = [k["kappa"] for k in self.spread_point_kappas]
+        if kappas:
+            self.decode_plan = plan
+            self.spread_kappa = float(np.median(kappas))  # inf where no point saw a cap
+
+    def _context_multiple(self, d: int, total: int, t: float) -> float:
+        """The x with the model's decode-only time at d sequences and x * total context = t
+        (bisection: the time rises with the context), from 1/8 to 8."""
+        lo, hi = 0.125, 8.0
+        if self._eval(d, 0, total * lo, 0, 0, 0) >= t:
+            return lo
+        if self._eval(d, 0, total * hi, 0, 0, 0) <= t:
+            return hi
+        for _ in range(50):
+            mid = 0.5 * (lo + hi)
+            if self._eval(d, 0, total * mid, 0, 0, 0) < t:
+                lo = mid
+            else:
+                hi = mid
+        return 0.5 * (lo + hi)
+
+    @property
+    def charges_decode_spread(self) -> bool:
+        """Decode-only steps are charged for their contexts' spread (`decode_context_multiple`)."""
+        return self.decode_plan is not None and self.spread_kappa is not None and np.isfinite(self.spread_kappa)
+
+    def decode_context_multiple(self, contexts) -> float:
+        """What a decode-only step of these contexts (launch order) costs, as a multiple of its
+        total context: the attention launch's time over its time at their mean (`spread_factor`),
+        memoized on the contexts in the plan's tiles (the kernel reads whole tiles)."""
+        if not self.charges_decode_spread or len(contexts) < 2:
+            return 1.0
+        bn = self.decode_plan.block_n
+        key = tuple(-(-int(c) // bn) for c in contexts)
+        f = self._spread_memo.get(key)
+        if f is None:
+            if len(self._spread_memo) > 200_000:
+                self._spread_memo.clear()
+            f = self._spread_memo[key] = spread_factor([k * bn for k in key], self.decode_plan,
+                                                       self.spread_kappa)
+        return f
 
     def _set_cap_weight(self, run: dict | None, packed: dict | None = None, pause_s: float = 0.0) -> None:
         """The busy-share weights of steps with prefill from the pause check's "sustained_mixed"
@@ -755,7 +851,12 @@ class ProfileCost:
         doc = json.loads(Path(path).read_text())
         raw = doc if isinstance(doc, list) else (doc.get("points") or doc.get("steps") or [])
         pts, times, launch, device = [], [], [], []
+        spread = []
         for point in raw:
+            runs = point.get("decode_context_lens")
+            if runs and len({int(c) for _n, c in runs}) > 1:
+                spread.append(point)  # unequal contexts: the spread term's, not the fit's
+                continue
             launch.append(point.get("launch_ms_median"))
             device.append(point.get("device_ms_median"))
             for key, scale in _TIME_KEYS:
@@ -780,6 +881,7 @@ class ProfileCost:
         # every point timed as the serving loop runs it (module doc, "Device time"), else none
         if "device_times_s" not in kwargs and device and all(x is not None for x in device):
             kwargs["device_times_s"] = np.array(device, dtype=np.float64) * 1e-3
+        kwargs.setdefault("spread_points", spread)
         return cls(np.array(pts), np.array(times), num_blocks=meta.get("num_kv_blocks"),
                    block_size=meta.get("block_size"), meta=meta, **kwargs)
 
@@ -927,4 +1029,8 @@ class ProfileCost:
                                                               "by_power": self.cap_mixed,
                                                               **({"by_power_packed": self.cap_packed}
                                                                  if self.cap_packed else {})},
+                # named only where the term is set or measured (module doc, "Unequal contexts")
+                **({"decode_spread": {"kappa": self.spread_kappa, "points": self.spread_point_kappas,
+                                      "plan_from_profile": bool(self.meta.get("decode_attention"))}}
+                   if self.spread_kappa is not None else {}),
                 **{k: v for k, v in self.meta.items() if isinstance(v, (str, int, float))}}

@@ -34,6 +34,9 @@ class CostSpec:
     # profile's pause check has the capped mixed step's sustained run (sims.profile_cost, "Power by
     # step kind"; opt-in)
     cap_by_power: bool = False
+    # decode-only steps charged for their contexts' spread (sims.decode_spread): "measured" (at
+    # the kappa of the profile's spread points; none without them), "off", or a kappa (what-if)
+    decode_spread: str | float = "measured"
 
     def build(self) -> CostModel:
         if self.step_ms is not None:
@@ -41,7 +44,8 @@ class CostSpec:
         if self.profile:
             from sims.profile_cost import ProfileCost
             cost = ProfileCost.from_json(self.profile, hide_launch=self.hide_launch,
-                                           power_cap=self.power_cap, cap_by_power=self.cap_by_power)
+                                           power_cap=self.power_cap, cap_by_power=self.cap_by_power,
+                                           decode_spread=self.decode_spread)
         else:
             cost = RooflineCost(load_model_shape(self.model), get_gpu(self.gpu), self.roofline)
         if self.num_blocks:

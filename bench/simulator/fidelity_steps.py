@@ -49,7 +49,8 @@ def read_steps(path: str | Path) -> list[dict]:
 def live_steps(rows: list[dict], max_tokens: dict[str, int]) -> tuple[list[dict], int]:
     """Every live step with its decodes' context tokens rebuilt (module doc, 1). `max_tokens`:
     request id -> its max_tokens (the decision log's arrivals). Returns the steps (dicts with
-    d, ctx (Σ decode context + 1 each, as the simulator counts it), p, chunks [(tokens, start)],
+    d, ctx (Σ decode context + 1 each, as the simulator counts it), ctxs (those contexts in join
+    order), p, chunks [(tokens, start)],
     start, end (s, the step log's monotonic clock), ms, prefill_before (the step before carried
     prefill), idle_before (the engine was idle before it)) and how many steps' rebuilt decode count
     differ from the logged one (0: the rebuild is exact)."""
@@ -67,7 +68,8 @@ def live_steps(rows: list[dict], max_tokens: dict[str, int]) -> tuple[list[dict]
         bad += d != s["decodes"]
         start = float(s["mono"])
         end = start + float(s["ms"]) / 1e3
-        out.append({"d": s["decodes"], "ctx": sum(c + 1 for c, _ in running.values()),
+        ctxs = [c + 1 for c, _ in running.values()]
+        out.append({"d": s["decodes"], "ctx": sum(ctxs), "ctxs": ctxs,
                     "p": int(s["prefill_tokens"]), "chunks": [(int(n), int(st)) for _, n, st in s["prefill"]],
                     "start": start, "end": end, "ms": float(s["ms"]),
                     "prefill_before": bool(i and rows[i - 1]["prefill_tokens"]),
@@ -130,6 +132,7 @@ def model_step_ms(cost, steps: list[dict], window_s: float = 0.1) -> list[tuple[
     the compute-share cap: every step) its power-cap slowdown (`prefill_slowdown`) where the model
     has one."""
     idle_launch = cost.launch_time if getattr(cost, "hides_launch", False) else None
+    spread = cost.decode_context_multiple if getattr(cost, "charges_decode_spread", False) else None
     tau = getattr(cost, "power_cap_tau_s", None)
     if tau is not None:  # exponential shares over the model's own horizon (6 tau)
         window_s = max(window_s, cost.power_cap_window_s)
@@ -139,6 +142,8 @@ def model_step_ms(cost, steps: list[dict], window_s: float = 0.1) -> list[tuple[
             continue
         chunks = s["chunks"] or None
         ctx = s["ctx"] + sum(n + st for n, st in s["chunks"])
+        if spread is not None and not s["p"] and s.get("ctxs"):  # the contexts' spread (sims.decode_spread)
+            ctx = int(ctx * spread(s["ctxs"]))
         t = cost.step_time(s["d"], s["p"], ctx, chunks)
         by_compute = getattr(cost, "caps_by_compute", False)
         f, g = busy_shares(steps, k, window_s, tau) if s["p"] or by_compute else (0.0, 0.0)
