@@ -9,7 +9,10 @@ prefills (k in --packed-prefill-seqs, several prompts in one step) and chunks wi
 (s in --prefill-context-lens, chunked prefill), so the simulator can tell them from one long prompt.
 One more packed point fills the token budget beside the middle packed decode batch where the grid's
 largest p does not fit there (--budget-packed-points): the engine's largest live steps, several
-prompts beside the decodes up to the budget (`step_shapes`).
+prompts beside the decodes up to the budget (`step_shapes`). Spread decode points
+(--decode-spread-points) give the d decodes unequal contexts, d - 1 short and one long
+(`spread_shapes`), and the profile writes the decode kernel's launch plan per decode bucket
+(`decode_attention`): what a batch of unequal contexts costs the one-program-per-sequence launch.
 Verify points (--verify-drafts K) hold k verify chunks of K + 1 tokens instead (a decode with K
 draft tokens, speculative decoding): the same tokens as a prefill chunk through the model, but
 sampled at every position and read back row by row, which a prefill chunk's shape does not time.
@@ -23,6 +26,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from itertools import pairwise
 
 import torch
@@ -83,6 +87,13 @@ def parser() -> argparse.ArgumentParser:
                         "rows, so its time jumps past each bucket and rises inside it, which the "
                         "cost model follows bucket by bucket (issue 35); 'buckets': the buckets "
                         "alone (the profiles of 2026-12-04)")
+    p.add_argument("--decode-spread-points", choices=("on", "off"), default="on",
+                   help="on: also one decode-only point per grid decode batch d >= 2 whose d - 1 "
+                        "sequences have the first --context-lens context and the last one 4x it "
+                        "(capped at max_model_len): a live batch's unequal contexts, which the "
+                        "decode kernel's one program per (sequence, kv head, split) runs as a "
+                        "tail on the long one (issue 35, session 19); `decode_context_lens` "
+                        "gives each point's contexts")
     p.add_argument("--device-time", choices=("on", "off"), default="on",
                    help="on CUDA, also time each point as the serving loop runs it: queued behind "
                         "a spin kernel that holds the stream while the host launches, so the "
@@ -102,12 +113,20 @@ def parser() -> argparse.ArgumentParser:
 
 
 def make_step(d: int, p: int, c: int, block_size: int, num_blocks: int, vocab: int,
-              k: int = 1, s: int = 0, verify: bool = False) -> list[ScheduledChunk]:
+              k: int = 1, s: int = 0, verify: bool = False,
+              decode_contexts: Sequence[int] | None = None) -> list[ScheduledChunk]:
     """d decodes of context c, then k prefill chunks of p // k tokens each (p % k == 0), each
     starting at position s; block tables wrap around the pool. `verify`: the k chunks are
-    verifies instead (a decode whose last p // k - 1 tokens are drafts), after the decodes."""
+    verifies instead (a decode whose last p // k - 1 tokens are drafts), after the decodes.
+    `decode_contexts` (d values, each >= 1): the decodes' own contexts in launch order instead
+    of c for all (`spread_shapes`: a batch of unequal contexts)."""
     chunks: list[ScheduledChunk] = []
-    nb_dec = -(-c // block_size)
+    if decode_contexts is None:
+        ctxs = [c] * d
+    else:
+        ctxs = [int(x) for x in decode_contexts]
+        if len(ctxs) != d or any(x < 1 for x in ctxs):
+            raise ValueError(f"{d} decodes need {d} contexts >= 1, got {ctxs}")
     next_block = 0
 
     def table(n: int) -> list[int]:
@@ -116,8 +135,8 @@ def make_step(d: int, p: int, c: int, block_size: int, num_blocks: int, vocab: i
         next_block += n
         return t
 
-    for i in range(d):
-        chunks.append(_chunk(f"d{i}", [(7 * i + 1) % vocab], c - 1, table(nb_dec), False))
+    for i, ci in enumerate(ctxs):
+        chunks.append(_chunk(f"d{i}", [(7 * i + 1) % vocab], ci - 1, table(-(-ci // block_size)), False))
     if p:
         if k < 1 or p % k:
             raise ValueError(f"{p} prefill tokens do not split into {k} equal chunks")
@@ -219,6 +238,107 @@ def decode_bucket_shapes(shapes: list[tuple[int, int, int, int, int]], buckets,
     if first_batches:  # a bucket's first two batches (the 6.7B's steps jumped at 33 -> 34, 49 -> 50)
         want |= {x for lo, hi in pairwise(bs) for x in (lo + 1, lo + 2) if x < hi and ds[0] < x <= ds[-1]}
     return [(b, 0, c, 0, 0) for b in sorted(want) for c in cs if (b, c) not in have]
+
+
+# "Spread" decode points (--decode-spread-points, issue 35, session 19): the grid's decode points
+# give all d sequences the same context c, but a live decode batch's contexts differ (the H100's
+# mixed-lengths run, prompts lognormal median 512 sigma 0.8: decode-only steps charged 0.92 of
+# live, falling from 0.98 at max/mean context 1 to 0.88 at max/mean 3+), and charging a step by
+# its total context prices it at the mean. The paged-attention decode launch runs one program per
+# (sequence, kv head, split), so where one sequence is longer the launch waits on its programs
+# after the others finish, streaming alone faster than its share at full occupancy: how much
+# faster is what these points measure, d - 1 sequences at the first context and the last one
+# SPREAD_LONG_FACTOR x longer, beside the kernel's launch plan (`decode_attention_plan`).
+SPREAD_LONG_FACTOR = 4
+
+
+def spread_shapes(ds: list[int], cs: list[int], *, max_num_seqs: int, max_num_batched_tokens: int,
+                  max_model_len: int) -> list[tuple[int, list[list[int]]]]:
+    """The spread decode points as (d, run-length contexts [[count, context], ...] in launch
+    order): for every grid decode batch d >= 2 that fits, d - 1 sequences at c_short (the first
+    of `cs`) and the last at c_long = min(SPREAD_LONG_FACTOR * c_short, max_model_len); none where
+    c_long <= c_short."""
+    if not cs:
+        return []
+    c_short = cs[0]
+    c_long = min(SPREAD_LONG_FACTOR * c_short, max_model_len)
+    if c_short < 1 or c_long <= c_short:
+        return []
+    out = []
+    for d in dict.fromkeys(ds):
+        if 2 <= d <= min(max_num_seqs, max_num_batched_tokens):
+            out.append((d, [[d - 1, c_short], [1, c_long]]))
+    return out
+
+
+def expand_runs(runs: Sequence[Sequence[int]]) -> list[int]:
+    """[[count, context], ...] -> one context per sequence, in order."""
+    return [int(c) for n, c in runs for _ in range(int(n))]
+
+
+def decode_attention_plan(buckets: Sequence[int], num_kv_heads: int, sm_count: int,
+                          split_context_len: int, kv_cache_dtype: str = "auto") -> dict:
+    """The paged-attention decode kernel's launch plan for a decode of each bucket's sequences,
+    from the kernel's own sizing functions (`backend.kernels.paged_attention`): per bucket the
+    context splits S it chooses at `split_context_len` (bucket x num_kv_heads programs a split)
+    and the programs resident at once, R = resident programs per SM x `sm_count` for that launch.
+    Quantized pages ("fp8", "int4-fp8") take the quantized decode's tiles and residency (or the
+    register cap's, where `quant_decode_plan` caps the launch)."""
+    from backend.kernels import paged_attention as pa
+    from backend.kv.formats import FORMATS
+
+    quant = kv_cache_dtype in FORMATS    # else model-dtype pages ("auto")
+    block_n = pa.QUANT_BLOCK_N if quant else pa.BLOCK_N
+    out = {}
+    for b in sorted({int(x) for x in buckets if int(x) > 0}):
+        programs = b * num_kv_heads
+        entry = {}
+        if quant:
+            splits, cap = pa.quant_decode_plan(programs, split_context_len, sm_count, block_n,
+                                               int4_keys=FORMATS[kv_cache_dtype][0] == "int4")
+            per_sm = pa.QUANT_DECODE_RESIDENT_PER_SM if cap is None else 65536 // (cap * 128)
+            if cap is not None:
+                entry["maxnreg"] = cap
+        else:
+            splits = pa.choose_num_splits(programs, split_context_len, sm_count,
+                                          pa.DECODE_RESIDENT_PER_SM, block_n)
+            per_sm = pa.DECODE_RESIDENT_PER_SM
+        out[str(b)] = {"splits": splits, "resident_programs": per_sm * sm_count, **entry}
+    return {"num_kv_heads": num_kv_heads, "sm_count": sm_count, "kv_cache_dtype": kv_cache_dtype,
+            "block_n": block_n, "split_context_len": split_context_len, "buckets": out}
+
+
+def num_kv_heads(runner, loaded) -> int:
+    """The kv heads a decode launch runs over: the KV pool's (this rank's, under tensor
+    parallelism), else the model config's."""
+    kv = getattr(runner, "kv", None)
+    caches = getattr(kv, "k_caches", None)
+    if caches:
+        return int(caches[0].shape[2])
+    return int(loaded.config.num_key_value_heads)
+
+
+def runner_decode_attention(runner, cfg, num_kv_heads: int, grid_ds: Sequence[int]) -> dict:
+    """`decode_attention_plan` for this runner: its decode graph buckets (eager: the grid's decode
+    batches that fit), its KV format and kv heads, the device's SMs; the split context is
+    max_model_len (what a decode graph passes; an eager decode passes its longest context, so
+    there `cuda_graphs` is false and the plan is what graphs would run). `kernel`: what the
+    runner's attention is ("triton"; "cpu" on the CPU, where the plan is still the Triton one,
+    for the simulator's what-ifs; "torch" for the reference path on CUDA)."""
+    from backend.kernels.dispatch import KernelAttention
+    from backend.kernels.triton_utils import num_sms
+
+    if isinstance(getattr(runner.model, "attn", None), KernelAttention):
+        kernel = "triton"
+    else:
+        kernel = "cpu" if runner.device.type == "cpu" else "torch"
+    graphs = runner.graphs is not None
+    buckets = (list(runner.graphs.buckets) if graphs
+               else [d for d in grid_ds if 0 < d <= cfg.max_num_seqs])
+    kv_dtype = getattr(runner.kv, "kv_cache_dtype", "auto")
+    plan = decode_attention_plan(buckets, num_kv_heads, num_sms(runner.device), cfg.max_model_len,
+                                 kv_dtype)
+    return {"kernel": kernel, "cuda_graphs": graphs, **plan}
 
 
 def measure(runner, chunks, repeats: int, warmup: int, pause_s: float = 0.0,
@@ -494,15 +614,29 @@ def sustained_packed(runner, shape, cfg, vocab: int, pause_s: float, repeats: in
 
 def point(d: int, p: int, c: int, k: int, s: int, ms: list[float],
           launch_ms: list[float] | None = None, clock_mhz: int | None = None,
-          verify: bool = False, device_ms: list[float] | None = None) -> dict:
+          verify: bool = False, device_ms: list[float] | None = None,
+          decode_runs: Sequence[Sequence[int]] | None = None) -> dict:
     """One profile point (docs/contracts.md, "profile JSON"). `verify`: its k chunks of p / k
     tokens were verifies (`num_draft_tokens` = p - k drafts), not prefill chunks. `device_ms`:
-    its device-timed repetitions (`measure_device`), when taken."""
+    its device-timed repetitions (`measure_device`), when taken. `decode_runs`: the d decodes'
+    contexts as [[count, context], ...] in launch order (a spread point, `spread_shapes`): then
+    `context_len` is their rounded mean, `num_context_tokens` counts their exact sum, and the
+    point carries `decode_context_lens` and `decode_spread`."""
     k = k if p else 0
+    dec_tokens = d * c
+    if decode_runs is not None:
+        ctxs = expand_runs(decode_runs)
+        if len(ctxs) != d:
+            raise ValueError(f"{d} decodes, {len(ctxs)} contexts in {decode_runs}")
+        dec_tokens = sum(ctxs)
+        c = round(dec_tokens / d) if d else 0
     doc = {"num_decode_seqs": d, "num_prefill_tokens": p, "context_len": c if d else 0,
            "num_prefill_seqs": k, "prefill_context_len": s if p else 0,
-           "num_context_tokens": d * c + p + k * (s if p else 0), "step_ms": statistics.fmean(ms),
+           "num_context_tokens": dec_tokens + p + k * (s if p else 0), "step_ms": statistics.fmean(ms),
            "step_ms_min": min(ms), "step_ms_median": statistics.median(ms), "repeats": len(ms)}
+    if decode_runs is not None:
+        doc["decode_context_lens"] = [[int(n), int(x)] for n, x in decode_runs]
+        doc["decode_spread"] = "one_long"
     if verify and p:
         doc["num_draft_tokens"] = p - k
     if launch_ms:
@@ -542,10 +676,20 @@ def run(args: argparse.Namespace) -> dict:
                                  max_num_seqs=cfg.max_num_seqs,
                                  max_num_batched_tokens=cfg.max_num_batched_tokens,
                                  max_model_len=cfg.max_model_len)
+    spreads = []
+    if getattr(args, "decode_spread_points", "on") == "on":
+        spreads = spread_shapes(int_list(args.decode_batch_sizes), cs, max_num_seqs=cfg.max_num_seqs,
+                                max_num_batched_tokens=cfg.max_num_batched_tokens,
+                                max_model_len=cfg.max_model_len)
+    # (shape, verify, decode context runs or None): the grid, the spread decode points (measured
+    # as the uniform decode points: no pause), then the verifies
+    jobs = ([(x, False, None) for x in shapes]
+            + [((d, 0, round(sum(expand_runs(r)) / d), 1, 0), False, r) for d, r in spreads]
+            + [(x, True, None) for x in verifies])
     points = []
-    for (d, p, c, k, s), verify in [(x, False) for x in shapes] + [(x, True) for x in verifies]:
+    for (d, p, c, k, s), verify, runs in jobs:
         chunks = make_step(d, p, c, cfg.block_size, cfg.num_blocks, loaded.config.vocab_size, k, s,
-                           verify=verify)
+                           verify=verify, decode_contexts=expand_runs(runs) if runs else None)
         launch_ms: list[float] = []
         ms = measure(runner, chunks, args.repeats, args.warmup,
                      args.pause_ms / 1000 if p and not verify else 0.0, launch_ms)
@@ -553,9 +697,10 @@ def run(args: argparse.Namespace) -> dict:
         device_ms = (measure_device(runner, chunks, args.repeats,
                                     args.pause_ms / 1000 if p and not verify else 0.0)
                      if getattr(args, "device_time", "off") == "on" else None)
-        points.append(point(d, p, c, k, s, ms, launch_ms, clock, verify, device_ms))
+        points.append(point(d, p, c, k, s, ms, launch_ms, clock, verify, device_ms, runs))
         print(f"d={d:4d} {'v' if verify else 'p'}={p:6d} c={c:6d} k={k:3d} s={s:6d}  "
-              f"{statistics.fmean(ms):9.3f} ms  launch {statistics.median(launch_ms):7.3f} ms"
+              + (f"spread {' + '.join(f'{n}x{x}' for n, x in runs)}  " if runs else "")
+              + f"{statistics.fmean(ms):9.3f} ms  launch {statistics.median(launch_ms):7.3f} ms"
               + (f"  device {statistics.median(device_ms):7.3f} ms" if device_ms else "")
               + (f"  sm {clock} MHz" if clock is not None else ""), flush=True)
     pause_check = None
@@ -579,6 +724,11 @@ def run(args: argparse.Namespace) -> dict:
         "cuda_graph_decode_buckets": list(runner.graphs.buckets) if runner.graphs is not None else [],
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "points": points,
+        # the decode kernel's launch plan per decode bucket (splits, programs resident at once): a
+        # decode of unequal contexts runs as a tail on its longest sequence's programs, which the
+        # simulator models from this plan and the spread points (issue 35, session 19)
+        "decode_attention": runner_decode_attention(runner, cfg, num_kv_heads(runner, loaded),
+                                                    int_list(args.decode_batch_sizes)),
         # the async loop's plan lead by the kind of step in flight, from the points' launch times
         # (sims.profile_cost.plan_leads: the engine's deadline formula, not the serving loop measured)
         **({"plan_lead_ms": {k.removesuffix("_s"): round(v * 1e3, 4) for k, v in leads.items()}}
