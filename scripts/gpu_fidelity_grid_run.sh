@@ -54,6 +54,12 @@
 # packed point (64 decodes beside 4 x 496 tokens): ~0.7 s on the 6.7B, ~1.4 s on the 33B FP8, ~1.8 s on
 # the 33B bf16 (budget_point.txt there), added to the estimates below (session 18: +5 s on the 6.7B
 # parts, +7 on the 33B FP8, +8 on the 33B bf16 with both runs).
+# Since session 19 (H37P) the profile also measures one "spread" decode point per grid decode batch
+# d >= 2 (7 points: d - 1 sequences at the first context, one at 4x it) as the decode points are
+# measured ((warmup 2 + repeats 5) steps + 5 device-timed ones behind a 5 ms spin each): from the
+# committed profiles' decode steps at d 2-64, ~1.9 s on the 33B bf16 (H200), ~1.6 s on the 33B FP8,
+# ~0.7 s on the 6.7B (H200) and ~1.1 s (H100); the 33B bf16 on the H100 ~3 s. Under 5 s: the
+# estimates below are unchanged.
 # Override any of MODEL LOADS SEEDS N IN OUTLEN SERVE_ARGS BUDGET_S per call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
