@@ -61,9 +61,10 @@ class DecodeLaunchPlan:
 
     @classmethod
     def from_profile(cls, doc: dict) -> DecodeLaunchPlan | None:
-        """The profile's `decode_attention` (backend profile, session 19), or None."""
+        """The profile's `decode_attention` (backend profile, session 19), or None where there is
+        none or its attention is not the Triton kernel this module models (the CPU's, torch's)."""
         plan = doc.get("decode_attention")
-        if not plan or not plan.get("buckets"):
+        if not plan or not plan.get("buckets") or plan.get("kernel", "triton") != "triton":
             return None
         rows = sorted((int(b), int(v["splits"]), int(v["resident_programs"]))
                       for b, v in plan["buckets"].items())

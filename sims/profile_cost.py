@@ -675,7 +675,10 @@ class ProfileCost:
         self._spread_memo: dict[tuple, float] = {}
         if decode_spread == "off":
             return
-        plan = DecodeLaunchPlan.from_profile(self.meta) or _legacy_launch_plan(self.meta)
+        if self.meta.get("decode_attention"):  # named by the profile: its plan or (not Triton) none
+            plan = DecodeLaunchPlan.from_profile(self.meta)
+        else:
+            plan = _legacy_launch_plan(self.meta)
         if plan is None:
             return
         if decode_spread != "measured":

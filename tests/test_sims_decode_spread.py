@@ -181,3 +181,11 @@ def test_the_simulator_charges_a_spread_workload_more(tmp_path):
     mixed = "lognormal:512:0.9"
     assert tpot(2.0, mixed) > tpot("off", mixed) * 1.03
     assert tpot(2.0, "512") == pytest.approx(tpot("off", "512"), rel=0.02)
+
+
+def test_a_profile_whose_attention_is_not_the_triton_kernel_gets_no_term(tmp_path):
+    doc = _profile_doc(2.5)
+    doc["decode_attention"]["kernel"] = "cpu"   # the CPU's attention: not the launch modelled here
+    cost = ProfileCost.from_json(_write(tmp_path, doc), ctx_quantum=1)
+    assert not cost.charges_decode_spread
+    assert cost.decode_context_multiple([512] * 15 + [3584]) == 1.0
