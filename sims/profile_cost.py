@@ -165,6 +165,23 @@ depends on the model and format (6.7B FP8 +0.0 ms at 64 -> 65, bf16 +0.3, 33B bf
 rule on the measured points can know. The validate's grid therefore measures past it (decode
 batches to 128, `bench.simulator.validate.profile_grid`).
 
+Unequal contexts (issue 35, session 19): the profile's decode points give every sequence one
+context, and a decode-only step was charged at its total context, i.e. as if each sequence had the
+mean; live with mixed prompt and output lengths (the H100 6.7B part, session 18) those steps ran
+over the model from 2% at max / mean context 1 to 12% at 3+, 81% of the part's error. The decode
+kernel's programs are per (sequence, kv head, split): a long sequence's run on after the short
+ones end. `sims.decode_spread` models the launch (processor sharing of the bandwidth, a lone
+program capped at kappa times its share of a full wave, the kernel's own plan per decode bucket
+from the profile's `decode_attention`); the profile's "spread" points (d - 1 sequences at c and
+the last at 4c, `decode_context_lens`) are kept out of the fit and the residuals, each read as the
+multiple of its total context at which the fitted model gives its time, and that multiple solved
+for kappa (`decode_spread.solve_kappa`), interpolated in log d between the points. With them
+(`decode_spread="measured"`, the default) the event loop charges a decode-only step at its total
+context times the launch's multiple (`decode_context_multiple`); steps with prefill are charged as
+before (their attention is the prefill kernel's, not modelled here). A profile without spread
+points is charged exactly as before; `decode_spread=KAPPA` is a what-if on any CUDA profile (the
+plan from the kernel's constants of the time, `sims.decode_spread.LEGACY_*`).
+
 `step_time(d, p, ctx, prefill_chunks=None)`: without `prefill_chunks` a step's p tokens are one
 chunk from position 0 (today's `CostModel` interface); with them — the step's prefill chunks, each an
 int (tokens from position 0), an (num_tokens, start_pos) pair, or an object with `token_ids` and
@@ -673,6 +690,7 @@ class ProfileCost:
         self.spread_kappa = None
         self.spread_point_kappas: list[dict] = []
         self._spread_memo: dict[tuple, float] = {}
+        self._kappa_by_d = None   # (log d, kappa) of the spread points, or None: one kappa
         if decode_spread == "off":
             return
         if self.meta.get("decode_attention"):  # named by the profile: its plan or (not Triton) none
@@ -702,6 +720,11 @@ class ProfileCost:
         if kappas:
             self.decode_plan = plan
             self.spread_kappa = float(np.median(kappas))  # inf where no point saw a cap
+            # each point's kappa at its batch, interpolated in log d between them (held past the
+            # ends): a launch of one wave (d <= 16 on the 6.7B) and one of several need not share
+            # it; a point that saw no cap counts at the solve's bound (64: no cap in effect)
+            by_d = sorted((k["num_decode_seqs"], min(k["kappa"], 64.0)) for k in self.spread_point_kappas)
+            self._kappa_by_d = (np.log([d for d, _ in by_d]), np.array([k for _, k in by_d]))
 
     def _context_multiple(self, d: int, total: int, t: float) -> float:
         """The x with the model's decode-only time at d sequences and x * total context = t
@@ -722,7 +745,18 @@ class ProfileCost:
     @property
     def charges_decode_spread(self) -> bool:
         """Decode-only steps are charged for their contexts' spread (`decode_context_multiple`)."""
-        return self.decode_plan is not None and self.spread_kappa is not None and np.isfinite(self.spread_kappa)
+        if self.decode_plan is None or self.spread_kappa is None:
+            return False
+        return bool(np.isfinite(self.spread_kappa)
+                    or (self._kappa_by_d is not None and (self._kappa_by_d[1] < 64.0).any()))
+
+    def kappa_at(self, d: int) -> float:
+        """The launch model's kappa for a decode step of d sequences: the spread points' own,
+        interpolated in log d, or the one kappa given (a what-if)."""
+        if self._kappa_by_d is None:
+            return self.spread_kappa
+        x, k = self._kappa_by_d
+        return float(np.interp(np.log(max(d, 1)), x, k))
 
     def decode_context_multiple(self, contexts) -> float:
         """What a decode-only step of these contexts (launch order) costs, as a multiple of its
@@ -737,7 +771,7 @@ class ProfileCost:
             if len(self._spread_memo) > 200_000:
                 self._spread_memo.clear()
             f = self._spread_memo[key] = spread_factor([k * bn for k in key], self.decode_plan,
-                                                       self.spread_kappa)
+                                                       self.kappa_at(len(key)))
         return f
 
     def _set_cap_weight(self, run: dict | None, packed: dict | None = None, pause_s: float = 0.0) -> None:

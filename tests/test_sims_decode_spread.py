@@ -109,7 +109,8 @@ def _profile_doc(kappa=None):
             ctxs = [512] * (d - 1) + [2048]
             total = sum(ctxs)
             # the even model's time at the multiple of its total context the launch model gives
-            t = _decode_s(d, total * spread_factor(ctxs, PLAN, kappa) / d)
+            k = kappa(d) if callable(kappa) else kappa
+            t = _decode_s(d, total * spread_factor(ctxs, PLAN, k) / d)
             pts.append({"num_decode_seqs": d, "num_prefill_tokens": 0, "context_len": round(total / d),
                         "num_context_tokens": total, "step_ms": 1e3 * t,
                         "decode_context_lens": [[d - 1, 512], [1, 2048]], "decode_spread": "one_long"})
@@ -189,3 +190,15 @@ def test_a_profile_whose_attention_is_not_the_triton_kernel_gets_no_term(tmp_pat
     cost = ProfileCost.from_json(_write(tmp_path, doc), ctx_quantum=1)
     assert not cost.charges_decode_spread
     assert cost.decode_context_multiple([512] * 15 + [3584]) == 1.0
+
+
+def test_each_batch_takes_the_kappa_its_own_points_measured(tmp_path):
+    """One wave (d <= 16 on this shape) and several need not share kappa: each point's own,
+    interpolated in log d between them."""
+    kap = {4: 2.0, 8: 2.0, 16: 2.2, 32: 3.2}
+    cost = ProfileCost.from_json(_write(tmp_path, _profile_doc(lambda d: kap[d])), ctx_quantum=1)
+    for d, k in kap.items():
+        assert cost.kappa_at(d) == pytest.approx(k, rel=0.02)
+    assert 2.2 < cost.kappa_at(24) < 3.2
+    assert cost.kappa_at(100) == pytest.approx(3.2, rel=0.02)   # held past the last point
+    assert cost.spread_kappa == pytest.approx(2.1, rel=0.02)     # the median, reported
