@@ -292,13 +292,21 @@ def gateway_config(args: argparse.Namespace, backends: list[str]) -> GatewayConf
 class EmbeddedBackend:
     """`tidegate backend` as a child process on a private ipc:// socket."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, signal_mask: set[int] | None = None) -> None:
+        """`signal_mask`: the mask the backend starts with, when the caller's differs (the
+        --workers parent blocks SIGTERM/SIGINT, and a child inherits the mask across exec: the
+        backend would never see its SIGTERM)."""
         self.tmpdir = tempfile.mkdtemp(prefix="tidegate-")
         self.address = f"ipc://{self.tmpdir}/backend.sock"
         cmd = [sys.executable, "-m", "gateway.tidegate_cli",
                *embedded_backend_argv(args, self.address)]
         log.info("starting embedded backend: %s", " ".join(cmd))
-        self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT)
+        preexec = None
+        if signal_mask is not None:
+            def preexec() -> None:  # in the child, before exec
+                signal.pthread_sigmask(signal.SIG_SETMASK, signal_mask)
+        # preexec_fn only from the --workers parent, which has started no thread by then
+        self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, preexec_fn=preexec)  # noqa: PLW1509
 
     def stop(self, timeout: float = 10.0) -> None:
         if self.proc.poll() is None:
