@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def one_run(serve_main, argv: list[str], sig: int, ready_timeout_s: float,
-            storm_timeout_s: float) -> dict:
+            storm_timeout_s: float, recursion_limit: int | None = None) -> dict:
     r, w = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -40,6 +40,8 @@ def one_run(serve_main, argv: list[str], sig: int, ready_timeout_s: float,
         os.close(r)
         os.dup2(w, 1)
         os.close(w)
+        if recursion_limit is not None:
+            sys.setrecursionlimit(recursion_limit)
         raise SystemExit(serve_main(argv))  # nothing in this file catches it: a normal exit
     os.close(w)
     out = b""
@@ -84,6 +86,9 @@ def main() -> int:
     p.add_argument("--ready-timeout", type=float, default=30.0)
     p.add_argument("--storm-timeout", type=float, default=30.0,
                    help="a gateway still up this long into the storm is killed (code -9)")
+    p.add_argument("--recursion-limit", type=int, default=None,
+                   help="the gateway's (sys.setrecursionlimit): a handler that re-enters itself "
+                        "under the storm then fails within a few runs, not one in hundreds")
     p.add_argument("argv", nargs=argparse.REMAINDER, help="-- then `tidegate serve`'s flags")
     args = p.parse_args()
     if args.no_uvloop:
@@ -106,7 +111,7 @@ def main() -> int:
         if args.budget_s is not None and runs and time.monotonic() - start > args.budget_s:
             break
         runs.append(one_run(gateway.serve.main, argv, sig, args.ready_timeout,
-                            args.storm_timeout))
+                            args.storm_timeout, args.recursion_limit))
     print(json.dumps({"runs": runs, "codes": [r["code"] for r in runs],
                       "left_behind": sum(r["left_behind"] for r in runs),
                       "elapsed_s": round(time.monotonic() - start, 2)}), flush=True)
