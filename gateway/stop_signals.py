@@ -34,6 +34,12 @@ any two bytecodes of the loop's own code, so it must not touch the loop's state 
 must never raise). After that it returns at once: CPython runs a handler again at the next
 bytecode boundary inside the handler itself if another signal came, so a storm of signals
 recursed through a handler that did more (a RecursionError out of the --workers parent's).
+Returning at once shortens each level but does not bound the nesting: the call's own start is
+such a boundary, so a sustained storm can still nest it level after level. The --workers parent,
+signalled through all its workers' drains, nested up to 92 deep and now and then to the limit; it
+no longer has a handler (gateway.workers). A gateway process is exposed from its first signal to
+`ignore()`: its storms passed at recursion limit 60 (session 19: 40 of 40 SIGTERM and 20 of 20
+SIGINT hammer runs, 5 of 5 through a 0.8 s drain), where the old parent failed 4 of 30.
 """
 from __future__ import annotations
 
