@@ -115,42 +115,53 @@ def launch_time(works: np.ndarray, resident: int, kappa: float) -> float:
     """Time of a launch of programs with these works (launch order) under processor sharing
     (module doc): one unit of work per unit time in all, n running programs at
     min(kappa / resident, 1 / n) each, at most `resident` running."""
+    if kappa < 1.0:
+        raise ValueError(f"kappa {kappa}: a lone program streams at least its share of a full wave (>= 1)")
     n_all = len(works)
     if n_all == 0:
         return 0.0
-    cap = kappa / resident
-    if n_all <= resident:  # one wave: all start at once, the closed form over sorted works
-        w = np.sort(works)
-        steps = np.diff(w, prepend=0.0)
-        active = np.arange(n_all, 0, -1, dtype=np.float64)
-        return float(np.sum(steps / np.minimum(cap, 1.0 / active)))
-    # several waves: every running program advances alike, so track the common progress V
-    # and each one's finishing progress in a heap
-    heap = [float(x) for x in works[:resident]]
+    if n_all <= resident:  # one wave: all start at once
+        return _drain(np.asarray(works, dtype=np.float64), resident, kappa)
+    # Several waves. While programs wait, `resident` run, each at 1 / resident (kappa >= 1): every
+    # running program advances alike, so list scheduling on the common progress v — a waiting
+    # program starts when the running one with the least work left ends (the heap's head) — and
+    # the time is v * resident. Once the last has started, the running ones drain.
+    heap = works[:resident].tolist()
     heapq.heapify(heap)
-    v = t = 0.0
-    nxt = resident
-    while heap:
-        r = min(cap, 1.0 / len(heap))
-        f = heapq.heappop(heap)
-        t += (f - v) / r
-        v = f
-        if nxt < n_all:
-            heapq.heappush(heap, v + works[nxt])
-            nxt += 1
-    return t
+    replace = heapq.heapreplace
+    v = 0.0
+    for w in works[resident:].tolist():
+        v = heap[0]  # the progress at which this program starts
+        replace(heap, v + w)
+    return v * resident + _drain(np.asarray(heap, dtype=np.float64) - v, resident, kappa)
 
 
-def spread_factor(contexts: Sequence[int], plan: DecodeLaunchPlan, kappa: float) -> float:
+def _drain(left: np.ndarray, resident: int, kappa: float) -> float:
+    """Time for programs all running, with `left` work each, to end (the closed form over the
+    sorted works: between two finishes the n still running share alike)."""
+    w = np.sort(left)
+    steps = np.diff(w, prepend=0.0)
+    active = np.arange(len(w), 0, -1, dtype=np.float64)
+    return float(np.sum(steps / np.minimum(kappa / resident, 1.0 / active)))
+
+
+def spread_factor(contexts: Sequence[int], plan: DecodeLaunchPlan, kappa: float,
+                  even_memo: dict | None = None) -> float:
     """The launch's time with these contexts over its time with every context at their mean
-    (>= about 1; exactly 1 for equal contexts)."""
+    (>= about 1; exactly 1 for equal contexts). `even_memo`: a dict the caller keeps, holding
+    the even launches' times by (d, mean, kappa) (a launch of several waves costs ~1 ms here)."""
     d = len(contexts)
     if d < 2 or math.isinf(kappa):
         return 1.0
     bucket, s, r = plan.launch(d)
     het = launch_time(program_works(contexts, bucket, plan.num_kv_heads, s, plan.block_n), r, kappa)
     mean = max(1, round(sum(contexts) / d))
-    uni = launch_time(program_works([mean] * d, bucket, plan.num_kv_heads, s, plan.block_n), r, kappa)
+    key = (d, mean, kappa)
+    uni = None if even_memo is None else even_memo.get(key)
+    if uni is None:
+        uni = launch_time(program_works([mean] * d, bucket, plan.num_kv_heads, s, plan.block_n), r, kappa)
+        if even_memo is not None:
+            even_memo[key] = uni
     return het / uni if uni > 0 else 1.0
 
 

@@ -204,6 +204,8 @@ class _Backend:
         "prefill_spans",
         "released_early",
         "sched",
+        "spread_key",
+        "spread_mult",
         "step_start",
         "streams",
         "stretch_past",
@@ -226,6 +228,9 @@ class _Backend:
         self.stretch_start = 0.0
         self.stretch_segs = None    # [(steps, batch, context, num_finishing, cumulative end)]
         self.stretch_past = False
+        # the decode batch's spread multiple (EventLoop.spread_fn) and what it was computed for
+        self.spread_key = None
+        self.spread_mult = 1.0
         self.plan = None
         self.streams = 0            # sequences of the single step in progress (delivery_per_stream_s)
         self.step_start = 0.0
@@ -723,6 +728,18 @@ class EventLoop:
         g = (now - max(now - self.cap_window, be.busy_since)) / self.cap_window - fu
         return f, max(0.0, g)
 
+    def spread_multiple(self, be: _Backend, sched) -> float:
+        """The decode batch's spread multiple (`spread_fn`) of `be`'s decoding sequences, kept for
+        8 steps while their count stays: listing the contexts is O(running) and a launch of
+        several waves costs ~1 ms to model, where a context grows a token a step and the
+        multiple drifts slowly (a join or a finish changes the count: recomputed at once)."""
+        dec = sched.sched.decodes
+        key = (dec.num_decoding, dec.step >> 3)
+        if key != be.spread_key:
+            be.spread_key = key
+            be.spread_mult = self.spread_fn([c for c, _ in sched.decode_contexts()])
+        return be.spread_mult
+
     def plan_cutoff(self, be: _Backend, now: float, after_step: bool) -> float:
         """When the engine planned the step starting at `now` (see `async_plan_lead_s`)."""
         lead = self.plan_lead
@@ -762,11 +779,16 @@ class EventLoop:
                 be.message_s = 0.0
                 out = []
                 cap_fg = self.cap_shares(be, now) if self.cap_share_fn is not None else None
-                spread = sched.decode_contexts() if self.spread_fn is not None else None
+                spread = None
                 a = 0
                 for ks, n_dec, ctx, nfin, tokens in segs:
-                    if spread is not None:  # at the segment's first step, its sequences' contexts
-                        ctx = int(ctx * self.spread_fn([c + a for c, left in spread if left > a]))
+                    if self.spread_fn is not None:  # at the segment's first step, its contexts
+                        if not a:
+                            ctx = int(ctx * self.spread_multiple(be, sched))
+                        else:
+                            if spread is None:
+                                spread = sched.decode_contexts()
+                            ctx = int(ctx * self.spread_fn([c + a for c, left in spread if left > a]))
                         a += ks
                     span = span_fn(n_dec, ctx, ks)
                     if cap_fg is not None:  # the decode-busy part, as at the stretch's start
@@ -788,7 +810,7 @@ class EventLoop:
             return
         num_decode, num_prefill, num_ctx = plan
         if self.spread_fn is not None and not num_prefill:
-            num_ctx = int(num_ctx * self.spread_fn([c for c, _ in sched.decode_contexts()]))
+            num_ctx = int(num_ctx * self.spread_multiple(be, sched))
         if self.charges_chunks and num_prefill:
             dt = self.step_time_fn(num_decode, num_prefill, num_ctx, sched.prefill_chunks)
         else:

@@ -690,6 +690,7 @@ class ProfileCost:
         self.spread_kappa = None
         self.spread_point_kappas: list[dict] = []
         self._spread_memo: dict[tuple, float] = {}
+        self._even_memo: dict[tuple, float] = {}
         self._kappa_by_d = None   # (log d, kappa) of the spread points, or None: one kappa
         if decode_spread == "off":
             return
@@ -700,7 +701,10 @@ class ProfileCost:
         if plan is None:
             return
         if decode_spread != "measured":
-            self.decode_plan, self.spread_kappa = plan, float(decode_spread)
+            kappa = float(decode_spread)
+            if not kappa >= 1.0:
+                raise ValueError(f"decode_spread {decode_spread!r}: 'measured', 'off' or a kappa >= 1")
+            self.decode_plan, self.spread_kappa = plan, kappa
             return
         for pt in spread_points:
             ctxs = expand_context_lens(pt["decode_context_lens"])
@@ -771,7 +775,7 @@ class ProfileCost:
             if len(self._spread_memo) > 200_000:
                 self._spread_memo.clear()
             f = self._spread_memo[key] = spread_factor([k * bn for k in key], self.decode_plan,
-                                                       self.kappa_at(len(key)))
+                                                       self.kappa_at(len(key)), self._even_memo)
         return f
 
     def _set_cap_weight(self, run: dict | None, packed: dict | None = None, pause_s: float = 0.0) -> None:

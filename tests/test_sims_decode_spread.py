@@ -202,3 +202,36 @@ def test_each_batch_takes_the_kappa_its_own_points_measured(tmp_path):
     assert 2.2 < cost.kappa_at(24) < 3.2
     assert cost.kappa_at(100) == pytest.approx(3.2, rel=0.02)   # held past the last point
     assert cost.spread_kappa == pytest.approx(2.1, rel=0.02)     # the median, reported
+
+
+def test_a_kappa_below_one_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="kappa"):
+        ProfileCost.from_json(_write(tmp_path, _profile_doc(None)), decode_spread=0.5)
+    with pytest.raises(ValueError, match="kappa"):
+        launch_time(np.full(600, 10.0), 528, 0.9)
+
+
+def test_the_several_wave_path_is_list_scheduling_then_the_drain():
+    """Against a plain event-by-event simulation of the same processor sharing."""
+    import heapq
+
+    def slow(works, r, kappa):
+        heap, v, t, nxt = [], 0.0, 0.0, 0
+        while nxt < len(works) and len(heap) < r:
+            heapq.heappush(heap, works[nxt])
+            nxt += 1
+        while heap:
+            rate = min(kappa / r, 1.0 / len(heap))
+            f = heapq.heappop(heap)
+            t += (f - v) / rate
+            v = f
+            if nxt < len(works):
+                heapq.heappush(heap, v + works[nxt])
+                nxt += 1
+        return t
+
+    rng = np.random.default_rng(7)
+    for n in (529, 900, 2048):
+        for kappa in (1.0, 2.5, 8.0):
+            works = rng.integers(1, 3000, n).astype(float)
+            assert launch_time(works, 528, kappa) == pytest.approx(slow(list(works), 528, kappa), rel=1e-12)
