@@ -4,11 +4,14 @@
     tidegate backend profile --model deepseek-coder-33b --device cuda --out profile.json
 
 Errors a user can cause (bad model, no memory, socket in use) print one line and exit 1.
+SIGTERM/SIGINT while it starts (model load, CUDA graphs, warm-up, bind) stop it once the step in
+progress returns: one line, exit 0 (`_StartupSignals`); once it serves, the worker drains.
 """
 from __future__ import annotations
 
 import argparse
 import gc
+import signal
 import sys
 
 from backend.engine.args import add_engine_args, backend_config
@@ -20,6 +23,53 @@ DEFAULT_LISTEN = "tcp://127.0.0.1:5555"
 
 
 ROLES = ("mixed", "prefill", "decode")  # BackendInfo.Role's values, in order
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class _StoppedDuringStartup(Exception):
+    pass
+
+
+class _StartupSignals:
+    """SIGTERM/SIGINT from main's first line until the worker's own handlers take them over.
+
+    Before, SIGINT raised KeyboardInterrupt wherever start-up was (a traceback out of an import or
+    the model load, exit -2) and SIGTERM killed the process (-15): a supervisor or ^C that stops a
+    backend still loading saw a crash, where the gateway stops there with exit 0. Now a signal is
+    only noted; `check()` at the safe points between start-up's steps (after the imports, the
+    engine build -- load, graphs, warm-up --, the KV event socket, the worker's bind) stops it, so
+    nothing is interrupted half-way (a graph capture, a collective of the tensor-parallel ranks, a
+    bind). A stop therefore waits for the step in progress: minutes of a large model's load.
+
+    SA_RESTART (`siginterrupt(sig, False)`): nothing here needs the main thread woken early, and
+    with it the calls the kernel restarts (reads, writes, waits) do not fail with EINTR inside the
+    C code of the load (torch, NCCL/gloo rendezvous, libzmq) for a signal we only note. The
+    worker's `signal.signal` takes each over in one sigaction (and without SA_RESTART, as before):
+    never SIG_DFL in between (gateway.stop_signals explains that window)."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def install(self) -> _StartupSignals:
+        for sig in STOP_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+            signal.siginterrupt(sig, False)
+        return self
+
+    def _on_signal(self, signum: int, frame) -> None:
+        # note it and return: a handler that did more recursed under a storm (gateway.stop_signals)
+        if self.received is None:
+            self.received = signum
+
+    def check(self) -> None:
+        if self.received is not None:
+            raise _StoppedDuringStartup(signal.Signals(self.received).name)
+
+    def restore(self) -> None:
+        """The handlers from before main (start-up failed with exit 1; main may run in-process)."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
 def serve_parser() -> argparse.ArgumentParser:
@@ -81,12 +131,17 @@ def serve_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    startup = _StartupSignals().install()  # first: a stop signal during start-up is only noted
     argv = list(sys.argv[1:] if argv is None else argv)
     args = serve_parser().parse_args(argv)
     ranks = None  # the other tensor-parallel ranks (backend.server.ranks)
+    kv_events = worker = None
     if args.tp_node_rank > 0:  # a host of a multi-host group that serves nothing itself
         from backend.server.ranks import node_main
 
+        if startup.received is not None:
+            return _stopped(signal.Signals(startup.received).name)
+        startup.restore()  # node_main owns its signals, as before
         try:
             return node_main(backend_config(args), _serving_options(args),
                              args.tensor_parallel_size, _hosts(args))
@@ -102,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                                args.cpu_threads or default_cpu_threads())
         except ValueError as exc:
             raise ModelLoadError(str(exc)) from None
+        startup.check()
         import zmq
 
         from backend.engine.assemble import create_engine
@@ -135,12 +191,14 @@ def main(argv: list[str] | None = None) -> int:
             serving = _serving_note(engine.serving_info)
             if getattr(engine, "async_scheduling", False):
                 serving += ", async scheduling"
+        startup.check()  # the longest step (load, graphs, warm-up) has returned
         from backend.model.generation_config import load_generation_defaults
 
         generation_defaults = load_generation_defaults(args.generation_config, args.model)
         # vLLM's engine publishes its own (create_vllm_engine)
         kv_events = (_kv_event_publisher(args, engine.config.block_size)
                      if args.engine != "vllm" else None)
+        startup.check()
         try:
             step_log = StepLog(args.step_log) if args.step_log else None
             worker = Worker(engine, loaded, args.listen, args.backend_id, args.served_model_name,
@@ -161,12 +219,27 @@ def main(argv: list[str] | None = None) -> int:
             if kv_events is not None:
                 kv_events.close()
             raise ModelLoadError(str(exc)) from None
+        worker.install_signal_handlers()  # ours -> the worker's: one sigaction each
+        startup.check()  # one that came since the last check: the worker never serves
     except ModelLoadError as exc:
         print(f"tidegate backend: error: {exc}", file=sys.stderr)
         if ranks is not None:
             ranks.stop()
+        startup.restore()
         return 1
-    worker.install_signal_handlers()
+    except _StoppedDuringStartup as exc:
+        bound = []  # endpoints bound so far: their ipc:// files go with them
+        if kv_events is not None:
+            bound += [kv_events.endpoint, kv_events.replay_endpoint]
+        if worker is not None:
+            bound += [worker.endpoint, worker.kv_server and worker.kv_server.endpoint]
+            worker.close()  # its sockets, KV server thread, authenticator, KV events
+        elif kv_events is not None:
+            kv_events.close()
+        _unlink_ipc(bound)
+        if ranks is not None:
+            ranks.stop()
+        return _stopped(str(exc))
     if ranks is not None:
         ranks.arm()
     # Everything built so far (modules, parameters, graphs: ~300k objects for the 33B preset) lives
@@ -184,6 +257,29 @@ def main(argv: list[str] | None = None) -> int:
     if ranks is not None:  # 1 when a rank died (its requests were answered with errors)
         rc = ranks.stop() or rc
     return rc
+
+
+def _stopped(name: str) -> int:
+    """A stop signal during start-up: one line, exit 0 (as the gateway). Ends on SIG_IGN, as the
+    worker does after its drain: interpreter finalization would reset our Python-level handlers to
+    SIG_DFL, and a supervisor's second signal would turn this 0 into a kill."""
+    print(f"tidegate backend: {name} during start-up: stopped before serving", file=sys.stderr,
+          flush=True)
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    return 0
+
+
+def _unlink_ipc(endpoints: list[str | None]) -> None:
+    """Remove the files of closed ipc:// listeners: libzmq (4.3.5 here) leaves them behind on
+    close, unbind and term alike (it removes a stale one at the next bind)."""
+    import contextlib
+    import os
+
+    for endpoint in endpoints:
+        if endpoint and endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@"):
+            with contextlib.suppress(OSError):
+                os.unlink(endpoint[len("ipc://"):])
 
 
 def _vllm_kv_events(args: argparse.Namespace) -> dict | None:
