@@ -254,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
           f"of {cfg.block_size}, max_model_len {cfg.max_model_len}{serving})", flush=True)
     rc = worker.serve_forever()
     worker.ignore_signals()  # drained: a late signal must not turn this exit code into a kill
+    # its listeners are closed: their ipc:// files go too (libzmq leaves them, `_unlink_ipc`)
+    _unlink_ipc([worker.endpoint, worker.kv_server and worker.kv_server.endpoint]
+                + ([kv_events.endpoint, kv_events.replay_endpoint] if kv_events is not None else []))
     if ranks is not None:  # 1 when a rank died (its requests were answered with errors)
         rc = ranks.stop() or rc
     return rc
