@@ -27,3 +27,8 @@ wait
 for k in off 2.0 2.5 3.0; do
   $PY -m bench.simulator.fidelity_table replay_6.7b-mixed-h100_$k.json > table_6.7b-mixed-h100_$k.md
 done
+# the term end to end on a profile with (synthetic) spread points: kappa read back, the default replay
+$PY pipeline_check.py /tmp/spread_pipeline > pipeline_check.txt
+T=/tmp/spread_pipeline/$P
+$PY -m bench.simulator.validate_replay $T/validate_$P.json $T/decisions_$P.jsonl.gz $T/steps_$P.jsonl.gz \
+    --profile $T/profile_$P.json --gateway-loop on --plan-lead live --cap-by-power >> pipeline_check.txt
