@@ -678,10 +678,9 @@ class ProfileCost:
             self._set_cap_weight(mixed_run, packed_run, float((meta or {}).get("pause_ms", 0.0)) / 1e3)
         elif self._cap is not None and mixed_run is not None and self._cap[1] > 1.0:
             self._set_cap_weight(mixed_run)
-        self._set_decode_spread(spread_points or [], decode_spread, launch_times_s is not None)
+        self._set_decode_spread(spread_points or [], decode_spread)
 
-    def _set_decode_spread(self, spread_points: list[dict], decode_spread: str | float,
-                           has_launch: bool) -> None:
+    def _set_decode_spread(self, spread_points: list[dict], decode_spread: str | float) -> None:
         """kappa and the launch plan of the unequal-contexts term (module doc, "Unequal
         contexts"): from the spread points, each read as the multiple of its total context at
         which the fitted model gives its measured time (the time the fit used: device, or step
@@ -713,7 +712,7 @@ class ProfileCost:
                 t = float(pt["device_ms_median"]) / 1e3
             else:
                 t = float(pt["step_ms"]) / 1e3
-                if self.hides_launch and has_launch and pt.get("launch_ms_median") is not None:
+                if self.hides_launch and pt.get("launch_ms_median") is not None:
                     t -= float(pt["launch_ms_median"]) / 1e3
             factor = self._context_multiple(d, total, t)
             kappa = solve_kappa(ctxs, plan, factor)

@@ -34,6 +34,7 @@ import torch
 from backend.engine.args import int_list
 from backend.errors import ModelLoadError
 from scheduler.step_plan import ScheduledChunk
+from sims.decode_spread import expand_context_lens
 
 FORMAT = "tidegate-profile/1"
 
@@ -269,11 +270,6 @@ def spread_shapes(ds: list[int], cs: list[int], *, max_num_seqs: int, max_num_ba
         if 2 <= d <= min(max_num_seqs, max_num_batched_tokens):
             out.append((d, [[d - 1, c_short], [1, c_long]]))
     return out
-
-
-def expand_runs(runs: Sequence[Sequence[int]]) -> list[int]:
-    """[[count, context], ...] -> one context per sequence, in order."""
-    return [int(c) for n, c in runs for _ in range(int(n))]
 
 
 def decode_attention_plan(buckets: Sequence[int], num_kv_heads: int, sm_count: int,
@@ -625,7 +621,7 @@ def point(d: int, p: int, c: int, k: int, s: int, ms: list[float],
     k = k if p else 0
     dec_tokens = d * c
     if decode_runs is not None:
-        ctxs = expand_runs(decode_runs)
+        ctxs = expand_context_lens(decode_runs)
         if len(ctxs) != d:
             raise ValueError(f"{d} decodes, {len(ctxs)} contexts in {decode_runs}")
         dec_tokens = sum(ctxs)
@@ -684,12 +680,12 @@ def run(args: argparse.Namespace) -> dict:
     # (shape, verify, decode context runs or None): the grid, the spread decode points (measured
     # as the uniform decode points: no pause), then the verifies
     jobs = ([(x, False, None) for x in shapes]
-            + [((d, 0, round(sum(expand_runs(r)) / d), 1, 0), False, r) for d, r in spreads]
+            + [((d, 0, round(sum(expand_context_lens(r)) / d), 1, 0), False, r) for d, r in spreads]
             + [(x, True, None) for x in verifies])
     points = []
     for (d, p, c, k, s), verify, runs in jobs:
         chunks = make_step(d, p, c, cfg.block_size, cfg.num_blocks, loaded.config.vocab_size, k, s,
-                           verify=verify, decode_contexts=expand_runs(runs) if runs else None)
+                           verify=verify, decode_contexts=expand_context_lens(runs) if runs else None)
         launch_ms: list[float] = []
         ms = measure(runner, chunks, args.repeats, args.warmup,
                      args.pause_ms / 1000 if p and not verify else 0.0, launch_ms)
