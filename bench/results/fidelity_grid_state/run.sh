@@ -23,8 +23,11 @@ declare -A SRC=(
   [6.7b-fp8-s16]=fidelity_grid_h200_s16/6.7b-fp8
   [33b-fp8-s16]=fidelity_grid_h200_s16/33b-fp8
   [33b-fp8-s17]=fidelity_grid_h200_s17/33b-fp8    # the first profile with the mixed step's sustained run
+  [6.7b-mixed-s20]=fidelity_grid_h200_s20/6.7b-mixed  # mixed lengths; the first profiles with spread points
+  [33b-kvint4-s20]=fidelity_grid_h200_s20/33b-kvint4  # int4-fp8 KV, seeds 0-1
+  [33b-mixed-s20]=fidelity_grid_h200_s20/33b-mixed    # mixed lengths, seed 0
 )
-ORDER="33b-s11 33b-s13 6.7b-s13 6.7b-s14 6.7b-s16 6.7b-fp8-s16 33b-fp8-s16 33b-fp8-s17"
+ORDER="33b-s11 33b-s13 6.7b-s13 6.7b-s14 6.7b-s16 6.7b-fp8-s16 33b-fp8-s16 33b-fp8-s17 6.7b-mixed-s20 33b-kvint4-s20 33b-mixed-s20"
 PARTS=${PARTS:-$ORDER}
 args() { local d=$G/${SRC[$1]} p=${SRC[$1]##*/}
   echo "$d/validate_$p.json $d/decisions_$p.jsonl.gz $d/steps_$p.jsonl.gz --profile $d/profile_$p.json"; }
@@ -48,7 +51,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = tables ]; then
     echo
     $PY -m bench.simulator.fidelity_table --pool replay_33b-s11_default.json replay_33b-s13_default.json \
         --json table_33b-5seeds_default.json
-    for p in 6.7b-s13 6.7b-s14 6.7b-s16 6.7b-fp8-s16 33b-fp8-s16 33b-fp8-s17; do
+    for p in 6.7b-s13 6.7b-s14 6.7b-s16 6.7b-fp8-s16 33b-fp8-s16 33b-fp8-s17 6.7b-mixed-s20 33b-kvint4-s20 33b-mixed-s20; do
       for form in default cap; do
         [ -f "replay_${p}_${form}.json" ] || continue
         echo

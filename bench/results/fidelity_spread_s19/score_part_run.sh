@@ -17,7 +17,7 @@ ROOT=${ROOT:-$(cd ../../../.. && pwd)}
 PY=${PY:-$ROOT/.venv/bin/python}
 export PYTHONPATH=$ROOT
 WHAT=${1:-all}
-PARTS=${PARTS:-$(for d in ../*/; do d=${d%/}; d=${d#../}; [ "$d" != analysis ] && echo "$d"; done)}
+PARTS=${PARTS:-$(for d in ../*/; do d=${d%/}; d=${d#../}; if [ "$d" != analysis ]; then echo "$d"; fi; done)}
 args() { local p=$1; echo "../$p/validate_$p.json ../$p/decisions_$p.jsonl.gz ../$p/steps_$p.jsonl.gz --profile ../$p/profile_$p.json"; }
 flags() { case $1 in default) echo "--cap-by-power --gateway-loop on --plan-lead live" ;;
                          nospread) echo "--cap-by-power --gateway-loop on --plan-lead live --decode-spread off" ;;
