@@ -126,3 +126,39 @@ def test_the_profiler_measures_every_decode_bucket_inside_its_grid():
     extra = decode_bucket_shapes(shapes, BUCKETS, _ints(g["context_lens"]))
     assert extra == [(b, 0, c, 0, 0) for b in (24, 48, 96) for c in (512, 576, 640)]
     assert decode_bucket_shapes(shapes + extra, BUCKETS, [512, 576, 640]) == []
+
+
+# ---- drawn lengths: the decode contexts span the workload's (issue 35, session 20) --------------
+
+def test_drawn_lengths_take_a_short_and_a_long_context_beside_the_typical_prompt():
+    from bench.engine.profile import spread_shapes
+    # prompts lognormal median 512 sigma 0.8 (mean 705, 10th percentile 184, 90th 1,427), outputs
+    # median 128 sigma 0.7 (90th 314): the grid's contexts 705, 184, 1,741 (was 705, 787, 869)
+    got = validate.grid_context_lens("lognormal:512:0.8", "lognormal:128:0.7")
+    assert got == [705, 184, 1741]
+    assert validate.grid_context_lens("uniform:100:300", "64") == [200, 120, 344]
+    assert validate.grid_context_lens("512", "128") is None  # fixed lengths: the grid as before
+    g = validate.profile_grid(705, 164, prefill_cap_tokens=256, context_lens=got)
+    assert g["context_lens"] == "705,184,1741"
+    # the spread points stay on the typical prompt (the first context), as sessions 19-20 measured them
+    assert spread_shapes([2, 8], _ints(g["context_lens"]), max_num_seqs=256, max_num_batched_tokens=2048,
+                         max_model_len=16384) == [(2, [[1, 705], [1, 2820]]), (8, [[7, 705], [1, 2820]])]
+    # a quantile never passes the draws' cap (4 x the typical length)
+    assert validate.length_quantile("lognormal:512:0.8", 0.9999) == 4 * 705
+
+
+def test_ensure_profile_asks_for_the_drawn_lengths_contexts(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(subprocess, "run",
+                        lambda cmd, **kw: seen.append(cmd) or SimpleNamespace(returncode=0, stdout="", stderr=""))
+    a = argparse.Namespace(profile=str(tmp_path / "p.json"), reprofile=True, model="m", device="cuda",
+                           input_len="lognormal:512:0.8", output_len="lognormal:128:0.7", profile_repeats=3,
+                           profile_warmup=1, profile_pause_ms=None, decode_batch_sizes=None,
+                           prefill_tokens=None, context_lens=None, engine_arg=[], quiet=True)
+    validate.ensure_profile(a)
+    assert seen[-1][seen[-1].index("--context-lens") + 1] == "705,184,1741"
+    validate.ensure_profile(argparse.Namespace(**{**vars(a), "input_len": "512", "output_len": "128"}))
+    assert seen[-1][seen[-1].index("--context-lens") + 1] == "512,576,640"
+    # an explicit --context-lens wins
+    validate.ensure_profile(argparse.Namespace(**{**vars(a), "context_lens": "100,200"}))
+    assert seen[-1][seen[-1].index("--context-lens") + 1] == "100,200"

@@ -94,10 +94,60 @@ def typical_len(spec) -> int:
 
 
 # ---- 1. profile -----------------------------------------------------------------------------------
+def length_quantile(spec, q: float) -> int:
+    """The q-quantile of a --input-len / --output-len spec's draws (a fixed length: itself), within
+    [1, its max_len] as `length_spec` caps the draws."""
+    from statistics import NormalDist
+
+    from sims.workload import LengthSpec
+    if not isinstance(spec, LengthSpec):
+        spec = length_spec(spec)
+    if spec.kind == "uniform":
+        x = spec.low + q * (spec.high - spec.low)
+    elif spec.kind == "lognormal":
+        x = spec.value * math.exp(spec.sigma * NormalDist().inv_cdf(q))
+    else:
+        x = typical_len(spec)
+    return int(min(max(1, round(x)), spec.max_len))
+
+
+# The quantiles of the lengths the grid's decode contexts span for lengths drawn from a distribution
+# (`grid_context_lens`): the decodes' contexts run from a short prompt's to a long prompt's plus a
+# long output's.
+GRID_CONTEXT_QUANTILES = (0.1, 0.9)
+
+
+def grid_context_lens(input_len, output_len) -> list[int] | None:
+    """The profile grid's decode contexts for lengths drawn from a distribution (issue 35, session
+    20), in the profiler's order: the typical prompt first (the context the spread points and the
+    verifies are built on, as before), then a short prompt's (the 10th percentile) and a long
+    prompt's plus a long output's (the 90th percentiles of each). None for fixed lengths: the grid's
+    own contexts (prompt to prompt + output) cover every step there.
+
+    Why: with prompt + output / 2 and prompt + output beside the typical prompt (705, 787, 869 for
+    prompts lognormal median 512 sigma 0.8, outputs median 128 sigma 0.7) the decode points' total
+    context moved with their batch alone, and the fit's context term was not identified: on the
+    H200's mixed-lengths parts (session 20) the live decode steps of one sequence ran 0.131 ms per
+    1,000 context tokens on the 6.7B against the model's 0.094, and at every batch the model / live
+    fell with the context a sequence (6.7B, 9-32 decodes: 1.012 at 401-600 tokens, 0.990 at
+    601-800, 0.961 at 801-1,000, 0.943 at 1,001-1,400; the 33B likewise) where live contexts ran from
+    ~200 to ~3,400 tokens."""
+    ins, outs = length_spec(input_len), length_spec(output_len)
+    if ins.kind == "fixed" and outs.kind == "fixed":
+        return None
+    lo, hi = GRID_CONTEXT_QUANTILES
+    typical = typical_len(ins)
+    short = length_quantile(ins, lo)
+    long = length_quantile(ins, hi) + length_quantile(outs, hi)
+    return list(dict.fromkeys([typical, short, long]))
+
+
 def profile_grid(input_len: int, output_len: int, max_num_seqs: int = 256,
-                 prefill_cap_tokens: int | None = None) -> dict[str, str]:
+                 prefill_cap_tokens: int | None = None,
+                 context_lens: list[int] | None = None) -> dict[str, str]:
     """A grid covering the workload: decode batches up to 128 (capped by max_num_seqs), prefills of
-    1-4 prompts (as one chunk, the profile's shape), contexts from the prompt to prompt + output.
+    1-4 prompts (as one chunk, the profile's shape), contexts from the prompt to prompt + output
+    (`context_lens`: these instead, in this order; `grid_context_lens` for drawn lengths).
 
     Decode batches past 64 (issue 35, session 17): the live runs at 0.95-1.2x reached 125-132
     sequences on the 6.7B and 98-100 on the 33B, which a grid up to 64 left to extrapolation: past
@@ -125,7 +175,8 @@ def profile_grid(input_len: int, output_len: int, max_num_seqs: int = 256,
     if 0 < cap < input_len:
         p |= {cap, max(1, cap // 4)}
         s = [cap]
-    c = sorted({input_len, input_len + output_len // 2, input_len + output_len})
+    c = (list(context_lens) if context_lens
+         else sorted({input_len, input_len + output_len // 2, input_len + output_len}))
     return {"decode_batch_sizes": ",".join(map(str, d)), "prefill_tokens": ",".join(map(str, sorted(p))),
             "context_lens": ",".join(map(str, c)), "prefill_context_lens": ",".join(map(str, s))}
 
@@ -151,7 +202,8 @@ def ensure_profile(a: argparse.Namespace) -> tuple[Path, bool]:
         return path, False
     cap = live_prefill_cap(a.device, a.engine_arg)
     grid = profile_grid(typical_len(a.input_len), typical_len(a.output_len),
-                        prefill_cap_tokens=cap.max_tokens if cap is not None else None)
+                        prefill_cap_tokens=cap.max_tokens if cap is not None else None,
+                        context_lens=grid_context_lens(a.input_len, a.output_len))
     cmd = [sys.executable, "-m", "gateway.tidegate_cli", "backend", "profile", "--model", a.model,
            "--device", a.device, "--out", str(path), "--repeats", str(a.profile_repeats),
            "--warmup", str(a.profile_warmup), "--pause-ms", str(profile_pause_ms(a)),
