@@ -80,21 +80,34 @@ def test_profile_pause_idles_before_prefill_steps_only(tmp_path, monkeypatch):
     # ... and sustained: SUSTAIN_IDLE_S idle, then the step back to back, traced (no other sleep)
     # ... and sustained_mixed: the mixed step paused (1 warmup + 10 repeats), SUSTAIN_IDLE_S idle,
     # then traced back to back (issue 35, session 16)
+    # ... and mixed_pattern_1 / _3: SUSTAIN_IDLE_S idle, then the mixed step with 1 / 3 decode steps
+    # between, back to back (issue 35, session 20)
     assert slept == ([0.04] * (2 * 3 + 2 * 11) + [profile.SUSTAIN_IDLE_S] + [0.04] * 11
-                     + [profile.SUSTAIN_IDLE_S])
+                     + [profile.SUSTAIN_IDLE_S] * 3)
     check = doc["pause_check"]
     assert check["num_prefill_tokens"] == 32
     # ... and sustained: the step back to back for SUSTAIN_S untimed, then timed back to back
     # (no sleep either)
     assert [r["run"] for r in check["runs"]] == ["paused", "back_to_back", "paused_again", "after_decode",
-                                                 "sustained", "sustained_mixed"]
-    assert [r["pause_ms"] for r in check["runs"]] == [40.0, 0.0, 40.0, 40.0, 0.0, 0.0]
+                                                 "sustained", "sustained_mixed", "mixed_pattern_1",
+                                                 "mixed_pattern_3"]
+    assert [r["pause_ms"] for r in check["runs"]] == [40.0, 0.0, 40.0, 40.0, 0.0, 0.0, 0.0, 0.0]
     # the capped engine's mixed step: min(32, max_num_seqs - 1) decodes of the grid's middle decode
     # context beside a chunk of min(256, max_num_batched_tokens - decodes), paused and traced
     mix = check["runs"][5]
     assert (mix["num_decode_seqs"], mix["num_prefill_tokens"], mix["decode_context_len"]) == (7, 57, 16)
     assert mix["paused_ms_median"] > 0 and mix["paused_pause_ms"] == 40.0
     assert len(mix["trace_ms"]) == len(mix["trace_t_ms"]) == mix["sustain_steps"] >= 1
+    # the live pattern: the mixed step, then n decode steps of its decodes, in that order throughout;
+    # each kind's median beside its paused / alone reference
+    for run, n in zip(check["runs"][6:], (1, 3), strict=True):
+        assert run["decode_steps_between"] == n and run["num_decode_seqs"] == 7
+        kinds = run["pattern_kinds"]
+        assert kinds.startswith("m" + "d" * n) and kinds == ("m" + "d" * n) * (len(kinds) // (n + 1))
+        assert len(run["pattern_ms"]) == len(run["pattern_t_ms"]) == run["pattern_steps"] == len(kinds)
+        assert run["paused_ms_median"] == mix["paused_ms_median"]
+        assert run["step_ms_min"] <= run["step_ms_median"] <= run["step_ms_max"]
+        assert run["decode_ms_median"] > 0 and run["decode_alone_ms_median"] > 0
     sus = check["runs"][4]
     assert sus["sustain_ms"] == 50.0 and sus["sustain_steps"] >= 1
     # every step of the sustained period timed: its start and its time (issue 35, session 15)

@@ -53,7 +53,8 @@ def test_the_pause_check_sustains_the_largest_packed_step(tmp_path, monkeypatch)
     check = doc["pause_check"]
     assert check["num_prefill_tokens"] == 32 and "sustained_packed_skipped" not in check
     assert [r["run"] for r in check["runs"]] == ["paused", "back_to_back", "paused_again", "after_decode",
-                                                 "sustained", "sustained_mixed", "sustained_packed"]
+                                                 "sustained", "sustained_mixed", "mixed_pattern_1",
+                                                 "mixed_pattern_3", "sustained_packed"]
     run = check["runs"][-1]
     assert (run["num_decode_seqs"], run["num_prefill_tokens"], run["num_prefill_seqs"],
             run["decode_context_len"]) == (0, 64, 2, 0)

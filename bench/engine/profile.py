@@ -465,6 +465,53 @@ MIXED_DECODES = 32
 # are the trace's last steps (no repetitions after it: the trace's tail is that state already).
 
 
+# the pause check's "mixed_pattern_<n>" runs (issue 35, session 20): the "sustained_mixed" step with n
+# decode-only steps of its decodes between (the capped engine's pattern under load: a chunk, then
+# decodes while the next prompt waits for its window), after SUSTAIN_IDLE_S idle and for PATTERN_S
+# back to back, every step timed; the mixed and the decode steps' medians over the run's second half
+# beside their paused (mixed) and back-to-back (decode, as the grid's decode points) references. Why:
+# on the H200's session-20 parts the live steps with a 129-256-token chunk beside 1-32 decodes ran
+# 5-8% over the paused profile at their shape (33B int4-fp8 KV: the model 0.93-0.95 of live) where the
+# SM clock sat at 1,905-1,965 MHz (prefill share < 0.5 over the 0.5 s before) and the sustained mixed
+# run (chunk after chunk) at 1,710: neither the paused points nor the sustained runs hold that pattern.
+# Recorded for the cost model to read once measured (not read yet). Device time: ~1.5 s a run.
+PATTERN_DECODES_BETWEEN = (1, 3)
+PATTERN_S = 1.0
+
+
+def mixed_pattern(runner, mixed, decode, n: int, span_s: float, idle_s: float, repeats: int) -> dict:
+    """`idle_s` idle, then for `span_s` the step `mixed` with `n` steps `decode` after each, back to
+    back, every step timed (start ms since the first's, wall ms as `measure`): the pattern's record
+    and its mixed / decode steps' medians over the second half (the state the pattern settles at)."""
+    sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
+    decode_alone = measure(runner, decode, repeats, 1, 0.0)
+    sync()
+    time.sleep(idle_s)
+    t_first = time.perf_counter()
+    t_end = t_first + span_s
+    starts, ms, kinds = [], [], []
+    while time.perf_counter() < t_end or not ms:
+        for kind, chunks in [("m", mixed)] + [("d", decode)] * n:
+            t0 = time.perf_counter()
+            runner.finish(runner.launch(chunks))
+            sync()
+            t1 = time.perf_counter()
+            starts.append(round((t0 - t_first) * 1000, 3))
+            ms.append(round((t1 - t0) * 1000, 4))
+            kinds.append(kind)
+    half = starts[-1] / 2
+    late_m = [x for x, k, t in zip(ms, kinds, starts, strict=True) if k == "m" and t >= half] or \
+        [x for x, k in zip(ms, kinds, strict=True) if k == "m"]
+    late_d = [x for x, k, t in zip(ms, kinds, starts, strict=True) if k == "d" and t >= half] or \
+        [x for x, k in zip(ms, kinds, strict=True) if k == "d"]
+    return {"decode_steps_between": n, "step_ms_median": statistics.median(late_m),
+            "step_ms_min": min(late_m), "step_ms_max": max(late_m),
+            "decode_ms_median": statistics.median(late_d),
+            "decode_alone_ms_median": statistics.median(decode_alone),
+            "sustain_ms": span_s * 1000, "idle_before_ms": idle_s * 1000, "pattern_steps": len(ms),
+            "pattern_t_ms": starts, "pattern_ms": ms, "pattern_kinds": "".join(kinds)}
+
+
 def sustained_trace(runner, chunks, sustain_s: float, idle_s: float) -> dict:
     """`idle_s` idle, then the step back to back for `sustain_s`, each step timed: its start
     (ms since the first's) and wall time (launch to tokens read back, as `measure`), the SM clock
@@ -532,7 +579,8 @@ def compare_pause(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int 
     `sustain_s` > 0) "sustained_mixed" (the capped engine's mixed step) and "sustained_packed" (the
     grid's largest prefill-only step, `packed_check_shape`; skipped, with the reason under
     "sustained_packed_skipped", where the grid has none larger than the check's step): each
-    paused, then traced back to back (`sustained_trace`)."""
+    paused, then traced back to back (`sustained_trace`); after "sustained_mixed", "mixed_pattern_<n>"
+    for n in PATTERN_DECODES_BETWEEN (its step with n decode steps between, `mixed_pattern`)."""
     cands = [(d, p, c, k, s) for d, p, c, k, s in shapes if d == 0 and p and k == 1 and s == 0]
     if not cands:
         return None
@@ -577,6 +625,17 @@ def compare_pause(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int 
                      **extra})
         print(f"pause check d={dm} p={pm}: sustained_mixed paused {runs[-1]['paused_ms_median']:9.3f} ms, "
               f"back to back {runs[-1]['step_ms_median']:9.3f} ms", flush=True)
+        # "mixed_pattern_<n>": the same step with n decode-only steps of its decodes between
+        decode = make_step(dm, 0, dec[1], cfg.block_size, cfg.num_blocks, vocab)
+        for n in PATTERN_DECODES_BETWEEN:
+            pat = mixed_pattern(runner, mixed, decode, n, min(PATTERN_S, sustain_s), SUSTAIN_IDLE_S, repeats)
+            runs.append({"run": f"mixed_pattern_{n}", "pause_ms": 0.0, "num_decode_seqs": dm,
+                         "num_prefill_tokens": pm, "decode_context_len": dec[1],
+                         "paused_ms_median": statistics.median(paused), "paused_pause_ms": pause_s * 1000,
+                         "sm_clock_mhz": sm_clock_mhz(runner.device), **pat})
+            print(f"pause check d={dm} p={pm}: mixed_pattern_{n} mixed {pat['step_ms_median']:9.3f} ms "
+                  f"(paused {runs[-1]['paused_ms_median']:9.3f}), decode {pat['decode_ms_median']:9.3f} ms "
+                  f"(alone {pat['decode_alone_ms_median']:9.3f})", flush=True)
     doc = {"num_prefill_tokens": p, "num_prefill_seqs": k, "runs": runs}
     if sustain_s > 0:
         big = packed_check_shape(shapes, p)
