@@ -822,6 +822,13 @@ class EventLoop:
             be.message_s = 0.0
         if self.cap_window is not None and (num_prefill or self.cap_share_fn is not None):
             f, g = self.cap_shares(be, now)
+            w = 1.0
+            if num_prefill and self.cap_weight_fn is not None:
+                w = self.cap_weight_fn(num_decode, num_prefill, num_ctx,
+                                       sched.prefill_chunks if self.charges_chunks else None)
+                # the busy engine's decode spells left the power budget spent: a step with prefill
+                # throttles as if they had been its own kind (sims.profile_cost, "Decode spells")
+                f += w * g
             if self.cap_share_fn is None:
                 dt *= self.cost.prefill_slowdown(f, g)
             else:
@@ -830,8 +837,6 @@ class EventLoop:
                                           else None)
                 dt *= self.cost.prefill_slowdown(f, g, share)
             if num_prefill:
-                w = 1.0 if self.cap_weight_fn is None else self.cap_weight_fn(
-                    num_decode, num_prefill, num_ctx, sched.prefill_chunks if self.charges_chunks else None)
                 be.prefill_spans.append((now, now + dt, w))
         if self.idle_launch_fn is not None and not after_step:
             # the async loop hides a step's launch behind the step before it; after an idle

@@ -134,6 +134,22 @@ from its trace, f_ref its paused duty; the 512-token and mixed steps weigh f_ref
 slow down). Profiles without the run are charged exactly as before (the committed ones:
 bench/results/fidelity_packed_s18/identity.py).
 
+Decode spells (issue 35, session 20): with `cap_by_power` a step with prefill counts the busy
+engine's decode-only time before it (g, the same exponential share) at its own weight:
+f = Σ w_i·(prefill spans) + w_step·g. Why: the limiter holds the board's power over a spell longer
+than a step, and a busy engine's decode steps (600-680 W live on the 33B) leave it no headroom, so a
+step drawing more than the cap throttles at once whatever ran before it. The nvidia-smi samples that
+fell inside the live steps (session 20's H200 parts) put the 33B bf16's 256-token mixed steps at
+1,650-1,700 MHz at every batch (1-8 decodes: 1,695-1,702; the sustained mixed run settled at 1,515
+-1,710) while the samples between them, in its decode steps, read 1,950-1,980, and the prefill share
+before the small-batch ones was only 0.34-0.39: the busy-share factor charged them ~1.00-1.03 where
+live they ran 1.07 over the paused profile (int4-fp8 KV: model / live 0.93 at 1-8 decodes, 0.95 at
+9-32). Decode-only steps keep their factor (their clock stayed at 1,950-1,980 at <= 32 decodes).
+A step whose kind does not throttle (the 6.7B's mixed steps, w at the paused share: their clock
+1,965-1,980 live) is unchanged; without `cap_by_power` (weights 1) nothing changes: counting every
+decode spell as a 512-token prefill over-charged the 33B bf16's and the 6.7B's uniform parts
+(bench/results/fidelity_grid_h200_s20, "decode spells").
+
 Budget-filling packed steps (issue 35, session 18): under load the engine fills its token budget
 with several prompts beside the decodes (live on the H200, 6.7B / 33B FP8: d + p = 2,048, d 27-90,
 4-5 prompts, 3-5% of the busy time), where the grid's points past 1,024 tokens all had d 0: the model

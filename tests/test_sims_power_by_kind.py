@@ -176,3 +176,50 @@ def test_the_cap_by_power_flag_reaches_the_replays_cost_model():
     assert CostSpec(model="tiny", profile=str(whatif), **on).build().weights_cap_by_power
     assert not CostSpec(model="tiny", profile=str(whatif), **model_terms(doc, 2e-3)).build().weights_cap_by_power
     assert not CostSpec(model="tiny", profile=str(plain), **on).build().weights_cap_by_power
+
+
+def _prefill_step_time(cost, arrivals, outputs):
+    """The simulated duration of the last step with prefill tokens (the next step's start minus its
+    own), and its decodes, from the event loop's step log."""
+    one = SimSchedulerConfig(batcher=BatcherConfig(target_throughput=8000.0))
+    cfg = EngineConfig(num_samples=1, max_stretch_steps=1, async_plan_lead_s=0.002,
+                       prefill_launch_deadline=False, record_steps=True)
+    res = simulate(workload(arrivals, outputs), cost, one, cfg)
+    steps = res.extra["steps"]
+    k = max(i for i, s in enumerate(steps) if s[3])
+    return steps[k + 1][0] - steps[k][0], steps[k][2]
+
+
+def test_a_prefill_step_after_a_decode_spell_throttles_at_its_own_kinds_weight():
+    """Issue 35, session 20 ("Decode spells"): B's 64-token prompt joins while A has decoded for
+    0.5 s (tau 20 ms: the decode share g ~ 1, no prefill in the window). With the power-by-kind
+    weights the decode spell counts at B's step's weight w_B: f = w_B g, and B's step takes
+    T_B (1 + (r - 1) max(0, f - f_ref) / (1 - f_ref)); without them (every prefill step weighs 1,
+    the model before) the spell does not count and B's step takes T_B (r_dec = 1)."""
+    tb = _law(1, 64)
+    cost = _cost(_mixed(1.3), tau=0.02, r=1.5)
+    dt, d = _prefill_step_time(cost, [0.0, 0.5], [200, 3])
+    assert d == 1
+    w = cost.cap_weight(1, 64, 64 + 64)
+    f_ref, r = cost.power_cap_f_ref, cost.sustained_fit["r"]
+    assert w > f_ref  # B's kind throttles
+    g = 1.0  # exp(-0.5 / 0.02): the spell fills the share to float precision
+    want = tb * (1 + (r - 1) * (w * g - f_ref) / (1 - f_ref))
+    assert dt == pytest.approx(want, rel=1e-6) and dt > 1.05 * tb
+    # the same profile without the mixed run: no weights, the spell does not count
+    plain = _cost(None, tau=0.02, r=1.5)
+    dt0, _ = _prefill_step_time(plain, [0.0, 0.5], [200, 3])
+    assert dt0 == pytest.approx(tb, rel=1e-6)
+    # the live-step scorer charges the same (bench.simulator.fidelity_steps.model_step_ms)
+    from bench.simulator.fidelity_steps import busy_shares, model_step_ms
+    td = _law(1, 0)
+    steps = [{"d": 1, "p": 0, "ctx": 64, "chunks": [], "start": i * td, "end": (i + 1) * td,
+              "idle_before": False} for i in range(int(0.5 / td))]
+    t0 = steps[-1]["end"]
+    steps.append({"d": 1, "p": 64, "ctx": 64, "chunks": [(64, 0)], "start": t0, "end": t0 + tb,
+                  "idle_before": False})
+    (_, ms, _), = [row for row in model_step_ms(cost, steps) if row[0] == len(steps) - 1]
+    # its shares over the model's horizon (6 tau of the trace's fitted tau: g = 1 - e^-6, ~0.998)
+    f_live, g_live = busy_shares(steps, len(steps) - 1, cost.power_cap_window_s, cost.power_cap_tau_s)
+    assert f_live == 0.0 and 0.995 < g_live < 1.0
+    assert ms == pytest.approx(1e3 * tb * (1 + (r - 1) * (w * g_live - f_ref) / (1 - f_ref)), rel=1e-9)
