@@ -122,7 +122,9 @@ def _hammer(backend: str, sig: str, runs: int, budget_s: float, *flags: str,
 STORMS = {
     "sigterm": ("SIGTERM", (), (), 40, 10.0),
     "sigint": ("SIGINT", (), (), 20, 6.0),
-    "sigterm-asyncio": ("SIGTERM", ("--no-uvloop",), (), 5, 10.0),
+    # the pure-Python loop under the storm: ~2.9 s a run in a loaded fresh-clone CI (session 20:
+    # 4 runs in 11.7 s, every one exit 0), so its cap leaves room for its 5
+    "sigterm-asyncio": ("SIGTERM", ("--no-uvloop",), (), 5, 20.0),
     "sigterm-workers": ("SIGTERM", ("--recursion-limit", "60"), ("--workers", "2"), 6, 8.0),
 }
 
