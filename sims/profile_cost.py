@@ -694,6 +694,7 @@ class ProfileCost:
             self._set_cap_weight(mixed_run, packed_run, float((meta or {}).get("pause_ms", 0.0)) / 1e3)
         elif self._cap is not None and mixed_run is not None and self._cap[1] > 1.0:
             self._set_cap_weight(mixed_run)
+        self.mixed_spread_points: list[dict] = []  # from_json: spread points beside a chunk (recorded)
         self._set_decode_spread(spread_points or [], decode_spread)
 
     def _set_decode_spread(self, spread_points: list[dict], decode_spread: str | float) -> None:
@@ -907,11 +908,13 @@ class ProfileCost:
         doc = json.loads(Path(path).read_text())
         raw = doc if isinstance(doc, list) else (doc.get("points") or doc.get("steps") or [])
         pts, times, launch, device = [], [], [], []
-        spread = []
+        spread, mixed_spread = [], []
         for point in raw:
             runs = point.get("decode_context_lens")
             if runs and len({int(c) for _n, c in runs}) > 1:
-                spread.append(point)  # unequal contexts: the spread term's, not the fit's
+                # unequal contexts: the spread term's (decode-only), not the fit's; beside a prefill
+                # chunk (the mixed spread points, session 20): recorded, read by no term yet
+                (mixed_spread if _pick(point, _P_KEYS, 0) else spread).append(point)
                 continue
             launch.append(point.get("launch_ms_median"))
             device.append(point.get("device_ms_median"))
@@ -938,8 +941,10 @@ class ProfileCost:
         if "device_times_s" not in kwargs and device and all(x is not None for x in device):
             kwargs["device_times_s"] = np.array(device, dtype=np.float64) * 1e-3
         kwargs.setdefault("spread_points", spread)
-        return cls(np.array(pts), np.array(times), num_blocks=meta.get("num_kv_blocks"),
+        cost = cls(np.array(pts), np.array(times), num_blocks=meta.get("num_kv_blocks"),
                    block_size=meta.get("block_size"), meta=meta, **kwargs)
+        cost.mixed_spread_points = mixed_spread
+        return cost
 
     def _eval(self, d: int, p: int, c: int, k: int, q: int, x: int, v: int = 0) -> float:
         if p <= 0 and self._decode_tail is not None and d > self._decode_tail[1]:

@@ -20,13 +20,14 @@ def test_profile_writes_the_documented_json(tmp_path):
     assert {(p["num_decode_seqs"], p["num_prefill_tokens"], p["context_len"]) for p in pts} == {
         (0, 32, 0), (1, 0, 16), (1, 32, 16), (4, 0, 16), (4, 32, 16), (1, 0, 100), (1, 32, 100),
         (4, 0, 100), (4, 32, 100),
-        # the spread decode point (--decode-spread-points on): 3 decodes at 16, one at 64 (mean 28)
-        (4, 0, 28)}
+        # the spread decode point (--decode-spread-points on): 3 decodes at 16, one at 64 (mean 28),
+        # and the same beside one chunk of the mixed step (--mixed-spread-points on: 64 - 4 tokens)
+        (4, 0, 28), (4, 60, 28)}
     for p in pts:
         ctx = sum(n * c for n, c in p.get("decode_context_lens", [[p["num_decode_seqs"], p["context_len"]]]))
         assert p["num_context_tokens"] == ctx + p["num_prefill_tokens"]
         assert p["step_ms"] > 0 and p["repeats"] == 1
-    assert [p["decode_context_lens"] for p in pts if "decode_spread" in p] == [[[3, 16], [1, 64]]]
+    assert [p["decode_context_lens"] for p in pts if "decode_spread" in p] == [[[3, 16], [1, 64]]] * 2
     from sims.profile_cost import ProfileCost
 
     model = ProfileCost.from_json(out)

@@ -128,9 +128,23 @@ def test_runner_plan_takes_the_graph_buckets_and_the_split_context():
 
 def test_profile_measures_spread_points_and_writes_the_plan(tmp_path):
     doc = _profile(tmp_path)
-    spread = [p for p in doc["points"] if "decode_spread" in p]
+    spread = [p for p in doc["points"] if "decode_spread" in p and not p["num_prefill_tokens"]]
     # d >= 2 of the grid that fit max_num_seqs 8 (not 0, 1 or 16); c_short 16, c_long 64
     assert [p["num_decode_seqs"] for p in spread] == [2, 4]
+    # ... and each beside one chunk of the mixed step (256 tokens within the 64-token budget: 64 - d),
+    # measured paused as every point with prefill (session 20)
+    mixed = [p for p in doc["points"] if "decode_spread" in p and p["num_prefill_tokens"]]
+    assert [(p["num_decode_seqs"], p["num_prefill_tokens"]) for p in mixed] == [(2, 62), (4, 60)]
+    for p in mixed:
+        d = p["num_decode_seqs"]
+        assert p["decode_context_lens"] == [[d - 1, 16], [1, 64]] and p["num_prefill_seqs"] == 1
+        assert p["num_context_tokens"] == (d - 1) * 16 + 64 + p["num_prefill_tokens"]
+        assert p["prefill_context_len"] == 0 and p["step_ms"] > 0
+    # the cost model keeps them out of its fit and of the spread term's kappa
+    from sims.profile_cost import ProfileCost
+    cost = ProfileCost.from_json(tmp_path / "profile.json")
+    assert [p["num_decode_seqs"] for p in cost.mixed_spread_points] == [2, 4]
+    assert len(cost.points) == len([p for p in doc["points"] if "decode_spread" not in p])
     for p in spread:
         d = p["num_decode_seqs"]
         assert p["decode_spread"] == "one_long"
@@ -164,5 +178,8 @@ def test_spread_points_off(tmp_path, capsys):
     assert " spread " not in capsys.readouterr().out
     assert "decode_attention" in doc       # the plan is written either way
     on = _profile(tmp_path)
-    assert len(on["points"]) == len(doc["points"]) + 2
+    assert len(on["points"]) == len(doc["points"]) + 4   # 2 decode-only, 2 beside a chunk
     assert "spread 3x16 + 1x64" in capsys.readouterr().out   # the progress line names them
+    decode_only = _profile(tmp_path, "--mixed-spread-points", "off")
+    assert len(decode_only["points"]) == len(doc["points"]) + 2
+    assert not any("decode_spread" in p and p["num_prefill_tokens"] for p in decode_only["points"])

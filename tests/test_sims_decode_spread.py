@@ -123,6 +123,25 @@ def _write(tmp_path, doc, name="p.json"):
     return path
 
 
+def test_spread_points_beside_a_chunk_change_neither_the_fit_nor_kappa(tmp_path):
+    """The mixed spread points (session 20: a spread point's decodes beside one prefill chunk) are
+    recorded for a mixed launch model: kept out of the fit, the residuals and the kappa."""
+    doc = _profile_doc(2.5)
+    base = ProfileCost.from_json(_write(tmp_path, doc, "a.json"), ctx_quantum=1)
+    for d in (4, 16):
+        doc["points"].append({"num_decode_seqs": d, "num_prefill_tokens": 256, "num_prefill_seqs": 1,
+                              "prefill_context_len": 0, "context_len": round(((d - 1) * 512 + 2048) / d),
+                              "num_context_tokens": (d - 1) * 512 + 2048 + 256, "step_ms": 99.0,
+                              "decode_context_lens": [[d - 1, 512], [1, 2048]], "decode_spread": "one_long"})
+    cost = ProfileCost.from_json(_write(tmp_path, doc, "b.json"), ctx_quantum=1)
+    assert [p["num_decode_seqs"] for p in cost.mixed_spread_points] == [4, 16]
+    assert np.array_equal(cost.coef, base.coef) and len(cost.points) == len(base.points)
+    assert cost.spread_point_kappas == base.spread_point_kappas
+    for shape in ((8, 0, 8 * 700), (16, 256, 16 * 700 + 256)):
+        assert cost.step_time(*shape) == base.step_time(*shape)
+    assert base.mixed_spread_points == []
+
+
 def test_the_profile_reads_kappa_back_from_its_spread_points(tmp_path):
     cost = ProfileCost.from_json(_write(tmp_path, _profile_doc(2.5)), ctx_quantum=1)
     assert cost.charges_decode_spread

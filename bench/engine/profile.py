@@ -12,7 +12,8 @@ largest p does not fit there (--budget-packed-points): the engine's largest live
 prompts beside the decodes up to the budget (`step_shapes`). Spread decode points
 (--decode-spread-points) give the d decodes unequal contexts, d - 1 short and one long
 (`spread_shapes`), and the profile writes the decode kernel's launch plan per decode bucket
-(`decode_attention`): what a batch of unequal contexts costs the one-program-per-sequence launch.
+(`decode_attention`): what a batch of unequal contexts costs the one-program-per-sequence launch;
+with --mixed-spread-points, the same decodes beside one prefill chunk (the mixed step's tiling).
 Verify points (--verify-drafts K) hold k verify chunks of K + 1 tokens instead (a decode with K
 draft tokens, speculative decoding): the same tokens as a prefill chunk through the model, but
 sampled at every position and read back row by row, which a prefill chunk's shape does not time.
@@ -88,6 +89,12 @@ def parser() -> argparse.ArgumentParser:
                         "rows, so its time jumps past each bucket and rises inside it, which the "
                         "cost model follows bucket by bucket (issue 35); 'buckets': the buckets "
                         "alone (the profiles of 2026-12-04)")
+    p.add_argument("--mixed-spread-points", choices=("on", "off"), default="on",
+                   help="on (with --decode-spread-points on): also each spread point's decodes beside "
+                        "one prefill chunk of the pause check's mixed step (256 tokens, within the "
+                        "token budget), paused as the grid's mixed points: the capped engine's mixed "
+                        "step of unequal contexts, whose attention runs another tiling of the kernel "
+                        "(recorded; the cost model keeps them out of its fit)")
     p.add_argument("--decode-spread-points", choices=("on", "off"), default="on",
                    help="on: also one decode-only point per grid decode batch d >= 2 whose d - 1 "
                         "sequences have the first --context-lens context and the last one 4x it "
@@ -736,10 +743,23 @@ def run(args: argparse.Namespace) -> dict:
         spreads = spread_shapes(int_list(args.decode_batch_sizes), cs, max_num_seqs=cfg.max_num_seqs,
                                 max_num_batched_tokens=cfg.max_num_batched_tokens,
                                 max_model_len=cfg.max_model_len)
+    # the mixed spread points (issue 35, session 20): each spread point's decodes beside one chunk of
+    # the pause check's mixed step; on the H200's mixed-lengths 6.7B the live steps with a 256-token
+    # chunk beside 9-32 decodes ran 0.977 of the model at max / mean context >= 2 against 1.011
+    # below it, where the decode-only launch model over-charges them (bench/results/
+    # fidelity_grid_h200_s20): what a mixed launch model needs measured
+    mixed_spreads = []
+    if spreads and getattr(args, "mixed_spread_points", "on") == "on":
+        for d, r in spreads:
+            pm = min(MIXED_CHUNK, cfg.max_num_batched_tokens - d)
+            if pm >= 1:
+                mixed_spreads.append(((d, pm, round(sum(expand_context_lens(r)) / d), 1, 0), False, r))
     # (shape, verify, decode context runs or None): the grid, the spread decode points (measured
-    # as the uniform decode points: no pause), then the verifies
+    # as the uniform decode points: no pause), the mixed spread points (paused, as every point with
+    # prefill), then the verifies
     jobs = ([(x, False, None) for x in shapes]
             + [((d, 0, round(sum(expand_context_lens(r)) / d), 1, 0), False, r) for d, r in spreads]
+            + mixed_spreads
             + [(x, True, None) for x in verifies])
     points = []
     for (d, p, c, k, s), verify, runs in jobs:
