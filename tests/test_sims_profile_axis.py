@@ -153,7 +153,9 @@ def test_tiny_profile_on_cpu_writes_the_new_axis(tmp_path):
     pts = json.loads(out.read_text())["points"]
     assert {(p["num_decode_seqs"], p["num_prefill_tokens"], p["num_prefill_seqs"], p["prefill_context_len"])
             for p in pts} == {(0, 32, 1, 0), (2, 0, 0, 0), (2, 32, 1, 0), (0, 32, 4, 0), (2, 32, 4, 0),
-                              (0, 32, 1, 32), (2, 32, 1, 32)}
+                              (0, 32, 1, 32), (2, 32, 1, 32),
+                              # the mixed spread point: 2 decodes (16, 64) beside 64 - 2 tokens (session 20)
+                              (2, 62, 1, 0)}
     cost = ProfileCost.from_json(out)
     assert cost.step_time(2, 32, 2 * 16 + 32, [8] * 4) > 0
 
