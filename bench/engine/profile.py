@@ -478,10 +478,11 @@ MIXED_DECODES = 32
 # back to back, every step timed; the mixed and the decode steps' medians over the run's second half
 # beside their paused (mixed) and back-to-back (decode, as the grid's decode points) references. Why:
 # on the H200's session-20 parts the live steps with a 129-256-token chunk beside 1-32 decodes ran
-# 5-8% over the paused profile at their shape (33B int4-fp8 KV: the model 0.93-0.95 of live) where the
-# SM clock sat at 1,905-1,965 MHz (prefill share < 0.5 over the 0.5 s before) and the sustained mixed
-# run (chunk after chunk) at 1,710: neither the paused points nor the sustained runs hold that pattern.
-# Recorded for the cost model to read once measured (not read yet). Device time: ~1.5 s a run.
+# 5-8% over the paused profile at their shape (33B int4-fp8 KV: the model 0.93-0.95 of live), the SM
+# clock inside them at 1,650-1,700 MHz though the prefill share before them was only 0.34-0.39: the
+# decode spells between them leave the power limiter no headroom (sims.profile_cost, "Decode spells").
+# Neither the paused points nor the sustained runs hold that pattern; these runs check the term's
+# premise on the device (recorded, not read by the model yet). Device time: ~1.5 s a run.
 PATTERN_DECODES_BETWEEN = (1, 3)
 PATTERN_S = 1.0
 
@@ -507,10 +508,12 @@ def mixed_pattern(runner, mixed, decode, n: int, span_s: float, idle_s: float, r
             ms.append(round((t1 - t0) * 1000, 4))
             kinds.append(kind)
     half = starts[-1] / 2
-    late_m = [x for x, k, t in zip(ms, kinds, starts, strict=True) if k == "m" and t >= half] or \
-        [x for x, k in zip(ms, kinds, strict=True) if k == "m"]
-    late_d = [x for x, k, t in zip(ms, kinds, starts, strict=True) if k == "d" and t >= half] or \
-        [x for x, k in zip(ms, kinds, strict=True) if k == "d"]
+
+    def late(kind: str) -> list[float]:  # the kind's steps of the second half (all, where none)
+        return ([x for x, k, t in zip(ms, kinds, starts, strict=True) if k == kind and t >= half]
+                or [x for x, k in zip(ms, kinds, strict=True) if k == kind])
+
+    late_m, late_d = late("m"), late("d")
     return {"decode_steps_between": n, "step_ms_median": statistics.median(late_m),
             "step_ms_min": min(late_m), "step_ms_max": max(late_m),
             "decode_ms_median": statistics.median(late_d),
@@ -748,18 +751,17 @@ def run(args: argparse.Namespace) -> dict:
     # chunk beside 9-32 decodes ran 0.977 of the model at max / mean context >= 2 against 1.011
     # below it, where the decode-only launch model over-charges them (bench/results/
     # fidelity_grid_h200_s20): what a mixed launch model needs measured
+    spread_jobs = [((d, 0, round(sum(expand_context_lens(r)) / d), 1, 0), False, r) for d, r in spreads]
     mixed_spreads = []
-    if spreads and getattr(args, "mixed_spread_points", "on") == "on":
-        for d, r in spreads:
+    if getattr(args, "mixed_spread_points", "on") == "on":
+        for (d, _, c, k, s), verify, r in spread_jobs:
             pm = min(MIXED_CHUNK, cfg.max_num_batched_tokens - d)
             if pm >= 1:
-                mixed_spreads.append(((d, pm, round(sum(expand_context_lens(r)) / d), 1, 0), False, r))
+                mixed_spreads.append(((d, pm, c, k, s), verify, r))
     # (shape, verify, decode context runs or None): the grid, the spread decode points (measured
     # as the uniform decode points: no pause), the mixed spread points (paused, as every point with
     # prefill), then the verifies
-    jobs = ([(x, False, None) for x in shapes]
-            + [((d, 0, round(sum(expand_context_lens(r)) / d), 1, 0), False, r) for d, r in spreads]
-            + mixed_spreads
+    jobs = ([(x, False, None) for x in shapes] + spread_jobs + mixed_spreads
             + [(x, True, None) for x in verifies])
     points = []
     for (d, p, c, k, s), verify, runs in jobs:
