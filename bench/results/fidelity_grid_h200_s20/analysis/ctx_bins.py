@@ -4,18 +4,12 @@ spread term) over live. Run from the repo root: python ctx_bins.py PART_DIR"""
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[4]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench/results/fidelity_spread_s19"))
-from spread_bins import build
+from prefill_bins import load
 
 from bench.simulator import fidelity_steps as fs
-from scheduler.decisions import read_log
 
 part = Path(sys.argv[1]); tag = part.name
-arr, _ = read_log(part / f"decisions_{tag}.jsonl.gz")
-steps, bad = fs.live_steps(fs.read_steps(part / f"steps_{tag}.jsonl.gz"), {a.request_id: a.max_tokens for a in arr})
-cost, terms = build(part, "measured")
+steps, bad, cost, terms = load(part)
 res = {i: t for i, t, f in fs.model_step_ms(cost, steps)}
 print(tag)
 for kind in ("decode", "mixed"):

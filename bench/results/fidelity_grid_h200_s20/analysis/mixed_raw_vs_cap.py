@@ -6,20 +6,13 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parents[4]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench/results/fidelity_spread_s19"))
-from spread_bins import build
+from prefill_bins import load
 
 from bench.simulator import fidelity_steps as fs
-from scheduler.decisions import read_log
 from sims.profile_cost import ProfileCost
 
 part = Path(sys.argv[1]); tag = part.name
-arr, _ = read_log(part / f"decisions_{tag}.jsonl.gz")
-steps, bad = fs.live_steps(fs.read_steps(part / f"steps_{tag}.jsonl.gz"), {a.request_id: a.max_tokens for a in arr})
-cost, terms = build(part, "measured")
+steps, bad, cost, terms = load(part)
 raw = ProfileCost.from_json(part / f"profile_{tag}.json", hide_launch=True, decode_spread="off")
 res = {i: (t, f) for i, t, f in fs.model_step_ms(cost, steps)}
 resr = {i: t for i, t, f in fs.model_step_ms(raw, steps)}

@@ -23,13 +23,21 @@ def spread(s: dict) -> float:
     return max(s["ctxs"]) / (sum(s["ctxs"]) / len(s["ctxs"])) if s["d"] >= 2 else 1.0
 
 
-def main(argv: list[str], model_step_ms=None) -> None:
-    part = Path(argv[0])
+def load(part: Path, spread: str = "measured"):
+    """A part's live steps (rebuilt from its logs), rebuild mismatches, the grid state's cost model
+    and its terms: what every script of this folder starts from."""
     tag = part.name
     arr, _ = read_log(part / f"decisions_{tag}.jsonl.gz")
     steps, bad = fidelity_steps.live_steps(fidelity_steps.read_steps(part / f"steps_{tag}.jsonl.gz"),
                                            {a.request_id: a.max_tokens for a in arr})
-    cost, terms = build(part, argv[1] if len(argv) > 1 else "measured")
+    cost, terms = build(part, spread)
+    return steps, bad, cost, terms
+
+
+def main(argv: list[str], model_step_ms=None) -> None:
+    part = Path(argv[0])
+    tag = part.name
+    steps, bad, cost, terms = load(part, argv[1] if len(argv) > 1 else "measured")
     res = {i: t for i, t, _f in (model_step_ms or fidelity_steps.model_step_ms)(cost, steps)}
     print(f"== {tag}: {len(steps)} steps, rebuild mismatches {bad}; terms {terms}")
     pre = [i for i, s in enumerate(steps) if s["p"] and i in res]

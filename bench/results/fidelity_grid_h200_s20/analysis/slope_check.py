@@ -5,19 +5,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parents[4]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench/results/fidelity_spread_s19"))
-from spread_bins import build
+from prefill_bins import load
 
 from bench.simulator import fidelity_steps as fs
-from scheduler.decisions import read_log
 
 part = Path(sys.argv[1]); tag = part.name
-arr, _ = read_log(part / f"decisions_{tag}.jsonl.gz")
-steps, bad = fs.live_steps(fs.read_steps(part / f"steps_{tag}.jsonl.gz"), {a.request_id: a.max_tokens for a in arr})
-cost, terms = build(part, "measured")
+steps, bad, cost, terms = load(part)
 res = {i: t for i, t, f in fs.model_step_ms(cost, steps)}
 print(tag, "coef", np.round(cost.coef * 1e3, 6), "cols", cost._cols)
 for d in (1, 2, 4, 8, 16):
