@@ -98,6 +98,16 @@ class EngineConfig:
     # launch deadline reads the graph's last device time, which a power-capped prefill step
     # outruns), against the profile's 1.75 ms (issue 35)
     async_plan_lead_prefill_s: float | None = None
+    # the lead as a line in the ending step's own duration, (a, b, lo, hi) after a decode-only step
+    # and after a step with prefill: lead = a + b x duration held inside [lo, hi] (the range it was
+    # measured over: a line is not extrapolated) and never past the step's start (None: the
+    # constants above). Live
+    # the lead grows with the step it plans behind (the step log, `bench.simulator.plan_lead`:
+    # the 6.7B's 1.8 -> 2.7 ms over 5-12 ms decode-only steps, 2.6 -> 4.9-6.0 ms over 7-25+ ms
+    # prefill steps, H100 and H200 alike), so one constant per kind put a request delivered late
+    # in a long prefill step into the next step where the engine had planned it already (issue
+    # 35, session 21). Needs max_stretch_steps=1 (a stretch's end is not one step's)
+    async_plan_lead_line: tuple[tuple[float, float, float, float], ...] | None = None
     # whether a step carrying prefill tokens has that deadline too (the engine since the third
     # session: every graph-replayed step does). False models the engine before it, which
     # launched a prefill step's successor as soon as the prefill step started (the H200
@@ -337,6 +347,9 @@ class EventLoop:
         self.plan_lead_prefill = (config.async_plan_lead_prefill_s
                                   if config.async_plan_lead_prefill_s is not None else self.plan_lead)
         self.plan_at_prefill_start = not config.prefill_launch_deadline
+        self.plan_lead_line = config.async_plan_lead_line
+        if self.plan_lead_line is not None and config.max_stretch_steps != 1:
+            raise ValueError("a plan lead by the step's duration needs max_stretch_steps=1")
         self.idle_launch_fn = cost.launch_time if getattr(cost, "hides_launch", False) else None
         self.cap_window = getattr(cost, "power_cap_window_s", None)
         # a profile with a sustained trace: the shares are exponential averages with its time
@@ -745,8 +758,13 @@ class EventLoop:
         lead = self.plan_lead
         if lead is None or not after_step:
             return now
+        if be.plan_prefill and self.plan_at_prefill_start:
+            return be.step_start
+        if self.plan_lead_line is not None:  # a line in the ending step's duration
+            a, b, lo, hi = self.plan_lead_line[1 if be.plan_prefill else 0]
+            return now - min(max(lo, min(hi, a + b * (now - be.step_start))), now - be.step_start)
         if be.plan_prefill:  # the step that ends now carried prefill
-            return be.step_start if self.plan_at_prefill_start else now - self.plan_lead_prefill
+            return now - self.plan_lead_prefill
         return now - lead
 
     def start_step(self, be: _Backend, now: float, after_step: bool = True) -> None:

@@ -131,6 +131,48 @@ def test_the_prefill_lead_leaves_decode_steps_alone():
     assert run_lead(w, 0.005, 0.002).first_token_time[1] == pytest.approx(step_end + DECODE_S + PREFILL_S)
 
 
+def run_line(w, line):
+    return simulate(w, TwoSpeedCost(), ONE_BY_ONE,
+                    EngineConfig(num_samples=1, max_stretch_steps=1, async_plan_lead_s=0.002,
+                                 async_plan_lead_line=line))
+
+
+def test_a_lead_by_the_step_s_duration_reads_the_step_that_ends():
+    d_a = run_lead(workload([0.0], [20]), None).dispatch_time[0]
+    w = workload([0.0, d_a + PREFILL_S - 0.0035], [20, 3])  # B: 3.5 ms before A's prefill step ends
+    # after prefill: 0 + 0.5 x the step's duration (PREFILL_S), held in [1 ms, 50 ms]: past 3.5 ms
+    late = ((0.0, 0.0, 0.001, 0.05), (0.0, 0.5, 0.001, 0.05))
+    assert run_line(w, late).first_token_time[1] == pytest.approx(d_a + PREFILL_S + DECODE_S + PREFILL_S)
+    # the same line held under 2 ms by its measured range: B joins the next step
+    held = ((0.0, 0.0, 0.001, 0.05), (0.0, 0.5, 0.001, 0.002))
+    assert run_line(w, held).first_token_time[1] == pytest.approx(d_a + 2 * PREFILL_S)
+    with pytest.raises(ValueError):  # a stretch's end is not one step's
+        simulate(w, TwoSpeedCost(), ONE_BY_ONE, EngineConfig(async_plan_lead_s=0.002, async_plan_lead_line=late))
+
+
+def test_plan_lead_lines_recover_a_line_through_noise():
+    from bench.simulator.plan_lead import engine_fields, plan_lead_lines, plan_leads
+    rng = np.random.default_rng(0)
+    steps, leads, t = [], [], 0.0
+    for k in range(400):  # alternate decode-only and prefill steps, back to back
+        ms = float(rng.uniform(4.0, 16.0))
+        pre = [[f"r{k}", 64, 0]] if k % 2 else []
+        steps.append({"mono": t, "ms": ms, "decodes": 4, "prefill": pre})
+        lead = (0.5 + 0.2 * ms if pre else 1.0 + 0.1 * ms) + float(rng.normal(0, 0.05))
+        leads.append(lead + (5.0 if k % 37 == 0 else 0.0))  # a few host hiccups: the medians ignore them
+        t += ms / 1e3
+    for a, b, lead in zip(steps, steps[1:], leads):  # b planned `lead` before a's end
+        b["host_ms"] = [0.1, 0.4, lead + b["ms"] - 0.5, 0.0]
+    ln = plan_lead_lines(steps)
+    assert ln["decode"]["b"] == pytest.approx(0.1, abs=0.02) and ln["decode"]["a_ms"] == pytest.approx(1.0, abs=0.2)
+    assert ln["prefill"]["b"] == pytest.approx(0.2, abs=0.02) and ln["prefill"]["a_ms"] == pytest.approx(0.5, abs=0.2)
+    assert 1.4 < ln["prefill"]["lo_ms"] < ln["prefill"]["hi_ms"] < 3.8
+    f = engine_fields({**plan_leads(steps), "lines": ln})
+    assert f["async_plan_lead_line"][1][1] == pytest.approx(ln["prefill"]["b"])
+    with pytest.raises(ValueError):
+        plan_lead_lines(steps[:10])
+
+
 # the terms measured from a session's logs (bench.simulator.gateway_loop, bench.simulator.plan_lead)
 def _row(mono, ms, decodes, prefill=(), host=None):
     r = {"mono": mono, "ms": ms, "decodes": decodes, "prefill": [list(c) for c in prefill]}

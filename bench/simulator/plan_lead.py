@@ -41,21 +41,67 @@ def plan_leads(step_rows: list[dict]) -> dict:
     return res
 
 
+def plan_lead_lines(step_rows: list[dict], num_bins: int = 10) -> dict:
+    """The lead as a line in the duration of the step it plans behind, per kind (after decode-only
+    steps, after steps with prefill): a least-squares line through the medians of `num_bins`
+    equal-count bins of that duration (the medians: a few steps planned late by a host hiccup
+    would tilt a line through every point). Returns {kind: {"a_ms", "b", "lo_ms", "hi_ms",
+    "num_steps"}}: lead = a_ms + b x the step's ms, held inside the bins' lowest and highest median
+    lead [lo_ms, hi_ms] (`EngineConfig.async_plan_lead_line`)."""
+    rows = sorted((r for r in step_rows if "mono" in r), key=lambda r: r["mono"])
+    pts: dict[str, list[tuple[float, float]]] = {"decode": [], "prefill": []}
+    for a, b in itertools.pairwise(rows):
+        hp = b.get("host_ms")
+        if not hp or not (a["decodes"] or a["prefill"]):
+            continue
+        end_a = a["mono"] + a["ms"] / 1e3
+        if b["mono"] - end_a > 0.0005:
+            continue
+        lead = 1e3 * (end_a - (b["mono"] + b["ms"] / 1e3 - sum(hp) / 1e3))
+        pts["prefill" if a["prefill"] else "decode"].append((float(a["ms"]), lead))
+    out = {}
+    for kind, v in pts.items():
+        if len(v) < 2 * num_bins:
+            raise ValueError(f"too few back-to-back steps after {kind} steps for a line: {len(v)}")
+        x = np.array(v)
+        x = x[np.argsort(x[:, 0])]
+        bins = np.array_split(x, num_bins)
+        mx = np.array([np.median(c[:, 0]) for c in bins])
+        my = np.array([np.median(c[:, 1]) for c in bins])
+        b, a = np.polyfit(mx, my, 1)
+        out[kind] = {"a_ms": float(a), "b": float(b), "lo_ms": float(my.min()), "hi_ms": float(my.max()),
+                     "num_steps": len(v)}
+    return out
+
+
 def engine_fields(leads: dict, stat: str = "median_ms") -> dict:
     """The `EngineConfig` fields for leads in `plan_leads`' shape (or `validate.profile_plan_leads`'):
     the lead after decode-only steps and the one after steps with prefill, in seconds."""
-    return {"async_plan_lead_s": leads["decode"][stat] / 1e3,
-            "async_plan_lead_prefill_s": leads["prefill"][stat] / 1e3}
+    out = {"async_plan_lead_s": leads["decode"][stat] / 1e3,
+           "async_plan_lead_prefill_s": leads["prefill"][stat] / 1e3}
+    if "lines" in leads:  # plan_lead_lines' fits: the lead by the ending step's duration
+        ln = leads["lines"]
+        out["async_plan_lead_line"] = tuple((ln[k]["a_ms"] / 1e3, ln[k]["b"], ln[k]["lo_ms"] / 1e3,
+                                             ln[k]["hi_ms"] / 1e3) for k in ("decode", "prefill"))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     from bench.simulator.fidelity_steps import read_steps
 
     for path in (argv if argv is not None else sys.argv[1:]):
-        r = plan_leads(read_steps(path))
+        rows = read_steps(path)
+        r = plan_leads(rows)
         print(path + ": " + "; ".join(
             f"after {k}: median {v['median_ms']:.2f} ms, mean {v['mean_ms']:.2f} ms ({v['num_steps']} steps)"
             for k, v in r.items() if v["num_steps"]))
+        try:
+            ln = plan_lead_lines(rows)
+            print("    as a line in the step's ms: " + "; ".join(
+                f"after {k}: {v['a_ms']:.2f} ms + {v['b']:.3f} x ms in [{v['lo_ms']:.2f}, {v['hi_ms']:.2f}]"
+                for k, v in ln.items()))
+        except ValueError as e:
+            print(f"    no line: {e}")
     return 0
 
 

@@ -67,7 +67,8 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
     outside the steps. `plan_lead`: "profile" (the async loop's lead from the profile's launch, as
     the validate) or "live" (measured on the session's step log, after decode-only steps and after
     steps with prefill, their medians: `bench.simulator.plan_lead`; "live-mean": their means, a
-    sensitivity; "profile-kinds": the profile's two leads, its `plan_lead_ms`:
+    sensitivity; "live-line": each kind's lead as a line in the duration of the step it plans behind
+    (`plan_lead.plan_lead_lines`, `EngineConfig.async_plan_lead_line`); "profile-kinds": the profile's two leads, its `plan_lead_ms`:
     `validate.profile_plan_leads`, ValueError without them). `gateway_loop_read_ms`: the loop's
     read term given instead of measured (a sensitivity). `gateway_loop` / `plan_lead` None: as
     the validate had them (its recorded loop terms and leads; `sim validate` models both by default
@@ -144,9 +145,11 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
                      if "profile" in str(next(iter(recorded.values()), {}).get("source", "")) else "live")
     leads = None
     stat = "mean_ms" if plan_lead == "live-mean" else "median_ms"
-    if plan_lead in ("live", "live-mean") and lead_s is not None:
-        from bench.simulator.plan_lead import plan_leads
+    if plan_lead in ("live", "live-mean", "live-line") and lead_s is not None:
+        from bench.simulator.plan_lead import plan_lead_lines, plan_leads
         leads = plan_leads(step_rows)
+        if plan_lead == "live-line":
+            leads["lines"] = plan_lead_lines(step_rows)
     elif plan_lead == "profile-kinds":  # the profile's two leads (its plan_lead_ms), else ValueError
         from bench.simulator.validate import profile_plan_leads
         leads = profile_plan_leads(doc, str(profile))
@@ -263,10 +266,12 @@ def parser() -> argparse.ArgumentParser:
                    help="model the gateway's event loop (timers and arrivals wait for its token "
                         "writes; bench.simulator.gateway_loop), its terms measured from the session "
                         "(default on since session 17; off: the form before)")
-    p.add_argument("--plan-lead", choices=("profile", "live", "live-mean", "profile-kinds"), default="live",
+    p.add_argument("--plan-lead", choices=("profile", "live", "live-mean", "live-line", "profile-kinds"),
+                   default="live",
                    help="the async loop's plan lead: the profile's (as sim validate) or measured on "
                         "the session's step log after decode-only and prefill steps (plan_lead: "
-                        "their medians; live-mean: their means, a sensitivity), or the profile's two "
+                        "their medians; live-mean: their means, a sensitivity; live-line: each kind's lead as a "
+                        "line in the duration of the step it plans behind), or the profile's two "
                         "leads by kind of step (profile-kinds: its plan_lead_ms, an error without it); "
                         "default live since session 17 (profile: the form before)")
     p.add_argument("--gateway-loop-read-ms", type=float,
@@ -314,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         pl = res["plan_leads"]
         st = "mean_ms" if res["plan_lead"] == "live-mean" else "median_ms"
         print(f"plan lead ({res['plan_lead']}): {pl['decode'][st]:.3f} ms after decode-only steps, "
-              f"{pl['prefill'][st]:.3f} ms after steps with prefill")
+              f"{pl['prefill'][st]:.3f} ms after steps with prefill" + ("" if "lines" not in pl else "; lines "
+              + ", ".join(f"{k} {v['a_ms']:.2f} ms + {v['b']:.3f} x ms" for k, v in pl["lines"].items())))
     gl = res["gateway_loop"]
     if gl is not None:
         print(f"gateway loop: {gl['per_stream_ms']:.4f} ms a stream from {gl['read_ms']:.3f} ms after a step's "
