@@ -24,6 +24,7 @@ import argparse
 import datetime
 import json
 import platform
+import random
 import statistics
 import sys
 import time
@@ -102,6 +103,17 @@ def parser() -> argparse.ArgumentParser:
                         "decode kernel's one program per (sequence, kv head, split) runs as a "
                         "tail on the long one (issue 35, session 19); `decode_context_lens` "
                         "gives each point's contexts")
+    p.add_argument("--kv-block-order", choices=BLOCK_ORDERS, default="contiguous",
+                   help="how every point's decode block tables lie in the KV pool (`decode_tables`): "
+                        "contiguous (default, the profiles so far), interleaved (as the engine's "
+                        "allocator hands blocks to decodes growing together) or scattered (a seeded "
+                        "permutation of the pool)")
+    p.add_argument("--block-order-check", choices=("on", "off"), default="on",
+                   help="on: also the decode points at d in BLOCK_ORDER_CHECK_DS (those the grid "
+                        "has) and the first --context-lens context in each block order, timed as "
+                        "the grid's decode points (`block_order_check` in the profile: recorded, "
+                        "not read by the cost model): whether where the KV blocks lie changes a "
+                        "decode step's time (issue 35, session 21)")
     p.add_argument("--device-time", choices=("on", "off"), default="on",
                    help="on CUDA, also time each point as the serving loop runs it: queued behind "
                         "a spin kernel that holds the stream while the host launches, so the "
@@ -120,14 +132,58 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+BLOCK_ORDERS = ("contiguous", "interleaved", "scattered")
+
+
+def decode_tables(sizes: Sequence[int], num_blocks: int, order: str = "contiguous",
+                  seed: int = 0) -> tuple[list[list[int]], int]:
+    """Block tables of `sizes[i]` blocks for the decodes, laid out in the pool as `order` says, and
+    the first block past them (where the prefill chunks' tables start; tables wrap around the
+    pool). "contiguous": each table one run after the one before (the profile's points since the
+    first session); "interleaved": block j of every still-growing table next to the others' j-th,
+    round-robin, as the engine's allocator hands out blocks to decodes that grow together (a
+    fresh block for each every block_size tokens, `scheduler.block_manager`); "scattered": every
+    block drawn from a seeded permutation of the pool, a long-running engine's free list at its
+    most mixed. Why: live decode steps ran 1-5% over the profile's device times at the same shape,
+    the excess growing with the batch (issue 35, session 21)."""
+    if order not in BLOCK_ORDERS:
+        raise ValueError(f"block order must be one of {', '.join(BLOCK_ORDERS)}, got {order!r}")
+    total = sum(sizes)
+    if order == "contiguous":
+        out, nxt = [], 0
+        for n in sizes:
+            out.append([(nxt + j) % num_blocks for j in range(n)])
+            nxt += n
+        return out, nxt
+    if order == "interleaved":
+        out = [[] for _ in sizes]
+        nxt = 0
+        for j in range(max(sizes, default=0)):
+            for i, n in enumerate(sizes):
+                if j < n:
+                    out[i].append(nxt % num_blocks)
+                    nxt += 1
+        return out, nxt
+    perm = list(range(num_blocks))
+    random.Random(seed).shuffle(perm)
+    flat = [perm[j % num_blocks] for j in range(total)]
+    out, at = [], 0
+    for n in sizes:
+        out.append(flat[at:at + n])
+        at += n
+    return out, total
+
+
 def make_step(d: int, p: int, c: int, block_size: int, num_blocks: int, vocab: int,
               k: int = 1, s: int = 0, verify: bool = False,
-              decode_contexts: Sequence[int] | None = None) -> list[ScheduledChunk]:
+              decode_contexts: Sequence[int] | None = None,
+              block_order: str = "contiguous") -> list[ScheduledChunk]:
     """d decodes of context c, then k prefill chunks of p // k tokens each (p % k == 0), each
     starting at position s; block tables wrap around the pool. `verify`: the k chunks are
     verifies instead (a decode whose last p // k - 1 tokens are drafts), after the decodes.
     `decode_contexts` (d values, each >= 1): the decodes' own contexts in launch order instead
-    of c for all (`spread_shapes`: a batch of unequal contexts)."""
+    of c for all (`spread_shapes`: a batch of unequal contexts). `block_order`: how the decodes'
+    tables lie in the pool (`decode_tables`)."""
     chunks: list[ScheduledChunk] = []
     if decode_contexts is None:
         ctxs = [c] * d
@@ -135,7 +191,7 @@ def make_step(d: int, p: int, c: int, block_size: int, num_blocks: int, vocab: i
         ctxs = [int(x) for x in decode_contexts]
         if len(ctxs) != d or any(x < 1 for x in ctxs):
             raise ValueError(f"{d} decodes need {d} contexts >= 1, got {ctxs}")
-    next_block = 0
+    tables, next_block = decode_tables([-(-ci // block_size) for ci in ctxs], num_blocks, block_order)
 
     def table(n: int) -> list[int]:
         nonlocal next_block
@@ -144,7 +200,7 @@ def make_step(d: int, p: int, c: int, block_size: int, num_blocks: int, vocab: i
         return t
 
     for i, ci in enumerate(ctxs):
-        chunks.append(_chunk(f"d{i}", [(7 * i + 1) % vocab], ci - 1, table(-(-ci // block_size)), False))
+        chunks.append(_chunk(f"d{i}", [(7 * i + 1) % vocab], ci - 1, tables[i], False))
     if p:
         if k < 1 or p % k:
             raise ValueError(f"{p} prefill tokens do not split into {k} equal chunks")
@@ -342,6 +398,34 @@ def runner_decode_attention(runner, cfg, num_kv_heads: int, grid_ds: Sequence[in
     plan = decode_attention_plan(buckets, num_kv_heads, num_sms(runner.device), cfg.max_model_len,
                                  kv_dtype)
     return {"kernel": kernel, "cuda_graphs": graphs, **plan}
+
+
+# the block order check's decode batches (issue 35, session 21): on the H100's and the H200's grid
+# parts the live decode-only steps ran over the profile's device times at their shape by ~0 at d 1,
+# 1-2% at 9-64 and 2-5% at 65-128 (33B int4-fp8 KV: 1.055 at 65-128; bench/results/
+# fidelity_grid_h100_s21/analysis/decode_vs_profile.txt), a per-sequence excess the contiguous
+# points do not have; live, each sequence's blocks are interleaved with the others' as they grow
+BLOCK_ORDER_CHECK_DS = (16, 64, 128)
+
+
+def block_order_check(runner, ds: Sequence[int], c: int, cfg, vocab: int, repeats: int, warmup: int,
+                      device_time: bool) -> list[dict]:
+    """Each decode batch in `ds` at context c in every block order (`decode_tables`), timed as the
+    grid's decode points (back to back; device-timed with `device_time`): one record each."""
+    out = []
+    for d in ds:
+        for order in BLOCK_ORDERS:
+            chunks = make_step(d, 0, c, cfg.block_size, cfg.num_blocks, vocab, block_order=order)
+            ms = measure(runner, chunks, repeats, warmup)
+            dev = measure_device(runner, chunks, repeats) if device_time else None
+            rec = {"num_decode_seqs": d, "context_len": c, "block_order": order,
+                   "step_ms_median": statistics.median(ms)}
+            if dev:
+                rec["device_ms_median"] = statistics.median(dev)
+            out.append(rec)
+            print(f"block order check d={d:4d} c={c:6d} {order:11s} {rec['step_ms_median']:9.3f} ms"
+                  + (f"  device {rec['device_ms_median']:9.3f} ms" if dev else ""), flush=True)
+    return out
 
 
 def measure(runner, chunks, repeats: int, warmup: int, pause_s: float = 0.0,
@@ -766,7 +850,8 @@ def run(args: argparse.Namespace) -> dict:
     points = []
     for (d, p, c, k, s), verify, runs in jobs:
         chunks = make_step(d, p, c, cfg.block_size, cfg.num_blocks, loaded.config.vocab_size, k, s,
-                           verify=verify, decode_contexts=expand_context_lens(runs) if runs else None)
+                           verify=verify, decode_contexts=expand_context_lens(runs) if runs else None,
+                           block_order=getattr(args, "kv_block_order", "contiguous"))
         launch_ms: list[float] = []
         ms = measure(runner, chunks, args.repeats, args.warmup,
                      args.pause_ms / 1000 if p and not verify else 0.0, launch_ms)
@@ -780,6 +865,12 @@ def run(args: argparse.Namespace) -> dict:
               + f"{statistics.fmean(ms):9.3f} ms  launch {statistics.median(launch_ms):7.3f} ms"
               + (f"  device {statistics.median(device_ms):7.3f} ms" if device_ms else "")
               + (f"  sm {clock} MHz" if clock is not None else ""), flush=True)
+    order_check = []
+    if getattr(args, "block_order_check", "on") == "on":
+        grid_ds = {d for d, p, _c, _k, _s in shapes if d and not p}
+        order_check = block_order_check(runner, [d for d in BLOCK_ORDER_CHECK_DS if d in grid_ds], cs[0], cfg,
+                                        loaded.config.vocab_size, args.repeats, args.warmup,
+                                        getattr(args, "device_time", "off") == "on")
     pause_check = None
     if args.pause_ms > 0:
         pause_check = compare_pause(runner, shapes, cfg, loaded.config.vocab_size, args.pause_ms / 1000)
@@ -811,6 +902,8 @@ def run(args: argparse.Namespace) -> dict:
         **({"plan_lead_ms": {k.removesuffix("_s"): round(v * 1e3, 4) for k, v in leads.items()}}
            if leads else {}),
         **({"pause_check": pause_check} if pause_check else {}),
+        "kv_block_order": getattr(args, "kv_block_order", "contiguous"),
+        **({"block_order_check": order_check} if order_check else {}),
     }
 
 
