@@ -1,8 +1,8 @@
 """Issue 35, session 21: where a profile point's decode KV blocks lie in the pool.
 
-On the H100's 6.7B grid parts and the H200's 33B int4-fp8 KV part the live decode-only steps ran
-over the profile's device times at their shape by ~0 at one sequence, 1-2% at 9-64 and 2-5% at
-65-128: an excess per sequence. The profile laid every decode's blocks in one contiguous run; live,
+On the H100's 6.7B grid parts the live decode-only steps of near-equal contexts ran over the
+profile's device times at their shape by ~0 at one sequence, ~1% at 9-16 and 1.4-2% at 17-64: an
+excess per sequence. The profile laid every decode's blocks in one contiguous run; live,
 the allocator interleaves the blocks of decodes that grow together. `backend profile` can now lay
 them out as the engine does (`--kv-block-order`) and, by default, times a few decode points in each
 order (`block_order_check`) so that the next device call says whether the layout matters."""

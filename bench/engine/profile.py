@@ -144,8 +144,8 @@ def decode_tables(sizes: Sequence[int], num_blocks: int, order: str = "contiguou
     round-robin, as the engine's allocator hands out blocks to decodes that grow together (a
     fresh block for each every block_size tokens, `scheduler.block_manager`); "scattered": every
     block drawn from a seeded permutation of the pool, a long-running engine's free list at its
-    most mixed. Why: live decode steps ran 1-5% over the profile's device times at the same shape,
-    the excess growing with the batch (issue 35, session 21)."""
+    most mixed. Why: on the H100's 6.7B parts live decode steps ran up to 1-2% over the profile's
+    device times at the same shape, the excess growing with the batch (issue 35, session 21)."""
     if order not in BLOCK_ORDERS:
         raise ValueError(f"block order must be one of {', '.join(BLOCK_ORDERS)}, got {order!r}")
     total = sum(sizes)
@@ -400,10 +400,11 @@ def runner_decode_attention(runner, cfg, num_kv_heads: int, grid_ds: Sequence[in
     return {"kernel": kernel, "cuda_graphs": graphs, **plan}
 
 
-# the block order check's decode batches (issue 35, session 21): on the H100's and the H200's grid
-# parts the live decode-only steps ran over the profile's device times at their shape by ~0 at d 1,
-# 1-2% at 9-64 and 2-5% at 65-128 (33B int4-fp8 KV: 1.055 at 65-128; bench/results/
-# fidelity_grid_h100_s21/analysis/decode_vs_profile.txt), a per-sequence excess the contiguous
+# the block order check's decode batches (issue 35, session 21): on the H100's three 6.7B grid parts
+# (bf16 twice, FP8) the live decode-only steps of near-equal contexts (max / mean <= 1.05) ran over
+# the profile's device times at their shape by -0.5% at d 1, ~0.8% at 5-8, 1.0-1.3% at 9-16 and
+# 1.4-2.0% at 17-64 (bench/results/fidelity_grid_h100_s21/analysis/decode_vs_profile.txt; the H200's
+# 33B int4-fp8 KV part: ~1.00 to d 32, 1.01 at 33-64): an excess per sequence that the contiguous
 # points do not have; live, each sequence's blocks are interleaved with the others' as they grow
 BLOCK_ORDER_CHECK_DS = (16, 64, 128)
 

@@ -1,9 +1,10 @@
 """Issue 35, session 21 (for the next calls): a profile's `block_order_check` (decode points at d 16 /
 64 / 128 in each KV block order, `bench.engine.profile.decode_tables`) read as each order's time over
 the contiguous one's, beside what the live decode-only steps of the part read over the contiguous
-profile (decode_vs_profile.py). Predicted where the layout is the excess: interleaved / contiguous
-~1.01 at d 16, ~1.015 (6.7B bf16) to 1.025 (33B int4-fp8) at 64, ~1.02 to 1.05 at 128; where it is
-not: 1.00 +- 0.005 at every d, and the excess is elsewhere (the live contexts, the sampler, the clock).
+profile (decode_vs_profile.py). Predicted on the H100's 6.7B where the layout is the excess:
+interleaved / contiguous ~1.01 at d 16, ~1.015-1.02 at 64 and 128; where it is not: 1.00 +- 0.005 at
+every d, and the excess is elsewhere (the clock under sustained decode, the engine's own inputs).
+The H200's 33B int4-fp8 read ~1.00 to d 32 live at near-equal contexts: predicted 1.00 +- 0.005 there.
 Run from the repo root:  python block_order_read.py PROFILE.json"""
 import json
 import sys
