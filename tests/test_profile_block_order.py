@@ -5,10 +5,12 @@ profile's device times at their shape by ~0 at one sequence, ~1% at 9-16 and 1.4
 excess per sequence. The profile laid every decode's blocks in one contiguous run; live,
 the allocator interleaves the blocks of decodes that grow together. `backend profile` can now lay
 them out as the engine does (`--kv-block-order`) and, by default, times a few decode points in each
-order (`block_order_check`) so that the next device call says whether the layout matters."""
+order, and once more over contexts the model prefilled (`block_order_check`: the grid's points read
+a zeroed pool), so that the next device call says whether the layout or the content matters."""
 from __future__ import annotations
 
 import json
+import types
 
 import pytest
 
@@ -50,6 +52,40 @@ def test_every_order_covers_each_context_and_wraps_around_the_pool():
         assert all(0 <= b < 8 for ch in chunks for b in ch.block_table)
 
 
+class _Recorder:
+    """A runner that records the chunks of each launch (fill_decode_kv's packing, no model)."""
+    device = types.SimpleNamespace(type="cpu")
+
+    def __init__(self):
+        self.launches = []
+
+    def launch(self, chunks):
+        self.launches.append(list(chunks))
+        return len(self.launches)
+
+    def finish(self, step):
+        return step
+
+
+def test_fill_writes_every_decode_position_once_within_the_limits():
+    cfg = types.SimpleNamespace(block_size=16, num_blocks=4096, max_num_batched_tokens=100, max_num_seqs=3)
+    r = _Recorder()
+    n = profile.fill_decode_kv(r, 5, 251, cfg, 1000)  # 250 positions each: pieces of 100, 100, 50
+    assert n == len(r.launches)
+    tables, _ = profile.decode_tables([16] * 5, 4096)
+    seen = {}
+    for batch in r.launches:
+        assert sum(len(ch.token_ids) for ch in batch) <= 100 and len(batch) <= 3
+        ids = [ch.request_id for ch in batch]
+        assert len(ids) == len(set(ids))  # one piece of a sequence a launch
+        for ch in batch:
+            i = int(ch.request_id[1:])
+            assert ch.is_prefill and ch.block_table == tables[i]  # the decodes' own contiguous tables
+            assert ch.start_pos == seen.get(i, 0)  # in order, no gap, no overlap
+            seen[i] = ch.start_pos + len(ch.token_ids)
+    assert seen == {i: 250 for i in range(5)}
+
+
 GRID = ["--model", "tiny", "--num-blocks", "256", "--max-num-seqs", "32",
         "--max-num-batched-tokens", "64", "--max-model-len", "256",
         "--decode-batch-sizes", "0,1,16", "--prefill-tokens", "0,32", "--context-lens", "40",
@@ -66,9 +102,10 @@ def test_the_tiny_profile_records_the_check_and_its_order(tmp_path):
     doc = _profile(tmp_path)
     assert doc["kv_block_order"] == "contiguous"
     check = doc["block_order_check"]
-    # d 16 is the only check batch the grid has; one record per order at the first context
-    assert [(r["num_decode_seqs"], r["context_len"], r["block_order"]) for r in check] == [
-        (16, 40, o) for o in profile.BLOCK_ORDERS]
+    # d 16 is the only check batch the grid has: one record per order over zeros at the first
+    # context, then the contiguous one over the prefilled contexts
+    assert [(r["num_decode_seqs"], r["context_len"], r["block_order"], r["kv_content"]) for r in check] == [
+        *((16, 40, o, "zeros") for o in profile.BLOCK_ORDERS), (16, 40, "contiguous", "prefilled")]
     assert all(r["step_ms_median"] > 0 for r in check)
     off = _profile(tmp_path, "--block-order-check", "off", "--kv-block-order", "interleaved")
     assert "block_order_check" not in off and off["kv_block_order"] == "interleaved"

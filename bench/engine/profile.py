@@ -109,10 +109,12 @@ def parser() -> argparse.ArgumentParser:
                         "allocator hands blocks to decodes growing together) or scattered (a seeded "
                         "permutation of the pool)")
     p.add_argument("--block-order-check", choices=("on", "off"), default="on",
-                   help="on: also the decode points at d in BLOCK_ORDER_CHECK_DS (those the grid "
-                        "has) and the first --context-lens context in each block order, timed as "
-                        "the grid's decode points (`block_order_check` in the profile: recorded, "
-                        "not read by the cost model): whether where the KV blocks lie changes a "
+                   help="on: also, after every other measurement, the decode points at d in "
+                        "BLOCK_ORDER_CHECK_DS (those the grid has) and the first --context-lens "
+                        "context in each block order over the zeroed pool, then contiguous over "
+                        "contexts the model prefilled, timed as the grid's decode points "
+                        "(`block_order_check` in the profile: recorded, not read by the cost "
+                        "model): whether where the KV blocks lie, or what they hold, changes a "
                         "decode step's time (issue 35, session 21)")
     p.add_argument("--device-time", choices=("on", "off"), default="on",
                    help="on CUDA, also time each point as the serving loop runs it: queued behind "
@@ -409,23 +411,65 @@ def runner_decode_attention(runner, cfg, num_kv_heads: int, grid_ds: Sequence[in
 BLOCK_ORDER_CHECK_DS = (16, 64, 128)
 
 
+def fill_decode_kv(runner, d: int, c: int, cfg, vocab: int) -> int:
+    """Write the model's own K/V into what `make_step`'s contiguous d decodes of context c read: each
+    decode's first c - 1 positions prefilled through its own block table, in launches within the
+    token budget and the sequence limit (a prompt longer than the budget in pieces, in order, one
+    piece of a sequence a launch). The grid's points read a zeroed pool. Returns the launches."""
+    tables, _ = decode_tables([-(-c // cfg.block_size)] * d, cfg.num_blocks, "contiguous")
+    n, budget = c - 1, cfg.max_num_batched_tokens
+    pieces = [(i, s0, min(budget, n - s0)) for i in range(d) for s0 in range(0, n, budget)]
+    launches, batch, used, seqs = 0, [], 0, set()
+
+    def flush():
+        nonlocal launches, batch, used, seqs
+        if batch:
+            runner.finish(runner.launch(batch))
+            launches += 1
+        batch, used, seqs = [], 0, set()
+
+    for i, s0, m in pieces:
+        if used + m > budget or len(batch) >= cfg.max_num_seqs or i in seqs:
+            flush()
+        ids = [(13 * j + 5 + i) % vocab for j in range(s0, s0 + m)]
+        batch.append(_chunk(f"f{i}", ids, s0, tables[i], True))
+        used += m
+        seqs.add(i)
+    flush()
+    if runner.device.type == "cuda":
+        torch.cuda.synchronize()
+    return launches
+
+
 def block_order_check(runner, ds: Sequence[int], c: int, cfg, vocab: int, repeats: int, warmup: int,
                       device_time: bool) -> list[dict]:
-    """Each decode batch in `ds` at context c in every block order (`decode_tables`), timed as the
-    grid's decode points (back to back; device-timed with `device_time`): one record each."""
+    """Each decode batch in `ds` at context c in every block order (`decode_tables`) over the
+    zeroed pool the grid's points read, then in the contiguous order once more after the largest
+    batch's contexts were prefilled (`fill_decode_kv`: the K/V a live decode reads, which the
+    zeros' power does not have), timed as the grid's decode points (back to back; device-timed
+    with `device_time`): one record each, `kv_content` "zeros" or "prefilled". Run after every
+    other measurement: the prefill leaves the pool's first blocks written."""
     out = []
+
+    def one(d: int, order: str, content: str) -> None:
+        chunks = make_step(d, 0, c, cfg.block_size, cfg.num_blocks, vocab, block_order=order)
+        ms = measure(runner, chunks, repeats, warmup)
+        dev = measure_device(runner, chunks, repeats) if device_time else None
+        rec = {"num_decode_seqs": d, "context_len": c, "block_order": order, "kv_content": content,
+               "step_ms_median": statistics.median(ms)}
+        if dev:
+            rec["device_ms_median"] = statistics.median(dev)
+        out.append(rec)
+        print(f"block order check d={d:4d} c={c:6d} {order:11s} {content:9s} {rec['step_ms_median']:9.3f} ms"
+              + (f"  device {rec['device_ms_median']:9.3f} ms" if dev else ""), flush=True)
+
     for d in ds:
         for order in BLOCK_ORDERS:
-            chunks = make_step(d, 0, c, cfg.block_size, cfg.num_blocks, vocab, block_order=order)
-            ms = measure(runner, chunks, repeats, warmup)
-            dev = measure_device(runner, chunks, repeats) if device_time else None
-            rec = {"num_decode_seqs": d, "context_len": c, "block_order": order,
-                   "step_ms_median": statistics.median(ms)}
-            if dev:
-                rec["device_ms_median"] = statistics.median(dev)
-            out.append(rec)
-            print(f"block order check d={d:4d} c={c:6d} {order:11s} {rec['step_ms_median']:9.3f} ms"
-                  + (f"  device {rec['device_ms_median']:9.3f} ms" if dev else ""), flush=True)
+            one(d, order, "zeros")
+    if ds:
+        fill_decode_kv(runner, max(ds), c, cfg, vocab)
+        for d in ds:
+            one(d, "contiguous", "prefilled")
     return out
 
 
@@ -866,15 +910,15 @@ def run(args: argparse.Namespace) -> dict:
               + f"{statistics.fmean(ms):9.3f} ms  launch {statistics.median(launch_ms):7.3f} ms"
               + (f"  device {statistics.median(device_ms):7.3f} ms" if device_ms else "")
               + (f"  sm {clock} MHz" if clock is not None else ""), flush=True)
-    order_check = []
+    pause_check = None
+    if args.pause_ms > 0:
+        pause_check = compare_pause(runner, shapes, cfg, loaded.config.vocab_size, args.pause_ms / 1000)
+    order_check = []  # last: its prefilled run leaves the pool's first blocks written
     if getattr(args, "block_order_check", "on") == "on":
         grid_ds = {d for d, p, _c, _k, _s in shapes if d and not p}
         order_check = block_order_check(runner, [d for d in BLOCK_ORDER_CHECK_DS if d in grid_ds], cs[0], cfg,
                                         loaded.config.vocab_size, args.repeats, args.warmup,
                                         getattr(args, "device_time", "off") == "on")
-    pause_check = None
-    if args.pause_ms > 0:
-        pause_check = compare_pause(runner, shapes, cfg, loaded.config.vocab_size, args.pause_ms / 1000)
     dev = loaded.device
     from sims.profile_cost import plan_leads
     leads = plan_leads({"points": points})
