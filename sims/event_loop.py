@@ -375,6 +375,10 @@ class EventLoop:
         # such term (O(running) a step, so only then)
         self.spread_fn = (cost.decode_context_multiple if getattr(cost, "charges_decode_spread", False)
                           else None)
+        # and steps with prefill for their decodes' spread (sims.profile_cost, "Unequal contexts
+        # beside a chunk"): their decodes' total context times that launch's multiple
+        self.mixed_spread_fn = (cost.mixed_context_multiple if getattr(cost, "charges_mixed_spread", False)
+                                else None)
         # the deadline order's step time (scheduler.deadline_order): a constant step's (the echo
         # engine's paced step, which the live engine reads from its flag), else 0 there and the
         # backend's last step is read (`start_step`)
@@ -829,6 +833,9 @@ class EventLoop:
         num_decode, num_prefill, num_ctx = plan
         if self.spread_fn is not None and not num_prefill:
             num_ctx = int(num_ctx * self.spread_multiple(be, sched))
+        elif self.mixed_spread_fn is not None and num_prefill and num_decode >= 2:
+            ctxs = [c for c, _ in sched.decode_contexts()]
+            num_ctx += int(sum(ctxs) * (self.mixed_spread_fn(ctxs) - 1.0))
         if self.charges_chunks and num_prefill:
             dt = self.step_time_fn(num_decode, num_prefill, num_ctx, sched.prefill_chunks)
         else:

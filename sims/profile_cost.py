@@ -198,6 +198,20 @@ before (their attention is the prefill kernel's, not modelled here). A profile w
 points is charged exactly as before; `decode_spread=KAPPA` is a what-if on any CUDA profile (the
 plan from the kernel's constants of the time, `sims.decode_spread.LEGACY_*`).
 
+Unequal contexts beside a chunk (issue 35, session 21): a step with prefill runs its decodes'
+attention too, and their unequal contexts cost it more than their mean: the profile's "mixed
+spread" points (each spread point's decodes beside one 256-token chunk, since session 20) ran 1.035
+-1.075 x the model at their decodes' mean context on the H100's 6.7B (the equal-context mixed points
+are the fit's), and the live steps with a 129-256-token chunk ran, without the power-by-kind cap,
+0.96-0.98 of the model at max / mean context >= 3 against ~1.00 below 2 (bench/results/
+fidelity_grid_h100_s21). Each mixed spread point is read as the multiple of its decodes' total
+context at which the fitted model gives its mixed step's time, and that multiple solved for a kappa
+of its own on the decode launch plan (`solve_kappa`; the mixed step's attention is another launch,
+whose tail the kappa absorbs), interpolated in log d. With them (`mixed_spread="measured"`, the
+default) a step with prefill is charged its decodes' total context times that launch's multiple
+(`mixed_context_multiple`); a profile without mixed spread points, or `mixed_spread="off"`, as
+before.
+
 `step_time(d, p, ctx, prefill_chunks=None)`: without `prefill_chunks` a step's p tokens are one
 chunk from position 0 (today's `CostModel` interface); with them — the step's prefill chunks, each an
 int (tokens from position 0), an (num_tokens, start_pos) pair, or an object with `token_ids` and
@@ -207,6 +221,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
 
@@ -483,7 +498,8 @@ class ProfileCost:
                  device_times_s=None,
                  power_cap: bool = False, cap_by_compute: bool = True, decode_buckets=None,
                  cap_by_power: bool = False, decode_extrapolation: str = "nearest",
-                 spread_points: list[dict] | None = None, decode_spread: str | float = "measured"):
+                 spread_points: list[dict] | None = None, decode_spread: str | float = "measured",
+                 mixed_spread: str = "measured"):
         """points: (n, 3) of (num_decode_seqs, num_prefill_tokens, num_context_tokens), or (n, 4) /
         (n, 5) with num_prefill_seqs k (the p tokens are k chunks of p/k each; default 1 when p > 0)
         and prefill_context_len s (each chunk starts at position s; default 0) appended, or (n, 6)
@@ -512,7 +528,13 @@ class ProfileCost:
         `spread_points`: the profile's decode points of unequal contexts (`decode_context_lens`),
         kept out of the fit and the residuals; `decode_spread`: "measured" (the default: decode-only
         steps charged for their contexts' spread at the kappa those points give, none without
-        them), "off", or a kappa (a what-if on any profile; module doc, "Unequal contexts")."""
+        them), "off", or a kappa (a what-if on any profile; module doc, "Unequal contexts");
+        `mixed_spread`: "measured" (the default: steps with prefill charged for their decodes'
+        spread at the kappa the profile's mixed spread points give, `from_json`; none without them)
+        or "off" (module doc, "Unequal contexts beside a chunk")."""
+        if mixed_spread not in ("measured", "off"):
+            raise ValueError(f"mixed_spread {mixed_spread!r}: measured or off")
+        self.mixed_spread = mixed_spread
         if decode_extrapolation not in ("slope", "nearest"):
             raise ValueError(f"decode_extrapolation {decode_extrapolation!r}: slope or nearest")
         points = np.asarray(points, dtype=np.float64)
@@ -694,8 +716,13 @@ class ProfileCost:
             self._set_cap_weight(mixed_run, packed_run, float((meta or {}).get("pause_ms", 0.0)) / 1e3)
         elif self._cap is not None and mixed_run is not None and self._cap[1] > 1.0:
             self._set_cap_weight(mixed_run)
-        self.mixed_spread_points: list[dict] = []  # from_json: spread points beside a chunk (recorded)
+        self.mixed_spread_points: list[dict] = []  # from_json: spread points beside a chunk
         self._set_decode_spread(spread_points or [], decode_spread)
+        self.mixed_point_kappas: list[dict] = []
+        self._mixed_kappa_by_d = None  # (log d, kappa) of the mixed spread points, or None: no term
+        self._mixed_memo: dict[tuple, float] = {}
+        self._mixed_even_memo: dict[tuple, float] = {}
+        self.mixed_plan = None
 
     def _set_decode_spread(self, spread_points: list[dict], decode_spread: str | float) -> None:
         """kappa and the launch plan of the unequal-contexts term (module doc, "Unequal
@@ -792,6 +819,85 @@ class ProfileCost:
                 self._spread_memo.clear()
             f = self._spread_memo[key] = spread_factor([k * bn for k in key], self.decode_plan,
                                                        self.kappa_at(len(key)), self._even_memo)
+        return f
+
+    def set_mixed_spread(self, points: list[dict]) -> None:
+        """The mixed steps' unequal-contexts term from the profile's mixed spread points (module
+        doc, "Unequal contexts beside a chunk"): each point's decode-context multiple at which the
+        fitted model gives its time (the time the fit used), solved for kappa on the decode launch
+        plan without splits (`mixed_plan`). Nothing where the term is off, the decode term has no
+        plan, or no point reads."""
+        self.mixed_spread_points = list(points)
+        self.mixed_point_kappas, self._mixed_kappa_by_d, self._mixed_memo = [], None, {}
+        self.mixed_plan = None
+        if self.mixed_spread == "off" or self.decode_plan is None:
+            return
+        # a step with prefill runs its decodes in the prefill kernel's launch: one program per
+        # (sequence, kv head) over the whole context, no split (backend.kernels, the varlen path)
+        plan = self.mixed_plan = replace(self.decode_plan, splits=(1,) * len(self.decode_plan.splits))
+        for pt in self.mixed_spread_points:
+            ctxs = expand_context_lens(pt["decode_context_lens"])
+            d, total = len(ctxs), sum(ctxs)
+            p = int(_pick(pt, _P_KEYS, 0))
+            k, st = int(_pick(pt, _K_KEYS, 1) or 1), int(_pick(pt, _S_KEYS, 0))
+            if d < 2 or p <= 0 or p % k:
+                continue
+            chunks = [(p // k, st)] * k
+            if self.fits_device_time and pt.get("device_ms_median") is not None:
+                t = float(pt["device_ms_median"]) / 1e3
+            else:
+                t = float(pt["step_ms"]) / 1e3
+                if self.hides_launch and pt.get("launch_ms_median") is not None:
+                    t -= float(pt["launch_ms_median"]) / 1e3
+            rest = p + k * st  # the chunks' own context, as the event loop passes it
+            factor = self._mixed_context_multiple(d, p, total, rest, chunks, t)
+            kappa = solve_kappa(ctxs, plan, factor)
+            self.mixed_point_kappas.append({"num_decode_seqs": d, "num_prefill_tokens": p,
+                                            "decode_context_lens": pt["decode_context_lens"],
+                                            "ms": round(t * 1e3, 4),
+                                            "uniform_model_ms": round(self.step_time(d, p, total + rest, chunks) * 1e3, 4),
+                                            "context_multiple": round(factor, 4), "kappa": kappa})
+        if self.mixed_point_kappas:
+            by_d = sorted((m["num_decode_seqs"], min(m["kappa"], 64.0)) for m in self.mixed_point_kappas)
+            self._mixed_kappa_by_d = (np.log([d for d, _ in by_d]), np.array([k for _, k in by_d]))
+
+    def _mixed_context_multiple(self, d: int, p: int, total: int, rest: int, chunks, t: float) -> float:
+        """The x with the model's time for d decodes of x * `total` context beside these chunks (their
+        own context `rest`) = t (bisection: the time rises with the context), from 1/8 to 8."""
+        lo, hi = 0.125, 8.0
+        if self.step_time(d, p, int(lo * total) + rest, chunks) >= t:
+            return lo
+        if self.step_time(d, p, int(hi * total) + rest, chunks) <= t:
+            return hi
+        for _ in range(40):
+            mid = 0.5 * (lo + hi)
+            if self.step_time(d, p, int(mid * total) + rest, chunks) < t:
+                lo = mid
+            else:
+                hi = mid
+        return 0.5 * (lo + hi)
+
+    @property
+    def charges_mixed_spread(self) -> bool:
+        """Steps with prefill are charged for their decodes' spread (`mixed_context_multiple`)."""
+        return self._mixed_kappa_by_d is not None and bool((self._mixed_kappa_by_d[1] < 64.0).any())
+
+    def mixed_context_multiple(self, contexts) -> float:
+        """What the decodes of these contexts cost a step with prefill, as a multiple of their total
+        context (`spread_factor` at the mixed spread points' kappa), memoized on the contexts in the
+        plan's tiles."""
+        if not self.charges_mixed_spread or len(contexts) < 2:
+            return 1.0
+        bn = self.decode_plan.block_n
+        key = tuple(-(-int(c) // bn) for c in contexts)
+        f = self._mixed_memo.get(key)
+        if f is None:
+            if len(self._mixed_memo) > 200_000:
+                self._mixed_memo.clear()
+            x, k = self._mixed_kappa_by_d
+            kappa = float(np.interp(np.log(len(key)), x, k))
+            f = self._mixed_memo[key] = spread_factor([t * bn for t in key], self.mixed_plan, kappa,
+                                                      self._mixed_even_memo)
         return f
 
     def _set_cap_weight(self, run: dict | None, packed: dict | None = None, pause_s: float = 0.0) -> None:
@@ -913,7 +1019,7 @@ class ProfileCost:
             runs = point.get("decode_context_lens")
             if runs and len({int(c) for _n, c in runs}) > 1:
                 # unequal contexts: the spread term's (decode-only), not the fit's; beside a prefill
-                # chunk (the mixed spread points, session 20): recorded, read by no term yet
+                # chunk (the mixed spread points, session 20): the mixed steps' term's (session 21)
                 (mixed_spread if _pick(point, _P_KEYS, 0) else spread).append(point)
                 continue
             launch.append(point.get("launch_ms_median"))
@@ -943,7 +1049,7 @@ class ProfileCost:
         kwargs.setdefault("spread_points", spread)
         cost = cls(np.array(pts), np.array(times), num_blocks=meta.get("num_kv_blocks"),
                    block_size=meta.get("block_size"), meta=meta, **kwargs)
-        cost.mixed_spread_points = mixed_spread
+        cost.set_mixed_spread(mixed_spread)
         return cost
 
     def _eval(self, d: int, p: int, c: int, k: int, q: int, x: int, v: int = 0) -> float:
@@ -1094,4 +1200,5 @@ class ProfileCost:
                 **({"decode_spread": {"kappa": self.spread_kappa, "points": self.spread_point_kappas,
                                       "plan_from_profile": bool(self.meta.get("decode_attention"))}}
                    if self.spread_kappa is not None else {}),
+                **({"mixed_spread": {"points": self.mixed_point_kappas}} if self.mixed_point_kappas else {}),
                 **{k: v for k, v in self.meta.items() if isinstance(v, (str, int, float))}}

@@ -37,6 +37,10 @@ class CostSpec:
     # decode-only steps charged for their contexts' spread (sims.decode_spread): "measured" (at
     # the kappa of the profile's spread points; none without them), "off", or a kappa (what-if)
     decode_spread: str | float = "measured"
+    # steps with prefill charged for their decodes' spread (sims.profile_cost, "Unequal contexts
+    # beside a chunk"): "measured" (at the profile's mixed spread points' kappa; none without
+    # them) or "off"
+    mixed_spread: str = "measured"
 
     def build(self) -> CostModel:
         if self.step_ms is not None:
@@ -45,7 +49,7 @@ class CostSpec:
             from sims.profile_cost import ProfileCost
             cost = ProfileCost.from_json(self.profile, hide_launch=self.hide_launch,
                                            power_cap=self.power_cap, cap_by_power=self.cap_by_power,
-                                           decode_spread=self.decode_spread)
+                                           decode_spread=self.decode_spread, mixed_spread=self.mixed_spread)
         else:
             cost = RooflineCost(load_model_shape(self.model), get_gpu(self.gpu), self.roofline)
         if self.num_blocks:

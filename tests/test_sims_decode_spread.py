@@ -125,7 +125,8 @@ def _write(tmp_path, doc, name="p.json"):
 
 def test_spread_points_beside_a_chunk_change_neither_the_fit_nor_kappa(tmp_path):
     """The mixed spread points (session 20: a spread point's decodes beside one prefill chunk) are
-    recorded for a mixed launch model: kept out of the fit, the residuals and the kappa."""
+    the mixed steps' own term's (session 21, tests/test_sims_mixed_spread.py): kept out of the fit,
+    the residuals and the decode-only kappa."""
     doc = _profile_doc(2.5)
     base = ProfileCost.from_json(_write(tmp_path, doc, "a.json"), ctx_quantum=1)
     for d in (4, 16):

@@ -133,6 +133,7 @@ def model_step_ms(cost, steps: list[dict], window_s: float = 0.1) -> list[tuple[
     has one."""
     idle_launch = cost.launch_time if getattr(cost, "hides_launch", False) else None
     spread = cost.decode_context_multiple if getattr(cost, "charges_decode_spread", False) else None
+    mixed = cost.mixed_context_multiple if getattr(cost, "charges_mixed_spread", False) else None
     tau = getattr(cost, "power_cap_tau_s", None)
     if tau is not None:  # exponential shares over the model's own horizon (6 tau)
         window_s = max(window_s, cost.power_cap_window_s)
@@ -144,6 +145,8 @@ def model_step_ms(cost, steps: list[dict], window_s: float = 0.1) -> list[tuple[
         ctx = s["ctx"] + sum(n + st for n, st in s["chunks"])
         if spread is not None and not s["p"] and s.get("ctxs"):  # the contexts' spread (sims.decode_spread)
             ctx = int(ctx * spread(s["ctxs"]))
+        elif mixed is not None and s["p"] and len(s.get("ctxs") or ()) >= 2:  # beside a chunk
+            ctx += int(sum(s["ctxs"]) * (mixed(s["ctxs"]) - 1.0))
         t = cost.step_time(s["d"], s["p"], ctx, chunks)
         by_compute = getattr(cost, "caps_by_compute", False)
         f, g = busy_shares(steps, k, window_s, tau) if s["p"] or by_compute else (0.0, 0.0)

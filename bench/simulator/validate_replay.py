@@ -49,7 +49,7 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
                    per_stream: str = "auto", seeds: set[int] | None = None,
                    live_steps=None, cost_scale=None, hide_launch: str | None = None,
                    power_cap: str | None = None, extra_dispatch_ms: float = 0.0,
-                   cap_by_power: bool = False, decode_spread: str = "measured",
+                   cap_by_power: bool = False, decode_spread: str = "measured", mixed_spread: str = "measured",
                    gateway_loop: bool | None = None, live_times: bool = False,
                    plan_lead: str | None = None,
                    gateway_loop_read_ms: float | None = None) -> dict:
@@ -113,6 +113,8 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
         terms = {**terms, "cap_by_power": True}
     if decode_spread != "measured":  # off, or a kappa: the unequal-contexts term (sims.decode_spread)
         terms = {**terms, "decode_spread": decode_spread if decode_spread == "off" else float(decode_spread)}
+    if mixed_spread != "measured":  # off: steps with prefill charged at their decodes' mean context
+        terms = {**terms, "mixed_spread": mixed_spread}
     lead_s = None if lead_ms is None else lead_ms / 1e3
     gw = gateway_config(serve_parser().parse_args(cfg["serve_argv"]), ["live"])
     batcher = BatcherConfig(**cfg["batcher"]) if cfg.get("batcher") else gw.batcher
@@ -256,6 +258,10 @@ def parser() -> argparse.ArgumentParser:
                    help="with the power cap: each prefill step weighs in the busy share by its kind's "
                         "power, from the profile's capped mixed step run (sims.profile_cost, \"Power by "
                         "step kind\"; opt-in; a profile without that run: unchanged)")
+    p.add_argument("--mixed-spread", choices=("measured", "off"), default="measured",
+                   help="steps with prefill charged for their decodes' spread at the kappa of the "
+                        "profile's mixed spread points (sims.profile_cost, 'Unequal contexts beside a "
+                        "chunk'; none without them); off: at their decodes' total context")
     p.add_argument("--decode-spread", default="measured",
                    help="decode-only steps charged for their contexts' spread (sims.decode_spread): "
                         "'measured' (the default: at the kappa the profile's spread points give; none "
@@ -306,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(str(e))
     res = replay_session(validate, arrivals, batches, rows, profile, a.delivery_per_stream_ms, seeds,
                          hide_launch=a.hide_launch, power_cap=a.power_cap, cap_by_power=a.cap_by_power,
-                         decode_spread=a.decode_spread, extra_dispatch_ms=a.extra_dispatch_ms, gateway_loop=a.gateway_loop == "on",
+                         decode_spread=a.decode_spread, mixed_spread=a.mixed_spread, extra_dispatch_ms=a.extra_dispatch_ms, gateway_loop=a.gateway_loop == "on",
                          live_times=a.live_times, plan_lead=a.plan_lead,
                          gateway_loop_read_ms=a.gateway_loop_read_ms)
     dp = res["delivery_path"]
