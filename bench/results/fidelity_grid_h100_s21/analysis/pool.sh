@@ -6,8 +6,9 @@
 # forms (default = the grid state's model with --cap-by-power; nocap = without it), and the runs of one
 # cell are pooled (`fidelity_table --pool`). Run after `bash run.sh replays`, from this folder:
 #   bash pool.sh        (~3 min on 2 cores: the two s18 parts are re-scored here)
-# pooled_<cell>_<form>.md / .json: the cell's table (<cell>-s21: this session's parts alone);
-# pooled_summary.md: one line a cell and form.
+# pooled_<cell>_<form>.md / .json: the cell's table (<cell>-s21: this session's parts alone; for the
+# mixed lengths also nomixed: nocap without the mixed-step spread term, and nospread: run.sh's);
+# pooled_summary.md: one line a cell and form. The nocap form is the simulator's own default.
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT=${ROOT:-$(cd ../../../.. && pwd)}
@@ -41,13 +42,28 @@ for c in 6.7b 6.7b-fp8 6.7b-fp8-s21 6.7b-mixed 6.7b-mixed-s21; do
     $PY -m bench.simulator.fidelity_table --pool "${files[@]}" --json "pooled_${c}_${form}.json" > "pooled_${c}_${form}.md"
   done
 done
+# the mixed lengths, this session's profiles: the model's default without this session's mixed-step
+# spread term (--mixed-spread off; sims.profile_cost, "Unequal contexts beside a chunk") and without
+# the decode-only one (nospread, run.sh), for the before / after
+for p in 6.7b-mixed-2 6.7b-mixed-seeds; do
+  [ -f "replay_${p}_asrun_nomixed.json" ] && continue
+  # shellcheck disable=SC2046
+  $PY -m bench.simulator.validate_replay ../$p/validate_$p.json ../$p/decisions_$p.jsonl.gz ../$p/steps_$p.jsonl.gz \
+      --profile ../$p/profile_$p.json $(flags nocap) --mixed-spread off --json "replay_${p}_asrun_nomixed.json" \
+      > "replay_${p}_asrun_nomixed.txt" &
+done
+wait
+for form in nomixed nospread; do
+  $PY -m bench.simulator.fidelity_table --pool replay_6.7b-mixed-2_asrun_${form}.json replay_6.7b-mixed-seeds_asrun_${form}.json \
+      --json "pooled_6.7b-mixed-s21_${form}.json" > "pooled_6.7b-mixed-s21_${form}.md"
+done
 $PY - <<'PY' > pooled_summary.md
 import json
 from pathlib import Path
 print("| cell | simulator | seeds x requests | intervals inside (to 0.95x) | means inside | same chunks 0.5 / 0.8 / 0.95x (%) |")
 print("|---|---|---|---|---|---|")
 for c in ("6.7b", "6.7b-fp8", "6.7b-fp8-s21", "6.7b-mixed", "6.7b-mixed-s21"):
-    for form in ("default", "nocap"):
+    for form in ("default", "nocap") + (("nomixed", "nospread") if c == "6.7b-mixed-s21" else ()):
         cells = [x for x in json.loads(Path(f"pooled_{c}_{form}.json").read_text()) if x["load"] in ("0.5x", "0.8x", "0.95x")]
         figs = [v for x in cells for v in x["figures"].values()]
         chunks = " / ".join(f"{100 * x['same_chunks'][0]:.1f}" for x in cells)
