@@ -193,8 +193,8 @@ the last at 4c, `decode_context_lens`) are kept out of the fit and the residuals
 multiple of its total context at which the fitted model gives its time, and that multiple solved
 for kappa (`decode_spread.solve_kappa`), interpolated in log d between the points. With them
 (`decode_spread="measured"`, the default) the event loop charges a decode-only step at its total
-context times the launch's multiple (`decode_context_multiple`); steps with prefill are charged as
-before (their attention is the prefill kernel's, not modelled here). A profile without spread
+context times the launch's multiple (`decode_context_multiple`); steps with prefill have a term of
+their own (below: their launch is tiled and split otherwise). A profile without spread
 points is charged exactly as before; `decode_spread=KAPPA` is a what-if on any CUDA profile (the
 plan from the kernel's constants of the time, `sims.decode_spread.LEGACY_*`).
 
@@ -206,8 +206,11 @@ are the fit's), and the live steps with a 129-256-token chunk ran, without the p
 0.96-0.98 of the model at max / mean context >= 3 against ~1.00 below 2 (bench/results/
 fidelity_grid_h100_s21). Each mixed spread point is read as the multiple of its decodes' total
 context at which the fitted model gives its mixed step's time, and that multiple solved for a kappa
-of its own on the decode launch plan (`solve_kappa`; the mixed step's attention is another launch,
-whose tail the kappa absorbs), interpolated in log d. With them (`mixed_spread="measured"`, the
+of its own on the decode launch plan without splits (`solve_kappa`): a mixed step runs the same
+paged kernel tiled for queries (`max_query_len` 2) and split by the mixed rule, at least
+PROGRAMS_PER_SM programs a SM, which the chunk's query blocks already give at the grid's shapes (one
+split), so a long decode's programs run its whole context; the kappa absorbs the rest of the
+launch's difference. Interpolated in log d. With them (`mixed_spread="measured"`, the
 default) a step with prefill is charged its decodes' total context times that launch's multiple
 (`mixed_context_multiple`); a profile without mixed spread points, or `mixed_spread="off"`, as
 before.
@@ -832,8 +835,10 @@ class ProfileCost:
         self.mixed_plan = None
         if self.mixed_spread == "off" or self.decode_plan is None:
             return
-        # a step with prefill runs its decodes in the prefill kernel's launch: one program per
-        # (sequence, kv head) over the whole context, no split (backend.kernels, the varlen path)
+        # a step with prefill runs the paged kernel tiled for queries and split by the mixed rule
+        # (backend.kernels.paged_attention.choose_num_splits, resident_per_sm None: at least
+        # PROGRAMS_PER_SM programs a SM, which a 256-token chunk's query blocks give by
+        # themselves): one split, a long decode's programs over its whole context
         plan = self.mixed_plan = replace(self.decode_plan, splits=(1,) * len(self.decode_plan.splits))
         for pt in self.mixed_spread_points:
             ctxs = expand_context_lens(pt["decode_context_lens"])

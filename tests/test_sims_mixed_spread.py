@@ -5,8 +5,9 @@ chunk) ran 1.035-1.075 x the model at their decodes' mean context on the H100's 
 steps with a 129-256-token chunk ran 0.96-0.98 of the model at max / mean context >= 3 against ~1.00
 below 2 (bench/results/fidelity_grid_h100_s21). `ProfileCost` now reads each mixed spread point as a
 multiple of its decodes' total context, solves it for a kappa of its own on the decode launch plan
-without splits (the prefill kernel's launch), and the event loop and the live-step scorer charge a
-step with prefill its decodes' total context times that multiple."""
+without splits (a mixed step's launch: its chunk's query blocks fill the machine, so one split), and
+the event loop and the live-step scorer charge a step with prefill its decodes' total context times
+that multiple."""
 import json
 from dataclasses import replace
 
