@@ -61,9 +61,10 @@
 # ~0.7 s on the 6.7B (H200) and ~1.1 s (H100); the 33B bf16 on the H100 ~3 s. Under 5 s: the
 # estimates below are unchanged.
 # Since session 21 the profile ends with the block order check (bench.engine.profile.block_order_check:
-# d 16 / 64 / 128 in three KV block orders over the zeroed pool, then after prefilling 128 contexts,
-# contiguous again: 12 decode points and ~32 prefill launches of 2,048 tokens): ~3 s on the 6.7B, ~10
-# s on the 33B bf16, added to the 33B estimates below. Session 21's H100 calls (6.7B only) ran
+# d 16 / 64 / 128 in three KV block orders over the zeroed pool, then after prefilling 64 contexts,
+# d 16 / 64 contiguous again: 11 decode points (~0.2 s each on the 33B bf16) and ~16 prefill launches
+# of 2,048 tokens (~0.2 s each)): ~2 s on the 6.7B, ~6 s on the 33B bf16, added to the 33B estimates
+# below. Session 21's H100 calls (6.7B only) ran
 # 6.7b-mixed-seeds in 378 s (315 estimated for the H200), 6.7b seeds 0-2 in 315 s, 3-4 in 262,
 # 6.7b-fp8 seeds 2-4 in 303, 6.7b-mixed seed 2 in 251.
 # Override any of MODEL LOADS SEEDS N IN OUTLEN SERVE_ARGS BUDGET_S per call.
@@ -78,30 +79,30 @@ part_spec() {
   case "$1" in
     # 33b: from its measured call (s11, 418 s) + the profile grown since (capped grid +23, mixed run +3.5,
     # device time +60, session 18 +8): ~513 (the sum of the older estimates read 523)
-    33b)        echo "deepseek-coder-33b  $L4 0,1,2     200 512 128 -  523" ;;
-    33b-seeds)  echo "deepseek-coder-33b  $L4 3,4       200 512 128 -  443" ;;
+    33b)        echo "deepseek-coder-33b  $L4 0,1,2     200 512 128 -  519" ;;
+    33b-seeds)  echo "deepseek-coder-33b  $L4 3,4       200 512 128 -  439" ;;
     6.7b)       echo "deepseek-coder-6.7b $L4 0,1,2,3,4 200 512 128 -  355" ;;
-    33b-fp8)    echo "deepseek-coder-33b  $L4 0,1,2     200 512 128 --engine-arg=--quantization=fp8 462" ;;
+    33b-fp8)    echo "deepseek-coder-33b  $L4 0,1,2     200 512 128 --engine-arg=--quantization=fp8 458" ;;
     6.7b-fp8)   echo "deepseek-coder-6.7b $L4 0,1,2,3,4 200 512 128 --engine-arg=--quantization=fp8 390" ;;
     # session 20 measured three parts on the H200: 33b-kvint4 487 s (seeds 0-1), 33b-mixed 422 (seed 0),
     # 6.7b-mixed 377 (seeds 0-2); since then the pause check's two mixed_pattern runs (~3.5 s) and, for
     # drawn lengths, contexts to the 90th percentile (+~10-20 s on the 33B's profile, never measured)
-    33b-kvint4) echo "deepseek-coder-33b  $L4 0,1       200 512 128 --engine-arg=--kv-cache-dtype=int4-fp8 501" ;;
-    33b-mixed)  echo "deepseek-coder-33b  $L4 0         200 $MIXED_IN $MIXED_OUT - 455" ;;
+    33b-kvint4) echo "deepseek-coder-33b  $L4 0,1       200 512 128 --engine-arg=--kv-cache-dtype=int4-fp8 497" ;;
+    33b-mixed)  echo "deepseek-coder-33b  $L4 0         200 $MIXED_IN $MIXED_OUT - 451" ;;
     6.7b-mixed) echo "deepseek-coder-6.7b $L4 0,1,2     200 $MIXED_IN $MIXED_OUT - 395" ;;
     # the issue's five seeds for the parts one call cannot hold (the 33B's, the mixed shapes'):
     # each with its own profile, as the 33b / 33b-seeds pair (a profile from another call misses
     # that call's step-cost level: BENCHMARKS, issue 35, session 14)
-    33b-fp8-seeds)    echo "deepseek-coder-33b  $L4 3,4 200 512 128 --engine-arg=--quantization=fp8 442" ;;
-    33b-kvint4-seeds) echo "deepseek-coder-33b  $L4 3,4 200 512 128 --engine-arg=--kv-cache-dtype=int4-fp8 501" ;;
-    33b-kvint4-2)     echo "deepseek-coder-33b  $L4 2   200 512 128 --engine-arg=--kv-cache-dtype=int4-fp8 350" ;;
+    33b-fp8-seeds)    echo "deepseek-coder-33b  $L4 3,4 200 512 128 --engine-arg=--quantization=fp8 438" ;;
+    33b-kvint4-seeds) echo "deepseek-coder-33b  $L4 3,4 200 512 128 --engine-arg=--kv-cache-dtype=int4-fp8 497" ;;
+    33b-kvint4-2)     echo "deepseek-coder-33b  $L4 2   200 512 128 --engine-arg=--kv-cache-dtype=int4-fp8 346" ;;
     # the 33B's mixed lengths one seed a call: two would be ~540 s, under BUDGET_S 570 by less than the
     # estimate's error (never measured: a run past BUDGET_S loses the whole call's validate JSON); if
     # 33b-mixed runs in <= ~330 s, two seeds a call fit (SEEDS=1,2 PART=33b-mixed-1)
-    33b-mixed-1)      echo "deepseek-coder-33b  $L4 1   200 $MIXED_IN $MIXED_OUT - 455" ;;
-    33b-mixed-2)      echo "deepseek-coder-33b  $L4 2   200 $MIXED_IN $MIXED_OUT - 455" ;;
-    33b-mixed-3)      echo "deepseek-coder-33b  $L4 3   200 $MIXED_IN $MIXED_OUT - 455" ;;
-    33b-mixed-4)      echo "deepseek-coder-33b  $L4 4   200 $MIXED_IN $MIXED_OUT - 455" ;;
+    33b-mixed-1)      echo "deepseek-coder-33b  $L4 1   200 $MIXED_IN $MIXED_OUT - 451" ;;
+    33b-mixed-2)      echo "deepseek-coder-33b  $L4 2   200 $MIXED_IN $MIXED_OUT - 451" ;;
+    33b-mixed-3)      echo "deepseek-coder-33b  $L4 3   200 $MIXED_IN $MIXED_OUT - 451" ;;
+    33b-mixed-4)      echo "deepseek-coder-33b  $L4 4   200 $MIXED_IN $MIXED_OUT - 451" ;;
     6.7b-mixed-seeds) echo "deepseek-coder-6.7b $L4 3,4 200 $MIXED_IN $MIXED_OUT - 315" ;;
     cpu)        echo "tiny                -   0         20  16  8   -  60" ;;
     *) return 1 ;;

@@ -112,3 +112,14 @@ def test_the_tiny_profile_records_the_check_and_its_order(tmp_path):
     # the points themselves are the same shapes whatever the order
     assert ([(p["num_decode_seqs"], p["num_prefill_tokens"], p["context_len"]) for p in off["points"]]
             == [(p["num_decode_seqs"], p["num_prefill_tokens"], p["context_len"]) for p in doc["points"]])
+
+
+def test_the_check_prefills_only_up_to_its_fill_batch():
+    cfg = types.SimpleNamespace(block_size=16, num_blocks=100000, max_num_batched_tokens=2048, max_num_seqs=256)
+    r = _Recorder()
+    recs = profile.block_order_check(r, [16, 64, 128], 40, cfg, 1000, repeats=1, warmup=0, device_time=False)
+    assert [(x["num_decode_seqs"], x["block_order"], x["kv_content"]) for x in recs] == [
+        *((d, o, "zeros") for d in (16, 64, 128) for o in profile.BLOCK_ORDERS),
+        (16, "contiguous", "prefilled"), (64, "contiguous", "prefilled")]
+    fills = [b for b in r.launches if b[0].is_prefill]
+    assert {ch.request_id for b in fills for ch in b} == {f"f{i}" for i in range(profile.BLOCK_ORDER_FILL_MAX_D)}

@@ -409,6 +409,9 @@ def runner_decode_attention(runner, cfg, num_kv_heads: int, grid_ds: Sequence[in
 # 33B int4-fp8 KV part: ~1.00 to d 32, 1.01 at 33-64): an excess per sequence that the contiguous
 # points do not have; live, each sequence's blocks are interleaved with the others' as they grow
 BLOCK_ORDER_CHECK_DS = (16, 64, 128)
+# the prefilled contexts only up to this batch: the fill is the check's cost (64 x 511 tokens, ~3 s on
+# the 33B bf16, H200; 128 would double it and put the 33b part past its call)
+BLOCK_ORDER_FILL_MAX_D = 64
 
 
 def fill_decode_kv(runner, d: int, c: int, cfg, vocab: int) -> int:
@@ -444,9 +447,9 @@ def fill_decode_kv(runner, d: int, c: int, cfg, vocab: int) -> int:
 def block_order_check(runner, ds: Sequence[int], c: int, cfg, vocab: int, repeats: int, warmup: int,
                       device_time: bool) -> list[dict]:
     """Each decode batch in `ds` at context c in every block order (`decode_tables`) over the
-    zeroed pool the grid's points read, then in the contiguous order once more after the largest
-    batch's contexts were prefilled (`fill_decode_kv`: the K/V a live decode reads, which the
-    zeros' power does not have), timed as the grid's decode points (back to back; device-timed
+    zeroed pool the grid's points read, then (those up to BLOCK_ORDER_FILL_MAX_D) in the contiguous
+    order once more after the largest such batch's contexts were prefilled (`fill_decode_kv`: the
+    K/V a live decode reads, which the zeros' power does not have), timed as the grid's decode points (back to back; device-timed
     with `device_time`): one record each, `kv_content` "zeros" or "prefilled". Run after every
     other measurement: the prefill leaves the pool's first blocks written."""
     out = []
@@ -466,9 +469,10 @@ def block_order_check(runner, ds: Sequence[int], c: int, cfg, vocab: int, repeat
     for d in ds:
         for order in BLOCK_ORDERS:
             one(d, order, "zeros")
-    if ds:
-        fill_decode_kv(runner, max(ds), c, cfg, vocab)
-        for d in ds:
+    filled = [d for d in ds if d <= BLOCK_ORDER_FILL_MAX_D]
+    if filled:
+        fill_decode_kv(runner, max(filled), c, cfg, vocab)
+        for d in filled:
             one(d, "contiguous", "prefilled")
     return out
 
