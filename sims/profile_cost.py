@@ -213,7 +213,7 @@ split), so a long decode's programs run its whole context; the kappa absorbs the
 launch's difference. Interpolated in log d. With them (`mixed_spread="measured"`, the
 default) a step with prefill is charged its decodes' total context times that launch's multiple
 (`mixed_context_multiple`); a profile without mixed spread points, or `mixed_spread="off"`, as
-before.
+before; `mixed_spread=KAPPA` is a what-if wherever the decode term has its plan.
 
 `step_time(d, p, ctx, prefill_chunks=None)`: without `prefill_chunks` a step's p tokens are one
 chunk from position 0 (today's `CostModel` interface); with them — the step's prefill chunks, each an
@@ -502,7 +502,7 @@ class ProfileCost:
                  power_cap: bool = False, cap_by_compute: bool = True, decode_buckets=None,
                  cap_by_power: bool = False, decode_extrapolation: str = "nearest",
                  spread_points: list[dict] | None = None, decode_spread: str | float = "measured",
-                 mixed_spread: str = "measured"):
+                 mixed_spread: str | float = "measured"):
         """points: (n, 3) of (num_decode_seqs, num_prefill_tokens, num_context_tokens), or (n, 4) /
         (n, 5) with num_prefill_seqs k (the p tokens are k chunks of p/k each; default 1 when p > 0)
         and prefill_context_len s (each chunk starts at position s; default 0) appended, or (n, 6)
@@ -533,10 +533,16 @@ class ProfileCost:
         steps charged for their contexts' spread at the kappa those points give, none without
         them), "off", or a kappa (a what-if on any profile; module doc, "Unequal contexts");
         `mixed_spread`: "measured" (the default: steps with prefill charged for their decodes'
-        spread at the kappa the profile's mixed spread points give, `from_json`; none without them)
-        or "off" (module doc, "Unequal contexts beside a chunk")."""
+        spread at the kappa the profile's mixed spread points give, `from_json`; none without them),
+        "off", or a kappa (a what-if wherever the decode term has a launch plan; module doc,
+        "Unequal contexts beside a chunk")."""
         if mixed_spread not in ("measured", "off"):
-            raise ValueError(f"mixed_spread {mixed_spread!r}: measured or off")
+            try:
+                mixed_spread = float(mixed_spread)
+            except (TypeError, ValueError):
+                raise ValueError(f"mixed_spread {mixed_spread!r}: measured, off or a kappa >= 1") from None
+            if not mixed_spread >= 1.0:
+                raise ValueError(f"mixed_spread {mixed_spread!r}: measured, off or a kappa >= 1")
         self.mixed_spread = mixed_spread
         if decode_extrapolation not in ("slope", "nearest"):
             raise ValueError(f"decode_extrapolation {decode_extrapolation!r}: slope or nearest")
@@ -840,6 +846,9 @@ class ProfileCost:
         # PROGRAMS_PER_SM programs a SM, which a 256-token chunk's query blocks give by
         # themselves): one split, a long decode's programs over its whole context
         plan = self.mixed_plan = replace(self.decode_plan, splits=(1,) * len(self.decode_plan.splits))
+        if isinstance(self.mixed_spread, float):  # a what-if: one kappa at every batch
+            self._mixed_kappa_by_d = (np.log([1.0]), np.array([self.mixed_spread]))
+            return
         for pt in self.mixed_spread_points:
             ctxs = expand_context_lens(pt["decode_context_lens"])
             d, total = len(ctxs), sum(ctxs)

@@ -39,8 +39,8 @@ class CostSpec:
     decode_spread: str | float = "measured"
     # steps with prefill charged for their decodes' spread (sims.profile_cost, "Unequal contexts
     # beside a chunk"): "measured" (at the profile's mixed spread points' kappa; none without
-    # them) or "off"
-    mixed_spread: str = "measured"
+    # them), "off", or a kappa (a what-if)
+    mixed_spread: str | float = "measured"
 
     def build(self) -> CostModel:
         if self.step_ms is not None:

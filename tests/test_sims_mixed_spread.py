@@ -96,8 +96,13 @@ def test_unequal_decodes_beside_a_chunk_cost_more_and_off_turns_it_off(tmp_path)
     assert m == pytest.approx(spread_factor(spread, NO_SPLIT, 4.0), rel=0.02) and m > 1.2
     off = _cost(tmp_path, doc, "off.json", mixed_spread="off")
     assert not off.charges_mixed_spread and off.mixed_context_multiple(spread) == 1.0
-    with pytest.raises(ValueError, match="mixed_spread"):
-        _cost(tmp_path, doc, "bad.json", mixed_spread="2.5")
+    for bad in ("often", 0.5):
+        with pytest.raises(ValueError, match="mixed_spread"):
+            _cost(tmp_path, doc, "bad.json", mixed_spread=bad)
+    # a what-if kappa on a profile without mixed spread points charges as measured ones at that kappa
+    whatif = _cost(tmp_path, _doc(), "whatif.json", mixed_spread=4.0)
+    assert whatif.charges_mixed_spread and whatif.mixed_point_kappas == []
+    assert whatif.mixed_context_multiple(spread) == pytest.approx(spread_factor(spread, NO_SPLIT, 4.0))
 
 
 def test_the_live_step_scorer_charges_a_mixed_step_for_its_decodes_spread(tmp_path):

@@ -113,8 +113,8 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
         terms = {**terms, "cap_by_power": True}
     if decode_spread != "measured":  # off, or a kappa: the unequal-contexts term (sims.decode_spread)
         terms = {**terms, "decode_spread": decode_spread if decode_spread == "off" else float(decode_spread)}
-    if mixed_spread != "measured":  # off: steps with prefill charged at their decodes' mean context
-        terms = {**terms, "mixed_spread": mixed_spread}
+    if mixed_spread != "measured":  # off (their decodes' mean context), or a what-if kappa
+        terms = {**terms, "mixed_spread": mixed_spread if mixed_spread == "off" else float(mixed_spread)}
     lead_s = None if lead_ms is None else lead_ms / 1e3
     gw = gateway_config(serve_parser().parse_args(cfg["serve_argv"]), ["live"])
     batcher = BatcherConfig(**cfg["batcher"]) if cfg.get("batcher") else gw.batcher
@@ -258,10 +258,11 @@ def parser() -> argparse.ArgumentParser:
                    help="with the power cap: each prefill step weighs in the busy share by its kind's "
                         "power, from the profile's capped mixed step run (sims.profile_cost, \"Power by "
                         "step kind\"; opt-in; a profile without that run: unchanged)")
-    p.add_argument("--mixed-spread", choices=("measured", "off"), default="measured",
+    p.add_argument("--mixed-spread", default="measured",
                    help="steps with prefill charged for their decodes' spread at the kappa of the "
                         "profile's mixed spread points (sims.profile_cost, 'Unequal contexts beside a "
-                        "chunk'; none without them); off: at their decodes' total context")
+                        "chunk'; none without them); off: at their decodes' total context; a kappa: "
+                        "a what-if at that kappa (where the profile has the decode term's plan)")
     p.add_argument("--decode-spread", default="measured",
                    help="decode-only steps charged for their contexts' spread (sims.decode_spread): "
                         "'measured' (the default: at the kappa the profile's spread points give; none "
