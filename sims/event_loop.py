@@ -207,6 +207,8 @@ class _Backend:
         "inbox_t",
         "last_report",
         "message_s",
+        "mixed_key",
+        "mixed_mult",
         "num_placed",
         "outstanding",
         "plan",
@@ -241,6 +243,8 @@ class _Backend:
         # the decode batch's spread multiple (EventLoop.spread_fn) and what it was computed for
         self.spread_key = None
         self.spread_mult = 1.0
+        self.mixed_key = None       # and the mixed steps' (EventLoop.mixed_spread_fn), the same way
+        self.mixed_mult = 1.0
         self.plan = None
         self.streams = 0            # sequences of the single step in progress (delivery_per_stream_s)
         self.step_start = 0.0
@@ -757,6 +761,16 @@ class EventLoop:
             be.spread_mult = self.spread_fn([c for c, _ in sched.decode_contexts()])
         return be.spread_mult
 
+    def mixed_multiple(self, be: _Backend, sched) -> float:
+        """The multiple a step with prefill charges its decodes' context for their spread
+        (`mixed_spread_fn`), kept for 8 steps while their count stays, as `spread_multiple`."""
+        dec = sched.sched.decodes
+        key = (dec.num_decoding, dec.step >> 3)
+        if key != be.mixed_key:
+            be.mixed_key = key
+            be.mixed_mult = self.mixed_spread_fn([c for c, _ in sched.decode_contexts()])
+        return be.mixed_mult
+
     def plan_cutoff(self, be: _Backend, now: float, after_step: bool) -> float:
         """When the engine planned the step starting at `now` (see `async_plan_lead_s`)."""
         lead = self.plan_lead
@@ -834,8 +848,9 @@ class EventLoop:
         if self.spread_fn is not None and not num_prefill:
             num_ctx = int(num_ctx * self.spread_multiple(be, sched))
         elif self.mixed_spread_fn is not None and num_prefill and num_decode >= 2:
-            ctxs = [c for c, _ in sched.decode_contexts()]
-            num_ctx += int(sum(ctxs) * (self.mixed_spread_fn(ctxs) - 1.0))
+            dec = sched.sched.decodes  # the decodes' part of num_ctx (SchedulerAdapter.schedule)
+            num_ctx += int((dec.offset_sum + dec.num_decoding * dec.step + num_decode)
+                           * (self.mixed_multiple(be, sched) - 1.0))
         if self.charges_chunks and num_prefill:
             dt = self.step_time_fn(num_decode, num_prefill, num_ctx, sched.prefill_chunks)
         else:
