@@ -761,12 +761,7 @@ class ProfileCost:
         for pt in spread_points:
             ctxs = expand_context_lens(pt["decode_context_lens"])
             d, total = len(ctxs), sum(ctxs)
-            if self.fits_device_time and pt.get("device_ms_median") is not None:
-                t = float(pt["device_ms_median"]) / 1e3
-            else:
-                t = float(pt["step_ms"]) / 1e3
-                if self.hides_launch and pt.get("launch_ms_median") is not None:
-                    t -= float(pt["launch_ms_median"]) / 1e3
+            t = self._fit_time(pt)
             factor = self._context_multiple(d, total, t)
             kappa = solve_kappa(ctxs, plan, factor)
             self.spread_point_kappas.append({"num_decode_seqs": d, "decode_context_lens": pt["decode_context_lens"],
@@ -781,6 +776,16 @@ class ProfileCost:
             # it; a point that saw no cap counts at the solve's bound (64: no cap in effect)
             by_d = sorted((k["num_decode_seqs"], min(k["kappa"], 64.0)) for k in self.spread_point_kappas)
             self._kappa_by_d = (np.log([d for d, _ in by_d]), np.array([k for _, k in by_d]))
+
+    def _fit_time(self, pt: dict) -> float:
+        """Seconds of a point kept out of the fit (a spread point), as the fit reads its points:
+        device time, or step minus launch, or step."""
+        if self.fits_device_time and pt.get("device_ms_median") is not None:
+            return float(pt["device_ms_median"]) / 1e3
+        t = float(pt["step_ms"]) / 1e3
+        if self.hides_launch and pt.get("launch_ms_median") is not None:
+            t -= float(pt["launch_ms_median"]) / 1e3
+        return t
 
     def _context_multiple(self, d: int, total: int, t: float) -> float:
         """The x with the model's decode-only time at d sequences and x * total context = t
@@ -857,12 +862,7 @@ class ProfileCost:
             if d < 2 or p <= 0 or p % k:
                 continue
             chunks = [(p // k, st)] * k
-            if self.fits_device_time and pt.get("device_ms_median") is not None:
-                t = float(pt["device_ms_median"]) / 1e3
-            else:
-                t = float(pt["step_ms"]) / 1e3
-                if self.hides_launch and pt.get("launch_ms_median") is not None:
-                    t -= float(pt["launch_ms_median"]) / 1e3
+            t = self._fit_time(pt)
             rest = p + k * st  # the chunks' own context, as the event loop passes it
             factor = self._mixed_context_multiple(d, p, total, rest, chunks, t)
             kappa = solve_kappa(ctxs, plan, factor)

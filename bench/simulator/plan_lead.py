@@ -20,10 +20,11 @@ import sys
 import numpy as np
 
 
-def plan_leads(step_rows: list[dict]) -> dict:
-    """Median and mean lead (ms) after decode-only steps and after steps with prefill, and counts."""
+def step_leads(step_rows: list[dict]) -> dict[str, list[tuple[float, float]]]:
+    """(ms of the step, lead ms before its end) for every back-to-back pair in the log, by the
+    kind of the step planned behind: after decode-only steps, after steps with prefill."""
     rows = sorted((r for r in step_rows if "mono" in r), key=lambda r: r["mono"])
-    out: dict[str, list[float]] = {"decode": [], "prefill": []}
+    out: dict[str, list[tuple[float, float]]] = {"decode": [], "prefill": []}
     for a, b in itertools.pairwise(rows):
         hp = b.get("host_ms")
         if not hp or not (a["decodes"] or a["prefill"]):
@@ -32,10 +33,15 @@ def plan_leads(step_rows: list[dict]) -> dict:
         if b["mono"] - end_a > 0.0005:  # not back to back (an idle spell)
             continue
         plan_b = b["mono"] + b["ms"] / 1e3 - sum(hp) / 1e3
-        out["prefill" if a["prefill"] else "decode"].append(1e3 * (end_a - plan_b))
+        out["prefill" if a["prefill"] else "decode"].append((float(a["ms"]), 1e3 * (end_a - plan_b)))
+    return out
+
+
+def plan_leads(step_rows: list[dict]) -> dict:
+    """Median and mean lead (ms) after decode-only steps and after steps with prefill, and counts."""
     res = {}
-    for k, v in out.items():
-        x = np.array(v)
+    for k, v in step_leads(step_rows).items():
+        x = np.array([lead for _, lead in v])
         res[k] = {"median_ms": float(np.median(x)) if len(x) else None,
                   "mean_ms": float(x.mean()) if len(x) else None, "num_steps": len(x)}
     return res
@@ -48,17 +54,7 @@ def plan_lead_lines(step_rows: list[dict], num_bins: int = 10) -> dict:
     would tilt a line through every point). Returns {kind: {"a_ms", "b", "lo_ms", "hi_ms",
     "num_steps"}}: lead = a_ms + b x the step's ms, held inside the bins' lowest and highest median
     lead [lo_ms, hi_ms] (`EngineConfig.async_plan_lead_line`)."""
-    rows = sorted((r for r in step_rows if "mono" in r), key=lambda r: r["mono"])
-    pts: dict[str, list[tuple[float, float]]] = {"decode": [], "prefill": []}
-    for a, b in itertools.pairwise(rows):
-        hp = b.get("host_ms")
-        if not hp or not (a["decodes"] or a["prefill"]):
-            continue
-        end_a = a["mono"] + a["ms"] / 1e3
-        if b["mono"] - end_a > 0.0005:
-            continue
-        lead = 1e3 * (end_a - (b["mono"] + b["ms"] / 1e3 - sum(hp) / 1e3))
-        pts["prefill" if a["prefill"] else "decode"].append((float(a["ms"]), lead))
+    pts = step_leads(step_rows)
     out = {}
     for kind, v in pts.items():
         if len(v) < 2 * num_bins:
