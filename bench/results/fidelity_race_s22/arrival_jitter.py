@@ -13,6 +13,8 @@ share (`decision_fidelity.compare_steps`, as the grid's tables):
   live / sim+jitter   with the drawn delays (mean over draws)
   sim / sim+jitter    the simulator against itself, only the delays drawn: how alike two runs of
                       one workload are when only this host-side jitter differs
+and the latency figures' scatter between the simulator and itself with the draws: the spread between
+seeds that no model of the mean timings removes, and the 5-seed interval it alone makes.
 
 Env: SCATTER=SIGMA also multiplies each step time by (1 + SIGMA z) in the drawn runs (the live
 steps' own scatter at one shape); DELAYS=off draws no delays (the scatter alone).
@@ -69,6 +71,7 @@ def step_noise(rows):
 
 
 RATIOS = np.zeros(1)
+FIGS = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "throughput")
 
 
 class Scatter:
@@ -149,8 +152,11 @@ def main():
 
     def steps_by_run():
         caught.clear()
-        vr.replay_session(validate, arrivals, batches, rows, prof, **kw)
-        return [(set(a.request_id for a in arr), dr.step_records(res, arr)) for arr, res in caught]
+        rep = vr.replay_session(validate, arrivals, batches, rows, prof, **kw)
+        sims = [{k: c["sim"] for k, c in r["compare_replay_path"].items()}
+                for ld in rep["loads"] for r in ld["runs"]]
+        return [(set(a.request_id for a in arr), dr.step_records(res, arr), figs)
+                for (arr, res), figs in zip(caught, sims, strict=True)]
     base = steps_by_run()
     jittered = []
     for k in range(draws):
@@ -161,9 +167,11 @@ def main():
     live_all = [step_from_json(r) for r in rows]
     labels = [(ld["load_label"], int(r["seed"])) for ld in validate["loads"] for r in ld["runs"]
               if seeds is None or int(r["seed"]) in seeds]
-    out = {}
+    out, lat = {}, {}
     for i, (lab, seed) in enumerate(labels):
-        ids, sim0 = base[i]
+        ids, sim0, f0 = base[i]
+        for j in jittered:
+            lat.setdefault(lab, []).append([100 * (j[i][2][k] / f0[k] - 1) for k in FIGS])
         L = prefill_steps_of(live_all, ids)
         S0 = prefill_steps_of(sim0, ids)
         lj = [compare_steps(L, prefill_steps_of(j[i][1], ids))["same_prefill_step_share"] for j in jittered]
@@ -175,6 +183,17 @@ def main():
     for lab, v in out.items():
         a = np.array(v) * 100
         print(f"{lab:>5}  {a[:, 0].mean():8.1f}  {a[:, 1].mean():15.1f}  {a[:, 2].mean():14.1f}")
+    from scipy import stats
+    n = len({s for _, s in labels})
+    t5 = stats.t.ppf(0.975, 4) / np.sqrt(5)
+    print("\nlatency, sim+jitter / sim - 1 (%), sd over seeds x draws: how far one run's figure moves with the"
+          "\njitter alone; x 2.78 / sqrt 5 = the half-width of a 5-seed 95% interval that this scatter alone makes")
+    print("load   " + "   ".join(f"{k:>10}" for k in FIGS) + "   (5-seed half-width)")
+    for lab, v in lat.items():
+        a = np.array(v)
+        sd = a.std(axis=0, ddof=1) if len(a) > 1 else np.zeros(len(FIGS))
+        print(f"{lab:>5}  " + "   ".join(f"{x:10.2f}" for x in sd) + "   ("
+              + " / ".join(f"{t5 * x:.1f}" for x in sd) + f"; {n} seeds x {draws} draws)")
 
 
 if __name__ == "__main__":
