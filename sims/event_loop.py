@@ -54,6 +54,14 @@ _GWJOB, _GWARR = 5, 6  # the gateway loop's model (EngineConfig.gateway_loop_*)
 class EngineConfig:
     num_backends: int = 1
     network_delay_s: float = 0.0        # gateway -> backend one-way delay of a batch
+    # the variation of that delay, a centred sample (seconds): each Batch message's delay is
+    # network_delay_s plus one draw from it (seeded by jitter_seed), and no message reaches its
+    # backend before the one sent to it before (one connection delivers in order). Empty: every
+    # message the same delay. A constant delay shifts a busy engine's whole timeline with its
+    # arrivals and leaves the schedule as it is; its variation decides which side of a step's plan
+    # an arrival lands (bench.simulator.schedule_ceiling: how alike two runs of one workload are)
+    network_jitter_s: tuple[float, ...] = ()
+    jitter_seed: int = 0
     # backend -> client delay of every token (read-back, wire, detokenizer, HTTP stream): added
     # to each request's first-token and finish times, so TTFT and E2E grow by it and TPOT does
     # not; measured live by bench.serving.ttft_path ("http_in" + "out"), ~4.5 ms on the H200 (issue 18)
@@ -317,6 +325,10 @@ class EventLoop:
         # backends holding none of the gateway's requests: what idle flush reads (spare())
         self.num_idle = config.num_backends
         self.delay = config.network_delay_s
+        self.jitter = np.asarray(config.network_jitter_s, dtype=float) if config.network_jitter_s else None
+        if self.jitter is not None:
+            self.jitter_rng = np.random.default_rng(config.jitter_seed)
+            self.last_delivery = [-INF] * config.num_backends
         self.gw_message_s, self.be_message_s = config.gateway_message_s, config.backend_message_s
         self.gw_free = 0.0  # when the gateway's one thread has sent every message so far
         if config.gateway_read_delay_s < 0.0:
@@ -612,6 +624,10 @@ class EventLoop:
         if self.gw_message_s > 0:
             at = self.gw_free = max(now, self.gw_free) + self.gw_message_s
         at += self.delay
+        if self.jitter is not None:  # one draw a message, in order (EngineConfig.network_jitter_s)
+            at = max(now, at + self.jitter[self.jitter_rng.integers(len(self.jitter))],
+                     self.last_delivery[be.idx])
+            self.last_delivery[be.idx] = at
         if at > now:
             self.push(at, _DELIVER, (be.idx, part))
         else:

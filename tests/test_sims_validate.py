@@ -154,6 +154,16 @@ def test_validate_small_live_run(tmp_path):
     assert late["dispatch_delay_ms"]["median"] == pytest.approx(dd["median"] + 1.0)
     assert late["loads"][0]["runs"][0]["compare_replay_path"]["ttft_p50"]["sim"] == pytest.approx(
         rrun["compare_replay_path"]["ttft_p50"]["sim"] + 1.0, abs=0.5)
+    # the schedule's ceiling (bench.simulator.schedule_ceiling): one draw of the session's own
+    # noise per run, compared with the run's replay, and the table names it beside the figure
+    ceil = replay_session(res, arrivals, batches, read_step_rows(res["step_log"]), per_stream="recorded",
+                          ceiling=1)
+    (crun,) = ceil["loads"][0]["runs"]
+    assert len(crun["ceiling"]["draws"]) == 1 and 0.0 <= crun["ceiling"]["same_prefill_step_share"] <= 1.0
+    assert ceil["noise"]["num_scatter"] >= 0 and ceil["noise"]["num_delays"] >= 1
+    assert crun["compare_replay_path"] == rrun["compare_replay_path"]  # the replay itself is as without
+    from bench.simulator.fidelity_table import markdown
+    assert "(ceiling " in markdown(cells(json.loads(json.dumps(ceil, default=float))))
     (cell,) = cells(json.loads(json.dumps(again, default=float)))
     assert cell["runs"] == "1 x 8" and cell["comparison"] == "replay_path"
     assert cell["figures"]["ttft_p50"]["mean"] == pytest.approx(run["compare_replay_path"]["ttft_p50"]["rel_err"])

@@ -92,15 +92,22 @@ def dispatch_delay(rows: list[dict], batches) -> tuple[float, int]:
     once: the wire, the worker's receive and its planning; `EngineConfig.network_delay_s`), and
     how many such requests there were (0: none, delay 0). `rows`: step-log records (their
     monotonic `mono` start and `ms`); `batches`: the decision log's windows (the same clock)."""
+    delays = idle_dispatch_delays(rows, batches)
+    return (float(np.median(delays)) if len(delays) else 0.0), len(delays)
+
+
+def idle_dispatch_delays(rows: list[dict], batches) -> np.ndarray:
+    """Every flush -> plan delay (seconds) of a request flushed while the engine was idle: the
+    sample `dispatch_delay` takes the median of, and whose spread is the delay's variation
+    (`EngineConfig.network_jitter_s`, bench.simulator.schedule_ceiling)."""
     flush = {rid: b.t for b in batches for rid in b.request_ids}
     first, ends = {}, []
     for k, s in enumerate(rows):
         ends.append(float(s["mono"]) + float(s["ms"]) / 1e3)
         for rid, _n, _st in s["prefill"]:
             first.setdefault(str(rid), k)
-    delays = [float(rows[k]["mono"]) - flush[rid] for rid, k in first.items()
-              if rid in flush and (k == 0 or ends[k - 1] < flush[rid])]
-    return (float(np.median(delays)) if delays else 0.0), len(delays)
+    return np.array([float(rows[k]["mono"]) - flush[rid] for rid, k in first.items()
+                     if rid in flush and (k == 0 or ends[k - 1] < flush[rid])], dtype=float)
 
 
 def busy_shares(steps: list[dict], k: int, window_s: float, tau_s: float | None = None) -> tuple[float, float]:

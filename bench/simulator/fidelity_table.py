@@ -79,6 +79,12 @@ def resummarize(doc: dict, which: str = "replay_path", seeds: set[int] | None = 
         new["runs"] = runs
         if all(key in r for r in runs):
             new[WHICH[which]] = summarize_load([{"compare": r[key]} for r in runs], conf)
+        if all(r.get("ceiling") for r in runs) and ld.get("ceiling"):
+            from bench.simulator.fidelity_stats import mean_ci
+            new["ceiling"] = {**ld["ceiling"], "same_prefill_step_share": mean_ci(
+                [r["ceiling"]["same_prefill_step_share"] for r in runs], conf)}
+        elif "ceiling" in new:
+            del new["ceiling"]
         for skey in ("steps", "steps_path"):
             have = [r[skey] for r in runs if r.get(skey)]
             if len(have) == len(runs):
@@ -173,6 +179,10 @@ def cells(doc: dict, which: str = "replay_path", names: dict | None = None) -> l
                     "rate": ld.get("rate"), "figures": figs,
                     "windows": _window_sizes(ld) or windows.get(ld["load_label"]),
                     "same_chunks": None if not steps else (steps["mean"], steps.get("ci", math.nan)),
+                    # the simulator against itself with the engine's noise drawn (validate_replay
+                    # --ceiling): what two live runs would share
+                    "same_chunks_ceiling": (ld["ceiling"]["same_prefill_step_share"]["mean"]
+                                            if ld.get("ceiling") else None),
                     "comparison": (which if ld.get(WHICH[which]) else
                                    "resim" if doc.get("source") == "bench.simulator.fidelity_resim" else "run")})
     return out
@@ -193,6 +203,8 @@ def markdown(rows: list[dict]) -> str:
         sc = "–" if r["same_chunks"] is None else (
             f"{100 * r['same_chunks'][0]:.1f}%" + ("" if not math.isfinite(r["same_chunks"][1])
                                                  else f" ± {100 * r['same_chunks'][1]:.1f}"))
+        if r.get("same_chunks_ceiling") is not None:
+            sc += f" (ceiling {100 * r['same_chunks_ceiling']:.1f}%)"
         figs = " | ".join(_fmt(r["figures"][k]) for k, _, _ in METRICS)
         lines.append(f"| {r['model']} | {r['weights']} | {r['kv']} | {r['lengths']} | {r['sim_model']} "
                      f"| {r['load']} | {figs} "

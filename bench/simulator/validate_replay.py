@@ -52,7 +52,8 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
                    cap_by_power: bool = False, decode_spread: str = "measured", mixed_spread: str = "measured",
                    gateway_loop: bool | None = None, live_times: bool = False,
                    plan_lead: str | None = None,
-                   gateway_loop_read_ms: float | None = None) -> dict:
+                   gateway_loop_read_ms: float | None = None,
+                   ceiling: int = 0, ceiling_noise: str = "both") -> dict:
     """Re-run the validate's replay + delivery path for every run (or the runs of `seeds`).
     `per_stream`: "auto" (fitted from the session's path records, as `sim validate` does),
     "recorded" (the k the validate used: its `delivery_path`, else 0), "off", or ms.
@@ -72,12 +73,16 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
     `validate.profile_plan_leads`, ValueError without them). `gateway_loop_read_ms`: the loop's
     read term given instead of measured (a sensitivity). `gateway_loop` / `plan_lead` None: as
     the validate had them (its recorded loop terms and leads; `sim validate` models both by default
-    since session 17, the command line here too)."""
+    since session 17, the command line here too). `ceiling`: that many draws of the engine's own
+    noise per run (`bench.simulator.schedule_ceiling`: the gateway -> engine delays' variation and
+    the steps' scatter, both measured on the session, or one of them: `ceiling_noise`), each draw's
+    prefill steps compared with the run's replay: the same-chunks figure two live runs would reach,
+    per run and per load ("ceiling"); 0: none (each draw costs one more replay)."""
     from bench.serving.ttft_path import delivery_path
     from bench.simulator.decision_fidelity import compare as decision_compare
     from bench.simulator.decision_fidelity import compare_steps
     from bench.simulator.fidelity_resim import session_prefill_cap
-    from bench.simulator.fidelity_stats import compare, summarize_load
+    from bench.simulator.fidelity_stats import compare, mean_ci, summarize_load
     from bench.simulator.fidelity_steps import dispatch_delay
     from bench.simulator.gateway_loop import window_lateness
     from bench.simulator.validate import (
@@ -163,6 +168,10 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
         loop_terms = measure(validate, by_run, step_rows, path)
         if gateway_loop_read_ms is not None:
             loop_terms["read_ms"] = float(gateway_loop_read_ms)
+    noise = None
+    if ceiling:
+        from bench.simulator.schedule_ceiling import noise_of
+        noise = noise_of(step_rows, [b for (_, bs) in by_run.values() for b in bs])
     out_loads = []
     for li, ld in enumerate(validate["loads"]):
         runs = []
@@ -185,20 +194,28 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
                 spec = replace(spec, engine=replace(spec.engine, **lead_engine_fields(leads, stat)))
             scale = 1.0 if cost_scale is None else float(cost_scale(int(run["seed"]), ld["load_label"]))
             loop_sim = None
-            if scale == 1.0 and not live_times and loop_terms is None:
-                sim, sim_b, sim_steps = run_replay(spec, arr)
-            else:
-                from bench.simulator.fidelity_steps import LiveTimedCost
-                from sims.decision_replay import replay_run, step_records
-                from sims.report import summarize
+
+            def build_cost(spec=spec, arr=arr, scale=scale):
                 cost = spec.cost.build()
                 if live_times:
+                    from bench.simulator.fidelity_steps import LiveTimedCost
                     cost = LiveTimedCost(cost, [x.request_id for x in sorted(arr, key=lambda x: x.t)], step_rows)
                 if scale != 1.0:
                     cost = ScaledCost(cost, scale)
-                res_, sim_b = replay_run(arr, spec.scheduler, cost, spec.engine, record_steps=True)
+                return cost
+            if scale == 1.0 and not live_times and loop_terms is None:
+                sim, sim_b, sim_steps = run_replay(spec, arr)
+            else:
+                from sims.decision_replay import replay_run, step_records
+                from sims.report import summarize
+                res_, sim_b = replay_run(arr, spec.scheduler, build_cost(), spec.engine, record_steps=True)
                 sim, sim_steps = summarize(res_), step_records(res_, arr)
                 loop_sim = res_.extra.get("gateway_loop")
+            ceil = None
+            if ceiling:
+                from bench.simulator.schedule_ceiling import ceiling_draws
+                ceil = ceiling_draws(arr, spec.scheduler, spec.engine, build_cost, sim_steps, noise,
+                                     int(ceiling), ceiling_noise, seed=int(run["seed"]))
             ids = {a.request_id for a in arr}
             live_pre = prefill_steps_of(live_all, ids)
             runs.append({"seed": run["seed"], "rate": run.get("rate", ld.get("rate")), "cost_scale": scale,
@@ -210,7 +227,8 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
                          "ttft_path_ms": run.get("ttft_path_ms"),
                          "window_late_ms": {side: window_lateness(arr, bs, batcher.min_latency_ms / 1e3)[0]
                                             for side, bs in (("live", live_b), ("sim", sim_b))},
-                         **({"gateway_loop_sim": loop_sim} if loop_sim is not None else {})})
+                         **({"gateway_loop_sim": loop_sim} if loop_sim is not None else {}),
+                         **({"ceiling": ceil} if ceil is not None else {})})
         if not runs:
             continue
         conf = float(cfg.get("confidence", 0.95))
@@ -219,6 +237,10 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
                           "summary_replay_path": summarize_load(
                               [{"compare": r["compare_replay_path"]} for r in runs], conf),
                           "steps_path": steps_summary([{"steps": r["steps_path"]} for r in runs], conf),
+                          **({"ceiling": {"same_prefill_step_share": mean_ci(
+                              [r["ceiling"]["same_prefill_step_share"] for r in runs], conf),
+                              "noise": ceiling_noise, "draws_per_run": int(ceiling)}}
+                             if ceiling else {}),
                           "decisions": decisions_summary(runs, conf),
                           "ttft_path_ms_mean": {k_: float(np.mean([r["ttft_path_ms"][k_] for r in runs]))
                                                 for k_ in ("http_in", "front", "window", "to_step",
@@ -234,6 +256,8 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
             "dispatch_delay_ms": {"median": 1e3 * net_s, "num_requests": num_idle},
             "gateway_loop": loop_terms, "live_times": live_times, "plan_leads": leads,
             "plan_lead": plan_lead,
+            **({"noise": {k_: v for k_, v in noise.items() if k_ not in ("delays_s", "scatter")}}
+               if noise is not None else {}),
             "seeds": sorted(seeds) if seeds is not None else seed_list, "loads": out_loads}
 
 
@@ -286,6 +310,13 @@ def parser() -> argparse.ArgumentParser:
                         "loop) given instead of the delivery path's intercept")
     p.add_argument("--live-times", action="store_true",
                    help="diagnostic: the live step times fed back (fidelity_steps.LiveTimedCost)")
+    p.add_argument("--ceiling", type=int, default=0, metavar="DRAWS",
+                   help="per run, DRAWS re-runs with the engine's own noise drawn (the delays' "
+                        "variation and the steps' scatter, measured on the session: "
+                        "bench.simulator.schedule_ceiling), each compared with the run's replay: "
+                        "the same-chunks figure two live runs would reach (default 0: none)")
+    p.add_argument("--ceiling-noise", choices=("both", "delays", "scatter"), default="both",
+                   help="which noise --ceiling draws (default both)")
     p.add_argument("--json", dest="json_out")
     return p
 
@@ -315,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
                          hide_launch=a.hide_launch, power_cap=a.power_cap, cap_by_power=a.cap_by_power,
                          decode_spread=a.decode_spread, mixed_spread=a.mixed_spread, extra_dispatch_ms=a.extra_dispatch_ms, gateway_loop=a.gateway_loop == "on",
                          live_times=a.live_times, plan_lead=a.plan_lead,
-                         gateway_loop_read_ms=a.gateway_loop_read_ms)
+                         gateway_loop_read_ms=a.gateway_loop_read_ms,
+                         ceiling=a.ceiling, ceiling_noise=a.ceiling_noise)
     dp = res["delivery_path"]
     print(f"profile {res['profile']['path']} ({res['profile']['num_points']} points), terms "
           f"{res['profile']['model_terms']}, lead {res['profile']['async_plan_lead_ms']} ms; delivery path "
@@ -328,6 +360,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"plan lead ({res['plan_lead']}): {pl['decode'][st]:.3f} ms after decode-only steps, "
               f"{pl['prefill'][st]:.3f} ms after steps with prefill" + ("" if "lines" not in pl else "; lines "
               + ", ".join(f"{k} {v['a_ms']:.2f} ms + {v['b']:.3f} x ms" for k, v in pl["lines"].items())))
+    if "noise" in res:
+        nz = res["noise"]
+        p5, p95 = nz["delay_p5_p95_ms"] or (math.nan, math.nan)
+        print(f"ceiling ({a.ceiling} draws a run, {a.ceiling_noise}): the delay's p5 / p95 {p5:.3f} / "
+              f"{p95:.3f} ms over {nz['num_delays']} idle requests; step scatter robust sd "
+              f"{100 * (nz['scatter_robust_sd'] or math.nan):.2f}% over {nz['num_scatter']} pairs")
     gl = res["gateway_loop"]
     if gl is not None:
         print(f"gateway loop: {gl['per_stream_ms']:.4f} ms a stream from {gl['read_ms']:.3f} ms after a step's "
@@ -339,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{m} {100 * s[m]['rel_err']['mean']:+.1f} ± {100 * s[m]['rel_err']['ci']:.1f}%"
             for m in ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "throughput"))
             + f"; same chunks {100 * sc.get('mean', math.nan):.1f}%"
+            + (f" (ceiling {100 * ld['ceiling']['same_prefill_step_share']['mean']:.1f}%)" if "ceiling" in ld else "")
             + "; window late live / sim {:.2f} / {:.2f} ms".format(
                 *(float(np.nanmean([r["window_late_ms"][k_] for r in ld["runs"]])) for k_ in ("live", "sim")))
             + ("; loop residual {:.3f} ms".format(1e3 * float(np.mean(

@@ -1,6 +1,8 @@
 """One line per grid part: how many of its cells up to 0.95x have the 95% interval inside the
 issue's bound (P50 5%, P99 10%, throughput 2%: 3 loads x 5 figures = 15), how many have the mean
-inside, same prefill chunks per load (goal >= 97% to 0.95x), and what the part's profile carries
+inside, same prefill chunks per load (goal >= 97% to 0.95x) beside their ceiling (the simulator
+against itself with the engine's own noise drawn: `validate_replay --ceiling`, what two live runs
+would share), and what the part's profile carries
 (the pause check's sustained runs, which the cost model's power terms read). Reads the
 fidelity_table JSONs that run.sh's `tables` step leaves (table_<part>_<form>.json).
 
@@ -41,13 +43,16 @@ def main() -> int:
         means = sum(v["mean_inside"] for c in cells for v in c["figures"].values())
         total = sum(len(c["figures"]) for c in cells)
         chunks = " / ".join(f"{100 * c['same_chunks'][0]:.1f}" for c in cells)
+        # the simulator against itself with the engine's noise drawn (validate_replay --ceiling)
+        ceil = (" / ".join(f"{100 * c['same_chunks_ceiling']:.1f}" for c in cells)
+                if all(c.get("same_chunks_ceiling") is not None for c in cells) else "–")
         first = cells[0]
         rows.append(f"| {part} | {first['model']} {first['weights']} {first['kv']} {first['lengths']} | {form} "
-                    f"| {first['runs']} | {inside} / {total} | {means} / {total} | {chunks} "
+                    f"| {first['runs']} | {inside} / {total} | {means} / {total} | {chunks} | {ceil} "
                     f"| {profile_runs(part.replace('33b-5seeds', '33b-s13'))} |")
     print("| part | cell | simulator | seeds x requests | intervals inside (to 0.95x) | means inside "
-          "| same chunks 0.5 / 0.8 / 0.95x (%) | profile's sustained runs |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| same chunks 0.5 / 0.8 / 0.95x (%) | their ceiling (%) | profile's sustained runs |")
+    print("|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     return 0
 

@@ -1,4 +1,6 @@
-"""Issue 35, session 22: how much of the same-chunks shortfall is the race between a request's
+"""Issue 35, session 22 (the tool form since: `validate_replay --ceiling`, bench.simulator.schedule_ceiling;
+this script made the session's jitter_*.txt, with the latency figures' scatter the tool does not report):
+how much of the same-chunks shortfall is the race between a request's
 arrival at the engine and the engine's plan of a step, a race no model of the mean timings can call.
 
 The replay form is the grid's live diagnostic (every live step time fed back where the schedules
@@ -22,10 +24,10 @@ steps' own scatter at one shape); DELAYS=off draws no delays (the scatter alone)
 Run from the repo root:  python bench/results/fidelity_race_s22/arrival_jitter.py PART_DIR [DRAWS] [SEEDS]
 """
 import json
-import sys
-from pathlib import Path
-
 import os
+import sys
+from itertools import pairwise
+from pathlib import Path
 
 import numpy as np
 
@@ -36,12 +38,12 @@ SIGMA = 0.0 if SCATTER == "empirical" else float(SCATTER)
 DELAYS = os.environ.get("DELAYS", "on") == "on"  # the drawn gateway -> engine delays
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-import sims.decision_replay as dr  # noqa: E402
-import sims.event_loop as el  # noqa: E402
-from bench.simulator import validate_replay as vr  # noqa: E402
-from bench.simulator.decision_fidelity import compare_steps  # noqa: E402
-from bench.simulator.validate import prefill_steps_of  # noqa: E402
-from scheduler.decisions import read_log  # noqa: E402
+import sims.decision_replay as dr
+import sims.event_loop as el
+from bench.simulator import validate_replay as vr
+from bench.simulator.decision_fidelity import compare_steps
+from bench.simulator.validate import prefill_steps_of
+from scheduler.decisions import read_log
 
 
 def idle_delays(rows, batches):
@@ -60,7 +62,7 @@ def idle_delays(rows, batches):
 def step_noise(rows):
     """The live steps' own scatter: log ratio of back-to-back decode-only steps at the same decode
     count (their contexts differ by one token a sequence), its sd over sqrt 2 (both steps scatter)."""
-    r = [np.log(float(b["ms"]) / float(a["ms"])) for a, b in zip(rows, rows[1:])
+    r = [np.log(float(b["ms"]) / float(a["ms"])) for a, b in pairwise(rows)
          if not a["prefill"] and not b["prefill"] and a["decodes"] == b["decodes"] and a["decodes"] > 0
          and not a.get("drafts") and not b.get("drafts")]
     r = np.array(r)
@@ -102,7 +104,7 @@ class Scatter:
 
 class Jitter:
     """`EventLoop.delay` as a property: the configured delay plus one centred draw a read (each
-    read is one Batch message's gateway -> engine trip)."""
+    read is one Batch message's gateway -> engine trip), messages kept in order (`send`)."""
     def __init__(self, centred, seed):
         self.centred, self.rng, self.on = centred, np.random.default_rng(seed), False
 
@@ -116,6 +118,29 @@ class Jitter:
         def put(loop, v):
             loop.__dict__["_delay0"] = v
         el.EventLoop.delay = property(get, put)
+        plain_send = el.EventLoop.send
+
+        def send(loop, be, part, now):
+            """As `EventLoop.send`, but a message never overtakes the one before it to the same
+            backend (one ZeroMQ connection delivers in order): its delivery is at least the last's."""
+            if not jit.on or not DELAYS:
+                return plain_send(loop, be, part, now)
+            if loop.pulls is not None:
+                part = loop.pulls.divert(be, part, now)
+                if not part:
+                    return
+            at = now
+            if loop.gw_message_s > 0:
+                at = loop.gw_free = max(now, loop.gw_free) + loop.gw_message_s
+            at += loop.delay
+            last = loop.__dict__.setdefault("_last_at", {})
+            at = max(at, last.get(be.idx, at))
+            last[be.idx] = at
+            if at > now:
+                loop.push(at, el._DELIVER, (be.idx, part))
+            else:
+                loop.deliver(be, part, now)
+        el.EventLoop.send = send
 
 
 def main():
@@ -147,7 +172,7 @@ def main():
     jit = Jitter(centred, 0)
     jit.install()
     print(f"drawn: {'the delays' if DELAYS else 'no delays'}; step-time scatter {SCATTER}")
-    kw = dict(seeds=seeds, gateway_loop=True, live_times=True, plan_lead="live")
+    kw = {"seeds": seeds, "gateway_loop": True, "live_times": True, "plan_lead": "live"}
     prof = str(part / f"profile_{tag}.json")
 
     def steps_by_run():
@@ -155,7 +180,7 @@ def main():
         rep = vr.replay_session(validate, arrivals, batches, rows, prof, **kw)
         sims = [{k: c["sim"] for k, c in r["compare_replay_path"].items()}
                 for ld in rep["loads"] for r in ld["runs"]]
-        return [(set(a.request_id for a in arr), dr.step_records(res, arr), figs)
+        return [({a.request_id for a in arr}, dr.step_records(res, arr), figs)
                 for (arr, res), figs in zip(caught, sims, strict=True)]
     base = steps_by_run()
     jittered = []

@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-from bench.simulator.decision_fidelity import compare_steps  # noqa: E402
-from bench.simulator.fidelity_steps import read_steps  # noqa: E402
-from bench.simulator.session_records import run_arrivals  # noqa: E402
-from bench.simulator.validate import prefill_steps_of  # noqa: E402
-from scheduler.decisions import StepRecord, read_log, step_from_json  # noqa: E402
+from bench.simulator.decision_fidelity import compare_steps
+from bench.simulator.fidelity_steps import read_steps
+from bench.simulator.session_records import run_arrivals
+from bench.simulator.validate import prefill_steps_of
+from scheduler.decisions import StepRecord, read_log, step_from_json
 
 
 def load(part: Path, seed: int):
@@ -52,7 +52,7 @@ def main(a_dir, a_seed, b_dir, b_seed):
         nb = {x.request_id: f"r{i:04d}" for i, x in enumerate(arr_b)}
         c = compare_steps(renamed(st_a, na), renamed(st_b, nb))
 
-        def rel(k, q):
+        def rel(k, q, live_a=live_a, live_b=live_b):
             return 100 * (live_b[k][q] / live_a[k][q] - 1)
         thr = 100 * (live_b["request_throughput"] / live_a["request_throughput"] - 1)
         print(f"{la:>5}  {ra:.4f} / {rb:.4f}   {alike:3d} / {len(arr_a):3d}      {100 * c['same_prefill_step_share']:6.1f}"

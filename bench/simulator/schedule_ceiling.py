@@ -1,0 +1,118 @@
+"""How alike two runs of one workload can be: the ceiling on the simulator's same-chunks figure.
+
+The fidelity grid scores the simulator's prefill steps against the live ones (`decision_fidelity.
+compare_steps`: the share of prefill steps whose chunks, request x tokens x position, occur on the
+other side). A deterministic model cannot reach 100% there even with every step time right,
+because the live engine is not deterministic either. Two of its noises decide schedules:
+
+- **The gateway -> engine delay varies from message to message.** A request reaching the engine
+  just before a step's plan joins that step; just after, the next. A constant delay would not
+  matter: it shifts a busy engine's whole timeline with its arrivals. Its variation does
+  (`EngineConfig.network_jitter_s`). It is measured on the requests flushed while the engine was
+  idle (`fidelity_steps.idle_dispatch_delays`, 9-13 a grid part, ~0.1-0.5 ms between p5 and p95).
+- **Step times scatter at one shape.** Back-to-back decode-only steps at one decode count differ
+  by a robust 0.15-0.36% on the H100 / H200 grid parts, with a heavy tail (sd 0.4-3.6%): a
+  stall now and then. Each step time is multiplied by exp(r), r drawn from those back-to-back log
+  ratios over sqrt 2 (both steps of a pair scatter).
+
+With mixed prompt lengths the first is what parts schedules: a prompt's last chunk leaves part of
+the 256-token budget to whichever prompt has arrived. With equal prompts every chunk is a whole
+256 tokens, and the second is (issue 35, sessions 18 and 22).
+
+`ceiling_draws` re-runs one replay `draws` times with these noises drawn (the model and every
+input as they were) and compares each draw's prefill steps with the undrawn replay's: the share
+the simulator keeps against itself, the same-chunks figure two live runs would reach if the
+engine's noise is what is drawn. A live / simulated figure near it is as good as the noise lets
+any model of the mean timings be.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from itertools import pairwise
+
+import numpy as np
+
+NOISES = ("both", "delays", "scatter")
+
+
+def step_scatter(rows: list[dict]) -> np.ndarray:
+    """Log ratios of back-to-back decode-only step times at one decode count (drafting steps
+    left out) over sqrt 2: a sample of one step's own scatter at its shape (the contexts of the
+    pair differ by one token a sequence)."""
+    r = [math.log(float(b["ms"]) / float(a["ms"])) for a, b in pairwise(rows)
+         if not a["prefill"] and not b["prefill"] and a["decodes"] == b["decodes"] and a["decodes"] > 0
+         and not a.get("drafts") and not b.get("drafts") and float(a["ms"]) > 0 and float(b["ms"]) > 0]
+    return np.asarray(r, dtype=float) / math.sqrt(2.0)
+
+
+class ScatteredCost:
+    """A cost model with each step time multiplied by exp(r), r drawn from `log_factors` (one draw
+    a step; `decode_times` one a step of the stretch)."""
+
+    def __init__(self, inner, log_factors: np.ndarray, seed: int):
+        if not len(log_factors):
+            raise ValueError("ScatteredCost needs at least one log factor")
+        self.inner, self.log_factors = inner, np.asarray(log_factors, dtype=float)
+        self.rng = np.random.default_rng(seed)
+        self.accepts_prefill_chunks = getattr(inner, "accepts_prefill_chunks", False)
+
+    def step_time(self, *args, **kwargs) -> float:
+        f = math.exp(self.log_factors[self.rng.integers(len(self.log_factors))])
+        return f * self.inner.step_time(*args, **kwargs)
+
+    def decode_times(self, num_decode_seqs: int, num_context_tokens: int, k: int) -> np.ndarray:
+        t = self.inner.decode_times(num_decode_seqs, num_context_tokens, k)
+        return t * np.exp(self.log_factors[self.rng.integers(len(self.log_factors), size=len(t))])
+
+    def __getattr__(self, name):
+        # the inner model's other terms (launch, the power cap), as ScaledCost keeps them
+        if name == "inner" or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+def noise_of(step_rows: list[dict], batches) -> dict:
+    """The session's two noises as measured: the delays' centred sample and the step scatter."""
+    from bench.simulator.fidelity_steps import idle_dispatch_delays
+    d = idle_dispatch_delays(step_rows, batches)
+    scatter = step_scatter(step_rows)
+    return {"delays_s": d - np.median(d) if len(d) else np.zeros(0),
+            "num_delays": len(d),
+            "delay_p5_p95_ms": ([float(1e3 * np.percentile(d, q)) for q in (5, 95)] if len(d) else None),
+            "scatter": scatter, "num_scatter": len(scatter),
+            "scatter_robust_sd": (float(1.4826 * np.median(np.abs(scatter - np.median(scatter))))
+                                  if len(scatter) else None)}
+
+
+def ceiling_draws(arrivals, spec_scheduler, engine, build_cost, base_steps, noise: dict,
+                  draws: int, which: str = "both", seed: int = 0) -> dict:
+    """Re-run one replay `draws` times with the noises drawn and compare each draw's prefill steps
+    with `base_steps` (the undrawn replay's, every step recorded). `build_cost()`: a fresh cost
+    model as the undrawn replay had it (a live-timed one keeps state). `which`: "both", "delays"
+    or "scatter". Returns the mean share and each draw's."""
+    from bench.simulator.decision_fidelity import compare_steps
+    from bench.simulator.validate import prefill_steps_of
+    from sims.decision_replay import replay_run, step_records
+
+    if which not in NOISES:
+        raise ValueError(f"noise must be one of {NOISES}, not {which!r}")
+    ids = {a.request_id for a in arrivals}
+    base = prefill_steps_of(base_steps, ids)
+    use_delays = which in ("both", "delays") and len(noise["delays_s"])
+    use_scatter = which in ("both", "scatter") and len(noise["scatter"])
+    shares = []
+    for k in range(draws):
+        eng = engine
+        if use_delays:
+            eng = replace(eng, network_jitter_s=tuple(float(x) for x in noise["delays_s"]),
+                          jitter_seed=seed * 1000 + k)
+        cost = build_cost()
+        if use_scatter:
+            cost = ScatteredCost(cost, noise["scatter"], seed * 1000 + k + 500)
+        res, _ = replay_run(arrivals, spec_scheduler, cost, eng, record_steps=True)
+        drawn = prefill_steps_of(step_records(res, arrivals), ids)
+        shares.append(compare_steps(base, drawn)["same_prefill_step_share"])
+    return {"same_prefill_step_share": float(np.mean(shares)) if shares else 1.0,
+            "draws": [float(x) for x in shares], "noise": which,
+            "delays": bool(use_delays), "scatter": bool(use_scatter)}
