@@ -3,7 +3,7 @@
 # with the simulator's default form (`validate_replay`'s defaults: the gateway loop and the measured
 # plan leads), one table a reader can use (table.md). Where a part's profile carries the pause check's
 # "sustained_mixed" run the opt-in power-by-kind cap (`--cap-by-power`) is scored beside it. Run from
-# this folder (CPU only, ~12 min on 2 cores with the ceiling, ~2 without: CEILING=0; `PARTS="33b 6.7b-s16"` for some):
+# this folder (CPU only, ~6 min on 2 cores with the ceiling, ~2 without: CEILING=0; `PARTS="33b 6.7b-s16"` for some):
 #   bash run.sh [replays|tables]      (default both; tables also writes summary.md: summary.py)
 # replay_<part>_<form>.json/txt: validate_replay; <form> = default | cap
 set -euo pipefail
