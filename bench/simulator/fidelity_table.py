@@ -180,7 +180,7 @@ def cells(doc: dict, which: str = "replay_path", names: dict | None = None) -> l
                     "windows": _window_sizes(ld) or windows.get(ld["load_label"]),
                     "same_chunks": None if not steps else (steps["mean"], steps.get("ci", math.nan)),
                     # the simulator against itself with the engine's noise drawn (validate_replay
-                    # --ceiling): what two live runs would share
+                    # --ceiling): what a model exact in its mean timings would share with a live run
                     "same_chunks_ceiling": (ld["ceiling"]["same_prefill_step_share"]["mean"]
                                             if ld.get("ceiling") else None),
                     "comparison": (which if ld.get(WHICH[which]) else

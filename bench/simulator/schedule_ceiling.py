@@ -21,8 +21,9 @@ the 256-token budget to whichever prompt has arrived. With equal prompts every c
 
 `ceiling_draws` re-runs one replay `draws` times with these noises drawn (the model and every
 input as they were) and compares each draw's prefill steps with the undrawn replay's: the share
-the simulator keeps against itself, the same-chunks figure two live runs would reach if the
-engine's noise is what is drawn. A live / simulated figure near it is as good as the noise lets
+the simulator keeps against itself: the same-chunks figure a model exact in every mean timing
+would reach against one live run, if the engine's noise is what is drawn (two live runs, each
+with its own draw, share about as much or less). A live / simulated figure near it is as good as the noise lets
 any model of the mean timings be.
 """
 from __future__ import annotations

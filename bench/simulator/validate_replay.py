@@ -76,7 +76,8 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
     since session 17, the command line here too). `ceiling`: that many draws of the engine's own
     noise per run (`bench.simulator.schedule_ceiling`: the gateway -> engine delays' variation and
     the steps' scatter, both measured on the session, or one of them: `ceiling_noise`), each draw's
-    prefill steps compared with the run's replay: the same-chunks figure two live runs would reach,
+    prefill steps compared with the run's replay: the same-chunks figure a model exact in every mean
+    timing would reach against a live run,
     per run and per load ("ceiling"); 0: none (each draw costs one more replay)."""
     from bench.serving.ttft_path import delivery_path
     from bench.simulator.decision_fidelity import compare as decision_compare
@@ -314,7 +315,8 @@ def parser() -> argparse.ArgumentParser:
                    help="per run, DRAWS re-runs with the engine's own noise drawn (the delays' "
                         "variation and the steps' scatter, measured on the session: "
                         "bench.simulator.schedule_ceiling), each compared with the run's replay: "
-                        "the same-chunks figure two live runs would reach (default 0: none)")
+                        "the same-chunks figure a model exact in every mean timing would reach "
+                        "against a live run (default 0: none)")
     p.add_argument("--ceiling-noise", choices=("both", "delays", "scatter"), default="both",
                    help="which noise --ceiling draws (default both)")
     p.add_argument("--json", dest="json_out")

@@ -1,8 +1,8 @@
 """One line per grid part: how many of its cells up to 0.95x have the 95% interval inside the
 issue's bound (P50 5%, P99 10%, throughput 2%: 3 loads x 5 figures = 15), how many have the mean
 inside, same prefill chunks per load (goal >= 97% to 0.95x) beside their ceiling (the simulator
-against itself with the engine's own noise drawn: `validate_replay --ceiling`, what two live runs
-would share), and what the part's profile carries
+against itself with the engine's own noise drawn: `validate_replay --ceiling`, what a model exact
+in its mean timings would share with a live run), and what the part's profile carries
 (the pause check's sustained runs, which the cost model's power terms read). Reads the
 fidelity_table JSONs that run.sh's `tables` step leaves (table_<part>_<form>.json).
 
