@@ -131,3 +131,26 @@ def test_the_ceiling_is_one_without_noise_and_lower_with_it():
         assert c["delays"] == (which != "scatter") and c["scatter"] == (which != "delays")
     with pytest.raises(ValueError, match="noise"):
         ceiling_draws(arr, SCHED, eng, lambda: ConstantCost(DT), base, noisy, draws=1, which="all")
+
+
+def test_noise_half_widths_are_a_student_t_interval_of_one_runs_moves():
+    from scipy import stats
+
+    from bench.simulator.schedule_ceiling import noise_half_widths
+    moves = {"ttft_p99": [0.02, -0.02, 0.04, -0.04], "tpot_p50": [0.0, 0.0, 0.0, 0.0], "one": [0.1]}
+    hw = noise_half_widths(moves, num_runs=5)
+    sd = float(np.std(moves["ttft_p99"], ddof=1))
+    assert hw["ttft_p99"] == pytest.approx(stats.t.ppf(0.975, 4) * sd / math.sqrt(5))
+    assert hw["tpot_p50"] == 0.0  # no noise, no width
+    assert math.isnan(hw["one"])  # one draw says nothing of a spread
+    assert math.isnan(noise_half_widths(moves, num_runs=1)["ttft_p99"])  # nor does one seed
+    # more seeds, a narrower interval from the same noise
+    assert noise_half_widths(moves, num_runs=10)["ttft_p99"] < hw["ttft_p99"]
+
+
+def test_the_table_marks_an_interval_the_noise_alone_keeps_out():
+    from bench.simulator.fidelity_table import _fmt
+    out = {"mean": 0.04, "ci": 0.03, "inside": False, "seed_bound": True}
+    assert _fmt(out).endswith("†")
+    assert _fmt({**out, "seed_bound": False}) == "+4.0 ± 3.0"
+    assert _fmt({"mean": 0.01, "ci": 0.01, "inside": True}) == "**+1.0 ± 1.0**"

@@ -162,6 +162,8 @@ def test_validate_small_live_run(tmp_path):
     assert len(crun["ceiling"]["draws"]) == 1 and 0.0 <= crun["ceiling"]["same_prefill_step_share"] <= 1.0
     assert ceil["noise"]["num_scatter"] >= 0 and ceil["noise"]["num_delays"] >= 1
     assert crun["compare_replay_path"] == rrun["compare_replay_path"]  # the replay itself is as without
+    assert len(crun["ceiling"]["figure_moves"]["ttft_p50"]) == 1  # what the draw moved, per figure
+    assert set(ceil["loads"][0]["ceiling"]["half_width"]) >= {"ttft_p50", "ttft_p99", "throughput"}
     from bench.simulator.fidelity_table import markdown
     assert "(ceiling " in markdown(cells(json.loads(json.dumps(ceil, default=float))))
     (cell,) = cells(json.loads(json.dumps(again, default=float)))

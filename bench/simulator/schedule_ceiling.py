@@ -24,7 +24,8 @@ input as they were) and compares each draw's prefill steps with the undrawn repl
 the simulator keeps against itself: the same-chunks figure a model exact in every mean timing
 would reach against one live run, if the engine's noise is what is drawn (two live runs, each
 with its own draw, share about as much or less). A live / simulated figure near it is as good as the noise lets
-any model of the mean timings be.
+any model of the mean timings be. The same draws move the latency figures: `noise_half_widths`
+turns that into the half-width of an n-seed interval the noise alone makes.
 """
 from __future__ import annotations
 
@@ -95,6 +96,7 @@ def ceiling_draws(arrivals, spec_scheduler, engine, build_cost, base_steps, nois
     from bench.simulator.decision_fidelity import compare_steps
     from bench.simulator.validate import prefill_steps_of
     from sims.decision_replay import replay_run, step_records
+    from sims.report import summarize
 
     if which not in NOISES:
         raise ValueError(f"noise must be one of {NOISES}, not {which!r}")
@@ -102,7 +104,7 @@ def ceiling_draws(arrivals, spec_scheduler, engine, build_cost, base_steps, nois
     base = prefill_steps_of(base_steps, ids)
     use_delays = which in ("both", "delays") and len(noise["delays_s"])
     use_scatter = which in ("both", "scatter") and len(noise["scatter"])
-    shares = []
+    shares, summaries = [], []
     for k in range(draws):
         eng = engine
         if use_delays:
@@ -114,6 +116,25 @@ def ceiling_draws(arrivals, spec_scheduler, engine, build_cost, base_steps, nois
         res, _ = replay_run(arrivals, spec_scheduler, cost, eng, record_steps=True)
         drawn = prefill_steps_of(step_records(res, arrivals), ids)
         shares.append(compare_steps(base, drawn)["same_prefill_step_share"])
+        summaries.append(summarize(res))
     return {"same_prefill_step_share": float(np.mean(shares)) if shares else 1.0,
             "draws": [float(x) for x in shares], "noise": which,
-            "delays": bool(use_delays), "scatter": bool(use_scatter)}
+            "delays": bool(use_delays), "scatter": bool(use_scatter), "summaries": summaries}
+
+
+def noise_half_widths(moves: dict[str, list[float]], num_runs: int, confidence: float = 0.95) -> dict:
+    """Per figure: the half-width of a `num_runs`-seed interval that the noise alone makes, from
+    `moves[figure]`, each draw's figure over its run's undrawn one - 1 (every run's draws): the
+    sd of one run's figure under the noise, times t / sqrt(n). An interval of the grid's errors
+    (one per seed) is at least about this wide however right the model is, so a figure whose mean
+    is inside the bound but nearer it than this is bounded by the seed count, not the model."""
+    from scipy import stats
+    out = {}
+    for name, v in moves.items():
+        v = np.asarray([x for x in v if math.isfinite(x)], dtype=float)
+        if len(v) < 2 or num_runs < 2:
+            out[name] = math.nan
+            continue
+        t = float(stats.t.ppf(0.5 + confidence / 2, num_runs - 1))
+        out[name] = t * float(v.std(ddof=1)) / math.sqrt(num_runs)
+    return out

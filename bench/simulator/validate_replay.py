@@ -171,7 +171,7 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
             loop_terms["read_ms"] = float(gateway_loop_read_ms)
     noise = None
     if ceiling:
-        from bench.simulator.schedule_ceiling import noise_of
+        from bench.simulator.schedule_ceiling import noise_half_widths, noise_of
         noise = noise_of(step_rows, [b for (_, bs) in by_run.values() for b in bs])
     out_loads = []
     for li, ld in enumerate(validate["loads"]):
@@ -217,6 +217,11 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
                 from bench.simulator.schedule_ceiling import ceiling_draws
                 ceil = ceiling_draws(arr, spec.scheduler, spec.engine, build_cost, sim_steps, noise,
                                      int(ceiling), ceiling_noise, seed=int(run["seed"]))
+                # each drawn run's figures against the undrawn replay's (what the noise moves)
+                base = compare(run["live"], sim)
+                drawn = [compare(run["live"], d) for d in ceil.pop("summaries")]
+                ceil["figure_moves"] = {k_: [d[k_]["sim"] / base[k_]["sim"] - 1 if base[k_]["sim"] else math.nan
+                                             for d in drawn] for k_ in base}
             ids = {a.request_id for a in arr}
             live_pre = prefill_steps_of(live_all, ids)
             runs.append({"seed": run["seed"], "rate": run.get("rate", ld.get("rate")), "cost_scale": scale,
@@ -240,7 +245,10 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
                           "steps_path": steps_summary([{"steps": r["steps_path"]} for r in runs], conf),
                           **({"ceiling": {"same_prefill_step_share": mean_ci(
                               [r["ceiling"]["same_prefill_step_share"] for r in runs], conf),
-                              "noise": ceiling_noise, "draws_per_run": int(ceiling)}}
+                              "noise": ceiling_noise, "draws_per_run": int(ceiling),
+                              "half_width": noise_half_widths(
+                                  {k_: [x for r in runs for x in r["ceiling"]["figure_moves"][k_]]
+                                   for k_ in runs[0]["ceiling"]["figure_moves"]}, len(runs), conf)}}
                              if ceiling else {}),
                           "decisions": decisions_summary(runs, conf),
                           "ttft_path_ms_mean": {k_: float(np.mean([r["ttft_path_ms"][k_] for r in runs]))
