@@ -215,8 +215,7 @@ class _Backend:
         "inbox_t",
         "last_report",
         "message_s",
-        "mixed_key",
-        "mixed_mult",
+        "multiples",
         "num_placed",
         "outstanding",
         "plan",
@@ -224,8 +223,6 @@ class _Backend:
         "prefill_spans",
         "released_early",
         "sched",
-        "spread_key",
-        "spread_mult",
         "step_start",
         "streams",
         "stretch_past",
@@ -248,11 +245,9 @@ class _Backend:
         self.stretch_start = 0.0
         self.stretch_segs = None    # [(steps, batch, context, num_finishing, cumulative end)]
         self.stretch_past = False
-        # the decode batch's spread multiple (EventLoop.spread_fn) and what it was computed for
-        self.spread_key = None
-        self.spread_mult = 1.0
-        self.mixed_key = None       # and the mixed steps' (EventLoop.mixed_spread_fn), the same way
-        self.mixed_mult = 1.0
+        # [what it was computed for, the multiple] of the decode batch's spread (slot 0,
+        # EventLoop.spread_fn) and the mixed steps' (slot 1, mixed_spread_fn): _kept_multiple
+        self.multiples = ([None, 1.0], [None, 1.0])
         self.plan = None
         self.streams = 0            # sequences of the single step in progress (delivery_per_stream_s)
         self.step_start = 0.0
@@ -766,26 +761,27 @@ class EventLoop:
         return f, max(0.0, g)
 
     def spread_multiple(self, be: _Backend, sched) -> float:
-        """The decode batch's spread multiple (`spread_fn`) of `be`'s decoding sequences, kept for
-        8 steps while their count stays: listing the contexts is O(running) and a launch of
-        several waves costs ~1 ms to model, where a context grows a token a step and the
-        multiple drifts slowly (a join or a finish changes the count: recomputed at once)."""
-        dec = sched.sched.decodes
-        key = (dec.num_decoding, dec.step >> 3)
-        if key != be.spread_key:
-            be.spread_key = key
-            be.spread_mult = self.spread_fn([c for c, _ in sched.decode_contexts()])
-        return be.spread_mult
+        """The decode batch's spread multiple (`spread_fn`) of `be`'s decoding sequences."""
+        return self._kept_multiple(be, sched, 0, self.spread_fn)
 
     def mixed_multiple(self, be: _Backend, sched) -> float:
         """The multiple a step with prefill charges its decodes' context for their spread
-        (`mixed_spread_fn`), kept for 8 steps while their count stays, as `spread_multiple`."""
+        (`mixed_spread_fn`)."""
+        return self._kept_multiple(be, sched, 1, self.mixed_spread_fn)
+
+    @staticmethod
+    def _kept_multiple(be: _Backend, sched, slot: int, fn) -> float:
+        """`fn` of `be`'s decoding contexts, kept in `be.multiples[slot]` for 8 steps while their
+        count stays: listing the contexts is O(running) and a launch of several waves costs
+        ~1 ms to model, where a context grows a token a step and the multiple drifts slowly (a
+        join or a finish changes the count: recomputed at once)."""
         dec = sched.sched.decodes
         key = (dec.num_decoding, dec.step >> 3)
-        if key != be.mixed_key:
-            be.mixed_key = key
-            be.mixed_mult = self.mixed_spread_fn([c for c, _ in sched.decode_contexts()])
-        return be.mixed_mult
+        kept = be.multiples[slot]
+        if kept[0] != key:
+            kept[0] = key
+            kept[1] = fn([c for c, _ in sched.decode_contexts()])
+        return kept[1]
 
     def plan_cutoff(self, be: _Backend, now: float, after_step: bool) -> float:
         """When the engine planned the step starting at `now` (see `async_plan_lead_s`)."""
