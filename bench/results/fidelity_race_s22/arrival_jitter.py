@@ -26,7 +26,6 @@ Run from the repo root:  python bench/results/fidelity_race_s22/arrival_jitter.p
 import json
 import os
 import sys
-from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -42,34 +41,19 @@ import sims.decision_replay as dr
 import sims.event_loop as el
 from bench.simulator import validate_replay as vr
 from bench.simulator.decision_fidelity import compare_steps
+from bench.simulator.fidelity_steps import idle_dispatch_delays
+from bench.simulator.schedule_ceiling import step_scatter
 from bench.simulator.validate import prefill_steps_of
 from scheduler.decisions import read_log
 
 
-def idle_delays(rows, batches):
-    """Every flush -> plan delay of a request flushed while the engine was idle (seconds): the
-    sample `fidelity_steps.dispatch_delay` takes the median of."""
-    flush = {rid: b.t for b in batches for rid in b.request_ids}
-    first, ends = {}, []
-    for k, s in enumerate(rows):
-        ends.append(float(s["mono"]) + float(s["ms"]) / 1e3)
-        for rid, _n, _st in s["prefill"]:
-            first.setdefault(str(rid), k)
-    return np.array([float(rows[k]["mono"]) - flush[rid] for rid, k in first.items()
-                     if rid in flush and (k == 0 or ends[k - 1] < flush[rid])])
-
-
 def step_noise(rows):
-    """The live steps' own scatter: log ratio of back-to-back decode-only steps at the same decode
-    count (their contexts differ by one token a sequence), its sd over sqrt 2 (both steps scatter)."""
-    r = [np.log(float(b["ms"]) / float(a["ms"])) for a, b in pairwise(rows)
-         if not a["prefill"] and not b["prefill"] and a["decodes"] == b["decodes"] and a["decodes"] > 0
-         and not a.get("drafts") and not b.get("drafts")]
-    r = np.array(r)
+    """The live steps' own scatter (`schedule_ceiling.step_scatter`: back-to-back decode-only steps
+    at one decode count, log ratio over sqrt 2): how many pairs, its sd, its robust sd."""
     global RATIOS
-    RATIOS = r / np.sqrt(2)
-    mad = 1.4826 * np.median(np.abs(r - np.median(r)))  # robust: a stall now and then
-    return len(r), float(np.std(r) / np.sqrt(2)), float(mad / np.sqrt(2))
+    RATIOS = step_scatter(rows)
+    mad = 1.4826 * np.median(np.abs(RATIOS - np.median(RATIOS)))  # robust: a stall now and then
+    return len(RATIOS), float(np.std(RATIOS)), float(mad)
 
 
 RATIOS = np.zeros(1)
@@ -151,7 +135,7 @@ def main():
     arrivals, batches = read_log(part / f"decisions_{tag}.jsonl.gz")
     from bench.simulator.fidelity_steps import read_steps
     rows = read_steps(part / f"steps_{tag}.jsonl.gz")
-    d = idle_delays(rows, batches)
+    d = idle_dispatch_delays(rows, batches)
     q = np.percentile(d, [5, 25, 50, 75, 95]) * 1e3
     print(f"{tag}: {len(d)} requests flushed while the engine was idle; flush -> plan delay ms "
           f"p5 / p25 / p50 / p75 / p95 = {' / '.join(f'{x:.3f}' for x in q)}")
