@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 
 import numpy as np
 import pytest
@@ -71,7 +72,9 @@ def test_profile_grid_covers_the_workload():
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_validate_small_live_run(tmp_path):
+def test_validate_small_live_run(tmp_path, monkeypatch):
+    # the default decision log's directory (mkdtemp) inside tmp_path, not left behind in /tmp
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     out = tmp_path / "validate.json"
     rc = validate.main([
         "--profile", str(tmp_path / "profile.json"), "--decode-batch-sizes", "0,1,2,4",
@@ -134,6 +137,7 @@ def test_validate_small_live_run(tmp_path):
     from bench.simulator.validate_replay import replay_session
     from scheduler.decisions import read_log
     arrivals, batches = read_log(res["decision_log"])
+    assert res["decision_log"].startswith(str(tmp_path))  # the default directory, from mkdtemp
     again = replay_session(res, arrivals, batches, read_step_rows(res["step_log"]), per_stream="recorded")
     (rrun,) = again["loads"][0]["runs"]
     assert again["delivery_path"]["base_ms"] == pytest.approx(res["delivery_path"]["base_ms"])
