@@ -104,6 +104,36 @@ def test_scattered_cost_multiplies_each_step_by_a_drawn_factor():
         ScatteredCost(base, np.zeros(0), seed=0)
 
 
+def test_prefill_steps_draw_from_their_own_sample_where_given():
+    base = ConstantCost(DT)
+    c = ScatteredCost(base, np.array([0.0]), seed=0, prefill_log_factors=np.array([math.log(1.5)]))
+    assert c.step_time(4, 0, 100) == DT  # decode-only: the decode sample
+    assert c.step_time(4, 256, 100) == pytest.approx(1.5 * DT)  # with prefill: its own
+    assert c.step_time(num_decode_seqs=0, num_prefill_tokens=16, num_context_tokens=0) == pytest.approx(1.5 * DT)
+    assert c.decode_times(4, 100, 2) == pytest.approx([DT, DT])
+    # no prefill sample (None or empty): prefill steps draw from the decode steps' one
+    for none in (None, np.zeros(0)):
+        assert ScatteredCost(base, np.array([math.log(2.0)]), seed=0,
+                             prefill_log_factors=none).step_time(4, 256, 100) == pytest.approx(2 * DT)
+
+
+def test_the_prefill_sample_is_the_profiles_sustained_traces_each_centred():
+    from bench.simulator.schedule_ceiling import noise_of, sustained_prefill_scatter
+    prof = {"pause_check": {"runs": [
+        {"run": "paused", "trace_ms": [1.0, 2.0, 4.0]},  # not a sustained run: left out
+        {"run": "sustained", "trace_ms": [10.0, 10.0, 11.0, 11.0]},
+        {"run": "sustained_packed", "trace_ms": [20.0, 21.0]},  # too short for a ratio's centre
+        {"run": "sustained_mixed", "trace_ms": [5.0, 5.5, 5.0, 5.5]}]}}
+    r = sustained_prefill_scatter(prof)
+    one, ten = math.log(1.1) / math.sqrt(2), math.log(11 / 10) / math.sqrt(2)
+    # each run's ratios minus their median: [0, ten, 0] - 0; [one, -one, one] - one
+    assert sorted(r) == pytest.approx(sorted([0.0, ten, 0.0, 0.0, -2 * one, 0.0]))
+    assert len(sustained_prefill_scatter({})) == 0
+    nz = noise_of([], [], prof)
+    assert nz["num_prefill_scatter"] == 6 and nz["prefill_scatter_robust_sd"] == 0.0
+    assert noise_of([], [])["num_prefill_scatter"] == 0 and noise_of([], [])["prefill_scatter_robust_sd"] is None
+
+
 def test_idle_dispatch_delays_are_the_sample_the_median_is_taken_of():
     # two requests flushed while the engine was idle (1.2 and 1.6 ms to their steps), one flushed
     # while a step ran (not idle: left out)

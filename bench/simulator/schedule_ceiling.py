@@ -13,7 +13,11 @@ because the live engine is not deterministic either. Two of its noises decide sc
 - **Step times scatter at one shape.** Back-to-back decode-only steps at one decode count differ
   by a robust 0.15-0.36% on the H100 / H200 grid parts, with a heavy tail (sd 0.4-3.6%): a
   stall now and then. Each step time is multiplied by exp(r), r drawn from those back-to-back log
-  ratios over sqrt 2 (both steps of a pair scatter).
+  ratios over sqrt 2 (both steps of a pair scatter). Steps that carry prefill scatter more: 0.4-0.8%
+  robust at one shape in the profile's sustained runs (the pause check's back-to-back 256-token,
+  mixed and packed steps), against 0.15-0.4% for decode-only steps on the same parts (session 23,
+  `bench/results/fidelity_race_s23`); where the profile has those runs, prefill steps draw from
+  their sample (`sustained_prefill_scatter`), else from the decode steps'.
 
 With mixed prompt lengths the first is what parts schedules: a prompt's last chunk leaves part of
 the 256-token budget to whichever prompt has arrived. With equal prompts every chunk is a whole
@@ -48,19 +52,39 @@ def step_scatter(rows: list[dict]) -> np.ndarray:
     return np.asarray(r, dtype=float) / math.sqrt(2.0)
 
 
+def sustained_prefill_scatter(profile: dict) -> np.ndarray:
+    """Log ratios of back-to-back step times over sqrt 2 from the profile's pause-check runs that
+    repeat one prefill shape without pauses (`sustained`, `sustained_mixed`, `sustained_packed`:
+    each a trace of ~10-270 steps), pooled, each run's centred on its median (the power cap's slow
+    drift leaves a small bias in back-to-back ratios). Empty where the profile has none."""
+    out = []
+    for run in (profile.get("pause_check") or {}).get("runs", []):
+        ms = np.asarray(run.get("trace_ms") or [], dtype=float)
+        if run.get("run", "").startswith("sustained") and len(ms) > 2 and (ms > 0).all():
+            r = np.diff(np.log(ms)) / math.sqrt(2.0)
+            out.append(r - np.median(r))
+    return np.concatenate(out) if out else np.zeros(0)
+
+
 class ScatteredCost:
     """A cost model with each step time multiplied by exp(r), r drawn from `log_factors` (one draw
-    a step; `decode_times` one a step of the stretch)."""
+    a step; `decode_times` one a step of the stretch), or from `prefill_log_factors` for a step
+    that carries prefill tokens, where given."""
 
-    def __init__(self, inner, log_factors: np.ndarray, seed: int):
+    def __init__(self, inner, log_factors: np.ndarray, seed: int, prefill_log_factors=None):
         if not len(log_factors):
             raise ValueError("ScatteredCost needs at least one log factor")
         self.inner, self.log_factors = inner, np.asarray(log_factors, dtype=float)
+        self.prefill_log_factors = (np.asarray(prefill_log_factors, dtype=float)
+                                    if prefill_log_factors is not None and len(prefill_log_factors)
+                                    else self.log_factors)
         self.rng = np.random.default_rng(seed)
         self.accepts_prefill_chunks = getattr(inner, "accepts_prefill_chunks", False)
 
     def step_time(self, *args, **kwargs) -> float:
-        f = math.exp(self.log_factors[self.rng.integers(len(self.log_factors))])
+        p = kwargs["num_prefill_tokens"] if "num_prefill_tokens" in kwargs else (args[1] if len(args) > 1 else 0)
+        lf = self.prefill_log_factors if p else self.log_factors
+        f = math.exp(lf[self.rng.integers(len(lf))])
         return f * self.inner.step_time(*args, **kwargs)
 
     def decode_times(self, num_decode_seqs: int, num_context_tokens: int, k: int) -> np.ndarray:
@@ -74,17 +98,25 @@ class ScatteredCost:
         return getattr(self.inner, name)
 
 
-def noise_of(step_rows: list[dict], batches) -> dict:
-    """The session's two noises as measured: the delays' centred sample and the step scatter."""
+def noise_of(step_rows: list[dict], batches, profile: dict | None = None) -> dict:
+    """The session's two noises as measured: the delays' centred sample and the step scatter
+    (decode-only steps' from the step log; prefill steps' from `profile`'s sustained runs where
+    it has them)."""
     from bench.simulator.fidelity_steps import idle_dispatch_delays
     d = idle_dispatch_delays(step_rows, batches)
     scatter = step_scatter(step_rows)
+    pre = sustained_prefill_scatter(profile or {})
     return {"delays_s": d - np.median(d) if len(d) else np.zeros(0),
             "num_delays": len(d),
             "delay_p5_p95_ms": ([float(1e3 * np.percentile(d, q)) for q in (5, 95)] if len(d) else None),
             "scatter": scatter, "num_scatter": len(scatter),
-            "scatter_robust_sd": (float(1.4826 * np.median(np.abs(scatter - np.median(scatter))))
-                                  if len(scatter) else None)}
+            "scatter_robust_sd": _robust_sd(scatter),
+            "prefill_scatter": pre, "num_prefill_scatter": len(pre),
+            "prefill_scatter_robust_sd": _robust_sd(pre)}
+
+
+def _robust_sd(v: np.ndarray) -> float | None:
+    return float(1.4826 * np.median(np.abs(v - np.median(v)))) if len(v) else None
 
 
 def ceiling_draws(arrivals, spec_scheduler, engine, build_cost, base_steps, noise: dict,
@@ -112,7 +144,8 @@ def ceiling_draws(arrivals, spec_scheduler, engine, build_cost, base_steps, nois
                           jitter_seed=seed * 1000 + k)
         cost = build_cost()
         if use_scatter:
-            cost = ScatteredCost(cost, noise["scatter"], seed * 1000 + k + 500)
+            cost = ScatteredCost(cost, noise["scatter"], seed * 1000 + k + 500,
+                                 prefill_log_factors=noise.get("prefill_scatter"))
         res, _ = replay_run(arrivals, spec_scheduler, cost, eng, record_steps=True)
         drawn = prefill_steps_of(step_records(res, arrivals), ids)
         shares.append(compare_steps(base, drawn)["same_prefill_step_share"])

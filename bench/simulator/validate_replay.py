@@ -172,7 +172,7 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
     noise = None
     if ceiling:
         from bench.simulator.schedule_ceiling import noise_half_widths, noise_of
-        noise = noise_of(step_rows, [b for (_, bs) in by_run.values() for b in bs])
+        noise = noise_of(step_rows, [b for (_, bs) in by_run.values() for b in bs], doc)
     out_loads = []
     for li, ld in enumerate(validate["loads"]):
         runs = []
@@ -265,7 +265,7 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
             "dispatch_delay_ms": {"median": 1e3 * net_s, "num_requests": num_idle},
             "gateway_loop": loop_terms, "live_times": live_times, "plan_leads": leads,
             "plan_lead": plan_lead,
-            **({"noise": {k_: v for k_, v in noise.items() if k_ not in ("delays_s", "scatter")}}
+            **({"noise": {k_: v for k_, v in noise.items() if k_ not in ("delays_s", "scatter", "prefill_scatter")}}
                if noise is not None else {}),
             "seeds": sorted(seeds) if seeds is not None else seed_list, "loads": out_loads}
 
@@ -375,7 +375,10 @@ def main(argv: list[str] | None = None) -> int:
         p5, p95 = nz["delay_p5_p95_ms"] or (math.nan, math.nan)
         print(f"ceiling ({a.ceiling} draws a run, {a.ceiling_noise}): the delay's p5 / p95 {p5:.3f} / "
               f"{p95:.3f} ms over {nz['num_delays']} idle requests; step scatter robust sd "
-              f"{100 * (nz['scatter_robust_sd'] or math.nan):.2f}% over {nz['num_scatter']} pairs")
+              f"{100 * (nz['scatter_robust_sd'] or math.nan):.2f}% over {nz['num_scatter']} pairs"
+              + (f", prefill steps' {100 * nz['prefill_scatter_robust_sd']:.2f}% over "
+                 f"{nz['num_prefill_scatter']} sustained pairs" if nz.get("num_prefill_scatter")
+                 else ", prefill steps' the same (the profile has no sustained run)"))
     gl = res["gateway_loop"]
     if gl is not None:
         print(f"gateway loop: {gl['per_stream_ms']:.4f} ms a stream from {gl['read_ms']:.3f} ms after a step's "
