@@ -53,7 +53,8 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
                    gateway_loop: bool | None = None, live_times: bool = False,
                    plan_lead: str | None = None,
                    gateway_loop_read_ms: float | None = None,
-                   ceiling: int = 0, ceiling_noise: str = "both") -> dict:
+                   ceiling: int = 0, ceiling_noise: str = "both",
+                   ceiling_prefill_scatter: str = "sustained") -> dict:
     """Re-run the validate's replay + delivery path for every run (or the runs of `seeds`).
     `per_stream`: "auto" (fitted from the session's path records, as `sim validate` does),
     "recorded" (the k the validate used: its `delivery_path`, else 0), "off", or ms.
@@ -75,7 +76,9 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
     the validate had them (its recorded loop terms and leads; `sim validate` models both by default
     since session 17, the command line here too). `ceiling`: that many draws of the engine's own
     noise per run (`bench.simulator.schedule_ceiling`: the gateway -> engine delays' variation and
-    the steps' scatter, both measured on the session, or one of them: `ceiling_noise`), each draw's
+    the steps' scatter, both measured on the session, or one of them: `ceiling_noise`; prefill
+    steps' scatter from the profile's sustained runs, or "decode": the decode-only steps' sample
+    as session 22 drew it: `ceiling_prefill_scatter`), each draw's
     prefill steps compared with the run's replay: the same-chunks figure a model exact in every mean
     timing would reach against a live run,
     per run and per load ("ceiling"); 0: none (each draw costs one more replay)."""
@@ -172,7 +175,10 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
     noise = None
     if ceiling:
         from bench.simulator.schedule_ceiling import noise_half_widths, noise_of
-        noise = noise_of(step_rows, [b for (_, bs) in by_run.values() for b in bs], doc)
+        if ceiling_prefill_scatter not in ("sustained", "decode"):
+            raise ValueError(f"ceiling_prefill_scatter must be sustained or decode, not {ceiling_prefill_scatter!r}")
+        noise = noise_of(step_rows, [b for (_, bs) in by_run.values() for b in bs],
+                         doc if ceiling_prefill_scatter == "sustained" else None)
     out_loads = []
     for li, ld in enumerate(validate["loads"]):
         runs = []
@@ -327,8 +333,18 @@ def parser() -> argparse.ArgumentParser:
                         "against a live run (default 0: none)")
     p.add_argument("--ceiling-noise", choices=("both", "delays", "scatter"), default="both",
                    help="which noise --ceiling draws (default both)")
+    p.add_argument("--ceiling-prefill-scatter", choices=("sustained", "decode"), default="sustained",
+                   help="where --ceiling draws prefill steps' scatter from: the profile's sustained "
+                        "runs (default; the decode-only sample where the profile has none) or the "
+                        "decode-only steps' sample, as session 22 did")
     p.add_argument("--json", dest="json_out")
     return p
+
+
+def _mean_pm(m: dict) -> str:
+    """A share's mean ± its interval over the runs, in % (the interval left out for one run)."""
+    ci = m.get("ci", math.nan)
+    return f"{100 * m['mean']:.1f}%" + (f" ± {100 * ci:.1f}" if math.isfinite(ci) else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -357,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
                          decode_spread=a.decode_spread, mixed_spread=a.mixed_spread, extra_dispatch_ms=a.extra_dispatch_ms, gateway_loop=a.gateway_loop == "on",
                          live_times=a.live_times, plan_lead=a.plan_lead,
                          gateway_loop_read_ms=a.gateway_loop_read_ms,
-                         ceiling=a.ceiling, ceiling_noise=a.ceiling_noise)
+                         ceiling=a.ceiling, ceiling_noise=a.ceiling_noise,
+                         ceiling_prefill_scatter=a.ceiling_prefill_scatter)
     dp = res["delivery_path"]
     print(f"profile {res['profile']['path']} ({res['profile']['num_points']} points), terms "
           f"{res['profile']['model_terms']}, lead {res['profile']['async_plan_lead_ms']} ms; delivery path "
@@ -390,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{m} {100 * s[m]['rel_err']['mean']:+.1f} ± {100 * s[m]['rel_err']['ci']:.1f}%"
             for m in ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "throughput"))
             + f"; same chunks {100 * sc.get('mean', math.nan):.1f}%"
-            + (f" (ceiling {100 * ld['ceiling']['same_prefill_step_share']['mean']:.1f}%)" if "ceiling" in ld else "")
+            + (f" (ceiling {_mean_pm(ld['ceiling']['same_prefill_step_share'])})" if "ceiling" in ld else "")
             + "; window late live / sim {:.2f} / {:.2f} ms".format(
                 *(float(np.nanmean([r["window_late_ms"][k_] for r in ld["runs"]])) for k_ in ("live", "sim")))
             + ("; loop residual {:.3f} ms".format(1e3 * float(np.mean(
