@@ -134,6 +134,30 @@ def test_the_prefill_sample_is_the_profiles_sustained_traces_each_centred():
     assert noise_of([], [])["num_prefill_scatter"] == 0 and noise_of([], [])["prefill_scatter_robust_sd"] is None
 
 
+def test_live_prefill_pairs_are_steps_of_one_exact_shape_a_few_steps_apart():
+    from bench.simulator.schedule_ceiling import noise_of, prefill_step_scatter
+    rows = [{"ms": 10.0, "decodes": 4, "prefill": [["a", 256, 0]]},
+            {"ms": 11.0, "decodes": 4, "prefill": [["a", 256, 256]]},  # another position: no pair
+            {"ms": 10.2, "decodes": 4, "prefill": [["b", 256, 0]]},  # a's shape two steps before
+            {"ms": 5.0, "decodes": 4, "prefill": []},
+            {"ms": 11.0 * 1.01, "decodes": 4, "prefill": [["b", 256, 256]]},  # against row 1
+            {"ms": 10.0, "decodes": 5, "prefill": [["c", 256, 0]]}]  # another decode count
+    for i, row in enumerate(rows):
+        row["mono"] = 0.02 * i
+    r = prefill_step_scatter(rows)
+    assert r == pytest.approx([math.log(1.02) / math.sqrt(2), math.log(1.01) / math.sqrt(2)])
+    assert len(prefill_step_scatter(rows, within=2)) == 1  # row 4's match is 3 steps back
+    prof = {"pause_check": {"runs": [{"run": "sustained", "trace_ms": [10.0, 10.0, 11.0]}]}}
+    # auto: the live sample needs >= 100 pairs, else the profile's sustained runs, else decode
+    assert noise_of(rows, [], prof)["prefill_scatter_source"] == "sustained"
+    assert noise_of(rows, [], prof, "live")["num_prefill_scatter"] == 2
+    assert noise_of(rows, [], {})["prefill_scatter_source"] == "decode"
+    many = rows[:3] * 60  # 180 steps, every one but the first two a shape two steps before
+    assert noise_of(many, [], prof)["prefill_scatter_source"] == "live"
+    with pytest.raises(ValueError, match="prefill_source"):
+        noise_of(rows, [], prof, "profile")
+
+
 def test_idle_dispatch_delays_are_the_sample_the_median_is_taken_of():
     # two requests flushed while the engine was idle (1.2 and 1.6 ms to their steps), one flushed
     # while a step ran (not idle: left out)

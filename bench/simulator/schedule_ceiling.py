@@ -16,8 +16,10 @@ because the live engine is not deterministic either. Two of its noises decide sc
   ratios over sqrt 2 (both steps of a pair scatter). Steps that carry prefill scatter more: 0.4-0.8%
   robust at one shape in the profile's sustained runs (the pause check's back-to-back 256-token,
   mixed and packed steps), against 0.15-0.4% for decode-only steps on the same parts (session 23,
-  `bench/results/fidelity_race_s23`); where the profile has those runs, prefill steps draw from
-  their sample (`sustained_prefill_scatter`), else from the decode steps'.
+  `bench/results/fidelity_race_s23`), and live prefill steps against the last of exactly their shape
+  0.3-0.7% on the 6.7B and 33B FP8, 1.4-1.9% on the 33B bf16. Prefill steps draw from that live
+  sample where it has >= 100 pairs (equal prompts), else from the sustained runs' (mixed lengths),
+  else from the decode steps' (`noise_of`'s `prefill_source`).
 
 With mixed prompt lengths the first is what parts schedules: a prompt's last chunk leaves part of
 the 256-token budget to whichever prompt has arrived. With equal prompts every chunk is a whole
@@ -49,6 +51,29 @@ def step_scatter(rows: list[dict]) -> np.ndarray:
     r = [math.log(float(b["ms"]) / float(a["ms"])) for a, b in pairwise(rows)
          if not a["prefill"] and not b["prefill"] and a["decodes"] == b["decodes"] and a["decodes"] > 0
          and not a.get("drafts") and not b.get("drafts") and float(a["ms"]) > 0 and float(b["ms"]) > 0]
+    return np.asarray(r, dtype=float) / math.sqrt(2.0)
+
+
+def _shape(row: dict) -> tuple:
+    """A step's shape without its request ids: its decode count and its chunks' (tokens, position)."""
+    return row["decodes"], tuple(sorted((int(c[1]), int(c[2])) for c in row["prefill"]))
+
+
+def prefill_step_scatter(rows: list[dict], within: int = 4) -> np.ndarray:
+    """Log ratios over sqrt 2 of live prefill steps against the last step of exactly their shape
+    (the same decode count, the same chunks' tokens and positions; other requests') at most
+    `within` steps before. With equal prompts a prompt's chunks at positions 0 and 256 alternate,
+    so a shape recurs every other step, never back to back; with mixed lengths shapes rarely
+    recur (a few dozen pairs a part) and the sample is too small to use."""
+    r = []
+    for i, b in enumerate(rows):
+        if not b["prefill"] or b.get("drafts") or float(b["ms"]) <= 0:
+            continue
+        for a in rows[max(0, i - within):i][::-1]:
+            if a["prefill"] and _shape(a) == _shape(b):
+                if not a.get("drafts") and float(a["ms"]) > 0:
+                    r.append(math.log(float(b["ms"]) / float(a["ms"])))
+                break
     return np.asarray(r, dtype=float) / math.sqrt(2.0)
 
 
@@ -98,20 +123,36 @@ class ScatteredCost:
         return getattr(self.inner, name)
 
 
-def noise_of(step_rows: list[dict], batches, profile: dict | None = None) -> dict:
-    """The session's two noises as measured: the delays' centred sample and the step scatter
-    (decode-only steps' from the step log; prefill steps' from `profile`'s sustained runs where
-    it has them)."""
+PREFILL_SOURCES = ("auto", "live", "sustained", "decode")
+MIN_PREFILL_PAIRS = 100  # below this, a live same-shape sample's tail is not read: the next source
+
+
+def noise_of(step_rows: list[dict], batches, profile: dict | None = None,
+             prefill_source: str = "auto") -> dict:
+    """The session's two noises as measured: the delays' centred sample and the step scatter:
+    decode-only steps' from the step log; prefill steps' (`prefill_source`) from the log's
+    same-shape prefill steps ("live"), the profile's sustained runs ("sustained"), the decode
+    steps' sample ("decode"), or "auto": the first of those with enough pairs."""
     from bench.simulator.fidelity_steps import idle_dispatch_delays
+    if prefill_source not in PREFILL_SOURCES:
+        raise ValueError(f"prefill_source must be one of {PREFILL_SOURCES}, not {prefill_source!r}")
     d = idle_dispatch_delays(step_rows, batches)
     scatter = step_scatter(step_rows)
-    pre = sustained_prefill_scatter(profile or {})
+    pre, src = np.zeros(0), "decode"
+    if prefill_source in ("auto", "live"):
+        pre, src = prefill_step_scatter(step_rows), "live"
+        if prefill_source == "auto" and len(pre) < MIN_PREFILL_PAIRS:
+            pre = np.zeros(0)
+    if prefill_source == "sustained" or (prefill_source == "auto" and not len(pre)):
+        pre, src = sustained_prefill_scatter(profile or {}), "sustained"
+    if not len(pre):
+        pre, src = np.zeros(0), "decode"
     return {"delays_s": d - np.median(d) if len(d) else np.zeros(0),
             "num_delays": len(d),
             "delay_p5_p95_ms": ([float(1e3 * np.percentile(d, q)) for q in (5, 95)] if len(d) else None),
             "scatter": scatter, "num_scatter": len(scatter),
             "scatter_robust_sd": _robust_sd(scatter),
-            "prefill_scatter": pre, "num_prefill_scatter": len(pre),
+            "prefill_scatter": pre, "num_prefill_scatter": len(pre), "prefill_scatter_source": src,
             "prefill_scatter_robust_sd": _robust_sd(pre)}
 
 

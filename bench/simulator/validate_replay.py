@@ -54,7 +54,7 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
                    plan_lead: str | None = None,
                    gateway_loop_read_ms: float | None = None,
                    ceiling: int = 0, ceiling_noise: str = "both",
-                   ceiling_prefill_scatter: str = "sustained") -> dict:
+                   ceiling_prefill_scatter: str = "auto") -> dict:
     """Re-run the validate's replay + delivery path for every run (or the runs of `seeds`).
     `per_stream`: "auto" (fitted from the session's path records, as `sim validate` does),
     "recorded" (the k the validate used: its `delivery_path`, else 0), "off", or ms.
@@ -76,9 +76,9 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
     the validate had them (its recorded loop terms and leads; `sim validate` models both by default
     since session 17, the command line here too). `ceiling`: that many draws of the engine's own
     noise per run (`bench.simulator.schedule_ceiling`: the gateway -> engine delays' variation and
-    the steps' scatter, both measured on the session, or one of them: `ceiling_noise`; prefill
-    steps' scatter from the profile's sustained runs, or "decode": the decode-only steps' sample
-    as session 22 drew it: `ceiling_prefill_scatter`), each draw's
+    the steps' scatter, both measured on the session, or one of them: `ceiling_noise`; where
+    prefill steps' scatter is drawn from: `ceiling_prefill_scatter`, `schedule_ceiling.noise_of`'s
+    `prefill_source`), each draw's
     prefill steps compared with the run's replay: the same-chunks figure a model exact in every mean
     timing would reach against a live run,
     per run and per load ("ceiling"); 0: none (each draw costs one more replay)."""
@@ -175,10 +175,8 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
     noise = None
     if ceiling:
         from bench.simulator.schedule_ceiling import noise_half_widths, noise_of
-        if ceiling_prefill_scatter not in ("sustained", "decode"):
-            raise ValueError(f"ceiling_prefill_scatter must be sustained or decode, not {ceiling_prefill_scatter!r}")
-        noise = noise_of(step_rows, [b for (_, bs) in by_run.values() for b in bs],
-                         doc if ceiling_prefill_scatter == "sustained" else None)
+        noise = noise_of(step_rows, [b for (_, bs) in by_run.values() for b in bs], doc,
+                         ceiling_prefill_scatter)
     out_loads = []
     for li, ld in enumerate(validate["loads"]):
         runs = []
@@ -333,10 +331,12 @@ def parser() -> argparse.ArgumentParser:
                         "against a live run (default 0: none)")
     p.add_argument("--ceiling-noise", choices=("both", "delays", "scatter"), default="both",
                    help="which noise --ceiling draws (default both)")
-    p.add_argument("--ceiling-prefill-scatter", choices=("sustained", "decode"), default="sustained",
-                   help="where --ceiling draws prefill steps' scatter from: the profile's sustained "
-                        "runs (default; the decode-only sample where the profile has none) or the "
-                        "decode-only steps' sample, as session 22 did")
+    p.add_argument("--ceiling-prefill-scatter", choices=("auto", "live", "sustained", "decode"),
+                   default="auto",
+                   help="where --ceiling draws prefill steps' scatter from: live prefill steps against "
+                        "the last of their exact shape, the profile's sustained runs, or the decode-"
+                        "only steps' sample (as session 22 did); auto (default): live where it has "
+                        ">= 100 pairs, else sustained, else decode")
     p.add_argument("--json", dest="json_out")
     return p
 
@@ -394,8 +394,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{p95:.3f} ms over {nz['num_delays']} idle requests; step scatter robust sd "
               f"{100 * (nz['scatter_robust_sd'] or math.nan):.2f}% over {nz['num_scatter']} pairs"
               + (f", prefill steps' {100 * nz['prefill_scatter_robust_sd']:.2f}% over "
-                 f"{nz['num_prefill_scatter']} sustained pairs" if nz.get("num_prefill_scatter")
-                 else ", prefill steps' the same (the profile has no sustained run)"))
+                 f"{nz['num_prefill_scatter']} {nz['prefill_scatter_source']} pairs"
+                 if nz.get("num_prefill_scatter") else ", prefill steps' the same"))
     gl = res["gateway_loop"]
     if gl is not None:
         print(f"gateway loop: {gl['per_stream_ms']:.4f} ms a stream from {gl['read_ms']:.3f} ms after a step's "

@@ -6,6 +6,9 @@ as a caveat (the ceilings could be optimistic if prefill steps scatter more). Th
 part, each a log ratio of back-to-back steps of one shape over sqrt 2:
 
 - decode: `schedule_ceiling.step_scatter` on the live step log (what the ceiling draws);
+- live prefill same shape: `schedule_ceiling.prefill_step_scatter` (each prefill step against the
+  last step of exactly its shape, at most 4 steps before: what the ceiling draws since session 23
+  where it has >= 100 pairs);
 - live prefill: back-to-back live steps that both carry prefill, with the same decode count and the
   same prefill tokens (equal prompts: a 512-token prompt's two 256-token chunks; their attention
   differs by the chunk's position, so this over-reads the scatter a little);
@@ -26,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.simulator.schedule_ceiling import step_scatter
+from bench.simulator.schedule_ceiling import prefill_step_scatter, step_scatter
 
 
 def robust_sd(v: np.ndarray) -> float:
@@ -35,9 +38,9 @@ def robust_sd(v: np.ndarray) -> float:
 
 def describe(name: str, v: np.ndarray) -> str:
     if not len(v):
-        return f"  {name:<22} n=0"
+        return f"  {name:<24} n=0"
     a = np.abs(v)
-    return (f"  {name:<22} n={len(v):>5}  robust sd {100 * robust_sd(v):.2f}%  sd {100 * v.std():.2f}%  "
+    return (f"  {name:<24} n={len(v):>5}  robust sd {100 * robust_sd(v):.2f}%  sd {100 * v.std():.2f}%  "
             f"|r| p90 {100 * np.percentile(a, 90):.2f}%  p99 {100 * np.percentile(a, 99):.2f}%")
 
 
@@ -62,10 +65,12 @@ def sustained_scatter(profile: dict) -> dict[str, np.ndarray]:
 def main(argv: list[str]) -> int:
     for d in map(Path, argv):
         (steps,) = d.glob("steps_*.jsonl.gz")
-        rows = [json.loads(x) for x in gzip.open(steps, "rt") if x.strip()]
+        with gzip.open(steps, "rt") as f:
+            rows = [json.loads(x) for x in f if x.strip()]
         print(f"{d}: {len(rows)} live steps")
         print(describe("decode (the ceiling's)", step_scatter(rows)))
         print(describe("live prefill", live_prefill_scatter(rows)))
+        print(describe("live prefill same shape", prefill_step_scatter(rows)))
         for prof in d.glob("profile_*.json"):
             for name, v in sustained_scatter(json.loads(prof.read_text())).items():
                 print(describe(name, v))
