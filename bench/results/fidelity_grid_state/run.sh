@@ -3,7 +3,7 @@
 # with the simulator's default form (`validate_replay`'s defaults: the gateway loop and the measured
 # plan leads), one table a reader can use (table.md). Where a part's profile carries the pause check's
 # "sustained_mixed" run the opt-in power-by-kind cap (`--cap-by-power`) is scored beside it. Run from
-# this folder (CPU only, ~6 min on 2 cores with the ceiling, ~2 without: CEILING=0; `PARTS="33b 6.7b-s16"` for some):
+# this folder (CPU only, ~8 min on 2 cores with the ceiling at 8 draws a run, ~2 without: CEILING=0; `PARTS="33b 6.7b-s16"` for some):
 #   bash run.sh [replays|tables]      (default both; tables also writes summary.md: summary.py)
 # replay_<part>_<form>.json/txt: validate_replay; <form> = default | cap
 set -euo pipefail
@@ -13,8 +13,9 @@ PY=${PY:-$ROOT/.venv/bin/python}
 export PYTHONPATH=$ROOT
 WHAT=${1:-all}
 G=..
-# draws of the engine's own noise per run (validate_replay --ceiling: the same-chunks ceiling); 0: none
-CEILING=${CEILING:-4}
+# draws of the engine's own noise per run (validate_replay --ceiling: the same-chunks ceiling); 0: none.
+# 8 since session 23: with 4 a reseed alone moved a cell's 0.95x ceiling by up to ~3-6 points
+CEILING=${CEILING:-8}
 # part name -> "session folder/part" (the call that measured it)
 declare -A SRC=(
   [33b-s11]=fidelity_grid_h200_s11/33b            # 33B bf16, seeds 0-2 (pooled with s13's 3-4: five seeds)
