@@ -8,8 +8,8 @@
 #   ... the device call ...
 #   bash scripts/device_slim.sh in     # back (git checkout); untracked files there never move
 #
-# Between out and in, commit nothing under bench/results (a commit of that path would record
-# the deletions).
+# Between out and in the removed files carry git's skip-worktree bit, so a `git commit -a` made
+# meanwhile does not record their deletions (session 23 made one without it: 6,191 files).
 set -eu
 cd "$(git rev-parse --show-toplevel)"
 KEEP='/profile[^/]*\.json$|/tuned_[^/]*\.json$'  # files under bench/results that device scripts read
@@ -20,9 +20,11 @@ size() {
 case "${1:-}" in
   size) size ;;
   out) # kept: what device scripts read (gpu_slo_run.sh's 33B profile, the host-cost tuner's configs)
+       git ls-files -z bench/results | grep -z -v -E "$KEEP" | xargs -0 git update-index --skip-worktree
        git ls-files -z bench/results | grep -z -v -E "$KEEP" | xargs -0 rm -f
        echo "bench/results: tracked files removed from the work tree but $KEEP; after the call: bash $0 in"
        size ;;
-  in) git checkout -- bench/results && echo "bench/results restored" ;;
+  in) git ls-files -z bench/results | xargs -0 git update-index --no-skip-worktree
+      git checkout -- bench/results && echo "bench/results restored" ;;
   *) echo "usage: $0 size|out|in" >&2; exit 2 ;;
 esac
