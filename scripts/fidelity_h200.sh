@@ -47,9 +47,17 @@ if command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=$q --format=csv,noheader,nounits -lms 100 >>"$OUT/smi_$TAG.csv" 2>&1 &
   smi_pid=$!
 fi
+# PROFILE_FROM=<profile.json>: that profile instead of measuring one (no --reprofile): the live runs
+# are as with a fresh one where RATES fixes the rates; only the replay reads it. For a short call
+# that repeats an earlier part's live runs (live against live: scripts/GPU_RUNS.md row 5)
+reprofile=(--reprofile)
+if [ -n "${PROFILE_FROM:-}" ]; then
+  cp "$PROFILE_FROM" "$OUT/profile_$TAG.json" && reprofile=() || exit 1
+  echo "profile: $PROFILE_FROM (not measured in this call)"
+fi
 timeout "$BUDGET_S" python3 -m gateway.tidegate_cli sim validate --model "$MODEL" --device "$DEVICE" \
   --input-len "$IN" --output-len "$OUTLEN" --num-requests "$N" --seeds "$SEEDS" "${load_args[@]}" \
-  --profile "$OUT/profile_$TAG.json" --reprofile --profile-repeats 3 --profile-warmup 1 \
+  --profile "$OUT/profile_$TAG.json" "${reprofile[@]}" --profile-repeats 3 --profile-warmup 1 \
   --profile-pause-ms "$PAUSE_MS" --profile-device-time "$DEVICE_TIME" \
   --warmup-requests 10 --settle-s 0.5 \
   --decision-log "$OUT/decisions_$TAG.jsonl" --step-log "$OUT/steps_$TAG.jsonl" ${SERVE_ARGS:-} \
