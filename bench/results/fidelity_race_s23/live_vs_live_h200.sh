@@ -13,3 +13,8 @@ for s in 0 1 2 3 4; do $PY $R/fidelity_race_s22/live_vs_live.py $R/fidelity_grid
 echo
 echo "# 33B FP8 512/128: session 16 (git 255d793) against session 17 (git fb53f40), rates 0.85% apart"
 for s in 0 1 2; do $PY $R/fidelity_race_s22/live_vs_live.py $R/fidelity_grid_h200_s16/33b-fp8 $s $R/fidelity_grid_h200_s17/33b-fp8 $s; done
+echo
+echo "# sensitivity to the rates: 6.7B session 14 against session 16 (git 255d793; only opt-in admission and"
+echo "# waiting-by-class changed since 5f1bf0d), rates 1.6% apart; session 13 against 16, 2.2% apart"
+for s in 0 1 2 3 4; do $PY $R/fidelity_race_s22/live_vs_live.py $R/fidelity_grid_h200_s14/6.7b $s $R/fidelity_grid_h200_s16/6.7b $s; done
+for s in 0 1 2 3 4; do $PY $R/fidelity_race_s22/live_vs_live.py $R/fidelity_grid_h200_s13/6.7b $s $R/fidelity_grid_h200_s16/6.7b $s; done
