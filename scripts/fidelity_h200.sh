@@ -52,6 +52,7 @@ fi
 # that repeats an earlier part's live runs (live against live: scripts/GPU_RUNS.md row 5)
 reprofile=(--reprofile)
 if [ -n "${PROFILE_FROM:-}" ]; then
+  [ -f "$PROFILE_FROM" ] || { echo "PROFILE_FROM=$PROFILE_FROM: no such profile" >&2; exit 2; }
   cp "$PROFILE_FROM" "$OUT/profile_$TAG.json" && reprofile=() || exit 1
   echo "profile: $PROFILE_FROM (not measured in this call)"
 fi

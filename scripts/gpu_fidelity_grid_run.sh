@@ -135,7 +135,7 @@ mkdir -p "$dir"
 {
   echo "# issue 35 grid part $PART, $(date -u +%FT%TZ), estimate ~${est}s"
   echo "git $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
-  echo "MODEL=$MODEL LOADS=$LOADS SEEDS=$SEEDS N=$N IN=$IN OUTLEN=$OUTLEN SERVE_ARGS='$SERVE_ARGS' BUDGET_S=$BUDGET_S bash scripts/fidelity_h200.sh"
+  echo "MODEL=$MODEL LOADS=$LOADS SEEDS=$SEEDS N=$N IN=$IN OUTLEN=$OUTLEN SERVE_ARGS='$SERVE_ARGS' BUDGET_S=$BUDGET_S${RATES:+ RATES=$RATES}${PROFILE_FROM:+ PROFILE_FROM=$PROFILE_FROM} bash scripts/fidelity_h200.sh"
 } | tee "$dir/command.txt"
 t0=$(date +%s)
 OUT=$dir bash scripts/fidelity_h200.sh
@@ -143,4 +143,4 @@ echo "part $PART: done after $(( $(date +%s) - t0 )) s (estimate ${est} s)" | te
 # logs compress ~5x (the committed step log: 108 kB gz for 5,540 steps)
 gzip -f "$dir"/steps_*.jsonl "$dir"/decisions_*.jsonl "$dir"/smi_*.csv 2>/dev/null
 ls -la "$dir"
-[ -s "$dir/validate_$TAG.json" ] || { echo "no validate JSON: the run did not finish inside BUDGET_S"; exit 1; }
+[ -s "$dir/validate_$TAG.json" ] || { echo "no validate JSON: the run failed (the lines above say why) or did not finish inside BUDGET_S"; exit 1; }

@@ -49,3 +49,13 @@ def test_unknown_part_and_missing_out_are_refused():
     out = subprocess.run(["bash", str(SCRIPT)], check=False, capture_output=True, text=True, timeout=30,
                          env={**env, "PART": "33b"})
     assert out.returncode != 0 and "OUT" in out.stderr
+
+
+def test_a_given_profile_that_is_not_there_is_refused_before_any_run(tmp_path):
+    # PROFILE_FROM: a committed profile instead of measuring one (a live-against-live repeat);
+    # a wrong path stops the part at once, with its name, and no run starts
+    out = _run(PART="cpu", OUT=str(tmp_path), PROFILE_FROM=str(tmp_path / "nope.json"))
+    assert out.returncode != 0
+    assert "PROFILE_FROM=" in out.stderr and "no such profile" in out.stderr
+    assert "PROFILE_FROM=" in (tmp_path / "cpu" / "command.txt").read_text()
+    assert not list((tmp_path / "cpu").glob("validate_*"))
