@@ -39,6 +39,11 @@ def test_markdown_bolds_only_cells_inside_with_their_interval():
     line = markdown([row]).splitlines()[2]
     assert "| **+2.0 ± 1.0** | +4.0 ± 2.0 |" in line
     assert "| 1.00 / 1.25 | 97.0% | 3 x 200 |" in line
+    # the same-chunks ceiling (validate_replay --ceiling) with its interval over the runs; one run: none
+    line = markdown([{**row, "same_chunks_ceiling": 0.9, "same_chunks_ceiling_ci": 0.085}]).splitlines()[2]
+    assert "| 97.0% (ceiling 90.0% ± 8.5) | 3 x 200 |" in line
+    line = markdown([{**row, "same_chunks_ceiling": 0.9, "same_chunks_ceiling_ci": math.nan}]).splitlines()[2]
+    assert "| 97.0% (ceiling 90.0%) | 3 x 200 |" in line
 
 
 def _doc(seeds, errs, label="0.8x"):

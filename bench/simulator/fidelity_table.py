@@ -198,6 +198,9 @@ def cells(doc: dict, which: str = "replay_path", names: dict | None = None) -> l
                     # --ceiling): what a model exact in its mean timings would share with a live run
                     "same_chunks_ceiling": (ld["ceiling"]["same_prefill_step_share"]["mean"]
                                             if ld.get("ceiling") else None),
+                    # its interval over the runs (the seeds' own ceilings differ)
+                    "same_chunks_ceiling_ci": (ld["ceiling"]["same_prefill_step_share"].get("ci", math.nan)
+                                               if ld.get("ceiling") else None),
                     "comparison": (which if ld.get(WHICH[which]) else
                                    "resim" if doc.get("source") == "bench.simulator.fidelity_resim" else "run")})
     return out
@@ -221,7 +224,9 @@ def markdown(rows: list[dict]) -> str:
             f"{100 * r['same_chunks'][0]:.1f}%" + ("" if not math.isfinite(r["same_chunks"][1])
                                                  else f" ± {100 * r['same_chunks'][1]:.1f}"))
         if r.get("same_chunks_ceiling") is not None:
-            sc += f" (ceiling {100 * r['same_chunks_ceiling']:.1f}%)"
+            cci = r.get("same_chunks_ceiling_ci")
+            sc += (f" (ceiling {100 * r['same_chunks_ceiling']:.1f}%"
+                   + (f" ± {100 * cci:.1f}" if cci is not None and math.isfinite(cci) else "") + ")")
         figs = " | ".join(_fmt(r["figures"][k]) for k, _, _ in METRICS)
         lines.append(f"| {r['model']} | {r['weights']} | {r['kv']} | {r['lengths']} | {r['sim_model']} "
                      f"| {r['load']} | {figs} "
@@ -258,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
           + ("; †: outside, mean inside, but the engine's own noise alone makes an interval wider than "
              "the room left on these seeds (validate_replay --ceiling)"
              if any(f.get("seed_bound") for r in rows for f in r["figures"].values()) else "")
-          + ("; (ceiling X%): the same chunks a model exact in its mean timings would reach"
+          + ("; (ceiling X% ± Y): the same chunks a model exact in its mean timings would reach, "
+             "with its interval over the runs"
              if any(r.get("same_chunks_ceiling") is not None for r in rows) else ""))
     if a.json_out:
         Path(a.json_out).write_text(json.dumps(rows, indent=2) + "\n")
