@@ -83,13 +83,11 @@ def resummarize(doc: dict, which: str = "replay_path", seeds: set[int] | None = 
             new[WHICH[which]] = summarize_load([{"compare": r[key]} for r in runs], conf)
         if all(r.get("ceiling") for r in runs) and ld.get("ceiling"):
             from bench.simulator.fidelity_stats import mean_ci
-            from bench.simulator.schedule_ceiling import noise_half_widths
+            from bench.simulator.schedule_ceiling import runs_half_widths
             new["ceiling"] = {**ld["ceiling"], "same_prefill_step_share": mean_ci(
                 [r["ceiling"]["same_prefill_step_share"] for r in runs], conf)}
             if all("figure_moves" in r["ceiling"] for r in runs):
-                new["ceiling"]["half_width"] = noise_half_widths(
-                    {k: [x for r in runs for x in r["ceiling"]["figure_moves"][k]]
-                     for k in runs[0]["ceiling"]["figure_moves"]}, len(runs), conf)
+                new["ceiling"]["half_width"] = runs_half_widths([r["ceiling"] for r in runs], conf)
         elif "ceiling" in new:
             del new["ceiling"]
         for skey in ("steps", "steps_path"):

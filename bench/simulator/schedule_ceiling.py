@@ -146,17 +146,19 @@ def noise_of(step_rows: list[dict], batches, profile: dict | None = None,
     if prefill_source == "sustained" or (prefill_source == "auto" and not len(pre)):
         pre, src = sustained_prefill_scatter(profile or {}), "sustained"
     if not len(pre):
-        pre, src = np.zeros(0), "decode"
+        src = "decode"
     return {"delays_s": d - np.median(d) if len(d) else np.zeros(0),
             "num_delays": len(d),
             "delay_p5_p95_ms": ([float(1e3 * np.percentile(d, q)) for q in (5, 95)] if len(d) else None),
             "scatter": scatter, "num_scatter": len(scatter),
-            "scatter_robust_sd": _robust_sd(scatter),
+            "scatter_robust_sd": robust_sd(scatter),
             "prefill_scatter": pre, "num_prefill_scatter": len(pre), "prefill_scatter_source": src,
-            "prefill_scatter_robust_sd": _robust_sd(pre)}
+            "prefill_scatter_robust_sd": robust_sd(pre)}
 
 
-def _robust_sd(v: np.ndarray) -> float | None:
+def robust_sd(v: np.ndarray) -> float | None:
+    """1.4826 x the median absolute deviation (the sd of a normal core, blind to the tail); None
+    for an empty sample."""
     return float(1.4826 * np.median(np.abs(v - np.median(v)))) if len(v) else None
 
 
@@ -212,3 +214,10 @@ def noise_half_widths(moves: dict[str, list[float]], num_runs: int, confidence: 
         t = float(stats.t.ppf(0.5 + confidence / 2, num_runs - 1))
         out[name] = t * float(v.std(ddof=1)) / math.sqrt(num_runs)
     return out
+
+
+def runs_half_widths(ceilings: list[dict], confidence: float = 0.95) -> dict:
+    """`noise_half_widths` of a load's runs, from each run's ceiling (`ceiling_draws` with its
+    "figure_moves"): every run's draws pooled per figure, the interval of len(ceilings) seeds."""
+    return noise_half_widths({k: [x for c in ceilings for x in c["figure_moves"][k]]
+                              for k in ceilings[0]["figure_moves"]}, len(ceilings), confidence)

@@ -174,7 +174,7 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
             loop_terms["read_ms"] = float(gateway_loop_read_ms)
     noise = None
     if ceiling:
-        from bench.simulator.schedule_ceiling import noise_half_widths, noise_of
+        from bench.simulator.schedule_ceiling import noise_of, runs_half_widths
         noise = noise_of(step_rows, [b for (_, bs) in by_run.values() for b in bs], doc,
                          ceiling_prefill_scatter)
     out_loads = []
@@ -250,9 +250,7 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
                           **({"ceiling": {"same_prefill_step_share": mean_ci(
                               [r["ceiling"]["same_prefill_step_share"] for r in runs], conf),
                               "noise": ceiling_noise, "draws_per_run": int(ceiling),
-                              "half_width": noise_half_widths(
-                                  {k_: [x for r in runs for x in r["ceiling"]["figure_moves"][k_]]
-                                   for k_ in runs[0]["ceiling"]["figure_moves"]}, len(runs), conf)}}
+                              "half_width": runs_half_widths([r["ceiling"] for r in runs], conf)}}
                              if ceiling else {}),
                           "decisions": decisions_summary(runs, conf),
                           "ttft_path_ms_mean": {k_: float(np.mean([r["ttft_path_ms"][k_] for r in runs]))

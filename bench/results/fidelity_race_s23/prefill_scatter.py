@@ -29,11 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.simulator.schedule_ceiling import prefill_step_scatter, step_scatter
-
-
-def robust_sd(v: np.ndarray) -> float:
-    return float(1.4826 * np.median(np.abs(v - np.median(v)))) if len(v) else math.nan
+from bench.simulator.schedule_ceiling import prefill_step_scatter, robust_sd, step_scatter
 
 
 def describe(name: str, v: np.ndarray) -> str:
