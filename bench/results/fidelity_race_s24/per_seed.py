@@ -9,10 +9,11 @@ same chunks, against each call.
 
 Run from this folder:  python per_seed.py > per_seed.txt"""
 import json
+from pathlib import Path
 
 
 def rows(path, seed):
-    d = json.load(open(path))
+    d = json.loads(Path(path).read_text())
     out = {}
     for ld in d["loads"]:
         for r in ld["runs"]:
