@@ -371,6 +371,9 @@ class EventLoop:
         # each prefill span weighs by its step kind's power (sims.profile_cost.cap_weight), where
         # the profile measured the mixed step's sustained run; else 1
         self.cap_weight_fn = cost.cap_weight if getattr(cost, "weights_cap_by_power", False) else None
+        # the decode spells' term (sims.profile_cost, "Decode spells"); a cost without the property
+        # (an older stand-in) counts them wherever it weighs by power, as before the switch
+        self.counts_spells = bool(getattr(cost, "counts_decode_spells", self.cap_weight_fn is not None))
         # the power cap slows every step by its compute share (sims.profile_cost.compute_share),
         # decode-only steps too; without it, steps with prefill alike
         self.cap_share_fn = cost.compute_share if getattr(cost, "caps_by_compute", False) else None
@@ -880,7 +883,8 @@ class EventLoop:
                                        sched.prefill_chunks if self.charges_chunks else None)
                 # the busy engine's decode spells left the power budget spent: a step with prefill
                 # throttles as if they had been its own kind (sims.profile_cost, "Decode spells")
-                f += w * g
+                if self.counts_spells:
+                    f += w * g
             if self.cap_share_fn is None:
                 dt *= self.cost.prefill_slowdown(f, g)
             else:

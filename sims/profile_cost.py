@@ -502,7 +502,7 @@ class ProfileCost:
                  power_cap: bool = False, cap_by_compute: bool = True, decode_buckets=None,
                  cap_by_power: bool = False, decode_extrapolation: str = "nearest",
                  spread_points: list[dict] | None = None, decode_spread: str | float = "measured",
-                 mixed_spread: str | float = "measured"):
+                 mixed_spread: str | float = "measured", decode_spells: bool = True):
         """points: (n, 3) of (num_decode_seqs, num_prefill_tokens, num_context_tokens), or (n, 4) /
         (n, 5) with num_prefill_seqs k (the p tokens are k chunks of p/k each; default 1 when p > 0)
         and prefill_context_len s (each chunk starts at position s; default 0) appended, or (n, 6)
@@ -528,6 +528,9 @@ class ProfileCost:
         measured decode batch the regression plus the nearest point's residual; "slope" (opt-in)
         along the last measured bucket's line in d (module doc, "Past the measured decode
         batches").
+        `decode_spells` (with `cap_by_power`): a step with prefill counts the busy engine's
+        decode-only share at its own weight (module doc, "Decode spells"); False: the decode share
+        only through the pause check's after-decode run, as before session 20.
         `spread_points`: the profile's decode points of unequal contexts (`decode_context_lens`),
         kept out of the fit and the residuals; `decode_spread`: "measured" (the default: decode-only
         steps charged for their contexts' spread at the kappa those points give, none without
@@ -561,6 +564,7 @@ class ProfileCost:
         self._cap_share_ref = None  # the reference step's compute share (cap_by_compute)
         self._check_r = None  # the pause check step's own sustained ratio (unclamped)
         self._cap_weight = None  # (rate_ref, token rates, weights) of cap_weight, or None
+        self._decode_spells = bool(decode_spells)
         self.cap_mixed = None
         self.cap_packed = None  # the "sustained_packed" anchor (module doc, "Power by step kind")
         check = (meta or {}).get("pause_check") if power_cap else None
@@ -1006,6 +1010,12 @@ class ProfileCost:
         (`cap_weight`): the profile measured the mixed or the packed step's sustained run (and
         one of the measured kinds throttles)."""
         return self._cap_weight is not None
+
+    @property
+    def counts_decode_spells(self) -> bool:
+        """A step with prefill counts the decode-only share before it at its own weight (module
+        doc, "Decode spells"): `weights_cap_by_power` and the model built with `decode_spells`."""
+        return self._cap_weight is not None and self._decode_spells
 
     def cap_weight(self, num_decode_seqs: int, num_prefill_tokens: int, num_context_tokens: int,
                    prefill_chunks=None) -> float:

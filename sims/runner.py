@@ -41,6 +41,9 @@ class CostSpec:
     # beside a chunk"): "measured" (at the profile's mixed spread points' kappa; none without
     # them), "off", or a kappa (a what-if)
     mixed_spread: str | float = "measured"
+    # with `cap_by_power`: a step with prefill counts the decode-only share before it at its own
+    # weight (sims.profile_cost, "Decode spells"); False: the pause check's after-decode run only
+    decode_spells: bool = True
 
     def build(self) -> CostModel:
         if self.step_ms is not None:
@@ -49,7 +52,8 @@ class CostSpec:
             from sims.profile_cost import ProfileCost
             cost = ProfileCost.from_json(self.profile, hide_launch=self.hide_launch,
                                            power_cap=self.power_cap, cap_by_power=self.cap_by_power,
-                                           decode_spread=self.decode_spread, mixed_spread=self.mixed_spread)
+                                           decode_spread=self.decode_spread, mixed_spread=self.mixed_spread,
+                                           decode_spells=self.decode_spells)
         else:
             cost = RooflineCost(load_model_shape(self.model), get_gpu(self.gpu), self.roofline)
         if self.num_blocks:

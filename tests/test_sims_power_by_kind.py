@@ -4,7 +4,8 @@ The pause check's "sustained_mixed" run (the capped mixed step, d decodes beside
 paused and back to back) gives r_mix; its weight w_mix is the busy share at which the factor gives
 r_mix, the pause check step's weight is 1, and a step with prefill is weighted by its token rate
 (tokens / its time) between them. Profiles without the run: every step with prefill weighs 1, as
-before; the model is opt-in (`ProfileCost(cap_by_power=True)`). Closed forms throughout."""
+before; `ProfileCost(cap_by_power=True)` turns it on (`sim validate` and `validate_replay` by default
+since session 25, where the profile has the run). Closed forms throughout."""
 import math
 
 import numpy as np
@@ -35,7 +36,7 @@ def _trace(tau_s, start_ms, rise_ms, span_s=2.0):
 REF = 1e3 * _law(0, 512)  # the pause check's step (512 tokens, prefill only), ms
 
 
-def _cost(mixed=None, tau=0.02, r=1.12, cap_by_compute=False, cap_by_power=True):
+def _cost(mixed=None, tau=0.02, r=1.12, cap_by_compute=False, cap_by_power=True, decode_spells=True):
     pts = [(d, p, d * c + p) for c in (100, 300) for d in (0, 1, 4, 8, 16, 32) for p in (0, 64, 256, 512)
            if d + p and (d or c == 100)]
     times = np.array([_law(d, p) for d, p, _ in pts])
@@ -47,7 +48,8 @@ def _cost(mixed=None, tau=0.02, r=1.12, cap_by_compute=False, cap_by_power=True)
         runs.append(mixed)
     meta = {"pause_ms": 60.0, "pause_check": {"num_prefill_tokens": 512, "runs": runs}}
     return ProfileCost(np.array(pts, dtype=float), times, num_blocks=4096, meta=meta, power_cap=True,
-                       cap_by_compute=cap_by_compute, ctx_quantum=1, cap_by_power=cap_by_power)
+                       cap_by_compute=cap_by_compute, ctx_quantum=1, cap_by_power=cap_by_power,
+                       decode_spells=decode_spells)
 
 
 def _mixed(r_mix, d=32, p=256, c=100):
@@ -156,9 +158,10 @@ def test_the_weights_are_opt_in():
 
 
 def test_the_cap_by_power_flag_reaches_the_replays_cost_model():
-    """`sim validate --cap-by-power on` / `validate_replay --cap-by-power` (session 16): the term
-    reaches CostSpec's ProfileCost only with the power cap and only where the profile has the
-    mixed step's run; off (the default) the recorded terms read as before, without the key."""
+    """`sim validate --cap-by-power` / `validate_replay --cap-by-power` (session 16; auto, on where
+    the profile has the mixed step's run, the default since session 25): the term reaches
+    CostSpec's ProfileCost only with the power cap and only where the profile has that run; off
+    (or a profile without it) the terms read as before, without the key."""
     import json
     from pathlib import Path
 
@@ -169,12 +172,16 @@ def test_the_cap_by_power_flag_reaches_the_replays_cost_model():
     whatif = res / "fidelity_cost_s16" / "profile_s16_33b-fp8_whatif_mixed.json"  # has sustained_mixed
     plain = res / "fidelity_grid_h200_s16" / "33b-fp8" / "profile_33b-fp8.json"  # the call's: none
     doc = json.loads(whatif.read_text())
-    assert model_terms(doc, 2e-3) == {"hide_launch": True, "power_cap": True}
     on = model_terms(doc, 2e-3, cap_by_power="on")
     assert on == {"hide_launch": True, "power_cap": True, "cap_by_power": True}
+    # auto, the default since session 25: on where the profile has the mixed step's sustained run
+    assert model_terms(doc, 2e-3) == on
+    off = model_terms(doc, 2e-3, cap_by_power="off")
+    assert off == {"hide_launch": True, "power_cap": True}
+    assert model_terms(json.loads(plain.read_text()), 2e-3) == {"hide_launch": True, "power_cap": True}
     assert "cap_by_power" not in model_terms(doc, 2e-3, power_cap="off", cap_by_power="on")
     assert CostSpec(model="tiny", profile=str(whatif), **on).build().weights_cap_by_power
-    assert not CostSpec(model="tiny", profile=str(whatif), **model_terms(doc, 2e-3)).build().weights_cap_by_power
+    assert not CostSpec(model="tiny", profile=str(whatif), **off).build().weights_cap_by_power
     assert not CostSpec(model="tiny", profile=str(plain), **on).build().weights_cap_by_power
 
 
@@ -223,3 +230,45 @@ def test_a_prefill_step_after_a_decode_spell_throttles_at_its_own_kinds_weight()
     f_live, g_live = busy_shares(steps, len(steps) - 1, cost.power_cap_window_s, cost.power_cap_tau_s)
     assert f_live == 0.0 and 0.995 < g_live < 1.0
     assert ms == pytest.approx(1e3 * tb * (1 + (r - 1) * (w * g_live - f_ref) / (1 - f_ref)), rel=1e-9)
+
+
+def test_without_decode_spells_a_prefill_step_after_a_decode_spell_keeps_its_paused_time():
+    """Issue 35, session 25: the 33B bf16's pattern runs on the H200 (the mixed step with 1 / 3
+    decode steps between, back to back) read 1.034 / 0.997 x paused where the spells term charged
+    1.137 / 1.111. `decode_spells=False` (`validate_replay --decode-spells off`) keeps the
+    power-by-kind weights and drops the spell's count: B's step after A's 0.5 s decode spell takes
+    T_B, in the event loop and in the live-step scorer alike, while the weights stay."""
+    tb = _law(1, 64)
+    cost = _cost(_mixed(1.3), tau=0.02, r=1.5, decode_spells=False)
+    assert cost.weights_cap_by_power and not cost.counts_decode_spells
+    assert _cost(_mixed(1.3), tau=0.02, r=1.5).counts_decode_spells
+    dt, d = _prefill_step_time(cost, [0.0, 0.5], [200, 3])
+    assert d == 1 and dt == pytest.approx(tb, rel=1e-6)
+    from bench.simulator.fidelity_steps import model_step_ms
+    td = _law(1, 0)
+    steps = [{"d": 1, "p": 0, "ctx": 64, "chunks": [], "start": i * td, "end": (i + 1) * td,
+              "idle_before": False} for i in range(int(0.5 / td))]
+    t0 = steps[-1]["end"]
+    steps.append({"d": 1, "p": 64, "ctx": 64, "chunks": [(64, 0)], "start": t0, "end": t0 + tb,
+                  "idle_before": False})
+    (_, ms, _), = [row for row in model_step_ms(cost, steps) if row[0] == len(steps) - 1]
+    assert ms == pytest.approx(1e3 * tb, rel=1e-9)
+
+
+def test_the_decode_spells_flag_reaches_the_replays_cost_model():
+    """`validate_replay --decode-spells off` reaches CostSpec's ProfileCost only with the
+    power-by-kind weights; its parser default keeps the term (on)."""
+    from pathlib import Path
+
+    from bench.simulator.validate_replay import parser
+    from sims.runner import CostSpec
+
+    assert parser().parse_args(["v.json", "d.jsonl.gz", "s.jsonl.gz"]).decode_spells == "on"
+    assert parser().parse_args(["v.json", "d.jsonl.gz", "s.jsonl.gz", "--decode-spells", "off"]).decode_spells == "off"
+
+    res = Path(__file__).resolve().parents[1] / "bench" / "results"
+    whatif = res / "fidelity_cost_s16" / "profile_s16_33b-fp8_whatif_mixed.json"  # has sustained_mixed
+    on = {"hide_launch": True, "power_cap": True, "cap_by_power": True}
+    assert CostSpec(model="tiny", profile=str(whatif), **on).build().counts_decode_spells
+    off = CostSpec(model="tiny", profile=str(whatif), **on, decode_spells=False).build()
+    assert off.weights_cap_by_power and not off.counts_decode_spells

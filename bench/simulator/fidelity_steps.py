@@ -157,7 +157,8 @@ def model_step_ms(cost, steps: list[dict], window_s: float = 0.1) -> list[tuple[
         t = cost.step_time(s["d"], s["p"], ctx, chunks)
         by_compute = getattr(cost, "caps_by_compute", False)
         f, g = busy_shares(steps, k, window_s, tau) if s["p"] or by_compute else (0.0, 0.0)
-        if s["p"] and getattr(cost, "weights_cap_by_power", False):  # decode spells at its kind's weight
+        if s["p"] and getattr(cost, "counts_decode_spells", getattr(cost, "weights_cap_by_power", False)):
+            # decode spells at its kind's weight (sims.profile_cost, "Decode spells")
             f += cost.cap_weight(s["d"], s["p"], ctx, chunks) * g
         if by_compute:  # every step, decode-only ones too, by its compute share
             t *= cost.prefill_slowdown(f, g, cost.compute_share(s["d"], s["p"], ctx, chunks))

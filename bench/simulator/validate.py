@@ -360,22 +360,27 @@ def sim_spec(profile: Path, num_blocks: int, block_size: int, max_model_len: int
 
 
 def model_terms(profile_doc: dict, plan_lead: float | None, hide_launch: str = "auto",
-                power_cap: str = "auto", cap_by_power: str = "off") -> dict:
+                power_cap: str = "auto", cap_by_power: str = "auto") -> dict:
     """The profile cost model's terms for this engine (issue 35), each "auto" | "on" | "off".
     auto: `hide_launch` with the async loop (its launch runs behind the step before: the
     profile's decode steps were 2.8% over the live ones by that launch, 0.3% under without it, in
     every batch-size and context bin of the 2026-12-03 H200 run); `power_cap` where the profile
     has its pause check (measured with --pause-ms: its points are of a GPU idle before them,
-    live prefill steps are not)."""
+    live prefill steps are not); `cap_by_power` (with the power cap) where the pause check has the
+    mixed step's sustained run ("sustained_mixed"), since session 25: on every grid part whose
+    profile has it (33B bf16 / FP8 / int4-fp8 KV, 6.7B mixed lengths: 18 runs on the H200) it
+    brought more cells inside the bound than the model without it, and never fewer
+    (bench/results/fidelity_grid_h200_s25, "The power-by-kind weights by default")."""
     def pick(v: str, auto: bool) -> bool:
         return auto if v == "auto" else v == "on"
 
     check = profile_doc.get("pause_check") and float(profile_doc.get("pause_ms") or 0) > 0
     terms = {"hide_launch": pick(hide_launch, plan_lead is not None),
              "power_cap": pick(power_cap, bool(check))}
-    # `cap_by_power` (opt-in, issue 35 session 16: sims.profile_cost "Power by step kind"): named
-    # only when on, so that the terms recorded before it read as they did
-    if terms["power_cap"] and cap_by_power == "on":
+    # `cap_by_power` (issue 35 session 16, the default since session 25: sims.profile_cost "Power by
+    # step kind"): named only when on, so that the terms recorded without it read as they did
+    runs = {r.get("run") for r in (profile_doc.get("pause_check") or {}).get("runs", [])}
+    if terms["power_cap"] and pick(cap_by_power, "sustained_mixed" in runs):
         terms["cap_by_power"] = True
     return terms
 
@@ -598,10 +603,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--power-cap", choices=("auto", "on", "off"), default="auto",
                    help="the profile's power-cap model for prefill steps (auto: when the profile "
                         "has its pause check; `model_terms`)")
-    p.add_argument("--cap-by-power", choices=("on", "off"), default="off",
+    p.add_argument("--cap-by-power", choices=("auto", "on", "off"), default="auto",
                    help="with the power cap: each prefill step weighs in the busy share by its kind's "
-                        "power, from the pause check's capped mixed step run (opt-in; "
-                        "sims.profile_cost, \"Power by step kind\")")
+                        "power, from the pause check's capped mixed step run (auto: where the profile "
+                        "has that run; sims.profile_cost, \"Power by step kind\"; `model_terms`)")
     p.add_argument("--delivery-per-stream-ms", default="auto", metavar="auto|off|MS",
                    help="the replay's delivery path per stream of a token's step "
                         "(EngineConfig.delivery_per_stream_s): auto: fitted from the runs' path records "
@@ -666,7 +671,7 @@ def validate(a: argparse.Namespace) -> dict:
         except ValueError as e:
             raise SystemExit(str(e)) from None
     terms = model_terms(doc, plan_lead, getattr(a, "hide_launch", "auto"), getattr(a, "power_cap", "auto"),
-                        getattr(a, "cap_by_power", "off"))
+                        getattr(a, "cap_by_power", "auto"))
     cost = ProfileCost.from_json(profile, **terms)
     max_num_seqs, max_nbt = int(doc["max_num_seqs"]), int(doc["max_num_batched_tokens"])
     live_cap = live_prefill_cap(a.device, a.engine_arg)

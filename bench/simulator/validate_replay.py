@@ -49,7 +49,8 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
                    per_stream: str = "auto", seeds: set[int] | None = None,
                    live_steps=None, cost_scale=None, hide_launch: str | None = None,
                    power_cap: str | None = None, extra_dispatch_ms: float = 0.0,
-                   cap_by_power: bool = False, decode_spread: str = "measured", mixed_spread: str = "measured",
+                   cap_by_power: bool | str = "auto", decode_spread: str = "measured", mixed_spread: str = "measured",
+                   decode_spells: bool = True,
                    gateway_loop: bool | None = None, live_times: bool = False,
                    plan_lead: str | None = None,
                    gateway_loop_read_ms: float | None = None,
@@ -118,8 +119,15 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
         terms = model_terms(doc, lead, hide_launch or cfg.get("hide_launch", "auto"),
                             power_cap or cfg.get("power_cap", "auto"))
         lead_ms = None if lead is None else 1e3 * lead
-    if cap_by_power and terms.get("power_cap"):  # opt-in: the power cap by step kind (--cap-by-power)
-        terms = {**terms, "cap_by_power": True}
+    # the power cap by step kind (--cap-by-power; auto, the default since session 25: where the
+    # profile has the mixed step's sustained run, as `model_terms`), whatever the validate recorded
+    runs = {r.get("run") for r in (doc.get("pause_check") or {}).get("runs", [])}
+    by_power = ("sustained_mixed" in runs) if cap_by_power == "auto" else cap_by_power in (True, "on")
+    terms = {k: v for k, v in terms.items() if k != "cap_by_power"}
+    if by_power and terms.get("power_cap"):
+        terms["cap_by_power"] = True
+    if not decode_spells and terms.get("cap_by_power"):  # --decode-spells off (sims.profile_cost, "Decode spells")
+        terms = {**terms, "decode_spells": False}
     if decode_spread != "measured":  # off, or a kappa: the unequal-contexts term (sims.decode_spread)
         terms = {**terms, "decode_spread": decode_spread if decode_spread == "off" else float(decode_spread)}
     if mixed_spread != "measured":  # off (their decodes' mean context), or a what-if kappa
@@ -289,10 +297,15 @@ def parser() -> argparse.ArgumentParser:
                    help="the cost model's hidden launch (default: as the validate had it)")
     p.add_argument("--power-cap", choices=("auto", "on", "off"),
                    help="the cost model's power cap (default: as the validate had it)")
-    p.add_argument("--cap-by-power", action="store_true",
+    p.add_argument("--cap-by-power", nargs="?", const="on", default="auto", choices=("auto", "on", "off"),
                    help="with the power cap: each prefill step weighs in the busy share by its kind's "
                         "power, from the profile's capped mixed step run (sims.profile_cost, \"Power by "
-                        "step kind\"; opt-in; a profile without that run: unchanged)")
+                        "step kind\"; auto, the default since session 25: where the profile has that run; "
+                        "the bare flag: on; a profile without that run: unchanged either way)")
+    p.add_argument("--decode-spells", choices=("on", "off"), default="on",
+                   help="with --cap-by-power: a step with prefill counts the decode-only share before it "
+                        "at its own weight (sims.profile_cost, \"Decode spells\"; default on); off: through "
+                        "the pause check's after-decode run only")
     p.add_argument("--mixed-spread", default="measured",
                    help="steps with prefill charged for their decodes' spread at the kappa of the "
                         "profile's mixed spread points (sims.profile_cost, 'Unequal contexts beside a "
@@ -368,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
             p.error(str(e))
     res = replay_session(validate, arrivals, batches, rows, profile, a.delivery_per_stream_ms, seeds,
                          hide_launch=a.hide_launch, power_cap=a.power_cap, cap_by_power=a.cap_by_power,
-                         decode_spread=a.decode_spread, mixed_spread=a.mixed_spread, extra_dispatch_ms=a.extra_dispatch_ms, gateway_loop=a.gateway_loop == "on",
+                         decode_spread=a.decode_spread, mixed_spread=a.mixed_spread,
+                         decode_spells=a.decode_spells == "on", extra_dispatch_ms=a.extra_dispatch_ms, gateway_loop=a.gateway_loop == "on",
                          live_times=a.live_times, plan_lead=a.plan_lead,
                          gateway_loop_read_ms=a.gateway_loop_read_ms,
                          ceiling=a.ceiling, ceiling_noise=a.ceiling_noise,

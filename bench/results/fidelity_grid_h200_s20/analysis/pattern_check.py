@@ -35,13 +35,20 @@ def model_ratio(cost: ProfileCost, run: dict, spells: bool) -> tuple[float, floa
     steps = pattern_steps(run)
     fn = fidelity_steps.model_step_ms
     if not spells:  # the model before the term: no kind weights in the scorer's f
-        saved = type(cost).weights_cap_by_power
+        # (since session 25 the scorer reads `counts_decode_spells`, the switch ProfileCost(decode_spells=)
+        # sets; both are patched so that this reads the same at any HEAD)
+        saved = type(cost).weights_cap_by_power, getattr(type(cost), "counts_decode_spells", None)
         type(cost).weights_cap_by_power = property(lambda self: False)
+        type(cost).counts_decode_spells = property(lambda self: False)
     try:
         rows = {k: ms for k, ms, _f in fn(cost, steps)}
     finally:
         if not spells:
-            type(cost).weights_cap_by_power = saved
+            type(cost).weights_cap_by_power = saved[0]
+            if saved[1] is None:
+                del type(cost).counts_decode_spells
+            else:
+                type(cost).counts_decode_spells = saved[1]
     half = steps[-1]["start"] / 2
     d, p, c = run["num_decode_seqs"], run["num_prefill_tokens"], run["decode_context_len"]
     base_m = 1e3 * cost.step_time(d, p, d * c + p, [(p, 0)])
