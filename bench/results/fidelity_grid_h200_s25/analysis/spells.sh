@@ -8,6 +8,9 @@
 # before this session, which made the cap form the default where the profile has the run).
 # No --ceiling (the latency figures do not depend on it). Run from this folder (~1-3 min a part, 2 cores):
 #   bash spells.sh [FORMS]    FORMS: nocap cap cap_nospells (all three by default); PARTS="..." for some
+# cap_nomixedspread (not by default): the cap form without the mixed steps' spread term (--mixed-spread
+# off), the term's first H200 reading (this session's profiles are the first H200 ones with mixed spread
+# points): PARTS="6.7b-mixed-s25 6.7b-mixed-s25-4 33b-mixed-s25-1 33b-mixed-s25-2" bash spells.sh cap_nomixedspread
 # then: python spells_table.py > spells_table.md
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -28,7 +31,8 @@ declare -A SRC=(
 PARTS=${PARTS:-"33b-mixed-s25-1 33b-mixed-s25-2 33b-mixed-s20 33b-kvint4-s20 33b-fp8-s17 6.7b-mixed-s25-4 6.7b-mixed-s20 6.7b-mixed-s25"}
 FORMS=${*:-nocap cap cap_nospells}
 flags() { case $1 in nocap) echo "--cap-by-power off" ;; cap) echo "--cap-by-power on" ;;
-                     cap_nospells) echo "--cap-by-power on --decode-spells off" ;; esac; }
+                     cap_nospells) echo "--cap-by-power on --decode-spells off" ;;
+                     cap_nomixedspread) echo "--cap-by-power on --mixed-spread off" ;; esac; }
 for p in $PARTS; do
   d=$G/${SRC[$p]} n=${SRC[$p]##*/}
   for form in $FORMS; do

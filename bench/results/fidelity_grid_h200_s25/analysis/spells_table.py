@@ -15,7 +15,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[3]))
 from bench.simulator.fidelity_table import cells, pool, resummarize
 
-FORMS = ("nocap", "cap", "cap_nospells")
+FORMS = ("nocap", "cap", "cap_nospells", "cap_nomixedspread")
 GROUPS = {  # the parts pooled into one row (one profile)
     "6.7b-mixed-s25 (5 seeds)": ("6.7b-mixed-s25", "6.7b-mixed-s25-4"),
     "33b-mixed-s25 (3 seeds)": ("33b-mixed-s25-1", "33b-mixed-s25-2"),
@@ -55,7 +55,8 @@ def main() -> int:
     print("\nnocap: --cap-by-power off (the simulator's default before session 25); cap: --cap-by-power on "
           "(the power-by-kind weights and the decode-spells term: the default since session 25 where the "
           "profile has the mixed step's sustained run, as all of these); cap_nospells: --cap-by-power on "
-          "--decode-spells off (the weights alone). "
+          "--decode-spells off (the weights alone); cap_nomixedspread: --cap-by-power on --mixed-spread off "
+          "(without the mixed steps' spread term, this session's parts only). "
           "Relative error (sim - live) / live, means over the seeds; intervals: 95% over the seeds.")
     return 0
 
