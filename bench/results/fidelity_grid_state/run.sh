@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Issue 35: the fidelity grid as it stands — every committed H200 grid part re-scored at this HEAD
 # with the simulator's default form (`validate_replay`'s defaults: the gateway loop and the measured
-# plan leads), one table a reader can use (table.md). Where a part's profile carries the pause check's
-# "sustained_mixed" run the opt-in power-by-kind cap (`--cap-by-power`) is scored beside it. Run from
-# this folder (CPU only, ~8 min on 2 cores with the ceiling at 8 draws a run, ~2 without: CEILING=0; `PARTS="33b 6.7b-s16"` for some):
+# plan leads, and since session 25 the power-by-kind cap where a part's profile carries the pause check's
+# "sustained_mixed" run), one table a reader can use (table.md). For those parts the model without the
+# weights (`--cap-by-power off`, the default before session 25) is scored beside it. Run from
+# this folder (CPU only, ~60 min on 2 cores with the ceiling at 8 draws a run, a few without: CEILING=0; `PARTS="33b 6.7b-s16"` for some):
 #   bash run.sh [replays|tables]      (default both; tables also writes summary.md: summary.py)
-# replay_<part>_<form>.json/txt: validate_replay; <form> = default | cap
+# replay_<part>_<form>.json/txt: validate_replay; <form> = default | nocap
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT=${ROOT:-$(cd ../../.. && pwd)}
@@ -29,8 +30,13 @@ declare -A SRC=(
   [6.7b-mixed-s20]=fidelity_grid_h200_s20/6.7b-mixed  # mixed lengths; the first profiles with spread points
   [33b-kvint4-s20]=fidelity_grid_h200_s20/33b-kvint4  # int4-fp8 KV, seeds 0-1
   [33b-mixed-s20]=fidelity_grid_h200_s20/33b-mixed    # mixed lengths, seed 0
+  [6.7b-mixed-s25]=fidelity_grid_h200_s25/6.7b-mixed-seeds        # mixed lengths, seeds 0-3
+  [6.7b-mixed-s25-4]=fidelity_grid_h200_s25/seed4/6.7b-mixed-seeds  # seed 4, the same profile (PROFILE_FROM)
+  [33b-mixed-s25-1]=fidelity_grid_h200_s25/33b-mixed-1    # mixed lengths, seed 1
+  [33b-mixed-s25-2]=fidelity_grid_h200_s25/33b-mixed-2    # seeds 2-3, the same profile (PROFILE_FROM)
 )
-ORDER="33b-s11 33b-s13 6.7b-s13 6.7b-s14 6.7b-s16 6.7b-fp8-s16 33b-fp8-s16 33b-fp8-s17 6.7b-mixed-s20 33b-kvint4-s20 33b-mixed-s20"
+ORDER="33b-s11 33b-s13 6.7b-s13 6.7b-s14 6.7b-s16 6.7b-fp8-s16 33b-fp8-s16 33b-fp8-s17 6.7b-mixed-s20 33b-kvint4-s20 33b-mixed-s20
+       6.7b-mixed-s25 6.7b-mixed-s25-4 33b-mixed-s25-1 33b-mixed-s25-2"
 PARTS=${PARTS:-$ORDER}
 args() { local d=$G/${SRC[$1]} p=${SRC[$1]##*/}
   echo "$d/validate_$p.json $d/decisions_$p.jsonl.gz $d/steps_$p.jsonl.gz --profile $d/profile_$p.json"; }
@@ -44,8 +50,8 @@ if [ "$WHAT" = all ] || [ "$WHAT" = replays ]; then
         > "replay_${p}_default.txt"
     if has_mixed "$p"; then
       # shellcheck disable=SC2046
-      $PY -m bench.simulator.validate_replay $(args "$p") --cap-by-power --ceiling "$CEILING" --json "replay_${p}_cap.json" \
-          > "replay_${p}_cap.txt"
+      $PY -m bench.simulator.validate_replay $(args "$p") --cap-by-power off --ceiling "$CEILING" --json "replay_${p}_nocap.json" \
+          > "replay_${p}_nocap.txt"
     fi
   done
 fi
@@ -55,8 +61,21 @@ if [ "$WHAT" = all ] || [ "$WHAT" = tables ]; then
     echo
     $PY -m bench.simulator.fidelity_table --pool replay_33b-s11_default.json replay_33b-s13_default.json \
         --json table_33b-5seeds_default.json
+    for form in default nocap; do  # the parts measured over several calls of one profile, pooled
+      [ -f "replay_6.7b-mixed-s25_${form}.json" ] || continue
+      echo
+      echo "### 6.7b-mixed-s25-5seeds (seeds 0-3 + seed 4 of one profile, pooled), $form"
+      echo
+      $PY -m bench.simulator.fidelity_table --pool "replay_6.7b-mixed-s25_${form}.json" \
+          "replay_6.7b-mixed-s25-4_${form}.json" --json "table_6.7b-mixed-s25-5seeds_${form}.json"
+      echo
+      echo "### 33b-mixed-s25-3seeds (seed 1 + seeds 2-3 of one profile, pooled), $form"
+      echo
+      $PY -m bench.simulator.fidelity_table --pool "replay_33b-mixed-s25-1_${form}.json" \
+          "replay_33b-mixed-s25-2_${form}.json" --json "table_33b-mixed-s25-3seeds_${form}.json"
+    done
     for p in 6.7b-s13 6.7b-s14 6.7b-s16 6.7b-fp8-s16 33b-fp8-s16 33b-fp8-s17 6.7b-mixed-s20 33b-kvint4-s20 33b-mixed-s20; do
-      for form in default cap; do
+      for form in default nocap; do
         [ -f "replay_${p}_${form}.json" ] || continue
         echo
         echo "### $p (${SRC[$p]}), $form"

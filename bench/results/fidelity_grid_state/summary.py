@@ -18,6 +18,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 LOADS = ("0.5x", "0.8x", "0.95x")
+# run.sh's pooled rows (several calls' seeds, one table) -> a part whose profile they share
+POOLED = {"33b-5seeds": "33b-s13", "6.7b-mixed-s25-5seeds": "6.7b-mixed-s25", "33b-mixed-s25-3seeds": "33b-mixed-s25-1"}
 
 
 def profile_runs(part: str) -> str:
@@ -34,7 +36,8 @@ def profile_runs(part: str) -> str:
 
 
 def main() -> int:
-    order = ["33b-5seeds", *re.search(r'ORDER="([^"]+)"', (HERE / "run.sh").read_text()).group(1).split()]
+    order = ["33b-5seeds", *re.search(r'ORDER="([^"]+)"', (HERE / "run.sh").read_text()).group(1).split(),
+             *(p for p in POOLED if p != "33b-5seeds")]
     rank = {p: i for i, p in enumerate(order)}
     found = [(*f.stem[len("table_"):].rsplit("_", 1), f) for f in HERE.glob("table_*.json")]
     rows = []
@@ -52,7 +55,7 @@ def main() -> int:
         first = cells[0]
         rows.append(f"| {part} | {first['model']} {first['weights']} {first['kv']} {first['lengths']} | {form} "
                     f"| {first['runs']} | {inside} / {total} | {seed_bound} | {means} / {total} | {chunks} | {ceil} "
-                    f"| {profile_runs(part.replace('33b-5seeds', '33b-s13'))} |")
+                    f"| {profile_runs(POOLED.get(part, part))} |")
     print("| part | cell | simulator | seeds x requests | intervals inside (to 0.95x) | of those outside, kept out "
           "by the noise alone (†) | means inside | same chunks 0.5 / 0.8 / 0.95x (%) | their ceiling (%) "
           "| profile's sustained runs |")
