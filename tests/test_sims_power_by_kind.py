@@ -272,3 +272,28 @@ def test_the_decode_spells_flag_reaches_the_replays_cost_model():
     assert CostSpec(model="tiny", profile=str(whatif), **on).build().counts_decode_spells
     off = CostSpec(model="tiny", profile=str(whatif), **on, decode_spells=False).build()
     assert off.weights_cap_by_power and not off.counts_decode_spells
+
+
+def test_the_live_step_scorer_weighs_the_prefill_history_by_kind_as_the_event_loop_does():
+    """Session 25: with the power-by-kind weights the event loop counts each earlier prefill step's
+    span at its kind's weight (`prefill_spans`); the live-step scorer (`fidelity_steps.busy_shares`,
+    `model_step_ms`) counted them at 1. Two 256-token prompts back to back, no decodes, no spell:
+    the second step's busy share is w_1 x the first's span share, in closed form, and its time is
+    the factor at that share."""
+    from bench.simulator.fidelity_steps import busy_shares, model_step_ms
+
+    cost = _cost(_mixed(1.03), tau=0.02, r=1.5)
+    t1 = _law(0, 256)
+    steps = [{"d": 0, "p": 256, "ctx": 0, "chunks": [(256, 0)], "start": 0.0, "end": t1, "idle_before": True},
+             {"d": 0, "p": 256, "ctx": 0, "chunks": [(256, 0)], "start": t1, "end": 2 * t1, "idle_before": False}]
+    w = cost.cap_weight(0, 256, 256, [(256, 0)])
+    assert 0.0 < w < 1.0  # a lighter kind than the pause check's 512-token step
+    tau = cost.power_cap_tau_s
+    plain, _ = busy_shares(steps, 1, cost.power_cap_window_s, tau)
+    weighed, _ = busy_shares(steps, 1, cost.power_cap_window_s, tau, {0: w})
+    assert plain == pytest.approx(1.0 - math.exp(-t1 / tau)) and weighed == pytest.approx(w * plain)
+    rows = {k: (ms, f) for k, ms, f in model_step_ms(cost, steps)}
+    assert rows[1][1] == pytest.approx(weighed)
+    f_ref, r = cost.power_cap_f_ref, cost.sustained_fit["r"]
+    want = t1 * (1 + (r - 1) * max(0.0, weighed - f_ref) / (1 - f_ref))
+    assert rows[1][0] == pytest.approx(1e3 * want, rel=1e-9)

@@ -110,11 +110,15 @@ def idle_dispatch_delays(rows: list[dict], batches) -> np.ndarray:
                      if rid in flush and (k == 0 or ends[k - 1] < flush[rid])], dtype=float)
 
 
-def busy_shares(steps: list[dict], k: int, window_s: float, tau_s: float | None = None) -> tuple[float, float]:
+def busy_shares(steps: list[dict], k: int, window_s: float, tau_s: float | None = None,
+                weights: dict[int, float] | None = None) -> tuple[float, float]:
     """Shares of the `window_s` before step k's start that ran steps carrying prefill, and
     decode-only steps (the power-cap model's f and g). `tau_s` (a profile with a sustained trace,
     `ProfileCost.power_cap_tau_s`): exponential averages with that time constant instead, over
-    the steps that ended in the `window_s` before (the simulator's event loop alike)."""
+    the steps that ended in the `window_s` before (the simulator's event loop alike). `weights`
+    (step index -> its kind's weight, `ProfileCost.cap_weight`; a step not in it weighs 1): each
+    prefill step's span counts at its weight, as the event loop's `prefill_spans` do with the
+    power-by-kind cap (before session 25 the scorer counted every one at 1)."""
     t = steps[k]["start"]
     t0, busy, dec, j = t - window_s, 0.0, 0.0, k - 1
     while j >= 0 and steps[j]["end"] > t0:
@@ -123,7 +127,7 @@ def busy_shares(steps: list[dict], k: int, window_s: float, tau_s: float | None 
         else:
             span = min(steps[j]["end"], t) - max(steps[j]["start"], t0)
         if steps[j]["p"]:
-            busy += span
+            busy += span if weights is None else span * weights.get(j, 1.0)
         else:
             dec += span
         j -= 1
@@ -144,6 +148,9 @@ def model_step_ms(cost, steps: list[dict], window_s: float = 0.1) -> list[tuple[
     tau = getattr(cost, "power_cap_tau_s", None)
     if tau is not None:  # exponential shares over the model's own horizon (6 tau)
         window_s = max(window_s, cost.power_cap_window_s)
+    # the power-by-kind cap: each prefill step's span weighs its kind's power in the later steps'
+    # busy share, as in the event loop (sims.profile_cost, "Power by step kind")
+    weights = {} if getattr(cost, "weights_cap_by_power", False) else None
     out = []
     for k, s in enumerate(steps):
         if not s["d"] and not s["p"]:
@@ -156,10 +163,12 @@ def model_step_ms(cost, steps: list[dict], window_s: float = 0.1) -> list[tuple[
             ctx += int(sum(s["ctxs"]) * (mixed(s["ctxs"]) - 1.0))
         t = cost.step_time(s["d"], s["p"], ctx, chunks)
         by_compute = getattr(cost, "caps_by_compute", False)
-        f, g = busy_shares(steps, k, window_s, tau) if s["p"] or by_compute else (0.0, 0.0)
-        if s["p"] and getattr(cost, "counts_decode_spells", getattr(cost, "weights_cap_by_power", False)):
+        f, g = busy_shares(steps, k, window_s, tau, weights) if s["p"] or by_compute else (0.0, 0.0)
+        if s["p"] and weights is not None:
+            weights[k] = cost.cap_weight(s["d"], s["p"], ctx, chunks)
+        if s["p"] and weights is not None and getattr(cost, "counts_decode_spells", True):
             # decode spells at its kind's weight (sims.profile_cost, "Decode spells")
-            f += cost.cap_weight(s["d"], s["p"], ctx, chunks) * g
+            f += weights[k] * g
         if by_compute:  # every step, decode-only ones too, by its compute share
             t *= cost.prefill_slowdown(f, g, cost.compute_share(s["d"], s["p"], ctx, chunks))
         elif s["p"]:
