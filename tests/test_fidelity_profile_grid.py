@@ -140,16 +140,6 @@ def test_drawn_lengths_take_a_short_and_a_long_context_beside_the_typical_prompt
     assert validate.grid_context_lens("512", "128") is None  # fixed lengths: the grid as before
     g = validate.profile_grid(705, 164, prefill_cap_tokens=256, context_lens=got)
     assert g["context_lens"] == "705,184,1741"
-    # session 25: chunks also start where the long prompt's last one does (its 90th percentile, 1,427:
-    # 1,280 = 5 x 256), since live chunks from a start >= 1,024 ran 7-8 % over the model
-    assert validate.grid_long_prompt("lognormal:512:0.8") == 1427 and validate.grid_long_prompt("512") is None
-    long = validate.profile_grid(705, 164, prefill_cap_tokens=256, context_lens=got, long_prompt=1427)
-    assert long["prefill_context_lens"] == "256,1280" and g["prefill_context_lens"] == "256"
-    assert {k: v for k, v in long.items() if k != "prefill_context_lens"} == {
-        k: v for k, v in g.items() if k != "prefill_context_lens"}
-    # a long prompt whose last chunk starts at the cap, or no cap: nothing more
-    assert validate.profile_grid(705, 164, prefill_cap_tokens=256, long_prompt=512)["prefill_context_lens"] == "256"
-    assert validate.profile_grid(705, 164, long_prompt=1427)["prefill_context_lens"] == ""
     # the spread points stay on the typical prompt (the first context), as sessions 19-20 measured them
     assert spread_shapes([2, 8], _ints(g["context_lens"]), max_num_seqs=256, max_num_batched_tokens=2048,
                          max_model_len=16384) == [(2, [[1, 705], [1, 2820]]), (8, [[7, 705], [1, 2820]])]
@@ -167,11 +157,8 @@ def test_ensure_profile_asks_for_the_drawn_lengths_contexts(tmp_path, monkeypatc
                            prefill_tokens=None, context_lens=None, engine_arg=[], quiet=True)
     validate.ensure_profile(a)
     assert seen[-1][seen[-1].index("--context-lens") + 1] == "705,184,1741"
-    # and the long prompt's last chunk after its cached prefix (session 25), beside the cap's start
-    assert seen[-1][seen[-1].index("--prefill-context-lens") + 1] == "256,1280"
     validate.ensure_profile(argparse.Namespace(**{**vars(a), "input_len": "512", "output_len": "128"}))
     assert seen[-1][seen[-1].index("--context-lens") + 1] == "512,576,640"
-    assert seen[-1][seen[-1].index("--prefill-context-lens") + 1] == "256"
     # an explicit --context-lens wins
     validate.ensure_profile(argparse.Namespace(**{**vars(a), "context_lens": "100,200"}))
     assert seen[-1][seen[-1].index("--context-lens") + 1] == "100,200"

@@ -142,18 +142,9 @@ def grid_context_lens(input_len, output_len) -> list[int] | None:
     return list(dict.fromkeys([typical, short, long]))
 
 
-def grid_long_prompt(input_len) -> int | None:
-    """The long prompt (the 90th percentile, `GRID_CONTEXT_QUANTILES`) of drawn prompt lengths, whose
-    last cap-sized chunk the profile grid measures after its long cached prefix (`profile_grid`);
-    None for a fixed length."""
-    ins = length_spec(input_len)
-    return None if ins.kind == "fixed" else length_quantile(ins, GRID_CONTEXT_QUANTILES[1])
-
-
 def profile_grid(input_len: int, output_len: int, max_num_seqs: int = 256,
                  prefill_cap_tokens: int | None = None,
-                 context_lens: list[int] | None = None,
-                 long_prompt: int | None = None) -> dict[str, str]:
+                 context_lens: list[int] | None = None) -> dict[str, str]:
     """A grid covering the workload: decode batches up to 128 (capped by max_num_seqs), prefills of
     1-4 prompts (as one chunk, the profile's shape), contexts from the prompt to prompt + output
     (`context_lens`: these instead, in this order; `grid_context_lens` for drawn lengths).
@@ -176,13 +167,7 @@ def profile_grid(input_len: int, output_len: int, max_num_seqs: int = 256,
     cap (`prefill_context_lens`). Without them the cost model interpolated a 256-token chunk beside
     d decodes between the decode-only step and a 512-token chunk: on the H200's 6.7B preset those
     steps (with the 512-token ones 53-56% of the busy time) were charged 0.84-0.90 of their live time and the
-    simulation ran TTFT P50 36% and TPOT P50 26% fast (issue 35, 2026-12-04 night).
-
-    `long_prompt` (drawn lengths: `grid_long_prompt`): chunks also start where such a prompt's last
-    chunk does, (long_prompt - 1) // cap x cap. Why (issue 35, session 25): with only starts 0 and cap
-    measured, the H200's mixed-lengths parts charged their live 129-256-token chunks 0.97-1.03 of
-    live from start 0 but 0.92-0.93 from a start >= 1,024 (6.7B and 33B bf16 alike; 0.96-0.97 at
-    512-1,023: bench/results/fidelity_grid_h200_s25/analysis/chunk_start_bins_*.txt)."""
+    simulation ran TTFT P50 36% and TPOT P50 26% fast (issue 35, 2026-12-04 night)."""
     d = [x for x in (0, 1, 2, 4, 8, 16, 32, 64, 128) if x <= max_num_seqs]
     p = {0, input_len, 2 * input_len, 4 * input_len}
     s: list[int] = []
@@ -190,8 +175,6 @@ def profile_grid(input_len: int, output_len: int, max_num_seqs: int = 256,
     if 0 < cap < input_len:
         p |= {cap, max(1, cap // 4)}
         s = [cap]
-    if 0 < cap and long_prompt and (long_prompt - 1) // cap * cap > cap:
-        s.append((long_prompt - 1) // cap * cap)
     c = (list(context_lens) if context_lens
          else sorted({input_len, input_len + output_len // 2, input_len + output_len}))
     return {"decode_batch_sizes": ",".join(map(str, d)), "prefill_tokens": ",".join(map(str, sorted(p))),
@@ -220,8 +203,7 @@ def ensure_profile(a: argparse.Namespace) -> tuple[Path, bool]:
     cap = live_prefill_cap(a.device, a.engine_arg)
     grid = profile_grid(typical_len(a.input_len), typical_len(a.output_len),
                         prefill_cap_tokens=cap.max_tokens if cap is not None else None,
-                        context_lens=grid_context_lens(a.input_len, a.output_len),
-                        long_prompt=grid_long_prompt(a.input_len))
+                        context_lens=grid_context_lens(a.input_len, a.output_len))
     cmd = [sys.executable, "-m", "gateway.tidegate_cli", "backend", "profile", "--model", a.model,
            "--device", a.device, "--out", str(path), "--repeats", str(a.profile_repeats),
            "--warmup", str(a.profile_warmup), "--pause-ms", str(profile_pause_ms(a)),
