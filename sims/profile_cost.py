@@ -115,7 +115,10 @@ the run, or the model without `cap_by_power`, weigh every step with prefill 1, a
 because the what-if (the run stood in by live steps, bench/results/fidelity_cost_s16) moved the
 33B FP8 part's TPOT P50 from +2.5 / +5.5 / +21.5 / +32.8% to -0.1 / -4.3 / -3.0 / +13.5% at
 0.5 / 0.8 / 0.95 / 1.2x but the 6.7B's TTFT P50 from -5.5 / -6.0 / -2.7 / -8.0% to -6.2 / -8.3 /
--9.0 / -9.8% (its TPOT stays inside 5%): the profile has not measured the run yet.
+-9.0 / -9.8% (its TPOT stays inside 5%): the profile has not measured the run yet. Still opt-in
+here; since session 25 the fidelity tools (`bench.simulator.validate.model_terms`, `validate_replay`)
+turn it on wherever the profile measured the run: on every such H200 grid part it brought more
+cells inside the bound, never fewer (bench/results/fidelity_grid_h200_s25).
 The packed anchor (issue 35, session 18): with the two runs above, the grid's ~2,000-token packed
 prefill steps (the largest the engine runs) sit past the pause check step's token rate and were
 weighed by holding its weight, 1; live they draw the most power of any step (33B FP8: SM clock 1,642

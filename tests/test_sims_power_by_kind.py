@@ -197,6 +197,18 @@ def _prefill_step_time(cost, arrivals, outputs):
     return steps[k + 1][0] - steps[k][0], steps[k][2]
 
 
+def _spell_then_prefill(tb: float) -> list[dict]:
+    """Live steps for the scorer: A decoding alone for 0.5 s, then B's 64-token prompt beside it
+    (the step that lasts `tb`)."""
+    td = _law(1, 0)
+    steps = [{"d": 1, "p": 0, "ctx": 64, "chunks": [], "start": i * td, "end": (i + 1) * td,
+              "idle_before": False} for i in range(int(0.5 / td))]
+    t0 = steps[-1]["end"]
+    steps.append({"d": 1, "p": 64, "ctx": 64, "chunks": [(64, 0)], "start": t0, "end": t0 + tb,
+                  "idle_before": False})
+    return steps
+
+
 def test_a_prefill_step_after_a_decode_spell_throttles_at_its_own_kinds_weight():
     """Issue 35, session 20 ("Decode spells"): B's 64-token prompt joins while A has decoded for
     0.5 s (tau 20 ms: the decode share g ~ 1, no prefill in the window). With the power-by-kind
@@ -219,12 +231,7 @@ def test_a_prefill_step_after_a_decode_spell_throttles_at_its_own_kinds_weight()
     assert dt0 == pytest.approx(tb, rel=1e-6)
     # the live-step scorer charges the same (bench.simulator.fidelity_steps.model_step_ms)
     from bench.simulator.fidelity_steps import busy_shares, model_step_ms
-    td = _law(1, 0)
-    steps = [{"d": 1, "p": 0, "ctx": 64, "chunks": [], "start": i * td, "end": (i + 1) * td,
-              "idle_before": False} for i in range(int(0.5 / td))]
-    t0 = steps[-1]["end"]
-    steps.append({"d": 1, "p": 64, "ctx": 64, "chunks": [(64, 0)], "start": t0, "end": t0 + tb,
-                  "idle_before": False})
+    steps = _spell_then_prefill(tb)
     (_, ms, _), = [row for row in model_step_ms(cost, steps) if row[0] == len(steps) - 1]
     # its shares over the model's horizon (6 tau of the trace's fitted tau: g = 1 - e^-6, ~0.998)
     f_live, g_live = busy_shares(steps, len(steps) - 1, cost.power_cap_window_s, cost.power_cap_tau_s)
@@ -245,12 +252,7 @@ def test_without_decode_spells_a_prefill_step_after_a_decode_spell_keeps_its_pau
     dt, d = _prefill_step_time(cost, [0.0, 0.5], [200, 3])
     assert d == 1 and dt == pytest.approx(tb, rel=1e-6)
     from bench.simulator.fidelity_steps import model_step_ms
-    td = _law(1, 0)
-    steps = [{"d": 1, "p": 0, "ctx": 64, "chunks": [], "start": i * td, "end": (i + 1) * td,
-              "idle_before": False} for i in range(int(0.5 / td))]
-    t0 = steps[-1]["end"]
-    steps.append({"d": 1, "p": 64, "ctx": 64, "chunks": [(64, 0)], "start": t0, "end": t0 + tb,
-                  "idle_before": False})
+    steps = _spell_then_prefill(tb)
     (_, ms, _), = [row for row in model_step_ms(cost, steps) if row[0] == len(steps) - 1]
     assert ms == pytest.approx(1e3 * tb, rel=1e-9)
 

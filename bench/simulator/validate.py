@@ -359,6 +359,12 @@ def sim_spec(profile: Path, num_blocks: int, block_size: int, max_model_len: int
         engine=EngineConfig(num_backends=1, async_plan_lead_s=async_plan_lead_s))
 
 
+def has_sustained_mixed(profile_doc: dict) -> bool:
+    """The profile's pause check has the mixed step's sustained run, which the power-by-kind cap
+    reads (`cap_by_power` auto: `model_terms`, `validate_replay`)."""
+    return any(r.get("run") == "sustained_mixed" for r in (profile_doc.get("pause_check") or {}).get("runs", []))
+
+
 def model_terms(profile_doc: dict, plan_lead: float | None, hide_launch: str = "auto",
                 power_cap: str = "auto", cap_by_power: str = "auto") -> dict:
     """The profile cost model's terms for this engine (issue 35), each "auto" | "on" | "off".
@@ -379,8 +385,7 @@ def model_terms(profile_doc: dict, plan_lead: float | None, hide_launch: str = "
              "power_cap": pick(power_cap, bool(check))}
     # `cap_by_power` (issue 35 session 16, the default since session 25: sims.profile_cost "Power by
     # step kind"): named only when on, so that the terms recorded without it read as they did
-    runs = {r.get("run") for r in (profile_doc.get("pause_check") or {}).get("runs", [])}
-    if terms["power_cap"] and pick(cap_by_power, "sustained_mixed" in runs):
+    if terms["power_cap"] and pick(cap_by_power, has_sustained_mixed(profile_doc)):
         terms["cap_by_power"] = True
     return terms
 

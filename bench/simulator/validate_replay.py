@@ -93,6 +93,7 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
     from bench.simulator.validate import (
         ScaledCost,
         decisions_summary,
+        has_sustained_mixed,
         length_spec,
         model_terms,
         prefill_steps_of,
@@ -121,8 +122,7 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
         lead_ms = None if lead is None else 1e3 * lead
     # the power cap by step kind (--cap-by-power; auto, the default since session 25: where the
     # profile has the mixed step's sustained run, as `model_terms`), whatever the validate recorded
-    runs = {r.get("run") for r in (doc.get("pause_check") or {}).get("runs", [])}
-    by_power = ("sustained_mixed" in runs) if cap_by_power == "auto" else cap_by_power in (True, "on")
+    by_power = has_sustained_mixed(doc) if cap_by_power == "auto" else cap_by_power in (True, "on")
     terms = {k: v for k, v in terms.items() if k != "cap_by_power"}
     if by_power and terms.get("power_cap"):
         terms["cap_by_power"] = True
