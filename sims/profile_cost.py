@@ -218,6 +218,21 @@ default) a step with prefill is charged its decodes' total context times that la
 (`mixed_context_multiple`); a profile without mixed spread points, or `mixed_spread="off"`, as
 before; `mixed_spread=KAPPA` is a what-if wherever the decode term has its plan.
 
+The prefix term from twins (issue 35, session 26): the grid's profiles measure cached-prefix chunks
+at one start, 256, each beside a twin at start 0 (same decodes and chunk, 256 fewer context tokens);
+live, chunks start anywhere up to the longest prompt (the mixed lengths: past 2,000). Fitted as one
+coefficient of the regression with Σp_i·s_i also a residual axis, the charge at a start past 256
+came from the residual surface outside its hull (the nearest point's residual): on session 25's
+H200 6.7B mixed profile a 256-token chunk beside 16 decodes was charged 12.20 ms at start 512 and
+11.68 at 1,024, less than at start 0 (11.69), and live the chunks after a prefix >= 1,024 ran
+1 / 0.923 of the model (33B: 1 / 0.930) where those from start 0 ran 1 / 0.969 (1 / 1.030). Now
+h is set from the twins alone (`_twin_prefix_slope`: their differences less the context term's
+share, a line through the origin in Σp_i·s_i), the regression fits the times less h·Σp_i·s_i, and
+the residuals live in (d, p, ctx[, Σp_i²]) over the start-0 points: the charge rises by h·p·s with
+the start, as the prefix attention's work does. `prefix_term="fit"` is the model before, and
+what a profile gets whose prefix points are not all twins at one start (the speculative-decoding
+profiles measure starts 1,024 and 3,072: a residual axis they support).
+
 `step_time(d, p, ctx, prefill_chunks=None)`: without `prefill_chunks` a step's p tokens are one
 chunk from position 0 (today's `CostModel` interface); with them — the step's prefill chunks, each an
 int (tokens from position 0), an (num_tokens, start_pos) pair, or an object with `token_ids` and
@@ -328,9 +343,43 @@ def _residual_interpolator(space: np.ndarray, resid: np.ndarray):
     return at
 
 
-def _chunk_shape(chunks) -> tuple[int, int, int, int]:
-    """(Σ tokens, k, Σ tokens², Σ tokens·start) of prefill chunks (ints, pairs or chunk objects)."""
-    p = k = q = x = 0
+def _twin_prefix_slope(d, p, c, k, q, s, v, pad, times_s, cols, fit) -> dict | None:
+    """The cached-prefix term h (s per Σp_i·s_i) from the prefix points and their start-0 twins
+    (module doc, "The prefix term from twins"): each point with s > 0 paired with the point of the
+    same decodes and chunks at s = 0 whose context is k·s smaller; their difference, less the
+    context term's share of those k·s tokens (from a regression over the start-0 points the
+    regression fits, `fit`), fitted as h·Σp_i·s_i through the origin (the large prefixes weigh
+    most: the term is for extrapolating to longer ones). {"h_s", "pairs"}, or None unless every
+    prefix point is a prefill chunk with a twin, all at one start: a profile that measured several
+    starts (the speculative-decoding profiles: 1,024 and 3,072) gives the residual surface an axis
+    it can follow, and verify points (v > 0) are chunks at a position with no twin; such profiles
+    are fitted as before."""
+    base = s <= 0
+    if len(np.unique(s[(s > 0) & (p > 0)])) > 1:
+        return None
+    pairs = []
+    for i in np.flatnonzero((s > 0) & (p > 0)):
+        twin = np.flatnonzero(base & (d == d[i]) & (p == p[i]) & (k == k[i]) & (v == 0)
+                              & (c == c[i] - k[i] * s[i]))
+        if v[i] > 0 or not len(twin):
+            return None
+        pairs.append((i, int(twin[0])))
+    if not pairs:
+        return None
+    base &= fit
+    f = _features(d, p, c, k, q, None, cols[:1] + (False,) + cols[2:3], pad, v)[base]
+    fs = np.maximum(np.abs(f).max(axis=0), 1e-12)
+    e = float((nnls(f / fs, times_s[base])[0] / fs)[3])
+    x = np.array([p[i] * s[i] for i, _ in pairs])
+    y = np.array([times_s[i] - times_s[j] - e * k[i] * s[i] for i, j in pairs])
+    h = max(0.0, float(x @ y / (x @ x)))
+    return {"h_s": h, "pairs": len(pairs)}
+
+
+def _chunk_shape(chunks) -> tuple[int, int, int, int, int]:
+    """(Σ tokens, k, Σ tokens², Σ tokens·start, Σ start) of prefill chunks (ints, pairs or chunk
+    objects)."""
+    p = k = q = x = z = 0
     for ch in chunks:
         if isinstance(ch, (int, np.integer)):
             n, s = int(ch), 0
@@ -339,8 +388,8 @@ def _chunk_shape(chunks) -> tuple[int, int, int, int]:
         else:
             n, s = len(ch.token_ids), int(ch.start_pos)
         if n:
-            p, k, q, x = p + n, k + 1, q + n * n, x + n * s
-    return p, k, q, x
+            p, k, q, x, z = p + n, k + 1, q + n * n, x + n * s, z + s
+    return p, k, q, x, z
 
 
 def _pad_tokens(d, p, buckets: np.ndarray | None):
@@ -505,7 +554,8 @@ class ProfileCost:
                  power_cap: bool = False, cap_by_compute: bool = True, decode_buckets=None,
                  cap_by_power: bool = False, decode_extrapolation: str = "nearest",
                  spread_points: list[dict] | None = None, decode_spread: str | float = "measured",
-                 mixed_spread: str | float = "measured", decode_spells: bool = True):
+                 mixed_spread: str | float = "measured", decode_spells: bool = True,
+                 prefix_term: str = "twins"):
         """points: (n, 3) of (num_decode_seqs, num_prefill_tokens, num_context_tokens), or (n, 4) /
         (n, 5) with num_prefill_seqs k (the p tokens are k chunks of p/k each; default 1 when p > 0)
         and prefill_context_len s (each chunk starts at position s; default 0) appended, or (n, 6)
@@ -541,7 +591,13 @@ class ProfileCost:
         `mixed_spread`: "measured" (the default: steps with prefill charged for their decodes'
         spread at the kappa the profile's mixed spread points give, `from_json`; none without them),
         "off", or a kappa (a what-if wherever the decode term has a launch plan; module doc,
-        "Unequal contexts beside a chunk")."""
+        "Unequal contexts beside a chunk").
+        `prefix_term`: "twins" (the default) sets the cached-prefix term h from the prefix points
+        against their start-0 twins alone and keeps Σp_i·s_i out of the residuals; "fit" as before
+        session 26 (h one coefficient of the regression, Σp_i·s_i a residual axis; module doc,
+        "The prefix term from twins"). A profile without twins is fitted as "fit" either way."""
+        if prefix_term not in ("twins", "fit"):
+            raise ValueError(f"prefix_term {prefix_term!r}: twins or fit")
         if mixed_spread not in ("measured", "off"):
             try:
                 mixed_spread = float(mixed_spread)
@@ -678,6 +734,12 @@ class ProfileCost:
             budget = (p > 0) & (d > 0) & (k > 1) & (s <= 0) & (v <= 0) & (p > p[single].max())
             fit &= ~budget
             self.num_budget_points = int(budget.sum())
+        # the cached-prefix term from the prefix points' start-0 twins (module doc): fixed before
+        # the regression, which then fits the times less h·Σp_i·s_i with that column at zero
+        self.prefix_twins = (_twin_prefix_slope(d, p, c, k, q, s, v, pad, times_s, self._cols, fit)
+                             if self._cols[1] and prefix_term == "twins" else None)
+        x_fit = x if self.prefix_twins is None else np.zeros_like(x)
+        t_fit = times_s if self.prefix_twins is None else times_s - self.prefix_twins["h_s"] * x
         if mixed_col and len(np.unique(p[p > 0])) >= 3:
             # a mixed step's matrix products stream the weights (flat in its tokens) until they
             # turn compute-bound; one slope for both charged 8 more tokens at 9 as 0.7 ms where
@@ -685,10 +747,10 @@ class ProfileCost:
             tokens = (d + p + pad)[p > 0]
             best = None
             for knee in np.unique(tokens)[:-1]:
-                f = _features(d, p, c, k, q, x, self._cols[:3] + (float(knee),) + self._cols[4:],
+                f = _features(d, p, c, k, q, x_fit, self._cols[:3] + (float(knee),) + self._cols[4:],
                               pad, v)
                 fs = np.maximum(np.abs(f).max(axis=0), 1e-12)
-                sse = float(((f[fit] @ (nnls(f[fit] / fs, times_s[fit])[0] / fs) - times_s[fit]) ** 2).sum())
+                sse = float(((f[fit] @ (nnls(f[fit] / fs, t_fit[fit])[0] / fs) - t_fit[fit]) ** 2).sum())
                 if best is None or sse < best[0]:
                     best = (sse, float(knee))
             if best is not None:
@@ -697,10 +759,13 @@ class ProfileCost:
         self.num_prefill_seqs, self.prefill_context_len, self.num_draft_tokens = k, s, v
         self.times_s, self.meta = times_s, dict(meta or {})
         self._blocks, self._block_size = num_blocks, block_size
-        feats = _features(d, p, c, k, q, x, self._cols, pad, v)
+        feats = _features(d, p, c, k, q, x_fit, self._cols, pad, v)
         scale = np.maximum(np.abs(feats).max(axis=0), 1e-12)
-        coef, _ = nnls(feats[fit] / scale, times_s[fit])
+        coef, _ = nnls(feats[fit] / scale, t_fit[fit])
         self.coef = coef / scale
+        feats = _features(d, p, c, k, q, x, self._cols, pad, v)
+        if self.prefix_twins is not None:
+            self.coef[5 + int(self._cols[0])] = self.prefix_twins["h_s"]
         resid = times_s - feats @ self.coef
         ss_tot = float(((times_s - times_s.mean()) ** 2).sum())
         self.r2 = 1.0 - float((resid ** 2).sum()) / ss_tot if ss_tot > 0 else 1.0
@@ -708,11 +773,16 @@ class ProfileCost:
         # from p (otherwise a packed step and one long prompt of the same p would be one point);
         # decode-only steps and steps with prefill are interpolated apart (two kinds of step, two
         # graphs: a decode step must not take a prefill point's residual)
-        space = np.stack([d, p, c] + ([q] if self._cols[0] else []) + ([x] if self._cols[1] else [])
+        # (with the twins' prefix term Σp_i·s_i is no axis, and the prefix points, whose shapes but
+        # for the prefix are their twins', are no residual points: near-twins with their own noise
+        # would make the surface steep in ctx, where the prefix is 0.3% of it)
+        self._resid_x = self._cols[1] and self.prefix_twins is None
+        space = np.stack([d, p, c] + ([q] if self._cols[0] else []) + ([x] if self._resid_x else [])
                          + ([v] if self._cols[4] else []), axis=-1)
         has_prefill = p > 0
+        in_prefill = has_prefill if self._resid_x or not self._cols[1] else has_prefill & (s <= 0)
         self._resid_decode = _residual_interpolator(space[~has_prefill][:, [0, 2]], resid[~has_prefill])
-        self._resid_prefill = _residual_interpolator(space[has_prefill], resid[has_prefill])
+        self._resid_prefill = _residual_interpolator(space[in_prefill], resid[in_prefill])
         self._decode_segs = _bucket_segments(dec_buckets, d[~has_prefill], space[~has_prefill][:, [0, 2]],
                                              resid[~has_prefill])
         # decode-only steps past the largest measured decode batch (module doc, "Past the
@@ -1079,7 +1149,12 @@ class ProfileCost:
         cost.set_mixed_spread(mixed_spread)
         return cost
 
-    def _eval(self, d: int, p: int, c: int, k: int, q: int, x: int, v: int = 0) -> float:
+    def _eval(self, d: int, p: int, c: int, k: int, q: int, x: int, v: int = 0, z: int = 0) -> float:
+        """The charge of a step: the regression at (d, p, c, ...) plus the residual surface's. `z`
+        (with the twins' prefix term): the chunks' prefix tokens Σs_i among the c context tokens,
+        which h·Σp_i·s_i and the context term already charge; the residual is read at the twin's
+        context c - z, where the surface was measured (the profile's prefix points are its twins
+        plus a prefix), not along the decodes' context axis."""
         if p <= 0 and self._decode_tail is not None and d > self._decode_tail[1]:
             # past the measured decode batches: the last measured bucket's line in d at the
             # step's context per sequence (module doc), not the regression's slope
@@ -1092,8 +1167,8 @@ class ProfileCost:
         t = float(_features(d, p, c, k, q, x, self._cols, pad, v) @ self.coef)
         if p > 0:
             if self._resid_prefill is not None:
-                t += self._resid_prefill((d, p, c) + ((q,) if self._cols[0] else ())
-                                         + ((x,) if self._cols[1] else ())
+                t += self._resid_prefill((d, p, c - z) + ((q,) if self._cols[0] else ())
+                                         + ((x,) if self._resid_x else ())
                                          + ((v,) if self._cols[4] else ()))
         elif self._decode_segs is not None and (seg := self._decode_seg(d)) is not None:
             t += seg((d, c))
@@ -1131,14 +1206,15 @@ class ProfileCost:
             return 0.0
         if prefill_chunks is None:
             p = num_prefill_tokens
-            k, q, x = (1 if p else 0), p * p, 0
+            k, q, x, z = (1 if p else 0), p * p, 0, 0
         else:
-            p, k, q, x = _chunk_shape(prefill_chunks)
+            p, k, q, x, z = _chunk_shape(prefill_chunks)
         v = num_draft_tokens if self._cols[4] else 0
-        key = (num_decode_seqs, p, num_context_tokens // self.ctx_quantum, k, q, x, v)
+        z = z if self.prefix_twins is not None else 0
+        key = (num_decode_seqs, p, num_context_tokens // self.ctx_quantum, k, q, x, v, z)
         t = self._memo.get(key)
         if t is None:
-            t = self._memo[key] = self._eval(num_decode_seqs, p, key[2] * self.ctx_quantum, k, q, x, v)
+            t = self._memo[key] = self._eval(num_decode_seqs, p, key[2] * self.ctx_quantum, k, q, x, v, z)
         return t
 
     def prefill_slowdown(self, busy_share: float, decode_share: float = 0.0,
@@ -1209,6 +1285,8 @@ class ProfileCost:
                 "compute_knee_tokens": self._cols[3],
                 "packed_prefill_points": int((self.num_prefill_seqs > 1).sum()),
                 "prefix_prefill_points": int((self.prefill_context_len > 0).sum()),
+                "prefix_term": ({"from": "twins", **self.prefix_twins} if self.prefix_twins is not None
+                                else "fit" if self._cols[1] else None),
                 "verify_points": int((self.num_draft_tokens > 0).sum()),
                 "budget_packed_points": self.num_budget_points,
                 "token_buckets": [] if self.token_buckets is None else [int(b) for b in self.token_buckets],

@@ -168,7 +168,9 @@ def test_a_packed_run_that_does_not_throttle_either_leaves_the_cap_off():
 def test_the_committed_h200_profiles_are_charged_as_before():
     """No committed profile has the run: their step costs, weights and factors are those of the
     model before it (values from the tree before the change, 26189be; bench/results/
-    fidelity_packed_s18/identity.py compares every committed profile and form in full)."""
+    fidelity_packed_s18/identity.py compares every committed profile and form in full). The
+    cached-prefix term as it was then (`prefix_term="fit"`; the twins' term since session 26 moves
+    the charges of steps with prefill chunks, tests/test_sims_prefix_twins.py)."""
     from pathlib import Path
     res = Path(__file__).resolve().parents[1] / "bench" / "results"
     s17 = res / "fidelity_grid_h200_s17" / "33b-fp8" / "profile_33b-fp8.json"
@@ -184,7 +186,8 @@ def test_the_committed_h200_profiles_are_charged_as_before():
               ((32, 256, 20736, None), 0.03784276097057239, 1.0, 1.0671976323289563)],
     }
     for path, rows in want.items():
-        cost = ProfileCost.from_json(path, hide_launch=True, power_cap=True, cap_by_power=True)
+        cost = ProfileCost.from_json(path, hide_launch=True, power_cap=True, cap_by_power=True,
+                                     prefix_term="fit")
         assert cost.cap_packed is None
         for shape, t, w, slow in rows:
             assert cost.step_time(*shape) == pytest.approx(t, rel=1e-12)
