@@ -15,7 +15,9 @@ Flags given on the command line win over the file.
 from __future__ import annotations
 
 import argparse
+import json
 import math
+from pathlib import Path
 
 import tomllib
 
@@ -49,6 +51,12 @@ def add_run_args(p: argparse.ArgumentParser, *, num_requests: int = 1000) -> Non
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     g.add_argument("--interconnect", default="nvlink", help="nvlink | pcie (TP all-reduces)")
     g.add_argument("--profile", help="measured cost model: a `tidegate backend profile` JSON")
+    g.add_argument("--profile-terms", choices=("auto", "off"), default="auto",
+                   help="with --profile: charge its steps as the engine that measured it runs them, "
+                        "the terms `sim validate` scores (auto, the default: the async loop's hidden "
+                        "launch and plan leads on a CUDA profile, the power cap where it has the pause "
+                        "check, by step kind where it has the mixed step's sustained run; "
+                        "sims.profile_terms); off: the bare profile")
     g.add_argument("--step-ms", type=float, help="constant step time instead of a cost model")
     g.add_argument("--num-blocks", type=int, help="KV blocks per backend (default: from memory)")
     g = p.add_argument_group("workload")
@@ -165,8 +173,9 @@ def spec_from_args(a: argparse.Namespace) -> RunSpec:
     trace = load_trace(a.trace) if a.trace else None
     trace_in = tuple(int(x) for x in trace.prompt_len) if trace is not None else ()
     trace_out = tuple(int(x) for x in trace.output_len) if trace is not None else ()
+    terms = profile_engine_terms(a)
     cost = CostSpec(model=a.model, gpu=a.gpu, profile=a.profile, step_ms=a.step_ms,
-                    num_blocks=a.num_blocks,
+                    num_blocks=a.num_blocks, **terms["cost"],
                     roofline=RooflineConfig(weight_dtype=a.weight_dtype, kv_dtype=a.kv_dtype, tp=a.tp,
                                             interconnect=a.interconnect, overhead_s=a.overhead_ms / 1e3,
                                             gpu_memory_utilization=a.gpu_memory_utilization))
@@ -186,7 +195,7 @@ def spec_from_args(a: argparse.Namespace) -> RunSpec:
                                block_size=a.block_size, max_model_len=max_model_len,
                                enable_prefix_caching=prefix_caching_arg(a.prefix_caching),
                                host_kv_gib=a.host_kv_gib, host_copy_gbps=a.host_copy_gbps,
-                               prefill_cap=prefill_cap_from_args(a),
+                               prefill_cap=prefill_cap_from_args(a, terms["device"]),
                                slo=SLOTargets.parse(a.slo_ttft_ms, a.slo_tpot_ms),
                                admission=bool(getattr(a, "admission", False)),
                                waiting_by_class=bool(getattr(a, "waiting_by_class", False)),
@@ -209,10 +218,25 @@ def spec_from_args(a: argparse.Namespace) -> RunSpec:
                           delivery_delay_s=a.delivery_delay_ms / 1e3,
                           delivery_per_stream_s=per_stream_ms / 1e3,
                           max_stretch_steps=a.max_stretch_steps,
-                          placement=placement_config_from_args(a, a.block_size))
+                          placement=placement_config_from_args(a, a.block_size), **terms["engine"])
     return RunSpec(cost=cost, workload=workload, scheduler=sched, engine=engine, trace=a.trace,
                    slo_ttft_ms=uniform_target(a.slo_ttft_ms),
                    slo_tpot_ms=uniform_target(a.slo_tpot_ms))
+
+
+def profile_engine_terms(a: argparse.Namespace) -> dict:
+    """`sims.profile_terms.engine_terms` of --profile unless --profile-terms off (or no profile, or
+    a constant --step-ms): {"cost": ..., "engine": ..., "device": the engine's device, whose
+    default prefill cap the scheduler takes}."""
+    none = {"cost": {}, "engine": {}, "device": "cpu"}
+    if not a.profile or a.step_ms is not None or getattr(a, "profile_terms", "auto") == "off":
+        return none
+    from sims.profile_terms import engine_terms
+    try:
+        doc = json.loads(Path(a.profile).read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--profile {a.profile}: {exc}") from None
+    return engine_terms(doc) if isinstance(doc, dict) else none
 
 
 def uniform_target(text) -> float | None:

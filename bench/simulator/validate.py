@@ -64,6 +64,7 @@ from bench.simulator.fidelity_stats import (
     summarize_load,
 )
 from bench.simulator.live_config import live_prefill_cap
+from sims.profile_terms import has_pause_check, has_sustained_mixed
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _READY = re.compile(r"tidegate serving model (\S+) on (http://\S+)")
@@ -359,12 +360,6 @@ def sim_spec(profile: Path, num_blocks: int, block_size: int, max_model_len: int
         engine=EngineConfig(num_backends=1, async_plan_lead_s=async_plan_lead_s))
 
 
-def has_sustained_mixed(profile_doc: dict) -> bool:
-    """The profile's pause check has the mixed step's sustained run, which the power-by-kind cap
-    reads (`cap_by_power` auto: `model_terms`, `validate_replay`)."""
-    return any(r.get("run") == "sustained_mixed" for r in (profile_doc.get("pause_check") or {}).get("runs", []))
-
-
 def model_terms(profile_doc: dict, plan_lead: float | None, hide_launch: str = "auto",
                 power_cap: str = "auto", cap_by_power: str = "auto") -> dict:
     """The profile cost model's terms for this engine (issue 35), each "auto" | "on" | "off".
@@ -380,9 +375,8 @@ def model_terms(profile_doc: dict, plan_lead: float | None, hide_launch: str = "
     def pick(v: str, auto: bool) -> bool:
         return auto if v == "auto" else v == "on"
 
-    check = profile_doc.get("pause_check") and float(profile_doc.get("pause_ms") or 0) > 0
     terms = {"hide_launch": pick(hide_launch, plan_lead is not None),
-             "power_cap": pick(power_cap, bool(check))}
+             "power_cap": pick(power_cap, has_pause_check(profile_doc))}
     # `cap_by_power` (issue 35 session 16, the default since session 25: sims.profile_cost "Power by
     # step kind"): named only when on, so that the terms recorded without it read as they did
     if terms["power_cap"] and pick(cap_by_power, has_sustained_mixed(profile_doc)):
