@@ -5,7 +5,7 @@ async loop launches a step while the one before it runs (the launch hidden, each
 lead before the step in flight ends), the H200's power limiter slows steps by what ran before them
 (the pause check), by the power each kind of step draws (the capped mixed step's sustained run).
 Those terms took the grid's cells inside their bounds (BENCHMARKS, the fidelity table). Until
-session 26 `sim run / sweep / search / agent --profile` charged the bare profile instead (a step's
+session 26 `sim run / sweep / search / slo / window / agent --profile` charged the bare profile instead (a step's
 wall time with its launch, no cap) and no prefill cap while decoding (the simulator's default; the
 CUDA engine's is 256 tokens), a model no validation had scored. Against the H200 grid's live runs
 (bench/results/sim_profile_terms_s26, P50 errors at 0.5 / 0.8 / 0.95x) it put TTFT 29-55 % low on

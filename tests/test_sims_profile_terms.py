@@ -1,4 +1,4 @@
-"""`sim run / sweep / search / agent --profile` charge a profile as the engine that measured it runs
+"""`sim run / sweep / search / slo / window / agent --profile` charge a profile as the engine that measured it runs
 (`sims.profile_terms`, `--profile-terms auto`): the terms `sim validate` scores, read from the
 profile alone. Before session 26 they charged the bare profile, with no prefill cap on a CUDA
 profile unless given, a model no validation had scored."""
