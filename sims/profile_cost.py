@@ -233,21 +233,6 @@ the start, as the prefix attention's work does. `prefix_term="fit"` is the model
 what a profile gets whose prefix points are not all twins at one start (the speculative-decoding
 profiles measure starts 1,024 and 3,072: a residual axis they support).
 
-Several chunks beside decodes (issue 35, session 26): live, a step often carries the end of one
-prompt and the start of the next (the 6.7B mixed-lengths part: 1,133 of its 6,624 mixed steps); the
-profile measures several chunks only without decodes (the packed points) or at the budget's edge (the
-budget-filling points). Read at its own Σp_i², such a step's residual was interpolated between the
-single-chunk mixed points and those far shapes: the 6.7B charged two chunks of >= 48 tokens (<= 256
-in all) beside decodes 0.954 of live, less than one chunk of the same tokens, where live they ran
-0.28 ms more. Now a step with decodes and k > 1 chunks of no more tokens than the largest
-single-chunk mixed point is read at one chunk's coordinates (Σp_i² = p²), and the regression's
-g·k and f·Σp_i² terms charge the split (0.25 ms for 2 x 128 on the 6.7B): 0.995 of live (33B
-0.980). Only below half the smallest batch at which the profile measured several chunks beside
-decodes (the grid's: 128 decodes beside 2 or 4 chunks; the speculative-decoding profiles' verifies
-beside 1 and 8): near its own measured shapes a step keeps the surface they pin, and past a
-factor 2 in batch the surface between them and the single-chunk points is a line through shapes
-nobody measured. `split_residual="nearest"` is the model before.
-
 `step_time(d, p, ctx, prefill_chunks=None)`: without `prefill_chunks` a step's p tokens are one
 chunk from position 0 (today's `CostModel` interface); with them — the step's prefill chunks, each an
 int (tokens from position 0), an (num_tokens, start_pos) pair, or an object with `token_ids` and
@@ -351,13 +336,9 @@ def _residual_interpolator(space: np.ndarray, resid: np.ndarray):
         return None
     near = NearestNDInterpolator(xs, resid)
 
-    def at(q, alt=None):
-        # `alt`: where to read instead when q is outside the hull (before the nearest point)
+    def at(q):
         z = np.asarray(q, dtype=np.float64)[dims] / span[dims]
         v = float(lin(z).ravel()[0])
-        if not np.isfinite(v) and alt is not None:
-            z = np.asarray(alt, dtype=np.float64)[dims] / span[dims]
-            v = float(lin(z).ravel()[0])
         return v if np.isfinite(v) else float(near(z).ravel()[0])
     return at
 
@@ -574,7 +555,7 @@ class ProfileCost:
                  cap_by_power: bool = False, decode_extrapolation: str = "nearest",
                  spread_points: list[dict] | None = None, decode_spread: str | float = "measured",
                  mixed_spread: str | float = "measured", decode_spells: bool = True,
-                 prefix_term: str = "twins", split_residual: str = "single"):
+                 prefix_term: str = "twins"):
         """points: (n, 3) of (num_decode_seqs, num_prefill_tokens, num_context_tokens), or (n, 4) /
         (n, 5) with num_prefill_seqs k (the p tokens are k chunks of p/k each; default 1 when p > 0)
         and prefill_context_len s (each chunk starts at position s; default 0) appended, or (n, 6)
@@ -611,16 +592,10 @@ class ProfileCost:
         spread at the kappa the profile's mixed spread points give, `from_json`; none without them),
         "off", or a kappa (a what-if wherever the decode term has a launch plan; module doc,
         "Unequal contexts beside a chunk").
-        `split_residual`: "single" (the default) reads the residual of a step with decodes and
-        several chunks at one chunk's coordinates (module doc, "Several chunks beside decodes");
-        "nearest" at its own Σp_i², as before session 26.
         `prefix_term`: "twins" (the default) sets the cached-prefix term h from the prefix points
         against their start-0 twins alone and keeps Σp_i·s_i out of the residuals; "fit" as before
         session 26 (h one coefficient of the regression, Σp_i·s_i a residual axis; module doc,
         "The prefix term from twins"). A profile without twins is fitted as "fit" either way."""
-        self.split_single = split_residual == "single"
-        if split_residual not in ("single", "nearest"):
-            raise ValueError(f"split_residual {split_residual!r}: single or nearest")
         if prefix_term not in ("twins", "fit"):
             raise ValueError(f"prefix_term {prefix_term!r}: twins or fit")
         if mixed_spread not in ("measured", "off"):
@@ -755,11 +730,6 @@ class ProfileCost:
         # regression, kept for the interpolation
         self.num_budget_points = 0
         single = (p > 0) & (d > 0) & (k <= 1) & (s <= 0) & (v <= 0)
-        # several chunks beside decodes (module doc): read at one chunk's coordinates up to this
-        # many tokens, below half the smallest batch at which the profile measured such steps
-        self._single_mixed_p = (float(p[single].max()) if single.any() else 0.0)
-        packed_mixed = (p > 0) & (d > 0) & (k > 1) & (p <= self._single_mixed_p) & (v <= 0)
-        self._single_below_d = float(d[packed_mixed].min()) / 2 if packed_mixed.any() else float("inf")
         if single.any():
             budget = (p > 0) & (d > 0) & (k > 1) & (s <= 0) & (v <= 0) & (p > p[single].max())
             fit &= ~budget
@@ -1197,13 +1167,9 @@ class ProfileCost:
         t = float(_features(d, p, c, k, q, x, self._cols, pad, v) @ self.coef)
         if p > 0:
             if self._resid_prefill is not None:
-                rest = ((x,) if self._resid_x else ()) + ((v,) if self._cols[4] else ())
-                # several chunks outside the measured packed shapes: the residual of one chunk of
-                # their p tokens (module doc, "Several chunks beside decodes"), not the nearest point's
-                if (self._cols[0] and k > 1 and 0 < d < self._single_below_d and self.split_single
-                        and p <= self._single_mixed_p):
-                    q = p * p
-                t += self._resid_prefill((d, p, c - z) + ((q,) if self._cols[0] else ()) + rest)
+                t += self._resid_prefill((d, p, c - z) + ((q,) if self._cols[0] else ())
+                                         + ((x,) if self._resid_x else ())
+                                         + ((v,) if self._cols[4] else ()))
         elif self._decode_segs is not None and (seg := self._decode_seg(d)) is not None:
             t += seg((d, c))
         elif self._resid_decode is not None:

@@ -133,10 +133,7 @@ def test_with_the_live_step_times_the_schedules_agree(session):
     """The diagnostic that isolates (c): the same replay with each step charged its live duration
     (LiveTimedCost) and the measured dispatch delay gives the live schedule in 12 of 15 runs
     (>= 95.8% of prefill steps at every load; 83.5% at 0.95x with the model's step times) and
-    every latency figure within 2%: what parts the schedules is the step cost, not the policy. (The
-    steps the live log lacks, after a divergence, take the model's charge: since session 26 a step
-    with decodes and several chunks is read at one chunk's residual, which moved 0.95x TTFT P50
-    from -1.12 to -1.51%.)"""
+    every latency figure within 1.5%: what parts the schedules is the step cost, not the policy."""
     from bench.simulator.fidelity_resim import resimulate
     from bench.simulator.fidelity_steps import LiveTimedCost, dispatch_delay, schedule_report
 
@@ -151,4 +148,4 @@ def test_with_the_live_step_times_the_schedules_agree(session):
     assert sum(r["first_divergence"] is None for ld in sched for r in ld["runs"]) >= 11
     for ld in res["loads"]:
         for name in ("ttft_p50", "tpot_p50", "throughput"):
-            assert abs(ld["summary"][name]["rel_err"]["mean"]) < 0.02, (ld["load_label"], name)
+            assert abs(ld["summary"][name]["rel_err"]["mean"]) < 0.015, (ld["load_label"], name)

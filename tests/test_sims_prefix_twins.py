@@ -84,27 +84,3 @@ def test_prefix_points_without_twins_fall_back_to_the_fit(tmp_path):
     cost = ProfileCost.from_json(path, hide_launch=True)
     assert cost.describe()["prefix_term"] == "fit"
     assert "h_s_per_prefill_tok_prefix_tok" in cost.describe()["coef"]
-
-
-@pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.parent.name)
-def test_several_chunks_beside_decodes_cost_their_split_over_one_chunk(path):
-    """(sims.profile_cost, "Several chunks beside decodes"): the end of one prompt and the start of
-    the next beside decodes cost one chunk of their tokens plus the regression's split terms (the
-    residual of a far packed shape had charged the 6.7B's 0.954 of live, below one chunk, where
-    live they ran 0.28 ms over it)."""
-    cost = ProfileCost.from_json(path, hide_launch=True)
-    coef = cost.describe()["coef"]
-    for d, split in [(8, [(128, 0), (128, 0)]), (20, [(100, 0), (156, 0)]), (32, [(64, 0), (96, 0), (96, 0)])]:
-        ctx = d * 700 + 256
-        one = cost.step_time(d, 256, ctx, [(256, 0)])
-        several = cost.step_time(d, 256, ctx, split)
-        want = (coef["g_s_per_prefill_seq"] * (len(split) - 1)
-                + coef["f_s_per_prefill_tok2"] * (sum(n * n for n, _ in split) - 256 ** 2))
-        assert several - one == pytest.approx(want, rel=1e-9, abs=1e-12)
-        if "6.7b" in path.name and len(split) == 2:
-            assert 0.1e-3 < several - one < 0.5e-3
-    before = ProfileCost.from_json(path, hide_launch=True, split_residual="nearest")
-    ctx = 20 * 700 + 256
-    assert before.step_time(20, 256, ctx, [(100, 0), (156, 0)]) != cost.step_time(20, 256, ctx, [(100, 0), (156, 0)])
-    with pytest.raises(ValueError, match="single or nearest"):
-        ProfileCost.from_json(path, split_residual="packed")

@@ -50,7 +50,7 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
                    live_steps=None, cost_scale=None, hide_launch: str | None = None,
                    power_cap: str | None = None, extra_dispatch_ms: float = 0.0,
                    cap_by_power: bool | str = "auto", decode_spread: str = "measured", mixed_spread: str = "measured",
-                   decode_spells: bool = True, prefix_term: str = "twins", split_residual: str = "single",
+                   decode_spells: bool = True, prefix_term: str = "twins",
                    gateway_loop: bool | None = None, live_times: bool = False,
                    plan_lead: str | None = None,
                    gateway_loop_read_ms: float | None = None,
@@ -130,8 +130,6 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
         terms = {**terms, "decode_spells": False}
     if prefix_term != "twins":  # --prefix-term fit: the cached-prefix term as before session 26
         terms = {**terms, "prefix_term": prefix_term}
-    if split_residual != "single":  # --split-residual nearest: several chunks as before session 26
-        terms = {**terms, "split_residual": split_residual}
     if decode_spread != "measured":  # off, or a kappa: the unequal-contexts term (sims.decode_spread)
         terms = {**terms, "decode_spread": decode_spread if decode_spread == "off" else float(decode_spread)}
     if mixed_spread != "measured":  # off (their decodes' mean context), or a what-if kappa
@@ -315,10 +313,6 @@ def parser() -> argparse.ArgumentParser:
                         "start-0 twins (the default since session 26) or fit: one coefficient of the "
                         "regression with Σp·s a residual axis, as before (sims.profile_cost, \"The prefix "
                         "term from twins\")")
-    p.add_argument("--split-residual", choices=("single", "nearest"), default="single",
-                   help="a step with decodes and several chunks: its residual read at one chunk's "
-                        "coordinates (the default since session 26) or at its own Σp² (nearest: as "
-                        "before; sims.profile_cost, \"Several chunks beside decodes\")")
     p.add_argument("--mixed-spread", default="measured",
                    help="steps with prefill charged for their decodes' spread at the kappa of the "
                         "profile's mixed spread points (sims.profile_cost, 'Unequal contexts beside a "
@@ -395,8 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     res = replay_session(validate, arrivals, batches, rows, profile, a.delivery_per_stream_ms, seeds,
                          hide_launch=a.hide_launch, power_cap=a.power_cap, cap_by_power=a.cap_by_power,
                          decode_spread=a.decode_spread, mixed_spread=a.mixed_spread,
-                         decode_spells=a.decode_spells == "on", prefix_term=a.prefix_term,
-                         split_residual=a.split_residual, extra_dispatch_ms=a.extra_dispatch_ms, gateway_loop=a.gateway_loop == "on",
+                         decode_spells=a.decode_spells == "on", prefix_term=a.prefix_term, extra_dispatch_ms=a.extra_dispatch_ms, gateway_loop=a.gateway_loop == "on",
                          live_times=a.live_times, plan_lead=a.plan_lead,
                          gateway_loop_read_ms=a.gateway_loop_read_ms,
                          ceiling=a.ceiling, ceiling_noise=a.ceiling_noise,
