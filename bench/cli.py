@@ -74,7 +74,7 @@ def serve_parser() -> argparse.ArgumentParser:
                    help="requests/s; inf sends all at once (default)")
     w.add_argument("--burstiness", type=float, default=1.0,
                    help="gamma shape of inter-arrivals: 1 = Poisson, <1 burstier (cv = 1/sqrt(K))")
-    w.add_argument("--input-len", default="512", help="N | uniform:LO:HI | lognormal:MEDIAN:SIGMA")
+    w.add_argument("--input-len", default="512", help="N | uniform:LO:HI | lognormal:MEDIAN:SIGMA[:MAX]")
     w.add_argument("--output-len", default="128", help="as --input-len; sent as max_tokens")
     w.add_argument("--shared-prefix-fraction", type=float, default=0.0)
     w.add_argument("--shared-prefix-len", type=int, default=0)

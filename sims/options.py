@@ -65,7 +65,7 @@ def add_run_args(p: argparse.ArgumentParser, *, num_requests: int = 1000) -> Non
     g.add_argument("--num-requests", type=int, default=num_requests)
     g.add_argument("--arrival", default="poisson", help="poisson | gamma | trace")
     g.add_argument("--cv", type=float, default=1.0, help="gamma inter-arrival coefficient of variation")
-    g.add_argument("--input-len", default="512", help="N | uniform:LO:HI | lognormal:MEDIAN:SIGMA | trace")
+    g.add_argument("--input-len", default="512", help="N | uniform:LO:HI | lognormal:MEDIAN:SIGMA[:MAX] | trace")
     g.add_argument("--output-len", default="128", help="as --input-len")
     g.add_argument("--trace", help="JSONL trace (arrival_time, prompt_tokens, output_tokens, class)")
     g.add_argument("--shared-prefix-fraction", type=float, default=0.0)

@@ -44,7 +44,9 @@ class LengthSpec:
 
     @classmethod
     def parse(cls, text: str | int, trace_lengths: tuple[int, ...] = ()) -> LengthSpec:
-        """'512' | 'uniform:256:768' | 'lognormal:512:0.5' (median, sigma) | 'trace'."""
+        """'512' | 'uniform:256:768' | 'lognormal:512:0.5' (median, sigma) | 'lognormal:512:0.8:2820'
+        (median, sigma, the draws capped at 2,820 tokens: what `sim validate` ran live, 4x the mean)
+        | 'trace'."""
         if isinstance(text, (int, float)):
             return cls("fixed", value=int(text))
         parts = str(text).split(":")
@@ -53,13 +55,18 @@ class LengthSpec:
             return cls("fixed", value=int(kind))
         if kind == "uniform" and len(parts) == 3:
             return cls("uniform", low=int(parts[1]), high=int(parts[2]))
-        if kind == "lognormal" and len(parts) == 3:
-            return cls("lognormal", value=float(parts[1]), sigma=float(parts[2]))
+        if kind == "lognormal" and len(parts) in (3, 4):
+            spec = cls("lognormal", value=float(parts[1]), sigma=float(parts[2]))
+            if len(parts) == 4:
+                if not parts[3].isdigit() or int(parts[3]) < 1:
+                    raise ValueError(f"bad length spec {text!r}: the cap after the sigma is a length >= 1")
+                spec = cls("lognormal", value=spec.value, sigma=spec.sigma, max_len=int(parts[3]))
+            return spec
         if kind == "trace":
             if not trace_lengths:
                 raise ValueError("length 'trace' needs a trace (--trace FILE)")
             return cls("trace", trace=tuple(trace_lengths))
-        raise ValueError(f"bad length spec {text!r}: N | uniform:LO:HI | lognormal:MEDIAN:SIGMA | trace")
+        raise ValueError(f"bad length spec {text!r}: N | uniform:LO:HI | lognormal:MEDIAN:SIGMA[:MAX] | trace")
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         if self.kind == "fixed":

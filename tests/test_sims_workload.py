@@ -32,6 +32,21 @@ def test_length_specs(text, check):
     assert check(LengthSpec.parse(text).sample(np.random.default_rng(0), 5000))
 
 
+def test_a_capped_lognormal_is_the_validates_draws():
+    """`lognormal:MEDIAN:SIGMA:MAX` caps the draws as `sim validate` does (4x the mean), so `sim run`
+    can replay a validated workload: the same draws, the long tail cut at MAX."""
+    from bench.simulator.validate import length_spec
+    capped = LengthSpec.parse("lognormal:512:0.8:2820")
+    assert capped == length_spec("lognormal:512:0.8") and capped.max_len == 2820
+    a = capped.sample(np.random.default_rng(7), 20000)
+    b = LengthSpec.parse("lognormal:512:0.8").sample(np.random.default_rng(7), 20000)
+    assert a.max() == 2820 < b.max()
+    np.testing.assert_array_equal(a, np.minimum(b, 2820))
+    for bad in ("lognormal:512:0.8:0", "lognormal:512:0.8:x", "lognormal:512:0.8:1:2"):
+        with pytest.raises(ValueError):
+            LengthSpec.parse(bad)
+
+
 def test_bad_length_spec():
     with pytest.raises(ValueError):
         LengthSpec.parse("normal:3")
