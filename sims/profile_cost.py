@@ -764,7 +764,7 @@ class ProfileCost:
         coef, _ = nnls(feats[fit] / scale, t_fit[fit])
         self.coef = coef / scale
         feats = _features(d, p, c, k, q, x, self._cols, pad, v)
-        if self.prefix_twins is not None:
+        if self.prefix_twins is not None:  # the Σp_i·s_i column: after [1, d, p, ctx, Σp²] and k's
             self.coef[5 + int(self._cols[0])] = self.prefix_twins["h_s"]
         resid = times_s - feats @ self.coef
         ss_tot = float(((times_s - times_s.mean()) ** 2).sum())
@@ -780,7 +780,7 @@ class ProfileCost:
         space = np.stack([d, p, c] + ([q] if self._cols[0] else []) + ([x] if self._resid_x else [])
                          + ([v] if self._cols[4] else []), axis=-1)
         has_prefill = p > 0
-        in_prefill = has_prefill if self._resid_x or not self._cols[1] else has_prefill & (s <= 0)
+        in_prefill = has_prefill & (s <= 0) if self.prefix_twins is not None else has_prefill
         self._resid_decode = _residual_interpolator(space[~has_prefill][:, [0, 2]], resid[~has_prefill])
         self._resid_prefill = _residual_interpolator(space[in_prefill], resid[in_prefill])
         self._decode_segs = _bucket_segments(dec_buckets, d[~has_prefill], space[~has_prefill][:, [0, 2]],

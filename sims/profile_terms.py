@@ -5,9 +5,10 @@ async loop launches a step while the one before it runs (the launch hidden, each
 lead before the step in flight ends), the H200's power limiter slows steps by what ran before them
 (the pause check), by the power each kind of step draws (the capped mixed step's sustained run).
 Those terms took the grid's cells inside their bounds (BENCHMARKS, the fidelity table). Until
-session 26 `sim run / sweep / search / slo / window / agent --profile` charged the bare profile instead (a step's
-wall time with its launch, no cap) and no prefill cap while decoding (the simulator's default; the
-CUDA engine's is 256 tokens), a model no validation had scored. Against the H200 grid's live runs
+session 26 every `sim` command that takes `--profile` (run, sweep, search, slo, window, agent,
+retry-bound) charged the bare profile instead (a step's wall time with its launch, no cap) and no
+prefill cap while decoding (the simulator's default; the CUDA engine's is 256 tokens), a model no
+validation had scored. Against the H200 grid's live runs
 (bench/results/sim_profile_terms_s26, P50 errors at 0.5 / 0.8 / 0.95x) it put TTFT 29-55 % low on
 every part, the prompts prefilled whole; with the engine's terms TTFT reads -12..+3 % and TPOT
 -4..+3 % (6.7B mixed lengths: TTFT -47 / -54 / -55 -> -12 / -12 / -12 %, TPOT -1 / -4 / -6 ->

@@ -56,12 +56,10 @@ class LengthSpec:
         if kind == "uniform" and len(parts) == 3:
             return cls("uniform", low=int(parts[1]), high=int(parts[2]))
         if kind == "lognormal" and len(parts) in (3, 4):
-            spec = cls("lognormal", value=float(parts[1]), sigma=float(parts[2]))
-            if len(parts) == 4:
-                if not parts[3].isdigit() or int(parts[3]) < 1:
-                    raise ValueError(f"bad length spec {text!r}: the cap after the sigma is a length >= 1")
-                spec = cls("lognormal", value=spec.value, sigma=spec.sigma, max_len=int(parts[3]))
-            return spec
+            if len(parts) == 4 and not (parts[3].isdigit() and int(parts[3]) >= 1):
+                raise ValueError(f"bad length spec {text!r}: the cap after the sigma is a length >= 1")
+            cap = {"max_len": int(parts[3])} if len(parts) == 4 else {}
+            return cls("lognormal", value=float(parts[1]), sigma=float(parts[2]), **cap)
         if kind == "trace":
             if not trace_lengths:
                 raise ValueError("length 'trace' needs a trace (--trace FILE)")
