@@ -366,7 +366,11 @@ class EventLoop:
         # a profile with a sustained trace: the shares are exponential averages with its time
         # constant (sims.profile_cost, "Sustained load"); else the window's plain shares
         self.cap_tau = getattr(cost, "power_cap_tau_s", None)
-        # backend -> [weighted average of its ended spans, at time, unweighted average]
+        # the limiter's fast onset (sims.profile_cost, "The limiter's onset"): a second weighted
+        # share at its own time constant, or None
+        self.cap_tau_fast = getattr(cost, "power_cap_tau_fast_s", None) if self.cap_tau is not None else None
+        # backend -> [weighted average of its ended spans, at time, unweighted average, weighted
+        # average at the fast onset's time constant]
         self.cap_acc: dict[int, list[float]] = {}
         # each prefill span weighs by its step kind's power (sims.profile_cost.cap_weight), where
         # the profile measured the mixed step's sustained run; else 1
@@ -721,26 +725,32 @@ class EventLoop:
         exp(-age / tau) / tau (the ended spans folded into one running value)."""
         return self._prefill_shares(be, now)[0]
 
-    def _prefill_shares(self, be: _Backend, now: float) -> tuple[float, float]:
-        """(weighted, unweighted) prefill shares (`prefill_share`)."""
+    def _prefill_shares(self, be: _Backend, now: float) -> tuple[float, float, float | None]:
+        """(weighted, unweighted, weighted at the fast onset's time constant or None) prefill
+        shares (`prefill_share`)."""
         spans = be.prefill_spans
-        tau = self.cap_tau
+        tau, tf = self.cap_tau, self.cap_tau_fast
         if tau is not None:
-            acc = self.cap_acc.setdefault(be.idx, [0.0, 0.0, 0.0])
+            acc = self.cap_acc.setdefault(be.idx, [0.0, 0.0, 0.0, 0.0])
             while spans and spans[0][1] <= now:  # spans of one backend follow each other
                 a, b, w = spans.pop(0)
                 decay, span = math.exp((acc[1] - b) / tau), -math.expm1((a - b) / tau)
                 acc[0] = acc[0] * decay + w * span
                 acc[2] = acc[2] * decay + span
+                if tf is not None:
+                    acc[3] = acc[3] * math.exp((acc[1] - b) / tf) - w * math.expm1((a - b) / tf)
                 acc[1] = b
-            ow = ou = 0.0  # the spans still open (summed apart, as before the weights)
+            ow = ou = of = 0.0  # the spans still open (summed apart, as before the weights)
             for a, b, w in spans:
                 if a < now:
                     span = math.exp((min(b, now) - now) / tau) - math.exp((a - now) / tau)
                     ow += w * span
                     ou += span
+                    if tf is not None:
+                        of += w * (math.exp((min(b, now) - now) / tf) - math.exp((a - now) / tf))
             decay = math.exp((acc[1] - now) / tau)
-            return acc[0] * decay + ow, acc[2] * decay + ou
+            fast = None if tf is None else acc[3] * math.exp((acc[1] - now) / tf) + of
+            return acc[0] * decay + ow, acc[2] * decay + ou, fast
         t0 = now - self.cap_window
         while spans and spans[0][1] <= t0:
             spans.pop(0)
@@ -750,18 +760,18 @@ class EventLoop:
                 span = min(b, now) - max(a, t0)
                 fw += w * span
                 fu += span
-        return fw / self.cap_window, fu / self.cap_window
+        return fw / self.cap_window, fu / self.cap_window, None
 
-    def cap_shares(self, be: _Backend, now: float) -> tuple[float, float]:
-        """(f, g): the power-cap window's shares before `now` that ran steps with prefill (f
-        weighted as `prefill_share`) and decode-only steps (the rest of the time busy since the
-        last idle spell)."""
-        f, fu = self._prefill_shares(be, now)
+    def cap_shares(self, be: _Backend, now: float) -> tuple[float, float, float | None]:
+        """(f, g, f_fast): the power-cap window's shares before `now` that ran steps with prefill
+        (f weighted as `prefill_share`) and decode-only steps (the rest of the time busy since the
+        last idle spell), and f at the fast onset's time constant (None without it)."""
+        f, fu, ff = self._prefill_shares(be, now)
         if self.cap_tau is not None:
             g = -math.expm1((be.busy_since - now) / self.cap_tau) - fu
-            return f, max(0.0, g)
+            return f, max(0.0, g), ff
         g = (now - max(now - self.cap_window, be.busy_since)) / self.cap_window - fu
-        return f, max(0.0, g)
+        return f, max(0.0, g), ff
 
     def spread_multiple(self, be: _Backend, sched) -> float:
         """The decode batch's spread multiple (`spread_fn`) of `be`'s decoding sequences."""
@@ -843,7 +853,8 @@ class EventLoop:
                         a += ks
                     span = span_fn(n_dec, ctx, ks)
                     if cap_fg is not None:  # the decode-busy part, as at the stretch's start
-                        span *= self.cost.prefill_slowdown(*cap_fg, self.cap_share_fn(n_dec, 0, ctx))
+                        span *= self.cost.prefill_slowdown(cap_fg[0], cap_fg[1], self.cap_share_fn(n_dec, 0, ctx),
+                                                           cap_fg[2])
                     t += span
                     out.append((ks, n_dec, ctx, nfin, t, tokens))
                 be.stretch_segs, be.stretch_past = out, past > 0
@@ -876,7 +887,7 @@ class EventLoop:
             dt += be.message_s
             be.message_s = 0.0
         if self.cap_window is not None and (num_prefill or self.cap_share_fn is not None):
-            f, g = self.cap_shares(be, now)
+            f, g, ff = self.cap_shares(be, now)
             w = 1.0
             if num_prefill and self.cap_weight_fn is not None:
                 w = self.cap_weight_fn(num_decode, num_prefill, num_ctx,
@@ -886,12 +897,12 @@ class EventLoop:
                 if self.counts_spells:
                     f += w * g
             if self.cap_share_fn is None:
-                dt *= self.cost.prefill_slowdown(f, g)
+                dt *= self.cost.prefill_slowdown(f, g, None, ff)
             else:
                 share = self.cap_share_fn(num_decode, num_prefill, num_ctx,
                                           sched.prefill_chunks if self.charges_chunks and num_prefill
                                           else None)
-                dt *= self.cost.prefill_slowdown(f, g, share)
+                dt *= self.cost.prefill_slowdown(f, g, share, ff)
             if num_prefill:
                 be.prefill_spans.append((now, now + dt, w))
         if self.idle_launch_fn is not None and not after_step:

@@ -153,6 +153,24 @@ A step whose kind does not throttle (the 6.7B's mixed steps, w at the paused sha
 decode spell as a 512-token prefill over-charged the 33B bf16's and the 6.7B's uniform parts
 (bench/results/fidelity_grid_h200_s20, "decode spells").
 
+The limiter's onset (issue 35, session 27; opt-in, `cap_onset="fast"`, `validate_replay --cap-onset
+fast`): a sustained run's trace from idle reaches most of its slowdown within two or three steps
+(the 33B bf16 on the H200: 29.7, 31.1, 32.5, 33.2 ms against 29.8 paused, then a drift to 33.5 over
+2 s), which `fit_sustained_trace`, skipping the first 50 ms, reads as one slow tau (0.27 s). With
+"fast", `fit_cap_onset` fits the whole trace as a (1 - e^-t/tau_f) + b (1 - e^-t/tau_s), tau_s the
+sustained fit's (33B bf16: tau_f 32 ms, phi = a / (a + b) 0.73), and the factor's excess is
+(r - 1) [phi (f_f - fr) / (1 - fr) + (1 - phi) (f - f_ref) / (1 - f_ref)], f_f the weighted busy share
+at tau_f (the event loop keeps both) and fr its paused points' value; no decode spell counts. It
+reproduces the profile's own pattern runs, which the spells term does not (the mixed step with 1 / 3
+decode steps between, back to back: measured 1.034 / 0.997 x paused; fast 1.030 / 1.004, spells
+1.079 / 1.081), and it leaves the live 33B mixed steps at one level whatever ran before them
+(0.95-0.98 of live by the decode steps since the last prefill, where the spells term spreads them
+from 0.98 to 1.05). That level is the 6.7B's too (0.95-0.98, where the cap does not act): live mixed
+steps run ~3% over the model whatever the power, which the spells term's over-charge after decode
+spells offsets on the 33B. So the fast form alone loses on the grid (86 intervals inside, 130 means,
+against the default's 92 / 140; bench/results/fidelity_onset_s27), and stays opt-in until that
+excess is found.
+
 Budget-filling packed steps (issue 35, session 18): under load the engine fills its token budget
 with several prompts beside the decodes (live on the H200, 6.7B / 33B FP8: d + p = 2,048, d 27-90,
 4-5 prompts, 3-5% of the busy time), where the grid's points past 1,024 tokens all had d 0: the model
@@ -441,6 +459,34 @@ def fit_sustained_trace(t_s, step_ms, skip_first: int = 1, skip_s: float = 0.05)
             "settled": bool(settled), "rmse_ms": float(np.sqrt(sse / len(y))), "n": len(y)}
 
 
+
+def fit_cap_onset(t_s, step_ms, paused_ms: float, tau_slow_s: float) -> dict | None:
+    """Split a sustained run's slowdown into the limiter's fast onset and its slow drift (module
+    doc, "The limiter's onset"): T(t) / paused - 1 = a (1 - e^-t/tau_f) + b (1 - e^-t/tau_s), t each
+    step's start since the first (every step kept: the first, at t = 0, ran at the paused speed),
+    tau_s the sustained fit's (`fit_sustained_trace`), a, b >= 0 by least squares at each tau_f of a
+    log grid (2-300 ms), the best kept. Returns {tau_fast_s, phi (a / (a + b): the fast part's share
+    of the slowdown), fast, slow, rmse_ms, n} or None (fewer than 4 steps, or nothing to split)."""
+    t = np.asarray(t_s, dtype=np.float64)
+    y = np.asarray(step_ms, dtype=np.float64) / float(paused_ms) - 1.0
+    if len(t) != len(y) or len(t) < 4 or not tau_slow_s or tau_slow_s <= 0 or paused_ms <= 0:
+        return None
+    t = t - t[0]
+    xs = -np.expm1(-t / tau_slow_s)
+    best = None
+    for tau in np.geomspace(0.002, 0.3, 160):
+        xf = -np.expm1(-t / tau)
+        coef = nnls(np.stack([xf, xs], axis=-1), y)[0]
+        sse = float(((np.stack([xf, xs], axis=-1) @ coef - y) ** 2).sum())
+        if best is None or sse < best[0]:
+            best = (sse, float(tau), float(coef[0]), float(coef[1]))
+    sse, tau, a, b = best
+    if a + b <= 0:
+        return None
+    return {"tau_fast_s": tau, "phi": a / (a + b), "fast": a, "slow": b,
+            "rmse_ms": float(np.sqrt(sse / len(y)) * paused_ms), "n": len(y)}
+
+
 # the engine's launch deadline's slack (backend.engine.continuous.LAUNCH_SLACK_S), here so that this
 # module needs no engine import
 PLAN_LEAD_SLACK_S = 0.001
@@ -555,7 +601,7 @@ class ProfileCost:
                  cap_by_power: bool = False, decode_extrapolation: str = "nearest",
                  spread_points: list[dict] | None = None, decode_spread: str | float = "measured",
                  mixed_spread: str | float = "measured", decode_spells: bool = True,
-                 prefix_term: str = "twins"):
+                 prefix_term: str = "twins", cap_onset: str = "slow"):
         """points: (n, 3) of (num_decode_seqs, num_prefill_tokens, num_context_tokens), or (n, 4) /
         (n, 5) with num_prefill_seqs k (the p tokens are k chunks of p/k each; default 1 when p > 0)
         and prefill_context_len s (each chunk starts at position s; default 0) appended, or (n, 6)
@@ -595,7 +641,13 @@ class ProfileCost:
         `prefix_term`: "twins" (the default) sets the cached-prefix term h from the prefix points
         against their start-0 twins alone and keeps Σp_i·s_i out of the residuals; "fit" as before
         session 26 (h one coefficient of the regression, Σp_i·s_i a residual axis; module doc,
-        "The prefix term from twins"). A profile without twins is fitted as "fit" either way."""
+        "The prefix term from twins"). A profile without twins is fitted as "fit" either way.
+        `cap_onset`: "slow" (the default) reads the busy shares with the sustained trace's one time
+        constant; "fast" splits the factor between the limiter's fast onset and its slow drift, each
+        share with its own time constant, and counts no decode spell (module doc, "The limiter's
+        onset"; with `power_cap` and a trace that resolves it, else as "slow")."""
+        if cap_onset not in ("slow", "fast"):
+            raise ValueError(f"cap_onset {cap_onset!r}: slow or fast")
         if prefix_term not in ("twins", "fit"):
             raise ValueError(f"prefix_term {prefix_term!r}: twins or fit")
         if mixed_spread not in ("measured", "off"):
@@ -624,6 +676,8 @@ class ProfileCost:
         self._check_r = None  # the pause check step's own sustained ratio (unclamped)
         self._cap_weight = None  # (rate_ref, token rates, weights) of cap_weight, or None
         self._decode_spells = bool(decode_spells)
+        self.cap_onset = None  # the fast onset's fit (`fit_cap_onset`) with its f_ref, or None
+        self._onset_trace = None  # (trace t_s, trace ms, paused ms, pause_s) of the factor's reference
         self.cap_mixed = None
         self.cap_packed = None  # the "sustained_packed" anchor (module doc, "Power by step kind")
         check = (meta or {}).get("pause_check") if power_cap else None
@@ -654,6 +708,7 @@ class ProfileCost:
                 # spans older than 6 tau weigh < 0.25%: the event loop drops them
                 self.power_cap_window_s = 6.0 * tau
                 self.sustained_fit = {**fit, "r": r, "f_ref": f_ref}
+                self._onset_trace = (np.asarray(trace["trace_t_ms"]) / 1e3, trace["trace_ms"], base, pause_s)
                 self._cap_step = (int(check.get("num_prefill_tokens", 512)),
                                   max(1, int(check.get("num_prefill_seqs", 1))))
                 self._check_r = r
@@ -802,6 +857,13 @@ class ProfileCost:
             self._set_cap_weight(mixed_run, packed_run, float((meta or {}).get("pause_ms", 0.0)) / 1e3)
         elif self._cap is not None and mixed_run is not None and self._cap[1] > 1.0:
             self._set_cap_weight(mixed_run)
+        if (cap_onset == "fast" and self._cap is not None and self._cap[1] > 1.0
+                and self._onset_trace is not None and self.power_cap_tau_s):
+            t_s, ms, paused_ms, pause_s = self._onset_trace
+            onset = fit_cap_onset(t_s, ms, paused_ms, self.power_cap_tau_s)
+            if onset is not None:
+                onset["f_ref"] = ewma_duty_ref(paused_ms / 1e3, pause_s, onset["tau_fast_s"])
+                self.cap_onset = onset
         self.mixed_spread_points: list[dict] = []  # from_json: spread points beside a chunk
         self._set_decode_spread(spread_points or [], decode_spread)
         self.mixed_point_kappas: list[dict] = []
@@ -1009,6 +1071,9 @@ class ProfileCost:
             if self._cap[1] <= 1.0 < r_packed:
                 self._packed_reference(n_p, k_p, r_packed, fit_p, float(packed["paused_ms_median"]), pause_s)
                 switched = True
+                if packed.get("trace_ms") and pause_s > 0:
+                    self._onset_trace = (np.asarray(packed["trace_t_ms"]) / 1e3, packed["trace_ms"],
+                                         float(packed["paused_ms_median"]), pause_s)
         f_ref, r, _ = self._cap
         if r <= 1.0:  # nothing measured throttles: every step with prefill weighs 1, as before
             return
@@ -1088,7 +1153,12 @@ class ProfileCost:
     def counts_decode_spells(self) -> bool:
         """A step with prefill counts the decode-only share before it at its own weight (module
         doc, "Decode spells"): `weights_cap_by_power` and the model built with `decode_spells`."""
-        return self._cap_weight is not None and self._decode_spells
+        return self._cap_weight is not None and self._decode_spells and self.cap_onset is None
+
+    @property
+    def power_cap_tau_fast_s(self) -> float | None:
+        """The limiter's fast onset's time constant (module doc, "The limiter's onset"), or None."""
+        return None if self.cap_onset is None else self.cap_onset["tau_fast_s"]
 
     def cap_weight(self, num_decode_seqs: int, num_prefill_tokens: int, num_context_tokens: int,
                    prefill_chunks=None) -> float:
@@ -1218,19 +1288,25 @@ class ProfileCost:
         return t
 
     def prefill_slowdown(self, busy_share: float, decode_share: float = 0.0,
-                         compute_share: float | None = None) -> float:
+                         compute_share: float | None = None, fast_share: float | None = None) -> float:
         """The power-cap factor of a step with prefill tokens after `busy_share` of the last
         `power_cap_window_s` ran such steps and `decode_share` of it decode-only steps (1.0 with
         the model off). The decode term is the pause check's "after_decode" run (its pause filled
         with decode steps): slower than paused by (r_dec - 1)·g at g = pause / W; profiles
         without that run give r_dec = 1. `compute_share`: the step's (`compute_share`); the
         factor's excess over 1 is scaled by it against the pause check's step's (the module
-        doc); None, or a model built with cap_by_compute=False: the pause check's step's own."""
+        doc); None, or a model built with cap_by_compute=False: the pause check's step's own.
+        `fast_share`: the busy share at the fast onset's time constant (`power_cap_tau_fast_s`);
+        where the model has the onset, the factor's excess is its share phi at that share and the
+        rest at `busy_share` (module doc, "The limiter's onset")."""
         if self._cap is None:
             return 1.0
         f_ref, r, r_dec = self._cap
-        x = ((r - 1.0) * max(0.0, busy_share - f_ref) / (1.0 - f_ref)
-             + (r_dec - 1.0) * decode_share)
+        slow = max(0.0, busy_share - f_ref) / (1.0 - f_ref)
+        if self.cap_onset is not None and fast_share is not None:
+            phi, fr = self.cap_onset["phi"], self.cap_onset["f_ref"]
+            slow = phi * max(0.0, fast_share - fr) / (1.0 - fr) + (1.0 - phi) * slow
+        x = (r - 1.0) * slow + (r_dec - 1.0) * decode_share
         if compute_share is not None and self._cap_share_ref is not None:
             x *= max(0.0, compute_share) / self._cap_share_ref
         return 1.0 + x
@@ -1300,7 +1376,9 @@ class ProfileCost:
                                                               "compute_share_ref": self._cap_share_ref,
                                                               "by_power": self.cap_mixed,
                                                               **({"by_power_packed": self.cap_packed}
-                                                                 if self.cap_packed else {})},
+                                                                 if self.cap_packed else {}),
+                                                              **({"onset": self.cap_onset}
+                                                                 if self.cap_onset else {})},
                 # named only where the term is set or measured (module doc, "Unequal contexts")
                 **({"decode_spread": {"kappa": self.spread_kappa, "points": self.spread_point_kappas,
                                       "plan_from_profile": bool(self.meta.get("decode_attention"))}}

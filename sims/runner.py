@@ -44,6 +44,12 @@ class CostSpec:
     # with `cap_by_power`: a step with prefill counts the decode-only share before it at its own
     # weight (sims.profile_cost, "Decode spells"); False: the pause check's after-decode run only
     decode_spells: bool = True
+    # the cached-prefix chunks' term (sims.profile_cost, "The prefix term from twins"): "twins" or
+    # "fit" (as before session 26)
+    prefix_term: str = "twins"
+    # with `power_cap`: "slow" (the busy shares at the sustained trace's one time constant) or
+    # "fast" (the limiter's fast onset apart; sims.profile_cost, "The limiter's onset")
+    cap_onset: str = "slow"
 
     def build(self) -> CostModel:
         if self.step_ms is not None:
@@ -53,7 +59,8 @@ class CostSpec:
             cost = ProfileCost.from_json(self.profile, hide_launch=self.hide_launch,
                                            power_cap=self.power_cap, cap_by_power=self.cap_by_power,
                                            decode_spread=self.decode_spread, mixed_spread=self.mixed_spread,
-                                           decode_spells=self.decode_spells)
+                                           decode_spells=self.decode_spells, prefix_term=self.prefix_term,
+                                           cap_onset=self.cap_onset)
         else:
             cost = RooflineCost(load_model_shape(self.model), get_gpu(self.gpu), self.roofline)
         if self.num_blocks:

@@ -148,6 +148,9 @@ def model_step_ms(cost, steps: list[dict], window_s: float = 0.1) -> list[tuple[
     tau = getattr(cost, "power_cap_tau_s", None)
     if tau is not None:  # exponential shares over the model's own horizon (6 tau)
         window_s = max(window_s, cost.power_cap_window_s)
+    # the limiter's fast onset: a second share at its own time constant (sims.profile_cost, "The
+    # limiter's onset"), over its own horizon
+    tau_fast = getattr(cost, "power_cap_tau_fast_s", None) if tau is not None else None
     # the power-by-kind cap: each prefill step's span weighs its kind's power in the later steps'
     # busy share, as in the event loop (sims.profile_cost, "Power by step kind")
     weights = {} if getattr(cost, "weights_cap_by_power", False) else None
@@ -164,15 +167,17 @@ def model_step_ms(cost, steps: list[dict], window_s: float = 0.1) -> list[tuple[
         t = cost.step_time(s["d"], s["p"], ctx, chunks)
         by_compute = getattr(cost, "caps_by_compute", False)
         f, g = busy_shares(steps, k, window_s, tau, weights) if s["p"] or by_compute else (0.0, 0.0)
+        ff = (busy_shares(steps, k, 8.0 * tau_fast, tau_fast, weights)[0]
+              if tau_fast is not None and (s["p"] or by_compute) else None)
         if s["p"] and weights is not None:
             weights[k] = cost.cap_weight(s["d"], s["p"], ctx, chunks)
         if s["p"] and weights is not None and getattr(cost, "counts_decode_spells", True):
             # decode spells at its kind's weight (sims.profile_cost, "Decode spells")
             f += weights[k] * g
         if by_compute:  # every step, decode-only ones too, by its compute share
-            t *= cost.prefill_slowdown(f, g, cost.compute_share(s["d"], s["p"], ctx, chunks))
+            t *= cost.prefill_slowdown(f, g, cost.compute_share(s["d"], s["p"], ctx, chunks), ff)
         elif s["p"]:
-            t *= cost.prefill_slowdown(f, g)  # 1.0 unless the model has the power cap on
+            t *= cost.prefill_slowdown(f, g, None, ff)  # 1.0 unless the model has the power cap on
         if idle_launch is not None and s["idle_before"]:
             t += idle_launch(s["d"], s["p"])
         out.append((k, 1e3 * t, f))

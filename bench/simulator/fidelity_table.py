@@ -128,6 +128,8 @@ def model_label(terms: dict | None) -> str:
         on[-1] = "power cap by compute share"
     elif terms.get("power_cap") and terms.get("cap_by_power"):  # the weights by step kind (session 16)
         on[-1] = "power cap by step kind" + ("" if terms.get("decode_spells", True) else ", no decode spells")
+    if terms.get("power_cap") and terms.get("cap_onset") == "fast":  # session 27: the limiter's fast onset apart
+        on[-1] += ", fast onset"
     if terms.get("prefill_cap"):
         on.append(f"prefill cap {terms['prefill_cap']['max_tokens']}")
     if terms.get("async_plan_lead_ms") is not None:

@@ -50,7 +50,7 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
                    live_steps=None, cost_scale=None, hide_launch: str | None = None,
                    power_cap: str | None = None, extra_dispatch_ms: float = 0.0,
                    cap_by_power: bool | str = "auto", decode_spread: str = "measured", mixed_spread: str = "measured",
-                   decode_spells: bool = True, prefix_term: str = "twins",
+                   decode_spells: bool = True, prefix_term: str = "twins", cap_onset: str = "slow",
                    gateway_loop: bool | None = None, live_times: bool = False,
                    plan_lead: str | None = None,
                    gateway_loop_read_ms: float | None = None,
@@ -130,6 +130,8 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
         terms = {**terms, "decode_spells": False}
     if prefix_term != "twins":  # --prefix-term fit: the cached-prefix term as before session 26
         terms = {**terms, "prefix_term": prefix_term}
+    if cap_onset != "slow" and terms.get("power_cap"):  # --cap-onset fast (sims.profile_cost, "The limiter's onset")
+        terms = {**terms, "cap_onset": cap_onset}
     if decode_spread != "measured":  # off, or a kappa: the unequal-contexts term (sims.decode_spread)
         terms = {**terms, "decode_spread": decode_spread if decode_spread == "off" else float(decode_spread)}
     if mixed_spread != "measured":  # off (their decodes' mean context), or a what-if kappa
@@ -308,6 +310,10 @@ def parser() -> argparse.ArgumentParser:
                    help="with --cap-by-power: a step with prefill counts the decode-only share before it "
                         "at its own weight (sims.profile_cost, \"Decode spells\"; default on); off: through "
                         "the pause check's after-decode run only")
+    p.add_argument("--cap-onset", choices=("slow", "fast"), default="slow",
+                   help="with the power cap: slow (default) reads the busy shares at the sustained trace's "
+                        "one time constant; fast splits the factor between the limiter's fast onset and its "
+                        "slow drift and counts no decode spell (sims.profile_cost, \"The limiter's onset\")")
     p.add_argument("--prefix-term", choices=("twins", "fit"), default="twins",
                    help="the cached-prefix chunks' term: from the profile's prefix points against their "
                         "start-0 twins (the default since session 26) or fit: one coefficient of the "
@@ -389,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     res = replay_session(validate, arrivals, batches, rows, profile, a.delivery_per_stream_ms, seeds,
                          hide_launch=a.hide_launch, power_cap=a.power_cap, cap_by_power=a.cap_by_power,
                          decode_spread=a.decode_spread, mixed_spread=a.mixed_spread,
-                         decode_spells=a.decode_spells == "on", prefix_term=a.prefix_term, extra_dispatch_ms=a.extra_dispatch_ms, gateway_loop=a.gateway_loop == "on",
+                         decode_spells=a.decode_spells == "on", prefix_term=a.prefix_term, cap_onset=a.cap_onset, extra_dispatch_ms=a.extra_dispatch_ms, gateway_loop=a.gateway_loop == "on",
                          live_times=a.live_times, plan_lead=a.plan_lead,
                          gateway_loop_read_ms=a.gateway_loop_read_ms,
                          ceiling=a.ceiling, ceiling_noise=a.ceiling_noise,
