@@ -97,8 +97,9 @@ part_spec() {
     33b-kvint4-seeds) echo "deepseek-coder-33b  $L4 3,4 200 512 128 --engine-arg=--kv-cache-dtype=int4-fp8 497" ;;
     33b-kvint4-2)     echo "deepseek-coder-33b  $L4 2   200 512 128 --engine-arg=--kv-cache-dtype=int4-fp8 346" ;;
     # the 33B's mixed lengths one seed a call: two would be ~540 s, under BUDGET_S 570 by less than the
-    # estimate's error (never measured: a run past BUDGET_S loses the whole call's validate JSON); if
-    # 33b-mixed runs in <= ~330 s, two seeds a call fit (SEEDS=1,2 PART=33b-mixed-1)
+    # estimate's error; since session 27 a run cut by the timeout loses only itself (sim validate writes
+    # the runs done, marked "interrupted", and validate_replay scores them); if 33b-mixed runs in
+    # <= ~330 s, two seeds a call fit (SEEDS=1,2 PART=33b-mixed-1)
     33b-mixed-1)      echo "deepseek-coder-33b  $L4 1   200 $MIXED_IN $MIXED_OUT - 451" ;;
     33b-mixed-2)      echo "deepseek-coder-33b  $L4 2   200 $MIXED_IN $MIXED_OUT - 451" ;;
     33b-mixed-3)      echo "deepseek-coder-33b  $L4 3   200 $MIXED_IN $MIXED_OUT - 451" ;;

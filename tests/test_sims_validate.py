@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import tempfile
+import threading
 
 import numpy as np
 import pytest
@@ -272,3 +275,42 @@ def test_the_simulator_gets_the_live_backends_prefill_cap():
     spec = validate.sim_spec("p.json", 100, 16, 16384, 256, 2048, None, None, 10, 1.0, 16, 4, 0,
                              prefill_cap=PrefillCap(256))
     assert spec.scheduler.prefill_cap == PrefillCap(256)
+
+
+def test_an_interrupted_validate_keeps_the_runs_done(tmp_path, monkeypatch):
+    """A device call's timeout (`timeout -s INT`) lands during the second of two runs: the JSON is
+    still written, marked interrupted, with the first run scored against its simulation and the
+    step log (before session 27 the whole call's JSON was lost, and with it every run done), and
+    `validate_replay` scores it from its logs, the cut run's arrivals among them."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    calls = []
+    real = validate.run_live
+
+    def cut(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 2:  # SIGINT 0.6 s into the second run, as `timeout -s INT` sends it
+            threading.Timer(0.6, os.kill, (os.getpid(), signal.SIGINT)).start()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(validate, "run_live", cut)
+    out = tmp_path / "validate.json"
+    rc = validate.main([
+        "--profile", str(tmp_path / "profile.json"), "--decode-batch-sizes", "0,1,2,4",
+        "--prefill-tokens", "0,16,32", "--context-lens", "16,24", "--profile-repeats", "3",
+        "--profile-warmup", "1", "--num-requests", "8", "--input-len", "16", "--output-len", "8",
+        "--rates", "4,6", "--seeds", "0", "--warmup-requests", "0", "--settle-s", "0",
+        "--quiet", "--json", str(out)])
+    assert rc == 130 and len(calls) == 2
+    res = json.loads(out.read_text())
+    assert res["interrupted"] == {"runs_done": 1, "runs_planned": 2}
+    (load,) = res["loads"]
+    (run,) = load["runs"]
+    assert load["rate"] == 4 and run["live_completed"] == 8 and run["sim_completed"] == 8
+    assert run["steps"]["num_prefill_steps"][0] >= 1  # its steps read from the stopped service's log
+    assert "rel_err" in load["summary"]["ttft_p50"]
+    # and the replay scores it from its logs (a prefix of the plan: the cut run's arrivals too)
+    from bench.simulator import validate_replay
+    assert validate_replay.main([str(out), res["decision_log"], res["step_log"], "--profile",
+                                 str(tmp_path / "profile.json"), "--json", str(tmp_path / "replay.json")]) == 0
+    rep = json.loads((tmp_path / "replay.json").read_text())
+    assert [ld["load_label"] for ld in rep["loads"]] == [load["load_label"]]

@@ -281,7 +281,8 @@ class LiveServer:
                     ready.set()
             ready.set()
 
-        threading.Thread(target=read, daemon=True).start()
+        self._reader = threading.Thread(target=read, daemon=True)
+        self._reader.start()
         if not ready.wait(self.startup_timeout) or not self.url:
             self.__exit__(None, None, None)
             tail = "\n".join(self.lines[-10:])
@@ -296,6 +297,9 @@ class LiveServer:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)   # our own group: serve + its backend
                 self.proc.wait()
+        self._reader.join(5)  # its output read to the end, then the pipe closed
+        if not self._reader.is_alive():
+            self.proc.stdout.close()
 
 
 def prompt_seed(seed: int, load_index: int) -> int:
@@ -633,7 +637,6 @@ def _log(a, msg: str) -> None:
 
 
 def validate(a: argparse.Namespace) -> dict:
-    from bench.simulator.decision_fidelity import compare as decision_compare
     from gateway.serve import build_parser as serve_parser
     from gateway.serve import gateway_config
     from sims.profile_cost import ProfileCost
@@ -713,8 +716,59 @@ def validate(a: argparse.Namespace) -> dict:
             run_live(srv.url, srv.model, a.warmup_requests, max(rates[0], 1.0), in_spec,
                      out_spec, 10_000, a.request_timeout, prompts_seed=0)
         result["decision_log"] = str(dec_path)
-        for seed in seeds:
-            for li, rate in enumerate(rates):
+        # A device call's timeout (SIGINT from `timeout -s INT`, SIGTERM from a plain `timeout`)
+        # stops the runs, not the session: the runs done so far are scored and written, as a
+        # validate JSON marked "interrupted" (its unfinished run is dropped), so that a part cut
+        # short keeps what it measured (before: the whole call's JSON was lost).
+        old_term = signal.signal(signal.SIGTERM, signal.default_int_handler)
+        try:
+            _live_runs(a, srv, seeds, rates, labels, dec_path, by_load, run_steps, result,
+                       profile, num_blocks, block_size, max_model_len, max_num_seqs, max_nbt, gw,
+                       in_spec, out_spec, plan_lead, live_cap, terms)
+        except KeyboardInterrupt:
+            done = sum(map(len, by_load.values()))
+            result["interrupted"] = {"runs_done": done, "runs_planned": len(seeds) * len(rates)}
+            result["config"]["interrupted"] = True  # its logs hold a prefix of the plan (prompt_identity)
+            _log(a, f"interrupted: scoring the {done} of {len(seeds) * len(rates)} runs done")
+            # a run whose live part ended but whose comparison did not: dropped
+            run_steps[:] = [r for r in run_steps if r[1] < len(by_load[r[0]])]
+        finally:
+            signal.signal(signal.SIGTERM, old_term)
+    _score_steps(a, result, step_path, dec_path, cost, by_load, run_steps, plan_lead, kind_leads)
+    for li, rate in enumerate(rates):
+        if not by_load[li]:  # interrupted before this load ran
+            continue
+        result["loads"].append({"load_label": labels[li], "rate": rate,
+                                "load_fraction": rate / cap["request_rate"], "runs": by_load[li],
+                                "summary": summarize_load(by_load[li], a.confidence),
+                                "summary_scaled": summarize_load(
+                                    [{"compare": r["compare_scaled"]} for r in by_load[li]], a.confidence),
+                                "summary_replay": summarize_load(
+                                    [{"compare": r["compare_replay"]} for r in by_load[li]], a.confidence),
+                                "decisions": decisions_summary(by_load[li], a.confidence),
+                                **({"summary_replay_path": summarize_load(
+                                    [{"compare": r["compare_replay_path"]} for r in by_load[li]],
+                                    a.confidence)} if all("compare_replay_path" in r for r in by_load[li])
+                                   else {}),
+                                "steps": steps_summary(by_load[li], a.confidence),
+                                **({"steps_path": steps_summary([{"steps": r["steps_path"]} for r in by_load[li]],
+                                                                a.confidence)}
+                                   if all("steps_path" in r for r in by_load[li]) else {}),
+                                "ttft_path_ms": _mean_parts([r.get("ttft_path_ms") for r in by_load[li]]),
+                                "scale": mean_ci([r["scale"] for r in by_load[li]], a.confidence)})
+    result["loadavg_after"] = os.getloadavg()
+    return result
+
+
+def _live_runs(a, srv, seeds, rates, labels, dec_path, by_load, run_steps, result, profile, num_blocks,
+               block_size, max_model_len, max_num_seqs, max_nbt, gw, in_spec, out_spec, plan_lead,
+               live_cap, terms) -> None:
+    """Every (seed, load) run against the live service, each beside its simulation and replay:
+    appends to `by_load` (load index -> runs) and `run_steps` (`validate`)."""
+    from bench.simulator.decision_fidelity import compare as decision_compare
+
+    for seed in seeds:
+        for li, rate in enumerate(rates):
                 time.sleep(a.settle_s)
                 la = os.getloadavg()
                 offset = dec_path.stat().st_size if dec_path.exists() else 0
@@ -758,6 +812,11 @@ def validate(a: argparse.Namespace) -> dict:
                                     for k, v in cmp_.items()) + f"  [loadavg {la[0]:.2f}]; windows "
                         f"same {100 * decisions['same_membership_share']:.1f}% of "
                         f"{decisions['num_batches']}")
+
+
+def _score_steps(a, result, step_path, dec_path, cost, by_load, run_steps, plan_lead, kind_leads) -> None:
+    """After the service stopped: its step log against each run's simulated steps, the cost model
+    at every live step, and the delivery path put back into the replays (`validate`)."""
     # the backend wrote its step log when it stopped: compare each run's prefill steps
     if step_path.exists():
         from bench.serving.ttft_path import decompose
@@ -834,27 +893,6 @@ def validate(a: argparse.Namespace) -> dict:
                     by_load[li][ri]["steps_path"] = compare_steps(prefill_steps_of(live_steps, ids),
                                                                   prefill_steps_of(steps_d, ids))
         result["step_log"] = str(step_path)
-    for li, rate in enumerate(rates):
-        result["loads"].append({"load_label": labels[li], "rate": rate,
-                                "load_fraction": rate / cap["request_rate"], "runs": by_load[li],
-                                "summary": summarize_load(by_load[li], a.confidence),
-                                "summary_scaled": summarize_load(
-                                    [{"compare": r["compare_scaled"]} for r in by_load[li]], a.confidence),
-                                "summary_replay": summarize_load(
-                                    [{"compare": r["compare_replay"]} for r in by_load[li]], a.confidence),
-                                "decisions": decisions_summary(by_load[li], a.confidence),
-                                **({"summary_replay_path": summarize_load(
-                                    [{"compare": r["compare_replay_path"]} for r in by_load[li]],
-                                    a.confidence)} if all("compare_replay_path" in r for r in by_load[li])
-                                   else {}),
-                                "steps": steps_summary(by_load[li], a.confidence),
-                                **({"steps_path": steps_summary([{"steps": r["steps_path"]} for r in by_load[li]],
-                                                                a.confidence)}
-                                   if all("steps_path" in r for r in by_load[li]) else {}),
-                                "ttft_path_ms": _mean_parts([r.get("ttft_path_ms") for r in by_load[li]]),
-                                "scale": mean_ci([r["scale"] for r in by_load[li]], a.confidence)})
-    result["loadavg_after"] = os.getloadavg()
-    return result
 
 
 def vars_of(obj) -> dict:
@@ -883,6 +921,13 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, ValueError, OSError) as exc:
         print(f"tidegate sim validate: {exc}", file=sys.stderr)
         return 1
+    stopped = result.get("interrupted")
+    if stopped:
+        print(f"tidegate sim validate: interrupted after {stopped['runs_done']} of {stopped['runs_planned']} runs; "
+              "the JSON holds those", file=sys.stderr)
+    if not result["loads"]:  # interrupted before the first run ended: nothing to tabulate
+        _write_json(a, result)
+        return 130
     print(format_table(result))
     print("\ndiagnostic: the same simulations with the profile's step times scaled per run so that the "
           "simulated ITL P50 equals the live one (scale = live/sim ITL P50: "
@@ -935,9 +980,13 @@ def main(argv: list[str] | None = None) -> int:
           f"{a.num_requests} requests of {a.input_len}+{a.output_len} tokens per run; goal ±{100 * GOAL:.0f}%; "
           f"loadavg {result['profile']['loadavg_before'][0]:.2f} at profiling, "
           f"{result['loadavg_after'][0]:.2f} at the end")
+    _write_json(a, result)
+    return 130 if stopped else 0
+
+
+def _write_json(a, result: dict) -> None:
     if a.json_out:
         Path(a.json_out).parent.mkdir(parents=True, exist_ok=True)
         with open(a.json_out, "w") as fh:
             json.dump(result, fh, indent=2, default=_default)
             fh.write("\n")
-    return 0
