@@ -158,3 +158,43 @@ def test_the_replays_cost_spec_takes_the_onset_and_the_prefix_term():
     assert slow.cap_onset is None and slow.counts_decode_spells
     fit = CostSpec(model="tiny", profile=str(prof), **on, prefix_term="fit").build()
     assert fit.prefix_twins is None and slow.prefix_twins is not None
+
+
+def test_the_pattern_runs_carry_each_steps_device_time(monkeypatch):
+    """The pause check's mixed_pattern runs time each step's device part too (the live step log's
+    CUDA events), so that a profile tells whether a mixed step run right after others takes longer
+    on the device than paused (session 27: live mixed steps run ~3% over the paused device times).
+    A stand-in CUDA runner whose mixed steps take 12 ms of device time and decode steps 5 ms."""
+    import torch
+
+    from bench.engine import profile as prof
+
+    class Step:
+        def __init__(self, kind):
+            self.readback, self.kind = 0, kind
+
+    class Buffers:
+        last = None
+
+        def device_seconds(self, slot):
+            return 0.012 if Buffers.last == "m" else 0.005
+
+    class Runner:
+        device = torch.device("cuda")
+        buffers = Buffers()
+
+        def launch(self, chunks):
+            Buffers.last = chunks
+            return Step(chunks)
+
+        def finish(self, step):
+            return None
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(prof.time, "sleep", lambda s: None)
+    pat = prof.mixed_pattern(Runner(), "m", "d", 1, 0.01, 0.0, 3)
+    assert pat["device_ms_median"] == 12.0 and pat["decode_device_ms_median"] == 5.0
+    assert pat["pattern_device_ms"][:2] == [12.0, 5.0] and pat["pattern_kinds"].startswith("md")
+    # on the CPU (no timing events) the pattern has no device fields, as before
+    Runner.device = torch.device("cpu")
+    assert "device_ms_median" not in prof.mixed_pattern(Runner(), "m", "d", 1, 0.01, 0.0, 3)

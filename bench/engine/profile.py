@@ -622,37 +622,53 @@ PATTERN_S = 1.0
 
 def mixed_pattern(runner, mixed, decode, n: int, span_s: float, idle_s: float, repeats: int) -> dict:
     """`idle_s` idle, then for `span_s` the step `mixed` with `n` steps `decode` after each, back to
-    back, every step timed (start ms since the first's, wall ms as `measure`): the pattern's record
-    and its mixed / decode steps' medians over the second half (the state the pattern settles at)."""
+    back, every step timed (start ms since the first's, wall ms as `measure`; on CUDA also its
+    device ms, the live step log's events): the pattern's record and its mixed / decode steps'
+    medians over the second half (the state the pattern settles at)."""
     sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
     decode_alone = measure(runner, decode, repeats, 1, 0.0)
     sync()
     time.sleep(idle_s)
     t_first = time.perf_counter()
     t_end = t_first + span_s
-    starts, ms, kinds = [], [], []
+    starts, ms, kinds, dev = [], [], [], []
     while time.perf_counter() < t_end or not ms:
         for kind, chunks in [("m", mixed)] + [("d", decode)] * n:
             t0 = time.perf_counter()
-            runner.finish(runner.launch(chunks))
+            step = runner.launch(chunks)
+            runner.finish(step)
             sync()
             t1 = time.perf_counter()
             starts.append(round((t0 - t_first) * 1000, 3))
             ms.append(round((t1 - t0) * 1000, 4))
             kinds.append(kind)
+            dev.append(_step_device_ms(runner, step))
     half = starts[-1] / 2
 
-    def late(kind: str) -> list[float]:  # the kind's steps of the second half (all, where none)
-        return ([x for x, k, t in zip(ms, kinds, starts, strict=True) if k == kind and t >= half]
-                or [x for x, k in zip(ms, kinds, strict=True) if k == kind])
+    def late(kind: str, xs=ms) -> list[float]:  # the kind's steps of the second half (all, where none)
+        return ([x for x, k, t in zip(xs, kinds, starts, strict=True) if k == kind and t >= half]
+                or [x for x, k in zip(xs, kinds, strict=True) if k == kind])
 
     late_m, late_d = late("m"), late("d")
-    return {"decode_steps_between": n, "step_ms_median": statistics.median(late_m),
+    timed = None not in dev
+    return {**({"device_ms_median": statistics.median(late("m", dev)),
+                "decode_device_ms_median": statistics.median(late("d", dev)),
+                "pattern_device_ms": dev} if timed else {}),
+            "decode_steps_between": n, "step_ms_median": statistics.median(late_m),
             "step_ms_min": min(late_m), "step_ms_max": max(late_m),
             "decode_ms_median": statistics.median(late_d),
             "decode_alone_ms_median": statistics.median(decode_alone),
             "sustain_ms": span_s * 1000, "idle_before_ms": idle_s * 1000, "pattern_steps": len(ms),
             "pattern_t_ms": starts, "pattern_ms": ms, "pattern_kinds": "".join(kinds)}
+
+
+def _step_device_ms(runner, step) -> float | None:
+    """A finished step's device ms (the live step log's CUDA events: its start, before its input
+    copies, to its read-back), or None (the CPU, a step without a read-back)."""
+    if runner.device.type != "cuda" or getattr(step, "readback", -1) < 0:
+        return None
+    sec = runner.buffers.device_seconds(step.readback)
+    return None if sec is None else round(sec * 1000, 4)
 
 
 def sustained_trace(runner, chunks, sustain_s: float, idle_s: float) -> dict:
@@ -665,18 +681,20 @@ def sustained_trace(runner, chunks, sustain_s: float, idle_s: float) -> dict:
     time.sleep(idle_s)
     t_first = time.perf_counter()
     t_end = t_first + sustain_s
-    starts, ms, clocks, power = [], [], [], []
+    starts, ms, clocks, power, dev = [], [], [], [], []
     while True:
         t0 = time.perf_counter()
         if t0 >= t_end:
             break
         if not ms:
             t_first = t0  # the trace's times from the first step's start
-        runner.finish(runner.launch(chunks))
+        step = runner.launch(chunks)
+        runner.finish(step)
         sync()
         t1 = time.perf_counter()
         starts.append(round((t0 - t_first) * 1000, 3))
         ms.append(round((t1 - t0) * 1000, 4))
+        dev.append(_step_device_ms(runner, step))
         if len(ms) % TRACE_CLOCK_EVERY == 1:
             clk = sm_clock_mhz(runner.device)
             if clk is not None:
@@ -685,7 +703,7 @@ def sustained_trace(runner, chunks, sustain_s: float, idle_s: float) -> dict:
             if pw is not None:
                 power.append([starts[-1], pw])
     doc = {"sustain_ms": sustain_s * 1000, "sustain_steps": len(ms), "idle_before_ms": idle_s * 1000,
-           "trace_t_ms": starts, "trace_ms": ms}
+           "trace_t_ms": starts, "trace_ms": ms, **({"trace_device_ms": dev} if None not in dev else {})}
     if clocks:
         doc["trace_sm_clock_mhz"] = clocks
     if power:
@@ -759,11 +777,15 @@ def compare_pause(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int 
         pm = max(1, min(MIXED_CHUNK, cfg.max_num_batched_tokens - dm))
         mixed = make_step(dm, pm, dec[1], cfg.block_size, cfg.num_blocks, vocab)
         paused = measure(runner, mixed, repeats, 1, pause_s)
+        # its device time paused, as the grid's points time theirs (None on the CPU): against the
+        # patterns' device times below, whether the step itself runs longer back to back
+        paused_dev = measure_device(runner, mixed, repeats, pause_s)
+        dev_extra = {"paused_device_ms_median": statistics.median(paused_dev)} if paused_dev else {}
         extra = sustained_trace(runner, mixed, sustain_s, SUSTAIN_IDLE_S)
         ms = measure(runner, mixed, repeats, 1, 0.0)
         runs.append({"run": "sustained_mixed", "pause_ms": 0.0, "num_decode_seqs": dm, "num_prefill_tokens": pm,
                      "decode_context_len": dec[1], "paused_ms_median": statistics.median(paused),
-                     "paused_pause_ms": pause_s * 1000, "step_ms_median": statistics.median(ms),
+                     "paused_pause_ms": pause_s * 1000, **dev_extra, "step_ms_median": statistics.median(ms),
                      "step_ms_min": min(ms), "step_ms_max": max(ms), "sm_clock_mhz": sm_clock_mhz(runner.device),
                      **extra})
         print(f"pause check d={dm} p={pm}: sustained_mixed paused {runs[-1]['paused_ms_median']:9.3f} ms, "
@@ -775,10 +797,12 @@ def compare_pause(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int 
             runs.append({"run": f"mixed_pattern_{n}", "pause_ms": 0.0, "num_decode_seqs": dm,
                          "num_prefill_tokens": pm, "decode_context_len": dec[1],
                          "paused_ms_median": statistics.median(paused), "paused_pause_ms": pause_s * 1000,
-                         "sm_clock_mhz": sm_clock_mhz(runner.device), **pat})
+                         **dev_extra, "sm_clock_mhz": sm_clock_mhz(runner.device), **pat})
             print(f"pause check d={dm} p={pm}: mixed_pattern_{n} mixed {pat['step_ms_median']:9.3f} ms "
                   f"(paused {runs[-1]['paused_ms_median']:9.3f}), decode {pat['decode_ms_median']:9.3f} ms "
-                  f"(alone {pat['decode_alone_ms_median']:9.3f})", flush=True)
+                  f"(alone {pat['decode_alone_ms_median']:9.3f})"
+                  + (f"; device mixed {pat['device_ms_median']:9.3f} ms (paused {dev_extra['paused_device_ms_median']:9.3f})"
+                     if "device_ms_median" in pat and dev_extra else ""), flush=True)
     doc = {"num_prefill_tokens": p, "num_prefill_seqs": k, "runs": runs}
     if sustain_s > 0:
         big = packed_check_shape(shapes, p)
