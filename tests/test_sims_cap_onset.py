@@ -169,22 +169,22 @@ def test_the_pattern_runs_carry_each_steps_device_time(monkeypatch):
 
     from bench.engine import profile as prof
 
-    class Step:
-        def __init__(self, kind):
-            self.readback, self.kind = 0, kind
+    kinds: dict[int, str] = {}  # read-back slot -> the step's kind
 
     class Buffers:
-        last = None
-
         def device_seconds(self, slot):
-            return 0.012 if Buffers.last == "m" else 0.005
+            return 0.012 if kinds[slot] == "m" else 0.005
+
+    class Step:
+        def __init__(self, kind):
+            self.readback = len(kinds)
+            kinds[self.readback] = kind
 
     class Runner:
         device = torch.device("cuda")
         buffers = Buffers()
 
         def launch(self, chunks):
-            Buffers.last = chunks
             return Step(chunks)
 
         def finish(self, step):
@@ -195,6 +195,10 @@ def test_the_pattern_runs_carry_each_steps_device_time(monkeypatch):
     pat = prof.mixed_pattern(Runner(), "m", "d", 1, 0.01, 0.0, 3)
     assert pat["device_ms_median"] == 12.0 and pat["decode_device_ms_median"] == 5.0
     assert pat["pattern_device_ms"][:2] == [12.0, 5.0] and pat["pattern_kinds"].startswith("md")
+    # and launched as the serving loop does, two in flight: each step's own device time
+    assert pat["pipelined_device_ms_median"] == 12.0 and pat["pipelined_decode_device_ms_median"] == 5.0
+    assert pat["pipelined_kinds"].startswith("dm")  # the first step (from idle) left out
     # on the CPU (no timing events) the pattern has no device fields, as before
     Runner.device = torch.device("cpu")
-    assert "device_ms_median" not in prof.mixed_pattern(Runner(), "m", "d", 1, 0.01, 0.0, 3)
+    cpu = prof.mixed_pattern(Runner(), "m", "d", 1, 0.01, 0.0, 3)
+    assert "device_ms_median" not in cpu and "pipelined_device_ms_median" not in cpu

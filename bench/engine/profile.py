@@ -651,15 +651,57 @@ def mixed_pattern(runner, mixed, decode, n: int, span_s: float, idle_s: float, r
 
     late_m, late_d = late("m"), late("d")
     timed = None not in dev
+    piped = _pipelined_pattern(runner, mixed, decode, n, span_s) if timed else {}
     return {**({"device_ms_median": statistics.median(late("m", dev)),
                 "decode_device_ms_median": statistics.median(late("d", dev)),
-                "pattern_device_ms": dev} if timed else {}),
+                "pattern_device_ms": dev} if timed else {}), **piped,
             "decode_steps_between": n, "step_ms_median": statistics.median(late_m),
             "step_ms_min": min(late_m), "step_ms_max": max(late_m),
             "decode_ms_median": statistics.median(late_d),
             "decode_alone_ms_median": statistics.median(decode_alone),
             "sustain_ms": span_s * 1000, "idle_before_ms": idle_s * 1000, "pattern_steps": len(ms),
             "pattern_t_ms": starts, "pattern_ms": ms, "pattern_kinds": "".join(kinds)}
+
+
+def _pipelined_pattern(runner, mixed, decode, n: int, span_s: float) -> dict:
+    """The pattern again, launched as the serving loop launches (each step queued while the one
+    before runs, then that one finished: two in flight, never three, so no step's inputs are
+    rewritten before they are copied), each step's device ms (its ops all queued when the device
+    reaches them, as live). The synchronous pattern's device window also holds the host's input
+    preparation, which the device waits through (session 27's first H100 call: +0.4 ms a mixed
+    step); this one holds only the step. Medians over the second half, the first step (from idle,
+    launched alone) left out."""
+    order = [("m", mixed)] + [("d", decode)] * n
+    sync = torch.cuda.synchronize
+    sync()
+    kinds, dev = [], []
+    t_end = time.perf_counter() + span_s
+    i = 0
+    prev_kind, prev = order[0][0], runner.launch(order[0][1])
+    while time.perf_counter() < t_end:
+        i += 1
+        kind, chunks = order[i % len(order)]
+        cur = runner.launch(chunks)
+        runner.finish(prev)
+        kinds.append(prev_kind)
+        dev.append(_step_device_ms(runner, prev))
+        prev_kind, prev = kind, cur
+    runner.finish(prev)
+    kinds.append(prev_kind)
+    dev.append(_step_device_ms(runner, prev))
+    sync()
+    kinds, dev = kinds[1:], dev[1:]
+    if None in dev or "m" not in kinds:
+        return {}
+    half = len(dev) // 2
+
+    def late(kind: str) -> list[float]:
+        return [x for x, k in zip(dev[half:], kinds[half:], strict=True) if k == kind] or \
+            [x for x, k in zip(dev, kinds, strict=True) if k == kind]
+
+    return {"pipelined_device_ms_median": statistics.median(late("m")),
+            **({"pipelined_decode_device_ms_median": statistics.median(late("d"))} if "d" in kinds else {}),
+            "pipelined_kinds": "".join(kinds), "pipelined_device_ms": dev}
 
 
 def _step_device_ms(runner, step) -> float | None:
@@ -781,6 +823,9 @@ def compare_pause(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int 
         # patterns' device times below, whether the step itself runs longer back to back
         paused_dev = measure_device(runner, mixed, repeats, pause_s)
         dev_extra = {"paused_device_ms_median": statistics.median(paused_dev)} if paused_dev else {}
+        spin_dev = measure_device(runner, mixed, repeats, 0.0) if paused_dev else None
+        if spin_dev:  # no pause, only the spin that queues the step: the pause's own share
+            dev_extra["spin_device_ms_median"] = statistics.median(spin_dev)
         extra = sustained_trace(runner, mixed, sustain_s, SUSTAIN_IDLE_S)
         ms = measure(runner, mixed, repeats, 1, 0.0)
         runs.append({"run": "sustained_mixed", "pause_ms": 0.0, "num_decode_seqs": dm, "num_prefill_tokens": pm,
@@ -802,7 +847,9 @@ def compare_pause(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int 
                   f"(paused {runs[-1]['paused_ms_median']:9.3f}), decode {pat['decode_ms_median']:9.3f} ms "
                   f"(alone {pat['decode_alone_ms_median']:9.3f})"
                   + (f"; device mixed {pat['device_ms_median']:9.3f} ms (paused {dev_extra['paused_device_ms_median']:9.3f})"
-                     if "device_ms_median" in pat and dev_extra else ""), flush=True)
+                     if "device_ms_median" in pat and dev_extra else "")
+                  + (f", pipelined {pat['pipelined_device_ms_median']:9.3f} ms"
+                     if "pipelined_device_ms_median" in pat else ""), flush=True)
     doc = {"num_prefill_tokens": p, "num_prefill_seqs": k, "runs": runs}
     if sustain_s > 0:
         big = packed_check_shape(shapes, p)

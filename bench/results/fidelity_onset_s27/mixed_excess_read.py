@@ -32,9 +32,11 @@ def main(paths: list[str]) -> None:
         print("2. no sustained_mixed run in the pause check")
         return
     pd = sm.get("paused_device_ms_median")
+    sd = sm.get("spin_device_ms_median")
     print(f"2. the pause check's mixed step (d {sm['num_decode_seqs']}, p {sm['num_prefill_tokens']}, "
           f"context {sm['decode_context_len']}): paused wall {sm['paused_ms_median']:.3f} ms, device "
-          f"{pd if pd is None else round(pd, 3)} ms")
+          f"{pd if pd is None else round(pd, 3)} ms (60 ms idle, then queued behind a spin)"
+          + (f"; queued behind the spin with no idle before: {sd:.3f} ms ({sd / pd:.4f})" if sd and pd else ""))
     dev = sm.get("trace_device_ms")
     if dev and pd:
         late = dev[len(dev) // 2:]
@@ -47,8 +49,12 @@ def main(paths: list[str]) -> None:
         line = (f"   pattern, {n} decode step(s) between: wall {r['step_ms_median']:.3f} "
                 f"({r['step_ms_median'] / r['paused_ms_median']:.4f} x paused wall)")
         if r.get("device_ms_median") and pd:
-            line += (f"; device {r['device_ms_median']:.3f} ({r['device_ms_median'] / pd:.4f} x paused device); "
-                     f"its decode steps {r['decode_device_ms_median']:.3f} ms device")
+            line += (f"; device (synchronous: the host's input preparation inside) {r['device_ms_median']:.3f} "
+                     f"({r['device_ms_median'] / pd:.4f} x paused device)")
+        if r.get("pipelined_device_ms_median") and pd:
+            line += (f"; pipelined as live {r['pipelined_device_ms_median']:.3f} "
+                     f"({r['pipelined_device_ms_median'] / pd:.4f} x paused device), its decode steps "
+                     f"{r.get('pipelined_decode_device_ms_median', float('nan')):.3f} ms")
         print(line)
 
 
