@@ -487,6 +487,10 @@ def fit_cap_onset(t_s, step_ms, paused_ms: float, tau_slow_s: float) -> dict | N
             "rmse_ms": float(np.sqrt(sse / len(y)) * paused_ms), "n": len(y)}
 
 
+# the fewest prompt sizes among the regression's points past a compute knee (their steps' tokens,
+# padded to the graph bucket, past it): the slope past the knee is fitted across them (`ProfileCost`)
+KNEE_SUPPORT = 2
+
 # the engine's launch deadline's slack (backend.engine.continuous.LAUNCH_SLACK_S), here so that this
 # module needs no engine import
 PLAN_LEAD_SLACK_S = 0.001
@@ -800,8 +804,17 @@ class ProfileCost:
             # turn compute-bound; one slope for both charged 8 more tokens at 9 as 0.7 ms where
             # the H200 took 0.1 ms. The knee is the step size (a measured one) that fits best
             tokens = (d + p + pad)[p > 0]
+            # a knee needs KNEE_SUPPORT prompt sizes among the fit's points past it: the points of
+            # one prompt size just past a knee near the grid's top (beside several decode counts)
+            # gave its slope from their own noise (the H100 6.7B mixed profiles: knee 1,536, 40 us a
+            # token past it against 11 below, which charged a 2,016-token chunk 72 ms where it took
+            # 49; bench/results/fidelity_onset_s27)
+            fit_steps = (p > 0) & fit
             best = None
             for knee in np.unique(tokens)[:-1]:
+                past = fit_steps & (d + p + pad > knee)
+                if len(np.unique(p[past])) < KNEE_SUPPORT:
+                    continue
                 f = _features(d, p, c, k, q, x_fit, self._cols[:3] + (float(knee),) + self._cols[4:],
                               pad, v)
                 fs = np.maximum(np.abs(f).max(axis=0), 1e-12)
