@@ -487,8 +487,10 @@ def fit_cap_onset(t_s, step_ms, paused_ms: float, tau_slow_s: float) -> dict | N
             "rmse_ms": float(np.sqrt(sse / len(y)) * paused_ms), "n": len(y)}
 
 
-# the fewest prompt sizes among the regression's points past a compute knee (their steps' tokens,
-# padded to the graph bucket, past it): the slope past the knee is fitted across them (`ProfileCost`)
+# a compute knee's support (`ProfileCost`): the regression's points past it hold at least this many
+# step sizes (tokens, padded to their graph bucket), and the largest reaches at least halfway from the
+# knee to the largest step the profile measured: the slope past the knee is fitted across them and
+# carries the model to the top; 0: any knee (the model before session 27)
 KNEE_SUPPORT = 2
 
 # the engine's launch deadline's slack (backend.engine.continuous.LAUNCH_SLACK_S), here so that this
@@ -605,7 +607,7 @@ class ProfileCost:
                  cap_by_power: bool = False, decode_extrapolation: str = "nearest",
                  spread_points: list[dict] | None = None, decode_spread: str | float = "measured",
                  mixed_spread: str | float = "measured", decode_spells: bool = True,
-                 prefix_term: str = "twins", cap_onset: str = "slow"):
+                 prefix_term: str = "twins", cap_onset: str = "slow", knee_support: int = KNEE_SUPPORT):
         """points: (n, 3) of (num_decode_seqs, num_prefill_tokens, num_context_tokens), or (n, 4) /
         (n, 5) with num_prefill_seqs k (the p tokens are k chunks of p/k each; default 1 when p > 0)
         and prefill_context_len s (each chunk starts at position s; default 0) appended, or (n, 6)
@@ -652,6 +654,8 @@ class ProfileCost:
         onset"; with `power_cap` and a trace that resolves it, else as "slow")."""
         if cap_onset not in ("slow", "fast"):
             raise ValueError(f"cap_onset {cap_onset!r}: slow or fast")
+        # (knee_support: the step sizes a compute knee needs past it, KNEE_SUPPORT; 0: any knee, as
+        # before session 27)
         if prefix_term not in ("twins", "fit"):
             raise ValueError(f"prefix_term {prefix_term!r}: twins or fit")
         if mixed_spread not in ("measured", "off"):
@@ -804,16 +808,17 @@ class ProfileCost:
             # turn compute-bound; one slope for both charged 8 more tokens at 9 as 0.7 ms where
             # the H200 took 0.1 ms. The knee is the step size (a measured one) that fits best
             tokens = (d + p + pad)[p > 0]
-            # a knee needs KNEE_SUPPORT prompt sizes among the fit's points past it: the points of
-            # one prompt size just past a knee near the grid's top (beside several decode counts)
-            # gave its slope from their own noise (the H100 6.7B mixed profiles: knee 1,536, 40 us a
-            # token past it against 11 below, which charged a 2,016-token chunk 72 ms where it took
-            # 49; bench/results/fidelity_onset_s27)
-            fit_steps = (p > 0) & fit
+            # a knee needs support past it (KNEE_SUPPORT): points just past a knee near the grid's
+            # top gave its slope from their own noise (the H100 6.7B mixed profiles: knee 1,536,
+            # the fit's points past it reaching 1,664 tokens, 40 us a token past it against 11
+            # below, which charged a 2,016-token chunk 72 ms where it took 49;
+            # bench/results/fidelity_onset_s27)
+            fit_tokens = np.unique((d + p + pad)[(p > 0) & fit])
+            top = float(tokens.max())
             best = None
             for knee in np.unique(tokens)[:-1]:
-                past = fit_steps & (d + p + pad > knee)
-                if len(np.unique(p[past])) < KNEE_SUPPORT:
+                past = fit_tokens[fit_tokens > knee]
+                if knee_support and (len(past) < knee_support or past.max() - knee < (top - knee) / 2):
                     continue
                 f = _features(d, p, c, k, q, x_fit, self._cols[:3] + (float(knee),) + self._cols[4:],
                               pad, v)

@@ -170,7 +170,9 @@ def test_the_committed_h200_profiles_are_charged_as_before():
     model before it (values from the tree before the change, 26189be; bench/results/
     fidelity_packed_s18/identity.py compares every committed profile and form in full). The
     cached-prefix term as it was then (`prefix_term="fit"`; the twins' term since session 26 moves
-    the charges of steps with prefill chunks, tests/test_sims_prefix_twins.py)."""
+    the charges of steps with prefill chunks, tests/test_sims_prefix_twins.py), and any compute knee
+    (`knee_support=0`; since session 27 a knee needs two prompt sizes past it, which moves the 33B
+    FP8's from 1,152 to 1,024 tokens: tests/test_sims_knee_support.py)."""
     from pathlib import Path
     res = Path(__file__).resolve().parents[1] / "bench" / "results"
     s17 = res / "fidelity_grid_h200_s17" / "33b-fp8" / "profile_33b-fp8.json"
@@ -187,7 +189,7 @@ def test_the_committed_h200_profiles_are_charged_as_before():
     }
     for path, rows in want.items():
         cost = ProfileCost.from_json(path, hide_launch=True, power_cap=True, cap_by_power=True,
-                                     prefix_term="fit")
+                                     prefix_term="fit", knee_support=0)
         assert cost.cap_packed is None
         for shape, t, w, slow in rows:
             assert cost.step_time(*shape) == pytest.approx(t, rel=1e-12)
