@@ -171,7 +171,7 @@ def test_the_committed_h200_profiles_are_charged_as_before():
     fidelity_packed_s18/identity.py compares every committed profile and form in full). The
     cached-prefix term as it was then (`prefix_term="fit"`; the twins' term since session 26 moves
     the charges of steps with prefill chunks, tests/test_sims_prefix_twins.py), and any compute knee
-    (`knee_support=0`; since session 27 a knee needs two prompt sizes past it, which moves the 33B
+    (`knee_support=0`; since session 27 a knee needs support past it, which moves the 33B
     FP8's from 1,152 to 1,024 tokens: tests/test_sims_knee_support.py)."""
     from pathlib import Path
     res = Path(__file__).resolve().parents[1] / "bench" / "results"
