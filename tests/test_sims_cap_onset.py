@@ -202,3 +202,53 @@ def test_the_pattern_runs_carry_each_steps_device_time(monkeypatch):
     Runner.device = torch.device("cpu")
     cpu = prof.mixed_pattern(Runner(), "m", "d", 1, 0.01, 0.0, 3)
     assert "device_ms_median" not in cpu and "pipelined_device_ms_median" not in cpu
+
+
+def test_the_stream_run_sets_the_mixed_shapes_in_turn_against_each_paused(monkeypatch):
+    """The pause check's "stream_mixed" run: the grid's one-chunk mixed shapes timed paused, then in
+    turn two in flight. A stand-in CUDA runner whose steps take 10 ms + 0.1 ms a decode on the
+    device, 2% more when launched while another step is in flight: the run reads 1.02, every shape."""
+    import torch
+
+    from bench.engine import profile as prof
+
+    state = {"in_flight": 0, "ms": {}}
+
+    class Step:
+        def __init__(self, chunks):
+            d = sum(1 for c in chunks if not c.is_prefill)
+            self.readback = len(state["ms"])
+            state["ms"][self.readback] = (10.0 + 0.1 * d) * (1.02 if state["in_flight"] else 1.0)
+
+    class Buffers:
+        def device_seconds(self, slot):
+            return state["ms"][slot] / 1e3
+
+    class Runner:
+        device = torch.device("cuda")
+        buffers = Buffers()
+
+        def launch(self, chunks):
+            step = Step(chunks)
+            state["in_flight"] += 1
+            return step
+
+        def finish(self, step):
+            state["in_flight"] -= 1
+
+    class Cfg:
+        block_size, num_blocks = 16, 4096
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None, raising=False)
+    monkeypatch.setattr(prof, "sm_clock_mhz", lambda device: 1980)
+    monkeypatch.setattr(prof.time, "sleep", lambda s: None)
+    shapes = [(d, p, 128, 1, 0) for d in (0, 8, 32) for p in (0, 64, 256) if d + p]
+    run = prof.stream_mixed(Runner(), shapes, Cfg(), 100, 0.0, 3, 0.01)
+    assert run["shapes"] == [[8, 64, 128], [8, 256, 128], [32, 64, 128], [32, 256, 128]]
+    assert run["paused_device_ms"] == pytest.approx([10.8, 10.8, 13.2, 13.2])
+    assert run["pipelined_device_ms"] == pytest.approx([x * 1.02 for x in run["paused_device_ms"]])
+    assert run["ratio"] == pytest.approx(1.02)
+    # no timing events (the CPU), or one mixed shape: no run
+    Runner.device = torch.device("cpu")
+    assert prof.stream_mixed(Runner(), shapes, Cfg(), 100, 0.0, 3, 0.01) is None

@@ -664,35 +664,15 @@ def mixed_pattern(runner, mixed, decode, n: int, span_s: float, idle_s: float, r
 
 
 def _pipelined_pattern(runner, mixed, decode, n: int, span_s: float) -> dict:
-    """The pattern again, launched as the serving loop launches (each step queued while the one
-    before runs, then that one finished: two in flight, never three, so no step's inputs are
-    rewritten before they are copied), each step's device ms (its ops all queued when the device
-    reaches them, as live). The synchronous pattern's device window also holds the host's input
-    preparation, which the device waits through (session 27's first H100 call: +0.4 ms a mixed
-    step); this one holds only the step. Medians over the second half, the first step (from idle,
-    launched alone) left out."""
-    order = [("m", mixed)] + [("d", decode)] * n
-    sync = torch.cuda.synchronize
-    sync()
-    kinds, dev = [], []
-    t_end = time.perf_counter() + span_s
-    i = 0
-    prev_kind, prev = order[0][0], runner.launch(order[0][1])
-    while time.perf_counter() < t_end:
-        i += 1
-        kind, chunks = order[i % len(order)]
-        cur = runner.launch(chunks)
-        runner.finish(prev)
-        kinds.append(prev_kind)
-        dev.append(_step_device_ms(runner, prev))
-        prev_kind, prev = kind, cur
-    runner.finish(prev)
-    kinds.append(prev_kind)
-    dev.append(_step_device_ms(runner, prev))
-    sync()
-    kinds, dev = kinds[1:], dev[1:]
-    if None in dev or "m" not in kinds:
+    """The pattern again, launched as the serving loop launches (`_pipelined`), each step's device
+    ms (its ops all queued when the device reaches them, as live). The synchronous pattern's device
+    window also holds the host's input preparation, which the device waits through (session 27's
+    first H100 call: +0.4 ms a mixed step); this one holds only the step. Medians over the second
+    half."""
+    seen = _pipelined(runner, [("m", mixed)] + [("d", decode)] * n, span_s)
+    if not seen or "m" not in {k for k, _ in seen}:
         return {}
+    kinds, dev = "".join(k for k, _ in seen), [ms for _, ms in seen]
     half = len(dev) // 2
 
     def late(kind: str) -> list[float]:
@@ -701,7 +681,74 @@ def _pipelined_pattern(runner, mixed, decode, n: int, span_s: float) -> dict:
 
     return {"pipelined_device_ms_median": statistics.median(late("m")),
             **({"pipelined_decode_device_ms_median": statistics.median(late("d"))} if "d" in kinds else {}),
-            "pipelined_kinds": "".join(kinds), "pipelined_device_ms": dev}
+            "pipelined_kinds": kinds, "pipelined_device_ms": dev}
+
+
+# the "stream_mixed" run's shapes: the grid's one-chunk mixed points (decodes beside a chunk from
+# position 0), at most this many, spread over the grid's (d, p)
+STREAM_SHAPES = 12
+
+
+def stream_mixed(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int, span_s: float) -> dict | None:
+    """The pause check's "stream_mixed" run (issue 35, session 27): up to STREAM_SHAPES of the grid's
+    one-chunk mixed shapes, each timed paused as the grid's points (`measure_device`), then run in
+    turn for `span_s`, each launched while the one before runs (two in flight, as the serving loop),
+    each step's device time read from its events. Live on an H100, a replayed live step with prefill
+    after another ran 1.4% over the same step paused, where one repeated synthetic step ran 1.000
+    (bench/results/fidelity_onset_s27, call 3 against call 2): a busy engine's steps with prefill
+    differ step to step. {"run", "shapes": [(d, p, c)], "paused_device_ms", "pipelined_device_ms"
+    (medians a shape over the second half), "ratio" (their totals' ratio)} or None (no device
+    timing, fewer than two such shapes)."""
+    mixed = sorted({(d, p, c) for d, p, c, k, s in shapes if d and p and k == 1 and s == 0})
+    if len(mixed) < 2 or runner.device.type != "cuda":
+        return None
+    if len(mixed) > STREAM_SHAPES:
+        mixed = [mixed[round(i * (len(mixed) - 1) / (STREAM_SHAPES - 1))] for i in range(STREAM_SHAPES)]
+    steps = [make_step(d, p, c, cfg.block_size, cfg.num_blocks, vocab) for d, p, c in mixed]
+    paused = []
+    for chunks in steps:
+        dev = measure_device(runner, chunks, repeats, pause_s)
+        if not dev:
+            return None
+        paused.append(statistics.median(dev))
+    # a fixed order that changes shape every step (the shapes interleaved from both ends)
+    order = [i for pair in zip(range(len(steps)), reversed(range(len(steps)))) for i in pair][:len(steps)]
+    seen = _pipelined(runner, [(str(i), steps[i]) for i in order], span_s)
+    if not seen:
+        return None
+    half = seen[len(seen) // 2:]
+    piped = []
+    for i in range(len(steps)):
+        xs = [ms for label, ms in half if label == str(i)] or [ms for label, ms in seen if label == str(i)]
+        if not xs:
+            return None
+        piped.append(statistics.median(xs))
+    return {"run": "stream_mixed", "pause_ms": 0.0, "paused_pause_ms": pause_s * 1000,
+            "shapes": [list(x) for x in mixed], "paused_device_ms": paused, "pipelined_device_ms": piped,
+            "ratio": sum(piped) / sum(paused), "steps": len(seen), "sm_clock_mhz": sm_clock_mhz(runner.device)}
+
+
+def _pipelined(runner, order: list, span_s: float) -> list[tuple[str, float]] | None:
+    """`order` [(label, chunks)] in turn for `span_s`, each step launched while the one before runs,
+    then that one finished (two in flight: no step's inputs are rewritten before they are copied):
+    each step's (label, device ms), the first (launched from idle) left out; None without timing."""
+    torch.cuda.synchronize()
+    out = []
+    t_end = time.perf_counter() + span_s
+    i = 0
+    prev_label, prev = order[0][0], runner.launch(order[0][1])
+    while time.perf_counter() < t_end:
+        i += 1
+        label, chunks = order[i % len(order)]
+        cur = runner.launch(chunks)
+        runner.finish(prev)
+        out.append((prev_label, _step_device_ms(runner, prev)))
+        prev_label, prev = label, cur
+    runner.finish(prev)
+    out.append((prev_label, _step_device_ms(runner, prev)))
+    torch.cuda.synchronize()
+    out = out[1:]
+    return None if any(ms is None for _, ms in out) else out
 
 
 def _step_device_ms(runner, step) -> float | None:
@@ -850,6 +897,12 @@ def compare_pause(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int 
                      if "device_ms_median" in pat and dev_extra else "")
                   + (f", pipelined {pat['pipelined_device_ms_median']:9.3f} ms"
                      if "pipelined_device_ms_median" in pat else ""), flush=True)
+        if dev_extra:  # "stream_mixed": the grid's mixed steps in turn, as a busy engine runs them
+            stream = stream_mixed(runner, shapes, cfg, vocab, pause_s, repeats, min(PATTERN_S, sustain_s))
+            if stream:
+                runs.append(stream)
+                print(f"pause check: stream_mixed {len(stream['shapes'])} mixed shapes in turn, pipelined / paused "
+                      f"device {stream['ratio']:.4f}", flush=True)
     doc = {"num_prefill_tokens": p, "num_prefill_seqs": k, "runs": runs}
     if sustain_s > 0:
         big = packed_check_shape(shapes, p)

@@ -42,6 +42,11 @@ def main(paths: list[str]) -> None:
         late = dev[len(dev) // 2:]
         print(f"   sustained back to back: device {statistics.median(late):.3f} ms ({statistics.median(late) / pd:.4f} "
               f"x paused device); wall {sm['step_ms_median']:.3f} ({sm['step_ms_median'] / sm['paused_ms_median']:.4f} x paused wall)")
+    st = runs.get("stream_mixed")
+    if st:
+        print(f"   stream_mixed: {len(st['shapes'])} mixed shapes in turn, pipelined / paused device {st['ratio']:.4f} "
+              "(" + ", ".join(f"d {d} p {p}: {b / a:.3f}" for (d, p, _c), a, b in
+                              zip(st["shapes"], st["paused_device_ms"], st["pipelined_device_ms"])) + ")")
     for n in (1, 3):
         r = runs.get(f"mixed_pattern_{n}")
         if r is None:
