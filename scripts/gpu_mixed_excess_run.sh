@@ -27,9 +27,10 @@ common=(--model "$MODEL" --device "$DEVICE" --decode-batch-sizes 0,8,32 --prefil
 t0=$(date +%s)
 python3 -m gateway.tidegate_cli backend profile "${common[@]}" --out "$OUT/contiguous.json" 2>&1 | tee "$OUT/contiguous_log.txt"
 echo "contiguous: $(( $(date +%s) - t0 )) s"
-# the points only (the pause check's steps lay their blocks out alike whatever the order)
-python3 -m gateway.tidegate_cli backend profile "${common[@]}" --pause-ms 60 --kv-block-order scattered --out "$OUT/scattered.json" \
+# the points only (the pause check's steps lay their blocks out alike whatever the order); SCATTERED=0 skips it
+[ "${SCATTERED:-1}" = 1 ] && python3 -m gateway.tidegate_cli backend profile "${common[@]}" --pause-ms 60 --kv-block-order scattered --out "$OUT/scattered.json" \
   2>&1 | tee "$OUT/scattered_log.txt"
 echo "both: $(( $(date +%s) - t0 )) s"
-python3 bench/results/fidelity_onset_s27/mixed_excess_read.py "$OUT/contiguous.json" "$OUT/scattered.json" \
-  | tee "$OUT/read.txt"
+[ -f bench/results/fidelity_onset_s27/mixed_excess_read.py ] && \
+  python3 bench/results/fidelity_onset_s27/mixed_excess_read.py "$OUT/contiguous.json" \
+    $( [ -f "$OUT/scattered.json" ] && echo "$OUT/scattered.json" ) | tee "$OUT/read.txt"
