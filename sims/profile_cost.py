@@ -165,11 +165,14 @@ reproduces the profile's own pattern runs, which the spells term does not (the m
 decode steps between, back to back: measured 1.034 / 0.997 x paused; fast 1.030 / 1.004, spells
 1.079 / 1.081), and it leaves the live 33B mixed steps at one level whatever ran before them
 (0.95-0.98 of live by the decode steps since the last prefill, where the spells term spreads them
-from 0.98 to 1.05). That level is the 6.7B's too (0.95-0.98, where the cap does not act): live mixed
-steps run ~3% over the model whatever the power, which the spells term's over-charge after decode
-spells offsets on the 33B. So the fast form alone loses on the grid (86 intervals inside, 130 means,
-against the default's 92 / 140; bench/results/fidelity_onset_s27), and stays opt-in until that
-excess is found.
+from 0.98 to 1.05). That level is the 6.7B's too (0.95-0.98), where the pause check's 2.5 s runs
+see no cap: live mixed steps run ~1.5-3% over the model, which the spells term's over-charge after
+decode spells offsets on the 33B. So the fast form alone loses on the grid (86 intervals inside, 130
+means, against the default's 92 / 140; bench/results/fidelity_onset_s27), and stays opt-in until that
+excess is modelled. Its cause (session 27's H100 calls): not the block layout, not the live process,
+not a step run right after others, but the cap acting over seconds of load (live busy clocks 1.2% /
+2.4% under the paused points' on the H100 / H200 6.7B, SW power cap flagged in 41-74% of busy
+samples), past the pause check's sustained runs.
 
 Budget-filling packed steps (issue 35, session 18): under load the engine fills its token budget
 with several prompts beside the decodes (live on the H200, 6.7B / 33B FP8: d + p = 2,048, d 27-90,
