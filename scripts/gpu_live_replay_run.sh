@@ -10,18 +10,13 @@ set -uo pipefail
 : "${OUT:?set OUT}" "${COMP:?set COMP (the compositions JSON)}"
 MODEL=${MODEL:-deepseek-coder-6.7b}
 DEVICE=${DEVICE:-cuda}  # DEVICE=cpu MODEL=tiny: a dry run of the commands
-if [ -d .whl ] && ! python3 -c 'import zmq, google.protobuf' 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-} || exit 1
-fi
-export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-mkdir -p "$OUT"
+source "$(dirname "$0")/gpu_common.sh"  # the repo root, $PY, the carried wheels, $OUT
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv 2>/dev/null | tee "$OUT/gpu.txt"
 echo "git $(git rev-parse --short HEAD 2>/dev/null || echo '?')" | tee -a "$OUT/gpu.txt"
 cp "$COMP" "$OUT/compositions.json"
 t0=$(date +%s)
-python3 -m bench.engine.replay_live --model "$MODEL" --device "$DEVICE" --steps "$COMP" --out "$OUT/replay.json" \
+$PY -m bench.engine.replay_live --model "$MODEL" --device "$DEVICE" --steps "$COMP" --out "$OUT/replay.json" \
   ${PASSES:+--passes $PASSES} 2>&1 | tail -5
 echo "replay: $(( $(date +%s) - t0 )) s"
 [ -f bench/results/fidelity_onset_s27/live_replay_read.py ] && \
-  python3 bench/results/fidelity_onset_s27/live_replay_read.py "$COMP" "$OUT/replay.json" | tee "$OUT/read.txt"
+  $PY bench/results/fidelity_onset_s27/live_replay_read.py "$COMP" "$OUT/replay.json" | tee "$OUT/read.txt"

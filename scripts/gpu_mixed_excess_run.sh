@@ -13,24 +13,19 @@ set -uo pipefail
 : "${OUT:?set OUT}"
 MODEL=${MODEL:-deepseek-coder-6.7b}
 DEVICE=${DEVICE:-cuda}  # DEVICE=cpu MODEL=tiny: a dry run of the commands
-if [ -d .whl ] && ! python3 -c 'import zmq, google.protobuf' 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-} || exit 1
-fi
-export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-mkdir -p "$OUT"
+source "$(dirname "$0")/gpu_common.sh"  # the repo root, $PY, the carried wheels, $OUT
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv 2>/dev/null | tee "$OUT/gpu.txt"
 echo "git $(git rev-parse --short HEAD 2>/dev/null || echo '?')" | tee -a "$OUT/gpu.txt"
 common=(--model "$MODEL" --device "$DEVICE" --decode-batch-sizes 0,8,32 --prefill-tokens 0,256 --context-lens 705
         --packed-prefill-seqs "" --decode-bucket-points off --decode-spread-points off --mixed-spread-points off
         --budget-packed-points off --block-order-check off --pause-ms 60 --repeats 7 --warmup 2)
 t0=$(date +%s)
-python3 -m gateway.tidegate_cli backend profile "${common[@]}" --out "$OUT/contiguous.json" 2>&1 | tee "$OUT/contiguous_log.txt"
+$TG backend profile "${common[@]}" --out "$OUT/contiguous.json" 2>&1 | tee "$OUT/contiguous_log.txt"
 echo "contiguous: $(( $(date +%s) - t0 )) s"
 # the points only (the pause check's steps lay their blocks out alike whatever the order); SCATTERED=0 skips it
-[ "${SCATTERED:-1}" = 1 ] && python3 -m gateway.tidegate_cli backend profile "${common[@]}" --pause-ms 60 --kv-block-order scattered --out "$OUT/scattered.json" \
+[ "${SCATTERED:-1}" = 1 ] && $TG backend profile "${common[@]}" --pause-ms 60 --kv-block-order scattered --out "$OUT/scattered.json" \
   2>&1 | tee "$OUT/scattered_log.txt"
 echo "both: $(( $(date +%s) - t0 )) s"
 [ -f bench/results/fidelity_onset_s27/mixed_excess_read.py ] && \
-  python3 bench/results/fidelity_onset_s27/mixed_excess_read.py "$OUT/contiguous.json" \
+  $PY bench/results/fidelity_onset_s27/mixed_excess_read.py "$OUT/contiguous.json" \
     $( [ -f "$OUT/scattered.json" ] && echo "$OUT/scattered.json" ) | tee "$OUT/read.txt"
