@@ -728,27 +728,40 @@ def stream_mixed(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int, 
             "ratio": sum(piped) / sum(paused), "steps": len(seen), "sm_clock_mhz": sm_clock_mhz(runner.device)}
 
 
-def _pipelined(runner, order: list, span_s: float) -> list[tuple[str, float]] | None:
-    """`order` [(label, chunks)] in turn for `span_s`, each step launched while the one before runs,
-    then that one finished (two in flight: no step's inputs are rewritten before they are copied):
-    each step's (label, device ms), the first (launched from idle) left out; None without timing."""
-    torch.cuda.synchronize()
+def launch_pipelined(runner, order: list, span_s: float | None = None) -> list[tuple[str, float | None, float]]:
+    """`order` [(label, chunks)] launched as the serving loop launches: each step while the one before
+    runs, then that one finished (two in flight, never three, so no step's inputs are rewritten
+    before they are copied). `span_s`: through `order` in turn for that long; None: one pass. Each
+    step's (label, device ms (None without timing events: the CPU), wall ms from its launch to its
+    finish), the first (launched from idle) included."""
+    cuda = runner.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
     out = []
-    t_end = time.perf_counter() + span_s
-    i = 0
-    prev_label, prev = order[0][0], runner.launch(order[0][1])
-    while time.perf_counter() < t_end:
+    t_end = None if span_s is None else time.perf_counter() + span_s
+    i, n = 0, len(order)
+    prev_label, t_prev = order[0][0], time.perf_counter()
+    prev = runner.launch(order[0][1])
+    while (i + 1 < n) if t_end is None else (time.perf_counter() < t_end):
         i += 1
-        label, chunks = order[i % len(order)]
+        label, chunks = order[i % n]
+        t_cur = time.perf_counter()
         cur = runner.launch(chunks)
         runner.finish(prev)
-        out.append((prev_label, _step_device_ms(runner, prev)))
-        prev_label, prev = label, cur
+        out.append((prev_label, _step_device_ms(runner, prev), (time.perf_counter() - t_prev) * 1000))
+        prev_label, prev, t_prev = label, cur, t_cur
     runner.finish(prev)
-    out.append((prev_label, _step_device_ms(runner, prev)))
-    torch.cuda.synchronize()
-    out = out[1:]
-    return None if any(ms is None for _, ms in out) else out
+    out.append((prev_label, _step_device_ms(runner, prev), (time.perf_counter() - t_prev) * 1000))
+    if cuda:
+        torch.cuda.synchronize()
+    return out
+
+
+def _pipelined(runner, order: list, span_s: float) -> list[tuple[str, float]] | None:
+    """`launch_pipelined` for `span_s`: each step's (label, device ms), the first left out; None
+    without timing events."""
+    rows = launch_pipelined(runner, order, span_s)[1:]
+    return None if any(dev is None for _, dev, _ in rows) else [(label, dev) for label, dev, _ in rows]
 
 
 def _step_device_ms(runner, step) -> float | None:

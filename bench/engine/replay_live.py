@@ -35,6 +35,7 @@ from bench.engine.profile import (
     _chunk,
     _step_device_ms,
     decode_tables,
+    launch_pipelined,
     sm_clock_mhz,
 )
 
@@ -74,24 +75,10 @@ def _timed(runner, step, t0: float) -> float:
 
 
 def pipelined(runner, steps: list[list]) -> list[float]:
-    """One pass in order, two steps in flight: each step's device ms (wall on the CPU)."""
-    cuda = runner.device.type == "cuda"
-    if cuda:
-        torch.cuda.synchronize()
-    out = []
-    t_prev = time.perf_counter()
-    prev = runner.launch(steps[0])
-    for chunks in steps[1:]:
-        t_cur = time.perf_counter()
-        cur = runner.launch(chunks)
-        runner.finish(prev)
-        out.append(_timed(runner, prev, t_prev))
-        prev, t_prev = cur, t_cur
-    runner.finish(prev)
-    out.append(_timed(runner, prev, t_prev))
-    if cuda:
-        torch.cuda.synchronize()
-    return out
+    """One pass in order, two steps in flight (`bench.engine.profile.launch_pipelined`): each step's
+    device ms (wall on the CPU)."""
+    rows = launch_pipelined(runner, list(enumerate(steps)))
+    return [dev if dev is not None else round(wall, 4) for _, dev, wall in rows]
 
 
 def paused(runner, chunks: list, pause_s: float, repeats: int) -> float:
