@@ -73,18 +73,22 @@ def test_profile_grid_covers_the_workload():
     assert g["context_lens"] == "64,80,96"
 
 
+def _small_run(tmp_path, out, rates: str, warmup: int) -> list[str]:
+    """`sim validate` on the tiny model: a small profile, then 8 requests of 16 + 8 tokens a run."""
+    return ["--profile", str(tmp_path / "profile.json"), "--decode-batch-sizes", "0,1,2,4",
+            "--prefill-tokens", "0,16,32", "--context-lens", "16,24", "--profile-repeats", "3",
+            "--profile-warmup", "1", "--num-requests", "8", "--input-len", "16", "--output-len", "8",
+            "--rates", rates, "--seeds", "0", "--warmup-requests", str(warmup), "--settle-s", "0",
+            "--quiet", "--json", str(out)]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_validate_small_live_run(tmp_path, monkeypatch):
     # the default decision log's directory (mkdtemp) inside tmp_path, not left behind in /tmp
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     out = tmp_path / "validate.json"
-    rc = validate.main([
-        "--profile", str(tmp_path / "profile.json"), "--decode-batch-sizes", "0,1,2,4",
-        "--prefill-tokens", "0,16,32", "--context-lens", "16,24", "--profile-repeats", "3",
-        "--profile-warmup", "1", "--num-requests", "8", "--input-len", "16", "--output-len", "8",
-        "--rates", "4", "--seeds", "0", "--warmup-requests", "2", "--settle-s", "0",
-        "--quiet", "--json", str(out)])
+    rc = validate.main(_small_run(tmp_path, out, rates="4", warmup=2))
     assert rc == 0
     res = json.loads(out.read_text())
     assert res["profile"]["measured_now"] and res["profile"]["format"] == "tidegate-profile/1"
@@ -277,6 +281,7 @@ def test_the_simulator_gets_the_live_backends_prefill_cap():
     assert spec.scheduler.prefill_cap == PrefillCap(256)
 
 
+@pytest.mark.timeout(300)
 def test_an_interrupted_validate_keeps_the_runs_done(tmp_path, monkeypatch):
     """A device call's timeout (`timeout -s INT`) lands during the second of two runs: the JSON is
     still written, marked interrupted, with the first run scored against its simulation and the
@@ -294,12 +299,7 @@ def test_an_interrupted_validate_keeps_the_runs_done(tmp_path, monkeypatch):
 
     monkeypatch.setattr(validate, "run_live", cut)
     out = tmp_path / "validate.json"
-    rc = validate.main([
-        "--profile", str(tmp_path / "profile.json"), "--decode-batch-sizes", "0,1,2,4",
-        "--prefill-tokens", "0,16,32", "--context-lens", "16,24", "--profile-repeats", "3",
-        "--profile-warmup", "1", "--num-requests", "8", "--input-len", "16", "--output-len", "8",
-        "--rates", "4,6", "--seeds", "0", "--warmup-requests", "0", "--settle-s", "0",
-        "--quiet", "--json", str(out)])
+    rc = validate.main(_small_run(tmp_path, out, rates="4,6", warmup=0))
     assert rc == 130 and len(calls) == 2
     res = json.loads(out.read_text())
     assert res["interrupted"] == {"runs_done": 1, "runs_planned": 2}
