@@ -369,8 +369,11 @@ class EventLoop:
         # the limiter's fast onset (sims.profile_cost, "The limiter's onset"): a second weighted
         # share at its own time constant, or None
         self.cap_tau_fast = getattr(cost, "power_cap_tau_fast_s", None) if self.cap_tau is not None else None
+        # the limiter's slow sag (sims.profile_cost, "The slow sag"): a third weighted share at its
+        # time constant, or None
+        self.cap_tau_sag = getattr(cost, "power_cap_tau_sag_s", None) if self.cap_tau is not None else None
         # backend -> [weighted average of its ended spans, at time, unweighted average, weighted
-        # average at the fast onset's time constant]
+        # average at the fast onset's time constant, weighted average at the sag's]
         self.cap_acc: dict[int, list[float]] = {}
         # each prefill span weighs by its step kind's power (sims.profile_cost.cap_weight), where
         # the profile measured the mixed step's sustained run; else 1
@@ -725,13 +728,13 @@ class EventLoop:
         exp(-age / tau) / tau (the ended spans folded into one running value)."""
         return self._prefill_shares(be, now)[0]
 
-    def _prefill_shares(self, be: _Backend, now: float) -> tuple[float, float, float | None]:
-        """(weighted, unweighted, weighted at the fast onset's time constant or None) prefill
-        shares (`prefill_share`)."""
+    def _prefill_shares(self, be: _Backend, now: float) -> tuple[float, float, float | None, float | None]:
+        """(weighted, unweighted, weighted at the fast onset's time constant or None, weighted at
+        the slow sag's or None) prefill shares (`prefill_share`)."""
         spans = be.prefill_spans
-        tau, tf = self.cap_tau, self.cap_tau_fast
+        tau, tf, ts = self.cap_tau, self.cap_tau_fast, self.cap_tau_sag
         if tau is not None:
-            acc = self.cap_acc.setdefault(be.idx, [0.0, 0.0, 0.0, 0.0])
+            acc = self.cap_acc.setdefault(be.idx, [0.0, 0.0, 0.0, 0.0, 0.0])
             while spans and spans[0][1] <= now:  # spans of one backend follow each other
                 a, b, w = spans.pop(0)
                 decay, span = math.exp((acc[1] - b) / tau), -math.expm1((a - b) / tau)
@@ -739,8 +742,10 @@ class EventLoop:
                 acc[2] = acc[2] * decay + span
                 if tf is not None:
                     acc[3] = acc[3] * math.exp((acc[1] - b) / tf) - w * math.expm1((a - b) / tf)
+                if ts is not None:
+                    acc[4] = acc[4] * math.exp((acc[1] - b) / ts) - w * math.expm1((a - b) / ts)
                 acc[1] = b
-            ow = ou = of = 0.0  # the spans still open (summed apart, as before the weights)
+            ow = ou = of = os_ = 0.0  # the spans still open (summed apart, as before the weights)
             for a, b, w in spans:
                 if a < now:
                     span = math.exp((min(b, now) - now) / tau) - math.exp((a - now) / tau)
@@ -748,9 +753,12 @@ class EventLoop:
                     ou += span
                     if tf is not None:
                         of += w * (math.exp((min(b, now) - now) / tf) - math.exp((a - now) / tf))
+                    if ts is not None:
+                        os_ += w * (math.exp((min(b, now) - now) / ts) - math.exp((a - now) / ts))
             decay = math.exp((acc[1] - now) / tau)
             fast = None if tf is None else acc[3] * math.exp((acc[1] - now) / tf) + of
-            return acc[0] * decay + ow, acc[2] * decay + ou, fast
+            sag = None if ts is None else acc[4] * math.exp((acc[1] - now) / ts) + os_
+            return acc[0] * decay + ow, acc[2] * decay + ou, fast, sag
         t0 = now - self.cap_window
         while spans and spans[0][1] <= t0:
             spans.pop(0)
@@ -760,18 +768,19 @@ class EventLoop:
                 span = min(b, now) - max(a, t0)
                 fw += w * span
                 fu += span
-        return fw / self.cap_window, fu / self.cap_window, None
+        return fw / self.cap_window, fu / self.cap_window, None, None
 
-    def cap_shares(self, be: _Backend, now: float) -> tuple[float, float, float | None]:
-        """(f, g, f_fast): the power-cap window's shares before `now` that ran steps with prefill
-        (f weighted as `prefill_share`) and decode-only steps (the rest of the time busy since the
-        last idle spell), and f at the fast onset's time constant (None without it)."""
-        f, fu, ff = self._prefill_shares(be, now)
+    def cap_shares(self, be: _Backend, now: float) -> tuple[float, float, float | None, float | None]:
+        """(f, g, f_fast, f_sag): the power-cap window's shares before `now` that ran steps with
+        prefill (f weighted as `prefill_share`) and decode-only steps (the rest of the time busy
+        since the last idle spell), and f at the fast onset's and at the slow sag's time constants
+        (None without them)."""
+        f, fu, ff, fs = self._prefill_shares(be, now)
         if self.cap_tau is not None:
             g = -math.expm1((be.busy_since - now) / self.cap_tau) - fu
-            return f, max(0.0, g), ff
+            return f, max(0.0, g), ff, fs
         g = (now - max(now - self.cap_window, be.busy_since)) / self.cap_window - fu
-        return f, max(0.0, g), ff
+        return f, max(0.0, g), ff, fs
 
     def spread_multiple(self, be: _Backend, sched) -> float:
         """The decode batch's spread multiple (`spread_fn`) of `be`'s decoding sequences."""
@@ -854,7 +863,7 @@ class EventLoop:
                     span = span_fn(n_dec, ctx, ks)
                     if cap_fg is not None:  # the decode-busy part, as at the stretch's start
                         span *= self.cost.prefill_slowdown(cap_fg[0], cap_fg[1], self.cap_share_fn(n_dec, 0, ctx),
-                                                           cap_fg[2])
+                                                           cap_fg[2], cap_fg[3])
                     t += span
                     out.append((ks, n_dec, ctx, nfin, t, tokens))
                 be.stretch_segs, be.stretch_past = out, past > 0
@@ -887,7 +896,7 @@ class EventLoop:
             dt += be.message_s
             be.message_s = 0.0
         if self.cap_window is not None and (num_prefill or self.cap_share_fn is not None):
-            f, g, ff = self.cap_shares(be, now)
+            f, g, ff, fs = self.cap_shares(be, now)
             w = 1.0
             if num_prefill and self.cap_weight_fn is not None:
                 w = self.cap_weight_fn(num_decode, num_prefill, num_ctx,
@@ -897,12 +906,12 @@ class EventLoop:
                 if self.counts_spells:
                     f += w * g
             if self.cap_share_fn is None:
-                dt *= self.cost.prefill_slowdown(f, g, None, ff)
+                dt *= self.cost.prefill_slowdown(f, g, None, ff, fs)
             else:
                 share = self.cap_share_fn(num_decode, num_prefill, num_ctx,
                                           sched.prefill_chunks if self.charges_chunks and num_prefill
                                           else None)
-                dt *= self.cost.prefill_slowdown(f, g, share, ff)
+                dt *= self.cost.prefill_slowdown(f, g, share, ff, fs)
             if num_prefill:
                 be.prefill_spans.append((now, now + dt, w))
         if self.idle_launch_fn is not None and not after_step:

@@ -174,6 +174,21 @@ not a step run right after others, but the cap acting over seconds of load (live
 2.4% under the paused points' on the H100 / H200 6.7B, SW power cap flagged in 41-74% of busy
 samples), past the pause check's sustained runs.
 
+The slow sag (issue 35, session 28; on wherever the profile measured it, `cap_sag=False` turns it
+off): the terms above come from 2.5 s sustained runs, whose fits settle at tau ~0.3 s. Session 27's
+H100 calls found the live mixed steps' remaining ~1.5-3% excess growing over seconds of load (a 7 s
+replay pass of live steps: 1.010 -> 1.017 -> 1.033 x paused), the busy SM clock 1.2% (H100) / 2.2-2.4%
+(H200) under the paused points' with the SW power cap flagged: the limiter sagging further, past the
+runs' horizon. Profiles since session 28 run the pause check's "stream_mixed" run for 12 s after 3 s
+idle, the grid's mixed shapes in turn, two in flight, in 1 s bins (each bin's device time over its
+shapes' paused). `fit_stream_sag` fits the bins from the second on as A + B (1 - e^-t/tau_sag) and
+reads the sag past the horizon: sag = R_end / R(2.5 s) - 1. The event loop and the live-step scorer
+keep a third weighted prefill share f_sag at tau_sag (spans weighed by their kind's power, as f), and
+a step's factor gains sag (f_sag - f_ref_sag) / (w_stream - f_ref_sag), w_stream the stream shapes'
+mean weight (the share at which it sagged), f_ref_sag the paused points' share at tau_sag; scaled by
+the step's compute share against the stream's where the cap goes by compute. Profiles without the
+binned run are charged exactly as before.
+
 Budget-filling packed steps (issue 35, session 18): under load the engine fills its token budget
 with several prompts beside the decodes (live on the H200, 6.7B / 33B FP8: d + p = 2,048, d 27-90,
 4-5 prompts, 3-5% of the busy time), where the grid's points past 1,024 tokens all had d 0: the model
@@ -490,6 +505,45 @@ def fit_cap_onset(t_s, step_ms, paused_ms: float, tau_slow_s: float) -> dict | N
             "rmse_ms": float(np.sqrt(sse / len(y)) * paused_ms), "n": len(y)}
 
 
+# the sustained runs' span (bench.engine.profile.SUSTAIN_S): the horizon of the terms fitted on them,
+# past which the stream's sag is what they do not charge (`fit_stream_sag`)
+SUSTAIN_HORIZON_S = 2.5
+
+
+def fit_stream_sag(bins: list[dict], bin_s: float, t_ref_s: float = SUSTAIN_HORIZON_S,
+                   skip_s: float = 1.0) -> dict | None:
+    """The limiter's slow sag from the pause check's long "stream_mixed" run (module doc, "The slow
+    sag"): its bins' ratios (device time over paused) at each bin's middle t, those from `skip_s`
+    on (the first second holds the onset the sustained runs' terms charge), fitted as
+    R(t) = A + B (1 - e^-t/tau), B >= 0, least squares at each tau of a log grid (0.2 s to 4x the
+    span), the best kept. The sag is the rise past the terms' horizon `t_ref_s`:
+    R_end / R(t_ref) - 1, R_end = A + B where the stream settled (tau <= a third of its span), else
+    the fit at its last bin (no extrapolation). Returns {tau_s, sag, ref_ratio, end_ratio, settled,
+    rmse, n} or None (fewer than 4 bins kept)."""
+    t = np.array([float(b["t_s"]) + bin_s / 2 for b in bins], dtype=np.float64)
+    y = np.array([float(b["ratio"]) for b in bins], dtype=np.float64)
+    keep = t >= skip_s
+    t, y = t[keep], y[keep]
+    if len(t) < 4:
+        return None
+    span = float(t[-1])
+    best = None
+    for tau in np.geomspace(0.2, 4.0 * span, 200):
+        x = -np.expm1(-t / tau)
+        X = np.stack([np.ones_like(x), x], axis=-1)
+        coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+        if coef[1] < 0:  # no rise: the level alone
+            coef = np.array([float(y.mean()), 0.0])
+        sse = float(((X @ coef - y) ** 2).sum())
+        if best is None or sse < best[0] - 1e-15:
+            best = (sse, float(tau), float(coef[0]), float(coef[1]))
+    sse, tau, a, b = best
+    settled = tau <= span / 3.0
+    end = a + b if settled else a - b * float(np.expm1(-span / tau))
+    ref = a - b * float(np.expm1(-t_ref_s / tau))
+    return {"tau_s": tau, "sag": max(0.0, end / ref - 1.0) if ref > 0 else 0.0, "ref_ratio": ref,
+            "end_ratio": end, "settled": bool(settled), "rmse": float(np.sqrt(sse / len(y))), "n": len(y)}
+
 # a compute knee's support (`ProfileCost`): the regression's points past it hold at least this many
 # step sizes (tokens, padded to their graph bucket), and the largest reaches at least halfway from the
 # knee to the largest step the profile measured: the slope past the knee is fitted across them and
@@ -610,7 +664,8 @@ class ProfileCost:
                  cap_by_power: bool = False, decode_extrapolation: str = "nearest",
                  spread_points: list[dict] | None = None, decode_spread: str | float = "measured",
                  mixed_spread: str | float = "measured", decode_spells: bool = True,
-                 prefix_term: str = "twins", cap_onset: str = "slow", knee_support: int = KNEE_SUPPORT):
+                 prefix_term: str = "twins", cap_onset: str = "slow", knee_support: int = KNEE_SUPPORT,
+                 cap_sag: bool = True):
         """points: (n, 3) of (num_decode_seqs, num_prefill_tokens, num_context_tokens), or (n, 4) /
         (n, 5) with num_prefill_seqs k (the p tokens are k chunks of p/k each; default 1 when p > 0)
         and prefill_context_len s (each chunk starts at position s; default 0) appended, or (n, 6)
@@ -654,7 +709,10 @@ class ProfileCost:
         `cap_onset`: "slow" (the default) reads the busy shares with the sustained trace's one time
         constant; "fast" splits the factor between the limiter's fast onset and its slow drift, each
         share with its own time constant, and counts no decode spell (module doc, "The limiter's
-        onset"; with `power_cap` and a trace that resolves it, else as "slow")."""
+        onset"; with `power_cap` and a trace that resolves it, else as "slow").
+        `cap_sag` (with `power_cap`, where the pause check's "stream_mixed" run has its bins): the
+        limiter's slow sag past the sustained runs' horizon, charged from a third share at its own
+        time constant (module doc, "The slow sag"); False: none, as before session 28."""
         if cap_onset not in ("slow", "fast"):
             raise ValueError(f"cap_onset {cap_onset!r}: slow or fast")
         # (knee_support: the step sizes a compute knee needs past it, KNEE_SUPPORT; 0: any knee, as
@@ -688,6 +746,7 @@ class ProfileCost:
         self._cap_weight = None  # (rate_ref, token rates, weights) of cap_weight, or None
         self._decode_spells = bool(decode_spells)
         self.cap_onset = None  # the fast onset's fit (`fit_cap_onset`) with its f_ref, or None
+        self.cap_sag = None  # the slow sag's fit (`fit_stream_sag`) with its references, or None
         self._onset_trace = None  # (trace t_s, trace ms, paused ms, pause_s) of the factor's reference
         self.cap_mixed = None
         self.cap_packed = None  # the "sustained_packed" anchor (module doc, "Power by step kind")
@@ -697,7 +756,7 @@ class ProfileCost:
         packed_run = next((r for r in (check or {}).get("runs", []) if r.get("run") == "sustained_packed"
                            and r.get("paused_ms_median")), None) if cap_by_power else None
         if check:
-            runs = {r["run"]: r["step_ms_median"] for r in check.get("runs", [])}
+            runs = {r["run"]: r["step_ms_median"] for r in check.get("runs", []) if "step_ms_median" in r}
             paused = [runs[k] for k in ("paused", "paused_again") if k in runs]
             pause_s = float((meta or {}).get("pause_ms", 0.0)) / 1e3
             trace = next((r for r in check.get("runs", []) if r.get("run") == "sustained"
@@ -885,6 +944,10 @@ class ProfileCost:
             if onset is not None:
                 onset["f_ref"] = ewma_duty_ref(paused_ms / 1e3, pause_s, onset["tau_fast_s"])
                 self.cap_onset = onset
+        stream = next((r for r in (check or {}).get("runs", []) if r.get("run") == "stream_mixed"
+                       and r.get("bins")), None)
+        if cap_sag and self._cap is not None and self.power_cap_tau_s and stream is not None:
+            self._set_cap_sag(stream, float((meta or {}).get("pause_ms", 0.0)) / 1e3)
         self.mixed_spread_points: list[dict] = []  # from_json: spread points beside a chunk
         self._set_decode_spread(spread_points or [], decode_spread)
         self.mixed_point_kappas: list[dict] = []
@@ -1163,6 +1226,31 @@ class ProfileCost:
         self._cap = (f_ref, r_packed, r_dec)
         self._cap_step = (n, k)
 
+    def _set_cap_sag(self, stream: dict, pause_s: float) -> None:
+        """The slow sag (module doc, "The slow sag") from the "stream_mixed" run's bins: its fit
+        (`fit_stream_sag`), the stream's mean weight and compute share over its shapes (the share
+        and the scale at which it sagged by `sag`), and f_ref, the paused points' share at its time
+        constant (the pause check's paused step, as the factor's)."""
+        fit = fit_stream_sag(stream["bins"], float(stream.get("bin_s") or 1.0))
+        if fit is None or fit["sag"] <= 0:
+            return
+        shapes = [(int(d), int(p), int(c)) for d, p, c in stream["shapes"]]
+        ws = [self.cap_weight(d, p, d * c + p) for d, p, c in shapes]
+        shares = [self.compute_share(d, p, d * c + p) for d, p, c in shapes]
+        ref_ms = float(self.sustained_fit["start_ms"]) if self.sustained_fit else None
+        paused = [r for r in (self.meta.get("pause_check") or {}).get("runs", []) if r.get("run") == "paused"]
+        base_ms = float(paused[0]["step_ms_median"]) if paused else ref_ms
+        f_ref = ewma_duty_ref(base_ms / 1e3, pause_s, fit["tau_s"]) if base_ms and pause_s > 0 else 0.0
+        w_stream = float(np.mean(ws))
+        if w_stream <= f_ref:
+            return
+        self.cap_sag = {**fit, "w_stream": w_stream, "share_stream": float(np.mean(shares)), "f_ref": f_ref}
+
+    @property
+    def power_cap_tau_sag_s(self) -> float | None:
+        """The slow sag's time constant (module doc, "The slow sag"), or None."""
+        return None if self.cap_sag is None else self.cap_sag["tau_s"]
+
     @property
     def weights_cap_by_power(self) -> bool:
         """Steps with prefill weigh in the power cap's busy share by their kind's power
@@ -1309,7 +1397,8 @@ class ProfileCost:
         return t
 
     def prefill_slowdown(self, busy_share: float, decode_share: float = 0.0,
-                         compute_share: float | None = None, fast_share: float | None = None) -> float:
+                         compute_share: float | None = None, fast_share: float | None = None,
+                         sag_share: float | None = None) -> float:
         """The power-cap factor of a step with prefill tokens after `busy_share` of the last
         `power_cap_window_s` ran such steps and `decode_share` of it decode-only steps (1.0 with
         the model off). The decode term is the pause check's "after_decode" run (its pause filled
@@ -1319,7 +1408,10 @@ class ProfileCost:
         doc); None, or a model built with cap_by_compute=False: the pause check's step's own.
         `fast_share`: the busy share at the fast onset's time constant (`power_cap_tau_fast_s`);
         where the model has the onset, the factor's excess is its share phi at that share and the
-        rest at `busy_share` (module doc, "The limiter's onset")."""
+        rest at `busy_share` (module doc, "The limiter's onset"). `sag_share`: the weighted busy
+        share at the slow sag's time constant (`power_cap_tau_sag_s`); where the model has the
+        sag, sag (s - f_ref) / (w_stream - f_ref) more, scaled by the step's compute share against
+        the stream's (module doc, "The slow sag")."""
         if self._cap is None:
             return 1.0
         f_ref, r, r_dec = self._cap
@@ -1330,6 +1422,12 @@ class ProfileCost:
         x = (r - 1.0) * slow + (r_dec - 1.0) * decode_share
         if compute_share is not None and self._cap_share_ref is not None:
             x *= max(0.0, compute_share) / self._cap_share_ref
+        if self.cap_sag is not None and sag_share is not None:
+            sg = self.cap_sag
+            xs = sg["sag"] * max(0.0, sag_share - sg["f_ref"]) / (sg["w_stream"] - sg["f_ref"])
+            if compute_share is not None and sg["share_stream"] > 0:
+                xs *= max(0.0, compute_share) / sg["share_stream"]
+            x += xs
         return 1.0 + x
 
     @property
@@ -1399,7 +1497,9 @@ class ProfileCost:
                                                               **({"by_power_packed": self.cap_packed}
                                                                  if self.cap_packed else {}),
                                                               **({"onset": self.cap_onset}
-                                                                 if self.cap_onset else {})},
+                                                                 if self.cap_onset else {}),
+                                                              **({"sag": self.cap_sag}
+                                                                 if self.cap_sag else {})},
                 # named only where the term is set or measured (module doc, "Unequal contexts")
                 **({"decode_spread": {"kappa": self.spread_kappa, "points": self.spread_point_kappas,
                                       "plan_from_profile": bool(self.meta.get("decode_attention"))}}

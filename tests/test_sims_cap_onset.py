@@ -249,6 +249,26 @@ def test_the_stream_run_sets_the_mixed_shapes_in_turn_against_each_paused(monkey
     assert run["paused_device_ms"] == pytest.approx([10.8, 10.8, 13.2, 13.2])
     assert run["pipelined_device_ms"] == pytest.approx([x * 1.02 for x in run["paused_device_ms"]])
     assert run["ratio"] == pytest.approx(1.02)
+    assert "bins" not in run  # the short form: no bins
+    # the long form, in bins: a device whose steps slow by 0.01% a launch (the power cap's sag) reads a
+    # ratio that rises bin to bin, the first near 1, with the clock and the power after each bin
+    state["piped"] = 0
+
+    def sagging(self, chunks):  # each step launched behind another: 0.1% slower than the one before
+        d = sum(1 for c in chunks if not c.is_prefill)
+        self.readback = len(state["ms"])
+        state["piped"] += bool(state["in_flight"])
+        state["ms"][self.readback] = (10.0 + 0.1 * d) * (1 + 1e-3 * state["piped"] * bool(state["in_flight"]))
+
+    monkeypatch.setattr(Step, "__init__", sagging)
+    monkeypatch.setattr(prof, "power_w", lambda device: 650.0)
+    Runner.device = torch.device("cuda")
+    long = prof.stream_mixed(Runner(), shapes, Cfg(), 100, 0.0, 3, 0.05, idle_s=0.01, bin_s=0.01)
+    assert long["idle_before_ms"] == 10.0 and long["bin_s"] == 0.01 and len(long["bins"]) == 5
+    assert [b["t_s"] for b in long["bins"]] == [0.0, 0.01, 0.02, 0.03, 0.04]
+    assert all(b["sm_clock_mhz"] == 1980 and b["power_w"] == 650.0 and b["steps"] >= 1 for b in long["bins"])
+    ratios = [b["ratio"] for b in long["bins"]]
+    assert ratios == sorted(ratios) and ratios[-1] > ratios[0]
     # no timing events (the CPU), or one mixed shape: no run
     Runner.device = torch.device("cpu")
     assert prof.stream_mixed(Runner(), shapes, Cfg(), 100, 0.0, 3, 0.01) is None

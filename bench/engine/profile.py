@@ -687,18 +687,34 @@ def _pipelined_pattern(runner, mixed, decode, n: int, span_s: float) -> dict:
 # the "stream_mixed" run's shapes: the grid's one-chunk mixed points (decodes beside a chunk from
 # position 0), at most this many, spread over the grid's (d, p)
 STREAM_SHAPES = 12
+# ... and how long it runs, after how long idle, timed in bins of STREAM_BIN_S (issue 35, session 28).
+# Session 27's H100 calls found live mixed steps 1.5-3% over the paused profile, growing over seconds
+# of load (a 7 s replay pass of live steps: 1.010 -> 1.017 -> 1.033 x paused) while the SM clock sat
+# 1.2% (H100) / 2.2-2.4% (H200) under the paused points' under the SW power cap: the limiter's slow
+# sag, past the sustained runs' 2.5 s (their fits read a tau of ~0.3 s and stop). 12 s resolves a
+# time constant up to ~4 s; the idle before lets a sag that slow relax from the runs before it. The
+# steps of each bin run two in flight (as the serving loop), the pipeline drained between bins
+# (one step's host time a second) to read the clock and the board power.
+STREAM_S = 12.0
+STREAM_IDLE_S = 3.0
+STREAM_BIN_S = 1.0
 
 
-def stream_mixed(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int, span_s: float) -> dict | None:
+def stream_mixed(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int, span_s: float,
+                 idle_s: float = 0.0, bin_s: float | None = None) -> dict | None:
     """The pause check's "stream_mixed" run (issue 35, session 27): up to STREAM_SHAPES of the grid's
-    one-chunk mixed shapes, each timed paused as the grid's points (`measure_device`), then run in
-    turn for `span_s`, each launched while the one before runs (two in flight, as the serving loop),
-    each step's device time read from its events. Live on an H100, a replayed live step with prefill
-    after another ran 1.4% over the same step paused, where one repeated synthetic step ran 1.000
-    (bench/results/fidelity_onset_s27, call 3 against call 2): a busy engine's steps with prefill
-    differ step to step. {"run", "shapes": [(d, p, c)], "paused_device_ms", "pipelined_device_ms"
-    (medians a shape over the second half), "ratio" (their totals' ratio)} or None (no device
-    timing, fewer than two such shapes)."""
+    one-chunk mixed shapes, each timed paused as the grid's points (`measure_device`), then, after
+    `idle_s` idle, run in turn for `span_s`, each launched while the one before runs (two in flight,
+    as the serving loop), each step's device time read from its events. Live on an H100, a replayed
+    live step with prefill after another ran 1.4% over the same step paused, where one repeated
+    synthetic step ran 1.000 (bench/results/fidelity_onset_s27, call 3 against call 2): a busy
+    engine's steps with prefill differ step to step. `bin_s` (session 28): the span in bins of that
+    long, the pipeline drained between them, each bin's ratio (its steps' device time over their
+    shapes' paused) with the SM clock and board power after it: how the stream slows over seconds
+    (`sims.profile_cost.fit_stream_sag`). {"run", "shapes": [(d, p, c)], "paused_device_ms",
+    "pipelined_device_ms" (medians a shape over the second half), "ratio" (their totals' ratio),
+    with `bin_s` "bins": [{"t_s" (the bin's start), "ratio", "steps", "sm_clock_mhz", "power_w"}]}
+    or None (no device timing, fewer than two such shapes)."""
     mixed = sorted({(d, p, c) for d, p, c, k, s in shapes if d and p and k == 1 and s == 0})
     if len(mixed) < 2 or runner.device.type != "cuda":
         return None
@@ -713,9 +729,25 @@ def stream_mixed(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int, 
         paused.append(statistics.median(dev))
     # a fixed order that changes shape every step (the shapes interleaved from both ends)
     order = [i for pair in zip(range(len(steps)), reversed(range(len(steps)))) for i in pair][:len(steps)]
-    seen = _pipelined(runner, [(str(i), steps[i]) for i in order], span_s)
-    if not seen:
-        return None
+    torch.cuda.synchronize()
+    if idle_s > 0:
+        time.sleep(idle_s)
+    seen, bins = [], []
+    n_bins = max(1, round(span_s / bin_s)) if bin_s else 1
+    t0 = time.perf_counter()
+    k = 0  # where in the order the next bin starts: where the bin before stopped
+    for b in range(n_bins):
+        rot = order[k:] + order[:k]
+        got = _pipelined(runner, [(str(i), steps[i]) for i in rot], bin_s if bin_s else span_s)
+        if not got:
+            return None
+        seen.extend(got)
+        k = (k + len(got) + 1) % len(order)  # its first step (from idle) launched, not kept
+        if bin_s:
+            dev = sum(ms for _, ms in got)
+            bins.append({"t_s": round(b * bin_s, 3), "ratio": round(dev / sum(paused[int(lb)] for lb, _ in got), 5),
+                         "steps": len(got), "sm_clock_mhz": sm_clock_mhz(runner.device),
+                         "power_w": power_w(runner.device)})
     half = seen[len(seen) // 2:]
     piped = []
     for i in range(len(steps)):
@@ -725,7 +757,9 @@ def stream_mixed(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int, 
         piped.append(statistics.median(xs))
     return {"run": "stream_mixed", "pause_ms": 0.0, "paused_pause_ms": pause_s * 1000,
             "shapes": [list(x) for x in mixed], "paused_device_ms": paused, "pipelined_device_ms": piped,
-            "ratio": sum(piped) / sum(paused), "steps": len(seen), "sm_clock_mhz": sm_clock_mhz(runner.device)}
+            "ratio": sum(piped) / sum(paused), "steps": len(seen), "sm_clock_mhz": sm_clock_mhz(runner.device),
+            **({"idle_before_ms": idle_s * 1000, "span_s": round(time.perf_counter() - t0, 3), "bin_s": bin_s,
+                "bins": bins} if bin_s else {})}
 
 
 def launch_pipelined(runner, order: list, span_s: float | None = None) -> list[tuple[str, float | None, float]]:
@@ -911,11 +945,17 @@ def compare_pause(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int 
                   + (f", pipelined {pat['pipelined_device_ms_median']:9.3f} ms"
                      if "pipelined_device_ms_median" in pat else ""), flush=True)
         if dev_extra:  # "stream_mixed": the grid's mixed steps in turn, as a busy engine runs them
-            stream = stream_mixed(runner, shapes, cfg, vocab, pause_s, repeats, min(PATTERN_S, sustain_s))
+            # the long form (STREAM_S, in bins) with a full sustain; a short one (tests, --sustain-s < SUSTAIN_S) as before
+            long = sustain_s >= SUSTAIN_S
+            stream = stream_mixed(runner, shapes, cfg, vocab, pause_s, repeats,
+                                  STREAM_S if long else min(PATTERN_S, sustain_s),
+                                  STREAM_IDLE_S if long else 0.0, STREAM_BIN_S if long else None)
             if stream:
                 runs.append(stream)
                 print(f"pause check: stream_mixed {len(stream['shapes'])} mixed shapes in turn, pipelined / paused "
-                      f"device {stream['ratio']:.4f}", flush=True)
+                      f"device {stream['ratio']:.4f}"
+                      + (" by second " + " ".join(f"{b['ratio']:.3f}" for b in stream["bins"])
+                         if stream.get("bins") else ""), flush=True)
     doc = {"num_prefill_tokens": p, "num_prefill_seqs": k, "runs": runs}
     if sustain_s > 0:
         big = packed_check_shape(shapes, p)

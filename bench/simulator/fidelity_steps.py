@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 import sys
 from collections import Counter
 from pathlib import Path
@@ -154,8 +155,24 @@ def model_step_ms(cost, steps: list[dict], window_s: float = 0.1) -> list[tuple[
     # the power-by-kind cap: each prefill step's span weighs its kind's power in the later steps'
     # busy share, as in the event loop (sims.profile_cost, "Power by step kind")
     weights = {} if getattr(cost, "weights_cap_by_power", False) else None
+    # the limiter's slow sag (sims.profile_cost, "The slow sag"): a weighted share at its time
+    # constant, folded step by step (its horizon, seconds, holds too many steps to sum each time)
+    tau_sag = getattr(cost, "power_cap_tau_sag_s", None) if tau is not None else None
+    sag_acc, sag_t, sag_next = 0.0, None, 0  # its value at sag_t, the next step to fold in
     out = []
     for k, s in enumerate(steps):
+        fs = None
+        if tau_sag is not None:
+            while sag_next < k:  # the steps before k, ended by its start (the live steps follow each other)
+                j = steps[sag_next]
+                if j["p"]:
+                    a, b = j["start"], min(j["end"], s["start"])
+                    w = 1.0 if weights is None else weights.get(sag_next, 1.0)
+                    sag_acc = (sag_acc * math.exp((sag_t - b) / tau_sag) if sag_t is not None else 0.0) \
+                        - w * math.expm1((a - b) / tau_sag)
+                    sag_t = b
+                sag_next += 1
+            fs = 0.0 if sag_t is None else sag_acc * math.exp((sag_t - s["start"]) / tau_sag)
         if not s["d"] and not s["p"]:
             continue
         chunks = s["chunks"] or None
@@ -175,9 +192,9 @@ def model_step_ms(cost, steps: list[dict], window_s: float = 0.1) -> list[tuple[
             # decode spells at its kind's weight (sims.profile_cost, "Decode spells")
             f += weights[k] * g
         if by_compute:  # every step, decode-only ones too, by its compute share
-            t *= cost.prefill_slowdown(f, g, cost.compute_share(s["d"], s["p"], ctx, chunks), ff)
+            t *= cost.prefill_slowdown(f, g, cost.compute_share(s["d"], s["p"], ctx, chunks), ff, fs)
         elif s["p"]:
-            t *= cost.prefill_slowdown(f, g, None, ff)  # 1.0 unless the model has the power cap on
+            t *= cost.prefill_slowdown(f, g, None, ff, fs)  # 1.0 unless the model has the power cap on
         if idle_launch is not None and s["idle_before"]:
             t += idle_launch(s["d"], s["p"])
         out.append((k, 1e3 * t, f))

@@ -92,6 +92,8 @@ def main(argv: list[str]) -> int:
                   f"{statistics.median(pre):.0f} MHz (min {min(pre)}), after decode points "
                   f"{statistics.median(dec) if dec else float('nan'):.0f}")
         for r in (prof.get("pause_check") or {}).get("runs", []):
+            if "step_ms_median" not in r:  # "stream_mixed": device times by shape, no one median
+                continue
             print(f"  pause check {r['run']:12s} pause {r['pause_ms']:5.1f} ms: median {r['step_ms_median']:.3f}"
                   f" ms (min {r['step_ms_min']:.3f}, max {r['step_ms_max']:.3f}), SM {r['sm_clock_mhz']} MHz")
     return 0

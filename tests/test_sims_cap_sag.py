@@ -1,0 +1,145 @@
+"""Issue 35, session 28: the power limiter's slow sag (sims.profile_cost, "The slow sag").
+
+Session 27 found live mixed steps 1.5-3% over the paused profile, growing over seconds of load, past
+the pause check's 2.5 s sustained runs. The profile's long "stream_mixed" run (12 s in 1 s bins) gives
+the sag past that horizon; the model charges it from a weighted busy share at its own time constant,
+in the event loop and in the live-step scorer alike. Closed forms."""
+import math
+from itertools import pairwise
+
+import numpy as np
+import pytest
+
+from scheduler.batcher import BatcherConfig
+from sims.adapters import SimSchedulerConfig
+from sims.event_loop import EngineConfig, simulate
+from sims.profile_cost import ProfileCost, ewma_duty_ref, fit_stream_sag
+from tests.sim_helpers import workload
+
+
+def _law(d, p):
+    """4 ms a step, 0.2 ms a decode, 0.1 ms a prefill token (exact in the fit: no residuals)."""
+    return 4e-3 + 2e-4 * d + 1e-4 * p
+
+
+REF = 1e3 * _law(0, 512)
+
+
+def _bins(sag=0.03, tau=3.0, span=12):
+    """A stream's 1 s bins from idle: ratio 1 + sag (1 - e^-t/tau) at each bin's middle."""
+    return [{"t_s": float(b), "ratio": 1 + sag * -math.expm1(-(b + 0.5) / tau), "steps": 80} for b in range(span)]
+
+
+def _trace(r=1.05, tau=0.3, span_s=2.5):
+    t, ts, ms = 0.0, [], []
+    while t < span_s:
+        x = REF * (1 + (r - 1) * -math.expm1(-t / tau))
+        ts.append(t * 1e3)
+        ms.append(x)
+        t += x / 1e3
+    return ts, ms
+
+
+def _cost(bins=None, r=1.05, **kw):
+    pts = [(d, p, d * c + p) for c in (100, 300) for d in (0, 1, 4, 8, 16, 32) for p in (0, 64, 256, 512)
+           if d + p and (d or c == 100)]
+    times = np.array([_law(d, p) for d, p, _ in pts])
+    ts, ms = _trace(r)
+    runs = [{"run": "paused", "step_ms_median": REF}, {"run": "back_to_back", "step_ms_median": REF},
+            {"run": "paused_again", "step_ms_median": REF},
+            {"run": "sustained", "step_ms_median": ms[-1], "trace_t_ms": ts, "trace_ms": ms}]
+    if bins is not None:
+        runs.append({"run": "stream_mixed", "shapes": [[8, 64, 100], [32, 256, 100]], "ratio": bins[-1]["ratio"] if bins else 1.0,
+                     "bin_s": 1.0, "bins": bins})
+    meta = {"pause_ms": 60.0, "pause_check": {"num_prefill_tokens": 512, "runs": runs}}
+    return ProfileCost(np.array(pts, dtype=float), times, num_blocks=4096, meta=meta, power_cap=True,
+                       cap_by_compute=False, ctx_quantum=1, **kw)
+
+
+def test_the_fit_reads_the_sag_past_the_sustained_runs_horizon():
+    fit = fit_stream_sag(_bins(0.03, 3.0), 1.0)
+    assert fit["tau_s"] == pytest.approx(3.0, rel=0.02)
+    assert fit["settled"]  # tau 3 s within a third of the 11.5 s span
+    ref = 1 + 0.03 * -math.expm1(-2.5 / 3.0)
+    assert fit["ref_ratio"] == pytest.approx(ref, rel=1e-4)
+    assert fit["sag"] == pytest.approx(1.03 / ref - 1, rel=0.01)  # the tau grid's step
+    # a stream that has not settled: the level at its last bin, no extrapolation
+    slow = fit_stream_sag(_bins(0.03, 20.0), 1.0)
+    assert not slow["settled"]
+    assert slow["end_ratio"] == pytest.approx(1 + 0.03 * -math.expm1(-11.5 / 20.0), rel=1e-3)
+    # a flat stream (the sustained runs' level reached in the first second): no sag
+    flat = [{"t_s": float(b), "ratio": 1.02, "steps": 80} for b in range(12)]
+    assert fit_stream_sag(flat, 1.0)["sag"] == pytest.approx(0.0, abs=1e-9)
+    # a falling one (the clock recovering): none either, and too few bins: no fit
+    falling = [{"t_s": float(b), "ratio": 1.03 - 0.001 * b, "steps": 80} for b in range(12)]
+    assert fit_stream_sag(falling, 1.0)["sag"] == 0.0
+    assert fit_stream_sag(_bins(span=4), 1.0) is None
+
+
+def test_the_model_charges_the_sag_from_its_own_share():
+    cost = _cost(_bins(0.03, 3.0))
+    sg = cost.cap_sag
+    assert sg is not None and cost.power_cap_tau_sag_s == pytest.approx(3.0, rel=0.02)
+    assert sg["w_stream"] == 1.0  # without the power-by-kind weights every prefill step weighs 1
+    assert sg["f_ref"] == pytest.approx(ewma_duty_ref(REF / 1e3, 0.06, sg["tau_s"]))
+    assert cost.describe()["power_cap"]["sag"]["sag"] == sg["sag"]
+    r, f_ref = cost.sustained_fit["r"], cost.power_cap_f_ref
+    # a full sag share on top of a full busy share: the sustained ratio and the sag beside it
+    assert cost.prefill_slowdown(1.0, 0.0, None, None, 1.0) == pytest.approx(r + sg["sag"])
+    # at the paused points' share: nothing more; without a share given (an older caller): nothing
+    assert cost.prefill_slowdown(f_ref, 0.0, None, None, sg["f_ref"]) == pytest.approx(1.0)
+    assert cost.prefill_slowdown(1.0) == pytest.approx(r)
+    half = sg["f_ref"] + 0.5 * (1 - sg["f_ref"])
+    assert cost.prefill_slowdown(f_ref, 0.0, None, None, half) == pytest.approx(1 + 0.5 * sg["sag"])
+    # switched off, or a stream without bins (session 27's short run): none
+    assert _cost(_bins(), cap_sag=False).cap_sag is None
+    assert _cost([]).cap_sag is None and _cost([]).power_cap_tau_sag_s is None
+
+
+def test_the_event_loop_and_the_scorer_charge_the_sag_share():
+    """Prompt steps back to back (one request's prompt in chunks... here two requests' prompts, each
+    its own step): the second's sag share is e^-0/ts - e^-T1/ts = 1 - e^-T1/ts of the first's span,
+    and it takes T2 (1 + (r - 1) x_slow + sag (fs - f_ref_s) / (1 - f_ref_s)), in the event loop and
+    in the scorer alike."""
+    cost = _cost(_bins(0.03, 3.0))
+    sg = cost.cap_sag
+    one = SimSchedulerConfig(batcher=BatcherConfig(target_throughput=8000.0))
+    cfg = EngineConfig(num_samples=1, max_stretch_steps=1, async_plan_lead_s=0.002,
+                       prefill_launch_deadline=False)
+    res = simulate(workload([0.0, 0.005], [20, 3]), cost, one, cfg)
+    tp, td, tb = _law(0, 64), _law(1, 0), _law(1, 64)
+    tau, f_ref, r = cost.power_cap_tau_s, cost.power_cap_f_ref, cost.sustained_fit["r"]
+    f = math.exp(-td / tau) - math.exp(-(td + tp) / tau)
+    fs = math.exp(-td / sg["tau_s"]) - math.exp(-(td + tp) / sg["tau_s"])
+    xs = sg["sag"] * max(0.0, fs - sg["f_ref"]) / (1 - sg["f_ref"])
+    want = tb * (1 + (r - 1) * max(0.0, f - f_ref) / (1 - f_ref) + xs)
+    d = res.dispatch_time[0]
+    assert res.first_token_time[1] == pytest.approx(d + tp + td + want, rel=1e-9)
+    from bench.simulator.fidelity_steps import model_step_ms
+    steps = [{"d": 0, "p": 64, "ctx": 0, "chunks": [(64, 0)], "start": 0.0, "end": tp, "idle_before": True},
+             {"d": 1, "p": 0, "ctx": 64, "chunks": [], "start": tp, "end": tp + td, "idle_before": False},
+             {"d": 1, "p": 64, "ctx": 64, "chunks": [(64, 0)], "start": tp + td, "end": tp + td + want,
+              "idle_before": False}]
+    rows = {k: ms for k, ms, _f in model_step_ms(cost, steps)}
+    assert rows[2] == pytest.approx(1e3 * want, rel=1e-9)
+
+
+def test_a_long_busy_stretch_reaches_the_sag():
+    """Prompt steps back to back for seconds (400 prompts of 512 tokens at once, four a step: ~20 s of
+    prefill): the last steps run the sag slower than the model without it, the first ones alike."""
+    one = SimSchedulerConfig(batcher=BatcherConfig(target_throughput=8000.0))
+    cfg = EngineConfig(num_samples=1, max_stretch_steps=1, async_plan_lead_s=0.002,
+                       prefill_launch_deadline=False, record_steps=True)
+
+    def durations(cost):
+        wl = workload([0.0] * 400, [1] * 400)
+        wl.prompt_len[:] = 512
+        steps = [s for s in simulate(wl, cost, one, cfg).extra["steps"] if s[3]]
+        return [b[0] - a[0] for a, b in pairwise(steps)]
+
+    on, off = _cost(_bins(0.03, 3.0)), _cost(_bins(0.03, 3.0), cap_sag=False)
+    d_on, d_off = durations(on), durations(off)
+    assert len(d_on) > 90 and on.cap_sag["sag"] > 0.01
+    assert d_on[0] == pytest.approx(d_off[0], rel=0.002)  # ~0.2 s of load: the sag share still small
+    # ~20 s busy: the share at tau 3 s full, less the paused points' share
+    assert d_on[-1] / d_off[-1] == pytest.approx(1 + on.cap_sag["sag"], rel=2e-3)
