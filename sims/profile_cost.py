@@ -1234,9 +1234,10 @@ class ProfileCost:
         fit = fit_stream_sag(stream["bins"], float(stream.get("bin_s") or 1.0))
         if fit is None or fit["sag"] <= 0:
             return
-        shapes = [(int(d), int(p), int(c)) for d, p, c in stream["shapes"]]
-        ws = [self.cap_weight(d, p, d * c + p) for d, p, c in shapes]
-        shares = [self.compute_share(d, p, d * c + p) for d, p, c in shapes]
+        # (d, p, c) from 0, or (d, p, c, s): the chunk after a cached prefix of s tokens
+        shapes = [(int(x[0]), int(x[1]), int(x[2]), int(x[3]) if len(x) > 3 else 0) for x in stream["shapes"]]
+        ws = [self.cap_weight(d, p, d * c + p + s, [(p, s)]) for d, p, c, s in shapes]
+        shares = [self.compute_share(d, p, d * c + p + s, [(p, s)]) for d, p, c, s in shapes]
         ref_ms = float(self.sustained_fit["start_ms"]) if self.sustained_fit else None
         paused = [r for r in (self.meta.get("pause_check") or {}).get("runs", []) if r.get("run") == "paused"]
         base_ms = float(paused[0]["step_ms_median"]) if paused else ref_ms

@@ -263,7 +263,11 @@ def test_the_stream_run_sets_the_mixed_shapes_in_turn_against_each_paused(monkey
     monkeypatch.setattr(Step, "__init__", sagging)
     monkeypatch.setattr(prof, "power_w", lambda device: 650.0)
     Runner.device = torch.device("cuda")
-    long = prof.stream_mixed(Runner(), shapes, Cfg(), 100, 0.0, 3, 0.05, idle_s=0.01, bin_s=0.01)
+    Cfg.max_model_len, Cfg.max_num_seqs, Cfg.max_num_batched_tokens = 1500, 64, 2048
+    long = prof.stream_mixed(Runner(), shapes, Cfg(), 100, 0.0, 3, 0.05, idle_s=0.01, bin_s=0.01,
+                             prefix_starts=(1024, 2048))
+    # the mixed step after a 1,024-token prefix joins the shapes (2,048 + 256 is past the model's length)
+    assert long["shapes"][-1] == [32, 256, 128, 1024] and len(long["shapes"]) == 5
     assert long["idle_before_ms"] == 10.0 and long["bin_s"] == 0.01 and len(long["bins"]) == 5
     assert [b["t_s"] for b in long["bins"]] == [0.0, 0.01, 0.02, 0.03, 0.04]
     assert all(b["sm_clock_mhz"] == 1980 and b["power_w"] == 650.0 and b["steps"] >= 1 for b in long["bins"])

@@ -49,7 +49,7 @@ def _cost(bins=None, r=1.05, **kw):
             {"run": "paused_again", "step_ms_median": REF},
             {"run": "sustained", "step_ms_median": ms[-1], "trace_t_ms": ts, "trace_ms": ms}]
     if bins is not None:
-        runs.append({"run": "stream_mixed", "shapes": [[8, 64, 100], [32, 256, 100]], "ratio": bins[-1]["ratio"] if bins else 1.0,
+        runs.append({"run": "stream_mixed", "shapes": [[8, 64, 100], [32, 256, 100], [32, 256, 100, 1024]], "ratio": bins[-1]["ratio"] if bins else 1.0,
                      "bin_s": 1.0, "bins": bins})
     meta = {"pause_ms": 60.0, "pause_check": {"num_prefill_tokens": 512, "runs": runs}}
     return ProfileCost(np.array(pts, dtype=float), times, num_blocks=4096, meta=meta, power_cap=True,

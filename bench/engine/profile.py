@@ -698,10 +698,16 @@ STREAM_SHAPES = 12
 STREAM_S = 12.0
 STREAM_IDLE_S = 3.0
 STREAM_BIN_S = 1.0
+# ... and, in the long form, two more shapes: the pause check's mixed step with its chunk after a cached
+# prefix of these many tokens (where the model's length allows). Why: on the H100 6.7B mixed part's live
+# steps replayed (session 27, call 3) a chunk after a prefix > 1,024 ran 1.054-1.076 x its paused time in
+# the stream, one from 0 1.011; whether a busy engine's long-prefix chunks run slower at full clock, or
+# throttle (the clock in the bins tells), is what their own pipelined / paused medians say
+STREAM_PREFIX_STARTS = (1024, 2048)
 
 
 def stream_mixed(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int, span_s: float,
-                 idle_s: float = 0.0, bin_s: float | None = None) -> dict | None:
+                 idle_s: float = 0.0, bin_s: float | None = None, prefix_starts=()) -> dict | None:
     """The pause check's "stream_mixed" run (issue 35, session 27): up to STREAM_SHAPES of the grid's
     one-chunk mixed shapes, each timed paused as the grid's points (`measure_device`), then, after
     `idle_s` idle, run in turn for `span_s`, each launched while the one before runs (two in flight,
@@ -711,7 +717,9 @@ def stream_mixed(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int, 
     engine's steps with prefill differ step to step. `bin_s` (session 28): the span in bins of that
     long, the pipeline drained between them, each bin's ratio (its steps' device time over their
     shapes' paused) with the SM clock and board power after it: how the stream slows over seconds
-    (`sims.profile_cost.fit_stream_sag`). {"run", "shapes": [(d, p, c)], "paused_device_ms",
+    (`sims.profile_cost.fit_stream_sag`). `prefix_starts`: with them, the mixed step of
+    MIXED_DECODES decodes beside a MIXED_CHUNK chunk after each such prefix joins the shapes (listed
+    as (d, p, c, s); STREAM_PREFIX_STARTS). {"run", "shapes": [(d, p, c)], "paused_device_ms",
     "pipelined_device_ms" (medians a shape over the second half), "ratio" (their totals' ratio),
     with `bin_s` "bins": [{"t_s" (the bin's start), "ratio", "steps", "sm_clock_mhz", "power_w"}]}
     or None (no device timing, fewer than two such shapes)."""
@@ -720,7 +728,14 @@ def stream_mixed(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int, 
         return None
     if len(mixed) > STREAM_SHAPES:
         mixed = [mixed[round(i * (len(mixed) - 1) / (STREAM_SHAPES - 1))] for i in range(STREAM_SHAPES)]
-    steps = [make_step(d, p, c, cfg.block_size, cfg.num_blocks, vocab) for d, p, c in mixed]
+    mixed = [(d, p, c, 0) for d, p, c in mixed]
+    if prefix_starts:
+        top = cfg.max_model_len
+        dm = max(1, min(MIXED_DECODES, cfg.max_num_seqs - 2))
+        pm = max(1, min(MIXED_CHUNK, cfg.max_num_batched_tokens - dm))
+        c_mid = sorted(c for _, _, c, _ in mixed)[len(mixed) // 2]
+        mixed += [(dm, pm, c_mid, st) for st in prefix_starts if st + pm <= top and c_mid <= top]
+    steps = [make_step(d, p, c, cfg.block_size, cfg.num_blocks, vocab, 1, st) for d, p, c, st in mixed]
     paused = []
     for chunks in steps:
         dev = measure_device(runner, chunks, repeats, pause_s)
@@ -756,7 +771,8 @@ def stream_mixed(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int, 
             return None
         piped.append(statistics.median(xs))
     return {"run": "stream_mixed", "pause_ms": 0.0, "paused_pause_ms": pause_s * 1000,
-            "shapes": [list(x) for x in mixed], "paused_device_ms": paused, "pipelined_device_ms": piped,
+            "shapes": [list(x) if x[3] else list(x[:3]) for x in mixed], "paused_device_ms": paused,
+            "pipelined_device_ms": piped,
             "ratio": sum(piped) / sum(paused), "steps": len(seen), "sm_clock_mhz": sm_clock_mhz(runner.device),
             **({"idle_before_ms": idle_s * 1000, "span_s": round(time.perf_counter() - t0, 3), "bin_s": bin_s,
                 "bins": bins} if bin_s else {})}
@@ -949,7 +965,8 @@ def compare_pause(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int 
             long = sustain_s >= SUSTAIN_S
             stream = stream_mixed(runner, shapes, cfg, vocab, pause_s, repeats,
                                   STREAM_S if long else min(PATTERN_S, sustain_s),
-                                  STREAM_IDLE_S if long else 0.0, STREAM_BIN_S if long else None)
+                                  STREAM_IDLE_S if long else 0.0, STREAM_BIN_S if long else None,
+                                  STREAM_PREFIX_STARTS if long else ())
             if stream:
                 runs.append(stream)
                 print(f"pause check: stream_mixed {len(stream['shapes'])} mixed shapes in turn, pipelined / paused "

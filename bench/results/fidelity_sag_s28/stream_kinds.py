@@ -21,11 +21,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
+import torch
 
-from backend.engine.args import add_engine_args, backend_config  # noqa: E402
-from backend.engine.assemble import ServingOptions, create_engine  # noqa: E402
-from bench.engine.profile import launch_pipelined, make_step, measure, measure_device, power_w, sm_clock_mhz  # noqa: E402
+from backend.engine.args import add_engine_args, backend_config
+from backend.engine.assemble import ServingOptions, create_engine
+from bench.engine.profile import (
+    launch_pipelined,
+    make_step,
+    measure,
+    measure_device,
+    power_w,
+    sm_clock_mhz,
+)
 
 # (d, p, c, k, s): d decodes of context c beside k chunks of p / k tokens, each from position s
 KINDS = {
