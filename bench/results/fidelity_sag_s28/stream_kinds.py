@@ -15,6 +15,7 @@ import argparse
 import json
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -44,6 +45,53 @@ KINDS = {
     "long_decodes": [(8, 256, 2048, 1, 0), (16, 256, 2048, 1, 0), (32, 256, 2048, 1, 0)],
     "packed_2048": [(0, 2048, 0, 4, 0)],
 }
+
+
+class Sampler:
+    """NVML every 20 ms from a thread while the stream runs (the clock read between bins is an idle
+    engine's): SM clock, power, and whether the SW power cap (0x4) or HW slowdown (0x8 | 0x40 | 0x80)
+    throttled. Nothing where NVML is missing (the CPU)."""
+
+    def __init__(self):
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            self.nv, self.h = pynvml, pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        except Exception:  # noqa: BLE001 -- no NVML: no samples
+            self.nv = None
+        self.rows, self._stop = [], threading.Event()
+
+    def _run(self):
+        nv, h, t0 = self.nv, self.h, time.perf_counter()
+        while not self._stop.is_set():
+            try:
+                why = nv.nvmlDeviceGetCurrentClocksThrottleReasons(h)
+                self.rows.append((round(time.perf_counter() - t0, 3), nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
+                                  round(nv.nvmlDeviceGetPowerUsage(h) / 1000, 1), int(bool(why & 0x4)),
+                                  int(bool(why & 0xC8))))
+            except Exception:  # noqa: BLE001
+                return
+            time.sleep(0.02)
+
+    def __enter__(self):
+        if self.nv is not None:
+            self.thread = threading.Thread(target=self._run, daemon=True)
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self.nv is not None:
+            self.thread.join()
+
+    def summary(self) -> dict:
+        if not self.rows:
+            return {}
+        late = self.rows[len(self.rows) // 3:]  # past the first third: the stream's settled state
+        return {"samples": len(self.rows), "sm_clock_median": statistics.median(r[1] for r in late),
+                "power_median_w": statistics.median(r[2] for r in late),
+                "sw_power_cap_share": round(sum(r[3] for r in late) / len(late), 3),
+                "hw_slowdown_share": round(sum(r[4] for r in late) / len(late), 3)}
 
 
 def main() -> None:
@@ -77,6 +125,9 @@ def main() -> None:
             torch.cuda.synchronize()
         time.sleep(a.idle_s)
         bins, t0 = [], time.perf_counter()
+        sampler = Sampler() if cuda else None
+        if sampler is not None:
+            sampler.__enter__()
         while time.perf_counter() - t0 < a.span_s:
             rows = launch_pipelined(runner, list(enumerate(steps)), 1.0 if cuda else a.span_s / 3)[1:]
             ms = [(i, dev if dev is not None else wall) for i, dev, wall in rows]
@@ -86,9 +137,14 @@ def main() -> None:
                          "ratio": round(sum(m for _, m in ms) / sum(paused[i] for i, _ in ms), 4),
                          "steps": len(ms), "sm_clock_mhz": sm_clock_mhz(runner.device),
                          "power_w": power_w(runner.device)})
-        out["kinds"][name] = {"shapes": [list(x) for x in shapes], "paused_ms": paused, "bins": bins}
+        smi = {}
+        if sampler is not None:
+            sampler.__exit__()
+            smi = sampler.summary()
+        out["kinds"][name] = {"shapes": [list(x) for x in shapes], "paused_ms": paused, "bins": bins,
+                              "nvml": smi, "nvml_rows": sampler.rows if sampler is not None else []}
         print(f"{name:13s} paused {' '.join(f'{x:7.3f}' for x in paused)} ms; stream by second "
-              + " ".join(f"{b['ratio']:.4f}@{b['sm_clock_mhz']}MHz/{b['power_w']}W" for b in bins), flush=True)
+              + " ".join(f"{b['ratio']:.4f}" for b in bins) + f"; during it {smi}", flush=True)
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
 
 
