@@ -140,6 +140,10 @@ def test_drawn_lengths_take_a_short_and_a_long_context_beside_the_typical_prompt
     assert validate.grid_context_lens("512", "128") is None  # fixed lengths: the grid as before
     g = validate.profile_grid(705, 164, prefill_cap_tokens=256, context_lens=got)
     assert g["context_lens"] == "705,184,1741"
+    # and chunks from far into a long prompt: cached-prefix points at 1, 4 and 8 x the cap (session 28),
+    # where the fixed lengths' grid keeps the cap's start alone
+    assert g["prefill_context_lens"] == "256,1024,2048"
+    assert validate.profile_grid(512, 128, prefill_cap_tokens=256)["prefill_context_lens"] == "256"
     # the spread points stay on the typical prompt (the first context), as sessions 19-20 measured them
     assert spread_shapes([2, 8], _ints(g["context_lens"]), max_num_seqs=256, max_num_batched_tokens=2048,
                          max_model_len=16384) == [(2, [[1, 705], [1, 2820]]), (8, [[7, 705], [1, 2820]])]

@@ -165,7 +165,8 @@ def profile_grid(input_len: int, output_len: int, max_num_seqs: int = 256,
     beside the decodes, the later ones from a cached prefix, so the grid measures those steps too:
     chunks of the cap and of a quarter of it (a small chunk: the mixed step's own constant and the
     compute knee, `ProfileCost`) at every decode batch and context, and chunks starting at position
-    cap (`prefill_context_lens`). Without them the cost model interpolated a 256-token chunk beside
+    cap (`prefill_context_lens`; with drawn lengths, `context_lens` given, also at 4 and 8 x the cap:
+    PREFIX_START_MULTIPLES). Without them the cost model interpolated a 256-token chunk beside
     d decodes between the decode-only step and a 512-token chunk: on the H200's 6.7B preset those
     steps (with the 512-token ones 53-56% of the busy time) were charged 0.84-0.90 of their live time and the
     simulation ran TTFT P50 36% and TPOT P50 26% fast (issue 35, 2026-12-04 night)."""
@@ -176,11 +177,23 @@ def profile_grid(input_len: int, output_len: int, max_num_seqs: int = 256,
     if 0 < cap < input_len:
         p |= {cap, max(1, cap // 4)}
         s = [cap]
+        if context_lens:  # drawn lengths: chunks from far into long prompts too (PREFIX_START_MULTIPLES)
+            s += [m * cap for m in PREFIX_START_MULTIPLES]
     c = (list(context_lens) if context_lens
          else sorted({input_len, input_len + output_len // 2, input_len + output_len}))
     return {"decode_batch_sizes": ",".join(map(str, d)), "prefill_tokens": ",".join(map(str, sorted(p))),
             "context_lens": ",".join(map(str, c)), "prefill_context_lens": ",".join(map(str, s))}
 
+
+# drawn lengths (issue 35, session 28): cached-prefix points also at these multiples of the cap (1,024 and
+# 2,048 with the CUDA cap of 256). Why: a long drawn prompt runs as cap-sized chunks from ever later
+# starts (lognormal median 512 sigma 0.8: 12% of the H200 6.7B part's mixed chunks from >= 1,024, to
+# ~3,000), where one measured start (the cap) left the prefix's cost a line through it; on the H100
+# the increment at 1,024-2,048 is 1.1-1.8 x that line (bench/results/fidelity_prefix_s26), and the live
+# chunks from >= 1,024 were still charged 0.955-0.957 of live (H200 6.7B / 33B). With points at several
+# starts the cost model keeps the fitted prefix form, whose s axis they support (sims.profile_cost,
+# "The prefix term from twins"). ~16 more points: ~+15 s on the 6.7B, ~+35 s on the 33B bf16
+PREFIX_START_MULTIPLES = (4, 8)
 
 CUDA_PROFILE_PAUSE_MS = 60.0  # the H200 pause check: 52.4 ms paused vs 57.9 back to back (issue 18)
 
