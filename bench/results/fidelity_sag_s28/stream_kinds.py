@@ -101,11 +101,25 @@ def main() -> None:
     p.add_argument("--span-s", type=float, default=3.0)
     p.add_argument("--idle-s", type=float, default=1.0)
     p.add_argument("--kinds", default=",".join(KINDS))
+    p.add_argument("--profile-stream", action="store_true",
+                   help="also the profile's own long stream_mixed run (bench.engine.profile, session 28's form) on a "
+                        "grid-like set of mixed shapes: a check of that code on the device before a grid part runs it")
     a = p.parse_args()
     engine, loaded = create_engine(backend_config(a), ServingOptions())
     runner, cfg = engine.runner, engine.config
     vocab = loaded.config.vocab_size
     cuda = runner.device.type == "cuda"
+    if a.profile_stream:
+        from bench.engine import profile as prof
+        grid = [(d, pp, c, 1, 0) for c in (705, 1741) for d in (1, 8, 32) for pp in (64, 256)]
+        t0 = time.perf_counter()
+        run = prof.stream_mixed(runner, grid, cfg, vocab, 0.06, 5, prof.STREAM_S, prof.STREAM_IDLE_S,
+                                prof.STREAM_BIN_S, prof.STREAM_PREFIX_STARTS)
+        print(f"profile stream ({time.perf_counter() - t0:.1f} s):",
+              None if run is None else {k: v for k, v in run.items() if k != "bins"}, flush=True)
+        if run is not None:
+            print("  bins", [(b["ratio"], b["sm_clock_mhz"], b["power_w"]) for b in run["bins"]], flush=True)
+        Path(a.out).with_suffix(".stream.json").write_text(json.dumps(run) + "\n")
     out = {"device_name": torch.cuda.get_device_name() if cuda else "cpu", "model": a.model,
            "span_s": a.span_s, "idle_s": a.idle_s, "kinds": {}}
     for name in a.kinds.split(","):
