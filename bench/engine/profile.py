@@ -963,10 +963,15 @@ def compare_pause(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int 
         if dev_extra:  # "stream_mixed": the grid's mixed steps in turn, as a busy engine runs them
             # the long form (STREAM_S, in bins) with a full sustain; a short one (tests, --sustain-s < SUSTAIN_S) as before
             long = sustain_s >= SUSTAIN_S
-            stream = stream_mixed(runner, shapes, cfg, vocab, pause_s, repeats,
-                                  STREAM_S if long else min(PATTERN_S, sustain_s),
-                                  STREAM_IDLE_S if long else 0.0, STREAM_BIN_S if long else None,
-                                  STREAM_PREFIX_STARTS if long else ())
+            try:
+                stream = stream_mixed(runner, shapes, cfg, vocab, pause_s, repeats,
+                                      STREAM_S if long else min(PATTERN_S, sustain_s),
+                                      STREAM_IDLE_S if long else 0.0, STREAM_BIN_S if long else None,
+                                      STREAM_PREFIX_STARTS if long else ())
+            except Exception as e:  # noqa: BLE001 -- a measurement beside the points: the profile goes on
+                stream = None
+                runs.append({"run": "stream_mixed_failed", "error": f"{type(e).__name__}: {e}"})
+                print(f"pause check: stream_mixed failed ({type(e).__name__}: {e}); the profile goes on", flush=True)
             if stream:
                 runs.append(stream)
                 print(f"pause check: stream_mixed {len(stream['shapes'])} mixed shapes in turn, pipelined / paused "
