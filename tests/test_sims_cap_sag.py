@@ -143,3 +143,51 @@ def test_a_long_busy_stretch_reaches_the_sag():
     assert d_on[0] == pytest.approx(d_off[0], rel=0.002)  # ~0.2 s of load: the sag share still small
     # ~20 s busy: the share at tau 3 s full, less the paused points' share
     assert d_on[-1] / d_off[-1] == pytest.approx(1 + on.cap_sag["sag"], rel=2e-3)
+
+
+def test_each_kinds_stream_reads_its_throttle_in_device_time(monkeypatch):
+    """The pause check's "stream_kind" runs: a kind paused (spin-queued, as the grid's points) and then back
+    to back two in flight, in device time. A stand-in CUDA runner whose steps take 10 ms on the device,
+    3% more when launched behind another (the cap acting at once): the run reads 1.03; the CPU, none."""
+    import torch
+
+    from bench.engine import profile as prof
+
+    state = {"in_flight": 0, "ms": {}}
+
+    class Step:
+        def __init__(self):
+            self.readback = len(state["ms"])
+            state["ms"][self.readback] = 10.0 * (1.03 if state["in_flight"] else 1.0)
+
+    class Buffers:
+        def device_seconds(self, slot):
+            return state["ms"][slot] / 1e3
+
+    class Runner:
+        device = torch.device("cuda")
+        buffers = Buffers()
+
+        def launch(self, chunks):
+            step = Step()
+            state["in_flight"] += 1
+            return step
+
+        def finish(self, step):
+            state["in_flight"] -= 1
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None, raising=False)
+    monkeypatch.setattr(prof, "sm_clock_mhz", lambda device: 1980)
+    monkeypatch.setattr(prof.time, "sleep", lambda s: None)
+    monkeypatch.setattr(prof.NvmlSampler, "__init__", lambda self, device: (
+        setattr(self, "nv", None), setattr(self, "rows", [(0.0, 1920, 686.0, 1, 0)] * 6),
+        setattr(self, "_stop", __import__("threading").Event()), setattr(self, "_thread", None))[0])
+    run = prof.stream_kind(Runner(), "mixed", ["chunk"], 0.06, 3, span_s=0.02, idle_s=0.0)
+    assert run["run"] == "stream_kind" and run["kind"] == "mixed"
+    assert run["paused_device_ms_median"] == pytest.approx(10.0)
+    assert run["ratio"] == pytest.approx(1.03) and run["steps"] >= 1
+    assert run["nvml"] == {"samples": 6, "sm_clock_median": 1920, "power_median_w": 686.0,
+                           "sw_power_cap_share": 1.0, "hw_slowdown_share": 0.0}
+    Runner.device = torch.device("cpu")
+    assert prof.stream_kind(Runner(), "mixed", ["chunk"], 0.06, 3, span_s=0.02, idle_s=0.0) is None

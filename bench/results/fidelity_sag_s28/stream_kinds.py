@@ -15,7 +15,6 @@ import argparse
 import json
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import torch
 from backend.engine.args import add_engine_args, backend_config
 from backend.engine.assemble import ServingOptions, create_engine
 from bench.engine.profile import (
+    NvmlSampler,
     launch_pipelined,
     make_step,
     measure,
@@ -45,53 +45,6 @@ KINDS = {
     "long_decodes": [(8, 256, 2048, 1, 0), (16, 256, 2048, 1, 0), (32, 256, 2048, 1, 0)],
     "packed_2048": [(0, 2048, 0, 4, 0)],
 }
-
-
-class Sampler:
-    """NVML every 20 ms from a thread while the stream runs (the clock read between bins is an idle
-    engine's): SM clock, power, and whether the SW power cap (0x4) or HW slowdown (0x8 | 0x40 | 0x80)
-    throttled. Nothing where NVML is missing (the CPU)."""
-
-    def __init__(self):
-        try:
-            import pynvml
-            pynvml.nvmlInit()
-            self.nv, self.h = pynvml, pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
-        except Exception:  # noqa: BLE001 -- no NVML: no samples
-            self.nv = None
-        self.rows, self._stop = [], threading.Event()
-
-    def _run(self):
-        nv, h, t0 = self.nv, self.h, time.perf_counter()
-        while not self._stop.is_set():
-            try:
-                why = nv.nvmlDeviceGetCurrentClocksThrottleReasons(h)
-                self.rows.append((round(time.perf_counter() - t0, 3), nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
-                                  round(nv.nvmlDeviceGetPowerUsage(h) / 1000, 1), int(bool(why & 0x4)),
-                                  int(bool(why & 0xC8))))
-            except Exception:  # noqa: BLE001
-                return
-            time.sleep(0.02)
-
-    def __enter__(self):
-        if self.nv is not None:
-            self.thread = threading.Thread(target=self._run, daemon=True)
-            self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        if self.nv is not None:
-            self.thread.join()
-
-    def summary(self) -> dict:
-        if not self.rows:
-            return {}
-        late = self.rows[len(self.rows) // 3:]  # past the first third: the stream's settled state
-        return {"samples": len(self.rows), "sm_clock_median": statistics.median(r[1] for r in late),
-                "power_median_w": statistics.median(r[2] for r in late),
-                "sw_power_cap_share": round(sum(r[3] for r in late) / len(late), 3),
-                "hw_slowdown_share": round(sum(r[4] for r in late) / len(late), 3)}
 
 
 def main() -> None:
@@ -139,7 +92,7 @@ def main() -> None:
             torch.cuda.synchronize()
         time.sleep(a.idle_s)
         bins, t0 = [], time.perf_counter()
-        sampler = Sampler() if cuda else None
+        sampler = NvmlSampler(runner.device) if cuda else None
         if sampler is not None:
             sampler.__enter__()
         while time.perf_counter() - t0 < a.span_s:
