@@ -189,6 +189,18 @@ mean weight (the share at which it sagged), f_ref_sag the paused points' share a
 the step's compute share against the stream's where the cap goes by compute. Profiles without the
 binned run are charged exactly as before.
 
+Anchors in device time (issue 35, session 28; opt-in, `cap_anchors="stream"`, `validate_replay
+--cap-anchors stream`): the ratios above (r of the pause check's step, r_mix, r_packed) come from the
+sustained runs' wall times, each step launched when the one before has finished, against paused runs
+that pay an idle host's launch as well (the H200 6.7B's mixed step read 0.955 back to back against
+paused in wall time). On the H100 each kind run back to back two in flight, in device time, ran under
+the SW power cap in every NVML sample, throttled by its own power within the first second (mixed
+1.008-1.017 x paused at 1,920 MHz, the 2,048-token packed step 1.13 at 1,560; bench/results/
+fidelity_sag_s28), which is about the live mixed steps' excess there. Profiles since session 28 carry
+those runs ("stream_kind": prefill, mixed, mixed_two_chunks, decode, packed); with "stream" the cap
+takes r, r_mix and r_packed from them (the time constants and f_ref stay the sustained traces'), and
+every weight follows as before. Not yet scored on a grid part (none has the runs).
+
 Budget-filling packed steps (issue 35, session 18): under load the engine fills its token budget
 with several prompts beside the decodes (live on the H200, 6.7B / 33B FP8: d + p = 2,048, d 27-90,
 4-5 prompts, 3-5% of the busy time), where the grid's points past 1,024 tokens all had d 0: the model
@@ -566,6 +578,18 @@ def _sustained_ratio(run: dict) -> tuple[float, dict | None]:
     return steady / float(run["paused_ms_median"]), fit
 
 
+def _anchored(run: dict | None, ratio: float | None) -> dict | None:
+    """A "sustained_mixed" / "sustained_packed" run with its back-to-back level taken from its kind's
+    "stream_kind" ratio (device time, `cap_anchors="stream"`): its trace dropped, so that
+    `_sustained_ratio` reads paused x ratio / paused; the run itself where the kind was not streamed."""
+    if run is None or ratio is None:
+        return run
+    out = {k: v for k, v in run.items() if k not in ("trace_ms", "trace_t_ms", "trace_device_ms")}
+    out["step_ms_median"] = float(run["paused_ms_median"]) * ratio
+    out["whatif"] = "stream_kind"
+    return out
+
+
 def plan_leads(profile_doc: dict) -> dict | None:
     """The async loop's plan lead by the kind of the step in flight, from a profile's launch times:
     the engine plans the next step 2 x its host launch time + 1 ms before the step in flight ends
@@ -665,7 +689,7 @@ class ProfileCost:
                  spread_points: list[dict] | None = None, decode_spread: str | float = "measured",
                  mixed_spread: str | float = "measured", decode_spells: bool = True,
                  prefix_term: str = "twins", cap_onset: str = "slow", knee_support: int = KNEE_SUPPORT,
-                 cap_sag: bool = True):
+                 cap_sag: bool = True, cap_anchors: str = "sustained"):
         """points: (n, 3) of (num_decode_seqs, num_prefill_tokens, num_context_tokens), or (n, 4) /
         (n, 5) with num_prefill_seqs k (the p tokens are k chunks of p/k each; default 1 when p > 0)
         and prefill_context_len s (each chunk starts at position s; default 0) appended, or (n, 6)
@@ -712,7 +736,14 @@ class ProfileCost:
         onset"; with `power_cap` and a trace that resolves it, else as "slow").
         `cap_sag` (with `power_cap`, where the pause check's "stream_mixed" run has its bins): the
         limiter's slow sag past the sustained runs' horizon, charged from a third share at its own
-        time constant (module doc, "The slow sag"); False: none, as before session 28."""
+        time constant (module doc, "The slow sag"); False: none, as before session 28.
+        `cap_anchors`: "sustained" (the default) takes the cap's ratios (the pause check step's r, the
+        mixed and packed anchors') from the sustained runs' wall times; "stream" (opt-in) from the
+        pause check's "stream_kind" runs where the profile has them, each kind paused and back to
+        back in device time (module doc, "Anchors in device time"); the time constants stay the
+        sustained traces'."""
+        if cap_anchors not in ("sustained", "stream"):
+            raise ValueError(f"cap_anchors {cap_anchors!r}: sustained or stream")
         if cap_onset not in ("slow", "fast"):
             raise ValueError(f"cap_onset {cap_onset!r}: slow or fast")
         # (knee_support: the step sizes a compute knee needs past it, KNEE_SUPPORT; 0: any knee, as
@@ -755,6 +786,13 @@ class ProfileCost:
                           and r.get("paused_ms_median")), None) if cap_by_power else None
         packed_run = next((r for r in (check or {}).get("runs", []) if r.get("run") == "sustained_packed"
                            and r.get("paused_ms_median")), None) if cap_by_power else None
+        # the kinds' device-time ratios (module doc, "Anchors in device time"), or {}
+        kinds = ({r["kind"]: float(r["ratio"]) for r in (check or {}).get("runs", [])
+                  if r.get("run") == "stream_kind" and r.get("ratio")} if cap_anchors == "stream" else {})
+        self.cap_anchors = None  # the device-time ratios the cap took, where it took any
+        if kinds:
+            mixed_run = _anchored(mixed_run, kinds.get("mixed"))
+            packed_run = _anchored(packed_run, kinds.get("packed"))
         if check:
             runs = {r["run"]: r["step_ms_median"] for r in check.get("runs", []) if "step_ms_median" in r}
             paused = [runs[k] for k in ("paused", "paused_again") if k in runs]
@@ -768,7 +806,7 @@ class ProfileCost:
                 base = sum(paused) / len(paused)
                 tau = fit["tau_s"]
                 f_ref = ewma_duty_ref(base / 1e3, pause_s, tau)
-                r = fit["steady_ms"] / base
+                r = kinds["prefill"] if "prefill" in kinds else fit["steady_ms"] / base
                 # after_decode: its pauses ran decode steps, the engine never idle: g = 1 - f
                 g_ref = 1.0 - f_ref
                 r_dec = (1.0 + (runs["after_decode"] / base - 1.0) / g_ref
@@ -944,6 +982,8 @@ class ProfileCost:
             if onset is not None:
                 onset["f_ref"] = ewma_duty_ref(paused_ms / 1e3, pause_s, onset["tau_fast_s"])
                 self.cap_onset = onset
+        if kinds and self._cap is not None:
+            self.cap_anchors = {k: v for k, v in kinds.items() if k in ("prefill", "mixed", "packed")}
         stream = next((r for r in (check or {}).get("runs", []) if r.get("run") == "stream_mixed"
                        and r.get("bins")), None)
         if cap_sag and self._cap is not None and self.power_cap_tau_s and stream is not None:
@@ -1500,7 +1540,9 @@ class ProfileCost:
                                                               **({"onset": self.cap_onset}
                                                                  if self.cap_onset else {}),
                                                               **({"sag": self.cap_sag}
-                                                                 if self.cap_sag else {})},
+                                                                 if self.cap_sag else {}),
+                                                              **({"anchors_device_time": self.cap_anchors}
+                                                                 if self.cap_anchors else {})},
                 # named only where the term is set or measured (module doc, "Unequal contexts")
                 **({"decode_spread": {"kappa": self.spread_kappa, "points": self.spread_point_kappas,
                                       "plan_from_profile": bool(self.meta.get("decode_attention"))}}

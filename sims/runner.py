@@ -50,6 +50,9 @@ class CostSpec:
     # with `power_cap`: "slow" (the busy shares at the sustained trace's one time constant) or
     # "fast" (the limiter's fast onset apart; sims.profile_cost, "The limiter's onset")
     cap_onset: str = "slow"
+    # with `power_cap`: the cap's ratios from the sustained runs ("sustained") or from the pause
+    # check's device-time "stream_kind" runs ("stream"; sims.profile_cost, "Anchors in device time")
+    cap_anchors: str = "sustained"
 
     def build(self) -> CostModel:
         if self.step_ms is not None:
@@ -60,7 +63,7 @@ class CostSpec:
                                            power_cap=self.power_cap, cap_by_power=self.cap_by_power,
                                            decode_spread=self.decode_spread, mixed_spread=self.mixed_spread,
                                            decode_spells=self.decode_spells, prefix_term=self.prefix_term,
-                                           cap_onset=self.cap_onset)
+                                           cap_onset=self.cap_onset, cap_anchors=self.cap_anchors)
         else:
             cost = RooflineCost(load_model_shape(self.model), get_gpu(self.gpu), self.roofline)
         if self.num_blocks:

@@ -191,3 +191,64 @@ def test_each_kinds_stream_reads_its_throttle_in_device_time(monkeypatch):
                            "sw_power_cap_share": 1.0, "hw_slowdown_share": 0.0}
     Runner.device = torch.device("cpu")
     assert prof.stream_kind(Runner(), "mixed", ["chunk"], 0.06, 3, span_s=0.02, idle_s=0.0) is None
+
+
+def _anchored_cost(anchors, kinds, r_wall=1.05, r_mix_wall=0.96):
+    """A profile whose sustained runs read r_wall (the 512-token step) and r_mix_wall (the mixed step) in
+    wall time, and whose stream_kind runs read `kinds` in device time."""
+    pts = [(d, p, d * c + p) for c in (100, 300) for d in (0, 1, 4, 8, 16, 32) for p in (0, 64, 256, 512)
+           if d + p and (d or c == 100)]
+    times = np.array([_law(d, p) for d, p, _ in pts])
+    ts, ms = _trace(r_wall)
+    paused_mix = 1e3 * _law(32, 256)
+    runs = [{"run": "paused", "step_ms_median": REF}, {"run": "back_to_back", "step_ms_median": REF},
+            {"run": "paused_again", "step_ms_median": REF},
+            {"run": "sustained", "step_ms_median": ms[-1], "trace_t_ms": ts, "trace_ms": ms},
+            {"run": "sustained_mixed", "num_decode_seqs": 32, "num_prefill_tokens": 256, "decode_context_len": 100,
+             "paused_ms_median": paused_mix, "step_ms_median": paused_mix * r_mix_wall}]
+    runs += [{"run": "stream_kind", "kind": k, "ratio": v, "paused_device_ms_median": 1.0,
+              "pipelined_device_ms_median": v} for k, v in kinds.items()]
+    meta = {"pause_ms": 60.0, "pause_check": {"num_prefill_tokens": 512, "runs": runs}}
+    return ProfileCost(np.array(pts, dtype=float), times, num_blocks=4096, meta=meta, power_cap=True,
+                       cap_by_compute=False, ctx_quantum=1, cap_by_power=True, cap_anchors=anchors)
+
+
+def test_the_cap_can_take_its_ratios_from_the_kinds_device_time_streams():
+    """`cap_anchors="stream"`: r from the prefill kind's stream, r_mix from the mixed kind's, where the
+    sustained runs' wall times read 1.05 and 0.96 (a mixed step that does not throttle: weight f_ref)."""
+    kinds = {"prefill": 1.04, "mixed": 1.012, "decode": 1.002}
+    wall, dev = _anchored_cost("sustained", kinds), _anchored_cost("stream", kinds)
+    assert wall.cap_anchors is None and wall.sustained_fit["r"] == pytest.approx(wall.prefill_slowdown(1.0), rel=1e-9)
+    assert wall.cap_mixed["r_mix"] == pytest.approx(0.96) and wall.cap_mixed["w_mix"] == pytest.approx(wall.power_cap_f_ref)
+    assert dev.cap_anchors == {"prefill": 1.04, "mixed": 1.012}
+    assert dev.prefill_slowdown(1.0) == pytest.approx(1.04)  # the reference's ratio, a full share
+    assert dev.cap_mixed["r_mix"] == pytest.approx(1.012) and dev.cap_mixed["whatif"] == "stream_kind"
+    # the mixed step back to back holds the share at its weight, where the factor gives its own ratio
+    assert dev.prefill_slowdown(dev.cap_mixed["w_mix"]) == pytest.approx(1.012)
+    # the time constant and f_ref stay the sustained trace's
+    assert dev.power_cap_tau_s == wall.power_cap_tau_s and dev.power_cap_f_ref == wall.power_cap_f_ref
+    assert dev.describe()["power_cap"]["anchors_device_time"] == {"prefill": 1.04, "mixed": 1.012}
+    # a profile without the runs: the sustained anchors, whatever was asked
+    none = _anchored_cost("stream", {})
+    assert none.cap_anchors is None and none.cap_mixed["r_mix"] == pytest.approx(0.96)
+    with pytest.raises(ValueError, match="cap_anchors"):
+        _anchored_cost("device", kinds)
+
+
+def test_validate_replay_takes_the_anchors_through_the_cost_spec():
+    """`validate_replay --cap-anchors stream` reaches the replay's ProfileCost through CostSpec; a
+    committed H200 profile (no stream_kind runs) keeps its sustained anchors."""
+    from pathlib import Path
+
+    from bench.simulator.validate_replay import parser
+    from sims.runner import CostSpec
+
+    base = ["v.json", "d.jsonl.gz", "s.jsonl.gz"]
+    assert parser().parse_args(base).cap_anchors == "sustained"
+    assert parser().parse_args(base + ["--cap-anchors", "stream"]).cap_anchors == "stream"
+    prof = (Path(__file__).resolve().parents[1] / "bench" / "results" / "fidelity_grid_h200_s25" / "33b-mixed-1"
+            / "profile_33b-mixed-1.json")
+    on = {"hide_launch": True, "power_cap": True, "cap_by_power": True}
+    stream = CostSpec(model="tiny", profile=str(prof), **on, cap_anchors="stream").build()
+    plain = CostSpec(model="tiny", profile=str(prof), **on).build()
+    assert stream.cap_anchors is None and stream.cap_mixed["r_mix"] == plain.cap_mixed["r_mix"]

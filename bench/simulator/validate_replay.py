@@ -51,6 +51,7 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
                    power_cap: str | None = None, extra_dispatch_ms: float = 0.0,
                    cap_by_power: bool | str = "auto", decode_spread: str = "measured", mixed_spread: str = "measured",
                    decode_spells: bool = True, prefix_term: str = "twins", cap_onset: str = "slow",
+                   cap_anchors: str = "sustained",
                    gateway_loop: bool | None = None, live_times: bool = False,
                    plan_lead: str | None = None,
                    gateway_loop_read_ms: float | None = None,
@@ -132,6 +133,8 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
         terms = {**terms, "prefix_term": prefix_term}
     if cap_onset != "slow" and terms.get("power_cap"):  # --cap-onset fast (sims.profile_cost, "The limiter's onset")
         terms = {**terms, "cap_onset": cap_onset}
+    if cap_anchors != "sustained" and terms.get("power_cap"):  # --cap-anchors stream ("Anchors in device time")
+        terms = {**terms, "cap_anchors": cap_anchors}
     if decode_spread != "measured":  # off, or a kappa: the unequal-contexts term (sims.decode_spread)
         terms = {**terms, "decode_spread": decode_spread if decode_spread == "off" else float(decode_spread)}
     if mixed_spread != "measured":  # off (their decodes' mean context), or a what-if kappa
@@ -314,6 +317,10 @@ def parser() -> argparse.ArgumentParser:
                    help="with the power cap: slow (default) reads the busy shares at the sustained trace's "
                         "one time constant; fast splits the factor between the limiter's fast onset and its "
                         "slow drift and counts no decode spell (sims.profile_cost, \"The limiter's onset\")")
+    p.add_argument("--cap-anchors", choices=("sustained", "stream"), default="sustained",
+                   help="with the power cap: the cap's ratios from the sustained runs' wall times (default) or "
+                        "from the pause check's stream_kind runs in device time, where the profile has them "
+                        "(sims.profile_cost, \"Anchors in device time\")")
     p.add_argument("--prefix-term", choices=("twins", "fit"), default="twins",
                    help="the cached-prefix chunks' term: from the profile's prefix points against their "
                         "start-0 twins (the default since session 26) or fit: one coefficient of the "
@@ -395,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     res = replay_session(validate, arrivals, batches, rows, profile, a.delivery_per_stream_ms, seeds,
                          hide_launch=a.hide_launch, power_cap=a.power_cap, cap_by_power=a.cap_by_power,
                          decode_spread=a.decode_spread, mixed_spread=a.mixed_spread,
-                         decode_spells=a.decode_spells == "on", prefix_term=a.prefix_term, cap_onset=a.cap_onset, extra_dispatch_ms=a.extra_dispatch_ms, gateway_loop=a.gateway_loop == "on",
+                         decode_spells=a.decode_spells == "on", prefix_term=a.prefix_term, cap_onset=a.cap_onset, cap_anchors=a.cap_anchors, extra_dispatch_ms=a.extra_dispatch_ms, gateway_loop=a.gateway_loop == "on",
                          live_times=a.live_times, plan_lead=a.plan_lead,
                          gateway_loop_read_ms=a.gateway_loop_read_ms,
                          ceiling=a.ceiling, ceiling_noise=a.ceiling_noise,
