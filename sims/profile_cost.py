@@ -199,7 +199,11 @@ the SW power cap in every NVML sample, throttled by its own power within the fir
 fidelity_sag_s28), which is about the live mixed steps' excess there. Profiles since session 28 carry
 those runs ("stream_kind": prefill, mixed, mixed_two_chunks, decode, packed); with "stream" the cap
 takes r, r_mix and r_packed from them (the time constants and f_ref stay the sustained traces'), and
-every weight follows as before. Not yet scored on a grid part (none has the runs).
+every weight follows as before. Scored only as a what-if so far (bench/results/fidelity_sag_s28,
+anchors_whatif.py: the runs measured on an H100 grafted onto the s21 H100 6.7B mixed part's profile): the
+reference step's ratio goes from 0.92 (wall) to 1.083 (device), and the busy steps with <= 512 prefill
+tokens from 0.989 to 1.014 of live: over-corrected, the token-rate weights between a non-throttling
+mixed anchor and the reference too steep for the live 256-token chunks. Opt-in until the weights are.
 
 Budget-filling packed steps (issue 35, session 18): under load the engine fills its token budget
 with several prompts beside the decodes (live on the H200, 6.7B / 33B FP8: d + p = 2,048, d 27-90,
