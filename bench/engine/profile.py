@@ -835,7 +835,7 @@ class NvmlSampler:
                 "hw_slowdown_share": round(sum(r[4] for r in late) / len(late), 3)}
 
 
-# the pause check's "stream_kind" runs (issue 35, session 28): each of these step kinds alone, paused
+# the pause check's "stream_kind" runs (issue 35, session 28): each of its step kinds alone, paused
 # (as the grid's points) and then STREAM_KIND_S back to back two in flight after STREAM_KIND_IDLE_S,
 # in device time, with NVML sampled during it. Why: on the H100 the 6.7B's busy streams ran with the SW
 # power cap set in 99-100% of samples, each kind throttled by its own power (the grid's mixed steps
@@ -1076,6 +1076,10 @@ def compare_pause(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int 
             kinds = [("prefill", lambda: chunks), ("mixed", lambda: mixed),
                      ("mixed_two_chunks", lambda: make_step(dm, pm, dec[1], bs, nb, vocab, 2, 0)
                       if pm % 2 == 0 and pm >= 2 else None),
+                     # a light-decode mixed step: 8 decodes at the grid's shortest context beside the chunk (on
+                     # the H100 such steps ran 1.012 back to back, the long-context mixed step 0.997: power by kind
+                     # beyond what the token rate tells, for the weights between the anchors)
+                     ("mixed_short", lambda: make_step(min(8, dm), pm, min(cc for _, cc in decs), bs, nb, vocab)),
                      ("decode", lambda: decode),
                      ("packed", lambda: make_step(*big[:3], bs, nb, vocab, *big[3:]) if big is not None else None)]
             for name, build in kinds:
