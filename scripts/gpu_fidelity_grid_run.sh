@@ -68,7 +68,7 @@
 # 6.7b-mixed-seeds in 378 s (315 estimated for the H200), 6.7b seeds 0-2 in 315 s, 3-4 in 262,
 # 6.7b-fp8 seeds 2-4 in 303, 6.7b-mixed seed 2 in 251.
 # Since session 28 the pause check ends with the long stream_mixed (12 s in 1 s bins after 3 s idle, its
-# 14 shapes paused first: 24.4 s on the H100 6.7B) and five stream_kind runs (~4 s each, ~6 on the 33B
+# 14 shapes paused first: 24.4 s on the H100 6.7B) and six stream_kind runs (~4 s each, ~6 on the 33B
 # bf16's packed step): ~+40 s a profile over session 27's ~+1 s stream, added below to the parts that
 # profile (not to those run with PROFILE_FROM).
 # Override any of MODEL LOADS SEEDS N IN OUTLEN SERVE_ARGS BUDGET_S per call.
