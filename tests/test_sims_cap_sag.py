@@ -252,3 +252,49 @@ def test_validate_replay_takes_the_anchors_through_the_cost_spec():
     stream = CostSpec(model="tiny", profile=str(prof), **on, cap_anchors="stream").build()
     plain = CostSpec(model="tiny", profile=str(prof), **on).build()
     assert stream.cap_anchors is None and stream.cap_mixed["r_mix"] == plain.cap_mixed["r_mix"]
+
+
+def test_the_pause_check_streams_every_kind_with_its_shape(monkeypatch):
+    """The pause check's long form on a stand-in for CUDA timing (the tiny model on the CPU, each step's
+    device time its shape's token count in µs): the six stream_kind runs come out, each with the shape it
+    ran (the cost model places a kind among the anchors by it), and the long stream with its bins."""
+    import torch
+
+    from backend.engine.args import add_engine_args, backend_config
+    from backend.engine.assemble import ServingOptions, create_engine
+    from bench.engine import profile as prof
+
+    ap = __import__("argparse").ArgumentParser()
+    add_engine_args(ap)
+    a = ap.parse_args(["--model", "tiny", "--num-blocks", "512", "--max-num-seqs", "64"])
+    engine, loaded = create_engine(backend_config(a), ServingOptions())
+    runner, cfg = engine.runner, engine.config
+    last = {}
+    real_launch = runner.launch
+
+    def launch(chunks):
+        step = real_launch(chunks)
+        last[id(step)] = sum(len(c.token_ids) for c in chunks)
+        return step
+
+    monkeypatch.setattr(runner, "launch", launch)
+    monkeypatch.setattr(prof, "measure_device", lambda r, chunks, n, pause=0.0, **k: [
+        float(sum(len(c.token_ids) for c in chunks)) / 1e3] * n)
+    monkeypatch.setattr(prof, "_step_device_ms", lambda r, step: last.get(id(step), 1) / 1e3)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *x, **k: None)
+    monkeypatch.setattr(prof.time, "sleep", lambda s: None)
+    for name, value in (("SUSTAIN_S", 0.05), ("SUSTAIN_IDLE_S", 0.0), ("PATTERN_S", 0.02), ("STREAM_S", 0.04),
+                        ("STREAM_BIN_S", 0.02), ("STREAM_KIND_S", 0.02), ("STREAM_KIND_IDLE_S", 0.0)):
+        monkeypatch.setattr(prof, name, value)
+    monkeypatch.setattr(prof.stream_kind, "__defaults__", (0.3, 0.0))  # a CPU packed step outlasts 20 ms
+    shapes = [(d, p, c, 1, 0) for c in (64, 160) for d in (0, 1, 8, 32) for p in (0, 64, 256) if d + p and (d or c == 64)]
+    shapes.append((0, 512, 0, 2, 0))
+    doc = prof.compare_pause(runner, shapes, cfg, loaded.config.vocab_size, 0.0, repeats=2, sustain_s=0.05)
+    kinds = {r["kind"]: r for r in doc["runs"] if r["run"] == "stream_kind"}
+    assert sorted(kinds) == ["decode", "mixed", "mixed_short", "mixed_two_chunks", "packed", "prefill"]
+    assert kinds["prefill"]["shape"] == [0, 256, 0, 1, 0] and kinds["packed"]["shape"] == [0, 512, 0, 2, 0]
+    assert kinds["mixed"]["shape"][:2] == [32, 256] and kinds["mixed_short"]["shape"] == [8, 256, 64, 1, 0]
+    assert kinds["mixed_two_chunks"]["shape"][3] == 2 and kinds["decode"]["shape"][1] == 0
+    # the stand-in's device time is the shape's alone: back to back as paused
+    assert all(r["ratio"] == pytest.approx(1.0) for r in kinds.values())
+    assert not [r for r in doc["runs"] if r["run"].endswith("_failed")]

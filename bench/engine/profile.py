@@ -1072,22 +1072,29 @@ def compare_pause(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int 
                          if stream.get("bins") else ""), flush=True)
         if dev_extra and long:  # "stream_kind": each kind's own throttle, in device time
             big = packed_check_shape(shapes, p)
-            bs, nb = cfg.block_size, cfg.num_blocks
-            kinds = [("prefill", lambda: chunks), ("mixed", lambda: mixed),
-                     ("mixed_two_chunks", lambda: make_step(dm, pm, dec[1], bs, nb, vocab, 2, 0)
-                      if pm % 2 == 0 and pm >= 2 else None),
+            # (name, its shape (d, p, c, k, s) or None where the grid has none): each kind's shape travels
+            # with its run, so that the cost model can place it among the anchors by its own rate
+            n_check, k_check = p, k
+            light_c = min(cc for _, cc in decs)
+            kinds = [("prefill", (0, n_check, 0, k_check, 0)),
+                     ("mixed", (dm, pm, dec[1], 1, 0)),
+                     ("mixed_two_chunks", (dm, pm, dec[1], 2, 0) if pm % 2 == 0 and pm >= 2 else None),
                      # a light-decode mixed step: 8 decodes at the grid's shortest context beside the chunk (on
                      # the H100 such steps ran 1.012 back to back, the long-context mixed step 0.997: power by kind
                      # beyond what the token rate tells, for the weights between the anchors)
-                     ("mixed_short", lambda: make_step(min(8, dm), pm, min(cc for _, cc in decs), bs, nb, vocab)),
-                     ("decode", lambda: decode),
-                     ("packed", lambda: make_step(*big[:3], bs, nb, vocab, *big[3:]) if big is not None else None)]
-            for name, build in kinds:
+                     ("mixed_short", (min(8, dm), pm, light_c, 1, 0)),
+                     ("decode", (dm, 0, dec[1], 0, 0)),
+                     ("packed", tuple(big) if big is not None else None)]
+            bs, nb = cfg.block_size, cfg.num_blocks
+            for name, shape in kinds:
+                if shape is None:
+                    continue
                 try:
-                    step = build()
-                    if step is None:
-                        continue
+                    d_, p_, c_, k_, s_ = shape
+                    step = make_step(d_, p_, c_, bs, nb, vocab, max(1, k_), s_)
                     got = stream_kind(runner, name, step, pause_s, repeats)
+                    if got:
+                        got["shape"] = list(shape)
                 except Exception as e:  # noqa: BLE001 -- a measurement beside the points: the profile goes on
                     got = {"run": "stream_kind_failed", "kind": name, "error": f"{type(e).__name__}: {e}"}
                 if got:
