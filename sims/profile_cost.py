@@ -204,6 +204,9 @@ anchors_whatif.py: the runs measured on an H100 grafted onto the s21 H100 6.7B m
 reference step's ratio goes from 0.92 (wall) to 1.083 (device), and the busy steps with <= 512 prefill
 tokens from 0.989 to 1.014 of live: over-corrected, the token-rate weights between a non-throttling
 mixed anchor and the reference too steep for the live 256-token chunks. Opt-in until the weights are.
+Runs that carry their shape (since session 28's last change) add the light-decode mixed step and the
+two-chunk step as anchors of their own at their token rates (EXTRA_ANCHOR_KINDS): the weight line
+then bends where the kinds say the limiter starts to act.
 
 Budget-filling packed steps (issue 35, session 18): under load the engine fills its token budget
 with several prompts beside the decodes (live on the H200, 6.7B / 33B FP8: d + p = 2,048, d 27-90,
@@ -582,6 +585,11 @@ def _sustained_ratio(run: dict) -> tuple[float, dict | None]:
     return steady / float(run["paused_ms_median"]), fit
 
 
+# with `cap_anchors="stream"`: the "stream_kind" runs placed among the weights' anchors at their own
+# token rates, beside the mixed and packed ones (module doc, "Anchors in device time")
+EXTRA_ANCHOR_KINDS = ("mixed_short", "mixed_two_chunks")
+
+
 def _anchored(run: dict | None, ratio: float | None) -> dict | None:
     """A "sustained_mixed" / "sustained_packed" run with its back-to-back level taken from its kind's
     "stream_kind" ratio (device time, `cap_anchors="stream"`): its trace dropped, so that
@@ -791,8 +799,13 @@ class ProfileCost:
         packed_run = next((r for r in (check or {}).get("runs", []) if r.get("run") == "sustained_packed"
                            and r.get("paused_ms_median")), None) if cap_by_power else None
         # the kinds' device-time ratios (module doc, "Anchors in device time"), or {}
-        kinds = ({r["kind"]: float(r["ratio"]) for r in (check or {}).get("runs", [])
-                  if r.get("run") == "stream_kind" and r.get("ratio")} if cap_anchors == "stream" else {})
+        kind_runs = ({r["kind"]: r for r in (check or {}).get("runs", [])
+                      if r.get("run") == "stream_kind" and r.get("ratio")} if cap_anchors == "stream" else {})
+        kinds = {k: float(r["ratio"]) for k, r in kind_runs.items()}
+        # the kinds between the anchors, placed by their own shapes (runs since they carry one)
+        self._extra_anchors = [(k, tuple(int(x) for x in r["shape"]), float(r["ratio"]))
+                               for k, r in kind_runs.items()
+                               if k in EXTRA_ANCHOR_KINDS and len(r.get("shape") or ()) == 5]
         self.cap_anchors = None  # the device-time ratios the cap took, where it took any
         if kinds:
             mixed_run = _anchored(mixed_run, kinds.get("mixed"))
@@ -987,7 +1000,8 @@ class ProfileCost:
                 onset["f_ref"] = ewma_duty_ref(paused_ms / 1e3, pause_s, onset["tau_fast_s"])
                 self.cap_onset = onset
         if kinds and self._cap is not None:
-            self.cap_anchors = {k: v for k, v in kinds.items() if k in ("prefill", "mixed", "packed")}
+            self.cap_anchors = {k: v for k, v in kinds.items()
+                                if k in ("prefill", "mixed", "packed") + EXTRA_ANCHOR_KINDS}
         stream = next((r for r in (check or {}).get("runs", []) if r.get("run") == "stream_mixed"
                        and r.get("bins")), None)
         if cap_sag and self._cap is not None and self.power_cap_tau_s and stream is not None:
@@ -1243,6 +1257,19 @@ class ProfileCost:
                                "compute_share_packed": share_p, "w_check": w_check,
                                "reference": "packed" if switched else "check",
                                "whatif": packed.get("whatif")}
+        extra = []
+        for name, (d, p, c, k, st), r_kind in getattr(self, "_extra_anchors", []):
+            if p <= 0:
+                continue
+            chunks = [(p // max(1, k), st)] * max(1, k)
+            ctx = d * c + p + st * max(1, k)
+            share_k = self.compute_share(d, p, ctx, chunks) if self._cap_share_ref else 1.0
+            w_k = weight(r_kind, share_k)
+            rate_k = (d + p) / self.step_time(d, p, ctx, chunks) / rate_ref
+            pts.append((rate_k, w_k))
+            extra.append({"kind": name, "shape": [d, p, c, k, st], "r": r_kind, "w": w_k, "rate": rate_k})
+        if extra and self.cap_mixed is not None:
+            self.cap_mixed["extra_anchors"] = extra
         pts = sorted(pts)
         self._cap_weight = (rate_ref, np.array([x for x, _ in pts]), np.array([w for _, w in pts]), {})
 

@@ -298,3 +298,31 @@ def test_the_pause_check_streams_every_kind_with_its_shape(monkeypatch):
     # the stand-in's device time is the shape's alone: back to back as paused
     assert all(r["ratio"] == pytest.approx(1.0) for r in kinds.values())
     assert not [r for r in doc["runs"] if r["run"].endswith("_failed")]
+
+
+def test_a_kind_with_its_shape_is_an_anchor_of_its_own():
+    """A light-decode mixed step streamed at 1.01 (its shape carried by its run) sits among the weights'
+    anchors at its token rate: a step of that shape back to back is charged 1.01, where the line from the
+    mixed anchor to the reference gave it more."""
+    kinds = {"prefill": 1.08, "mixed": 0.997}
+    line = _anchored_cost("stream", kinds)
+    run = {"run": "stream_kind", "kind": "mixed_short", "ratio": 1.01, "shape": [8, 256, 100, 1, 0]}
+    cost = _with_kind(run, kinds)
+    ctx = 8 * 100 + 256
+    assert line.prefill_slowdown(line.cap_weight(8, 256, ctx)) > 1.02  # the line: steeper than measured
+    assert cost.prefill_slowdown(cost.cap_weight(8, 256, ctx)) == pytest.approx(1.01)
+    got = cost.cap_mixed["extra_anchors"]
+    assert [a["kind"] for a in got] == ["mixed_short"] and got[0]["r"] == 1.01
+    assert cost.cap_anchors["mixed_short"] == 1.01
+
+
+def _with_kind(run, kinds):
+    """`_anchored_cost("stream", kinds)` with one more stream_kind run (its shape included)."""
+    cost = _anchored_cost("stream", kinds)
+    meta = dict(cost.meta)
+    meta["pause_check"] = {**meta["pause_check"], "runs": meta["pause_check"]["runs"] + [run]}
+    pts = [(d, p, d * c + p) for c in (100, 300) for d in (0, 1, 4, 8, 16, 32) for p in (0, 64, 256, 512)
+           if d + p and (d or c == 100)]
+    times = np.array([_law(d, p) for d, p, _ in pts])
+    return ProfileCost(np.array(pts, dtype=float), times, num_blocks=4096, meta=meta, power_cap=True,
+                       cap_by_compute=False, ctx_quantum=1, cap_by_power=True, cap_anchors="stream")
