@@ -187,7 +187,9 @@ keep a third weighted prefill share f_sag at tau_sag (spans weighed by their kin
 a step's factor gains sag (f_sag - f_ref_sag) / (w_stream - f_ref_sag), w_stream the stream shapes'
 mean weight (the share at which it sagged), f_ref_sag the paused points' share at tau_sag; scaled by
 the step's compute share against the stream's where the cap goes by compute. Profiles without the
-binned run are charged exactly as before.
+binned run are charged exactly as before. On the H100 6.7B the stream was flat (1.001-1.004 by second
+for 12 s, sag 0.0; bench/results/fidelity_sag_s28): the limiter reaches each step kind's level within
+the first second, which "Anchors in device time" below measures; the term waits for the H200's streams.
 
 Anchors in device time (issue 35, session 28; opt-in, `cap_anchors="stream"`, `validate_replay
 --cap-anchors stream`): the ratios above (r of the pause check's step, r_mix, r_packed) come from the

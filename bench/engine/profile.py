@@ -695,7 +695,9 @@ STREAM_SHAPES = 12
 # sag, past the sustained runs' 2.5 s (their fits read a tau of ~0.3 s and stop). 12 s resolves a
 # time constant up to ~4 s; the idle before lets a sag that slow relax from the runs before it. The
 # steps of each bin run two in flight (as the serving loop), the pipeline drained between bins
-# (one step's host time a second) to read the clock and the board power.
+# (one step's host time a second) to read the clock and the board power. Measured on the H100 6.7B
+# (bench/results/fidelity_sag_s28): flat, 1.001-1.004 by second (1.034-1.042 with heavier shapes), the
+# limiter at its level within the first second; kept for the H200, whose cap acts harder.
 STREAM_S = 12.0
 STREAM_IDLE_S = 3.0
 STREAM_BIN_S = 1.0
@@ -703,7 +705,8 @@ STREAM_BIN_S = 1.0
 # prefix of these many tokens (where the model's length allows). Why: on the H100 6.7B mixed part's live
 # steps replayed (session 27, call 3) a chunk after a prefix > 1,024 ran 1.054-1.076 x its paused time in
 # the stream, one from 0 1.011; whether a busy engine's long-prefix chunks run slower at full clock, or
-# throttle (the clock in the bins tells), is what their own pipelined / paused medians say
+# throttle (the clock in the bins tells), is what their own pipelined / paused medians say (H100 6.7B:
+# 1.000 / 1.002, and alone in a stream 1.004: not slower; fidelity_sag_s28)
 STREAM_PREFIX_STARTS = (1024, 2048)
 
 
