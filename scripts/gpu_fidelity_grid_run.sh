@@ -67,10 +67,11 @@
 # below. Session 21's H100 calls (6.7B only) ran
 # 6.7b-mixed-seeds in 378 s (315 estimated for the H200), 6.7b seeds 0-2 in 315 s, 3-4 in 262,
 # 6.7b-fp8 seeds 2-4 in 303, 6.7b-mixed seed 2 in 251.
-# Since session 28 the pause check ends with the long stream_mixed (12 s in 1 s bins after 3 s idle, its
-# 14 shapes paused first: 24.4 s on the H100 6.7B) and six stream_kind runs (~4 s each, ~6 on the 33B
-# bf16's packed step): ~+40 s a profile over session 27's ~+1 s stream, added below to the parts that
-# profile (not to those run with PROFILE_FROM).
+# Since session 28 the pause check ends with the long stream_mixed (6 s in 1 s bins after 2 s idle; its
+# first form, 12 s after 3 s with two more shapes, took 24.4 s on the H100 6.7B) and six stream_kind runs
+# (5 paused steps, 0.5 s idle, 1.5 s back to back: ~2.5 s each, ~3.3 on the 33B bf16's packed step):
+# ~+23 s a profile over session 27's ~+1 s stream on the 33B, added below to the parts that profile (not
+# to those run with PROFILE_FROM).
 # Override any of MODEL LOADS SEEDS N IN OUTLEN SERVE_ARGS BUDGET_S per call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -87,7 +88,7 @@ part_spec() {
     33b-seeds)  echo "deepseek-coder-33b  $L4 3,4       200 512 128 -  439" ;;
     6.7b)       echo "deepseek-coder-6.7b $L4 0,1,2,3,4 200 512 128 -  355" ;;
     33b-fp8)    echo "deepseek-coder-33b  $L4 0,1,2     200 512 128 --engine-arg=--quantization=fp8 458" ;;
-    6.7b-fp8)   echo "deepseek-coder-6.7b $L4 0,1,2,3,4 200 512 128 --engine-arg=--quantization=fp8 430" ;;
+    6.7b-fp8)   echo "deepseek-coder-6.7b $L4 0,1,2,3,4 200 512 128 --engine-arg=--quantization=fp8 413" ;;
     # session 20 measured three parts on the H200: 33b-kvint4 487 s (seeds 0-1), 33b-mixed 422 (seed 0),
     # 6.7b-mixed 377 (seeds 0-2); since then the pause check's two mixed_pattern runs (~3.5 s) and, for
     # drawn lengths, contexts to the 90th percentile (+~10-20 s on the 33B's profile, never measured)
@@ -97,9 +98,9 @@ part_spec() {
     # the issue's five seeds for the parts one call cannot hold (the 33B's, the mixed shapes'):
     # each with its own profile, as the 33b / 33b-seeds pair (a profile from another call misses
     # that call's step-cost level: BENCHMARKS, issue 35, session 14)
-    33b-fp8-seeds)    echo "deepseek-coder-33b  $L4 3,4 200 512 128 --engine-arg=--quantization=fp8 478" ;;
-    33b-kvint4-seeds) echo "deepseek-coder-33b  $L4 3,4 200 512 128 --engine-arg=--kv-cache-dtype=int4-fp8 537" ;;
-    33b-kvint4-2)     echo "deepseek-coder-33b  $L4 2   200 512 128 --engine-arg=--kv-cache-dtype=int4-fp8 386" ;;
+    33b-fp8-seeds)    echo "deepseek-coder-33b  $L4 3,4 200 512 128 --engine-arg=--quantization=fp8 461" ;;
+    33b-kvint4-seeds) echo "deepseek-coder-33b  $L4 3,4 200 512 128 --engine-arg=--kv-cache-dtype=int4-fp8 520" ;;
+    33b-kvint4-2)     echo "deepseek-coder-33b  $L4 2   200 512 128 --engine-arg=--kv-cache-dtype=int4-fp8 369" ;;
     # the 33B's mixed lengths one seed a call: two would be ~540 s, under BUDGET_S 570 by less than the
     # estimate's error; since session 27 a run cut by the timeout loses only itself (sim validate writes
     # the runs done, marked "interrupted", and validate_replay scores them); if 33b-mixed runs in

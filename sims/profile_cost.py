@@ -179,8 +179,8 @@ off): the terms above come from 2.5 s sustained runs, whose fits settle at tau ~
 H100 calls found the live mixed steps' remaining ~1.5-3% excess growing over seconds of load (a 7 s
 replay pass of live steps: 1.010 -> 1.017 -> 1.033 x paused), the busy SM clock 1.2% (H100) / 2.2-2.4%
 (H200) under the paused points' with the SW power cap flagged: the limiter sagging further, past the
-runs' horizon. Profiles since session 28 run the pause check's "stream_mixed" run for 12 s after 3 s
-idle, the grid's mixed shapes in turn, two in flight, in 1 s bins (each bin's device time over its
+runs' horizon. Profiles since session 28 run the pause check's "stream_mixed" run for 6 s after 2 s
+idle (12 s after 3 s as first built), the grid's mixed shapes in turn, two in flight, in 1 s bins (each bin's device time over its
 shapes' paused). `fit_stream_sag` fits the bins from the second on as A + B (1 - e^-t/tau_sag) and
 reads the sag past the horizon: sag = R_end / R(2.5 s) - 1. The event loop and the live-step scorer
 keep a third weighted prefill share f_sag at tau_sag (spans weighed by their kind's power, as f), and

@@ -692,22 +692,24 @@ STREAM_SHAPES = 12
 # Session 27's H100 calls found live mixed steps 1.5-3% over the paused profile, growing over seconds
 # of load (a 7 s replay pass of live steps: 1.010 -> 1.017 -> 1.033 x paused) while the SM clock sat
 # 1.2% (H100) / 2.2-2.4% (H200) under the paused points' under the SW power cap: the limiter's slow
-# sag, past the sustained runs' 2.5 s (their fits read a tau of ~0.3 s and stop). 12 s resolves a
-# time constant up to ~4 s; the idle before lets a sag that slow relax from the runs before it. The
+# sag, past the sustained runs' 2.5 s (their fits read a tau of ~0.3 s and stop). The span resolves a
+# time constant up to ~2 s in 6 s; the idle before lets a sag that slow relax from the runs before it. The
 # steps of each bin run two in flight (as the serving loop), the pipeline drained between bins
 # (one step's host time a second) to read the clock and the board power. Measured on the H100 6.7B
 # (bench/results/fidelity_sag_s28): flat, 1.001-1.004 by second (1.034-1.042 with heavier shapes), the
-# limiter at its level within the first second; kept for the H200, whose cap acts harder.
-STREAM_S = 12.0
-STREAM_IDLE_S = 3.0
+# limiter at its level within the first second; kept for the H200, whose cap acts harder, at 6 s after
+# 2 s idle (12 s after 3 s as first built: the 33B's grid parts must stay inside the device call).
+STREAM_S = 6.0
+STREAM_IDLE_S = 2.0
 STREAM_BIN_S = 1.0
 # ... and, in the long form, two more shapes: the pause check's mixed step with its chunk after a cached
 # prefix of these many tokens (where the model's length allows). Why: on the H100 6.7B mixed part's live
 # steps replayed (session 27, call 3) a chunk after a prefix > 1,024 ran 1.054-1.076 x its paused time in
 # the stream, one from 0 1.011; whether a busy engine's long-prefix chunks run slower at full clock, or
-# throttle (the clock in the bins tells), is what their own pipelined / paused medians say (H100 6.7B:
-# 1.000 / 1.002, and alone in a stream 1.004: not slower; fidelity_sag_s28)
-STREAM_PREFIX_STARTS = (1024, 2048)
+# throttle (the clock in the bins tells), is what their own pipelined / paused medians say. Answered on
+# the H100 6.7B (1.000 / 1.002 in the stream, 1.004 alone: not slower; fidelity_sag_s28), so none by
+# default now (`stream_mixed(prefix_starts=...)` keeps the form)
+STREAM_PREFIX_STARTS: tuple[int, ...] = ()
 
 
 def stream_mixed(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int, span_s: float,
@@ -847,9 +849,12 @@ class NvmlSampler:
 # anchors (sims.profile_cost) come from the sustained runs' WALL times, launched one at a time, whose
 # paused runs pay an idle host's launch too: on the H200 6.7B the mixed step read 0.955 back to back
 # against paused in wall time while its live steps ran ~3% over the paused device times. These runs
-# give each kind's throttle in the device time the model is fitted in. ~4 s a kind.
-STREAM_KIND_S = 2.0
-STREAM_KIND_IDLE_S = 1.0
+# give each kind's throttle in the device time the model is fitted in (the H100's kinds reached their level
+# within the first second). ~2.5 s a kind, ~3.3 s the 33B's packed step: its paused reference from
+# STREAM_KIND_REPEATS steps.
+STREAM_KIND_S = 1.5
+STREAM_KIND_IDLE_S = 0.5
+STREAM_KIND_REPEATS = 5
 
 
 def stream_kind(runner, name: str, chunks, pause_s: float, repeats: int, span_s: float = STREAM_KIND_S,
@@ -857,7 +862,7 @@ def stream_kind(runner, name: str, chunks, pause_s: float, repeats: int, span_s:
     """One "stream_kind" run (the comment above): {"run", "kind", "paused_device_ms_median",
     "pipelined_device_ms_median" (the second half), "ratio", "steps", "nvml" (`NvmlSampler.summary`)},
     or None (no device timing: the CPU)."""
-    paused = measure_device(runner, chunks, repeats, pause_s)
+    paused = measure_device(runner, chunks, min(repeats, STREAM_KIND_REPEATS), pause_s)
     if not paused:
         return None
     torch.cuda.synchronize()
