@@ -14,7 +14,7 @@ from scheduler.batcher import BatcherConfig
 from sims.adapters import SimSchedulerConfig
 from sims.event_loop import EngineConfig, simulate
 from sims.profile_cost import ProfileCost, ewma_duty_ref, fit_cap_onset
-from tests.sim_helpers import workload
+from tests.sim_helpers import TimedStandInRunner, workload
 
 
 def _law(d, p):
@@ -212,29 +212,10 @@ def test_the_stream_run_sets_the_mixed_shapes_in_turn_against_each_paused(monkey
 
     from bench.engine import profile as prof
 
-    state = {"in_flight": 0, "ms": {}}
+    def decodes(chunks):
+        return sum(1 for c in chunks if not c.is_prefill)
 
-    class Step:
-        def __init__(self, chunks):
-            d = sum(1 for c in chunks if not c.is_prefill)
-            self.readback = len(state["ms"])
-            state["ms"][self.readback] = (10.0 + 0.1 * d) * (1.02 if state["in_flight"] else 1.0)
-
-    class Buffers:
-        def device_seconds(self, slot):
-            return state["ms"][slot] / 1e3
-
-    class Runner:
-        device = torch.device("cuda")
-        buffers = Buffers()
-
-        def launch(self, chunks):
-            step = Step(chunks)
-            state["in_flight"] += 1
-            return step
-
-        def finish(self, step):
-            state["in_flight"] -= 1
+    runner = TimedStandInRunner(lambda chunks, in_flight: (10.0 + 0.1 * decodes(chunks)) * (1.02 if in_flight else 1.0))
 
     class Cfg:
         block_size, num_blocks = 16, 4096
@@ -244,7 +225,7 @@ def test_the_stream_run_sets_the_mixed_shapes_in_turn_against_each_paused(monkey
     monkeypatch.setattr(prof, "sm_clock_mhz", lambda device: 1980)
     monkeypatch.setattr(prof.time, "sleep", lambda s: None)
     shapes = [(d, p, 128, 1, 0) for d in (0, 8, 32) for p in (0, 64, 256) if d + p]
-    run = prof.stream_mixed(Runner(), shapes, Cfg(), 100, 0.0, 3, 0.01)
+    run = prof.stream_mixed(runner, shapes, Cfg(), 100, 0.0, 3, 0.01)
     assert run["shapes"] == [[8, 64, 128], [8, 256, 128], [32, 64, 128], [32, 256, 128]]
     assert run["paused_device_ms"] == pytest.approx([10.8, 10.8, 13.2, 13.2])
     assert run["pipelined_device_ms"] == pytest.approx([x * 1.02 for x in run["paused_device_ms"]])
@@ -252,19 +233,16 @@ def test_the_stream_run_sets_the_mixed_shapes_in_turn_against_each_paused(monkey
     assert "bins" not in run  # the short form: no bins
     # the long form, in bins: a device whose steps slow by 0.01% a launch (the power cap's sag) reads a
     # ratio that rises bin to bin, the first near 1, with the clock and the power after each bin
-    state["piped"] = 0
+    piped = [0]
 
-    def sagging(self, chunks):  # each step launched behind another: 0.1% slower than the one before
-        d = sum(1 for c in chunks if not c.is_prefill)
-        self.readback = len(state["ms"])
-        state["piped"] += bool(state["in_flight"])
-        state["ms"][self.readback] = (10.0 + 0.1 * d) * (1 + 1e-3 * state["piped"] * bool(state["in_flight"]))
+    def sagging(chunks, in_flight):  # each step launched behind another: 0.1% slower than the one before
+        piped[0] += bool(in_flight)
+        return (10.0 + 0.1 * decodes(chunks)) * (1 + 1e-3 * piped[0] * bool(in_flight))
 
-    monkeypatch.setattr(Step, "__init__", sagging)
+    runner.step_ms = sagging
     monkeypatch.setattr(prof, "power_w", lambda device: 650.0)
-    Runner.device = torch.device("cuda")
     Cfg.max_model_len, Cfg.max_num_seqs, Cfg.max_num_batched_tokens = 1500, 64, 2048
-    long = prof.stream_mixed(Runner(), shapes, Cfg(), 100, 0.0, 3, 0.05, idle_s=0.01, bin_s=0.01,
+    long = prof.stream_mixed(runner, shapes, Cfg(), 100, 0.0, 3, 0.05, idle_s=0.01, bin_s=0.01,
                              prefix_starts=(1024, 2048))
     # the mixed step after a 1,024-token prefix joins the shapes (2,048 + 256 is past the model's length)
     assert long["shapes"][-1] == [32, 256, 128, 1024] and len(long["shapes"]) == 5
@@ -274,5 +252,5 @@ def test_the_stream_run_sets_the_mixed_shapes_in_turn_against_each_paused(monkey
     ratios = [b["ratio"] for b in long["bins"]]
     assert ratios == sorted(ratios) and ratios[-1] > ratios[0]
     # no timing events (the CPU), or one mixed shape: no run
-    Runner.device = torch.device("cpu")
-    assert prof.stream_mixed(Runner(), shapes, Cfg(), 100, 0.0, 3, 0.01) is None
+    runner.device = torch.device("cpu")
+    assert prof.stream_mixed(runner, shapes, Cfg(), 100, 0.0, 3, 0.01) is None

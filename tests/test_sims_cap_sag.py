@@ -14,7 +14,7 @@ from scheduler.batcher import BatcherConfig
 from sims.adapters import SimSchedulerConfig
 from sims.event_loop import EngineConfig, simulate
 from sims.profile_cost import ProfileCost, ewma_duty_ref, fit_stream_sag
-from tests.sim_helpers import workload
+from tests.sim_helpers import TimedStandInRunner, workload
 
 
 def _law(d, p):
@@ -153,28 +153,7 @@ def test_each_kinds_stream_reads_its_throttle_in_device_time(monkeypatch):
 
     from bench.engine import profile as prof
 
-    state = {"in_flight": 0, "ms": {}}
-
-    class Step:
-        def __init__(self):
-            self.readback = len(state["ms"])
-            state["ms"][self.readback] = 10.0 * (1.03 if state["in_flight"] else 1.0)
-
-    class Buffers:
-        def device_seconds(self, slot):
-            return state["ms"][slot] / 1e3
-
-    class Runner:
-        device = torch.device("cuda")
-        buffers = Buffers()
-
-        def launch(self, chunks):
-            step = Step()
-            state["in_flight"] += 1
-            return step
-
-        def finish(self, step):
-            state["in_flight"] -= 1
+    runner = TimedStandInRunner(lambda chunks, in_flight: 10.0 * (1.03 if in_flight else 1.0))
 
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None, raising=False)
@@ -183,14 +162,14 @@ def test_each_kinds_stream_reads_its_throttle_in_device_time(monkeypatch):
     monkeypatch.setattr(prof.NvmlSampler, "__init__", lambda self, device: (
         setattr(self, "nv", None), setattr(self, "rows", [(0.0, 1920, 686.0, 1, 0)] * 6),
         setattr(self, "_stop", __import__("threading").Event()), setattr(self, "_thread", None))[0])
-    run = prof.stream_kind(Runner(), "mixed", ["chunk"], 0.06, 3, span_s=0.02, idle_s=0.0)
+    run = prof.stream_kind(runner, "mixed", ["chunk"], 0.06, 3, span_s=0.02, idle_s=0.0)
     assert run["run"] == "stream_kind" and run["kind"] == "mixed"
     assert run["paused_device_ms_median"] == pytest.approx(10.0)
     assert run["ratio"] == pytest.approx(1.03) and run["steps"] >= 1
     assert run["nvml"] == {"samples": 6, "sm_clock_median": 1920, "power_median_w": 686.0,
                            "sw_power_cap_share": 1.0, "hw_slowdown_share": 0.0}
-    Runner.device = torch.device("cpu")
-    assert prof.stream_kind(Runner(), "mixed", ["chunk"], 0.06, 3, span_s=0.02, idle_s=0.0) is None
+    runner.device = torch.device("cpu")
+    assert prof.stream_kind(runner, "mixed", ["chunk"], 0.06, 3, span_s=0.02, idle_s=0.0) is None
 
 
 def _anchored_cost(anchors, kinds, r_wall=1.05, r_mix_wall=0.96):
