@@ -1260,7 +1260,7 @@ class ProfileCost:
                                "reference": "packed" if switched else "check",
                                "whatif": packed.get("whatif")}
         extra = []
-        for name, (d, p, c, k, st), r_kind in getattr(self, "_extra_anchors", []):
+        for name, (d, p, c, k, st), r_kind in self._extra_anchors:
             if p <= 0:
                 continue
             chunks = [(p // max(1, k), st)] * max(1, k)
