@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from bench.engine.profile import (
+    BLOCK_ORDERS,
     DEVICE_QUEUE_S,
     _chunk,
     _step_device_ms,
@@ -51,14 +52,21 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--passes", type=int, default=3, help="pipelined passes over the list")
     p.add_argument("--pause-ms", type=float, default=60.0, help="idle before each paused repetition")
     p.add_argument("--paused-repeats", type=int, default=1, help="paused repetitions a step (0: none)")
+    p.add_argument("--block-order", default="contiguous", choices=BLOCK_ORDERS,
+                   help="how the decodes' block tables lie in the pool (`bench.engine.profile.decode_tables`): "
+                        "the live engine's allocator hands out blocks interleaved, a long-running one scattered")
+    p.add_argument("--fill-kv", action="store_true",
+                   help="fill the whole KV pool with random values (scale 1) before the replay: the decodes read "
+                        "non-zero K/V, as live ones do, instead of the zeroed pool the profile's points read")
     return p
 
 
 def build_step(ctxs: list[int], chunks: list[tuple[int, int]], block_size: int, num_blocks: int,
-               vocab: int, seed: int = 0) -> list:
+               vocab: int, seed: int = 0, block_order: str = "contiguous") -> list:
     """A step of decodes at contexts `ctxs` (each counting its new token) and prefill chunks of
-    (tokens, start), block tables contiguous and wrapping around the pool (as the profile's)."""
-    tables, nxt = decode_tables([-(-c // block_size) for c in ctxs], num_blocks)
+    (tokens, start), the decodes' block tables laid out as `block_order` (contiguous: as the
+    profile's points), the chunks' after them, wrapping around the pool."""
+    tables, nxt = decode_tables([-(-c // block_size) for c in ctxs], num_blocks, block_order, seed)
     out = [_chunk(f"d{i}", [(7 * i + 1 + seed) % vocab], c - 1, tables[i], False) for i, c in enumerate(ctxs)]
     for j, (n, start) in enumerate(chunks):
         blocks = -(-(start + n) // block_size)
@@ -66,6 +74,21 @@ def build_step(ctxs: list[int], chunks: list[tuple[int, int]], block_size: int, 
         nxt += blocks
         out.append(_chunk(f"p{j}", [(13 * t + 5 + j + seed) % vocab for t in range(n)], start, table, True))
     return out
+
+
+@torch.inference_mode()
+def fill_pool(runner) -> None:
+    """Every K/V page of the pool set to seeded standard-normal values (in the pages' dtype; a quantized
+    pool's codes get random bytes): what the decodes read is then non-zero, as a live pool's is."""
+    g = torch.Generator(device=runner.device).manual_seed(0)
+    for cache in (*runner.kv.k_caches, *runner.kv.v_caches):
+        if not isinstance(cache, torch.Tensor):
+            raise SystemExit("replay_live --fill-kv: a quantized pool (its pages are not one tensor) is not filled")
+        if cache.dtype.is_floating_point and cache.element_size() >= 2:
+            cache.copy_(torch.randn(cache.shape, generator=g, device=cache.device, dtype=torch.float32).to(cache.dtype))
+        else:
+            cache.view(torch.uint8).copy_(torch.randint(0, 256, cache.view(torch.uint8).shape, generator=g,
+                                                        device=cache.device, dtype=torch.uint8))
 
 
 def _timed(runner, step, t0: float) -> float:
@@ -120,7 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         chunks = [(int(n), int(s)) for n, s in c.get("chunks", [])]
         if len(ctxs) + len(chunks) > cfg.max_num_seqs or max(ctxs + [s + n for n, s in chunks] or [1]) > cfg.max_model_len:
             raise SystemExit(f"replay_live: step {c.get('i', k)} does not fit this engine's limits")
-        steps.append(build_step(ctxs, chunks, cfg.block_size, cfg.num_blocks, vocab, seed=k))
+        steps.append(build_step(ctxs, chunks, cfg.block_size, cfg.num_blocks, vocab, seed=k,
+                                block_order=a.block_order))
+    if a.fill_kv:
+        fill_pool(runner)
     for chunks in steps[:3]:  # warm-up: graphs, allocator
         runner.finish(runner.launch(chunks))
     t0 = time.perf_counter()
@@ -136,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
     out = {"device": runner.device.type, "device_name": torch.cuda.get_device_name(runner.device)
            if runner.device.type == "cuda" else "cpu", "timed_on_device": runner.device.type == "cuda",
-           "model": a.model, "passes": len(passes), "pause_ms": a.pause_ms, "pipelined_s": round(t_pipe, 3),
+           "model": a.model, "passes": len(passes), "pause_ms": a.pause_ms,
+           "block_order": a.block_order, "fill_kv": a.fill_kv, "pipelined_s": round(t_pipe, 3),
            "source": doc.get("source"), "steps": rows}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
