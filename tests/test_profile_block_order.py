@@ -100,15 +100,17 @@ def _profile(tmp_path, *extra) -> dict:
 
 def test_the_tiny_profile_records_the_check_and_its_order(tmp_path):
     doc = _profile(tmp_path)
-    assert doc["kv_block_order"] == "contiguous"
+    assert doc["kv_block_order"] == "contiguous" and doc["kv_fill"] == "random"
     check = doc["block_order_check"]
-    # d 16 is the only check batch the grid has: one record per order over zeros at the first
-    # context, then the contiguous one over the prefilled contexts
+    # d 16 is the only check batch the grid has: one record per order over the random pool the
+    # points read at the first context, the contiguous one over the pool zeroed, then over the
+    # prefilled contexts
     assert [(r["num_decode_seqs"], r["context_len"], r["block_order"], r["kv_content"]) for r in check] == [
-        *((16, 40, o, "zeros") for o in profile.BLOCK_ORDERS), (16, 40, "contiguous", "prefilled")]
+        *((16, 40, o, "random") for o in profile.BLOCK_ORDERS), (16, 40, "contiguous", "zeros"),
+        (16, 40, "contiguous", "prefilled")]
     assert all(r["step_ms_median"] > 0 for r in check)
-    off = _profile(tmp_path, "--block-order-check", "off", "--kv-block-order", "interleaved")
-    assert "block_order_check" not in off and off["kv_block_order"] == "interleaved"
+    off = _profile(tmp_path, "--block-order-check", "off", "--kv-block-order", "interleaved", "--kv-fill", "zeros")
+    assert "block_order_check" not in off and off["kv_block_order"] == "interleaved" and off["kv_fill"] == "zeros"
     # the points themselves are the same shapes whatever the order
     assert ([(p["num_decode_seqs"], p["num_prefill_tokens"], p["context_len"]) for p in off["points"]]
             == [(p["num_decode_seqs"], p["num_prefill_tokens"], p["context_len"]) for p in doc["points"]])
@@ -123,3 +125,23 @@ def test_the_check_prefills_only_up_to_its_fill_batch():
         (16, "contiguous", "prefilled"), (64, "contiguous", "prefilled")]
     fills = [b for b in r.launches if b[0].is_prefill]
     assert {ch.request_id for b in fills for ch in b} == {f"f{i}" for i in range(profile.BLOCK_ORDER_FILL_MAX_D)}
+
+
+def test_the_pool_is_filled_random_or_zeroed_and_a_quantized_one_left_alone():
+    import torch
+
+    pages = [torch.zeros(4, 16, 2, 8, dtype=torch.bfloat16) for _ in range(4)]
+    runner = types.SimpleNamespace(kv=types.SimpleNamespace(k_caches=pages[:2], v_caches=pages[2:]),
+                                   device=torch.device("cpu"))
+    assert profile.fill_kv_pool(runner, "random") == "random"
+    for c in pages:  # non-zero everywhere, unit scale, and not one page repeated
+        x = c.float()
+        assert float((x != 0).float().mean()) > 0.99 and 0.7 < float(x.std()) < 1.3
+    assert not torch.equal(pages[0], pages[1])
+    again = [c.clone() for c in pages]
+    profile.fill_kv_pool(runner, "random")  # seeded: the same pages every profile
+    assert all(torch.equal(a, b) for a, b in zip(again, pages, strict=True))
+    assert profile.fill_kv_pool(runner, "zeros") == "zeros" and all(float(c.abs().sum()) == 0 for c in pages)
+    codes = [torch.zeros(4, 16, dtype=torch.uint8)]
+    quant = types.SimpleNamespace(kv=types.SimpleNamespace(k_caches=codes, v_caches=codes), device=torch.device("cpu"))
+    assert profile.fill_kv_pool(quant, "random") == "zeros (quantized pool)" and int(codes[0].sum()) == 0

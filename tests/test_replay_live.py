@@ -56,7 +56,7 @@ def test_fill_kv_gives_the_decodes_non_zero_pages_to_read(tmp_path):
     engine, _ = create_engine(backend_config(a), ServingOptions())
     kv = engine.runner.kv
     assert all(float(c.abs().sum()) == 0.0 for c in kv.k_caches)  # a fresh pool is zeroed
-    replay_live.fill_pool(engine.runner)
+    assert replay_live.fill_kv_pool(engine.runner) == "random"
     for c in (*kv.k_caches, *kv.v_caches):
         x = c.float()
         assert float((x != 0).float().mean()) > 0.99 and 0.8 < float(x.std()) < 1.2

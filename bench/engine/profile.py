@@ -109,6 +109,13 @@ def parser() -> argparse.ArgumentParser:
                         "contiguous (default, the profiles so far), interleaved (as the engine's "
                         "allocator hands blocks to decodes growing together) or scattered (a seeded "
                         "permutation of the pool)")
+    p.add_argument("--kv-fill", choices=KV_FILLS, default="random",
+                   help="what the KV pool holds while the points are measured (`fill_kv_pool`): random "
+                        "(default since issue 35, session 29: seeded standard-normal pages, as a live pool "
+                        "holds non-zero K/V) or zeros (the fresh pool every profile read before). On the "
+                        "H100 6.7B FP8 live decode steps ran 1.7%% over a replay of their compositions "
+                        "over zeros and 0.3-0.5%% over one over random pages. A quantized pool (int4 / "
+                        "fp8 codes with scales) stays zeroed")
     p.add_argument("--block-order-check", choices=("on", "off"), default="on",
                    help="on: also, after every other measurement, the decode points at d in "
                         "BLOCK_ORDER_CHECK_DS (those the grid has) and the first --context-lens "
@@ -136,6 +143,30 @@ def parser() -> argparse.ArgumentParser:
 
 
 BLOCK_ORDERS = ("contiguous", "interleaved", "scattered")
+KV_FILLS = ("random", "zeros")
+
+
+@torch.inference_mode()
+def fill_kv_pool(runner, how: str = "random") -> str:
+    """Set every K/V page of the pool: "random" seeded standard-normal values in the pages' dtype,
+    "zeros" zeros. Why (issue 35, session 29): the time of a decode step depends on what its K/V
+    pages hold, not only on how many bytes it reads. A fresh pool is zeroed, and the profile's
+    points read it; a live pool holds the model's non-zero K/V. On the H100 6.7B FP8, 700 live
+    steps replayed over zeros ran 1.7% under their live device time on every decode step, and over
+    random pages 0.3-0.5% under it (bench/results/fidelity_h100fp8_s29). Returns what the pool
+    holds: `how`, or "zeros (quantized pool)" where the pages are codes with scales (not filled)."""
+    caches = (*runner.kv.k_caches, *runner.kv.v_caches)
+    if not all(isinstance(c, torch.Tensor) and c.dtype.is_floating_point for c in caches):
+        return "zeros (quantized pool)"
+    g = torch.Generator(device=runner.device).manual_seed(0)
+    for c in caches:
+        if how == "zeros":
+            c.zero_()
+        else:  # layer by layer, through a float32 draw of one layer's shape
+            c.copy_(torch.randn(c.shape, generator=g, device=c.device, dtype=torch.float32).to(c.dtype))
+    if runner.device.type == "cuda":
+        torch.cuda.synchronize()
+    return how
 
 
 def decode_tables(sizes: Sequence[int], num_blocks: int, order: str = "contiguous",
@@ -446,9 +477,11 @@ def fill_decode_kv(runner, d: int, c: int, cfg, vocab: int) -> int:
 
 
 def block_order_check(runner, ds: Sequence[int], c: int, cfg, vocab: int, repeats: int, warmup: int,
-                      device_time: bool) -> list[dict]:
+                      device_time: bool, kv_fill: str = "zeros") -> list[dict]:
     """Each decode batch in `ds` at context c in every block order (`decode_tables`) over the
-    zeroed pool the grid's points read, then (those up to BLOCK_ORDER_FILL_MAX_D) in the contiguous
+    pool the grid's points read (`kv_content` its `kv_fill`: "random" or "zeros"); after a random
+    fill, each contiguous once more over the pool zeroed (`kv_content` "zeros": the fill's effect
+    at the shape, session 29); then (those up to BLOCK_ORDER_FILL_MAX_D) in the contiguous
     order once more after the largest such batch's contexts were prefilled (`fill_decode_kv`: the
     K/V a live decode reads, which the zeros' power does not have), timed as the grid's decode points (back to back; device-timed
     with `device_time`): one record each, `kv_content` "zeros" or "prefilled". Run after every
@@ -469,7 +502,11 @@ def block_order_check(runner, ds: Sequence[int], c: int, cfg, vocab: int, repeat
 
     for d in ds:
         for order in BLOCK_ORDERS:
-            one(d, order, "zeros")
+            one(d, order, kv_fill)
+    if kv_fill == "random":
+        fill_kv_pool(runner, "zeros")
+        for d in ds:
+            one(d, "contiguous", "zeros")
     filled = [d for d in ds if d <= BLOCK_ORDER_FILL_MAX_D]
     if filled:
         fill_decode_kv(runner, max(filled), c, cfg, vocab)
@@ -1185,6 +1222,7 @@ def run(args: argparse.Namespace) -> dict:
     engine, loaded = create_engine(backend_config(args),
                                    ServingOptions(quantization=getattr(args, "quantization", "none")))
     runner, cfg = engine.runner, engine.config
+    kv_fill = fill_kv_pool(runner, getattr(args, "kv_fill", "random"))
     packed_ds = None if args.packed_decode_batch_sizes is None else int_list(args.packed_decode_batch_sizes)
     shapes = step_shapes(int_list(args.decode_batch_sizes), int_list(args.prefill_tokens),
                          int_list(args.context_lens), int_list(args.packed_prefill_seqs),
@@ -1253,7 +1291,8 @@ def run(args: argparse.Namespace) -> dict:
         grid_ds = {d for d, p, _c, _k, _s in shapes if d and not p}
         order_check = block_order_check(runner, [d for d in BLOCK_ORDER_CHECK_DS if d in grid_ds], cs[0], cfg,
                                         loaded.config.vocab_size, args.repeats, args.warmup,
-                                        getattr(args, "device_time", "off") == "on")
+                                        getattr(args, "device_time", "off") == "on",
+                                        "random" if kv_fill == "random" else "zeros")
     dev = loaded.device
     from sims.profile_cost import plan_leads
     leads = plan_leads({"points": points})
@@ -1283,6 +1322,7 @@ def run(args: argparse.Namespace) -> dict:
            if leads else {}),
         **({"pause_check": pause_check} if pause_check else {}),
         "kv_block_order": getattr(args, "kv_block_order", "contiguous"),
+        "kv_fill": kv_fill,  # what the pool held while the points were measured (absent: zeros)
         **({"block_order_check": order_check} if order_check else {}),
     }
 

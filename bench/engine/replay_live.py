@@ -36,6 +36,7 @@ from bench.engine.profile import (
     _chunk,
     _step_device_ms,
     decode_tables,
+    fill_kv_pool,
     launch_pipelined,
     sm_clock_mhz,
 )
@@ -74,21 +75,6 @@ def build_step(ctxs: list[int], chunks: list[tuple[int, int]], block_size: int, 
         nxt += blocks
         out.append(_chunk(f"p{j}", [(13 * t + 5 + j + seed) % vocab for t in range(n)], start, table, True))
     return out
-
-
-@torch.inference_mode()
-def fill_pool(runner) -> None:
-    """Every K/V page of the pool set to seeded standard-normal values (in the pages' dtype; a quantized
-    pool's codes get random bytes): what the decodes read is then non-zero, as a live pool's is."""
-    g = torch.Generator(device=runner.device).manual_seed(0)
-    for cache in (*runner.kv.k_caches, *runner.kv.v_caches):
-        if not isinstance(cache, torch.Tensor):
-            raise SystemExit("replay_live --fill-kv: a quantized pool (its pages are not one tensor) is not filled")
-        if cache.dtype.is_floating_point and cache.element_size() >= 2:
-            cache.copy_(torch.randn(cache.shape, generator=g, device=cache.device, dtype=torch.float32).to(cache.dtype))
-        else:
-            cache.view(torch.uint8).copy_(torch.randint(0, 256, cache.view(torch.uint8).shape, generator=g,
-                                                        device=cache.device, dtype=torch.uint8))
 
 
 def _timed(runner, step, t0: float) -> float:
@@ -145,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"replay_live: step {c.get('i', k)} does not fit this engine's limits")
         steps.append(build_step(ctxs, chunks, cfg.block_size, cfg.num_blocks, vocab, seed=k,
                                 block_order=a.block_order))
-    if a.fill_kv:
-        fill_pool(runner)
+    if a.fill_kv and fill_kv_pool(runner, "random") != "random":
+        raise SystemExit("replay_live --fill-kv: a quantized pool (codes with scales) is not filled")
     for chunks in steps[:3]:  # warm-up: graphs, allocator
         runner.finish(runner.launch(chunks))
     t0 = time.perf_counter()
