@@ -6,7 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, "."); sys.path.insert(0, "bench/results/fidelity_grid_h100_s21/analysis")
+sys.path.insert(0, ".")
+sys.path.insert(0, "bench/results/fidelity_grid_h100_s21/analysis")
 from prefill_bins import load
 
 from bench.simulator import fidelity_steps as fs
