@@ -127,7 +127,7 @@ def test_the_check_prefills_only_up_to_its_fill_batch():
     assert {ch.request_id for b in fills for ch in b} == {f"f{i}" for i in range(profile.BLOCK_ORDER_FILL_MAX_D)}
 
 
-def test_the_pool_is_filled_random_or_zeroed_and_a_quantized_one_left_alone():
+def test_the_pool_is_filled_random_or_zeroed_and_a_quantized_one_left_alone(monkeypatch):
     import torch
 
     pages = [torch.zeros(4, 16, 2, 8, dtype=torch.bfloat16) for _ in range(4)]
@@ -142,6 +142,10 @@ def test_the_pool_is_filled_random_or_zeroed_and_a_quantized_one_left_alone():
     profile.fill_kv_pool(runner, "random")  # seeded: the same pages every profile
     assert all(torch.equal(a, b) for a, b in zip(again, pages, strict=True))
     assert profile.fill_kv_pool(runner, "zeros") == "zeros" and all(float(c.abs().sum()) == 0 for c in pages)
+    # filled in slices of blocks when a page tensor is larger than one draw: every block still filled
+    monkeypatch.setattr(profile, "FILL_SLICE_BYTES", 3 * 16 * 2 * 8 * 4)  # 3 blocks a draw, of 4
+    profile.fill_kv_pool(runner, "random")
+    assert all(bool((c.float().abs().sum(dim=(1, 2, 3)) > 0).all()) for c in pages)
     codes = [torch.zeros(4, 16, dtype=torch.uint8)]
     quant = types.SimpleNamespace(kv=types.SimpleNamespace(k_caches=codes, v_caches=codes), device=torch.device("cpu"))
     assert profile.fill_kv_pool(quant, "random") == "zeros (quantized pool)" and int(codes[0].sum()) == 0

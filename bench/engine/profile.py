@@ -144,6 +144,7 @@ def parser() -> argparse.ArgumentParser:
 
 BLOCK_ORDERS = ("contiguous", "interleaved", "scattered")
 KV_FILLS = ("random", "zeros")
+FILL_SLICE_BYTES = 256 << 20  # the largest float32 draw `fill_kv_pool` makes at once
 
 
 @torch.inference_mode()
@@ -162,8 +163,12 @@ def fill_kv_pool(runner, how: str = "random") -> str:
     for c in caches:
         if how == "zeros":
             c.zero_()
-        else:  # layer by layer, through a float32 draw of one layer's shape
-            c.copy_(torch.randn(c.shape, generator=g, device=c.device, dtype=torch.float32).to(c.dtype))
+        else:  # in slices of blocks, through float32 draws of at most FILL_SLICE_BYTES: the
+            # pool takes most of the device's memory, a layer's page tensor up to a few GB
+            step = max(1, FILL_SLICE_BYTES // max(1, 4 * c[0].numel()))
+            for lo in range(0, c.shape[0], step):
+                part = c[lo:lo + step]
+                part.copy_(torch.randn(part.shape, generator=g, device=c.device, dtype=torch.float32))
     if runner.device.type == "cuda":
         torch.cuda.synchronize()
     return how
