@@ -8,16 +8,11 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench/results/fidelity_grid_h100_s21/analysis"))
-from prefill_bins import load
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from live_part import load_part
 
-from bench.simulator import fidelity_steps as fs
-
-part = Path(sys.argv[1]); tag = part.name
-rows = [r for r in fs.read_steps(part / f"steps_{tag}.jsonl.gz") if "mono" in r]
-steps, bad, cost, terms = load(part)
+part = Path(sys.argv[1])
+rows, steps, cost = load_part(part)
 LIM = float(sys.argv[2]) if len(sys.argv) > 2 else 1.15
 by = collections.defaultdict(list)
 for i, s in enumerate(steps):

@@ -6,21 +6,17 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, ".")
-sys.path.insert(0, "bench/results/fidelity_grid_h100_s21/analysis")
-from prefill_bins import load
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from live_part import POW2, load_part
 
-from bench.simulator import fidelity_steps as fs
-
-part = Path(sys.argv[1]); tag = part.name
-rows = [r for r in fs.read_steps(part / f"steps_{tag}.jsonl.gz") if "mono" in r]
-steps, bad, cost, terms = load(part)
+part = Path(sys.argv[1])
+rows, steps, cost = load_part(part)
 X = []
 for i, s in enumerate(steps):
     if s["p"] or s["idle_before"] or s["d"] < 5 or "host_ms" not in rows[i] or "device_ms" not in rows[i]: continue
     raw = 1e3 * cost.step_time(s["d"], 0, s["ctx"])
     h = rows[i]["host_ms"]; hp = rows[i-1].get("host_ms")
-    X.append((rows[i]["device_ms"] - raw, h[0], h[1], h[2], h[3], rows[i].get("device_idle_ms", np.nan), s["d"] in (8,16,32,64), raw, s["d"]))
+    X.append((rows[i]["device_ms"] - raw, h[0], h[1], h[2], h[3], rows[i].get("device_idle_ms", np.nan), s["d"] in POW2, raw, s["d"]))
 X = np.array(X, dtype=float)
 print("n", len(X), "mean excess ms", X[:,0].mean().round(4))
 for j, name in ((1, "plan"), (2, "launch host"), (3, "launch->readback"), (4, "after"), (5, "device idle")):

@@ -1,20 +1,16 @@
 """Issue 35, session 29: the same by the time since the last prefill step.
-    python bench/results/fidelity_h100fp8_s29/decode_dsince.py PART_DIR  (from the repo root)"""
+    python bench/results/fidelity_h100fp8_s29/decode_since.py PART_DIR"""
 import collections
 import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, ".")
-sys.path.insert(0, "bench/results/fidelity_grid_h100_s21/analysis")
-from prefill_bins import load
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from live_part import POW2, load_part
 
-from bench.simulator import fidelity_steps as fs
-
-part = Path(sys.argv[1]); tag = part.name
-rows = [r for r in fs.read_steps(part / f"steps_{tag}.jsonl.gz") if "mono" in r]
-steps, bad, cost, terms = load(part)
+part = Path(sys.argv[1])
+rows, steps, cost = load_part(part)
 by = collections.defaultdict(list)
 last_p = None
 edges = [0, 10, 20, 40, 80, 160, 320, 1e9]
@@ -28,7 +24,7 @@ for i, s in enumerate(steps):
     if dv is None: continue
     since = 1e3 * (rows[i]["mono"] - last_p)
     b = next(j for j in range(len(edges) - 1) if since < edges[j + 1])
-    grp = "pow2" if s["d"] in (1,2,4,8,16,32,64,128) else "other"
+    grp = "pow2" if s["d"] in POW2 else "other"
     by[(grp, b)].append((dv, 1e3 * cost.step_time(s["d"], 0, s["ctx"])))
 for k in sorted(by):
     a = np.array(by[k]); print(k[0], f"{edges[k[1]]}-{edges[k[1]+1]} ms since prefill", len(a), round(a[:,0].sum()/a[:,1].sum(), 4))

@@ -1,27 +1,22 @@
 """Issue 35, session 29: the same by the time into the part's live runs.
-    python bench/results/fidelity_h100fp8_s29/decode_dtime.py PART_DIR  (from the repo root)"""
+    python bench/results/fidelity_h100fp8_s29/decode_time.py PART_DIR"""
+import itertools
 import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, ".")
-sys.path.insert(0, "bench/results/fidelity_grid_h100_s21/analysis")
-import itertools
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from live_part import POW2, load_part
 
-from prefill_bins import load
-
-from bench.simulator import fidelity_steps as fs
-
-part = Path(sys.argv[1]); tag = part.name
-rows = [r for r in fs.read_steps(part / f"steps_{tag}.jsonl.gz") if "mono" in r]
-steps, bad, cost, terms = load(part)
+part = Path(sys.argv[1])
+rows, steps, cost = load_part(part)
 t0 = rows[0]["mono"]
 X = []
 for i, s in enumerate(steps):
     if s["p"] or s["idle_before"] or s["d"] < 5 or "device_ms" not in rows[i]: continue
     raw = 1e3 * cost.step_time(s["d"], 0, s["ctx"])
-    X.append((rows[i]["mono"] - t0, rows[i]["device_ms"], raw, s["d"] in (8, 16, 32, 64)))
+    X.append((rows[i]["mono"] - t0, rows[i]["device_ms"], raw, s["d"] in POW2))
 X = np.array(X)
 edges = np.linspace(0, X[:, 0].max() + 1e-9, 11)
 for a, b in itertools.pairwise(edges):
