@@ -489,7 +489,7 @@ def block_order_check(runner, ds: Sequence[int], c: int, cfg, vocab: int, repeat
     at the shape, session 29); then (those up to BLOCK_ORDER_FILL_MAX_D) in the contiguous
     order once more after the largest such batch's contexts were prefilled (`fill_decode_kv`: the
     K/V a live decode reads, which the zeros' power does not have), timed as the grid's decode points (back to back; device-timed
-    with `device_time`): one record each, `kv_content` "zeros" or "prefilled". Run after every
+    with `device_time`): one record each, `kv_content` "random", "zeros" or "prefilled". Run after every
     other measurement: the prefill leaves the pool's first blocks written."""
     out = []
 
