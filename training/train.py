@@ -457,7 +457,10 @@ def build_documents(files: list[tuple[str, str]], fim_rate: float, seg_chars: in
     if workers > 1 and len(jobs) > 1:
         import multiprocessing
 
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
+        # forkserver, not fork: forking a process that runs threads (the tokenizers', torch's, a
+        # test runner's) can copy a held lock into the child, which then waits on it for ever
+        # (a CI run hung here); the server forks workers from a clean single-threaded process
+        with multiprocessing.get_context("forkserver").Pool(workers) as pool:
             results = pool.map(_file_documents_star, jobs, chunksize=16)
     else:
         results = [_file_documents_star(j) for j in jobs]
