@@ -301,7 +301,10 @@ def build(args) -> int:
     items, skipped, unread = [], {}, 0
     work = [(i, (jobs[i] if i >= n_carried else ""), (jobs[i] if i < n_carried else None))
             for i in range(len(jobs))]
-    with multiprocessing.get_context("fork").Pool(args.workers) as pool:
+    # forkserver, not fork: a fork of a process that runs threads (a test runner's, torch's) can
+    # copy a held lock into the child, which then waits on it for ever; the project's CI hung
+    # here for 90 minutes. The server forks workers from a clean single-threaded process.
+    with multiprocessing.get_context("forkserver").Pool(args.workers) as pool:
         for k, (i, text, why, digest, sig) in enumerate(
                 pool.imap(_hash_job, work, chunksize=8)):
             if text is None:
