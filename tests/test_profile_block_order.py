@@ -111,6 +111,9 @@ def test_the_tiny_profile_records_the_check_and_its_order(tmp_path):
     assert all(r["step_ms_median"] > 0 for r in check)
     off = _profile(tmp_path, "--block-order-check", "off", "--kv-block-order", "interleaved", "--kv-fill", "zeros")
     assert "block_order_check" not in off and off["kv_block_order"] == "interleaved" and off["kv_fill"] == "zeros"
+    # an int4-fp8 pool is filled too (its codes and scales), through the engine's own pool
+    quant = _profile(tmp_path, "--block-order-check", "off", "--kv-cache-dtype", "int4-fp8")
+    assert quant["kv_fill"] == "random"
     # the points themselves are the same shapes whatever the order
     assert ([(p["num_decode_seqs"], p["num_prefill_tokens"], p["context_len"]) for p in off["points"]]
             == [(p["num_decode_seqs"], p["num_prefill_tokens"], p["context_len"]) for p in doc["points"]])
@@ -147,5 +150,40 @@ def test_the_pool_is_filled_random_or_zeroed_and_a_quantized_one_left_alone(monk
     profile.fill_kv_pool(runner, "random")
     assert all(bool((c.float().abs().sum(dim=(1, 2, 3)) > 0).all()) for c in pages)
     codes = [torch.zeros(4, 16, dtype=torch.uint8)]
-    quant = types.SimpleNamespace(kv=types.SimpleNamespace(k_caches=codes, v_caches=codes), device=torch.device("cpu"))
-    assert profile.fill_kv_pool(quant, "random") == "zeros (quantized pool)" and int(codes[0].sum()) == 0
+    other = types.SimpleNamespace(kv=types.SimpleNamespace(k_caches=codes, v_caches=codes), device=torch.device("cpu"))
+    assert profile.fill_kv_pool(other, "random") == "zeros (pool of another kind)" and int(codes[0].sum()) == 0
+
+
+@pytest.mark.parametrize("fmt", ["int4-fp8", "fp8"])
+def test_a_quantized_pool_is_filled_with_the_codes_and_scales_of_the_draws(monkeypatch, fmt):
+    """A zeroed quantized pool is the cheapest its kernel can read (all-zero scales and codes): the
+    fill gives every token-head real codes and scales, which dequantize to unit-scale values, the
+    int4 keys' fill rows the draws themselves; seeded; "zeros" puts the fresh pool back."""
+    import torch
+
+    from backend.kv.formats import FORMATS, QuantizedPages
+
+    monkeypatch.setattr(profile, "FILL_SLICE_BYTES", 8 * 3 * 16 * 2 * 64 * 4)  # 3 blocks a slice, of 5
+    k_codec, v_codec = FORMATS[fmt]
+    kv = types.SimpleNamespace(k_caches=[QuantizedPages(k_codec, 5, 16, 2, 64, "cpu") for _ in range(2)],
+                               v_caches=[QuantizedPages(v_codec, 5, 16, 2, 64, "cpu") for _ in range(2)])
+    if k_codec == "int4":
+        for c in kv.k_caches:
+            c.attach_fill(3, torch.bfloat16)
+    runner = types.SimpleNamespace(kv=kv, device=torch.device("cpu"))
+    assert profile.fill_kv_pool(runner, "random") == "random"
+    for c in (*kv.k_caches, *kv.v_caches):
+        assert bool((c.scale > 0).all())  # every token-head of every block has its own scale
+        x = c.dequantize(c.data, c.scale)
+        assert 0.7 < float(x.std()) < 1.3 and float((x != 0).float().mean()) > 0.8
+        if c.fill is not None:
+            assert 0.7 < float(c.fill.float().std()) < 1.3
+    first = [(c.data.view(torch.uint8).clone(), c.scale.clone()) for c in kv.k_caches]
+    assert not torch.equal(first[0][0], first[1][0])  # not one page repeated
+    profile.fill_kv_pool(runner, "random")
+    assert all(torch.equal(a, c.data.view(torch.uint8)) and torch.equal(s, c.scale)
+               for (a, s), c in zip(first, kv.k_caches, strict=True))
+    assert profile.fill_kv_pool(runner, "zeros") == "zeros"
+    for c in (*kv.k_caches, *kv.v_caches):
+        assert int(c.data.view(torch.uint8).sum()) == 0 and float(c.scale.abs().sum()) == 0
+        assert c.fill is None or float(c.fill.float().abs().sum()) == 0

@@ -115,7 +115,7 @@ def parser() -> argparse.ArgumentParser:
                         "holds non-zero K/V) or zeros (the fresh pool every profile read before). On the "
                         "H100 6.7B FP8 live decode steps ran 1.7%% over a replay of their compositions "
                         "over zeros and 0.3-0.5%% over one over random pages. A quantized pool (int4 / "
-                        "fp8 codes with scales) stays zeroed")
+                        "fp8 codes with scales) gets the codes and scales of the same draws")
     p.add_argument("--block-order-check", choices=("on", "off"), default="on",
                    help="on: also, after every other measurement, the decode points at d in "
                         "BLOCK_ORDER_CHECK_DS (those the grid has) and the first --context-lens "
@@ -154,21 +154,51 @@ def fill_kv_pool(runner, how: str = "random") -> str:
     pages hold, not only on how many bytes it reads. A fresh pool is zeroed, and the profile's
     points read it; a live pool holds the model's non-zero K/V. On the H100 6.7B FP8, 700 live
     steps replayed over zeros ran 1.7% under their live device time on every decode step, and over
-    random pages 0.3-0.5% under it (bench/results/fidelity_h100fp8_s29). Returns what the pool
-    holds: `how`, or "zeros (quantized pool)" where the pages are codes with scales (not filled)."""
+    random pages 0.3-0.5% under it (bench/results/fidelity_h100fp8_s29).
+
+    A quantized pool (`QuantizedPages`: fp8 or int4 codes with scales) gets the codes and scales of
+    the same draws, quantized as its writer quantizes them, and its fill rows (the int4 keys' block
+    being filled, model dtype) the draws themselves: a zeroed one holds all-zero scales, codes
+    that decode to 0 and no mantissa bits flipping, the cheapest pages its kernel can read (the
+    H200 33B int4-fp8 part's live decode steps ran 1.002 of the profile at d <= 16, up to 1.03 at
+    d 33-45: session 30). Returns `how`, or "zeros (pool of another kind)" where a cache is neither
+    (left as it is)."""
+    from backend.kv.formats import QuantizedPages
+
     caches = (*runner.kv.k_caches, *runner.kv.v_caches)
-    if not all(isinstance(c, torch.Tensor) and c.dtype.is_floating_point for c in caches):
-        return "zeros (quantized pool)"
+    if not all(isinstance(c, QuantizedPages)
+               or (isinstance(c, torch.Tensor) and c.dtype.is_floating_point) for c in caches):
+        return "zeros (pool of another kind)"
     g = torch.Generator(device=runner.device).manual_seed(0)
+
+    def draw(shape) -> torch.Tensor:
+        return torch.randn(shape, generator=g, device=runner.device, dtype=torch.float32)
+
     for c in caches:
+        pages = [c.data, c.scale] if isinstance(c, QuantizedPages) else [c]
+        fill = c.fill if isinstance(c, QuantizedPages) else None
         if how == "zeros":
-            c.zero_()
-        else:  # in slices of blocks, through float32 draws of at most FILL_SLICE_BYTES: the
-            # pool takes most of the device's memory, a layer's page tensor up to a few GB
-            step = max(1, FILL_SLICE_BYTES // max(1, 4 * c[0].numel()))
-            for lo in range(0, c.shape[0], step):
-                part = c[lo:lo + step]
-                part.copy_(torch.randn(part.shape, generator=g, device=c.device, dtype=torch.float32))
+            for t in (*pages, *([] if fill is None else [fill])):
+                t.zero_()
+            continue
+        # in slices of blocks, through float32 draws of at most FILL_SLICE_BYTES: the pool takes
+        # most of the device's memory, a layer's page tensor up to a few GB. A quantized slice
+        # also holds the quantizer's temporaries (a few times the draw): an eighth of the bytes
+        row = int(torch.Size(c.shape[1:]).numel())
+        limit = FILL_SLICE_BYTES // (8 if len(pages) > 1 else 1)
+        step = max(1, limit // max(1, 4 * row))
+        for lo in range(0, c.shape[0], step):
+            hi = min(lo + step, c.shape[0])
+            x = draw((hi - lo, *c.shape[1:]))
+            if len(pages) == 1:
+                c[lo:hi].copy_(x)
+            else:  # codes as raw bytes: torch copies no float8 <- float8 on every device
+                codes, scale = c.quantize(x)
+                c.data[lo:hi].view(torch.uint8).copy_(codes.view(torch.uint8))
+                c.scale[lo:hi].copy_(scale)
+            del x
+        if fill is not None:
+            fill.copy_(draw(fill.shape))
     if runner.device.type == "cuda":
         torch.cuda.synchronize()
     return how

@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         steps.append(build_step(ctxs, chunks, cfg.block_size, cfg.num_blocks, vocab, seed=k,
                                 block_order=a.block_order))
     if a.fill_kv and fill_kv_pool(runner, "random") != "random":
-        raise SystemExit("replay_live --fill-kv: a quantized pool (codes with scales) is not filled")
+        raise SystemExit("replay_live --fill-kv: this pool is of a kind fill_kv_pool does not fill")
     for chunks in steps[:3]:  # warm-up: graphs, allocator
         runner.finish(runner.launch(chunks))
     t0 = time.perf_counter()
