@@ -129,6 +129,24 @@ def test_the_machine_corpus_keeps_held_out_and_validation_text_out_of_training(m
     assert man["device_build"]["timing_s"]["total_s"] > 0
 
 
+def test_the_readers_come_from_a_forkserver_not_a_fork(machine, tmp_path, monkeypatch):
+    """A fork of the test process (or of any process that runs threads) can copy a lock another
+    thread holds into the child, which then waits on it for ever: the project's CI hung 90 minutes
+    in this file. The readers must be started from a clean process."""
+    import multiprocessing
+
+    methods = []
+    real = multiprocessing.get_context
+
+    def spy(method=None):
+        methods.append(method)
+        return real(method)
+
+    monkeypatch.setattr(multiprocessing, "get_context", spy)
+    rc, recs, _ = _build(machine, tmp_path / "out")
+    assert rc == 0 and recs and methods and "fork" not in methods and None not in methods, methods
+
+
 def test_a_zero_time_budget_reads_the_carry_and_leaves_the_machine_files_out(machine, tmp_path):
     rc, recs, man = _build(machine, tmp_path / "out", "--time-budget-s", "0")
     assert rc == 0

@@ -137,11 +137,17 @@ def test_function_fim_holes_give_each_function_several_holes():
     assert all(len(v) >= 2 for v in holes.values())  # each function: more than one hole
 
 
-def test_documents_are_the_same_from_any_number_of_workers_and_seeded():
+def test_documents_are_the_same_from_any_number_of_workers_and_seeded(monkeypatch):
+    import multiprocessing
+
+    methods = []  # the workers come from a forkserver: a fork of a threaded process can deadlock
+    real = multiprocessing.get_context
+    monkeypatch.setattr(multiprocessing, "get_context", lambda m=None: methods.append(m) or real(m))
     files = [(f"m{i}.py", _module(4 + i % 5)) for i in range(24)]
     a = T.build_documents(files, 0.5, 300, 7, 0.5, 0.5, workers=1)
     b = T.build_documents(files, 0.5, 300, 7, 0.5, 0.5, workers=3)
     assert a == b
+    assert methods == ["forkserver"]
     c = T.build_documents(files, 0.5, 300, 8, 0.5, 0.5)
     assert c[0] != a[0]
 
