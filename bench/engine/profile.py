@@ -159,9 +159,9 @@ def fill_kv_pool(runner, how: str = "random") -> str:
     A quantized pool (`QuantizedPages`: fp8 or int4 codes with scales) gets the codes and scales of
     the same draws, quantized as its writer quantizes them, and its fill rows (the int4 keys' block
     being filled, model dtype) the draws themselves: a zeroed one holds all-zero scales and codes
-    that decode to 0, which no live pool holds (the H200 33B int4-fp8 part's live decode steps ran
-    1.002 of its zero-pool profile at d <= 16, 1.015-1.035 at d 33-61: session 30; whether the
-    zeros are why is for its next part to say). Returns `how`, or "zeros (pool of another kind)" where a cache is neither
+    that decode to 0, which no live pool holds (the H200 33B int4-fp8 part's uncapped live decode steps ran
+    1.000-1.004 of its zero-pool profile at d <= 32 and 1.012-1.014 at d 33-64: session 30;
+    whether the zeros are why is for its next part to say). Returns `how`, or "zeros (pool of another kind)" where a cache is neither
     (left as it is)."""
     from backend.kv.formats import QuantizedPages
 
