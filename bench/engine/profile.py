@@ -159,10 +159,10 @@ def fill_kv_pool(runner, how: str = "random") -> str:
     A quantized pool (`QuantizedPages`: fp8 or int4 codes with scales) gets the codes and scales of
     the same draws, quantized as its writer quantizes them, and its fill rows (the int4 keys' block
     being filled, model dtype) the draws themselves: a zeroed one holds all-zero scales and codes
-    that decode to 0, which no live pool holds (the H200 33B int4-fp8 part's uncapped live decode steps ran
-    1.000-1.004 of its zero-pool profile at d <= 32 and 1.012-1.014 at d 33-64: session 30;
-    whether the zeros are why is for its next part to say). Returns `how`, or "zeros (pool of another kind)" where a cache is neither
-    (left as it is)."""
+    that decode to 0, which no live pool holds (the H200 33B int4-fp8 part's uncapped live decode
+    steps ran 1.000-1.004 of its zero-pool profile at d <= 32 and 1.012-1.014 at d 33-64: session
+    30; whether the zeros are why is for its next part to say). Returns `how`, or "zeros (pool of
+    another kind)" where a cache is neither (left as it is)."""
     from backend.kv.formats import QuantizedPages
 
     caches = (*runner.kv.k_caches, *runner.kv.v_caches)
@@ -175,28 +175,26 @@ def fill_kv_pool(runner, how: str = "random") -> str:
         return torch.randn(shape, generator=g, device=runner.device, dtype=torch.float32)
 
     for c in caches:
-        pages = [c.data, c.scale] if isinstance(c, QuantizedPages) else [c]
-        fill = c.fill if isinstance(c, QuantizedPages) else None
+        quantized = isinstance(c, QuantizedPages)
+        fill = c.fill if quantized else None
         if how == "zeros":
-            for t in (*pages, *([] if fill is None else [fill])):
+            for t in ((c.data, c.scale) if quantized else (c,)) + (() if fill is None else (fill,)):
                 t.zero_()
             continue
         # in slices of blocks, through float32 draws of at most FILL_SLICE_BYTES: the pool takes
         # most of the device's memory, a layer's page tensor up to a few GB. A quantized slice
         # also holds the quantizer's temporaries (a few times the draw): an eighth of the bytes
         row = int(torch.Size(c.shape[1:]).numel())
-        limit = FILL_SLICE_BYTES // (8 if len(pages) > 1 else 1)
-        step = max(1, limit // max(1, 4 * row))
+        step = max(1, FILL_SLICE_BYTES // (8 if quantized else 1) // max(1, 4 * row))
         for lo in range(0, c.shape[0], step):
             hi = min(lo + step, c.shape[0])
             x = draw((hi - lo, *c.shape[1:]))
-            if len(pages) == 1:
-                c[lo:hi].copy_(x)
-            else:  # codes as raw bytes: torch copies no float8 <- float8 on every device
+            if quantized:  # codes as raw bytes: torch copies no float8 <- float8 on every device
                 codes, scale = c.quantize(x)
                 c.data[lo:hi].view(torch.uint8).copy_(codes.view(torch.uint8))
                 c.scale[lo:hi].copy_(scale)
-            del x
+            else:
+                c[lo:hi].copy_(x)
         if fill is not None:
             fill.copy_(draw(fill.shape))
     if runner.device.type == "cuda":
