@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Issue 35 (session 31): read one new grid part on the CPU, run from the repo root:
+#   bash bench/results/fidelity_grid_state/read_part.sh PART_DIR
+# Writes beside the part (PART_DIR/read/): validate_replay in the simulator's default form (default), with the cap's
+# anchors from the profile's stream_kind runs (stream), that with the fast onset (stream_fast), each with its
+# fidelity table; the decode-only steps against the profile by exact d (decode_exact) and split by the SM clock
+# (decode_exact_clock); the profile's long stream_mixed run (stream_read); the block-order check's points.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
+PY=${PY:-$ROOT/.venv/bin/python}
+export PYTHONPATH=$ROOT
+D=$(cd "$1" && pwd); P=$(basename "$D")
+R=$D/read; mkdir -p "$R"
+A="$D/validate_$P.json $D/decisions_$P.jsonl.gz $D/steps_$P.jsonl.gz --profile $D/profile_$P.json"
+rp() {  # form flags...
+  local f=$1; shift
+  # shellcheck disable=SC2086
+  $PY -m bench.simulator.validate_replay $A "$@" --json "$R/replay_$f.json" > "$R/replay_$f.txt"
+  $PY -m bench.simulator.fidelity_table "$R/replay_$f.json" > "$R/table_$f.md"
+}
+S=$ROOT/bench/results
+$PY "$S/fidelity_h100fp8_s29/decode_exact.py" "$D" > "$R/decode_exact.txt"
+$PY "$S/fidelity_h100fp8_s29/decode_exact_clock.py" "$D" > "$R/decode_exact_clock.txt"
+$PY "$S/fidelity_sag_s28/stream_read.py" "$D/profile_$P.json" > "$R/stream_read.txt"
+$PY - "$D/profile_$P.json" > "$R/profile_checks.txt" <<'PYEOF'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+print("kv_fill:", doc.get("kv_fill"), "| device:", doc.get("device_name"), "| kv:", doc.get("kv_cache_dtype"))
+boc = doc.get("block_order_check")
+print("block_order_check:", json.dumps(boc, indent=1)[:3000] if boc else None)
+runs = [r.get("run") for r in (doc.get("pause_check") or {}).get("runs", [])]
+print("pause_check runs:", runs)
+PYEOF
+rp default & rp stream --cap-anchors stream & wait
+rp stream_fast --cap-anchors stream --cap-onset fast
+echo "read: $R"
