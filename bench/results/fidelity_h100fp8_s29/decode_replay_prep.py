@@ -7,7 +7,8 @@ or only live (the engine's own block tables, inputs and process): replay_live la
     python bench/results/fidelity_h100fp8_s29/decode_replay_prep.py PART_DIR OUT.json [N] [FROM]
 
 N steps (default 700) from the fraction FROM of the log (default 0.3). Read the replay with
-`decode_replay_read.py`.
+`decode_replay_read.py`. A step log without CUDA timing events (the CPU check of
+scripts/gpu_decode_same_machine.sh) gives its steps' wall ms as their live time, so the tool runs there too.
 """
 import gzip
 import json
@@ -28,19 +29,25 @@ def main(part: Path, out: Path, n: int = 700, frac: float = 0.3) -> None:
     if len(rows) != len(steps):
         raise SystemExit(f"{len(rows)} log rows against {len(steps)} rebuilt steps")
     lo = int(frac * len(steps))
+    timed = any("device_ms" in r for r in rows)  # else the CPU: no device times at all
     sel = []
     for i in range(lo, len(steps)):
         s = steps[i]
-        if not (s["d"] or s["p"]) or "device_ms" not in rows[i] or len(s["ctxs"]) != s["d"]:
+        live_ms = rows[i].get("device_ms", None if timed else rows[i]["ms"])
+        if not (s["d"] or s["p"]) or live_ms is None or len(s["ctxs"]) != s["d"]:
             if sel:
                 break  # keep the window contiguous: the live order is what the pipelined pass replays
             continue
         raw = 1e3 * cost.step_time(s["d"], 0, s["ctx"]) if not s["p"] else None
         sel.append({"i": i, "d": s["d"], "p": s["p"], "ctxs": s["ctxs"], "chunks": s["chunks"],
-                    "live_device_ms": rows[i]["device_ms"], "raw_model_ms": raw, "idle_before": s["idle_before"]})
+                    "live_device_ms": live_ms, "raw_model_ms": raw, "idle_before": s["idle_before"]})
         if len(sel) == n:
             break
-    out.write_text(json.dumps({"source": str(part.resolve().relative_to(ROOT)), "steps": sel}) + "\n")
+    src = part.resolve()  # relative to the repo where it lies inside it (a device call's part lies outside)
+    src = src.relative_to(ROOT) if src.is_relative_to(ROOT) else src
+    out.write_text(json.dumps({"source": str(src), "steps": sel}) + "\n")
+    if not sel:
+        raise SystemExit(f"no step of {part} could be replayed")
     print(f"{len(sel)} steps from step {sel[0]['i']} of {len(steps)}: "
           f"{sum(not x['p'] for x in sel)} decode-only -> {out}")
 
