@@ -8,7 +8,8 @@
 # one machine, ABA, so a card's own speed cancels:
 #   1. a short grid part (one seed, LOADS 0.8,0.95 by default): live steps and their profile;
 #   2. 700 of its live steps as compositions (decode_replay_prep.py, on the device: scipy is there);
-#   3. replay_live over them: zeroed pool, filled pool, zeroed again (3 pipelined passes each).
+#   3. replay_live over them: zeroed pool, filled pool, zeroed again (3 pipelined passes each; the first
+#      also paused, as the profile times its points).
 #   OUT=$OUT PART=6.7b-fp8 bash scripts/gpu_decode_same_machine.sh     (~300 s on the H100)
 #   OUT=/tmp/sm PART=cpu bash scripts/gpu_decode_same_machine.sh       (the CPU check, tiny)
 # Read: python bench/results/fidelity_h100fp8_s29/decode_replay_read.py $OUT/compositions.json $OUT/replay_<v>.json
@@ -31,11 +32,12 @@ PY=${PY:-python3}
 $PY bench/results/fidelity_h100fp8_s29/decode_replay_prep.py "$OUT/$PART" "$OUT/compositions.json" "$N_STEPS" 0.3 \
   || { echo "no compositions"; exit 1; }
 for v in zeros fill zeros2; do
-  f=; [ "$v" = fill ] && f=--fill-kv
+  # the first replay also times each step paused behind a spin, as the profile times its points
+  f="--paused-repeats 0"; [ "$v" = zeros ] && f="--paused-repeats 1 --pause-ms 30"; [ "$v" = fill ] && f="$f --fill-kv"
   echo "$(date -u +%T) replay $v"
   # shellcheck disable=SC2086
   timeout "${REPLAY_S:-120}" $PY -m bench.engine.replay_live --model "$M" --device "$DEV" --quantization "$Q" \
-      --steps "$OUT/compositions.json" --out "$OUT/replay_$v.json" --passes 3 --paused-repeats 0 $f \
+      --steps "$OUT/compositions.json" --out "$OUT/replay_$v.json" --passes 3 $f \
       > "$OUT/replay_$v.log" 2>&1 || { echo "replay $v failed:"; tail -5 "$OUT/replay_$v.log"; }
 done
 for v in zeros fill zeros2; do

@@ -27,6 +27,8 @@ def test_the_cpu_form_runs_the_part_the_compositions_and_three_replays_in_order(
         rep = json.loads((tmp_path / f"replay_{v}.json").read_text())
         assert len(rep["steps"]) == len(comps["steps"])
         fills[v] = rep["fill_kv"]
+        # only the first replay is also timed paused (as the profile times its points)
+        assert all(("paused_ms" in s) == (v == "zeros") for s in rep["steps"])
         assert f"== {v}" in out.stdout
     assert fills == {"zeros": False, "fill": True, "zeros2": False}  # A B A: a drift shows as zeros != zeros2
     assert out.stdout.index("replay zeros") < out.stdout.index("replay fill") < out.stdout.index("replay zeros2")
