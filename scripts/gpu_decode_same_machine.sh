@@ -10,7 +10,7 @@
 #   2. 700 of its live steps as compositions (decode_replay_prep.py, on the device: scipy is there);
 #   3. replay_live over them: zeroed pool, filled pool, zeroed again (3 pipelined passes each; the first
 #      also paused, as the profile times its points).
-#   OUT=$OUT PART=6.7b-fp8 bash scripts/gpu_decode_same_machine.sh     (~300 s on the H100)
+#   OUT=$OUT PART=6.7b-fp8 bash scripts/gpu_decode_same_machine.sh     (~350 s on the H100)
 #   OUT=/tmp/sm PART=cpu bash scripts/gpu_decode_same_machine.sh       (the CPU check, tiny)
 # Read: python bench/results/fidelity_h100fp8_s29/decode_replay_read.py $OUT/compositions.json $OUT/replay_<v>.json
 set -uo pipefail
