@@ -18,8 +18,9 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT}
 PART=${PART:-6.7b-fp8}
 mkdir -p "$OUT"
-if [ "$PART" = cpu ]; then DEV=cpu; M=tiny; Q=none; N_STEPS=${N_STEPS:-60}
-else DEV=cuda; Q=none; case "$PART" in *fp8*) Q=fp8 ;; esac
+if [ "$PART" = cpu ]; then DEV=cpu; M=tiny; Q=none; KV=(); N_STEPS=${N_STEPS:-60}
+else DEV=cuda; Q=none; KV=(); case "$PART" in *fp8*) Q=fp8 ;; esac
+  case "$PART" in *kvint4*) KV=(--kv-cache-dtype int4-fp8) ;; esac
   case "$PART" in 33b*) M=deepseek-coder-33b ;; *) M=deepseek-coder-6.7b ;; esac
   N_STEPS=${N_STEPS:-700}; fi
 export SEEDS=${SEEDS:-0} LOADS=${LOADS:-0.8,0.95}
@@ -36,7 +37,7 @@ for v in zeros fill zeros2; do
   f="--paused-repeats 0"; [ "$v" = zeros ] && f="--paused-repeats 1 --pause-ms 30"; [ "$v" = fill ] && f="$f --fill-kv"
   echo "$(date -u +%T) replay $v"
   # shellcheck disable=SC2086
-  timeout "${REPLAY_S:-120}" $PY -m bench.engine.replay_live --model "$M" --device "$DEV" --quantization "$Q" \
+  timeout "${REPLAY_S:-120}" $PY -m bench.engine.replay_live --model "$M" --device "$DEV" --quantization "$Q" "${KV[@]}" \
       --steps "$OUT/compositions.json" --out "$OUT/replay_$v.json" --passes 3 $f \
       > "$OUT/replay_$v.log" 2>&1 || { echo "replay $v failed:"; tail -5 "$OUT/replay_$v.log"; }
 done
