@@ -2,9 +2,10 @@
 # Issue 35 (session 31): read one new grid part on the CPU, run from the repo root:
 #   bash bench/results/fidelity_grid_state/read_part.sh PART_DIR
 # Writes beside the part (PART_DIR/read/): validate_replay in the simulator's default form (default), with the cap's
-# anchors from the profile's stream_kind runs (stream), that with the fast onset (stream_fast), each with its
-# fidelity table; the decode-only steps against the profile by exact d (decode_exact) and split by the SM clock
-# (decode_exact_clock); the profile's long stream_mixed run (stream_read); the block-order check's points.
+# anchors from the profile's stream_kind runs (stream), that with the fast onset (stream_fast), with every live
+# step time fed back (live: the most step times can give), each with its fidelity table; the decode-only steps
+# against the profile by exact d (decode_exact), by d's place in its graph bucket (bucket_excess) and split by the
+# SM clock (decode_exact_clock); the profile's long stream_mixed run (stream_read); its fill and block-order check.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
 PY=${PY:-$ROOT/.venv/bin/python}
@@ -20,6 +21,7 @@ rp() {  # form flags...
 }
 S=$ROOT/bench/results
 $PY "$S/fidelity_h100fp8_s29/decode_exact.py" "$D" > "$R/decode_exact.txt"
+$PY "$S/fidelity_h100_s31/bucket_excess.py" "$R/decode_exact.txt" "$D/profile_$P.json" > "$R/bucket_excess.txt"
 $PY "$S/fidelity_h100fp8_s29/decode_exact_clock.py" "$D" > "$R/decode_exact_clock.txt"
 $PY "$S/fidelity_sag_s28/stream_read.py" "$D/profile_$P.json" > "$R/stream_read.txt"
 $PY - "$D/profile_$P.json" > "$R/profile_checks.txt" <<'PYEOF'
@@ -32,5 +34,5 @@ runs = [r.get("run") for r in (doc.get("pause_check") or {}).get("runs", [])]
 print("pause_check runs:", runs)
 PYEOF
 rp default & rp stream --cap-anchors stream & wait
-rp stream_fast --cap-anchors stream --cap-onset fast
+rp stream_fast --cap-anchors stream --cap-onset fast & rp live --live-times & wait
 echo "read: $R"
