@@ -3,8 +3,8 @@
 # Live decode-only steps have read 1.5-3 % over the profile's device time at d off the grid pass's
 # points on every H100 part (sessions 21, 29, 31) and on the H200's 6.7B (session 16). Session 29
 # traced it to the zeroed KV pool with replays run in other device calls than the live part (so on
-# other machines); session 31's profiles over a filled pool measured the decode points within
-# +-0.5 % of the zeroed profile's and left the live excess as it was. This call runs everything on
+# other machines); session 31's profile over a filled pool measured the decode points +0.15 % over
+# the zeroed profile's on average and left the live excess as it was. This call runs everything on
 # one machine, ABA, so a card's own speed cancels:
 #   1. a short grid part (one seed, LOADS 0.8,0.95 by default): live steps and their profile;
 #   2. 700 of its live steps as compositions (decode_replay_prep.py, on the device: scipy is there);
