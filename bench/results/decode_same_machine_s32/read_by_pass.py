@@ -14,6 +14,8 @@ raw x (1 + e w(d)): the fit of e, and what is left once it is taken out, say whe
 
     python bench/results/decode_same_machine_s32/read_by_pass.py DIR   (DIR: compositions.json, replay_*.json,
                                                                         the part's profile_*.json)
+    python bench/results/decode_same_machine_s32/read_by_pass.py PROFILE.json DECODE_EXACT.txt   (a grid part:
+        the live steps' live / model by d, `decode_exact.py`'s output, read_part.sh's read/decode_exact.txt)
 """
 import json
 import sys
@@ -50,6 +52,38 @@ def weights(profile: dict) -> dict[int, float]:
                 w[d] = wb * (1 - f) + wa * f
         lo = hi
     return w
+
+
+def fit(name: str, d: np.ndarray, n: np.ndarray, y: np.ndarray, w: dict[int, float]) -> None:
+    """Print the steps-weighted fit y = c + e w(d) and its rms residual against the mean alone."""
+    wd = np.array([w.get(int(x), np.nan) for x in d])
+    ok = np.isfinite(wd) & np.isfinite(y)
+    X = np.stack([np.ones(ok.sum()), wd[ok]], 1)
+    W = np.sqrt(n[ok])
+    coef, *_ = np.linalg.lstsq(X * W[:, None], y[ok] * W, rcond=None)
+    res = y[ok] - X @ coef
+    rms = float(np.sqrt(np.average(res ** 2, weights=n[ok])))
+    rms0 = float(np.sqrt(np.average((y[ok] - np.average(y[ok], weights=n[ok])) ** 2, weights=n[ok])))
+    print(f"  {name:11s} c {coef[0]:.4f}  e {coef[1]:+.4f}   rms residual {rms:.4f} (about the mean alone: "
+          f"{rms0:.4f})")
+
+
+def main_part(profile: Path, exact: Path, d_max: int = 64) -> None:
+    """A grid part: `decode_exact.py`'s live / model by d (d <= d_max) fitted the same way."""
+    w = weights(json.loads(profile.read_text()))
+    rows = []
+    for line in exact.read_text().splitlines():
+        f = line.split()
+        if len(f) >= 6 and f[0] == "d" and f[2] == "n" and f[4] == "live/model" and int(f[1]) <= d_max:
+            rows.append((int(f[1]), int(f[3]), float(f[5])))
+    if not rows:
+        raise SystemExit(f"no 'd N n N live/model R' line in {exact}")
+    a = np.array(rows, dtype=float)
+    print(f"{profile.name}: live decode-only / model by d (d <= {d_max}), fitted c + e w(d):")
+    print("   d     n   w(d)  live/model")
+    for d, n, y in rows:
+        print(f"{d:4d} {n:5d}  {w.get(d, np.nan):5.2f}  {y:10.4f}")
+    fit("live", a[:, 0], a[:, 1], a[:, 2], w)
 
 
 def main(root: Path) -> None:
@@ -98,6 +132,9 @@ def main(root: Path) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) == 2:
+        main(Path(sys.argv[1]))
+    elif len(sys.argv) == 3:
+        main_part(Path(sys.argv[1]), Path(sys.argv[2]))
+    else:
         sys.exit(__doc__)
-    main(Path(sys.argv[1]))
