@@ -4,7 +4,8 @@
 # Writes beside the part (PART_DIR/read/): validate_replay in the simulator's default form (default), with the cap's
 # anchors from the profile's stream_kind runs (stream), that with the fast onset (stream_fast), with every live
 # step time fed back (live: the most step times can give), each with its fidelity table; the decode-only steps
-# against the profile by exact d (decode_exact), by d's place in its graph bucket (bucket_excess) and split by the
+# against the profile by exact d (decode_exact), by d's place in its graph bucket (bucket_excess), fitted by the
+# profile pass that priced each d (by_pass: c + e w(d), e the decode-bucket points' shortfall, session 32) and split by the
 # SM clock (decode_exact_clock); the profile's long stream_mixed run (stream_read); its fill and block-order check.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
@@ -22,6 +23,7 @@ rp() {  # form flags...
 S=$ROOT/bench/results
 $PY "$S/fidelity_h100fp8_s29/decode_exact.py" "$D" > "$R/decode_exact.txt"
 $PY "$S/fidelity_h100_s31/bucket_excess.py" "$R/decode_exact.txt" "$D/profile_$P.json" > "$R/bucket_excess.txt"
+$PY "$S/decode_same_machine_s32/read_by_pass.py" "$D/profile_$P.json" "$R/decode_exact.txt" > "$R/by_pass.txt"
 $PY "$S/fidelity_h100fp8_s29/decode_exact_clock.py" "$D" > "$R/decode_exact_clock.txt"
 $PY "$S/fidelity_sag_s28/stream_read.py" "$D/profile_$P.json" > "$R/stream_read.txt"
 $PY - "$D/profile_$P.json" > "$R/profile_checks.txt" <<'PYEOF'
