@@ -72,11 +72,17 @@
 # (5 paused steps, 0.5 s idle, 1.5 s back to back: ~2.5 s each, ~3.3 on the 33B bf16's packed step):
 # ~+23 s a profile over session 27's ~+1 s stream on the 33B, added below to the parts that profile (not
 # to those run with PROFILE_FROM).
+# Since session 32 the profile conditions every decode-only point that follows another (the decode-bucket
+# and spread points, ~66 on the validate's grid) with a paused run of the grid's largest mixed step beside its
+# decodes (bench.engine.profile.condition_decode_point): 60 ms + the step a point, ~+4 s on the 6.7B, ~+15 s
+# on the 33B, not yet measured; added below to the parts that profile. That put 33b and 33b-kvint4-seeds over
+# 520 s: they leave out 1.2x (~30 s a seed on the 33B), which their cells' other parts run.
 # Override any of MODEL LOADS SEEDS N IN OUTLEN SERVE_ARGS BUDGET_S per call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PART=${PART:-33b}
 L4=0.5,0.8,0.95,1.2
+L3=0.5,0.8,0.95
 MIXED_IN=lognormal:512:0.8
 MIXED_OUT=lognormal:128:0.7
 # part -> MODEL LOADS SEEDS N IN OUTLEN SERVE_ARGS EST_S  (priority order: the issue's grid)
@@ -84,32 +90,32 @@ part_spec() {
   case "$1" in
     # 33b: from its measured call (s11, 418 s) + the profile grown since (capped grid +23, mixed run +3.5,
     # device time +60, session 18 +8): ~513 (the sum of the older estimates read 523)
-    33b)        echo "deepseek-coder-33b  $L4 0,1,2     200 512 128 -  519" ;;
-    33b-seeds)  echo "deepseek-coder-33b  $L4 3,4       200 512 128 -  439" ;;
-    6.7b)       echo "deepseek-coder-6.7b $L4 0,1,2,3,4 200 512 128 -  355" ;;
-    33b-fp8)    echo "deepseek-coder-33b  $L4 0,1,2     200 512 128 --engine-arg=--quantization=fp8 458" ;;
-    6.7b-fp8)   echo "deepseek-coder-6.7b $L4 0,1,2,3,4 200 512 128 --engine-arg=--quantization=fp8 413" ;;
+    33b)        echo "deepseek-coder-33b  $L3 0,1,2     200 512 128 -  444" ;;
+    33b-seeds)  echo "deepseek-coder-33b  $L4 3,4       200 512 128 -  454" ;;
+    6.7b)       echo "deepseek-coder-6.7b $L4 0,1,2,3,4 200 512 128 -  359" ;;
+    33b-fp8)    echo "deepseek-coder-33b  $L4 0,1,2     200 512 128 --engine-arg=--quantization=fp8 473" ;;
+    6.7b-fp8)   echo "deepseek-coder-6.7b $L4 0,1,2,3,4 200 512 128 --engine-arg=--quantization=fp8 417" ;;
     # session 20 measured three parts on the H200: 33b-kvint4 487 s (seeds 0-1), 33b-mixed 422 (seed 0),
     # 6.7b-mixed 377 (seeds 0-2); since then the pause check's two mixed_pattern runs (~3.5 s) and, for
     # drawn lengths, contexts to the 90th percentile (+~10-20 s on the 33B's profile, never measured)
-    33b-kvint4) echo "deepseek-coder-33b  $L4 0,1       200 512 128 --engine-arg=--kv-cache-dtype=int4-fp8 497" ;;
-    33b-mixed)  echo "deepseek-coder-33b  $L4 0         200 $MIXED_IN $MIXED_OUT - 451" ;;
-    6.7b-mixed) echo "deepseek-coder-6.7b $L4 0,1,2     200 $MIXED_IN $MIXED_OUT - 395" ;;
+    33b-kvint4) echo "deepseek-coder-33b  $L4 0,1       200 512 128 --engine-arg=--kv-cache-dtype=int4-fp8 512" ;;
+    33b-mixed)  echo "deepseek-coder-33b  $L4 0         200 $MIXED_IN $MIXED_OUT - 466" ;;
+    6.7b-mixed) echo "deepseek-coder-6.7b $L4 0,1,2     200 $MIXED_IN $MIXED_OUT - 399" ;;
     # the issue's five seeds for the parts one call cannot hold (the 33B's, the mixed shapes'):
     # each with its own profile, as the 33b / 33b-seeds pair (a profile from another call misses
     # that call's step-cost level: BENCHMARKS, issue 35, session 14)
-    33b-fp8-seeds)    echo "deepseek-coder-33b  $L4 3,4 200 512 128 --engine-arg=--quantization=fp8 461" ;;
-    33b-kvint4-seeds) echo "deepseek-coder-33b  $L4 3,4 200 512 128 --engine-arg=--kv-cache-dtype=int4-fp8 520" ;;
-    33b-kvint4-2)     echo "deepseek-coder-33b  $L4 2   200 512 128 --engine-arg=--kv-cache-dtype=int4-fp8 369" ;;
+    33b-fp8-seeds)    echo "deepseek-coder-33b  $L4 3,4 200 512 128 --engine-arg=--quantization=fp8 476" ;;
+    33b-kvint4-seeds) echo "deepseek-coder-33b  $L3 3,4 200 512 128 --engine-arg=--kv-cache-dtype=int4-fp8 475" ;;
+    33b-kvint4-2)     echo "deepseek-coder-33b  $L4 2   200 512 128 --engine-arg=--kv-cache-dtype=int4-fp8 384" ;;
     # the 33B's mixed lengths one seed a call: two would be ~540 s, under BUDGET_S 570 by less than the
     # estimate's error; since session 27 a run cut by the timeout loses only itself (sim validate writes
     # the runs done, marked "interrupted", and validate_replay scores them); if 33b-mixed runs in
     # <= ~330 s, two seeds a call fit (SEEDS=1,2 PART=33b-mixed-1)
-    33b-mixed-1)      echo "deepseek-coder-33b  $L4 1   200 $MIXED_IN $MIXED_OUT - 451" ;;
-    33b-mixed-2)      echo "deepseek-coder-33b  $L4 2   200 $MIXED_IN $MIXED_OUT - 451" ;;
-    33b-mixed-3)      echo "deepseek-coder-33b  $L4 3   200 $MIXED_IN $MIXED_OUT - 451" ;;
-    33b-mixed-4)      echo "deepseek-coder-33b  $L4 4   200 $MIXED_IN $MIXED_OUT - 451" ;;
-    6.7b-mixed-seeds) echo "deepseek-coder-6.7b $L4 3,4 200 $MIXED_IN $MIXED_OUT - 315" ;;
+    33b-mixed-1)      echo "deepseek-coder-33b  $L4 1   200 $MIXED_IN $MIXED_OUT - 466" ;;
+    33b-mixed-2)      echo "deepseek-coder-33b  $L4 2   200 $MIXED_IN $MIXED_OUT - 466" ;;
+    33b-mixed-3)      echo "deepseek-coder-33b  $L4 3   200 $MIXED_IN $MIXED_OUT - 466" ;;
+    33b-mixed-4)      echo "deepseek-coder-33b  $L4 4   200 $MIXED_IN $MIXED_OUT - 466" ;;
+    6.7b-mixed-seeds) echo "deepseek-coder-6.7b $L4 3,4 200 $MIXED_IN $MIXED_OUT - 319" ;;
     cpu)        echo "tiny                -   0         20  16  8   -  60" ;;
     *) return 1 ;;
   esac

@@ -25,7 +25,8 @@ def test_parts_cover_the_grid_in_priority_order_each_under_the_call_limit():
     assert {"33b-fp8", "6.7b-fp8", "33b-kvint4", "33b-mixed", "6.7b-mixed"} <= set(names)
     for name, est, model, loads, seeds, n, inp, outlen, serve in parts:
         assert int(est) <= 520, name  # BUDGET_S 570 inside the device call's 600 s
-        assert loads == "0.5,0.8,0.95,1.2" and int(n) >= 200, name
+        # every part runs the goal's loads; 1.2x (report only) may be left to a cell's other part
+        assert loads in ("0.5,0.8,0.95,1.2", "0.5,0.8,0.95") and int(n) >= 200, name
         assert model.startswith("deepseek-coder-")
         if "fp8" in name:
             assert serve == "--engine-arg=--quantization=fp8"
@@ -36,11 +37,13 @@ def test_parts_cover_the_grid_in_priority_order_each_under_the_call_limit():
     # 5 seeds of the 33B over the first two calls
     seeds = {p[0]: p[4] for p in parts}
     assert sorted(seeds["33b"].split(",") + seeds["33b-seeds"].split(",")) == list("01234")
-    # every cell of the grid gets the issue's five seeds, each seed once, over its part and follow-ups
+    # every cell of the grid gets the issue's five seeds, each seed once, over its part and follow-ups,
+    # and at least one of its parts also runs 1.2x (the issue reports the error there)
     for base in ("33b", "6.7b", "33b-fp8", "6.7b-fp8", "33b-kvint4", "33b-mixed", "6.7b-mixed"):
-        got = [s for p in parts if re.fullmatch(re.escape(base) + r"(-seeds|-\d)?", p[0])
-               for s in p[4].split(",")]
+        cell = [p for p in parts if re.fullmatch(re.escape(base) + r"(-seeds|-\d)?", p[0])]
+        got = [s for p in cell for s in p[4].split(",")]
         assert sorted(got) == list("01234"), (base, got)
+        assert any(p[3].endswith(",1.2") for p in cell), base
 
 
 def test_unknown_part_and_missing_out_are_refused():

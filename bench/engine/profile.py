@@ -629,7 +629,9 @@ def measure_device(runner, chunks, repeats: int, pause_s: float = 0.0,
 # the live steps priced by them ran 1.8 % over the model where the grid's points' steps ran 1.000 (its
 # read_by_pass.txt). A served decode step does not follow dozens of copies of itself, so every
 # decode-only point is measured as the grid's are: after the mixed step.
-CONDITION_REPEATS = 3
+# One run: what precedes the point is then what precedes a grid decode point, a paused mixed step (the check
+# ran three; one keeps the 33B's ~66 conditioned points at ~+15 s a profile instead of ~+40).
+CONDITION_REPEATS = 1
 
 
 def condition_decode_point(runner, d: int, c: int, prefill_tokens: Sequence[int], cfg, vocab: int,
