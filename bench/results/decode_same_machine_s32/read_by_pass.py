@@ -114,22 +114,10 @@ def main(root: Path) -> None:
         table.append((d, len(ids), w.get(d, np.nan), *vals))
         print(f"{d:4d} {len(ids):4d}  {w.get(d, np.nan):5.2f}  " + "  ".join(f"{v:11.4f}" for v in vals))
     a = np.array(table, dtype=float)
-    ok = np.isfinite(a[:, 2])
-    n, wd = a[ok, 1], a[ok, 2]
     print("\nfit of ratio = c + e w(d), weighted by steps (c: the level at grid-pass points, e: the bucket pass's "
           "shortfall):")
     for j, (name, _) in enumerate(cols):
-        y = a[ok, 3 + j]
-        good = np.isfinite(y)
-        X = np.stack([np.ones(good.sum()), wd[good]], 1)
-        W = np.sqrt(n[good])
-        coef, *_ = np.linalg.lstsq(X * W[:, None], y[good] * W, rcond=None)
-        res = y[good] - X @ coef
-        rms = float(np.sqrt(np.average(res ** 2, weights=n[good])))
-        rms0 = float(np.sqrt(np.average((y[good] - np.average(y[good], weights=n[good])) ** 2, weights=n[good])))
-        print(f"  {name:11s} c {coef[0]:.4f}  e {coef[1]:+.4f}   rms residual {rms:.4f} (about the mean alone: "
-              f"{rms0:.4f})")
-
+        fit(name, a[:, 0], a[:, 1], a[:, 3 + j], w)
 
 if __name__ == "__main__":
     if len(sys.argv) == 2:
