@@ -12,7 +12,7 @@
 # meanwhile does not record their deletions (session 23 made one without it: 6,191 files).
 set -eu
 cd "$(git rev-parse --show-toplevel)"
-KEEP='/profile[^/]*\.json$|/tuned_[^/]*\.json$|/compositions_[^/]*\.json$|\.py$'  # files under bench/results that device calls read or run (replay_live's compositions, the analysis scripts)
+KEEP='/profile[^/]*\.json$|/tuned_[^/]*\.json$|/compositions_[^/]*\.json$|\.py$|\.sh$'  # files under bench/results that device calls read or run (replay_live's compositions, the analysis and check scripts: session 33 lost a call to a slimmed .sh)
 size() {
   (git ls-files -z; git ls-files -z --others --exclude-standard; [ -d .whl ] && find .whl -type f -print0) \
     | du -cb --files0-from=- 2>/dev/null | tail -1 | awk '{printf "%.1f MB with .whl/ (limit 67.1 MB: 64 MiB)\n", $1/1e6}'
