@@ -2,7 +2,7 @@
 conditioned profile (the decode-only steps now read 0.995 of live). The busy steps with prefill, the
 model's charge (the simulator's, `fidelity_steps.model_step_ms`, every term) and its raw charge (the
 profile's surface at the step's shape, no term) over live, split by where the step's chunk starts
-(a prompt's first chunk at 0, or a later one after its prefix), by decodes and by the decodes' spread.
+(a prompt's first chunk at 0, or a later one after its prefix), and by decodes (the decodes' spread: spread_regression.py).
 
     python bench/results/conditioned_s33/mixed_read.py PART_DIR
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench/results/fidelity_grid_h100_s21/analysis"))
-from prefill_bins import load, spread
+from prefill_bins import load
 
 from bench.simulator import fidelity_steps
 
@@ -44,8 +44,6 @@ def main(part: Path) -> None:
         for lo, hi in D_BINS:
             sel = [i for i in grp if lo <= steps[i]["d"] <= hi]
             row(f"  d {lo}-{hi}", sel)
-            row(f"    spread < 1.3", [i for i in sel if spread(steps[i]) < 1.3])
-            row(f"    spread >= 1.3", [i for i in sel if spread(steps[i]) >= 1.3])
     for k in (1, 2, 3):
         row(f"{k} chunk(s)", [i for i in busy if len(steps[i]["chunks"]) == k])
 
