@@ -275,6 +275,18 @@ default) a step with prefill is charged its decodes' total context times that la
 (`mixed_context_multiple`); a profile without mixed spread points, or `mixed_spread="off"`, as
 before; `mixed_spread=KAPPA` is a what-if wherever the decode term has its plan.
 
+Whole tiles beside a chunk (issue 35, session 33; `mixed_tiles="on"`, opt-in): in a step with
+prefill the paged kernel runs every sequence as a program of `PREFILL_ROWS` query rows
+(backend.kernels.paged_attention), a decode's one row among them, over `BLOCK_N`-token tiles of its
+context; the tile's dots cost the same whether its keys are all valid or one is, so a decode is
+charged for its whole tiles, ceil(c / 64) x 64 tokens. The profile's mixed points put every decode
+at a multiple of 64 (512 / 576 / 640), where tiles and tokens agree; live contexts fall anywhere
+and average ~half a tile more. On an H100's 6.7B FP8 part with the conditioned profile
+(bench/results/conditioned_s33) the busy one-chunk mixed steps read raw model / live 0.983-0.986
+at d 8-23 falling to 0.973-0.975 at d 32-47; charged by whole tiles 0.991-0.993 at every d from 8
+to 47 (0.9995 at 48-63): the slope in d was the tiles, a flat ~0.8 % is something else. Decode-only
+steps (one query row padded to 16, memory-bound) read the model within 0.5 % without it.
+
 The prefix term from twins (issue 35, session 26): the grid's profiles measure cached-prefix chunks
 at one start, 256, each beside a twin at start 0 (same decodes and chunk, 256 fewer context tokens);
 live, chunks start anywhere up to the longest prompt (the mixed lengths: past 2,000). Fitted as one
@@ -325,6 +337,10 @@ LEGACY_CUDA_TOKEN_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 320, 384, 512, 6
 # the window of the power-cap model (module doc): the H200's clock followed the prefill share of
 # about the last 100 ms (a prefill step ran 1.005 / 1.04 / 1.05-1.09 x at shares 0 / 0.5 / 1)
 POWER_CAP_WINDOW_S = 0.1
+# the context tokens of one attention tile in a step with prefill (backend.kernels.paged_attention's
+# BLOCK_N, which its launch takes whatever the pages' codec; a test holds the two equal): module doc,
+# "Whole tiles beside a chunk"
+MIXED_BLOCK_N = 64
 _FEATURE_NAMES = ("a_s", "b_s_per_seq", "c_s_per_prefill_tok", "e_s_per_ctx_tok", "f_s_per_prefill_tok2",
                   "g_s_per_prefill_seq", "h_s_per_prefill_tok_prefix_tok", "i_s_per_mixed_step",
                   "j_s_per_tok_past_knee", "l_s_per_draft_token")
@@ -703,7 +719,7 @@ class ProfileCost:
                  spread_points: list[dict] | None = None, decode_spread: str | float = "measured",
                  mixed_spread: str | float = "measured", decode_spells: bool = True,
                  prefix_term: str = "twins", cap_onset: str = "slow", knee_support: int = KNEE_SUPPORT,
-                 cap_sag: bool = True, cap_anchors: str = "sustained"):
+                 cap_sag: bool = True, cap_anchors: str = "sustained", mixed_tiles: str = "off"):
         """points: (n, 3) of (num_decode_seqs, num_prefill_tokens, num_context_tokens), or (n, 4) /
         (n, 5) with num_prefill_seqs k (the p tokens are k chunks of p/k each; default 1 when p > 0)
         and prefill_context_len s (each chunk starts at position s; default 0) appended, or (n, 6)
@@ -740,6 +756,9 @@ class ProfileCost:
         spread at the kappa the profile's mixed spread points give, `from_json`; none without them),
         "off", or a kappa (a what-if wherever the decode term has a launch plan; module doc,
         "Unequal contexts beside a chunk").
+        `mixed_tiles`: "on" charges a step with prefill for its decodes' whole attention tiles
+        (`MIXED_BLOCK_N` context tokens each, the last one whole), "off" (the default) at their
+        contexts (module doc, "Whole tiles beside a chunk").
         `prefix_term`: "twins" (the default) sets the cached-prefix term h from the prefix points
         against their start-0 twins alone and keeps Σp_i·s_i out of the residuals; "fit" as before
         session 26 (h one coefficient of the regression, Σp_i·s_i a residual axis; module doc,
@@ -772,6 +791,9 @@ class ProfileCost:
             if not mixed_spread >= 1.0:
                 raise ValueError(f"mixed_spread {mixed_spread!r}: measured, off or a kappa >= 1")
         self.mixed_spread = mixed_spread
+        if mixed_tiles not in ("on", "off"):
+            raise ValueError(f"mixed_tiles {mixed_tiles!r}: on or off")
+        self.mixed_tiles = mixed_tiles == "on"
         if decode_extrapolation not in ("slope", "nearest"):
             raise ValueError(f"decode_extrapolation {decode_extrapolation!r}: slope or nearest")
         points = np.asarray(points, dtype=np.float64)
@@ -1177,25 +1199,33 @@ class ProfileCost:
     @property
     def charges_mixed_spread(self) -> bool:
         """Steps with prefill are charged for their decodes' spread (`mixed_context_multiple`)."""
+        return self._spread_beside_chunk() or self.mixed_tiles
+
+    def _spread_beside_chunk(self) -> bool:
         return self._mixed_kappa_by_d is not None and bool((self._mixed_kappa_by_d[1] < 64.0).any())
 
     def mixed_context_multiple(self, contexts) -> float:
         """What the decodes of these contexts cost a step with prefill, as a multiple of their total
-        context (`spread_factor` at the mixed spread points' kappa), memoized on the contexts in the
-        plan's tiles."""
-        if not self.charges_mixed_spread or len(contexts) < 2:
-            return 1.0
+        context: with `mixed_tiles`, their whole tiles over their contexts (module doc, "Whole tiles
+        beside a chunk"), times `spread_factor` at the mixed spread points' kappa where the profile
+        has them; memoized on the contexts in the plan's tiles."""
+        f = 1.0
+        if self.mixed_tiles and len(contexts):
+            whole = sum(-(-int(c) // MIXED_BLOCK_N) for c in contexts) * MIXED_BLOCK_N
+            f = whole / max(1, sum(int(c) for c in contexts))
+        if not self._spread_beside_chunk() or len(contexts) < 2:
+            return f
         bn = self.decode_plan.block_n
         key = tuple(-(-int(c) // bn) for c in contexts)
-        f = self._mixed_memo.get(key)
-        if f is None:
+        g = self._mixed_memo.get(key)
+        if g is None:
             if len(self._mixed_memo) > 200_000:
                 self._mixed_memo.clear()
             x, k = self._mixed_kappa_by_d
             kappa = float(np.interp(np.log(len(key)), x, k))
-            f = self._mixed_memo[key] = spread_factor([t * bn for t in key], self.mixed_plan, kappa,
+            g = self._mixed_memo[key] = spread_factor([t * bn for t in key], self.mixed_plan, kappa,
                                                       self._mixed_even_memo)
-        return f
+        return f * g
 
     def _set_cap_weight(self, run: dict | None, packed: dict | None = None, pause_s: float = 0.0) -> None:
         """The busy-share weights of steps with prefill from the pause check's "sustained_mixed"

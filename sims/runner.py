@@ -53,6 +53,9 @@ class CostSpec:
     # with `power_cap`: the cap's ratios from the sustained runs ("sustained") or from the pause
     # check's device-time "stream_kind" runs ("stream"; sims.profile_cost, "Anchors in device time")
     cap_anchors: str = "sustained"
+    # steps with prefill charged for their decodes' whole attention tiles: "on" or "off" (the
+    # default; sims.profile_cost, "Whole tiles beside a chunk")
+    mixed_tiles: str = "off"
 
     def build(self) -> CostModel:
         if self.step_ms is not None:
@@ -63,7 +66,8 @@ class CostSpec:
                                            power_cap=self.power_cap, cap_by_power=self.cap_by_power,
                                            decode_spread=self.decode_spread, mixed_spread=self.mixed_spread,
                                            decode_spells=self.decode_spells, prefix_term=self.prefix_term,
-                                           cap_onset=self.cap_onset, cap_anchors=self.cap_anchors)
+                                           cap_onset=self.cap_onset, cap_anchors=self.cap_anchors,
+                                           mixed_tiles=self.mixed_tiles)
         else:
             cost = RooflineCost(load_model_shape(self.model), get_gpu(self.gpu), self.roofline)
         if self.num_blocks:

@@ -28,7 +28,7 @@ def test_the_cpu_dry_run_times_every_composition(tmp_path):
     out = tmp_path / "s.json"
     r = subprocess.run([sys.executable, str(SCRIPT), "--model", "tiny", "--device", "cpu", "--out", str(out),
                         "--ds", "2,3", "--lo", "16", "--hi", "24", "--chunk", "16"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+                       cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert doc["timed_on_device"] is False and doc["ds"] == [2, 3]

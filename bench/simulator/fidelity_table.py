@@ -132,6 +132,8 @@ def model_label(terms: dict | None) -> str:
         on[-1] += ", fast onset"
     if terms.get("prefill_cap"):
         on.append(f"prefill cap {terms['prefill_cap']['max_tokens']}")
+    if terms.get("mixed_tiles") == "on":  # session 33: decodes beside a chunk by whole tiles
+        on.append("mixed tiles")
     if terms.get("async_plan_lead_ms") is not None:
         on.insert(0, "async loop")
     if terms.get("network_delay_ms"):

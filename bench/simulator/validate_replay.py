@@ -50,6 +50,7 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
                    live_steps=None, cost_scale=None, hide_launch: str | None = None,
                    power_cap: str | None = None, extra_dispatch_ms: float = 0.0,
                    cap_by_power: bool | str = "auto", decode_spread: str = "measured", mixed_spread: str = "measured",
+                   mixed_tiles: str = "off",
                    decode_spells: bool = True, prefix_term: str = "twins", cap_onset: str = "slow",
                    cap_anchors: str = "sustained",
                    gateway_loop: bool | None = None, live_times: bool = False,
@@ -139,6 +140,8 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
         terms = {**terms, "decode_spread": decode_spread if decode_spread == "off" else float(decode_spread)}
     if mixed_spread != "measured":  # off (their decodes' mean context), or a what-if kappa
         terms = {**terms, "mixed_spread": mixed_spread if mixed_spread == "off" else float(mixed_spread)}
+    if mixed_tiles != "off":  # --mixed-tiles on (sims.profile_cost, "Whole tiles beside a chunk")
+        terms = {**terms, "mixed_tiles": mixed_tiles}
     lead_s = None if lead_ms is None else lead_ms / 1e3
     gw = gateway_config(serve_parser().parse_args(cfg["serve_argv"]), ["live"])
     batcher = BatcherConfig(**cfg["batcher"]) if cfg.get("batcher") else gw.batcher
@@ -331,6 +334,10 @@ def parser() -> argparse.ArgumentParser:
                         "profile's mixed spread points (sims.profile_cost, 'Unequal contexts beside a "
                         "chunk'; none without them); off: at their decodes' total context; a kappa: "
                         "a what-if at that kappa (where the profile has the decode term's plan)")
+    p.add_argument("--mixed-tiles", choices=("on", "off"), default="off",
+                   help="on: steps with prefill charged for their decodes' whole attention tiles (64 context "
+                        "tokens each; sims.profile_cost, 'Whole tiles beside a chunk'); off (default): at "
+                        "their contexts")
     p.add_argument("--decode-spread", default="measured",
                    help="decode-only steps charged for their contexts' spread (sims.decode_spread): "
                         "'measured' (the default: at the kappa the profile's spread points give; none "
@@ -401,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(str(e))
     res = replay_session(validate, arrivals, batches, rows, profile, a.delivery_per_stream_ms, seeds,
                          hide_launch=a.hide_launch, power_cap=a.power_cap, cap_by_power=a.cap_by_power,
-                         decode_spread=a.decode_spread, mixed_spread=a.mixed_spread,
+                         decode_spread=a.decode_spread, mixed_spread=a.mixed_spread, mixed_tiles=a.mixed_tiles,
                          decode_spells=a.decode_spells == "on", prefix_term=a.prefix_term, cap_onset=a.cap_onset, cap_anchors=a.cap_anchors, extra_dispatch_ms=a.extra_dispatch_ms, gateway_loop=a.gateway_loop == "on",
                          live_times=a.live_times, plan_lead=a.plan_lead,
                          gateway_loop_read_ms=a.gateway_loop_read_ms,
