@@ -22,6 +22,8 @@ def test_contexts_of_each_kind():
     shuffled = contexts("shuffled", 5, 512, 640)
     assert sorted(shuffled) == ramp and shuffled != ramp
     assert contexts("one_long", 4, 512, 640) == [512, 512, 512, 2048]
+    assert contexts("edges", 4, 512, 640) == [512, 576, 640, 512]
+    assert contexts("off_edge", 3, 512, 640) == [577] * 3
 
 
 def test_the_cpu_dry_run_times_every_composition(tmp_path):
@@ -33,7 +35,7 @@ def test_the_cpu_dry_run_times_every_composition(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["timed_on_device"] is False and doc["ds"] == [2, 3]
     keys = {(row["d"], row["kind"], row["mixed"]) for row in doc["rows"]}
-    assert keys == {(d, k, m) for d in (2, 3) for k in ("equal", "uniform", "shuffled", "one_long")
+    assert keys == {(d, k, m) for d in (2, 3) for k in ("equal", "uniform", "shuffled", "one_long", "edges", "off_edge")
                     for m in (True, False)}
     for row in doc["rows"]:
         assert row["ms"] > 0

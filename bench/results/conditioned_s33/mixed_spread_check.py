@@ -11,6 +11,10 @@ replay_live's paused single runs (the harness the live steps agree with; median 
   uniform    the contexts evenly spaced over [lo, hi] (live-like: 512-640, mean 576), in ascending order
   shuffled   the same contexts in a seeded random order (the model's launch order matters)
   one_long   d - 1 at lo and one at 4 lo (the profile's spread point shape)
+  edges      the contexts on whole 64-token tiles only, lo / mean / hi in turn (unequal, no partial tile)
+  off_edge   every decode at the mean + 1 (equal, each with one key in its last tile)
+(the last two, added before the first call, tell the decodes' spread from their partial tiles: the kernel runs a
+decode beside a chunk as a 64-row program over 64-token tiles, sims.profile_cost "Whole tiles beside a chunk")
 each beside one 256-token chunk at start 0 (mixed) and alone (decode-only), and prints each over `equal`.
 
     python bench/results/conditioned_s33/mixed_spread_check.py --model deepseek-coder-6.7b --device cuda \\
@@ -37,7 +41,7 @@ from backend.engine.assemble import ServingOptions, create_engine
 from bench.engine.profile import fill_kv_pool
 from bench.engine.replay_live import build_step, paused
 
-KINDS = ("equal", "uniform", "shuffled", "one_long")
+KINDS = ("equal", "uniform", "shuffled", "one_long", "edges", "off_edge")
 SEEDS = (1, 2, 3, 4, 5)
 
 
@@ -46,6 +50,10 @@ def contexts(kind: str, d: int, lo: int, hi: int) -> list[int]:
     mean = round((lo + hi) / 2)
     if kind == "equal":
         return [mean] * d
+    if kind == "off_edge":
+        return [mean + 1] * d
+    if kind == "edges":
+        return [(lo, mean, hi)[i % 3] for i in range(d)]
     ramp = [round(lo + (hi - lo) * i / max(1, d - 1)) for i in range(d)]
     if kind == "uniform":
         return ramp
