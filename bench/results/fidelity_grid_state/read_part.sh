@@ -6,7 +6,8 @@
 # step time fed back (live: the most step times can give), each with its fidelity table; the decode-only steps
 # against the profile by exact d (decode_exact), by d's place in its graph bucket (bucket_excess), fitted by the
 # profile pass that priced each d (by_pass: c + e w(d), e the decode-bucket points' shortfall, session 32) and split by the
-# SM clock (decode_exact_clock); the profile's long stream_mixed run (stream_read); its fill and block-order check.
+# SM clock (decode_exact_clock); the profile's long stream_mixed run (stream_read); its fill and block-order check;
+# with whole tiles beside a chunk (mixed_tiles) and the busy mixed steps by chunk start and d (mixed_read).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
 PY=${PY:-$ROOT/.venv/bin/python}
@@ -37,4 +38,6 @@ print("pause_check runs:", runs)
 PYEOF
 rp default & rp stream --cap-anchors stream & wait
 rp stream_fast --cap-anchors stream --cap-onset fast & rp live --live-times & wait
+rp mixed_tiles --mixed-tiles on  # session 33: the decodes beside a chunk at their whole tiles (opt-in term)
+$PY "$S/conditioned_s33/mixed_read.py" "$D" > "$R/mixed_read.txt"
 echo "read: $R"
