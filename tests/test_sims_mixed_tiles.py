@@ -88,3 +88,36 @@ def test_the_simulator_lengthens_mixed_steps_off_the_tile_edges(tmp_path):
 def test_the_table_names_the_term():
     assert "mixed tiles" in model_label({"hide_launch": True, "mixed_tiles": "on"})
     assert "mixed tiles" not in model_label({"hide_launch": True})
+
+
+def test_on_the_conditioned_h100_part_whole_tiles_take_the_slope_in_d_out_of_the_mixed_steps():
+    """The committed part (bench/results/conditioned_s33, 6.7B FP8 on an H100, its own profile): the
+    busy one-chunk mixed steps' raw charge over live, by d bin. At their contexts it falls with d
+    (0.986 -> 0.973); at their whole tiles it is flat within a point and within 1.5 % of live."""
+    from pathlib import Path
+
+    from scheduler.decisions import read_log
+    part = Path(__file__).resolve().parents[1] / "bench/results/conditioned_s33/h100_6.7b-fp8/6.7b-fp8"
+    arr, _ = read_log(part / "decisions_6.7b-fp8.jsonl.gz")
+    steps, bad = fidelity_steps.live_steps(fidelity_steps.read_steps(part / "steps_6.7b-fp8.jsonl.gz"),
+                                           {a.request_id: a.max_tokens for a in arr})
+    assert bad == 0
+    # device times, as live; the spread term off, so the tiles term is the only difference
+    cost = ProfileCost.from_json(part / "profile_6.7b-fp8.json", hide_launch=True, mixed_spread="off",
+                                 mixed_tiles="on")
+    ratios = {False: [], True: []}
+    for lo, hi in ((8, 15), (16, 31), (32, 47), (48, 63)):
+        sel = [s for s in steps if s["p"] == 256 and lo <= s["d"] <= hi and not s["idle_before"]
+               and len(s["chunks"]) == 1]
+        live = sum(s["ms"] for s in sel)
+        for tiles in (False, True):
+            charge = 0.0
+            for s in sel:
+                total = sum(s["ctxs"])
+                dec = round(total * cost.mixed_context_multiple(s["ctxs"])) if tiles else total
+                charge += 1e3 * cost.step_time(s["d"], 256, s["ctx"] - total + dec, s["chunks"])
+            ratios[tiles].append(charge / live)
+    assert max(ratios[False]) - min(ratios[False]) > 0.01, ratios
+    assert max(ratios[True]) - min(ratios[True]) < 0.01, ratios
+    assert all(abs(r - 1) < 0.015 for r in ratios[True]), ratios
+    assert all(t > f for t, f in zip(ratios[True], ratios[False], strict=True))
