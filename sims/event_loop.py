@@ -400,8 +400,6 @@ class EventLoop:
         # beside a chunk"): their decodes' total context times that launch's multiple
         self.mixed_spread_fn = (cost.mixed_context_multiple if getattr(cost, "charges_mixed_spread", False)
                                 else None)
-        # one decode has no spread, but whole tiles (sims.profile_cost, "Whole tiles beside a chunk")
-        self.mixed_min_decodes = 1 if getattr(cost, "mixed_tiles", False) else 2
         # the deadline order's step time (scheduler.deadline_order): a constant step's (the echo
         # engine's paced step, which the live engine reads from its flag), else 0 there and the
         # backend's last step is read (`start_step`)
@@ -884,7 +882,7 @@ class EventLoop:
         num_decode, num_prefill, num_ctx = plan
         if self.spread_fn is not None and not num_prefill:
             num_ctx = int(num_ctx * self.spread_multiple(be, sched))
-        elif self.mixed_spread_fn is not None and num_prefill and num_decode >= self.mixed_min_decodes:
+        elif self.mixed_spread_fn is not None and num_prefill and num_decode:  # (one decode: 1.0 but its tiles)
             dec = sched.sched.decodes  # the decodes' part of num_ctx (SchedulerAdapter.schedule)
             num_ctx += int((dec.offset_sum + dec.num_decoding * dec.step + num_decode)
                            * (self.mixed_multiple(be, sched) - 1.0))

@@ -1198,17 +1198,19 @@ class ProfileCost:
 
     @property
     def charges_mixed_spread(self) -> bool:
-        """Steps with prefill are charged for their decodes' spread (`mixed_context_multiple`)."""
+        """Steps with prefill are charged a multiple of their decodes' context
+        (`mixed_context_multiple`): for their spread, their whole tiles, or both."""
         return self._spread_beside_chunk() or self.mixed_tiles
 
     def _spread_beside_chunk(self) -> bool:
+        """The mixed spread points gave a kappa that charges (or a what-if kappa was set)."""
         return self._mixed_kappa_by_d is not None and bool((self._mixed_kappa_by_d[1] < 64.0).any())
 
     def mixed_context_multiple(self, contexts) -> float:
         """What the decodes of these contexts cost a step with prefill, as a multiple of their total
         context: with `mixed_tiles`, their whole tiles over their contexts (module doc, "Whole tiles
         beside a chunk"), times `spread_factor` at the mixed spread points' kappa where the profile
-        has them; memoized on the contexts in the plan's tiles."""
+        has them (1.0 for one decode; memoized on the contexts in the plan's tiles)."""
         f = 1.0
         if self.mixed_tiles and len(contexts):
             whole = sum(-(-int(c) // MIXED_BLOCK_N) for c in contexts) * MIXED_BLOCK_N

@@ -146,7 +146,6 @@ def model_step_ms(cost, steps: list[dict], window_s: float = 0.1) -> list[tuple[
     idle_launch = cost.launch_time if getattr(cost, "hides_launch", False) else None
     spread = cost.decode_context_multiple if getattr(cost, "charges_decode_spread", False) else None
     mixed = cost.mixed_context_multiple if getattr(cost, "charges_mixed_spread", False) else None
-    min_mixed = 1 if getattr(cost, "mixed_tiles", False) else 2  # one decode: whole tiles, no spread
     tau = getattr(cost, "power_cap_tau_s", None)
     if tau is not None:  # exponential shares over the model's own horizon (6 tau)
         window_s = max(window_s, cost.power_cap_window_s)
@@ -180,7 +179,7 @@ def model_step_ms(cost, steps: list[dict], window_s: float = 0.1) -> list[tuple[
         ctx = s["ctx"] + sum(n + st for n, st in s["chunks"])
         if spread is not None and not s["p"] and s.get("ctxs"):  # the contexts' spread (sims.decode_spread)
             ctx = int(ctx * spread(s["ctxs"]))
-        elif mixed is not None and s["p"] and len(s.get("ctxs") or ()) >= min_mixed:  # beside a chunk
+        elif mixed is not None and s["p"] and s.get("ctxs"):  # beside a chunk
             ctx += int(sum(s["ctxs"]) * (mixed(s["ctxs"]) - 1.0))
         t = cost.step_time(s["d"], s["p"], ctx, chunks)
         by_compute = getattr(cost, "caps_by_compute", False)
