@@ -27,9 +27,14 @@ install: $(STAMP)
 serve: $(STAMP)
 	$(VENV)/bin/tidegate serve $(ARGS)
 
+# Two parts: most tests wait on sockets, subprocesses and timers, so they run two at a time
+# (pytest-xdist; CI has 2 cores: ~9.5 min instead of ~17); the few that time live decisions
+# against a replay (marker `serial`) then run alone. TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not serial" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(PY) -m pytest -q -m serial $(PYTEST_ARGS) || [ $$? -eq 5 ]  # 5: PYTEST_ARGS selected none here
 
 # vLLM as an engine (backend/engine/vllm.py) against vLLM's own outputs, in the environment of
 # vLLM's CPU build (made by ../shared/peers/vllm-cpu/setup.sh when missing: ~3.4 GB, minutes).

@@ -83,6 +83,7 @@ def _small_run(tmp_path, out, rates: str, warmup: int) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # the live gateway's 5 ms windows against the replay's: no neighbour on the cores
 @pytest.mark.timeout(300)
 def test_validate_small_live_run(tmp_path, monkeypatch):
     # the default decision log's directory (mkdtemp) inside tmp_path, not left behind in /tmp
@@ -281,6 +282,10 @@ def test_the_simulator_gets_the_live_backends_prefill_cap():
     assert spec.scheduler.prefill_cap == PrefillCap(256)
 
 
+# serial: alone it passes every time; in one of two parallel `make test` runs (session 34) both runs
+# finished and rc was 0: the SIGINT, 0.6 s into the second run from a timer thread, was not seen.
+# Not diagnosed (noted in BENCHMARKS' session-34 section); the live runs' own timing needs the cores too.
+@pytest.mark.serial
 @pytest.mark.timeout(300)
 def test_an_interrupted_validate_keeps_the_runs_done(tmp_path, monkeypatch):
     """A device call's timeout (`timeout -s INT`) lands during the second of two runs: the JSON is

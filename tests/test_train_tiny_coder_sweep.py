@@ -7,6 +7,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -207,7 +208,7 @@ def test_card_renders_the_engine_section_from_eval_json(swept):
     assert "No validation-loss sweep" not in card
 
 
-def test_the_gpu_call_script_runs_end_to_end_on_the_cpu(prep, tmp_path):
+def test_the_gpu_call_script_runs_end_to_end_on_the_cpu(prep, tmp_path, request):
     """scripts/gpu_tiny_coder_run.sh's plumbing (the lead has one call to get it right): an xz
     corpus and a carried tokenizer in; the model directory back in <= 15 MiB parts, its metrics,
     and the engine's evaluation of it (greedy and at its generation_config.json defaults) on the
@@ -221,8 +222,10 @@ def test_the_gpu_call_script_runs_end_to_end_on_the_cpu(prep, tmp_path):
     raw = (prep.parent / "corpus" / "corpus.jsonl").read_bytes()
     (carry / "corpus" / "corpus.jsonl.xz").write_bytes(lzma.compress(raw))
     shutil.copy(prep / "tokenizer.json", carry / "tokenizer.json")  # TOKENIZER= below
-    out, scratch = tmp_path / "out", tmp_path / "scratch"
-    scratch.mkdir()
+    # The script's scratch is its TMPDIR, where prepare's forkserver binds a Unix socket: a path
+    # of at most 107 bytes, which a pytest-xdist worker's tmp_path (.../popen-gw0/...) can pass.
+    out, scratch = tmp_path / "out", Path(tempfile.mkdtemp(prefix="tc-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(scratch, ignore_errors=True))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "OUT": str(out),
            "CARRY": str(carry), "TOKENIZER": str(carry / "tokenizer.json"), "TMPDIR": str(scratch), "COMPILE": "", "EVAL_THREADS": "1",
            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
