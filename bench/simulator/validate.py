@@ -733,8 +733,11 @@ def validate(a: argparse.Namespace) -> dict:
         # stops the runs, not the session: the runs done so far are scored and written, as a
         # validate JSON marked "interrupted" (its unfinished run is dropped), so that a part cut
         # short keeps what it measured (before: the whole call's JSON was lost).
+        # SIGINT's too, not the one inherited: a process that ran a worker or gateway before (a test
+        # runner's, session 34) may hold their handler or SIG_IGN, and the cut would go unseen.
         main = threading.current_thread() is threading.main_thread()  # signals go to the main thread only
-        old_term = signal.signal(signal.SIGTERM, signal.default_int_handler) if main else None
+        old = ({sig: signal.signal(sig, signal.default_int_handler)
+                for sig in (signal.SIGTERM, signal.SIGINT)} if main else {})
         try:
             _live_runs(a, srv, seeds, rates, labels, dec_path, by_load, run_steps, result,
                        profile, num_blocks, block_size, max_model_len, max_num_seqs, max_nbt, gw,
@@ -747,8 +750,8 @@ def validate(a: argparse.Namespace) -> dict:
             # a run whose live part ended but whose comparison did not: dropped
             run_steps[:] = [r for r in run_steps if r[1] < len(by_load[r[0]])]
         finally:
-            if main:
-                signal.signal(signal.SIGTERM, old_term)
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
     _score_steps(a, result, step_path, dec_path, cost, by_load, run_steps, plan_lead, kind_leads)
     for li, rate in enumerate(rates):
         if not by_load[li]:  # interrupted before this load ran
