@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 
 import pytest
 
@@ -28,3 +29,16 @@ def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in gpu_items:
         item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _stop_signals_restored():
+    """A test that runs a worker or gateway in-process installs their SIGTERM / SIGINT handlers,
+    and their shutdown leaves SIG_IGN: put the test process's back after each test, so that what a
+    later test meets does not depend on which tests ran before it in the same process (`make test`
+    deals them out to two processes)."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for sig, handler in saved.items():
+        if signal.getsignal(sig) is not handler and handler is not None:
+            signal.signal(sig, handler)
