@@ -16,9 +16,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench/results/fidelity_grid_h100_s21/analysis"))
-from prefill_bins import load  # noqa: E402
+from prefill_bins import load
 
-from bench.simulator import fidelity_steps  # noqa: E402
+from bench.simulator import fidelity_steps
 
 BINS = ((1, 8), (9, 16), (17, 32), (33, 48), (49, 64), (65, 128))
 
