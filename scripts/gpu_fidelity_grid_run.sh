@@ -77,6 +77,11 @@
 # decodes (bench.engine.profile.condition_decode_point): 60 ms + the step a point, ~+4 s on the 6.7B, ~+15 s
 # on the 33B, not yet measured; added below to the parts that profile. That put 33b and 33b-kvint4-seeds over
 # 520 s: they leave out 1.2x (~30 s a seed on the 33B), which their cells' other parts run.
+# Since session 34 the profile also measures off-edge points (--tile-edge-points: per spread point's d, every
+# decode one token past a tile edge, alone and beside the mixed spread chunk; 7 + 7 on the validate's grid):
+# estimated from the spread points' own cost at ~+8 s on the 6.7B, ~+16 s on the 33B, not yet measured; within
+# the estimates' slack below; 33b-kvint4-seeds (475 s) is the tightest: its run cut by the timeout loses only
+# itself (sim validate writes the runs done).
 # Override any of MODEL LOADS SEEDS N IN OUTLEN SERVE_ARGS BUDGET_S per call.
 set -uo pipefail
 cd "$(dirname "$0")/.."

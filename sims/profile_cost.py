@@ -286,6 +286,12 @@ and average ~half a tile more. On an H100's 6.7B FP8 part with the conditioned p
 at d 8-23 falling to 0.973-0.975 at d 32-47; charged by whole tiles 0.991-0.993 at every d from 8
 to 47 (0.9995 at 48-63): the slope in d was the tiles, a flat ~0.8 % is something else. Decode-only
 steps (one query row padded to 16, memory-bound) read the model within 0.5 % without it.
+Measured on an H100 (session 34, bench/results/tiles_s34): contexts spread over 512-640 but each on
+a tile edge cost what equal ones do; every decode one token past an edge costs a mixed step 0.6-1.0
+of a whole tile and a decode-only step about a third. So the term is, in general, c + phi x (the
+tokens to the tile's end), phi 1 for "on"; with `mixed_tiles="measured"` phi is read from the
+profile's off-edge points (`--tile-edge-points`: every decode at an edge + 1, beside the mixed spread
+points' chunk and alone; `set_tile_edges`), the decode-only fraction recorded beside it.
 
 The prefix term from twins (issue 35, session 26): the grid's profiles measure cached-prefix chunks
 at one start, 256, each beside a twin at start 0 (same decodes and chunk, 256 fewer context tokens);
@@ -758,7 +764,8 @@ class ProfileCost:
         "Unequal contexts beside a chunk").
         `mixed_tiles`: "on" charges a step with prefill for its decodes' whole attention tiles
         (`MIXED_BLOCK_N` context tokens each, the last one whole), "off" (the default) at their
-        contexts (module doc, "Whole tiles beside a chunk").
+        contexts, "measured" for the fraction of its last tile the profile's off-edge points give
+        (none without them; module doc, "Whole tiles beside a chunk").
         `prefix_term`: "twins" (the default) sets the cached-prefix term h from the prefix points
         against their start-0 twins alone and keeps Σp_i·s_i out of the residuals; "fit" as before
         session 26 (h one coefficient of the regression, Σp_i·s_i a residual axis; module doc,
@@ -791,9 +798,14 @@ class ProfileCost:
             if not mixed_spread >= 1.0:
                 raise ValueError(f"mixed_spread {mixed_spread!r}: measured, off or a kappa >= 1")
         self.mixed_spread = mixed_spread
-        if mixed_tiles not in ("on", "off"):
-            raise ValueError(f"mixed_tiles {mixed_tiles!r}: on or off")
-        self.mixed_tiles = mixed_tiles == "on"
+        if mixed_tiles not in ("on", "off", "measured"):
+            raise ValueError(f"mixed_tiles {mixed_tiles!r}: on, off or measured")
+        # the fraction of a whole tile a decode's partial last tile is charged beside a chunk: 1.0
+        # ("on"), 0.0 ("off"), or the profile's off-edge points' ("measured", `set_tile_edges`)
+        self.mixed_tiles_mode = mixed_tiles
+        self.mixed_tiles = 1.0 if mixed_tiles == "on" else 0.0
+        self.tile_edge_points: list[dict] = []
+        self.tile_fractions: dict[str, float] = {}
         if decode_extrapolation not in ("slope", "nearest"):
             raise ValueError(f"decode_extrapolation {decode_extrapolation!r}: slope or nearest")
         points = np.asarray(points, dtype=np.float64)
@@ -1140,6 +1152,42 @@ class ProfileCost:
                                                        self.kappa_at(len(key)), self._even_memo)
         return f
 
+    def set_tile_edges(self, points: list[dict]) -> None:
+        """The fraction of a whole tile a partial one costs, from the profile's off-edge points (every
+        decode one token past a tile edge; module doc, "Whole tiles beside a chunk"): each point's
+        context at which the fitted model gives its time (the time the fit used), as total + phi x
+        the tokens to its decodes' tile ends; phi per point, its median per kind ("mixed": beside a
+        chunk, at `MIXED_BLOCK_N`; "decode": alone, at the decode launch's tile, recorded only).
+        With `mixed_tiles` "measured" the mixed median, within [0, 1], is the term's fraction."""
+        self.tile_edge_points, self.tile_fractions = [], {}
+        for pt in points:
+            ctxs = expand_context_lens(pt["decode_context_lens"])
+            d, total = len(ctxs), sum(ctxs)
+            p = int(_pick(pt, _P_KEYS, 0))
+            k, st = int(_pick(pt, _K_KEYS, 1) or 1), int(_pick(pt, _S_KEYS, 0))
+            if d < 1 or (p and p % k):
+                continue
+            bn = MIXED_BLOCK_N if p else (self.decode_plan.block_n if self.decode_plan else MIXED_BLOCK_N)
+            pad = sum(-(-c // bn) * bn - c for c in ctxs)
+            if pad <= 0:
+                continue
+            t = self._fit_time(pt)
+            if p:
+                chunks = [(p // k, st)] * k
+                x = self._mixed_context_multiple(d, p, total, p + k * st, chunks, t)
+            else:
+                x = self._context_multiple(d, total, t)
+            self.tile_edge_points.append({"kind": "mixed" if p else "decode", "num_decode_seqs": d,
+                                          "num_prefill_tokens": p, "decode_context_lens": pt["decode_context_lens"],
+                                          "block_n": bn, "ms": round(t * 1e3, 4),
+                                          "tile_fraction": round((x - 1.0) * total / pad, 4)})
+        for kind in ("mixed", "decode"):
+            fr = [e["tile_fraction"] for e in self.tile_edge_points if e["kind"] == kind]
+            if fr:
+                self.tile_fractions[kind] = round(float(np.median(fr)), 4)
+        if self.mixed_tiles_mode == "measured":
+            self.mixed_tiles = min(1.0, max(0.0, self.tile_fractions.get("mixed", 0.0)))
+
     def set_mixed_spread(self, points: list[dict]) -> None:
         """The mixed steps' unequal-contexts term from the profile's mixed spread points (module
         doc, "Unequal contexts beside a chunk"): each point's decode-context multiple at which the
@@ -1200,7 +1248,7 @@ class ProfileCost:
     def charges_mixed_spread(self) -> bool:
         """Steps with prefill are charged a multiple of their decodes' context
         (`mixed_context_multiple`): for their spread, their whole tiles, or both."""
-        return self._spread_beside_chunk() or self.mixed_tiles
+        return self._spread_beside_chunk() or bool(self.mixed_tiles)
 
     def _spread_beside_chunk(self) -> bool:
         """The mixed spread points gave a kappa that charges (or a what-if kappa was set)."""
@@ -1213,8 +1261,9 @@ class ProfileCost:
         has them (1.0 for one decode; memoized on the contexts in the plan's tiles)."""
         f = 1.0
         if self.mixed_tiles and len(contexts):
-            whole = sum(-(-int(c) // MIXED_BLOCK_N) for c in contexts) * MIXED_BLOCK_N
-            f = whole / max(1, sum(int(c) for c in contexts))
+            total = sum(int(c) for c in contexts)
+            pad = sum(-(-int(c) // MIXED_BLOCK_N) for c in contexts) * MIXED_BLOCK_N - total
+            f = (total + self.mixed_tiles * pad) / max(1, total)
         if not self._spread_beside_chunk() or len(contexts) < 2:
             return f
         bn = self.decode_plan.block_n
@@ -1396,9 +1445,12 @@ class ProfileCost:
         doc = json.loads(Path(path).read_text())
         raw = doc if isinstance(doc, list) else (doc.get("points") or doc.get("steps") or [])
         pts, times, launch, device = [], [], [], []
-        spread, mixed_spread = [], []
+        spread, mixed_spread, edges = [], [], []
         for point in raw:
             runs = point.get("decode_context_lens")
+            if runs and point.get("decode_spread") == "off_edge":
+                edges.append(point)  # one token past a tile edge: the tiles term's, not the fit's
+                continue
             if runs and len({int(c) for _n, c in runs}) > 1:
                 # unequal contexts: the spread term's (decode-only), not the fit's; beside a prefill
                 # chunk (the mixed spread points, session 20): the mixed steps' term's (session 21)
@@ -1432,6 +1484,7 @@ class ProfileCost:
         cost = cls(np.array(pts), np.array(times), num_blocks=meta.get("num_kv_blocks"),
                    block_size=meta.get("block_size"), meta=meta, **kwargs)
         cost.set_mixed_spread(mixed_spread)
+        cost.set_tile_edges(edges)
         return cost
 
     def _eval(self, d: int, p: int, c: int, k: int, q: int, x: int, v: int = 0, z: int = 0) -> float:
@@ -1613,4 +1666,8 @@ class ProfileCost:
                                       "plan_from_profile": bool(self.meta.get("decode_attention"))}}
                    if self.spread_kappa is not None else {}),
                 **({"mixed_spread": {"points": self.mixed_point_kappas}} if self.mixed_point_kappas else {}),
+                **({"tile_edges": {"fractions": self.tile_fractions, "points": self.tile_edge_points}}
+                   if self.tile_edge_points else {}),
+                **({"mixed_tiles": {"mode": self.mixed_tiles_mode, "fraction": self.mixed_tiles}}
+                   if self.mixed_tiles_mode != "off" else {}),
                 **{k: v for k, v in self.meta.items() if isinstance(v, (str, int, float))}}

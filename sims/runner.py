@@ -53,8 +53,9 @@ class CostSpec:
     # with `power_cap`: the cap's ratios from the sustained runs ("sustained") or from the pause
     # check's device-time "stream_kind" runs ("stream"; sims.profile_cost, "Anchors in device time")
     cap_anchors: str = "sustained"
-    # steps with prefill charged for their decodes' whole attention tiles: "on" or "off" (the
-    # default; sims.profile_cost, "Whole tiles beside a chunk")
+    # steps with prefill charged for their decodes' whole attention tiles: "on", "measured" (the
+    # fraction of a tile the profile's off-edge points give) or "off" (the default;
+    # sims.profile_cost, "Whole tiles beside a chunk")
     mixed_tiles: str = "off"
 
     def build(self) -> CostModel:

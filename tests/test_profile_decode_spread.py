@@ -128,12 +128,12 @@ def test_runner_plan_takes_the_graph_buckets_and_the_split_context():
 
 def test_profile_measures_spread_points_and_writes_the_plan(tmp_path):
     doc = _profile(tmp_path)
-    spread = [p for p in doc["points"] if "decode_spread" in p and not p["num_prefill_tokens"]]
+    spread = [p for p in doc["points"] if p.get("decode_spread") == "one_long" and not p["num_prefill_tokens"]]
     # d >= 2 of the grid that fit max_num_seqs 8 (not 0, 1 or 16); c_short 16, c_long 64
     assert [p["num_decode_seqs"] for p in spread] == [2, 4]
     # ... and each beside one chunk of the mixed step (256 tokens within the 64-token budget: 64 - d),
     # measured paused as every point with prefill (session 20)
-    mixed = [p for p in doc["points"] if "decode_spread" in p and p["num_prefill_tokens"]]
+    mixed = [p for p in doc["points"] if p.get("decode_spread") == "one_long" and p["num_prefill_tokens"]]
     assert [(p["num_decode_seqs"], p["num_prefill_tokens"]) for p in mixed] == [(2, 62), (4, 60)]
     for p in mixed:
         d = p["num_decode_seqs"]
@@ -177,9 +177,47 @@ def test_spread_points_off(tmp_path, capsys):
     assert not any("decode_spread" in p or "decode_context_lens" in p for p in doc["points"])
     assert " spread " not in capsys.readouterr().out
     assert "decode_attention" in doc       # the plan is written either way
-    on = _profile(tmp_path)
+    on = _profile(tmp_path, "--tile-edge-points", "off")
     assert len(on["points"]) == len(doc["points"]) + 4   # 2 decode-only, 2 beside a chunk
     assert "spread 3x16 + 1x64" in capsys.readouterr().out   # the progress line names them
-    decode_only = _profile(tmp_path, "--mixed-spread-points", "off")
+    decode_only = _profile(tmp_path, "--mixed-spread-points", "off", "--tile-edge-points", "off")
     assert len(decode_only["points"]) == len(doc["points"]) + 2
     assert not any("decode_spread" in p and p["num_prefill_tokens"] for p in decode_only["points"])
+
+
+# ---- off-edge points (issue 35, session 34) ---------------------------------------------------------
+
+def test_tile_edge_shapes_put_every_decode_one_token_past_a_tile():
+    got = profile.tile_edge_shapes([0, 1, 2, 16, 64], [512, 640], max_num_seqs=32,
+                                   max_num_batched_tokens=2048, max_model_len=4096)
+    assert got == [(2, [[2, 513]]), (16, [[16, 513]])]          # d >= 2 that fit max_num_seqs
+    # the first context rounded up to a whole tile; none where the tile past it does not fit
+    assert profile.tile_edge_shapes([4], [100], max_num_seqs=8, max_num_batched_tokens=64,
+                                    max_model_len=4096) == [(4, [[4, 129]])]
+    assert profile.tile_edge_shapes([4], [100], max_num_seqs=8, max_num_batched_tokens=64,
+                                    max_model_len=192) == []
+
+
+def test_profile_measures_off_edge_points_and_the_model_reads_them_apart(tmp_path, capsys):
+    doc = _profile(tmp_path)
+    edge = [p for p in doc["points"] if p.get("decode_spread") == "off_edge"]
+    # the spread points' d (2, 4), the first context 16 rounded up to a tile (64) + 1, alone and
+    # beside the mixed spread points' chunk
+    assert [(p["num_decode_seqs"], p["num_prefill_tokens"]) for p in edge] == [(2, 0), (4, 0), (2, 62), (4, 60)]
+    for p in edge:
+        d = p["num_decode_seqs"]
+        assert p["decode_context_lens"] == [[d, 65]] and p["context_len"] == 65
+        assert p["num_context_tokens"] == d * 65 + p["num_prefill_tokens"] and p["step_ms"] > 0
+    from sims.profile_cost import ProfileCost
+    cost = ProfileCost.from_json(tmp_path / "profile.json", mixed_tiles="measured")
+    # out of the fit (the uniform points only) and of both spread terms, into the tiles term's points
+    assert len(cost.points) == len([p for p in doc["points"] if "decode_spread" not in p])
+    assert [p["num_decode_seqs"] for p in cost.mixed_spread_points] == [2, 4]
+    assert [(e["kind"], e["num_decode_seqs"]) for e in cost.tile_edge_points] == [
+        ("decode", 2), ("decode", 4), ("mixed", 2), ("mixed", 4)]
+    assert set(cost.tile_fractions) == {"decode", "mixed"}
+    assert 0.0 <= cost.mixed_tiles <= 1.0
+    assert cost.mixed_tiles == min(1.0, max(0.0, cost.tile_fractions["mixed"]))
+    assert cost.describe()["tile_edges"]["fractions"] == cost.tile_fractions
+    off = _profile(tmp_path, "--tile-edge-points", "off")
+    assert not any(p.get("decode_spread") == "off_edge" for p in off["points"])

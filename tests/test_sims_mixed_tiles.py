@@ -121,3 +121,47 @@ def test_on_the_conditioned_h100_part_whole_tiles_take_the_slope_in_d_out_of_the
     assert max(ratios[True]) - min(ratios[True]) < 0.01, ratios
     assert all(abs(r - 1) < 0.015 for r in ratios[True]), ratios
     assert all(t > f for t, f in zip(ratios[True], ratios[False], strict=True))
+
+
+def _with_off_edge_points(doc, phi_mixed, phi_decode, ds=(8, 16, 32)):
+    """The profile's off-edge points (session 34, `--tile-edge-points`): every decode at 513, one token
+    past a tile, timed as if a partial tile cost these fractions of a whole one (63 tokens short of it)."""
+    from tests.test_sims_mixed_spread import _decode_s, _mixed_s
+    for d in ds:
+        doc["points"].append({"num_decode_seqs": d, "num_prefill_tokens": 0, "context_len": 513,
+                              "num_context_tokens": d * 513, "decode_context_lens": [[d, 513]],
+                              "decode_spread": "off_edge", "step_ms": 1e3 * _decode_s(d, 513 + phi_decode * 63)})
+        doc["points"].append({"num_decode_seqs": d, "num_prefill_tokens": 256, "num_prefill_seqs": 1,
+                              "prefill_context_len": 0, "context_len": 513, "num_context_tokens": d * 513 + 256,
+                              "decode_context_lens": [[d, 513]], "decode_spread": "off_edge",
+                              "step_ms": 1e3 * _mixed_s(d, 256, d * (513 + phi_mixed * 63))})
+    return doc
+
+
+def test_measured_reads_the_fraction_of_a_tile_from_the_off_edge_points(tmp_path):
+    """`mixed_tiles="measured"` (session 34): on an H100 one key past a tile edge cost a mixed step
+    0.6-1.0 of a whole tile and a decode-only step about a third (bench/results/tiles_s34); the
+    profile's off-edge points give the card's own fractions, and the term charges that much."""
+    doc = _with_off_edge_points(_doc(), phi_mixed=0.6, phi_decode=0.33)
+    cost = _cost(tmp_path, doc, mixed_tiles="measured")
+    assert cost.tile_fractions["mixed"] == pytest.approx(0.6, abs=0.02)
+    assert cost.tile_fractions["decode"] == pytest.approx(0.33, abs=0.02)
+    assert cost.mixed_tiles == cost.tile_fractions["mixed"] and cost.charges_mixed_spread
+    assert cost.mixed_context_multiple([577]) == pytest.approx((577 + cost.mixed_tiles * 63) / 577)
+    assert cost.mixed_context_multiple([576]) == 1.0
+    # kept out of the fit: the surface at the grid's contexts is the one without them
+    plain = _cost(tmp_path, _doc(), "plain.json")
+    assert len(cost.points) == len(plain.points)
+    assert cost.step_time(16, 256, 16 * 576 + 256, [(256, 0)]) == pytest.approx(
+        plain.step_time(16, 256, 16 * 576 + 256, [(256, 0)]), rel=1e-9)
+    # "on" stays whole tiles with the points there; "off" charges none; the fractions are recorded either way
+    on = _cost(tmp_path, doc, "on.json", mixed_tiles="on")
+    assert on.mixed_context_multiple([577]) == pytest.approx(640 / 577)
+    off = _cost(tmp_path, doc, "off.json")
+    assert not off.charges_mixed_spread and off.tile_fractions == cost.tile_fractions
+    # a fraction read past 1 (noise) is held at a whole tile; a profile without the points charges none
+    assert _cost(tmp_path, _with_off_edge_points(_doc(), 1.3, 0.3), "hi.json",
+                 mixed_tiles="measured").mixed_tiles == 1.0
+    none = _cost(tmp_path, _doc(), "none.json", mixed_tiles="measured")
+    assert none.mixed_tiles == 0.0 and not none.charges_mixed_spread
+    assert model_label({"mixed_tiles": "measured"}).endswith("mixed tiles measured")

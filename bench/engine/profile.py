@@ -14,6 +14,8 @@ prompts beside the decodes up to the budget (`step_shapes`). Spread decode point
 (`spread_shapes`), and the profile writes the decode kernel's launch plan per decode bucket
 (`decode_attention`): what a batch of unequal contexts costs the one-program-per-sequence launch;
 with --mixed-spread-points, the same decodes beside one prefill chunk (the mixed step's tiling).
+Off-edge points (--tile-edge-points) put every decode one token past a 64-token tile edge, alone and
+beside that chunk (`tile_edge_shapes`): what a partial attention tile costs on the card.
 Verify points (--verify-drafts K) hold k verify chunks of K + 1 tokens instead (a decode with K
 draft tokens, speculative decoding): the same tokens as a prefill chunk through the model, but
 sampled at every position and read back row by row, which a prefill chunk's shape does not time.
@@ -110,6 +112,13 @@ def parser() -> argparse.ArgumentParser:
                         "decode kernel's one program per (sequence, kv head, split) runs as a "
                         "tail on the long one (issue 35, session 19); `decode_context_lens` "
                         "gives each point's contexts")
+    p.add_argument("--tile-edge-points", choices=("on", "off"), default="on",
+                   help="on (with --decode-spread-points on): also, per spread point's d, every decode "
+                        "one token past a 64-token tile edge (the first --context-lens context rounded "
+                        "up to a tile, + 1), alone and (with --mixed-spread-points on) beside the "
+                        "mixed spread points' chunk: what a partial attention tile costs, which the "
+                        "cost model reads as a fraction of a whole tile (`decode_spread` \"off_edge\"; "
+                        "kept out of its fit; issue 35, session 34)")
     p.add_argument("--kv-block-order", choices=BLOCK_ORDERS, default="contiguous",
                    help="how every point's decode block tables lie in the KV pool (`decode_tables`): "
                         "contiguous (default, the profiles so far), interleaved (as the engine's "
@@ -409,6 +418,29 @@ def spread_shapes(ds: list[int], cs: list[int], *, max_num_seqs: int, max_num_ba
         if 2 <= d <= min(max_num_seqs, max_num_batched_tokens):
             out.append((d, [[d - 1, c_short], [1, c_long]]))
     return out
+
+
+# "Off-edge" points (--tile-edge-points, issue 35, session 34): the paged kernel runs a decode's context
+# in 64-token tiles (a decode beside a chunk as a 64-row program), and a tile costs more than its share
+# of keys: on an H100's 6.7B, every decode one key past a tile edge cost a mixed step +0.9-2.4 % and a
+# decode-only step +0.8-1.4 %, where contexts spread over whole tiles cost nothing more (bench/results/
+# tiles_s34). The grid's contexts sit on tile edges; these points put every decode one token past one,
+# so that the cost model can read the fraction of a whole tile a partial one costs on this card.
+TILE_EDGE_TOKENS = 64
+
+
+def tile_edge_shapes(ds: list[int], cs: list[int], *, max_num_seqs: int, max_num_batched_tokens: int,
+                     max_model_len: int) -> list[tuple[int, list[list[int]]]]:
+    """The off-edge decode points as (d, [[d, c_edge + 1]]): c_edge the first of `cs` rounded up to
+    a whole tile, for every grid decode batch d >= 2 that fits; none where the tile past it does
+    not fit the model's length."""
+    if not cs or cs[0] < 1:
+        return []
+    edge = -(-int(cs[0]) // TILE_EDGE_TOKENS) * TILE_EDGE_TOKENS
+    if edge + TILE_EDGE_TOKENS >= max_model_len:
+        return []
+    return [(d, [[d, edge + 1]]) for d in dict.fromkeys(ds)
+            if 2 <= d <= min(max_num_seqs, max_num_batched_tokens)]
 
 
 def decode_attention_plan(buckets: Sequence[int], num_kv_heads: int, sm_count: int,
@@ -1271,7 +1303,8 @@ def point(d: int, p: int, c: int, k: int, s: int, ms: list[float],
            "step_ms_min": min(ms), "step_ms_median": statistics.median(ms), "repeats": len(ms)}
     if decode_runs is not None:
         doc["decode_context_lens"] = [[int(n), int(x)] for n, x in decode_runs]
-        doc["decode_spread"] = "one_long"
+        # unequal contexts: a spread point; all equal: an off-edge point (`tile_edge_shapes`)
+        doc["decode_spread"] = "one_long" if len({int(x) for _n, x in decode_runs}) > 1 else "off_edge"
     if verify and p:
         doc["num_draft_tokens"] = p - k
     if launch_ms:
@@ -1322,7 +1355,13 @@ def run(args: argparse.Namespace) -> dict:
     # chunk beside 9-32 decodes ran 0.977 of the model at max / mean context >= 2 against 1.011
     # below it, where the decode-only launch model over-charges them (bench/results/
     # fidelity_grid_h200_s20): what a mixed launch model needs measured
-    spread_jobs = [((d, 0, round(sum(expand_context_lens(r)) / d), 1, 0), False, r) for d, r in spreads]
+    edges = []
+    if spreads and getattr(args, "tile_edge_points", "on") == "on":
+        edges = tile_edge_shapes(int_list(args.decode_batch_sizes), cs, max_num_seqs=cfg.max_num_seqs,
+                                 max_num_batched_tokens=cfg.max_num_batched_tokens,
+                                 max_model_len=cfg.max_model_len)
+    spread_jobs = [((d, 0, round(sum(expand_context_lens(r)) / d), 1, 0), False, r)
+                   for d, r in spreads + edges]
     mixed_spreads = []
     if getattr(args, "mixed_spread_points", "on") == "on":
         for (d, _, c, k, s), verify, r in spread_jobs:

@@ -134,6 +134,8 @@ def model_label(terms: dict | None) -> str:
         on.append(f"prefill cap {terms['prefill_cap']['max_tokens']}")
     if terms.get("mixed_tiles") == "on":  # session 33: decodes beside a chunk by whole tiles
         on.append("mixed tiles")
+    elif terms.get("mixed_tiles") == "measured":  # session 34: by the profile's measured fraction of a tile
+        on.append("mixed tiles measured")
     if terms.get("async_plan_lead_ms") is not None:
         on.insert(0, "async loop")
     if terms.get("network_delay_ms"):

@@ -334,10 +334,11 @@ def parser() -> argparse.ArgumentParser:
                         "profile's mixed spread points (sims.profile_cost, 'Unequal contexts beside a "
                         "chunk'; none without them); off: at their decodes' total context; a kappa: "
                         "a what-if at that kappa (where the profile has the decode term's plan)")
-    p.add_argument("--mixed-tiles", choices=("on", "off"), default="off",
+    p.add_argument("--mixed-tiles", choices=("on", "off", "measured"), default="off",
                    help="on: steps with prefill charged for their decodes' whole attention tiles (64 context "
-                        "tokens each; sims.profile_cost, 'Whole tiles beside a chunk'); off (default): at "
-                        "their contexts")
+                        "tokens each; sims.profile_cost, 'Whole tiles beside a chunk'); measured: for the "
+                        "fraction of the last tile the profile's off-edge points give (none without them); "
+                        "off (default): at their contexts")
     p.add_argument("--decode-spread", default="measured",
                    help="decode-only steps charged for their contexts' spread (sims.decode_spread): "
                         "'measured' (the default: at the kappa the profile's spread points give; none "
