@@ -291,7 +291,10 @@ a tile edge cost what equal ones do; every decode one token past an edge costs a
 of a whole tile and a decode-only step about a third. So the term is, in general, c + phi x (the
 tokens to the tile's end), phi 1 for "on"; with `mixed_tiles="measured"` phi is read from the
 profile's off-edge points (`--tile-edge-points`: every decode at an edge + 1, beside the mixed spread
-points' chunk and alone; `set_tile_edges`), the decode-only fraction recorded beside it.
+points' chunk and alone; `set_tile_edges`). `decode_tiles` charges decode-only steps alike at the
+decode launch's tile (`decode_context_multiple`): "measured" (the decode-only points' fraction) or a
+what-if fraction; at 0.31, the H100 check's median, the conditioned H100 parts' busy decode-only
+steps read the model 0.9996 / 0.9993 of live (0.9956 / 0.9945 without).
 
 The prefix term from twins (issue 35, session 26): the grid's profiles measure cached-prefix chunks
 at one start, 256, each beside a twin at start 0 (same decodes and chunk, 256 fewer context tokens);
@@ -725,7 +728,8 @@ class ProfileCost:
                  spread_points: list[dict] | None = None, decode_spread: str | float = "measured",
                  mixed_spread: str | float = "measured", decode_spells: bool = True,
                  prefix_term: str = "twins", cap_onset: str = "slow", knee_support: int = KNEE_SUPPORT,
-                 cap_sag: bool = True, cap_anchors: str = "sustained", mixed_tiles: str = "off"):
+                 cap_sag: bool = True, cap_anchors: str = "sustained", mixed_tiles: str = "off",
+                 decode_tiles: str | float = "off"):
         """points: (n, 3) of (num_decode_seqs, num_prefill_tokens, num_context_tokens), or (n, 4) /
         (n, 5) with num_prefill_seqs k (the p tokens are k chunks of p/k each; default 1 when p > 0)
         and prefill_context_len s (each chunk starts at position s; default 0) appended, or (n, 6)
@@ -766,6 +770,9 @@ class ProfileCost:
         (`MIXED_BLOCK_N` context tokens each, the last one whole), "off" (the default) at their
         contexts, "measured" for the fraction of its last tile the profile's off-edge points give
         (none without them; module doc, "Whole tiles beside a chunk").
+        `decode_tiles`: "off" (the default), "measured" (the profile's decode-only off-edge points'
+        fraction; none without them) or a fraction in [0, 1] (a what-if): decode-only steps charged
+        c + phi x (the tokens to the decode launch's tile end) for each decode (same section).
         `prefix_term`: "twins" (the default) sets the cached-prefix term h from the prefix points
         against their start-0 twins alone and keeps Σp_i·s_i out of the residuals; "fit" as before
         session 26 (h one coefficient of the regression, Σp_i·s_i a residual axis; module doc,
@@ -806,6 +813,15 @@ class ProfileCost:
         self.mixed_tiles = 1.0 if mixed_tiles == "on" else 0.0
         self.tile_edge_points: list[dict] = []
         self.tile_fractions: dict[str, float] = {}
+        if decode_tiles not in ("off", "measured"):
+            try:
+                decode_tiles = float(decode_tiles)
+            except (TypeError, ValueError):
+                raise ValueError(f"decode_tiles {decode_tiles!r}: off, measured or a fraction in [0, 1]") from None
+            if not 0.0 <= decode_tiles <= 1.0:
+                raise ValueError(f"decode_tiles {decode_tiles!r}: off, measured or a fraction in [0, 1]")
+        self.decode_tiles_mode = decode_tiles
+        self.decode_tiles = decode_tiles if isinstance(decode_tiles, float) else 0.0
         if decode_extrapolation not in ("slope", "nearest"):
             raise ValueError(f"decode_extrapolation {decode_extrapolation!r}: slope or nearest")
         points = np.asarray(points, dtype=np.float64)
@@ -1123,6 +1139,12 @@ class ProfileCost:
     @property
     def charges_decode_spread(self) -> bool:
         """Decode-only steps are charged for their contexts' spread (`decode_context_multiple`)."""
+        if self.decode_plan is not None and self.decode_tiles:
+            return True  # their partial tiles (`decode_tiles`), with or without the spread's kappa
+        return self._spread_charges()
+
+    def _spread_charges(self) -> bool:
+        """The spread points gave a kappa that charges (or a what-if kappa was set)."""
         if self.decode_plan is None or self.spread_kappa is None:
             return False
         return bool(np.isfinite(self.spread_kappa)
@@ -1139,10 +1161,18 @@ class ProfileCost:
     def decode_context_multiple(self, contexts) -> float:
         """What a decode-only step of these contexts (launch order) costs, as a multiple of its
         total context: the attention launch's time over its time at their mean (`spread_factor`),
-        memoized on the contexts in the plan's tiles (the kernel reads whole tiles)."""
-        if not self.charges_decode_spread or len(contexts) < 2:
+        memoized on the contexts in the plan's tiles (the kernel reads whole tiles); with
+        `decode_tiles`, times their partial tiles' share (module doc, "Whole tiles beside a chunk")."""
+        if not self.charges_decode_spread or not len(contexts):
             return 1.0
         bn = self.decode_plan.block_n
+        g = 1.0
+        if self.decode_tiles:
+            total = sum(int(c) for c in contexts)
+            pad = sum(-(-int(c) // bn) for c in contexts) * bn - total
+            g = (total + self.decode_tiles * pad) / max(1, total)
+        if len(contexts) < 2 or not self._spread_charges():
+            return g
         key = tuple(-(-int(c) // bn) for c in contexts)
         f = self._spread_memo.get(key)
         if f is None:
@@ -1150,7 +1180,7 @@ class ProfileCost:
                 self._spread_memo.clear()
             f = self._spread_memo[key] = spread_factor([k * bn for k in key], self.decode_plan,
                                                        self.kappa_at(len(key)), self._even_memo)
-        return f
+        return f * g
 
     def set_tile_edges(self, points: list[dict]) -> None:
         """The fraction of a whole tile a partial one costs, from the profile's off-edge points (every
@@ -1187,6 +1217,8 @@ class ProfileCost:
                 self.tile_fractions[kind] = round(float(np.median(fr)), 4)
         if self.mixed_tiles_mode == "measured":
             self.mixed_tiles = min(1.0, max(0.0, self.tile_fractions.get("mixed", 0.0)))
+        if self.decode_tiles_mode == "measured":
+            self.decode_tiles = min(1.0, max(0.0, self.tile_fractions.get("decode", 0.0)))
 
     def set_mixed_spread(self, points: list[dict]) -> None:
         """The mixed steps' unequal-contexts term from the profile's mixed spread points (module
@@ -1670,4 +1702,6 @@ class ProfileCost:
                    if self.tile_edge_points else {}),
                 **({"mixed_tiles": {"mode": self.mixed_tiles_mode, "fraction": self.mixed_tiles}}
                    if self.mixed_tiles_mode != "off" else {}),
+                **({"decode_tiles": {"mode": self.decode_tiles_mode, "fraction": self.decode_tiles}}
+                   if self.decode_tiles_mode != "off" else {}),
                 **{k: v for k, v in self.meta.items() if isinstance(v, (str, int, float))}}

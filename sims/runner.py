@@ -57,6 +57,9 @@ class CostSpec:
     # fraction of a tile the profile's off-edge points give) or "off" (the default;
     # sims.profile_cost, "Whole tiles beside a chunk")
     mixed_tiles: str = "off"
+    # decode-only steps charged for their decodes' partial tiles: "off" (the default), "measured"
+    # (the profile's off-edge points' fraction of a tile) or a fraction (a what-if)
+    decode_tiles: str | float = "off"
 
     def build(self) -> CostModel:
         if self.step_ms is not None:
@@ -68,7 +71,7 @@ class CostSpec:
                                            decode_spread=self.decode_spread, mixed_spread=self.mixed_spread,
                                            decode_spells=self.decode_spells, prefix_term=self.prefix_term,
                                            cap_onset=self.cap_onset, cap_anchors=self.cap_anchors,
-                                           mixed_tiles=self.mixed_tiles)
+                                           mixed_tiles=self.mixed_tiles, decode_tiles=self.decode_tiles)
         else:
             cost = RooflineCost(load_model_shape(self.model), get_gpu(self.gpu), self.roofline)
         if self.num_blocks:

@@ -165,3 +165,56 @@ def test_measured_reads_the_fraction_of_a_tile_from_the_off_edge_points(tmp_path
     none = _cost(tmp_path, _doc(), "none.json", mixed_tiles="measured")
     assert none.mixed_tiles == 0.0 and not none.charges_mixed_spread
     assert model_label({"mixed_tiles": "measured"}).endswith("mixed tiles measured")
+
+
+def test_decode_tiles_charge_decode_only_steps_their_partial_tiles(tmp_path):
+    """`decode_tiles` (session 34): one key past a tile cost a decode-only step about a third of a whole
+    tile on an H100 (bench/results/tiles_s34: 0.22-0.53, median 0.31); "measured" reads the profile's
+    decode-only off-edge points, a fraction is a what-if, "off" (the default) charges their contexts."""
+    doc = _with_off_edge_points(_doc(), phi_mixed=0.6, phi_decode=0.33)
+    off = _cost(tmp_path, doc)
+    assert off.decode_tiles == 0.0 and off.decode_context_multiple([577]) == 1.0
+    measured = _cost(tmp_path, doc, "m.json", decode_tiles="measured")
+    assert measured.decode_tiles == pytest.approx(0.33, abs=0.02)
+    bn = measured.decode_plan.block_n
+    assert bn == 64
+    assert measured.decode_context_multiple([577]) == pytest.approx((577 + measured.decode_tiles * 63) / 577)
+    assert measured.decode_context_multiple([576, 640]) == pytest.approx(off.decode_context_multiple([576, 640]))
+    # with the spread term's kappa: the two multiply
+    half = _cost(tmp_path, doc, "h.json", decode_tiles=0.5)
+    ctxs = [513] * 15 + [2049]
+    tiles = (sum(ctxs) + 0.5 * (15 * 63 + 63)) / sum(ctxs)
+    assert half.decode_context_multiple(ctxs) == pytest.approx(tiles * off.decode_context_multiple(ctxs))
+    # the live step scorer charges one decode alone its partial tile too; steps with prefill are not this term's
+    steps = [{"d": 1, "p": 0, "ctx": 577, "ctxs": [577], "chunks": [], "start": 0.0, "end": 0.01,
+              "idle_before": False, "ms": 10.0},
+             {"d": 1, "p": 0, "ctx": 577 + 31, "ctxs": [577 + 31], "chunks": [], "start": 0.01, "end": 0.02,
+              "idle_before": False, "ms": 10.0},
+             {"d": 8, "p": 256, "ctx": 8 * 577, "ctxs": [577] * 8, "chunks": [(256, 0)], "start": 0.02,
+              "end": 0.04, "idle_before": False, "ms": 20.0}]
+    t_half = [t for _, t, _ in fidelity_steps.model_step_ms(half, steps)]
+    t_off = [t for _, t, _ in fidelity_steps.model_step_ms(off, steps)]
+    assert t_half[0] == pytest.approx(t_off[1], rel=1e-3)  # 577 + half of its 63 missing tokens
+    assert t_half[2] == pytest.approx(t_off[2])
+    for bad in ("sometimes", 1.5, -0.1):
+        with pytest.raises(ValueError, match="decode_tiles"):
+            _cost(tmp_path, doc, "bad.json", decode_tiles=bad)
+    assert "decode tiles 0.31" in model_label({"decode_tiles": 0.31})
+
+
+def test_the_simulator_lengthens_decode_steps_by_their_partial_tiles(tmp_path):
+    """End to end through the event loop (CostSpec.decode_tiles): decode-only steps off the tile edges
+    cost more with the term on, so TPOT rises by a little, and more at a larger fraction."""
+    from sims.runner import CostSpec, RunSpec, run_spec
+    from sims.workload import LengthSpec, WorkloadConfig
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(_doc()))
+
+    def tpot(tiles):
+        spec = RunSpec(cost=CostSpec(model="deepseek-coder-6.7b", profile=str(path), decode_tiles=tiles),
+                       workload=WorkloadConfig(num_requests=40, rate=10.0, input_len=LengthSpec.parse("500"),
+                                               output_len=LengthSpec.parse(48), seed=3))
+        return run_spec(spec)["tpot_ms"]["p50"]
+
+    base, third, whole = tpot("off"), tpot(0.33), tpot(1.0)
+    assert base * 1.0005 < third < whole

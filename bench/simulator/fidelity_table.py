@@ -136,6 +136,9 @@ def model_label(terms: dict | None) -> str:
         on.append("mixed tiles")
     elif terms.get("mixed_tiles") == "measured":  # session 34: by the profile's measured fraction of a tile
         on.append("mixed tiles measured")
+    if terms.get("decode_tiles") not in (None, "off"):  # session 34: decode-only steps' partial tiles
+        dt = terms["decode_tiles"]
+        on.append("decode tiles " + (dt if isinstance(dt, str) else f"{float(dt):.2f}"))
     if terms.get("async_plan_lead_ms") is not None:
         on.insert(0, "async loop")
     if terms.get("network_delay_ms"):

@@ -50,7 +50,7 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
                    live_steps=None, cost_scale=None, hide_launch: str | None = None,
                    power_cap: str | None = None, extra_dispatch_ms: float = 0.0,
                    cap_by_power: bool | str = "auto", decode_spread: str = "measured", mixed_spread: str = "measured",
-                   mixed_tiles: str = "off",
+                   mixed_tiles: str = "off", decode_tiles: str = "off",
                    decode_spells: bool = True, prefix_term: str = "twins", cap_onset: str = "slow",
                    cap_anchors: str = "sustained",
                    gateway_loop: bool | None = None, live_times: bool = False,
@@ -142,6 +142,8 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
         terms = {**terms, "mixed_spread": mixed_spread if mixed_spread == "off" else float(mixed_spread)}
     if mixed_tiles != "off":  # --mixed-tiles on (sims.profile_cost, "Whole tiles beside a chunk")
         terms = {**terms, "mixed_tiles": mixed_tiles}
+    if decode_tiles != "off":  # --decode-tiles measured / a fraction (session 34)
+        terms = {**terms, "decode_tiles": decode_tiles if decode_tiles == "measured" else float(decode_tiles)}
     lead_s = None if lead_ms is None else lead_ms / 1e3
     gw = gateway_config(serve_parser().parse_args(cfg["serve_argv"]), ["live"])
     batcher = BatcherConfig(**cfg["batcher"]) if cfg.get("batcher") else gw.batcher
@@ -339,6 +341,11 @@ def parser() -> argparse.ArgumentParser:
                         "tokens each; sims.profile_cost, 'Whole tiles beside a chunk'); measured: for the "
                         "fraction of the last tile the profile's off-edge points give (none without them); "
                         "off (default): at their contexts")
+    p.add_argument("--decode-tiles", default="off",
+                   help="decode-only steps charged for their decodes' partial attention tiles, c + phi x (the "
+                        "tokens to the tile's end): measured (phi from the profile's off-edge points; none "
+                        "without them), a fraction phi in [0, 1] (a what-if), or off (default; sims.profile_cost, "
+                        "'Whole tiles beside a chunk')")
     p.add_argument("--decode-spread", default="measured",
                    help="decode-only steps charged for their contexts' spread (sims.decode_spread): "
                         "'measured' (the default: at the kappa the profile's spread points give; none "
@@ -409,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(str(e))
     res = replay_session(validate, arrivals, batches, rows, profile, a.delivery_per_stream_ms, seeds,
                          hide_launch=a.hide_launch, power_cap=a.power_cap, cap_by_power=a.cap_by_power,
-                         decode_spread=a.decode_spread, mixed_spread=a.mixed_spread, mixed_tiles=a.mixed_tiles,
+                         decode_spread=a.decode_spread, mixed_spread=a.mixed_spread, mixed_tiles=a.mixed_tiles, decode_tiles=a.decode_tiles,
                          decode_spells=a.decode_spells == "on", prefix_term=a.prefix_term, cap_onset=a.cap_onset, cap_anchors=a.cap_anchors, extra_dispatch_ms=a.extra_dispatch_ms, gateway_loop=a.gateway_loop == "on",
                          live_times=a.live_times, plan_lead=a.plan_lead,
                          gateway_loop_read_ms=a.gateway_loop_read_ms,

@@ -7,7 +7,7 @@ machine (`h100_6.7b/6.7b`, profiled minutes before the bf16 check), as the event
 (`fidelity_steps.model_step_ms`'s context: the decodes' contexts, times the mixed multiple beside a chunk or the
 decode spread multiple alone, plus the chunk's), and prints measured / model-off / model-on ratios over `equal`.
 
-    python bench/results/tiles_s34/spread_vs_model.py PART_DIR CHECK_JSON
+    python bench/results/tiles_s34/spread_vs_model.py PART_DIR CHECK_JSON [--fractions]
 """
 import json
 import sys
@@ -59,5 +59,34 @@ def main(part: Path, check: Path) -> None:
             print(f"  d {d:3d}  " + "  ".join(cells))
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and len(sys.argv) == 3:
     main(Path(sys.argv[1]), Path(sys.argv[2]))
+
+
+def fractions(part: Path, check: Path) -> None:
+    """The fraction of a whole tile the check's `off_edge` rows cost, read as the profile's off-edge points are
+    (`ProfileCost.set_tile_edges`): each row's time taken as its measured ratio times the model's time for
+    `equal`, the context at which the model gives it, over the decodes' tokens to their tile ends."""
+    res = json.loads(check.read_text())
+    lo, hi, chunk = res["lo"], res["hi"], res["chunk"]
+    meas = {(r["mixed"], r["d"], r["kind"]): r["over_equal"] for r in res["rows"]}
+    cost, _terms = build(part, "measured")
+    pts = []
+    for mixed in (True, False):
+        for d in res["ds"]:
+            ctxs = contexts("off_edge", d, lo, hi)
+            t = charge(cost, contexts("equal", d, lo, hi), chunk if mixed else 0) * meas[(mixed, d, "off_edge")]
+            pts.append({"num_decode_seqs": d, "num_prefill_tokens": chunk if mixed else 0,
+                        "num_prefill_seqs": 1 if mixed else 0, "prefill_context_len": 0,
+                        "decode_context_lens": [[d, ctxs[0]]], "step_ms": t,
+                        **({"device_ms_median": t} if cost.fits_device_time else {})})
+    cost.hides_launch = False  # the times above are the model's own: read back as they were charged
+    cost.set_tile_edges(pts)
+    print("fraction of a whole tile one token past an edge costs (as the profile's off-edge points would read):")
+    for kind in ("mixed", "decode"):
+        row = [f"d {e['num_decode_seqs']} {e['tile_fraction']:.2f}" for e in cost.tile_edge_points if e["kind"] == kind]
+        print(f"  {kind:6s} {', '.join(row)}  (median {cost.tile_fractions.get(kind, float('nan')):.2f})")
+
+
+if __name__ == "__main__" and len(sys.argv) > 3 and sys.argv[3] == "--fractions":
+    fractions(Path(sys.argv[1]), Path(sys.argv[2]))
