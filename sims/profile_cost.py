@@ -1182,13 +1182,15 @@ class ProfileCost:
                                                        self.kappa_at(len(key)), self._even_memo)
         return f * g
 
-    def set_tile_edges(self, points: list[dict]) -> None:
+    def set_tile_edges(self, points: list[dict], max_context: int | None = None) -> None:
         """The fraction of a whole tile a partial one costs, from the profile's off-edge points (every
         decode one token past a tile edge; module doc, "Whole tiles beside a chunk"): each point's
         context at which the fitted model gives its time (the time the fit used), as total + phi x
         the tokens to its decodes' tile ends; phi per point, its median per kind ("mixed": beside a
         chunk, at `MIXED_BLOCK_N`; "decode": alone, at the decode launch's tile, recorded only).
-        With `mixed_tiles` "measured" the mixed median, within [0, 1], is the term's fraction."""
+        With `mixed_tiles` "measured" the mixed median, within [0, 1], is the term's fraction. A point
+        whose decodes' tile ends past `max_context` (the grid's longest decode context) is not read:
+        the fit has no measured neighbour there (a CPU profile's short grid)."""
         self.tile_edge_points, self.tile_fractions = [], {}
         for pt in points:
             ctxs = expand_context_lens(pt["decode_context_lens"])
@@ -1199,7 +1201,7 @@ class ProfileCost:
                 continue
             bn = MIXED_BLOCK_N if p else (self.decode_plan.block_n if self.decode_plan else MIXED_BLOCK_N)
             pad = sum(-(-c // bn) * bn - c for c in ctxs)
-            if pad <= 0:
+            if pad <= 0 or (max_context and max(-(-c // bn) * bn for c in ctxs) > max_context):
                 continue
             t = self._fit_time(pt)
             if p:
@@ -1516,7 +1518,11 @@ class ProfileCost:
         cost = cls(np.array(pts), np.array(times), num_blocks=meta.get("num_kv_blocks"),
                    block_size=meta.get("block_size"), meta=meta, **kwargs)
         cost.set_mixed_spread(mixed_spread)
-        cost.set_tile_edges(edges)
+        # the grid's longest decode context: an off-edge point whose tile ends past it would be read
+        # against the fit's extrapolation, not its measured neighbours (`set_tile_edges`)
+        grid_c = max((int(q.get("context_len", 0)) for q in raw
+                      if _pick(q, _D_KEYS, 0) and not q.get("decode_context_lens")), default=0)
+        cost.set_tile_edges(edges, grid_c)
         return cost
 
     def _eval(self, d: int, p: int, c: int, k: int, q: int, x: int, v: int = 0, z: int = 0) -> float:

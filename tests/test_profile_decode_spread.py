@@ -199,7 +199,12 @@ def test_tile_edge_shapes_put_every_decode_one_token_past_a_tile():
 
 
 def test_profile_measures_off_edge_points_and_the_model_reads_them_apart(tmp_path, capsys):
-    doc = _profile(tmp_path)
+    short = _profile(tmp_path)  # the grid's contexts 16 and 100: the tile past 65 ends beyond them
+    from sims.profile_cost import ProfileCost
+    unread = ProfileCost.from_json(tmp_path / "profile.json", mixed_tiles="measured")
+    assert sum(p.get("decode_spread") == "off_edge" for p in short["points"]) == 4
+    assert unread.tile_edge_points == [] and unread.mixed_tiles == 0.0  # no measured neighbour: not read
+    doc = _profile(tmp_path, "--context-lens", "16,160")
     edge = [p for p in doc["points"] if p.get("decode_spread") == "off_edge"]
     # the spread points' d (2, 4), the first context 16 rounded up to a tile (64) + 1, alone and
     # beside the mixed spread points' chunk
