@@ -7,7 +7,8 @@
 # against the profile by exact d (decode_exact), by d's place in its graph bucket (bucket_excess), fitted by the
 # profile pass that priced each d (by_pass: c + e w(d), e the decode-bucket points' shortfall, session 32) and split by the
 # SM clock (decode_exact_clock); the profile's long stream_mixed run (stream_read); its fill and block-order check;
-# with whole tiles beside a chunk (mixed_tiles) and the busy mixed steps by chunk start and d (mixed_read).
+# with whole tiles beside a chunk (mixed_tiles; with the stream anchors, stream_tiles; at the profile's measured
+# fractions of a tile, stream_measured, tile_fractions.txt) and the busy mixed steps by chunk start and d (mixed_read).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
 PY=${PY:-$ROOT/.venv/bin/python}
@@ -39,5 +40,11 @@ PYEOF
 rp default & rp stream --cap-anchors stream & wait
 rp stream_fast --cap-anchors stream --cap-onset fast & rp live --live-times & wait
 rp mixed_tiles --mixed-tiles on  # session 33: the decodes beside a chunk at their whole tiles (opt-in term)
+# session 34: with the stream anchors too (the H100 cells' 15 / 15), and each tiles term at the fractions the
+# profile's off-edge points measure (--tile-edge-points; none on a profile made before them: then as default)
+rp stream_tiles --cap-anchors stream --mixed-tiles on &
+rp stream_measured --cap-anchors stream --mixed-tiles measured --decode-tiles measured & wait
+$PY -c "import sys; from sims.profile_cost import ProfileCost; print(ProfileCost.from_json(sys.argv[1]).tile_fractions)" \
+    "$D/profile_$P.json" > "$R/tile_fractions.txt"
 $PY "$S/conditioned_s33/mixed_read.py" "$D" > "$R/mixed_read.txt"
 echo "read: $R"
