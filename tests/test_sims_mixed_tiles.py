@@ -68,19 +68,24 @@ def test_the_live_step_scorer_charges_one_decode_beside_a_chunk_its_tiles(tmp_pa
     assert t_on[3] == pytest.approx(t_off[3])             # decode-only steps: not this term's
 
 
-def test_the_simulator_lengthens_mixed_steps_off_the_tile_edges(tmp_path):
-    """End to end through the event loop: prompts off the tile edges (500 + outputs) charge their
-    mixed steps more with the term on; TPOT rises a little, never falls."""
+def _sim_tpot_p50(tmp_path, num_requests: int, rate: float, **cost_terms) -> float:
+    """The simulator's TPOT P50 (ms) on the synthetic profile: prompts of 500 tokens (off the tile
+    edges), 48 out, with these CostSpec terms."""
     from sims.runner import CostSpec, RunSpec, run_spec
     from sims.workload import LengthSpec, WorkloadConfig
     path = tmp_path / "p.json"
     path.write_text(json.dumps(_doc()))
+    spec = RunSpec(cost=CostSpec(model="deepseek-coder-6.7b", profile=str(path), **cost_terms),
+                   workload=WorkloadConfig(num_requests=num_requests, rate=rate, input_len=LengthSpec.parse("500"),
+                                           output_len=LengthSpec.parse(48), seed=3))
+    return run_spec(spec)["tpot_ms"]["p50"]
 
+
+def test_the_simulator_lengthens_mixed_steps_off_the_tile_edges(tmp_path):
+    """End to end through the event loop: prompts off the tile edges (500 + outputs) charge their
+    mixed steps more with the term on; TPOT rises a little, never falls."""
     def tpot(tiles):
-        spec = RunSpec(cost=CostSpec(model="deepseek-coder-6.7b", profile=str(path), mixed_tiles=tiles),
-                       workload=WorkloadConfig(num_requests=80, rate=40.0, input_len=LengthSpec.parse("500"),
-                                               output_len=LengthSpec.parse(48), seed=3))
-        return run_spec(spec)["tpot_ms"]["p50"]
+        return _sim_tpot_p50(tmp_path, 80, 40.0, mixed_tiles=tiles)
 
     assert tpot("on") > tpot("off") * 1.001
 
@@ -205,16 +210,8 @@ def test_decode_tiles_charge_decode_only_steps_their_partial_tiles(tmp_path):
 def test_the_simulator_lengthens_decode_steps_by_their_partial_tiles(tmp_path):
     """End to end through the event loop (CostSpec.decode_tiles): decode-only steps off the tile edges
     cost more with the term on, so TPOT rises by a little, and more at a larger fraction."""
-    from sims.runner import CostSpec, RunSpec, run_spec
-    from sims.workload import LengthSpec, WorkloadConfig
-    path = tmp_path / "p.json"
-    path.write_text(json.dumps(_doc()))
-
     def tpot(tiles):
-        spec = RunSpec(cost=CostSpec(model="deepseek-coder-6.7b", profile=str(path), decode_tiles=tiles),
-                       workload=WorkloadConfig(num_requests=40, rate=10.0, input_len=LengthSpec.parse("500"),
-                                               output_len=LengthSpec.parse(48), seed=3))
-        return run_spec(spec)["tpot_ms"]["p50"]
+        return _sim_tpot_p50(tmp_path, 40, 10.0, decode_tiles=tiles)
 
     base, third, whole = tpot("off"), tpot(0.33), tpot(1.0)
     assert base * 1.0005 < third < whole
