@@ -350,6 +350,12 @@ POWER_CAP_WINDOW_S = 0.1
 # BLOCK_N, which its launch takes whatever the pages' codec; a test holds the two equal): module doc,
 # "Whole tiles beside a chunk"
 MIXED_BLOCK_N = 64
+
+
+def tile_pad(contexts, block_n: int) -> int:
+    """The tokens from each decode's context to the end of its last `block_n`-token tile, summed: what
+    a partial tile leaves unread (module doc, "Whole tiles beside a chunk")."""
+    return sum(-(-int(c) // block_n) * block_n - int(c) for c in contexts)
 _FEATURE_NAMES = ("a_s", "b_s_per_seq", "c_s_per_prefill_tok", "e_s_per_ctx_tok", "f_s_per_prefill_tok2",
                   "g_s_per_prefill_seq", "h_s_per_prefill_tok_prefix_tok", "i_s_per_mixed_step",
                   "j_s_per_tok_past_knee", "l_s_per_draft_token")
@@ -1169,8 +1175,7 @@ class ProfileCost:
         g = 1.0
         if self.decode_tiles:
             total = sum(int(c) for c in contexts)
-            pad = sum(-(-int(c) // bn) for c in contexts) * bn - total
-            g = (total + self.decode_tiles * pad) / max(1, total)
+            g = (total + self.decode_tiles * tile_pad(contexts, bn)) / max(1, total)
         if len(contexts) < 2 or not self._spread_charges():
             return g
         key = tuple(-(-int(c) // bn) for c in contexts)
@@ -1187,8 +1192,8 @@ class ProfileCost:
         decode one token past a tile edge; module doc, "Whole tiles beside a chunk"): each point's
         context at which the fitted model gives its time (the time the fit used), as total + phi x
         the tokens to its decodes' tile ends; phi per point, its median per kind ("mixed": beside a
-        chunk, at `MIXED_BLOCK_N`; "decode": alone, at the decode launch's tile, recorded only).
-        With `mixed_tiles` "measured" the mixed median, within [0, 1], is the term's fraction. A point
+        chunk, at `MIXED_BLOCK_N`; "decode": alone, at the decode launch's tile). With `mixed_tiles` /
+        `decode_tiles` "measured" that kind's median, within [0, 1], is the term's fraction. A point
         whose decodes' tile ends past `max_context` (the grid's longest decode context) is not read:
         the fit has no measured neighbour there (a CPU profile's short grid)."""
         self.tile_edge_points, self.tile_fractions = [], {}
@@ -1200,7 +1205,7 @@ class ProfileCost:
             if d < 1 or (p and p % k):
                 continue
             bn = MIXED_BLOCK_N if p else (self.decode_plan.block_n if self.decode_plan else MIXED_BLOCK_N)
-            pad = sum(-(-c // bn) * bn - c for c in ctxs)
+            pad = tile_pad(ctxs, bn)
             if pad <= 0 or (max_context and max(-(-c // bn) * bn for c in ctxs) > max_context):
                 continue
             t = self._fit_time(pt)
@@ -1296,8 +1301,7 @@ class ProfileCost:
         f = 1.0
         if self.mixed_tiles and len(contexts):
             total = sum(int(c) for c in contexts)
-            pad = sum(-(-int(c) // MIXED_BLOCK_N) for c in contexts) * MIXED_BLOCK_N - total
-            f = (total + self.mixed_tiles * pad) / max(1, total)
+            f = (total + self.mixed_tiles * tile_pad(contexts, MIXED_BLOCK_N)) / max(1, total)
         if not self._spread_beside_chunk() or len(contexts) < 2:
             return f
         bn = self.decode_plan.block_n
