@@ -290,8 +290,12 @@ Measured on an H100 (session 34, bench/results/tiles_s34): contexts spread over 
 a tile edge cost what equal ones do; every decode one token past an edge costs a mixed step 0.6-1.0
 of a whole tile and a decode-only step about a third. So the term is, in general, c + phi x (the
 tokens to the tile's end), phi 1 for "on"; with `mixed_tiles="measured"` phi is read from the
-profile's off-edge points (`--tile-edge-points`: every decode at an edge + 1, beside the mixed spread
-points' chunk and alone; `set_tile_edges`). `decode_tiles` charges decode-only steps alike at the
+profile's tile-edge pairs (`--tile-edge-pairs`, session 35: every decode on an edge and at the edge + 1,
+timed in turn, beside the mixed spread points' chunk and alone; `set_tile_pairs`), or on a profile of
+session 34 its off-edge points (the edge + 1 only, read against the fit: `set_tile_edges`). Read against
+the fit, a partial tile's 0.5-2.5 % is the size of the fit's residual: the H100 6.7B mixed-lengths
+profile's off-edge points gave -0.4 to 8 of a tile per point (bench/results/tiles_s35); the pairs'
+differences cancel it. `decode_tiles` charges decode-only steps alike at the
 decode launch's tile (`decode_context_multiple`): "measured" (the decode-only points' fraction) or a
 what-if fraction; at 0.31, the H100 check's median, the conditioned H100 parts' busy decode-only
 steps read the model 0.9996 / 0.9993 of live (0.9956 / 0.9945 without).
@@ -1227,6 +1231,54 @@ class ProfileCost:
         if self.decode_tiles_mode == "measured":
             self.decode_tiles = min(1.0, max(0.0, self.tile_fractions.get("decode", 0.0)))
 
+    def set_tile_pairs(self, pairs: list[dict], max_context: int | None = None) -> None:
+        """The fraction of a whole tile a partial one costs, from the profile's tile-edge pairs (every
+        decode on a tile edge and one token past it, timed in turn: `bench.engine.profile.
+        tile_edge_pairs`): per kind ("mixed": beside a chunk, at `MIXED_BLOCK_N`; "decode": alone, at
+        the decode launch's tile) the pooled ratio of what the pairs measured past the model's own
+        one-token step (off - on, each pair's median over its rounds) to what the model charges the
+        off twin's whole tiles past the on twin's (phi = 1), so the larger batches, whose tiles cost
+        the most, weigh the most. Replaces what `set_tile_edges` read. A pair whose tile ends past
+        `max_context` (the grid's longest decode context) is not read: the fit has no measured
+        neighbour there."""
+        rows = []
+        for pr in pairs:
+            d, p = int(pr["num_decode_seqs"]), int(pr.get("num_prefill_tokens", 0))
+            on, off = int(pr["on_context"]), int(pr["off_context"])
+            if d < 1 or pr.get("diff_ms_median") is None:
+                continue
+            bn = MIXED_BLOCK_N if p else (self.decode_plan.block_n if self.decode_plan else MIXED_BLOCK_N)
+            if max_context and -(-off // bn) * bn > max_context:
+                continue
+            chunks = [(p, 0)] if p else None
+
+            def model(total: int, d=d, p=p, chunks=chunks) -> float:
+                return self.step_time(d, p, total + p, chunks)
+
+            pad_on, pad_off = tile_pad([on] * d, bn), tile_pad([off] * d, bn)
+            base = model(d * off) - model(d * on)       # the extra token a decode, as the fit charges it
+            whole = (model(d * off + pad_off) - model(d * off)) - (model(d * on + pad_on) - model(d * on))
+            if whole <= 0:
+                continue
+            measured = float(pr["diff_ms_median"]) / 1e3 - base
+            rows.append({"kind": "mixed" if p else "decode", "num_decode_seqs": d, "num_prefill_tokens": p,
+                         "block_n": bn, "on_context": on, "off_context": off,
+                         "diff_ms": round(float(pr["diff_ms_median"]), 5), "whole_tile_ms": round(whole * 1e3, 5),
+                         "tile_fraction": round(measured / whole, 4), "_m": measured, "_w": whole})
+        if not rows:
+            return
+        self.tile_fractions = {}
+        for kind in ("mixed", "decode"):
+            kr = [r for r in rows if r["kind"] == kind]
+            if kr:
+                self.tile_fractions[kind] = round(sum(r["_m"] for r in kr) / sum(r["_w"] for r in kr), 4)
+        self.tile_edge_points = [{k: v for k, v in r.items() if not k.startswith("_")} | {"source": "pairs"}
+                                 for r in rows]
+        if self.mixed_tiles_mode == "measured":
+            self.mixed_tiles = min(1.0, max(0.0, self.tile_fractions.get("mixed", 0.0)))
+        if self.decode_tiles_mode == "measured":
+            self.decode_tiles = min(1.0, max(0.0, self.tile_fractions.get("decode", 0.0)))
+
     def set_mixed_spread(self, points: list[dict]) -> None:
         """The mixed steps' unequal-contexts term from the profile's mixed spread points (module
         doc, "Unequal contexts beside a chunk"): each point's decode-context multiple at which the
@@ -1527,6 +1579,7 @@ class ProfileCost:
         grid_c = max((int(q.get("context_len", 0)) for q in raw
                       if _pick(q, _D_KEYS, 0) and not q.get("decode_context_lens")), default=0)
         cost.set_tile_edges(edges, grid_c)
+        cost.set_tile_pairs(meta.get("tile_edge_pairs") or [], grid_c)  # where measured, they decide
         return cost
 
     def _eval(self, d: int, p: int, c: int, k: int, q: int, x: int, v: int = 0, z: int = 0) -> float:

@@ -22,15 +22,18 @@ def test_profile_writes_the_documented_json(tmp_path):
         (4, 0, 100), (4, 32, 100),
         # the spread decode point (--decode-spread-points on): 3 decodes at 16, one at 64 (mean 28),
         # and the same beside one chunk of the mixed step (--mixed-spread-points on: 64 - 4 tokens)
-        (4, 0, 28), (4, 60, 28),
-        # the off-edge point (--tile-edge-points on): every decode one token past a tile (16 -> 64 + 1)
-        (4, 0, 65), (4, 60, 65)}
+        (4, 0, 28), (4, 60, 28)}
     for p in pts:
         ctx = sum(n * c for n, c in p.get("decode_context_lens", [[p["num_decode_seqs"], p["context_len"]]]))
         assert p["num_context_tokens"] == ctx + p["num_prefill_tokens"]
         assert p["step_ms"] > 0 and p["repeats"] == 1
     assert [p["decode_context_lens"] for p in pts if p.get("decode_spread") == "one_long"] == [[[3, 16], [1, 64]]] * 2
-    assert [p["decode_context_lens"] for p in pts if p.get("decode_spread") == "off_edge"] == [[[4, 65]]] * 2
+    # the off-edge points are off by default since session 35; the tile-edge pairs (--tile-edge-pairs on)
+    # time the largest spread d (none reaches 8 here) on a tile edge (16 -> 128) and past it, alone and
+    # beside the mixed spread points' chunk, in rounds
+    assert not any(p.get("decode_spread") == "off_edge" for p in pts)
+    assert [(r["num_decode_seqs"], r["num_prefill_tokens"], r["on_context"], r["off_context"], len(r["on_ms"]))
+            for r in doc["tile_edge_pairs"]] == [(4, 0, 128, 129, 4), (4, 60, 128, 129, 4)]
     from sims.profile_cost import ProfileCost
 
     model = ProfileCost.from_json(out)

@@ -215,3 +215,53 @@ def test_the_simulator_lengthens_decode_steps_by_their_partial_tiles(tmp_path):
 
     base, third, whole = tpot("off"), tpot(0.33), tpot(1.0)
     assert base * 1.0005 < third < whole
+
+
+def _with_tile_pairs(doc, phi_mixed, phi_decode, ds=(8, 16, 32), offset_ms=0.0):
+    """The profile's tile-edge pairs (session 35, `--tile-edge-pairs`): every decode at 512 (on a tile
+    edge) and at 513, timed as if a partial tile cost these fractions of a whole one; `offset_ms` moves
+    both twins alike (what a fit residual or a clock drop does to a point read against the fit)."""
+    from tests.test_sims_mixed_spread import _decode_s, _mixed_s
+    pairs = []
+    for d in ds:
+        for p, on_s, off_s in ((0, _decode_s(d, 512), _decode_s(d, 513 + phi_decode * 63)),
+                               (256, _mixed_s(d, 256, d * 512), _mixed_s(d, 256, d * (513 + phi_mixed * 63)))):
+            on, off = 1e3 * on_s + offset_ms, 1e3 * off_s + offset_ms
+            pairs.append({"num_decode_seqs": d, "num_prefill_tokens": p, "num_prefill_seqs": 1 if p else 0,
+                          "on_context": 512, "off_context": 513, "rounds": 4, "on_ms_median": on,
+                          "off_ms_median": off, "diff_ms_median": off - on})
+    doc["tile_edge_pairs"] = pairs
+    return doc
+
+
+def test_measured_reads_the_fraction_of_a_tile_from_the_tile_edge_pairs(tmp_path):
+    """Session 35: read against the fit, an off-edge point's partial tile (0.5-2.5 % of a step) is the
+    size of the fit's residual, and the H100 6.7B mixed-lengths profile's points gave -0.4 to 8 of a
+    tile (bench/results/tiles_s35). The pairs time the edge and the edge + 1 in turn, and the model
+    reads their difference: a shift common to both twins does not move the fraction, where the same
+    shift on an off-edge point does."""
+    doc = _with_tile_pairs(_doc(), phi_mixed=0.6, phi_decode=0.33)
+    cost = _cost(tmp_path, doc, mixed_tiles="measured", decode_tiles="measured")
+    assert cost.tile_fractions == {"mixed": pytest.approx(0.6, abs=0.01), "decode": pytest.approx(0.33, abs=0.01)}
+    assert cost.mixed_tiles == cost.tile_fractions["mixed"] and cost.decode_tiles == cost.tile_fractions["decode"]
+    assert {e["source"] for e in cost.tile_edge_points} == {"pairs"}
+    assert cost.describe()["tile_edges"]["fractions"] == cost.tile_fractions
+    # a 0.2 ms shift of both twins (~2-3 % of these steps): the pairs read the same fractions ...
+    shifted = _cost(tmp_path, _with_tile_pairs(_doc(), 0.6, 0.33, offset_ms=0.2), "s.json", mixed_tiles="measured")
+    assert shifted.tile_fractions == pytest.approx(cost.tile_fractions, abs=1e-3)
+    # ... where the off-edge points, read against the fit, are thrown far off by it
+    doc_pts = _with_off_edge_points(_doc(), phi_mixed=0.6, phi_decode=0.33)
+    for p in doc_pts["points"]:
+        if p.get("decode_spread") == "off_edge":
+            p["step_ms"] += 0.2
+    points = _cost(tmp_path, doc_pts, "pts.json", mixed_tiles="measured")
+    assert abs(points.tile_fractions["mixed"] - 0.6) > 0.5 and abs(points.tile_fractions["decode"] - 0.33) > 0.5
+    # where a profile has both, the pairs decide
+    both = _with_tile_pairs(_with_off_edge_points(_doc(), 1.3, 0.9), 0.6, 0.33)
+    assert _cost(tmp_path, both, "b.json").tile_fractions == pytest.approx(cost.tile_fractions)
+    # a pair whose tile ends past the grid's longest decode context is not read
+    far = _doc()
+    far = _with_tile_pairs(far, 0.6, 0.33)
+    for pr in far["tile_edge_pairs"]:
+        pr["on_context"], pr["off_context"] = 2048, 2049
+    assert _cost(tmp_path, far, "far.json", mixed_tiles="measured").tile_fractions == {}

@@ -14,8 +14,9 @@ prompts beside the decodes up to the budget (`step_shapes`). Spread decode point
 (`spread_shapes`), and the profile writes the decode kernel's launch plan per decode bucket
 (`decode_attention`): what a batch of unequal contexts costs the one-program-per-sequence launch;
 with --mixed-spread-points, the same decodes beside one prefill chunk (the mixed step's tiling).
-Off-edge points (--tile-edge-points) put every decode one token past a 64-token tile edge, alone and
-beside that chunk (`tile_edge_shapes`): what a partial attention tile costs on the card.
+Tile-edge pairs (--tile-edge-pairs) time every decode on a tile edge and one token past it, in turn,
+alone and beside that chunk (`tile_edge_pairs`): what a partial attention tile costs on the card (the
+older off-edge points, --tile-edge-points, time only the second, read against the fit).
 Verify points (--verify-drafts K) hold k verify chunks of K + 1 tokens instead (a decode with K
 draft tokens, speculative decoding): the same tokens as a prefill chunk through the model, but
 sampled at every position and read back row by row, which a prefill chunk's shape does not time.
@@ -112,13 +113,20 @@ def parser() -> argparse.ArgumentParser:
                         "decode kernel's one program per (sequence, kv head, split) runs as a "
                         "tail on the long one (issue 35, session 19); `decode_context_lens` "
                         "gives each point's contexts")
-    p.add_argument("--tile-edge-points", choices=("on", "off"), default="on",
-                   help="on (with --decode-spread-points on): also, per spread point's d, every decode "
-                        "one token past a 64-token tile edge (the first --context-lens context rounded "
-                        "up to a tile, + 1), alone and (with --mixed-spread-points on) beside the "
-                        "mixed spread points' chunk: what a partial attention tile costs, which the "
-                        "cost model reads as a fraction of a whole tile (`decode_spread` \"off_edge\"; "
-                        "kept out of its fit; issue 35, session 34)")
+    p.add_argument("--tile-edge-pairs", choices=("on", "off"), default="on",
+                   help="on (default, with --decode-spread-points on): also time, per grid decode batch "
+                        "d >= 8, every decode on a tile edge (the first --context-lens context rounded up "
+                        "to 128 tokens) and one token past it, in turn, alone and (with "
+                        "--mixed-spread-points on) beside the mixed spread points' chunk: what a partial "
+                        "attention tile costs on the card, which the cost model reads from the pairs' "
+                        "differences as a fraction of a whole tile (`tile_edge_pairs`; issue 35, "
+                        "session 35; ~+10 s on a 6.7B, ~+20 s on a 33B)")
+    p.add_argument("--tile-edge-points", choices=("on", "off"), default="off",
+                   help="on (with --decode-spread-points on): also, per spread point's d, a grid point "
+                        "with every decode one token past a 64-token tile edge, alone and beside the "
+                        "mixed spread points' chunk (`decode_spread` \"off_edge\", kept out of the fit; "
+                        "session 34's form, read against the fit: too noisy for the fraction, so off by "
+                        "default since session 35; the cost model reads them where a profile has no pairs)")
     p.add_argument("--kv-block-order", choices=BLOCK_ORDERS, default="contiguous",
                    help="how every point's decode block tables lie in the KV pool (`decode_tables`): "
                         "contiguous (default, the profiles so far), interleaved (as the engine's "
@@ -441,6 +449,64 @@ def tile_edge_shapes(ds: list[int], cs: list[int], *, max_num_seqs: int, max_num
         return []
     return [(d, [[d, edge + 1]]) for d in dict.fromkeys(ds)
             if 2 <= d <= min(max_num_seqs, max_num_batched_tokens)]
+
+
+# Tile-edge pairs (--tile-edge-pairs, the default since issue 35's session 35). Read against the fit,
+# the off-edge points above gave a fraction of a tile anywhere from -0.4 to 8 per point on an H100's
+# 6.7B profile (bench/results/tiles_s35): a partial tile moves a step by 0.5-2.5 %, about the fit's own
+# residual there, and that profile's decode-only points at d >= 32 ran at a ~10 % lower SM clock than
+# the smaller ones. So each shape is timed on the edge and one token past it, the two in turn (each
+# round swaps which goes first), and the cost model reads their difference, out of which the fit's
+# residual and the clock's drift cancel.
+TILE_PAIR_EDGE = 128     # a multiple of every decode tile (64 tokens; 128 over quantized pages)
+TILE_PAIR_ROUNDS = 4
+TILE_PAIR_MIN_D = 8      # below it a partial tile's cost is under the timing's noise
+
+
+def tile_pair_shapes(ds: list[int], cs: list[int], *, max_num_seqs: int, max_num_batched_tokens: int,
+                     max_model_len: int) -> list[tuple[int, int]]:
+    """(d, edge) of each tile-edge pair: edge the first of `cs` rounded up to TILE_PAIR_EDGE, d each
+    grid decode batch >= TILE_PAIR_MIN_D that fits (where none reaches it, the largest d >= 2 that
+    fits); none where a 64-token tile past the edge does not fit the model's length."""
+    if not cs or cs[0] < 1:
+        return []
+    edge = -(-int(cs[0]) // TILE_PAIR_EDGE) * TILE_PAIR_EDGE
+    if edge + TILE_EDGE_TOKENS >= max_model_len:
+        return []
+    fit = sorted({d for d in ds if 2 <= d <= min(max_num_seqs, max_num_batched_tokens)})
+    return [(d, edge) for d in ([d for d in fit if d >= TILE_PAIR_MIN_D] or fit[-1:])]
+
+
+def tile_edge_pairs(runner, pairs: Sequence[tuple[int, int]], cfg, vocab: int, repeats: int,
+                    pause_s: float, chunk_tokens: int, rounds: int = TILE_PAIR_ROUNDS) -> list[dict]:
+    """Per (d, edge) of `pairs`: d decodes all at the edge ("on") and all one token past it ("off"),
+    alone (back to back, as the grid's decode points) and, with `chunk_tokens` > 0, beside one chunk
+    of that many tokens at position 0 (each repetition after `pause_s` idle, as the grid's points
+    with prefill). Each round times both, `repeats` each (one warm-up before a twin's first round),
+    first "on" in even rounds and "off" in odd ones; a record per shape with each round's medians and
+    the median of the rounds' differences (`diff_ms_median`, off - on), which the cost model reads
+    (`sims.profile_cost.ProfileCost.set_tile_pairs`)."""
+    out = []
+    for d, edge in pairs:
+        pm = min(chunk_tokens, cfg.max_num_batched_tokens - d)
+        for p in (0, pm) if pm >= 1 else (0,):
+            twins = {c: make_step(d, p, c, cfg.block_size, cfg.num_blocks, vocab) for c in (edge, edge + 1)}
+            got: dict[int, list[float]] = {edge: [], edge + 1: []}
+            for r in range(rounds):
+                for c in ((edge, edge + 1) if r % 2 == 0 else (edge + 1, edge)):
+                    ms = measure(runner, twins[c], repeats, 1 if r == 0 else 0, pause_s if p else 0.0)
+                    got[c].append(statistics.median(ms))
+            diffs = [b - a for a, b in zip(got[edge], got[edge + 1])]
+            rec = {"num_decode_seqs": d, "num_prefill_tokens": p, "num_prefill_seqs": 1 if p else 0,
+                   "on_context": edge, "off_context": edge + 1, "rounds": rounds, "repeats": repeats,
+                   "on_ms": [round(x, 5) for x in got[edge]], "off_ms": [round(x, 5) for x in got[edge + 1]],
+                   "on_ms_median": statistics.median(got[edge]),
+                   "off_ms_median": statistics.median(got[edge + 1]),
+                   "diff_ms_median": statistics.median(diffs), "sm_clock_mhz": sm_clock_mhz(runner.device)}
+            out.append(rec)
+            print(f"tile pair d={d:4d} p={p:5d} c={edge}/{edge + 1}: {rec['on_ms_median']:9.3f} / "
+                  f"{rec['off_ms_median']:9.3f} ms, off - on {rec['diff_ms_median']:+.4f} ms", flush=True)
+    return out
 
 
 def decode_attention_plan(buckets: Sequence[int], num_kv_heads: int, sm_count: int,
@@ -1356,7 +1422,7 @@ def run(args: argparse.Namespace) -> dict:
     # below it, where the decode-only launch model over-charges them (bench/results/
     # fidelity_grid_h200_s20): what a mixed launch model needs measured
     edges = []
-    if spreads and getattr(args, "tile_edge_points", "on") == "on":
+    if spreads and getattr(args, "tile_edge_points", "off") == "on":
         edges = tile_edge_shapes(int_list(args.decode_batch_sizes), cs, max_num_seqs=cfg.max_num_seqs,
                                  max_num_batched_tokens=cfg.max_num_batched_tokens,
                                  max_model_len=cfg.max_model_len)
@@ -1398,6 +1464,14 @@ def run(args: argparse.Namespace) -> dict:
               + f"{statistics.fmean(ms):9.3f} ms  launch {statistics.median(launch_ms):7.3f} ms"
               + (f"  device {statistics.median(device_ms):7.3f} ms" if device_ms else "")
               + (f"  sm {clock} MHz" if clock is not None else ""), flush=True)
+    pairs = []
+    if spreads and getattr(args, "tile_edge_pairs", "on") == "on":
+        pairs = tile_edge_pairs(runner, tile_pair_shapes(int_list(args.decode_batch_sizes), cs,
+                                                         max_num_seqs=cfg.max_num_seqs,
+                                                         max_num_batched_tokens=cfg.max_num_batched_tokens,
+                                                         max_model_len=cfg.max_model_len),
+                                cfg, loaded.config.vocab_size, args.repeats, args.pause_ms / 1000,
+                                MIXED_CHUNK if getattr(args, "mixed_spread_points", "on") == "on" else 0)
     pause_check = None
     if args.pause_ms > 0:
         pause_check = compare_pause(runner, shapes, cfg, loaded.config.vocab_size, args.pause_ms / 1000)
@@ -1443,6 +1517,9 @@ def run(args: argparse.Namespace) -> dict:
         **({"decode_conditioning": {"points": conditioned, "repeats": CONDITION_REPEATS,
                                     "pause_ms": args.pause_ms}} if conditioning else {}),
         **({"block_order_check": order_check} if order_check else {}),
+        # every decode on a tile edge and one token past it, timed in turn (`tile_edge_pairs`; absent:
+        # the profiles before 2026-12-07 09:30 UTC, which have at most the off-edge points)
+        **({"tile_edge_pairs": pairs} if pairs else {}),
     }
 
 
