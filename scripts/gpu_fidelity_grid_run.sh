@@ -82,6 +82,9 @@
 # estimated from the spread points' own cost at ~+8 s on the 6.7B, ~+16 s on the 33B, not yet measured; within
 # the estimates' slack below; 33b-kvint4-seeds (475 s) is the tightest: its run cut by the timeout loses only
 # itself (sim validate writes the runs done).
+# Since session 35 the tile-edge pairs replace the off-edge points (--tile-edge-pairs: per grid decode batch
+# d >= 8, the edge and the edge + 1 timed in turn, 4 rounds, alone and beside the chunk): estimated ~+10 s on
+# the 6.7B, ~+20 s on the 33B over no tile measurement (the off-edge points' ~8 / ~16 s go), not yet measured.
 # Override any of MODEL LOADS SEEDS N IN OUTLEN SERVE_ARGS BUDGET_S per call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
