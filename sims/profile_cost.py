@@ -1232,37 +1232,40 @@ class ProfileCost:
             self.decode_tiles = min(1.0, max(0.0, self.tile_fractions.get("decode", 0.0)))
 
     def set_tile_pairs(self, pairs: list[dict], max_context: int | None = None) -> None:
-        """The fraction of a whole tile a partial one costs, from the profile's tile-edge pairs (every
-        decode on a tile edge and one token past it, timed in turn: `bench.engine.profile.
-        tile_edge_pairs`): per kind ("mixed": beside a chunk, at `MIXED_BLOCK_N`; "decode": alone, at
-        the decode launch's tile) the pooled ratio of what the pairs measured past the model's own
-        one-token step (off - on, each pair's median over its rounds) to what the model charges the
-        off twin's whole tiles past the on twin's (phi = 1), so the larger batches, whose tiles cost
-        the most, weigh the most. Replaces what `set_tile_edges` read. A pair whose tile ends past
-        `max_context` (the grid's longest decode context) is not read: the fit has no measured
-        neighbour there."""
+        """The fraction of a whole tile a partial one costs, from the profile's tile-edge pairs
+        (`bench.engine.profile.tile_edge_pairs`: every decode on a tile edge, one token past it and,
+        since the second form, at the next edge, timed in turn). Per kind ("mixed": beside a chunk,
+        at `MIXED_BLOCK_N`; "decode": alone, at the decode launch's tile) the pooled ratio of what the
+        pairs measured off - on, less the one token's own cost, to what a whole tile over the off
+        twin's partial one costs; so the larger batches, whose tiles cost the most, weigh the most.
+        The whole tile is measured where the pair has its next twin (`whole_ms_median`, next - on,
+        scaled to the tile's tokens), else charged at the fit's linear context cost (`coef` e a token;
+        not the whole surface: its slope between the grid's contexts is the grid points' noise).
+        Replaces what `set_tile_edges` read. A pair whose tile ends past `max_context` (the grid's
+        longest decode context) is not read where the whole tile is not measured."""
         rows = []
+        e_s = float(self.coef[3]) if len(self.coef) > 3 else 0.0  # _FEATURE_NAMES[3]: s a context token
         for pr in pairs:
             d, p = int(pr["num_decode_seqs"]), int(pr.get("num_prefill_tokens", 0))
             on, off = int(pr["on_context"]), int(pr["off_context"])
             if d < 1 or pr.get("diff_ms_median") is None:
                 continue
             bn = MIXED_BLOCK_N if p else (self.decode_plan.block_n if self.decode_plan else MIXED_BLOCK_N)
-            if max_context and -(-off // bn) * bn > max_context:
-                continue
-            chunks = [(p, 0)] if p else None
-
-            def model(total: int, d=d, p=p, chunks=chunks) -> float:
-                return self.step_time(d, p, total + p, chunks)
-
-            pad_on, pad_off = tile_pad([on] * d, bn), tile_pad([off] * d, bn)
-            base = model(d * off) - model(d * on)       # the extra token a decode, as the fit charges it
-            whole = (model(d * off + pad_off) - model(d * off)) - (model(d * on + pad_on) - model(d * on))
+            tokens = tile_pad([off] * d, bn) - tile_pad([on] * d, bn)  # a whole tile past the partial one's key
+            nxt, whole_meas = pr.get("next_context"), pr.get("whole_ms_median")
+            if nxt is not None and whole_meas is not None and int(nxt) > on:
+                per_token = float(whole_meas) / 1e3 / (d * (int(nxt) - on))
+                source = "measured"
+            else:
+                if max_context and -(-off // bn) * bn > max_context:
+                    continue
+                per_token, source = e_s, "fit"
+            whole = per_token * tokens
             if whole <= 0:
                 continue
-            measured = float(pr["diff_ms_median"]) / 1e3 - base
+            measured = float(pr["diff_ms_median"]) / 1e3 - per_token * d * (off - on)
             rows.append({"kind": "mixed" if p else "decode", "num_decode_seqs": d, "num_prefill_tokens": p,
-                         "block_n": bn, "on_context": on, "off_context": off,
+                         "block_n": bn, "on_context": on, "off_context": off, "whole_tile": source,
                          "diff_ms": round(float(pr["diff_ms_median"]), 5), "whole_tile_ms": round(whole * 1e3, 5),
                          "tile_fraction": round(measured / whole, 4), "_m": measured, "_w": whole})
         if not rows:

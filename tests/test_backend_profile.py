@@ -10,7 +10,7 @@ def main(argv):  # `tidegate backend profile ...`, the command users run
 def test_profile_writes_the_documented_json(tmp_path):
     out = tmp_path / "profile.json"
     rc = main(["profile", "--model", "tiny", "--num-blocks", "64", "--max-num-seqs", "8",
-               "--max-num-batched-tokens", "64", "--max-model-len", "256",
+               "--max-num-batched-tokens", "64", "--max-model-len", "512",
                "--decode-batch-sizes", "0,1,4", "--prefill-tokens", "0,32", "--context-lens", "16,100",
                "--repeats", "1", "--warmup", "0", "--out", str(out)])
     assert rc == 0
@@ -29,11 +29,12 @@ def test_profile_writes_the_documented_json(tmp_path):
         assert p["step_ms"] > 0 and p["repeats"] == 1
     assert [p["decode_context_lens"] for p in pts if p.get("decode_spread") == "one_long"] == [[[3, 16], [1, 64]]] * 2
     # the off-edge points are off by default since session 35; the tile-edge pairs (--tile-edge-pairs on)
-    # time the largest spread d (none reaches 8 here) on a tile edge (16 -> 128) and past it, alone and
-    # beside the mixed spread points' chunk, in rounds
+    # time the largest spread d (none reaches 8 here) on a tile edge (16 -> 128), past it and at the next
+    # edge, alone and beside the mixed spread points' chunk, in rounds
     assert not any(p.get("decode_spread") == "off_edge" for p in pts)
-    assert [(r["num_decode_seqs"], r["num_prefill_tokens"], r["on_context"], r["off_context"], len(r["on_ms"]))
-            for r in doc["tile_edge_pairs"]] == [(4, 0, 128, 129, 4), (4, 60, 128, 129, 4)]
+    assert [(r["num_decode_seqs"], r["num_prefill_tokens"], r["on_context"], r["off_context"], r["next_context"],
+             len(r["on_ms"]), len(r["next_ms"])) for r in doc["tile_edge_pairs"]] == [
+        (4, 0, 128, 129, 256, 4, 4), (4, 60, 128, 129, 256, 4, 4)]
     from sims.profile_cost import ProfileCost
 
     model = ProfileCost.from_json(out)

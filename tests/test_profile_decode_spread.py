@@ -203,36 +203,37 @@ def test_tile_pair_shapes_time_the_grids_larger_batches_on_a_128_token_edge():
     got = profile.tile_pair_shapes([0, 1, 2, 4, 8, 16, 64], [705, 184], max_num_seqs=32,
                                    max_num_batched_tokens=2048, max_model_len=4096)
     assert got == [(8, 768), (16, 768)]          # d >= 8 that fit max_num_seqs; 705 up to 128 tokens
-    # where no d reaches 8, the largest that fits; none where a tile past the edge does not fit
+    # where no d reaches 8, the largest that fits; none where the next twin (edge + 128) does not fit
     assert profile.tile_pair_shapes([2, 4], [100], max_num_seqs=8, max_num_batched_tokens=64,
-                                    max_model_len=256) == [(4, 128)]
+                                    max_model_len=512) == [(4, 128)]
     assert profile.tile_pair_shapes([4], [100], max_num_seqs=8, max_num_batched_tokens=64,
-                                    max_model_len=192) == []
+                                    max_model_len=256) == []
 
 
 def test_profile_times_tile_edge_pairs_and_the_model_reads_them(tmp_path, capsys):
-    short = _profile(tmp_path)  # the grid's contexts 16 and 100: a tile past 129 ends beyond them
+    doc = _profile(tmp_path, "--max-model-len", "512")
     from sims.profile_cost import ProfileCost
-    pairs = short["tile_edge_pairs"]
+    pairs = doc["tile_edge_pairs"]
     assert [(r["num_decode_seqs"], r["num_prefill_tokens"]) for r in pairs] == [(4, 0), (4, 60)]
     for r in pairs:
-        assert (r["on_context"], r["off_context"], r["rounds"]) == (128, 129, 4)
-        assert len(r["on_ms"]) == len(r["off_ms"]) == 4 and min(r["on_ms"] + r["off_ms"]) > 0
+        assert (r["on_context"], r["off_context"], r["next_context"], r["rounds"]) == (128, 129, 256, 4)
+        assert len(r["on_ms"]) == len(r["off_ms"]) == len(r["next_ms"]) == 4
+        assert min(r["on_ms"] + r["off_ms"] + r["next_ms"]) > 0
         assert r["diff_ms_median"] == pytest.approx(
             statistics.median(b - a for a, b in zip(r["on_ms"], r["off_ms"], strict=True)), abs=1e-4)
-    assert "tile pair d=   4 p=   60 c=128/129" in capsys.readouterr().out
-    unread = ProfileCost.from_json(tmp_path / "profile.json", mixed_tiles="measured")
-    assert unread.tile_edge_points == [] and unread.mixed_tiles == 0.0  # no measured neighbour: not read
-    doc = _profile(tmp_path, "--context-lens", "16,200")
+        assert r["whole_ms_median"] == pytest.approx(
+            statistics.median(b - a for a, b in zip(r["on_ms"], r["next_ms"], strict=True)), abs=1e-4)
+    assert "tile pair d=   4 p=   60 c=128/129/256" in capsys.readouterr().out
     assert not any(p.get("decode_spread") == "off_edge" for p in doc["points"])  # the points: off by default
     cost = ProfileCost.from_json(tmp_path / "profile.json", mixed_tiles="measured", decode_tiles="measured")
-    # read where the fit charges a whole tile more than nothing (a tiny CPU fit's context slope can be
-    # flat: then that kind reads no fraction; test_sims_mixed_tiles checks the fractions on a known surface)
-    rows = [(e["kind"], e["num_decode_seqs"], e["source"]) for e in cost.tile_edge_points]
-    assert rows and set(rows) <= {("decode", 4, "pairs"), ("mixed", 4, "pairs")}
+    # the whole tile measured by the next twin: read though the grid's contexts (16, 100) end before it,
+    # wherever the CPU's timing gives the tile a cost (next - on > 0)
+    rows = [(e["kind"], e["num_decode_seqs"], e["whole_tile"]) for e in cost.tile_edge_points]
+    assert set(rows) == {(("mixed" if r["num_prefill_tokens"] else "decode"), 4, "measured")
+                         for r in pairs if r["whole_ms_median"] > 0}
     assert set(cost.tile_fractions) == {k for k, _d, _s in rows}
     assert cost.mixed_tiles == min(1.0, max(0.0, cost.tile_fractions.get("mixed", 0.0)))
-    off = _profile(tmp_path, "--tile-edge-pairs", "off")
+    off = _profile(tmp_path, "--max-model-len", "512", "--tile-edge-pairs", "off")
     assert "tile_edge_pairs" not in off
 
 

@@ -217,19 +217,28 @@ def test_the_simulator_lengthens_decode_steps_by_their_partial_tiles(tmp_path):
     assert base * 1.0005 < third < whole
 
 
-def _with_tile_pairs(doc, phi_mixed, phi_decode, ds=(8, 16, 32), offset_ms=0.0):
+def _with_tile_pairs(doc, phi_mixed, phi_decode, ds=(8, 16, 32), offset_ms=0.0, next_twin=False, card=1.0):
     """The profile's tile-edge pairs (session 35, `--tile-edge-pairs`): every decode at 512 (on a tile
-    edge) and at 513, timed as if a partial tile cost these fractions of a whole one; `offset_ms` moves
-    both twins alike (what a fit residual or a clock drop does to a point read against the fit)."""
+    edge), at 513 and (`next_twin`) at 640, timed as if a partial tile cost these fractions of a whole
+    one; `offset_ms` moves every twin alike (what a fit residual or a clock drop does to a point read
+    against the fit); `card` scales the card's cost of a context token over the synthetic surface's
+    (a slope the fit's grid points do not give)."""
     from tests.test_sims_mixed_spread import _decode_s, _mixed_s
+
+    def step(p, d, c):  # ms, the context past 512 at the card's own cost a token
+        c = 512 + card * (c - 512)
+        return 1e3 * (_mixed_s(d, p, d * c) if p else _decode_s(d, c)) + offset_ms
+
     pairs = []
     for d in ds:
-        for p, on_s, off_s in ((0, _decode_s(d, 512), _decode_s(d, 513 + phi_decode * 63)),
-                               (256, _mixed_s(d, 256, d * 512), _mixed_s(d, 256, d * (513 + phi_mixed * 63)))):
-            on, off = 1e3 * on_s + offset_ms, 1e3 * off_s + offset_ms
-            pairs.append({"num_decode_seqs": d, "num_prefill_tokens": p, "num_prefill_seqs": 1 if p else 0,
-                          "on_context": 512, "off_context": 513, "rounds": 4, "on_ms_median": on,
-                          "off_ms_median": off, "diff_ms_median": off - on})
+        for p, phi in ((0, phi_decode), (256, phi_mixed)):
+            on, off, nxt = step(p, d, 512), step(p, d, 513 + phi * 63), step(p, d, 640)
+            pr = {"num_decode_seqs": d, "num_prefill_tokens": p, "num_prefill_seqs": 1 if p else 0,
+                  "on_context": 512, "off_context": 513, "rounds": 4, "on_ms_median": on,
+                  "off_ms_median": off, "diff_ms_median": off - on}
+            if next_twin:
+                pr |= {"next_context": 640, "next_ms_median": nxt, "whole_ms_median": nxt - on}
+            pairs.append(pr)
     doc["tile_edge_pairs"] = pairs
     return doc
 
@@ -265,3 +274,23 @@ def test_measured_reads_the_fraction_of_a_tile_from_the_tile_edge_pairs(tmp_path
     for pr in far["tile_edge_pairs"]:
         pr["on_context"], pr["off_context"] = 2048, 2049
     assert _cost(tmp_path, far, "far.json", mixed_tiles="measured").tile_fractions == {}
+
+
+def test_the_pairs_next_twin_measures_the_whole_tile(tmp_path):
+    """Since the pairs' second form each shape is timed at the next 128-token edge too: the whole tile
+    measured on the card, not charged at the fit's context cost. Where the card's tile costs 1.5x what
+    the fit's grid points give, the fit-read fraction is 1.5x too high; the measured one is right."""
+    fit_read = _cost(tmp_path, _with_tile_pairs(_doc(), 0.6, 0.33, card=1.5), "f.json")
+    measured = _cost(tmp_path, _with_tile_pairs(_doc(), 0.6, 0.33, card=1.5, next_twin=True), "m.json",
+                     mixed_tiles="measured", decode_tiles="measured")
+    assert fit_read.tile_fractions == {"mixed": pytest.approx(0.9, abs=0.02), "decode": pytest.approx(0.5, abs=0.02)}
+    assert measured.tile_fractions == {"mixed": pytest.approx(0.6, abs=0.01), "decode": pytest.approx(0.33, abs=0.01)}
+    assert {e["whole_tile"] for e in measured.tile_edge_points} == {"measured"}
+    assert {e["whole_tile"] for e in fit_read.tile_edge_points} == {"fit"}
+    assert (measured.mixed_tiles, measured.decode_tiles) == (measured.tile_fractions["mixed"],
+                                                             measured.tile_fractions["decode"])
+    # a measured whole tile is read past the grid's contexts too (nothing there is the fit's)
+    far = _with_tile_pairs(_doc(), 0.6, 0.33, next_twin=True)
+    for pr in far["tile_edge_pairs"]:
+        pr["on_context"], pr["off_context"], pr["next_context"] = 2048, 2049, 2176
+    assert _cost(tmp_path, far, "far.json").tile_fractions == pytest.approx(measured.tile_fractions, abs=0.01)

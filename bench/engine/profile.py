@@ -116,11 +116,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tile-edge-pairs", choices=("on", "off"), default="on",
                    help="on (default, with --decode-spread-points on): also time, per grid decode batch "
                         "d >= 8, every decode on a tile edge (the first --context-lens context rounded up "
-                        "to 128 tokens) and one token past it, in turn, alone and (with "
-                        "--mixed-spread-points on) beside the mixed spread points' chunk: what a partial "
-                        "attention tile costs on the card, which the cost model reads from the pairs' "
-                        "differences as a fraction of a whole tile (`tile_edge_pairs`; issue 35, "
-                        "session 35; ~+10 s on a 6.7B, ~+20 s on a 33B)")
+                        "to 128 tokens), one token past it and at the next 128-token edge, in turn, alone "
+                        "and (with --mixed-spread-points on) beside the mixed spread points' chunk: what a "
+                        "partial attention tile costs on the card as a fraction of a whole one, which the "
+                        "cost model reads (`tile_edge_pairs`; issue 35, session 35; ~+15 s on a 6.7B, "
+                        "~+30 s on a 33B)")
     p.add_argument("--tile-edge-points", choices=("on", "off"), default="off",
                    help="on (with --decode-spread-points on): also, per spread point's d, a grid point "
                         "with every decode one token past a 64-token tile edge, alone and beside the "
@@ -455,9 +455,11 @@ def tile_edge_shapes(ds: list[int], cs: list[int], *, max_num_seqs: int, max_num
 # the off-edge points above gave a fraction of a tile anywhere from -0.4 to 8 per point on an H100's
 # 6.7B profile (bench/results/tiles_s35): a partial tile moves a step by 0.5-2.5 %, about the fit's own
 # residual there, and that profile's decode-only points at d >= 32 ran at a ~10 % lower SM clock than
-# the smaller ones. So each shape is timed on the edge and one token past it, the two in turn (each
-# round swaps which goes first), and the cost model reads their difference, out of which the fit's
-# residual and the clock's drift cancel.
+# the smaller ones. So each shape is timed on the edge, one token past it and at the next edge, in turn
+# (each round reverses the order), and the cost model reads the first difference over the second: a
+# fraction of a whole tile measured on both sides, out of which the fit (whose context slope between
+# the grid's contexts is as noisy: for the same whole tile beside a chunk at d 8 the two H100 profiles
+# of session 35 charge 0.03 and 0.20 ms) and the clock's drift drop.
 TILE_PAIR_EDGE = 128     # a multiple of every decode tile (64 tokens; 128 over quantized pages)
 TILE_PAIR_ROUNDS = 4
 TILE_PAIR_MIN_D = 8      # below it a partial tile's cost is under the timing's noise
@@ -467,11 +469,11 @@ def tile_pair_shapes(ds: list[int], cs: list[int], *, max_num_seqs: int, max_num
                      max_model_len: int) -> list[tuple[int, int]]:
     """(d, edge) of each tile-edge pair: edge the first of `cs` rounded up to TILE_PAIR_EDGE, d each
     grid decode batch >= TILE_PAIR_MIN_D that fits (where none reaches it, the largest d >= 2 that
-    fits); none where a 64-token tile past the edge does not fit the model's length."""
+    fits); none where the next twin (the edge + TILE_PAIR_EDGE) does not fit the model's length."""
     if not cs or cs[0] < 1:
         return []
     edge = -(-int(cs[0]) // TILE_PAIR_EDGE) * TILE_PAIR_EDGE
-    if edge + TILE_EDGE_TOKENS >= max_model_len:
+    if edge + TILE_PAIR_EDGE >= max_model_len:
         return []
     fit = sorted({d for d in ds if 2 <= d <= min(max_num_seqs, max_num_batched_tokens)})
     return [(d, edge) for d in ([d for d in fit if d >= TILE_PAIR_MIN_D] or fit[-1:])]
@@ -479,33 +481,40 @@ def tile_pair_shapes(ds: list[int], cs: list[int], *, max_num_seqs: int, max_num
 
 def tile_edge_pairs(runner, pairs: Sequence[tuple[int, int]], cfg, vocab: int, repeats: int,
                     pause_s: float, chunk_tokens: int, rounds: int = TILE_PAIR_ROUNDS) -> list[dict]:
-    """Per (d, edge) of `pairs`: d decodes all at the edge ("on") and all one token past it ("off"),
-    alone (back to back, as the grid's decode points) and, with `chunk_tokens` > 0, beside one chunk
-    of that many tokens at position 0 (each repetition after `pause_s` idle, as the grid's points
-    with prefill). Each round times both, `repeats` each (one warm-up before a twin's first round),
-    first "on" in even rounds and "off" in odd ones; a record per shape with each round's medians and
-    the median of the rounds' differences (`diff_ms_median`, off - on), which the cost model reads
-    (`sims.profile_cost.ProfileCost.set_tile_pairs`)."""
+    """Per (d, edge) of `pairs`: d decodes all at the edge ("on"), all one token past it ("off") and
+    all at the next TILE_PAIR_EDGE edge ("next": whole tiles only, what the model's context term
+    should charge), alone (back to back, as the grid's decode points) and, with `chunk_tokens` > 0,
+    beside one chunk of that many tokens at position 0 (each repetition after `pause_s` idle, as the
+    grid's points with prefill). Each round times the three, `repeats` each (one warm-up in the
+    first round), in turn, on-off-next in even rounds and next-off-on in odd ones; a record per
+    shape with each round's medians and the medians of the rounds' differences (`diff_ms_median`,
+    off - on; `whole_ms_median`, next - on), which the cost model reads
+    (`sims.profile_cost.ProfileCost.set_tile_pairs`): the fraction of a whole tile a partial one
+    costs, measured on both sides."""
     out = []
     for d, edge in pairs:
         pm = min(chunk_tokens, cfg.max_num_batched_tokens - d)
         for p in (0, pm) if pm >= 1 else (0,):
-            twins = {c: make_step(d, p, c, cfg.block_size, cfg.num_blocks, vocab) for c in (edge, edge + 1)}
-            got: dict[int, list[float]] = {edge: [], edge + 1: []}
+            cs = (edge, edge + 1, edge + TILE_PAIR_EDGE)
+            steps = {c: make_step(d, p, c, cfg.block_size, cfg.num_blocks, vocab) for c in cs}
+            got: dict[int, list[float]] = {c: [] for c in cs}
             for r in range(rounds):
-                for c in ((edge, edge + 1) if r % 2 == 0 else (edge + 1, edge)):
-                    ms = measure(runner, twins[c], repeats, 1 if r == 0 else 0, pause_s if p else 0.0)
+                for c in (cs if r % 2 == 0 else cs[::-1]):
+                    ms = measure(runner, steps[c], repeats, 1 if r == 0 else 0, pause_s if p else 0.0)
                     got[c].append(statistics.median(ms))
-            diffs = [b - a for a, b in zip(got[edge], got[edge + 1])]
+            on, off, nxt = (got[c] for c in cs)
             rec = {"num_decode_seqs": d, "num_prefill_tokens": p, "num_prefill_seqs": 1 if p else 0,
-                   "on_context": edge, "off_context": edge + 1, "rounds": rounds, "repeats": repeats,
-                   "on_ms": [round(x, 5) for x in got[edge]], "off_ms": [round(x, 5) for x in got[edge + 1]],
-                   "on_ms_median": statistics.median(got[edge]),
-                   "off_ms_median": statistics.median(got[edge + 1]),
-                   "diff_ms_median": statistics.median(diffs), "sm_clock_mhz": sm_clock_mhz(runner.device)}
+                   "on_context": cs[0], "off_context": cs[1], "next_context": cs[2], "rounds": rounds,
+                   "repeats": repeats, "on_ms": [round(x, 5) for x in on], "off_ms": [round(x, 5) for x in off],
+                   "next_ms": [round(x, 5) for x in nxt], "on_ms_median": statistics.median(on),
+                   "off_ms_median": statistics.median(off), "next_ms_median": statistics.median(nxt),
+                   "diff_ms_median": statistics.median(b - a for a, b in zip(on, off)),
+                   "whole_ms_median": statistics.median(b - a for a, b in zip(on, nxt)),
+                   "sm_clock_mhz": sm_clock_mhz(runner.device)}
             out.append(rec)
-            print(f"tile pair d={d:4d} p={p:5d} c={edge}/{edge + 1}: {rec['on_ms_median']:9.3f} / "
-                  f"{rec['off_ms_median']:9.3f} ms, off - on {rec['diff_ms_median']:+.4f} ms", flush=True)
+            print(f"tile pair d={d:4d} p={p:5d} c={cs[0]}/{cs[1]}/{cs[2]}: {rec['on_ms_median']:9.3f} / "
+                  f"{rec['off_ms_median']:9.3f} / {rec['next_ms_median']:9.3f} ms, off - on "
+                  f"{rec['diff_ms_median']:+.4f} ms, next - on {rec['whole_ms_median']:+.4f} ms", flush=True)
     return out
 
 
