@@ -289,16 +289,19 @@ steps (one query row padded to 16, memory-bound) read the model within 0.5 % wit
 Measured on an H100 (session 34, bench/results/tiles_s34): contexts spread over 512-640 but each on
 a tile edge cost what equal ones do; every decode one token past an edge costs a mixed step 0.6-1.0
 of a whole tile and a decode-only step about a third. So the term is, in general, c + phi x (the
-tokens to the tile's end), phi 1 for "on"; with `mixed_tiles="measured"` phi is read from the
-profile's tile-edge pairs (`--tile-edge-pairs`, session 35: every decode on an edge and at the edge + 1,
-timed in turn, beside the mixed spread points' chunk and alone; `set_tile_pairs`), or on a profile of
-session 34 its off-edge points (the edge + 1 only, read against the fit: `set_tile_edges`). Read against
-the fit, a partial tile's 0.5-2.5 % is the size of the fit's residual: the H100 6.7B mixed-lengths
-profile's off-edge points gave -0.4 to 8 of a tile per point (bench/results/tiles_s35); the pairs'
-differences cancel it. `decode_tiles` charges decode-only steps alike at the
-decode launch's tile (`decode_context_multiple`): "measured" (the decode-only points' fraction) or a
-what-if fraction; at 0.31, the H100 check's median, the conditioned H100 parts' busy decode-only
-steps read the model 0.9996 / 0.9993 of live (0.9956 / 0.9945 without).
+tokens to the tile's end), phi 1 for "on"; with `mixed_tiles="measured"` (the default since session
+35) phi is read from the profile's tile-edge pairs (`--tile-edge-pairs`: every decode on an edge, at
+the edge + 1 and at the next edge, timed in turn, beside the mixed spread points' chunk and alone;
+`set_tile_pairs`) on a CUDA profile; a profile without them (every profile before 2026-12-07 09:30
+UTC) is charged as before. Session 34's off-edge points (the edge + 1 only, read against the fit:
+`set_tile_edges`) are recorded, not charged: a partial tile's 0.5-2.5 % is the size of the fit's
+residual, and the H100 6.7B mixed-lengths profile's points gave -0.4 to 8 of a tile each
+(bench/results/tiles_s35). On two H100 profiles the pairs read beside a chunk 1.10 and 1.01 of a whole
+tile, alone 0.22 and 0.22 (the whole tile at the fit's linear context cost: their pairs had no next
+twin yet); charged at those, the H100 6.7B FP8 cell read 15 of 15 intervals inside (14 without) and
+the mixed-lengths cell's TPOT P50 moved by 0.1 point. `decode_tiles` charges decode-only steps alike
+at the decode launch's tile (`decode_context_multiple`): "measured" (the default, the pairs'
+decode-only fraction), "off", or a what-if fraction.
 
 The prefix term from twins (issue 35, session 26): the grid's profiles measure cached-prefix chunks
 at one start, 256, each beside a twin at start 0 (same decodes and chunk, 256 fewer context tokens);
@@ -738,8 +741,8 @@ class ProfileCost:
                  spread_points: list[dict] | None = None, decode_spread: str | float = "measured",
                  mixed_spread: str | float = "measured", decode_spells: bool = True,
                  prefix_term: str = "twins", cap_onset: str = "slow", knee_support: int = KNEE_SUPPORT,
-                 cap_sag: bool = True, cap_anchors: str = "sustained", mixed_tiles: str = "off",
-                 decode_tiles: str | float = "off"):
+                 cap_sag: bool = True, cap_anchors: str = "sustained", mixed_tiles: str = "measured",
+                 decode_tiles: str | float = "measured"):
         """points: (n, 3) of (num_decode_seqs, num_prefill_tokens, num_context_tokens), or (n, 4) /
         (n, 5) with num_prefill_seqs k (the p tokens are k chunks of p/k each; default 1 when p > 0)
         and prefill_context_len s (each chunk starts at position s; default 0) appended, or (n, 6)
@@ -776,13 +779,14 @@ class ProfileCost:
         spread at the kappa the profile's mixed spread points give, `from_json`; none without them),
         "off", or a kappa (a what-if wherever the decode term has a launch plan; module doc,
         "Unequal contexts beside a chunk").
-        `mixed_tiles`: "on" charges a step with prefill for its decodes' whole attention tiles
-        (`MIXED_BLOCK_N` context tokens each, the last one whole), "off" (the default) at their
-        contexts, "measured" for the fraction of its last tile the profile's off-edge points give
-        (none without them; module doc, "Whole tiles beside a chunk").
-        `decode_tiles`: "off" (the default), "measured" (the profile's decode-only off-edge points'
-        fraction; none without them) or a fraction in [0, 1] (a what-if): decode-only steps charged
-        c + phi x (the tokens to the decode launch's tile end) for each decode (same section).
+        `mixed_tiles`: "measured" (the default since session 35) charges a step with prefill for
+        the fraction of its decodes' last attention tiles the profile's tile-edge pairs measure on a
+        CUDA profile (`set_tile_pairs`; none without them, none on the CPU, whose attention is not
+        tiled), "on" for their whole tiles (`MIXED_BLOCK_N` context tokens each), "off" at their
+        contexts (module doc, "Whole tiles beside a chunk").
+        `decode_tiles`: "measured" (the default since session 35: the pairs' decode-only fraction,
+        as above), "off", or a fraction in [0, 1] (a what-if): decode-only steps charged c + phi x
+        (the tokens to the decode launch's tile end) for each decode (same section).
         `prefix_term`: "twins" (the default) sets the cached-prefix term h from the prefix points
         against their start-0 twins alone and keeps Σp_i·s_i out of the residuals; "fit" as before
         session 26 (h one coefficient of the regression, Σp_i·s_i a residual axis; module doc,
@@ -818,7 +822,7 @@ class ProfileCost:
         if mixed_tiles not in ("on", "off", "measured"):
             raise ValueError(f"mixed_tiles {mixed_tiles!r}: on, off or measured")
         # the fraction of a whole tile a decode's partial last tile is charged beside a chunk: 1.0
-        # ("on"), 0.0 ("off"), or the profile's off-edge points' ("measured", `set_tile_edges`)
+        # ("on"), 0.0 ("off"), or the profile's tile-edge pairs' ("measured", `set_tile_pairs`)
         self.mixed_tiles_mode = mixed_tiles
         self.mixed_tiles = 1.0 if mixed_tiles == "on" else 0.0
         self.tile_edge_points: list[dict] = []
@@ -1226,10 +1230,8 @@ class ProfileCost:
             fr = [e["tile_fraction"] for e in self.tile_edge_points if e["kind"] == kind]
             if fr:
                 self.tile_fractions[kind] = round(float(np.median(fr)), 4)
-        if self.mixed_tiles_mode == "measured":
-            self.mixed_tiles = min(1.0, max(0.0, self.tile_fractions.get("mixed", 0.0)))
-        if self.decode_tiles_mode == "measured":
-            self.decode_tiles = min(1.0, max(0.0, self.tile_fractions.get("decode", 0.0)))
+        # recorded, not charged: read against the fit these are its residual's size (module doc,
+        # "Whole tiles beside a chunk"); "measured" charges the pairs' fractions only
 
     def set_tile_pairs(self, pairs: list[dict], max_context: int | None = None) -> None:
         """The fraction of a whole tile a partial one costs, from the profile's tile-edge pairs
@@ -1277,6 +1279,8 @@ class ProfileCost:
                 self.tile_fractions[kind] = round(sum(r["_m"] for r in kr) / sum(r["_w"] for r in kr), 4)
         self.tile_edge_points = [{k: v for k, v in r.items() if not k.startswith("_")} | {"source": "pairs"}
                                  for r in rows]
+        if not str(self.meta.get("device", "")).startswith("cuda"):
+            return  # recorded, not charged: the CPU's attention runs no tiles (the pairs time its noise)
         if self.mixed_tiles_mode == "measured":
             self.mixed_tiles = min(1.0, max(0.0, self.tile_fractions.get("mixed", 0.0)))
         if self.decode_tiles_mode == "measured":

@@ -53,13 +53,13 @@ class CostSpec:
     # with `power_cap`: the cap's ratios from the sustained runs ("sustained") or from the pause
     # check's device-time "stream_kind" runs ("stream"; sims.profile_cost, "Anchors in device time")
     cap_anchors: str = "sustained"
-    # steps with prefill charged for their decodes' whole attention tiles: "on", "measured" (the
-    # fraction of a tile the profile's off-edge points give) or "off" (the default;
-    # sims.profile_cost, "Whole tiles beside a chunk")
-    mixed_tiles: str = "off"
-    # decode-only steps charged for their decodes' partial tiles: "off" (the default), "measured"
-    # (the profile's off-edge points' fraction of a tile) or a fraction (a what-if)
-    decode_tiles: str | float = "off"
+    # steps with prefill charged for their decodes' partial attention tiles: "measured" (the
+    # default since session 35: the fraction of a tile the profile's tile-edge pairs measure; none
+    # without them), "on" (whole tiles) or "off" (sims.profile_cost, "Whole tiles beside a chunk")
+    mixed_tiles: str = "measured"
+    # decode-only steps charged for their decodes' partial tiles: "measured" (the default, as
+    # above), "off" or a fraction (a what-if)
+    decode_tiles: str | float = "measured"
 
     def build(self) -> CostModel:
         if self.step_ms is not None:

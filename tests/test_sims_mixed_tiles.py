@@ -5,7 +5,8 @@ In a step with prefill the paged kernel runs each decode as a program of 64 quer
 tiles of its context, and a partly valid tile costs the whole tile. The profile's mixed points sit on
 multiples of 64; live contexts do not. On an H100's 6.7B FP8 part the busy mixed steps read the raw
 model 0.973-0.986 of live, falling with d; charged by whole tiles 0.991-0.9995 at every d
-(bench/results/conditioned_s33). Opt-in until the H200 parts agree (`--mixed-tiles on`)."""
+(bench/results/conditioned_s33). Since session 35 the default charges the fraction of a tile the
+profile's tile-edge pairs measure (`mixed_tiles="measured"`; none on a profile without them)."""
 import json
 
 import pytest
@@ -28,8 +29,8 @@ def test_the_tile_is_the_kernels_for_steps_with_prefill():
     assert QUANT_BLOCK_N % MIXED_BLOCK_N == 0
 
 
-def test_whole_tiles_off_by_default_on_when_asked(tmp_path):
-    doc = _doc()  # no mixed spread points: only the tiles term can charge
+def test_whole_tiles_none_without_pairs_on_when_asked(tmp_path):
+    doc = _doc()  # no mixed spread points, no tile-edge pairs: only the tiles term "on" can charge
     off = _cost(tmp_path, doc)
     assert not off.mixed_tiles and not off.charges_mixed_spread
     assert off.mixed_context_multiple([577, 600]) == 1.0
@@ -143,43 +144,60 @@ def _with_off_edge_points(doc, phi_mixed, phi_decode, ds=(8, 16, 32)):
     return doc
 
 
-def test_measured_reads_the_fraction_of_a_tile_from_the_off_edge_points(tmp_path):
-    """`mixed_tiles="measured"` (session 34): on an H100 one key past a tile edge cost a mixed step
-    0.6-1.0 of a whole tile and a decode-only step about a third (bench/results/tiles_s34); the
-    profile's off-edge points give the card's own fractions, and the term charges that much."""
+def test_off_edge_points_are_recorded_not_charged(tmp_path):
+    """Session 34's off-edge points (every decode one key past a tile, read against the fit) give the
+    fractions they read (`tile_fractions`, the model's summary), but since session 35 "measured" charges
+    only the tile-edge pairs': read against the fit a partial tile is the size of its residual
+    (bench/results/tiles_s35: -0.4 to 8 of a tile per point on an H100 profile)."""
     doc = _with_off_edge_points(_doc(), phi_mixed=0.6, phi_decode=0.33)
-    cost = _cost(tmp_path, doc, mixed_tiles="measured")
+    cost = _cost(tmp_path, doc)          # the defaults: both tiles terms "measured"
     assert cost.tile_fractions["mixed"] == pytest.approx(0.6, abs=0.02)
     assert cost.tile_fractions["decode"] == pytest.approx(0.33, abs=0.02)
-    assert cost.mixed_tiles == cost.tile_fractions["mixed"] and cost.charges_mixed_spread
-    assert cost.mixed_context_multiple([577]) == pytest.approx((577 + cost.mixed_tiles * 63) / 577)
-    assert cost.mixed_context_multiple([576]) == 1.0
+    assert cost.describe()["tile_edges"]["fractions"] == cost.tile_fractions
+    assert (cost.mixed_tiles_mode, cost.decode_tiles_mode) == ("measured", "measured")
+    assert cost.mixed_tiles == 0.0 and cost.decode_tiles == 0.0 and not cost.charges_mixed_spread
+    assert cost.mixed_context_multiple([577]) == 1.0
     # kept out of the fit: the surface at the grid's contexts is the one without them
     plain = _cost(tmp_path, _doc(), "plain.json")
     assert len(cost.points) == len(plain.points)
     assert cost.step_time(16, 256, 16 * 576 + 256, [(256, 0)]) == pytest.approx(
         plain.step_time(16, 256, 16 * 576 + 256, [(256, 0)]), rel=1e-9)
-    # "on" stays whole tiles with the points there; "off" charges none; the fractions are recorded either way
+    # "on" stays whole tiles with the points there
     on = _cost(tmp_path, doc, "on.json", mixed_tiles="on")
     assert on.mixed_context_multiple([577]) == pytest.approx(640 / 577)
-    off = _cost(tmp_path, doc, "off.json")
-    assert not off.charges_mixed_spread and off.tile_fractions == cost.tile_fractions
-    # a fraction read past 1 (noise) is held at a whole tile; a profile without the points charges none
-    assert _cost(tmp_path, _with_off_edge_points(_doc(), 1.3, 0.3), "hi.json",
-                 mixed_tiles="measured").mixed_tiles == 1.0
-    none = _cost(tmp_path, _doc(), "none.json", mixed_tiles="measured")
-    assert none.mixed_tiles == 0.0 and not none.charges_mixed_spread
     assert model_label({"mixed_tiles": "measured"}).endswith("mixed tiles measured")
+
+
+def test_measured_charges_the_pairs_fraction_held_within_a_tile(tmp_path):
+    """The pairs' fractions are what "measured" charges (on a CUDA profile), held within [0, 1]: a
+    fraction read past 1 (the H100 pairs beside a chunk read 1.01-1.10) is a whole tile; a CPU
+    profile's pairs are recorded, not charged (its attention runs no tiles)."""
+    cost = _cost(tmp_path, _with_tile_pairs(_doc(), 0.6, 0.33))
+    assert cost.mixed_tiles == pytest.approx(0.6, abs=0.01) and cost.charges_mixed_spread
+    assert cost.mixed_context_multiple([577]) == pytest.approx((577 + cost.mixed_tiles * 63) / 577)
+    assert cost.mixed_context_multiple([576]) == 1.0
+    hi = _cost(tmp_path, _with_tile_pairs(_doc(), 1.3, 0.3), "hi.json")
+    assert hi.tile_fractions["mixed"] == pytest.approx(1.3, abs=0.02) and hi.mixed_tiles == 1.0
+    off = _cost(tmp_path, _with_tile_pairs(_doc(), 0.6, 0.33), "off.json", mixed_tiles="off", decode_tiles="off")
+    assert (off.mixed_tiles, off.decode_tiles) == (0.0, 0.0) and off.tile_fractions == cost.tile_fractions
+    cpu = _with_tile_pairs(_doc(), 0.6, 0.33)
+    cpu["device"] = "cpu"
+    on_cpu = _cost(tmp_path, cpu, "cpu.json")
+    assert on_cpu.tile_fractions == pytest.approx(cost.tile_fractions, abs=0.01)
+    assert (on_cpu.mixed_tiles, on_cpu.decode_tiles) == (0.0, 0.0)
+    none = _cost(tmp_path, _doc(), "none.json")
+    assert none.mixed_tiles == 0.0 and not none.charges_mixed_spread
 
 
 def test_decode_tiles_charge_decode_only_steps_their_partial_tiles(tmp_path):
     """`decode_tiles` (session 34): one key past a tile cost a decode-only step about a third of a whole
-    tile on an H100 (bench/results/tiles_s34: 0.22-0.53, median 0.31); "measured" reads the profile's
-    decode-only off-edge points, a fraction is a what-if, "off" (the default) charges their contexts."""
-    doc = _with_off_edge_points(_doc(), phi_mixed=0.6, phi_decode=0.33)
-    off = _cost(tmp_path, doc)
+    tile on an H100 (bench/results/tiles_s34: 0.22-0.53, median 0.31); "measured" (the default since
+    session 35) reads the profile's decode-only tile-edge pairs, a fraction is a what-if, "off" charges
+    their contexts."""
+    doc = _with_tile_pairs(_doc(), phi_mixed=0.6, phi_decode=0.33)
+    off = _cost(tmp_path, doc, decode_tiles="off")
     assert off.decode_tiles == 0.0 and off.decode_context_multiple([577]) == 1.0
-    measured = _cost(tmp_path, doc, "m.json", decode_tiles="measured")
+    measured = _cost(tmp_path, doc, "m.json")   # the default since session 35
     assert measured.decode_tiles == pytest.approx(0.33, abs=0.02)
     bn = measured.decode_plan.block_n
     assert bn == 64

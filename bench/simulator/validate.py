@@ -398,6 +398,11 @@ def model_terms(profile_doc: dict, plan_lead: float | None, hide_launch: str = "
     # step kind"): named only when on, so that the terms recorded without it read as they did
     if terms["power_cap"] and pick(cap_by_power, has_sustained_mixed(profile_doc)):
         terms["cap_by_power"] = True
+    # the partial attention tiles at the fractions the profile's tile-edge pairs measure (the
+    # default since session 35, sims.profile_cost "Whole tiles beside a chunk"): named only where
+    # the profile has them (elsewhere "measured" charges nothing), so that older terms read as they did
+    if profile_doc.get("tile_edge_pairs"):
+        terms["mixed_tiles"] = terms["decode_tiles"] = "measured"
     return terms
 
 

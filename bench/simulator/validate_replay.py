@@ -50,7 +50,7 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
                    live_steps=None, cost_scale=None, hide_launch: str | None = None,
                    power_cap: str | None = None, extra_dispatch_ms: float = 0.0,
                    cap_by_power: bool | str = "auto", decode_spread: str = "measured", mixed_spread: str = "measured",
-                   mixed_tiles: str = "off", decode_tiles: str = "off",
+                   mixed_tiles: str = "measured", decode_tiles: str = "measured",
                    decode_spells: bool = True, prefix_term: str = "twins", cap_onset: str = "slow",
                    cap_anchors: str = "sustained",
                    gateway_loop: bool | None = None, live_times: bool = False,
@@ -140,10 +140,15 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
         terms = {**terms, "decode_spread": decode_spread if decode_spread == "off" else float(decode_spread)}
     if mixed_spread != "measured":  # off (their decodes' mean context), or a what-if kappa
         terms = {**terms, "mixed_spread": mixed_spread if mixed_spread == "off" else float(mixed_spread)}
-    if mixed_tiles != "off":  # --mixed-tiles on (sims.profile_cost, "Whole tiles beside a chunk")
-        terms = {**terms, "mixed_tiles": mixed_tiles}
-    if decode_tiles != "off":  # --decode-tiles measured / a fraction (session 34)
-        terms = {**terms, "decode_tiles": decode_tiles if decode_tiles == "measured" else float(decode_tiles)}
+    # the partial attention tiles (sims.profile_cost, "Whole tiles beside a chunk"): "measured", the
+    # default since session 35, named only where the profile's tile-edge pairs measure them (elsewhere
+    # it charges nothing); "on" / "off" / a what-if fraction always named
+    pairs = bool(doc.get("tile_edge_pairs"))
+    terms = {k: v for k, v in terms.items() if k not in ("mixed_tiles", "decode_tiles")}
+    if mixed_tiles != "measured" or pairs:
+        terms["mixed_tiles"] = mixed_tiles
+    if decode_tiles != "measured" or pairs:
+        terms["decode_tiles"] = decode_tiles if decode_tiles in ("measured", "off") else float(decode_tiles)
     lead_s = None if lead_ms is None else lead_ms / 1e3
     gw = gateway_config(serve_parser().parse_args(cfg["serve_argv"]), ["live"])
     batcher = BatcherConfig(**cfg["batcher"]) if cfg.get("batcher") else gw.batcher
@@ -336,16 +341,16 @@ def parser() -> argparse.ArgumentParser:
                         "profile's mixed spread points (sims.profile_cost, 'Unequal contexts beside a "
                         "chunk'; none without them); off: at their decodes' total context; a kappa: "
                         "a what-if at that kappa (where the profile has the decode term's plan)")
-    p.add_argument("--mixed-tiles", choices=("on", "off", "measured"), default="off",
-                   help="on: steps with prefill charged for their decodes' whole attention tiles (64 context "
-                        "tokens each; sims.profile_cost, 'Whole tiles beside a chunk'); measured: for the "
-                        "fraction of the last tile the profile's off-edge points give (none without them); "
-                        "off (default): at their contexts")
-    p.add_argument("--decode-tiles", default="off",
+    p.add_argument("--mixed-tiles", choices=("on", "off", "measured"), default="measured",
+                   help="measured (default since session 35): steps with prefill charged for the fraction of "
+                        "their decodes' last attention tiles the profile's tile-edge pairs measure (none "
+                        "without them: every profile before 2026-12-07; sims.profile_cost, 'Whole tiles "
+                        "beside a chunk'); on: their whole tiles (64 context tokens each); off: their contexts")
+    p.add_argument("--decode-tiles", default="measured",
                    help="decode-only steps charged for their decodes' partial attention tiles, c + phi x (the "
-                        "tokens to the tile's end): measured (phi from the profile's off-edge points; none "
-                        "without them), a fraction phi in [0, 1] (a what-if), or off (default; sims.profile_cost, "
-                        "'Whole tiles beside a chunk')")
+                        "tokens to the tile's end): measured (default since session 35: phi from the "
+                        "profile's tile-edge pairs; none without them), a fraction phi in [0, 1] (a what-if), "
+                        "or off (sims.profile_cost, 'Whole tiles beside a chunk')")
     p.add_argument("--decode-spread", default="measured",
                    help="decode-only steps charged for their contexts' spread (sims.decode_spread): "
                         "'measured' (the default: at the kappa the profile's spread points give; none "
