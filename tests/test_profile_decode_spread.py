@@ -232,7 +232,8 @@ def test_profile_times_tile_edge_pairs_and_the_model_reads_them(tmp_path, capsys
     assert set(rows) == {(("mixed" if r["num_prefill_tokens"] else "decode"), 4, "measured")
                          for r in pairs if r["whole_ms_median"] > 0}
     assert set(cost.tile_fractions) == {k for k, _d, _s in rows}
-    assert cost.mixed_tiles == min(1.0, max(0.0, cost.tile_fractions.get("mixed", 0.0)))
+    # a CPU profile: recorded, not charged (its attention runs no tiles; the pairs time its noise)
+    assert (cost.mixed_tiles_mode, cost.mixed_tiles, cost.decode_tiles) == ("measured", 0.0, 0.0)
     off = _profile(tmp_path, "--max-model-len", "512", "--tile-edge-pairs", "off")
     assert "tile_edge_pairs" not in off
 
@@ -261,8 +262,7 @@ def test_profile_measures_off_edge_points_and_the_model_reads_them_apart(tmp_pat
     assert [(e["kind"], e["num_decode_seqs"]) for e in cost.tile_edge_points] == [
         ("decode", 2), ("decode", 4), ("mixed", 2), ("mixed", 4)]
     assert set(cost.tile_fractions) == {"decode", "mixed"}
-    assert 0.0 <= cost.mixed_tiles <= 1.0
-    assert cost.mixed_tiles == min(1.0, max(0.0, cost.tile_fractions["mixed"]))
+    assert cost.mixed_tiles == 0.0  # recorded, not charged: read against the fit (session 35)
     assert cost.describe()["tile_edges"]["fractions"] == cost.tile_fractions
     off = _profile(tmp_path, "--tile-edge-points", "off")
     assert not any(p.get("decode_spread") == "off_edge" for p in off["points"])

@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
-from sims.profile_cost import ProfileCost  # noqa: E402
+from sims.profile_cost import ProfileCost
 
 TILE = 64
 
