@@ -312,3 +312,28 @@ def test_the_pairs_next_twin_measures_the_whole_tile(tmp_path):
     for pr in far["tile_edge_pairs"]:
         pr["on_context"], pr["off_context"], pr["next_context"] = 2048, 2049, 2176
     assert _cost(tmp_path, far, "far.json").tile_fractions == pytest.approx(measured.tile_fractions, abs=0.01)
+
+
+def test_the_default_charges_a_cuda_profiles_pairs_and_names_them(tmp_path):
+    """Since session 35 the simulator's default (`CostSpec`) charges the fractions a CUDA profile's
+    tile-edge pairs measure, and `sim validate` names the terms (its tables' label) only there: a
+    profile without pairs, or a CPU one, is charged and labelled as before."""
+    from bench.simulator.validate import model_terms
+    from sims.runner import CostSpec, RunSpec, run_spec
+    from sims.workload import LengthSpec, WorkloadConfig
+
+    doc = _with_tile_pairs(_doc(), 0.6, 0.33)
+    assert model_terms(doc, 1e-3)["mixed_tiles"] == model_terms(doc, 1e-3)["decode_tiles"] == "measured"
+    assert "mixed_tiles" not in model_terms(dict(doc, device="cpu"), None)
+    assert "mixed_tiles" not in model_terms(_doc(), 1e-3)
+    path = tmp_path / "pairs.json"
+    path.write_text(json.dumps(doc))
+
+    def tpot(**terms):
+        spec = RunSpec(cost=CostSpec(model="deepseek-coder-6.7b", profile=str(path), **terms),
+                       workload=WorkloadConfig(num_requests=40, rate=10.0, input_len=LengthSpec.parse("500"),
+                                               output_len=LengthSpec.parse(48), seed=3))
+        return run_spec(spec)["tpot_ms"]["p50"]
+
+    assert tpot() > tpot(mixed_tiles="off", decode_tiles="off") * 1.0005
+    assert tpot() == pytest.approx(tpot(mixed_tiles="measured", decode_tiles="measured"))

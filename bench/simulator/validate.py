@@ -399,9 +399,9 @@ def model_terms(profile_doc: dict, plan_lead: float | None, hide_launch: str = "
     if terms["power_cap"] and pick(cap_by_power, has_sustained_mixed(profile_doc)):
         terms["cap_by_power"] = True
     # the partial attention tiles at the fractions the profile's tile-edge pairs measure (the
-    # default since session 35, sims.profile_cost "Whole tiles beside a chunk"): named only where
-    # the profile has them (elsewhere "measured" charges nothing), so that older terms read as they did
-    if profile_doc.get("tile_edge_pairs"):
+    # default since session 35, sims.profile_cost "Whole tiles beside a chunk"): named only where a
+    # CUDA profile has them (elsewhere "measured" charges nothing), so that older terms read as they did
+    if profile_doc.get("tile_edge_pairs") and str(profile_doc.get("device", "")).startswith("cuda"):
         terms["mixed_tiles"] = terms["decode_tiles"] = "measured"
     return terms
 
