@@ -16,6 +16,7 @@ from bench.serving.edit import (
     run_workload,
 )
 from gateway.app import create_app
+from gateway.backend_pool import PoolConfig
 
 
 @pytest.fixture
@@ -27,7 +28,11 @@ async def backend():
 
 @pytest.fixture
 async def url(aiohttp_client, backend):
-    client = await aiohttp_client(create_app(make_config(backend.address), startup_wait_s=5.0))
+    # the production heartbeat (10 s), not the failover tests' 1 s: these tests drive workloads, and under
+    # a loaded CI machine (two test workers beside the soak) the fake backend once went 1.1 s unheard,
+    # was marked down and its requests failed over to nothing (CI, 2026-12-07)
+    pool = PoolConfig(heartbeat_timeout_s=10.0, hello_interval_s=0.1)
+    client = await aiohttp_client(create_app(make_config(backend.address, pool=pool), startup_wait_s=5.0))
     return str(client.make_url("")).rstrip("/")
 
 
