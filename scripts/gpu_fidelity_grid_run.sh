@@ -83,8 +83,10 @@
 # the estimates' slack below; 33b-kvint4-seeds (475 s) is the tightest: its run cut by the timeout loses only
 # itself (sim validate writes the runs done).
 # Since session 35 the tile-edge pairs replace the off-edge points (--tile-edge-pairs: per grid decode batch
-# d >= 8, the edge and the edge + 1 timed in turn, 4 rounds, alone and beside the chunk): estimated ~+10 s on
-# the 6.7B, ~+20 s on the 33B over no tile measurement (the off-edge points' ~8 / ~16 s go), not yet measured.
+# d >= 8, the edge, the edge + 1 and the next edge timed in turn, 4 rounds, alone and beside the chunk). Their
+# first form (two twins) ran inside the H100 6.7B parts' estimates (6.7b-fp8 at 0.5-0.95x ~390 s, 6.7b 2 seeds
+# 268 s); the third twin adds half again: ~+15 s on the 6.7B, ~+30 s on the 33B (not yet measured), which puts
+# 33b-kvint4-seeds at ~490 s: its last run, if cut, loses only itself.
 # Override any of MODEL LOADS SEEDS N IN OUTLEN SERVE_ARGS BUDGET_S per call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
