@@ -359,6 +359,12 @@ POWER_CAP_WINDOW_S = 0.1
 MIXED_BLOCK_N = 64
 
 
+def charges_tile_pairs(profile_doc: dict) -> bool:
+    """The profile's tile-edge pairs set the tiles terms' fractions ("measured", the default): it has
+    them and was measured on CUDA (the CPU's attention runs no tiles; its pairs are recorded only)."""
+    return bool(profile_doc.get("tile_edge_pairs")) and str(profile_doc.get("device", "")).startswith("cuda")
+
+
 def tile_pad(contexts, block_n: int) -> int:
     """The tokens from each decode's context to the end of its last `block_n`-token tile, summed: what
     a partial tile leaves unread (module doc, "Whole tiles beside a chunk")."""
@@ -1200,10 +1206,11 @@ class ProfileCost:
         decode one token past a tile edge; module doc, "Whole tiles beside a chunk"): each point's
         context at which the fitted model gives its time (the time the fit used), as total + phi x
         the tokens to its decodes' tile ends; phi per point, its median per kind ("mixed": beside a
-        chunk, at `MIXED_BLOCK_N`; "decode": alone, at the decode launch's tile). With `mixed_tiles` /
-        `decode_tiles` "measured" that kind's median, within [0, 1], is the term's fraction. A point
-        whose decodes' tile ends past `max_context` (the grid's longest decode context) is not read:
-        the fit has no measured neighbour there (a CPU profile's short grid)."""
+        chunk, at `MIXED_BLOCK_N`; "decode": alone, at the decode launch's tile). Recorded in
+        `tile_fractions` and the model's summary, not charged (since session 35 "measured" charges
+        the tile-edge pairs' fractions only, `set_tile_pairs`). A point whose decodes' tile ends past
+        `max_context` (the grid's longest decode context) is not read: the fit has no measured
+        neighbour there (a CPU profile's short grid)."""
         self.tile_edge_points, self.tile_fractions = [], {}
         for pt in points:
             ctxs = expand_context_lens(pt["decode_context_lens"])
@@ -1279,7 +1286,7 @@ class ProfileCost:
                 self.tile_fractions[kind] = round(sum(r["_m"] for r in kr) / sum(r["_w"] for r in kr), 4)
         self.tile_edge_points = [{k: v for k, v in r.items() if not k.startswith("_")} | {"source": "pairs"}
                                  for r in rows]
-        if not str(self.meta.get("device", "")).startswith("cuda"):
+        if not charges_tile_pairs({**self.meta, "tile_edge_pairs": pairs}):
             return  # recorded, not charged: the CPU's attention runs no tiles (the pairs time its noise)
         if self.mixed_tiles_mode == "measured":
             self.mixed_tiles = min(1.0, max(0.0, self.tile_fractions.get("mixed", 0.0)))

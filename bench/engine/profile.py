@@ -14,9 +14,10 @@ prompts beside the decodes up to the budget (`step_shapes`). Spread decode point
 (`spread_shapes`), and the profile writes the decode kernel's launch plan per decode bucket
 (`decode_attention`): what a batch of unequal contexts costs the one-program-per-sequence launch;
 with --mixed-spread-points, the same decodes beside one prefill chunk (the mixed step's tiling).
-Tile-edge pairs (--tile-edge-pairs) time every decode on a tile edge and one token past it, in turn,
-alone and beside that chunk (`tile_edge_pairs`): what a partial attention tile costs on the card (the
-older off-edge points, --tile-edge-points, time only the second, read against the fit).
+Tile-edge pairs (--tile-edge-pairs) time every decode on a tile edge, one token past it and at the
+next edge, in turn, alone and beside that chunk (`tile_edge_pairs`): what a partial attention tile
+costs on the card as a fraction of a whole one (the older off-edge points, --tile-edge-points, time
+only the second, read against the fit).
 Verify points (--verify-drafts K) hold k verify chunks of K + 1 tokens instead (a decode with K
 draft tokens, speculative decoding): the same tokens as a prefill chunk through the model, but
 sampled at every position and read back row by row, which a prefill chunk's shape does not time.
@@ -1526,8 +1527,9 @@ def run(args: argparse.Namespace) -> dict:
         **({"decode_conditioning": {"points": conditioned, "repeats": CONDITION_REPEATS,
                                     "pause_ms": args.pause_ms}} if conditioning else {}),
         **({"block_order_check": order_check} if order_check else {}),
-        # every decode on a tile edge and one token past it, timed in turn (`tile_edge_pairs`; absent:
-        # the profiles before 2026-12-07 09:30 UTC, which have at most the off-edge points)
+        # every decode on a tile edge, one token past it and at the next edge, timed in turn
+        # (`tile_edge_pairs`; absent: the profiles before 2026-12-07 09:30 UTC, which have at most
+        # the off-edge points; the first two with pairs have no next twin)
         **({"tile_edge_pairs": pairs} if pairs else {}),
     }
 

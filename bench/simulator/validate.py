@@ -401,7 +401,8 @@ def model_terms(profile_doc: dict, plan_lead: float | None, hide_launch: str = "
     # the partial attention tiles at the fractions the profile's tile-edge pairs measure (the
     # default since session 35, sims.profile_cost "Whole tiles beside a chunk"): named only where a
     # CUDA profile has them (elsewhere "measured" charges nothing), so that older terms read as they did
-    if profile_doc.get("tile_edge_pairs") and str(profile_doc.get("device", "")).startswith("cuda"):
+    from sims.profile_cost import charges_tile_pairs
+    if charges_tile_pairs(profile_doc):
         terms["mixed_tiles"] = terms["decode_tiles"] = "measured"
     return terms
 

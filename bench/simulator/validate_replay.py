@@ -143,7 +143,8 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
     # the partial attention tiles (sims.profile_cost, "Whole tiles beside a chunk"): "measured", the
     # default since session 35, named only where a CUDA profile's tile-edge pairs measure them
     # (elsewhere it charges nothing); "on" / "off" / a what-if fraction always named
-    pairs = bool(doc.get("tile_edge_pairs")) and str(doc.get("device", "")).startswith("cuda")
+    from sims.profile_cost import charges_tile_pairs
+    pairs = charges_tile_pairs(doc)
     terms = {k: v for k, v in terms.items() if k not in ("mixed_tiles", "decode_tiles")}
     if mixed_tiles != "measured" or pairs:
         terms["mixed_tiles"] = mixed_tiles
