@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 35: the fidelity grid as it stands — every committed H200 grid part re-scored at this HEAD
+# Issue 35: the fidelity grid as it stands — every committed H200 grid part, and the H100 parts on the
+# conditioned profile (session 33 on: the profiles whose decode points read right), re-scored at this HEAD
 # with the simulator's default form (`validate_replay`'s defaults: the gateway loop and the measured
 # plan leads, and since session 25 the power-by-kind cap where a part's profile carries the pause check's
 # "sustained_mixed" run), one table a reader can use (table.md). For those parts the model without the
@@ -34,9 +35,17 @@ declare -A SRC=(
   [6.7b-mixed-s25-4]=fidelity_grid_h200_s25/seed4/6.7b-mixed-seeds  # seed 4, the same profile (PROFILE_FROM)
   [33b-mixed-s25-1]=fidelity_grid_h200_s25/33b-mixed-1    # mixed lengths, seed 1
   [33b-mixed-s25-2]=fidelity_grid_h200_s25/33b-mixed-2    # seeds 2-3, the same profile (PROFILE_FROM)
+  # H100 parts (session 36 added them): the conditioned profile from session 33 on; the older H100 parts
+  # (sessions 18-31) are read in their own folders
+  [h100-6.7b-fp8-s33]=conditioned_s33/h100_6.7b-fp8/6.7b-fp8   # seeds 0-4, no tile-edge pairs
+  [h100-6.7b-fp8-s35]=tiles_s35/h100_6.7b-fp8/6.7b-fp8         # seeds 0-4, the first pairs (two twins)
+  [h100-6.7b-s34]=tiles_s34/h100_6.7b/6.7b                     # seeds 0-3, off-edge points (recorded only)
+  [h100-6.7b-s35]=tiles_s35/h100_6.7b/6.7b                     # seeds 0-1, pairs (two twins)
+  [h100-6.7b-mixed-s35]=tiles_s35/h100_6.7b-mixed/6.7b-mixed   # mixed lengths, seeds 0-2, off-edge points
 )
 ORDER="33b-s11 33b-s13 6.7b-s13 6.7b-s14 6.7b-s16 6.7b-fp8-s16 33b-fp8-s16 33b-fp8-s17 6.7b-mixed-s20 33b-kvint4-s20 33b-mixed-s20
-       6.7b-mixed-s25 6.7b-mixed-s25-4 33b-mixed-s25-1 33b-mixed-s25-2"
+       6.7b-mixed-s25 6.7b-mixed-s25-4 33b-mixed-s25-1 33b-mixed-s25-2
+       h100-6.7b-fp8-s33 h100-6.7b-fp8-s35 h100-6.7b-s34 h100-6.7b-s35 h100-6.7b-mixed-s35"
 PARTS=${PARTS:-$ORDER}
 args() { local d=$G/${SRC[$1]} p=${SRC[$1]##*/}
   echo "$d/validate_$p.json $d/decisions_$p.jsonl.gz $d/steps_$p.jsonl.gz --profile $d/profile_$p.json"; }
@@ -74,7 +83,22 @@ if [ "$WHAT" = all ] || [ "$WHAT" = tables ]; then
       $PY -m bench.simulator.fidelity_table --pool "replay_33b-mixed-s25-1_${form}.json" \
           "replay_33b-mixed-s25-2_${form}.json" --json "table_33b-mixed-s25-3seeds_${form}.json"
     done
-    for p in 6.7b-s13 6.7b-s14 6.7b-s16 6.7b-fp8-s16 33b-fp8-s16 33b-fp8-s17 6.7b-mixed-s20 33b-kvint4-s20 33b-mixed-s20; do
+    # the H100 cells pooled over the calls on the conditioned profile (each seed replayed on its own call's profile:
+    # the machine-to-machine spread is part of what a user of the simulator meets)
+    pool() {  # name "what" parts...
+      local name=$1 what=$2; shift 2
+      local files=() q
+      for q in "$@"; do [ -f "replay_${q}_default.json" ] && files+=("replay_${q}_default.json"); done
+      [ ${#files[@]} -ge 2 ] || return 0
+      echo
+      echo "### $name ($what), default"
+      echo
+      $PY -m bench.simulator.fidelity_table --pool "${files[@]}" --json "table_${name}_default.json"
+    }
+    pool h100-6.7b-fp8-10seeds "H100: s33 seeds 0-4 + s35 seeds 0-4, two profiles" h100-6.7b-fp8-s33 h100-6.7b-fp8-s35
+    pool h100-6.7b-6seeds "H100: s34 seeds 0-3 + s35 seeds 0-1, two profiles" h100-6.7b-s34 h100-6.7b-s35
+    for p in 6.7b-s13 6.7b-s14 6.7b-s16 6.7b-fp8-s16 33b-fp8-s16 33b-fp8-s17 6.7b-mixed-s20 33b-kvint4-s20 33b-mixed-s20 \
+             h100-6.7b-fp8-s33 h100-6.7b-fp8-s35 h100-6.7b-s34 h100-6.7b-s35 h100-6.7b-mixed-s35; do
       for form in default nocap; do
         [ -f "replay_${p}_${form}.json" ] || continue
         echo

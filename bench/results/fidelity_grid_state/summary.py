@@ -19,20 +19,35 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 LOADS = ("0.5x", "0.8x", "0.95x")
 # run.sh's pooled rows (several calls' seeds, one table) -> a part whose profile they share
-POOLED = {"33b-5seeds": "33b-s13", "6.7b-mixed-s25-5seeds": "6.7b-mixed-s25", "33b-mixed-s25-3seeds": "33b-mixed-s25-1"}
+POOLED = {"33b-5seeds": "33b-s13", "6.7b-mixed-s25-5seeds": "6.7b-mixed-s25", "33b-mixed-s25-3seeds": "33b-mixed-s25-1",
+          "h100-6.7b-fp8-10seeds": "h100-6.7b-fp8-s35", "h100-6.7b-6seeds": "h100-6.7b-s35"}
 
 
-def profile_runs(part: str) -> str:
-    """The pause check's runs the part's profile carries (from run.sh's source table)."""
+def profile_of(part: str) -> dict | None:
+    """The part's profile (from run.sh's source table)."""
     src = re.search(rf"\[{re.escape(part)}\]=(\S+)", (HERE / "run.sh").read_text())
     if not src:
-        return "?"
+        return None
     folder = HERE.parent / src.group(1)
     name = src.group(1).rsplit("/", 1)[1]
-    prof = json.loads((folder / f"profile_{name}.json").read_text())
+    return json.loads((folder / f"profile_{name}.json").read_text())
+
+
+def card(prof: dict | None) -> str:
+    """H100 / H200 from the profile's device name: the cells of the two cards are not one cell."""
+    name = (prof or {}).get("device_name") or "?"
+    return next((c for c in ("H100", "H200") if c in name), name)
+
+
+def profile_runs(prof: dict | None) -> str:
+    """The pause check's sustained runs, and whether the profile carries the tile-edge pairs (which
+    the default charges since session 35)."""
+    if prof is None:
+        return "?"
     runs = [r.get("run") for r in (prof.get("pause_check") or {}).get("runs", [])]
     kept = [r for r in runs if r and r.startswith("sustained")]
-    return ", ".join(kept) if kept else ("pause check, no sustained run" if runs else "no pause check")
+    out = ", ".join(kept) if kept else ("pause check, no sustained run" if runs else "no pause check")
+    return out + ("; tile-edge pairs" if prof.get("tile_edge_pairs") else "")
 
 
 def main() -> int:
@@ -53,13 +68,14 @@ def main() -> int:
         ceil = (" / ".join(f"{100 * c['same_chunks_ceiling']:.1f}" for c in cells)
                 if all(c.get("same_chunks_ceiling") is not None for c in cells) else "–")
         first = cells[0]
-        rows.append(f"| {part} | {first['model']} {first['weights']} {first['kv']} {first['lengths']} | {form} "
+        prof = profile_of(POOLED.get(part, part))
+        rows.append(f"| {part} | {card(prof)} | {first['model']} {first['weights']} {first['kv']} {first['lengths']} | {form} "
                     f"| {first['runs']} | {inside} / {total} | {seed_bound} | {means} / {total} | {chunks} | {ceil} "
-                    f"| {profile_runs(POOLED.get(part, part))} |")
-    print("| part | cell | simulator | seeds x requests | intervals inside (to 0.95x) | of those outside, kept out "
+                    f"| {profile_runs(prof)} |")
+    print("| part | card | cell | simulator | seeds x requests | intervals inside (to 0.95x) | of those outside, kept out "
           "by the noise alone (†) | means inside | same chunks 0.5 / 0.8 / 0.95x (%) | their ceiling (%) "
-          "| profile's sustained runs |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| what the profile carries |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     return 0
 
