@@ -321,3 +321,32 @@ def test_an_interrupted_validate_keeps_the_runs_done(tmp_path, monkeypatch):
                                  str(tmp_path / "profile.json"), "--json", str(tmp_path / "replay.json")]) == 0
     rep = json.loads((tmp_path / "replay.json").read_text())
     assert [ld["load_label"] for ld in rep["loads"]] == [load["load_label"]]
+
+
+@pytest.mark.timeout(300)
+def test_a_stop_signal_after_the_runs_loses_nothing(tmp_path, monkeypatch):
+    """`timeout -s INT` lands after the last run, while the service shuts down and the runs are
+    scored (session 36 lost a whole 33B part, its nine runs done, to one 7 s after the last run):
+    the scoring runs to the end, the JSON holds every run, unmarked, and the process's own SIGINT
+    handler is back once `main` returns."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    real = validate._score_steps
+    sent = []
+
+    def late(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # delivered at once, to this (the main) thread
+        sent.append(True)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(validate, "_score_steps", late)
+    out = tmp_path / "validate.json"
+    before = signal.getsignal(signal.SIGINT)
+    rc = validate.main(_small_run(tmp_path, out, rates="4", warmup=0))
+    assert sent and rc == 0
+    assert signal.getsignal(signal.SIGINT) is before
+    res = json.loads(out.read_text())
+    assert "interrupted" not in res and not res["config"].get("interrupted")
+    (load,) = res["loads"]
+    (run,) = load["runs"]
+    assert run["live_completed"] == 8 and run["sim_completed"] == 8
+    assert run["steps"]["num_prefill_steps"][0] >= 1  # scored from the step log after the signal

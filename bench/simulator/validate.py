@@ -723,6 +723,27 @@ def validate(a: argparse.Namespace) -> dict:
               "capacity_estimate": cap, "loads": []}
     by_load: dict[int, list] = {i: [] for i in range(len(rates))}
     run_steps: list[tuple] = []  # (load index, run index, its request ids, simulated prefill steps)
+    old: dict = {}  # the stop signals' handlers before the runs, put back when the result is whole
+    try:
+        return _validate_live(a, serve_argv, doc, cost, rates, labels, seeds, cap, result, by_load, run_steps,
+                              dec_path, step_path, profile, max_num_seqs, max_nbt, gw, in_spec, out_spec,
+                              plan_lead, live_cap, terms, kind_leads, old)
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def _late_stop(signum, frame) -> None:
+    """A stop signal after the runs ended: what they measured is scored and written first."""
+    print(f"[validate] signal {signum} after the runs: scoring and writing what they measured first",
+          file=sys.stderr, flush=True)
+
+
+def _validate_live(a, serve_argv, doc, cost, rates, labels, seeds, cap, result, by_load, run_steps, dec_path,
+                   step_path, profile, max_num_seqs, max_nbt, gw, in_spec, out_spec, plan_lead, live_cap, terms,
+                   kind_leads, old: dict) -> dict:
+    """`validate`'s live part: every run against the live service, then their scoring. `old` gets the stop
+    signals' handlers the caller puts back."""
     with LiveServer(serve_argv, a.startup_timeout) as srv:
         _log(a, f"live: {srv.url} (model {srv.model}, {srv.num_blocks} KV blocks of {srv.block_size})")
         num_blocks = srv.num_blocks or int(doc["num_kv_blocks"])
@@ -741,9 +762,9 @@ def validate(a: argparse.Namespace) -> dict:
         # short keeps what it measured (before: the whole call's JSON was lost).
         # SIGINT's too, not the one inherited: a process that ran a worker or gateway before (a test
         # runner's, session 34) may hold their handler or SIG_IGN, and the cut would go unseen.
-        main = threading.current_thread() is threading.main_thread()  # signals go to the main thread only
-        old = ({sig: signal.signal(sig, signal.default_int_handler)
-                for sig in (signal.SIGTERM, signal.SIGINT)} if main else {})
+        if threading.current_thread() is threading.main_thread():  # signals go to the main thread only
+            old.update({sig: signal.signal(sig, signal.default_int_handler)
+                        for sig in (signal.SIGTERM, signal.SIGINT)})
         try:
             _live_runs(a, srv, seeds, rates, labels, dec_path, by_load, run_steps, result,
                        profile, num_blocks, block_size, max_model_len, max_num_seqs, max_nbt, gw,
@@ -756,8 +777,12 @@ def validate(a: argparse.Namespace) -> dict:
             # a run whose live part ended but whose comparison did not: dropped
             run_steps[:] = [r for r in run_steps if r[1] < len(by_load[r[0]])]
         finally:
-            for sig, handler in old.items():
-                signal.signal(sig, handler)
+            # After the runs a stop signal stops nothing: the service's shutdown and the scoring below
+            # run to the end and the caller writes the JSON (session 36 lost a whole 33B part, all nine
+            # runs done, to a `timeout -s INT` that landed 7 s after the last one, while the service
+            # shut down). A device call's hard limit still ends the process.
+            for sig in old:
+                signal.signal(sig, _late_stop)
     _score_steps(a, result, step_path, dec_path, cost, by_load, run_steps, plan_lead, kind_leads)
     for li, rate in enumerate(rates):
         if not by_load[li]:  # interrupted before this load ran
@@ -949,8 +974,8 @@ def main(argv: list[str] | None = None) -> int:
     if stopped:
         print(f"tidegate sim validate: interrupted after {stopped['runs_done']} of {stopped['runs_planned']} runs; "
               "the JSON holds those", file=sys.stderr)
+    _write_json(a, result)  # before the tables: a stop signal while they print loses nothing
     if not result["loads"]:  # interrupted before the first run ended: nothing to tabulate
-        _write_json(a, result)
         return 130
     print(format_table(result))
     print("\ndiagnostic: the same simulations with the profile's step times scaled per run so that the "
@@ -1004,7 +1029,6 @@ def main(argv: list[str] | None = None) -> int:
           f"{a.num_requests} requests of {a.input_len}+{a.output_len} tokens per run; goal ±{100 * GOAL:.0f}%; "
           f"loadavg {result['profile']['loadavg_before'][0]:.2f} at profiling, "
           f"{result['loadavg_after'][0]:.2f} at the end")
-    _write_json(a, result)
     return 130 if stopped else 0
 
 
