@@ -87,6 +87,9 @@
 # first form (two twins) ran inside the H100 6.7B parts' estimates (6.7b-fp8 at 0.5-0.95x ~390 s, 6.7b 2 seeds
 # 268 s); the third twin adds half again: ~+15 s on the 6.7B, ~+30 s on the 33B (not yet measured), which puts
 # 33b-kvint4-seeds at ~490 s: its last run, if cut, loses only itself.
+# Session 36 ran 33b-fp8 at 0.5-0.95x on an H100 in 550 s (profile with the three twins 261 s, nine runs ~270 s),
+# past its 473 s estimate (written for the H200 at four loads); a `timeout -s INT` after the last run no longer
+# loses the JSON (sim validate scores what ran), but leave ~40 s inside the call for the shutdown and scoring.
 # Override any of MODEL LOADS SEEDS N IN OUTLEN SERVE_ARGS BUDGET_S per call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
