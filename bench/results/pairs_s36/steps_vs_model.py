@@ -4,7 +4,7 @@ JSON is missing (the H100 33B FP8 part: its JSON was lost to the timeout) or bes
 The model's terms are what `validate_replay` gives the part's profile (`model_terms` from the profile, the cap by
 step kind where it has the mixed step's sustained run, the tiles terms at its tile-edge pairs); the steps are
 rebuilt from the step and decision logs (`fidelity_steps.live_steps`). Prints model / live over the totals for
-decode-only steps and steps with prefill, each by decode count bin.
+decode-only steps and steps with prefill, each by decode count bin (d) and, with prefill, by prefill tokens (p).
 
     python bench/results/pairs_s36/steps_vs_model.py PART_DIR [--tiles off]
 """
@@ -20,6 +20,7 @@ from sims.profile_cost import ProfileCost
 from sims.profile_terms import has_sustained_mixed
 
 D_BINS = ((1, 8), (9, 32), (33, 64), (65, 256))
+P_BINS = ((1, 128), (129, 256), (257, 512), (513, 1024), (1025, 4096))
 
 
 def main(argv: list[str]) -> None:
@@ -46,12 +47,15 @@ def main(argv: list[str]) -> None:
         dbin = next((f"{lo}-{hi}" for lo, hi in D_BINS if lo <= s["d"] <= hi), "0")
         groups[(kind, dbin)].append((model[i], s["ms"]))
         groups[(kind, "all")].append((model[i], s["ms"]))
-    print(f"{'kind':8s} {'d':>7s} {'n':>6s} {'live ms':>8s} {'model/live':>10s}")
+        if s["p"]:  # steps with prefill by their prefill tokens too (the chunks TTFT waits on)
+            pbin = next(f"p {lo}-{hi}" for lo, hi in P_BINS if lo <= s["p"] <= hi)
+            groups[(kind, pbin)].append((model[i], s["ms"]))
+    print(f"{'kind':8s} {'bin':>10s} {'n':>6s} {'live ms':>8s} {'model/live':>10s}")
     for (kind, dbin), v in sorted(groups.items()):
         if len(v) < 10:
             continue
         m, live = sum(x for x, _ in v), sum(y for _, y in v)
-        print(f"{kind:8s} {dbin:>7s} {len(v):6d} {live / len(v):8.3f} {m / live:10.4f}")
+        print(f"{kind:8s} {dbin:>10s} {len(v):6d} {live / len(v):8.3f} {m / live:10.4f}")
 
 
 if __name__ == "__main__":
