@@ -655,6 +655,12 @@ def _log(a, msg: str) -> None:
         print(f"[validate {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def _late_stop(signum, frame) -> None:
+    """A stop signal after the runs ended: what they measured is scored and written first."""
+    print(f"[validate] signal {signum} after the runs: scoring and writing what they measured first",
+          file=sys.stderr, flush=True)
+
+
 def validate(a: argparse.Namespace) -> dict:
     from gateway.serve import build_parser as serve_parser
     from gateway.serve import gateway_config
@@ -723,88 +729,72 @@ def validate(a: argparse.Namespace) -> dict:
               "capacity_estimate": cap, "loads": []}
     by_load: dict[int, list] = {i: [] for i in range(len(rates))}
     run_steps: list[tuple] = []  # (load index, run index, its request ids, simulated prefill steps)
-    old: dict = {}  # the stop signals' handlers before the runs, put back when the result is whole
+    old: dict = {}  # the stop signals' handlers before the runs, put back once the result is whole
     try:
-        return _validate_live(a, serve_argv, doc, cost, rates, labels, seeds, cap, result, by_load, run_steps,
-                              dec_path, step_path, profile, max_num_seqs, max_nbt, gw, in_spec, out_spec,
-                              plan_lead, live_cap, terms, kind_leads, old)
+        with LiveServer(serve_argv, a.startup_timeout) as srv:
+            _log(a, f"live: {srv.url} (model {srv.model}, {srv.num_blocks} KV blocks of {srv.block_size})")
+            num_blocks = srv.num_blocks or int(doc["num_kv_blocks"])
+            block_size = srv.block_size or int(doc["block_size"])
+            max_model_len = srv.max_model_len or int(doc["max_model_len"])
+            result["live_backend"] = {"num_kv_blocks": srv.num_blocks, "block_size": srv.block_size,
+                                      "max_model_len": srv.max_model_len, "url": srv.url,
+                                      "profile_num_kv_blocks_match": srv.num_blocks == doc["num_kv_blocks"]}
+            if a.warmup_requests:
+                run_live(srv.url, srv.model, a.warmup_requests, max(rates[0], 1.0), in_spec,
+                         out_spec, 10_000, a.request_timeout, prompts_seed=0)
+            result["decision_log"] = str(dec_path)
+            # A device call's timeout (SIGINT from `timeout -s INT`, SIGTERM from a plain `timeout`)
+            # stops the runs, not the session: the runs done so far are scored and written, as a
+            # validate JSON marked "interrupted" (its unfinished run is dropped), so that a part cut
+            # short keeps what it measured (before: the whole call's JSON was lost).
+            # SIGINT's too, not the one inherited: a process that ran a worker or gateway before (a test
+            # runner's, session 34) may hold their handler or SIG_IGN, and the cut would go unseen.
+            if threading.current_thread() is threading.main_thread():  # signals go to the main thread only
+                old.update({sig: signal.signal(sig, signal.default_int_handler)
+                            for sig in (signal.SIGTERM, signal.SIGINT)})
+            try:
+                _live_runs(a, srv, seeds, rates, labels, dec_path, by_load, run_steps, result,
+                           profile, num_blocks, block_size, max_model_len, max_num_seqs, max_nbt, gw,
+                           in_spec, out_spec, plan_lead, live_cap, terms)
+            except KeyboardInterrupt:
+                done = sum(map(len, by_load.values()))
+                result["interrupted"] = {"runs_done": done, "runs_planned": len(seeds) * len(rates)}
+                result["config"]["interrupted"] = True  # its logs hold a prefix of the plan (prompt_identity)
+                _log(a, f"interrupted: scoring the {done} of {len(seeds) * len(rates)} runs done")
+                # a run whose live part ended but whose comparison did not: dropped
+                run_steps[:] = [r for r in run_steps if r[1] < len(by_load[r[0]])]
+            finally:
+                # After the runs a stop signal stops nothing: the service's shutdown and the scoring below
+                # run to the end and the caller writes the JSON (session 36 lost a whole 33B part, all nine
+                # runs done, to a `timeout -s INT` that landed 7 s after the last one, while the service
+                # shut down). A device call's hard limit still ends the process.
+                for sig in old:
+                    signal.signal(sig, _late_stop)
+        _score_steps(a, result, step_path, dec_path, cost, by_load, run_steps, plan_lead, kind_leads)
+        for li, rate in enumerate(rates):
+            if not by_load[li]:  # interrupted before this load ran
+                continue
+            result["loads"].append({"load_label": labels[li], "rate": rate,
+                                    "load_fraction": rate / cap["request_rate"], "runs": by_load[li],
+                                    "summary": summarize_load(by_load[li], a.confidence),
+                                    "summary_scaled": summarize_load(
+                                        [{"compare": r["compare_scaled"]} for r in by_load[li]], a.confidence),
+                                    "summary_replay": summarize_load(
+                                        [{"compare": r["compare_replay"]} for r in by_load[li]], a.confidence),
+                                    "decisions": decisions_summary(by_load[li], a.confidence),
+                                    **({"summary_replay_path": summarize_load(
+                                        [{"compare": r["compare_replay_path"]} for r in by_load[li]],
+                                        a.confidence)} if all("compare_replay_path" in r for r in by_load[li])
+                                       else {}),
+                                    "steps": steps_summary(by_load[li], a.confidence),
+                                    **({"steps_path": steps_summary([{"steps": r["steps_path"]} for r in by_load[li]],
+                                                                    a.confidence)}
+                                       if all("steps_path" in r for r in by_load[li]) else {}),
+                                    "ttft_path_ms": _mean_parts([r.get("ttft_path_ms") for r in by_load[li]]),
+                                    "scale": mean_ci([r["scale"] for r in by_load[li]], a.confidence)})
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
-
-
-def _late_stop(signum, frame) -> None:
-    """A stop signal after the runs ended: what they measured is scored and written first."""
-    print(f"[validate] signal {signum} after the runs: scoring and writing what they measured first",
-          file=sys.stderr, flush=True)
-
-
-def _validate_live(a, serve_argv, doc, cost, rates, labels, seeds, cap, result, by_load, run_steps, dec_path,
-                   step_path, profile, max_num_seqs, max_nbt, gw, in_spec, out_spec, plan_lead, live_cap, terms,
-                   kind_leads, old: dict) -> dict:
-    """`validate`'s live part: every run against the live service, then their scoring. `old` gets the stop
-    signals' handlers the caller puts back."""
-    with LiveServer(serve_argv, a.startup_timeout) as srv:
-        _log(a, f"live: {srv.url} (model {srv.model}, {srv.num_blocks} KV blocks of {srv.block_size})")
-        num_blocks = srv.num_blocks or int(doc["num_kv_blocks"])
-        block_size = srv.block_size or int(doc["block_size"])
-        max_model_len = srv.max_model_len or int(doc["max_model_len"])
-        result["live_backend"] = {"num_kv_blocks": srv.num_blocks, "block_size": srv.block_size,
-                                  "max_model_len": srv.max_model_len, "url": srv.url,
-                                  "profile_num_kv_blocks_match": srv.num_blocks == doc["num_kv_blocks"]}
-        if a.warmup_requests:
-            run_live(srv.url, srv.model, a.warmup_requests, max(rates[0], 1.0), in_spec,
-                     out_spec, 10_000, a.request_timeout, prompts_seed=0)
-        result["decision_log"] = str(dec_path)
-        # A device call's timeout (SIGINT from `timeout -s INT`, SIGTERM from a plain `timeout`)
-        # stops the runs, not the session: the runs done so far are scored and written, as a
-        # validate JSON marked "interrupted" (its unfinished run is dropped), so that a part cut
-        # short keeps what it measured (before: the whole call's JSON was lost).
-        # SIGINT's too, not the one inherited: a process that ran a worker or gateway before (a test
-        # runner's, session 34) may hold their handler or SIG_IGN, and the cut would go unseen.
-        if threading.current_thread() is threading.main_thread():  # signals go to the main thread only
-            old.update({sig: signal.signal(sig, signal.default_int_handler)
-                        for sig in (signal.SIGTERM, signal.SIGINT)})
-        try:
-            _live_runs(a, srv, seeds, rates, labels, dec_path, by_load, run_steps, result,
-                       profile, num_blocks, block_size, max_model_len, max_num_seqs, max_nbt, gw,
-                       in_spec, out_spec, plan_lead, live_cap, terms)
-        except KeyboardInterrupt:
-            done = sum(map(len, by_load.values()))
-            result["interrupted"] = {"runs_done": done, "runs_planned": len(seeds) * len(rates)}
-            result["config"]["interrupted"] = True  # its logs hold a prefix of the plan (prompt_identity)
-            _log(a, f"interrupted: scoring the {done} of {len(seeds) * len(rates)} runs done")
-            # a run whose live part ended but whose comparison did not: dropped
-            run_steps[:] = [r for r in run_steps if r[1] < len(by_load[r[0]])]
-        finally:
-            # After the runs a stop signal stops nothing: the service's shutdown and the scoring below
-            # run to the end and the caller writes the JSON (session 36 lost a whole 33B part, all nine
-            # runs done, to a `timeout -s INT` that landed 7 s after the last one, while the service
-            # shut down). A device call's hard limit still ends the process.
-            for sig in old:
-                signal.signal(sig, _late_stop)
-    _score_steps(a, result, step_path, dec_path, cost, by_load, run_steps, plan_lead, kind_leads)
-    for li, rate in enumerate(rates):
-        if not by_load[li]:  # interrupted before this load ran
-            continue
-        result["loads"].append({"load_label": labels[li], "rate": rate,
-                                "load_fraction": rate / cap["request_rate"], "runs": by_load[li],
-                                "summary": summarize_load(by_load[li], a.confidence),
-                                "summary_scaled": summarize_load(
-                                    [{"compare": r["compare_scaled"]} for r in by_load[li]], a.confidence),
-                                "summary_replay": summarize_load(
-                                    [{"compare": r["compare_replay"]} for r in by_load[li]], a.confidence),
-                                "decisions": decisions_summary(by_load[li], a.confidence),
-                                **({"summary_replay_path": summarize_load(
-                                    [{"compare": r["compare_replay_path"]} for r in by_load[li]],
-                                    a.confidence)} if all("compare_replay_path" in r for r in by_load[li])
-                                   else {}),
-                                "steps": steps_summary(by_load[li], a.confidence),
-                                **({"steps_path": steps_summary([{"steps": r["steps_path"]} for r in by_load[li]],
-                                                                a.confidence)}
-                                   if all("steps_path" in r for r in by_load[li]) else {}),
-                                "ttft_path_ms": _mean_parts([r.get("ttft_path_ms") for r in by_load[li]]),
-                                "scale": mean_ci([r["scale"] for r in by_load[li]], a.confidence)})
     result["loadavg_after"] = os.getloadavg()
     return result
 
