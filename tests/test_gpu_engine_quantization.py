@@ -125,6 +125,48 @@ def test_untied_lm_head_is_quantized_and_engine_serves():
     assert len(toks) == 5
 
 
+def test_fp8_weights_give_their_memory_to_the_kv_pool(monkeypatch):
+    """The engine sizes its KV pool after quantizing: the pool is a share of the memory the
+    device reports free, so sized before it the fp8 weights' savings sat idle (the 33B fp8 on
+    an H100: 3,452 blocks of 16, as many as its bf16 weights leave, where ~10,400 fit). Here a
+    device whose free memory is a fixed budget less the model's tensors as they are when asked."""
+    from backend.engine import assemble
+    from backend.engine.assemble import ServingOptions, build_runner
+    from backend.kv.pools import block_bytes
+    from backend.model import quantization
+
+    budget = 64 << 20
+    built = {}
+    real_load = assemble.load
+
+    def load(*a, **kw):
+        built["loaded"] = real_load(*a, **kw)
+        return built["loaded"]
+
+    def tensor_bytes(model):
+        return sum(t.numel() * t.element_size()
+                   for t in {id(t): t for t in [*model.parameters(), *model.buffers()]}.values())
+
+    monkeypatch.setattr(assemble, "load", load)
+    monkeypatch.setattr(assemble, "available_memory",
+                        lambda device: budget - tensor_bytes(built["loaded"].model))
+    monkeypatch.setattr(quantization, "check_support", lambda device: None)  # the CPU oracle
+    blocks, freed = {}, {}
+    for q in ("none", "fp8"):
+        cfg = BackendConfig(model="tiny", dtype="bfloat16", block_size=16, max_num_seqs=4,
+                            max_num_batched_tokens=64, max_model_len=1 << 16,
+                            kv_memory_fraction=0.5)
+        runner, loaded, info, _ = build_runner(cfg, ServingOptions(quantization=q))
+        blocks[q], freed[q] = runner.kv.num_blocks, budget - tensor_bytes(loaded.model)
+        assert info["quantization"] == q and ("quantize_s" in info) == (q == "fp8")
+    per_block = block_bytes(loaded.config, 16, "bfloat16")
+    assert any(isinstance(m, Fp8Linear) for m in runner.model.modules())
+    assert freed["fp8"] > freed["none"]  # the fp8 weights are smaller (~0.5x)
+    for q, n in blocks.items():  # half of what is free once the weights are as served
+        assert n == (freed[q] // 2) // per_block
+    assert blocks["fp8"] > blocks["none"]
+
+
 @pytest.mark.skipif(CUDA, reason="checks the CPU refusal")
 def test_clear_errors_where_fp8_cannot_run():
     engine, _ = _tiny()

@@ -27,32 +27,44 @@ def setup_cuda_runner(runner, enforce_eager: bool = False,
     return StepGraphs(runner, buckets, token_buckets=token_buckets)
 
 
+def quantize_weights(model, quantization: str | None, device) -> dict:
+    """Quantize the weights of `model` in place (`backend.model.quantization`) and, on CUDA, hand
+    the freed bf16 weights back to the device. Returns {"quantize_s": seconds} ({} for "none").
+
+    The assembler calls this before it sizes the KV pool: the pool is a share of the memory the
+    device reports free, and fp8 weights free about half of what the bf16 ones held (the 33B:
+    ~31 GiB, ~6,900 more KV blocks of 16 at the default share)."""
+    if not quantization or quantization == "none":
+        return {}
+    # imported only when asked for: it loads Triton (~0.9 s), which a CPU backend never needs
+    from backend.model.quantization import quantize_model
+
+    t0 = time.perf_counter()
+    quantize_model(model, quantization)
+    info = {"quantize_s": time.perf_counter() - t0}
+    if device.type == "cuda":
+        # The bf16 weights just freed stay in torch's cache (reserved to this process) unless
+        # handed back: the device would not report them free to the KV sizing, and two 33B fp8
+        # backends sharing one H200 each peak at ~73 GB while quantizing, so the second cannot
+        # start while the first still holds its peak (H200, issue 34's pair: out of memory at
+        # 139.8 GiB). Afterwards this process holds its fp8 weights and KV only.
+        import torch
+
+        torch.cuda.empty_cache()
+    return info
+
+
 def configure_serving(runner, quantization: str | None = None, enforce_eager: bool = False,
                       buckets: Sequence[int] | None = None, capture: bool = True,
                       token_buckets: Sequence[int] | None = None) -> dict:
-    """Serving-time transforms of a built runner, in order: quantize the weights, then set up
-    and capture the step graphs (CUDA). Returns timings (and graph memory) for the start-up
+    """Serving-time transforms of a built runner, in order: quantize the weights (unless the
+    assembler did, before it sized the KV pool), then set up and capture the step graphs (CUDA). Returns timings (and graph memory) for the start-up
     log."""
     info: dict = {"quantization": quantization or "none", "cuda_graphs": False}
     if runner.graphs is not None:  # a runner built with its default graphs (tests): set up anew
         runner.graphs.release()
         runner.graphs = None
-    if quantization and quantization != "none":
-        # imported only when asked for: it loads Triton (~0.9 s), which a CPU backend never needs
-        from backend.model.quantization import quantize_model
-
-        t0 = time.perf_counter()
-        quantize_model(runner.model, quantization)
-        info["quantize_s"] = time.perf_counter() - t0
-        if runner.device.type == "cuda":
-            # The bf16 weights just freed stay in torch's cache (reserved to this process)
-            # unless handed back: two 33B fp8 backends sharing one H200 each peak at ~73 GB
-            # while quantizing, and the second cannot start while the first still holds its
-            # peak (H200, issue 34's pair: out of memory at 139.8 GiB). Afterwards this process
-            # holds its fp8 weights and KV only.
-            import torch
-
-            torch.cuda.empty_cache()
+    info.update(quantize_weights(runner.model, quantization, runner.device))
     if runner.device.type != "cuda":
         return info
     from backend.kernels.dispatch import kernels_available
