@@ -54,3 +54,25 @@ def test_quantized_formats_hold_more_in_the_order_of_their_bytes():
 def test_weights_that_do_not_fit_are_refused():
     with pytest.raises(ValueError):
         kv_capacity(ModelConfig.from_preset("deepseek-coder-33b"), 40 * 2**30, 16384)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_fp8_served_weight_bytes_are_the_quantized_models(tied):
+    """`served_weight_bytes(..., "fp8")` (what the capacity table charges fp8 weights) against
+    the bytes of a model the engine's own transform quantized, tied and untied LM head."""
+    import dataclasses
+
+    from backend.kv.sizing import served_weight_bytes
+    from backend.model.llama import LlamaModel
+    from backend.model.quantization import quantize_model
+
+    c = dataclasses.replace(ModelConfig.from_preset("tiny"), tie_word_embeddings=tied)
+    model = LlamaModel(c, max_model_len=64).to(torch.bfloat16)
+    quantize_model(model, "fp8", check_device=False)
+    held = {id(t): t for name, t in [*model.named_parameters(), *model.named_buffers()]
+            if not name.endswith("cos_sin")}  # the rotary table is not a weight
+    real = sum(t.numel() * t.element_size() for t in held.values())
+    assert served_weight_bytes(c, "bfloat16", "fp8") == real
+    assert served_weight_bytes(c, "bfloat16") == c.weight_bytes("bfloat16")
+    assert kv_capacity(c, 1 << 30, 2048, quantization="fp8").num_blocks > \
+        kv_capacity(c, 1 << 30, 2048).num_blocks
