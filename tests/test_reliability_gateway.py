@@ -341,6 +341,25 @@ async def test_backend_marked_down_is_sent_aborts(gateway_client, backend):
     assert not backend.running
 
 
+async def test_a_stall_of_the_gateways_own_loop_does_not_mark_its_backend_down(gateway_client,
+                                                                               caplog):
+    """A 1.5 s stall of the gateway's event loop (a long handler, a loaded CI host) used to mark
+    a healthy backend down on the monitor's next wake (no message for > 1 s: none could be
+    read), and the next request got a 503 (`make test` on a 2-core machine, session 37)."""
+    client = await gateway_client()  # heartbeat window 1.0 s
+    gw = client.app[GATEWAY_KEY]
+    b = gw.pool.backends[0]
+    await wait_for(lambda: b.healthy)
+    seen = b.last_seen
+    await wait_for(lambda: b.last_seen > seen)  # just heard: no ping in flight to answer later
+    time.sleep(1.5)  # noqa: ASYNC251 (the stall under test: nothing on this loop runs)
+    await asyncio.sleep(0.6)  # the monitor wakes, pings, and the backend answers
+    # (marked down, it would be back by now through a Hello: the log says whether it went)
+    assert b.healthy and not [r for r in caplog.records if " down: " in r.getMessage()]
+    status, body = await post(client, "/v1/completions", {"prompt": "a", "max_tokens": 3})
+    assert status == 200, body
+
+
 # --- retry once on another backend while no token was produced ----------------------------------
 async def test_request_without_tokens_is_retried_on_another_backend(aiohttp_client):
     a = await FakeBackend(ipc_address()).start()
