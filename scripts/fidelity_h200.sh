@@ -56,12 +56,27 @@ if [ -n "${PROFILE_FROM:-}" ]; then
   cp "$PROFILE_FROM" "$OUT/profile_$TAG.json" && reprofile=() || exit 1
   echo "profile: $PROFILE_FROM (not measured in this call)"
 fi
-timeout "$BUDGET_S" python3 -m gateway.tidegate_cli sim validate --model "$MODEL" --device "$DEVICE" \
-  --input-len "$IN" --output-len "$OUTLEN" --num-requests "$N" --seeds "$SEEDS" "${load_args[@]}" \
-  --profile "$OUT/profile_$TAG.json" "${reprofile[@]}" --profile-repeats 3 --profile-warmup 1 \
-  --profile-pause-ms "$PAUSE_MS" --profile-device-time "$DEVICE_TIME" \
-  --warmup-requests 10 --settle-s 0.5 \
-  --decision-log "$OUT/decisions_$TAG.jsonl" --step-log "$OUT/steps_$TAG.jsonl" ${SERVE_ARGS:-} \
-  --json "$OUT/validate_$TAG.json" 2>&1 | tee "$OUT/validate_$TAG.log"
-echo "rc ${PIPESTATUS[0]}"
+# A device call's stop signal (`timeout -s INT` around the part) reaches this shell and the log's tee,
+# not validate: the inner `timeout` runs it in a process group of its own. Before session 37 that
+# signal killed the tee alone, validate's next line hit a broken pipe, and the part ended with no
+# JSON (session 36's 33B FP8, all nine runs done; session 37's H100 6.7B). Now the tee ignores it and
+# this shell passes it on as the TERM on which validate scores and writes the runs done so far.
+rm -f "$OUT/.validate_rc"
+{
+  timeout "$BUDGET_S" python3 -m gateway.tidegate_cli sim validate --model "$MODEL" --device "$DEVICE" \
+    --input-len "$IN" --output-len "$OUTLEN" --num-requests "$N" --seeds "$SEEDS" "${load_args[@]}" \
+    --profile "$OUT/profile_$TAG.json" "${reprofile[@]}" --profile-repeats 3 --profile-warmup 1 \
+    --profile-pause-ms "$PAUSE_MS" --profile-device-time "$DEVICE_TIME" \
+    --warmup-requests 10 --settle-s 0.5 \
+    --decision-log "$OUT/decisions_$TAG.jsonl" --step-log "$OUT/steps_$TAG.jsonl" ${SERVE_ARGS:-} \
+    --json "$OUT/validate_$TAG.json"
+  echo $? > "$OUT/.validate_rc"
+} 2>&1 | (trap '' INT TERM; exec tee "$OUT/validate_$TAG.log") &
+pipe_pid=$!
+trap 'echo "stop signal: passing it on to validate as TERM" >&2
+      pkill -TERM -f "^timeout $BUDGET_S python3 -m gateway.tidegate_cli sim validate" 2>/dev/null' INT TERM
+while kill -0 "$pipe_pid" 2>/dev/null; do wait "$pipe_pid"; done
+trap - INT TERM
+echo "rc $(cat "$OUT/.validate_rc" 2>/dev/null || echo '?')"
+rm -f "$OUT/.validate_rc"
 [ -n "$smi_pid" ] && kill "$smi_pid" 2>/dev/null

@@ -62,3 +62,31 @@ def test_a_given_profile_that_is_not_there_is_refused_before_any_run(tmp_path):
     assert "PROFILE_FROM=" in out.stderr and "no such profile" in out.stderr
     assert "PROFILE_FROM=" in (tmp_path / "cpu" / "command.txt").read_text()
     assert not list((tmp_path / "cpu").glob("validate_*"))
+
+
+def test_a_stop_signal_to_the_part_keeps_the_runs_done(tmp_path):
+    """A device call cuts a part with `timeout -s INT`, which signals the part's process group. That
+    signal used to kill the log's tee alone (validate runs in a group of its own, under the inner
+    `timeout`): validate's next line hit a broken pipe and the part ended with no JSON (sessions 36
+    and 37 lost two GPU parts so). Now the part passes it on as the TERM validate scores a cut on.
+    The CPU part (~35 s), cut as soon as its first run is logged."""
+    import json
+    import signal
+    import time
+
+    env = {**os.environ, "PART": "cpu", "OUT": str(tmp_path), "SEEDS": "0,1,2", "BUDGET_S": "120"}
+    proc = subprocess.Popen(["bash", str(SCRIPT)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    log = tmp_path / "cpu" / "validate_cpu.log"
+    deadline = time.monotonic() + 150
+    while time.monotonic() < deadline and proc.poll() is None:
+        if log.exists() and "seed 0:" in log.read_text():
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, "the part ended before its first run was logged"
+    os.killpg(proc.pid, signal.SIGINT)  # as `timeout -s INT` does
+    out, _ = proc.communicate(timeout=120)
+    doc = json.loads((tmp_path / "cpu" / "validate_cpu.json").read_text())
+    assert doc["interrupted"]["runs_done"] >= 1, out
+    assert sum(len(ld["runs"]) for ld in doc["loads"]) == doc["interrupted"]["runs_done"]
+    assert "stop signal: passing it on" in out
