@@ -52,7 +52,7 @@ class PoolFailover:
                         b.send(codec.make_health(next(self._nonce), time.time()))
             woke = now
             for b in self.backends:
-                if b.healthy and now - b.last_seen > self.config.heartbeat_timeout_s:
+                if b.healthy and now - b.last_seen > timeout:
                     waiting = b.sock is not None and b.sock.get(zmq.EVENTS) & zmq.POLLIN
                     b.io.check()  # reading EVENTS may have eaten the readable edge
                     if waiting:
@@ -60,7 +60,7 @@ class PoolFailover:
                     self._mark_down(b, f"no message for {now - b.last_seen:.1f} s")
                 if not b.healthy and now - b.last_hello >= self.config.hello_interval_s:
                     self._hello(b, now)
-                elif b.healthy and now - b.last_seen > self.config.heartbeat_timeout_s / 2:
+                elif b.healthy and now - b.last_seen > timeout / 2:
                     b.send(codec.make_health(next(self._nonce), time.time()))
 
     def _mark_down(self, backend: BackendConn, reason: str) -> None:

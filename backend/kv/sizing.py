@@ -69,7 +69,7 @@ def kv_capacity(config: ModelConfig, gpu_memory_bytes: int, context_len: int,
     weights = served_weight_bytes(config, dtype, quantization)
     free = gpu_memory_bytes - weights
     if free <= 0:
-        kind = f"{dtype}" if quantization in (None, "", "none") else f"{quantization}"
+        kind = dtype if quantization in (None, "", "none") else quantization
         raise ValueError(f"the {kind} weights ({weights / 2**30:.1f} GiB) do "
                          f"not fit in {gpu_memory_bytes / 2**30:.1f} GiB")
     kv_bytes = int(kv_memory_fraction * free)

@@ -58,8 +58,8 @@ def configure_serving(runner, quantization: str | None = None, enforce_eager: bo
                       buckets: Sequence[int] | None = None, capture: bool = True,
                       token_buckets: Sequence[int] | None = None) -> dict:
     """Serving-time transforms of a built runner, in order: quantize the weights (unless the
-    assembler did, before it sized the KV pool), then set up and capture the step graphs (CUDA). Returns timings (and graph memory) for the start-up
-    log."""
+    assembler did, before it sized the KV pool), then set up and capture the step graphs (CUDA).
+    Returns timings (and graph memory) for the start-up log."""
     info: dict = {"quantization": quantization or "none", "cuda_graphs": False}
     if runner.graphs is not None:  # a runner built with its default graphs (tests): set up anew
         runner.graphs.release()
