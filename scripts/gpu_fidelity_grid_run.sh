@@ -160,7 +160,7 @@ mkdir -p "$dir"
 {
   echo "# issue 35 grid part $PART, $(date -u +%FT%TZ), estimate ~${est}s"
   echo "git $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
-  echo "MODEL=$MODEL LOADS=$LOADS SEEDS=$SEEDS N=$N IN=$IN OUTLEN=$OUTLEN SERVE_ARGS='$SERVE_ARGS' BUDGET_S=$BUDGET_S${RATES:+ RATES=$RATES}${PROFILE_FROM:+ PROFILE_FROM=$PROFILE_FROM} bash scripts/fidelity_h200.sh"
+  echo "MODEL=$MODEL LOADS=$LOADS SEEDS=$SEEDS N=$N IN=$IN OUTLEN=$OUTLEN SERVE_ARGS='$SERVE_ARGS' BUDGET_S=$BUDGET_S${RATES:+ RATES=$RATES}${PROFILE_FROM:+ PROFILE_FROM=$PROFILE_FROM PROFILE_CHECK=${PROFILE_CHECK:-reprofile}} bash scripts/fidelity_h200.sh"
 } | tee "$dir/command.txt"
 t0=$(date +%s)
 OUT=$dir bash scripts/fidelity_h200.sh

@@ -149,6 +149,11 @@ def parser() -> argparse.ArgumentParser:
                         "(`block_order_check` in the profile: recorded, not read by the cost "
                         "model): whether where the KV blocks lie, or what they hold, changes a "
                         "decode step's time (issue 35, session 21)")
+    p.add_argument("--pause-check", choices=("on", "off"), default="on",
+                   help="on (with --pause-ms > 0): after the grid, the pause check (`compare_pause`: the "
+                        "grid's prefill steps paused and back to back, and the sustained runs the cost "
+                        "model's power terms read); off: the grid alone (`sim validate`'s profile check, "
+                        "bench.simulator.profile_check)")
     p.add_argument("--device-time", choices=("on", "off"), default="on",
                    help="on CUDA, also time each point as the serving loop runs it: queued behind "
                         "a spin kernel that holds the stream while the host launches, so the "
@@ -1483,7 +1488,7 @@ def run(args: argparse.Namespace) -> dict:
                                 cfg, loaded.config.vocab_size, args.repeats, args.pause_ms / 1000,
                                 MIXED_CHUNK if getattr(args, "mixed_spread_points", "on") == "on" else 0)
     pause_check = None
-    if args.pause_ms > 0:
+    if args.pause_ms > 0 and getattr(args, "pause_check", "on") == "on":
         pause_check = compare_pause(runner, shapes, cfg, loaded.config.vocab_size, args.pause_ms / 1000)
     order_check = []  # last: its prefilled run leaves the pool's first blocks written
     if getattr(args, "block_order_check", "on") == "on":

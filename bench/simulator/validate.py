@@ -236,6 +236,33 @@ def ensure_profile(a: argparse.Namespace) -> tuple[Path, bool]:
     return path, True
 
 
+def ensure_checked_profile(a: argparse.Namespace) -> tuple[Path, bool, dict | None]:
+    """`ensure_profile`, then with a cached profile and `--profile-check` its check: (path, measured
+    now, the check's result or None). With `reprofile`, a cached profile outside the tolerance is
+    measured again at its path."""
+    profile, measured = ensure_profile(a)
+    if measured or getattr(a, "profile_check", "off") == "off":
+        return profile, measured, None
+    check = check_cached_profile(a, profile)
+    if not check["within"] and a.profile_check == "reprofile":
+        _log(a, "the cached profile is another card's: measuring this card's")
+        profile, measured = ensure_profile(argparse.Namespace(**{**vars(a), "reprofile": True}))
+    return profile, measured, check
+
+
+def check_cached_profile(a: argparse.Namespace, path: Path) -> dict:
+    """`--profile-check`: a few of the cached profile's points measured again on this device
+    (bench.simulator.profile_check), logged and returned."""
+    from bench.simulator import profile_check
+
+    tol = getattr(a, "profile_check_tolerance", None)
+    result = profile_check.run_check(path, a.model, a.device, a.profile_repeats, a.profile_warmup,
+                                     list(a.engine_arg), profile_check.DEFAULT_TOLERANCE_PCT if tol is None else tol,
+                                     cwd=REPO_ROOT)
+    _log(a, f"{profile_check.describe(result)} ({result['seconds']:.0f} s)")
+    return result
+
+
 def capacity_estimate(cost, input_len: int, output_len: int, max_num_seqs: int,
                       max_batch: int) -> dict:
     """Requests/s one backend sustains by the profile: for decode batch B, a request costs its
@@ -571,6 +598,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default="out/validate_profile.json",
                    help="profile JSON: measured here first unless it exists")
     p.add_argument("--reprofile", action="store_true", help="measure the profile even if it exists")
+    p.add_argument("--profile-check", choices=("off", "warn", "reprofile"), default="off",
+                   help="with a cached --profile: first re-measure ~15 of its points on this device "
+                        "(bench.simulator.profile_check: cards of one kind differ, two H100s by ~3 %% in "
+                        "decode) and compare; outside the tolerance, warn: record it and go on, "
+                        "reprofile: measure a whole profile (over the cached one); off (default): "
+                        "trust the cached profile")
+    p.add_argument("--profile-check-tolerance", type=float, default=None, metavar="PCT",
+                   help="--profile-check's bound on each kind's median ratio, in %% (default "
+                        "profile_check.DEFAULT_TOLERANCE_PCT, 1.5)")
     p.add_argument("--model", default="tiny", help="preset or HF directory (live and profile)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--profile-repeats", type=int, default=5)
@@ -687,7 +723,7 @@ def validate(a: argparse.Namespace) -> dict:
     gw = gateway_config(serve_parser().parse_args(serve_argv), ["live"])
     load_profile = os.getloadavg()
     t_prof = time.perf_counter()
-    profile, measured = ensure_profile(a)
+    profile, measured, check = ensure_checked_profile(a)
     t_prof = time.perf_counter() - t_prof
     doc = json.loads(profile.read_text())
     plan_lead = async_plan_lead(doc, a.device)
@@ -721,6 +757,7 @@ def validate(a: argparse.Namespace) -> dict:
                          # the live engine's prefill cap (its replay needs it: fidelity_resim)
                          "prefill_cap": vars_of(live_cap)},
               "profile": {"path": str(profile), "measured_now": measured, "seconds": t_prof,
+                          **({"check": check} if check is not None else {}),
                           "loadavg_before": load_profile,
                           **{k: v for k, v in doc.items() if k != "points"},
                           "num_points": len(doc["points"]), "cost_model": cost.describe(),

@@ -1,0 +1,142 @@
+"""Is a cached profile this card's? A short re-measurement of a few of its points (issue 35, session 38).
+
+A profile is a property of one card, not of a kind of card. On four H100 80GB HBM3 calls the same 6.7B
+grid read two levels: two cards alike (decode points 1.000, prefill 1.005 of each other) and two whose
+decode points ran 3.0-3.8 % slower at every decode batch (median 3.3 %) and whose prefill points ran
+1.1-2.4 % slower: a card with ~3 % less memory bandwidth and ~1 % less compute. Replayed on a profile
+of the faster card, the slower card's live runs read TPOT P50 -4 to -6 % and TTFT P50 -4 to -12 %
+(bench/results/pairs_s38). `sim validate` measures a profile only when none is cached, and the grid's
+device calls reuse a profile from an earlier call (`PROFILE_FROM`) to spend the device time on seeds:
+without a check, such a call scores the card difference as the simulator's error.
+
+`check_grid` picks the check's shapes from the cached grid itself (decode batches 1 / 16 / 64 / 128 at
+its first context, and those batches beside the chunk sizes 256 / 512, as far as the grid has them): a
+decode-bound and a compute-bound reading, ~15 points, ~2 % of a profile's points. `backend profile`
+measures them as the cached profile measured its own (its pause, repetitions, device timing, KV fill),
+without the extra runs (pause check, spread and tile points, block-order check). `compare` reads each
+against the cached point of the same shape: the median ratio of the decode-only points and of the
+points with prefill. Outside the tolerance the profile is another card's, and `sim validate
+--profile-check reprofile` measures a whole profile instead (warn: record and go on).
+
+The check does not rescale the cached profile: one ratio per kind of step would carry a card's level
+but not its shape (the pause check's power terms, the tiles), and a profile measured on the card is
+what the simulator is validated on."""
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CHECK_DECODE_BATCHES = (1, 16, 64, 128)
+CHECK_PREFILL_TOKENS = (256, 512)
+# The two H100 levels differ by ~3.3 % (decode) and ~1.4 % (prefill); two whole profiles of one card,
+# or of two alike, agree to ~0.5 % (bench/results/pairs_s38/README.md): 1.5 % sits between.
+DEFAULT_TOLERANCE_PCT = 1.5
+
+
+def _plain(pt: dict) -> bool:
+    """A grid point: one prompt from position 0 (or none) beside equal contexts, not a verify."""
+    return ("decode_spread" not in pt and "num_draft_tokens" not in pt
+            and pt.get("num_prefill_seqs", 0) <= 1 and not pt.get("prefill_context_len", 0))
+
+
+def _key(pt: dict) -> tuple[int, int, int]:
+    return int(pt["num_decode_seqs"]), int(pt["num_prefill_tokens"]), int(pt["context_len"])
+
+
+def check_grid(doc: dict) -> dict[str, str]:
+    """The check's `backend profile` grid, from the cached profile's own grid points: the decode
+    batches of CHECK_DECODE_BATCHES it has (with fewer than two, its smallest, middle and largest), the chunk sizes
+    of CHECK_PREFILL_TOKENS it has (else its smallest positive one), and its first decode context."""
+    pts = [p for p in doc["points"] if _plain(p)]
+    ds = sorted({int(p["num_decode_seqs"]) for p in pts if p["num_decode_seqs"] and not p["num_prefill_tokens"]})
+    ps = sorted({int(p["num_prefill_tokens"]) for p in pts if p["num_prefill_tokens"]})
+    cs = sorted({int(p["context_len"]) for p in pts if p["num_decode_seqs"] and not p["num_prefill_tokens"]})
+    if not ds or not cs:
+        raise ValueError("the profile has no decode-only grid points to check")
+    use_d = [d for d in CHECK_DECODE_BATCHES if d in ds]
+    if len(use_d) < 2:  # a small grid (the CPU's): its ends and middle
+        use_d = sorted({ds[0], ds[len(ds) // 2], ds[-1]})
+    use_p = [p for p in CHECK_PREFILL_TOKENS if p in ps] or ps[:1]
+    return {"decode_batch_sizes": ",".join(map(str, use_d)),
+            "prefill_tokens": ",".join(map(str, [0, *use_p])), "context_lens": str(cs[0])}
+
+
+def _time_of(pt: dict, device: bool) -> float | None:
+    return pt.get("device_ms_median") if device else pt.get("step_ms_median", pt.get("step_ms"))
+
+
+def compare(cached: dict, check: dict, tolerance_pct: float = DEFAULT_TOLERANCE_PCT) -> dict:
+    """The check's points against the cached points of the same shape (d, p, c): ratio check /
+    cached of the device-timed medians where both profiles have them (else the step medians), the
+    median ratio per kind of step (decode-only, with prefill), and whether both lie within
+    `tolerance_pct` of 1."""
+    old = {}
+    for p in cached["points"]:
+        if _plain(p):
+            old.setdefault(_key(p), p)
+    new = [p for p in check["points"] if _plain(p) and _key(p) in old]
+    device = all(p.get("device_ms_median") for p in new) and all(old[_key(p)].get("device_ms_median") for p in new)
+    rows = []
+    for p in new:
+        a, b = _time_of(old[_key(p)], device), _time_of(p, device)
+        if a and b:
+            d, n, c = _key(p)
+            rows.append({"d": d, "p": n, "c": c, "cached_ms": a, "check_ms": b, "ratio": b / a})
+    kinds = {}
+    for kind, pick in (("decode", lambda r: r["p"] == 0), ("prefill", lambda r: r["p"] > 0)):
+        rs = [r["ratio"] for r in rows if pick(r)]
+        if rs:
+            kinds[kind] = {"median_ratio": statistics.median(rs), "n": len(rs), "min": min(rs), "max": max(rs)}
+    if not kinds:
+        raise ValueError("the check measured no point the cached profile has")
+    tol = tolerance_pct / 100.0
+    return {"timing": "device" if device else "step", "tolerance_pct": tolerance_pct, "kinds": kinds,
+            "within": all(abs(k["median_ratio"] - 1.0) <= tol for k in kinds.values()), "points": rows,
+            "cached_device_name": cached.get("device_name"), "check_device_name": check.get("device_name")}
+
+
+def describe(result: dict) -> str:
+    """One line for the log."""
+    kinds = ", ".join(f"{k} {100 * (v['median_ratio'] - 1):+.1f} % ({v['n']} points)"
+                      for k, v in result["kinds"].items())
+    verdict = "this card's" if result["within"] else f"not this card's (beyond ±{result['tolerance_pct']:g} %)"
+    return f"profile check: {kinds} against the cached points ({result['timing']} times): {verdict}"
+
+
+def profile_command(cached: dict, out: Path, model: str, device: str, repeats: int, warmup: int,
+                    engine_args: list[str]) -> list[str]:
+    """`backend profile` on the check's grid, measured as the cached profile measured its points (its
+    pause, device timing and KV fill), without the runs beside the grid."""
+    g = check_grid(cached)
+    device_time = "on" if any(p.get("device_ms_median") for p in cached["points"]) else "off"
+    return [sys.executable, "-m", "gateway.tidegate_cli", "backend", "profile", "--model", model,
+            "--device", device, "--out", str(out), "--repeats", str(repeats), "--warmup", str(warmup),
+            "--pause-ms", str(float(cached.get("pause_ms") or 0.0)), "--device-time", device_time,
+            "--kv-fill", str(cached.get("kv_fill") or "zeros"),
+            "--decode-batch-sizes", g["decode_batch_sizes"], "--prefill-tokens", g["prefill_tokens"],
+            "--context-lens", g["context_lens"], "--packed-prefill-seqs", "", "--prefill-context-lens", "",
+            "--budget-packed-points", "off", "--decode-bucket-points", "off", "--decode-spread-points", "off",
+            "--mixed-spread-points", "off", "--tile-edge-pairs", "off", "--block-order-check", "off",
+            "--pause-check", "off", *engine_args]
+
+
+def run_check(cached_path: Path, model: str, device: str, repeats: int, warmup: int, engine_args: list[str],
+              tolerance_pct: float = DEFAULT_TOLERANCE_PCT, cwd: Path | None = None) -> dict:
+    """Measure the check's points on this device and compare them with the cached profile's."""
+    cached = json.loads(Path(cached_path).read_text())
+    with tempfile.TemporaryDirectory(prefix="tidegate-profile-check-") as tmp:
+        out = Path(tmp) / "check.json"
+        cmd = profile_command(cached, out, model, device, repeats, warmup, engine_args)
+        t0 = time.perf_counter()
+        done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"profile check failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+        check = json.loads(out.read_text())
+    result = compare(cached, check, tolerance_pct)
+    result["seconds"] = time.perf_counter() - t0
+    return result
