@@ -336,6 +336,9 @@ def _serving_options(args: argparse.Namespace):
 def _serving_note(info: dict) -> str:
     """The ready line's note on the serving transforms (empty for echo and vLLM's engine)."""
     note = f", {info['quantization']} weights" if info.get("quantization", "none") != "none" else ""
+    if "quantize_freed_bytes" in info:  # CUDA: what quantizing gave back to the KV pool's sizing
+        note += (f" ({info['quantize_freed_bytes'] / 2**30:.1f} GiB freed, "
+                 f"{info['quantize_cache_held_bytes'] / 2**30:.2f} GiB kept in torch's cache)")
     if info.get("cuda_graphs"):
         mem = info.get("capture_mem", {}).get("free_bytes_used")
         note += (f", {len(info['buckets'])} decode + {len(info['token_buckets'])} mixed-step "

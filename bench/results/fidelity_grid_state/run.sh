@@ -42,10 +42,16 @@ declare -A SRC=(
   [h100-6.7b-s34]=tiles_s34/h100_6.7b/6.7b                     # seeds 0-3, off-edge points (recorded only)
   [h100-6.7b-s35]=tiles_s35/h100_6.7b/6.7b                     # seeds 0-1, pairs (two twins)
   [h100-6.7b-mixed-s35]=tiles_s35/h100_6.7b-mixed/6.7b-mixed   # mixed lengths, seeds 0-2, off-edge points
+  # session 38: the first 33B parts on an H100 scored on the current profiler (pairs with the next twin)
+  [h100-33b-fp8-s38]=pairs_s38/h100_33b-fp8/33b-fp8            # seeds 0-4 on session 36's H100 profile (PROFILE_FROM)
+  [h100-33b-kvint4-s38]=pairs_s38/h100_33b-kvint4/33b-kvint4   # bf16 weights, int4-fp8 KV: seeds 0-1 + the profile
+  [h100-33b-kvint4-s38-2]=pairs_s38/h100_33b-kvint4-seeds2-4/33b-kvint4  # seeds 2-4, the same profile
+  [h100-6.7b-s38]=pairs_s38/h100_6.7b-seeds1-2/6.7b            # seeds 1-2 on session 37's H100 profile
 )
 ORDER="33b-s11 33b-s13 6.7b-s13 6.7b-s14 6.7b-s16 6.7b-fp8-s16 33b-fp8-s16 33b-fp8-s17 6.7b-mixed-s20 33b-kvint4-s20 33b-mixed-s20
        6.7b-mixed-s25 6.7b-mixed-s25-4 33b-mixed-s25-1 33b-mixed-s25-2
-       h100-6.7b-fp8-s33 h100-6.7b-fp8-s35 h100-6.7b-s34 h100-6.7b-s35 h100-6.7b-mixed-s35"
+       h100-6.7b-fp8-s33 h100-6.7b-fp8-s35 h100-6.7b-s34 h100-6.7b-s35 h100-6.7b-mixed-s35
+       h100-33b-fp8-s38 h100-33b-kvint4-s38 h100-33b-kvint4-s38-2 h100-6.7b-s38"
 PARTS=${PARTS:-$ORDER}
 args() { local d=$G/${SRC[$1]} p=${SRC[$1]##*/}
   echo "$d/validate_$p.json $d/decisions_$p.jsonl.gz $d/steps_$p.jsonl.gz --profile $d/profile_$p.json"; }
@@ -97,8 +103,12 @@ if [ "$WHAT" = all ] || [ "$WHAT" = tables ]; then
     }
     pool h100-6.7b-fp8-10seeds "H100: s33 seeds 0-4 + s35 seeds 0-4, two profiles" h100-6.7b-fp8-s33 h100-6.7b-fp8-s35
     pool h100-6.7b-6seeds "H100: s34 seeds 0-3 + s35 seeds 0-1, two profiles" h100-6.7b-s34 h100-6.7b-s35
+    pool h100-6.7b-8seeds "H100: s34 seeds 0-3 + s35 seeds 0-1 + s38 seeds 1-2, three profiles" h100-6.7b-s34 \
+        h100-6.7b-s35 h100-6.7b-s38
+    pool h100-33b-kvint4-5seeds "H100: s38 seeds 0-1 + seeds 2-4, one profile" h100-33b-kvint4-s38 h100-33b-kvint4-s38-2
     for p in 6.7b-s13 6.7b-s14 6.7b-s16 6.7b-fp8-s16 33b-fp8-s16 33b-fp8-s17 6.7b-mixed-s20 33b-kvint4-s20 33b-mixed-s20 \
-             h100-6.7b-fp8-s33 h100-6.7b-fp8-s35 h100-6.7b-s34 h100-6.7b-s35 h100-6.7b-mixed-s35; do
+             h100-6.7b-fp8-s33 h100-6.7b-fp8-s35 h100-6.7b-s34 h100-6.7b-s35 h100-6.7b-mixed-s35 \
+             h100-33b-fp8-s38 h100-33b-kvint4-s38 h100-33b-kvint4-s38-2 h100-6.7b-s38; do
       for form in default nocap; do
         [ -f "replay_${p}_${form}.json" ] || continue
         echo
