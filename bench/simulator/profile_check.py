@@ -9,9 +9,11 @@ of the faster card, the slower card's live runs read TPOT P50 -4 to -6 % and TTF
 device calls reuse a profile from an earlier call (`PROFILE_FROM`) to spend the device time on seeds:
 without a check, such a call scores the card difference as the simulator's error.
 
-`check_grid` picks the check's shapes from the cached grid itself (decode batches 1 / 16 / 64 / 128 at
-its first context, and those batches beside the chunk sizes 256 / 512, as far as the grid has them): a
-decode-bound and a compute-bound reading, ~15 points, ~2 % of a profile's points. `backend profile`
+`check_grid` picks the check's shapes from the cached grid itself: decode batches 1 / 16 / 64 / 128 (as
+far as the grid has them) at its first context, each beside every one-prompt chunk size of the grid. A
+decode-bound and a compute-bound reading, ~25 points, a tenth of a profile's; every chunk size so that
+each decode-only point follows the step it follows in the whole grid (the largest chunk that fits beside
+the previous batch): a decode point's time depends on the step before it (session 32's conditioning). `backend profile`
 measures them as the cached profile measured its own (its pause, repetitions, device timing, KV fill),
 without the extra runs (pause check, spread and tile points, block-order check). `compare` reads each
 against the cached point of the same shape: the median ratio of the decode-only points and of the
@@ -32,7 +34,6 @@ import time
 from pathlib import Path
 
 CHECK_DECODE_BATCHES = (1, 16, 64, 128)
-CHECK_PREFILL_TOKENS = (256, 512)
 # The two H100 levels differ by ~3.3 % (decode) and ~1.4 % (prefill); two whole profiles of one card,
 # or of two alike, agree to ~0.5 % (bench/results/pairs_s38/README.md): 1.5 % sits between.
 DEFAULT_TOLERANCE_PCT = 1.5
@@ -50,8 +51,8 @@ def _key(pt: dict) -> tuple[int, int, int]:
 
 def check_grid(doc: dict) -> dict[str, str]:
     """The check's `backend profile` grid, from the cached profile's own grid points: the decode
-    batches of CHECK_DECODE_BATCHES it has (with fewer than two, its smallest, middle and largest), the chunk sizes
-    of CHECK_PREFILL_TOKENS it has (else its smallest positive one), and its first decode context."""
+    batches of CHECK_DECODE_BATCHES it has (with fewer than two, its smallest, middle and largest),
+    its one-prompt chunk sizes, and its first decode context."""
     pts = [p for p in doc["points"] if _plain(p)]
     ds = sorted({int(p["num_decode_seqs"]) for p in pts if p["num_decode_seqs"] and not p["num_prefill_tokens"]})
     ps = sorted({int(p["num_prefill_tokens"]) for p in pts if p["num_prefill_tokens"]})
@@ -61,9 +62,8 @@ def check_grid(doc: dict) -> dict[str, str]:
     use_d = [d for d in CHECK_DECODE_BATCHES if d in ds]
     if len(use_d) < 2:  # a small grid (the CPU's): its ends and middle
         use_d = sorted({ds[0], ds[len(ds) // 2], ds[-1]})
-    use_p = [p for p in CHECK_PREFILL_TOKENS if p in ps] or ps[:1]
     return {"decode_batch_sizes": ",".join(map(str, use_d)),
-            "prefill_tokens": ",".join(map(str, [0, *use_p])), "context_lens": str(cs[0])}
+            "prefill_tokens": ",".join(map(str, [0, *ps])), "context_lens": str(cs[0])}
 
 
 def _time_of(pt: dict, device: bool) -> float | None:
