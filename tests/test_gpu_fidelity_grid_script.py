@@ -124,3 +124,6 @@ def test_a_given_profile_of_another_card_is_measured_again(tmp_path):
     assert "PROFILE_CHECK=reprofile" in (tmp_path / "cpu" / "command.txt").read_text()
     log = (tmp_path / "cpu" / "validate_cpu.log").read_text()
     assert "profile check: decode" in log and "measuring this card's" in log
+    # the backend's ready line, in the log and the JSON (on a GPU with fp8 weights it says what quantizing
+    # gave back to the KV pool: session 38's 24a)
+    assert "live backend: tidegate backend ready" in log and "KV blocks of 16" in res["live_backend"]["ready_line"]

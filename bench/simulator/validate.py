@@ -302,6 +302,7 @@ class LiveServer:
     num_blocks: int | None = None
     block_size: int | None = None
     max_model_len: int | None = None
+    backend_line: str = ""  # the backend's ready line (its KV pool, and what quantizing gave back)
 
     def __enter__(self) -> Self:
         cmd = [sys.executable, "-m", "gateway.tidegate_cli", "serve", *self.argv]
@@ -315,6 +316,7 @@ class LiveServer:
                 m = _BACKEND.search(line)
                 if m and self.num_blocks is None:
                     self.num_blocks, self.block_size, self.max_model_len = map(int, m.groups())
+                    self.backend_line = line.strip()
                 m = _READY.search(line)
                 if m:
                     self.model, self.url = m.group(1), m.group(2)
@@ -770,10 +772,13 @@ def validate(a: argparse.Namespace) -> dict:
     try:
         with LiveServer(serve_argv, a.startup_timeout) as srv:
             _log(a, f"live: {srv.url} (model {srv.model}, {srv.num_blocks} KV blocks of {srv.block_size})")
+            if srv.backend_line:
+                _log(a, f"live backend: {srv.backend_line}")
             num_blocks = srv.num_blocks or int(doc["num_kv_blocks"])
             block_size = srv.block_size or int(doc["block_size"])
             max_model_len = srv.max_model_len or int(doc["max_model_len"])
             result["live_backend"] = {"num_kv_blocks": srv.num_blocks, "block_size": srv.block_size,
+                                      "ready_line": srv.backend_line,
                                       "max_model_len": srv.max_model_len, "url": srv.url,
                                       "profile_num_kv_blocks_match": srv.num_blocks == doc["num_kv_blocks"]}
             if a.warmup_requests:
