@@ -137,6 +137,11 @@ def test_a_profile_of_another_card_is_caught_and_measured_again(tmp_path):
     assert check["kinds"]["decode"]["median_ratio"] < 0.5 and check["kinds"]["prefill"]["median_ratio"] < 0.5
     assert check["timing"] == "step" and {r["d"] for r in check["points"]} == {1, 2, 4}
     assert json.loads(path2.read_text())["points"] == slow["points"]
+    # the same check as a command: exit status 1 (not this card's), its line, the JSON
+    out = tmp_path / "check.json"
+    assert profile_check.main([str(path), "--json", str(out)]) == 1
+    assert not json.loads(out.read_text())["within"]
+    assert profile_check.main([str(tmp_path / "nope.json")]) == 2
     # reprofile: this device's profile replaces it
     path3, measured, check = validate.ensure_checked_profile(_tiny_args(tmp_path, "reprofile"))
     assert measured and not check["within"] and path3 == path

@@ -140,3 +140,43 @@ def run_check(cached_path: Path, model: str, device: str, repeats: int, warmup: 
     result = compare(cached, check, tolerance_pct)
     result["seconds"] = time.perf_counter() - t0
     return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m bench.simulator.profile_check PROFILE --model M --device cuda`: is PROFILE this card's?
+    Prints the check's line (and its points with --verbose); exit status 0 when within the tolerance, 1
+    when not, 2 on a bad profile or a failed measurement."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m bench.simulator.profile_check",
+                                description="re-measure a few of a cached profile's points on this device")
+    p.add_argument("profile", help="a profile JSON (`tidegate backend profile --out`)")
+    p.add_argument("--model", help="preset or HF directory (default: the profile's model)")
+    p.add_argument("--device", help="cpu or cuda[:N] (default: the profile's device)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE_PCT, metavar="PCT")
+    p.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
+                   help="engine flag the profile was measured with (repeat; e.g. --engine-arg=--quantization=fp8)")
+    p.add_argument("--json", dest="json_out", metavar="OUT")
+    p.add_argument("--verbose", action="store_true", help="every point's ratio")
+    a = p.parse_args(argv)
+    try:
+        doc = json.loads(Path(a.profile).read_text())
+        result = run_check(Path(a.profile), a.model or doc["model"], a.device or doc["device"], a.repeats,
+                           a.warmup, a.engine_arg, a.tolerance, cwd=Path(__file__).resolve().parents[2])
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        print(f"profile check: {e}", file=sys.stderr)
+        return 2
+    print(f"{describe(result)} ({result['seconds']:.0f} s)")
+    if a.verbose:
+        for r in result["points"]:
+            print(f"  d {r['d']:4d} p {r['p']:5d} c {r['c']:5d}: {r['cached_ms']:9.3f} -> {r['check_ms']:9.3f} ms "
+                  f"(x{r['ratio']:.4f})")
+    if a.json_out:
+        Path(a.json_out).write_text(json.dumps(result, indent=1))
+    return 0 if result["within"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
