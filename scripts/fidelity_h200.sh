@@ -54,7 +54,7 @@ reprofile=(--reprofile)
 if [ -n "${PROFILE_FROM:-}" ]; then
   [ -f "$PROFILE_FROM" ] || { echo "PROFILE_FROM=$PROFILE_FROM: no such profile" >&2; exit 2; }
   cp "$PROFILE_FROM" "$OUT/profile_$TAG.json" && reprofile=() || exit 1
-  # PROFILE_CHECK (session 38): re-measure ~25 of its points on this card first (~30-60 s); cards of one
+  # PROFILE_CHECK (session 38): re-measure ~30 of its points on this card first (~30-60 s); cards of one
   # kind differ (two H100s: decode 3.3 %, prefill 1.4 %), and outside the tolerance a whole profile of
   # this card is measured instead (reprofile, the default), or the check is recorded only (warn); off: none
   PROFILE_CHECK=${PROFILE_CHECK:-reprofile}

@@ -68,7 +68,7 @@ def test_the_check_reads_each_kind_of_step_against_the_same_shape():
 def test_the_check_grid_is_a_few_points_of_the_cached_grid():
     doc = json.loads(H100_PROFILE.read_text())
     g = profile_check.check_grid(doc)
-    assert g == {"decode_batch_sizes": "1,16,64,128", "prefill_tokens": "0,64,256,512,1024,2048",
+    assert g == {"decode_batch_sizes": "1,16,32,48,64,128", "prefill_tokens": "0,64,256,512,1024,2048",
                  "context_lens": "512"}
     cmd = profile_check.profile_command(doc, Path("/tmp/x.json"), "deepseek-coder-33b", "cuda", 3, 1,
                                         ["--kv-cache-dtype=int4-fp8"])
@@ -96,13 +96,13 @@ def _check_points_of(doc, cached):
 
 def test_the_check_tells_the_committed_h100_cards_apart():
     """The 6.7B bf16 grid on three H100 calls with the same profiler (sessions 34, 35, 37): at the check's
-    20 shapes, session 34's card reads decode +3.6 %, prefill +1.6 % of session 37's (the live runs of
-    session 38 on such a card read TPOT P50 -4 to -6 % on 37's profile), session 35's +0.3 / +0.4 %."""
+    shapes, session 34's card reads decode +3.5 %, prefill +1.5 % of session 37's (the live runs of
+    session 38 on such a card read TPOT P50 -4 to -6 % on 37's profile), session 35's +0.1 / +0.4 %."""
     base = json.loads((REPO / "bench/results/pairs_s37/h100_6.7b/6.7b/profile_6.7b.json").read_text())
-    for part, within, decode in (("tiles_s34", False, 1.036), ("tiles_s35", True, 1.0025)):
+    for part, within, decode in (("tiles_s34", False, 1.0345), ("tiles_s35", True, 1.0011)):
         other = json.loads((REPO / f"bench/results/{part}/h100_6.7b/6.7b/profile_6.7b.json").read_text())
         sub = _check_points_of(other, base)
-        assert len(sub["points"]) == 20
+        assert len(sub["points"]) == 26  # of 30 measured: the bucket point d 48 beside a chunk is no grid point
         r = profile_check.compare(base, sub)
         assert r["within"] is within and r["timing"] == "device", part
         assert r["kinds"]["decode"]["median_ratio"] == pytest.approx(decode, abs=0.001), part

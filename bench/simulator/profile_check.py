@@ -9,9 +9,9 @@ of the faster card, the slower card's live runs read TPOT P50 -4 to -6 % and TTF
 device calls reuse a profile from an earlier call (`PROFILE_FROM`) to spend the device time on seeds:
 without a check, such a call scores the card difference as the simulator's error.
 
-`check_grid` picks the check's shapes from the cached grid itself: decode batches 1 / 16 / 64 / 128 (as
-far as the grid has them) at its first context, each beside every one-prompt chunk size of the grid. A
-decode-bound and a compute-bound reading, ~25 points, a tenth of a profile's; every chunk size so that
+`check_grid` picks the check's shapes from the cached grid itself: decode batches 1 / 16 / 32 / 48 / 64 / 128
+(as far as the grid has them: 32 and 48 end two decode graphs) at its first context, each beside every one-prompt chunk size of the grid. A
+decode-bound and a compute-bound reading, ~30 points (26 of them compared on the validate grid), an eighth of a profile's; every chunk size so that
 each decode-only point follows the step it follows in the whole grid (the largest chunk that fits beside
 the previous batch): a decode point's time depends on the step before it (session 32's conditioning). `backend profile`
 measures them as the cached profile measured its own (its pause, repetitions, device timing, KV fill),
@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-CHECK_DECODE_BATCHES = (1, 16, 64, 128)
+CHECK_DECODE_BATCHES = (1, 16, 32, 48, 64, 128)
 # The two H100 levels differ by ~3.3 % (decode) and ~1.4 % (prefill); two whole profiles of one card,
 # or of two alike, agree to ~0.5 % (bench/results/pairs_s38/README.md): 1.5 % sits between.
 DEFAULT_TOLERANCE_PCT = 1.5

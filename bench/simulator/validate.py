@@ -601,7 +601,7 @@ def parser() -> argparse.ArgumentParser:
                    help="profile JSON: measured here first unless it exists")
     p.add_argument("--reprofile", action="store_true", help="measure the profile even if it exists")
     p.add_argument("--profile-check", choices=("off", "warn", "reprofile"), default="off",
-                   help="with a cached --profile: first re-measure ~25 of its points on this device "
+                   help="with a cached --profile: first re-measure ~30 of its points on this device "
                         "(bench.simulator.profile_check: cards of one kind differ, two H100s by ~3 %% in "
                         "decode) and compare; outside the tolerance, warn: record it and go on, "
                         "reprofile: measure a whole profile (over the cached one); off (default): "

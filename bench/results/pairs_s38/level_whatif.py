@@ -1,8 +1,8 @@
 """What-if (issue 35, session 38): session 38's 6.7B runs (a slower H100) replayed on session 37's profile (a
 faster one) with every point scaled by the card levels that a *third* card's profile reads against it.
 
-Session 34's card is of the slower kind: at the profile check's 20 shapes its 6.7B grid reads decode x1.036,
-prefill x1.016 of session 37's (bench.simulator.profile_check.compare; no live data enters the scale). If the
+Session 34's card is of the slower kind: at the profile check's shapes its 6.7B grid reads decode x1.035,
+prefill x1.015 of session 37's (bench.simulator.profile_check.compare; no live data enters the scale). If the
 cross-card error is the card's level alone, session 37's profile scaled so should replay session 38's runs as
 an own profile would. Only the points' step and device times are scaled (the pause check's runs and the tile
 pairs are left as measured), so this is a what-if, not a method: the profile check re-measures instead.
