@@ -3,13 +3,19 @@
 
     python bench/results/pairs_s38/cmp_decode_steps.py A/steps_*.jsonl.gz B/steps_*.jsonl.gz
 """
-import gzip, json, sys, statistics as st
+import gzip
+import json
+import statistics as st
+import sys
+
+
 def load(p):
     out = {}
-    for line in gzip.open(p, 'rt'):
-        s = json.loads(line)
-        if s.get('prefill_tokens', 0) == 0 and s['decodes'] > 0:
-            out.setdefault(s['decodes'], []).append((s['ms'], s.get('device_ms') or float('nan'), s['host_ms'][2] if s.get('host_ms') else float('nan')))
+    with gzip.open(p, 'rt') as f:
+        for line in f:
+            s = json.loads(line)
+            if s.get('prefill_tokens', 0) == 0 and s['decodes'] > 0:
+                out.setdefault(s['decodes'], []).append((s['ms'], s.get('device_ms') or float('nan')))
     return out
 a, b = load(sys.argv[1]), load(sys.argv[2])
 print(" d   nA  nB   msA    msB   ratio  devA   devB  dratio")

@@ -26,8 +26,8 @@ OTHER = R / "tiles_s34/h100_6.7b/6.7b/profile_6.7b.json"  # a slower card's prof
 
 def levels() -> dict[str, float]:
     sys.path.insert(0, str(ROOT))
-    from bench.simulator import profile_check
     from bench.engine.profile import step_shapes
+    from bench.simulator import profile_check
 
     base, other = json.loads(BASE.read_text()), json.loads(OTHER.read_text())
     g = profile_check.check_grid(base)
