@@ -78,6 +78,10 @@ def test_the_check_grid_is_a_few_points_of_the_cached_grid():
                        ("--block-order-check", "off"), ("--packed-prefill-seqs", ""), ("--prefill-context-lens", "")):
         assert cmd[cmd.index(flag) + 1] == want, flag
     assert cmd[-1] == "--kv-cache-dtype=int4-fp8"
+    # older profiles: no fill recorded (a zeroed pool), or a quantized pool's note after the word
+    for fill, want in ((None, "zeros"), ("zeros (quantized pool)", "zeros"), ("random", "random")):
+        c = profile_check.profile_command({**doc, "kv_fill": fill}, Path("/tmp/x.json"), "m", "cuda", 3, 1, [])
+        assert c[c.index("--kv-fill") + 1] == want
     with pytest.raises(ValueError, match="no decode-only grid points"):
         profile_check.check_grid({"points": [_pt(0, 256, 0, 5.0)]})
 

@@ -108,6 +108,13 @@ def describe(result: dict) -> str:
     return f"profile check: {kinds} against the cached points ({result['timing']} times): {verdict}"
 
 
+def _kv_fill(cached: dict) -> str:
+    """The `--kv-fill` the cached points were measured over: absent before session 29 (a zeroed pool), and
+    a quantized pool's note after the word in some profiles of session 29-30 ("zeros (quantized pool)")."""
+    fill = str(cached.get("kv_fill") or "zeros")
+    return "random" if fill.startswith("random") else "zeros"
+
+
 def profile_command(cached: dict, out: Path, model: str, device: str, repeats: int, warmup: int,
                     engine_args: list[str]) -> list[str]:
     """`backend profile` on the check's grid, measured as the cached profile measured its points (its
@@ -117,7 +124,7 @@ def profile_command(cached: dict, out: Path, model: str, device: str, repeats: i
     return [sys.executable, "-m", "gateway.tidegate_cli", "backend", "profile", "--model", model,
             "--device", device, "--out", str(out), "--repeats", str(repeats), "--warmup", str(warmup),
             "--pause-ms", str(float(cached.get("pause_ms") or 0.0)), "--device-time", device_time,
-            "--kv-fill", str(cached.get("kv_fill") or "zeros"),
+            "--kv-fill", _kv_fill(cached),
             "--decode-batch-sizes", g["decode_batch_sizes"], "--prefill-tokens", g["prefill_tokens"],
             "--context-lens", g["context_lens"], "--packed-prefill-seqs", "", "--prefill-context-lens", "",
             "--budget-packed-points", "off", "--decode-bucket-points", "off", "--decode-spread-points", "off",
