@@ -152,3 +152,28 @@ def test_a_profile_of_another_card_is_caught_and_measured_again(tmp_path):
     fresh = json.loads(path.read_text())
     assert fresh["points"] != slow["points"]
     assert len(fresh["points"]) == len(doc["points"])
+
+
+def test_a_check_that_cannot_run_costs_no_runs(tmp_path, monkeypatch):
+    """A check whose measurement fails (a GPU out of memory, a flag an old profile lacks) is recorded;
+    `warn` goes on with the cached profile, `reprofile` measures a whole one, neither raises."""
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"model": "tiny", "device": "cpu", **_cached()}))
+
+    def fail(*a, **k):
+        raise RuntimeError("profile check failed (1): out of memory")
+
+    remeasured = []
+
+    def ensure(a):  # the cached profile, or (reprofile) a whole one measured now
+        if a.reprofile:
+            remeasured.append(True)
+        return Path(a.profile), bool(a.reprofile)
+
+    monkeypatch.setattr(profile_check, "run_check", fail)
+    monkeypatch.setattr(validate, "ensure_profile", ensure)
+    _, now, check = validate.ensure_checked_profile(_tiny_args(tmp_path, "warn"))
+    assert not now and check == {"error": "profile check failed (1): out of memory", "within": False}
+    assert not remeasured
+    _, now, check = validate.ensure_checked_profile(_tiny_args(tmp_path, "reprofile"))
+    assert now and "error" in check and remeasured == [True]

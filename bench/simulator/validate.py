@@ -238,12 +238,16 @@ def ensure_profile(a: argparse.Namespace) -> tuple[Path, bool]:
 
 def ensure_checked_profile(a: argparse.Namespace) -> tuple[Path, bool, dict | None]:
     """`ensure_profile`, then with a cached profile and `--profile-check` its check: (path, measured
-    now, the check's result or None). With `reprofile`, a cached profile outside the tolerance is
-    measured again at its path."""
+    now, the check's result or None). With `reprofile`, a cached profile outside the tolerance, or one
+    whose check could not run, is measured again at its path."""
     profile, measured = ensure_profile(a)
     if measured or getattr(a, "profile_check", "off") == "off":
         return profile, measured, None
-    check = check_cached_profile(a, profile)
+    try:
+        check = check_cached_profile(a, profile)
+    except (RuntimeError, ValueError) as e:  # a check that cannot run must not cost the part its runs
+        _log(a, f"profile check failed: {e}")
+        check = {"error": str(e), "within": False}
     if not check["within"] and a.profile_check == "reprofile":
         _log(a, "the cached profile is another card's: measuring this card's")
         profile, measured = ensure_profile(argparse.Namespace(**{**vars(a), "reprofile": True}))
