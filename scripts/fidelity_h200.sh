@@ -66,7 +66,7 @@ fi
 # signal killed the tee alone, validate's next line hit a broken pipe, and the part ended with no
 # JSON (session 36's 33B FP8, all nine runs done; session 37's H100 6.7B). Now the tee ignores it and
 # this shell passes it on as the TERM on which validate scores and writes the runs done so far.
-rm -f "$OUT/.validate_rc"
+rm -f "$OUT/.validate_rc" "$OUT/.validate_pid"
 {
   timeout "$BUDGET_S" python3 -m gateway.tidegate_cli sim validate --model "$MODEL" --device "$DEVICE" \
     --input-len "$IN" --output-len "$OUTLEN" --num-requests "$N" --seeds "$SEEDS" "${load_args[@]}" \
@@ -74,14 +74,25 @@ rm -f "$OUT/.validate_rc"
     --profile-pause-ms "$PAUSE_MS" --profile-device-time "$DEVICE_TIME" \
     --warmup-requests 10 --settle-s 0.5 \
     --decision-log "$OUT/decisions_$TAG.jsonl" --step-log "$OUT/steps_$TAG.jsonl" ${SERVE_ARGS:-} \
-    --json "$OUT/validate_$TAG.json"
+    --json "$OUT/validate_$TAG.json" &
+  # its pid for the trap below (session 38: a `pkill -f` on the command line found nothing once on a busy
+  # CI machine, and the cut part ran on to the end); `timeout` passes the TERM on to validate
+  echo $! > "$OUT/.validate_pid"
+  wait $!
   echo $? > "$OUT/.validate_rc"
 } 2>&1 | (trap '' INT TERM; exec tee "$OUT/validate_$TAG.log") &
 pipe_pid=$!
-trap 'echo "stop signal: passing it on to validate as TERM" >&2
-      pkill -TERM -f "^timeout $BUDGET_S python3 -m gateway.tidegate_cli sim validate" 2>/dev/null' INT TERM
+stop_validate() {
+  echo "stop signal: passing it on to validate as TERM" >&2
+  local i
+  for i in 1 2 3 4 5 6 7 8 9 10; do  # the pid file is written a moment after the start
+    [ -s "$OUT/.validate_pid" ] && { kill -TERM "$(cat "$OUT/.validate_pid")" 2>/dev/null; return; }
+    sleep 0.1
+  done
+}
+trap stop_validate INT TERM
 while kill -0 "$pipe_pid" 2>/dev/null; do wait "$pipe_pid"; done
 trap - INT TERM
 echo "rc $(cat "$OUT/.validate_rc" 2>/dev/null || echo '?')"
-rm -f "$OUT/.validate_rc"
+rm -f "$OUT/.validate_rc" "$OUT/.validate_pid"
 [ -n "$smi_pid" ] && kill "$smi_pid" 2>/dev/null

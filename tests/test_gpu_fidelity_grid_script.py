@@ -75,7 +75,8 @@ def test_a_stop_signal_to_the_part_keeps_the_runs_done(tmp_path):
     import signal
     import time
 
-    env = {**os.environ, "PART": "cpu", "OUT": str(tmp_path), "SEEDS": "0,1,2", "BUDGET_S": "120"}
+    # five runs of ~5 s: room after the first for a busy CI machine to notice it and send the signal
+    env = {**os.environ, "PART": "cpu", "OUT": str(tmp_path), "SEEDS": "0,1,2,3,4", "BUDGET_S": "150"}
     proc = subprocess.Popen(["bash", str(SCRIPT)], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     log = tmp_path / "cpu" / "validate_cpu.log"
@@ -88,7 +89,8 @@ def test_a_stop_signal_to_the_part_keeps_the_runs_done(tmp_path):
     os.killpg(proc.pid, signal.SIGINT)  # as `timeout -s INT` does
     out, _ = proc.communicate(timeout=120)
     doc = json.loads((tmp_path / "cpu" / "validate_cpu.json").read_text())
-    assert doc["interrupted"]["runs_done"] >= 1, out
+    assert "interrupted" in doc, out[-3000:]
+    assert 1 <= doc["interrupted"]["runs_done"] < 5, out[-3000:]
     assert sum(len(ld["runs"]) for ld in doc["loads"]) == doc["interrupted"]["runs_done"]
     assert "stop signal: passing it on" in out
 
