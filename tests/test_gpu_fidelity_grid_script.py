@@ -77,7 +77,15 @@ def test_a_stop_signal_to_the_part_keeps_the_runs_done(tmp_path):
 
     # five runs of ~5 s: room after the first for a busy CI machine to notice it and send the signal
     env = {**os.environ, "PART": "cpu", "OUT": str(tmp_path), "SEEDS": "0,1,2,3,4", "BUDGET_S": "150"}
-    proc = subprocess.Popen(["bash", str(SCRIPT)], env=env, stdout=subprocess.PIPE,
+
+    # A shell cannot trap a signal ignored when it started, and a test runner started in the background
+    # (`nohup make test &`) hands every child SIGINT ignored: the part's trap never ran and the cut part ran
+    # on to the end (session 38's fresh-clone CI). A device call's `timeout -s INT` signals a part started
+    # with the default handlers, so the part starts so here (through exec, not preexec_fn: threads)
+    defaults = ("import os, signal, sys\n"
+                "for s in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP): signal.signal(s, signal.SIG_DFL)\n"
+                "os.execvp('bash', ['bash', sys.argv[1]])")
+    proc = subprocess.Popen([sys.executable, "-c", defaults, str(SCRIPT)], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     log = tmp_path / "cpu" / "validate_cpu.log"
     deadline = time.monotonic() + 150
