@@ -86,18 +86,6 @@ def test_the_check_grid_is_a_few_points_of_the_cached_grid():
         profile_check.check_grid({"points": [_pt(0, 256, 0, 5.0)]})
 
 
-def _check_points_of(doc, cached):
-    """`doc`'s points at the shapes the check measures against `cached` (its grid, as run)."""
-    from bench.engine.profile import step_shapes
-
-    g = profile_check.check_grid(cached)
-    ints = [[int(x) for x in g[k].split(",") if x] for k in ("decode_batch_sizes", "prefill_tokens", "context_lens")]
-    shapes = {(d, p, c) for d, p, c, _k, _s in step_shapes(*ints, [], [], None, max_num_seqs=256,
-                                                           max_num_batched_tokens=2048, max_model_len=16384,
-                                                           budget_packed=False)}
-    return {**doc, "points": [p for p in doc["points"] if profile_check._plain(p) and profile_check._key(p) in shapes]}
-
-
 def test_the_check_tells_the_committed_h100_cards_apart():
     """The 6.7B bf16 grid on three H100 calls with the same profiler (sessions 34, 35, 37): at the check's
     shapes, session 34's card reads decode +3.5 %, prefill +1.5 % of session 37's (the live runs of
@@ -105,7 +93,7 @@ def test_the_check_tells_the_committed_h100_cards_apart():
     base = json.loads((REPO / "bench/results/pairs_s37/h100_6.7b/6.7b/profile_6.7b.json").read_text())
     for part, within, decode in (("tiles_s34", False, 1.0345), ("tiles_s35", True, 1.0011)):
         other = json.loads((REPO / f"bench/results/{part}/h100_6.7b/6.7b/profile_6.7b.json").read_text())
-        sub = _check_points_of(other, base)
+        sub = profile_check.check_points(other, base)
         assert len(sub["points"]) == 26  # of 30 measured: the bucket point d 48 beside a chunk is no grid point
         r = profile_check.compare(base, sub)
         assert r["within"] is within and r["timing"] == "device", part

@@ -66,6 +66,20 @@ def check_grid(doc: dict) -> dict[str, str]:
             "prefill_tokens": ",".join(map(str, [0, *ps])), "context_lens": str(cs[0])}
 
 
+def check_points(doc: dict, cached: dict) -> dict:
+    """`doc` with only its grid points at the shapes the check measures against `cached`: what a
+    whole profile of another card reads at the check (offline: committed profiles against each other)."""
+    from bench.engine.profile import step_shapes  # torch: only when asked
+
+    g = check_grid(cached)
+    ints = [[int(x) for x in g[k].split(",") if x] for k in ("decode_batch_sizes", "prefill_tokens", "context_lens")]
+    shapes = {(d, p, c) for d, p, c, _k, _s in step_shapes(
+        *ints, [], [], None, max_num_seqs=int(cached.get("max_num_seqs") or 256),
+        max_num_batched_tokens=int(cached.get("max_num_batched_tokens") or 2048),
+        max_model_len=int(cached.get("max_model_len") or 16384), budget_packed=False)}
+    return {**doc, "points": [p for p in doc["points"] if _plain(p) and _key(p) in shapes]}
+
+
 def _time_of(pt: dict, device: bool) -> float | None:
     return pt.get("device_ms_median") if device else pt.get("step_ms_median", pt.get("step_ms"))
 

@@ -26,17 +26,10 @@ OTHER = R / "tiles_s34/h100_6.7b/6.7b/profile_6.7b.json"  # a slower card's prof
 
 def levels() -> dict[str, float]:
     sys.path.insert(0, str(ROOT))
-    from bench.engine.profile import step_shapes
     from bench.simulator import profile_check
 
     base, other = json.loads(BASE.read_text()), json.loads(OTHER.read_text())
-    g = profile_check.check_grid(base)
-    ints = [[int(x) for x in g[k].split(",") if x] for k in ("decode_batch_sizes", "prefill_tokens", "context_lens")]
-    shapes = {(d, p, c) for d, p, c, _k, _s in step_shapes(*ints, [], [], None, max_num_seqs=256,
-                                                           max_num_batched_tokens=2048, max_model_len=16384,
-                                                           budget_packed=False)}
-    sub = {**other, "points": [p for p in other["points"]
-                               if profile_check._plain(p) and profile_check._key(p) in shapes]}
+    sub = profile_check.check_points(other, base)
     r = profile_check.compare(base, sub)
     return {k: v["median_ratio"] for k, v in r["kinds"].items()}
 
