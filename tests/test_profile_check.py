@@ -165,3 +165,33 @@ def test_a_check_that_cannot_run_costs_no_runs(tmp_path, monkeypatch):
     assert not remeasured
     _, now, check = validate.ensure_checked_profile(_tiny_args(tmp_path, "reprofile"))
     assert now and "error" in check and remeasured == [True]
+
+
+def test_a_profile_of_another_engine_setting_is_not_this_services():
+    """Session 39: FP8 decode steps of 17-32 sequences change with `--fp8-gemv-max-m` while the check's six decode
+    points barely move (d 32 of six), so the check compares the engine settings the profiles record as well."""
+    cached = {**_cached(), "quantization": "fp8"}  # recorded no switch: measured before session 39, at 32
+    same = {**_measured_on(cached, 1.0, 1.0), "fp8_gemv_max_m": 32}
+    assert profile_check.compare(cached, same)["within"]
+    moved = {**_measured_on(cached, 1.0, 1.0), "fp8_gemv_max_m": 16}
+    r = profile_check.compare(cached, moved)
+    assert not r["within"] and r["engine_differences"] == ["fp8_gemv_max_m 32 -> 16"]
+    assert "not this engine's (fp8_gemv_max_m 32 -> 16)" in profile_check.describe(r)
+    # bf16 weights against fp8 ones, and other decode graphs, are other engines too
+    assert profile_check.engine_differences({"quantization": "none"}, {"quantization": "fp8"}) == \
+        ["quantization none -> fp8", ]
+    assert profile_check.engine_differences({"cuda_graph_decode_buckets": [1, 2, 4]},
+                                            {"cuda_graph_decode_buckets": [1, 2]}) == \
+        ["cuda_graph_decode_buckets [1, 2, 4] -> [1, 2]"]
+    # a setting one side does not record is not compared (synthetic checks, older profiles)
+    assert profile_check.engine_differences({"quantization": "none"}, {}) == []
+
+
+def test_every_committed_fp8_profile_reads_as_the_default_switch():
+    """The profiles measured before the switch was recorded ran at 32, the default: a check at the default
+    passes them on their points, one at 16 refuses them."""
+    doc = json.loads((REPO / "bench/results/pairs_s36/h100_33b-fp8/33b-fp8/profile_33b-fp8.json").read_text())
+    assert doc["quantization"] == "fp8" and "fp8_gemv_max_m" not in doc
+    assert profile_check.engine_settings(doc)["fp8_gemv_max_m"] == 32
+    assert profile_check.engine_differences(doc, {**doc, "fp8_gemv_max_m": 32}) == []
+    assert profile_check.engine_differences(doc, {**doc, "fp8_gemv_max_m": 16}) == ["fp8_gemv_max_m 32 -> 16"]

@@ -136,6 +136,22 @@ class ServingOptions:
     # at its first use (tests, benchmarks that use a few shapes)
     capture: bool = False
     async_scheduling: bool | None = None         # None: where the device runs asynchronously
+    # fp8 weights: the most rows a linear runs on the weight-only GEMV before per-token fp8 + _scaled_mm
+    # (`backend.kernels.fp8_gemv.FP8_GEMV_MAX_M`; None: that default). One switch per process.
+    fp8_gemv_max_m: int | None = None
+
+
+def _fp8_gemv_switch(serving: ServingOptions) -> dict:
+    """Apply `serving.fp8_gemv_max_m` (before any graph is captured: a graph keeps the path it was
+    captured with) and return it for the serving info, which profiles record: a profile's step times
+    hold only for the switch they were measured at. {} without fp8 weights."""
+    if (serving.quantization or "none") != "fp8":
+        return {}
+    from backend.kernels import fp8_gemv
+
+    if serving.fp8_gemv_max_m is not None:
+        fp8_gemv.set_gemv_max_m(serving.fp8_gemv_max_m)
+    return {"fp8_gemv_max_m": fp8_gemv.FP8_GEMV_MAX_M}
 
 
 def build_runner(cfg: BackendConfig, serving: ServingOptions = ServingOptions(), group=None,
@@ -148,6 +164,8 @@ def build_runner(cfg: BackendConfig, serving: ServingOptions = ServingOptions(),
     from backend.runner.serving import configure_serving, quantize_weights
 
     cfg.validate()
+    if serving.fp8_gemv_max_m is not None and (serving.quantization or "none") != "fp8":
+        raise ModelLoadError("--fp8-gemv-max-m applies to fp8 weights only (--quantization fp8)")
     device = group.device if group is not None else torch.device(cfg.device)
     if device.type == "cpu":
         # tensor-parallel ranks on one host share its cores: each takes its share of the default
@@ -160,6 +178,7 @@ def build_runner(cfg: BackendConfig, serving: ServingOptions = ServingOptions(),
     # H100 had 3,452 blocks where ~10,400 fit).
     try:
         quantized = quantize_weights(loaded.model, serving.quantization, loaded.device)
+        quantized.update(_fp8_gemv_switch(serving))
     except ValueError as exc:  # QuantizationError included
         raise ModelLoadError(str(exc)) from None
     max_model_len = cfg.max_model_len or loaded.config.max_position_embeddings

@@ -39,8 +39,21 @@ FP8_MAX = 448.0
 # The Triton GEMV serves M <= FP8_GEMV_MAX_M; larger M goes to torch._scaled_mm. Measured on the
 # H200 (bench/kernels/gpu_check.py, CUDA-graph timing, 33B qkv+o+gate_up+down per layer): the
 # GEMV is faster than per-token quant + _scaled_mm up to M = 32 (280 vs 292 us), slower at 64
-# (351 vs 257 us).
+# (351 vs 257 us). The served steps disagree at 17-32 rows (bench/results/pairs_s39, section 2):
+# in every FP8 profile a decode step of 33 sequences (48-row graph, _scaled_mm) is faster than one
+# of 32 (32-row graph, GEMV), by 4-13 %. `--fp8-gemv-max-m 16` (set_gemv_max_m) moves 17-32 rows to
+# _scaled_mm; the default stays 32 until that is measured through the service (prediction 31).
 FP8_GEMV_MAX_M = 32
+
+
+def set_gemv_max_m(max_m: int) -> None:
+    """Set the process's GEMV / _scaled_mm switch (the serving option `fp8_gemv_max_m`, read by
+    every `fp8_linear` call from then on: set it before CUDA graphs are captured). 0: every M goes
+    to _scaled_mm where it can run."""
+    global FP8_GEMV_MAX_M
+    if isinstance(max_m, bool) or not isinstance(max_m, int) or max_m < 0:
+        raise ValueError(f"fp8_gemv_max_m must be an integer >= 0, got {max_m!r}")
+    FP8_GEMV_MAX_M = max_m
 
 
 @dataclass(frozen=True)

@@ -330,7 +330,7 @@ def _serving_options(args: argparse.Namespace):
     return ServingOptions(args.quantization or "none", args.enforce_eager, args.cuda_graph_buckets,
                           args.cuda_graph_token_buckets, capture=True,
                           async_scheduling=False if getattr(args, "no_async_scheduling", False)
-                          else None)
+                          else None, fp8_gemv_max_m=getattr(args, "fp8_gemv_max_m", None))
 
 
 def _serving_note(info: dict) -> str:
@@ -339,6 +339,8 @@ def _serving_note(info: dict) -> str:
     if "quantize_freed_bytes" in info:  # CUDA: what quantizing gave back to the KV pool's sizing
         note += (f" ({info['quantize_freed_bytes'] / 2**30:.1f} GiB freed, "
                  f"{info['quantize_cache_held_bytes'] / 2**30:.2f} GiB kept in torch's cache)")
+    if "fp8_gemv_max_m" in info:  # which rows ran the weight-only GEMV (a profile holds for one switch)
+        note += f", GEMV up to {info['fp8_gemv_max_m']} rows"
     if info.get("cuda_graphs"):
         mem = info.get("capture_mem", {}).get("free_bytes_used")
         note += (f", {len(info['buckets'])} decode + {len(info['token_buckets'])} mixed-step "

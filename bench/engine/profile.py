@@ -62,6 +62,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quantization", default="none", choices=["none", "fp8"],
                    help="weights as the serving backend's flag: fp8 = E4M3 weights, "
                         "per-output-channel scales (CUDA, capability >= 8.9)")
+    p.add_argument("--fp8-gemv-max-m", type=int, default=None, metavar="ROWS",
+                   help="fp8 weights: the serving backend's GEMV / _scaled_mm switch (recorded in the "
+                        "profile as fp8_gemv_max_m; default: the engine's, 32)")
     p.add_argument("--out", required=True, help="path of the profile JSON to write")
     p.add_argument("--decode-batch-sizes", default="0,1,8,32,64", help="comma-separated d values")
     p.add_argument("--prefill-tokens", default="0,128,512,2048", help="comma-separated p values")
@@ -1403,7 +1406,8 @@ def run(args: argparse.Namespace) -> dict:
     from backend.engine.assemble import ServingOptions, create_engine
 
     engine, loaded = create_engine(backend_config(args),
-                                   ServingOptions(quantization=getattr(args, "quantization", "none")))
+                                   ServingOptions(quantization=getattr(args, "quantization", "none"),
+                                                  fp8_gemv_max_m=getattr(args, "fp8_gemv_max_m", None)))
     runner, cfg = engine.runner, engine.config
     kv_fill = fill_kv_pool(runner, getattr(args, "kv_fill", "random"))
     packed_ds = None if args.packed_decode_batch_sizes is None else int_list(args.packed_decode_batch_sizes)
@@ -1505,6 +1509,9 @@ def run(args: argparse.Namespace) -> dict:
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
         "dtype": str(loaded.dtype).removeprefix("torch."), "block_size": cfg.block_size,
         "quantization": getattr(engine, "serving_info", {}).get("quantization", "none"),
+        # fp8 weights: the rows up to which a linear ran the GEMV (profiles before session 39: 32)
+        **({"fp8_gemv_max_m": engine.serving_info["fp8_gemv_max_m"]}
+           if "fp8_gemv_max_m" in getattr(engine, "serving_info", {}) else {}),
         "num_kv_blocks": cfg.num_blocks, "max_num_seqs": cfg.max_num_seqs,
         "max_num_batched_tokens": cfg.max_num_batched_tokens, "max_model_len": cfg.max_model_len,
         "torch_version": torch.__version__, "pause_ms": args.pause_ms,

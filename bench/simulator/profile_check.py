@@ -20,6 +20,10 @@ against the cached point of the same shape: the median ratio of the decode-only 
 points with prefill. Outside the tolerance the profile is another card's, and `sim validate
 --profile-check reprofile` measures a whole profile instead (warn: record and go on).
 
+A profile also belongs to one engine setting: before any point is read, `compare` sets the settings both
+profiles record (ENGINE_KEYS: weights, the FP8 GEMV switch, the decode graphs) side by side, and a cached
+profile measured at other settings is not this service's either (session 39).
+
 The check does not rescale the cached profile: one ratio per kind of step would carry a card's level
 but not its shape (the pause check's power terms, the tiles), and a profile measured on the card is
 what the simulator is validated on."""
@@ -84,6 +88,29 @@ def _time_of(pt: dict, device: bool) -> float | None:
     return pt.get("device_ms_median") if device else pt.get("step_ms_median", pt.get("step_ms"))
 
 
+# What a profile records of the engine that ran its steps, beyond the card: a cached profile measured
+# at other settings is not this service's, whatever its points read (the check's six decode points can
+# miss a change confined to a few decode graphs, as --fp8-gemv-max-m 16 is: d 17-32 only).
+ENGINE_KEYS = ("quantization", "fp8_gemv_max_m", "cuda_graph_decode_buckets")
+# The FP8 GEMV / _scaled_mm switch of every profile measured before it was recorded (session 39)
+FP8_GEMV_MAX_M_BEFORE_RECORDED = 32
+
+
+def engine_settings(doc: dict) -> dict:
+    """The profile's engine settings (ENGINE_KEYS that it records; fp8 profiles from before the switch
+    was recorded ran it at 32)."""
+    out = {k: doc[k] for k in ENGINE_KEYS if k in doc}
+    if out.get("quantization") == "fp8":
+        out.setdefault("fp8_gemv_max_m", FP8_GEMV_MAX_M_BEFORE_RECORDED)
+    return out
+
+
+def engine_differences(cached: dict, check: dict) -> list[str]:
+    """'key cached -> check' for each engine setting both profiles record and that differs."""
+    a, b = engine_settings(cached), engine_settings(check)
+    return [f"{k} {a[k]} -> {b[k]}" for k in ENGINE_KEYS if k in a and k in b and a[k] != b[k]]
+
+
 def compare(cached: dict, check: dict, tolerance_pct: float = DEFAULT_TOLERANCE_PCT) -> dict:
     """The check's points against the cached points of the same shape (d, p, c): ratio check /
     cached of the device-timed medians where both profiles have them (else the step medians), the
@@ -109,8 +136,11 @@ def compare(cached: dict, check: dict, tolerance_pct: float = DEFAULT_TOLERANCE_
     if not kinds:
         raise ValueError("the check measured no point the cached profile has")
     tol = tolerance_pct / 100.0
+    engine = engine_differences(cached, check)
     return {"timing": "device" if device else "step", "tolerance_pct": tolerance_pct, "kinds": kinds,
-            "within": all(abs(k["median_ratio"] - 1.0) <= tol for k in kinds.values()), "points": rows,
+            "engine_differences": engine,
+            "within": not engine and all(abs(k["median_ratio"] - 1.0) <= tol for k in kinds.values()),
+            "points": rows,
             "cached_device_name": cached.get("device_name"), "check_device_name": check.get("device_name")}
 
 
@@ -118,7 +148,12 @@ def describe(result: dict) -> str:
     """One line for the log."""
     kinds = ", ".join(f"{k} {100 * (v['median_ratio'] - 1):+.1f} % ({v['n']} points)"
                       for k, v in result["kinds"].items())
-    verdict = "this card's" if result["within"] else f"not this card's (beyond ±{result['tolerance_pct']:g} %)"
+    if result.get("engine_differences"):
+        verdict = f"not this engine's ({'; '.join(result['engine_differences'])})"
+    elif result["within"]:
+        verdict = "this card's"
+    else:
+        verdict = f"not this card's (beyond ±{result['tolerance_pct']:g} %)"
     return f"profile check: {kinds} against the cached points ({result['timing']} times): {verdict}"
 
 
