@@ -64,6 +64,11 @@ WORKLOADS = {
     "issue32": (Workload("short_2rps", 16, 32, 40, 2.0), Workload("short_burst", 16, 32, 256, math.inf),
                 Workload("long_32rps", 512, 128, 400, 32.0),
                 Workload("long_burst", 512, 128, 400, math.inf)),
+    # session 39's FP8 switch (`--fp8-gemv-max-m`, prediction 31): bursts that hold the decode batch at 16 /
+    # 24 / 32 / 48 for most of their steps (all arrive at once; 512-token prompts, 256 tokens out), so
+    # TPOT is the step of one decode graph: 24 and 32 move with the switch, 16 and 48 are the controls
+    "fp8_switch": (Workload("burst16", 512, 256, 16, math.inf), Workload("burst24", 512, 256, 24, math.inf),
+                   Workload("burst32", 512, 256, 32, math.inf), Workload("burst48", 512, 256, 48, math.inf)),
     # the same shapes, small enough for the tiny model on a CPU (the script's own test)
     "tiny": (Workload("short_2rps", 16, 8, 6, 4.0), Workload("short_burst", 16, 8, 12, math.inf),
              Workload("long_8rps", 64, 16, 6, 4.0), Workload("long_burst", 64, 16, 8, math.inf)),
