@@ -17,7 +17,6 @@ from scheduler.decisions import read_log
 from sims.profile_cost import ProfileCost
 from sims.profile_terms import has_sustained_mixed
 
-
 GAP_S = 1.0  # the validate's runs are 2-4 s apart (scoring, the next run's start); inside a run the engine idles < 1 s
 
 
