@@ -1,8 +1,13 @@
-"""Issue 35, session 39: a part's live steps against the cost model at HEAD, per run (load, seed), with and
-without the power cap by step kind. Runs are cut at idle gaps over GAP_S, in the validate log's order.
+"""Issue 35, session 39: a part's steps with prefill per run (load, seed), live and in three forms of the power
+cap, each over the paused profile (the model with no power cap: what the profile's points measured).
 
-Why: the 33B cells on the current profiler read TTFT P50 +1 to +3 % at 0.5x in the default form and -2 % without
-the cap term; this says which steps the term charges there, per load.
+Forms: default (the cap by step kind with decode spells, `validate_replay`'s default), nospell (the same without
+decode spells: `decode_spells=False`, sims.profile_cost "Decode spells"), nocap (`--cap-by-power off`: the cap with
+every step with prefill at weight 1, no spells). Runs are cut at idle gaps over GAP_S, named in the validate log's
+order. Also the busy share f the default form reads before each step (mean).
+
+Why: the 33B cells on the current profiler read TTFT P50 +1 to +3 % at 0.5x and -2 % at 0.8-0.95x in the default
+form; this says how the cap's charge on the steps that TTFT waits for moves with load, against live.
 
     python bench/results/pairs_s39/steps_by_run.py PART_DIR
 """
@@ -10,6 +15,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from statistics import mean
 
 from bench.simulator import fidelity_steps as fs
 from bench.simulator.validate import async_plan_lead, model_terms
@@ -25,15 +31,18 @@ def main(argv: list[str]) -> None:
     tag = part.name
     prof = part / f"profile_{tag}.json"
     doc = json.loads(prof.read_text())
-    base = model_terms(doc, async_plan_lead(doc, "cuda"))
-    forms = {"default": {**base, **({"cap_by_power": True} if base.get("power_cap") and has_sustained_mixed(doc) else {})},
-             "nocap": {k: v for k, v in base.items() if k != "cap_by_power"}}
+    base = {k: v for k, v in model_terms(doc, async_plan_lead(doc, "cuda")).items() if k != "cap_by_power"}
+    capped = base.get("power_cap") and has_sustained_mixed(doc)
+    forms = {"default": {**base, **({"cap_by_power": True} if capped else {})},
+             "nospell": {**base, **({"cap_by_power": True, "decode_spells": False} if capped else {})},
+             "nocap": base,
+             "paused": {**base, "power_cap": False}}
     arr, _ = read_log(part / f"decisions_{tag}.jsonl.gz")
     steps, _bad = fs.live_steps(fs.read_steps(part / f"steps_{tag}.jsonl.gz"), {a.request_id: a.max_tokens for a in arr})
     models = {}
     for name, terms in forms.items():
         cost = ProfileCost.from_json(prof, **terms)
-        models[name] = {i: t for i, t, _f in fs.model_step_ms(cost, steps)}
+        models[name] = {i: (t, f) for i, t, f in fs.model_step_ms(cost, steps)}
     labels = [f"{m.group(1)} seed {m.group(2)}" for m in
               re.finditer(r"load (\S+) rate \S+ seed (\d+)", (part / f"validate_{tag}.log").read_text())]
     runs, cur = [], []
@@ -44,19 +53,19 @@ def main(argv: list[str]) -> None:
         cur.append(i)
     if cur:
         runs.append(cur)
-    print(f"== {tag}: {len(runs)} runs cut at {GAP_S:g} s gaps, {len(labels)} in the log; model / live of the totals")
-    print(f"{'run':16s} {'decode n':>8s} {'default':>8s} {'nocap':>8s} {'prefill n':>9s} {'default':>8s} {'nocap':>8s}")
+    print(f"== {tag}: {len(runs)} runs cut at {GAP_S:g} s gaps, {len(labels)} in the log; steps with prefill, "
+          f"totals over the paused profile's")
+    print(f"{'run':16s} {'n':>5s} {'d mean':>6s} {'live':>7s} {'default':>7s} {'nospell':>7s} {'nocap':>7s} {'f':>6s}")
     for k, idx in enumerate(runs):
-        label = labels[k] if k < len(labels) and len(runs) == len(labels) else f"run {k}"
-        row = [f"{label:16s}"]
-        for kind in ("decode", "prefill"):
-            sel = [i for i in idx if i in models["default"] and (steps[i]["p"] > 0) == (kind == "prefill")
-                   and (steps[i]["d"] or steps[i]["p"])]
-            live = sum(steps[i]["ms"] for i in sel)
-            row.append(f"{len(sel):8d}" if kind == "decode" else f"{len(sel):9d}")
-            for name in ("default", "nocap"):
-                row.append(f"{sum(models[name][i] for i in sel) / live:8.4f}" if live else f"{'-':>8s}")
-        print(" ".join(row))
+        label = labels[k] if len(runs) == len(labels) else f"run {k}"
+        sel = [i for i in idx if steps[i]["p"] and i in models["paused"]]
+        if not sel:
+            continue
+        paused = sum(models["paused"][i][0] for i in sel)
+        ratio = {n: sum(models[n][i][0] for i in sel) / paused for n in ("default", "nospell", "nocap")}
+        print(f"{label:16s} {len(sel):5d} {mean(steps[i]['d'] for i in sel):6.1f} "
+              f"{sum(steps[i]['ms'] for i in sel) / paused:7.4f} {ratio['default']:7.4f} {ratio['nospell']:7.4f} "
+              f"{ratio['nocap']:7.4f} {mean(models['default'][i][1] for i in sel):6.3f}")
 
 
 if __name__ == "__main__":
