@@ -3,7 +3,7 @@ ceiling draws (the intervals and means do not depend on them), and the cells ins
 
 Forms (`validate_replay` flags): default (the cap by step kind with decode spells, sustained anchors), stream
 (`--cap-anchors stream`: the cap's anchors from the profile's stream_kind runs), stream_fast (that and `--cap-onset
-fast`: the limiter's fast onset, which counts no decode spells). Why: on the 33B cells the default form charges
+fast`: the limiter's fast onset, which counts no decode spells), fast (the fast onset on the sustained anchors). Why: on the 33B cells the default form charges
 steps with prefill a flat ~7 % over the paused profile at every load where live rises 5 -> 8 % (steps_by_run.txt);
 stream_fast has the live slope. Which form wins over the whole grid decides a default, not one cell.
 
@@ -25,7 +25,7 @@ ROOT = HERE.parents[2]
 STATE = ROOT / "bench/results/fidelity_grid_state"
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 FORMS = {"default": [], "stream": ["--cap-anchors", "stream"],
-         "stream_fast": ["--cap-anchors", "stream", "--cap-onset", "fast"]}
+         "stream_fast": ["--cap-anchors", "stream", "--cap-onset", "fast"], "fast": ["--cap-onset", "fast"]}
 # run.sh's pooled cells (several calls' seeds, one table)
 POOLS = {"33b-5seeds": ("33b-s11", "33b-s13"), "6.7b-mixed-s25-5seeds": ("6.7b-mixed-s25", "6.7b-mixed-s25-4"),
          "33b-mixed-s25-3seeds": ("33b-mixed-s25-1", "33b-mixed-s25-2"),
