@@ -195,3 +195,24 @@ def test_every_committed_fp8_profile_reads_as_the_default_switch():
     assert profile_check.engine_settings(doc)["fp8_gemv_max_m"] == 32
     assert profile_check.engine_differences(doc, {**doc, "fp8_gemv_max_m": 32}) == []
     assert profile_check.engine_differences(doc, {**doc, "fp8_gemv_max_m": 16}) == ["fp8_gemv_max_m 32 -> 16"]
+
+
+def test_one_point_far_off_fails_the_check_where_no_median_moves():
+    """A change confined to one decode graph (the FP8 switch moves d 32 by ~9 %) moves neither median: the check
+    also fails on a single point beyond 3x the tolerance, and says which. Alike cards' points stay inside (the
+    committed H100 test above: session 35's card against 37's passes)."""
+    cached = _cached()
+    check = _measured_on(cached, 1.0, 1.0)
+    for p in check["points"]:
+        if p["num_decode_seqs"] == 16 and not p["num_prefill_tokens"]:
+            p["device_ms_median"] *= 1.09
+            p["step_ms_median"] *= 1.09
+    r = profile_check.compare(cached, check)
+    assert r["kinds"]["decode"]["median_ratio"] == pytest.approx(1.0)
+    assert r["worst_point_beyond"] and not r["within"]
+    assert "at one point (d 16 p 0: +9.0 %, beyond ±4.5 %)" in profile_check.describe(r)
+    # 4 % at one point is inside the point bound
+    for p in check["points"]:
+        if p["num_decode_seqs"] == 16 and not p["num_prefill_tokens"]:
+            p["device_ms_median"] *= 1.04 / 1.09
+    assert profile_check.compare(cached, check)["within"]
