@@ -103,8 +103,9 @@ def add_serving_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> No
     p.add_argument("--fp8-gemv-max-m", type=int, default=None, metavar="ROWS",
                    help="fp8 weights: the most rows a linear runs on the weight-only Triton GEMV; "
                         "more go to per-token fp8 + torch._scaled_mm (W8A8). A decode step's rows are "
-                        "its CUDA graph's bucket (default 32; bench/results/pairs_s39: 16 is measured "
-                        "faster at 17-32 decoding sequences in every profile so far)")
+                        "its CUDA graph's bucket (default 32; bench/results/pairs_s39: every FP8 profile "
+                        "reads the 48-row _scaled_mm graph faster than the 24- and 32-row GEMV ones, so 16 "
+                        "is expected faster at 17-32 decoding sequences, not yet measured)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="no CUDA graphs: every step runs eagerly")
     p.add_argument("--cpu-affinity", default="none", metavar="auto|none|CORES",

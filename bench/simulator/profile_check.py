@@ -21,9 +21,9 @@ points with prefill. Outside the tolerance the profile is another card's, and `s
 --profile-check reprofile` measures a whole profile instead (warn: record and go on).
 
 A single point beyond three times the tolerance also fails the check (POINT_TOLERANCE_FACTOR): a change
-confined to one or two decode graphs moves no median. A profile also belongs to one engine setting: before any point is read, `compare` sets the settings both
-profiles record (ENGINE_KEYS: weights, the FP8 GEMV switch, the decode graphs) side by side, and a cached
-profile measured at other settings is not this service's either (session 39).
+confined to one or two decode graphs moves no median. A profile also belongs to one engine setting: `compare`
+sets the settings both profiles record (ENGINE_KEYS: weights, the FP8 GEMV switch, the decode graphs) side by
+side, and a cached profile measured at other settings is not this service's either (session 39).
 
 The check does not rescale the cached profile: one ratio per kind of step would carry a card's level
 but not its shape (the pause check's power terms, the tiles), and a profile measured on the card is
