@@ -172,30 +172,6 @@ def test_each_kinds_stream_reads_its_throttle_in_device_time(monkeypatch):
     assert prof.stream_kind(runner, "mixed", ["chunk"], 0.06, 3, span_s=0.02, idle_s=0.0) is None
 
 
-def test_the_hot_pattern_reads_each_kind_behind_the_busy_card(monkeypatch):
-    """The pause check's "hot_pattern_<n>" run: the mixed step and n decode steps in turn, two in flight, in
-    1 s bins. A stand-in whose mixed step (10 ms) runs 4% slow and its decode step (5 ms) 1% slow when
-    launched behind another: the run reads 1.04 and 1.01, the pattern's kinds in order; the CPU, none."""
-    import torch
-
-    from bench.engine import profile as prof
-
-    runner = TimedStandInRunner(lambda chunks, in_flight: (10.0 * (1.04 if in_flight else 1.0)) if chunks == ["m"]
-                                else 5.0 * (1.01 if in_flight else 1.0))
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
-    monkeypatch.setattr(prof.NvmlSampler, "__init__", lambda self, device: (
-        setattr(self, "nv", None), setattr(self, "rows", []),
-        setattr(self, "_stop", __import__("threading").Event()), setattr(self, "_thread", None))[0])
-    run = prof.hot_pattern(runner, ["m"], ["d"], 3, 10.0, 5.0, span_s=0.02, bin_s=0.01)
-    assert run["run"] == "hot_pattern_3" and run["decode_steps_between"] == 3
-    assert run["mixed_ratio"] == pytest.approx(1.04) and run["decode_ratio"] == pytest.approx(1.01)
-    assert [b["t_s"] for b in run["bins"]] == [0.0, 0.01]
-    assert all(b["mixed_ratio"] == pytest.approx(1.04) for b in run["bins"] if b["mixed_ratio"])
-    assert run["nvml"] == {}
-    runner.device = torch.device("cpu")
-    assert prof.hot_pattern(runner, ["m"], ["d"], 3, 10.0, 5.0, span_s=0.02, bin_s=0.01) is None
-
-
 def _anchored_cost(anchors, kinds, r_wall=1.05, r_mix_wall=0.96):
     """A profile whose sustained runs read r_wall (the 512-token step) and r_mix_wall (the mixed step) in
     wall time, and whose stream_kind runs read `kinds` in device time."""
@@ -287,8 +263,7 @@ def test_the_pause_check_streams_every_kind_with_its_shape(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *x, **k: None)
     monkeypatch.setattr(prof.time, "sleep", lambda s: None)
     for name, value in (("SUSTAIN_S", 0.05), ("SUSTAIN_IDLE_S", 0.0), ("PATTERN_S", 0.02), ("STREAM_S", 0.04),
-                        ("STREAM_BIN_S", 0.02), ("STREAM_KIND_S", 0.02), ("STREAM_KIND_IDLE_S", 0.0),
-                        ("HOT_PATTERN_S", 0.3), ("HOT_PATTERN_BIN_S", 0.15)):
+                        ("STREAM_BIN_S", 0.02), ("STREAM_KIND_S", 0.02), ("STREAM_KIND_IDLE_S", 0.0)):
         monkeypatch.setattr(prof, name, value)
     monkeypatch.setattr(prof.stream_kind, "__defaults__", (0.3, 0.0))  # a CPU packed step outlasts 20 ms
     shapes = [(d, p, c, 1, 0) for c in (64, 160) for d in (0, 1, 8, 32) for p in (0, 64, 256) if d + p and (d or c == 64)]
@@ -301,14 +276,6 @@ def test_the_pause_check_streams_every_kind_with_its_shape(monkeypatch):
     assert kinds["mixed_two_chunks"]["shape"][3] == 2 and kinds["decode"]["shape"][1] == 0
     # the stand-in's device time is the shape's alone: back to back as paused
     assert all(r["ratio"] == pytest.approx(1.0) for r in kinds.values())
-    # the live patterns on the busy card: both, in their bins, the mixed step the sustained_mixed one
-    hot = {r["run"]: r for r in doc["runs"] if r["run"].startswith("hot_pattern_")}
-    assert sorted(hot) == ["hot_pattern_1", "hot_pattern_3"]
-    mixed_run = next(r for r in doc["runs"] if r["run"] == "sustained_mixed")
-    for r in hot.values():
-        assert r["mixed_ratio"] == pytest.approx(1.0) and r["decode_ratio"] == pytest.approx(1.0)
-        assert r["paused_device_ms_median"] == mixed_run["paused_device_ms_median"]
-        assert len(r["bins"]) == 2 and r["idle_before_ms"] == 0.0
     assert not [r for r in doc["runs"] if r["run"].endswith("_failed")]
 
 

@@ -1100,53 +1100,6 @@ def stream_kind(runner, name: str, chunks, pause_s: float, repeats: int, span_s:
             "steps": len(seen), "span_s": span_s, "idle_before_ms": idle_s * 1000, "nvml": smi.summary()}
 
 
-# the pause check's "hot_pattern_<n>" runs (issue 35, session 40): the "mixed_pattern_<n>" step pattern (the
-# mixed step, then n decode-only steps of its decodes), launched as the serving loop launches, right after
-# the "stream_kind" runs with no idle before it, for HOT_PATTERN_S in 1 s bins, in device time, with NVML
-# sampled. Why: on the H100 33B bf16 the live steps with prefill ran 1.05 / 1.07 / 1.08 x the paused profile
-# at 0.5 / 0.8 / 0.95x from a run's first 8 s on (bench/results/pairs_s40/prefill_by_time.py), where the
-# profile's own patterns, run after 0.5 s idle for 1 s, read 1.005-1.02 (3 decodes between) and 1.03-1.05
-# (1 between): the live engine's card has been busy for minutes. These runs time the same patterns on a
-# card that has been busy for the pause check's ~15 s before them, so that the decode spells' weight can be
-# read from the profile (sims.profile_cost, "Decode spells") rather than taken as the step's own. Recorded,
-# not read by the model yet. Device time: HOT_PATTERN_S a run.
-HOT_PATTERN_DECODES_BETWEEN = (3, 1)
-HOT_PATTERN_S = 3.0
-HOT_PATTERN_BIN_S = 1.0
-
-
-def hot_pattern(runner, mixed, decode, n: int, mixed_paused_ms: float, decode_paused_ms: float,
-                span_s: float = HOT_PATTERN_S, bin_s: float = HOT_PATTERN_BIN_S) -> dict | None:
-    """One "hot_pattern_<n>" run (the comment above), with no idle before it: {"run", "decode_steps_between",
-    "mixed_ratio" / "decode_ratio" (the second half's device medians over `mixed_paused_ms` /
-    `decode_paused_ms`, the paused steps' device medians), "bins": [{"t_s", "mixed_ratio", "decode_ratio",
-    "steps"}], "steps", "nvml" (`NvmlSampler.summary`)}, or None (no device timing: the CPU)."""
-    if not mixed_paused_ms or not decode_paused_ms:
-        return None
-    order = [("m", mixed)] + [("d", decode)] * n
-    seen, bins = [], []
-    with NvmlSampler(runner.device) as smi:
-        for b in range(max(1, round(span_s / bin_s))):
-            got = _pipelined(runner, order, bin_s)
-            if not got:
-                return None
-            seen.extend(got)
-            ms = {k: [x for lb, x in got if lb == k] for k in "md"}
-            bins.append({"t_s": round(b * bin_s, 3), "steps": len(got),
-                         "mixed_ratio": round(statistics.median(ms["m"]) / mixed_paused_ms, 5) if ms["m"] else None,
-                         "decode_ratio": round(statistics.median(ms["d"]) / decode_paused_ms, 5) if ms["d"] else None})
-    half = seen[len(seen) // 2:]
-    late = {k: [x for lb, x in half if lb == k] or [x for lb, x in seen if lb == k] for k in "md"}
-    if not late["m"] or not late["d"]:
-        return None
-    return {"run": f"hot_pattern_{n}", "pause_ms": 0.0, "idle_before_ms": 0.0, "decode_steps_between": n,
-            "paused_device_ms_median": mixed_paused_ms, "decode_paused_device_ms_median": decode_paused_ms,
-            "device_ms_median": statistics.median(late["m"]), "decode_device_ms_median": statistics.median(late["d"]),
-            "mixed_ratio": statistics.median(late["m"]) / mixed_paused_ms,
-            "decode_ratio": statistics.median(late["d"]) / decode_paused_ms,
-            "span_s": span_s, "bin_s": bin_s, "bins": bins, "steps": len(seen), "nvml": smi.summary()}
-
-
 def launch_pipelined(runner, order: list, span_s: float | None = None) -> list[tuple[str, float | None, float]]:
     """`order` [(label, chunks)] launched as the serving loop launches: each step while the one before
     runs, then that one finished (two in flight, never three, so no step's inputs are rewritten
@@ -1379,21 +1332,6 @@ def compare_pause(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int 
                     if got["run"] == "stream_kind":
                         print(f"pause check: stream_kind {name:16s} pipelined / paused device {got['ratio']:.4f} "
                               f"{got['nvml']}", flush=True)
-            # "hot_pattern_<n>": the live pattern on a card the runs above kept busy, no idle before it
-            try:
-                dec_paused = measure_device(runner, decode, min(repeats, STREAM_KIND_REPEATS), pause_s)
-                for n in HOT_PATTERN_DECODES_BETWEEN:
-                    got = hot_pattern(runner, mixed, decode, n, dev_extra["paused_device_ms_median"],
-                                      statistics.median(dec_paused) if dec_paused else 0.0,
-                                      HOT_PATTERN_S, HOT_PATTERN_BIN_S)
-                    if got:
-                        runs.append(got)
-                        print(f"pause check: hot_pattern_{n} mixed / paused device {got['mixed_ratio']:.4f}, decode "
-                              f"{got['decode_ratio']:.4f}, by second "
-                              + " ".join(f"{b['mixed_ratio']:.3f}" for b in got["bins"] if b["mixed_ratio"])
-                              + f" {got['nvml']}", flush=True)
-            except Exception as e:  # noqa: BLE001 -- a measurement beside the points: the profile goes on
-                runs.append({"run": "hot_pattern_failed", "error": f"{type(e).__name__}: {e}"})
     doc = {"num_prefill_tokens": p, "num_prefill_seqs": k, "runs": runs}
     if sustain_s > 0:
         big = packed_check_shape(shapes, p)
