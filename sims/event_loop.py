@@ -381,6 +381,9 @@ class EventLoop:
         # the decode spells' term (sims.profile_cost, "Decode spells"); a cost without the property
         # (an older stand-in) counts them wherever it weighs by power, as before the switch
         self.counts_spells = bool(getattr(cost, "counts_decode_spells", self.cap_weight_fn is not None))
+        # the busy level (sims.profile_cost, "The busy level"): a step with prefill launched behind another
+        # runs at the profile's no-pause level; None where the model has none
+        self.busy_level = getattr(cost, "busy_level", None) if self.cap_window is not None else None
         # the power cap slows every step by its compute share (sims.profile_cost.compute_share),
         # decode-only steps too; without it, steps with prefill alike
         self.cap_share_fn = cost.compute_share if getattr(cost, "caps_by_compute", False) else None
@@ -912,6 +915,8 @@ class EventLoop:
                                           sched.prefill_chunks if self.charges_chunks and num_prefill
                                           else None)
                 dt *= self.cost.prefill_slowdown(f, g, share, ff, fs)
+            if num_prefill and self.busy_level is not None and after_step:
+                dt *= self.busy_level
             if num_prefill:
                 be.prefill_spans.append((now, now + dt, w))
         if self.idle_launch_fn is not None and not after_step:

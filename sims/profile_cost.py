@@ -153,6 +153,21 @@ A step whose kind does not throttle (the 6.7B's mixed steps, w at the paused sha
 decode spell as a 512-token prefill over-charged the 33B bf16's and the 6.7B's uniform parts
 (bench/results/fidelity_grid_h200_s20, "decode spells").
 
+The busy level (issue 35, session 40; opt-in, `decode_spells="spin"`, `validate_replay --decode-spells
+spin`): the grid's points are timed after the profile's pause (60 ms idle, then the 5 ms spin that queues
+the step), and a busy engine never pauses. The pause check's sustained_mixed run times its step twice on
+the device: after the pause, and with the spin alone (`spin_device_ms_median`: steps ~5 ms apart). Their
+ratio, the busy level, is 1.041-1.048 on the H100 33B bf16 profiles, 1.027 with int4-fp8 KV, 1.002 on
+the 33B FP8 and 1.000-1.004 on the 6.7B ones. It is the level the live steps with prefill hold over the
+paused profile from a run's first seconds at every load, above what the prefill share adds (the form
+without decode spells is short of live by +3.9 / +4.3 / +3.7 points at 0.5 / 0.8 / 0.95x on the 33B bf16,
++2.6 / +3.1 / +2.5 with int4-fp8 KV; bench/results/pairs_s40, README section 3). The decode spells'
+charge stood in for that level and fell with load where the level does not. With "spin" a step with
+prefill launched behind another (not after an idle spell) is charged the busy level times the cap's
+factor without decode spells; profiles without the no-pause timing (every H200 grid part) keep the
+spells. On the live steps of the H100 33B parts it takes the steps with prefill from 0.99-1.02 x live to
+0.996-1.005 (bench/results/pairs_s40/spin_level_whatif.txt).
+
 The limiter's onset (issue 35, session 27; opt-in, `cap_onset="fast"`, `validate_replay --cap-onset
 fast`): a sustained run's trace from idle reaches most of its slowdown within two or three steps
 (the 33B bf16 on the H200: 29.7, 31.1, 32.5, 33.2 ms against 29.8 paused, then a drift to 33.5 over
@@ -745,7 +760,7 @@ class ProfileCost:
                  power_cap: bool = False, cap_by_compute: bool = True, decode_buckets=None,
                  cap_by_power: bool = False, decode_extrapolation: str = "nearest",
                  spread_points: list[dict] | None = None, decode_spread: str | float = "measured",
-                 mixed_spread: str | float = "measured", decode_spells: bool = True,
+                 mixed_spread: str | float = "measured", decode_spells: bool | str = True,
                  prefix_term: str = "twins", cap_onset: str = "slow", knee_support: int = KNEE_SUPPORT,
                  cap_sag: bool = True, cap_anchors: str = "sustained", mixed_tiles: str = "measured",
                  decode_tiles: str | float = "measured"):
@@ -776,7 +791,10 @@ class ProfileCost:
         batches").
         `decode_spells` (with `cap_by_power`): a step with prefill counts the busy engine's
         decode-only share at its own weight (module doc, "Decode spells"); False: the decode share
-        only through the pause check's after-decode run, as before session 20.
+        only through the pause check's after-decode run, as before session 20; "spin" (opt-in): where
+        the profile's sustained_mixed run timed its step with no pause as well, no decode spell, and a
+        step with prefill launched behind another pays that run's no-pause level instead (module doc,
+        "The busy level"; `busy_level`); elsewhere as True.
         `spread_points`: the profile's decode points of unequal contexts (`decode_context_lens`),
         kept out of the fit and the residuals; `decode_spread`: "measured" (the default: decode-only
         steps charged for their contexts' spread at the kappa those points give, none without
@@ -859,7 +877,18 @@ class ProfileCost:
         self._cap_share_ref = None  # the reference step's compute share (cap_by_compute)
         self._check_r = None  # the pause check step's own sustained ratio (unclamped)
         self._cap_weight = None  # (rate_ref, token rates, weights) of cap_weight, or None
+        if decode_spells not in (True, False, "spin"):
+            raise ValueError(f"decode_spells is True, False or 'spin', not {decode_spells!r}")
         self._decode_spells = bool(decode_spells)
+        # the busy level (module doc, "The busy level"): the sustained_mixed step's device time with no
+        # pause over its paused one, where the profile has both and the model was asked for it; else None
+        self.busy_level = None
+        if decode_spells == "spin" and power_cap:
+            run = next((r for r in ((meta or {}).get("pause_check") or {}).get("runs", [])
+                        if r.get("run") == "sustained_mixed"), None) or {}
+            if run.get("spin_device_ms_median") and run.get("paused_device_ms_median"):
+                self.busy_level = float(run["spin_device_ms_median"]) / float(run["paused_device_ms_median"])
+                self._decode_spells = False
         self.cap_onset = None  # the fast onset's fit (`fit_cap_onset`) with its f_ref, or None
         self.cap_sag = None  # the slow sag's fit (`fit_stream_sag`) with its references, or None
         self._onset_trace = None  # (trace t_s, trace ms, paused ms, pause_s) of the factor's reference

@@ -195,6 +195,9 @@ def model_step_ms(cost, steps: list[dict], window_s: float = 0.1) -> list[tuple[
             t *= cost.prefill_slowdown(f, g, cost.compute_share(s["d"], s["p"], ctx, chunks), ff, fs)
         elif s["p"]:
             t *= cost.prefill_slowdown(f, g, None, ff, fs)  # 1.0 unless the model has the power cap on
+        if s["p"] and not s["idle_before"] and getattr(cost, "busy_level", None) is not None \
+                and getattr(cost, "power_cap_window_s", None) is not None:
+            t *= cost.busy_level  # a step launched behind another (sims.profile_cost, "The busy level")
         if idle_launch is not None and s["idle_before"]:
             t += idle_launch(s["d"], s["p"])
         out.append((k, 1e3 * t, f))

@@ -51,7 +51,7 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
                    power_cap: str | None = None, extra_dispatch_ms: float = 0.0,
                    cap_by_power: bool | str = "auto", decode_spread: str = "measured", mixed_spread: str = "measured",
                    mixed_tiles: str = "measured", decode_tiles: str = "measured",
-                   decode_spells: bool = True, prefix_term: str = "twins", cap_onset: str = "slow",
+                   decode_spells: bool | str = True, prefix_term: str = "twins", cap_onset: str = "slow",
                    cap_anchors: str = "sustained",
                    gateway_loop: bool | None = None, live_times: bool = False,
                    plan_lead: str | None = None,
@@ -130,6 +130,8 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
         terms["cap_by_power"] = True
     if not decode_spells and terms.get("cap_by_power"):  # --decode-spells off (sims.profile_cost, "Decode spells")
         terms = {**terms, "decode_spells": False}
+    if decode_spells == "spin" and terms.get("power_cap"):  # --decode-spells spin ("The busy level")
+        terms = {**terms, "decode_spells": "spin"}
     if prefix_term != "twins":  # --prefix-term fit: the cached-prefix term as before session 26
         terms = {**terms, "prefix_term": prefix_term}
     if cap_onset != "slow" and terms.get("power_cap"):  # --cap-onset fast (sims.profile_cost, "The limiter's onset")
@@ -320,10 +322,12 @@ def parser() -> argparse.ArgumentParser:
                         "power, from the profile's capped mixed step run (sims.profile_cost, \"Power by "
                         "step kind\"; auto, the default since session 25: where the profile has that run; "
                         "the bare flag: on; a profile without that run: unchanged either way)")
-    p.add_argument("--decode-spells", choices=("on", "off"), default="on",
+    p.add_argument("--decode-spells", choices=("on", "off", "spin"), default="on",
                    help="with --cap-by-power: a step with prefill counts the decode-only share before it "
                         "at its own weight (sims.profile_cost, \"Decode spells\"; default on); off: through "
-                        "the pause check's after-decode run only")
+                        "the pause check's after-decode run only; spin: no spell, and a step with prefill "
+                        "launched behind another pays the profile's no-pause level, where its sustained_mixed "
+                        "run measured one (\"The busy level\"; elsewhere as on)")
     p.add_argument("--cap-onset", choices=("slow", "fast"), default="slow",
                    help="with the power cap: slow (default) reads the busy shares at the sustained trace's "
                         "one time constant; fast splits the factor between the limiter's fast onset and its "
@@ -423,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     res = replay_session(validate, arrivals, batches, rows, profile, a.delivery_per_stream_ms, seeds,
                          hide_launch=a.hide_launch, power_cap=a.power_cap, cap_by_power=a.cap_by_power,
                          decode_spread=a.decode_spread, mixed_spread=a.mixed_spread, mixed_tiles=a.mixed_tiles, decode_tiles=a.decode_tiles,
-                         decode_spells=a.decode_spells == "on", prefix_term=a.prefix_term, cap_onset=a.cap_onset, cap_anchors=a.cap_anchors, extra_dispatch_ms=a.extra_dispatch_ms, gateway_loop=a.gateway_loop == "on",
+                         decode_spells={"on": True, "off": False}.get(a.decode_spells, a.decode_spells), prefix_term=a.prefix_term, cap_onset=a.cap_onset, cap_anchors=a.cap_anchors, extra_dispatch_ms=a.extra_dispatch_ms, gateway_loop=a.gateway_loop == "on",
                          live_times=a.live_times, plan_lead=a.plan_lead,
                          gateway_loop_read_ms=a.gateway_loop_read_ms,
                          ceiling=a.ceiling, ceiling_noise=a.ceiling_noise,

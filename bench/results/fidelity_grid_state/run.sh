@@ -50,11 +50,16 @@ declare -A SRC=(
   # session 39: the issue's first cell (33B bf16, bf16 KV) on an H100 and the current profiler
   [h100-33b-s39]=pairs_s39/h100_33b/33b-seeds0-1/33b           # seeds 0-1 + the profile (the sixth run cut)
   [h100-33b-s39-2]=pairs_s39/h100_33b/33b-seeds2-4/33b         # seeds 2-4, the same profile (the check passed)
+  # session 40: the H100 6.7B bf16 at five seeds on its own profile; the 33B bf16's seed 0 again on a new profile
+  # (a repeat of s39's seed 0, not a sixth seed: scored alone, never pooled with it)
+  [h100-6.7b-s40]=pairs_s40/h100_6.7b/6.7b-seeds0-4/6.7b         # seeds 0-4 + the profile (the first hot patterns)
+  [h100-33b-s40]=pairs_s40/h100_33b/33b-seed0/33b               # seed 0 + the profile (hot patterns)
 )
 ORDER="33b-s11 33b-s13 6.7b-s13 6.7b-s14 6.7b-s16 6.7b-fp8-s16 33b-fp8-s16 33b-fp8-s17 6.7b-mixed-s20 33b-kvint4-s20 33b-mixed-s20
        6.7b-mixed-s25 6.7b-mixed-s25-4 33b-mixed-s25-1 33b-mixed-s25-2
        h100-6.7b-fp8-s33 h100-6.7b-fp8-s35 h100-6.7b-s34 h100-6.7b-s35 h100-6.7b-mixed-s35
-       h100-33b-fp8-s38 h100-33b-kvint4-s38 h100-33b-kvint4-s38-2 h100-6.7b-s38 h100-33b-s39 h100-33b-s39-2"
+       h100-33b-fp8-s38 h100-33b-kvint4-s38 h100-33b-kvint4-s38-2 h100-6.7b-s38 h100-33b-s39 h100-33b-s39-2
+       h100-6.7b-s40 h100-33b-s40"
 PARTS=${PARTS:-$ORDER}
 args() { local d=$G/${SRC[$1]} p=${SRC[$1]##*/}
   echo "$d/validate_$p.json $d/decisions_$p.jsonl.gz $d/steps_$p.jsonl.gz --profile $d/profile_$p.json"; }
@@ -112,7 +117,8 @@ if [ "$WHAT" = all ] || [ "$WHAT" = tables ]; then
     pool h100-33b-5seeds "H100: s39 seeds 0-1 + seeds 2-4, one profile" h100-33b-s39 h100-33b-s39-2
     for p in 6.7b-s13 6.7b-s14 6.7b-s16 6.7b-fp8-s16 33b-fp8-s16 33b-fp8-s17 6.7b-mixed-s20 33b-kvint4-s20 33b-mixed-s20 \
              h100-6.7b-fp8-s33 h100-6.7b-fp8-s35 h100-6.7b-s34 h100-6.7b-s35 h100-6.7b-mixed-s35 \
-             h100-33b-fp8-s38 h100-33b-kvint4-s38 h100-33b-kvint4-s38-2 h100-6.7b-s38 h100-33b-s39 h100-33b-s39-2; do
+             h100-33b-fp8-s38 h100-33b-kvint4-s38 h100-33b-kvint4-s38-2 h100-6.7b-s38 h100-33b-s39 h100-33b-s39-2 \
+             h100-6.7b-s40 h100-33b-s40; do
       for form in default nocap; do
         [ -f "replay_${p}_${form}.json" ] || continue
         echo

@@ -1,0 +1,90 @@
+"""Issue 35, session 40: what-if — the live steps with prefill as the model without decode spells (nospell) times
+the profile's spin level, per run, against live and the default form.
+
+Why: a busy engine's steps with prefill run a level over the paused profile that the decode spells' flat charge
+stands in for (README section 1). The pause check's sustained_mixed run times its step twice on the device:
+after the grid's 60 ms pause (`paused_device_ms_median`) and with no pause, only the 5 ms spin that queues it
+(`spin_device_ms_median`). Their ratio r_spin is 1.041-1.048 on the H100 33B bf16 profiles, 1.027 on the int4-fp8
+KV one, 1.002 on the 33B FP8, 1.000-1.002 on the 6.7B ones: the live levels' order. Here a step with prefill that
+does not follow an idle spell is charged (r_spin - 1) more, scaled by its compute share against the
+sustained_mixed step's ("scaled"), or not ("flat").
+
+    python bench/results/pairs_s40/spin_level_whatif.py PART_DIR [PART_DIR ...]
+"""
+import json
+import re
+import sys
+from pathlib import Path
+
+from bench.simulator import fidelity_steps as fs
+from bench.simulator.validate import async_plan_lead, model_terms
+from scheduler.decisions import read_log
+from sims.profile_cost import ProfileCost
+from sims.profile_terms import has_sustained_mixed
+
+GAP_S = 1.0
+
+
+def spin_ratio(doc: dict) -> tuple[float, tuple[int, int, int]]:
+    r = next(r for r in doc["pause_check"]["runs"] if r["run"] == "sustained_mixed")
+    return (r["spin_device_ms_median"] / r["paused_device_ms_median"],
+            (r["num_decode_seqs"], r["num_prefill_tokens"], r["decode_context_len"]))
+
+
+def main(argv: list[str]) -> None:
+    for arg in argv:
+        part = Path(arg)
+        tag = part.name
+        prof = part / f"profile_{tag}.json"
+        doc = json.loads(prof.read_text())
+        base = {k: v for k, v in model_terms(doc, async_plan_lead(doc, "cuda")).items() if k != "cap_by_power"}
+        capped = base.get("power_cap") and has_sustained_mixed(doc)
+        forms = {"default": {**base, **({"cap_by_power": True} if capped else {})},
+                 "nospell": {**base, **({"cap_by_power": True, "decode_spells": False} if capped else {})},
+                 "paused": {**base, "power_cap": False}}
+        arr, _ = read_log(part / f"decisions_{tag}.jsonl.gz")
+        steps, _bad = fs.live_steps(fs.read_steps(part / f"steps_{tag}.jsonl.gz"),
+                                    {a.request_id: a.max_tokens for a in arr})
+        costs = {n: ProfileCost.from_json(prof, **t) for n, t in forms.items()}
+        models = {n: {i: t for i, t, _f in fs.model_step_ms(c, steps)} for n, c in costs.items()}
+        r_spin, (dm, pm, cm) = spin_ratio(doc)
+        ns = costs["nospell"]
+        ref_share = ns.compute_share(dm, pm, dm * cm) if ns.caps_by_compute else None
+        labels = [f"{m.group(1)} seed {m.group(2)}" for m in
+                  re.finditer(r"load (\S+) rate \S+ seed (\d+)", (part / f"validate_{tag}.log").read_text())]
+        runs, cur = [], []
+        for i, s in enumerate(steps):
+            if cur and s["start"] - steps[cur[-1]]["end"] > GAP_S:
+                runs.append(cur)
+                cur = []
+            cur.append(i)
+        if cur:
+            runs.append(cur)
+        print(f"== {part}: r_spin {r_spin:.4f}; steps with prefill, model / live")
+        print(f"{'run':16s} {'n':>5s} {'default':>8s} {'nospell':>8s} {'+flat':>8s} {'+scaled':>8s}")
+        for k, idx in enumerate(runs):
+            label = labels[k] if len(runs) == len(labels) else f"run {k}"
+            sel = [i for i in idx if steps[i]["p"] and i in models["nospell"]]
+            if not sel:
+                continue
+            live = sum(steps[i]["ms"] for i in sel)
+            flat = scaled = 0.0
+            for i in sel:
+                s, t = steps[i], models["nospell"][i]
+                if s.get("idle_before"):
+                    flat += t
+                    scaled += t
+                    continue
+                flat += t * r_spin
+                if ref_share:
+                    ctx = s["ctx"] + sum(n + st for n, st in s["chunks"])
+                    sh = ns.compute_share(s["d"], s["p"], ctx, s["chunks"] or None)
+                    scaled += t * (1.0 + (r_spin - 1.0) * sh / ref_share)
+                else:
+                    scaled += t * r_spin
+            print(f"{label:16s} {len(sel):5d} {sum(models['default'][i] for i in sel) / live:8.4f} "
+                  f"{sum(models['nospell'][i] for i in sel) / live:8.4f} {flat / live:8.4f} {scaled / live:8.4f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
