@@ -7,7 +7,13 @@ ratio is the level a step with prefill pays when it is launched behind another. 
 counts. Closed forms on the power-by-kind tests' law."""
 import pytest
 
-from tests.test_sims_power_by_kind import _cost, _law, _mixed, _prefill_step_time, _spell_then_prefill
+from tests.test_sims_power_by_kind import (
+    _cost,
+    _law,
+    _mixed,
+    _prefill_step_time,
+    _spell_then_prefill,
+)
 
 R_SPIN = 1.04
 
