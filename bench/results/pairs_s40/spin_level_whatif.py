@@ -7,7 +7,8 @@ after the grid's 60 ms pause (`paused_device_ms_median`) and with no pause, only
 (`spin_device_ms_median`). Their ratio r_spin is 1.041-1.048 on the H100 33B bf16 profiles, 1.027 on the int4-fp8
 KV one, 1.002 on the 33B FP8, 1.000-1.002 on the 6.7B ones: the live levels' order. Here a step with prefill that
 does not follow an idle spell is charged (r_spin - 1) more, scaled by its compute share against the
-sustained_mixed step's ("scaled"), or not ("flat").
+sustained_mixed step's ("scaled"), or not ("flat"). Then the form as built (`decode_spells="spin"`: "spin", which
+must read as "+flat"), the stream anchors alone ("stream") and with the busy level ("str_spin").
 
     python bench/results/pairs_s40/spin_level_whatif.py PART_DIR [PART_DIR ...]
 """
@@ -41,6 +42,11 @@ def main(argv: list[str]) -> None:
         capped = base.get("power_cap") and has_sustained_mixed(doc)
         forms = {"default": {**base, **({"cap_by_power": True} if capped else {})},
                  "nospell": {**base, **({"cap_by_power": True, "decode_spells": False} if capped else {})},
+                 # the form as built (sims.profile_cost, "The busy level"), and with the stream anchors
+                 "spin": {**base, **({"cap_by_power": True} if capped else {}), "decode_spells": "spin"},
+                 "stream_spin": {**base, **({"cap_by_power": True} if capped else {}), "decode_spells": "spin",
+                                 "cap_anchors": "stream"},
+                 "stream": {**base, **({"cap_by_power": True} if capped else {}), "cap_anchors": "stream"},
                  "paused": {**base, "power_cap": False}}
         arr, _ = read_log(part / f"decisions_{tag}.jsonl.gz")
         steps, _bad = fs.live_steps(fs.read_steps(part / f"steps_{tag}.jsonl.gz"),
@@ -61,7 +67,8 @@ def main(argv: list[str]) -> None:
         if cur:
             runs.append(cur)
         print(f"== {part}: r_spin {r_spin:.4f}; steps with prefill, model / live")
-        print(f"{'run':16s} {'n':>5s} {'default':>8s} {'nospell':>8s} {'+flat':>8s} {'+scaled':>8s}")
+        print(f"{'run':16s} {'n':>5s} {'default':>8s} {'nospell':>8s} {'+flat':>8s} {'+scaled':>8s} {'spin':>8s} "
+              f"{'stream':>8s} {'str_spin':>8s}")
         for k, idx in enumerate(runs):
             label = labels[k] if len(runs) == len(labels) else f"run {k}"
             sel = [i for i in idx if steps[i]["p"] and i in models["nospell"]]
@@ -83,7 +90,8 @@ def main(argv: list[str]) -> None:
                 else:
                     scaled += t * r_spin
             print(f"{label:16s} {len(sel):5d} {sum(models['default'][i] for i in sel) / live:8.4f} "
-                  f"{sum(models['nospell'][i] for i in sel) / live:8.4f} {flat / live:8.4f} {scaled / live:8.4f}")
+                  f"{sum(models['nospell'][i] for i in sel) / live:8.4f} {flat / live:8.4f} {scaled / live:8.4f} "
+                  + " ".join(f"{sum(models[n][i] for i in sel) / live:8.4f}" for n in ("spin", "stream", "stream_spin")))
 
 
 if __name__ == "__main__":
