@@ -8,7 +8,8 @@
 # profile pass that priced each d (by_pass: c + e w(d), e the decode-bucket points' shortfall, session 32) and split by the
 # SM clock (decode_exact_clock); the profile's long stream_mixed run (stream_read); its fill and block-order check;
 # with whole tiles beside a chunk (mixed_tiles; with the stream anchors, stream_tiles; at the profile's measured
-# fractions of a tile, stream_measured, tile_fractions.txt) and the busy mixed steps by chunk start and d (mixed_read).
+# fractions of a tile, stream_measured, tile_fractions.txt) and the busy mixed steps by chunk start and d (mixed_read);
+# since session 40 the busy level (spin, stream_spin) and the steps with prefill in each form (spin_level_whatif).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
 PY=${PY:-$ROOT/.venv/bin/python}
@@ -47,4 +48,8 @@ rp stream_measured --cap-anchors stream --mixed-tiles measured --decode-tiles me
 $PY -c "import sys; from sims.profile_cost import ProfileCost; print(ProfileCost.from_json(sys.argv[1]).tile_fractions)" \
     "$D/profile_$P.json" > "$R/tile_fractions.txt"
 $PY "$S/conditioned_s33/mixed_read.py" "$D" > "$R/mixed_read.txt"
+# session 40: the busy level (--decode-spells spin; as the default where the profile has no no-pause timing) and
+# with the stream anchors; the steps with prefill per run in each form (spin_level_whatif.txt)
+rp spin --decode-spells spin & rp stream_spin --cap-anchors stream --decode-spells spin & wait
+$PY "$S/pairs_s40/spin_level_whatif.py" "$D" > "$R/spin_level_whatif.txt"
 echo "read: $R"
