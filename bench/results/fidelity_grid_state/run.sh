@@ -115,6 +115,11 @@ if [ "$WHAT" = all ] || [ "$WHAT" = tables ]; then
         h100-6.7b-s35 h100-6.7b-s38
     pool h100-33b-kvint4-5seeds "H100: s38 seeds 0-1 + seeds 2-4, one profile" h100-33b-kvint4-s38 h100-33b-kvint4-s38-2
     pool h100-33b-5seeds "H100: s39 seeds 0-1 + seeds 2-4, one profile" h100-33b-s39 h100-33b-s39-2
+    # session 40: runs, not seeds — s40 repeats seeds on new profiles (the 6.7B's 0-4, the 33B's 0); a repeated
+    # seed's runs share a workload, so these intervals lean narrow; the engine's call-to-call scatter is in them
+    pool h100-6.7b-13runs "H100: s34 seeds 0-3 + s35 0-1 + s38 1-2 + s40 0-4, four profiles" h100-6.7b-s34 \
+        h100-6.7b-s35 h100-6.7b-s38 h100-6.7b-s40
+    pool h100-33b-6runs "H100: s39 seeds 0-4 + s40 seed 0 again, two profiles" h100-33b-s39 h100-33b-s39-2 h100-33b-s40
     for p in 6.7b-s13 6.7b-s14 6.7b-s16 6.7b-fp8-s16 33b-fp8-s16 33b-fp8-s17 6.7b-mixed-s20 33b-kvint4-s20 33b-mixed-s20 \
              h100-6.7b-fp8-s33 h100-6.7b-fp8-s35 h100-6.7b-s34 h100-6.7b-s35 h100-6.7b-mixed-s35 \
              h100-33b-fp8-s38 h100-33b-kvint4-s38 h100-33b-kvint4-s38-2 h100-6.7b-s38 h100-33b-s39 h100-33b-s39-2 \
