@@ -37,15 +37,17 @@ def test_the_level_is_the_no_pause_timing_over_the_paused_one_and_replaces_the_s
         _cost(_spun(), tau=0.02, r=1.5, decode_spells="sometimes")
 
 
-def test_a_prefill_step_behind_a_decode_spell_pays_the_level_not_the_spell():
+@pytest.mark.parametrize("by_compute", [False, True])
+def test_a_prefill_step_behind_a_decode_spell_pays_the_level_not_the_spell(by_compute):
     """B's 64-token prompt joins while A has decoded for 0.5 s: with the spells B's step throttles at its own
     kind's weight (> 5 % here); with the level it takes T_B x r_spin (no prefill in the window: the cap's factor
-    is 1), in the event loop and in the live-step scorer alike."""
+    is 1, whether the cap goes by compute share or not), in the event loop and in the live-step scorer alike."""
     tb = _law(1, 64)
-    spin = _cost(_spun(), tau=0.02, r=1.5, decode_spells="spin")
+    spin = _cost(_spun(), tau=0.02, r=1.5, decode_spells="spin", cap_by_compute=by_compute)
+    assert spin.caps_by_compute == by_compute
     dt, d = _prefill_step_time(spin, [0.0, 0.5], [200, 3])
     assert d == 1 and dt == pytest.approx(tb * R_SPIN, rel=1e-6)
-    spells, _ = _prefill_step_time(_cost(_spun(), tau=0.02, r=1.5), [0.0, 0.5], [200, 3])
+    spells, _ = _prefill_step_time(_cost(_spun(), tau=0.02, r=1.5, cap_by_compute=by_compute), [0.0, 0.5], [200, 3])
     assert spells > 1.05 * tb
     from bench.simulator.fidelity_steps import model_step_ms
     steps = _spell_then_prefill(tb)
