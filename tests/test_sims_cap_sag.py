@@ -276,6 +276,12 @@ def test_the_pause_check_streams_every_kind_with_its_shape(monkeypatch):
     assert kinds["mixed_two_chunks"]["shape"][3] == 2 and kinds["decode"]["shape"][1] == 0
     # the stand-in's device time is the shape's alone: back to back as paused
     assert all(r["ratio"] == pytest.approx(1.0) for r in kinds.values())
+    # the mixed step's no-pause timing, each repetition kept beside its median (the busy level's scatter)
+    mixed_run = next(r for r in doc["runs"] if r["run"] == "sustained_mixed")
+    assert len(mixed_run["spin_device_ms"]) == 2 and len(mixed_run["paused_device_ms"]) == 2
+    med = __import__("statistics").median
+    assert mixed_run["spin_device_ms_median"] == pytest.approx(med(mixed_run["spin_device_ms"]), abs=1e-4)
+    assert mixed_run["paused_device_ms_median"] == pytest.approx(med(mixed_run["paused_device_ms"]), abs=1e-4)
     assert not [r for r in doc["runs"] if r["run"].endswith("_failed")]
 
 

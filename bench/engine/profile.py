@@ -1258,6 +1258,10 @@ def compare_pause(runner, shapes, cfg, vocab: int, pause_s: float, repeats: int 
         spin_dev = measure_device(runner, mixed, repeats, 0.0) if paused_dev else None
         if spin_dev:  # no pause, only the spin that queues the step: the pause's own share
             dev_extra["spin_device_ms_median"] = statistics.median(spin_dev)
+            # each repetition too (session 40): their ratio is the busy level (sims.profile_cost, "The busy
+            # level"), read from five repetitions a side; the two 33B bf16 profiles read 1.041 and 1.048
+            dev_extra["paused_device_ms"] = [round(x, 4) for x in paused_dev]
+            dev_extra["spin_device_ms"] = [round(x, 4) for x in spin_dev]
         extra = sustained_trace(runner, mixed, sustain_s, SUSTAIN_IDLE_S)
         ms = measure(runner, mixed, repeats, 1, 0.0)
         runs.append({"run": "sustained_mixed", "pause_ms": 0.0, "num_decode_seqs": dm, "num_prefill_tokens": pm,
