@@ -149,3 +149,22 @@ def test_with_the_live_step_times_the_schedules_agree(session):
     for ld in res["loads"]:
         for name in ("ttft_p50", "tpot_p50", "throughput"):
             assert abs(ld["summary"][name]["rel_err"]["mean"]) < 0.015, (ld["load_label"], name)
+
+
+def test_a_parts_runs_are_cut_at_the_engines_idle_gaps_and_named_by_its_log():
+    """`part_live_steps`, `runs_at_gaps` and `validate_run_labels` on a committed H100 part (session 40's 33B
+    bf16 seed 0: three runs at 0.5 / 0.8 / 0.95x): one run a logged load, none split inside, gaps over a second
+    between them and none inside."""
+    from bench.simulator.fidelity_steps import part_live_steps, runs_at_gaps, validate_run_labels
+
+    part = Path(__file__).resolve().parents[1] / "bench/results/pairs_s40/h100_33b/33b-seed0/33b"
+    prof, doc, steps = part_live_steps(part)
+    assert prof.name == "profile_33b.json" and doc["pause_check"]["runs"]
+    runs = runs_at_gaps(steps, 1.0)
+    assert validate_run_labels(part) == [("0.5x", 0), ("0.8x", 0), ("0.95x", 0)]
+    assert len(runs) == 3 and sum(map(len, runs)) == len(steps)
+    for a, b in __import__("itertools").pairwise(runs):
+        assert steps[b[0]]["start"] - steps[a[-1]]["end"] > 1.0
+    assert all(steps[i + 1]["start"] - steps[i]["end"] <= 1.0 for r in runs for i in r[:-1])
+    # a tighter gap cuts no fewer runs
+    assert len(runs_at_gaps(steps, 0.05)) >= 3

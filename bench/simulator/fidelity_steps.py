@@ -87,6 +87,41 @@ def live_steps(rows: list[dict], max_tokens: dict[str, int]) -> tuple[list[dict]
     return out, bad
 
 
+def part_live_steps(part: str | Path) -> tuple[Path, dict, list[dict]]:
+    """A grid part's folder (`scripts/gpu_fidelity_grid_run.sh`: profile_<tag>.json, decisions_<tag>.jsonl.gz,
+    steps_<tag>.jsonl.gz, <tag> the folder's name): its profile's path and document, and its live steps
+    (`live_steps`, the decode counts rebuilt from the decisions' max_tokens)."""
+    from scheduler.decisions import read_log
+
+    part = Path(part)
+    tag = part.name
+    prof = part / f"profile_{tag}.json"
+    arr, _ = read_log(part / f"decisions_{tag}.jsonl.gz")
+    steps, _bad = live_steps(read_steps(part / f"steps_{tag}.jsonl.gz"), {a.request_id: a.max_tokens for a in arr})
+    return prof, json.loads(prof.read_text()), steps
+
+
+def validate_run_labels(part: str | Path) -> list[tuple[str, int]]:
+    """(load label, seed) of each run, in the order a part's validate log ran them."""
+    import re
+
+    part = Path(part)
+    text = (part / f"validate_{part.name}.log").read_text()
+    return [(m.group(1), int(m.group(2))) for m in re.finditer(r"load (\S+) rate \S+ seed (\d+)", text)]
+
+
+def runs_at_gaps(steps: list[dict], gap_s: float = 1.0) -> list[list[int]]:
+    """The steps' indices cut into runs wherever the engine idled over `gap_s` (a validate's runs lie 2-4 s
+    apart, while inside a run the engine idles under a second)."""
+    runs: list[list[int]] = []
+    for i, s in enumerate(steps):
+        if runs and s["start"] - steps[runs[-1][-1]]["end"] <= gap_s:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+
 def dispatch_delay(rows: list[dict], batches) -> tuple[float, int]:
     """Seconds from the gateway's flush to the backend's plan of the step that prefills the
     request, median over the requests flushed while the engine was idle (their step starts at

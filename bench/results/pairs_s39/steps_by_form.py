@@ -7,14 +7,11 @@ over 1 s and named by load in the validate log's order.
 
     python bench/results/pairs_s39/steps_by_form.py PART_DIR [PART_DIR ...]
 """
-import json
-import re
 import sys
 from pathlib import Path
 
 from bench.simulator import fidelity_steps as fs
 from bench.simulator.validate import async_plan_lead, model_terms
-from scheduler.decisions import read_log
 from sims.profile_cost import ProfileCost
 from sims.profile_terms import has_sustained_mixed
 
@@ -33,24 +30,11 @@ def forms_of(doc: dict) -> dict[str, dict]:
 def main(argv: list[str]) -> None:
     for arg in argv:
         part = Path(arg)
-        tag = part.name
-        prof = part / f"profile_{tag}.json"
-        doc = json.loads(prof.read_text())
-        arr, _ = read_log(part / f"decisions_{tag}.jsonl.gz")
-        steps, _bad = fs.live_steps(fs.read_steps(part / f"steps_{tag}.jsonl.gz"),
-                                    {a.request_id: a.max_tokens for a in arr})
+        prof, doc, steps = fs.part_live_steps(part)
         models = {name: {i: t for i, t, _f in fs.model_step_ms(ProfileCost.from_json(prof, **terms), steps)}
                   for name, terms in forms_of(doc).items()}
-        runs, cur = [], []
-        for i, s in enumerate(steps):
-            if cur and s["start"] - steps[cur[-1]]["end"] > 1.0:
-                runs.append(cur)
-                cur = []
-            cur.append(i)
-        if cur:
-            runs.append(cur)
-        loads = [m.group(1) for m in re.finditer(r"load (\S+) rate \S+ seed \d+",
-                                                 (part / f"validate_{tag}.log").read_text())]
+        runs = fs.runs_at_gaps(steps, 1.0)
+        loads = [load for load, _seed in fs.validate_run_labels(part)]
         totals: dict[tuple[str, str], dict[str, list[float]]] = {}
         for load, idx in zip(loads, runs):
             for kind in ("decode", "prefill"):

@@ -11,15 +11,12 @@ form; this says how the cap's charge on the steps that TTFT waits for moves with
 
     python bench/results/pairs_s39/steps_by_run.py PART_DIR
 """
-import json
-import re
 import sys
 from pathlib import Path
 from statistics import mean
 
 from bench.simulator import fidelity_steps as fs
 from bench.simulator.validate import async_plan_lead, model_terms
-from scheduler.decisions import read_log
 from sims.profile_cost import ProfileCost
 from sims.profile_terms import has_sustained_mixed
 
@@ -29,30 +26,19 @@ GAP_S = 1.0  # the validate's runs are 2-4 s apart (scoring, the next run's star
 def main(argv: list[str]) -> None:
     part = Path(argv[0])
     tag = part.name
-    prof = part / f"profile_{tag}.json"
-    doc = json.loads(prof.read_text())
+    prof, doc, steps = fs.part_live_steps(part)
     base = {k: v for k, v in model_terms(doc, async_plan_lead(doc, "cuda")).items() if k != "cap_by_power"}
     capped = base.get("power_cap") and has_sustained_mixed(doc)
     forms = {"default": {**base, **({"cap_by_power": True} if capped else {})},
              "nospell": {**base, **({"cap_by_power": True, "decode_spells": False} if capped else {})},
              "nocap": base,
              "paused": {**base, "power_cap": False}}
-    arr, _ = read_log(part / f"decisions_{tag}.jsonl.gz")
-    steps, _bad = fs.live_steps(fs.read_steps(part / f"steps_{tag}.jsonl.gz"), {a.request_id: a.max_tokens for a in arr})
     models = {}
     for name, terms in forms.items():
         cost = ProfileCost.from_json(prof, **terms)
         models[name] = {i: (t, f) for i, t, f in fs.model_step_ms(cost, steps)}
-    labels = [f"{m.group(1)} seed {m.group(2)}" for m in
-              re.finditer(r"load (\S+) rate \S+ seed (\d+)", (part / f"validate_{tag}.log").read_text())]
-    runs, cur = [], []
-    for i, s in enumerate(steps):
-        if cur and s["start"] - steps[cur[-1]]["end"] > GAP_S:
-            runs.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        runs.append(cur)
+    labels = [f"{load} seed {seed}" for load, seed in fs.validate_run_labels(part)]
+    runs = fs.runs_at_gaps(steps, GAP_S)
     print(f"== {tag}: {len(runs)} runs cut at {GAP_S:g} s gaps, {len(labels)} in the log; steps with prefill, "
           f"totals over the paused profile's")
     print(f"{'run':16s} {'n':>5s} {'d mean':>6s} {'live':>7s} {'default':>7s} {'nospell':>7s} {'nocap':>7s} {'f':>6s}")

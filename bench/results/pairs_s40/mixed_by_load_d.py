@@ -8,14 +8,11 @@ d, it is the board's power over the run (the cap). The hot patterns (prediction 
 
     python bench/results/pairs_s40/mixed_by_load_d.py PART_DIR [PART_DIR ...]
 """
-import json
-import re
 import sys
 from pathlib import Path
 
 from bench.simulator import fidelity_steps as fs
 from bench.simulator.validate import async_plan_lead, model_terms
-from scheduler.decisions import read_log
 from sims.profile_cost import ProfileCost
 
 GAP_S = 1.0
@@ -26,26 +23,13 @@ def main(argv: list[str]) -> None:
     acc: dict[tuple[str, tuple[int, int]], list[float]] = {}
     for arg in argv:
         part = Path(arg)
-        tag = part.name
-        prof = part / f"profile_{tag}.json"
-        doc = json.loads(prof.read_text())
+        prof, doc, steps = fs.part_live_steps(part)
         terms = {**model_terms(doc, async_plan_lead(doc, "cuda")), "power_cap": False}
         terms.pop("cap_by_power", None)
         paused = ProfileCost.from_json(prof, **terms)
-        arr, _ = read_log(part / f"decisions_{tag}.jsonl.gz")
-        steps, _bad = fs.live_steps(fs.read_steps(part / f"steps_{tag}.jsonl.gz"),
-                                    {a.request_id: a.max_tokens for a in arr})
         model = {i: t for i, t, _f in fs.model_step_ms(paused, steps)}
-        labels = [m.group(1) for m in re.finditer(r"load (\S+) rate \S+ seed \d+",
-                                                   (part / f"validate_{tag}.log").read_text())]
-        runs, cur = [], []
-        for i, s in enumerate(steps):
-            if cur and s["start"] - steps[cur[-1]]["end"] > GAP_S:
-                runs.append(cur)
-                cur = []
-            cur.append(i)
-        if cur:
-            runs.append(cur)
+        labels = [load for load, _seed in fs.validate_run_labels(part)]
+        runs = fs.runs_at_gaps(steps, GAP_S)
         if len(runs) != len(labels):
             print(f"{part}: {len(runs)} runs, {len(labels)} labels: runs left out")
             continue

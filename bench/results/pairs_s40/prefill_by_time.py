@@ -8,13 +8,11 @@ decode-spell or onset terms would have to carry. The table answers which, per ru
 
     python bench/results/pairs_s40/prefill_by_time.py PART_DIR [BIN_S]
 """
-import json
 import sys
 from pathlib import Path
 
 from bench.simulator import fidelity_steps as fs
 from bench.simulator.validate import async_plan_lead, model_terms
-from scheduler.decisions import read_log
 from sims.profile_cost import ProfileCost
 
 GAP_S = 1.0  # as pairs_s39/steps_by_run.py: runs are cut at idle gaps over a second
@@ -24,23 +22,12 @@ def main(argv: list[str]) -> None:
     part = Path(argv[0])
     bin_s = float(argv[1]) if len(argv) > 1 else 10.0
     tag = part.name
-    prof = part / f"profile_{tag}.json"
-    doc = json.loads(prof.read_text())
+    prof, doc, steps = fs.part_live_steps(part)
     terms = {**model_terms(doc, async_plan_lead(doc, "cuda")), "power_cap": False}
     terms.pop("cap_by_power", None)
     paused = ProfileCost.from_json(prof, **terms)
-    arr, _ = read_log(part / f"decisions_{tag}.jsonl.gz")
-    steps, _bad = fs.live_steps(fs.read_steps(part / f"steps_{tag}.jsonl.gz"),
-                                {a.request_id: a.max_tokens for a in arr})
     model = {i: t for i, t, _f in fs.model_step_ms(paused, steps)}
-    runs, cur = [], []
-    for i, s in enumerate(steps):
-        if cur and s["start"] - steps[cur[-1]]["end"] > GAP_S:
-            runs.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        runs.append(cur)
+    runs = fs.runs_at_gaps(steps, GAP_S)
     print(f"== {tag}: live / paused model of the steps with prefill (and decode-only), by {bin_s:g} s of each run")
     for k, idx in enumerate(runs):
         t0 = steps[idx[0]]["start"]

@@ -12,14 +12,11 @@ must read as "+flat"), the stream anchors alone ("stream") and with the busy lev
 
     python bench/results/pairs_s40/spin_level_whatif.py PART_DIR [PART_DIR ...]
 """
-import json
-import re
 import sys
 from pathlib import Path
 
 from bench.simulator import fidelity_steps as fs
 from bench.simulator.validate import async_plan_lead, model_terms
-from scheduler.decisions import read_log
 from sims.profile_cost import ProfileCost
 from sims.profile_terms import has_sustained_mixed
 
@@ -35,9 +32,7 @@ def spin_ratio(doc: dict) -> tuple[float, tuple[int, int, int]]:
 def main(argv: list[str]) -> None:
     for arg in argv:
         part = Path(arg)
-        tag = part.name
-        prof = part / f"profile_{tag}.json"
-        doc = json.loads(prof.read_text())
+        prof, doc, steps = fs.part_live_steps(part)
         base = {k: v for k, v in model_terms(doc, async_plan_lead(doc, "cuda")).items() if k != "cap_by_power"}
         capped = base.get("power_cap") and has_sustained_mixed(doc)
         forms = {"default": {**base, **({"cap_by_power": True} if capped else {})},
@@ -48,24 +43,13 @@ def main(argv: list[str]) -> None:
                                  "cap_anchors": "stream"},
                  "stream": {**base, **({"cap_by_power": True} if capped else {}), "cap_anchors": "stream"},
                  "paused": {**base, "power_cap": False}}
-        arr, _ = read_log(part / f"decisions_{tag}.jsonl.gz")
-        steps, _bad = fs.live_steps(fs.read_steps(part / f"steps_{tag}.jsonl.gz"),
-                                    {a.request_id: a.max_tokens for a in arr})
         costs = {n: ProfileCost.from_json(prof, **t) for n, t in forms.items()}
         models = {n: {i: t for i, t, _f in fs.model_step_ms(c, steps)} for n, c in costs.items()}
         r_spin, (dm, pm, cm) = spin_ratio(doc)
         ns = costs["nospell"]
         ref_share = ns.compute_share(dm, pm, dm * cm) if ns.caps_by_compute else None
-        labels = [f"{m.group(1)} seed {m.group(2)}" for m in
-                  re.finditer(r"load (\S+) rate \S+ seed (\d+)", (part / f"validate_{tag}.log").read_text())]
-        runs, cur = [], []
-        for i, s in enumerate(steps):
-            if cur and s["start"] - steps[cur[-1]]["end"] > GAP_S:
-                runs.append(cur)
-                cur = []
-            cur.append(i)
-        if cur:
-            runs.append(cur)
+        labels = [f"{load} seed {seed}" for load, seed in fs.validate_run_labels(part)]
+        runs = fs.runs_at_gaps(steps, GAP_S)
         print(f"== {part}: r_spin {r_spin:.4f}; steps with prefill, model / live")
         print(f"{'run':16s} {'n':>5s} {'default':>8s} {'nospell':>8s} {'+flat':>8s} {'+scaled':>8s} {'spin':>8s} "
               f"{'stream':>8s} {'str_spin':>8s}")
