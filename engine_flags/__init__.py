@@ -103,9 +103,9 @@ def add_serving_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> No
     p.add_argument("--fp8-gemv-max-m", type=int, default=None, metavar="ROWS",
                    help="fp8 weights: the most rows a linear runs on the weight-only Triton GEMV; "
                         "more go to per-token fp8 + torch._scaled_mm (W8A8). A decode step's rows are "
-                        "its CUDA graph's bucket (default 32; bench/results/pairs_s39: every FP8 profile "
-                        "reads the 48-row _scaled_mm graph faster than the 24- and 32-row GEMV ones, so 16 "
-                        "is expected faster at 17-32 decoding sequences, not yet measured)")
+                        "its CUDA graph's bucket (default 16: through the service, decode steps of 17-32 "
+                        "sequences run 3.5-6.3 %% faster than at 32, the earlier default; "
+                        "bench/results/pairs_s41)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="no CUDA graphs: every step runs eagerly")
     p.add_argument("--cpu-affinity", default="none", metavar="auto|none|CORES",

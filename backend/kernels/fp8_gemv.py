@@ -42,8 +42,11 @@ FP8_MAX = 448.0
 # (351 vs 257 us). The served steps disagree at 17-32 rows (bench/results/pairs_s39, section 2):
 # in every FP8 profile a decode step of 33 sequences (48-row graph, _scaled_mm) is faster than one
 # of 32 (32-row graph, GEMV), by 4-13 %. `--fp8-gemv-max-m 16` (set_gemv_max_m) moves 17-32 rows to
-# _scaled_mm; the default stays 32 until that is measured through the service (prediction 31).
-FP8_GEMV_MAX_M = 32
+# _scaled_mm. Measured through the service on an H100 (bench/results/pairs_s40 and pairs_s41,
+# `scripts/gpu_serving_run.sh WORKLOADS=fp8_switch`): decode steps of 17-24 / 25-32 sequences run
+# 3.5 / 5.7 % faster at 16 on the 6.7B and 4.3 / 6.3 % on the 33B, the rest within 0.3 %; so 16 is
+# the default since session 41 (profiles measured before then ran 32: `profile_check`).
+FP8_GEMV_MAX_M = 16
 
 
 def set_gemv_max_m(max_m: int) -> None:

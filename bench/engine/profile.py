@@ -64,7 +64,7 @@ def parser() -> argparse.ArgumentParser:
                         "per-output-channel scales (CUDA, capability >= 8.9)")
     p.add_argument("--fp8-gemv-max-m", type=int, default=None, metavar="ROWS",
                    help="fp8 weights: the serving backend's GEMV / _scaled_mm switch (recorded in the "
-                        "profile as fp8_gemv_max_m; default: the engine's, 32)")
+                        "profile as fp8_gemv_max_m; default: the engine's, 16 since session 41)")
     p.add_argument("--out", required=True, help="path of the profile JSON to write")
     p.add_argument("--decode-batch-sizes", default="0,1,8,32,64", help="comma-separated d values")
     p.add_argument("--prefill-tokens", default="0,128,512,2048", help="comma-separated p values")
