@@ -54,12 +54,16 @@ declare -A SRC=(
   # (a repeat of s39's seed 0, not a sixth seed: scored alone, never pooled with it)
   [h100-6.7b-s40]=pairs_s40/h100_6.7b/6.7b-seeds0-4/6.7b         # seeds 0-4 + the profile (the first hot patterns)
   [h100-33b-s40]=pairs_s40/h100_33b/33b-seed0/33b               # seed 0 + the profile (hot patterns)
+  # session 41: seeds 5-8 asked on the s36 / s38 profiles; the check found each card off (decode -2.4 / -3.7 %), so
+  # each call measured its own profile and ran what was left: seeds 5-7 (FP8), 5-6 (int4-fp8 KV; 0.95x seed 5 only)
+  [h100-33b-fp8-s41]=pairs_s41/h100_33b-fp8/33b-fp8             # seeds 5-7 + the profile (its own: the check failed)
+  [h100-33b-kvint4-s41]=pairs_s41/h100_33b-kvint4/33b-kvint4    # seeds 5-6 + the profile (the same)
 )
 ORDER="33b-s11 33b-s13 6.7b-s13 6.7b-s14 6.7b-s16 6.7b-fp8-s16 33b-fp8-s16 33b-fp8-s17 6.7b-mixed-s20 33b-kvint4-s20 33b-mixed-s20
        6.7b-mixed-s25 6.7b-mixed-s25-4 33b-mixed-s25-1 33b-mixed-s25-2
        h100-6.7b-fp8-s33 h100-6.7b-fp8-s35 h100-6.7b-s34 h100-6.7b-s35 h100-6.7b-mixed-s35
        h100-33b-fp8-s38 h100-33b-kvint4-s38 h100-33b-kvint4-s38-2 h100-6.7b-s38 h100-33b-s39 h100-33b-s39-2
-       h100-6.7b-s40 h100-33b-s40"
+       h100-6.7b-s40 h100-33b-s40 h100-33b-fp8-s41 h100-33b-kvint4-s41"
 PARTS=${PARTS:-$ORDER}
 args() { local d=$G/${SRC[$1]} p=${SRC[$1]##*/}
   echo "$d/validate_$p.json $d/decisions_$p.jsonl.gz $d/steps_$p.jsonl.gz --profile $d/profile_$p.json"; }
@@ -120,10 +124,15 @@ if [ "$WHAT" = all ] || [ "$WHAT" = tables ]; then
     pool h100-6.7b-13runs "H100: s34 seeds 0-3 + s35 0-1 + s38 1-2 + s40 0-4, four profiles" h100-6.7b-s34 \
         h100-6.7b-s35 h100-6.7b-s38 h100-6.7b-s40
     pool h100-33b-6runs "H100: s39 seeds 0-4 + s40 seed 0 again, two profiles" h100-33b-s39 h100-33b-s39-2 h100-33b-s40
+    # session 41: new seeds (5-8), so these pool seeds, not repeats; each call on its own card's profile
+    pool h100-33b-fp8-8seeds "H100: s38 seeds 0-4 (s36 profile) + s41 seeds 5-7 (own profile), two profiles" \
+        h100-33b-fp8-s38 h100-33b-fp8-s41
+    pool h100-33b-kvint4-7seeds "H100: s38 seeds 0-4 + s41 seeds 5-6 (0.95x: seed 5 only), two profiles" \
+        h100-33b-kvint4-s38 h100-33b-kvint4-s38-2 h100-33b-kvint4-s41
     for p in 6.7b-s13 6.7b-s14 6.7b-s16 6.7b-fp8-s16 33b-fp8-s16 33b-fp8-s17 6.7b-mixed-s20 33b-kvint4-s20 33b-mixed-s20 \
              h100-6.7b-fp8-s33 h100-6.7b-fp8-s35 h100-6.7b-s34 h100-6.7b-s35 h100-6.7b-mixed-s35 \
              h100-33b-fp8-s38 h100-33b-kvint4-s38 h100-33b-kvint4-s38-2 h100-6.7b-s38 h100-33b-s39 h100-33b-s39-2 \
-             h100-6.7b-s40 h100-33b-s40; do
+             h100-6.7b-s40 h100-33b-s40 h100-33b-fp8-s41 h100-33b-kvint4-s41; do
       for form in default nocap; do
         [ -f "replay_${p}_${form}.json" ] || continue
         echo

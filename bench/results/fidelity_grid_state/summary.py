@@ -22,7 +22,8 @@ LOADS = ("0.5x", "0.8x", "0.95x")
 POOLED = {"33b-5seeds": "33b-s13", "6.7b-mixed-s25-5seeds": "6.7b-mixed-s25", "33b-mixed-s25-3seeds": "33b-mixed-s25-1",
           "h100-6.7b-fp8-10seeds": "h100-6.7b-fp8-s35", "h100-6.7b-6seeds": "h100-6.7b-s35",
           "h100-6.7b-8seeds": "h100-6.7b-s38", "h100-33b-kvint4-5seeds": "h100-33b-kvint4-s38",
-          "h100-33b-5seeds": "h100-33b-s39", "h100-6.7b-13runs": "h100-6.7b-s40", "h100-33b-6runs": "h100-33b-s40"}
+          "h100-33b-5seeds": "h100-33b-s39", "h100-6.7b-13runs": "h100-6.7b-s40", "h100-33b-6runs": "h100-33b-s40",
+          "h100-33b-fp8-8seeds": "h100-33b-fp8-s41", "h100-33b-kvint4-7seeds": "h100-33b-kvint4-s41"}
 
 
 def profile_of(part: str) -> dict | None:
