@@ -69,6 +69,10 @@ WORKLOADS = {
     # TPOT is the step of one decode graph: 24 and 32 move with the switch, 16 and 48 are the controls
     "fp8_switch": (Workload("burst16", 512, 256, 16, math.inf), Workload("burst24", 512, 256, 24, math.inf),
                    Workload("burst32", 512, 256, 32, math.inf), Workload("burst48", 512, 256, 48, math.inf)),
+    # session 41: below the default switch (16 since then): the 8- and 16-row decode graphs (8 and 12 / 16
+    # requests) on the GEMV at 16, on _scaled_mm at 8; 4 is the control (the 4-row graph, GEMV in both)
+    "fp8_switch_low": (Workload("burst4", 512, 256, 4, math.inf), Workload("burst8", 512, 256, 8, math.inf),
+                       Workload("burst12", 512, 256, 12, math.inf), Workload("burst16", 512, 256, 16, math.inf)),
     # the same shapes, small enough for the tiny model on a CPU (the script's own test)
     "tiny": (Workload("short_2rps", 16, 8, 6, 4.0), Workload("short_burst", 16, 8, 12, math.inf),
              Workload("long_8rps", 64, 16, 6, 4.0), Workload("long_burst", 64, 16, 8, math.inf)),
