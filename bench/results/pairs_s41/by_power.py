@@ -10,7 +10,7 @@ LOADS = ("0.5x", "0.8x", "0.95x")
 print("| part | load | runs | board power W (median) | slow-clock share % | live / paused | default model / paused |"
       " default / live |")
 print("|---|---|---|---|---|---|---|---|")
-for block in re.split(r"^# ", (HERE / "prefill_by_clock.txt").read_text(), flags=re.M)[1:]:
+for block in re.split(r"^# ", (HERE / "prefill_by_clock.txt").read_text(), flags=re.MULTILINE)[1:]:
     name = block.split(":")[0].replace("bench/results/", "").rsplit("/", 1)[0]
     acc = collections.defaultdict(list)
     for ln in block.splitlines():

@@ -18,12 +18,12 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "bench/results/fidelity_h100fp8_s29"))
-from live_part import load_part  # noqa: E402
-from prefill_bins import load  # noqa: E402  (live_part put its folder on the path)
+from live_part import load_part
+from prefill_bins import load  # live_part put its folder on the path
 
-from bench.simulator import fidelity_steps as fs  # noqa: E402
-from bench.simulator.h200_clocks import read_smi  # noqa: E402
-from sims.profile_cost import ProfileCost  # noqa: E402
+from bench.simulator import fidelity_steps as fs
+from bench.simulator.h200_clocks import read_smi
+from sims.profile_cost import ProfileCost
 
 GAP_S = 1.0
 
