@@ -220,6 +220,7 @@ class _Backend:
         "outstanding",
         "plan",
         "plan_prefill",
+        "prefill_run_start",
         "prefill_spans",
         "released_early",
         "sched",
@@ -239,6 +240,9 @@ class _Backend:
         self.plan_prefill = False       # the step in progress carries prefill tokens
         # recent prefill steps (power cap): (start, end, weight in the busy share)
         self.prefill_spans: list[tuple[float, float, float]] = []
+        # the start of the run of steps with prefill back to back that the last step belonged to, or None
+        # (the delayed onset: sims.profile_cost, "The delayed onset")
+        self.prefill_run_start: float | None = None
         self.busy = False
         self.end_time = 0.0
         self.version = 0
@@ -363,6 +367,8 @@ class EventLoop:
             raise ValueError("a plan lead by the step's duration needs max_stretch_steps=1")
         self.idle_launch_fn = cost.launch_time if getattr(cost, "hides_launch", False) else None
         self.cap_window = getattr(cost, "power_cap_window_s", None)
+        # the delayed onset (sims.profile_cost, "The delayed onset"): in place of the cap's shares, or None
+        self.cap_delay_fn = cost.delay_factor if getattr(cost, "cap_delay", None) else None
         # a profile with a sustained trace: the shares are exponential averages with its time
         # constant (sims.profile_cost, "Sustained load"); else the window's plain shares
         self.cap_tau = getattr(cost, "power_cap_tau_s", None)
@@ -870,6 +876,7 @@ class EventLoop:
                     t += span
                     out.append((ks, n_dec, ctx, nfin, t, tokens))
                 be.stretch_segs, be.stretch_past = out, past > 0
+                be.prefill_run_start = None  # decode-only steps end a run of steps with prefill
                 be.stretch_start = be.step_start = now
                 be.plan_prefill = False
                 be.busy = True
@@ -898,6 +905,15 @@ class EventLoop:
         if be.message_s:
             dt += be.message_s
             be.message_s = 0.0
+        if self.cap_delay_fn is not None:
+            if num_prefill:
+                if be.prefill_run_start is None or not after_step:
+                    be.prefill_run_start = now
+                dt *= self.cap_delay_fn(num_decode, num_prefill, num_ctx,
+                                        sched.prefill_chunks if self.charges_chunks else None,
+                                        now - be.prefill_run_start, dt)
+            else:
+                be.prefill_run_start = None
         if self.cap_window is not None and (num_prefill or self.cap_share_fn is not None):
             f, g, ff, fs = self.cap_shares(be, now)
             w = 1.0

@@ -153,6 +153,24 @@ A step whose kind does not throttle (the 6.7B's mixed steps, w at the paused sha
 decode spell as a 512-token prefill over-charged the 33B bf16's and the 6.7B's uniform parts
 (bench/results/fidelity_grid_h200_s20, "decode spells").
 
+The delayed onset (issue 35, session 41; opt-in, `cap_onset="delay"`, `validate_replay --cap-onset delay`): on the
+H100 the live busy steps with prefill come in runs back to back (on the 6.7B bf16 2.7 steps on average at 0.5x, 5-7
+at 0.95x), and their level over the paused profile is set by their place in the run, the same at every load: the
+first four places of the 6.7B's (~55 ms) at the paused level, the later ones 1.5-2.5 % over; the 33B's 1.05 at the
+second place and 1.09-1.10 from the third (bench/results/pairs_s41, README section 7). The load only makes the runs
+longer. The card's own sustained trace shows the delay: its 512-token step back to back from idle runs ~1.02 x its
+paused device time for the first 80 ms on the 6.7B, then 1.09-1.10. And the late places' level is the "stream_kind"
+mixed run's ratio (6.7B 1.022, 33B 1.098, live 1.021-1.025 / 1.096-1.108). So with "delay" a step with prefill pays
+1 + (r_stream - 1) x (its compute share / the stream run's step's) for the part of it that runs after the run of
+steps with prefill it belongs to has lasted the delay D, and nothing before; a decode-only step, or an idle spell,
+ends the run; decode-only steps pay nothing. D is the start of the first step of the "sustained" trace (device
+time, over the "stream_kind" prefill run's paused device time of the same step) past halfway from its first two
+steps' level to its settled half's; r_stream the "stream_kind" mixed run's ratio. None of the other cap terms apply
+(the busy shares, the spells, the busy level). Profiles without the device trace or those runs (every H200 profile
+so far), or whose trace does not rise, keep the default cap. Scored on the H100 parts' live steps
+(`pairs_s41/delay_whatif.py`): the steps with prefill per run 0.994-1.000 (6.7B bf16) and 0.992-0.999 (33B bf16) of
+live, flat in load, where the default reads 1.004 -> 0.990 and 1.020 -> 0.991.
+
 The busy level (issue 35, session 40; opt-in, `decode_spells="spin"`, `validate_replay --decode-spells
 spin`): the grid's points are timed after the profile's pause (60 ms idle, then the 5 ms spin that queues
 the step), and a busy engine never pauses. The pause check's sustained_mixed run times its step twice on
@@ -585,6 +603,33 @@ def fit_cap_onset(t_s, step_ms, paused_ms: float, tau_slow_s: float) -> dict | N
             "rmse_ms": float(np.sqrt(sse / len(y)) * paused_ms), "n": len(y)}
 
 
+def fit_cap_delay(meta: dict) -> dict | None:
+    """The delayed onset's terms from a profile's pause check (module doc, "The delayed onset"): {"delay_s" (the
+    start, since the trace's first, of the first step of the "sustained" trace past halfway from its first two
+    steps' level to its settled half's, each in device time over the "stream_kind" prefill run's paused device
+    time), "r_stream" (the "stream_kind" mixed run's ratio), "shape" (that run's step), "trace_early",
+    "trace_settled"}; None where the profile lacks a run or its trace does not rise."""
+    runs = (meta.get("pause_check") or {}).get("runs", [])
+    trace = next((r for r in runs if r.get("run") == "sustained" and r.get("trace_device_ms")
+                  and r.get("trace_t_ms")), None)
+    kinds = {r.get("kind"): r for r in runs if r.get("run") == "stream_kind" and r.get("ratio")}
+    base = (kinds.get("prefill") or {}).get("paused_device_ms_median")
+    mixed = kinds.get("mixed")
+    if trace is None or not base or mixed is None or len(mixed.get("shape") or ()) < 3:
+        return None
+    ratio = [float(x) / float(base) for x in trace["trace_device_ms"]]
+    t_ms = [float(x) for x in trace["trace_t_ms"]]
+    if len(ratio) < 4 or len(ratio) != len(t_ms):
+        return None
+    early, settled = float(np.median(ratio[:2])), float(np.median(ratio[len(ratio) // 2:]))
+    if settled <= early:
+        return None
+    mid = 0.5 * (early + settled)
+    at = next(t for t, x in zip(t_ms, ratio) if x >= mid)
+    return {"delay_s": (at - t_ms[0]) / 1e3, "r_stream": float(mixed["ratio"]),
+            "shape": [int(x) for x in mixed["shape"]], "trace_early": early, "trace_settled": settled}
+
+
 # the sustained runs' span (bench.engine.profile.SUSTAIN_S): the horizon of the terms fitted on them,
 # past which the stream's sag is what they do not charge (`fit_stream_sag`)
 SUSTAIN_HORIZON_S = 2.5
@@ -818,7 +863,10 @@ class ProfileCost:
         `cap_onset`: "slow" (the default) reads the busy shares with the sustained trace's one time
         constant; "fast" splits the factor between the limiter's fast onset and its slow drift, each
         share with its own time constant, and counts no decode spell (module doc, "The limiter's
-        onset"; with `power_cap` and a trace that resolves it, else as "slow").
+        onset"; with `power_cap` and a trace that resolves it, else as "slow"); "delay" charges a step
+        with prefill its kind's streamed level once its run of such steps has lasted the card's delay,
+        in place of every other cap term (module doc, "The delayed onset"; with `power_cap` and a profile
+        that measured it, else as "slow").
         `cap_sag` (with `power_cap`, where the pause check's "stream_mixed" run has its bins): the
         limiter's slow sag past the sustained runs' horizon, charged from a third share at its own
         time constant (module doc, "The slow sag"); False: none, as before session 28.
@@ -829,8 +877,8 @@ class ProfileCost:
         sustained traces'."""
         if cap_anchors not in ("sustained", "stream"):
             raise ValueError(f"cap_anchors {cap_anchors!r}: sustained or stream")
-        if cap_onset not in ("slow", "fast"):
-            raise ValueError(f"cap_onset {cap_onset!r}: slow or fast")
+        if cap_onset not in ("slow", "fast", "delay"):
+            raise ValueError(f"cap_onset {cap_onset!r}: slow, fast or delay")
         # (knee_support: the step sizes a compute knee needs past it, KNEE_SUPPORT; 0: any knee, as
         # before session 27)
         if prefix_term not in ("twins", "fit"):
@@ -1107,6 +1155,19 @@ class ProfileCost:
                        and r.get("bins")), None)
         if cap_sag and self._cap is not None and self.power_cap_tau_s and stream is not None:
             self._set_cap_sag(stream, float((meta or {}).get("pause_ms", 0.0)) / 1e3)
+        # the delayed onset (module doc, "The delayed onset"): in place of every other cap term, where measured
+        self.cap_delay = None
+        if cap_onset == "delay" and self._cap is not None:
+            spec = fit_cap_delay(meta or {})
+            if spec is not None:
+                d0, p0, c0 = spec["shape"][:3]
+                share = self.compute_share(d0, p0, d0 * c0 + p0)
+                if share > 0:
+                    self.cap_delay = {**spec, "compute_share_stream": share}
+                    self._cap = self._cap_share_ref = self._cap_weight = None
+                    self.power_cap_window_s = self.power_cap_tau_s = None
+                    self.cap_mixed = self.cap_packed = self.cap_onset = self.cap_sag = self.cap_anchors = None
+                    self.busy_level = None
         self.mixed_spread_points: list[dict] = []  # from_json: spread points beside a chunk
         self._set_decode_spread(spread_points or [], decode_spread)
         self.mixed_point_kappas: list[dict] = []
@@ -1727,6 +1788,20 @@ class ProfileCost:
             x += xs
         return 1.0 + x
 
+    def delay_factor(self, num_decode_seqs: int, num_prefill_tokens: int, num_context_tokens: int,
+                     prefill_chunks=None, run_s: float = 0.0, step_s: float = 0.0) -> float:
+        """The delayed onset's factor (module doc, "The delayed onset") of a step with prefill that starts
+        `run_s` after the run of steps with prefill it belongs to began, and lasts `step_s`: its kind's
+        streamed level for the part of it past the delay; 1.0 for a decode-only step, or without the term."""
+        cd = self.cap_delay
+        if cd is None or num_prefill_tokens <= 0 or step_s <= 0:
+            return 1.0
+        frac = min(1.0, (run_s + step_s - cd["delay_s"]) / step_s)
+        if frac <= 0:
+            return 1.0
+        share = self.compute_share(num_decode_seqs, num_prefill_tokens, num_context_tokens, prefill_chunks)
+        return 1.0 + (cd["r_stream"] - 1.0) * share / cd["compute_share_stream"] * frac
+
     @property
     def caps_by_compute(self) -> bool:
         """The power cap slows every step, decode-only ones too, by its compute share
@@ -1799,6 +1874,7 @@ class ProfileCost:
                                                                  if self.cap_sag else {}),
                                                               **({"anchors_device_time": self.cap_anchors}
                                                                  if self.cap_anchors else {})},
+                **({"cap_delay": self.cap_delay} if self.cap_delay else {}),
                 # named only where the term is set or measured (module doc, "Unequal contexts")
                 **({"decode_spread": {"kappa": self.spread_kappa, "points": self.spread_point_kappas,
                                       "plan_from_profile": bool(self.meta.get("decode_attention"))}}

@@ -194,6 +194,10 @@ def model_step_ms(cost, steps: list[dict], window_s: float = 0.1) -> list[tuple[
     # constant, folded step by step (its horizon, seconds, holds too many steps to sum each time)
     tau_sag = getattr(cost, "power_cap_tau_sag_s", None) if tau is not None else None
     sag_acc, sag_t, sag_next = 0.0, None, 0  # its value at sag_t, the next step to fold in
+    # the delayed onset (sims.profile_cost, "The delayed onset"): the start of the run of steps with prefill
+    # back to back that the step belongs to (a decode-only step or an idle spell ends one)
+    delay = cost.delay_factor if getattr(cost, "cap_delay", None) else None
+    run_start = None
     out = []
     for k, s in enumerate(steps):
         fs = None
@@ -230,6 +234,13 @@ def model_step_ms(cost, steps: list[dict], window_s: float = 0.1) -> list[tuple[
             t *= cost.prefill_slowdown(f, g, cost.compute_share(s["d"], s["p"], ctx, chunks), ff, fs)
         elif s["p"]:
             t *= cost.prefill_slowdown(f, g, None, ff, fs)  # 1.0 unless the model has the power cap on
+        if delay is not None:
+            if s["p"]:
+                if run_start is None or s["idle_before"]:
+                    run_start = s["start"]
+                t *= delay(s["d"], s["p"], ctx, chunks, s["start"] - run_start, t)
+            else:
+                run_start = None
         if s["p"] and not s["idle_before"] and getattr(cost, "busy_level", None) is not None \
                 and getattr(cost, "power_cap_window_s", None) is not None:
             t *= cost.busy_level  # a step launched behind another (sims.profile_cost, "The busy level")

@@ -130,6 +130,8 @@ def model_label(terms: dict | None) -> str:
         on[-1] = "power cap by step kind" + ("" if terms.get("decode_spells", True) else ", no decode spells")
     if terms.get("power_cap") and terms.get("cap_onset") == "fast":  # session 27: the limiter's fast onset apart
         on[-1] += ", fast onset"
+    elif terms.get("power_cap") and terms.get("cap_onset") == "delay":  # session 41: the delayed onset (where measured)
+        on[-1] += ", delayed onset"
     if terms.get("prefill_cap"):
         on.append(f"prefill cap {terms['prefill_cap']['max_tokens']}")
     if terms.get("mixed_tiles") == "on":  # session 33: decodes beside a chunk by whole tiles

@@ -134,7 +134,7 @@ def replay_session(validate: dict, arrivals, batches, step_rows: list[dict], pro
         terms = {**terms, "decode_spells": "spin"}
     if prefix_term != "twins":  # --prefix-term fit: the cached-prefix term as before session 26
         terms = {**terms, "prefix_term": prefix_term}
-    if cap_onset != "slow" and terms.get("power_cap"):  # --cap-onset fast (sims.profile_cost, "The limiter's onset")
+    if cap_onset != "slow" and terms.get("power_cap"):  # --cap-onset fast | delay (sims.profile_cost)
         terms = {**terms, "cap_onset": cap_onset}
     if cap_anchors != "sustained" and terms.get("power_cap"):  # --cap-anchors stream ("Anchors in device time")
         terms = {**terms, "cap_anchors": cap_anchors}
@@ -328,10 +328,13 @@ def parser() -> argparse.ArgumentParser:
                         "the pause check's after-decode run only; spin: no spell, and a step with prefill "
                         "launched behind another pays the profile's no-pause level, where its sustained_mixed "
                         "run measured one (\"The busy level\"; elsewhere as on)")
-    p.add_argument("--cap-onset", choices=("slow", "fast"), default="slow",
+    p.add_argument("--cap-onset", choices=("slow", "fast", "delay"), default="slow",
                    help="with the power cap: slow (default) reads the busy shares at the sustained trace's "
                         "one time constant; fast splits the factor between the limiter's fast onset and its "
-                        "slow drift and counts no decode spell (sims.profile_cost, \"The limiter's onset\")")
+                        "slow drift and counts no decode spell (sims.profile_cost, \"The limiter's onset\"); "
+                        "delay charges a step with prefill its kind's streamed level once its run of such steps "
+                        "has lasted the card's delay, and nothing else (\"The delayed onset\"; where the profile "
+                        "measured it, else slow)")
     p.add_argument("--cap-anchors", choices=("sustained", "stream"), default="sustained",
                    help="with the power cap: the cap's ratios from the sustained runs' wall times (default) or "
                         "from the pause check's stream_kind runs in device time, where the profile has them "
