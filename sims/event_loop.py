@@ -911,7 +911,7 @@ class EventLoop:
                     be.prefill_run_start = now
                 dt *= self.cap_delay_fn(num_decode, num_prefill, num_ctx,
                                         sched.prefill_chunks if self.charges_chunks else None,
-                                        now - be.prefill_run_start, dt)
+                                        now - be.prefill_run_start, dt, after_step)
             else:
                 be.prefill_run_start = None
         if self.cap_window is not None and (num_prefill or self.cap_share_fn is not None):

@@ -162,8 +162,10 @@ longer. The card's own sustained trace shows the delay: its 512-token step back 
 paused device time for the first 80 ms on the 6.7B, then 1.09-1.10. And the late places' level is the "stream_kind"
 mixed run's ratio (6.7B 1.022, 33B 1.098, live 1.021-1.025 / 1.096-1.108). So with "delay" a step with prefill pays
 1 + (r_stream - 1) x (its compute share / the stream run's step's) for the part of it that runs after the run of
-steps with prefill it belongs to has lasted the delay D, and nothing before; a decode-only step, or an idle spell,
-ends the run; decode-only steps pay nothing. D is the start of the first step of the "sustained" trace (device
+steps with prefill it belongs to has lasted the delay D, and before that the busy level (below: the sustained_mixed
+step's no-pause over paused device time; 1 after an idle spell or where unmeasured: 1.041 on the 33B bf16, ~1.00 on
+the 6.7B, where the run's first step after a short decode spell reads 1.02-1.045 live on the 33B); a decode-only
+step, or an idle spell, ends the run; decode-only steps pay nothing. D is the start of the first step of the "sustained" trace (device
 time, over the "stream_kind" prefill run's paused device time of the same step) past halfway from its first two
 steps' level to its settled half's; r_stream the "stream_kind" mixed run's ratio. None of the other cap terms apply
 (the busy shares, the spells, the busy level). Profiles without the device trace or those runs (every H200 profile
@@ -1163,7 +1165,14 @@ class ProfileCost:
                 d0, p0, c0 = spec["shape"][:3]
                 share = self.compute_share(d0, p0, d0 * c0 + p0)
                 if share > 0:
-                    self.cap_delay = {**spec, "compute_share_stream": share}
+                    # before the delay a step launched behind another pays the busy level (module doc, "The
+                    # busy level": the sustained_mixed step's no-pause over paused device time), where measured
+                    mixed_run = next((r for r in (check or {}).get("runs", []) if r.get("run") == "sustained_mixed"),
+                                     None) or {}
+                    busy = (float(mixed_run["spin_device_ms_median"]) / float(mixed_run["paused_device_ms_median"])
+                            if mixed_run.get("spin_device_ms_median") and mixed_run.get("paused_device_ms_median")
+                            else 1.0)
+                    self.cap_delay = {**spec, "compute_share_stream": share, "busy_level": busy}
                     self._cap = self._cap_share_ref = self._cap_weight = None
                     self.power_cap_window_s = self.power_cap_tau_s = None
                     self.cap_mixed = self.cap_packed = self.cap_onset = self.cap_sag = self.cap_anchors = None
@@ -1789,18 +1798,21 @@ class ProfileCost:
         return 1.0 + x
 
     def delay_factor(self, num_decode_seqs: int, num_prefill_tokens: int, num_context_tokens: int,
-                     prefill_chunks=None, run_s: float = 0.0, step_s: float = 0.0) -> float:
+                     prefill_chunks=None, run_s: float = 0.0, step_s: float = 0.0, after_step: bool = True) -> float:
         """The delayed onset's factor (module doc, "The delayed onset") of a step with prefill that starts
         `run_s` after the run of steps with prefill it belongs to began, and lasts `step_s`: its kind's
-        streamed level for the part of it past the delay; 1.0 for a decode-only step, or without the term."""
+        streamed level for the part of it past the delay, the busy level for the part before it where it was
+        launched behind another step (`after_step`); 1.0 for a decode-only step, or without the term."""
         cd = self.cap_delay
         if cd is None or num_prefill_tokens <= 0 or step_s <= 0:
             return 1.0
-        frac = min(1.0, (run_s + step_s - cd["delay_s"]) / step_s)
+        frac = min(1.0, max(0.0, (run_s + step_s - cd["delay_s"]) / step_s))
+        before = cd["busy_level"] if after_step else 1.0
         if frac <= 0:
-            return 1.0
+            return before
         share = self.compute_share(num_decode_seqs, num_prefill_tokens, num_context_tokens, prefill_chunks)
-        return 1.0 + (cd["r_stream"] - 1.0) * share / cd["compute_share_stream"] * frac
+        after = 1.0 + (cd["r_stream"] - 1.0) * share / cd["compute_share_stream"]
+        return (1.0 - frac) * before + frac * after
 
     @property
     def caps_by_compute(self) -> bool:

@@ -134,3 +134,22 @@ def test_the_live_step_scorer_charges_the_same():
     assert ms[11] == pytest.approx(1e3 * tb * full, rel=1e-9)  # 11 x 10.4 ms in: past the delay
     assert ms[12] == pytest.approx(1e3 * _law(4, 0), rel=1e-9)
     assert ms[13] == pytest.approx(1e3 * tb, rel=1e-9) and steps[13]["start"] - steps[12]["start"] < d_s
+
+
+def test_before_the_delay_a_step_behind_another_pays_the_busy_level():
+    """Where the profile timed its mixed step with no pause (the busy level, 1.04 here), the part of a step before
+    the delay pays it when the step was launched behind another, and nothing after an idle spell."""
+    meta = _meta()
+    paused = 1e3 * _law(32, 256)
+    meta["pause_check"]["runs"].append({"run": "sustained_mixed", "num_decode_seqs": 32, "num_prefill_tokens": 256,
+                                        "decode_context_len": 100, "paused_ms_median": paused,
+                                        "step_ms_median": paused, "paused_device_ms_median": paused,
+                                        "spin_device_ms_median": paused * 1.04})
+    cost = _cost(meta)
+    assert cost.cap_delay["busy_level"] == pytest.approx(1.04)
+    t, d_s = _law(8, 64), cost.cap_delay["delay_s"]
+    assert cost.delay_factor(8, 64, 864, None, 0.0, t) == pytest.approx(1.04)
+    assert cost.delay_factor(8, 64, 864, None, 0.0, t, after_step=False) == 1.0
+    full = 1 + (R_STREAM - 1) * _share(8, 64) / _share(32, 256)
+    assert cost.delay_factor(8, 64, 864, None, d_s - 0.5 * t, t) == pytest.approx(0.5 * 1.04 + 0.5 * full)
+    assert _cost().cap_delay["busy_level"] == 1.0  # unmeasured: no level

@@ -238,7 +238,7 @@ def model_step_ms(cost, steps: list[dict], window_s: float = 0.1) -> list[tuple[
             if s["p"]:
                 if run_start is None or s["idle_before"]:
                     run_start = s["start"]
-                t *= delay(s["d"], s["p"], ctx, chunks, s["start"] - run_start, t)
+                t *= delay(s["d"], s["p"], ctx, chunks, s["start"] - run_start, t, not s["idle_before"])
             else:
                 run_start = None
         if s["p"] and not s["idle_before"] and getattr(cost, "busy_level", None) is not None \
