@@ -9,7 +9,8 @@
 # SM clock (decode_exact_clock); the profile's long stream_mixed run (stream_read); its fill and block-order check;
 # with whole tiles beside a chunk (mixed_tiles; with the stream anchors, stream_tiles; at the profile's measured
 # fractions of a tile, stream_measured, tile_fractions.txt) and the busy mixed steps by chunk start and d (mixed_read);
-# since session 40 the busy level (spin, stream_spin) and the steps with prefill in each form (spin_level_whatif).
+# since session 40 the busy level (spin, stream_spin) and the steps with prefill in each form (spin_level_whatif);
+# since session 41 the delayed onset (delay) and the steps by their place in a run of steps with prefill (burst_place).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
 PY=${PY:-$ROOT/.venv/bin/python}
@@ -52,4 +53,8 @@ $PY "$S/conditioned_s33/mixed_read.py" "$D" > "$R/mixed_read.txt"
 # with the stream anchors; the steps with prefill per run in each form (spin_level_whatif.txt)
 rp spin --decode-spells spin & rp stream_spin --cap-anchors stream --decode-spells spin & wait
 $PY "$S/pairs_s40/spin_level_whatif.py" "$D" > "$R/spin_level_whatif.txt"
+# session 41: the delayed onset (--cap-onset delay; as the default where the profile lacks its runs), and the busy
+# steps with prefill by their place in a run of such steps back to back, in each form (prediction 39's premise)
+rp delay --cap-onset delay
+$PY "$S/pairs_s41/burst_place.py" "$D" > "$R/burst_place.txt"
 echo "read: $R"
