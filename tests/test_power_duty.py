@@ -29,6 +29,7 @@ def test_the_record_reads_the_settled_half_by_place_in_the_burst():
     assert rec["k"] == 2 and rec["n"] == 1 and rec["steps"] == 18
     assert rec["mixed_first_ratio"] == pytest.approx(1.02)
     assert rec["mixed_last_ratio"] == pytest.approx(1.06)
+    assert rec["mixed_by_place"] == pytest.approx([1.02, 1.06])
     assert rec["decode_ratio"] == pytest.approx(1.02)
     assert rec["mixed_time_share"] == pytest.approx(20.8 / 25.9, rel=1e-6)
     nv = rec["nvml"]  # the last two thirds of the samples: 20..59

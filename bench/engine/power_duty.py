@@ -13,7 +13,7 @@ of the time (26-31 % at 0.5x). This measures what the limiter does with such run
 mixed steps then n decode-only steps, launched as the serving loop launches (two in flight), each for SPAN_S after
 PRELUDE_S of decode-only steps (the live engine between bursts: busy, never idle), with NVML sampled every 20 ms.
 For each pattern: the mixed steps' device time over the paused step's, overall and by place in their burst
-(first, last), the decode steps' likewise, the mixed steps' share of the time, and the board's power and SM clock.
+(first, last, and every place), the decode steps' likewise, the mixed steps' share of the time, and the board's power and SM clock.
 If the live level is the limiter answering bursts, k = 4-8 at n = k / 2 .. k reads the live 0.8-0.95x level on the
 6.7B bf16, and 1:1 the hot pattern's ~1.002.
 
@@ -81,7 +81,11 @@ def summarize(k: int, n: int, steps: list[tuple[str, int, float]], mixed_paused_
            "mixed_ratio": statistics.median(m) / mixed_paused_ms if m else None,
            "mixed_first_ratio": statistics.median(first) / mixed_paused_ms if first else None,
            "mixed_last_ratio": statistics.median(last) / mixed_paused_ms if last else None,
-           "decode_ratio": statistics.median(d) / decode_paused_ms if d else None}
+           "decode_ratio": statistics.median(d) / decode_paused_ms if d else None,
+           # each place in the burst (0 .. k-1): where, from a decode-busy card, the limiter's level sets in (the
+           # live runs' places 5-8 rise before the idle card's sustained trace does: bench/results/pairs_s41 section 8)
+           "mixed_by_place": [round(statistics.median(v) / mixed_paused_ms, 5) if v else None
+                              for v in ([ms for kind, i, ms in late if kind == "m" and i == j] for j in range(k))]}
     rows = (nvml_rows or [])[len(nvml_rows or []) // 3:]
     if rows:
         watts = sorted(r[2] for r in rows)
