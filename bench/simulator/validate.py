@@ -1030,6 +1030,10 @@ def main(argv: list[str] | None = None) -> int:
               f"found the engine idle ({dd.get('median', 0.0):.2f} ms, {dd.get('num_requests', 0)} requests) "
               "as its network delay")
         print(format_table(result, "summary_replay_path"))
+        # the first table simulates the workload afresh; the fidelity figures (`bench.simulator.fidelity_table`,
+        # BENCHMARKS) are this one's: the live run's own arrivals, with the path the model does not simulate
+        print("(the fidelity figure is this last table: `python -m bench.simulator.fidelity_table <this JSON>` gives "
+              "it with its 95% intervals)")
     for ld in result["loads"]:
         d = ld["decisions"]
         s = d["same_membership_share"]
