@@ -80,6 +80,13 @@ if [ "$WHAT" = all ] || [ "$WHAT" = replays ]; then
       $PY -m bench.simulator.validate_replay $(args "$p") --cap-by-power off --ceiling "$CEILING" --json "replay_${p}_nocap.json" \
           > "replay_${p}_nocap.txt"
     fi
+    if [ "${p#h100-}" != "$p" ] && [ "${DELAY:-on}" = on ]; then
+      # session 41: the delayed onset (opt-in, sims.profile_cost "The delayed onset"), on the H100 parts (the
+      # H200 profiles lack its runs: there it is the default); DELAY=off skips it
+      # shellcheck disable=SC2046
+      $PY -m bench.simulator.validate_replay $(args "$p") --cap-onset delay --ceiling "$CEILING" \
+          --json "replay_${p}_delay.json" > "replay_${p}_delay.txt"
+    fi
   done
 fi
 if [ "$WHAT" = all ] || [ "$WHAT" = tables ]; then
@@ -103,15 +110,18 @@ if [ "$WHAT" = all ] || [ "$WHAT" = tables ]; then
     done
     # the H100 cells pooled over the calls on the conditioned profile (each seed replayed on its own call's profile:
     # the machine-to-machine spread is part of what a user of the simulator meets)
-    pool() {  # name "what" parts...
+    pool() {  # name "what" parts...: the default form, and the delayed onset where every part has it
       local name=$1 what=$2; shift 2
-      local files=() q
-      for q in "$@"; do [ -f "replay_${q}_default.json" ] && files+=("replay_${q}_default.json"); done
-      [ ${#files[@]} -ge 2 ] || return 0
-      echo
-      echo "### $name ($what), default"
-      echo
-      $PY -m bench.simulator.fidelity_table --pool "${files[@]}" --json "table_${name}_default.json"
+      local form files q
+      for form in default delay; do
+        files=()
+        for q in "$@"; do [ -f "replay_${q}_${form}.json" ] && files+=("replay_${q}_${form}.json"); done
+        [ ${#files[@]} -ge 2 ] && [ ${#files[@]} -eq $# ] || continue
+        echo
+        echo "### $name ($what), $form"
+        echo
+        $PY -m bench.simulator.fidelity_table --pool "${files[@]}" --json "table_${name}_${form}.json"
+      done
     }
     pool h100-6.7b-fp8-10seeds "H100: s33 seeds 0-4 + s35 seeds 0-4, two profiles" h100-6.7b-fp8-s33 h100-6.7b-fp8-s35
     pool h100-6.7b-6seeds "H100: s34 seeds 0-3 + s35 seeds 0-1, two profiles" h100-6.7b-s34 h100-6.7b-s35
@@ -133,7 +143,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = tables ]; then
              h100-6.7b-fp8-s33 h100-6.7b-fp8-s35 h100-6.7b-s34 h100-6.7b-s35 h100-6.7b-mixed-s35 \
              h100-33b-fp8-s38 h100-33b-kvint4-s38 h100-33b-kvint4-s38-2 h100-6.7b-s38 h100-33b-s39 h100-33b-s39-2 \
              h100-6.7b-s40 h100-33b-s40 h100-33b-fp8-s41 h100-33b-kvint4-s41; do
-      for form in default nocap; do
+      for form in default nocap delay; do
         [ -f "replay_${p}_${form}.json" ] || continue
         echo
         echo "### $p (${SRC[$p]}), $form"
