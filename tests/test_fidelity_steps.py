@@ -168,3 +168,10 @@ def test_a_parts_runs_are_cut_at_the_engines_idle_gaps_and_named_by_its_log():
     assert all(steps[i + 1]["start"] - steps[i]["end"] <= 1.0 for r in runs for i in r[:-1])
     # a tighter gap cuts no fewer runs
     assert len(runs_at_gaps(steps, 0.05)) >= 3
+    from bench.simulator.fidelity_steps import labelled_runs
+
+    assert labelled_runs(part, steps) == [("0.5x seed 0", runs[0]), ("0.8x seed 0", runs[1]), ("0.95x seed 0", runs[2])]
+    # gaps that cut other runs than the log ran: the runs by their order
+    cut = runs_at_gaps(steps, 0.05)
+    if len(cut) != 3:
+        assert [lb for lb, _ in labelled_runs(part, steps, 0.05)] == [f"run {k}" for k in range(len(cut))]

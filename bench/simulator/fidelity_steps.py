@@ -122,6 +122,16 @@ def runs_at_gaps(steps: list[dict], gap_s: float = 1.0) -> list[list[int]]:
     return runs
 
 
+def labelled_runs(part: str | Path, steps: list[dict], gap_s: float = 1.0) -> list[tuple[str, list[int]]]:
+    """`runs_at_gaps` named for the reader: "<load> seed <n>" from the part's validate log where it ran as many
+    runs as the gaps cut, else "run <k>" (an interrupted part's log names runs the steps did not finish)."""
+    runs = runs_at_gaps(steps, gap_s)
+    logged = validate_run_labels(part)
+    if len(logged) != len(runs):
+        return [(f"run {k}", idx) for k, idx in enumerate(runs)]
+    return [(f"{load} seed {seed}", idx) for (load, seed), idx in zip(logged, runs)]
+
+
 def dispatch_delay(rows: list[dict], batches) -> tuple[float, int]:
     """Seconds from the gateway's flush to the backend's plan of the step that prefills the
     request, median over the requests flushed while the engine was idle (their step starts at

@@ -48,13 +48,10 @@ def main(argv: list[str]) -> None:
         r_spin, (dm, pm, cm) = spin_ratio(doc)
         ns = costs["nospell"]
         ref_share = ns.compute_share(dm, pm, dm * cm) if ns.caps_by_compute else None
-        labels = [f"{load} seed {seed}" for load, seed in fs.validate_run_labels(part)]
-        runs = fs.runs_at_gaps(steps, GAP_S)
         print(f"== {part}: r_spin {r_spin:.4f}; steps with prefill, model / live")
         print(f"{'run':16s} {'n':>5s} {'default':>8s} {'nospell':>8s} {'+flat':>8s} {'+scaled':>8s} {'spin':>8s} "
               f"{'stream':>8s} {'str_spin':>8s}")
-        for k, idx in enumerate(runs):
-            label = labels[k] if len(runs) == len(labels) else f"run {k}"
+        for label, idx in fs.labelled_runs(part, steps, GAP_S):
             sel = [i for i in idx if steps[i]["p"] and i in models["nospell"]]
             if not sel:
                 continue

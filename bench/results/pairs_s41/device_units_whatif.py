@@ -82,13 +82,10 @@ def main(argv: list[str]) -> None:
                   f"r_mix {mix.get('r_mix', float('nan')):.4f}, w_mix {mix.get('w_mix', float('nan')):.4f}")
         print(f"# device-time inputs: {json.dumps(note)}")
         models = {n: {i: t for i, t, _f in fs.model_step_ms(c, steps)} for n, c in costs.items()}
-        labels = [f"{load} seed {seed}" for load, seed in fs.validate_run_labels(part)]
-        runs = fs.runs_at_gaps(steps, GAP_S)
         print(f"== {part}: steps with prefill (not after idle)")
         print(f"{'run':16s} {'n':>5s} {'live/paused':>11s} {'default/live':>12s} {'device/live':>11s} "
               f"{'dec-only default':>16s} {'dec-only device':>15s}")
-        for k, idx in enumerate(runs):
-            label = labels[k] if len(runs) == len(labels) else f"run {k}"
+        for label, idx in fs.labelled_runs(part, steps, GAP_S):
             sel = [i for i in idx if steps[i]["p"] and not steps[i].get("idle_before") and i in models["device"]]
             dec = [i for i in idx if not steps[i]["p"] and not steps[i].get("idle_before") and i in models["device"]]
             if not sel:

@@ -40,12 +40,9 @@ def main(argv: list[str]) -> None:
     times, smi = read_smi(str(part / f"smi_{part.name}.csv.gz"))
     times = np.array(times)
     sim = {k: t for k, t, _f in fs.model_step_ms(cost, steps)}
-    labels = [f"{load} seed {seed}" for load, seed in fs.validate_run_labels(part)]
-    runs = fs.runs_at_gaps(steps, GAP_S)
     print(f"# {part}: busy steps with prefill, live / default model, by the SM clock nearest the step (fast >= {fast_mhz:.0f})")
     print(f"{'run':16s} {'n':>5s} {'all':>7s} {'slow %':>7s} {'SM p50':>7s} {'fast':>13s} {'slow':>13s} {'power W':>8s} {'model/paused':>12s} {'live/paused':>11s}")
-    for k, idx in enumerate(runs):
-        label = labels[k] if len(runs) == len(labels) else f"run {k}"
+    for label, idx in fs.labelled_runs(part, steps, GAP_S):
         acc = {"fast": [], "slow": []}
         allv, clocks, power = [], [], []
         for i in idx:
